@@ -1,0 +1,395 @@
+/*
+ * alloc.c — the caching allocator behind every device.
+ *
+ * Memory comes from a raw source (malloc-like for the CPU, cudaMalloc for a
+ * GPU, cudaHostAlloc for pinned buffers) in segments and is never returned
+ * to the source inside a training step: freed blocks go back to size-class
+ * bins and are handed out again, split when a request is smaller, merged
+ * with free neighbours of the same segment when freed.
+ *
+ * Two pools keep small tensors from fragmenting the big segments (the split
+ * PyTorch's CUDA allocator also makes): requests up to 1 MiB are cut from
+ * 2 MiB segments, larger ones from 20 MiB segments (or a segment of their
+ * own, rounded to 2 MiB, past 10 MiB).  Sizes are rounded to 512 bytes so
+ * every block stays 64-byte aligned.
+ *
+ * Bins follow TLSF: the bin of a size is its power of two and the next two
+ * bits, so a bin's blocks differ by at most 25% and a search starts at the
+ * right bin and takes the first block that fits.  A bitmap of non-empty bins
+ * makes the search constant time.  Freed blocks are pushed at the head of
+ * their bin, so a block freed just now is the first one reused (the LIFO
+ * order the reverse-mode GC relies on to keep backward's footprint flat).
+ */
+#include "kernels_impl.h"
+
+#include <string.h>
+
+#define ROUND_UNIT ((size_t)512)
+#define SMALL_MAX ((size_t)1 << 20)
+#define SMALL_SEGMENT ((size_t)2 << 20)
+#define LARGE_SEGMENT ((size_t)20 << 20)
+#define LARGE_ALONE ((size_t)10 << 20)
+#define LARGE_MIN_SPLIT ((size_t)1 << 20)
+#define N_BINS 256
+
+typedef struct block {
+    char *ptr;
+    size_t size;
+    bool allocated;
+    bool small;                       /* pool */
+    struct block *prev, *next;        /* neighbours within the segment */
+    struct block *bin_prev, *bin_next; /* free list of the bin */
+} block;
+
+typedef struct {
+    block *bins[N_BINS];
+    uint64_t nonempty[N_BINS / 64];
+} pool;
+
+/* Open-addressing map from pointer to allocated block. */
+typedef struct {
+    block **slots;
+    size_t cap, count;
+} ptr_map;
+
+struct kpl_allocator {
+    pthread_mutex_t lock;
+    kpl_raw_source src;
+    pool pools[2]; /* [0] large, [1] small */
+    ptr_map live;
+    kpl_memory_stats st;
+    /* every segment head, to release them at destroy/empty_cache */
+    block **segments;
+    size_t n_segments, cap_segments;
+};
+
+/* ---- bins ------------------------------------------------------------------ */
+
+static int bin_of(size_t bytes)
+{
+    uint64_t u = bytes / ROUND_UNIT;
+    if (u < 4) return (int)u;
+    int level = 63 - __builtin_clzll(u);
+    return level * 4 + (int)((u >> (level - 2)) & 3);
+}
+
+static void bin_push(pool *p, block *b)
+{
+    int i = bin_of(b->size);
+    b->bin_prev = NULL;
+    b->bin_next = p->bins[i];
+    if (b->bin_next) b->bin_next->bin_prev = b;
+    p->bins[i] = b;
+    p->nonempty[i / 64] |= (uint64_t)1 << (i % 64);
+}
+
+static void bin_remove(pool *p, block *b)
+{
+    int i = bin_of(b->size);
+    if (b->bin_prev)
+        b->bin_prev->bin_next = b->bin_next;
+    else
+        p->bins[i] = b->bin_next;
+    if (b->bin_next) b->bin_next->bin_prev = b->bin_prev;
+    if (!p->bins[i]) p->nonempty[i / 64] &= ~((uint64_t)1 << (i % 64));
+    b->bin_prev = b->bin_next = NULL;
+}
+
+/* First free block of at least `size`: scan the starting bin (its blocks may
+ * be smaller), then take the head of the next non-empty bin. */
+static block *bin_find(pool *p, size_t size)
+{
+    int i = bin_of(size);
+    for (block *b = p->bins[i]; b; b = b->bin_next)
+        if (b->size >= size) return b;
+    for (int w = (i + 1) / 64; w < N_BINS / 64; w++) {
+        uint64_t bits = p->nonempty[w];
+        if (w == (i + 1) / 64) bits &= ~(uint64_t)0 << ((i + 1) % 64);
+        if (bits) return p->bins[w * 64 + __builtin_ctzll(bits)];
+    }
+    return NULL;
+}
+
+/* ---- pointer map ----------------------------------------------------------- */
+
+static size_t hash_ptr(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
+
+static bool map_grow(ptr_map *m)
+{
+    size_t ncap = m->cap ? m->cap * 2 : 1024;
+    block **ns = calloc(ncap, sizeof *ns);
+    if (!ns) return false;
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i]) {
+            size_t j = hash_ptr(m->slots[i]->ptr, ncap);
+            while (ns[j]) j = (j + 1) & (ncap - 1);
+            ns[j] = m->slots[i];
+        }
+    free(m->slots);
+    m->slots = ns;
+    m->cap = ncap;
+    return true;
+}
+
+static bool map_put(ptr_map *m, block *b)
+{
+    if ((m->count + 1) * 2 > m->cap && !map_grow(m)) return false;
+    size_t j = hash_ptr(b->ptr, m->cap);
+    while (m->slots[j]) j = (j + 1) & (m->cap - 1);
+    m->slots[j] = b;
+    m->count++;
+    return true;
+}
+
+static block *map_take(ptr_map *m, const void *ptr)
+{
+    if (!m->cap) return NULL;
+    size_t j = hash_ptr(ptr, m->cap);
+    while (m->slots[j] && m->slots[j]->ptr != ptr) j = (j + 1) & (m->cap - 1);
+    block *b = m->slots[j];
+    if (!b) return NULL;
+    /* Backward-shift deletion keeps probe chains intact. */
+    m->slots[j] = NULL;
+    m->count--;
+    for (size_t k = (j + 1) & (m->cap - 1); m->slots[k]; k = (k + 1) & (m->cap - 1)) {
+        block *e = m->slots[k];
+        m->slots[k] = NULL;
+        size_t h = hash_ptr(e->ptr, m->cap);
+        while (m->slots[h]) h = (h + 1) & (m->cap - 1);
+        m->slots[h] = e;
+    }
+    return b;
+}
+
+/* ---- segments -------------------------------------------------------------- */
+
+static void stats_add_reserved(kpl_allocator *a, size_t bytes)
+{
+    a->st.reserved += bytes;
+    if (a->st.reserved > a->st.peak_reserved) a->st.peak_reserved = a->st.reserved;
+}
+
+static void segment_release(kpl_allocator *a, size_t idx)
+{
+    block *b = a->segments[idx];
+    a->src.free(a->src.ctx, b->ptr);
+    a->st.reserved -= b->size;
+    free(b);
+    a->segments[idx] = a->segments[--a->n_segments];
+}
+
+/* Releases every segment that is one free block; caller holds the lock. */
+static void release_free_segments(kpl_allocator *a)
+{
+    for (size_t i = a->n_segments; i-- > 0;) {
+        block *b = a->segments[i];
+        if (!b->allocated && !b->prev && !b->next) {
+            bin_remove(&a->pools[b->small], b);
+            segment_release(a, i);
+        }
+    }
+}
+
+static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
+                              size_t want, const char *what, block **out)
+{
+    if (a->st.limit && a->st.reserved + seg_size > a->st.limit) {
+        release_free_segments(a);
+        if (a->st.reserved + seg_size > a->st.limit)
+            return KPL_ERROR(KPL_ENOMEM,
+                             "%s: out of memory on %s: %zu bytes requested, "
+                             "%zu reserved, limit %zu",
+                             what ? what : "alloc", a->src.name, want,
+                             a->st.reserved, a->st.limit);
+    }
+    if (a->n_segments == a->cap_segments) {
+        size_t ncap = a->cap_segments ? a->cap_segments * 2 : 64;
+        block **ns = realloc(a->segments, ncap * sizeof *ns);
+        if (!ns) return KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
+        a->segments = ns;
+        a->cap_segments = ncap;
+    }
+    block *b = calloc(1, sizeof *b);
+    if (!b) return KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
+    void *ptr = NULL;
+    kpl_status st = a->src.alloc(a->src.ctx, seg_size, &ptr);
+    if (st < 0) {
+        /* Give back what the cache holds and try once more. */
+        release_free_segments(a);
+        st = a->src.alloc(a->src.ctx, seg_size, &ptr);
+    }
+    if (st < 0) {
+        free(b);
+        return KPL_ERROR(KPL_ENOMEM,
+                         "%s: out of memory on %s: %zu bytes requested "
+                         "(segment of %zu), %zu reserved",
+                         what ? what : "alloc", a->src.name, want, seg_size,
+                         a->st.reserved);
+    }
+    b->ptr = ptr;
+    b->size = seg_size;
+    b->small = small;
+    a->segments[a->n_segments++] = b;
+    a->st.n_system++;
+    stats_add_reserved(a, seg_size);
+    *out = b;
+    return KPL_OK;
+}
+
+/* ---- public (module-internal) API ----------------------------------------- */
+
+kpl_allocator *kpl__allocator_create(kpl_raw_source src)
+{
+    kpl_allocator *a = calloc(1, sizeof *a);
+    if (!a) return NULL;
+    pthread_mutex_init(&a->lock, NULL);
+    a->src = src;
+    return a;
+}
+
+void kpl__allocator_destroy(kpl_allocator *a)
+{
+    if (!a) return;
+    /* Blocks still handed out belong to their owners' segments: free the
+     * segments anyway (destroy only happens at process teardown). */
+    for (size_t i = 0; i < a->n_segments; i++) {
+        block *seg = a->segments[i];
+        block *b = seg->next;
+        while (b) {
+            block *n = b->next;
+            free(b);
+            b = n;
+        }
+        a->src.free(a->src.ctx, seg->ptr);
+        free(seg);
+    }
+    free(a->segments);
+    free(a->live.slots);
+    pthread_mutex_destroy(&a->lock);
+    free(a);
+}
+
+kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
+                                const char *what, void **out)
+{
+    KPL_CHECK(bytes <= ((size_t)1 << 62), KPL_ENOMEM,
+              "%s: allocation of %zu bytes on %s is impossibly large",
+              what ? what : "alloc", bytes, a->src.name);
+    size_t size = bytes ? (bytes + ROUND_UNIT - 1) / ROUND_UNIT * ROUND_UNIT
+                        : ROUND_UNIT;
+    bool small = size <= SMALL_MAX;
+    pool *p = &a->pools[small];
+    kpl_status st = KPL_OK;
+
+    pthread_mutex_lock(&a->lock);
+    a->st.n_alloc++;
+    block *b = bin_find(p, size);
+    if (b) {
+        bin_remove(p, b);
+        a->st.n_cache_hit++;
+    } else {
+        size_t seg = small ? SMALL_SEGMENT
+                           : (size <= LARGE_ALONE
+                                  ? LARGE_SEGMENT
+                                  : (size + SMALL_SEGMENT - 1) / SMALL_SEGMENT *
+                                        SMALL_SEGMENT);
+        st = segment_new(a, seg, small, bytes, what, &b);
+        if (st < 0) goto done;
+    }
+    size_t rest = b->size - size;
+    if (rest >= (small ? ROUND_UNIT : LARGE_MIN_SPLIT)) {
+        block *r = calloc(1, sizeof *r);
+        if (r) { /* without bookkeeping memory, hand out the whole block */
+            r->ptr = b->ptr + size;
+            r->size = rest;
+            r->small = small;
+            r->prev = b;
+            r->next = b->next;
+            if (b->next) b->next->prev = r;
+            b->next = r;
+            b->size = size;
+            bin_push(p, r);
+        }
+    }
+    b->allocated = true;
+    if (!map_put(&a->live, b)) {
+        b->allocated = false;
+        bin_push(p, b);
+        st = KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
+        goto done;
+    }
+    a->st.allocated += b->size;
+    if (a->st.allocated > a->st.peak_allocated) a->st.peak_allocated = a->st.allocated;
+    *out = b->ptr;
+done:
+    pthread_mutex_unlock(&a->lock);
+    return st;
+}
+
+void kpl__allocator_free(kpl_allocator *a, void *ptr)
+{
+    if (!ptr) return;
+    pthread_mutex_lock(&a->lock);
+    block *b = map_take(&a->live, ptr);
+    KPL_ASSERT(b != NULL, "free of a pointer this allocator did not hand out");
+    pool *p = &a->pools[b->small];
+    b->allocated = false;
+    a->st.allocated -= b->size;
+    /* Merge with free neighbours so the segment can serve larger blocks. */
+    block *n = b->next;
+    if (n && !n->allocated) {
+        bin_remove(p, n);
+        b->size += n->size;
+        b->next = n->next;
+        if (n->next) n->next->prev = b;
+        free(n);
+    }
+    block *pv = b->prev;
+    if (pv && !pv->allocated) {
+        bin_remove(p, pv);
+        pv->size += b->size;
+        pv->next = b->next;
+        if (b->next) b->next->prev = pv;
+        free(b);
+        b = pv;
+    }
+    bin_push(p, b);
+    pthread_mutex_unlock(&a->lock);
+}
+
+kpl_memory_stats kpl__allocator_stats(kpl_allocator *a)
+{
+    pthread_mutex_lock(&a->lock);
+    kpl_memory_stats s = a->st;
+    pthread_mutex_unlock(&a->lock);
+    return s;
+}
+
+void kpl__allocator_reset_peak(kpl_allocator *a)
+{
+    pthread_mutex_lock(&a->lock);
+    a->st.peak_allocated = a->st.allocated;
+    a->st.peak_reserved = a->st.reserved;
+    pthread_mutex_unlock(&a->lock);
+}
+
+void kpl__allocator_empty_cache(kpl_allocator *a)
+{
+    pthread_mutex_lock(&a->lock);
+    release_free_segments(a);
+    pthread_mutex_unlock(&a->lock);
+}
+
+void kpl__allocator_set_limit(kpl_allocator *a, size_t bytes)
+{
+    pthread_mutex_lock(&a->lock);
+    a->st.limit = bytes;
+    pthread_mutex_unlock(&a->lock);
+}

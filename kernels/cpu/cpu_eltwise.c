@@ -1,0 +1,301 @@
+/*
+ * cpu_eltwise.c — CPU loops for the unary, binary and where kernels.
+ *
+ * The formulas come from eltwise_math.h (shared with CUDA).  Each (formula,
+ * dtype) pair becomes one inner-loop function over a contiguous run, built
+ * three times by target_clones (baseline x86-64, AVX2+FMA, AVX-512) and
+ * picked at load time for the CPU at hand.  The outer driver splits the
+ * flat output range across OpenMP threads and walks the broadcast plan one
+ * run (row) at a time, so the inner loops only ever see stride 1 or 0.
+ */
+#include "../eltwise_math.h"
+#include "../kernels_impl.h"
+
+#include <omp.h>
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define KPL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define KPL_CLONES
+#endif
+
+/* Inner loops: mode 0 = both inputs advance, 1 = b is fixed, 2 = a is fixed. */
+typedef void (*bin_fn)(void *o, const void *a, const void *b, int64_t n, int mode);
+typedef void (*un_fn)(void *o, const void *x, int64_t n, double alpha, double beta);
+
+/* ---- generated inner loops -------------------------------------------------- */
+
+#define BIN_LOOP(TYPE, OTYPE, FORMULA)                                  \
+    typedef TYPE T;                                                     \
+    OTYPE *po = o_;                                                     \
+    const T *pa = a_, *pb = b_;                                         \
+    if (mode == 0) {                                                    \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)             \
+        {                                                               \
+            T a = pa[i], b = pb[i];                                     \
+            po[i] = (OTYPE)(FORMULA);                                   \
+        }                                                               \
+    } else if (mode == 1) {                                             \
+        const T b = pb[0];                                              \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)             \
+        {                                                               \
+            T a = pa[i];                                                \
+            po[i] = (OTYPE)(FORMULA);                                   \
+        }                                                               \
+    } else {                                                            \
+        const T a = pa[0];                                              \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)             \
+        {                                                               \
+            T b = pb[i];                                                \
+            po[i] = (OTYPE)(FORMULA);                                   \
+        }                                                               \
+    }
+
+#define DEF_ARITH(NAME, FORMULA, TYPE, tn)                                          \
+    KPL_CLONES static void bin_##NAME##_##tn(void *o_, const void *a_, const void *b_, \
+                                             int64_t n, int mode)                   \
+    {                                                                               \
+        BIN_LOOP(TYPE, TYPE, FORMULA)                                               \
+    }
+#define DEF_CMP(NAME, FORMULA, TYPE, tn)                                            \
+    KPL_CLONES static void bin_##NAME##_##tn(void *o_, const void *a_, const void *b_, \
+                                             int64_t n, int mode)                   \
+    {                                                                               \
+        BIN_LOOP(TYPE, uint8_t, FORMULA)                                            \
+    }
+
+#define DEF_ARITH_f32(N, F) DEF_ARITH(N, F, float, f32)
+#define DEF_ARITH_f64(N, F) DEF_ARITH(N, F, double, f64)
+#define DEF_ARITH_i32(N, F) DEF_ARITH(N, F, int32_t, i32)
+#define DEF_ARITH_i64(N, F) DEF_ARITH(N, F, int64_t, i64)
+#define DEF_ARITH_u8(N, F) DEF_ARITH(N, F, uint8_t, u8)
+#define DEF_CMP_f32(N, F) DEF_CMP(N, F, float, f32)
+#define DEF_CMP_f64(N, F) DEF_CMP(N, F, double, f64)
+#define DEF_CMP_i32(N, F) DEF_CMP(N, F, int32_t, i32)
+#define DEF_CMP_i64(N, F) DEF_CMP(N, F, int64_t, i64)
+#define DEF_CMP_u8(N, F) DEF_CMP(N, F, uint8_t, u8)
+
+KPL_BINARY_ARITH_FORMULAS(DEF_ARITH_f32)
+KPL_BINARY_ARITH_FORMULAS(DEF_ARITH_f64)
+KPL_BINARY_ARITH_FORMULAS(DEF_ARITH_i32)
+KPL_BINARY_ARITH_FORMULAS(DEF_ARITH_i64)
+KPL_BINARY_ARITH_FORMULAS(DEF_ARITH_u8)
+KPL_BINARY_CMP_FORMULAS(DEF_CMP_f32)
+KPL_BINARY_CMP_FORMULAS(DEF_CMP_f64)
+KPL_BINARY_CMP_FORMULAS(DEF_CMP_i32)
+KPL_BINARY_CMP_FORMULAS(DEF_CMP_i64)
+KPL_BINARY_CMP_FORMULAS(DEF_CMP_u8)
+
+#define DEF_UNARY(NAME, FORMULA, TYPE, tn)                                       \
+    KPL_CLONES static void un_##NAME##_##tn(void *o_, const void *x_, int64_t n, \
+                                            double alpha, double beta)          \
+    {                                                                            \
+        typedef TYPE T;                                                          \
+        T *po = o_;                                                              \
+        const T *px = x_;                                                        \
+        (void)alpha;                                                             \
+        (void)beta;                                                              \
+        _Pragma("omp simd") for (int64_t i = 0; i < n; i++)                      \
+        {                                                                        \
+            T x = px[i];                                                         \
+            po[i] = (T)(FORMULA);                                                \
+        }                                                                        \
+    }
+#define DEF_UNARY_f32(N, F) DEF_UNARY(N, F, float, f32)
+#define DEF_UNARY_f64(N, F) DEF_UNARY(N, F, double, f64)
+#define DEF_UNARY_i32(N, F) DEF_UNARY(N, F, int32_t, i32)
+#define DEF_UNARY_i64(N, F) DEF_UNARY(N, F, int64_t, i64)
+
+KPL_UNARY_FORMULAS(DEF_UNARY_f32)
+KPL_UNARY_FORMULAS(DEF_UNARY_f64)
+KPL_UNARY_INT_FORMULAS(DEF_UNARY_i32)
+KPL_UNARY_INT_FORMULAS(DEF_UNARY_i64)
+
+/* ---- tables: [op] -> loop, per dtype ------------------------------------------ */
+
+#define ENTRY(NAME, F, tn) [KPL_BIN_##NAME] = bin_##NAME##_##tn,
+#define ENTRY_f32(N, F) ENTRY(N, F, f32)
+#define ENTRY_f64(N, F) ENTRY(N, F, f64)
+#define ENTRY_i32(N, F) ENTRY(N, F, i32)
+#define ENTRY_i64(N, F) ENTRY(N, F, i64)
+#define ENTRY_u8(N, F) ENTRY(N, F, u8)
+
+static const bin_fn bin_f32[KPL_BINARY_COUNT] = {
+    KPL_BINARY_ARITH_FORMULAS(ENTRY_f32) KPL_BINARY_CMP_FORMULAS(ENTRY_f32)};
+static const bin_fn bin_f64[KPL_BINARY_COUNT] = {
+    KPL_BINARY_ARITH_FORMULAS(ENTRY_f64) KPL_BINARY_CMP_FORMULAS(ENTRY_f64)};
+static const bin_fn bin_i32[KPL_BINARY_COUNT] = {
+    KPL_BINARY_ARITH_FORMULAS(ENTRY_i32) KPL_BINARY_CMP_FORMULAS(ENTRY_i32)};
+static const bin_fn bin_i64[KPL_BINARY_COUNT] = {
+    KPL_BINARY_ARITH_FORMULAS(ENTRY_i64) KPL_BINARY_CMP_FORMULAS(ENTRY_i64)};
+static const bin_fn bin_u8[KPL_BINARY_COUNT] = {
+    KPL_BINARY_ARITH_FORMULAS(ENTRY_u8) KPL_BINARY_CMP_FORMULAS(ENTRY_u8)};
+
+#define UENTRY(NAME, F, tn) [KPL_UN_##NAME] = un_##NAME##_##tn,
+#define UENTRY_f32(N, F) UENTRY(N, F, f32)
+#define UENTRY_f64(N, F) UENTRY(N, F, f64)
+#define UENTRY_i32(N, F) UENTRY(N, F, i32)
+#define UENTRY_i64(N, F) UENTRY(N, F, i64)
+
+static const un_fn un_f32[KPL_UNARY_COUNT] = {KPL_UNARY_FORMULAS(UENTRY_f32)};
+static const un_fn un_f64[KPL_UNARY_COUNT] = {KPL_UNARY_FORMULAS(UENTRY_f64)};
+static const un_fn un_i32[KPL_UNARY_COUNT] = {KPL_UNARY_INT_FORMULAS(UENTRY_i32)};
+static const un_fn un_i64[KPL_UNARY_COUNT] = {KPL_UNARY_INT_FORMULAS(UENTRY_i64)};
+
+static const bin_fn *bin_table(kpl_dtype dt)
+{
+    switch (dt) {
+    case KPL_F32: return bin_f32;
+    case KPL_F64: return bin_f64;
+    case KPL_I32: return bin_i32;
+    case KPL_I64: return bin_i64;
+    case KPL_U8:
+    case KPL_BOOL: return bin_u8;
+    default: return NULL;
+    }
+}
+
+static const un_fn *un_table(kpl_dtype dt)
+{
+    switch (dt) {
+    case KPL_F32: return un_f32;
+    case KPL_F64: return un_f64;
+    case KPL_I32: return un_i32;
+    case KPL_I64: return un_i64;
+    default: return NULL;
+    }
+}
+
+/* ---- drivers ---------------------------------------------------------------- */
+
+/* Splits [0, total) into one contiguous range per thread (memory-bound work
+ * gains nothing from finer chunks and loses locality). */
+static int chunk_count(int64_t total)
+{
+    if (total < 2 * KPL_PAR_GRAIN) return 1;
+    int nt = omp_get_max_threads();
+    int64_t by_grain = total / KPL_PAR_GRAIN;
+    return (int)(by_grain < nt ? by_grain : nt);
+}
+
+static kpl_status cpu_binary(const kpl_kernel_args *args)
+{
+    const kpl_binary_attrs *at = args->attrs;
+    const kpl_tensor *a = args->in[0], *b = args->in[1];
+    kpl_dtype dt = a->dtype;
+    bin_fn fn = bin_table(dt)[at->op];
+    KPL_ASSERT(fn != NULL, "binary loop missing");
+    size_t es = kpl_dtype_size(dt);
+    size_t eo = kpl_binary_is_compare(at->op) ? 1 : es;
+
+    kpl_ew_plan p = at->plan;
+    const char *pa = kpl__cdata(a);
+    const char *pb;
+    union { float f; double d; int32_t i; int64_t l; uint8_t u; } sc;
+    if (at->has_scalar) {
+        switch (dt) {
+        case KPL_F32: sc.f = (float)at->scalar; break;
+        case KPL_F64: sc.d = at->scalar; break;
+        case KPL_I32: sc.i = (int32_t)at->scalar; break;
+        case KPL_I64: sc.l = (int64_t)at->scalar; break;
+        default: sc.u = (uint8_t)at->scalar; break;
+        }
+        pb = (const char *)&sc;
+        if (at->scalar_first) { /* s op a: the scalar is the first operand */
+            for (int d = 0; d < p.ndim; d++) {
+                p.stride[1][d] = p.stride[0][d];
+                p.stride[0][d] = 0;
+            }
+            pb = pa;
+            pa = (const char *)&sc;
+        }
+    } else {
+        pb = kpl__cdata(b);
+    }
+    char *po = kpl__data(args->out);
+    int64_t inner = p.shape[p.ndim - 1];
+    int64_t sa = p.stride[0][p.ndim - 1], sb = p.stride[1][p.ndim - 1];
+    int mode = (sa && sb) ? 0 : (sa ? 1 : (sb ? 2 : 0));
+    int64_t total = p.numel;
+    int nchunks = chunk_count(total);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int c = 0; c < nchunks; c++) {
+        int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
+        while (s < e) {
+            int64_t row = s / inner, col = s % inner;
+            int64_t len = inner - col < e - s ? inner - col : e - s;
+            int64_t oa = kpl__plan_offset(&p, 0, row * inner) + col * sa;
+            int64_t ob = kpl__plan_offset(&p, 1, row * inner) + col * sb;
+            fn(po + s * eo, pa + oa * es, pb + ob * es, len, mode);
+            s += len;
+        }
+    }
+    return KPL_OK;
+}
+
+static kpl_status cpu_unary(const kpl_kernel_args *args)
+{
+    const kpl_unary_attrs *at = args->attrs;
+    const kpl_tensor *x = args->in[0];
+    un_fn fn = un_table(x->dtype)[at->op];
+    KPL_ASSERT(fn != NULL, "unary loop missing");
+    size_t es = kpl_dtype_size(x->dtype);
+    const char *px = kpl__cdata(x);
+    char *po = kpl__data(args->out);
+    int64_t total = x->numel;
+    int nchunks = chunk_count(total);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int c = 0; c < nchunks; c++) {
+        int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
+        fn(po + s * es, px + s * es, e - s, at->alpha, at->beta);
+    }
+    return KPL_OK;
+}
+
+#define WHERE_LOOP(TYPE)                                                       \
+    do {                                                                       \
+        TYPE *o = (TYPE *)po;                                                  \
+        const TYPE *va = (const TYPE *)pa, *vb = (const TYPE *)pb;             \
+        for (int64_t i = s; i < e; i++) {                                      \
+            int64_t oc = kpl__plan_offset(&at->plan, 0, i);                    \
+            int64_t oa = kpl__plan_offset(&at->plan, 1, i);                    \
+            int64_t ob = kpl__plan_offset(&at->plan, 2, i);                    \
+            o[i] = pc[oc] ? va[oa] : vb[ob];                                   \
+        }                                                                      \
+    } while (0)
+
+/* where() only moves values, so it is written per element size. */
+static kpl_status cpu_where(const kpl_kernel_args *args)
+{
+    const kpl_where_attrs *at = args->attrs;
+    const uint8_t *pc = kpl__cdata(args->in[0]);
+    const char *pa = kpl__cdata(args->in[1]), *pb = kpl__cdata(args->in[2]);
+    char *po = kpl__data(args->out);
+    size_t es = kpl_dtype_size(args->in[1]->dtype);
+    int64_t total = at->plan.numel;
+    int nchunks = chunk_count(total);
+#pragma omp parallel for schedule(static) if (nchunks > 1)
+    for (int c = 0; c < nchunks; c++) {
+        int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
+        switch (es) {
+        case 1: WHERE_LOOP(uint8_t); break;
+        case 2: WHERE_LOOP(uint16_t); break;
+        case 4: WHERE_LOOP(uint32_t); break;
+        default: WHERE_LOOP(uint64_t); break;
+        }
+    }
+    return KPL_OK;
+}
+
+void kpl__cpu_register_eltwise(void)
+{
+    static const kpl_dtype bin_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64, KPL_U8, KPL_BOOL};
+    for (size_t i = 0; i < sizeof bin_types / sizeof bin_types[0]; i++)
+        kpl_kernel_register(KPL_KOP_BINARY, KPL_DEVICE_CPU, bin_types[i], cpu_binary);
+    static const kpl_dtype un_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64};
+    for (size_t i = 0; i < sizeof un_types / sizeof un_types[0]; i++)
+        kpl_kernel_register(KPL_KOP_UNARY, KPL_DEVICE_CPU, un_types[i], cpu_unary);
+    for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++)
+        kpl_kernel_register(KPL_KOP_WHERE, KPL_DEVICE_CPU, (kpl_dtype)dt, cpu_where);
+}

@@ -1,0 +1,290 @@
+/*
+ * cpu_misc.c — fill, arange, random (Philox), cast and copy on the CPU.
+ */
+#include "../eltwise_math.h"
+#include "../kernels_impl.h"
+#include "../philox.h"
+
+#include <omp.h>
+#include <string.h>
+
+static int chunks_for(int64_t total)
+{
+    if (total < 2 * KPL_PAR_GRAIN) return 1;
+    int nt = omp_get_max_threads();
+    int64_t g = total / KPL_PAR_GRAIN;
+    return (int)(g < nt ? g : nt);
+}
+
+/* ---- conversions -------------------------------------------------------------- */
+
+/* Every source value is widened to double (floats, i32, u8, bool: exact) or
+ * int64_t (i64: exact), then narrowed to the destination.  Float -> integer
+ * truncates toward zero and saturates (NaN -> 0), so no input is undefined
+ * behaviour. */
+static inline int64_t sat_i64(double v)
+{
+    if (v != v) return 0;
+    if (v >= 9223372036854775807.0) return INT64_MAX;
+    if (v <= -9223372036854775808.0) return INT64_MIN;
+    return (int64_t)v;
+}
+static inline int32_t sat_i32(double v)
+{
+    if (v != v) return 0;
+    if (v >= 2147483647.0) return INT32_MAX;
+    if (v <= -2147483648.0) return INT32_MIN;
+    return (int32_t)v;
+}
+static inline uint8_t sat_u8(double v)
+{
+    if (v != v || v <= 0) return 0;
+    if (v >= 255.0) return 255;
+    return (uint8_t)v;
+}
+
+#define FROM_f32(p, i) ((double)((const float *)(p))[i])
+#define FROM_f64(p, i) (((const double *)(p))[i])
+#define FROM_f16(p, i) ((double)kpl_f16_to_f32(((const uint16_t *)(p))[i]))
+#define FROM_bf16(p, i) ((double)kpl_bf16_to_f32(((const uint16_t *)(p))[i]))
+#define FROM_i32(p, i) ((double)((const int32_t *)(p))[i])
+#define FROM_i64(p, i) (((const int64_t *)(p))[i])
+#define FROM_u8(p, i) ((double)((const uint8_t *)(p))[i])
+#define FROM_b8(p, i) ((double)(((const uint8_t *)(p))[i] != 0))
+
+#define TO_f32(p, i, v) (((float *)(p))[i] = (float)(v))
+#define TO_f64(p, i, v) (((double *)(p))[i] = (double)(v))
+#define TO_f16(p, i, v) (((uint16_t *)(p))[i] = kpl_f32_to_f16((float)(v)))
+#define TO_bf16(p, i, v) (((uint16_t *)(p))[i] = kpl_f32_to_bf16((float)(v)))
+#define TO_i32(p, i, v)                                                          \
+    (((int32_t *)(p))[i] = _Generic((v), int64_t: (int32_t)(uint32_t)(uint64_t)(v), \
+                                    default: sat_i32((double)(v))))
+#define TO_i64(p, i, v) \
+    (((int64_t *)(p))[i] = _Generic((v), int64_t: (v), default: sat_i64((double)(v))))
+#define TO_u8(p, i, v) \
+    (((uint8_t *)(p))[i] = _Generic((v), int64_t: (uint8_t)(v), default: sat_u8((double)(v))))
+#define TO_b8(p, i, v) (((uint8_t *)(p))[i] = (uint8_t)((v) != 0))
+
+/* Two copies of the dtype list: a macro cannot expand itself, and the
+ * cast table needs one list nested in the other. */
+#define DTYPES(X, A) X(A, f32) X(A, f64) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8)
+#define DTYPES2(X, A) X(A, f32) X(A, f64) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8)
+
+#define DEF_CAST(SRC, DST)                                                 \
+    static void cast_##SRC##_##DST(void *o, const void *x, int64_t s, int64_t e) \
+    {                                                                      \
+        for (int64_t i = s; i < e; i++) TO_##DST(o, i, FROM_##SRC(x, i));  \
+    }
+#define DEF_CAST_ROW(_, SRC) DTYPES2(DEF_CAST, SRC)
+DTYPES(DEF_CAST_ROW, _)
+
+typedef void (*cast_fn)(void *, const void *, int64_t, int64_t);
+#define CAST_ENTRY(SRC, DST) cast_##SRC##_##DST,
+#define CAST_ROW(_, SRC) {DTYPES2(CAST_ENTRY, SRC)},
+/* Indexed [src][dst] in the order of KPL_DTYPE_LIST. */
+static const cast_fn cast_table[KPL_DTYPE_COUNT][KPL_DTYPE_COUNT] = {DTYPES(CAST_ROW, _)};
+
+static kpl_status cpu_cast(const kpl_kernel_args *args)
+{
+    const kpl_tensor *x = args->in[0];
+    cast_fn fn = cast_table[x->dtype][args->out->dtype];
+    const void *px = kpl__cdata(x);
+    void *po = kpl__data(args->out);
+    int64_t total = x->numel;
+    int nc = chunks_for(total);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) fn(po, px, total * c / nc, total * (c + 1) / nc);
+    return KPL_OK;
+}
+
+/* ---- fill / arange -------------------------------------------------------------- */
+
+static kpl_status cpu_fill(const kpl_kernel_args *args)
+{
+    const kpl_fill_attrs *at = args->attrs;
+    kpl_tensor *out = args->out;
+    /* The value in out's dtype, as raw bytes. */
+    uint64_t pattern = 0;
+    double v = at->value;
+    char tmp[8];
+    switch (out->dtype) {
+    case KPL_F32: TO_f32(tmp, 0, v); break;
+    case KPL_F64: TO_f64(tmp, 0, v); break;
+    case KPL_F16: TO_f16(tmp, 0, v); break;
+    case KPL_BF16: TO_bf16(tmp, 0, v); break;
+    case KPL_I32: TO_i32(tmp, 0, v); break;
+    case KPL_I64: TO_i64(tmp, 0, v); break;
+    case KPL_U8: TO_u8(tmp, 0, v); break;
+    default: TO_b8(tmp, 0, v); break;
+    }
+    memcpy(&pattern, tmp, kpl_dtype_size(out->dtype));
+    size_t es = kpl_dtype_size(out->dtype);
+    char *po = kpl__data(out);
+    int64_t total = out->numel;
+    int nc = chunks_for(total);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) {
+        int64_t s = total * c / nc, e = total * (c + 1) / nc;
+        switch (es) {
+        case 1: memset(po + s, (int)(pattern & 0xff), (size_t)(e - s)); break;
+        case 2: {
+            uint16_t p;
+            memcpy(&p, &pattern, 2);
+            for (int64_t i = s; i < e; i++) ((uint16_t *)po)[i] = p;
+            break;
+        }
+        case 4: {
+            uint32_t p;
+            memcpy(&p, &pattern, 4);
+            for (int64_t i = s; i < e; i++) ((uint32_t *)po)[i] = p;
+            break;
+        }
+        default:
+            for (int64_t i = s; i < e; i++) ((uint64_t *)po)[i] = pattern;
+        }
+    }
+    return KPL_OK;
+}
+
+static kpl_status cpu_arange(const kpl_kernel_args *args)
+{
+    const kpl_arange_attrs *at = args->attrs;
+    kpl_tensor *out = args->out;
+    void *po = kpl__data(out);
+    int64_t total = out->numel;
+    int nc = chunks_for(total);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) {
+        for (int64_t i = total * c / nc, e = total * (c + 1) / nc; i < e; i++) {
+            double v = at->start + (double)i * at->step;
+            switch (out->dtype) {
+            case KPL_F32: TO_f32(po, i, v); break;
+            case KPL_F64: TO_f64(po, i, v); break;
+            case KPL_I32: TO_i32(po, i, v); break;
+            default: TO_i64(po, i, v); break;
+            }
+        }
+    }
+    return KPL_OK;
+}
+
+/* ---- random ------------------------------------------------------------------- */
+
+void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo, uint32_t out[4])
+{
+    kpl_philox_block(seed, counter_hi, counter_lo, out);
+}
+
+/* Four f32 values of block `blk` (uniform or normal by Box-Muller on the
+ * word pairs (0,1) and (2,3)); the CUDA kernel computes the same. */
+static void block_f32(const kpl_random_attrs *at, uint64_t blk, float v[4])
+{
+    uint32_t w[4];
+    kpl_philox_block(at->seed, 0, at->offset + blk, w);
+    if (!at->normal) {
+        for (int j = 0; j < 4; j++)
+            v[j] = (float)at->p1 + ((float)at->p2 - (float)at->p1) * kpl_u32_to_unit_f32(w[j]);
+        return;
+    }
+    for (int j = 0; j < 4; j += 2) {
+        float u1 = 1.0f - kpl_u32_to_unit_f32(w[j]); /* (0, 1]: log is finite */
+        float u2 = kpl_u32_to_unit_f32(w[j + 1]);
+        float r = sqrtf(-2.0f * logf(u1));
+        float th = 6.283185307179586f * u2;
+        v[j] = (float)at->p1 + (float)at->p2 * r * cosf(th);
+        v[j + 1] = (float)at->p1 + (float)at->p2 * r * sinf(th);
+    }
+}
+
+static void block_f64(const kpl_random_attrs *at, uint64_t blk, double v[2])
+{
+    uint32_t w[4];
+    kpl_philox_block(at->seed, 0, at->offset + blk, w);
+    double a = kpl_u64_to_unit_f64(w[0], w[1]), b = kpl_u64_to_unit_f64(w[2], w[3]);
+    if (!at->normal) {
+        v[0] = at->p1 + (at->p2 - at->p1) * a;
+        v[1] = at->p1 + (at->p2 - at->p1) * b;
+        return;
+    }
+    double r = sqrt(-2.0 * log(1.0 - a)), th = 6.283185307179586 * b;
+    v[0] = at->p1 + at->p2 * r * cos(th);
+    v[1] = at->p1 + at->p2 * r * sin(th);
+}
+
+static kpl_status cpu_random(const kpl_kernel_args *args)
+{
+    const kpl_random_attrs *at = args->attrs;
+    kpl_tensor *out = args->out;
+    void *po = kpl__data(out);
+    kpl_dtype dt = out->dtype;
+    int per = dt == KPL_F64 ? 2 : 4;
+    int64_t n = out->numel, nblocks = (n + per - 1) / per;
+    int nc = chunks_for(n);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) {
+        for (int64_t blk = nblocks * c / nc, e = nblocks * (c + 1) / nc; blk < e; blk++) {
+            int64_t base = blk * per;
+            if (dt == KPL_F64) {
+                double v[2];
+                block_f64(at, (uint64_t)blk, v);
+                for (int j = 0; j < 2 && base + j < n; j++) ((double *)po)[base + j] = v[j];
+                continue;
+            }
+            float v[4];
+            block_f32(at, (uint64_t)blk, v);
+            for (int j = 0; j < 4 && base + j < n; j++) {
+                if (dt == KPL_F32) ((float *)po)[base + j] = v[j];
+                else if (dt == KPL_F16) ((uint16_t *)po)[base + j] = kpl_f32_to_f16(v[j]);
+                else ((uint16_t *)po)[base + j] = kpl_f32_to_bf16(v[j]);
+            }
+        }
+    }
+    return KPL_OK;
+}
+
+/* ---- copy ----------------------------------------------------------------------- */
+
+#define GATHER(TYPE)                                                           \
+    for (int64_t i = s; i < e; i++)                                            \
+        ((TYPE *)po)[i] = ((const TYPE *)px)[kpl__plan_offset(&at->plan, 0, i)]
+
+static kpl_status cpu_copy(const kpl_kernel_args *args)
+{
+    const kpl_copy_attrs *at = args->attrs;
+    const kpl_tensor *x = args->in[0];
+    const char *px = kpl__cdata(x);
+    char *po = kpl__data(args->out);
+    size_t es = kpl_dtype_size(x->dtype);
+    int64_t total = x->numel;
+    int nc = chunks_for(total);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) {
+        int64_t s = total * c / nc, e = total * (c + 1) / nc;
+        if (!at) {
+            memcpy(po + s * es, px + s * es, (size_t)(e - s) * es);
+            continue;
+        }
+        switch (es) {
+        case 1: GATHER(uint8_t); break;
+        case 2: GATHER(uint16_t); break;
+        case 4: GATHER(uint32_t); break;
+        default: GATHER(uint64_t); break;
+        }
+    }
+    return KPL_OK;
+}
+
+void kpl__cpu_register_misc(void)
+{
+    for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++) {
+        kpl_kernel_register(KPL_KOP_FILL, KPL_DEVICE_CPU, (kpl_dtype)dt, cpu_fill);
+        kpl_kernel_register(KPL_KOP_CAST, KPL_DEVICE_CPU, (kpl_dtype)dt, cpu_cast);
+        kpl_kernel_register(KPL_KOP_COPY, KPL_DEVICE_CPU, (kpl_dtype)dt, cpu_copy);
+    }
+    static const kpl_dtype ar[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64};
+    for (size_t i = 0; i < 4; i++)
+        kpl_kernel_register(KPL_KOP_ARANGE, KPL_DEVICE_CPU, ar[i], cpu_arange);
+    static const kpl_dtype rnd[] = {KPL_F32, KPL_F64, KPL_F16, KPL_BF16};
+    for (size_t i = 0; i < 4; i++)
+        kpl_kernel_register(KPL_KOP_RANDOM, KPL_DEVICE_CPU, rnd[i], cpu_random);
+}

@@ -1,0 +1,516 @@
+/*
+ * kernels.h — devices, memory, tensors and the math kernels of kpl.
+ *
+ * This is the lowest layer of kpl: every other module (graph/, autograd/,
+ * collective/, dataio/, trainer/) builds on the handles declared here.
+ *
+ *   status    every fallible call returns kpl_status (0 = OK, < 0 = error);
+ *             kpl_last_error() holds the detailed message of the calling
+ *             thread's last failure (op, shapes, file:line).
+ *   device    "cpu" or "cuda:N".  A device owns a caching allocator; its
+ *             counters (allocated / reserved / peak) are public.
+ *   storage   a refcounted buffer with a host copy, a device copy and a
+ *             state (EMPTY, HOST, DEVICE, SYNCED); the other side is copied
+ *             lazily when read.
+ *   tensor    dtype + shape (<= 8 dims), contiguous row-major, on one
+ *             device.  Views (reshape, flatten, squeeze, unsqueeze, narrow
+ *             on dim 0) share storage; everything else copies.
+ *   rng       counter-based Philox-4x32-10: a random tensor depends only on
+ *             (seed, offset, element index), never on threads or device.
+ *   kpl_k_*   destination-passing compute: the caller allocates `out` with
+ *             the shape given by the kpl_shape_* helpers, the call checks
+ *             shapes/dtypes/devices and dispatches to the kernel registered
+ *             for (op, device type, dtype).
+ *
+ * Example:
+ *
+ *   kpl_device *cpu;
+ *   kpl_tensor *a = NULL, *b = NULL, *c = NULL;
+ *   int64_t sa[2] = {2, 3}, sb[1] = {3};
+ *   kpl_rng *rng = kpl_rng_create(42);
+ *   if (kpl_device_get("cpu", &cpu) < 0) goto fail;
+ *   if (kpl_tensor_empty(cpu, KPL_F32, 2, sa, &a) < 0) goto fail;
+ *   if (kpl_tensor_empty(cpu, KPL_F32, 1, sb, &b) < 0) goto fail;
+ *   kpl_k_uniform(a, rng, -1.0, 1.0);
+ *   kpl_k_fill(b, 0.5);
+ *   if (kpl_tensor_empty(cpu, KPL_F32, 2, sa, &c) < 0) goto fail;
+ *   if (kpl_k_binary(c, KPL_BIN_ADD, a, b) < 0)   // broadcasts b over rows
+ *       fprintf(stderr, "%s\n", kpl_last_error());
+ *   ...
+ *   kpl_tensor_release(c); kpl_tensor_release(b); kpl_tensor_release(a);
+ *   kpl_rng_destroy(rng);
+ *
+ * Thread-safety: tensors and storages are not locked; share them read-only
+ * or synchronise yourself.  Device lookup, allocators and the kernel registry
+ * are thread-safe.  Kernels parallelise internally with OpenMP
+ * (kpl_set_num_threads()).
+ */
+#ifndef KPL_KERNELS_H
+#define KPL_KERNELS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Version                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define KPL_VERSION_MAJOR 0
+#define KPL_VERSION_MINOR 1
+#define KPL_VERSION_PATCH 0
+#define KPL_VERSION_NUMBER \
+    (KPL_VERSION_MAJOR * 10000 + KPL_VERSION_MINOR * 100 + KPL_VERSION_PATCH)
+
+/* "0.1.0": the version of the library actually linked. */
+const char *kpl_version(void);
+/* A multi-line description of the build: compiler, oneDNN, CUDA, OpenMP. */
+const char *kpl_build_info(void);
+
+/* ------------------------------------------------------------------------ */
+/* Status and errors                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* X(name, value, default message).  Append only: values are never reused. */
+#define KPL_STATUS_LIST(X)                                             \
+    X(KPL_OK, 0, "success")                                            \
+    X(KPL_EINVAL, -1, "invalid argument")                              \
+    X(KPL_ESHAPE, -2, "shape mismatch")                                \
+    X(KPL_EDTYPE, -3, "unsupported or mismatched dtype")               \
+    X(KPL_ENOMEM, -4, "out of memory")                                 \
+    X(KPL_EDEVICE, -5, "device unavailable or mismatched")             \
+    X(KPL_ENOKERNEL, -6, "no kernel registered")                       \
+    X(KPL_EIO, -7, "input/output error")                               \
+    X(KPL_EFORMAT, -8, "malformed data")                               \
+    X(KPL_ETIMEOUT, -9, "timed out")                                   \
+    X(KPL_ECOMM, -10, "communication failure")                         \
+    X(KPL_EBACKEND, -11, "backend library error")                      \
+    X(KPL_ESTATE, -12, "object in the wrong state for this call")      \
+    X(KPL_ERANGE, -13, "value out of range")                           \
+    X(KPL_ENOTFOUND, -14, "not found")
+
+typedef enum {
+#define KPL_X_(name, value, msg) name = value,
+    KPL_STATUS_LIST(KPL_X_)
+#undef KPL_X_
+} kpl_status_code;
+
+typedef int kpl_status;
+
+/* The symbolic name of a status ("KPL_ESHAPE"); never NULL. */
+const char *kpl_status_str(kpl_status st);
+/* The default one-line meaning of a status ("shape mismatch"). */
+const char *kpl_status_msg(kpl_status st);
+/* The detailed message of this thread's last failing call, e.g.
+ * "add: shapes (2,3) and (4) cannot be broadcast [kernels/ops.c:88]".
+ * Valid until the thread's next failing call; "" when nothing failed. */
+const char *kpl_last_error(void);
+/* The status of this thread's last failing call (KPL_OK if none). */
+kpl_status kpl_last_status(void);
+/* Forget the last error of this thread. */
+void kpl_clear_error(void);
+
+/* ------------------------------------------------------------------------ */
+/* Data types                                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* X(ENUM, short name, element size in bytes, is floating point).  F64 is
+ * beyond DESIGN.md's list: gradient checks in issue 3 need its precision. */
+#define KPL_DTYPE_LIST(X)  \
+    X(KPL_F32, f32, 4, 1)  \
+    X(KPL_F16, f16, 2, 1)  \
+    X(KPL_BF16, bf16, 2, 1) \
+    X(KPL_I32, i32, 4, 0)  \
+    X(KPL_I64, i64, 8, 0)  \
+    X(KPL_U8, u8, 1, 0)    \
+    X(KPL_BOOL, bool, 1, 0) \
+    X(KPL_F64, f64, 8, 1)
+
+typedef enum {
+#define KPL_X_(e, n, s, f) e,
+    KPL_DTYPE_LIST(KPL_X_)
+#undef KPL_X_
+    KPL_DTYPE_COUNT
+} kpl_dtype;
+
+/* "f32", ... or "invalid" for a value outside the enum. */
+const char *kpl_dtype_name(kpl_dtype dt);
+/* Bytes per element; 0 for an invalid dtype. */
+size_t kpl_dtype_size(kpl_dtype dt);
+bool kpl_dtype_is_float(kpl_dtype dt);
+/* Parses "f32", "float32", "int64", ... ; KPL_EDTYPE for an unknown name. */
+kpl_status kpl_dtype_parse(const char *name, kpl_dtype *out);
+
+/* ------------------------------------------------------------------------ */
+/* Threads                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Number of OpenMP threads used by CPU kernels (and oneDNN).  Default: the
+ * OpenMP default (OMP_NUM_THREADS or the core count).  Process-wide. */
+void kpl_set_num_threads(int n);
+int kpl_get_num_threads(void);
+
+/* ------------------------------------------------------------------------ */
+/* Devices and their caching allocators                                       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+    KPL_DEVICE_CPU = 0,
+    KPL_DEVICE_CUDA = 1,
+    KPL_DEVICE_TYPE_COUNT
+} kpl_device_type;
+
+/* A device (MegEngine's CompNode).  Devices are process-wide objects owned
+ * by the backend registry: never destroyed, safe to share between threads. */
+typedef struct kpl_device kpl_device;
+
+/* Looks up "cpu", "cuda" (= "cuda:0") or "cuda:N".  KPL_EDEVICE with a clear
+ * message when the build has no CUDA backend, when no GPU is present, or when
+ * N is out of range.  The first call for a device initialises it. */
+kpl_status kpl_device_get(const char *name, kpl_device **out);
+/* The CPU device; never fails. */
+kpl_device *kpl_device_cpu(void);
+kpl_device_type kpl_device_type_of(const kpl_device *dev);
+int kpl_device_index(const kpl_device *dev);
+/* "cpu" or "cuda:N" (static storage). */
+const char *kpl_device_name(const kpl_device *dev);
+/* Number of usable devices of a type: 1 for cpu, 0..N for cuda (0 when the
+ * build has no CUDA backend or the machine no GPU). */
+int kpl_device_count(kpl_device_type type);
+/* Whether this build contains a backend for the type. */
+bool kpl_device_type_built(kpl_device_type type);
+/* Waits for all work queued on the device (no-op on cpu). */
+kpl_status kpl_device_synchronize(kpl_device *dev);
+
+/* Memory counters of a device's caching allocator, in bytes. */
+typedef struct {
+    size_t allocated;       /* in blocks handed out now */
+    size_t reserved;        /* obtained from the system/driver now */
+    size_t peak_allocated;  /* max of allocated since start or reset */
+    size_t peak_reserved;   /* max of reserved since start or reset */
+    size_t limit;           /* reserved may not exceed this (0 = none) */
+    uint64_t n_alloc;       /* calls to alloc */
+    uint64_t n_cache_hit;   /* allocs served from cached blocks */
+    uint64_t n_system;      /* segments obtained from the system */
+} kpl_memory_stats;
+
+kpl_memory_stats kpl_device_memory_stats(kpl_device *dev);
+/* Sets both peaks to the current values. */
+void kpl_device_reset_peak(kpl_device *dev);
+/* Returns every fully free cached segment to the system. */
+void kpl_device_empty_cache(kpl_device *dev);
+/* Caps reserved bytes (0 = no cap).  An allocation past the cap first
+ * releases cached segments, then fails with KPL_ENOMEM. */
+void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
+
+/* Raw allocation from a device's caching allocator (64-byte aligned).  The
+ * pointer is owned by the caller until kpl_device_free().  `what` names the
+ * requester for the out-of-memory message (may be NULL).  Thread-safe. */
+kpl_status kpl_device_alloc(kpl_device *dev, size_t bytes, const char *what,
+                            void **out);
+void kpl_device_free(kpl_device *dev, void *ptr);
+
+/* ------------------------------------------------------------------------ */
+/* Storage (UnifiedMemory)                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef enum {
+    KPL_MEM_EMPTY = 0, /* nothing written yet */
+    KPL_MEM_HOST,      /* only the host copy is current */
+    KPL_MEM_DEVICE,    /* only the device copy is current */
+    KPL_MEM_SYNCED     /* both copies hold the same bytes */
+} kpl_mem_state;
+
+typedef struct kpl_storage kpl_storage;
+
+/* A refcounted buffer of `bytes` bytes whose home is `dev`.  For a CPU home
+ * there is only a host copy.  For a CUDA home the host copy is pinned and
+ * allocated on first host access.  Starts with refcount 1 and state EMPTY. */
+kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out);
+void kpl_storage_retain(kpl_storage *s);
+/* Drops one reference; frees both copies at zero.  Accepts NULL. */
+void kpl_storage_release(kpl_storage *s);
+size_t kpl_storage_bytes(const kpl_storage *s);
+kpl_device *kpl_storage_device(const kpl_storage *s);
+kpl_mem_state kpl_storage_state(const kpl_storage *s);
+/* Host pointers.  host_data() copies device->host if only the device copy
+ * is current (state becomes SYNCED); host_mutable() additionally marks the
+ * device copy stale (state HOST).  NULL with an error set on failure. */
+const void *kpl_storage_host_data(kpl_storage *s);
+void *kpl_storage_host_mutable(kpl_storage *s);
+/* Device pointers, mirror images of the above (for a CPU home these are the
+ * host pointers). */
+const void *kpl_storage_device_data(kpl_storage *s);
+void *kpl_storage_device_mutable(kpl_storage *s);
+
+/* ------------------------------------------------------------------------ */
+/* Tensors                                                                    */
+/* ------------------------------------------------------------------------ */
+
+#define KPL_MAX_DIMS 8
+
+typedef struct kpl_tensor kpl_tensor;
+
+/* All tensor constructors return a tensor with refcount 1 that the caller
+ * owns (release with kpl_tensor_release).  Contents of _empty are undefined. */
+kpl_status kpl_tensor_empty(kpl_device *dev, kpl_dtype dt, int ndim,
+                            const int64_t *shape, kpl_tensor **out);
+kpl_status kpl_tensor_zeros(kpl_device *dev, kpl_dtype dt, int ndim,
+                            const int64_t *shape, kpl_tensor **out);
+/* A tensor whose contents are copied from `data` (host memory, row-major,
+ * numel elements of dtype `dt`). */
+kpl_status kpl_tensor_from_data(kpl_device *dev, kpl_dtype dt, int ndim,
+                                const int64_t *shape, const void *data,
+                                kpl_tensor **out);
+/* Same device/dtype/shape as `like`, undefined contents. */
+kpl_status kpl_tensor_empty_like(const kpl_tensor *like, kpl_tensor **out);
+
+void kpl_tensor_retain(kpl_tensor *t);
+/* Drops one reference; frees the tensor (and its storage reference) at
+ * zero.  Accepts NULL. */
+void kpl_tensor_release(kpl_tensor *t);
+
+int kpl_tensor_ndim(const kpl_tensor *t);
+/* Pointer to ndim sizes, valid while the tensor lives. */
+const int64_t *kpl_tensor_shape(const kpl_tensor *t);
+int64_t kpl_tensor_dim(const kpl_tensor *t, int axis); /* negative axis ok */
+int64_t kpl_tensor_numel(const kpl_tensor *t);
+size_t kpl_tensor_nbytes(const kpl_tensor *t);
+kpl_dtype kpl_tensor_dtype(const kpl_tensor *t);
+kpl_device *kpl_tensor_device(const kpl_tensor *t);
+kpl_storage *kpl_tensor_storage(const kpl_tensor *t);
+/* Byte offset of element 0 inside the storage (non-zero for narrow views). */
+size_t kpl_tensor_offset(const kpl_tensor *t);
+/* Whether a and b share the same storage. */
+bool kpl_tensor_shares_storage(const kpl_tensor *a, const kpl_tensor *b);
+/* Writes "(2,3,4)" into buf; returns buf. */
+char *kpl_shape_str(int ndim, const int64_t *shape, char *buf, size_t len);
+
+/* Host access to element 0 (see kpl_storage_host_data for the copy rules). */
+const void *kpl_tensor_host_data(kpl_tensor *t);
+void *kpl_tensor_host_mutable(kpl_tensor *t);
+/* Device access; equal to the host pointers for CPU tensors. */
+const void *kpl_tensor_data(kpl_tensor *t);
+void *kpl_tensor_mutable(kpl_tensor *t);
+/* Copies the contents to host memory (`bytes` must be >= nbytes). */
+kpl_status kpl_tensor_to_host(kpl_tensor *t, void *dst, size_t bytes);
+/* Element `flat` read as double (any dtype; for tests and printing). */
+kpl_status kpl_tensor_get(kpl_tensor *t, int64_t flat, double *value);
+
+/* Views: share storage with `t`, own a new tensor header (release it). */
+kpl_status kpl_tensor_reshape(kpl_tensor *t, int ndim, const int64_t *shape,
+                              kpl_tensor **out); /* one -1 dim allowed */
+kpl_status kpl_tensor_flatten(kpl_tensor *t, int start, int end,
+                              kpl_tensor **out);
+kpl_status kpl_tensor_squeeze(kpl_tensor *t, int axis, kpl_tensor **out);
+/* axis = -1 squeezes every size-1 dim */
+kpl_status kpl_tensor_unsqueeze(kpl_tensor *t, int axis, kpl_tensor **out);
+kpl_status kpl_tensor_narrow(kpl_tensor *t, int64_t start, int64_t length,
+                             kpl_tensor **out); /* along dim 0 */
+
+/* A new tensor on `dev` with the same dtype/shape and copied contents. */
+kpl_status kpl_tensor_to_device(kpl_tensor *t, kpl_device *dev,
+                                kpl_tensor **out);
+/* A new contiguous tensor with dims permuted: out.shape[i] = t.shape[perm[i]]. */
+kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm,
+                              kpl_tensor **out);
+
+/* ------------------------------------------------------------------------ */
+/* Random numbers                                                             */
+/* ------------------------------------------------------------------------ */
+
+/* A Philox-4x32-10 stream: key = seed, counter = (offset + element / 4).
+ * Each random fill consumes ceil(numel / 4) * 4 counter values, so a fill's
+ * values depend on (seed, offset, index) only.  Not thread-safe: one rng per
+ * thread of control. */
+typedef struct kpl_rng kpl_rng;
+
+kpl_rng *kpl_rng_create(uint64_t seed); /* NULL only when out of memory */
+void kpl_rng_destroy(kpl_rng *rng);     /* accepts NULL */
+uint64_t kpl_rng_seed(const kpl_rng *rng);
+uint64_t kpl_rng_offset(const kpl_rng *rng);
+/* Reposition the stream (for checkpoint/resume). */
+void kpl_rng_set_state(kpl_rng *rng, uint64_t seed, uint64_t offset);
+/* Philox-4x32-10 of one counter block (exposed for tests and other
+ * modules that need reproducible randomness, e.g. dropout, shuffles). */
+void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
+                    uint32_t out[4]);
+
+/* ------------------------------------------------------------------------ */
+/* Kernel registry                                                            */
+/* ------------------------------------------------------------------------ */
+
+/* Kernel ops (append only).  An op here is the unit of dispatch; the
+ * element-wise families take their formula as an attribute. */
+#define KPL_KOP_LIST(X) \
+    X(UNARY, "unary")   \
+    X(BINARY, "binary") \
+    X(WHERE, "where")   \
+    X(REDUCE, "reduce") \
+    X(MATMUL, "matmul") \
+    X(FILL, "fill")     \
+    X(ARANGE, "arange") \
+    X(RANDOM, "random") \
+    X(CAST, "cast")     \
+    X(COPY, "copy")
+
+typedef enum {
+#define KPL_X_(e, s) KPL_KOP_##e,
+    KPL_KOP_LIST(KPL_X_)
+#undef KPL_X_
+    KPL_KOP_COUNT
+} kpl_kop;
+
+const char *kpl_kop_name(kpl_kop op);
+
+/* Arguments of one kernel invocation.  `attrs` points to the op's attribute
+ * struct (declared in kernels_impl.h for the built-in ops). */
+typedef struct {
+    kpl_tensor *out;           /* written */
+    const kpl_tensor *in[3];   /* read; unused slots NULL */
+    const void *attrs;
+} kpl_kernel_args;
+
+typedef kpl_status (*kpl_kernel_fn)(const kpl_kernel_args *args);
+
+/* Registers fn for (op, device type, dtype of the first input, or of `out`
+ * for ops without inputs); replaces an earlier registration.  Thread-safe. */
+kpl_status kpl_kernel_register(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
+                               kpl_kernel_fn fn);
+/* KPL_ENOKERNEL naming op, device and dtype when nothing is registered. */
+kpl_status kpl_kernel_lookup(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
+                             kpl_kernel_fn *out);
+
+/* ------------------------------------------------------------------------ */
+/* Shape helpers (shape inference runs before any allocation)                */
+/* ------------------------------------------------------------------------ */
+
+/* numpy broadcasting of two shapes.  KPL_ESHAPE naming `op` and both
+ * shapes when they are incompatible. */
+kpl_status kpl_shape_broadcast(const char *op, int na, const int64_t *a,
+                               int nb, const int64_t *b, int *nout,
+                               int64_t *out);
+/* The result shape of reducing `axes` (negative allowed, NULL/naxes == 0 =
+ * all axes) with or without keepdim. */
+kpl_status kpl_shape_reduce(const char *op, int ndim, const int64_t *shape,
+                            const int *axes, int naxes, bool keepdim,
+                            int *nout, int64_t *out);
+/* The result shape of matmul(a, b) with optional transposes of the last two
+ * dims; leading (batch) dims broadcast; 1-D operands as in numpy. */
+kpl_status kpl_shape_matmul(int na, const int64_t *a, bool trans_a, int nb,
+                            const int64_t *b, bool trans_b, int *nout,
+                            int64_t *out);
+
+/* ------------------------------------------------------------------------ */
+/* Compute (destination-passing)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* X(ENUM, name).  Unary element-wise formulas.  Integer dtypes support NEG,
+ * ABS, SIGN, SQUARE, RELU; bool/u8 none; the rest are floating point only. */
+#define KPL_UNARY_LIST(X)                                              \
+    X(NEG, "neg") X(ABS, "abs") X(EXP, "exp") X(LOG, "log")            \
+    X(SQRT, "sqrt") X(RSQRT, "rsqrt") X(SQUARE, "square")              \
+    X(RECIPROCAL, "reciprocal") X(SIN, "sin") X(COS, "cos")            \
+    X(TANH, "tanh") X(SIGMOID, "sigmoid") X(RELU, "relu")              \
+    X(LEAKY_RELU, "leaky_relu") X(GELU, "gelu") X(CLIP, "clip")        \
+    X(SIGN, "sign") X(GELU_TANH, "gelu_tanh")
+
+typedef enum {
+#define KPL_X_(e, s) KPL_UN_##e,
+    KPL_UNARY_LIST(KPL_X_)
+#undef KPL_X_
+    KPL_UNARY_COUNT
+} kpl_unary_op;
+
+/* Binary element-wise formulas with numpy broadcasting.  Comparisons
+ * (EQ..GE) write KPL_BOOL; the rest write the input dtype. */
+#define KPL_BINARY_LIST(X)                                                  \
+    X(ADD, "add") X(SUB, "sub") X(MUL, "mul") X(DIV, "div") X(POW, "pow")  \
+    X(MAXIMUM, "maximum") X(MINIMUM, "minimum") X(EQ, "eq") X(NE, "ne")    \
+    X(LT, "lt") X(LE, "le") X(GT, "gt") X(GE, "ge")
+
+typedef enum {
+#define KPL_X_(e, s) KPL_BIN_##e,
+    KPL_BINARY_LIST(KPL_X_)
+#undef KPL_X_
+    KPL_BINARY_COUNT
+} kpl_binary_op;
+
+const char *kpl_unary_name(kpl_unary_op op);
+const char *kpl_binary_name(kpl_binary_op op);
+bool kpl_binary_is_compare(kpl_binary_op op);
+
+/* out = op(x).  alpha/beta parameterise LEAKY_RELU (alpha = slope) and CLIP
+ * (alpha = lo, beta = hi); ignored by the others.  out may be x (in place).
+ * out must have x's shape and dtype, on x's device. */
+kpl_status kpl_k_unary(kpl_tensor *out, kpl_unary_op op, const kpl_tensor *x,
+                       double alpha, double beta);
+/* out = a op b, broadcasting.  out may alias a or b when it has the
+ * broadcast shape (in place forms).  a and b must share dtype and device. */
+kpl_status kpl_k_binary(kpl_tensor *out, kpl_binary_op op, const kpl_tensor *a,
+                        const kpl_tensor *b);
+/* out = a op s (or s op a when `scalar_first`): scalar forms. */
+kpl_status kpl_k_binary_scalar(kpl_tensor *out, kpl_binary_op op,
+                               const kpl_tensor *a, double s,
+                               bool scalar_first);
+/* out = cond ? a : b, all three broadcast; cond is KPL_BOOL. */
+kpl_status kpl_k_where(kpl_tensor *out, const kpl_tensor *cond,
+                       const kpl_tensor *a, const kpl_tensor *b);
+
+typedef enum {
+    KPL_RED_SUM = 0,
+    KPL_RED_MEAN,
+    KPL_RED_MAX,
+    KPL_RED_MIN,
+    KPL_RED_ARGMAX,   /* writes KPL_I64; first index of the extreme */
+    KPL_RED_ARGMIN,
+    KPL_RED_VAR,      /* unbiased when `correction` = 1 */
+    KPL_RED_LOGSUMEXP, /* max + log(sum(exp(x - max))): softmax's denominator */
+    KPL_RED_SUMEXP_SUB_MAX, /* sum(exp(x - max)), max not added back */
+    KPL_REDUCE_COUNT
+} kpl_reduce_op;
+
+const char *kpl_reduce_name(kpl_reduce_op op);
+
+/* out = reduce(x) over `axes` (see kpl_shape_reduce for the shape).  ARGMAX
+ * and ARGMIN take exactly one axis (or all axes, then a flat index).
+ * correction is the VAR divisor offset (N - correction).  Sums of f32
+ * accumulate in f64. */
+kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
+                        const int *axes, int naxes, bool keepdim,
+                        int correction);
+
+/* out = op(a) @ op(b) with op = transpose of the last two dims when asked;
+ * batch dims broadcast (see kpl_shape_matmul).  f32 and f64. */
+kpl_status kpl_k_matmul(kpl_tensor *out, const kpl_tensor *a,
+                        const kpl_tensor *b, bool trans_a, bool trans_b);
+
+/* out[:] = value (converted to out's dtype). */
+kpl_status kpl_k_fill(kpl_tensor *out, double value);
+/* out[i] = start + i * step over the flat index. */
+kpl_status kpl_k_arange(kpl_tensor *out, double start, double step);
+/* Uniform in [lo, hi) / normal(mean, std); float dtypes.  Advances rng. */
+kpl_status kpl_k_uniform(kpl_tensor *out, kpl_rng *rng, double lo, double hi);
+kpl_status kpl_k_normal(kpl_tensor *out, kpl_rng *rng, double mean,
+                        double std);
+/* out = x converted to out's dtype (round to nearest even for f16/bf16,
+ * truncation toward zero for float -> int, nonzero -> true for bool). */
+kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x);
+/* out = x, same dtype and numel; devices may differ (the one explicit
+ * cross-device path). */
+kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x);
+
+/* f16/bf16 <-> f32 conversions of one value (round to nearest even). */
+uint16_t kpl_f32_to_f16(float f);
+float kpl_f16_to_f32(uint16_t h);
+uint16_t kpl_f32_to_bf16(float f);
+float kpl_bf16_to_f32(uint16_t h);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_KERNELS_H */

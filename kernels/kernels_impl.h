@@ -1,0 +1,266 @@
+/*
+ * kernels_impl.h — private to kernels/ (and to the backends under it).
+ *
+ * Struct layouts, the error macros every module uses internally, the device
+ * backend vtable, the caching allocator, and the attribute structs that the
+ * front end (ops.c) hands to the registered kernels.
+ */
+#ifndef KPL_KERNELS_IMPL_H
+#define KPL_KERNELS_IMPL_H
+
+#include "kernels.h"
+#include "kpl_config.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Errors                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Records `st` with a formatted message and "[file:line]" for this thread;
+ * returns st so callers can `return kpl__error(...)`. */
+kpl_status kpl__error(kpl_status st, const char *file, int line,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define KPL_ERROR(st, ...) kpl__error((st), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Validate an input: on failure set the message and return the status. */
+#define KPL_CHECK(cond, st, ...)                      \
+    do {                                              \
+        if (!(cond)) return KPL_ERROR((st), __VA_ARGS__); \
+    } while (0)
+
+/* Propagate a failing status (message already set by the callee). */
+#define KPL_TRY(expr)                     \
+    do {                                  \
+        kpl_status kpl_try_st_ = (expr);  \
+        if (kpl_try_st_ < 0) return kpl_try_st_; \
+    } while (0)
+
+/* Propagate into a function's `fail:` label; needs `kpl_status st`. */
+#define KPL_TRY_GOTO(expr)              \
+    do {                                \
+        if ((st = (expr)) < 0) goto fail; \
+    } while (0)
+
+/* Invariants (bugs, not inputs): on in release builds. */
+void kpl__assert_fail(const char *cond, const char *file, int line,
+                      const char *msg) __attribute__((noreturn));
+#define KPL_ASSERT(cond, msg) \
+    ((cond) ? (void)0 : kpl__assert_fail(#cond, __FILE__, __LINE__, (msg)))
+
+/* ------------------------------------------------------------------------ */
+/* Caching allocator                                                          */
+/* ------------------------------------------------------------------------ */
+
+/* Raw memory source behind an allocator (device memory, pinned host...). */
+typedef struct {
+    kpl_status (*alloc)(void *ctx, size_t bytes, void **out); /* blocking */
+    void (*free)(void *ctx, void *ptr);
+    void *ctx;
+    const char *name; /* for messages: "cpu", "cuda:0", "pinned" */
+} kpl_raw_source;
+
+typedef struct kpl_allocator kpl_allocator;
+
+kpl_allocator *kpl__allocator_create(kpl_raw_source src);
+void kpl__allocator_destroy(kpl_allocator *a); /* frees every segment */
+kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
+                                const char *what, void **out);
+void kpl__allocator_free(kpl_allocator *a, void *ptr);
+kpl_memory_stats kpl__allocator_stats(kpl_allocator *a);
+void kpl__allocator_reset_peak(kpl_allocator *a);
+void kpl__allocator_empty_cache(kpl_allocator *a);
+void kpl__allocator_set_limit(kpl_allocator *a, size_t bytes);
+
+/* ------------------------------------------------------------------------ */
+/* Devices                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* One backend per device type.  Every member blocks until done unless said
+ * otherwise; all are thread-safe.  Members marked optional may be NULL. */
+typedef struct {
+    const char *name;
+    kpl_device_type type;
+    /* Usable device count; 0 when the driver reports none.  `why` receives
+     * a static reason when 0 (optional). */
+    int (*count)(const char **why);
+    /* Prepares device `dev->index` (streams, handles).  Called once. */
+    kpl_status (*init)(kpl_device *dev);
+    kpl_status (*raw_alloc)(void *dev, size_t bytes, void **out);
+    void (*raw_free)(void *dev, void *ptr);
+    /* Pinned host memory for transfers (optional). */
+    kpl_status (*pinned_alloc)(void *dev, size_t bytes, void **out);
+    void (*pinned_free)(void *dev, void *ptr);
+    /* Copies; on CUDA they are queued on the device's copy stream and
+     * synchronised before returning (host side needs the bytes). */
+    kpl_status (*copy_h2d)(kpl_device *dev, void *dst, const void *src,
+                           size_t n);
+    kpl_status (*copy_d2h)(kpl_device *dev, void *dst, const void *src,
+                           size_t n);
+    kpl_status (*copy_d2d)(kpl_device *dev, void *dst, const void *src,
+                           size_t n); /* asynchronous on the compute stream */
+    kpl_status (*synchronize)(kpl_device *dev);
+    /* Registers this backend's kernels (called once, at first use). */
+    void (*register_kernels)(void);
+} kpl_device_backend;
+
+struct kpl_device {
+    const kpl_device_backend *backend;
+    kpl_device_type type;
+    int index;
+    char name[16];
+    kpl_allocator *alloc;   /* device memory */
+    kpl_allocator *pinned;  /* pinned host memory (NULL for cpu) */
+    void *impl;             /* backend state (streams, handles) */
+};
+
+const kpl_device_backend *kpl__cpu_backend(void);
+#if KPL_HAVE_CUDA
+const kpl_device_backend *kpl__cuda_backend(void);
+#endif
+
+/* Makes sure kernels of all built backends are registered. */
+void kpl__init_once(void);
+
+/* ------------------------------------------------------------------------ */
+/* Storage and tensors (C only: CUDA sources use the public accessors)        */
+/* ------------------------------------------------------------------------ */
+#ifndef __cplusplus
+#include <stdatomic.h>
+
+struct kpl_storage {
+    atomic_int refcount;
+    kpl_device *dev;
+    size_t bytes;
+    void *host;    /* host copy (== dev_ptr on cpu) */
+    void *dev_ptr; /* device copy */
+    kpl_mem_state state;
+};
+
+struct kpl_tensor {
+    atomic_int refcount;
+    kpl_dtype dtype;
+    int ndim;
+    int64_t shape[KPL_MAX_DIMS]; // (d0, ..., d{ndim-1})
+    int64_t numel;
+    kpl_storage *storage;
+    size_t offset; /* bytes */
+};
+
+/* Element pointers for kernels (device side of the storage). */
+static inline void *kpl__data(const kpl_tensor *t)
+{
+    return (char *)kpl_storage_device_mutable(t->storage) + t->offset;
+}
+static inline const void *kpl__cdata(const kpl_tensor *t)
+{
+    return (const char *)kpl_storage_device_data(t->storage) + t->offset;
+}
+
+/* "add: " style formatting of a tensor shape into a caller buffer. */
+#define KPL_SHAPE_BUF 96
+#define KPL_SHAPE(t, buf) kpl_shape_str((t)->ndim, (t)->shape, (buf), sizeof(buf))
+#endif /* !__cplusplus */
+
+/* ------------------------------------------------------------------------ */
+/* Kernel attribute structs                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* An element-wise iteration plan: the output is contiguous with `shape`
+ * (collapsed to as few dims as possible); input k reads element
+ * sum(idx[d] * stride[k][d]).  After collapsing, the innermost stride of
+ * every input is 0 (broadcast) or 1. */
+typedef struct {
+    int ndim;
+    int64_t shape[KPL_MAX_DIMS];
+    int64_t stride[3][KPL_MAX_DIMS];
+    int64_t numel;
+} kpl_ew_plan;
+
+typedef struct {
+    kpl_unary_op op;
+    double alpha, beta;
+} kpl_unary_attrs;
+
+typedef struct {
+    kpl_binary_op op;
+    kpl_ew_plan plan;
+    bool has_scalar;   /* b is `scalar` instead of in[1] */
+    bool scalar_first; /* scalar op a */
+    double scalar;
+} kpl_binary_attrs;
+
+typedef struct {
+    kpl_ew_plan plan; /* inputs: cond, a, b */
+} kpl_where_attrs;
+
+/* x viewed as (outer, red, inner); out as (outer, inner). */
+typedef struct {
+    kpl_reduce_op op;
+    int64_t outer, red, inner;
+    int correction;
+} kpl_reduce_attrs;
+
+/* All dims padded to ndim (>= 3: batch..., rows, cols); a batch dim of 1
+ * broadcasts.  a_dims/b_dims are the stored (untransposed) layouts. */
+typedef struct {
+    int ndim;
+    int64_t a_dims[KPL_MAX_DIMS];
+    int64_t b_dims[KPL_MAX_DIMS];
+    int64_t out_dims[KPL_MAX_DIMS];
+    bool trans_a, trans_b;
+} kpl_matmul_attrs;
+
+typedef struct {
+    double value;
+} kpl_fill_attrs;
+
+typedef struct {
+    double start, step;
+} kpl_arange_attrs;
+
+typedef struct {
+    int normal; /* 0 uniform(p1, p2), 1 normal(mean p1, std p2) */
+    uint64_t seed, offset;
+    double p1, p2;
+} kpl_random_attrs;
+
+/* Strided gather into a contiguous out; NULL attrs means a flat copy. */
+typedef struct {
+    kpl_ew_plan plan; /* stride[0] = input strides */
+} kpl_copy_attrs;
+
+/* Row-major index -> element offset for one plan input. */
+static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
+                                       int64_t flat)
+{
+    int64_t off = 0;
+    for (int d = p->ndim - 1; d >= 0; d--) {
+        int64_t i = flat % p->shape[d];
+        flat /= p->shape[d];
+        off += i * p->stride[k][d];
+    }
+    return off;
+}
+
+/* Registers the CPU kernels (called from the cpu backend). */
+void kpl__cpu_register_eltwise(void);
+void kpl__cpu_register_reduce(void);
+void kpl__cpu_register_matmul(void);
+void kpl__cpu_register_misc(void);
+
+/* Per-thread element threshold under which CPU kernels stay serial. */
+#define KPL_PAR_GRAIN 32768
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_KERNELS_IMPL_H */

@@ -1,0 +1,788 @@
+/*
+ * ops.c — the front end of the compute calls (kpl_k_*).
+ *
+ * Each call validates its arguments (NULLs, devices, dtypes, shapes) and
+ * reports a failure with the op name and the shapes involved, then turns the
+ * call into a device-independent kernel description (an element-wise plan,
+ * an (outer, red, inner) reduction, padded matmul dims) and dispatches to the
+ * kernel registered for (op, device type, dtype).  The kernels themselves
+ * (cpu/, cuda/) trust what they get.
+ *
+ * f16 and bf16 are storage types: their math runs in f32 through temporary
+ * casts, here, once, for every device.
+ */
+#include "kernels_impl.h"
+
+#include <string.h>
+
+/* ---- names ------------------------------------------------------------------ */
+
+static const char *const unary_names[] = {
+#define KPL_X_(e, s) [KPL_UN_##e] = s,
+    KPL_UNARY_LIST(KPL_X_)
+#undef KPL_X_
+};
+static const char *const binary_names[] = {
+#define KPL_X_(e, s) [KPL_BIN_##e] = s,
+    KPL_BINARY_LIST(KPL_X_)
+#undef KPL_X_
+};
+static const char *const reduce_names[KPL_REDUCE_COUNT] = {
+    [KPL_RED_SUM] = "sum",       [KPL_RED_MEAN] = "mean",
+    [KPL_RED_MAX] = "max",       [KPL_RED_MIN] = "min",
+    [KPL_RED_ARGMAX] = "argmax", [KPL_RED_ARGMIN] = "argmin",
+    [KPL_RED_VAR] = "var",       [KPL_RED_LOGSUMEXP] = "logsumexp",
+    [KPL_RED_SUMEXP_SUB_MAX] = "sumexp_sub_max",
+};
+
+const char *kpl_unary_name(kpl_unary_op op)
+{
+    return (unsigned)op < KPL_UNARY_COUNT ? unary_names[op] : "invalid-unary";
+}
+const char *kpl_binary_name(kpl_binary_op op)
+{
+    return (unsigned)op < KPL_BINARY_COUNT ? binary_names[op] : "invalid-binary";
+}
+const char *kpl_reduce_name(kpl_reduce_op op)
+{
+    return (unsigned)op < KPL_REDUCE_COUNT ? reduce_names[op] : "invalid-reduce";
+}
+bool kpl_binary_is_compare(kpl_binary_op op) { return op >= KPL_BIN_EQ && op <= KPL_BIN_GE; }
+
+/* ---- common checks ---------------------------------------------------------- */
+
+#define CHECK_ARG(op, t, name) \
+    KPL_CHECK((t) != NULL, KPL_EINVAL, "%s: argument '%s' is NULL", (op), (name))
+
+static kpl_status same_device(const char *op, const kpl_tensor *a, const char *an,
+                              const kpl_tensor *b, const char *bn)
+{
+    KPL_CHECK(a->storage->dev == b->storage->dev, KPL_EDEVICE,
+              "%s: '%s' is on %s but '%s' is on %s (copy explicitly with "
+              "kpl_tensor_to_device)",
+              op, an, a->storage->dev->name, bn, b->storage->dev->name);
+    return KPL_OK;
+}
+
+static kpl_status same_shape(const char *op, const kpl_tensor *out, int ndim,
+                             const int64_t *shape)
+{
+    bool eq = out->ndim == ndim;
+    for (int i = 0; eq && i < ndim; i++) eq = out->shape[i] == shape[i];
+    if (!eq) {
+        char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+        return KPL_ERROR(KPL_ESHAPE, "%s: 'out' has shape %s, the result has shape %s",
+                         op, KPL_SHAPE(out, b1), kpl_shape_str(ndim, shape, b2, sizeof b2));
+    }
+    return KPL_OK;
+}
+
+static kpl_status want_dtype(const char *op, const kpl_tensor *t, const char *name,
+                             kpl_dtype dt)
+{
+    KPL_CHECK(t->dtype == dt, KPL_EDTYPE, "%s: '%s' has dtype %s, expected %s", op, name,
+              kpl_dtype_name(t->dtype), kpl_dtype_name(dt));
+    return KPL_OK;
+}
+
+/* An output may be exactly one of its inputs (in place), or disjoint from
+ * them; a partial overlap would read values already overwritten. */
+static kpl_status no_partial_overlap(const char *op, const kpl_tensor *out,
+                                     const kpl_tensor *in, const char *name)
+{
+    if (!in || out->storage != in->storage) return KPL_OK;
+    size_t o0 = out->offset, o1 = o0 + kpl_tensor_nbytes(out);
+    size_t i0 = in->offset, i1 = i0 + kpl_tensor_nbytes(in);
+    if (o1 <= i0 || i1 <= o0) return KPL_OK;
+    KPL_CHECK(o0 == i0 && o1 == i1, KPL_EINVAL,
+              "%s: 'out' partially overlaps '%s' (only exact in-place is allowed)", op,
+              name);
+    return KPL_OK;
+}
+
+static bool is_half(kpl_dtype dt) { return dt == KPL_F16 || dt == KPL_BF16; }
+
+static kpl_status dispatch(kpl_kop kop, kpl_dtype dt, kpl_tensor *out,
+                           const kpl_tensor *a, const kpl_tensor *b,
+                           const kpl_tensor *c, const void *attrs)
+{
+    kpl_kernel_fn fn;
+    KPL_TRY(kpl_kernel_lookup(kop, out->storage->dev->type, dt, &fn));
+    kpl_kernel_args args = {.out = out, .in = {a, b, c}, .attrs = attrs};
+    return fn(&args);
+}
+
+/* A temporary f32 copy of a half tensor (caller releases). */
+static kpl_status half_to_f32(const kpl_tensor *t, kpl_tensor **out)
+{
+    KPL_TRY(kpl_tensor_empty(t->storage->dev, KPL_F32, t->ndim, t->shape, out));
+    kpl_status st = kpl_k_cast(*out, t);
+    if (st < 0) {
+        kpl_tensor_release(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+/* An f32 stand-in for a half output (released after the result is cast). */
+static kpl_status f32_like(const kpl_tensor *t, kpl_tensor **out)
+{
+    return kpl_tensor_empty(t->storage->dev, KPL_F32, t->ndim, t->shape, out);
+}
+
+/* ---- shapes ----------------------------------------------------------------- */
+
+kpl_status kpl_shape_broadcast(const char *op, int na, const int64_t *a, int nb,
+                               const int64_t *b, int *nout, int64_t *out)
+{
+    int n = na > nb ? na : nb;
+    int64_t res[KPL_MAX_DIMS];
+    KPL_CHECK(n <= KPL_MAX_DIMS, KPL_ESHAPE, "%s: more than %d dims", op, KPL_MAX_DIMS);
+    for (int i = 0; i < n; i++) {
+        int64_t da = i < n - na ? 1 : a[i - (n - na)];
+        int64_t db = i < n - nb ? 1 : b[i - (n - nb)];
+        if (da != db && da != 1 && db != 1) {
+            char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+            return KPL_ERROR(KPL_ESHAPE, "%s: shapes %s and %s cannot be broadcast (dim %d: "
+                             "%lld vs %lld)",
+                             op, kpl_shape_str(na, a, b1, sizeof b1),
+                             kpl_shape_str(nb, b, b2, sizeof b2), i, (long long)da,
+                             (long long)db);
+        }
+        res[i] = da == 1 ? db : da;
+    }
+    *nout = n;
+    memcpy(out, res, (size_t)n * sizeof *out);
+    return KPL_OK;
+}
+
+/* Sets mask bit i for every reduced axis. */
+static kpl_status reduce_mask(const char *op, int ndim, const int64_t *shape,
+                              const int *axes, int naxes, unsigned *mask)
+{
+    *mask = 0;
+    if (!axes || naxes == 0) {
+        *mask = (1u << ndim) - 1;
+        return KPL_OK;
+    }
+    char b[KPL_SHAPE_BUF];
+    for (int i = 0; i < naxes; i++) {
+        int a = axes[i] < 0 ? axes[i] + ndim : axes[i];
+        KPL_CHECK(a >= 0 && a < ndim, KPL_ESHAPE, "%s: axis %d out of range for shape %s",
+                  op, axes[i], kpl_shape_str(ndim, shape, b, sizeof b));
+        KPL_CHECK(!(*mask & (1u << a)), KPL_ESHAPE, "%s: axis %d given twice", op, axes[i]);
+        *mask |= 1u << a;
+    }
+    return KPL_OK;
+}
+
+kpl_status kpl_shape_reduce(const char *op, int ndim, const int64_t *shape,
+                            const int *axes, int naxes, bool keepdim, int *nout,
+                            int64_t *out)
+{
+    unsigned mask;
+    KPL_TRY(reduce_mask(op, ndim, shape, axes, naxes, &mask));
+    int n = 0;
+    for (int i = 0; i < ndim; i++) {
+        if (mask & (1u << i)) {
+            if (keepdim) out[n++] = 1;
+        } else {
+            out[n++] = shape[i];
+        }
+    }
+    *nout = n;
+    return KPL_OK;
+}
+
+/* Matmul operands normalised to >= 2 dims; `drop_row/col` remember which
+ * dims numpy removes again for 1-D operands. */
+typedef struct {
+    int ndim; /* of the padded problem, >= 3 */
+    int64_t a[KPL_MAX_DIMS], b[KPL_MAX_DIMS], out[KPL_MAX_DIMS];
+    int64_t m, n, k;
+    bool drop_row, drop_col;
+} mm_shape;
+
+static kpl_status matmul_infer(int na, const int64_t *a, bool ta, int nb,
+                               const int64_t *b, bool tb, mm_shape *s)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(na >= 1 && nb >= 1, KPL_ESHAPE,
+              "matmul: operands need at least 1 dim, got %s and %s",
+              kpl_shape_str(na, a, b1, sizeof b1), kpl_shape_str(nb, b, b2, sizeof b2));
+    int64_t A[KPL_MAX_DIMS], B[KPL_MAX_DIMS];
+    int ra = na, rb = nb;
+    memset(s, 0, sizeof *s);
+    if (na == 1) { /* (K) -> (1, K) */
+        A[0] = 1;
+        A[1] = a[0];
+        ra = 2;
+        ta = false;
+        s->drop_row = true;
+    } else {
+        memcpy(A, a, (size_t)na * sizeof *a);
+    }
+    if (nb == 1) { /* (K) -> (K, 1) */
+        B[0] = b[0];
+        B[1] = 1;
+        rb = 2;
+        tb = false;
+        s->drop_col = true;
+    } else {
+        memcpy(B, b, (size_t)nb * sizeof *b);
+    }
+    int64_t m = ta ? A[ra - 1] : A[ra - 2], ka = ta ? A[ra - 2] : A[ra - 1];
+    int64_t kb = tb ? B[rb - 1] : B[rb - 2], n = tb ? B[rb - 2] : B[rb - 1];
+    KPL_CHECK(ka == kb, KPL_ESHAPE,
+              "matmul: inner dims differ: %s%s @ %s%s (%lld vs %lld)",
+              kpl_shape_str(na, a, b1, sizeof b1), ta ? "^T" : "",
+              kpl_shape_str(nb, b, b2, sizeof b2), tb ? "^T" : "", (long long)ka,
+              (long long)kb);
+    int nbat_a = ra - 2, nbat_b = rb - 2;
+    int nbat = nbat_a > nbat_b ? nbat_a : nbat_b;
+    int64_t bat[KPL_MAX_DIMS];
+    int nb_out;
+    if (nbat > 0) {
+        KPL_TRY(kpl_shape_broadcast("matmul (batch dims)", nbat_a, A, nbat_b, B, &nb_out,
+                                    bat));
+    } else {
+        nb_out = 0;
+    }
+    KPL_CHECK(nbat + 2 <= KPL_MAX_DIMS, KPL_ESHAPE, "matmul: too many dims");
+    /* Pad to at least one batch dim so kernels see >= 3 dims. */
+    int pad = nbat == 0 ? 1 : nbat;
+    s->ndim = pad + 2;
+    for (int i = 0; i < pad; i++) {
+        int ia = i - (pad - nbat_a), ib = i - (pad - nbat_b);
+        s->a[i] = ia >= 0 ? A[ia] : 1;
+        s->b[i] = ib >= 0 ? B[ib] : 1;
+        s->out[i] = nbat == 0 ? 1 : bat[i];
+    }
+    s->a[pad] = A[ra - 2];
+    s->a[pad + 1] = A[ra - 1];
+    s->b[pad] = B[rb - 2];
+    s->b[pad + 1] = B[rb - 1];
+    s->out[pad] = m;
+    s->out[pad + 1] = n;
+    s->m = m;
+    s->n = n;
+    s->k = ka;
+    (void)nb_out;
+    return KPL_OK;
+}
+
+static void matmul_out_shape(const mm_shape *s, int nbat, int *nout, int64_t *out)
+{
+    int n = 0;
+    int pad = s->ndim - 2;
+    for (int i = pad - nbat; i < pad; i++) out[n++] = s->out[i];
+    if (!s->drop_row) out[n++] = s->m;
+    if (!s->drop_col) out[n++] = s->n;
+    *nout = n;
+}
+
+kpl_status kpl_shape_matmul(int na, const int64_t *a, bool trans_a, int nb,
+                            const int64_t *b, bool trans_b, int *nout, int64_t *out)
+{
+    mm_shape s;
+    KPL_TRY(matmul_infer(na, a, trans_a, nb, b, trans_b, &s));
+    int nbat = (na > 2 ? na - 2 : 0) > (nb > 2 ? nb - 2 : 0) ? na - 2 : (nb > 2 ? nb - 2 : 0);
+    matmul_out_shape(&s, nbat, nout, out);
+    return KPL_OK;
+}
+
+/* ---- element-wise plans ------------------------------------------------------- */
+
+/* Builds the plan of an output of shape (ndim, shape) reading `nin` inputs,
+ * then drops size-1 dims and merges neighbours that every input walks
+ * contiguously, so most calls end with one or two dims. */
+static void plan_build(kpl_ew_plan *p, int ndim, const int64_t *shape, int nin,
+                       const kpl_tensor *const *in)
+{
+    int64_t st[3][KPL_MAX_DIMS];
+    for (int k = 0; k < nin; k++) {
+        const kpl_tensor *t = in[k];
+        int64_t s = 1;
+        for (int d = ndim - 1; d >= 0; d--) {
+            int td = d - (ndim - t->ndim);
+            int64_t sz = td >= 0 ? t->shape[td] : 1;
+            st[k][d] = (sz == 1) ? 0 : s;
+            s *= sz;
+        }
+    }
+    int n = 0;
+    int64_t numel = 1;
+    for (int d = 0; d < ndim; d++) {
+        numel *= shape[d];
+        if (shape[d] == 1) continue;
+        bool merge = n > 0;
+        for (int k = 0; merge && k < nin; k++)
+            merge = st[k][d] * shape[d] == p->stride[k][n - 1];
+        if (merge) {
+            p->shape[n - 1] *= shape[d];
+            for (int k = 0; k < nin; k++) p->stride[k][n - 1] = st[k][d];
+        } else {
+            p->shape[n] = shape[d];
+            for (int k = 0; k < nin; k++) p->stride[k][n] = st[k][d];
+            n++;
+        }
+    }
+    if (n == 0) { /* a single element */
+        p->shape[0] = 1;
+        for (int k = 0; k < 3; k++) p->stride[k][0] = 0;
+        n = 1;
+    }
+    for (int k = nin; k < 3; k++)
+        for (int d = 0; d < n; d++) p->stride[k][d] = 0;
+    p->ndim = n;
+    p->numel = numel;
+}
+
+/* ---- unary ------------------------------------------------------------------ */
+
+static bool unary_int_ok(kpl_unary_op op)
+{
+    return op == KPL_UN_NEG || op == KPL_UN_ABS || op == KPL_UN_SQUARE ||
+           op == KPL_UN_RELU || op == KPL_UN_SIGN;
+}
+
+kpl_status kpl_k_unary(kpl_tensor *out, kpl_unary_op op, const kpl_tensor *x,
+                       double alpha, double beta)
+{
+    KPL_CHECK((unsigned)op < KPL_UNARY_COUNT, KPL_EINVAL, "unary: unknown op %d", (int)op);
+    const char *name = unary_names[op];
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, x, "x");
+    KPL_TRY(same_device(name, out, "out", x, "x"));
+    KPL_TRY(same_shape(name, out, x->ndim, x->shape));
+    KPL_TRY(want_dtype(name, out, "out", x->dtype));
+    KPL_TRY(no_partial_overlap(name, out, x, "x"));
+    kpl_dtype dt = x->dtype;
+    KPL_CHECK(kpl_dtype_is_float(dt) || ((dt == KPL_I32 || dt == KPL_I64) && unary_int_ok(op)),
+              KPL_EDTYPE, "%s: not defined for dtype %s", name, kpl_dtype_name(dt));
+    if (op == KPL_UN_CLIP)
+        KPL_CHECK(alpha <= beta, KPL_EINVAL, "clip: lo %g is greater than hi %g", alpha, beta);
+    if (x->numel == 0) return KPL_OK;
+    kpl_unary_attrs attrs = {op, alpha, beta};
+    if (is_half(dt)) {
+        kpl_tensor *xf = NULL, *of = NULL;
+        kpl_status st;
+        KPL_TRY_GOTO(half_to_f32(x, &xf));
+        KPL_TRY_GOTO(f32_like(out, &of));
+        KPL_TRY_GOTO(dispatch(KPL_KOP_UNARY, KPL_F32, of, xf, NULL, NULL, &attrs));
+        st = kpl_k_cast(out, of);
+    fail:
+        kpl_tensor_release(of);
+        kpl_tensor_release(xf);
+        return st;
+    }
+    return dispatch(KPL_KOP_UNARY, dt, out, x, NULL, NULL, &attrs);
+}
+
+/* ---- binary ----------------------------------------------------------------- */
+
+static kpl_status binary_dtype_ok(const char *name, kpl_binary_op op, kpl_dtype dt)
+{
+    bool ok;
+    switch (dt) {
+    case KPL_F32: case KPL_F64: case KPL_F16: case KPL_BF16:
+    case KPL_I32: case KPL_I64: case KPL_U8:
+        ok = true;
+        break;
+    case KPL_BOOL: /* logical: ==, !=, max = or, min = and */
+        ok = op == KPL_BIN_EQ || op == KPL_BIN_NE || op == KPL_BIN_MAXIMUM ||
+             op == KPL_BIN_MINIMUM;
+        break;
+    default:
+        ok = false;
+    }
+    KPL_CHECK(ok, KPL_EDTYPE, "%s: not defined for dtype %s", name, kpl_dtype_name(dt));
+    return KPL_OK;
+}
+
+static kpl_status binary_run(kpl_tensor *out, kpl_binary_attrs *attrs,
+                             const kpl_tensor *a, const kpl_tensor *b)
+{
+    const char *name = binary_names[attrs->op];
+    kpl_dtype dt = a->dtype;
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    if (b) {
+        KPL_TRY(kpl_shape_broadcast(name, a->ndim, a->shape, b->ndim, b->shape, &n, shape));
+    } else {
+        n = a->ndim;
+        memcpy(shape, a->shape, sizeof shape);
+    }
+    KPL_TRY(same_shape(name, out, n, shape));
+    KPL_TRY(want_dtype(name, out, "out", kpl_binary_is_compare(attrs->op) ? KPL_BOOL : dt));
+    KPL_TRY(no_partial_overlap(name, out, a, "a"));
+    KPL_TRY(no_partial_overlap(name, out, b, "b"));
+    KPL_TRY(binary_dtype_ok(name, attrs->op, dt));
+    /* An input that shares out's storage must be read at out's own index. */
+    if (b && out->storage == b->storage && b->numel != out->numel)
+        return KPL_ERROR(KPL_EINVAL, "%s: in-place 'out' is 'b' but 'b' is broadcast", name);
+    if (out->storage == a->storage && a->numel != out->numel)
+        return KPL_ERROR(KPL_EINVAL, "%s: in-place 'out' is 'a' but 'a' is broadcast", name);
+    if (out->numel == 0) return KPL_OK;
+    const kpl_tensor *ins[2] = {a, b};
+    plan_build(&attrs->plan, n, shape, b ? 2 : 1, ins);
+
+    if (is_half(dt)) {
+        kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
+        kpl_status st;
+        bool cmp = kpl_binary_is_compare(attrs->op);
+        KPL_TRY_GOTO(half_to_f32(a, &af));
+        if (b) KPL_TRY_GOTO(half_to_f32(b, &bf));
+        if (!cmp) KPL_TRY_GOTO(f32_like(out, &of));
+        KPL_TRY_GOTO(dispatch(KPL_KOP_BINARY, KPL_F32, cmp ? out : of, af, bf, NULL, attrs));
+        st = cmp ? KPL_OK : kpl_k_cast(out, of);
+    fail:
+        kpl_tensor_release(of);
+        kpl_tensor_release(bf);
+        kpl_tensor_release(af);
+        return st;
+    }
+    return dispatch(KPL_KOP_BINARY, dt, out, a, b, NULL, attrs);
+}
+
+kpl_status kpl_k_binary(kpl_tensor *out, kpl_binary_op op, const kpl_tensor *a,
+                        const kpl_tensor *b)
+{
+    KPL_CHECK((unsigned)op < KPL_BINARY_COUNT, KPL_EINVAL, "binary: unknown op %d", (int)op);
+    const char *name = binary_names[op];
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, a, "a");
+    CHECK_ARG(name, b, "b");
+    KPL_TRY(same_device(name, a, "a", b, "b"));
+    KPL_TRY(same_device(name, out, "out", a, "a"));
+    KPL_CHECK(a->dtype == b->dtype, KPL_EDTYPE,
+              "%s: dtypes %s and %s differ (cast one of them explicitly)", name,
+              kpl_dtype_name(a->dtype), kpl_dtype_name(b->dtype));
+    kpl_binary_attrs attrs = {.op = op};
+    return binary_run(out, &attrs, a, b);
+}
+
+kpl_status kpl_k_binary_scalar(kpl_tensor *out, kpl_binary_op op, const kpl_tensor *a,
+                               double s, bool scalar_first)
+{
+    KPL_CHECK((unsigned)op < KPL_BINARY_COUNT, KPL_EINVAL, "binary: unknown op %d", (int)op);
+    const char *name = binary_names[op];
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, a, "a");
+    KPL_TRY(same_device(name, out, "out", a, "a"));
+    kpl_binary_attrs attrs = {
+        .op = op, .has_scalar = true, .scalar_first = scalar_first, .scalar = s};
+    return binary_run(out, &attrs, a, NULL);
+}
+
+/* ---- where ------------------------------------------------------------------ */
+
+kpl_status kpl_k_where(kpl_tensor *out, const kpl_tensor *cond, const kpl_tensor *a,
+                       const kpl_tensor *b)
+{
+    const char *name = "where";
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, cond, "cond");
+    CHECK_ARG(name, a, "a");
+    CHECK_ARG(name, b, "b");
+    KPL_TRY(same_device(name, out, "out", cond, "cond"));
+    KPL_TRY(same_device(name, out, "out", a, "a"));
+    KPL_TRY(same_device(name, out, "out", b, "b"));
+    KPL_TRY(want_dtype(name, cond, "cond", KPL_BOOL));
+    KPL_CHECK(a->dtype == b->dtype, KPL_EDTYPE, "where: dtypes %s and %s differ",
+              kpl_dtype_name(a->dtype), kpl_dtype_name(b->dtype));
+    KPL_TRY(want_dtype(name, out, "out", a->dtype));
+    int n1, n;
+    int64_t s1[KPL_MAX_DIMS], shape[KPL_MAX_DIMS];
+    KPL_TRY(kpl_shape_broadcast(name, cond->ndim, cond->shape, a->ndim, a->shape, &n1, s1));
+    KPL_TRY(kpl_shape_broadcast(name, n1, s1, b->ndim, b->shape, &n, shape));
+    KPL_TRY(same_shape(name, out, n, shape));
+    const kpl_tensor *ins[3] = {cond, a, b};
+    for (int i = 0; i < 3; i++) {
+        KPL_TRY(no_partial_overlap(name, out, ins[i], i == 0 ? "cond" : i == 1 ? "a" : "b"));
+        if (out->storage == ins[i]->storage && ins[i]->numel != out->numel)
+            return KPL_ERROR(KPL_EINVAL, "where: in-place 'out' is a broadcast input");
+    }
+    if (out->numel == 0) return KPL_OK;
+    kpl_where_attrs attrs;
+    plan_build(&attrs.plan, n, shape, 3, ins);
+    /* where only moves values: a half is two bytes like an i16, so the
+     * bf16/f16 kernels are registered as byte movers directly. */
+    return dispatch(KPL_KOP_WHERE, a->dtype, out, cond, a, b, &attrs);
+}
+
+/* ---- reductions --------------------------------------------------------------- */
+
+kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
+                        const int *axes, int naxes, bool keepdim, int correction)
+{
+    KPL_CHECK((unsigned)op < KPL_REDUCE_COUNT, KPL_EINVAL, "reduce: unknown op %d", (int)op);
+    const char *name = reduce_names[op];
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, x, "x");
+    KPL_TRY(same_device(name, out, "out", x, "x"));
+    KPL_CHECK(naxes >= 0 && naxes <= KPL_MAX_DIMS, KPL_EINVAL, "%s: %d axes", name, naxes);
+    bool arg = op == KPL_RED_ARGMAX || op == KPL_RED_ARGMIN;
+    kpl_dtype dt = x->dtype;
+    bool int_ok = op == KPL_RED_SUM || op == KPL_RED_MAX || op == KPL_RED_MIN || arg;
+    KPL_CHECK(kpl_dtype_is_float(dt) || ((dt == KPL_I32 || dt == KPL_I64) && int_ok) ||
+                  ((dt == KPL_U8 || dt == KPL_BOOL) && (arg || op == KPL_RED_MAX ||
+                                                         op == KPL_RED_MIN)),
+              KPL_EDTYPE, "%s: not defined for dtype %s", name, kpl_dtype_name(dt));
+    KPL_CHECK(!arg || naxes <= 1, KPL_EINVAL,
+              "%s: takes one axis (or none for a flat index), got %d", name, naxes);
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    KPL_TRY(kpl_shape_reduce(name, x->ndim, x->shape, axes, naxes, keepdim, &n, shape));
+    KPL_TRY(same_shape(name, out, n, shape));
+    KPL_TRY(want_dtype(name, out, "out", arg ? KPL_I64 : dt));
+    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "%s: 'out' may not alias 'x'", name);
+
+    unsigned mask;
+    KPL_TRY(reduce_mask(name, x->ndim, x->shape, axes, naxes, &mask));
+    int64_t red = 1;
+    for (int i = 0; i < x->ndim; i++)
+        if (mask & (1u << i)) red *= x->shape[i];
+    if (out->numel == 0) return KPL_OK;
+    KPL_CHECK(red > 0 || op == KPL_RED_SUM || op == KPL_RED_MEAN, KPL_ESHAPE,
+              "%s: reduction over an empty dim has no identity (shape %s)", name,
+              KPL_SHAPE(x, (char[KPL_SHAPE_BUF]){0}));
+    if (op == KPL_RED_VAR)
+        KPL_CHECK(correction >= 0, KPL_EINVAL, "var: negative correction %d", correction);
+
+    /* Find (outer, red, inner): the reduced dims must be one contiguous
+     * group once size-1 dims are ignored; otherwise move them last with a
+     * permuted copy. */
+    int first = -1, last = -1;
+    bool contiguous = true;
+    for (int i = 0; i < x->ndim; i++) {
+        if (x->shape[i] == 1 || !(mask & (1u << i))) continue;
+        if (first < 0) first = i;
+        else if (last != i - 1) {
+            for (int j = last + 1; j < i; j++)
+                if (x->shape[j] != 1) contiguous = false;
+        }
+        last = i;
+    }
+    kpl_tensor *perm = NULL;
+    const kpl_tensor *src = x;
+    kpl_reduce_attrs attrs = {.op = op, .correction = correction, .red = red};
+    if (first < 0) { /* nothing of size > 1 reduced */
+        attrs.outer = x->numel;
+        attrs.inner = 1;
+        attrs.red = red; /* 1, or 0 for an empty reduced dim */
+        if (red == 0) attrs.outer = out->numel;
+    } else if (contiguous) {
+        int64_t outer = 1, inner = 1;
+        for (int i = 0; i < first; i++) outer *= x->shape[i];
+        for (int i = last + 1; i < x->ndim; i++) inner *= x->shape[i];
+        attrs.outer = outer;
+        attrs.inner = inner;
+    } else {
+        int p[KPL_MAX_DIMS], k = 0;
+        for (int i = 0; i < x->ndim; i++)
+            if (!(mask & (1u << i))) p[k++] = i;
+        for (int i = 0; i < x->ndim; i++)
+            if (mask & (1u << i)) p[k++] = i;
+        KPL_TRY(kpl_tensor_permute((kpl_tensor *)x, p, &perm));
+        src = perm;
+        attrs.outer = x->numel / red;
+        attrs.inner = 1;
+    }
+    kpl_status st;
+    if (is_half(dt)) {
+        kpl_tensor *xf = NULL, *of = NULL;
+        KPL_TRY_GOTO(half_to_f32(src, &xf));
+        if (!arg) KPL_TRY_GOTO(f32_like(out, &of));
+        st = dispatch(KPL_KOP_REDUCE, KPL_F32, arg ? out : of, xf, NULL, NULL, &attrs);
+        if (st == KPL_OK && !arg) st = kpl_k_cast(out, of);
+        kpl_tensor_release(of);
+        kpl_tensor_release(xf);
+        goto done;
+    fail:
+        kpl_tensor_release(of);
+        kpl_tensor_release(xf);
+        goto done;
+    }
+    st = dispatch(KPL_KOP_REDUCE, dt, out, src, NULL, NULL, &attrs);
+done:
+    kpl_tensor_release(perm);
+    return st;
+}
+
+/* ---- matmul ----------------------------------------------------------------- */
+
+kpl_status kpl_k_matmul(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
+                        bool trans_a, bool trans_b)
+{
+    const char *name = "matmul";
+    CHECK_ARG(name, out, "out");
+    CHECK_ARG(name, a, "a");
+    CHECK_ARG(name, b, "b");
+    KPL_TRY(same_device(name, a, "a", b, "b"));
+    KPL_TRY(same_device(name, out, "out", a, "a"));
+    KPL_CHECK(a->dtype == b->dtype, KPL_EDTYPE, "matmul: dtypes %s and %s differ",
+              kpl_dtype_name(a->dtype), kpl_dtype_name(b->dtype));
+    kpl_dtype dt = a->dtype;
+    KPL_CHECK(kpl_dtype_is_float(dt), KPL_EDTYPE, "matmul: not defined for dtype %s",
+              kpl_dtype_name(dt));
+    mm_shape s;
+    KPL_TRY(matmul_infer(a->ndim, a->shape, trans_a, b->ndim, b->shape, trans_b, &s));
+    int nbat = (a->ndim > 2 ? a->ndim - 2 : 0) > (b->ndim > 2 ? b->ndim - 2 : 0)
+                   ? a->ndim - 2
+                   : (b->ndim > 2 ? b->ndim - 2 : 0);
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    matmul_out_shape(&s, nbat, &n, shape);
+    KPL_TRY(same_shape(name, out, n, shape));
+    KPL_TRY(want_dtype(name, out, "out", dt));
+    KPL_CHECK(out->storage != a->storage && out->storage != b->storage, KPL_EINVAL,
+              "matmul: 'out' may not alias an input");
+    if (out->numel == 0) return KPL_OK;
+    kpl_matmul_attrs attrs = {.ndim = s.ndim,
+                              .trans_a = a->ndim > 1 && trans_a,
+                              .trans_b = b->ndim > 1 && trans_b};
+    memcpy(attrs.a_dims, s.a, sizeof s.a);
+    memcpy(attrs.b_dims, s.b, sizeof s.b);
+    memcpy(attrs.out_dims, s.out, sizeof s.out);
+    if (s.k == 0) return kpl_k_fill(out, 0.0);
+    if (is_half(dt)) {
+        kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
+        kpl_status st;
+        KPL_TRY_GOTO(half_to_f32(a, &af));
+        KPL_TRY_GOTO(half_to_f32(b, &bf));
+        KPL_TRY_GOTO(f32_like(out, &of));
+        KPL_TRY_GOTO(dispatch(KPL_KOP_MATMUL, KPL_F32, of, af, bf, NULL, &attrs));
+        st = kpl_k_cast(out, of);
+    fail:
+        kpl_tensor_release(of);
+        kpl_tensor_release(bf);
+        kpl_tensor_release(af);
+        return st;
+    }
+    return dispatch(KPL_KOP_MATMUL, dt, out, a, b, NULL, &attrs);
+}
+
+/* ---- fills, random, casts, copies --------------------------------------------- */
+
+kpl_status kpl_k_fill(kpl_tensor *out, double value)
+{
+    CHECK_ARG("fill", out, "out");
+    if (out->numel == 0) return KPL_OK;
+    kpl_fill_attrs attrs = {value};
+    return dispatch(KPL_KOP_FILL, out->dtype, out, NULL, NULL, NULL, &attrs);
+}
+
+kpl_status kpl_k_arange(kpl_tensor *out, double start, double step)
+{
+    CHECK_ARG("arange", out, "out");
+    KPL_CHECK(out->dtype != KPL_BOOL && out->dtype != KPL_U8 && !is_half(out->dtype),
+              KPL_EDTYPE, "arange: not defined for dtype %s", kpl_dtype_name(out->dtype));
+    if (out->numel == 0) return KPL_OK;
+    kpl_arange_attrs attrs = {start, step};
+    return dispatch(KPL_KOP_ARANGE, out->dtype, out, NULL, NULL, NULL, &attrs);
+}
+
+static kpl_status random_fill(const char *name, kpl_tensor *out, kpl_rng *rng, int normal,
+                              double p1, double p2);
+
+kpl_status kpl_k_uniform(kpl_tensor *out, kpl_rng *rng, double lo, double hi)
+{
+    KPL_CHECK(lo <= hi, KPL_EINVAL, "uniform: lo %g is greater than hi %g", lo, hi);
+    return random_fill("uniform", out, rng, 0, lo, hi);
+}
+
+kpl_status kpl_k_normal(kpl_tensor *out, kpl_rng *rng, double mean, double std)
+{
+    KPL_CHECK(std >= 0, KPL_EINVAL, "normal: negative std %g", std);
+    return random_fill("normal", out, rng, 1, mean, std);
+}
+
+kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x)
+{
+    CHECK_ARG("cast", out, "out");
+    CHECK_ARG("cast", x, "x");
+    KPL_TRY(same_device("cast", out, "out", x, "x"));
+    KPL_TRY(same_shape("cast", out, x->ndim, x->shape));
+    KPL_TRY(no_partial_overlap("cast", out, x, "x"));
+    KPL_CHECK(out->dtype == x->dtype || out->storage != x->storage, KPL_EINVAL,
+              "cast: 'out' may not alias 'x' across dtypes");
+    if (x->numel == 0 || (out == x)) return KPL_OK;
+    return dispatch(KPL_KOP_CAST, x->dtype, out, x, NULL, NULL, NULL);
+}
+
+kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
+{
+    CHECK_ARG("copy", out, "out");
+    CHECK_ARG("copy", x, "x");
+    KPL_CHECK(out->dtype == x->dtype, KPL_EDTYPE,
+              "copy: dtypes %s and %s differ (use kpl_k_cast)", kpl_dtype_name(out->dtype),
+              kpl_dtype_name(x->dtype));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(out->numel == x->numel, KPL_ESHAPE,
+              "copy: 'out' %s and 'x' %s differ in element count", KPL_SHAPE(out, b1),
+              KPL_SHAPE(x, b2));
+    if (x->numel == 0) return KPL_OK;
+    kpl_device *od = out->storage->dev, *xd = x->storage->dev;
+    size_t bytes = kpl_tensor_nbytes(x);
+    if (od == xd) {
+        if (out->storage == x->storage && out->offset == x->offset) return KPL_OK;
+        KPL_TRY(no_partial_overlap("copy", out, x, "x"));
+        return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, NULL);
+    }
+    /* Across devices: the one explicit transfer path. */
+    kpl_tensor *xm = (kpl_tensor *)x;
+    if (od->type != KPL_DEVICE_CPU && xd->type == KPL_DEVICE_CPU) {
+        void *dst = kpl_tensor_mutable(out);
+        const void *src = kpl_tensor_host_data(xm);
+        if (!dst || !src) return kpl_last_status();
+        return od->backend->copy_h2d(od, dst, src, bytes);
+    }
+    if (od->type == KPL_DEVICE_CPU && xd->type != KPL_DEVICE_CPU) {
+        const void *src = kpl_tensor_data(xm);
+        void *dst = kpl_tensor_host_mutable(out);
+        if (!dst || !src) return kpl_last_status();
+        return xd->backend->copy_d2h(xd, dst, src, bytes);
+    }
+    /* GPU to another GPU: through the source's host copy. */
+    const void *src = kpl_tensor_host_data(xm);
+    void *dst = kpl_tensor_mutable(out);
+    if (!dst || !src) return kpl_last_status();
+    return od->backend->copy_h2d(od, dst, src, bytes);
+}
+
+/* ---- rng -------------------------------------------------------------------- */
+
+struct kpl_rng {
+    uint64_t seed, offset;
+};
+
+kpl_rng *kpl_rng_create(uint64_t seed)
+{
+    kpl_rng *r = calloc(1, sizeof *r);
+    if (r) r->seed = seed;
+    return r;
+}
+void kpl_rng_destroy(kpl_rng *rng) { free(rng); }
+uint64_t kpl_rng_seed(const kpl_rng *rng) { return rng->seed; }
+uint64_t kpl_rng_offset(const kpl_rng *rng) { return rng->offset; }
+void kpl_rng_set_state(kpl_rng *rng, uint64_t seed, uint64_t offset)
+{
+    rng->seed = seed;
+    rng->offset = offset;
+}
+
+static kpl_status random_fill(const char *name, kpl_tensor *out, kpl_rng *rng, int normal,
+                              double p1, double p2)
+{
+    CHECK_ARG(name, out, "out");
+    KPL_CHECK(rng != NULL, KPL_EINVAL, "%s: argument 'rng' is NULL", name);
+    KPL_CHECK(kpl_dtype_is_float(out->dtype), KPL_EDTYPE, "%s: not defined for dtype %s",
+              name, kpl_dtype_name(out->dtype));
+    if (out->numel == 0) return KPL_OK;
+    kpl_random_attrs attrs = {normal, rng->seed, rng->offset, p1, p2};
+    KPL_TRY(dispatch(KPL_KOP_RANDOM, out->dtype, out, NULL, NULL, NULL, &attrs));
+    int64_t per = out->dtype == KPL_F64 ? 2 : 4;
+    rng->offset += (uint64_t)((out->numel + per - 1) / per);
+    return KPL_OK;
+}

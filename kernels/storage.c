@@ -1,0 +1,111 @@
+/*
+ * storage.c — UnifiedMemory: one buffer, a host copy and a device copy.
+ *
+ * On the CPU the two copies are the same memory and the state only records
+ * whether anything was written.  On a GPU the device copy is allocated with
+ * the storage, the (pinned) host copy on first host access, and a read on
+ * the side whose copy is stale copies lazily:
+ *
+ *   state    host_data   host_mutable   device_data   device_mutable
+ *   EMPTY    -> EMPTY    -> HOST        -> EMPTY      -> DEVICE
+ *   HOST     -> HOST     -> HOST        copy, SYNCED  copy, DEVICE
+ *   DEVICE   copy,SYNCED copy, HOST     -> DEVICE     -> DEVICE
+ *   SYNCED   -> SYNCED   -> HOST        -> SYNCED     -> DEVICE
+ */
+#include "kernels_impl.h"
+
+#include <string.h>
+
+static bool is_cpu(const kpl_storage *s) { return s->dev->type == KPL_DEVICE_CPU; }
+
+kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out)
+{
+    KPL_CHECK(dev != NULL && out != NULL, KPL_EINVAL, "storage_create: NULL argument");
+    kpl_storage *s = calloc(1, sizeof *s);
+    KPL_CHECK(s != NULL, KPL_ENOMEM, "storage_create: no host memory");
+    atomic_init(&s->refcount, 1);
+    s->dev = dev;
+    s->bytes = bytes;
+    s->state = KPL_MEM_EMPTY;
+    kpl_status st = kpl__allocator_alloc(dev->alloc, bytes, "tensor", &s->dev_ptr);
+    if (st < 0) {
+        free(s);
+        return st;
+    }
+    if (is_cpu(s)) s->host = s->dev_ptr;
+    *out = s;
+    return KPL_OK;
+}
+
+void kpl_storage_retain(kpl_storage *s)
+{
+    if (s) atomic_fetch_add_explicit(&s->refcount, 1, memory_order_relaxed);
+}
+
+void kpl_storage_release(kpl_storage *s)
+{
+    if (!s) return;
+    if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (!is_cpu(s) && s->host) kpl__allocator_free(s->dev->pinned, s->host);
+    kpl__allocator_free(s->dev->alloc, s->dev_ptr);
+    free(s);
+}
+
+size_t kpl_storage_bytes(const kpl_storage *s) { return s->bytes; }
+kpl_device *kpl_storage_device(const kpl_storage *s) { return s->dev; }
+kpl_mem_state kpl_storage_state(const kpl_storage *s) { return s->state; }
+
+static kpl_status ensure_host(kpl_storage *s)
+{
+    if (s->host) return KPL_OK;
+    return kpl__allocator_alloc(s->dev->pinned, s->bytes, "pinned host copy", &s->host);
+}
+
+static kpl_status to_host(kpl_storage *s)
+{
+    KPL_TRY(ensure_host(s));
+    if (s->state == KPL_MEM_DEVICE) {
+        KPL_TRY(s->dev->backend->copy_d2h(s->dev, s->host, s->dev_ptr, s->bytes));
+        s->state = KPL_MEM_SYNCED;
+    }
+    return KPL_OK;
+}
+
+const void *kpl_storage_host_data(kpl_storage *s)
+{
+    if (is_cpu(s)) return s->host;
+    return to_host(s) < 0 ? NULL : s->host;
+}
+
+void *kpl_storage_host_mutable(kpl_storage *s)
+{
+    if (!is_cpu(s) && to_host(s) < 0) return NULL;
+    s->state = KPL_MEM_HOST;
+    return s->host;
+}
+
+static kpl_status to_device(kpl_storage *s)
+{
+    if (s->state == KPL_MEM_HOST) {
+        KPL_TRY(s->dev->backend->copy_h2d(s->dev, s->dev_ptr, s->host, s->bytes));
+        s->state = KPL_MEM_SYNCED;
+    }
+    return KPL_OK;
+}
+
+const void *kpl_storage_device_data(kpl_storage *s)
+{
+    if (is_cpu(s)) return s->dev_ptr;
+    return to_device(s) < 0 ? NULL : s->dev_ptr;
+}
+
+void *kpl_storage_device_mutable(kpl_storage *s)
+{
+    if (is_cpu(s)) {
+        s->state = KPL_MEM_HOST;
+        return s->dev_ptr;
+    }
+    if (to_device(s) < 0) return NULL;
+    s->state = KPL_MEM_DEVICE;
+    return s->dev_ptr;
+}

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs every Debian package kpl needs to build, test and benchmark.
+# Idempotent: packages already present are skipped, so a second run costs one
+# dpkg query.  Run as root (or with sudo available).
+#
+#   scripts/setup.sh            build + test dependencies
+#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, numpy)
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build
+  libdnnl-dev                        # oneDNN: conv, pooling, bn, matmul on CPU
+  libopenblas-dev                    # reference side of GEMM tests
+  libopenmpi-dev openmpi-bin         # collective/ mpi backend, launcher
+  libucx-dev                         # collective/ ucx backend
+  liblmdb-dev                        # dataio/ LMDB source
+  libturbojpeg0-dev libjpeg62-turbo-dev  # dataio/ JPEG decode
+  libzstd-dev                        # shards and checkpoints
+  libyaml-dev                        # recipes
+  libpng-dev
+  libcmocka-dev                      # unit tests
+  dataset-fashion-mnist              # the default recipe's data
+)
+bench_packages=(python3-numpy python3-torch python3-pil)
+
+want=("${packages[@]}")
+if [[ "${1:-}" == "--bench" ]]; then
+  want+=("${bench_packages[@]}")
+fi
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#want[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+# A fresh machine has no package lists yet; refresh them once when an install
+# is needed (and retry once after a refresh if the lists are stale).
+if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
