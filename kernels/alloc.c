@@ -24,6 +24,18 @@
 
 #include <string.h>
 
+/* Under AddressSanitizer, cached memory is poisoned: a kernel that runs past
+ * its tensor into a neighbouring block (or reads a freed one) is reported
+ * even though the bytes still belong to one of our segments. */
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
+#define POISON(p, n) ASAN_POISON_MEMORY_REGION((p), (n))
+#define UNPOISON(p, n) ASAN_UNPOISON_MEMORY_REGION((p), (n))
+#else
+#define POISON(p, n) ((void)(p), (void)(n))
+#define UNPOISON(p, n) ((void)(p), (void)(n))
+#endif
+
 #define ROUND_UNIT ((size_t)512)
 #define SMALL_MAX ((size_t)1 << 20)
 #define SMALL_SEGMENT ((size_t)2 << 20)
@@ -37,6 +49,7 @@ typedef struct block {
     size_t size;
     bool allocated;
     bool small;                       /* pool */
+    bool host_visible;                /* segment memory is host memory */
     struct block *prev, *next;        /* neighbours within the segment */
     struct block *bin_prev, *bin_next; /* free list of the bin */
 } block;
@@ -179,6 +192,7 @@ static void stats_add_reserved(kpl_allocator *a, size_t bytes)
 static void segment_release(kpl_allocator *a, size_t idx)
 {
     block *b = a->segments[idx];
+    if (b->host_visible) UNPOISON(b->ptr, b->size);
     a->src.free(a->src.ctx, b->ptr);
     a->st.reserved -= b->size;
     free(b);
@@ -236,6 +250,8 @@ static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
     b->ptr = ptr;
     b->size = seg_size;
     b->small = small;
+    b->host_visible = a->src.host_visible;
+    if (b->host_visible) POISON(ptr, seg_size);
     a->segments[a->n_segments++] = b;
     a->st.n_system++;
     stats_add_reserved(a, seg_size);
@@ -267,6 +283,7 @@ void kpl__allocator_destroy(kpl_allocator *a)
             free(b);
             b = n;
         }
+        if (seg->host_visible) UNPOISON(seg->ptr, seg->size);
         a->src.free(a->src.ctx, seg->ptr);
         free(seg);
     }
@@ -327,6 +344,7 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
     }
     a->st.allocated += b->size;
     if (a->st.allocated > a->st.peak_allocated) a->st.peak_allocated = a->st.allocated;
+    if (a->src.host_visible) UNPOISON(b->ptr, bytes);
     *out = b->ptr;
 done:
     pthread_mutex_unlock(&a->lock);
@@ -342,6 +360,7 @@ void kpl__allocator_free(kpl_allocator *a, void *ptr)
     pool *p = &a->pools[b->small];
     b->allocated = false;
     a->st.allocated -= b->size;
+    if (a->src.host_visible) POISON(b->ptr, b->size);
     /* Merge with free neighbours so the segment can serve larger blocks. */
     block *n = b->next;
     if (n && !n->allocated) {

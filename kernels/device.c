@@ -111,7 +111,8 @@ static void init_all(void)
     cpu_device.index = 0;
     strcpy(cpu_device.name, "cpu");
     cpu_device.alloc = kpl__allocator_create((kpl_raw_source){
-        .alloc = cpu_raw_alloc, .free = cpu_raw_free, .ctx = NULL, .name = "cpu"});
+        .alloc = cpu_raw_alloc, .free = cpu_raw_free, .ctx = NULL, .name = "cpu",
+        .host_visible = true});
     KPL_ASSERT(cpu_device.alloc != NULL, "cannot create the CPU allocator");
     for (int t = 0; t < KPL_DEVICE_TYPE_COUNT; t++) {
         const kpl_device_backend *b = backend_of((kpl_device_type)t);
@@ -201,7 +202,7 @@ static kpl_status cuda_device_open(int index, kpl_device **out)
             .alloc = gpu_raw_alloc, .free = gpu_raw_free, .ctx = d, .name = d->name});
         d->pinned = kpl__allocator_create((kpl_raw_source){
             .alloc = gpu_pinned_alloc, .free = gpu_pinned_free, .ctx = d,
-            .name = "pinned host"});
+            .name = "pinned host", .host_visible = true});
         KPL_ASSERT(d->alloc && d->pinned, "cannot create CUDA allocators");
         cuda_devices[index] = d;
     }

@@ -115,8 +115,8 @@ KPL__IPOW(uint8_t, u8, 0)
     X(COS, cos(x))                                                         \
     X(TANH, tanh(x))                                                       \
     X(SIGMOID, (T)1 / ((T)1 + exp(-x)))                                    \
-    X(RELU, x > (T)0 ? x : (T)0)                                           \
-    X(LEAKY_RELU, x > (T)0 ? x : x * (T)alpha)                             \
+    X(RELU, x < (T)0 ? (T)0 : x) /* NaN passes through */                 \
+    X(LEAKY_RELU, x < (T)0 ? x * (T)alpha : x)                             \
     X(GELU, (T)0.5 * x * ((T)1 + erf(x * (T)0.70710678118654752440)))     \
     X(CLIP, x < (T)alpha ? (T)alpha : (x > (T)beta ? (T)beta : x))         \
     X(SIGN, (T)((x > (T)0) - (x < (T)0)))                                  \

@@ -66,6 +66,7 @@ typedef struct {
     void (*free)(void *ctx, void *ptr);
     void *ctx;
     const char *name; /* for messages: "cpu", "cuda:0", "pinned" */
+    bool host_visible; /* host memory (CPU, pinned): poisoned under ASan */
 } kpl_raw_source;
 
 typedef struct kpl_allocator kpl_allocator;

@@ -67,8 +67,8 @@ static inline uint8_t sat_u8(double v)
 
 /* Two copies of the dtype list: a macro cannot expand itself, and the
  * cast table needs one list nested in the other. */
-#define DTYPES(X, A) X(A, f32) X(A, f64) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8)
-#define DTYPES2(X, A) X(A, f32) X(A, f64) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8)
+#define DTYPES(X, A) X(A, f32) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8) X(A, f64)
+#define DTYPES2(X, A) X(A, f32) X(A, f16) X(A, bf16) X(A, i32) X(A, i64) X(A, u8) X(A, b8) X(A, f64)
 
 #define DEF_CAST(SRC, DST)                                                 \
     static void cast_##SRC##_##DST(void *o, const void *x, int64_t s, int64_t e) \
@@ -81,8 +81,12 @@ DTYPES(DEF_CAST_ROW, _)
 typedef void (*cast_fn)(void *, const void *, int64_t, int64_t);
 #define CAST_ENTRY(SRC, DST) cast_##SRC##_##DST,
 #define CAST_ROW(_, SRC) {DTYPES2(CAST_ENTRY, SRC)},
-/* Indexed [src][dst] in the order of KPL_DTYPE_LIST. */
+/* Indexed [src][dst]: DTYPES lists the dtypes in enum order (checked by
+ * the static assertion below). */
 static const cast_fn cast_table[KPL_DTYPE_COUNT][KPL_DTYPE_COUNT] = {DTYPES(CAST_ROW, _)};
+_Static_assert(KPL_F32 == 0 && KPL_F16 == 1 && KPL_BF16 == 2 && KPL_I32 == 3 && KPL_I64 == 4 &&
+                   KPL_U8 == 5 && KPL_BOOL == 6 && KPL_F64 == 7 && KPL_DTYPE_COUNT == 8,
+               "DTYPES must follow kpl_dtype's order");
 
 static kpl_status cpu_cast(const kpl_kernel_args *args)
 {

@@ -1,0 +1,623 @@
+/* test_ops.c — the compute calls against plain C references written here,
+ * plus the errors that bad input must produce. */
+#include "test_util.h"
+
+#include <stdlib.h>
+
+/* ---- plain references (double) ---------------------------------------------- */
+
+static double ref_unary(kpl_unary_op op, double x, double alpha, double beta)
+{
+    switch (op) {
+    case KPL_UN_NEG: return -x;
+    case KPL_UN_ABS: return fabs(x);
+    case KPL_UN_EXP: return exp(x);
+    case KPL_UN_LOG: return log(x);
+    case KPL_UN_SQRT: return sqrt(x);
+    case KPL_UN_RSQRT: return 1 / sqrt(x);
+    case KPL_UN_SQUARE: return x * x;
+    case KPL_UN_RECIPROCAL: return 1 / x;
+    case KPL_UN_SIN: return sin(x);
+    case KPL_UN_COS: return cos(x);
+    case KPL_UN_TANH: return tanh(x);
+    case KPL_UN_SIGMOID: return 1 / (1 + exp(-x));
+    case KPL_UN_RELU: return x > 0 ? x : 0;
+    case KPL_UN_LEAKY_RELU: return x > 0 ? x : alpha * x;
+    case KPL_UN_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
+    case KPL_UN_CLIP: return x < alpha ? alpha : x > beta ? beta : x;
+    case KPL_UN_SIGN: return (x > 0) - (x < 0);
+    case KPL_UN_GELU_TANH:
+        return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    default: return NAN;
+    }
+}
+
+static double ref_binary(kpl_binary_op op, double a, double b)
+{
+    switch (op) {
+    case KPL_BIN_ADD: return a + b;
+    case KPL_BIN_SUB: return a - b;
+    case KPL_BIN_MUL: return a * b;
+    case KPL_BIN_DIV: return a / b;
+    case KPL_BIN_POW: return pow(a, b);
+    case KPL_BIN_MAXIMUM: return isnan(a) || isnan(b) ? NAN : (a > b ? a : b);
+    case KPL_BIN_MINIMUM: return isnan(a) || isnan(b) ? NAN : (a < b ? a : b);
+    case KPL_BIN_EQ: return a == b;
+    case KPL_BIN_NE: return a != b;
+    case KPL_BIN_LT: return a < b;
+    case KPL_BIN_LE: return a <= b;
+    case KPL_BIN_GT: return a > b;
+    case KPL_BIN_GE: return a >= b;
+    default: return NAN;
+    }
+}
+
+/* Flat index of the input element that output element `i` reads (numpy
+ * broadcasting, shapes aligned right). */
+static int64_t bcast_index(int no, const int64_t *os, int ni, const int64_t *is, int64_t i)
+{
+    int64_t off = 0, stride = 1;
+    for (int d = no - 1; d >= 0; d--) {
+        int64_t idx = i % os[d];
+        i /= os[d];
+        int id = d - (no - ni);
+        if (id >= 0) {
+            if (is[id] != 1) off += idx * stride;
+            stride *= is[id];
+        }
+    }
+    return off;
+}
+
+/* ---- unary -------------------------------------------------------------------- */
+
+static void test_unary_all(void **state)
+{
+    (void)state;
+    int64_t n = 70001; /* > the parallel grain, odd */
+    for (int dti = 0; dti < 2; dti++) {
+        kpl_dtype dt = dti ? KPL_F64 : KPL_F32;
+        double rtol = dti ? 1e-12 : 4e-6, atol = dti ? 1e-13 : 1e-6;
+        kpl_tensor *x = trand(dt, 1, &n, 11, -3.0, 3.0);
+        kpl_tensor *xp = trand(dt, 1, &n, 12, 0.01, 5.0); /* positive, for log/sqrt */
+        kpl_tensor *o = tnew(dt, 1, &n);
+        for (int op = 0; op < KPL_UNARY_COUNT; op++) {
+            bool pos = op == KPL_UN_LOG || op == KPL_UN_SQRT || op == KPL_UN_RSQRT ||
+                       op == KPL_UN_RECIPROCAL;
+            kpl_tensor *in = pos ? xp : x;
+            double al = op == KPL_UN_CLIP ? -0.5 : 0.1, be = 0.75;
+            OK(kpl_k_unary(o, (kpl_unary_op)op, in, al, be));
+            for (int64_t i = 0; i < n; i += 97)
+                assert_close(tget(o, i), ref_unary((kpl_unary_op)op, tget(in, i), al, be), rtol,
+                             atol, kpl_unary_name((kpl_unary_op)op), i);
+        }
+        /* In place. */
+        OK(kpl_k_unary(x, KPL_UN_SQUARE, x, 0, 0));
+        OK(kpl_k_unary(o, KPL_UN_SQRT, x, 0, 0));
+        assert_true(tget(o, 5) >= 0);
+        kpl_tensor_release(x);
+        kpl_tensor_release(xp);
+        kpl_tensor_release(o);
+    }
+    /* Special values: NaN passes through relu/clip, exp overflows to inf. */
+    float sv[4] = {NAN, INFINITY, -INFINITY, 100.0f};
+    int64_t four = 4;
+    kpl_tensor *s = tf32(1, &four, sv), *o = tnew(KPL_F32, 1, &four);
+    OK(kpl_k_unary(o, KPL_UN_RELU, s, 0, 0));
+    assert_true(isnan(tget(o, 0)));
+    assert_true(isinf(tget(o, 1)));
+    assert_float_equal(tget(o, 2), 0, 0);
+    OK(kpl_k_unary(o, KPL_UN_EXP, s, 0, 0));
+    assert_true(isinf(tget(o, 3)) && tget(o, 2) == 0);
+    OK(kpl_k_unary(o, KPL_UN_SIGMOID, s, 0, 0));
+    assert_float_equal(tget(o, 1), 1, 0);
+    assert_float_equal(tget(o, 2), 0, 0);
+    kpl_tensor_release(s);
+    kpl_tensor_release(o);
+}
+
+static void test_unary_int(void **state)
+{
+    (void)state;
+    int32_t v[6] = {-3, -1, 0, 1, 7, -2147483647};
+    int64_t six = 6;
+    kpl_tensor *x = NULL, *o = tnew(KPL_I32, 1, &six);
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I32, 1, &six, v, &x));
+    OK(kpl_k_unary(o, KPL_UN_ABS, x, 0, 0));
+    const int32_t *r = kpl_tensor_host_data(o);
+    assert_int_equal(r[0], 3);
+    assert_int_equal(r[5], 2147483647);
+    OK(kpl_k_unary(o, KPL_UN_SIGN, x, 0, 0));
+    assert_int_equal(r[0], -1);
+    assert_int_equal(r[2], 0);
+    assert_int_equal(r[4], 1);
+    OK(kpl_k_unary(o, KPL_UN_RELU, x, 0, 0));
+    assert_int_equal(r[0], 0);
+    assert_int_equal(r[4], 7);
+    FAILS(kpl_k_unary(o, KPL_UN_EXP, x, 0, 0), KPL_EDTYPE, "exp: not defined for dtype i32");
+    kpl_tensor_release(x);
+    kpl_tensor_release(o);
+}
+
+/* ---- binary ------------------------------------------------------------------- */
+
+typedef struct {
+    int na;
+    int64_t a[4];
+    int nb;
+    int64_t b[4];
+} bcase;
+
+static void check_binary_case(kpl_dtype dt, const bcase *c, kpl_binary_op op)
+{
+    int no;
+    int64_t os[KPL_MAX_DIMS];
+    OK(kpl_shape_broadcast("test", c->na, c->a, c->nb, c->b, &no, os));
+    bool pos = op == KPL_BIN_POW;
+    kpl_tensor *a = trand(dt, c->na, c->a, 21, pos ? 0.1 : -4, 4);
+    kpl_tensor *b = trand(dt, c->nb, c->b, 22, pos ? -2 : -4, pos ? 2 : 4);
+    if (op == KPL_BIN_EQ || op == KPL_BIN_LE) { /* make some elements equal */
+        OK(kpl_k_unary(a, KPL_UN_SIGN, a, 0, 0));
+        OK(kpl_k_unary(b, KPL_UN_SIGN, b, 0, 0));
+    }
+    bool cmp = kpl_binary_is_compare(op);
+    kpl_tensor *o = tnew(cmp ? KPL_BOOL : dt, no, os);
+    OK(kpl_k_binary(o, op, a, b));
+    int64_t n = kpl_tensor_numel(o);
+    double rtol = dt == KPL_F32 ? 2e-6 : 1e-13;
+    for (int64_t i = 0; i < n; i += (n > 5000 ? 37 : 1)) {
+        double av = tget(a, bcast_index(no, os, c->na, c->a, i));
+        double bv = tget(b, bcast_index(no, os, c->nb, c->b, i));
+        double ref = ref_binary(op, av, bv);
+        if (dt == KPL_F32 && !cmp) ref = (float)ref;
+        assert_close(tget(o, i), ref, rtol, 1e-30, kpl_binary_name(op), i);
+    }
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+    kpl_tensor_release(o);
+}
+
+static void test_binary_broadcast(void **state)
+{
+    (void)state;
+    const bcase cases[] = {
+        {2, {3, 4}, 2, {3, 4}},          {2, {3, 4}, 1, {4}},
+        {2, {3, 1}, 2, {1, 5}},          {3, {2, 1, 4}, 2, {3, 1}},
+        {1, {1}, 3, {2, 3, 4}},          {4, {2, 3, 1, 5}, 4, {1, 3, 4, 1}},
+        {2, {300, 257}, 2, {300, 1}},    {2, {1, 70000}, 2, {2, 70000}},
+        {2, {2000, 40}, 1, {40}},        {0, {0}, 2, {2, 2}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++)
+        for (int op = 0; op < KPL_BINARY_COUNT; op++) {
+            check_binary_case(KPL_F32, &cases[c], (kpl_binary_op)op);
+            if (c < 4) check_binary_case(KPL_F64, &cases[c], (kpl_binary_op)op);
+        }
+}
+
+static void test_binary_int_scalar_inplace(void **state)
+{
+    (void)state;
+    int64_t v[5] = {-7, -1, 0, 5, 9}, w[5] = {2, -1, 3, 0, 2};
+    int64_t five = 5;
+    kpl_tensor *a = NULL, *b = NULL, *o = tnew(KPL_I64, 1, &five);
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &five, v, &a));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &five, w, &b));
+    const int64_t *r = kpl_tensor_host_data(o);
+    OK(kpl_k_binary(o, KPL_BIN_DIV, a, b)); /* truncating; x / 0 = 0 */
+    int64_t div[5] = {-3, 1, 0, 0, 4};
+    assert_memory_equal(r, div, sizeof div);
+    OK(kpl_k_binary(o, KPL_BIN_POW, a, b));
+    int64_t pw[5] = {49, -1, 0, 1, 81};
+    assert_memory_equal(r, pw, sizeof pw);
+    OK(kpl_k_binary_scalar(o, KPL_BIN_SUB, a, 10, true)); /* 10 - a */
+    int64_t rs[5] = {17, 11, 10, 5, 1};
+    assert_memory_equal(r, rs, sizeof rs);
+    OK(kpl_k_binary_scalar(a, KPL_BIN_MUL, a, 3, false)); /* in place */
+    assert_int_equal(((const int64_t *)kpl_tensor_host_data(a))[4], 27);
+
+    /* f32 scalar forms and in-place with broadcasting of the other side. */
+    float x[6] = {1, 2, 3, 4, 5, 6}, y[3] = {10, 20, 30};
+    int64_t s23[2] = {2, 3}, s3 = 3;
+    kpl_tensor *X = tf32(2, s23, x), *Y = tf32(1, &s3, y);
+    OK(kpl_k_binary(X, KPL_BIN_ADD, X, Y));
+    assert_float_equal(tget(X, 4), 25, 0);
+    OK(kpl_k_binary_scalar(X, KPL_BIN_DIV, X, 2.0, true)); /* 2 / X */
+    assert_float_equal(tget(X, 0), 2.0 / 11, 1e-7);
+    /* bool logic */
+    uint8_t p[4] = {0, 1, 0, 1}, q[4] = {0, 0, 1, 1};
+    int64_t four = 4;
+    kpl_tensor *P = NULL, *Q = NULL, *R = tnew(KPL_BOOL, 1, &four);
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_BOOL, 1, &four, p, &P));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_BOOL, 1, &four, q, &Q));
+    OK(kpl_k_binary(R, KPL_BIN_MAXIMUM, P, Q));
+    uint8_t orr[4] = {0, 1, 1, 1};
+    assert_memory_equal(kpl_tensor_host_data(R), orr, 4);
+    OK(kpl_k_binary(R, KPL_BIN_NE, P, Q));
+    uint8_t xr[4] = {0, 1, 1, 0};
+    assert_memory_equal(kpl_tensor_host_data(R), xr, 4);
+    FAILS(kpl_k_binary(R, KPL_BIN_ADD, P, Q), KPL_EDTYPE, "add: not defined for dtype bool");
+    kpl_tensor *ts[] = {a, b, o, X, Y, P, Q, R};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+static void test_binary_errors(void **state)
+{
+    (void)state;
+    int64_t s23[2] = {2, 3}, s43[2] = {4, 3}, s3 = 3;
+    kpl_tensor *a = tnew(KPL_F32, 2, s23), *b = tnew(KPL_F32, 2, s43);
+    kpl_tensor *c = tnew(KPL_I32, 2, s23), *o = tnew(KPL_F32, 2, s23), *v = tnew(KPL_F32, 1, &s3);
+    OK(kpl_k_fill(a, 1));
+    OK(kpl_k_fill(b, 1));
+    OK(kpl_k_fill(v, 1));
+    FAILS(kpl_k_binary(o, KPL_BIN_ADD, a, b), KPL_ESHAPE,
+          "add: shapes (2,3) and (4,3) cannot be broadcast");
+    FAILS(kpl_k_binary(o, KPL_BIN_MUL, a, c), KPL_EDTYPE, "mul: dtypes f32 and i32 differ");
+    FAILS(kpl_k_binary(o, KPL_BIN_ADD, NULL, a), KPL_EINVAL, "add: argument 'a' is NULL");
+    FAILS(kpl_k_binary(NULL, KPL_BIN_ADD, a, a), KPL_EINVAL, "argument 'out' is NULL");
+    FAILS(kpl_k_binary(v, KPL_BIN_SUB, a, v), KPL_ESHAPE,
+          "sub: 'out' has shape (3), the result has shape (2,3)");
+    FAILS(kpl_k_binary(o, KPL_BIN_LT, a, a), KPL_EDTYPE, "'out' has dtype f32, expected bool");
+    FAILS(kpl_k_binary(o, (kpl_binary_op)77, a, a), KPL_EINVAL, "unknown op 77");
+    FAILS(kpl_k_unary(o, KPL_UN_CLIP, a, 2, 1), KPL_EINVAL, "clip: lo 2 is greater than hi 1");
+    /* partial overlap of out and an input is refused */
+    kpl_tensor *n1 = NULL, *n2 = NULL, *big = tnew(KPL_F32, 2, s43);
+    OK(kpl_k_fill(big, 0));
+    OK(kpl_tensor_narrow(big, 0, 2, &n1));
+    OK(kpl_tensor_narrow(big, 1, 2, &n2));
+    FAILS(kpl_k_binary(n2, KPL_BIN_ADD, n1, a), KPL_EINVAL, "partially overlaps 'a'");
+    kpl_tensor *ts[] = {a, b, c, o, v, n1, n2, big};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+static void test_where(void **state)
+{
+    (void)state;
+    uint8_t cv[3] = {1, 0, 1};
+    float av[6] = {1, 2, 3, 4, 5, 6}, bv[1] = {-1};
+    int64_t s3 = 3, s23[2] = {2, 3}, s1 = 1;
+    kpl_tensor *c = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_BOOL, 1, &s3, cv, &c));
+    kpl_tensor *a = tf32(2, s23, av), *b = tf32(1, &s1, bv), *o = tnew(KPL_F32, 2, s23);
+    OK(kpl_k_where(o, c, a, b));
+    double ref[6] = {1, -1, 3, 4, -1, 6};
+    assert_tensor_close(o, ref, 0, 0, "where");
+    FAILS(kpl_k_where(o, a, a, b), KPL_EDTYPE, "where: 'cond' has dtype f32, expected bool");
+    kpl_tensor_release(c);
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+    kpl_tensor_release(o);
+}
+
+/* ---- reductions ----------------------------------------------------------------- */
+
+/* Reference reduction of x (shape s, 3 dims) over the axes in mask. */
+static void ref_reduce(kpl_reduce_op op, const double *x, const int64_t *s, unsigned mask,
+                       int corr, double *out, int64_t *nout)
+{
+    int64_t os[3];
+    for (int d = 0; d < 3; d++) os[d] = (mask & (1u << d)) ? 1 : s[d];
+    *nout = os[0] * os[1] * os[2];
+    for (int64_t o = 0; o < *nout; o++) {
+        int64_t oi[3] = {o / (os[1] * os[2]), (o / os[2]) % os[1], o % os[2]};
+        double sum = 0, best = 0, m = -INFINITY;
+        int64_t cnt = 0, arg = 0;
+        for (int64_t i = 0; i < s[0]; i++)
+            for (int64_t j = 0; j < s[1]; j++)
+                for (int64_t k = 0; k < s[2]; k++) {
+                    int64_t ii[3] = {i, j, k};
+                    bool in = true;
+                    for (int d = 0; d < 3; d++)
+                        if (!(mask & (1u << d)) && ii[d] != oi[d]) in = false;
+                    if (!in) continue;
+                    double v = x[(i * s[1] + j) * s[2] + k];
+                    if (cnt == 0 || (op == KPL_RED_ARGMIN || op == KPL_RED_MIN ? v < best : v > best)) {
+                        best = v;
+                        arg = cnt;
+                    }
+                    if (v > m) m = v;
+                    sum += v;
+                    cnt++;
+                }
+        double mean = sum / (double)cnt, sq = 0, se = 0;
+        for (int64_t i = 0; i < s[0]; i++)
+            for (int64_t j = 0; j < s[1]; j++)
+                for (int64_t k = 0; k < s[2]; k++) {
+                    int64_t ii[3] = {i, j, k};
+                    bool in = true;
+                    for (int d = 0; d < 3; d++)
+                        if (!(mask & (1u << d)) && ii[d] != oi[d]) in = false;
+                    if (!in) continue;
+                    double v = x[(i * s[1] + j) * s[2] + k];
+                    sq += (v - mean) * (v - mean);
+                    se += exp(v - m);
+                }
+        switch (op) {
+        case KPL_RED_SUM: out[o] = sum; break;
+        case KPL_RED_MEAN: out[o] = mean; break;
+        case KPL_RED_MAX:
+        case KPL_RED_MIN: out[o] = best; break;
+        case KPL_RED_ARGMAX:
+        case KPL_RED_ARGMIN: out[o] = (double)arg; break;
+        case KPL_RED_VAR: out[o] = sq / (double)(cnt - corr); break;
+        case KPL_RED_LOGSUMEXP: out[o] = m + log(se); break;
+        case KPL_RED_SUMEXP_SUB_MAX: out[o] = se; break;
+        default: break;
+        }
+    }
+}
+
+static void test_reduce_all_axes_sets(void **state)
+{
+    (void)state;
+    int64_t s[3] = {4, 5, 6};
+    kpl_tensor *x = trand(KPL_F64, 3, s, 33, -2, 2);
+    double xs[120];
+    for (int i = 0; i < 120; i++) xs[i] = tget(x, i);
+    kpl_tensor *x32 = tnew(KPL_F32, 3, s);
+    OK(kpl_k_cast(x32, x));
+    for (int op = 0; op < KPL_REDUCE_COUNT; op++) {
+        bool arg = op == KPL_RED_ARGMAX || op == KPL_RED_ARGMIN;
+        for (unsigned mask = 1; mask < 8; mask++) {
+            int axes[3], na = 0;
+            for (int d = 0; d < 3; d++)
+                if (mask & (1u << d)) axes[na++] = d - 3 * (d == 2); /* -1 for dim 2 */
+            if (arg && na != 1) continue;
+            double ref[120];
+            int64_t nref;
+            ref_reduce((kpl_reduce_op)op, xs, s, mask, 1, ref, &nref);
+            for (int keep = 0; keep < 2; keep++)
+                for (int f = 0; f < 2; f++) {
+                    kpl_tensor *in = f ? x32 : x;
+                    int no;
+                    int64_t os[3];
+                    OK(kpl_shape_reduce("t", 3, s, axes, na, keep, &no, os));
+                    kpl_tensor *o = tnew(arg ? KPL_I64 : kpl_tensor_dtype(in), no, os);
+                    OK(kpl_k_reduce(o, (kpl_reduce_op)op, in, axes, na, keep, 1));
+                    assert_int_equal(kpl_tensor_numel(o), nref);
+                    if (!arg || !f) /* argmax of f32 may pick a near-tie differently */
+                        assert_tensor_close(o, ref, f ? 2e-6 : 1e-12, f ? 1e-6 : 1e-13,
+                                            kpl_reduce_name((kpl_reduce_op)op));
+                    kpl_tensor_release(o);
+                }
+        }
+    }
+    kpl_tensor_release(x);
+    kpl_tensor_release(x32);
+}
+
+static void test_reduce_large_and_special(void **state)
+{
+    (void)state;
+    /* A long run split across threads: sum of arange is exact. */
+    int64_t n = 1000001;
+    kpl_tensor *x = tnew(KPL_F32, 1, &n), *o = tnew(KPL_F32, 0, NULL), *i = tnew(KPL_I64, 0, NULL);
+    OK(kpl_k_arange(x, 0, 1));
+    OK(kpl_k_reduce(o, KPL_RED_SUM, x, NULL, 0, false, 0));
+    assert_float_equal(tget(o, 0), 500000500000.0, 1e5); /* f32 output rounding */
+    OK(kpl_k_reduce(i, KPL_RED_ARGMAX, x, NULL, 0, false, 0));
+    assert_int_equal((int64_t)tget(i, 0), n - 1);
+    /* NaN wins max/argmax (first one), like numpy. */
+    float *w = kpl_tensor_host_mutable(x);
+    w[700000] = NAN;
+    w[800000] = NAN;
+    OK(kpl_k_reduce(o, KPL_RED_MAX, x, NULL, 0, false, 0));
+    assert_true(isnan(tget(o, 0)));
+    OK(kpl_k_reduce(i, KPL_RED_ARGMAX, x, NULL, 0, false, 0));
+    assert_int_equal((int64_t)tget(i, 0), 700000);
+    /* logsumexp is stable for large values */
+    float big[3] = {1000, 1000, 1000};
+    int64_t three = 3;
+    kpl_tensor *b = tf32(1, &three, big);
+    OK(kpl_k_reduce(o, KPL_RED_LOGSUMEXP, b, NULL, 0, false, 0));
+    assert_float_equal(tget(o, 0), 1000 + log(3.0), 1e-3);
+    /* integer sums are exact in int64 */
+    int64_t iv[3] = {INT64_C(4000000000), INT64_C(5000000000), -1};
+    kpl_tensor *ix = NULL, *io = tnew(KPL_I64, 0, NULL);
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &three, iv, &ix));
+    OK(kpl_k_reduce(io, KPL_RED_SUM, ix, NULL, 0, false, 0));
+    assert_int_equal(*(const int64_t *)kpl_tensor_host_data(io), INT64_C(8999999999));
+    /* errors */
+    FAILS(kpl_k_reduce(io, KPL_RED_MEAN, ix, NULL, 0, false, 0), KPL_EDTYPE,
+          "mean: not defined for dtype i64");
+    int ax2[2] = {0, 0};
+    int64_t s23[2] = {2, 3};
+    kpl_tensor *m = tnew(KPL_F32, 2, s23), *mo = tnew(KPL_F32, 1, &three);
+    FAILS(kpl_k_reduce(mo, KPL_RED_SUM, m, ax2, 2, false, 0), KPL_ESHAPE, "axis 0 given twice");
+    int ax5 = 5;
+    FAILS(kpl_k_reduce(mo, KPL_RED_SUM, m, &ax5, 1, false, 0), KPL_ESHAPE,
+          "sum: axis 5 out of range for shape (2,3)");
+    int ax1 = 1;
+    FAILS(kpl_k_reduce(mo, KPL_RED_SUM, m, &ax1, 1, false, 0), KPL_ESHAPE,
+          "'out' has shape (3), the result has shape (2)");
+    kpl_tensor *ts[] = {x, o, i, b, ix, io, m, mo};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) kpl_tensor_release(ts[k]);
+}
+
+/* ---- matmul ------------------------------------------------------------------- */
+
+static void ref_matmul(const double *a, const double *b, double *c, int64_t M, int64_t N,
+                       int64_t K, bool ta, bool tb)
+{
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double s = 0;
+            for (int64_t k = 0; k < K; k++)
+                s += (ta ? a[k * M + i] : a[i * K + k]) * (tb ? b[j * K + k] : b[k * N + j]);
+            c[i * N + j] = s;
+        }
+}
+
+static void test_matmul_transposes(void **state)
+{
+    (void)state;
+    const int64_t M = 33, N = 47, K = 65;
+    for (int f = 0; f < 2; f++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                kpl_dtype dt = f ? KPL_F64 : KPL_F32;
+                int64_t sa[2] = {ta ? K : M, ta ? M : K}, sb[2] = {tb ? N : K, tb ? K : N};
+                int64_t sc[2] = {M, N};
+                kpl_tensor *a = trand(dt, 2, sa, 41, -1, 1), *b = trand(dt, 2, sb, 42, -1, 1);
+                kpl_tensor *c = tnew(dt, 2, sc);
+                OK(kpl_k_matmul(c, a, b, ta, tb));
+                double *ad = malloc(sizeof(double) * M * K), *bd = malloc(sizeof(double) * K * N);
+                double *cd = malloc(sizeof(double) * M * N);
+                for (int64_t i = 0; i < M * K; i++) ad[i] = tget(a, i);
+                for (int64_t i = 0; i < K * N; i++) bd[i] = tget(b, i);
+                ref_matmul(ad, bd, cd, M, N, K, ta, tb);
+                assert_tensor_close(c, cd, f ? 1e-12 : 1e-5, f ? 1e-12 : 1e-5, "matmul");
+                free(ad);
+                free(bd);
+                free(cd);
+                kpl_tensor_release(a);
+                kpl_tensor_release(b);
+                kpl_tensor_release(c);
+            }
+}
+
+static void test_matmul_batched(void **state)
+{
+    (void)state;
+    /* a (2,1,4,3) @ b (3,3,5) -> (2,3,4,5): batch dims broadcast. */
+    int64_t sa[4] = {2, 1, 4, 3}, sb[3] = {3, 3, 5}, sc[4] = {2, 3, 4, 5};
+    for (int f = 0; f < 2; f++) {
+        kpl_dtype dt = f ? KPL_F64 : KPL_F32;
+        kpl_tensor *a = trand(dt, 4, sa, 51, -1, 1), *b = trand(dt, 3, sb, 52, -1, 1);
+        int no;
+        int64_t os[8];
+        OK(kpl_shape_matmul(4, sa, false, 3, sb, false, &no, os));
+        assert_int_equal(no, 4);
+        assert_memory_equal(os, sc, sizeof sc);
+        kpl_tensor *c = tnew(dt, 4, sc);
+        OK(kpl_k_matmul(c, a, b, false, false));
+        for (int i = 0; i < 2; i++)
+            for (int j = 0; j < 3; j++) {
+                double ad[12], bd[15], cd[20];
+                for (int k = 0; k < 12; k++) ad[k] = tget(a, i * 12 + k);
+                for (int k = 0; k < 15; k++) bd[k] = tget(b, j * 15 + k);
+                ref_matmul(ad, bd, cd, 4, 5, 3, false, false);
+                for (int k = 0; k < 20; k++)
+                    assert_close(tget(c, (i * 3 + j) * 20 + k), cd[k], 1e-5, 1e-6, "bmm", k);
+            }
+        kpl_tensor_release(a);
+        kpl_tensor_release(b);
+        kpl_tensor_release(c);
+    }
+    /* 1-D operands as in numpy: (3) @ (3,5) -> (5); (4,3) @ (3) -> (4). */
+    int64_t v3 = 3, m35[2] = {3, 5}, m43[2] = {4, 3}, v5 = 5, v4 = 4;
+    kpl_tensor *v = trand(KPL_F32, 1, &v3, 1, -1, 1), *m = trand(KPL_F32, 2, m35, 2, -1, 1);
+    kpl_tensor *o5 = tnew(KPL_F32, 1, &v5);
+    OK(kpl_k_matmul(o5, v, m, false, false));
+    double r = 0;
+    for (int k = 0; k < 3; k++) r += tget(v, k) * tget(m, k * 5 + 2);
+    assert_float_equal(tget(o5, 2), r, 1e-6);
+    kpl_tensor *m2 = trand(KPL_F32, 2, m43, 3, -1, 1), *o4 = tnew(KPL_F32, 1, &v4);
+    OK(kpl_k_matmul(o4, m2, v, false, false));
+    r = 0;
+    for (int k = 0; k < 3; k++) r += tget(m2, 3 * 3 + k) * tget(v, k);
+    assert_float_equal(tget(o4, 3), r, 1e-6);
+    /* errors */
+    FAILS(kpl_k_matmul(o4, m2, m2, false, false), KPL_ESHAPE,
+          "matmul: inner dims differ: (4,3) @ (4,3) (3 vs 4)");
+    kpl_tensor *i1 = tnew(KPL_I32, 1, &v3);
+    FAILS(kpl_k_matmul(o4, i1, i1, false, false), KPL_EDTYPE, "matmul: not defined for dtype i32");
+    FAILS(kpl_k_matmul(m2, m2, m2, false, true), KPL_ESHAPE, "'out' has shape (4,3)");
+    kpl_tensor *ts[] = {v, m, o5, m2, o4, i1};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) kpl_tensor_release(ts[k]);
+}
+
+/* ---- fill / cast / copy / half math -------------------------------------------- */
+
+static void test_fill_cast_copy(void **state)
+{
+    (void)state;
+    int64_t n = 5;
+    float v[5] = {-2.7f, -0.5f, 0.0f, 1.5f, 300.0f};
+    kpl_tensor *x = tf32(1, &n, v);
+    kpl_tensor *i32 = tnew(KPL_I32, 1, &n), *u8 = tnew(KPL_U8, 1, &n), *bl = tnew(KPL_BOOL, 1, &n);
+    kpl_tensor *h = tnew(KPL_F16, 1, &n), *bf = tnew(KPL_BF16, 1, &n), *back = tnew(KPL_F32, 1, &n);
+    OK(kpl_k_cast(i32, x));
+    int32_t ri[5] = {-2, 0, 0, 1, 300};
+    assert_memory_equal(kpl_tensor_host_data(i32), ri, sizeof ri);
+    OK(kpl_k_cast(u8, x)); /* saturating */
+    uint8_t ru[5] = {0, 0, 0, 1, 255};
+    assert_memory_equal(kpl_tensor_host_data(u8), ru, sizeof ru);
+    OK(kpl_k_cast(bl, x));
+    uint8_t rb[5] = {1, 1, 0, 1, 1};
+    assert_memory_equal(kpl_tensor_host_data(bl), rb, sizeof rb);
+    OK(kpl_k_cast(h, x));
+    OK(kpl_k_cast(back, h));
+    assert_float_equal(tget(back, 0), -2.69921875, 0); /* nearest f16 */
+    OK(kpl_k_cast(bf, x));
+    OK(kpl_k_cast(back, bf));
+    assert_float_equal(tget(back, 0), -2.703125, 0); /* nearest bf16 */
+    /* fill converts to the dtype */
+    OK(kpl_k_fill(i32, 7.9));
+    assert_int_equal(((const int32_t *)kpl_tensor_host_data(i32))[4], 7);
+    OK(kpl_k_fill(h, 0.1));
+    assert_int_equal(((const uint16_t *)kpl_tensor_host_data(h))[2], kpl_f32_to_f16(0.1f));
+    /* f16 math runs in f32 and rounds once */
+    kpl_tensor *h2 = tnew(KPL_F16, 1, &n);
+    OK(kpl_k_fill(h2, 0.2));
+    OK(kpl_k_binary(h2, KPL_BIN_ADD, h, h2));
+    assert_float_equal(tget(h2, 0),
+                       kpl_f16_to_f32(kpl_f32_to_f16(kpl_f16_to_f32(kpl_f32_to_f16(0.1f)) +
+                                                     kpl_f16_to_f32(kpl_f32_to_f16(0.2f)))),
+                       0);
+    OK(kpl_k_unary(h2, KPL_UN_EXP, h2, 0, 0));
+    assert_float_equal(tget(h2, 1), exp(0.2998), 2e-3);
+    kpl_tensor *hs = tnew(KPL_F16, 0, NULL);
+    OK(kpl_k_reduce(hs, KPL_RED_SUM, h2, NULL, 0, false, 0));
+    assert_float_equal(tget(hs, 0), 5 * exp(0.2998), 1e-2);
+    /* copy: same numel, different shape is fine; dtypes must match */
+    int64_t s51[2] = {5, 1};
+    kpl_tensor *c = tnew(KPL_F32, 2, s51);
+    OK(kpl_k_copy(c, x));
+    assert_float_equal(tget(c, 4), 300, 0);
+    FAILS(kpl_k_copy(c, i32), KPL_EDTYPE, "copy: dtypes f32 and i32 differ");
+    kpl_tensor *d = NULL;
+    OK(kpl_tensor_to_device(x, kpl_device_cpu(), &d));
+    assert_float_equal(tget(d, 1), -0.5, 0);
+    /* arange in ints */
+    kpl_tensor *ar = tnew(KPL_I64, 1, &n);
+    OK(kpl_k_arange(ar, 10, -3));
+    assert_int_equal((int64_t)tget(ar, 4), -2);
+    FAILS(kpl_k_arange(bl, 0, 1), KPL_EDTYPE, "arange: not defined for dtype bool");
+    kpl_tensor *ts[] = {x, i32, u8, bl, h, bf, back, h2, hs, c, d, ar};
+    for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) kpl_tensor_release(ts[k]);
+}
+
+static void test_zero_size(void **state)
+{
+    (void)state;
+    int64_t s[2] = {0, 4}, s4 = 4;
+    kpl_tensor *a = tnew(KPL_F32, 2, s), *o = tnew(KPL_F32, 2, s), *r = tnew(KPL_F32, 1, &s4);
+    OK(kpl_k_unary(o, KPL_UN_EXP, a, 0, 0));
+    OK(kpl_k_binary(o, KPL_BIN_ADD, a, a));
+    int ax = 0;
+    OK(kpl_k_reduce(r, KPL_RED_SUM, a, &ax, 1, false, 0));
+    assert_float_equal(tget(r, 3), 0, 0);
+    FAILS(kpl_k_reduce(r, KPL_RED_MAX, a, &ax, 1, false, 0), KPL_ESHAPE, "no identity");
+    kpl_tensor_release(a);
+    kpl_tensor_release(o);
+    kpl_tensor_release(r);
+}
+
+int run_ops_tests(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_unary_all),
+        cmocka_unit_test(test_unary_int),
+        cmocka_unit_test(test_binary_broadcast),
+        cmocka_unit_test(test_binary_int_scalar_inplace),
+        cmocka_unit_test(test_binary_errors),
+        cmocka_unit_test(test_where),
+        cmocka_unit_test(test_reduce_all_axes_sets),
+        cmocka_unit_test(test_reduce_large_and_special),
+        cmocka_unit_test(test_matmul_transposes),
+        cmocka_unit_test(test_matmul_batched),
+        cmocka_unit_test(test_fill_cast_copy),
+        cmocka_unit_test(test_zero_size),
+    };
+    return cmocka_run_group_tests_name("ops", tests, NULL, NULL);
+}

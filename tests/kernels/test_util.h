@@ -1,0 +1,90 @@
+/* test_util.h — helpers shared by the kernels/ tests. */
+#ifndef KPL_TEST_UTIL_H
+#define KPL_TEST_UTIL_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define OK(expr)                                                                  \
+    do {                                                                          \
+        kpl_status st_ = (expr);                                                  \
+        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),  \
+                                    kpl_last_error());                            \
+    } while (0)
+
+/* Expects `expr` to fail with `code` and the message to contain `needle`. */
+#define FAILS(expr, code, needle)                                                 \
+    do {                                                                          \
+        kpl_clear_error();                                                        \
+        kpl_status st_ = (expr);                                                  \
+        if (st_ != (code))                                                        \
+            fail_msg("%s -> %s, expected %s (%s)", #expr, kpl_status_str(st_),    \
+                     kpl_status_str(code), kpl_last_error());                     \
+        if (!strstr(kpl_last_error(), (needle)))                                  \
+            fail_msg("%s: message '%s' lacks '%s'", #expr, kpl_last_error(), (needle)); \
+    } while (0)
+
+static inline kpl_tensor *tf32(int ndim, const int64_t *shape, const float *data)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, ndim, shape, data, &t));
+    return t;
+}
+
+static inline kpl_tensor *tnew(kpl_dtype dt, int ndim, const int64_t *shape)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), dt, ndim, shape, &t));
+    return t;
+}
+
+/* Random tensor in [lo, hi) from a fixed seed. */
+static inline kpl_tensor *trand(kpl_dtype dt, int ndim, const int64_t *shape, uint64_t seed,
+                                double lo, double hi)
+{
+    kpl_tensor *t = tnew(dt, ndim, shape);
+    kpl_rng *r = kpl_rng_create(seed);
+    OK(kpl_k_uniform(t, r, lo, hi));
+    kpl_rng_destroy(r);
+    return t;
+}
+
+static inline double tget(kpl_tensor *t, int64_t i)
+{
+    double v = 0;
+    OK(kpl_tensor_get(t, i, &v));
+    return v;
+}
+
+/* |a - b| <= atol + rtol * |b|, NaNs equal. */
+static inline void assert_close(double a, double b, double rtol, double atol, const char *what,
+                                int64_t i)
+{
+    if (isnan(a) && isnan(b)) return;
+    if (isinf(a) && isinf(b) && (a > 0) == (b > 0)) return;
+    if (!(fabs(a - b) <= atol + rtol * fabs(b)))
+        fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, a, b);
+}
+
+static inline void assert_tensor_close(kpl_tensor *t, const double *ref, double rtol,
+                                       double atol, const char *what)
+{
+    for (int64_t i = 0; i < kpl_tensor_numel(t); i++)
+        assert_close(tget(t, i), ref[i], rtol, atol, what, i);
+}
+
+/* Groups of tests, defined in the test_*.c files. */
+int run_alloc_tests(void);
+int run_tensor_tests(void);
+int run_ops_tests(void);
+
+#endif
