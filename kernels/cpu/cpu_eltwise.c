@@ -179,6 +179,22 @@ static int chunk_count(int64_t total)
     return (int)(by_grain < nt ? by_grain : nt);
 }
 
+/* Output elements [s, e) of a binary plan, one row segment at a time. */
+static void binary_range(const kpl_ew_plan *p, bin_fn fn, char *po, const char *pa,
+                         const char *pb, size_t es, size_t eo, int mode, int64_t s, int64_t e)
+{
+    int64_t inner = p->shape[p->ndim - 1];
+    int64_t sa = p->stride[0][p->ndim - 1], sb = p->stride[1][p->ndim - 1];
+    while (s < e) {
+        int64_t row = s / inner, col = s % inner;
+        int64_t len = inner - col < e - s ? inner - col : e - s;
+        int64_t oa = kpl__plan_offset(p, 0, row * inner) + col * sa;
+        int64_t ob = kpl__plan_offset(p, 1, row * inner) + col * sb;
+        fn(po + s * eo, pa + oa * es, pb + ob * es, len, mode);
+        s += len;
+    }
+}
+
 static kpl_status cpu_binary(const kpl_kernel_args *args)
 {
     const kpl_binary_attrs *at = args->attrs;
@@ -214,23 +230,18 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
         pb = kpl__cdata(b);
     }
     char *po = kpl__data(args->out);
-    int64_t inner = p.shape[p.ndim - 1];
     int64_t sa = p.stride[0][p.ndim - 1], sb = p.stride[1][p.ndim - 1];
     int mode = (sa && sb) ? 0 : (sa ? 1 : (sb ? 2 : 0));
     int64_t total = p.numel;
     int nchunks = chunk_count(total);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (int c = 0; c < nchunks; c++) {
-        int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
-        while (s < e) {
-            int64_t row = s / inner, col = s % inner;
-            int64_t len = inner - col < e - s ? inner - col : e - s;
-            int64_t oa = kpl__plan_offset(&p, 0, row * inner) + col * sa;
-            int64_t ob = kpl__plan_offset(&p, 1, row * inner) + col * sb;
-            fn(po + s * eo, pa + oa * es, pb + ob * es, len, mode);
-            s += len;
-        }
+    if (nchunks == 1) { /* small: no parallel region (its fork costs ~0.3 us) */
+        binary_range(&p, fn, po, pa, pb, es, eo, mode, 0, total);
+        return KPL_OK;
     }
+#pragma omp parallel for schedule(static)
+    for (int c = 0; c < nchunks; c++)
+        binary_range(&p, fn, po, pa, pb, es, eo, mode, total * c / nchunks,
+                     total * (c + 1) / nchunks);
     return KPL_OK;
 }
 
@@ -245,7 +256,11 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
     char *po = kpl__data(args->out);
     int64_t total = x->numel;
     int nchunks = chunk_count(total);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
+    if (nchunks == 1) {
+        fn(po, px, total, at->alpha, at->beta);
+        return KPL_OK;
+    }
+#pragma omp parallel for schedule(static)
     for (int c = 0; c < nchunks; c++) {
         int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
         fn(po + s * es, px + s * es, e - s, at->alpha, at->beta);
@@ -275,8 +290,7 @@ static kpl_status cpu_where(const kpl_kernel_args *args)
     size_t es = kpl_dtype_size(args->in[1]->dtype);
     int64_t total = at->plan.numel;
     int nchunks = chunk_count(total);
-#pragma omp parallel for schedule(static) if (nchunks > 1)
-    for (int c = 0; c < nchunks; c++) {
+    KPL_PARALLEL_FOR(c, nchunks, 
         int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
         switch (es) {
         case 1: WHERE_LOOP(uint8_t); break;
@@ -284,7 +298,7 @@ static kpl_status cpu_where(const kpl_kernel_args *args)
         case 4: WHERE_LOOP(uint32_t); break;
         default: WHERE_LOOP(uint64_t); break;
         }
-    }
+    );
     return KPL_OK;
 }
 

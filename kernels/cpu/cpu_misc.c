@@ -96,8 +96,8 @@ static kpl_status cpu_cast(const kpl_kernel_args *args)
     void *po = kpl__data(args->out);
     int64_t total = x->numel;
     int nc = chunks_for(total);
-#pragma omp parallel for schedule(static) if (nc > 1)
-    for (int c = 0; c < nc; c++) fn(po, px, total * c / nc, total * (c + 1) / nc);
+    KPL_PARALLEL_FOR(c, nc, fn(po, px, total * c / nc, total * (c + 1) / nc);
+    );
     return KPL_OK;
 }
 
@@ -126,8 +126,7 @@ static kpl_status cpu_fill(const kpl_kernel_args *args)
     char *po = kpl__data(out);
     int64_t total = out->numel;
     int nc = chunks_for(total);
-#pragma omp parallel for schedule(static) if (nc > 1)
-    for (int c = 0; c < nc; c++) {
+    KPL_PARALLEL_FOR(c, nc, 
         int64_t s = total * c / nc, e = total * (c + 1) / nc;
         switch (es) {
         case 1: memset(po + s, (int)(pattern & 0xff), (size_t)(e - s)); break;
@@ -146,7 +145,7 @@ static kpl_status cpu_fill(const kpl_kernel_args *args)
         default:
             for (int64_t i = s; i < e; i++) ((uint64_t *)po)[i] = pattern;
         }
-    }
+    );
     return KPL_OK;
 }
 
@@ -157,8 +156,7 @@ static kpl_status cpu_arange(const kpl_kernel_args *args)
     void *po = kpl__data(out);
     int64_t total = out->numel;
     int nc = chunks_for(total);
-#pragma omp parallel for schedule(static) if (nc > 1)
-    for (int c = 0; c < nc; c++) {
+    KPL_PARALLEL_FOR(c, nc, 
         for (int64_t i = total * c / nc, e = total * (c + 1) / nc; i < e; i++) {
             double v = at->start + (double)i * at->step;
             switch (out->dtype) {
@@ -168,7 +166,7 @@ static kpl_status cpu_arange(const kpl_kernel_args *args)
             default: TO_i64(po, i, v); break;
             }
         }
-    }
+    );
     return KPL_OK;
 }
 
@@ -224,8 +222,7 @@ static kpl_status cpu_random(const kpl_kernel_args *args)
     int per = dt == KPL_F64 ? 2 : 4;
     int64_t n = out->numel, nblocks = (n + per - 1) / per;
     int nc = chunks_for(n);
-#pragma omp parallel for schedule(static) if (nc > 1)
-    for (int c = 0; c < nc; c++) {
+    KPL_PARALLEL_FOR(c, nc, 
         for (int64_t blk = nblocks * c / nc, e = nblocks * (c + 1) / nc; blk < e; blk++) {
             int64_t base = blk * per;
             if (dt == KPL_F64) {
@@ -242,7 +239,7 @@ static kpl_status cpu_random(const kpl_kernel_args *args)
                 else ((uint16_t *)po)[base + j] = kpl_f32_to_bf16(v[j]);
             }
         }
-    }
+    );
     return KPL_OK;
 }
 
@@ -261,8 +258,7 @@ static kpl_status cpu_copy(const kpl_kernel_args *args)
     size_t es = kpl_dtype_size(x->dtype);
     int64_t total = x->numel;
     int nc = chunks_for(total);
-#pragma omp parallel for schedule(static) if (nc > 1)
-    for (int c = 0; c < nc; c++) {
+    KPL_PARALLEL_FOR(c, nc, 
         int64_t s = total * c / nc, e = total * (c + 1) / nc;
         if (!at) {
             memcpy(po + s * es, px + s * es, (size_t)(e - s) * es);
@@ -274,7 +270,7 @@ static kpl_status cpu_copy(const kpl_kernel_args *args)
         case 4: GATHER(uint32_t); break;
         default: GATHER(uint64_t); break;
         }
-    }
+    );
     return KPL_OK;
 }
 
