@@ -241,6 +241,115 @@ static void reduce_one(const kpl_reduce_attrs *at, kpl_dtype dt, run_fn fn, cons
 #undef PASS
 }
 
+/* ---- inner > 1: columns ------------------------------------------------------ */
+
+/* A block of COLS adjacent outputs reduced together: for every r the loop
+ * over the block's columns is stride 1 and vectorises, where reducing one
+ * output at a time would stride through memory by `inner`. */
+#define COLS 256
+
+#define DEF_COLS(T, tn)                                                                   \
+    static void cols_##tn(const kpl_reduce_attrs *at, const char *xv, int64_t inner,     \
+                          int64_t nc, double *acc, double *aux, int64_t *arg)            \
+    {                                                                                     \
+        const T *x = (const T *)xv;                                                       \
+        int64_t red = at->red;                                                            \
+        kpl_reduce_op op = at->op;                                                        \
+        if (op == KPL_RED_MAX || op == KPL_RED_MIN || op == KPL_RED_ARGMAX ||             \
+            op == KPL_RED_ARGMIN || op == KPL_RED_LOGSUMEXP ||                            \
+            op == KPL_RED_SUMEXP_SUB_MAX) {                                               \
+            bool mx = op != KPL_RED_MIN && op != KPL_RED_ARGMIN;                          \
+            for (int64_t i = 0; i < nc; i++) {                                            \
+                acc[i] = (double)x[i];                                                    \
+                arg[i] = 0;                                                               \
+            }                                                                             \
+            for (int64_t r = 1; r < red; r++) {                                           \
+                const T *row = x + r * inner;                                             \
+                for (int64_t i = 0; i < nc; i++) {                                        \
+                    double v = (double)row[i];                                            \
+                    /* NaN sticks once seen (first NaN wins) */                           \
+                    bool take = acc[i] == acc[i] && (v != v || (mx ? v > acc[i] : v < acc[i])); \
+                    acc[i] = take ? v : acc[i];                                           \
+                    arg[i] = take ? r : arg[i];                                           \
+                }                                                                         \
+            }                                                                             \
+            if (op != KPL_RED_LOGSUMEXP && op != KPL_RED_SUMEXP_SUB_MAX) return;          \
+            for (int64_t i = 0; i < nc; i++) aux[i] = 0;                                  \
+            for (int64_t r = 0; r < red; r++) {                                           \
+                const T *row = x + r * inner;                                             \
+                for (int64_t i = 0; i < nc; i++) aux[i] += exp((double)row[i] - acc[i]);  \
+            }                                                                             \
+            return;                                                                       \
+        }                                                                                 \
+        /* SUM, MEAN, VAR */                                                              \
+        for (int64_t i = 0; i < nc; i++) acc[i] = 0;                                      \
+        for (int64_t r = 0; r < red; r++) {                                               \
+            const T *row = x + r * inner;                                                 \
+            _Pragma("omp simd") for (int64_t i = 0; i < nc; i++) acc[i] += (double)row[i]; \
+        }                                                                                 \
+        if (op != KPL_RED_VAR) return;                                                    \
+        for (int64_t i = 0; i < nc; i++) {                                                \
+            aux[i] = 0;                                                                   \
+            acc[i] /= (double)red; /* the mean */                                         \
+        }                                                                                 \
+        for (int64_t r = 0; r < red; r++) {                                               \
+            const T *row = x + r * inner;                                                 \
+            _Pragma("omp simd") for (int64_t i = 0; i < nc; i++)                          \
+            {                                                                             \
+                double d = (double)row[i] - acc[i];                                       \
+                aux[i] += d * d;                                                          \
+            }                                                                             \
+        }                                                                                 \
+    }
+
+DEF_COLS(float, f32)
+DEF_COLS(double, f64)
+DEF_COLS(int32_t, i32)
+DEF_COLS(uint8_t, u8)
+
+typedef void (*cols_fn)(const kpl_reduce_attrs *, const char *, int64_t, int64_t, double *,
+                        double *, int64_t *);
+
+static void cols_store(const kpl_reduce_attrs *at, kpl_dtype dt, kpl_dtype odt, void *out,
+                       int64_t o0, int64_t nc, const double *acc, const double *aux,
+                       const int64_t *arg)
+{
+    bool is_int = !kpl_dtype_is_float(dt);
+    for (int64_t i = 0; i < nc; i++) {
+        double v;
+        switch (at->op) {
+        case KPL_RED_ARGMAX:
+        case KPL_RED_ARGMIN: ((int64_t *)out)[o0 + i] = arg[i]; continue;
+        case KPL_RED_MEAN: v = acc[i] / (double)at->red; break;
+        case KPL_RED_VAR: {
+            double den = (double)(at->red - at->correction);
+            v = den > 0 ? aux[i] / den : NAN;
+            break;
+        }
+        case KPL_RED_LOGSUMEXP:
+            v = (acc[i] != acc[i] || isinf(acc[i])) ? acc[i] : acc[i] + log(aux[i]);
+            break;
+        case KPL_RED_SUMEXP_SUB_MAX:
+            v = acc[i] != acc[i] ? NAN : (isinf(acc[i]) ? (acc[i] > 0 ? NAN : 0.0) : aux[i]);
+            break;
+        default: v = acc[i]; break; /* SUM, MAX, MIN */
+        }
+        store(odt, out, o0 + i, v, (int64_t)v, is_int);
+    }
+}
+
+static cols_fn cols_for(kpl_dtype dt)
+{
+    switch (dt) {
+    case KPL_F32: return cols_f32;
+    case KPL_F64: return cols_f64;
+    case KPL_I32: return cols_i32;
+    case KPL_U8:
+    case KPL_BOOL: return cols_u8;
+    default: return NULL; /* i64: values beyond 2^53 need the exact path */
+    }
+}
+
 static kpl_status cpu_reduce(const kpl_kernel_args *args)
 {
     const kpl_reduce_attrs *at = args->attrs;
@@ -257,6 +366,20 @@ static kpl_status cpu_reduce(const kpl_kernel_args *args)
         for (int64_t i = 0; i < nout; i++)
             store(odt, out, i, at->op == KPL_RED_SUM ? 0.0 : NAN, 0, at->op == KPL_RED_SUM &&
                   !kpl_dtype_is_float(dt));
+        return KPL_OK;
+    }
+    cols_fn cf = cols_for(dt);
+    if (inner > 1 && cf) {
+        int64_t nblk = (inner + COLS - 1) / COLS, ntask = outer * nblk;
+#pragma omp parallel for schedule(static) if (ntask > 1 && outer * red * inner > 2 * KPL_PAR_GRAIN)
+        for (int64_t t = 0; t < ntask; t++) {
+            double acc[COLS], aux[COLS];
+            int64_t arg[COLS];
+            int64_t o = t / nblk, i0 = (t % nblk) * COLS;
+            int64_t nc = inner - i0 < COLS ? inner - i0 : COLS;
+            cf(at, x + (size_t)(o * red * inner + i0) * es, inner, nc, acc, aux, arg);
+            cols_store(at, dt, odt, out, o * inner + i0, nc, acc, aux, arg);
+        }
         return KPL_OK;
     }
     int nt = omp_get_max_threads();

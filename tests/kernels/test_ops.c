@@ -404,6 +404,31 @@ static void test_reduce_large_and_special(void **state)
     assert_true(isnan(tget(o, 0)));
     OK(kpl_k_reduce(i, KPL_RED_ARGMAX, x, NULL, 0, false, 0));
     assert_int_equal((int64_t)tget(i, 0), 700000);
+    /* Column blocks (inner > 256): reduce (7, 600) over axis 0, NaN in a column. */
+    int64_t s7[2] = {7, 600}, s600 = 600;
+    kpl_tensor *c = trand(KPL_F32, 2, s7, 99, -1, 1), *cs = tnew(KPL_F32, 1, &s600);
+    kpl_tensor *ca = tnew(KPL_I64, 1, &s600);
+    ((float *)kpl_tensor_host_mutable(c))[3 * 600 + 517] = NAN;
+    int ax0 = 0;
+    OK(kpl_k_reduce(cs, KPL_RED_SUM, c, &ax0, 1, false, 0));
+    for (int64_t j = 0; j < 600; j += 7) {
+        double ref = 0;
+        for (int r = 0; r < 7; r++) ref += tget(c, r * 600 + j);
+        assert_close(tget(cs, j), ref, 1e-6, 1e-6, "column sum", j);
+    }
+    assert_true(isnan(tget(cs, 517)));
+    OK(kpl_k_reduce(ca, KPL_RED_ARGMIN, c, &ax0, 1, false, 0));
+    assert_int_equal((int64_t)tget(ca, 517), 3);
+    for (int64_t j = 0; j < 600; j += 11) {
+        if (j == 517) continue;
+        int64_t best = 0;
+        for (int r = 1; r < 7; r++)
+            if (tget(c, r * 600 + j) < tget(c, best * 600 + j)) best = r;
+        assert_int_equal((int64_t)tget(ca, j), best);
+    }
+    kpl_tensor_release(c);
+    kpl_tensor_release(cs);
+    kpl_tensor_release(ca);
     /* logsumexp is stable for large values */
     float big[3] = {1000, 1000, 1000};
     int64_t three = 3;

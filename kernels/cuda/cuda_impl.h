@@ -1,0 +1,115 @@
+/*
+ * cuda_impl.h — private to kernels/cuda/: the per-device state of the CUDA
+ * backend and what its kernel files share (error conversion, launch
+ * geometry, broadcast-plan offsets on the device).
+ *
+ * Only CUDA C++ sources include this header.  They reach tensors through the
+ * public accessors of kernels.h (struct kpl_tensor is C-only on purpose) and
+ * their device through kpl_tensor_device(t)->impl.
+ *
+ * Streams: every kernel, memset, device-to-device copy and cuBLAS call of a
+ * device runs on its compute stream, so they are ordered among themselves
+ * and nothing here waits for the GPU.  Host transfers run on the copy
+ * stream (see cuda_device.cu), which first waits for the compute stream.
+ */
+#ifndef KPL_CUDA_IMPL_H
+#define KPL_CUDA_IMPL_H
+
+#include "../kernels_impl.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+/* Backend state of one CUDA device, owned by kpl_device.impl. */
+typedef struct {
+    cudaStream_t compute;    /* kernels, memsets, d2d copies, cuBLAS */
+    cudaStream_t copy;       /* host <-> device transfers */
+    cudaEvent_t compute_mark; /* recorded on compute, awaited by copy */
+    cublasHandle_t blas;     /* bound to `compute` */
+    int sm_count;            /* multiprocessors, for grid sizes */
+} kpl_cuda_state;
+
+extern "C" {
+
+/* Records a failed CUDA runtime / cuBLAS call (its text, the library's
+ * message, file:line) as this thread's error and returns the status:
+ * KPL_ENOMEM for allocation failures, KPL_EDEVICE when the device or driver
+ * is unusable, KPL_EBACKEND otherwise. */
+kpl_status kpl__cuda_fail(cudaError_t err, const char *call, const char *file,
+                          int line);
+kpl_status kpl__cublas_fail(cublasStatus_t err, const char *call,
+                            const char *file, int line);
+
+/* Makes dev current for this thread (cudaSetDevice) and returns its state;
+ * every entry point calls this before touching the GPU. */
+kpl_status kpl__cuda_enter(kpl_device *dev, kpl_cuda_state **out);
+
+/* The state of the device a tensor lives on, made current. */
+kpl_status kpl__cuda_enter_tensor(const kpl_tensor *t, kpl_cuda_state **out);
+
+/* Reports a failed kernel launch (cudaGetLastError) naming `what`. */
+kpl_status kpl__cuda_check_launch(const char *what, const char *file, int line);
+
+/* Blocks for a grid-stride loop over n items with `threads` per block:
+ * enough to fill the device, never more than the items need, at least 1. */
+unsigned kpl__cuda_blocks(const kpl_cuda_state *cs, int64_t n, int threads);
+
+/* Per-file kernel registration, called by the backend's register_kernels. */
+void kpl__cuda_register_eltwise(void);
+void kpl__cuda_register_reduce(void);
+void kpl__cuda_register_matmul(void);
+void kpl__cuda_register_misc(void);
+
+} /* extern "C" */
+
+#define KPL_CUDA_TRY(call)                                                \
+    do {                                                                  \
+        cudaError_t kpl_cu_err_ = (call);                                 \
+        if (kpl_cu_err_ != cudaSuccess)                                   \
+            return kpl__cuda_fail(kpl_cu_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+#define KPL_CUBLAS_TRY(call)                                                \
+    do {                                                                    \
+        cublasStatus_t kpl_cb_err_ = (call);                                \
+        if (kpl_cb_err_ != CUBLAS_STATUS_SUCCESS)                           \
+            return kpl__cublas_fail(kpl_cb_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+#define KPL_CUDA_LAUNCHED(what) kpl__cuda_check_launch((what), __FILE__, __LINE__)
+
+/* Threads per block of the element-wise kernels. */
+#define KPL_CUDA_THREADS 256
+
+/* Grid-stride loop over [0, n) with 64-bit indices. */
+#define KPL_CUDA_FOR(i, n)                                                        \
+    for (int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n);     \
+         i += (int64_t)gridDim.x * blockDim.x)
+
+/* Offsets of output element `flat` in the first K inputs of a plan (the
+ * device twin of kpl__plan_offset, all inputs in one pass).  A plan of one
+ * dim, the common case after collapsing, needs no division. */
+template <int K>
+__device__ __forceinline__ void kpl_cuda_plan_offsets(const kpl_ew_plan &p, int64_t flat,
+                                                      int64_t off[K])
+{
+#pragma unroll
+    for (int k = 0; k < K; k++) off[k] = 0;
+    if (p.ndim == 1) {
+#pragma unroll
+        for (int k = 0; k < K; k++) off[k] = flat * p.stride[k][0];
+        return;
+    }
+#pragma unroll
+    for (int d = KPL_MAX_DIMS - 1; d >= 0; d--) {
+        if (d >= p.ndim) continue;
+        int64_t n = p.shape[d];
+        int64_t q = flat / n;
+        int64_t i = flat - q * n;
+        flat = q;
+#pragma unroll
+        for (int k = 0; k < K; k++) off[k] += i * p.stride[k][d];
+    }
+}
+
+#endif /* KPL_CUDA_IMPL_H */
