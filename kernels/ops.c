@@ -130,6 +130,26 @@ static kpl_status f32_like(const kpl_tensor *t, kpl_tensor **out)
     return kpl_tensor_empty(t->storage->dev, KPL_F32, t->ndim, t->shape, out);
 }
 
+/* Runs a kernel for f16/bf16 operands in f32: the inputs are cast to f32
+ * temporaries, the kernel writes an f32 stand-in for `out` (or `out` itself
+ * when `direct`, for bool/i64 results), which is cast back. */
+static kpl_status via_f32(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_tensor *a,
+                          const kpl_tensor *b, const void *attrs)
+{
+    kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
+    kpl_status st;
+    KPL_TRY_GOTO(half_to_f32(a, &af));
+    if (b) KPL_TRY_GOTO(half_to_f32(b, &bf));
+    if (!direct) KPL_TRY_GOTO(f32_like(out, &of));
+    KPL_TRY_GOTO(dispatch(kop, KPL_F32, direct ? out : of, af, bf, NULL, attrs));
+    st = direct ? KPL_OK : kpl_k_cast(out, of);
+fail:
+    kpl_tensor_release(of);
+    kpl_tensor_release(bf);
+    kpl_tensor_release(af);
+    return st;
+}
+
 /* ---- shapes ----------------------------------------------------------------- */
 
 kpl_status kpl_shape_broadcast(const char *op, int na, const int64_t *a, int nb,
@@ -364,18 +384,7 @@ kpl_status kpl_k_unary(kpl_tensor *out, kpl_unary_op op, const kpl_tensor *x,
         KPL_CHECK(alpha <= beta, KPL_EINVAL, "clip: lo %g is greater than hi %g", alpha, beta);
     if (x->numel == 0) return KPL_OK;
     kpl_unary_attrs attrs = {op, alpha, beta};
-    if (is_half(dt)) {
-        kpl_tensor *xf = NULL, *of = NULL;
-        kpl_status st;
-        KPL_TRY_GOTO(half_to_f32(x, &xf));
-        KPL_TRY_GOTO(f32_like(out, &of));
-        KPL_TRY_GOTO(dispatch(KPL_KOP_UNARY, KPL_F32, of, xf, NULL, NULL, &attrs));
-        st = kpl_k_cast(out, of);
-    fail:
-        kpl_tensor_release(of);
-        kpl_tensor_release(xf);
-        return st;
-    }
+    if (is_half(dt)) return via_f32(KPL_KOP_UNARY, out, false, x, NULL, &attrs);
     return dispatch(KPL_KOP_UNARY, dt, out, x, NULL, NULL, &attrs);
 }
 
@@ -427,21 +436,8 @@ static kpl_status binary_run(kpl_tensor *out, kpl_binary_attrs *attrs,
     const kpl_tensor *ins[2] = {a, b};
     plan_build(&attrs->plan, n, shape, b ? 2 : 1, ins);
 
-    if (is_half(dt)) {
-        kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
-        kpl_status st;
-        bool cmp = kpl_binary_is_compare(attrs->op);
-        KPL_TRY_GOTO(half_to_f32(a, &af));
-        if (b) KPL_TRY_GOTO(half_to_f32(b, &bf));
-        if (!cmp) KPL_TRY_GOTO(f32_like(out, &of));
-        KPL_TRY_GOTO(dispatch(KPL_KOP_BINARY, KPL_F32, cmp ? out : of, af, bf, NULL, attrs));
-        st = cmp ? KPL_OK : kpl_k_cast(out, of);
-    fail:
-        kpl_tensor_release(of);
-        kpl_tensor_release(bf);
-        kpl_tensor_release(af);
-        return st;
-    }
+    if (is_half(dt))
+        return via_f32(KPL_KOP_BINARY, out, kpl_binary_is_compare(attrs->op), a, b, attrs);
     return dispatch(KPL_KOP_BINARY, dt, out, a, b, NULL, attrs);
 }
 
@@ -589,23 +585,8 @@ kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
         attrs.outer = x->numel / red;
         attrs.inner = 1;
     }
-    kpl_status st;
-    if (is_half(dt)) {
-        kpl_tensor *xf = NULL, *of = NULL;
-        KPL_TRY_GOTO(half_to_f32(src, &xf));
-        if (!arg) KPL_TRY_GOTO(f32_like(out, &of));
-        st = dispatch(KPL_KOP_REDUCE, KPL_F32, arg ? out : of, xf, NULL, NULL, &attrs);
-        if (st == KPL_OK && !arg) st = kpl_k_cast(out, of);
-        kpl_tensor_release(of);
-        kpl_tensor_release(xf);
-        goto done;
-    fail:
-        kpl_tensor_release(of);
-        kpl_tensor_release(xf);
-        goto done;
-    }
-    st = dispatch(KPL_KOP_REDUCE, dt, out, src, NULL, NULL, &attrs);
-done:
+    kpl_status st = is_half(dt) ? via_f32(KPL_KOP_REDUCE, out, arg, src, NULL, &attrs)
+                                : dispatch(KPL_KOP_REDUCE, dt, out, src, NULL, NULL, &attrs);
     kpl_tensor_release(perm);
     return st;
 }
@@ -646,20 +627,7 @@ kpl_status kpl_k_matmul(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *
     memcpy(attrs.b_dims, s.b, sizeof s.b);
     memcpy(attrs.out_dims, s.out, sizeof s.out);
     if (s.k == 0) return kpl_k_fill(out, 0.0);
-    if (is_half(dt)) {
-        kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
-        kpl_status st;
-        KPL_TRY_GOTO(half_to_f32(a, &af));
-        KPL_TRY_GOTO(half_to_f32(b, &bf));
-        KPL_TRY_GOTO(f32_like(out, &of));
-        KPL_TRY_GOTO(dispatch(KPL_KOP_MATMUL, KPL_F32, of, af, bf, NULL, &attrs));
-        st = kpl_k_cast(out, of);
-    fail:
-        kpl_tensor_release(of);
-        kpl_tensor_release(bf);
-        kpl_tensor_release(af);
-        return st;
-    }
+    if (is_half(dt)) return via_f32(KPL_KOP_MATMUL, out, false, a, b, &attrs);
     return dispatch(KPL_KOP_MATMUL, dt, out, a, b, NULL, &attrs);
 }
 

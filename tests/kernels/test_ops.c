@@ -290,7 +290,8 @@ static void test_where(void **state)
 
 /* ---- reductions ----------------------------------------------------------------- */
 
-/* Reference reduction of x (shape s, 3 dims) over the axes in mask. */
+/* Reference reduction of x (shape s, 3 dims) over the axes in mask: gather
+ * each output's members in order, then compute the statistic. */
 static void ref_reduce(kpl_reduce_op op, const double *x, const int64_t *s, unsigned mask,
                        int corr, double *out, int64_t *nout)
 {
@@ -299,8 +300,8 @@ static void ref_reduce(kpl_reduce_op op, const double *x, const int64_t *s, unsi
     *nout = os[0] * os[1] * os[2];
     for (int64_t o = 0; o < *nout; o++) {
         int64_t oi[3] = {o / (os[1] * os[2]), (o / os[2]) % os[1], o % os[2]};
-        double sum = 0, best = 0, m = -INFINITY;
-        int64_t cnt = 0, arg = 0;
+        double v[128];
+        int64_t cnt = 0;
         for (int64_t i = 0; i < s[0]; i++)
             for (int64_t j = 0; j < s[1]; j++)
                 for (int64_t k = 0; k < s[2]; k++) {
@@ -308,36 +309,28 @@ static void ref_reduce(kpl_reduce_op op, const double *x, const int64_t *s, unsi
                     bool in = true;
                     for (int d = 0; d < 3; d++)
                         if (!(mask & (1u << d)) && ii[d] != oi[d]) in = false;
-                    if (!in) continue;
-                    double v = x[(i * s[1] + j) * s[2] + k];
-                    if (cnt == 0 || (op == KPL_RED_ARGMIN || op == KPL_RED_MIN ? v < best : v > best)) {
-                        best = v;
-                        arg = cnt;
-                    }
-                    if (v > m) m = v;
-                    sum += v;
-                    cnt++;
+                    if (in) v[cnt++] = x[(i * s[1] + j) * s[2] + k];
                 }
-        double mean = sum / (double)cnt, sq = 0, se = 0;
-        for (int64_t i = 0; i < s[0]; i++)
-            for (int64_t j = 0; j < s[1]; j++)
-                for (int64_t k = 0; k < s[2]; k++) {
-                    int64_t ii[3] = {i, j, k};
-                    bool in = true;
-                    for (int d = 0; d < 3; d++)
-                        if (!(mask & (1u << d)) && ii[d] != oi[d]) in = false;
-                    if (!in) continue;
-                    double v = x[(i * s[1] + j) * s[2] + k];
-                    sq += (v - mean) * (v - mean);
-                    se += exp(v - m);
-                }
+        double sum = 0, m = -INFINITY, sq = 0, se = 0;
+        int64_t amax = 0, amin = 0;
+        for (int64_t c = 0; c < cnt; c++) {
+            sum += v[c];
+            if (v[c] > v[amax]) amax = c;
+            if (v[c] < v[amin]) amin = c;
+            if (v[c] > m) m = v[c];
+        }
+        double mean = sum / (double)cnt;
+        for (int64_t c = 0; c < cnt; c++) {
+            sq += (v[c] - mean) * (v[c] - mean);
+            se += exp(v[c] - m);
+        }
         switch (op) {
         case KPL_RED_SUM: out[o] = sum; break;
         case KPL_RED_MEAN: out[o] = mean; break;
-        case KPL_RED_MAX:
-        case KPL_RED_MIN: out[o] = best; break;
-        case KPL_RED_ARGMAX:
-        case KPL_RED_ARGMIN: out[o] = (double)arg; break;
+        case KPL_RED_MAX: out[o] = v[amax]; break;
+        case KPL_RED_MIN: out[o] = v[amin]; break;
+        case KPL_RED_ARGMAX: out[o] = (double)amax; break;
+        case KPL_RED_ARGMIN: out[o] = (double)amin; break;
         case KPL_RED_VAR: out[o] = sq / (double)(cnt - corr); break;
         case KPL_RED_LOGSUMEXP: out[o] = m + log(se); break;
         case KPL_RED_SUMEXP_SUB_MAX: out[o] = se; break;
@@ -594,6 +587,23 @@ static void test_fill_cast_copy(void **state)
     kpl_tensor *hs = tnew(KPL_F16, 0, NULL);
     OK(kpl_k_reduce(hs, KPL_RED_SUM, h2, NULL, 0, false, 0));
     assert_float_equal(tget(hs, 0), 5 * exp(0.2998), 1e-2);
+    /* f16 matmul in f32: (2,2) @ (2,2) by hand */
+    uint16_t ha[4], hb[4];
+    float fa[4] = {1, 2, 3, 4}, fb[4] = {0.5f, -1, 2, 0.25f};
+    for (int k = 0; k < 4; k++) {
+        ha[k] = kpl_f32_to_f16(fa[k]);
+        hb[k] = kpl_f32_to_f16(fb[k]);
+    }
+    int64_t s22[2] = {2, 2};
+    kpl_tensor *HA = NULL, *HB = NULL, *HC = tnew(KPL_F16, 2, s22);
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F16, 2, s22, ha, &HA));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F16, 2, s22, hb, &HB));
+    OK(kpl_k_matmul(HC, HA, HB, false, false));
+    double hc[4] = {4.5, -0.5, 9.5, -2};
+    assert_tensor_close(HC, hc, 0, 0, "f16 matmul");
+    kpl_tensor_release(HA);
+    kpl_tensor_release(HB);
+    kpl_tensor_release(HC);
     /* copy: same numel, different shape is fine; dtypes must match */
     int64_t s51[2] = {5, 1};
     kpl_tensor *c = tnew(KPL_F32, 2, s51);
