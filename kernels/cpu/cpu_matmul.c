@@ -20,6 +20,7 @@
 
 typedef struct {
     int ndim;
+    int threads; /* oneDNN fixes its work split when a primitive is made */
     dnnl_data_type_t dt;
     dnnl_dims_t a_dims, a_strides; /* dnnl_dims_t: DNNL_MAX_NDIMS entries */
     dnnl_dims_t b_dims, b_strides;
@@ -135,6 +136,7 @@ static kpl_status matmul_f32(const kpl_matmul_attrs *at, const float *a, const f
     mm_key k;
     memset(&k, 0, sizeof k);
     k.ndim = at->ndim;
+    k.threads = omp_get_max_threads();
     k.dt = dnnl_f32;
     describe(at->ndim, at->a_dims, at->trans_a, k.a_dims, k.a_strides);
     describe(at->ndim, at->b_dims, at->trans_b, k.b_dims, k.b_strides);
