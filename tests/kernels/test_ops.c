@@ -240,6 +240,34 @@ static void test_binary_int_scalar_inplace(void **state)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
 }
 
+static void test_binary_streaming(void **state)
+{
+    (void)state;
+    /* Outputs past 16 MiB take the non-temporal path; an output that starts
+     * 4 bytes into its storage checks the unaligned head and the tail. */
+    int64_t n = ((int64_t)4 << 20) + 13, n1 = n + 1;
+    kpl_tensor *a = trand(KPL_F32, 1, &n, 61, -1, 1), *b = trand(KPL_F32, 1, &n, 62, -1, 1);
+    kpl_tensor *base = tnew(KPL_F32, 1, &n1), *o = NULL;
+    OK(kpl_k_fill(base, -7));
+    OK(kpl_tensor_narrow(base, 1, n, &o));
+    const kpl_binary_op ops[3] = {KPL_BIN_ADD, KPL_BIN_SUB, KPL_BIN_MUL};
+    for (int k = 0; k < 3; k++) {
+        OK(kpl_k_binary(o, ops[k], a, b));
+        const float *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
+        const float *po = kpl_tensor_host_data(o);
+        for (int64_t i = 0; i < n; i += (i < 64 || i > n - 64) ? 1 : 4099) {
+            float ref = ops[k] == KPL_BIN_ADD ? pa[i] + pb[i]
+                        : ops[k] == KPL_BIN_SUB ? pa[i] - pb[i] : pa[i] * pb[i];
+            if (po[i] != ref) fail_msg("%s[%lld]: %g != %g", kpl_binary_name(ops[k]), (long long)i, po[i], ref);
+        }
+        assert_float_equal(tget(base, 0), -7, 0); /* the element before is untouched */
+    }
+    kpl_tensor_release(o);
+    kpl_tensor_release(base);
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+}
+
 static void test_binary_errors(void **state)
 {
     (void)state;
@@ -645,6 +673,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_unary_int),
         cmocka_unit_test(test_binary_broadcast),
         cmocka_unit_test(test_binary_int_scalar_inplace),
+        cmocka_unit_test(test_binary_streaming),
         cmocka_unit_test(test_binary_errors),
         cmocka_unit_test(test_where),
         cmocka_unit_test(test_reduce_all_axes_sets),
