@@ -47,4 +47,46 @@ KPL_HD double kpl_u64_to_unit_f64(uint32_t hi, uint32_t lo)
  * generated through f32), 2 for f64. */
 KPL_HD int kpl_philox_per_block(int is_f64) { return is_f64 ? 2 : 4; }
 
+/* The values of one Philox block for a random fill, written once for the
+ * CPU and the CUDA kernel.  f32 (also f16/bf16, generated as f32): four
+ * values, uniform in [p1, p2) or normal(p1, p2) by Box-Muller on the word
+ * pairs (0,1) and (2,3).  f64: two values from two 64-bit uniforms.
+ * Uniform values are bit-identical on every device; normal values agree to
+ * the last few ulps of each device's log/sin/cos. */
+KPL_HD void kpl_random_block_f32(uint64_t seed, uint64_t block, int normal, double p1,
+                                 double p2, float v[4])
+{
+    uint32_t w[4];
+    kpl_philox_block(seed, 0, block, w);
+    if (!normal) {
+        for (int j = 0; j < 4; j++)
+            v[j] = (float)p1 + ((float)p2 - (float)p1) * kpl_u32_to_unit_f32(w[j]);
+        return;
+    }
+    for (int j = 0; j < 4; j += 2) {
+        float u1 = 1.0f - kpl_u32_to_unit_f32(w[j]); /* (0, 1]: log is finite */
+        float u2 = kpl_u32_to_unit_f32(w[j + 1]);
+        float r = sqrtf(-2.0f * logf(u1));
+        float th = 6.283185307179586f * u2;
+        v[j] = (float)p1 + (float)p2 * r * cosf(th);
+        v[j + 1] = (float)p1 + (float)p2 * r * sinf(th);
+    }
+}
+
+KPL_HD void kpl_random_block_f64(uint64_t seed, uint64_t block, int normal, double p1,
+                                 double p2, double v[2])
+{
+    uint32_t w[4];
+    kpl_philox_block(seed, 0, block, w);
+    double a = kpl_u64_to_unit_f64(w[0], w[1]), b = kpl_u64_to_unit_f64(w[2], w[3]);
+    if (!normal) {
+        v[0] = p1 + (p2 - p1) * a;
+        v[1] = p1 + (p2 - p1) * b;
+        return;
+    }
+    double r = sqrt(-2.0 * log(1.0 - a)), th = 6.283185307179586 * b;
+    v[0] = p1 + p2 * r * cos(th);
+    v[1] = p1 + p2 * r * sin(th);
+}
+
 #endif /* KPL_PHILOX_H */

@@ -1,4 +1,6 @@
 /* tensor.c — tensor headers, views, host access and dtype conversions. */
+#include "eltwise_math.h"
+#include "convert_math.h"
 #include "kernels_impl.h"
 
 #include <math.h>
@@ -388,71 +390,7 @@ kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
 
 /* ---- f16 / bf16 ------------------------------------------------------------- */
 
-uint16_t kpl_f32_to_f16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    uint32_t sign = (x >> 16) & 0x8000u;
-    uint32_t exp = (x >> 23) & 0xffu;
-    uint32_t man = x & 0x7fffffu;
-    if (exp == 0xff) /* Inf or NaN (keep a quiet NaN) */
-        return (uint16_t)(sign | 0x7c00u | (man ? 0x200u | (man >> 13) : 0));
-    int32_t e = (int32_t)exp - 127 + 15;
-    if (e >= 31) return (uint16_t)(sign | 0x7c00u); /* overflow to Inf */
-    if (e <= 0) {
-        /* Subnormal half (or zero): shift the full mantissa into place and
-         * round to nearest even. */
-        if (e < -10) return (uint16_t)sign;
-        uint32_t m = man | 0x800000u;
-        int shift = 14 - e;
-        uint32_t h = m >> shift;
-        uint32_t rem = m & ((1u << shift) - 1);
-        uint32_t half = 1u << (shift - 1);
-        if (rem > half || (rem == half && (h & 1))) h++;
-        return (uint16_t)(sign | h);
-    }
-    uint32_t h = ((uint32_t)e << 10) | (man >> 13);
-    uint32_t rem = man & 0x1fffu;
-    if (rem > 0x1000u || (rem == 0x1000u && (h & 1))) h++; /* may carry into Inf */
-    return (uint16_t)(sign | h);
-}
-
-float kpl_f16_to_f32(uint16_t h)
-{
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    uint32_t x;
-    if (exp == 0) {
-        if (man == 0) {
-            x = sign;
-        } else { /* subnormal: value = man * 2^-24 */
-            float f = (float)man * 5.9604644775390625e-8f;
-            return (h & 0x8000u) ? -f : f;
-        }
-    } else if (exp == 31) {
-        x = sign | 0x7f800000u | (man << 13);
-    } else {
-        x = sign | ((exp - 15 + 127) << 23) | (man << 13);
-    }
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
-
-uint16_t kpl_f32_to_bf16(float f)
-{
-    uint32_t x;
-    memcpy(&x, &f, 4);
-    if ((x & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN */
-    x += 0x7fffu + ((x >> 16) & 1u);
-    return (uint16_t)(x >> 16);
-}
-
-float kpl_bf16_to_f32(uint16_t h)
-{
-    uint32_t x = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &x, 4);
-    return f;
-}
+uint16_t kpl_f32_to_f16(float f) { return kpl_cvt_f32_to_f16(f); }
+float kpl_f16_to_f32(uint16_t h) { return kpl_cvt_f16_to_f32(h); }
+uint16_t kpl_f32_to_bf16(float f) { return kpl_cvt_f32_to_bf16(f); }
+float kpl_bf16_to_f32(uint16_t h) { return kpl_cvt_bf16_to_f32(h); }

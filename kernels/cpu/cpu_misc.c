@@ -3,6 +3,7 @@
  */
 #include "../eltwise_math.h"
 #include "../kernels_impl.h"
+#include "../convert_math.h"
 #include "../philox.h"
 
 #include <omp.h>
@@ -19,34 +20,12 @@ static int chunks_for(int64_t total)
 /* ---- conversions -------------------------------------------------------------- */
 
 /* Every source value is widened to double (floats, i32, u8, bool: exact) or
- * int64_t (i64: exact), then narrowed to the destination.  Float -> integer
- * truncates toward zero and saturates (NaN -> 0), so no input is undefined
- * behaviour. */
-static inline int64_t sat_i64(double v)
-{
-    if (v != v) return 0;
-    if (v >= 9223372036854775807.0) return INT64_MAX;
-    if (v <= -9223372036854775808.0) return INT64_MIN;
-    return (int64_t)v;
-}
-static inline int32_t sat_i32(double v)
-{
-    if (v != v) return 0;
-    if (v >= 2147483647.0) return INT32_MAX;
-    if (v <= -2147483648.0) return INT32_MIN;
-    return (int32_t)v;
-}
-static inline uint8_t sat_u8(double v)
-{
-    if (v != v || v <= 0) return 0;
-    if (v >= 255.0) return 255;
-    return (uint8_t)v;
-}
-
+ * int64_t (i64: exact), then narrowed to the destination with the
+ * conversions of convert_math.h. */
 #define FROM_f32(p, i) ((double)((const float *)(p))[i])
 #define FROM_f64(p, i) (((const double *)(p))[i])
-#define FROM_f16(p, i) ((double)kpl_f16_to_f32(((const uint16_t *)(p))[i]))
-#define FROM_bf16(p, i) ((double)kpl_bf16_to_f32(((const uint16_t *)(p))[i]))
+#define FROM_f16(p, i) ((double)kpl_cvt_f16_to_f32(((const uint16_t *)(p))[i]))
+#define FROM_bf16(p, i) ((double)kpl_cvt_bf16_to_f32(((const uint16_t *)(p))[i]))
 #define FROM_i32(p, i) ((double)((const int32_t *)(p))[i])
 #define FROM_i64(p, i) (((const int64_t *)(p))[i])
 #define FROM_u8(p, i) ((double)((const uint8_t *)(p))[i])
@@ -54,15 +33,15 @@ static inline uint8_t sat_u8(double v)
 
 #define TO_f32(p, i, v) (((float *)(p))[i] = (float)(v))
 #define TO_f64(p, i, v) (((double *)(p))[i] = (double)(v))
-#define TO_f16(p, i, v) (((uint16_t *)(p))[i] = kpl_f32_to_f16((float)(v)))
-#define TO_bf16(p, i, v) (((uint16_t *)(p))[i] = kpl_f32_to_bf16((float)(v)))
+#define TO_f16(p, i, v) (((uint16_t *)(p))[i] = kpl_cvt_f32_to_f16((float)(v)))
+#define TO_bf16(p, i, v) (((uint16_t *)(p))[i] = kpl_cvt_f32_to_bf16((float)(v)))
 #define TO_i32(p, i, v)                                                          \
     (((int32_t *)(p))[i] = _Generic((v), int64_t: (int32_t)(uint32_t)(uint64_t)(v), \
-                                    default: sat_i32((double)(v))))
+                                    default: kpl_sat_i32((double)(v))))
 #define TO_i64(p, i, v) \
-    (((int64_t *)(p))[i] = _Generic((v), int64_t: (v), default: sat_i64((double)(v))))
+    (((int64_t *)(p))[i] = _Generic((v), int64_t: (v), default: kpl_sat_i64((double)(v))))
 #define TO_u8(p, i, v) \
-    (((uint8_t *)(p))[i] = _Generic((v), int64_t: (uint8_t)(v), default: sat_u8((double)(v))))
+    (((uint8_t *)(p))[i] = _Generic((v), int64_t: (uint8_t)(v), default: kpl_sat_u8((double)(v))))
 #define TO_b8(p, i, v) (((uint8_t *)(p))[i] = (uint8_t)((v) != 0))
 
 /* Two copies of the dtype list: a macro cannot expand itself, and the
@@ -177,42 +156,6 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo, uin
     kpl_philox_block(seed, counter_hi, counter_lo, out);
 }
 
-/* Four f32 values of block `blk` (uniform or normal by Box-Muller on the
- * word pairs (0,1) and (2,3)); the CUDA kernel computes the same. */
-static void block_f32(const kpl_random_attrs *at, uint64_t blk, float v[4])
-{
-    uint32_t w[4];
-    kpl_philox_block(at->seed, 0, at->offset + blk, w);
-    if (!at->normal) {
-        for (int j = 0; j < 4; j++)
-            v[j] = (float)at->p1 + ((float)at->p2 - (float)at->p1) * kpl_u32_to_unit_f32(w[j]);
-        return;
-    }
-    for (int j = 0; j < 4; j += 2) {
-        float u1 = 1.0f - kpl_u32_to_unit_f32(w[j]); /* (0, 1]: log is finite */
-        float u2 = kpl_u32_to_unit_f32(w[j + 1]);
-        float r = sqrtf(-2.0f * logf(u1));
-        float th = 6.283185307179586f * u2;
-        v[j] = (float)at->p1 + (float)at->p2 * r * cosf(th);
-        v[j + 1] = (float)at->p1 + (float)at->p2 * r * sinf(th);
-    }
-}
-
-static void block_f64(const kpl_random_attrs *at, uint64_t blk, double v[2])
-{
-    uint32_t w[4];
-    kpl_philox_block(at->seed, 0, at->offset + blk, w);
-    double a = kpl_u64_to_unit_f64(w[0], w[1]), b = kpl_u64_to_unit_f64(w[2], w[3]);
-    if (!at->normal) {
-        v[0] = at->p1 + (at->p2 - at->p1) * a;
-        v[1] = at->p1 + (at->p2 - at->p1) * b;
-        return;
-    }
-    double r = sqrt(-2.0 * log(1.0 - a)), th = 6.283185307179586 * b;
-    v[0] = at->p1 + at->p2 * r * cos(th);
-    v[1] = at->p1 + at->p2 * r * sin(th);
-}
-
 static kpl_status cpu_random(const kpl_kernel_args *args)
 {
     const kpl_random_attrs *at = args->attrs;
@@ -227,16 +170,18 @@ static kpl_status cpu_random(const kpl_kernel_args *args)
             int64_t base = blk * per;
             if (dt == KPL_F64) {
                 double v[2];
-                block_f64(at, (uint64_t)blk, v);
+                kpl_random_block_f64(at->seed, at->offset + (uint64_t)blk, at->normal, at->p1,
+                                     at->p2, v);
                 for (int j = 0; j < 2 && base + j < n; j++) ((double *)po)[base + j] = v[j];
                 continue;
             }
             float v[4];
-            block_f32(at, (uint64_t)blk, v);
+            kpl_random_block_f32(at->seed, at->offset + (uint64_t)blk, at->normal, at->p1,
+                                 at->p2, v);
             for (int j = 0; j < 4 && base + j < n; j++) {
                 if (dt == KPL_F32) ((float *)po)[base + j] = v[j];
-                else if (dt == KPL_F16) ((uint16_t *)po)[base + j] = kpl_f32_to_f16(v[j]);
-                else ((uint16_t *)po)[base + j] = kpl_f32_to_bf16(v[j]);
+                else if (dt == KPL_F16) ((uint16_t *)po)[base + j] = kpl_cvt_f32_to_f16(v[j]);
+                else ((uint16_t *)po)[base + j] = kpl_cvt_f32_to_bf16(v[j]);
             }
         }
     );
