@@ -11,8 +11,21 @@
 #include <stdint.h>
 
 #if defined(__CUDACC__)
-KPL_HD uint32_t kpl_f32_bits(float f) { return __float_as_uint(f); }
-KPL_HD float kpl_bits_f32(uint32_t x) { return __uint_as_float(x); }
+#include <string.h>
+/* memcpy works in host and device code alike (the fill value is
+ * converted on the host, cast kernels convert on the device). */
+KPL_HD uint32_t kpl_f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+KPL_HD float kpl_bits_f32(uint32_t x)
+{
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
 #else
 KPL_HD uint32_t kpl_f32_bits(float f)
 {

@@ -40,16 +40,22 @@ KPL_HD uint8_t kpl_divv(uint8_t p, uint8_t q) { return q ? p / q : 0; }
 
 KPL_HD float kpl_powv(float p, float q) { return powf(p, q); }
 KPL_HD double kpl_powv(double p, double q) { return pow(p, q); }
-template <typename I> KPL_HD I kpl_ipow(I p, I q)
+/* Integer power by squaring; a negative exponent gives the integer part of
+ * the true result (0 except for bases 1 and -1). */
+template <typename I> KPL_HD I kpl_ipow_nonneg(I p, I q)
 {
-    if (q < 0) return (p == 1) ? 1 : (p == (I)-1 ? ((q & 1) ? (I)-1 : 1) : 0);
     I r = 1;
     while (q) { if (q & 1) r *= p; p *= p; q >>= 1; }
     return r;
 }
-KPL_HD int32_t kpl_powv(int32_t p, int32_t q) { return kpl_ipow(p, q); }
-KPL_HD int64_t kpl_powv(int64_t p, int64_t q) { return kpl_ipow(p, q); }
-KPL_HD uint8_t kpl_powv(uint8_t p, uint8_t q) { return kpl_ipow(p, q); }
+template <typename I> KPL_HD I kpl_ipow_signed(I p, I q)
+{
+    if (q < 0) return (p == 1) ? 1 : (p == (I)-1 ? ((q & 1) ? (I)-1 : 1) : 0);
+    return kpl_ipow_nonneg(p, q);
+}
+KPL_HD int32_t kpl_powv(int32_t p, int32_t q) { return kpl_ipow_signed(p, q); }
+KPL_HD int64_t kpl_powv(int64_t p, int64_t q) { return kpl_ipow_signed(p, q); }
+KPL_HD uint8_t kpl_powv(uint8_t p, uint8_t q) { return kpl_ipow_nonneg(p, q); }
 
 template <typename V> KPL_HD V kpl_maxv(V p, V q) { return (p > q || p != p) ? p : q; }
 template <typename V> KPL_HD V kpl_minv(V p, V q) { return (p < q || p != p) ? p : q; }

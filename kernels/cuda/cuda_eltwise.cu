@@ -7,11 +7,7 @@
  * (functor, dtype) pair.  Broadcasting follows the front end's collapsed
  * plan (kpl_ew_plan); offsets are computed per element with 64-bit indices.
  */
-/* eltwise_math.h's kpl_ipow tests `q < 0` for every integer type, which
- * the CUDA front end flags as pointless when instantiated for uint8_t. */
-#pragma nv_diag_suppress 186
 #include "../eltwise_math.h"
-#pragma nv_diag_default 186
 #include "cuda_impl.h"
 
 /* ---- functors generated from the formula lists ------------------------------ */

@@ -1,0 +1,223 @@
+/* test_cuda.c — every kernel family on cuda:0 against the CPU kernels, with
+ * the same inputs.  Label `cuda`: exits 77 (skipped) where no GPU is found. */
+#include "test_util.h"
+
+#include <stdlib.h>
+
+static kpl_device *gpu;
+
+/* A CPU tensor's copy on the GPU (caller releases). */
+static kpl_tensor *to_gpu(kpl_tensor *t)
+{
+    kpl_tensor *g = NULL;
+    OK(kpl_tensor_to_device(t, gpu, &g));
+    return g;
+}
+
+/* Asserts that a GPU result matches a CPU result. */
+static void assert_same(kpl_tensor *g, kpl_tensor *c, double rtol, const char *what)
+{
+    assert_int_equal(kpl_tensor_numel(g), kpl_tensor_numel(c));
+    assert_int_equal(kpl_tensor_dtype(g), kpl_tensor_dtype(c));
+    kpl_tensor *h = NULL;
+    OK(kpl_tensor_to_device(g, kpl_device_cpu(), &h));
+    for (int64_t i = 0; i < kpl_tensor_numel(c); i++)
+        assert_close(tget(h, i), tget(c, i), rtol, rtol * 1e-2, what, i);
+    kpl_tensor_release(h);
+}
+
+static void test_random_identical(void **state)
+{
+    (void)state;
+    int64_t n = 10007;
+    kpl_dtype dts[3] = {KPL_F32, KPL_F64, KPL_BF16};
+    for (int d = 0; d < 3; d++) {
+        kpl_tensor *c = tnew(dts[d], 1, &n), *g = NULL;
+        OK(kpl_tensor_empty(gpu, dts[d], 1, &n, &g));
+        kpl_rng *r1 = kpl_rng_create(5), *r2 = kpl_rng_create(5);
+        OK(kpl_k_uniform(c, r1, -2, 3));
+        OK(kpl_k_uniform(g, r2, -2, 3));
+        assert_same(g, c, 0, "uniform"); /* bit-identical */
+        OK(kpl_k_normal(c, r1, 1, 2));
+        OK(kpl_k_normal(g, r2, 1, 2));
+        assert_int_equal(kpl_rng_offset(r1), kpl_rng_offset(r2));
+        assert_same(g, c, dts[d] == KPL_F64 ? 1e-12 : 1e-5, "normal");
+        kpl_rng_destroy(r1);
+        kpl_rng_destroy(r2);
+        kpl_tensor_release(c);
+        kpl_tensor_release(g);
+    }
+}
+
+static void test_unary_binary_where(void **state)
+{
+    (void)state;
+    int64_t sa[3] = {4, 1, 300}, sb[2] = {7, 300}, so[3] = {4, 7, 300};
+    for (int f = 0; f < 2; f++) {
+        kpl_dtype dt = f ? KPL_F64 : KPL_F32;
+        double rtol = f ? 1e-12 : 2e-6;
+        kpl_tensor *a = trand(dt, 3, sa, 1, 0.1, 3), *b = trand(dt, 2, sb, 2, -3, 3);
+        kpl_tensor *ga = to_gpu(a), *gb = to_gpu(b);
+        kpl_tensor *o = tnew(dt, 3, so), *go = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 3, so, &go));
+        for (int op = 0; op < KPL_BINARY_COUNT; op++) {
+            if (kpl_binary_is_compare((kpl_binary_op)op)) continue;
+            OK(kpl_k_binary(o, (kpl_binary_op)op, a, b));
+            OK(kpl_k_binary(go, (kpl_binary_op)op, ga, gb));
+            assert_same(go, o, rtol, kpl_binary_name((kpl_binary_op)op));
+        }
+        kpl_tensor *ua = tnew(dt, 3, sa), *gua = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 3, sa, &gua));
+        for (int op = 0; op < KPL_UNARY_COUNT; op++) {
+            OK(kpl_k_unary(ua, (kpl_unary_op)op, a, 0.1, 2.0));
+            OK(kpl_k_unary(gua, (kpl_unary_op)op, ga, 0.1, 2.0));
+            assert_same(gua, ua, f ? 1e-12 : 4e-6, kpl_unary_name((kpl_unary_op)op));
+        }
+        /* comparisons and where */
+        kpl_tensor *m = tnew(KPL_BOOL, 3, so), *gm = NULL;
+        OK(kpl_tensor_empty(gpu, KPL_BOOL, 3, so, &gm));
+        OK(kpl_k_binary(m, KPL_BIN_GT, a, b));
+        OK(kpl_k_binary(gm, KPL_BIN_GT, ga, gb));
+        assert_same(gm, m, 0, "gt");
+        OK(kpl_k_where(o, m, a, b));
+        OK(kpl_k_where(go, gm, ga, gb));
+        assert_same(go, o, 0, "where");
+        /* scalar forms */
+        OK(kpl_k_binary_scalar(ua, KPL_BIN_SUB, a, 2.5, true));
+        OK(kpl_k_binary_scalar(gua, KPL_BIN_SUB, ga, 2.5, true));
+        assert_same(gua, ua, rtol, "rsub scalar");
+        kpl_tensor *ts[] = {a, b, ga, gb, o, go, ua, gua, m, gm};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+    }
+}
+
+static void test_reduce(void **state)
+{
+    (void)state;
+    int64_t s[3] = {5, 70, 33};
+    kpl_tensor *x = trand(KPL_F32, 3, s, 3, -2, 2), *gx = to_gpu(x);
+    const int axes_sets[4][2] = {{0, 0}, {1, 0}, {2, 0}, {0, 2}};
+    const int naxes[4] = {1, 1, 1, 2};
+    for (int op = 0; op < KPL_REDUCE_COUNT; op++)
+        for (int k = 0; k < 4; k++) {
+            bool arg = op == KPL_RED_ARGMAX || op == KPL_RED_ARGMIN;
+            if (arg && naxes[k] != 1) continue;
+            int no;
+            int64_t os[3];
+            OK(kpl_shape_reduce("t", 3, s, axes_sets[k], naxes[k], true, &no, os));
+            kpl_tensor *o = tnew(arg ? KPL_I64 : KPL_F32, no, os), *go = NULL;
+            OK(kpl_tensor_empty(gpu, arg ? KPL_I64 : KPL_F32, no, os, &go));
+            OK(kpl_k_reduce(o, (kpl_reduce_op)op, x, axes_sets[k], naxes[k], true, 1));
+            OK(kpl_k_reduce(go, (kpl_reduce_op)op, gx, axes_sets[k], naxes[k], true, 1));
+            assert_same(go, o, arg ? 0 : 1e-5, kpl_reduce_name((kpl_reduce_op)op));
+            kpl_tensor_release(o);
+            kpl_tensor_release(go);
+        }
+    kpl_tensor_release(x);
+    kpl_tensor_release(gx);
+}
+
+static void test_matmul(void **state)
+{
+    (void)state;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            int64_t sa[2] = {ta ? 80 : 64, ta ? 64 : 80}, sb[2] = {tb ? 96 : 80, tb ? 80 : 96};
+            int64_t sc[2] = {64, 96};
+            kpl_tensor *a = trand(KPL_F32, 2, sa, 7, -1, 1), *b = trand(KPL_F32, 2, sb, 8, -1, 1);
+            kpl_tensor *ga = to_gpu(a), *gb = to_gpu(b), *c = tnew(KPL_F32, 2, sc), *gc = NULL;
+            OK(kpl_tensor_empty(gpu, KPL_F32, 2, sc, &gc));
+            OK(kpl_k_matmul(c, a, b, ta, tb));
+            OK(kpl_k_matmul(gc, ga, gb, ta, tb));
+            assert_same(gc, c, 1e-5, "matmul");
+            kpl_tensor *ts[] = {a, b, ga, gb, c, gc};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+    /* broadcast batches: (2,1,4,3) @ (3,3,5) and a pattern needing per-matrix
+     * offsets: (2,1,4,3) @ (1,3,3,5) -> (2,3,4,5) */
+    int64_t sa[4] = {2, 1, 4, 3}, sb[4] = {1, 3, 3, 5}, sc[4] = {2, 3, 4, 5};
+    kpl_tensor *a = trand(KPL_F64, 4, sa, 9, -1, 1), *b = trand(KPL_F64, 4, sb, 10, -1, 1);
+    kpl_tensor *ga = to_gpu(a), *gb = to_gpu(b), *c = tnew(KPL_F64, 4, sc), *gc = NULL;
+    OK(kpl_tensor_empty(gpu, KPL_F64, 4, sc, &gc));
+    OK(kpl_k_matmul(c, a, b, false, false));
+    OK(kpl_k_matmul(gc, ga, gb, false, false));
+    assert_same(gc, c, 1e-12, "batched matmul");
+    kpl_tensor *ts[] = {a, b, ga, gb, c, gc};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+static void test_fill_cast_copy_storage(void **state)
+{
+    (void)state;
+    int64_t s[2] = {3, 1000};
+    kpl_tensor *x = trand(KPL_F32, 2, s, 11, -300, 300), *gx = to_gpu(x);
+    kpl_dtype dts[7] = {KPL_F16, KPL_BF16, KPL_I32, KPL_I64, KPL_U8, KPL_BOOL, KPL_F64};
+    for (int d = 0; d < 7; d++) {
+        kpl_tensor *c = tnew(dts[d], 2, s), *g = NULL;
+        OK(kpl_tensor_empty(gpu, dts[d], 2, s, &g));
+        OK(kpl_k_cast(c, x));
+        OK(kpl_k_cast(g, gx));
+        assert_same(g, c, 0, "cast");
+        OK(kpl_k_fill(c, -2.5));
+        OK(kpl_k_fill(g, -2.5));
+        assert_same(g, c, 0, "fill");
+        kpl_tensor_release(c);
+        kpl_tensor_release(g);
+    }
+    /* permute (strided copy kernel) and arange */
+    int perm[2] = {1, 0};
+    kpl_tensor *p = NULL, *gp = NULL;
+    OK(kpl_tensor_permute(x, perm, &p));
+    OK(kpl_tensor_permute(gx, perm, &gp));
+    assert_same(gp, p, 0, "permute");
+    kpl_tensor *ar = tnew(KPL_I64, 2, s), *gar = NULL;
+    OK(kpl_tensor_empty(gpu, KPL_I64, 2, s, &gar));
+    OK(kpl_k_arange(ar, 5, 3));
+    OK(kpl_k_arange(gar, 5, 3));
+    assert_same(gar, ar, 0, "arange");
+    /* UnifiedMemory: a host write is seen by the next kernel, and a kernel's
+     * result by the next host read. */
+    float *h = kpl_tensor_host_mutable(gx);
+    assert_non_null(h);
+    assert_int_equal(kpl_storage_state(kpl_tensor_storage(gx)), KPL_MEM_HOST);
+    h[0] = 1234.0f;
+    kpl_tensor *gy = NULL;
+    OK(kpl_tensor_empty(gpu, KPL_F32, 2, s, &gy));
+    OK(kpl_k_unary(gy, KPL_UN_NEG, gx, 0, 0));
+    assert_int_equal(kpl_storage_state(kpl_tensor_storage(gx)), KPL_MEM_SYNCED);
+    assert_int_equal(kpl_storage_state(kpl_tensor_storage(gy)), KPL_MEM_DEVICE);
+    assert_float_equal(tget(gy, 0), -1234.0, 0);
+    assert_int_equal(kpl_storage_state(kpl_tensor_storage(gy)), KPL_MEM_SYNCED);
+    /* mixing devices is an error, not a silent copy */
+    kpl_tensor *o = tnew(KPL_F32, 2, s);
+    FAILS(kpl_k_binary(o, KPL_BIN_ADD, x, gx), KPL_EDEVICE, "is on cpu but 'b' is on cuda:0");
+    /* out of memory on the GPU is an error with the size */
+    kpl_device_set_memory_limit(gpu, kpl_device_memory_stats(gpu).reserved + (1 << 20));
+    kpl_tensor *big = NULL;
+    int64_t bs[1] = {(int64_t)1 << 28};
+    FAILS(kpl_tensor_empty(gpu, KPL_F32, 1, bs, &big), KPL_ENOMEM, "out of memory on cuda:0");
+    kpl_device_set_memory_limit(gpu, 0);
+    OK(kpl_device_synchronize(gpu));
+    kpl_tensor *ts[] = {x, gx, p, gp, ar, gar, gy, o};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+int main(void)
+{
+    if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
+        printf("no CUDA device: skipping\n");
+        return 77;
+    }
+    if (kpl_device_get("cuda:0", &gpu) < 0) {
+        fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
+        return 1;
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_random_identical),
+        cmocka_unit_test(test_unary_binary_where),
+        cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_matmul),
+        cmocka_unit_test(test_fill_cast_copy_storage),
+    };
+    return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+}
