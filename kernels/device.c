@@ -9,6 +9,7 @@
 #include "kernels_impl.h"
 
 #include <string.h>
+#include <time.h>
 
 #define MAX_CUDA_DEVICES 16
 
@@ -267,6 +268,91 @@ kpl_status kpl_device_alloc(kpl_device *dev, size_t bytes, const char *what,
 void kpl_device_free(kpl_device *dev, void *ptr)
 {
     if (dev && ptr) kpl__allocator_free(dev->alloc, ptr);
+}
+
+/* ---- events ------------------------------------------------------------------ */
+
+struct kpl_event {
+    kpl_device *dev;
+    void *handle;     /* backend event, or NULL on a synchronous device */
+    bool recorded;
+    double host_time; /* seconds, for synchronous devices */
+};
+
+static double host_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+kpl_status kpl_event_create(kpl_device *dev, kpl_event **out)
+{
+    KPL_CHECK(dev != NULL && out != NULL, KPL_EINVAL, "event_create: NULL argument");
+    kpl_event *ev = calloc(1, sizeof *ev);
+    KPL_CHECK(ev != NULL, KPL_ENOMEM, "event_create: no host memory");
+    ev->dev = dev;
+    if (dev->backend->event_create) {
+        kpl_status st = dev->backend->event_create(dev, &ev->handle);
+        if (st < 0) {
+            free(ev);
+            return st;
+        }
+    }
+    *out = ev;
+    return KPL_OK;
+}
+
+void kpl_event_destroy(kpl_event *ev)
+{
+    if (!ev) return;
+    if (ev->handle) ev->dev->backend->event_destroy(ev->dev, ev->handle);
+    free(ev);
+}
+
+kpl_status kpl_event_record(kpl_event *ev)
+{
+    KPL_CHECK(ev != NULL, KPL_EINVAL, "event_record: NULL event");
+    if (ev->handle) KPL_TRY(ev->dev->backend->event_record(ev->dev, ev->handle));
+    ev->host_time = host_seconds();
+    ev->recorded = true;
+    return KPL_OK;
+}
+
+kpl_status kpl_event_synchronize(kpl_event *ev)
+{
+    KPL_CHECK(ev != NULL, KPL_EINVAL, "event_synchronize: NULL event");
+    KPL_CHECK(ev->recorded, KPL_ESTATE, "event_synchronize: the event on %s was never recorded",
+              ev->dev->name);
+    return ev->handle ? ev->dev->backend->event_sync(ev->dev, ev->handle) : KPL_OK;
+}
+
+kpl_status kpl_event_query(kpl_event *ev, bool *done)
+{
+    KPL_CHECK(ev != NULL && done != NULL, KPL_EINVAL, "event_query: NULL argument");
+    KPL_CHECK(ev->recorded, KPL_ESTATE, "event_query: the event on %s was never recorded",
+              ev->dev->name);
+    if (!ev->handle) {
+        *done = true;
+        return KPL_OK;
+    }
+    return ev->dev->backend->event_query(ev->dev, ev->handle, done);
+}
+
+kpl_status kpl_event_elapsed_ms(kpl_event *start, kpl_event *end, double *ms)
+{
+    KPL_CHECK(start != NULL && end != NULL && ms != NULL, KPL_EINVAL,
+              "event_elapsed_ms: NULL argument");
+    KPL_CHECK(start->dev == end->dev, KPL_EDEVICE,
+              "event_elapsed_ms: events of different devices (%s, %s)", start->dev->name,
+              end->dev->name);
+    KPL_CHECK(start->recorded && end->recorded, KPL_ESTATE,
+              "event_elapsed_ms: both events must be recorded first");
+    if (!start->handle) {
+        *ms = (end->host_time - start->host_time) * 1e3;
+        return KPL_OK;
+    }
+    return start->dev->backend->event_elapsed(start->dev, start->handle, end->handle, ms);
 }
 
 /* ---- kernel registry -------------------------------------------------------- */

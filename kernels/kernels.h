@@ -186,6 +186,24 @@ bool kpl_device_type_built(kpl_device_type type);
 /* Waits for all work queued on the device (no-op on cpu). */
 kpl_status kpl_device_synchronize(kpl_device *dev);
 
+/* Events mark a point in a device's work queue (on CUDA: its compute
+ * stream), to wait for it or time it.  CPU work is synchronous, so a CPU
+ * event is complete once recorded.  An event belongs to one device; it is
+ * not thread-safe. */
+typedef struct kpl_event kpl_event;
+
+kpl_status kpl_event_create(kpl_device *dev, kpl_event **out);
+void kpl_event_destroy(kpl_event *ev); /* accepts NULL */
+/* Marks the current end of the device's queue; does not block. */
+kpl_status kpl_event_record(kpl_event *ev);
+/* Blocks until the work before the last record has finished. */
+kpl_status kpl_event_synchronize(kpl_event *ev);
+/* Whether that work has finished; does not block.  KPL_ESTATE if the event
+ * was never recorded. */
+kpl_status kpl_event_query(kpl_event *ev, bool *done);
+/* Milliseconds between two recorded, completed events of one device. */
+kpl_status kpl_event_elapsed_ms(kpl_event *start, kpl_event *end, double *ms);
+
 /* Memory counters of a device's caching allocator, in bytes. */
 typedef struct {
     size_t allocated;       /* in blocks handed out now */

@@ -109,6 +109,15 @@ typedef struct {
     kpl_status (*copy_d2d)(kpl_device *dev, void *dst, const void *src,
                            size_t n); /* asynchronous on the compute stream */
     kpl_status (*synchronize)(kpl_device *dev);
+    /* Events on the compute stream (optional: NULL means the device runs
+     * synchronously and kpl_event_* use host timestamps).  record and query
+     * do not block; event_sync does. */
+    kpl_status (*event_create)(kpl_device *dev, void **handle);
+    void (*event_destroy)(kpl_device *dev, void *handle);
+    kpl_status (*event_record)(kpl_device *dev, void *handle);
+    kpl_status (*event_sync)(kpl_device *dev, void *handle);
+    kpl_status (*event_query)(kpl_device *dev, void *handle, bool *done);
+    kpl_status (*event_elapsed)(kpl_device *dev, void *start, void *end, double *ms);
     /* Registers this backend's kernels (called once, at first use). */
     void (*register_kernels)(void);
 } kpl_device_backend;

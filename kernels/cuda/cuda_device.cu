@@ -263,6 +263,65 @@ static kpl_status cuda_synchronize(kpl_device *dev)
     return KPL_OK;
 }
 
+/* ---- events: on the compute stream, with timing -------------------------------- */
+
+static kpl_status cuda_event_create(kpl_device *dev, void **handle)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    cudaEvent_t ev;
+    KPL_CUDA_TRY(cudaEventCreate(&ev));
+    *handle = (void *)ev;
+    return KPL_OK;
+}
+
+static void cuda_event_destroy(kpl_device *dev, void *handle)
+{
+    if (cudaSetDevice(dev->index) == cudaSuccess) cudaEventDestroy((cudaEvent_t)handle);
+    (void)cudaGetLastError();
+}
+
+static kpl_status cuda_event_record(kpl_device *dev, void *handle)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    KPL_CUDA_TRY(cudaEventRecord((cudaEvent_t)handle, cs->compute));
+    return KPL_OK;
+}
+
+static kpl_status cuda_event_sync(kpl_device *dev, void *handle)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    KPL_CUDA_TRY(cudaEventSynchronize((cudaEvent_t)handle));
+    return KPL_OK;
+}
+
+static kpl_status cuda_event_query(kpl_device *dev, void *handle, bool *done)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    cudaError_t err = cudaEventQuery((cudaEvent_t)handle);
+    if (err == cudaErrorNotReady) {
+        (void)cudaGetLastError();
+        *done = false;
+        return KPL_OK;
+    }
+    KPL_CUDA_TRY(err);
+    *done = true;
+    return KPL_OK;
+}
+
+static kpl_status cuda_event_elapsed(kpl_device *dev, void *start, void *end, double *ms)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    float f = 0;
+    KPL_CUDA_TRY(cudaEventElapsedTime(&f, (cudaEvent_t)start, (cudaEvent_t)end));
+    *ms = f;
+    return KPL_OK;
+}
+
 /* Registration touches only the kernel table, never the driver: it runs at
  * start-up in every process, with or without a GPU. */
 static void cuda_register_kernels(void)
@@ -286,6 +345,12 @@ static const kpl_device_backend cuda_backend = {
     /* .copy_d2h = */ cuda_copy_d2h,
     /* .copy_d2d = */ cuda_copy_d2d,
     /* .synchronize = */ cuda_synchronize,
+    /* .event_create = */ cuda_event_create,
+    /* .event_destroy = */ cuda_event_destroy,
+    /* .event_record = */ cuda_event_record,
+    /* .event_sync = */ cuda_event_sync,
+    /* .event_query = */ cuda_event_query,
+    /* .event_elapsed = */ cuda_event_elapsed,
     /* .register_kernels = */ cuda_register_kernels,
 };
 

@@ -3,6 +3,7 @@
 #include "test_util.h"
 
 #include <stdlib.h>
+#include <time.h>
 
 static void test_status_and_version(void **state)
 {
@@ -43,6 +44,25 @@ static void test_devices(void **state)
         FAILS(kpl_device_get("cuda:99", &d), KPL_EDEVICE, "only");
     }
     OK(kpl_device_synchronize(kpl_device_cpu()));
+    /* CPU events: complete once recorded, timed by the host clock. */
+    kpl_event *e0 = NULL, *e1 = NULL;
+    OK(kpl_event_create(kpl_device_cpu(), &e0));
+    OK(kpl_event_create(kpl_device_cpu(), &e1));
+    bool done = false;
+    FAILS(kpl_event_query(e0, &done), KPL_ESTATE, "never recorded");
+    OK(kpl_event_record(e0));
+    struct timespec ts = {0, 20 * 1000 * 1000};
+    nanosleep(&ts, NULL);
+    OK(kpl_event_record(e1));
+    OK(kpl_event_synchronize(e1));
+    OK(kpl_event_query(e1, &done));
+    assert_true(done);
+    double ms = 0;
+    OK(kpl_event_elapsed_ms(e0, e1, &ms));
+    assert_true(ms >= 19.0 && ms < 2000.0);
+    kpl_event_destroy(e0);
+    kpl_event_destroy(e1);
+    kpl_event_destroy(NULL);
 }
 
 static void test_tensor_basics(void **state)
