@@ -98,6 +98,18 @@ extern "C" kpl_status kpl__cuda_enter_tensor(const kpl_tensor *t, kpl_cuda_state
     return kpl__cuda_enter(kpl_tensor_device(t), out);
 }
 
+extern "C" kpl_status kpl__cuda_pointers(const kpl_kernel_args *args, int nin,
+                                         kpl_cuda_state **cs, void **out, const void **in)
+{
+    KPL_TRY(kpl__cuda_enter_tensor(args->out, cs));
+    for (int k = 0; k < nin; k++) {
+        in[k] = kpl_tensor_data((kpl_tensor *)args->in[k]);
+        if (!in[k]) return kpl_last_status();
+    }
+    *out = kpl_tensor_mutable(args->out);
+    return *out ? KPL_OK : kpl_last_status();
+}
+
 extern "C" unsigned kpl__cuda_blocks(const kpl_cuda_state *cs, int64_t n, int threads)
 {
     /* A few resident blocks per multiprocessor hide latency; beyond that

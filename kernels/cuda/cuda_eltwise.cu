@@ -12,9 +12,10 @@
 
 /* ---- functors generated from the formula lists ------------------------------ */
 
-/* Float unary formulas (f32, f64): `x`, `T`, `alpha`, `beta` in scope. */
-#define DEF_UNARY_F(NAME, FORMULA)                                                   \
-    struct unf_##NAME {                                                              \
+/* Unary formulas: `x`, `T`, `alpha`, `beta` in scope.  unf_* are the float
+ * formulas (f32, f64), uni_* the integer-safe ones (i32, i64). */
+#define DEF_UNARY(PREFIX, NAME, FORMULA)                                             \
+    struct PREFIX##NAME {                                                            \
         template <typename T>                                                        \
         __device__ __forceinline__ T operator()(T x, double alpha, double beta) const \
         {                                                                            \
@@ -23,22 +24,13 @@
             return (T)(FORMULA);                                                     \
         }                                                                            \
     };
+#define DEF_UNARY_F(NAME, FORMULA) DEF_UNARY(unf_, NAME, FORMULA)
+#define DEF_UNARY_I(NAME, FORMULA) DEF_UNARY(uni_, NAME, FORMULA)
 KPL_UNARY_FORMULAS(DEF_UNARY_F)
-#undef DEF_UNARY_F
-
-/* Integer unary formulas (i32, i64). */
-#define DEF_UNARY_I(NAME, FORMULA)                                                   \
-    struct uni_##NAME {                                                              \
-        template <typename T>                                                        \
-        __device__ __forceinline__ T operator()(T x, double alpha, double beta) const \
-        {                                                                            \
-            (void)alpha;                                                             \
-            (void)beta;                                                              \
-            return (T)(FORMULA);                                                     \
-        }                                                                            \
-    };
 KPL_UNARY_INT_FORMULAS(DEF_UNARY_I)
+#undef DEF_UNARY_F
 #undef DEF_UNARY_I
+#undef DEF_UNARY
 
 /* Binary arithmetic: `a`, `b`, `T` in scope; the result has type T. */
 #define DEF_ARITH(NAME, FORMULA)                                   \
@@ -151,11 +143,9 @@ static kpl_status cuda_unary(const kpl_kernel_args *args)
     const kpl_unary_attrs *at = (const kpl_unary_attrs *)args->attrs;
     const kpl_tensor *xt = args->in[0];
     kpl_cuda_state *cs;
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, &cs));
-    const void *x = kpl_tensor_data((kpl_tensor *)xt);
-    if (!x) return kpl_last_status();
-    void *out = kpl_tensor_mutable(args->out);
-    if (!out) return kpl_last_status();
+    void *out;
+    const void *x;
+    KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, &x));
     int64_t n = kpl_tensor_numel(xt);
     switch (kpl_tensor_dtype(xt)) {
     case KPL_F32: return unary_float(cs, (float *)out, (const float *)x, n, at);
@@ -210,16 +200,10 @@ static kpl_status cuda_binary(const kpl_kernel_args *args)
     const kpl_binary_attrs *at = (const kpl_binary_attrs *)args->attrs;
     const kpl_tensor *ta = args->in[0];
     kpl_cuda_state *cs;
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, &cs));
-    const void *a = kpl_tensor_data((kpl_tensor *)ta);
-    if (!a) return kpl_last_status();
-    const void *b = NULL;
-    if (!at->has_scalar) {
-        b = kpl_tensor_data((kpl_tensor *)args->in[1]);
-        if (!b) return kpl_last_status();
-    }
-    void *out = kpl_tensor_mutable(args->out);
-    if (!out) return kpl_last_status();
+    void *out;
+    const void *in[2] = {NULL, NULL};
+    KPL_TRY(kpl__cuda_pointers(args, at->has_scalar ? 1 : 2, &cs, &out, in));
+    const void *a = in[0], *b = in[1];
     switch (kpl_tensor_dtype(ta)) {
     case KPL_F32: return binary_typed(cs, out, (const float *)a, (const float *)b, at);
     case KPL_F64: return binary_typed(cs, out, (const double *)a, (const double *)b, at);
@@ -250,15 +234,10 @@ static kpl_status cuda_where(const kpl_kernel_args *args)
 {
     const kpl_where_attrs *at = (const kpl_where_attrs *)args->attrs;
     kpl_cuda_state *cs;
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, &cs));
-    const void *c = kpl_tensor_data((kpl_tensor *)args->in[0]);
-    if (!c) return kpl_last_status();
-    const void *a = kpl_tensor_data((kpl_tensor *)args->in[1]);
-    if (!a) return kpl_last_status();
-    const void *b = kpl_tensor_data((kpl_tensor *)args->in[2]);
-    if (!b) return kpl_last_status();
-    void *out = kpl_tensor_mutable(args->out);
-    if (!out) return kpl_last_status();
+    void *out;
+    const void *in[3];
+    KPL_TRY(kpl__cuda_pointers(args, 3, &cs, &out, in));
+    const void *c = in[0], *a = in[1], *b = in[2];
     switch (kpl_dtype_size(kpl_tensor_dtype(args->in[1]))) {
     case 1: return launch_where<uint8_t>(cs, out, c, a, b, at);
     case 2: return launch_where<uint16_t>(cs, out, c, a, b, at);

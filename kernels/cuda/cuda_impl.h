@@ -47,6 +47,12 @@ kpl_status kpl__cuda_enter(kpl_device *dev, kpl_cuda_state **out);
 /* The state of the device a tensor lives on, made current. */
 kpl_status kpl__cuda_enter_tensor(const kpl_tensor *t, kpl_cuda_state **out);
 
+/* Makes the output's device current and fetches device pointers: `out`
+ * (written) and in[0..nin-1] (read), with the UnifiedMemory state kept
+ * right.  Every kernel entry point starts with it. */
+kpl_status kpl__cuda_pointers(const kpl_kernel_args *args, int nin, kpl_cuda_state **cs,
+                              void **out, const void **in);
+
 /* Reports a failed kernel launch (cudaGetLastError) naming `what`. */
 kpl_status kpl__cuda_check_launch(const char *what, const char *file, int line);
 

@@ -127,13 +127,10 @@ static kpl_status cuda_matmul(const kpl_kernel_args *args)
               (long long)g.m, (long long)g.n, (long long)g.k,
               kpl_device_name(kpl_tensor_device(args->out)));
     kpl_cuda_state *cs;
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, &cs));
-    const void *a = kpl_tensor_data((kpl_tensor *)args->in[0]);
-    if (!a) return kpl_last_status();
-    const void *b = kpl_tensor_data((kpl_tensor *)args->in[1]);
-    if (!b) return kpl_last_status();
-    void *c = kpl_tensor_mutable(args->out);
-    if (!c) return kpl_last_status();
+    void *c;
+    const void *in[2];
+    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &c, in));
+    const void *a = in[0], *b = in[1];
     switch (kpl_tensor_dtype(args->in[0])) {
     case KPL_F32: return matmul_typed(cs, at, (const float *)a, (const float *)b, (float *)c);
     case KPL_F64: return matmul_typed(cs, at, (const double *)a, (const double *)b, (double *)c);

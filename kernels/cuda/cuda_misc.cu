@@ -123,26 +123,12 @@ __global__ void gather_kernel(V *out, const V *x, kpl_ew_plan plan)
 
 /* ---- entry points --------------------------------------------------------------- */
 
-/* Device pointers of out (written) and in[0] (read, optional). */
-static kpl_status pointers(const kpl_kernel_args *args, kpl_cuda_state **cs, void **out,
-                           const void **x)
-{
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, cs));
-    if (x) {
-        *x = kpl_tensor_data((kpl_tensor *)args->in[0]);
-        if (!*x) return kpl_last_status();
-    }
-    *out = kpl_tensor_mutable(args->out);
-    if (!*out) return kpl_last_status();
-    return KPL_OK;
-}
-
 static kpl_status cuda_cast(const kpl_kernel_args *args)
 {
     kpl_cuda_state *cs;
     void *out;
     const void *x;
-    KPL_TRY(pointers(args, &cs, &out, &x));
+    KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, &x));
     int64_t n = kpl_tensor_numel(args->out);
     cast_kernel<<<kpl__cuda_blocks(cs, n, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0, cs->compute>>>(
         out, kpl_tensor_dtype(args->out), x, kpl_tensor_dtype(args->in[0]), n);
@@ -154,7 +140,7 @@ static kpl_status cuda_fill(const kpl_kernel_args *args)
     const kpl_fill_attrs *at = (const kpl_fill_attrs *)args->attrs;
     kpl_cuda_state *cs;
     void *out;
-    KPL_TRY(pointers(args, &cs, &out, NULL));
+    KPL_TRY(kpl__cuda_pointers(args, 0, &cs, &out, NULL));
     kpl_dtype dt = kpl_tensor_dtype(args->out);
     int64_t n = kpl_tensor_numel(args->out);
     /* The value in out's dtype, converted on the host as the CPU does. */
@@ -206,7 +192,7 @@ static kpl_status cuda_arange(const kpl_kernel_args *args)
     const kpl_arange_attrs *at = (const kpl_arange_attrs *)args->attrs;
     kpl_cuda_state *cs;
     void *out;
-    KPL_TRY(pointers(args, &cs, &out, NULL));
+    KPL_TRY(kpl__cuda_pointers(args, 0, &cs, &out, NULL));
     int64_t n = kpl_tensor_numel(args->out);
     arange_kernel<<<kpl__cuda_blocks(cs, n, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0,
                     cs->compute>>>(out, kpl_tensor_dtype(args->out), at->start, at->step, n);
@@ -218,7 +204,7 @@ static kpl_status cuda_random(const kpl_kernel_args *args)
     const kpl_random_attrs *at = (const kpl_random_attrs *)args->attrs;
     kpl_cuda_state *cs;
     void *out;
-    KPL_TRY(pointers(args, &cs, &out, NULL));
+    KPL_TRY(kpl__cuda_pointers(args, 0, &cs, &out, NULL));
     kpl_dtype dt = kpl_tensor_dtype(args->out);
     int64_t n = kpl_tensor_numel(args->out);
     int64_t nblocks = (n + (dt == KPL_F64 ? 1 : 3)) / (dt == KPL_F64 ? 2 : 4);
@@ -233,7 +219,7 @@ static kpl_status cuda_copy(const kpl_kernel_args *args)
     kpl_cuda_state *cs;
     void *out;
     const void *x;
-    KPL_TRY(pointers(args, &cs, &out, &x));
+    KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, &x));
     size_t es = kpl_dtype_size(kpl_tensor_dtype(args->in[0]));
     int64_t n = kpl_tensor_numel(args->in[0]);
     if (!at) {

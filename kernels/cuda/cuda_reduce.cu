@@ -317,11 +317,9 @@ static kpl_status cuda_reduce(const kpl_kernel_args *args)
         return kpl_k_fill(args->out, at->op == KPL_RED_SUM ? 0.0 : (double)NAN);
 
     kpl_cuda_state *cs;
-    KPL_TRY(kpl__cuda_enter_tensor(args->out, &cs));
-    const void *x = kpl_tensor_data((kpl_tensor *)xt);
-    if (!x) return kpl_last_status();
-    void *out = kpl_tensor_mutable(args->out);
-    if (!out) return kpl_last_status();
+    void *out;
+    const void *x;
+    KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, &x));
     switch (dt) {
     case KPL_F32: return launch_reduce<float>(cs, x, out, at);
     case KPL_F64: return launch_reduce<double>(cs, x, out, at);
