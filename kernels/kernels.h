@@ -341,10 +341,12 @@ kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm,
 /* Random numbers                                                             */
 /* ------------------------------------------------------------------------ */
 
-/* A Philox-4x32-10 stream: key = seed, counter = (offset + element / 4).
- * Each random fill consumes ceil(numel / 4) * 4 counter values, so a fill's
- * values depend on (seed, offset, index) only.  Not thread-safe: one rng per
- * thread of control. */
+/* A Philox-4x32-10 stream: key = seed, counter = offset + block.  Element i
+ * of an f32/f16/bf16 fill comes from word i % 4 of block i / 4 (f64: two
+ * words per value, block i / 2); a fill then advances the offset by the
+ * blocks it used.  So a fill's values depend on (seed, offset, index) only:
+ * the same for any thread count and on every device.  Not thread-safe: one
+ * rng per thread of control. */
 typedef struct kpl_rng kpl_rng;
 
 kpl_rng *kpl_rng_create(uint64_t seed); /* NULL only when out of memory */
