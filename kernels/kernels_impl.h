@@ -267,19 +267,22 @@ void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
 
-/* for (int c = 0; c < n; c++) { body } across OpenMP threads, or inline when
- * n <= 1: an OpenMP fork costs 0.3-0.4 us even when its `if` clause is
- * false, which would dominate the cost of small ops. */
-#define KPL_PARALLEL_FOR(c, n, ...)                           \
-    do {                                                      \
-        int kpl_n_ = (n);                                     \
-        if (kpl_n_ <= 1) {                                    \
-            for (int c = 0; c < kpl_n_; c++) { __VA_ARGS__ }  \
-        } else {                                              \
-            _Pragma("omp parallel for schedule(static)")      \
-            for (int c = 0; c < kpl_n_; c++) { __VA_ARGS__ }  \
-        }                                                     \
+/* for (int64_t i = 0; i < n; i++) { body } across OpenMP threads when
+ * `cond` holds, else inline: an OpenMP fork costs 0.3-0.4 us even when its
+ * `if` clause is false, which would dominate the cost of small ops. */
+#define KPL_PARALLEL_FOR_IF(i, n, cond, ...)                       \
+    do {                                                           \
+        int64_t kpl_n_ = (n);                                      \
+        if (!(cond)) {                                             \
+            for (int64_t i = 0; i < kpl_n_; i++) { __VA_ARGS__ }   \
+        } else {                                                   \
+            _Pragma("omp parallel for schedule(static)")           \
+            for (int64_t i = 0; i < kpl_n_; i++) { __VA_ARGS__ }   \
+        }                                                          \
     } while (0)
+
+/* The same, parallel whenever there is more than one iteration (chunks). */
+#define KPL_PARALLEL_FOR(i, n, ...) KPL_PARALLEL_FOR_IF(i, n, kpl_n_ > 1, __VA_ARGS__)
 
 /* Per-thread element threshold under which CPU kernels stay serial. */
 #define KPL_PAR_GRAIN 32768

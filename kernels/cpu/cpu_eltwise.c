@@ -293,14 +293,10 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     }
 #endif
     int nchunks = chunk_count(total);
-    if (nchunks == 1) { /* small: no parallel region (its fork costs ~0.3 us) */
-        binary_range(&p, fn, po, pa, pb, es, eo, mode, 0, total);
-        return KPL_OK;
-    }
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < nchunks; c++)
+    KPL_PARALLEL_FOR(c, nchunks,
         binary_range(&p, fn, po, pa, pb, es, eo, mode, total * c / nchunks,
                      total * (c + 1) / nchunks);
+    );
     return KPL_OK;
 }
 
@@ -315,15 +311,10 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
     char *po = kpl__data(args->out);
     int64_t total = x->numel;
     int nchunks = chunk_count(total);
-    if (nchunks == 1) {
-        fn(po, px, total, at->alpha, at->beta);
-        return KPL_OK;
-    }
-#pragma omp parallel for schedule(static)
-    for (int c = 0; c < nchunks; c++) {
+    KPL_PARALLEL_FOR(c, nchunks,
         int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
         fn(po + s * es, px + s * es, e - s, at->alpha, at->beta);
-    }
+    );
     return KPL_OK;
 }
 

@@ -182,8 +182,7 @@ static void matmul_f64(const kpl_matmul_attrs *at, const double *a, const double
     /* element (i, k) of op(A) is a[i*sa_i + k*sa_k] */
     int64_t sa_i = at->trans_a ? 1 : ac, sa_k = at->trans_a ? ac : 1;
     int64_t sb_k = at->trans_b ? 1 : bc, sb_j = at->trans_b ? bc : 1;
-#pragma omp parallel for schedule(static) if (nbatch * M * N * K > 100000)
-    for (int64_t row = 0; row < nbatch * M; row++) {
+    KPL_PARALLEL_FOR_IF(row, nbatch * M, nbatch * M > 1 && nbatch * M * N * K > 100000,
         int64_t bi = row / M, i = row % M;
         /* batch offsets with broadcasting */
         int64_t rem = bi, offa = 0, offb = 0, stra = ar * ac, strb = br * bc;
@@ -202,7 +201,7 @@ static void matmul_f64(const kpl_matmul_attrs *at, const double *a, const double
             const double *bp = b + offb + k * sb_k;
             for (int64_t j = 0; j < N; j++) crow[j] += av * bp[j * sb_j];
         }
-    }
+    );
 }
 
 static kpl_status cpu_matmul(const kpl_kernel_args *args)

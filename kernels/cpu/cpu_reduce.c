@@ -371,15 +371,14 @@ static kpl_status cpu_reduce(const kpl_kernel_args *args)
     cols_fn cf = cols_for(dt);
     if (inner > 1 && cf) {
         int64_t nblk = (inner + COLS - 1) / COLS, ntask = outer * nblk;
-#pragma omp parallel for schedule(static) if (ntask > 1 && outer * red * inner > 2 * KPL_PAR_GRAIN)
-        for (int64_t t = 0; t < ntask; t++) {
+        KPL_PARALLEL_FOR_IF(t, ntask, ntask > 1 && outer * red * inner > 2 * KPL_PAR_GRAIN,
             double acc[COLS], aux[COLS];
             int64_t arg[COLS];
             int64_t o = t / nblk, i0 = (t % nblk) * COLS;
             int64_t nc = inner - i0 < COLS ? inner - i0 : COLS;
             cf(at, x + (size_t)(o * red * inner + i0) * es, inner, nc, acc, aux, arg);
             cols_store(at, dt, odt, out, o * inner + i0, nc, acc, aux, arg);
-        }
+        );
         return KPL_OK;
     }
     int nt = omp_get_max_threads();
@@ -387,12 +386,11 @@ static kpl_status cpu_reduce(const kpl_kernel_args *args)
     int64_t work = outer * red * inner;
     /* Outputs in parallel when there are enough of them; otherwise each
      * output's run is itself split (inner == 1 only). */
-#pragma omp parallel for schedule(static) if (!split && work > 2 * KPL_PAR_GRAIN)
-    for (int64_t oi = 0; oi < nout; oi++) {
+    KPL_PARALLEL_FOR_IF(oi, nout, !split && work > 2 * KPL_PAR_GRAIN,
         int64_t o = oi / inner, i = oi % inner;
         const char *base = x + (size_t)(o * red * inner + i) * es;
         reduce_one(at, dt, fn, base, inner, split && inner == 1, out, odt, oi);
-    }
+    );
     return KPL_OK;
 }
 
