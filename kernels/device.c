@@ -270,6 +270,16 @@ void kpl_device_free(kpl_device *dev, void *ptr)
     if (dev && ptr) kpl__allocator_free(dev->alloc, ptr);
 }
 
+/* ---- algorithm caches --------------------------------------------------------- */
+
+kpl_algo_cache_stats kpl_algo_cache_stats_get(kpl_device_type type)
+{
+    kpl_algo_cache_stats none = {0, 0, 0};
+    /* The CUDA backend selects through cuBLAS heuristics and keeps no cache
+     * of its own yet (cuDNN's arrives with the conv ops). */
+    return type == KPL_DEVICE_CPU ? kpl__cpu_algo_cache_stats() : none;
+}
+
 /* ---- events ------------------------------------------------------------------ */
 
 struct kpl_event {

@@ -232,6 +232,18 @@ kpl_status kpl_device_alloc(kpl_device *dev, size_t bytes, const char *what,
                             void **out);
 void kpl_device_free(kpl_device *dev, void *ptr);
 
+/* The algorithm/primitive cache of a device type (MegEngine's Algo
+ * Chooser): on the CPU, oneDNN primitives keyed by shape, strides,
+ * attributes and thread count.  A steady-state training step should only
+ * hit.  Counters are process-wide and only grow. */
+typedef struct {
+    uint64_t hits;
+    uint64_t misses;  /* primitives created */
+    uint64_t entries; /* held now */
+} kpl_algo_cache_stats;
+
+kpl_algo_cache_stats kpl_algo_cache_stats_get(kpl_device_type type);
+
 /* ------------------------------------------------------------------------ */
 /* Storage (UnifiedMemory)                                                    */
 /* ------------------------------------------------------------------------ */

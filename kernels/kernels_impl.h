@@ -266,6 +266,7 @@ void kpl__cpu_register_eltwise(void);
 void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
+kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 
 /* for (int64_t i = 0; i < n; i++) { body } across OpenMP threads when
  * `cond` holds, else inline: an OpenMP fork costs 0.3-0.4 us even when its

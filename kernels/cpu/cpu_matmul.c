@@ -216,6 +216,14 @@ static kpl_status cpu_matmul(const kpl_kernel_args *args)
     return matmul_f32(at, a, b, c);
 }
 
+kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void)
+{
+    pthread_mutex_lock(&mm.lock);
+    kpl_algo_cache_stats st = {mm.hits, mm.misses, (uint64_t)mm.n};
+    pthread_mutex_unlock(&mm.lock);
+    return st;
+}
+
 void kpl__cpu_register_matmul(void)
 {
     kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CPU, KPL_F32, cpu_matmul);

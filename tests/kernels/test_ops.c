@@ -521,6 +521,34 @@ static void test_matmul_transposes(void **state)
             }
 }
 
+static void test_matmul_primitive_cache(void **state)
+{
+    (void)state;
+    /* A shape seen before is a cache hit: no new oneDNN primitive. */
+    int64_t sa[2] = {17, 23}, sb[2] = {23, 19}, sc[2] = {17, 19};
+    kpl_tensor *a = trand(KPL_F32, 2, sa, 1, -1, 1), *b = trand(KPL_F32, 2, sb, 2, -1, 1);
+    kpl_tensor *c = tnew(KPL_F32, 2, sc);
+    OK(kpl_k_matmul(c, a, b, false, false));
+    kpl_algo_cache_stats s0 = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+    for (int i = 0; i < 5; i++) OK(kpl_k_matmul(c, a, b, false, false));
+    kpl_algo_cache_stats s1 = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+    assert_int_equal(s1.misses, s0.misses);
+    assert_int_equal(s1.hits, s0.hits + 5);
+    /* A transposed operand is another problem: one miss, then hits. */
+    int64_t sbt[2] = {19, 23};
+    kpl_tensor *bt = trand(KPL_F32, 2, sbt, 3, -1, 1);
+    OK(kpl_k_matmul(c, a, bt, false, true));
+    OK(kpl_k_matmul(c, a, bt, false, true));
+    kpl_algo_cache_stats s2 = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+    assert_int_equal(s2.misses, s1.misses + 1);
+    assert_int_equal(s2.hits, s1.hits + 1);
+    assert_true(s2.entries >= 2);
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+    kpl_tensor_release(bt);
+    kpl_tensor_release(c);
+}
+
 static void test_matmul_batched(void **state)
 {
     (void)state;
@@ -679,6 +707,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_reduce_all_axes_sets),
         cmocka_unit_test(test_reduce_large_and_special),
         cmocka_unit_test(test_matmul_transposes),
+        cmocka_unit_test(test_matmul_primitive_cache),
         cmocka_unit_test(test_matmul_batched),
         cmocka_unit_test(test_fill_cast_copy),
         cmocka_unit_test(test_zero_size),
