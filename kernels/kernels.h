@@ -331,6 +331,15 @@ kpl_status kpl_tensor_to_host(kpl_tensor *t, void *dst, size_t bytes);
 /* Element `flat` read as double (any dtype; for tests and printing). */
 kpl_status kpl_tensor_get(kpl_tensor *t, int64_t flat, double *value);
 
+/* A slot for the layers above kernels/ (graph/ keeps requires_grad, .grad
+ * and the producing node of a tensor there).  `free_fn(meta)` runs when the
+ * tensor header is freed (not when a view of it is).  Setting replaces the
+ * previous meta without freeing it.  Not thread-safe. */
+void kpl_tensor_set_meta(kpl_tensor *t, void *meta, void (*free_fn)(void *meta));
+void *kpl_tensor_meta(const kpl_tensor *t);
+/* The refcount of the tensor header (for tests and debugging). */
+int kpl_tensor_refcount(const kpl_tensor *t);
+
 /* Views: share storage with `t`, own a new tensor header (release it). */
 kpl_status kpl_tensor_reshape(kpl_tensor *t, int ndim, const int64_t *shape,
                               kpl_tensor **out); /* one -1 dim allowed */

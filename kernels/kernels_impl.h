@@ -163,6 +163,8 @@ struct kpl_tensor {
     int64_t numel;
     kpl_storage *storage;
     size_t offset; /* bytes */
+    void *meta;    /* owned by a higher layer, see kpl_tensor_set_meta */
+    void (*meta_free)(void *meta);
 };
 
 /* Element pointers for kernels (device side of the storage). */

@@ -57,6 +57,8 @@ static kpl_tensor *header_new(kpl_dtype dt, int ndim, const int64_t *shape,
     t->numel = numel;
     t->storage = s;
     t->offset = offset;
+    t->meta = NULL;
+    t->meta_free = NULL;
     return t;
 }
 
@@ -122,8 +124,22 @@ void kpl_tensor_release(kpl_tensor *t)
 {
     if (!t) return;
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (t->meta_free) t->meta_free(t->meta);
     kpl_storage_release(t->storage);
     free(t);
+}
+
+void kpl_tensor_set_meta(kpl_tensor *t, void *meta, void (*free_fn)(void *meta))
+{
+    t->meta = meta;
+    t->meta_free = free_fn;
+}
+
+void *kpl_tensor_meta(const kpl_tensor *t) { return t->meta; }
+
+int kpl_tensor_refcount(const kpl_tensor *t)
+{
+    return atomic_load_explicit(&((kpl_tensor *)t)->refcount, memory_order_relaxed);
 }
 
 int kpl_tensor_ndim(const kpl_tensor *t) { return t->ndim; }

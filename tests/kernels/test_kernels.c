@@ -129,6 +129,33 @@ static void test_tensor_basics(void **state)
     kpl_tensor_release(NULL);
 }
 
+static int meta_freed;
+static void meta_free(void *m)
+{
+    meta_freed += *(int *)m;
+}
+
+static void test_tensor_meta(void **state)
+{
+    (void)state;
+    int64_t n = 4;
+    kpl_tensor *t = tnew(KPL_F32, 1, &n), *v = NULL;
+    static int tag = 7;
+    assert_null(kpl_tensor_meta(t));
+    kpl_tensor_set_meta(t, &tag, meta_free);
+    assert_ptr_equal(kpl_tensor_meta(t), &tag);
+    OK(kpl_tensor_reshape(t, 1, &n, &v));
+    assert_null(kpl_tensor_meta(v)); /* a view has its own header */
+    kpl_tensor_retain(t);
+    assert_int_equal(kpl_tensor_refcount(t), 2);
+    meta_freed = 0;
+    kpl_tensor_release(t);
+    assert_int_equal(meta_freed, 0);
+    kpl_tensor_release(t);
+    assert_int_equal(meta_freed, 7); /* freed with the header */
+    kpl_tensor_release(v);
+}
+
 static void test_permute(void **state)
 {
     (void)state;
@@ -272,6 +299,7 @@ int run_tensor_tests(void)
         cmocka_unit_test(test_status_and_version),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_tensor_basics),
+        cmocka_unit_test(test_tensor_meta),
         cmocka_unit_test(test_permute),
         cmocka_unit_test(test_half_conversions),
         cmocka_unit_test(test_philox),
