@@ -545,11 +545,55 @@ kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x);
  * cross-device path). */
 kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x);
 
+/* out = x broadcast to out's shape (numpy rules), same dtype and device. */
+kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);
+
 /* f16/bf16 <-> f32 conversions of one value (round to nearest even). */
 uint16_t kpl_f32_to_f16(float f);
 float kpl_f16_to_f32(uint16_t h);
 uint16_t kpl_f32_to_bf16(float f);
 float kpl_bf16_to_f32(uint16_t h);
+
+/* ------------------------------------------------------------------------ */
+/* For kpl's own modules (built with KPL_INTERNAL): the error discipline of  */
+/* STYLE.md, shared by every layer.                                          */
+/* ------------------------------------------------------------------------ */
+#ifdef KPL_INTERNAL
+
+/* Records `st` with a formatted message and "[file:line]" for this thread;
+ * returns st so callers can `return kpl__error(...)`. */
+kpl_status kpl__error(kpl_status st, const char *file, int line,
+                      const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define KPL_ERROR(st, ...) kpl__error((st), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Validate an input: on failure set the message and return the status. */
+#define KPL_CHECK(cond, st, ...)                      \
+    do {                                              \
+        if (!(cond)) return KPL_ERROR((st), __VA_ARGS__); \
+    } while (0)
+
+/* Propagate a failing status (message already set by the callee). */
+#define KPL_TRY(expr)                     \
+    do {                                  \
+        kpl_status kpl_try_st_ = (expr);  \
+        if (kpl_try_st_ < 0) return kpl_try_st_; \
+    } while (0)
+
+/* Propagate into a function's `fail:` label; needs `kpl_status st`. */
+#define KPL_TRY_GOTO(expr)              \
+    do {                                \
+        if ((st = (expr)) < 0) goto fail; \
+    } while (0)
+
+/* Invariants (bugs, not inputs): on in release builds. */
+void kpl__assert_fail(const char *cond, const char *file, int line,
+                      const char *msg) __attribute__((noreturn));
+#define KPL_ASSERT(cond, msg) \
+    ((cond) ? (void)0 : kpl__assert_fail(#cond, __FILE__, __LINE__, (msg)))
+
+#endif /* KPL_INTERNAL */
 
 #ifdef __cplusplus
 }

@@ -20,43 +20,6 @@ extern "C" {
 #endif
 
 /* ------------------------------------------------------------------------ */
-/* Errors                                                                     */
-/* ------------------------------------------------------------------------ */
-
-/* Records `st` with a formatted message and "[file:line]" for this thread;
- * returns st so callers can `return kpl__error(...)`. */
-kpl_status kpl__error(kpl_status st, const char *file, int line,
-                      const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-#define KPL_ERROR(st, ...) kpl__error((st), __FILE__, __LINE__, __VA_ARGS__)
-
-/* Validate an input: on failure set the message and return the status. */
-#define KPL_CHECK(cond, st, ...)                      \
-    do {                                              \
-        if (!(cond)) return KPL_ERROR((st), __VA_ARGS__); \
-    } while (0)
-
-/* Propagate a failing status (message already set by the callee). */
-#define KPL_TRY(expr)                     \
-    do {                                  \
-        kpl_status kpl_try_st_ = (expr);  \
-        if (kpl_try_st_ < 0) return kpl_try_st_; \
-    } while (0)
-
-/* Propagate into a function's `fail:` label; needs `kpl_status st`. */
-#define KPL_TRY_GOTO(expr)              \
-    do {                                \
-        if ((st = (expr)) < 0) goto fail; \
-    } while (0)
-
-/* Invariants (bugs, not inputs): on in release builds. */
-void kpl__assert_fail(const char *cond, const char *file, int line,
-                      const char *msg) __attribute__((noreturn));
-#define KPL_ASSERT(cond, msg) \
-    ((cond) ? (void)0 : kpl__assert_fail(#cond, __FILE__, __LINE__, (msg)))
-
-/* ------------------------------------------------------------------------ */
 /* Caching allocator                                                          */
 /* ------------------------------------------------------------------------ */
 

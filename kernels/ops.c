@@ -719,6 +719,24 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
     return od->backend->copy_h2d(od, dst, src, bytes);
 }
 
+kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
+{
+    CHECK_ARG("expand", out, "out");
+    CHECK_ARG("expand", x, "x");
+    KPL_TRY(same_device("expand", out, "out", x, "x"));
+    KPL_TRY(want_dtype("expand", out, "out", x->dtype));
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    KPL_TRY(kpl_shape_broadcast("expand", x->ndim, x->shape, out->ndim, out->shape, &n, shape));
+    KPL_TRY(same_shape("expand", out, n, shape));
+    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "expand: 'out' may not alias 'x'");
+    if (out->numel == 0) return KPL_OK;
+    /* A strided gather whose broadcast dims have stride 0. */
+    kpl_copy_attrs attrs;
+    plan_build(&attrs.plan, out->ndim, out->shape, 1, &x);
+    return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &attrs);
+}
+
 /* ---- rng -------------------------------------------------------------------- */
 
 struct kpl_rng {

@@ -105,7 +105,7 @@ static kpl_status cpu_fill(const kpl_kernel_args *args)
     char *po = kpl__data(out);
     int64_t total = out->numel;
     int nc = chunks_for(total);
-    KPL_PARALLEL_FOR(c, nc, 
+    KPL_PARALLEL_FOR(c, nc,
         int64_t s = total * c / nc, e = total * (c + 1) / nc;
         switch (es) {
         case 1: memset(po + s, (int)(pattern & 0xff), (size_t)(e - s)); break;
@@ -135,7 +135,7 @@ static kpl_status cpu_arange(const kpl_kernel_args *args)
     void *po = kpl__data(out);
     int64_t total = out->numel;
     int nc = chunks_for(total);
-    KPL_PARALLEL_FOR(c, nc, 
+    KPL_PARALLEL_FOR(c, nc,
         for (int64_t i = total * c / nc, e = total * (c + 1) / nc; i < e; i++) {
             double v = at->start + (double)i * at->step;
             switch (out->dtype) {
@@ -165,7 +165,7 @@ static kpl_status cpu_random(const kpl_kernel_args *args)
     int per = dt == KPL_F64 ? 2 : 4;
     int64_t n = out->numel, nblocks = (n + per - 1) / per;
     int nc = chunks_for(n);
-    KPL_PARALLEL_FOR(c, nc, 
+    KPL_PARALLEL_FOR(c, nc,
         for (int64_t blk = nblocks * c / nc, e = nblocks * (c + 1) / nc; blk < e; blk++) {
             int64_t base = blk * per;
             if (dt == KPL_F64) {
@@ -201,9 +201,9 @@ static kpl_status cpu_copy(const kpl_kernel_args *args)
     const char *px = kpl__cdata(x);
     char *po = kpl__data(args->out);
     size_t es = kpl_dtype_size(x->dtype);
-    int64_t total = x->numel;
+    int64_t total = args->out->numel; /* an expand writes more than it reads */
     int nc = chunks_for(total);
-    KPL_PARALLEL_FOR(c, nc, 
+    KPL_PARALLEL_FOR(c, nc,
         int64_t s = total * c / nc, e = total * (c + 1) / nc;
         if (!at) {
             memcpy(po + s * es, px + s * es, (size_t)(e - s) * es);

@@ -221,7 +221,7 @@ static kpl_status cuda_copy(const kpl_kernel_args *args)
     const void *x;
     KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, &x));
     size_t es = kpl_dtype_size(kpl_tensor_dtype(args->in[0]));
-    int64_t n = kpl_tensor_numel(args->in[0]);
+    int64_t n = kpl_tensor_numel(args->out); /* an expand writes more than it reads */
     if (!at) {
         KPL_CUDA_TRY(cudaMemcpyAsync(out, x, (size_t)n * es, cudaMemcpyDeviceToDevice,
                                      cs->compute));

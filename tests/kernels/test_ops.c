@@ -669,6 +669,15 @@ static void test_fill_cast_copy(void **state)
     kpl_tensor *d = NULL;
     OK(kpl_tensor_to_device(x, kpl_device_cpu(), &d));
     assert_float_equal(tget(d, 1), -0.5, 0);
+    /* expand: broadcast into a larger shape */
+    int64_t s3 = 3, s223[3] = {2, 2, 3};
+    float ev[3] = {1, 2, 3};
+    kpl_tensor *ex = tf32(1, &s3, ev), *eo = tnew(KPL_F32, 3, s223);
+    OK(kpl_k_expand(eo, ex));
+    for (int k = 0; k < 12; k++) assert_float_equal(tget(eo, k), ev[k % 3], 0);
+    FAILS(kpl_k_expand(ex, eo), KPL_ESHAPE, "expand: 'out' has shape (3)");
+    kpl_tensor_release(ex);
+    kpl_tensor_release(eo);
     /* arange in ints */
     kpl_tensor *ar = tnew(KPL_I64, 1, &n);
     OK(kpl_k_arange(ar, 10, -3));

@@ -1,0 +1,320 @@
+/*
+ * eager.c — the eager ops: infer the shape, allocate, compute through
+ * kernels/, record on the tape, hand the result to the current pool.
+ */
+#include "graph_impl.h"
+
+#include <string.h>
+
+/* Autoreleases a finished result, or drops it when the op failed. */
+static kpl_tensor *finish(kpl_status st, kpl_tensor *out)
+{
+    if (st < 0) {
+        kpl_tensor_release(out);
+        return NULL;
+    }
+    return kpl_autorelease(out);
+}
+
+static kpl_tensor *record_finish(kpl_status st, kpl_op op, const kpl_op_attrs *attrs, int nin,
+                                 kpl_tensor *const *ins, kpl_tensor *out)
+{
+    if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
+    return finish(st, out);
+}
+
+static kpl_tensor *new_like(kpl_tensor *x, kpl_dtype dt, int ndim, const int64_t *shape)
+{
+    kpl_tensor *out = NULL;
+    if (kpl_tensor_empty(kpl_tensor_device(x), dt, ndim, shape, &out) < 0) return NULL;
+    return out;
+}
+
+/* ---- unary ----------------------------------------------------------------------- */
+
+static kpl_tensor *unary(kpl_op op, kpl_unary_op u, kpl_tensor *x, double alpha, double beta)
+{
+    if (!x) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.alpha = alpha, .beta = beta};
+    return record_finish(kpl_k_unary(out, u, x, alpha, beta), op, &at, 1, &x, out);
+}
+
+#define DEF_UNARY(E, s) \
+    kpl_tensor *kpl_##s(kpl_tensor *x) { return unary(KPL_OP_##E, KPL_UN_##E, x, 0, 0); }
+DEF_UNARY(NEG, neg)
+DEF_UNARY(ABS, abs)
+DEF_UNARY(EXP, exp)
+DEF_UNARY(LOG, log)
+DEF_UNARY(SQRT, sqrt)
+DEF_UNARY(RSQRT, rsqrt)
+DEF_UNARY(SQUARE, square)
+DEF_UNARY(RECIPROCAL, reciprocal)
+DEF_UNARY(SIN, sin)
+DEF_UNARY(COS, cos)
+DEF_UNARY(TANH, tanh)
+DEF_UNARY(SIGMOID, sigmoid)
+DEF_UNARY(RELU, relu)
+DEF_UNARY(GELU, gelu)
+DEF_UNARY(SIGN, sign)
+DEF_UNARY(GELU_TANH, gelu_tanh)
+#undef DEF_UNARY
+
+kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope)
+{
+    return unary(KPL_OP_LEAKY_RELU, KPL_UN_LEAKY_RELU, x, slope, 0);
+}
+
+kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi)
+{
+    return unary(KPL_OP_CLIP, KPL_UN_CLIP, x, lo, hi);
+}
+
+/* ---- binary ------------------------------------------------------------------------ */
+
+static kpl_tensor *binary(kpl_op op, kpl_binary_op b, kpl_tensor *x, kpl_tensor *y)
+{
+    if (!x || !y) return NULL;
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    if (kpl_shape_broadcast(kpl_binary_name(b), kpl_tensor_ndim(x), kpl_tensor_shape(x),
+                            kpl_tensor_ndim(y), kpl_tensor_shape(y), &n, shape) < 0)
+        return NULL;
+    bool cmp = kpl_binary_is_compare(b);
+    kpl_tensor *out = new_like(x, cmp ? KPL_BOOL : kpl_tensor_dtype(x), n, shape);
+    if (!out) return NULL;
+    kpl_tensor *ins[2] = {x, y};
+    kpl_status st = kpl_k_binary(out, b, x, y);
+    if (cmp) return finish(st, out); /* no gradient through comparisons */
+    return record_finish(st, op, NULL, 2, ins, out);
+}
+
+kpl_tensor *kpl_add(kpl_tensor *a, kpl_tensor *b) { return binary(KPL_OP_ADD, KPL_BIN_ADD, a, b); }
+kpl_tensor *kpl_sub(kpl_tensor *a, kpl_tensor *b) { return binary(KPL_OP_SUB, KPL_BIN_SUB, a, b); }
+kpl_tensor *kpl_mul(kpl_tensor *a, kpl_tensor *b) { return binary(KPL_OP_MUL, KPL_BIN_MUL, a, b); }
+kpl_tensor *kpl_div(kpl_tensor *a, kpl_tensor *b) { return binary(KPL_OP_DIV, KPL_BIN_DIV, a, b); }
+kpl_tensor *kpl_pow(kpl_tensor *a, kpl_tensor *b) { return binary(KPL_OP_POW, KPL_BIN_POW, a, b); }
+kpl_tensor *kpl_maximum(kpl_tensor *a, kpl_tensor *b)
+{
+    return binary(KPL_OP_MAXIMUM, KPL_BIN_MAXIMUM, a, b);
+}
+kpl_tensor *kpl_minimum(kpl_tensor *a, kpl_tensor *b)
+{
+    return binary(KPL_OP_MINIMUM, KPL_BIN_MINIMUM, a, b);
+}
+
+kpl_tensor *kpl_compare(kpl_binary_op cmp, kpl_tensor *a, kpl_tensor *b)
+{
+    if (!kpl_binary_is_compare(cmp)) {
+        KPL_ERROR(KPL_EINVAL, "compare: '%s' is not a comparison", kpl_binary_name(cmp));
+        return NULL;
+    }
+    return binary(KPL_OP_COUNT, cmp, a, b);
+}
+
+kpl_tensor *kpl_scalar_op(kpl_binary_op op, kpl_tensor *x, double s, bool scalar_first)
+{
+    static const kpl_op map[KPL_BINARY_COUNT] = {
+        [KPL_BIN_ADD] = KPL_OP_ADD_SCALAR, [KPL_BIN_SUB] = KPL_OP_SUB_SCALAR,
+        [KPL_BIN_MUL] = KPL_OP_MUL_SCALAR, [KPL_BIN_DIV] = KPL_OP_DIV_SCALAR,
+        [KPL_BIN_POW] = KPL_OP_POW_SCALAR, [KPL_BIN_MAXIMUM] = KPL_OP_MAXIMUM_SCALAR,
+        [KPL_BIN_MINIMUM] = KPL_OP_MINIMUM_SCALAR,
+    };
+    if (!x) return NULL;
+    if ((unsigned)op >= KPL_BINARY_COUNT || kpl_binary_is_compare(op)) {
+        KPL_ERROR(KPL_EINVAL, "scalar_op: '%s' has no differentiable scalar form",
+                  kpl_binary_name(op));
+        return NULL;
+    }
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.scalar = s, .scalar_first = scalar_first};
+    return record_finish(kpl_k_binary_scalar(out, op, x, s, scalar_first), map[op], &at, 1, &x,
+                         out);
+}
+
+kpl_tensor *kpl_where(kpl_tensor *cond, kpl_tensor *a, kpl_tensor *b)
+{
+    if (!cond || !a || !b) return NULL;
+    int n1, n;
+    int64_t s1[KPL_MAX_DIMS], shape[KPL_MAX_DIMS];
+    if (kpl_shape_broadcast("where", kpl_tensor_ndim(cond), kpl_tensor_shape(cond),
+                            kpl_tensor_ndim(a), kpl_tensor_shape(a), &n1, s1) < 0 ||
+        kpl_shape_broadcast("where", n1, s1, kpl_tensor_ndim(b), kpl_tensor_shape(b), &n,
+                            shape) < 0)
+        return NULL;
+    kpl_tensor *out = new_like(a, kpl_tensor_dtype(a), n, shape);
+    if (!out) return NULL;
+    kpl_tensor *ins[3] = {cond, a, b};
+    return record_finish(kpl_k_where(out, cond, a, b), KPL_OP_WHERE, NULL, 3, ins, out);
+}
+
+/* ---- reductions --------------------------------------------------------------------- */
+
+static kpl_tensor *reduce(kpl_op op, kpl_reduce_op r, kpl_tensor *x, const int *axes,
+                          int naxes, bool keepdim, int correction)
+{
+    if (!x) return NULL;
+    if (naxes < 0 || naxes > KPL_MAX_DIMS) {
+        KPL_ERROR(KPL_EINVAL, "%s: %d axes", kpl_reduce_name(r), naxes);
+        return NULL;
+    }
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    if (kpl_shape_reduce(kpl_reduce_name(r), kpl_tensor_ndim(x), kpl_tensor_shape(x), axes,
+                         naxes, keepdim, &n, shape) < 0)
+        return NULL;
+    bool arg = r == KPL_RED_ARGMAX || r == KPL_RED_ARGMIN;
+    kpl_tensor *out = new_like(x, arg ? KPL_I64 : kpl_tensor_dtype(x), n, shape);
+    if (!out) return NULL;
+    kpl_status st = kpl_k_reduce(out, r, x, axes, naxes, keepdim, correction);
+    if (arg) return finish(st, out);
+    kpl_op_attrs at = {.naxes = axes ? naxes : 0, .keepdim = keepdim, .correction = correction};
+    if (axes) memcpy(at.axes, axes, (size_t)naxes * sizeof *axes);
+    return record_finish(st, op, &at, 1, &x, out);
+}
+
+kpl_tensor *kpl_sum(kpl_tensor *x, const int *axes, int naxes, bool keepdim)
+{
+    return reduce(KPL_OP_SUM, KPL_RED_SUM, x, axes, naxes, keepdim, 0);
+}
+kpl_tensor *kpl_mean(kpl_tensor *x, const int *axes, int naxes, bool keepdim)
+{
+    return reduce(KPL_OP_MEAN, KPL_RED_MEAN, x, axes, naxes, keepdim, 0);
+}
+kpl_tensor *kpl_max(kpl_tensor *x, const int *axes, int naxes, bool keepdim)
+{
+    return reduce(KPL_OP_MAX, KPL_RED_MAX, x, axes, naxes, keepdim, 0);
+}
+kpl_tensor *kpl_min(kpl_tensor *x, const int *axes, int naxes, bool keepdim)
+{
+    return reduce(KPL_OP_MIN, KPL_RED_MIN, x, axes, naxes, keepdim, 0);
+}
+kpl_tensor *kpl_var(kpl_tensor *x, const int *axes, int naxes, bool keepdim, int correction)
+{
+    return reduce(KPL_OP_VAR, KPL_RED_VAR, x, axes, naxes, keepdim, correction);
+}
+kpl_tensor *kpl_logsumexp(kpl_tensor *x, const int *axes, int naxes, bool keepdim)
+{
+    return reduce(KPL_OP_LOGSUMEXP, KPL_RED_LOGSUMEXP, x, axes, naxes, keepdim, 0);
+}
+kpl_tensor *kpl_argmax(kpl_tensor *x, int axis, bool keepdim)
+{
+    return reduce(KPL_OP_COUNT, KPL_RED_ARGMAX, x, &axis, 1, keepdim, 0);
+}
+kpl_tensor *kpl_argmin(kpl_tensor *x, int axis, bool keepdim)
+{
+    return reduce(KPL_OP_COUNT, KPL_RED_ARGMIN, x, &axis, 1, keepdim, 0);
+}
+
+/* ---- matmul, cast, shapes -------------------------------------------------------------- */
+
+kpl_tensor *kpl_matmul(kpl_tensor *a, kpl_tensor *b, bool trans_a, bool trans_b)
+{
+    if (!a || !b) return NULL;
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    if (kpl_shape_matmul(kpl_tensor_ndim(a), kpl_tensor_shape(a), trans_a, kpl_tensor_ndim(b),
+                         kpl_tensor_shape(b), trans_b, &n, shape) < 0)
+        return NULL;
+    kpl_tensor *out = new_like(a, kpl_tensor_dtype(a), n, shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.trans_a = trans_a, .trans_b = trans_b};
+    kpl_tensor *ins[2] = {a, b};
+    return record_finish(kpl_k_matmul(out, a, b, trans_a, trans_b), KPL_OP_MATMUL, &at, 2, ins,
+                         out);
+}
+
+kpl_tensor *kpl_cast(kpl_tensor *x, kpl_dtype dt)
+{
+    if (!x) return NULL;
+    kpl_tensor *out = new_like(x, dt, kpl_tensor_ndim(x), kpl_tensor_shape(x));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.dtype = kpl_tensor_dtype(x)};
+    kpl_status st = kpl_k_cast(out, x);
+    if (!kpl_dtype_is_float(dt)) return finish(st, out); /* no gradient into integers */
+    return record_finish(st, KPL_OP_CAST, &at, 1, &x, out);
+}
+
+kpl_tensor *kpl_reshape(kpl_tensor *x, int ndim, const int64_t *shape)
+{
+    if (!x) return NULL;
+    kpl_tensor *out = NULL;
+    kpl_status st = kpl_tensor_reshape(x, ndim, shape, &out);
+    if (st < 0) return NULL;
+    return record_finish(st, KPL_OP_RESHAPE, NULL, 1, &x, out);
+}
+
+kpl_tensor *kpl_permute(kpl_tensor *x, const int *perm)
+{
+    if (!x) return NULL;
+    kpl_tensor *out = NULL;
+    if (kpl_tensor_permute(x, perm, &out) < 0) return NULL;
+    kpl_op_attrs at = {.naxes = kpl_tensor_ndim(x)};
+    memcpy(at.axes, perm, (size_t)at.naxes * sizeof *perm);
+    return record_finish(KPL_OK, KPL_OP_PERMUTE, &at, 1, &x, out);
+}
+
+kpl_tensor *kpl_narrow(kpl_tensor *x, int64_t start, int64_t length)
+{
+    if (!x) return NULL;
+    kpl_tensor *out = NULL;
+    if (kpl_tensor_narrow(x, start, length, &out) < 0) return NULL;
+    kpl_op_attrs at = {.start = start, .length = length};
+    return record_finish(KPL_OK, KPL_OP_NARROW, &at, 1, &x, out);
+}
+
+kpl_tensor *kpl_expand(kpl_tensor *x, int ndim, const int64_t *shape)
+{
+    if (!x) return NULL;
+    int n;
+    int64_t bs[KPL_MAX_DIMS];
+    if (kpl_shape_broadcast("expand", kpl_tensor_ndim(x), kpl_tensor_shape(x), ndim, shape, &n,
+                            bs) < 0)
+        return NULL;
+    bool same = n == ndim;
+    for (int i = 0; same && i < n; i++) same = bs[i] == shape[i];
+    if (!same) {
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "expand: %s cannot be broadcast to %s",
+                  kpl_shape_str(kpl_tensor_ndim(x), kpl_tensor_shape(x), b1, sizeof b1),
+                  kpl_shape_str(ndim, shape, b2, sizeof b2));
+        return NULL;
+    }
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), ndim, shape);
+    if (!out) return NULL;
+    return record_finish(kpl_k_expand(out, x), KPL_OP_EXPAND, NULL, 1, &x, out);
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape)
+{
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    return kpl_autorelease(t);
+}
+
+kpl_tensor *kpl_full(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape, double value)
+{
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    return finish(kpl_k_fill(t, value), t);
+}
+
+kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                     kpl_rng *rng, double lo, double hi)
+{
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    return finish(kpl_k_uniform(t, rng, lo, hi), t);
+}
+
+kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                      kpl_rng *rng, double mean, double std)
+{
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    return finish(kpl_k_normal(t, rng, mean, std), t);
+}

@@ -1,0 +1,206 @@
+/*
+ * graph.h — the eager tensor API and the dynamic graph (the tape).
+ *
+ * Every op here computes at once (through kernels/) and returns a new
+ * tensor owned by the current autorelease pool.  When grad mode is on and an
+ * input requires grad, the op also records a node: the op, its attributes,
+ * edges to the nodes that produced its inputs, the input shapes, and the
+ * tensors its gradient will need (which ones is declared by autograd/ with
+ * kpl_op_set_saved; graph/ knows nothing of gradients).
+ *
+ *   kpl_pool *pool = kpl_pool_push();          // one training step
+ *   kpl_tensor *h = kpl_relu(kpl_add(kpl_matmul(x, w, false, false), b));
+ *   kpl_tensor *loss = kpl_mean(kpl_square(kpl_sub(h, y)), NULL, 0, false);
+ *   if (!loss) fprintf(stderr, "%s\n", kpl_last_error());
+ *   ...                                          // autograd: backward(loss)
+ *   kpl_pool_pop(pool);                          // frees every temporary
+ *
+ * Errors: an op returns NULL and sets kpl_last_error().  A NULL input makes
+ * an op return NULL without touching the message, so a chain of calls
+ * reports the first failure.
+ *
+ * Thread-safety: the pool stack and grad mode are per thread (scopes of the
+ * calling thread, as PyTorch's grad mode); tensors are not locked.
+ */
+#ifndef KPL_GRAPH_H
+#define KPL_GRAPH_H
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- autorelease pools ------------------------------------------------------ */
+
+typedef struct kpl_pool kpl_pool;
+
+/* Opens a pool on this thread's stack; ops put their results in the
+ * innermost pool.  NULL when out of memory. */
+kpl_pool *kpl_pool_push(void);
+/* Releases every reference the pool holds and closes it; pools close in
+ * reverse order of opening (an inner pool still open is closed first). */
+void kpl_pool_pop(kpl_pool *pool);
+/* Hands one reference of `t` to the innermost pool and returns `t`; NULL
+ * passes through.  With no pool open the reference is dropped at once and
+ * an error is set (results must live in a scope). */
+kpl_tensor *kpl_autorelease(kpl_tensor *t);
+/* Number of references the pool holds. */
+size_t kpl_pool_count(const kpl_pool *pool);
+
+/* ---- grad mode ----------------------------------------------------------------- */
+
+bool kpl_grad_enabled(void);
+/* Sets this thread's grad mode; returns the previous one, so a no-grad
+ * scope is `bool prev = kpl_set_grad_enabled(false); ... kpl_set_grad_enabled(prev);` */
+bool kpl_set_grad_enabled(bool on);
+
+/* ---- ops ---------------------------------------------------------------------- */
+
+/* X(ENUM, name).  One entry per differentiable op; append only. */
+#define KPL_OP_LIST(X)                                                        \
+    X(NEG, "neg") X(ABS, "abs") X(EXP, "exp") X(LOG, "log") X(SQRT, "sqrt")   \
+    X(RSQRT, "rsqrt") X(SQUARE, "square") X(RECIPROCAL, "reciprocal")        \
+    X(SIN, "sin") X(COS, "cos") X(TANH, "tanh") X(SIGMOID, "sigmoid")        \
+    X(RELU, "relu") X(LEAKY_RELU, "leaky_relu") X(GELU, "gelu")              \
+    X(CLIP, "clip") X(SIGN, "sign") X(GELU_TANH, "gelu_tanh")                \
+    X(ADD, "add") X(SUB, "sub") X(MUL, "mul") X(DIV, "div") X(POW, "pow")     \
+    X(MAXIMUM, "maximum") X(MINIMUM, "minimum")                               \
+    X(ADD_SCALAR, "add_scalar") X(SUB_SCALAR, "sub_scalar")                   \
+    X(MUL_SCALAR, "mul_scalar") X(DIV_SCALAR, "div_scalar")                   \
+    X(POW_SCALAR, "pow_scalar") X(MAXIMUM_SCALAR, "maximum_scalar")           \
+    X(MINIMUM_SCALAR, "minimum_scalar")                                       \
+    X(WHERE, "where")                                                         \
+    X(SUM, "sum") X(MEAN, "mean") X(MAX, "max") X(MIN, "min") X(VAR, "var")   \
+    X(LOGSUMEXP, "logsumexp")                                                 \
+    X(MATMUL, "matmul") X(CAST, "cast") X(RESHAPE, "reshape")                 \
+    X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")
+
+typedef enum {
+#define KPL_X_(e, s) KPL_OP_##e,
+    KPL_OP_LIST(KPL_X_)
+#undef KPL_X_
+    KPL_OP_COUNT
+} kpl_op;
+
+const char *kpl_op_name(kpl_op op);
+
+/* Attributes of a recorded op (one flat struct: every op uses a few). */
+typedef struct {
+    double alpha, beta;      /* leaky_relu slope; clip bounds */
+    double scalar;           /* *_SCALAR ops */
+    bool scalar_first;       /* s op x */
+    int axes[KPL_MAX_DIMS];  /* reductions; permute (perm) */
+    int naxes;
+    bool keepdim;
+    int correction;          /* var */
+    bool trans_a, trans_b;   /* matmul */
+    int64_t start, length;   /* narrow (dim 0) */
+    kpl_dtype dtype;         /* cast: source dtype */
+} kpl_op_attrs;
+
+/* Unary (element-wise) */
+#define KPL_X_(e, s) kpl_tensor *kpl_##s(kpl_tensor *x);
+KPL_X_(NEG, neg) KPL_X_(ABS, abs) KPL_X_(EXP, exp) KPL_X_(LOG, log) KPL_X_(SQRT, sqrt)
+KPL_X_(RSQRT, rsqrt) KPL_X_(SQUARE, square) KPL_X_(RECIPROCAL, reciprocal) KPL_X_(SIN, sin)
+KPL_X_(COS, cos) KPL_X_(TANH, tanh) KPL_X_(SIGMOID, sigmoid) KPL_X_(RELU, relu)
+KPL_X_(GELU, gelu) KPL_X_(SIGN, sign) KPL_X_(GELU_TANH, gelu_tanh)
+#undef KPL_X_
+kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope);
+kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi);
+
+/* Binary with numpy broadcasting; comparisons return KPL_BOOL and are not
+ * recorded (no gradient flows through them). */
+kpl_tensor *kpl_add(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_sub(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_mul(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_div(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_pow(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_maximum(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_minimum(kpl_tensor *a, kpl_tensor *b);
+kpl_tensor *kpl_compare(kpl_binary_op cmp, kpl_tensor *a, kpl_tensor *b);
+/* x op s, or s op x with `scalar_first`; op is one of ADD SUB MUL DIV POW
+ * MAXIMUM MINIMUM. */
+kpl_tensor *kpl_scalar_op(kpl_binary_op op, kpl_tensor *x, double s, bool scalar_first);
+kpl_tensor *kpl_where(kpl_tensor *cond, kpl_tensor *a, kpl_tensor *b);
+
+/* Reductions over `axes` (NULL/0 = all). */
+kpl_tensor *kpl_sum(kpl_tensor *x, const int *axes, int naxes, bool keepdim);
+kpl_tensor *kpl_mean(kpl_tensor *x, const int *axes, int naxes, bool keepdim);
+kpl_tensor *kpl_max(kpl_tensor *x, const int *axes, int naxes, bool keepdim);
+kpl_tensor *kpl_min(kpl_tensor *x, const int *axes, int naxes, bool keepdim);
+kpl_tensor *kpl_var(kpl_tensor *x, const int *axes, int naxes, bool keepdim, int correction);
+kpl_tensor *kpl_logsumexp(kpl_tensor *x, const int *axes, int naxes, bool keepdim);
+/* Indices (KPL_I64, not recorded). */
+kpl_tensor *kpl_argmax(kpl_tensor *x, int axis, bool keepdim);
+kpl_tensor *kpl_argmin(kpl_tensor *x, int axis, bool keepdim);
+
+kpl_tensor *kpl_matmul(kpl_tensor *a, kpl_tensor *b, bool trans_a, bool trans_b);
+kpl_tensor *kpl_cast(kpl_tensor *x, kpl_dtype dt);
+/* Shape ops: reshape/narrow are views of x's storage; permute and expand
+ * (broadcast to `shape`) copy. */
+kpl_tensor *kpl_reshape(kpl_tensor *x, int ndim, const int64_t *shape);
+kpl_tensor *kpl_permute(kpl_tensor *x, const int *perm);
+kpl_tensor *kpl_narrow(kpl_tensor *x, int64_t start, int64_t length);
+kpl_tensor *kpl_expand(kpl_tensor *x, int ndim, const int64_t *shape);
+
+/* Creation (not recorded). */
+kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);
+kpl_tensor *kpl_full(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                     double value);
+kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                     kpl_rng *rng, double lo, double hi);
+kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                      kpl_rng *rng, double mean, double std);
+
+/* ---- autograd's view of a tensor ----------------------------------------------- */
+
+/* Marks a leaf (a tensor no op produced) as a parameter whose gradient
+ * accumulates into its .grad.  Float dtypes only. */
+kpl_status kpl_set_requires_grad(kpl_tensor *t, bool on);
+/* True for parameters and for results recorded on the tape. */
+bool kpl_requires_grad(const kpl_tensor *t);
+/* The accumulated gradient of a parameter (borrowed; NULL if none yet). */
+kpl_tensor *kpl_grad(const kpl_tensor *t);
+/* Replaces the .grad of a parameter (retains g; NULL clears it). */
+void kpl_set_grad(kpl_tensor *t, kpl_tensor *g);
+
+/* ---- the tape ------------------------------------------------------------------ */
+
+typedef struct kpl_node kpl_node;
+
+/* Declares which inputs/outputs an op's gradient needs (bit i = input or
+ * output i); recording keeps exactly those alive until backward frees
+ * them.  Called by autograd/ at start. */
+void kpl_op_set_saved(kpl_op op, unsigned input_mask, unsigned output_mask);
+
+/* The node that produced t (borrowed), NULL for leaves and non-recorded
+ * results; *out_index receives which output of the node t is. */
+kpl_node *kpl_tensor_node(const kpl_tensor *t, int *out_index);
+
+kpl_op kpl_node_op(const kpl_node *n);
+const kpl_op_attrs *kpl_node_attrs(const kpl_node *n);
+int kpl_node_num_inputs(const kpl_node *n);
+/* Where input i's gradient goes: the producing node and its output index,
+ * or a parameter (leaf), or nothing (input did not require grad). */
+kpl_node *kpl_node_input_node(const kpl_node *n, int i, int *out_index);
+kpl_tensor *kpl_node_input_leaf(const kpl_node *n, int i);
+bool kpl_node_input_requires_grad(const kpl_node *n, int i);
+/* Shape and dtype of input i / output 0 as recorded. */
+int kpl_node_input_shape(const kpl_node *n, int i, int64_t *shape);
+kpl_dtype kpl_node_input_dtype(const kpl_node *n, int i);
+int kpl_node_output_shape(const kpl_node *n, int64_t *shape);
+/* A saved input/output (borrowed; NULL if not saved or already freed). */
+kpl_tensor *kpl_node_saved_input(const kpl_node *n, int i);
+kpl_tensor *kpl_node_saved_output(const kpl_node *n);
+/* Releases the saved tensors (the reverse-mode GC calls this once the
+ * node's backward has run); later reads of them return NULL. */
+void kpl_node_free_saved(kpl_node *n);
+bool kpl_node_saved_freed(const kpl_node *n);
+void kpl_node_retain(kpl_node *n);
+void kpl_node_release(kpl_node *n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_GRAPH_H */

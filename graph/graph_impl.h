@@ -1,0 +1,48 @@
+/* graph_impl.h — private to graph/: the layout of nodes and of the graph
+ * data kept in a tensor's meta slot. */
+#ifndef KPL_GRAPH_IMPL_H
+#define KPL_GRAPH_IMPL_H
+
+#include "graph.h"
+
+#include <stdatomic.h>
+
+#define KPL_NODE_MAX_IN 3
+
+/* What graph/ keeps on a tensor (kernels' meta slot). */
+typedef struct {
+    bool requires_grad; /* parameter, or result recorded on the tape */
+    kpl_tensor *grad;   /* accumulated gradient of a parameter */
+    kpl_node *node;     /* producer (owned reference), NULL for leaves */
+    int out_index;
+} kpl__tmeta;
+
+struct kpl_node {
+    atomic_int refcount;
+    kpl_op op;
+    kpl_op_attrs attrs;
+    int nin;
+    struct {
+        kpl_node *node;     /* producer of the input (owned), or NULL */
+        int out_index;
+        kpl_tensor *leaf;   /* the input itself when it is a parameter (owned) */
+        bool requires_grad;
+        int ndim;
+        int64_t shape[KPL_MAX_DIMS];
+        kpl_dtype dtype;
+        kpl_tensor *saved;  /* alias kept for the gradient, or NULL */
+    } in[KPL_NODE_MAX_IN];
+    int out_ndim;
+    int64_t out_shape[KPL_MAX_DIMS];
+    kpl_tensor *saved_out;
+    bool freed; /* saved tensors released by backward */
+};
+
+kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);
+
+/* Records `out = op(ins)` when grad mode is on and an input requires grad;
+ * a no-op otherwise. */
+kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
+                             kpl_tensor *const *ins, kpl_tensor *out);
+
+#endif
