@@ -161,9 +161,9 @@ kpl_status kpl_set_requires_grad(kpl_tensor *t, bool on);
 /* True for parameters and for results recorded on the tape. */
 bool kpl_requires_grad(const kpl_tensor *t);
 /* The accumulated gradient of a parameter (borrowed; NULL if none yet). */
-kpl_tensor *kpl_grad(const kpl_tensor *t);
+kpl_tensor *kpl_grad_get(const kpl_tensor *t);
 /* Replaces the .grad of a parameter (retains g; NULL clears it). */
-void kpl_set_grad(kpl_tensor *t, kpl_tensor *g);
+void kpl_grad_set(kpl_tensor *t, kpl_tensor *g);
 
 /* ---- the tape ------------------------------------------------------------------ */
 

@@ -13,7 +13,8 @@
 typedef struct {
     bool requires_grad; /* parameter, or result recorded on the tape */
     kpl_tensor *grad;   /* accumulated gradient of a parameter */
-    kpl_node *node;     /* producer (owned reference), NULL for leaves */
+    kpl_node *node;     /* producer, NULL for leaves */
+    bool node_weak;     /* node not owned: a saved output, which its node owns */
     int out_index;
 } kpl__tmeta;
 
@@ -30,7 +31,7 @@ struct kpl_node {
         int ndim;
         int64_t shape[KPL_MAX_DIMS];
         kpl_dtype dtype;
-        kpl_tensor *saved;  /* alias kept for the gradient, or NULL */
+        kpl_tensor *saved;  /* the input, kept for the gradient, or NULL */
     } in[KPL_NODE_MAX_IN];
     int out_ndim;
     int64_t out_shape[KPL_MAX_DIMS];

@@ -6,9 +6,11 @@
  * produced it; a node holds references to the nodes of its inputs (its
  * edges), to its parameter inputs, and to aliases of the tensors its
  * gradient needs.  Nothing points back down, so there are no cycles: when
- * the last result of a step is released, its nodes go with it.  Saved
- * tensors are aliases (new headers on the same storage, without meta), so
- * saving an output does not make it own its own node.
+ * the last result of a step is released, its nodes go with it.  A saved
+ * input is the input itself (upstream: no cycle).  A saved output is an
+ * alias (a new header on the same storage) whose link to its node is weak:
+ * the node owns the alias, so the alias cannot outlive it, and gradients
+ * computed from it with create_graph still reach the node.
  */
 #include "graph_impl.h"
 
@@ -122,7 +124,7 @@ static void meta_free(void *m)
 {
     kpl__tmeta *tm = m;
     kpl_tensor_release(tm->grad);
-    kpl_node_release(tm->node);
+    if (!tm->node_weak) kpl_node_release(tm->node);
     free(tm);
 }
 
@@ -161,13 +163,13 @@ bool kpl_requires_grad(const kpl_tensor *t)
     return m && m->requires_grad;
 }
 
-kpl_tensor *kpl_grad(const kpl_tensor *t)
+kpl_tensor *kpl_grad_get(const kpl_tensor *t)
 {
     const kpl__tmeta *m = t ? kpl_tensor_meta(t) : NULL;
     return m ? m->grad : NULL;
 }
 
-void kpl_set_grad(kpl_tensor *t, kpl_tensor *g)
+void kpl_grad_set(kpl_tensor *t, kpl_tensor *g)
 {
     kpl__tmeta *m = kpl__graph_meta(t, g != NULL);
     if (!m) return;
@@ -287,11 +289,25 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
             n->in[i].leaf = t;
             kpl_tensor_retain(t);
         }
-        if (saved_in_mask[op] & (1u << i)) KPL_TRY_GOTO(alias(t, &n->in[i].saved));
+        if (saved_in_mask[op] & (1u << i)) {
+            kpl_tensor_retain(t);
+            n->in[i].saved = t;
+        }
     }
     n->out_ndim = kpl_tensor_ndim(out);
     memcpy(n->out_shape, kpl_tensor_shape(out), (size_t)n->out_ndim * sizeof(int64_t));
-    if (saved_out_mask[op] & 1u) KPL_TRY_GOTO(alias(out, &n->saved_out));
+    if (saved_out_mask[op] & 1u) {
+        KPL_TRY_GOTO(alias(out, &n->saved_out));
+        kpl__tmeta *am = kpl__graph_meta(n->saved_out, true);
+        if (!am) {
+            st = KPL_ERROR(KPL_ENOMEM, "%s: no host memory for the graph", kpl_op_name(op));
+            goto fail;
+        }
+        am->requires_grad = true;
+        am->node = n;
+        am->node_weak = true;
+        am->out_index = 0;
+    }
 
     kpl__tmeta *om = kpl__graph_meta(out, true);
     if (!om) {

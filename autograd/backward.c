@@ -1,0 +1,282 @@
+/*
+ * backward.c — the engine: walk the recorded nodes from an output in
+ * reverse topological order, run each node's gradient once all of its
+ * consumers have contributed, and free as it goes (reverse-mode GC).
+ *
+ * Each node's gradient runs inside a pool of its own: the temporaries of
+ * the gradient formula die when it returns; the input gradients it produced
+ * are retained by the engine only until their last consumer has run.
+ */
+#include "autograd_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kpl_node *node;
+    int deps;          /* consumers whose gradient has not arrived yet */
+    kpl_tensor *grad;  /* accumulated gradient of the node's output (owned) */
+    int capture;       /* index into the requested inputs, or -1 */
+} slot;
+
+typedef struct {
+    slot *s;
+    size_t n, cap;      /* slots in use, capacity of s */
+    size_t *map;        /* open addressing: node -> slot index + 1 */
+    size_t map_cap;
+} graph_walk;
+
+static size_t hash_node(const kpl_node *n, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)n;
+    x ^= x >> 31;
+    x *= 0x9e3779b97f4a7c15ULL;
+    return (size_t)(x >> 17) & (cap - 1);
+}
+
+static slot *find(graph_walk *w, const kpl_node *n)
+{
+    if (!w->map_cap) return NULL;
+    for (size_t j = hash_node(n, w->map_cap);; j = (j + 1) & (w->map_cap - 1)) {
+        if (!w->map[j]) return NULL;
+        if (w->s[w->map[j] - 1].node == n) return &w->s[w->map[j] - 1];
+    }
+}
+
+static kpl_status add_slot(graph_walk *w, kpl_node *n, slot **out)
+{
+    if (w->n == w->cap) {
+        size_t ncap = w->cap ? w->cap * 2 : 64;
+        slot *ns = realloc(w->s, ncap * sizeof *ns);
+        KPL_CHECK(ns != NULL, KPL_ENOMEM, "backward: no host memory");
+        w->s = ns;
+        w->cap = ncap;
+    }
+    if ((w->n + 1) * 2 > w->map_cap) {
+        size_t ncap = w->map_cap ? w->map_cap * 2 : 128;
+        size_t *nm = calloc(ncap, sizeof *nm);
+        KPL_CHECK(nm != NULL, KPL_ENOMEM, "backward: no host memory");
+        for (size_t i = 0; i < w->n; i++) {
+            size_t j = hash_node(w->s[i].node, ncap);
+            while (nm[j]) j = (j + 1) & (ncap - 1);
+            nm[j] = i + 1;
+        }
+        free(w->map);
+        w->map = nm;
+        w->map_cap = ncap;
+    }
+    slot *s = &w->s[w->n];
+    memset(s, 0, sizeof *s);
+    s->node = n;
+    s->capture = -1;
+    size_t j = hash_node(n, w->map_cap);
+    while (w->map[j]) j = (j + 1) & (w->map_cap - 1);
+    w->map[j] = ++w->n;
+    *out = s;
+    return KPL_OK;
+}
+
+/* Finds every node the root depends on and counts each one's consumers. */
+static kpl_status collect(graph_walk *w, kpl_node *root)
+{
+    slot *s;
+    KPL_TRY(add_slot(w, root, &s));
+    for (size_t next = 0; next < w->n; next++) {
+        kpl_node *n = w->s[next].node;
+        for (int i = 0; i < kpl_node_num_inputs(n); i++) {
+            kpl_node *m = kpl_node_input_node(n, i, NULL);
+            if (!m || !kpl_node_input_requires_grad(n, i)) continue;
+            slot *t = find(w, m);
+            if (!t) KPL_TRY(add_slot(w, m, &t)); /* may move w->s */
+            t->deps++;
+        }
+    }
+    return KPL_OK;
+}
+
+/* acc = acc + g (both owned; g is consumed). */
+static kpl_status accumulate(kpl_tensor **acc, kpl_tensor *g)
+{
+    if (!*acc) {
+        *acc = g;
+        return KPL_OK;
+    }
+    kpl_tensor *sum = kpl_add(*acc, g);
+    kpl_tensor_release(g);
+    if (!sum) return kpl_last_status();
+    kpl_tensor_retain(sum);
+    kpl_tensor_release(*acc);
+    *acc = sum;
+    return KPL_OK;
+}
+
+typedef struct {
+    int ninputs;
+    kpl_tensor *const *inputs;
+    kpl_tensor **grads; /* owned while running */
+} capture_set;
+
+static int capture_leaf(const capture_set *c, const kpl_tensor *leaf)
+{
+    for (int i = 0; c && i < c->ninputs; i++)
+        if (c->inputs[i] == leaf) return i;
+    return -1;
+}
+
+static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_graph,
+                      bool create_graph, capture_set *cap)
+{
+    KPL_CHECK(output != NULL, KPL_EINVAL, "backward: NULL output");
+    int oi;
+    kpl_node *root = kpl_tensor_node(output, &oi);
+    if (!root) {
+        KPL_CHECK(kpl_requires_grad(output), KPL_EINVAL,
+                  "backward: the output does not require grad (no parameter reaches it, or "
+                  "it was computed with grad mode off)");
+    }
+    kpl_tensor *seed = grad_output;
+    char b1[96], b2[96];
+    if (seed) {
+        KPL_CHECK(kpl_tensor_numel(seed) == kpl_tensor_numel(output), KPL_ESHAPE,
+                  "backward: grad_output %s does not match the output %s",
+                  kpl_shape_str(kpl_tensor_ndim(seed), kpl_tensor_shape(seed), b1, sizeof b1),
+                  kpl_shape_str(kpl_tensor_ndim(output), kpl_tensor_shape(output), b2, sizeof b2));
+    } else {
+        KPL_CHECK(kpl_tensor_numel(output) == 1, KPL_ESHAPE,
+                  "backward: the output has shape %s; pass grad_output for a non-scalar output",
+                  kpl_shape_str(kpl_tensor_ndim(output), kpl_tensor_shape(output), b1, sizeof b1));
+    }
+
+    bool prev_mode = kpl_set_grad_enabled(create_graph);
+    kpl_status st = KPL_OK;
+    graph_walk w = {0};
+    kpl_pool *outer = kpl_pool_push();
+    if (!outer) {
+        kpl_set_grad_enabled(prev_mode);
+        return KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
+    }
+    if (!seed) {
+        seed = kpl_full(kpl_tensor_device(output), kpl_tensor_dtype(output),
+                        kpl_tensor_ndim(output), kpl_tensor_shape(output), 1.0);
+        if (!seed) {
+            st = kpl_last_status();
+            goto done;
+        }
+    }
+    kpl_tensor_retain(seed);
+    if (!root) { /* the output is a parameter itself */
+        int c = capture_leaf(cap, output);
+        if (c >= 0) st = accumulate(&cap->grads[c], seed);
+        else if (!cap) {
+            kpl_tensor *g = kpl_grad_get(output);
+            if (g) kpl_tensor_retain(g);
+            st = accumulate(&g, seed);
+            if (st == KPL_OK) kpl_grad_set(output, g);
+            kpl_tensor_release(g);
+        } else kpl_tensor_release(seed);
+        goto done;
+    }
+    if ((st = collect(&w, root)) < 0) goto done;
+    for (int i = 0; cap && i < cap->ninputs; i++) {
+        slot *s = find(&w, kpl_tensor_node(cap->inputs[i], NULL));
+        if (s && kpl_tensor_node(cap->inputs[i], NULL)) s->capture = i;
+    }
+    w.s[0].grad = seed;
+
+    /* Nodes whose consumers have all contributed, ready to run. */
+    size_t *ready = malloc(w.n * sizeof *ready), nready = 0;
+    if (!ready) {
+        st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
+        goto done;
+    }
+    ready[nready++] = 0;
+    while (nready && st == KPL_OK) {
+        slot *s = &w.s[ready[--nready]];
+        kpl_node *n = s->node;
+        if (s->capture >= 0) {
+            kpl_tensor_retain(s->grad);
+            cap->grads[s->capture] = s->grad;
+        }
+        if (kpl_node_saved_freed(n)) {
+            st = KPL_ERROR(KPL_ESTATE,
+                           "backward: the graph through '%s' was already used by a backward "
+                           "that freed it; pass retain_graph to the first one",
+                           kpl_op_name(kpl_node_op(n)));
+            break;
+        }
+        kpl_tensor *gin[3] = {NULL, NULL, NULL};
+        kpl_pool *p = kpl_pool_push();
+        if (!p) {
+            st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
+            break;
+        }
+        st = kpl__autograd_apply(n, s->grad, gin);
+        for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
+            if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;
+            kpl_tensor_retain(gin[i]);
+            kpl_node *m = kpl_node_input_node(n, i, NULL);
+            if (m) {
+                slot *t = find(&w, m);
+                st = accumulate(&t->grad, gin[i]);
+                if (st == KPL_OK && --t->deps == 0) ready[nready++] = (size_t)(t - w.s);
+                continue;
+            }
+            kpl_tensor *leaf = kpl_node_input_leaf(n, i);
+            int c = capture_leaf(cap, leaf);
+            if (c >= 0) {
+                st = accumulate(&cap->grads[c], gin[i]);
+            } else if (!cap) {
+                kpl_tensor *g = kpl_grad_get(leaf);
+                if (g) kpl_tensor_retain(g);
+                st = accumulate(&g, gin[i]);
+                if (st == KPL_OK) kpl_grad_set(leaf, g);
+                kpl_tensor_release(g);
+            } else {
+                kpl_tensor_release(gin[i]);
+            }
+        }
+        kpl_pool_pop(p);
+        /* Reverse-mode GC: this node's output gradient and saved tensors
+         * have no reader left. */
+        kpl_tensor_release(s->grad);
+        s->grad = NULL;
+        if (!retain_graph && !create_graph) kpl_node_free_saved(n);
+    }
+    free(ready);
+done:
+    for (size_t i = 0; i < w.n; i++) kpl_tensor_release(w.s[i].grad);
+    free(w.s);
+    free(w.map);
+    kpl_pool_pop(outer);
+    kpl_set_grad_enabled(prev_mode);
+    return st;
+}
+
+kpl_status kpl_backward(kpl_tensor *loss, kpl_tensor *grad_output, bool retain_graph)
+{
+    return run(loss, grad_output, retain_graph, false, NULL);
+}
+
+kpl_status kpl_grad(kpl_tensor *output, kpl_tensor *grad_output, int ninputs,
+                    kpl_tensor *const *inputs, bool create_graph, kpl_tensor **grads)
+{
+    KPL_CHECK(ninputs >= 0 && (ninputs == 0 || (inputs && grads)), KPL_EINVAL,
+              "grad: NULL inputs or grads");
+    capture_set cap = {ninputs, inputs, grads};
+    for (int i = 0; i < ninputs; i++) grads[i] = NULL;
+    kpl_status st = run(output, grad_output, true, create_graph, &cap);
+    for (int i = 0; i < ninputs; i++) {
+        if (st < 0) {
+            kpl_tensor_release(grads[i]);
+            grads[i] = NULL;
+        } else if (grads[i]) {
+            grads[i] = kpl_autorelease(grads[i]); /* into the caller's pool */
+        }
+    }
+    return st;
+}
+
+void kpl_zero_grad(int n, kpl_tensor *const *params)
+{
+    for (int i = 0; i < n; i++) kpl_grad_set(params[i], NULL);
+}

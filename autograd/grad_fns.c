@@ -1,0 +1,303 @@
+/*
+ * grad_fns.c — the gradient of every recorded op, written with graph/'s
+ * eager ops (so create_graph records them again), and what each one needs
+ * saved from the forward pass.
+ *
+ * A gradient function gets the node and the gradient of its output (gy)
+ * and writes the gradient of each input that requires one into gin[i]
+ * (pool-owned).  Broadcast inputs get their gradient summed back to their
+ * own shape (sum_to).
+ */
+#include "autograd_impl.h"
+
+#include <math.h>
+#include <string.h>
+
+#define IN(i) kpl_node_saved_input(n, (i))
+#define OUT kpl_node_saved_output(n)
+#define WANT(i) kpl_node_input_requires_grad(n, (i))
+#define SCAL(op, x, s) kpl_scalar_op((op), (x), (s), false)
+
+static kpl_tensor *scalar_like(kpl_tensor *like, double v)
+{
+    return kpl_full(kpl_tensor_device(like), kpl_tensor_dtype(like), 0, NULL, v);
+}
+
+/* A 0/1 float mask of `cmp(x, y)`. */
+static kpl_tensor *mask(kpl_binary_op cmp, kpl_tensor *x, kpl_tensor *y)
+{
+    if (!x) return NULL;
+    return kpl_cast(kpl_compare(cmp, x, y), kpl_tensor_dtype(x));
+}
+
+/* Sums g over the dims that broadcasting added or stretched, back to the
+ * input's recorded shape. */
+static kpl_tensor *sum_to(kpl_tensor *g, const kpl_node *n, int i)
+{
+    if (!g) return NULL;
+    int64_t shape[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, i, shape);
+    int gn = kpl_tensor_ndim(g);
+    const int64_t *gs = kpl_tensor_shape(g);
+    int axes[KPL_MAX_DIMS], na = 0, lead = gn - nd;
+    for (int d = 0; d < gn; d++)
+        if (d < lead || (shape[d - lead] == 1 && gs[d] != 1)) axes[na++] = d;
+    if (na == 0 && gn == nd) return g;
+    kpl_tensor *s = na ? kpl_sum(g, axes, na, true) : g;
+    return kpl_reshape(s, nd, shape);
+}
+
+/* Output gradient of a reduction brought back to the input's shape. */
+static kpl_tensor *unreduce(kpl_tensor *gy, const kpl_node *n)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    int64_t in_shape[KPL_MAX_DIMS], kshape[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, in_shape);
+    int nk;
+    if (kpl_shape_reduce("backward", nd, in_shape, at->naxes ? at->axes : NULL, at->naxes, true,
+                         &nk, kshape) < 0)
+        return NULL;
+    return kpl_expand(kpl_reshape(gy, nk, kshape), nd, in_shape);
+}
+
+static int64_t reduced_count(const kpl_node *n)
+{
+    int64_t in_shape[KPL_MAX_DIMS], out_shape[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, in_shape), no = kpl_node_output_shape(n, out_shape);
+    int64_t a = 1, b = 1;
+    for (int d = 0; d < nd; d++) a *= in_shape[d];
+    for (int d = 0; d < no; d++) b *= out_shape[d];
+    return b ? a / b : 0;
+}
+
+/* ---- the functions ---------------------------------------------------------------- */
+
+typedef kpl_status (*grad_fn)(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin);
+
+#define G(name) \
+    static kpl_status g_##name(kpl_node *n __attribute__((unused)), kpl_tensor *gy, kpl_tensor **gin)
+#define RET0(expr) \
+    do { gin[0] = (expr); return gin[0] ? KPL_OK : kpl_last_status(); } while (0)
+
+G(NEG) { RET0(kpl_neg(gy)); }
+G(ABS) { RET0(kpl_mul(gy, kpl_sign(IN(0)))); }
+G(EXP) { RET0(kpl_mul(gy, OUT)); }
+G(LOG) { RET0(kpl_div(gy, IN(0))); }
+G(SQRT) { RET0(kpl_div(gy, SCAL(KPL_BIN_MUL, OUT, 2))); }
+G(RSQRT) { RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, kpl_mul(OUT, kpl_square(OUT)), -0.5))); }
+G(SQUARE) { RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, IN(0), 2))); }
+G(RECIPROCAL) { RET0(kpl_neg(kpl_mul(gy, kpl_square(OUT)))); }
+G(SIN) { RET0(kpl_mul(gy, kpl_cos(IN(0)))); }
+G(COS) { RET0(kpl_neg(kpl_mul(gy, kpl_sin(IN(0))))); }
+G(TANH) { RET0(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, kpl_square(OUT), 1, true))); }
+G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, true)))); }
+G(RELU) { RET0(kpl_mul(gy, mask(KPL_BIN_GT, IN(0), scalar_like(gy, 0)))); }
+G(LEAKY_RELU)
+{
+    double s = kpl_node_attrs(n)->alpha;
+    /* slope + (1 - slope) * [x > 0] */
+    RET0(kpl_mul(gy, SCAL(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, mask(KPL_BIN_GT, IN(0),
+                                                              scalar_like(gy, 0)), 1 - s), s)));
+}
+G(CLIP)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *x = IN(0);
+    RET0(kpl_mul(gy, kpl_mul(mask(KPL_BIN_GE, x, scalar_like(gy, at->alpha)),
+                             mask(KPL_BIN_LE, x, scalar_like(gy, at->beta)))));
+}
+G(SIGN) { RET0(SCAL(KPL_BIN_MUL, gy, 0)); }
+
+G(ADD)
+{
+    if (WANT(0)) gin[0] = sum_to(gy, n, 0);
+    if (WANT(1)) gin[1] = sum_to(gy, n, 1);
+    return KPL_OK;
+}
+G(SUB)
+{
+    if (WANT(0)) gin[0] = sum_to(gy, n, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_neg(gy), n, 1);
+    return KPL_OK;
+}
+G(MUL)
+{
+    if (WANT(0)) gin[0] = sum_to(kpl_mul(gy, IN(1)), n, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_mul(gy, IN(0)), n, 1);
+    return KPL_OK;
+}
+G(DIV)
+{
+    kpl_tensor *a = IN(0), *b = IN(1);
+    if (WANT(0)) gin[0] = sum_to(kpl_div(gy, b), n, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_neg(kpl_div(kpl_mul(gy, a), kpl_square(b))), n, 1);
+    return KPL_OK;
+}
+G(POW)
+{
+    kpl_tensor *a = IN(0), *b = IN(1), *y = OUT;
+    if (WANT(0))
+        gin[0] = sum_to(kpl_mul(gy, kpl_mul(b, kpl_pow(a, SCAL(KPL_BIN_SUB, b, 1)))), n, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_mul(gy, kpl_mul(y, kpl_log(a))), n, 1);
+    return KPL_OK;
+}
+static kpl_status g_extreme(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_binary_op keep_a)
+{
+    /* Ties go to a, as maximum/minimum return a when a == b. */
+    kpl_tensor *m = mask(keep_a, IN(0), IN(1));
+    if (WANT(0)) gin[0] = sum_to(kpl_mul(gy, m), n, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, m, 1, true)), n, 1);
+    return KPL_OK;
+}
+G(MAXIMUM) { return g_extreme(n, gy, gin, KPL_BIN_GE); }
+G(MINIMUM) { return g_extreme(n, gy, gin, KPL_BIN_LE); }
+
+G(ADD_SCALAR) { RET0(gy); }
+G(SUB_SCALAR) { RET0(kpl_node_attrs(n)->scalar_first ? kpl_neg(gy) : gy); }
+G(MUL_SCALAR) { RET0(SCAL(KPL_BIN_MUL, gy, kpl_node_attrs(n)->scalar)); }
+G(DIV_SCALAR)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    if (!at->scalar_first) RET0(SCAL(KPL_BIN_DIV, gy, at->scalar)); /* x / s */
+    /* s / x: -s / x^2 */
+    RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, kpl_reciprocal(kpl_square(IN(0))), -at->scalar)));
+}
+G(POW_SCALAR)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    if (!at->scalar_first) /* x^s: s x^(s-1) */
+        RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, SCAL(KPL_BIN_POW, IN(0), at->scalar - 1), at->scalar)));
+    RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, OUT, log(at->scalar)))); /* s^x: s^x ln s */
+}
+static kpl_status g_extreme_scalar(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin,
+                                   kpl_binary_op keep_x)
+{
+    RET0(kpl_mul(gy, mask(keep_x, IN(0), scalar_like(gy, kpl_node_attrs(n)->scalar))));
+}
+G(MAXIMUM_SCALAR) { return g_extreme_scalar(n, gy, gin, KPL_BIN_GE); }
+G(MINIMUM_SCALAR) { return g_extreme_scalar(n, gy, gin, KPL_BIN_LE); }
+
+G(WHERE)
+{
+    kpl_tensor *c = IN(0), *zero = scalar_like(gy, 0);
+    if (WANT(1)) gin[1] = sum_to(kpl_where(c, gy, zero), n, 1);
+    if (WANT(2)) gin[2] = sum_to(kpl_where(c, zero, gy), n, 2);
+    return KPL_OK;
+}
+
+G(SUM) { RET0(unreduce(gy, n)); }
+G(MEAN) { RET0(SCAL(KPL_BIN_DIV, unreduce(gy, n), (double)reduced_count(n))); }
+static kpl_status g_max_min(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
+{
+    /* The gradient is shared evenly among the elements equal to the extreme. */
+    kpl_tensor *x = IN(0);
+    kpl_tensor *m = mask(KPL_BIN_EQ, x, unreduce(OUT, n));
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *cnt = kpl_sum(m, at->naxes ? at->axes : NULL, at->naxes, true);
+    RET0(kpl_div(kpl_mul(unreduce(gy, n), m), cnt));
+}
+G(MAX) { return g_max_min(n, gy, gin); }
+G(MIN) { return g_max_min(n, gy, gin); }
+G(VAR)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *x = IN(0);
+    double den = (double)(reduced_count(n) - at->correction);
+    kpl_tensor *mean = kpl_mean(x, at->naxes ? at->axes : NULL, at->naxes, true);
+    RET0(kpl_mul(unreduce(gy, n), SCAL(KPL_BIN_MUL, kpl_sub(x, mean), 2.0 / den)));
+}
+G(LOGSUMEXP) { RET0(kpl_mul(unreduce(gy, n), kpl_exp(kpl_sub(IN(0), unreduce(OUT, n))))); }
+
+G(MATMUL)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *a = IN(0), *b = IN(1);
+    int64_t s[KPL_MAX_DIMS];
+    if (kpl_node_input_shape(n, 0, s) < 2 || kpl_node_input_shape(n, 1, s) < 2)
+        return KPL_ERROR(KPL_ENOKERNEL,
+                         "matmul backward: 1-D operands are not differentiable yet; reshape "
+                         "them to 2-D");
+    bool ta = at->trans_a, tb = at->trans_b;
+    if (WANT(0))
+        gin[0] = sum_to(ta ? kpl_matmul(b, gy, tb, true) : kpl_matmul(gy, b, false, !tb), n, 0);
+    if (WANT(1))
+        gin[1] = sum_to(tb ? kpl_matmul(gy, a, true, ta) : kpl_matmul(a, gy, !ta, false), n, 1);
+    return KPL_OK;
+}
+G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
+G(RESHAPE)
+{
+    int64_t s[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, s);
+    RET0(kpl_reshape(gy, nd, s));
+}
+G(PERMUTE)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    int inv[KPL_MAX_DIMS];
+    for (int i = 0; i < at->naxes; i++) inv[at->axes[i]] = i;
+    RET0(kpl_permute(gy, inv));
+}
+G(EXPAND) { RET0(sum_to(gy, n, 0)); }
+
+static const grad_fn table[KPL_OP_COUNT] = {
+    [KPL_OP_NEG] = g_NEG, [KPL_OP_ABS] = g_ABS, [KPL_OP_EXP] = g_EXP, [KPL_OP_LOG] = g_LOG,
+    [KPL_OP_SQRT] = g_SQRT, [KPL_OP_RSQRT] = g_RSQRT, [KPL_OP_SQUARE] = g_SQUARE,
+    [KPL_OP_RECIPROCAL] = g_RECIPROCAL, [KPL_OP_SIN] = g_SIN, [KPL_OP_COS] = g_COS,
+    [KPL_OP_TANH] = g_TANH, [KPL_OP_SIGMOID] = g_SIGMOID, [KPL_OP_RELU] = g_RELU,
+    [KPL_OP_LEAKY_RELU] = g_LEAKY_RELU, [KPL_OP_CLIP] = g_CLIP, [KPL_OP_SIGN] = g_SIGN,
+    [KPL_OP_ADD] = g_ADD, [KPL_OP_SUB] = g_SUB, [KPL_OP_MUL] = g_MUL, [KPL_OP_DIV] = g_DIV,
+    [KPL_OP_POW] = g_POW, [KPL_OP_MAXIMUM] = g_MAXIMUM, [KPL_OP_MINIMUM] = g_MINIMUM,
+    [KPL_OP_ADD_SCALAR] = g_ADD_SCALAR, [KPL_OP_SUB_SCALAR] = g_SUB_SCALAR,
+    [KPL_OP_MUL_SCALAR] = g_MUL_SCALAR, [KPL_OP_DIV_SCALAR] = g_DIV_SCALAR,
+    [KPL_OP_POW_SCALAR] = g_POW_SCALAR, [KPL_OP_MAXIMUM_SCALAR] = g_MAXIMUM_SCALAR,
+    [KPL_OP_MINIMUM_SCALAR] = g_MINIMUM_SCALAR, [KPL_OP_WHERE] = g_WHERE,
+    [KPL_OP_SUM] = g_SUM, [KPL_OP_MEAN] = g_MEAN, [KPL_OP_MAX] = g_MAX, [KPL_OP_MIN] = g_MIN,
+    [KPL_OP_VAR] = g_VAR, [KPL_OP_LOGSUMEXP] = g_LOGSUMEXP, [KPL_OP_MATMUL] = g_MATMUL,
+    [KPL_OP_CAST] = g_CAST, [KPL_OP_RESHAPE] = g_RESHAPE, [KPL_OP_PERMUTE] = g_PERMUTE,
+    [KPL_OP_EXPAND] = g_EXPAND,
+};
+
+bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
+
+kpl_status kpl__autograd_apply(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
+{
+    kpl_op op = kpl_node_op(n);
+    grad_fn fn = (unsigned)op < KPL_OP_COUNT ? table[op] : NULL;
+    KPL_CHECK(fn != NULL, KPL_ENOKERNEL, "backward: no gradient is defined for '%s'",
+              kpl_op_name(op));
+    kpl_clear_error();
+    kpl_status st = fn(n, gy, gin);
+    if (st < 0) return st;
+    for (int i = 0; i < kpl_node_num_inputs(n); i++)
+        if (kpl_node_input_requires_grad(n, i) && !gin[i] && kpl_op_has_grad(op)) {
+            /* an eager op inside the gradient failed */
+            kpl_status last = kpl_last_status();
+            return last < 0 ? last
+                            : KPL_ERROR(KPL_EINVAL, "backward of '%s' produced no gradient",
+                                        kpl_op_name(op));
+        }
+    return KPL_OK;
+}
+
+/* What each gradient reads from the forward pass: bit i = input i; the
+ * output mask is bit 0.  Everything else is let go at once. */
+__attribute__((constructor)) static void register_saved(void)
+{
+    static const struct {
+        kpl_op op;
+        unsigned in, out;
+    } s[] = {
+        {KPL_OP_ABS, 1, 0},        {KPL_OP_EXP, 0, 1},        {KPL_OP_LOG, 1, 0},
+        {KPL_OP_SQRT, 0, 1},       {KPL_OP_RSQRT, 0, 1},      {KPL_OP_SQUARE, 1, 0},
+        {KPL_OP_RECIPROCAL, 0, 1}, {KPL_OP_SIN, 1, 0},        {KPL_OP_COS, 1, 0},
+        {KPL_OP_TANH, 0, 1},       {KPL_OP_SIGMOID, 0, 1},    {KPL_OP_RELU, 1, 0},
+        {KPL_OP_LEAKY_RELU, 1, 0}, {KPL_OP_CLIP, 1, 0},       {KPL_OP_MUL, 3, 0},
+        {KPL_OP_DIV, 3, 0},        {KPL_OP_POW, 3, 1},        {KPL_OP_MAXIMUM, 3, 0},
+        {KPL_OP_MINIMUM, 3, 0},    {KPL_OP_DIV_SCALAR, 1, 0}, {KPL_OP_POW_SCALAR, 1, 1},
+        {KPL_OP_MAXIMUM_SCALAR, 1, 0}, {KPL_OP_MINIMUM_SCALAR, 1, 0}, {KPL_OP_WHERE, 1, 0},
+        {KPL_OP_MAX, 1, 1},        {KPL_OP_MIN, 1, 1},        {KPL_OP_VAR, 1, 0},
+        {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},
+    };
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
+}

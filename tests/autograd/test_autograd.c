@@ -1,0 +1,335 @@
+/* test_autograd.c — gradients of every op against finite differences,
+ * higher orders, accumulation, errors, reverse-mode GC, and an MLP that
+ * learns. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <string.h>
+
+#include "autograd.h"
+
+#define OK(expr)                                                                     \
+    do {                                                                             \
+        kpl_status st_ = (expr);                                                     \
+        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),     \
+                                    kpl_last_error());                               \
+    } while (0)
+
+/* An f64 parameter with values uniform in [lo, hi). */
+static kpl_tensor *param(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F64, ndim, shape, &t));
+    kpl_rng *r = kpl_rng_create(seed);
+    OK(kpl_k_uniform(t, r, lo, hi));
+    kpl_rng_destroy(r);
+    OK(kpl_set_requires_grad(t, true));
+    return t;
+}
+
+static double at(kpl_tensor *t, int64_t i)
+{
+    double v = 0;
+    OK(kpl_tensor_get(t, i, &v));
+    return v;
+}
+
+/* ---- op table for the gradient checks --------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    kpl_gradcheck_fn fn;
+    int nin;
+    double lo, hi; /* input range (positive for log, sqrt, ...) */
+    int max_order; /* highest order checked */
+} gcase;
+
+#define U(NAME, EXPR) \
+    static kpl_tensor *f_##NAME(kpl_tensor *const *x, void *u) { (void)u; return (EXPR); }
+
+U(neg, kpl_neg(x[0]))
+U(abs, kpl_abs(x[0]))
+U(exp, kpl_exp(x[0]))
+U(log, kpl_log(x[0]))
+U(sqrt, kpl_sqrt(x[0]))
+U(rsqrt, kpl_rsqrt(x[0]))
+U(square, kpl_square(x[0]))
+U(reciprocal, kpl_reciprocal(x[0]))
+U(sin, kpl_sin(x[0]))
+U(cos, kpl_cos(x[0]))
+U(tanh, kpl_tanh(x[0]))
+U(sigmoid, kpl_sigmoid(x[0]))
+U(relu, kpl_relu(x[0]))
+U(leaky_relu, kpl_leaky_relu(x[0], 0.1))
+U(clip, kpl_clip(x[0], -0.5, 0.5))
+U(add, kpl_add(x[0], x[1]))
+U(sub, kpl_sub(x[0], x[1]))
+U(mul, kpl_mul(x[0], x[1]))
+U(div, kpl_div(x[0], x[1]))
+U(pow, kpl_pow(x[0], x[1]))
+U(maximum, kpl_maximum(x[0], x[1]))
+U(minimum, kpl_minimum(x[0], x[1]))
+U(add_s, kpl_scalar_op(KPL_BIN_ADD, x[0], 1.5, false))
+U(rsub_s, kpl_scalar_op(KPL_BIN_SUB, x[0], 1.5, true))
+U(mul_s, kpl_scalar_op(KPL_BIN_MUL, x[0], -2.5, false))
+U(div_s, kpl_scalar_op(KPL_BIN_DIV, x[0], 3, false))
+U(rdiv_s, kpl_scalar_op(KPL_BIN_DIV, x[0], 3, true))
+U(pow_s, kpl_scalar_op(KPL_BIN_POW, x[0], 2.5, false))
+U(rpow_s, kpl_scalar_op(KPL_BIN_POW, x[0], 1.7, true))
+U(max_s, kpl_scalar_op(KPL_BIN_MAXIMUM, x[0], 0.3, false))
+U(where, kpl_where(kpl_compare(KPL_BIN_GT, x[0], x[1]), x[0], kpl_square(x[1])))
+U(sum_ax, kpl_sum(x[0], (int[]){1}, 1, false))
+U(mean_all, kpl_mean(x[0], NULL, 0, false))
+U(max_ax, kpl_max(x[0], (int[]){0}, 1, true))
+U(min_ax, kpl_min(x[0], (int[]){-1}, 1, false))
+U(var_ax, kpl_var(x[0], (int[]){1}, 1, false, 1))
+U(lse_ax, kpl_logsumexp(x[0], (int[]){1}, 1, false))
+U(matmul, kpl_matmul(x[0], x[1], false, false))
+U(matmul_tt, kpl_matmul(x[0], x[1], true, true))
+U(reshape, kpl_square(kpl_reshape(x[0], 1, (int64_t[]){12})))
+U(permute, kpl_mul(kpl_permute(x[0], (int[]){1, 0}), kpl_permute(x[0], (int[]){1, 0})))
+U(expand, kpl_square(kpl_expand(x[0], 3, (int64_t[]){2, 3, 4})))
+U(cast, kpl_square(kpl_cast(x[0], KPL_F32)))
+
+static void check(const gcase *c, int order, const int64_t shapes[][3], const int *ndims)
+{
+    kpl_tensor *in[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < c->nin; i++) in[i] = param(ndims[i], shapes[i], 100 + (uint64_t)i, c->lo, c->hi);
+    bool f32 = c->fn == f_cast;
+    kpl_status st = kpl_gradcheck(c->fn, NULL, c->nin, in, order, f32 ? 1e-3 : 1e-6,
+                                  f32 ? 1e-2 : 1e-6, f32 ? 1e-2 : 1e-5);
+    if (st != KPL_OK) fail_msg("%s order %d: %s", c->name, order, kpl_last_error());
+    for (int i = 0; i < c->nin; i++) kpl_tensor_release(in[i]);
+}
+
+static void test_gradcheck_all_ops(void **state)
+{
+    (void)state;
+    const gcase cases[] = {
+        {"neg", f_neg, 1, -2, 2, 2},        {"abs", f_abs, 1, 0.2, 2, 2},
+        {"exp", f_exp, 1, -1, 1, 2},        {"log", f_log, 1, 0.5, 2, 2},
+        {"sqrt", f_sqrt, 1, 0.5, 2, 2},     {"rsqrt", f_rsqrt, 1, 0.5, 2, 2},
+        {"square", f_square, 1, -2, 2, 2},  {"reciprocal", f_reciprocal, 1, 0.5, 2, 2},
+        {"sin", f_sin, 1, -2, 2, 2},        {"cos", f_cos, 1, -2, 2, 2},
+        {"tanh", f_tanh, 1, -2, 2, 2},      {"sigmoid", f_sigmoid, 1, -2, 2, 2},
+        {"relu", f_relu, 1, 0.1, 2, 2},     {"leaky_relu", f_leaky_relu, 1, 0.1, 2, 2},
+        {"clip", f_clip, 1, -0.4, 0.4, 2},  {"add", f_add, 2, -2, 2, 4},
+        {"sub", f_sub, 2, -2, 2, 4},        {"mul", f_mul, 2, -2, 2, 4},
+        {"div", f_div, 2, 0.5, 2, 2},       {"pow", f_pow, 2, 0.5, 2, 2},
+        {"maximum", f_maximum, 2, -2, 2, 1}, {"minimum", f_minimum, 2, -2, 2, 1},
+        {"add_s", f_add_s, 1, -2, 2, 2},    {"rsub_s", f_rsub_s, 1, -2, 2, 2},
+        {"mul_s", f_mul_s, 1, -2, 2, 2},    {"div_s", f_div_s, 1, -2, 2, 2},
+        {"rdiv_s", f_rdiv_s, 1, 0.5, 2, 2}, {"pow_s", f_pow_s, 1, 0.5, 2, 2},
+        {"rpow_s", f_rpow_s, 1, -1, 1, 2},  {"max_s", f_max_s, 1, -2, 2, 1},
+        {"where", f_where, 2, -2, 2, 1},    {"sum_ax", f_sum_ax, 1, -2, 2, 2},
+        {"mean_all", f_mean_all, 1, -2, 2, 2}, {"max_ax", f_max_ax, 1, -2, 2, 1},
+        {"min_ax", f_min_ax, 1, -2, 2, 1},  {"var_ax", f_var_ax, 1, -2, 2, 2},
+        {"lse_ax", f_lse_ax, 1, -2, 2, 2},  {"reshape", f_reshape, 1, -2, 2, 2},
+        {"permute", f_permute, 1, -2, 2, 2}, {"cast", f_cast, 1, -2, 2, 1},
+    };
+    /* Binary ops broadcast: (3,4) with (4); unary ops see (3,4). */
+    const int64_t shapes[3][3] = {{3, 4}, {4}, {3, 4}};
+    const int ndims[3] = {2, 1, 2};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int order = 1; order <= cases[k].max_order; order++)
+            check(&cases[k], order, shapes, ndims);
+    /* matmul with batch broadcasting and transposes; second order too */
+    const gcase mm = {"matmul", f_matmul, 2, -1, 1, 2};
+    const int64_t mshapes[2][3] = {{2, 3, 4}, {4, 5}};
+    const int mnd[2] = {3, 2};
+    check(&mm, 1, mshapes, mnd);
+    check(&mm, 2, mshapes, mnd);
+    const gcase mmt = {"matmul_tt", f_matmul_tt, 2, -1, 1, 1};
+    const int64_t tshapes[2][3] = {{4, 3}, {5, 4}};
+    const int tnd[2] = {2, 2};
+    check(&mmt, 1, tshapes, tnd);
+    const gcase ex = {"expand", f_expand, 1, -1, 1, 2};
+    const int64_t eshapes[1][3] = {{3, 1}};
+    const int end[1] = {2};
+    check(&ex, 1, eshapes, end);
+    check(&ex, 2, eshapes, end);
+}
+
+static void test_accumulate_and_errors(void **state)
+{
+    (void)state;
+    int64_t s3 = 3;
+    kpl_tensor *w = param(1, &s3, 1, -1, 1);
+    for (int rep = 1; rep <= 2; rep++) {
+        kpl_pool *p = kpl_pool_push();
+        kpl_tensor *l = kpl_sum(kpl_scalar_op(KPL_BIN_MUL, w, 3, false), NULL, 0, false);
+        OK(kpl_backward(l, NULL, false));
+        kpl_pool_pop(p);
+        assert_float_equal(at(kpl_grad_get(w), 2), 3.0 * rep, 1e-12); /* accumulates */
+    }
+    kpl_zero_grad(1, &w);
+    assert_null(kpl_grad_get(w));
+    /* a second backward through a freed graph is an error */
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *l = kpl_sum(kpl_exp(w), NULL, 0, false);
+    OK(kpl_backward(l, NULL, false));
+    assert_int_equal(kpl_backward(l, NULL, false), KPL_ESTATE);
+    assert_non_null(strstr(kpl_last_error(), "retain_graph"));
+    /* retain_graph allows it */
+    kpl_tensor *l2 = kpl_sum(kpl_exp(w), NULL, 0, false);
+    OK(kpl_backward(l2, NULL, true));
+    OK(kpl_backward(l2, NULL, false));
+    /* non-scalar outputs need grad_output */
+    kpl_tensor *v = kpl_exp(w);
+    assert_int_equal(kpl_backward(v, NULL, false), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "pass grad_output"));
+    /* no-grad: nothing recorded, backward refuses */
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_tensor *q = kpl_sum(kpl_exp(w), NULL, 0, false);
+    kpl_set_grad_enabled(prev);
+    assert_null(kpl_tensor_node(q, NULL));
+    assert_int_equal(kpl_backward(q, NULL, false), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "does not require grad"));
+    kpl_pool_pop(p);
+    kpl_tensor_release(w);
+}
+
+static void test_grad_of_intermediate(void **state)
+{
+    (void)state;
+    int64_t s2 = 2;
+    kpl_tensor *x = param(1, &s2, 3, 1, 2);
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *h = kpl_square(x);            /* h = x^2 */
+    kpl_tensor *y = kpl_sum(kpl_mul(h, h), NULL, 0, false); /* y = sum x^4 */
+    kpl_tensor *in[2] = {h, x}, *g[2];
+    OK(kpl_grad(y, NULL, 2, in, false, g));
+    assert_float_equal(at(g[0], 1), 2 * at(h, 1), 1e-12);             /* dy/dh = 2h */
+    assert_float_equal(at(g[1], 0), 4 * pow(at(x, 0), 3), 1e-9);      /* dy/dx = 4x^3 */
+    assert_null(kpl_grad_get(x));                                     /* .grad untouched */
+    kpl_pool_pop(p);
+    kpl_tensor_release(x);
+}
+
+/* Peak allocator bytes of one step of a deep MLP: the GC frees saved
+ * activations and gradients as backward goes. */
+static size_t mlp_step_peak(bool free_forward_pool, int layers, int64_t width, int64_t batch)
+{
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_tensor *w[16];
+    int64_t ws[2] = {width, width}, xs[2] = {batch, width};
+    for (int i = 0; i < layers; i++) w[i] = param(2, ws, 10 + (uint64_t)i, -0.05, 0.05);
+    kpl_device_empty_cache(cpu);
+    kpl_device_reset_peak(cpu);
+    size_t base = kpl_device_memory_stats(cpu).allocated;
+    kpl_pool *step = kpl_pool_push();
+    kpl_pool *fw = kpl_pool_push();
+    kpl_rng *r = kpl_rng_create(1);
+    kpl_tensor *h = kpl_randn(cpu, KPL_F64, 2, xs, r, 0, 1);
+    kpl_rng_destroy(r);
+    for (int i = 0; i < layers; i++) h = kpl_tanh(kpl_matmul(h, w[i], false, false));
+    kpl_tensor *loss = kpl_mean(kpl_square(h), NULL, 0, false);
+    kpl_tensor_retain(loss);
+    if (free_forward_pool) kpl_pool_pop(fw);
+    OK(kpl_backward(loss, NULL, false));
+    kpl_tensor_release(loss);
+    if (!free_forward_pool) kpl_pool_pop(fw);
+    kpl_pool_pop(step);
+    size_t peak = kpl_device_memory_stats(cpu).peak_allocated - base;
+    for (int i = 0; i < layers; i++) kpl_tensor_release(w[i]);
+    return peak;
+}
+
+static void test_gc_lowers_peak(void **state)
+{
+    (void)state;
+    size_t kept = mlp_step_peak(false, 8, 256, 128);
+    size_t gc = mlp_step_peak(true, 8, 256, 128);
+    print_message("MLP step peak: %zu bytes with the forward pool held, %zu with GC\n", kept, gc);
+    assert_true(gc < kept * 0.8);
+}
+
+/* An MLP on a separable synthetic problem: 784-512-256-10, softmax cross
+ * entropy, SGD; the loss must fall below a fixed bound in 200 steps. */
+static void test_mlp_learns(void **state)
+{
+    (void)state;
+    kpl_device *cpu = kpl_device_cpu();
+    const int64_t B = 64, D = 784, C = 10;
+    int64_t sizes[4] = {D, 512, 256, C};
+    kpl_tensor *W[3], *bias[3];
+    kpl_rng *rng = kpl_rng_create(7);
+    for (int l = 0; l < 3; l++) {
+        int64_t ws[2] = {sizes[l], sizes[l + 1]}, bs[1] = {sizes[l + 1]};
+        OK(kpl_tensor_empty(cpu, KPL_F32, 2, ws, &W[l]));
+        OK(kpl_k_normal(W[l], rng, 0, sqrt(2.0 / (double)sizes[l])));
+        OK(kpl_tensor_zeros(cpu, KPL_F32, 1, bs, &bias[l]));
+        OK(kpl_set_requires_grad(W[l], true));
+        OK(kpl_set_requires_grad(bias[l], true));
+    }
+    /* class prototypes; inputs = prototype of the label + noise */
+    int64_t ps[2] = {C, D};
+    kpl_tensor *proto = NULL;
+    OK(kpl_tensor_empty(cpu, KPL_F32, 2, ps, &proto));
+    OK(kpl_k_normal(proto, rng, 0, 1));
+    double first = 0, last = 0;
+    for (int step = 0; step < 200; step++) {
+        kpl_pool *p = kpl_pool_push();
+        int64_t xs[2] = {B, D}, ys[2] = {B, C};
+        kpl_tensor *x = kpl_randn(cpu, KPL_F32, 2, xs, rng, 0, 1);
+        kpl_tensor *onehot = kpl_full(cpu, KPL_F32, 2, ys, 0);
+        float *oh = kpl_tensor_host_mutable(onehot);
+        float *xv = kpl_tensor_host_mutable(x);
+        const float *pv = kpl_tensor_host_data(proto);
+        for (int64_t i = 0; i < B; i++) {
+            int64_t c = (i * 7 + step) % C;
+            oh[i * C + c] = 1;
+            for (int64_t d = 0; d < D; d++) xv[i * D + d] = 0.5f * xv[i * D + d] + pv[c * D + d];
+        }
+        kpl_tensor *h = x;
+        for (int l = 0; l < 3; l++) {
+            h = kpl_add(kpl_matmul(h, W[l], false, false), bias[l]);
+            if (l < 2) h = kpl_relu(h);
+        }
+        /* cross entropy = mean(logsumexp(z) - sum(z * onehot)) */
+        int ax = 1;
+        kpl_tensor *loss = kpl_mean(kpl_sub(kpl_logsumexp(h, &ax, 1, false),
+                                            kpl_sum(kpl_mul(h, onehot), &ax, 1, false)),
+                                    NULL, 0, false);
+        if (!loss) fail_msg("forward: %s", kpl_last_error());
+        OK(kpl_backward(loss, NULL, false));
+        double v = at(loss, 0);
+        if (step == 0) first = v;
+        last = v;
+        for (int l = 0; l < 3; l++) { /* SGD, in place, outside the graph */
+            kpl_tensor *ps2[2] = {W[l], bias[l]};
+            for (int k = 0; k < 2; k++) {
+                kpl_tensor *g = kpl_grad_get(ps2[k]);
+                kpl_tensor *upd = kpl_scalar_op(KPL_BIN_MUL, g, 0.05, false);
+                OK(kpl_k_binary(ps2[k], KPL_BIN_SUB, ps2[k], upd));
+            }
+            kpl_zero_grad(2, ps2);
+        }
+        kpl_pool_pop(p);
+    }
+    print_message("MLP loss %.4f -> %.4f\n", first, last);
+    assert_true(first > 1.0);
+    assert_true(last < 0.05);
+    for (int l = 0; l < 3; l++) {
+        kpl_tensor_release(W[l]);
+        kpl_tensor_release(bias[l]);
+    }
+    kpl_tensor_release(proto);
+    kpl_rng_destroy(rng);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gradcheck_all_ops),
+        cmocka_unit_test(test_accumulate_and_errors),
+        cmocka_unit_test(test_grad_of_intermediate),
+        cmocka_unit_test(test_gc_lowers_peak),
+        cmocka_unit_test(test_mlp_learns),
+    };
+    return cmocka_run_group_tests_name("autograd", tests, NULL, NULL);
+}
