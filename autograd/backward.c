@@ -13,7 +13,9 @@
 #include <string.h>
 
 typedef struct {
-    kpl_node *node;
+    kpl_node *node;    /* a recorded node, or NULL for a parameter slot */
+    kpl_tensor *leaf;  /* the parameter of a parameter slot */
+    const void *key;   /* node or leaf */
     int deps;          /* consumers whose gradient has not arrived yet */
     kpl_tensor *grad;  /* accumulated gradient of the node's output (owned) */
     int capture;       /* index into the requested inputs, or -1 */
@@ -26,7 +28,7 @@ typedef struct {
     size_t map_cap;
 } graph_walk;
 
-static size_t hash_node(const kpl_node *n, size_t cap)
+static size_t hash_node(const void *n, size_t cap)
 {
     uint64_t x = (uint64_t)(uintptr_t)n;
     x ^= x >> 31;
@@ -34,16 +36,17 @@ static size_t hash_node(const kpl_node *n, size_t cap)
     return (size_t)(x >> 17) & (cap - 1);
 }
 
-static slot *find(graph_walk *w, const kpl_node *n)
+static slot *find(graph_walk *w, const void *key)
 {
     if (!w->map_cap) return NULL;
-    for (size_t j = hash_node(n, w->map_cap);; j = (j + 1) & (w->map_cap - 1)) {
+    for (size_t j = hash_node(key, w->map_cap);; j = (j + 1) & (w->map_cap - 1)) {
         if (!w->map[j]) return NULL;
-        if (w->s[w->map[j] - 1].node == n) return &w->s[w->map[j] - 1];
+        if (w->s[w->map[j] - 1].key == key) return &w->s[w->map[j] - 1];
     }
 }
 
-static kpl_status add_slot(graph_walk *w, kpl_node *n, slot **out)
+/* A slot for a node, or for a parameter when n is NULL. */
+static kpl_status add_slot(graph_walk *w, kpl_node *n, kpl_tensor *leaf, slot **out)
 {
     if (w->n == w->cap) {
         size_t ncap = w->cap ? w->cap * 2 : 64;
@@ -57,7 +60,7 @@ static kpl_status add_slot(graph_walk *w, kpl_node *n, slot **out)
         size_t *nm = calloc(ncap, sizeof *nm);
         KPL_CHECK(nm != NULL, KPL_ENOMEM, "backward: no host memory");
         for (size_t i = 0; i < w->n; i++) {
-            size_t j = hash_node(w->s[i].node, ncap);
+            size_t j = hash_node(w->s[i].key, ncap);
             while (nm[j]) j = (j + 1) & (ncap - 1);
             nm[j] = i + 1;
         }
@@ -68,28 +71,47 @@ static kpl_status add_slot(graph_walk *w, kpl_node *n, slot **out)
     slot *s = &w->s[w->n];
     memset(s, 0, sizeof *s);
     s->node = n;
+    s->leaf = leaf;
+    s->key = n ? (const void *)n : (const void *)leaf;
     s->capture = -1;
-    size_t j = hash_node(n, w->map_cap);
+    size_t j = hash_node(s->key, w->map_cap);
     while (w->map[j]) j = (j + 1) & (w->map_cap - 1);
     w->map[j] = ++w->n;
     *out = s;
     return KPL_OK;
 }
 
-/* Finds every node the root depends on and counts each one's consumers. */
+/* Finds every node and parameter the root depends on and counts each
+ * one's consumers. */
 static kpl_status collect(graph_walk *w, kpl_node *root)
 {
     slot *s;
-    KPL_TRY(add_slot(w, root, &s));
+    KPL_TRY(add_slot(w, root, NULL, &s));
     for (size_t next = 0; next < w->n; next++) {
         kpl_node *n = w->s[next].node;
+        if (!n) continue; /* parameters end the walk */
         for (int i = 0; i < kpl_node_num_inputs(n); i++) {
+            if (!kpl_node_input_requires_grad(n, i)) continue;
             kpl_node *m = kpl_node_input_node(n, i, NULL);
-            if (!m || !kpl_node_input_requires_grad(n, i)) continue;
-            slot *t = find(w, m);
-            if (!t) KPL_TRY(add_slot(w, m, &t)); /* may move w->s */
+            kpl_tensor *leaf = m ? NULL : kpl_node_input_leaf(n, i);
+            slot *t = find(w, m ? (const void *)m : (const void *)leaf);
+            if (!t) KPL_TRY(add_slot(w, m, leaf, &t)); /* may move w->s */
             t->deps++;
         }
+    }
+    return KPL_OK;
+}
+
+/* Runs gradient hooks on *g (owned), replacing it when a hook returns a
+ * new tensor. */
+static kpl_status run_grad_hooks(const kpl_hooks *h, kpl_tensor *t, kpl_tensor **g)
+{
+    for (int k = 0; h && k < h->n_grad; k++) {
+        kpl_tensor *r = h->grad[k](t, *g, h->grad_user[k]);
+        if (!r) continue;
+        kpl_tensor_retain(r);
+        kpl_tensor_release(*g);
+        *g = r;
     }
     return KPL_OK;
 }
@@ -150,6 +172,7 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
     bool prev_mode = kpl_set_grad_enabled(create_graph);
     kpl_status st = KPL_OK;
     graph_walk w = {0};
+    size_t *ready = NULL;
     kpl_pool *outer = kpl_pool_push();
     if (!outer) {
         kpl_set_grad_enabled(prev_mode);
@@ -178,13 +201,15 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
     }
     if ((st = collect(&w, root)) < 0) goto done;
     for (int i = 0; cap && i < cap->ninputs; i++) {
-        slot *s = find(&w, kpl_tensor_node(cap->inputs[i], NULL));
-        if (s && kpl_tensor_node(cap->inputs[i], NULL)) s->capture = i;
+        kpl_node *in = kpl_tensor_node(cap->inputs[i], NULL);
+        slot *s = find(&w, in ? (const void *)in : (const void *)cap->inputs[i]);
+        if (s) s->capture = i;
     }
     w.s[0].grad = seed;
 
     /* Nodes whose consumers have all contributed, ready to run. */
-    size_t *ready = malloc(w.n * sizeof *ready), nready = 0;
+    size_t nready = 0;
+    ready = malloc(w.n * sizeof *ready);
     if (!ready) {
         st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
         goto done;
@@ -193,47 +218,53 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
     while (nready && st == KPL_OK) {
         slot *s = &w.s[ready[--nready]];
         kpl_node *n = s->node;
-        if (s->capture >= 0) {
-            kpl_tensor_retain(s->grad);
-            cap->grads[s->capture] = s->grad;
+        if (!n) { /* a parameter whose gradient is complete */
+            kpl_tensor *leaf = s->leaf, *g = s->grad;
+            s->grad = NULL;
+            kpl_pool *p = kpl_pool_push();
+            st = run_grad_hooks(kpl_tensor_hooks(leaf), leaf, &g);
+            if (st == KPL_OK && s->capture >= 0) {
+                st = accumulate(&cap->grads[s->capture], g);
+                g = NULL;
+            } else if (st == KPL_OK && !cap) {
+                kpl_tensor *acc = kpl_grad_get(leaf);
+                if (acc) kpl_tensor_retain(acc);
+                st = accumulate(&acc, g);
+                g = NULL;
+                if (st == KPL_OK) kpl_grad_set(leaf, acc);
+                kpl_tensor_release(acc);
+                const kpl_hooks *h = kpl_tensor_hooks(leaf);
+                for (int k = 0; st == KPL_OK && h && k < h->n_ready; k++)
+                    h->ready[k](leaf, h->ready_user[k]);
+            }
+            kpl_tensor_release(g);
+            kpl_pool_pop(p);
+            continue;
         }
-        if (kpl_node_saved_freed(n)) {
-            st = KPL_ERROR(KPL_ESTATE,
-                           "backward: the graph through '%s' was already used by a backward "
-                           "that freed it; pass retain_graph to the first one",
-                           kpl_op_name(kpl_node_op(n)));
-            break;
-        }
-        kpl_tensor *gin[3] = {NULL, NULL, NULL};
         kpl_pool *p = kpl_pool_push();
         if (!p) {
             st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
             break;
         }
-        st = kpl__autograd_apply(n, s->grad, gin);
+        st = run_grad_hooks(kpl_node_hooks(n), NULL, &s->grad);
+        if (st == KPL_OK && s->capture >= 0) {
+            kpl_tensor_retain(s->grad);
+            cap->grads[s->capture] = s->grad;
+        }
+        if (st == KPL_OK && kpl_node_saved_freed(n))
+            st = KPL_ERROR(KPL_ESTATE,
+                           "backward: the graph through '%s' was already used by a backward "
+                           "that freed it; pass retain_graph to the first one",
+                           kpl_op_name(kpl_node_op(n)));
+        kpl_tensor *gin[3] = {NULL, NULL, NULL};
+        if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
         for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
             if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;
             kpl_tensor_retain(gin[i]);
             kpl_node *m = kpl_node_input_node(n, i, NULL);
-            if (m) {
-                slot *t = find(&w, m);
-                st = accumulate(&t->grad, gin[i]);
-                if (st == KPL_OK && --t->deps == 0) ready[nready++] = (size_t)(t - w.s);
-                continue;
-            }
-            kpl_tensor *leaf = kpl_node_input_leaf(n, i);
-            int c = capture_leaf(cap, leaf);
-            if (c >= 0) {
-                st = accumulate(&cap->grads[c], gin[i]);
-            } else if (!cap) {
-                kpl_tensor *g = kpl_grad_get(leaf);
-                if (g) kpl_tensor_retain(g);
-                st = accumulate(&g, gin[i]);
-                if (st == KPL_OK) kpl_grad_set(leaf, g);
-                kpl_tensor_release(g);
-            } else {
-                kpl_tensor_release(gin[i]);
-            }
+            slot *t = find(&w, m ? (const void *)m : (const void *)kpl_node_input_leaf(n, i));
+            st = accumulate(&t->grad, gin[i]);
+            if (st == KPL_OK && --t->deps == 0) ready[nready++] = (size_t)(t - w.s);
         }
         kpl_pool_pop(p);
         /* Reverse-mode GC: this node's output gradient and saved tensors
@@ -242,8 +273,8 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
         s->grad = NULL;
         if (!retain_graph && !create_graph) kpl_node_free_saved(n);
     }
-    free(ready);
 done:
+    free(ready);
     for (size_t i = 0; i < w.n; i++) kpl_tensor_release(w.s[i].grad);
     free(w.s);
     free(w.map);

@@ -155,6 +155,8 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
 
 /* ---- autograd's view of a tensor ----------------------------------------------- */
 
+typedef struct kpl_node kpl_node; /* a recorded op, see "the tape" below */
+
 /* Marks a leaf (a tensor no op produced) as a parameter whose gradient
  * accumulates into its .grad.  Float dtypes only. */
 kpl_status kpl_set_requires_grad(kpl_tensor *t, bool on);
@@ -165,9 +167,31 @@ kpl_tensor *kpl_grad_get(const kpl_tensor *t);
 /* Replaces the .grad of a parameter (retains g; NULL clears it). */
 void kpl_grad_set(kpl_tensor *t, kpl_tensor *g);
 
-/* ---- the tape ------------------------------------------------------------------ */
+/* Hooks, stored here and run by autograd/ during backward.
+ * A gradient hook sees the gradient flowing into tensor t (its total for
+ * this backward) and may return a replacement (pool-owned), or NULL to keep
+ * it.  A ready hook runs once per backward for each parameter, as soon as
+ * its .grad is complete, in backward order (the DDP bucketer starts its
+ * allreduce there).  Hooks on a result apply to the node that made it.
+ * Up to 8 of each per tensor. */
+typedef kpl_tensor *(*kpl_grad_hook)(kpl_tensor *t, kpl_tensor *grad, void *user);
+typedef void (*kpl_ready_hook)(kpl_tensor *param, void *user);
+kpl_status kpl_add_grad_hook(kpl_tensor *t, kpl_grad_hook fn, void *user);
+kpl_status kpl_add_ready_hook(kpl_tensor *param, kpl_ready_hook fn, void *user);
+void kpl_clear_hooks(kpl_tensor *t);
 
-typedef struct kpl_node kpl_node;
+typedef struct {
+    int n_grad, n_ready;
+    kpl_grad_hook grad[8];
+    void *grad_user[8];
+    kpl_ready_hook ready[8];
+    void *ready_user[8];
+} kpl_hooks;
+/* The hooks of a parameter or of a node (borrowed; NULL when none). */
+const kpl_hooks *kpl_tensor_hooks(const kpl_tensor *t);
+const kpl_hooks *kpl_node_hooks(const kpl_node *n);
+
+/* ---- the tape ------------------------------------------------------------------ */
 
 /* Declares which inputs/outputs an op's gradient needs (bit i = input or
  * output i); recording keeps exactly those alive until backward frees

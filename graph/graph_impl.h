@@ -16,6 +16,7 @@ typedef struct {
     kpl_node *node;     /* producer, NULL for leaves */
     bool node_weak;     /* node not owned: a saved output, which its node owns */
     int out_index;
+    kpl_hooks *hooks;   /* parameters' hooks (owned) */
 } kpl__tmeta;
 
 struct kpl_node {
@@ -37,6 +38,7 @@ struct kpl_node {
     int64_t out_shape[KPL_MAX_DIMS];
     kpl_tensor *saved_out;
     bool freed; /* saved tensors released by backward */
+    kpl_hooks *hooks; /* hooks registered on the node's result (owned) */
 };
 
 kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);

@@ -125,6 +125,7 @@ static void meta_free(void *m)
     kpl__tmeta *tm = m;
     kpl_tensor_release(tm->grad);
     if (!tm->node_weak) kpl_node_release(tm->node);
+    free(tm->hooks);
     free(tm);
 }
 
@@ -178,6 +179,62 @@ void kpl_grad_set(kpl_tensor *t, kpl_tensor *g)
     m->grad = g;
 }
 
+/* ---- hooks ------------------------------------------------------------------------ */
+
+/* The hook set a tensor's hooks go to: its node's for a result, its own
+ * for a parameter. */
+static kpl_status hook_set(kpl_tensor *t, kpl_hooks **out)
+{
+    KPL_CHECK(t != NULL, KPL_EINVAL, "add_hook: NULL tensor");
+    kpl__tmeta *m = kpl_tensor_meta(t);
+    KPL_CHECK(m && m->requires_grad, KPL_EINVAL,
+              "add_hook: the tensor does not require grad, no gradient will reach it");
+    kpl_hooks **slot = m->node ? &m->node->hooks : &m->hooks;
+    if (!*slot) *slot = calloc(1, sizeof **slot);
+    KPL_CHECK(*slot != NULL, KPL_ENOMEM, "add_hook: no host memory");
+    *out = *slot;
+    return KPL_OK;
+}
+
+kpl_status kpl_add_grad_hook(kpl_tensor *t, kpl_grad_hook fn, void *user)
+{
+    kpl_hooks *h = NULL;
+    KPL_TRY(hook_set(t, &h));
+    KPL_CHECK(h->n_grad < 8, KPL_ERANGE, "add_grad_hook: at most 8 hooks per tensor");
+    h->grad[h->n_grad] = fn;
+    h->grad_user[h->n_grad++] = user;
+    return KPL_OK;
+}
+
+kpl_status kpl_add_ready_hook(kpl_tensor *param, kpl_ready_hook fn, void *user)
+{
+    KPL_CHECK(param && !kpl_tensor_node(param, NULL), KPL_EINVAL,
+              "add_ready_hook: ready hooks are for parameters (leaves)");
+    kpl_hooks *h = NULL;
+    KPL_TRY(hook_set(param, &h));
+    KPL_CHECK(h->n_ready < 8, KPL_ERANGE, "add_ready_hook: at most 8 hooks per tensor");
+    h->ready[h->n_ready] = fn;
+    h->ready_user[h->n_ready++] = user;
+    return KPL_OK;
+}
+
+void kpl_clear_hooks(kpl_tensor *t)
+{
+    kpl__tmeta *m = t ? kpl_tensor_meta(t) : NULL;
+    if (!m) return;
+    kpl_hooks **slot = m->node ? &m->node->hooks : &m->hooks;
+    free(*slot);
+    *slot = NULL;
+}
+
+const kpl_hooks *kpl_tensor_hooks(const kpl_tensor *t)
+{
+    const kpl__tmeta *m = t ? kpl_tensor_meta(t) : NULL;
+    return m ? m->hooks : NULL;
+}
+
+const kpl_hooks *kpl_node_hooks(const kpl_node *n) { return n ? n->hooks : NULL; }
+
 /* ---- nodes ------------------------------------------------------------------------ */
 
 kpl_node *kpl_tensor_node(const kpl_tensor *t, int *out_index)
@@ -210,6 +267,7 @@ void kpl_node_release(kpl_node *n)
     while (n) {
         if (atomic_fetch_sub_explicit(&n->refcount, 1, memory_order_acq_rel) != 1) return;
         kpl_node_free_saved(n);
+        free(n->hooks);
         kpl_node *next = NULL;
         for (int i = 0; i < n->nin; i++) {
             kpl_tensor_release(n->in[i].leaf);

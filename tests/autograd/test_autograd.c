@@ -210,6 +210,59 @@ static void test_grad_of_intermediate(void **state)
     kpl_tensor_release(x);
 }
 
+static int ready_order[16], n_ready;
+static void on_ready(kpl_tensor *p, void *user)
+{
+    (void)p;
+    ready_order[n_ready++] = (int)(intptr_t)user;
+}
+static kpl_tensor *times_ten(kpl_tensor *t, kpl_tensor *g, void *user)
+{
+    (void)t;
+    (void)user;
+    return kpl_scalar_op(KPL_BIN_MUL, g, 10, false);
+}
+
+static void test_hooks(void **state)
+{
+    (void)state;
+    int64_t s22[2] = {2, 2};
+    kpl_tensor *w[3];
+    for (int i = 0; i < 3; i++) {
+        w[i] = param(2, s22, 20 + (uint64_t)i, -1, 1);
+        OK(kpl_add_ready_hook(w[i], on_ready, (void *)(intptr_t)i));
+    }
+    n_ready = 0;
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *h = kpl_matmul(kpl_matmul(w[0], w[1], false, false), w[2], false, false);
+    kpl_tensor *l = kpl_sum(h, NULL, 0, false);
+    OK(kpl_backward(l, NULL, false));
+    /* each parameter once, in backward order: w2 first, w0 last */
+    assert_int_equal(n_ready, 3);
+    assert_int_equal(ready_order[0], 2);
+    assert_int_equal(ready_order[1], 1);
+    assert_int_equal(ready_order[2], 0);
+    double g_plain = at(kpl_grad_get(w[0]), 0);
+    /* a gradient hook on an intermediate result scales what flows upstream */
+    kpl_zero_grad(3, w);
+    kpl_tensor *h2 = kpl_matmul(w[0], w[1], false, false);
+    OK(kpl_add_grad_hook(h2, times_ten, NULL));
+    kpl_tensor *l2 = kpl_sum(kpl_matmul(h2, w[2], false, false), NULL, 0, false);
+    OK(kpl_backward(l2, NULL, false));
+    assert_float_equal(at(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
+    /* and on a parameter, before it accumulates */
+    kpl_zero_grad(3, w);
+    OK(kpl_add_grad_hook(w[0], times_ten, NULL));
+    kpl_tensor *l3 = kpl_sum(kpl_matmul(kpl_matmul(w[0], w[1], false, false), w[2], false, false),
+                             NULL, 0, false);
+    OK(kpl_backward(l3, NULL, false));
+    assert_float_equal(at(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
+    kpl_tensor *c = kpl_full(kpl_device_cpu(), KPL_F64, 0, NULL, 1);
+    assert_int_equal(kpl_add_grad_hook(c, times_ten, NULL), KPL_EINVAL);
+    kpl_pool_pop(p);
+    for (int i = 0; i < 3; i++) kpl_tensor_release(w[i]);
+}
+
 /* Peak allocator bytes of one step of a deep MLP: the GC frees saved
  * activations and gradients as backward goes. */
 static size_t mlp_step_peak(bool free_forward_pool, int layers, int64_t width, int64_t batch)
@@ -328,6 +381,7 @@ int main(void)
         cmocka_unit_test(test_gradcheck_all_ops),
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
+        cmocka_unit_test(test_hooks),
         cmocka_unit_test(test_gc_lowers_peak),
         cmocka_unit_test(test_mlp_learns),
     };
