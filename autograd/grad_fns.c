@@ -107,6 +107,28 @@ G(CLIP)
                              mask(KPL_BIN_LE, x, scalar_like(gy, at->beta)))));
 }
 G(SIGN) { RET0(SCAL(KPL_BIN_MUL, gy, 0)); }
+G(ERF) /* 2/sqrt(pi) exp(-x^2) */
+{
+    RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, kpl_exp(kpl_neg(kpl_square(IN(0)))), 1.1283791670955126)));
+}
+G(GELU) /* Phi(x) + x phi(x) */
+{
+    kpl_tensor *x = IN(0);
+    kpl_tensor *cdf = SCAL(KPL_BIN_MUL, SCAL(KPL_BIN_ADD, kpl_erf(SCAL(KPL_BIN_MUL, x, 0.7071067811865476)), 1), 0.5);
+    kpl_tensor *pdf = SCAL(KPL_BIN_MUL, kpl_exp(SCAL(KPL_BIN_MUL, kpl_square(x), -0.5)), 0.3989422804014327);
+    RET0(kpl_mul(gy, kpl_add(cdf, kpl_mul(x, pdf))));
+}
+G(GELU_TANH) /* t = tanh(k (x + c x^3)): 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 c x^2) */
+{
+    const double k = 0.7978845608028654, c = 0.044715;
+    kpl_tensor *x = IN(0), *x2 = kpl_square(x);
+    kpl_tensor *t = kpl_tanh(SCAL(KPL_BIN_MUL, kpl_add(x, SCAL(KPL_BIN_MUL, kpl_mul(x2, x), c)), k));
+    kpl_tensor *a = SCAL(KPL_BIN_MUL, SCAL(KPL_BIN_ADD, t, 1), 0.5);
+    kpl_tensor *b = kpl_mul(SCAL(KPL_BIN_MUL, x, 0.5 * k),
+                            kpl_mul(kpl_scalar_op(KPL_BIN_SUB, kpl_square(t), 1, true),
+                                    SCAL(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, x2, 3 * c), 1)));
+    RET0(kpl_mul(gy, kpl_add(a, b)));
+}
 
 G(ADD)
 {
@@ -239,6 +261,19 @@ G(PERMUTE)
     RET0(kpl_permute(gy, inv));
 }
 G(EXPAND) { RET0(sum_to(gy, n, 0)); }
+G(NARROW)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    int64_t s[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, s);
+    RET0(kpl_pad_rows(gy, at->start, s[0] - at->start - at->length));
+}
+G(PAD_ROWS)
+{
+    int64_t s[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, s);
+    RET0(kpl_narrow(gy, kpl_node_attrs(n)->start, s[0]));
+}
 
 static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_NEG] = g_NEG, [KPL_OP_ABS] = g_ABS, [KPL_OP_EXP] = g_EXP, [KPL_OP_LOG] = g_LOG,
@@ -255,7 +290,8 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_SUM] = g_SUM, [KPL_OP_MEAN] = g_MEAN, [KPL_OP_MAX] = g_MAX, [KPL_OP_MIN] = g_MIN,
     [KPL_OP_VAR] = g_VAR, [KPL_OP_LOGSUMEXP] = g_LOGSUMEXP, [KPL_OP_MATMUL] = g_MATMUL,
     [KPL_OP_CAST] = g_CAST, [KPL_OP_RESHAPE] = g_RESHAPE, [KPL_OP_PERMUTE] = g_PERMUTE,
-    [KPL_OP_EXPAND] = g_EXPAND,
+    [KPL_OP_EXPAND] = g_EXPAND, [KPL_OP_ERF] = g_ERF, [KPL_OP_GELU] = g_GELU,
+    [KPL_OP_GELU_TANH] = g_GELU_TANH, [KPL_OP_NARROW] = g_NARROW, [KPL_OP_PAD_ROWS] = g_PAD_ROWS,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -297,7 +333,8 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_MINIMUM, 3, 0},    {KPL_OP_DIV_SCALAR, 1, 0}, {KPL_OP_POW_SCALAR, 1, 1},
         {KPL_OP_MAXIMUM_SCALAR, 1, 0}, {KPL_OP_MINIMUM_SCALAR, 1, 0}, {KPL_OP_WHERE, 1, 0},
         {KPL_OP_MAX, 1, 1},        {KPL_OP_MIN, 1, 1},        {KPL_OP_VAR, 1, 0},
-        {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},
+        {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},     {KPL_OP_ERF, 1, 0},
+        {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

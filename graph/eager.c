@@ -59,6 +59,7 @@ DEF_UNARY(RELU, relu)
 DEF_UNARY(GELU, gelu)
 DEF_UNARY(SIGN, sign)
 DEF_UNARY(GELU_TANH, gelu_tanh)
+DEF_UNARY(ERF, erf)
 #undef DEF_UNARY
 
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope)
@@ -285,6 +286,29 @@ kpl_tensor *kpl_expand(kpl_tensor *x, int ndim, const int64_t *shape)
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), ndim, shape);
     if (!out) return NULL;
     return record_finish(kpl_k_expand(out, x), KPL_OP_EXPAND, NULL, 1, &x, out);
+}
+
+kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after)
+{
+    if (!x) return NULL;
+    if (kpl_tensor_ndim(x) < 1 || before < 0 || after < 0) {
+        KPL_ERROR(KPL_EINVAL, "pad_rows: needs a tensor with dims and non-negative padding "
+                              "(got %d dims, %lld before, %lld after)",
+                  kpl_tensor_ndim(x), (long long)before, (long long)after);
+        return NULL;
+    }
+    int64_t shape[KPL_MAX_DIMS];
+    memcpy(shape, kpl_tensor_shape(x), sizeof shape);
+    int64_t rows = shape[0];
+    shape[0] = before + rows + after;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), shape), *mid = NULL;
+    if (!out) return NULL;
+    kpl_status st = kpl_k_fill(out, 0);
+    if (st == KPL_OK) st = kpl_tensor_narrow(out, before, rows, &mid);
+    if (st == KPL_OK) st = kpl_k_copy(mid, x);
+    kpl_tensor_release(mid);
+    kpl_op_attrs at = {.start = before, .length = shape[0]};
+    return record_finish(st, KPL_OP_PAD_ROWS, &at, 1, &x, out);
 }
 
 /* ---- creation ---------------------------------------------------------------------------- */

@@ -74,7 +74,8 @@ bool kpl_set_grad_enabled(bool on);
     X(SUM, "sum") X(MEAN, "mean") X(MAX, "max") X(MIN, "min") X(VAR, "var")   \
     X(LOGSUMEXP, "logsumexp")                                                 \
     X(MATMUL, "matmul") X(CAST, "cast") X(RESHAPE, "reshape")                 \
-    X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")
+    X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")            \
+    X(ERF, "erf") X(PAD_ROWS, "pad_rows")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -104,7 +105,7 @@ typedef struct {
 KPL_X_(NEG, neg) KPL_X_(ABS, abs) KPL_X_(EXP, exp) KPL_X_(LOG, log) KPL_X_(SQRT, sqrt)
 KPL_X_(RSQRT, rsqrt) KPL_X_(SQUARE, square) KPL_X_(RECIPROCAL, reciprocal) KPL_X_(SIN, sin)
 KPL_X_(COS, cos) KPL_X_(TANH, tanh) KPL_X_(SIGMOID, sigmoid) KPL_X_(RELU, relu)
-KPL_X_(GELU, gelu) KPL_X_(SIGN, sign) KPL_X_(GELU_TANH, gelu_tanh)
+KPL_X_(GELU, gelu) KPL_X_(SIGN, sign) KPL_X_(GELU_TANH, gelu_tanh) KPL_X_(ERF, erf)
 #undef KPL_X_
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope);
 kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi);
@@ -143,6 +144,8 @@ kpl_tensor *kpl_reshape(kpl_tensor *x, int ndim, const int64_t *shape);
 kpl_tensor *kpl_permute(kpl_tensor *x, const int *perm);
 kpl_tensor *kpl_narrow(kpl_tensor *x, int64_t start, int64_t length);
 kpl_tensor *kpl_expand(kpl_tensor *x, int ndim, const int64_t *shape);
+/* `before` zero rows, x, `after` zero rows along dim 0 (narrow's inverse). */
+kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);

@@ -128,7 +128,8 @@ KPL__IPOW(uint8_t, u8, 0)
     X(SIGN, (T)((x > (T)0) - (x < (T)0)))                                  \
     X(GELU_TANH, (T)0.5 * x *                                              \
                      ((T)1 + tanh((T)0.79788456080286535588 *              \
-                                  (x + (T)0.044715 * x * x * x))))
+                                  (x + (T)0.044715 * x * x * x))))         \
+    X(ERF, erf(x))
 
 #define KPL_UNARY_INT_FORMULAS(X)                                          \
     X(NEG, (T)-x)                                                          \

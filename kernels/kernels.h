@@ -458,7 +458,7 @@ kpl_status kpl_shape_matmul(int na, const int64_t *a, bool trans_a, int nb,
     X(RECIPROCAL, "reciprocal") X(SIN, "sin") X(COS, "cos")            \
     X(TANH, "tanh") X(SIGMOID, "sigmoid") X(RELU, "relu")              \
     X(LEAKY_RELU, "leaky_relu") X(GELU, "gelu") X(CLIP, "clip")        \
-    X(SIGN, "sign") X(GELU_TANH, "gelu_tanh")
+    X(SIGN, "sign") X(GELU_TANH, "gelu_tanh") X(ERF, "erf")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_UN_##e,

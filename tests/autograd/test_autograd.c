@@ -94,6 +94,11 @@ U(reshape, kpl_square(kpl_reshape(x[0], 1, (int64_t[]){12})))
 U(permute, kpl_mul(kpl_permute(x[0], (int[]){1, 0}), kpl_permute(x[0], (int[]){1, 0})))
 U(expand, kpl_square(kpl_expand(x[0], 3, (int64_t[]){2, 3, 4})))
 U(cast, kpl_square(kpl_cast(x[0], KPL_F32)))
+U(erf, kpl_erf(x[0]))
+U(gelu, kpl_gelu(x[0]))
+U(gelu_tanh, kpl_gelu_tanh(x[0]))
+U(narrow, kpl_square(kpl_narrow(x[0], 1, 2)))
+U(pad_rows, kpl_square(kpl_pad_rows(x[0], 2, 1)))
 
 static void check(const gcase *c, int order, const int64_t shapes[][3], const int *ndims)
 {
@@ -130,6 +135,9 @@ static void test_gradcheck_all_ops(void **state)
         {"min_ax", f_min_ax, 1, -2, 2, 1},  {"var_ax", f_var_ax, 1, -2, 2, 2},
         {"lse_ax", f_lse_ax, 1, -2, 2, 2},  {"reshape", f_reshape, 1, -2, 2, 2},
         {"permute", f_permute, 1, -2, 2, 2}, {"cast", f_cast, 1, -2, 2, 1},
+        {"erf", f_erf, 1, -2, 2, 2},        {"gelu", f_gelu, 1, -2, 2, 2},
+        {"gelu_tanh", f_gelu_tanh, 1, -2, 2, 2}, {"narrow", f_narrow, 1, -2, 2, 2},
+        {"pad_rows", f_pad_rows, 1, -2, 2, 2},
     };
     /* Binary ops broadcast: (3,4) with (4); unary ops see (3,4). */
     const int64_t shapes[3][3] = {{3, 4}, {4}, {3, 4}};

@@ -26,6 +26,7 @@ static double ref_unary(kpl_unary_op op, double x, double alpha, double beta)
     case KPL_UN_GELU: return 0.5 * x * (1 + erf(x / sqrt(2.0)));
     case KPL_UN_CLIP: return x < alpha ? alpha : x > beta ? beta : x;
     case KPL_UN_SIGN: return (x > 0) - (x < 0);
+    case KPL_UN_ERF: return erf(x);
     case KPL_UN_GELU_TANH:
         return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
     default: return NAN;
