@@ -33,6 +33,7 @@ build_tool fma_peak "-mavx512f -mfma"
 for g in "${groups[@]}"; do
   case "$g" in
     kernels) "$build/bin/bench_kernels" "$baselines" "$tools" ;;
+    autograd) "$build/bin/bench_autograd" "$baselines" ;;
     *) echo "bench: group '$g' has no benchmarks yet" >&2 ;;
   esac
 done
