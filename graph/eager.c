@@ -342,3 +342,18 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
     return finish(kpl_k_normal(t, rng, mean, std), t);
 }
+
+kpl_tensor *kpl_arange(kpl_device *dev, kpl_dtype dt, int64_t n, double start, double step)
+{
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_empty(dev, dt, 1, &n, &t) < 0) return NULL;
+    return finish(kpl_k_arange(t, start, step), t);
+}
+
+kpl_tensor *kpl_to_device(kpl_tensor *x, kpl_device *dev)
+{
+    if (!x) return NULL;
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_to_device(x, dev, &t) < 0) return NULL;
+    return kpl_autorelease(t);
+}

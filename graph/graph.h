@@ -155,6 +155,10 @@ kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sha
                      kpl_rng *rng, double lo, double hi);
 kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
                       kpl_rng *rng, double mean, double std);
+/* (n): start, start + step, ... */
+kpl_tensor *kpl_arange(kpl_device *dev, kpl_dtype dt, int64_t n, double start, double step);
+/* A copy of x on dev (not recorded: gradients do not cross devices). */
+kpl_tensor *kpl_to_device(kpl_tensor *x, kpl_device *dev);
 
 /* ---- autograd's view of a tensor ----------------------------------------------- */
 

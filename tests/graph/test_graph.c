@@ -80,6 +80,11 @@ static void test_pool_and_values(void **state)
     assert_float_equal(at(w, 0), -1, 0);
     assert_float_equal(at(w, 5), 6, 0);
     assert_int_equal(kpl_pool_count(pool), 14); /* every result, plus x and b */
+    kpl_tensor *ar = NN(kpl_arange(cpu, KPL_I64, 5, 10, -2));
+    assert_float_equal(at(ar, 4), 2, 0);
+    kpl_tensor *cp = NN(kpl_to_device(x, cpu));
+    assert_false(kpl_tensor_shares_storage(cp, x));
+    assert_float_equal(at(cp, 5), 6, 0);
     /* nothing recorded: no input requires grad */
     assert_null(kpl_tensor_node(y, NULL));
     kpl_pool_pop(pool);
