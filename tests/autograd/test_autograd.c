@@ -1,23 +1,9 @@
 /* test_autograd.c — gradients of every op against finite differences,
  * higher orders, accumulation, errors, reverse-mode GC, and an MLP that
  * learns. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <math.h>
-#include <string.h>
-
+#include "kpl_test.h"
 #include "autograd.h"
 
-#define OK(expr)                                                                     \
-    do {                                                                             \
-        kpl_status st_ = (expr);                                                     \
-        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),     \
-                                    kpl_last_error());                               \
-    } while (0)
 
 /* An f64 parameter with values uniform in [lo, hi). */
 static kpl_tensor *param(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi)
@@ -29,13 +15,6 @@ static kpl_tensor *param(int ndim, const int64_t *shape, uint64_t seed, double l
     kpl_rng_destroy(r);
     OK(kpl_set_requires_grad(t, true));
     return t;
-}
-
-static double at(kpl_tensor *t, int64_t i)
-{
-    double v = 0;
-    OK(kpl_tensor_get(t, i, &v));
-    return v;
 }
 
 /* ---- op table for the gradient checks --------------------------------------------- */
@@ -172,7 +151,7 @@ static void test_accumulate_and_errors(void **state)
         kpl_tensor *l = kpl_sum(kpl_scalar_op(KPL_BIN_MUL, w, 3, false), NULL, 0, false);
         OK(kpl_backward(l, NULL, false));
         kpl_pool_pop(p);
-        assert_float_equal(at(kpl_grad_get(w), 2), 3.0 * rep, 1e-12); /* accumulates */
+        assert_float_equal(tget(kpl_grad_get(w), 2), 3.0 * rep, 1e-12); /* accumulates */
     }
     kpl_zero_grad(1, &w);
     assert_null(kpl_grad_get(w));
@@ -211,8 +190,8 @@ static void test_grad_of_intermediate(void **state)
     kpl_tensor *y = kpl_sum(kpl_mul(h, h), NULL, 0, false); /* y = sum x^4 */
     kpl_tensor *in[2] = {h, x}, *g[2];
     OK(kpl_grad(y, NULL, 2, in, false, g));
-    assert_float_equal(at(g[0], 1), 2 * at(h, 1), 1e-12);             /* dy/dh = 2h */
-    assert_float_equal(at(g[1], 0), 4 * pow(at(x, 0), 3), 1e-9);      /* dy/dx = 4x^3 */
+    assert_float_equal(tget(g[0], 1), 2 * tget(h, 1), 1e-12);             /* dy/dh = 2h */
+    assert_float_equal(tget(g[1], 0), 4 * pow(tget(x, 0), 3), 1e-9);      /* dy/dx = 4x^3 */
     assert_null(kpl_grad_get(x));                                     /* .grad untouched */
     kpl_pool_pop(p);
     kpl_tensor_release(x);
@@ -250,21 +229,21 @@ static void test_hooks(void **state)
     assert_int_equal(ready_order[0], 2);
     assert_int_equal(ready_order[1], 1);
     assert_int_equal(ready_order[2], 0);
-    double g_plain = at(kpl_grad_get(w[0]), 0);
+    double g_plain = tget(kpl_grad_get(w[0]), 0);
     /* a gradient hook on an intermediate result scales what flows upstream */
     kpl_zero_grad(3, w);
     kpl_tensor *h2 = kpl_matmul(w[0], w[1], false, false);
     OK(kpl_add_grad_hook(h2, times_ten, NULL));
     kpl_tensor *l2 = kpl_sum(kpl_matmul(h2, w[2], false, false), NULL, 0, false);
     OK(kpl_backward(l2, NULL, false));
-    assert_float_equal(at(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
+    assert_float_equal(tget(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
     /* and on a parameter, before it accumulates */
     kpl_zero_grad(3, w);
     OK(kpl_add_grad_hook(w[0], times_ten, NULL));
     kpl_tensor *l3 = kpl_sum(kpl_matmul(kpl_matmul(w[0], w[1], false, false), w[2], false, false),
                              NULL, 0, false);
     OK(kpl_backward(l3, NULL, false));
-    assert_float_equal(at(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
+    assert_float_equal(tget(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
     kpl_tensor *c = kpl_full(kpl_device_cpu(), KPL_F64, 0, NULL, 1);
     assert_int_equal(kpl_add_grad_hook(c, times_ten, NULL), KPL_EINVAL);
     kpl_pool_pop(p);
@@ -358,7 +337,7 @@ static void test_mlp_learns(void **state)
                                     NULL, 0, false);
         if (!loss) fail_msg("forward: %s", kpl_last_error());
         OK(kpl_backward(loss, NULL, false));
-        double v = at(loss, 0);
+        double v = tget(loss, 0);
         if (step == 0) first = v;
         last = v;
         for (int l = 0; l < 3; l++) { /* SGD, in place, outside the graph */

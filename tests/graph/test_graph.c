@@ -1,36 +1,7 @@
 /* test_graph.c — eager ops, autorelease pools, grad mode and the recorded
  * nodes of the dynamic graph. */
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <math.h>
-#include <string.h>
-
+#include "kpl_test.h"
 #include "graph.h"
-
-#define OK(expr)                                                                     \
-    do {                                                                             \
-        kpl_status st_ = (expr);                                                     \
-        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),     \
-                                    kpl_last_error());                               \
-    } while (0)
-#define NN(expr) nn_((expr), #expr)
-
-static void *nn_(void *p, const char *what)
-{
-    if (!p) fail_msg("%s returned NULL: %s", what, kpl_last_error());
-    return p;
-}
-
-static double at(kpl_tensor *t, int64_t i)
-{
-    double v = 0;
-    OK(kpl_tensor_get(t, i, &v));
-    return v;
-}
 
 /* A parameter outside any pool (the caller releases it). */
 static kpl_tensor *param(int ndim, const int64_t *shape, const float *v)
@@ -60,31 +31,31 @@ static void test_pool_and_values(void **state)
     kpl_tensor *y = NN(kpl_sum(kpl_scalar_op(KPL_BIN_MUL, kpl_relu(kpl_add(x, b)), 2, false),
                                &ax, 1, false));
     assert_int_equal(kpl_tensor_ndim(y), 1);
-    assert_float_equal(at(y, 0), 132, 0);
-    assert_float_equal(at(y, 1), 150, 0);
+    assert_float_equal(tget(y, 0), 132, 0);
+    assert_float_equal(tget(y, 1), 150, 0);
     /* matmul and views */
     int64_t s32[2] = {3, 2};
     kpl_tensor *xt = NN(kpl_reshape(x, 2, s32));
     kpl_tensor *m = NN(kpl_matmul(x, xt, false, false)); /* (2,3)@(3,2) */
-    assert_float_equal(at(m, 0), 1 * 1 + 2 * 3 + 3 * 5, 0);
+    assert_float_equal(tget(m, 0), 1 * 1 + 2 * 3 + 3 * 5, 0);
     int perm[2] = {1, 0};
     kpl_tensor *p = NN(kpl_permute(x, perm));
-    assert_float_equal(at(p, 1), 4, 0);
+    assert_float_equal(tget(p, 1), 4, 0);
     int64_t s223[3] = {2, 2, 3};
     kpl_tensor *e = NN(kpl_expand(b, 3, s223));
-    assert_float_equal(at(e, 11), 30, 0);
+    assert_float_equal(tget(e, 11), 30, 0);
     kpl_tensor *cmp = NN(kpl_compare(KPL_BIN_GT, x, kpl_full(cpu, KPL_F32, 0, NULL, 3.5)));
     assert_int_equal(kpl_tensor_dtype(cmp), KPL_BOOL);
-    assert_float_equal(at(cmp, 3), 1, 0);
+    assert_float_equal(tget(cmp, 3), 1, 0);
     kpl_tensor *w = NN(kpl_where(cmp, x, kpl_neg(x)));
-    assert_float_equal(at(w, 0), -1, 0);
-    assert_float_equal(at(w, 5), 6, 0);
+    assert_float_equal(tget(w, 0), -1, 0);
+    assert_float_equal(tget(w, 5), 6, 0);
     assert_int_equal(kpl_pool_count(pool), 14); /* every result, plus x and b */
     kpl_tensor *ar = NN(kpl_arange(cpu, KPL_I64, 5, 10, -2));
-    assert_float_equal(at(ar, 4), 2, 0);
+    assert_float_equal(tget(ar, 4), 2, 0);
     kpl_tensor *cp = NN(kpl_to_device(x, cpu));
     assert_false(kpl_tensor_shares_storage(cp, x));
-    assert_float_equal(at(cp, 5), 6, 0);
+    assert_float_equal(tget(cp, 5), 6, 0);
     /* nothing recorded: no input requires grad */
     assert_null(kpl_tensor_node(y, NULL));
     kpl_pool_pop(pool);
@@ -198,7 +169,7 @@ static void test_long_chain_release(void **state)
         if (y != w) kpl_tensor_release(y);
         y = z;
     }
-    assert_float_equal(at(y, 0), 100001, 0);
+    assert_float_equal(tget(y, 0), 100001, 0);
     kpl_tensor_release(y);
     kpl_pool_pop(pool);
     assert_int_equal(kpl_tensor_refcount(w), 1);

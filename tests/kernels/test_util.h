@@ -2,36 +2,7 @@
 #ifndef KPL_TEST_UTIL_H
 #define KPL_TEST_UTIL_H
 
-#include <setjmp.h>
-#include <stdarg.h>
-#include <stddef.h>
-#include <stdint.h>
-#include <cmocka.h>
-
-#include <math.h>
-#include <stdio.h>
-#include <string.h>
-
-#include "kernels.h"
-
-#define OK(expr)                                                                  \
-    do {                                                                          \
-        kpl_status st_ = (expr);                                                  \
-        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),  \
-                                    kpl_last_error());                            \
-    } while (0)
-
-/* Expects `expr` to fail with `code` and the message to contain `needle`. */
-#define FAILS(expr, code, needle)                                                 \
-    do {                                                                          \
-        kpl_clear_error();                                                        \
-        kpl_status st_ = (expr);                                                  \
-        if (st_ != (code))                                                        \
-            fail_msg("%s -> %s, expected %s (%s)", #expr, kpl_status_str(st_),    \
-                     kpl_status_str(code), kpl_last_error());                     \
-        if (!strstr(kpl_last_error(), (needle)))                                  \
-            fail_msg("%s: message '%s' lacks '%s'", #expr, kpl_last_error(), (needle)); \
-    } while (0)
+#include "kpl_test.h"
 
 static inline kpl_tensor *tf32(int ndim, const int64_t *shape, const float *data)
 {
@@ -56,13 +27,6 @@ static inline kpl_tensor *trand(kpl_dtype dt, int ndim, const int64_t *shape, ui
     OK(kpl_k_uniform(t, r, lo, hi));
     kpl_rng_destroy(r);
     return t;
-}
-
-static inline double tget(kpl_tensor *t, int64_t i)
-{
-    double v = 0;
-    OK(kpl_tensor_get(t, i, &v));
-    return v;
 }
 
 /* |a - b| <= atol + rtol * |b|, NaNs equal. */

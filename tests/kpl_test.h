@@ -1,0 +1,54 @@
+/* kpl_test.h — what every kpl test executable shares: cmocka, and checks
+ * that print kpl's error message when a call fails. */
+#ifndef KPL_TEST_H
+#define KPL_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* The call must succeed. */
+#define OK(expr)                                                                  \
+    do {                                                                          \
+        kpl_status st_ = (expr);                                                  \
+        if (st_ != KPL_OK) fail_msg("%s -> %s: %s", #expr, kpl_status_str(st_),  \
+                                    kpl_last_error());                            \
+    } while (0)
+
+/* The call must fail with `code` and a message containing `needle`. */
+#define FAILS(expr, code, needle)                                                 \
+    do {                                                                          \
+        kpl_clear_error();                                                        \
+        kpl_status st_ = (expr);                                                  \
+        if (st_ != (code))                                                        \
+            fail_msg("%s -> %s, expected %s (%s)", #expr, kpl_status_str(st_),    \
+                     kpl_status_str(code), kpl_last_error());                     \
+        if (!strstr(kpl_last_error(), (needle)))                                  \
+            fail_msg("%s: message '%s' lacks '%s'", #expr, kpl_last_error(), (needle)); \
+    } while (0)
+
+/* The pointer must not be NULL (for calls that return one). */
+#define NN(expr) kpl_test_nn_((expr), #expr)
+static inline void *kpl_test_nn_(void *p, const char *what)
+{
+    if (!p) fail_msg("%s returned NULL: %s", what, kpl_last_error());
+    return p;
+}
+
+/* Element i of t as a double. */
+static inline double tget(kpl_tensor *t, int64_t i)
+{
+    double v = 0;
+    OK(kpl_tensor_get(t, i, &v));
+    return v;
+}
+
+#endif
