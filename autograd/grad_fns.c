@@ -234,16 +234,35 @@ G(MATMUL)
 {
     const kpl_op_attrs *at = kpl_node_attrs(n);
     kpl_tensor *a = IN(0), *b = IN(1);
-    int64_t s[KPL_MAX_DIMS];
-    if (kpl_node_input_shape(n, 0, s) < 2 || kpl_node_input_shape(n, 1, s) < 2)
-        return KPL_ERROR(KPL_ENOKERNEL,
-                         "matmul backward: 1-D operands are not differentiable yet; reshape "
-                         "them to 2-D");
-    bool ta = at->trans_a, tb = at->trans_b;
+    int64_t as[KPL_MAX_DIMS], bs[KPL_MAX_DIMS], gs[KPL_MAX_DIMS];
+    int na = kpl_node_input_shape(n, 0, as), nb = kpl_node_input_shape(n, 1, bs);
+    int ng = kpl_node_output_shape(n, gs);
+    /* 1-D operands as numpy: (K) is (1, K) on the left, (K, 1) on the
+     * right; the output lost those dims, so put them back in gy. */
+    if (na == 1) {
+        a = kpl_reshape(a, 2, (int64_t[]){1, as[0]});
+        if (nb == 1) {
+            gs[ng++] = 1;
+        } else {
+            gs[ng] = gs[ng - 1];
+            gs[ng - 1] = 1;
+            ng++;
+        }
+    }
+    if (nb == 1) {
+        b = kpl_reshape(b, 2, (int64_t[]){bs[0], 1});
+        gs[ng++] = 1;
+    }
+    if (na == 1 || nb == 1) gy = kpl_reshape(gy, ng, gs);
+    bool ta = na > 1 && at->trans_a, tb = nb > 1 && at->trans_b;
     if (WANT(0))
         gin[0] = sum_to(ta ? kpl_matmul(b, gy, tb, true) : kpl_matmul(gy, b, false, !tb), n, 0);
-    if (WANT(1))
-        gin[1] = sum_to(tb ? kpl_matmul(gy, a, true, ta) : kpl_matmul(a, gy, !ta, false), n, 1);
+    if (WANT(1)) {
+        kpl_tensor *g = tb ? kpl_matmul(gy, a, true, ta) : kpl_matmul(a, gy, !ta, false);
+        if (nb == 1 && g) /* (..., K, 1) -> (..., K) before summing the batch away */
+            g = kpl_reshape(g, kpl_tensor_ndim(g) - 1, kpl_tensor_shape(g));
+        gin[1] = sum_to(g, n, 1);
+    }
     return KPL_OK;
 }
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }

@@ -134,6 +134,15 @@ static void test_gradcheck_all_ops(void **state)
     const int64_t tshapes[2][3] = {{4, 3}, {5, 4}};
     const int tnd[2] = {2, 2};
     check(&mmt, 1, tshapes, tnd);
+    /* 1-D operands: (4) @ (4,5), (2,3,4) @ (4), (4) @ (4) */
+    const int64_t v1[2][3] = {{4}, {4, 5}}, v2[2][3] = {{2, 3, 4}, {4}}, v3[2][3] = {{4}, {4}};
+    const int nd1[2] = {1, 2}, nd2[2] = {3, 1}, nd3[2] = {1, 1};
+    check(&mm, 1, v1, nd1);
+    check(&mm, 2, v1, nd1);
+    check(&mm, 1, v2, nd2);
+    check(&mm, 2, v2, nd2);
+    check(&mm, 1, v3, nd3);
+    check(&mm, 2, v3, nd3);
     const gcase ex = {"expand", f_expand, 1, -1, 1, 2};
     const int64_t eshapes[1][3] = {{3, 1}};
     const int end[1] = {2};
