@@ -265,6 +265,37 @@ G(MATMUL)
     }
     return KPL_OK;
 }
+/* conv2d and its two gradient halves are closed under differentiation:
+ *   <gy, conv(x, w)>   = <bwd_data(gy, w), x> = <bwd_weight(x, gy), w> */
+G(CONV2D)
+{
+    const kpl_conv2d_params *p = &kpl_node_attrs(n)->conv;
+    int64_t xs[KPL_MAX_DIMS], ws[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    kpl_node_input_shape(n, 1, ws);
+    if (WANT(0)) gin[0] = kpl_conv2d_bwd_data(gy, IN(1), xs, p);
+    if (WANT(1)) gin[1] = kpl_conv2d_bwd_weight(IN(0), gy, ws, p);
+    if (kpl_node_num_inputs(n) > 2 && WANT(2)) gin[2] = kpl_sum(gy, (int[]){0, 2, 3}, 3, false);
+    return KPL_OK;
+}
+G(CONV2D_BWD_DATA) /* out = bwd_data(g, w) */
+{
+    const kpl_conv2d_params *p = &kpl_node_attrs(n)->conv;
+    int64_t ws[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 1, ws);
+    if (WANT(0)) gin[0] = kpl_conv2d(gy, IN(1), NULL, p);
+    if (WANT(1)) gin[1] = kpl_conv2d_bwd_weight(gy, IN(0), ws, p);
+    return KPL_OK;
+}
+G(CONV2D_BWD_WEIGHT) /* out = bwd_weight(x, g) */
+{
+    const kpl_conv2d_params *p = &kpl_node_attrs(n)->conv;
+    int64_t xs[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    if (WANT(0)) gin[0] = kpl_conv2d_bwd_data(IN(1), gy, xs, p);
+    if (WANT(1)) gin[1] = kpl_conv2d(IN(0), gy, NULL, p);
+    return KPL_OK;
+}
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -311,6 +342,8 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_CAST] = g_CAST, [KPL_OP_RESHAPE] = g_RESHAPE, [KPL_OP_PERMUTE] = g_PERMUTE,
     [KPL_OP_EXPAND] = g_EXPAND, [KPL_OP_ERF] = g_ERF, [KPL_OP_GELU] = g_GELU,
     [KPL_OP_GELU_TANH] = g_GELU_TANH, [KPL_OP_NARROW] = g_NARROW, [KPL_OP_PAD_ROWS] = g_PAD_ROWS,
+    [KPL_OP_CONV2D] = g_CONV2D, [KPL_OP_CONV2D_BWD_DATA] = g_CONV2D_BWD_DATA,
+    [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -353,7 +386,8 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_MAXIMUM_SCALAR, 1, 0}, {KPL_OP_MINIMUM_SCALAR, 1, 0}, {KPL_OP_WHERE, 1, 0},
         {KPL_OP_MAX, 1, 1},        {KPL_OP_MIN, 1, 1},        {KPL_OP_VAR, 1, 0},
         {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},     {KPL_OP_ERF, 1, 0},
-        {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},
+        {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},  {KPL_OP_CONV2D, 3, 0},
+        {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

@@ -311,6 +311,51 @@ kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after)
     return record_finish(st, KPL_OP_PAD_ROWS, &at, 1, &x, out);
 }
 
+kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p)
+{
+    if (!x || !w || !p) return NULL;
+    if (kpl_tensor_ndim(x) != 4 || kpl_tensor_ndim(w) != 4) {
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "conv2d: input %s and weights %s must be 4-D",
+                  kpl_shape_str(kpl_tensor_ndim(x), kpl_tensor_shape(x), b1, sizeof b1),
+                  kpl_shape_str(kpl_tensor_ndim(w), kpl_tensor_shape(w), b2, sizeof b2));
+        return NULL;
+    }
+    int64_t ys[4];
+    if (kpl_shape_conv2d(kpl_tensor_shape(x), kpl_tensor_shape(w), p, ys) < 0) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, ys);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.conv = *p};
+    kpl_tensor *ins[3] = {x, w, b};
+    return record_finish(kpl_k_conv2d(out, x, w, b, p), KPL_OP_CONV2D, &at, b ? 3 : 2, ins, out);
+}
+
+kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_shape,
+                                const kpl_conv2d_params *p)
+{
+    if (!gy || !w || !x_shape || !p) return NULL;
+    kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.conv = *p};
+    memcpy(at.shape4, x_shape, sizeof at.shape4);
+    kpl_tensor *ins[2] = {gy, w};
+    return record_finish(kpl_k_conv2d_bwd_data(out, gy, w, p), KPL_OP_CONV2D_BWD_DATA, &at, 2,
+                         ins, out);
+}
+
+kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
+                                  const kpl_conv2d_params *p)
+{
+    if (!x || !gy || !w_shape || !p) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, w_shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.conv = *p};
+    memcpy(at.shape4, w_shape, sizeof at.shape4);
+    kpl_tensor *ins[2] = {x, gy};
+    return record_finish(kpl_k_conv2d_bwd_weight(out, NULL, x, gy, p), KPL_OP_CONV2D_BWD_WEIGHT,
+                         &at, 2, ins, out);
+}
+
 /* ---- creation ---------------------------------------------------------------------------- */
 
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape)

@@ -75,7 +75,8 @@ bool kpl_set_grad_enabled(bool on);
     X(LOGSUMEXP, "logsumexp")                                                 \
     X(MATMUL, "matmul") X(CAST, "cast") X(RESHAPE, "reshape")                 \
     X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")            \
-    X(ERF, "erf") X(PAD_ROWS, "pad_rows")
+    X(ERF, "erf") X(PAD_ROWS, "pad_rows") X(CONV2D, "conv2d")               \
+    X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -98,6 +99,8 @@ typedef struct {
     bool trans_a, trans_b;   /* matmul */
     int64_t start, length;   /* narrow (dim 0) */
     kpl_dtype dtype;         /* cast: source dtype */
+    kpl_conv2d_params conv;  /* conv2d family */
+    int64_t shape4[4];       /* conv2d_bwd_*: the input / weight shape made */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */
@@ -146,6 +149,16 @@ kpl_tensor *kpl_narrow(kpl_tensor *x, int64_t start, int64_t length);
 kpl_tensor *kpl_expand(kpl_tensor *x, int ndim, const int64_t *shape);
 /* `before` zero rows, x, `after` zero rows along dim 0 (narrow's inverse). */
 kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after);
+
+/* 2-D convolution, NCHW input, OIHW weights, bias (O) or NULL. */
+kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p);
+/* The two halves of conv2d's gradient, ops in their own right (so conv2d is
+ * differentiable to any order): the input gradient (a transposed
+ * convolution producing x_shape) and the weight gradient (w_shape). */
+kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_shape,
+                                const kpl_conv2d_params *p);
+kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
+                                  const kpl_conv2d_params *p);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);

@@ -62,6 +62,7 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_reduce();
     kpl__cpu_register_matmul();
     kpl__cpu_register_misc();
+    kpl__cpu_register_conv();
 }
 
 static const kpl_device_backend cpu_backend = {
@@ -277,7 +278,9 @@ kpl_algo_cache_stats kpl_algo_cache_stats_get(kpl_device_type type)
     kpl_algo_cache_stats none = {0, 0, 0};
     /* The CUDA backend selects through cuBLAS heuristics and keeps no cache
      * of its own yet (cuDNN's arrives with the conv ops). */
-    return type == KPL_DEVICE_CPU ? kpl__cpu_algo_cache_stats() : none;
+    if (type != KPL_DEVICE_CPU) return none;
+    kpl_algo_cache_stats a = kpl__cpu_algo_cache_stats(), b = kpl__cpu_conv_cache_stats();
+    return (kpl_algo_cache_stats){a.hits + b.hits, a.misses + b.misses, a.entries + b.entries};
 }
 
 /* ---- events ------------------------------------------------------------------ */

@@ -397,7 +397,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(ARANGE, "arange") \
     X(RANDOM, "random") \
     X(CAST, "cast")     \
-    X(COPY, "copy")
+    X(COPY, "copy")     \
+    X(CONV2D, "conv2d")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -544,6 +545,34 @@ kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x);
 /* out = x, same dtype and numel; devices may differ (the one explicit
  * cross-device path). */
 kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x);
+
+/* 2-D convolution over NCHW images with OIHW weights (O, C/groups, KH, KW).
+ * Padding is symmetric; dilation 1 is a plain convolution. */
+typedef struct {
+    int stride[2];   /* (h, w) */
+    int padding[2];  /* (h, w), zeros added on both sides */
+    int dilation[2]; /* (h, w) */
+    int groups;
+} kpl_conv2d_params;
+#define KPL_CONV2D_PARAMS_INIT {{1, 1}, {0, 0}, {1, 1}, 1}
+
+/* The output shape (N, O, OH, OW) of x (N, C, H, W) with w (O, C/g, KH, KW);
+ * KPL_ESHAPE naming the shapes when they do not fit (channels, groups, a
+ * kernel larger than the padded input, non-positive strides). */
+kpl_status kpl_shape_conv2d(const int64_t *x_shape, const int64_t *w_shape,
+                            const kpl_conv2d_params *p, int64_t *out_shape);
+/* out (N, O, OH, OW) = conv2d(x (N, C, H, W), w, b (O) or NULL).  f32 on
+ * oneDNN, f64 on a plain reference loop. */
+kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                        const kpl_tensor *b, const kpl_conv2d_params *p);
+/* gx (N, C, H, W) = the gradient of conv2d w.r.t. its input for output
+ * gradient gy (N, O, OH, OW): a transposed convolution.  gx's shape says H, W. */
+kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,
+                                 const kpl_conv2d_params *p);
+/* gw (O, C/g, KH, KW) = the gradient w.r.t. the weights, from the input x
+ * and gy; gb (O) the bias gradient, or NULL. */
+kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_tensor *x,
+                                   const kpl_tensor *gy, const kpl_conv2d_params *p);
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);

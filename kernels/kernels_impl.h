@@ -213,6 +213,20 @@ typedef struct {
     kpl_ew_plan plan; /* stride[0] = input strides */
 } kpl_copy_attrs;
 
+typedef enum { KPL_CONV_FWD, KPL_CONV_BWD_DATA, KPL_CONV_BWD_WEIGHT } kpl_conv_kind;
+
+/* One convolution problem; in/out are (in[0], in[1], in[2]) =
+ *   FWD:        x, w, b (or NULL) -> out y
+ *   BWD_DATA:   gy, w             -> out gx
+ *   BWD_WEIGHT: x, gy, gb (written, or NULL) -> out gw */
+typedef struct {
+    kpl_conv_kind kind;
+    int64_t n, c, h, w;    /* input */
+    int64_t o, kh, kw;     /* weights (o, c / groups, kh, kw) */
+    int64_t oh, ow;        /* output */
+    kpl_conv2d_params p;
+} kpl_conv_attrs;
+
 /* Row-major index -> element offset for one plan input. */
 static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
                                        int64_t flat)
@@ -231,7 +245,9 @@ void kpl__cpu_register_eltwise(void);
 void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
+void kpl__cpu_register_conv(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
+kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 
 /* for (int64_t i = 0; i < n; i++) { body } across OpenMP threads when
  * `cond` holds, else inline: an OpenMP fork costs 0.3-0.4 us even when its

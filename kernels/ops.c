@@ -737,6 +737,150 @@ kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &attrs);
 }
 
+/* ---- conv2d -------------------------------------------------------------------- */
+
+kpl_status kpl_shape_conv2d(const int64_t *x, const int64_t *w, const kpl_conv2d_params *p,
+                            int64_t *out)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    kpl_shape_str(4, x, b1, sizeof b1);
+    kpl_shape_str(4, w, b2, sizeof b2);
+    KPL_CHECK(p != NULL, KPL_EINVAL, "conv2d: NULL params");
+    KPL_CHECK(p->groups >= 1 && p->stride[0] >= 1 && p->stride[1] >= 1 && p->dilation[0] >= 1 &&
+                  p->dilation[1] >= 1 && p->padding[0] >= 0 && p->padding[1] >= 0,
+              KPL_EINVAL,
+              "conv2d: stride (%d,%d) and dilation (%d,%d) must be >= 1, padding (%d,%d) >= 0, "
+              "groups %d >= 1",
+              p->stride[0], p->stride[1], p->dilation[0], p->dilation[1], p->padding[0],
+              p->padding[1], p->groups);
+    KPL_CHECK(x[1] % p->groups == 0 && w[0] % p->groups == 0, KPL_ESHAPE,
+              "conv2d: %lld input channels and %lld filters must both divide into %d groups "
+              "(input %s, weights %s)",
+              (long long)x[1], (long long)w[0], p->groups, b1, b2);
+    KPL_CHECK(w[1] * p->groups == x[1], KPL_ESHAPE,
+              "conv2d: input %s has %lld channels but weights %s expect %lld (x %d groups)", b1,
+              (long long)x[1], b2, (long long)(w[1] * p->groups), p->groups);
+    int64_t ekh = (w[2] - 1) * p->dilation[0] + 1, ekw = (w[3] - 1) * p->dilation[1] + 1;
+    int64_t ph = x[2] + 2 * p->padding[0], pw = x[3] + 2 * p->padding[1];
+    KPL_CHECK(ekh <= ph && ekw <= pw && w[2] > 0 && w[3] > 0, KPL_ESHAPE,
+              "conv2d: kernel %lldx%lld (dilated %lldx%lld) is larger than the padded input "
+              "%lldx%lld (input %s, weights %s)",
+              (long long)w[2], (long long)w[3], (long long)ekh, (long long)ekw, (long long)ph,
+              (long long)pw, b1, b2);
+    out[0] = x[0];
+    out[1] = w[0];
+    out[2] = (ph - ekh) / p->stride[0] + 1;
+    out[3] = (pw - ekw) / p->stride[1] + 1;
+    return KPL_OK;
+}
+
+static kpl_status conv_check4(const char *op, const kpl_tensor *t, const char *name)
+{
+    char b[KPL_SHAPE_BUF];
+    KPL_CHECK(t->ndim == 4, KPL_ESHAPE, "%s: '%s' must be 4-D (N, C, H, W / O, C, KH, KW), got %s",
+              op, name, KPL_SHAPE(t, b));
+    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
+              "%s: '%s' has dtype %s; f32 and f64 are supported", op, name,
+              kpl_dtype_name(t->dtype));
+    return KPL_OK;
+}
+
+static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, const int64_t *w,
+                      const int64_t *y, const kpl_conv2d_params *p)
+{
+    a->kind = kind;
+    a->n = x[0], a->c = x[1], a->h = x[2], a->w = x[3];
+    a->o = w[0], a->kh = w[2], a->kw = w[3];
+    a->oh = y[2], a->ow = y[3];
+    a->p = *p;
+}
+
+kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                        const kpl_tensor *b, const kpl_conv2d_params *p)
+{
+    const char *op = "conv2d";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, w, "w");
+    KPL_TRY(conv_check4(op, x, "x"));
+    KPL_TRY(conv_check4(op, w, "w"));
+    KPL_TRY(same_device(op, x, "x", w, "w"));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(want_dtype(op, w, "w", x->dtype));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    int64_t y[4];
+    KPL_TRY(kpl_shape_conv2d(x->shape, w->shape, p, y));
+    KPL_TRY(same_shape(op, out, 4, y));
+    if (b) {
+        char bb[KPL_SHAPE_BUF];
+        KPL_TRY(same_device(op, b, "b", x, "x"));
+        KPL_TRY(want_dtype(op, b, "b", x->dtype));
+        KPL_CHECK(b->ndim == 1 && b->shape[0] == w->shape[0], KPL_ESHAPE,
+                  "conv2d: bias %s must have one value per filter (%lld)", KPL_SHAPE(b, bb),
+                  (long long)w->shape[0]);
+    }
+    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "conv2d: 'out' may not alias 'x'");
+    if (out->numel == 0) return KPL_OK;
+    kpl_conv_attrs a;
+    conv_fill(&a, KPL_CONV_FWD, x->shape, w->shape, y, p);
+    return dispatch(KPL_KOP_CONV2D, x->dtype, out, x, w, b, &a);
+}
+
+kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,
+                                 const kpl_conv2d_params *p)
+{
+    const char *op = "conv2d_bwd_data";
+    CHECK_ARG(op, gx, "gx");
+    CHECK_ARG(op, gy, "gy");
+    CHECK_ARG(op, w, "w");
+    KPL_TRY(conv_check4(op, gx, "gx"));
+    KPL_TRY(conv_check4(op, gy, "gy"));
+    KPL_TRY(conv_check4(op, w, "w"));
+    KPL_TRY(same_device(op, gx, "gx", gy, "gy"));
+    KPL_TRY(same_device(op, gx, "gx", w, "w"));
+    KPL_TRY(want_dtype(op, gy, "gy", gx->dtype));
+    KPL_TRY(want_dtype(op, w, "w", gx->dtype));
+    int64_t y[4];
+    KPL_TRY(kpl_shape_conv2d(gx->shape, w->shape, p, y));
+    KPL_TRY(same_shape(op, gy, 4, y));
+    KPL_CHECK(gx->storage != gy->storage, KPL_EINVAL, "%s: 'gx' may not alias 'gy'", op);
+    if (gx->numel == 0) return KPL_OK;
+    kpl_conv_attrs a;
+    conv_fill(&a, KPL_CONV_BWD_DATA, gx->shape, w->shape, y, p);
+    return dispatch(KPL_KOP_CONV2D, gx->dtype, gx, gy, w, NULL, &a);
+}
+
+kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_tensor *x,
+                                   const kpl_tensor *gy, const kpl_conv2d_params *p)
+{
+    const char *op = "conv2d_bwd_weight";
+    CHECK_ARG(op, gw, "gw");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, gy, "gy");
+    KPL_TRY(conv_check4(op, gw, "gw"));
+    KPL_TRY(conv_check4(op, x, "x"));
+    KPL_TRY(conv_check4(op, gy, "gy"));
+    KPL_TRY(same_device(op, gw, "gw", x, "x"));
+    KPL_TRY(same_device(op, gw, "gw", gy, "gy"));
+    KPL_TRY(want_dtype(op, x, "x", gw->dtype));
+    KPL_TRY(want_dtype(op, gy, "gy", gw->dtype));
+    int64_t y[4];
+    KPL_TRY(kpl_shape_conv2d(x->shape, gw->shape, p, y));
+    KPL_TRY(same_shape(op, gy, 4, y));
+    if (gb) {
+        char bb[KPL_SHAPE_BUF];
+        KPL_TRY(same_device(op, gb, "gb", gw, "gw"));
+        KPL_TRY(want_dtype(op, gb, "gb", gw->dtype));
+        KPL_CHECK(gb->ndim == 1 && gb->shape[0] == gw->shape[0], KPL_ESHAPE,
+                  "%s: bias gradient %s must have %lld values", op, KPL_SHAPE(gb, bb),
+                  (long long)gw->shape[0]);
+    }
+    if (gw->numel == 0) return KPL_OK;
+    kpl_conv_attrs a;
+    conv_fill(&a, KPL_CONV_BWD_WEIGHT, x->shape, gw->shape, y, p);
+    return dispatch(KPL_KOP_CONV2D, gw->dtype, gw, x, gy, gb, &a);
+}
+
 /* ---- rng -------------------------------------------------------------------- */
 
 struct kpl_rng {

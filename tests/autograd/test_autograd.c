@@ -79,6 +79,14 @@ U(gelu_tanh, kpl_gelu_tanh(x[0]))
 U(narrow, kpl_square(kpl_narrow(x[0], 1, 2)))
 U(pad_rows, kpl_square(kpl_pad_rows(x[0], 2, 1)))
 
+static kpl_conv2d_params conv_p;
+static kpl_tensor *f_conv(kpl_tensor *const *x, void *u)
+{
+    /* squared, so the output gradient depends on x and w and the second
+     * order reaches every input of the gradient halves */
+    return kpl_square(kpl_conv2d(x[0], x[1], u ? x[2] : NULL, &conv_p));
+}
+
 static void check(const gcase *c, int order, const int64_t shapes[][3], const int *ndims)
 {
     kpl_tensor *in[3] = {NULL, NULL, NULL};
@@ -148,6 +156,29 @@ static void test_gradcheck_all_ops(void **state)
     const int end[1] = {2};
     check(&ex, 1, eshapes, end);
     check(&ex, 2, eshapes, end);
+}
+
+static void test_gradcheck_conv2d(void **state)
+{
+    (void)state;
+    /* stride 2 + padding, dilation 2, groups 2 (with bias), depthwise */
+    const kpl_conv2d_params ps[4] = {
+        {{2, 2}, {1, 1}, {1, 1}, 1}, {{1, 1}, {2, 2}, {2, 2}, 1},
+        {{1, 2}, {1, 0}, {1, 1}, 2}, {{1, 1}, {1, 1}, {1, 1}, 4}};
+    const int64_t xs[4][4] = {{2, 2, 5, 6}, {1, 2, 5, 5}, {1, 4, 5, 6}, {1, 4, 4, 5}};
+    const int64_t ws[4][4] = {{3, 2, 3, 3}, {2, 2, 3, 2}, {4, 2, 2, 3}, {4, 1, 3, 3}};
+    for (int k = 0; k < 4; k++) {
+        conv_p = ps[k];
+        int64_t bs = ws[k][0];
+        kpl_tensor *in[3] = {param(4, xs[k], 40, -1, 1), param(4, ws[k], 41, -1, 1),
+                             param(1, &bs, 42, -1, 1)};
+        /* order 3 reaches the gradients of the gradient halves' own inputs */
+        for (int order = 1; order <= (k == 0 ? 3 : 2); order++) {
+            kpl_status st = kpl_gradcheck(f_conv, (void *)1, 3, in, order, 1e-6, 1e-6, 1e-5);
+            if (st != KPL_OK) fail_msg("conv2d case %d order %d: %s", k, order, kpl_last_error());
+        }
+        for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
+    }
 }
 
 static void test_accumulate_and_errors(void **state)
@@ -375,6 +406,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradcheck_all_ops),
+        cmocka_unit_test(test_gradcheck_conv2d),
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
         cmocka_unit_test(test_hooks),

@@ -688,6 +688,101 @@ static void test_fill_cast_copy(void **state)
     for (size_t k = 0; k < sizeof ts / sizeof ts[0]; k++) kpl_tensor_release(ts[k]);
 }
 
+/* ---- conv2d ------------------------------------------------------------------ */
+
+static void test_conv2d_by_hand(void **state)
+{
+    (void)state;
+    /* 1x1x4x4 input 0..15, 3x3 all-ones kernel, padding 1, bias 0.5:
+     * the output at (0,0) sums x[0:2,0:2] = 0+1+4+5, at (1,1) sums x[0:3,0:3]. */
+    int64_t xs[4] = {1, 1, 4, 4}, ws[4] = {1, 1, 3, 3}, ys[4] = {1, 1, 4, 4}, bs = 1;
+    kpl_tensor *x = tnew(KPL_F32, 4, xs), *w = tnew(KPL_F32, 4, ws), *y = tnew(KPL_F32, 4, ys);
+    kpl_tensor *b = tnew(KPL_F32, 1, &bs);
+    OK(kpl_k_arange(x, 0, 1));
+    OK(kpl_k_fill(w, 1));
+    OK(kpl_k_fill(b, 0.5));
+    kpl_conv2d_params p = KPL_CONV2D_PARAMS_INIT;
+    p.padding[0] = p.padding[1] = 1;
+    OK(kpl_k_conv2d(y, x, w, b, &p));
+    assert_float_equal(tget(y, 0), 10.5, 1e-6);
+    assert_float_equal(tget(y, 5), 0 + 1 + 2 + 4 + 5 + 6 + 8 + 9 + 10 + 0.5, 1e-6);
+    assert_float_equal(tget(y, 15), 10 + 11 + 14 + 15 + 0.5, 1e-6);
+    /* stride 2, no padding: 1x1x1x1... (4-3)/2+1 = 1 */
+    kpl_conv2d_params p2 = KPL_CONV2D_PARAMS_INIT;
+    p2.stride[0] = p2.stride[1] = 2;
+    int64_t s1[4] = {1, 1, 1, 1};
+    kpl_tensor *y1 = tnew(KPL_F32, 4, s1);
+    OK(kpl_k_conv2d(y1, x, w, NULL, &p2));
+    assert_float_equal(tget(y1, 0), 0 + 1 + 2 + 4 + 5 + 6 + 8 + 9 + 10, 1e-6);
+    /* bad input: channels, kernel too large, bias size */
+    int64_t w2s[4] = {1, 2, 3, 3}, big[4] = {1, 1, 7, 7}, b2s = 2;
+    kpl_tensor *w2 = tnew(KPL_F32, 4, w2s), *wb = tnew(KPL_F32, 4, big), *b2 = tnew(KPL_F32, 1, &b2s);
+    FAILS(kpl_k_conv2d(y, x, w2, NULL, &p), KPL_ESHAPE, "input (1,1,4,4) has 1 channels but weights (1,2,3,3) expect 2");
+    FAILS(kpl_k_conv2d(y, x, wb, NULL, &p), KPL_ESHAPE, "kernel 7x7 (dilated 7x7) is larger than the padded input 6x6");
+    FAILS(kpl_k_conv2d(y, x, w, b2, &p), KPL_ESHAPE, "bias (2) must have one value per filter (1)");
+    kpl_conv2d_params p0 = KPL_CONV2D_PARAMS_INIT;
+    p0.stride[1] = 0;
+    FAILS(kpl_k_conv2d(y, x, w, NULL, &p0), KPL_EINVAL, "stride (1,0)");
+    kpl_tensor *ts[] = {x, w, y, b, y1, w2, wb, b2};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+/* oneDNN (f32) against the reference loops (f64) on the same values. */
+static void conv_case(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t k, int s,
+                      int pad, int dil, int groups, bool bias)
+{
+    kpl_conv2d_params p = {{s, s}, {pad, pad}, {dil, dil}, groups};
+    int64_t xs[4] = {n, c, h, w}, ws[4] = {o, c / groups, k, k}, ys[4], bs = o;
+    OK(kpl_shape_conv2d(xs, ws, &p, ys));
+    kpl_tensor *x64 = trand(KPL_F64, 4, xs, 1, -1, 1), *w64 = trand(KPL_F64, 4, ws, 2, -1, 1);
+    kpl_tensor *b64 = trand(KPL_F64, 1, &bs, 3, -1, 1), *gy64 = trand(KPL_F64, 4, ys, 4, -1, 1);
+    kpl_tensor *x32 = tnew(KPL_F32, 4, xs), *w32 = tnew(KPL_F32, 4, ws), *b32 = tnew(KPL_F32, 1, &bs);
+    kpl_tensor *gy32 = tnew(KPL_F32, 4, ys);
+    kpl_tensor *in64[4] = {x64, w64, b64, gy64}, *in32[4] = {x32, w32, b32, gy32};
+    /* round the f64 values to f32 so both sides see the same numbers */
+    for (int i = 0; i < 4; i++) {
+        OK(kpl_k_cast(in32[i], in64[i]));
+        OK(kpl_k_cast(in64[i], in32[i]));
+    }
+    kpl_tensor *y64 = tnew(KPL_F64, 4, ys), *y32 = tnew(KPL_F32, 4, ys);
+    OK(kpl_k_conv2d(y64, x64, w64, bias ? b64 : NULL, &p));
+    OK(kpl_k_conv2d(y32, x32, w32, bias ? b32 : NULL, &p));
+    for (int64_t i = 0; i < kpl_tensor_numel(y32); i++)
+        assert_close(tget(y32, i), tget(y64, i), 1e-4, 1e-4, "conv2d fwd", i);
+    kpl_tensor *gx64 = tnew(KPL_F64, 4, xs), *gx32 = tnew(KPL_F32, 4, xs);
+    OK(kpl_k_conv2d_bwd_data(gx64, gy64, w64, &p));
+    OK(kpl_k_conv2d_bwd_data(gx32, gy32, w32, &p));
+    for (int64_t i = 0; i < kpl_tensor_numel(gx32); i++)
+        assert_close(tget(gx32, i), tget(gx64, i), 1e-4, 1e-4, "conv2d bwd data", i);
+    kpl_tensor *gw64 = tnew(KPL_F64, 4, ws), *gw32 = tnew(KPL_F32, 4, ws);
+    kpl_tensor *gb64 = tnew(KPL_F64, 1, &bs), *gb32 = tnew(KPL_F32, 1, &bs);
+    OK(kpl_k_conv2d_bwd_weight(gw64, gb64, x64, gy64, &p));
+    OK(kpl_k_conv2d_bwd_weight(gw32, gb32, x32, gy32, &p));
+    for (int64_t i = 0; i < kpl_tensor_numel(gw32); i++)
+        assert_close(tget(gw32, i), tget(gw64, i), 1e-4, 1e-4, "conv2d bwd weight", i);
+    for (int64_t i = 0; i < bs; i++)
+        assert_close(tget(gb32, i), tget(gb64, i), 1e-4, 1e-4, "conv2d bwd bias", i);
+    kpl_tensor *ts[] = {x64, w64, b64, gy64, x32, w32, b32, gy32, y64, y32, gx64, gx32, gw64, gw32, gb64, gb32};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+static void test_conv2d_onednn_vs_reference(void **state)
+{
+    (void)state;
+    conv_case(2, 3, 9, 7, 4, 3, 1, 1, 1, 1, true);   /* plain, odd sizes */
+    conv_case(2, 4, 11, 10, 6, 3, 2, 1, 1, 2, true); /* stride 2, groups 2 */
+    conv_case(1, 3, 12, 12, 5, 3, 1, 2, 2, 1, false); /* dilation 2 */
+    conv_case(2, 6, 8, 8, 6, 3, 1, 1, 1, 6, true);   /* depthwise */
+    conv_case(3, 5, 7, 9, 4, 1, 1, 0, 1, 1, true);   /* 1x1 */
+    conv_case(1, 2, 5, 5, 3, 5, 2, 2, 1, 1, true);   /* kernel 5, stride 2 */
+    /* the primitive cache is hit by a repeated shape */
+    kpl_algo_cache_stats s0 = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+    conv_case(2, 3, 9, 7, 4, 3, 1, 1, 1, 1, true);
+    kpl_algo_cache_stats s1 = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+    assert_int_equal(s1.misses, s0.misses);
+    assert_int_equal(s1.hits, s0.hits + 3);
+}
+
 static void test_zero_size(void **state)
 {
     (void)state;
@@ -720,6 +815,8 @@ int run_ops_tests(void)
         cmocka_unit_test(test_matmul_primitive_cache),
         cmocka_unit_test(test_matmul_batched),
         cmocka_unit_test(test_fill_cast_copy),
+        cmocka_unit_test(test_conv2d_by_hand),
+        cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_zero_size),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);

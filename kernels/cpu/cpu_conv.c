@@ -1,0 +1,318 @@
+/*
+ * cpu_conv.c — 2-D convolution on the CPU: forward, backward-data and
+ * backward-weights.  f32 runs on oneDNN's convolution primitives, cached
+ * per problem like matmul's; f64 runs on the plain reference loops below,
+ * which are also what the tests check oneDNN against.
+ *
+ * Tensors stay plain NCHW / OIHW between ops.  (Letting oneDNN keep its
+ * blocked layouts between ops is the performance work of the nn issue.)
+ */
+#include "../kernels_impl.h"
+
+#include <dnnl.h>
+#include <dnnl_debug.h>
+#include <omp.h>
+#include <string.h>
+
+/* ---- reference loops (f64) ------------------------------------------------------ */
+
+#define X4(t, a, b, c, d, B, C, D) (t)[(((a) * (B) + (b)) * (C) + (c)) * (D) + (d)]
+
+static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, const double *b,
+                    double *y)
+{
+    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
+    KPL_PARALLEL_FOR_IF(no, a->n * a->o, a->n * a->o > 1,
+        int64_t n = no / a->o, o = no % a->o, g = o / og;
+        for (int64_t oy = 0; oy < a->oh; oy++)
+            for (int64_t ox = 0; ox < a->ow; ox++) {
+                double s = b ? b[o] : 0;
+                for (int64_t c = 0; c < cg; c++)
+                    for (int64_t ky = 0; ky < a->kh; ky++) {
+                        int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
+                        if (iy < 0 || iy >= a->h) continue;
+                        for (int64_t kx = 0; kx < a->kw; kx++) {
+                            int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
+                            if (ix < 0 || ix >= a->w) continue;
+                            s += X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w) *
+                                 X4(w, o, c, ky, kx, cg, a->kh, a->kw);
+                        }
+                    }
+                X4(y, n, o, oy, ox, a->o, a->oh, a->ow) = s;
+            }
+    );
+}
+
+/* gx = sum over the windows that read each input element (scatter per image). */
+static void ref_bwd_data(const kpl_conv_attrs *a, const double *gy, const double *w, double *gx)
+{
+    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
+    KPL_PARALLEL_FOR_IF(n, a->n, a->n > 1,
+        memset(gx + n * a->c * a->h * a->w, 0, sizeof(double) * (size_t)(a->c * a->h * a->w));
+        for (int64_t o = 0; o < a->o; o++) {
+            int64_t g = o / og;
+            for (int64_t oy = 0; oy < a->oh; oy++)
+                for (int64_t ox = 0; ox < a->ow; ox++) {
+                    double v = X4(gy, n, o, oy, ox, a->o, a->oh, a->ow);
+                    for (int64_t c = 0; c < cg; c++)
+                        for (int64_t ky = 0; ky < a->kh; ky++) {
+                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
+                            if (iy < 0 || iy >= a->h) continue;
+                            for (int64_t kx = 0; kx < a->kw; kx++) {
+                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
+                                if (ix < 0 || ix >= a->w) continue;
+                                X4(gx, n, g * cg + c, iy, ix, a->c, a->h, a->w) +=
+                                    v * X4(w, o, c, ky, kx, cg, a->kh, a->kw);
+                            }
+                        }
+                }
+        }
+    );
+}
+
+static void ref_bwd_weight(const kpl_conv_attrs *a, const double *x, const double *gy, double *gw,
+                           double *gb)
+{
+    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
+    KPL_PARALLEL_FOR_IF(o, a->o, a->o > 1,
+        int64_t g = o / og;
+        if (gb) {
+            double s = 0;
+            for (int64_t n = 0; n < a->n; n++)
+                for (int64_t i = 0; i < a->oh * a->ow; i++) s += gy[(n * a->o + o) * a->oh * a->ow + i];
+            gb[o] = s;
+        }
+        for (int64_t c = 0; c < cg; c++)
+            for (int64_t ky = 0; ky < a->kh; ky++)
+                for (int64_t kx = 0; kx < a->kw; kx++) {
+                    double s = 0;
+                    for (int64_t n = 0; n < a->n; n++)
+                        for (int64_t oy = 0; oy < a->oh; oy++) {
+                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
+                            if (iy < 0 || iy >= a->h) continue;
+                            for (int64_t ox = 0; ox < a->ow; ox++) {
+                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
+                                if (ix < 0 || ix >= a->w) continue;
+                                s += X4(gy, n, o, oy, ox, a->o, a->oh, a->ow) *
+                                     X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w);
+                            }
+                        }
+                    X4(gw, o, c, ky, kx, cg, a->kh, a->kw) = s;
+                }
+    );
+}
+
+/* ---- oneDNN (f32) ------------------------------------------------------------------ */
+
+#define CACHE_CAP 256
+
+typedef struct {
+    kpl_conv_attrs a;
+    int threads;
+    bool bias;
+} conv_key;
+
+typedef struct {
+    conv_key key;
+    dnnl_primitive_t prim;
+    dnnl_memory_desc_t src, wei, bias, dst;
+    uint64_t last_use;
+} conv_entry;
+
+static struct {
+    pthread_mutex_t lock;
+    dnnl_engine_t engine;
+    dnnl_stream_t stream;
+    conv_entry e[CACHE_CAP];
+    int n;
+    uint64_t tick, hits, misses;
+} cc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void)
+{
+    pthread_mutex_lock(&cc.lock);
+    kpl_algo_cache_stats s = {cc.hits, cc.misses, (uint64_t)cc.n};
+    pthread_mutex_unlock(&cc.lock);
+    return s;
+}
+
+#define DNNL_TRY(call, what)                                                        \
+    do {                                                                            \
+        dnnl_status_t ds_ = (call);                                                 \
+        if (ds_ != dnnl_success) {                                                  \
+            st = KPL_ERROR(KPL_EBACKEND, "conv2d: oneDNN %s failed: %s", what,      \
+                           dnnl_status2str(ds_));                                   \
+            goto fail;                                                              \
+        }                                                                           \
+    } while (0)
+
+static kpl_status build(const conv_key *k, conv_entry *e)
+{
+    kpl_status st = KPL_OK;
+    const kpl_conv_attrs *a = &k->a;
+    dnnl_primitive_desc_t hint = NULL, pd = NULL;
+    int g = a->p.groups;
+    dnnl_dims_t src = {a->n, a->c, a->h, a->w}, dst = {a->n, a->o, a->oh, a->ow};
+    dnnl_dims_t wei1 = {a->o, a->c, a->kh, a->kw};
+    dnnl_dims_t weig = {g, a->o / g, a->c / g, a->kh, a->kw};
+    dnnl_dims_t bias = {a->o};
+    dnnl_dims_t strides = {a->p.stride[0], a->p.stride[1]};
+    dnnl_dims_t dil = {a->p.dilation[0] - 1, a->p.dilation[1] - 1};
+    dnnl_dims_t pad = {a->p.padding[0], a->p.padding[1]};
+    /* oneDNN's right padding makes the output size come out exactly. */
+    dnnl_dims_t pad_r = {
+        (a->oh - 1) * a->p.stride[0] + (a->kh - 1) * a->p.dilation[0] + 1 - a->h - a->p.padding[0],
+        (a->ow - 1) * a->p.stride[1] + (a->kw - 1) * a->p.dilation[1] + 1 - a->w - a->p.padding[1]};
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->src, 4, src, dnnl_f32, dnnl_nchw), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->dst, 4, dst, dnnl_f32, dnnl_nchw), "dst desc");
+    if (g == 1)
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->wei, 4, wei1, dnnl_f32, dnnl_oihw), "weights desc");
+    else
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->wei, 5, weig, dnnl_f32, dnnl_goihw), "weights desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->bias, 1, bias, dnnl_f32, dnnl_x), "bias desc");
+    const dnnl_memory_desc_t *bmd = k->bias ? &e->bias : NULL;
+    dnnl_convolution_desc_t fd, bd;
+    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
+                                                        dnnl_convolution_direct, &e->src, &e->wei,
+                                                        a->kind == KPL_CONV_FWD ? bmd : NULL,
+                                                        &e->dst, strides, dil, pad, pad_r),
+             "forward desc");
+    if (a->kind == KPL_CONV_FWD) {
+        DNNL_TRY(dnnl_primitive_desc_create(&pd, &fd, NULL, cc.engine, NULL), "forward pd");
+    } else {
+        DNNL_TRY(dnnl_primitive_desc_create(&hint, &fd, NULL, cc.engine, NULL), "forward pd");
+        if (a->kind == KPL_CONV_BWD_DATA)
+            DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(
+                         &bd, dnnl_convolution_direct, &e->src, &e->wei, &e->dst, strides, dil,
+                         pad, pad_r),
+                     "backward data desc");
+        else
+            DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(
+                         &bd, dnnl_convolution_direct, &e->src, &e->wei, bmd, &e->dst, strides,
+                         dil, pad, pad_r),
+                     "backward weights desc");
+        DNNL_TRY(dnnl_primitive_desc_create(&pd, &bd, NULL, cc.engine, hint), "backward pd");
+    }
+    DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
+fail:
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    return st;
+}
+
+static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
+{
+    conv_key k;
+    memset(&k, 0, sizeof k);
+    k.a = *a;
+    k.threads = omp_get_max_threads();
+    k.bias = args->in[2] != NULL;
+    kpl_status st = KPL_OK;
+    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    pthread_mutex_lock(&cc.lock);
+    conv_entry *e = NULL;
+    for (int i = 0; i < cc.n; i++)
+        if (!memcmp(&cc.e[i].key, &k, sizeof k)) {
+            e = &cc.e[i];
+            cc.hits++;
+            break;
+        }
+    if (!e) {
+        cc.misses++;
+        if (!cc.engine) DNNL_TRY(dnnl_engine_create(&cc.engine, dnnl_cpu, 0), "engine");
+        if (!cc.stream)
+            DNNL_TRY(dnnl_stream_create(&cc.stream, cc.engine, dnnl_stream_default_flags), "stream");
+        if (cc.n < CACHE_CAP) {
+            e = &cc.e[cc.n];
+        } else {
+            e = &cc.e[0];
+            for (int i = 1; i < cc.n; i++)
+                if (cc.e[i].last_use < e->last_use) e = &cc.e[i];
+            dnnl_primitive_destroy(e->prim);
+            e->prim = NULL;
+        }
+        conv_entry fresh;
+        memset(&fresh, 0, sizeof fresh);
+        fresh.key = k;
+        if ((st = build(&k, &fresh)) < 0) {
+            if (e != &cc.e[cc.n]) { /* evicted slot: drop it */
+                *e = cc.e[--cc.n];
+            }
+            goto fail;
+        }
+        if (e == &cc.e[cc.n]) cc.n++;
+        *e = fresh;
+    }
+    e->last_use = ++cc.tick;
+    /* Execution stays under the lock (see cpu_matmul.c). */
+    void *p0 = (void *)kpl__cdata(args->in[0]), *p1 = (void *)kpl__cdata(args->in[1]);
+    void *p2 = args->in[2] ? (void *)kpl__cdata(args->in[2]) : NULL, *po = kpl__data(args->out);
+    dnnl_exec_arg_t ex[4];
+    int na = 0;
+    switch (a->kind) {
+    case KPL_CONV_FWD:
+        DNNL_TRY(dnnl_memory_create(&m[0], &e->src, cc.engine, p0), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[1], &e->wei, cc.engine, p1), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[2], &e->dst, cc.engine, po), "memory");
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DST, m[2]};
+        if (p2) {
+            DNNL_TRY(dnnl_memory_create(&m[3], &e->bias, cc.engine, p2), "memory");
+            ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]};
+        }
+        break;
+    case KPL_CONV_BWD_DATA: /* in: gy, w; out: gx */
+        DNNL_TRY(dnnl_memory_create(&m[0], &e->dst, cc.engine, p0), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[1], &e->wei, cc.engine, p1), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[2], &e->src, cc.engine, po), "memory");
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[0]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_SRC, m[2]};
+        break;
+    case KPL_CONV_BWD_WEIGHT: /* in: x, gy, gb (written); out: gw */
+        DNNL_TRY(dnnl_memory_create(&m[0], &e->src, cc.engine, p0), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[1], &e->dst, cc.engine, p1), "memory");
+        DNNL_TRY(dnnl_memory_create(&m[2], &e->wei, cc.engine, po), "memory");
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[1]};
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, m[2]};
+        if (p2) {
+            p2 = kpl__data((kpl_tensor *)args->in[2]);
+            DNNL_TRY(dnnl_memory_create(&m[3], &e->bias, cc.engine, p2), "memory");
+            ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, m[3]};
+        }
+        break;
+    }
+    DNNL_TRY(dnnl_primitive_execute(e->prim, cc.stream, na, ex), "execute");
+    DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
+fail:
+    pthread_mutex_unlock(&cc.lock);
+    for (int i = 0; i < 4; i++)
+        if (m[i]) dnnl_memory_destroy(m[i]);
+    return st;
+}
+
+static kpl_status cpu_conv(const kpl_kernel_args *args)
+{
+    const kpl_conv_attrs *a = args->attrs;
+    if (args->out->dtype == KPL_F32) return conv_f32(a, args);
+    const double *i0 = kpl__cdata(args->in[0]), *i1 = kpl__cdata(args->in[1]);
+    double *out = kpl__data(args->out);
+    switch (a->kind) {
+    case KPL_CONV_FWD:
+        ref_fwd(a, i0, i1, args->in[2] ? kpl__cdata(args->in[2]) : NULL, out);
+        break;
+    case KPL_CONV_BWD_DATA: ref_bwd_data(a, i0, i1, out); break;
+    case KPL_CONV_BWD_WEIGHT:
+        ref_bwd_weight(a, i0, i1, out, args->in[2] ? kpl__data((kpl_tensor *)args->in[2]) : NULL);
+        break;
+    }
+    return KPL_OK;
+}
+
+void kpl__cpu_register_conv(void)
+{
+    kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F32, cpu_conv);
+    kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F64, cpu_conv);
+}
