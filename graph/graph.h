@@ -160,6 +160,31 @@ kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_
 kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
                                   const kpl_conv2d_params *p);
 
+/* ---- neural-network functions (graph/nn.c), built from the ops above, so
+ * they are recorded and differentiable like any op ---- */
+
+typedef enum { KPL_REDUCE_MEAN = 0, KPL_REDUCE_SUM, KPL_REDUCE_NONE } kpl_reduction;
+
+/* y = x @ w^T + b: x (..., in), w (out, in), b (out) or NULL. */
+kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b);
+kpl_tensor *kpl_softmax(kpl_tensor *x, int axis);
+kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis);
+/* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), with
+ * label smoothing in [0, 1) and rows whose label is ignore_index left out
+ * (pass a negative value that never occurs, e.g. -100, to keep all).  A
+ * label outside [0, C) is an error naming its row and value. */
+kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
+                              double label_smoothing, int64_t ignore_index);
+/* Negative log likelihood of log-probabilities (N, C). */
+kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
+                         int64_t ignore_index);
+kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
+kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
+kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta);
+/* Binary cross entropy of logits z against targets y in [0, 1], computed
+ * stably as max(z, 0) - z y + log(1 + exp(-|z|)). */
+kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);
+
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);
 kpl_tensor *kpl_full(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,

@@ -402,6 +402,8 @@ static void test_mlp_learns(void **state)
     kpl_rng_destroy(rng);
 }
 
+int run_loss_tests(void);
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -413,5 +415,7 @@ int main(void)
         cmocka_unit_test(test_gc_lowers_peak),
         cmocka_unit_test(test_mlp_learns),
     };
-    return cmocka_run_group_tests_name("autograd", tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name("autograd", tests, NULL, NULL);
+    failed += run_loss_tests();
+    return failed ? 1 : 0;
 }

@@ -1,0 +1,152 @@
+/*
+ * nn.c — neural-network functions composed from the recorded ops: linear,
+ * softmax, the losses.  Composition keeps them differentiable to any order
+ * for free; fused kernels (oneDNN inner product, a single-pass softmax
+ * cross entropy) replace the compositions where a benchmark shows the gain.
+ */
+#include "graph_impl.h"
+
+#include <string.h>
+
+kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b)
+{
+    kpl_tensor *y = kpl_matmul(x, w, false, true);
+    return b ? kpl_add(y, b) : y;
+}
+
+kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis)
+{
+    if (!x) return NULL;
+    return kpl_sub(x, kpl_logsumexp(x, &axis, 1, true));
+}
+
+kpl_tensor *kpl_softmax(kpl_tensor *x, int axis) { return kpl_exp(kpl_log_softmax(x, axis)); }
+
+static kpl_tensor *reduce_loss(kpl_tensor *per, kpl_reduction red)
+{
+    switch (red) {
+    case KPL_REDUCE_MEAN: return kpl_mean(per, NULL, 0, false);
+    case KPL_REDUCE_SUM: return kpl_sum(per, NULL, 0, false);
+    case KPL_REDUCE_NONE: return per;
+    }
+    KPL_ERROR(KPL_EINVAL, "loss: unknown reduction %d", (int)red);
+    return NULL;
+}
+
+/* One-hot rows (N, C) of `labels` in logp's dtype, and a (N) mask of the
+ * rows that count; checks every label. */
+static kpl_status one_hot(const char *op, kpl_tensor *logp, kpl_tensor *labels,
+                          int64_t ignore_index, kpl_tensor **onehot, kpl_tensor **keep,
+                          int64_t *nkeep)
+{
+    char b1[96], b2[96];
+    kpl_shape_str(kpl_tensor_ndim(logp), kpl_tensor_shape(logp), b1, sizeof b1);
+    kpl_shape_str(kpl_tensor_ndim(labels), kpl_tensor_shape(labels), b2, sizeof b2);
+    KPL_CHECK(kpl_tensor_ndim(logp) == 2 && kpl_tensor_ndim(labels) == 1 &&
+                  kpl_tensor_shape(labels)[0] == kpl_tensor_shape(logp)[0],
+              KPL_ESHAPE, "%s: input %s and labels %s must be (N, C) and (N)", op, b1, b2);
+    KPL_CHECK(kpl_tensor_dtype(labels) == KPL_I64, KPL_EDTYPE,
+              "%s: labels have dtype %s, expected i64 class indices", op,
+              kpl_dtype_name(kpl_tensor_dtype(labels)));
+    int64_t n = kpl_tensor_shape(logp)[0], c = kpl_tensor_shape(logp)[1];
+    const int64_t *lv = kpl_tensor_host_data(labels);
+    if (!lv) return kpl_last_status();
+    int64_t kept = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (lv[i] == ignore_index) continue;
+        KPL_CHECK(lv[i] >= 0 && lv[i] < c, KPL_ERANGE,
+                  "%s: label %lld in row %lld is outside [0, %lld) (input %s)", op,
+                  (long long)lv[i], (long long)i, (long long)c, b1);
+        kept++;
+    }
+    kpl_device *dev = kpl_tensor_device(logp);
+    kpl_dtype dt = kpl_tensor_dtype(logp);
+    int64_t col[2] = {n, 1};
+    kpl_tensor *cls = kpl_arange(dev, KPL_I64, c, 0, 1);
+    *onehot = kpl_cast(kpl_compare(KPL_BIN_EQ, kpl_reshape(labels, 2, col), cls), dt);
+    *keep = kpl_cast(kpl_compare(KPL_BIN_NE, labels, kpl_full(dev, KPL_I64, 0, NULL,
+                                                                  (double)ignore_index)),
+                     dt);
+    *nkeep = kept;
+    return *onehot && *keep ? KPL_OK : kpl_last_status();
+}
+
+/* Per-row losses of log-probabilities: -(1-eps) logp[label] - eps mean(logp),
+ * zero for ignored rows; reduced (mean over the rows that count). */
+static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
+                       double eps, int64_t ignore_index)
+{
+    if (!logp || !labels) return NULL;
+    if (!(eps >= 0 && eps < 1)) {
+        KPL_ERROR(KPL_EINVAL, "%s: label_smoothing %g is outside [0, 1)", op, eps);
+        return NULL;
+    }
+    kpl_tensor *onehot = NULL, *keep = NULL;
+    int64_t kept = 0;
+    if (one_hot(op, logp, labels, ignore_index, &onehot, &keep, &kept) < 0) return NULL;
+    int ax = 1;
+    kpl_tensor *per = kpl_neg(kpl_sum(kpl_mul(logp, onehot), &ax, 1, false));
+    if (eps > 0)
+        per = kpl_add(kpl_scalar_op(KPL_BIN_MUL, per, 1 - eps, false),
+                      kpl_scalar_op(KPL_BIN_MUL, kpl_mean(logp, &ax, 1, false), -eps, false));
+    per = kpl_mul(per, keep);
+    if (red == KPL_REDUCE_MEAN) /* the mean over the rows that count, as PyTorch */
+        return kpl_scalar_op(KPL_BIN_DIV, kpl_sum(per, NULL, 0, false),
+                             (double)(kept ? kept : 1), false);
+    return reduce_loss(per, red);
+}
+
+kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
+                         int64_t ignore_index)
+{
+    return nll("nll_loss", logp, labels, red, 0, ignore_index);
+}
+
+kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
+                              double label_smoothing, int64_t ignore_index)
+{
+    if (!logits) return NULL;
+    if (kpl_tensor_ndim(logits) != 2) {
+        char b[96];
+        KPL_ERROR(KPL_ESHAPE, "cross_entropy: logits %s must be (N, C)",
+                  kpl_shape_str(kpl_tensor_ndim(logits), kpl_tensor_shape(logits), b, sizeof b));
+        return NULL;
+    }
+    return nll("cross_entropy", kpl_log_softmax(logits, 1), labels, red, label_smoothing,
+               ignore_index);
+}
+
+kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
+{
+    return reduce_loss(kpl_square(kpl_sub(x, y)), red);
+}
+
+kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
+{
+    return reduce_loss(kpl_abs(kpl_sub(x, y)), red);
+}
+
+kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta)
+{
+    if (!x || !y) return NULL;
+    if (!(beta > 0)) {
+        KPL_ERROR(KPL_EINVAL, "smooth_l1_loss: beta %g must be > 0", beta);
+        return NULL;
+    }
+    kpl_tensor *d = kpl_abs(kpl_sub(x, y));
+    kpl_tensor *quad = kpl_scalar_op(KPL_BIN_MUL, kpl_square(d), 0.5 / beta, false);
+    kpl_tensor *lin = kpl_scalar_op(KPL_BIN_SUB, d, 0.5 * beta, false);
+    kpl_tensor *small = kpl_compare(KPL_BIN_LT, d, kpl_full(kpl_tensor_device(x),
+                                                             kpl_tensor_dtype(x), 0, NULL, beta));
+    return reduce_loss(kpl_where(small, quad, lin), red);
+}
+
+kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
+{
+    if (!z || !y) return NULL;
+    kpl_tensor *softplus_neg_abs =
+        kpl_log(kpl_scalar_op(KPL_BIN_ADD, kpl_exp(kpl_neg(kpl_abs(z))), 1, false));
+    kpl_tensor *per = kpl_add(kpl_sub(kpl_scalar_op(KPL_BIN_MAXIMUM, z, 0, false), kpl_mul(z, y)),
+                              softplus_neg_abs);
+    return reduce_loss(per, red);
+}

@@ -1,0 +1,164 @@
+/* test_losses.c — linear, softmax and the losses of graph/nn.c: values
+ * against hand computations, gradients against finite differences, and
+ * the errors of bad labels. */
+#include "kpl_test.h"
+#include "autograd.h"
+
+int run_loss_tests(void);
+
+static kpl_tensor *p64(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F64, ndim, shape, &t));
+    kpl_rng *r = kpl_rng_create(seed);
+    OK(kpl_k_uniform(t, r, lo, hi));
+    kpl_rng_destroy(r);
+    OK(kpl_set_requires_grad(t, true));
+    return t;
+}
+
+static kpl_tensor *labels3(void)
+{
+    int64_t n = 3, v[3] = {2, 0, 1};
+    kpl_tensor *l = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &n, v, &l));
+    return kpl_autorelease(l);
+}
+
+static void test_values(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s13[2] = {1, 3};
+    double v[3] = {1, 2, 3};
+    kpl_tensor *x = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 2, s13, v, &x));
+    kpl_autorelease(x);
+    kpl_tensor *sm = NN(kpl_softmax(x, 1));
+    double z = exp(1) + exp(2) + exp(3);
+    assert_float_equal(tget(sm, 2), exp(3) / z, 1e-12);
+    kpl_tensor *ls = NN(kpl_log_softmax(x, -1));
+    assert_float_equal(tget(ls, 0), 1 - log(z), 1e-12);
+    /* cross entropy of (3, 4) logits, labels (2, 0, 1), by hand */
+    int64_t s34[2] = {3, 4};
+    double lv[12] = {0.1, 0.2, 0.3, 0.4, 1, -1, 0, 2, 0.5, 0.5, -0.5, 0};
+    kpl_tensor *lg = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 2, s34, lv, &lg));
+    kpl_autorelease(lg);
+    const int lab[3] = {2, 0, 1};
+    double per[3], smooth[3], sum = 0;
+    for (int i = 0; i < 3; i++) {
+        double zz = 0, mlp = 0;
+        for (int c = 0; c < 4; c++) zz += exp(lv[i * 4 + c]);
+        for (int c = 0; c < 4; c++) mlp += (lv[i * 4 + c] - log(zz)) / 4;
+        per[i] = -(lv[i * 4 + lab[i]] - log(zz));
+        smooth[i] = 0.9 * per[i] - 0.1 * mlp;
+        sum += per[i];
+    }
+    kpl_tensor *lab_t = labels3();
+    assert_float_equal(tget(NN(kpl_cross_entropy(lg, lab_t, KPL_REDUCE_MEAN, 0, -100)), 0), sum / 3, 1e-12);
+    assert_float_equal(tget(NN(kpl_cross_entropy(lg, lab_t, KPL_REDUCE_SUM, 0, -100)), 0), sum, 1e-12);
+    kpl_tensor *none = NN(kpl_cross_entropy(lg, lab_t, KPL_REDUCE_NONE, 0, -100));
+    assert_float_equal(tget(none, 1), per[1], 1e-12);
+    assert_float_equal(tget(NN(kpl_cross_entropy(lg, lab_t, KPL_REDUCE_MEAN, 0.1, -100)), 0),
+                       (smooth[0] + smooth[1] + smooth[2]) / 3, 1e-12);
+    /* ignore_index: rows labelled 0 drop out of the mean */
+    assert_float_equal(tget(NN(kpl_cross_entropy(lg, lab_t, KPL_REDUCE_MEAN, 0, 0)), 0),
+                       (per[0] + per[2]) / 2, 1e-12);
+    /* regression losses */
+    double a[3] = {1, -2, 3}, b[3] = {0.5, 0, 3.5};
+    int64_t s3 = 3;
+    kpl_tensor *ta = NULL, *tb = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &s3, a, &ta));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &s3, b, &tb));
+    kpl_autorelease(ta);
+    kpl_autorelease(tb);
+    assert_float_equal(tget(NN(kpl_mse_loss(ta, tb, KPL_REDUCE_MEAN)), 0), (0.25 + 4 + 0.25) / 3, 1e-12);
+    assert_float_equal(tget(NN(kpl_l1_loss(ta, tb, KPL_REDUCE_SUM)), 0), 0.5 + 2 + 0.5, 1e-12);
+    /* smooth l1, beta 1: 0.5*0.25, 2-0.5, 0.5*0.25 */
+    assert_float_equal(tget(NN(kpl_smooth_l1_loss(ta, tb, KPL_REDUCE_SUM, 1)), 0), 0.125 + 1.5 + 0.125, 1e-12);
+    /* bce with logits against the plain formula */
+    double y01[3] = {1, 0, 0.5};
+    kpl_tensor *ty = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &s3, y01, &ty));
+    kpl_autorelease(ty);
+    double ref = 0;
+    for (int i = 0; i < 3; i++) {
+        double s = 1 / (1 + exp(-a[i]));
+        ref += -(y01[i] * log(s) + (1 - y01[i]) * log(1 - s));
+    }
+    assert_float_equal(tget(NN(kpl_bce_with_logits(ta, ty, KPL_REDUCE_SUM)), 0), ref, 1e-12);
+    /* linear: x (2, 3) @ w (4, 3)^T + b */
+    int64_t s23[2] = {2, 3}, s43[2] = {4, 3}, s4 = 4;
+    kpl_tensor *lx = NN(kpl_full(kpl_device_cpu(), KPL_F64, 2, s23, 1));
+    kpl_tensor *lw = NN(kpl_full(kpl_device_cpu(), KPL_F64, 2, s43, 2));
+    kpl_tensor *lb = NN(kpl_full(kpl_device_cpu(), KPL_F64, 1, &s4, 0.5));
+    kpl_tensor *ly = NN(kpl_linear(lx, lw, lb));
+    assert_int_equal(kpl_tensor_shape(ly)[1], 4);
+    assert_float_equal(tget(ly, 7), 6.5, 0);
+    kpl_pool_pop(p);
+}
+
+static void test_errors(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s34[2] = {3, 4}, n = 3, bad[3] = {1, 7, 0};
+    kpl_tensor *lg = NN(kpl_full(kpl_device_cpu(), KPL_F32, 2, s34, 0));
+    kpl_tensor *lb = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &n, bad, &lb));
+    kpl_autorelease(lb);
+    assert_null(kpl_cross_entropy(lg, lb, KPL_REDUCE_MEAN, 0, -100));
+    assert_non_null(strstr(kpl_last_error(), "cross_entropy: label 7 in row 1 is outside [0, 4) (input (3,4))"));
+    kpl_tensor *lf = NN(kpl_cast(lb, KPL_F32));
+    assert_null(kpl_cross_entropy(lg, lf, KPL_REDUCE_MEAN, 0, -100));
+    assert_non_null(strstr(kpl_last_error(), "labels have dtype f32, expected i64"));
+    assert_null(kpl_cross_entropy(lg, lb, KPL_REDUCE_MEAN, 1.5, 7));
+    assert_non_null(strstr(kpl_last_error(), "label_smoothing 1.5"));
+    kpl_pool_pop(p);
+}
+
+static kpl_tensor *g_ce(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_cross_entropy(x[0], labels3(), KPL_REDUCE_MEAN, 0.1, 0);
+}
+static kpl_tensor *g_linear(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_tanh(kpl_linear(x[0], x[1], x[2]));
+}
+static kpl_tensor *g_mse(kpl_tensor *const *x, void *u) { (void)u; return kpl_mse_loss(x[0], x[1], KPL_REDUCE_MEAN); }
+static kpl_tensor *g_sl1(kpl_tensor *const *x, void *u) { (void)u; return kpl_smooth_l1_loss(x[0], x[1], KPL_REDUCE_SUM, 0.5); }
+static kpl_tensor *g_bce(kpl_tensor *const *x, void *u) { (void)u; return kpl_bce_with_logits(x[0], x[1], KPL_REDUCE_MEAN); }
+
+static void test_gradients(void **state)
+{
+    (void)state;
+    int64_t s34[2] = {3, 4}, s24[2] = {2, 4}, s54[2] = {5, 4}, s5 = 5;
+    kpl_tensor *lg = p64(2, s34, 1, -2, 2);
+    kpl_tensor *ce[1] = {lg};
+    OK(kpl_gradcheck(g_ce, NULL, 1, ce, 1, 1e-6, 1e-7, 1e-5));
+    OK(kpl_gradcheck(g_ce, NULL, 1, ce, 2, 1e-6, 1e-6, 1e-5));
+    /* x (2, 4), w (5, 4), b (5) */
+    kpl_tensor *lin[3] = {p64(2, s24, 2, -1, 1), p64(2, s54, 3, -1, 1), p64(1, &s5, 4, -1, 1)};
+    OK(kpl_gradcheck(g_linear, NULL, 3, lin, 1, 1e-6, 1e-7, 1e-5));
+    OK(kpl_gradcheck(g_linear, NULL, 3, lin, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor *r[2] = {p64(2, s34, 6, -2, 2), p64(2, s34, 7, -2, 2)};
+    OK(kpl_gradcheck(g_mse, NULL, 2, r, 2, 1e-6, 1e-6, 1e-5));
+    OK(kpl_gradcheck(g_sl1, NULL, 2, r, 1, 1e-6, 1e-6, 1e-5));
+    kpl_tensor *bt[2] = {r[0], p64(2, s34, 8, 0, 1)};
+    OK(kpl_gradcheck(g_bce, NULL, 2, bt, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor *all[] = {lg, lin[0], lin[1], lin[2], r[0], r[1], bt[1]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
+int run_loss_tests(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_values),
+        cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_gradients),
+    };
+    return cmocka_run_group_tests_name("losses", tests, NULL, NULL);
+}
