@@ -296,6 +296,21 @@ G(CONV2D_BWD_WEIGHT) /* out = bwd_weight(x, g) */
     if (WANT(1)) gin[1] = kpl_conv2d(IN(0), gy, NULL, p);
     return KPL_OK;
 }
+/* The pooling pairs are adjoint: gather <-> scatter, avg <-> avg_bwd. */
+G(PLANE_GATHER)
+{
+    int64_t xs[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    RET0(kpl_plane_scatter(gy, IN(1), xs));
+}
+G(PLANE_SCATTER) { RET0(kpl_plane_gather(gy, IN(1))); }
+G(AVG_POOL2D)
+{
+    int64_t xs[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    RET0(kpl_avg_pool2d_bwd(gy, xs, &kpl_node_attrs(n)->pool));
+}
+G(AVG_POOL2D_BWD) { RET0(kpl_avg_pool2d(gy, &kpl_node_attrs(n)->pool)); }
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -343,7 +358,9 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_EXPAND] = g_EXPAND, [KPL_OP_ERF] = g_ERF, [KPL_OP_GELU] = g_GELU,
     [KPL_OP_GELU_TANH] = g_GELU_TANH, [KPL_OP_NARROW] = g_NARROW, [KPL_OP_PAD_ROWS] = g_PAD_ROWS,
     [KPL_OP_CONV2D] = g_CONV2D, [KPL_OP_CONV2D_BWD_DATA] = g_CONV2D_BWD_DATA,
-    [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT,
+    [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT, [KPL_OP_PLANE_GATHER] = g_PLANE_GATHER,
+    [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
+    [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -388,6 +405,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},     {KPL_OP_ERF, 1, 0},
         {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},  {KPL_OP_CONV2D, 3, 0},
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
+        {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

@@ -356,6 +356,83 @@ kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *
                          &at, 2, ins, out);
 }
 
+kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
+{
+    if (!x || !p) return NULL;
+    int64_t ys[4];
+    if (kpl_tensor_ndim(x) != 4) {
+        KPL_ERROR(KPL_ESHAPE, "max_pool2d: input must be 4-D (N, C, H, W)");
+        return NULL;
+    }
+    if (kpl_shape_pool2d(kpl_tensor_shape(x), p, ys) < 0) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, ys);
+    kpl_tensor *idx = new_like(x, KPL_I64, 4, ys);
+    if (!out || !idx) {
+        kpl_tensor_release(out);
+        kpl_tensor_release(idx);
+        return NULL;
+    }
+    kpl_status st = kpl_k_max_pool2d(out, idx, x, p);
+    /* out equals plane_gather(x, idx): record it as that. */
+    kpl_op_attrs at = {.pool = *p};
+    kpl_tensor *ins[2] = {x, idx};
+    kpl_tensor *r = record_finish(st, KPL_OP_PLANE_GATHER, &at, 2, ins, out);
+    kpl_tensor_release(idx); /* the node keeps it if it needs it */
+    return r;
+}
+
+kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx)
+{
+    if (!x || !idx) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(idx), kpl_tensor_shape(idx));
+    if (!out) return NULL;
+    kpl_tensor *ins[2] = {x, idx};
+    return record_finish(kpl_k_plane_gather(out, x, idx), KPL_OP_PLANE_GATHER, NULL, 2, ins, out);
+}
+
+kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_shape)
+{
+    if (!gy || !idx || !x_shape) return NULL;
+    kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {0};
+    memcpy(at.shape4, x_shape, sizeof at.shape4);
+    kpl_tensor *ins[2] = {gy, idx};
+    return record_finish(kpl_k_plane_scatter(out, gy, idx), KPL_OP_PLANE_SCATTER, &at, 2, ins,
+                         out);
+}
+
+kpl_tensor *kpl_avg_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
+{
+    if (!x || !p) return NULL;
+    int64_t ys[4];
+    if (kpl_tensor_ndim(x) != 4) {
+        KPL_ERROR(KPL_ESHAPE, "avg_pool2d: input must be 4-D (N, C, H, W)");
+        return NULL;
+    }
+    if (kpl_shape_pool2d(kpl_tensor_shape(x), p, ys) < 0) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, ys);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.pool = *p};
+    return record_finish(kpl_k_avg_pool2d(out, x, p), KPL_OP_AVG_POOL2D, &at, 1, &x, out);
+}
+
+kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape, const kpl_pool2d_params *p)
+{
+    if (!gy || !x_shape || !p) return NULL;
+    kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.pool = *p};
+    memcpy(at.shape4, x_shape, sizeof at.shape4);
+    return record_finish(kpl_k_avg_pool2d_bwd(out, gy, p), KPL_OP_AVG_POOL2D_BWD, &at, 1, &gy,
+                         out);
+}
+
+kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x)
+{
+    return kpl_mean(x, (int[]){2, 3}, 2, true);
+}
+
 /* ---- creation ---------------------------------------------------------------------------- */
 
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape)

@@ -76,7 +76,9 @@ bool kpl_set_grad_enabled(bool on);
     X(MATMUL, "matmul") X(CAST, "cast") X(RESHAPE, "reshape")                 \
     X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")            \
     X(ERF, "erf") X(PAD_ROWS, "pad_rows") X(CONV2D, "conv2d")               \
-    X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight")
+    X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight") \
+    X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
+    X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -100,7 +102,8 @@ typedef struct {
     int64_t start, length;   /* narrow (dim 0) */
     kpl_dtype dtype;         /* cast: source dtype */
     kpl_conv2d_params conv;  /* conv2d family */
-    int64_t shape4[4];       /* conv2d_bwd_*: the input / weight shape made */
+    int64_t shape4[4];       /* conv2d_bwd_*, *_scatter, *_bwd: the shape made */
+    kpl_pool2d_params pool;  /* pooling */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */
@@ -184,6 +187,17 @@ kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, 
 /* Binary cross entropy of logits z against targets y in [0, 1], computed
  * stably as max(z, 0) - z y + log(1 + exp(-|z|)). */
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);
+
+/* Pooling over NCHW.  max_pool2d records a gather of x at the window
+ * maxima; the gather/scatter pair and avg_pool2d with its adjoint are ops
+ * in their own right, so pooling is differentiable to any order. */
+kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p);
+kpl_tensor *kpl_avg_pool2d(kpl_tensor *x, const kpl_pool2d_params *p);
+kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x); /* (N, C, 1, 1) */
+kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx);
+kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_shape);
+kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape,
+                               const kpl_pool2d_params *p);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);

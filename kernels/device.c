@@ -63,6 +63,7 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_matmul();
     kpl__cpu_register_misc();
     kpl__cpu_register_conv();
+    kpl__cpu_register_pool();
 }
 
 static const kpl_device_backend cpu_backend = {

@@ -398,7 +398,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(RANDOM, "random") \
     X(CAST, "cast")     \
     X(COPY, "copy")     \
-    X(CONV2D, "conv2d")
+    X(CONV2D, "conv2d") \
+    X(POOL2D, "pool2d")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -573,6 +574,32 @@ kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl
  * and gy; gb (O) the bias gradient, or NULL. */
 kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_tensor *x,
                                    const kpl_tensor *gy, const kpl_conv2d_params *p);
+
+/* 2-D pooling windows over NCHW.  Padding is symmetric; padded cells never
+ * win a max and count for an average only with count_include_pad. */
+typedef struct {
+    int kernel[2];
+    int stride[2];
+    int padding[2];
+    bool count_include_pad;
+} kpl_pool2d_params;
+
+/* (N, C, OH, OW); KPL_ESHAPE when a window does not fit or the padding is
+ * more than half the window (as PyTorch requires). */
+kpl_status kpl_shape_pool2d(const int64_t *x_shape, const kpl_pool2d_params *p,
+                            int64_t *out_shape);
+/* out = the maximum of each window, idx (KPL_I64, out's shape) = its flat
+ * position h * W + w in the input plane (first maximum; NaN wins). */
+kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *x,
+                            const kpl_pool2d_params *p);
+/* out[n, c, i] = x[n, c, idx[n, c, i]] over each (H*W) plane, and its
+ * adjoint gx[n, c, idx[n, c, i]] += gy[n, c, i] (gx is zeroed first). */
+kpl_status kpl_k_plane_gather(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *idx);
+kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *idx);
+/* Average pooling and its adjoint (gx's shape gives the input size). */
+kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool2d_params *p);
+kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy,
+                                const kpl_pool2d_params *p);
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);

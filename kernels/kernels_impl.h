@@ -227,6 +227,21 @@ typedef struct {
     kpl_conv2d_params p;
 } kpl_conv_attrs;
 
+typedef enum {
+    KPL_POOL_MAX,      /* in: x;       out: y, in[1] (written): idx */
+    KPL_POOL_GATHER,   /* in: x, idx;  out: y */
+    KPL_POOL_SCATTER,  /* in: gy, idx; out: gx */
+    KPL_POOL_AVG,      /* in: x;       out: y */
+    KPL_POOL_AVG_BWD   /* in: gy;      out: gx */
+} kpl_pool_kind;
+
+typedef struct {
+    kpl_pool_kind kind;
+    int64_t n, c, h, w; /* input plane */
+    int64_t oh, ow;     /* output plane */
+    kpl_pool2d_params p;
+} kpl_pool_attrs;
+
 /* Row-major index -> element offset for one plan input. */
 static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
                                        int64_t flat)
@@ -246,6 +261,7 @@ void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
 void kpl__cpu_register_conv(void);
+void kpl__cpu_register_pool(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 

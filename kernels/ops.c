@@ -881,6 +881,142 @@ kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_ten
     return dispatch(KPL_KOP_CONV2D, gw->dtype, gw, x, gy, gb, &a);
 }
 
+/* ---- pooling ------------------------------------------------------------------- */
+
+kpl_status kpl_shape_pool2d(const int64_t *x, const kpl_pool2d_params *p, int64_t *out)
+{
+    char b[KPL_SHAPE_BUF];
+    kpl_shape_str(4, x, b, sizeof b);
+    KPL_CHECK(p != NULL, KPL_EINVAL, "pool2d: NULL params");
+    for (int d = 0; d < 2; d++) {
+        KPL_CHECK(p->kernel[d] >= 1 && p->stride[d] >= 1 && p->padding[d] >= 0, KPL_EINVAL,
+                  "pool2d: kernel (%d,%d) and stride (%d,%d) must be >= 1, padding (%d,%d) >= 0",
+                  p->kernel[0], p->kernel[1], p->stride[0], p->stride[1], p->padding[0],
+                  p->padding[1]);
+        KPL_CHECK(2 * p->padding[d] <= p->kernel[d], KPL_EINVAL,
+                  "pool2d: padding %d is more than half the window %d", p->padding[d],
+                  p->kernel[d]);
+        KPL_CHECK(p->kernel[d] <= x[2 + d] + 2 * p->padding[d], KPL_ESHAPE,
+                  "pool2d: window %dx%d is larger than the padded input of %s", p->kernel[0],
+                  p->kernel[1], b);
+        out[2 + d] = (x[2 + d] + 2 * p->padding[d] - p->kernel[d]) / p->stride[d] + 1;
+    }
+    out[0] = x[0];
+    out[1] = x[1];
+    return KPL_OK;
+}
+
+static kpl_status pool_check(const char *op, const kpl_tensor *t, const char *name, bool idx)
+{
+    char b[KPL_SHAPE_BUF];
+    KPL_CHECK(t->ndim == 4, KPL_ESHAPE, "%s: '%s' must be 4-D (N, C, H, W), got %s", op, name,
+              KPL_SHAPE(t, b));
+    if (idx) return want_dtype(op, t, name, KPL_I64);
+    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
+              "%s: '%s' has dtype %s; f32 and f64 are supported", op, name,
+              kpl_dtype_name(t->dtype));
+    return KPL_OK;
+}
+
+static kpl_status pool_run(kpl_pool_kind kind, kpl_tensor *out, const kpl_tensor *in0,
+                           const kpl_tensor *in1, const int64_t *plane, const int64_t *oplane,
+                           const kpl_pool2d_params *p)
+{
+    kpl_pool_attrs a = {.kind = kind, .n = plane[0], .c = plane[1], .h = plane[2], .w = plane[3],
+                        .oh = oplane[2], .ow = oplane[3]};
+    if (p) a.p = *p;
+    if (out->numel == 0) return KPL_OK;
+    kpl_dtype dt = kind == KPL_POOL_MAX || kind == KPL_POOL_AVG || kind == KPL_POOL_GATHER
+                       ? in0->dtype
+                       : out->dtype;
+    return dispatch(KPL_KOP_POOL2D, dt, out, in0, in1, NULL, &a);
+}
+
+kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *x,
+                            const kpl_pool2d_params *p)
+{
+    const char *op = "max_pool2d";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, idx, "idx");
+    CHECK_ARG(op, x, "x");
+    KPL_TRY(pool_check(op, x, "x", false));
+    KPL_TRY(pool_check(op, idx, "idx", true));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(same_device(op, idx, "idx", x, "x"));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    int64_t ys[4];
+    KPL_TRY(kpl_shape_pool2d(x->shape, p, ys));
+    KPL_TRY(same_shape(op, out, 4, ys));
+    KPL_TRY(same_shape(op, idx, 4, ys));
+    return pool_run(KPL_POOL_MAX, out, x, idx, x->shape, ys, p);
+}
+
+kpl_status kpl_k_plane_gather(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *idx)
+{
+    const char *op = "plane_gather";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, idx, "idx");
+    KPL_TRY(pool_check(op, x, "x", false));
+    KPL_TRY(pool_check(op, idx, "idx", true));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(same_device(op, idx, "idx", x, "x"));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    KPL_TRY(same_shape(op, out, 4, idx->shape));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(idx->shape[0] == x->shape[0] && idx->shape[1] == x->shape[1], KPL_ESHAPE,
+              "%s: indices %s and input %s differ in (N, C)", op, KPL_SHAPE(idx, b1),
+              KPL_SHAPE(x, b2));
+    return pool_run(KPL_POOL_GATHER, out, x, idx, x->shape, idx->shape, NULL);
+}
+
+kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *idx)
+{
+    const char *op = "plane_scatter";
+    CHECK_ARG(op, gx, "gx");
+    CHECK_ARG(op, gy, "gy");
+    CHECK_ARG(op, idx, "idx");
+    KPL_TRY(pool_check(op, gx, "gx", false));
+    KPL_TRY(pool_check(op, idx, "idx", true));
+    KPL_TRY(same_device(op, gx, "gx", gy, "gy"));
+    KPL_TRY(same_device(op, idx, "idx", gy, "gy"));
+    KPL_TRY(want_dtype(op, gy, "gy", gx->dtype));
+    KPL_TRY(same_shape(op, (kpl_tensor *)gy, 4, idx->shape));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(idx->shape[0] == gx->shape[0] && idx->shape[1] == gx->shape[1], KPL_ESHAPE,
+              "%s: indices %s and gradient %s differ in (N, C)", op, KPL_SHAPE(idx, b1),
+              KPL_SHAPE(gx, b2));
+    return pool_run(KPL_POOL_SCATTER, gx, gy, idx, gx->shape, idx->shape, NULL);
+}
+
+kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool2d_params *p)
+{
+    const char *op = "avg_pool2d";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, x, "x");
+    KPL_TRY(pool_check(op, x, "x", false));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    int64_t ys[4];
+    KPL_TRY(kpl_shape_pool2d(x->shape, p, ys));
+    KPL_TRY(same_shape(op, out, 4, ys));
+    return pool_run(KPL_POOL_AVG, out, x, NULL, x->shape, ys, p);
+}
+
+kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_pool2d_params *p)
+{
+    const char *op = "avg_pool2d_bwd";
+    CHECK_ARG(op, gx, "gx");
+    CHECK_ARG(op, gy, "gy");
+    KPL_TRY(pool_check(op, gx, "gx", false));
+    KPL_TRY(same_device(op, gx, "gx", gy, "gy"));
+    KPL_TRY(want_dtype(op, gy, "gy", gx->dtype));
+    int64_t ys[4];
+    KPL_TRY(kpl_shape_pool2d(gx->shape, p, ys));
+    KPL_TRY(same_shape(op, (kpl_tensor *)gy, 4, ys));
+    return pool_run(KPL_POOL_AVG_BWD, gx, gy, NULL, gx->shape, ys, p);
+}
+
 /* ---- rng -------------------------------------------------------------------- */
 
 struct kpl_rng {

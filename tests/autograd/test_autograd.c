@@ -181,6 +181,43 @@ static void test_gradcheck_conv2d(void **state)
     }
 }
 
+static kpl_pool2d_params pool_p;
+static kpl_tensor *f_maxpool(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_max_pool2d(x[0], &pool_p));
+}
+static kpl_tensor *f_avgpool(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_avg_pool2d(x[0], &pool_p));
+}
+static kpl_tensor *f_gap(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_global_avg_pool2d(x[0]));
+}
+
+static void test_gradcheck_pooling(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {2, 3, 5, 6};
+    kpl_tensor *x = param(4, xs, 60, -1, 1);
+    const kpl_pool2d_params ps[3] = {
+        {{2, 2}, {2, 2}, {0, 0}, false}, {{3, 3}, {2, 1}, {1, 1}, false}, {{3, 2}, {1, 2}, {1, 1}, true}};
+    for (int k = 0; k < 3; k++) {
+        pool_p = ps[k];
+        for (int order = 1; order <= 2; order++) {
+            if (kpl_gradcheck(f_maxpool, NULL, 1, &x, order, 1e-6, 1e-6, 1e-5) != KPL_OK)
+                fail_msg("max_pool2d case %d order %d: %s", k, order, kpl_last_error());
+            if (kpl_gradcheck(f_avgpool, NULL, 1, &x, order, 1e-6, 1e-6, 1e-5) != KPL_OK)
+                fail_msg("avg_pool2d case %d order %d: %s", k, order, kpl_last_error());
+        }
+    }
+    OK(kpl_gradcheck(f_gap, NULL, 1, &x, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor_release(x);
+}
+
 static void test_accumulate_and_errors(void **state)
 {
     (void)state;
@@ -409,6 +446,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gradcheck_all_ops),
         cmocka_unit_test(test_gradcheck_conv2d),
+        cmocka_unit_test(test_gradcheck_pooling),
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
         cmocka_unit_test(test_hooks),

@@ -783,6 +783,53 @@ static void test_conv2d_onednn_vs_reference(void **state)
     assert_int_equal(s1.hits, s0.hits + 3);
 }
 
+static void test_pool2d_by_hand(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {1, 1, 4, 4}, ys[4] = {1, 1, 2, 2};
+    kpl_tensor *x = tnew(KPL_F32, 4, xs), *y = tnew(KPL_F32, 4, ys), *idx = tnew(KPL_I64, 4, ys);
+    OK(kpl_k_arange(x, 0, 1));
+    kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
+    OK(kpl_k_max_pool2d(y, idx, x, &p));
+    double want[4] = {5, 7, 13, 15};
+    assert_tensor_close(y, want, 0, 0, "max_pool2d");
+    assert_tensor_close(idx, want, 0, 0, "max_pool2d indices");
+    OK(kpl_k_avg_pool2d(y, x, &p));
+    double avg[4] = {2.5, 4.5, 10.5, 12.5};
+    assert_tensor_close(y, avg, 0, 0, "avg_pool2d");
+    /* 3x3 windows, stride 1, padding 1 on the 4x4 input: the corner window
+     * holds x[0:2, 0:2] = {0, 1, 4, 5} of 9 cells */
+    kpl_tensor *y4 = tnew(KPL_F32, 4, xs), *i4 = tnew(KPL_I64, 4, xs);
+    kpl_pool2d_params q = {{3, 3}, {1, 1}, {1, 1}, false};
+    OK(kpl_k_avg_pool2d(y4, x, &q));
+    assert_float_equal(tget(y4, 0), 10.0 / 4, 1e-6);
+    q.count_include_pad = true;
+    OK(kpl_k_avg_pool2d(y4, x, &q));
+    assert_float_equal(tget(y4, 0), 10.0 / 9, 1e-6);
+    OK(kpl_k_max_pool2d(y4, i4, x, &q));
+    assert_float_equal(tget(y4, 0), 5, 0);
+    assert_float_equal(tget(y4, 15), 15, 0);
+    /* NaN wins the window */
+    ((float *)kpl_tensor_host_mutable(x))[6] = NAN;
+    OK(kpl_k_max_pool2d(y, idx, x, &p));
+    assert_true(isnan(tget(y, 1)));
+    assert_float_equal(tget(idx, 1), 6, 0);
+    /* adjoint pair: scatter(gather) puts each maximum back in place */
+    kpl_tensor *g = tnew(KPL_F32, 4, xs);
+    OK(kpl_k_plane_scatter(g, y, idx));
+    assert_float_equal(tget(g, 5), 5, 0);
+    assert_float_equal(tget(g, 4), 0, 0);
+    /* bad input */
+    kpl_pool2d_params big = {{5, 5}, {1, 1}, {0, 0}, false};
+    FAILS(kpl_k_avg_pool2d(y, x, &big), KPL_ESHAPE, "window 5x5 is larger than the padded input of (1,1,4,4)");
+    kpl_pool2d_params padq = {{2, 2}, {1, 1}, {2, 2}, false};
+    FAILS(kpl_k_avg_pool2d(y, x, &padq), KPL_EINVAL, "padding 2 is more than half the window 2");
+    ((int64_t *)kpl_tensor_host_mutable(idx))[2] = 99;
+    FAILS(kpl_k_plane_gather(y, x, idx), KPL_ERANGE, "plane_gather: 1 indices outside the 4x4 plane");
+    kpl_tensor *ts[] = {x, y, idx, y4, i4, g};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
 static void test_zero_size(void **state)
 {
     (void)state;
@@ -817,6 +864,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_fill_cast_copy),
         cmocka_unit_test(test_conv2d_by_hand),
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
+        cmocka_unit_test(test_pool2d_by_hand),
         cmocka_unit_test(test_zero_size),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);

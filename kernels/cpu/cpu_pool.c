@@ -1,0 +1,143 @@
+/*
+ * cpu_pool.c — pooling on the CPU: max (with indices), the plane
+ * gather/scatter pair that max pooling's gradients are made of, and
+ * average pooling with its adjoint.  One plane (n, c) per OpenMP task.
+ */
+#include "../kernels_impl.h"
+
+#include <string.h>
+
+/* Number of real (unpadded) input cells of a window, and its bounds. */
+#define WINDOW(a, oy, ox)                                                  \
+    int64_t y0 = (oy) * (a)->p.stride[0] - (a)->p.padding[0];             \
+    int64_t x0 = (ox) * (a)->p.stride[1] - (a)->p.padding[1];             \
+    int64_t y1 = y0 + (a)->p.kernel[0], x1 = x0 + (a)->p.kernel[1];       \
+    if (y0 < 0) y0 = 0;                                                    \
+    if (x0 < 0) x0 = 0;                                                    \
+    if (y1 > (a)->h) y1 = (a)->h;                                          \
+    if (x1 > (a)->w) x1 = (a)->w;
+
+#define DEF_POOL(T, tn)                                                                        \
+    static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+            const T *xp = x + pl * a->h * a->w;                                                \
+            for (int64_t oy = 0; oy < a->oh; oy++)                                             \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    WINDOW(a, oy, ox)                                                          \
+                    int64_t bi = y0 * a->w + x0;                                               \
+                    T best = xp[bi];                                                           \
+                    for (int64_t iy = y0; iy < y1; iy++)                                       \
+                        for (int64_t ix = x0; ix < x1; ix++) {                                 \
+                            T v = xp[iy * a->w + ix];                                          \
+                            if (best == best && (v != v || v > best)) {                        \
+                                best = v;                                                      \
+                                bi = iy * a->w + ix;                                           \
+                            }                                                                  \
+                        }                                                                      \
+                    int64_t o = (pl * a->oh + oy) * a->ow + ox;                                \
+                    y[o] = best;                                                               \
+                    idx[o] = bi;                                                               \
+                });                                                                            \
+    }                                                                                          \
+    static void avg_##tn(const kpl_pool_attrs *a, const T *x, T *y)                            \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+            const T *xp = x + pl * a->h * a->w;                                                \
+            for (int64_t oy = 0; oy < a->oh; oy++)                                             \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    WINDOW(a, oy, ox)                                                          \
+                    double s = 0;                                                              \
+                    for (int64_t iy = y0; iy < y1; iy++)                                       \
+                        for (int64_t ix = x0; ix < x1; ix++) s += (double)xp[iy * a->w + ix];  \
+                    double cnt = a->p.count_include_pad                                        \
+                                     ? (double)a->p.kernel[0] * a->p.kernel[1]                 \
+                                     : (double)((y1 - y0) * (x1 - x0));                        \
+                    y[(pl * a->oh + oy) * a->ow + ox] = (T)(s / cnt);                          \
+                });                                                                            \
+    }                                                                                          \
+    static void avg_bwd_##tn(const kpl_pool_attrs *a, const T *gy, T *gx)                      \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+            T *gp = gx + pl * a->h * a->w;                                                     \
+            memset(gp, 0, sizeof(T) * (size_t)(a->h * a->w));                                  \
+            for (int64_t oy = 0; oy < a->oh; oy++)                                             \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    WINDOW(a, oy, ox)                                                          \
+                    double cnt = a->p.count_include_pad                                        \
+                                     ? (double)a->p.kernel[0] * a->p.kernel[1]                 \
+                                     : (double)((y1 - y0) * (x1 - x0));                        \
+                    T g = (T)((double)gy[(pl * a->oh + oy) * a->ow + ox] / cnt);               \
+                    for (int64_t iy = y0; iy < y1; iy++)                                       \
+                        for (int64_t ix = x0; ix < x1; ix++) gp[iy * a->w + ix] += g;          \
+                });                                                                            \
+    }                                                                                          \
+    /* Returns the number of out-of-range indices met (they are skipped). */                   \
+    static int64_t gather_##tn(const kpl_pool_attrs *a, const T *x, const int64_t *idx, T *y,  \
+                               bool scatter)                                                   \
+    {                                                                                          \
+        int64_t bad = 0, hw = a->h * a->w, ohw = a->oh * a->ow;                                \
+        _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (a->n * a->c > 1)")   \
+        for (int64_t pl = 0; pl < a->n * a->c; pl++) {                                         \
+            const int64_t *ip = idx + pl * ohw;                                                \
+            if (scatter) {                                                                     \
+                T *gp = y + pl * hw; /* y is gx here, x is gy */                               \
+                memset(gp, 0, sizeof(T) * (size_t)hw);                                         \
+                for (int64_t i = 0; i < ohw; i++) {                                            \
+                    if (ip[i] < 0 || ip[i] >= hw) { bad++; continue; }                         \
+                    gp[ip[i]] += x[pl * ohw + i];                                              \
+                }                                                                              \
+            } else {                                                                           \
+                for (int64_t i = 0; i < ohw; i++) {                                            \
+                    if (ip[i] < 0 || ip[i] >= hw) { bad++; y[pl * ohw + i] = 0; continue; }    \
+                    y[pl * ohw + i] = x[pl * hw + ip[i]];                                      \
+                }                                                                              \
+            }                                                                                  \
+        }                                                                                      \
+        return bad;                                                                            \
+    }
+
+DEF_POOL(float, f32)
+DEF_POOL(double, f64)
+
+static kpl_status cpu_pool(const kpl_kernel_args *args)
+{
+    const kpl_pool_attrs *a = args->attrs;
+    bool f64 = (a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD ? args->out->dtype
+                                                                             : args->in[0]->dtype) ==
+               KPL_F64;
+    const void *in0 = kpl__cdata(args->in[0]);
+    void *out = kpl__data(args->out);
+    int64_t bad = 0;
+    switch (a->kind) {
+    case KPL_POOL_MAX:
+        if (f64) max_f64(a, in0, out, kpl__data((kpl_tensor *)args->in[1]));
+        else max_f32(a, in0, out, kpl__data((kpl_tensor *)args->in[1]));
+        break;
+    case KPL_POOL_AVG:
+        if (f64) avg_f64(a, in0, out);
+        else avg_f32(a, in0, out);
+        break;
+    case KPL_POOL_AVG_BWD:
+        if (f64) avg_bwd_f64(a, in0, out);
+        else avg_bwd_f32(a, in0, out);
+        break;
+    case KPL_POOL_GATHER:
+    case KPL_POOL_SCATTER: {
+        const int64_t *idx = kpl__cdata(args->in[1]);
+        bool sc = a->kind == KPL_POOL_SCATTER;
+        bad = f64 ? gather_f64(a, in0, idx, out, sc) : gather_f32(a, in0, idx, out, sc);
+        break;
+    }
+    }
+    KPL_CHECK(bad == 0, KPL_ERANGE, "%s: %lld indices outside the %lldx%lld plane",
+              a->kind == KPL_POOL_SCATTER ? "plane_scatter" : "plane_gather", (long long)bad,
+              (long long)a->h, (long long)a->w);
+    return KPL_OK;
+}
+
+void kpl__cpu_register_pool(void)
+{
+    kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_F32, cpu_pool);
+    kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_F64, cpu_pool);
+}
