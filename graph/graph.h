@@ -184,6 +184,23 @@ kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta);
+/* Batch normalisation of x (N, C, ...) over every axis but 1.  gamma, beta
+ * (C) may be NULL.  Training: normalise with the batch statistics and move
+ * the running ones (updated in place, unrecorded) by `momentum` (unbiased
+ * variance, as PyTorch); eval: normalise with the running statistics. */
+kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                           kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
+                           double momentum, double eps);
+/* Normalise over the last `ndims` dims; gamma, beta shaped like them. */
+kpl_tensor *kpl_layer_norm(kpl_tensor *x, int ndims, kpl_tensor *gamma, kpl_tensor *beta,
+                           double eps);
+/* Normalise x (N, C, ...) over groups of C/groups channels; gamma, beta (C). */
+kpl_tensor *kpl_group_norm(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_tensor *beta,
+                           double eps);
+/* Inverted dropout: zero each element with probability p and scale the rest
+ * by 1/(1-p) (training only); the mask comes from rng (Philox), so a run is
+ * reproducible. */
+kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng);
 /* Binary cross entropy of logits z against targets y in [0, 1], computed
  * stably as max(z, 0) - z y + log(1 + exp(-|z|)). */
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);

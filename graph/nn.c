@@ -150,3 +150,124 @@ kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
                               softplus_neg_abs);
     return reduce_loss(per, red);
 }
+
+/* (C) -> (1, C, 1, ...) so it broadcasts over x (N, C, ...). */
+static kpl_tensor *per_channel(kpl_tensor *v, int ndim)
+{
+    if (!v) return NULL;
+    int64_t shape[KPL_MAX_DIMS];
+    for (int i = 0; i < ndim; i++) shape[i] = 1;
+    shape[1] = kpl_tensor_shape(v)[0];
+    return kpl_reshape(v, ndim, shape);
+}
+
+static kpl_tensor *affine(kpl_tensor *y, kpl_tensor *gamma, kpl_tensor *beta)
+{
+    if (gamma) y = kpl_mul(y, gamma);
+    if (beta) y = kpl_add(y, beta);
+    return y;
+}
+
+kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                           kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
+                           double momentum, double eps)
+{
+    if (!x) return NULL;
+    int nd = kpl_tensor_ndim(x);
+    if (nd < 2) {
+        KPL_ERROR(KPL_ESHAPE, "batch_norm: input must be (N, C, ...), got %d dims", nd);
+        return NULL;
+    }
+    int64_t c = kpl_tensor_shape(x)[1];
+    kpl_tensor *vs[4] = {gamma, beta, running_mean, running_var};
+    const char *names[4] = {"gamma", "beta", "running_mean", "running_var"};
+    for (int i = 0; i < 4; i++)
+        if (vs[i] && (kpl_tensor_ndim(vs[i]) != 1 || kpl_tensor_shape(vs[i])[0] != c)) {
+            KPL_ERROR(KPL_ESHAPE, "batch_norm: %s must have shape (%lld), one value per channel",
+                      names[i], (long long)c);
+            return NULL;
+        }
+    if (!training && (!running_mean || !running_var)) {
+        KPL_ERROR(KPL_EINVAL, "batch_norm: eval mode needs the running statistics");
+        return NULL;
+    }
+    int axes[KPL_MAX_DIMS], na = 0;
+    for (int i = 0; i < nd; i++)
+        if (i != 1) axes[na++] = i;
+    kpl_tensor *mean, *var;
+    if (training) {
+        mean = kpl_mean(x, axes, na, true);
+        var = kpl_var(x, axes, na, true, 0);
+        if (running_mean && running_var && mean && var) {
+            /* running = (1 - m) running + m batch, outside the graph */
+            int64_t cnt = kpl_tensor_numel(x) / (c ? c : 1);
+            kpl_status st = KPL_OK;
+            bool prev = kpl_set_grad_enabled(false);
+            kpl_tensor *um = kpl_reshape(mean, 1, &c);
+            kpl_tensor *uv = kpl_scalar_op(KPL_BIN_MUL, kpl_reshape(var, 1, &c),
+                                           cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0, false);
+            kpl_tensor *nm = kpl_add(kpl_scalar_op(KPL_BIN_MUL, running_mean, 1 - momentum, false),
+                                     kpl_scalar_op(KPL_BIN_MUL, um, momentum, false));
+            kpl_tensor *nv = kpl_add(kpl_scalar_op(KPL_BIN_MUL, running_var, 1 - momentum, false),
+                                     kpl_scalar_op(KPL_BIN_MUL, uv, momentum, false));
+            st = nm && nv ? kpl_k_copy(running_mean, nm) : kpl_last_status();
+            if (st == KPL_OK) st = kpl_k_copy(running_var, nv);
+            kpl_set_grad_enabled(prev);
+            if (st < 0) return NULL;
+        }
+    } else {
+        mean = per_channel(running_mean, nd);
+        var = per_channel(running_var, nd);
+    }
+    kpl_tensor *y = kpl_mul(kpl_sub(x, mean), kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, var, eps, false)));
+    return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+}
+
+kpl_tensor *kpl_layer_norm(kpl_tensor *x, int ndims, kpl_tensor *gamma, kpl_tensor *beta,
+                           double eps)
+{
+    if (!x) return NULL;
+    int nd = kpl_tensor_ndim(x);
+    if (ndims < 1 || ndims > nd) {
+        KPL_ERROR(KPL_EINVAL, "layer_norm: cannot normalise the last %d of %d dims", ndims, nd);
+        return NULL;
+    }
+    int axes[KPL_MAX_DIMS];
+    for (int i = 0; i < ndims; i++) axes[i] = nd - ndims + i;
+    kpl_tensor *mean = kpl_mean(x, axes, ndims, true), *var = kpl_var(x, axes, ndims, true, 0);
+    kpl_tensor *y = kpl_mul(kpl_sub(x, mean), kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, var, eps, false)));
+    return affine(y, gamma, beta);
+}
+
+kpl_tensor *kpl_group_norm(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_tensor *beta,
+                           double eps)
+{
+    if (!x) return NULL;
+    int nd = kpl_tensor_ndim(x);
+    const int64_t *s = kpl_tensor_shape(x);
+    if (nd < 2 || groups < 1 || s[1] % groups) {
+        KPL_ERROR(KPL_ESHAPE, "group_norm: %lld channels do not divide into %d groups",
+                  nd >= 2 ? (long long)s[1] : 0LL, groups);
+        return NULL;
+    }
+    int64_t shape[KPL_MAX_DIMS], g3[3] = {s[0], groups, kpl_tensor_numel(x) / (s[0] * groups)};
+    memcpy(shape, s, (size_t)nd * sizeof *s);
+    kpl_tensor *y = kpl_reshape(kpl_layer_norm(kpl_reshape(x, 3, g3), 1, NULL, NULL, eps), nd, shape);
+    return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+}
+
+kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng)
+{
+    if (!x) return NULL;
+    if (!(p >= 0 && p < 1)) {
+        KPL_ERROR(KPL_EINVAL, "dropout: probability %g is outside [0, 1)", p);
+        return NULL;
+    }
+    if (!training || p == 0) return x;
+    kpl_tensor *u = kpl_rand(kpl_tensor_device(x), kpl_tensor_dtype(x), kpl_tensor_ndim(x),
+                             kpl_tensor_shape(x), rng, 0, 1);
+    kpl_tensor *keep = kpl_cast(kpl_compare(KPL_BIN_GE, u, kpl_full(kpl_tensor_device(x),
+                                                                     kpl_tensor_dtype(x), 0, NULL, p)),
+                                kpl_tensor_dtype(x));
+    return kpl_mul(x, kpl_scalar_op(KPL_BIN_DIV, keep, 1 - p, false));
+}

@@ -153,12 +153,111 @@ static void test_gradients(void **state)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
 }
 
+static void test_norms_and_dropout_values(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_device *cpu = kpl_device_cpu();
+    int64_t xs[4] = {4, 3, 5, 5}, s3 = 3;
+    kpl_rng *rng = kpl_rng_create(9);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F64, 4, xs, rng, 2, 3));
+    kpl_tensor *rm = NULL, *rv = NULL;
+    OK(kpl_tensor_zeros(cpu, KPL_F64, 1, &s3, &rm));
+    OK(kpl_tensor_empty(cpu, KPL_F64, 1, &s3, &rv));
+    OK(kpl_k_fill(rv, 1));
+    kpl_tensor *y = NN(kpl_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 1e-5));
+    int ax[3] = {0, 2, 3};
+    kpl_tensor *ym = NN(kpl_mean(y, ax, 3, false)), *yv = NN(kpl_var(y, ax, 3, false, 0));
+    kpl_tensor *xm = NN(kpl_mean(x, ax, 3, false)), *xv = NN(kpl_var(x, ax, 3, false, 1));
+    for (int c = 0; c < 3; c++) {
+        assert_float_equal(tget(ym, c), 0, 1e-12);
+        assert_float_equal(tget(yv, c), 1, 1e-4); /* eps */
+        assert_float_equal(tget(rm, c), 0.1 * tget(xm, c), 1e-12);
+        assert_float_equal(tget(rv, c), 0.9 + 0.1 * tget(xv, c), 1e-12);
+    }
+    /* eval: (x - rm) / sqrt(rv + eps) */
+    kpl_tensor *ye = NN(kpl_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 1e-5));
+    assert_float_equal(tget(ye, 30), (tget(x, 30) - tget(rm, 1)) / sqrt(tget(rv, 1) + 1e-5), 1e-12);
+    assert_null(kpl_batch_norm(x, NULL, NULL, NULL, NULL, false, 0.1, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "eval mode needs the running statistics"));
+    int64_t s4 = 4;
+    kpl_tensor *g4 = NN(kpl_full(cpu, KPL_F64, 1, &s4, 1));
+    assert_null(kpl_batch_norm(x, g4, NULL, NULL, NULL, true, 0.1, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "gamma must have shape (3)"));
+    /* layer norm over the last 2 dims; group norm with C groups = instance norm */
+    kpl_tensor *ln = NN(kpl_layer_norm(x, 2, NULL, NULL, 1e-5));
+    assert_float_equal(tget(NN(kpl_mean(ln, (int[]){2, 3}, 2, false)), 5), 0, 1e-12);
+    kpl_tensor *gn = NN(kpl_group_norm(x, 3, NULL, NULL, 1e-5));
+    for (int64_t i = 0; i < kpl_tensor_numel(gn); i += 17)
+        assert_float_equal(tget(gn, i), tget(ln, i), 1e-12);
+    assert_null(kpl_group_norm(x, 2, NULL, NULL, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "3 channels do not divide into 2 groups"));
+    /* dropout: ~p zeros, survivors scaled, reproducible, identity in eval */
+    int64_t big = 100000;
+    kpl_tensor *ones = NN(kpl_full(cpu, KPL_F32, 1, &big, 1));
+    kpl_rng *r1 = kpl_rng_create(3), *r2 = kpl_rng_create(3);
+    kpl_tensor *d1 = NN(kpl_dropout(ones, 0.3, true, r1)), *d2 = NN(kpl_dropout(ones, 0.3, true, r2));
+    assert_memory_equal(kpl_tensor_host_data(d1), kpl_tensor_host_data(d2), (size_t)big * 4);
+    double kept = tget(NN(kpl_sum(d1, NULL, 0, false)), 0) * 0.7; /* survivors count */
+    assert_true(fabs(kept / (double)big - 0.7) < 0.01);
+    assert_float_equal(tget(NN(kpl_max(d1, NULL, 0, false)), 0), 1 / 0.7, 1e-6);
+    assert_ptr_equal(kpl_dropout(ones, 0.3, false, r1), ones);
+    assert_null(kpl_dropout(ones, 1.0, true, r1));
+    kpl_rng_destroy(r1);
+    kpl_rng_destroy(r2);
+    kpl_rng_destroy(rng);
+    kpl_tensor_release(rm);
+    kpl_tensor_release(rv);
+    kpl_pool_pop(p);
+}
+
+static kpl_tensor *g_bn(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_batch_norm(x[0], x[1], x[2], NULL, NULL, true, 0.1, 1e-5));
+}
+static kpl_tensor *g_ln(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_layer_norm(x[0], 1, x[1], x[2], 1e-5));
+}
+static kpl_tensor *g_gn(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_group_norm(x[0], 2, x[1], x[2], 1e-5));
+}
+static kpl_tensor *g_drop(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    kpl_rng *r = kpl_rng_create(5); /* the same mask at every evaluation */
+    kpl_tensor *y = kpl_square(kpl_dropout(x[0], 0.4, true, r));
+    kpl_rng_destroy(r);
+    return y;
+}
+
+static void test_norm_gradients(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {3, 4, 2, 3}, s4 = 4, s3 = 3;
+    kpl_tensor *bn[3] = {p64(4, xs, 11, -1, 1), p64(1, &s4, 12, 0.5, 1.5), p64(1, &s4, 13, -1, 1)};
+    OK(kpl_gradcheck(g_bn, NULL, 3, bn, 1, 1e-6, 1e-6, 1e-5));
+    OK(kpl_gradcheck(g_bn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
+    OK(kpl_gradcheck(g_gn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
+    kpl_tensor *ln[3] = {bn[0], p64(1, &s3, 14, 0.5, 1.5), p64(1, &s3, 15, -1, 1)};
+    OK(kpl_gradcheck(g_ln, NULL, 3, ln, 2, 1e-5, 1e-5, 1e-4));
+    OK(kpl_gradcheck(g_drop, NULL, 1, bn, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor *all[] = {bn[0], bn[1], bn[2], ln[1], ln[2]};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
 int run_loss_tests(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_values),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_gradients),
+        cmocka_unit_test(test_norms_and_dropout_values),
+        cmocka_unit_test(test_norm_gradients),
     };
-    return cmocka_run_group_tests_name("losses", tests, NULL, NULL);
+    return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
