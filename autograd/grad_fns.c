@@ -311,6 +311,12 @@ G(AVG_POOL2D)
     RET0(kpl_avg_pool2d_bwd(gy, xs, &kpl_node_attrs(n)->pool));
 }
 G(AVG_POOL2D_BWD) { RET0(kpl_avg_pool2d(gy, &kpl_node_attrs(n)->pool)); }
+G(INDEX_SELECT) /* adjoint pair with index_add */
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    RET0(kpl_index_add(gy, at->axes[0], IN(1), at->length));
+}
+G(INDEX_ADD) { RET0(kpl_index_select(gy, kpl_node_attrs(n)->axes[0], IN(1))); }
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -360,7 +366,8 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_CONV2D] = g_CONV2D, [KPL_OP_CONV2D_BWD_DATA] = g_CONV2D_BWD_DATA,
     [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT, [KPL_OP_PLANE_GATHER] = g_PLANE_GATHER,
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
-    [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD,
+    [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
+    [KPL_OP_INDEX_ADD] = g_INDEX_ADD,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -406,6 +413,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},  {KPL_OP_CONV2D, 3, 0},
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
+        {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

@@ -433,6 +433,45 @@ kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x)
     return kpl_mean(x, (int[]){2, 3}, 2, true);
 }
 
+kpl_tensor *kpl_index_select(kpl_tensor *x, int axis, kpl_tensor *idx)
+{
+    if (!x || !idx) return NULL;
+    int nd = kpl_tensor_ndim(x), ax = axis < 0 ? axis + nd : axis;
+    if (ax < 0 || ax >= nd || kpl_tensor_ndim(idx) != 1) {
+        KPL_ERROR(KPL_ESHAPE, "index_select: axis %d of a %d-D tensor with %d-D indices", axis,
+                  nd, kpl_tensor_ndim(idx));
+        return NULL;
+    }
+    int64_t shape[KPL_MAX_DIMS];
+    memcpy(shape, kpl_tensor_shape(x), (size_t)nd * sizeof *shape);
+    shape[ax] = kpl_tensor_shape(idx)[0];
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), nd, shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.axes = {ax}, .naxes = 1, .length = kpl_tensor_shape(x)[ax]};
+    kpl_tensor *ins[2] = {x, idx};
+    return record_finish(kpl_k_index_select(out, x, ax, idx), KPL_OP_INDEX_SELECT, &at, 2, ins,
+                         out);
+}
+
+kpl_tensor *kpl_index_add(kpl_tensor *g, int axis, kpl_tensor *idx, int64_t dim)
+{
+    if (!g || !idx) return NULL;
+    int nd = kpl_tensor_ndim(g), ax = axis < 0 ? axis + nd : axis;
+    if (ax < 0 || ax >= nd || dim < 0) {
+        KPL_ERROR(KPL_ESHAPE, "index_add: axis %d of a %d-D tensor, size %lld", axis, nd,
+                  (long long)dim);
+        return NULL;
+    }
+    int64_t shape[KPL_MAX_DIMS];
+    memcpy(shape, kpl_tensor_shape(g), (size_t)nd * sizeof *shape);
+    shape[ax] = dim;
+    kpl_tensor *out = new_like(g, kpl_tensor_dtype(g), nd, shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.axes = {ax}, .naxes = 1, .length = dim};
+    kpl_tensor *ins[2] = {g, idx};
+    return record_finish(kpl_k_index_add(out, g, ax, idx), KPL_OP_INDEX_ADD, &at, 2, ins, out);
+}
+
 /* ---- creation ---------------------------------------------------------------------------- */
 
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape)

@@ -78,7 +78,8 @@ bool kpl_set_grad_enabled(bool on);
     X(ERF, "erf") X(PAD_ROWS, "pad_rows") X(CONV2D, "conv2d")               \
     X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight") \
     X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
-    X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")
+    X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
+    X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -215,6 +216,26 @@ kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx);
 kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_shape);
 kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape,
                                const kpl_pool2d_params *p);
+
+/* Rows idx (KPL_I64, (K)) of x along `axis`, and the adjoint: g's rows
+ * added into zeros of size `dim` along axis at idx. */
+kpl_tensor *kpl_index_select(kpl_tensor *x, int axis, kpl_tensor *idx);
+kpl_tensor *kpl_index_add(kpl_tensor *g, int axis, kpl_tensor *idx, int64_t dim);
+
+/* Shape ops built on index_select / index_add / permute (all recorded). */
+/* weight (V, D) rows for ids (any shape, KPL_I64) -> ids.shape + (D). */
+kpl_tensor *kpl_embedding(kpl_tensor *weight, kpl_tensor *ids);
+kpl_tensor *kpl_slice(kpl_tensor *x, int axis, int64_t start, int64_t length);
+kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis);
+kpl_tensor *kpl_transpose(kpl_tensor *x, int a, int b);
+typedef enum { KPL_PAD_CONSTANT = 0, KPL_PAD_REFLECT } kpl_pad_mode;
+/* pads[2 i], pads[2 i + 1]: before/after for the i-th of the last npairs
+ * dims (innermost first, as PyTorch's F.pad). */
+kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode mode,
+                    double value);
+/* NCHW resize to (oh, ow): nearest, or bilinear with/without align_corners. */
+kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow);
+kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);

@@ -399,7 +399,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(CAST, "cast")     \
     X(COPY, "copy")     \
     X(CONV2D, "conv2d") \
-    X(POOL2D, "pool2d")
+    X(POOL2D, "pool2d") \
+    X(INDEX, "index")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -600,6 +601,16 @@ kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_t
 kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool2d_params *p);
 kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy,
                                 const kpl_pool2d_params *p);
+
+/* out = x with dim `axis` replaced by the rows idx (KPL_I64, (K)) of it:
+ * out.shape[axis] = K; any dtype.  An index outside [0, x.shape[axis]) is
+ * KPL_ERANGE naming it. */
+kpl_status kpl_k_index_select(kpl_tensor *out, const kpl_tensor *x, int axis,
+                              const kpl_tensor *idx);
+/* The adjoint: out zeroed, then out[.., idx[k], ..] += g[.., k, ..] along
+ * `axis` (float dtypes). */
+kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis,
+                           const kpl_tensor *idx);
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);

@@ -242,6 +242,12 @@ typedef struct {
     kpl_pool2d_params p;
 } kpl_pool_attrs;
 
+/* x viewed as (outer, dim, inner), out as (outer, k, inner). */
+typedef struct {
+    bool add; /* index_add (out is the larger side) */
+    int64_t outer, dim, inner, k;
+} kpl_index_attrs;
+
 /* Row-major index -> element offset for one plan input. */
 static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
                                        int64_t flat)
@@ -262,6 +268,7 @@ void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
 void kpl__cpu_register_conv(void);
 void kpl__cpu_register_pool(void);
+void kpl__cpu_register_index(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 

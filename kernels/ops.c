@@ -1017,6 +1017,61 @@ kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_
     return pool_run(KPL_POOL_AVG_BWD, gx, gy, NULL, gx->shape, ys, p);
 }
 
+/* ---- index_select / index_add ---------------------------------------------------- */
+
+static kpl_status index_common(const char *op, const kpl_tensor *big, const kpl_tensor *small,
+                               int axis, const kpl_tensor *idx, kpl_index_attrs *a)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(idx->ndim == 1, KPL_ESHAPE, "%s: indices %s must be 1-D", op, KPL_SHAPE(idx, b1));
+    KPL_TRY(want_dtype(op, idx, "idx", KPL_I64));
+    KPL_TRY(same_device(op, big, "x", idx, "idx"));
+    KPL_TRY(same_device(op, big, "x", small, "out"));
+    KPL_CHECK(big->dtype == small->dtype, KPL_EDTYPE, "%s: dtypes %s and %s differ", op,
+              kpl_dtype_name(big->dtype), kpl_dtype_name(small->dtype));
+    int ax = axis < 0 ? axis + big->ndim : axis;
+    KPL_CHECK(ax >= 0 && ax < big->ndim, KPL_ESHAPE, "%s: axis %d out of range for %s", op, axis,
+              KPL_SHAPE(big, b1));
+    bool ok = small->ndim == big->ndim && small->shape[ax] == idx->shape[0];
+    for (int d = 0; ok && d < big->ndim; d++) ok = d == ax || small->shape[d] == big->shape[d];
+    KPL_CHECK(ok, KPL_ESHAPE, "%s: %s and %s must match except along axis %d, which must be %lld",
+              op, KPL_SHAPE(big, b1), KPL_SHAPE(small, b2), axis, (long long)idx->shape[0]);
+    a->outer = 1;
+    a->inner = 1;
+    for (int d = 0; d < ax; d++) a->outer *= big->shape[d];
+    for (int d = ax + 1; d < big->ndim; d++) a->inner *= big->shape[d];
+    a->dim = big->shape[ax];
+    a->k = idx->shape[0];
+    return KPL_OK;
+}
+
+kpl_status kpl_k_index_select(kpl_tensor *out, const kpl_tensor *x, int axis,
+                              const kpl_tensor *idx)
+{
+    CHECK_ARG("index_select", out, "out");
+    CHECK_ARG("index_select", x, "x");
+    CHECK_ARG("index_select", idx, "idx");
+    kpl_index_attrs a = {.add = false};
+    KPL_TRY(index_common("index_select", x, out, axis, idx, &a));
+    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "index_select: 'out' may not alias 'x'");
+    if (out->numel == 0) return KPL_OK;
+    return dispatch(KPL_KOP_INDEX, x->dtype, out, x, idx, NULL, &a);
+}
+
+kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis, const kpl_tensor *idx)
+{
+    CHECK_ARG("index_add", out, "out");
+    CHECK_ARG("index_add", g, "g");
+    CHECK_ARG("index_add", idx, "idx");
+    kpl_index_attrs a = {.add = true};
+    KPL_TRY(index_common("index_add", out, g, axis, idx, &a));
+    KPL_CHECK(kpl_dtype_is_float(out->dtype) && !is_half(out->dtype), KPL_EDTYPE,
+              "index_add: dtype %s; f32 and f64 are supported", kpl_dtype_name(out->dtype));
+    KPL_CHECK(out->storage != g->storage, KPL_EINVAL, "index_add: 'out' may not alias 'g'");
+    if (out->numel == 0) return KPL_OK;
+    return dispatch(KPL_KOP_INDEX, out->dtype, out, g, idx, NULL, &a);
+}
+
 /* ---- rng -------------------------------------------------------------------- */
 
 struct kpl_rng {

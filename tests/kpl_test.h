@@ -51,4 +51,14 @@ static inline double tget(kpl_tensor *t, int64_t i)
     return v;
 }
 
+/* |a - b| <= atol + rtol * |b|, NaNs equal. */
+static inline void assert_close(double a, double b, double rtol, double atol, const char *what,
+                                int64_t i)
+{
+    if (isnan(a) && isnan(b)) return;
+    if (isinf(a) && isinf(b) && (a > 0) == (b > 0)) return;
+    if (!(fabs(a - b) <= atol + rtol * fabs(b)))
+        fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, a, b);
+}
+
 #endif

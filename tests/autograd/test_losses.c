@@ -250,6 +250,93 @@ static void test_norm_gradients(void **state)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
 }
 
+static kpl_tensor *f64t(int ndim, const int64_t *shape, const double *v)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, ndim, shape, v, &t));
+    return kpl_autorelease(t);
+}
+
+static kpl_tensor *i64t(int64_t n, const int64_t *v)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, &n, v, &t));
+    return kpl_autorelease(t);
+}
+
+static void expect(kpl_tensor *t, int n, const double *v, const char *what)
+{
+    assert_non_null(t);
+    assert_int_equal(kpl_tensor_numel(t), n);
+    for (int i = 0; i < n; i++) assert_close(tget(t, i), v[i], 1e-12, 1e-12, what, i);
+}
+
+static void test_shape_ops_values(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s23[2] = {2, 3};
+    double xv[6] = {1, 2, 3, 4, 5, 6};
+    kpl_tensor *x = f64t(2, s23, xv);
+    expect(kpl_index_select(x, 1, i64t(3, (int64_t[]){2, 0, 2})), 6,
+           (double[]){3, 1, 3, 6, 4, 6}, "index_select");
+    expect(kpl_index_add(x, 1, i64t(3, (int64_t[]){1, 1, 0}), 2), 4, (double[]){3, 3, 6, 9},
+           "index_add");
+    assert_null(kpl_index_select(x, 0, i64t(1, (int64_t[]){5})));
+    assert_non_null(strstr(kpl_last_error(), "index 5 at position 0 is outside [0, 2)"));
+    kpl_tensor *e = kpl_embedding(x, i64t(3, (int64_t[]){1, 0, 1}));
+    assert_int_equal(kpl_tensor_ndim(e), 2);
+    expect(e, 9, (double[]){4, 5, 6, 1, 2, 3, 4, 5, 6}, "embedding");
+    expect(kpl_slice(x, 1, 1, 2), 4, (double[]){2, 3, 5, 6}, "slice");
+    assert_null(kpl_slice(x, 1, 2, 2));
+    assert_non_null(strstr(kpl_last_error(), "[2, 4) along axis 1 is out of range for (2,3)"));
+    kpl_tensor *cs[2] = {x, kpl_slice(x, 1, 0, 1)};
+    expect(kpl_concat(2, cs, 1), 8, (double[]){1, 2, 3, 1, 4, 5, 6, 4}, "concat");
+    expect(kpl_transpose(x, 0, 1), 6, (double[]){1, 4, 2, 5, 3, 6}, "transpose");
+    int64_t s3 = 3;
+    kpl_tensor *r = f64t(1, &s3, (double[]){1, 2, 3});
+    expect(kpl_pad(r, 1, (int64_t[]){2, 1}, KPL_PAD_REFLECT, 0), 6, (double[]){3, 2, 1, 2, 3, 2},
+           "reflect pad");
+    expect(kpl_pad(r, 1, (int64_t[]){1, 2}, KPL_PAD_CONSTANT, 2.5), 6,
+           (double[]){2.5, 1, 2, 3, 2.5, 2.5}, "constant pad");
+    int64_t s1122[4] = {1, 1, 2, 2};
+    kpl_tensor *im = f64t(4, s1122, (double[]){1, 2, 3, 4});
+    expect(kpl_upsample_nearest(im, 4, 4), 16,
+           (double[]){1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4}, "nearest");
+    expect(kpl_upsample_bilinear(im, 3, 3, true), 9,
+           (double[]){1, 1.5, 2, 2, 2.5, 3, 3, 3.5, 4}, "bilinear align_corners");
+    /* PyTorch's F.interpolate(..., 'bilinear', align_corners=False), first row */
+    kpl_tensor *b4 = kpl_upsample_bilinear(im, 4, 4, false);
+    expect(kpl_slice(b4, 2, 0, 1), 4, (double[]){1, 1.25, 1.75, 2}, "bilinear");
+    kpl_pool_pop(p);
+}
+
+static kpl_tensor *g_shapes(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    /* every shape op on one path: pad reflect + constant, slice, concat,
+     * upsample, embedding-style index_select */
+    kpl_tensor *h = kpl_pad(x[0], 2, (int64_t[]){1, 2, 1, 0}, KPL_PAD_REFLECT, 0);
+    h = kpl_pad(h, 1, (int64_t[]){1, 1}, KPL_PAD_CONSTANT, 0.5);
+    kpl_tensor *parts[2] = {kpl_slice(h, 3, 0, 4), kpl_transpose(kpl_slice(h, 3, 4, 4), 2, 3)};
+    h = kpl_concat(2, parts, 1);
+    h = kpl_upsample_bilinear(h, 5, 4, false);
+    h = kpl_index_select(h, 2, i64t(4, (int64_t[]){4, 0, 0, 2}));
+    return kpl_square(h);
+}
+
+static void test_shape_ops_gradients(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {1, 2, 3, 3};
+    kpl_tensor *x = p64(4, xs, 21, -1, 1);
+    kpl_pool *p = NN(kpl_pool_push());
+    OK(kpl_gradcheck(g_shapes, NULL, 1, &x, 1, 1e-6, 1e-6, 1e-5));
+    OK(kpl_gradcheck(g_shapes, NULL, 1, &x, 2, 1e-5, 1e-5, 1e-4));
+    kpl_pool_pop(p);
+    kpl_tensor_release(x);
+}
+
 int run_loss_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -258,6 +345,8 @@ int run_loss_tests(void)
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_norms_and_dropout_values),
         cmocka_unit_test(test_norm_gradients),
+        cmocka_unit_test(test_shape_ops_values),
+        cmocka_unit_test(test_shape_ops_gradients),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }

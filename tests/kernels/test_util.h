@@ -29,16 +29,6 @@ static inline kpl_tensor *trand(kpl_dtype dt, int ndim, const int64_t *shape, ui
     return t;
 }
 
-/* |a - b| <= atol + rtol * |b|, NaNs equal. */
-static inline void assert_close(double a, double b, double rtol, double atol, const char *what,
-                                int64_t i)
-{
-    if (isnan(a) && isnan(b)) return;
-    if (isinf(a) && isinf(b) && (a > 0) == (b > 0)) return;
-    if (!(fabs(a - b) <= atol + rtol * fabs(b)))
-        fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, a, b);
-}
-
 static inline void assert_tensor_close(kpl_tensor *t, const double *ref, double rtol,
                                        double atol, const char *what)
 {
