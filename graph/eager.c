@@ -356,6 +356,33 @@ kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *
                          &at, 2, ins, out);
 }
 
+kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
+                                 const kpl_conv2d_params *p, const int *output_padding)
+{
+    if (!x || !w || !p) return NULL;
+    if (kpl_tensor_ndim(x) != 4 || kpl_tensor_ndim(w) != 4) {
+        KPL_ERROR(KPL_ESHAPE, "conv_transpose2d: input and weights must be 4-D");
+        return NULL;
+    }
+    const int64_t *xs = kpl_tensor_shape(x), *ws = kpl_tensor_shape(w);
+    int op0 = output_padding ? output_padding[0] : 0, op1 = output_padding ? output_padding[1] : 0;
+    if (op0 < 0 || op1 < 0 || op0 >= (p->stride[0] > p->dilation[0] ? p->stride[0] : p->dilation[0]) ||
+        op1 >= (p->stride[1] > p->dilation[1] ? p->stride[1] : p->dilation[1])) {
+        KPL_ERROR(KPL_EINVAL, "conv_transpose2d: output_padding (%d,%d) must be smaller than the "
+                              "stride or the dilation", op0, op1);
+        return NULL;
+    }
+    int64_t os[4] = {xs[0], ws[1] * p->groups,
+                     (xs[2] - 1) * p->stride[0] - 2 * p->padding[0] + p->dilation[0] * (ws[2] - 1) +
+                         op0 + 1,
+                     (xs[3] - 1) * p->stride[1] - 2 * p->padding[1] + p->dilation[1] * (ws[3] - 1) +
+                         op1 + 1};
+    kpl_tensor *y = kpl_conv2d_bwd_data(x, w, os, p);
+    if (!b) return y;
+    int64_t bs[4] = {1, os[1], 1, 1};
+    return kpl_add(y, kpl_reshape(b, 4, bs));
+}
+
 kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
 {
     if (!x || !p) return NULL;

@@ -206,6 +206,13 @@ kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng);
  * stably as max(z, 0) - z y + log(1 + exp(-|z|)). */
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);
 
+/* Transposed convolution: x (N, Cin, H, W), w (Cin, Cout/groups, KH, KW)
+ * (PyTorch's ConvTranspose2d layout), bias (Cout) or NULL; the output is
+ * (H - 1) stride - 2 padding + dilation (KH - 1) + output_padding + 1 high
+ * (likewise wide).  It is conv2d's input gradient, recorded as that op. */
+kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
+                                 const kpl_conv2d_params *p, const int *output_padding);
+
 /* Pooling over NCHW.  max_pool2d records a gather of x at the window
  * maxima; the gather/scatter pair and avg_pool2d with its adjoint are ops
  * in their own right, so pooling is differentiable to any order. */

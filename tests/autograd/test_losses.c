@@ -311,6 +311,35 @@ static void test_shape_ops_values(void **state)
     kpl_pool_pop(p);
 }
 
+static kpl_tensor *g_deconv(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    kpl_conv2d_params p = {{2, 1}, {1, 0}, {1, 2}, 2};
+    return kpl_square(kpl_conv_transpose2d(x[0], x[1], x[2], &p, (int[]){1, 0}));
+}
+
+static void test_conv_transpose(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    /* stride 2, 2x2 ones kernel: each input pixel becomes a 2x2 block */
+    int64_t s1122[4] = {1, 1, 2, 2}, w[4] = {1, 1, 2, 2};
+    kpl_tensor *x = f64t(4, s1122, (double[]){1, 2, 3, 4});
+    kpl_tensor *k = NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, w, 1));
+    kpl_conv2d_params cp = {{2, 2}, {0, 0}, {1, 1}, 1};
+    kpl_tensor *y = NN(kpl_conv_transpose2d(x, k, NULL, &cp, NULL));
+    assert_int_equal(kpl_tensor_shape(y)[2], 4);
+    expect(y, 16, (double[]){1, 1, 2, 2, 1, 1, 2, 2, 3, 3, 4, 4, 3, 3, 4, 4}, "conv_transpose2d");
+    assert_null(kpl_conv_transpose2d(x, k, NULL, &cp, (int[]){2, 0}));
+    assert_non_null(strstr(kpl_last_error(), "output_padding (2,0)"));
+    kpl_pool_pop(p);
+    /* gradients: groups 2, stride (2,1), dilation (1,2), padding, output_padding */
+    int64_t xs[4] = {2, 4, 3, 4}, ws[4] = {4, 3, 2, 2}, bs = 6;
+    kpl_tensor *in[3] = {p64(4, xs, 31, -1, 1), p64(4, ws, 32, -1, 1), p64(1, &bs, 33, -1, 1)};
+    OK(kpl_gradcheck(g_deconv, NULL, 3, in, 2, 1e-5, 1e-5, 1e-4));
+    for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
+}
+
 static kpl_tensor *g_shapes(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -347,6 +376,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_norm_gradients),
         cmocka_unit_test(test_shape_ops_values),
         cmocka_unit_test(test_shape_ops_gradients),
+        cmocka_unit_test(test_conv_transpose),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
