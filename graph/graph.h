@@ -235,6 +235,14 @@ kpl_tensor *kpl_embedding(kpl_tensor *weight, kpl_tensor *ids);
 kpl_tensor *kpl_slice(kpl_tensor *x, int axis, int64_t start, int64_t length);
 kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis);
 kpl_tensor *kpl_transpose(kpl_tensor *x, int a, int b);
+/* n pieces of x along axis with the given sizes (summing to the dim);
+ * out[i] are pool-owned. */
+kpl_status kpl_split(kpl_tensor *x, int axis, int n, const int64_t *sizes, kpl_tensor **out);
+/* The k largest (or smallest) entries of each row along the last axis,
+ * sorted, ties by lower index, NaN largest: values (recorded, gradients
+ * flow to the chosen entries) and indices (KPL_I64); both pool-owned. */
+kpl_status kpl_topk(kpl_tensor *x, int64_t k, bool largest, kpl_tensor **values,
+                    kpl_tensor **indices);
 typedef enum { KPL_PAD_CONSTANT = 0, KPL_PAD_REFLECT } kpl_pad_mode;
 /* pads[2 i], pads[2 i + 1]: before/after for the i-th of the last npairs
  * dims (innermost first, as PyTorch's F.pad). */

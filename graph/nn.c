@@ -276,7 +276,7 @@ kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng)
 /* ---- shape ops ------------------------------------------------------------------- */
 
 /* (k) i64 indices from a host array, pool-owned. */
-static kpl_tensor *indices(kpl_device *dev, int64_t k, const int64_t *v)
+static kpl_tensor *index_tensor(kpl_device *dev, int64_t k, const int64_t *v)
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_from_data(dev, KPL_I64, 1, &k, v, &t) < 0) return NULL;
@@ -402,10 +402,10 @@ kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode
                 if (s >= len) s = 2 * (len - 1) - s;
                 v[j] = s;
             }
-            y = kpl_index_select(y, ax, indices(dev, total, v));
+            y = kpl_index_select(y, ax, index_tensor(dev, total, v));
         } else {
             for (int64_t j = 0; j < len; j++) v[j] = before + j;
-            kpl_tensor *rows = indices(dev, len, v);
+            kpl_tensor *rows = index_tensor(dev, len, v);
             kpl_tensor *placed = kpl_index_add(y, ax, rows, total);
             if (value != 0 && placed) {
                 /* value where nothing was placed: value * (1 - placed-mask) */
@@ -436,9 +436,9 @@ kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow)
     if (!v) return NULL;
     kpl_device *dev = kpl_tensor_device(x);
     for (int64_t i = 0; i < oh; i++) v[i] = i * h / oh;
-    kpl_tensor *y = kpl_index_select(x, 2, indices(dev, oh, v));
+    kpl_tensor *y = kpl_index_select(x, 2, index_tensor(dev, oh, v));
     for (int64_t i = 0; i < ow; i++) v[i] = i * w / ow;
-    y = kpl_index_select(y, 3, indices(dev, ow, v));
+    y = kpl_index_select(y, 3, index_tensor(dev, ow, v));
     free(v);
     return y;
 }
@@ -476,8 +476,8 @@ static kpl_tensor *lerp_axis(kpl_tensor *x, int ax, int64_t out, bool align)
         kpl_autorelease(w1);
         w1 = kpl_cast(w1, kpl_tensor_dtype(x));
     }
-    kpl_tensor *a = kpl_index_select(x, ax, indices(dev, out, i0));
-    kpl_tensor *b = kpl_index_select(x, ax, indices(dev, out, i1));
+    kpl_tensor *a = kpl_index_select(x, ax, index_tensor(dev, out, i0));
+    kpl_tensor *b = kpl_index_select(x, ax, index_tensor(dev, out, i1));
     free(i0);
     free(i1);
     free(wt);
@@ -493,4 +493,98 @@ kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool al
         return NULL;
     }
     return lerp_axis(lerp_axis(x, 2, oh, align_corners), 3, ow, align_corners);
+}
+
+kpl_status kpl_split(kpl_tensor *x, int axis, int n, const int64_t *sizes, kpl_tensor **out)
+{
+    KPL_CHECK(x != NULL && out != NULL && sizes != NULL && n >= 1, KPL_EINVAL,
+              "split: NULL argument or no pieces");
+    int nd = kpl_tensor_ndim(x), ax = axis < 0 ? axis + nd : axis;
+    KPL_CHECK(ax >= 0 && ax < nd, KPL_ESHAPE, "split: axis %d out of range for %d dims", axis, nd);
+    int64_t total = 0;
+    for (int i = 0; i < n; i++) total += sizes[i];
+    KPL_CHECK(total == kpl_tensor_shape(x)[ax], KPL_ESHAPE,
+              "split: sizes sum to %lld but axis %d has %lld", (long long)total, axis,
+              (long long)kpl_tensor_shape(x)[ax]);
+    int64_t off = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = kpl_slice(x, ax, off, sizes[i]);
+        if (!out[i]) return kpl_last_status();
+        off += sizes[i];
+    }
+    return KPL_OK;
+}
+
+typedef struct {
+    double v;
+    int64_t i;
+} ranked;
+
+static int rank_desc(const void *a, const void *b)
+{
+    const ranked *p = a, *q = b;
+    bool pn = p->v != p->v, qn = q->v != q->v;
+    if (pn != qn) return pn ? -1 : 1; /* NaN first */
+    if (!pn && p->v != q->v) return p->v > q->v ? -1 : 1;
+    return p->i < q->i ? -1 : (p->i > q->i);
+}
+
+static int rank_asc(const void *a, const void *b)
+{
+    const ranked *p = a, *q = b;
+    bool pn = p->v != p->v, qn = q->v != q->v;
+    if (pn != qn) return pn ? 1 : -1; /* NaN last */
+    if (!pn && p->v != q->v) return p->v < q->v ? -1 : 1;
+    return p->i < q->i ? -1 : (p->i > q->i);
+}
+
+kpl_status kpl_topk(kpl_tensor *x, int64_t k, bool largest, kpl_tensor **values,
+                    kpl_tensor **indices)
+{
+    KPL_CHECK(x != NULL && values != NULL && indices != NULL, KPL_EINVAL, "topk: NULL argument");
+    int nd = kpl_tensor_ndim(x);
+    KPL_CHECK(nd >= 1, KPL_ESHAPE, "topk: needs at least one dim");
+    int64_t cols = kpl_tensor_shape(x)[nd - 1], rows = cols ? kpl_tensor_numel(x) / cols : 0;
+    KPL_CHECK(k >= 0 && k <= cols, KPL_ERANGE, "topk: k = %lld but the last dim has %lld",
+              (long long)k, (long long)cols);
+    KPL_CHECK(kpl_dtype_is_float(kpl_tensor_dtype(x)), KPL_EDTYPE, "topk: dtype %s",
+              kpl_dtype_name(kpl_tensor_dtype(x)));
+    ranked *r = malloc((size_t)(cols ? cols : 1) * sizeof *r);
+    size_t nsel = (size_t)(rows * k > 0 ? rows * k : 1);
+    int64_t *flat = malloc(nsel * sizeof *flat), *idx = malloc(nsel * sizeof *idx);
+    kpl_status st = KPL_OK;
+    if (!r || !flat || !idx) {
+        st = KPL_ERROR(KPL_ENOMEM, "topk: no host memory");
+        goto out;
+    }
+    for (int64_t row = 0; row < rows && st == KPL_OK; row++) {
+        for (int64_t c = 0; c < cols; c++) {
+            double v;
+            if ((st = kpl_tensor_get(x, row * cols + c, &v)) < 0) break;
+            r[c] = (ranked){v, c};
+        }
+        qsort(r, (size_t)cols, sizeof *r, largest ? rank_desc : rank_asc);
+        for (int64_t j = 0; j < k; j++) {
+            idx[row * k + j] = r[j].i;
+            flat[row * k + j] = row * cols + r[j].i;
+        }
+    }
+    if (st < 0) goto out;
+    int64_t shape[KPL_MAX_DIMS], n = kpl_tensor_numel(x), nk = rows * k;
+    memcpy(shape, kpl_tensor_shape(x), (size_t)nd * sizeof *shape);
+    shape[nd - 1] = k;
+    kpl_device *dev = kpl_tensor_device(x);
+    /* values = the chosen entries of the flattened x: index_select records
+     * them, so gradients reach exactly those entries */
+    *values = kpl_reshape(kpl_index_select(kpl_reshape(x, 1, &n), 0, index_tensor(dev, nk, flat)), nd,
+                          shape);
+    kpl_tensor *it = NULL;
+    if ((st = kpl_tensor_from_data(dev, KPL_I64, nd, shape, idx, &it)) == KPL_OK)
+        *indices = kpl_autorelease(it);
+    if (st == KPL_OK && (!*values || !*indices)) st = kpl_last_status();
+out:
+    free(r);
+    free(flat);
+    free(idx);
+    return st;
 }

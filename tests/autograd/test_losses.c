@@ -340,6 +340,39 @@ static void test_conv_transpose(void **state)
     for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
 }
 
+static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    kpl_tensor *v = NULL, *i = NULL;
+    if (kpl_topk(x[0], 2, true, &v, &i) < 0) return NULL;
+    return kpl_square(v);
+}
+
+static void test_split_topk(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s25[2] = {2, 5};
+    kpl_tensor *x = f64t(2, s25, (double[]){3, 1, 4, 1, 5, 9, 2, 6, 5, 3});
+    kpl_tensor *parts[2];
+    OK(kpl_split(x, 1, 2, (int64_t[]){2, 3}, parts));
+    expect(parts[1], 6, (double[]){4, 1, 5, 6, 5, 3}, "split");
+    FAILS(kpl_split(x, 1, 2, (int64_t[]){2, 2}, parts), KPL_ESHAPE, "sizes sum to 4 but axis 1 has 5");
+    kpl_tensor *v = NULL, *i = NULL;
+    OK(kpl_topk(x, 3, true, &v, &i));
+    expect(v, 6, (double[]){5, 4, 3, 9, 6, 5}, "topk values");
+    expect(i, 6, (double[]){4, 2, 0, 0, 2, 3}, "topk indices"); /* tie 5/5: lower index */
+    OK(kpl_topk(x, 2, false, &v, &i));
+    expect(v, 4, (double[]){1, 1, 2, 3}, "bottomk values");
+    expect(i, 4, (double[]){1, 3, 1, 4}, "bottomk indices");
+    FAILS(kpl_topk(x, 6, true, &v, &i), KPL_ERANGE, "k = 6 but the last dim has 5");
+    kpl_pool_pop(p);
+    int64_t s34[2] = {3, 4};
+    kpl_tensor *g = p64(2, s34, 41, -1, 1);
+    OK(kpl_gradcheck(g_topk, NULL, 1, &g, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor_release(g);
+}
+
 static kpl_tensor *g_shapes(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -377,6 +410,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_shape_ops_values),
         cmocka_unit_test(test_shape_ops_gradients),
         cmocka_unit_test(test_conv_transpose),
+        cmocka_unit_test(test_split_topk),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
