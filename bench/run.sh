@@ -1,39 +1,116 @@
 #!/usr/bin/env bash
-# bench/run.sh [GROUP...] — builds kpl (Release) and prints one JSON line per
-# benchmark case on stdout; diagnostics go to stderr.
-# Groups: kernels autograd nn data comm train graph (none = all).
-# Environment: KPL_BENCH_BUILD (build dir, default build-bench/),
-#              KPL_BASELINES (default ../shared/baselines beside the project).
+# bench/run.sh [GROUP...] — builds kpl in Release and runs its benchmarks,
+# printing one JSON object per case on stdout (nothing else); progress and
+# diagnostics go to stderr.  See bench/README.md for the fields.
+#
+# Groups: kernels autograd nn data comm train graph (none = all of them).
+# Exit status: 0 ok; 1 build failure or a benchmark program failed (the
+# other groups still run); 2 bad usage or missing reference programs.
+#
+# Environment:
+#   KPL_BENCH_BUILD   build directory (default: build-bench/ in the project)
+#   KPL_BASELINES     reference programs (default: ../shared/baselines
+#                     beside the project)
+#   KPL_BENCH_CUDA    KPL_CUDA for the build (default OFF: CPU benchmarks)
+#   KPL_BENCH_ROUNDS  rounds of kpl/reference alternation (default 5)
+#   OMP_WAIT_POLICY   exported to kpl and the references alike (default
+#                     PASSIVE: idle OpenMP threads sleep instead of spinning,
+#                     which matters on 2 shared cores)
 set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-build=${KPL_BENCH_BUILD:-$root/build-bench}
-baselines=${KPL_BASELINES:-$root/../shared/baselines}
+
 all=(kernels autograd nn data comm train graph)
+usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
-groups=("$@")
-((${#groups[@]})) || groups=("${all[@]}")
-for g in "${groups[@]}"; do
-  [[ " ${all[*]} " == *" $g "* ]] || { echo "bench/run.sh: unknown group '$g' (groups: ${all[*]})" >&2; exit 2; }
+groups=()
+for g in "$@"; do
+  case "$g" in
+    -h | --help) usage; exit 0 ;;
+  esac
+  if [[ " ${all[*]} " != *" $g "* ]]; then
+    echo "bench/run.sh: unknown group '$g'" >&2
+    usage >&2
+    exit 2
+  fi
+  groups+=("$g")
 done
-[[ -d "$baselines" ]] || { echo "bench/run.sh: reference programs not found at $baselines (set KPL_BASELINES)" >&2; exit 2; }
+((${#groups[@]})) || groups=("${all[@]}")
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+build=${KPL_BENCH_BUILD:-$root/build-bench}
+baselines=${KPL_BASELINES:-$here/../../shared/baselines}
+if [[ ! -d "$baselines" ]]; then
+  echo "bench/run.sh: reference programs not found at $baselines (set KPL_BASELINES)" >&2
+  exit 2
+fi
 baselines=$(cd "$baselines" && pwd)
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-PASSIVE}
+echo "bench: references from $baselines; OMP_WAIT_POLICY=$OMP_WAIT_POLICY" >&2
 
-echo "bench: building into $build" >&2
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKPL_TESTS=OFF -DKPL_CUDA=OFF >/dev/null
-cmake --build "$build" -j "$(nproc)" >/dev/null
+# --- build kpl (Release) -----------------------------------------------------
+mkdir -p "$build"
+log="$build/bench-build.log"
+echo "bench: building kpl (Release) into $build" >&2
+if ! { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKPL_TESTS=OFF \
+         -DKPL_CUDA="${KPL_BENCH_CUDA:-OFF}" &&
+       cmake --build "$build" -j "$(nproc)"; } >"$log" 2>&1; then
+  tail -n 40 "$log" >&2
+  echo "bench/run.sh: build failed (full log: $log)" >&2
+  exit 1
+fi
 
+# --- the reference programs that are C sources ----------------------------------
 tools="$build/bench-tools"
 mkdir -p "$tools"
-build_tool() { # name, extra flags
-  [[ "$tools/$1" -nt "$baselines/$1.c" ]] || gcc -O2 $2 -o "$tools/$1" "$baselines/$1.c"
+build_tool() { # NAME GCC-FLAGS...: compile baselines/NAME.c when it is newer
+  local name=$1
+  shift
+  [[ "$tools/$name" -nt "$baselines/$name.c" ]] && return 0
+  echo "bench: compiling $name.c ($*)" >&2
+  gcc "$@" -o "$tools/$name" "$baselines/$name.c" >&2
 }
-build_tool memcpy_bw ""
-build_tool fma_peak "-mavx512f -mfma"
+
+failed=()
+run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
+  local g=$1 rc=0
+  echo "bench: group $g" >&2
+  case "$g" in
+    kernels)
+      build_tool memcpy_bw -O2 || return 1
+      # fma_peak.c holds an AVX-512 and an AVX2 loop; the AVX-512 one only
+      # compiles with -mavx512f.  bench_kernels runs `fma_peak 256` on
+      # AVX2-only CPUs, a path without AVX-512 instructions.
+      if [[ "$(uname -m)" == x86_64 ]]; then
+        build_tool fma_peak -O2 -mavx512f -mfma || return 1
+      fi
+      "$build/bin/bench_kernels" "$baselines" "$tools" || rc=$?
+      ;;
+    autograd)
+      "$build/bin/bench_autograd" "$baselines" || rc=$?
+      ;;
+    *)
+      echo "bench: group '$g' has no benchmarks yet" >&2
+      ;;
+  esac
+  return "$rc"
+}
 
 for g in "${groups[@]}"; do
-  case "$g" in
-    kernels) "$build/bin/bench_kernels" "$baselines" "$tools" ;;
-    autograd) "$build/bin/bench_autograd" "$baselines" ;;
-    *) echo "bench: group '$g' has no benchmarks yet" >&2 ;;
-  esac
+  t0=$SECONDS
+  # Other work on the machine skews results, the 2-thread cases most.
+  read -r load1 _ </proc/loadavg 2>/dev/null || load1=0
+  if awk -v l="$load1" 'BEGIN { exit !(l > 0.7) }'; then
+    echo "bench: load average $load1 before group $g: other processes compete for the cores" >&2
+  fi
+  if run_group "$g"; then
+    echo "bench: group $g done in $((SECONDS - t0)) s" >&2
+  else
+    rc=$?
+    echo "bench/run.sh: group $g failed (exit status $rc)" >&2
+    failed+=("$g")
+  fi
 done
+if ((${#failed[@]})); then
+  echo "bench/run.sh: failed groups: ${failed[*]}" >&2
+  exit 1
+fi
