@@ -219,6 +219,9 @@ kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
 kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p);
 kpl_tensor *kpl_avg_pool2d(kpl_tensor *x, const kpl_pool2d_params *p);
 kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x); /* (N, C, 1, 1) */
+/* Average pooling to (oh, ow) with PyTorch's adaptive windows
+ * [floor(i H / oh), ceil((i + 1) H / oh)). */
+kpl_tensor *kpl_adaptive_avg_pool2d(kpl_tensor *x, int64_t oh, int64_t ow);
 kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx);
 kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_shape);
 kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape,

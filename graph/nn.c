@@ -588,3 +588,33 @@ out:
     free(idx);
     return st;
 }
+
+/* The (out, in) matrix whose row i averages input cells
+ * [floor(i in / out), ceil((i + 1) in / out)). */
+static kpl_tensor *adaptive_matrix(kpl_device *dev, kpl_dtype dt, int64_t out, int64_t in)
+{
+    int64_t shape[2] = {out, in};
+    kpl_tensor *m = NULL;
+    if (kpl_tensor_zeros(dev, KPL_F64, 2, shape, &m) < 0) return NULL;
+    double *v = kpl_tensor_host_mutable(m);
+    for (int64_t i = 0; i < out; i++) {
+        int64_t a = i * in / out, b = ((i + 1) * in + out - 1) / out;
+        for (int64_t j = a; j < b; j++) v[i * in + j] = 1.0 / (double)(b - a);
+    }
+    return kpl_cast(kpl_autorelease(m), dt);
+}
+
+kpl_tensor *kpl_adaptive_avg_pool2d(kpl_tensor *x, int64_t oh, int64_t ow)
+{
+    if (!x) return NULL;
+    if (kpl_tensor_ndim(x) != 4 || oh < 1 || ow < 1) {
+        KPL_ERROR(KPL_ESHAPE, "adaptive_avg_pool2d: needs NCHW input and a positive size");
+        return NULL;
+    }
+    kpl_device *dev = kpl_tensor_device(x);
+    kpl_dtype dt = kpl_tensor_dtype(x);
+    /* y = A_h x A_w^T: two (batched, broadcast) matmuls */
+    kpl_tensor *ah = adaptive_matrix(dev, dt, oh, kpl_tensor_shape(x)[2]);
+    kpl_tensor *aw = adaptive_matrix(dev, dt, ow, kpl_tensor_shape(x)[3]);
+    return kpl_matmul(kpl_matmul(ah, x, false, false), aw, false, true);
+}

@@ -373,6 +373,34 @@ static void test_split_topk(void **state)
     kpl_tensor_release(g);
 }
 
+static kpl_tensor *g_adaptive(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_adaptive_avg_pool2d(x[0], 2, 3));
+}
+
+static void test_adaptive_pool(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    /* 1x1x3x5 -> 2x3: rows {0,1}, {1,2}; cols {0,1}, {1,2,3}, {3,4} */
+    int64_t xs[4] = {1, 1, 3, 5};
+    kpl_tensor *x = NN(kpl_arange(kpl_device_cpu(), KPL_F64, 15, 0, 1));
+    x = NN(kpl_reshape(x, 4, xs));
+    kpl_tensor *y = NN(kpl_adaptive_avg_pool2d(x, 2, 3));
+    double r0 = (0 + 1 + 5 + 6) / 4.0, r1 = (1 + 2 + 3 + 6 + 7 + 8) / 6.0;
+    assert_float_equal(tget(y, 0), r0, 1e-12);
+    assert_float_equal(tget(y, 1), r1, 1e-12);
+    assert_float_equal(tget(y, 5), (8 + 9 + 13 + 14) / 4.0, 1e-12);
+    /* output size 1 is the global average */
+    assert_float_equal(tget(NN(kpl_adaptive_avg_pool2d(x, 1, 1)), 0), 7, 1e-12);
+    kpl_pool_pop(p);
+    int64_t gs[4] = {2, 2, 5, 7};
+    kpl_tensor *g = p64(4, gs, 51, -1, 1);
+    OK(kpl_gradcheck(g_adaptive, NULL, 1, &g, 2, 1e-6, 1e-6, 1e-5));
+    kpl_tensor_release(g);
+}
+
 static kpl_tensor *g_shapes(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -411,6 +439,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_shape_ops_gradients),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_split_topk),
+        cmocka_unit_test(test_adaptive_pool),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
