@@ -14,15 +14,17 @@ static kpl_tensor *to_gpu(kpl_tensor *t)
     return g;
 }
 
-/* Asserts that a GPU result matches a CPU result. */
-static void assert_same(kpl_tensor *g, kpl_tensor *c, double rtol, const char *what)
+/* Asserts that a GPU result matches a CPU result: |g - c| <= atol + rtol |c|
+ * (0, 0 = bit-identical values). */
+static void assert_same(kpl_tensor *g, kpl_tensor *c, double rtol, double atol,
+                        const char *what)
 {
     assert_int_equal(kpl_tensor_numel(g), kpl_tensor_numel(c));
     assert_int_equal(kpl_tensor_dtype(g), kpl_tensor_dtype(c));
     kpl_tensor *h = NULL;
     OK(kpl_tensor_to_device(g, kpl_device_cpu(), &h));
     for (int64_t i = 0; i < kpl_tensor_numel(c); i++)
-        assert_close(tget(h, i), tget(c, i), rtol, rtol * 1e-2, what, i);
+        assert_close(tget(h, i), tget(c, i), rtol, atol, what, i);
     kpl_tensor_release(h);
 }
 
@@ -37,11 +39,14 @@ static void test_random_identical(void **state)
         kpl_rng *r1 = kpl_rng_create(5), *r2 = kpl_rng_create(5);
         OK(kpl_k_uniform(c, r1, -2, 3));
         OK(kpl_k_uniform(g, r2, -2, 3));
-        assert_same(g, c, 0, "uniform"); /* bit-identical */
+        assert_same(g, c, 0, 0, "uniform"); /* bit-identical */
         OK(kpl_k_normal(c, r1, 1, 2));
         OK(kpl_k_normal(g, r2, 1, 2));
         assert_int_equal(kpl_rng_offset(r1), kpl_rng_offset(r2));
-        assert_same(g, c, dts[d] == KPL_F64 ? 1e-12 : 1e-5, "normal");
+        /* log/sin/cos differ in their last ulps between devices; a bf16
+         * value may then round to the neighbouring bf16. */
+        double nr = dts[d] == KPL_F64 ? 1e-12 : dts[d] == KPL_F32 ? 1e-5 : 1e-2;
+        assert_same(g, c, nr, nr * 0.1, "normal");
         kpl_rng_destroy(r1);
         kpl_rng_destroy(r2);
         kpl_tensor_release(c);
@@ -64,28 +69,29 @@ static void test_unary_binary_where(void **state)
             if (kpl_binary_is_compare((kpl_binary_op)op)) continue;
             OK(kpl_k_binary(o, (kpl_binary_op)op, a, b));
             OK(kpl_k_binary(go, (kpl_binary_op)op, ga, gb));
-            assert_same(go, o, rtol, kpl_binary_name((kpl_binary_op)op));
+            assert_same(go, o, rtol, rtol * 1e-2, kpl_binary_name((kpl_binary_op)op));
         }
         kpl_tensor *ua = tnew(dt, 3, sa), *gua = NULL;
         OK(kpl_tensor_empty(gpu, dt, 3, sa, &gua));
         for (int op = 0; op < KPL_UNARY_COUNT; op++) {
             OK(kpl_k_unary(ua, (kpl_unary_op)op, a, 0.1, 2.0));
             OK(kpl_k_unary(gua, (kpl_unary_op)op, ga, 0.1, 2.0));
-            assert_same(gua, ua, f ? 1e-12 : 4e-6, kpl_unary_name((kpl_unary_op)op));
+            assert_same(gua, ua, f ? 1e-12 : 4e-6, f ? 1e-14 : 4e-8,
+                        kpl_unary_name((kpl_unary_op)op));
         }
         /* comparisons and where */
         kpl_tensor *m = tnew(KPL_BOOL, 3, so), *gm = NULL;
         OK(kpl_tensor_empty(gpu, KPL_BOOL, 3, so, &gm));
         OK(kpl_k_binary(m, KPL_BIN_GT, a, b));
         OK(kpl_k_binary(gm, KPL_BIN_GT, ga, gb));
-        assert_same(gm, m, 0, "gt");
+        assert_same(gm, m, 0, 0, "gt");
         OK(kpl_k_where(o, m, a, b));
         OK(kpl_k_where(go, gm, ga, gb));
-        assert_same(go, o, 0, "where");
+        assert_same(go, o, 0, 0, "where");
         /* scalar forms */
         OK(kpl_k_binary_scalar(ua, KPL_BIN_SUB, a, 2.5, true));
         OK(kpl_k_binary_scalar(gua, KPL_BIN_SUB, ga, 2.5, true));
-        assert_same(gua, ua, rtol, "rsub scalar");
+        assert_same(gua, ua, rtol, rtol * 1e-2, "rsub scalar");
         kpl_tensor *ts[] = {a, b, ga, gb, o, go, ua, gua, m, gm};
         for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
     }
@@ -109,7 +115,8 @@ static void test_reduce(void **state)
             OK(kpl_tensor_empty(gpu, arg ? KPL_I64 : KPL_F32, no, os, &go));
             OK(kpl_k_reduce(o, (kpl_reduce_op)op, x, axes_sets[k], naxes[k], true, 1));
             OK(kpl_k_reduce(go, (kpl_reduce_op)op, gx, axes_sets[k], naxes[k], true, 1));
-            assert_same(go, o, arg ? 0 : 1e-5, kpl_reduce_name((kpl_reduce_op)op));
+            assert_same(go, o, arg ? 0 : 1e-5, arg ? 0 : 1e-7,
+                        kpl_reduce_name((kpl_reduce_op)op));
             kpl_tensor_release(o);
             kpl_tensor_release(go);
         }
@@ -129,7 +136,9 @@ static void test_matmul(void **state)
             OK(kpl_tensor_empty(gpu, KPL_F32, 2, sc, &gc));
             OK(kpl_k_matmul(c, a, b, ta, tb));
             OK(kpl_k_matmul(gc, ga, gb, ta, tb));
-            assert_same(gc, c, 1e-5, "matmul");
+            /* Summation orders differ (cuBLAS vs oneDNN): an absolute
+             * bound of a few ulps of sqrt(K)-sized partial sums. */
+            assert_same(gc, c, 1e-5, 1e-5, "matmul");
             kpl_tensor *ts[] = {a, b, ga, gb, c, gc};
             for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
         }
@@ -155,7 +164,7 @@ static void test_matmul(void **state)
     assert_true(ms >= 0);
     kpl_event_destroy(e0);
     kpl_event_destroy(e1);
-    assert_same(gc, c, 1e-12, "batched matmul");
+    assert_same(gc, c, 1e-12, 1e-13, "batched matmul");
     kpl_tensor *ts[] = {a, b, ga, gb, c, gc};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
 }
@@ -171,10 +180,10 @@ static void test_fill_cast_copy_storage(void **state)
         OK(kpl_tensor_empty(gpu, dts[d], 2, s, &g));
         OK(kpl_k_cast(c, x));
         OK(kpl_k_cast(g, gx));
-        assert_same(g, c, 0, "cast");
+        assert_same(g, c, 0, 0, "cast");
         OK(kpl_k_fill(c, -2.5));
         OK(kpl_k_fill(g, -2.5));
-        assert_same(g, c, 0, "fill");
+        assert_same(g, c, 0, 0, "fill");
         kpl_tensor_release(c);
         kpl_tensor_release(g);
     }
@@ -183,12 +192,12 @@ static void test_fill_cast_copy_storage(void **state)
     kpl_tensor *p = NULL, *gp = NULL;
     OK(kpl_tensor_permute(x, perm, &p));
     OK(kpl_tensor_permute(gx, perm, &gp));
-    assert_same(gp, p, 0, "permute");
+    assert_same(gp, p, 0, 0, "permute");
     kpl_tensor *ar = tnew(KPL_I64, 2, s), *gar = NULL;
     OK(kpl_tensor_empty(gpu, KPL_I64, 2, s, &gar));
     OK(kpl_k_arange(ar, 5, 3));
     OK(kpl_k_arange(gar, 5, 3));
-    assert_same(gar, ar, 0, "arange");
+    assert_same(gar, ar, 0, 0, "arange");
     /* UnifiedMemory: a host write is seen by the next kernel, and a kernel's
      * result by the next host read. */
     float *h = kpl_tensor_host_mutable(gx);
