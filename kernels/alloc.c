@@ -241,6 +241,9 @@ static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
     }
     if (st < 0) {
         free(b);
+        /* A failure other than lack of memory (a lost device, a driver
+         * error) keeps the backend's own status and message. */
+        if (st != KPL_ENOMEM) return st;
         return KPL_ERROR(KPL_ENOMEM,
                          "%s: out of memory on %s: %zu bytes requested "
                          "(segment of %zu), %zu reserved",
