@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-/* Number of real (unpadded) input cells of a window, and its bounds. */
+/* A window's bounds clipped to the input, and the divisor of its average. */
 #define WINDOW(a, oy, ox)                                                  \
     int64_t y0 = (oy) * (a)->p.stride[0] - (a)->p.padding[0];             \
     int64_t x0 = (ox) * (a)->p.stride[1] - (a)->p.padding[1];             \
@@ -15,7 +15,11 @@
     if (y0 < 0) y0 = 0;                                                    \
     if (x0 < 0) x0 = 0;                                                    \
     if (y1 > (a)->h) y1 = (a)->h;                                          \
-    if (x1 > (a)->w) x1 = (a)->w;
+    if (x1 > (a)->w) x1 = (a)->w;                                          \
+    double cnt = (a)->p.count_include_pad                                  \
+                     ? (double)(a)->p.kernel[0] * (a)->p.kernel[1]         \
+                     : (double)((y1 - y0) * (x1 - x0));                     \
+    (void)cnt;
 
 #define DEF_POOL(T, tn)                                                                        \
     static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
@@ -50,9 +54,6 @@
                     double s = 0;                                                              \
                     for (int64_t iy = y0; iy < y1; iy++)                                       \
                         for (int64_t ix = x0; ix < x1; ix++) s += (double)xp[iy * a->w + ix];  \
-                    double cnt = a->p.count_include_pad                                        \
-                                     ? (double)a->p.kernel[0] * a->p.kernel[1]                 \
-                                     : (double)((y1 - y0) * (x1 - x0));                        \
                     y[(pl * a->oh + oy) * a->ow + ox] = (T)(s / cnt);                          \
                 });                                                                            \
     }                                                                                          \
@@ -64,9 +65,6 @@
             for (int64_t oy = 0; oy < a->oh; oy++)                                             \
                 for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
                     WINDOW(a, oy, ox)                                                          \
-                    double cnt = a->p.count_include_pad                                        \
-                                     ? (double)a->p.kernel[0] * a->p.kernel[1]                 \
-                                     : (double)((y1 - y0) * (x1 - x0));                        \
                     T g = (T)((double)gy[(pl * a->oh + oy) * a->ow + ox] / cnt);               \
                     for (int64_t iy = y0; iy < y1; iy++)                                       \
                         for (int64_t ix = x0; ix < x1; ix++) gp[iy * a->w + ix] += g;          \

@@ -1,21 +1,7 @@
 /* test_autograd.c — gradients of every op against finite differences,
  * higher orders, accumulation, errors, reverse-mode GC, and an MLP that
  * learns. */
-#include "kpl_test.h"
-#include "autograd.h"
-
-
-/* An f64 parameter with values uniform in [lo, hi). */
-static kpl_tensor *param(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi)
-{
-    kpl_tensor *t = NULL;
-    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F64, ndim, shape, &t));
-    kpl_rng *r = kpl_rng_create(seed);
-    OK(kpl_k_uniform(t, r, lo, hi));
-    kpl_rng_destroy(r);
-    OK(kpl_set_requires_grad(t, true));
-    return t;
-}
+#include "ag_test.h"
 
 /* ---- op table for the gradient checks --------------------------------------------- */
 

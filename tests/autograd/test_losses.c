@@ -1,21 +1,9 @@
 /* test_losses.c — linear, softmax and the losses of graph/nn.c: values
  * against hand computations, gradients against finite differences, and
  * the errors of bad labels. */
-#include "kpl_test.h"
-#include "autograd.h"
+#include "ag_test.h"
 
 int run_loss_tests(void);
-
-static kpl_tensor *p64(int ndim, const int64_t *shape, uint64_t seed, double lo, double hi)
-{
-    kpl_tensor *t = NULL;
-    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F64, ndim, shape, &t));
-    kpl_rng *r = kpl_rng_create(seed);
-    OK(kpl_k_uniform(t, r, lo, hi));
-    kpl_rng_destroy(r);
-    OK(kpl_set_requires_grad(t, true));
-    return t;
-}
 
 static kpl_tensor *labels3(void)
 {
@@ -136,18 +124,18 @@ static void test_gradients(void **state)
 {
     (void)state;
     int64_t s34[2] = {3, 4}, s24[2] = {2, 4}, s54[2] = {5, 4}, s5 = 5;
-    kpl_tensor *lg = p64(2, s34, 1, -2, 2);
+    kpl_tensor *lg = param(2, s34, 1, -2, 2);
     kpl_tensor *ce[1] = {lg};
     OK(kpl_gradcheck(g_ce, NULL, 1, ce, 1, 1e-6, 1e-7, 1e-5));
     OK(kpl_gradcheck(g_ce, NULL, 1, ce, 2, 1e-6, 1e-6, 1e-5));
     /* x (2, 4), w (5, 4), b (5) */
-    kpl_tensor *lin[3] = {p64(2, s24, 2, -1, 1), p64(2, s54, 3, -1, 1), p64(1, &s5, 4, -1, 1)};
+    kpl_tensor *lin[3] = {param(2, s24, 2, -1, 1), param(2, s54, 3, -1, 1), param(1, &s5, 4, -1, 1)};
     OK(kpl_gradcheck(g_linear, NULL, 3, lin, 1, 1e-6, 1e-7, 1e-5));
     OK(kpl_gradcheck(g_linear, NULL, 3, lin, 2, 1e-6, 1e-6, 1e-5));
-    kpl_tensor *r[2] = {p64(2, s34, 6, -2, 2), p64(2, s34, 7, -2, 2)};
+    kpl_tensor *r[2] = {param(2, s34, 6, -2, 2), param(2, s34, 7, -2, 2)};
     OK(kpl_gradcheck(g_mse, NULL, 2, r, 2, 1e-6, 1e-6, 1e-5));
     OK(kpl_gradcheck(g_sl1, NULL, 2, r, 1, 1e-6, 1e-6, 1e-5));
-    kpl_tensor *bt[2] = {r[0], p64(2, s34, 8, 0, 1)};
+    kpl_tensor *bt[2] = {r[0], param(2, s34, 8, 0, 1)};
     OK(kpl_gradcheck(g_bce, NULL, 2, bt, 2, 1e-6, 1e-6, 1e-5));
     kpl_tensor *all[] = {lg, lin[0], lin[1], lin[2], r[0], r[1], bt[1]};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
@@ -239,11 +227,11 @@ static void test_norm_gradients(void **state)
 {
     (void)state;
     int64_t xs[4] = {3, 4, 2, 3}, s4 = 4, s3 = 3;
-    kpl_tensor *bn[3] = {p64(4, xs, 11, -1, 1), p64(1, &s4, 12, 0.5, 1.5), p64(1, &s4, 13, -1, 1)};
+    kpl_tensor *bn[3] = {param(4, xs, 11, -1, 1), param(1, &s4, 12, 0.5, 1.5), param(1, &s4, 13, -1, 1)};
     OK(kpl_gradcheck(g_bn, NULL, 3, bn, 1, 1e-6, 1e-6, 1e-5));
     OK(kpl_gradcheck(g_bn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
     OK(kpl_gradcheck(g_gn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
-    kpl_tensor *ln[3] = {bn[0], p64(1, &s3, 14, 0.5, 1.5), p64(1, &s3, 15, -1, 1)};
+    kpl_tensor *ln[3] = {bn[0], param(1, &s3, 14, 0.5, 1.5), param(1, &s3, 15, -1, 1)};
     OK(kpl_gradcheck(g_ln, NULL, 3, ln, 2, 1e-5, 1e-5, 1e-4));
     OK(kpl_gradcheck(g_drop, NULL, 1, bn, 2, 1e-6, 1e-6, 1e-5));
     kpl_tensor *all[] = {bn[0], bn[1], bn[2], ln[1], ln[2]};
@@ -335,7 +323,7 @@ static void test_conv_transpose(void **state)
     kpl_pool_pop(p);
     /* gradients: groups 2, stride (2,1), dilation (1,2), padding, output_padding */
     int64_t xs[4] = {2, 4, 3, 4}, ws[4] = {4, 3, 2, 2}, bs = 6;
-    kpl_tensor *in[3] = {p64(4, xs, 31, -1, 1), p64(4, ws, 32, -1, 1), p64(1, &bs, 33, -1, 1)};
+    kpl_tensor *in[3] = {param(4, xs, 31, -1, 1), param(4, ws, 32, -1, 1), param(1, &bs, 33, -1, 1)};
     OK(kpl_gradcheck(g_deconv, NULL, 3, in, 2, 1e-5, 1e-5, 1e-4));
     for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
 }
@@ -368,7 +356,7 @@ static void test_split_topk(void **state)
     FAILS(kpl_topk(x, 6, true, &v, &i), KPL_ERANGE, "k = 6 but the last dim has 5");
     kpl_pool_pop(p);
     int64_t s34[2] = {3, 4};
-    kpl_tensor *g = p64(2, s34, 41, -1, 1);
+    kpl_tensor *g = param(2, s34, 41, -1, 1);
     OK(kpl_gradcheck(g_topk, NULL, 1, &g, 2, 1e-6, 1e-6, 1e-5));
     kpl_tensor_release(g);
 }
@@ -396,7 +384,7 @@ static void test_adaptive_pool(void **state)
     assert_float_equal(tget(NN(kpl_adaptive_avg_pool2d(x, 1, 1)), 0), 7, 1e-12);
     kpl_pool_pop(p);
     int64_t gs[4] = {2, 2, 5, 7};
-    kpl_tensor *g = p64(4, gs, 51, -1, 1);
+    kpl_tensor *g = param(4, gs, 51, -1, 1);
     OK(kpl_gradcheck(g_adaptive, NULL, 1, &g, 2, 1e-6, 1e-6, 1e-5));
     kpl_tensor_release(g);
 }
@@ -419,7 +407,7 @@ static void test_shape_ops_gradients(void **state)
 {
     (void)state;
     int64_t xs[4] = {1, 2, 3, 3};
-    kpl_tensor *x = p64(4, xs, 21, -1, 1);
+    kpl_tensor *x = param(4, xs, 21, -1, 1);
     kpl_pool *p = NN(kpl_pool_push());
     OK(kpl_gradcheck(g_shapes, NULL, 1, &x, 1, 1e-6, 1e-6, 1e-5));
     OK(kpl_gradcheck(g_shapes, NULL, 1, &x, 2, 1e-5, 1e-5, 1e-4));
