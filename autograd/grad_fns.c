@@ -346,6 +346,46 @@ G(PAD_ROWS)
     RET0(kpl_narrow(gy, kpl_node_attrs(n)->start, s[0]));
 }
 
+/* Batch norm (training statistics).  Without create_graph one fused
+ * kernel; with it, the same formula in recorded ops, so it can be
+ * differentiated again:
+ *   gx = gamma inv (gy - mean(gy) - xhat mean(gy xhat)),
+ *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv. */
+G(BATCH_NORM)
+{
+    kpl_tensor *x = IN(0), *gamma = IN(1);
+    double eps = kpl_node_attrs(n)->alpha;
+    int nd = kpl_tensor_ndim(x), axes[KPL_MAX_DIMS], na = 0;
+    for (int d = 0; d < nd; d++)
+        if (d != 1) axes[na++] = d;
+    int64_t c = kpl_tensor_shape(x)[1];
+    if (!kpl_grad_enabled()) {
+        kpl_device *dev = kpl_tensor_device(x);
+        kpl_dtype dt = kpl_tensor_dtype(x);
+        kpl_tensor *gx = WANT(0) ? kpl_empty(dev, dt, nd, kpl_tensor_shape(x)) : NULL;
+        kpl_tensor *gg = WANT(1) ? kpl_empty(dev, dt, 1, &c) : NULL;
+        kpl_tensor *gb = WANT(2) ? kpl_empty(dev, dt, 1, &c) : NULL;
+        if ((WANT(0) && !gx) || (WANT(1) && !gg) || (WANT(2) && !gb)) return kpl_last_status();
+        KPL_TRY(kpl_k_batch_norm_bwd(gx, gg, gb, x, gy, gamma, eps));
+        gin[0] = gx, gin[1] = gg, gin[2] = gb;
+        return KPL_OK;
+    }
+    int64_t bshape[KPL_MAX_DIMS];
+    for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
+    kpl_tensor *xc = kpl_sub(x, kpl_mean(x, axes, na, true));
+    kpl_tensor *inv = kpl_rsqrt(SCAL(KPL_BIN_ADD, kpl_mean(kpl_square(xc), axes, na, true), eps));
+    kpl_tensor *xhat = kpl_mul(xc, inv);
+    kpl_tensor *gyx = kpl_mul(gy, xhat);
+    if (WANT(0)) {
+        kpl_tensor *inner = kpl_sub(kpl_sub(gy, kpl_mean(gy, axes, na, true)),
+                                    kpl_mul(xhat, kpl_mean(gyx, axes, na, true)));
+        gin[0] = kpl_mul(kpl_mul(kpl_reshape(gamma, nd, bshape), inv), inner);
+    }
+    if (WANT(1)) gin[1] = kpl_sum(gyx, axes, na, false);
+    if (WANT(2)) gin[2] = kpl_sum(gy, axes, na, false);
+    return KPL_OK;
+}
+
 static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_NEG] = g_NEG, [KPL_OP_ABS] = g_ABS, [KPL_OP_EXP] = g_EXP, [KPL_OP_LOG] = g_LOG,
     [KPL_OP_SQRT] = g_SQRT, [KPL_OP_RSQRT] = g_RSQRT, [KPL_OP_SQUARE] = g_SQUARE,
@@ -367,7 +407,7 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT, [KPL_OP_PLANE_GATHER] = g_PLANE_GATHER,
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
-    [KPL_OP_INDEX_ADD] = g_INDEX_ADD,
+    [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -414,6 +454,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
+        {KPL_OP_BATCH_NORM, 3, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

@@ -88,6 +88,9 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
     autograd)
       "$build/bin/bench_autograd" "$baselines" || rc=$?
       ;;
+    nn)
+      "$build/bin/bench_nn" "$baselines" "$here" || rc=$?
+      ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
       ;;

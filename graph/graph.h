@@ -79,7 +79,8 @@ bool kpl_set_grad_enabled(bool on);
     X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight") \
     X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
     X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
-    X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")
+    X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
+    X(BATCH_NORM, "batch_norm")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -92,7 +93,7 @@ const char *kpl_op_name(kpl_op op);
 
 /* Attributes of a recorded op (one flat struct: every op uses a few). */
 typedef struct {
-    double alpha, beta;      /* leaky_relu slope; clip bounds */
+    double alpha, beta;      /* leaky_relu slope; clip bounds; batch_norm eps (alpha) */
     double scalar;           /* *_SCALAR ops */
     bool scalar_first;       /* s op x */
     int axes[KPL_MAX_DIMS];  /* reductions; permute (perm) */

@@ -48,4 +48,10 @@ kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);
 kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
                              kpl_tensor *const *ins, kpl_tensor *out);
 
+/* Batch norm with the batch statistics as one recorded op (inputs x,
+ * gamma, beta, all given); the batch mean and biased variance go to
+ * mean, var (C) when not NULL. */
+kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                                  double eps, kpl_tensor *mean, kpl_tensor *var);
+
 #endif

@@ -192,36 +192,39 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
         KPL_ERROR(KPL_EINVAL, "batch_norm: eval mode needs the running statistics");
         return NULL;
     }
-    int axes[KPL_MAX_DIMS], na = 0;
-    for (int i = 0; i < nd; i++)
-        if (i != 1) axes[na++] = i;
-    kpl_tensor *mean, *var;
-    if (training) {
-        mean = kpl_mean(x, axes, na, true);
-        var = kpl_var(x, axes, na, true, 0);
-        if (running_mean && running_var && mean && var) {
-            /* running = (1 - m) running + m batch, outside the graph */
-            int64_t cnt = kpl_tensor_numel(x) / (c ? c : 1);
-            kpl_status st = KPL_OK;
-            bool prev = kpl_set_grad_enabled(false);
-            kpl_tensor *um = kpl_reshape(mean, 1, &c);
-            kpl_tensor *uv = kpl_scalar_op(KPL_BIN_MUL, kpl_reshape(var, 1, &c),
-                                           cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0, false);
-            kpl_tensor *nm = kpl_add(kpl_scalar_op(KPL_BIN_MUL, running_mean, 1 - momentum, false),
-                                     kpl_scalar_op(KPL_BIN_MUL, um, momentum, false));
-            kpl_tensor *nv = kpl_add(kpl_scalar_op(KPL_BIN_MUL, running_var, 1 - momentum, false),
-                                     kpl_scalar_op(KPL_BIN_MUL, uv, momentum, false));
-            st = nm && nv ? kpl_k_copy(running_mean, nm) : kpl_last_status();
-            if (st == KPL_OK) st = kpl_k_copy(running_var, nv);
-            kpl_set_grad_enabled(prev);
-            if (st < 0) return NULL;
-        }
-    } else {
-        mean = per_channel(running_mean, nd);
-        var = per_channel(running_var, nd);
+    if (!training) {
+        kpl_tensor *y = kpl_mul(kpl_sub(x, per_channel(running_mean, nd)),
+                                kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, per_channel(running_var, nd),
+                                                        eps, false)));
+        return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
     }
-    kpl_tensor *y = kpl_mul(kpl_sub(x, mean), kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, var, eps, false)));
-    return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+    /* Training: one fused op; absent gamma/beta become constants. */
+    kpl_device *dev = kpl_tensor_device(x);
+    kpl_dtype dt = kpl_tensor_dtype(x);
+    if (!gamma) gamma = kpl_full(dev, dt, 1, &c, 1);
+    if (!beta) beta = kpl_full(dev, dt, 1, &c, 0);
+    kpl_tensor *mean = NULL, *var = NULL;
+    if (running_mean && running_var) {
+        mean = kpl_empty(dev, dt, 1, &c);
+        var = kpl_empty(dev, dt, 1, &c);
+        if (!mean || !var) return NULL;
+    }
+    kpl_tensor *y = kpl__batch_norm_train(x, gamma, beta, eps, mean, var);
+    if (y && mean) {
+        /* running = (1 - m) running + m batch (unbiased variance), unrecorded */
+        int64_t cnt = kpl_tensor_numel(x) / (c ? c : 1);
+        bool prev = kpl_set_grad_enabled(false);
+        double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
+        kpl_status st = kpl_k_binary_scalar(running_mean, KPL_BIN_MUL, running_mean, 1 - momentum, false);
+        if (st >= 0) st = kpl_k_binary_scalar(mean, KPL_BIN_MUL, mean, momentum, false);
+        if (st >= 0) st = kpl_k_binary(running_mean, KPL_BIN_ADD, running_mean, mean);
+        if (st >= 0) st = kpl_k_binary_scalar(running_var, KPL_BIN_MUL, running_var, 1 - momentum, false);
+        if (st >= 0) st = kpl_k_binary_scalar(var, KPL_BIN_MUL, var, momentum * unbias, false);
+        if (st >= 0) st = kpl_k_binary(running_var, KPL_BIN_ADD, running_var, var);
+        kpl_set_grad_enabled(prev);
+        if (st < 0) return NULL;
+    }
+    return y;
 }
 
 kpl_tensor *kpl_layer_norm(kpl_tensor *x, int ndims, kpl_tensor *gamma, kpl_tensor *beta,

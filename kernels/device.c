@@ -64,6 +64,7 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_misc();
     kpl__cpu_register_conv();
     kpl__cpu_register_pool();
+    kpl__cpu_register_norm();
     kpl__cpu_register_index();
 }
 

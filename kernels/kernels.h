@@ -400,7 +400,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(COPY, "copy")     \
     X(CONV2D, "conv2d") \
     X(POOL2D, "pool2d") \
-    X(INDEX, "index")
+    X(INDEX, "index")   \
+    X(BATCH_NORM, "batch_norm")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -611,6 +612,21 @@ kpl_status kpl_k_index_select(kpl_tensor *out, const kpl_tensor *x, int axis,
  * `axis` (float dtypes). */
 kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis,
                            const kpl_tensor *idx);
+
+/* Batch normalisation with the batch statistics, over x (N, C, ...) per
+ * channel: y = (x - mean) / sqrt(var + eps) * gamma + beta, with mean and
+ * the biased variance var over every axis but 1 written to mean, var (C)
+ * (either may be NULL).  gamma, beta (C). */
+kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
+                            const kpl_tensor *x, const kpl_tensor *gamma,
+                            const kpl_tensor *beta, double eps);
+/* Its gradient for output gradient gy: gx (x's shape), ggamma and gbeta
+ * (C); any output may be NULL but not all.  The statistics are computed
+ * again from x (as the forward did), which costs a read of x and saves
+ * keeping them. */
+kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                const kpl_tensor *x, const kpl_tensor *gy,
+                                const kpl_tensor *gamma, double eps);
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);

@@ -248,6 +248,17 @@ typedef struct {
     int64_t outer, dim, inner, k;
 } kpl_index_attrs;
 
+/* Batch norm over x viewed as (n, c, hw).  fwd: out y, in x, gamma, beta;
+ * mean and var written when not NULL.  bwd: in x, gy, gamma; gx, ggamma,
+ * gbeta written when not NULL (`out` is one of them, for dispatch). */
+typedef struct {
+    bool bwd;
+    int64_t n, c, hw;
+    double eps;
+    kpl_tensor *mean, *var;         /* fwd, (C) */
+    kpl_tensor *gx, *ggamma, *gbeta; /* bwd */
+} kpl_bn_attrs;
+
 /* Row-major index -> element offset for one plan input. */
 static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
                                        int64_t flat)
@@ -268,6 +279,7 @@ void kpl__cpu_register_matmul(void);
 void kpl__cpu_register_misc(void);
 void kpl__cpu_register_conv(void);
 void kpl__cpu_register_pool(void);
+void kpl__cpu_register_norm(void);
 void kpl__cpu_register_index(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);

@@ -1107,3 +1107,95 @@ static kpl_status random_fill(const char *name, kpl_tensor *out, kpl_rng *rng, i
     rng->offset += (uint64_t)((out->numel + per - 1) / per);
     return KPL_OK;
 }
+
+/* ---- batch norm ------------------------------------------------------------------ */
+
+/* Checks `t` is (C) when given, like x and on x's device. */
+static kpl_status bn_vec(const char *op, const kpl_tensor *t, const char *name,
+                         const kpl_tensor *x)
+{
+    if (!t) return KPL_OK;
+    KPL_TRY(same_device(op, t, name, x, "x"));
+    KPL_TRY(want_dtype(op, t, name, x->dtype));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(t->ndim == 1 && t->shape[0] == x->shape[1], KPL_ESHAPE,
+              "%s: '%s' has shape %s, expected (%lld) for input %s", op, name, KPL_SHAPE(t, b1),
+              (long long)x->shape[1], KPL_SHAPE(x, b2));
+    return KPL_OK;
+}
+
+static kpl_status bn_common(const char *op, const kpl_tensor *x, kpl_bn_attrs *a, double eps)
+{
+    char b1[KPL_SHAPE_BUF];
+    KPL_CHECK(x->ndim >= 2, KPL_ESHAPE, "%s: input %s must be (N, C, ...)", op, KPL_SHAPE(x, b1));
+    KPL_CHECK(x->dtype == KPL_F32 || x->dtype == KPL_F64, KPL_EDTYPE,
+              "%s: dtype %s (f32 or f64 only)", op, kpl_dtype_name(x->dtype));
+    KPL_CHECK(eps >= 0, KPL_EINVAL, "%s: eps %g must not be negative", op, eps);
+    a->n = x->shape[0];
+    a->c = x->shape[1];
+    a->hw = 1;
+    for (int d = 2; d < x->ndim; d++) a->hw *= x->shape[d];
+    a->eps = eps;
+    return KPL_OK;
+}
+
+kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
+                            const kpl_tensor *x, const kpl_tensor *gamma,
+                            const kpl_tensor *beta, double eps)
+{
+    const char *op = "batch_norm";
+    CHECK_ARG(op, y, "y");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, gamma, "gamma");
+    CHECK_ARG(op, beta, "beta");
+    kpl_bn_attrs a = {.bwd = false, .mean = mean, .var = var};
+    KPL_TRY(bn_common(op, x, &a, eps));
+    KPL_TRY(same_device(op, y, "y", x, "x"));
+    KPL_TRY(want_dtype(op, y, "y", x->dtype));
+    KPL_TRY(same_shape(op, y, x->ndim, x->shape));
+    KPL_TRY(no_partial_overlap(op, y, x, "x"));
+    KPL_TRY(bn_vec(op, gamma, "gamma", x));
+    KPL_TRY(bn_vec(op, beta, "beta", x));
+    KPL_TRY(bn_vec(op, mean, "mean", x));
+    KPL_TRY(bn_vec(op, var, "var", x));
+    KPL_CHECK(x->numel > 0 || x->shape[1] == 0, KPL_ESHAPE,
+              "batch_norm: an empty batch has no statistics");
+    if (x->shape[1] == 0) return KPL_OK;
+    return dispatch(KPL_KOP_BATCH_NORM, x->dtype, y, x, gamma, beta, &a);
+}
+
+kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                const kpl_tensor *x, const kpl_tensor *gy,
+                                const kpl_tensor *gamma, double eps)
+{
+    const char *op = "batch_norm_bwd";
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, gy, "gy");
+    CHECK_ARG(op, gamma, "gamma");
+    KPL_CHECK(gx || ggamma || gbeta, KPL_EINVAL, "%s: no gradient asked for", op);
+    kpl_bn_attrs a = {.bwd = true, .gx = gx, .ggamma = ggamma, .gbeta = gbeta};
+    KPL_TRY(bn_common(op, x, &a, eps));
+    KPL_TRY(same_device(op, gy, "gy", x, "x"));
+    KPL_TRY(want_dtype(op, gy, "gy", x->dtype));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    bool eq = gy->ndim == x->ndim;
+    for (int d = 0; eq && d < x->ndim; d++) eq = gy->shape[d] == x->shape[d];
+    KPL_CHECK(eq, KPL_ESHAPE, "%s: gradient %s and input %s differ", op, KPL_SHAPE(gy, b1),
+              KPL_SHAPE(x, b2));
+    if (gx) {
+        KPL_TRY(same_device(op, gx, "gx", x, "x"));
+        KPL_TRY(want_dtype(op, gx, "gx", x->dtype));
+        KPL_TRY(same_shape(op, gx, x->ndim, x->shape));
+        KPL_TRY(no_partial_overlap(op, gx, gy, "gy"));
+        KPL_CHECK(gx->storage != x->storage, KPL_EINVAL, "%s: gx must not overwrite x", op);
+    }
+    KPL_TRY(bn_vec(op, gamma, "gamma", x));
+    KPL_TRY(bn_vec(op, ggamma, "ggamma", x));
+    KPL_TRY(bn_vec(op, gbeta, "gbeta", x));
+    KPL_CHECK(x->numel > 0 || x->shape[1] == 0, KPL_ESHAPE,
+              "batch_norm_bwd: an empty batch has no statistics");
+    if (x->shape[1] == 0) return KPL_OK;
+    /* The outputs travel in the attributes; `out` only selects the device. */
+    kpl_tensor *dev_of = gx ? gx : ggamma ? ggamma : gbeta;
+    return dispatch(KPL_KOP_BATCH_NORM, x->dtype, dev_of, x, gy, gamma, &a);
+}

@@ -112,10 +112,18 @@ typedef struct {
     bool bias;
 } conv_key;
 
+/* A cached convolution: the primitive runs on the layouts oneDNN chose
+ * (blocked, e.g. nChw8c / OIhw8i8o on AVX2, where its direct JIT kernels
+ * live); tensors stay plain, so each of the three operands the primitive
+ * reads or writes goes through a reorder when the layouts differ.  Slots:
+ * 0 and 1 are read, 2 is written — fwd: src, weights, dst; bwd_data:
+ * diff_dst, weights, diff_src; bwd_weight: src, diff_dst, diff_weights. */
 typedef struct {
     conv_key key;
     dnnl_primitive_t prim;
-    dnnl_memory_desc_t src, wei, bias, dst;
+    dnnl_memory_desc_t user[3], inner[3], bias;
+    dnnl_primitive_t reorder[3]; /* NULL when user == inner */
+    int arg[3];
     uint64_t last_use;
 } conv_entry;
 
@@ -146,6 +154,31 @@ kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void)
         }                                                                           \
     } while (0)
 
+static void entry_destroy(conv_entry *e)
+{
+    if (e->prim) dnnl_primitive_destroy(e->prim);
+    for (int i = 0; i < 3; i++)
+        if (e->reorder[i]) dnnl_primitive_destroy(e->reorder[i]);
+    memset(e, 0, sizeof *e);
+}
+
+/* The reorder between slot i's plain layout and the primitive's own, in
+ * the direction the data flows. */
+static kpl_status make_reorder(conv_entry *e, int i)
+{
+    kpl_status st = KPL_OK;
+    dnnl_primitive_desc_t rpd = NULL;
+    if (dnnl_memory_desc_equal(&e->user[i], &e->inner[i])) return KPL_OK;
+    const dnnl_memory_desc_t *from = i < 2 ? &e->user[i] : &e->inner[i];
+    const dnnl_memory_desc_t *to = i < 2 ? &e->inner[i] : &e->user[i];
+    DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, from, cc.engine, to, cc.engine, NULL),
+             "reorder pd");
+    DNNL_TRY(dnnl_primitive_create(&e->reorder[i], rpd), "reorder");
+fail:
+    if (rpd) dnnl_primitive_desc_destroy(rpd);
+    return st;
+}
+
 static kpl_status build(const conv_key *k, conv_entry *e)
 {
     kpl_status st = KPL_OK;
@@ -163,40 +196,67 @@ static kpl_status build(const conv_key *k, conv_entry *e)
     dnnl_dims_t pad_r = {
         (a->oh - 1) * a->p.stride[0] + (a->kh - 1) * a->p.dilation[0] + 1 - a->h - a->p.padding[0],
         (a->ow - 1) * a->p.stride[1] + (a->kw - 1) * a->p.dilation[1] + 1 - a->w - a->p.padding[1]};
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->src, 4, src, dnnl_f32, dnnl_nchw), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->dst, 4, dst, dnnl_f32, dnnl_nchw), "dst desc");
-    if (g == 1)
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->wei, 4, wei1, dnnl_f32, dnnl_oihw), "weights desc");
-    else
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->wei, 5, weig, dnnl_f32, dnnl_goihw), "weights desc");
+    dnnl_memory_desc_t usrc, udst, uwei, asrc, adst, awei;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&usrc, 4, src, dnnl_f32, dnnl_nchw), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&udst, 4, dst, dnnl_f32, dnnl_nchw), "dst desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, dnnl_f32, dnnl_format_tag_any), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, dnnl_f32, dnnl_format_tag_any), "dst desc");
+    if (g == 1) {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 4, wei1, dnnl_f32, dnnl_oihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 4, wei1, dnnl_f32, dnnl_format_tag_any),
+                 "weights desc");
+    } else {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 5, weig, dnnl_f32, dnnl_goihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 5, weig, dnnl_f32, dnnl_format_tag_any),
+                 "weights desc");
+    }
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&e->bias, 1, bias, dnnl_f32, dnnl_x), "bias desc");
     const dnnl_memory_desc_t *bmd = k->bias ? &e->bias : NULL;
     dnnl_convolution_desc_t fd, bd;
     DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
-                                                        dnnl_convolution_direct, &e->src, &e->wei,
+                                                        dnnl_convolution_direct, &asrc, &awei,
                                                         a->kind == KPL_CONV_FWD ? bmd : NULL,
-                                                        &e->dst, strides, dil, pad, pad_r),
+                                                        &adst, strides, dil, pad, pad_r),
              "forward desc");
+    dnnl_query_t q[3];
     if (a->kind == KPL_CONV_FWD) {
         DNNL_TRY(dnnl_primitive_desc_create(&pd, &fd, NULL, cc.engine, NULL), "forward pd");
+        e->user[0] = usrc, e->user[1] = uwei, e->user[2] = udst;
+        q[0] = dnnl_query_src_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_dst_md;
+        e->arg[0] = DNNL_ARG_SRC, e->arg[1] = DNNL_ARG_WEIGHTS, e->arg[2] = DNNL_ARG_DST;
     } else {
         DNNL_TRY(dnnl_primitive_desc_create(&hint, &fd, NULL, cc.engine, NULL), "forward pd");
-        if (a->kind == KPL_CONV_BWD_DATA)
+        if (a->kind == KPL_CONV_BWD_DATA) {
             DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(
-                         &bd, dnnl_convolution_direct, &e->src, &e->wei, &e->dst, strides, dil,
-                         pad, pad_r),
+                         &bd, dnnl_convolution_direct, &asrc, &awei, &adst, strides, dil, pad,
+                         pad_r),
                      "backward data desc");
-        else
+            e->user[0] = udst, e->user[1] = uwei, e->user[2] = usrc;
+            q[0] = dnnl_query_diff_dst_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_diff_src_md;
+            e->arg[0] = DNNL_ARG_DIFF_DST, e->arg[1] = DNNL_ARG_WEIGHTS;
+            e->arg[2] = DNNL_ARG_DIFF_SRC;
+        } else {
             DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(
-                         &bd, dnnl_convolution_direct, &e->src, &e->wei, bmd, &e->dst, strides,
-                         dil, pad, pad_r),
+                         &bd, dnnl_convolution_direct, &asrc, &awei, bmd, &adst, strides, dil,
+                         pad, pad_r),
                      "backward weights desc");
+            e->user[0] = usrc, e->user[1] = udst, e->user[2] = uwei;
+            q[0] = dnnl_query_src_md, q[1] = dnnl_query_diff_dst_md;
+            q[2] = dnnl_query_diff_weights_md;
+            e->arg[0] = DNNL_ARG_SRC, e->arg[1] = DNNL_ARG_DIFF_DST;
+            e->arg[2] = DNNL_ARG_DIFF_WEIGHTS;
+        }
         DNNL_TRY(dnnl_primitive_desc_create(&pd, &bd, NULL, cc.engine, hint), "backward pd");
+    }
+    for (int i = 0; i < 3; i++) {
+        e->inner[i] = *dnnl_primitive_desc_query_md(pd, q[i], 0);
+        if ((st = make_reorder(e, i)) < 0) goto fail;
     }
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
 fail:
     if (pd) dnnl_primitive_desc_destroy(pd);
     if (hint) dnnl_primitive_desc_destroy(hint);
+    if (st < 0) entry_destroy(e);
     return st;
 }
 
@@ -208,7 +268,9 @@ static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
     k.threads = omp_get_max_threads();
     k.bias = args->in[2] != NULL;
     kpl_status st = KPL_OK;
-    dnnl_memory_t m[4] = {NULL, NULL, NULL, NULL};
+    dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL;
+    void *buf[3] = {NULL, NULL, NULL};
+    kpl_device *cpu = kpl_device_cpu();
     pthread_mutex_lock(&cc.lock);
     conv_entry *e = NULL;
     for (int i = 0; i < cc.n; i++)
@@ -222,74 +284,61 @@ static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
         if (!cc.engine) DNNL_TRY(dnnl_engine_create(&cc.engine, dnnl_cpu, 0), "engine");
         if (!cc.stream)
             DNNL_TRY(dnnl_stream_create(&cc.stream, cc.engine, dnnl_stream_default_flags), "stream");
-        if (cc.n < CACHE_CAP) {
-            e = &cc.e[cc.n];
-        } else {
-            e = &cc.e[0];
-            for (int i = 1; i < cc.n; i++)
-                if (cc.e[i].last_use < e->last_use) e = &cc.e[i];
-            dnnl_primitive_destroy(e->prim);
-            e->prim = NULL;
-        }
         conv_entry fresh;
         memset(&fresh, 0, sizeof fresh);
         fresh.key = k;
-        if ((st = build(&k, &fresh)) < 0) {
-            if (e != &cc.e[cc.n]) { /* evicted slot: drop it */
-                *e = cc.e[--cc.n];
-            }
-            goto fail;
+        if ((st = build(&k, &fresh)) < 0) goto fail;
+        if (cc.n < CACHE_CAP) {
+            e = &cc.e[cc.n++];
+        } else { /* evict the least recently used */
+            e = &cc.e[0];
+            for (int i = 1; i < cc.n; i++)
+                if (cc.e[i].last_use < e->last_use) e = &cc.e[i];
+            entry_destroy(e);
         }
-        if (e == &cc.e[cc.n]) cc.n++;
         *e = fresh;
     }
     e->last_use = ++cc.tick;
     /* Execution stays under the lock (see cpu_matmul.c). */
-    void *p0 = (void *)kpl__cdata(args->in[0]), *p1 = (void *)kpl__cdata(args->in[1]);
-    void *p2 = args->in[2] ? (void *)kpl__cdata(args->in[2]) : NULL, *po = kpl__data(args->out);
+    void *user_ptr[3] = {(void *)kpl__cdata(args->in[0]), (void *)kpl__cdata(args->in[1]),
+                         kpl__data(args->out)};
+    for (int i = 0; i < 3; i++) {
+        DNNL_TRY(dnnl_memory_create(&um[i], &e->user[i], cc.engine, user_ptr[i]), "memory");
+        if (!e->reorder[i]) continue;
+        if ((st = kpl_device_alloc(cpu, dnnl_memory_desc_get_size(&e->inner[i]), "conv2d",
+                                   &buf[i])) < 0)
+            goto fail;
+        DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, buf[i]), "memory");
+    }
+    for (int i = 0; i < 2; i++)
+        if (e->reorder[i]) {
+            dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, im[i]}};
+            DNNL_TRY(dnnl_primitive_execute(e->reorder[i], cc.stream, 2, r), "reorder");
+        }
     dnnl_exec_arg_t ex[4];
     int na = 0;
-    switch (a->kind) {
-    case KPL_CONV_FWD:
-        DNNL_TRY(dnnl_memory_create(&m[0], &e->src, cc.engine, p0), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[1], &e->wei, cc.engine, p1), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[2], &e->dst, cc.engine, po), "memory");
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DST, m[2]};
-        if (p2) {
-            DNNL_TRY(dnnl_memory_create(&m[3], &e->bias, cc.engine, p2), "memory");
-            ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_BIAS, m[3]};
-        }
-        break;
-    case KPL_CONV_BWD_DATA: /* in: gy, w; out: gx */
-        DNNL_TRY(dnnl_memory_create(&m[0], &e->dst, cc.engine, p0), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[1], &e->wei, cc.engine, p1), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[2], &e->src, cc.engine, po), "memory");
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[0]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_WEIGHTS, m[1]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_SRC, m[2]};
-        break;
-    case KPL_CONV_BWD_WEIGHT: /* in: x, gy, gb (written); out: gw */
-        DNNL_TRY(dnnl_memory_create(&m[0], &e->src, cc.engine, p0), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[1], &e->dst, cc.engine, p1), "memory");
-        DNNL_TRY(dnnl_memory_create(&m[2], &e->wei, cc.engine, po), "memory");
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_SRC, m[0]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_DST, m[1]};
-        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_WEIGHTS, m[2]};
-        if (p2) {
-            p2 = kpl__data((kpl_tensor *)args->in[2]);
-            DNNL_TRY(dnnl_memory_create(&m[3], &e->bias, cc.engine, p2), "memory");
-            ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_DIFF_BIAS, m[3]};
-        }
-        break;
+    for (int i = 0; i < 3; i++) ex[na++] = (dnnl_exec_arg_t){e->arg[i], im[i] ? im[i] : um[i]};
+    if (args->in[2]) { /* bias (fwd, read) or its gradient (bwd_weight, written) */
+        void *pb = a->kind == KPL_CONV_FWD ? (void *)kpl__cdata(args->in[2])
+                                           : kpl__data((kpl_tensor *)args->in[2]);
+        DNNL_TRY(dnnl_memory_create(&bm, &e->bias, cc.engine, pb), "memory");
+        ex[na++] = (dnnl_exec_arg_t){a->kind == KPL_CONV_FWD ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS,
+                                     bm};
     }
     DNNL_TRY(dnnl_primitive_execute(e->prim, cc.stream, na, ex), "execute");
+    if (e->reorder[2]) {
+        dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, im[2]}, {DNNL_ARG_TO, um[2]}};
+        DNNL_TRY(dnnl_primitive_execute(e->reorder[2], cc.stream, 2, r), "reorder");
+    }
     DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
 fail:
     pthread_mutex_unlock(&cc.lock);
-    for (int i = 0; i < 4; i++)
-        if (m[i]) dnnl_memory_destroy(m[i]);
+    for (int i = 0; i < 3; i++) {
+        if (um[i]) dnnl_memory_destroy(um[i]);
+        if (im[i]) dnnl_memory_destroy(im[i]);
+        if (buf[i]) kpl_device_free(cpu, buf[i]);
+    }
+    if (bm) dnnl_memory_destroy(bm);
     return st;
 }
 

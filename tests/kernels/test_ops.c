@@ -846,6 +846,80 @@ static void test_zero_size(void **state)
     kpl_tensor_release(r);
 }
 
+/* Batch norm: a channel by hand, then f32 against the f64 loops on data
+ * whose mean (50) dwarfs its spread, forward and backward. */
+static void test_batch_norm_kernels(void **state)
+{
+    (void)state;
+    int64_t hs[3] = {2, 1, 2}, one = 1;
+    float hx[4] = {1, 2, 3, 4}, hg = 2, hb = 0.5f;
+    kpl_tensor *x = tf32(3, hs, hx), *g = tf32(1, &one, &hg), *b = tf32(1, &one, &hb);
+    kpl_tensor *y = tnew(KPL_F32, 3, hs), *m = tnew(KPL_F32, 1, &one), *v = tnew(KPL_F32, 1, &one);
+    OK(kpl_k_batch_norm(y, m, v, x, g, b, 0));
+    assert_close(tget(m, 0), 2.5, 0, 1e-7, "mean", 0);
+    assert_close(tget(v, 0), 1.25, 0, 1e-7, "var", 0);
+    for (int i = 0; i < 4; i++)
+        assert_close(tget(y, i), (hx[i] - 2.5) / sqrt(1.25) * 2 + 0.5, 1e-6, 1e-6, "y", i);
+    /* a wrong gamma names the op and the shapes */
+    int64_t two = 2;
+    kpl_tensor *g2 = tnew(KPL_F32, 1, &two);
+    FAILS(kpl_k_batch_norm(y, NULL, NULL, x, g2, b, 0), KPL_ESHAPE,
+          "batch_norm: 'gamma' has shape (2)");
+    kpl_tensor *all0[] = {x, g, b, y, m, v, g2};
+    for (size_t i = 0; i < sizeof all0 / sizeof all0[0]; i++) kpl_tensor_release(all0[i]);
+
+    int64_t xs[4] = {3, 5, 7, 9}, c = 5;
+    kpl_tensor *x64 = trand(KPL_F64, 4, xs, 1, 46, 54), *gy64 = trand(KPL_F64, 4, xs, 2, -1, 1);
+    kpl_tensor *g64 = trand(KPL_F64, 1, &c, 3, 0.5, 1.5), *b64 = trand(KPL_F64, 1, &c, 4, -1, 1);
+    kpl_tensor *t32[4], *t64[4] = {x64, gy64, g64, b64};
+    for (int i = 0; i < 4; i++) {
+        t32[i] = tnew(KPL_F32, kpl_tensor_ndim(t64[i]), kpl_tensor_shape(t64[i]));
+        OK(kpl_k_cast(t32[i], t64[i]));
+    }
+    kpl_tensor *y64 = tnew(KPL_F64, 4, xs), *y32 = tnew(KPL_F32, 4, xs);
+    OK(kpl_k_batch_norm(y64, NULL, NULL, x64, g64, b64, 1e-5));
+    OK(kpl_k_batch_norm(y32, NULL, NULL, t32[0], t32[2], t32[3], 1e-5));
+    for (int64_t i = 0; i < kpl_tensor_numel(y64); i += 7)
+        assert_close(tget(y32, i), tget(y64, i), 1e-4, 1e-4, "bn fwd f32", i);
+    kpl_tensor *gx64 = tnew(KPL_F64, 4, xs), *gx32 = tnew(KPL_F32, 4, xs);
+    kpl_tensor *gg64 = tnew(KPL_F64, 1, &c), *gg32 = tnew(KPL_F32, 1, &c);
+    kpl_tensor *gb64 = tnew(KPL_F64, 1, &c), *gb32 = tnew(KPL_F32, 1, &c);
+    OK(kpl_k_batch_norm_bwd(gx64, gg64, gb64, x64, gy64, g64, 1e-5));
+    OK(kpl_k_batch_norm_bwd(gx32, gg32, gb32, t32[0], t32[1], t32[2], 1e-5));
+    for (int64_t i = 0; i < kpl_tensor_numel(gx64); i += 7)
+        assert_close(tget(gx32, i), tget(gx64, i), 1e-3, 1e-4, "bn bwd gx f32", i);
+    for (int64_t i = 0; i < c; i++) {
+        assert_close(tget(gg32, i), tget(gg64, i), 1e-3, 1e-3, "bn bwd ggamma f32", i);
+        assert_close(tget(gb32, i), tget(gb64, i), 1e-4, 1e-4, "bn bwd gbeta f32", i);
+    }
+    /* gbeta = sum(gy), ggamma = sum(gy xhat): a direct f64 loop */
+    const double *px = kpl_tensor_host_data(x64), *pg = kpl_tensor_host_data(gy64);
+    const int64_t hw = 63, cnt = 3 * hw;
+    for (int64_t ch = 0; ch < c; ch++) {
+        double s = 0, mean = 0, var = 0, sx = 0;
+        for (int64_t n = 0; n < 3; n++)
+            for (int64_t i = 0; i < hw; i++) mean += px[(n * c + ch) * hw + i] / (double)cnt;
+        for (int64_t n = 0; n < 3; n++)
+            for (int64_t i = 0; i < hw; i++) {
+                double d = px[(n * c + ch) * hw + i] - mean;
+                var += d * d / (double)cnt;
+            }
+        for (int64_t n = 0; n < 3; n++)
+            for (int64_t i = 0; i < hw; i++) {
+                double gyv = pg[(n * c + ch) * hw + i];
+                s += gyv;
+                sx += gyv * (px[(n * c + ch) * hw + i] - mean) / sqrt(var + 1e-5);
+            }
+        assert_close(tget(gb64, ch), s, 1e-12, 1e-12, "gbeta", ch);
+        assert_close(tget(gg64, ch), sx, 1e-10, 1e-10, "ggamma", ch);
+    }
+    FAILS(kpl_k_batch_norm_bwd(NULL, NULL, NULL, x64, gy64, g64, 1e-5), KPL_EINVAL,
+          "batch_norm_bwd: no gradient asked for");
+    kpl_tensor *all[] = {x64, gy64, g64, b64, t32[0], t32[1], t32[2], t32[3], y64, y32,
+                         gx64, gx32, gg64, gg32, gb64, gb32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
 int run_ops_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -865,6 +939,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_by_hand),
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_pool2d_by_hand),
+        cmocka_unit_test(test_batch_norm_kernels),
         cmocka_unit_test(test_zero_size),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);

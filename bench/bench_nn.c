@@ -1,0 +1,354 @@
+/*
+ * bench_nn.c — `bench/run.sh nn`: training steps of the model zoo next to
+ * PyTorch CPU, and per-layer convolution timings of ResNet-50.
+ *
+ *   bench_nn BASELINES_DIR BENCH_DIR      all cases (the driver)
+ *   bench_nn --step MODEL BATCH WARMUP STEPS
+ *                                         one model in this process; prints
+ *                                         "RESULT ms_median=... maxrss_MiB=..."
+ *
+ * Cases:
+ *  - train_step/{lenet_b128, resnet18_cifar_b64, resnet50_b8}: images/s of
+ *    zero_grad + forward + cross entropy + backward + SGD(momentum 0.9)
+ *    on random in-memory inputs, 2 threads; kpl and PyTorch alternate
+ *    (KPL_BENCH_ROUNDS rounds, default 3), each round a fresh process, so
+ *    peak RSS is the process's own.  Extra fields: the achieved GFLOP/s
+ *    (convolution and linear products only) and its fraction of the 2-core
+ *    f32 matmul rate measured here; peak RSS of both.  The LeNet reference
+ *    is torch_fmnist.py (one epoch of Fashion-MNIST, step time excludes data
+ *    handling), the ResNets' torch_resnet.py.
+ *  - train_peak_rss/resnet50_b8: peak RSS, kpl vs PyTorch (target <= 0.8x).
+ *  - conv_layer/resnet50_b8/...: every distinct ResNet-50 convolution, fwd,
+ *    bwd_data and bwd_weight timed alone (median of 5 after a warm-up), in
+ *    GFLOP/s, with PyTorch's F.conv2d / conv backward for the same shape
+ *    (bench/torch_conv_layers.py) as the reference.
+ */
+#include "bench_common.h"
+#include "trainer.h"
+
+#include <sys/resource.h>
+#include <unistd.h>
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_nn: %s: %s\n", what, kpl_last_error());
+    exit(1);
+}
+
+static double maxrss_mib(void)
+{
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return (double)ru.ru_maxrss / 1024.0;
+}
+
+/* ---- one model's steps (child process) --------------------------------------------- */
+
+static int run_steps(const char *name, int64_t batch, int warm, int steps)
+{
+    kpl_set_num_threads(2);
+    kpl_device *cpu = kpl_device_cpu();
+    bool imagenet = strcmp(name, "resnet18_cifar") && strncmp(name, "resnet", 6) == 0;
+    int64_t classes = imagenet ? 1000 : 10, hw = imagenet ? 224 : strcmp(name, "resnet18_cifar") ? 28 : 32;
+    int64_t ch = hw == 28 ? 1 : 3;
+    kpl_model *m = NULL;
+    if (kpl_model_create(name, classes, cpu, 0, &m) < 0) die("model");
+    kpl_sgd *opt = NULL;
+    if (kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.01, 0.9, 0, false, &opt) < 0)
+        die("sgd");
+    kpl_rng *rng = kpl_rng_create(1);
+    int64_t xs[4] = {batch, ch, hw, hw};
+    kpl_tensor *x = NULL, *y = NULL;
+    if (kpl_tensor_empty(cpu, KPL_F32, 4, xs, &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
+        kpl_tensor_empty(cpu, KPL_I64, 1, &batch, &y) < 0)
+        die("inputs");
+    int64_t *yv = kpl_tensor_host_mutable(y);
+    for (int64_t i = 0; i < batch; i++) yv[i] = (i * 7) % classes;
+    double rss0 = maxrss_mib();
+    double *ms = calloc((size_t)steps, sizeof *ms), loss0 = NAN, loss1 = NAN;
+    for (int i = 0; i < warm + steps; i++) {
+        double t0 = bench_now();
+        kpl_pool *p = kpl_pool_push(), *fw = kpl_pool_push();
+        kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0, -100);
+        if (!loss) die("forward");
+        kpl_tensor_retain(loss);
+        kpl_pool_pop(fw); /* saved activations now die as backward goes */
+        if (kpl_backward(loss, NULL, false) < 0) die("backward");
+        if (kpl_sgd_step(opt) < 0) die("sgd step");
+        double v = NAN;
+        kpl_tensor_get(loss, 0, &v);
+        kpl_tensor_release(loss);
+        kpl_pool_pop(p);
+        double t = (bench_now() - t0) * 1e3;
+        if (i == 0) loss0 = v;
+        loss1 = v;
+        if (i >= warm) ms[i - warm] = t;
+        fprintf(stderr, "  %s step %d %.1f ms loss %.4f\n", name, i, t, v);
+    }
+    printf("RESULT model=%s batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
+           "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
+           "alloc_peak_MiB=%.0f\n",
+           name, (long long)batch, (long long)kpl_model_param_count(m), bench_median(ms, steps),
+           maxrss_mib(), rss0, kpl_model_flops(m, true), loss0, loss1,
+           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0);
+    free(ms);
+    kpl_tensor_release(x);
+    kpl_tensor_release(y);
+    kpl_rng_destroy(rng);
+    kpl_sgd_destroy(opt);
+    kpl_model_destroy(m);
+    return 0;
+}
+
+/* ---- the driver ----------------------------------------------------------------- */
+
+typedef struct {
+    double ms, rss, flops;
+} step_result;
+
+static void step_line(const char *line, void *ctx)
+{
+    step_result *r = ctx;
+    if (strncmp(line, "RESULT", 6)) return;
+    const char *keys[3] = {"ms_median=", "maxrss_MiB=", "flops_per_sample="};
+    double *vals[3] = {&r->ms, &r->rss, &r->flops};
+    for (int k = 0; k < 3; k++) {
+        const char *at = strstr(line, keys[k]);
+        if (at) *vals[k] = strtod(at + strlen(keys[k]), NULL);
+    }
+    /* torch_fmnist.py says ms_per_step_median */
+    const char *at = strstr(line, "ms_per_step_median=");
+    if (at) r->ms = strtod(at + 19, NULL);
+}
+
+static step_result run_child(const char *cmd)
+{
+    step_result r = {NAN, NAN, NAN};
+    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN};
+    if (isnan(r.ms)) {
+        fprintf(stderr, "bench_nn: no RESULT line from: %s\n", cmd);
+        bench_ref_failures++;
+    }
+    return r;
+}
+
+/* The 2-thread f32 matmul rate (1024^3, median of 5), the yardstick for
+ * the models' GFLOP/s. */
+static double matmul_rate(void)
+{
+    kpl_set_num_threads(2);
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_rng *rng = kpl_rng_create(3);
+    int64_t s[2] = {1024, 1024};
+    kpl_tensor *a = NULL, *b = NULL, *c = NULL;
+    if (kpl_tensor_empty(cpu, KPL_F32, 2, s, &a) < 0 || kpl_k_normal(a, rng, 0, 1) < 0 ||
+        kpl_tensor_empty(cpu, KPL_F32, 2, s, &b) < 0 || kpl_k_normal(b, rng, 0, 1) < 0 ||
+        kpl_tensor_empty(cpu, KPL_F32, 2, s, &c) < 0)
+        die("matmul operands");
+    double t[7];
+    for (int i = 0; i < 7; i++) {
+        double t0 = bench_now();
+        if (kpl_k_matmul(c, a, b, false, false) < 0) die("matmul");
+        t[i] = 2.0 * 1024 * 1024 * 1024 / (bench_now() - t0) / 1e9;
+    }
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+    kpl_tensor_release(c);
+    kpl_rng_destroy(rng);
+    return bench_median(t + 2, 5);
+}
+
+typedef struct {
+    const char *model, *label;
+    int64_t batch;
+    int warm, steps;
+    double target;
+} model_case;
+
+static void model_cases(const char *self, const char *baselines, int rounds, double rate)
+{
+    static const model_case cases[] = {
+        {"lenet", "lenet_b128", 128, 20, 100, 2.0},
+        {"resnet18_cifar", "resnet18_cifar_b64", 64, 2, 5, 1.5},
+        {"resnet50", "resnet50_b8", 8, 2, 5, 1.5},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const model_case *mc = &cases[c];
+        double kms[8], rms[8], krss[8], rrss[8], flops = NAN;
+        char cmd[4096];
+        for (int r = 0; r < rounds; r++) {
+            snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d", self, mc->model,
+                     (long long)mc->batch, mc->warm, mc->steps);
+            step_result k = run_child(cmd);
+            if (isnan(k.ms)) die("kpl training step (see above)");
+            kms[r] = k.ms;
+            krss[r] = k.rss;
+            flops = k.flops;
+            if (!strcmp(mc->model, "lenet"))
+                snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_fmnist.py lenet 2 1", baselines);
+            else
+                snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_resnet.py %s train 2 %lld %d %d",
+                         baselines, strcmp(mc->model, "resnet50") ? "r18" : "r50",
+                         (long long)mc->batch, mc->warm, mc->steps);
+            step_result t = run_child(cmd);
+            rms[r] = t.ms;
+            rrss[r] = t.rss;
+        }
+        char n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN], n4[BENCH_NUM_LEN],
+            n5[BENCH_NUM_LEN];
+        double kmed = bench_median(kms, rounds), rmed = bench_median(rms, rounds);
+        double kimg = 1e3 * (double)mc->batch / kmed, rimg = 1e3 * (double)mc->batch / rmed;
+        double gflops = flops * kimg / 1e9, tgflops = flops * rimg / 1e9;
+        double kr = bench_median(krss, rounds), tr = bench_median(rrss, rounds);
+        char ms_k[BENCH_RANGE_LEN], ms_r[BENCH_RANGE_LEN];
+        bench_jrange(ms_k, kms, rounds);
+        bench_jrange(ms_r, rms, rounds);
+        bench_emit("train_step", mc->label, "img/s", 1, kimg, rimg, "torch-cpu", mc->target,
+                   ",\"ms_kpl\":%s,\"ms_ref\":%s,\"gflops_kpl\":%s,\"gflops_ref\":%s,"
+                   "\"matmul_gflops\":%s,\"fraction_of_matmul\":%s,\"maxrss_mib_kpl\":%s",
+                   ms_k, ms_r, bench_jnum(n1, gflops), bench_jnum(n2, tgflops),
+                   bench_jnum(n3, rate), bench_jnum(n4, gflops / rate), bench_jnum(n5, kr));
+        if (!strcmp(mc->model, "resnet50"))
+            bench_emit("train_peak_rss", mc->label, "MiB", 0, kr, tr, "torch-cpu", 1 / 0.8, NULL);
+    }
+}
+
+/* ---- per-layer convolutions ------------------------------------------------------- */
+
+typedef struct {
+    int64_t c, o, hw; /* input channels, output channels, input plane */
+    int k, stride;
+} conv_shape;
+
+/* Every distinct convolution of ResNet-50 (torchvision v1.5: stride on the
+ * 3x3), batch 8. */
+static int r50_shapes(conv_shape *s)
+{
+    int n = 0;
+    s[n++] = (conv_shape){3, 64, 224, 7, 2};
+    int64_t in = 64, hw = 56;
+    static const int counts[4] = {3, 4, 6, 3};
+    for (int st = 0; st < 4; st++) {
+        int64_t planes = 64 << st, out = planes * 4;
+        for (int b = 0; b < 2 && b < counts[st]; b++) { /* blocks 2.. repeat block 1 */
+            int stride = (st > 0 && b == 0) ? 2 : 1;
+            s[n++] = (conv_shape){in, planes, hw, 1, 1};
+            s[n++] = (conv_shape){planes, planes, hw, 3, stride};
+            s[n++] = (conv_shape){planes, out, hw / stride, 1, 1};
+            if (b == 0) s[n++] = (conv_shape){in, out, hw, 1, stride};
+            hw /= stride;
+            in = out;
+        }
+    }
+    /* drop repeats (block 1 of stage 1 reads 64 channels, the others 256) */
+    int m = 0;
+    for (int i = 0; i < n; i++) {
+        bool dup = false;
+        for (int j = 0; j < m; j++) dup |= !memcmp(&s[i], &s[j], sizeof *s);
+        if (!dup) s[m++] = s[i];
+    }
+    return m;
+}
+
+typedef struct {
+    int n;
+    double ms[64][3];
+} torch_layers;
+
+static void layer_line(const char *line, void *ctx)
+{
+    torch_layers *t = ctx;
+    int i;
+    double f, d, w;
+    if (sscanf(line, "LAYER %d %lf %lf %lf", &i, &f, &d, &w) == 4 && i >= 0 && i < 64) {
+        t->ms[i][0] = f;
+        t->ms[i][1] = d;
+        t->ms[i][2] = w;
+        if (i + 1 > t->n) t->n = i + 1;
+    }
+}
+
+static void conv_layers(const char *bench_dir, double rate)
+{
+    conv_shape s[64];
+    int n = r50_shapes(s);
+    const int64_t B = 8;
+    torch_layers tl;
+    for (int i = 0; i < 64; i++) tl.ms[i][0] = tl.ms[i][1] = tl.ms[i][2] = NAN;
+    tl.n = 0;
+    char cmd[4096];
+    int len = snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_conv_layers.py 2 %lld",
+                       bench_dir, (long long)B);
+    for (int i = 0; i < n; i++)
+        len += snprintf(cmd + len, sizeof cmd - (size_t)len, " %lld,%lld,%lld,%d,%d",
+                        (long long)s[i].c, (long long)s[i].o, (long long)s[i].hw, s[i].k,
+                        s[i].stride);
+    bench_run_lines(cmd, layer_line, &tl);
+
+    kpl_set_num_threads(2);
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_rng *rng = kpl_rng_create(5);
+    for (int i = 0; i < n; i++) {
+        kpl_conv2d_params p = KPL_CONV2D_PARAMS_INIT;
+        p.stride[0] = p.stride[1] = s[i].stride;
+        p.padding[0] = p.padding[1] = s[i].k / 2;
+        int64_t ohw = (s[i].hw + 2 * (s[i].k / 2) - s[i].k) / s[i].stride + 1;
+        int64_t xs[4] = {B, s[i].c, s[i].hw, s[i].hw}, ws[4] = {s[i].o, s[i].c, s[i].k, s[i].k},
+                ys[4] = {B, s[i].o, ohw, ohw};
+        kpl_tensor *x = NULL, *w = NULL, *y = NULL, *gx = NULL, *gw = NULL;
+        if (kpl_tensor_empty(cpu, KPL_F32, 4, xs, &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
+            kpl_tensor_empty(cpu, KPL_F32, 4, ws, &w) < 0 || kpl_k_normal(w, rng, 0, 0.1) < 0 ||
+            kpl_tensor_empty(cpu, KPL_F32, 4, ys, &y) < 0 ||
+            kpl_tensor_empty(cpu, KPL_F32, 4, xs, &gx) < 0 ||
+            kpl_tensor_empty(cpu, KPL_F32, 4, ws, &gw) < 0)
+            die("conv operands");
+        double flop = 2.0 * (double)(B * s[i].o * ohw * ohw * s[i].c * s[i].k * s[i].k);
+        static const char *dir[3] = {"fwd", "bwd_data", "bwd_weight"};
+        for (int d = 0; d < 3; d++) {
+            double t[6];
+            for (int r = 0; r < 6; r++) {
+                double t0 = bench_now();
+                kpl_status st = d == 0   ? kpl_k_conv2d(y, x, w, NULL, &p)
+                                : d == 1 ? kpl_k_conv2d_bwd_data(gx, y, w, &p)
+                                         : kpl_k_conv2d_bwd_weight(gw, NULL, x, y, &p);
+                if (st < 0) die("conv");
+                t[r] = (bench_now() - t0) * 1e3;
+            }
+            double ms = bench_median(t + 1, 5), tms = tl.ms[i][d];
+            char cas[128], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN];
+            snprintf(cas, sizeof cas, "resnet50_b8/%lldx%lldx%lld_k%d_s%d/%s", (long long)s[i].c,
+                     (long long)s[i].o, (long long)s[i].hw, s[i].k, s[i].stride, dir[d]);
+            bench_emit("conv_layer", cas, "GFLOP/s", 1, flop / ms / 1e6,
+                       isnan(tms) ? NAN : flop / tms / 1e6, "torch-cpu", NAN,
+                       ",\"ms_kpl\":%s,\"fraction_of_matmul\":%s", bench_jnum(n1, ms),
+                       bench_jnum(n2, flop / ms / 1e6 / rate));
+        }
+        kpl_tensor_release(x);
+        kpl_tensor_release(w);
+        kpl_tensor_release(y);
+        kpl_tensor_release(gx);
+        kpl_tensor_release(gw);
+    }
+    kpl_rng_destroy(rng);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 6 && !strcmp(argv[1], "--step"))
+        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if (argc != 3) {
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS\n");
+        return 2;
+    }
+    char self[2048];
+    ssize_t len = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (len <= 0) die("cannot find my own executable");
+    self[len] = 0;
+    int rounds = bench_env_int("KPL_BENCH_ROUNDS", 3, 1, 8);
+    const char *only = getenv("KPL_BENCH_NN_ONLY"); /* "models" or "layers" */
+    double rate = matmul_rate();
+    fprintf(stderr, "bench_nn: 2-thread f32 matmul 1024^3: %.1f GFLOP/s\n", rate);
+    if (!only || !strcmp(only, "models")) model_cases(self, argv[1], rounds, rate);
+    if (!only || !strcmp(only, "layers")) conv_layers(argv[2], rate);
+    return bench_exit_code();
+}
