@@ -574,6 +574,27 @@ kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
         for (int i = last + 1; i < x->ndim; i++) inner *= x->shape[i];
         attrs.outer = outer;
         attrs.inner = inner;
+    } else if (op == KPL_RED_SUM || op == KPL_RED_MEAN || op == KPL_RED_MAX ||
+               op == KPL_RED_MIN) {
+        /* Decomposable: reduce the last contiguous group of reduced dims
+         * first (keeping them as 1s), then all the axes again, which are
+         * now one group — (N, C, H, W) over (0, 2, 3) becomes (2, 3) then
+         * (0), streaming reads instead of a permuted copy. */
+        int group[KPL_MAX_DIMS], ng = 0;
+        int64_t tshape[KPL_MAX_DIMS];
+        memcpy(tshape, x->shape, sizeof tshape);
+        for (int i = last; i >= 0; i--) {
+            if (x->shape[i] == 1) continue;
+            if (!(mask & (1u << i))) break;
+            group[ng++] = i;
+            tshape[i] = 1;
+        }
+        kpl_tensor *tmp = NULL;
+        KPL_TRY(kpl_tensor_empty(x->storage->dev, dt, x->ndim, tshape, &tmp));
+        kpl_status st = kpl_k_reduce(tmp, op, x, group, ng, true, correction);
+        if (st >= 0) st = kpl_k_reduce(out, op, tmp, axes, naxes, keepdim, correction);
+        kpl_tensor_release(tmp);
+        return st;
     } else {
         int p[KPL_MAX_DIMS], k = 0;
         for (int i = 0; i < x->ndim; i++)

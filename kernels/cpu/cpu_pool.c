@@ -22,8 +22,48 @@
     (void)cnt;
 
 #define DEF_POOL(T, tn)                                                                        \
+    /* 2x2 windows, stride 2, no padding (LeNet, VGG): a select tree with   \
+     * no data-dependent branch; ties keep the earlier cell.  A row that  \
+     * meets a NaN is redone by the general rule (the first NaN wins). */  \
+    static void max2_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)             \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+            const T *xp = x + pl * a->h * a->w;                                                \
+            for (int64_t oy = 0; oy < a->oh; oy++) {                                           \
+                const T *r0 = xp + 2 * oy * a->w, *r1 = r0 + a->w;                             \
+                T *yo = y + (pl * a->oh + oy) * a->ow;                                         \
+                int64_t *io = idx + (pl * a->oh + oy) * a->ow;                                 \
+                int nan = 0;                                                                   \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    T a0 = r0[2 * ox], a1 = r0[2 * ox + 1], a2 = r1[2 * ox], a3 = r1[2 * ox + 1]; \
+                    int k01 = a1 > a0, k23 = a3 > a2;                                          \
+                    T m01 = k01 ? a1 : a0, m23 = k23 ? a3 : a2;                                \
+                    int kk = m23 > m01;                                                        \
+                    yo[ox] = kk ? m23 : m01;                                                   \
+                    io[ox] = (2 * oy + kk) * a->w + 2 * ox + (kk ? k23 : k01);                 \
+                    nan |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);                  \
+                }                                                                              \
+                for (int64_t ox = 0; nan && ox < a->ow; ox++) {                                \
+                    int64_t cell[4] = {2 * oy * a->w + 2 * ox, 2 * oy * a->w + 2 * ox + 1,    \
+                                       (2 * oy + 1) * a->w + 2 * ox,                           \
+                                       (2 * oy + 1) * a->w + 2 * ox + 1};                      \
+                    int b = 0;                                                                 \
+                    for (int k = 1; k < 4; k++) {                                              \
+                        T v = xp[cell[k]], best = xp[cell[b]];                                 \
+                        if (best == best && (v != v || v > best)) b = k;                       \
+                    }                                                                          \
+                    yo[ox] = xp[cell[b]];                                                      \
+                    io[ox] = cell[b];                                                          \
+                }                                                                              \
+            });                                                                                \
+    }                                                                                          \
     static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
     {                                                                                          \
+        if (a->p.kernel[0] == 2 && a->p.kernel[1] == 2 && a->p.stride[0] == 2 &&               \
+            a->p.stride[1] == 2 && a->p.padding[0] == 0 && a->p.padding[1] == 0) {             \
+            max2_##tn(a, x, y, idx);                                                           \
+            return;                                                                            \
+        }                                                                                      \
         KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
             const T *xp = x + pl * a->h * a->w;                                                \
             for (int64_t oy = 0; oy < a->oh; oy++)                                             \

@@ -830,6 +830,42 @@ static void test_pool2d_by_hand(void **state)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
 }
 
+/* The 2x2/stride-2 fast path against a direct loop: odd sizes, many ties
+ * (values in {0, 1, 2, 3}) and a few NaNs; first maximum wins, NaN wins. */
+static void test_max_pool_2x2_fast_path(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {2, 3, 7, 9}, ys[4] = {2, 3, 3, 4};
+    kpl_tensor *x = trand(KPL_F32, 4, xs, 21, 0, 4), *y = tnew(KPL_F32, 4, ys);
+    kpl_tensor *idx = tnew(KPL_I64, 4, ys);
+    float *xv = kpl_tensor_host_mutable(x);
+    for (int64_t i = 0; i < kpl_tensor_numel(x); i++) xv[i] = floorf(xv[i]);
+    xv[10] = NAN;
+    xv[11] = NAN;
+    xv[100] = NAN;
+    kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
+    OK(kpl_k_max_pool2d(y, idx, x, &p));
+    for (int64_t pl = 0; pl < 6; pl++)
+        for (int64_t oy = 0; oy < 3; oy++)
+            for (int64_t ox = 0; ox < 4; ox++) {
+                int64_t bi = 2 * oy * 9 + 2 * ox;
+                for (int64_t dy = 0; dy < 2; dy++)
+                    for (int64_t dx = 0; dx < 2; dx++) {
+                        int64_t c = (2 * oy + dy) * 9 + 2 * ox + dx;
+                        float v = xv[pl * 63 + c], b = xv[pl * 63 + bi];
+                        if (!isnan(b) && (isnan(v) || v > b)) bi = c;
+                    }
+                int64_t o = (pl * 3 + oy) * 4 + ox;
+                assert_int_equal((int64_t)tget(idx, o), bi);
+                float want = xv[pl * 63 + bi];
+                if (isnan(want)) assert_true(isnan(tget(y, o)));
+                else assert_float_equal(tget(y, o), want, 0);
+            }
+    kpl_tensor_release(x);
+    kpl_tensor_release(y);
+    kpl_tensor_release(idx);
+}
+
 static void test_zero_size(void **state)
 {
     (void)state;
@@ -939,6 +975,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_by_hand),
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_pool2d_by_hand),
+        cmocka_unit_test(test_max_pool_2x2_fast_path),
         cmocka_unit_test(test_batch_norm_kernels),
         cmocka_unit_test(test_zero_size),
     };
