@@ -91,7 +91,9 @@ G(SIN) { RET0(kpl_mul(gy, kpl_cos(IN(0)))); }
 G(COS) { RET0(kpl_neg(kpl_mul(gy, kpl_sin(IN(0))))); }
 G(TANH) { RET0(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, kpl_square(OUT), 1, true))); }
 G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, true)))); }
-G(RELU) { RET0(kpl_mul(gy, mask(KPL_BIN_GT, IN(0), scalar_like(gy, 0)))); }
+/* From the output (y > 0 exactly where x > 0): the input, often a batch
+ * norm's result nothing else keeps, can then die in the forward pass. */
+G(RELU) { RET0(kpl_mul(gy, mask(KPL_BIN_GT, OUT, scalar_like(gy, 0)))); }
 G(LEAKY_RELU)
 {
     double s = kpl_node_attrs(n)->alpha;
@@ -443,7 +445,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_ABS, 1, 0},        {KPL_OP_EXP, 0, 1},        {KPL_OP_LOG, 1, 0},
         {KPL_OP_SQRT, 0, 1},       {KPL_OP_RSQRT, 0, 1},      {KPL_OP_SQUARE, 1, 0},
         {KPL_OP_RECIPROCAL, 0, 1}, {KPL_OP_SIN, 1, 0},        {KPL_OP_COS, 1, 0},
-        {KPL_OP_TANH, 0, 1},       {KPL_OP_SIGMOID, 0, 1},    {KPL_OP_RELU, 1, 0},
+        {KPL_OP_TANH, 0, 1},       {KPL_OP_SIGMOID, 0, 1},    {KPL_OP_RELU, 0, 1},
         {KPL_OP_LEAKY_RELU, 1, 0}, {KPL_OP_CLIP, 1, 0},       {KPL_OP_MUL, 3, 0},
         {KPL_OP_DIV, 3, 0},        {KPL_OP_POW, 3, 1},        {KPL_OP_MAXIMUM, 3, 0},
         {KPL_OP_MINIMUM, 3, 0},    {KPL_OP_DIV_SCALAR, 1, 0}, {KPL_OP_POW_SCALAR, 1, 1},

@@ -68,6 +68,13 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_index();
 }
 
+/* Matmul and convolution keep one cache each. */
+static kpl_algo_cache_stats cpu_algo_cache_stats(void)
+{
+    kpl_algo_cache_stats a = kpl__cpu_algo_cache_stats(), b = kpl__cpu_conv_cache_stats();
+    return (kpl_algo_cache_stats){a.hits + b.hits, a.misses + b.misses, a.entries + b.entries};
+}
+
 static const kpl_device_backend cpu_backend = {
     .name = "cpu",
     .type = KPL_DEVICE_CPU,
@@ -82,6 +89,7 @@ static const kpl_device_backend cpu_backend = {
     .copy_d2d = cpu_copy,
     .synchronize = cpu_sync,
     .register_kernels = cpu_register_kernels,
+    .algo_cache_stats = cpu_algo_cache_stats,
 };
 
 const kpl_device_backend *kpl__cpu_backend(void) { return &cpu_backend; }
@@ -278,12 +286,9 @@ void kpl_device_free(kpl_device *dev, void *ptr)
 
 kpl_algo_cache_stats kpl_algo_cache_stats_get(kpl_device_type type)
 {
-    kpl_algo_cache_stats none = {0, 0, 0};
-    /* The CUDA backend selects through cuBLAS heuristics and keeps no cache
-     * of its own yet (cuDNN's arrives with the conv ops). */
-    if (type != KPL_DEVICE_CPU) return none;
-    kpl_algo_cache_stats a = kpl__cpu_algo_cache_stats(), b = kpl__cpu_conv_cache_stats();
-    return (kpl_algo_cache_stats){a.hits + b.hits, a.misses + b.misses, a.entries + b.entries};
+    const kpl_device_backend *b = backend_of(type);
+    if (!b || !b->algo_cache_stats) return (kpl_algo_cache_stats){0, 0, 0};
+    return b->algo_cache_stats();
 }
 
 /* ---- events ------------------------------------------------------------------ */

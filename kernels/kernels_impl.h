@@ -83,6 +83,8 @@ typedef struct {
     kpl_status (*event_elapsed)(kpl_device *dev, void *start, void *end, double *ms);
     /* Registers this backend's kernels (called once, at first use). */
     void (*register_kernels)(void);
+    /* Counters of the backend's algorithm/primitive caches (thread-safe). */
+    kpl_algo_cache_stats (*algo_cache_stats)(void);
 } kpl_device_backend;
 
 struct kpl_device {

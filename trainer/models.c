@@ -246,12 +246,21 @@ static kpl_tensor *resnet_forward(kpl_model *m, kpl_tensor *x, bool training)
         kpl_pool2d_params mp = {{3, 3}, {2, 2}, {1, 1}, false};
         h = kpl_max_pool2d(h, &mp);
     }
-    for (int i = 0; i < m->nb; i++) {
+    for (int i = 0; i < m->nb && h; i++) {
+        /* A pool per block: what the gradients do not keep (batch-norm
+         * outputs, the sum before the last ReLU) is freed at the block's
+         * end instead of at the end of the forward pass, the peak of a
+         * training step. */
+        kpl_pool *bp = kpl_pool_push();
+        if (!bp) return NULL;
         const block *b = &m->b[i];
         kpl_tensor *y = h;
         for (int k = 0; k < b->n; k++) y = conv(&m->l[b->first + k], y, training, k + 1 < b->n);
         kpl_tensor *sc = b->down >= 0 ? conv(&m->l[b->down], h, training, false) : h;
-        h = kpl_relu(kpl_add(y, sc));
+        kpl_tensor *out = kpl_relu(kpl_add(y, sc));
+        if (out) kpl_tensor_retain(out);
+        kpl_pool_pop(bp);
+        h = kpl_autorelease(out);
     }
     const layer *fc = &m->l[m->nl - 1];
     return kpl_linear(flatten(kpl_global_avg_pool2d(h)), fc->w, fc->b);

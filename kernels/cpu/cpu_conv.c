@@ -347,11 +347,15 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         conv_entry cand = e;
         bool usable = !impl || strncmp(impl, "ref", 3) != 0;
         if (usable && (st = entry_from_pd(&cand, pd, q)) >= 0) {
-            /* the first run pays for first touches; time the second */
+            /* the first run pays for first touches; the best of the next
+             * two stands for it (CPU steal on shared machines is bursty) */
             double t = INFINITY;
-            if ((st = run_entry(&cand, a, args)) >= 0) {
+            st = run_entry(&cand, a, args);
+            for (int r = 0; r < 2 && st >= 0; r++) {
                 double t0 = seconds();
-                if ((st = run_entry(&cand, a, args)) >= 0) t = seconds() - t0;
+                st = run_entry(&cand, a, args);
+                double dt = seconds() - t0;
+                if (st >= 0 && dt < t) t = dt;
             }
             if (t < best) {
                 if (best < INFINITY) entry_destroy(out);

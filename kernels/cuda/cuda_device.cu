@@ -139,6 +139,7 @@ static void state_destroy(kpl_cuda_state *cs)
 {
     if (!cs) return;
     /* Teardown of a half-built state: errors here cannot be acted on. */
+    if (cs->dnn) cudnnDestroy(cs->dnn);
     if (cs->blas) cublasDestroy(cs->blas);
     if (cs->compute_mark) cudaEventDestroy(cs->compute_mark);
     if (cs->copy) cudaStreamDestroy(cs->copy);
@@ -341,6 +342,7 @@ static void cuda_register_kernels(void)
     kpl__cuda_register_eltwise();
     kpl__cuda_register_reduce();
     kpl__cuda_register_matmul();
+    kpl__cuda_register_nn();
     kpl__cuda_register_misc();
 }
 
@@ -364,6 +366,7 @@ static const kpl_device_backend cuda_backend = {
     /* .event_query = */ cuda_event_query,
     /* .event_elapsed = */ cuda_event_elapsed,
     /* .register_kernels = */ cuda_register_kernels,
+    /* .algo_cache_stats = */ kpl__cuda_conv_cache_stats,
 };
 
 extern "C" const kpl_device_backend *kpl__cuda_backend(void) { return &cuda_backend; }

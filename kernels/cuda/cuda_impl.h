@@ -19,6 +19,7 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 /* Backend state of one CUDA device, owned by kpl_device.impl. */
 typedef struct {
@@ -26,6 +27,7 @@ typedef struct {
     cudaStream_t copy;       /* host <-> device transfers */
     cudaEvent_t compute_mark; /* recorded on compute, awaited by copy */
     cublasHandle_t blas;     /* bound to `compute` */
+    cudnnHandle_t dnn;       /* bound to `compute`; created at first use */
     int sm_count;            /* multiprocessors, for grid sizes */
 } kpl_cuda_state;
 
@@ -65,6 +67,9 @@ void kpl__cuda_register_eltwise(void);
 void kpl__cuda_register_reduce(void);
 void kpl__cuda_register_matmul(void);
 void kpl__cuda_register_misc(void);
+void kpl__cuda_register_nn(void);
+/* cuDNN convolution algorithm cache counters (cuda_nn.cu). */
+kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void);
 
 } /* extern "C" */
 

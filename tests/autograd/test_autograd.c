@@ -426,7 +426,6 @@ static void test_mlp_learns(void **state)
 }
 
 int run_loss_tests(void);
-int run_model_tests(void);
 
 int main(void)
 {
@@ -442,6 +441,5 @@ int main(void)
     };
     int failed = cmocka_run_group_tests_name("autograd", tests, NULL, NULL);
     failed += run_loss_tests();
-    failed += run_model_tests();
     return failed ? 1 : 0;
 }

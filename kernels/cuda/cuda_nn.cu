@@ -1,0 +1,723 @@
+/*
+ * cuda_nn.cu — the neural-network kernels on CUDA: convolution and batch
+ * normalisation through cuDNN (its v9 library, "legacy" descriptor API,
+ * which cuDNN 9 still ships and supports), pooling and index_select/add as
+ * kernels of our own.
+ *
+ * Convolution: the algorithm for each problem (kind, shapes, dtype,
+ * device) is chosen once with cudnnFind*AlgorithmEx on the call's own
+ * buffers — MegEngine's Fastrun, PyTorch's cudnn.benchmark — and cached;
+ * the workspace comes from the device's caching allocator, so a steady
+ * step allocates nothing from the driver.  Math mode is FMA only (no
+ * tensor-core TF32), as for cuBLAS: results must compare with the CPU's.
+ *
+ * Pooling is ours because kpl's max pooling is a gather at recorded
+ * indices (so that it is differentiable to any order) and cuDNN's max
+ * pooling exposes no indices; the average pair is ours for symmetry with
+ * it (one thread per output or input element, no atomics for the average
+ * adjoint).
+ *
+ * Bad indices (plane_gather/scatter, index_select/add) are counted on the
+ * device and reported after a wait on the compute stream: the one place
+ * these kernels synchronise, because an index error must name itself.
+ *
+ * Written without a GPU to run it on (CI has none): tests/kernels/
+ * test_cuda.c compares every kernel here with the CPU's when a GPU is
+ * present.
+ */
+#include "cuda_impl.h"
+
+#include <pthread.h>
+#include <string.h>
+
+/* ---- cuDNN plumbing ----------------------------------------------------------------- */
+
+#define KPL_CUDNN_TRY(call)                                                              \
+    do {                                                                                 \
+        cudnnStatus_t dn_ = (call);                                                      \
+        if (dn_ != CUDNN_STATUS_SUCCESS) {                                               \
+            st = KPL_ERROR(dn_ == CUDNN_STATUS_ALLOC_FAILED ? KPL_ENOMEM : KPL_EBACKEND, \
+                           "%s failed: %s", #call, cudnnGetErrorString(dn_));            \
+            goto fail;                                                                   \
+        }                                                                                \
+    } while (0)
+
+/* The device's cuDNN handle, created at first use (loading cuDNN costs
+ * hundreds of milliseconds and most programs never call it). */
+static kpl_status dnn_handle(kpl_cuda_state *cs, cudnnHandle_t *out)
+{
+    kpl_status st = KPL_OK;
+    if (!cs->dnn) {
+        cudnnHandle_t h = NULL;
+        KPL_CUDNN_TRY(cudnnCreate(&h));
+        if (cudnnSetStream(h, cs->compute) != CUDNN_STATUS_SUCCESS) {
+            cudnnDestroy(h);
+            return KPL_ERROR(KPL_EBACKEND, "cudnnSetStream failed");
+        }
+        cs->dnn = h;
+    }
+    *out = cs->dnn;
+fail:
+    return st;
+}
+
+static cudnnDataType_t dnn_type(kpl_dtype dt)
+{
+    return dt == KPL_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
+}
+
+/* The descriptors of one convolution call. */
+typedef struct {
+    cudnnTensorDescriptor_t x, y, b;
+    cudnnFilterDescriptor_t w;
+    cudnnConvolutionDescriptor_t conv;
+} conv_descs;
+
+static void conv_descs_destroy(conv_descs *d)
+{
+    if (d->x) cudnnDestroyTensorDescriptor(d->x);
+    if (d->y) cudnnDestroyTensorDescriptor(d->y);
+    if (d->b) cudnnDestroyTensorDescriptor(d->b);
+    if (d->w) cudnnDestroyFilterDescriptor(d->w);
+    if (d->conv) cudnnDestroyConvolutionDescriptor(d->conv);
+}
+
+static kpl_status conv_descs_make(const kpl_conv_attrs *a, kpl_dtype dt, conv_descs *d)
+{
+    kpl_status st = KPL_OK;
+    cudnnDataType_t t = dnn_type(dt);
+    int g = a->p.groups;
+    memset(d, 0, sizeof *d);
+    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->x));
+    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->y));
+    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->b));
+    KPL_CUDNN_TRY(cudnnCreateFilterDescriptor(&d->w));
+    KPL_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&d->conv));
+    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->c,
+                                             (int)a->h, (int)a->w));
+    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->o,
+                                             (int)a->oh, (int)a->ow));
+    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->b, CUDNN_TENSOR_NCHW, t, 1, (int)a->o, 1, 1));
+    KPL_CUDNN_TRY(cudnnSetFilter4dDescriptor(d->w, t, CUDNN_TENSOR_NCHW, (int)a->o,
+                                             (int)(a->c / g), (int)a->kh, (int)a->kw));
+    KPL_CUDNN_TRY(cudnnSetConvolution2dDescriptor(d->conv, a->p.padding[0], a->p.padding[1],
+                                                  a->p.stride[0], a->p.stride[1],
+                                                  a->p.dilation[0], a->p.dilation[1],
+                                                  CUDNN_CROSS_CORRELATION, t));
+    KPL_CUDNN_TRY(cudnnSetConvolutionGroupCount(d->conv, g));
+    KPL_CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH));
+    return KPL_OK;
+fail:
+    conv_descs_destroy(d);
+    return st;
+}
+
+/* ---- the algorithm cache ---------------------------------------------------------- */
+
+typedef struct {
+    kpl_conv_attrs a;
+    kpl_dtype dt;
+    int device;
+} algo_key;
+
+typedef struct {
+    algo_key key;
+    int algo;          /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
+    size_t workspace;  /* bytes */
+} algo_entry;
+
+#define ALGO_CAP 512
+
+static struct {
+    pthread_mutex_t lock;
+    algo_entry e[ALGO_CAP];
+    int n, next; /* next: the slot a full cache overwrites (round robin) */
+    uint64_t hits, misses;
+} ac = {PTHREAD_MUTEX_INITIALIZER, {}, 0, 0, 0, 0};
+
+static bool algo_lookup(const algo_key *k, algo_entry *out)
+{
+    pthread_mutex_lock(&ac.lock);
+    bool found = false;
+    for (int i = 0; i < ac.n && !found; i++)
+        if (!memcmp(&ac.e[i].key, k, sizeof *k)) {
+            *out = ac.e[i];
+            found = true;
+        }
+    if (found) ac.hits++;
+    else ac.misses++;
+    pthread_mutex_unlock(&ac.lock);
+    return found;
+}
+
+static void algo_store(const algo_entry *e)
+{
+    pthread_mutex_lock(&ac.lock);
+    int slot = ac.n < ALGO_CAP ? ac.n++ : ac.next++ % ALGO_CAP;
+    ac.e[slot] = *e;
+    pthread_mutex_unlock(&ac.lock);
+}
+
+extern "C" kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void)
+{
+    pthread_mutex_lock(&ac.lock);
+    kpl_algo_cache_stats s = {ac.hits, ac.misses, (uint64_t)ac.n};
+    pthread_mutex_unlock(&ac.lock);
+    return s;
+}
+
+/* Most workspace an algorithm search may try: what the device has free,
+ * capped so a search never starves the step that follows. */
+static size_t search_budget(void)
+{
+    size_t free_b = 0, total = 0;
+    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return (size_t)64 << 20;
+    }
+    size_t cap = (size_t)1 << 30;
+    return free_b / 2 < cap ? free_b / 2 : cap;
+}
+
+/* Runs cuDNN's timed search for problem `a` on the call's buffers and
+ * returns the fastest algorithm that succeeded. */
+static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_attrs *a,
+                            const conv_descs *d, const void *in0, const void *in1, void *out,
+                            algo_entry *best)
+{
+    kpl_status st = KPL_OK;
+    size_t budget = search_budget();
+    void *ws = NULL;
+    while (budget >= ((size_t)1 << 20) && kpl_device_alloc(dev, budget, "conv2d search", &ws) < 0) {
+        kpl_clear_error();
+        budget /= 2;
+    }
+    if (!ws) budget = 0;
+    int found = 0;
+    enum { N = 8 };
+    switch (a->kind) {
+    case KPL_CONV_FWD: {
+        cudnnConvolutionFwdAlgoPerf_t perf[N];
+        KPL_CUDNN_TRY(cudnnFindConvolutionForwardAlgorithmEx(h, d->x, in0, d->w, in1, d->conv,
+                                                             d->y, out, N, &found, perf, ws,
+                                                             budget));
+        for (int i = 0; i < found; i++)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+                best->algo = (int)perf[i].algo;
+                best->workspace = perf[i].memory;
+                goto done;
+            }
+        break;
+    }
+    case KPL_CONV_BWD_DATA: {
+        cudnnConvolutionBwdDataAlgoPerf_t perf[N];
+        KPL_CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, in1, d->y, in0,
+                                                                  d->conv, d->x, out, N, &found,
+                                                                  perf, ws, budget));
+        for (int i = 0; i < found; i++)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+                best->algo = (int)perf[i].algo;
+                best->workspace = perf[i].memory;
+                goto done;
+            }
+        break;
+    }
+    case KPL_CONV_BWD_WEIGHT: {
+        cudnnConvolutionBwdFilterAlgoPerf_t perf[N];
+        KPL_CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, in0, d->y, in1,
+                                                                    d->conv, d->w, out, N,
+                                                                    &found, perf, ws, budget));
+        for (int i = 0; i < found; i++)
+            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+                best->algo = (int)perf[i].algo;
+                best->workspace = perf[i].memory;
+                goto done;
+            }
+        break;
+    }
+    }
+    st = KPL_ERROR(KPL_EBACKEND, "conv2d: cuDNN found no algorithm for %lldx%lldx%lldx%lld with "
+                                 "%lld filters %lldx%lld (workspace budget %zu bytes)",
+                   (long long)a->n, (long long)a->c, (long long)a->h, (long long)a->w,
+                   (long long)a->o, (long long)a->kh, (long long)a->kw, budget);
+    goto fail;
+done:
+fail:
+    if (ws) kpl_device_free(dev, ws);
+    return st;
+}
+
+static kpl_status cuda_conv(const kpl_kernel_args *args)
+{
+    const kpl_conv_attrs *a = (const kpl_conv_attrs *)args->attrs;
+    kpl_status st = KPL_OK;
+    KPL_CHECK(a->n <= INT32_MAX && a->c <= INT32_MAX && a->h <= INT32_MAX && a->w <= INT32_MAX &&
+                  a->o <= INT32_MAX,
+              KPL_ESHAPE, "conv2d: dims exceed cuDNN's 32-bit sizes");
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[2];
+    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    kpl_dtype dt = kpl_tensor_dtype(args->out);
+    cudnnHandle_t h;
+    KPL_TRY(dnn_handle(cs, &h));
+    void *extra = NULL; /* bias (fwd) or its gradient (bwd_weight) */
+    if (args->in[2]) {
+        extra = a->kind == KPL_CONV_FWD ? (void *)kpl_tensor_data((kpl_tensor *)args->in[2])
+                                        : kpl_tensor_mutable((kpl_tensor *)args->in[2]);
+        if (!extra) return kpl_last_status();
+    }
+    conv_descs d;
+    KPL_TRY(conv_descs_make(a, dt, &d));
+    algo_key key;
+    memset(&key, 0, sizeof key);
+    key.a = *a;
+    key.dt = dt;
+    key.device = kpl_device_index(dev);
+    algo_entry e;
+    void *ws = NULL;
+    if (!algo_lookup(&key, &e)) {
+        e.key = key;
+        if ((st = find_algo(h, dev, a, &d, in[0], in[1], out, &e)) < 0) goto fail;
+        algo_store(&e);
+    }
+    if (e.workspace && (st = kpl_device_alloc(dev, e.workspace, "conv2d workspace", &ws)) < 0)
+        goto fail;
+    {
+        /* alpha/beta are double for double data, float otherwise */
+        double one_d = 1.0, zero_d = 0.0;
+        float one_f = 1.0f, zero_f = 0.0f;
+        const void *one = dt == KPL_F64 ? (const void *)&one_d : (const void *)&one_f;
+        const void *zero = dt == KPL_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+        switch (a->kind) {
+        case KPL_CONV_FWD:
+            KPL_CUDNN_TRY(cudnnConvolutionForward(h, one, d.x, in[0], d.w, in[1], d.conv,
+                                                  (cudnnConvolutionFwdAlgo_t)e.algo, ws,
+                                                  e.workspace, zero, d.y, out));
+            if (extra) KPL_CUDNN_TRY(cudnnAddTensor(h, one, d.b, extra, one, d.y, out));
+            break;
+        case KPL_CONV_BWD_DATA:
+            KPL_CUDNN_TRY(cudnnConvolutionBackwardData(h, one, d.w, in[1], d.y, in[0], d.conv,
+                                                       (cudnnConvolutionBwdDataAlgo_t)e.algo,
+                                                       ws, e.workspace, zero, d.x, out));
+            break;
+        case KPL_CONV_BWD_WEIGHT:
+            KPL_CUDNN_TRY(cudnnConvolutionBackwardFilter(h, one, d.x, in[0], d.y, in[1], d.conv,
+                                                         (cudnnConvolutionBwdFilterAlgo_t)e.algo,
+                                                         ws, e.workspace, zero, d.w, out));
+            if (extra)
+                KPL_CUDNN_TRY(cudnnConvolutionBackwardBias(h, one, d.y, in[1], zero, d.b, extra));
+            break;
+        }
+    }
+fail:
+    /* The workspace goes back to the cache; the compute stream orders any
+     * later use of its bytes after these calls. */
+    if (ws) kpl_device_free(dev, ws);
+    conv_descs_destroy(&d);
+    return st;
+}
+
+/* ---- batch norm ------------------------------------------------------------------- */
+
+__global__ void scale_kernel(void *p, kpl_dtype dt, double s, int64_t n)
+{
+    KPL_CUDA_FOR(i, n)
+    {
+        if (dt == KPL_F64) ((double *)p)[i] *= s;
+        else ((float *)p)[i] = (float)(((float *)p)[i] * s);
+    }
+}
+
+static kpl_status cuda_batch_norm(const kpl_kernel_args *args)
+{
+    const kpl_bn_attrs *a = (const kpl_bn_attrs *)args->attrs;
+    kpl_status st = KPL_OK;
+    KPL_CHECK(a->eps >= CUDNN_BN_MIN_EPSILON, KPL_EINVAL,
+              "batch_norm: eps %g is below cuDNN's minimum %g on CUDA", a->eps,
+              (double)CUDNN_BN_MIN_EPSILON);
+    KPL_CHECK(a->n <= INT32_MAX && a->c <= INT32_MAX && a->hw <= INT32_MAX, KPL_ESHAPE,
+              "batch_norm: dims exceed cuDNN's 32-bit sizes");
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[3];
+    KPL_TRY(kpl__cuda_pointers(args, 3, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    kpl_dtype dt = kpl_tensor_dtype(args->in[0]);
+    size_t es = kpl_dtype_size(dt);
+    cudnnHandle_t h;
+    KPL_TRY(dnn_handle(cs, &h));
+    cudnnTensorDescriptor_t xd = NULL, pd = NULL;
+    void *scratch = NULL;
+    double one_d = 1.0, zero_d = 0.0;
+    float one_f = 1.0f, zero_f = 0.0f;
+    const void *one = dt == KPL_F64 ? (const void *)&one_d : (const void *)&one_f;
+    const void *zero = dt == KPL_F64 ? (const void *)&zero_d : (const void *)&zero_f;
+    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&xd));
+    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&pd));
+    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, dnn_type(dt), (int)a->n,
+                                             (int)a->c, (int)a->hw, 1));
+    KPL_CUDNN_TRY(cudnnDeriveBNTensorDescriptor(pd, xd, CUDNN_BATCHNORM_SPATIAL));
+    if (!a->bwd) {
+        /* running stats with factor 1 = the batch mean and the unbiased
+         * variance; scaled to the biased one below (kpl's contract) */
+        void *mean = a->mean ? kpl_tensor_mutable(a->mean) : NULL;
+        void *var = a->var ? kpl_tensor_mutable(a->var) : NULL;
+        if ((a->mean && !mean) || (a->var && !var)) {
+            st = kpl_last_status();
+            goto fail;
+        }
+        if (!mean || !var) { /* cuDNN wants both or neither; keep both */
+            if ((st = kpl_device_alloc(dev, 2 * (size_t)a->c * es, "batch_norm", &scratch)) < 0)
+                goto fail;
+            if (!mean) mean = scratch;
+            if (!var) var = (char *)scratch + (size_t)a->c * es;
+        }
+        /* cuDNN blends (1 - factor) of the old contents in, even at factor
+         * 1: zero them so stale NaNs cannot leak through 0 * NaN. */
+        if (cudaMemsetAsync(mean, 0, (size_t)a->c * es, cs->compute) != cudaSuccess ||
+            cudaMemsetAsync(var, 0, (size_t)a->c * es, cs->compute) != cudaSuccess) {
+            st = kpl__cuda_fail(cudaGetLastError(), "cudaMemsetAsync", __FILE__, __LINE__);
+            goto fail;
+        }
+        KPL_CUDNN_TRY(cudnnBatchNormalizationForwardTraining(
+            h, CUDNN_BATCHNORM_SPATIAL, one, zero, xd, in[0], xd, out, pd, in[1], in[2], 1.0,
+            mean, var, a->eps, NULL, NULL));
+        double m = (double)(a->n * a->hw);
+        if (m > 1) {
+            scale_kernel<<<kpl__cuda_blocks(cs, a->c, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0,
+                           cs->compute>>>(var, dt, (m - 1) / m, a->c);
+            if ((st = KPL_CUDA_LAUNCHED("batch_norm variance")) < 0) goto fail;
+        }
+    } else {
+        /* cuDNN writes all three gradients; missing ones go to scratch.
+         * With no saved statistics it computes them again from x. */
+        void *gx = a->gx ? kpl_tensor_mutable(a->gx) : NULL;
+        void *gg = a->ggamma ? kpl_tensor_mutable(a->ggamma) : NULL;
+        void *gb = a->gbeta ? kpl_tensor_mutable(a->gbeta) : NULL;
+        if ((a->gx && !gx) || (a->ggamma && !gg) || (a->gbeta && !gb)) {
+            st = kpl_last_status();
+            goto fail;
+        }
+        size_t need = (gx ? 0 : (size_t)(a->n * a->c * a->hw) * es) + 2 * (size_t)a->c * es;
+        if ((st = kpl_device_alloc(dev, need, "batch_norm_bwd", &scratch)) < 0) goto fail;
+        char *s = (char *)scratch;
+        if (!gg) gg = s;
+        if (!gb) gb = s + (size_t)a->c * es;
+        if (!gx) gx = s + 2 * (size_t)a->c * es;
+        KPL_CUDNN_TRY(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, one, zero, one,
+                                                      zero, xd, in[0], xd, in[1], xd, gx, pd,
+                                                      in[2], gg, gb, a->eps, NULL, NULL));
+    }
+fail:
+    if (scratch) kpl_device_free(dev, scratch);
+    if (xd) cudnnDestroyTensorDescriptor(xd);
+    if (pd) cudnnDestroyTensorDescriptor(pd);
+    return st;
+}
+
+/* ---- pooling ------------------------------------------------------------------------ */
+
+/* Window bounds clipped to the plane, and the average's divisor. */
+struct window {
+    int64_t y0, x0, y1, x1;
+    double cnt;
+};
+
+__device__ __forceinline__ window pool_window(const kpl_pool_attrs &a, int64_t oy, int64_t ox)
+{
+    window w;
+    w.y0 = oy * a.p.stride[0] - a.p.padding[0];
+    w.x0 = ox * a.p.stride[1] - a.p.padding[1];
+    w.y1 = w.y0 + a.p.kernel[0];
+    w.x1 = w.x0 + a.p.kernel[1];
+    if (w.y0 < 0) w.y0 = 0;
+    if (w.x0 < 0) w.x0 = 0;
+    if (w.y1 > a.h) w.y1 = a.h;
+    if (w.x1 > a.w) w.x1 = a.w;
+    w.cnt = a.p.count_include_pad ? (double)a.p.kernel[0] * a.p.kernel[1]
+                                  : (double)((w.y1 - w.y0) * (w.x1 - w.x0));
+    return w;
+}
+
+template <typename T>
+__global__ void max_pool_kernel(kpl_pool_attrs a, const T *x, T *y, int64_t *idx)
+{
+    int64_t ohw = a.oh * a.ow;
+    KPL_CUDA_FOR(o, a.n * a.c * ohw)
+    {
+        int64_t pl = o / ohw, r = o % ohw, oy = r / a.ow, ox = r % a.ow;
+        window w = pool_window(a, oy, ox);
+        const T *xp = x + pl * a.h * a.w;
+        int64_t bi = w.y0 * a.w + w.x0;
+        T best = xp[bi];
+        for (int64_t iy = w.y0; iy < w.y1; iy++)
+            for (int64_t ix = w.x0; ix < w.x1; ix++) {
+                T v = xp[iy * a.w + ix];
+                if (best == best && (v != v || v > best)) { /* NaN wins, first max kept */
+                    best = v;
+                    bi = iy * a.w + ix;
+                }
+            }
+        y[o] = best;
+        idx[o] = bi;
+    }
+}
+
+template <typename T>
+__global__ void avg_pool_kernel(kpl_pool_attrs a, const T *x, T *y)
+{
+    int64_t ohw = a.oh * a.ow;
+    KPL_CUDA_FOR(o, a.n * a.c * ohw)
+    {
+        int64_t pl = o / ohw, r = o % ohw, oy = r / a.ow, ox = r % a.ow;
+        window w = pool_window(a, oy, ox);
+        const T *xp = x + pl * a.h * a.w;
+        double s = 0;
+        for (int64_t iy = w.y0; iy < w.y1; iy++)
+            for (int64_t ix = w.x0; ix < w.x1; ix++) s += (double)xp[iy * a.w + ix];
+        y[o] = (T)(s / w.cnt);
+    }
+}
+
+/* The average's adjoint as a gather: each input cell sums the windows
+ * that cover it (the output range below), so no two threads write one
+ * cell. */
+template <typename T>
+__global__ void avg_pool_bwd_kernel(kpl_pool_attrs a, const T *gy, T *gx)
+{
+    int64_t hw = a.h * a.w;
+    KPL_CUDA_FOR(i, a.n * a.c * hw)
+    {
+        int64_t pl = i / hw, r = i % hw, iy = r / a.w, ix = r % a.w;
+        int ky = a.p.kernel[0], kx = a.p.kernel[1], sy = a.p.stride[0], sx = a.p.stride[1];
+        /* windows oy with oy*sy - pad <= iy < oy*sy - pad + ky */
+        int64_t py = iy + a.p.padding[0], px = ix + a.p.padding[1];
+        int64_t oy0 = py < ky ? 0 : (py - ky) / sy + 1, oy1 = py / sy;
+        int64_t ox0 = px < kx ? 0 : (px - kx) / sx + 1, ox1 = px / sx;
+        if (oy1 >= a.oh) oy1 = a.oh - 1;
+        if (ox1 >= a.ow) ox1 = a.ow - 1;
+        double s = 0;
+        for (int64_t oy = oy0; oy <= oy1; oy++)
+            for (int64_t ox = ox0; ox <= ox1; ox++) {
+                window w = pool_window(a, oy, ox);
+                s += (double)gy[(pl * a.oh + oy) * a.ow + ox] / w.cnt;
+            }
+        gx[i] = (T)s;
+    }
+}
+
+template <typename T>
+__global__ void plane_gather_kernel(kpl_pool_attrs a, const T *x, const int64_t *idx, T *y,
+                                    unsigned long long *bad)
+{
+    int64_t hw = a.h * a.w, ohw = a.oh * a.ow;
+    KPL_CUDA_FOR(o, a.n * a.c * ohw)
+    {
+        int64_t k = idx[o];
+        if (k < 0 || k >= hw) {
+            atomicAdd(bad, 1ull);
+            y[o] = 0;
+        } else {
+            y[o] = x[(o / ohw) * hw + k];
+        }
+    }
+}
+
+/* gx is zeroed first; windows may overlap, hence the atomics. */
+template <typename T>
+__global__ void plane_scatter_kernel(kpl_pool_attrs a, const T *gy, const int64_t *idx, T *gx,
+                                     unsigned long long *bad)
+{
+    int64_t hw = a.h * a.w, ohw = a.oh * a.ow;
+    KPL_CUDA_FOR(o, a.n * a.c * ohw)
+    {
+        int64_t k = idx[o];
+        if (k < 0 || k >= hw) atomicAdd(bad, 1ull);
+        else atomicAdd(&gx[(o / ohw) * hw + k], gy[o]);
+    }
+}
+
+/* A device counter of bad indices and the wait to read it back. */
+static kpl_status bad_counter(kpl_device *dev, kpl_cuda_state *cs, unsigned long long **out)
+{
+    KPL_TRY(kpl_device_alloc(dev, sizeof **out, "index check", (void **)out));
+    cudaError_t e = cudaMemsetAsync(*out, 0, sizeof **out, cs->compute);
+    if (e != cudaSuccess) {
+        kpl_device_free(dev, *out);
+        *out = NULL;
+        return kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
+    }
+    return KPL_OK;
+}
+
+static kpl_status bad_read(kpl_device *dev, kpl_cuda_state *cs, unsigned long long *bad,
+                           unsigned long long *count)
+{
+    cudaError_t e = cudaMemcpyAsync(count, bad, sizeof *count, cudaMemcpyDeviceToHost, cs->compute);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
+    kpl_device_free(dev, bad);
+    if (e != cudaSuccess) return kpl__cuda_fail(e, "reading the index check", __FILE__, __LINE__);
+    return KPL_OK;
+}
+
+template <typename T>
+static kpl_status pool_typed(kpl_cuda_state *cs, kpl_device *dev, const kpl_pool_attrs &a,
+                             const kpl_kernel_args *args, void *out, const void *in0)
+{
+    int th = KPL_CUDA_THREADS;
+    int64_t nout = a.n * a.c * a.oh * a.ow, nin = a.n * a.c * a.h * a.w;
+    switch (a.kind) {
+    case KPL_POOL_MAX: {
+        int64_t *idx = (int64_t *)kpl_tensor_mutable((kpl_tensor *)args->in[1]);
+        if (!idx) return kpl_last_status();
+        max_pool_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
+            a, (const T *)in0, (T *)out, idx);
+        return KPL_CUDA_LAUNCHED("max_pool2d");
+    }
+    case KPL_POOL_AVG:
+        avg_pool_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
+            a, (const T *)in0, (T *)out);
+        return KPL_CUDA_LAUNCHED("avg_pool2d");
+    case KPL_POOL_AVG_BWD:
+        avg_pool_bwd_kernel<T><<<kpl__cuda_blocks(cs, nin, th), th, 0, cs->compute>>>(
+            a, (const T *)in0, (T *)out);
+        return KPL_CUDA_LAUNCHED("avg_pool2d_bwd");
+    case KPL_POOL_GATHER:
+    case KPL_POOL_SCATTER: {
+        const int64_t *idx = (const int64_t *)kpl_tensor_data((kpl_tensor *)args->in[1]);
+        if (!idx) return kpl_last_status();
+        unsigned long long *bad = NULL, count = 0;
+        KPL_TRY(bad_counter(dev, cs, &bad));
+        kpl_status st;
+        if (a.kind == KPL_POOL_GATHER) {
+            plane_gather_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
+                a, (const T *)in0, idx, (T *)out, bad);
+            st = KPL_CUDA_LAUNCHED("plane_gather");
+        } else {
+            cudaError_t e = cudaMemsetAsync(out, 0, (size_t)nin * sizeof(T), cs->compute);
+            st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
+            if (st >= 0) {
+                plane_scatter_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
+                    a, (const T *)in0, idx, (T *)out, bad);
+                st = KPL_CUDA_LAUNCHED("plane_scatter");
+            }
+        }
+        kpl_status rs = bad_read(dev, cs, bad, &count);
+        KPL_TRY(st);
+        KPL_TRY(rs);
+        KPL_CHECK(count == 0, KPL_ERANGE, "%s: %llu indices outside the %lldx%lld plane",
+                  a.kind == KPL_POOL_GATHER ? "plane_gather" : "plane_scatter", count,
+                  (long long)a.h, (long long)a.w);
+        return KPL_OK;
+    }
+    }
+    return KPL_ERROR(KPL_EINVAL, "pool2d: unknown kind %d", (int)a.kind);
+}
+
+static kpl_status cuda_pool(const kpl_kernel_args *args)
+{
+    const kpl_pool_attrs *a = (const kpl_pool_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[1];
+    KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    /* SCATTER / AVG_BWD write gx: out's dtype is the data type */
+    kpl_dtype dt = kpl_tensor_dtype(args->out);
+    if (dt == KPL_F64) return pool_typed<double>(cs, dev, *a, args, out, in[0]);
+    return pool_typed<float>(cs, dev, *a, args, out, in[0]);
+}
+
+/* ---- index_select / index_add -------------------------------------------------------- */
+
+/* Moves rows of `es` bytes as 32-bit words when they divide evenly. */
+__global__ void index_select_kernel(kpl_index_attrs a, const char *x, const int64_t *idx,
+                                    char *out, size_t es, unsigned long long *bad)
+{
+    int64_t n = a.outer * a.k * a.inner;
+    KPL_CUDA_FOR(i, n)
+    {
+        int64_t in = i % a.inner, k = (i / a.inner) % a.k, o = i / (a.inner * a.k);
+        int64_t j = idx[k];
+        if (j < 0 || j >= a.dim) {
+            if (in == 0 && o == 0) atomicAdd(bad, 1ull);
+            memset(out + (size_t)i * es, 0, es);
+            continue;
+        }
+        memcpy(out + (size_t)i * es, x + (size_t)((o * a.dim + j) * a.inner + in) * es, es);
+    }
+}
+
+template <typename T>
+__global__ void index_add_kernel(kpl_index_attrs a, const T *g, const int64_t *idx, T *out,
+                                 unsigned long long *bad)
+{
+    int64_t n = a.outer * a.k * a.inner;
+    KPL_CUDA_FOR(i, n)
+    {
+        int64_t in = i % a.inner, k = (i / a.inner) % a.k, o = i / (a.inner * a.k);
+        int64_t j = idx[k];
+        if (j < 0 || j >= a.dim) {
+            if (in == 0 && o == 0) atomicAdd(bad, 1ull);
+            continue;
+        }
+        atomicAdd(&out[(o * a.dim + j) * a.inner + in], g[i]);
+    }
+}
+
+static kpl_status cuda_index(const kpl_kernel_args *args)
+{
+    const kpl_index_attrs *a = (const kpl_index_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[2];
+    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    kpl_dtype dt = kpl_tensor_dtype(args->out);
+    const int64_t *idx = (const int64_t *)in[1];
+    int th = KPL_CUDA_THREADS;
+    int64_t n = a->outer * a->k * a->inner;
+    unsigned long long *bad = NULL, count = 0;
+    KPL_TRY(bad_counter(dev, cs, &bad));
+    kpl_status st = KPL_OK;
+    if (!a->add) {
+        index_select_kernel<<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
+            *a, (const char *)in[0], idx, (char *)out, kpl_dtype_size(dt), bad);
+        st = KPL_CUDA_LAUNCHED("index_select");
+    } else if (dt == KPL_F32 || dt == KPL_F64) {
+        size_t bytes = (size_t)(a->outer * a->dim * a->inner) * kpl_dtype_size(dt);
+        cudaError_t e = cudaMemsetAsync(out, 0, bytes, cs->compute);
+        st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
+        if (st >= 0) {
+            if (dt == KPL_F64)
+                index_add_kernel<double><<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
+                    *a, (const double *)in[0], idx, (double *)out, bad);
+            else
+                index_add_kernel<float><<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
+                    *a, (const float *)in[0], idx, (float *)out, bad);
+            st = KPL_CUDA_LAUNCHED("index_add");
+        }
+    } else {
+        st = KPL_ERROR(KPL_EDTYPE, "index_add: no cuda kernel for dtype %s", kpl_dtype_name(dt));
+    }
+    kpl_status rs = bad_read(dev, cs, bad, &count);
+    KPL_TRY(st);
+    KPL_TRY(rs);
+    KPL_CHECK(count == 0, KPL_ERANGE, "%s: %llu indices outside [0, %lld)",
+              a->add ? "index_add" : "index_select", count, (long long)a->dim);
+    return KPL_OK;
+}
+
+extern "C" void kpl__cuda_register_nn(void)
+{
+    static const kpl_dtype fl[2] = {KPL_F32, KPL_F64};
+    for (int i = 0; i < 2; i++) {
+        kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CUDA, fl[i], cuda_conv);
+        kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CUDA, fl[i], cuda_batch_norm);
+        kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CUDA, fl[i], cuda_pool);
+    }
+    for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++)
+        kpl_kernel_register(KPL_KOP_INDEX, KPL_DEVICE_CUDA, (kpl_dtype)dt, cuda_index);
+}

@@ -1,0 +1,191 @@
+/* test_trainer.c — the model zoo and SGD: parameter counts against
+ * PyTorch's, shapes and finite gradients through the ResNets, a LeNet that
+ * learns a synthetic task, a steady-state step that creates no primitive,
+ * and the optimizer's update rule by hand. */
+#include "kpl_test.h"
+#include "trainer.h"
+
+static kpl_model *make(const char *name, int64_t classes)
+{
+    kpl_model *m = NULL;
+    OK(kpl_model_create(name, classes, kpl_device_cpu(), 7, &m));
+    return m;
+}
+
+/* Parameter counts printed by ../shared/baselines (torchvision layouts). */
+static void test_zoo_parameter_counts(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *name;
+        int64_t classes, params;
+        int tensors;
+    } want[] = {
+        {"mlp", 10, 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10, 6},
+        {"lenet", 10, 61706, 10},
+        {"resnet18_cifar", 10, 11173962, 62},
+        {"resnet50", 1000, 25557032, 161},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        kpl_model *m = make(want[i].name, want[i].classes);
+        assert_int_equal(kpl_model_param_count(m), want[i].params);
+        assert_int_equal(kpl_model_num_params(m), want[i].tensors);
+        assert_string_equal(kpl_model_name(m), want[i].name);
+        kpl_model_destroy(m);
+    }
+    kpl_model *m = NULL;
+    FAILS(kpl_model_create("resnet51", 10, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+          "unknown model 'resnet51' (known: mlp, lenet");
+    assert_null(m);
+    FAILS(kpl_model_create("lenet", 0, kpl_device_cpu(), 1, &m), KPL_EINVAL, "num_classes > 0");
+    /* FLOPs: LeNet forward = 2 x (conv1 6*25*784 + conv2 16*150*100 + fc 48120+10164+850) */
+    m = make("lenet", 10);
+    assert_float_equal(kpl_model_flops(m, false),
+                       2.0 * (6 * 25 * 784 + 16 * 150 * 100 + 400 * 120 + 120 * 84 + 84 * 10), 0);
+    kpl_model_destroy(m);
+}
+
+static void sgd_step(kpl_model *m, kpl_sgd *opt, kpl_tensor *x, kpl_tensor *y, double *loss)
+{
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_tensor *l = NN(kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0, -100));
+    OK(kpl_backward(l, NULL, false));
+    *loss = tget(l, 0);
+    OK(kpl_sgd_step(opt));
+    kpl_pool_pop(p);
+}
+
+/* LeNet-5 on a synthetic task: images are class prototypes plus noise. */
+static void test_lenet_learns_and_steady_state(void **state)
+{
+    (void)state;
+    kpl_model *m = make("lenet", 10);
+    kpl_sgd *opt = NULL;
+    OK(kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.03, 0.9, 0, false, &opt));
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_rng *data = kpl_rng_create(2);
+    int64_t ps[4] = {10, 1, 28, 28}, xs[4] = {32, 1, 28, 28}, B = 32;
+    kpl_tensor *proto = NULL, *x = NULL, *lab = NULL;
+    OK(kpl_tensor_empty(cpu, KPL_F32, 4, ps, &proto));
+    OK(kpl_k_normal(proto, data, 0, 1));
+    OK(kpl_tensor_empty(cpu, KPL_F32, 4, xs, &x));
+    OK(kpl_tensor_empty(cpu, KPL_I64, 1, &B, &lab));
+    double first = 0, last = 0, tail = 0; /* tail: mean loss of the last 10 steps */
+    kpl_algo_cache_stats before = {0, 0, 0};
+    for (int step = 0; step < 100; step++) {
+        OK(kpl_k_normal(x, data, 0, 1));
+        int64_t *lv = kpl_tensor_host_mutable(lab);
+        float *xv = kpl_tensor_host_mutable(x);
+        const float *pv = kpl_tensor_host_data(proto);
+        for (int64_t i = 0; i < B; i++) {
+            lv[i] = (i * 3 + step) % 10;
+            for (int64_t k = 0; k < 784; k++) xv[i * 784 + k] = 0.7f * xv[i * 784 + k] + pv[lv[i] * 784 + k];
+        }
+        if (step == 2) before = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+        sgd_step(m, opt, x, lab, step == 0 ? &first : &last);
+        if (step >= 90) tail += last / 10;
+        if (step == 2) { /* a steady-state step builds no primitive */
+            kpl_algo_cache_stats after = kpl_algo_cache_stats_get(KPL_DEVICE_CPU);
+            assert_int_equal(after.misses, before.misses);
+            assert_true(after.hits > before.hits);
+        }
+    }
+    print_message("LeNet-5 loss %.4f -> %.4f (mean of the last 10 steps)\n", first, tail);
+    assert_true(first > 2.0);
+    assert_true(tail < 0.1);
+    kpl_tensor_release(proto);
+    kpl_tensor_release(x);
+    kpl_tensor_release(lab);
+    kpl_rng_destroy(data);
+    kpl_sgd_destroy(opt);
+    kpl_model_destroy(m);
+}
+
+static void test_resnet18_forward_backward(void **state)
+{
+    (void)state;
+    kpl_model *m = make("resnet18_cifar", 10);
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_rng *rng = kpl_rng_create(3);
+    int64_t xs[4] = {2, 3, 32, 32}, ls = 2;
+    kpl_tensor *x = NN(kpl_randn(kpl_device_cpu(), KPL_F32, 4, xs, rng, 0, 1));
+    kpl_tensor *logits = NN(kpl_model_forward(m, x, true));
+    assert_int_equal(kpl_tensor_ndim(logits), 2);
+    assert_int_equal(kpl_tensor_shape(logits)[0], 2);
+    assert_int_equal(kpl_tensor_shape(logits)[1], 10);
+    kpl_tensor *lab = NN(kpl_full(kpl_device_cpu(), KPL_I64, 1, &ls, 3));
+    kpl_tensor *loss = NN(kpl_cross_entropy(logits, lab, KPL_REDUCE_MEAN, 0, -100));
+    OK(kpl_backward(loss, NULL, false));
+    assert_true(isfinite(tget(loss, 0)));
+    /* every parameter got a gradient of its own shape, all finite */
+    kpl_tensor *const *ps = kpl_model_params(m);
+    for (int i = 0; i < kpl_model_num_params(m); i++) {
+        kpl_tensor *g = kpl_grad_get(ps[i]);
+        assert_non_null(g);
+        assert_int_equal(kpl_tensor_numel(g), kpl_tensor_numel(ps[i]));
+        assert_true(isfinite(tget(NN(kpl_max(NN(kpl_abs(g)), NULL, 0, false)), 0)));
+    }
+    /* eval mode uses the running statistics: a different, finite answer */
+    kpl_tensor *ev = NN(kpl_model_forward(m, x, false));
+    assert_true(isfinite(tget(ev, 0)));
+    assert_true(fabs(tget(ev, 0) - tget(logits, 0)) > 1e-6);
+    /* a wrong input channel count names the conv and the shapes */
+    int64_t bad[4] = {2, 4, 32, 32};
+    assert_null(kpl_model_forward(m, NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, bad, 0)), true));
+    assert_non_null(strstr(kpl_last_error(), "conv2d"));
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(p);
+    kpl_model_destroy(m);
+}
+
+/* v = momentum v + g (v = g at the first step); p -= lr v.  Nesterov steps
+ * by g + momentum v; weight decay adds wd p to g. */
+static void test_sgd_by_hand(void **state)
+{
+    (void)state;
+    int64_t one = 1;
+    kpl_tensor *p[3];
+    for (int i = 0; i < 3; i++) {
+        OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F64, 1, &one, &p[i]));
+        OK(kpl_k_fill(p[i], 1));
+        OK(kpl_set_requires_grad(p[i], true));
+    }
+    kpl_sgd *plain = NULL, *nest = NULL, *wd = NULL;
+    OK(kpl_sgd_create(1, &p[0], 0.1, 0.9, 0, false, &plain));
+    OK(kpl_sgd_create(1, &p[1], 0.1, 0.9, 0, true, &nest));
+    OK(kpl_sgd_create(1, &p[2], 0.1, 0, 0.5, false, &wd));
+    kpl_sgd *all[3] = {plain, nest, wd};
+    for (int step = 0; step < 2; step++) {
+        kpl_pool *pool = NN(kpl_pool_push());
+        for (int i = 0; i < 3; i++) {
+            kpl_grad_set(p[i], NN(kpl_full(kpl_device_cpu(), KPL_F64, 1, &one, 0.5)));
+            OK(kpl_sgd_step(all[i]));
+            assert_null(kpl_grad_get(p[i]));
+        }
+        kpl_pool_pop(pool);
+    }
+    /* plain: v1 = .5, p = .95; v2 = .95, p = .855 */
+    assert_float_equal(tget(p[0], 0), 0.855, 1e-12);
+    /* nesterov: v1 = .5, p = 1 - .1 (.5 + .45) = .905; v2 = .95, p -= .1 (.5 + .855) */
+    assert_float_equal(tget(p[1], 0), 0.905 - 0.1355, 1e-12);
+    /* wd, no momentum: p = 1 - .1 (.5 + .5) = .9; p = .9 - .1 (.5 + .45) = .805 */
+    assert_float_equal(tget(p[2], 0), 0.805, 1e-12);
+    kpl_sgd *bad = NULL;
+    FAILS(kpl_sgd_create(1, &p[0], -1, 0, 0, false, &bad), KPL_EINVAL, "must not be negative");
+    FAILS(kpl_sgd_create(1, &p[0], 0.1, 0, 0, true, &bad), KPL_EINVAL, "nesterov needs momentum");
+    for (int i = 0; i < 3; i++) {
+        kpl_sgd_destroy(all[i]);
+        kpl_tensor_release(p[i]);
+    }
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_zoo_parameter_counts),
+        cmocka_unit_test(test_sgd_by_hand),
+        cmocka_unit_test(test_lenet_learns_and_steady_state),
+        cmocka_unit_test(test_resnet18_forward_backward),
+    };
+    return cmocka_run_group_tests_name("trainer", tests, NULL, NULL);
+}
