@@ -21,7 +21,28 @@
                      : (double)((y1 - y0) * (x1 - x0));                     \
     (void)cnt;
 
-#define DEF_POOL(T, tn)                                                                        \
+/* c ? a : b through the bit patterns (c is 0 or 1): gcc turns a float
+ * ?: into a branch, which random data mispredicts half the time. */
+static inline float SEL_f32(uint32_t c, float a, float b)
+{
+    uint32_t ua, ub;
+    memcpy(&ua, &a, 4);
+    memcpy(&ub, &b, 4);
+    ub ^= (ua ^ ub) & (0u - c);
+    memcpy(&b, &ub, 4);
+    return b;
+}
+static inline double SEL_f64(uint64_t c, double a, double b)
+{
+    uint64_t ua, ub;
+    memcpy(&ua, &a, 8);
+    memcpy(&ub, &b, 8);
+    ub ^= (ua ^ ub) & (0u - c);
+    memcpy(&b, &ub, 8);
+    return b;
+}
+
+#define DEF_POOL(T, tn, UT)                                                                        \
     /* 2x2 windows, stride 2, no padding (LeNet, VGG): a select tree with   \
      * no data-dependent branch; ties keep the earlier cell.  A row that  \
      * meets a NaN is redone by the general rule (the first NaN wins). */  \
@@ -36,11 +57,12 @@
                 int nan = 0;                                                                   \
                 for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
                     T a0 = r0[2 * ox], a1 = r0[2 * ox + 1], a2 = r1[2 * ox], a3 = r1[2 * ox + 1]; \
-                    int k01 = a1 > a0, k23 = a3 > a2;                                          \
-                    T m01 = k01 ? a1 : a0, m23 = k23 ? a3 : a2;                                \
-                    int kk = m23 > m01;                                                        \
-                    yo[ox] = kk ? m23 : m01;                                                   \
-                    io[ox] = (2 * oy + kk) * a->w + 2 * ox + (kk ? k23 : k01);                 \
+                    UT k01 = a1 > a0, k23 = a3 > a2;                                           \
+                    T m01 = SEL_##tn(k01, a1, a0), m23 = SEL_##tn(k23, a3, a2);                \
+                    UT kk = m23 > m01;                                                         \
+                    yo[ox] = SEL_##tn(kk, m23, m01);                                           \
+                    io[ox] = (2 * oy + (int64_t)kk) * a->w + 2 * ox +                          \
+                             (int64_t)(k01 ^ ((k01 ^ k23) & (UT)-kk));                         \
                     nan |= (a0 != a0) | (a1 != a1) | (a2 != a2) | (a3 != a3);                  \
                 }                                                                              \
                 for (int64_t ox = 0; nan && ox < a->ow; ox++) {                                \
@@ -135,8 +157,8 @@
         return bad;                                                                            \
     }
 
-DEF_POOL(float, f32)
-DEF_POOL(double, f64)
+DEF_POOL(float, f32, uint32_t)
+DEF_POOL(double, f64, uint64_t)
 
 static kpl_status cpu_pool(const kpl_kernel_args *args)
 {

@@ -225,6 +225,110 @@ static void test_fill_cast_copy_storage(void **state)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
 }
 
+/* Convolutions (groups, stride, dilation, bias), batch norm, pooling and
+ * index ops on the GPU against the CPU, f32 and f64. */
+static void test_nn_kernels(void **state)
+{
+    (void)state;
+    kpl_dtype dts[2] = {KPL_F32, KPL_F64};
+    for (int d = 0; d < 2; d++) {
+        kpl_dtype dt = dts[d];
+        double tol = dt == KPL_F64 ? 1e-10 : 1e-4;
+        int64_t xs[4] = {3, 4, 9, 11}, ws[4] = {6, 2, 3, 3}, c6 = 6;
+        kpl_conv2d_params p = {{2, 1}, {1, 2}, {1, 2}, 2};
+        int64_t ys[4];
+        OK(kpl_shape_conv2d(xs, ws, &p, ys));
+        kpl_tensor *x = trand(dt, 4, xs, 1, -1, 1), *w = trand(dt, 4, ws, 2, -1, 1);
+        kpl_tensor *b = trand(dt, 1, &c6, 3, -1, 1), *gy = trand(dt, 4, ys, 4, -1, 1);
+        kpl_tensor *gx_ = to_gpu(x), *gw_ = to_gpu(w), *gb_ = to_gpu(b), *ggy = to_gpu(gy);
+        kpl_tensor *y = tnew(dt, 4, ys), *yg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, ys, &yg));
+        OK(kpl_k_conv2d(y, x, w, b, &p));
+        OK(kpl_k_conv2d(yg, gx_, gw_, gb_, &p));
+        assert_same(yg, y, tol, tol, "conv2d fwd");
+        kpl_tensor *dx = tnew(dt, 4, xs), *dxg = NULL, *dw = tnew(dt, 4, ws), *dwg = NULL;
+        kpl_tensor *db = tnew(dt, 1, &c6), *dbg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, xs, &dxg));
+        OK(kpl_tensor_empty(gpu, dt, 4, ws, &dwg));
+        OK(kpl_tensor_empty(gpu, dt, 1, &c6, &dbg));
+        OK(kpl_k_conv2d_bwd_data(dx, gy, w, &p));
+        OK(kpl_k_conv2d_bwd_data(dxg, ggy, gw_, &p));
+        assert_same(dxg, dx, tol, tol, "conv2d bwd_data");
+        OK(kpl_k_conv2d_bwd_weight(dw, db, x, gy, &p));
+        OK(kpl_k_conv2d_bwd_weight(dwg, dbg, gx_, ggy, &p));
+        assert_same(dwg, dw, tol, tol, "conv2d bwd_weight");
+        assert_same(dbg, db, tol, tol, "conv2d bias gradient");
+
+        /* batch norm on the conv output (6 channels) */
+        kpl_tensor *g6 = trand(dt, 1, &c6, 5, 0.5, 1.5), *gg6 = to_gpu(g6);
+        kpl_tensor *bn = tnew(dt, 4, ys), *bng = NULL, *m = tnew(dt, 1, &c6), *mg = NULL;
+        kpl_tensor *v = tnew(dt, 1, &c6), *vg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, ys, &bng));
+        OK(kpl_tensor_empty(gpu, dt, 1, &c6, &mg));
+        OK(kpl_tensor_empty(gpu, dt, 1, &c6, &vg));
+        OK(kpl_k_batch_norm(bn, m, v, y, g6, b, 1e-5));
+        OK(kpl_k_batch_norm(bng, mg, vg, yg, gg6, gb_, 1e-5));
+        assert_same(bng, bn, tol, tol, "batch_norm");
+        assert_same(mg, m, tol, tol, "batch_norm mean");
+        assert_same(vg, v, tol, tol, "batch_norm biased variance");
+        kpl_tensor *bdx = tnew(dt, 4, ys), *bdxg = NULL, *bdg = tnew(dt, 1, &c6), *bdgg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, ys, &bdxg));
+        OK(kpl_tensor_empty(gpu, dt, 1, &c6, &bdgg));
+        OK(kpl_k_batch_norm_bwd(bdx, bdg, NULL, y, gy, g6, 1e-5));
+        OK(kpl_k_batch_norm_bwd(bdxg, bdgg, NULL, yg, ggy, gg6, 1e-5));
+        assert_same(bdxg, bdx, 10 * tol, 10 * tol, "batch_norm_bwd gx");
+        assert_same(bdgg, bdg, 10 * tol, 10 * tol, "batch_norm_bwd ggamma");
+
+        /* pooling: max with indices, the gather/scatter pair, average */
+        kpl_pool2d_params mp = {{3, 2}, {2, 2}, {1, 1}, false};
+        int64_t ps[4];
+        OK(kpl_shape_pool2d(xs, &mp, ps));
+        kpl_tensor *py = tnew(dt, 4, ps), *pyg = NULL, *pi = tnew(KPL_I64, 4, ps), *pig = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, ps, &pyg));
+        OK(kpl_tensor_empty(gpu, KPL_I64, 4, ps, &pig));
+        OK(kpl_k_max_pool2d(py, pi, x, &mp));
+        OK(kpl_k_max_pool2d(pyg, pig, gx_, &mp));
+        assert_same(pyg, py, 0, 0, "max_pool2d");
+        assert_same(pig, pi, 0, 0, "max_pool2d indices");
+        kpl_tensor *sc = tnew(dt, 4, xs), *scg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, xs, &scg));
+        OK(kpl_k_plane_scatter(sc, py, pi));
+        OK(kpl_k_plane_scatter(scg, pyg, pig));
+        assert_same(scg, sc, tol, tol, "plane_scatter");
+        for (int inc = 0; inc < 2; inc++) {
+            mp.count_include_pad = inc;
+            OK(kpl_k_avg_pool2d(py, x, &mp));
+            OK(kpl_k_avg_pool2d(pyg, gx_, &mp));
+            assert_same(pyg, py, tol, tol, "avg_pool2d");
+            OK(kpl_k_avg_pool2d_bwd(sc, py, &mp));
+            OK(kpl_k_avg_pool2d_bwd(scg, pyg, &mp));
+            assert_same(scg, sc, tol, tol, "avg_pool2d_bwd");
+        }
+        /* index_select / index_add along axis 2, with a repeated index */
+        int64_t ks = 4, is[4] = {3, 4, 4, 11};
+        kpl_tensor *idx = tnew(KPL_I64, 1, &ks);
+        int64_t *iv = kpl_tensor_host_mutable(idx);
+        iv[0] = 8, iv[1] = 0, iv[2] = 8, iv[3] = 3;
+        kpl_tensor *idg = to_gpu(idx), *sel = tnew(dt, 4, is), *selg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 4, is, &selg));
+        OK(kpl_k_index_select(sel, x, 2, idx));
+        OK(kpl_k_index_select(selg, gx_, 2, idg));
+        assert_same(selg, sel, 0, 0, "index_select");
+        OK(kpl_k_index_add(dx, sel, 2, idx));
+        OK(kpl_k_index_add(dxg, selg, 2, idg));
+        assert_same(dxg, dx, tol, tol, "index_add");
+        iv[1] = 9; /* out of range: named, on both devices */
+        kpl_tensor *bad = to_gpu(idx);
+        FAILS(kpl_k_index_select(selg, gx_, 2, bad), KPL_ERANGE, "outside [0, 9)");
+        kpl_tensor *all[] = {x, w, b, gy, gx_, gw_, gb_, ggy, y, yg, dx, dxg, dw, dwg, db, dbg,
+                             g6, gg6, bn, bng, m, mg, v, vg, bdx, bdxg, bdg, bdgg, py, pyg, pi,
+                             pig, sc, scg, idx, idg, sel, selg, bad};
+        for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+    }
+    kpl_algo_cache_stats s = kpl_algo_cache_stats_get(KPL_DEVICE_CUDA);
+    assert_true(s.entries >= 3); /* one cuDNN algorithm per conv direction */
+}
+
 int main(void)
 {
     if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
@@ -241,6 +345,7 @@ int main(void)
         cmocka_unit_test(test_reduce),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_fill_cast_copy_storage),
+        cmocka_unit_test(test_nn_kernels),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }
