@@ -51,20 +51,25 @@ void kpl_sgd_destroy(kpl_sgd *o)
 
 void kpl_sgd_set_lr(kpl_sgd *o, double lr) { o->lr = lr; }
 
+/* p's .grad becomes g + s x in a fresh tensor (.grad may be shared with
+ * the caller); *out receives it. */
+static kpl_status grad_plus(kpl_tensor *p, const kpl_tensor *x, double s, kpl_tensor **out)
+{
+    kpl_tensor *d = NULL;
+    KPL_TRY(kpl_tensor_empty_like(p, &d));
+    kpl_status st = kpl_k_binary_scalar(d, KPL_BIN_MUL, x, s, false);
+    if (st >= 0) st = kpl_k_binary(d, KPL_BIN_ADD, d, kpl_grad_get(p));
+    kpl_grad_set(p, d);
+    kpl_tensor_release(d);
+    *out = kpl_grad_get(p);
+    return st;
+}
+
 static kpl_status update(kpl_sgd *o, int i)
 {
     kpl_tensor *p = o->params[i], *g = kpl_grad_get(p);
     if (!g) return KPL_OK;
-    if (o->wd > 0) { /* g = g + wd p (a fresh tensor: .grad may be shared) */
-        kpl_tensor *d = NULL;
-        KPL_TRY(kpl_tensor_empty_like(p, &d));
-        kpl_status st = kpl_k_binary_scalar(d, KPL_BIN_MUL, p, o->wd, false);
-        if (st >= 0) st = kpl_k_binary(d, KPL_BIN_ADD, d, g);
-        kpl_grad_set(p, d);
-        kpl_tensor_release(d);
-        KPL_TRY(st);
-        g = kpl_grad_get(p);
-    }
+    if (o->wd > 0) KPL_TRY(grad_plus(p, p, o->wd, &g)); /* g + wd p */
     kpl_tensor *step = g;
     if (o->momentum > 0) {
         kpl_tensor **v = &o->velocity[i];
@@ -76,16 +81,7 @@ static kpl_status update(kpl_sgd *o, int i)
             KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, g));
         }
         step = *v;
-        if (o->nesterov) { /* g + momentum v, into g's own buffer */
-            kpl_tensor *d = NULL;
-            KPL_TRY(kpl_tensor_empty_like(p, &d));
-            kpl_status st = kpl_k_binary_scalar(d, KPL_BIN_MUL, *v, o->momentum, false);
-            if (st >= 0) st = kpl_k_binary(d, KPL_BIN_ADD, d, g);
-            kpl_grad_set(p, d);
-            kpl_tensor_release(d);
-            KPL_TRY(st);
-            step = kpl_grad_get(p);
-        }
+        if (o->nesterov) KPL_TRY(grad_plus(p, *v, o->momentum, &step)); /* g + momentum v */
     }
     /* p -= lr step, as p + (-lr) step in one pass through a scratch tensor
      * would cost a second one; two passes over the parameter are cheap

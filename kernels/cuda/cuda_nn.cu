@@ -179,6 +179,19 @@ static size_t search_budget(void)
     return free_b / 2 < cap ? free_b / 2 : cap;
 }
 
+/* The fastest algorithm that ran (cuDNN sorts the results by time). */
+template <typename Perf>
+static bool first_success(const Perf *perf, int found, algo_entry *best)
+{
+    for (int i = 0; i < found; i++)
+        if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+            best->algo = (int)perf[i].algo;
+            best->workspace = perf[i].memory;
+            return true;
+        }
+    return false;
+}
+
 /* Runs cuDNN's timed search for problem `a` on the call's buffers and
  * returns the fastest algorithm that succeeded. */
 static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_attrs *a,
@@ -201,12 +214,7 @@ static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_att
         KPL_CUDNN_TRY(cudnnFindConvolutionForwardAlgorithmEx(h, d->x, in0, d->w, in1, d->conv,
                                                              d->y, out, N, &found, perf, ws,
                                                              budget));
-        for (int i = 0; i < found; i++)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-                best->algo = (int)perf[i].algo;
-                best->workspace = perf[i].memory;
-                goto done;
-            }
+        if (first_success(perf, found, best)) goto done;
         break;
     }
     case KPL_CONV_BWD_DATA: {
@@ -214,12 +222,7 @@ static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_att
         KPL_CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, in1, d->y, in0,
                                                                   d->conv, d->x, out, N, &found,
                                                                   perf, ws, budget));
-        for (int i = 0; i < found; i++)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-                best->algo = (int)perf[i].algo;
-                best->workspace = perf[i].memory;
-                goto done;
-            }
+        if (first_success(perf, found, best)) goto done;
         break;
     }
     case KPL_CONV_BWD_WEIGHT: {
@@ -227,12 +230,7 @@ static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_att
         KPL_CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, in0, d->y, in1,
                                                                     d->conv, d->w, out, N,
                                                                     &found, perf, ws, budget));
-        for (int i = 0; i < found; i++)
-            if (perf[i].status == CUDNN_STATUS_SUCCESS) {
-                best->algo = (int)perf[i].algo;
-                best->workspace = perf[i].memory;
-                goto done;
-            }
+        if (first_success(perf, found, best)) goto done;
         break;
     }
     }
