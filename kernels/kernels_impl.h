@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -228,6 +229,25 @@ typedef struct {
     int64_t oh, ow;        /* output */
     kpl_conv2d_params p;
 } kpl_conv_attrs;
+
+/* Copies `src` member by member into a zeroed `dst`: caches compare keys
+ * with memcmp, and a struct assignment may carry the source's padding bytes
+ * (kind is followed by 4 of them), which are garbage on the caller's stack. */
+static inline void kpl_conv_attrs_key(kpl_conv_attrs *dst, const kpl_conv_attrs *src)
+{
+    memset(dst, 0, sizeof *dst);
+    dst->kind = src->kind;
+    dst->n = src->n;
+    dst->c = src->c;
+    dst->h = src->h;
+    dst->w = src->w;
+    dst->o = src->o;
+    dst->kh = src->kh;
+    dst->kw = src->kw;
+    dst->oh = src->oh;
+    dst->ow = src->ow;
+    dst->p = src->p; /* seven ints: no padding */
+}
 
 typedef enum {
     KPL_POOL_MAX,      /* in: x;       out: y, in[1] (written): idx */

@@ -384,7 +384,7 @@ static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
 {
     conv_key k;
     memset(&k, 0, sizeof k);
-    k.a = *a;
+    kpl_conv_attrs_key(&k.a, a);
     k.threads = omp_get_max_threads();
     k.bias = args->in[2] != NULL;
     kpl_status st = KPL_OK;

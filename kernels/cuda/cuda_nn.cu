@@ -270,7 +270,7 @@ static kpl_status cuda_conv(const kpl_kernel_args *args)
     KPL_TRY(conv_descs_make(a, dt, &d));
     algo_key key;
     memset(&key, 0, sizeof key);
-    key.a = *a;
+    kpl_conv_attrs_key(&key.a, a);
     key.dt = dt;
     key.device = kpl_device_index(dev);
     algo_entry e;
