@@ -16,6 +16,8 @@ packages=(
   liblmdb-dev                        # dataio/ LMDB source
   libturbojpeg0-dev libjpeg62-turbo-dev  # dataio/ JPEG decode
   libzstd-dev                        # shards and checkpoints
+  libjansson-dev                     # KPLRecord METADATA, JSON summaries
+  zlib1g-dev                         # gzip-compressed IDX files
   libyaml-dev                        # recipes
   libpng-dev
   libcmocka-dev                      # unit tests

@@ -5,10 +5,14 @@
  *   kpl info                 build, devices, memory counters
  *   kpl demo [--threads N] [--device D]
  *                            a small self-checking compute demo
+ *   kpl data convert|inspect|verify ...
+ *                            KPLRecord datasets (cmd_data.c)
  *
- * Later issues add train, eval, data and bench subcommands here.
+ * Later issues add train, eval and bench subcommands here.
  */
 #include "kernels.h"
+
+int kpl__cmd_data(int argc, char **argv); /* cmd_data.c */
 
 #include <math.h>
 #include <stdio.h>
@@ -25,6 +29,8 @@ static void usage(FILE *f)
             "  info                   build configuration and devices\n"
             "  demo [--threads N] [--device cpu|cuda:N]\n"
             "                         run a small compute demo and check its numbers\n"
+            "  data convert|inspect|verify ...\n"
+            "                         KPLRecord datasets (see 'kpl data --help')\n"
             "\n"
             "options:\n"
             "  -h, --help             show this help\n"
@@ -179,6 +185,7 @@ int main(int argc, char **argv)
     }
     if (!strcmp(cmd, "info")) return cmd_info();
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
+    if (!strcmp(cmd, "data")) return kpl__cmd_data(argc - 2, argv + 2);
     fprintf(stderr, "kpl: unknown command '%s' (try 'kpl --help')\n", cmd);
     return 2;
 }

@@ -1,0 +1,210 @@
+/*
+ * dataio.h — datasets: the KPLRecord format (docs/kplrecord.md is the
+ * specification), its writer and reader, and the converters from IDX,
+ * image folders and LMDB.
+ *
+ * Writing a dataset:
+ *
+ *   kpl_feature_spec schema[2] = {
+ *       {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "jpeg"},
+ *       {.name = "label", .type = KPL_FEATURE_INT64},
+ *   };
+ *   kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+ *   cfg.shards = 4;
+ *   kpl_record_writer *w = NULL;
+ *   kpl_record_writer_create("out/train", 2, schema, &cfg, &w);
+ *   for (each example) {
+ *       kpl_feature_value v[2] = {{jpeg, jpeg_len}, {&label, 1}};
+ *       kpl_record_writer_add(w, v);
+ *   }
+ *   kpl_record_writer_close(w);      // the dataset is complete only now
+ *
+ * Reading it:
+ *
+ *   kpl_dataset *ds = NULL;
+ *   kpl_dataset_open("out/train", &ds);
+ *   kpl_chunk *c = kpl_chunk_create();
+ *   for (int64_t k = 0; k < kpl_dataset_num_chunks(ds); k++) {
+ *       kpl_dataset_read_chunk(ds, k, c);          // checked, decompressed
+ *       for (int i = 0; i < kpl_chunk_num_records(c); i++) {
+ *           kpl_feature_value v[2];
+ *           kpl_chunk_record(c, i, v);               // views into c
+ *       }
+ *   }
+ *   kpl_chunk_destroy(c);
+ *   kpl_dataset_close(ds);
+ *
+ * Every function that can fail returns a kpl_status; the message from
+ * kpl_last_error() names the file, shard, chunk and record at fault.
+ */
+#ifndef KPL_DATAIO_H
+#define KPL_DATAIO_H
+
+#include "kernels.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KPL_RECORD_VERSION 1
+#define KPL_FEATURE_NAME_MAX 64 /* including the terminating NUL */
+
+/* Append only (the numbers are not stored; names are). */
+typedef enum {
+    KPL_FEATURE_BYTES,  /* opaque bytes: JPEG, PNG, raw pixels */
+    KPL_FEATURE_INT64,  /* list of int64 */
+    KPL_FEATURE_FLOAT,  /* list of float32 */
+    KPL_FEATURE_STRING, /* UTF-8 text */
+} kpl_feature_type;
+
+/* "bytes", "int64", "float", "string". */
+const char *kpl_feature_type_name(kpl_feature_type t);
+
+/* One feature of the schema: a plain value. */
+typedef struct {
+    char name[KPL_FEATURE_NAME_MAX];
+    kpl_feature_type type;
+    char encoding[16]; /* hint: "", "jpeg", "png", "raw" */
+    int ndim;          /* 0: no fixed shape */
+    int64_t shape[8];  /* e.g. (H, W, C) of raw pixels */
+} kpl_feature_spec;
+
+/* One feature's value: a view, owned by whoever made it.  `count` is in
+ * bytes for BYTES and STRING, in elements for INT64 and FLOAT. */
+typedef struct {
+    const void *data;
+    uint32_t count;
+} kpl_feature_value;
+
+/* ---- writer ------------------------------------------------------------------------ */
+
+typedef struct kpl_record_writer kpl_record_writer;
+
+typedef struct {
+    int shards;                  /* >= 1 */
+    size_t chunk_bytes;          /* target raw size of a chunk */
+    int zstd_level;              /* 1..19; 0 stores chunks uncompressed */
+    const char *attributes_json; /* NULL or a JSON object, copied into METADATA */
+} kpl_record_writer_config;
+#define KPL_RECORD_WRITER_CONFIG_INIT {1, (size_t)4 << 20, 3, NULL}
+
+/* Creates `dir` (and its parents) and starts a dataset there.  A directory
+ * that already holds files is refused (KPL_EINVAL): nothing is overwritten.
+ * *out is owned by the caller: finish with _close, or abandon with
+ * _destroy.  Blocking (file I/O); a writer is used by one thread. */
+kpl_status kpl_record_writer_create(const char *dir, int num_features,
+                                    const kpl_feature_spec *schema,
+                                    const kpl_record_writer_config *cfg,
+                                    kpl_record_writer **out);
+/* Appends one example: values[num_features], in schema order; copied. */
+kpl_status kpl_record_writer_add(kpl_record_writer *w, const kpl_feature_value *values);
+/* Examples added so far. */
+int64_t kpl_record_writer_count(const kpl_record_writer *w);
+/* Flushes, writes the indexes and METADATA, fsyncs, and frees w (also on
+ * error).  Only after it returns KPL_OK is the dataset complete. */
+kpl_status kpl_record_writer_close(kpl_record_writer *w);
+/* Abandons an unfinished dataset: removes the files this writer created
+ * (and `dir` if it created it).  NULL is a no-op. */
+void kpl_record_writer_destroy(kpl_record_writer *w);
+
+/* ---- reader ------------------------------------------------------------------------ */
+
+typedef struct kpl_dataset kpl_dataset;
+typedef struct kpl_chunk kpl_chunk;
+
+/* Opens a complete dataset: reads METADATA and every index (CRC-checked),
+ * checks every shard file's header and size.  Refuses a dataset whose
+ * writer did not finish (a WRITING file), naming its pid and host.
+ * *out owned by the caller (kpl_dataset_close).  The handle may be shared
+ * by threads: reads use pread and each thread brings its own kpl_chunk. */
+kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out);
+void kpl_dataset_close(kpl_dataset *ds);
+
+int64_t kpl_dataset_num_examples(const kpl_dataset *ds);
+int kpl_dataset_num_features(const kpl_dataset *ds);
+/* Borrowed; i in [0, num_features). */
+const kpl_feature_spec *kpl_dataset_feature(const kpl_dataset *ds, int i);
+/* Index of the feature called `name`, or -1. */
+int kpl_dataset_find_feature(const kpl_dataset *ds, const char *name);
+/* METADATA's "attributes" object as JSON text (borrowed; "{}" if none). */
+const char *kpl_dataset_attributes(const kpl_dataset *ds);
+const char *kpl_dataset_path(const kpl_dataset *ds);
+
+/* Chunks are numbered shard-major over the whole dataset, like examples. */
+typedef struct {
+    int shard;
+    int64_t chunk_in_shard;
+    int64_t first_example; /* global number of its first record */
+    int64_t num_records;
+    size_t stored_bytes, raw_bytes;
+    bool compressed;
+} kpl_chunk_info;
+
+int64_t kpl_dataset_num_chunks(const kpl_dataset *ds);
+kpl_chunk_info kpl_dataset_chunk_info(const kpl_dataset *ds, int64_t chunk);
+/* The chunk holding `example` and the record's position in it. */
+kpl_status kpl_dataset_locate(const kpl_dataset *ds, int64_t example, int64_t *chunk,
+                              int *record);
+
+/* A reusable chunk buffer (grows to the largest chunk read); NULL on OOM. */
+kpl_chunk *kpl_chunk_create(void);
+void kpl_chunk_destroy(kpl_chunk *c);
+/* Reads chunk `chunk` into c: checks the header and payload CRC32C,
+ * decompresses, checks every record's length chain and CRC32C.
+ * KPL_EFORMAT names the shard file, chunk, record and what is wrong;
+ * KPL_EIO a read error.  Blocking. */
+kpl_status kpl_dataset_read_chunk(kpl_dataset *ds, int64_t chunk, kpl_chunk *c);
+int kpl_chunk_num_records(const kpl_chunk *c);
+int64_t kpl_chunk_first_example(const kpl_chunk *c);
+/* The features of record i of c: values[num_features], views into c valid
+ * until c is read into again.  Numeric data may be unaligned (memcpy it). */
+kpl_status kpl_chunk_record(const kpl_chunk *c, int i, kpl_feature_value *values);
+/* Random access: reads the example's chunk into c (unless c holds it) and
+ * returns its features as kpl_chunk_record does. */
+kpl_status kpl_dataset_read_example(kpl_dataset *ds, int64_t example, kpl_chunk *c,
+                                    kpl_feature_value *values);
+
+/* A JSON summary: path, counts, schema, attributes, shards, bytes and the
+ * compression ratio.  *json is malloc'd, owned by the caller. */
+kpl_status kpl_dataset_describe(const kpl_dataset *ds, char **json);
+
+/* Reads every byte of the dataset at `dir` and checks every rule of the
+ * specification: whole-file checksums, chunk headers and payloads, records,
+ * index agreement, raw feature sizes.  Returns the first violation as
+ * KPL_EFORMAT with a message naming the file, chunk and record; on success
+ * fills the counts read.  `progress` (may be NULL) is called now and then
+ * with the bytes read so far and the total. */
+typedef struct {
+    int64_t examples, chunks;
+    uint64_t bytes;
+} kpl_verify_stats;
+kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
+                              void (*progress)(uint64_t done, uint64_t total, void *ctx),
+                              void *ctx);
+
+/* ---- converters ------------------------------------------------------------------- */
+
+/* Options shared by the converters; KPL_CONVERT_OPTIONS_INIT for defaults. */
+typedef struct {
+    kpl_record_writer_config writer;
+    int threads;   /* encoding threads (0: the OpenMP default) */
+    bool progress; /* a progress line on stderr (callers pass isatty(2)) */
+    const char *label; /* what the progress line calls this job */
+} kpl_convert_options;
+#define KPL_CONVERT_OPTIONS_INIT {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL}
+
+/* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
+ * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,
+ * encoding raw, shape (H, W, 1)) and label (int64[1]), in file order.
+ * `*count` (may be NULL) receives the number of examples. */
+kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
+                           const char *out_dir, const kpl_convert_options *opt,
+                           int64_t *count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_DATAIO_H */

@@ -1,0 +1,267 @@
+/*
+ * cmd_data.c — `kpl data`: convert datasets to KPLRecord, inspect and
+ * verify them (docs/kplrecord.md).
+ *
+ *   kpl data convert --from idx SRC OUT [--labels FILE] [writer options]
+ *   kpl data inspect DIR
+ *   kpl data verify DIR
+ */
+#include "dataio.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+int kpl__cmd_data(int argc, char **argv);
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl data <command> ...\n"
+            "\n"
+            "  convert --from idx SRC OUT [options]\n"
+            "      SRC is an IDX images file (gzip or not; the labels file is found by\n"
+            "      name or given with --labels), or a directory of MNIST-style files:\n"
+            "      every <prefix>-images-idx3-ubyte[.gz] becomes OUT/<split>, where\n"
+            "      split is 'train' for train, 'test' for t10k, else the prefix.\n"
+            "    --shards N        shard count (default 1)\n"
+            "    --chunk-mb X      raw chunk size in MiB (default 4)\n"
+            "    --zstd-level L    0 (off) to 19 (default 3)\n"
+            "    --quiet           no progress line\n"
+            "  inspect DIR         a JSON summary: counts, schema, shards, bytes\n"
+            "  verify DIR          read everything and check every checksum\n");
+}
+
+static int fail(const char *cmd)
+{
+    fprintf(stderr, "kpl data %s: %s\n", cmd, kpl_last_error());
+    return 1;
+}
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static bool parse_num(const char *s, double lo, double hi, double *v)
+{
+    char *end;
+    errno = 0;
+    *v = strtod(s, &end);
+    return !errno && end != s && !*end && *v >= lo && *v <= hi;
+}
+
+/* The labels file that goes with an images file: "images-idx3" -> "labels-idx1". */
+static bool labels_for(const char *images, char *out, size_t n)
+{
+    const char *p = strstr(images, "images-idx3");
+    if (!p || strlen(images) >= n) return false;
+    size_t k = (size_t)(p - images);
+    memcpy(out, images, k);
+    snprintf(out + k, n - k, "labels-idx1%s", p + strlen("images-idx3"));
+    return access(out, R_OK) == 0;
+}
+
+static int convert_idx_pair(const char *images, const char *labels, const char *out,
+                            kpl_convert_options *o)
+{
+    char lab[PATH_MAX];
+    if (!labels) {
+        if (!labels_for(images, lab, sizeof lab)) {
+            fprintf(stderr, "kpl data convert: no labels file next to %s (expected a name "
+                            "with 'labels-idx1' for 'images-idx3'); give one with --labels\n",
+                    images);
+            return 2;
+        }
+        labels = lab;
+    }
+    int64_t n = 0;
+    double t0 = now();
+    o->label = out;
+    if (kpl_convert_idx(images, labels, out, o, &n) < 0) return fail("convert");
+    printf("{\"event\":\"converted\",\"from\":\"idx\",\"images\":\"%s\",\"out\":\"%s\","
+           "\"examples\":%lld,\"seconds\":%.2f}\n",
+           images, out, (long long)n, now() - t0);
+    return 0;
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* Every <prefix>-images-idx3-ubyte[.gz] of a directory, sorted. */
+static int convert_idx_dir(const char *src, const char *out, kpl_convert_options *o)
+{
+    DIR *d = opendir(src);
+    if (!d) {
+        fprintf(stderr, "kpl data convert: %s: %s\n", src, strerror(errno));
+        return 1;
+    }
+    char *names[64];
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < 64) {
+        const char *p = strstr(e->d_name, "-images-idx3-ubyte");
+        if (p && (!strcmp(p, "-images-idx3-ubyte") || !strcmp(p, "-images-idx3-ubyte.gz")))
+            names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    if (n == 0) {
+        fprintf(stderr, "kpl data convert: %s holds no *-images-idx3-ubyte[.gz] file\n", src);
+        return 2;
+    }
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char prefix[256], images[PATH_MAX], dst[PATH_MAX];
+        snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(names[i], "-images-idx3") - names[i]),
+                 names[i]);
+        const char *split = !strcmp(prefix, "train") ? "train"
+                            : !strcmp(prefix, "t10k") ? "test" : prefix;
+        snprintf(images, sizeof images, "%s/%s", src, names[i]);
+        snprintf(dst, sizeof dst, "%s/%s", out, split);
+        rc = convert_idx_pair(images, NULL, dst, o);
+    }
+    for (int i = 0; i < n; i++) free(names[i]);
+    return rc;
+}
+
+static int cmd_convert(int argc, char **argv)
+{
+    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+    o.progress = isatty(2);
+    const char *from = NULL, *labels = NULL, *pos[2] = {NULL, NULL};
+    int npos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        double v;
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "--from") && has) {
+            from = argv[++i];
+        } else if (!strcmp(a, "--labels") && has) {
+            labels = argv[++i];
+        } else if (!strcmp(a, "--shards") && has) {
+            if (!parse_num(argv[++i], 1, 99999, &v) || v != (int)v) goto bad;
+            o.writer.shards = (int)v;
+        } else if (!strcmp(a, "--chunk-mb") && has) {
+            if (!parse_num(argv[++i], 0.0625, 1024, &v)) goto bad;
+            o.writer.chunk_bytes = (size_t)(v * 1048576.0);
+        } else if (!strcmp(a, "--zstd-level") && has) {
+            if (!parse_num(argv[++i], 0, 19, &v) || v != (int)v) goto bad;
+            o.writer.zstd_level = (int)v;
+        } else if (!strcmp(a, "--quiet")) {
+            o.progress = false;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "kpl data convert: unknown option '%s'%s\n", a,
+                    has ? "" : " (or its value is missing)");
+            return 2;
+        } else if (npos < 2) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "kpl data convert: unexpected argument '%s'\n", a);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "kpl data convert: %s: bad value '%s'\n", a, argv[i]);
+        return 2;
+    }
+    if (!from || npos != 2) {
+        fprintf(stderr, "kpl data convert: want --from SOURCE, SRC and OUT (see 'kpl data "
+                        "--help')\n");
+        return 2;
+    }
+    if (strcmp(from, "idx")) {
+        fprintf(stderr, "kpl data convert: unknown source '%s' (this build converts: idx)\n",
+                from);
+        return 2;
+    }
+    struct stat sb;
+    if (stat(pos[0], &sb) != 0) {
+        fprintf(stderr, "kpl data convert: %s: %s\n", pos[0], strerror(errno));
+        return 1;
+    }
+    if (S_ISDIR(sb.st_mode)) {
+        if (labels) {
+            fprintf(stderr, "kpl data convert: --labels goes with an images file, not a "
+                            "directory\n");
+            return 2;
+        }
+        return convert_idx_dir(pos[0], pos[1], &o);
+    }
+    return convert_idx_pair(pos[0], labels, pos[1], &o);
+}
+
+static int cmd_inspect(int argc, char **argv)
+{
+    if (argc != 1) {
+        fprintf(stderr, "kpl data inspect: want one dataset directory\n");
+        return 2;
+    }
+    kpl_dataset *ds = NULL;
+    if (kpl_dataset_open(argv[0], &ds) < 0) return fail("inspect");
+    char *json = NULL;
+    kpl_status st = kpl_dataset_describe(ds, &json);
+    kpl_dataset_close(ds);
+    if (st < 0) return fail("inspect");
+    printf("%s\n", json);
+    free(json);
+    return 0;
+}
+
+/* "\rverify: 812/2048 MiB", at most five times a second. */
+static void verify_progress(uint64_t done, uint64_t total, void *ctx)
+{
+    double *last = ctx, t = now();
+    if (done < total && t - *last < 0.2) return;
+    *last = t;
+    fprintf(stderr, "\rverify: %llu/%llu MiB%s", (unsigned long long)(done >> 20),
+            (unsigned long long)(total >> 20), done >= total ? "\n" : "");
+}
+
+static int cmd_verify(int argc, char **argv)
+{
+    if (argc != 1) {
+        fprintf(stderr, "kpl data verify: want one dataset directory\n");
+        return 2;
+    }
+    bool tty = isatty(2);
+    double last = 0, t0 = now();
+    kpl_verify_stats vs;
+    if (kpl_dataset_verify(argv[0], &vs, tty ? verify_progress : NULL, &last) < 0) {
+        if (tty) fputc('\n', stderr);
+        return fail("verify");
+    }
+    printf("{\"event\":\"verified\",\"path\":\"%s\",\"examples\":%lld,\"chunks\":%lld,"
+           "\"bytes\":%llu,\"seconds\":%.2f}\n",
+           argv[0], (long long)vs.examples, (long long)vs.chunks, (unsigned long long)vs.bytes,
+           now() - t0);
+    return 0;
+}
+
+int kpl__cmd_data(int argc, char **argv)
+{
+    if (argc < 1) {
+        usage(stderr);
+        return 2;
+    }
+    const char *c = argv[0];
+    if (!strcmp(c, "-h") || !strcmp(c, "--help") || !strcmp(c, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(c, "convert")) return cmd_convert(argc - 1, argv + 1);
+    if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
+    if (!strcmp(c, "verify")) return cmd_verify(argc - 1, argv + 1);
+    fprintf(stderr, "kpl data: unknown command '%s' (try 'kpl data --help')\n", c);
+    return 2;
+}
