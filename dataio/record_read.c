@@ -566,7 +566,7 @@ kpl_status kpl_dataset_read_chunk(kpl_dataset *ds, int64_t chunk, kpl_chunk *c)
     const uint8_t *rents = sh->rec_ents + KPLR_RECORD_ENTRY * (ci.first_example - sh->first_example);
     uint64_t pos = 0;
     for (int64_t i = 0; i < ci.num_records; i++) {
-        char rw[PATH_MAX + 96];
+        char rw[sizeof where + 96];
         snprintf(rw, sizeof rw, "%s record %lld (example %lld)", where, (long long)i,
                  (long long)(ci.first_example + i));
         if (pos + KPLR_RECORD_HEADER > c->data_len)

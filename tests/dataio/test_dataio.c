@@ -1,0 +1,636 @@
+/* test_dataio.c — KPLRecord: CRC32C against RFC 3720's vectors, round trips
+ * of every feature type (compressed and not, several shards, records larger
+ * than a chunk), random access, and every kind of damage the format must
+ * catch: a flipped byte, a record whose chunk checksum was patched over,
+ * truncated files, a METADATA that lies, an unfinished writer, a shard from
+ * another dataset.  IDX import from files the test writes and, when
+ * installed, from Debian's Fashion-MNIST. */
+#include "kpl_test.h"
+#include "dataio_impl.h"
+
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+static char tmp_root[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    strcpy(tmp_root, "/tmp/kpl_test_dataio_XXXXXX");
+    return mkdtemp(tmp_root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+static const char *path(const char *name)
+{
+    static char p[8][256];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", tmp_root, name);
+    return p[k];
+}
+
+/* ---- CRC32C ---------------------------------------------------------------------- */
+
+static void test_crc32c_vectors(void **state)
+{
+    (void)state;
+    uint8_t b[32];
+    assert_int_equal(kpl__crc32c("123456789", 9), 0xE3069283u);
+    memset(b, 0, 32);
+    assert_int_equal(kpl__crc32c(b, 32), 0x8A9136AAu);
+    memset(b, 0xff, 32);
+    assert_int_equal(kpl__crc32c(b, 32), 0x62A8AB43u);
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)i;
+    assert_int_equal(kpl__crc32c(b, 32), 0x46DD794Eu);
+    for (int i = 0; i < 32; i++) b[i] = (uint8_t)(31 - i);
+    assert_int_equal(kpl__crc32c(b, 32), 0x113FDB5Cu);
+    /* Extending equals one pass, at every split (odd tails included). */
+    uint8_t big[1000];
+    for (int i = 0; i < 1000; i++) big[i] = (uint8_t)(i * 7 + 3);
+    uint32_t whole = kpl__crc32c(big, 1000);
+    for (size_t cut = 0; cut <= 1000; cut += 37)
+        assert_int_equal(kpl__crc32c_extend(kpl__crc32c(big, cut), big + cut, 1000 - cut), whole);
+}
+
+/* ---- round trips ------------------------------------------------------------------ */
+
+/* Example i of the synthetic set: bytes of length i % 700 (a few large ones
+ * spill over a chunk), a label list, a float list and a name. */
+typedef struct {
+    uint8_t bytes[9000];
+    uint32_t nbytes;
+    int64_t ints[3];
+    uint32_t nints;
+    float floats[5];
+    char str[32];
+} example;
+
+static void make_example(int64_t i, example *e)
+{
+    e->nbytes = (uint32_t)(i % 97 == 5 ? 9000 : i % 700);
+    for (uint32_t k = 0; k < e->nbytes; k++) e->bytes[k] = (uint8_t)((i * 31 + k * 7) ^ (k >> 3));
+    e->nints = (uint32_t)(i % 4);
+    for (uint32_t k = 0; k < e->nints; k++) e->ints[k] = (i << 20) - (int64_t)k * 1000000007LL;
+    for (int k = 0; k < 5; k++) e->floats[k] = (float)i * 0.25f - (float)k;
+    snprintf(e->str, sizeof e->str, "example-%lld", (long long)i);
+}
+
+static const kpl_feature_spec schema4[4] = {
+    {.name = "payload", .type = KPL_FEATURE_BYTES},
+    {.name = "ints", .type = KPL_FEATURE_INT64},
+    {.name = "floats", .type = KPL_FEATURE_FLOAT},
+    {.name = "name", .type = KPL_FEATURE_STRING},
+};
+
+static void write_set(const char *dir, int64_t n, int shards, size_t chunk, int level)
+{
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.shards = shards;
+    cfg.chunk_bytes = chunk;
+    cfg.zstd_level = level;
+    cfg.attributes_json = "{\"source\":\"test\",\"n\":3}";
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 4, schema4, &cfg, &w));
+    example e;
+    for (int64_t i = 0; i < n; i++) {
+        make_example(i, &e);
+        kpl_feature_value v[4] = {{e.bytes, e.nbytes}, {e.ints, e.nints}, {e.floats, 5},
+                                  {e.str, (uint32_t)strlen(e.str)}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    assert_int_equal(kpl_record_writer_count(w), n);
+    OK(kpl_record_writer_close(w));
+}
+
+/* The write-order number of an example, given its dataset number: chunks
+ * were dealt round-robin, so the writer's chunk sequence is recovered by
+ * interleaving the shards' chunk lists. */
+static void check_example(const kpl_feature_value *v, int64_t i)
+{
+    example e;
+    make_example(i, &e);
+    assert_int_equal(v[0].count, e.nbytes);
+    assert_memory_equal(v[0].data, e.bytes, e.nbytes);
+    assert_int_equal(v[1].count, e.nints);
+    if (e.nints) assert_memory_equal(v[1].data, e.ints, 8 * e.nints);
+    assert_int_equal(v[2].count, 5);
+    assert_memory_equal(v[2].data, e.floats, 20);
+    assert_int_equal(v[3].count, strlen(e.str));
+    assert_memory_equal(v[3].data, e.str, strlen(e.str));
+}
+
+static void round_trip(const char *dir, int64_t n, int shards, size_t chunk, int level)
+{
+    write_set(dir, n, shards, chunk, level);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+    assert_int_equal(kpl_dataset_num_examples(ds), n);
+    assert_int_equal(kpl_dataset_num_features(ds), 4);
+    assert_string_equal(kpl_dataset_feature(ds, 3)->name, "name");
+    assert_int_equal(kpl_dataset_feature(ds, 1)->type, KPL_FEATURE_INT64);
+    assert_int_equal(kpl_dataset_find_feature(ds, "floats"), 2);
+    assert_int_equal(kpl_dataset_find_feature(ds, "nope"), -1);
+    assert_string_equal(kpl_dataset_attributes(ds), "{\"source\":\"test\",\"n\":3}");
+
+    /* Walk the chunks in dataset order; rebuild the write order: the k-th
+     * chunk written is chunk k / shards of shard k % shards. */
+    int64_t nchunks = kpl_dataset_num_chunks(ds), seen = 0, compressed = 0;
+    int64_t *first_written = calloc((size_t)nchunks, sizeof *first_written);
+    int64_t *shard_start = calloc((size_t)shards + 1, sizeof *shard_start);
+    for (int64_t k = 0; k < nchunks; k++) shard_start[kpl_dataset_chunk_info(ds, k).shard + 1]++;
+    for (int s = 0; s < shards; s++) shard_start[s + 1] += shard_start[s];
+    int64_t written = 0;
+    for (int64_t j = 0; j < nchunks; j++) { /* j-th chunk the writer closed */
+        int s = (int)(j % shards);
+        int64_t k = shard_start[s] + j / shards;
+        first_written[k] = written;
+        written += kpl_dataset_chunk_info(ds, k).num_records;
+    }
+    kpl_chunk *c = NN(kpl_chunk_create());
+    kpl_feature_value v[4];
+    for (int64_t k = 0; k < nchunks; k++) {
+        kpl_chunk_info ci = kpl_dataset_chunk_info(ds, k);
+        compressed += ci.compressed;
+        assert_true(ci.raw_bytes <= chunk || ci.num_records == 1);
+        OK(kpl_dataset_read_chunk(ds, k, c));
+        assert_int_equal(kpl_chunk_num_records(c), ci.num_records);
+        assert_int_equal(kpl_chunk_first_example(c), seen);
+        for (int r = 0; r < kpl_chunk_num_records(c); r++) {
+            OK(kpl_chunk_record(c, r, v));
+            check_example(v, first_written[k] + r);
+        }
+        seen += ci.num_records;
+    }
+    assert_int_equal(seen, n);
+    if (level == 0) assert_int_equal(compressed, 0);
+    else assert_true(compressed > 0);
+    /* Random access lands on the same records. */
+    for (int64_t i = n - 1; i >= 0; i -= 17) {
+        int64_t k;
+        int r;
+        OK(kpl_dataset_locate(ds, i, &k, &r));
+        OK(kpl_dataset_read_example(ds, i, c, v));
+        check_example(v, first_written[k] + r);
+    }
+    FAILS(kpl_dataset_read_example(ds, n, c, v), KPL_ERANGE, "out of range");
+    FAILS(kpl_chunk_record(c, 100000, v), KPL_ERANGE, "out of range");
+    char *json = NULL;
+    OK(kpl_dataset_describe(ds, &json));
+    char want[64];
+    snprintf(want, sizeof want, "\"num_examples\": %lld", (long long)n);
+    assert_non_null(strstr(json, want));
+    free(json);
+    kpl_verify_stats vs;
+    OK(kpl_dataset_verify(dir, &vs, NULL, NULL));
+    assert_int_equal(vs.examples, n);
+    assert_int_equal(vs.chunks, nchunks);
+    free(first_written);
+    free(shard_start);
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+}
+
+static void test_round_trip_one_shard_zstd(void **state)
+{
+    (void)state;
+    round_trip(path("rt1"), 1000, 1, 64 << 10, 3);
+}
+
+static void test_round_trip_shards_uncompressed(void **state)
+{
+    (void)state;
+    round_trip(path("rt2"), 777, 3, 16 << 10, 0);
+}
+
+static void test_round_trip_more_shards_than_chunks(void **state)
+{
+    (void)state;
+    round_trip(path("rt3"), 5, 4, 1 << 20, 1); /* one chunk, three empty shards */
+}
+
+/* Random bytes do not shrink: the writer stores them raw. */
+static void test_incompressible_chunks_stored_raw(void **state)
+{
+    (void)state;
+    const char *dir = path("noise");
+    kpl_feature_spec s = {.name = "x", .type = KPL_FEATURE_BYTES};
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.chunk_bytes = 8192;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 1, &s, &cfg, &w));
+    uint8_t buf[4000];
+    uint64_t r = 88172645463325252ull;
+    for (int i = 0; i < 40; i++) {
+        for (int k = 0; k < 4000; k++) {
+            r ^= r << 13, r ^= r >> 7, r ^= r << 17;
+            buf[k] = (uint8_t)r;
+        }
+        kpl_feature_value v = {buf, 4000};
+        OK(kpl_record_writer_add(w, &v));
+    }
+    OK(kpl_record_writer_close(w));
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+    for (int64_t k = 0; k < kpl_dataset_num_chunks(ds); k++)
+        assert_false(kpl_dataset_chunk_info(ds, k).compressed);
+    kpl_dataset_close(ds);
+}
+
+/* ---- damage ----------------------------------------------------------------------- */
+
+static void copy_set(const char *from, const char *to)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
+    assert_int_equal(system(cmd), 0);
+}
+
+static void patch(const char *file, long off, const void *bytes, size_t n)
+{
+    int fd = open(file, O_WRONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pwrite(fd, bytes, n, off), (ssize_t)n);
+    close(fd);
+}
+
+static void read_at(const char *file, long off, void *bytes, size_t n)
+{
+    int fd = open(file, O_RDONLY);
+    assert_true(fd >= 0);
+    assert_int_equal(pread(fd, bytes, n, off), (ssize_t)n);
+    close(fd);
+}
+
+static void flip(const char *file, long off)
+{
+    uint8_t b;
+    read_at(file, off, &b, 1);
+    b ^= 0x10;
+    patch(file, off, &b, 1);
+}
+
+static void test_flipped_byte_named(void **state)
+{
+    (void)state;
+    const char *good = path("good"), *bad = path("bad");
+    write_set(good, 300, 2, 8 << 10, 3);
+    copy_set(good, bad);
+    char f[300];
+    snprintf(f, sizeof f, "%s/00001.data", bad);
+    /* Chunk 0 of shard 1 starts at 32; a byte inside its payload. */
+    flip(f, 32 + 32 + 100);
+    FAILS(kpl_dataset_verify(bad, NULL, NULL, NULL), KPL_EFORMAT, "00001.data chunk 0");
+    assert_non_null(strstr(kpl_last_error(), "payload CRC32C mismatch"));
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(bad, &ds)); /* opening reads no payload... */
+    kpl_chunk *c = NN(kpl_chunk_create());
+    int64_t k = 0;
+    while (kpl_dataset_chunk_info(ds, k).shard != 1) k++;
+    FAILS(kpl_dataset_read_chunk(ds, k, c), KPL_EFORMAT, "payload CRC32C"); /* ...reading does */
+    OK(kpl_dataset_read_chunk(ds, 0, c)); /* shard 0 is intact */
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    /* A flipped chunk header byte. */
+    copy_set(good, bad);
+    flip(f, 32 + 13);
+    FAILS(kpl_dataset_verify(bad, NULL, NULL, NULL), KPL_EFORMAT, "chunk header CRC32C");
+    /* A flipped byte in the index. */
+    copy_set(good, bad);
+    snprintf(f, sizeof f, "%s/00000.index", bad);
+    flip(f, 40);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "00000.index: index CRC32C mismatch");
+    assert_null(ds);
+}
+
+/* A record corrupted behind a checksum-correct chunk (as a bad decompressor
+ * or memory error would): the record's own CRC names it. */
+static void test_record_crc_names_record(void **state)
+{
+    (void)state;
+    const char *dir = path("rec");
+    write_set(dir, 50, 1, 1 << 20, 0); /* one uncompressed chunk */
+    char f[300];
+    snprintf(f, sizeof f, "%s/00000.data", dir);
+    uint8_t h[32];
+    read_at(f, 32, h, 32);
+    uint32_t stored = kpl__rd32(h + 20);
+    uint8_t *payload = malloc(stored);
+    read_at(f, 64, payload, stored);
+    /* Record 3's body: walk the length chain. */
+    uint32_t pos = 0;
+    for (int r = 0; r < 3; r++) pos += 8 + kpl__rd32(payload + pos);
+    payload[pos + 8 + 6] ^= 1; /* inside its first feature's bytes */
+    patch(f, 64 + pos + 8 + 6, payload + pos + 8 + 6, 1);
+    kpl__wr32(h + 24, kpl__crc32c(payload, stored));
+    kpl__wr32(h + 28, kpl__crc32c(h, 28));
+    patch(f, 32, h, 32);
+    free(payload);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+    kpl_chunk *c = NN(kpl_chunk_create());
+    FAILS(kpl_dataset_read_chunk(ds, 0, c), KPL_EFORMAT, "chunk 0 (offset 32) record 3 (example 3)");
+    assert_non_null(strstr(kpl_last_error(), "record CRC32C mismatch"));
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+}
+
+static void test_truncated_and_extended_files(void **state)
+{
+    (void)state;
+    const char *good = path("tgood"), *bad = path("tbad");
+    write_set(good, 200, 1, 8 << 10, 3);
+    copy_set(good, bad);
+    char f[300];
+    snprintf(f, sizeof f, "%s/00000.data", bad);
+    struct stat sb;
+    assert_int_equal(stat(f, &sb), 0);
+    assert_int_equal(truncate(f, sb.st_size - 10), 0);
+    kpl_dataset *ds = NULL;
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "truncated or extended");
+    assert_null(ds);
+    assert_int_equal(truncate(f, sb.st_size + 1), 0);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "00000.data");
+    copy_set(good, bad);
+    snprintf(f, sizeof f, "%s/00000.index", bad);
+    assert_int_equal(stat(f, &sb), 0);
+    assert_int_equal(truncate(f, sb.st_size - 8), 0);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "00000.index");
+    copy_set(good, bad);
+    snprintf(f, sizeof f, "%s/00000.data", bad);
+    assert_int_equal(unlink(f), 0);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_ENOTFOUND, "00000.data");
+}
+
+/* Rewrites METADATA with the first `from` after `anchor` (NULL: the start)
+ * replaced by `to`. */
+static void edit_metadata(const char *dir, const char *anchor, const char *from, const char *to)
+{
+    char f[300];
+    snprintf(f, sizeof f, "%s/METADATA", dir);
+    char *text = NULL;
+    OK(kpl__read_file(f, &text, NULL));
+    char *p = anchor ? strstr(text, anchor) : text;
+    assert_non_null(p);
+    p = strstr(p, from);
+    assert_non_null(p);
+    FILE *o = fopen(f, "w");
+    fprintf(o, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+    fclose(o);
+    free(text);
+}
+
+static void test_metadata_that_lies(void **state)
+{
+    (void)state;
+    const char *good = path("mgood"), *bad = path("mbad");
+    write_set(good, 120, 2, 8 << 10, 3);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(good, &ds));
+    int64_t n0 = 0;
+    for (int64_t k = 0; k < kpl_dataset_num_chunks(ds); k++)
+        if (kpl_dataset_chunk_info(ds, k).shard == 0) n0 += kpl_dataset_chunk_info(ds, k).num_records;
+    kpl_dataset_close(ds);
+    char from[64], to[64];
+
+    copy_set(good, bad); /* the total */
+    edit_metadata(bad, NULL, "\"num_examples\": 120", "\"num_examples\": 121");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "num_examples is 121 but the shards hold 120");
+
+    copy_set(good, bad); /* a shard's count */
+    snprintf(from, sizeof from, "\"num_examples\": %lld", (long long)n0);
+    snprintf(to, sizeof to, "\"num_examples\": %lld", (long long)n0 - 1);
+    edit_metadata(bad, "\"shards\"", from, to);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "00000.index");
+
+    copy_set(good, bad); /* the version */
+    edit_metadata(bad, NULL, "\"version\": 1", "\"version\": 2");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "format version 2; this kpl reads version 1");
+
+    copy_set(good, bad); /* broken JSON: the message has a line number */
+    edit_metadata(bad, NULL, "\"format\": \"kplrecord\",", "\"format\": \"kplrecord\" oops");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "METADATA:2:");
+
+    copy_set(good, bad); /* a shard from another dataset */
+    char src[300], dst[300];
+    write_set(path("other"), 120, 2, 8 << 10, 3);
+    snprintf(src, sizeof src, "%s/00001.data", path("other"));
+    snprintf(dst, sizeof dst, "%s/00001.data", bad);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, dst);
+    assert_int_equal(system(cmd), 0);
+    kpl_status st = kpl_dataset_open(bad, &ds);
+    assert_int_equal(st, KPL_EFORMAT); /* size or uid, whichever check meets it first */
+    assert_null(ds);
+}
+
+static void test_unfinished_writer_refused_and_abandon_cleans(void **state)
+{
+    (void)state;
+    const char *dir = path("unfinished");
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 4, schema4, NULL, &w));
+    example e;
+    make_example(1, &e);
+    kpl_feature_value v[4] = {{e.bytes, e.nbytes}, {e.ints, e.nints}, {e.floats, 5},
+                              {e.str, (uint32_t)strlen(e.str)}};
+    OK(kpl_record_writer_add(w, v));
+    kpl_dataset *ds = NULL;
+    /* While the writer runs (or after it crashed), readers refuse. */
+    FAILS(kpl_dataset_open(dir, &ds), KPL_EFORMAT, "was not closed cleanly");
+    assert_non_null(strstr(kpl_last_error(), "pid"));
+    /* Abandoning removes what it wrote, including the directory it made. */
+    kpl_record_writer_destroy(w);
+    assert_int_equal(access(dir, F_OK), -1);
+    FAILS(kpl_dataset_open(dir, &ds), KPL_ENOTFOUND, "no such directory");
+
+    /* A directory with files in it is not written over. */
+    const char *busy = path("busy");
+    mkdir(busy, 0777);
+    char keep[300];
+    snprintf(keep, sizeof keep, "%s/precious.txt", busy);
+    FILE *f = fopen(keep, "w");
+    fputs("keep me\n", f);
+    fclose(f);
+    FAILS(kpl_record_writer_create(busy, 4, schema4, NULL, &w), KPL_EINVAL, "precious.txt");
+    assert_null(w);
+    assert_int_equal(access(keep, F_OK), 0);
+    /* And a directory without METADATA is not a dataset. */
+    FAILS(kpl_dataset_open(busy, &ds), KPL_ENOTFOUND, "no METADATA");
+}
+
+static void test_writer_rejects_bad_schema_and_values(void **state)
+{
+    (void)state;
+    kpl_record_writer *w = NULL;
+    kpl_feature_spec bad[2] = {{.name = "a b", .type = KPL_FEATURE_BYTES},
+                               {.name = "x", .type = KPL_FEATURE_INT64}};
+    FAILS(kpl_record_writer_create(path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "'a b'");
+    strcpy(bad[0].name, "x");
+    FAILS(kpl_record_writer_create(path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "appears twice");
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.attributes_json = "[1, 2]";
+    FAILS(kpl_record_writer_create(path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "JSON object");
+    cfg.attributes_json = NULL;
+    cfg.shards = 0;
+    FAILS(kpl_record_writer_create(path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "shards = 0");
+    OK(kpl_record_writer_create(path("s1"), 1, bad, NULL, &w));
+    kpl_feature_value v = {NULL, 3};
+    FAILS(kpl_record_writer_add(w, &v), KPL_EINVAL, "example 0, feature 'x'");
+    kpl_record_writer_destroy(w);
+}
+
+/* ---- IDX import -------------------------------------------------------------------- */
+
+static void write_idx(const char *file, bool gz, int ndim, const uint32_t *dims,
+                      const uint8_t *data, size_t n, size_t extra)
+{
+    uint8_t h[16] = {0, 0, 8, (uint8_t)ndim};
+    for (int d = 0; d < ndim; d++) {
+        h[4 + 4 * d] = (uint8_t)(dims[d] >> 24);
+        h[5 + 4 * d] = (uint8_t)(dims[d] >> 16);
+        h[6 + 4 * d] = (uint8_t)(dims[d] >> 8);
+        h[7 + 4 * d] = (uint8_t)dims[d];
+    }
+    gzFile f = gzopen(file, gz ? "wb" : "wbT");
+    assert_non_null(f);
+    gzwrite(f, h, 4 + 4 * (unsigned)ndim);
+    gzwrite(f, data, (unsigned)n);
+    for (size_t i = 0; i < extra; i++) gzputc(f, 0);
+    gzclose(f);
+}
+
+static void test_idx_import(void **state)
+{
+    (void)state;
+    enum { N = 37, H = 5, W = 3 };
+    uint8_t img[N * H * W], lab[N];
+    for (int i = 0; i < N * H * W; i++) img[i] = (uint8_t)(i * 13 + 1);
+    for (int i = 0; i < N; i++) lab[i] = (uint8_t)((i * 7) % 10);
+    uint32_t di[3] = {N, H, W}, dl[1] = {N};
+    for (int gz = 0; gz < 2; gz++) {
+        char im[300], lb[300], out[300];
+        snprintf(im, sizeof im, "%s/x-images-idx3-ubyte%s", tmp_root, gz ? ".gz" : "");
+        snprintf(lb, sizeof lb, "%s/x-labels-idx1-ubyte%s", tmp_root, gz ? ".gz" : "");
+        snprintf(out, sizeof out, "%s/idx%d", tmp_root, gz);
+        write_idx(im, gz, 3, di, img, sizeof img, 0);
+        write_idx(lb, gz, 1, dl, lab, sizeof lab, 0);
+        kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+        o.writer.chunk_bytes = 4096;
+        int64_t n = 0;
+        OK(kpl_convert_idx(im, lb, out, &o, &n));
+        assert_int_equal(n, N);
+        kpl_dataset *ds = NULL;
+        OK(kpl_dataset_open(out, &ds));
+        const kpl_feature_spec *f = kpl_dataset_feature(ds, 0);
+        assert_string_equal(f->encoding, "raw");
+        assert_int_equal(f->ndim, 3);
+        assert_int_equal(f->shape[0], H);
+        assert_int_equal(f->shape[1], W);
+        assert_non_null(strstr(kpl_dataset_attributes(ds), "\"num_classes\":10"));
+        kpl_chunk *c = NN(kpl_chunk_create());
+        kpl_feature_value v[2];
+        for (int64_t i = 0; i < N; i++) { /* one shard: dataset order = file order */
+            OK(kpl_dataset_read_example(ds, i, c, v));
+            assert_int_equal(v[0].count, H * W);
+            assert_memory_equal(v[0].data, img + i * H * W, H * W);
+            int64_t l;
+            memcpy(&l, v[1].data, 8);
+            assert_int_equal(l, lab[i]);
+        }
+        kpl_chunk_destroy(c);
+        kpl_dataset_close(ds);
+        OK(kpl_dataset_verify(out, NULL, NULL, NULL));
+    }
+    /* Bad inputs: counts that differ, trailing bytes, a wrong magic. */
+    char im[300], lb[300];
+    snprintf(im, sizeof im, "%s/b-images-idx3-ubyte", tmp_root);
+    snprintf(lb, sizeof lb, "%s/b-labels-idx1-ubyte", tmp_root);
+    uint32_t dl2[1] = {N - 1};
+    write_idx(im, false, 3, di, img, sizeof img, 0);
+    write_idx(lb, false, 1, dl2, lab, N - 1, 0);
+    FAILS(kpl_convert_idx(im, lb, path("idxbad1"), NULL, NULL), KPL_EFORMAT,
+          "holds 37 images but");
+    assert_int_equal(access(path("idxbad1"), F_OK), -1); /* nothing left behind */
+    write_idx(lb, false, 1, dl, lab, N, 5);
+    FAILS(kpl_convert_idx(im, lb, path("idxbad2"), NULL, NULL), KPL_EFORMAT, "bytes after");
+    assert_int_equal(access(path("idxbad2"), F_OK), -1);
+    write_idx(im, false, 3, di, img, sizeof img - 10, 0);
+    write_idx(lb, false, 1, dl, lab, N, 0);
+    FAILS(kpl_convert_idx(im, lb, path("idxbad3"), NULL, NULL), KPL_EFORMAT,
+          "file ends inside image 36");
+    FAILS(kpl_convert_idx(lb, im, path("idxbad4"), NULL, NULL), KPL_EFORMAT,
+          "1 dimensions, expected 3");
+}
+
+/* Debian's Fashion-MNIST test split: 10,000 images, 1,000 of each class,
+ * the first an ankle boot (9) and the second a pullover (2). */
+static void test_fashion_mnist_import(void **state)
+{
+    (void)state;
+    const char *im = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz";
+    const char *lb = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz";
+    if (access(im, R_OK) || access(lb, R_OK)) skip();
+    const char *out = path("fmnist");
+    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+    o.writer.shards = 2;
+    OK(kpl_convert_idx(im, lb, out, &o, NULL));
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(out, &ds));
+    assert_int_equal(kpl_dataset_num_examples(ds), 10000);
+    int64_t hist[10] = {0};
+    kpl_chunk *c = NN(kpl_chunk_create());
+    kpl_feature_value v[2];
+    for (int64_t k = 0; k < kpl_dataset_num_chunks(ds); k++) {
+        OK(kpl_dataset_read_chunk(ds, k, c));
+        for (int r = 0; r < kpl_chunk_num_records(c); r++) {
+            OK(kpl_chunk_record(c, r, v));
+            int64_t l;
+            memcpy(&l, v[1].data, 8);
+            assert_true(l >= 0 && l < 10);
+            hist[l]++;
+            assert_int_equal(v[0].count, 784);
+        }
+    }
+    for (int i = 0; i < 10; i++) assert_int_equal(hist[i], 1000);
+    /* Shard 0 starts with the file's first chunk. */
+    OK(kpl_dataset_read_example(ds, 0, c, v));
+    int64_t l0, l1;
+    memcpy(&l0, v[1].data, 8);
+    OK(kpl_dataset_read_example(ds, 1, c, v));
+    memcpy(&l1, v[1].data, 8);
+    assert_int_equal(l0, 9);
+    assert_int_equal(l1, 2);
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_crc32c_vectors),
+        cmocka_unit_test(test_round_trip_one_shard_zstd),
+        cmocka_unit_test(test_round_trip_shards_uncompressed),
+        cmocka_unit_test(test_round_trip_more_shards_than_chunks),
+        cmocka_unit_test(test_incompressible_chunks_stored_raw),
+        cmocka_unit_test(test_flipped_byte_named),
+        cmocka_unit_test(test_record_crc_names_record),
+        cmocka_unit_test(test_truncated_and_extended_files),
+        cmocka_unit_test(test_metadata_that_lies),
+        cmocka_unit_test(test_unfinished_writer_refused_and_abandon_cleans),
+        cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
+        cmocka_unit_test(test_idx_import),
+        cmocka_unit_test(test_fashion_mnist_import),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
