@@ -204,6 +204,14 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
                            const char *out_dir, const kpl_convert_options *opt,
                            int64_t *count);
 
+/* A Caffe Datum LMDB database (a directory holding data.mdb, or the .mdb
+ * file itself), opened read-only without a lock file.  Writes features
+ * image (bytes: the encoded image, or raw pixels as H x W x C with a fixed
+ * shape when all agree), label (int64[1]), key (string: the LMDB key) and,
+ * when any Datum has it, float_data (float list), in key order. */
+kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
+                            const kpl_convert_options *opt, int64_t *count);
+
 #ifdef __cplusplus
 }
 #endif

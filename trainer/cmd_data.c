@@ -30,6 +30,9 @@ static void usage(FILE *f)
             "      name or given with --labels), or a directory of MNIST-style files:\n"
             "      every <prefix>-images-idx3-ubyte[.gz] becomes OUT/<split>, where\n"
             "      split is 'train' for train, 'test' for t10k, else the prefix.\n"
+            "  convert --from lmdb SRC OUT [options]\n"
+            "      SRC is a Caffe Datum LMDB database (a directory or a .mdb file),\n"
+            "      opened read-only; encoded or raw Datums, in key order.\n"
             "    --shards N        shard count (default 1)\n"
             "    --chunk-mb X      raw chunk size in MiB (default 4)\n"
             "    --zstd-level L    0 (off) to 19 (default 3)\n"
@@ -180,9 +183,22 @@ static int cmd_convert(int argc, char **argv)
                         "--help')\n");
         return 2;
     }
+    if (!strcmp(from, "lmdb")) {
+        if (labels) {
+            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
+            return 2;
+        }
+        int64_t n = 0;
+        double t0 = now();
+        o.label = pos[1];
+        if (kpl_convert_lmdb(pos[0], pos[1], &o, &n) < 0) return fail("convert");
+        printf("{\"event\":\"converted\",\"from\":\"lmdb\",\"src\":\"%s\",\"out\":\"%s\","
+               "\"examples\":%lld,\"seconds\":%.2f}\n",
+               pos[0], pos[1], (long long)n, now() - t0);
+        return 0;
+    }
     if (strcmp(from, "idx")) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (this build converts: idx)\n",
-                from);
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, lmdb)\n", from);
         return 2;
     }
     struct stat sb;

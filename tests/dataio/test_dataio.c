@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <lmdb.h>
 #include <zlib.h>
 
 static char tmp_root[64];
@@ -573,6 +574,150 @@ static void test_idx_import(void **state)
           "1 dimensions, expected 3");
 }
 
+/* ---- LMDB import -------------------------------------------------------------------- */
+
+static uint8_t *put_varint(uint8_t *p, uint64_t v)
+{
+    while (v >= 0x80) {
+        *p++ = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    *p++ = (uint8_t)v;
+    return p;
+}
+
+/* A serialized Caffe Datum; floats unpacked (wire type 5) when !packed. */
+static size_t make_datum(uint8_t *out, int c, int h, int w, const uint8_t *data, size_t n,
+                         int label, bool encoded, const float *fl, int nfl, bool packed)
+{
+    uint8_t *p = out;
+    *p++ = 1 << 3, p = put_varint(p, (uint64_t)c);
+    *p++ = 2 << 3, p = put_varint(p, (uint64_t)h);
+    *p++ = 3 << 3, p = put_varint(p, (uint64_t)w);
+    *p++ = 4 << 3 | 2, p = put_varint(p, n);
+    memcpy(p, data, n);
+    p += n;
+    *p++ = 5 << 3, p = put_varint(p, (uint64_t)label);
+    if (nfl && packed) {
+        *p++ = 6 << 3 | 2, p = put_varint(p, 4 * (uint64_t)nfl);
+        memcpy(p, fl, 4 * (size_t)nfl);
+        p += 4 * nfl;
+    }
+    for (int i = 0; i < nfl && !packed; i++) {
+        *p++ = 6 << 3 | 5;
+        memcpy(p, &fl[i], 4);
+        p += 4;
+    }
+    if (encoded) *p++ = 7 << 3, *p++ = 1;
+    return (size_t)(p - out);
+}
+
+static void lmdb_put_all(const char *dir, int n, bool encoded, bool packed)
+{
+    mkdir(dir, 0777);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_mapsize(env, 64 << 20), 0);
+    assert_int_equal(mdb_env_open(env, dir, 0, 0664), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    for (int i = 0; i < n; i++) {
+        uint8_t pix[3 * 4 * 5], buf[256];
+        for (int k = 0; k < 60; k++) pix[k] = (uint8_t)(i * 60 + k);
+        if (encoded) pix[0] = 0xff, pix[1] = 0xd8, pix[2] = 0xff;
+        float fl[2] = {(float)i, -0.5f * (float)i};
+        size_t len = make_datum(buf, 3, 4, 5, pix, encoded ? 20 + (size_t)i : 60, i % 7, encoded,
+                                fl, i % 2 ? 2 : 0, packed);
+        char key[32];
+        snprintf(key, sizeof key, "%08d_img%d", i, i);
+        MDB_val k = {strlen(key), key}, v = {len, buf};
+        assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    }
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+static void test_lmdb_import(void **state)
+{
+    (void)state;
+    for (int variant = 0; variant < 3; variant++) { /* raw+packed, raw+unpacked, encoded */
+        bool encoded = variant == 2, packed = variant == 0;
+        char src[300], out[300];
+        snprintf(src, sizeof src, "%s/lmdb%d", tmp_root, variant);
+        snprintf(out, sizeof out, "%s/lmdbout%d", tmp_root, variant);
+        lmdb_put_all(src, 23, encoded, packed);
+        int64_t n = 0;
+        OK(kpl_convert_lmdb(src, out, NULL, &n));
+        assert_int_equal(n, 23);
+        kpl_dataset *ds = NULL;
+        OK(kpl_dataset_open(out, &ds));
+        assert_int_equal(kpl_dataset_num_features(ds), 4);
+        const kpl_feature_spec *f = kpl_dataset_feature(ds, 0);
+        assert_string_equal(f->encoding, encoded ? "jpeg" : "raw");
+        assert_int_equal(f->ndim, encoded ? 0 : 3);
+        if (!encoded) { /* H, W, C */
+            assert_int_equal(f->shape[0], 4);
+            assert_int_equal(f->shape[1], 5);
+            assert_int_equal(f->shape[2], 3);
+        }
+        assert_non_null(strstr(kpl_dataset_attributes(ds), "\"num_classes\":7"));
+        kpl_chunk *c = NN(kpl_chunk_create());
+        kpl_feature_value v[4];
+        for (int i = 0; i < 23; i++) { /* keys are zero-padded: key order = i */
+            OK(kpl_dataset_read_example(ds, i, c, v));
+            const uint8_t *img = v[0].data;
+            if (encoded) {
+                assert_int_equal(v[0].count, 20 + i);
+                assert_int_equal(img[5], (uint8_t)(i * 60 + 5));
+            } else { /* pixel (y, x, ch) = CHW source (ch, y, x) */
+                assert_int_equal(v[0].count, 60);
+                for (int y = 0; y < 4; y++)
+                    for (int x = 0; x < 5; x++)
+                        for (int ch = 0; ch < 3; ch++)
+                            assert_int_equal(img[(y * 5 + x) * 3 + ch],
+                                             (uint8_t)(i * 60 + ch * 20 + y * 5 + x));
+            }
+            int64_t l;
+            memcpy(&l, v[1].data, 8);
+            assert_int_equal(l, i % 7);
+            char key[32];
+            snprintf(key, sizeof key, "%08d_img%d", i, i);
+            assert_int_equal(v[2].count, strlen(key));
+            assert_memory_equal(v[2].data, key, strlen(key));
+            assert_int_equal(v[3].count, i % 2 ? 2 : 0);
+            if (i % 2) {
+                float fl[2];
+                memcpy(fl, v[3].data, 8);
+                assert_true(fl[0] == (float)i && fl[1] == -0.5f * (float)i);
+            }
+        }
+        kpl_chunk_destroy(c);
+        kpl_dataset_close(ds);
+        OK(kpl_dataset_verify(out, NULL, NULL, NULL));
+    }
+    /* A value that is not a Datum is named by its key; nothing is left. */
+    char src[300];
+    snprintf(src, sizeof src, "%s/lmdbbad", tmp_root);
+    lmdb_put_all(src, 3, false, true);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_open(env, src, 0, 0664), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    MDB_val k = {5, "zzbad"}, v = {4, "\x0a\x09" "ab"}; /* field 1 length 9 > 2 bytes left */
+    assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+    FAILS(kpl_convert_lmdb(src, path("lmdbbadout"), NULL, NULL), KPL_EFORMAT,
+          "key 'zzbad': not a Caffe Datum");
+    assert_int_equal(access(path("lmdbbadout"), F_OK), -1);
+    FAILS(kpl_convert_lmdb(path("nothere"), path("x"), NULL, NULL), KPL_ENOTFOUND, "nothere");
+}
+
 /* Debian's Fashion-MNIST test split: 10,000 images, 1,000 of each class,
  * the first an ankle boot (9) and the second a pullover (2). */
 static void test_fashion_mnist_import(void **state)
@@ -630,6 +775,7 @@ int main(void)
         cmocka_unit_test(test_unfinished_writer_refused_and_abandon_cleans),
         cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
         cmocka_unit_test(test_idx_import),
+        cmocka_unit_test(test_lmdb_import),
         cmocka_unit_test(test_fashion_mnist_import),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -1,0 +1,278 @@
+/*
+ * convert_lmdb.c — Caffe Datum LMDB databases to KPLRecord.
+ *
+ * A Caffe database maps keys to serialized `Datum` protocol buffers:
+ *   channels = 1, height = 2, width = 3 (int32), data = 4 (bytes: raw
+ *   pixels in C x H x W order, or an encoded image when encoded = 7 is
+ *   true), label = 5 (int32), float_data = 6 (repeated float).
+ * The few fields are read with a small wire-format parser; protobuf-c would
+ * need the generated code of caffe.proto for five fields.
+ *
+ * The database is opened read-only with MDB_NOLOCK: no lock file is created
+ * or written, so read-only media and databases copied without their
+ * lock.mdb work.  A first pass finds whether images are encoded, whether
+ * their sizes agree (a fixed shape is then recorded) and whether float_data
+ * occurs; the second pass writes.  Raw pixels are stored as H x W x C, kpl's
+ * raw layout, in the channel order Caffe stored (BGR when the database was
+ * made by Caffe's convert_imageset).
+ */
+#include "dataio_impl.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <lmdb.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
+typedef struct {
+    int64_t channels, height, width, label;
+    const uint8_t *data;
+    size_t data_len;
+    const uint8_t *floats; /* packed little-endian floats or NULL */
+    size_t nfloats;
+    bool floats_packed, encoded;
+} datum;
+
+/* ---- protobuf wire format ---- */
+
+static bool varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift < 64 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) return true;
+    }
+    return false;
+}
+
+/* Fills d from one serialized Datum; `why` receives the reason on failure. */
+static bool parse_datum(const uint8_t *p, size_t n, datum *d, const char **why)
+{
+    const uint8_t *end = p + n;
+    memset(d, 0, sizeof *d);
+    const uint8_t *first_float = NULL;
+    while (p < end) {
+        uint64_t key, v;
+        if (!varint(&p, end, &key)) return *why = "truncated field key", false;
+        uint64_t field = key >> 3, wire = key & 7;
+        switch (wire) {
+        case 0:
+            if (!varint(&p, end, &v)) return *why = "truncated varint", false;
+            if (field == 1) d->channels = (int32_t)v;
+            else if (field == 2) d->height = (int32_t)v;
+            else if (field == 3) d->width = (int32_t)v;
+            else if (field == 5) d->label = (int32_t)v;
+            else if (field == 7) d->encoded = v != 0;
+            break;
+        case 1:
+            if (end - p < 8) return *why = "truncated 64-bit field", false;
+            p += 8;
+            break;
+        case 2:
+            if (!varint(&p, end, &v) || v > (uint64_t)(end - p))
+                return *why = "length-delimited field runs past the value", false;
+            if (field == 4) {
+                d->data = p;
+                d->data_len = (size_t)v;
+            } else if (field == 6) { /* packed float_data */
+                if (v % 4) return *why = "packed float_data is not a multiple of 4 bytes", false;
+                if (d->nfloats && !d->floats_packed)
+                    return *why = "float_data mixes packed and unpacked", false;
+                if (d->nfloats && d->floats + 4 * d->nfloats != p)
+                    return *why = "float_data in several packed runs", false;
+                if (!d->nfloats) d->floats = p;
+                d->floats_packed = true;
+                d->nfloats += (size_t)v / 4;
+            }
+            p += v;
+            break;
+        case 5:
+            if (end - p < 4) return *why = "truncated 32-bit field", false;
+            if (field == 6) { /* unpacked float_data: key byte + 4 bytes each */
+                if (!d->nfloats) first_float = p;
+                else if (d->floats_packed) return *why = "float_data mixes packed and unpacked", false;
+                else if (p != first_float + 5 * d->nfloats)
+                    return *why = "unpacked float_data values are not consecutive", false;
+                d->floats = first_float;
+                d->nfloats++;
+            }
+            p += 4;
+            break;
+        default:
+            return *why = "unknown wire type", false;
+        }
+    }
+    if (d->channels < 0 || d->height < 0 || d->width < 0)
+        return *why = "negative channels/height/width", false;
+    if (!d->encoded && (uint64_t)d->channels * (uint64_t)d->height * (uint64_t)d->width !=
+                           d->data_len)
+        return *why = "raw data length differs from channels x height x width", false;
+    return true;
+}
+
+/* Copies float_data of d to out[d->nfloats] (unpacked values are 5 bytes apart). */
+static void datum_floats(const datum *d, float *out)
+{
+    for (size_t i = 0; i < d->nfloats; i++)
+        memcpy(&out[i], d->floats + (d->floats_packed ? 4 * i : 5 * i), 4);
+}
+
+static const char *sniff(const uint8_t *b, size_t n)
+{
+    if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) return "jpeg";
+    if (n >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8)) return "png";
+    return "";
+}
+
+#define MDB_TRY(call, what)                                                                  \
+    do {                                                                                     \
+        int rc_ = (call);                                                                    \
+        if (rc_) {                                                                           \
+            st = KPL_ERROR(rc_ == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "lmdb %s: %s: %s", path, \
+                           what, mdb_strerror(rc_));                                         \
+            goto fail;                                                                       \
+        }                                                                                    \
+    } while (0)
+
+kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
+                            const kpl_convert_options *opt, int64_t *count)
+{
+    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+    if (opt) o = *opt;
+    kpl_status st = KPL_OK;
+    MDB_env *env = NULL;
+    MDB_txn *txn = NULL;
+    MDB_cursor *cur = NULL;
+    kpl_record_writer *w = NULL;
+    uint8_t *hwc = NULL;
+    float *fl = NULL;
+    char *attrs = NULL;
+    struct stat sb;
+    if (stat(path, &sb) != 0)
+        return KPL_ERROR(KPL_ENOTFOUND, "lmdb %s: %s", path, strerror(errno));
+    MDB_TRY(mdb_env_create(&env), "env_create");
+    unsigned flags = MDB_RDONLY | MDB_NOLOCK | MDB_NOTLS | (S_ISDIR(sb.st_mode) ? 0 : MDB_NOSUBDIR);
+    MDB_TRY(mdb_env_open(env, path, flags, 0444), "open");
+    MDB_TRY(mdb_txn_begin(env, NULL, MDB_RDONLY, &txn), "txn_begin");
+    MDB_dbi dbi;
+    MDB_TRY(mdb_dbi_open(txn, NULL, 0, &dbi), "dbi_open");
+    MDB_stat ms;
+    MDB_TRY(mdb_stat(txn, dbi, &ms), "stat");
+    int64_t n = (int64_t)ms.ms_entries;
+    if (n == 0) {
+        st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: the database is empty", path);
+        goto fail;
+    }
+    MDB_TRY(mdb_cursor_open(txn, dbi, &cur), "cursor_open");
+
+    /* Pass 1: the schema. */
+    bool any_encoded = false, any_raw = false, same = true, any_floats = false;
+    int64_t c0 = -1, h0 = -1, w0 = -1, maxl = -1;
+    size_t max_floats = 0, max_pixels = 0;
+    const char *enc0 = NULL;
+    MDB_val k, v;
+    int rc;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        datum d;
+        const char *why;
+        if (!parse_datum(v.mv_data, v.mv_size, &d, &why)) {
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%.*s': not a Caffe Datum (%s)", path,
+                           (int)(k.mv_size > 200 ? 200 : k.mv_size), (char *)k.mv_data, why);
+            goto fail;
+        }
+        if (d.encoded) {
+            const char *e = sniff(d.data, d.data_len);
+            if (!enc0) enc0 = e;
+            else if (strcmp(enc0, e)) enc0 = "";
+        }
+        any_encoded |= d.encoded;
+        any_raw |= !d.encoded;
+        if (c0 < 0) c0 = d.channels, h0 = d.height, w0 = d.width;
+        same &= d.channels == c0 && d.height == h0 && d.width == w0;
+        any_floats |= d.nfloats > 0;
+        max_floats = d.nfloats > max_floats ? d.nfloats : max_floats;
+        max_pixels = d.data_len > max_pixels ? d.data_len : max_pixels;
+        maxl = d.label > maxl ? d.label : maxl;
+    }
+    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
+    if (any_encoded && any_raw) {
+        st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: mixes encoded and raw Datums; convert them "
+                       "separately", path);
+        goto fail;
+    }
+    kpl_feature_spec schema[4] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+        {.name = "key", .type = KPL_FEATURE_STRING},
+        {.name = "float_data", .type = KPL_FEATURE_FLOAT},
+    };
+    if (any_encoded) {
+        snprintf(schema[0].encoding, sizeof schema[0].encoding, "%s", enc0 ? enc0 : "");
+    } else {
+        strcpy(schema[0].encoding, "raw");
+        if (same) {
+            schema[0].ndim = 3;
+            schema[0].shape[0] = h0;
+            schema[0].shape[1] = w0;
+            schema[0].shape[2] = c0;
+        }
+    }
+    json_t *aj = json_pack("{s:s, s:I, s:s, s:s}", "source", "lmdb", "num_classes",
+                           (json_int_t)(maxl + 1), "path", path, "channel_order",
+                           any_encoded ? "as encoded" : "as stored (Caffe: BGR)");
+    attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(aj);
+    hwc = malloc(max_pixels ? max_pixels : 1);
+    fl = malloc(sizeof *fl * (max_floats ? max_floats : 1));
+    if (!attrs || !hwc || !fl) {
+        st = KPL_ERROR(KPL_ENOMEM, "lmdb %s: no memory (or the path is not UTF-8)", path);
+        goto fail;
+    }
+    o.writer.attributes_json = attrs;
+    KPL_TRY_GOTO(kpl_record_writer_create(out_dir, any_floats ? 4 : 3, schema, &o.writer, &w));
+
+    /* Pass 2: the records, in key order. */
+    kpl__progress pr;
+    kpl__progress_init(&pr, o.label ? o.label : out_dir, o.progress);
+    int64_t i = 0;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        datum d;
+        const char *why;
+        if (!parse_datum(v.mv_data, v.mv_size, &d, &why)) { /* changed under us */
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%.*s' changed during conversion", path,
+                           (int)(k.mv_size > 200 ? 200 : k.mv_size), (char *)k.mv_data);
+            goto fail;
+        }
+        const uint8_t *img = d.data;
+        if (!d.encoded && d.channels > 1) { /* C x H x W -> H x W x C */
+            int64_t hw = d.height * d.width;
+            for (int64_t c = 0; c < d.channels; c++)
+                for (int64_t q = 0; q < hw; q++) hwc[q * d.channels + c] = d.data[c * hw + q];
+            img = hwc;
+        }
+        datum_floats(&d, fl);
+        int64_t label = d.label;
+        kpl_feature_value fv[4] = {{img, (uint32_t)d.data_len},
+                                   {&label, 1},
+                                   {k.mv_data, (uint32_t)k.mv_size},
+                                   {fl, (uint32_t)d.nfloats}};
+        KPL_TRY_GOTO(kpl_record_writer_add(w, fv));
+        kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records");
+    }
+    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
+    kpl_record_writer *done = w;
+    w = NULL;
+    KPL_TRY_GOTO(kpl_record_writer_close(done));
+    if (count) *count = i;
+fail:
+    kpl_record_writer_destroy(w);
+    if (cur) mdb_cursor_close(cur);
+    if (txn) mdb_txn_abort(txn);
+    if (env) mdb_env_close(env);
+    free(hwc);
+    free(fl);
+    free(attrs);
+    return st;
+}
