@@ -190,11 +190,14 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 /* Options shared by the converters; KPL_CONVERT_OPTIONS_INIT for defaults. */
 typedef struct {
     kpl_record_writer_config writer;
-    int threads;   /* encoding threads (0: the OpenMP default) */
+    int threads;   /* reading/checking threads (0: the OpenMP default) */
     bool progress; /* a progress line on stderr (callers pass isatty(2)) */
     const char *label; /* what the progress line calls this job */
+    bool keep_order;   /* imagefolder: keep the sorted walk order */
+    uint64_t seed;     /* imagefolder: the order's shuffle seed */
+    bool skip_bad;     /* imagefolder: skip unreadable images with a warning */
 } kpl_convert_options;
-#define KPL_CONVERT_OPTIONS_INIT {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL}
+#define KPL_CONVERT_OPTIONS_INIT {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false}
 
 /* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
  * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,
@@ -211,6 +214,16 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
  * when any Datum has it, float_data (float list), in key order. */
 kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
                             const kpl_convert_options *opt, int64_t *count);
+
+/* An image folder, ImageNet layout: root/<class>/<image>.{jpg,jpeg,png}.
+ * Class index = sorted folder order (names written to OUT/classes.txt).
+ * Images are stored as their original bytes after a header check; the
+ * order is a seeded shuffle unless keep_order.  Features: image (bytes),
+ * label (int64[1]), path (string, relative to root).  A bad image is an
+ * error naming the file, or with skip_bad a warning, counted in *skipped. */
+kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
+                                   const kpl_convert_options *opt, int64_t *count,
+                                   int64_t *skipped);
 
 #ifdef __cplusplus
 }

@@ -33,6 +33,13 @@ static void usage(FILE *f)
             "  convert --from lmdb SRC OUT [options]\n"
             "      SRC is a Caffe Datum LMDB database (a directory or a .mdb file),\n"
             "      opened read-only; encoded or raw Datums, in key order.\n"
+            "  convert --from imagefolder ROOT OUT [options]\n"
+            "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
+            "      (OUT/classes.txt); images kept as their original bytes.\n"
+            "    --seed S          shuffle seed of the example order (default 0)\n"
+            "    --keep-order      keep the sorted folder walk order instead\n"
+            "    --skip-bad        skip unreadable images with a warning (default: error)\n"
+            "    --threads N       reading/checking threads (default: all cores)\n"
             "    --shards N        shard count (default 1)\n"
             "    --chunk-mb X      raw chunk size in MiB (default 4)\n"
             "    --zstd-level L    0 (off) to 19 (default 3)\n"
@@ -161,6 +168,17 @@ static int cmd_convert(int argc, char **argv)
         } else if (!strcmp(a, "--zstd-level") && has) {
             if (!parse_num(argv[++i], 0, 19, &v) || v != (int)v) goto bad;
             o.writer.zstd_level = (int)v;
+        } else if (!strcmp(a, "--seed") && has) {
+            if (!parse_num(argv[++i], 0, 9007199254740992.0, &v) || v != (double)(uint64_t)v)
+                goto bad;
+            o.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--threads") && has) {
+            if (!parse_num(argv[++i], 1, 1024, &v) || v != (int)v) goto bad;
+            o.threads = (int)v;
+        } else if (!strcmp(a, "--keep-order")) {
+            o.keep_order = true;
+        } else if (!strcmp(a, "--skip-bad")) {
+            o.skip_bad = true;
         } else if (!strcmp(a, "--quiet")) {
             o.progress = false;
         } else if (a[0] == '-' && a[1]) {
@@ -183,6 +201,20 @@ static int cmd_convert(int argc, char **argv)
                         "--help')\n");
         return 2;
     }
+    if (!strcmp(from, "imagefolder")) {
+        if (labels) {
+            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
+            return 2;
+        }
+        int64_t n = 0, skipped = 0;
+        double t0 = now();
+        o.label = pos[1];
+        if (kpl_convert_imagefolder(pos[0], pos[1], &o, &n, &skipped) < 0) return fail("convert");
+        printf("{\"event\":\"converted\",\"from\":\"imagefolder\",\"src\":\"%s\",\"out\":"
+               "\"%s\",\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
+               pos[0], pos[1], (long long)n, (long long)skipped, now() - t0);
+        return 0;
+    }
     if (!strcmp(from, "lmdb")) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
@@ -198,7 +230,7 @@ static int cmd_convert(int argc, char **argv)
         return 0;
     }
     if (strcmp(from, "idx")) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, lmdb)\n", from);
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb)\n", from);
         return 2;
     }
     struct stat sb;

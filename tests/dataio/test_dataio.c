@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <lmdb.h>
+#include <turbojpeg.h>
 #include <zlib.h>
 
 static char tmp_root[64];
@@ -718,6 +719,143 @@ static void test_lmdb_import(void **state)
     FAILS(kpl_convert_lmdb(path("nothere"), path("x"), NULL, NULL), KPL_ENOTFOUND, "nothere");
 }
 
+/* ---- image folder import ------------------------------------------------------------- */
+
+static void write_bytes(const char *file, const void *b, size_t n)
+{
+    FILE *f = fopen(file, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(b, 1, n, f), n);
+    fclose(f);
+}
+
+/* A w x h RGB JPEG whose pixels depend on `seed`; *len bytes, tjFree it. */
+static unsigned char *make_jpeg(int w, int h, int seed, unsigned long *len)
+{
+    unsigned char *rgb = malloc((size_t)w * h * 3), *jpg = NULL;
+    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * seed + seed * 17);
+    tjhandle tj = tjInitCompress();
+    *len = 0;
+    assert_int_equal(tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, 0), 0);
+    tjDestroy(tj);
+    free(rgb);
+    return jpg;
+}
+
+/* The "path" feature of every example, in dataset order, joined by '\n'. */
+static char *paths_of(const char *dir)
+{
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+    size_t cap = 1 << 16, len = 0;
+    char *out = calloc(1, cap);
+    kpl_chunk *c = NN(kpl_chunk_create());
+    kpl_feature_value v[3];
+    for (int64_t i = 0; i < kpl_dataset_num_examples(ds); i++) {
+        OK(kpl_dataset_read_example(ds, i, c, v));
+        len += (size_t)snprintf(out + len, cap - len, "%.*s\n", (int)v[2].count,
+                                (const char *)v[2].data);
+    }
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    return out;
+}
+
+static void test_imagefolder_import(void **state)
+{
+    (void)state;
+    const char *root = path("folder");
+    static const char *cls[3] = {"cat", "ant", "dog"}; /* sorted: ant 0, cat 1, dog 2 */
+    char p[400];
+    mkdir(root, 0777);
+    int nimg = 0;
+    unsigned char *jpgs[12];
+    unsigned long lens[12];
+    for (int c = 0; c < 3; c++) {
+        snprintf(p, sizeof p, "%s/%s", root, cls[c]);
+        mkdir(p, 0777);
+        for (int i = 0; i < 4; i++, nimg++) {
+            jpgs[nimg] = make_jpeg(16 + i, 8 + c, nimg + 1, &lens[nimg]);
+            snprintf(p, sizeof p, "%s/%s/img%d.%s", root, cls[c], i, i == 3 ? "JPEG" : "jpg");
+            write_bytes(p, jpgs[nimg], lens[nimg]);
+        }
+        snprintf(p, sizeof p, "%s/%s/notes.txt", root, cls[c]); /* ignored */
+        write_bytes(p, "x", 1);
+        snprintf(p, sizeof p, "%s/%s/.hidden.jpg", root, cls[c]); /* ignored */
+        write_bytes(p, "x", 1);
+    }
+    snprintf(p, sizeof p, "%s/README", root); /* a file at the root: not a class */
+    write_bytes(p, "x", 1);
+
+    const char *out1 = path("folder_out1"), *out2 = path("folder_out2"), *out3 = path("folder_out3");
+    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+    o.seed = 5;
+    o.threads = 1;
+    int64_t n = 0, skipped = -1;
+    OK(kpl_convert_imagefolder(root, out1, &o, &n, &skipped));
+    assert_int_equal(n, 12);
+    assert_int_equal(skipped, 0);
+    o.threads = 2;
+    OK(kpl_convert_imagefolder(root, out2, &o, NULL, NULL));
+    o.keep_order = true;
+    OK(kpl_convert_imagefolder(root, out3, &o, NULL, NULL));
+    char *a = paths_of(out1), *b = paths_of(out2), *k = paths_of(out3);
+    assert_string_equal(a, b); /* the thread count changes nothing */
+    assert_string_equal(k, "ant/img0.jpg\nant/img1.jpg\nant/img2.jpg\nant/img3.JPEG\n"
+                           "cat/img0.jpg\ncat/img1.jpg\ncat/img2.jpg\ncat/img3.JPEG\n"
+                           "dog/img0.jpg\ndog/img1.jpg\ndog/img2.jpg\ndog/img3.JPEG\n");
+    assert_string_not_equal(a, k); /* shuffled by default */
+    free(a);
+    free(b);
+    free(k);
+
+    /* Bytes identical to the files; labels from the sorted class order. */
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(out1, &ds));
+    assert_string_equal(kpl_dataset_feature(ds, 0)->encoding, "jpeg");
+    assert_non_null(strstr(kpl_dataset_attributes(ds), "\"num_classes\":3"));
+    kpl_chunk *c = NN(kpl_chunk_create());
+    kpl_feature_value v[3];
+    for (int64_t i = 0; i < 12; i++) {
+        OK(kpl_dataset_read_example(ds, i, c, v));
+        char rel[64];
+        snprintf(rel, sizeof rel, "%.*s", (int)v[2].count, (const char *)v[2].data);
+        int ci = rel[0] == 'c' ? 0 : rel[0] == 'a' ? 1 : 2; /* index into cls[] */
+        int64_t label;
+        memcpy(&label, v[1].data, 8);
+        assert_int_equal(label, rel[0] == 'a' ? 0 : rel[0] == 'c' ? 1 : 2);
+        int fi = -1;
+        assert_int_equal(sscanf(strchr(rel, '/'), "/img%d", &fi), 1);
+        int img = ci * 4 + fi;
+        assert_int_equal(v[0].count, lens[img]);
+        assert_memory_equal(v[0].data, jpgs[img], lens[img]);
+    }
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    char *classes = NULL;
+    snprintf(p, sizeof p, "%s/classes.txt", out1);
+    OK(kpl__read_file(p, &classes, NULL));
+    assert_string_equal(classes, "ant\ncat\ndog\n");
+    free(classes);
+    for (int i = 0; i < 12; i++) tjFree(jpgs[i]);
+
+    /* A corrupt image: an error naming it, or skipped and counted. */
+    snprintf(p, sizeof p, "%s/dog/broken.jpg", root);
+    write_bytes(p, "\xff\xd8\xff\xe0garbage", 11);
+    FAILS(kpl_convert_imagefolder(root, path("folder_bad"), NULL, NULL, NULL), KPL_EFORMAT,
+          "dog/broken.jpg: bad JPEG header");
+    assert_int_equal(access(path("folder_bad"), F_OK), -1);
+    snprintf(p, sizeof p, "%s/dog/text.png", root);
+    write_bytes(p, "hello", 5);
+    o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
+    o.skip_bad = true;
+    OK(kpl_convert_imagefolder(root, path("folder_skip"), &o, &n, &skipped));
+    assert_int_equal(n, 12);
+    assert_int_equal(skipped, 2);
+    FAILS(kpl_convert_imagefolder(path("nofolder"), path("x"), NULL, NULL, NULL), KPL_ENOTFOUND,
+          "nofolder");
+}
+
 /* Debian's Fashion-MNIST test split: 10,000 images, 1,000 of each class,
  * the first an ankle boot (9) and the second a pullover (2). */
 static void test_fashion_mnist_import(void **state)
@@ -776,6 +914,7 @@ int main(void)
         cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
         cmocka_unit_test(test_idx_import),
         cmocka_unit_test(test_lmdb_import),
+        cmocka_unit_test(test_imagefolder_import),
         cmocka_unit_test(test_fashion_mnist_import),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
