@@ -91,6 +91,9 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
     nn)
       "$build/bin/bench_nn" "$baselines" "$here" || rc=$?
       ;;
+    data)
+      "$build/bin/bench_data" "$build" || rc=$?
+      ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
       ;;

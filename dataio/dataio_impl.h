@@ -66,6 +66,10 @@ static inline size_t kpl__feature_elem_size(kpl_feature_type t)
     return t == KPL_FEATURE_INT64 ? 8 : t == KPL_FEATURE_FLOAT ? 4 : 1;
 }
 
+/* The schema as METADATA's "features" array (a new jansson reference). */
+struct json_t;
+struct json_t *kpl__schema_json(int nf, const kpl_feature_spec *schema);
+
 /* A progress line on stderr, rewritten in place ("\r"), at most every
  * 0.2 s; `done == total` ends it with a newline. */
 typedef struct {

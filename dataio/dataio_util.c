@@ -5,6 +5,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <jansson.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -148,6 +149,27 @@ kpl_status kpl__path_join(char *out, size_t size, const char *dir, const char *n
     int n = snprintf(out, size, "%s/%s", dir, name);
     KPL_CHECK(n > 0 && (size_t)n < size, KPL_EINVAL, "path too long: %s/%s", dir, name);
     return KPL_OK;
+}
+
+/* ---- schema ---------------------------------------------------------------------- */
+
+json_t *kpl__schema_json(int nf, const kpl_feature_spec *schema)
+{
+    json_t *a = json_array();
+    for (int i = 0; i < nf; i++) {
+        const kpl_feature_spec *f = &schema[i];
+        json_t *o = json_object();
+        json_object_set_new(o, "name", json_string(f->name));
+        json_object_set_new(o, "type", json_string(kpl_feature_type_name(f->type)));
+        if (f->encoding[0]) json_object_set_new(o, "encoding", json_string(f->encoding));
+        if (f->ndim) {
+            json_t *sh = json_array();
+            for (int d = 0; d < f->ndim; d++) json_array_append_new(sh, json_integer(f->shape[d]));
+            json_object_set_new(o, "shape", sh);
+        }
+        json_array_append_new(a, o);
+    }
+    return a;
 }
 
 /* ---- progress -------------------------------------------------------------------- */

@@ -652,21 +652,7 @@ kpl_status kpl_dataset_describe(const kpl_dataset *ds, char **json)
     json_object_set_new(o, "num_chunks", json_integer(ds->nchunks));
     json_object_set_new(o, "compressed_chunks", json_integer(zchunks));
     json_object_set_new(o, "num_shards", json_integer(ds->nshards));
-    json_t *fa = json_array();
-    for (int i = 0; i < ds->nf; i++) {
-        const kpl_feature_spec *f = &ds->schema[i];
-        json_t *x = json_object();
-        json_object_set_new(x, "name", json_string(f->name));
-        json_object_set_new(x, "type", json_string(kpl_feature_type_name(f->type)));
-        if (f->encoding[0]) json_object_set_new(x, "encoding", json_string(f->encoding));
-        if (f->ndim) {
-            json_t *sa = json_array();
-            for (int d = 0; d < f->ndim; d++) json_array_append_new(sa, json_integer(f->shape[d]));
-            json_object_set_new(x, "shape", sa);
-        }
-        json_array_append_new(fa, x);
-    }
-    json_object_set_new(o, "features", fa);
+    json_object_set_new(o, "features", kpl__schema_json(ds->nf, ds->schema));
     json_object_set_new(o, "attributes", json_loads(ds->attrs, 0, NULL));
     json_object_set_new(o, "data_bytes", json_integer((json_int_t)data));
     json_object_set_new(o, "index_bytes", json_integer((json_int_t)index));

@@ -429,25 +429,6 @@ static kpl_status write_index(kpl_record_writer *w, int s, uint32_t *crc, uint64
     return st;
 }
 
-static json_t *schema_json(const kpl_record_writer *w)
-{
-    json_t *a = json_array();
-    for (int i = 0; i < w->nf; i++) {
-        const kpl_feature_spec *f = &w->schema[i];
-        json_t *o = json_object();
-        json_object_set_new(o, "name", json_string(f->name));
-        json_object_set_new(o, "type", json_string(kpl_feature_type_name(f->type)));
-        if (f->encoding[0]) json_object_set_new(o, "encoding", json_string(f->encoding));
-        if (f->ndim) {
-            json_t *sh = json_array();
-            for (int d = 0; d < f->ndim; d++) json_array_append_new(sh, json_integer(f->shape[d]));
-            json_object_set_new(o, "shape", sh);
-        }
-        json_array_append_new(a, o);
-    }
-    return a;
-}
-
 static kpl_status write_metadata(kpl_record_writer *w, const uint32_t *icrc,
                                  const uint64_t *ibytes)
 {
@@ -464,7 +445,7 @@ static kpl_status write_metadata(kpl_record_writer *w, const uint32_t *icrc,
     json_object_set_new(m, "num_examples", json_integer(w->count));
     json_object_set_new(m, "chunk_bytes", json_integer((json_int_t)w->cfg.chunk_bytes));
     json_object_set_new(m, "zstd_level", json_integer(w->cfg.zstd_level));
-    json_object_set_new(m, "features", schema_json(w));
+    json_object_set_new(m, "features", kpl__schema_json(w->nf, w->schema));
     json_object_set_new(m, "attributes", json_loads(w->attrs, 0, NULL));
     json_t *shards = json_array();
     for (int s = 0; s < w->cfg.shards; s++) {
