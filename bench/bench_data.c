@@ -40,7 +40,7 @@ static int build_set(const char *dir)
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     cfg.shards = 4;
     kpl_record_writer *w = NULL;
-    char tmp[512];
+    char tmp[600];
     snprintf(tmp, sizeof tmp, "%s.idx", dir);
     kpl_dataset *src = NULL;
     char im[600], lb[600];
@@ -92,7 +92,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: bench_data WORKDIR\n");
         return 2;
     }
-    char dir[512], cmd[1024];
+    char dir[480], cmd[1100];
+    if (strlen(argv[1]) > 400) return 2;
     snprintf(dir, sizeof dir, "%s/bench_data_fm4", argv[1]);
     snprintf(cmd, sizeof cmd, "rm -rf '%s' '%s.idx'", dir, dir);
     if (system(cmd) != 0) return 1;
