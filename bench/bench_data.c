@@ -79,7 +79,7 @@ static int build_set(const char *dir)
     kpl_dataset_close(src);
     if (kpl_record_writer_close(w) < 0) return die("close");
     if (have_fm) {
-        char cmd[600];
+        char cmd[700];
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
         if (system(cmd) != 0) return 1;
     }
