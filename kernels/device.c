@@ -84,6 +84,8 @@ static const kpl_device_backend cpu_backend = {
     .raw_free = cpu_raw_free,
     .pinned_alloc = NULL,
     .pinned_free = NULL,
+    .host_register = NULL,
+    .host_unregister = NULL,
     .copy_h2d = cpu_copy,
     .copy_d2h = cpu_copy,
     .copy_d2d = cpu_copy,
@@ -251,6 +253,17 @@ kpl_status kpl_device_get(const char *name, kpl_device **out)
 kpl_device_type kpl_device_type_of(const kpl_device *dev) { return dev->type; }
 int kpl_device_index(const kpl_device *dev) { return dev->index; }
 const char *kpl_device_name(const kpl_device *dev) { return dev->name; }
+
+kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes)
+{
+    KPL_CHECK(dev != NULL && ptr != NULL, KPL_EINVAL, "device_pin_host: NULL argument");
+    return dev->backend->host_register ? dev->backend->host_register(dev, ptr, bytes) : KPL_OK;
+}
+
+void kpl_device_unpin_host(kpl_device *dev, void *ptr)
+{
+    if (dev && ptr && dev->backend->host_unregister) dev->backend->host_unregister(dev, ptr);
+}
 
 kpl_status kpl_device_synchronize(kpl_device *dev)
 {

@@ -91,7 +91,8 @@ const char *kpl_build_info(void);
     X(KPL_EBACKEND, -11, "backend library error")                      \
     X(KPL_ESTATE, -12, "object in the wrong state for this call")      \
     X(KPL_ERANGE, -13, "value out of range")                           \
-    X(KPL_ENOTFOUND, -14, "not found")
+    X(KPL_ENOTFOUND, -14, "not found")                                 \
+    X(KPL_ECHILD, -15, "a worker process failed")
 
 typedef enum {
 #define KPL_X_(name, value, msg) name = value,
@@ -183,6 +184,11 @@ const char *kpl_device_name(const kpl_device *dev);
 int kpl_device_count(kpl_device_type type);
 /* Whether this build contains a backend for the type. */
 bool kpl_device_type_built(kpl_device_type type);
+/* Page-locks `bytes` of existing host memory at `ptr` so copies between it
+ * and `dev` run at full speed (cudaHostRegister on CUDA; a no-op where host
+ * memory needs no pinning), and undoes it.  Blocking. */
+kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
+void kpl_device_unpin_host(kpl_device *dev, void *ptr);
 /* Waits for all work queued on the device (no-op on cpu). */
 kpl_status kpl_device_synchronize(kpl_device *dev);
 
@@ -261,6 +267,12 @@ typedef struct kpl_storage kpl_storage;
  * there is only a host copy.  For a CUDA home the host copy is pinned and
  * allocated on first host access.  Starts with refcount 1 and state EMPTY. */
 kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out);
+/* A CPU storage over `bytes` of caller-owned host memory (state HOST):
+ * nothing is copied or freed; when the last reference goes, release(ctx) is
+ * called (from the releasing thread).  For zero-copy views of buffers a
+ * producer owns, such as the data loader's batch slots. */
+kpl_status kpl_storage_wrap(void *host, size_t bytes, void (*release)(void *ctx), void *ctx,
+                            kpl_storage **out);
 void kpl_storage_retain(kpl_storage *s);
 /* Drops one reference; frees both copies at zero.  Accepts NULL. */
 void kpl_storage_release(kpl_storage *s);
@@ -296,6 +308,10 @@ kpl_status kpl_tensor_zeros(kpl_device *dev, kpl_dtype dt, int ndim,
 kpl_status kpl_tensor_from_data(kpl_device *dev, kpl_dtype dt, int ndim,
                                 const int64_t *shape, const void *data,
                                 kpl_tensor **out);
+/* A tensor over `s` starting at byte `offset` (the storage gains a
+ * reference; the caller keeps its own).  KPL_ERANGE if it does not fit. */
+kpl_status kpl_tensor_from_storage(kpl_storage *s, size_t offset, kpl_dtype dt, int ndim,
+                                   const int64_t *shape, kpl_tensor **out);
 /* Same device/dtype/shape as `like`, undefined contents. */
 kpl_status kpl_tensor_empty_like(const kpl_tensor *like, kpl_tensor **out);
 

@@ -64,6 +64,10 @@ typedef struct {
     /* Pinned host memory for transfers (optional). */
     kpl_status (*pinned_alloc)(void *dev, size_t bytes, void **out);
     void (*pinned_free)(void *dev, void *ptr);
+    /* Page-locks existing host memory for fast transfers, and undoes it
+     * (optional: NULL where host memory needs no pinning). */
+    kpl_status (*host_register)(kpl_device *dev, void *ptr, size_t bytes);
+    void (*host_unregister)(kpl_device *dev, void *ptr);
     /* Copies; on CUDA they are queued on the device's copy stream and
      * synchronised before returning (host side needs the bytes). */
     kpl_status (*copy_h2d)(kpl_device *dev, void *dst, const void *src,
@@ -119,6 +123,8 @@ struct kpl_storage {
     void *host;    /* host copy (== dev_ptr on cpu) */
     void *dev_ptr; /* device copy */
     kpl_mem_state state;
+    void (*wrap_release)(void *ctx); /* set: host memory is the caller's (storage_wrap) */
+    void *wrap_ctx;
 };
 
 struct kpl_tensor {

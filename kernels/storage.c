@@ -37,6 +37,24 @@ kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out)
     return KPL_OK;
 }
 
+kpl_status kpl_storage_wrap(void *host, size_t bytes, void (*release)(void *ctx), void *ctx,
+                            kpl_storage **out)
+{
+    KPL_CHECK(host != NULL && release != NULL && out != NULL, KPL_EINVAL,
+              "storage_wrap: NULL argument");
+    kpl_storage *s = calloc(1, sizeof *s);
+    KPL_CHECK(s != NULL, KPL_ENOMEM, "storage_wrap: no host memory");
+    atomic_init(&s->refcount, 1);
+    s->dev = kpl_device_cpu();
+    s->bytes = bytes;
+    s->host = s->dev_ptr = host;
+    s->state = KPL_MEM_HOST;
+    s->wrap_release = release;
+    s->wrap_ctx = ctx;
+    *out = s;
+    return KPL_OK;
+}
+
 void kpl_storage_retain(kpl_storage *s)
 {
     if (s) atomic_fetch_add_explicit(&s->refcount, 1, memory_order_relaxed);
@@ -46,6 +64,11 @@ void kpl_storage_release(kpl_storage *s)
 {
     if (!s) return;
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (s->wrap_release) {
+        s->wrap_release(s->wrap_ctx);
+        free(s);
+        return;
+    }
     if (!is_cpu(s) && s->host) kpl__allocator_free(s->dev->pinned, s->host);
     kpl__allocator_free(s->dev->alloc, s->dev_ptr);
     free(s);

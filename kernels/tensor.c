@@ -109,6 +109,23 @@ kpl_status kpl_tensor_from_data(kpl_device *dev, kpl_dtype dt, int ndim,
     return KPL_OK;
 }
 
+kpl_status kpl_tensor_from_storage(kpl_storage *s, size_t offset, kpl_dtype dt, int ndim,
+                                   const int64_t *shape, kpl_tensor **out)
+{
+    KPL_CHECK(s != NULL && out != NULL, KPL_EINVAL, "tensor_from_storage: NULL argument");
+    int64_t numel = 0;
+    size_t bytes = 0;
+    KPL_TRY(check_shape("tensor_from_storage", dt, ndim, shape, &numel, &bytes));
+    KPL_CHECK(offset <= s->bytes && bytes <= s->bytes - offset, KPL_ERANGE,
+              "tensor_from_storage: %zu bytes at offset %zu do not fit a %zu-byte storage",
+              bytes, offset, s->bytes);
+    kpl_tensor *t = header_new(dt, ndim, shape, numel, s, offset);
+    KPL_CHECK(t != NULL, KPL_ENOMEM, "tensor_from_storage: no host memory");
+    kpl_storage_retain(s);
+    *out = t;
+    return KPL_OK;
+}
+
 kpl_status kpl_tensor_empty_like(const kpl_tensor *like, kpl_tensor **out)
 {
     KPL_CHECK(like != NULL, KPL_EINVAL, "tensor_empty_like: NULL tensor");

@@ -233,6 +233,20 @@ static void cuda_pinned_free(void *ctx, void *ptr)
     (void)cudaGetLastError();
 }
 
+static kpl_status cuda_host_register(kpl_device *dev, void *ptr, size_t bytes)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    KPL_CUDA_TRY(cudaHostRegister(ptr, bytes, cudaHostRegisterPortable));
+    return KPL_OK;
+}
+
+static void cuda_host_unregister(kpl_device *dev, void *ptr)
+{
+    if (cudaSetDevice(dev->index) == cudaSuccess) cudaHostUnregister(ptr);
+    (void)cudaGetLastError();
+}
+
 /* Queues `n` bytes on the copy stream behind everything on the compute
  * stream and waits for the copy. */
 static kpl_status copy_host(kpl_device *dev, void *dst, const void *src, size_t n,
@@ -355,6 +369,8 @@ static const kpl_device_backend cuda_backend = {
     /* .raw_free = */ cuda_raw_free,
     /* .pinned_alloc = */ cuda_pinned_alloc,
     /* .pinned_free = */ cuda_pinned_free,
+    /* .host_register = */ cuda_host_register,
+    /* .host_unregister = */ cuda_host_unregister,
     /* .copy_h2d = */ cuda_copy_h2d,
     /* .copy_d2h = */ cuda_copy_d2h,
     /* .copy_d2d = */ cuda_copy_d2d,
