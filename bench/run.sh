@@ -93,6 +93,7 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       ;;
     data)
       "$build/bin/bench_data" "$build" || rc=$?
+      "$build/bin/bench_transform" "$baselines" || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2

@@ -153,14 +153,6 @@ static kpl_status write_classes(const char *out_dir, char **classes, int64_t n)
     return KPL_OK;
 }
 
-static uint64_t splitmix64(uint64_t *s)
-{
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped)
@@ -218,9 +210,9 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
         goto fail;
     }
     if (!o.keep_order) { /* Fisher-Yates from the seed */
-        uint64_t s = o.seed;
+        kpl__rng r = {o.seed};
         for (int64_t i = nitems - 1; i > 0; i--) {
-            int64_t j = (int64_t)(splitmix64(&s) % (uint64_t)(i + 1));
+            int64_t j = (int64_t)kpl__rng_below(&r, (uint64_t)i + 1);
             item t = items[i];
             items[i] = items[j];
             items[j] = t;

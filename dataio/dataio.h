@@ -225,6 +225,166 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped);
 
+/* ---- per-sample transforms (the DataTransformer's work) --------------------------- */
+
+typedef enum {
+    KPL_CROP_NONE,           /* whole image, resized to out_h x out_w if those are set */
+    KPL_CROP_RANDOM_RESIZED, /* torchvision's RandomResizedCrop(scale, ratio) */
+    KPL_CROP_CENTER,         /* shorter side resized to resize_shorter, then center crop */
+} kpl_crop_mode;
+
+/* What happens to one example on its way into a batch.  Images are decoded
+ * from the feature's encoding ("jpeg", "png", or "raw" with a fixed (H, W, C)
+ * shape; an empty encoding is sniffed from the bytes), converted to
+ * `channels`, cropped, resized (bilinear, antialiased when shrinking),
+ * flipped, jittered, and written as CHW.  Every random choice derives from
+ * (seed, epoch, example), never from the worker that runs it. */
+typedef struct {
+    const char *image_feature;      /* "image" */
+    const char *label_feature;      /* "label"; NULL or "": no label output */
+    const char *boxes_feature;      /* NULL: no boxes; else float list of 4n: x0,y0,x1,y1 in
+                                     * pixels of the stored image */
+    const char *box_labels_feature; /* NULL, or int64 list of n (with boxes) */
+    const char *mask_feature;       /* NULL, or bytes: PNG or raw (H, W) u8, the image's size */
+    int64_t max_boxes;              /* boxes kept per sample (the rest are dropped) */
+    int channels;                   /* 1 or 3 */
+    kpl_crop_mode crop;
+    int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size */
+    float scale[2], ratio[2];       /* random-resized-crop area and aspect ranges */
+    int resize_shorter;             /* CROP_CENTER: shorter side before the crop */
+    float flip_prob;                /* horizontal flip probability */
+    float brightness, contrast, saturation; /* jitter: factor uniform in [max(0,1-x), 1+x] */
+    kpl_dtype out_dtype;            /* KPL_F32: (x/255 - mean) / std; KPL_U8: 0..255 */
+    float mean[3], std[3];
+    bool skip_corrupt; /* a bad image: warn naming the record and drop it from its batch
+                        * (counted), instead of failing the iterator */
+} kpl_transform_config;
+#define KPL_TRANSFORM_CONFIG_INIT                                                           \
+    {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
+     {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false}
+
+/* ---- the loader: DataReader -> DataTransformer -> DataIterator -------------------- */
+/*
+ * One loader per rank.  kpl_loader_create forks a reader process (this
+ * rank's share of the examples, in the epoch's order, read chunk by chunk,
+ * checked and decompressed) and `workers` transformer processes (decode and
+ * augment into shared-memory batch slots); kpl_loader_next, in the calling
+ * process, hands out the finished batches in order as tensors that view the
+ * slots, without copies.
+ *
+ *   kpl_loader_config cfg = KPL_LOADER_CONFIG_INIT;
+ *   cfg.path = "data/train"; cfg.batch_size = 256; cfg.workers = 4;
+ *   cfg.rank = rank; cfg.world_size = world;
+ *   cfg.transform.crop = KPL_CROP_RANDOM_RESIZED; cfg.transform.out_h = 224; ...
+ *   kpl_loader *l = NULL;
+ *   kpl_loader_create(&cfg, &l);
+ *   for (int64_t epoch = 0; epoch < epochs; epoch++) {
+ *       kpl_batch b;
+ *       while (kpl_loader_next(l, &b) == KPL_OK && b.size > 0) {
+ *           train_step(b.image, b.label);
+ *           kpl_batch_release(&b);      // gives the slot back to the workers
+ *       }
+ *   }
+ *   kpl_loader_destroy(l);
+ *
+ * The sample sequence is a pure function of (seed, epoch, rank, world size)
+ * and the dataset; each sample's augmentation of (seed, epoch, example).  So
+ * the number of workers never changes the batches, and a loader created
+ * with start_epoch/start_position from kpl_loader_position continues exactly
+ * where an interrupted run stopped.
+ *
+ * A worker that dies is noticed within about 100 ms: kpl_loader_next
+ * returns KPL_ECHILD naming the stage, pid and signal or exit status, after
+ * stopping and reaping the other processes.  Children ignore SIGINT (the
+ * trainer decides) and die with their parent (PR_SET_PDEATHSIG).  The
+ * loader forks: create it before starting threads that hold locks the
+ * children might need (OpenMP pools are fine; the children use none).
+ */
+
+typedef enum {
+    KPL_SHUFFLE_NONE,    /* dataset order */
+    KPL_SHUFFLE_CHUNK,   /* chunk order shuffled, then examples inside windows of
+                          * shuffle_window chunks: sequential I/O */
+    KPL_SHUFFLE_BUFFER,  /* dataset order through a shuffle buffer of initial_fill */
+    KPL_SHUFFLE_EXAMPLE, /* a full permutation (random access: SSD or small sets) */
+} kpl_shuffle_mode;
+
+/* "none", "chunk", "buffer", "example"; parse returns -1 for other names. */
+const char *kpl_shuffle_mode_name(kpl_shuffle_mode m);
+int kpl_shuffle_mode_parse(const char *name);
+
+typedef struct {
+    const char *path;          /* the KPLRecord dataset directory */
+    int64_t batch_size;        /* >= 1 */
+    int workers;               /* transformer processes, >= 1 */
+    int prefetch;              /* batches prepared ahead of the one in use, >= 1 */
+    uint64_t seed;
+    int32_t rank, world_size;  /* this rank's share of every epoch */
+    kpl_shuffle_mode shuffle;
+    int shuffle_window;        /* CHUNK: chunks per shuffle window */
+    int64_t initial_fill;      /* BUFFER: examples in the shuffle buffer */
+    bool pad;   /* examples % world_size != 0: every rank gets ceil(N/world) by
+                 * repeating the epoch's first examples (true), or floor(N/world)
+                 * with the epoch's last examples left out (false) */
+    bool rotate;               /* each epoch, partition r goes to rank (r - epoch) mod world */
+    bool drop_last;            /* drop an epoch's last partial batch */
+    int64_t start_epoch;       /* resume point (kpl_loader_position) */
+    int64_t start_position;
+    size_t cache_bytes;        /* reader: decompressed chunks kept for reuse */
+    kpl_device *device;        /* NULL or CPU; a GPU device pins the batch memory */
+    kpl_transform_config transform;
+} kpl_loader_config;
+#define KPL_LOADER_CONFIG_INIT                                                              \
+    {NULL, 32, 1, 2, 0, 0, 1, KPL_SHUFFLE_CHUNK, 8, 4096, false, false, false, 0, 0,          \
+     (size_t)256 << 20, NULL, KPL_TRANSFORM_CONFIG_INIT}
+
+typedef struct kpl_loader kpl_loader;
+
+/* One batch: tensors viewing a shared-memory slot, owned by the caller
+ * (kpl_batch_release; the slot returns to the workers when every tensor
+ * of the batch is released).  Outputs the transform lacks are NULL. */
+typedef struct {
+    int64_t size;             /* samples; 0 marks the end of an epoch */
+    int64_t epoch;
+    int64_t position;         /* position in the epoch of its first sample */
+    int64_t skipped;          /* corrupt samples dropped from it (skip_corrupt) */
+    kpl_tensor *image;        /* (N, C, H, W) f32 or u8 */
+    kpl_tensor *label;        /* (N) i64 */
+    kpl_tensor *boxes;        /* (N, max_boxes, 4) f32 */
+    kpl_tensor *box_labels;   /* (N, max_boxes) i64 */
+    kpl_tensor *num_boxes;    /* (N) i64 */
+    kpl_tensor *mask;         /* (N, H, W) u8 */
+    kpl_tensor *example;      /* (N) i64: the dataset example of each sample */
+} kpl_batch;
+
+/* Opens the dataset, checks cfg (KPL_EINVAL naming the field), sets up the
+ * shared memory and starts the processes.  *out owned by the caller. */
+kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out);
+/* The next batch, in order; blocks until it is ready.  After an epoch's
+ * last batch comes one with size 0, then the next epoch.  KPL_ECHILD when
+ * a process of the pipeline failed (message: stage, pid, signal or status,
+ * or the worker's own error such as a corrupt record); the loader is then
+ * stopped for good.  KPL_ESTATE when every slot is still held by batches
+ * not released.  Not thread-safe (one consumer). */
+kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b);
+/* Releases the batch's tensors (NULLs them); NULL or empty is a no-op. */
+void kpl_batch_release(kpl_batch *b);
+/* Samples per epoch for this rank (after pad/drop; before drop_last). */
+int64_t kpl_loader_epoch_size(const kpl_loader *l);
+/* Batches per epoch (after drop_last), counted from position 0. */
+int64_t kpl_loader_batches_per_epoch(const kpl_loader *l);
+/* Where the next call to kpl_loader_next continues: give these to a new
+ * loader as start_epoch/start_position to resume. */
+void kpl_loader_position(const kpl_loader *l, int64_t *epoch, int64_t *position);
+/* Corrupt samples skipped so far. */
+int64_t kpl_loader_skipped(const kpl_loader *l);
+/* Process ids: [0] the reader, then the workers; returns how many (<= max). */
+int kpl_loader_pids(const kpl_loader *l, int *pids, int max);
+/* Stops the processes (SIGTERM, then SIGKILL after 2 s), reaps them and
+ * frees the loader.  Batches still held stay valid until released.  NULL
+ * is a no-op. */
+void kpl_loader_destroy(kpl_loader *l);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,6 +66,74 @@ static inline size_t kpl__feature_elem_size(kpl_feature_type t)
     return t == KPL_FEATURE_INT64 ? 8 : t == KPL_FEATURE_FLOAT ? 4 : 1;
 }
 
+/* ---- counter-based randomness: every draw is a pure function of its
+ *      key, so an order or an augmentation never depends on which process
+ *      or thread made it ---- */
+static inline uint64_t kpl__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+/* A splitmix64 stream. */
+typedef struct {
+    uint64_t s;
+} kpl__rng;
+/* A stream keyed by up to three numbers (e.g. seed, epoch, example). */
+static inline kpl__rng kpl__rng_key(uint64_t a, uint64_t b, uint64_t c)
+{
+    uint64_t k = kpl__mix64(a + 0x9E3779B97F4A7C15ull);
+    k = kpl__mix64(k ^ (b + 0xD1B54A32D192ED03ull));
+    k = kpl__mix64(k ^ (c + 0x8CB92BA72F3D8DD7ull));
+    return (kpl__rng){k};
+}
+static inline uint64_t kpl__rng_next(kpl__rng *r)
+{
+    return kpl__mix64(r->s += 0x9E3779B97F4A7C15ull);
+}
+/* Uniform in [0, 1) with 53 random bits. */
+static inline double kpl__rng_uniform(kpl__rng *r)
+{
+    return (double)(kpl__rng_next(r) >> 11) * 0x1.0p-53;
+}
+/* Uniform integer in [0, n), n >= 1, without modulo bias (Lemire). */
+static inline uint64_t kpl__rng_below(kpl__rng *r, uint64_t n)
+{
+    unsigned __int128 m = (unsigned __int128)kpl__rng_next(r) * n;
+    uint64_t lo = (uint64_t)m;
+    if (lo < n) {
+        uint64_t t = -n % n;
+        while (lo < t) {
+            m = (unsigned __int128)kpl__rng_next(r) * n;
+            lo = (uint64_t)m;
+        }
+    }
+    return (uint64_t)(m >> 64);
+}
+/* Fisher-Yates shuffle of v[0..n). */
+static inline void kpl__rng_shuffle(kpl__rng *r, int64_t *v, int64_t n)
+{
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)kpl__rng_below(r, (uint64_t)i + 1);
+        int64_t t = v[i];
+        v[i] = v[j];
+        v[j] = t;
+    }
+}
+
+/* ---- records: raw bodies for the pipeline, parsed where they are used ---- */
+/* Record i of chunk c as its stored body (CRC already checked by
+ * kpl_dataset_read_chunk): a view into c. */
+void kpl__chunk_record_body(const kpl_chunk *c, int i, const uint8_t **body, uint32_t *len);
+/* I/O hints for a reader: the access pattern of the shard files, and a
+ * chunk that will be read soon (read-ahead starts now).  Never fail. */
+void kpl__dataset_advise(const kpl_dataset *ds, bool sequential);
+void kpl__dataset_willneed(const kpl_dataset *ds, int64_t chunk);
+/* Splits a record body into values[nf] (views into body), checking that
+ * the feature counts fill it exactly; `where` prefixes the error. */
+kpl_status kpl__record_parse(int nf, const kpl_feature_spec *schema, const uint8_t *body,
+                             uint32_t len, kpl_feature_value *values, const char *where);
+
 /* The schema as METADATA's "features" array (a new jansson reference). */
 struct json_t;
 struct json_t *kpl__schema_json(int nf, const kpl_feature_spec *schema);

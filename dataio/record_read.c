@@ -487,19 +487,19 @@ static kpl_status reserve(uint8_t **p, size_t *cap, size_t n)
 
 /* Walks record i's features: sets values (may be NULL) and checks that the
  * counts fill the body exactly. */
-static kpl_status parse_record(const kpl_dataset *ds, const uint8_t *body, uint32_t len,
-                               kpl_feature_value *values, const char *where)
+kpl_status kpl__record_parse(int nf, const kpl_feature_spec *schema, const uint8_t *body,
+                             uint32_t len, kpl_feature_value *values, const char *where)
 {
     uint64_t off = 0;
-    for (int f = 0; f < ds->nf; f++) {
+    for (int f = 0; f < nf; f++) {
         if (off + 4 > len)
             return KPL_ERROR(KPL_EFORMAT, "%s: body ends inside feature '%s'", where,
-                             ds->schema[f].name);
+                             schema[f].name);
         uint32_t n = kpl__rd32(body + off);
-        uint64_t sz = (uint64_t)n * kpl__feature_elem_size(ds->schema[f].type);
+        uint64_t sz = (uint64_t)n * kpl__feature_elem_size(schema[f].type);
         if (off + 4 + sz > len)
             return KPL_ERROR(KPL_EFORMAT, "%s: feature '%s' claims %u values, past the body's "
-                             "end", where, ds->schema[f].name, n);
+                             "end", where, schema[f].name, n);
         if (values) values[f] = (kpl_feature_value){body + off + 4, n};
         off += 4 + sz;
     }
@@ -582,7 +582,7 @@ kpl_status kpl_dataset_read_chunk(kpl_dataset *ds, int64_t chunk, kpl_chunk *c)
         if (rc != kpl__rd32(c->data + pos + 4))
             return KPL_ERROR(KPL_EFORMAT, "%s: record CRC32C mismatch (stored %08x, computed "
                              "%08x)", rw, kpl__rd32(c->data + pos + 4), rc);
-        KPL_TRY(parse_record(ds, body, len, NULL, rw));
+        KPL_TRY(kpl__record_parse(ds->nf, ds->schema, body, len, NULL, rw));
         c->offs[i] = (uint32_t)pos;
         pos += KPLR_RECORD_HEADER + len;
     }
@@ -605,7 +605,32 @@ kpl_status kpl_chunk_record(const kpl_chunk *c, int i, kpl_feature_value *values
     KPL_CHECK(i >= 0 && i < c->n, KPL_ERANGE, "chunk %lld: record %d out of range [0, %d)",
               (long long)c->chunk, i, c->n);
     const uint8_t *r = c->data + c->offs[i];
-    return parse_record(c->ds, r + KPLR_RECORD_HEADER, kpl__rd32(r), values, "record");
+    return kpl__record_parse(c->ds->nf, c->ds->schema, r + KPLR_RECORD_HEADER, kpl__rd32(r),
+                             values, "record");
+}
+
+void kpl__dataset_advise(const kpl_dataset *ds, bool sequential)
+{
+    for (int s = 0; s < ds->nshards; s++)
+        posix_fadvise(ds->shards[s].fd, 0, 0,
+                      sequential ? POSIX_FADV_SEQUENTIAL : POSIX_FADV_RANDOM);
+}
+
+void kpl__dataset_willneed(const kpl_dataset *ds, int64_t chunk)
+{
+    if (chunk < 0 || chunk >= ds->nchunks) return;
+    kpl_chunk_info ci = kpl_dataset_chunk_info(ds, chunk);
+    const shard_r *sh = &ds->shards[ci.shard];
+    uint64_t off = kpl__rd64(sh->chunk_ents + KPLR_CHUNK_ENTRY * ci.chunk_in_shard);
+    posix_fadvise(sh->fd, (off_t)off, (off_t)(KPLR_CHUNK_HEADER + ci.stored_bytes),
+                  POSIX_FADV_WILLNEED);
+}
+
+void kpl__chunk_record_body(const kpl_chunk *c, int i, const uint8_t **body, uint32_t *len)
+{
+    const uint8_t *r = c->data + c->offs[i];
+    *body = r + KPLR_RECORD_HEADER;
+    *len = kpl__rd32(r);
 }
 
 kpl_status kpl_dataset_read_example(kpl_dataset *ds, int64_t example, kpl_chunk *c,

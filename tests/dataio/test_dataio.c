@@ -5,7 +5,8 @@
  * truncated files, a METADATA that lies, an unfinished writer, a shard from
  * another dataset.  IDX import from files the test writes and, when
  * installed, from Debian's Fashion-MNIST. */
-#include "kpl_test.h"
+#define KPL_TEST_NAME "dataio"
+#include "dataio_test.h"
 #include "dataio_impl.h"
 
 #include <fcntl.h>
@@ -15,23 +16,6 @@
 #include <lmdb.h>
 #include <turbojpeg.h>
 #include <zlib.h>
-
-static char tmp_root[64];
-
-static int setup(void **state)
-{
-    (void)state;
-    strcpy(tmp_root, "/tmp/kpl_test_dataio_XXXXXX");
-    return mkdtemp(tmp_root) ? 0 : -1;
-}
-
-static int teardown(void **state)
-{
-    (void)state;
-    char cmd[128];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
-    return system(cmd) == 0 ? 0 : -1;
-}
 
 static const char *path(const char *name)
 {

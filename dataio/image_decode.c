@@ -1,0 +1,471 @@
+/*
+ * image_decode.c — one image's bytes to u8 pixels, for the DataTransformer:
+ * JPEG through libjpeg-turbo's libjpeg API, PNG through libpng, and raw
+ * pixels with a fixed shape.
+ *
+ * A JPEG is decoded only where the transform will look: the window is
+ * chosen before decoding, the rows above it are skipped
+ * (jpeg_skip_scanlines: entropy decoding only), the columns outside it are
+ * cropped (jpeg_crop_scanline: no IDCT, upsampling or color conversion
+ * there), decoding stops after its last row (jpeg_abort_decompress), and a
+ * crop much larger than the output is decoded at 1/2, 1/4 or 1/8 scale in
+ * the DCT domain.  libjpeg-turbo's "fancy" chroma upsampling treats the
+ * left and right edges of a cropped row as image edges, so the requested
+ * window is widened by a pixel on the left and two on the right; the pixels
+ * handed back then equal those of a full decode exactly (the tests check
+ * this).
+ *
+ * Every libjpeg error and every warning about corrupt data ends the decode
+ * with KPL_EFORMAT carrying the library's message: a JPEG that libjpeg
+ * would patch up with gray blocks is refused rather than trained on.
+ */
+#include "transform_impl.h"
+
+#include <limits.h>
+#include <setjmp.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include <jerror.h>
+#include <jpeglib.h>
+#include <png.h>
+
+/* Larger images are refused before any allocation (a header can claim
+ * 65535 x 65535). */
+#define MAX_PIXELS ((int64_t)1 << 28)
+
+typedef struct {
+    struct jpeg_error_mgr pub;
+    jmp_buf jb;
+    char msg[JMSG_LENGTH_MAX];
+} jerr_mgr;
+
+struct kpl__decoder {
+    struct jpeg_decompress_struct jd;
+    jerr_mgr jerr;
+    bool jd_live; /* jd was created */
+
+    const uint8_t *data; /* the open image */
+    size_t n;
+    kpl__img_info info;
+    const char *where;
+    int raw_c;
+
+    uint8_t *buf; /* decoded pixels */
+    size_t buf_cap;
+    JSAMPROW *rows;
+    size_t rows_cap;
+    char pmsg[200]; /* libpng's error message */
+};
+
+static kpl_status grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return KPL_OK;
+    size_t n = need + need / 4;
+    void *q = realloc(*p, n * elem);
+    KPL_CHECK(q, KPL_ENOMEM, "image decode: no memory for %zu bytes", n * elem);
+    *p = q;
+    *cap = n;
+    return KPL_OK;
+}
+
+static void jerr_exit(j_common_ptr ci)
+{
+    jerr_mgr *e = (jerr_mgr *)ci->err;
+    ci->err->format_message(ci, e->msg);
+    longjmp(e->jb, 1);
+}
+
+/* Warnings (level -1) about the data are errors here; trace messages are
+ * dropped.  An unknown JFIF revision or a malformed ICC marker says nothing
+ * about the pixels and is let through. */
+static void jerr_emit(j_common_ptr ci, int level)
+{
+    if (level >= 0) return;
+    int code = ci->err->msg_code;
+    if (code == JWRN_JFIF_MAJOR || code == JWRN_BOGUS_ICC) return;
+    jerr_exit(ci);
+}
+
+static bool jd_create(kpl__decoder *d)
+{
+    if (setjmp(d->jerr.jb)) return false;
+    jpeg_create_decompress(&d->jd);
+    d->jd_live = true;
+    return true;
+}
+
+kpl__decoder *kpl__decoder_create(void)
+{
+    kpl__decoder *d = calloc(1, sizeof *d);
+    if (!d) {
+        KPL_ERROR(KPL_ENOMEM, "decoder: no memory");
+        return NULL;
+    }
+    d->jd.err = jpeg_std_error(&d->jerr.pub);
+    d->jerr.pub.error_exit = jerr_exit;
+    d->jerr.pub.emit_message = jerr_emit;
+    if (!jd_create(d)) {
+        KPL_ERROR(KPL_ENOMEM, "decoder: libjpeg: %s", d->jerr.msg);
+        free(d);
+        return NULL;
+    }
+    return d;
+}
+
+void kpl__decoder_destroy(kpl__decoder *d)
+{
+    if (!d) return;
+    if (d->jd_live) jpeg_destroy_decompress(&d->jd);
+    free(d->buf);
+    free(d->rows);
+    free(d);
+}
+
+/* ---- JPEG ------------------------------------------------------------------------ */
+
+static kpl_status jpeg_open(kpl__decoder *d)
+{
+    struct jpeg_decompress_struct *ci = &d->jd;
+    if (setjmp(d->jerr.jb)) {
+        jpeg_abort_decompress(ci);
+        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+    }
+    jpeg_abort_decompress(ci);
+    jpeg_mem_src(ci, d->data, (unsigned long)d->n);
+    jpeg_read_header(ci, TRUE);
+    d->info.width = (int)ci->image_width;
+    d->info.height = (int)ci->image_height;
+    d->info.channels = ci->num_components;
+    if ((int64_t)ci->image_width * ci->image_height > MAX_PIXELS) {
+        jpeg_abort_decompress(ci);
+        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG of %ux%u pixels is too large", d->where,
+                         ci->image_width, ci->image_height);
+    }
+    return KPL_OK;
+}
+
+/* CMYK as libjpeg delivers an Adobe file (inverted: 255 = no ink) to RGB,
+ * in place (the 3-byte writes trail the 4-byte reads). */
+static void cmyk_to_rgb(uint8_t *p, int n)
+{
+    for (int i = 0; i < n; i++) {
+        unsigned c = p[4 * i], m = p[4 * i + 1], y = p[4 * i + 2], k = p[4 * i + 3];
+        p[3 * i] = (uint8_t)((c * k + 127) / 255);
+        p[3 * i + 1] = (uint8_t)((m * k + 127) / 255);
+        p[3 * i + 2] = (uint8_t)((y * k + 127) / 255);
+    }
+}
+
+/* ITU-R 601 luma with libjpeg's fixed-point weights and rounding. */
+static inline uint8_t luma(unsigned r, unsigned g, unsigned b)
+{
+    return (uint8_t)((19595u * r + 38470u * g + 7471u * b + 32768u) >> 16);
+}
+
+static void rgb_to_gray(const uint8_t *s, int step, uint8_t *o, int n)
+{
+    for (int i = 0; i < n; i++) o[i] = luma(s[step * i], s[step * i + 1], s[step * i + 2]);
+}
+
+static kpl_status jpeg_region(kpl__decoder *d, int denom, int x, int y, int w, int h, int channels,
+                              kpl__img_view *out)
+{
+    struct jpeg_decompress_struct *ci = &d->jd;
+    bool cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+    if (setjmp(d->jerr.jb)) {
+        jpeg_abort_decompress(ci);
+        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+    }
+    ci->scale_num = 1;
+    ci->scale_denom = (unsigned)denom;
+    ci->out_color_space = cmyk ? JCS_CMYK : channels == 1 ? JCS_GRAYSCALE : JCS_RGB;
+    ci->dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(ci);
+    int W = (int)ci->output_width, comps = ci->output_components;
+
+    /* Widen by a pixel on the left and two on the right so that no pixel
+     * handed back lies on an edge of the cropped rows (see the top). */
+    JDIMENSION xo = (JDIMENSION)(x > 0 ? x - 1 : 0);
+    JDIMENSION cw = (JDIMENSION)((x + w + 2 < W ? x + w + 2 : W) - (int)xo);
+    if (xo > 0 || (int)cw < W) jpeg_crop_scanline(ci, &xo, &cw);
+    size_t stride = (size_t)ci->output_width * (size_t)comps;
+    KPL_TRY(grow((void **)&d->buf, &d->buf_cap, stride * (size_t)h + 64, 1));
+    KPL_TRY(grow((void **)&d->rows, &d->rows_cap, (size_t)h, sizeof(JSAMPROW)));
+    for (int r = 0; r < h; r++) d->rows[r] = d->buf + (size_t)r * stride;
+    if (y > 0) jpeg_skip_scanlines(ci, (JDIMENSION)y);
+    int got = 0;
+    while (got < h) {
+        JDIMENSION k = jpeg_read_scanlines(ci, d->rows + got, (JDIMENSION)(h - got));
+        if (k == 0) {
+            jpeg_abort_decompress(ci);
+            return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: no rows after row %d", d->where, y + got);
+        }
+        got += (int)k;
+    }
+    jpeg_abort_decompress(ci);
+
+    int off = x - (int)xo;
+    if (cmyk) {
+        int cwi = (int)ci->output_width;
+        for (int r = 0; r < h; r++) {
+            uint8_t *row = d->rows[r];
+            cmyk_to_rgb(row, cwi);
+            if (channels == 1) rgb_to_gray(row, 3, row, cwi);
+        }
+        comps = channels;
+    }
+    out->data = d->buf + (size_t)off * (size_t)comps;
+    out->w = w;
+    out->h = h;
+    out->c = comps;
+    out->stride = stride;
+    return KPL_OK;
+}
+
+/* ---- PNG -------------------------------------------------------------------------- */
+
+typedef struct {
+    const uint8_t *p;
+    size_t n, at;
+} png_src;
+
+static void png_read_mem(png_structp png, png_bytep out, size_t len)
+{
+    png_src *s = png_get_io_ptr(png);
+    if (len > s->n - s->at) png_error(png, "unexpected end of data (truncated file)");
+    memcpy(out, s->p + s->at, len);
+    s->at += len;
+}
+
+static void png_err(png_structp png, png_const_charp msg)
+{
+    kpl__decoder *d = png_get_error_ptr(png);
+    snprintf(d->pmsg, sizeof d->pmsg, "%s", msg);
+    png_longjmp(png, 1);
+}
+
+static void png_warn(png_structp png, png_const_charp msg)
+{
+    (void)png;
+    (void)msg; /* benign (an sRGB profile note, say); corrupt data is an error */
+}
+
+/* Decodes the whole PNG into d->buf as 8-bit rows.  As a mask (`mask`):
+ * values as stored, which must be one channel of <= 8 bits; as an image:
+ * palette expanded, low bit depths scaled to 8 bits, 16 bits rounded to 8;
+ * *nch is then 1..4 (gray, gray+alpha, RGB, RGBA). */
+static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n, bool mask,
+                                  int *nch)
+{
+    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, d, png_err, png_warn);
+    KPL_CHECK(png, KPL_ENOMEM, "%s: PNG: no memory", d->where);
+    png_infop info = png_create_info_struct(png);
+    if (!info) {
+        png_destroy_read_struct(&png, NULL, NULL);
+        return KPL_ERROR(KPL_ENOMEM, "%s: PNG: no memory", d->where);
+    }
+    png_src src = {data, n, 0};
+    kpl_status st = KPL_OK;
+    /* Set before the setjmp: read after a longjmp, so volatile. */
+    volatile bool bad_kind = false;
+    if (setjmp(png_jmpbuf(png))) {
+        st = bad_kind ? KPL_EFORMAT : KPL_ERROR(KPL_EFORMAT, "%s: PNG: %s", d->where, d->pmsg);
+        goto done;
+    }
+    png_set_read_fn(png, &src, png_read_mem);
+    png_set_crc_action(png, PNG_CRC_ERROR_QUIT, PNG_CRC_ERROR_QUIT);
+    png_read_info(png, info);
+    png_uint_32 w = png_get_image_width(png, info), h = png_get_image_height(png, info);
+    int ct = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
+    if ((int64_t)w * h > MAX_PIXELS) {
+        bad_kind = true;
+        KPL_ERROR(KPL_EFORMAT, "%s: PNG of %ux%u pixels is too large", d->where, w, h);
+        png_longjmp(png, 1);
+    }
+    if (mask) {
+        if ((ct != PNG_COLOR_TYPE_GRAY && ct != PNG_COLOR_TYPE_PALETTE) || depth > 8) {
+            bad_kind = true;
+            KPL_ERROR(KPL_EFORMAT,
+                      "%s: a mask PNG must have one channel of at most 8 bits (color type %d, "
+                      "bit depth %d)", d->where, ct, depth);
+            png_longjmp(png, 1);
+        }
+        if (depth < 8) png_set_packing(png);
+    } else {
+        png_set_expand(png);
+        if (depth == 16) png_set_scale_16(png);
+    }
+    png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    int ch = png_get_channels(png, info);
+    size_t rb = png_get_rowbytes(png, info);
+    if (rb != (size_t)w * (size_t)ch) {
+        bad_kind = true;
+        KPL_ERROR(KPL_EFORMAT, "%s: PNG: unexpected row size %zu", d->where, rb);
+        png_longjmp(png, 1);
+    }
+    if (grow((void **)&d->buf, &d->buf_cap, rb * h + 64, 1) < 0 ||
+        grow((void **)&d->rows, &d->rows_cap, h, sizeof(JSAMPROW)) < 0) {
+        bad_kind = true;
+        png_longjmp(png, 1);
+    }
+    for (png_uint_32 r = 0; r < h; r++) d->rows[r] = d->buf + (size_t)r * rb;
+    png_read_image(png, d->rows);
+    d->info.width = (int)w;
+    d->info.height = (int)h;
+    *nch = ch;
+done:
+    if (bad_kind) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_EFORMAT;
+    png_destroy_read_struct(&png, &info, NULL);
+    return st;
+}
+
+/* The header fields without decoding: IHDR is the first chunk. */
+static kpl_status png_header(kpl__decoder *d)
+{
+    const uint8_t *p = d->data;
+    if (d->n < 33 || memcmp(p + 12, "IHDR", 4) != 0)
+        return KPL_ERROR(KPL_EFORMAT, "%s: PNG: no IHDR chunk", d->where);
+    uint32_t w = __builtin_bswap32(kpl__rd32(p + 16)), h = __builtin_bswap32(kpl__rd32(p + 20));
+    if (w == 0 || h == 0 || w > 0x7fffffffu || h > 0x7fffffffu || (int64_t)w * h > MAX_PIXELS)
+        return KPL_ERROR(KPL_EFORMAT, "%s: PNG: bad or too large size %ux%u", d->where, w, h);
+    static const int chans[7] = {1, 0, 3, 1, 2, 0, 4};
+    int ct = p[25];
+    d->info.width = (int)w;
+    d->info.height = (int)h;
+    d->info.channels = ct <= 6 ? chans[ct] : 0;
+    if (d->info.channels == 0)
+        return KPL_ERROR(KPL_EFORMAT, "%s: PNG: bad color type %d", d->where, ct);
+    return KPL_OK;
+}
+
+/* ---- the interface ------------------------------------------------------------------ */
+
+static const uint8_t png_sig[8] = {0x89, 'P', 'N', 'G', 0x0d, 0x0a, 0x1a, 0x0a};
+
+kpl_status kpl__img_open(kpl__decoder *d, const void *data, size_t n, const char *encoding,
+                         const int raw_hwc[3], const char *where, kpl__img_info *info)
+{
+    d->data = data;
+    d->n = n;
+    d->where = where;
+    memset(&d->info, 0, sizeof d->info);
+    const uint8_t *p = data;
+    if (!strcmp(encoding, "raw")) {
+        size_t want = (size_t)raw_hwc[0] * (size_t)raw_hwc[1] * (size_t)raw_hwc[2];
+        KPL_CHECK(n == want, KPL_EFORMAT, "%s: raw image of %zu bytes, its shape (%d, %d, %d) "
+                  "needs %zu", where, n, raw_hwc[0], raw_hwc[1], raw_hwc[2], want);
+        d->info = (kpl__img_info){KPL__IMG_RAW, raw_hwc[1], raw_hwc[0], raw_hwc[2]};
+    } else if (!strcmp(encoding, "jpeg") || (!*encoding && n >= 3 && p[0] == 0xff && p[1] == 0xd8)) {
+        d->info.kind = KPL__IMG_JPEG;
+        KPL_TRY(jpeg_open(d));
+    } else if (!strcmp(encoding, "png") || (!*encoding && n >= 8 && !memcmp(p, png_sig, 8))) {
+        d->info.kind = KPL__IMG_PNG;
+        KPL_CHECK(n >= 8 && !memcmp(p, png_sig, 8), KPL_EFORMAT, "%s: not a PNG (no signature)",
+                  where);
+        KPL_TRY(png_header(d));
+    } else if (!*encoding) {
+        return KPL_ERROR(KPL_EFORMAT, "%s: neither JPEG nor PNG (%zu bytes starting %02x %02x)",
+                         where, n, n > 0 ? p[0] : 0, n > 1 ? p[1] : 0);
+    } else {
+        return KPL_ERROR(KPL_EFORMAT, "%s: unknown image encoding '%s'", where, encoding);
+    }
+    *info = d->info;
+    return KPL_OK;
+}
+
+void kpl__img_scaled_size(const kpl__img_info *info, int denom, int *w, int *h)
+{
+    *w = (info->width + denom - 1) / denom;
+    *h = (info->height + denom - 1) / denom;
+}
+
+/* n pixels of `from` channels (1..4: gray, gray+alpha, RGB, RGBA) to `to`
+ * (1 or 3) channels; alpha is dropped, as PIL's convert does. */
+static void convert_px(const uint8_t *s, int from, uint8_t *o, int to, int n)
+{
+    if (to == 1) {
+        if (from <= 2)
+            for (int i = 0; i < n; i++) o[i] = s[from * i];
+        else
+            rgb_to_gray(s, from, o, n);
+    } else {
+        for (int i = 0; i < n; i++) {
+            const uint8_t *q = s + from * i;
+            if (from <= 2)
+                o[3 * i] = o[3 * i + 1] = o[3 * i + 2] = q[0];
+            else
+                o[3 * i] = q[0], o[3 * i + 1] = q[1], o[3 * i + 2] = q[2];
+        }
+    }
+}
+
+kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int h, int channels,
+                           kpl__img_view *out)
+{
+    const kpl__img_info *in = &d->info;
+    KPL_ASSERT(in->kind, "kpl__img_decode without a successful open");
+    KPL_ASSERT(denom == 1 || (in->kind == KPL__IMG_JPEG && (denom == 2 || denom == 4 || denom == 8)),
+               "bad scale denominator");
+    int sw, sh;
+    kpl__img_scaled_size(in, denom, &sw, &sh);
+    KPL_ASSERT(x >= 0 && y >= 0 && w > 0 && h > 0 && x + w <= sw && y + h <= sh,
+               "decode window outside the image");
+    if (in->kind == KPL__IMG_JPEG) return jpeg_region(d, denom, x, y, w, h, channels, out);
+
+    const uint8_t *base;
+    size_t stride;
+    int from;
+    if (in->kind == KPL__IMG_RAW) {
+        from = in->channels;
+        stride = (size_t)in->width * (size_t)from;
+        base = d->data;
+    } else {
+        KPL_TRY(png_decode_full(d, d->data, d->n, false, &from));
+        stride = (size_t)in->width * (size_t)from;
+        base = d->buf;
+    }
+    if (from == channels) {
+        *out = (kpl__img_view){base + (size_t)y * stride + (size_t)x * (size_t)from, w, h,
+                               channels, stride};
+        return KPL_OK;
+    }
+    /* Convert the window in place (PNG: the rows only shrink or the
+     * converted window is written behind its source) or, for raw bytes and
+     * channel growth, behind the decoded image. */
+    size_t ostride = (size_t)w * (size_t)channels;
+    size_t at = in->kind == KPL__IMG_PNG ? stride * (size_t)in->height : 0;
+    KPL_TRY(grow((void **)&d->buf, &d->buf_cap, at + ostride * (size_t)h + 64, 1));
+    if (in->kind == KPL__IMG_PNG) base = d->buf;
+    for (int r = 0; r < h; r++)
+        convert_px(base + (size_t)(y + r) * stride + (size_t)x * (size_t)from, from,
+                   d->buf + at + (size_t)r * ostride, channels, w);
+    *out = (kpl__img_view){d->buf + at, w, h, channels, ostride};
+    return KPL_OK;
+}
+
+kpl_status kpl__mask_decode(kpl__decoder *d, const void *data, size_t n, const char *encoding,
+                            int width, int height, const char *where, kpl__img_view *out)
+{
+    d->where = where;
+    const uint8_t *p = data;
+    if (!strcmp(encoding, "raw") || (!*encoding && !(n >= 8 && !memcmp(p, png_sig, 8)))) {
+        KPL_CHECK(n == (size_t)width * (size_t)height, KPL_EFORMAT,
+                  "%s: raw mask of %zu bytes, the %dx%d image needs %zu", where, n, width,
+                  height, (size_t)width * (size_t)height);
+        *out = (kpl__img_view){p, width, height, 1, (size_t)width};
+        return KPL_OK;
+    }
+    KPL_CHECK(n >= 8 && !memcmp(p, png_sig, 8), KPL_EFORMAT, "%s: mask is not a PNG", where);
+    int nch = 0;
+    kpl__img_info keep = d->info;
+    kpl_status st = png_decode_full(d, p, n, true, &nch);
+    int mw = d->info.width, mh = d->info.height;
+    d->info = keep;
+    KPL_TRY(st);
+    KPL_CHECK(mw == width && mh == height, KPL_EFORMAT,
+              "%s: mask is %dx%d, the image %dx%d", where, mw, mh, width, height);
+    *out = (kpl__img_view){d->buf, width, height, 1, (size_t)width};
+    return KPL_OK;
+}

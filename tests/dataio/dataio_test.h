@@ -1,0 +1,28 @@
+/* dataio_test.h — what the dataio test programs share: a scratch directory
+ * made before the group runs and removed after it.  Define KPL_TEST_NAME
+ * (a short word for the directory name) before including. */
+#ifndef KPL_DATAIO_TEST_H
+#define KPL_DATAIO_TEST_H
+
+#include "kpl_test.h"
+
+#include <stdlib.h>
+
+static char tmp_root[64];
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(tmp_root, sizeof tmp_root, "/tmp/kpl_test_%s_XXXXXX", KPL_TEST_NAME);
+    return mkdtemp(tmp_root) ? 0 : -1;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp_root);
+    return system(cmd) == 0 ? 0 : -1;
+}
+
+#endif /* KPL_DATAIO_TEST_H */

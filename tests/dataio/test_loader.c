@@ -1,0 +1,604 @@
+/* test_loader.c — the sample order (every example once per epoch across 2
+ * and 4 ranks, padding and dropping, rotation, chunk windows, the shuffle
+ * buffer) and the multi-process loader: exact pixels and labels in the
+ * order the sampler gives, the same batches whatever the worker count,
+ * resume equivalence, a killed worker or reader reported within a second
+ * with no process left behind, corrupt images skipped or reported, and
+ * bad configurations refused. */
+#define KPL_TEST_NAME "loader"
+#include "dataio_test.h"
+#include "loader_impl.h"
+
+#include <errno.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <turbojpeg.h>
+#include <unistd.h>
+
+static double now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- a synthetic raw-pixel dataset: example e is a 32x32 gray image with
+ *      pixel (y, x) = (7e + 8y + x) mod 256, and label e ---- */
+
+#define S 32 /* 1 KiB records: several per 4 KiB chunk */
+static uint8_t pix(int64_t e, int y, int x) { return (uint8_t)((7 * e + S * y + x) % 256); }
+
+static const char *make_set(const char *name, int64_t n, int shards, size_t chunk_bytes)
+{
+    static char p[4][256];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(p[k], sizeof p[k], "%s/%s", tmp_root, name);
+    if (access(p[k], F_OK) == 0) return p[k];
+    kpl_feature_spec schema[2] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {S, S, 1}},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+    };
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.shards = shards;
+    cfg.chunk_bytes = chunk_bytes;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(p[k], 2, schema, &cfg, &w));
+    for (int64_t e = 0; e < n; e++) {
+        uint8_t img[S * S];
+        for (int y = 0; y < S; y++)
+            for (int x = 0; x < S; x++) img[y * S + x] = pix(e, y, x);
+        kpl_feature_value v[2] = {{img, S * S}, {&e, 1}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+    return p[k];
+}
+
+/* ---- the order ------------------------------------------------------------------- */
+
+static void test_order_partition(void **state)
+{
+    (void)state;
+    const int64_t n = 103;
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(make_set("order", n, 3, 4096), &ds));
+    assert_true(kpl_dataset_num_chunks(ds) >= 8);
+    int64_t order[128], count[103];
+    for (int mode = KPL_SHUFFLE_NONE; mode <= KPL_SHUFFLE_EXAMPLE; mode++)
+        for (int world = 1; world <= 4; world *= 2)
+            for (int pad = 0; pad < 2; pad++)
+                for (int rotate = 0; rotate < 2; rotate++)
+                    for (int64_t epoch = 0; epoch < 3; epoch++) {
+                        memset(count, 0, sizeof count);
+                        int64_t m = kpl__order_size(n, world, pad);
+                        assert_int_equal(m, pad ? (n + world - 1) / world : n / world);
+                        for (int r = 0; r < world; r++) {
+                            kpl__order_params p = {(kpl_shuffle_mode)mode, 42, r, world, 3, 10,
+                                                   pad, rotate};
+                            OK(kpl__order_epoch(ds, &p, epoch, order));
+                            for (int64_t i = 0; i < m; i++) {
+                                assert_true(order[i] >= 0 && order[i] < n);
+                                count[order[i]]++;
+                            }
+                        }
+                        int64_t total = 0, twice = 0, zero = 0;
+                        for (int64_t e = 0; e < n; e++) {
+                            total += count[e];
+                            twice += count[e] > 1 ? count[e] - 1 : 0;
+                            zero += count[e] == 0;
+                            assert_true(count[e] <= 2);
+                        }
+                        assert_int_equal(total, world * m);
+                        /* No pad: each at most once, N mod world left out.
+                         * Pad: each at least once, the rest repeated. */
+                        assert_int_equal(pad ? zero : twice, 0);
+                        assert_int_equal(pad ? twice : zero, pad ? world * m - n : n % world);
+                    }
+    kpl_dataset_close(ds);
+}
+
+static void test_order_properties(void **state)
+{
+    (void)state;
+    const int64_t n = 103;
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(make_set("order", n, 3, 4096), &ds));
+    int64_t a[103], b[103], c[103];
+    /* none: the dataset order, sliced. */
+    kpl__order_params p = {KPL_SHUFFLE_NONE, 1, 1, 2, 0, 0, false, false};
+    OK(kpl__order_epoch(ds, &p, 0, a));
+    for (int64_t i = 0; i < 51; i++) assert_int_equal(a[i], 51 + i);
+    /* Rotation: in epoch 1 rank 1 has partition 0. */
+    p.rotate = true;
+    OK(kpl__order_epoch(ds, &p, 1, a));
+    for (int64_t i = 0; i < 51; i++) assert_int_equal(a[i], i);
+
+    /* chunk: deterministic, new each epoch, and at most `window` chunks in
+     * use at any time (a chunk is in use from its first to its last
+     * example in the order). */
+    for (int window = 1; window <= 4; window++) {
+        p = (kpl__order_params){KPL_SHUFFLE_CHUNK, 7, 0, 1, window, 0, false, false};
+        OK(kpl__order_epoch(ds, &p, 0, a));
+        OK(kpl__order_epoch(ds, &p, 0, b));
+        OK(kpl__order_epoch(ds, &p, 1, c));
+        assert_memory_equal(a, b, sizeof a);
+        assert_memory_not_equal(a, c, sizeof a);
+        int64_t first[64], last[64];
+        for (int k = 0; k < 64; k++) first[k] = last[k] = -1;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t ch;
+            int rec;
+            OK(kpl_dataset_locate(ds, a[i], &ch, &rec));
+            if (first[ch] < 0) first[ch] = i;
+            last[ch] = i;
+        }
+        int worst = 0;
+        for (int64_t i = 0; i < n; i++) {
+            int open = 0;
+            for (int k = 0; k < 64; k++) open += first[k] >= 0 && first[k] <= i && i <= last[k];
+            if (open > worst) worst = open;
+        }
+        assert_true(worst <= window);
+        if (window > 1) assert_true(worst > 1); /* examples do mix across chunks */
+    }
+
+    /* buffer: a permutation in which example i of the stream leaves no
+     * later than position i + fill - 1... and no earlier than it arrives:
+     * the element at output i arrived at stream index <= i + fill - 1. */
+    p = (kpl__order_params){KPL_SHUFFLE_BUFFER, 9, 0, 1, 0, 16, false, false};
+    OK(kpl__order_epoch(ds, &p, 0, a));
+    int64_t seen[103] = {0};
+    int64_t moved = 0;
+    for (int64_t i = 0; i < n; i++) {
+        seen[a[i]]++;
+        assert_true(a[i] <= i + 15);
+        moved += a[i] != i;
+    }
+    for (int64_t e = 0; e < n; e++) assert_int_equal(seen[e], 1);
+    assert_true(moved > n / 2);
+    /* example: a full permutation, different per seed. */
+    p = (kpl__order_params){KPL_SHUFFLE_EXAMPLE, 1, 0, 1, 0, 0, false, false};
+    OK(kpl__order_epoch(ds, &p, 0, a));
+    p.seed = 2;
+    OK(kpl__order_epoch(ds, &p, 0, b));
+    assert_memory_not_equal(a, b, sizeof a);
+    kpl_dataset_close(ds);
+}
+
+/* ---- the loader ------------------------------------------------------------------ */
+
+static kpl_loader_config raw_config(const char *path, int64_t batch, int workers)
+{
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = path;
+    c.batch_size = batch;
+    c.workers = workers;
+    c.seed = 5;
+    c.shuffle_window = 3;
+    c.transform.channels = 1;
+    return c;
+}
+
+/* The label (= the order it was written in) of each example of a set:
+ * with several shards, examples are numbered shard by shard, so example
+ * numbers and writing order differ. */
+static int64_t label_of[5000];
+static void load_labels(const char *path)
+{
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(path, &ds));
+    kpl_chunk *c = NN(kpl_chunk_create());
+    int64_t moved = 0;
+    for (int64_t e = 0; e < kpl_dataset_num_examples(ds); e++) {
+        kpl_feature_value v[2];
+        OK(kpl_dataset_read_example(ds, e, c, v));
+        memcpy(&label_of[e], v[1].data, 8);
+        moved += label_of[e] != e;
+    }
+    assert_true(kpl_dataset_chunk_info(ds, kpl_dataset_num_chunks(ds) - 1).shard == 0 || moved > 0);
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+}
+
+/* Checks a batch of the raw set against the pixel formula (f32 output,
+ * mean 0, std 1: x / 255) and returns its examples in ex[]. */
+static void check_raw_batch(const kpl_batch *b, int64_t *ex)
+{
+    const int64_t *e = kpl_tensor_host_data(b->example);
+    const int64_t *lab = kpl_tensor_host_data(b->label);
+    const float *img = kpl_tensor_host_data(b->image);
+    assert_int_equal(kpl_tensor_dim(b->image, 0), b->size);
+    assert_int_equal(kpl_tensor_dim(b->image, 1), 1);
+    assert_int_equal(kpl_tensor_dim(b->image, 2), S);
+    for (int64_t i = 0; i < b->size; i++) {
+        assert_int_equal(lab[i], label_of[e[i]]);
+        for (int y = 0; y < S; y++)
+            for (int x = 0; x < S; x++)
+                assert_float_equal(img[(i * S + y) * S + x], pix(lab[i], y, x) / 255.0f, 1e-7);
+        ex[i] = e[i];
+    }
+}
+
+static void test_loader_batches_follow_order(void **state)
+{
+    (void)state;
+    const int64_t n = 103;
+    const char *path = make_set("order", n, 3, 4096);
+    load_labels(path);
+    for (int drop_last = 0; drop_last < 2; drop_last++) {
+        kpl_loader_config c = raw_config(path, 10, 2);
+        c.drop_last = drop_last;
+        kpl_loader *l = NULL;
+        OK(kpl_loader_create(&c, &l));
+        assert_int_equal(kpl_loader_epoch_size(l), n);
+        assert_int_equal(kpl_loader_batches_per_epoch(l), drop_last ? 10 : 11);
+        kpl_dataset *ds = NULL;
+        OK(kpl_dataset_open(path, &ds));
+        kpl__order_params p = {KPL_SHUFFLE_CHUNK, 5, 0, 1, 3, 0, false, false};
+        for (int64_t epoch = 0; epoch < 3; epoch++) {
+            int64_t want[103], got[110];
+            OK(kpl__order_epoch(ds, &p, epoch, want));
+            int64_t k = 0, nb = 0;
+            kpl_batch b;
+            for (;;) {
+                OK(kpl_loader_next(l, &b));
+                if (b.size == 0) break;
+                assert_int_equal(b.epoch, epoch);
+                assert_int_equal(b.position, k);
+                assert_int_equal(b.size, k + 10 <= n ? 10 : n - k);
+                check_raw_batch(&b, got + k);
+                k += b.size;
+                nb++;
+                kpl_batch_release(&b);
+            }
+            assert_int_equal(b.epoch, epoch);
+            assert_int_equal(nb, drop_last ? 10 : 11);
+            assert_int_equal(k, drop_last ? 100 : n);
+            assert_memory_equal(got, want, (size_t)k * sizeof *got);
+        }
+        kpl_dataset_close(ds);
+        kpl_loader_destroy(l);
+    }
+}
+
+/* All batches of `epochs` epochs: examples into ex (returns the count),
+ * images into img when not NULL. */
+static int64_t drain(kpl_loader *l, int epochs, int64_t *ex, uint8_t *img, size_t img_each)
+{
+    int64_t k = 0;
+    for (int e = 0; e < epochs; e++) {
+        kpl_batch b;
+        for (;;) {
+            OK(kpl_loader_next(l, &b));
+            if (b.size == 0) break;
+            memcpy(ex + k, kpl_tensor_host_data(b.example), (size_t)b.size * 8);
+            if (img) memcpy(img + (size_t)k * img_each, kpl_tensor_host_data(b.image),
+                            (size_t)b.size * img_each);
+            k += b.size;
+            kpl_batch_release(&b);
+        }
+    }
+    return k;
+}
+
+static void test_loader_ranks_cover_once(void **state)
+{
+    (void)state;
+    const int64_t n = 103;
+    const char *path = make_set("order", n, 3, 4096);
+    for (int world = 2; world <= 4; world += 2)
+        for (int pad = 0; pad < 2; pad++) {
+            int64_t count[2][103] = {{0}};
+            for (int r = 0; r < world; r++) {
+                kpl_loader_config c = raw_config(path, 8, 1);
+                c.rank = r;
+                c.world_size = world;
+                c.pad = pad;
+                c.rotate = true;
+                kpl_loader *l = NULL;
+                OK(kpl_loader_create(&c, &l));
+                int64_t ex[2 * 60];
+                int64_t m = kpl_loader_epoch_size(l);
+                assert_int_equal(drain(l, 2, ex, NULL, 0), 2 * m);
+                for (int64_t i = 0; i < 2 * m; i++) count[i / m][ex[i]]++;
+                kpl_loader_destroy(l);
+            }
+            for (int e = 0; e < 2; e++) {
+                int64_t once = 0;
+                for (int64_t i = 0; i < n; i++) {
+                    assert_true(pad ? count[e][i] >= 1 : count[e][i] <= 1);
+                    once += count[e][i] == 1;
+                }
+                assert_int_equal(once, pad ? n - (world - n % world) % world : n - n % world);
+            }
+        }
+}
+
+/* Random-resized crops and flips: the batches do not depend on the
+ * number of workers. */
+static void test_loader_workers_deterministic(void **state)
+{
+    (void)state;
+    const char *path = make_set("order", 103, 3, 4096);
+    uint8_t *img[2];
+    int64_t ex[2][220];
+    for (int k = 0; k < 2; k++) {
+        kpl_loader_config c = raw_config(path, 7, k ? 3 : 1);
+        c.transform.crop = KPL_CROP_RANDOM_RESIZED;
+        c.transform.out_h = c.transform.out_w = 6;
+        c.transform.flip_prob = 0.5f;
+        c.transform.out_dtype = KPL_U8;
+        c.shuffle = KPL_SHUFFLE_EXAMPLE;
+        kpl_loader *l = NULL;
+        OK(kpl_loader_create(&c, &l));
+        img[k] = malloc(220 * 36);
+        assert_int_equal(drain(l, 2, ex[k], img[k], 36), 206);
+        kpl_loader_destroy(l);
+    }
+    assert_memory_equal(ex[0], ex[1], 206 * 8);
+    assert_memory_equal(img[0], img[1], 206 * 36);
+    /* The crops really are random: the same example differs across epochs. */
+    int differ = 0;
+    for (int64_t i = 0; i < 103; i++)
+        for (int64_t j = 103; j < 206; j++)
+            if (ex[0][i] == ex[0][j]) differ += memcmp(img[0] + i * 36, img[0] + j * 36, 36) != 0;
+    assert_true(differ > 50);
+    free(img[0]);
+    free(img[1]);
+}
+
+/* Stopping after some batches and resuming from kpl_loader_position gives
+ * the uninterrupted sequence; so does a start in the middle of a batch. */
+static void test_loader_resume(void **state)
+{
+    (void)state;
+    const char *path = make_set("order", 103, 3, 4096);
+    for (int mode = KPL_SHUFFLE_NONE; mode <= KPL_SHUFFLE_EXAMPLE; mode++) {
+        kpl_loader_config c = raw_config(path, 10, 2);
+        c.shuffle = (kpl_shuffle_mode)mode;
+        c.initial_fill = 20;
+        c.transform.crop = KPL_CROP_RANDOM_RESIZED;
+        c.transform.out_h = c.transform.out_w = 5;
+        c.transform.out_dtype = KPL_U8;
+        kpl_loader *l = NULL;
+        OK(kpl_loader_create(&c, &l));
+        int64_t full[206], part[206];
+        uint8_t fimg[206 * 25], pimg[206 * 25];
+        assert_int_equal(drain(l, 2, full, fimg, 25), 206);
+        kpl_loader_destroy(l);
+
+        OK(kpl_loader_create(&c, &l));
+        int64_t k = 0;
+        kpl_batch b;
+        for (int i = 0; i < 14; i++) { /* 11 batches + end + 2 */
+            OK(kpl_loader_next(l, &b));
+            assert_true((i == 11) == (b.size == 0));
+            if (!b.size) continue;
+            memcpy(part + k, kpl_tensor_host_data(b.example), (size_t)b.size * 8);
+            memcpy(pimg + k * 25, kpl_tensor_host_data(b.image), (size_t)b.size * 25);
+            k += b.size;
+            kpl_batch_release(&b);
+        }
+        int64_t epoch, pos;
+        kpl_loader_position(l, &epoch, &pos);
+        assert_int_equal(epoch, 1);
+        assert_int_equal(pos, 20);
+        kpl_loader_destroy(l);
+        c.start_epoch = epoch;
+        c.start_position = pos;
+        OK(kpl_loader_create(&c, &l));
+        int64_t more = drain(l, 1, part + k, pimg + k * 25, 25);
+        assert_int_equal(k + more, 206);
+        assert_memory_equal(full, part, sizeof full);
+        assert_memory_equal(fimg, pimg, sizeof fimg);
+        kpl_loader_destroy(l);
+
+        /* From the middle of a batch. */
+        c.start_epoch = 0;
+        c.start_position = 17;
+        OK(kpl_loader_create(&c, &l));
+        OK(kpl_loader_next(l, &b));
+        assert_int_equal(b.position, 17);
+        assert_int_equal(b.size, 10);
+        assert_memory_equal(kpl_tensor_host_data(b.example), full + 17, 10 * 8);
+        kpl_batch_release(&b);
+        kpl_loader_destroy(l);
+    }
+}
+
+static void assert_no_children(void)
+{
+    int status;
+    errno = 0;
+    assert_int_equal(waitpid(-1, &status, WNOHANG), -1);
+    assert_int_equal(errno, ECHILD);
+}
+
+/* Kills process `which` (0 the reader, 1.. a worker) after one batch:
+ * kpl_loader_next fails within a second naming it; nothing is left. */
+static void kill_one(const char *path, int which)
+{
+    kpl_loader_config c = raw_config(path, 4, 2);
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    kpl_batch b;
+    OK(kpl_loader_next(l, &b));
+    kpl_batch_release(&b);
+    int pids[3];
+    assert_int_equal(kpl_loader_pids(l, pids, 3), 3);
+    assert_int_equal(kill(pids[which], SIGKILL), 0);
+    double t0 = now();
+    kpl_status st = KPL_OK;
+    for (int i = 0; i < 1000 && st == KPL_OK; i++) {
+        st = kpl_loader_next(l, &b);
+        kpl_batch_release(&b);
+    }
+    assert_true(now() - t0 < 1.0);
+    assert_int_equal(st, KPL_ECHILD);
+    char want[80];
+    if (which)
+        snprintf(want, sizeof want, "transformer %d (pid %d) was killed by signal 9", which - 1,
+                 pids[which]);
+    else
+        snprintf(want, sizeof want, "reader (pid %d) was killed by signal 9", pids[0]);
+    if (!strstr(kpl_last_error(), want)) fail_msg("'%s' lacks '%s'", kpl_last_error(), want);
+    /* It stays failed, and destroying it leaves no process behind. */
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "killed by signal 9");
+    kpl_loader_destroy(l);
+    assert_no_children();
+}
+
+static void test_loader_process_death(void **state)
+{
+    (void)state;
+    const char *path = make_set("big", 5000, 2, 1 << 16);
+    kill_one(path, 1);
+    kill_one(path, 0);
+    /* A plain destroy with work in flight also leaves nothing. */
+    kpl_loader_config c = raw_config(path, 4, 3);
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    double t0 = now();
+    kpl_loader_destroy(l);
+    assert_true(now() - t0 < 3.0);
+    assert_no_children();
+}
+
+/* A set of 16x16 JPEGs with example `bad` replaced by garbage. */
+static const char *make_jpeg_set(const char *name, int64_t n, int64_t bad)
+{
+    static char p[256];
+    snprintf(p, sizeof p, "%s/%s", tmp_root, name);
+    kpl_feature_spec schema[2] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "jpeg"},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+    };
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(p, 2, schema, &cfg, &w));
+    tjhandle tj = tjInitCompress();
+    for (int64_t e = 0; e < n; e++) {
+        uint8_t rgb[16 * 16 * 3];
+        for (int i = 0; i < 16 * 16 * 3; i++) rgb[i] = (uint8_t)(e * 11 + i);
+        unsigned char *jpg = NULL;
+        unsigned long len = 0;
+        assert_int_equal(tjCompress2(tj, rgb, 16, 0, 16, TJPF_RGB, &jpg, &len, TJSAMP_444, 90, 0),
+                         0);
+        if (e == bad) memset(jpg + 2, 0x5a, len - 2);
+        kpl_feature_value v[2] = {{jpg, (uint32_t)len}, {&e, 1}};
+        OK(kpl_record_writer_add(w, v));
+        tjFree(jpg);
+    }
+    tjDestroy(tj);
+    OK(kpl_record_writer_close(w));
+    return p;
+}
+
+static void test_loader_corrupt_image(void **state)
+{
+    (void)state;
+    const char *path = make_jpeg_set("jpeg", 24, 5);
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = path;
+    c.batch_size = 8;
+    c.workers = 2;
+    c.shuffle = KPL_SHUFFLE_NONE;
+    c.transform.out_h = c.transform.out_w = 16;
+    c.transform.skip_corrupt = true;
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    kpl_batch b;
+    OK(kpl_loader_next(l, &b));
+    assert_int_equal(b.size, 7);
+    assert_int_equal(b.skipped, 1);
+    const int64_t *lab = kpl_tensor_host_data(b.label);
+    for (int i = 0; i < 7; i++) assert_int_equal(lab[i], i < 5 ? i : i + 1);
+    assert_int_equal(kpl_tensor_dim(b.image, 1), 3);
+    assert_int_equal(kpl_tensor_dim(b.image, 3), 16);
+    kpl_batch_release(&b);
+    OK(kpl_loader_next(l, &b));
+    assert_int_equal(b.size, 8);
+    assert_int_equal(b.position, 8);
+    kpl_batch_release(&b);
+    assert_int_equal(kpl_loader_skipped(l), 1);
+    kpl_loader_destroy(l);
+
+    c.transform.skip_corrupt = false;
+    OK(kpl_loader_create(&c, &l));
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 5");
+    kpl_loader_destroy(l);
+    assert_no_children();
+}
+
+static void test_loader_bad_config(void **state)
+{
+    (void)state;
+    const char *path = make_set("order", 103, 3, 4096);
+    kpl_loader *l = NULL;
+    kpl_loader_config c = raw_config(path, 10, 0);
+    FAILS(kpl_loader_create(&c, &l), KPL_EINVAL, "workers 0");
+    c = raw_config(path, 60, 1);
+    c.world_size = 2;
+    c.drop_last = true;
+    FAILS(kpl_loader_create(&c, &l), KPL_EINVAL, "not one batch of 60");
+    c = raw_config(path, 10, 1);
+    c.rank = 2;
+    c.world_size = 2;
+    FAILS(kpl_loader_create(&c, &l), KPL_EINVAL, "rank 2 of world size 2");
+    c = raw_config(path, 10, 1);
+    c.transform.image_feature = "nope";
+    FAILS(kpl_loader_create(&c, &l), KPL_EINVAL, "nope");
+    c = raw_config(path, 10, 1);
+    c.start_position = 104;
+    FAILS(kpl_loader_create(&c, &l), KPL_EINVAL, "start_position 104");
+    c = raw_config("/nonexistent/set", 10, 1);
+    assert_true(kpl_loader_create(&c, &l) < 0);
+    assert_null(l);
+    assert_no_children();
+}
+
+/* Holding every slot is an error, not a hang; a batch outlives its loader. */
+static void test_loader_slots_held(void **state)
+{
+    (void)state;
+    const char *path = make_set("order", 103, 3, 4096);
+    kpl_loader_config c = raw_config(path, 10, 1);
+    c.prefetch = 1;
+    load_labels(path);
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    kpl_batch b1, b2, b3;
+    OK(kpl_loader_next(l, &b1));
+    OK(kpl_loader_next(l, &b2));
+    FAILS(kpl_loader_next(l, &b3), KPL_ESTATE, "held");
+    kpl_batch_release(&b1);
+    OK(kpl_loader_next(l, &b3));
+    assert_int_equal(b3.position, 20);
+    kpl_batch_release(&b3);
+    kpl_loader_destroy(l);
+    int64_t ex[10];
+    check_raw_batch(&b2, ex);
+    kpl_batch_release(&b2);
+    assert_no_children();
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_order_partition),
+        cmocka_unit_test(test_order_properties),
+        cmocka_unit_test(test_loader_batches_follow_order),
+        cmocka_unit_test(test_loader_ranks_cover_once),
+        cmocka_unit_test(test_loader_workers_deterministic),
+        cmocka_unit_test(test_loader_resume),
+        cmocka_unit_test(test_loader_process_death),
+        cmocka_unit_test(test_loader_corrupt_image),
+        cmocka_unit_test(test_loader_bad_config),
+        cmocka_unit_test(test_loader_slots_held),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}

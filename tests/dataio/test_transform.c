@@ -1,0 +1,1044 @@
+/* test_transform.c — the DataTransformer's per-sample work: JPEG decodes
+ * (full, region, DCT-scaled, gray, progressive, CMYK) against TurboJPEG's
+ * own decode of the same bytes, bit for bit; PNG decodes of every color
+ * type against the values written; the resize against a double-precision
+ * reference of the same filter; random-resized-crop parameters, keying,
+ * flip, normalization and jitter against hand arithmetic; boxes and masks
+ * through crop, resize and flip; corrupt images; config validation. */
+#define KPL_TEST_NAME "transform"
+#include "dataio_test.h"
+#include "transform_impl.h"
+
+#include <glob.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <jpeglib.h>
+#include <png.h>
+#include <turbojpeg.h>
+
+static int set_no;
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+/* A photo-like test pattern: gradients, a few edges, some noise. */
+static uint8_t *pattern(int w, int h, int c, uint32_t seed)
+{
+    uint8_t *p = malloc((size_t)w * h * c);
+    uint32_t r = seed * 2654435761u + 1;
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < c; k++) {
+                r = r * 1664525u + 1013904223u;
+                int v = (x * (3 + k) + y * (5 - k)) / 2 + ((x / 23 + y / 17) % 2) * 60 +
+                        (int)(r >> 28) - 8;
+                p[((size_t)y * w + x) * c + k] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
+    return p;
+}
+
+/* JPEG bytes (tjFree them) of `pix` (TJPF_RGB or TJPF_GRAY). */
+static unsigned char *tj_encode(const uint8_t *pix, int w, int h, int pf, int subsamp, int flags,
+                                unsigned long *len)
+{
+    tjhandle t = tjInitCompress();
+    unsigned char *buf = NULL;
+    *len = 0;
+    if (tjCompress2(t, pix, w, 0, h, pf, &buf, len, subsamp, 90, flags) != 0)
+        fail_msg("tjCompress2: %s", tjGetErrorStr2(t));
+    tjDestroy(t);
+    return buf;
+}
+
+/* TurboJPEG's decode at scale 1/denom (malloc'd); *w, *h get the size. */
+static uint8_t *tj_decode(const unsigned char *jpg, unsigned long len, int pf, int denom, int *w,
+                          int *h)
+{
+    tjhandle t = tjInitDecompress();
+    int W, H, ss, cs;
+    if (tjDecompressHeader3(t, jpg, len, &W, &H, &ss, &cs) != 0)
+        fail_msg("tjDecompressHeader3: %s", tjGetErrorStr2(t));
+    tjscalingfactor f = {1, denom};
+    *w = TJSCALED(W, f);
+    *h = TJSCALED(H, f);
+    uint8_t *out = malloc((size_t)*w * *h * tjPixelSize[pf]);
+    if (tjDecompress2(t, jpg, len, out, *w, 0, *h, pf, 0) != 0)
+        fail_msg("tjDecompress2: %s", tjGetErrorStr2(t));
+    tjDestroy(t);
+    return out;
+}
+
+/* The window of a decoded view must equal the window of `ref` (rw wide, c
+ * channels) at (x, y) exactly. */
+static void assert_window(const kpl__img_view *v, const uint8_t *ref, int rw, int c, int x, int y,
+                          const char *what)
+{
+    assert_int_equal(v->c, c);
+    for (int r = 0; r < v->h; r++)
+        for (int i = 0; i < v->w * c; i++) {
+            int a = v->data[(size_t)r * v->stride + i];
+            int b = ref[((size_t)(y + r) * rw + x) * c + i];
+            if (a != b)
+                fail_msg("%s: window (%d,%d %dx%d) pixel (%d,%d) ch %d: %d, TurboJPEG %d", what, x,
+                         y, v->w, v->h, x + i / c, y + r, i % c, a, b);
+        }
+}
+
+static kpl_feature_spec image_schema[2] = {
+    {.name = "image", .type = KPL_FEATURE_BYTES},
+    {.name = "label", .type = KPL_FEATURE_INT64},
+};
+
+/* A dataset of `n` images (bytes[i], len[i]) with labels 100 + i; the
+ * image feature's encoding and shape as given. */
+static kpl_dataset *image_set(int n, const void *const *bytes, const size_t *len,
+                              const char *encoding, int ndim, const int64_t *shape)
+{
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/set%d", tmp_root, set_no++);
+    kpl_feature_spec sc[2];
+    memcpy(sc, image_schema, sizeof sc);
+    snprintf(sc[0].encoding, sizeof sc[0].encoding, "%s", encoding);
+    sc[0].ndim = ndim;
+    for (int i = 0; i < ndim; i++) sc[0].shape[i] = shape[i];
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 2, sc, &wc, &w));
+    for (int i = 0; i < n; i++) {
+        int64_t label = 100 + i;
+        kpl_feature_value v[2] = {{bytes[i], (uint32_t)len[i]}, {&label, 1}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+    return ds;
+}
+
+/* Runs one sample of `example` through cfg (image into img). */
+static kpl_status sample(kpl_dataset *ds, const kpl_transform_config *cfg, int64_t example,
+                         uint64_t seed, int64_t epoch, void *img, kpl__sample_out *extra)
+{
+    kpl__xform x;
+    kpl_status st = kpl__xform_init(&x, cfg, ds);
+    if (st < 0) return st;
+    kpl_chunk *c = kpl_chunk_create();
+    kpl_feature_value v[8];
+    st = kpl_dataset_read_example(ds, example, c, v);
+    kpl__xform_scratch *s = kpl__xform_scratch_create();
+    kpl__sample_out o = {0};
+    if (extra) o = *extra;
+    o.image = img;
+    if (st == KPL_OK) st = kpl__xform_sample(&x, v, seed, epoch, example, s, &o);
+    kpl__xform_scratch_destroy(s);
+    kpl_chunk_destroy(c);
+    return st;
+}
+
+/* CHW u8 output against HWC reference pixels. */
+static void assert_chw_equals_hwc(const uint8_t *chw, const uint8_t *hwc, int w, int h, int c,
+                                  const char *what)
+{
+    for (int y = 0; y < h; y++)
+        for (int x = 0; x < w; x++)
+            for (int k = 0; k < c; k++) {
+                int a = chw[((size_t)k * h + y) * w + x], b = hwc[((size_t)y * w + x) * c + k];
+                if (a != b) fail_msg("%s: (%d,%d) ch %d: %d, expected %d", what, x, y, k, a, b);
+            }
+}
+
+static uint8_t *read_whole(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *b = malloc((size_t)n);
+    if (fread(b, 1, (size_t)n, f) != (size_t)n) fail_msg("short read of %s", path);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* ---- (1) full JPEG decode through the transform ---------------------------------- */
+
+static void check_full_decode(const unsigned char *jpg, size_t len, const char *what)
+{
+    int w, h;
+    uint8_t *ref = tj_decode(jpg, len, TJPF_RGB, 1, &w, &h);
+    const void *b[1] = {jpg};
+    kpl_dataset *ds = image_set(1, b, &len, "jpeg", 0, NULL);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.out_dtype = KPL_U8;
+    cfg.out_h = h;
+    cfg.out_w = w;
+    uint8_t *out = malloc((size_t)3 * w * h);
+    int64_t label = 0;
+    kpl__sample_out ex = {.label = &label};
+    OK(sample(ds, &cfg, 0, 1, 0, out, &ex));
+    assert_int_equal(label, 100);
+    assert_chw_equals_hwc(out, ref, w, h, 3, what);
+    free(out);
+    free(ref);
+    kpl_dataset_close(ds);
+}
+
+static void test_jpeg_full_decode(void **state)
+{
+    (void)state;
+    const int W = 203, H = 157;
+    uint8_t *pix = pattern(W, H, 3, 1);
+    int subs[2] = {TJSAMP_420, TJSAMP_444};
+    for (int k = 0; k < 2; k++) {
+        unsigned long len;
+        unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, subs[k], 0, &len);
+        check_full_decode(jpg, len, k ? "4:4:4" : "4:2:0");
+        tjFree(jpg);
+    }
+    free(pix);
+    glob_t g;
+    if (glob("/work/shared/baselines/jpeg/*.jpg", 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            size_t len;
+            uint8_t *b = read_whole(g.gl_pathv[i], &len);
+            check_full_decode(b, len, g.gl_pathv[i]);
+            free(b);
+        }
+        globfree(&g);
+    } else {
+        fprintf(stderr, "test_transform: no photos in /work/shared/baselines/jpeg: skipped\n");
+    }
+}
+
+/* ---- (2)-(4) region, scaled, gray, progressive, CMYK ---------------------------- */
+
+/* Every window of the list (clipped to the image) at every scale equals the
+ * same window of TurboJPEG's decode at that scale. */
+static void check_regions(const unsigned char *jpg, size_t len, int channels, const char *what)
+{
+    kpl__decoder *d = NN(kpl__decoder_create());
+    int pf = channels == 1 ? TJPF_GRAY : TJPF_RGB;
+    for (int denom = 1; denom <= 8; denom *= 2) {
+        int w, h;
+        uint8_t *ref = tj_decode(jpg, len, pf, denom, &w, &h);
+        const int win[][4] = {{0, 0, 100000, 100000}, {1, 1, 10, 10},  {17, 5, 33, 40},
+                              {15, 16, 1, 1},         {16, 16, 16, 16}, {31, 0, 1, 100000},
+                              {0, 100000, 100000, 1}, {100000, 100000, 7, 9},
+                              {7, 9, 100000, 100000}, {33, 47, 61, 29}, {8, 8, 2, 3}};
+        for (size_t k = 0; k < sizeof win / sizeof win[0]; k++) {
+            int x = win[k][0], y = win[k][1], ww = win[k][2], hh = win[k][3];
+            /* 100000 means "to the edge" (as a size) or "from the edge" (as
+             * an offset, the window then ending at the edge). */
+            if (x >= w) x = w - (ww < w ? ww : w);
+            if (y >= h) y = h - (hh < h ? hh : h);
+            if (x >= w) x = w - 1;
+            if (y >= h) y = h - 1;
+            if (ww > w - x) ww = w - x;
+            if (hh > h - y) hh = h - y;
+            kpl__img_info info;
+            int raw[3] = {0, 0, 0};
+            OK(kpl__img_open(d, jpg, len, "", raw, "test", &info));
+            assert_int_equal(info.kind, KPL__IMG_JPEG);
+            kpl__img_view v;
+            OK(kpl__img_decode(d, denom, x, y, ww, hh, channels, &v));
+            char name[160];
+            snprintf(name, sizeof name, "%s 1/%d", what, denom);
+            assert_window(&v, ref, w, channels, x, y, name);
+        }
+        free(ref);
+    }
+    kpl__decoder_destroy(d);
+}
+
+static void test_jpeg_region_and_scaled(void **state)
+{
+    (void)state;
+    const int W = 203, H = 157;
+    uint8_t *pix = pattern(W, H, 3, 2);
+    const int subs[4] = {TJSAMP_420, TJSAMP_444, TJSAMP_422, TJSAMP_440};
+    const char *names[4] = {"4:2:0", "4:4:4", "4:2:2", "4:4:0"};
+    for (int k = 0; k < 4; k++) {
+        unsigned long len;
+        unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, subs[k], 0, &len);
+        check_regions(jpg, len, 3, names[k]);
+        check_regions(jpg, len, 1, names[k]); /* color to gray */
+        tjFree(jpg);
+    }
+    unsigned long len;
+    unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_420, TJFLAG_PROGRESSIVE, &len);
+    check_regions(jpg, len, 3, "progressive 4:2:0");
+    tjFree(jpg);
+    uint8_t *gray = pattern(W, H, 1, 3);
+    jpg = tj_encode(gray, W, H, TJPF_GRAY, TJSAMP_GRAY, 0, &len);
+    check_regions(jpg, len, 1, "gray to gray");
+    check_regions(jpg, len, 3, "gray to RGB");
+    tjFree(jpg);
+    free(gray);
+    free(pix);
+    glob_t g;
+    if (glob("/work/shared/baselines/jpeg/*.jpg", 0, NULL, &g) == 0) {
+        for (size_t i = 0; i < g.gl_pathc; i++) {
+            size_t n;
+            uint8_t *b = read_whole(g.gl_pathv[i], &n);
+            check_regions(b, n, 3, g.gl_pathv[i]);
+            free(b);
+        }
+        globfree(&g);
+    }
+}
+
+/* A CMYK JPEG written by libjpeg (Adobe marker, values stored inverted as
+ * Photoshop does): flat 16x16 patches, so the lossy round trip stays close. */
+static void test_jpeg_cmyk(void **state)
+{
+    (void)state;
+    const int W = 64, H = 48;
+    uint8_t *cmyk = malloc((size_t)W * H * 4);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            int p = (x / 16) + 4 * (y / 16);
+            uint8_t *q = cmyk + ((size_t)y * W + x) * 4;
+            q[0] = (uint8_t)(255 - p * 13), q[1] = (uint8_t)(40 + p * 17);
+            q[2] = (uint8_t)(200 - p * 9), q[3] = (uint8_t)(255 - p * 7);
+        }
+    struct jpeg_compress_struct c;
+    struct jpeg_error_mgr jerr;
+    c.err = jpeg_std_error(&jerr);
+    jpeg_create_compress(&c);
+    unsigned char *buf = NULL;
+    unsigned long len = 0;
+    jpeg_mem_dest(&c, &buf, &len);
+    c.image_width = W;
+    c.image_height = H;
+    c.input_components = 4;
+    c.in_color_space = JCS_CMYK;
+    jpeg_set_defaults(&c);
+    jpeg_set_quality(&c, 98, TRUE);
+    jpeg_start_compress(&c, TRUE);
+    while (c.next_scanline < (JDIMENSION)H) {
+        JSAMPROW row = cmyk + (size_t)c.next_scanline * W * 4;
+        jpeg_write_scanlines(&c, &row, 1);
+    }
+    jpeg_finish_compress(&c);
+    jpeg_destroy_compress(&c);
+
+    kpl__decoder *d = NN(kpl__decoder_create());
+    kpl__img_info info;
+    int raw[3] = {0};
+    OK(kpl__img_open(d, buf, len, "jpeg", raw, "cmyk", &info));
+    assert_int_equal(info.channels, 4);
+    kpl__img_view v;
+    OK(kpl__img_decode(d, 1, 0, 0, W, H, 3, &v));
+    int maxerr = 0;
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) {
+            const uint8_t *q = cmyk + ((size_t)y * W + x) * 4;
+            for (int k = 0; k < 3; k++) {
+                double want = q[k] * q[3] / 255.0;
+                int e = abs((int)lrint(want) - v.data[(size_t)y * v.stride + 3 * x + k]);
+                if (e > maxerr) maxerr = e;
+            }
+        }
+    if (maxerr > 4) fail_msg("CMYK to RGB: max error %d", maxerr);
+    /* The same through a window and to gray: the luma of the RGB above. */
+    OK(kpl__img_open(d, buf, len, "jpeg", raw, "cmyk", &info));
+    kpl__img_view g;
+    OK(kpl__img_decode(d, 1, 21, 17, 30, 20, 1, &g));
+    for (int y = 0; y < 20; y++)
+        for (int x = 0; x < 30; x++) {
+            const uint8_t *q = cmyk + ((size_t)(y + 17) * W + x + 21) * 4;
+            double r = q[0] * q[3] / 255.0, gg = q[1] * q[3] / 255.0, b = q[2] * q[3] / 255.0;
+            double want = 0.299 * r + 0.587 * gg + 0.114 * b;
+            if (fabs(want - g.data[(size_t)y * g.stride + x]) > 4.5)
+                fail_msg("CMYK to gray at (%d,%d): %d, want %.1f", x, y,
+                         g.data[(size_t)y * g.stride + x], want);
+        }
+    kpl__decoder_destroy(d);
+    free(buf);
+    free(cmyk);
+}
+
+/* ---- (5) corrupt images --------------------------------------------------------------- */
+
+static unsigned char *png_encode(const void *pix, int w, int h, uint32_t format,
+                                 const void *colormap, int entries, size_t *len);
+
+static void test_corrupt(void **state)
+{
+    (void)state;
+    const int W = 203, H = 157;
+    uint8_t *pix = pattern(W, H, 3, 4);
+    unsigned long jl;
+    unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_420, 0, &jl);
+    uint8_t garbage[300];
+    for (int i = 0; i < 300; i++) garbage[i] = (uint8_t)(i * 37 + 11);
+    size_t pl;
+    unsigned char *png = png_encode(pix, W, H, PNG_FORMAT_RGB, NULL, 0, &pl);
+    /* The first IDAT chunk's stored CRC, one byte off. */
+    unsigned char *bad_png = malloc(pl);
+    memcpy(bad_png, png, pl);
+    size_t at = 8;
+    while (at + 8 < pl && memcmp(bad_png + at + 4, "IDAT", 4)) at += 12 + __builtin_bswap32(kpl__rd32(bad_png + at));
+    bad_png[at + 8 + __builtin_bswap32(kpl__rd32(bad_png + at)) + 1] ^= 0x55;
+    /* A JPEG whose entropy data is cut at half, and one with a bit flipped
+     * in the middle of it. */
+    unsigned char *flip = malloc(jl);
+    memcpy(flip, jpg, jl);
+    for (unsigned long i = jl / 2; i < jl / 2 + 40; i++) flip[i] ^= 0xff;
+
+    const void *b[5] = {jpg, garbage, bad_png, jpg, flip};
+    size_t n[5] = {jl, sizeof garbage, pl, jl / 2, jl};
+    kpl_dataset *ds = image_set(5, b, n, "", 0, NULL);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.out_h = H;
+    cfg.out_w = W;
+    float *out = malloc(sizeof(float) * 3 * W * H);
+    OK(sample(ds, &cfg, 0, 1, 0, out, NULL));
+    FAILS(sample(ds, &cfg, 1, 1, 0, out, NULL), KPL_EFORMAT, "example 1, feature 'image': neither");
+    FAILS(sample(ds, &cfg, 2, 1, 0, out, NULL), KPL_EFORMAT, "example 2, feature 'image': PNG");
+    FAILS(sample(ds, &cfg, 2, 1, 0, out, NULL), KPL_EFORMAT, "CRC");
+    FAILS(sample(ds, &cfg, 3, 1, 0, out, NULL), KPL_EFORMAT,
+          "example 3, feature 'image': JPEG: Premature end");
+    FAILS(sample(ds, &cfg, 4, 1, 0, out, NULL), KPL_EFORMAT, "example 4, feature 'image': JPEG:");
+    /* The decoder recovers: the good image after the bad ones. */
+    OK(sample(ds, &cfg, 0, 1, 0, out, NULL));
+    kpl_dataset_close(ds);
+    free(out);
+    free(flip);
+    free(bad_png);
+    free(png);
+    tjFree(jpg);
+    free(pix);
+}
+
+/* ---- (6) PNG ------------------------------------------------------------------------ */
+
+static unsigned char *png_encode(const void *pix, int w, int h, uint32_t format,
+                                 const void *colormap, int entries, size_t *len)
+{
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)w;
+    im.height = (png_uint_32)h;
+    im.format = format;
+    im.colormap_entries = (png_uint_32)entries;
+    png_alloc_size_t n = 0;
+    if (!png_image_write_to_memory(&im, NULL, &n, 0, pix, 0, colormap))
+        fail_msg("png size: %s", im.message);
+    unsigned char *buf = malloc(n);
+    if (!png_image_write_to_memory(&im, buf, &n, 0, pix, 0, colormap))
+        fail_msg("png write: %s", im.message);
+    *len = n;
+    return buf;
+}
+
+/* Decodes the whole PNG through the decoder at `channels`. */
+static kpl__img_view png_decode(kpl__decoder *d, const unsigned char *png, size_t len, int channels)
+{
+    kpl__img_info info;
+    int raw[3] = {0};
+    OK(kpl__img_open(d, png, len, "", raw, "png", &info));
+    assert_int_equal(info.kind, KPL__IMG_PNG);
+    kpl__img_view v;
+    OK(kpl__img_decode(d, 1, 0, 0, info.width, info.height, channels, &v));
+    return v;
+}
+
+static int luma(int r, int g, int b) { return (19595 * r + 38470 * g + 7471 * b + 32768) >> 16; }
+
+static void test_png(void **state)
+{
+    (void)state;
+    enum { W = 7, H = 5, N = W * H };
+    kpl__decoder *d = NN(kpl__decoder_create());
+    uint8_t rgba[N * 4], gray[N], idx[N], cmap[4 * 3];
+    uint16_t g16[N], rgb16[N * 3];
+    for (int i = 0; i < N; i++) {
+        for (int k = 0; k < 4; k++) rgba[4 * i + k] = (uint8_t)(i * 7 + k * 60);
+        gray[i] = (uint8_t)(i * 7);
+        idx[i] = (uint8_t)(i % 4);
+        g16[i] = (uint16_t)(i * 1800);
+        for (int k = 0; k < 3; k++) rgb16[3 * i + k] = (uint16_t)(257 * (i * 5 + k));
+    }
+    for (int k = 0; k < 12; k++) cmap[k] = (uint8_t)(k * 21 + 3);
+    size_t len;
+    unsigned char *p;
+    kpl__img_view v;
+
+    p = png_encode(gray, W, H, PNG_FORMAT_GRAY, NULL, 0, &len);
+    v = png_decode(d, p, len, 1);
+    for (int i = 0; i < N; i++) assert_int_equal(v.data[(i / W) * v.stride + i % W], gray[i]);
+    v = png_decode(d, p, len, 3);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 3; k++) assert_int_equal(v.data[(i / W) * v.stride + 3 * (i % W) + k], gray[i]);
+    free(p);
+
+    uint8_t rgb[N * 3];
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 3; k++) rgb[3 * i + k] = rgba[4 * i + k];
+    p = png_encode(rgb, W, H, PNG_FORMAT_RGB, NULL, 0, &len);
+    v = png_decode(d, p, len, 3);
+    for (int i = 0; i < N * 3; i++) assert_int_equal(v.data[(i / (3 * W)) * v.stride + i % (3 * W)], rgb[i]);
+    v = png_decode(d, p, len, 1);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(v.data[(i / W) * v.stride + i % W], luma(rgb[3 * i], rgb[3 * i + 1], rgb[3 * i + 2]));
+    free(p);
+
+    /* RGBA: alpha dropped (as PIL's convert("RGB")), colors as stored. */
+    p = png_encode(rgba, W, H, PNG_FORMAT_RGBA, NULL, 0, &len);
+    v = png_decode(d, p, len, 3);
+    for (int i = 0; i < N * 3; i++) assert_int_equal(v.data[(i / (3 * W)) * v.stride + i % (3 * W)], rgb[i]);
+    free(p);
+
+    /* Gray + alpha to gray. */
+    uint8_t ga[N * 2];
+    for (int i = 0; i < N; i++) ga[2 * i] = gray[i], ga[2 * i + 1] = (uint8_t)(255 - i);
+    p = png_encode(ga, W, H, PNG_FORMAT_GA, NULL, 0, &len);
+    v = png_decode(d, p, len, 1);
+    for (int i = 0; i < N; i++) assert_int_equal(v.data[(i / W) * v.stride + i % W], gray[i]);
+    free(p);
+
+    /* Palette: expanded for an image, indices as stored for a mask. */
+    p = png_encode(idx, W, H, PNG_FORMAT_RGB_COLORMAP, cmap, 4, &len);
+    v = png_decode(d, p, len, 3);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(v.data[(i / W) * v.stride + 3 * (i % W) + k], cmap[3 * idx[i] + k]);
+    kpl__img_view m;
+    OK(kpl__mask_decode(d, p, len, "png", W, H, "mask", &m));
+    for (int i = 0; i < N; i++) assert_int_equal(m.data[(i / W) * m.stride + i % W], idx[i]);
+    FAILS(kpl__mask_decode(d, p, len, "png", W + 1, H, "example 9, feature 'mask'", &m), KPL_EFORMAT,
+          "example 9, feature 'mask': mask is 7x5");
+    free(p);
+    p = png_encode(gray, W, H, PNG_FORMAT_GRAY, NULL, 0, &len);
+    OK(kpl__mask_decode(d, p, len, "", W, H, "mask", &m));
+    for (int i = 0; i < N; i++) assert_int_equal(m.data[(i / W) * m.stride + i % W], gray[i]);
+    free(p);
+    p = png_encode(rgb, W, H, PNG_FORMAT_RGB, NULL, 0, &len);
+    FAILS(kpl__mask_decode(d, p, len, "", W, H, "example 4, feature 'mask'", &m), KPL_EFORMAT,
+          "one channel");
+    free(p);
+
+    /* 16 bits (the linear formats are written as 16-bit samples): rounded
+     * to 8 bits, v * 255 / 65535. */
+    p = png_encode(g16, W, H, PNG_FORMAT_LINEAR_Y, NULL, 0, &len);
+    v = png_decode(d, p, len, 1);
+    for (int i = 0; i < N; i++)
+        assert_int_equal(v.data[(i / W) * v.stride + i % W], (int)lrint(g16[i] * 255.0 / 65535.0));
+    free(p);
+    p = png_encode(rgb16, W, H, PNG_FORMAT_LINEAR_RGB, NULL, 0, &len);
+    v = png_decode(d, p, len, 3);
+    for (int i = 0; i < N; i++)
+        for (int k = 0; k < 3; k++)
+            assert_int_equal(v.data[(i / W) * v.stride + 3 * (i % W) + k], i * 5 + k);
+    free(p);
+    kpl__decoder_destroy(d);
+}
+
+/* ---- (7) resize against a double-precision reference ------------------------------- */
+
+/* PIL's bilinear filter, separable, in double, taps clamped to the image. */
+static void ref_axis(double in0, double scale, int n, int insize, int i, int *xmin, int *cnt,
+                     double *w)
+{
+    double fs = scale > 1 ? scale : 1;
+    double center = in0 + (i + 0.5) * scale;
+    int a = (int)floor(center - fs + 0.5), b = (int)floor(center + fs + 0.5);
+    if (a < 0) a = 0;
+    if (b > insize) b = insize;
+    double ww = 0;
+    for (int j = a; j < b; j++) {
+        double t = fabs((j - center + 0.5) / fs);
+        w[j - a] = t < 1 ? 1 - t : 0;
+        ww += w[j - a];
+    }
+    for (int j = 0; j < b - a; j++) w[j] /= ww;
+    *xmin = a;
+    *cnt = b - a;
+    (void)n;
+}
+
+static void ref_resize(const uint8_t *src, int sw, int sh, int c, double x0, double y0, double bw,
+                       double bh, int ow, int oh, double *out)
+{
+    double *tmp = malloc(sizeof(double) * (size_t)sh * ow * c), wx[4096], wy[4096];
+    for (int y = 0; y < sh; y++)
+        for (int x = 0; x < ow; x++) {
+            int a, n;
+            ref_axis(x0, bw / ow, ow, sw, x, &a, &n, wx);
+            for (int k = 0; k < c; k++) {
+                double s = 0;
+                for (int j = 0; j < n; j++) s += wx[j] * src[((size_t)y * sw + a + j) * c + k];
+                tmp[((size_t)y * ow + x) * c + k] = s;
+            }
+        }
+    for (int y = 0; y < oh; y++) {
+        int a, n;
+        ref_axis(y0, bh / oh, oh, sh, y, &a, &n, wy);
+        for (int i = 0; i < ow * c; i++) {
+            double s = 0;
+            for (int j = 0; j < n; j++) s += wy[j] * tmp[(size_t)(a + j) * ow * c + i];
+            out[(size_t)y * ow * c + i] = s;
+        }
+    }
+    free(tmp);
+}
+
+static void test_resize_reference(void **state)
+{
+    (void)state;
+    kpl__xform_scratch *s = NN(kpl__xform_scratch_create());
+    const struct {
+        int sw, sh, c;
+        double x0, y0, bw, bh;
+        int ow, oh;
+    } cases[] = {
+        {203, 157, 3, 0, 0, 203, 157, 64, 48},       /* down ~3x */
+        {203, 157, 3, 10, 7, 150, 120, 224, 224},    /* up */
+        {203, 157, 1, 3.25, 9.5, 97.5, 31.75, 40, 90}, /* fractional box, mixed */
+        {500, 375, 3, 0, 0, 500, 375, 61, 7},        /* strong shrink */
+        {33, 29, 3, 0, 0, 33, 29, 33, 29},           /* identity */
+        {40, 30, 3, 0.5, 0.5, 39, 29, 39, 29},       /* half-pixel shift */
+        {17, 13, 1, 0, 0, 17, 13, 300, 5},
+    };
+    int worst = 0;
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        int sw = cases[k].sw, sh = cases[k].sh, c = cases[k].c, ow = cases[k].ow, oh = cases[k].oh;
+        uint8_t *src = pattern(sw, sh, c, 10 + (uint32_t)k);
+        uint8_t *out = malloc((size_t)ow * oh * c);
+        double *ref = malloc(sizeof(double) * (size_t)ow * oh * c);
+        kpl__img_view v = {src, sw, sh, c, (size_t)sw * c};
+        OK(kpl__resize(s, &v, cases[k].x0, cases[k].y0, cases[k].bw, cases[k].bh, ow, oh, out));
+        ref_resize(src, sw, sh, c, cases[k].x0, cases[k].y0, cases[k].bw, cases[k].bh, ow, oh, ref);
+        for (size_t i = 0; i < (size_t)ow * oh * c; i++) {
+            double e = fabs(out[i] - ref[i]);
+            if (e > 1.0)
+                fail_msg("resize case %zu, element %zu: %d, reference %.3f", k, i, out[i], ref[i]);
+            if (e > 0.5 && e > worst) worst = 1;
+        }
+        if (k == 4) /* identity is exact */
+            assert_memory_equal(out, src, (size_t)ow * oh * c);
+        free(src);
+        free(out);
+        free(ref);
+    }
+    /* A flat image stays exactly flat at every scale. */
+    uint8_t flat[50 * 40 * 3], o[123 * 17 * 3];
+    memset(flat, 201, sizeof flat);
+    kpl__img_view v = {flat, 50, 40, 3, 150};
+    OK(kpl__resize(s, &v, 1.3, 2.1, 37.7, 30.2, 123, 17, o));
+    for (size_t i = 0; i < sizeof o; i++) assert_int_equal(o[i], 201);
+    kpl__xform_scratch_destroy(s);
+}
+
+/* ---- (8) crops, keying, flip, normalize, jitter ----------------------------------- */
+
+static void test_rrc_params(void **state)
+{
+    (void)state;
+    const float scale[2] = {0.08f, 1.0f}, ratio[2] = {3.0f / 4, 4.0f / 3};
+    const int W = 500, H = 375;
+    int accepted = 0;
+    for (int i = 0; i < 20000; i++) {
+        kpl__rng r = kpl__rng_key(7, 0, (uint64_t)i);
+        int x, y, cw, ch;
+        kpl__rrc_params(&r, W, H, scale, ratio, &x, &y, &cw, &ch);
+        assert_true(cw >= 1 && ch >= 1 && x >= 0 && y >= 0 && x + cw <= W && y + ch <= H);
+        if (cw == W && ch == H) continue; /* may be the fallback */
+        accepted++;
+        /* w and h were rounded from sqrt(a r), sqrt(a / r): allow half a
+         * pixel on each. */
+        double amin = (cw - 0.5) * (ch - 0.5), amax = (cw + 0.5) * (ch + 0.5);
+        assert_true(amax >= 0.08 * W * H && amin <= 1.0 * W * H);
+        double rmin = (cw - 0.5) / (ch + 0.5), rmax = (cw + 0.5) / (ch - 0.5);
+        assert_true(rmax >= 0.75 && rmin <= 4.0 / 3);
+    }
+    assert_true(accepted > 19000);
+    /* The fallback: a 1000x10 strip cannot hold any crop of ratio 1 and
+     * area >= 90%: the whole height, a centered square. */
+    const float s2[2] = {0.9f, 1.0f}, r2[2] = {1.0f, 1.0f};
+    kpl__rng r = kpl__rng_key(1, 2, 3);
+    int x, y, cw, ch;
+    kpl__rrc_params(&r, 1000, 10, s2, r2, &x, &y, &cw, &ch);
+    assert_int_equal(cw, 10);
+    assert_int_equal(ch, 10);
+    assert_int_equal(x, 495);
+    assert_int_equal(y, 0);
+    /* Tall image, ratio range [3/4, 4/3]: width kept, h = round(w / (3/4)). */
+    const float s3[2] = {1.5f, 2.0f};
+    kpl__rrc_params(&r, 30, 1000, s3, ratio, &x, &y, &cw, &ch);
+    assert_int_equal(cw, 30);
+    assert_int_equal(ch, 40);
+    assert_int_equal(x, 0);
+    assert_int_equal(y, 480);
+    /* Inside the ratio range the fallback is the whole image. */
+    kpl__rrc_params(&r, 100, 90, s3, ratio, &x, &y, &cw, &ch);
+    assert_true(x == 0 && y == 0 && cw == 100 && ch == 90);
+}
+
+static void test_keying_and_flip(void **state)
+{
+    (void)state;
+    const int W = 203, H = 157, O = 64;
+    uint8_t *pix = pattern(W, H, 3, 5);
+    unsigned long len;
+    unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_420, 0, &len);
+    const void *b[2] = {jpg, jpg};
+    size_t n[2] = {len, len};
+    kpl_dataset *ds = image_set(2, b, n, "jpeg", 0, NULL);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.crop = KPL_CROP_RANDOM_RESIZED;
+    cfg.out_h = cfg.out_w = O;
+    cfg.flip_prob = 0.5f;
+    cfg.brightness = cfg.contrast = cfg.saturation = 0.4f;
+    size_t nb = sizeof(float) * 3 * O * O;
+    float *a = malloc(nb), *a2 = malloc(nb), *c = malloc(nb);
+    OK(sample(ds, &cfg, 0, 42, 3, a, NULL));
+    OK(sample(ds, &cfg, 0, 42, 3, a2, NULL));
+    assert_memory_equal(a, a2, nb); /* same key: the same bytes */
+    OK(sample(ds, &cfg, 1, 42, 3, c, NULL));
+    assert_true(memcmp(a, c, nb) != 0); /* same image, another example: another crop */
+    OK(sample(ds, &cfg, 0, 42, 4, c, NULL));
+    assert_true(memcmp(a, c, nb) != 0); /* another epoch */
+
+    /* End to end against TurboJPEG's full decode: the crop drawn from the
+     * same key, cut out of tj's decode (at the scale the transform picks)
+     * and resized with the tested resize, equals the transform's output:
+     * the region decode hands over exactly the pixels a full decode has. */
+    cfg.brightness = cfg.contrast = cfg.saturation = 0;
+    cfg.out_dtype = KPL_U8;
+    cfg.flip_prob = 0;
+    kpl__xform_scratch *s = NN(kpl__xform_scratch_create());
+    uint8_t *u = malloc((size_t)3 * O * O), *want = malloc((size_t)3 * O * O);
+    int scaled_seen = 0;
+    for (int64_t ex = 0; ex < 2; ex++)
+        for (int epoch = 0; epoch < 40; epoch++) {
+            OK(sample(ds, &cfg, ex, 9, epoch, u, NULL));
+            kpl__rng r = kpl__rng_key(9, (uint64_t)epoch, (uint64_t)ex);
+            for (int k = 0; k < 4; k++) kpl__rng_uniform(&r);
+            int x, y, cw, ch;
+            kpl__rrc_params(&r, W, H, cfg.scale, cfg.ratio, &x, &y, &cw, &ch);
+            int denom = 1;
+            for (int d = 8; d >= 2; d /= 2)
+                if (cw >= d * O && ch >= d * O) {
+                    denom = d;
+                    break;
+                }
+            scaled_seen += denom > 1;
+            int sw, sh;
+            uint8_t *full = tj_decode(jpg, len, TJPF_RGB, denom, &sw, &sh);
+            double fx = (double)sw / W, fy = (double)sh / H;
+            int x0 = (int)floor(x * fx), y0 = (int)floor(y * fy);
+            int x1 = (int)ceil((x + cw) * fx), y1 = (int)ceil((y + ch) * fy);
+            if (x1 > sw) x1 = sw;
+            if (y1 > sh) y1 = sh;
+            kpl__img_view v = {full + ((size_t)y0 * sw + x0) * 3, x1 - x0, y1 - y0, 3,
+                               (size_t)sw * 3};
+            OK(kpl__resize(s, &v, x * fx - x0, y * fy - y0, cw * fx, ch * fy, O, O, want));
+            assert_chw_equals_hwc(u, want, O, O, 3, "random-resized crop vs tj + resize");
+            free(full);
+        }
+    assert_true(scaled_seen > 0); /* some crops took the DCT-scaled path */
+
+    /* Flip: p = 1 mirrors the p = 0 output exactly (same key, same crop). */
+    uint8_t *f = malloc((size_t)3 * O * O);
+    cfg.flip_prob = 1;
+    OK(sample(ds, &cfg, 1, 5, 0, f, NULL));
+    cfg.flip_prob = 0;
+    OK(sample(ds, &cfg, 1, 5, 0, u, NULL));
+    for (int k = 0; k < 3; k++)
+        for (int y = 0; y < O; y++)
+            for (int x = 0; x < O; x++)
+                assert_int_equal(f[(k * O + y) * O + x], u[(k * O + y) * O + O - 1 - x]);
+    /* f32 without jitter is normalized as the resize stores it: the same
+     * numbers as the u8 output put through (x/255 - mean) / std. */
+    cfg.flip_prob = 1;
+    cfg.out_dtype = KPL_F32;
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    memcpy(cfg.mean, mean, sizeof mean);
+    memcpy(cfg.std, std, sizeof std);
+    OK(sample(ds, &cfg, 1, 5, 0, a, NULL));
+    for (int i = 0; i < 3 * O * O; i++) {
+        float want = ((float)f[i] / 255.0f - mean[i / (O * O)]) / std[i / (O * O)];
+        if (a[i] != want) fail_msg("f32 element %d: %.9g, want %.9g", i, a[i], want);
+    }
+    kpl__xform_scratch_destroy(s);
+    free(f);
+    free(u);
+    free(want);
+    free(a);
+    free(a2);
+    free(c);
+    kpl_dataset_close(ds);
+    tjFree(jpg);
+    free(pix);
+}
+
+/* A raw (2, 3, 3) image: normalization, and each jitter on its own and
+ * together, against the formulas of dataio.h / docs/transforms.md. */
+static const uint8_t tiny[2 * 3 * 3] = {10, 200, 30, 250, 0, 128, 77, 77, 77,
+                                        0, 0, 0, 255, 255, 255, 90, 160, 220};
+
+static double clampd(double v) { return v < 0 ? 0 : v > 255 ? 255 : v; }
+
+static void test_normalize_and_jitter(void **state)
+{
+    (void)state;
+    const int64_t shape[3] = {2, 3, 3};
+    const void *b[1] = {tiny};
+    size_t n[1] = {sizeof tiny};
+    kpl_dataset *ds = image_set(1, b, n, "raw", 3, shape);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    memcpy(cfg.mean, mean, sizeof mean);
+    memcpy(cfg.std, std, sizeof std);
+    float out[18];
+    OK(sample(ds, &cfg, 0, 1, 0, out, NULL));
+    for (int k = 0; k < 3; k++)
+        for (int p = 0; p < 6; p++)
+            assert_close(out[k * 6 + p], ((double)tiny[3 * p + k] / 255 - mean[k]) / std[k], 1e-6,
+                         1e-6, "normalize", k * 6 + p);
+
+    const float amounts[4][3] = {{0.5f, 0, 0}, {0, 0.5f, 0}, {0, 0, 0.9f}, {0.3f, 0.6f, 0.8f}};
+    for (int t = 0; t < 4; t++) {
+        cfg.brightness = amounts[t][0];
+        cfg.contrast = amounts[t][1];
+        cfg.saturation = amounts[t][2];
+        for (uint64_t seed = 0; seed < 5; seed++) {
+            OK(sample(ds, &cfg, 0, seed, 2, out, NULL));
+            /* The draws: flip, brightness, contrast, saturation. */
+            kpl__rng r = kpl__rng_key(seed, 2, 0);
+            kpl__rng_uniform(&r);
+            double f[3];
+            for (int j = 0; j < 3; j++) {
+                double u = kpl__rng_uniform(&r), x = amounts[t][j];
+                double lo = x < 1 ? 1 - x : 0;
+                f[j] = x > 0 ? lo + (1 + x - lo) * u : 1;
+            }
+            double v[6][3], mean_gray = 0;
+            for (int p = 0; p < 6; p++) {
+                for (int k = 0; k < 3; k++) v[p][k] = clampd(f[0] * tiny[3 * p + k]);
+                mean_gray += (0.299 * v[p][0] + 0.587 * v[p][1] + 0.114 * v[p][2]) / 6;
+            }
+            for (int p = 0; p < 6; p++) {
+                for (int k = 0; k < 3; k++) v[p][k] = clampd(f[1] * v[p][k] + (1 - f[1]) * mean_gray);
+                double g = 0.299 * v[p][0] + 0.587 * v[p][1] + 0.114 * v[p][2];
+                for (int k = 0; k < 3; k++) v[p][k] = clampd(f[2] * v[p][k] + (1 - f[2]) * g);
+                for (int k = 0; k < 3; k++)
+                    assert_close(out[k * 6 + p], (v[p][k] / 255 - mean[k]) / std[k], 1e-5, 1e-5,
+                                 "jitter", t * 100 + k * 6 + p);
+            }
+        }
+    }
+    kpl_dataset_close(ds);
+}
+
+/* ---- (9) boxes and masks ------------------------------------------------------------ */
+
+static void test_boxes_and_mask(void **state)
+{
+    (void)state;
+    enum { W = 100, H = 80 };
+    static uint8_t img[W * H * 3], mask[W * H];
+    for (int i = 0; i < W * H * 3; i++) img[i] = (uint8_t)(i % 251);
+    for (int y = 0; y < H; y++)
+        for (int x = 0; x < W; x++) mask[y * W + x] = (uint8_t)(x + 100 * (y % 2));
+    const float boxes[] = {
+        10, 0, 50, 40,    /* inside the crop */
+        0, 10, 20, 30,    /* partly left of the crop: clipped */
+        40, 40, 40, 60,   /* zero width: dropped */
+        95, 0, 100, 10,   /* right of the crop: dropped */
+        20, 60, 120, 100, /* clipped right and bottom */
+        30, 30, 40, 40,   /* over max_boxes */
+    };
+    const int64_t blabels[6] = {1, 2, 3, 4, 5, 6};
+    kpl_feature_spec sc[4] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {H, W, 3}},
+        {.name = "boxes", .type = KPL_FEATURE_FLOAT},
+        {.name = "cls", .type = KPL_FEATURE_INT64},
+        {.name = "seg", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 2, .shape = {H, W}},
+    };
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/boxes", tmp_root);
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 4, sc, &wc, &w));
+    kpl_feature_value v[4] = {{img, sizeof img}, {boxes, 24}, {blabels, 6}, {mask, sizeof mask}};
+    OK(kpl_record_writer_add(w, v));
+    v[1].count = 23; /* not a multiple of 4 */
+    OK(kpl_record_writer_add(w, v));
+    OK(kpl_record_writer_close(w));
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(dir, &ds));
+
+    /* Center crop: 100x80 -> shorter side 40 gives 50x40, the centered 40x40
+     * starts at x = 5, i.e. the box x in [10, 90), y in [0, 80) of the
+     * stored image, scaled by 1/2. */
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.label_feature = NULL;
+    cfg.boxes_feature = "boxes";
+    cfg.box_labels_feature = "cls";
+    cfg.mask_feature = "seg";
+    cfg.max_boxes = 4;
+    cfg.crop = KPL_CROP_CENTER;
+    cfg.resize_shorter = 40;
+    cfg.out_h = cfg.out_w = 40;
+    float out_img[3 * 40 * 40], ob[4 * 4];
+    int64_t ol[4], nbox = -1;
+    uint8_t om[40 * 40];
+    for (int flip = 0; flip < 2; flip++) {
+        cfg.flip_prob = (float)flip;
+        kpl__sample_out ex = {.boxes = ob, .box_labels = ol, .num_boxes = &nbox, .mask = om};
+        OK(sample(ds, &cfg, 0, 1, 0, out_img, &ex));
+        const float want[4][4] = {{0, 0, 20, 20}, {0, 5, 5, 15}, {5, 30, 40, 40}, {10, 15, 15, 20}};
+        const int64_t wl[4] = {1, 2, 5, 6};
+        assert_int_equal(nbox, 4);
+        for (int i = 0; i < 4; i++) {
+            float x0 = want[i][0], x1 = want[i][2];
+            if (flip) x0 = 40 - want[i][2], x1 = 40 - want[i][0];
+            assert_close(ob[4 * i], x0, 0, 1e-5, "box x0", i);
+            assert_close(ob[4 * i + 1], want[i][1], 0, 1e-5, "box y0", i);
+            assert_close(ob[4 * i + 2], x1, 0, 1e-5, "box x1", i);
+            assert_close(ob[4 * i + 3], want[i][3], 0, 1e-5, "box y1", i);
+            assert_int_equal(ol[i], wl[i]);
+        }
+        /* Nearest: output (i, j) reads stored (10 + 2i + 1, 2j + 1). */
+        for (int j = 0; j < 40; j++)
+            for (int i = 0; i < 40; i++) {
+                int si = flip ? 39 - i : i;
+                assert_int_equal(om[j * 40 + i], mask[(2 * j + 1) * W + 10 + 2 * si + 1]);
+            }
+    }
+    /* Fewer boxes than max_boxes: unused rows zero, labels -1. */
+    cfg.max_boxes = 8;
+    cfg.flip_prob = 0;
+    float ob8[32];
+    int64_t ol8[8];
+    kpl__sample_out ex8 = {.boxes = ob8, .box_labels = ol8, .num_boxes = &nbox};
+    memset(ob8, 0x7f, sizeof ob8);
+    OK(sample(ds, &cfg, 0, 1, 0, out_img, &ex8));
+    assert_int_equal(nbox, 4);
+    for (int i = 16; i < 32; i++) assert_true(ob8[i] == 0);
+    assert_int_equal(ol8[3], 6);
+    for (int i = 4; i < 8; i++) assert_int_equal(ol8[i], -1);
+    FAILS(sample(ds, &cfg, 1, 1, 0, out_img, &ex8), KPL_EFORMAT,
+          "example 1, feature 'boxes': 23 box values");
+    kpl_dataset_close(ds);
+}
+
+/* ---- (10) Fashion-MNIST-like raw images --------------------------------------------- */
+
+static void test_raw_fmnist(void **state)
+{
+    (void)state;
+    uint8_t im[3][784];
+    for (int k = 0; k < 3; k++)
+        for (int i = 0; i < 784; i++) im[k][i] = (uint8_t)((i * (k + 3) + k * 50) % 256);
+    const int64_t shape[3] = {28, 28, 1};
+    const void *b[3] = {im[0], im[1], im[2]};
+    size_t n[3] = {784, 784, 784};
+    kpl_dataset *ds = image_set(3, b, n, "raw", 3, shape);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.channels = 1;
+    float out[784];
+    for (int k = 0; k < 3; k++) {
+        int64_t label = -1;
+        kpl__sample_out ex = {.label = &label};
+        OK(sample(ds, &cfg, k, 0, 0, out, &ex));
+        assert_int_equal(label, 100 + k);
+        for (int i = 0; i < 784; i++)
+            if (out[i] != (float)im[k][i] / 255.0f)
+                fail_msg("image %d pixel %d: %.9g, want %.9g", k, i, out[i], im[k][i] / 255.0f);
+    }
+    /* To 3 channels: the gray value replicated. */
+    cfg.channels = 3;
+    float out3[3 * 784];
+    OK(sample(ds, &cfg, 1, 0, 0, out3, NULL));
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 784; i++) assert_true(out3[c * 784 + i] == im[1][i] / 255.0f);
+    /* Wrong length for the shape. */
+    kpl_dataset_close(ds);
+    const void *b2[1] = {im[0]};
+    size_t n2[1] = {700};
+    ds = image_set(1, b2, n2, "raw", 3, shape);
+    cfg.channels = 1;
+    FAILS(sample(ds, &cfg, 0, 0, 0, out, NULL), KPL_EFORMAT, "example 0, feature 'image': raw");
+    kpl_dataset_close(ds);
+}
+
+/* ---- config validation ----------------------------------------------------------------- */
+
+static void test_init_validation(void **state)
+{
+    (void)state;
+    uint8_t px[12] = {0};
+    const int64_t shape[3] = {2, 2, 3};
+    const void *b[1] = {px};
+    size_t n[1] = {12};
+    kpl_dataset *ds = image_set(1, b, n, "raw", 3, shape);
+    kpl__xform x;
+    kpl_transform_config c = KPL_TRANSFORM_CONFIG_INIT;
+    OK(kpl__xform_init(&x, &c, ds));
+    assert_int_equal(x.out_h, 2);
+    assert_int_equal(kpl__xform_image_bytes(&x), 4 * 3 * 2 * 2);
+    assert_int_equal(kpl__xform_mask_bytes(&x), 0);
+    c.image_feature = "img";
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "image_feature 'img' is not a feature");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.label_feature = "image";
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "label_feature 'image' is bytes, not int64");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.channels = 2;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "channels");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.crop = KPL_CROP_RANDOM_RESIZED;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "out_h");
+    c.out_h = c.out_w = 8;
+    c.scale[0] = 0.9f, c.scale[1] = 0.5f;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "scale");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.crop = KPL_CROP_CENTER;
+    c.out_h = c.out_w = 8;
+    c.resize_shorter = 7;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "resize_shorter");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.flip_prob = 1.5f;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "flip_prob");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.std[1] = 0;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "std");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.boxes_feature = "label";
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "boxes_feature 'label' is int64, not float");
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    c.out_dtype = KPL_I64;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "out_dtype");
+    kpl_dataset_close(ds);
+    /* A JPEG set has no fixed stored size. */
+    ds = image_set(1, b, n, "jpeg", 0, NULL);
+    c = (kpl_transform_config)KPL_TRANSFORM_CONFIG_INIT;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "must be raw with a fixed shape");
+    kpl_dataset_close(ds);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_jpeg_full_decode),
+        cmocka_unit_test(test_jpeg_region_and_scaled),
+        cmocka_unit_test(test_jpeg_cmyk),
+        cmocka_unit_test(test_corrupt),
+        cmocka_unit_test(test_png),
+        cmocka_unit_test(test_resize_reference),
+        cmocka_unit_test(test_rrc_params),
+        cmocka_unit_test(test_keying_and_flip),
+        cmocka_unit_test(test_normalize_and_jitter),
+        cmocka_unit_test(test_boxes_and_mask),
+        cmocka_unit_test(test_raw_fmnist),
+        cmocka_unit_test(test_init_validation),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
