@@ -15,9 +15,18 @@
  * this is the memory-speed bound; with a cold disk both are disk-bound.
  * Throughput is in MB/s of the stored (compressed) bytes for both sides;
  * the raw (decompressed) MB/s is printed as an extra field.
+ *
+ *   bench_data WORKDIR BASELINES_DIR
+ *
+ * adds the end-to-end loader: a set of 1024 JPEGs (the 500x375 photos of
+ * BASELINES_DIR/jpeg, alternating) read through kpl_loader with
+ * random-resized crop 224 + flip + normalize to f32, batch 64, for 1 and 2
+ * transformer workers: images/s over two epochs after the first batch,
+ * next to the same transform run in-process on one core (no pipeline), so
+ * the ratio shows what the processes and queues cost or gain.
  */
 #include "bench_common.h"
-#include "dataio.h"
+#include "transform_impl.h"
 
 #include <stdint.h>
 #include <sys/stat.h>
@@ -86,10 +95,142 @@ static int build_set(const char *dir)
     return 0;
 }
 
+/* The loader case's dataset: n JPEGs cycling through the photos. */
+static int build_jpeg_set(const char *dir, const char *baselines, int n)
+{
+    const char *names[2] = {"photo1_500x375_q90.jpg", "photo2_500x375_q90.jpg"};
+    char *data[2] = {NULL, NULL};
+    size_t len[2] = {0, 0};
+    for (int i = 0; i < 2; i++) {
+        char p[600];
+        snprintf(p, sizeof p, "%s/jpeg/%s", baselines, names[i]);
+        FILE *f = fopen(p, "rb");
+        if (!f) {
+            fprintf(stderr, "bench_data: %s: missing\n", p);
+            return 1;
+        }
+        data[i] = malloc(1 << 20);
+        len[i] = fread(data[i], 1, 1 << 20, f);
+        fclose(f);
+    }
+    kpl_feature_spec schema[2] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "jpeg"},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+    };
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.shards = 2;
+    kpl_record_writer *w = NULL;
+    if (kpl_record_writer_create(dir, 2, schema, &cfg, &w) < 0) return die("writer");
+    for (int64_t i = 0; i < n; i++) {
+        kpl_feature_value v[2] = {{data[i % 2], (uint32_t)len[i % 2]}, {&i, 1}};
+        if (kpl_record_writer_add(w, v) < 0) return die("add");
+    }
+    free(data[0]);
+    free(data[1]);
+    return kpl_record_writer_close(w) < 0 ? die("close") : 0;
+}
+
+static kpl_transform_config imagenet_train(void)
+{
+    kpl_transform_config t = KPL_TRANSFORM_CONFIG_INIT;
+    t.crop = KPL_CROP_RANDOM_RESIZED;
+    t.out_h = t.out_w = 224;
+    t.flip_prob = 0.5f;
+    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    memcpy(t.mean, mean, sizeof mean);
+    memcpy(t.std, std, sizeof std);
+    return t;
+}
+
+/* The same transforms in this process, one core: images/s. */
+static double in_process_rate(const char *dir, int n)
+{
+    kpl_dataset *ds = NULL;
+    if (kpl_dataset_open(dir, &ds) < 0) return -1;
+    kpl_transform_config t = imagenet_train();
+    kpl__xform x;
+    kpl__xform_scratch *s = kpl__xform_scratch_create();
+    float *out = malloc(3 * 224 * 224 * sizeof *out);
+    kpl_chunk *c = kpl_chunk_create();
+    kpl_feature_value v[2];
+    int64_t label;
+    double rate = -1;
+    if (kpl__xform_init(&x, &t, ds) < 0) goto done;
+    kpl__sample_out o = {.image = out, .label = &label};
+    double t0 = bench_now();
+    for (int64_t e = 0; e < n; e++) {
+        if (kpl_dataset_read_example(ds, e, c, v) < 0 ||
+            kpl__xform_sample(&x, v, 1, 0, e, s, &o) < 0)
+            goto done;
+    }
+    rate = n / (bench_now() - t0);
+done:
+    kpl_chunk_destroy(c);
+    free(out);
+    kpl__xform_scratch_destroy(s);
+    kpl_dataset_close(ds);
+    return rate;
+}
+
+/* The loader with `workers` transformers: images/s over two epochs after
+ * the first batch. */
+static double loader_rate(const char *dir, int workers)
+{
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = dir;
+    c.batch_size = 64;
+    c.workers = workers;
+    c.prefetch = 2;
+    c.seed = 1;
+    c.transform = imagenet_train();
+    kpl_loader *l = NULL;
+    if (kpl_loader_create(&c, &l) < 0) return -1;
+    kpl_batch b;
+    if (kpl_loader_next(l, &b) < 0) return -1;
+    kpl_batch_release(&b);
+    double t0 = bench_now();
+    int64_t n = 0;
+    for (int ends = 0; ends < 2;) {
+        if (kpl_loader_next(l, &b) < 0) return -1;
+        n += b.size;
+        ends += b.size == 0;
+        kpl_batch_release(&b);
+    }
+    double rate = (double)n / (bench_now() - t0);
+    kpl_loader_destroy(l);
+    return rate;
+}
+
+static int loader_cases(const char *workdir, const char *baselines)
+{
+    char dir[600], cmd[700];
+    snprintf(dir, sizeof dir, "%s/bench_data_jpeg", workdir);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) return 1;
+    const int n = 1024;
+    if (build_jpeg_set(dir, baselines, n)) return 1;
+    enum { ROUNDS = 3 };
+    for (int workers = 1; workers <= 2; workers++) {
+        double tk[ROUNDS], tr[ROUNDS];
+        for (int round = 0; round < ROUNDS; round++) {
+            tr[round] = in_process_rate(dir, 256);
+            tk[round] = loader_rate(dir, workers);
+            if (tr[round] < 0 || tk[round] < 0) return die("loader case");
+        }
+        char casename[64], rk[BENCH_RANGE_LEN];
+        snprintf(casename, sizeof casename, "jpeg500x375_rrc224_b64/workers%d", workers);
+        bench_emit("loader", casename, "images/s", 1, bench_median(tk, ROUNDS),
+                   bench_median(tr, ROUNDS), "same_transform_in_process_1core", NAN,
+                   ",\"kpl_range\":%s,\"cores\":%ld", bench_jrange(rk, tk, ROUNDS),
+                   sysconf(_SC_NPROCESSORS_ONLN));
+    }
+    return system(cmd) == 0 ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
-    if (argc != 2) {
-        fprintf(stderr, "usage: bench_data WORKDIR\n");
+    if (argc != 2 && argc != 3) {
+        fprintf(stderr, "usage: bench_data WORKDIR [BASELINES_DIR]\n");
         return 2;
     }
     char dir[480], cmd[1100];
@@ -135,5 +276,7 @@ int main(int argc, char **argv)
     kpl_chunk_destroy(c);
     kpl_dataset_close(ds);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    return system(cmd) == 0 ? bench_exit_code() : 1;
+    if (system(cmd) != 0) return 1;
+    if (argc == 3 && loader_cases(argv[1], argv[2])) return 1;
+    return bench_exit_code();
 }

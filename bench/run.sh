@@ -92,7 +92,7 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       "$build/bin/bench_nn" "$baselines" "$here" || rc=$?
       ;;
     data)
-      "$build/bin/bench_data" "$build" || rc=$?
+      "$build/bin/bench_data" "$build" "$baselines" || rc=$?
       "$build/bin/bench_transform" "$baselines" || rc=$?
       ;;
     *)

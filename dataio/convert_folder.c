@@ -16,7 +16,7 @@
  * Files are read and checked by `threads` workers in batches, then appended
  * in order, so the result does not depend on the thread count.
  */
-#include "dataio_impl.h"
+#include "transform_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -101,9 +101,83 @@ static kpl_status list_dir(const char *dir, bool want_dirs, char ***out, int64_t
     return KPL_OK;
 }
 
-/* Reads a file and checks that it is a JPEG or PNG whose header parses. */
-static void load_one(const char *root, const item *it, tjhandle tj, loaded *l)
+/* One converting thread's decoder, resizer and encoder. */
+typedef struct {
+    tjhandle tj, tjc;
+    kpl__decoder *dec;
+    kpl__xform_scratch *scratch;
+    uint8_t *pix;
+    size_t pix_cap;
+} codec;
+
+/* Re-encodes a w x h JPEG whose longer side exceeds max_side at that
+ * longer side.  Decodes with DCT scaling where the result stays at least
+ * max_side, resizes with the training-time filter, encodes 4:2:0 (gray
+ * stays gray).  On success replaces l's bytes. */
+static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, loaded *l)
 {
+    kpl__img_info info;
+    if (kpl__img_open(c->dec, l->bytes, l->len, "jpeg", NULL, "re-encode", &info) < 0) {
+        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
+        return;
+    }
+    int side = w > h ? w : h, ow, oh;
+    if (w >= h) {
+        ow = o->max_side;
+        oh = (int)((double)h * o->max_side / w + 0.5);
+    } else {
+        oh = o->max_side;
+        ow = (int)((double)w * o->max_side / h + 0.5);
+    }
+    if (ow < 1) ow = 1;
+    if (oh < 1) oh = 1;
+    int denom = 8;
+    while (denom > 1 && (side + denom - 1) / denom < o->max_side) denom /= 2;
+    int sw, sh, ch = info.channels == 1 ? 1 : 3;
+    kpl__img_scaled_size(&info, denom, &sw, &sh);
+    kpl__img_view v;
+    size_t need = (size_t)ow * oh * 3;
+    if (need > c->pix_cap) {
+        uint8_t *q = realloc(c->pix, need);
+        if (!q) {
+            snprintf(l->why, sizeof l->why, "no memory to re-encode");
+            return;
+        }
+        c->pix = q;
+        c->pix_cap = need;
+    }
+    if (kpl__img_decode(c->dec, denom, 0, 0, sw, sh, ch, &v) < 0 ||
+        kpl__resize(c->scratch, &v, 0, 0, sw, sh, ow, oh, c->pix) < 0) {
+        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
+        return;
+    }
+    unsigned char *jpg = NULL;
+    unsigned long len = 0;
+    if (tjCompress2(c->tjc, c->pix, ow, 0, oh, ch == 1 ? TJPF_GRAY : TJPF_RGB, &jpg, &len,
+                    ch == 1 ? TJSAMP_GRAY : TJSAMP_420, o->quality, 0) != 0) {
+        snprintf(l->why, sizeof l->why, "JPEG encode: %s", tjGetErrorStr2(c->tjc));
+        tjFree(jpg);
+        return;
+    }
+    uint8_t *b = malloc(len);
+    if (!b) {
+        tjFree(jpg);
+        snprintf(l->why, sizeof l->why, "no memory to re-encode");
+        return;
+    }
+    memcpy(b, jpg, len);
+    tjFree(jpg);
+    free(l->bytes);
+    l->bytes = b;
+    l->len = len;
+}
+
+/* Reads a file and checks that it is a JPEG or PNG whose header parses
+ * (and re-encodes a large JPEG when asked). */
+static void load_one(const char *root, const item *it, const kpl_convert_options *o, codec *c,
+                     loaded *l)
+{
+    tjhandle tj = c->tj;
     char p[PATH_MAX];
     l->bytes = NULL;
     l->len = 0;
@@ -116,10 +190,10 @@ static void load_one(const char *root, const item *it, tjhandle tj, loaded *l)
         return;
     }
     const uint8_t *b = (const uint8_t *)buf;
+    int w = 0, h = 0, sub = 0, cs = 0;
     if (len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
         /* A stream cut before its frame header can "succeed" without
          * setting the size, so the size is checked too. */
-        int w = 0, h = 0, sub = 0, cs = 0;
         if (tjDecompressHeader3(tj, b, (unsigned long)len, &w, &h, &sub, &cs) != 0)
             snprintf(l->why, sizeof l->why, "bad JPEG header: %s", tjGetErrorStr2(tj));
         else if (w <= 0 || h <= 0 || w > 65535 || h > 65535)
@@ -137,6 +211,16 @@ static void load_one(const char *root, const item *it, tjhandle tj, loaded *l)
     }
     l->bytes = (uint8_t *)buf;
     l->len = len;
+    if (o->max_side > 0 && b[0] == 0xff && (w > o->max_side || h > o->max_side)) {
+        shrink_jpeg(o, c, w, h, l);
+        if (l->why[0]) {
+            char why[sizeof l->why];
+            snprintf(why, sizeof why, "%s", l->why);
+            snprintf(l->why, sizeof l->why, "cannot re-encode: %.130s", why);
+            free(l->bytes);
+            l->bytes = NULL;
+        }
+    }
 }
 
 static kpl_status write_classes(const char *out_dir, char **classes, int64_t n)
@@ -159,6 +243,10 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     if (opt) o = *opt;
+    KPL_CHECK(o.max_side >= 0 && o.max_side <= 65535, KPL_EINVAL,
+              "imagefolder: max_side %d must be in [0, 65535]", o.max_side);
+    KPL_CHECK(o.quality >= 1 && o.quality <= 100, KPL_EINVAL,
+              "imagefolder: quality %d must be in [1, 100]", o.quality);
     kpl_status st = KPL_OK;
     char **classes = NULL, **files = NULL;
     int64_t ncls = 0, nfiles = 0, nitems = 0, cap = 0, nskip = 0, njpeg = 0, npng = 0;
@@ -218,9 +306,10 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
             items[j] = t;
         }
     }
-    json_t *aj = json_pack("{s:s, s:s, s:I, s:s, s:b, s:I}", "source", "imagefolder", "root",
-                           root, "num_classes", (json_int_t)ncls, "classes_file", "classes.txt",
-                           "shuffled", !o.keep_order, "seed", (json_int_t)o.seed);
+    json_t *aj = json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:i}", "source", "imagefolder",
+                           "root", root, "num_classes", (json_int_t)ncls, "classes_file",
+                           "classes.txt", "shuffled", !o.keep_order, "seed", (json_int_t)o.seed,
+                           "max_side", o.max_side);
     attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(aj);
     batch = calloc(BATCH, sizeof *batch);
@@ -243,13 +332,19 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
         int nb = (int)(nitems - b0 < BATCH ? nitems - b0 : BATCH);
 #pragma omp parallel num_threads(threads)
         {
-            tjhandle tj = tjInitDecompress();
+            codec c = {tjInitDecompress(), tjInitCompress(), kpl__decoder_create(),
+                       kpl__xform_scratch_create(), NULL, 0};
+            bool ready = c.tj && c.tjc && c.dec && c.scratch;
 #pragma omp for schedule(dynamic, 4)
             for (int i = 0; i < nb; i++) {
-                if (tj) load_one(root, &items[b0 + i], tj, &batch[i]);
+                if (ready) load_one(root, &items[b0 + i], &o, &c, &batch[i]);
                 else snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
             }
-            if (tj) tjDestroy(tj);
+            if (c.tj) tjDestroy(c.tj);
+            if (c.tjc) tjDestroy(c.tjc);
+            kpl__decoder_destroy(c.dec);
+            kpl__xform_scratch_destroy(c.scratch);
+            free(c.pix);
         }
         for (int i = 0; i < nb && st == KPL_OK; i++) {
             const item *it = &items[b0 + i];

@@ -196,8 +196,12 @@ typedef struct {
     bool keep_order;   /* imagefolder: keep the sorted walk order */
     uint64_t seed;     /* imagefolder: the order's shuffle seed */
     bool skip_bad;     /* imagefolder: skip unreadable images with a warning */
+    int max_side;      /* imagefolder: JPEGs with a longer side are decoded, resized
+                        * (antialiased) to this longer side and re-encoded; 0: keep */
+    int quality;       /* imagefolder: JPEG quality of re-encoded images (1..100) */
 } kpl_convert_options;
-#define KPL_CONVERT_OPTIONS_INIT {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false}
+#define KPL_CONVERT_OPTIONS_INIT                                                            \
+    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90}
 
 /* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
  * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,
@@ -217,8 +221,9 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
 
 /* An image folder, ImageNet layout: root/<class>/<image>.{jpg,jpeg,png}.
  * Class index = sorted folder order (names written to OUT/classes.txt).
- * Images are stored as their original bytes after a header check; the
- * order is a seeded shuffle unless keep_order.  Features: image (bytes),
+ * Images are stored as their original bytes after a header check (JPEGs
+ * larger than max_side re-encoded at that size; PNGs always as they are);
+ * the order is a seeded shuffle unless keep_order.  Features: image (bytes),
  * label (int64[1]), path (string, relative to root).  A bad image is an
  * error naming the file, or with skip_bad a warning, counted in *skipped. */
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,

@@ -36,6 +36,8 @@ static void usage(FILE *f)
             "  convert --from imagefolder ROOT OUT [options]\n"
             "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
             "      (OUT/classes.txt); images kept as their original bytes.\n"
+            "    --max-side N      re-encode JPEGs whose longer side exceeds N at N\n"
+            "    --quality Q       JPEG quality of re-encoded images (default 90)\n"
             "    --seed S          shuffle seed of the example order (default 0)\n"
             "    --keep-order      keep the sorted folder walk order instead\n"
             "    --skip-bad        skip unreadable images with a warning (default: error)\n"
@@ -175,6 +177,12 @@ static int cmd_convert(int argc, char **argv)
         } else if (!strcmp(a, "--threads") && has) {
             if (!parse_num(argv[++i], 1, 1024, &v) || v != (int)v) goto bad;
             o.threads = (int)v;
+        } else if (!strcmp(a, "--max-side") && has) {
+            if (!parse_num(argv[++i], 1, 65535, &v) || v != (int)v) goto bad;
+            o.max_side = (int)v;
+        } else if (!strcmp(a, "--quality") && has) {
+            if (!parse_num(argv[++i], 1, 100, &v) || v != (int)v) goto bad;
+            o.quality = (int)v;
         } else if (!strcmp(a, "--keep-order")) {
             o.keep_order = true;
         } else if (!strcmp(a, "--skip-bad")) {

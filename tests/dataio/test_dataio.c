@@ -748,7 +748,8 @@ static char *paths_of(const char *dir)
 static void test_imagefolder_import(void **state)
 {
     (void)state;
-    const char *root = path("folder");
+    char root[300]; /* path() reuses its buffers */
+    snprintf(root, sizeof root, "%s", path("folder"));
     static const char *cls[3] = {"cat", "ant", "dog"}; /* sorted: ant 0, cat 1, dog 2 */
     char p[400];
     mkdir(root, 0777);
@@ -821,6 +822,41 @@ static void test_imagefolder_import(void **state)
     OK(kpl__read_file(p, &classes, NULL));
     assert_string_equal(classes, "ant\ncat\ndog\n");
     free(classes);
+    /* --max-side: every image (16..19 x 8..10) re-encoded with its longer
+     * side at 12 and its aspect kept; a limit above every side keeps the
+     * bytes. */
+    for (int pass = 0; pass < 2; pass++) {
+        o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
+        o.keep_order = true;
+        o.max_side = pass ? 100 : 12;
+        const char *out = path(pass ? "folder_max100" : "folder_max12");
+        OK(kpl_convert_imagefolder(root, out, &o, NULL, NULL));
+        OK(kpl_dataset_open(out, &ds));
+        assert_non_null(strstr(kpl_dataset_attributes(ds), pass ? "\"max_side\":100" :
+                                                                  "\"max_side\":12"));
+        c = NN(kpl_chunk_create());
+        tjhandle tj = tjInitDecompress();
+        for (int64_t i = 0; i < 12; i++) {
+            OK(kpl_dataset_read_example(ds, i, c, v));
+            int img = (int)(i / 4 == 0 ? 4 : i / 4 == 1 ? 0 : 8) + (int)(i % 4); /* ant cat dog */
+            int w0 = 16 + (int)(i % 4), h0 = 8 + img / 4, w, h, sub, cs;
+            assert_int_equal(tjDecompressHeader3(tj, v[0].data, v[0].count, &w, &h, &sub, &cs), 0);
+            if (pass) {
+                assert_int_equal(v[0].count, lens[img]);
+                assert_memory_equal(v[0].data, jpgs[img], lens[img]);
+            } else {
+                assert_int_equal(w, 12);
+                assert_int_equal(h, (int)((double)h0 * 12 / w0 + 0.5));
+            }
+        }
+        tjDestroy(tj);
+        kpl_chunk_destroy(c);
+        kpl_dataset_close(ds);
+    }
+    o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
+    o.quality = 0;
+    FAILS(kpl_convert_imagefolder(root, path("folder_q0"), &o, NULL, NULL), KPL_EINVAL,
+          "quality 0");
     for (int i = 0; i < 12; i++) tjFree(jpgs[i]);
 
     /* A corrupt image: an error naming it, or skipped and counted. */
