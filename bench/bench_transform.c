@@ -18,7 +18,7 @@
  *   transform  FILE/rrc224_flip_norm_f32/vs_pil              target 2.0
  */
 #define _GNU_SOURCE
-#include "bench_common.h"
+#include "bench_dataio.h"
 #include "transform_impl.h"
 
 #include <glob.h>
@@ -70,14 +70,8 @@ static int bench_file(const char *baselines, const char *file, int cpu, int roun
     kpl_dataset *ds = NULL;
     if (kpl_dataset_open(dir, &ds) < 0) return die("open");
 
-    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    kpl_transform_config cfg = bench_imagenet_train();
     cfg.label_feature = NULL;
-    cfg.crop = KPL_CROP_RANDOM_RESIZED;
-    cfg.out_h = cfg.out_w = 224;
-    cfg.flip_prob = 0.5f;
-    const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
-    memcpy(cfg.mean, mean, sizeof mean);
-    memcpy(cfg.std, std, sizeof std);
     kpl__xform x;
     if (kpl__xform_init(&x, &cfg, ds) < 0) return die("xform_init");
     kpl__xform_scratch *s = kpl__xform_scratch_create();
