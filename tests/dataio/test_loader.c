@@ -3,8 +3,9 @@
  * buffer) and the multi-process loader: exact pixels and labels in the
  * order the sampler gives, the same batches whatever the worker count,
  * resume equivalence, a killed worker or reader reported within a second
- * with no process left behind, corrupt images skipped or reported, and
- * bad configurations refused. */
+ * with no process left behind, corrupt images skipped or reported, bad
+ * configurations refused, and boxes, box labels and masks in their own
+ * tensors. */
 #define KPL_TEST_NAME "loader"
 #include "dataio_test.h"
 #include "loader_impl.h"
@@ -586,6 +587,101 @@ static void test_loader_slots_held(void **state)
     assert_no_children();
 }
 
+/* Detection and segmentation outputs through the pipeline: boxes, box
+ * labels, counts and masks land in their own tensors, per sample. */
+static void test_loader_boxes_and_masks(void **state)
+{
+    (void)state;
+    char p[256];
+    snprintf(p, sizeof p, "%s/det", tmp_root);
+    kpl_feature_spec schema[4] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {6, 10, 3}},
+        {.name = "boxes", .type = KPL_FEATURE_FLOAT},
+        {.name = "classes", .type = KPL_FEATURE_INT64},
+        {.name = "mask", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 2,
+         .shape = {6, 10}},
+    };
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(p, 4, schema, &wc, &w));
+    for (int64_t e = 0; e < 12; e++) {
+        uint8_t img[6 * 10 * 3], mask[6 * 10];
+        for (int i = 0; i < 180; i++) img[i] = (uint8_t)(e + i);
+        for (int i = 0; i < 60; i++) mask[i] = (uint8_t)((e + i) % 5);
+        /* Example e has e % 3 boxes: box k = (k, 1, k + 2 + e % 4, 5), class 10e + k. */
+        float boxes[12];
+        int64_t cls[3];
+        int nb = (int)(e % 3);
+        for (int k = 0; k < nb; k++) {
+            float b[4] = {(float)k, 1, (float)(k + 2 + e % 4), 5};
+            memcpy(boxes + 4 * k, b, sizeof b);
+            cls[k] = 10 * e + k;
+        }
+        kpl_feature_value v[4] = {{img, 180}, {boxes, (uint32_t)(4 * nb)}, {cls, (uint32_t)nb},
+                                  {mask, 60}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = p;
+    c.batch_size = 5;
+    c.workers = 2;
+    c.shuffle = KPL_SHUFFLE_EXAMPLE;
+    c.transform.label_feature = NULL;
+    c.transform.boxes_feature = "boxes";
+    c.transform.box_labels_feature = "classes";
+    c.transform.mask_feature = "mask";
+    c.transform.max_boxes = 2;
+    c.transform.out_dtype = KPL_U8;
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    int64_t seen = 0;
+    kpl_batch b;
+    for (;;) {
+        OK(kpl_loader_next(l, &b));
+        if (!b.size) break;
+        assert_null(b.label);
+        assert_int_equal(kpl_tensor_dim(b.boxes, 1), 2);
+        assert_int_equal(kpl_tensor_dim(b.boxes, 2), 4);
+        assert_int_equal(kpl_tensor_dim(b.mask, 1), 6);
+        assert_int_equal(kpl_tensor_dim(b.mask, 2), 10);
+        const int64_t *ex = kpl_tensor_host_data(b.example);
+        const float *bx = kpl_tensor_host_data(b.boxes);
+        const int64_t *bl = kpl_tensor_host_data(b.box_labels);
+        const int64_t *nbx = kpl_tensor_host_data(b.num_boxes);
+        const uint8_t *m = kpl_tensor_host_data(b.mask), *im = kpl_tensor_host_data(b.image);
+        for (int64_t i = 0; i < b.size; i++) {
+            int64_t e = ex[i]; /* one shard: example number = writing order */
+            int nb = (int)(e % 3) < 2 ? (int)(e % 3) : 2;
+            assert_int_equal(nbx[i], nb);
+            for (int k = 0; k < 2; k++) {
+                const float *q = bx + (i * 2 + k) * 4;
+                if (k < nb) {
+                    assert_float_equal(q[0], k, 1e-5);
+                    assert_float_equal(q[1], 1, 1e-5);
+                    assert_float_equal(q[2], k + 2 + e % 4, 1e-5);
+                    assert_float_equal(q[3], 5, 1e-5);
+                    assert_int_equal(bl[i * 2 + k], 10 * e + k);
+                } else {
+                    assert_true(q[0] == 0 && q[1] == 0 && q[2] == 0 && q[3] == 0);
+                    assert_int_equal(bl[i * 2 + k], -1);
+                }
+            }
+            for (int j = 0; j < 60; j++) assert_int_equal(m[i * 60 + j], (e + j) % 5);
+            /* CHW u8: channel ch of pixel j is byte 3j + ch of the HWC image. */
+            for (int ch = 0; ch < 3; ch++)
+                for (int j = 0; j < 60; j++)
+                    assert_int_equal(im[(i * 3 + ch) * 60 + j], (uint8_t)(e + 3 * j + ch));
+            seen++;
+        }
+        kpl_batch_release(&b);
+    }
+    assert_int_equal(seen, 12);
+    kpl_loader_destroy(l);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -599,6 +695,7 @@ int main(void)
         cmocka_unit_test(test_loader_corrupt_image),
         cmocka_unit_test(test_loader_bad_config),
         cmocka_unit_test(test_loader_slots_held),
+        cmocka_unit_test(test_loader_boxes_and_masks),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
