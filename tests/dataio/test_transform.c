@@ -1024,6 +1024,68 @@ static void test_init_validation(void **state)
     kpl_dataset_close(ds);
 }
 
+/* A deterministic fuzz of the image wrappers: thousands of damaged JPEGs
+ * (baseline and progressive) and PNGs — bytes overwritten, streams cut —
+ * through the whole sample path.  Each must decode or fail with
+ * KPL_EFORMAT; never crash, hang or touch memory it should not (the
+ * sanitizer build runs this too). */
+static void test_fuzz_damaged_images(void **state)
+{
+    (void)state;
+    const int W = 61, H = 45;
+    uint8_t *pix = pattern(W, H, 3, 9);
+    unsigned long l1, l2;
+    unsigned char *j1 = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_420, 0, &l1);
+    unsigned char *j2 = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_444, TJFLAG_PROGRESSIVE, &l2);
+    size_t l3;
+    unsigned char *p3 = png_encode(pix, W, H, PNG_FORMAT_RGB, NULL, 0, &l3);
+    const void *src[3] = {j1, j2, p3};
+    size_t len[3] = {l1, l2, l3};
+    kpl_dataset *ds = image_set(3, src, len, "", 0, NULL);
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.crop = KPL_CROP_RANDOM_RESIZED;
+    cfg.out_h = cfg.out_w = 24;
+    cfg.flip_prob = 0.5f;
+    kpl__xform x;
+    OK(kpl__xform_init(&x, &cfg, ds));
+    kpl__xform_scratch *s = NN(kpl__xform_scratch_create());
+    float *img = malloc(3 * 24 * 24 * sizeof *img);
+    int64_t label;
+    kpl__sample_out o = {.image = img, .label = &label};
+    uint8_t *buf = malloc(l1 + l2 + l3);
+    kpl__rng r = {12345};
+    int ok = 0, bad = 0;
+    for (int it = 0; it < 3000; it++) {
+        int k = it % 3;
+        size_t n = len[k];
+        memcpy(buf, src[k], n);
+        int edits = 1 + (int)kpl__rng_below(&r, 8);
+        for (int e = 0; e < edits; e++)
+            buf[kpl__rng_below(&r, n)] = (uint8_t)kpl__rng_next(&r);
+        if (kpl__rng_below(&r, 4) == 0) n = 1 + kpl__rng_below(&r, n);
+        kpl_feature_value v[2] = {{buf, (uint32_t)n}, {&label, 1}};
+        label = 7;
+        kpl_status st = kpl__xform_sample(&x, v, 1, 0, it, s, &o);
+        if (st != KPL_OK && st != KPL_EFORMAT)
+            fail_msg("iteration %d: %s: %s", it, kpl_status_str(st), kpl_last_error());
+        if (st == KPL_EFORMAT && !strstr(kpl_last_error(), "example"))
+            fail_msg("iteration %d: message without the example: %s", it, kpl_last_error());
+        ok += st == KPL_OK;
+        bad += st == KPL_EFORMAT;
+    }
+    /* Both outcomes are exercised. */
+    assert_true(ok > 100);
+    assert_true(bad > 100);
+    free(buf);
+    free(img);
+    free(pix);
+    tjFree(j1);
+    tjFree(j2);
+    free(p3);
+    kpl__xform_scratch_destroy(s);
+    kpl_dataset_close(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1039,6 +1101,7 @@ int main(void)
         cmocka_unit_test(test_boxes_and_mask),
         cmocka_unit_test(test_raw_fmnist),
         cmocka_unit_test(test_init_validation),
+        cmocka_unit_test(test_fuzz_damaged_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
