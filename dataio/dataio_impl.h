@@ -129,6 +129,12 @@ void kpl__chunk_record_body(const kpl_chunk *c, int i, const uint8_t **body, uin
  * chunk that will be read soon (read-ahead starts now).  Never fail. */
 void kpl__dataset_advise(const kpl_dataset *ds, bool sequential);
 void kpl__dataset_willneed(const kpl_dataset *ds, int64_t chunk);
+/* Reads one record of an uncompressed chunk by itself (one pread of its
+ * bytes: random access without reading the chunk), checks its length
+ * against the index and its CRC32C.  *buf grows as needed (*cap bytes);
+ * *body views into it. */
+kpl_status kpl__dataset_read_record(const kpl_dataset *ds, int64_t example, uint8_t **buf,
+                                    size_t *cap, const uint8_t **body, uint32_t *len);
 /* Splits a record body into values[nf] (views into body), checking that
  * the feature counts fill it exactly; `where` prefixes the error. */
 kpl_status kpl__record_parse(int nf, const kpl_feature_spec *schema, const uint8_t *body,

@@ -289,6 +289,8 @@ static kpl_status reader_run(kpl_loader *l)
         if (ci.raw_bytes > max_raw) max_raw = ci.raw_bytes;
     }
     chunk_cache cc = {0};
+    uint8_t *rbuf = NULL; /* example shuffle over stored chunks: one record */
+    size_t rcap = 0;
     int64_t cap = (int64_t)(l->cfg.cache_bytes / max_raw);
     if (cap < l->cfg.shuffle_window + 2) cap = l->cfg.shuffle_window + 2;
     if (cap > nc) cap = nc;
@@ -329,16 +331,25 @@ static kpl_status reader_run(kpl_loader *l)
         }
         int64_t ahead = p; /* read-ahead hints run one chunk in front */
         for (int64_t i = p; i < end; i++) {
-            kpl_chunk *chunk;
-            KPL_TRY_GOTO(cache_get(l, &cc, pc[i], &chunk));
-            cc.uses[pc[i]]--;
-            if (ahead <= i) ahead = i + 1;
-            while (ahead < end && cc.where[pc[ahead]] >= 0) ahead++;
-            if (ahead < end && (ahead == i + 1 || pc[ahead] != pc[ahead - 1]))
-                kpl__dataset_willneed(l->ds, pc[ahead]);
             const uint8_t *body;
             uint32_t len;
-            kpl__chunk_record_body(chunk, pr[i], &body, &len);
+            cc.uses[pc[i]]--;
+            if (l->cfg.shuffle == KPL_SHUFFLE_EXAMPLE && cc.where[pc[i]] < 0 &&
+                !kpl_dataset_chunk_info(l->ds, pc[i]).compressed) {
+                /* Random access to a stored chunk: read just the record. */
+                KPL_TRY_GOTO(kpl__dataset_read_record(l->ds, order[i], &rbuf, &rcap, &body, &len));
+            } else {
+                kpl_chunk *chunk;
+                KPL_TRY_GOTO(cache_get(l, &cc, pc[i], &chunk));
+                kpl__chunk_record_body(chunk, pr[i], &body, &len);
+            }
+            if (ahead <= i) ahead = i + 1;
+            while (ahead < end && cc.where[pc[ahead]] >= 0) ahead++;
+            /* (No hint for a record read alone: it would pull in its chunk.) */
+            if (ahead < end && (ahead == i + 1 || pc[ahead] != pc[ahead - 1]) &&
+                (l->cfg.shuffle != KPL_SHUFFLE_EXAMPLE ||
+                 kpl_dataset_chunk_info(l->ds, pc[ahead]).compressed))
+                kpl__dataset_willneed(l->ds, pc[ahead]);
             int64_t k = (i - p) / l->B, first = p + k * l->B;
             int64_t bsize = end - first < l->B ? end - first : l->B;
             shm_item it = {.g = g + k, .epoch = e, .pos = i, .example = order[i], .len = len,
@@ -355,6 +366,7 @@ fail:
     free(cc.tick);
     free(cc.where);
     free(cc.uses);
+    free(rbuf);
     free(order);
     free(pc);
     free(pr);

@@ -626,6 +626,43 @@ void kpl__dataset_willneed(const kpl_dataset *ds, int64_t chunk)
                   POSIX_FADV_WILLNEED);
 }
 
+kpl_status kpl__dataset_read_record(const kpl_dataset *ds, int64_t example, uint8_t **buf,
+                                    size_t *cap, const uint8_t **body, uint32_t *len)
+{
+    int64_t chunk;
+    int rec;
+    KPL_TRY(kpl_dataset_locate(ds, example, &chunk, &rec));
+    kpl_chunk_info ci = kpl_dataset_chunk_info(ds, chunk);
+    KPL_ASSERT(!ci.compressed, "read_record on a compressed chunk");
+    const shard_r *sh = &ds->shards[ci.shard];
+    uint64_t off = kpl__rd64(sh->chunk_ents + KPLR_CHUNK_ENTRY * ci.chunk_in_shard);
+    const uint8_t *re = sh->rec_ents + KPLR_RECORD_ENTRY * (example - sh->first_example);
+    uint64_t pos = kpl__rd32(re + 4);
+    uint64_t end = rec + 1 < ci.num_records ? kpl__rd32(re + KPLR_RECORD_ENTRY + 4) : ci.raw_bytes;
+    char where[PATH_MAX + 96];
+    snprintf(where, sizeof where, "%s chunk %lld record %d (example %lld)", sh->data_path,
+             (long long)ci.chunk_in_shard, rec, (long long)example);
+    if (end < pos + KPLR_RECORD_HEADER || end > ci.raw_bytes)
+        return KPL_ERROR(KPL_EFORMAT, "%s: the index gives it %lld bytes", where,
+                         (long long)end - (long long)pos);
+    size_t n = (size_t)(end - pos);
+    KPL_TRY(reserve(buf, cap, n));
+    KPL_TRY(kpl__pread_all(sh->fd, *buf, n, (off_t)(off + KPLR_CHUNK_HEADER + pos),
+                           sh->data_path));
+    uint32_t l = kpl__rd32(*buf);
+    if ((size_t)l + KPLR_RECORD_HEADER != n)
+        return KPL_ERROR(KPL_EFORMAT, "%s: length %u, the index leaves %zu bytes", where, l,
+                         n - KPLR_RECORD_HEADER);
+    uint32_t crc = kpl__crc32c(*buf + KPLR_RECORD_HEADER, l);
+    if (crc != kpl__rd32(*buf + 4))
+        return KPL_ERROR(KPL_EFORMAT, "%s: record CRC32C mismatch (stored %08x, computed %08x)",
+                         where, kpl__rd32(*buf + 4), crc);
+    KPL_TRY(kpl__record_parse(ds->nf, ds->schema, *buf + KPLR_RECORD_HEADER, l, NULL, where));
+    *body = *buf + KPLR_RECORD_HEADER;
+    *len = l;
+    return KPL_OK;
+}
+
 void kpl__chunk_record_body(const kpl_chunk *c, int i, const uint8_t **body, uint32_t *len)
 {
     const uint8_t *r = c->data + c->offs[i];

@@ -31,7 +31,8 @@ static double now(void)
 #define S 32 /* 1 KiB records: several per 4 KiB chunk */
 static uint8_t pix(int64_t e, int y, int x) { return (uint8_t)((7 * e + S * y + x) % 256); }
 
-static const char *make_set(const char *name, int64_t n, int shards, size_t chunk_bytes)
+static const char *make_set_z(const char *name, int64_t n, int shards, size_t chunk_bytes,
+                              int zstd_level)
 {
     static char p[4][256];
     static int k;
@@ -46,6 +47,7 @@ static const char *make_set(const char *name, int64_t n, int shards, size_t chun
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     cfg.shards = shards;
     cfg.chunk_bytes = chunk_bytes;
+    cfg.zstd_level = zstd_level;
     kpl_record_writer *w = NULL;
     OK(kpl_record_writer_create(p[k], 2, schema, &cfg, &w));
     for (int64_t e = 0; e < n; e++) {
@@ -57,6 +59,11 @@ static const char *make_set(const char *name, int64_t n, int shards, size_t chun
     }
     OK(kpl_record_writer_close(w));
     return p[k];
+}
+
+static const char *make_set(const char *name, int64_t n, int shards, size_t chunk_bytes)
+{
+    return make_set_z(name, n, shards, chunk_bytes, 3);
 }
 
 /* ---- the order ------------------------------------------------------------------- */
@@ -682,6 +689,59 @@ static void test_loader_boxes_and_masks(void **state)
     kpl_loader_destroy(l);
 }
 
+/* Example shuffling over stored (uncompressed) chunks reads each record
+ * alone: the same batches as over compressed chunks of the same layout,
+ * and a damaged record is still caught, named by chunk and record. */
+static void test_loader_record_reads(void **state)
+{
+    (void)state;
+    const char *zpath = make_set("order", 103, 3, 4096);
+    const char *rpath = make_set_z("order_stored", 103, 3, 4096, 0);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(rpath, &ds));
+    assert_false(kpl_dataset_chunk_info(ds, 0).compressed);
+    kpl_dataset_close(ds);
+    OK(kpl_dataset_open(zpath, &ds));
+    assert_true(kpl_dataset_chunk_info(ds, 0).compressed);
+    kpl_dataset_close(ds);
+    int64_t ex[2][206];
+    uint8_t *img[2];
+    for (int k = 0; k < 2; k++) {
+        kpl_loader_config c = raw_config(k ? rpath : zpath, 10, 2);
+        c.shuffle = KPL_SHUFFLE_EXAMPLE;
+        c.transform.out_dtype = KPL_U8;
+        kpl_loader *l = NULL;
+        OK(kpl_loader_create(&c, &l));
+        img[k] = malloc(206 * S * S);
+        assert_int_equal(drain(l, 2, ex[k], img[k], S * S), 206);
+        kpl_loader_destroy(l);
+    }
+    assert_memory_equal(ex[0], ex[1], sizeof ex[0]);
+    assert_memory_equal(img[0], img[1], 206 * S * S);
+    free(img[0]);
+    free(img[1]);
+
+    /* A byte inside example 0's image (file header, chunk header, record
+     * header, then the image's count). */
+    char f[300];
+    snprintf(f, sizeof f, "%s/00000.data", rpath);
+    FILE *fp = fopen(f, "r+b");
+    assert_non_null(fp);
+    assert_int_equal(fseek(fp, 32 + 32 + 8 + 4 + 100, SEEK_SET), 0);
+    int ch = fgetc(fp);
+    assert_int_equal(fseek(fp, 32 + 32 + 8 + 4 + 100, SEEK_SET), 0);
+    fputc(ch ^ 0x40, fp);
+    fclose(fp);
+    kpl_loader_config c = raw_config(rpath, 103, 1);
+    c.shuffle = KPL_SHUFFLE_EXAMPLE;
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    kpl_batch b;
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "chunk 0 record 0 (example 0): record CRC32C");
+    kpl_loader_destroy(l);
+    assert_no_children();
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -696,6 +756,7 @@ int main(void)
         cmocka_unit_test(test_loader_bad_config),
         cmocka_unit_test(test_loader_slots_held),
         cmocka_unit_test(test_loader_boxes_and_masks),
+        cmocka_unit_test(test_loader_record_reads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
