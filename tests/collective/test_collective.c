@@ -1,0 +1,250 @@
+/* test_collective.c — run under mpirun (-np 2 and -np 4): every collective
+ * of the mpi backend, every dtype, sizes from 1 element to 64 MB including
+ * sizes the world size does not divide, in place and not, blocking and
+ * async, against the serial computation of what each rank contributed. */
+#include "kpl_test.h"
+#include "collective.h"
+
+#include <mpi.h>
+#include <stdlib.h>
+
+static kpl_comm *comm;
+static int rank, size;
+
+/* Rank r's element i: small integers, exact in every dtype (bf16 keeps 8
+ * bits; sums over 4 ranks stay below 256). */
+static double value(int r, int64_t i) { return (double)((r + 1) * (i % 13) - 5 * (r % 3)); }
+
+static kpl_tensor *filled(kpl_dtype dt, int64_t n, int r)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &n, &t));
+    void *p = kpl_tensor_host_mutable(t);
+    for (int64_t i = 0; i < n; i++) {
+        double v = value(r, i);
+        switch (dt) {
+        case KPL_F32: ((float *)p)[i] = (float)v; break;
+        case KPL_F64: ((double *)p)[i] = v; break;
+        case KPL_F16: ((uint16_t *)p)[i] = kpl_f32_to_f16((float)v); break;
+        case KPL_BF16: ((uint16_t *)p)[i] = kpl_f32_to_bf16((float)v); break;
+        case KPL_I32: ((int32_t *)p)[i] = (int32_t)v; break;
+        case KPL_I64: ((int64_t *)p)[i] = (int64_t)v; break;
+        default: fail_msg("dtype");
+        }
+    }
+    return t;
+}
+
+static double expect(kpl_comm_op op, kpl_dtype dt, int64_t i)
+{
+    double acc = value(0, i);
+    for (int r = 1; r < size; r++) {
+        double v = value(r, i);
+        acc = op == KPL_COMM_MAX ? (v > acc ? v : acc) : op == KPL_COMM_MIN ? (v < acc ? v : acc)
+                                                                             : acc + v;
+    }
+    if (op == KPL_COMM_AVG) {
+        acc /= size;
+        if (dt == KPL_I32 || dt == KPL_I64) acc = (double)(int64_t)acc; /* truncating */
+    }
+    return acc;
+}
+
+static void check(kpl_tensor *t, int64_t at, int64_t n, double (*want)(int64_t, void *), void *ctx,
+                  double tol, const char *what)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double got = tget(t, at + i), w = want(i, ctx);
+        if (fabs(got - w) > tol * (1 + fabs(w)))
+            fail_msg("%s: rank %d, element %lld: %g, want %g", what, rank, (long long)(at + i),
+                     got, w);
+    }
+}
+
+typedef struct {
+    kpl_comm_op op;
+    kpl_dtype dt;
+    int64_t offset;
+} reduce_ctx;
+
+static double want_reduce(int64_t i, void *ctx)
+{
+    reduce_ctx *c = ctx;
+    return expect(c->op, c->dt, c->offset + i);
+}
+
+static double tol_of(kpl_dtype dt) { return dt == KPL_F16 || dt == KPL_BF16 ? 1e-2 : 1e-6; }
+
+static const kpl_dtype dtypes[] = {KPL_F32, KPL_F64, KPL_F16, KPL_BF16, KPL_I32, KPL_I64};
+static const int64_t sizes[] = {1, 7, 1000, 262147};
+
+static void test_allreduce(void **state)
+{
+    (void)state;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++)
+            for (int op = KPL_COMM_SUM; op <= KPL_COMM_MIN; op++)
+                for (int inplace = 0; inplace < 2; inplace++) {
+                    kpl_dtype dt = dtypes[d];
+                    int64_t n = sizes[s];
+                    kpl_tensor *in = filled(dt, n, rank), *out = in;
+                    if (!inplace) OK(kpl_tensor_zeros(kpl_device_cpu(), dt, 1, &n, &out));
+                    OK(kpl_comm_allreduce(comm, in, out, (kpl_comm_op)op));
+                    char what[96];
+                    snprintf(what, sizeof what, "allreduce %s %s n=%lld%s",
+                             kpl_comm_op_name((kpl_comm_op)op), kpl_dtype_name(dt), (long long)n,
+                             inplace ? " in place" : "");
+                    reduce_ctx c = {(kpl_comm_op)op, dt, 0};
+                    check(out, 0, n, want_reduce, &c, tol_of(dt), what);
+                    if (!inplace) { /* the input is untouched */
+                        reduce_ctx c0 = {KPL_COMM_SUM, dt, 0};
+                        (void)c0;
+                        for (int64_t i = 0; i < n; i += 97)
+                            assert_true(fabs(tget(in, i) - value(rank, i)) < 1e-6 + 1e-2 * fabs(value(rank, i)));
+                        kpl_tensor_release(out);
+                    }
+                    kpl_tensor_release(in);
+                }
+}
+
+/* 64 MB of f32: the largest size the issue asks for. */
+static void test_allreduce_64mb(void **state)
+{
+    (void)state;
+    int64_t n = 16 << 20;
+    kpl_tensor *t = filled(KPL_F32, n, rank);
+    OK(kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM));
+    reduce_ctx c = {KPL_COMM_SUM, KPL_F32, 0};
+    const float *p = kpl_tensor_host_data(t);
+    for (int64_t i = 0; i < n; i += 4093) assert_float_equal(p[i], want_reduce(i, &c), 1e-6);
+    assert_float_equal(p[n - 1], want_reduce(n - 1, &c), 1e-6);
+    kpl_tensor_release(t);
+}
+
+static double want_root(int64_t i, void *ctx) { return value(*(int *)ctx, i); }
+
+static void test_broadcast_allgather_reduce_scatter(void **state)
+{
+    (void)state;
+    for (size_t d = 0; d < sizeof dtypes / sizeof *dtypes; d++)
+        for (size_t s = 0; s < sizeof sizes / sizeof *sizes; s++) {
+            kpl_dtype dt = dtypes[d];
+            int64_t n = sizes[s];
+            int root = size - 1;
+            kpl_tensor *t = filled(dt, n, rank);
+            OK(kpl_comm_broadcast(comm, t, root));
+            check(t, 0, n, want_root, &root, 1e-6, "broadcast");
+            kpl_tensor_release(t);
+
+            kpl_tensor *in = filled(dt, n, rank), *all = NULL;
+            int64_t total = n * size;
+            OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &total, &all));
+            OK(kpl_comm_allgather(comm, in, all));
+            for (int r = 0; r < size; r++) check(all, r * n, n, want_root, &r, 1e-6, "allgather");
+            kpl_tensor_release(in);
+            kpl_tensor_release(all);
+
+            /* reduce_scatter: in holds size blocks of n; rank r keeps block r. */
+            for (int op = KPL_COMM_SUM; op <= KPL_COMM_MIN; op++) {
+                kpl_tensor *big = filled(dt, total, rank), *mine = NULL;
+                OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &n, &mine));
+                OK(kpl_comm_reduce_scatter(comm, big, mine, (kpl_comm_op)op));
+                reduce_ctx c = {(kpl_comm_op)op, dt, rank * n};
+                check(mine, 0, n, want_reduce, &c, tol_of(dt), "reduce_scatter");
+                kpl_tensor_release(big);
+                kpl_tensor_release(mine);
+            }
+        }
+}
+
+static void test_send_recv_barrier_async(void **state)
+{
+    (void)state;
+    /* A ring; even ranks send first, odd ranks receive first. */
+    int64_t n = 100003;
+    int next = (rank + 1) % size, prev = (rank + size - 1) % size;
+    kpl_tensor *mine = filled(KPL_F32, n, rank), *got = NULL;
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &n, &got));
+    if (rank % 2 == 0) {
+        OK(kpl_comm_send(comm, mine, next, 7));
+        OK(kpl_comm_recv(comm, got, prev, 7));
+    } else {
+        OK(kpl_comm_recv(comm, got, prev, 7));
+        OK(kpl_comm_send(comm, mine, next, 7));
+    }
+    check(got, 0, n, want_root, &prev, 0, "recv");
+    kpl_tensor_release(mine);
+    kpl_tensor_release(got);
+    OK(kpl_comm_barrier(comm));
+
+    /* Three async allreduces in flight, waited for in reverse order. */
+    kpl_tensor *t[3];
+    kpl_comm_work *w[3];
+    for (int k = 0; k < 3; k++) {
+        t[k] = filled(KPL_F32, 5000 + k, rank);
+        OK(kpl_comm_allreduce_async(comm, t[k], t[k], KPL_COMM_AVG, &w[k]));
+    }
+    for (int k = 2; k >= 0; k--) {
+        OK(kpl_comm_work_wait(w[k]));
+        bool done = false;
+        OK(kpl_comm_work_test(w[k], &done));
+        assert_true(done);
+        reduce_ctx c = {KPL_COMM_AVG, KPL_F32, 0};
+        check(t[k], 0, 5000 + k, want_reduce, &c, 1e-6, "async avg");
+        kpl_comm_work_destroy(w[k]);
+        kpl_tensor_release(t[k]);
+    }
+}
+
+static void test_bad_arguments(void **state)
+{
+    (void)state;
+    int64_t n = 10, m = 11;
+    kpl_tensor *a = filled(KPL_F32, n, rank), *b = NULL, *u = NULL;
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &m, &b));
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_U8, 1, &n, &u));
+    FAILS(kpl_comm_allreduce(comm, a, b, KPL_COMM_SUM), KPL_ESHAPE, "differ");
+    FAILS(kpl_comm_allreduce(comm, u, u, KPL_COMM_SUM), KPL_EDTYPE, "cannot reduce u8");
+    FAILS(kpl_comm_broadcast(comm, a, size), KPL_EINVAL, "root");
+    FAILS(kpl_comm_allgather(comm, a, b), KPL_ESHAPE, "allgather");
+    FAILS(kpl_comm_send(comm, a, rank, 0), KPL_EINVAL, "peer");
+    kpl_tensor_release(a);
+    kpl_tensor_release(b);
+    kpl_tensor_release(u);
+}
+
+int main(int argc, char **argv)
+{
+    int level;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+    kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
+    cfg.timeout = 60; /* a failing rank must not hang the others for long */
+    if (kpl_comm_create(&cfg, &comm) < 0) {
+        fprintf(stderr, "comm_create: %s\n", kpl_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    rank = kpl_comm_rank(comm);
+    size = kpl_comm_size(comm);
+    int wr, ws;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wr);
+    MPI_Comm_size(MPI_COMM_WORLD, &ws);
+    if (wr != rank || ws != size || kpl_comm_local_size(comm) != size ||
+        kpl_comm_local_rank(comm) != rank) {
+        fprintf(stderr, "rank/size mismatch\n");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_allreduce),
+        cmocka_unit_test(test_allreduce_64mb),
+        cmocka_unit_test(test_broadcast_allgather_reduce_scatter),
+        cmocka_unit_test(test_send_recv_barrier_async),
+        cmocka_unit_test(test_bad_arguments),
+    };
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    /* One rank's failure fails the job on every rank. */
+    int any = 0;
+    MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    kpl_comm_destroy(comm);
+    MPI_Finalize();
+    return any ? 1 : 0;
+}
