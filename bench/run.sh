@@ -95,6 +95,9 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       "$build/bin/bench_data" "$build" "$baselines" || rc=$?
       "$build/bin/bench_transform" "$baselines" || rc=$?
       ;;
+    comm)
+      mpirun --allow-run-as-root --oversubscribe -np 2 "$build/bin/bench_comm" || rc=$?
+      ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
       ;;

@@ -29,9 +29,11 @@ typedef struct {
     int32_t tag;
 } kpl__coll_args;
 
-/* A backend.  Every member blocks until done or until `deadline` (a
- * CLOCK_MONOTONIC time in seconds), when it returns KPL_ETIMEOUT; members
- * run on the communicator's thread only (one at a time). */
+/* A backend.  Members run on the communicator's thread only (one at a
+ * time) and block until done.  `deadline` (CLOCK_MONOTONIC seconds) is a
+ * hint a backend may honour by returning KPL_ETIMEOUT; the waiting side
+ * enforces it regardless (comm.c), so a backend stuck in a library call
+ * cannot hang the caller. */
 typedef struct {
     const char *name;
     /* Collective: sets up the backend over MPI_COMM_WORLD; fills rank, size

@@ -19,6 +19,7 @@ struct kpl_comm_work {
     kpl_status st;
     char msg[768];
     bool done;
+    double started; /* when the thread began it (0: still queued) */
     kpl_comm_work *next;
     kpl_comm *comm;
 };
@@ -34,6 +35,8 @@ struct kpl_comm {
     pthread_cond_t cv_queue, cv_done;
     kpl_comm_work *head, *tail;
     bool stop;
+    bool stuck; /* an operation outlived the timeout: the thread may never return */
+    char stuck_msg[800];
 };
 
 static const char *kind_name(kpl__coll_kind k)
@@ -104,6 +107,7 @@ static void *comm_thread(void *arg)
         }
         c->head = w->next;
         if (!c->head) c->tail = NULL;
+        w->started = kpl__comm_now();
         pthread_mutex_unlock(&c->mu);
 
         kpl_status st = c->be->run(c->state, &w->a, kpl__comm_now() + c->timeout);
@@ -156,6 +160,11 @@ fail:
 void kpl_comm_destroy(kpl_comm *c)
 {
     if (!c) return;
+    if (c->stuck) {
+        /* Its thread is inside a call that may never return: leave it and
+         * the backend alone (the job is ending: kpl_comm_abort). */
+        return;
+    }
     if (c->thread_live) {
         pthread_mutex_lock(&c->mu);
         c->stop = true;
@@ -202,6 +211,7 @@ static kpl_status check_reducible(const char *op, kpl_dtype dt)
 static kpl_status submit(kpl_comm *c, const kpl__coll_args *a, kpl_comm_op op, kpl_tensor *t0,
                          kpl_tensor *t1, kpl_comm_work **out)
 {
+    KPL_CHECK(!c->stuck, KPL_ETIMEOUT, "%s", c->stuck_msg);
     kpl_comm_work *w = calloc(1, sizeof *w);
     KPL_CHECK(w, KPL_ENOMEM, "comm: no memory for a work handle");
     w->a = *a;
@@ -224,12 +234,40 @@ static kpl_status submit(kpl_comm *c, const kpl__coll_args *a, kpl_comm_op op, k
     return KPL_OK;
 }
 
+/* Waits for w with the communicator's deadline: an operation running for
+ * longer than the timeout (a peer that never joins) is reported, and the
+ * communicator is marked stuck (its thread may never come back). */
 kpl_status kpl_comm_work_wait(kpl_comm_work *w)
 {
     KPL_CHECK(w, KPL_EINVAL, "comm_work_wait: NULL work");
     kpl_comm *c = w->comm;
     pthread_mutex_lock(&c->mu);
-    while (!w->done) pthread_cond_wait(&c->cv_done, &c->mu);
+    while (!w->done) {
+        if (c->stuck) {
+            char m[sizeof c->stuck_msg];
+            snprintf(m, sizeof m, "%s", c->stuck_msg);
+            pthread_mutex_unlock(&c->mu);
+            return KPL_ERROR(KPL_ETIMEOUT, "%s", m);
+        }
+        double now = kpl__comm_now();
+        if (w->started > 0 && now > w->started + c->timeout) {
+            c->stuck = true;
+            snprintf(c->stuck_msg, sizeof c->stuck_msg, "%s (%s, %zu elements) on backend %s, "
+                     "rank %d of %d: timed out after %.0f s: a peer did not join (a rank died, "
+                     "hangs, or issued other collectives); end the job (kpl_comm_abort)",
+                     kind_name(w->a.kind), kpl_dtype_name(w->a.dtype), w->a.count, c->be->name,
+                     (int)c->rank, (int)c->size, c->timeout);
+            continue;
+        }
+        struct timespec t;
+        clock_gettime(CLOCK_REALTIME, &t);
+        t.tv_nsec += 100000000L; /* re-check the deadline every 0.1 s */
+        if (t.tv_nsec >= 1000000000L) {
+            t.tv_sec++;
+            t.tv_nsec -= 1000000000L;
+        }
+        pthread_cond_timedwait(&c->cv_done, &c->mu, &t);
+    }
     pthread_mutex_unlock(&c->mu);
     return w->st < 0 ? KPL_ERROR(w->st, "%s", w->msg) : KPL_OK;
 }
@@ -246,8 +284,7 @@ kpl_status kpl_comm_work_test(kpl_comm_work *w, bool *done)
 void kpl_comm_work_destroy(kpl_comm_work *w)
 {
     if (!w) return;
-    kpl_status st = kpl_comm_work_wait(w);
-    (void)st;
+    if (kpl_comm_work_wait(w) == KPL_ETIMEOUT && !w->done) return; /* still in use */
     kpl_tensor_release(w->keep[0]);
     kpl_tensor_release(w->keep[1]);
     free(w);
