@@ -111,6 +111,56 @@ kpl_status kpl_comm_work_test(kpl_comm_work *work, bool *done);
 /* Waits if needed, then frees.  NULL is a no-op. */
 void kpl_comm_work_destroy(kpl_comm_work *work);
 
+/* ---- the bucketed gradient allreduce (the DDP reducer) ----------------------------- */
+/*
+ * Parameters are assigned to buckets of about bucket_mb (the first one
+ * first_bucket_mb) in reverse registration order (backward produces the
+ * last layers' gradients first).  Each bucket is one flat buffer and the
+ * gradient of every parameter is a view into it (kpl_bucketer_grad): write
+ * or accumulate gradients there, no copies.  When the last gradient of a
+ * bucket is marked ready its allreduce (AVG) starts at once, buckets in
+ * index order; kpl_bucketer_finish waits for them all.  After the first
+ * step the buckets are rebuilt from the order in which gradients became
+ * ready on rank 0 (every rank uses the same), so fetch the grad views again
+ * after each finish.  A parameter never marked in a step (unused) has its
+ * gradient zeroed and reduced at finish, never waited for.
+ *
+ *   kpl_bucketer_create(comm, n, params, NULL, &b);
+ *   kpl_bucketer_broadcast_params(b);            // all ranks start equal
+ *   each step:  backward writes kpl_bucketer_grad(b, i), then
+ *               kpl_bucketer_mark_ready(b, i) (from the gradient hook);
+ *               kpl_bucketer_finish(b); optimizer step.
+ */
+typedef struct {
+    double bucket_mb;       /* > 0 */
+    double first_bucket_mb; /* > 0 */
+} kpl_bucketer_config;
+#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0}
+
+typedef struct kpl_bucketer kpl_bucketer;
+
+/* params: n host tensors of one floating dtype, in registration order
+ * (retained).  Gradients start at zero.  *out owned by the caller. */
+kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
+                               const kpl_bucketer_config *cfg, kpl_bucketer **out);
+void kpl_bucketer_destroy(kpl_bucketer *b);
+/* Rank 0's parameter values to every rank (blocking, collective). */
+kpl_status kpl_bucketer_broadcast_params(kpl_bucketer *b);
+/* Where parameter i's gradient lives (borrowed; valid until the next
+ * kpl_bucketer_finish). */
+kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i);
+/* With sync false (gradient accumulation micro-steps) marking starts no
+ * communication and finish reduces nothing; set it true for the last. */
+void kpl_bucketer_set_sync(kpl_bucketer *b, bool sync);
+/* Gradient i is final for this step; may start its bucket's allreduce. */
+kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i);
+/* Reduces what is left (unused parameters' gradients zeroed), waits for
+ * every bucket, and prepares the next step.  Collective. */
+kpl_status kpl_bucketer_finish(kpl_bucketer *b);
+int kpl_bucketer_num_buckets(const kpl_bucketer *b);
+/* The bucket holding parameter i. */
+int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i);
+
 #ifdef __cplusplus
 }
 #endif

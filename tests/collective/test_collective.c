@@ -213,6 +213,95 @@ static void test_bad_arguments(void **state)
     kpl_tensor_release(u);
 }
 
+/* Writes value(rank, j) + 10 i + extra into every gradient element j of
+ * parameter i. */
+static void write_grads(kpl_bucketer *b, int n, double extra, bool add)
+{
+    for (int i = 0; i < n; i++) {
+        kpl_tensor *g = kpl_bucketer_grad(b, i);
+        float *p = kpl_tensor_host_mutable(g);
+        for (int64_t j = 0; j < kpl_tensor_numel(g); j++)
+            p[j] = (add ? p[j] : 0.0f) + (float)(value(rank, j) + 10 * i + extra);
+    }
+}
+
+/* Gradient of parameter i after the average: mean over ranks of
+ * times * (value(r, j) + 10 i) + extras. */
+static void check_grads(kpl_bucketer *b, int n, int skip, double times, double extras)
+{
+    for (int i = 0; i < n; i++) {
+        kpl_tensor *g = kpl_bucketer_grad(b, i);
+        const float *p = kpl_tensor_host_data(g);
+        for (int64_t j = 0; j < kpl_tensor_numel(g); j += 1 + j / 5) {
+            double want = 0;
+            for (int r = 0; r < size; r++) want += times * (value(r, j) + 10 * i) + extras;
+            want /= size;
+            if (i == skip) want = 0;
+            if (fabs(p[j] - want) > 1e-4 * (1 + fabs(want)))
+                fail_msg("rank %d: grad %d[%lld] = %g, want %g", rank, i, (long long)j, p[j], want);
+        }
+    }
+}
+
+static void test_bucketer(void **state)
+{
+    (void)state;
+    enum { N = 6 };
+    const int64_t sizes_[N] = {1000, 300000, 7, 50000, 200000, 13};
+    kpl_tensor *params[N];
+    for (int i = 0; i < N; i++) {
+        OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &sizes_[i], &params[i]));
+        float *p = kpl_tensor_host_mutable(params[i]);
+        for (int64_t j = 0; j < sizes_[i]; j++) p[j] = (float)(rank + 1);
+    }
+    kpl_bucketer_config cfg = {1.0, 0.5};
+    kpl_bucketer *b = NULL;
+    OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
+    /* Reverse registration order into a 0.5 MB first bucket, then 1 MB
+     * ones: {5: 52 B} {4: 800 KB, 3: 200 KB, 2: 28 B} {1: 1.2 MB} {0}. */
+    const int want_bucket[N] = {3, 2, 1, 1, 1, 0};
+    for (int i = 0; i < N; i++) assert_int_equal(kpl_bucketer_bucket_of(b, i), want_bucket[i]);
+    assert_int_equal(kpl_bucketer_num_buckets(b), 4);
+    /* Gradients are views of the buckets: no copies. */
+    assert_true(kpl_tensor_shares_storage(kpl_bucketer_grad(b, 4), kpl_bucketer_grad(b, 2)));
+    assert_false(kpl_tensor_shares_storage(kpl_bucketer_grad(b, 5), kpl_bucketer_grad(b, 4)));
+    OK(kpl_bucketer_broadcast_params(b));
+    for (int i = 0; i < N; i++) assert_float_equal(tget(params[i], 0), 1.0, 0);
+
+    /* Step 1: ready in an order of our own; parameter 0 unused. */
+    write_grads(b, N, 0, false);
+    const int order[] = {2, 5, 4, 1, 3};
+    for (int k = 0; k < 5; k++) OK(kpl_bucketer_mark_ready(b, order[k]));
+    FAILS(kpl_bucketer_mark_ready(b, 2), KPL_ESTATE, "marked twice");
+    OK(kpl_bucketer_finish(b));
+    check_grads(b, N, 0, 1, 0);
+    /* Rebuilt from the ready order: parameter 2 now leads bucket 0. */
+    assert_int_equal(kpl_bucketer_bucket_of(b, 2), 0);
+    assert_true(kpl_bucketer_bucket_of(b, 0) == kpl_bucketer_num_buckets(b) - 1);
+
+    /* Step 2 on the rebuilt buckets, every parameter used. */
+    write_grads(b, N, 1, false);
+    for (int i = 0; i < N; i++) OK(kpl_bucketer_mark_ready(b, i));
+    OK(kpl_bucketer_finish(b));
+    check_grads(b, N, -1, 1, 1);
+
+    /* Accumulation: a micro-step without communication, then the last. */
+    write_grads(b, N, 0, false);
+    kpl_bucketer_set_sync(b, false);
+    for (int i = 0; i < N; i++) OK(kpl_bucketer_mark_ready(b, i));
+    OK(kpl_bucketer_finish(b));
+    const float *g0 = kpl_tensor_host_data(kpl_bucketer_grad(b, 1));
+    assert_float_equal(g0[3], value(rank, 3) + 10, 1e-5); /* still local */
+    kpl_bucketer_set_sync(b, true);
+    write_grads(b, N, 2, true);
+    for (int i = N - 1; i >= 0; i--) OK(kpl_bucketer_mark_ready(b, i));
+    OK(kpl_bucketer_finish(b));
+    check_grads(b, N, -1, 2, 2);
+
+    kpl_bucketer_destroy(b);
+    for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
+}
+
 int main(int argc, char **argv)
 {
     int level;
@@ -239,6 +328,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_broadcast_allgather_reduce_scatter),
         cmocka_unit_test(test_send_recv_barrier_async),
         cmocka_unit_test(test_bad_arguments),
+        cmocka_unit_test(test_bucketer),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     /* One rank's failure fails the job on every rank. */

@@ -1,0 +1,262 @@
+/*
+ * bucketer.c — the bucketed gradient allreduce (PyTorch DDP's reducer,
+ * Horovod's fusion buffer without the packing copy): flat bucket buffers
+ * whose slices are the gradients, an allreduce started as soon as a bucket
+ * is complete, buckets issued in index order on every rank.
+ */
+#include "collective_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kpl_tensor *flat;  /* (numel) the bucket's buffer */
+    int64_t numel;
+    int nparams, nready;
+    kpl_comm_work *work; /* its allreduce in flight */
+} bucket;
+
+struct kpl_bucketer {
+    kpl_comm *comm;
+    kpl_bucketer_config cfg;
+    int n;
+    kpl_tensor **params;
+    kpl_dtype dtype;
+    kpl_tensor **grads; /* views into the buckets */
+    int *bucket_of;
+    bool *ready;
+    int *order; /* parameters in the order they became ready this step */
+    int nordered;
+    bucket *buckets;
+    int nbuckets, next_launch;
+    bool sync, rebuilt;
+};
+
+static void free_buckets(kpl_bucketer *b)
+{
+    for (int k = 0; k < b->nbuckets; k++) {
+        kpl_comm_work_destroy(b->buckets[k].work);
+        kpl_tensor_release(b->buckets[k].flat);
+    }
+    free(b->buckets);
+    b->buckets = NULL;
+    for (int i = 0; i < b->n; i++) {
+        kpl_tensor_release(b->grads[i]);
+        b->grads[i] = NULL;
+    }
+    b->nbuckets = 0;
+}
+
+/* Assigns parameters to buckets walking `seq` (a permutation of the
+ * parameters), makes the flat buffers (zeroed) and the gradient views. */
+static kpl_status build(kpl_bucketer *b, const int *seq)
+{
+    size_t esize = kpl_dtype_size(b->dtype);
+    double limit = b->cfg.first_bucket_mb * 1048576.0, used = 0;
+    b->buckets = calloc((size_t)b->n, sizeof *b->buckets);
+    KPL_CHECK(b->buckets, KPL_ENOMEM, "bucketer: no memory");
+    int k = 0;
+    for (int s = 0; s < b->n; s++) {
+        int i = seq[s];
+        double bytes = (double)kpl_tensor_numel(b->params[i]) * (double)esize;
+        if (b->buckets[k].nparams > 0 && used + bytes > limit) {
+            k++;
+            used = 0;
+            limit = b->cfg.bucket_mb * 1048576.0;
+        }
+        b->bucket_of[i] = k;
+        b->buckets[k].nparams++;
+        b->buckets[k].numel += kpl_tensor_numel(b->params[i]);
+        used += bytes;
+    }
+    b->nbuckets = k + 1;
+    for (k = 0; k < b->nbuckets; k++) {
+        int64_t numel = b->buckets[k].numel;
+        KPL_TRY(kpl_tensor_zeros(kpl_device_cpu(), b->dtype, 1, &numel, &b->buckets[k].flat));
+    }
+    int64_t *off = calloc((size_t)b->nbuckets, sizeof *off);
+    KPL_CHECK(off, KPL_ENOMEM, "bucketer: no memory");
+    kpl_status st = KPL_OK;
+    for (int s = 0; s < b->n && st == KPL_OK; s++) {
+        int i = seq[s];
+        bucket *bk = &b->buckets[b->bucket_of[i]];
+        st = kpl_tensor_from_storage(kpl_tensor_storage(bk->flat),
+                                     kpl_tensor_offset(bk->flat) +
+                                         (size_t)off[b->bucket_of[i]] * esize,
+                                     b->dtype, kpl_tensor_ndim(b->params[i]),
+                                     kpl_tensor_shape(b->params[i]), &b->grads[i]);
+        off[b->bucket_of[i]] += kpl_tensor_numel(b->params[i]);
+    }
+    free(off);
+    return st;
+}
+
+kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
+                               const kpl_bucketer_config *cfg, kpl_bucketer **out)
+{
+    KPL_CHECK(comm && params && out && n >= 1, KPL_EINVAL, "bucketer_create: bad arguments");
+    *out = NULL;
+    kpl_bucketer_config c = KPL_BUCKETER_CONFIG_INIT;
+    if (cfg) c = *cfg;
+    KPL_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, KPL_EINVAL,
+              "bucketer_create: bucket sizes %g / %g MB must be > 0", c.bucket_mb,
+              c.first_bucket_mb);
+    kpl_dtype dt = kpl_tensor_dtype(params[0]);
+    for (int i = 0; i < n; i++) {
+        KPL_CHECK(params[i] && kpl_tensor_dtype(params[i]) == dt, KPL_EDTYPE,
+                  "bucketer_create: parameter %d is not %s like parameter 0", i,
+                  kpl_dtype_name(dt));
+        KPL_CHECK(kpl_device_type_of(kpl_tensor_device(params[i])) == KPL_DEVICE_CPU,
+                  KPL_EDEVICE, "bucketer_create: parameter %d is not a host tensor", i);
+    }
+    KPL_CHECK(dt == KPL_F32 || dt == KPL_F64 || dt == KPL_F16 || dt == KPL_BF16, KPL_EDTYPE,
+              "bucketer_create: %s parameters have no gradients", kpl_dtype_name(dt));
+    kpl_bucketer *b = calloc(1, sizeof *b);
+    KPL_CHECK(b, KPL_ENOMEM, "bucketer_create: no memory");
+    b->comm = comm;
+    b->cfg = c;
+    b->n = n;
+    b->dtype = dt;
+    b->sync = true;
+    b->params = calloc((size_t)n, sizeof *b->params);
+    b->grads = calloc((size_t)n, sizeof *b->grads);
+    b->bucket_of = calloc((size_t)n, sizeof *b->bucket_of);
+    b->ready = calloc((size_t)n, sizeof *b->ready);
+    b->order = calloc((size_t)n, sizeof *b->order);
+    kpl_status st = KPL_OK;
+    if (!b->params || !b->grads || !b->bucket_of || !b->ready || !b->order) {
+        st = KPL_ERROR(KPL_ENOMEM, "bucketer_create: no memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++) {
+        b->params[i] = params[i];
+        kpl_tensor_retain(params[i]);
+        b->order[i] = n - 1 - i; /* reverse registration order */
+    }
+    if ((st = build(b, b->order)) < 0) goto fail;
+    *out = b;
+    return KPL_OK;
+fail:
+    kpl_bucketer_destroy(b);
+    return st;
+}
+
+void kpl_bucketer_destroy(kpl_bucketer *b)
+{
+    if (!b) return;
+    if (b->buckets) free_buckets(b);
+    for (int i = 0; b->params && i < b->n; i++) kpl_tensor_release(b->params[i]);
+    free(b->params);
+    free(b->grads);
+    free(b->bucket_of);
+    free(b->ready);
+    free(b->order);
+    free(b);
+}
+
+kpl_status kpl_bucketer_broadcast_params(kpl_bucketer *b)
+{
+    for (int i = 0; i < b->n; i++) KPL_TRY(kpl_comm_broadcast(b->comm, b->params[i], 0));
+    return KPL_OK;
+}
+
+kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i)
+{
+    return i >= 0 && i < b->n ? b->grads[i] : NULL;
+}
+
+void kpl_bucketer_set_sync(kpl_bucketer *b, bool sync) { b->sync = sync; }
+int kpl_bucketer_num_buckets(const kpl_bucketer *b) { return b->nbuckets; }
+int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i) { return b->bucket_of[i]; }
+
+/* Starts the allreduce of every complete bucket at the front of the
+ * launch order (index order, the same on every rank). */
+static kpl_status launch_ready(kpl_bucketer *b)
+{
+    while (b->next_launch < b->nbuckets) {
+        bucket *bk = &b->buckets[b->next_launch];
+        if (bk->nready < bk->nparams) break;
+        KPL_TRY(kpl_comm_allreduce_async(b->comm, bk->flat, bk->flat, KPL_COMM_AVG, &bk->work));
+        b->next_launch++;
+    }
+    return KPL_OK;
+}
+
+kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i)
+{
+    KPL_CHECK(b && i >= 0 && i < b->n, KPL_EINVAL, "bucketer_mark_ready: parameter %d of %d",
+              i, b ? b->n : 0);
+    KPL_CHECK(!b->ready[i], KPL_ESTATE, "bucketer_mark_ready: parameter %d marked twice in "
+              "one step", i);
+    b->ready[i] = true;
+    b->order[b->nordered++] = i;
+    b->buckets[b->bucket_of[i]].nready++;
+    return b->sync ? launch_ready(b) : KPL_OK;
+}
+
+kpl_status kpl_bucketer_finish(kpl_bucketer *b)
+{
+    KPL_CHECK(b, KPL_EINVAL, "bucketer_finish: NULL");
+    kpl_status st = KPL_OK;
+    if (b->sync) {
+        /* Unused parameters: no gradient this step, so zero, and ready. */
+        for (int i = 0; i < b->n; i++) {
+            if (b->ready[i]) continue;
+            memset(kpl_tensor_host_mutable(b->grads[i]), 0, kpl_tensor_nbytes(b->grads[i]));
+            b->buckets[b->bucket_of[i]].nready++;
+        }
+        st = launch_ready(b);
+        for (int k = 0; k < b->nbuckets; k++) {
+            bucket *bk = &b->buckets[k];
+            if (!bk->work) continue;
+            kpl_status w = kpl_comm_work_wait(bk->work);
+            if (st == KPL_OK) st = w;
+            kpl_comm_work_destroy(bk->work);
+            bk->work = NULL;
+        }
+    }
+    if (st < 0) return st;
+    /* After the first synchronised step: rebuild from rank 0's ready
+     * order (parameters never marked go last, in reverse registration
+     * order), keeping the reduced gradients. */
+    if (b->sync && !b->rebuilt) {
+        b->rebuilt = true;
+        int64_t nn = b->n;
+        kpl_tensor *ord = NULL;
+        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &nn, &ord));
+        int64_t *o = kpl_tensor_host_mutable(ord);
+        int k = 0;
+        for (int s = 0; s < b->nordered; s++) o[k++] = b->order[s];
+        for (int i = b->n - 1; i >= 0; i--)
+            if (!b->ready[i]) o[k++] = i;
+        st = kpl_comm_broadcast(b->comm, ord, 0);
+        int *seq = malloc((size_t)b->n * sizeof *seq);
+        kpl_tensor **old = malloc((size_t)b->n * sizeof *old);
+        if (st == KPL_OK && (!seq || !old)) st = KPL_ERROR(KPL_ENOMEM, "bucketer: no memory");
+        if (st == KPL_OK) {
+            for (int i = 0; i < b->n; i++) {
+                seq[i] = (int)o[i];
+                old[i] = b->grads[i];
+                kpl_tensor_retain(old[i]);
+            }
+            free_buckets(b);
+            st = build(b, seq);
+            for (int i = 0; i < b->n; i++) {
+                if (st == KPL_OK)
+                    memcpy(kpl_tensor_host_mutable(b->grads[i]), kpl_tensor_host_data(old[i]),
+                           kpl_tensor_nbytes(old[i]));
+                kpl_tensor_release(old[i]);
+            }
+        }
+        free(seq);
+        free(old);
+        kpl_tensor_release(ord);
+        if (st < 0) return st;
+    }
+    /* The next step. */
+    for (int i = 0; i < b->n; i++) b->ready[i] = false;
+    for (int k = 0; k < b->nbuckets; k++) b->buckets[k].nready = 0;
+    b->nordered = 0;
+    b->next_launch = 0;
+    return KPL_OK;
+}
