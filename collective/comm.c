@@ -211,7 +211,10 @@ static kpl_status check_reducible(const char *op, kpl_dtype dt)
 static kpl_status submit(kpl_comm *c, const kpl__coll_args *a, kpl_comm_op op, kpl_tensor *t0,
                          kpl_tensor *t1, kpl_comm_work **out)
 {
-    KPL_CHECK(!c->stuck, KPL_ETIMEOUT, "%s", c->stuck_msg);
+    pthread_mutex_lock(&c->mu);
+    bool stuck = c->stuck;
+    pthread_mutex_unlock(&c->mu);
+    KPL_CHECK(!stuck, KPL_ETIMEOUT, "%s", c->stuck_msg); /* written once, before stuck */
     kpl_comm_work *w = calloc(1, sizeof *w);
     KPL_CHECK(w, KPL_ENOMEM, "comm: no memory for a work handle");
     w->a = *a;

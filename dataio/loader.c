@@ -391,7 +391,8 @@ static kpl_status work_one(kpl_loader *l, const shm_item *it, kpl__xform_scratch
     char where[96];
     snprintf(where, sizeof where, "example %lld", (long long)it->example);
     const uint8_t *body = l->ring + it->ring_off % l->ring_bytes;
-    kpl_status st = kpl__record_parse(kpl_dataset_num_features(l->ds), kpl_dataset_feature(l->ds, 0),
+    kpl_status st = kpl__record_parse(kpl_dataset_num_features(l->ds),
+                                      kpl_dataset_feature(l->ds, 0),
                                       body, it->len, values, where);
     if (st >= 0) {
         kpl__sample_out out = {
@@ -664,12 +665,6 @@ static int64_t compact(kpl_loader *l, uint8_t *b, int64_t n)
     return k;
 }
 
-static kpl_status make_tensor(kpl_storage *st, size_t off, kpl_dtype dt, int nd,
-                              const int64_t *shape, kpl_tensor **out)
-{
-    return kpl_tensor_from_storage(st, off, dt, nd, shape, out);
-}
-
 static kpl_status build_batch(kpl_loader *l, int idx, int64_t n, kpl_batch *b)
 {
     size_t base = (size_t)idx * l->slot_bytes;
@@ -677,23 +672,30 @@ static kpl_status build_batch(kpl_loader *l, int idx, int64_t n, kpl_batch *b)
     KPL_TRY(kpl_storage_wrap(l->slot_data + base, l->slot_bytes, slot_release, &l->refs[idx],
                              &st));
     l->outstanding++;
-    kpl_status s = KPL_OK;
     const kpl__xform *x = &l->x;
     int64_t mb = l->max_boxes;
-    int64_t ish[4] = {n, x->out_c, x->out_h, x->out_w};
-    int64_t v1[1] = {n}, bsh[3] = {n, mb, 4}, blsh[2] = {n, mb}, msh[3] = {n, x->out_h, x->out_w};
-    if ((s = make_tensor(st, l->o_image, x->cfg.out_dtype, 4, ish, &b->image)) < 0) goto fail;
-    if (x->label >= 0 && (s = make_tensor(st, l->o_label, KPL_I64, 1, v1, &b->label)) < 0)
-        goto fail;
-    if (mb) {
-        if ((s = make_tensor(st, l->o_boxes, KPL_F32, 3, bsh, &b->boxes)) < 0 ||
-            (s = make_tensor(st, l->o_box_labels, KPL_I64, 2, blsh, &b->box_labels)) < 0 ||
-            (s = make_tensor(st, l->o_num_boxes, KPL_I64, 1, v1, &b->num_boxes)) < 0)
+    bool boxes = mb > 0;
+    struct {
+        bool want;
+        size_t off;
+        kpl_dtype dt;
+        int nd;
+        int64_t shape[4];
+        kpl_tensor **out;
+    } t[] = {
+        {true, l->o_image, x->cfg.out_dtype, 4, {n, x->out_c, x->out_h, x->out_w}, &b->image},
+        {x->label >= 0, l->o_label, KPL_I64, 1, {n}, &b->label},
+        {boxes, l->o_boxes, KPL_F32, 3, {n, mb, 4}, &b->boxes},
+        {boxes, l->o_box_labels, KPL_I64, 2, {n, mb}, &b->box_labels},
+        {boxes, l->o_num_boxes, KPL_I64, 1, {n}, &b->num_boxes},
+        {l->mask_bytes > 0, l->o_mask, KPL_U8, 3, {n, x->out_h, x->out_w}, &b->mask},
+        {true, l->o_example, KPL_I64, 1, {n}, &b->example},
+    };
+    kpl_status s = KPL_OK;
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (t[i].want &&
+            (s = kpl_tensor_from_storage(st, t[i].off, t[i].dt, t[i].nd, t[i].shape, t[i].out)) < 0)
             goto fail;
-    }
-    if (l->mask_bytes && (s = make_tensor(st, l->o_mask, KPL_U8, 3, msh, &b->mask)) < 0)
-        goto fail;
-    if ((s = make_tensor(st, l->o_example, KPL_I64, 1, v1, &b->example)) < 0) goto fail;
     kpl_storage_release(st); /* the tensors hold it now */
     return KPL_OK;
 fail:
