@@ -227,12 +227,19 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                 st = accumulate(&cap->grads[s->capture], g);
                 g = NULL;
             } else if (st == KPL_OK && !cap) {
-                kpl_tensor *acc = kpl_grad_get(leaf);
-                if (acc) kpl_tensor_retain(acc);
-                st = accumulate(&acc, g);
-                g = NULL;
-                if (st == KPL_OK) kpl_grad_set(leaf, acc);
-                kpl_tensor_release(acc);
+                if (kpl_grad_is_buffer(leaf) && !create_graph) {
+                    /* A gradient buffer: add in place (unrecorded: grad
+                     * mode is off without create_graph). */
+                    kpl_tensor *buf = kpl_grad_get(leaf);
+                    st = kpl_k_binary(buf, KPL_BIN_ADD, buf, g);
+                } else {
+                    kpl_tensor *acc = kpl_grad_get(leaf);
+                    if (acc) kpl_tensor_retain(acc);
+                    st = accumulate(&acc, g);
+                    g = NULL;
+                    if (st == KPL_OK) kpl_grad_set(leaf, acc);
+                    kpl_tensor_release(acc);
+                }
                 const kpl_hooks *h = kpl_tensor_hooks(leaf);
                 for (int k = 0; st == KPL_OK && h && k < h->n_ready; k++)
                     h->ready[k](leaf, h->ready_user[k]);

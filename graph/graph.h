@@ -282,6 +282,15 @@ bool kpl_requires_grad(const kpl_tensor *t);
 kpl_tensor *kpl_grad_get(const kpl_tensor *t);
 /* Replaces the .grad of a parameter (retains g; NULL clears it). */
 void kpl_grad_set(kpl_tensor *t, kpl_tensor *g);
+/* Installs `buf` (retained; t's element count, dtype and device) as the
+ * .grad of parameter t and makes it a gradient buffer: backward adds into
+ * it in place instead of replacing .grad with a new tensor, so the owner
+ * of the memory (the DDP bucketer, whose buckets hold every gradient) sees
+ * the result where it expects it.  Fill it with zeros first for a fresh
+ * step.  kpl_grad_set or kpl_zero_grad end the buffer mode. */
+kpl_status kpl_grad_set_buffer(kpl_tensor *t, kpl_tensor *buf);
+/* Whether t's .grad is such a buffer. */
+bool kpl_grad_is_buffer(const kpl_tensor *t);
 
 /* Hooks, stored here and run by autograd/ during backward.
  * A gradient hook sees the gradient flowing into tensor t (its total for

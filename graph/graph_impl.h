@@ -13,6 +13,7 @@
 typedef struct {
     bool requires_grad; /* parameter, or result recorded on the tape */
     kpl_tensor *grad;   /* accumulated gradient of a parameter */
+    bool grad_buffer;   /* grad is a buffer that backward adds into in place */
     kpl_node *node;     /* producer, NULL for leaves */
     bool node_weak;     /* node not owned: a saved output, which its node owns */
     int out_index;

@@ -177,6 +177,32 @@ void kpl_grad_set(kpl_tensor *t, kpl_tensor *g)
     kpl_tensor_retain(g);
     kpl_tensor_release(m->grad);
     m->grad = g;
+    m->grad_buffer = false;
+}
+
+kpl_status kpl_grad_set_buffer(kpl_tensor *t, kpl_tensor *buf)
+{
+    KPL_CHECK(t && buf, KPL_EINVAL, "grad_set_buffer: NULL argument");
+    char b1[96], b2[96];
+    KPL_CHECK(kpl_tensor_numel(buf) == kpl_tensor_numel(t) &&
+                  kpl_tensor_dtype(buf) == kpl_tensor_dtype(t) &&
+                  kpl_tensor_device(buf) == kpl_tensor_device(t),
+              KPL_ESHAPE, "grad_set_buffer: buffer %s %s on %s does not fit parameter %s %s on %s",
+              kpl_shape_str(kpl_tensor_ndim(buf), kpl_tensor_shape(buf), b1, sizeof b1),
+              kpl_dtype_name(kpl_tensor_dtype(buf)), kpl_device_name(kpl_tensor_device(buf)),
+              kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), b2, sizeof b2),
+              kpl_dtype_name(kpl_tensor_dtype(t)), kpl_device_name(kpl_tensor_device(t)));
+    kpl_grad_set(t, buf);
+    kpl__tmeta *m = kpl__graph_meta(t, true);
+    KPL_CHECK(m, KPL_ENOMEM, "grad_set_buffer: no host memory");
+    m->grad_buffer = true;
+    return KPL_OK;
+}
+
+bool kpl_grad_is_buffer(const kpl_tensor *t)
+{
+    const kpl__tmeta *m = t ? kpl_tensor_meta(t) : NULL;
+    return m && m->grad && m->grad_buffer;
 }
 
 /* ---- hooks ------------------------------------------------------------------------ */

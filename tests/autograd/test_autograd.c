@@ -313,6 +313,64 @@ static void test_hooks(void **state)
     for (int i = 0; i < 3; i++) kpl_tensor_release(w[i]);
 }
 
+/* Gradient buffers (the DDP bucketer's views): backward adds into the
+ * installed tensor in place, across backwards, and the ready hook sees the
+ * total there; a plain .grad set afterwards ends the mode. */
+static void test_grad_buffer(void **state)
+{
+    (void)state;
+    const int64_t s22[2] = {2, 2};
+    kpl_tensor *a = param(2, s22, 31, -1, 1), *b = param(2, s22, 32, -1, 1);
+    kpl_tensor *w[2] = {a, b};
+    /* The reference: ordinary accumulation of two backwards of
+     * sum(a * b + a + b) (d/da = b + 1, d/db = a + 1, doubled). */
+    double want[2][4];
+    kpl_pool *p = kpl_pool_push();
+    for (int k = 0; k < 2; k++) {
+        kpl_tensor *l = kpl_sum(kpl_add(kpl_add(kpl_mul(a, b), a), b), NULL, 0, false);
+        OK(kpl_backward(l, NULL, false));
+    }
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 4; j++) {
+            want[i][j] = tget(kpl_grad_get(w[i]), j);
+            assert_float_equal(want[i][j], 2 * (tget(w[1 - i], j) + 1), 1e-12);
+        }
+    kpl_zero_grad(2, w);
+    /* The same into buffers; `a + b` hands one gradient tensor to both
+     * parameters, which must not make the two buffers one. */
+    kpl_tensor *buf[2];
+    for (int i = 0; i < 2; i++) {
+        OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F64, 2, s22, &buf[i]));
+        OK(kpl_grad_set_buffer(w[i], buf[i]));
+        assert_true(kpl_grad_is_buffer(w[i]));
+        OK(kpl_add_ready_hook(w[i], on_ready, (void *)(intptr_t)i));
+    }
+    for (int k = 0; k < 2; k++) {
+        n_ready = 0;
+        kpl_tensor *l = kpl_sum(kpl_add(kpl_add(kpl_mul(a, b), a), b), NULL, 0, false);
+        OK(kpl_backward(l, NULL, false));
+        assert_int_equal(n_ready, 2);
+    }
+    for (int i = 0; i < 2; i++) {
+        assert_ptr_equal(kpl_grad_get(w[i]), buf[i]); /* still the buffer, added into */
+        for (int j = 0; j < 4; j++) assert_float_equal(tget(buf[i], j), want[i][j], 1e-12);
+    }
+    /* A mismatched buffer is refused; kpl_grad_set ends the mode. */
+    const int64_t s4 = 3;
+    kpl_tensor *bad = NULL;
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F64, 1, &s4, &bad));
+    FAILS(kpl_grad_set_buffer(a, bad), KPL_ESHAPE, "does not fit parameter");
+    kpl_grad_set(a, NULL);
+    assert_false(kpl_grad_is_buffer(a));
+    kpl_pool_pop(p);
+    kpl_tensor_release(bad);
+    for (int i = 0; i < 2; i++) {
+        kpl_clear_hooks(w[i]);
+        kpl_tensor_release(buf[i]);
+        kpl_tensor_release(w[i]);
+    }
+}
+
 /* Peak allocator bytes of one step of a deep MLP: the GC frees saved
  * activations and gradients as backward goes. */
 static size_t mlp_step_peak(bool free_forward_pool, int layers, int64_t width, int64_t batch)
@@ -436,6 +494,7 @@ int main(void)
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
         cmocka_unit_test(test_hooks),
+        cmocka_unit_test(test_grad_buffer),
         cmocka_unit_test(test_gc_lowers_peak),
         cmocka_unit_test(test_mlp_learns),
     };
