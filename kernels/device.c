@@ -271,6 +271,13 @@ kpl_status kpl_device_synchronize(kpl_device *dev)
     return dev->backend->synchronize(dev);
 }
 
+kpl_status kpl_device_native_stream(kpl_device *dev, void **stream)
+{
+    KPL_CHECK(dev != NULL && stream != NULL, KPL_EINVAL, "device_native_stream: NULL argument");
+    *stream = NULL;
+    return dev->backend->native_stream ? dev->backend->native_stream(dev, stream) : KPL_OK;
+}
+
 kpl_memory_stats kpl_device_memory_stats(kpl_device *dev)
 {
     return kpl__allocator_stats(dev->alloc);

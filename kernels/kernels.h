@@ -191,6 +191,11 @@ kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
 void kpl_device_unpin_host(kpl_device *dev, void *ptr);
 /* Waits for all work queued on the device (no-op on cpu). */
 kpl_status kpl_device_synchronize(kpl_device *dev);
+/* For libraries that queue their own work in order with kpl's (NCCL): the
+ * native handle of the device's compute stream (a cudaStream_t on CUDA),
+ * after making the device current for the calling thread.  NULL on cpu,
+ * whose work is synchronous.  The handle stays valid for the process. */
+kpl_status kpl_device_native_stream(kpl_device *dev, void **stream);
 
 /* Events mark a point in a device's work queue (on CUDA: its compute
  * stream), to wait for it or time it.  CPU work is synchronous, so a CPU

@@ -90,6 +90,10 @@ typedef struct {
     void (*register_kernels)(void);
     /* Counters of the backend's algorithm/primitive caches (thread-safe). */
     kpl_algo_cache_stats (*algo_cache_stats)(void);
+    /* The native handle of the compute stream (cudaStream_t), with the
+     * device made current for the calling thread (optional: NULL for
+     * devices without streams). */
+    kpl_status (*native_stream)(kpl_device *dev, void **stream);
 } kpl_device_backend;
 
 struct kpl_device {

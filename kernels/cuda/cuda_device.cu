@@ -349,6 +349,14 @@ static kpl_status cuda_event_elapsed(kpl_device *dev, void *start, void *end, do
     return KPL_OK;
 }
 
+static kpl_status cuda_native_stream(kpl_device *dev, void **stream)
+{
+    kpl_cuda_state *cs;
+    KPL_TRY(kpl__cuda_enter(dev, &cs));
+    *stream = (void *)cs->compute;
+    return KPL_OK;
+}
+
 /* Registration touches only the kernel table, never the driver: it runs at
  * start-up in every process, with or without a GPU. */
 static void cuda_register_kernels(void)
@@ -383,6 +391,7 @@ static const kpl_device_backend cuda_backend = {
     /* .event_elapsed = */ cuda_event_elapsed,
     /* .register_kernels = */ cuda_register_kernels,
     /* .algo_cache_stats = */ kpl__cuda_conv_cache_stats,
+    /* .native_stream = */ cuda_native_stream,
 };
 
 extern "C" const kpl_device_backend *kpl__cuda_backend(void) { return &cuda_backend; }
