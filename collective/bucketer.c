@@ -6,6 +6,7 @@
  */
 #include "collective_impl.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -22,6 +23,7 @@ struct kpl_bucketer {
     int n;
     kpl_tensor **params;
     kpl_dtype dtype;
+    kpl_device *device;
     kpl_tensor **grads; /* views into the buckets */
     int *bucket_of;
     bool *ready;
@@ -30,6 +32,8 @@ struct kpl_bucketer {
     bucket *buckets;
     int nbuckets, next_launch;
     bool sync, rebuilt;
+    int check_due; /* 1: check the parameters at the next finish */
+    kpl_bucketer_stats stats;
 };
 
 static void free_buckets(kpl_bucketer *b)
@@ -72,7 +76,7 @@ static kpl_status build(kpl_bucketer *b, const int *seq)
     b->nbuckets = k + 1;
     for (k = 0; k < b->nbuckets; k++) {
         int64_t numel = b->buckets[k].numel;
-        KPL_TRY(kpl_tensor_zeros(kpl_device_cpu(), b->dtype, 1, &numel, &b->buckets[k].flat));
+        KPL_TRY(kpl_tensor_zeros(b->device, b->dtype, 1, &numel, &b->buckets[k].flat));
     }
     int64_t *off = calloc((size_t)b->nbuckets, sizeof *off);
     KPL_CHECK(off, KPL_ENOMEM, "bucketer: no memory");
@@ -101,22 +105,30 @@ kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
     KPL_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, KPL_EINVAL,
               "bucketer_create: bucket sizes %g / %g MB must be > 0", c.bucket_mb,
               c.first_bucket_mb);
+    KPL_CHECK(params[0], KPL_EINVAL, "bucketer_create: parameter 0 is NULL");
     kpl_dtype dt = kpl_tensor_dtype(params[0]);
+    kpl_device *dev = kpl_tensor_device(params[0]);
     for (int i = 0; i < n; i++) {
         KPL_CHECK(params[i] && kpl_tensor_dtype(params[i]) == dt, KPL_EDTYPE,
                   "bucketer_create: parameter %d is not %s like parameter 0", i,
                   kpl_dtype_name(dt));
-        KPL_CHECK(kpl_device_type_of(kpl_tensor_device(params[i])) == KPL_DEVICE_CPU,
-                  KPL_EDEVICE, "bucketer_create: parameter %d is not a host tensor", i);
+        KPL_CHECK(kpl_tensor_device(params[i]) == dev, KPL_EDEVICE,
+                  "bucketer_create: parameter %d is on %s, parameter 0 on %s", i,
+                  kpl_device_name(kpl_tensor_device(params[i])), kpl_device_name(dev));
     }
     KPL_CHECK(dt == KPL_F32 || dt == KPL_F64 || dt == KPL_F16 || dt == KPL_BF16, KPL_EDTYPE,
               "bucketer_create: %s parameters have no gradients", kpl_dtype_name(dt));
+    KPL_CHECK(kpl_comm_backend_for(comm, kpl_device_type_of(dev)), KPL_EDEVICE,
+              "bucketer_create: the parameters are on %s, which this communicator cannot "
+              "reduce (backend %s)", kpl_device_name(dev),
+              kpl_comm_backend_for(comm, KPL_DEVICE_CPU));
     kpl_bucketer *b = calloc(1, sizeof *b);
     KPL_CHECK(b, KPL_ENOMEM, "bucketer_create: no memory");
     b->comm = comm;
     b->cfg = c;
     b->n = n;
     b->dtype = dt;
+    b->device = dev;
     b->sync = true;
     b->params = calloc((size_t)n, sizeof *b->params);
     b->grads = calloc((size_t)n, sizeof *b->grads);
@@ -156,8 +168,66 @@ void kpl_bucketer_destroy(kpl_bucketer *b)
 
 kpl_status kpl_bucketer_broadcast_params(kpl_bucketer *b)
 {
+    KPL_CHECK(b, KPL_EINVAL, "bucketer_broadcast_params: NULL");
     for (int i = 0; i < b->n; i++) KPL_TRY(kpl_comm_broadcast(b->comm, b->params[i], 0));
     return KPL_OK;
+}
+
+/* A 64-bit digest of a tensor's bytes (multiply-xor over 8-byte words):
+ * equal parameters give equal digests, and a difference of one bit in
+ * 25 M floats changes it. */
+static int64_t digest(kpl_tensor *t)
+{
+    const unsigned char *p = kpl_tensor_host_data(t);
+    size_t n = kpl_tensor_nbytes(t);
+    uint64_t h = 0x9e3779b97f4a7c15ull ^ n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        memcpy(&w, p + i, 8);
+        h = (h ^ w) * 0x100000001b3ull;
+        h ^= h >> 29;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return (int64_t)h;
+}
+
+kpl_status kpl_bucketer_check_params(kpl_bucketer *b)
+{
+    KPL_CHECK(b, KPL_EINVAL, "bucketer_check_params: NULL");
+    int size = kpl_comm_size(b->comm);
+    int64_t n = b->n, all = n * size;
+    kpl_tensor *mine = NULL, *every = NULL;
+    KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &n, &mine));
+    kpl_status st = kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &all, &every);
+    if (st == KPL_OK) {
+        int64_t *d = kpl_tensor_host_mutable(mine);
+        for (int i = 0; i < b->n; i++) d[i] = digest(b->params[i]);
+        st = kpl_comm_allgather(b->comm, mine, every);
+    }
+    if (st == KPL_OK) {
+        const int64_t *e = kpl_tensor_host_data(every);
+        for (int i = 0; i < b->n && st == KPL_OK; i++) {
+            char ranks[256] = "";
+            size_t used = 0;
+            for (int r = 1; r < size; r++)
+                if (e[(int64_t)r * n + i] != e[i] && used < sizeof ranks)
+                    used += (size_t)snprintf(ranks + used, sizeof ranks - used, "%s%d",
+                                             used ? ", " : "", r);
+            if (!used) continue;
+            char sh[96];
+            kpl_tensor *p = b->params[i];
+            st = KPL_ERROR(KPL_ESTATE, "bucketer: the ranks hold different parameters: "
+                           "parameter %d %s differs on rank(s) %s from rank 0 (did every rank "
+                           "start from rank 0's values, kpl_bucketer_broadcast_params, and "
+                           "apply the same update?)", i,
+                           kpl_shape_str(kpl_tensor_ndim(p), kpl_tensor_shape(p), sh, sizeof sh),
+                           ranks);
+        }
+    }
+    kpl_tensor_release(mine);
+    kpl_tensor_release(every);
+    return st;
 }
 
 kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i)
@@ -166,8 +236,11 @@ kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i)
 }
 
 void kpl_bucketer_set_sync(kpl_bucketer *b, bool sync) { b->sync = sync; }
+bool kpl_bucketer_sync(const kpl_bucketer *b) { return b->sync; }
 int kpl_bucketer_num_buckets(const kpl_bucketer *b) { return b->nbuckets; }
 int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i) { return b->bucket_of[i]; }
+kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b) { return b->stats; }
+void kpl_bucketer_reset_stats(kpl_bucketer *b) { memset(&b->stats, 0, sizeof b->stats); }
 
 /* Starts the allreduce of every complete bucket at the front of the
  * launch order (index order, the same on every rank). */
@@ -194,65 +267,91 @@ kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i)
     return b->sync ? launch_ready(b) : KPL_OK;
 }
 
+/* Waits for every bucket in flight (all of them, even after a failure, so
+ * none is left running); adds to the statistics. */
+static kpl_status wait_all(kpl_bucketer *b)
+{
+    kpl_status st = KPL_OK;
+    double t0 = kpl__comm_now();
+    for (int k = 0; k < b->nbuckets; k++) {
+        bucket *bk = &b->buckets[k];
+        if (!bk->work) continue;
+        kpl_status w = kpl_comm_work_wait(bk->work);
+        if (st == KPL_OK) st = w;
+        double s = kpl_comm_work_seconds(bk->work);
+        if (s > 0) b->stats.comm_seconds += s;
+        b->stats.bytes += (int64_t)kpl_tensor_nbytes(bk->flat);
+        kpl_comm_work_destroy(bk->work);
+        bk->work = NULL;
+    }
+    b->stats.wait_seconds += kpl__comm_now() - t0;
+    b->stats.steps++;
+    return st;
+}
+
+/* Rebuilds the buckets from rank 0's ready order of the step just
+ * finished (parameters never marked go last, in reverse registration
+ * order), keeping the reduced gradients. */
+static kpl_status rebuild(kpl_bucketer *b)
+{
+    int64_t nn = b->n;
+    kpl_tensor *ord = NULL;
+    KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &nn, &ord));
+    int64_t *o = kpl_tensor_host_mutable(ord);
+    int k = 0;
+    for (int s = 0; s < b->nordered; s++) o[k++] = b->order[s];
+    for (int i = b->n - 1; i >= 0; i--)
+        if (!b->ready[i]) o[k++] = i;
+    kpl_status st = kpl_comm_broadcast(b->comm, ord, 0);
+    int *seq = malloc((size_t)b->n * sizeof *seq);
+    kpl_tensor **old = malloc((size_t)b->n * sizeof *old);
+    if (st == KPL_OK && (!seq || !old)) st = KPL_ERROR(KPL_ENOMEM, "bucketer: no memory");
+    if (st == KPL_OK) {
+        o = kpl_tensor_host_mutable(ord);
+        for (int i = 0; i < b->n; i++) {
+            seq[i] = (int)o[i];
+            old[i] = b->grads[i];
+            kpl_tensor_retain(old[i]);
+        }
+        free_buckets(b);
+        st = build(b, seq);
+        for (int i = 0; i < b->n; i++) {
+            if (st == KPL_OK) st = kpl_k_copy(b->grads[i], old[i]);
+            kpl_tensor_release(old[i]);
+        }
+    }
+    free(seq);
+    free(old);
+    kpl_tensor_release(ord);
+    return st;
+}
+
 kpl_status kpl_bucketer_finish(kpl_bucketer *b)
 {
     KPL_CHECK(b, KPL_EINVAL, "bucketer_finish: NULL");
     kpl_status st = KPL_OK;
+    if (b->check_due == 1) { /* the optimizer has moved the parameters once */
+        b->check_due = 2;
+        st = kpl_bucketer_check_params(b);
+    }
     if (b->sync) {
         /* Unused parameters: no gradient this step, so zero, and ready. */
-        for (int i = 0; i < b->n; i++) {
+        for (int i = 0; i < b->n && st == KPL_OK; i++) {
             if (b->ready[i]) continue;
-            memset(kpl_tensor_host_mutable(b->grads[i]), 0, kpl_tensor_nbytes(b->grads[i]));
+            st = kpl_k_fill(b->grads[i], 0);
             b->buckets[b->bucket_of[i]].nready++;
         }
-        st = launch_ready(b);
-        for (int k = 0; k < b->nbuckets; k++) {
-            bucket *bk = &b->buckets[k];
-            if (!bk->work) continue;
-            kpl_status w = kpl_comm_work_wait(bk->work);
-            if (st == KPL_OK) st = w;
-            kpl_comm_work_destroy(bk->work);
-            bk->work = NULL;
+        if (st == KPL_OK) st = launch_ready(b);
+        kpl_status w = wait_all(b);
+        if (st == KPL_OK) st = w;
+        if (st < 0) return st;
+        if (b->cfg.check_params && b->check_due == 0) b->check_due = 1;
+        if (!b->rebuilt) {
+            b->rebuilt = true;
+            KPL_TRY(rebuild(b));
         }
     }
     if (st < 0) return st;
-    /* After the first synchronised step: rebuild from rank 0's ready
-     * order (parameters never marked go last, in reverse registration
-     * order), keeping the reduced gradients. */
-    if (b->sync && !b->rebuilt) {
-        b->rebuilt = true;
-        int64_t nn = b->n;
-        kpl_tensor *ord = NULL;
-        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &nn, &ord));
-        int64_t *o = kpl_tensor_host_mutable(ord);
-        int k = 0;
-        for (int s = 0; s < b->nordered; s++) o[k++] = b->order[s];
-        for (int i = b->n - 1; i >= 0; i--)
-            if (!b->ready[i]) o[k++] = i;
-        st = kpl_comm_broadcast(b->comm, ord, 0);
-        int *seq = malloc((size_t)b->n * sizeof *seq);
-        kpl_tensor **old = malloc((size_t)b->n * sizeof *old);
-        if (st == KPL_OK && (!seq || !old)) st = KPL_ERROR(KPL_ENOMEM, "bucketer: no memory");
-        if (st == KPL_OK) {
-            for (int i = 0; i < b->n; i++) {
-                seq[i] = (int)o[i];
-                old[i] = b->grads[i];
-                kpl_tensor_retain(old[i]);
-            }
-            free_buckets(b);
-            st = build(b, seq);
-            for (int i = 0; i < b->n; i++) {
-                if (st == KPL_OK)
-                    memcpy(kpl_tensor_host_mutable(b->grads[i]), kpl_tensor_host_data(old[i]),
-                           kpl_tensor_nbytes(old[i]));
-                kpl_tensor_release(old[i]);
-            }
-        }
-        free(seq);
-        free(old);
-        kpl_tensor_release(ord);
-        if (st < 0) return st;
-    }
     /* The next step. */
     for (int i = 0; i < b->n; i++) b->ready[i] = false;
     for (int k = 0; k < b->nbuckets; k++) b->buckets[k].nready = 0;

@@ -3,7 +3,7 @@
  * (MegRay-style): one communicator per job, collectives on tensors, each
  * with an asynchronous form returning a work handle.
  *
- *   MPI_Init_thread(...);                     // or let kpl_comm_create do it
+ *   MPI_Init_thread(..., MPI_THREAD_MULTIPLE, ...);  // or let kpl_comm_create
  *   kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
  *   kpl_comm *comm = NULL;
  *   kpl_comm_create(&cfg, &comm);             // collective: every rank calls it
@@ -12,17 +12,40 @@
  *   kpl_comm_allreduce_async(comm, bucket, bucket, KPL_COMM_SUM, &w);
  *   ... compute ...
  *   kpl_comm_work_wait(w);                    // then kpl_comm_work_destroy(w)
- *   kpl_comm_destroy(comm);
+ *   kpl_comm_destroy(comm);                   // collective
  *
- * Operations run on a communication thread per communicator, in the order
- * they were issued (every rank must issue the same collectives in the same
- * order), so asynchronous work overlaps the caller's computation.  Every
- * wait has a deadline (cfg.timeout): a peer that never joins gives
- * KPL_ETIMEOUT naming the operation, backend and ranks, never a hang; the
- * caller should then end the job (kpl_comm_abort).
+ * Backends.  Host tensors go to the host backend: `mpi` (Open MPI's
+ * collectives) or `ucx` (kpl's ring over UCP).  CUDA tensors go to `nccl`
+ * on a communication stream of the communicator's device.  `auto` (the
+ * default) is mpi + nccl; naming mpi or ucx sends CUDA tensors nowhere (an
+ * error), naming nccl keeps mpi for host tensors.
  *
- * Tensors are host (CPU) tensors for the mpi backend, contiguous; `in` and
- * `out` may be the same tensor (in place).
+ * Order.  Every rank must issue the same collectives in the same order.
+ * Host operations run in issue order: asynchronous ones on a communication
+ * thread (so they overlap the caller's computation), a blocking one on the
+ * caller's thread when nothing is queued (no thread hand-over for small
+ * messages).  CUDA operations are queued on the device in issue order and
+ * never block the host: waiting for one orders the device's compute stream
+ * after it.
+ *
+ * Failure.  Nothing waits forever.  A watchdog thread follows the
+ * operation in progress: after cfg.stall_warning seconds it asks every rank
+ * what it is doing and reports which ranks have not joined (the stall
+ * inspector); after cfg.timeout the operation fails with KPL_ETIMEOUT and a
+ * message naming the operation, backend and ranks.  Waits on asynchronous
+ * work return that status (end the job then: kpl_comm_abort).  A blocking
+ * call cannot return from inside the MPI or NCCL library, so there the
+ * watchdog reports and ends the job itself (exit status 124).  A
+ * communicator that timed out is broken: later calls fail at once.
+ *
+ * Differences between backends.  NCCL has no message tags: sends and
+ * receives between two ranks match in the order each rank issues them, and
+ * the tag is not checked.  NCCL's max/min on floats drop a NaN (CUDA's
+ * fmax), the host backends propagate it.  kpl_comm_barrier synchronises the
+ * host processes (host backend), not the GPU queues.
+ *
+ * Tensors are contiguous; `in` and `out` may be the same tensor (in place).
+ * A communicator is used by one thread at a time (its own threads aside).
  */
 #ifndef KPL_COLLECTIVE_H
 #define KPL_COLLECTIVE_H
@@ -48,19 +71,31 @@ const char *kpl_comm_backend_name(kpl_comm_backend b);
 
 typedef struct {
     kpl_comm_backend backend;
-    double timeout; /* seconds any wait may take before KPL_ETIMEOUT (> 0) */
+    double timeout;       /* seconds any operation may take before KPL_ETIMEOUT (> 0) */
+    double stall_warning; /* seconds before the stall inspector reports (0: never) */
+    const char *device;   /* "cpu", "cuda:N", or NULL: cuda:(local rank % GPUs) when
+                           * the machine has GPUs, else cpu */
+    /* Where stall and timeout reports go (one line each, from the watchdog
+     * thread); NULL: standard error, prefixed "kpl[rank]". */
+    void (*report)(const char *line, void *user);
+    void *report_user;
 } kpl_comm_config;
-#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0}
+#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0, 60.0, NULL, NULL, NULL}
+
+/* Exit status of a job the watchdog ends (a blocking call timed out). */
+#define KPL_COMM_TIMEOUT_EXIT 124
 
 typedef struct kpl_comm kpl_comm;
 typedef struct kpl_comm_work kpl_comm_work;
 
 /* Creates the communicator over MPI_COMM_WORLD (initialising MPI with
- * thread support if nobody did; then kpl_comm_destroy finalises it).
+ * MPI_THREAD_MULTIPLE if nobody did; then kpl_comm_destroy finalises it).
+ * MPI initialised by the caller must run at MPI_THREAD_SERIALIZED at least;
+ * the stall inspector needs MPI_THREAD_MULTIPLE and is off below it.
  * Collective and blocking.  *out owned by the caller. */
 kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out);
-/* Stops the communication thread after the queued work and frees comm;
- * collective when it finalises MPI.  NULL is a no-op. */
+/* Finishes the queued work, stops the threads and frees comm.  Collective.
+ * NULL is a no-op. */
 void kpl_comm_destroy(kpl_comm *comm);
 /* Ends the whole job at once (MPI_Abort) with `code`: for a rank that got
  * an error from a collective, so that its peers do not wait forever. */
@@ -71,6 +106,11 @@ int32_t kpl_comm_size(const kpl_comm *comm);
 /* Rank and rank count among the processes of this node. */
 int32_t kpl_comm_local_rank(const kpl_comm *comm);
 int32_t kpl_comm_local_size(const kpl_comm *comm);
+/* The communicator's device (CUDA tensors must live there). */
+kpl_device *kpl_comm_device(const kpl_comm *comm);
+/* The backend that takes tensors of `type` ("mpi", "ucx", "nccl"), or NULL
+ * when this communicator has none for it. */
+const char *kpl_comm_backend_for(const kpl_comm *comm, kpl_device_type type);
 
 /* Blocking collectives: the async form followed by a wait.  out and in
  * have the same dtype; shapes as each comment says (numel counts). */
@@ -102,12 +142,17 @@ kpl_status kpl_comm_allgather_async(kpl_comm *comm, kpl_tensor *in, kpl_tensor *
 kpl_status kpl_comm_reduce_scatter_async(kpl_comm *comm, kpl_tensor *in, kpl_tensor *out,
                                          kpl_comm_op op, kpl_comm_work **work);
 
-/* Blocks until the work is done; returns its status (the message names the
- * operation and backend on failure). */
+/* Host work: blocks until it is done.  CUDA work: orders the device's
+ * compute stream after it and returns at once (the host does not wait).
+ * Returns its status; the message names the operation, backend and ranks
+ * on failure. */
 kpl_status kpl_comm_work_wait(kpl_comm_work *work);
-/* Non-blocking: *done tells whether it finished; returns its status when
- * done, KPL_OK otherwise. */
+/* Non-blocking: *done tells whether it finished (CUDA work: on the device);
+ * returns its status when done, KPL_OK otherwise. */
 kpl_status kpl_comm_work_test(kpl_comm_work *work, bool *done);
+/* Seconds the backend spent on finished host work (from its start on the
+ * communication thread to its end); -1 while it runs, and for CUDA work. */
+double kpl_comm_work_seconds(kpl_comm_work *work);
 /* Waits if needed, then frees.  NULL is a no-op. */
 void kpl_comm_work_destroy(kpl_comm_work *work);
 
@@ -115,43 +160,56 @@ void kpl_comm_work_destroy(kpl_comm_work *work);
 /*
  * Parameters are assigned to buckets of about bucket_mb (the first one
  * first_bucket_mb) in reverse registration order (backward produces the
- * last layers' gradients first).  Each bucket is one flat buffer and the
- * gradient of every parameter is a view into it (kpl_bucketer_grad): write
- * or accumulate gradients there, no copies.  When the last gradient of a
- * bucket is marked ready its allreduce (AVG) starts at once, buckets in
- * index order; kpl_bucketer_finish waits for them all.  After the first
- * step the buckets are rebuilt from the order in which gradients became
- * ready on rank 0 (every rank uses the same), so fetch the grad views again
- * after each finish.  A parameter never marked in a step (unused) has its
- * gradient zeroed and reduced at finish, never waited for.
+ * last layers' gradients first).  Each bucket is one flat buffer on the
+ * parameters' device and the gradient of every parameter is a view into it
+ * (kpl_bucketer_grad): write or accumulate gradients there, no copies.
+ * When the last gradient of a bucket is marked ready its allreduce (AVG)
+ * starts at once, buckets in index order; kpl_bucketer_finish waits for
+ * them all.  After the first step the buckets are rebuilt from the order in
+ * which gradients became ready on rank 0 (every rank uses the same), so
+ * fetch the grad views again after each finish.  A parameter never marked
+ * in a step (unused) has its gradient zeroed and reduced at finish, never
+ * waited for.  With check_params, the finish after the first synchronised
+ * step (when the optimizer has moved the parameters once) first checks
+ * that every rank holds bit-identical parameters.
  *
  *   kpl_bucketer_create(comm, n, params, NULL, &b);
  *   kpl_bucketer_broadcast_params(b);            // all ranks start equal
  *   each step:  backward writes kpl_bucketer_grad(b, i), then
  *               kpl_bucketer_mark_ready(b, i) (from the gradient hook);
  *               kpl_bucketer_finish(b); optimizer step.
+ *
+ * trainer.h's kpl_ddp connects this to autograd.  Not thread-safe: one
+ * thread drives a bucketer (backward's ready hooks run on that thread).
  */
 typedef struct {
     double bucket_mb;       /* > 0 */
     double first_bucket_mb; /* > 0 */
+    bool check_params;      /* check the ranks agree after the first step */
 } kpl_bucketer_config;
-#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0}
+#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0, true}
 
 typedef struct kpl_bucketer kpl_bucketer;
 
-/* params: n host tensors of one floating dtype, in registration order
- * (retained).  Gradients start at zero.  *out owned by the caller. */
+/* params: n tensors of one floating dtype on one device, the host or the
+ * communicator's GPU, in registration order (retained).  Gradients start
+ * at zero.  *out owned by the caller. */
 kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
                                const kpl_bucketer_config *cfg, kpl_bucketer **out);
 void kpl_bucketer_destroy(kpl_bucketer *b);
 /* Rank 0's parameter values to every rank (blocking, collective). */
 kpl_status kpl_bucketer_broadcast_params(kpl_bucketer *b);
+/* Whether every rank holds bit-identical parameters (blocking,
+ * collective): KPL_ESTATE naming the first parameter that differs and the
+ * ranks that differ from rank 0. */
+kpl_status kpl_bucketer_check_params(kpl_bucketer *b);
 /* Where parameter i's gradient lives (borrowed; valid until the next
  * kpl_bucketer_finish). */
 kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i);
 /* With sync false (gradient accumulation micro-steps) marking starts no
  * communication and finish reduces nothing; set it true for the last. */
 void kpl_bucketer_set_sync(kpl_bucketer *b, bool sync);
+bool kpl_bucketer_sync(const kpl_bucketer *b);
 /* Gradient i is final for this step; may start its bucket's allreduce. */
 kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i);
 /* Reduces what is left (unused parameters' gradients zeroed), waits for
@@ -160,6 +218,19 @@ kpl_status kpl_bucketer_finish(kpl_bucketer *b);
 int kpl_bucketer_num_buckets(const kpl_bucketer *b);
 /* The bucket holding parameter i. */
 int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i);
+
+/* How much of the communication backward hid: comm_seconds is the
+ * backends' time on the bucket allreduces (host backends; CUDA work is not
+ * timed), wait_seconds the time finish spent waiting for them, so
+ * 1 - wait / comm is the fraction overlapped with computation. */
+typedef struct {
+    int64_t steps; /* synchronised finishes */
+    int64_t bytes; /* gradient bytes reduced */
+    double comm_seconds;
+    double wait_seconds;
+} kpl_bucketer_stats;
+kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b);
+void kpl_bucketer_reset_stats(kpl_bucketer *b);
 
 #ifdef __cplusplus
 }

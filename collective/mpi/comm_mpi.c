@@ -1,103 +1,73 @@
 /*
- * comm_mpi.c — the mpi backend: Open MPI's collectives on host memory, called
- * from the communication thread.  A private duplicate of MPI_COMM_WORLD with
- * MPI_ERRORS_RETURN keeps kpl's traffic apart from the user's and turns MPI
- * errors into statuses.  f16 and bf16 reductions use MPI operations of our
- * own (MPI has no half-precision types).
+ * comm_mpi.c — the mpi backend: Open MPI's blocking collectives on host
+ * memory, over the duplicate of the job's communicator that comm.c made for
+ * it (MPI_ERRORS_RETURN, so MPI errors become statuses).  f16 and bf16
+ * reduce through MPI operations of our own (MPI has no half-precision
+ * types) built on reduce.c.
  */
 #include "collective_impl.h"
 
 #include <limits.h>
-#include <mpi.h>
 #include <stdlib.h>
+
+/* Large allreduces go as a sequence of allreduces of this many bytes: Open
+ * MPI's shared-memory allreduce fell from ~7 to ~2.4 GB/s busbw going from
+ * 16 to 64 MB in one call here, and kept ~5 GB/s on 1-4 MB pieces of the
+ * same 64 MB (bench comm).  Pieces also let AVG divide while the piece is
+ * still in cache. */
+#define PIECE_BYTES ((size_t)4 << 20)
+#define PIECE_ABOVE ((size_t)8 << 20)
 
 typedef struct {
     MPI_Comm comm;
-    bool finalize; /* we initialised MPI */
+    int32_t size;
     MPI_Op half_ops[2][3]; /* [f16, bf16][sum, max, min] */
 } mpi_state;
 
 /* ---- half-precision reductions ------------------------------------------------------ */
 
-#define HALF_OP(name, to32, from32, expr)                                                  \
-    static void name(void *in, void *inout, int *len, MPI_Datatype *dt)                  \
-    {                                                                                      \
-        (void)dt;                                                                          \
-        const uint16_t *a = in;                                                            \
-        uint16_t *b = inout;                                                               \
-        for (int i = 0; i < *len; i++) {                                                   \
-            float x = to32(a[i]), y = to32(b[i]);                                          \
-            b[i] = from32(expr);                                                           \
-        }                                                                                  \
+#define HALF_OP(name, dt, op)                                                               \
+    static void name(void *in, void *inout, int *len, MPI_Datatype *t)                     \
+    {                                                                                       \
+        (void)t;                                                                            \
+        kpl__comm_reduce(inout, in, inout, (size_t)*len, dt, op, 1);                        \
     }
-HALF_OP(f16_sum, kpl_f16_to_f32, kpl_f32_to_f16, x + y)
-HALF_OP(f16_max, kpl_f16_to_f32, kpl_f32_to_f16, x > y || x != x ? x : y)
-HALF_OP(f16_min, kpl_f16_to_f32, kpl_f32_to_f16, x < y || x != x ? x : y)
-HALF_OP(bf16_sum, kpl_bf16_to_f32, kpl_f32_to_bf16, x + y)
-HALF_OP(bf16_max, kpl_bf16_to_f32, kpl_f32_to_bf16, x > y || x != x ? x : y)
-HALF_OP(bf16_min, kpl_bf16_to_f32, kpl_f32_to_bf16, x < y || x != x ? x : y)
+HALF_OP(f16_sum, KPL_F16, KPL_COMM_SUM)
+HALF_OP(f16_max, KPL_F16, KPL_COMM_MAX)
+HALF_OP(f16_min, KPL_F16, KPL_COMM_MIN)
+HALF_OP(bf16_sum, KPL_BF16, KPL_COMM_SUM)
+HALF_OP(bf16_max, KPL_BF16, KPL_COMM_MAX)
+HALF_OP(bf16_min, KPL_BF16, KPL_COMM_MIN)
 
 static kpl_status mpi_fail(int err, const char *what)
 {
-    char s[MPI_MAX_ERROR_STRING];
-    int n = 0;
-    MPI_Error_string(err, s, &n);
-    return KPL_ERROR(KPL_ECOMM, "MPI %s: %s", what, s);
+    return kpl__comm_mpi_error(err, "MPI %s", what);
 }
 
 static void mpi_fini(void *state)
 {
     mpi_state *m = state;
+    if (!m) return;
     for (int t = 0; t < 2; t++)
         for (int o = 0; o < 3; o++)
             if (m->half_ops[t][o] != MPI_OP_NULL) MPI_Op_free(&m->half_ops[t][o]);
-    if (m->comm != MPI_COMM_NULL) MPI_Comm_free(&m->comm);
-    if (m->finalize) MPI_Finalize();
     free(m);
 }
 
-static kpl_status mpi_init(void **state, int32_t *rank, int32_t *size, int32_t *local_rank,
-                           int32_t *local_size)
+static kpl_status mpi_init(const kpl__comm_boot *boot, void **state)
 {
     mpi_state *m = calloc(1, sizeof *m);
     KPL_CHECK(m, KPL_ENOMEM, "mpi backend: no memory");
-    m->comm = MPI_COMM_NULL;
-    for (int t = 0; t < 2; t++)
-        for (int o = 0; o < 3; o++) m->half_ops[t][o] = MPI_OP_NULL;
     *state = m;
-    int inited = 0, level = 0;
-    MPI_Initialized(&inited);
-    if (!inited) {
-        int err = MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &level);
-        if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Init_thread");
-        m->finalize = true;
-    } else {
-        MPI_Query_thread(&level);
-    }
-    /* Every MPI call of kpl happens on the communication thread. */
-    KPL_CHECK(level >= MPI_THREAD_SERIALIZED, KPL_EBACKEND,
-              "mpi backend: MPI runs at thread level %d; kpl calls MPI from its communication "
-              "thread and needs MPI_THREAD_SERIALIZED or MPI_THREAD_MULTIPLE "
-              "(MPI_Init_thread)", level);
-    int err = MPI_Comm_dup(MPI_COMM_WORLD, &m->comm);
-    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Comm_dup");
-    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    int r, s, lr, ls;
-    MPI_Comm_rank(m->comm, &r);
-    MPI_Comm_size(m->comm, &s);
-    MPI_Comm local;
-    err = MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, r, MPI_INFO_NULL, &local);
-    if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Comm_split_type");
-    MPI_Comm_rank(local, &lr);
-    MPI_Comm_size(local, &ls);
-    MPI_Comm_free(&local);
+    m->comm = boot->comm;
+    m->size = boot->size;
     MPI_User_function *fn[2][3] = {{f16_sum, f16_max, f16_min}, {bf16_sum, bf16_max, bf16_min}};
     for (int t = 0; t < 2; t++)
-        for (int o = 0; o < 3; o++) MPI_Op_create(fn[t][o], 1, &m->half_ops[t][o]);
-    *rank = r;
-    *size = s;
-    *local_rank = lr;
-    *local_size = ls;
+        for (int o = 0; o < 3; o++) {
+            m->half_ops[t][o] = MPI_OP_NULL;
+            int err = MPI_Op_create(fn[t][o], 1, &m->half_ops[t][o]);
+            if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Op_create");
+        }
     return KPL_OK;
 }
 
@@ -122,10 +92,28 @@ static MPI_Op mpi_op(const mpi_state *m, kpl_dtype dt, kpl_comm_op op)
     return o == 1 ? MPI_MAX : o == 2 ? MPI_MIN : MPI_SUM;
 }
 
+/* Allreduce in pieces (see PIECE_BYTES); AVG divides each piece. */
+static int allreduce(const mpi_state *m, const kpl__coll_args *a)
+{
+    size_t esize = kpl_dtype_size(a->dtype);
+    size_t piece = a->count * esize > PIECE_ABOVE ? PIECE_BYTES / esize : a->count;
+    MPI_Datatype t = mpi_type(a->dtype);
+    MPI_Op op = mpi_op(m, a->dtype, a->op);
+    for (size_t at = 0; at < a->count; at += piece) {
+        size_t n = a->count - at < piece ? a->count - at : piece;
+        char *out = (char *)a->out + at * esize;
+        const void *in = a->in == a->out ? MPI_IN_PLACE : (const char *)a->in + at * esize;
+        int err = MPI_Allreduce(in, out, (int)n, t, op, m->comm);
+        if (err != MPI_SUCCESS) return err;
+        if (a->op == KPL_COMM_AVG) kpl__comm_divide(out, n, a->dtype, m->size);
+    }
+    return MPI_SUCCESS;
+}
+
 /* Runs the operation with MPI's blocking calls: Open MPI's tuned blocking
  * collectives were 2-100x faster here than its non-blocking ones
- * progressed by MPI_Test (libnbc; bench comm).  The deadline is kept by
- * the waiting side (comm.c), which gives up on an operation stuck in MPI. */
+ * progressed by MPI_Test (libnbc).  The deadline is kept by the watchdog
+ * (comm.c), which gives up on an operation stuck in MPI. */
 static kpl_status mpi_run(void *state, const kpl__coll_args *a, double deadline)
 {
     (void)deadline;
@@ -134,10 +122,9 @@ static kpl_status mpi_run(void *state, const kpl__coll_args *a, double deadline)
               "mpi backend: %zu elements exceed MPI's int count", a->count);
     int n = (int)a->count, err = MPI_SUCCESS;
     MPI_Datatype t = mpi_type(a->dtype);
-    const void *in = a->in == a->out ? MPI_IN_PLACE : a->in;
     switch (a->kind) {
     case KPL__COLL_ALLREDUCE:
-        err = MPI_Allreduce(in, a->out, n, t, mpi_op(m, a->dtype, a->op), m->comm);
+        err = allreduce(m, a);
         break;
     case KPL__COLL_BROADCAST:
         err = MPI_Bcast(a->out, n, t, a->peer, m->comm);
@@ -147,6 +134,8 @@ static kpl_status mpi_run(void *state, const kpl__coll_args *a, double deadline)
         break;
     case KPL__COLL_REDUCE_SCATTER:
         err = MPI_Reduce_scatter_block(a->in, a->out, n, t, mpi_op(m, a->dtype, a->op), m->comm);
+        if (err == MPI_SUCCESS && a->op == KPL_COMM_AVG)
+            kpl__comm_divide(a->out, a->count, a->dtype, m->size);
         break;
     case KPL__COLL_SEND:
         err = MPI_Send(a->in, n, t, a->peer, a->tag, m->comm);
@@ -157,23 +146,18 @@ static kpl_status mpi_run(void *state, const kpl__coll_args *a, double deadline)
     case KPL__COLL_BARRIER:
         err = MPI_Barrier(m->comm);
         break;
+    default:
+        return KPL_ERROR(KPL_EINVAL, "mpi backend: unknown operation %d", (int)a->kind);
     }
-    return err == MPI_SUCCESS ? KPL_OK : mpi_fail(err, "operation");
-}
-
-__attribute__((noreturn)) static void mpi_abort(void *state, int code)
-{
-    mpi_state *m = state;
-    MPI_Abort(m && m->comm != MPI_COMM_NULL ? m->comm : MPI_COMM_WORLD, code);
-    abort(); /* MPI_Abort does not return; if it did, still end */
+    return err == MPI_SUCCESS ? KPL_OK : mpi_fail(err, kpl__coll_kind_name(a->kind));
 }
 
 static const kpl__comm_backend mpi_backend = {
     .name = "mpi",
+    .device_type = KPL_DEVICE_CPU,
     .init = mpi_init,
     .fini = mpi_fini,
     .run = mpi_run,
-    .abort = mpi_abort,
 };
 
 const kpl__comm_backend *kpl__comm_mpi_backend(void) { return &mpi_backend; }

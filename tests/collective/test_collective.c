@@ -1,15 +1,19 @@
-/* test_collective.c — run under mpirun (-np 2 and -np 4): every collective
- * of the mpi backend, every dtype, sizes from 1 element to 64 MB including
- * sizes the world size does not divide, in place and not, blocking and
- * async, against the serial computation of what each rank contributed. */
+/* test_collective.c — run under mpirun (-np 2 and -np 4) as
+ * `test_collective BACKEND` (mpi, ucx, nccl): every collective, every
+ * dtype, sizes from 1 element to 64 MB including sizes the world size does
+ * not divide, in place and not, blocking and async, against the serial
+ * computation of what each rank contributed; and the bucketer on top.
+ * nccl works on CUDA tensors and exits 77 (skipped) without a GPU. */
 #include "kpl_test.h"
 #include "collective.h"
 
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
 static kpl_comm *comm;
 static int rank, size;
+static kpl_device *dev; /* where the tensors live: cpu, or the communicator's GPU */
 
 /* Rank r's element i: small integers, exact in every dtype (bf16 keeps 8
  * bits; sums over 4 ranks stay below 256). */
@@ -18,7 +22,7 @@ static double value(int r, int64_t i) { return (double)((r + 1) * (i % 13) - 5 *
 static kpl_tensor *filled(kpl_dtype dt, int64_t n, int r)
 {
     kpl_tensor *t = NULL;
-    OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &n, &t));
+    OK(kpl_tensor_empty(dev, dt, 1, &n, &t));
     void *p = kpl_tensor_host_mutable(t);
     for (int64_t i = 0; i < n; i++) {
         double v = value(r, i);
@@ -88,7 +92,7 @@ static void test_allreduce(void **state)
                     kpl_dtype dt = dtypes[d];
                     int64_t n = sizes[s];
                     kpl_tensor *in = filled(dt, n, rank), *out = in;
-                    if (!inplace) OK(kpl_tensor_zeros(kpl_device_cpu(), dt, 1, &n, &out));
+                    if (!inplace) OK(kpl_tensor_zeros(dev, dt, 1, &n, &out));
                     OK(kpl_comm_allreduce(comm, in, out, (kpl_comm_op)op));
                     char what[96];
                     snprintf(what, sizeof what, "allreduce %s %s n=%lld%s",
@@ -138,7 +142,7 @@ static void test_broadcast_allgather_reduce_scatter(void **state)
 
             kpl_tensor *in = filled(dt, n, rank), *all = NULL;
             int64_t total = n * size;
-            OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &total, &all));
+            OK(kpl_tensor_empty(dev, dt, 1, &total, &all));
             OK(kpl_comm_allgather(comm, in, all));
             for (int r = 0; r < size; r++) check(all, r * n, n, want_root, &r, 1e-6, "allgather");
             kpl_tensor_release(in);
@@ -147,7 +151,7 @@ static void test_broadcast_allgather_reduce_scatter(void **state)
             /* reduce_scatter: in holds size blocks of n; rank r keeps block r. */
             for (int op = KPL_COMM_SUM; op <= KPL_COMM_MIN; op++) {
                 kpl_tensor *big = filled(dt, total, rank), *mine = NULL;
-                OK(kpl_tensor_empty(kpl_device_cpu(), dt, 1, &n, &mine));
+                OK(kpl_tensor_empty(dev, dt, 1, &n, &mine));
                 OK(kpl_comm_reduce_scatter(comm, big, mine, (kpl_comm_op)op));
                 reduce_ctx c = {(kpl_comm_op)op, dt, rank * n};
                 check(mine, 0, n, want_reduce, &c, tol_of(dt), "reduce_scatter");
@@ -164,7 +168,7 @@ static void test_send_recv_barrier_async(void **state)
     int64_t n = 100003;
     int next = (rank + 1) % size, prev = (rank + size - 1) % size;
     kpl_tensor *mine = filled(KPL_F32, n, rank), *got = NULL;
-    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &n, &got));
+    OK(kpl_tensor_zeros(dev, KPL_F32, 1, &n, &got));
     if (rank % 2 == 0) {
         OK(kpl_comm_send(comm, mine, next, 7));
         OK(kpl_comm_recv(comm, got, prev, 7));
@@ -186,11 +190,13 @@ static void test_send_recv_barrier_async(void **state)
     }
     for (int k = 2; k >= 0; k--) {
         OK(kpl_comm_work_wait(w[k]));
-        bool done = false;
-        OK(kpl_comm_work_test(w[k], &done));
-        assert_true(done);
+        /* Reading the values waits for the device (CUDA work: wait only
+         * ordered the compute stream after it); then it is done. */
         reduce_ctx c = {KPL_COMM_AVG, KPL_F32, 0};
         check(t[k], 0, 5000 + k, want_reduce, &c, 1e-6, "async avg");
+        bool done = false;
+        for (int spin = 0; spin < 10000 && !done; spin++) OK(kpl_comm_work_test(w[k], &done));
+        assert_true(done);
         kpl_comm_work_destroy(w[k]);
         kpl_tensor_release(t[k]);
     }
@@ -201,8 +207,8 @@ static void test_bad_arguments(void **state)
     (void)state;
     int64_t n = 10, m = 11;
     kpl_tensor *a = filled(KPL_F32, n, rank), *b = NULL, *u = NULL;
-    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &m, &b));
-    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_U8, 1, &n, &u));
+    OK(kpl_tensor_zeros(dev, KPL_F32, 1, &m, &b));
+    OK(kpl_tensor_zeros(dev, KPL_U8, 1, &n, &u));
     FAILS(kpl_comm_allreduce(comm, a, b, KPL_COMM_SUM), KPL_ESHAPE, "differ");
     FAILS(kpl_comm_allreduce(comm, u, u, KPL_COMM_SUM), KPL_EDTYPE, "cannot reduce u8");
     FAILS(kpl_comm_broadcast(comm, a, size), KPL_EINVAL, "root");
@@ -250,11 +256,11 @@ static void test_bucketer(void **state)
     const int64_t sizes_[N] = {1000, 300000, 7, 50000, 200000, 13};
     kpl_tensor *params[N];
     for (int i = 0; i < N; i++) {
-        OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &sizes_[i], &params[i]));
+        OK(kpl_tensor_empty(dev, KPL_F32, 1, &sizes_[i], &params[i]));
         float *p = kpl_tensor_host_mutable(params[i]);
         for (int64_t j = 0; j < sizes_[i]; j++) p[j] = (float)(rank + 1);
     }
-    kpl_bucketer_config cfg = {1.0, 0.5};
+    kpl_bucketer_config cfg = {1.0, 0.5, true};
     kpl_bucketer *b = NULL;
     OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
     /* Reverse registration order into a 0.5 MB first bucket, then 1 MB
@@ -298,6 +304,26 @@ static void test_bucketer(void **state)
     OK(kpl_bucketer_finish(b));
     check_grads(b, N, -1, 2, 2);
 
+    /* Three synchronised finishes, every bucket reduced in each. */
+    kpl_bucketer_stats stats = kpl_bucketer_get_stats(b);
+    assert_int_equal(stats.steps, 3);
+    int64_t total = 0;
+    for (int i = 0; i < N; i++) total += sizes_[i] * 4;
+    assert_int_equal(stats.bytes, 3 * total);
+    if (dev == kpl_device_cpu()) assert_true(stats.comm_seconds > 0);
+    assert_true(stats.wait_seconds >= 0);
+
+    /* The parameter check (it already ran, quietly, at the second finish):
+     * one element off on the last rank is caught and named on every rank. */
+    OK(kpl_bucketer_check_params(b));
+    if (rank == size - 1) {
+        float *p = kpl_tensor_host_mutable(params[3]);
+        p[17] += 1e-3f;
+    }
+    char want[64];
+    snprintf(want, sizeof want, "parameter 3 (50000) differs on rank(s) %d from rank 0", size - 1);
+    FAILS(kpl_bucketer_check_params(b), KPL_ESTATE, want);
+
     kpl_bucketer_destroy(b);
     for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
 }
@@ -306,10 +332,31 @@ int main(int argc, char **argv)
 {
     int level;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+    const char *name = argc > 1 ? argv[1] : "mpi";
     kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
     cfg.timeout = 60; /* a failing rank must not hang the others for long */
+    if (!strcmp(name, "mpi")) cfg.backend = KPL_COMM_BACKEND_MPI;
+    else if (!strcmp(name, "ucx")) cfg.backend = KPL_COMM_BACKEND_UCX;
+    else if (!strcmp(name, "nccl")) cfg.backend = KPL_COMM_BACKEND_NCCL;
+    else {
+        fprintf(stderr, "usage: test_collective mpi|ucx|nccl\n");
+        MPI_Abort(MPI_COMM_WORLD, 2);
+    }
+    if (cfg.backend == KPL_COMM_BACKEND_NCCL && kpl_device_count(KPL_DEVICE_CUDA) == 0) {
+        printf("test_collective nccl: no CUDA GPU here: skipped\n");
+        MPI_Finalize();
+        return 77;
+    }
     if (kpl_comm_create(&cfg, &comm) < 0) {
         fprintf(stderr, "comm_create: %s\n", kpl_last_error());
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+    dev = cfg.backend == KPL_COMM_BACKEND_NCCL ? kpl_comm_device(comm) : kpl_device_cpu();
+    const char *want = cfg.backend == KPL_COMM_BACKEND_NCCL ? "nccl" : name;
+    const char *got = kpl_comm_backend_for(comm, kpl_device_type_of(dev));
+    if (!got || strcmp(got, want)) {
+        fprintf(stderr, "backend for %s tensors is %s, want %s\n", kpl_device_name(dev),
+                got ? got : "none", want);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     rank = kpl_comm_rank(comm);
@@ -330,7 +377,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_bucketer),
     };
-    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests_name(name, tests, NULL, NULL);
     /* One rank's failure fails the job on every rank. */
     int any = 0;
     MPI_Allreduce(&failed, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
