@@ -297,6 +297,9 @@ int kpl_model_num_params(const kpl_model *m) { return m->np; }
 kpl_tensor *const *kpl_model_params(const kpl_model *m) { return m->params; }
 const char *kpl_model_name(const kpl_model *m) { return m->name; }
 
+int kpl_model_num_buffers(const kpl_model *m) { return m->nbuf; }
+kpl_tensor *const *kpl_model_buffers(const kpl_model *m) { return m->buffers; }
+
 int64_t kpl_model_param_count(const kpl_model *m)
 {
     int64_t n = 0;

@@ -24,6 +24,7 @@
 #define KPL_TRAINER_H
 
 #include "autograd.h"
+#include "collective.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,6 +51,10 @@ kpl_tensor *kpl_model_forward(kpl_model *m, kpl_tensor *x, bool training);
 /* The trainable parameters, in creation order (borrowed). */
 int kpl_model_num_params(const kpl_model *m);
 kpl_tensor *const *kpl_model_params(const kpl_model *m);
+/* State that is not trained but belongs to the model (batch norm's
+ * running statistics), in creation order (borrowed). */
+int kpl_model_num_buffers(const kpl_model *m);
+kpl_tensor *const *kpl_model_buffers(const kpl_model *m);
 /* Parameter element count. */
 int64_t kpl_model_param_count(const kpl_model *m);
 /* Multiply-adds x 2 of the convolutions and linear layers of one forward
@@ -71,6 +76,48 @@ void kpl_sgd_set_lr(kpl_sgd *o, double lr);
 /* Updates every parameter that has a gradient, then clears the gradients.
  * Unrecorded (runs with grad mode off). */
 kpl_status kpl_sgd_step(kpl_sgd *o);
+
+/* ---- data parallelism (DDP) ---------------------------------------------------- */
+/*
+ * Joins autograd to the bucketed allreduce of collective.h: every
+ * parameter's gradient is a buffer in a bucket (kpl_grad_set_buffer), its
+ * ready hook starts the bucket's allreduce while backward goes on, and
+ * after kpl_ddp_finish each .grad holds the average over the ranks.
+ *
+ *   kpl_ddp_create(comm, n, params, nbuf, buffers, NULL, &ddp);  // rank 0's values
+ *   each step:
+ *       kpl_ddp_begin(ddp, true);         // false on accumulation micro-steps
+ *       loss = ...; kpl_backward(loss, NULL, false);
+ *       kpl_ddp_finish(ddp);              // waits for the buckets
+ *       kpl_sgd_step(opt);                // reads and then clears .grad
+ *
+ * Each rank's loss is the mean over its own samples; averaging the
+ * gradients makes the step the one of the mean over all ranks' samples.
+ * Buffers (batch norm statistics) are broadcast once at create, then each
+ * rank keeps its own (no SyncBN).
+ */
+typedef struct kpl_ddp kpl_ddp;
+
+/* params / buffers: borrowed, must outlive the kpl_ddp; cfg NULL for
+ * KPL_BUCKETER_CONFIG_INIT.  Collective: broadcasts rank 0's parameters
+ * and buffers.  Adds a ready hook to every parameter (removed by
+ * destroy, with any other hooks of the parameters: kpl_clear_hooks). */
+kpl_status kpl_ddp_create(kpl_comm *comm, int n, kpl_tensor *const *params, int nbuf,
+                          kpl_tensor *const *buffers, const kpl_bucketer_config *cfg,
+                          kpl_ddp **out);
+void kpl_ddp_destroy(kpl_ddp *d);
+/* Before the forward pass of a (micro-)step.  sync false: an accumulation
+ * micro-step, no communication; true: the step's gradients are reduced at
+ * finish.  A parameter whose .grad was cleared (the optimizer does) gets
+ * its zeroed bucket view as gradient buffer; one that still has it keeps
+ * accumulating. */
+kpl_status kpl_ddp_begin(kpl_ddp *d, bool sync);
+/* After backward: waits for the allreduces (zeroing unused parameters'
+ * gradients); with sync, every .grad is then the average over ranks.
+ * Reports a failure of the ready hooks too.  Collective. */
+kpl_status kpl_ddp_finish(kpl_ddp *d);
+/* The bucketer underneath (statistics, parameter check). */
+kpl_bucketer *kpl_ddp_bucketer(kpl_ddp *d);
 
 #ifdef __cplusplus
 }
