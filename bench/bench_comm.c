@@ -1,79 +1,364 @@
 /*
- * bench_comm.c — the comm group, run under mpirun (run.sh uses -np 2):
- * allreduce bus bandwidth of kpl's mpi backend next to raw MPI_Allreduce
- * in the same job.
+ * bench_comm.c — the comm group, run under mpirun (run.sh: -np 2, once on
+ * Open MPI's shared-memory transport and once with `--mca btl tcp,self` and
+ * UCX_TLS=tcp,self):
  *
- *   mpirun -np 2 bench_comm
+ *   mpirun -np 2 bench_comm [--transport shm|tcp] [--cases busbw,r50,overlap]
  *
- * For each size from 4 KB to 64 MB of f32, in place, alternating the two
- * sides for several rounds (a barrier before each timed block):
- *   ref: MPI_Allreduce(MPI_IN_PLACE, ..., MPI_SUM, MPI_COMM_WORLD)
- *   kpl: kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM) (communication
- *        thread, non-blocking collective progressed to completion)
- * Bus bandwidth follows nccl-tests: 2 (n - 1) / n * bytes / time.  Rank 0
- * prints one JSON line per size, median of the rounds; target 1.0.
+ * busbw    allreduce bus bandwidth (nccl-tests: 2 (n-1)/n x bytes / time,
+ *          the slowest rank's time) of kpl_comm_allreduce, in place, for
+ *          each host backend (mpi, ucx), 4 KB to 64 MB of f32, next to raw
+ *          MPI_Allreduce(MPI_IN_PLACE) in the same job.  Targets: mpi 1.0;
+ *          ucx 1.2 from 16 MB.
+ * r50      ResNet-50's gradient set (the 161 parameter tensors of kpl's
+ *          resnet50, 25.6 M floats) averaged over the ranks three ways:
+ *          raw MPI per tensor (161 allreduces + the division); raw MPI on
+ *          one fused buffer (pack, allreduce, divide, unpack: the Horovod
+ *          way); kpl's bucketer (25 MB buckets, first 1 MB; the gradients
+ *          are views of the buckets, so nothing is packed), each bucket
+ *          started as its last gradient is marked (all marked in backward
+ *          order here, no computation in between).  Targets: on shared
+ *          memory the bucketer no slower than the better alternative (1.0);
+ *          on TCP >= 2x faster than per tensor.
+ * overlap  a 2-rank ResNet-18 (CIFAR stem, batch 32 per rank, one thread per
+ *          rank) training step through kpl_ddp, next to the same step with
+ *          communication skipped (kpl_ddp_begin(ddp, false)), and the
+ *          bucketed allreduce of its gradients alone.  The fraction of the
+ *          allreduce hidden behind backward = 1 - (step - step without
+ *          communication) / allreduce alone; target 0.6.  Also printed: the
+ *          bucketer's own account, 1 - time finish waited / backend time.
+ *
+ * Sides alternate over KPL_BENCH_ROUNDS rounds (default 5), medians; rank 0
+ * prints one JSON line per case.
  */
 #include "bench_common.h"
-#include "collective.h"
+#include "trainer.h"
 
 #include <mpi.h>
 #include <stdlib.h>
+#include <string.h>
 
-int main(int argc, char **argv)
+static int rank, nranks, rounds;
+static const char *transport = "shm";
+
+static void die(const char *what)
 {
-    int level;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
-    kpl_comm *comm = NULL;
-    if (kpl_comm_create(NULL, &comm) < 0) {
-        fprintf(stderr, "bench_comm: %s\n", kpl_last_error());
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-    int rank = kpl_comm_rank(comm), n = kpl_comm_size(comm);
-    enum { ROUNDS = 5 };
+    fprintf(stderr, "bench_comm: rank %d: %s: %s\n", rank, what, kpl_last_error());
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static kpl_comm *comm_for(kpl_comm_backend b)
+{
+    kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
+    cfg.backend = b;
+    kpl_comm *c = NULL;
+    if (kpl_comm_create(&cfg, &c) < 0) die("comm_create");
+    return c;
+}
+
+/* The slowest rank's seconds since t0. */
+static double slowest(double t0)
+{
+    double el = MPI_Wtime() - t0, worst = 0;
+    MPI_Allreduce(&el, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    return worst;
+}
+
+/* ---- busbw ------------------------------------------------------------------------ */
+
+static void busbw(kpl_comm *comm, const char *backend)
+{
     for (size_t bytes = 4096; bytes <= ((size_t)64 << 20); bytes *= 4) {
         int64_t count = (int64_t)(bytes / 4);
         kpl_tensor *t = NULL;
-        if (kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &count, &t) < 0)
-            MPI_Abort(MPI_COMM_WORLD, 1);
+        if (kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 1, &count, &t) < 0) die("tensor");
         float *p = kpl_tensor_host_mutable(t);
         /* Enough repetitions for ~50 ms a block at ~2 GB/s, at least 3. */
         int reps = (int)(1e8 / (double)bytes);
         if (reps < 3) reps = 3;
         if (reps > 2000) reps = 2000;
-        double tk[ROUNDS], tr[ROUNDS];
-        for (int round = 0; round < ROUNDS; round++) {
+        double tk[64], tr[64];
+        for (int round = 0; round < rounds; round++) {
             for (int side = 0; side < 2; side++) {
                 bool kpl_side = (side + round) % 2 == 0;
                 MPI_Barrier(MPI_COMM_WORLD);
                 double t0 = MPI_Wtime();
                 for (int i = 0; i < reps; i++) {
                     if (kpl_side) {
-                        if (kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM) < 0) {
-                            fprintf(stderr, "bench_comm: %s\n", kpl_last_error());
-                            MPI_Abort(MPI_COMM_WORLD, 1);
-                        }
+                        if (kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM) < 0) die("allreduce");
                     } else {
                         MPI_Allreduce(MPI_IN_PLACE, p, (int)count, MPI_FLOAT, MPI_SUM,
                                       MPI_COMM_WORLD);
                     }
                 }
-                double el = (MPI_Wtime() - t0) / reps, worst = 0;
-                MPI_Allreduce(&el, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-                double busbw = 2.0 * (n - 1) / n * (double)bytes / worst / 1e9;
+                double busbw = 2.0 * (nranks - 1) / nranks * (double)bytes / (slowest(t0) / reps) / 1e9;
                 (kpl_side ? tk : tr)[round] = busbw;
             }
         }
         if (rank == 0) {
-            char cas[64], rk[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN];
-            snprintf(cas, sizeof cas, "allreduce_f32/%zuB/np%d", bytes, n);
-            bench_emit("comm", cas, "GB/s busbw", 1, bench_median(tk, ROUNDS),
-                       bench_median(tr, ROUNDS), "MPI_Allreduce", 1.0,
-                       ",\"backend\":\"mpi\",\"reps\":%d,\"kpl_range\":%s,\"ref_range\":%s", reps,
-                       bench_jrange(rk, tk, ROUNDS), bench_jrange(rr, tr, ROUNDS));
+            char cas[96], rk[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN];
+            snprintf(cas, sizeof cas, "allreduce_f32/%s/%zuB/%s/np%d", backend, bytes, transport,
+                     nranks);
+            bool ucx = !strcmp(backend, "ucx");
+            double target = ucx ? (bytes >= ((size_t)16 << 20) ? 1.2 : NAN) : 1.0;
+            bench_emit("comm", cas, "GB/s busbw", 1, bench_median(tk, rounds),
+                       bench_median(tr, rounds), "MPI_Allreduce", target,
+                       ",\"backend\":\"%s\",\"transport\":\"%s\",\"reps\":%d,\"kpl_range\":%s,"
+                       "\"ref_range\":%s", backend, transport, reps,
+                       bench_jrange(rk, tk, rounds), bench_jrange(rr, tr, rounds));
         }
         kpl_tensor_release(t);
     }
-    kpl_comm_destroy(comm);
+}
+
+/* ---- r50 -------------------------------------------------------------------------- */
+
+static void scale(float *p, int64_t n, float s)
+{
+    for (int64_t j = 0; j < n; j++) p[j] *= s;
+}
+
+static void r50(kpl_comm *const *comms, const char *const *names, int ncomms)
+{
+    kpl_model *m = NULL;
+    if (kpl_model_create("resnet50", 1000, kpl_device_cpu(), 1, &m) < 0) die("resnet50");
+    int n = kpl_model_num_params(m);
+    kpl_tensor *const *params = kpl_model_params(m);
+    int64_t total = kpl_model_param_count(m);
+    /* The reference sides' gradients: separate tensors, and a fused buffer. */
+    float **g = calloc((size_t)n, sizeof *g), *flat = malloc((size_t)total * 4);
+    if (!g || !flat) die("memory");
+    for (int i = 0; i < n; i++) {
+        int64_t c = kpl_tensor_numel(params[i]);
+        g[i] = malloc((size_t)c * 4);
+        if (!g[i]) die("memory");
+        for (int64_t j = 0; j < c; j++) g[i][j] = 1.0f;
+    }
+    kpl_bucketer *b[4] = {0};
+    kpl_bucketer_config cfg = KPL_BUCKETER_CONFIG_INIT;
+    cfg.check_params = false;
+    for (int k = 0; k < ncomms; k++) {
+        if (kpl_bucketer_create(comms[k], n, params, &cfg, &b[k]) < 0) die("bucketer");
+        for (int i = 0; i < n; i++) kpl_k_fill(kpl_bucketer_grad(b[k], i), 1.0);
+    }
+    const float inv = 1.0f / (float)nranks;
+    enum { SIDES = 6 };
+    double t[SIDES][64];
+    int nbuckets[4] = {0};
+    for (int round = -1; round < rounds; round++) { /* round -1 warms up and rebuilds */
+        for (int s0 = 0; s0 < 2 + 2 * ncomms; s0++) {
+            int side = (s0 + (round < 0 ? 0 : round)) % (2 + 2 * ncomms);
+            MPI_Barrier(MPI_COMM_WORLD);
+            double t0 = MPI_Wtime();
+            if (side == 0) { /* raw per tensor, backward order */
+                for (int i = n - 1; i >= 0; i--) {
+                    int64_t c = kpl_tensor_numel(params[i]);
+                    MPI_Allreduce(MPI_IN_PLACE, g[i], (int)c, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                    scale(g[i], c, inv);
+                }
+            } else if (side == 1) { /* raw fused: pack, allreduce, divide, unpack */
+                int64_t off = 0;
+                for (int i = n - 1; i >= 0; i--) {
+                    int64_t c = kpl_tensor_numel(params[i]);
+                    memcpy(flat + off, g[i], (size_t)c * 4);
+                    off += c;
+                }
+                MPI_Allreduce(MPI_IN_PLACE, flat, (int)total, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                scale(flat, total, inv);
+                off = 0;
+                for (int i = n - 1; i >= 0; i--) {
+                    int64_t c = kpl_tensor_numel(params[i]);
+                    memcpy(g[i], flat + off, (size_t)c * 4);
+                    off += c;
+                }
+            } else if (side % 2 == 0) { /* kpl bucketed */
+                kpl_bucketer *bk = b[side / 2 - 1];
+                for (int i = n - 1; i >= 0; i--)
+                    if (kpl_bucketer_mark_ready(bk, i) < 0) die("mark_ready");
+                if (kpl_bucketer_finish(bk) < 0) die("bucketer_finish");
+                nbuckets[side / 2 - 1] = kpl_bucketer_num_buckets(bk);
+            } else { /* kpl per tensor */
+                kpl_comm *c = comms[side / 2 - 1];
+                for (int i = n - 1; i >= 0; i--) {
+                    kpl_tensor *gt = kpl_bucketer_grad(b[side / 2 - 1], i);
+                    if (kpl_comm_allreduce(c, gt, gt, KPL_COMM_AVG) < 0) die("allreduce");
+                }
+            }
+            double el = slowest(t0);
+            if (round >= 0) t[side][round] = el * 1e3;
+        }
+    }
+    if (g[0][0] != 1.0f || ((const float *)kpl_tensor_host_data(kpl_bucketer_grad(b[0], 0)))[0] != 1.0f)
+        die("the averages of ones are not one");
+    if (rank == 0) {
+        double per = bench_median(t[0], rounds), fused = bench_median(t[1], rounds);
+        bool tcp = !strcmp(transport, "tcp");
+        for (int k = 0; k < ncomms; k++) {
+            double bk = bench_median(t[2 + 2 * k], rounds), pt = bench_median(t[3 + 2 * k], rounds);
+            char cas[128], rk[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN], rf[BENCH_RANGE_LEN];
+            const char *fmt = ",\"backend\":\"%s\",\"transport\":\"%s\",\"tensors\":%d,"
+                              "\"floats\":%lld,\"buckets\":%d,\"kpl_range\":%s,\"ref_range\":%s";
+            snprintf(cas, sizeof cas, "r50_grads/bucketed_%s_vs_per_tensor/%s/np%d", names[k],
+                     transport, nranks);
+            bench_emit("comm", cas, "ms", 0, bk, per, "MPI_Allreduce per tensor",
+                       tcp ? 2.0 : NAN, fmt, names[k], transport, n, (long long)total,
+                       nbuckets[k], bench_jrange(rk, t[2 + 2 * k], rounds),
+                       bench_jrange(rr, t[0], rounds));
+            snprintf(cas, sizeof cas, "r50_grads/bucketed_%s_vs_fused/%s/np%d", names[k],
+                     transport, nranks);
+            bench_emit("comm", cas, "ms", 0, bk, fused, "MPI_Allreduce packed fused buffer", NAN,
+                       fmt, names[k], transport, n, (long long)total, nbuckets[k],
+                       bench_jrange(rk, t[2 + 2 * k], rounds), bench_jrange(rf, t[1], rounds));
+            snprintf(cas, sizeof cas, "r50_grads/bucketed_%s_vs_best/%s/np%d", names[k],
+                     transport, nranks);
+            bench_emit("comm", cas, "ms", 0, bk, per < fused ? per : fused,
+                       per < fused ? "MPI_Allreduce per tensor" : "MPI_Allreduce packed fused buffer",
+                       tcp ? NAN : 1.0, fmt, names[k], transport, n, (long long)total,
+                       nbuckets[k], bench_jrange(rk, t[2 + 2 * k], rounds),
+                       bench_jrange(rr, t[per < fused ? 0 : 1], rounds));
+            snprintf(cas, sizeof cas, "r50_grads/per_tensor_%s/%s/np%d", names[k], transport,
+                     nranks);
+            bench_emit("comm", cas, "ms", 0, pt, per, "MPI_Allreduce per tensor", NAN, fmt,
+                       names[k], transport, n, (long long)total, nbuckets[k],
+                       bench_jrange(rk, t[3 + 2 * k], rounds), bench_jrange(rr, t[0], rounds));
+        }
+    }
+    for (int k = 0; k < ncomms; k++) kpl_bucketer_destroy(b[k]);
+    for (int i = 0; i < n; i++) free(g[i]);
+    free(g);
+    free(flat);
+    kpl_model_destroy(m);
+}
+
+/* ---- overlap ----------------------------------------------------------------------- */
+
+static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_sgd *opt, kpl_tensor *x, kpl_tensor *y,
+                         bool sync)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    if (kpl_ddp_begin(ddp, sync) < 0) die("ddp_begin");
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0,
+                                         -100);
+    if (!loss) die("forward");
+    kpl_tensor_retain(loss);
+    kpl_pool_pop(p);
+    if (kpl_backward(loss, NULL, false) < 0) die("backward");
+    kpl_tensor_release(loss);
+    if (kpl_ddp_finish(ddp) < 0) die("ddp_finish");
+    if (kpl_sgd_step(opt) < 0) die("sgd");
+    return slowest(t0) * 1e3;
+}
+
+static void overlap(kpl_comm *comm)
+{
+    const int64_t batch = 32, xs[4] = {batch, 3, 32, 32};
+    kpl_model *m = NULL;
+    if (kpl_model_create("resnet18_cifar", 10, kpl_device_cpu(), 7, &m) < 0) die("resnet18");
+    kpl_sgd *opt = NULL;
+    if (kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.01, 0.9, 0, false, &opt) < 0)
+        die("sgd");
+    kpl_ddp *ddp = NULL;
+    kpl_bucketer_config cfg = KPL_BUCKETER_CONFIG_INIT;
+    cfg.check_params = false; /* the steps without communication let the ranks drift */
+    if (kpl_ddp_create(comm, kpl_model_num_params(m), kpl_model_params(m),
+                       kpl_model_num_buffers(m), kpl_model_buffers(m), &cfg, &ddp) < 0)
+        die("ddp_create");
+    kpl_rng *r = kpl_rng_create(100 + (uint64_t)rank);
+    kpl_tensor *x = NULL, *y = NULL;
+    if (kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, xs, &x) < 0 ||
+        kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &batch, &y) < 0)
+        die("tensor");
+    kpl_k_normal(x, r, 0, 1);
+    int64_t *py = kpl_tensor_host_mutable(y);
+    for (int64_t i = 0; i < batch; i++) py[i] = (i * 3 + rank) % 10;
+    for (int w = 0; w < 2; w++) train_step(m, ddp, opt, x, y, true); /* warm up, rebuild */
+
+    kpl_bucketer *b = kpl_ddp_bucketer(ddp);
+    /* A step's round-to-round noise (tens of ms) exceeds the allreduce
+     * (~15 ms): pair each step with one without communication next to it,
+     * and take more rounds than the other cases. */
+    int nr = rounds < 9 ? 9 : rounds;
+    double with[64], without[64], diff[64], alone[64], hidden_wait[64];
+    for (int round = 0; round < nr; round++) {
+        for (int s = 0; s < 2; s++) {
+            bool sync = (s + round) % 2 == 0;
+            kpl_bucketer_reset_stats(b);
+            double ms = train_step(m, ddp, opt, x, y, sync);
+            if (sync) {
+                kpl_bucketer_stats st = kpl_bucketer_get_stats(b);
+                with[round] = ms;
+                hidden_wait[round] = st.comm_seconds > 0 ? 1 - st.wait_seconds / st.comm_seconds : NAN;
+            } else {
+                without[round] = ms;
+            }
+        }
+        /* The same buckets reduced with nothing to hide behind. */
+        if (kpl_ddp_begin(ddp, true) < 0) die("ddp_begin");
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime();
+        for (int i = kpl_model_num_params(m) - 1; i >= 0; i--)
+            if (kpl_bucketer_mark_ready(b, i) < 0) die("mark_ready");
+        if (kpl_bucketer_finish(b) < 0) die("bucketer_finish");
+        alone[round] = slowest(t0) * 1e3;
+        diff[round] = with[round] - without[round];
+        kpl_zero_grad(kpl_model_num_params(m), kpl_model_params(m));
+    }
+    if (rank == 0) {
+        double tw = bench_median(with, nr), tn = bench_median(without, nr);
+        double ta = bench_median(alone, nr), hw = bench_median(hidden_wait, nr);
+        double exposed = bench_median(diff, nr);
+        double hidden = 1 - exposed / ta;
+        char n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], r1[BENCH_RANGE_LEN], r2[BENCH_RANGE_LEN],
+            r3[BENCH_RANGE_LEN], r4[BENCH_RANGE_LEN];
+        char cas[96];
+        snprintf(cas, sizeof cas, "overlap/resnet18_cifar_b%lld/%s/np%d", (long long)batch,
+                 transport, nranks);
+        bench_emit("comm", cas, "fraction hidden", 1, hidden, NAN, NULL, 0.6,
+                   ",\"step_ms\":%.1f,\"step_ms_no_comm\":%.1f,\"exposed_ms\":%.2f,"
+                   "\"allreduce_ms_alone\":%.2f,\"hidden_by_wait\":%s,\"grad_mb\":%s,"
+                   "\"rounds\":%d,\"step_range\":%s,\"no_comm_range\":%s,\"exposed_range\":%s,"
+                   "\"alone_range\":%s",
+                   tw, tn, exposed, ta, bench_jnum(n1, hw),
+                   bench_jnum(n2, (double)kpl_model_param_count(m) * 4 / 1048576.0), nr,
+                   bench_jrange(r1, with, nr), bench_jrange(r2, without, nr),
+                   bench_jrange(r4, diff, nr), bench_jrange(r3, alone, nr));
+    }
+    kpl_tensor_release(x);
+    kpl_tensor_release(y);
+    kpl_rng_destroy(r);
+    kpl_ddp_destroy(ddp);
+    kpl_sgd_destroy(opt);
+    kpl_model_destroy(m);
+}
+
+int main(int argc, char **argv)
+{
+    int level;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+    const char *cases = "busbw,r50";
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--transport") && i + 1 < argc) transport = argv[++i];
+        else if (!strcmp(argv[i], "--cases") && i + 1 < argc) cases = argv[++i];
+        else {
+            if (rank == 0)
+                fprintf(stderr, "usage: bench_comm [--transport shm|tcp] "
+                                "[--cases busbw,r50,overlap]\n");
+            MPI_Finalize();
+            return 2;
+        }
+    }
+    rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 64);
+    kpl_comm *comms[2] = {comm_for(KPL_COMM_BACKEND_MPI), comm_for(KPL_COMM_BACKEND_UCX)};
+    const char *names[2] = {"mpi", "ucx"};
+    if (strstr(cases, "busbw"))
+        for (int k = 0; k < 2; k++) busbw(comms[k], names[k]);
+    if (strstr(cases, "r50")) r50(comms, names, 2);
+    if (strstr(cases, "overlap")) overlap(comms[0]);
+    for (int k = 0; k < 2; k++) kpl_comm_destroy(comms[k]);
     MPI_Finalize();
-    return 0;
+    return bench_exit_code();
 }

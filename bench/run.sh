@@ -96,7 +96,14 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       "$build/bin/bench_transform" "$baselines" || rc=$?
       ;;
     comm)
-      mpirun --allow-run-as-root --oversubscribe -np 2 "$build/bin/bench_comm" || rc=$?
+      # Shared memory (Open MPI's vader; UCX's posix/sysv/cma), then TCP on
+      # loopback for both, then the overlap of a training step (one thread
+      # per rank: 2 ranks on 2 cores).
+      local mpirun=(mpirun --allow-run-as-root --oversubscribe -np 2)
+      "${mpirun[@]}" "$build/bin/bench_comm" --transport shm --cases busbw,r50 || rc=$?
+      "${mpirun[@]}" --mca btl tcp,self -x UCX_TLS=tcp,self \
+        "$build/bin/bench_comm" --transport tcp --cases busbw,r50 || rc=$?
+      "${mpirun[@]}" -x OMP_NUM_THREADS=1 "$build/bin/bench_comm" --cases overlap || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
