@@ -155,6 +155,17 @@ kpl_status kpl_dtype_parse(const char *name, kpl_dtype *out);
 void kpl_set_num_threads(int n);
 int kpl_get_num_threads(void);
 
+/* Deterministic algorithm choice (PyTorch's cudnn.deterministic with
+ * benchmark off).  Off (the default): the first call of each convolution
+ * problem times the implementations oneDNN (or cuDNN) offers and keeps the
+ * fastest, which may differ from one process to the next and with it the
+ * last bits of the results.  On: the library's preferred implementation
+ * (on CUDA: the fastest deterministic one), so two runs of the same program
+ * compute bit-identical numbers, as a resumed training run must.  Set it
+ * before the first convolution; process-wide. */
+void kpl_set_deterministic(bool on);
+bool kpl_get_deterministic(void);
+
 /* ------------------------------------------------------------------------ */
 /* Devices and their caching allocators                                       */
 /* ------------------------------------------------------------------------ */

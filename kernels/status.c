@@ -180,3 +180,10 @@ void kpl_set_num_threads(int n)
 }
 
 int kpl_get_num_threads(void) { return omp_get_max_threads(); }
+
+/* Read by the algorithm choosers on every cache miss; written once at start
+ * (an atomic keeps a late change well-defined). */
+static _Atomic bool deterministic;
+
+void kpl_set_deterministic(bool on) { deterministic = on; }
+bool kpl_get_deterministic(void) { return deterministic; }

@@ -112,6 +112,7 @@ typedef struct {
     kpl_conv_attrs a;
     int threads;
     bool bias;
+    bool deterministic; /* chosen without timing (kpl_set_deterministic) */
 } conv_key;
 
 /* A cached convolution: the primitive runs on the layouts oneDNN chose
@@ -259,7 +260,9 @@ static double seconds(void)
  * reorders its layouts cost, is run on the call's own tensors and the
  * fastest is kept.  Blocked direct kernels usually win; for a layer like
  * LeNet's first (one input channel) the GEMM path on plain tensors does.
- * The output is rewritten by the caller's run afterwards. */
+ * The output is rewritten by the caller's run afterwards.  In
+ * deterministic mode the first usable implementation (oneDNN's own
+ * preference) is taken untimed, so every process makes the same choice. */
 #define MAX_CANDIDATES 6
 
 static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_entry *out)
@@ -349,13 +352,12 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         if (usable && (st = entry_from_pd(&cand, pd, q)) >= 0) {
             /* the first run pays for first touches; the best of the next
              * two stands for it (CPU steal on shared machines is bursty) */
-            double t = INFINITY;
-            st = run_entry(&cand, a, args);
-            for (int r = 0; r < 2 && st >= 0; r++) {
+            double t = k->deterministic ? 0 : INFINITY;
+            for (int r = 0; r < 3 && st >= 0 && !k->deterministic; r++) {
                 double t0 = seconds();
                 st = run_entry(&cand, a, args);
                 double dt = seconds() - t0;
-                if (st >= 0 && dt < t) t = dt;
+                if (r > 0 && st >= 0 && dt < t) t = dt;
             }
             if (t < best) {
                 if (best < INFINITY) entry_destroy(out);
@@ -364,7 +366,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
             } else {
                 entry_destroy(&cand);
             }
-            tried++;
+            tried = k->deterministic ? MAX_CANDIDATES : tried + 1;
         }
         dnnl_primitive_desc_destroy(pd);
         if (st < 0) { /* a candidate that fails to build or run is skipped */
@@ -387,6 +389,7 @@ static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
     kpl_conv_attrs_key(&k.a, a);
     k.threads = omp_get_max_threads();
     k.bias = args->in[2] != NULL;
+    k.deterministic = kpl_get_deterministic();
     kpl_status st = KPL_OK;
     pthread_mutex_lock(&cc.lock);
     conv_entry *e = NULL;

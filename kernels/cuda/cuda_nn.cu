@@ -118,6 +118,7 @@ typedef struct {
     kpl_conv_attrs a;
     kpl_dtype dt;
     int device;
+    bool deterministic; /* kpl_set_deterministic at the search */
 } algo_key;
 
 typedef struct {
@@ -179,12 +180,15 @@ static size_t search_budget(void)
     return free_b / 2 < cap ? free_b / 2 : cap;
 }
 
-/* The fastest algorithm that ran (cuDNN sorts the results by time). */
+/* The fastest algorithm that ran (cuDNN sorts the results by time); in
+ * deterministic mode the fastest of those whose results do not depend on
+ * the order of atomic additions. */
 template <typename Perf>
 static bool first_success(const Perf *perf, int found, algo_entry *best)
 {
     for (int i = 0; i < found; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS) {
+        if (perf[i].status == CUDNN_STATUS_SUCCESS &&
+            (!best->key.deterministic || perf[i].determinism == CUDNN_DETERMINISTIC)) {
             best->algo = (int)perf[i].algo;
             best->workspace = perf[i].memory;
             return true;
@@ -273,6 +277,7 @@ static kpl_status cuda_conv(const kpl_kernel_args *args)
     kpl_conv_attrs_key(&key.a, a);
     key.dt = dt;
     key.device = kpl_device_index(dev);
+    key.deterministic = kpl_get_deterministic();
     algo_entry e;
     void *ws = NULL;
     if (!algo_lookup(&key, &e)) {
