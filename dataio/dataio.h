@@ -79,6 +79,11 @@ typedef struct {
     uint32_t count;
 } kpl_feature_value;
 
+/* CRC32C (Castagnoli, RFC 3720) of n bytes, continuing `crc` (0 to start):
+ * the checksum of KPLRecord files, checkpoints and TensorBoard records.
+ * SSE4.2 when the CPU has it.  Thread-safe. */
+uint32_t kpl_crc32c(uint32_t crc, const void *data, size_t n);
+
 /* ---- writer ------------------------------------------------------------------------ */
 
 typedef struct kpl_record_writer kpl_record_writer;

@@ -80,6 +80,11 @@ uint32_t kpl__crc32c_extend(uint32_t crc, const void *data, size_t n)
     return ~crc_sw(c, data, n);
 }
 
+uint32_t kpl_crc32c(uint32_t crc, const void *data, size_t n)
+{
+    return kpl__crc32c_extend(crc, data, n);
+}
+
 /* ---- files ----------------------------------------------------------------------- */
 
 kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path)
