@@ -340,12 +340,14 @@ typedef struct {
     bool drop_last;            /* drop an epoch's last partial batch */
     int64_t start_epoch;       /* resume point (kpl_loader_position) */
     int64_t start_position;
+    int64_t limit;             /* > 0: only the dataset's first `limit` examples (a subset
+                                * for quick runs); 0: all */
     size_t cache_bytes;        /* reader: decompressed chunks kept for reuse */
     kpl_device *device;        /* NULL or CPU; a GPU device pins the batch memory */
     kpl_transform_config transform;
 } kpl_loader_config;
 #define KPL_LOADER_CONFIG_INIT                                                              \
-    {NULL, 32, 1, 2, 0, 0, 1, KPL_SHUFFLE_CHUNK, 8, 4096, false, false, false, 0, 0,          \
+    {NULL, 32, 1, 2, 0, 0, 1, KPL_SHUFFLE_CHUNK, 8, 4096, false, false, false, 0, 0, 0,       \
      (size_t)256 << 20, NULL, KPL_TRANSFORM_CONFIG_INIT}
 
 typedef struct kpl_loader kpl_loader;
@@ -381,6 +383,8 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b);
 void kpl_batch_release(kpl_batch *b);
 /* Samples per epoch for this rank (after pad/drop; before drop_last). */
 int64_t kpl_loader_epoch_size(const kpl_loader *l);
+/* Examples the epochs are drawn from (the dataset's, or `limit`). */
+int64_t kpl_loader_num_examples(const kpl_loader *l);
 /* Batches per epoch (after drop_last), counted from position 0. */
 int64_t kpl_loader_batches_per_epoch(const kpl_loader *l);
 /* Where the next call to kpl_loader_next continues: give these to a new

@@ -802,6 +802,8 @@ static kpl_status check_config(const kpl_loader_config *c)
               "loader: shuffle_window %d must be >= 1", c->shuffle_window);
     KPL_CHECK(c->shuffle != KPL_SHUFFLE_BUFFER || c->initial_fill >= 1, KPL_EINVAL,
               "loader: initial_fill %lld must be >= 1", (long long)c->initial_fill);
+    KPL_CHECK(c->limit >= 0, KPL_EINVAL, "loader: limit %lld must be >= 0 (0: all)",
+              (long long)c->limit);
     KPL_CHECK(c->start_epoch >= 0 && c->start_position >= 0, KPL_EINVAL,
               "loader: start epoch %lld / position %lld must be >= 0",
               (long long)c->start_epoch, (long long)c->start_position);
@@ -855,7 +857,10 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
     l->cfg = *cfg;
     KPL_TRY_GOTO(kpl_dataset_open(cfg->path, &l->ds));
     KPL_TRY_GOTO(kpl__xform_init(&l->x, &cfg->transform, l->ds));
-    int64_t n = kpl_dataset_num_examples(l->ds);
+    l->op = (kpl__order_params){cfg->shuffle, cfg->seed, cfg->rank, cfg->world_size,
+                                cfg->shuffle_window, cfg->initial_fill, cfg->pad, cfg->rotate,
+                                cfg->limit};
+    int64_t n = kpl__order_examples(l->ds, &l->op);
     l->B = cfg->batch_size;
     l->epoch_size = kpl__order_size(n, cfg->world_size, cfg->pad);
     l->batches = cfg->drop_last ? l->epoch_size / l->B : (l->epoch_size + l->B - 1) / l->B;
@@ -867,8 +872,6 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
                        cfg->drop_last ? " (drop_last)" : "");
         goto fail;
     }
-    l->op = (kpl__order_params){cfg->shuffle, cfg->seed, cfg->rank, cfg->world_size,
-                                cfg->shuffle_window, cfg->initial_fill, cfg->pad, cfg->rotate};
     l->epoch = cfg->start_epoch;
     l->pos = cfg->start_position;
     if (l->pos >= l->epoch_end) { /* resuming at an epoch's end: the next one */
@@ -955,6 +958,7 @@ void kpl_loader_destroy(kpl_loader *l)
 }
 
 int64_t kpl_loader_epoch_size(const kpl_loader *l) { return l->epoch_size; }
+int64_t kpl_loader_num_examples(const kpl_loader *l) { return kpl__order_examples(l->ds, &l->op); }
 int64_t kpl_loader_batches_per_epoch(const kpl_loader *l) { return l->batches; }
 
 void kpl_loader_position(const kpl_loader *l, int64_t *epoch, int64_t *position)

@@ -15,7 +15,11 @@ typedef struct {
     int window;           /* CHUNK */
     int64_t initial_fill; /* BUFFER */
     bool pad, rotate;
+    int64_t limit;        /* > 0: the dataset's first `limit` examples only */
 } kpl__order_params;
+
+/* The examples an epoch draws from: the dataset's, or the limit. */
+int64_t kpl__order_examples(const kpl_dataset *ds, const kpl__order_params *p);
 
 /* Examples per rank and epoch: ceil(n / world) with pad, else floor. */
 int64_t kpl__order_size(int64_t n, int32_t world, bool pad);

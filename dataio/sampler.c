@@ -1,7 +1,8 @@
 /*
  * sampler.c — which examples a rank sees in an epoch, and in what order.
  *
- * An epoch's global sequence G lists every example once: in dataset order
+ * An epoch's global sequence G lists every example once (or, with a limit,
+ * every one of the dataset's first `limit`): in dataset order
  * (none, buffer), chunk by chunk in a shuffled chunk order (chunk), or as a
  * full permutation (example).  Rank r takes the contiguous slice number
  * s = r (or (r + epoch) mod world with rotation) of m = N/world examples
@@ -40,6 +41,12 @@ int kpl_shuffle_mode_parse(const char *name)
     return -1;
 }
 
+int64_t kpl__order_examples(const kpl_dataset *ds, const kpl__order_params *p)
+{
+    int64_t n = kpl_dataset_num_examples(ds);
+    return p->limit > 0 && p->limit < n ? p->limit : n;
+}
+
 int64_t kpl__order_size(int64_t n, int32_t world, bool pad)
 {
     return pad ? (n + world - 1) / world : n / world;
@@ -71,7 +78,7 @@ static kpl_status buffer_shuffle(kpl__rng *r, int64_t *v, int64_t n, int64_t fil
 kpl_status kpl__order_epoch(const kpl_dataset *ds, const kpl__order_params *p, int64_t epoch,
                             int64_t *order)
 {
-    int64_t n = kpl_dataset_num_examples(ds);
+    int64_t n = kpl__order_examples(ds, p);
     int64_t m = kpl__order_size(n, p->world, p->pad);
     int64_t slot = p->rotate ? (p->rank + epoch % p->world) % p->world : p->rank;
     if (m == 0) return KPL_OK;
@@ -98,7 +105,8 @@ kpl_status kpl__order_epoch(const kpl_dataset *ds, const kpl__order_params *p, i
         int64_t k = 0;
         for (int64_t c = 0; c < nc; c++) {
             kpl_chunk_info ci = kpl_dataset_chunk_info(ds, perm[c]);
-            for (int64_t i = 0; i < ci.num_records; i++, k++) {
+            /* with a limit, chunks past it contribute nothing or a part */
+            for (int64_t i = 0; i < ci.num_records && ci.first_example + i < n; i++, k++) {
                 g[k] = ci.first_example + i;
                 gc[k] = (int32_t)perm[c];
             }

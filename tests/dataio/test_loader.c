@@ -76,25 +76,29 @@ static void test_order_partition(void **state)
     OK(kpl_dataset_open(make_set("order", n, 3, 4096), &ds));
     assert_true(kpl_dataset_num_chunks(ds) >= 8);
     int64_t order[128], count[103];
+    /* limit 37: the same rules over the dataset's first 37 examples */
+    for (int64_t limit = 0; limit <= 37; limit += 37)
     for (int mode = KPL_SHUFFLE_NONE; mode <= KPL_SHUFFLE_EXAMPLE; mode++)
         for (int world = 1; world <= 4; world *= 2)
             for (int pad = 0; pad < 2; pad++)
                 for (int rotate = 0; rotate < 2; rotate++)
                     for (int64_t epoch = 0; epoch < 3; epoch++) {
+                        int64_t ne = limit ? limit : n;
                         memset(count, 0, sizeof count);
-                        int64_t m = kpl__order_size(n, world, pad);
-                        assert_int_equal(m, pad ? (n + world - 1) / world : n / world);
+                        int64_t m = kpl__order_size(ne, world, pad);
+                        assert_int_equal(m, pad ? (ne + world - 1) / world : ne / world);
                         for (int r = 0; r < world; r++) {
                             kpl__order_params p = {(kpl_shuffle_mode)mode, 42, r, world, 3, 10,
-                                                   pad, rotate};
+                                                   pad, rotate, limit};
+                            assert_int_equal(kpl__order_examples(ds, &p), ne);
                             OK(kpl__order_epoch(ds, &p, epoch, order));
                             for (int64_t i = 0; i < m; i++) {
-                                assert_true(order[i] >= 0 && order[i] < n);
+                                assert_true(order[i] >= 0 && order[i] < ne);
                                 count[order[i]]++;
                             }
                         }
                         int64_t total = 0, twice = 0, zero = 0;
-                        for (int64_t e = 0; e < n; e++) {
+                        for (int64_t e = 0; e < ne; e++) {
                             total += count[e];
                             twice += count[e] > 1 ? count[e] - 1 : 0;
                             zero += count[e] == 0;
@@ -104,7 +108,7 @@ static void test_order_partition(void **state)
                         /* No pad: each at most once, N mod world left out.
                          * Pad: each at least once, the rest repeated. */
                         assert_int_equal(pad ? zero : twice, 0);
-                        assert_int_equal(pad ? twice : zero, pad ? world * m - n : n % world);
+                        assert_int_equal(pad ? twice : zero, pad ? world * m - ne : ne % world);
                     }
     kpl_dataset_close(ds);
 }
@@ -117,7 +121,7 @@ static void test_order_properties(void **state)
     OK(kpl_dataset_open(make_set("order", n, 3, 4096), &ds));
     int64_t a[103], b[103], c[103];
     /* none: the dataset order, sliced. */
-    kpl__order_params p = {KPL_SHUFFLE_NONE, 1, 1, 2, 0, 0, false, false};
+    kpl__order_params p = {KPL_SHUFFLE_NONE, 1, 1, 2, 0, 0, false, false, 0};
     OK(kpl__order_epoch(ds, &p, 0, a));
     for (int64_t i = 0; i < 51; i++) assert_int_equal(a[i], 51 + i);
     /* Rotation: in epoch 1 rank 1 has partition 0. */
@@ -129,7 +133,7 @@ static void test_order_properties(void **state)
      * use at any time (a chunk is in use from its first to its last
      * example in the order). */
     for (int window = 1; window <= 4; window++) {
-        p = (kpl__order_params){KPL_SHUFFLE_CHUNK, 7, 0, 1, window, 0, false, false};
+        p = (kpl__order_params){KPL_SHUFFLE_CHUNK, 7, 0, 1, window, 0, false, false, 0};
         OK(kpl__order_epoch(ds, &p, 0, a));
         OK(kpl__order_epoch(ds, &p, 0, b));
         OK(kpl__order_epoch(ds, &p, 1, c));
@@ -157,7 +161,7 @@ static void test_order_properties(void **state)
     /* buffer: a permutation in which example i of the stream leaves no
      * later than position i + fill - 1... and no earlier than it arrives:
      * the element at output i arrived at stream index <= i + fill - 1. */
-    p = (kpl__order_params){KPL_SHUFFLE_BUFFER, 9, 0, 1, 0, 16, false, false};
+    p = (kpl__order_params){KPL_SHUFFLE_BUFFER, 9, 0, 1, 0, 16, false, false, 0};
     OK(kpl__order_epoch(ds, &p, 0, a));
     int64_t seen[103] = {0};
     int64_t moved = 0;
@@ -169,7 +173,7 @@ static void test_order_properties(void **state)
     for (int64_t e = 0; e < n; e++) assert_int_equal(seen[e], 1);
     assert_true(moved > n / 2);
     /* example: a full permutation, different per seed. */
-    p = (kpl__order_params){KPL_SHUFFLE_EXAMPLE, 1, 0, 1, 0, 0, false, false};
+    p = (kpl__order_params){KPL_SHUFFLE_EXAMPLE, 1, 0, 1, 0, 0, false, false, 0};
     OK(kpl__order_epoch(ds, &p, 0, a));
     p.seed = 2;
     OK(kpl__order_epoch(ds, &p, 0, b));
@@ -246,7 +250,7 @@ static void test_loader_batches_follow_order(void **state)
         assert_int_equal(kpl_loader_batches_per_epoch(l), drop_last ? 10 : 11);
         kpl_dataset *ds = NULL;
         OK(kpl_dataset_open(path, &ds));
-        kpl__order_params p = {KPL_SHUFFLE_CHUNK, 5, 0, 1, 3, 0, false, false};
+        kpl__order_params p = {KPL_SHUFFLE_CHUNK, 5, 0, 1, 3, 0, false, false, 0};
         for (int64_t epoch = 0; epoch < 3; epoch++) {
             int64_t want[103], got[110];
             OK(kpl__order_epoch(ds, &p, epoch, want));
