@@ -92,8 +92,22 @@ G(COS) { RET0(kpl_neg(kpl_mul(gy, kpl_sin(IN(0))))); }
 G(TANH) { RET0(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, kpl_square(OUT), 1, true))); }
 G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, true)))); }
 /* From the output (y > 0 exactly where x > 0): the input, often a batch
- * norm's result nothing else keeps, can then die in the forward pass. */
-G(RELU) { RET0(kpl_mul(gy, mask(KPL_BIN_GT, OUT, scalar_like(gy, 0)))); }
+ * norm's result nothing else keeps, can then die in the forward pass.
+ * Without create_graph the product with the mask is one pass (relu_bwd)
+ * instead of a comparison, a cast and a product; with it, the recorded
+ * ops, so it can be differentiated again. */
+G(RELU)
+{
+    kpl_tensor *y = OUT;
+    if (!kpl_grad_enabled() && y) {
+        kpl_tensor *gx = kpl_empty(kpl_tensor_device(gy), kpl_tensor_dtype(gy),
+                                   kpl_tensor_ndim(y), kpl_tensor_shape(y));
+        if (!gx) return kpl_last_status();
+        KPL_TRY(kpl_k_binary(gx, KPL_BIN_RELU_BWD, gy, y));
+        RET0(gx);
+    }
+    RET0(kpl_mul(gy, mask(KPL_BIN_GT, y, scalar_like(gy, 0))));
+}
 G(LEAKY_RELU)
 {
     double s = kpl_node_attrs(n)->alpha;
@@ -276,8 +290,20 @@ G(CONV2D)
     kpl_node_input_shape(n, 0, xs);
     kpl_node_input_shape(n, 1, ws);
     if (WANT(0)) gin[0] = kpl_conv2d_bwd_data(gy, IN(1), xs, p);
+    bool want_b = kpl_node_num_inputs(n) > 2 && WANT(2);
+    if (WANT(1) && want_b && !kpl_grad_enabled()) {
+        /* Without create_graph the bias gradient comes out of the weight
+         * gradient's pass over gy (oneDNN's diff_bias) instead of a
+         * reduction of its own. */
+        kpl_tensor *x = IN(0);
+        int64_t o = ws[0];
+        gin[1] = kpl_empty(kpl_tensor_device(x), kpl_tensor_dtype(x), 4, ws);
+        gin[2] = kpl_empty(kpl_tensor_device(x), kpl_tensor_dtype(x), 1, &o);
+        if (!gin[1] || !gin[2]) return kpl_last_status();
+        return kpl_k_conv2d_bwd_weight(gin[1], gin[2], x, gy, p);
+    }
     if (WANT(1)) gin[1] = kpl_conv2d_bwd_weight(IN(0), gy, ws, p);
-    if (kpl_node_num_inputs(n) > 2 && WANT(2)) gin[2] = kpl_sum(gy, (int[]){0, 2, 3}, 3, false);
+    if (want_b) gin[2] = kpl_sum(gy, (int[]){0, 2, 3}, 3, false);
     return KPL_OK;
 }
 G(CONV2D_BWD_DATA) /* out = bwd_data(g, w) */

@@ -123,7 +123,7 @@ kpl_tensor *kpl_scalar_op(kpl_binary_op op, kpl_tensor *x, double s, bool scalar
         [KPL_BIN_MINIMUM] = KPL_OP_MINIMUM_SCALAR,
     };
     if (!x) return NULL;
-    if ((unsigned)op >= KPL_BINARY_COUNT || kpl_binary_is_compare(op)) {
+    if ((unsigned)op > KPL_BIN_MINIMUM) { /* comparisons and relu_bwd */
         KPL_ERROR(KPL_EINVAL, "scalar_op: '%s' has no differentiable scalar form",
                   kpl_binary_name(op));
         return NULL;

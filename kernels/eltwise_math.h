@@ -146,7 +146,8 @@ KPL__IPOW(uint8_t, u8, 0)
     X(DIV, kpl_divv(a, b))            \
     X(POW, kpl_powv(a, b))            \
     X(MAXIMUM, kpl_maxv(a, b))        \
-    X(MINIMUM, kpl_minv(a, b))
+    X(MINIMUM, kpl_minv(a, b))        \
+    X(RELU_BWD, (T)(a * (T)(b > (T)0)))
 
 /* X(NAME, formula) producing a bool stored as uint8_t. */
 #define KPL_BINARY_CMP_FORMULAS(X) \

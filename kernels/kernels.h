@@ -504,11 +504,13 @@ typedef enum {
 } kpl_unary_op;
 
 /* Binary element-wise formulas with numpy broadcasting.  Comparisons
- * (EQ..GE) write KPL_BOOL; the rest write the input dtype. */
+ * (EQ..GE) write KPL_BOOL; the rest write the input dtype.  RELU_BWD is
+ * ReLU's gradient in one pass: a * (b > 0), a the output gradient and b
+ * the ReLU's output (append only). */
 #define KPL_BINARY_LIST(X)                                                  \
     X(ADD, "add") X(SUB, "sub") X(MUL, "mul") X(DIV, "div") X(POW, "pow")  \
     X(MAXIMUM, "maximum") X(MINIMUM, "minimum") X(EQ, "eq") X(NE, "ne")    \
-    X(LT, "lt") X(LE, "le") X(GT, "gt") X(GE, "ge")
+    X(LT, "lt") X(LE, "le") X(GT, "gt") X(GE, "ge") X(RELU_BWD, "relu_bwd")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_BIN_##e,

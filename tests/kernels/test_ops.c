@@ -49,6 +49,7 @@ static double ref_binary(kpl_binary_op op, double a, double b)
     case KPL_BIN_LE: return a <= b;
     case KPL_BIN_GT: return a > b;
     case KPL_BIN_GE: return a >= b;
+    case KPL_BIN_RELU_BWD: return a * (b > 0);
     default: return NAN;
     }
 }
@@ -832,38 +833,45 @@ static void test_pool2d_by_hand(void **state)
 
 /* The 2x2/stride-2 fast path against a direct loop: odd sizes, many ties
  * (values in {0, 1, 2, 3}) and a few NaNs; first maximum wins, NaN wins. */
+/* The 2x2 / stride 2 path against the general rule: ties (floored
+ * values) keep the earlier cell, the first NaN wins; row widths from 4 to
+ * 33 windows cover the vector loop's full steps and masked tails. */
 static void test_max_pool_2x2_fast_path(void **state)
 {
     (void)state;
-    int64_t xs[4] = {2, 3, 7, 9}, ys[4] = {2, 3, 3, 4};
-    kpl_tensor *x = trand(KPL_F32, 4, xs, 21, 0, 4), *y = tnew(KPL_F32, 4, ys);
-    kpl_tensor *idx = tnew(KPL_I64, 4, ys);
-    float *xv = kpl_tensor_host_mutable(x);
-    for (int64_t i = 0; i < kpl_tensor_numel(x); i++) xv[i] = floorf(xv[i]);
-    xv[10] = NAN;
-    xv[11] = NAN;
-    xv[100] = NAN;
-    kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
-    OK(kpl_k_max_pool2d(y, idx, x, &p));
-    for (int64_t pl = 0; pl < 6; pl++)
-        for (int64_t oy = 0; oy < 3; oy++)
-            for (int64_t ox = 0; ox < 4; ox++) {
-                int64_t bi = 2 * oy * 9 + 2 * ox;
-                for (int64_t dy = 0; dy < 2; dy++)
-                    for (int64_t dx = 0; dx < 2; dx++) {
-                        int64_t c = (2 * oy + dy) * 9 + 2 * ox + dx;
-                        float v = xv[pl * 63 + c], b = xv[pl * 63 + bi];
-                        if (!isnan(b) && (isnan(v) || v > b)) bi = c;
-                    }
-                int64_t o = (pl * 3 + oy) * 4 + ox;
-                assert_int_equal((int64_t)tget(idx, o), bi);
-                float want = xv[pl * 63 + bi];
-                if (isnan(want)) assert_true(isnan(tget(y, o)));
-                else assert_float_equal(tget(y, o), want, 0);
-            }
-    kpl_tensor_release(x);
-    kpl_tensor_release(y);
-    kpl_tensor_release(idx);
+    static const int64_t hw[4][2] = {{7, 9}, {4, 28}, {6, 35}, {3, 66}};
+    for (int t = 0; t < 4; t++) {
+        int64_t h = hw[t][0], w = hw[t][1], oh = h / 2, ow = w / 2;
+        int64_t xs[4] = {2, 3, h, w}, ys[4] = {2, 3, oh, ow};
+        kpl_tensor *x = trand(KPL_F32, 4, xs, 21 + t, 0, 4), *y = tnew(KPL_F32, 4, ys);
+        kpl_tensor *idx = tnew(KPL_I64, 4, ys);
+        float *xv = kpl_tensor_host_mutable(x);
+        for (int64_t i = 0; i < kpl_tensor_numel(x); i++) xv[i] = floorf(xv[i]);
+        xv[10] = NAN;
+        xv[11] = NAN;
+        xv[100] = NAN;
+        kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
+        OK(kpl_k_max_pool2d(y, idx, x, &p));
+        for (int64_t pl = 0; pl < 6; pl++)
+            for (int64_t oy = 0; oy < oh; oy++)
+                for (int64_t ox = 0; ox < ow; ox++) {
+                    int64_t bi = 2 * oy * w + 2 * ox;
+                    for (int64_t dy = 0; dy < 2; dy++)
+                        for (int64_t dx = 0; dx < 2; dx++) {
+                            int64_t c = (2 * oy + dy) * w + 2 * ox + dx;
+                            float v = xv[pl * h * w + c], b = xv[pl * h * w + bi];
+                            if (!isnan(b) && (isnan(v) || v > b)) bi = c;
+                        }
+                    int64_t o = (pl * oh + oy) * ow + ox;
+                    assert_int_equal((int64_t)tget(idx, o), bi);
+                    float want = xv[pl * h * w + bi];
+                    if (isnan(want)) assert_true(isnan(tget(y, o)));
+                    else assert_float_equal(tget(y, o), want, 0);
+                }
+        kpl_tensor_release(x);
+        kpl_tensor_release(y);
+        kpl_tensor_release(idx);
+    }
 }
 
 static void test_zero_size(void **state)
