@@ -232,7 +232,7 @@ static void r50(kpl_comm *const *comms, const char *const *names, int ncomms)
 
 /* ---- overlap ----------------------------------------------------------------------- */
 
-static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_sgd *opt, kpl_tensor *x, kpl_tensor *y,
+static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y,
                          bool sync)
 {
     MPI_Barrier(MPI_COMM_WORLD);
@@ -247,7 +247,7 @@ static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_sgd *opt, kpl_tensor *x
     if (kpl_backward(loss, NULL, false) < 0) die("backward");
     kpl_tensor_release(loss);
     if (kpl_ddp_finish(ddp) < 0) die("ddp_finish");
-    if (kpl_sgd_step(opt) < 0) die("sgd");
+    if (kpl_optim_step(opt) < 0) die("sgd");
     return slowest(t0) * 1e3;
 }
 
@@ -256,8 +256,11 @@ static void overlap(kpl_comm *comm)
     const int64_t batch = 32, xs[4] = {batch, 3, 32, 32};
     kpl_model *m = NULL;
     if (kpl_model_create("resnet18_cifar", 10, kpl_device_cpu(), 7, &m) < 0) die("resnet18");
-    kpl_sgd *opt = NULL;
-    if (kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.01, 0.9, 0, false, &opt) < 0)
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.lr = 0.01;
+    oc.momentum = 0.9;
+    kpl_optim *opt = NULL;
+    if (kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt) < 0)
         die("sgd");
     kpl_ddp *ddp = NULL;
     kpl_bucketer_config cfg = KPL_BUCKETER_CONFIG_INIT;
@@ -329,7 +332,7 @@ static void overlap(kpl_comm *comm)
     kpl_tensor_release(y);
     kpl_rng_destroy(r);
     kpl_ddp_destroy(ddp);
-    kpl_sgd_destroy(opt);
+    kpl_optim_destroy(opt);
     kpl_model_destroy(m);
 }
 

@@ -53,8 +53,11 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     int64_t ch = hw == 28 ? 1 : 3;
     kpl_model *m = NULL;
     if (kpl_model_create(name, classes, cpu, 0, &m) < 0) die("model");
-    kpl_sgd *opt = NULL;
-    if (kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.01, 0.9, 0, false, &opt) < 0)
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.lr = 0.01;
+    oc.momentum = 0.9;
+    kpl_optim *opt = NULL;
+    if (kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt) < 0)
         die("sgd");
     kpl_rng *rng = kpl_rng_create(1);
     int64_t xs[4] = {batch, ch, hw, hw};
@@ -74,7 +77,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
         kpl_tensor_retain(loss);
         kpl_pool_pop(fw); /* saved activations now die as backward goes */
         if (kpl_backward(loss, NULL, false) < 0) die("backward");
-        if (kpl_sgd_step(opt) < 0) die("sgd step");
+        if (kpl_optim_step(opt) < 0) die("sgd step");
         double v = NAN;
         kpl_tensor_get(loss, 0, &v);
         kpl_tensor_release(loss);
@@ -95,7 +98,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     kpl_tensor_release(x);
     kpl_tensor_release(y);
     kpl_rng_destroy(rng);
-    kpl_sgd_destroy(opt);
+    kpl_optim_destroy(opt);
     kpl_model_destroy(m);
     return 0;
 }

@@ -1,105 +1,625 @@
 /*
- * optim.c — SGD with momentum (PyTorch's formulation), on the compute calls
- * so it runs wherever the parameters live.
+ * optim.c — the optimizers of trainer.h (SGD with momentum or Nesterov,
+ * Adam, AdamW, LARS) in PyTorch's formulations, and clipping by the global
+ * gradient norm.  Everything is written with the compute calls of
+ * kernels.h, so it runs on whichever device the parameters live, queued in
+ * order on that device's stream.
  */
 #include "trainer.h"
 
+#include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
+/* Temporaries of one parameter's update.  They are views into memory that
+ * all the parameters of a device share: a step updates the parameters one
+ * after the other, in order on the device's queue, so one parameter's
+ * temporaries are dead before the next parameter writes them.  That costs
+ * at most two copies of the largest parameter instead of a copy of the
+ * model, and no allocation per step. */
+enum { TMP_MAX = 2 };
 
-struct kpl_sgd {
+/* LARS's one-element values: the norms of the parameter and of its
+ * gradient, the trust ratio's denominator, the ratio itself, the constant 1
+ * and the two conditions under which the ratio is used.  They stay on the
+ * device, so a LARS step never waits for the GPU. */
+enum { SC_PNORM, SC_GNORM, SC_DEN, SC_TRUST, SC_ONE, SC_PPOS, SC_GPOS, SC_COUNT };
+#define SC_BYTES 8 /* per value: the widest dtype, so every view is aligned */
+
+typedef struct {
+    kpl_tensor *tmp[TMP_MAX]; /* the parameter's shape and dtype */
+    kpl_tensor *sc[SC_COUNT]; /* () each: the parameter's dtype, bool for SC_PPOS, SC_GPOS */
+    size_t stride;            /* bytes from one temporary to the next in the device's memory */
+} scratch;
+
+/* The state slots of each kind (trainer.h lists them). */
+static const char *const momentum_slots[] = {"momentum_buffer"};
+static const char *const adam_slots[] = {"exp_avg", "exp_avg_sq", "step"};
+enum { ADAM_EXP_AVG, ADAM_EXP_AVG_SQ, ADAM_STEP };
+
+struct kpl_optim {
+    kpl_optim_config cfg;      /* cfg.lr follows kpl_optim_set_lr */
     int n;
-    kpl_tensor *const *params;
-    kpl_tensor **velocity; /* created at the first step that sees a gradient */
-    double lr, momentum, wd;
-    bool nesterov;
+    kpl_tensor *const *params; /* n, borrowed */
+    bool *no_decay;            /* n flags */
+    int nslots;
+    kpl_tensor **state;        /* n * nslots, NULL until a step or state_set creates them */
+    scratch *scratch;          /* n */
 };
 
-kpl_status kpl_sgd_create(int n, kpl_tensor *const *params, double lr, double momentum,
-                          double weight_decay, bool nesterov, kpl_sgd **out)
+static const char *const kind_names[] = {"sgd", "adam", "adamw", "lars"};
+
+const char *kpl_optim_kind_name(kpl_optim_kind k)
 {
-    *out = NULL;
-    KPL_CHECK(n >= 0 && (n == 0 || params), KPL_EINVAL, "sgd: bad parameter list");
-    KPL_CHECK(lr >= 0 && momentum >= 0 && weight_decay >= 0, KPL_EINVAL,
-              "sgd: lr %g, momentum %g, weight_decay %g must not be negative", lr, momentum,
-              weight_decay);
-    KPL_CHECK(!nesterov || momentum > 0, KPL_EINVAL, "sgd: nesterov needs momentum > 0");
-    kpl_sgd *o = calloc(1, sizeof *o);
-    KPL_CHECK(o, KPL_ENOMEM, "sgd: out of memory");
-    o->velocity = calloc((size_t)(n ? n : 1), sizeof *o->velocity);
-    if (!o->velocity) {
-        free(o);
-        return KPL_ERROR(KPL_ENOMEM, "sgd: out of memory");
+    return (unsigned)k < sizeof kind_names / sizeof kind_names[0] ? kind_names[k] : "invalid";
+}
+
+int kpl_optim_kind_parse(const char *name)
+{
+    for (int k = 0; name && k < (int)(sizeof kind_names / sizeof kind_names[0]); k++)
+        if (strcmp(name, kind_names[k]) == 0) return k;
+    return -1;
+}
+
+/* ---- creation ------------------------------------------------------------------- */
+
+/* x in [0, 1); NaN is not. */
+static bool in_unit_interval(double x) { return x >= 0 && x < 1; }
+
+/* Checks the fields the kind uses; the others are ignored, as a recipe
+ * for adam need not say anything about momentum. */
+static kpl_status check_config(const kpl_optim_config *c)
+{
+    KPL_CHECK((unsigned)c->kind <= KPL_OPTIM_LARS, KPL_EINVAL, "optim: unknown kind %d",
+              (int)c->kind);
+    const char *k = kpl_optim_kind_name(c->kind);
+    KPL_CHECK(c->lr >= 0 && isfinite(c->lr), KPL_EINVAL, "%s: lr %g must be >= 0 and finite", k,
+              c->lr);
+    KPL_CHECK(c->weight_decay >= 0 && isfinite(c->weight_decay), KPL_EINVAL,
+              "%s: weight_decay %g must be >= 0 and finite", k, c->weight_decay);
+    if (c->kind == KPL_OPTIM_SGD || c->kind == KPL_OPTIM_LARS)
+        KPL_CHECK(in_unit_interval(c->momentum), KPL_EINVAL, "%s: momentum %g must be in [0, 1)",
+                  k, c->momentum);
+    if (c->kind == KPL_OPTIM_SGD)
+        KPL_CHECK(!c->nesterov || c->momentum > 0, KPL_EINVAL,
+                  "sgd: nesterov needs momentum > 0 (momentum is %g)", c->momentum);
+    if (c->kind == KPL_OPTIM_ADAM || c->kind == KPL_OPTIM_ADAMW) {
+        KPL_CHECK(in_unit_interval(c->beta1), KPL_EINVAL, "%s: beta1 %g must be in [0, 1)", k,
+                  c->beta1);
+        KPL_CHECK(in_unit_interval(c->beta2), KPL_EINVAL, "%s: beta2 %g must be in [0, 1)", k,
+                  c->beta2);
+        KPL_CHECK(c->eps > 0 && isfinite(c->eps), KPL_EINVAL, "%s: eps %g must be > 0 and finite",
+                  k, c->eps);
     }
-    o->n = n;
-    o->params = params;
-    o->lr = lr;
-    o->momentum = momentum;
-    o->wd = weight_decay;
-    o->nesterov = nesterov;
-    *out = o;
+    if (c->kind == KPL_OPTIM_LARS)
+        KPL_CHECK(c->trust_coefficient > 0 && isfinite(c->trust_coefficient), KPL_EINVAL,
+                  "lars: trust_coefficient %g must be > 0 and finite", c->trust_coefficient);
     return KPL_OK;
 }
 
-void kpl_sgd_destroy(kpl_sgd *o)
+/* How many parameter-sized temporaries an update needs: adam two (the
+ * moments' increments, then the denominator and the step), sgd two only
+ * when Nesterov's g' + momentum v must not overwrite g' = g + wd p. */
+static int tmp_count(const kpl_optim_config *c)
+{
+    switch (c->kind) {
+    case KPL_OPTIM_SGD: return c->nesterov && c->weight_decay > 0 ? 2 : 1;
+    case KPL_OPTIM_ADAM:
+    case KPL_OPTIM_ADAMW: return 2;
+    case KPL_OPTIM_LARS: return 1;
+    }
+    return 1;
+}
+
+/* Parameter i's scratch views.  The first parameter of a device allocates
+ * the device's memory, sized for its largest parameter; the others view
+ * the same storages. */
+static kpl_status scratch_create(kpl_optim *o, int i)
+{
+    kpl_tensor *p = o->params[i];
+    kpl_device *dev = kpl_tensor_device(p);
+    scratch *s = &o->scratch[i];
+    int ntmp = tmp_count(&o->cfg);
+    bool scalars = o->cfg.kind == KPL_OPTIM_LARS;
+    int first = 0;
+    while (kpl_tensor_device(o->params[first]) != dev) first++;
+    kpl_storage *big = NULL, *small = NULL;
+    kpl_status st = KPL_OK;
+    if (first == i) {
+        s->stride = 64; /* a multiple of 64, as the allocator aligns */
+        for (int j = i; j < o->n; j++) {
+            size_t b = (kpl_tensor_nbytes(o->params[j]) + 63) / 64 * 64;
+            if (kpl_tensor_device(o->params[j]) == dev && b > s->stride) s->stride = b;
+        }
+        KPL_TRY_GOTO(kpl_storage_create(dev, s->stride * (size_t)ntmp, &big));
+        if (scalars) KPL_TRY_GOTO(kpl_storage_create(dev, SC_COUNT * SC_BYTES, &small));
+    } else {
+        const scratch *f = &o->scratch[first];
+        s->stride = f->stride;
+        big = kpl_tensor_storage(f->tmp[0]);
+        kpl_storage_retain(big);
+        if (scalars) {
+            small = kpl_tensor_storage(f->sc[0]);
+            kpl_storage_retain(small);
+        }
+    }
+    kpl_dtype dt = kpl_tensor_dtype(p);
+    for (int k = 0; k < ntmp; k++)
+        KPL_TRY_GOTO(kpl_tensor_from_storage(big, (size_t)k * s->stride, dt, kpl_tensor_ndim(p),
+                                             kpl_tensor_shape(p), &s->tmp[k]));
+    for (int k = 0; scalars && k < SC_COUNT; k++)
+        KPL_TRY_GOTO(kpl_tensor_from_storage(small, (size_t)k * SC_BYTES,
+                                             k == SC_PPOS || k == SC_GPOS ? KPL_BOOL : dt, 0,
+                                             NULL, &s->sc[k]));
+fail: /* the views hold their own references to the storages */
+    kpl_storage_release(small);
+    kpl_storage_release(big);
+    return st;
+}
+
+kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *const *params,
+                            const bool *no_decay, kpl_optim **out)
+{
+    KPL_CHECK(out, KPL_EINVAL, "optim: NULL out");
+    *out = NULL;
+    KPL_CHECK(cfg, KPL_EINVAL, "optim: NULL config");
+    KPL_CHECK(n >= 0 && (n == 0 || params), KPL_EINVAL, "optim: bad parameter list (%d)", n);
+    KPL_TRY(check_config(cfg));
+    for (int i = 0; i < n; i++) {
+        KPL_CHECK(params[i], KPL_EINVAL, "optim: parameter %d is NULL", i);
+        KPL_CHECK(kpl_dtype_is_float(kpl_tensor_dtype(params[i])), KPL_EDTYPE,
+                  "optim: parameter %d has dtype %s, not a floating-point one", i,
+                  kpl_dtype_name(kpl_tensor_dtype(params[i])));
+    }
+    kpl_optim *o = calloc(1, sizeof *o);
+    KPL_CHECK(o, KPL_ENOMEM, "optim: out of memory");
+    o->cfg = *cfg;
+    o->n = n;
+    o->params = params;
+    o->nslots = kpl_optim_state_slots(o, NULL);
+    size_t m = (size_t)(n ? n : 1);
+    o->no_decay = calloc(m, sizeof *o->no_decay);
+    o->state = calloc(m * (size_t)(o->nslots ? o->nslots : 1), sizeof *o->state);
+    o->scratch = calloc(m, sizeof *o->scratch);
+    kpl_status st = KPL_OK;
+    if (!o->no_decay || !o->state || !o->scratch) {
+        st = KPL_ERROR(KPL_ENOMEM, "optim: out of memory");
+        goto fail;
+    }
+    if (no_decay) memcpy(o->no_decay, no_decay, (size_t)n * sizeof *no_decay);
+    for (int i = 0; i < n; i++) KPL_TRY_GOTO(scratch_create(o, i));
+    *out = o;
+    return KPL_OK;
+fail:
+    kpl_optim_destroy(o);
+    return st;
+}
+
+void kpl_optim_destroy(kpl_optim *o)
 {
     if (!o) return;
-    for (int i = 0; i < o->n; i++) kpl_tensor_release(o->velocity[i]);
-    free(o->velocity);
+    for (int i = 0; o->state && i < o->n * o->nslots; i++) kpl_tensor_release(o->state[i]);
+    for (int i = 0; o->scratch && i < o->n; i++) {
+        for (int k = 0; k < TMP_MAX; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
+        for (int k = 0; k < SC_COUNT; k++) kpl_tensor_release(o->scratch[i].sc[k]);
+    }
+    free(o->scratch);
+    free(o->state);
+    free(o->no_decay);
     free(o);
 }
 
-void kpl_sgd_set_lr(kpl_sgd *o, double lr) { o->lr = lr; }
-
-/* p's .grad becomes g + s x in a fresh tensor (.grad may be shared with
- * the caller); *out receives it. */
-static kpl_status grad_plus(kpl_tensor *p, const kpl_tensor *x, double s, kpl_tensor **out)
+void kpl_optim_set_lr(kpl_optim *o, double lr)
 {
-    kpl_tensor *d = NULL;
-    KPL_TRY(kpl_tensor_empty_like(p, &d));
-    kpl_status st = kpl_k_binary_scalar(d, KPL_BIN_MUL, x, s, false);
-    if (st >= 0) st = kpl_k_binary(d, KPL_BIN_ADD, d, kpl_grad_get(p));
-    kpl_grad_set(p, d);
-    kpl_tensor_release(d);
-    *out = kpl_grad_get(p);
-    return st;
+    KPL_ASSERT(lr >= 0 && isfinite(lr), "optim: the learning rate must be >= 0 and finite");
+    o->cfg.lr = lr;
 }
 
-static kpl_status update(kpl_sgd *o, int i)
+double kpl_optim_lr(const kpl_optim *o) { return o->cfg.lr; }
+
+const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o) { return &o->cfg; }
+
+/* ---- state ---------------------------------------------------------------------- */
+
+enum { SHAPE_STR = 96 }; /* room for "(d0,...,d7)" */
+
+static bool same_shape(const kpl_tensor *a, const kpl_tensor *b)
 {
-    kpl_tensor *p = o->params[i], *g = kpl_grad_get(p);
-    if (!g) return KPL_OK;
-    if (o->wd > 0) KPL_TRY(grad_plus(p, p, o->wd, &g)); /* g + wd p */
-    kpl_tensor *step = g;
-    if (o->momentum > 0) {
-        kpl_tensor **v = &o->velocity[i];
-        if (!*v) { /* the first step: v = g */
-            KPL_TRY(kpl_tensor_empty_like(p, v));
-            KPL_TRY(kpl_k_copy(*v, g));
-        } else {
-            KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, o->momentum, false));
-            KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, g));
-        }
-        step = *v;
-        if (o->nesterov) KPL_TRY(grad_plus(p, *v, o->momentum, &step)); /* g + momentum v */
+    if (kpl_tensor_ndim(a) != kpl_tensor_ndim(b)) return false;
+    for (int d = 0; d < kpl_tensor_ndim(a); d++)
+        if (kpl_tensor_shape(a)[d] != kpl_tensor_shape(b)[d]) return false;
+    return true;
+}
+
+static const char *shape_str(const kpl_tensor *t, char *buf)
+{
+    return kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), buf, SHAPE_STR);
+}
+
+int kpl_optim_state_slots(const kpl_optim *o, const char *const **names)
+{
+    const char *const *v = NULL;
+    int count = 0;
+    switch (o->cfg.kind) {
+    case KPL_OPTIM_SGD:
+        if (o->cfg.momentum > 0) v = momentum_slots, count = 1;
+        break;
+    case KPL_OPTIM_LARS: v = momentum_slots, count = 1; break;
+    case KPL_OPTIM_ADAM:
+    case KPL_OPTIM_ADAMW: v = adam_slots, count = 3; break;
     }
-    /* p -= lr step, as p + (-lr) step in one pass through a scratch tensor
-     * would cost a second one; two passes over the parameter are cheap
-     * next to a training step. */
-    kpl_tensor *s = NULL;
-    KPL_TRY(kpl_tensor_empty_like(p, &s));
-    kpl_status st = kpl_k_binary_scalar(s, KPL_BIN_MUL, step, o->lr, false);
-    if (st >= 0) st = kpl_k_binary(p, KPL_BIN_SUB, p, s);
-    kpl_tensor_release(s);
+    if (names) *names = v;
+    return count;
+}
+
+static kpl_tensor **state_at(const kpl_optim *o, int i, int s)
+{
+    return &o->state[(size_t)i * (size_t)o->nslots + (size_t)s];
+}
+
+static bool is_step_slot(const kpl_optim *o, int s)
+{
+    return (o->cfg.kind == KPL_OPTIM_ADAM || o->cfg.kind == KPL_OPTIM_ADAMW) && s == ADAM_STEP;
+}
+
+kpl_tensor *kpl_optim_state_get(const kpl_optim *o, int i, int s)
+{
+    KPL_ASSERT(i >= 0 && i < o->n && s >= 0 && s < o->nslots,
+               "optim_state_get: parameter or slot out of range");
+    return *state_at(o, i, s);
+}
+
+kpl_status kpl_optim_state_set(kpl_optim *o, int i, int s, const kpl_tensor *t)
+{
+    KPL_CHECK(o && t, KPL_EINVAL, "optim_state_set: NULL argument");
+    KPL_CHECK(i >= 0 && i < o->n, KPL_EINVAL, "optim_state_set: parameter %d out of range [0, %d)",
+              i, o->n);
+    KPL_CHECK(s >= 0 && s < o->nslots, KPL_EINVAL,
+              "optim_state_set: slot %d out of range [0, %d) for %s", s, o->nslots,
+              kpl_optim_kind_name(o->cfg.kind));
+    const char *const *names;
+    kpl_optim_state_slots(o, &names);
+    const char *name = names[s];
+    kpl_tensor *p = o->params[i], *copy = NULL;
+    char b1[SHAPE_STR], b2[SHAPE_STR];
+    if (is_step_slot(o, s)) {
+        KPL_CHECK(kpl_tensor_dtype(t) == KPL_I64, KPL_EDTYPE,
+                  "optim state '%s' of parameter %d: dtype %s, expected i64", name, i,
+                  kpl_dtype_name(kpl_tensor_dtype(t)));
+        KPL_CHECK(kpl_tensor_numel(t) == 1, KPL_ESHAPE,
+                  "optim state '%s' of parameter %d: shape %s, expected one element", name, i,
+                  shape_str(t, b1));
+        int64_t one = 1;
+        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &one, &copy));
+    } else {
+        KPL_CHECK(kpl_tensor_dtype(t) == kpl_tensor_dtype(p), KPL_EDTYPE,
+                  "optim state '%s' of parameter %d: dtype %s, the parameter's is %s", name, i,
+                  kpl_dtype_name(kpl_tensor_dtype(t)), kpl_dtype_name(kpl_tensor_dtype(p)));
+        KPL_CHECK(same_shape(t, p), KPL_ESHAPE,
+                  "optim state '%s' of parameter %d: shape %s, the parameter's is %s", name, i,
+                  shape_str(t, b1), shape_str(p, b2));
+        KPL_TRY(kpl_tensor_empty_like(p, &copy));
+    }
+    /* kpl_k_copy crosses devices: a checkpoint's host tensor lands on the
+     * parameter's device. */
+    kpl_status st = KPL_OK;
+    KPL_TRY_GOTO(kpl_k_copy(copy, t));
+    if (is_step_slot(o, s)) {
+        const int64_t *v = kpl_tensor_host_data(copy);
+        if (!v) {
+            st = kpl_last_status();
+            goto fail;
+        }
+        if (*v < 0) {
+            st = KPL_ERROR(KPL_ERANGE, "optim state '%s' of parameter %d: %lld steps", name, i,
+                           (long long)*v);
+            goto fail;
+        }
+    }
+    kpl_tensor_release(*state_at(o, i, s));
+    *state_at(o, i, s) = copy;
+    return KPL_OK;
+fail:
+    kpl_tensor_release(copy);
     return st;
 }
 
-kpl_status kpl_sgd_step(kpl_sgd *o)
+/* ---- the update rules ----------------------------------------------------------- */
+
+/* A new tensor like p holding a copy of x, or zeros when x is NULL. */
+static kpl_status state_new(const kpl_tensor *p, const kpl_tensor *x, kpl_tensor **out)
 {
+    kpl_tensor *t = NULL;
+    KPL_TRY(kpl_tensor_empty_like(p, &t));
+    kpl_status st = x ? kpl_k_copy(t, x) : kpl_k_fill(t, 0);
+    if (st < 0) {
+        kpl_tensor_release(t);
+        return st;
+    }
+    *out = t;
+    return KPL_OK;
+}
+
+static double weight_decay_of(const kpl_optim *o, int i)
+{
+    return o->no_decay[i] ? 0 : o->cfg.weight_decay;
+}
+
+/* tmp = g + wd p, the decayed gradient g', kept out of .grad: the caller
+ * may still hold that tensor, or it may be another parameter's too. */
+static kpl_status decayed(kpl_tensor *tmp, const kpl_tensor *g, const kpl_tensor *p, double wd)
+{
+    KPL_TRY(kpl_k_binary_scalar(tmp, KPL_BIN_MUL, p, wd, false));
+    return kpl_k_binary(tmp, KPL_BIN_ADD, tmp, g);
+}
+
+/* torch.optim.SGD: g' = g + wd p;  v = momentum v + g' (v = g' at the
+ * first step);  p -= lr (nesterov ? g' + momentum v : v). */
+static kpl_status sgd_update(kpl_optim *o, int i, const kpl_tensor *g)
+{
+    const kpl_optim_config *c = &o->cfg;
+    kpl_tensor *p = o->params[i], **tmp = o->scratch[i].tmp;
+    const kpl_tensor *d = g; /* g', then the step to take times lr */
+    double wd = weight_decay_of(o, i);
+    if (wd > 0) {
+        KPL_TRY(decayed(tmp[0], g, p, wd));
+        d = tmp[0];
+    }
+    if (c->momentum > 0) {
+        kpl_tensor **v = state_at(o, i, 0);
+        if (!*v) { /* a clone of g', as torch makes it */
+            KPL_TRY(state_new(p, d, v));
+        } else {
+            KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, d));
+        }
+        if (c->nesterov) {
+            kpl_tensor *t = tmp[d == tmp[0] ? 1 : 0];
+            KPL_TRY(kpl_k_binary_scalar(t, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_k_binary(t, KPL_BIN_ADD, t, d));
+            d = t;
+        } else {
+            d = *v;
+        }
+    }
+    /* p -= lr d: d is scaled in place when it is scratch, and into scratch
+     * when it is .grad or the momentum buffer. */
+    kpl_tensor *s = d == tmp[0] || d == tmp[1] ? (kpl_tensor *)d : tmp[0];
+    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, c->lr, false));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, s);
+}
+
+/* torch.optim.Adam and AdamW, in torch's order of operations:
+ * m = b1 m + (1 - b1) g;  v = b2 v + ((1 - b2) g) g;
+ * p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with
+ * g = g + wd p for adam and p *= 1 - lr wd first for adamw. */
+static kpl_status adam_update(kpl_optim *o, int i, const kpl_tensor *g)
+{
+    const kpl_optim_config *c = &o->cfg;
+    kpl_tensor *p = o->params[i], *a = o->scratch[i].tmp[0], *b = o->scratch[i].tmp[1];
+    kpl_tensor **m = state_at(o, i, ADAM_EXP_AVG), **v = state_at(o, i, ADAM_EXP_AVG_SQ);
+    kpl_tensor **t = state_at(o, i, ADAM_STEP);
+    if (!*m) KPL_TRY(state_new(p, NULL, m));
+    if (!*v) KPL_TRY(state_new(p, NULL, v));
+    if (!*t) { /* the count lives on the host: the bias corrections are host scalars */
+        int64_t one = 1;
+        KPL_TRY(kpl_tensor_zeros(kpl_device_cpu(), KPL_I64, 1, &one, t));
+    }
+    int64_t *step = kpl_tensor_host_mutable(*t);
+    if (!step) return kpl_last_status();
+
+    double wd = weight_decay_of(o, i);
+    if (wd > 0 && c->kind == KPL_OPTIM_ADAMW) {
+        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - c->lr * wd, false));
+    } else if (wd > 0) {
+        KPL_TRY(decayed(a, g, p, wd));
+        g = a;
+    }
+    KPL_TRY(kpl_k_binary_scalar(*m, KPL_BIN_MUL, *m, c->beta1, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta1, false));
+    KPL_TRY(kpl_k_binary(*m, KPL_BIN_ADD, *m, b));
+    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->beta2, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta2, false));
+    KPL_TRY(kpl_k_binary(b, KPL_BIN_MUL, b, g));
+    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, b));
+
+    *step += 1;
+    double bc1 = 1 - pow(c->beta1, (double)*step), bc2 = 1 - pow(c->beta2, (double)*step);
+    KPL_TRY(kpl_k_unary(b, KPL_UN_SQRT, *v, 0, 0));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_DIV, b, sqrt(bc2), false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_ADD, b, c->eps, false));
+    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, c->lr / bc1, false));
+    KPL_TRY(kpl_k_binary(a, KPL_BIN_DIV, a, b));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, a);
+}
+
+/* out (()) = the 2-norm of x, through tmp (x's shape) for the squares; the
+ * sum accumulates in f64 (kpl_k_reduce). */
+static kpl_status norm2(kpl_tensor *out, kpl_tensor *tmp, const kpl_tensor *x)
+{
+    KPL_TRY(kpl_k_unary(tmp, KPL_UN_SQUARE, x, 0, 0));
+    KPL_TRY(kpl_k_reduce(out, KPL_RED_SUM, tmp, NULL, 0, false, 0));
+    return kpl_k_unary(out, KPL_UN_SQRT, out, 0, 0);
+}
+
+/* LARS as MLPerf's ResNet-50 reference: g' = g + wd p;
+ * trust = eta ||p|| / (||g|| + wd ||p||) when both norms are > 0, else 1;
+ * v = momentum v + lr trust g' (v starts at zero);  p -= v.  A no_decay
+ * parameter takes plain momentum steps: v = momentum v + lr g. */
+static kpl_status lars_update(kpl_optim *o, int i, const kpl_tensor *g)
+{
+    const kpl_optim_config *c = &o->cfg;
+    kpl_tensor *p = o->params[i], *a = o->scratch[i].tmp[0], **sc = o->scratch[i].sc;
+    kpl_tensor **v = state_at(o, i, 0);
+    if (!*v) KPL_TRY(state_new(p, NULL, v));
+    if (o->no_decay[i]) {
+        KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, g, c->lr, false));
+    } else {
+        double wd = c->weight_decay;
+        kpl_tensor *pn = sc[SC_PNORM], *gn = sc[SC_GNORM], *trust = sc[SC_TRUST];
+        KPL_TRY(norm2(pn, a, p));
+        KPL_TRY(norm2(gn, a, g));
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_DEN], KPL_BIN_MUL, pn, wd, false));
+        KPL_TRY(kpl_k_binary(sc[SC_DEN], KPL_BIN_ADD, sc[SC_DEN], gn));
+        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, pn, c->trust_coefficient, false));
+        KPL_TRY(kpl_k_binary(trust, KPL_BIN_DIV, trust, sc[SC_DEN]));
+        /* Both norms > 0 (bool minimum is a logical and), else a ratio of
+         * 1; the constant is written each time because parameters of other
+         * dtypes share its bytes. */
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_PPOS], KPL_BIN_GT, pn, 0, false));
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_GPOS], KPL_BIN_GT, gn, 0, false));
+        KPL_TRY(kpl_k_binary(sc[SC_PPOS], KPL_BIN_MINIMUM, sc[SC_PPOS], sc[SC_GPOS]));
+        KPL_TRY(kpl_k_fill(sc[SC_ONE], 1));
+        KPL_TRY(kpl_k_where(trust, sc[SC_PPOS], trust, sc[SC_ONE]));
+        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, trust, c->lr, false));
+        if (wd > 0) {
+            KPL_TRY(decayed(a, g, p, wd));
+            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, a, trust));
+        } else {
+            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, g, trust));
+        }
+    }
+    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
+    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, a));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, *v);
+}
+
+/* A .grad set by hand (kpl_grad_set) may not fit its parameter; the
+ * element-wise calls would broadcast some such gradients silently. */
+static kpl_status check_grad(const kpl_optim *o, int i, const kpl_tensor *g)
+{
+    const kpl_tensor *p = o->params[i];
+    KPL_CHECK(kpl_tensor_dtype(g) == kpl_tensor_dtype(p), KPL_EDTYPE,
+              "optim: parameter %d is %s but its gradient %s", i,
+              kpl_dtype_name(kpl_tensor_dtype(p)), kpl_dtype_name(kpl_tensor_dtype(g)));
+    char b1[SHAPE_STR], b2[SHAPE_STR];
+    KPL_CHECK(same_shape(g, p), KPL_ESHAPE, "optim: parameter %d has shape %s but its gradient %s",
+              i, shape_str(p, b1), shape_str(g, b2));
+    return KPL_OK;
+}
+
+kpl_status kpl_optim_step(kpl_optim *o)
+{
+    KPL_CHECK(o, KPL_EINVAL, "optim_step: NULL optimizer");
     bool prev = kpl_set_grad_enabled(false);
     kpl_status st = KPL_OK;
-    for (int i = 0; i < o->n && st >= 0; i++) st = update(o, i);
+    for (int i = 0; i < o->n && st >= 0; i++) {
+        const kpl_tensor *g = kpl_grad_get(o->params[i]);
+        if (!g) continue; /* no gradient this step: parameter and state stay as they are */
+        st = check_grad(o, i, g);
+        if (st < 0) break;
+        switch (o->cfg.kind) {
+        case KPL_OPTIM_SGD: st = sgd_update(o, i, g); break;
+        case KPL_OPTIM_ADAM:
+        case KPL_OPTIM_ADAMW: st = adam_update(o, i, g); break;
+        case KPL_OPTIM_LARS: st = lars_update(o, i, g); break;
+        }
+    }
     kpl_set_grad_enabled(prev);
     kpl_zero_grad(o->n, o->params);
+    return st;
+}
+
+/* ---- gradient clipping ---------------------------------------------------------- */
+
+/* Sums of squares of gradients, added up in f64 on their device, so the
+ * host waits once per device rather than once per gradient. */
+typedef struct {
+    kpl_device *dev;
+    kpl_tensor *total; /* (), f64, on dev */
+    kpl_tensor *part;  /* (), f64: one gradient's sum */
+    kpl_tensor *sum;   /* (), the gradient's dtype: its sum as reduced */
+} sumsq;
+
+static void sumsq_free(sumsq *s)
+{
+    kpl_tensor_release(s->sum);
+    kpl_tensor_release(s->part);
+    kpl_tensor_release(s->total);
+    memset(s, 0, sizeof *s);
+}
+
+/* Moves the device's total to *host (a sync) and starts over. */
+static kpl_status sumsq_flush(sumsq *s, double *host)
+{
+    if (s->total) {
+        double v = 0;
+        KPL_TRY(kpl_tensor_get(s->total, 0, &v));
+        *host += v;
+    }
+    sumsq_free(s);
+    return KPL_OK;
+}
+
+static kpl_status sumsq_add(sumsq *s, kpl_tensor *g, double *host)
+{
+    kpl_device *dev = kpl_tensor_device(g);
+    if (s->dev != dev) {
+        KPL_TRY(sumsq_flush(s, host));
+        s->dev = dev;
+        KPL_TRY(kpl_tensor_zeros(dev, KPL_F64, 0, NULL, &s->total));
+        KPL_TRY(kpl_tensor_empty(dev, KPL_F64, 0, NULL, &s->part));
+    }
+    if (!s->sum || kpl_tensor_dtype(s->sum) != kpl_tensor_dtype(g)) {
+        kpl_tensor_release(s->sum);
+        s->sum = NULL;
+        KPL_TRY(kpl_tensor_empty(dev, kpl_tensor_dtype(g), 0, NULL, &s->sum));
+    }
+    /* A free function has nowhere to keep scratch between calls; the
+     * squares' block goes back to the caching allocator at once and is
+     * handed out again for the next gradient of its size. */
+    kpl_tensor *sq = NULL;
+    KPL_TRY(kpl_tensor_empty_like(g, &sq));
+    kpl_status st = kpl_k_unary(sq, KPL_UN_SQUARE, g, 0, 0);
+    if (st >= 0) st = kpl_k_reduce(s->sum, KPL_RED_SUM, sq, NULL, 0, false, 0);
+    kpl_tensor_release(sq);
+    KPL_TRY(st);
+    KPL_TRY(kpl_k_cast(s->part, s->sum));
+    return kpl_k_binary(s->total, KPL_BIN_ADD, s->total, s->part);
+}
+
+/* Whether gradient i is the same memory as an earlier one: autograd may
+ * give several parameters one gradient tensor, which must be scaled once. */
+static bool seen_before(kpl_tensor *const *params, int i)
+{
+    const kpl_tensor *g = kpl_grad_get(params[i]);
+    for (int j = 0; j < i; j++) {
+        const kpl_tensor *h = kpl_grad_get(params[j]);
+        if (h && kpl_tensor_storage(h) == kpl_tensor_storage(g) &&
+            kpl_tensor_offset(h) == kpl_tensor_offset(g))
+            return true;
+    }
+    return false;
+}
+
+kpl_status kpl_clip_grad_norm(int n, kpl_tensor *const *params, double max_norm,
+                              double *total_norm)
+{
+    if (total_norm) *total_norm = 0;
+    KPL_CHECK(n >= 0 && (n == 0 || params), KPL_EINVAL, "clip_grad_norm: bad parameter list (%d)",
+              n);
+    KPL_CHECK(max_norm >= 0, KPL_EINVAL, "clip_grad_norm: max_norm %g must be >= 0", max_norm);
+    sumsq s = {0};
+    double total2 = 0;
+    kpl_status st = KPL_OK;
+    for (int i = 0; i < n; i++) {
+        kpl_tensor *g = kpl_grad_get(params[i]);
+        if (g) KPL_TRY_GOTO(sumsq_add(&s, g, &total2));
+    }
+    KPL_TRY_GOTO(sumsq_flush(&s, &total2));
+    double total = sqrt(total2);
+    if (total_norm) *total_norm = total;
+    /* An inf or nan norm scales nothing: the caller sees it and skips the
+     * step (or lets the loss scaler react) with the gradients as they were. */
+    if (max_norm > 0 && isfinite(total) && total > max_norm) {
+        double coef = max_norm / (total + 1e-6);
+        for (int i = 0; i < n; i++) {
+            kpl_tensor *g = kpl_grad_get(params[i]);
+            if (g && !seen_before(params, i))
+                KPL_TRY_GOTO(kpl_k_binary_scalar(g, KPL_BIN_MUL, g, coef, false));
+        }
+    }
+fail:
+    sumsq_free(&s);
     return st;
 }

@@ -5,17 +5,19 @@
  *
  *   kpl_model *m = NULL;
  *   kpl_model_create("resnet18_cifar", 10, kpl_device_cpu(), 42, &m);
- *   kpl_sgd *opt = NULL;
- *   kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.1, 0.9, 0, false, &opt);
+ *   kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;   // sgd, lr 0.1
+ *   oc.momentum = 0.9;
+ *   kpl_optim *opt = NULL;
+ *   kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt);
  *   for (...) {
  *       kpl_pool *p = kpl_pool_push();
  *       kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y,
  *                                            KPL_REDUCE_MEAN, 0, -100);
  *       kpl_backward(loss, NULL, false);
- *       kpl_sgd_step(opt);            // also clears the gradients
+ *       kpl_optim_step(opt);          // also clears the gradients
  *       kpl_pool_pop(p);
  *   }
- *   kpl_sgd_destroy(opt);
+ *   kpl_optim_destroy(opt);
  *   kpl_model_destroy(m);
  *
  * Thread-safety: a model or an optimizer is used by one thread at a time.
@@ -110,27 +112,35 @@ typedef struct kpl_optim kpl_optim;
 
 /* params: n float tensors (borrowed; they must outlive the optimizer).
  * no_decay: NULL, or n flags (copied).  KPL_EINVAL naming the field for a
- * value out of range.  *out owned by the caller. */
+ * value out of range (only the fields the kind uses are checked).  Besides
+ * the state, the optimizer keeps scratch memory of one or two times the
+ * largest parameter per device.  *out owned by the caller. */
 kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *const *params,
                             const bool *no_decay, kpl_optim **out);
 void kpl_optim_destroy(kpl_optim *o); /* NULL is a no-op */
-void kpl_optim_set_lr(kpl_optim *o, double lr);
+void kpl_optim_set_lr(kpl_optim *o, double lr); /* lr >= 0 and finite (asserted) */
 double kpl_optim_lr(const kpl_optim *o);
 const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o);
 /* Updates every parameter that has a .grad (a parameter without one is
- * left alone, its state too), then clears the gradients (kpl_zero_grad).
+ * left alone, its state too), then clears the gradients (kpl_zero_grad),
+ * also when it fails.  .grad is read, never written.  KPL_EDTYPE /
+ * KPL_ESHAPE for a .grad whose dtype or shape is not its parameter's.
  * Unrecorded (grad mode off); runs on the parameters' device. */
 kpl_status kpl_optim_step(kpl_optim *o);
 
 /* The state, for checkpoints.  Slots per parameter: sgd with momentum and
  * lars "momentum_buffer"; adam and adamw "exp_avg", "exp_avg_sq" and
  * "step" (a one-element i64 tensor on the CPU); sgd without momentum none.
- * *names (borrowed, static) receives the slot names; returns their count. */
+ * *names (borrowed, static; names may be NULL) receives the slot names;
+ * returns their count. */
 int kpl_optim_state_slots(const kpl_optim *o, const char *const **names);
-/* Parameter i's state in slot s (borrowed), NULL until a step created it. */
+/* Parameter i's state in slot s (borrowed), NULL until a step created it.
+ * i and s must be in range (asserted). */
 kpl_tensor *kpl_optim_state_get(const kpl_optim *o, int i, int s);
-/* Installs a copy of t as parameter i's state in slot s (checkpoint load):
- * KPL_ESHAPE / KPL_EDTYPE naming the slot when t does not fit. */
+/* Installs a copy of t as parameter i's state in slot s (checkpoint load;
+ * t may live on another device): KPL_ESHAPE / KPL_EDTYPE naming the slot
+ * when t does not fit, KPL_ERANGE for a negative "step", KPL_EINVAL for i
+ * or s out of range.  A slot left NULL starts as at the first step. */
 kpl_status kpl_optim_state_set(kpl_optim *o, int i, int s, const kpl_tensor *t);
 
 /* Gradient clipping by the global norm (torch.nn.utils.clip_grad_norm_):
@@ -138,18 +148,11 @@ kpl_status kpl_optim_state_set(kpl_optim *o, int i, int s, const kpl_tensor *t);
  * max_norm > 0 and total > max_norm, every gradient is multiplied by
  * max_norm / (total + 1e-6).  *total_norm (may be NULL) receives total
  * (inf or nan when a gradient is: nothing is scaled then).  Parameters
- * without .grad are skipped.  Reads the norm to the host (a GPU sync). */
+ * without .grad are skipped.  Scales in place (a tensor that is the .grad
+ * of several parameters once).  KPL_EINVAL for a negative max_norm.  Reads
+ * the norm to the host (a GPU sync). */
 kpl_status kpl_clip_grad_norm(int n, kpl_tensor *const *params, double max_norm,
                               double *total_norm);
-
-/* The former SGD-only optimizer (kpl_optim with KPL_OPTIM_SGD replaces it;
- * kept until its callers move). */
-typedef struct kpl_sgd kpl_sgd;
-kpl_status kpl_sgd_create(int n, kpl_tensor *const *params, double lr, double momentum,
-                          double weight_decay, bool nesterov, kpl_sgd **out);
-void kpl_sgd_destroy(kpl_sgd *o);
-void kpl_sgd_set_lr(kpl_sgd *o, double lr);
-kpl_status kpl_sgd_step(kpl_sgd *o);
 
 /* ---- learning-rate schedules ------------------------------------------------------- */
 /*

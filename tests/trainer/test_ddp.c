@@ -62,11 +62,15 @@ static void forward_backward(kpl_model *m, int step, int from, int n, double sca
     kpl_tensor_release(y);
 }
 
-static kpl_model *lenet(uint64_t seed, kpl_sgd **opt)
+static kpl_model *lenet(uint64_t seed, kpl_optim **opt)
 {
     kpl_model *m = NULL;
     OK(kpl_model_create("lenet", CLASSES, kpl_device_cpu(), seed, &m));
-    OK(kpl_sgd_create(kpl_model_num_params(m), kpl_model_params(m), 0.05, 0.9, 1e-4, false, opt));
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.lr = 0.05;
+    oc.momentum = 0.9;
+    oc.weight_decay = 1e-4;
+    OK(kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, opt));
     return m;
 }
 
@@ -89,19 +93,19 @@ static void compare(kpl_model *got, kpl_model *want, const char *what)
 
 static void train_serial(kpl_model **out)
 {
-    kpl_sgd *opt;
+    kpl_optim *opt;
     kpl_model *m = lenet(42, &opt);
     for (int s = 0; s < STEPS; s++) {
         forward_backward(m, s, 0, BATCH, 1);
-        OK(kpl_sgd_step(opt));
+        OK(kpl_optim_step(opt));
     }
-    kpl_sgd_destroy(opt);
+    kpl_optim_destroy(opt);
     *out = m;
 }
 
 static void train_ddp(int micro, kpl_model **out, kpl_bucketer_stats *stats)
 {
-    kpl_sgd *opt;
+    kpl_optim *opt;
     kpl_model *m = lenet(42 + 1000 * (uint64_t)rank, &opt); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
@@ -116,12 +120,12 @@ static void train_ddp(int micro, kpl_model **out, kpl_bucketer_stats *stats)
             forward_backward(m, s, rank * per_rank + k * per_micro, per_micro, 1.0 / micro);
             OK(kpl_ddp_finish(ddp));
         }
-        OK(kpl_sgd_step(opt));
+        OK(kpl_optim_step(opt));
     }
     OK(kpl_bucketer_check_params(kpl_ddp_bucketer(ddp)));
     *stats = kpl_bucketer_get_stats(kpl_ddp_bucketer(ddp));
     kpl_ddp_destroy(ddp);
-    kpl_sgd_destroy(opt);
+    kpl_optim_destroy(opt);
     *out = m;
 }
 
