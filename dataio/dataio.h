@@ -342,12 +342,16 @@ typedef struct {
     int64_t start_position;
     int64_t limit;             /* > 0: only the dataset's first `limit` examples (a subset
                                 * for quick runs); 0: all */
+    bool interleave;           /* rank r takes examples r, r + world, ... of the epoch's
+                                * sequence instead of a contiguous slice: the global batch
+                                * of a step is then the same for any world size (shuffle
+                                * none or example), at the cost of read locality */
     size_t cache_bytes;        /* reader: decompressed chunks kept for reuse */
     kpl_device *device;        /* NULL or CPU; a GPU device pins the batch memory */
     kpl_transform_config transform;
 } kpl_loader_config;
 #define KPL_LOADER_CONFIG_INIT                                                              \
-    {NULL, 32, 1, 2, 0, 0, 1, KPL_SHUFFLE_CHUNK, 8, 4096, false, false, false, 0, 0, 0,       \
+    {NULL, 32, 1, 2, 0, 0, 1, KPL_SHUFFLE_CHUNK, 8, 4096, false, false, false, 0, 0, 0, false, \
      (size_t)256 << 20, NULL, KPL_TRANSFORM_CONFIG_INIT}
 
 typedef struct kpl_loader kpl_loader;

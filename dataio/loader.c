@@ -859,7 +859,7 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
     KPL_TRY_GOTO(kpl__xform_init(&l->x, &cfg->transform, l->ds));
     l->op = (kpl__order_params){cfg->shuffle, cfg->seed, cfg->rank, cfg->world_size,
                                 cfg->shuffle_window, cfg->initial_fill, cfg->pad, cfg->rotate,
-                                cfg->limit};
+                                cfg->limit, cfg->interleave};
     int64_t n = kpl__order_examples(l->ds, &l->op);
     l->B = cfg->batch_size;
     l->epoch_size = kpl__order_size(n, cfg->world_size, cfg->pad);

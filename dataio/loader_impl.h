@@ -16,6 +16,7 @@ typedef struct {
     int64_t initial_fill; /* BUFFER */
     bool pad, rotate;
     int64_t limit;        /* > 0: the dataset's first `limit` examples only */
+    bool interleave;      /* every world-th example instead of a slice */
 } kpl__order_params;
 
 /* The examples an epoch draws from: the dataset's, or the limit. */

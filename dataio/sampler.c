@@ -119,8 +119,11 @@ kpl_status kpl__order_epoch(const kpl_dataset *ds, const kpl__order_params *p, i
         kpl__rng_shuffle(&r, g, n);
     }
 
+    /* G's position of the rank's i-th example: a contiguous slice, or
+     * every world-th example from the slot's (interleave). */
+#define AT(i) (p->interleave ? ((i) * p->world + slot) % n : (slot * m + (i)) % n)
     for (int64_t i = 0; i < m; i++) {
-        int64_t at = (slot * m + i) % n;
+        int64_t at = AT(i);
         order[i] = g ? g[at] : at;
     }
 
@@ -129,7 +132,7 @@ kpl_status kpl__order_epoch(const kpl_dataset *ds, const kpl__order_params *p, i
         int64_t ws = 0, w = 0;
         int runs = 1;
         for (int64_t i = 1; i <= m; i++) {
-            bool change = i == m || gc[(slot * m + i) % n] != gc[(slot * m + i - 1) % n];
+            bool change = i == m || gc[AT(i)] != gc[AT(i - 1)];
             if (!change) continue;
             if (i < m && runs < p->window) {
                 runs++;
@@ -146,6 +149,7 @@ kpl_status kpl__order_epoch(const kpl_dataset *ds, const kpl__order_params *p, i
         st = buffer_shuffle(&r, order, m, p->initial_fill);
     }
 done:
+#undef AT
     free(g);
     free(gc);
     return st;

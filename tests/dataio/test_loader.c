@@ -77,6 +77,7 @@ static void test_order_partition(void **state)
     assert_true(kpl_dataset_num_chunks(ds) >= 8);
     int64_t order[128], count[103];
     /* limit 37: the same rules over the dataset's first 37 examples */
+    for (int inter = 0; inter < 2; inter++)
     for (int64_t limit = 0; limit <= 37; limit += 37)
     for (int mode = KPL_SHUFFLE_NONE; mode <= KPL_SHUFFLE_EXAMPLE; mode++)
         for (int world = 1; world <= 4; world *= 2)
@@ -89,7 +90,7 @@ static void test_order_partition(void **state)
                         assert_int_equal(m, pad ? (ne + world - 1) / world : ne / world);
                         for (int r = 0; r < world; r++) {
                             kpl__order_params p = {(kpl_shuffle_mode)mode, 42, r, world, 3, 10,
-                                                   pad, rotate, limit};
+                                                   pad, rotate, limit, inter};
                             assert_int_equal(kpl__order_examples(ds, &p), ne);
                             OK(kpl__order_epoch(ds, &p, epoch, order));
                             for (int64_t i = 0; i < m; i++) {
@@ -121,9 +122,22 @@ static void test_order_properties(void **state)
     OK(kpl_dataset_open(make_set("order", n, 3, 4096), &ds));
     int64_t a[103], b[103], c[103];
     /* none: the dataset order, sliced. */
-    kpl__order_params p = {KPL_SHUFFLE_NONE, 1, 1, 2, 0, 0, false, false, 0};
+    kpl__order_params p = {KPL_SHUFFLE_NONE, 1, 1, 2, 0, 0, false, false, 0, false};
     OK(kpl__order_epoch(ds, &p, 0, a));
     for (int64_t i = 0; i < 51; i++) assert_int_equal(a[i], 51 + i);
+    /* Interleaved: rank r takes every world-th example from r, so two
+     * ranks' k-th examples are the k-th pair of one rank's order (example
+     * shuffle: the permutation does not depend on the world size). */
+    for (int mode = KPL_SHUFFLE_NONE; mode <= KPL_SHUFFLE_EXAMPLE; mode += 3) {
+        kpl__order_params one = {(kpl_shuffle_mode)mode, 3, 0, 1, 0, 0, false, false, 0, true};
+        OK(kpl__order_epoch(ds, &one, 2, c));
+        for (int r = 0; r < 2; r++) {
+            kpl__order_params two = one;
+            two.rank = r, two.world = 2;
+            OK(kpl__order_epoch(ds, &two, 2, a));
+            for (int64_t i = 0; i < 51; i++) assert_int_equal(a[i], c[2 * i + r]);
+        }
+    }
     /* Rotation: in epoch 1 rank 1 has partition 0. */
     p.rotate = true;
     OK(kpl__order_epoch(ds, &p, 1, a));
@@ -133,7 +147,7 @@ static void test_order_properties(void **state)
      * use at any time (a chunk is in use from its first to its last
      * example in the order). */
     for (int window = 1; window <= 4; window++) {
-        p = (kpl__order_params){KPL_SHUFFLE_CHUNK, 7, 0, 1, window, 0, false, false, 0};
+        p = (kpl__order_params){KPL_SHUFFLE_CHUNK, 7, 0, 1, window, 0, false, false, 0, false};
         OK(kpl__order_epoch(ds, &p, 0, a));
         OK(kpl__order_epoch(ds, &p, 0, b));
         OK(kpl__order_epoch(ds, &p, 1, c));
@@ -161,7 +175,7 @@ static void test_order_properties(void **state)
     /* buffer: a permutation in which example i of the stream leaves no
      * later than position i + fill - 1... and no earlier than it arrives:
      * the element at output i arrived at stream index <= i + fill - 1. */
-    p = (kpl__order_params){KPL_SHUFFLE_BUFFER, 9, 0, 1, 0, 16, false, false, 0};
+    p = (kpl__order_params){KPL_SHUFFLE_BUFFER, 9, 0, 1, 0, 16, false, false, 0, false};
     OK(kpl__order_epoch(ds, &p, 0, a));
     int64_t seen[103] = {0};
     int64_t moved = 0;
@@ -173,7 +187,7 @@ static void test_order_properties(void **state)
     for (int64_t e = 0; e < n; e++) assert_int_equal(seen[e], 1);
     assert_true(moved > n / 2);
     /* example: a full permutation, different per seed. */
-    p = (kpl__order_params){KPL_SHUFFLE_EXAMPLE, 1, 0, 1, 0, 0, false, false, 0};
+    p = (kpl__order_params){KPL_SHUFFLE_EXAMPLE, 1, 0, 1, 0, 0, false, false, 0, false};
     OK(kpl__order_epoch(ds, &p, 0, a));
     p.seed = 2;
     OK(kpl__order_epoch(ds, &p, 0, b));
@@ -250,7 +264,7 @@ static void test_loader_batches_follow_order(void **state)
         assert_int_equal(kpl_loader_batches_per_epoch(l), drop_last ? 10 : 11);
         kpl_dataset *ds = NULL;
         OK(kpl_dataset_open(path, &ds));
-        kpl__order_params p = {KPL_SHUFFLE_CHUNK, 5, 0, 1, 3, 0, false, false, 0};
+        kpl__order_params p = {KPL_SHUFFLE_CHUNK, 5, 0, 1, 3, 0, false, false, 0, false};
         for (int64_t epoch = 0; epoch < 3; epoch++) {
             int64_t want[103], got[110];
             OK(kpl__order_epoch(ds, &p, epoch, want));
