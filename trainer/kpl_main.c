@@ -7,12 +7,15 @@
  *                            a small self-checking compute demo
  *   kpl data convert|inspect|verify ...
  *                            KPLRecord datasets (cmd_data.c)
- *
- * Later issues add train, eval and bench subcommands here.
+ *   kpl train RECIPE [KEY=VALUE ...] [--resume [FILE]]
+ *   kpl eval RECIPE --checkpoint FILE
+ *                            training runs (cmd_train.c, train.c)
  */
 #include "kernels.h"
 
-int kpl__cmd_data(int argc, char **argv); /* cmd_data.c */
+int kpl__cmd_data(int argc, char **argv);  /* cmd_data.c */
+int kpl__cmd_train(int argc, char **argv); /* cmd_train.c */
+int kpl__cmd_eval(int argc, char **argv);  /* cmd_train.c */
 
 #include <math.h>
 #include <stdio.h>
@@ -26,6 +29,10 @@ static void usage(FILE *f)
             "usage: kpl <command> [options]\n"
             "\n"
             "commands:\n"
+            "  train RECIPE.yaml [KEY=VALUE ...] [--resume [FILE]]\n"
+            "                         train what a recipe describes (see 'kpl train --help')\n"
+            "  eval RECIPE.yaml --checkpoint FILE\n"
+            "                         top-1/top-5 of a checkpoint on the recipe's val split\n"
             "  info                   build configuration and devices\n"
             "  demo [--threads N] [--device cpu|cuda:N]\n"
             "                         run a small compute demo and check its numbers\n"
@@ -186,6 +193,8 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "info")) return cmd_info();
     if (!strcmp(cmd, "demo")) return cmd_demo(argc - 2, argv + 2);
     if (!strcmp(cmd, "data")) return kpl__cmd_data(argc - 2, argv + 2);
+    if (!strcmp(cmd, "train")) return kpl__cmd_train(argc - 2, argv + 2);
+    if (!strcmp(cmd, "eval")) return kpl__cmd_eval(argc - 2, argv + 2);
     fprintf(stderr, "kpl: unknown command '%s' (try 'kpl --help')\n", cmd);
     return 2;
 }

@@ -17,7 +17,7 @@
  * temporaries are dead before the next parameter writes them.  That costs
  * at most two copies of the largest parameter instead of a copy of the
  * model, and no allocation per step. */
-enum { TMP_MAX = 2 };
+enum { SCRATCH_MAX = 2 };
 
 /* LARS's one-element values: the norms of the parameter and of its
  * gradient, the trust ratio's denominator, the ratio itself, the constant 1
@@ -27,7 +27,7 @@ enum { SC_PNORM, SC_GNORM, SC_DEN, SC_TRUST, SC_ONE, SC_PPOS, SC_GPOS, SC_COUNT 
 #define SC_BYTES 8 /* per value: the widest dtype, so every view is aligned */
 
 typedef struct {
-    kpl_tensor *tmp[TMP_MAX]; /* the parameter's shape and dtype */
+    kpl_tensor *tmp[SCRATCH_MAX]; /* the parameter's shape and dtype */
     kpl_tensor *sc[SC_COUNT]; /* () each: the parameter's dtype, bool for SC_PPOS, SC_GPOS */
     size_t stride;            /* bytes from one temporary to the next in the device's memory */
 } scratch;
@@ -200,7 +200,7 @@ void kpl_optim_destroy(kpl_optim *o)
     if (!o) return;
     for (int i = 0; o->state && i < o->n * o->nslots; i++) kpl_tensor_release(o->state[i]);
     for (int i = 0; o->scratch && i < o->n; i++) {
-        for (int k = 0; k < TMP_MAX; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
+        for (int k = 0; k < SCRATCH_MAX; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
         for (int k = 0; k < SC_COUNT; k++) kpl_tensor_release(o->scratch[i].sc[k]);
     }
     free(o->scratch);

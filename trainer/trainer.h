@@ -1,7 +1,8 @@
 /*
- * trainer.h — the model zoo and the optimizers (the parts of the trainer the
- * benchmarks and tests share; recipes, checkpoints and the training loop
- * join them with the trainer issue).
+ * trainer.h — where everything meets: the model zoo, optimizers and
+ * learning-rate schedules, data parallelism (kpl_ddp), recipes,
+ * checkpoints and TensorBoard event files.  `kpl train` (trainer/train.c)
+ * puts them together; a C program can use the pieces directly:
  *
  *   kpl_model *m = NULL;
  *   kpl_model_create("resnet18_cifar", 10, kpl_device_cpu(), 42, &m);
@@ -27,6 +28,9 @@
 
 #include "autograd.h"
 #include "collective.h"
+#include "dataio.h"
+
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -268,6 +272,223 @@ kpl_status kpl_ddp_begin(kpl_ddp *d, bool sync);
 kpl_status kpl_ddp_finish(kpl_ddp *d);
 /* The bucketer underneath (statistics, parameter check). */
 kpl_bucketer *kpl_ddp_bucketer(kpl_ddp *d);
+
+/* ---- model zoo, configured --------------------------------------------------------- */
+
+typedef enum { KPL_MODEL_MLP, KPL_MODEL_LENET, KPL_MODEL_CNN, KPL_MODEL_RESNET } kpl_model_arch;
+
+/* What a recipe's model section says.  Zero means "the architecture's
+ * default" for width, depth and hidden.
+ *   mlp     in -> hidden... -> classes, ReLU between (default hidden 512, 256)
+ *   lenet   LeNet-5: conv 5x5 (6, padding 2) pool, conv 5x5 (16) pool,
+ *           120, 84, classes (width scales the 6 and 16)
+ *   cnn     depth stages (default 2) of conv 3x3 (width << stage, default
+ *           32) + batch norm + ReLU + 2x2 max-pool, then hidden (default
+ *           128) -> classes
+ *   resnet  torchvision's ResNet-18/34/50/101/152 (depth), base width 64,
+ *           ImageNet stem (7x7/2 + 3x3/2 max-pool) or CIFAR stem (3x3/1)
+ * dropout applies before the last linear layer of mlp and cnn. */
+typedef struct {
+    kpl_model_arch arch;
+    int64_t num_classes;
+    int64_t in_channels, in_h, in_w;
+    int64_t width, depth;
+    bool cifar_stem;
+    int64_t hidden[16];
+    int nhidden;
+    double dropout;
+    bool zero_init_residual;
+} kpl_model_config;
+
+/* Builds the model (parameters initialised as PyTorch's layers do, from
+ * Philox with `seed`).  KPL_EINVAL naming the field when the input is too
+ * small for the architecture or a value is out of range. */
+kpl_status kpl_model_create_config(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
+                                   kpl_model **out);
+/* torchvision-style names ("layer2.0.bn1.running_mean") of the parameters
+ * and buffers, in the order of kpl_model_params / kpl_model_buffers. */
+const char *kpl_model_param_name(const kpl_model *m, int i);
+const char *kpl_model_buffer_name(const kpl_model *m, int i);
+/* Whether parameter i is a bias or a normalisation scale/shift (the
+ * parameters optimizer.no_decay_bn_bias exempts). */
+bool kpl_model_param_is_bias_or_norm(const kpl_model *m, int i);
+/* The generator of the model's dropout masks (borrowed; checkpoints save
+ * its position). */
+kpl_rng *kpl_model_rng(kpl_model *m);
+/* The input the model expects: (C, H, W). */
+void kpl_model_input_shape(const kpl_model *m, int64_t *chw);
+
+/* ---- recipes ------------------------------------------------------------------------ */
+/*
+ * A recipe is a YAML file whose keys are fixed by kpl (docs/recipes.md
+ * lists them all with their defaults): unknown keys, values of the wrong
+ * type or out of range, and missing required keys are errors naming the
+ * file, the line and the dotted key.  `base: other.yaml` (relative to the
+ * file) loads another recipe first and lays this one over it, map by map.
+ * Overrides "a.b.c=VALUE" (VALUE in YAML flow syntax: 0.1, text, [1, 2])
+ * are applied last.
+ *
+ *   kpl_recipe *r = malloc(sizeof *r);
+ *   const char *ov[] = {"optimizer.lr=0.2", "data.train.batch_size=64"};
+ *   if (kpl_recipe_load("recipes/fashion_mnist/cnn.yaml", 2, ov, r) < 0)
+ *       fprintf(stderr, "%s\n", kpl_last_error());  // "cnn.yaml:12:7: optimizer.lr: ..."
+ *
+ * kpl_recipe is a plain value (no pointers): copy it freely.
+ */
+#define KPL_RECIPE_PATH 1024
+#define KPL_RECIPE_NAME 128
+#define KPL_RECIPE_LIST 16
+
+/* One split of the data (train or val) and the transform on its way. */
+typedef struct {
+    char path[KPL_RECIPE_PATH]; /* KPLRecord directory, relative to data.root; "" = none */
+    int64_t batch_size;         /* per rank */
+    int shuffle;                /* kpl_shuffle_mode */
+    int64_t shuffle_window, initial_fill;
+    bool drop_last;
+    int64_t limit;              /* use only the first `limit` examples (0: all) */
+    bool interleave;            /* ranks take every world-th example */
+    char image_feature[KPL_RECIPE_NAME], label_feature[KPL_RECIPE_NAME];
+    int64_t channels;           /* 1 or 3 */
+    int crop;                   /* kpl_crop_mode */
+    int64_t size[2];            /* output (h, w); 0: the stored size */
+    int nsize;
+    double scale[2], ratio[2];
+    int nscale, nratio;
+    int64_t resize_shorter;
+    double flip, brightness, contrast, saturation;
+    double mean[3], std[3];     /* one value or one per channel */
+    int nmean, nstd;
+} kpl_recipe_split;
+
+typedef struct {
+    char file[KPL_RECIPE_PATH]; /* the recipe file ("" when loaded from a string) */
+    char name[KPL_RECIPE_NAME];
+    int64_t seed, epochs, threads, max_steps;
+    char device[32];
+    bool deterministic;
+    char run_dir[KPL_RECIPE_PATH];
+    struct {
+        int arch;               /* kpl_model_arch */
+        int64_t num_classes, in_channels, width, depth;
+        int64_t input_size[2];
+        int ninput_size;
+        int stem;               /* 0 imagenet, 1 cifar */
+        int64_t hidden[KPL_RECIPE_LIST];
+        int nhidden;
+        double dropout;
+        bool zero_init_residual;
+    } model;
+    struct {
+        char root[KPL_RECIPE_PATH];
+        struct {
+            int from;           /* 0 none, 1 idx, 2 imagefolder, 3 lmdb */
+            char source[KPL_RECIPE_PATH];
+            int64_t shards, max_side, quality;
+        } convert;
+        int64_t workers, prefetch;
+        kpl_recipe_split train, val;
+    } data;
+    struct {
+        double label_smoothing;
+    } loss;
+    struct {
+        int kind;               /* kpl_optim_kind */
+        double lr, momentum, weight_decay, eps, trust_coefficient, clip_grad_norm;
+        double betas[2];
+        int nbetas;
+        bool nesterov, no_decay_bn_bias;
+        int64_t accumulate;
+        int lr_scaling;         /* 0 none, 1 linear */
+        int64_t base_batch;
+    } optimizer;
+    struct {
+        int kind;               /* kpl_sched_kind */
+        double warmup_epochs, warmup_factor, step_size, gamma, power, min_lr;
+        double milestones[KPL_RECIPE_LIST];
+        int nmilestones;
+        int per;                /* 0 step, 1 epoch */
+    } schedule;
+    struct {
+        int64_t every_epochs, every_steps, keep_last;
+        bool keep_best;
+    } checkpoint;
+    struct {
+        int64_t every_steps;
+        bool tensorboard;
+        int progress;           /* 0 auto, 1 always, 2 never */
+    } log;
+    struct {
+        int64_t every_epochs, confusion_max_classes;
+    } eval;
+    struct {
+        int backend;            /* kpl_comm_backend */
+        double bucket_mb, first_bucket_mb, timeout, stall_warning;
+        bool check_params;
+    } dist;
+} kpl_recipe;
+
+/* Loads `path`, its bases and the overrides into *out (every key set: the
+ * defaults fill what the files leave out).  KPL_EINVAL / KPL_EFORMAT with
+ * "file:line:column: key: what is wrong"; KPL_EIO when a file cannot be
+ * read. */
+kpl_status kpl_recipe_load(const char *path, int noverrides, const char *const *overrides,
+                           kpl_recipe *out);
+/* The same from YAML text; `origin` names it in messages.  A `base` key is
+ * resolved relative to the working directory. */
+kpl_status kpl_recipe_load_string(const char *yaml, const char *origin, int noverrides,
+                                  const char *const *overrides, kpl_recipe *out);
+/* The complete resolved recipe as YAML (every key, defaults included),
+ * which kpl_recipe_load_string reads back to the same value.  *yaml is
+ * malloc'd, owned by the caller. */
+kpl_status kpl_recipe_to_yaml(const kpl_recipe *r, char **yaml);
+/* Every key with its type, default and meaning, as the text of a YAML
+ * file of comments (`kpl train --keys`). */
+void kpl_recipe_print_keys(FILE *f);
+
+/* ---- checkpoints -------------------------------------------------------------------- */
+/*
+ * Named tensors and a JSON object (docs/checkpoint.md):
+ *
+ *   kpl_checkpoint *c = NULL;
+ *   kpl_checkpoint_create(&c);
+ *   kpl_checkpoint_add(c, "model.fc.weight", w);     // read at save time
+ *   kpl_checkpoint_set_meta(c, "{\"step\": 100}");
+ *   kpl_checkpoint_save(c, "run/checkpoints/ckpt-0000000100.kpl");
+ *   kpl_checkpoint_destroy(c);
+ *
+ *   kpl_checkpoint_load(path, &c);                    // every byte checked
+ *   kpl_checkpoint_restore(c, "model.fc.weight", w);  // shape and dtype checked
+ *
+ * save writes PATH.tmp (zstd, CRC32C), fsyncs it, renames it to PATH,
+ * fsyncs the directory, and then writes the completion marker PATH.done the
+ * same way: a crash at any point leaves either the previous state or a
+ * complete checkpoint, and a checkpoint without its marker is never picked
+ * up as the latest.  Blocking; one thread per checkpoint object.
+ */
+typedef struct kpl_checkpoint kpl_checkpoint;
+
+kpl_status kpl_checkpoint_create(kpl_checkpoint **out);
+void kpl_checkpoint_destroy(kpl_checkpoint *c); /* NULL is a no-op */
+/* Adds t (retained until destroy; its contents are read by save).  Names
+ * are unique, 1 to 255 bytes. */
+kpl_status kpl_checkpoint_add(kpl_checkpoint *c, const char *name, kpl_tensor *t);
+/* The metadata: the text of a JSON object (copied). */
+kpl_status kpl_checkpoint_set_meta(kpl_checkpoint *c, const char *json);
+const char *kpl_checkpoint_meta(const kpl_checkpoint *c);
+kpl_status kpl_checkpoint_save(kpl_checkpoint *c, const char *path);
+/* Reads and checks a checkpoint (header and payload CRC32C, sizes, the
+ * tensor table): KPL_EFORMAT naming the file and what is wrong,
+ * KPL_ENOTFOUND for a missing file.  *out owned by the caller. */
+kpl_status kpl_checkpoint_load(const char *path, kpl_checkpoint **out);
+int kpl_checkpoint_num_tensors(const kpl_checkpoint *c);
+const char *kpl_checkpoint_name(const kpl_checkpoint *c, int i);
+/* The tensor called name (a CPU tensor over the loaded bytes, borrowed),
+ * or NULL. */
+kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name);
+/* Copies the tensor called name into dst (any device): KPL_ENOTFOUND,
+ * KPL_EDTYPE or KPL_ESHAPE naming the file, the tensor and both shapes. */
+kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst);
 
 #ifdef __cplusplus
 }

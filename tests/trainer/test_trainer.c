@@ -133,10 +133,11 @@ static void test_resnet18_forward_backward(void **state)
     kpl_tensor *ev = NN(kpl_model_forward(m, x, false));
     assert_true(isfinite(tget(ev, 0)));
     assert_true(fabs(tget(ev, 0) - tget(logits, 0)) > 1e-6);
-    /* a wrong input channel count names the conv and the shapes */
+    /* a wrong input channel count names the model and the shapes */
     int64_t bad[4] = {2, 4, 32, 32};
     assert_null(kpl_model_forward(m, NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, bad, 0)), true));
-    assert_non_null(strstr(kpl_last_error(), "conv2d"));
+    assert_non_null(strstr(kpl_last_error(), "model resnet18_cifar: input (2,4,32,32), expected "
+                                             "(N, 3, 32, 32)"));
     kpl_rng_destroy(rng);
     kpl_pool_pop(p);
     kpl_model_destroy(m);
@@ -185,10 +186,87 @@ static void test_sgd_by_hand(void **state)
     }
 }
 
+/* Models from a recipe's model section: torchvision's parameter counts
+ * and names, the small CNN, widths, inputs of other sizes, and the
+ * errors. */
+static void test_zoo_configs(void **state)
+{
+    (void)state;
+    static const struct {
+        kpl_model_arch arch;
+        int64_t depth, width, c, h, classes, params;
+        bool cifar;
+        int tensors;
+    } want[] = {
+        /* torchvision resnet34 / resnet101 / resnet152 (1000 classes) */
+        {KPL_MODEL_RESNET, 34, 0, 3, 224, 1000, 21797672, false, 110},
+        {KPL_MODEL_RESNET, 101, 0, 3, 224, 1000, 44549160, false, 314},
+        {KPL_MODEL_RESNET, 152, 0, 3, 224, 1000, 60192808, false, 467},
+        /* ResNet-18, CIFAR stem, 1 input channel, half width: 2.8M */
+        {KPL_MODEL_RESNET, 18, 32, 1, 28, 10, 2797034, true, 62},
+        /* cnn: conv 3x3 1->32 (no bias) + BN, conv 32->64 + BN, 3136 -> 128 -> 10 */
+        {KPL_MODEL_CNN, 0, 0, 1, 28, 10, 288 + 64 + 18432 + 128 + 3136 * 128 + 128 + 1290, false, 10},
+        /* lenet on 3x32x32 (CIFAR's LeNet): conv1 3->6, flatten 16x6x6 */
+        {KPL_MODEL_LENET, 0, 0, 3, 32, 10, 456 + 2416 + 576 * 120 + 120 + 10164 + 850, false, 10},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        kpl_model_config c;
+        memset(&c, 0, sizeof c);
+        c.arch = want[i].arch, c.depth = want[i].depth, c.width = want[i].width;
+        c.in_channels = want[i].c, c.in_h = c.in_w = want[i].h;
+        c.num_classes = want[i].classes, c.cifar_stem = want[i].cifar;
+        kpl_model *m = NULL;
+        OK(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m));
+        if (kpl_model_param_count(m) != want[i].params)
+            fail_msg("case %zu (%s): %lld parameters, expected %lld", i, kpl_model_name(m),
+                     (long long)kpl_model_param_count(m), (long long)want[i].params);
+        assert_int_equal(kpl_model_num_params(m), want[i].tensors);
+        int64_t chw[3];
+        kpl_model_input_shape(m, chw);
+        assert_int_equal(chw[0], want[i].c);
+        kpl_model_destroy(m);
+    }
+    /* torchvision's names, and which parameters skip weight decay */
+    kpl_model_config c;
+    memset(&c, 0, sizeof c);
+    c.arch = KPL_MODEL_RESNET, c.depth = 50, c.in_channels = 3, c.in_h = c.in_w = 64;
+    c.num_classes = 5, c.zero_init_residual = true;
+    kpl_model *m = NULL;
+    OK(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m));
+    assert_string_equal(kpl_model_param_name(m, 0), "conv1.weight");
+    assert_string_equal(kpl_model_param_name(m, 1), "bn1.weight");
+    assert_string_equal(kpl_model_buffer_name(m, 0), "bn1.running_mean");
+    assert_string_equal(kpl_model_param_name(m, 3), "layer1.0.conv1.weight");
+    bool down = false, zero = false;
+    for (int i = 0; i < kpl_model_num_params(m); i++) {
+        const char *n = kpl_model_param_name(m, i);
+        down |= !strcmp(n, "layer2.0.downsample.0.weight");
+        assert_int_equal(kpl_model_param_is_bias_or_norm(m, i),
+                         kpl_tensor_ndim(kpl_model_params(m)[i]) == 1);
+        if (!strcmp(n, "layer3.5.bn3.weight")) zero = tget(kpl_model_params(m)[i], 0) == 0;
+    }
+    assert_true(down && zero); /* zero_init_residual: the blocks' last BN scale */
+    assert_string_equal(kpl_model_param_name(m, kpl_model_num_params(m) - 1), "fc.bias");
+    kpl_model_destroy(m);
+    /* errors name the architecture and the input */
+    c.in_h = c.in_w = 16;
+    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+          "model resnet: input 16x16 is too small for the imagenet stem");
+    c.depth = 20, c.in_h = c.in_w = 64;
+    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "depth is 18, 34");
+    c.arch = KPL_MODEL_CNN, c.depth = 6, c.in_h = c.in_w = 28;
+    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+          "model cnn: 6 stages halve 28x28 to nothing");
+    c.arch = KPL_MODEL_MLP, c.dropout = 1.5;
+    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "dropout 1.5");
+    assert_null(m);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_zoo_parameter_counts),
+        cmocka_unit_test(test_zoo_configs),
         cmocka_unit_test(test_sgd_by_hand),
         cmocka_unit_test(test_lenet_learns_and_steady_state),
         cmocka_unit_test(test_resnet18_forward_backward),

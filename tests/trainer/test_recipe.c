@@ -1,0 +1,300 @@
+/* test_recipe.c — recipes: defaults, overrides, bases, the resolved YAML
+ * reading back to the same recipe, every error naming file, line and key,
+ * the project's own recipes, and damaged YAML that must fail cleanly. */
+#include "kpl_test.h"
+#include "trainer.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+/* a model and data: two lines, so the keys under test start on line 3 */
+#define MD "model: {name: cnn, num_classes: 10}\ndata: {train: {path: train, batch_size: 32}}\n"
+#define MIN "epochs: 3\nmodel: {name: cnn, num_classes: 10}\n" \
+            "data: {train: {path: train, batch_size: 32}}\noptimizer: {lr: 0.1}\n"
+
+static kpl_recipe R;
+static char dir[64];
+
+static void write_file(const char *name, const char *text, char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
+static void test_defaults(void **state)
+{
+    (void)state;
+    OK(kpl_recipe_load_string(MIN, "min", 0, NULL, &R));
+    assert_int_equal(R.epochs, 3);
+    assert_int_equal(R.model.arch, KPL_MODEL_CNN);
+    assert_int_equal(R.data.train.batch_size, 32);
+    assert_int_equal(R.data.train.shuffle, KPL_SHUFFLE_CHUNK);
+    assert_int_equal(R.data.val.shuffle, KPL_SHUFFLE_NONE);
+    assert_string_equal(R.data.val.path, "");
+    assert_int_equal(R.optimizer.kind, KPL_OPTIM_SGD);
+    assert_float_equal(R.optimizer.lr, 0.1, 0);
+    assert_int_equal(R.optimizer.nbetas, 2);
+    assert_float_equal(R.optimizer.betas[1], 0.999, 0);
+    assert_int_equal(R.schedule.kind, KPL_SCHED_CONSTANT);
+    assert_float_equal(R.dist.bucket_mb, 25, 0);
+    assert_true(R.dist.check_params);
+    assert_int_equal(R.data.train.nscale, 2);
+    assert_float_equal(R.data.train.ratio[1], 4.0 / 3.0, 1e-15);
+    assert_int_equal(R.checkpoint.keep_last, 3);
+    assert_string_equal(R.device, "auto");
+    assert_string_equal(R.name, "run"); /* no file: a neutral name */
+}
+
+static void test_overrides(void **state)
+{
+    (void)state;
+    const char *ov[] = {"optimizer.lr=0.25", "model.hidden=[64, 32]",
+                        "data.train.transform.size=24", "data.val.path=test",
+                        "schedule.name=multistep", "schedule.milestones=[2, 4]", "name=x_y",
+                        "log.tensorboard=off", "run_dir="};
+    OK(kpl_recipe_load_string(MIN, "min", 9, ov, &R));
+    assert_float_equal(R.optimizer.lr, 0.25, 0);
+    assert_int_equal(R.model.nhidden, 2);
+    assert_int_equal(R.model.hidden[1], 32);
+    assert_int_equal(R.data.train.nsize, 2); /* one value: a square */
+    assert_int_equal(R.data.train.size[1], 24);
+    assert_string_equal(R.data.val.path, "test");
+    assert_int_equal(R.schedule.kind, KPL_SCHED_MULTISTEP);
+    assert_float_equal(R.schedule.milestones[1], 4, 0);
+    assert_string_equal(R.name, "x_y");
+    assert_false(R.log.tensorboard);
+    assert_string_equal(R.run_dir, "");
+}
+
+/* A base recipe, a file laid over it section by section, then overrides. */
+static void test_base(void **state)
+{
+    (void)state;
+    char base[128], child[128], loop[128];
+    write_file("base.yaml", MIN "optimizer: {lr: 0.5, momentum: 0.9}\nseed: 7\n", base,
+               sizeof base);
+    (void)base;
+    /* the base's optimizer.lr appears twice above: a duplicate key */
+    FAILS(kpl_recipe_load(base, 0, NULL, &R), KPL_EFORMAT, "appears twice");
+    write_file("base.yaml",
+               "epochs: 3\nmodel: {name: cnn, num_classes: 10}\nseed: 7\n"
+               "data: {train: {path: train, batch_size: 32}}\n"
+               "optimizer: {lr: 0.5, momentum: 0.9}\n",
+               base, sizeof base);
+    write_file("child.yaml", "base: base.yaml\noptimizer:\n  lr: 0.05\nepochs: 4\n", child,
+               sizeof child);
+    const char *ov[] = {"seed=9"};
+    OK(kpl_recipe_load(child, 1, ov, &R));
+    assert_float_equal(R.optimizer.lr, 0.05, 0);
+    assert_float_equal(R.optimizer.momentum, 0.9, 0); /* kept from the base */
+    assert_int_equal(R.epochs, 4);
+    assert_int_equal(R.seed, 9);
+    assert_string_equal(R.name, "child");
+    write_file("loop.yaml", "base: loop.yaml\n", loop, sizeof loop);
+    FAILS(kpl_recipe_load(loop, 0, NULL, &R), KPL_EINVAL, "deeper than 8");
+    write_file("child.yaml", "base: nothere.yaml\n", child, sizeof child);
+    FAILS(kpl_recipe_load(child, 0, NULL, &R), KPL_EIO, "child.yaml:1:7: in base");
+}
+
+/* Each bad recipe: the status and the words the message must hold. */
+static void test_errors(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *yaml, *override;
+        kpl_status st;
+        const char *needle;
+    } cases[] = {
+        {MIN "optimizer2: 1\n", NULL, KPL_EINVAL, "bad.yaml:5:1: unknown key 'optimizer2'"},
+        {MD "epochs: 3\noptimizer:\n  lrr: 0.1\n", NULL, KPL_EINVAL,
+         "bad.yaml:5:3: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)"},
+        {MD "epochs: abc\n", NULL, KPL_EINVAL, "bad.yaml:3:9: epochs: expected an integer, got 'abc'"},
+        {MD "epochs: 1.5\n", NULL, KPL_EINVAL, "epochs: expected an integer, got '1.5'"},
+        {MIN "seed: -1\n", NULL, KPL_ERANGE, "bad.yaml:5:7: seed: -1 is out of range"},
+        {MD "epochs: 3\noptimizer: {lr: 0.1, momentum: 1.5}\n", NULL, KPL_ERANGE,
+         "optimizer.momentum: 1.5 is out of range [0, 0.9999]"},
+        {MD "epochs: 3\noptimizer: {lr: fast}\n", NULL, KPL_EINVAL,
+         "optimizer.lr: expected a number, got 'fast'"},
+        {MD "epochs: 3\noptimizer: {lr: .nan}\n", NULL, KPL_EINVAL, "expected a number"},
+        {"model: {name: cnn}\n", NULL, KPL_EINVAL, "bad.yaml: missing required key 'epochs'"},
+        {"epochs: 2\nmodel: {name: cnn}\n", NULL, KPL_EINVAL,
+         "missing required key 'model.num_classes'"},
+        {MIN "optimizer: {name: adagrad, lr: 1}\n", NULL, KPL_EFORMAT, "appears twice"},
+        {"epochs: 2\nmodel: {name: vgg}\n", NULL, KPL_EINVAL,
+         "model.name: expected one of mlp, lenet, cnn, resnet; got 'vgg'"},
+        {MD "epochs: 2\noptimizer: 3\n", NULL, KPL_EINVAL, "bad.yaml:4:12: optimizer: is a section"},
+        {MD "epochs: [1, 2]\n", NULL, KPL_EINVAL, "epochs: expected an integer, got a list"},
+        {MIN "model: {hidden: {a: 1}}\n", NULL, KPL_EFORMAT,
+         "appears twice"},
+        {MIN, "model.hidden={a: 1}", KPL_EINVAL,
+         "model.hidden: expected a list of integers, got a section"},
+        {"epochs: 3\noptimizer: {lr: 1}\ndata: {train: {path: t, batch_size: 3}}\n"
+         "model: {name: mlp, num_classes: 2, hidden: [1, x]}\n", NULL, KPL_EINVAL,
+         "bad.yaml:4:48: model.hidden: expected an integer, got 'x'"},
+        {MIN "log: {tensorboard: maybe}\n", NULL, KPL_EINVAL,
+         "log.tensorboard: expected true or false, got 'maybe'"},
+        {"epochs: 3\nepochs: 4\n", NULL, KPL_EFORMAT, "bad.yaml:2:1: key 'epochs' appears twice"},
+        {"epochs: 3\n  bad indent: 1\n", NULL, KPL_EFORMAT, "bad.yaml:2:"},
+        {"epochs: 3\nmodel: &m {name: cnn}\nx: *m\n", NULL, KPL_EFORMAT,
+         "YAML aliases (*m) are not supported"},
+        {"- 1\n- 2\n", NULL, KPL_EFORMAT, "a recipe is a mapping"},
+        {"epochs: 3\n---\nepochs: 4\n", NULL, KPL_EFORMAT, "one YAML document"},
+        {"epochs: 3\nmodel:\n", NULL, KPL_EINVAL, "bad.yaml:2:7: model: is a section of keys, not a value"},
+        {MD "epochs:\n", NULL, KPL_EINVAL, "bad.yaml:3:8: epochs: no value"},
+        /* rules across keys */
+        {MIN "optimizer: {lr: 0.1, nesterov: true}\n", NULL, KPL_EFORMAT, "appears twice"},
+        {MIN, "optimizer.nesterov=true", KPL_EINVAL,
+         "override 'optimizer.nesterov=true': optimizer.nesterov: needs optimizer.name sgd and "
+         "momentum > 0"},
+        {MIN, "data.train.transform.mean=[0.5, 0.5]", KPL_EINVAL,
+         "data.train.transform.mean: expected 1 or 3 values (channels), got 2"},
+        {MIN, "schedule.name=multistep", KPL_EINVAL, "schedule.milestones: multistep needs"},
+        {MIN, "schedule.milestones=[5, 3]", KPL_EINVAL, "schedule.milestones: must increase"},
+        {MIN, "model.name=resnet", KPL_EINVAL, "model.depth: resnet depth is 18, 34, 50, 101 or "
+                                               "152, got 0"},
+        {MIN, "data.train.transform.crop=center", KPL_EINVAL,
+         "data.train.transform.size: crop 'center' needs an output size"},
+        {MIN, "device=gpu", KPL_EINVAL, "device: expected auto, cpu, cuda or cuda:N; got 'gpu'"},
+        {MIN, "data.convert.from=idx", KPL_EINVAL, "data.convert.source: needed"},
+        {MIN, "schedule.name=cosine", 0, "-"}, /* fine: epochs 3 > warmup 0 */
+        {MIN, "schedule.min_lr=1", KPL_EINVAL, "schedule.min_lr: 1 is above optimizer.lr 0.1"},
+        /* overrides */
+        {MIN, "optimizer.lr=abc", KPL_EINVAL,
+         "override 'optimizer.lr=abc': optimizer.lr: expected a number, got 'abc'"},
+        {MIN, "nokey", KPL_EINVAL, "override 'nokey': expected KEY=VALUE"},
+        {MIN, "epochs.x=1", KPL_EINVAL, "override 'epochs.x=1': 'epochs' is a value"},
+        {MIN, "optimizer..lr=1", KPL_EINVAL, "empty part in the key"},
+        {MIN, "optimizer.lr=[1", KPL_EFORMAT, "YAML syntax error"},
+        {MIN, "optimiser.lr=1", KPL_EINVAL,
+         "override 'optimiser.lr=1': unknown key 'optimiser.lr' (did you mean 'optimizer.lr'?)"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[128];
+        write_file("bad.yaml", cases[i].yaml, path, sizeof path);
+        const char *ov[1] = {cases[i].override};
+        int nov = cases[i].override ? 1 : 0;
+        if (!cases[i].st) {
+            OK(kpl_recipe_load(path, nov, ov, &R));
+            continue;
+        }
+        kpl_clear_error();
+        kpl_status st = kpl_recipe_load(path, nov, ov, &R);
+        if (st != cases[i].st || !strstr(kpl_last_error(), cases[i].needle))
+            fail_msg("case %zu: got %s '%s', expected %s with '%s'", i, kpl_status_str(st),
+                     kpl_last_error(), kpl_status_str(cases[i].st), cases[i].needle);
+    }
+    FAILS(kpl_recipe_load("/nonexistent/r.yaml", 0, NULL, &R), KPL_EIO,
+          "recipe /nonexistent/r.yaml: No such file");
+}
+
+/* The resolved YAML reads back to the same recipe, with every key. */
+static void test_round_trip(void **state)
+{
+    (void)state;
+    const char *ov[] = {"optimizer.lr=0.1234567890123", "model.hidden=[3]",
+                        "name=quote\"and\\\\back", "data.train.transform.mean=[0.1, 0.2, 0.3]",
+                        "schedule.min_lr=1e-7"};
+    OK(kpl_recipe_load_string(MIN, "min", 5, ov, &R));
+    char *a = NULL, *b = NULL;
+    OK(kpl_recipe_to_yaml(&R, &a));
+    kpl_recipe *r2 = malloc(sizeof *r2);
+    OK(kpl_recipe_load_string(a, "resolved", 0, NULL, r2));
+    OK(kpl_recipe_to_yaml(r2, &b));
+    assert_string_equal(a, b);
+    assert_string_equal(r2->name, "quote\"and\\\\back"); /* plain YAML: no escapes */
+    assert_float_equal(r2->optimizer.lr, 0.1234567890123, 0);
+    assert_float_equal(r2->schedule.min_lr, 1e-7, 0);
+    assert_non_null(strstr(a, "  lr: 0.1234567890123\n"));
+    assert_non_null(strstr(a, "    batch_size: 32\n"));
+    free(a);
+    free(b);
+    free(r2);
+}
+
+/* Every recipe of the project loads (its bases too). */
+static void test_project_recipes(void **state)
+{
+    (void)state;
+    static const char *const files[] = {"fashion_mnist/cnn.yaml", "fashion_mnist/lenet.yaml",
+                                        "fashion_mnist/resnet18.yaml", "imagenet/resnet50.yaml"};
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        char path[1024];
+        snprintf(path, sizeof path, "%s/recipes/%s", KPL_SOURCE_DIR, files[i]);
+        OK(kpl_recipe_load(path, 0, NULL, &R));
+        assert_true(R.epochs >= 1);
+    }
+}
+
+/* Damaged recipes: every prefix and byte-flipped copies of a real one
+ * must load or fail with a message, never crash (ASan watches). */
+static void test_fuzz(void **state)
+{
+    (void)state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/recipes/fashion_mnist/cnn.yaml", KPL_SOURCE_DIR);
+    FILE *f = fopen(path, "r");
+    assert_non_null(f);
+    char text[8192];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = 0;
+    char buf[8192];
+    int ok = 0, bad = 0;
+    for (size_t cut = 0; cut <= n; cut += 7) {
+        memcpy(buf, text, cut);
+        buf[cut] = 0;
+        if (kpl_recipe_load_string(buf, "cut", 0, NULL, &R) == KPL_OK) ok++;
+        else bad++, assert_true(strlen(kpl_last_error()) > 0);
+    }
+    static const char flips[] = ":-[]{}&*!|>'\"#%@ \n\t\x01\xff";
+    uint32_t x = 12345;
+    for (int k = 0; k < 3000; k++) {
+        memcpy(buf, text, n + 1);
+        for (int j = 0; j < 3; j++) {
+            x = x * 1103515245u + 12345u;
+            size_t at = (x >> 8) % n;
+            x = x * 1103515245u + 12345u;
+            buf[at] = flips[(x >> 8) % (sizeof flips - 1)];
+        }
+        if (kpl_recipe_load_string(buf, "flip", 0, NULL, &R) == KPL_OK) ok++;
+        else bad++, assert_true(strlen(kpl_last_error()) > 0);
+    }
+    assert_true(ok > 0 && bad > 0);
+}
+
+static void test_keys(void **state)
+{
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "%s/keys.txt", dir);
+    FILE *f = fopen(path, "w+");
+    kpl_recipe_print_keys(f);
+    rewind(f);
+    char text[65536];
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    text[n] = 0;
+    fclose(f);
+    assert_non_null(strstr(text, "epochs: REQUIRED  # epochs to train\n"));
+    assert_non_null(strstr(text, "  name: sgd  # sgd, adam, adamw or lars [sgd|adam|adamw|lars]\n"));
+    assert_non_null(strstr(text, "    transform:\n      channels: 3"));
+}
+
+int main(void)
+{
+    snprintf(dir, sizeof dir, "/tmp/kpl-recipe-XXXXXX");
+    if (!mkdtemp(dir)) return 1;
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_defaults), cmocka_unit_test(test_overrides),
+        cmocka_unit_test(test_base),     cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_project_recipes),
+        cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
+    };
+    int rc = cmocka_run_group_tests(tests, NULL, NULL);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) rc = rc ? rc : 1;
+    return rc;
+}

@@ -1,0 +1,166 @@
+/*
+ * cmd_train.c — `kpl train` and `kpl eval`: arguments and the recipe; the
+ * run itself is train.c's.
+ */
+#include "trainer_impl.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+int kpl__cmd_train(int argc, char **argv);
+int kpl__cmd_eval(int argc, char **argv);
+
+static void usage_train(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl train RECIPE.yaml [KEY=VALUE ...] [--resume [CHECKPOINT]]\n"
+            "       kpl train RECIPE.yaml [KEY=VALUE ...] --print-config\n"
+            "       kpl train --keys\n"
+            "\n"
+            "Trains what the recipe describes.  KEY=VALUE overrides a recipe key, e.g.\n"
+            "optimizer.lr=0.2 data.train.batch_size=64 run_dir=runs/try1 (VALUE in YAML:\n"
+            "0.1, text, [1, 2]).  Under mpirun or kplrun every rank runs the same command\n"
+            "and the ranks train one model data-parallel.\n"
+            "\n"
+            "  --resume [FILE]  continue from FILE, or from the newest complete checkpoint\n"
+            "                   of run_dir, or of the newest runs/<name>-* of this recipe\n"
+            "  --print-config   print the resolved recipe (every key) and exit\n"
+            "  --keys           list every recipe key with its default and meaning\n"
+            "\n"
+            "The run directory (runs/<name>-<time>/ unless run_dir is given) holds\n"
+            "config.yaml, metrics.jsonl, logs/rank-NNNNN.log, tb/ (TensorBoard) and\n"
+            "checkpoints/.  The last line on stdout is a JSON object with \"event\":\"done\".\n"
+            "Exit status: 0 done, 1 failed, 2 bad recipe or usage, 130/143 stopped by\n"
+            "SIGINT/SIGTERM after saving a checkpoint.\n");
+}
+
+static void usage_eval(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl eval RECIPE.yaml --checkpoint FILE [KEY=VALUE ...]\n"
+            "\n"
+            "Evaluates a checkpoint on the recipe's validation split (data.val): top-1,\n"
+            "top-5 and loss, and the confusion matrix when there are at most\n"
+            "eval.confusion_max_classes classes.  The last line is a JSON object.\n");
+}
+
+/* An argument that is neither an option: an override (KEY=VALUE) or the
+ * recipe.  Returns 0, or 2 after saying what is wrong. */
+static int positional(const char *cmd, const char *a, const char **recipe, const char **ov,
+                      int *nov)
+{
+    if (a[0] == '-' && a[1]) {
+        fprintf(stderr, "kpl %s: unknown option '%s' (try 'kpl %s --help')\n", cmd, a, cmd);
+        return 2;
+    }
+    if (strchr(a, '=')) {
+        ov[(*nov)++] = a;
+    } else if (!*recipe) {
+        *recipe = a;
+    } else {
+        fprintf(stderr, "kpl %s: unexpected argument '%s' (overrides are KEY=VALUE)\n", cmd, a);
+        return 2;
+    }
+    return 0;
+}
+
+static int load_recipe(const char *cmd, const char *path, int nov, const char **ov, kpl_recipe *r)
+{
+    if (!path) {
+        fprintf(stderr, "kpl %s: no recipe given (try 'kpl %s --help')\n", cmd, cmd);
+        return 2;
+    }
+    if (kpl_recipe_load(path, nov, ov, r) < 0) {
+        fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+        return 2;
+    }
+    return 0;
+}
+
+int kpl__cmd_train(int argc, char **argv)
+{
+    const char *recipe = NULL, *resume = NULL;
+    const char **ov = calloc((size_t)argc + 1, sizeof *ov);
+    if (!ov) return 1;
+    int nov = 0, rc = 0;
+    bool print_config = false;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_train(stdout);
+            goto out;
+        } else if (!strcmp(a, "--keys")) {
+            kpl_recipe_print_keys(stdout);
+            goto out;
+        } else if (!strcmp(a, "--print-config")) {
+            print_config = true;
+        } else if (!strcmp(a, "--resume")) {
+            /* an optional file: the next argument when it is neither an
+             * override nor an option nor the recipe still missing */
+            resume = "";
+            if (i + 1 < argc && argv[i + 1][0] != '-' && !strchr(argv[i + 1], '=') &&
+                (recipe || strstr(argv[i + 1], ".kpl")))
+                resume = argv[++i];
+        } else if ((rc = positional("train", a, &recipe, ov, &nov)) != 0) {
+            goto out;
+        }
+    }
+    kpl_recipe *r = malloc(sizeof *r);
+    if (!r) {
+        rc = 1;
+        goto out;
+    }
+    if ((rc = load_recipe("train", recipe, nov, ov, r)) == 0) {
+        if (print_config) {
+            char *yaml = NULL;
+            if (kpl_recipe_to_yaml(r, &yaml) == KPL_OK) fputs(yaml, stdout);
+            free(yaml);
+        } else {
+            rc = kpl__train_run(r, resume);
+        }
+    }
+    free(r);
+out:
+    free(ov);
+    return rc;
+}
+
+int kpl__cmd_eval(int argc, char **argv)
+{
+    const char *recipe = NULL, *ckpt = NULL;
+    const char **ov = calloc((size_t)argc + 1, sizeof *ov);
+    if (!ov) return 1;
+    int nov = 0, rc = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_eval(stdout);
+            goto out;
+        } else if (!strcmp(a, "--checkpoint") && i + 1 < argc) {
+            ckpt = argv[++i];
+        } else if (!strcmp(a, "--checkpoint")) {
+            fprintf(stderr, "kpl eval: --checkpoint needs a FILE\n");
+            rc = 2;
+            goto out;
+        } else if ((rc = positional("eval", a, &recipe, ov, &nov)) != 0) {
+            goto out;
+        }
+    }
+    if (!ckpt) {
+        fprintf(stderr, "kpl eval: --checkpoint FILE is required\n");
+        rc = 2;
+        goto out;
+    }
+    kpl_recipe *r = malloc(sizeof *r);
+    if (!r) {
+        rc = 1;
+        goto out;
+    }
+    if ((rc = load_recipe("eval", recipe, nov, ov, r)) == 0) rc = kpl__eval_run(r, ckpt);
+    free(r);
+out:
+    free(ov);
+    return rc;
+}
