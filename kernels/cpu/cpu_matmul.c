@@ -8,19 +8,29 @@
  * a shape pays, every later call of the same shape only executes.
  * Transposes are not copies: a transposed operand is described to oneDNN by
  * its strides.
+ *
+ * The chooser also picks the thread count.  Waking the OpenMP team costs
+ * 20-60 us when idle threads sleep (OMP_WAIT_POLICY=PASSIVE on a VM),
+ * more than a 128x120x84 product takes on one core (~27 us), so at the
+ * first call of a shape the primitive is built for one thread and for the
+ * whole team, both are timed on the call's operands, and the faster is
+ * kept.  In deterministic mode the team is used untimed, as before.
  */
 #include "../kernels_impl.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>
 #include <omp.h>
+#include <math.h>
 #include <string.h>
+#include <time.h>
 
 #define CACHE_CAP 512
 
 typedef struct {
     int ndim;
-    int threads; /* oneDNN fixes its work split when a primitive is made */
+    int threads; /* the team size asked for (kpl_set_num_threads) */
+    bool deterministic; /* the team is used untimed (kpl_set_deterministic) */
     dnnl_data_type_t dt;
     dnnl_dims_t a_dims, a_strides; /* dnnl_dims_t: DNNL_MAX_NDIMS entries */
     dnnl_dims_t b_dims, b_strides;
@@ -30,6 +40,7 @@ typedef struct {
 typedef struct {
     mm_key key;
     dnnl_primitive_t prim;
+    int nthreads; /* what prim was made for and runs with (1 or key.threads) */
     dnnl_memory_desc_t a_md, b_md, c_md;
     uint64_t last_use;
 } mm_entry;
@@ -78,10 +89,84 @@ static void describe(int ndim, const int64_t *stored, bool trans, int64_t *dims,
     }
 }
 
-static kpl_status get_primitive(const mm_key *k, mm_entry **out)
+static double seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* A primitive for e's descriptors made for `nthreads` OpenMP threads
+ * (oneDNN fixes its work split at creation from the count it sees). */
+static kpl_status make_primitive(const mm_entry *e, int nthreads, dnnl_primitive_t *out)
 {
     kpl_status st = KPL_OK;
     dnnl_primitive_desc_t pd = NULL;
+    int team = omp_get_max_threads();
+    omp_set_num_threads(nthreads);
+    dnnl_matmul_desc_t md;
+    DNNL_TRY(dnnl_matmul_desc_init(&md, &e->a_md, &e->b_md, NULL, &e->c_md), "matmul desc");
+    DNNL_TRY(dnnl_primitive_desc_create(&pd, &md, NULL, mm.engine, NULL), "primitive desc");
+    DNNL_TRY(dnnl_primitive_create(out, pd), "primitive");
+fail:
+    omp_set_num_threads(team);
+    if (pd) dnnl_primitive_desc_destroy(pd);
+    return st;
+}
+
+/* Runs prim with `nthreads` OpenMP threads: c = a b as e describes them. */
+static kpl_status run_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthreads,
+                                const float *a, const float *b, float *c)
+{
+    kpl_status st = KPL_OK;
+    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
+    int team = omp_get_max_threads();
+    if (nthreads != team) omp_set_num_threads(nthreads);
+    DNNL_TRY(dnnl_memory_create(&ma, &e->a_md, mm.engine, (void *)a), "memory");
+    DNNL_TRY(dnnl_memory_create(&mb, &e->b_md, mm.engine, (void *)b), "memory");
+    DNNL_TRY(dnnl_memory_create(&mc, &e->c_md, mm.engine, c), "memory");
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
+    DNNL_TRY(dnnl_primitive_execute(prim, mm.stream, 3, args), "execute");
+    DNNL_TRY(dnnl_stream_wait(mm.stream), "stream wait");
+fail:
+    if (nthreads != team) omp_set_num_threads(team);
+    if (mc) dnnl_memory_destroy(mc);
+    if (mb) dnnl_memory_destroy(mb);
+    if (ma) dnnl_memory_destroy(ma);
+    return st;
+}
+
+/* Best of three timed runs (after one untimed), each after ~50 us of busy
+ * waiting: inside a training step a kernel follows other work, by which
+ * time idle OpenMP threads have gone to sleep, and timing back-to-back
+ * calls would hide what waking them costs. */
+static double time_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthreads,
+                             const float *a, const float *b, float *c)
+{
+    double best = INFINITY;
+    for (int r = 0; r < 4; r++) {
+        double g = seconds();
+        while (seconds() - g < 50e-6) {
+        }
+        double t0 = seconds();
+        if (run_primitive(e, prim, nthreads, a, b, c) < 0) {
+            kpl_clear_error();
+            return INFINITY;
+        }
+        double t = seconds() - t0;
+        if (r > 0 && t < best) best = t;
+    }
+    return best;
+}
+
+/* The cached primitive of k, made (and its thread count chosen, see the
+ * top of the file) at the first call of the shape.  a, b, c are the
+ * call's operands, used for the timing; c is rewritten by the caller. */
+static kpl_status get_primitive(const mm_key *k, const float *a, const float *b, float *c,
+                                mm_entry **out)
+{
+    kpl_status st = KPL_OK;
     mm_entry *e = NULL;
     for (int i = 0; i < mm.n; i++)
         if (!memcmp(&mm.entries[i].key, k, sizeof *k)) {
@@ -92,6 +177,8 @@ static kpl_status get_primitive(const mm_key *k, mm_entry **out)
         }
     mm.misses++;
     if (!mm.engine) DNNL_TRY(dnnl_engine_create(&mm.engine, dnnl_cpu, 0), "engine_create");
+    if (!mm.stream)
+        DNNL_TRY(dnnl_stream_create(&mm.stream, mm.engine, dnnl_stream_default_flags), "stream");
     if (mm.n < CACHE_CAP) {
         e = &mm.entries[mm.n++];
     } else { /* evict the least recently used */
@@ -113,17 +200,27 @@ static kpl_status get_primitive(const mm_key *k, mm_entry **out)
                                               k->b_strides), "weights desc");
     DNNL_TRY(dnnl_memory_desc_init_by_strides(&e->c_md, k->ndim, k->c_dims, k->dt, c_strides),
              "dst desc");
-    dnnl_matmul_desc_t md;
-    DNNL_TRY(dnnl_matmul_desc_init(&md, &e->a_md, &e->b_md, NULL, &e->c_md), "matmul desc");
-    DNNL_TRY(dnnl_primitive_desc_create(&pd, &md, NULL, mm.engine, NULL), "primitive desc");
-    DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
-    dnnl_primitive_desc_destroy(pd);
+    KPL_TRY_GOTO(make_primitive(e, k->threads, &e->prim));
+    e->nthreads = k->threads;
+    if (k->threads > 1 && !k->deterministic) {
+        dnnl_primitive_t one = NULL;
+        if (make_primitive(e, 1, &one) < 0) {
+            kpl_clear_error(); /* keep the team's primitive */
+        } else if (time_primitive(e, one, 1, a, b, c) <
+                   time_primitive(e, e->prim, k->threads, a, b, c)) {
+            dnnl_primitive_destroy(e->prim);
+            e->prim = one;
+            e->nthreads = 1;
+        } else {
+            dnnl_primitive_destroy(one);
+        }
+    }
     e->key = *k;
     e->last_use = ++mm.tick;
     *out = e;
     return KPL_OK;
 fail:
-    if (pd) dnnl_primitive_desc_destroy(pd);
+    if (e && e->prim) dnnl_primitive_destroy(e->prim);
     /* Drop the half-built entry. */
     if (e && e == &mm.entries[mm.n - 1]) mm.n--;
     else if (e) memset(e, 0, sizeof *e);
@@ -137,34 +234,20 @@ static kpl_status matmul_f32(const kpl_matmul_attrs *at, const float *a, const f
     memset(&k, 0, sizeof k);
     k.ndim = at->ndim;
     k.threads = omp_get_max_threads();
+    k.deterministic = kpl_get_deterministic();
     k.dt = dnnl_f32;
     describe(at->ndim, at->a_dims, at->trans_a, k.a_dims, k.a_strides);
     describe(at->ndim, at->b_dims, at->trans_b, k.b_dims, k.b_strides);
     for (int d = 0; d < at->ndim; d++) k.c_dims[d] = at->out_dims[d];
 
-    kpl_status st = KPL_OK;
-    dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
     /* Execution stays under the lock so that no other thread evicts the
      * primitive mid-run; kpl has one compute thread per rank, so the lock
      * is uncontended in practice. */
     pthread_mutex_lock(&mm.lock);
     mm_entry *e = NULL;
-    KPL_TRY_GOTO(get_primitive(&k, &e));
-    if (!mm.stream)
-        DNNL_TRY(dnnl_stream_create(&mm.stream, mm.engine, dnnl_stream_default_flags),
-                 "stream");
-    DNNL_TRY(dnnl_memory_create(&ma, &e->a_md, mm.engine, (void *)a), "memory");
-    DNNL_TRY(dnnl_memory_create(&mb, &e->b_md, mm.engine, (void *)b), "memory");
-    DNNL_TRY(dnnl_memory_create(&mc, &e->c_md, mm.engine, c), "memory");
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, ma}, {DNNL_ARG_WEIGHTS, mb}, {DNNL_ARG_DST, mc}};
-    DNNL_TRY(dnnl_primitive_execute(e->prim, mm.stream, 3, args), "execute");
-    DNNL_TRY(dnnl_stream_wait(mm.stream), "stream wait");
-fail:
+    kpl_status st = get_primitive(&k, a, b, c, &e);
+    if (st >= 0) st = run_primitive(e, e->prim, e->nthreads, a, b, c);
     pthread_mutex_unlock(&mm.lock);
-    if (mc) dnnl_memory_destroy(mc);
-    if (mb) dnnl_memory_destroy(mb);
-    if (ma) dnnl_memory_destroy(ma);
     return st;
 }
 
