@@ -333,8 +333,11 @@ kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 /* The same, parallel whenever there is more than one iteration (chunks). */
 #define KPL_PARALLEL_FOR(i, n, ...) KPL_PARALLEL_FOR_IF(i, n, kpl_n_ > 1, __VA_ARGS__)
 
-/* Per-thread element threshold under which CPU kernels stay serial. */
-#define KPL_PAR_GRAIN 32768
+/* Per-thread element threshold under which CPU kernels stay serial:
+ * 32768 elements where forking the OpenMP team is cheap, up to 2^20 where
+ * it is not (measured once, cpu/cpu_parallel.c). */
+int64_t kpl__cpu_par_grain(void);
+#define KPL_PAR_GRAIN kpl__cpu_par_grain()
 
 #ifdef __cplusplus
 }

@@ -21,6 +21,13 @@
                      : (double)((y1 - y0) * (x1 - x0));                     \
     (void)cnt;
 
+/* Planes go to the OpenMP team when there are several and enough input
+ * elements to pay for waking it. */
+static bool parallel(const kpl_pool_attrs *a)
+{
+    return a->n * a->c > 1 && a->n * a->c * a->h * a->w > 2 * KPL_PAR_GRAIN;
+}
+
 /* c ? a : b through the bit patterns (c is 0 or 1): gcc turns a float
  * ?: into a branch, which random data mispredicts half the time. */
 static inline float SEL_f32(uint32_t c, float a, float b)
@@ -133,7 +140,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     static void max2_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)             \
     {                                                                                          \
         max2_row_fn_##tn row = max2_row_for_##tn();                                            \
-        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
             const T *xp = x + pl * a->h * a->w;                                                \
             for (int64_t oy = 0; oy < a->oh; oy++) {                                           \
                 const T *r0 = xp + 2 * oy * a->w, *r1 = r0 + a->w;                             \
@@ -161,7 +168,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
             max2_##tn(a, x, y, idx);                                                           \
             return;                                                                            \
         }                                                                                      \
-        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
             const T *xp = x + pl * a->h * a->w;                                                \
             for (int64_t oy = 0; oy < a->oh; oy++)                                             \
                 for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
@@ -183,7 +190,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     }                                                                                          \
     static void avg_##tn(const kpl_pool_attrs *a, const T *x, T *y)                            \
     {                                                                                          \
-        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
             const T *xp = x + pl * a->h * a->w;                                                \
             for (int64_t oy = 0; oy < a->oh; oy++)                                             \
                 for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
@@ -196,7 +203,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     }                                                                                          \
     static void avg_bwd_##tn(const kpl_pool_attrs *a, const T *gy, T *gx)                      \
     {                                                                                          \
-        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, a->n * a->c > 1,                                  \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
             T *gp = gx + pl * a->h * a->w;                                                     \
             memset(gp, 0, sizeof(T) * (size_t)(a->h * a->w));                                  \
             for (int64_t oy = 0; oy < a->oh; oy++)                                             \
@@ -212,7 +219,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
                                bool scatter)                                                   \
     {                                                                                          \
         int64_t bad = 0, hw = a->h * a->w, ohw = a->oh * a->ow;                                \
-        _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (a->n * a->c > 1)")   \
+        _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (parallel(a))")   \
         for (int64_t pl = 0; pl < a->n * a->c; pl++) {                                         \
             const int64_t *ip = idx + pl * ohw;                                                \
             if (scatter) {                                                                     \

@@ -144,6 +144,9 @@ static void combine(partial *p, const partial *q, pass_kind kind, bool is_i64)
     }
 }
 
+/* Runs shorter than two pieces are never split. */
+#define RUN_PIECE 32768
+
 /* One pass over the run of output `o` (inner == 1), split across threads
  * when `split`. */
 static partial run_pass(run_fn fn, const char *x, size_t es, int64_t red, pass_kind kind,
@@ -152,12 +155,15 @@ static partial run_pass(run_fn fn, const char *x, size_t es, int64_t red, pass_k
     partial res = {0};
     int nt = split ? omp_get_max_threads() : 1;
     if (nt > 16) nt = 16;
-    if (nt <= 1 || red < 2 * KPL_PAR_GRAIN) {
+    /* The pieces are fixed by the thread count and RUN_PIECE alone, so the
+     * rounding of the result does not depend on whether the team runs
+     * them (KPL_PAR_GRAIN is measured per process). */
+    if (nt <= 1 || red < 2 * RUN_PIECE) {
         fn(x, 1, 0, red, kind, c, &res);
         return res;
     }
     partial parts[16];
-#pragma omp parallel for num_threads(nt) schedule(static)
+#pragma omp parallel for num_threads(nt) schedule(static) if (red >= 2 * KPL_PAR_GRAIN)
     for (int t = 0; t < nt; t++) {
         int64_t r0 = red * t / nt, r1 = red * (t + 1) / nt;
         memset(&parts[t], 0, sizeof parts[t]);
