@@ -316,6 +316,13 @@ void kpl__cpu_register_index(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 
+/* kpl's own f32 convolution loops on plain NCHW (cpu/cpu_conv_direct.c):
+ * whether they handle a problem (stride 1, no dilation, one group), and
+ * running one with `threads` OpenMP threads; args as the conv2d kernel's. */
+bool kpl__conv_direct_supports(const kpl_conv_attrs *a);
+kpl_status kpl__conv_direct_run(const kpl_conv_attrs *a, const kpl_kernel_args *args,
+                                int threads);
+
 /* for (int64_t i = 0; i < n; i++) { body } across OpenMP threads when
  * `cond` holds, else inline: an OpenMP fork costs 0.3-0.4 us even when its
  * `if` clause is false, which would dominate the cost of small ops. */
@@ -332,6 +339,16 @@ kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 
 /* The same, parallel whenever there is more than one iteration (chunks). */
 #define KPL_PARALLEL_FOR(i, n, ...) KPL_PARALLEL_FOR_IF(i, n, kpl_n_ > 1, __VA_ARGS__)
+
+/* A CPU loop compiled three times (baseline x86-64, AVX2+FMA, AVX-512),
+ * the dynamic loader picking the one the CPU runs best (a single plain
+ * build under AddressSanitizer). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_ADDRESS__)
+#define KPL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
+#else
+#define KPL_CLONES
+#endif
 
 /* Per-thread element threshold under which CPU kernels stay serial:
  * 32768 elements where forking the OpenMP team is cheap, up to 2^20 where

@@ -123,7 +123,8 @@ typedef struct {
  * diff_dst, weights, diff_src; bwd_weight: src, diff_dst, diff_weights. */
 typedef struct {
     conv_key key;
-    dnnl_primitive_t prim;
+    dnnl_primitive_t prim;       /* NULL for kpl's own loops */
+    int direct_threads;          /* kpl's own loops (cpu_conv_direct.c) with this many */
     dnnl_memory_desc_t user[3], inner[3], bias;
     dnnl_primitive_t reorder[3]; /* NULL when user == inner */
     int arg[3];
@@ -203,6 +204,7 @@ fail:
 static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                             const kpl_kernel_args *args)
 {
+    if (e->direct_threads) return kpl__conv_direct_run(a, args, e->direct_threads);
     kpl_status st = KPL_OK;
     dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL;
     void *buf[3] = {NULL, NULL, NULL};
@@ -257,13 +259,42 @@ static double seconds(void)
 
 /* The algorithm choice (MegEngine's Fastrun): every implementation oneDNN
  * offers for the problem (reference loops excepted), each with the
- * reorders its layouts cost, is run on the call's own tensors and the
- * fastest is kept.  Blocked direct kernels usually win; for a layer like
- * LeNet's first (one input channel) the GEMM path on plain tensors does.
- * The output is rewritten by the caller's run afterwards.  In
- * deterministic mode the first usable implementation (oneDNN's own
- * preference) is taken untimed, so every process makes the same choice. */
+ * reorders its layouts cost, and kpl's own loops on plain tensors (where
+ * they apply; with the whole OpenMP team and with one thread) are run on
+ * the call's own tensors and the fastest is kept.  Blocked direct kernels
+ * win on wide layers (ResNet); kpl's loops on LeNet's narrow ones.  The
+ * output is rewritten by the caller's run afterwards.  In deterministic
+ * mode the first usable implementation (oneDNN's own preference) is taken
+ * untimed, so every process makes the same choice. */
 #define MAX_CANDIDATES 6
+
+/* Busy-waits s seconds: a timed run follows some work, as inside a
+ * training step, by which time idle OpenMP threads have gone to sleep
+ * (OMP_WAIT_POLICY=PASSIVE); back-to-back runs would hide what waking
+ * them costs (20-60 us per parallel region on a VM). */
+static void busy_wait(double s)
+{
+    double t0 = seconds();
+    while (seconds() - t0 < s) {
+    }
+}
+
+/* Best of the runs after the first (which pays for first touches); the
+ * best of two stands for a candidate, as CPU steal on shared machines is
+ * bursty. */
+static double time_entry(const conv_entry *e, const kpl_conv_attrs *a,
+                         const kpl_kernel_args *args, kpl_status *st)
+{
+    double t = INFINITY;
+    for (int r = 0; r < 3 && *st >= 0; r++) {
+        busy_wait(50e-6);
+        double t0 = seconds();
+        *st = run_entry(e, a, args);
+        double dt = seconds() - t0;
+        if (r > 0 && *st >= 0 && dt < t) t = dt;
+    }
+    return t;
+}
 
 static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_entry *out)
 {
@@ -350,15 +381,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         conv_entry cand = e;
         bool usable = !impl || strncmp(impl, "ref", 3) != 0;
         if (usable && (st = entry_from_pd(&cand, pd, q)) >= 0) {
-            /* the first run pays for first touches; the best of the next
-             * two stands for it (CPU steal on shared machines is bursty) */
-            double t = k->deterministic ? 0 : INFINITY;
-            for (int r = 0; r < 3 && st >= 0 && !k->deterministic; r++) {
-                double t0 = seconds();
-                st = run_entry(&cand, a, args);
-                double dt = seconds() - t0;
-                if (r > 0 && st >= 0 && dt < t) t = dt;
-            }
+            double t = k->deterministic ? 0 : time_entry(&cand, a, args, &st);
             if (t < best) {
                 if (best < INFINITY) entry_destroy(out);
                 *out = cand;
@@ -374,6 +397,21 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
             st = KPL_OK;
         }
     } while (tried < MAX_CANDIDATES && dnnl_primitive_desc_iterator_next(it) == dnnl_success);
+    if (!k->deterministic && kpl__conv_direct_supports(a)) {
+        for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
+            conv_entry cand = e;
+            cand.direct_threads = nt;
+            double t = time_entry(&cand, a, args, &st);
+            if (st < 0) { /* out of memory: the candidate is skipped */
+                kpl_clear_error();
+                st = KPL_OK;
+            } else if (t < best) {
+                if (best < INFINITY) entry_destroy(out);
+                *out = cand;
+                best = t;
+            }
+        }
+    }
     if (best == INFINITY)
         st = KPL_ERROR(KPL_EBACKEND, "conv2d: oneDNN offers no usable implementation");
 fail:

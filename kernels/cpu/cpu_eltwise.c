@@ -14,13 +14,6 @@
 #include <omp.h>
 #include <string.h>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
-    !defined(__SANITIZE_ADDRESS__)
-#define KPL_CLONES __attribute__((target_clones("default", "arch=x86-64-v3", "arch=x86-64-v4")))
-#else
-#define KPL_CLONES
-#endif
-
 /* Inner loops: mode 0 = both inputs advance, 1 = b is fixed, 2 = a is fixed. */
 typedef void (*bin_fn)(void *o, const void *a, const void *b, int64_t n, int mode);
 typedef void (*un_fn)(void *o, const void *x, int64_t n, double alpha, double beta);

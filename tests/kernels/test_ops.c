@@ -1,6 +1,7 @@
 /* test_ops.c — the compute calls against plain C references written here,
  * plus the errors that bad input must produce. */
 #include "test_util.h"
+#include "kernels_impl.h"
 
 #include <stdlib.h>
 
@@ -784,6 +785,80 @@ static void test_conv2d_onednn_vs_reference(void **state)
     assert_int_equal(s1.hits, s0.hits + 3);
 }
 
+/* kpl's own convolution loops (the chooser's plain-layout candidate),
+ * called directly with one and two threads, against the reference loops
+ * (f64) on the same values: all three directions, bias gradient included. */
+static void direct_case(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int64_t kh,
+                        int64_t kw, int ph, int pw)
+{
+    kpl_conv2d_params p = {{1, 1}, {ph, pw}, {1, 1}, 1};
+    int64_t xs[4] = {n, c, h, w}, ws[4] = {o, c, kh, kw}, ys[4], bs = o;
+    OK(kpl_shape_conv2d(xs, ws, &p, ys));
+    kpl_tensor *x64 = trand(KPL_F64, 4, xs, 11, -1, 1), *w64 = trand(KPL_F64, 4, ws, 12, -1, 1);
+    kpl_tensor *b64 = trand(KPL_F64, 1, &bs, 13, -1, 1), *gy64 = trand(KPL_F64, 4, ys, 14, -1, 1);
+    kpl_tensor *x32 = tnew(KPL_F32, 4, xs), *w32 = tnew(KPL_F32, 4, ws), *b32 = tnew(KPL_F32, 1, &bs);
+    kpl_tensor *gy32 = tnew(KPL_F32, 4, ys);
+    kpl_tensor *in64[4] = {x64, w64, b64, gy64}, *in32[4] = {x32, w32, b32, gy32};
+    for (int i = 0; i < 4; i++) {
+        OK(kpl_k_cast(in32[i], in64[i]));
+        OK(kpl_k_cast(in64[i], in32[i]));
+    }
+    kpl_tensor *y64 = tnew(KPL_F64, 4, ys), *gx64 = tnew(KPL_F64, 4, xs), *gw64 = tnew(KPL_F64, 4, ws);
+    kpl_tensor *gb64 = tnew(KPL_F64, 1, &bs);
+    OK(kpl_k_conv2d(y64, x64, w64, b64, &p));
+    OK(kpl_k_conv2d_bwd_data(gx64, gy64, w64, &p));
+    OK(kpl_k_conv2d_bwd_weight(gw64, gb64, x64, gy64, &p));
+    kpl_tensor *y32 = tnew(KPL_F32, 4, ys), *gx32 = tnew(KPL_F32, 4, xs), *gw32 = tnew(KPL_F32, 4, ws);
+    kpl_tensor *gb32 = tnew(KPL_F32, 1, &bs);
+    kpl_conv_attrs a = {.n = n, .c = c, .h = h, .w = w, .o = o, .kh = kh, .kw = kw,
+                        .oh = ys[2], .ow = ys[3], .p = p};
+    for (int kind = 0; kind < 3; kind++) {
+        a.kind = (kpl_conv_kind)kind;
+        assert_true(kpl__conv_direct_supports(&a));
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        a.kind = KPL_CONV_FWD;
+        kpl_kernel_args fa = {.out = y32, .in = {x32, w32, b32}, .attrs = &a};
+        OK(kpl__conv_direct_run(&a, &fa, threads));
+        for (int64_t i = 0; i < kpl_tensor_numel(y32); i++)
+            assert_close(tget(y32, i), tget(y64, i), 1e-4, 1e-4, "direct fwd", i);
+        a.kind = KPL_CONV_BWD_DATA;
+        kpl_kernel_args da = {.out = gx32, .in = {gy32, w32, NULL}, .attrs = &a};
+        OK(kpl__conv_direct_run(&a, &da, threads));
+        for (int64_t i = 0; i < kpl_tensor_numel(gx32); i++)
+            assert_close(tget(gx32, i), tget(gx64, i), 1e-4, 1e-4, "direct bwd data", i);
+        a.kind = KPL_CONV_BWD_WEIGHT;
+        kpl_kernel_args wa = {.out = gw32, .in = {x32, gy32, gb32}, .attrs = &a};
+        OK(kpl__conv_direct_run(&a, &wa, threads));
+        for (int64_t i = 0; i < kpl_tensor_numel(gw32); i++)
+            assert_close(tget(gw32, i), tget(gw64, i), 1e-4, 1e-4, "direct bwd weight", i);
+        for (int64_t i = 0; i < bs; i++)
+            assert_close(tget(gb32, i), tget(gb64, i), 1e-4, 1e-4, "direct bwd bias", i);
+    }
+    kpl_tensor *ts[] = {x64, w64, b64, gy64, x32, w32, b32, gy32, y64, gx64, gw64, gb64,
+                        y32, gx32, gw32, gb32};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+static void test_conv2d_direct_vs_reference(void **state)
+{
+    (void)state;
+    direct_case(3, 1, 28, 28, 6, 5, 5, 2, 2);   /* LeNet conv1: two vectors a row, tail of 12 */
+    direct_case(3, 6, 14, 14, 16, 5, 5, 0, 0);  /* LeNet conv2: two channel blocks, tail of 10 */
+    direct_case(2, 3, 9, 37, 11, 3, 3, 1, 1);   /* a block of 3 channels, rows of 37 */
+    direct_case(2, 2, 6, 20, 3, 2, 9, 0, 4);    /* kernel 2x9: kx in blocks of 8 and 1 */
+    direct_case(1, 4, 5, 5, 2, 1, 1, 0, 0);     /* 1x1 */
+    /* not theirs: strides, dilations, groups, padding past the kernel */
+    kpl_conv_attrs a = {.kind = KPL_CONV_FWD, .n = 1, .c = 2, .h = 8, .w = 8, .o = 2, .kh = 3,
+                        .kw = 3, .oh = 4, .ow = 4, .p = {{2, 2}, {1, 1}, {1, 1}, 1}};
+    assert_false(kpl__conv_direct_supports(&a));
+    a.p = (kpl_conv2d_params){{1, 1}, {1, 1}, {1, 1}, 2};
+    assert_false(kpl__conv_direct_supports(&a));
+    a.p = (kpl_conv2d_params){{1, 1}, {3, 3}, {1, 1}, 1};
+    a.kind = KPL_CONV_BWD_DATA;
+    assert_false(kpl__conv_direct_supports(&a));
+}
+
 static void test_pool2d_by_hand(void **state)
 {
     (void)state;
@@ -984,6 +1059,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_pool2d_by_hand),
         cmocka_unit_test(test_max_pool_2x2_fast_path),
+        cmocka_unit_test(test_conv2d_direct_vs_reference),
         cmocka_unit_test(test_batch_norm_kernels),
         cmocka_unit_test(test_zero_size),
     };
