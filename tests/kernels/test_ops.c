@@ -848,6 +848,8 @@ static void test_conv2d_direct_vs_reference(void **state)
     direct_case(2, 3, 9, 37, 11, 3, 3, 1, 1);   /* a block of 3 channels, rows of 37 */
     direct_case(2, 2, 6, 20, 3, 2, 9, 0, 4);    /* kernel 2x9: kx in blocks of 8 and 1 */
     direct_case(1, 4, 5, 5, 2, 1, 1, 0, 0);     /* 1x1 */
+    direct_case(2, 1, 28, 28, 32, 3, 3, 1, 1);  /* the fashion_mnist recipe's cnn */
+    direct_case(2, 32, 14, 14, 64, 3, 3, 1, 1);
     /* not theirs: strides, dilations, groups, padding past the kernel */
     kpl_conv_attrs a = {.kind = KPL_CONV_FWD, .n = 1, .c = 2, .h = 8, .w = 8, .o = 2, .kh = 3,
                         .kw = 3, .oh = 4, .ow = 4, .p = {{2, 2}, {1, 1}, {1, 1}, 1}};
