@@ -105,6 +105,12 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
         "$build/bin/bench_comm" --transport tcp --cases busbw,r50 || rc=$?
       "${mpirun[@]}" -x OMP_NUM_THREADS=1 "$build/bin/bench_comm" --cases overlap || rc=$?
       ;;
+    train)
+      # The lenet recipe through `kpl train` against torch_fmnist.py, in
+      # alternating rounds; Fashion-MNIST is converted under the build dir.
+      mkdir -p "$build/bench-train"
+      "$build/bin/bench_train" "$build/bin/kpl" "$root" "$baselines" "$build/bench-train" || rc=$?
+      ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
       ;;

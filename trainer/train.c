@@ -606,12 +606,13 @@ static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
         kpl_status st = micro_step(R, &b, 1.0 / (double)k, acc);
         kpl_batch_release(&b);
         KPL_TRY(st);
+        /* every begin has its finish; only the last one communicates */
+        if (R->ddp) KPL_TRY(kpl_ddp_finish(R->ddp));
         if (last) {
             *epoch_done = true;
             break;
         }
     }
-    if (R->ddp) KPL_TRY(kpl_ddp_finish(R->ddp));
     if (r->optimizer.clip_grad_norm > 0) {
         double norm = 0;
         KPL_TRY(kpl_clip_grad_norm(kpl_model_num_params(R->model), kpl_model_params(R->model),

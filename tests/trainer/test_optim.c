@@ -666,6 +666,69 @@ static void test_clip_grad_norm(void **state)
     for (int i = 0; i < 3; i++) kpl_tensor_release(p[i]);
 }
 
+/* Learning-rate schedules: values worked out by hand from the formulas
+ * in trainer.h (torch.optim.lr_scheduler's closed forms). */
+static void test_schedules(void **state)
+{
+    (void)state;
+    kpl_lr_schedule s = KPL_LR_SCHEDULE_INIT;
+    s.base_lr = 0.1, s.warmup_epochs = 2, s.warmup_factor = 0.1;
+    OK(kpl_lr_schedule_check(&s));
+    assert_float_equal(kpl_lr_at(&s, 0), 0.01, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 1), 0.055, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 2), 0.1, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 7), 0.1, 1e-15);
+
+    s = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
+    s.kind = KPL_SCHED_STEP, s.base_lr = 0.1, s.step_size = 30, s.gamma = 0.1;
+    assert_float_equal(kpl_lr_at(&s, 29.99), 0.1, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 30), 0.01, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 65), 0.001, 1e-15);
+
+    s.kind = KPL_SCHED_MULTISTEP, s.num_milestones = 3;
+    s.milestones[0] = 30, s.milestones[1] = 60, s.milestones[2] = 80;
+    OK(kpl_lr_schedule_check(&s));
+    assert_float_equal(kpl_lr_at(&s, 10), 0.1, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 59.99), 0.01, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 60), 0.001, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 90), 0.0001, 1e-15);
+
+    s = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
+    s.kind = KPL_SCHED_COSINE, s.base_lr = 0.1, s.epochs = 11, s.warmup_epochs = 1;
+    s.warmup_factor = 0;
+    OK(kpl_lr_schedule_check(&s));
+    assert_float_equal(kpl_lr_at(&s, 0.5), 0.05, 1e-15);     /* warmup */
+    assert_float_equal(kpl_lr_at(&s, 1), 0.1, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 3.5), 0.1 * (1 + cos(M_PI / 4)) / 2, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 6), 0.05, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 11), 0, 1e-15);
+    assert_float_equal(kpl_lr_at(&s, 12), 0, 1e-15);         /* past the end: the floor */
+    s.min_lr = 0.001;
+    assert_float_equal(kpl_lr_at(&s, 6), 0.001 + 0.099 / 2, 1e-15);
+
+    s.kind = KPL_SCHED_POLY, s.power = 2, s.min_lr = 0;
+    assert_float_equal(kpl_lr_at(&s, 6), 0.1 * 0.25, 1e-15);
+    s.min_lr = 0.01;
+    assert_float_equal(kpl_lr_at(&s, 6), 0.01 + 0.09 * 0.25, 1e-15);
+
+    assert_int_equal(kpl_sched_kind_parse("cosine"), KPL_SCHED_COSINE);
+    assert_int_equal(kpl_sched_kind_parse("linear"), -1);
+    assert_string_equal(kpl_sched_kind_name(KPL_SCHED_MULTISTEP), "multistep");
+
+    kpl_lr_schedule b = s;
+    b.epochs = 1;
+    FAILS(kpl_lr_schedule_check(&b), KPL_EINVAL, "poly needs epochs (1) > warmup_epochs (1)");
+    b = s, b.min_lr = 1;
+    FAILS(kpl_lr_schedule_check(&b), KPL_EINVAL, "min_lr 1 must be in [0, base_lr 0.1]");
+    b = s, b.warmup_factor = 2;
+    FAILS(kpl_lr_schedule_check(&b), KPL_EINVAL, "warmup_factor 2");
+    b = s, b.kind = KPL_SCHED_STEP, b.step_size = 0;
+    FAILS(kpl_lr_schedule_check(&b), KPL_EINVAL, "step_size 0 must be > 0");
+    b = s, b.kind = KPL_SCHED_MULTISTEP, b.num_milestones = 2, b.milestones[0] = 5,
+    b.milestones[1] = 5, b.gamma = 0.5;
+    FAILS(kpl_lr_schedule_check(&b), KPL_EINVAL, "positive and increasing");
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -677,6 +740,7 @@ int main(void)
         cmocka_unit_test(test_config),
         cmocka_unit_test(test_set_lr_applies),
         cmocka_unit_test(test_clip_grad_norm),
+        cmocka_unit_test(test_schedules),
     };
     return cmocka_run_group_tests_name("optim", tests, NULL, NULL);
 }
