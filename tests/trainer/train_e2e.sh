@@ -122,20 +122,20 @@ resume)
   need_fm
   R=("$src/recipes/fashion_mnist/cnn.yaml" "${FM[@]}" "${QUIET[@]}" deterministic=true threads=2
      epochs=2 data.train.limit=2560 data.val.limit=1000 log.every_steps=1)
-  "$kpl" train "${R[@]}" run_dir=full > full.txt 2>&1 || die "full run: $(tail -3 full.txt)"
+  "$kpl" train "${R[@]}" run_dir=full > full.txt 2> full.err || die "full run: $(tail -3 full.err)"
   losses full > full.loss
   [[ $(wc -l < full.loss) == 40 ]] || die "full run: $(wc -l < full.loss) steps logged"
   # stopped by max_steps in the first epoch, resumed to the end
-  "$kpl" train "${R[@]}" run_dir=cut max_steps=13 > cut1.txt 2>&1 || die "cut run"
+  "$kpl" train "${R[@]}" run_dir=cut max_steps=13 > cut1.txt 2> cut1.err || die "cut run: $(tail -3 cut1.err)"
   [[ -f cut/checkpoints/ckpt-0000000013.kpl.done ]] || die "no checkpoint at step 13"
-  "$kpl" train "${R[@]}" run_dir=cut --resume > cut2.txt 2>&1 || die "resume: $(tail -3 cut2.txt)"
+  "$kpl" train "${R[@]}" run_dir=cut --resume > cut2.txt 2> cut2.err || die "resume: $(tail -3 cut2.err)"
   grep -q "resumed from cut/checkpoints/ckpt-0000000013.kpl at step 13" cut2.txt || die "resume line"
   losses cut > cut.loss
   diff full.loss cut.loss > /dev/null || die "resumed losses differ: $(diff full.loss cut.loss | head -4)"
   a=$(tail -n 1 full.txt) b=$(tail -n 1 cut2.txt)
   [[ $(field val_loss "$a") == $(field val_loss "$b") ]] || die "final val loss $a vs $b"
   # stopped by SIGTERM wherever it lands, resumed from that checkpoint
-  "$kpl" train "${R[@]}" run_dir=sig > sig1.txt 2>&1 &
+  "$kpl" train "${R[@]}" run_dir=sig > sig1.txt 2> sig1.err &
   pid=$!
   for _ in $(seq 600); do
     grep -q '"step":3,' sig/metrics.jsonl 2> /dev/null && break
@@ -146,10 +146,10 @@ resume)
   wait $pid
   rc=$?
   set -e
-  [[ $rc == 143 ]] || die "SIGTERM: exit $rc, expected 143: $(tail -3 sig1.txt)"
+  [[ $rc == 143 ]] || die "SIGTERM: exit $rc, expected 143: $(tail -3 sig1.err)"
   tail -n 1 sig1.txt | grep -q '"event":"interrupted"' || die "no interrupted event"
   grep -q '"why":"signal"' sig/metrics.jsonl || die "no checkpoint on SIGTERM"
-  "$kpl" train "${R[@]}" run_dir=sig --resume > sig2.txt 2>&1 || die "resume after SIGTERM"
+  "$kpl" train "${R[@]}" run_dir=sig --resume > sig2.txt 2> sig2.err || die "resume after SIGTERM: $(tail -3 sig2.err)"
   losses sig > sig.loss
   diff full.loss sig.loss > /dev/null || die "losses after SIGTERM differ: $(diff full.loss sig.loss | head -4)"
   # --resume with nothing to resume from says so
@@ -170,9 +170,9 @@ np2)
   # comparison runs at lr 0.02, where 40 steps stay within 1e-7.
   R=("$src/recipes/fashion_mnist/lenet.yaml" "${FM[@]}" "${QUIET[@]}" deterministic=true threads=1
      epochs=1 data.train.limit=2560 data.val.limit=1000 log.every_steps=1 optimizer.lr=0.02)
-  "$kpl" train "${R[@]}" run_dir=one data.train.batch_size=64 > one.txt 2>&1 || die "1 rank: $(tail -3 one.txt)"
+  "$kpl" train "${R[@]}" run_dir=one data.train.batch_size=64 > one.txt 2> one.err || die "1 rank: $(tail -3 one.err)"
   mpirun --allow-run-as-root --oversubscribe -np 2 "$kpl" train "${R[@]}" run_dir=two \
-    data.train.batch_size=32 > two.txt 2>&1 || die "2 ranks: $(tail -5 two.txt)"
+    data.train.batch_size=32 > two.txt 2> two.err || die "2 ranks: $(tail -5 two.err)"
   losses one > one.loss
   losses two > two.loss
   [[ $(wc -l < one.loss) == 40 && $(wc -l < two.loss) == 40 ]] || die "steps: $(wc -l < one.loss) vs $(wc -l < two.loss)"
@@ -186,9 +186,9 @@ np2)
   # gradient accumulation: 2 micro-batches of 32 make the step of 64 too,
   # and so do 2 ranks x 2 micro-batches of 16
   "$kpl" train "${R[@]}" run_dir=acc data.train.batch_size=32 optimizer.accumulate=2 \
-    > acc.txt 2>&1 || die "accumulate: $(tail -3 acc.txt)"
+    > acc.txt 2> acc.err || die "accumulate: $(tail -3 acc.err)"
   mpirun --allow-run-as-root --oversubscribe -np 2 "$kpl" train "${R[@]}" run_dir=acc2 \
-    data.train.batch_size=16 optimizer.accumulate=2 > acc2.txt 2>&1 || die "2 ranks accumulate: $(tail -5 acc2.txt)"
+    data.train.batch_size=16 optimizer.accumulate=2 > acc2.txt 2> acc2.err || die "2 ranks accumulate: $(tail -5 acc2.err)"
   for r in acc acc2; do
     losses $r > $r.loss
     paste one.loss $r.loss | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $2) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
