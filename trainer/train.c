@@ -869,9 +869,9 @@ typedef struct {
     train_acc win;       /* since the last report, this rank */
     double loss_sum, correct, count; /* the epoch so far, all ranks (from reports) */
     double t0;           /* the epoch's start (training time only) */
-    double eval_time;    /* time spent evaluating inside the epoch window */
     double samples;      /* this rank's samples in the epoch */
-    double bar_t;        /* the progress bar's last redraw */
+    double bar_t, bar_samples; /* the progress bar's last redraw */
+    double rate;         /* this rank's samples per second, smoothed for the bar */
 } epoch_acc;
 
 /* The ranks' window figures summed; a record in metrics.jsonl and
@@ -886,7 +886,7 @@ static kpl_status report(run *R, epoch_acc *E, bool *stop)
     E->loss_sum += v[0], E->correct += v[1], E->count += v[2];
     if (v[2] <= 0) return KPL_OK;
     double loss = v[0] / v[2], acc = 100 * v[1] / v[2], lr = kpl_optim_lr(R->opt);
-    double dt = kpl__now() - E->t0 - E->eval_time;
+    double dt = kpl__now() - E->t0;
     double ips = dt > 0 ? E->samples * R->world / dt : 0;
     if (R->rank != 0) return KPL_OK;
     char sl[32], sa[32], sr[32], si[32];
@@ -918,14 +918,19 @@ static void draw_bar(run *R, epoch_acc *E, bool force)
     if (!R->log.bar) return;
     double now = kpl__now();
     if (!force && now - E->bar_t < 0.2) return;
-    E->bar_t = now;
-    double dt = now - E->t0 - E->eval_time;
-    double ips = dt > 0 ? E->samples * R->world / dt : 0;
-    double per_step = R->epoch_step > 0 ? dt / (double)R->epoch_step : 0;
+    /* The rate of the last redraws (the first step's algorithm search
+     * would otherwise weigh on the whole epoch's figure and ETA). */
+    if (E->bar_t > 0 && now > E->bar_t) {
+        double r = (E->samples - E->bar_samples) / (now - E->bar_t);
+        E->rate = E->rate > 0 ? 0.7 * E->rate + 0.3 * r : r;
+    }
+    E->bar_t = now, E->bar_samples = E->samples;
+    double per_step = E->rate > 0 && R->epoch_step > 0 ? E->samples / R->epoch_step / E->rate : 0;
     double loss = E->win.count > 0 ? E->win.loss_sum / E->win.count
                   : E->count > 0  ? E->loss_sum / E->count : NAN;
     kpl__log_bar(&R->log, R->epoch, R->r->epochs, R->epoch_step, R->steps_per_epoch, loss,
-                 kpl_optim_lr(R->opt), ips, per_step * (double)(R->steps_per_epoch - R->epoch_step));
+                 kpl_optim_lr(R->opt), E->rate * R->world,
+                 per_step * (double)(R->steps_per_epoch - R->epoch_step));
 }
 
 static kpl_status run_eval(run *R)
@@ -1114,7 +1119,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
             }
             if (at_max) stop = true;
         }
-        double secs = kpl__now() - E.t0 - E.eval_time;
+        double secs = kpl__now() - E.t0;
         train_seconds += secs;
         train_samples += E.samples * R.world;
         if (E.count > 0) {
