@@ -1083,6 +1083,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
     memset(&R, 0, sizeof R);
     R.r = r;
     R.best_top1 = -1;
+    R.train_loss = R.train_acc = NAN; /* none until a step ran */
     R.t_start = kpl__now();
     catch_signals(true);
     kpl_status st = start(&R, resume);
@@ -1094,6 +1095,11 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
     say_start(&R);
     bool stop = false;
     int64_t max_steps = r->max_steps > 0 && r->max_steps < R.total_steps ? r->max_steps : R.total_steps;
+    if (R.step >= max_steps) { /* a resume of a finished run: report where it stands */
+        kpl__log_info(&R.log, "nothing to train: step %lld of %lld is done", (long long)R.step,
+                      (long long)max_steps);
+        KPL_TRY_GOTO(run_eval(&R));
+    }
     while (R.step < max_steps && !stop) {
         epoch_acc E;
         memset(&E, 0, sizeof E);
