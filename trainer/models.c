@@ -439,15 +439,21 @@ kpl_tensor *kpl_model_forward(kpl_model *m, kpl_tensor *x, bool training)
     kpl_pool2d_params pool2 = {{2, 2}, {2, 2}, {0, 0}, false};
     switch (m->cfg.arch) {
     case KPL_MODEL_MLP: return head(m, flatten(x), 0, training);
+    /* ReLU then max-pool is max-pool then ReLU (ReLU is monotonic), and
+     * the second order runs ReLU and its gradient on a quarter of the
+     * elements.  The gradients agree too, but for windows whose maximum
+     * ties, where both orders pass the gradient to one of the tied
+     * elements. */
     case KPL_MODEL_LENET: {
-        kpl_tensor *h = kpl_max_pool2d(conv(&m->l[0], x, training, true), &pool2);
-        h = flatten(kpl_max_pool2d(conv(&m->l[1], h, training, true), &pool2));
+        kpl_tensor *h = kpl_relu(kpl_max_pool2d(conv(&m->l[0], x, training, false), &pool2));
+        h = flatten(kpl_relu(kpl_max_pool2d(conv(&m->l[1], h, training, false), &pool2)));
         return head(m, h, 2, training);
     }
     case KPL_MODEL_CNN: {
         kpl_tensor *h = x;
         int k = 0;
-        for (; k < m->nl && m->l[k].g; k++) h = kpl_max_pool2d(conv(&m->l[k], h, training, true), &pool2);
+        for (; k < m->nl && m->l[k].g; k++)
+            h = kpl_relu(kpl_max_pool2d(conv(&m->l[k], h, training, false), &pool2));
         return head(m, flatten(h), k, training);
     }
     case KPL_MODEL_RESNET: return resnet_forward(m, x, training);
