@@ -272,7 +272,7 @@ kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i)
 static kpl_status wait_all(kpl_bucketer *b)
 {
     kpl_status st = KPL_OK;
-    double t0 = kpl__comm_now();
+    double t0 = kpl_seconds();
     for (int k = 0; k < b->nbuckets; k++) {
         bucket *bk = &b->buckets[k];
         if (!bk->work) continue;
@@ -284,7 +284,7 @@ static kpl_status wait_all(kpl_bucketer *b)
         kpl_comm_work_destroy(bk->work);
         bk->work = NULL;
     }
-    b->stats.wait_seconds += kpl__comm_now() - t0;
+    b->stats.wait_seconds += kpl_seconds() - t0;
     b->stats.steps++;
     return st;
 }

@@ -70,7 +70,7 @@ typedef struct {
     /* Host backends.  Runs *a to completion: blocking, on the calling
      * thread, which is the executor thread or, for a blocking operation on
      * an idle queue, the caller's thread; never two calls at once.  May
-     * return KPL_ETIMEOUT (naming the peer waited for) once kpl__comm_now()
+     * return KPL_ETIMEOUT (naming the peer waited for) once kpl_seconds()
      * passes `deadline`; the watchdog (comm.c) enforces the deadline
      * anyway, so a backend stuck in a library call cannot hang the job. */
     kpl_status (*run)(void *state, const kpl__coll_args *a, double deadline);
@@ -99,9 +99,6 @@ const kpl__comm_backend *kpl__comm_mpi_backend(void);
 const kpl__comm_backend *kpl__comm_ucx_backend(void);
 /* NULL with the reason in kpl_last_error() when the build has no NCCL. */
 const kpl__comm_backend *kpl__comm_nccl_backend(void);
-
-/* Seconds on CLOCK_MONOTONIC. */
-double kpl__comm_now(void);
 
 /* A failed MPI call as KPL_ECOMM: "<what>: <MPI's text for err>", what
  * formatted like printf (name the call and the module). */

@@ -41,13 +41,6 @@ const char *kpl_comm_backend_name(kpl_comm_backend b)
     return (unsigned)b < 4 ? n[b] : "?";
 }
 
-double kpl__comm_now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 void kpl__comm_describe(const kpl_comm *c, const kpl__coll_args *a, const char *backend,
                         char *buf, size_t len)
 {
@@ -124,20 +117,20 @@ static void *executor_main(void *arg)
         if (!w) break; /* stopping with nothing queued */
         c->head = w->next;
         if (!c->head) c->tail = NULL;
-        double now = kpl__comm_now();
+        double now = kpl_seconds();
         c->run = (kpl__comm_running){w->a, now, false};
         pthread_mutex_unlock(&c->mu);
 
         kpl_status st = c->host.be->run(c->host.state, &w->a, now + c->timeout + KPL__COMM_BACKEND_SLACK);
         if (st < 0) st = op_failed(c, &w->a, c->host.be->name, st, w->msg, sizeof w->msg);
-        double ran = kpl__comm_now() - now;
+        double ran = kpl_seconds() - now;
 
         pthread_mutex_lock(&c->mu);
         w->ran = ran;
         c->run.started = 0;
         if (kpl__coll_is_collective(w->a.kind)) {
             c->host_done++;
-            c->host_done_at = kpl__comm_now();
+            c->host_done_at = kpl_seconds();
         }
         w->st = st;
         w->done = true;
@@ -242,7 +235,7 @@ kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
     pthread_cond_init(&c->cv_queue, NULL);
     pthread_cond_init(&c->cv_done, NULL);
     pthread_cond_init(&c->cv_watch, NULL);
-    c->host_done_at = kpl__comm_now();
+    c->host_done_at = kpl_seconds();
 
     kpl_status st = KPL_OK;
     int err = MPI_Comm_dup(MPI_COMM_WORLD, &c->insp);
@@ -419,7 +412,7 @@ static kpl_comm_work *new_work(kpl_comm *c, const kpl__comm_slot *s, const kpl__
     w->keep[1] = t1;
     if (t0) kpl_tensor_retain(t0);
     if (t1) kpl_tensor_retain(t1);
-    w->issued = kpl__comm_now();
+    w->issued = kpl_seconds();
     return w;
 }
 
@@ -489,7 +482,7 @@ static kpl_status run_blocking(kpl_comm *c, const kpl__comm_slot *s, kpl__coll_a
         if (!c->head && c->run.started == 0) {
             bool collective = kpl__coll_is_collective(a->kind);
             if (collective) a->seq = c->host_issued++;
-            double now = kpl__comm_now();
+            double now = kpl_seconds();
             c->run = (kpl__comm_running){*a, now, true};
             pthread_mutex_unlock(&c->mu);
 
@@ -501,7 +494,7 @@ static kpl_status run_blocking(kpl_comm *c, const kpl__comm_slot *s, kpl__coll_a
             c->run.started = 0;
             if (collective) {
                 c->host_done++;
-                c->host_done_at = kpl__comm_now();
+                c->host_done_at = kpl_seconds();
             }
             if (c->head) pthread_cond_signal(&c->cv_queue);
             pthread_mutex_unlock(&c->mu);

@@ -68,7 +68,7 @@ struct kpl__watchdog {
 static answer my_answer(kpl_comm *c, int64_t query)
 {
     answer a = {0};
-    double now = kpl__comm_now();
+    double now = kpl_seconds();
     pthread_mutex_lock(&c->mu);
     a.query = query;
     a.host_issued = (int64_t)c->host_issued;
@@ -135,8 +135,8 @@ static bool ask_all(kpl_comm *c)
     qs->query = q;
     for (int r = 0; r < n; r++)
         if (r != me) MPI_Isend(qs, sizeof *qs, MPI_BYTE, r, TAG_QUESTION, c->insp, &d->sreq[r]);
-    double until = kpl__comm_now() + ANSWER_WAIT_SECONDS;
-    while (missing > 0 && kpl__comm_now() < until) {
+    double until = kpl_seconds() + ANSWER_WAIT_SECONDS;
+    while (missing > 0 && kpl_seconds() < until) {
         int flag = 0;
         MPI_Status st;
         MPI_Iprobe(MPI_ANY_SOURCE, TAG_ANSWER, c->insp, &flag, &st);
@@ -315,7 +315,7 @@ static void put_findings(kpl_comm *c, text *t, const kpl__coll_args *op, bool st
 static void check_host(kpl_comm *c, const kpl__comm_running *run)
 {
     struct kpl__watchdog *d = c->wd;
-    double age = kpl__comm_now() - run->started;
+    double age = kpl_seconds() - run->started;
     const char *be = c->host.be->name;
     char what[256], buf[3072];
     text t = {buf, sizeof buf, 0};
@@ -345,8 +345,8 @@ static void check_host(kpl_comm *c, const kpl__comm_running *run)
     /* The caller's thread is inside the library.  A backend that keeps
      * the deadline itself returns within the grace period; otherwise
      * nothing will ever return to the caller, so end the job here. */
-    double until = kpl__comm_now() + DIRECT_GRACE_SECONDS;
-    while (kpl__comm_now() < until) {
+    double until = kpl_seconds() + DIRECT_GRACE_SECONDS;
+    while (kpl_seconds() < until) {
         usleep(20000);
         pthread_mutex_lock(&c->mu);
         same = c->run.started == run->started;
@@ -361,7 +361,7 @@ static void check_host(kpl_comm *c, const kpl__comm_running *run)
 static void check_stream(kpl_comm *c, const kpl__coll_args *op, double issued, const void *w)
 {
     struct kpl__watchdog *d = c->wd;
-    double age = kpl__comm_now() - issued;
+    double age = kpl_seconds() - issued;
     const char *be = c->dev.be->name;
     char what[256], buf[3072];
     text t = {buf, sizeof buf, 0};

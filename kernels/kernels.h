@@ -70,6 +70,8 @@ extern "C" {
 const char *kpl_version(void);
 /* A multi-line description of the build: compiler, oneDNN, CUDA, OpenMP. */
 const char *kpl_build_info(void);
+/* Seconds on the monotonic clock, for timing and deadlines (not a date). */
+double kpl_seconds(void);
 
 /* ------------------------------------------------------------------------ */
 /* Status and errors                                                          */

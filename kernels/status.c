@@ -4,6 +4,7 @@
 #include <omp.h>
 #include <stdarg.h>
 #include <string.h>
+#include <time.h>
 
 #include <dnnl.h>
 
@@ -90,6 +91,13 @@ const char *kpl_version(void)
 {
     return KPL_STR_(KPL_VERSION_MAJOR) "." KPL_STR_(KPL_VERSION_MINOR) "." KPL_STR_(
         KPL_VERSION_PATCH);
+}
+
+double kpl_seconds(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
 static char build_info[512];

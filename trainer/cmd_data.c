@@ -56,13 +56,6 @@ static int fail(const char *cmd)
     return 1;
 }
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static bool parse_num(const char *s, double lo, double hi, double *v)
 {
     char *end;
@@ -96,12 +89,12 @@ static int convert_idx_pair(const char *images, const char *labels, const char *
         labels = lab;
     }
     int64_t n = 0;
-    double t0 = now();
+    double t0 = kpl_seconds();
     o->label = out;
     if (kpl_convert_idx(images, labels, out, o, &n) < 0) return fail("convert");
     printf("{\"event\":\"converted\",\"from\":\"idx\",\"images\":\"%s\",\"out\":\"%s\","
            "\"examples\":%lld,\"seconds\":%.2f}\n",
-           images, out, (long long)n, now() - t0);
+           images, out, (long long)n, kpl_seconds() - t0);
     return 0;
 }
 
@@ -215,12 +208,12 @@ static int cmd_convert(int argc, char **argv)
             return 2;
         }
         int64_t n = 0, skipped = 0;
-        double t0 = now();
+        double t0 = kpl_seconds();
         o.label = pos[1];
         if (kpl_convert_imagefolder(pos[0], pos[1], &o, &n, &skipped) < 0) return fail("convert");
         printf("{\"event\":\"converted\",\"from\":\"imagefolder\",\"src\":\"%s\",\"out\":"
                "\"%s\",\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
-               pos[0], pos[1], (long long)n, (long long)skipped, now() - t0);
+               pos[0], pos[1], (long long)n, (long long)skipped, kpl_seconds() - t0);
         return 0;
     }
     if (!strcmp(from, "lmdb")) {
@@ -229,12 +222,12 @@ static int cmd_convert(int argc, char **argv)
             return 2;
         }
         int64_t n = 0;
-        double t0 = now();
+        double t0 = kpl_seconds();
         o.label = pos[1];
         if (kpl_convert_lmdb(pos[0], pos[1], &o, &n) < 0) return fail("convert");
         printf("{\"event\":\"converted\",\"from\":\"lmdb\",\"src\":\"%s\",\"out\":\"%s\","
                "\"examples\":%lld,\"seconds\":%.2f}\n",
-               pos[0], pos[1], (long long)n, now() - t0);
+               pos[0], pos[1], (long long)n, kpl_seconds() - t0);
         return 0;
     }
     if (strcmp(from, "idx")) {
@@ -277,7 +270,7 @@ static int cmd_inspect(int argc, char **argv)
 /* "\rverify: 812/2048 MiB", at most five times a second. */
 static void verify_progress(uint64_t done, uint64_t total, void *ctx)
 {
-    double *last = ctx, t = now();
+    double *last = ctx, t = kpl_seconds();
     if (done < total && t - *last < 0.2) return;
     *last = t;
     fprintf(stderr, "\rverify: %llu/%llu MiB%s", (unsigned long long)(done >> 20),
@@ -291,7 +284,7 @@ static int cmd_verify(int argc, char **argv)
         return 2;
     }
     bool tty = isatty(2);
-    double last = 0, t0 = now();
+    double last = 0, t0 = kpl_seconds();
     kpl_verify_stats vs;
     if (kpl_dataset_verify(argv[0], &vs, tty ? verify_progress : NULL, &last) < 0) {
         if (tty) fputc('\n', stderr);
@@ -300,7 +293,7 @@ static int cmd_verify(int argc, char **argv)
     printf("{\"event\":\"verified\",\"path\":\"%s\",\"examples\":%lld,\"chunks\":%lld,"
            "\"bytes\":%llu,\"seconds\":%.2f}\n",
            argv[0], (long long)vs.examples, (long long)vs.chunks, (unsigned long long)vs.bytes,
-           now() - t0);
+           kpl_seconds() - t0);
     return 0;
 }
 

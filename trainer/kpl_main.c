@@ -44,13 +44,6 @@ static void usage(FILE *f)
             "  -V, --version          print the version\n");
 }
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int fail(const char *what)
 {
     fprintf(stderr, "kpl: %s: %s\n", what, kpl_last_error());
@@ -100,7 +93,7 @@ static int cmd_demo(int argc, char **argv)
                *grad = NULL, *loss = NULL, *noise = NULL;
     kpl_rng *rng = kpl_rng_create(7);
     int rc = 1;
-    double t0 = now();
+    double t0 = kpl_seconds();
     if (!rng) goto out;
 #define TRY(e)                              \
     do {                                    \
@@ -153,7 +146,7 @@ static int cmd_demo(int argc, char **argv)
     printf("device %s, %d threads: mse %.4f -> %.6f, max |w - w_true| = %.2e, %.1f ms, "
            "peak %zu bytes\n",
            kpl_device_name(dev), kpl_get_num_threads(), first, last, maxerr,
-           (now() - t0) * 1e3, ms.peak_allocated);
+           (kpl_seconds() - t0) * 1e3, ms.peak_allocated);
     if (!(last < 1e-3 && maxerr < 1e-2)) {
         fprintf(stderr, "kpl demo: the fit did not converge: wrong numbers from a kernel\n");
         rc = 1;

@@ -762,7 +762,7 @@ static kpl_status save_checkpoint(run *R, const char *why, char *path, size_t le
         free(all);
         return st;
     }
-    double t0 = kpl__now();
+    double t0 = kpl_seconds();
     kpl_checkpoint *c = NULL;
     char *yaml = NULL, *meta = NULL;
     json_t *j = NULL;
@@ -821,7 +821,7 @@ static kpl_status save_checkpoint(run *R, const char *why, char *path, size_t le
     KPL_TRY_GOTO(kpl_checkpoint_set_meta(c, meta));
     kpl__checkpoint_path(R->ckpt_dir, R->step, path, len);
     KPL_TRY_GOTO(kpl_checkpoint_save(c, path));
-    double secs = kpl__now() - t0;
+    double secs = kpl_seconds() - t0;
     struct stat sb;
     double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
     kpl__log_info(&R->log, "checkpoint %s (%s, %.1f MB, %.2f s)", path, why, mb, secs);
@@ -886,7 +886,7 @@ static kpl_status report(run *R, epoch_acc *E, bool *stop)
     E->loss_sum += v[0], E->correct += v[1], E->count += v[2];
     if (v[2] <= 0) return KPL_OK;
     double loss = v[0] / v[2], acc = 100 * v[1] / v[2], lr = kpl_optim_lr(R->opt);
-    double dt = kpl__now() - E->t0;
+    double dt = kpl_seconds() - E->t0;
     double ips = dt > 0 ? E->samples * R->world / dt : 0;
     if (R->rank != 0) return KPL_OK;
     char sl[32], sa[32], sr[32], si[32];
@@ -916,7 +916,7 @@ static kpl_status report(run *R, epoch_acc *E, bool *stop)
 static void draw_bar(run *R, epoch_acc *E, bool force)
 {
     if (!R->log.bar) return;
-    double now = kpl__now();
+    double now = kpl_seconds();
     if (!force && now - E->bar_t < 0.2) return;
     /* The rate of the last redraws (the first step's algorithm search
      * would otherwise weigh on the whole epoch's figure and ETA). */
@@ -936,7 +936,7 @@ static void draw_bar(run *R, epoch_acc *E, bool force)
 static kpl_status run_eval(run *R)
 {
     if (!R->val) return KPL_OK;
-    double t0 = kpl__now();
+    double t0 = kpl_seconds();
     KPL_TRY(evaluate(R, &R->val_res));
     R->have_val = true;
     eval_result *e = &R->val_res;
@@ -949,7 +949,7 @@ static kpl_status run_eval(run *R)
              "{\"event\":\"eval\",\"step\":%lld,\"epoch\":%lld,\"val_loss\":%s,\"val_top1\":%s,"
              "\"val_top5\":%s,\"examples\":%lld,\"seconds\":%.3f,\"time\":%.3f}",
              (long long)R->step, (long long)R->epoch + (R->epoch_step ? 1 : 0), sl, s1, s5,
-             (long long)e->examples, kpl__now() - t0, kpl__wall());
+             (long long)e->examples, kpl_seconds() - t0, kpl__wall());
     kpl__log_metrics(&R->log, line);
     if (R->log.tb) {
         kpl_tb_add_scalar(R->log.tb, "val/loss", R->step, e->loss);
@@ -1069,7 +1069,7 @@ static void say_done(run *R, const char *event, double train_seconds, double sam
              "\"best_top1\":%s,\"images_per_sec\":%s,\"seconds\":%.2f,\"ranks\":%d,"
              "\"run_dir\":\"%s\",\"checkpoint\":\"%s\"}",
              event, (double)R->step / (double)R->steps_per_epoch, (long long)R->step, sl, sa, s1,
-             s5, sv, sb, si, kpl__now() - R->t_start, (int)R->world, R->run_dir, ckpt);
+             s5, sv, sb, si, kpl_seconds() - R->t_start, (int)R->world, R->run_dir, ckpt);
     kpl__log_metrics(&R->log, line);
     kpl__log_bar_end(&R->log);
     fflush(stdout);
@@ -1084,7 +1084,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
     R.r = r;
     R.best_top1 = -1;
     R.train_loss = R.train_acc = NAN; /* none until a step ran */
-    R.t_start = kpl__now();
+    R.t_start = kpl_seconds();
     catch_signals(true);
     kpl_status st = start(&R, resume);
     int rc = 0;
@@ -1103,7 +1103,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
     while (R.step < max_steps && !stop) {
         epoch_acc E;
         memset(&E, 0, sizeof E);
-        E.t0 = kpl__now();
+        E.t0 = kpl_seconds();
         bool epoch_done = false;
         bool saved = false;
         while (!epoch_done && !stop) {
@@ -1125,7 +1125,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
             }
             if (at_max) stop = true;
         }
-        double secs = kpl__now() - E.t0;
+        double secs = kpl_seconds() - E.t0;
         train_seconds += secs;
         train_samples += E.samples * R.world;
         if (E.count > 0) {
@@ -1201,7 +1201,7 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
     memset(&R, 0, sizeof R);
     R.r = r;
     R.best_top1 = -1;
-    R.t_start = kpl__now();
+    R.t_start = kpl_seconds();
     kpl_status st = KPL_OK;
     int64_t chw[3];
     ranks_from_env(&R);
@@ -1220,9 +1220,9 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
     KPL_TRY_GOTO(make_comm(&R));
     KPL_TRY_GOTO(make_model(&R, chw));
     KPL_TRY_GOTO(restore_model(&R, R.resume));
-    double t0 = kpl__now();
+    double t0 = kpl_seconds();
     KPL_TRY_GOTO(evaluate(&R, &R.val_res));
-    double secs = kpl__now() - t0;
+    double secs = kpl_seconds() - t0;
     if (R.rank == 0) {
         eval_result *e = &R.val_res;
         kpl__log_info(&R.log, "%s on %s: top-1 %.2f%% top-5 %.2f%% loss %.4f (%lld examples, "

@@ -105,7 +105,7 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     o.seed = (uint64_t)r->seed;
     const char *src = r->data.convert.source;
     int64_t n = 0, skipped = 0;
-    double t0 = kpl__now();
+    double t0 = kpl_seconds();
     kpl__log_info(log, "data: converting %s from %s (%s), once", out, src,
                   r->data.convert.from == 1 ? "IDX" : r->data.convert.from == 2 ? "image folder"
                                                                                  : "LMDB");
@@ -125,7 +125,7 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
         if (r->data.convert.from == 2) KPL_TRY(kpl_convert_imagefolder(in, out, &o, &n, &skipped));
         else KPL_TRY(kpl_convert_lmdb(in, out, &o, &n));
     }
-    kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl__now() - t0);
+    kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl_seconds() - t0);
     return KPL_OK;
 }
 

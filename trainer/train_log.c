@@ -13,13 +13,6 @@
 #include <time.h>
 #include <unistd.h>
 
-double kpl__now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 double kpl__wall(void)
 {
     struct timespec t;

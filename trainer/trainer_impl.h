@@ -52,7 +52,6 @@ typedef struct {
     int width;         /* of the terminal */
 } kpl__runlog;
 
-double kpl__now(void);  /* monotonic seconds */
 double kpl__wall(void); /* Unix time */
 /* progress_mode: 0 auto (a terminal on stdout), 1 always, 2 never. */
 void kpl__log_init(kpl__runlog *l, int rank, int progress_mode);

@@ -237,7 +237,7 @@ static kpl_status wait_ready(nccl_state *s, const char *call, double deadline)
         bool pending = false;
         pthread_mutex_lock(&s->mu);
         kpl_status st = check_locked(s, &pending);
-        if (st == KPL_OK && pending && kpl__comm_now() >= deadline) {
+        if (st == KPL_OK && pending && kpl_seconds() >= deadline) {
             abort_locked(s);
             st = KPL_ERROR(KPL_ETIMEOUT, "nccl backend (rank %d, cuda:%d): %s still in progress "
                            "after %.0f s (a peer that never joined?); the NCCL communicator was "
@@ -263,7 +263,7 @@ static kpl_status drain(nccl_state *s, double deadline)
         kpl_status st = check_locked(s, &pending);
         pthread_mutex_unlock(&s->mu);
         if (st < 0) return st;
-        if (kpl__comm_now() >= deadline)
+        if (kpl_seconds() >= deadline)
             return KPL_ERROR(KPL_ETIMEOUT, "nccl backend (rank %d, cuda:%d): the communication "
                              "stream did not finish within %.0f s", (int)s->rank, s->device,
                              s->timeout);
@@ -312,7 +312,7 @@ static void nccl_fini(void *state)
     if (s->comm && !s->broken && !s->aborted) {
         /* Every rank gets here (comm.c destroys the communicator on all of
          * them), so the collective finalize can complete. */
-        double deadline = kpl__comm_now() + s->timeout;
+        double deadline = kpl_seconds() + s->timeout;
         kpl_status st = drain(s, deadline);
         if (st == KPL_OK) {
             /* Non-blocking: in progress until every rank has finalized. */
@@ -343,10 +343,10 @@ static void nccl_fini(void *state)
          * hand it to work on the compute stream at once: only when nothing
          * queued here can still write it.  After an abort NCCL's kernels
          * quit soon; if they have not, the 64 bytes are left behind. */
-        double until = kpl__comm_now() + 1.0;
+        double until = kpl_seconds() + 1.0;
         cudaError_t e;
         for (unsigned spin = 0; (e = cudaStreamQuery(s->stream)) == cudaErrorNotReady &&
-                                kpl__comm_now() < until;
+                                kpl_seconds() < until;
              spin++)
             pause_poll(spin);
         if (e == cudaSuccess) kpl_device_free(s->dev, s->scratch);
@@ -438,7 +438,7 @@ static kpl_status create_comm(nccl_state *s, const ncclUniqueId *id)
     ncclResult_t r = ncclCommInitRankConfig(&s->comm, (int)s->size, *id, (int)s->rank, &config);
     if (r != ncclSuccess && r != ncclInProgress)
         return nccl_fail(s, r, "ncclCommInitRankConfig", __FILE__, __LINE__);
-    return wait_ready(s, "ncclCommInitRankConfig", kpl__comm_now() + s->timeout);
+    return wait_ready(s, "ncclCommInitRankConfig", kpl_seconds() + s->timeout);
 }
 
 static kpl_status nccl_init(const kpl__comm_boot *boot, void **state)
@@ -581,7 +581,7 @@ static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **even
     pthread_mutex_unlock(&s->mu);
     /* Until the call is done NCCL may not have queued its kernel yet, and
      * the marker must come after it. */
-    if (st == KPL_OK && pending) st = wait_ready(s, call, kpl__comm_now() + s->timeout);
+    if (st == KPL_OK && pending) st = wait_ready(s, call, kpl_seconds() + s->timeout);
     if (st < 0) goto fail;
     CUDA_GOTO(s, cudaEventRecord(ev, s->stream));
     *event = ev;

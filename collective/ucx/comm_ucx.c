@@ -369,7 +369,7 @@ static kpl_status idle(ucx_state *s, waiter *w, double deadline, bool *late)
     *late = false;
     if (atomic_load_explicit(&s->cancelled, memory_order_relaxed))
         return KPL_ERROR(KPL_ECOMM, "cancelled: the job is ending (kpl_comm_abort)");
-    double now = kpl__comm_now();
+    double now = kpl_seconds();
     if (now >= deadline) {
         *late = true;
         return KPL_OK;
@@ -400,8 +400,8 @@ static bool in_flight(const item *it, size_t n)
 
 static void progress_until_reclaimed(ucx_state *s, const item *it, size_t n, double seconds)
 {
-    double until = kpl__comm_now() + seconds;
-    while (in_flight(it, n) && kpl__comm_now() < until) ucp_worker_progress(s->worker);
+    double until = kpl_seconds() + seconds;
+    while (in_flight(it, n) && kpl_seconds() < until) ucp_worker_progress(s->worker);
 }
 
 /* After a failure: takes every request of it[0..n) back from UCX so that the
@@ -1052,7 +1052,7 @@ static void ucx_cancel(void *state)
  * need this worker to complete its own close. */
 static void close_all(ucx_state *s)
 {
-    double until = kpl__comm_now() + (s->timeout < FINI_SECONDS ? s->timeout : FINI_SECONDS);
+    double until = kpl_seconds() + (s->timeout < FINI_SECONDS ? s->timeout : FINI_SECONDS);
     void **reqs = calloc((size_t)s->size, sizeof *reqs);
     int n = 0;
     for (int32_t r = 0; r < s->size; r++) {
@@ -1067,7 +1067,7 @@ static void close_all(ucx_state *s)
         if (reqs) reqs[n++] = q;
         else ucp_request_free(q);
     }
-    while (n > 0 && kpl__comm_now() < until) {
+    while (n > 0 && kpl_seconds() < until) {
         ucp_worker_progress(s->worker);
         for (int i = 0; i < n;)
             if (ucp_request_check_status(reqs[i]) != UCS_INPROGRESS) {
@@ -1085,7 +1085,7 @@ static void close_all(ucx_state *s)
     MPI_Request b;
     if (MPI_Ibarrier(s->comm, &b) != MPI_SUCCESS) return;
     int done = 0;
-    while (!done && kpl__comm_now() < until) {
+    while (!done && kpl_seconds() < until) {
         if (!ucp_worker_progress(s->worker)) poll(NULL, 0, 1);
         if (MPI_Test(&b, &done, MPI_STATUS_IGNORE) != MPI_SUCCESS) break;
     }
@@ -1307,7 +1307,7 @@ static kpl_status connect_ring(ucx_state *s)
     post_send(to, NULL, 0, tag, &it[1].send);
     it[1].recv.st = UCS_OK;
     return wait_items(s, it, 2, peer, "ucx backend: connecting the ring",
-                      kpl__comm_now() + s->timeout);
+                      kpl_seconds() + s->timeout);
 }
 
 static kpl_status ucx_init(const kpl__comm_boot *b, void **state)
