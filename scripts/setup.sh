@@ -21,6 +21,7 @@ packages=(
   libyaml-dev                        # recipes
   libpng-dev
   libcmocka-dev                      # unit tests
+  iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
 )
 bench_packages=(python3-numpy python3-torch python3-pil)

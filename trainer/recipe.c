@@ -204,7 +204,7 @@ static const field fields[] = {
           "steps between metrics.jsonl records and log lines"),
     F_BOOL("log.tensorboard", log.tensorboard, "true", "write TensorBoard event files"),
     F_ENUM("log.progress", log.progress, "auto", progress_names,
-           "progress bar: auto (on a terminal), always, never"),
+           "progress bar: auto (on a terminal, or as kplrun asks), always, never"),
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),

@@ -137,7 +137,10 @@ static kpl_status pick_device(run *R)
     const char *d = R->r->device;
     int gpus = kpl_device_count(KPL_DEVICE_CUDA);
     char name[32];
-    if (!strcmp(d, "auto")) {
+    const char *chosen = getenv("KPL_DEVICE"); /* kplrun's pick for this rank */
+    if (!strcmp(d, "auto") && chosen && (!strcmp(chosen, "cpu") || gpus > 0)) {
+        snprintf(name, sizeof name, "%s", chosen);
+    } else if (!strcmp(d, "auto")) {
         if (gpus > 0) snprintf(name, sizeof name, "cuda:%d", R->local_rank % gpus);
         else snprintf(name, sizeof name, "cpu");
     } else if (!strcmp(d, "cuda")) {

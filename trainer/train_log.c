@@ -8,6 +8,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <time.h>
@@ -24,10 +25,18 @@ void kpl__log_init(kpl__runlog *l, int rank, int progress_mode)
 {
     memset(l, 0, sizeof *l);
     l->rank = rank;
+    /* log.progress auto: a terminal decides, unless the launcher says
+     * (kplrun draws rank 0's bar on its own terminal: KPL_PROGRESS=always
+     * with the width in COLUMNS) */
+    const char *env = getenv("KPL_PROGRESS");
+    if (progress_mode == 0 && env && !strcmp(env, "always")) progress_mode = 1;
+    if (progress_mode == 0 && env && !strcmp(env, "never")) progress_mode = 2;
     l->bar = rank == 0 && (progress_mode == 1 || (progress_mode == 0 && isatty(1)));
     l->width = 100;
     struct winsize ws;
+    const char *cols = getenv("COLUMNS");
     if (l->bar && ioctl(1, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 40) l->width = ws.ws_col;
+    else if (l->bar && cols && atoi(cols) >= 40) l->width = atoi(cols);
 }
 
 void kpl__log_close(kpl__runlog *l)

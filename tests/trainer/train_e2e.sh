@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# train_e2e.sh CASE KPL SOURCE_DIR [GEN_IMAGEFOLDER] — `kpl train` and
+# train_e2e.sh CASE KPL SOURCE_DIR [GEN_IMAGEFOLDER [KPLRUN]] — `kpl train` and
 # `kpl eval` end to end, one CTest test per case:
 #   cli        bad recipes, overrides and arguments: exit 2 and the message
 #   fmnist     the default recipe on a subset of Fashion-MNIST reaches an
@@ -9,13 +9,14 @@
 #              loss at every step as an uninterrupted run, bit for bit
 #   np2        2 ranks x 32 (mpirun) train like 1 rank x 64: the same losses
 #              to 1e-4 and the same accuracy; so do 1 x (2 micro-batches of
-#              32) and 2 x (2 x 16) with gradient accumulation
+#              32) and 2 x (2 x 16) with gradient accumulation (under
+#              kplrun)
 #   imagenet   the ImageNet ResNet-50 recipe for a few steps on a generated
 #              image folder converted to KPLRecord on first use
 # No python or jq: a fresh Debian 12 that ran only the test setup has
 # neither, so JSON lines are read with sed and compared with awk.
 set -euo pipefail
-case_=$1 kpl=$2 src=$3
+case_=$1 kpl=$2 src=$3 kplrun=${5:-}
 fm=/usr/share/datasets/fashion-mnist
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -187,8 +188,11 @@ np2)
   # and so do 2 ranks x 2 micro-batches of 16
   "$kpl" train "${R[@]}" run_dir=acc data.train.batch_size=32 optimizer.accumulate=2 \
     > acc.txt 2> acc.err || die "accumulate: $(tail -3 acc.err)"
-  mpirun --allow-run-as-root --oversubscribe -np 2 "$kpl" train "${R[@]}" run_dir=acc2 \
+  # (this one through kplrun: its environment and binding change nothing)
+  "$kplrun" -np 2 --log-dir kplrun-logs -- "$kpl" train "${R[@]}" run_dir=acc2 \
     data.train.batch_size=16 optimizer.accumulate=2 > acc2.txt 2> acc2.err || die "2 ranks accumulate: $(tail -5 acc2.err)"
+  grep -q '^\[r0\] {"event":"done",.*"ranks":2' acc2.txt || die "kplrun's console: $(tail -3 acc2.txt)"
+  [[ -s kplrun-logs/rank-00001.log ]] || die "kplrun kept no log of rank 1"
   for r in acc acc2; do
     losses $r > $r.loss
     paste one.loss $r.loss | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $2) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }

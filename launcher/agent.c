@@ -1,0 +1,454 @@
+/*
+ * agent.c — `kplrun --agent`: what mpirun starts for each rank.  It gives
+ * the command the KPL_* environment, binds it to its GPU's NUMA node, runs
+ * it in a process group of its own, and turns its output into lines that
+ * kplrun can merge: "[rN] text" for every line (stderr stays stderr),
+ * "\001bar N text" for progress-bar frames, and at the end
+ * "\001exit RANK HOST PID STATUS SIGNAL SECONDS".  Everything also goes to
+ * LOG_DIR/rank-NNNNN.log.  SIGTERM (mpirun tearing the job down) stops the
+ * command's whole process group (TERM, then KILL after 3 s).  Open MPI
+ * 4.1 follows its SIGTERM with SIGKILL within a millisecond, so a guard
+ * process in the command's group finishes that job when the agent is
+ * killed first (run_guard).  SIGUSR1
+ * (kplrun's first Ctrl-C, forwarded by mpirun) becomes SIGINT for the
+ * command, which stops at its next checkpointable step.
+ */
+#define _GNU_SOURCE
+#include "launcher_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+typedef struct {
+    int rank, fd;        /* fd: where the lines go (our stdout or stderr) */
+    bool is_out;         /* the command's stdout: progress-bar frames possible */
+    char buf[65536];
+    size_t len;
+    char last_bar[1024];
+} stream;
+
+static FILE *logf;
+
+/* Removes ANSI escape sequences (the bar's "\033[K") in place. */
+static void strip_ansi(char *s)
+{
+    char *o = s;
+    for (char *p = s; *p;) {
+        if (p[0] == '\033' && p[1] == '[') {
+            p += 2;
+            while (*p && !((*p >= 'A' && *p <= 'Z') || (*p >= 'a' && *p <= 'z'))) p++;
+            if (*p) p++;
+            continue;
+        }
+        *o++ = *p++;
+    }
+    *o = 0;
+}
+
+static void write_all(int fd, const char *s, size_t n)
+{
+    while (n) {
+        ssize_t w = write(fd, s, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return;
+        s += w;
+        n -= (size_t)w;
+    }
+}
+
+/* One finished line: what a terminal would show of it (the text after its
+ * last carriage return, escapes removed), prefixed, in one write. */
+static void emit_line(stream *s, char *line)
+{
+    if (s->last_bar[0]) { /* the bar's line ends: it is gone from a terminal too */
+        char clear[32];
+        int m = snprintf(clear, sizeof clear, "\001bar %d \n", s->rank);
+        write_all(STDOUT_FILENO, clear, (size_t)m);
+    }
+    char *cr = strrchr(line, '\r');
+    char *vis = cr ? cr + 1 : line;
+    strip_ansi(vis);
+    char out[sizeof s->buf + 32];
+    int n = snprintf(out, sizeof out, "[r%d] %s\n", s->rank, vis);
+    write_all(s->fd, out, (size_t)(n < (int)sizeof out ? n : (int)sizeof out - 1));
+    if (logf) {
+        fprintf(logf, "%s\n", vis);
+        fflush(logf);
+    }
+    s->last_bar[0] = 0;
+}
+
+/* A line still open after carriage returns is a progress bar: its latest
+ * frame goes to kplrun (not to the log). */
+static void emit_bar(stream *s)
+{
+    if (!s->is_out || !s->len) return;
+    char tmp[sizeof s->buf + 1];
+    memcpy(tmp, s->buf, s->len);
+    tmp[s->len] = 0;
+    char *cr = strrchr(tmp, '\r');
+    if (!cr) return;
+    char *vis = cr + 1;
+    strip_ansi(vis);
+    if (!*vis || !strcmp(vis, s->last_bar)) return;
+    snprintf(s->last_bar, sizeof s->last_bar, "%s", vis);
+    char out[1100];
+    int n = snprintf(out, sizeof out, "\001bar %d %.1000s\n", s->rank, vis);
+    write_all(STDOUT_FILENO, out, (size_t)n);
+}
+
+/* Reads what is there; false at end of file. */
+static bool pump(stream *s, int fd)
+{
+    ssize_t r = read(fd, s->buf + s->len, sizeof s->buf - 1 - s->len);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return true;
+    if (r <= 0) {
+        if (s->len) { /* a last line without its newline */
+            s->buf[s->len] = 0;
+            emit_line(s, s->buf);
+            s->len = 0;
+        }
+        return false;
+    }
+    s->len += (size_t)r;
+    char *start = s->buf, *nl;
+    while ((nl = memchr(start, '\n', s->len - (size_t)(start - s->buf)))) {
+        *nl = 0;
+        emit_line(s, start);
+        start = nl + 1;
+    }
+    s->len -= (size_t)(start - s->buf);
+    memmove(s->buf, start, s->len);
+    if (s->len == sizeof s->buf - 1) { /* a line longer than the buffer: cut it */
+        s->buf[s->len] = 0;
+        emit_line(s, s->buf);
+        s->len = 0;
+    }
+    emit_bar(s);
+    return true;
+}
+
+static int env_int(const char *const *names, int def)
+{
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) return atoi(v);
+    }
+    return def;
+}
+
+/* The NVIDIA GPUs of this node by PCI address (CUDA's order under
+ * CUDA_DEVICE_ORDER=PCI_BUS_ID, which the agent sets): their sysfs
+ * directories, sorted.  Returns how many (up to max). */
+static int nvidia_gpus(char paths[][PATH_MAX], int max)
+{
+    const char *dir = "/sys/bus/pci/drivers/nvidia";
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) && n < max) {
+        unsigned dom, bus, dev, fn;
+        if (sscanf(e->d_name, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) continue;
+        snprintf(paths[n++], PATH_MAX, "%s/%s", dir, e->d_name);
+    }
+    closedir(d);
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && strcmp(paths[j - 1], paths[j]) > 0; j--) {
+            char t[PATH_MAX];
+            memcpy(t, paths[j], PATH_MAX);
+            memcpy(paths[j], paths[j - 1], PATH_MAX);
+            memcpy(paths[j - 1], t, PATH_MAX);
+        }
+    return n;
+}
+
+int kpl__launcher_gpu_count(void)
+{
+    static char paths[64][PATH_MAX];
+    return nvidia_gpus(paths, 64);
+}
+
+/* Binds this process (and so the command) to the CPUs next to GPU `g`
+ * (its local_cpulist, e.g. "0-15,32-47"). */
+static void bind_near_gpu(const char *gpu_dir)
+{
+    char path[PATH_MAX + 32], list[4096];
+    snprintf(path, sizeof path, "%s/local_cpulist", gpu_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    size_t n = fread(list, 1, sizeof list - 1, f);
+    fclose(f);
+    list[n] = 0;
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    for (char *p = list; *p && *p != '\n';) {
+        char *end;
+        long a = strtol(p, &end, 10), b = a;
+        if (end == p) break;
+        if (*end == '-') b = strtol(end + 1, &end, 10);
+        for (long c = a; c <= b && c < CPU_SETSIZE; c++) CPU_SET((int)c, &set);
+        p = *end == ',' ? end + 1 : end;
+    }
+    if (CPU_COUNT(&set) > 0) sched_setaffinity(0, sizeof set, &set);
+}
+
+static int mkdirs(const char *dir)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", dir);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
+        *s = c;
+        if (!c) break;
+    }
+    return 0;
+}
+
+/* The guard: a process in the command's group that outlives the agent.
+ * An agent killed outright (mpirun's SIGKILL one second after its SIGTERM
+ * when the agent was slow to run, or the OOM killer) cannot stop the
+ * command's children; the guard, told by PR_SET_PDEATHSIG, stops the
+ * whole group as the agent would have: TERM, then KILL (itself included)
+ * once the others are gone or after 3 s.
+ * Signals for the group (the agent's SIGINT and SIGTERM) it ignores; the
+ * agent's final SIGKILL of the group ends it. */
+/* Whether a process other than this one is in process group `group`. */
+static bool group_has_others(pid_t group)
+{
+    DIR *d = opendir("/proc");
+    if (!d) return false;
+    bool found = false;
+    pid_t self = getpid();
+    struct dirent *e;
+    while (!found && (e = readdir(d))) {
+        char *end;
+        long pid = strtol(e->d_name, &end, 10);
+        if (*end || pid <= 0 || pid == self) continue;
+        char path[64], buf[512];
+        snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+        int fd = open(path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t n = read(fd, buf, sizeof buf - 1);
+        close(fd);
+        if (n <= 0) continue;
+        buf[n] = 0;
+        /* "pid (comm) state ppid pgrp ...": comm may hold spaces and ')' */
+        char *p = strrchr(buf, ')'), state;
+        long ppid, pgrp;
+        if (p && sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) == 3 && pgrp == group &&
+            state != 'Z')
+            found = true;
+    }
+    closedir(d);
+    return found;
+}
+
+static void run_guard(pid_t group, pid_t agent)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGHUP);
+    sigaddset(&set, SIGINT);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGUSR1);
+    sigprocmask(SIG_BLOCK, &set, NULL);
+    prctl(PR_SET_PDEATHSIG, SIGHUP);
+    int fd = open("/dev/null", O_RDWR);
+    for (int i = 0; i < 3 && fd >= 0; i++) dup2(fd, i);
+    for (int i = 3; i < 1024; i++) close(i); /* no pipe held open by the guard */
+    if (getppid() == agent) {
+        int sig = 0;
+        while (sigwait(&set, &sig) == 0 && sig != SIGHUP) continue;
+    }
+    kill(-group, SIGTERM);
+    for (int i = 0; i < 60 && group_has_others(group); i++) usleep(50000);
+    kill(-group, SIGKILL);
+    _exit(0);
+}
+
+int kpl__agent_main(int argc, char **argv)
+{
+    const char *log_dir = "kplrun-logs";
+    bool bar = false;
+    int columns = 80, cmd = -1;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
+        else if (!strcmp(argv[i], "--bar")) bar = true;
+        else if (!strcmp(argv[i], "--columns") && i + 1 < argc) columns = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--")) {
+            cmd = i + 1;
+            break;
+        }
+    }
+    static const char *const rk[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
+    static const char *const ws[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    static const char *const lr[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", NULL};
+    static const char *const ls[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", NULL};
+    /* mpirun (or its daemon) going away takes the rank with it */
+    pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) return 1;
+    int rank = env_int(rk, -1), world = env_int(ws, -1);
+    if (cmd < 0 || cmd >= argc || rank < 0 || world < 1) {
+        fprintf(stderr, "kplrun --agent: runs under mpirun as kplrun's rank wrapper "
+                        "(no command after '--', or no rank in the environment)\n");
+        return 2;
+    }
+    int local = env_int(lr, rank), local_size = env_int(ls, world);
+    char host[256] = "?";
+    gethostname(host, sizeof host);
+    char v[64];
+    snprintf(v, sizeof v, "%d", rank), setenv("KPL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", world), setenv("KPL_WORLD_SIZE", v, 1);
+    snprintf(v, sizeof v, "%d", local), setenv("KPL_LOCAL_RANK", v, 1);
+    snprintf(v, sizeof v, "%d", local_size), setenv("KPL_LOCAL_SIZE", v, 1);
+    static char gpus[64][PATH_MAX];
+    int ngpu = nvidia_gpus(gpus, 64);
+    if (ngpu > 0) {
+        setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
+        snprintf(v, sizeof v, "cuda:%d", local % ngpu);
+        bind_near_gpu(gpus[local % ngpu]);
+    } else {
+        snprintf(v, sizeof v, "cpu");
+    }
+    setenv("KPL_DEVICE", v, 1);
+    if (bar && rank == 0) {
+        setenv("KPL_PROGRESS", "always", 1);
+        snprintf(v, sizeof v, "%d", columns), setenv("COLUMNS", v, 1);
+    }
+
+    char path[PATH_MAX + 32];
+    if (mkdirs(log_dir) == 0) {
+        snprintf(path, sizeof path, "%s/rank-%05d.log", log_dir, rank);
+        logf = fopen(path, "w");
+    }
+    if (!logf) fprintf(stderr, "[r%d] kplrun: cannot write %s/rank-%05d.log: %s\n", rank,
+                       log_dir, rank, strerror(errno));
+
+    /* Signals arrive through a descriptor, so the loop below sees them in
+     * order with the output. */
+    /* mpirun may hand down SIGCHLD ignored, which would reap the command
+     * behind waitpid's back */
+    signal(SIGCHLD, SIG_DFL);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
+    sigaddset(&mask, SIGUSR1);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    signal(SIGINT, SIG_IGN); /* kplrun decides what Ctrl-C means */
+    /* mpirun stops reading a rank's output as it tears the job down: the
+     * agent must still finish its log and pass the command's end on */
+    signal(SIGPIPE, SIG_IGN);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    int po[2], pe[2];
+    if (sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+        fprintf(stderr, "[r%d] kplrun: %s\n", rank, strerror(errno));
+        return 1;
+    }
+    double t0 = kpl_seconds();
+    pid_t child = fork();
+    if (child == 0) {
+        setpgid(0, 0);
+        prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent killed: the command goes too */
+        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(po[1], STDOUT_FILENO);
+        dup2(pe[1], STDERR_FILENO);
+        execvp(argv[cmd], argv + cmd);
+        fprintf(stderr, "kplrun: cannot run %s: %s\n", argv[cmd], strerror(errno));
+        _exit(127);
+    }
+    if (child < 0) {
+        fprintf(stderr, "[r%d] kplrun: fork: %s\n", rank, strerror(errno));
+        return 1;
+    }
+    setpgid(child, child);
+    pid_t agent = getpid(), guard = fork();
+    if (guard == 0) {
+        if (setpgid(0, child) != 0) _exit(0); /* the command is gone already */
+        run_guard(child, agent);
+    }
+    close(po[1]);
+    close(pe[1]);
+    static stream so, se;
+    so = (stream){.rank = rank, .fd = STDOUT_FILENO, .is_out = true};
+    se = (stream){.rank = rank, .fd = STDERR_FILENO, .is_out = false};
+    bool out_open = true, err_open = true, exited = false;
+    int wstatus = 0;
+    double kill_at = 0, drain_until = 0;
+    for (;;) {
+        struct pollfd p[3] = {{sfd, POLLIN, 0}, {out_open ? po[0] : -1, POLLIN, 0},
+                              {err_open ? pe[0] : -1, POLLIN, 0}};
+        int r = poll(p, 3, 100);
+        double now = kpl_seconds() - t0;
+        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) out_open = pump(&so, po[0]);
+        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) err_open = pump(&se, pe[0]);
+        if (r > 0 && (p[0].revents & POLLIN)) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                if (si.ssi_signo == SIGUSR1) {
+                    kill(-child, SIGINT);
+                } else if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP) {
+                    kill(-child, SIGTERM);
+                    if (!kill_at) kill_at = now + 3;
+                }
+                if (si.ssi_signo != SIGCHLD) break;
+            }
+        }
+        pid_t w = exited ? 0 : waitpid(child, &wstatus, WNOHANG);
+        if (w == child || (w < 0 && errno == ECHILD)) {
+            exited = true;
+            drain_until = now + 0.5;
+        }
+        if (kill_at && now > kill_at) {
+            kill(-child, SIGKILL);
+            kill_at = 0;
+        }
+        /* done: the command exited and its output ended (or stray
+         * processes of its group still hold the pipes: they go) */
+        if (exited && ((!out_open && !err_open) || now > drain_until)) break;
+    }
+    kill(-child, SIGKILL);
+    if (so.len) so.buf[so.len] = 0, emit_line(&so, so.buf);
+    if (se.len) se.buf[se.len] = 0, emit_line(&se, se.buf);
+    double secs = kpl_seconds() - t0;
+    int status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 0;
+    int sig = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
+    if (logf) { /* first: mpirun may kill a torn-down agent any moment now */
+        if (sig) fprintf(logf, "kplrun: rank %d was killed by signal %d (%s) after %.1f s\n", rank,
+                         sig, strsignal(sig), secs);
+        else fprintf(logf, "kplrun: rank %d exited with status %d after %.1f s\n", rank, status,
+                     secs);
+        fclose(logf);
+    }
+    char line[512];
+    int n = snprintf(line, sizeof line, "\001exit %d %s %d %d %d %.3f\n", rank, host, (int)child,
+                     status, sig, secs);
+    write_all(STDOUT_FILENO, line, (size_t)n);
+    if (sig) { /* mpirun reports the signal as the rank's own */
+        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        signal(sig, SIG_DFL);
+        raise(sig);
+    }
+    return status;
+}

@@ -1,0 +1,600 @@
+/*
+ * kplrun.c — kplrun, the launcher:
+ *
+ *   kplrun -np N [--hostfile F | --host h1:8,h2:8] [--timeout S] [--log-dir D]
+ *          [--dry-run] [--no-ucx] [--mca K V] [-x VAR] -- COMMAND ...
+ *
+ * It starts COMMAND as N ranks through Open MPI's mpirun (launcher.h says
+ * which options and why), each wrapped by `kplrun --agent` (agent.c), and
+ * then owns the console: the ranks' lines arrive prefixed "[rN]", rank 0's
+ * progress bar stays on the last line of a terminal, and every rank's
+ * output is also in LOG_DIR/rank-NNNNN.log.  When a rank fails, mpirun
+ * stops the others; kplrun names the rank, host, status or signal and
+ * shows the end of its log.  Ctrl-C asks every rank to stop (SIGINT, so a
+ * `kpl train` checkpoints); a second Ctrl-C stops them hard.  --timeout
+ * ends a job that runs too long the same way.
+ */
+#define _GNU_SOURCE
+#include "launcher_impl.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/prctl.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define TAIL 20 /* lines of a rank kept for the failure report */
+#define EXIT_TIMEOUT 124
+
+static void usage(FILE *f)
+{
+    fprintf(f,
+            "usage: kplrun -np N [options] -- COMMAND [ARGS...]\n"
+            "\n"
+            "Runs COMMAND as N ranks through Open MPI's mpirun: per-rank environment\n"
+            "(KPL_RANK, KPL_WORLD_SIZE, KPL_LOCAL_RANK, KPL_LOCAL_SIZE, KPL_DEVICE),\n"
+            "one rank per GPU bound to the GPU's NUMA node, or ranks bound to cores\n"
+            "with OMP_NUM_THREADS = cores per rank; per-rank logs and one console\n"
+            "with [rN] prefixes.  If a rank fails, all stop and kplrun says which and why.\n"
+            "\n"
+            "  -np N, -n N        ranks (default: SLURM_NTASKS, or the hosts' slots)\n"
+            "  --host LIST        h1:8,h2:8 (host:slots) or h1,h2\n"
+            "  --hostfile F       Open MPI hostfile ('host slots=8') or one name per slot\n"
+            "                     (without either: a SLURM allocation, PBS_NODEFILE, or this machine)\n"
+            "  --timeout S        stop the job after S seconds (exit status 124)\n"
+            "  --log-dir D        per-rank logs (default kplrun-logs/<time>)\n"
+            "  --dry-run          print the mpirun command and exit\n"
+            "  --no-ucx           keep Open MPI's default point-to-point layer\n"
+            "  --mca K V, -x VAR  passed to mpirun\n"
+            "\n"
+            "Ctrl-C asks the ranks to stop (a kpl train run checkpoints); a second\n"
+            "Ctrl-C kills them.  Exit status: 0; the failed rank's status (128 + signal\n"
+            "when it was killed); 124 after --timeout; 2 for bad usage.\n");
+}
+
+/* ---- the console -------------------------------------------------------------------------- */
+
+typedef struct {
+    char *line[TAIL];
+    int n, next;
+} tail_ring;
+
+typedef struct { /* one rank's end, from its agent */
+    bool seen;
+    char host[256];
+    int pid, status, sig;
+    double seconds, at;
+} rank_end;
+
+typedef struct {
+    int np;
+    tail_ring *tail;
+    rank_end *end;
+    bool tty;
+    char bar[1024];     /* rank 0's latest progress-bar frame */
+    bool bar_drawn;
+    int columns;
+    /* mpirun's own boxed messages are held until they end: the ones about
+     * a failed rank say what kplrun says better, the rest pass through */
+    char box[8192];
+    size_t box_len;
+    bool in_box;
+    /* what mpirun's messages said, when no agent could (a killed agent) */
+    int mp_rank, mp_status, mp_sig, mp_pid;
+    char mp_host[256];
+} console;
+
+static void tail_add(tail_ring *t, const char *line)
+{
+    free(t->line[t->next]);
+    t->line[t->next] = strdup(line);
+    t->next = (t->next + 1) % TAIL;
+    if (t->n < TAIL) t->n++;
+}
+
+static void bar_clear(console *c)
+{
+    if (!c->bar_drawn) return;
+    fputs("\r\033[K", stdout);
+    c->bar_drawn = false;
+}
+
+static void bar_draw(console *c)
+{
+    if (!c->tty || !c->bar[0]) return;
+    printf("\r%.*s\033[K", c->columns > 1 ? c->columns - 1 : 79, c->bar);
+    fflush(stdout);
+    c->bar_drawn = true;
+}
+
+/* A line for the terminal: the bar steps aside and comes back under it. */
+static void print_line(console *c, FILE *f, const char *line)
+{
+    bar_clear(c);
+    if (f == stderr) fflush(stdout);
+    fprintf(f, "%s\n", line);
+    fflush(f);
+    bar_draw(c);
+}
+
+static int line_rank(const char *line)
+{
+    int r = -1, n = 0;
+    if (sscanf(line, "[r%d]%n", &r, &n) == 1 && n > 0) return r;
+    return -1;
+}
+
+/* What an mpirun box says about a failed rank. */
+static bool box_about_failure(console *c, const char *box)
+{
+    const char *keys[] = {"Primary job  terminated normally", "exited with non-zero status",
+                          "mpirun noticed that process rank", "MPI_ABORT was invoked",
+                          "were killed by signal", NULL};
+    bool known = false;
+    for (int i = 0; keys[i]; i++) known |= strstr(box, keys[i]) != NULL;
+    const char *p;
+    int r, pid, sig;
+    char host[256];
+    if ((p = strstr(box, "mpirun noticed that process rank ")) &&
+        sscanf(p, "mpirun noticed that process rank %d with PID %d on node %255s exited on signal %d",
+               &r, &pid, host, &sig) == 4) {
+        c->mp_rank = r, c->mp_pid = pid, c->mp_sig = sig;
+        snprintf(c->mp_host, sizeof c->mp_host, "%s", host);
+    }
+    int a, b, code;
+    if ((p = strstr(box, "Process name: [[")) && sscanf(p, "Process name: [[%d,%d],%d]", &a, &b, &r) == 3) {
+        const char *q = strstr(p, "Exit code:");
+        if (q && sscanf(q, "Exit code: %d", &code) == 1 && c->mp_rank < 0)
+            c->mp_rank = r, c->mp_status = code;
+    }
+    return known;
+}
+
+/* One line of mpirun's stderr that is not a rank's. */
+static void mpirun_line(console *c, const char *line)
+{
+    bool rule = !strncmp(line, "------------", 12);
+    if (rule || c->in_box) {
+        size_t l = strlen(line);
+        if (c->box_len + l + 2 < sizeof c->box) {
+            memcpy(c->box + c->box_len, line, l);
+            c->box_len += l;
+            c->box[c->box_len++] = '\n';
+            c->box[c->box_len] = 0;
+        }
+        if (rule && c->in_box) { /* the box ends */
+            c->in_box = false;
+            if (!box_about_failure(c, c->box)) {
+                bar_clear(c);
+                fputs(c->box, stderr);
+                bar_draw(c);
+            }
+            c->box_len = 0;
+        } else if (rule) {
+            c->in_box = true;
+        }
+        return;
+    }
+    if (strstr(line, "more process has sent help message") ||
+        strstr(line, "more processes have sent help message") ||
+        strstr(line, "orte_base_help_aggregate") || strstr(line, "Forwarding signal"))
+        return;
+    print_line(c, stderr, line);
+}
+
+/* Lines from mpirun's stdout (out) or stderr. */
+static void handle_line(console *c, char *line, bool out)
+{
+    if (out && line[0] == '\001') {
+        int r, pid, status, sig, n = 0;
+        double secs;
+        char host[256];
+        if (sscanf(line, "\001bar %d %n", &r, &n) == 1 && n > 0) {
+            if (r == 0) {
+                snprintf(c->bar, sizeof c->bar, "%s", line + n);
+                if (c->bar[0]) bar_draw(c);
+                else bar_clear(c);
+            }
+        } else if (sscanf(line, "\001exit %d %255s %d %d %d %lf", &r, host, &pid, &status, &sig,
+                          &secs) == 6 &&
+                   r >= 0 && r < c->np) {
+            rank_end *e = &c->end[r];
+            e->seen = true;
+            snprintf(e->host, sizeof e->host, "%s", host);
+            e->pid = pid, e->status = status, e->sig = sig, e->seconds = secs, e->at = kpl_seconds();
+            if (r == 0) c->bar[0] = 0, bar_clear(c);
+        }
+        return;
+    }
+    int r = line_rank(line);
+    if (r >= 0 && r < c->np) {
+        tail_add(&c->tail[r], line);
+        print_line(c, out ? stdout : stderr, line);
+    } else if (out) {
+        print_line(c, stdout, line);
+    } else {
+        mpirun_line(c, line);
+    }
+}
+
+typedef struct {
+    int fd;
+    bool open;
+    char buf[65536];
+    size_t len;
+} reader;
+
+static void pump(console *c, reader *rd, bool out)
+{
+    ssize_t r = read(rd->fd, rd->buf + rd->len, sizeof rd->buf - 1 - rd->len);
+    if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
+    if (r <= 0) {
+        if (rd->len) {
+            rd->buf[rd->len] = 0;
+            handle_line(c, rd->buf, out);
+            rd->len = 0;
+        }
+        rd->open = false;
+        return;
+    }
+    rd->len += (size_t)r;
+    char *start = rd->buf, *nl;
+    while ((nl = memchr(start, '\n', rd->len - (size_t)(start - rd->buf)))) {
+        *nl = 0;
+        handle_line(c, start, out);
+        start = nl + 1;
+    }
+    rd->len -= (size_t)(start - rd->buf);
+    memmove(rd->buf, start, rd->len);
+    if (rd->len == sizeof rd->buf - 1) {
+        rd->buf[rd->len] = 0;
+        handle_line(c, rd->buf, out);
+        rd->len = 0;
+    }
+}
+
+/* ---- start-up ----------------------------------------------------------------------------- */
+
+static bool ucx_available(void)
+{
+    /* ompi_info lists the components Open MPI has; pml ucx is one when
+     * Open MPI was built with UCX (Debian's is). */
+    FILE *p = popen("ompi_info --parsable 2>/dev/null", "r");
+    if (!p) return false;
+    char line[1024];
+    bool yes = false;
+    while (fgets(line, sizeof line, p))
+        if (!strncmp(line, "mca:pml:ucx:", 12)) yes = true;
+    pclose(p);
+    return yes;
+}
+
+static int die_usage(const char *fmt, const char *arg)
+{
+    fprintf(stderr, "kplrun: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, " (try 'kplrun --help')\n");
+    return 2;
+}
+
+static bool parse_pos(const char *s, long max, long *v)
+{
+    char *end;
+    errno = 0;
+    *v = strtol(s, &end, 10);
+    return !errno && end != s && !*end && *v >= 1 && *v <= max;
+}
+
+/* kplrun proper; `extra` (argc slots) and `hosts` are main's to free. */
+static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts)
+{
+    long np = 0;
+    double timeout = 0;
+    const char *host_spec = NULL, *hostfile = NULL, *log_dir = NULL;
+    bool dry = false, no_ucx = getenv("KPL_NO_UCX") != NULL;
+    int nextra = 0, cmd = -1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "--")) {
+            cmd = i + 1;
+            break;
+        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "--version")) {
+            printf("kplrun (kpl %s)\n", kpl_version());
+            return 0;
+        } else if ((!strcmp(a, "-np") || !strcmp(a, "-n")) && has) {
+            if (!parse_pos(argv[++i], 1 << 20, &np)) return die_usage("-np wants a number >= 1, got '%s'", argv[i]);
+        } else if (!strcmp(a, "--host") && has) {
+            host_spec = argv[++i];
+        } else if (!strcmp(a, "--hostfile") && has) {
+            hostfile = argv[++i];
+        } else if (!strcmp(a, "--timeout") && has) {
+            char *end;
+            timeout = strtod(argv[++i], &end);
+            if (*end || !(timeout > 0)) return die_usage("--timeout wants seconds > 0, got '%s'", argv[i]);
+        } else if (!strcmp(a, "--log-dir") && has) {
+            log_dir = argv[++i];
+        } else if (!strcmp(a, "--dry-run")) {
+            dry = true;
+        } else if (!strcmp(a, "--no-ucx")) {
+            no_ucx = true;
+        } else if (!strcmp(a, "--mca") && i + 2 < argc) {
+            extra[nextra++] = a, extra[nextra++] = argv[++i], extra[nextra++] = argv[++i];
+        } else if (!strcmp(a, "-x") && has) {
+            extra[nextra++] = a, extra[nextra++] = argv[++i];
+        } else {
+            return die_usage("unknown option or missing value: '%s'", a);
+        }
+    }
+    if (cmd < 0 || cmd >= argc) return die_usage("no command: put it after '--'%s", "");
+    if (host_spec && hostfile) return die_usage("give --host or --hostfile, not both%s", "");
+
+    /* the hosts: given, or the allocation's, or this machine */
+    kpl_status st = KPL_OK;
+    const char *where = "this machine";
+    if (host_spec) {
+        st = kpl_hosts_parse(host_spec, hosts);
+        where = "--host";
+    } else if (hostfile) {
+        st = kpl_hosts_read_file(hostfile, hosts);
+        where = hostfile;
+    } else if (getenv("SLURM_JOB_NODELIST")) {
+        const char *t = getenv("SLURM_NTASKS_PER_NODE");
+        if (!t) t = getenv("SLURM_TASKS_PER_NODE");
+        st = kpl_hosts_from_slurm(getenv("SLURM_JOB_NODELIST"), t, hosts);
+        where = "the SLURM allocation";
+        if (!np && getenv("SLURM_NTASKS")) np = atol(getenv("SLURM_NTASKS"));
+    } else if (getenv("PBS_NODEFILE")) {
+        st = kpl_hosts_read_file(getenv("PBS_NODEFILE"), hosts);
+        where = "PBS_NODEFILE";
+    }
+    if (st < 0) {
+        fprintf(stderr, "kplrun: %s\n", kpl_last_error());
+        return 2;
+    }
+    if (!np && hosts->n) np = kpl_hosts_slots(hosts);
+    if (!np) return die_usage("how many ranks? give -np N%s", "");
+
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) snprintf(self, sizeof self, "%s", argv[0]);
+    else self[sl] = 0;
+    char dir[PATH_MAX];
+    if (log_dir) {
+        snprintf(dir, sizeof dir, "%s", log_dir);
+    } else {
+        time_t t = time(NULL);
+        struct tm tm;
+        localtime_r(&t, &tm);
+        strftime(dir, sizeof dir, "kplrun-logs/%Y%m%d-%H%M%S", &tm);
+    }
+    console c;
+    memset(&c, 0, sizeof c);
+    c.np = (int)np;
+    c.mp_rank = -1;
+    c.tty = isatty(STDOUT_FILENO);
+    c.columns = 80;
+    struct winsize ws;
+    if (c.tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20) c.columns = ws.ws_col;
+
+    kpl_launch_config lc = KPL_LAUNCH_CONFIG_INIT;
+    lc.np = (int)np;
+    lc.hosts = hosts->n ? hosts : NULL;
+    lc.cores_per_node = cores > 0 ? (int)cores : 1;
+    lc.gpus_per_node = kpl__launcher_gpu_count();
+    lc.as_root = geteuid() == 0;
+    lc.ucx = !no_ucx && ucx_available();
+    lc.agent = self;
+    lc.log_dir = dir;
+    lc.bar = c.tty;
+    lc.columns = c.columns;
+    lc.nextra = nextra;
+    lc.extra = extra;
+    char **mp = NULL;
+    int per = 0, threads = 0;
+    if (kpl_launch_mpirun_argv(&lc, argc - cmd, argv + cmd, &mp, &per, &threads) < 0) {
+        fprintf(stderr, "kplrun: %s\n", kpl_last_error());
+        return 2;
+    }
+    char *line = kpl_launch_argv_string(mp);
+    if (dry) {
+        printf("%s\n", line ? line : "");
+        free(line);
+        kpl_launch_free_argv(mp);
+        return 0;
+    }
+    char place[PATH_MAX + 64];
+    if (hosts->n) snprintf(place, sizeof place, "%d host%s from %s", hosts->n, hosts->n > 1 ? "s" : "", where);
+    else snprintf(place, sizeof place, "%s", where);
+    fprintf(stderr, "kplrun: %ld rank%s on %s (%d per node, %s, %d thread%s each%s); logs in %s\n",
+            np, np > 1 ? "s" : "", place, per,
+            lc.gpus_per_node ? "one per GPU"
+            : per <= lc.cores_per_node ? "bound to cores"
+                                       : "more than cores: not bound",
+            threads, threads > 1 ? "s" : "",
+            lc.ucx ? ", UCX" : "", dir);
+    if (getenv("KPLRUN_VERBOSE")) fprintf(stderr, "kplrun: %s\n", line);
+    free(line);
+
+    c.tail = calloc((size_t)np, sizeof *c.tail);
+    c.end = calloc((size_t)np, sizeof *c.end);
+    /* A shell starts background jobs with SIGINT ignored, which would
+     * throw a `kill -INT` away before signalfd saw it; a SIGHUP ignored
+     * (nohup) stays ignored. */
+    signal(SIGINT, SIG_DFL);
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    if (signal(SIGHUP, SIG_IGN) != SIG_IGN) {
+        signal(SIGHUP, SIG_DFL);
+        sigaddset(&mask, SIGHUP);
+    }
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, NULL);
+    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    int po[2], pe[2];
+    if (!c.tail || !c.end || sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+        fprintf(stderr, "kplrun: %s\n", strerror(errno));
+        return 1;
+    }
+    double t0 = kpl_seconds();
+    pid_t pid = fork();
+    if (pid == 0) {
+        /* mpirun in a session of its own: the terminal's Ctrl-C reaches
+         * kplrun alone, which decides; mpirun goes when kplrun dies. */
+        setsid();
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        dup2(po[1], STDOUT_FILENO);
+        dup2(pe[1], STDERR_FILENO);
+        execvp(mp[0], mp);
+        fprintf(stderr, "kplrun: cannot run %s: %s (install openmpi-bin)\n", mp[0], strerror(errno));
+        _exit(127);
+    }
+    kpl_launch_free_argv(mp);
+    if (pid < 0) {
+        fprintf(stderr, "kplrun: fork: %s\n", strerror(errno));
+        return 1;
+    }
+    close(po[1]);
+    close(pe[1]);
+    reader ro = {po[0], true, {0}, 0}, re = {pe[0], true, {0}, 0};
+    int interrupts = 0, wstatus = 0;
+    bool timed_out = false, exited = false;
+    double hard_at = 0; /* when a stop turns into SIGKILL */
+    while (!exited || ro.open || re.open) {
+        struct pollfd p[3] = {{sfd, POLLIN, 0}, {ro.open ? ro.fd : -1, POLLIN, 0},
+                              {re.open ? re.fd : -1, POLLIN, 0}};
+        int r = poll(p, 3, 100);
+        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) pump(&c, &ro, true);
+        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) pump(&c, &re, false);
+        double t = kpl_seconds();
+        if (r > 0 && (p[0].revents & POLLIN)) {
+            struct signalfd_siginfo si;
+            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+                if (si.ssi_signo == SIGCHLD) continue;
+                interrupts++;
+                if (interrupts == 1 && si.ssi_signo == SIGINT) {
+                    print_line(&c, stderr, "kplrun: interrupt: asking every rank to stop "
+                                           "(Ctrl-C again to kill them)");
+                    kill(pid, SIGUSR1); /* mpirun forwards it; the agents make it SIGINT */
+                } else {
+                    print_line(&c, stderr, "kplrun: stopping every rank");
+                    kill(pid, SIGTERM);
+                    if (!hard_at) hard_at = t + 5;
+                }
+                break;
+            }
+        }
+        if (timeout > 0 && !timed_out && t - t0 > timeout) {
+            timed_out = true;
+            char msg[128];
+            snprintf(msg, sizeof msg, "kplrun: --timeout %g s reached: stopping every rank",
+                     timeout);
+            print_line(&c, stderr, msg);
+            kill(pid, SIGTERM);
+            hard_at = t + 5;
+        }
+        if (hard_at && t > hard_at) {
+            kill(-pid, SIGKILL); /* mpirun's session: mpirun and the local ranks */
+            hard_at = 0;
+        }
+        if (!exited && waitpid(pid, &wstatus, WNOHANG) == pid) {
+            exited = true;
+            /* what is still in the pipes comes out; the pipes of a rank
+             * that outlives mpirun do not hold kplrun */
+            if (!hard_at) hard_at = t + 2;
+        }
+        if (exited && t > hard_at && hard_at) break;
+    }
+    bar_clear(&c);
+    fflush(stdout);
+
+    /* The verdict: the first rank that ended badly, as its agent or mpirun
+     * said. */
+    /* A rank that ended by SIGTERM was most likely torn down by mpirun
+     * after another failed; mpirun's own notice names a rank whose agent
+     * could not speak (killed with it). */
+    int bad = -1, torn = -1;
+    for (int r = 0; r < np; r++) {
+        const rank_end *e = &c.end[r];
+        if (!e->seen || (!e->status && !e->sig)) continue;
+        int *slot = e->sig == SIGTERM || e->status == 128 + SIGTERM ? &torn : &bad;
+        if (*slot < 0 || e->at < c.end[*slot].at) *slot = r;
+    }
+    if (bad < 0 && c.mp_rank < 0) bad = torn;
+    int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
+    int missing = 0;
+    for (int r = 0; r < np; r++) missing += !c.end[r].seen;
+    if (timed_out) {
+        fprintf(stderr, "kplrun: the job ran past --timeout %g s and was stopped (%.1f s)\n",
+                timeout, kpl_seconds() - t0);
+        rc = EXIT_TIMEOUT;
+    } else if (bad >= 0 || c.mp_rank >= 0) {
+        int r = bad >= 0 ? bad : c.mp_rank;
+        const rank_end *e = bad >= 0 ? &c.end[bad] : NULL;
+        int sig = e ? e->sig : c.mp_sig, status = e ? e->status : c.mp_status;
+        const char *host = e ? e->host : c.mp_host[0] ? c.mp_host : "?";
+        int rpid = e ? e->pid : c.mp_pid;
+        char what[128];
+        if (sig) snprintf(what, sizeof what, "was killed by signal %d (%s)", sig, strsignal(sig));
+        else snprintf(what, sizeof what, "exited with status %d", status);
+        if (interrupts && (status == 130 || status == 143 || sig == SIGINT || sig == SIGTERM))
+            fprintf(stderr, "kplrun: interrupted; rank %d %s\n", r, what);
+        else
+            {
+            char pidtxt[32] = "";
+            if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
+            fprintf(stderr, "kplrun: rank %d on host %s%s %s after %.1f s; the other ranks "
+                            "were stopped\n",
+                    r, host, pidtxt, what, e ? e->seconds : kpl_seconds() - t0);
+        }
+        if (r >= 0 && r < np && c.tail[r].n) {
+            fprintf(stderr, "kplrun: the last lines of rank %d (%s/rank-%05d.log):\n", r, dir, r);
+            for (int i = 0; i < c.tail[r].n; i++) {
+                int k = (c.tail[r].next - c.tail[r].n + i + TAIL) % TAIL;
+                fprintf(stderr, "  %s\n", c.tail[r].line[k]);
+            }
+        }
+        rc = sig ? 128 + sig : status ? status : rc ? rc : 1;
+    } else if (rc != 0) {
+        fprintf(stderr, "kplrun: mpirun failed (exit status %d)%s\n", rc,
+                missing == np ? " before any rank ran" : "");
+    } else if (missing) {
+        fprintf(stderr, "kplrun: %d rank%s ended without a word (killed with mpirun?)\n", missing,
+                missing > 1 ? "s" : "");
+        rc = 1;
+    }
+    for (int r = 0; r < np; r++)
+        for (int i = 0; i < TAIL; i++) free(c.tail[r].line[i]);
+    free(c.tail);
+    free(c.end);
+    return rc;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "--agent")) return kpl__agent_main(argc - 2, argv + 2);
+    const char **extra = calloc((size_t)argc + 1, sizeof *extra);
+    if (!extra) return 1;
+    kpl_hostlist hosts = {NULL, 0};
+    int rc = kplrun(argc, argv, extra, &hosts);
+    free(extra);
+    kpl_hosts_free(&hosts);
+    return rc;
+}

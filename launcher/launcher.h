@@ -1,0 +1,93 @@
+/*
+ * launcher.h — kplrun, the job launcher: which hosts a job runs on (given,
+ * or found in a SLURM or PBS allocation) and the mpirun command that starts
+ * its ranks.  The kplrun program (kplrun.c) adds the rank agent (agent.c),
+ * the merged console, the per-rank logs and the failure handling; this
+ * header is the part its tests and other tools share.
+ *
+ *   kpl_hostlist h = {0};
+ *   kpl_hosts_from_slurm("node[01-03],gpu7", "8(x3),4", &h);  // 4 hosts, 28 slots
+ *   kpl_launch_config c = KPL_LAUNCH_CONFIG_INIT;
+ *   c.np = 28; c.hosts = &h; c.agent = "/opt/kpl/bin/kplrun"; ...
+ *   char **argv = NULL;
+ *   kpl_launch_mpirun_argv(&c, command_argc, command_argv, &argv);
+ *   ... execvp(argv[0], argv) ...
+ *   kpl_launch_free_argv(argv);
+ *   kpl_hosts_free(&h);
+ */
+#ifndef KPL_LAUNCHER_H
+#define KPL_LAUNCHER_H
+
+#include "kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define KPL_HOST_NAME_MAX 256
+
+typedef struct {
+    char name[KPL_HOST_NAME_MAX];
+    int slots; /* ranks it may take (>= 1) */
+} kpl_host;
+
+/* A plain value with one owned array; kpl_hosts_free releases it. */
+typedef struct {
+    kpl_host *host;
+    int n;
+} kpl_hostlist;
+
+/* "h1:8,h2:8" or "h1,h2" (1 slot each); a host named twice adds up.
+ * KPL_EINVAL naming the entry at fault. */
+kpl_status kpl_hosts_parse(const char *spec, kpl_hostlist *out);
+/* A hostfile: Open MPI's ("host slots=8 max_slots=16", "# comments") or
+ * a list of names, one per line, each line one slot (PBS_NODEFILE's form:
+ * a name repeated N times has N slots).  KPL_EIO / KPL_EINVAL naming the
+ * file and line. */
+kpl_status kpl_hosts_read_file(const char *path, kpl_hostlist *out);
+/* SLURM's compressed node list ("node[01-04,07],gpu3") with the tasks per
+ * node ("8", "8(x4),2", NULL for 1 each) as SLURM_NTASKS_PER_NODE or
+ * SLURM_TASKS_PER_NODE give them. */
+kpl_status kpl_hosts_from_slurm(const char *nodelist, const char *tasks_per_node,
+                                kpl_hostlist *out);
+void kpl_hosts_free(kpl_hostlist *l);
+int kpl_hosts_slots(const kpl_hostlist *l);
+
+/* What kplrun decided; kpl_launch_mpirun_argv turns it into a command. */
+typedef struct {
+    const char *mpirun;         /* "mpirun" */
+    int np;                     /* ranks */
+    const kpl_hostlist *hosts;  /* NULL: this machine only */
+    const char *hostfile;       /* passed as --hostfile (instead of hosts) */
+    int cores_per_node;         /* of this machine (taken for every node) */
+    int gpus_per_node;          /* 0: CPU ranks bound to cores */
+    bool as_root;               /* add --allow-run-as-root */
+    bool ucx;                   /* point-to-point over UCX (pml ucx) */
+    const char *agent;          /* the kplrun binary that wraps each rank */
+    const char *log_dir;        /* per-rank logs */
+    bool bar;                   /* rank 0 draws a progress bar for kplrun's console */
+    int columns;                /* the console's width, for that bar */
+    int nextra;                 /* more mpirun arguments (user's --mca, -x), before the command */
+    const char *const *extra;
+} kpl_launch_config;
+#define KPL_LAUNCH_CONFIG_INIT                                                               \
+    {"mpirun", 1, NULL, NULL, 1, 0, false, false, "kplrun", "kplrun-logs", false, 80, 0, NULL}
+
+/* The mpirun command line (NULL-terminated, malloc'd: kpl_launch_free_argv):
+ *   mpirun -np N [--allow-run-as-root] [--oversubscribe] [--host ... | --hostfile F]
+ *          GPUs: --map-by ppr:G:node --bind-to none (the agent binds to the GPU's NUMA node)
+ *          CPUs: --map-by slot:PE=k --bind-to core -x OMP_NUM_THREADS=k, k = cores per rank
+ *                (more ranks than cores: --bind-to none, OMP_NUM_THREADS=1)
+ *          [--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any]
+ *          EXTRA... AGENT --agent --log-dir D [--bar --columns C] -- COMMAND...
+ * *ranks_per_node and *threads (may be NULL) receive the layout chosen. */
+kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *const *argv,
+                                  char ***out, int *ranks_per_node, int *threads);
+void kpl_launch_free_argv(char **argv);
+/* argv as one shell-quoted line (malloc'd), for --dry-run and messages. */
+char *kpl_launch_argv_string(char *const *argv);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_LAUNCHER_H */

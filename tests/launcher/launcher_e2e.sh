@@ -1,0 +1,229 @@
+#!/usr/bin/env bash
+# launcher_e2e.sh CASE KPLRUN LAUNCH_CHECK — kplrun end to end on this
+# machine, one CTest test per case:
+#   ranks      2 and 4 ranks: each sees its KPL_* environment agree with MPI
+#              (launch_check), a sum over ranks through the mpi and ucx
+#              backends is right, console lines carry [rN], and every rank
+#              has its log file
+#   fail       rank 2 of 4 exits 3 after 1 s while the others sleep 60 s:
+#              kplrun exits 3 within 10 s naming rank 2, its host and
+#              status 3, shows the end of its log; no process is left
+#   kill       a rank's command is killed by SIGKILL; then a rank's agent
+#              itself: kplrun names the rank and signal 9 (exit 137)
+#   timeout    --timeout 5 on a job that sleeps: exit 124 within 10 s
+#   interrupt  one SIGINT reaches every rank's command as SIGINT; a command
+#              that ignores it is stopped by the second one
+#   bar        on a terminal, rank 0's progress bar stays whole while rank
+#              1 prints lines; the log keeps lines, not bar frames
+#   cli        usage errors, --dry-run, hosts from SLURM and PBS variables,
+#              a command that does not exist
+set -euo pipefail
+case_=$1 kplrun=$2 check=$3
+tmp=$(mktemp -d)
+token=$$$RANDOM # marks this test's processes
+cleanup() {
+  pkill -9 -f "sleep 6[01]\.$token" 2> /dev/null || true
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+cd "$tmp"
+die() {
+  echo "FAIL ($case_): $*" >&2
+  for f in out.txt err.txt; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+  exit 1
+}
+# the defaults are what is tested (UCX when Open MPI has it)
+unset KPL_NO_UCX SLURM_JOB_NODELIST SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE SLURM_NTASKS \
+  PBS_NODEFILE OMP_NUM_THREADS
+
+# run ARGS...: kplrun in the background with stdout/stderr to out.txt and
+# err.txt; sets rc and secs
+run() {
+  local t0=$EPOCHREALTIME
+  set +e
+  "$kplrun" "$@" > out.txt 2> err.txt
+  rc=$?
+  set -e
+  secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+}
+has() { grep -qE -- "$2" "$1" || die "$1 lacks /$2/"; }
+# nothing of this test's job may be left: the ranks' sleeps, agents, mpirun
+# (a rank's guard may take a moment to see its group gone)
+none_left() {
+  for _ in $(seq 30); do
+    pgrep -f "sleep 6[01]\.$token" > /dev/null || pgrep -f "agent --log-dir $tmp/" > /dev/null || break
+    sleep 0.1
+  done
+  if pgrep -f "sleep 6[01]\.$token" > /dev/null || pgrep -f "agent --log-dir $tmp/" > /dev/null; then
+    ps -ef | grep -E "sleep 6[01]\.$token|agent --log-dir $tmp/" | grep -v grep >&2
+    die "processes left behind"
+  fi
+}
+faster() { awk -v s="$secs" -v m="$1" 'BEGIN { exit !(s < m) }' || die "took $secs s (limit $1 s)"; }
+# ended STATUS PATTERN: the job ended with STATUS within 10 s, kplrun said
+# PATTERN, and nothing of it is left
+ended() {
+  [[ $rc == "$1" ]] || die "exit $rc, expected $1"
+  faster 10
+  has err.txt "$2"
+  none_left
+}
+
+case $case_ in
+ranks)
+  for np in 2 4; do
+    for backend in mpi ucx; do
+      run -np $np --log-dir "$tmp/logs$np$backend" -- "$check" $backend
+      [[ $rc == 0 ]] || die "-np $np $backend: exit $rc"
+      for ((r = 0; r < np; r++)); do
+        has out.txt "^\[r$r\] CHECK rank $r/$np local $r/$np device cpu host [^ ]+ net [^ ]+ omp 1$"
+        has "$tmp/logs$np$backend/rank-0000$r.log" "^CHECK rank $r/$np "
+        has "$tmp/logs$np$backend/rank-0000$r.log" "^kplrun: rank $r exited with status 0"
+      done
+      has out.txt "^\[r0\] SUM-OK over $backend$"
+      ! grep -qv '^\[r[0-9]\] ' out.txt || die "a console line without its [rN] prefix"
+      has err.txt "^kplrun: $np ranks on this machine"
+    done
+  done
+  # OMP_NUM_THREADS: the cores shared out when there are enough of them
+  cores=$(nproc)
+  run -np 1 --log-dir "$tmp/l1" -- "$check" mpi
+  [[ $rc == 0 ]] || die "-np 1: exit $rc"
+  has out.txt "CHECK rank 0/1 local 0/1 device cpu .* omp $cores$"
+  ;;
+
+fail)
+  run -np 4 --log-dir "$tmp/logs" -- sh -c \
+    'echo started; if [ "$KPL_RANK" = 2 ]; then sleep 1; echo "giving up" >&2; exit 3; fi; sleep 60.'$token
+  ended 3 "^kplrun: rank 2 on host $(hostname) \(pid [0-9]+\) exited with status 3 after 1\.[0-9] s; the other ranks were stopped$"
+  has err.txt "^kplrun: the last lines of rank 2 \($tmp/logs/rank-00002.log\):$"
+  has err.txt "^  \[r2\] giving up$"
+  has "$tmp/logs/rank-00002.log" "^giving up$"
+  # (the torn-down ranks' agents may be killed before they log their end:
+  # mpirun sends SIGKILL a millisecond after SIGTERM)
+  for r in 0 1 3; do has "$tmp/logs/rank-0000$r.log" "^started$"; done
+  ;;
+
+kill)
+  run -np 2 --log-dir "$tmp/logs" -- sh -c \
+    'if [ "$KPL_RANK" = 1 ]; then sleep 1; kill -KILL $$; fi; sleep 60.'$token
+  ended 137 "^kplrun: rank 1 on host $(hostname) \(pid [0-9]+\) was killed by signal 9 \(Killed\)"
+  # the agent itself (as the OOM killer might): mpirun's word for it, and
+  # the command's whole process group goes with its agent (sleep is the
+  # shell's child here, out of reach of the shell's parent-death signal)
+  run -np 2 --log-dir "$tmp/logs2" -- sh -c \
+    'if [ "$KPL_RANK" = 0 ]; then sleep 1; kill -KILL $PPID; fi; sleep 61.'$token
+  ended 137 "^kplrun: rank 0 on host [^ ]+ was killed by signal 9 \(Killed\)"
+  ;;
+
+timeout)
+  run -np 2 --timeout 5 --log-dir "$tmp/logs" -- sleep 60.$token
+  ended 124 "^kplrun: the job ran past --timeout 5 s and was stopped"
+  has err.txt "^kplrun: --timeout 5 s reached: stopping every rank$"
+  ;;
+
+interrupt)
+  # start ARGS...: kplrun in the background until both ranks said "ready"
+  start() {
+    "$kplrun" "$@" > out.txt 2> err.txt &
+    pid=$!
+    for _ in $(seq 100); do [[ $(grep -c ready out.txt) == 2 ]] && break; sleep 0.1; done
+    [[ $(grep -c ready out.txt) == 2 ]] || die "the ranks did not start"
+  }
+  # interrupt: SIGINT to kplrun (Ctrl-C), then wait for it; sets rc and secs
+  interrupt() {
+    local t0=$EPOCHREALTIME
+    kill -INT $pid
+    set +e; wait $pid; rc=$?; set -e
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+  }
+  # first Ctrl-C: every command gets SIGINT and may finish its way
+  start -np 2 --log-dir "$tmp/logs" -- sh -c \
+    'trap "echo got SIGINT; exit 130" INT; echo ready; sleep 60.'$token' & wait'
+  interrupt
+  ended 130 "^kplrun: interrupted; rank [01] exited with status 130$"
+  has out.txt "^\[r0\] got SIGINT$"
+  has out.txt "^\[r1\] got SIGINT$"
+  has err.txt "^kplrun: interrupt: asking every rank to stop \(Ctrl-C again to kill them\)$"
+  # a command deaf to SIGINT: the second one stops it
+  start -np 2 --log-dir "$tmp/logs2" -- sh -c 'trap "" INT; echo ready; sleep 60.'$token
+  kill -INT $pid
+  sleep 1
+  kill -0 $pid 2> /dev/null || die "the first SIGINT ended a job that ignores it"
+  interrupt
+  ended 143 "^kplrun: stopping every rank$"
+  ;;
+
+bar)
+  # on a terminal (script(1) makes one): rank 0's progress bar stays on the
+  # bottom line; rank 1's lines print above it, never into it
+  command -v script > /dev/null || { echo "no script(1): skipped"; exit 77; }
+  cat > job.sh << 'EOF2'
+if [ "$KPL_RANK" = 0 ]; then
+  [ "$KPL_PROGRESS" = always ] || echo "KPL_PROGRESS is '$KPL_PROGRESS'"
+  i=1; while [ $i -le 30 ]; do printf '\rstep %d/30\033[K' $i; sleep 0.05; i=$((i + 1)); done
+  printf '\r\033[Kdone\n'
+else
+  i=1; while [ $i -le 10 ]; do echo "line $i"; sleep 0.12; i=$((i + 1)); done
+fi
+EOF2
+  set +e
+  COLUMNS=100 script -qfec "'$kplrun' -np 2 --log-dir '$tmp/logs' -- sh '$tmp/job.sh'" typescript > /dev/null
+  rc=$?
+  set -e
+  [[ $rc == 0 ]] || die "exit $rc: $(cat typescript)"
+  # each frame and line on its own, the erase-to-end-of-line codes gone
+  tr '\r' '\n' < typescript | sed 's/\x1b\[K//g' > screen.txt
+  show() { cat -v typescript; }
+  grep -q '^step 1[0-9]/30$' screen.txt || die "no bar frames on the terminal: $(show)"
+  for i in $(seq 10); do
+    grep -q "^\[r1\] line $i\$" screen.txt || die "rank 1's line $i is not on a line of its own: $(show)"
+  done
+  ! grep -q 'step [0-9]*/30.*\[r1\]' screen.txt || die "a line printed into the bar: $(show)"
+  grep -q '^\[r0\] done$' screen.txt || die "rank 0's last line: $(show)"
+  ! grep -q KPL_PROGRESS screen.txt || die "rank 0 was not told to draw its bar"
+  # the log has what the terminal finally showed, not every frame
+  [[ $(cat "$tmp/logs/rank-00000.log" | head -1) == done ]] || die "rank 0's log: $(cat -v "$tmp/logs/rank-00000.log")"
+  ;;
+
+cli)
+  expect_usage() { # NEEDLE ARGS...: exit 2 and NEEDLE on stderr
+    local needle=$1
+    shift
+    run "$@"
+    [[ $rc == 2 ]] || die "kplrun $*: exit $rc, expected 2"
+    grep -qF -- "$needle" err.txt || die "kplrun $*: '$(cat err.txt)' lacks '$needle'"
+  }
+  expect_usage "-np wants a number >= 1, got '0'" -np 0 -- true
+  expect_usage "no command: put it after '--'" -np 2
+  expect_usage "give --host or --hostfile, not both" -np 2 --host a --hostfile b -- true
+  expect_usage "hostfile /nonexistent/h: No such file or directory" --hostfile /nonexistent/h -- true
+  expect_usage "--host: 'a:0': the slots after ':'" --host a:0 -- true
+  expect_usage "unknown option or missing value: '--fast'" -np 2 --fast -- true
+  expect_usage "--timeout wants seconds > 0, got '-3'" -np 2 --timeout -3 -- true
+  run --help
+  [[ $rc == 0 ]] && has out.txt "^usage: kplrun -np N"
+  # --dry-run: the exact command, nothing started
+  run -np 2 --dry-run --log-dir L --mca btl_tcp_if_include eth0 -x FOO -- echo 'a b'
+  [[ $rc == 0 ]] || die "--dry-run: exit $rc"
+  has out.txt "^mpirun -np 2 .*-x OMP_NUM_THREADS=[0-9]+ .*--mca btl_tcp_if_include eth0 -x FOO [^ ]*kplrun --agent --log-dir L -- echo 'a b'$"
+  [[ ! -d L ]] || die "--dry-run made the log directory"
+  # the hosts and -np of a SLURM allocation, of a PBS job
+  SLURM_JOB_NODELIST='gpu[07-08]' SLURM_NTASKS_PER_NODE=3 SLURM_NTASKS=6 run --dry-run -- true
+  has out.txt "^mpirun -np 6 .*--host gpu07:3,gpu08:3 "
+  printf 'cn1\ncn1\ncn2\ncn2\n' > nodes
+  PBS_NODEFILE=$tmp/nodes run --dry-run -- true
+  has out.txt "^mpirun -np 4 .*--host cn1:2,cn2:2 "
+  # a given host list wins over the allocation's
+  SLURM_JOB_NODELIST='gpu[07-08]' run -np 2 --dry-run --host x:2 -- true
+  has out.txt "--host x:2 "
+  # a command that is not there
+  run -np 2 --log-dir "$tmp/logs" -- /nonexistent/program
+  [[ $rc == 127 ]] || die "missing command: exit $rc, expected 127"
+  has err.txt "cannot run /nonexistent/program: No such file or directory"
+  has err.txt "^kplrun: rank [01] on host .* exited with status 127"
+  ;;
+
+*) die "unknown case" ;;
+esac
+echo "PASS ($case_)"

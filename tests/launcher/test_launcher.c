@@ -1,0 +1,233 @@
+/* test_launcher.c — kplrun's host lists (--host, hostfiles, PBS node
+ * files, SLURM node lists) and the mpirun command it builds. */
+#include "kpl_test.h"
+#include "launcher.h"
+
+#include <stdlib.h>
+#include <unistd.h>
+
+static void expect_hosts(const kpl_hostlist *l, int n, const char *const *names, const int *slots)
+{
+    assert_int_equal(l->n, n);
+    for (int i = 0; i < n; i++) {
+        assert_string_equal(l->host[i].name, names[i]);
+        assert_int_equal(l->host[i].slots, slots[i]);
+    }
+}
+
+static void test_host_spec(void **state)
+{
+    (void)state;
+    kpl_hostlist l;
+    OK(kpl_hosts_parse("h1:8,h2:8", &l));
+    expect_hosts(&l, 2, (const char *[]){"h1", "h2"}, (int[]){8, 8});
+    assert_int_equal(kpl_hosts_slots(&l), 16);
+    kpl_hosts_free(&l);
+    /* no slots: 1 each; a host named twice adds up, in first-seen order */
+    OK(kpl_hosts_parse("b,a:2,b:3,10.0.0.7", &l));
+    expect_hosts(&l, 3, (const char *[]){"b", "a", "10.0.0.7"}, (int[]){4, 2, 1});
+    kpl_hosts_free(&l);
+    FAILS(kpl_hosts_parse("h1:0", &l), KPL_EINVAL, "'h1:0': the slots after ':' must be a number");
+    FAILS(kpl_hosts_parse("h1:x", &l), KPL_EINVAL, "'h1:x'");
+    FAILS(kpl_hosts_parse("h1,,h2", &l), KPL_EINVAL, "host name '' is empty");
+    FAILS(kpl_hosts_parse("h1;rm", &l), KPL_EINVAL, "'h1;rm' has a character");
+    FAILS(kpl_hosts_parse("", &l), KPL_EINVAL, "no host in ''");
+    assert_null(l.host);
+    assert_int_equal(l.n, 0);
+}
+
+static char *write_tmp(const char *text)
+{
+    static char path[64];
+    snprintf(path, sizeof path, "/tmp/kpl-hostfile-XXXXXX");
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
+    close(fd);
+    return path;
+}
+
+static void test_hostfile(void **state)
+{
+    (void)state;
+    kpl_hostlist l;
+    /* Open MPI's form, with comments, blank lines and max_slots */
+    char *p = write_tmp("# the cluster\n"
+                        "node1 slots=8 max_slots=16\n"
+                        "\n"
+                        "  node2   slots=4   # half of it\n"
+                        "node3\n");
+    OK(kpl_hosts_read_file(p, &l));
+    expect_hosts(&l, 3, (const char *[]){"node1", "node2", "node3"}, (int[]){8, 4, 1});
+    kpl_hosts_free(&l);
+    unlink(p);
+    /* PBS_NODEFILE's: a name per slot */
+    p = write_tmp("cn07\ncn07\ncn07\ncn09\ncn07\n");
+    OK(kpl_hosts_read_file(p, &l));
+    expect_hosts(&l, 2, (const char *[]){"cn07", "cn09"}, (int[]){4, 1});
+    kpl_hosts_free(&l);
+    unlink(p);
+    /* errors name the file and line */
+    char want[128];
+    p = write_tmp("node1 slots=8\nnode2 slots=eight\n");
+    snprintf(want, sizeof want, "hostfile %s:2: 'slots=eight' is not slots=N", p);
+    FAILS(kpl_hosts_read_file(p, &l), KPL_EINVAL, want);
+    unlink(p);
+    p = write_tmp("node1 cpus 4\n");
+    snprintf(want, sizeof want, "hostfile %s:1: unexpected 'cpus'", p);
+    FAILS(kpl_hosts_read_file(p, &l), KPL_EINVAL, want);
+    unlink(p);
+    p = write_tmp("# nothing\n\n");
+    snprintf(want, sizeof want, "hostfile %s: no host in it", p);
+    FAILS(kpl_hosts_read_file(p, &l), KPL_EINVAL, want);
+    unlink(p);
+    FAILS(kpl_hosts_read_file("/nonexistent/hosts", &l), KPL_EIO,
+          "hostfile /nonexistent/hosts: No such file");
+}
+
+static void test_slurm(void **state)
+{
+    (void)state;
+    kpl_hostlist l;
+    OK(kpl_hosts_from_slurm("node[01-04,07],gpu3", "8(x3),4", &l));
+    expect_hosts(&l, 6, (const char *[]){"node01", "node02", "node03", "node04", "node07", "gpu3"},
+                 (int[]){8, 8, 8, 4, 4, 4});
+    kpl_hosts_free(&l);
+    /* SLURM_NTASKS_PER_NODE is one number; none: 1 each */
+    OK(kpl_hosts_from_slurm("a[8-11]", "2", &l));
+    expect_hosts(&l, 4, (const char *[]){"a8", "a9", "a10", "a11"}, (int[]){2, 2, 2, 2});
+    kpl_hosts_free(&l);
+    OK(kpl_hosts_from_slurm("single", NULL, &l));
+    expect_hosts(&l, 1, (const char *[]){"single"}, (int[]){1});
+    kpl_hosts_free(&l);
+    /* two bracket groups and a suffix */
+    OK(kpl_hosts_from_slurm("r[1-2]n[9-10].ib,x", "1(x2),2,3,5", &l));
+    expect_hosts(&l, 5, (const char *[]){"r1n9.ib", "r1n10.ib", "r2n9.ib", "r2n10.ib", "x"},
+                 (int[]){1, 1, 2, 3, 5});
+    kpl_hosts_free(&l);
+    FAILS(kpl_hosts_from_slurm("node[01-", "1", &l), KPL_EINVAL, "'[' without ']'");
+    FAILS(kpl_hosts_from_slurm("node[4-2]", "1", &l), KPL_EINVAL, "bad range '4-2'");
+    FAILS(kpl_hosts_from_slurm("node[1-2]", "2(y2)", &l), KPL_EINVAL,
+          "tasks per node '2(y2)': cannot read '2(y2)'");
+    FAILS(kpl_hosts_from_slurm("", "1", &l), KPL_EINVAL, "is empty");
+}
+
+/* Index of `arg` in argv, or -1; and the value after it. */
+static int find(char **argv, const char *arg)
+{
+    for (int i = 0; argv[i]; i++)
+        if (!strcmp(argv[i], arg)) return i;
+    return -1;
+}
+
+static void test_mpirun_argv(void **state)
+{
+    (void)state;
+    char *cmd[] = {"kpl", "train", "a b.yaml", NULL};
+    char **a = NULL;
+    int per = 0, threads = 0;
+
+    /* one 16-core box, 4 ranks: 4 cores each, bound */
+    kpl_launch_config c = KPL_LAUNCH_CONFIG_INIT;
+    c.np = 4;
+    c.cores_per_node = 16;
+    c.agent = "/opt/kpl/bin/kplrun";
+    c.log_dir = "logs";
+    unsetenv("OMP_NUM_THREADS");
+    OK(kpl_launch_mpirun_argv(&c, 3, cmd, &a, &per, &threads));
+    char *s = kpl_launch_argv_string(a);
+    assert_string_equal(s, "mpirun -np 4 --map-by slot:PE=4 --bind-to core -x OMP_NUM_THREADS=4 "
+                           "/opt/kpl/bin/kplrun --agent --log-dir logs -- kpl train 'a b.yaml'");
+    assert_int_equal(per, 4);
+    assert_int_equal(threads, 4);
+    free(s);
+    kpl_launch_free_argv(a);
+
+    /* more ranks than cores, as root, UCX, a bar: oversubscribed, unbound */
+    c.np = 6;
+    c.cores_per_node = 2;
+    c.as_root = true;
+    c.ucx = true;
+    c.bar = true;
+    c.columns = 120;
+    OK(kpl_launch_mpirun_argv(&c, 3, cmd, &a, &per, &threads));
+    s = kpl_launch_argv_string(a);
+    assert_string_equal(s, "mpirun -np 6 --allow-run-as-root --oversubscribe --bind-to none "
+                           "-x OMP_NUM_THREADS=1 --mca pml ucx --mca pml_ucx_tls any --mca "
+                           "pml_ucx_devices any /opt/kpl/bin/kplrun --agent --log-dir logs --bar "
+                           "--columns 120 -- kpl train 'a b.yaml'");
+    assert_int_equal(threads, 1);
+    free(s);
+    kpl_launch_free_argv(a);
+
+    /* two 8-GPU nodes of 64 cores: one rank per GPU, 8 threads each, the
+     * user's extra options before the agent */
+    kpl_hostlist h;
+    OK(kpl_hosts_parse("g1:8,g2:8", &h));
+    kpl_launch_config g = KPL_LAUNCH_CONFIG_INIT;
+    g.np = 16;
+    g.hosts = &h;
+    g.cores_per_node = 64;
+    g.gpus_per_node = 8;
+    g.agent = "kplrun";
+    const char *extra[] = {"-x", "NCCL_DEBUG", "--mca", "btl_tcp_if_include", "ib0"};
+    g.nextra = 5;
+    g.extra = extra;
+    OK(kpl_launch_mpirun_argv(&g, 2, cmd, &a, &per, &threads));
+    s = kpl_launch_argv_string(a);
+    assert_string_equal(s, "mpirun -np 16 --host g1:8,g2:8 --map-by ppr:8:node --bind-to none "
+                           "-x OMP_NUM_THREADS=8 -x NCCL_DEBUG --mca btl_tcp_if_include ib0 "
+                           "kplrun --agent --log-dir kplrun-logs -- kpl train");
+    assert_int_equal(per, 8);
+    assert_int_equal(threads, 8);
+    free(s);
+    kpl_launch_free_argv(a);
+
+    /* a hostfile is passed through; the user's OMP_NUM_THREADS is kept */
+    g.hosts = &h;
+    g.hostfile = "my hosts";
+    g.nextra = 0;
+    setenv("OMP_NUM_THREADS", "3", 1);
+    OK(kpl_launch_mpirun_argv(&g, 2, cmd, &a, NULL, NULL));
+    assert_string_equal(a[find(a, "--hostfile") + 1], "my hosts");
+    assert_int_equal(find(a, "--host"), -1);
+    assert_string_equal(a[find(a, "-x") + 1], "OMP_NUM_THREADS");
+    unsetenv("OMP_NUM_THREADS");
+    kpl_launch_free_argv(a);
+    kpl_hosts_free(&h);
+
+    /* more ranks than the hosts' slots: oversubscribe */
+    OK(kpl_hosts_parse("n1:2,n2:2", &h));
+    kpl_launch_config o = KPL_LAUNCH_CONFIG_INIT;
+    o.np = 6;
+    o.hosts = &h;
+    o.cores_per_node = 8;
+    OK(kpl_launch_mpirun_argv(&o, 1, cmd, &a, &per, &threads));
+    assert_true(find(a, "--oversubscribe") > 0);
+    assert_int_equal(per, 3);
+    assert_string_equal(a[find(a, "--map-by") + 1], "slot:PE=2");
+    kpl_launch_free_argv(a);
+    kpl_hosts_free(&h);
+
+    /* shell quoting of the odd ones */
+    char *odd[] = {"it's", "", "$HOME", "a=b,c:d", NULL};
+    s = kpl_launch_argv_string(odd);
+    assert_string_equal(s, "'it'\\''s' '' '$HOME' a=b,c:d");
+    free(s);
+
+    o.np = 0;
+    FAILS(kpl_launch_mpirun_argv(&o, 1, cmd, &a, NULL, NULL), KPL_EINVAL, "-np 0 must be >= 1");
+    o.np = 1;
+    FAILS(kpl_launch_mpirun_argv(&o, 0, cmd, &a, NULL, NULL), KPL_EINVAL, "no command");
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_host_spec),
+        cmocka_unit_test(test_hostfile),
+        cmocka_unit_test(test_slurm),
+        cmocka_unit_test(test_mpirun_argv),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
