@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train graph (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train graph)
+all=(kernels autograd nn data comm train launch graph)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -110,6 +110,10 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       # alternating rounds; Fashion-MNIST is converted under the build dir.
       mkdir -p "$build/bench-train"
       "$build/bin/bench_train" "$build/bin/kpl" "$root" "$baselines" "$build/bench-train" || rc=$?
+      ;;
+    launch)
+      # kplrun against a bare mpirun: start-up, output, teardown
+      "$here/bench_launch.sh" "$build/bin/kplrun" || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2

@@ -19,6 +19,9 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <poll.h>
 #include <sched.h>
@@ -35,8 +38,11 @@
 typedef struct {
     int rank, fd;        /* fd: where the lines go (our stdout or stderr) */
     bool is_out;         /* the command's stdout: progress-bar frames possible */
-    char buf[65536];
+    char chan;           /* on kplrun's channel: '1' (stdout) or '2' (stderr) before each line */
+    char buf[65536];     /* what was read, up to the last newline */
     size_t len;
+    char out[65536];     /* what goes to fd, written once per read */
+    size_t olen;
     char last_bar[1024];
 } stream;
 
@@ -69,24 +75,45 @@ static void write_all(int fd, const char *s, size_t n)
     }
 }
 
+static void flush_out(stream *s)
+{
+    write_all(s->fd, s->out, s->olen);
+    s->olen = 0;
+}
+
+/* Queues bytes for the stream's descriptor. */
+static void put(stream *s, const char *p, size_t n)
+{
+    if (s->olen + n > sizeof s->out) flush_out(s);
+    if (n > sizeof s->out) {
+        write_all(s->fd, p, n);
+        return;
+    }
+    memcpy(s->out + s->olen, p, n);
+    s->olen += n;
+}
+
 /* One finished line: what a terminal would show of it (the text after its
- * last carriage return, escapes removed), prefixed, in one write. */
+ * last carriage return, escapes removed), prefixed. */
 static void emit_line(stream *s, char *line)
 {
+    char pre[48];
     if (s->last_bar[0]) { /* the bar's line ends: it is gone from a terminal too */
-        char clear[32];
-        int m = snprintf(clear, sizeof clear, "\001bar %d \n", s->rank);
-        write_all(STDOUT_FILENO, clear, (size_t)m);
+        int m = snprintf(pre, sizeof pre, "\001bar %d \n", s->rank);
+        put(s, pre, (size_t)m);
     }
     char *cr = strrchr(line, '\r');
     char *vis = cr ? cr + 1 : line;
     strip_ansi(vis);
-    char out[sizeof s->buf + 32];
-    int n = snprintf(out, sizeof out, "[r%d] %s\n", s->rank, vis);
-    write_all(s->fd, out, (size_t)(n < (int)sizeof out ? n : (int)sizeof out - 1));
+    size_t len = strlen(vis);
+    int m = s->chan ? snprintf(pre, sizeof pre, "%c[r%d] ", s->chan, s->rank)
+                    : snprintf(pre, sizeof pre, "[r%d] ", s->rank);
+    put(s, pre, (size_t)m);
+    put(s, vis, len);
+    put(s, "\n", 1);
     if (logf) {
-        fprintf(logf, "%s\n", vis);
-        fflush(logf);
+        fwrite(vis, 1, len, logf);
+        fputc('\n', logf);
     }
     s->last_bar[0] = 0;
 }
@@ -107,7 +134,7 @@ static void emit_bar(stream *s)
     snprintf(s->last_bar, sizeof s->last_bar, "%s", vis);
     char out[1100];
     int n = snprintf(out, sizeof out, "\001bar %d %.1000s\n", s->rank, vis);
-    write_all(STDOUT_FILENO, out, (size_t)n);
+    put(s, out, (size_t)n);
 }
 
 /* Reads what is there; false at end of file. */
@@ -121,6 +148,7 @@ static bool pump(stream *s, int fd)
             emit_line(s, s->buf);
             s->len = 0;
         }
+        flush_out(s);
         return false;
     }
     s->len += (size_t)r;
@@ -138,7 +166,64 @@ static bool pump(stream *s, int fd)
         s->len = 0;
     }
     emit_bar(s);
+    flush_out(s);
+    if (logf) fflush(logf);
     return true;
+}
+
+/* Waits up to `ms` for `events` on fd. */
+static bool wait_fd(int fd, short events, int ms)
+{
+    struct pollfd p = {fd, events, 0};
+    int r;
+    while ((r = poll(&p, 1, ms)) < 0 && errno == EINTR) continue;
+    return r == 1 && (p.revents & events);
+}
+
+/* kplrun's channel ("ADDR,ADDR,...:PORT:TOKEN", launcher_impl.h): the first
+ * address that takes the connection within 2 s and greets with
+ * "kplrun TOKEN".  A blocking socket, or -1. */
+static int channel_connect(const char *spec)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", spec);
+    char *tok = strrchr(buf, ':');
+    if (!tok) return -1;
+    *tok++ = 0;
+    char *port = strrchr(buf, ':');
+    if (!port) return -1;
+    *port++ = 0;
+    char want[64];
+    snprintf(want, sizeof want, "kplrun %s\n", tok);
+    char *save = NULL;
+    for (char *ip = strtok_r(buf, ",", &save); ip; ip = strtok_r(NULL, ",", &save)) {
+        struct sockaddr_in a;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_port = htons((uint16_t)atoi(port));
+        if (inet_pton(AF_INET, ip, &a.sin_addr) != 1) continue;
+        int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+        if (fd < 0) return -1;
+        int err = 0;
+        socklen_t el = sizeof err;
+        bool ok = connect(fd, (struct sockaddr *)&a, sizeof a) == 0 ||
+                  (errno == EINPROGRESS && wait_fd(fd, POLLOUT, 2000) &&
+                   getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &el) == 0 && err == 0);
+        /* the greeting, which may come in pieces */
+        char got[64];
+        size_t n = 0;
+        while (ok && n < strlen(want) && wait_fd(fd, POLLIN, 2000)) {
+            ssize_t r = read(fd, got + n, strlen(want) - n);
+            if (r <= 0) break;
+            n += (size_t)r;
+        }
+        if (ok && n == strlen(want) && !memcmp(got, want, n)) {
+            fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+            return fd;
+        }
+        close(fd);
+    }
+    return -1;
 }
 
 static int env_int(const char *const *names, int def)
@@ -285,11 +370,12 @@ static void run_guard(pid_t group, pid_t agent)
 
 int kpl__agent_main(int argc, char **argv)
 {
-    const char *log_dir = "kplrun-logs";
+    const char *log_dir = "kplrun-logs", *channel = NULL;
     bool bar = false;
     int columns = 80, cmd = -1;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
+        else if (!strcmp(argv[i], "--channel") && i + 1 < argc) channel = argv[++i];
         else if (!strcmp(argv[i], "--bar")) bar = true;
         else if (!strcmp(argv[i], "--columns") && i + 1 < argc) columns = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--")) {
@@ -342,6 +428,12 @@ int kpl__agent_main(int argc, char **argv)
     if (!logf) fprintf(stderr, "[r%d] kplrun: cannot write %s/rank-%05d.log: %s\n", rank,
                        log_dir, rank, strerror(errno));
 
+    int chan_fd = -1;
+    if (channel && (chan_fd = channel_connect(channel)) < 0)
+        fprintf(stderr, "[r%d] kplrun: cannot reach kplrun at %s from %s; this rank's output "
+                        "goes through mpirun, where lines of different ranks may mix\n",
+                rank, channel, host);
+
     /* Signals arrive through a descriptor, so the loop below sees them in
      * order with the output. */
     /* mpirun may hand down SIGCHLD ignored, which would reap the command
@@ -393,6 +485,7 @@ int kpl__agent_main(int argc, char **argv)
     static stream so, se;
     so = (stream){.rank = rank, .fd = STDOUT_FILENO, .is_out = true};
     se = (stream){.rank = rank, .fd = STDERR_FILENO, .is_out = false};
+    if (chan_fd >= 0) so.fd = se.fd = chan_fd, so.chan = '1', se.chan = '2';
     bool out_open = true, err_open = true, exited = false;
     int wstatus = 0;
     double kill_at = 0, drain_until = 0;
@@ -431,6 +524,8 @@ int kpl__agent_main(int argc, char **argv)
     kill(-child, SIGKILL);
     if (so.len) so.buf[so.len] = 0, emit_line(&so, so.buf);
     if (se.len) se.buf[se.len] = 0, emit_line(&se, se.buf);
+    flush_out(&so);
+    flush_out(&se);
     double secs = kpl_seconds() - t0;
     int status = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 0;
     int sig = WIFSIGNALED(wstatus) ? WTERMSIG(wstatus) : 0;
@@ -444,7 +539,7 @@ int kpl__agent_main(int argc, char **argv)
     char line[512];
     int n = snprintf(line, sizeof line, "\001exit %d %s %d %d %d %.3f\n", rank, host, (int)child,
                      status, sig, secs);
-    write_all(STDOUT_FILENO, line, (size_t)n);
+    write_all(so.fd, line, (size_t)n);
     if (sig) { /* mpirun reports the signal as the rank's own */
         sigprocmask(SIG_UNBLOCK, &mask, NULL);
         signal(sig, SIG_DFL);

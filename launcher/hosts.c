@@ -370,6 +370,10 @@ kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *co
     push(&a, "--agent");
     push(&a, "--log-dir");
     push(&a, c->log_dir);
+    if (c->channel) {
+        push(&a, "--channel");
+        push(&a, c->channel);
+    }
     if (c->bar) {
         push(&a, "--bar");
         push(&a, "--columns");

@@ -19,6 +19,14 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <glob.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+#include <arpa/inet.h>
+#include <sys/random.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <limits.h>
 #include <poll.h>
 #include <signal.h>
@@ -66,6 +74,7 @@ static void usage(FILE *f)
 
 typedef struct {
     char *line[TAIL];
+    size_t cap[TAIL]; /* slots are reused, grown when a line is longer */
     int n, next;
 } tail_ring;
 
@@ -96,8 +105,15 @@ typedef struct {
 
 static void tail_add(tail_ring *t, const char *line)
 {
-    free(t->line[t->next]);
-    t->line[t->next] = strdup(line);
+    size_t len = strlen(line) + 1;
+    int k = t->next;
+    if (len > t->cap[k]) {
+        char *p = realloc(t->line[k], len);
+        if (!p) return;
+        t->line[k] = p;
+        t->cap[k] = len;
+    }
+    memcpy(t->line[k], line, len);
     t->next = (t->next + 1) % TAIL;
     if (t->n < TAIL) t->n++;
 }
@@ -113,19 +129,26 @@ static void bar_draw(console *c)
 {
     if (!c->tty || !c->bar[0]) return;
     printf("\r%.*s\033[K", c->columns > 1 ? c->columns - 1 : 79, c->bar);
-    fflush(stdout);
     c->bar_drawn = true;
 }
 
-/* A line for the terminal: the bar steps aside and comes back under it. */
-static void print_line(console *c, FILE *f, const char *line)
+/* After a batch of lines: the bar back under them, all of it out. */
+static void settle(console *c)
+{
+    if (!c->bar_drawn) bar_draw(c);
+    fflush(stdout);
+}
+
+/* Text for the terminal: the bar steps aside (settle brings it back). */
+static void print_text(console *c, FILE *f, const char *text, const char *end)
 {
     bar_clear(c);
-    if (f == stderr) fflush(stdout);
-    fprintf(f, "%s\n", line);
-    fflush(f);
-    bar_draw(c);
+    if (f == stderr) fflush(stdout); /* in order with what stdout holds */
+    fputs(text, f);
+    fputs(end, f);
 }
+
+static void print_line(console *c, FILE *f, const char *line) { print_text(c, f, line, "\n"); }
 
 static int line_rank(const char *line)
 {
@@ -174,11 +197,7 @@ static void mpirun_line(console *c, const char *line)
         }
         if (rule && c->in_box) { /* the box ends */
             c->in_box = false;
-            if (!box_about_failure(c, c->box)) {
-                bar_clear(c);
-                fputs(c->box, stderr);
-                bar_draw(c);
-            }
+            if (!box_about_failure(c, c->box)) print_text(c, stderr, c->box, "");
             c->box_len = 0;
         } else if (rule) {
             c->in_box = true;
@@ -200,10 +219,10 @@ static void handle_line(console *c, char *line, bool out)
         double secs;
         char host[256];
         if (sscanf(line, "\001bar %d %n", &r, &n) == 1 && n > 0) {
-            if (r == 0) {
+            if (r == 0) { /* a new frame is drawn by settle */
                 snprintf(c->bar, sizeof c->bar, "%s", line + n);
-                if (c->bar[0]) bar_draw(c);
-                else bar_clear(c);
+                c->bar_drawn = c->bar_drawn && !c->bar[0];
+                if (!c->bar[0]) bar_clear(c);
             }
         } else if (sscanf(line, "\001exit %d %255s %d %d %d %lf", &r, host, &pid, &status, &sig,
                           &secs) == 6 &&
@@ -227,21 +246,43 @@ static void handle_line(console *c, char *line, bool out)
     }
 }
 
+/* Where a stream of lines comes from: mpirun's standard output or error,
+ * or an agent's connection (each line tagged with its channel). */
+typedef enum { FROM_MPIRUN_OUT, FROM_MPIRUN_ERR, FROM_AGENT } source;
+
+#define LINE_MAX_BYTES 65536 /* longer lines are cut */
+
 typedef struct {
     int fd;
     bool open;
-    char buf[65536];
-    size_t len;
+    source from;
+    char *buf; /* grows up to LINE_MAX_BYTES */
+    size_t len, cap;
 } reader;
 
-static void pump(console *c, reader *rd, bool out)
+/* An agent's line: "1" + a stdout line, "2" + a stderr line, or one of
+ * kplrun's "\001" messages. */
+static void dispatch(console *c, char *line, source from)
 {
-    ssize_t r = read(rd->fd, rd->buf + rd->len, sizeof rd->buf - 1 - rd->len);
+    if (from == FROM_MPIRUN_OUT) handle_line(c, line, true);
+    else if (from == FROM_MPIRUN_ERR) handle_line(c, line, false);
+    else if (line[0] == '\001') handle_line(c, line, true);
+    else if (line[0] == '1' || line[0] == '2') handle_line(c, line + 1, line[0] == '1');
+}
+
+static void pump(console *c, reader *rd)
+{
+    if (rd->cap - rd->len < 4096 && rd->cap < LINE_MAX_BYTES) {
+        size_t cap = rd->cap ? 2 * rd->cap : 16384;
+        char *b = realloc(rd->buf, cap);
+        if (b) rd->buf = b, rd->cap = cap;
+    }
+    ssize_t r = rd->cap > rd->len + 1 ? read(rd->fd, rd->buf + rd->len, rd->cap - 1 - rd->len) : 0;
     if (r < 0 && (errno == EINTR || errno == EAGAIN)) return;
     if (r <= 0) {
         if (rd->len) {
             rd->buf[rd->len] = 0;
-            handle_line(c, rd->buf, out);
+            dispatch(c, rd->buf, rd->from);
             rd->len = 0;
         }
         rd->open = false;
@@ -251,24 +292,96 @@ static void pump(console *c, reader *rd, bool out)
     char *start = rd->buf, *nl;
     while ((nl = memchr(start, '\n', rd->len - (size_t)(start - rd->buf)))) {
         *nl = 0;
-        handle_line(c, start, out);
+        dispatch(c, start, rd->from);
         start = nl + 1;
     }
     rd->len -= (size_t)(start - rd->buf);
     memmove(rd->buf, start, rd->len);
-    if (rd->len == sizeof rd->buf - 1) {
+    if (rd->len == rd->cap - 1 && rd->cap >= LINE_MAX_BYTES) {
         rd->buf[rd->len] = 0;
-        handle_line(c, rd->buf, out);
+        dispatch(c, rd->buf, rd->from);
         rd->len = 0;
     }
 }
 
+/* ---- the agents' channel ------------------------------------------------------------------ */
+
+/* The agents send their lines to kplrun over TCP, not through mpirun's
+ * output forwarding: Open MPI passes each rank's output on in chunks of up
+ * to 4 KB, so under load a line of one rank can be cut by another's (and
+ * kplrun's own messages with it).  kplrun listens on every IPv4 address of
+ * this host; the agent gets "ADDR,ADDR,...:PORT:TOKEN" (loopback last)
+ * and keeps the first connection that greets it with "kplrun TOKEN". */
+static int channel_listen(char *spec, size_t len, char *token, size_t tlen)
+{
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    if (fd < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    socklen_t al = sizeof a;
+    struct ifaddrs *ifa = NULL;
+    if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || listen(fd, 4096) != 0 ||
+        getsockname(fd, (struct sockaddr *)&a, &al) != 0 || getifaddrs(&ifa) != 0) {
+        close(fd);
+        return -1;
+    }
+    size_t at = 0;
+    for (int loop = 0; loop < 2; loop++)
+        for (struct ifaddrs *i = ifa; i; i = i->ifa_next) {
+            if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET || !(i->ifa_flags & IFF_UP) ||
+                ((i->ifa_flags & IFF_LOOPBACK) != 0) != (loop == 1))
+                continue;
+            char ip[INET_ADDRSTRLEN];
+            inet_ntop(AF_INET, &((struct sockaddr_in *)i->ifa_addr)->sin_addr, ip, sizeof ip);
+            if (at + sizeof ip + 2 < len) at += (size_t)snprintf(spec + at, len - at, "%s%s", at ? "," : "", ip);
+        }
+    freeifaddrs(ifa);
+    unsigned long long t = 0;
+    if (getrandom(&t, sizeof t, 0) != (ssize_t)sizeof t) t = (unsigned long long)getpid() * 2654435761u ^ (unsigned long long)time(NULL);
+    snprintf(token, tlen, "%016llx", t);
+    snprintf(spec + at, len - at, ":%d:%s", ntohs(a.sin_port), token);
+    return fd;
+}
+
 /* ---- start-up ----------------------------------------------------------------------------- */
 
-static bool ucx_available(void)
+/* Whether Open MPI has its UCX point-to-point component.  Where its
+ * components are files beside mpirun's installation (Debian's
+ * lib/<arch>/openmpi/lib/openmpi3, a source build's lib/openmpi), the
+ * file answers at once; else ompi_info is asked (about 0.2 s). */
+static bool ucx_available(const char *mpirun)
 {
-    /* ompi_info lists the components Open MPI has; pml ucx is one when
-     * Open MPI was built with UCX (Debian's is). */
+    char real[PATH_MAX] = "";
+    const char *path = getenv("PATH");
+    for (const char *p = path ? path : ""; *p && !real[0];) {
+        size_t n = strcspn(p, ":");
+        char cand[PATH_MAX];
+        snprintf(cand, sizeof cand, "%.*s/%s", (int)n, p, mpirun);
+        if (access(cand, X_OK) != 0 || !realpath(cand, real)) real[0] = 0;
+        p += n + (p[n] == ':');
+    }
+    char *slash = strrchr(real, '/'); /* PREFIX/bin/orterun -> PREFIX */
+    if (slash) *slash = 0;
+    slash = strrchr(real, '/');
+    if (slash) {
+        *slash = 0;
+        static const char *const dirs[] = {"%s/lib/openmpi", "%s/lib64/openmpi",
+                                           "%s/lib/*/openmpi/lib/openmpi*", NULL};
+        for (int i = 0; dirs[i]; i++) {
+            char pat[PATH_MAX + 64];
+            snprintf(pat, sizeof pat, dirs[i], real);
+            strcat(pat, "/mca_pml_ob1.so");
+            glob_t g;
+            if (glob(pat, 0, NULL, &g) != 0) continue;
+            char ucx[PATH_MAX + 32];
+            snprintf(ucx, sizeof ucx, "%s", g.gl_pathv[0]);
+            globfree(&g);
+            strcpy(strrchr(ucx, '/'), "/mca_pml_ucx.so");
+            return access(ucx, R_OK) == 0;
+        }
+    }
     FILE *p = popen("ompi_info --parsable 2>/dev/null", "r");
     if (!p) return false;
     char line[1024];
@@ -373,15 +486,19 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
     if (sl <= 0) snprintf(self, sizeof self, "%s", argv[0]);
     else self[sl] = 0;
-    char dir[PATH_MAX];
+    /* the log directory as an absolute path: agents on other nodes need
+     * not start where kplrun did */
+    char rel[PATH_MAX], dir[2 * PATH_MAX + 2], cwd[PATH_MAX];
     if (log_dir) {
-        snprintf(dir, sizeof dir, "%s", log_dir);
+        snprintf(rel, sizeof rel, "%s", log_dir);
     } else {
         time_t t = time(NULL);
         struct tm tm;
         localtime_r(&t, &tm);
-        strftime(dir, sizeof dir, "kplrun-logs/%Y%m%d-%H%M%S", &tm);
+        strftime(rel, sizeof rel, "kplrun-logs/%Y%m%d-%H%M%S", &tm);
     }
+    if (rel[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(dir, sizeof dir, "%s/%s", cwd, rel);
+    else snprintf(dir, sizeof dir, "%s", rel);
     console c;
     memset(&c, 0, sizeof c);
     c.np = (int)np;
@@ -397,11 +514,24 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     lc.cores_per_node = cores > 0 ? (int)cores : 1;
     lc.gpus_per_node = kpl__launcher_gpu_count();
     lc.as_root = geteuid() == 0;
-    lc.ucx = !no_ucx && ucx_available();
+    lc.ucx = !no_ucx && ucx_available(lc.mpirun);
     lc.agent = self;
     lc.log_dir = dir;
     lc.bar = c.tty;
     lc.columns = c.columns;
+    /* the agents' channel (not for --dry-run: it is this run's port) */
+    char channel[4096], token[32];
+    int lfd = dry ? -1 : channel_listen(channel, sizeof channel, token, sizeof token);
+    if (lfd >= 0) lc.channel = channel;
+    else if (!dry) fprintf(stderr, "kplrun: cannot listen for the ranks' output (%s); it comes "
+                                   "through mpirun, where lines of different ranks may mix\n",
+                           strerror(errno));
+    /* a connection per rank */
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
+        rl.rlim_cur = rl.rlim_max;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
     lc.nextra = nextra;
     lc.extra = extra;
     char **mp = NULL;
@@ -473,16 +603,51 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     }
     close(po[1]);
     close(pe[1]);
-    reader ro = {po[0], true, {0}, 0}, re = {pe[0], true, {0}, 0};
+    reader ro = {po[0], true, FROM_MPIRUN_OUT, NULL, 0, 0};
+    reader re = {pe[0], true, FROM_MPIRUN_ERR, NULL, 0, 0};
+    /* the agents' connections; poll: signals, mpirun's two pipes, the
+     * listening socket, then the connections */
+    reader *conn = calloc((size_t)np + 1, sizeof *conn);
+    struct pollfd *p = calloc((size_t)np + 5, sizeof *p);
+    int nconn = 0, open_conns = 0;
+    if (!conn || !p) {
+        fprintf(stderr, "kplrun: out of memory\n");
+        kill(pid, SIGKILL);
+        return 1;
+    }
     int interrupts = 0, wstatus = 0;
     bool timed_out = false, exited = false;
     double hard_at = 0; /* when a stop turns into SIGKILL */
-    while (!exited || ro.open || re.open) {
-        struct pollfd p[3] = {{sfd, POLLIN, 0}, {ro.open ? ro.fd : -1, POLLIN, 0},
-                              {re.open ? re.fd : -1, POLLIN, 0}};
-        int r = poll(p, 3, 100);
-        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) pump(&c, &ro, true);
-        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) pump(&c, &re, false);
+    while (!exited || ro.open || re.open || open_conns) {
+        p[0] = (struct pollfd){sfd, POLLIN, 0};
+        p[1] = (struct pollfd){ro.open ? ro.fd : -1, POLLIN, 0};
+        p[2] = (struct pollfd){re.open ? re.fd : -1, POLLIN, 0};
+        p[3] = (struct pollfd){nconn < np ? lfd : -1, POLLIN, 0};
+        for (int i = 0; i < nconn; i++) p[4 + i] = (struct pollfd){conn[i].open ? conn[i].fd : -1, POLLIN, 0};
+        int r = poll(p, (nfds_t)(4 + nconn), 100);
+        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) pump(&c, &ro);
+        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) pump(&c, &re);
+        for (int i = 0; r > 0 && i < nconn; i++)
+            if (p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) {
+                pump(&c, &conn[i]);
+                if (!conn[i].open) close(conn[i].fd), free(conn[i].buf), conn[i].buf = NULL, open_conns--;
+            }
+        if (r > 0 && (p[3].revents & POLLIN)) {
+            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+            if (fd >= 0 && nconn < np) {
+                char hello[64];
+                int n = snprintf(hello, sizeof hello, "kplrun %s\n", token);
+                if (write(fd, hello, (size_t)n) == n) {
+                    conn[nconn++] = (reader){fd, true, FROM_AGENT, NULL, 0, 0};
+                    open_conns++;
+                } else {
+                    close(fd);
+                }
+            } else if (fd >= 0) {
+                close(fd);
+            }
+        }
+        settle(&c);
         double t = kpl_seconds();
         if (r > 0 && (p[0].revents & POLLIN)) {
             struct signalfd_siginfo si;
@@ -524,6 +689,14 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     }
     bar_clear(&c);
     fflush(stdout);
+    for (int i = 0; i < nconn; i++)
+        if (conn[i].open) close(conn[i].fd);
+    for (int i = 0; i < nconn; i++) free(conn[i].buf);
+    free(conn);
+    free(p);
+    free(ro.buf);
+    free(re.buf);
+    if (lfd >= 0) close(lfd);
 
     /* The verdict: the first rank that ended badly, as its agent or mpirun
      * said. */

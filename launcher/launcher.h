@@ -65,13 +65,14 @@ typedef struct {
     bool ucx;                   /* point-to-point over UCX (pml ucx) */
     const char *agent;          /* the kplrun binary that wraps each rank */
     const char *log_dir;        /* per-rank logs */
+    const char *channel;        /* "ADDR,...:PORT:TOKEN" kplrun listens on for the agents' lines (NULL: none) */
     bool bar;                   /* rank 0 draws a progress bar for kplrun's console */
     int columns;                /* the console's width, for that bar */
     int nextra;                 /* more mpirun arguments (user's --mca, -x), before the command */
     const char *const *extra;
 } kpl_launch_config;
 #define KPL_LAUNCH_CONFIG_INIT                                                               \
-    {"mpirun", 1, NULL, NULL, 1, 0, false, false, "kplrun", "kplrun-logs", false, 80, 0, NULL}
+    {"mpirun", 1, NULL, NULL, 1, 0, false, false, "kplrun", "kplrun-logs", NULL, false, 80, 0, NULL}
 
 /* The mpirun command line (NULL-terminated, malloc'd: kpl_launch_free_argv):
  *   mpirun -np N [--allow-run-as-root] [--oversubscribe] [--host ... | --hostfile F]
@@ -79,7 +80,7 @@ typedef struct {
  *          CPUs: --map-by slot:PE=k --bind-to core -x OMP_NUM_THREADS=k, k = cores per rank
  *                (more ranks than cores: --bind-to none, OMP_NUM_THREADS=1)
  *          [--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any]
- *          EXTRA... AGENT --agent --log-dir D [--bar --columns C] -- COMMAND...
+ *          EXTRA... AGENT --agent --log-dir D [--channel SPEC] [--bar --columns C] -- COMMAND...
  * *ranks_per_node and *threads (may be NULL) receive the layout chosen. */
 kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *const *argv,
                                   char ***out, int *ranks_per_node, int *threads);

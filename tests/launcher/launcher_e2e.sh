@@ -4,7 +4,7 @@
 #   ranks      2 and 4 ranks: each sees its KPL_* environment agree with MPI
 #              (launch_check), a sum over ranks through the mpi and ucx
 #              backends is right, console lines carry [rN], and every rank
-#              has its log file
+#              has its log file; 2 x 50000 lines arrive whole
 #   fail       rank 2 of 4 exits 3 after 1 s while the others sleep 60 s:
 #              kplrun exits 3 within 10 s naming rank 2, its host and
 #              status 3, shows the end of its log; no process is left
@@ -85,6 +85,17 @@ ranks)
       has err.txt "^kplrun: $np ranks on this machine"
     done
   done
+  ! grep -q "cannot reach kplrun" err.txt || die "an agent fell back to mpirun's output"
+  # many lines at full speed: every one arrives whole, with its prefix
+  # (through mpirun's own forwarding, lines of two ranks can cut each other)
+  text=$(printf '%0100d' 5)
+  run -np 2 --log-dir "$tmp/lines" -- sh -c "yes $text | head -n 50000"
+  [[ $rc == 0 ]] || die "lines: exit $rc"
+  for r in 0 1; do
+    n=$(grep -c "^\[r$r\] $text\$" out.txt || true)
+    [[ $n == 50000 ]] || die "rank $r: $n whole lines of 50000"
+  done
+  [[ $(wc -l < out.txt) == 100000 ]] || die "$(wc -l < out.txt) lines, expected 100000"
   # OMP_NUM_THREADS: the cores shared out when there are enough of them
   cores=$(nproc)
   run -np 1 --log-dir "$tmp/l1" -- "$check" mpi
@@ -206,7 +217,7 @@ cli)
   # --dry-run: the exact command, nothing started
   run -np 2 --dry-run --log-dir L --mca btl_tcp_if_include eth0 -x FOO -- echo 'a b'
   [[ $rc == 0 ]] || die "--dry-run: exit $rc"
-  has out.txt "^mpirun -np 2 .*-x OMP_NUM_THREADS=[0-9]+ .*--mca btl_tcp_if_include eth0 -x FOO [^ ]*kplrun --agent --log-dir L -- echo 'a b'$"
+  has out.txt "^mpirun -np 2 .*-x OMP_NUM_THREADS=[0-9]+ .*--mca btl_tcp_if_include eth0 -x FOO [^ ]*kplrun --agent --log-dir $PWD/L -- echo 'a b'$"
   [[ ! -d L ]] || die "--dry-run made the log directory"
   # the hosts and -np of a SLURM allocation, of a PBS job
   SLURM_JOB_NODELIST='gpu[07-08]' SLURM_NTASKS_PER_NODE=3 SLURM_NTASKS=6 run --dry-run -- true

@@ -98,6 +98,9 @@ both_places() {
     has "^\[r0\] PLACES r0=$nameA@[^ ]* r1=$nameB@[^ ]*$"
   fi
   has "^\[r0\] SUM-OK over $2$"
+  # host B's agent reached kplrun in host A (its lines did not come
+  # through mpirun)
+  ! grep -q "cannot reach kplrun" "$tmp/err.txt" || die "$1: an agent could not reach kplrun"
   [[ -f $tmp/logs/rank-00001.log ]] || die "no log of rank 1"
 }
 
