@@ -511,6 +511,9 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     kpl_launch_config lc = KPL_LAUNCH_CONFIG_INIT;
     lc.np = (int)np;
     lc.hosts = hosts->n ? hosts : NULL;
+    /* a host file (checked above) goes to mpirun as it is, with whatever
+     * else it says (max_slots, ...) */
+    lc.hostfile = hostfile ? hostfile : !host_spec && !getenv("SLURM_JOB_NODELIST") ? getenv("PBS_NODEFILE") : NULL;
     lc.cores_per_node = cores > 0 ? (int)cores : 1;
     lc.gpus_per_node = kpl__launcher_gpu_count();
     lc.as_root = geteuid() == 0;

@@ -224,7 +224,11 @@ cli)
   has out.txt "^mpirun -np 6 .*--host gpu07:3,gpu08:3 "
   printf 'cn1\ncn1\ncn2\ncn2\n' > nodes
   PBS_NODEFILE=$tmp/nodes run --dry-run -- true
-  has out.txt "^mpirun -np 4 .*--host cn1:2,cn2:2 "
+  has out.txt "^mpirun -np 4 .*--hostfile $tmp/nodes "
+  # a hostfile goes to mpirun as it is (after kplrun read it: -np)
+  printf 'n1 slots=2 max_slots=4\nn2 slots=2\n' > hosts
+  run --dry-run --hostfile hosts -- true
+  has out.txt "^mpirun -np 4 .*--hostfile hosts "
   # a given host list wins over the allocation's
   SLURM_JOB_NODELIST='gpu[07-08]' run -np 2 --dry-run --host x:2 -- true
   has out.txt "--host x:2 "
