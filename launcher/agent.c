@@ -2,9 +2,11 @@
  * agent.c — `kplrun --agent`: what mpirun starts for each rank.  It gives
  * the command the KPL_* environment, binds it to its GPU's NUMA node, runs
  * it in a process group of its own, and turns its output into lines that
- * kplrun can merge: "[rN] text" for every line (stderr stays stderr),
- * "\001bar N text" for progress-bar frames, and at the end
- * "\001exit RANK HOST PID STATUS SIGNAL SECONDS".  Everything also goes to
+ * kplrun can merge: "[rN] text" for every line, "\001bar N text" for
+ * progress-bar frames, and at the end "\001exit RANK HOST PID STATUS SIGNAL
+ * SECONDS".  They go to kplrun over its TCP channel (--channel; each line
+ * tagged '1' for stdout or '2' for stderr), or without one to the agent's
+ * own stdout and stderr, which mpirun forwards.  Every line also goes to
  * LOG_DIR/rank-NNNNN.log.  SIGTERM (mpirun tearing the job down) stops the
  * command's whole process group (TERM, then KILL after 3 s).  Open MPI
  * 4.1 follows its SIGTERM with SIGKILL within a millisecond, so a guard
@@ -16,13 +18,12 @@
 #define _GNU_SOURCE
 #include "launcher_impl.h"
 
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <limits.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -31,6 +32,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -240,7 +242,9 @@ static int env_int(const char *const *names, int def)
  * directories, sorted.  Returns how many (up to max). */
 static int nvidia_gpus(char paths[][PATH_MAX], int max)
 {
-    const char *dir = "/sys/bus/pci/drivers/nvidia";
+    /* KPLRUN_NVIDIA_SYSFS: another directory of the same form, for tests */
+    const char *dir = getenv("KPLRUN_NVIDIA_SYSFS");
+    if (!dir || !*dir) dir = "/sys/bus/pci/drivers/nvidia";
     DIR *d = opendir(dir);
     if (!d) return 0;
     int n = 0;
@@ -306,14 +310,6 @@ static int mkdirs(const char *dir)
     return 0;
 }
 
-/* The guard: a process in the command's group that outlives the agent.
- * An agent killed outright (mpirun's SIGKILL one second after its SIGTERM
- * when the agent was slow to run, or the OOM killer) cannot stop the
- * command's children; the guard, told by PR_SET_PDEATHSIG, stops the
- * whole group as the agent would have: TERM, then KILL (itself included)
- * once the others are gone or after 3 s.
- * Signals for the group (the agent's SIGINT and SIGTERM) it ignores; the
- * agent's final SIGKILL of the group ends it. */
 /* Whether a process other than this one is in process group `group`. */
 static bool group_has_others(pid_t group)
 {
@@ -345,6 +341,13 @@ static bool group_has_others(pid_t group)
     return found;
 }
 
+/* The guard: a process in the command's group that outlives the agent.
+ * An agent killed outright (mpirun sends SIGKILL about a millisecond after
+ * its SIGTERM; or the OOM killer) cannot stop the command's children; the
+ * guard, told by PR_SET_PDEATHSIG, stops the whole group as the agent
+ * would have: TERM, then KILL (itself included) once the others are gone
+ * or after 3 s.  Signals for the group (the agent's SIGINT and SIGTERM)
+ * it ignores; the agent's final SIGKILL of the group ends it. */
 static void run_guard(pid_t group, pid_t agent)
 {
     sigset_t set;

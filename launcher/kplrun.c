@@ -17,17 +17,14 @@
 #define _GNU_SOURCE
 #include "launcher_impl.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
 #include <ifaddrs.h>
+#include <limits.h>
 #include <net/if.h>
 #include <netinet/in.h>
-#include <arpa/inet.h>
-#include <sys/random.h>
-#include <sys/resource.h>
-#include <sys/socket.h>
-#include <limits.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdio.h>
@@ -35,7 +32,10 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
+#include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/signalfd.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -616,6 +616,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     if (!conn || !p) {
         fprintf(stderr, "kplrun: out of memory\n");
         kill(pid, SIGKILL);
+        if (lfd >= 0) close(lfd);
         return 1;
     }
     int interrupts = 0, wstatus = 0;
@@ -730,16 +731,14 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
         char what[128];
         if (sig) snprintf(what, sizeof what, "was killed by signal %d (%s)", sig, strsignal(sig));
         else snprintf(what, sizeof what, "exited with status %d", status);
+        char pidtxt[32] = "";
+        if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
         if (interrupts && (status == 130 || status == 143 || sig == SIGINT || sig == SIGTERM))
             fprintf(stderr, "kplrun: interrupted; rank %d %s\n", r, what);
         else
-            {
-            char pidtxt[32] = "";
-            if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
             fprintf(stderr, "kplrun: rank %d on host %s%s %s after %.1f s; the other ranks "
                             "were stopped\n",
                     r, host, pidtxt, what, e ? e->seconds : kpl_seconds() - t0);
-        }
         if (r >= 0 && r < np && c.tail[r].n) {
             fprintf(stderr, "kplrun: the last lines of rank %d (%s/rank-%05d.log):\n", r, dir, r);
             for (int i = 0; i < c.tail[r].n; i++) {

@@ -15,6 +15,8 @@
 #              that ignores it is stopped by the second one
 #   bar        on a terminal, rank 0's progress bar stays whole while rank
 #              1 prints lines; the log keeps lines, not bar frames
+#   gpu        a stand-in nvidia sysfs directory with two GPUs: one rank
+#              per GPU, KPL_DEVICE in PCI order, each bound to its cores
 #   cli        usage errors, --dry-run, hosts from SLURM and PBS variables,
 #              a command that does not exist
 set -euo pipefail
@@ -195,6 +197,27 @@ EOF2
   ! grep -q KPL_PROGRESS screen.txt || die "rank 0 was not told to draw its bar"
   # the log has what the terminal finally showed, not every frame
   [[ $(cat "$tmp/logs/rank-00000.log" | head -1) == done ]] || die "rank 0's log: $(cat -v "$tmp/logs/rank-00000.log")"
+  ;;
+
+gpu)
+  # The GPU path on a machine without GPUs: a stand-in for the nvidia
+  # driver's sysfs directory (KPLRUN_NVIDIA_SYSFS) with two GPUs, listed
+  # out of PCI order, each next to one core.  One rank per GPU, CUDA's
+  # numbering in PCI order, each rank bound to its GPU's cores.
+  (($(nproc) >= 2)) || { echo "one core: skipped"; exit 77; }
+  mkdir -p nv/0000:3b:00.0 nv/0000:1a:00.0 nv/module
+  echo 0 > nv/0000:3b:00.0/local_cpulist
+  echo 1 > nv/0000:1a:00.0/local_cpulist
+  : > nv/bind
+  export KPLRUN_NVIDIA_SYSFS=$tmp/nv
+  run -np 2 --dry-run -- true
+  has out.txt "^mpirun -np 2 .*--map-by ppr:2:node --bind-to none -x OMP_NUM_THREADS=$(($(nproc) / 2)) "
+  run -np 2 --log-dir "$tmp/logs" -- sh -c \
+    'echo "device $KPL_DEVICE order $CUDA_DEVICE_ORDER cpus $(awk "/Cpus_allowed_list/ { print \$2 }" /proc/self/status)"'
+  [[ $rc == 0 ]] || die "exit $rc"
+  has err.txt "one per GPU"
+  has out.txt "^\[r0\] device cuda:0 order PCI_BUS_ID cpus 1$"
+  has out.txt "^\[r1\] device cuda:1 order PCI_BUS_ID cpus 0$"
   ;;
 
 cli)
