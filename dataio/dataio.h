@@ -128,6 +128,36 @@ typedef struct kpl_chunk kpl_chunk;
 kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out);
 void kpl_dataset_close(kpl_dataset *ds);
 
+/* Whether a writer is still at work in `dir`.  A writer holds a lock on
+ * its WRITING marker for its whole life, so a marker nobody holds was left
+ * by a writer that died.  (A marker written by an older kpl, which had no
+ * lock, counts as alive while its pid lives, on the same host.) */
+typedef enum {
+    KPL_WRITER_NONE,  /* no WRITING marker: finished, or never started */
+    KPL_WRITER_ALIVE, /* its writer is still writing */
+    KPL_WRITER_DEAD,  /* left unfinished by a writer that died */
+} kpl_writer_state;
+/* *state for `dir`; who (may be NULL) receives the marker's text, e.g.
+ * "pid 4242 host node3 started 2026-11-23T10:00:00Z".  Non-blocking. */
+kpl_status kpl_dataset_writer_state(const char *dir, kpl_writer_state *state, char *who,
+                                    size_t len);
+/* Removes a dataset left unfinished by a dead writer: its files, then
+ * `dir`, holding the marker's lock so that no writer can start meanwhile.
+ * KPL_ESTATE (nothing removed) when the writer is alive or when `dir` holds
+ * files no dataset writer makes; KPL_ENOTFOUND without a marker. */
+kpl_status kpl_dataset_remove_unfinished(const char *dir);
+/* Conversions into the datasets of one directory take turns: `kpl data
+ * convert` and kpl train's conversion on first use both hold this lock
+ * (`parent`/.kpl-convert.lock, an flock(2)) while they write a dataset
+ * directory inside `parent`.  Creates `parent` if needed.  While another
+ * process holds the lock, keep_waiting (may be NULL: wait for good) is
+ * called about every 100 ms with the seconds waited so far; false gives
+ * up with KPL_ESTATE.  *fd receives the lock, for kpl_convert_unlock. */
+kpl_status kpl_convert_lock(const char *parent, bool (*keep_waiting)(const char *lock,
+                                                                    double waited, void *ctx),
+                            void *ctx, int *fd);
+void kpl_convert_unlock(int fd);
+
 int64_t kpl_dataset_num_examples(const kpl_dataset *ds);
 int kpl_dataset_num_features(const kpl_dataset *ds);
 /* Borrowed; i in [0, num_features). */

@@ -6,6 +6,14 @@
  * round-robin order, and its index entries are kept in memory until close
  * writes the index files and, last, METADATA.  Until then a WRITING file
  * marks the directory as unfinished.
+ *
+ * The writer holds an exclusive flock(2) on WRITING for its whole life,
+ * and the marker only appears under that name once locked (it is made
+ * under a temporary name and hard-linked into place).  So "WRITING is
+ * there but nobody holds its lock" means its writer died, and another
+ * process (the trainer converting a split on first use) may clear the
+ * directory without ever deleting the files of a writer that is alive.
+ * A writer also removes only files that are still the ones it created.
  */
 #include "dataio_impl.h"
 
@@ -16,6 +24,8 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/random.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -27,9 +37,17 @@ typedef struct {
     uint32_t stored, raw, nrec, flags;
 } chunk_ent;
 
+/* A file this writer created: removed on abandon only while the name
+ * still leads to it (somebody may have replaced the directory since). */
+typedef struct {
+    dev_t dev;
+    ino_t ino;
+} file_id;
+
 typedef struct {
     int fd;
     char data_path[PATH_MAX], index_path[PATH_MAX];
+    file_id data_id, index_id;
     bool index_made;
     uint64_t bytes, raw_total;
     uint32_t crc; /* of the data file so far */
@@ -42,6 +60,8 @@ typedef struct {
 struct kpl_record_writer {
     char dir[PATH_MAX], writing_path[PATH_MAX], meta_tmp[PATH_MAX];
     bool made_dir, writing_made, tmp_made;
+    int writing_fd;    /* holds the marker's lock until close or destroy */
+    file_id writing_id, meta_tmp_id;
     int nf;
     kpl_feature_spec *schema;
     kpl_record_writer_config cfg;
@@ -164,10 +184,54 @@ static kpl_status check_schema(int nf, const kpl_feature_spec *schema)
     return KPL_OK;
 }
 
-static kpl_status open_excl(const char *path, int *fd)
+static kpl_status open_excl(const char *path, int *fd, file_id *id)
 {
     *fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     KPL_CHECK(*fd >= 0, KPL_EIO, "cannot create %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(*fd, &sb) == 0) *id = (file_id){sb.st_dev, sb.st_ino};
+    return KPL_OK;
+}
+
+/* unlink(path) when path is still the file `id` (and not, say, a new
+ * dataset's file of the same name made by someone who cleared ours). */
+static void unlink_own(const char *path, const file_id *id)
+{
+    struct stat sb;
+    if (lstat(path, &sb) == 0 && sb.st_dev == id->dev && sb.st_ino == id->ino) unlink(path);
+}
+
+/* The WRITING marker: made under a temporary name, locked, filled, then
+ * linked into place, so that WRITING never exists unlocked while its
+ * writer lives.  link() also fails when another writer got there first. */
+static kpl_status make_marker(kpl_record_writer *w, const char *created)
+{
+    char tmp[PATH_MAX], name[64], host[128] = "?";
+    snprintf(name, sizeof name, "%s.%d.tmp", KPLR_WRITING, (int)getpid());
+    KPL_TRY(kpl__path_join(tmp, sizeof tmp, w->dir, name));
+    gethostname(host, sizeof host - 1);
+    int fd = -1;
+    file_id id;
+    KPL_TRY(open_excl(tmp, &fd, &id));
+    char line[300];
+    int n = snprintf(line, sizeof line, "pid %d host %s started %s lock flock\n", (int)getpid(),
+                     host, created);
+    kpl_status st = KPL_OK;
+    if (flock(fd, LOCK_EX | LOCK_NB) != 0)
+        st = KPL_ERROR(KPL_EIO, "cannot lock %s: %s", tmp, strerror(errno));
+    if (st >= 0) st = kpl__write_all(fd, line, (size_t)n, tmp);
+    if (st >= 0 && link(tmp, w->writing_path) != 0)
+        st = KPL_ERROR(errno == EEXIST ? KPL_ESTATE : KPL_EIO,
+                       "cannot create %s: %s%s", w->writing_path, strerror(errno),
+                       errno == EEXIST ? " (another writer started in the same directory)" : "");
+    unlink(tmp);
+    if (st < 0) {
+        close(fd);
+        return st;
+    }
+    w->writing_fd = fd;
+    w->writing_id = id;
+    w->writing_made = true;
     return KPL_OK;
 }
 
@@ -231,6 +295,7 @@ kpl_status kpl_record_writer_create(const char *dir, int num_features,
     }
     memcpy(w->schema, schema, sizeof *schema * (size_t)num_features);
     for (int i = 0; i < c.shards; i++) w->shards[i].fd = -1;
+    w->writing_fd = -1;
     strcpy(w->dir, dir);
 
     KPL_TRY_GOTO(mkdir_p(dir, &w->made_dir));
@@ -243,23 +308,13 @@ kpl_status kpl_record_writer_create(const char *dir, int num_features,
         goto fail;
     }
     /* WRITING first: from here on an interrupted writer is detectable. */
-    char host[128] = "?";
-    gethostname(host, sizeof host - 1);
     time_t now = time(NULL);
     struct tm tm;
     gmtime_r(&now, &tm);
     strftime(w->created, sizeof w->created, "%Y-%m-%dT%H:%M:%SZ", &tm);
     KPL_TRY_GOTO(kpl__path_join(w->writing_path, PATH_MAX, dir, KPLR_WRITING));
     KPL_TRY_GOTO(kpl__path_join(w->meta_tmp, PATH_MAX, dir, KPLR_METADATA ".tmp"));
-    int fd;
-    KPL_TRY_GOTO(open_excl(w->writing_path, &fd));
-    w->writing_made = true;
-    char line[300];
-    int n = snprintf(line, sizeof line, "pid %d host %s started %s\n", (int)getpid(), host,
-                     w->created);
-    st = kpl__write_all(fd, line, (size_t)n, w->writing_path);
-    close(fd);
-    if (st < 0) goto fail;
+    KPL_TRY_GOTO(make_marker(w, w->created));
 
     if (getrandom(&w->uid, sizeof w->uid, 0) != (ssize_t)sizeof w->uid)
         w->uid = ((uint64_t)now << 20) ^ (uint64_t)getpid() ^ (uint64_t)(uintptr_t)w;
@@ -270,7 +325,7 @@ kpl_status kpl_record_writer_create(const char *dir, int num_features,
         KPL_TRY_GOTO(kpl__path_join(sh->data_path, PATH_MAX, dir, name));
         snprintf(name, sizeof name, "%05d.index", s);
         KPL_TRY_GOTO(kpl__path_join(sh->index_path, PATH_MAX, dir, name));
-        KPL_TRY_GOTO(open_excl(sh->data_path, &sh->fd));
+        KPL_TRY_GOTO(open_excl(sh->data_path, &sh->fd, &sh->data_id));
         uint8_t h[KPLR_FILE_HEADER];
         file_header(h, KPLR_DATA_MAGIC, (uint32_t)s, w->uid, 0);
         KPL_TRY_GOTO(kpl__write_all(sh->fd, h, sizeof h, sh->data_path));
@@ -417,7 +472,7 @@ static kpl_status write_index(kpl_record_writer *w, int s, uint32_t *crc, uint64
     *crc = kpl__crc32c(b, n);
     *bytes = n;
     int fd = -1;
-    kpl_status st = open_excl(sh->index_path, &fd);
+    kpl_status st = open_excl(sh->index_path, &fd, &sh->index_id);
     if (st == KPL_OK) {
         sh->index_made = true;
         st = kpl__write_all(fd, b, n, sh->index_path);
@@ -467,7 +522,7 @@ static kpl_status write_metadata(kpl_record_writer *w, const uint32_t *icrc,
     json_decref(m);
     KPL_CHECK(text, KPL_ENOMEM, "record writer: no memory for METADATA");
     int fd = -1;
-    kpl_status st = open_excl(w->meta_tmp, &fd);
+    kpl_status st = open_excl(w->meta_tmp, &fd, &w->meta_tmp_id);
     if (st == KPL_OK) {
         w->tmp_made = true;
         st = kpl__write_all(fd, text, strlen(text), w->meta_tmp);
@@ -494,6 +549,7 @@ static void free_writer(kpl_record_writer *w)
         free(w->shards[s].recs);
     }
     free(w->shards);
+    if (w->writing_fd >= 0) close(w->writing_fd); /* releases the lock */
     free(w->schema);
     free(w->attrs);
     free(w->raw);
@@ -525,9 +581,9 @@ kpl_status kpl_record_writer_close(kpl_record_writer *w)
         KPL_TRY_GOTO(write_index(w, s, &icrc[s], &ibytes[s]));
     }
     KPL_TRY_GOTO(write_metadata(w, icrc, ibytes));
-    /* Complete: the marker goes, then the directory entry changes are made
-     * durable. */
-    unlink(w->writing_path);
+    /* Complete: the marker goes (its lock with it, in free_writer), then
+     * the directory entry changes are made durable. */
+    unlink_own(w->writing_path, &w->writing_id);
     int dfd = open(w->dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     if (dfd >= 0) {
         fsync(dfd);
@@ -552,17 +608,158 @@ void kpl_record_writer_destroy(kpl_record_writer *w)
         if (sh->fd >= 0) {
             close(sh->fd);
             sh->fd = -1;
-            unlink(sh->data_path);
-        } else if (sh->data_path[0] && !sh->index_made) {
-            unlink(sh->data_path); /* closed by close() before its index failed */
         }
-        if (sh->index_made) {
-            unlink(sh->index_path);
-            unlink(sh->data_path);
-        }
+        if (sh->data_path[0]) unlink_own(sh->data_path, &sh->data_id);
+        if (sh->index_made) unlink_own(sh->index_path, &sh->index_id);
     }
-    if (w->tmp_made) unlink(w->meta_tmp);
-    if (w->writing_made) unlink(w->writing_path);
+    if (w->tmp_made) unlink_own(w->meta_tmp, &w->meta_tmp_id);
+    /* the marker last, still locked: nobody clears the directory under us */
+    if (w->writing_made) unlink_own(w->writing_path, &w->writing_id);
     if (w->made_dir) rmdir(w->dir);
     free_writer(w);
+}
+
+/* ---- unfinished datasets ---------------------------------------------------------- */
+
+/* Whether the process named by a marker "pid P host H ..." could still be
+ * its writer: markers written before the lock existed say nothing else. */
+static bool legacy_writer_alive(const char *who)
+{
+    int pid = 0;
+    char host[128] = "", me[128] = "";
+    if (sscanf(who, "pid %d host %127s", &pid, host) != 2 || pid <= 0) return false;
+    gethostname(me, sizeof me - 1);
+    if (strcmp(host, me)) return true; /* another host: cannot tell, assume alive */
+    return kill(pid, 0) == 0 || errno == EPERM;
+}
+
+/* Opens dir/WRITING and tries its lock (exclusive or shared, never
+ * waiting).  *fd stays open (locked) when *state is DEAD; else -1. */
+static kpl_status probe_marker(const char *dir, bool exclusive, kpl_writer_state *state,
+                               char *who, size_t len, int *fd)
+{
+    char p[PATH_MAX];
+    *fd = -1;
+    *state = KPL_WRITER_NONE;
+    if (who && len) who[0] = 0;
+    KPL_TRY(kpl__path_join(p, sizeof p, dir, KPLR_WRITING));
+    int f = open(p, (exclusive ? O_RDWR : O_RDONLY) | O_CLOEXEC);
+    if (f < 0 && errno == ENOENT) return KPL_OK;
+    KPL_CHECK(f >= 0, KPL_EIO, "%s: %s", p, strerror(errno));
+    char text[300];
+    ssize_t n = pread(f, text, sizeof text - 1, 0);
+    text[n > 0 ? n : 0] = 0;
+    text[strcspn(text, "\n")] = 0;
+    if (who && len) snprintf(who, len, "%s", text[0] ? text : "unknown writer");
+    bool locked = flock(f, (exclusive ? LOCK_EX : LOCK_SH) | LOCK_NB) != 0;
+    if (locked && errno != EWOULDBLOCK) {
+        int e = errno;
+        close(f);
+        return KPL_ERROR(KPL_EIO, "%s: cannot lock: %s", p, strerror(e));
+    }
+    /* A marker with the lock word is alive exactly while locked; one
+     * written by an older kpl, by its pid. */
+    bool alive = locked || (!strstr(text, " lock flock") && legacy_writer_alive(text));
+    *state = alive ? KPL_WRITER_ALIVE : KPL_WRITER_DEAD;
+    if (alive) close(f);
+    else *fd = f;
+    return KPL_OK;
+}
+
+kpl_status kpl_dataset_writer_state(const char *dir, kpl_writer_state *state, char *who,
+                                    size_t len)
+{
+    KPL_CHECK(dir && state, KPL_EINVAL, "dataset_writer_state: NULL");
+    int fd = -1;
+    KPL_TRY(probe_marker(dir, false, state, who, len, &fd));
+    if (fd >= 0) close(fd);
+    return KPL_OK;
+}
+
+/* Names a KPLRecord writer (or an image-folder conversion) may leave. */
+static bool writer_file(const char *n)
+{
+    const char *dot = strrchr(n, '.');
+    return !strcmp(n, KPLR_WRITING) || !strcmp(n, KPLR_METADATA) || !strcmp(n, "classes.txt") ||
+           !strncmp(n, KPLR_WRITING ".", sizeof KPLR_WRITING) ||
+           !strncmp(n, KPLR_METADATA ".", sizeof KPLR_METADATA) ||
+           !strncmp(n, "classes.txt.", 12) ||
+           (dot && (!strcmp(dot, ".data") || !strcmp(dot, ".index")));
+}
+
+kpl_status kpl_dataset_remove_unfinished(const char *dir)
+{
+    KPL_CHECK(dir, KPL_EINVAL, "dataset_remove_unfinished: NULL");
+    kpl_writer_state state;
+    char who[300];
+    int fd = -1;
+    KPL_TRY(probe_marker(dir, true, &state, who, sizeof who, &fd));
+    KPL_CHECK(state != KPL_WRITER_NONE, KPL_ENOTFOUND,
+              "%s: no %s marker: not an unfinished dataset", dir, KPLR_WRITING);
+    KPL_CHECK(state == KPL_WRITER_DEAD, KPL_ESTATE,
+              "%s is being written right now (%s): not removed", dir, who);
+    /* With the marker's lock held no writer can be inside; every name is
+     * checked first, so that a folder with files of other kinds is left
+     * whole. */
+    DIR *d = opendir(dir);
+    kpl_status st = d ? KPL_OK : KPL_ERROR(KPL_EIO, "%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    while (st >= 0 && (e = readdir(d)))
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && !writer_file(e->d_name))
+            st = KPL_ERROR(KPL_ESTATE, "%s holds '%s', which no dataset writer makes: not "
+                           "removed", dir, e->d_name);
+    if (st >= 0) rewinddir(d);
+    while (st >= 0 && (e = readdir(d))) {
+        char f[PATH_MAX];
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..") ||
+            !strcmp(e->d_name, KPLR_WRITING))
+            continue;
+        if (kpl__path_join(f, sizeof f, dir, e->d_name) < 0 || (unlink(f) != 0 && errno != ENOENT))
+            st = KPL_ERROR(KPL_EIO, "cannot remove %s/%s: %s", dir, e->d_name, strerror(errno));
+    }
+    if (d) closedir(d);
+    char m[PATH_MAX];
+    if (st >= 0 && kpl__path_join(m, sizeof m, dir, KPLR_WRITING) >= 0 && unlink(m) != 0)
+        st = KPL_ERROR(KPL_EIO, "cannot remove %s: %s", m, strerror(errno));
+    close(fd);
+    if (st >= 0 && rmdir(dir) != 0)
+        st = KPL_ERROR(KPL_EIO, "cannot remove %s: %s", dir, strerror(errno));
+    return st;
+}
+
+/* ---- taking turns ----------------------------------------------------------------- */
+
+kpl_status kpl_convert_lock(const char *parent, bool (*keep_waiting)(const char *lock,
+                                                                    double waited, void *ctx),
+                            void *ctx, int *fd)
+{
+    KPL_CHECK(parent && fd, KPL_EINVAL, "convert_lock: NULL");
+    *fd = -1;
+    bool made = false;
+    KPL_TRY(mkdir_p(*parent ? parent : ".", &made));
+    char lock[PATH_MAX];
+    KPL_TRY(kpl__path_join(lock, sizeof lock, *parent ? parent : ".", ".kpl-convert.lock"));
+    int f = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    KPL_CHECK(f >= 0, KPL_EIO, "cannot create the lock %s: %s", lock, strerror(errno));
+    double t0 = kpl_seconds();
+    while (flock(f, LOCK_EX | LOCK_NB) != 0) {
+        int e = errno;
+        if (e != EWOULDBLOCK && e != EINTR) {
+            close(f);
+            return KPL_ERROR(KPL_EIO, "cannot lock %s: %s", lock, strerror(e));
+        }
+        if (keep_waiting && !keep_waiting(lock, kpl_seconds() - t0, ctx)) {
+            close(f);
+            return KPL_ERROR(KPL_ESTATE, "gave up waiting for %s (another conversion into %s "
+                             "holds it)", lock, *parent ? parent : ".");
+        }
+        usleep(100 * 1000);
+    }
+    *fd = f;
+    return KPL_OK;
+}
+
+void kpl_convert_unlock(int fd)
+{
+    if (fd >= 0) close(fd); /* the lock goes with the descriptor */
 }

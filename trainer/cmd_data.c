@@ -140,6 +140,10 @@ static int convert_idx_dir(const char *src, const char *out, kpl_convert_options
     return rc;
 }
 
+static bool keep_waiting(const char *lock, double waited, void *ctx);
+static int convert_from(const char *from, const char *labels, const char *pos[2],
+                        kpl_convert_options *o);
+
 static int cmd_convert(int argc, char **argv)
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
@@ -202,6 +206,42 @@ static int cmd_convert(int argc, char **argv)
                         "--help')\n");
         return 2;
     }
+    /* Take turns with other conversions into the same directory (kpl
+     * train converts on first use): the lock lives in the directory that
+     * holds the dataset(s); an IDX directory writes OUT/train and OUT/test. */
+    char parent[PATH_MAX];
+    struct stat ss;
+    bool idx_dir = !strcmp(from, "idx") && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode);
+    snprintf(parent, sizeof parent, "%s", pos[1]);
+    char *slash = strrchr(parent, '/');
+    if (!idx_dir && slash == parent) slash[1] = 0;
+    else if (!idx_dir && slash) *slash = 0;
+    else if (!idx_dir) snprintf(parent, sizeof parent, ".");
+    double said = -1;
+    int lock = -1;
+    if (kpl_convert_lock(parent, keep_waiting, &said, &lock) < 0) return fail("convert");
+    int rc = convert_from(from, labels, pos, &o);
+    kpl_convert_unlock(lock);
+    return rc;
+}
+
+/* While another conversion holds the lock: say so once a minute. */
+static bool keep_waiting(const char *lock, double waited, void *ctx)
+{
+    double *said = ctx;
+    if (*said < 0 || waited - *said >= 60) {
+        fprintf(stderr, "kpl data convert: waiting for another conversion to finish (it holds "
+                "%s; %.0f s so far)\n", lock, waited);
+        *said = waited;
+    }
+    return true;
+}
+
+/* The conversion itself, with the lock held. */
+static int convert_from(const char *from, const char *labels, const char *pos[2],
+                        kpl_convert_options *o_)
+{
+    kpl_convert_options o = *o_;
     if (!strcmp(from, "imagefolder")) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");

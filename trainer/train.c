@@ -44,6 +44,8 @@ static void on_signal(int sig)
     stop_signal = sig;
 }
 
+bool kpl__stop_requested(void) { return stop_signal != 0; }
+
 static void catch_signals(bool on)
 {
     struct sigaction sa;

@@ -5,14 +5,11 @@
  */
 #include "trainer_impl.h"
 
-#include <dirent.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -52,50 +49,68 @@ static bool find_idx(const char *src, const char *split, char *images, char *lab
     return false;
 }
 
-/* A split directory left by a conversion that died (its WRITING marker is
- * there): with the lock held nobody else is writing it, so its files go. */
-static bool remove_unfinished(const char *dir)
+/* Waits until `out` is not being written by another process (a `kpl data
+ * convert` started by hand, say): *done when it then holds a complete
+ * dataset; else it is gone or cleared of what a dead writer left. */
+static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
 {
-    char w[PATH_MAX + 16];
-    snprintf(w, sizeof w, "%s/WRITING", dir);
-    if (access(w, F_OK) != 0) return false;
-    DIR *d = opendir(dir);
-    if (!d) return false;
-    struct dirent *e;
-    bool ok = true;
-    while ((e = readdir(d))) {
-        const char *n = e->d_name, *dot = strrchr(n, '.');
-        if (!strcmp(n, ".") || !strcmp(n, "..")) continue;
-        bool ours = !strcmp(n, "WRITING") || !strcmp(n, "METADATA") ||
-                    !strcmp(n, "classes.txt") || !strncmp(n, "METADATA.", 9) ||
-                    (dot && (!strcmp(dot, ".data") || !strcmp(dot, ".index")));
-        char f[PATH_MAX + 260];
-        snprintf(f, sizeof f, "%s/%s", dir, n);
-        if (!ours || unlink(f) != 0) ok = false;
+    double t0 = kpl_seconds(), said = -1;
+    bool retried = false;
+    *done = false;
+    for (;;) {
+        kpl_dataset *ds = NULL;
+        if (kpl_dataset_open(out, &ds) == KPL_OK) {
+            kpl_dataset_close(ds);
+            *done = true;
+            return KPL_OK;
+        }
+        char why[1024];
+        snprintf(why, sizeof why, "%s", kpl_last_error());
+        kpl_status why_st = kpl_last_status();
+        if (access(out, F_OK) != 0) return KPL_OK;
+        kpl_writer_state ws;
+        char who[300];
+        KPL_TRY(kpl_dataset_writer_state(out, &ws, who, sizeof who));
+        if (ws == KPL_WRITER_ALIVE) {
+            double waited = kpl_seconds() - t0;
+            if (said < 0 || waited - said >= 60) {
+                kpl__log_info(log, "data: %s is being written by another process (%s); waiting "
+                              "for it to finish (%.0f s so far)", out, who, waited);
+                said = waited;
+            }
+            KPL_CHECK(!kpl__stop_requested(), KPL_ESTATE,
+                      "data: stopped while waiting for %s, which %s is writing", out, who);
+            usleep(200 * 1000);
+            continue;
+        }
+        if (ws == KPL_WRITER_DEAD) {
+            kpl_status st = kpl_dataset_remove_unfinished(out);
+            if (st < 0)
+                return KPL_ERROR(st, "data.convert: %s was left unfinished (%s) and is not "
+                                 "removed: %s", out, who, kpl_last_error());
+            kpl__log_warn(log, "data: removed %s, left unfinished by an interrupted conversion "
+                          "(%s)", out, who);
+            return KPL_OK;
+        }
+        /* No writer: a finished dataset (its writer closed it just now:
+         * look again once), or a directory that is no dataset. */
+        if (!retried) {
+            retried = true;
+            continue;
+        }
+        return KPL_ERROR(why_st < 0 ? why_st : KPL_EFORMAT,
+                         "data.convert: %s exists but is not a usable dataset (%s); remove it to "
+                         "convert again", out, why);
     }
-    closedir(d);
-    return ok && rmdir(dir) == 0;
 }
 
 static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, kpl__runlog *log)
 {
     char out[PATH_MAX];
     kpl__data_split_path(r, s, out, sizeof out);
-    kpl_dataset *ds = NULL;
-    if (kpl_dataset_open(out, &ds) == KPL_OK) {
-        kpl_dataset_close(ds);
-        return KPL_OK;
-    }
-    if (access(out, F_OK) == 0) {
-        if (!remove_unfinished(out)) {
-            /* a directory that is no dataset, or not one we may remove */
-            kpl_status st = kpl_last_status();
-            return KPL_ERROR(st < 0 ? st : KPL_EFORMAT,
-                             "data.convert: %s exists but is not a usable dataset (%s); remove "
-                             "it to convert again", out, kpl_last_error());
-        }
-        kpl__log_warn(log, "data: removed %s, left unfinished by an interrupted conversion", out);
-    }
+    bool done = false;
+    KPL_TRY(settle_split(out, log, &done));
+    if (done) return KPL_OK;
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.writer.shards = (int)r->data.convert.shards;
     o.progress = isatty(2);
@@ -129,29 +144,47 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     return KPL_OK;
 }
 
+/* While another conversion holds the lock: say so once a minute; give up
+ * on SIGINT / SIGTERM. */
+typedef struct {
+    kpl__runlog *log;
+    double said;
+} waiting;
+
+static bool keep_waiting(const char *lock, double waited, void *ctx)
+{
+    waiting *w = ctx;
+    if (w->said < 0 || waited - w->said >= 60) {
+        kpl__log_info(w->log, "data: waiting for another conversion to finish (it holds %s; "
+                      "%.0f s so far)", lock, waited);
+        w->said = waited;
+    }
+    return !kpl__stop_requested();
+}
+
 kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
 {
     if (r->data.convert.from == 0) return KPL_OK;
-    const char *root = r->data.root[0] ? r->data.root : ".";
-    KPL_TRY(kpl__mkdirs(root));
-    char lock[PATH_MAX];
-    snprintf(lock, sizeof lock, "%s/.kpl-convert.lock", root);
-    int fd = open(lock, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    KPL_CHECK(fd >= 0, KPL_EIO, "data: cannot create the lock %s: %s", lock, strerror(errno));
-    /* The ranks of a node convert one at a time; after the first, the
-     * others find the splits built. */
-    while (flock(fd, LOCK_EX) != 0) {
-        if (errno == EINTR) continue;
-        close(fd);
-        return KPL_ERROR(KPL_EIO, "data: cannot lock %s: %s", lock, strerror(errno));
-    }
-    kpl_status st = KPL_OK;
+    /* The ranks of a node, and `kpl data convert` runs, convert one at a
+     * time (the lock in the directory holding the split); after the
+     * first, the others find the split built. */
     const kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
-    for (int i = 0; i < 2 && st >= 0; i++)
-        if (sp[i]->path[0]) st = convert_split(r, sp[i], log);
-    flock(fd, LOCK_UN);
-    close(fd);
-    return st;
+    for (int i = 0; i < 2; i++) {
+        if (!sp[i]->path[0]) continue;
+        char out[PATH_MAX];
+        kpl__data_split_path(r, sp[i], out, sizeof out);
+        char *slash = strrchr(out, '/');
+        if (slash == out) slash[1] = 0;
+        else if (slash) *slash = 0;
+        else snprintf(out, sizeof out, ".");
+        waiting w = {log, -1};
+        int fd = -1;
+        KPL_TRY(kpl_convert_lock(out, keep_waiting, &w, &fd));
+        kpl_status st = convert_split(r, sp[i], log);
+        kpl_convert_unlock(fd);
+        KPL_TRY(st);
+    }
+    return KPL_OK;
 }
 
 void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, const char *path,

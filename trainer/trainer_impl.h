@@ -6,7 +6,6 @@
 #define KPL_TRAINER_IMPL_H
 
 #include "trainer.h"
-#include "trainer.h"
 
 #include <stdio.h>
 
@@ -87,6 +86,9 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
 kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw);
 
 /* ---- runs (train.c) ---- */
+
+/* Whether SIGINT or SIGTERM asked the run to stop (long waits give up). */
+bool kpl__stop_requested(void);
 
 /* `kpl train`: the whole run; resume NULL (a new run), "" (the newest
  * checkpoint) or a checkpoint file.  Returns the exit status: 0, 1 on an
