@@ -413,6 +413,19 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out);
  * stopped for good.  KPL_ESTATE when every slot is still held by batches
  * not released.  Not thread-safe (one consumer). */
 kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b);
+/* Whether every process of the pipeline is still alive, without waiting
+ * for anything: KPL_OK, or KPL_ECHILD with the message kpl_loader_next
+ * would give (stage, pid, signal or exit status, or the child's own
+ * error), after which the loader is stopped for good, as after next.
+ * Cheap (a waitpid(WNOHANG) per process and a look at the shared error
+ * under the pipeline's lock, which nobody holds for long), so a trainer
+ * can call it every step for a loader it is not reading from, e.g. the
+ * validation loader between evaluations: a worker killed while that
+ * loader sits idle is reported at the next step instead of at the end of
+ * the epoch.  When it reports a death it may take up to 0.2 s to name the
+ * process that ended first.  Not thread-safe (the consumer's thread, like
+ * kpl_loader_next). */
+kpl_status kpl_loader_check(kpl_loader *l);
 /* Releases the batch's tensors (NULLs them); NULL or empty is a no-op. */
 void kpl_batch_release(kpl_batch *b);
 /* Samples per epoch for this rank (after pad/drop; before drop_last). */

@@ -780,6 +780,22 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
     return KPL_OK;
 }
 
+kpl_status kpl_loader_check(kpl_loader *l)
+{
+    KPL_CHECK(l, KPL_EINVAL, "loader_check: NULL loader");
+    if (l->dead) return KPL_ERROR(l->dead, "%s", l->dead_msg);
+    char msg[sizeof l->ctl->error + 128];
+    if (child_died(l, msg, sizeof msg)) return fail_named(l, msg, sizeof msg, true);
+    /* A child that reported an error exits right after; do not wait for
+     * its exit to say so (kpl_loader_next would not either). */
+    shm_lock(l->ctl);
+    bool failed = l->ctl->failed;
+    if (failed) snprintf(msg, sizeof msg, "%s", l->ctl->error);
+    shm_unlock(l->ctl);
+    if (failed) return fail_named(l, msg, sizeof msg, false);
+    return KPL_OK;
+}
+
 void kpl_batch_release(kpl_batch *b)
 {
     if (!b) return;

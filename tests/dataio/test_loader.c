@@ -487,6 +487,58 @@ static void test_loader_process_death(void **state)
     assert_no_children();
 }
 
+/* Polls kpl_loader_check every 5 ms for up to 2 s; returns the first
+ * status that is not KPL_OK and the seconds it took in *took. */
+static kpl_status check_until_failed(kpl_loader *l, double *took)
+{
+    double t0 = kpl_seconds();
+    kpl_status st = KPL_OK;
+    while (st == KPL_OK && kpl_seconds() - t0 < 2.0) {
+        st = kpl_loader_check(l);
+        if (st == KPL_OK) usleep(5000);
+    }
+    *took = kpl_seconds() - t0;
+    return st;
+}
+
+/* kpl_loader_check on an idle loader (every slot prefetched, nobody
+ * calling next): OK while everyone lives; a killed worker or reader is
+ * reported within 1 s with the message next gives; next then fails the
+ * same way and destroy leaves no process behind. */
+static void test_loader_check(void **state)
+{
+    (void)state;
+    const char *path = make_set("big", 5000, 2, 1 << 16);
+    FAILS(kpl_loader_check(NULL), KPL_EINVAL, "NULL");
+    for (int which = 1; which >= 0; which--) {
+        kpl_loader_config c = raw_config(path, 4, 2);
+        kpl_loader *l = NULL;
+        OK(kpl_loader_create(&c, &l));
+        kpl_batch b;
+        OK(kpl_loader_next(l, &b));
+        kpl_batch_release(&b);
+        usleep(200 * 1000); /* the workers fill the slots and go idle */
+        for (int i = 0; i < 20; i++) OK(kpl_loader_check(l));
+        int pids[3];
+        assert_int_equal(kpl_loader_pids(l, pids, 3), 3);
+        assert_int_equal(kill(pids[which], SIGKILL), 0);
+        double took;
+        assert_int_equal(check_until_failed(l, &took), KPL_ECHILD);
+        assert_true(took < 1.0);
+        char want[80];
+        if (which)
+            snprintf(want, sizeof want, "transformer %d (pid %d) was killed by signal 9",
+                     which - 1, pids[which]);
+        else
+            snprintf(want, sizeof want, "reader (pid %d) was killed by signal 9", pids[0]);
+        if (!strstr(kpl_last_error(), want)) fail_msg("'%s' lacks '%s'", kpl_last_error(), want);
+        FAILS(kpl_loader_check(l), KPL_ECHILD, want);
+        FAILS(kpl_loader_next(l, &b), KPL_ECHILD, want);
+        kpl_loader_destroy(l);
+        assert_no_children();
+    }
+}
+
 /* A set of 16x16 JPEGs with example `bad` replaced by garbage. */
 static const char *make_jpeg_set(const char *name, int64_t n, int64_t bad)
 {
@@ -548,6 +600,13 @@ static void test_loader_corrupt_image(void **state)
 
     c.transform.skip_corrupt = false;
     OK(kpl_loader_create(&c, &l));
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 5");
+    kpl_loader_destroy(l);
+    /* A worker's own error reaches kpl_loader_check too, with no next. */
+    OK(kpl_loader_create(&c, &l));
+    double took;
+    assert_int_equal(check_until_failed(l, &took), KPL_ECHILD);
+    if (!strstr(kpl_last_error(), "example 5")) fail_msg("'%s' lacks 'example 5'", kpl_last_error());
     FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 5");
     kpl_loader_destroy(l);
     assert_no_children();
@@ -763,6 +822,7 @@ int main(void)
         cmocka_unit_test(test_loader_workers_deterministic),
         cmocka_unit_test(test_loader_resume),
         cmocka_unit_test(test_loader_process_death),
+        cmocka_unit_test(test_loader_check),
         cmocka_unit_test(test_loader_corrupt_image),
         cmocka_unit_test(test_loader_bad_config),
         cmocka_unit_test(test_loader_slots_held),
