@@ -123,6 +123,7 @@ G(CLIP)
                              mask(KPL_BIN_LE, x, scalar_like(gy, at->beta)))));
 }
 G(SIGN) { RET0(SCAL(KPL_BIN_MUL, gy, 0)); }
+G(SOFTPLUS) { RET0(kpl_mul(gy, kpl_sigmoid(IN(0)))); }
 G(ERF) /* 2/sqrt(pi) exp(-x^2) */
 {
     RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, kpl_exp(kpl_neg(kpl_square(IN(0)))), 1.1283791670955126)));
@@ -436,6 +437,7 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
+    [KPL_OP_SOFTPLUS] = g_SOFTPLUS,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -482,7 +484,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
-        {KPL_OP_BATCH_NORM, 3, 0},
+        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_SOFTPLUS, 1, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

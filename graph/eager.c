@@ -60,6 +60,7 @@ DEF_UNARY(GELU, gelu)
 DEF_UNARY(SIGN, sign)
 DEF_UNARY(GELU_TANH, gelu_tanh)
 DEF_UNARY(ERF, erf)
+DEF_UNARY(SOFTPLUS, softplus)
 #undef DEF_UNARY
 
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope)

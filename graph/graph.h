@@ -80,7 +80,7 @@ bool kpl_set_grad_enabled(bool on);
     X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
     X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
     X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
-    X(BATCH_NORM, "batch_norm")
+    X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -114,6 +114,7 @@ KPL_X_(NEG, neg) KPL_X_(ABS, abs) KPL_X_(EXP, exp) KPL_X_(LOG, log) KPL_X_(SQRT,
 KPL_X_(RSQRT, rsqrt) KPL_X_(SQUARE, square) KPL_X_(RECIPROCAL, reciprocal) KPL_X_(SIN, sin)
 KPL_X_(COS, cos) KPL_X_(TANH, tanh) KPL_X_(SIGMOID, sigmoid) KPL_X_(RELU, relu)
 KPL_X_(GELU, gelu) KPL_X_(SIGN, sign) KPL_X_(GELU_TANH, gelu_tanh) KPL_X_(ERF, erf)
+KPL_X_(SOFTPLUS, softplus) /* log(1 + e^x), stable for any x; gradient sigmoid(x) */
 #undef KPL_X_
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope);
 kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi);

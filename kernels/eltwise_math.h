@@ -129,7 +129,9 @@ KPL__IPOW(uint8_t, u8, 0)
     X(GELU_TANH, (T)0.5 * x *                                              \
                      ((T)1 + tanh((T)0.79788456080286535588 *              \
                                   (x + (T)0.044715 * x * x * x))))         \
-    X(ERF, erf(x))
+    X(ERF, erf(x))                                                         \
+    /* log(1 + e^x) without overflow, and log1p keeps the tiny values */    \
+    X(SOFTPLUS, (x < (T)0 ? (T)0 : x) + log1p(exp(-kpl_absv(x))))
 
 #define KPL_UNARY_INT_FORMULAS(X)                                          \
     X(NEG, (T)-x)                                                          \

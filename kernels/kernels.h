@@ -488,15 +488,18 @@ kpl_status kpl_shape_matmul(int na, const int64_t *a, bool trans_a, int nb,
 /* Compute (destination-passing)                                              */
 /* ------------------------------------------------------------------------ */
 
-/* X(ENUM, name).  Unary element-wise formulas.  Integer dtypes support NEG,
- * ABS, SIGN, SQUARE, RELU; bool/u8 none; the rest are floating point only. */
+/* X(ENUM, name).  Unary element-wise formulas (append only).  Integer
+ * dtypes support NEG, ABS, SIGN, SQUARE, RELU; bool/u8 none; the rest are
+ * floating point only.  SOFTPLUS is log(1 + e^x), computed as
+ * max(x, 0) + log1p(e^-|x|): no overflow, and exact for tiny results. */
 #define KPL_UNARY_LIST(X)                                              \
     X(NEG, "neg") X(ABS, "abs") X(EXP, "exp") X(LOG, "log")            \
     X(SQRT, "sqrt") X(RSQRT, "rsqrt") X(SQUARE, "square")              \
     X(RECIPROCAL, "reciprocal") X(SIN, "sin") X(COS, "cos")            \
     X(TANH, "tanh") X(SIGMOID, "sigmoid") X(RELU, "relu")              \
     X(LEAKY_RELU, "leaky_relu") X(GELU, "gelu") X(CLIP, "clip")        \
-    X(SIGN, "sign") X(GELU_TANH, "gelu_tanh") X(ERF, "erf")
+    X(SIGN, "sign") X(GELU_TANH, "gelu_tanh") X(ERF, "erf")            \
+    X(SOFTPLUS, "softplus")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_UN_##e,

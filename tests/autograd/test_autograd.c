@@ -64,6 +64,7 @@ U(gelu, kpl_gelu(x[0]))
 U(gelu_tanh, kpl_gelu_tanh(x[0]))
 U(narrow, kpl_square(kpl_narrow(x[0], 1, 2)))
 U(pad_rows, kpl_square(kpl_pad_rows(x[0], 2, 1)))
+U(softplus, kpl_softplus(x[0]))
 
 static kpl_conv2d_params conv_p;
 static kpl_tensor *f_conv(kpl_tensor *const *x, void *u)
@@ -110,7 +111,7 @@ static void test_gradcheck_all_ops(void **state)
         {"permute", f_permute, 1, -2, 2, 2}, {"cast", f_cast, 1, -2, 2, 1},
         {"erf", f_erf, 1, -2, 2, 2},        {"gelu", f_gelu, 1, -2, 2, 2},
         {"gelu_tanh", f_gelu_tanh, 1, -2, 2, 2}, {"narrow", f_narrow, 1, -2, 2, 2},
-        {"pad_rows", f_pad_rows, 1, -2, 2, 2},
+        {"pad_rows", f_pad_rows, 1, -2, 2, 2}, {"softplus", f_softplus, 1, -3, 3, 3},
     };
     /* Binary ops broadcast: (3,4) with (4); unary ops see (3,4). */
     const int64_t shapes[3][3] = {{3, 4}, {4}, {3, 4}};

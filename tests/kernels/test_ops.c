@@ -30,6 +30,7 @@ static double ref_unary(kpl_unary_op op, double x, double alpha, double beta)
     case KPL_UN_ERF: return erf(x);
     case KPL_UN_GELU_TANH:
         return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x)));
+    case KPL_UN_SOFTPLUS: return fmax(x, 0) + log1p(exp(-fabs(x)));
     default: return NAN;
     }
 }
@@ -115,8 +116,23 @@ static void test_unary_all(void **state)
     OK(kpl_k_unary(o, KPL_UN_SIGMOID, s, 0, 0));
     assert_float_equal(tget(o, 1), 1, 0);
     assert_float_equal(tget(o, 2), 0, 0);
+    /* softplus neither overflows (e^100 is inf in f32) nor rounds tiny
+     * values away: log(1 + e^-40) would be 0 in f64 */
+    OK(kpl_k_unary(o, KPL_UN_SOFTPLUS, s, 0, 0));
+    assert_true(isnan(tget(o, 0)));
+    assert_true(isinf(tget(o, 1)) && tget(o, 1) > 0);
+    assert_float_equal(tget(o, 2), 0, 0);
+    assert_float_equal(tget(o, 3), 100, 0);
     kpl_tensor_release(s);
     kpl_tensor_release(o);
+    int64_t two = 2;
+    kpl_tensor *d = tnew(KPL_F64, 1, &two), *od = tnew(KPL_F64, 1, &two);
+    OK(kpl_k_arange(d, -40, 80)); /* -40, 40 */
+    OK(kpl_k_unary(od, KPL_UN_SOFTPLUS, d, 0, 0));
+    assert_close(tget(od, 0), 4.248354255291589e-18, 1e-14, 0, "softplus(-40)", 0); /* math.log1p(math.exp(-40)) */
+    assert_close(tget(od, 1), 40, 1e-16, 0, "softplus(40)", 1);
+    kpl_tensor_release(d);
+    kpl_tensor_release(od);
 }
 
 static void test_unary_int(void **state)
