@@ -204,8 +204,10 @@ kpl_tensor *kpl_group_norm(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_ten
  * by 1/(1-p) (training only); the mask comes from rng (Philox), so a run is
  * reproducible. */
 kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng);
-/* Binary cross entropy of logits z against targets y in [0, 1], computed
- * stably as max(z, 0) - z y + log(1 + exp(-|z|)). */
+/* Binary cross entropy of logits z against targets y in [0, 1] (y has z's
+ * shape): -[y log s(z) + (1 - y) log(1 - s(z))], s the sigmoid, computed as
+ * y softplus(-z) + (1 - y) softplus(z) — two non-negative terms, so
+ * nothing overflows or cancels for any z; the gradient is s(z) - y. */
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);
 
 /* Transposed convolution: x (N, Cin, H, W), w (Cin, Cout/groups, KH, KW)

@@ -144,12 +144,26 @@ kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, 
 
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
 {
+    static const char op[] = "bce_with_logits";
     if (!z || !y) return NULL;
-    kpl_tensor *softplus_neg_abs =
-        kpl_log(kpl_scalar_op(KPL_BIN_ADD, kpl_exp(kpl_neg(kpl_abs(z))), 1, false));
-    kpl_tensor *per = kpl_add(kpl_sub(kpl_scalar_op(KPL_BIN_MAXIMUM, z, 0, false), kpl_mul(z, y)),
-                              softplus_neg_abs);
-    return reduce_loss(per, red);
+    int nd = kpl_tensor_ndim(z);
+    const int64_t *zs = kpl_tensor_shape(z);
+    bool same = kpl_tensor_ndim(y) == nd;
+    for (int d = 0; same && d < nd; d++) same = kpl_tensor_shape(y)[d] == zs[d];
+    if (!same) { /* broadcasting them would silently change the loss */
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "%s: target %s must have the shape of the logits %s", op,
+                  kpl_shape_str(kpl_tensor_ndim(y), kpl_tensor_shape(y), b1, sizeof b1),
+                  kpl_shape_str(nd, zs, b2, sizeof b2));
+        return NULL;
+    }
+    /* -y log s(z) = y softplus(-z) and -(1 - y) log(1 - s(z)) = (1 - y)
+     * softplus(z): both terms are >= 0, so neither large z nor tiny losses
+     * lose digits, and the gradient -y s(-z) + (1 - y) s(z) is s(z) - y
+     * everywhere, 0.5 - y at z = 0 (a max(z, 0) form gets 1 - y there). */
+    kpl_tensor *pos = kpl_mul(y, kpl_softplus(kpl_neg(z)));
+    kpl_tensor *neg = kpl_mul(kpl_scalar_op(KPL_BIN_SUB, y, 1, true), kpl_softplus(z));
+    return reduce_loss(kpl_add(pos, neg), red);
 }
 
 /* (C) -> (1, C, 1, ...) so it broadcasts over x (N, C, ...). */

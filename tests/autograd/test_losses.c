@@ -328,6 +328,98 @@ static void test_conv_transpose(void **state)
     for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
 }
 
+/* ---- PyTorch parity (torch 1.13, f64; the expressions are in the comments) ---- */
+
+/* An f64 leaf that requires grad, from values; the caller releases it. */
+static kpl_tensor *leaf(int ndim, const int64_t *shape, const double *v)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, ndim, shape, v, &t));
+    OK(kpl_set_requires_grad(t, true));
+    return t;
+}
+
+static void expect_tol(kpl_tensor *t, int n, const double *v, double rtol, double atol,
+                       const char *what)
+{
+    assert_non_null(t);
+    assert_int_equal(kpl_tensor_numel(t), n);
+    for (int i = 0; i < n; i++) assert_close(tget(t, i), v[i], rtol, atol, what, i);
+}
+
+/* The gradient at z = 0 is (sigmoid(0) - y) w = (0.5 - y) w: a zero-
+ * initialised output layer sits there on every element. */
+static void test_bce_logits_at_zero(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s23[2] = {2, 3};
+    double zeros[6] = {0}, yv[6] = {0, 1, 0.5, 0.2, 0.9, 1};
+    kpl_tensor *z = leaf(2, s23, zeros), *y = leaf(2, s23, yv), *in[2] = {z, y}, *g[2];
+    kpl_tensor *l = NN(kpl_bce_with_logits(z, y, KPL_REDUCE_MEAN));
+    assert_close(tget(l, 0), 0.6931471805599453, 1e-15, 0, "bce at 0", 0); /* log 2 */
+    OK(kpl_grad(l, NULL, 2, in, false, g));
+    /* F.binary_cross_entropy_with_logits(torch.zeros(2, 3), y).backward():
+     * z.grad = (0.5 - y) / 6, y.grad = -z / 6 = 0 */
+    expect(g[0], 6, (double[]){0.08333333333333333, -0.08333333333333333, 0, 0.049999999999999996,
+                               -0.06666666666666667, -0.08333333333333333}, "bce dz at 0");
+    expect(g[1], 6, zeros, "bce dy at 0");
+    kpl_pool_pop(p);
+    kpl_tensor_release(z);
+    kpl_tensor_release(y);
+}
+
+/* Large |z| and z near 0, f64 and f32, reduction none.  The loss is
+ * y softplus(-z) + (1 - y) softplus(z), evaluated in Python with
+ * math.log1p (exact to the last bit here); torch 1.13 itself returns 0
+ * for z = 40, y = 1 (it forms log(1 + e^-40)).  Gradients: s(z) - y, as
+ * -y s(-z) + (1 - y) s(z) with a stable sigmoid. */
+static void test_bce_logits_large_logits(void **state)
+{
+    (void)state;
+    static const double zs[9] = {-100, -40, -20, -1e-4, 0, 1e-4, 20, 40, 100};
+    static const double ys[9] = {0, 0, 1, 0.3, 0.5, 0.7, 1, 1, 0};
+    static const double loss[9] = {3.720075976020836e-44, 4.248354255291589e-18,
+                                   20.000000002061153,    0.6931271818099453,
+                                   0.6931471805599453,    0.6931271818099453,
+                                   2.061153620314381e-09, 4.248354255291589e-18, 100.0};
+    static const double grad[9] = {3.720075976020836e-44,  4.248354255291589e-18,
+                                   -0.9999999979388463,    0.19997500000002083, 0.0,
+                                   -0.1999750000000208,    -2.0611536181902033e-09,
+                                   -4.248354255291589e-18, 1.0};
+    int64_t n = 9;
+    for (int f32 = 0; f32 < 2; f32++) {
+        kpl_pool *p = NN(kpl_pool_push());
+        kpl_tensor *z = leaf(1, &n, zs), *y = NULL, *g = NULL;
+        OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &n, ys, &y));
+        kpl_autorelease(y);
+        kpl_tensor *zz = f32 ? NN(kpl_cast(z, KPL_F32)) : z, *yy = f32 ? NN(kpl_cast(y, KPL_F32)) : y;
+        /* f32: a few ulp, and 3.7e-44 is subnormal there */
+        double rtol = f32 ? 2e-6 : 1e-13, atol = f32 ? 1e-43 : 0;
+        kpl_tensor *l = NN(kpl_bce_with_logits(zz, yy, KPL_REDUCE_NONE));
+        expect_tol(l, 9, loss, rtol, atol, f32 ? "bce f32" : "bce f64");
+        OK(kpl_grad(kpl_sum(l, NULL, 0, false), NULL, 1, &z, false, &g));
+        expect_tol(g, 9, grad, rtol, atol, f32 ? "bce grad f32" : "bce grad f64");
+        kpl_pool_pop(p);
+        kpl_tensor_release(z);
+    }
+}
+
+static void test_bce_logits_shape_check(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s41[2] = {4, 1}, s4 = 4;
+    kpl_tensor *z = NN(kpl_full(kpl_device_cpu(), KPL_F64, 2, s41, 0));
+    kpl_tensor *y = NN(kpl_full(kpl_device_cpu(), KPL_F64, 1, &s4, 1));
+    /* broadcasting (4, 1) with (4) would silently give a (4, 4) loss;
+     * PyTorch: "Target size (torch.Size([4])) must be the same as input
+     * size (torch.Size([4, 1]))" */
+    assert_null(kpl_bce_with_logits(z, y, KPL_REDUCE_MEAN));
+    assert_non_null(strstr(kpl_last_error(), "bce_with_logits: target (4) must have the shape of the logits (4,1)"));
+    kpl_pool_pop(p);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -428,6 +520,9 @@ int run_loss_tests(void)
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_split_topk),
         cmocka_unit_test(test_adaptive_pool),
+        cmocka_unit_test(test_bce_logits_at_zero),
+        cmocka_unit_test(test_bce_logits_large_logits),
+        cmocka_unit_test(test_bce_logits_shape_check),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
