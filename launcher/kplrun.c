@@ -91,7 +91,11 @@ typedef struct {
     rank_end *end;
     bool tty;
     char bar[1024];     /* rank 0's latest progress-bar frame */
-    bool bar_drawn;
+    /* Two states, not one: whether a frame is on the terminal's last line
+     * (so a line must wipe it first), and whether that frame is the latest
+     * (settle redraws it otherwise).  A new frame arriving changes only the
+     * second: the old one is still on the screen until it is overwritten. */
+    bool bar_shown, bar_stale;
     int columns;
     /* mpirun's own boxed messages are held until they end: the ones about
      * a failed rank say what kplrun says better, the rest pass through */
@@ -120,22 +124,24 @@ static void tail_add(tail_ring *t, const char *line)
 
 static void bar_clear(console *c)
 {
-    if (!c->bar_drawn) return;
+    if (!c->bar_shown) return;
     fputs("\r\033[K", stdout);
-    c->bar_drawn = false;
+    c->bar_shown = false;
 }
 
 static void bar_draw(console *c)
 {
+    c->bar_stale = false;
     if (!c->tty || !c->bar[0]) return;
     printf("\r%.*s\033[K", c->columns > 1 ? c->columns - 1 : 79, c->bar);
-    c->bar_drawn = true;
+    c->bar_shown = true;
 }
 
-/* After a batch of lines: the bar back under them, all of it out. */
+/* After a batch of lines: the bar (its latest frame) back under them, all
+ * of it out. */
 static void settle(console *c)
 {
-    if (!c->bar_drawn) bar_draw(c);
+    if (!c->bar_shown || c->bar_stale) bar_draw(c);
     fflush(stdout);
 }
 
@@ -221,7 +227,7 @@ static void handle_line(console *c, char *line, bool out)
         if (sscanf(line, "\001bar %d %n", &r, &n) == 1 && n > 0) {
             if (r == 0) { /* a new frame is drawn by settle */
                 snprintf(c->bar, sizeof c->bar, "%s", line + n);
-                c->bar_drawn = c->bar_drawn && !c->bar[0];
+                c->bar_stale = c->bar[0] != 0;
                 if (!c->bar[0]) bar_clear(c);
             }
         } else if (sscanf(line, "\001exit %d %255s %d %d %d %lf", &r, host, &pid, &status, &sig,

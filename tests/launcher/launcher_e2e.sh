@@ -13,8 +13,10 @@
 #   timeout    --timeout 5 on a job that sleeps: exit 124 within 10 s
 #   interrupt  one SIGINT reaches every rank's command as SIGINT; a command
 #              that ignores it is stopped by the second one
-#   bar        on a terminal, rank 0's progress bar stays whole while rank
-#              1 prints lines; the log keeps lines, not bar frames
+#   bar        on a terminal, rank 0's progress bar stays whole: a line
+#              handled in one batch with a new frame (kplrun stopped while
+#              both arrive) wipes the old frame first, and rank 1's lines
+#              print above the moving bar; the log keeps lines, not frames
 #   gpu        a stand-in nvidia sysfs directory with two GPUs: one rank
 #              per GPU, KPL_DEVICE in PCI order, each bound to its cores
 #   cli        usage errors, --dry-run, hosts from SLURM and PBS variables,
@@ -168,35 +170,75 @@ interrupt)
   ;;
 
 bar)
-  # on a terminal (script(1) makes one): rank 0's progress bar stays on the
-  # bottom line; rank 1's lines print above it, never into it
+  # On a terminal (script(1) makes one) rank 0's progress bar stays on the
+  # bottom line; the other lines print above it, never into it.  First, the
+  # case that once made this test fail 2 runs in 12 under load, made
+  # certain: kplrun is stopped while rank 0 sends a new frame and then a
+  # line, so that one read takes both and kplrun handles them in one batch;
+  # the line must still wipe the frame on the screen (the old one: the new
+  # frame is drawn after the batch).  Then rank 1 prints lines while the
+  # bar moves.
   command -v script > /dev/null || { echo "no script(1): skipped"; exit 77; }
+  command -v ss > /dev/null || { echo "no ss(8): skipped"; exit 77; }
   cat > job.sh << 'EOF2'
+d=$1
+wait_for() { # a file the test creates; 30 s at most
+  i=0
+  while [ ! -e "$d/$1" ]; do
+    sleep 0.02; i=$((i + 1)); [ $i -lt 1500 ] || { echo "no $1" >&2; exit 9; }
+  done
+}
 if [ "$KPL_RANK" = 0 ]; then
   [ "$KPL_PROGRESS" = always ] || echo "KPL_PROGRESS is '$KPL_PROGRESS'"
-  i=1; while [ $i -le 30 ]; do printf '\rstep %d/30\033[K' $i; sleep 0.05; i=$((i + 1)); done
+  printf '\rstep 1/30\033[K'
+  wait_for go
+  printf '\rstep 2/30\033[K'
+  echo warning >&2
+  wait_for resumed
+  i=3; while [ $i -le 30 ]; do printf '\rstep %d/30\033[K' $i; sleep 0.05; i=$((i + 1)); done
   printf '\r\033[Kdone\n'
 else
+  wait_for resumed
   i=1; while [ $i -le 10 ]; do echo "line $i"; sleep 0.12; i=$((i + 1)); done
 fi
 EOF2
+  # until CMD...: polls CMD for up to 20 s
+  until_ok() { for _ in $(seq 400); do "$@" && return 0; sleep 0.05; done; return 1; }
+  # (kplrun is not script's own child: script stops itself when its child
+  # stops, and a shell that waits without job control does not)
+  COLUMNS=100 script -qfec "'$kplrun' -np 2 --log-dir '$tmp/logs' -- sh '$tmp/job.sh' '$tmp'; exit \$?" \
+    typescript > /dev/null &
+  spid=$!
+  show() { cat -v typescript; }
+  until_ok grep -qs 'step 1/30' typescript || die "rank 0's first frame never showed: $(show)"
+  kpid=$(pgrep -f "^$kplrun -np 2 --log-dir $tmp/logs") || die "kplrun not found"
+  kill -STOP "$kpid"
+  touch go
+  # "\001bar 0 step 2/30\n" and "2[r0] warning\n": 31 bytes in kplrun's sockets
+  queued() {
+    ss -Htnp state established | awk -v p="pid=$kpid," 'index($0, p) { q += $1 } END { exit !(q >= 31) }'
+  }
+  until_ok queued || { kill -CONT "$kpid"; die "rank 0's frame and line never reached kplrun"; }
+  kill -CONT "$kpid"
+  touch resumed
   set +e
-  COLUMNS=100 script -qfec "'$kplrun' -np 2 --log-dir '$tmp/logs' -- sh '$tmp/job.sh'" typescript > /dev/null
+  wait $spid
   rc=$?
   set -e
-  [[ $rc == 0 ]] || die "exit $rc: $(cat typescript)"
+  [[ $rc == 0 ]] || die "exit $rc: $(show)"
   # each frame and line on its own, the erase-to-end-of-line codes gone
   tr '\r' '\n' < typescript | sed 's/\x1b\[K//g' > screen.txt
-  show() { cat -v typescript; }
+  grep -q '^\[r0\] warning$' screen.txt || die "rank 0's line is not on a line of its own: $(show)"
   grep -q '^step 1[0-9]/30$' screen.txt || die "no bar frames on the terminal: $(show)"
   for i in $(seq 10); do
     grep -q "^\[r1\] line $i\$" screen.txt || die "rank 1's line $i is not on a line of its own: $(show)"
   done
-  ! grep -q 'step [0-9]*/30.*\[r1\]' screen.txt || die "a line printed into the bar: $(show)"
+  ! grep -q 'step [0-9]*/30.*\[r' screen.txt || die "a line printed into the bar: $(show)"
   grep -q '^\[r0\] done$' screen.txt || die "rank 0's last line: $(show)"
   ! grep -q KPL_PROGRESS screen.txt || die "rank 0 was not told to draw its bar"
   # the log has what the terminal finally showed, not every frame
-  [[ $(cat "$tmp/logs/rank-00000.log" | head -1) == done ]] || die "rank 0's log: $(cat -v "$tmp/logs/rank-00000.log")"
+  [[ $(head -2 "$tmp/logs/rank-00000.log" | tr '\n' ' ') == "warning done " ]] ||
+    die "rank 0's log: $(cat -v "$tmp/logs/rank-00000.log")"
   ;;
 
 gpu)
