@@ -209,6 +209,14 @@ kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng);
  * y softplus(-z) + (1 - y) softplus(z) — two non-negative terms, so
  * nothing overflows or cancels for any z; the gradient is s(z) - y. */
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red);
+/* The same with PyTorch's BCEWithLogitsLoss(weight, pos_weight):
+ *   loss = weight * -[pos_weight y log s(z) + (1 - y) log(1 - s(z))].
+ * pos_weight (typically (C), one per class of z (N, C)) weighs the
+ * positive term; weight rescales each element.  Either may be NULL; each
+ * must broadcast to z's shape (numpy rules, aligned on the last dim)
+ * without enlarging it. */
+kpl_tensor *kpl_bce_with_logits_weighted(kpl_tensor *z, kpl_tensor *y, kpl_tensor *weight,
+                                         kpl_tensor *pos_weight, kpl_reduction red);
 
 /* Transposed convolution: x (N, Cin, H, W), w (Cin, Cout/groups, KH, KW)
  * (PyTorch's ConvTranspose2d layout), bias (Cout) or NULL; the output is

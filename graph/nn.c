@@ -142,7 +142,26 @@ kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, 
     return reduce_loss(kpl_where(small, quad, lin), red);
 }
 
-kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
+/* Whether `t` broadcasts to `shape` without enlarging it; sets the error. */
+static bool fits(const char *op, const char *what, kpl_tensor *t, int nd, const int64_t *shape)
+{
+    int n;
+    int64_t bs[KPL_MAX_DIMS];
+    bool ok = kpl_shape_broadcast(op, kpl_tensor_ndim(t), kpl_tensor_shape(t), nd, shape, &n,
+                                  bs) == KPL_OK &&
+              n == nd;
+    for (int d = 0; ok && d < nd; d++) ok = bs[d] == shape[d];
+    if (!ok) {
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "%s: %s %s does not broadcast to the logits' shape %s", op, what,
+                  kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), b1, sizeof b1),
+                  kpl_shape_str(nd, shape, b2, sizeof b2));
+    }
+    return ok;
+}
+
+kpl_tensor *kpl_bce_with_logits_weighted(kpl_tensor *z, kpl_tensor *y, kpl_tensor *weight,
+                                         kpl_tensor *pos_weight, kpl_reduction red)
 {
     static const char op[] = "bce_with_logits";
     if (!z || !y) return NULL;
@@ -157,13 +176,24 @@ kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
                   kpl_shape_str(nd, zs, b2, sizeof b2));
         return NULL;
     }
+    if ((weight && !fits(op, "weight", weight, nd, zs)) ||
+        (pos_weight && !fits(op, "pos_weight", pos_weight, nd, zs)))
+        return NULL;
     /* -y log s(z) = y softplus(-z) and -(1 - y) log(1 - s(z)) = (1 - y)
      * softplus(z): both terms are >= 0, so neither large z nor tiny losses
      * lose digits, and the gradient -y s(-z) + (1 - y) s(z) is s(z) - y
      * everywhere, 0.5 - y at z = 0 (a max(z, 0) form gets 1 - y there). */
     kpl_tensor *pos = kpl_mul(y, kpl_softplus(kpl_neg(z)));
+    if (pos_weight) pos = kpl_mul(pos, pos_weight);
     kpl_tensor *neg = kpl_mul(kpl_scalar_op(KPL_BIN_SUB, y, 1, true), kpl_softplus(z));
-    return reduce_loss(kpl_add(pos, neg), red);
+    kpl_tensor *per = kpl_add(pos, neg);
+    if (weight) per = kpl_mul(per, weight);
+    return reduce_loss(per, red);
+}
+
+kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)
+{
+    return kpl_bce_with_logits_weighted(z, y, NULL, NULL, red);
 }
 
 /* (C) -> (1, C, 1, ...) so it broadcasts over x (N, C, ...). */

@@ -420,6 +420,83 @@ static void test_bce_logits_shape_check(void **state)
     kpl_pool_pop(p);
 }
 
+/* pos_weight (C) over the classes of z (N, C), as PyTorch's
+ * BCEWithLogitsLoss(pos_weight=...), and an element weight on top. */
+static void test_bce_logits_pos_weight(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s23[2] = {2, 3}, s3 = 3;
+    kpl_tensor *z = leaf(2, s23, (double[]){0, 1.5, -2, 3, -0.5, 0.25});
+    kpl_tensor *y = leaf(2, s23, (double[]){0, 1, 0.5, 0.2, 0.9, 1}), *in[2] = {z, y}, *g[2];
+    kpl_tensor *pw = f64t(1, &s3, (double[]){2, 0.5, 3}), *wt = f64t(1, &s3, (double[]){1, 2, 0.5});
+    /* F.binary_cross_entropy_with_logits(z, y, pos_weight=pw, reduction='none') */
+    expect(kpl_bce_with_logits_weighted(z, y, NULL, pw, KPL_REDUCE_NONE), 6,
+           (double[]){0.6931471805599453, 0.10070663899137623, 3.2538560220859454,
+                      2.4583048218884906, 0.48574234129905874, 1.727818259636531},
+           "bce pos_weight");
+    /* ... reduction='mean', then .backward() */
+    kpl_tensor *l = NN(kpl_bce_with_logits_weighted(z, y, NULL, pw, KPL_REDUCE_MEAN));
+    assert_close(tget(l, 0), 1.4532625440768914, 1e-14, 0, "bce pos_weight mean", 0);
+    OK(kpl_grad(l, NULL, 2, in, false, g));
+    expect(g[0], 6, (double[]){0.08333333333333333, -0.015202126983863029, -0.21026569265929415,
+                               0.12384815869782001, -0.04039210536017001, -0.218911749557101},
+           "bce pos_weight dz");
+    expect(g[1], 6, (double[]){0.11552453009332421, -0.26678443983189604, 1.0423093370143244,
+                               -0.491902108071043, 0.002160251318324443, 0.1503131399596145},
+           "bce pos_weight dy");
+    /* ... weight=wt, pos_weight=pw, reduction='sum' */
+    l = NN(kpl_bce_with_logits_weighted(z, y, wt, pw, KPL_REDUCE_SUM));
+    assert_close(tget(l, 0), 6.815187103890544, 1e-14, 0, "bce weight+pos_weight sum", 0);
+    OK(kpl_grad(l, NULL, 2, in, false, g));
+    expect(g[0], 6, (double[]){0.5, -0.18242552380635635, -0.6307970779778824, 0.7430889521869201,
+                               -0.48470526432204014, -0.656735248671303},
+           "bce weight+pos_weight dz");
+    expect(g[1], 6, (double[]){0.6931471805599453, -3.2014132779827524, 3.126928011042973,
+                               -2.951412648426258, 0.025923015819893314, 0.4509394198788435},
+           "bce weight+pos_weight dy");
+    /* large logits stay exact: z = 40, y = 1, pos_weight 2 -> 2 log1p(e^-40);
+     * z = -40, y = 0 -> log1p(e^-40) (math.log1p) */
+    int64_t s2 = 2, s1 = 1;
+    kpl_tensor *big = NN(kpl_bce_with_logits_weighted(f64t(1, &s2, (double[]){40, -40}),
+                                                      f64t(1, &s2, (double[]){1, 0}), NULL,
+                                                      f64t(1, &s1, (double[]){2}), KPL_REDUCE_NONE));
+    expect_tol(big, 2, (double[]){8.496708510583178e-18, 4.248354255291589e-18}, 1e-13, 0,
+               "bce pos_weight large");
+    /* shapes that would enlarge the loss are refused (PyTorch: "output with
+     * shape [2, 3] doesn't match the broadcast shape [2, 2, 3]") */
+    int64_t s223[3] = {2, 2, 3}, s4 = 4;
+    assert_null(kpl_bce_with_logits_weighted(z, y, NULL, NN(kpl_full(kpl_device_cpu(), KPL_F64, 3,
+                                                                     s223, 1)),
+                                             KPL_REDUCE_MEAN));
+    assert_non_null(strstr(kpl_last_error(), "bce_with_logits: pos_weight (2,2,3) does not "
+                                             "broadcast to the logits' shape (2,3)"));
+    assert_null(kpl_bce_with_logits_weighted(z, y, NN(kpl_full(kpl_device_cpu(), KPL_F64, 1, &s4, 1)),
+                                             NULL, KPL_REDUCE_MEAN));
+    assert_non_null(strstr(kpl_last_error(), "weight (4) does not broadcast"));
+    kpl_pool_pop(p);
+    kpl_tensor_release(z);
+    kpl_tensor_release(y);
+}
+
+static kpl_tensor *g_bce_pw(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_bce_with_logits_weighted(x[0], x[1], x[3], x[2], KPL_REDUCE_MEAN);
+}
+
+static void test_bce_logits_pos_weight_gradcheck(void **state)
+{
+    (void)state;
+    int64_t s34[2] = {3, 4}, s4 = 4, s14[2] = {1, 4};
+    /* z, y, pos_weight (4), weight (1, 4): every input, to second order */
+    kpl_tensor *in[4] = {param(2, s34, 61, -3, 3), param(2, s34, 62, 0, 1), param(1, &s4, 63, 0.5, 3),
+                         param(2, s14, 64, 0.5, 2)};
+    OK(kpl_gradcheck(g_bce_pw, NULL, 4, in, 1, 1e-6, 1e-7, 1e-5));
+    OK(kpl_gradcheck(g_bce_pw, NULL, 4, in, 2, 1e-5, 1e-6, 1e-5));
+    for (int i = 0; i < 4; i++) kpl_tensor_release(in[i]);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -523,6 +600,8 @@ int run_loss_tests(void)
         cmocka_unit_test(test_bce_logits_at_zero),
         cmocka_unit_test(test_bce_logits_large_logits),
         cmocka_unit_test(test_bce_logits_shape_check),
+        cmocka_unit_test(test_bce_logits_pos_weight),
+        cmocka_unit_test(test_bce_logits_pos_weight_gradcheck),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
