@@ -378,7 +378,41 @@ kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
                          op0 + 1,
                      (xs[3] - 1) * p->stride[1] - 2 * p->padding[1] + p->dilation[1] * (ws[3] - 1) +
                          op1 + 1};
-    kpl_tensor *y = kpl_conv2d_bwd_data(x, w, os, p);
+    if (os[2] < 1 || os[3] < 1) {
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "conv_transpose2d: input %s with weights %s, padding (%d,%d) gives "
+                              "an empty output (%lldx%lld)",
+                  kpl_shape_str(4, xs, b1, sizeof b1), kpl_shape_str(4, ws, b2, sizeof b2),
+                  p->padding[0], p->padding[1], (long long)os[2], (long long)os[3]);
+        return NULL;
+    }
+    /* conv2d's input gradient makes an input of a given size only if that
+     * size convolves back to x's, i.e. only for output_padding < stride.
+     * PyTorch also allows output_padding < dilation: in such a dim take the
+     * gradient unpadded, over the full extent (H - 1) stride + dilation
+     * (KH - 1) + 1, then drop `padding` rows at the start and fill the end
+     * up to the output size with zeros (rows no kernel tap reaches). */
+    kpl_conv2d_params q = *p;
+    int64_t full[4] = {os[0], os[1], os[2], os[3]};
+    const int opad[2] = {op0, op1};
+    bool crop[2];
+    for (int d = 0; d < 2; d++) {
+        crop[d] = opad[d] >= p->stride[d];
+        if (!crop[d]) continue;
+        q.padding[d] = 0;
+        full[2 + d] = (xs[2 + d] - 1) * p->stride[d] + p->dilation[d] * (ws[2 + d] - 1) + 1;
+    }
+    kpl_tensor *y = kpl_conv2d_bwd_data(x, w, full, &q);
+    for (int d = 0; d < 2 && y; d++) {
+        if (!crop[d]) continue;
+        int64_t keep = full[2 + d] - p->padding[d];
+        if (keep > os[2 + d]) keep = os[2 + d];
+        if (keep < 0) keep = 0;
+        int64_t pads[4] = {0, 0, 0, 0}; /* (W before, W after, H before, H after) */
+        pads[d == 0 ? 3 : 1] = os[2 + d] - keep;
+        y = kpl_slice(y, 2 + d, p->padding[d], keep);
+        if (pads[1] || pads[3]) y = kpl_pad(y, 2, pads, KPL_PAD_CONSTANT, 0);
+    }
     if (!b) return y;
     int64_t bs[4] = {1, os[1], 1, 1};
     return kpl_add(y, kpl_reshape(b, 4, bs));

@@ -339,6 +339,18 @@ static kpl_tensor *leaf(int ndim, const int64_t *shape, const double *v)
     return t;
 }
 
+/* sum(y * r) with r[i] = 1 + 0.1 i over y's flat index: the projection
+ * the PyTorch gradients below come from, `(y * r).sum().backward()` with
+ * r = torch.arange(y.numel()).reshape(y.shape) * 0.1 + 1. */
+static kpl_tensor *ramp_sum(kpl_tensor *y)
+{
+    if (!y) return NULL;
+    kpl_tensor *r = kpl_arange(kpl_tensor_device(y), kpl_tensor_dtype(y), kpl_tensor_numel(y), 1,
+                               0.1);
+    return kpl_sum(kpl_mul(y, kpl_reshape(r, kpl_tensor_ndim(y), kpl_tensor_shape(y))), NULL, 0,
+                   false);
+}
+
 static void expect_tol(kpl_tensor *t, int n, const double *v, double rtol, double atol,
                        const char *what)
 {
@@ -497,6 +509,136 @@ static void test_bce_logits_pos_weight_gradcheck(void **state)
     for (int i = 0; i < 4; i++) kpl_tensor_release(in[i]);
 }
 
+/* output_padding may reach max(stride, dilation) - 1: with stride 1 and
+ * dilation 2 the extra row is zeros the kernel never reaches. */
+static void test_conv_transpose_output_padding(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    /* A: x = arange(9).reshape(1,1,3,3), w = [1,2,3,4].reshape(1,1,2,2),
+     * F.conv_transpose2d(x, w, stride=1, padding=0, output_padding=(1,0), dilation=2) */
+    int64_t xs[4] = {1, 1, 3, 3}, ws[4] = {1, 1, 2, 2};
+    double xv[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+    kpl_tensor *x = leaf(4, xs, xv), *w = leaf(4, ws, (double[]){1, 2, 3, 4}), *in[3], *g[3];
+    kpl_conv2d_params cp = {{1, 1}, {0, 0}, {2, 2}, 1};
+    kpl_tensor *y = NN(kpl_conv_transpose2d(x, w, NULL, &cp, (int[]){1, 0}));
+    assert_int_equal(kpl_tensor_shape(y)[2], 6);
+    assert_int_equal(kpl_tensor_shape(y)[3], 5);
+    expect(y, 30, (double[]){0, 1, 2, 2, 4, 3, 4, 11, 8, 10, 6, 10, 26, 18, 24,
+                             9, 12, 27, 16, 20, 18, 21, 48, 28, 32, 0, 0, 0, 0, 0},
+           "conv_transpose2d A");
+    in[0] = x, in[1] = w;
+    OK(kpl_grad(ramp_sum(y), NULL, 2, in, false, g));
+    expect(g[0], 9, (double[]){18.2, 19.2, 20.2, 23.2, 24.2, 25.2, 28.2, 29.2, 30.2}, "A gx");
+    expect(g[1], 4, (double[]){67.2, 74.4, 103.2, 110.4}, "A gw");
+    kpl_tensor_release(x);
+    kpl_tensor_release(w);
+    /* B: stride 2, dilation 3, padding 1, output_padding 2, bias, two
+     * input channels: x = arange(12).reshape(1,2,2,3) - 5,
+     * w = [1,-1,2,.5, .25,3,-2,1].reshape(2,1,2,2), b = [.5] */
+    int64_t bxs[4] = {1, 2, 2, 3}, bws[4] = {2, 1, 2, 2}, one = 1;
+    double bxv[12];
+    for (int i = 0; i < 12; i++) bxv[i] = i - 5;
+    x = leaf(4, bxs, bxv);
+    w = leaf(4, bws, (double[]){1, -1, 2, 0.5, 0.25, 3, -2, 1});
+    kpl_tensor *b = leaf(1, &one, (double[]){0.5});
+    kpl_conv2d_params cb = {{2, 2}, {1, 1}, {3, 3}, 1};
+    y = NN(kpl_conv_transpose2d(x, w, b, &cb, (int[]){2, 2}));
+    assert_int_equal(kpl_tensor_shape(y)[2], 6);
+    assert_int_equal(kpl_tensor_shape(y)[3], 8);
+    expect(y, 48, (double[]){0.5, 0.5, 0.5,   0.5,  0.5, 0.5,  0.5, 0.5, 0.5, 0.75, 14.5, 2.0,
+                             16.5, 0.5, 18.5, 0.5,  0.5, -11.5, -1.0, -11.5, 0.5, 0.5, 2.0, 0.5,
+                             0.5, 0.5, 0.5,   0.5,  0.5, 0.5,  0.5, 0.5, 0.5, -11.5, 3.5, -11.5,
+                             5.0, 0.5, 6.5,   0.5,  0.5, 0.5,  0.5, 0.5, 0.5, 0.5,  0.5, 0.5},
+           "conv_transpose2d B");
+    in[0] = x, in[1] = w, in[2] = b;
+    OK(kpl_grad(ramp_sum(y), NULL, 3, in, false, g));
+    expect(g[0], 12, (double[]){1.4, 6.9, 7.4, 0.2, 10.6, 11.1, 2.8, -2.4, -2.6, 10.4, 3.075, 3.525},
+           "B gx");
+    expect(g[1], 8, (double[]){-1.9, -6.2, -23.8, -49.0, 22.1, 33.4, 62.6, 87.8}, "B gw");
+    expect(g[2], 1, (double[]){160.8}, "B gb");
+    kpl_tensor_release(x);
+    kpl_tensor_release(w);
+    kpl_tensor_release(b);
+    /* C: groups 2, stride 1, padding (1,0), dilation (2,3), output_padding
+     * (1,2): x = arange(16).reshape(1,4,2,2) * .25 - 1,
+     * w = arange(16).reshape(4,1,2,2) * .5 - 3, b = [.5, -1] */
+    int64_t cxs[4] = {1, 4, 2, 2}, cws[4] = {4, 1, 2, 2}, two = 2;
+    double cxv[16], cwv[16];
+    for (int i = 0; i < 16; i++) cxv[i] = i * 0.25 - 1, cwv[i] = i * 0.5 - 3;
+    x = leaf(4, cxs, cxv);
+    w = leaf(4, cws, cwv);
+    b = leaf(1, &two, (double[]){0.5, -1});
+    kpl_conv2d_params cc = {{1, 1}, {1, 0}, {2, 3}, 2};
+    y = NN(kpl_conv_transpose2d(x, w, b, &cc, (int[]){1, 2}));
+    assert_int_equal(kpl_tensor_shape(y)[1], 2);
+    assert_int_equal(kpl_tensor_shape(y)[2], 3);
+    assert_int_equal(kpl_tensor_shape(y)[3], 7);
+    expect(y, 42, (double[]){1.5,  0.5,   0.5,  1.5,  0.75, 0.5,  0.5,  2.5,  2.0,  0.5,  2.0,
+                             1.75, 0.5,   0.5,  1.5,  1.0,  0.5,  1.5,  1.25, 0.5,  0.5,  8.0,
+                             9.0,  -1.0,  10.0, 11.25, -1.0, -1.0, 9.0,  10.5, -1.0, 10.5, 12.25,
+                             -1.0, -1.0,  12.0, 13.5, -1.0, 14.0, 15.75, -1.0, -1.0},
+           "conv_transpose2d C");
+    in[0] = x, in[1] = w, in[2] = b;
+    OK(kpl_grad(ramp_sum(y), NULL, 3, in, false, g));
+    expect(g[0], 16, (double[]){-6.4, -6.75, -15.1, -16.0, 1.0, 1.05, -0.3, -0.4, 17.85, 18.3, 29.2,
+                                29.9, 33.65, 34.5, 60.8, 62.3},
+           "C gx");
+    expect(g[1], 16, (double[]){-0.775, -1.0, -4.875, -5.625, 1.325, 1.7, 3.525, 3.975, 10.25,
+                                11.225, 23.475, 25.125, 16.55, 18.125, 40.275, 43.125},
+           "C gw");
+    expect(g[2], 2, (double[]){42.0, 86.1}, "C gb");
+    kpl_tensor_release(x);
+    kpl_tensor_release(w);
+    kpl_tensor_release(b);
+    /* D: no input row reaches the output rows: padding 1 crops the only
+     * row the 1x1 kernel makes, output_padding 2 adds one of zeros.
+     * F.conv_transpose2d(x (1,1,1,2) = [2, 3], ones(1,1,1,1), [.5], stride=1,
+     * padding=1, output_padding=2, dilation=3) = [.5, .5], x.grad = 0 */
+    int64_t dxs[4] = {1, 1, 1, 2}, dws[4] = {1, 1, 1, 1};
+    x = leaf(4, dxs, (double[]){2, 3});
+    w = leaf(4, dws, (double[]){1});
+    b = leaf(1, &one, (double[]){0.5});
+    kpl_conv2d_params cd = {{1, 1}, {1, 1}, {3, 3}, 1};
+    y = NN(kpl_conv_transpose2d(x, w, b, &cd, (int[]){2, 2}));
+    assert_int_equal(kpl_tensor_shape(y)[2], 1);
+    assert_int_equal(kpl_tensor_shape(y)[3], 2);
+    expect(y, 2, (double[]){0.5, 0.5}, "conv_transpose2d D");
+    in[0] = x, in[1] = w, in[2] = b;
+    OK(kpl_grad(kpl_sum(y, NULL, 0, false), NULL, 3, in, false, g));
+    expect(g[0], 2, (double[]){0, 0}, "D gx");
+    expect(g[2], 1, (double[]){2}, "D gb");
+    kpl_tensor_release(x);
+    kpl_tensor_release(w);
+    kpl_tensor_release(b);
+    kpl_pool_pop(p);
+    /* still refused: output_padding >= max(stride, dilation) */
+    p = NN(kpl_pool_push());
+    kpl_tensor *x1 = NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, xs, 1));
+    kpl_tensor *w1 = NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, ws, 1));
+    assert_null(kpl_conv_transpose2d(x1, w1, NULL, &cp, (int[]){0, 2}));
+    assert_non_null(strstr(kpl_last_error(), "output_padding (0,2)"));
+    kpl_pool_pop(p);
+}
+
+static kpl_tensor *g_deconv_op(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    /* groups 2, output_padding (2, 1) >= stride (1, 1), < dilation (3, 2) */
+    kpl_conv2d_params p = {{1, 1}, {1, 1}, {3, 2}, 2};
+    return kpl_square(kpl_conv_transpose2d(x[0], x[1], x[2], &p, (int[]){2, 1}));
+}
+
+static void test_conv_transpose_output_padding_gradcheck(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {2, 4, 3, 2}, ws[4] = {4, 3, 2, 2}, bs = 6;
+    kpl_tensor *in[3] = {param(4, xs, 34, -1, 1), param(4, ws, 35, -1, 1), param(1, &bs, 36, -1, 1)};
+    OK(kpl_gradcheck(g_deconv_op, NULL, 3, in, 1, 1e-6, 1e-6, 1e-5));
+    OK(kpl_gradcheck(g_deconv_op, NULL, 3, in, 2, 1e-5, 1e-5, 1e-4));
+    for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -602,6 +744,8 @@ int run_loss_tests(void)
         cmocka_unit_test(test_bce_logits_shape_check),
         cmocka_unit_test(test_bce_logits_pos_weight),
         cmocka_unit_test(test_bce_logits_pos_weight_gradcheck),
+        cmocka_unit_test(test_conv_transpose_output_padding),
+        cmocka_unit_test(test_conv_transpose_output_padding_gradcheck),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
