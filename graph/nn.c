@@ -236,6 +236,15 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
         KPL_ERROR(KPL_EINVAL, "batch_norm: eval mode needs the running statistics");
         return NULL;
     }
+    int64_t cnt = c ? kpl_tensor_numel(x) / c : 0; /* values per channel */
+    if (training && cnt == 1) {
+        /* the batch variance is 0 and every output would be beta */
+        char b[96];
+        KPL_ERROR(KPL_ESHAPE, "batch_norm: expected more than 1 value per channel when training, "
+                              "got input size %s",
+                  kpl_shape_str(nd, kpl_tensor_shape(x), b, sizeof b));
+        return NULL;
+    }
     if (!training) {
         kpl_tensor *y = kpl_mul(kpl_sub(x, per_channel(running_mean, nd)),
                                 kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, per_channel(running_var, nd),
@@ -256,7 +265,6 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
     kpl_tensor *y = kpl__batch_norm_train(x, gamma, beta, eps, mean, var);
     if (y && mean) {
         /* running = (1 - m) running + m batch (unbiased variance), unrecorded */
-        int64_t cnt = kpl_tensor_numel(x) / (c ? c : 1);
         bool prev = kpl_set_grad_enabled(false);
         double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
         kpl_status st = kpl_k_binary_scalar(running_mean, KPL_BIN_MUL, running_mean, 1 - momentum, false);

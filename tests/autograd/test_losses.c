@@ -639,6 +639,39 @@ static void test_conv_transpose_output_padding_gradcheck(void **state)
     for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
 }
 
+/* Training with one value per channel normalises every value to 0 (the
+ * variance is 0): PyTorch refuses it, and so does kpl. */
+static void test_batch_norm_one_value_per_channel(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_device *cpu = kpl_device_cpu();
+    int64_t s1311[4] = {1, 3, 1, 1}, s13[2] = {1, 3}, s3 = 3, s2311[4] = {2, 3, 1, 1};
+    kpl_tensor *x = NN(kpl_full(cpu, KPL_F64, 4, s1311, 2));
+    kpl_tensor *rm = NN(kpl_full(cpu, KPL_F64, 1, &s3, 1)), *rv = NN(kpl_full(cpu, KPL_F64, 1, &s3, 4));
+    /* F.batch_norm(torch.zeros(1, 3, 1, 1), None, None, training=True):
+     * "Expected more than 1 value per channel when training, got input
+     * size torch.Size([1, 3, 1, 1])" */
+    assert_null(kpl_batch_norm(x, NULL, NULL, rm, rv, true, 0.1, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "batch_norm: expected more than 1 value per channel "
+                                             "when training, got input size (1,3,1,1)"));
+    assert_float_equal(tget(rm, 0), 1, 0); /* running statistics untouched */
+    assert_float_equal(tget(rv, 0), 4, 0);
+    assert_null(kpl_batch_norm(NN(kpl_full(cpu, KPL_F64, 2, s13, 2)), NULL, NULL, NULL, NULL, true,
+                               0.1, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "got input size (1,3)"));
+    /* eval mode uses the running statistics: (2 - 1) / sqrt(4 + 1e-5) */
+    kpl_tensor *ye = NN(kpl_batch_norm(x, NULL, NULL, rm, rv, false, 0.1, 1e-5));
+    assert_close(tget(ye, 2), 0.49999937500117186, 1e-15, 0, "bn eval", 2);
+    /* two values per channel are enough: x = [[1], [3]] per channel -> -1, 1 (eps aside) */
+    double v2[6] = {1, 1, 1, 3, 3, 3};
+    kpl_tensor *x2 = f64t(4, s2311, v2);
+    kpl_tensor *y2 = NN(kpl_batch_norm(x2, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    assert_close(tget(y2, 0), -1 / sqrt(1 + 1e-5), 1e-14, 0, "bn N=2", 0);
+    assert_close(tget(y2, 3), 1 / sqrt(1 + 1e-5), 1e-14, 0, "bn N=2", 3);
+    kpl_pool_pop(p);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -746,6 +779,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_bce_logits_pos_weight_gradcheck),
         cmocka_unit_test(test_conv_transpose_output_padding),
         cmocka_unit_test(test_conv_transpose_output_padding_gradcheck),
+        cmocka_unit_test(test_batch_norm_one_value_per_channel),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
