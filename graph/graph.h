@@ -186,6 +186,8 @@ kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red
                          int64_t ignore_index);
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
+/* 0.5 d^2 / beta where d = |x - y| < beta, else d - 0.5 beta; beta >= 0,
+ * and beta = 0 is the L1 loss (as PyTorch). */
 kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta);
 /* Batch normalisation of x (N, C, ...) over every axis but 1.  gamma, beta
  * (C) may be NULL.  Training: normalise with the batch statistics and move

@@ -130,10 +130,11 @@ kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
 kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta)
 {
     if (!x || !y) return NULL;
-    if (!(beta > 0)) {
-        KPL_ERROR(KPL_EINVAL, "smooth_l1_loss: beta %g must be > 0", beta);
+    if (!(beta >= 0)) {
+        KPL_ERROR(KPL_EINVAL, "smooth_l1_loss: beta %g must be >= 0", beta);
         return NULL;
     }
+    if (beta == 0) return kpl_l1_loss(x, y, red); /* the limit; the quadratic piece is empty */
     kpl_tensor *d = kpl_abs(kpl_sub(x, y));
     kpl_tensor *quad = kpl_scalar_op(KPL_BIN_MUL, kpl_square(d), 0.5 / beta, false);
     kpl_tensor *lin = kpl_scalar_op(KPL_BIN_SUB, d, 0.5 * beta, false);

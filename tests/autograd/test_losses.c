@@ -672,6 +672,32 @@ static void test_batch_norm_one_value_per_channel(void **state)
     kpl_pool_pop(p);
 }
 
+/* beta = 0 is the L1 loss (PyTorch: "beta=0 is equivalent to L1Loss"),
+ * no division by zero.  F.smooth_l1_loss(a, b, beta=0.0, reduction='sum')
+ * = 3.0 with a.grad = [1, -1, -1, -1]; kpl gives 0 where a == b, as
+ * F.l1_loss does (torch 1.13's smooth_l1 kernel returns -1 there). */
+static void test_smooth_l1_beta_zero(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s4 = 4;
+    kpl_tensor *a = leaf(1, &s4, (double[]){1, -2, 3, 0.5}), *g = NULL;
+    kpl_tensor *b = f64t(1, &s4, (double[]){0.5, 0, 3.5, 0.5});
+    kpl_tensor *l = NN(kpl_smooth_l1_loss(a, b, KPL_REDUCE_SUM, 0));
+    assert_float_equal(tget(l, 0), 3.0, 1e-15);
+    OK(kpl_grad(l, NULL, 1, &a, false, &g));
+    expect(g, 4, (double[]){1, -1, -1, 0}, "smooth_l1 beta 0 grad");
+    l = NN(kpl_smooth_l1_loss(a, b, KPL_REDUCE_MEAN, 0));
+    assert_float_equal(tget(l, 0), 0.75, 1e-15);
+    OK(kpl_grad(l, NULL, 1, &a, false, &g));
+    expect(g, 4, (double[]){0.25, -0.25, -0.25, 0}, "smooth_l1 beta 0 mean grad");
+    /* "smooth_l1_loss does not support negative values for beta." */
+    assert_null(kpl_smooth_l1_loss(a, b, KPL_REDUCE_SUM, -1));
+    assert_non_null(strstr(kpl_last_error(), "smooth_l1_loss: beta -1 must be >= 0"));
+    kpl_pool_pop(p);
+    kpl_tensor_release(a);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -780,6 +806,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_conv_transpose_output_padding),
         cmocka_unit_test(test_conv_transpose_output_padding_gradcheck),
         cmocka_unit_test(test_batch_norm_one_value_per_channel),
+        cmocka_unit_test(test_smooth_l1_beta_zero),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }
