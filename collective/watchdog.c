@@ -5,7 +5,10 @@
  * Every 0.1 s it looks at the host operation in progress (on the executor
  * or on a caller's thread) and at the stream work in flight:
  *  - past cfg.stall_warning it asks every other rank what it is doing and
- *    reports, once per operation, which ranks have not joined;
+ *    reports, once per operation, which ranks have not joined: those that
+ *    answered with another state, and those that did not answer at all (a
+ *    stopped or hung process cannot say anything, so its silence is what
+ *    names it);
  *  - past cfg.timeout it asks again, marks the communicator stuck with a
  *    message naming the operation, backend and ranks (waiters return
  *    KPL_ETIMEOUT), reports it, and, when the caller's own thread is the
@@ -59,7 +62,10 @@ struct kpl__watchdog {
     const void *warned_stream;
     answer *ans;
     bool *got;
-    bool *mark[2]; /* scratch rank sets of the report */
+    /* Per rank: when the first question it has left unanswered was asked
+     * (0: it answered the last one). */
+    double *silent_since;
+    bool *mark[3]; /* scratch rank sets of the report */
     MPI_Request *sreq;
 };
 
@@ -133,6 +139,7 @@ static bool ask_all(kpl_comm *c)
     question *qs = malloc(sizeof *qs);
     if (!qs) return false;
     qs->query = q;
+    double asked = kpl_seconds();
     for (int r = 0; r < n; r++)
         if (r != me) MPI_Isend(qs, sizeof *qs, MPI_BYTE, r, TAG_QUESTION, c->insp, &d->sreq[r]);
     double until = kpl_seconds() + ANSWER_WAIT_SECONDS;
@@ -153,6 +160,10 @@ static bool ask_all(kpl_comm *c)
             d->got[r] = true;
             missing--;
         }
+    }
+    for (int r = 0; r < n; r++) {
+        if (d->got[r]) d->silent_since[r] = 0;
+        else if (d->silent_since[r] == 0) d->silent_since[r] = asked;
     }
     int all = 0;
     MPI_Testall(n, d->sreq, &all, MPI_STATUSES_IGNORE);
@@ -203,6 +214,14 @@ static void put_ranks(text *t, const bool *mark, int n)
     }
 }
 
+/* "rank 1: no answer for 4.0 s (stopped or hung?)" for the ranks r with
+ * mark[r] (all silent since the same question). */
+static void put_silent(kpl_comm *c, text *t, const bool *mark, int r)
+{
+    put_ranks(t, mark, (int)c->size);
+    put(t, ": no answer for %.1f s (stopped or hung?)", kpl_seconds() - c->wd->silent_since[r]);
+}
+
 /* What rank r is doing, as a phrase. */
 static void put_state(text *t, const answer *a, int r)
 {
@@ -223,6 +242,25 @@ static void put_state(text *t, const answer *a, int r)
     }
 }
 
+/* The silent ranks (clears silent[]), those that went silent at the same
+ * question together: "; rank 1: no answer for ..." */
+static void put_silent_groups(kpl_comm *c, text *t, bool *silent, bool *any_out)
+{
+    struct kpl__watchdog *d = c->wd;
+    int n = (int)c->size;
+    bool *group = d->mark[2];
+    for (int r = 0; r < n; r++) {
+        if (!silent[r]) continue;
+        for (int s = 0; s < n; s++) {
+            group[s] = silent[s] && d->silent_since[s] == d->silent_since[r];
+            if (group[s]) silent[s] = false;
+        }
+        put(t, "%s ", *any_out ? ";" : "");
+        put_silent(c, t, group, r);
+        *any_out = true;
+    }
+}
+
 /* Who has and has not joined host collective `op` of this rank. */
 static void put_host_findings(kpl_comm *c, text *t, const kpl__coll_args *op)
 {
@@ -231,21 +269,25 @@ static void put_host_findings(kpl_comm *c, text *t, const kpl__coll_args *op)
     if (!kpl__coll_is_collective(op->kind)) { /* point to point: the peer's side */
         int p = (int)op->peer;
         put(t, "; ");
-        if (d->got[p]) put_state(t, &d->ans[p], p);
-        else put(t, "rank %d did not answer", p);
+        if (d->got[p]) {
+            put_state(t, &d->ans[p], p);
+        } else {
+            bool *one = d->mark[2];
+            for (int r = 0; r < n; r++) one[r] = r == p;
+            put_silent(c, t, one, p);
+        }
         return;
     }
     bool *joined = d->mark[0], *silent = d->mark[1];
     int64_t k = (int64_t)op->seq;
-    int nj = 0, ns = 0;
+    int nj = 0;
     bool any_out = false;
     put(t, "; not joined:");
     for (int r = 0; r < n; r++) {
         const answer *a = &d->ans[r];
         joined[r] = silent[r] = false;
-        if (!d->got[r]) {
+        if (!d->got[r]) { /* named after those that answered */
             silent[r] = true;
-            ns++;
             continue;
         }
         bool in_it = a->running && a->seq == k && a->kind == (int64_t)op->kind;
@@ -261,15 +303,11 @@ static void put_host_findings(kpl_comm *c, text *t, const kpl__coll_args *op)
                    "sequences)");
         any_out = true;
     }
+    put_silent_groups(c, t, silent, &any_out);
     if (!any_out) put(t, " none");
     if (nj) {
         put(t, "; joined: ");
         put_ranks(t, joined, n);
-    }
-    if (ns) {
-        put(t, "; no answer from ");
-        put_ranks(t, silent, n);
-        put(t, " (dead, or stuck outside kpl's communication)");
     }
 }
 
@@ -288,12 +326,13 @@ static void put_stream_findings(kpl_comm *c, text *t, uint64_t seq)
     if (nb) {
         put(t, "; not issued yet by ");
         put_ranks(t, behind, n);
-    } else {
-        put(t, "; every rank that answered has issued it (a device or network fault?)");
+    } else if (!ns) {
+        put(t, "; every rank has issued it (a device or network fault?)");
     }
     if (ns) {
-        put(t, "; no answer from ");
-        put_ranks(t, silent, n);
+        bool any = false;
+        put(t, "; not answering:");
+        put_silent_groups(c, t, silent, &any);
     }
 }
 
@@ -428,11 +467,12 @@ kpl_status kpl__comm_watchdog_start(kpl_comm *c)
     size_t n = (size_t)c->size;
     d->ans = calloc(n, sizeof *d->ans);
     d->got = calloc(n, sizeof *d->got);
+    d->silent_since = calloc(n, sizeof *d->silent_since);
     d->sreq = calloc(n, sizeof *d->sreq);
-    d->mark[0] = calloc(n, sizeof *d->mark[0]);
-    d->mark[1] = calloc(n, sizeof *d->mark[1]);
-    KPL_CHECK(d->ans && d->got && d->sreq && d->mark[0] && d->mark[1], KPL_ENOMEM,
-              "comm_create: no memory");
+    for (int i = 0; i < 3; i++) d->mark[i] = calloc(n, sizeof *d->mark[i]);
+    KPL_CHECK(d->ans && d->got && d->silent_since && d->sreq && d->mark[0] && d->mark[1] &&
+                  d->mark[2],
+              KPL_ENOMEM, "comm_create: no memory");
     KPL_CHECK(pthread_create(&c->watchdog, NULL, watchdog_main, c) == 0, KPL_ENOMEM,
               "comm_create: cannot start the watchdog thread");
     c->watchdog_live = true;
@@ -457,9 +497,9 @@ void kpl__comm_watchdog_stop(kpl_comm *c)
     }
     free(d->ans);
     free(d->got);
+    free(d->silent_since);
     free(d->sreq);
-    free(d->mark[0]);
-    free(d->mark[1]);
+    for (int i = 0; i < 3; i++) free(d->mark[i]);
     free(d);
     c->wd = NULL;
 }

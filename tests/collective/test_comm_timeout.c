@@ -15,23 +15,45 @@
  *   test_comm_timeout stall      rank 0 joins 2 s late; the stall inspector
  *       of ranks 1-2 must report (after 0.5 s) that rank 0 has not joined
  *       and is idle, and the allreduce must then complete with the right sum.
+ *   test_comm_timeout stopped    (2 or 3 ranks) every rank but 0 stops
+ *       itself (SIGSTOP) before allreduce #1, so neither it nor its watchdog
+ *       can answer: rank 0's stall report and its KPL_ETIMEOUT message must
+ *       name them ("rank 1", "ranks 1-2") as not joined and not answering;
+ *       then rank 0 ends the job, and mpirun's teardown (SIGCONT, SIGTERM,
+ *       SIGKILL) ends the stopped ranks.
  *
  * CTest looks for the lines each rank prints (…-OK / …-WRONG). */
 #include "collective.h"
 
 #include <mpi.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+/* The watchdog thread reports while the main thread may be reading. */
+static pthread_mutex_t reports_mu = PTHREAD_MUTEX_INITIALIZER;
 static char reports[4][2048];
 static int nreports;
 
 static void capture(const char *line, void *user)
 {
     (void)user;
+    pthread_mutex_lock(&reports_mu);
     if (nreports < 4) snprintf(reports[nreports++], sizeof reports[0], "%s", line);
     fprintf(stderr, "report: %s\n", line);
+    pthread_mutex_unlock(&reports_mu);
+}
+
+/* The first report (the stall report) and how many there were. */
+static int first_report(char *buf, size_t len)
+{
+    pthread_mutex_lock(&reports_mu);
+    int n = nreports;
+    snprintf(buf, len, "%s", n ? reports[0] : "");
+    pthread_mutex_unlock(&reports_mu);
+    return n;
 }
 
 static kpl_tensor *ones(int64_t n)
@@ -49,15 +71,15 @@ int main(int argc, char **argv)
     MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &level);
     const char *mode = argc > 1 ? argv[1] : "";
     bool stall = !strcmp(mode, "stall"), async = !strcmp(mode, "async");
-    bool ucx = !strcmp(mode, "ucx");
-    if (!stall && !async && !ucx && strcmp(mode, "blocking")) {
-        fprintf(stderr, "usage: test_comm_timeout blocking|async|ucx|stall\n");
+    bool ucx = !strcmp(mode, "ucx"), stopped = !strcmp(mode, "stopped");
+    if (!stall && !async && !ucx && !stopped && strcmp(mode, "blocking")) {
+        fprintf(stderr, "usage: test_comm_timeout blocking|async|ucx|stall|stopped\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
-    cfg.timeout = stall ? 30.0 : 2.0;
-    cfg.stall_warning = stall ? 0.5 : 0;
-    if (stall || async || ucx) cfg.report = capture;
+    cfg.timeout = stall ? 30.0 : stopped ? 3.0 : 2.0;
+    cfg.stall_warning = stall || stopped ? 0.5 : 0;
+    if (stall || async || ucx || stopped) cfg.report = capture;
     if (ucx) cfg.backend = KPL_COMM_BACKEND_UCX; /* blocking: the default sink */
     kpl_comm *comm = NULL;
     if (kpl_comm_create(&cfg, &comm) < 0) {
@@ -80,15 +102,16 @@ int main(int argc, char **argv)
         double el = MPI_Wtime() - t0;
         float want = (float)(size * size);
         bool ok = st == KPL_OK && ((float *)kpl_tensor_host_data(t))[999] == want;
+        char rep[2048];
+        int n = first_report(rep, sizeof rep);
         if (rank != 0) {
-            ok = ok && nreports == 1 && strstr(reports[0], "stall: allreduce #1 (f32, 1000 "
-                                                           "elements) on backend mpi") &&
-                 strstr(reports[0], "not joined: rank 0 is idle, ") &&
-                 strstr(reports[0], "after finishing #0") && strstr(reports[0], "joined: ranks 1-2") &&
-                 el > 1.5;
+            ok = ok && n == 1 && strstr(rep, "stall: allreduce #1 (f32, 1000 "
+                                             "elements) on backend mpi") &&
+                 strstr(rep, "not joined: rank 0 is idle, ") && strstr(rep, "after finishing #0") &&
+                 strstr(rep, "joined: ranks 1-2") && el > 1.5;
         }
         printf("%s rank %d after %.1f s (%d reports)\n", ok ? "STALL-OK" : "STALL-WRONG", rank,
-               el, nreports);
+               el, n);
         fflush(stdout);
         kpl_tensor_release(t);
         kpl_comm_destroy(comm);
@@ -96,6 +119,41 @@ int main(int argc, char **argv)
         return ok ? 0 : 1;
     }
 
+    if (stopped) {
+        if (rank != 0) {
+            raise(SIGSTOP); /* until mpirun's teardown: SIGCONT, then SIGTERM */
+            sleep(60);
+            return 1;
+        }
+        double t0 = MPI_Wtime();
+        kpl_comm_work *w = NULL;
+        kpl_status st = kpl_comm_allreduce_async(comm, t, t, KPL_COMM_SUM, &w);
+        if (st == KPL_OK) st = kpl_comm_work_wait(w);
+        double el = MPI_Wtime() - t0;
+        char msg[2048];
+        snprintf(msg, sizeof msg, "%s", kpl_last_error());
+        /* The stall report (after 0.5 s) and the timeout (after 3 s) both
+         * say that the others have not joined and do not answer; rank 0
+         * itself has joined.  (The timeout's own report may come after the
+         * waiter wakes: the message is the same.) */
+        char stall_report[2048];
+        int n = first_report(stall_report, sizeof stall_report);
+        char what[128], missing[64];
+        snprintf(what, sizeof what, "allreduce #1 (f32, 1000 elements) on backend mpi, rank 0 of %d",
+                 size);
+        snprintf(missing, sizeof missing, "; not joined: %s: no answer for ",
+                 size == 2 ? "rank 1" : size == 3 ? "ranks 1-2" : "?");
+        bool ok = st == KPL_ETIMEOUT && el >= 2.9 && el < 8.0 && n >= 1 &&
+                  !strncmp(stall_report, "stall: ", 7) && strstr(stall_report, what) &&
+                  strstr(stall_report, " has waited ") && strstr(stall_report, missing) &&
+                  strstr(stall_report, " s (stopped or hung?); joined: rank 0") &&
+                  !strncmp(msg, what, strlen(what)) && strstr(msg, ": timed out after 3 s") &&
+                  strstr(msg, missing) && strstr(msg, " s (stopped or hung?); joined: rank 0") &&
+                  !strstr(msg, "none");
+        printf("%s rank 0 after %.1f s: %s\n", ok ? "STOPPED-OK" : "STOPPED-WRONG", el, msg);
+        fflush(stdout);
+        kpl_comm_abort(comm, 3);
+    }
     if (rank == 0) {
         sleep(60); /* never joins; the others end the job */
         return 1;
