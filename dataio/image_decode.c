@@ -18,6 +18,13 @@
  * Every libjpeg error and every warning about corrupt data ends the decode
  * with KPL_EFORMAT carrying the library's message: a JPEG that libjpeg
  * would patch up with gray blocks is refused rather than trained on.
+ *
+ * A JPEG's EXIF Orientation (APP1 "Exif", IFD0 tag 0x0112, values 1-8) is
+ * applied as PIL's ImageOps.exif_transpose does: the image's size is the
+ * oriented one, a window is mapped to the stored pixels it covers, decoded
+ * there, and turned into place.  An error leaves nothing behind: every
+ * entry point resets the decompressor (jpeg_abort_decompress) before it
+ * starts, and a PNG gets fresh libpng structs each time.
  */
 #include "transform_impl.h"
 
@@ -38,6 +45,7 @@ typedef struct {
     struct jpeg_error_mgr pub;
     jmp_buf jb;
     char msg[JMSG_LENGTH_MAX];
+    bool trailing; /* past the last pixel: only the markers up to EOI are left */
 } jerr_mgr;
 
 struct kpl__decoder {
@@ -50,9 +58,12 @@ struct kpl__decoder {
     kpl__img_info info;
     const char *where;
     int raw_c;
+    int stored_w, stored_h; /* JPEG: before the EXIF orientation */
 
     uint8_t *buf; /* decoded pixels */
     size_t buf_cap;
+    uint8_t *obuf; /* a window turned to its EXIF orientation */
+    size_t obuf_cap;
     JSAMPROW *rows;
     size_t rows_cap;
     char pmsg[200]; /* libpng's error message */
@@ -78,12 +89,16 @@ static void jerr_exit(j_common_ptr ci)
 
 /* Warnings (level -1) about the data are errors here; trace messages are
  * dropped.  An unknown JFIF revision or a malformed ICC marker says nothing
- * about the pixels and is let through. */
+ * about the pixels and is let through, and so are stray bytes before the
+ * EOI marker once every pixel has been decoded ("extraneous bytes before
+ * marker 0xd9", which some cameras write: the image is whole, and a window
+ * decode never reads that far). */
 static void jerr_emit(j_common_ptr ci, int level)
 {
     if (level >= 0) return;
     int code = ci->err->msg_code;
     if (code == JWRN_JFIF_MAJOR || code == JWRN_BOGUS_ICC) return;
+    if (code == JWRN_EXTRANEOUS_DATA && ((jerr_mgr *)ci->err)->trailing) return;
     jerr_exit(ci);
 }
 
@@ -118,11 +133,73 @@ void kpl__decoder_destroy(kpl__decoder *d)
     if (!d) return;
     if (d->jd_live) jpeg_destroy_decompress(&d->jd);
     free(d->buf);
+    free(d->obuf);
     free(d->rows);
     free(d);
 }
 
 /* ---- JPEG ------------------------------------------------------------------------ */
+
+static unsigned rd16e(const uint8_t *p, bool le)
+{
+    return le ? (unsigned)p[0] | (unsigned)p[1] << 8 : (unsigned)p[0] << 8 | p[1];
+}
+
+static uint32_t rd32e(const uint8_t *p, bool le)
+{
+    return le ? (uint32_t)rd16e(p, true) | (uint32_t)rd16e(p + 2, true) << 16
+              : (uint32_t)rd16e(p, false) << 16 | rd16e(p + 2, false);
+}
+
+/* The Orientation tag (0x0112) of the TIFF structure t[0..n) of an Exif
+ * segment (either byte order), read from IFD0; 1 when absent or bad. */
+static int tiff_orientation(const uint8_t *t, size_t n)
+{
+    if (n < 8) return 1;
+    bool le;
+    if (t[0] == 'I' && t[1] == 'I') le = true;
+    else if (t[0] == 'M' && t[1] == 'M') le = false;
+    else return 1;
+    if (rd16e(t + 2, le) != 42) return 1;
+    uint64_t ifd = rd32e(t + 4, le);
+    if (ifd + 2 > n) return 1;
+    uint64_t count = rd16e(t + ifd, le);
+    for (uint64_t k = 0; k < count && ifd + 2 + 12 * (k + 1) <= n; k++) {
+        const uint8_t *e = t + ifd + 2 + 12 * k;
+        if (rd16e(e, le) != 0x0112) continue;
+        unsigned type = rd16e(e + 2, le);
+        uint32_t v = type == 3 ? rd16e(e + 8, le) : type == 4 ? rd32e(e + 8, le) : 0;
+        return v >= 1 && v <= 8 ? (int)v : 1;
+    }
+    return 1;
+}
+
+/* The EXIF Orientation of a JPEG (1-8; 1 without one): the first APP1
+ * segment that starts "Exif\0\0", looked for in the markers before the
+ * first scan.  Bounds-checked walk; a malformed marker ends it. */
+static int jpeg_orientation(const uint8_t *p, size_t n)
+{
+    size_t at = 2; /* after SOI */
+    while (at + 4 <= n) {
+        if (p[at] != 0xff) return 1;
+        uint8_t m = p[at + 1];
+        if (m == 0xff) { /* fill byte */
+            at++;
+            continue;
+        }
+        if (m == 0x01 || m == 0xd8 || (m >= 0xd0 && m <= 0xd7)) { /* no length */
+            at += 2;
+            continue;
+        }
+        if (m == 0xda || m == 0xd9) return 1; /* SOS, EOI: no more header markers */
+        size_t len = (size_t)p[at + 2] << 8 | p[at + 3];
+        if (len < 2 || at + 2 + len > n) return 1;
+        if (m == 0xe1 && len >= 2 + 6 && !memcmp(p + at + 4, "Exif\0\0", 6))
+            return tiff_orientation(p + at + 10, len - 8);
+        at += 2 + len;
+    }
+    return 1;
+}
 
 static kpl_status jpeg_open(kpl__decoder *d)
 {
@@ -131,16 +208,23 @@ static kpl_status jpeg_open(kpl__decoder *d)
         jpeg_abort_decompress(ci);
         return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
     }
+    /* Whatever an earlier image left (a failed header, a decode stopped
+     * half-way) goes: the decompressor starts from DSTATE_START. */
     jpeg_abort_decompress(ci);
+    d->jerr.trailing = false;
     jpeg_mem_src(ci, d->data, (unsigned long)d->n);
     jpeg_read_header(ci, TRUE);
-    d->info.width = (int)ci->image_width;
-    d->info.height = (int)ci->image_height;
+    d->stored_w = (int)ci->image_width;
+    d->stored_h = (int)ci->image_height;
+    d->info.orientation = jpeg_orientation(d->data, d->n);
+    bool swap = d->info.orientation >= 5;
+    d->info.width = swap ? d->stored_h : d->stored_w;
+    d->info.height = swap ? d->stored_w : d->stored_h;
     d->info.channels = ci->num_components;
     if ((int64_t)ci->image_width * ci->image_height > MAX_PIXELS) {
         jpeg_abort_decompress(ci);
-        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG of %ux%u pixels is too large", d->where,
-                         ci->image_width, ci->image_height);
+        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG of %ux%u pixels is too large (limit %lld)",
+                         d->where, ci->image_width, ci->image_height, (long long)MAX_PIXELS);
     }
     return KPL_OK;
 }
@@ -168,6 +252,8 @@ static void rgb_to_gray(const uint8_t *s, int step, uint8_t *o, int n)
     for (int i = 0; i < n; i++) o[i] = luma(s[step * i], s[step * i + 1], s[step * i + 2]);
 }
 
+/* Decodes the window [x, x+w) x [y, y+h) of the stored (not oriented)
+ * image scaled by 1/denom. */
 static kpl_status jpeg_region(kpl__decoder *d, int denom, int x, int y, int w, int h, int channels,
                               kpl__img_view *out)
 {
@@ -223,6 +309,105 @@ static kpl_status jpeg_region(kpl__decoder *d, int denom, int x, int y, int w, i
     return KPL_OK;
 }
 
+/* The window [x, x+w) x [y, y+h) of the oriented image scaled by 1/denom:
+ * the stored window under it is decoded, then turned (PIL's transposes:
+ * 2 mirror, 3 rotate 180, 4 flip, 5 transpose, 6 rotate 90 clockwise,
+ * 7 transverse, 8 rotate 90 counter-clockwise). */
+static kpl_status jpeg_oriented(kpl__decoder *d, int denom, int x, int y, int w, int h,
+                                int channels, kpl__img_view *out)
+{
+    int o = d->info.orientation;
+    if (o <= 1) return jpeg_region(d, denom, x, y, w, h, channels, out);
+    int sw = (d->stored_w + denom - 1) / denom, sh = (d->stored_h + denom - 1) / denom;
+    /* Stored window (sx, sy, ww, wh) covering the oriented one. */
+    int sx, sy, ww = o >= 5 ? h : w, wh = o >= 5 ? w : h;
+    switch (o) {
+    case 2: sx = sw - x - w, sy = y; break;
+    case 3: sx = sw - x - w, sy = sh - y - h; break;
+    case 4: sx = x, sy = sh - y - h; break;
+    case 5: sx = y, sy = x; break;
+    case 6: sx = y, sy = sh - x - w; break;
+    case 7: sx = sw - y - h, sy = sh - x - w; break;
+    default: sx = sw - y - h, sy = x; break; /* 8 */
+    }
+    kpl__img_view s;
+    KPL_TRY(jpeg_region(d, denom, sx, sy, ww, wh, channels, &s));
+    const int c = s.c;
+    const size_t ostride = (size_t)w * (size_t)c;
+    KPL_TRY(grow((void **)&d->obuf, &d->obuf_cap, ostride * (size_t)h + 64, 1));
+    /* Output pixel (i, j) of the window reads stored window pixel (a, b):
+     * 2 (w-1-i, j), 3 (w-1-i, h-1-j), 4 (i, h-1-j), 5 (j, i), 6 (j, w-1-i),
+     * 7 (h-1-j, w-1-i), 8 (h-1-j, i).  Along a row, a step in i is a step
+     * of one pixel (2-4) or one stored row (5-8). */
+    const ptrdiff_t px = c, row = (ptrdiff_t)s.stride;
+    ptrdiff_t step;
+    switch (o) {
+    case 2: case 3: step = -px; break;
+    case 4: step = px; break;
+    case 5: case 8: step = row; break;
+    default: step = -row; break; /* 6, 7 */
+    }
+    for (int j = 0; j < h; j++) {
+        int a, b; /* the stored pixel of i = 0 */
+        switch (o) {
+        case 2: a = w - 1, b = j; break;
+        case 3: a = w - 1, b = h - 1 - j; break;
+        case 4: a = 0, b = h - 1 - j; break;
+        case 5: a = j, b = 0; break;
+        case 6: a = j, b = w - 1; break;
+        case 7: a = h - 1 - j, b = w - 1; break;
+        default: a = h - 1 - j, b = 0; break; /* 8 */
+        }
+        const uint8_t *p = s.data + (ptrdiff_t)b * row + (ptrdiff_t)a * px;
+        uint8_t *q = d->obuf + (size_t)j * ostride;
+        if (c == 1)
+            for (int i = 0; i < w; i++, p += step) q[i] = *p;
+        else
+            for (int i = 0; i < w; i++, p += step, q += 3) q[0] = p[0], q[1] = p[1], q[2] = p[2];
+    }
+    *out = (kpl__img_view){d->obuf, w, h, c, ostride};
+    return KPL_OK;
+}
+
+/* Decodes every row at 1/8 scale (every coefficient is still entropy
+ * decoded, so corrupt data, a premature end or a missing EOI is found,
+ * at a fraction of the IDCT's cost), then reads the markers up to EOI. */
+static kpl_status jpeg_check(kpl__decoder *d)
+{
+    struct jpeg_decompress_struct *ci = &d->jd;
+    bool cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
+    if (setjmp(d->jerr.jb)) {
+        jpeg_abort_decompress(ci);
+        d->jerr.trailing = false;
+        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+    }
+    ci->scale_num = 1;
+    ci->scale_denom = 8;
+    ci->out_color_space = cmyk ? JCS_CMYK : JCS_RGB;
+    ci->dct_method = JDCT_ISLOW;
+    jpeg_start_decompress(ci);
+    size_t stride = (size_t)ci->output_width * (size_t)ci->output_components;
+    int nr = ci->rec_outbuf_height > 0 ? ci->rec_outbuf_height : 1;
+    kpl_status st = grow((void **)&d->buf, &d->buf_cap, stride * (size_t)nr + 64, 1);
+    if (st == KPL_OK)
+        st = grow((void **)&d->rows, &d->rows_cap, (size_t)nr, sizeof(JSAMPROW));
+    if (st < 0) {
+        jpeg_abort_decompress(ci);
+        return st;
+    }
+    for (int r = 0; r < nr; r++) d->rows[r] = d->buf + (size_t)r * stride;
+    while (ci->output_scanline < ci->output_height)
+        if (jpeg_read_scanlines(ci, d->rows, (JDIMENSION)nr) == 0) {
+            jpeg_abort_decompress(ci);
+            return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: no rows after row %u", d->where,
+                             ci->output_scanline);
+        }
+    d->jerr.trailing = true;
+    jpeg_finish_decompress(ci);
+    d->jerr.trailing = false;
+    return KPL_OK;
+}
+
 /* ---- PNG -------------------------------------------------------------------------- */
 
 typedef struct {
@@ -251,12 +436,13 @@ static void png_warn(png_structp png, png_const_charp msg)
     (void)msg; /* benign (an sRGB profile note, say); corrupt data is an error */
 }
 
-/* Decodes the whole PNG into d->buf as 8-bit rows.  As a mask (`mask`):
+/* Decodes the whole PNG into d->buf as 8-bit rows (with `to_end`, reads
+ * and checks the chunks after the pixels too).  As a mask (`mask`):
  * values as stored, which must be one channel of <= 8 bits; as an image:
  * palette expanded, low bit depths scaled to 8 bits, 16 bits rounded to 8;
  * *nch is then 1..4 (gray, gray+alpha, RGB, RGBA). */
 static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n, bool mask,
-                                  int *nch)
+                                  bool to_end, int *nch)
 {
     png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, d, png_err, png_warn);
     KPL_CHECK(png, KPL_ENOMEM, "%s: PNG: no memory", d->where);
@@ -312,6 +498,7 @@ static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n
     }
     for (png_uint_32 r = 0; r < h; r++) d->rows[r] = d->buf + (size_t)r * rb;
     png_read_image(png, d->rows);
+    if (to_end) png_read_end(png, NULL); /* the chunks after the pixels, up to IEND */
     d->info.width = (int)w;
     d->info.height = (int)h;
     *nch = ch;
@@ -351,12 +538,13 @@ kpl_status kpl__img_open(kpl__decoder *d, const void *data, size_t n, const char
     d->n = n;
     d->where = where;
     memset(&d->info, 0, sizeof d->info);
+    d->info.orientation = 1;
     const uint8_t *p = data;
     if (!strcmp(encoding, "raw")) {
         size_t want = (size_t)raw_hwc[0] * (size_t)raw_hwc[1] * (size_t)raw_hwc[2];
         KPL_CHECK(n == want, KPL_EFORMAT, "%s: raw image of %zu bytes, its shape (%d, %d, %d) "
                   "needs %zu", where, n, raw_hwc[0], raw_hwc[1], raw_hwc[2], want);
-        d->info = (kpl__img_info){KPL__IMG_RAW, raw_hwc[1], raw_hwc[0], raw_hwc[2]};
+        d->info = (kpl__img_info){KPL__IMG_RAW, raw_hwc[1], raw_hwc[0], raw_hwc[2], 1};
     } else if (!strcmp(encoding, "jpeg") || (!*encoding && n >= 3 && p[0] == 0xff && p[1] == 0xd8)) {
         d->info.kind = KPL__IMG_JPEG;
         KPL_TRY(jpeg_open(d));
@@ -412,7 +600,7 @@ kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int 
     kpl__img_scaled_size(in, denom, &sw, &sh);
     KPL_ASSERT(x >= 0 && y >= 0 && w > 0 && h > 0 && x + w <= sw && y + h <= sh,
                "decode window outside the image");
-    if (in->kind == KPL__IMG_JPEG) return jpeg_region(d, denom, x, y, w, h, channels, out);
+    if (in->kind == KPL__IMG_JPEG) return jpeg_oriented(d, denom, x, y, w, h, channels, out);
 
     const uint8_t *base;
     size_t stride;
@@ -422,7 +610,7 @@ kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int 
         stride = (size_t)in->width * (size_t)from;
         base = d->data;
     } else {
-        KPL_TRY(png_decode_full(d, d->data, d->n, false, &from));
+        KPL_TRY(png_decode_full(d, d->data, d->n, false, false, &from));
         stride = (size_t)in->width * (size_t)from;
         base = d->buf;
     }
@@ -445,6 +633,19 @@ kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int 
     return KPL_OK;
 }
 
+kpl_status kpl__img_check(kpl__decoder *d)
+{
+    const kpl__img_info *in = &d->info;
+    KPL_ASSERT(in->kind, "kpl__img_check without a successful open");
+    if (in->kind == KPL__IMG_RAW) return KPL_OK;
+    if (in->kind == KPL__IMG_PNG) {
+        int nch;
+        return png_decode_full(d, d->data, d->n, false, true, &nch);
+    }
+    KPL_TRY(jpeg_check(d));
+    return jpeg_open(d); /* ready for a decode again */
+}
+
 kpl_status kpl__mask_decode(kpl__decoder *d, const void *data, size_t n, const char *encoding,
                             int width, int height, const char *where, kpl__img_view *out)
 {
@@ -460,7 +661,7 @@ kpl_status kpl__mask_decode(kpl__decoder *d, const void *data, size_t n, const c
     KPL_CHECK(n >= 8 && !memcmp(p, png_sig, 8), KPL_EFORMAT, "%s: mask is not a PNG", where);
     int nch = 0;
     kpl__img_info keep = d->info;
-    kpl_status st = png_decode_full(d, p, n, true, &nch);
+    kpl_status st = png_decode_full(d, p, n, true, false, &nch);
     int mw = d->info.width, mh = d->info.height;
     d->info = keep;
     KPL_TRY(st);

@@ -69,8 +69,9 @@ typedef enum { KPL__IMG_JPEG = 1, KPL__IMG_PNG, KPL__IMG_RAW } kpl__img_kind;
 
 typedef struct {
     kpl__img_kind kind;
-    int width, height; /* the stored size */
+    int width, height; /* the image's size: a JPEG's after its EXIF orientation */
     int channels;      /* in the file: 1 gray, 2 gray+alpha, 3 color, 4 RGBA or CMYK/YCCK */
+    int orientation;   /* the EXIF orientation applied (JPEG: 1-8), 1 for the rest */
 } kpl__img_info;
 
 /* Rows of w * c u8 pixels, `stride` bytes apart; borrowed from the decoder
@@ -89,15 +90,24 @@ typedef struct {
 kpl_status kpl__img_open(kpl__decoder *d, const void *data, size_t n, const char *encoding,
                          const int raw_hwc[3], const char *where, kpl__img_info *info);
 /* The image's size when decoded at scale 1/denom (denom 1, 2, 4, 8; JPEG
- * only, other kinds have only 1): ceil(stored / denom). */
+ * only, other kinds have only 1): ceil(size / denom). */
 void kpl__img_scaled_size(const kpl__img_info *info, int denom, int *w, int *h);
 /* Decodes the window [x, x+w) x [y, y+h), in pixels of the image scaled by
  * 1/denom, to `channels` (1: gray, 3: RGB).  A JPEG decodes only that
  * window (cropped scanlines, skipped rows above, stopped after the last
  * row, DCT-domain scaling); the result equals the same window of a full
- * decode at that scale exactly. */
+ * decode at that scale exactly, turned to the EXIF orientation (PIL's
+ * exif_transpose of the scaled image). */
 kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int h, int channels,
                            kpl__img_view *out);
+/* Checks the whole image after a successful open, as a converter must
+ * before storing it: a JPEG's every scan is entropy decoded (at 1/8 scale:
+ * every coefficient is read, the IDCT is cheap) and its markers read up to
+ * EOI, a PNG is decoded to its IEND with every CRC checked.  KPL_EFORMAT
+ * for anything the loader would refuse (libjpeg errors and data warnings,
+ * a premature end, a missing EOI, a bad CRC).  The decoder stays open on
+ * the image: kpl__img_decode may follow. */
+kpl_status kpl__img_check(kpl__decoder *d);
 /* Decodes a segmentation mask: a 1-channel PNG of bit depth <= 8 (gray or
  * palette, values as stored: no scaling, no palette lookup), or raw (H, W)
  * u8 bytes when encoding is "raw" (width, height: the expected size). */

@@ -359,6 +359,197 @@ static void test_jpeg_cmyk(void **state)
     free(cmyk);
 }
 
+/* ---- (4b) EXIF orientation ----------------------------------------------------------- */
+
+/* jpg with an APP1 Exif segment inserted after SOI: IFD0 holds a Make tag
+ * and then Orientation (SHORT) = orient, in the byte order asked for.
+ * malloc'd, *len bytes. */
+static unsigned char *with_exif(const unsigned char *jpg, size_t n, int orient, bool big_endian,
+                                size_t *len)
+{
+    uint8_t t[64];
+    size_t k = 0;
+#define P16(v) (big_endian ? (t[k++] = (uint8_t)((v) >> 8), t[k++] = (uint8_t)(v)) \
+                           : (t[k++] = (uint8_t)(v), t[k++] = (uint8_t)((v) >> 8)))
+#define P32(v) (big_endian ? (P16((v) >> 16), P16((v) & 0xffff)) : (P16((v) & 0xffff), P16((v) >> 16)))
+    t[k++] = big_endian ? 'M' : 'I';
+    t[k++] = big_endian ? 'M' : 'I';
+    P16(42);
+    P32(8u);          /* IFD0 right after the header */
+    P16(2);           /* two entries */
+    P16(0x010f);      /* Make, ASCII, 4 bytes inline */
+    P16(2);
+    P32(4u);
+    memcpy(t + k, "kpl", 4), k += 4;
+    P16(0x0112);      /* Orientation, SHORT, 1 */
+    P16(3);
+    P32(1u);
+    P16((unsigned)orient);
+    P16(0);
+    P32(0u);          /* no next IFD */
+#undef P16
+#undef P32
+    size_t seg = 2 + 6 + k;
+    unsigned char *out = malloc(n + 2 + seg);
+    memcpy(out, jpg, 2);
+    out[2] = 0xff, out[3] = 0xe1, out[4] = (uint8_t)(seg >> 8), out[5] = (uint8_t)seg;
+    memcpy(out + 6, "Exif\0\0", 6);
+    memcpy(out + 12, t, k);
+    memcpy(out + 12 + k, jpg + 2, n - 2);
+    *len = n + 2 + seg;
+    return out;
+}
+
+/* PIL's ImageOps.exif_transpose of a w x h x c image, written out as
+ * Pillow's transposes define it (out[oy][ox] = in[y][x]):
+ * 2 FLIP_LEFT_RIGHT, 3 ROTATE_180, 4 FLIP_TOP_BOTTOM, 5 TRANSPOSE,
+ * 6 ROTATE_270 (90 degrees clockwise), 7 TRANSVERSE, 8 ROTATE_90. */
+static uint8_t *exif_transpose_ref(const uint8_t *in, int w, int h, int c, int o, int *ow, int *oh)
+{
+    bool swap = o >= 5;
+    *ow = swap ? h : w;
+    *oh = swap ? w : h;
+    uint8_t *out = malloc((size_t)w * h * c);
+    for (int oy = 0; oy < *oh; oy++)
+        for (int ox = 0; ox < *ow; ox++) {
+            int x, y;
+            switch (o) {
+            case 2: x = w - 1 - ox, y = oy; break;
+            case 3: x = w - 1 - ox, y = h - 1 - oy; break;
+            case 4: x = ox, y = h - 1 - oy; break;
+            case 5: x = oy, y = ox; break;
+            case 6: x = oy, y = h - 1 - ox; break;
+            case 7: x = w - 1 - oy, y = h - 1 - ox; break;
+            case 8: x = w - 1 - oy, y = ox; break;
+            default: x = ox, y = oy; break;
+            }
+            memcpy(out + ((size_t)oy * *ow + ox) * c, in + ((size_t)y * w + x) * c, (size_t)c);
+        }
+    return out;
+}
+
+/* Every orientation, both byte orders, every scale, windows all over:
+ * the decoder's window equals the same window of TurboJPEG's decode at
+ * that scale turned by exif_transpose_ref; the size it reports is the
+ * turned one.  Then the transform on a 5-8 image (its output the turned
+ * size), hand-checked values of two flat blocks, and malformed Exif. */
+static void test_jpeg_exif_orientation(void **state)
+{
+    (void)state;
+    const int W = 75, H = 43; /* not multiples of 8: the scaled sizes round up */
+    uint8_t *pix = pattern(W, H, 3, 6);
+    unsigned long jl;
+    unsigned char *jpg = tj_encode(pix, W, H, TJPF_RGB, TJSAMP_420, 0, &jl);
+    kpl__decoder *d = NN(kpl__decoder_create());
+    int raw[3] = {0, 0, 0};
+    for (int o = 1; o <= 8; o++)
+        for (int be = 0; be < 2; be++) {
+            size_t n;
+            unsigned char *e = with_exif(jpg, jl, o, be, &n);
+            for (int denom = 1; denom <= 8; denom *= 2)
+                for (int channels = 1; channels <= 3; channels += 2) {
+                    int sw, sh, ow, oh;
+                    uint8_t *dec = tj_decode(jpg, jl, channels == 1 ? TJPF_GRAY : TJPF_RGB, denom,
+                                             &sw, &sh);
+                    uint8_t *ref = exif_transpose_ref(dec, sw, sh, channels, o, &ow, &oh);
+                    const int win[][4] = {{0, 0, ow, oh}, {1, 2, 5, 3}, {ow - 4, oh - 3, 4, 3},
+                                          {ow / 2, 0, 1, oh}, {0, oh / 2, ow, 1}};
+                    for (size_t k = 0; k < sizeof win / sizeof win[0]; k++) {
+                        int x = win[k][0], y = win[k][1], ww = win[k][2], hh = win[k][3];
+                        if (x < 0 || y < 0 || ww > ow - x || hh > oh - y) continue;
+                        kpl__img_info info;
+                        OK(kpl__img_open(d, e, n, "", raw, "exif", &info));
+                        assert_int_equal(info.orientation, o);
+                        assert_int_equal(info.width, o >= 5 ? H : W);
+                        assert_int_equal(info.height, o >= 5 ? W : H);
+                        int iw, ih;
+                        kpl__img_scaled_size(&info, denom, &iw, &ih);
+                        assert_int_equal(iw, ow);
+                        assert_int_equal(ih, oh);
+                        kpl__img_view v;
+                        OK(kpl__img_decode(d, denom, x, y, ww, hh, channels, &v));
+                        char what[96];
+                        snprintf(what, sizeof what, "orientation %d %s 1/%d c%d", o,
+                                 be ? "MM" : "II", denom, channels);
+                        assert_window(&v, ref, ow, channels, x, y, what);
+                    }
+                    free(ref);
+                    free(dec);
+                }
+            /* Through the transform: CROP_NONE at the turned size copies it. */
+            if (!be) {
+                int sw, sh, ow, oh;
+                uint8_t *dec = tj_decode(jpg, jl, TJPF_RGB, 1, &sw, &sh);
+                uint8_t *ref = exif_transpose_ref(dec, sw, sh, 3, o, &ow, &oh);
+                const void *b[1] = {e};
+                kpl_dataset *ds = image_set(1, b, &n, "jpeg", 0, NULL);
+                kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+                cfg.out_dtype = KPL_U8;
+                cfg.out_h = oh;
+                cfg.out_w = ow;
+                uint8_t *out = malloc((size_t)3 * ow * oh);
+                OK(sample(ds, &cfg, 0, 1, 0, out, NULL));
+                assert_chw_equals_hwc(out, ref, ow, oh, 3, "exif through the transform");
+                free(out);
+                free(ref);
+                free(dec);
+                kpl_dataset_close(ds);
+            }
+            free(e);
+        }
+    tjFree(jpg);
+    free(pix);
+
+    /* By hand: a 16 x 8 gray JPEG at quality 100, left block 40, right
+     * block 200 (flat blocks survive exactly).  Orientation 6 (rotate 90
+     * clockwise) gives 8 x 16 with the left block on top; 8 (counter-
+     * clockwise) puts it below; 3 (180) puts it on the right. */
+    uint8_t g[16 * 8];
+    for (int y = 0; y < 8; y++)
+        for (int x = 0; x < 16; x++) g[y * 16 + x] = x < 8 ? 40 : 200;
+    tjhandle t = tjInitCompress();
+    unsigned char *gj = NULL;
+    unsigned long gl = 0;
+    assert_int_equal(tjCompress2(t, g, 16, 0, 8, TJPF_GRAY, &gj, &gl, TJSAMP_GRAY, 100, 0), 0);
+    tjDestroy(t);
+    const int cases[3][3] = {{6, 40, 200}, {8, 200, 40}, {3, 200, 40}}; /* o, first, second */
+    for (int k = 0; k < 3; k++) {
+        size_t n;
+        unsigned char *e = with_exif(gj, gl, cases[k][0], k == 1, &n);
+        kpl__img_info info;
+        OK(kpl__img_open(d, e, n, "", raw, "hand", &info));
+        kpl__img_view v;
+        OK(kpl__img_decode(d, 1, 0, 0, info.width, info.height, 1, &v));
+        for (int y = 0; y < v.h; y++)
+            for (int x = 0; x < v.w; x++) {
+                bool first = cases[k][0] == 3 ? x < 8 : y < 8;
+                assert_int_equal(v.data[(size_t)y * v.stride + x], first ? cases[k][1] : cases[k][2]);
+            }
+        assert_int_equal(v.w, cases[k][0] == 3 ? 16 : 8);
+        free(e);
+    }
+
+    /* Malformed or out-of-range Exif means no orientation, never a crash:
+     * values 0 and 9, an IFD offset past the segment, an entry count
+     * larger than the segment holds. */
+    for (int k = 0; k < 4; k++) {
+        size_t n;
+        unsigned char *e = with_exif(gj, gl, k == 0 ? 0 : k == 1 ? 9 : 6, false, &n);
+        if (k == 2) e[12 + 4] = 0xf0;               /* IFD0 offset 0xf0 */
+        if (k == 3) e[12 + 8] = 0xff, e[12 + 9] = 0x7f; /* 32767 entries: the tag is past the end */
+        if (k == 3) e[12 + 8 + 2 + 12] = 0x11;       /* ... and the real one is renamed */
+        kpl__img_info info;
+        OK(kpl__img_open(d, e, n, "", raw, "bad exif", &info));
+        assert_int_equal(info.orientation, 1);
+        assert_int_equal(info.width, 16);
+        kpl__img_view v;
+        OK(kpl__img_decode(d, 1, 0, 0, 16, 8, 1, &v));
+        free(e);
+    }
+    tjFree(gj);
+    kpl__decoder_destroy(d);
+}
+
 /* ---- (5) corrupt images --------------------------------------------------------------- */
 
 static unsigned char *png_encode(const void *pix, int w, int h, uint32_t format,
@@ -1092,6 +1283,7 @@ int main(void)
         cmocka_unit_test(test_jpeg_full_decode),
         cmocka_unit_test(test_jpeg_region_and_scaled),
         cmocka_unit_test(test_jpeg_cmyk),
+        cmocka_unit_test(test_jpeg_exif_orientation),
         cmocka_unit_test(test_corrupt),
         cmocka_unit_test(test_png),
         cmocka_unit_test(test_resize_reference),
