@@ -388,7 +388,7 @@ static kpl_tensor *resnet_forward(kpl_model *m, kpl_tensor *x, bool training)
 {
     kpl_tensor *h = conv(&m->l[0], x, training, true);
     if (!m->cfg.cifar_stem) {
-        kpl_pool2d_params mp = {{3, 3}, {2, 2}, {1, 1}, false};
+        kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
         h = kpl_max_pool2d(h, &mp);
     }
     for (int i = 0; i < m->nb && h; i++) {
@@ -436,7 +436,7 @@ kpl_tensor *kpl_model_forward(kpl_model *m, kpl_tensor *x, bool training)
                   (long long)m->cfg.in_channels, (long long)m->cfg.in_h, (long long)m->cfg.in_w);
         return NULL;
     }
-    kpl_pool2d_params pool2 = {{2, 2}, {2, 2}, {0, 0}, false};
+    kpl_pool2d_params pool2 = {.kernel = {2, 2}, .stride = {2, 2}};
     switch (m->cfg.arch) {
     case KPL_MODEL_MLP: return head(m, flatten(x), 0, training);
     /* ReLU then max-pool is max-pool then ReLU (ReLU is monotonic), and
