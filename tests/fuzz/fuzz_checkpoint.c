@@ -1,0 +1,92 @@
+/*
+ * fuzz_checkpoint.c — kpl_checkpoint_load (trainer/checkpoint.c,
+ * docs/checkpoint.md) of a file made from the input, then everything a
+ * resume does with what loaded: the metadata, every tensor's name, bytes
+ * and a restore into a tensor of its shape.
+ *
+ * Input: one mode byte, then
+ *   mode even: the checkpoint file itself (header, zstd frame);
+ *   mode odd:  the decompressed payload (table length, JSON table, tensor
+ *              bytes); the harness compresses it and writes a valid header
+ *              with both CRC32Cs, so that mutations reach the table parser.
+ * Seeds (corpus/checkpoint) are checkpoints written by kpl_checkpoint_save,
+ * in both modes.
+ */
+#include "fuzz_common.h"
+
+#include <zstd.h>
+
+#include "trainer.h"
+
+#define RESTORE_MAX ((size_t)1 << 20) /* bytes restored per tensor */
+
+static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
+
+/* A checkpoint file around `payload`: header + one zstd frame. */
+static uint8_t *wrap_payload(const uint8_t *payload, size_t n, size_t *len)
+{
+    size_t cap = ZSTD_compressBound(n);
+    uint8_t *f = malloc(40 + cap);
+    if (!f) abort();
+    size_t z = ZSTD_compress(f + 40, cap, payload, n, 1);
+    if (ZSTD_isError(z)) abort();
+    memcpy(f, "KPLCKPT\n", 8);
+    put32(f + 8, 1);
+    put32(f + 12, 1);
+    put64(f + 16, n);
+    put64(f + 24, z);
+    put32(f + 32, kpl_crc32c(0, f + 40, z));
+    put32(f + 36, kpl_crc32c(0, f, 36));
+    *len = 40 + z;
+    return f;
+}
+
+static void use(kpl_checkpoint *c)
+{
+    const char *meta = kpl_checkpoint_meta(c);
+    fuzz_touch(meta, strlen(meta));
+    int n = kpl_checkpoint_num_tensors(c);
+    for (int i = 0; i < n; i++) {
+        const char *name = kpl_checkpoint_name(c, i);
+        kpl_tensor *t = kpl_checkpoint_find(c, name);
+        if (!t) abort(); /* every listed name must be found */
+        size_t nb = kpl_tensor_nbytes(t);
+        if (nb > RESTORE_MAX) continue;
+        const void *p = kpl_tensor_host_data(t);
+        if (p) fuzz_touch(p, nb);
+        kpl_tensor *dst = NULL;
+        if (kpl_tensor_empty_like(t, &dst) == KPL_OK) {
+            if (kpl_checkpoint_restore(c, name, dst) != KPL_OK) {
+                fprintf(stderr, "fuzz_checkpoint: restoring '%s' into its own shape failed: %s\n",
+                        name, kpl_last_error());
+                abort();
+            }
+            kpl_tensor_release(dst);
+        }
+    }
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    if (size < 1) return 0;
+    fuzz_reset();
+    char path[PATH_MAX];
+    fuzz_path(path, fuzz_dir("checkpoint"), "ckpt.kpl");
+    uint8_t *wrapped = NULL;
+    size_t n = size - 1;
+    const uint8_t *file = data + 1;
+    if (data[0] & 1) {
+        wrapped = wrap_payload(data + 1, size - 1, &n);
+        file = wrapped;
+    }
+    fuzz_write(path, file, n);
+    kpl_checkpoint *c = NULL;
+    if (fuzz_st(kpl_checkpoint_load(path, &c), "load") == KPL_OK) {
+        use(c);
+        kpl_checkpoint_destroy(c);
+    }
+    unlink(path);
+    free(wrapped);
+    return 0;
+}
