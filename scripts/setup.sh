@@ -5,6 +5,8 @@
 #
 #   scripts/setup.sh            build + test dependencies
 #   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, numpy)
+#   scripts/setup.sh --fuzz     also clang 14 with libFuzzer and its OpenMP
+#                               (scripts/fuzz.sh, tests/fuzz; options combine)
 set -euo pipefail
 
 packages=(
@@ -25,11 +27,18 @@ packages=(
   dataset-fashion-mnist              # the default recipe's data
 )
 bench_packages=(python3-numpy python3-torch python3-pil)
+# clang's libFuzzer and sanitizer runtimes live in libclang-rt-14-dev; with
+# clang, OpenMP is LLVM's libomp (omp.h and libomp.so).  GNU ld links them.
+fuzz_packages=(clang-14 libclang-rt-14-dev libomp-14-dev)
 
 want=("${packages[@]}")
-if [[ "${1:-}" == "--bench" ]]; then
-  want+=("${bench_packages[@]}")
-fi
+for arg in "$@"; do
+  case "$arg" in
+    --bench) want+=("${bench_packages[@]}") ;;
+    --fuzz) want+=("${fuzz_packages[@]}") ;;
+    *) echo "setup: unknown option $arg (want --bench, --fuzz)" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${want[@]}"; do
