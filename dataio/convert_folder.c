@@ -4,10 +4,14 @@
  *
  * Class index = position of the class folder in sorted (byte-wise) order,
  * as torchvision's ImageFolder numbers them; the names go to classes.txt.
- * Images are stored as their original bytes (no decode, no quality loss);
- * each is checked at conversion time — JPEG headers through libjpeg-turbo,
- * PNG signature and IHDR — so a corrupt or mislabelled file is caught here
- * and not in the middle of an epoch.
+ * Images are stored as their original bytes (no quality loss), after a
+ * full decode with the loader's own decoder (image_decode.c: a JPEG's every
+ * scan entropy decoded at 1/8 scale and read to its EOI, libjpeg's data
+ * warnings counted as errors; a PNG decoded to its IEND with every CRC
+ * checked; the loader's size limit), so a truncated or corrupt file is
+ * caught here, naming it, and not in the middle of an epoch.  The decoder
+ * resets itself before every image, so a bad file never affects the next
+ * one on its thread.
  *
  * The example order is shuffled with a seeded permutation (unless
  * keep_order): a folder walk is class-sorted, and chunk-wise shuffling
@@ -38,7 +42,8 @@ typedef struct {
 typedef struct {
     uint8_t *bytes;
     size_t len;
-    char why[160]; /* non-empty: the file is bad */
+    char why[320]; /* non-empty: the file is bad */
+    bool fatal;    /* not the file's fault (no memory): --skip-bad does not apply */
 } loaded;
 
 static int cmp_str(const void *a, const void *b)
@@ -103,24 +108,23 @@ static kpl_status list_dir(const char *dir, bool want_dirs, char ***out, int64_t
 
 /* One converting thread's decoder, resizer and encoder. */
 typedef struct {
-    tjhandle tj, tjc;
+    tjhandle tjc;
     kpl__decoder *dec;
     kpl__xform_scratch *scratch;
     uint8_t *pix;
     size_t pix_cap;
 } codec;
 
-/* Re-encodes a w x h JPEG whose longer side exceeds max_side at that
- * longer side.  Decodes with DCT scaling where the result stays at least
- * max_side, resizes with the training-time filter, encodes 4:2:0 (gray
- * stays gray).  On success replaces l's bytes. */
-static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, loaded *l)
+/* Re-encodes the JPEG open in c->dec (w x h after its EXIF orientation),
+ * whose longer side exceeds max_side, at that longer side.  Decodes with
+ * DCT scaling where the result stays at least max_side, turned to its EXIF
+ * orientation (the new file carries no EXIF: its pixels are upright),
+ * resizes with the training-time filter, encodes 4:2:0 (gray stays gray).
+ * On success replaces l's bytes. */
+static void shrink_jpeg(const kpl_convert_options *o, codec *c, const kpl__img_info *info,
+                        loaded *l)
 {
-    kpl__img_info info;
-    if (kpl__img_open(c->dec, l->bytes, l->len, "jpeg", NULL, "re-encode", &info) < 0) {
-        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
-        return;
-    }
+    int w = info->width, h = info->height;
     int side = w > h ? w : h, ow, oh;
     if (w >= h) {
         ow = o->max_side;
@@ -133,14 +137,15 @@ static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, lo
     if (oh < 1) oh = 1;
     int denom = 8;
     while (denom > 1 && (side + denom - 1) / denom < o->max_side) denom /= 2;
-    int sw, sh, ch = info.channels == 1 ? 1 : 3;
-    kpl__img_scaled_size(&info, denom, &sw, &sh);
+    int sw, sh, ch = info->channels == 1 ? 1 : 3;
+    kpl__img_scaled_size(info, denom, &sw, &sh);
     kpl__img_view v;
     size_t need = (size_t)ow * oh * 3;
     if (need > c->pix_cap) {
         uint8_t *q = realloc(c->pix, need);
         if (!q) {
             snprintf(l->why, sizeof l->why, "no memory to re-encode");
+            l->fatal = true;
             return;
         }
         c->pix = q;
@@ -149,6 +154,7 @@ static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, lo
     if (kpl__img_decode(c->dec, denom, 0, 0, sw, sh, ch, &v) < 0 ||
         kpl__resize(c->scratch, &v, 0, 0, sw, sh, ow, oh, c->pix) < 0) {
         snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
+        l->fatal = kpl_last_status() != KPL_EFORMAT;
         return;
     }
     unsigned char *jpg = NULL;
@@ -157,12 +163,16 @@ static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, lo
                     ch == 1 ? TJSAMP_GRAY : TJSAMP_420, o->quality, 0) != 0) {
         snprintf(l->why, sizeof l->why, "JPEG encode: %s", tjGetErrorStr2(c->tjc));
         tjFree(jpg);
+        /* A fresh handle, so that nothing of this failure reaches the next image. */
+        tjDestroy(c->tjc);
+        c->tjc = tjInitCompress();
         return;
     }
     uint8_t *b = malloc(len);
     if (!b) {
         tjFree(jpg);
         snprintf(l->why, sizeof l->why, "no memory to re-encode");
+        l->fatal = true;
         return;
     }
     memcpy(b, jpg, len);
@@ -172,16 +182,16 @@ static void shrink_jpeg(const kpl_convert_options *o, codec *c, int w, int h, lo
     l->len = len;
 }
 
-/* Reads a file and checks that it is a JPEG or PNG whose header parses
+/* Reads a file and checks that it is a JPEG or PNG that decodes whole
  * (and re-encodes a large JPEG when asked). */
 static void load_one(const char *root, const item *it, const kpl_convert_options *o, codec *c,
                      loaded *l)
 {
-    tjhandle tj = c->tj;
     char p[PATH_MAX];
     l->bytes = NULL;
     l->len = 0;
     l->why[0] = 0;
+    l->fatal = false;
     snprintf(p, sizeof p, "%s/%s", root, it->rel);
     char *buf = NULL;
     size_t len = 0;
@@ -190,33 +200,30 @@ static void load_one(const char *root, const item *it, const kpl_convert_options
         return;
     }
     const uint8_t *b = (const uint8_t *)buf;
-    int w = 0, h = 0, sub = 0, cs = 0;
-    if (len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) {
-        /* A stream cut before its frame header can "succeed" without
-         * setting the size, so the size is checked too. */
-        if (tjDecompressHeader3(tj, b, (unsigned long)len, &w, &h, &sub, &cs) != 0)
-            snprintf(l->why, sizeof l->why, "bad JPEG header: %s", tjGetErrorStr2(tj));
-        else if (w <= 0 || h <= 0 || w > 65535 || h > 65535)
-            snprintf(l->why, sizeof l->why, "bad JPEG header: image size %dx%d", w, h);
-    } else if (len >= 24 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8) && !memcmp(b + 12, "IHDR", 4)) {
-        if (kpl__rd32(b + 16) == 0 || kpl__rd32(b + 20) == 0)
-            snprintf(l->why, sizeof l->why, "PNG of zero size");
-    } else {
+    kpl__img_info info;
+    bool jpeg = len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
+    bool png = len >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8);
+    if (len > KPLR_MAX_BODY - 1024)
+        snprintf(l->why, sizeof l->why, "larger than 2 GiB");
+    else if (!jpeg && !png)
         snprintf(l->why, sizeof l->why, "neither a JPEG nor a PNG (%zu bytes)", len);
+    else if (kpl__img_open(c->dec, b, len, jpeg ? "jpeg" : "png", NULL, "undecodable", &info) < 0 ||
+             kpl__img_check(c->dec) < 0) {
+        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
+        l->fatal = kpl_last_status() != KPL_EFORMAT;
     }
-    if (len > KPLR_MAX_BODY - 1024) snprintf(l->why, sizeof l->why, "larger than 2 GiB");
     if (l->why[0]) {
         free(buf);
         return;
     }
     l->bytes = (uint8_t *)buf;
     l->len = len;
-    if (o->max_side > 0 && b[0] == 0xff && (w > o->max_side || h > o->max_side)) {
-        shrink_jpeg(o, c, w, h, l);
+    if (o->max_side > 0 && jpeg && (info.width > o->max_side || info.height > o->max_side)) {
+        shrink_jpeg(o, c, &info, l);
         if (l->why[0]) {
             char why[sizeof l->why];
             snprintf(why, sizeof why, "%s", l->why);
-            snprintf(l->why, sizeof l->why, "cannot re-encode: %.130s", why);
+            snprintf(l->why, sizeof l->why, "cannot re-encode: %.280s", why);
             free(l->bytes);
             l->bytes = NULL;
         }
@@ -332,15 +339,18 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
         int nb = (int)(nitems - b0 < BATCH ? nitems - b0 : BATCH);
 #pragma omp parallel num_threads(threads)
         {
-            codec c = {tjInitDecompress(), tjInitCompress(), kpl__decoder_create(),
-                       kpl__xform_scratch_create(), NULL, 0};
-            bool ready = c.tj && c.tjc && c.dec && c.scratch;
+            codec c = {tjInitCompress(), kpl__decoder_create(), kpl__xform_scratch_create(),
+                       NULL, 0};
+            bool ready = c.tjc && c.dec && c.scratch;
 #pragma omp for schedule(dynamic, 4)
             for (int i = 0; i < nb; i++) {
+                if (ready && !c.tjc) ready = (c.tjc = tjInitCompress()) != NULL;
                 if (ready) load_one(root, &items[b0 + i], &o, &c, &batch[i]);
-                else snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
+                else {
+                    snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
+                    batch[i].fatal = true;
+                }
             }
-            if (c.tj) tjDestroy(c.tj);
             if (c.tjc) tjDestroy(c.tjc);
             kpl__decoder_destroy(c.dec);
             kpl__xform_scratch_destroy(c.scratch);
@@ -349,9 +359,9 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
         for (int i = 0; i < nb && st == KPL_OK; i++) {
             const item *it = &items[b0 + i];
             if (batch[i].why[0]) {
-                if (!o.skip_bad) {
-                    st = KPL_ERROR(KPL_EFORMAT, "imagefolder: %s/%s: %s", root, it->rel,
-                                   batch[i].why);
+                if (!o.skip_bad || batch[i].fatal) {
+                    st = KPL_ERROR(batch[i].fatal ? KPL_ENOMEM : KPL_EFORMAT,
+                                   "imagefolder: %s/%s: %s", root, it->rel, batch[i].why);
                     break;
                 }
                 fprintf(stderr, "%skpl: skipping %s/%s: %s\n", o.progress ? "\n" : "", root,

@@ -256,11 +256,14 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
 
 /* An image folder, ImageNet layout: root/<class>/<image>.{jpg,jpeg,png}.
  * Class index = sorted folder order (names written to OUT/classes.txt).
- * Images are stored as their original bytes after a header check (JPEGs
- * larger than max_side re-encoded at that size; PNGs always as they are);
- * the order is a seeded shuffle unless keep_order.  Features: image (bytes),
- * label (int64[1]), path (string, relative to root).  A bad image is an
- * error naming the file, or with skip_bad a warning, counted in *skipped. */
+ * Images are stored as their original bytes after a full decode with the
+ * loader's decoder (JPEGs larger than max_side re-encoded at that size,
+ * upright by their EXIF orientation; PNGs always as they are); the order
+ * is a seeded shuffle unless keep_order.  Features: image (bytes), label
+ * (int64[1]), path (string, relative to root).  An image the loader could
+ * not decode (truncated, no EOI, corrupt data, bad CRC, too large) is an
+ * error naming the file, or with skip_bad a warning naming it, counted in
+ * *skipped.  A bad file never affects the next one. */
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped);

@@ -14,6 +14,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include <lmdb.h>
+#include <png.h>
 #include <turbojpeg.h>
 #include <zlib.h>
 
@@ -863,7 +864,7 @@ static void test_imagefolder_import(void **state)
     snprintf(p, sizeof p, "%s/dog/broken.jpg", root);
     write_bytes(p, "\xff\xd8\xff\xe0garbage", 11);
     FAILS(kpl_convert_imagefolder(root, path("folder_bad"), NULL, NULL, NULL), KPL_EFORMAT,
-          "dog/broken.jpg: bad JPEG header");
+          "dog/broken.jpg: undecodable: JPEG");
     assert_int_equal(access(path("folder_bad"), F_OK), -1);
     snprintf(p, sizeof p, "%s/dog/text.png", root);
     write_bytes(p, "hello", 5);
@@ -874,6 +875,234 @@ static void test_imagefolder_import(void **state)
     assert_int_equal(skipped, 2);
     FAILS(kpl_convert_imagefolder(path("nofolder"), path("x"), NULL, NULL, NULL), KPL_ENOTFOUND,
           "nofolder");
+}
+
+/* Offset of a JPEG's SOF marker (FF C0..C2), found by walking the
+ * segments from SOI. */
+static size_t sof_at(const unsigned char *j, size_t n)
+{
+    size_t at = 2;
+    while (at + 4 < n && j[at] == 0xff && !(j[at + 1] >= 0xc0 && j[at + 1] <= 0xc2))
+        at += 2 + ((size_t)j[at + 2] << 8 | j[at + 3]);
+    assert_true(at + 10 < n && j[at] == 0xff);
+    return at;
+}
+
+/* A w x h RGB PNG (malloc'd) whose pixels depend on seed. */
+static unsigned char *make_png(int w, int h, int seed, size_t *len)
+{
+    unsigned char *rgb = malloc((size_t)w * h * 3);
+    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * seed + seed * 17);
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)w;
+    im.height = (png_uint_32)h;
+    im.format = PNG_FORMAT_RGB;
+    png_alloc_size_t n = 0;
+    assert_true(png_image_write_to_memory(&im, NULL, &n, 0, rgb, 0, NULL));
+    unsigned char *buf = malloc(n);
+    assert_true(png_image_write_to_memory(&im, buf, &n, 0, rgb, 0, NULL));
+    free(rgb);
+    *len = n;
+    return buf;
+}
+
+/* Damaged images the loader cannot decode, though their headers parse:
+ * each is an error naming the file, or skipped (and counted) with
+ * skip_bad; a bad file never costs the good ones after it. */
+enum { BAD_SOF7, BAD_TRUNCATED, BAD_NO_EOI, BAD_PNG_CRC, BAD_HUGE_JPEG, BAD_HUGE_PNG, NBAD };
+static const char *const bad_name[NBAD] = {"sof7.jpg", "truncated.jpg", "noeoi.jpg",
+                                           "crc.png", "huge.jpg", "huge.png"};
+static const char *const bad_why[NBAD] = {"JPEG: Bogus marker length", "Premature end of JPEG file",
+                                          "Premature end of JPEG file", "CRC error",
+                                          "too large", "too large"};
+
+static void write_bad(const char *file, int kind)
+{
+    unsigned long jl;
+    unsigned char *j = make_jpeg(64, 48, 3, &jl);
+    size_t at = sof_at(j, jl), pl;
+    unsigned char *png = make_png(40, 30, 5, &pl);
+    switch (kind) {
+    case BAD_SOF7: /* the SOF's component count: 7 (the review's file) */
+        j[at + 9] = 7;
+        write_bytes(file, j, jl);
+        break;
+    case BAD_TRUNCATED: /* cut inside the entropy-coded data */
+        write_bytes(file, j, jl * 6 / 10);
+        break;
+    case BAD_NO_EOI: /* every scan byte, but no FF D9 */
+        assert_true(j[jl - 2] == 0xff && j[jl - 1] == 0xd9);
+        write_bytes(file, j, jl - 2);
+        break;
+    case BAD_PNG_CRC: { /* the IDAT chunk's CRC, one byte off */
+        size_t c = 8;
+        while (memcmp(png + c + 4, "IDAT", 4)) c += 12 + __builtin_bswap32(kpl__rd32(png + c));
+        png[c + 8 + __builtin_bswap32(kpl__rd32(png + c)) + 1] ^= 0x55;
+        write_bytes(file, png, pl);
+        break;
+    }
+    case BAD_HUGE_JPEG: /* the frame header claims 20000 x 20000 */
+        j[at + 5] = j[at + 7] = 20000 >> 8;
+        j[at + 6] = j[at + 8] = 20000 & 0xff;
+        write_bytes(file, j, jl);
+        break;
+    case BAD_HUGE_PNG: { /* IHDR claims 20000 x 20000, with its CRC fixed */
+        uint32_t big = __builtin_bswap32(20000), crc;
+        memcpy(png + 16, &big, 4);
+        memcpy(png + 20, &big, 4);
+        crc = __builtin_bswap32((uint32_t)crc32(0, png + 12, 17));
+        memcpy(png + 29, &crc, 4);
+        write_bytes(file, png, pl);
+        break;
+    }
+    }
+    free(png);
+    tjFree(j);
+}
+
+static void test_imagefolder_bad_images(void **state)
+{
+    (void)state;
+    char root[300], p[400];
+    /* good, bad, good, good in one folder, on one thread and on two. */
+    snprintf(root, sizeof root, "%s", path("seq"));
+    mkdir(root, 0777);
+    snprintf(p, sizeof p, "%s/c", root);
+    mkdir(p, 0777);
+    for (int i = 0; i < 4; i++) {
+        snprintf(p, sizeof p, "%s/c/%c.jpg", root, 'a' + i);
+        if (i == 1) {
+            write_bad(p, BAD_SOF7);
+            continue;
+        }
+        unsigned long jl;
+        unsigned char *j = make_jpeg(40 + i, 30, i + 1, &jl);
+        write_bytes(p, j, jl);
+        tjFree(j);
+    }
+    for (int threads = 1; threads <= 2; threads++) {
+        kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+        o.keep_order = o.skip_bad = true;
+        o.threads = threads;
+        int64_t n = 0, skipped = 0;
+        const char *out = path(threads == 1 ? "seq_out1" : "seq_out2");
+        OK(kpl_convert_imagefolder(root, out, &o, &n, &skipped));
+        assert_int_equal(n, 3);
+        assert_int_equal(skipped, 1);
+        char *paths = paths_of(out);
+        assert_string_equal(paths, "c/a.jpg\nc/c.jpg\nc/d.jpg\n");
+        free(paths);
+    }
+
+    /* Each kind of damage on its own: an error naming the file and what is
+     * wrong, nothing written; with skip_bad, the good image alone. */
+    for (int kind = 0; kind < NBAD; kind++) {
+        char dir[64];
+        snprintf(dir, sizeof dir, "bad%d", kind);
+        snprintf(root, sizeof root, "%s", path(dir));
+        mkdir(root, 0777);
+        snprintf(p, sizeof p, "%s/k", root);
+        mkdir(p, 0777);
+        snprintf(p, sizeof p, "%s/k/%s", root, bad_name[kind]);
+        write_bad(p, kind);
+        unsigned long jl;
+        unsigned char *j = make_jpeg(40, 30, 9, &jl);
+        snprintf(p, sizeof p, "%s/k/zgood.jpg", root);
+        write_bytes(p, j, jl);
+        tjFree(j);
+        char out[320], want[128];
+        snprintf(out, sizeof out, "%s_out", root);
+        snprintf(want, sizeof want, "k/%s: undecodable", bad_name[kind]);
+        FAILS(kpl_convert_imagefolder(root, out, NULL, NULL, NULL), KPL_EFORMAT, want);
+        if (!strstr(kpl_last_error(), bad_why[kind]))
+            fail_msg("%s: '%s' lacks '%s'", bad_name[kind], kpl_last_error(), bad_why[kind]);
+        assert_int_equal(access(out, F_OK), -1);
+        kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+        o.skip_bad = true;
+        int64_t n = 0, skipped = 0;
+        OK(kpl_convert_imagefolder(root, out, &o, &n, &skipped));
+        assert_int_equal(n, 1);
+        assert_int_equal(skipped, 1);
+    }
+
+    /* Stray bytes before the EOI marker (some cameras write them; the
+     * pixels are whole, and the loader never reads that far) are fine. */
+    snprintf(root, sizeof root, "%s", path("junk"));
+    mkdir(root, 0777);
+    snprintf(p, sizeof p, "%s/k", root);
+    mkdir(p, 0777);
+    unsigned long jl;
+    unsigned char *j = make_jpeg(64, 48, 4, &jl);
+    unsigned char *jj = malloc(jl + 100);
+    memcpy(jj, j, jl - 2);
+    memset(jj + jl - 2, 0x5a, 100);
+    memcpy(jj + jl + 98, "\xff\xd9", 2);
+    snprintf(p, sizeof p, "%s/k/junk.jpg", root);
+    write_bytes(p, jj, jl + 100);
+    int64_t n = 0, skipped = -1;
+    OK(kpl_convert_imagefolder(root, path("junk_out"), NULL, &n, &skipped));
+    assert_int_equal(n, 1);
+    assert_int_equal(skipped, 0);
+    free(jj);
+    tjFree(j);
+}
+
+/* --max-side re-encodes an EXIF-rotated JPEG upright: the new file has the
+ * turned size and no Exif segment (its pixels need no tag); below the
+ * limit the original bytes, tag included, are kept. */
+static void test_imagefolder_exif_max_side(void **state)
+{
+    (void)state;
+    unsigned long jl;
+    unsigned char *j = make_jpeg(40, 20, 7, &jl);
+    /* APP1: "Exif\0\0", little-endian TIFF, IFD0 = {Orientation = 6}. */
+    static const uint8_t app1[] = {0xff, 0xe1, 0, 34, 'E', 'x', 'i', 'f', 0, 0,
+                                   'I', 'I', 42, 0, 8, 0, 0, 0, 1, 0,
+                                   0x12, 0x01, 3, 0, 1, 0, 0, 0, 6, 0, 0, 0,
+                                   0, 0, 0, 0};
+    size_t n = jl + sizeof app1;
+    unsigned char *e = malloc(n);
+    memcpy(e, j, 2);
+    memcpy(e + 2, app1, sizeof app1);
+    memcpy(e + 2 + sizeof app1, j + 2, jl - 2);
+    char root[300], p[400];
+    snprintf(root, sizeof root, "%s", path("exif"));
+    mkdir(root, 0777);
+    snprintf(p, sizeof p, "%s/k", root);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/k/rot6.jpg", root);
+    write_bytes(p, e, n);
+    for (int pass = 0; pass < 2; pass++) {
+        kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+        o.max_side = pass ? 40 : 30; /* 20 x 40 upright: shrunk to 15 x 30, or kept */
+        const char *out = path(pass ? "exif_keep" : "exif_30");
+        OK(kpl_convert_imagefolder(root, out, &o, NULL, NULL));
+        kpl_dataset *ds = NULL;
+        OK(kpl_dataset_open(out, &ds));
+        kpl_chunk *c = NN(kpl_chunk_create());
+        kpl_feature_value v[3];
+        OK(kpl_dataset_read_example(ds, 0, c, v));
+        if (pass) {
+            assert_int_equal(v[0].count, n);
+            assert_memory_equal(v[0].data, e, n);
+        } else {
+            tjhandle tj = tjInitDecompress();
+            int w, h, sub, cs;
+            assert_int_equal(tjDecompressHeader3(tj, v[0].data, v[0].count, &w, &h, &sub, &cs), 0);
+            tjDestroy(tj);
+            assert_int_equal(w, 15);
+            assert_int_equal(h, 30);
+            const uint8_t *b = v[0].data;
+            for (uint32_t i = 0; i + 6 < v[0].count; i++)
+                assert_false(b[i] == 0xff && b[i + 1] == 0xe1); /* no APP1 */
+        }
+        kpl_chunk_destroy(c);
+        kpl_dataset_close(ds);
+    }
+    free(e);
+    tjFree(j);
 }
 
 /* Debian's Fashion-MNIST test split: 10,000 images, 1,000 of each class,
@@ -935,6 +1164,8 @@ int main(void)
         cmocka_unit_test(test_idx_import),
         cmocka_unit_test(test_lmdb_import),
         cmocka_unit_test(test_imagefolder_import),
+        cmocka_unit_test(test_imagefolder_bad_images),
+        cmocka_unit_test(test_imagefolder_exif_max_side),
         cmocka_unit_test(test_fashion_mnist_import),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
