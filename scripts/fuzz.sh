@@ -104,6 +104,11 @@ for t in "${targets[@]}"; do
   execs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$work/$t.log" | tail -n1 | grep -o '[0-9]*$' || true)
   rate=$(grep -o 'stat::average_exec_per_sec: *[0-9]*' "$work/$t.log" | tail -n1 | grep -o '[0-9]*$' || true)
   cov=$(grep -o 'cov: [0-9]* ft: [0-9]*' "$work/$t.log" | tail -n1 || true)
+  if [[ -z $execs ]]; then # fork mode: "#N: cov: C ft: F corp: K exec/s R ..."
+    last=$(grep -E '^#[0-9]+: cov' "$work/$t.log" | tail -n1 || true)
+    execs=$(sed -E 's/^#([0-9]+):.*/\1/' <<<"$last")
+    rate=$(grep -oE 'exec/s [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
+  fi
   found=$(find "$artifacts" -type f | sort)
   line="$t: ${execs:-?} runs, ${rate:-?} exec/s, ${cov:-cov ?}, corpus $(find "$corpus" -type f | wc -l) files"
   if [[ -n $found || $rc -ne 0 ]]; then
