@@ -299,8 +299,12 @@ typedef struct {
     float brightness, contrast, saturation; /* jitter: factor uniform in [max(0,1-x), 1+x] */
     kpl_dtype out_dtype;            /* KPL_F32: (x/255 - mean) / std; KPL_U8: 0..255 */
     float mean[3], std[3];
-    bool skip_corrupt; /* a bad image: warn naming the record and drop it from its batch
-                        * (counted), instead of failing the iterator */
+    bool skip_corrupt; /* a sample that cannot be decoded (KPL_EFORMAT: libjpeg errors
+                        * and data warnings, PNG CRC errors, oversized images, bad
+                        * masks/boxes) is dropped from its batch and counted, and named
+                        * once in a warning on stderr when its batch is handed out
+                        * (example, shard, chunk, record, path or key), instead of
+                        * failing the iterator */
 } kpl_transform_config;
 #define KPL_TRANSFORM_CONFIG_INIT                                                           \
     {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
@@ -440,7 +444,8 @@ int64_t kpl_loader_batches_per_epoch(const kpl_loader *l);
 /* Where the next call to kpl_loader_next continues: give these to a new
  * loader as start_epoch/start_position to resume. */
 void kpl_loader_position(const kpl_loader *l, int64_t *epoch, int64_t *position);
-/* Corrupt samples skipped so far. */
+/* Corrupt samples dropped from the batches handed out so far (skip_corrupt),
+ * every epoch's: an example that fails each epoch counts each time. */
 int64_t kpl_loader_skipped(const kpl_loader *l);
 /* Process ids: [0] the reader, then the workers; returns how many (<= max). */
 int kpl_loader_pids(const kpl_loader *l, int *pids, int max);

@@ -26,6 +26,7 @@
  * entry point resets the decompressor (jpeg_abort_decompress) before it
  * starts, and a PNG gets fresh libpng structs each time.
  */
+#define _GNU_SOURCE /* strcasestr */
 #include "transform_impl.h"
 
 #include <limits.h>
@@ -140,6 +141,13 @@ void kpl__decoder_destroy(kpl__decoder *d)
 
 /* ---- JPEG ------------------------------------------------------------------------ */
 
+/* The status of a libjpeg failure: running out of memory is not the
+ * file's fault (a loader must not skip the sample as corrupt for it). */
+static kpl_status jpeg_status(const kpl__decoder *d)
+{
+    return d->jerr.pub.msg_code == JERR_OUT_OF_MEMORY ? KPL_ENOMEM : KPL_EFORMAT;
+}
+
 static unsigned rd16e(const uint8_t *p, bool le)
 {
     return le ? (unsigned)p[0] | (unsigned)p[1] << 8 : (unsigned)p[0] << 8 | p[1];
@@ -206,7 +214,7 @@ static kpl_status jpeg_open(kpl__decoder *d)
     struct jpeg_decompress_struct *ci = &d->jd;
     if (setjmp(d->jerr.jb)) {
         jpeg_abort_decompress(ci);
-        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+        return KPL_ERROR(jpeg_status(d), "%s: JPEG: %s", d->where, d->jerr.msg);
     }
     /* Whatever an earlier image left (a failed header, a decode stopped
      * half-way) goes: the decompressor starts from DSTATE_START. */
@@ -261,7 +269,7 @@ static kpl_status jpeg_region(kpl__decoder *d, int denom, int x, int y, int w, i
     bool cmyk = ci->jpeg_color_space == JCS_CMYK || ci->jpeg_color_space == JCS_YCCK;
     if (setjmp(d->jerr.jb)) {
         jpeg_abort_decompress(ci);
-        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+        return KPL_ERROR(jpeg_status(d), "%s: JPEG: %s", d->where, d->jerr.msg);
     }
     ci->scale_num = 1;
     ci->scale_denom = (unsigned)denom;
@@ -379,7 +387,7 @@ static kpl_status jpeg_check(kpl__decoder *d)
     if (setjmp(d->jerr.jb)) {
         jpeg_abort_decompress(ci);
         d->jerr.trailing = false;
-        return KPL_ERROR(KPL_EFORMAT, "%s: JPEG: %s", d->where, d->jerr.msg);
+        return KPL_ERROR(jpeg_status(d), "%s: JPEG: %s", d->where, d->jerr.msg);
     }
     ci->scale_num = 1;
     ci->scale_denom = 8;
@@ -456,7 +464,10 @@ static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n
     /* Set before the setjmp: read after a longjmp, so volatile. */
     volatile bool bad_kind = false;
     if (setjmp(png_jmpbuf(png))) {
-        st = bad_kind ? KPL_EFORMAT : KPL_ERROR(KPL_EFORMAT, "%s: PNG: %s", d->where, d->pmsg);
+        /* libpng says "Out of memory" (or "out of memory") when an
+         * allocation fails: not the file's fault. */
+        kpl_status code = strcasestr(d->pmsg, "of memory") ? KPL_ENOMEM : KPL_EFORMAT;
+        st = bad_kind ? KPL_EFORMAT : KPL_ERROR(code, "%s: PNG: %s", d->where, d->pmsg);
         goto done;
     }
     png_set_read_fn(png, &src, png_read_mem);

@@ -46,6 +46,7 @@
 
 #define WAIT_MS 100
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
+#define WHY_BYTES 512 /* a skipped sample's reason, kept in its slot for the consumer */
 
 enum { ITEM_FREE, ITEM_READY, ITEM_TAKEN, ITEM_DONE };
 
@@ -103,7 +104,9 @@ struct kpl_loader {
     /* one slot's areas (byte offsets) */
     size_t img_bytes, mask_bytes;
     size_t o_image, o_label, o_boxes, o_box_labels, o_num_boxes, o_mask, o_example, o_valid;
+    size_t o_why; /* (B, WHY_BYTES): why a sample was skipped */
     size_t slot_bytes;
+    int source; /* the `path` or `key` string feature that names an example's source, -1 */
     /* the mapping */
     void *map;
     size_t map_bytes;
@@ -124,6 +127,7 @@ struct kpl_loader {
     char dead_msg[2048];
     int outstanding; /* batches handed out and not released */
     int64_t skipped; /* corrupt samples dropped from the batches handed out */
+    uint8_t *warned; /* bitmap: examples already named in a skip warning */
     bool destroyed;
     struct slot_ref *refs;
 };
@@ -386,8 +390,45 @@ static uint8_t *slot_base(const kpl_loader *l, int idx)
     return l->slot_data + (size_t)idx * l->slot_bytes;
 }
 
+/* Why example `it` failed, in msg[n]: "example 74 (shard 0, chunk 3,
+ * record 12, path 'n01/x.jpg'): " and then the error, which starts with
+ * `where` ("example 74"), said once.  values: the parsed record, or NULL. */
+static void describe_failure(const kpl_loader *l, const shm_item *it,
+                             const kpl_feature_value *values, const char *where, char *msg,
+                             size_t n)
+{
+    char err[1024];
+    snprintf(err, sizeof err, "%s", kpl_last_error());
+    const char *rest = err;
+    size_t wl = strlen(where);
+    if (!strncmp(err, where, wl) && (err[wl] == ',' || err[wl] == ':') && err[wl + 1] == ' ')
+        rest = err + wl + 2;
+    int64_t ch = -1;
+    int rec = -1;
+    kpl_dataset_locate(l->ds, it->example, &ch, &rec);
+    kpl_chunk_info ci = kpl_dataset_chunk_info(l->ds, ch < 0 ? 0 : ch);
+    char src[300] = "";
+    if (values && l->source >= 0) {
+        /* A path is text; an LMDB key may be any bytes: control bytes shown
+         * as '?', and a long one cut. */
+        const kpl_feature_value *v = &values[l->source];
+        const char *name = kpl_dataset_feature(l->ds, l->source)->name;
+        size_t k = (size_t)snprintf(src, sizeof src, ", %s '", name);
+        const uint8_t *p = v->data;
+        for (uint32_t i = 0; i < v->count && k + 6 < sizeof src; i++)
+            src[k++] = p[i] < 0x20 || p[i] == 0x7f ? '?' : (char)p[i];
+        if (v->count && k + 6 >= sizeof src) src[k++] = '.', src[k++] = '.', src[k++] = '.';
+        src[k++] = '\'';
+        src[k] = 0;
+    }
+    snprintf(msg, n, "example %lld (shard %d, chunk %lld, record %d%s): %s",
+             (long long)it->example, ci.shard, (long long)ci.chunk_in_shard, rec, src, rest);
+}
+
 /* Transforms one item into its batch slot.  *skip: a corrupt sample that
- * skip_corrupt drops. */
+ * skip_corrupt drops; its reason goes to the slot, and the consumer names
+ * it when it hands the batch out (a worker may run into the next epoch's
+ * samples before the consumer wants them, or ever does). */
 static kpl_status work_one(kpl_loader *l, const shm_item *it, kpl__xform_scratch *s,
                            kpl_feature_value *values, bool *skip)
 {
@@ -396,12 +437,13 @@ static kpl_status work_one(kpl_loader *l, const shm_item *it, kpl__xform_scratch
     ((int64_t *)(b + l->o_example))[j] = it->example;
     b[l->o_valid + j] = 0;
     *skip = false;
-    char where[96];
+    char where[48];
     snprintf(where, sizeof where, "example %lld", (long long)it->example);
     const uint8_t *body = l->ring + it->ring_off % l->ring_bytes;
     kpl_status st = kpl__record_parse(kpl_dataset_num_features(l->ds),
                                       kpl_dataset_feature(l->ds, 0),
                                       body, it->len, values, where);
+    bool parsed = st >= 0;
     if (st >= 0) {
         kpl__sample_out out = {
             .image = b + l->o_image + (size_t)j * l->img_bytes,
@@ -413,19 +455,21 @@ static kpl_status work_one(kpl_loader *l, const shm_item *it, kpl__xform_scratch
         };
         st = kpl__xform_sample(&l->x, values, l->cfg.seed, it->epoch, it->example, s, &out);
     }
+    if (st >= 0) {
+        b[l->o_valid + j] = 1;
+        return KPL_OK;
+    }
+    char msg[1536];
+    describe_failure(l, it, parsed ? values : NULL, where, msg, sizeof msg);
     if (st == KPL_EFORMAT && l->cfg.transform.skip_corrupt) {
-        int64_t ch = -1;
-        int rec = -1;
-        kpl_dataset_locate(l->ds, it->example, &ch, &rec);
-        kpl_chunk_info ci = kpl_dataset_chunk_info(l->ds, ch < 0 ? 0 : ch);
-        fprintf(stderr, "kpl loader: skipping example %lld of %s (shard %d, chunk %lld, record "
-                "%d): %s\n", (long long)it->example, kpl_dataset_path(l->ds), ci.shard,
-                (long long)ci.chunk_in_shard, rec, kpl_last_error());
+        char *why = (char *)b + l->o_why + (size_t)j * WHY_BYTES;
+        size_t k = strlen(msg) < WHY_BYTES ? strlen(msg) : WHY_BYTES - 1;
+        memcpy(why, msg, k);
+        why[k] = 0;
         *skip = true;
         return KPL_OK;
     }
-    if (st >= 0) b[l->o_valid + j] = 1;
-    return st;
+    return KPL_ERROR(st, "%s", msg);
 }
 
 static kpl_status worker_run(kpl_loader *l)
@@ -620,6 +664,7 @@ static void loader_free(kpl_loader *l)
     if (l->pinned && l->slot_data) kpl_device_unpin_host(l->pinned, l->slot_data);
     if (l->map) munmap(l->map, l->map_bytes);
     kpl_dataset_close(l->ds);
+    free(l->warned);
     free(l->pids);
     free(l->alive);
     free(l->refs);
@@ -643,6 +688,25 @@ static void slot_release(void *ctx)
         l->slots[r->idx].held = 0;
     }
     if (--l->outstanding == 0 && l->destroyed) loader_free(l);
+}
+
+/* Names the samples of a slot that were skipped: each example once in the
+ * loader's life (a bad file fails again every epoch; it is counted each
+ * time, named the first). */
+static void warn_skipped(kpl_loader *l, const uint8_t *b, int64_t n)
+{
+    int64_t ne = kpl_dataset_num_examples(l->ds);
+    if (!l->warned) l->warned = calloc((size_t)(ne + 7) / 8, 1);
+    for (int64_t i = 0; i < n; i++) {
+        if (b[l->o_valid + i]) continue;
+        int64_t e = ((const int64_t *)(b + l->o_example))[i];
+        if (l->warned && e >= 0 && e < ne) {
+            if (l->warned[e / 8] & (1u << (e % 8))) continue;
+            l->warned[e / 8] |= (uint8_t)(1u << (e % 8));
+        }
+        fprintf(stderr, "kpl loader (%s): skipping %.*s\n", kpl_dataset_path(l->ds), WHY_BYTES,
+                (const char *)b + l->o_why + (size_t)i * WHY_BYTES);
+    }
 }
 
 /* Moves the valid samples of a slot to its front; returns how many. */
@@ -758,6 +822,7 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
     bool last = s->last;
     shm_unlock(c);
 
+    if (skipped) warn_skipped(l, slot_base(l, idx), size);
     int64_t n = skipped ? compact(l, slot_base(l, idx), size) : size;
     kpl_status st = build_batch(l, idx, n, b);
     if (st < 0) {
@@ -856,7 +921,9 @@ static void layout(kpl_loader *l, size_t *o_items, size_t *o_slots, size_t *o_ri
     l->o_example = o;
     o = ALIGN_UP(o + B * 8, a);
     l->o_valid = o;
-    o = ALIGN_UP(o + B, 4096);
+    o = ALIGN_UP(o + B, a);
+    l->o_why = o;
+    o = ALIGN_UP(o + (l->cfg.transform.skip_corrupt ? B * WHY_BYTES : 0), 4096);
     l->slot_bytes = o;
 
     o = ALIGN_UP(sizeof(shm_ctl), a);
@@ -881,6 +948,13 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
     l->cfg = *cfg;
     KPL_TRY_GOTO(kpl_dataset_open(cfg->path, &l->ds));
     KPL_TRY_GOTO(kpl__xform_init(&l->x, &cfg->transform, l->ds));
+    /* What names an example's source in messages: imagefolder conversions
+     * store `path`, LMDB conversions `key`. */
+    l->source = -1;
+    for (int k = 0; k < 2 && l->source < 0; k++) {
+        int f = kpl_dataset_find_feature(l->ds, k ? "key" : "path");
+        if (f >= 0 && kpl_dataset_feature(l->ds, f)->type == KPL_FEATURE_STRING) l->source = f;
+    }
     l->op = (kpl__order_params){cfg->shuffle, cfg->seed, cfg->rank, cfg->world_size,
                                 cfg->shuffle_window, cfg->initial_fill, cfg->pad, cfg->rotate,
                                 cfg->limit, cfg->interleave};

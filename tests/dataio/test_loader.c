@@ -11,6 +11,8 @@
 #include "loader_impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
+#include <png.h>
 #include <signal.h>
 #include <stdlib.h>
 #include <sys/wait.h>
@@ -539,42 +541,120 @@ static void test_loader_check(void **state)
     }
 }
 
-/* A set of 16x16 JPEGs with example `bad` replaced by garbage. */
-static const char *make_jpeg_set(const char *name, int64_t n, int64_t bad)
+/* A set of 32x32 JPEGs, label = example, with a string feature `source`
+ * ("path" or "key") = "img_NN.jpg" (NULL: none).  With `damaged`, six
+ * examples cannot be decoded, each in its own way (damage_of). */
+enum { D_NONE, D_TRUNCATED, D_GARBAGE, D_PNG_CRC, D_HUGE, D_MARKER, D_NO_EOI };
+static int damage_of(int64_t e)
+{
+    switch (e) {
+    case 3: return D_TRUNCATED; /* cut inside the scan: "Premature end of JPEG file" */
+    case 5: return D_GARBAGE;   /* everything after SOI overwritten */
+    case 9: return D_PNG_CRC;   /* a PNG whose IDAT CRC is one byte off */
+    case 12: return D_HUGE;     /* the frame header claims 20000 x 20000 */
+    case 17: return D_MARKER;   /* an RST marker in the middle of the scan (a libjpeg warning) */
+    case 20: return D_NO_EOI;   /* every byte but the final FF D9 */
+    default: return D_NONE;
+    }
+}
+
+static const char *make_jpeg_set(const char *name, int64_t n, const char *source, bool damaged)
 {
     static char p[256];
     snprintf(p, sizeof p, "%s/%s", tmp_root, name);
-    kpl_feature_spec schema[2] = {
+    kpl_feature_spec schema[3] = {
         {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "jpeg"},
         {.name = "label", .type = KPL_FEATURE_INT64},
+        {.type = KPL_FEATURE_STRING},
     };
+    if (source) snprintf(schema[2].name, sizeof schema[2].name, "%s", source);
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     kpl_record_writer *w = NULL;
-    OK(kpl_record_writer_create(p, 2, schema, &cfg, &w));
+    OK(kpl_record_writer_create(p, source ? 3 : 2, schema, &cfg, &w));
     tjhandle tj = tjInitCompress();
     for (int64_t e = 0; e < n; e++) {
-        uint8_t rgb[16 * 16 * 3];
-        for (int i = 0; i < 16 * 16 * 3; i++) rgb[i] = (uint8_t)(e * 11 + i);
+        uint8_t rgb[32 * 32 * 3];
+        for (int i = 0; i < 32 * 32 * 3; i++) rgb[i] = (uint8_t)(e * 11 + i * 7 + (i / 96) * 3);
         unsigned char *jpg = NULL;
         unsigned long len = 0;
-        assert_int_equal(tjCompress2(tj, rgb, 16, 0, 16, TJPF_RGB, &jpg, &len, TJSAMP_444, 90, 0),
+        assert_int_equal(tjCompress2(tj, rgb, 32, 0, 32, TJPF_RGB, &jpg, &len, TJSAMP_420, 90, 0),
                          0);
-        if (e == bad) memset(jpg + 2, 0x5a, len - 2);
-        kpl_feature_value v[2] = {{jpg, (uint32_t)len}, {&e, 1}};
+        uint8_t *bytes = jpg, *png = NULL;
+        size_t sof = 2, sos = 2;
+        while (jpg[sof + 1] != 0xc0) sof += 2 + ((size_t)jpg[sof + 2] << 8 | jpg[sof + 3]);
+        while (jpg[sos + 1] != 0xda) sos += 2 + ((size_t)jpg[sos + 2] << 8 | jpg[sos + 3]);
+        size_t scan = sos + 2 + ((size_t)jpg[sos + 2] << 8 | jpg[sos + 3]);
+        switch (damaged ? damage_of(e) : D_NONE) {
+        case D_TRUNCATED: len = scan + (len - scan) / 2; break;
+        case D_GARBAGE: memset(jpg + 2, 0x5a, len - 2); break;
+        case D_PNG_CRC: {
+            png_image im;
+            memset(&im, 0, sizeof im);
+            im.version = PNG_IMAGE_VERSION;
+            im.width = im.height = 32;
+            im.format = PNG_FORMAT_RGB;
+            png_alloc_size_t pl = 0;
+            assert_true(png_image_write_to_memory(&im, NULL, &pl, 0, rgb, 0, NULL));
+            png = malloc(pl);
+            assert_true(png_image_write_to_memory(&im, png, &pl, 0, rgb, 0, NULL));
+            size_t c = 8;
+            while (memcmp(png + c + 4, "IDAT", 4)) c += 12 + __builtin_bswap32(kpl__rd32(png + c));
+            png[c + 8 + __builtin_bswap32(kpl__rd32(png + c)) + 1] ^= 0x55;
+            bytes = png;
+            len = pl;
+            break;
+        }
+        case D_HUGE:
+            jpg[sof + 5] = jpg[sof + 7] = 20000 >> 8;
+            jpg[sof + 6] = jpg[sof + 8] = 20000 & 0xff;
+            break;
+        case D_MARKER: jpg[scan + (len - scan) / 2] = 0xff, jpg[scan + (len - scan) / 2 + 1] = 0xd3; break;
+        case D_NO_EOI: len -= 2; break;
+        }
+        char src[32];
+        snprintf(src, sizeof src, "img_%02lld.jpg", (long long)e);
+        kpl_feature_value v[3] = {{bytes, (uint32_t)len}, {&e, 1}, {src, (uint32_t)strlen(src)}};
         OK(kpl_record_writer_add(w, v));
         tjFree(jpg);
+        free(png);
     }
     tjDestroy(tj);
     OK(kpl_record_writer_close(w));
     return p;
 }
 
-static void test_loader_corrupt_image(void **state)
+/* Runs fn with stderr going to a file; returns the file's text (malloc'd). */
+static char *capture_stderr(void (*fn)(void *), void *ctx)
 {
-    (void)state;
-    const char *path = make_jpeg_set("jpeg", 24, 5);
+    char f[300];
+    snprintf(f, sizeof f, "%s/stderr.txt", tmp_root);
+    fflush(stderr);
+    int saved = dup(2), fd = open(f, O_CREAT | O_TRUNC | O_WRONLY, 0600);
+    assert_true(saved >= 0 && fd >= 0);
+    dup2(fd, 2);
+    close(fd);
+    fn(ctx);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    char *text = NULL;
+    OK(kpl__read_file(f, &text, NULL));
+    return text;
+}
+
+static int count_of(const char *text, const char *needle)
+{
+    int n = 0;
+    for (const char *p = text; (p = strstr(p, needle)); p += strlen(needle)) n++;
+    return n;
+}
+
+/* Two epochs of the damaged set with skip_corrupt: every damaged example
+ * dropped from its batch and counted each epoch. */
+static void two_epochs_skipping(void *ctx)
+{
     kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
-    c.path = path;
+    c.path = ctx;
     c.batch_size = 8;
     c.workers = 2;
     c.shuffle = KPL_SHUFFLE_NONE;
@@ -582,32 +662,86 @@ static void test_loader_corrupt_image(void **state)
     c.transform.skip_corrupt = true;
     kpl_loader *l = NULL;
     OK(kpl_loader_create(&c, &l));
-    kpl_batch b;
-    OK(kpl_loader_next(l, &b));
-    assert_int_equal(b.size, 7);
-    assert_int_equal(b.skipped, 1);
-    const int64_t *lab = kpl_tensor_host_data(b.label);
-    for (int i = 0; i < 7; i++) assert_int_equal(lab[i], i < 5 ? i : i + 1);
-    assert_int_equal(kpl_tensor_dim(b.image, 1), 3);
-    assert_int_equal(kpl_tensor_dim(b.image, 3), 16);
-    kpl_batch_release(&b);
-    OK(kpl_loader_next(l, &b));
-    assert_int_equal(b.size, 8);
-    assert_int_equal(b.position, 8);
-    kpl_batch_release(&b);
-    assert_int_equal(kpl_loader_skipped(l), 1);
+    static const int64_t kept[3][6] = {{0, 1, 2, 4, 6, 7}, {8, 10, 11, 13, 14, 15},
+                                       {16, 18, 19, 21, 22, 23}};
+    for (int epoch = 0; epoch < 2; epoch++) {
+        for (int k = 0; k < 3; k++) {
+            kpl_batch b;
+            OK(kpl_loader_next(l, &b));
+            assert_int_equal(b.epoch, epoch);
+            assert_int_equal(b.position, 8 * k);
+            assert_int_equal(b.size, 6);
+            assert_int_equal(b.skipped, 2);
+            assert_memory_equal(kpl_tensor_host_data(b.label), kept[k], sizeof kept[k]);
+            assert_memory_equal(kpl_tensor_host_data(b.example), kept[k], sizeof kept[k]);
+            assert_int_equal(kpl_tensor_dim(b.image, 1), 3);
+            assert_int_equal(kpl_tensor_dim(b.image, 3), 16);
+            kpl_batch_release(&b);
+        }
+        kpl_batch end;
+        OK(kpl_loader_next(l, &end));
+        assert_int_equal(end.size, 0);
+    }
+    assert_int_equal(kpl_loader_skipped(l), 12);
+    /* The workers run on into epoch 2 meanwhile: nothing of it is said. */
+    usleep(300 * 1000);
     kpl_loader_destroy(l);
+}
 
-    c.transform.skip_corrupt = false;
+/* Every way an image can fail to decode is skipped, counted each epoch
+ * and named once (the example, its shard, chunk and record, its path),
+ * when the consumer receives the batch: a worker that runs ahead into the
+ * next epoch says nothing.  Without skip_corrupt the first one stops the
+ * iterator with the same description. */
+static void test_loader_corrupt_image(void **state)
+{
+    (void)state;
+    const char *path = make_jpeg_set("jpeg", 24, "path", true);
+    char *err = capture_stderr(two_epochs_skipping, (void *)path);
+    static const struct {
+        int64_t e;
+        const char *why;
+    } want[6] = {{3, "JPEG: Premature end of JPEG file"}, {5, "JPEG:"}, {9, "PNG: IDAT: CRC error"},
+                 {12, "JPEG of 20000x20000 pixels is too large"}, {17, "JPEG: Corrupt JPEG data"},
+                 {20, "JPEG: Premature end of JPEG file"}};
+    assert_int_equal(count_of(err, "skipping"), 6);
+    for (int k = 0; k < 6; k++) {
+        char line[200];
+        snprintf(line, sizeof line, "kpl loader (%s): skipping example %lld (shard 0, chunk 0, "
+                 "record %lld, path 'img_%02lld.jpg'): feature 'image': %s", path,
+                 (long long)want[k].e, (long long)want[k].e, (long long)want[k].e, want[k].why);
+        if (count_of(err, line) != 1) fail_msg("stderr lacks '%s' once:\n%s", line, err);
+    }
+    free(err);
+
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = path;
+    c.batch_size = 8;
+    c.workers = 1;
+    c.shuffle = KPL_SHUFFLE_NONE;
+    c.transform.out_h = c.transform.out_w = 16;
+    kpl_loader *l = NULL;
+    kpl_batch b;
     OK(kpl_loader_create(&c, &l));
-    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 5");
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD,
+          "transformer 0 (pid ");
+    if (!strstr(kpl_last_error(), "): example 3 (shard 0, chunk 0, record 3, path 'img_03.jpg'): "
+                                  "feature 'image': JPEG: Premature end of JPEG file"))
+        fail_msg("message: %s", kpl_last_error());
+    kpl_loader_destroy(l);
+    /* An LMDB-style `key` names the example the same way. */
+    path = make_jpeg_set("jpeg_key", 24, "key", true);
+    c.path = path;
+    OK(kpl_loader_create(&c, &l));
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 3 (shard 0, chunk 0, record 3, key 'img_03.jpg')");
     kpl_loader_destroy(l);
     /* A worker's own error reaches kpl_loader_check too, with no next. */
     OK(kpl_loader_create(&c, &l));
     double took;
     assert_int_equal(check_until_failed(l, &took), KPL_ECHILD);
-    if (!strstr(kpl_last_error(), "example 5")) fail_msg("'%s' lacks 'example 5'", kpl_last_error());
-    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 5");
+    if (!strstr(kpl_last_error(), "example 3 (shard 0"))
+        fail_msg("'%s' lacks 'example 3 (shard 0'", kpl_last_error());
+    FAILS(kpl_loader_next(l, &b), KPL_ECHILD, "example 3 (shard 0");
     kpl_loader_destroy(l);
     assert_no_children();
 }
