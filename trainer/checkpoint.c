@@ -442,8 +442,22 @@ static kpl_status bind_table(kpl_checkpoint *c, uint8_t *raw, uint64_t raw_bytes
         errno = 0;
         unsigned long long off = strtoull(offs, &end, 10);
         uint64_t nb = (uint64_t)json_integer_value(bytes);
+        if ((uint64_t)numel > raw_bytes / kpl_dtype_size(dt)) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: tensor '%s' has %lld elements of %s, more than the "
+                           "%llu-byte payload holds", f, name, (long long)numel, dts,
+                           (unsigned long long)raw_bytes);
+            goto fail;
+        }
+        if (nb != (uint64_t)numel * kpl_dtype_size(dt)) {
+            char sh[96];
+            st = KPL_ERROR(KPL_EFORMAT, "%s: tensor '%s' is said to hold %llu bytes, but its "
+                           "shape %s of %s needs %llu", f, name, (unsigned long long)nb,
+                           kpl_shape_str(nd, dims, sh, sizeof sh), dts,
+                           (unsigned long long)numel * kpl_dtype_size(dt));
+            goto fail;
+        }
         if (errno || *end || off % CKPT_ALIGN || off < 8 + tl || off > raw_bytes ||
-            nb != (uint64_t)numel * kpl_dtype_size(dt) || nb > raw_bytes - off) {
+            nb > raw_bytes - off) {
             st = KPL_ERROR(KPL_EFORMAT, "%s: tensor '%s' (%llu bytes at %s) does not fit the "
                            "%llu-byte payload", f, name, (unsigned long long)nb, offs,
                            (unsigned long long)raw_bytes);
@@ -606,6 +620,57 @@ kpl_status kpl__checkpoint_list(const char *dir, int64_t *steps, int max, int *c
     return KPL_OK;
 }
 
+/* Whether `name` is something an interrupted save leaves in a checkpoint
+ * directory: a temporary file, a checkpoint without its marker, or a
+ * marker without its checkpoint. */
+static bool unfinished(const char *dir, const char *name)
+{
+    size_t l = strlen(name);
+    bool ours = !strncmp(name, "ckpt-", 5) || !strncmp(name, "best.kpl", 8);
+    if (!ours) return false;
+    if (l > 4 && !strcmp(name + l - 4, ".tmp")) return true;
+    char other[PATH_MAX];
+    if (l > 5 && !strcmp(name + l - 5, ".done")) { /* its checkpoint must exist */
+        snprintf(other, sizeof other, "%s/%.*s", dir, (int)(l - 5), name);
+        return access(other, F_OK) != 0;
+    }
+    if (l > 4 && !strcmp(name + l - 4, ".kpl")) { /* its marker must exist */
+        snprintf(other, sizeof other, "%s/%s.done", dir, name);
+        return access(other, F_OK) != 0;
+    }
+    return false;
+}
+
+kpl_status kpl__checkpoint_clean(const char *dir, const char *keep, int *removed, double *bytes)
+{
+    *removed = 0;
+    *bytes = 0;
+    struct stat kb;
+    bool have_keep = keep && *keep && stat(keep, &kb) == 0;
+    DIR *d = opendir(dir);
+    if (!d && errno == ENOENT) return KPL_OK;
+    KPL_CHECK(d, KPL_EIO, "%s: %s", dir, strerror(errno));
+    kpl_status st = KPL_OK;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!unfinished(dir, de->d_name)) continue;
+        char f[PATH_MAX];
+        struct stat sb;
+        snprintf(f, sizeof f, "%s/%s", dir, de->d_name);
+        bool found = stat(f, &sb) == 0;
+        if (found && have_keep && sb.st_dev == kb.st_dev && sb.st_ino == kb.st_ino) continue;
+        double size = found ? (double)sb.st_size : 0;
+        if (unlink(f) != 0 && errno != ENOENT) {
+            st = KPL_ERROR(KPL_EIO, "cannot remove %s: %s", f, strerror(errno));
+            break;
+        }
+        (*removed)++;
+        *bytes += size;
+    }
+    closedir(d);
+    return st;
+}
+
 void kpl__checkpoint_path(const char *dir, int64_t step, char *path, size_t len)
 {
     snprintf(path, len, "%s/ckpt-%010lld.kpl", dir, (long long)step);
@@ -621,6 +686,41 @@ kpl_status kpl__checkpoint_remove(const char *path)
     KPL_CHECK(unlink(path) == 0 || errno == ENOENT, KPL_EIO, "%s: cannot remove: %s", path,
               strerror(errno));
     return KPL_OK;
+}
+
+kpl_status kpl__checkpoint_mark_evaluated(const char *path)
+{
+    char done[PATH_MAX + 8];
+    snprintf(done, sizeof done, "%s.done", path);
+    json_error_t err;
+    json_t *m = json_load_file(done, 0, &err);
+    KPL_CHECK(m && json_is_object(m), KPL_EFORMAT, "%s: %s", done,
+              m ? "not a JSON object" : err.text);
+    json_object_set_new(m, "evaluated", json_true());
+    char *text = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    KPL_CHECK(text, KPL_ENOMEM, "checkpoint: out of memory");
+    size_t n = strlen(text);
+    char *line = realloc(text, n + 2);
+    if (!line) {
+        free(text);
+        return KPL_ERROR(KPL_ENOMEM, "checkpoint: out of memory");
+    }
+    memcpy(line + n, "\n", 2);
+    kpl_status st = write_small_file(done, line);
+    free(line);
+    KPL_TRY(st);
+    return fsync_dir_of(done);
+}
+
+bool kpl__checkpoint_evaluated(const char *path)
+{
+    char done[PATH_MAX + 8];
+    snprintf(done, sizeof done, "%s.done", path);
+    json_t *m = json_load_file(done, 0, NULL);
+    bool yes = json_is_true(json_object_get(m, "evaluated"));
+    json_decref(m);
+    return yes;
 }
 
 kpl_status kpl__checkpoint_link(const char *src, const char *dst)

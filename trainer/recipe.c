@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <yaml.h>
 
 /* ---- the key table ------------------------------------------------------------------- */
@@ -46,6 +47,7 @@ static const char *const sched_names[] = {"constant", "step", "multistep", "cosi
 static const char *const per_names[] = {"step", "epoch", NULL};
 static const char *const progress_names[] = {"auto", "always", "never", NULL};
 static const char *const backend_names[] = {"auto", "mpi", "ucx", "nccl", NULL};
+static const char *const nonfinite_names[] = {"stop", "skip", NULL};
 
 #define OFF(m) offsetof(kpl_recipe, m)
 #define CAP(m) (sizeof(((kpl_recipe *)0)->m) / sizeof(((kpl_recipe *)0)->m[0]))
@@ -102,7 +104,10 @@ static const char *const backend_names[] = {"auto", "mpi", "ucx", "nccl", NULL};
     F_FLOATS("data." #sp ".transform.mean", data.sp.mean, data.sp.nmean, "[0]", -1e3, 1e3,   \
              "normalisation mean of x/255, one value or one per channel"),                  \
     F_FLOATS("data." #sp ".transform.std", data.sp.std, data.sp.nstd, "[1]", 1e-6, 1e3,      \
-             "normalisation std of x/255, one value or one per channel")
+             "normalisation std of x/255, one value or one per channel"),                   \
+    F_BOOL("data." #sp ".skip_corrupt", data.sp.skip_corrupt, "false",                       \
+           "drop examples whose image cannot be decoded (warned, counted in metrics.jsonl) " \
+           "instead of stopping the run")
 
 static const field fields[] = {
     F_STR("name", name, "\"\"", "run name (default: the recipe file's name)"),
@@ -153,6 +158,11 @@ static const field fields[] = {
 
     F_FLOAT("loss.label_smoothing", loss.label_smoothing, "0", 0, 0.999,
             "cross-entropy label smoothing"),
+    F_ENUM("loss.nonfinite", loss.nonfinite, "stop", nonfinite_names,
+           "a step whose loss or gradients are NaN or inf: stop the run with an error, or "
+           "skip its update (counted in metrics.jsonl)"),
+    F_INT("loss.max_skips", loss.max_skips, "20", 0, BIG,
+          "skip: stop anyway after this many skipped steps in a row (0: never)"),
 
     F_ENUM("optimizer.name", optimizer.kind, "sgd", optim_names, "sgd, adam, adamw or lars"),
     F_FLOAT("optimizer.lr", optimizer.lr, NULL, 0, 1e6,
@@ -347,6 +357,13 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
         case YAML_SEQUENCE_START_EVENT:
         case YAML_MAPPING_START_EVENT: {
             node *parent = depth ? stack[depth - 1] : NULL;
+            if (ev.type == YAML_SCALAR_EVENT &&
+                strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
+                /* "\0" in a quoted scalar: C strings would cut it short */
+                st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: a NUL character in a value or key", origin,
+                               line, col);
+                break;
+            }
             if (parent && parent->kind == N_MAP && !pending[depth - 1]) {
                 /* a key */
                 if (ev.type != YAML_SCALAR_EVENT) {
@@ -422,10 +439,21 @@ fail:
     return st;
 }
 
+/* Recipes are small text files; anything else (a device, a FIFO, a huge
+ * file) is refused before it is read. */
+#define RECIPE_MAX_BYTES (1 << 20)
+
 static kpl_status read_file(const char *path, char **text, size_t *len)
 {
     FILE *f = fopen(path, "rb");
     KPL_CHECK(f, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > RECIPE_MAX_BYTES) {
+        bool reg = S_ISREG(sb.st_mode);
+        fclose(f);
+        return KPL_ERROR(KPL_EINVAL, "recipe %s: %s", path,
+                         !reg ? "not a regular file" : "larger than 1 MiB: not a recipe");
+    }
     char *buf = NULL;
     size_t n = 0, cap = 0;
     for (;;) {
@@ -442,6 +470,11 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
         size_t r = fread(buf + n, 1, cap - n - 1, f);
         n += r;
         if (r == 0) break;
+        if (n > RECIPE_MAX_BYTES) { /* it grew while being read */
+            free(buf);
+            fclose(f);
+            return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe", path);
+        }
     }
     bool bad = ferror(f);
     fclose(f);
@@ -604,7 +637,12 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
                 st = KPL_ERROR(KPL_ENOMEM, "out of memory");
                 goto fail;
             }
-            if (c) { /* replace in place */
+            if (c && c->kind == N_MAP && value->kind == N_MAP) {
+                /* a section given as a map: laid over the recipe's key by
+                 * key, as a base is (data={train: {path: x}} keeps the
+                 * rest of data) */
+                merge(c, value);
+            } else if (c) { /* replace in place */
                 node **link = &m->first;
                 while (*link != c) link = &(*link)->next;
                 value->next = c->next;
@@ -744,6 +782,12 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         if (strlen(s) >= f->cap)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: longer than %zu characters", loc, f->key,
                              f->cap - 1);
+        /* names and paths: a newline or escape code would end up in file
+         * names and logs */
+        for (const char *c = s; *c; c++)
+            if ((unsigned char)*c < 0x20 || *c == 0x7f)
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: control character 0x%02x in '%s'", loc,
+                                 f->key, (unsigned char)*c, s);
         memcpy(dst, s, strlen(s) + 1);
         return KPL_OK;
     }
@@ -879,12 +923,16 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected [min, max] with min <= max", AT(k), k);
         snprintf(k, sizeof k, "%s.transform.mean", spn[i]);
         if (s->nmean != 1 && s->nmean != s->channels)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected 1 or %lld values (channels), got %d",
-                             AT(k), k, (long long)s->channels, s->nmean);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: %s, got %d", AT(k), k,
+                             s->channels == 1 ? "expected 1 value (transform.channels is 1)"
+                                              : "expected 1 value or 3 (one per channel)",
+                             s->nmean);
         snprintf(k, sizeof k, "%s.transform.std", spn[i]);
         if (s->nstd != 1 && s->nstd != s->channels)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected 1 or %lld values (channels), got %d",
-                             AT(k), k, (long long)s->channels, s->nstd);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: %s, got %d", AT(k), k,
+                             s->channels == 1 ? "expected 1 value (transform.channels is 1)"
+                                              : "expected 1 value or 3 (one per channel)",
+                             s->nstd);
         snprintf(k, sizeof k, "%s.transform.channels", spn[i]);
         if (s->channels == 2)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: 1 or 3, not 2", AT(k), k);
@@ -934,6 +982,15 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
     if (r->schedule.min_lr > r->optimizer.lr)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.min_lr: %g is above optimizer.lr %g",
                          AT("schedule.min_lr"), r->schedule.min_lr, r->optimizer.lr);
+    /* The name becomes a directory, runs/<name>-<time>: one path part. */
+    for (const char *c = r->name; *c; c++)
+        if (!isalnum((unsigned char)*c) && !strchr("._+-", *c))
+            return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' may hold only letters, digits and . _ + "
+                             "- (it names the run directory runs/<name>-<time>)", AT("name"),
+                             r->name);
+    if (r->name[0] == '.')
+        return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' must not start with '.'", AT("name"),
+                         r->name);
     const char *dev = r->device;
     if (strcmp(dev, "auto") && strcmp(dev, "cpu") && strcmp(dev, "cuda")) {
         char *end = NULL;
@@ -976,6 +1033,8 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
         if (l >= sizeof r->name) l = sizeof r->name - 1;
         memcpy(r->name, b, l);
         r->name[l] = 0;
+        for (char *c = r->name; *c; c++) /* what the name rule allows */
+            if (!isalnum((unsigned char)*c) && !strchr("_+-", *c)) *c = '_';
         if (!r->name[0]) snprintf(r->name, sizeof r->name, "run");
     }
     snprintf(r->file, sizeof r->file, "%s", file);

@@ -61,11 +61,14 @@ static void catch_signals(bool on)
 
 typedef struct {
     double loss_sum, correct, count; /* train: since the last report */
+    bool nonfinite;                  /* a micro-batch of the current step had a NaN/inf loss */
 } train_acc;
 
 typedef struct {
     double loss, top1, top5;
     int64_t examples;
+    int64_t nonfinite;  /* examples whose outputs were NaN or inf (counted as wrong) */
+    int64_t skipped;    /* corrupt examples the loader dropped (data.val.skip_corrupt) */
     int64_t *confusion; /* classes x classes (true row, predicted column) or NULL */
 } eval_result;
 
@@ -87,6 +90,10 @@ typedef struct {
     double lr_scale;
     double best_top1;
     int64_t best_step;
+    int64_t skipped_steps, skips_in_row; /* loss.nonfinite skip: updates left out */
+    int64_t skipped_examples;            /* train: corrupt examples dropped, all ranks */
+    int64_t train_skipped_seen;          /* this rank's loader count already reported */
+    bool eval_pending; /* the checkpoint being written precedes its evaluation */
     kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
     char resume_path[PATH_MAX];
     /* the latest figures, for the final report */
@@ -205,8 +212,9 @@ static bool latest_run_checkpoint(const kpl_recipe *r, char *path, size_t len)
 typedef struct {
     int64_t step, epoch, position, epoch_step, world_size, batch_size, accumulate;
     double best_top1;
-    int64_t best_step;
-    json_t *rng; /* per-rank [seed, offset] of the model's generator */
+    int64_t best_step, skipped_steps, skipped_examples;
+    bool eval_pending; /* written before its epoch's evaluation, which is still to run */
+    json_t *rng;       /* per-rank [seed, offset] of the model's generator */
 } resume_meta;
 
 static kpl_status read_resume_meta(const kpl_checkpoint *c, const char *path, resume_meta *m)
@@ -223,13 +231,25 @@ static kpl_status read_resume_meta(const kpl_checkpoint *c, const char *path, re
     kpl_status st = KPL_OK;
     for (size_t i = 0; i < sizeof ints / sizeof ints[0] && st >= 0; i++) {
         json_t *v = json_object_get(t, names[i]);
-        if (!json_is_integer(v) || json_integer_value(v) < 0)
+        if (!v)
             st = KPL_ERROR(KPL_EFORMAT, "%s: not a training checkpoint (metadata train.%s "
                            "missing): was it written by kpl train?", path, names[i]);
+        else if (!json_is_integer(v) || json_integer_value(v) < 0)
+            st = KPL_ERROR(KPL_EFORMAT, "%s: metadata train.%s is %s, expected an integer >= 0",
+                           path, names[i], json_is_integer(v) ? "negative" : "not an integer");
         else *ints[i] = (int64_t)json_integer_value(v);
     }
+    if (st >= 0 && (m->world_size < 1 || m->batch_size < 1 || m->accumulate < 1))
+        st = KPL_ERROR(KPL_EFORMAT, "%s: metadata train.world_size, batch_size and accumulate "
+                       "must be >= 1 (got %lld, %lld, %lld)", path, (long long)m->world_size,
+                       (long long)m->batch_size, (long long)m->accumulate);
     json_t *b = json_object_get(t, "best_top1");
     m->best_top1 = json_is_number(b) ? json_number_value(b) : -1;
+    json_t *sk = json_object_get(t, "skipped_steps");
+    m->skipped_steps = json_is_integer(sk) && json_integer_value(sk) > 0 ? json_integer_value(sk) : 0;
+    sk = json_object_get(t, "skipped_examples");
+    m->skipped_examples = json_is_integer(sk) && json_integer_value(sk) > 0 ? json_integer_value(sk) : 0;
+    m->eval_pending = json_is_true(json_object_get(t, "eval_pending"));
     m->rng = json_incref(json_object_get(t, "rng"));
     json_decref(j);
     return st;
@@ -498,6 +518,10 @@ static kpl_status restore(run *R, const resume_meta *rm)
     R->epoch_step = rm->epoch_step;
     R->best_top1 = rm->best_top1;
     R->best_step = rm->best_step;
+    R->skipped_steps = rm->skipped_steps;
+    R->skipped_examples = rm->skipped_examples;
+    /* every rank reads the marker, as it reads the checkpoint itself */
+    R->eval_pending = rm->eval_pending && !kpl__checkpoint_evaluated(R->resume_path);
     if (rm->world_size != R->world || rm->batch_size != R->r->data.train.batch_size) {
         /* the epoch's steps are counted anew from the loader's position */
         int64_t ep = 0, pos = 0;
@@ -552,21 +576,29 @@ static kpl_status micro_step(run *R, kpl_batch *b, double scale, train_acc *acc)
         st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ESTATE;
         goto out;
     }
-    if (!isfinite(lv)) {
-        st = KPL_ERROR(KPL_ERANGE, "the loss is %g at step %lld (epoch %lld, batch of samples "
-                       "%lld..%lld): lower optimizer.lr, or set optimizer.clip_grad_norm",
-                       lv, (long long)R->step + 1, (long long)R->epoch + 1,
+    if (!isfinite(lv) && R->r->loss.nonfinite == 0) {
+        st = KPL_ERROR(KPL_ERANGE, "the loss is %s at step %lld (epoch %lld, batch of samples "
+                       "%lld..%lld): lower optimizer.lr, or set optimizer.clip_grad_norm (or "
+                       "loss.nonfinite: skip to leave such steps out)",
+                       isnan(lv) ? "NaN" : lv > 0 ? "inf" : "-inf", (long long)R->step + 1, (long long)R->epoch + 1,
                        (long long)b->position, (long long)(b->position + b->size - 1));
         goto out;
     }
-    const int64_t *p = kpl_tensor_host_data(pred), *l = kpl_tensor_host_data(b->label);
-    if (!p || !l) {
-        st = kpl_last_status();
-        goto out;
+    if (!isfinite(lv)) {
+        /* loss.nonfinite skip: backward still runs (the other ranks wait
+         * for this rank's gradients, which come out non-finite and make
+         * every rank skip the step); the figures leave the batch out. */
+        acc->nonfinite = true;
+    } else {
+        const int64_t *p = kpl_tensor_host_data(pred), *l = kpl_tensor_host_data(b->label);
+        if (!p || !l) {
+            st = kpl_last_status();
+            goto out;
+        }
+        for (int64_t i = 0; i < b->size; i++) acc->correct += p[i] == l[i];
+        acc->loss_sum += lv * (double)b->size;
+        acc->count += (double)b->size;
     }
-    for (int64_t i = 0; i < b->size; i++) acc->correct += p[i] == l[i];
-    acc->loss_sum += lv * (double)b->size;
-    acc->count += (double)b->size;
     scaled = scale != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss, scale, false) : loss;
     if (!scaled) {
         st = kpl_last_status();
@@ -590,6 +622,46 @@ static double lr_now(const run *R)
     return kpl_lr_at(&R->sched, t);
 }
 
+/* The update of a step whose gradients are in .grad (averaged over the
+ * ranks): clipping, then the optimizer, unless the gradients are not
+ * finite.  The gradient norm is the same number on every rank, so every
+ * rank takes the same decision without another collective. */
+static kpl_status apply_step(run *R, const train_acc *acc)
+{
+    const kpl_recipe *r = R->r;
+    int n = kpl_model_num_params(R->model);
+    kpl_tensor *const *params = kpl_model_params(R->model);
+    bool skip_mode = r->loss.nonfinite == 1;
+    double norm = 0;
+    if (skip_mode || r->optimizer.clip_grad_norm > 0)
+        KPL_TRY(kpl_clip_grad_norm(n, params, r->optimizer.clip_grad_norm, &norm));
+    bool bad = !isfinite(norm) || (R->world == 1 && acc->nonfinite);
+    if (!bad) {
+        R->skips_in_row = 0;
+        kpl_optim_set_lr(R->opt, lr_now(R));
+        return kpl_optim_step(R->opt);
+    }
+    if (!skip_mode)
+        return KPL_ERROR(KPL_ERANGE, "the gradients are not finite at step %lld (epoch %lld; "
+                         "their norm is %g): lower optimizer.lr, or set loss.nonfinite: skip to "
+                         "leave such steps out", (long long)R->step + 1, (long long)R->epoch + 1,
+                         fabs(norm));
+    kpl_zero_grad(n, params);
+    R->skipped_steps++;
+    R->skips_in_row++;
+    if (R->rank == 0)
+        kpl__log_warn(&R->log, "step %lld (epoch %lld): %s not finite; its update is skipped "
+                      "(%lld skipped, %lld in a row)", (long long)R->step + 1,
+                      (long long)R->epoch + 1, acc->nonfinite ? "the loss is" : "the gradients are",
+                      (long long)R->skipped_steps, (long long)R->skips_in_row);
+    KPL_CHECK(r->loss.max_skips == 0 || R->skips_in_row < r->loss.max_skips, KPL_ERANGE,
+              "%lld steps in a row up to step %lld had a NaN or inf loss or gradients "
+              "(loss.max_skips %lld): the run has diverged; lower optimizer.lr, or set "
+              "optimizer.clip_grad_norm", (long long)R->skips_in_row, (long long)R->step + 1,
+              (long long)r->loss.max_skips);
+    return KPL_OK;
+}
+
 /* One optimizer step of `accumulate` micro-batches (fewer at an epoch's
  * end); *epoch_done when it took the epoch's last batch. */
 static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
@@ -597,6 +669,8 @@ static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
     const kpl_recipe *r = R->r;
     int64_t k = r->optimizer.accumulate, B = r->data.train.batch_size;
     *epoch_done = false;
+    bool marker_seen = false;
+    acc->nonfinite = false;
     for (int64_t i = 0; i < k; i++) {
         int64_t ep = 0, pos = 0;
         kpl_loader_position(R->train, &ep, &pos);
@@ -605,6 +679,13 @@ static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
         kpl_batch b;
         memset(&b, 0, sizeof b);
         KPL_TRY(kpl_loader_next(R->train, &b));
+        if (b.size == 0 && kpl_loader_skipped(R->train) > 0) {
+            /* The epoch's last batch held only corrupt examples (skip_corrupt
+             * dropped them): this rank adds nothing to the step. */
+            if (R->ddp) KPL_TRY(kpl_ddp_finish(R->ddp));
+            *epoch_done = marker_seen = true;
+            break;
+        }
         KPL_CHECK(b.size > 0, KPL_ESTATE, "train loader: epoch %lld ended after %lld batches, "
                   "expected %lld", (long long)ep + 1, (long long)(pos / B),
                   (long long)R->batches_per_epoch);
@@ -618,16 +699,10 @@ static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
             break;
         }
     }
-    if (r->optimizer.clip_grad_norm > 0) {
-        double norm = 0;
-        KPL_TRY(kpl_clip_grad_norm(kpl_model_num_params(R->model), kpl_model_params(R->model),
-                                   r->optimizer.clip_grad_norm, &norm));
-    }
-    kpl_optim_set_lr(R->opt, lr_now(R));
-    KPL_TRY(kpl_optim_step(R->opt));
+    KPL_TRY(apply_step(R, acc));
     R->step++;
     R->epoch_step++;
-    if (*epoch_done) { /* the loader's end-of-epoch marker */
+    if (*epoch_done && !marker_seen) { /* the loader's end-of-epoch marker */
         kpl_batch b;
         memset(&b, 0, sizeof b);
         KPL_TRY(kpl_loader_next(R->train, &b));
@@ -640,6 +715,18 @@ static kpl_status train_step(run *R, train_acc *acc, bool *epoch_done)
 }
 
 /* ---- evaluation ------------------------------------------------------------------------- */
+
+/* The validation loader sits idle between evaluations: a process of it
+ * that died is reported at the next step, not when the epoch ends. */
+static kpl_status check_val_loader(run *R)
+{
+    if (!R->val) return KPL_OK;
+    kpl_status st = kpl_loader_check(R->val);
+    if (st >= 0) return KPL_OK;
+    char msg[1024];
+    snprintf(msg, sizeof msg, "%s", kpl_last_error());
+    return KPL_ERROR(st, "validation loader of %s: %s", R->val_path, msg);
+}
 
 /* Top-1/top-5 and the mean loss over the whole validation split (each
  * example once: the repeats that even out the ranks' shares are left
@@ -660,7 +747,8 @@ static kpl_status evaluate(run *R, eval_result *res)
         if ((st = kpl_comm_broadcast(R->comm, kpl_model_buffers(R->model)[i], 0)) < 0) goto fail;
     bool prev = kpl_set_grad_enabled(false);
     int64_t n = kpl_loader_num_examples(R->val), m = kpl_loader_epoch_size(R->val);
-    double s[4] = {0, 0, 0, 0}; /* loss, examples, top-1, top-5 */
+    int64_t skipped0 = kpl_loader_skipped(R->val);
+    double s[6] = {0}; /* loss, examples, top-1, top-5, non-finite, skipped */
     for (;;) {
         kpl_batch b;
         memset(&b, 0, sizeof b);
@@ -683,13 +771,19 @@ static kpl_status evaluate(run *R, eval_result *res)
                 if (at >= n) continue; /* a repeat */
                 const float *row = lg + i * C;
                 int64_t t = lab[i], above = 0, best = 0;
+                bool finite = isfinite(ls[i]);
                 for (int64_t c = 0; c < C; c++) {
                     /* ties go to the lower index, as argmax */
                     above += row[c] > row[t] || (row[c] == row[t] && c < t);
                     if (row[c] > row[best]) best = c;
+                    finite &= isfinite(row[c]);
+                }
+                s[1] += 1;
+                if (!finite) { /* NaN compares false: it would count as right */
+                    s[4] += 1;
+                    continue;
                 }
                 s[0] += ls[i];
-                s[1] += 1;
                 s[2] += above == 0;
                 s[3] += above < 5;
                 if (cm && t >= 0 && t < C) cm[t * C + best]++;
@@ -701,7 +795,8 @@ static kpl_status evaluate(run *R, eval_result *res)
     }
     kpl_set_grad_enabled(prev);
     if (st < 0) goto fail;
-    KPL_TRY_GOTO(reduce_sum(R, s, 4));
+    s[5] = (double)(kpl_loader_skipped(R->val) - skipped0);
+    KPL_TRY_GOTO(reduce_sum(R, s, 6));
     if (cm && R->comm) {
         int64_t len = C * C;
         kpl_tensor *t = NULL;
@@ -712,7 +807,9 @@ static kpl_status evaluate(run *R, eval_result *res)
         if (st < 0) goto fail;
     }
     res->examples = (int64_t)s[1];
-    res->loss = s[1] > 0 ? s[0] / s[1] : NAN;
+    res->nonfinite = (int64_t)s[4];
+    res->skipped = (int64_t)s[5];
+    res->loss = s[1] > s[4] ? s[0] / (s[1] - s[4]) : NAN; /* of the finite ones */
     res->top1 = s[1] > 0 ? 100 * s[2] / s[1] : NAN;
     res->top5 = s[1] > 0 ? 100 * s[3] / s[1] : NAN;
     res->confusion = cm;
@@ -741,6 +838,21 @@ static void print_confusion(run *R, const eval_result *e)
 }
 
 /* ---- checkpoints ----------------------------------------------------------------------------- */
+
+/* Rank 0: what interrupted saves left (a checkpoint without its marker is
+ * never resumed; a 150 MB temporary file helps nobody) goes, at start and
+ * at each rotation. */
+static kpl_status clean_checkpoints(run *R)
+{
+    if (R->rank != 0) return KPL_OK;
+    int n = 0;
+    double bytes = 0;
+    KPL_TRY(kpl__checkpoint_clean(R->ckpt_dir, R->resume_path, &n, &bytes));
+    if (n > 0)
+        kpl__log_warn(&R->log, "removed %d unfinished checkpoint file%s (%.1f MB) left in %s by "
+                      "an interrupted save", n, n > 1 ? "s" : "", bytes / 1e6, R->ckpt_dir);
+    return KPL_OK;
+}
 
 /* Collective (the ranks' dropout generators are gathered); rank 0 writes.
  * *path receives the file. */
@@ -812,6 +924,10 @@ static kpl_status save_checkpoint(run *R, const char *why, char *path, size_t le
         st = KPL_ERROR(KPL_ENOMEM, "checkpoint: out of memory");
         goto fail;
     }
+    json_t *jt = json_object_get(j, "train");
+    json_object_set_new(jt, "eval_pending", json_boolean(R->eval_pending));
+    json_object_set_new(jt, "skipped_steps", json_integer((json_int_t)R->skipped_steps));
+    json_object_set_new(jt, "skipped_examples", json_integer((json_int_t)R->skipped_examples));
     if (R->have_val)
         json_object_set_new(j, "val", json_pack("{s:f, s:f, s:f, s:I}", "top1",
                                                 isfinite(R->val_res.top1) ? R->val_res.top1 : -1,
@@ -847,6 +963,7 @@ static kpl_status save_checkpoint(run *R, const char *why, char *path, size_t le
             KPL_TRY_GOTO(kpl__checkpoint_remove(old));
         }
     }
+    KPL_TRY_GOTO(clean_checkpoints(R));
 fail:
     json_decref(j);
     free(meta);
@@ -884,8 +1001,12 @@ typedef struct {
  * Returns whether any rank asked to stop (a signal). */
 static kpl_status report(run *R, epoch_acc *E, bool *stop)
 {
-    double v[4] = {E->win.loss_sum, E->win.correct, E->win.count, stop_signal ? 1 : 0};
-    KPL_TRY(reduce_sum(R, v, 4));
+    int64_t skipped_now = kpl_loader_skipped(R->train);
+    double v[5] = {E->win.loss_sum, E->win.correct, E->win.count, stop_signal ? 1 : 0,
+                   (double)(skipped_now - R->train_skipped_seen)};
+    KPL_TRY(reduce_sum(R, v, 5));
+    R->train_skipped_seen = skipped_now;
+    R->skipped_examples += (int64_t)v[4];
     memset(&E->win, 0, sizeof E->win);
     *stop = v[3] > 0;
     E->loss_sum += v[0], E->correct += v[1], E->count += v[2];
@@ -900,9 +1021,11 @@ static kpl_status report(run *R, epoch_acc *E, bool *stop)
     char line[512];
     snprintf(line, sizeof line,
              "{\"event\":\"train\",\"step\":%lld,\"epoch\":%.6f,\"loss\":%s,\"acc\":%s,\"lr\":%s,"
-             "\"images_per_sec\":%s,\"samples\":%.0f,\"time\":%.3f}",
+             "\"images_per_sec\":%s,\"samples\":%.0f,\"skipped_steps\":%lld,"
+             "\"skipped_examples\":%lld,\"time\":%.3f}",
              (long long)R->step, (double)R->epoch + (double)R->epoch_step / (double)R->steps_per_epoch,
-             sl, sa, sr, si, v[2], kpl__wall());
+             sl, sa, sr, si, v[2], (long long)R->skipped_steps, (long long)R->skipped_examples,
+             kpl__wall());
     kpl__log_metrics(&R->log, line);
     if (R->log.tb) {
         kpl_tb_add_scalar(R->log.tb, "train/loss", R->step, loss);
@@ -938,6 +1061,20 @@ static void draw_bar(run *R, epoch_acc *E, bool force)
                  per_step * (double)(R->steps_per_epoch - R->epoch_step));
 }
 
+/* What an evaluation with NaN or inf outputs means: the model diverged
+ * (an error under loss.nonfinite stop, a warning under skip). */
+static kpl_status check_eval_finite(run *R, const eval_result *e, bool fatal)
+{
+    if (e->nonfinite == 0) return KPL_OK;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%lld of %lld validation examples gave NaN or inf outputs (counted "
+             "as wrong): the model has diverged", (long long)e->nonfinite,
+             (long long)e->examples);
+    if (fatal) return KPL_ERROR(KPL_ERANGE, "%s", msg);
+    if (R->rank == 0) kpl__log_warn(&R->log, "%s", msg);
+    return KPL_OK;
+}
+
 static kpl_status run_eval(run *R)
 {
     if (!R->val) return KPL_OK;
@@ -945,17 +1082,23 @@ static kpl_status run_eval(run *R)
     KPL_TRY(evaluate(R, &R->val_res));
     R->have_val = true;
     eval_result *e = &R->val_res;
-    if (e->top1 > R->best_top1) R->best_top1 = e->top1, R->best_step = R->step;
+    /* a model with NaN outputs is never the best one */
+    if (e->nonfinite == 0 && e->top1 > R->best_top1) R->best_top1 = e->top1, R->best_step = R->step;
+    if (R->rank == 0) {
+        char sl[32], s1[32], s5[32];
+        jnum(sl, sizeof sl, e->loss), jnum(s1, sizeof s1, e->top1), jnum(s5, sizeof s5, e->top5);
+        char line[512];
+        snprintf(line, sizeof line,
+                 "{\"event\":\"eval\",\"step\":%lld,\"epoch\":%lld,\"val_loss\":%s,"
+                 "\"val_top1\":%s,\"val_top5\":%s,\"examples\":%lld,\"nonfinite\":%lld,"
+                 "\"skipped_examples\":%lld,\"seconds\":%.3f,\"time\":%.3f}",
+                 (long long)R->step, (long long)R->epoch + (R->epoch_step ? 1 : 0), sl, s1, s5,
+                 (long long)e->examples, (long long)e->nonfinite, (long long)e->skipped,
+                 kpl_seconds() - t0, kpl__wall());
+        kpl__log_metrics(&R->log, line);
+    }
+    KPL_TRY(check_eval_finite(R, e, R->r->loss.nonfinite == 0));
     if (R->rank != 0) return KPL_OK;
-    char sl[32], s1[32], s5[32];
-    jnum(sl, sizeof sl, e->loss), jnum(s1, sizeof s1, e->top1), jnum(s5, sizeof s5, e->top5);
-    char line[512];
-    snprintf(line, sizeof line,
-             "{\"event\":\"eval\",\"step\":%lld,\"epoch\":%lld,\"val_loss\":%s,\"val_top1\":%s,"
-             "\"val_top5\":%s,\"examples\":%lld,\"seconds\":%.3f,\"time\":%.3f}",
-             (long long)R->step, (long long)R->epoch + (R->epoch_step ? 1 : 0), sl, s1, s5,
-             (long long)e->examples, kpl_seconds() - t0, kpl__wall());
-    kpl__log_metrics(&R->log, line);
     if (R->log.tb) {
         kpl_tb_add_scalar(R->log.tb, "val/loss", R->step, e->loss);
         kpl_tb_add_scalar(R->log.tb, "val/top1", R->step, e->top1);
@@ -1009,6 +1152,7 @@ static kpl_status start(run *R, const char *resume)
     kpl_status st = make_loaders(R, resume ? &rm : NULL);
     if (st >= 0) st = make_comm(R);
     if (st >= 0) st = make_run_dir(R);
+    if (st >= 0) st = clean_checkpoints(R);
     if (st >= 0) st = make_model(R, chw);
     if (st >= 0 && R->resume) st = restore(R, &rm);
     json_decref(rm.rng);
@@ -1100,10 +1244,22 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
     say_start(&R);
     bool stop = false;
     int64_t max_steps = r->max_steps > 0 && r->max_steps < R.total_steps ? r->max_steps : R.total_steps;
+    if (R.eval_pending && R.step < max_steps) {
+        /* the checkpoint resumed from was written before its epoch's
+         * evaluation, which did not finish: run it now */
+        R.eval_pending = false;
+        kpl__log_info(&R.log, "evaluating the resumed checkpoint first (its evaluation did not "
+                      "finish)");
+        KPL_TRY_GOTO(run_eval(&R));
+        if (R.best_step == R.step && r->checkpoint.keep_best)
+            KPL_TRY_GOTO(note_best(&R, R.resume_path));
+    }
     if (R.step >= max_steps) { /* a resume of a finished run: report where it stands */
         kpl__log_info(&R.log, "nothing to train: step %lld of %lld is done", (long long)R.step,
                       (long long)max_steps);
         KPL_TRY_GOTO(run_eval(&R));
+        if (R.eval_pending && R.best_step == R.step && r->checkpoint.keep_best)
+            KPL_TRY_GOTO(note_best(&R, R.resume_path));
     }
     while (R.step < max_steps && !stop) {
         epoch_acc E;
@@ -1116,6 +1272,7 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
             (void)before;
             double s0 = E.win.count;
             KPL_TRY_GOTO(train_step(&R, &E.win, &epoch_done));
+            KPL_TRY_GOTO(check_val_loader(&R));
             E.samples += E.win.count - s0;
             saved = false;
             bool at_max = R.step >= max_steps;
@@ -1144,7 +1301,37 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
         bool do_eval = R.val && (last || stop ||
                                  (epoch_done && r->eval.every_epochs > 0 &&
                                   finished % r->eval.every_epochs == 0));
+        if (R.rank == 0 && epoch_done) {
+            char line[512];
+            char sl[32], sa[32];
+            jnum(sl, sizeof sl, R.train_loss), jnum(sa, sizeof sa, R.train_acc);
+            snprintf(line, sizeof line,
+                     "{\"event\":\"epoch\",\"epoch\":%lld,\"step\":%lld,\"train_loss\":%s,"
+                     "\"train_acc\":%s,\"images_per_sec\":%.1f,\"seconds\":%.3f,\"time\":%.3f}",
+                     (long long)finished, (long long)R.step, sl, sa, R.images_per_sec, secs,
+                     kpl__wall());
+            kpl__log_metrics(&R.log, line);
+            if (R.log.tb)
+                kpl_tb_add_scalar(R.log.tb, "epoch/images_per_sec", finished, R.images_per_sec);
+        }
+        /* The epoch's checkpoint comes before its evaluation, which can
+         * fail (a dead loader process, a bad image) without losing the
+         * epoch; the checkpoint says that its evaluation is still to come,
+         * and a resume from it runs that first. */
+        bool ckpt_due = last || stop ||
+                        (epoch_done && r->checkpoint.every_epochs > 0 &&
+                         finished % r->checkpoint.every_epochs == 0);
+        bool pending = false;
+        if (ckpt_due && !saved) {
+            R.eval_pending = pending = do_eval;
+            st = save_checkpoint(&R, stop && !last ? "signal" : last ? "end" : "epoch", ckpt,
+                                 sizeof ckpt);
+            R.eval_pending = false;
+            KPL_TRY_GOTO(st);
+            saved = true;
+        }
         if (do_eval) KPL_TRY_GOTO(run_eval(&R));
+        if (pending && R.rank == 0) KPL_TRY_GOTO(kpl__checkpoint_mark_evaluated(ckpt));
         if (R.rank == 0) {
             char vs[160] = "";
             if (do_eval)
@@ -1154,29 +1341,11 @@ int kpl__train_run(const kpl_recipe *r, const char *resume)
                           "%.1f s", (long long)finished, (long long)r->epochs,
                           epoch_done ? "" : " (stopped early)", R.train_loss, R.train_acc, vs,
                           R.images_per_sec, secs);
-            char line[512];
-            char sl[32], sa[32];
-            jnum(sl, sizeof sl, R.train_loss), jnum(sa, sizeof sa, R.train_acc);
-            if (epoch_done) {
-                snprintf(line, sizeof line,
-                         "{\"event\":\"epoch\",\"epoch\":%lld,\"step\":%lld,\"train_loss\":%s,"
-                         "\"train_acc\":%s,\"images_per_sec\":%.1f,\"seconds\":%.3f,\"time\":%.3f}",
-                         (long long)finished, (long long)R.step, sl, sa, R.images_per_sec, secs,
-                         kpl__wall());
-                kpl__log_metrics(&R.log, line);
-            }
-            if (R.log.tb && epoch_done)
-                kpl_tb_add_scalar(R.log.tb, "epoch/images_per_sec", finished, R.images_per_sec);
         }
         if (do_eval && R.rank == 0 && last) print_confusion(&R, &R.val_res);
         bool improved = do_eval && R.best_step == R.step && r->checkpoint.keep_best;
-        bool ckpt_due = last || stop || improved ||
-                        (epoch_done && r->checkpoint.every_epochs > 0 &&
-                         finished % r->checkpoint.every_epochs == 0);
-        if (ckpt_due && !saved) {
-            KPL_TRY_GOTO(save_checkpoint(&R, stop && !last ? "signal" : last ? "end" : "epoch",
-                                         ckpt, sizeof ckpt));
-        }
+        if (improved && !saved) /* a best epoch between the scheduled checkpoints */
+            KPL_TRY_GOTO(save_checkpoint(&R, "best", ckpt, sizeof ckpt));
         if (improved) KPL_TRY_GOTO(note_best(&R, ckpt));
         if (epoch_done) {
             R.epoch++;
@@ -1213,7 +1382,11 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
     kpl__log_init(&R.log, R.rank, 2);
     pick_threads(&R);
     KPL_TRY_GOTO(pick_device(&R));
-    KPL_CHECK(r->data.val.path[0], KPL_EINVAL, "kpl eval: the recipe has no data.val.path");
+    if (!r->data.val.path[0]) {
+        st = KPL_ERROR(KPL_EINVAL, "kpl eval: the recipe has no data.val.path (set it, e.g. "
+                       "data.val.path=test)");
+        goto fail;
+    }
     KPL_TRY_GOTO(kpl__data_prepare(r, &R.log));
     KPL_TRY_GOTO(kpl__data_input_shape(r, chw));
     KPL_TRY_GOTO(kpl_checkpoint_load(checkpoint, &R.resume));
@@ -1236,11 +1409,21 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
         print_confusion(&R, e);
         char s1[32], s5[32], sl[32];
         jnum(s1, sizeof s1, e->top1), jnum(s5, sizeof s5, e->top5), jnum(sl, sizeof sl, e->loss);
-        printf("{\"event\":\"eval\",\"checkpoint\":\"%s\",\"data\":\"%s\",\"examples\":%lld,"
-               "\"val_top1\":%s,\"val_top5\":%s,\"val_loss\":%s,\"seconds\":%.2f}\n",
-               checkpoint, R.val_path, (long long)e->examples, s1, s5, sl, secs);
+        json_t *cj = json_string(checkpoint), *dj = json_string(R.val_path);
+        char *cs = cj ? json_dumps(cj, JSON_ENCODE_ANY) : NULL;
+        char *ds = dj ? json_dumps(dj, JSON_ENCODE_ANY) : NULL;
+        printf("{\"event\":\"eval\",\"checkpoint\":%s,\"data\":%s,\"examples\":%lld,"
+               "\"val_top1\":%s,\"val_top5\":%s,\"val_loss\":%s,\"nonfinite\":%lld,"
+               "\"skipped_examples\":%lld,\"seconds\":%.2f}\n",
+               cs ? cs : "null", ds ? ds : "null", (long long)e->examples, s1, s5, sl,
+               (long long)e->nonfinite, (long long)e->skipped, secs);
         fflush(stdout);
+        free(cs), free(ds);
+        json_decref(cj), json_decref(dj);
     }
+    /* NaN outputs are an error of the checkpoint: the figures above are
+     * printed, and the exit status says it */
+    KPL_TRY_GOTO(check_eval_finite(&R, &R.val_res, true));
 fail:
     if (st < 0) {
         kpl__log_error(&R.log, "%s", kpl_last_error());

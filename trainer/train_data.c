@@ -5,6 +5,7 @@
  */
 #include "trainer_impl.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <limits.h>
 #include <stdio.h>
@@ -47,6 +48,17 @@ static bool find_idx(const char *src, const char *split, char *images, char *lab
             if (access(images, R_OK) == 0 && access(labels, R_OK) == 0) return true;
         }
     return false;
+}
+
+static bool empty_dir(const char *dir)
+{
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool empty = true;
+    while (empty && (e = readdir(d))) empty = !strcmp(e->d_name, ".") || !strcmp(e->d_name, "..");
+    closedir(d);
+    return empty;
 }
 
 /* Waits until `out` is not being written by another process (a `kpl data
@@ -93,7 +105,9 @@ static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
             return KPL_OK;
         }
         /* No writer: a finished dataset (its writer closed it just now:
-         * look again once), or a directory that is no dataset. */
+         * look again once), an empty directory (a writer died before its
+         * marker; a new writer takes it as it is), or no dataset. */
+        if (empty_dir(out)) return KPL_OK;
         if (!retried) {
             retried = true;
             continue;
@@ -222,6 +236,7 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
     t->contrast = (float)s->contrast;
     t->saturation = (float)s->saturation;
     t->out_dtype = KPL_F32;
+    t->skip_corrupt = s->skip_corrupt;
     for (int k = 0; k < 3; k++) {
         t->mean[k] = (float)s->mean[s->nmean == 1 ? 0 : k < s->nmean ? k : 0];
         t->std[k] = (float)s->std[s->nstd == 1 ? 0 : k < s->nstd ? k : 0];

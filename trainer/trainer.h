@@ -359,6 +359,7 @@ typedef struct {
     double flip, brightness, contrast, saturation;
     double mean[3], std[3];     /* one value or one per channel */
     int nmean, nstd;
+    bool skip_corrupt;          /* drop undecodable examples (counted) instead of failing */
 } kpl_recipe_split;
 
 typedef struct {
@@ -391,6 +392,8 @@ typedef struct {
     } data;
     struct {
         double label_smoothing;
+        int nonfinite;          /* a NaN/inf loss or gradient: 0 stop, 1 skip the step */
+        int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
     } loss;
     struct {
         int kind;               /* kpl_optim_kind */

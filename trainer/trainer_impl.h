@@ -33,6 +33,16 @@ void kpl__checkpoint_path(const char *dir, int64_t step, char *path, size_t len)
 /* The steps of DIR's complete checkpoints (those with a marker), ascending;
  * *count <= max.  A missing DIR has none. */
 kpl_status kpl__checkpoint_list(const char *dir, int64_t *steps, int max, int *count);
+/* Removes what interrupted saves left in DIR: temporary files, checkpoints
+ * without their completion marker and markers without their checkpoint,
+ * except the file `keep` (may be NULL: the one being resumed from);
+ * *removed and *bytes count them.  Only while no save is under way. */
+kpl_status kpl__checkpoint_clean(const char *dir, const char *keep, int *removed, double *bytes);
+/* A checkpoint written before its epoch's evaluation (metadata
+ * train.eval_pending): once that evaluation has run, its marker says so
+ * ("evaluated": true), and a resume from it does not evaluate again. */
+kpl_status kpl__checkpoint_mark_evaluated(const char *path);
+bool kpl__checkpoint_evaluated(const char *path);
 /* Removes a checkpoint, its marker first. */
 kpl_status kpl__checkpoint_remove(const char *path);
 /* dst becomes the same checkpoint as src (a hard link, else a copy) with

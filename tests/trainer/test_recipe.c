@@ -150,7 +150,23 @@ static void test_errors(void **state)
          "override 'optimizer.nesterov=true': optimizer.nesterov: needs optimizer.name sgd and "
          "momentum > 0"},
         {MIN, "data.train.transform.mean=[0.5, 0.5]", KPL_EINVAL,
-         "data.train.transform.mean: expected 1 or 3 values (channels), got 2"},
+         "data.train.transform.mean: expected 1 value or 3 (one per channel), got 2"},
+        {"epochs: 3\nmodel: {name: cnn, num_classes: 10}\noptimizer: {lr: 0.1}\n"
+         "data: {train: {path: train, batch_size: 32, transform: {channels: 1}}}\n",
+         "data.train.transform.std=[0.5, 0.5]", KPL_EINVAL,
+         "data.train.transform.std: expected 1 value (transform.channels is 1), got 2"},
+        {MIN, "data.val.transform.std=[0.5, 0.5, 0.5]", 0, "-"},
+        /* names: one part of a path, printable */
+        {MIN, "name=../../x", KPL_EINVAL,
+         "override 'name=../../x': name: '../../x' may hold only letters, digits and . _ + -"},
+        {MIN, "name=.hidden", KPL_EINVAL, "name: '.hidden' must not start with '.'"},
+        {MIN "name: \"a\\nb\"\n", NULL, KPL_EINVAL, "bad.yaml:5:7: name: control character 0x0a"},
+        {MIN "name: \"a\\0b\"\n", NULL, KPL_EFORMAT, "bad.yaml:5:7: a NUL character"},
+        {MIN, "run_dir=\"runs/a\\tb\"", KPL_EINVAL, "run_dir: control character 0x09"},
+        {MIN, "loss.nonfinite=ignore", KPL_EINVAL,
+         "loss.nonfinite: expected one of stop, skip; got 'ignore'"},
+        {MIN, "data.train.skip_corrupt=1", KPL_EINVAL,
+         "data.train.skip_corrupt: expected true or false"},
         {MIN, "schedule.name=multistep", KPL_EINVAL, "schedule.milestones: multistep needs"},
         {MIN, "schedule.milestones=[5, 3]", KPL_EINVAL, "schedule.milestones: must increase"},
         {MIN, "model.name=resnet", KPL_EINVAL, "model.depth: resnet depth is 18, 34, 50, 101 or "
@@ -188,6 +204,47 @@ static void test_errors(void **state)
     }
     FAILS(kpl_recipe_load("/nonexistent/r.yaml", 0, NULL, &R), KPL_EIO,
           "recipe /nonexistent/r.yaml: No such file");
+    /* only regular files of a sane size: /dev/zero would be read until
+     * memory runs out */
+    FAILS(kpl_recipe_load("/dev/zero", 0, NULL, &R), KPL_EINVAL,
+          "recipe /dev/zero: not a regular file");
+    char path[128];
+    write_file("base_dev.yaml", "base: /dev/zero\nepochs: 3\n", path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "in base: recipe /dev/zero: not a regular file");
+    char *big = malloc((1 << 20) + 64);
+    memset(big, '#', (1 << 20) + 63);
+    big[(1 << 20) + 63] = 0;
+    write_file("big.yaml", big, path, sizeof path);
+    free(big);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "larger than 1 MiB");
+}
+
+/* An override that gives a section as a map lays it over the recipe's
+ * section key by key, as `base:` does, instead of dropping the rest. */
+static void test_override_merge(void **state)
+{
+    (void)state;
+    const char *ov[] = {"data={train: {path: elsewhere}}", "optimizer={momentum: 0.5}"};
+    OK(kpl_recipe_load_string("epochs: 3\nmodel: {name: cnn, num_classes: 10}\n"
+                              "optimizer: {lr: 0.1}\n"
+                              "data: {train: {path: train, batch_size: 32},\n"
+                              "       val: {path: v, batch_size: 7}}\n",
+                              "min", 2, ov, &R));
+    assert_string_equal(R.data.train.path, "elsewhere");
+    assert_int_equal(R.data.train.batch_size, 32); /* MIN's, kept */
+    assert_string_equal(R.data.val.path, "v");
+    assert_int_equal(R.data.val.batch_size, 7);
+    assert_float_equal(R.optimizer.lr, 0.1, 0);
+    assert_float_equal(R.optimizer.momentum, 0.5, 0);
+    /* a value still replaces a value */
+    const char *ov2[] = {"model.hidden=[4, 5]"};
+    OK(kpl_recipe_load_string(MIN, "min", 1, ov2, &R));
+    assert_int_equal(R.model.nhidden, 2);
+    /* the default name of a file with odd characters is made safe */
+    char path[128];
+    write_file("my recipe (v2).yaml", MIN, path, sizeof path);
+    OK(kpl_recipe_load(path, 0, NULL, &R));
+    assert_string_equal(R.name, "my_recipe__v2_");
 }
 
 /* The resolved YAML reads back to the same recipe, with every key. */
@@ -195,7 +252,7 @@ static void test_round_trip(void **state)
 {
     (void)state;
     const char *ov[] = {"optimizer.lr=0.1234567890123", "model.hidden=[3]",
-                        "name=quote\"and\\\\back", "data.train.transform.mean=[0.1, 0.2, 0.3]",
+                        "run_dir=quote\"and\\\\back", "data.train.transform.mean=[0.1, 0.2, 0.3]",
                         "schedule.min_lr=1e-7"};
     OK(kpl_recipe_load_string(MIN, "min", 5, ov, &R));
     char *a = NULL, *b = NULL;
@@ -204,7 +261,7 @@ static void test_round_trip(void **state)
     OK(kpl_recipe_load_string(a, "resolved", 0, NULL, r2));
     OK(kpl_recipe_to_yaml(r2, &b));
     assert_string_equal(a, b);
-    assert_string_equal(r2->name, "quote\"and\\\\back"); /* plain YAML: no escapes */
+    assert_string_equal(r2->run_dir, "quote\"and\\\\back"); /* plain YAML: no escapes */
     assert_float_equal(r2->optimizer.lr, 0.1234567890123, 0);
     assert_float_equal(r2->schedule.min_lr, 1e-7, 0);
     assert_non_null(strstr(a, "  lr: 0.1234567890123\n"));
@@ -291,6 +348,7 @@ int main(void)
         cmocka_unit_test(test_base),     cmocka_unit_test(test_errors),
         cmocka_unit_test(test_round_trip), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
+        cmocka_unit_test(test_override_merge),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

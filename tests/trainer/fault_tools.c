@@ -1,0 +1,93 @@
+/* fault_tools — makes the broken things faults_e2e.sh feeds to kpl:
+ *
+ *   fault_tools baddata OUT N BAD_EVERY
+ *       a KPLRecord dataset of N 28x28 gray JPEGs (label i % 10, a
+ *       class-dependent pattern) whose every BAD_EVERY-th image is cut in
+ *       half (a truncated JPEG: its header parses, its data does not
+ *       decode), with a `path` feature "class/img_I.jpg" as image-folder
+ *       conversions have; BAD_EVERY 0: none bad
+ *   fault_tools poison CKPT OUT
+ *       CKPT with every model weight set to NaN, saved as OUT
+ */
+#include "dataio.h"
+#include "trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <turbojpeg.h>
+
+static int fail(const char *what)
+{
+    fprintf(stderr, "fault_tools %s: %s\n", what, kpl_last_error());
+    return 1;
+}
+
+static int baddata(const char *out, int n, int bad_every)
+{
+    kpl_feature_spec schema[3] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "jpeg"},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+        {.name = "path", .type = KPL_FEATURE_STRING},
+    };
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    cfg.chunk_bytes = 16 << 10;
+    kpl_record_writer *w = NULL;
+    if (kpl_record_writer_create(out, 3, schema, &cfg, &w) < 0) return fail("baddata");
+    tjhandle tj = tjInitCompress();
+    unsigned char px[28 * 28];
+    for (int i = 0; i < n; i++) {
+        int64_t label = i % 10;
+        for (int y = 0; y < 28; y++)
+            for (int x = 0; x < 28; x++)
+                px[y * 28 + x] = (unsigned char)((x * (label + 1) + y * 7 + i) % 256);
+        unsigned char *jpg = NULL;
+        unsigned long len = 0;
+        if (tjCompress2(tj, px, 28, 0, 28, TJPF_GRAY, &jpg, &len, TJSAMP_GRAY, 90, 0) != 0) {
+            fprintf(stderr, "fault_tools baddata: %s\n", tjGetErrorStr2(tj));
+            return 1;
+        }
+        if (bad_every > 0 && i % bad_every == bad_every - 1) len /= 2;
+        char path[64];
+        snprintf(path, sizeof path, "%lld/img_%d.jpg", (long long)label, i);
+        kpl_feature_value v[3] = {{jpg, (uint32_t)len}, {&label, 1},
+                                  {path, (uint32_t)strlen(path)}};
+        kpl_status st = kpl_record_writer_add(w, v);
+        tjFree(jpg);
+        if (st < 0) return fail("baddata");
+    }
+    tjDestroy(tj);
+    if (kpl_record_writer_close(w) < 0) return fail("baddata");
+    return 0;
+}
+
+static int poison(const char *in, const char *out)
+{
+    kpl_checkpoint *c = NULL;
+    if (kpl_checkpoint_load(in, &c) < 0) return fail("poison");
+    int hit = 0;
+    for (int i = 0; i < kpl_checkpoint_num_tensors(c); i++) {
+        const char *name = kpl_checkpoint_name(c, i);
+        size_t l = strlen(name);
+        if (strncmp(name, "model.", 6) || l < 7 || strcmp(name + l - 7, ".weight")) continue;
+        if (kpl_k_fill(kpl_checkpoint_find(c, name), NAN) < 0) return fail("poison");
+        hit++;
+    }
+    if (!hit) {
+        fprintf(stderr, "fault_tools poison: %s has no model.*.weight\n", in);
+        return 1;
+    }
+    if (kpl_checkpoint_save(c, out) < 0) return fail("poison");
+    kpl_checkpoint_destroy(c);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    if (argc == 5 && !strcmp(argv[1], "baddata"))
+        return baddata(argv[2], atoi(argv[3]), atoi(argv[4]));
+    if (argc == 4 && !strcmp(argv[1], "poison")) return poison(argv[2], argv[3]);
+    fprintf(stderr, "usage: fault_tools baddata OUT N BAD_EVERY | poison CKPT OUT\n");
+    return 2;
+}
