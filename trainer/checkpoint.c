@@ -521,7 +521,11 @@ kpl_status kpl_checkpoint_load(const char *path, kpl_checkpoint **out)
                        (unsigned long long)raw_bytes);
         goto fail;
     }
-    raw = malloc(raw_bytes ? raw_bytes : 1);
+    /* The header's size is only a claim (its checksum can be forged): the
+     * buffer grows with what really decompresses, up to that size. */
+    size_t cap = raw_bytes < ((size_t)1 << 20) ? (size_t)raw_bytes : (size_t)1 << 20;
+    if (cap == 0) cap = 1;
+    raw = malloc(cap);
     size_t in_cap = ZSTD_DStreamInSize();
     in = malloc(in_cap);
     z = ZSTD_createDCtx();
@@ -532,7 +536,7 @@ kpl_status kpl_checkpoint_load(const char *path, kpl_checkpoint **out)
     }
     uint32_t crc = 0;
     uint64_t at = CKPT_HEADER;
-    ZSTD_outBuffer o = {raw, raw_bytes, 0};
+    ZSTD_outBuffer o = {raw, cap < raw_bytes ? cap : (size_t)raw_bytes, 0};
     size_t zret = 1;
     while (at < (uint64_t)sb.st_size) {
         ssize_t r = pread(fd, in, in_cap, (off_t)at);
@@ -544,14 +548,27 @@ kpl_status kpl_checkpoint_load(const char *path, kpl_checkpoint **out)
         at += (uint64_t)r;
         crc = kpl_crc32c(crc, in, (size_t)r);
         ZSTD_inBuffer ib = {in, (size_t)r, 0};
-        while (ib.pos < ib.size) {
+        for (;;) {
+            if (o.pos == o.size && o.size < raw_bytes) {
+                size_t grown = o.size * 2 < raw_bytes ? o.size * 2 : (size_t)raw_bytes;
+                uint8_t *g = realloc(raw, grown);
+                if (!g) {
+                    st = KPL_ERROR(KPL_ENOMEM, "%s: no memory for a %llu-byte checkpoint", path,
+                                   (unsigned long long)raw_bytes);
+                    goto fail;
+                }
+                raw = g;
+                o.dst = raw;
+                o.size = grown;
+            }
             size_t before = o.pos, ipos = ib.pos;
             zret = ZSTD_decompressStream(z, &o, &ib);
             if (ZSTD_isError(zret)) {
                 st = KPL_ERROR(KPL_EFORMAT, "%s: zstd: %s", path, ZSTD_getErrorName(zret));
                 goto fail;
             }
-            if (o.pos == before && ib.pos == ipos) break; /* output full: caught below */
+            if (ib.pos == ib.size && (zret == 0 || o.pos < o.size)) break; /* input used up */
+            if (o.pos == before && ib.pos == ipos) break;   /* past the claimed size: below */
         }
     }
     if (crc != get32(h + 32)) {

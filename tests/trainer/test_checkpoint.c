@@ -8,6 +8,7 @@
 
 #include <jansson.h>
 #include <stdlib.h>
+#include <zstd.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -162,10 +163,77 @@ static void test_damage(void **state)
     kpl_checkpoint *c = NULL;
     FAILS(kpl_checkpoint_load(bad, &c), KPL_EFORMAT, "truncated or extended");
     FAILS(kpl_checkpoint_load("/nonexistent.kpl", &c), KPL_ENOTFOUND, "/nonexistent.kpl");
+    /* a header (checksum fixed up) that claims a huge payload: refused by
+     * what the payload really holds, not by an allocation of the claim
+     * (the fuzzer's header-claims-1tib) */
+    uint64_t claims[2] = {(uint64_t)1 << 39, (uint64_t)n}; /* 512 GiB; a little more than real */
+    for (int k = 0; k < 2; k++) {
+        memcpy(b, good, n);
+        memcpy(b + 16, &claims[k], 8);
+        uint32_t hc = kpl_crc32c(0, b, 36);
+        memcpy(b + 36, &hc, 4);
+        write_all(bad, b, n);
+        FAILS(kpl_checkpoint_load(bad, &c), KPL_EFORMAT, "payload decompresses to");
+    }
     free(good);
     free(b);
     kpl_tensor_release(ts[0]);
     kpl_tensor_release(ts[1]);
+}
+
+/* A file in the checkpoint format around a hand-written tensor table. */
+static void write_with_table(const char *path, const char *table, size_t data_bytes)
+{
+    size_t tl = strlen(table), raw_n = (8 + tl + 63) / 64 * 64 + data_bytes;
+    uint8_t *raw = calloc(1, raw_n);
+    uint64_t tl64 = tl;
+    memcpy(raw, &tl64, 8);
+    memcpy(raw + 8, table, tl);
+    size_t cap = ZSTD_compressBound(raw_n);
+    uint8_t *file = malloc(40 + cap);
+    size_t z = ZSTD_compress(file + 40, cap, raw, raw_n, 3);
+    assert_false(ZSTD_isError(z));
+    uint32_t v = 1, flags = 1, crc = kpl_crc32c(0, file + 40, z);
+    uint64_t r64 = raw_n, z64 = z;
+    memcpy(file, "KPLCKPT\n", 8);
+    memcpy(file + 8, &v, 4), memcpy(file + 12, &flags, 4);
+    memcpy(file + 16, &r64, 8), memcpy(file + 24, &z64, 8), memcpy(file + 32, &crc, 4);
+    uint32_t hc = kpl_crc32c(0, file, 36);
+    memcpy(file + 36, &hc, 4);
+    FILE *f = fopen(path, "wb");
+    assert_non_null(f);
+    assert_int_equal(fwrite(file, 1, 40 + z, f), 40 + z);
+    fclose(f);
+    free(file);
+    free(raw);
+}
+
+/* A table whose byte count and shape disagree is named as such (not as a
+ * tensor that does not fit the payload), and so is a shape that needs more
+ * than the file holds. */
+static void test_table(void **state)
+{
+    (void)state;
+    char path[128];
+    snprintf(path, sizeof path, "%s/table.kpl", dir);
+    const char *fmt = "{\"format\":\"kpl-checkpoint\",\"version\":1,\"meta\":{},\"tensors\":"
+                      "[{\"name\":\"w\",\"dtype\":\"f32\",\"shape\":%s,\"offset\":"
+                      "\"00000000000000000192\",\"bytes\":%s}]}";
+    char table[512];
+    kpl_checkpoint *c = NULL;
+    snprintf(table, sizeof table, fmt, "[3]", "12");
+    write_with_table(path, table, 64);
+    OK(kpl_checkpoint_load(path, &c));
+    kpl_checkpoint_destroy(c);
+    c = NULL;
+    snprintf(table, sizeof table, fmt, "[3]", "8");
+    write_with_table(path, table, 64);
+    FAILS(kpl_checkpoint_load(path, &c), KPL_EFORMAT,
+          "tensor 'w' is said to hold 8 bytes, but its shape (3) of f32 needs 12");
+    snprintf(table, sizeof table, fmt, "[4611686018427387904]", "0");
+    write_with_table(path, table, 64);
+    FAILS(kpl_checkpoint_load(path, &c), KPL_EFORMAT, "more than the");
+    assert_null(c);
 }
 
 /* Only checkpoints with a marker are listed; removal takes the marker
@@ -230,6 +298,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_damage),
+        cmocka_unit_test(test_table),
         cmocka_unit_test(test_markers),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
