@@ -49,7 +49,9 @@
 extern "C" {
 #endif
 
-#define KPL_RECORD_VERSION 1
+/* The KPLRecord version written (METADATA's and the shard headers'): 2 adds
+ * METADATA's checksum and makes fixed shapes binding; readers read 1 and 2. */
+#define KPL_RECORD_VERSION 2
 #define KPL_FEATURE_NAME_MAX 64 /* including the terminating NUL */
 
 /* Append only (the numbers are not stored; names are). */

@@ -66,6 +66,28 @@ static inline size_t kpl__feature_elem_size(kpl_feature_type t)
     return t == KPL_FEATURE_INT64 ? 8 : t == KPL_FEATURE_FLOAT ? 4 : 1;
 }
 
+/* The count every value of a feature must have, fixed by its shape
+ * (docs/kplrecord.md): the product of the extents for an int64 or float
+ * feature, and for a bytes feature whose encoding is "raw"; -1 when there
+ * is no shape or it is only a hint (encoded images, strings).  A product
+ * past 2^32 - 1 comes back as INT64_MAX, which no count matches. */
+static inline int64_t kpl__feature_fixed_count(const kpl_feature_spec *f)
+{
+    if (f->ndim <= 0 || f->type == KPL_FEATURE_STRING ||
+        (f->type == KPL_FEATURE_BYTES && strcmp(f->encoding, "raw")))
+        return -1;
+    uint64_t n = 1;
+    for (int d = 0; d < f->ndim && d < 8; d++) {
+        if (f->shape[d] <= 0 || (uint64_t)f->shape[d] > 0xffffffffull ||
+            __builtin_mul_overflow(n, (uint64_t)f->shape[d], &n) || n > 0xffffffffull)
+            return INT64_MAX;
+    }
+    return (int64_t)n;
+}
+
+/* "[28, 28, 1]" into out[n]. */
+void kpl__shape_str(const kpl_feature_spec *f, char *out, size_t n);
+
 /* ---- counter-based randomness: every draw is a pure function of its
  *      key, so an order or an augmentation never depends on which process
  *      or thread made it ---- */
@@ -143,6 +165,17 @@ kpl_status kpl__record_parse(int nf, const kpl_feature_spec *schema, const uint8
 /* The schema as METADATA's "features" array (a new jansson reference). */
 struct json_t;
 struct json_t *kpl__schema_json(int nf, const kpl_feature_spec *schema);
+
+/* METADATA's text (version 2) for the JSON object m, which must not hold
+ * the key itself: m indented, then as its last key "metadata_crc32c", the
+ * CRC32C of every byte of the text before that key's opening quote, so an
+ * edited METADATA is refused (docs/kplrecord.md).  No trailing newline.
+ * malloc'd; NULL on OOM. */
+#define KPLR_METADATA_CRC_KEY "metadata_crc32c"
+char *kpl__metadata_text(struct json_t *m);
+/* Where the checksummed bytes of a METADATA text end: the offset of the
+ * last '"metadata_crc32c"' in text[0..n), or -1. */
+int64_t kpl__metadata_crc_end(const char *text, size_t n);
 
 /* A progress line on stderr, rewritten in place ("\r"), at most every
  * 0.2 s; `done == total` ends it with a newline. */

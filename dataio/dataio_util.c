@@ -177,6 +177,53 @@ json_t *kpl__schema_json(int nf, const kpl_feature_spec *schema)
     return a;
 }
 
+void kpl__shape_str(const kpl_feature_spec *f, char *out, size_t n)
+{
+    size_t k = (size_t)snprintf(out, n, "[");
+    for (int d = 0; d < f->ndim && d < 8 && k < n; d++)
+        k += (size_t)snprintf(out + k, n - k, "%s%lld", d ? ", " : "", (long long)f->shape[d]);
+    if (k < n) snprintf(out + k, n - k, "]");
+}
+
+/* ---- METADATA's checksum ------------------------------------------------------------ */
+
+char *kpl__metadata_text(json_t *m)
+{
+    KPL_ASSERT(json_is_object(m) && !json_object_get(m, KPLR_METADATA_CRC_KEY),
+               "METADATA object already sealed");
+    char *t = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    if (!t) return NULL;
+    /* "{\n  ...last value\n}": keep up to the last value, add the key. */
+    size_t n = strlen(t);
+    while (n > 0 && t[n - 1] != '}') n--;
+    KPL_ASSERT(n > 0, "json_dumps of an object without '}'");
+    n--;
+    while (n > 0 && (t[n - 1] == '\n' || t[n - 1] == ' ')) n--;
+    bool empty = n > 0 && t[n - 1] == '{';
+    const char *sep = empty ? "\n  " : ",\n  ";
+    size_t cap = n + 64;
+    char *out = malloc(cap);
+    if (!out) {
+        free(t);
+        return NULL;
+    }
+    memcpy(out, t, n);
+    free(t);
+    size_t k = n + (size_t)snprintf(out + n, cap - n, "%s", sep);
+    uint32_t crc = kpl__crc32c(out, k);
+    snprintf(out + k, cap - k, "\"%s\": %u\n}", KPLR_METADATA_CRC_KEY, crc);
+    return out;
+}
+
+int64_t kpl__metadata_crc_end(const char *text, size_t n)
+{
+    static const char key[] = "\"" KPLR_METADATA_CRC_KEY "\"";
+    const size_t kl = sizeof key - 1;
+    for (size_t i = n >= kl ? n - kl + 1 : 0; i-- > 0;)
+        if (text[i] == '"' && !memcmp(text + i, key, kl)) return (int64_t)i;
+    return -1;
+}
+
 /* ---- progress -------------------------------------------------------------------- */
 
 static double mono(void)

@@ -33,8 +33,15 @@ typedef struct {
 
 struct kpl_dataset {
     char dir[PATH_MAX];
+    int version; /* METADATA's: 1, or 2 with its checksum */
     int nf;
     kpl_feature_spec *schema;
+    /* What the fixed shapes say of every record body: at least min_body
+     * bytes, exactly that many when every feature is fixed; fixed_desc
+     * lists them for messages ("'image' [28, 28, 1] = 784 bytes"). */
+    uint64_t min_body;
+    bool all_fixed;
+    char fixed_desc[256];
     char *attrs, *created, *writer;
     uint64_t uid;
     int64_t chunk_bytes, zstd_level;
@@ -129,6 +136,24 @@ static kpl_status parse_features(kpl_dataset *ds, const char *path, json_t *fa)
                 f->shape[d] = json_integer_value(e);
             }
         }
+        /* A fixed shape fixes every record's value (docs/kplrecord.md). */
+        int64_t fixed = kpl__feature_fixed_count(f);
+        size_t es = kpl__feature_elem_size(f->type);
+        char sh[128];
+        kpl__shape_str(f, sh, sizeof sh);
+        if (fixed >= 0 && (uint64_t)fixed * es + 4 > KPLR_MAX_BODY)
+            return META_FAIL("%s: feature '%s' has shape %s: more than a record can hold", path,
+                             f->name, sh);
+        if (fixed >= 0) {
+            ds->min_body += 4 + (uint64_t)fixed * es;
+            size_t k = strlen(ds->fixed_desc);
+            snprintf(ds->fixed_desc + k, sizeof ds->fixed_desc - k, "%s'%s' %s = %lld %s",
+                     k ? ", " : "", f->name, sh, (long long)fixed,
+                     f->type == KPL_FEATURE_BYTES ? "bytes" : "values");
+        } else {
+            ds->min_body += 4;
+            ds->all_fixed = false;
+        }
     }
     return KPL_OK;
 }
@@ -136,16 +161,16 @@ static kpl_status parse_features(kpl_dataset *ds, const char *path, json_t *fa)
 /* ---- shard files ------------------------------------------------------------------- */
 
 static kpl_status check_file_header(const uint8_t *h, const char *path, const char *magic,
-                                    int shard, uint64_t uid)
+                                    int shard, uint64_t uid, int version)
 {
     if (memcmp(h, magic, 8))
         return META_FAIL("%s: not a KPLRecord %s file (bad magic)", path,
                          magic[4] == 'D' ? "data" : "index");
     if (kpl__rd32(h + 28) != kpl__crc32c(h, 28))
         return META_FAIL("%s: file header CRC32C mismatch", path);
-    if (kpl__rd32(h + 8) != KPL_RECORD_VERSION)
-        return META_FAIL("%s: format version %u, this kpl reads version %d", path,
-                         kpl__rd32(h + 8), KPL_RECORD_VERSION);
+    if (kpl__rd32(h + 8) != (uint32_t)version)
+        return META_FAIL("%s: format version %u, METADATA says version %d", path,
+                         kpl__rd32(h + 8), version);
     if (kpl__rd32(h + 12) != (uint32_t)shard)
         return META_FAIL("%s: header says shard %u, METADATA lists it as shard %d", path,
                          kpl__rd32(h + 12), shard);
@@ -193,7 +218,7 @@ static kpl_status open_shard(kpl_dataset *ds, int s, json_t *o)
     if (ilen != (uint64_t)ibytes)
         return META_FAIL("%s: %zu bytes, METADATA says %lld (truncated or replaced)", ip, ilen,
                          (long long)ibytes);
-    KPL_TRY(check_file_header(sh->index, ip, KPLR_INDEX_MAGIC, s, ds->uid));
+    KPL_TRY(check_file_header(sh->index, ip, KPLR_INDEX_MAGIC, s, ds->uid, ds->version));
     if (kpl__rd32(sh->index + 24) != (uint64_t)nch)
         return META_FAIL("%s: %u chunks, METADATA says %lld", ip, kpl__rd32(sh->index + 24),
                          (long long)nch);
@@ -228,6 +253,24 @@ static kpl_status open_shard(kpl_dataset *ds, int s, json_t *o)
                 kpl__rd32(re + 4) + (uint64_t)KPLR_RECORD_HEADER > raw)
                 return META_FAIL("%s: record entry %llu does not point into chunk %lld", ip,
                                  (unsigned long long)(first + r), (long long)c);
+            /* Records follow each other, so the index gives each body's
+             * size: the schema's fixed shapes must fit it (a METADATA whose
+             * shape was edited is caught here when the size differs). */
+            uint64_t at = kpl__rd32(re + 4),
+                     next = r + 1 < nrec ? kpl__rd32(re + KPLR_RECORD_ENTRY + 4) : raw;
+            if (next < at + KPLR_RECORD_HEADER)
+                return META_FAIL("%s: record entry %llu is out of order in chunk %lld", ip,
+                                 (unsigned long long)(first + r), (long long)c);
+            uint64_t body = next - at - KPLR_RECORD_HEADER;
+            if (body < ds->min_body || (ds->all_fixed && body != ds->min_body))
+                return META_FAIL("%s chunk %lld record %u (example %lld): a %llu-byte body, "
+                                 "but METADATA's shapes (%s) make every body %s%llu bytes: "
+                                 "METADATA does not describe these records",
+                                 sh->data_path, (long long)c, r,
+                                 (long long)(ds->nexamples + (int64_t)first + r),
+                                 (unsigned long long)body, ds->fixed_desc,
+                                 ds->all_fixed ? "" : "at least ",
+                                 (unsigned long long)ds->min_body);
         }
         off += KPLR_CHUNK_HEADER + (uint64_t)stored;
         first += nrec;
@@ -251,7 +294,7 @@ static kpl_status open_shard(kpl_dataset *ds, int s, json_t *o)
                          sh->data_path, (long long)sb.st_size, (long long)dbytes);
     uint8_t h[KPLR_FILE_HEADER];
     KPL_TRY(kpl__pread_all(sh->fd, h, sizeof h, 0, sh->data_path));
-    KPL_TRY(check_file_header(h, sh->data_path, KPLR_DATA_MAGIC, s, ds->uid));
+    KPL_TRY(check_file_header(h, sh->data_path, KPLR_DATA_MAGIC, s, ds->uid, ds->version));
     posix_fadvise(sh->fd, 0, 0, POSIX_FADV_SEQUENTIAL);
     return KPL_OK;
 }
@@ -288,15 +331,23 @@ kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out)
     if (access(meta, F_OK) != 0)
         return KPL_ERROR(KPL_ENOTFOUND, "%s: no METADATA file: not a KPLRecord dataset, or its "
                          "writer never finished", dir);
+    char *text = NULL;
+    size_t tlen = 0;
+    KPL_TRY(kpl__read_file(meta, &text, &tlen));
     json_error_t je;
-    json_t *m = json_load_file(meta, JSON_REJECT_DUPLICATES, &je);
-    if (!m) return META_FAIL("%s:%d:%d: not valid JSON: %s", meta, je.line, je.column, je.text);
+    json_t *m = json_loadb(text, tlen, JSON_REJECT_DUPLICATES, &je);
+    if (!m) {
+        free(text);
+        return META_FAIL("%s:%d:%d: not valid JSON: %s", meta, je.line, je.column, je.text);
+    }
     kpl_status st = KPL_OK;
     kpl_dataset *ds = calloc(1, sizeof *ds);
     if (!ds) {
+        free(text);
         json_decref(m);
         return KPL_ERROR(KPL_ENOMEM, "dataset: no memory");
     }
+    ds->all_fixed = true;
     strcpy(ds->dir, dir);
     const char *fmt = NULL, *uid = NULL;
     int64_t version, nex;
@@ -310,10 +361,26 @@ kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out)
         goto fail;
     }
     KPL_TRY_GOTO(meta_int(meta, m, "", "version", 0, &version));
-    if (version != KPL_RECORD_VERSION) {
-        st = META_FAIL("%s: format version %lld; this kpl reads version %d", meta,
+    if (version < 1 || version > KPL_RECORD_VERSION) {
+        st = META_FAIL("%s: format version %lld; this kpl reads versions 1 to %d", meta,
                        (long long)version, KPL_RECORD_VERSION);
         goto fail;
+    }
+    ds->version = (int)version;
+    if (version >= 2) {
+        /* Every byte before the checksum's key is covered: an edited
+         * METADATA (a shape, a count) is refused, not trusted. */
+        int64_t at = kpl__metadata_crc_end(text, tlen);
+        int64_t want = -1;
+        KPL_TRY_GOTO(meta_int(meta, m, "", KPLR_METADATA_CRC_KEY, 0, &want));
+        uint32_t got = at < 0 ? 0 : kpl__crc32c(text, (size_t)at);
+        if (at < 0 || want != (int64_t)got) {
+            st = META_FAIL("%s: METADATA checksum mismatch (%s %lld, computed %u): the file was "
+                           "changed after the dataset was written, and an edited shape or count "
+                           "would make readers misread the records; convert the dataset again",
+                           meta, KPLR_METADATA_CRC_KEY, (long long)want, got);
+            goto fail;
+        }
     }
     KPL_TRY_GOTO(meta_str(meta, m, "", "dataset_uid", &uid));
     char *end;
@@ -366,10 +433,12 @@ kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out)
         goto fail;
     }
     json_decref(m);
+    free(text);
     *out = ds;
     return KPL_OK;
 fail:
     json_decref(m);
+    free(text);
     kpl_dataset_close(ds);
     return st;
 }
@@ -500,6 +569,15 @@ kpl_status kpl__record_parse(int nf, const kpl_feature_spec *schema, const uint8
         if (off + 4 + sz > len)
             return KPL_ERROR(KPL_EFORMAT, "%s: feature '%s' claims %u values, past the body's "
                              "end", where, schema[f].name, n);
+        int64_t fixed = kpl__feature_fixed_count(&schema[f]);
+        if (fixed >= 0 && (int64_t)n != fixed) {
+            char sh[128];
+            kpl__shape_str(&schema[f], sh, sizeof sh);
+            return KPL_ERROR(KPL_EFORMAT, "%s: feature '%s' has %u %s, but its shape %s needs "
+                             "%lld", where, schema[f].name, n,
+                             schema[f].type == KPL_FEATURE_BYTES ? "bytes" : "values", sh,
+                             (long long)fixed);
+        }
         if (values) values[f] = (kpl_feature_value){body + off + 4, n};
         off += 4 + sz;
     }
@@ -706,7 +784,7 @@ kpl_status kpl_dataset_describe(const kpl_dataset *ds, char **json)
     snprintf(uid, sizeof uid, "%016" PRIx64, ds->uid);
     json_object_set_new(o, "path", json_string(ds->dir));
     json_object_set_new(o, "format", json_string("kplrecord"));
-    json_object_set_new(o, "version", json_integer(KPL_RECORD_VERSION));
+    json_object_set_new(o, "version", json_integer(ds->version));
     json_object_set_new(o, "dataset_uid", json_string(uid));
     json_object_set_new(o, "writer", json_string(ds->writer));
     json_object_set_new(o, "created", json_string(ds->created));
@@ -739,8 +817,7 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
     KPL_TRY(kpl_dataset_open(dir, &ds));
     kpl_status st = KPL_OK;
     kpl_chunk *c = kpl_chunk_create();
-    kpl_feature_value *v = malloc(sizeof *v * (size_t)ds->nf);
-    if (!c || !v) {
+    if (!c) {
         st = KPL_ERROR(KPL_ENOMEM, "verify: no memory");
         goto fail;
     }
@@ -758,24 +835,8 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
             int64_t g = sh->first_chunk + k;
             KPL_TRY_GOTO(kpl_dataset_read_chunk(ds, g, c));
             crc = kpl__crc32c_extend(crc, c->buf, c->file_len);
-            for (int i = 0; i < c->n; i++) {
-                KPL_TRY_GOTO(kpl_chunk_record(c, i, v));
-                for (int f = 0; f < ds->nf; f++) {
-                    const kpl_feature_spec *fs = &ds->schema[f];
-                    if (fs->type != KPL_FEATURE_BYTES || strcmp(fs->encoding, "raw") || !fs->ndim)
-                        continue;
-                    int64_t want = 1;
-                    for (int d = 0; d < fs->ndim; d++) want *= fs->shape[d];
-                    if (v[f].count != (uint64_t)want) {
-                        st = KPL_ERROR(KPL_EFORMAT, "%s chunk %lld record %d (example %lld): raw "
-                                       "feature '%s' has %u bytes, its shape wants %lld",
-                                       sh->data_path, (long long)k, i,
-                                       (long long)(c->first_example + i), fs->name, v[f].count,
-                                       (long long)want);
-                        goto fail;
-                    }
-                }
-            }
+            /* (Reading the chunk parsed every record: feature counts,
+             * and fixed shapes against them.) */
             vs.examples += c->n;
             vs.chunks++;
             done += c->file_len;
@@ -792,7 +853,6 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
     if (progress) progress(total, total, ctx);
     if (stats) *stats = vs;
 fail:
-    free(v);
     kpl_chunk_destroy(c);
     kpl_dataset_close(ds);
     return st;

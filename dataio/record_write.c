@@ -415,6 +415,10 @@ kpl_status kpl_record_writer_add(kpl_record_writer *w, const kpl_feature_value *
                   "record writer: example %lld, feature '%s': NULL data with count %u",
                   (long long)w->count, w->schema[i].name, values[i].count);
         body += 4 + (uint64_t)values[i].count * kpl__feature_elem_size(w->schema[i].type);
+        int64_t fixed = kpl__feature_fixed_count(&w->schema[i]);
+        KPL_CHECK(fixed < 0 || values[i].count == fixed, KPL_EINVAL,
+                  "record writer: example %lld, feature '%s': %u values, its shape needs %lld",
+                  (long long)w->count, w->schema[i].name, values[i].count, (long long)fixed);
     }
     KPL_CHECK(body <= KPLR_MAX_BODY, KPL_ERANGE,
               "record writer: example %lld is %llu bytes (the limit is %u)",
@@ -518,7 +522,7 @@ static kpl_status write_metadata(kpl_record_writer *w, const uint32_t *icrc,
         json_array_append_new(shards, o);
     }
     json_object_set_new(m, "shards", shards);
-    char *text = json_dumps(m, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    char *text = kpl__metadata_text(m); /* with its checksum */
     json_decref(m);
     KPL_CHECK(text, KPL_ENOMEM, "record writer: no memory for METADATA");
     int fd = -1;

@@ -2,6 +2,7 @@
 # cli_data.sh KPL: `kpl data convert/inspect/verify` end to end on Debian's
 # Fashion-MNIST: the conversion's counts, a clean verify, then a flipped
 # byte that verify must report (non-zero exit, naming shard file and chunk),
+# an edited METADATA that inspect and verify refuse,
 # and a second conversion into the same place that must refuse and keep
 # the dataset intact.
 set -euo pipefail
@@ -43,6 +44,12 @@ if "$kpl" data convert --from idx --quiet "$src" "$tmp/fm" 2> "$tmp/again.err"; 
 fi
 grep -q 'is not empty' "$tmp/again.err" || die "refusal message: $(cat "$tmp/again.err")"
 "$kpl" data verify "$tmp/fm/train" > /dev/null || die "the existing train split was damaged"
+# An edited METADATA is refused by inspect and verify (its checksum).
+cp -r "$tmp/fm/train" "$tmp/edited"
+sed -i 's/"num_classes": 10/"num_classes": 11/' "$tmp/edited/METADATA"
+if "$kpl" data verify "$tmp/edited" > /dev/null 2> "$tmp/edited.err"; then die "verify passed an edited METADATA"; fi
+grep -q 'METADATA checksum mismatch' "$tmp/edited.err" || die "edited METADATA message: $(cat "$tmp/edited.err")"
+if "$kpl" data inspect "$tmp/edited" > /dev/null 2>&1; then die "inspect passed an edited METADATA"; fi
 # Bad arguments name the problem.
 if "$kpl" data convert --from lmdbx "$src" "$tmp/x" 2> "$tmp/arg.err"; then die "bad --from"; fi
 grep -q "unknown source 'lmdbx'" "$tmp/arg.err" || die "bad --from message"

@@ -10,6 +10,7 @@
 #include "dataio_impl.h"
 
 #include <fcntl.h>
+#include <jansson.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -238,7 +239,7 @@ static void test_incompressible_chunks_stored_raw(void **state)
 
 static void copy_set(const char *from, const char *to)
 {
-    char cmd[600];
+    char cmd[1024];
     snprintf(cmd, sizeof cmd, "rm -rf '%s' && cp -r '%s' '%s'", to, from, to);
     assert_int_equal(system(cmd), 0);
 }
@@ -360,8 +361,10 @@ static void test_truncated_and_extended_files(void **state)
 }
 
 /* Rewrites METADATA with the first `from` after `anchor` (NULL: the start)
- * replaced by `to`. */
-static void edit_metadata(const char *dir, const char *anchor, const char *from, const char *to)
+ * replaced by `to`; with `reseal`, its metadata_crc32c is then computed
+ * again (as a writer would), so the edit reaches the checks behind it. */
+static void edit_metadata_as(const char *dir, const char *anchor, const char *from, const char *to,
+                             bool reseal)
 {
     char f[300];
     snprintf(f, sizeof f, "%s/METADATA", dir);
@@ -371,10 +374,24 @@ static void edit_metadata(const char *dir, const char *anchor, const char *from,
     assert_non_null(p);
     p = strstr(p, from);
     assert_non_null(p);
+    size_t cap = strlen(text) + strlen(to) + 64;
+    char *t = malloc(cap);
+    int n = snprintf(t, cap, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+    int64_t at = kpl__metadata_crc_end(t, (size_t)n);
+    if (reseal && at >= 0) {
+        uint32_t crc = kpl__crc32c(t, (size_t)at);
+        snprintf(t + at, cap - (size_t)at, "\"%s\": %u\n}", KPLR_METADATA_CRC_KEY, crc);
+    }
     FILE *o = fopen(f, "w");
-    fprintf(o, "%.*s%s%s", (int)(p - text), text, to, p + strlen(from));
+    fputs(t, o);
     fclose(o);
+    free(t);
     free(text);
+}
+
+static void edit_metadata(const char *dir, const char *anchor, const char *from, const char *to)
+{
+    edit_metadata_as(dir, anchor, from, to, true);
 }
 
 static void test_metadata_that_lies(void **state)
@@ -401,8 +418,8 @@ static void test_metadata_that_lies(void **state)
     FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "00000.index");
 
     copy_set(good, bad); /* the version */
-    edit_metadata(bad, NULL, "\"version\": 1", "\"version\": 2");
-    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "format version 2; this kpl reads version 1");
+    edit_metadata(bad, NULL, "\"version\": 2", "\"version\": 3");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "format version 3; this kpl reads versions 1 to 2");
 
     copy_set(good, bad); /* broken JSON: the message has a line number */
     edit_metadata(bad, NULL, "\"format\": \"kplrecord\",", "\"format\": \"kplrecord\" oops");
@@ -419,6 +436,162 @@ static void test_metadata_that_lies(void **state)
     kpl_status st = kpl_dataset_open(bad, &ds);
     assert_int_equal(st, KPL_EFORMAT); /* size or uid, whichever check meets it first */
     assert_null(ds);
+}
+
+static void write_bytes(const char *file, const void *b, size_t n);
+
+/* A set of n raw 28x28x1 images (pixel i of image e = e + i) with an int64
+ * label, fixed at [1] when label_shape. */
+static void write_raw_set(const char *dir, int n, bool label_shape)
+{
+    kpl_feature_spec schema[2] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {28, 28, 1}},
+        {.name = "label", .type = KPL_FEATURE_INT64, .ndim = label_shape ? 1 : 0, .shape = {1}},
+    };
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 2, schema, &cfg, &w));
+    for (int64_t e = 0; e < n; e++) {
+        uint8_t img[784];
+        for (int i = 0; i < 784; i++) img[i] = (uint8_t)(e + i);
+        kpl_feature_value v[2] = {{img, 784}, {&e, 1}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+}
+
+/* Rewrites a one-shard version 2 dataset as kpl wrote version 1 (before
+ * METADATA had a checksum): headers say 1, METADATA has version 1 and no
+ * metadata_crc32c, the whole-file CRCs follow. */
+static void downgrade_to_v1(const char *dir)
+{
+    char f[2][400], meta[400];
+    uint32_t crc[2];
+    snprintf(f[0], sizeof f[0], "%s/00000.data", dir);
+    snprintf(f[1], sizeof f[1], "%s/00000.index", dir);
+    for (int k = 0; k < 2; k++) {
+        char *b = NULL;
+        size_t n = 0;
+        OK(kpl__read_file(f[k], &b, &n));
+        assert_int_equal(kpl__rd32(b + 8), 2);
+        kpl__wr32(b + 8, 1);
+        kpl__wr32(b + 28, kpl_crc32c(0, b, 28));
+        if (k == 1) kpl__wr32(b + n - 4, kpl_crc32c(0, b, n - 4));
+        crc[k] = kpl_crc32c(0, b, n);
+        write_bytes(f[k], b, n);
+        free(b);
+    }
+    snprintf(meta, sizeof meta, "%s/METADATA", dir);
+    json_t *m = json_load_file(meta, 0, NULL);
+    assert_non_null(m);
+    assert_int_equal(json_object_del(m, KPLR_METADATA_CRC_KEY), 0);
+    json_object_set_new(m, "version", json_integer(1));
+    json_t *sh = json_array_get(json_object_get(m, "shards"), 0);
+    json_object_set_new(sh, "data_crc32c", json_integer(crc[0]));
+    json_object_set_new(sh, "index_crc32c", json_integer(crc[1]));
+    assert_int_equal(json_dump_file(m, meta, JSON_INDENT(2) | JSON_PRESERVE_ORDER), 0);
+    json_decref(m);
+}
+
+/* METADATA's shapes are binding and METADATA is checksummed (version 2):
+ * an edit that keeps the byte count ([14, 56, 1] for 28x28x1) is refused
+ * by the checksum; one that changes it is caught at open from the index's
+ * record sizes, or by the record parse (and so by verify), naming the file,
+ * chunk, record, shape and byte count.  Version 1 sets still read. */
+static void test_metadata_shapes_and_checksum(void **state)
+{
+    (void)state;
+    char good[300], bad[300];
+    snprintf(good, sizeof good, "%s", path("shape_good"));
+    snprintf(bad, sizeof bad, "%s", path("shape_bad"));
+    write_raw_set(good, 10, false);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(good, &ds));
+    char *json = NULL;
+    OK(kpl_dataset_describe(ds, &json));
+    assert_non_null(strstr(json, "\"version\": 2"));
+    free(json);
+    kpl_dataset_close(ds);
+    char meta[320], *text = NULL;
+    snprintf(meta, sizeof meta, "%s/METADATA", good);
+    OK(kpl__read_file(meta, &text, NULL));
+    assert_non_null(strstr(text, "\"version\": 2,"));
+    /* The last key, covering every byte before it. */
+    char *key = strstr(text, ",\n  \"metadata_crc32c\": ");
+    assert_non_null(key);
+    unsigned stored = 0;
+    assert_int_equal(sscanf(key + 22, "%u", &stored), 1);
+    assert_int_equal(stored, kpl_crc32c(0, text, (size_t)(key - text) + 4));
+    assert_string_equal(strchr(key + 22, '\n'), "\n}\n");
+    free(text);
+
+    /* Same byte count: only the checksum can tell. */
+    copy_set(good, bad);
+    edit_metadata_as(bad, NULL, "28,\n        28,", "14,\n        56,", false);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "METADATA checksum mismatch");
+    FAILS(kpl_dataset_verify(bad, NULL, NULL, NULL), KPL_EFORMAT, "the file was changed");
+    copy_set(good, bad); /* any edit, even a harmless one */
+    edit_metadata_as(bad, NULL, "\"zstd_level\": 3", "\"zstd_level\": 3 ", false);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "METADATA checksum mismatch");
+
+    /* A larger shape: 28x28x3 needs 2352 of a record's 800 bytes (4 + 784
+     * + 4 + 8): caught at open from the index. */
+    copy_set(good, bad);
+    edit_metadata(bad, NULL, "28,\n        1\n", "28,\n        3\n");
+    char want[700];
+    snprintf(want, sizeof want, "%s/00000.data chunk 0 record 0 (example 0): a 800-byte body, but "
+             "METADATA's shapes ('image' [28, 28, 3] = 2352 bytes) make every body at least "
+             "2360 bytes", bad);
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, want);
+    /* A smaller one, 14x28x1 = 392 bytes, fits the open check (the label's
+     * count is free) but not the record parse: reads and verify name it. */
+    copy_set(good, bad);
+    edit_metadata(bad, NULL, "28,\n        28,", "14,\n        28,");
+    OK(kpl_dataset_open(bad, &ds));
+    kpl_chunk *c = NN(kpl_chunk_create());
+    kpl_feature_value v[2];
+    snprintf(want, sizeof want, "%s/00000.data chunk 0 (offset 32) record 0 (example 0): feature "
+             "'image' has 784 bytes, but its shape [14, 28, 1] needs 392", bad);
+    FAILS(kpl_dataset_read_example(ds, 3, c, v), KPL_EFORMAT, want);
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    FAILS(kpl_dataset_verify(bad, NULL, NULL, NULL), KPL_EFORMAT, want);
+    /* With every feature fixed, the open check is exact: 4 + 392 + 4 + 8. */
+    write_raw_set(path("shape_fixed"), 4, true);
+    copy_set(path("shape_fixed"), bad);
+    edit_metadata(bad, NULL, "28,\n        28,", "14,\n        28,");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "make every body 408 bytes");
+
+    /* The writer refuses a value its shape does not fit. */
+    kpl_feature_spec schema[1] = {{.name = "x", .type = KPL_FEATURE_FLOAT, .ndim = 2,
+                                   .shape = {2, 3}}};
+    kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(path("shape_writer"), 1, schema, &cfg, &w));
+    float f[6] = {0};
+    kpl_feature_value fv[1] = {{f, 5}};
+    FAILS(kpl_record_writer_add(w, fv), KPL_EINVAL, "feature 'x': 5 values, its shape needs 6");
+    fv[0].count = 6;
+    OK(kpl_record_writer_add(w, fv));
+    OK(kpl_record_writer_close(w));
+
+    /* Version 1 (no checksum) still reads, and verifies. */
+    copy_set(good, bad);
+    downgrade_to_v1(bad);
+    OK(kpl_dataset_open(bad, &ds));
+    OK(kpl_dataset_describe(ds, &json));
+    assert_non_null(strstr(json, "\"version\": 1"));
+    free(json);
+    c = NN(kpl_chunk_create());
+    OK(kpl_dataset_read_example(ds, 9, c, v));
+    assert_int_equal(((const uint8_t *)v[0].data)[5], 14);
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    OK(kpl_dataset_verify(bad, NULL, NULL, NULL));
+    /* ... and its shapes are binding too. */
+    edit_metadata(bad, NULL, "28,\n        1\n", "28,\n        3\n");
+    FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "'image' [28, 28, 3] = 2352 bytes");
 }
 
 static void test_unfinished_writer_refused_and_abandon_cleans(void **state)
@@ -1159,6 +1332,7 @@ int main(void)
         cmocka_unit_test(test_record_crc_names_record),
         cmocka_unit_test(test_truncated_and_extended_files),
         cmocka_unit_test(test_metadata_that_lies),
+        cmocka_unit_test(test_metadata_shapes_and_checksum),
         cmocka_unit_test(test_unfinished_writer_refused_and_abandon_cleans),
         cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
         cmocka_unit_test(test_idx_import),
