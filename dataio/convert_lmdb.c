@@ -11,10 +11,12 @@
  * The database is opened read-only with MDB_NOLOCK: no lock file is created
  * or written, so read-only media and databases copied without their
  * lock.mdb work.  A first pass finds whether images are encoded, whether
- * their sizes agree (a fixed shape is then recorded) and whether float_data
- * occurs; the second pass writes.  Raw pixels are stored as H x W x C, kpl's
- * raw layout, in the channel order Caffe stored (BGR when the database was
- * made by Caffe's convert_imageset).
+ * their sizes agree (a fixed shape is then recorded; otherwise each record
+ * carries its own in an `image_shape` feature, as Caffe's DataLayer takes
+ * each Datum's own size) and whether float_data occurs; the second pass
+ * writes.  Raw pixels are stored as H x W x C, kpl's raw layout, in the
+ * channel order Caffe stored (BGR when the database was made by Caffe's
+ * convert_imageset).  Every error names the key of the Datum at fault.
  */
 #include "dataio_impl.h"
 
@@ -106,8 +108,11 @@ static bool parse_datum(const uint8_t *p, size_t n, datum *d, const char **why)
     }
     if (d->channels < 0 || d->height < 0 || d->width < 0)
         return *why = "negative channels/height/width", false;
-    if (!d->encoded && (uint64_t)d->channels * (uint64_t)d->height * (uint64_t)d->width !=
-                           d->data_len)
+    /* The product may not wrap (2^21 x 2^21 x 2^22 would pass as 0). */
+    uint64_t px;
+    if (!d->encoded &&
+        (__builtin_mul_overflow((uint64_t)d->channels, (uint64_t)d->height, &px) ||
+         __builtin_mul_overflow(px, (uint64_t)d->width, &px) || px != d->data_len))
         return *why = "raw data length differs from channels x height x width", false;
     return true;
 }
@@ -124,6 +129,17 @@ static const char *sniff(const uint8_t *b, size_t n)
     if (n >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff) return "jpeg";
     if (n >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8)) return "png";
     return "";
+}
+
+/* A key as messages show it: at most KEY_SHOWN bytes, control bytes as '?'
+ * (LMDB keys are any bytes; Caffe's are text). */
+#define KEY_SHOWN 200
+static void show_key(const MDB_val *k, char out[KEY_SHOWN + 1])
+{
+    size_t n = k->mv_size < KEY_SHOWN ? k->mv_size : KEY_SHOWN;
+    const uint8_t *p = k->mv_data;
+    for (size_t i = 0; i < n; i++) out[i] = p[i] < 0x20 || p[i] == 0x7f ? '?' : (char)p[i];
+    out[n] = 0;
 }
 
 #define MDB_TRY(call, what)                                                                  \
@@ -172,16 +188,33 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
     int64_t c0 = -1, h0 = -1, w0 = -1, maxl = -1;
     size_t max_floats = 0, max_pixels = 0;
     const char *enc0 = NULL;
+    char first_enc[KEY_SHOWN + 1] = "", first_raw[KEY_SHOWN + 1] = "";
     MDB_val k, v;
     int rc;
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         datum d;
         const char *why;
+        char key[KEY_SHOWN + 1];
+        show_key(&k, key);
         if (!parse_datum(v.mv_data, v.mv_size, &d, &why)) {
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%.*s': not a Caffe Datum (%s)", path,
-                           (int)(k.mv_size > 200 ? 200 : k.mv_size), (char *)k.mv_data, why);
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': not a Caffe Datum (%s)", path, key,
+                           why);
             goto fail;
         }
+        if (d.data_len == 0) {
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': an empty %s image (channels x height "
+                           "x width = %lld x %lld x %lld, no data bytes)", path, key,
+                           d.encoded ? "encoded" : "raw", (long long)d.channels,
+                           (long long)d.height, (long long)d.width);
+            goto fail;
+        }
+        if (d.data_len > KPLR_MAX_BODY / 2) {
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': a %zu-byte image is larger than a "
+                           "record may be", path, key, d.data_len);
+            goto fail;
+        }
+        if (d.encoded && !first_enc[0]) snprintf(first_enc, sizeof first_enc, "%s", key);
+        if (!d.encoded && !first_raw[0]) snprintf(first_raw, sizeof first_raw, "%s", key);
         if (d.encoded) {
             const char *e = sniff(d.data, d.data_len);
             if (!enc0) enc0 = e;
@@ -198,16 +231,27 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
     }
     if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
     if (any_encoded && any_raw) {
-        st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: mixes encoded and raw Datums; convert them "
-                       "separately", path);
+        st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: mixes encoded Datums (the first: key '%s') and raw "
+                       "ones (the first: key '%s'); a dataset holds one kind, so convert the two "
+                       "kinds from separate databases", path, first_enc, first_raw);
         goto fail;
     }
-    kpl_feature_spec schema[4] = {
+    /* Raw Datums of differing sizes: each record carries its own (H, W, C)
+     * in `image_shape`, which the transform reads (docs/transforms.md). */
+    bool per_record = !any_encoded && !same;
+    kpl_feature_spec schema[5] = {
         {.name = "image", .type = KPL_FEATURE_BYTES},
         {.name = "label", .type = KPL_FEATURE_INT64},
         {.name = "key", .type = KPL_FEATURE_STRING},
         {.name = "float_data", .type = KPL_FEATURE_FLOAT},
+        {.name = "image_shape", .type = KPL_FEATURE_INT64, .ndim = 1, .shape = {3}},
     };
+    int nf = 3;
+    if (any_floats) nf++;
+    if (per_record) {
+        if (!any_floats) schema[3] = schema[4];
+        nf++;
+    }
     if (any_encoded) {
         snprintf(schema[0].encoding, sizeof schema[0].encoding, "%s", enc0 ? enc0 : "");
     } else {
@@ -219,9 +263,10 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
             schema[0].shape[2] = c0;
         }
     }
-    json_t *aj = json_pack("{s:s, s:I, s:s, s:s}", "source", "lmdb", "num_classes",
+    json_t *aj = json_pack("{s:s, s:I, s:s, s:s, s:s}", "source", "lmdb", "num_classes",
                            (json_int_t)(maxl + 1), "path", path, "channel_order",
-                           any_encoded ? "as encoded" : "as stored (Caffe: BGR)");
+                           any_encoded ? "as encoded" : "as stored (Caffe: BGR)", "image_size",
+                           any_encoded ? "as encoded" : same ? "fixed" : "per record");
     attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(aj);
     hwc = malloc(max_pixels ? max_pixels : 1);
@@ -231,7 +276,7 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
         goto fail;
     }
     o.writer.attributes_json = attrs;
-    KPL_TRY_GOTO(kpl_record_writer_create(out_dir, any_floats ? 4 : 3, schema, &o.writer, &w));
+    KPL_TRY_GOTO(kpl_record_writer_create(out_dir, nf, schema, &o.writer, &w));
 
     /* Pass 2: the records, in key order. */
     kpl__progress pr;
@@ -240,9 +285,11 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
     for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
         datum d;
         const char *why;
-        if (!parse_datum(v.mv_data, v.mv_size, &d, &why)) { /* changed under us */
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%.*s' changed during conversion", path,
-                           (int)(k.mv_size > 200 ? 200 : k.mv_size), (char *)k.mv_data);
+        char key[KEY_SHOWN + 1];
+        show_key(&k, key);
+        if (!parse_datum(v.mv_data, v.mv_size, &d, &why) || d.data_len > max_pixels ||
+            d.nfloats > max_floats || d.data_len == 0) { /* changed under us */
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s' changed during conversion", path, key);
             goto fail;
         }
         const uint8_t *img = d.data;
@@ -253,12 +300,17 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
             img = hwc;
         }
         datum_floats(&d, fl);
-        int64_t label = d.label;
-        kpl_feature_value fv[4] = {{img, (uint32_t)d.data_len},
+        int64_t label = d.label, hwc_shape[3] = {d.height, d.width, d.channels};
+        kpl_feature_value fv[5] = {{img, (uint32_t)d.data_len},
                                    {&label, 1},
                                    {k.mv_data, (uint32_t)k.mv_size},
-                                   {fl, (uint32_t)d.nfloats}};
-        KPL_TRY_GOTO(kpl_record_writer_add(w, fv));
+                                   {fl, (uint32_t)d.nfloats},
+                                   {hwc_shape, 3}};
+        if (per_record && !any_floats) fv[3] = fv[4];
+        if (kpl_record_writer_add(w, fv) < 0) {
+            st = KPL_ERROR(kpl_last_status(), "lmdb %s: key '%s': %s", path, key, kpl_last_error());
+            goto fail;
+        }
         kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records");
     }
     if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");

@@ -251,8 +251,12 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
 /* A Caffe Datum LMDB database (a directory holding data.mdb, or the .mdb
  * file itself), opened read-only without a lock file.  Writes features
  * image (bytes: the encoded image, or raw pixels as H x W x C with a fixed
- * shape when all agree), label (int64[1]), key (string: the LMDB key) and,
- * when any Datum has it, float_data (float list), in key order. */
+ * shape when all agree), label (int64[1]), key (string: the LMDB key),
+ * then when any Datum has it float_data (float list), then for raw Datums
+ * of differing sizes image_shape (int64 (H, W, C) per record, which the
+ * transform reads), in key order.  KPL_EFORMAT naming the key for a value
+ * that is not a Datum or is empty, and naming the first key of each kind
+ * for a database that mixes encoded and raw Datums. */
 kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
                             const kpl_convert_options *opt, int64_t *count);
 

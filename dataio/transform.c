@@ -146,7 +146,18 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
     KPL_CHECK(known_encoding(im->encoding, false), KPL_EINVAL,
               "transform: image feature '%s' has encoding '%s' (want jpeg, png, raw or empty)",
               im->name, im->encoding);
-    if (!strcmp(im->encoding, "raw")) {
+    x->raw_shape = -1;
+    if (!strcmp(im->encoding, "raw") && im->ndim == 0) {
+        /* Raw images of differing sizes (an LMDB of raw Datums): each record
+         * says its own (H, W, C). */
+        char name[KPL_FEATURE_NAME_MAX + 8];
+        snprintf(name, sizeof name, "%s_shape", im->name);
+        int f = kpl_dataset_find_feature(ds, name);
+        KPL_CHECK(f >= 0 && kpl_dataset_feature(ds, f)->type == KPL_FEATURE_INT64, KPL_EINVAL,
+                  "transform: raw image feature '%s' has no fixed shape (H, W, C) and no int64 "
+                  "feature '%s' giving each record's", im->name, name);
+        x->raw_shape = f;
+    } else if (!strcmp(im->encoding, "raw")) {
         bool ok = (im->ndim == 3 && (im->shape[2] == 1 || im->shape[2] == 3)) || im->ndim == 2;
         KPL_CHECK(ok && im->shape[0] >= 1 && im->shape[0] <= MAX_SIDE && im->shape[1] >= 1 &&
                       im->shape[1] <= MAX_SIDE,
@@ -793,10 +804,23 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
              cfg->image_feature);
     const kpl_feature_value *iv = &values[x->image];
     int raw[3] = {x->raw_h, x->raw_w, x->raw_c};
+    if (x->raw_shape >= 0) { /* this record's own (H, W, C) */
+        const kpl_feature_value *sv = &values[x->raw_shape];
+        int64_t d[3] = {0, 0, 1};
+        KPL_CHECK(sv->count == 2 || sv->count == 3, KPL_EFORMAT, "%s: its '%s_shape' has %u "
+                  "values, not (H, W, C)", where, cfg->image_feature, sv->count);
+        memcpy(d, sv->data, 8 * (size_t)sv->count);
+        KPL_CHECK(d[0] >= 1 && d[0] <= MAX_SIDE && d[1] >= 1 && d[1] <= MAX_SIDE &&
+                      (d[2] == 1 || d[2] == 3),
+                  KPL_EFORMAT, "%s: raw image of shape (%lld, %lld, %lld): want sides of 1 to %d "
+                  "and 1 or 3 channels", where, (long long)d[0], (long long)d[1], (long long)d[2],
+                  MAX_SIDE);
+        raw[0] = (int)d[0], raw[1] = (int)d[1], raw[2] = (int)d[2];
+    }
     kpl__img_info info;
     /* Raw was resolved at init; JPEG and PNG are told apart by their
      * signatures whatever the schema's hint says. */
-    KPL_TRY(kpl__img_open(s->dec, iv->data, iv->count, x->raw_h > 0 ? "raw" : "", raw, where,
+    KPL_TRY(kpl__img_open(s->dec, iv->data, iv->count, raw[0] > 0 ? "raw" : "", raw, where,
                           &info));
     const int W = info.width, H = info.height, OW = x->out_w, OH = x->out_h;
 

@@ -8,6 +8,7 @@
 #define KPL_TEST_NAME "dataio"
 #include "dataio_test.h"
 #include "dataio_impl.h"
+#include "transform_impl.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -754,7 +755,7 @@ static size_t make_datum(uint8_t *out, int c, int h, int w, const uint8_t *data,
     *p++ = 2 << 3, p = put_varint(p, (uint64_t)h);
     *p++ = 3 << 3, p = put_varint(p, (uint64_t)w);
     *p++ = 4 << 3 | 2, p = put_varint(p, n);
-    memcpy(p, data, n);
+    if (n) memcpy(p, data, n);
     p += n;
     *p++ = 5 << 3, p = put_varint(p, (uint64_t)label);
     if (nfl && packed) {
@@ -875,6 +876,143 @@ static void test_lmdb_import(void **state)
           "key 'zzbad': not a Caffe Datum");
     assert_int_equal(access(path("lmdbbadout"), F_OK), -1);
     FAILS(kpl_convert_lmdb(path("nothere"), path("x"), NULL, NULL), KPL_ENOTFOUND, "nothere");
+}
+
+/* A fresh LMDB at dir holding keys[i] -> vals[i] (lens[i] bytes). */
+static void lmdb_put(const char *dir, int n, const char *const *keys, const uint8_t *const *vals,
+                     const size_t *lens)
+{
+    mkdir(dir, 0777);
+    MDB_env *env;
+    MDB_txn *txn;
+    MDB_dbi dbi;
+    assert_int_equal(mdb_env_create(&env), 0);
+    assert_int_equal(mdb_env_set_mapsize(env, 16 << 20), 0);
+    assert_int_equal(mdb_env_open(env, dir, 0, 0664), 0);
+    assert_int_equal(mdb_txn_begin(env, NULL, 0, &txn), 0);
+    assert_int_equal(mdb_dbi_open(txn, NULL, 0, &dbi), 0);
+    for (int i = 0; i < n; i++) {
+        MDB_val k = {strlen(keys[i]), (void *)keys[i]}, v = {lens[i], (void *)vals[i]};
+        assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
+    }
+    assert_int_equal(mdb_txn_commit(txn), 0);
+    mdb_env_close(env);
+}
+
+/* Raw Datums of differing sizes convert with each record's (H, W, C) in
+ * image_shape, and the transform takes each at its own size; an empty
+ * Datum, a size product that wraps, and a mix of encoded and raw are
+ * errors naming the key. */
+static void test_lmdb_shapes_and_bad_datums(void **state)
+{
+    (void)state;
+    /* Flat images: channel ch of datum i is 10 + 40 i + ch everywhere. */
+    static const int dims[3][3] = {{3, 4, 5}, {1, 6, 2}, {3, 2, 3}}; /* C, H, W */
+    uint8_t bufs[3][256];
+    const uint8_t *vals[3];
+    size_t lens[3];
+    const char *keys[3] = {"a", "b", "c"};
+    for (int i = 0; i < 3; i++) {
+        int c = dims[i][0], h = dims[i][1], w = dims[i][2];
+        uint8_t pix[60];
+        for (int k = 0; k < c * h * w; k++) pix[k] = (uint8_t)(10 + 40 * i + k / (h * w));
+        lens[i] = make_datum(bufs[i], c, h, w, pix, (size_t)(c * h * w), i, false, NULL, 0, true);
+        vals[i] = bufs[i];
+    }
+    char src[300], out[320];
+    snprintf(src, sizeof src, "%s", path("lmdb_shapes"));
+    snprintf(out, sizeof out, "%s", path("lmdb_shapes_out"));
+    lmdb_put(src, 3, keys, vals, lens);
+    int64_t n = 0;
+    OK(kpl_convert_lmdb(src, out, NULL, &n));
+    assert_int_equal(n, 3);
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(out, &ds));
+    assert_int_equal(kpl_dataset_num_features(ds), 4);
+    const kpl_feature_spec *f = kpl_dataset_feature(ds, 0);
+    assert_string_equal(f->encoding, "raw");
+    assert_int_equal(f->ndim, 0);
+    f = kpl_dataset_feature(ds, 3);
+    assert_string_equal(f->name, "image_shape");
+    assert_int_equal(f->type, KPL_FEATURE_INT64);
+    assert_non_null(strstr(kpl_dataset_attributes(ds), "\"image_size\":\"per record\""));
+    kpl_chunk *ch = NN(kpl_chunk_create());
+    kpl_feature_value v[4];
+    for (int i = 0; i < 3; i++) {
+        OK(kpl_dataset_read_example(ds, i, ch, v));
+        int64_t shape[3];
+        assert_int_equal(v[3].count, 3);
+        memcpy(shape, v[3].data, sizeof shape);
+        assert_int_equal(shape[0], dims[i][1]);
+        assert_int_equal(shape[1], dims[i][2]);
+        assert_int_equal(shape[2], dims[i][0]);
+        assert_int_equal(v[0].count, dims[i][0] * dims[i][1] * dims[i][2]);
+        /* H x W x C: the channel index moves fastest. */
+        const uint8_t *img = v[0].data;
+        assert_int_equal(img[v[0].count - 1], 10 + 40 * i + dims[i][0] - 1);
+    }
+    /* Each at its own size into one 4 x 4 RGB output: flat stays flat,
+     * gray is replicated, the stored channel order is kept. */
+    kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
+    cfg.out_h = cfg.out_w = 4;
+    cfg.out_dtype = KPL_U8;
+    kpl__xform x;
+    OK(kpl__xform_init(&x, &cfg, ds));
+    kpl__xform_scratch *s = NN(kpl__xform_scratch_create());
+    for (int i = 0; i < 3; i++) {
+        OK(kpl_dataset_read_example(ds, i, ch, v));
+        uint8_t o[3 * 16];
+        int64_t label = -1;
+        kpl__sample_out so = {.image = o, .label = &label};
+        OK(kpl__xform_sample(&x, v, 1, 0, i, s, &so));
+        assert_int_equal(label, i);
+        for (int c = 0; c < 3; c++)
+            for (int k = 0; k < 16; k++)
+                assert_int_equal(o[c * 16 + k], 10 + 40 * i + (dims[i][0] == 3 ? c : 0));
+    }
+    /* A record whose image_shape disagrees with its bytes is a bad sample. */
+    OK(kpl_dataset_read_example(ds, 0, ch, v));
+    int64_t lie[3] = {5, 4, 1};
+    v[3].data = lie;
+    uint8_t o[3 * 16];
+    kpl__sample_out so = {.image = o};
+    FAILS(kpl__xform_sample(&x, v, 1, 0, 0, s, &so), KPL_EFORMAT, "raw image of 60 bytes");
+    kpl__xform_scratch_destroy(s);
+    kpl_chunk_destroy(ch);
+    kpl_dataset_close(ds);
+
+    /* The errors, each naming the key. */
+    uint8_t empty[64], wrap[64], enc[64];
+    static const uint8_t jpeg_start[3] = {0xff, 0xd8, 0xff};
+    size_t le = make_datum(empty, 0, 0, 0, NULL, 0, 1, false, NULL, 0, true);
+    /* channels 2^21, height 2^21, width 2^22: the product wraps to 0 */
+    static const uint8_t wrap_bytes[19] = {0x08, 0x80, 0x80, 0x80, 0x01, 0x10, 0x80, 0x80, 0x80,
+                                           0x01, 0x18, 0x80, 0x80, 0x80, 0x02, 0x22, 0x00, 0x28,
+                                           0x00};
+    memcpy(wrap, wrap_bytes, sizeof wrap_bytes);
+    size_t lj = make_datum(enc, 0, 0, 0, jpeg_start, 3, 1, true, NULL, 0, true);
+    const struct {
+        const char *name, *key, *want;
+        const uint8_t *val;
+        size_t len;
+    } bad[3] = {
+        {"lmdb_empty", "a_empty", "key 'a_empty': an empty raw image (channels x height x width "
+                                  "= 0 x 0 x 0, no data bytes)", empty, le},
+        {"lmdb_wrap", "a_wrap", "key 'a_wrap': not a Caffe Datum (raw data length differs from "
+                                "channels x height x width)", wrap, sizeof wrap_bytes},
+        {"lmdb_mixed", "zz_encoded", "mixes encoded Datums (the first: key 'zz_encoded') and raw "
+                                     "ones (the first: key 'a')", enc, lj},
+    };
+    for (int k = 0; k < 3; k++) {
+        const char *ks[2] = {keys[0], bad[k].key};
+        const uint8_t *vs[2] = {vals[0], bad[k].val};
+        size_t ls[2] = {lens[0], bad[k].len};
+        snprintf(src, sizeof src, "%s", path(bad[k].name));
+        snprintf(out, sizeof out, "%s_out", src);
+        lmdb_put(src, 2, ks, vs, ls);
+        FAILS(kpl_convert_lmdb(src, out, NULL, NULL), KPL_EFORMAT, bad[k].want);
+        assert_int_equal(access(out, F_OK), -1);
+    }
 }
 
 /* ---- image folder import ------------------------------------------------------------- */
@@ -1337,6 +1475,7 @@ int main(void)
         cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
         cmocka_unit_test(test_idx_import),
         cmocka_unit_test(test_lmdb_import),
+        cmocka_unit_test(test_lmdb_shapes_and_bad_datums),
         cmocka_unit_test(test_imagefolder_import),
         cmocka_unit_test(test_imagefolder_bad_images),
         cmocka_unit_test(test_imagefolder_exif_max_side),
