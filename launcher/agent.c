@@ -366,6 +366,7 @@ static void run_guard(pid_t group, pid_t agent)
         while (sigwait(&set, &sig) == 0 && sig != SIGHUP) continue;
     }
     kill(-group, SIGTERM);
+    kill(-group, SIGCONT); /* a stopped process acts on SIGTERM once continued */
     for (int i = 0; i < 60 && group_has_others(group); i++) usleep(50000);
     kill(-group, SIGKILL);
     _exit(0);
@@ -505,7 +506,10 @@ int kpl__agent_main(int argc, char **argv)
                 if (si.ssi_signo == SIGUSR1) {
                     kill(-child, SIGINT);
                 } else if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP) {
+                    /* A stopped command (SIGSTOP, a debugger let go) would
+                     * keep SIGTERM pending until the SIGKILL 3 s later. */
                     kill(-child, SIGTERM);
+                    kill(-child, SIGCONT);
                     if (!kill_at) kill_at = now + 3;
                 }
                 if (si.ssi_signo != SIGCHLD) break;

@@ -89,6 +89,10 @@ typedef struct {
     int np;
     tail_ring *tail;
     rank_end *end;
+    /* per rank: the first collective it timed out in, and whom it waited
+     * for (its communicator's report); stuck[r] tells whether there is one */
+    kpl_launch_stall *stall;
+    bool *stuck;
     bool tty;
     char bar[1024];     /* rank 0's latest progress-bar frame */
     /* Two states, not one: whether a frame is on the terminal's last line
@@ -217,6 +221,15 @@ static void mpirun_line(console *c, const char *line)
     print_line(c, stderr, line);
 }
 
+/* The end of rank r's output, for the verdict. */
+static void show_tail(const console *c, const char *dir, int r)
+{
+    const tail_ring *t = &c->tail[r];
+    if (!t->n) return;
+    fprintf(stderr, "kplrun: the last lines of rank %d (%s/rank-%05d.log):\n", r, dir, r);
+    for (int i = 0; i < t->n; i++) fprintf(stderr, "  %s\n", t->line[(t->next - t->n + i + TAIL) % TAIL]);
+}
+
 /* Lines from mpirun's stdout (out) or stderr. */
 static void handle_line(console *c, char *line, bool out)
 {
@@ -244,6 +257,7 @@ static void handle_line(console *c, char *line, bool out)
     int r = line_rank(line);
     if (r >= 0 && r < c->np) {
         tail_add(&c->tail[r], line);
+        if (!c->stuck[r]) c->stuck[r] = kpl_launch_parse_timeout(line, &c->stall[r]);
         print_line(c, out ? stdout : stderr, line);
     } else if (out) {
         print_line(c, stdout, line);
@@ -571,6 +585,8 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
 
     c.tail = calloc((size_t)np, sizeof *c.tail);
     c.end = calloc((size_t)np, sizeof *c.end);
+    c.stall = calloc((size_t)np, sizeof *c.stall);
+    c.stuck = calloc((size_t)np, sizeof *c.stuck);
     /* A shell starts background jobs with SIGINT ignored, which would
      * throw a `kill -INT` away before signalfd saw it; a SIGHUP ignored
      * (nohup) stays ignored. */
@@ -587,7 +603,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     sigprocmask(SIG_BLOCK, &mask, NULL);
     int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     int po[2], pe[2];
-    if (!c.tail || !c.end || sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+    if (!c.tail || !c.end || !c.stall || !c.stuck || sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
         fprintf(stderr, "kplrun: %s\n", strerror(errno));
         return 1;
     }
@@ -739,19 +755,28 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
         else snprintf(what, sizeof what, "exited with status %d", status);
         char pidtxt[32] = "";
         if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
-        if (interrupts && (status == 130 || status == 143 || sig == SIGINT || sig == SIGTERM))
+        bool interrupted =
+            interrupts && (status == 130 || status == 143 || sig == SIGINT || sig == SIGTERM);
+        if (interrupted)
             fprintf(stderr, "kplrun: interrupted; rank %d %s\n", r, what);
         else
             fprintf(stderr, "kplrun: rank %d on host %s%s %s after %.1f s; the other ranks "
                             "were stopped\n",
                     r, host, pidtxt, what, e ? e->seconds : kpl_seconds() - t0);
-        if (r >= 0 && r < np && c.tail[r].n) {
-            fprintf(stderr, "kplrun: the last lines of rank %d (%s/rank-%05d.log):\n", r, dir, r);
-            for (int i = 0; i < c.tail[r].n; i++) {
-                int k = (c.tail[r].next - c.tail[r].n + i + TAIL) % TAIL;
-                fprintf(stderr, "  %s\n", c.tail[r].line[k]);
-            }
+        /* A rank that timed out in a collective failed because of the
+         * ranks its report says have not joined: those are named, and the
+         * first one's last lines shown before the failed rank's. */
+        const kpl_launch_stall *st = !interrupted && r >= 0 && r < np && c.stuck[r] ? &c.stall[r]
+                                                                                    : NULL;
+        if (st) {
+            fprintf(stderr, "kplrun: rank %d timed out waiting for rank%s %s, which ha%s not %s "
+                            "%s; %s\n",
+                    r, st->plural ? "s" : "", st->ranks, st->plural ? "ve" : "s",
+                    st->device ? "issued" : "joined", st->op, st->detail);
+            if (st->first >= 0 && st->first < np && st->first != r)
+                show_tail(&c, dir, st->first);
         }
+        show_tail(&c, dir, r);
         rc = sig ? 128 + sig : status ? status : rc ? rc : 1;
     } else if (rc != 0) {
         fprintf(stderr, "kplrun: mpirun failed (exit status %d)%s\n", rc,
@@ -765,6 +790,8 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
         for (int i = 0; i < TAIL; i++) free(c.tail[r].line[i]);
     free(c.tail);
     free(c.end);
+    free(c.stall);
+    free(c.stuck);
     return rc;
 }
 

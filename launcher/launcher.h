@@ -1,7 +1,8 @@
 /*
  * launcher.h — kplrun, the job launcher: which hosts a job runs on (given,
- * or found in a SLURM or PBS allocation) and the mpirun command that starts
- * its ranks.  The kplrun program (kplrun.c) adds the rank agent (agent.c),
+ * or found in a SLURM or PBS allocation), the mpirun command that starts
+ * its ranks, and whom a rank that timed out was waiting for.  The kplrun
+ * program (kplrun.c) adds the rank agent (agent.c),
  * the merged console, the per-rank logs and the failure handling; this
  * header is the part its tests and other tools share.
  *
@@ -87,6 +88,27 @@ kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *co
 void kpl_launch_free_argv(char **argv);
 /* argv as one shell-quoted line (malloc'd), for --dry-run and messages. */
 char *kpl_launch_argv_string(char *const *argv);
+
+/* Whom a rank that timed out in a collective was waiting for, from its
+ * communicator's report (collective.h):
+ *   "kpl[0] comm: allreduce #7 (f32, 10 elements) on backend mpi, rank 0 of 4:
+ *    timed out after 300 s; not joined: rank 3: no answer for 302.0 s
+ *    (stopped or hung?); joined: ranks 0-2; the ranks are out of step: ..."
+ * gives op "allreduce #7", ranks "3", first 3, detail "rank 3: no answer
+ * for 302.0 s (stopped or hung?)".  A plain value. */
+typedef struct {
+    char op[64];      /* the collective: "allreduce #7" */
+    char ranks[128];  /* the ranks it waited for: "3", "1-2, 5" */
+    int first;        /* the first of them */
+    bool plural;      /* more than one */
+    bool device;      /* a device collective they have not issued (else: not joined) */
+    char detail[512]; /* what the report says of them */
+} kpl_launch_stall;
+
+/* Reads one line of a rank's output: true, with *out filled, when it is
+ * such a report naming at least one rank; false for any other line
+ * (including "not joined: none").  Never reads past the line's end. */
+bool kpl_launch_parse_timeout(const char *line, kpl_launch_stall *out);
 
 #ifdef __cplusplus
 }

@@ -10,13 +10,19 @@
  *   PLACES r0=H0@A0 r1=H1@A1 ...
  *   SUM-OK (or WRONG ...)
  *
- * Exit status 0 only when everything agreed. */
+ * Exit status 0 only when everything agreed.
+ *
+ * `launch_check BACKEND stop [...]`: rank 1 stops itself (SIGSTOP) after
+ * the allreduce (#0), before the allgather (#1), with a 3 s timeout and a
+ * 1 s stall warning, so that the others time out waiting for it (further
+ * arguments are ignored: a test marks its processes with them). */
 #define _GNU_SOURCE
 #include "collective.h"
 
 #include <arpa/inet.h>
 #include <ifaddrs.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,7 +60,9 @@ int main(int argc, char **argv)
     const char *backend = argc > 1 ? argv[1] : "mpi";
     kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
     cfg.backend = !strcmp(backend, "ucx") ? KPL_COMM_BACKEND_UCX : KPL_COMM_BACKEND_MPI;
-    cfg.timeout = 60;
+    bool stop = argc > 2 && !strcmp(argv[2], "stop");
+    cfg.timeout = stop ? 3 : 60;
+    if (stop) cfg.stall_warning = 1;
     kpl_comm *comm = NULL;
     if (kpl_comm_create(&cfg, &comm) < 0) {
         fprintf(stderr, "WRONG: kpl_comm_create: %s\n", kpl_last_error());
@@ -98,8 +106,16 @@ int main(int argc, char **argv)
     double *px = kpl_tensor_host_mutable(x);
     for (int64_t i = 0; i < n; i++) px[i] = (double)(rank + 1) * (double)(i + 1);
     snprintf(kpl_tensor_host_mutable(mine), PLACE, "%s@%s", host, net);
-    if (kpl_comm_allreduce(comm, x, y, KPL_COMM_SUM) < 0 ||
-        kpl_comm_allgather(comm, mine, all) < 0) {
+    if (kpl_comm_allreduce(comm, x, y, KPL_COMM_SUM) < 0) {
+        fprintf(stderr, "WRONG: %s\n", kpl_last_error());
+        kpl_comm_abort(comm, 1);
+    }
+    if (stop && rank == 1) {
+        printf("stopping before the allgather\n");
+        fflush(stdout);
+        raise(SIGSTOP);
+    }
+    if (kpl_comm_allgather(comm, mine, all) < 0) {
         fprintf(stderr, "WRONG: %s\n", kpl_last_error());
         kpl_comm_abort(comm, 1);
     }

@@ -11,6 +11,9 @@
 #   kill       a rank's command is killed by SIGKILL; then a rank's agent
 #              itself: kplrun names the rank and signal 9 (exit 137)
 #   timeout    --timeout 5 on a job that sleeps: exit 124 within 10 s
+#   stall      rank 1 stops itself (SIGSTOP) before a collective: rank 0
+#              times out (3 s) and ends the job; kplrun names rank 1 as the
+#              rank rank 0 waited for, and nothing is left (rank 1 included)
 #   interrupt  one SIGINT reaches every rank's command as SIGINT; a command
 #              that ignores it is stopped by the second one
 #   bar        on a terminal, rank 0's progress bar stays whole: a line
@@ -135,6 +138,25 @@ timeout)
   run -np 2 --timeout 5 --log-dir "$tmp/logs" -- sleep 60.$token
   ended 124 "^kplrun: the job ran past --timeout 5 s and was stopped"
   has err.txt "^kplrun: --timeout 5 s reached: stopping every rank$"
+  ;;
+
+stall)
+  run -np 2 --log-dir "$tmp/logs" -- "$check" mpi stop "$token"
+  # rank 0's watchdog: the stall report after 1 s, the timeout after 3 s
+  # (and up to 2 s for answers), then the job's end after a grace of 3.5 s
+  [[ $rc == 124 ]] || die "exit $rc, expected 124"
+  faster 25
+  has err.txt "^\[r0\] kpl\[0\] comm: stall: allgather #1 .*; not joined: rank 1: no answer for [0-9.]+ s \(stopped or hung\?\); joined: rank 0$"
+  has err.txt "^kplrun: rank 0 on host [^ ]+ \(pid [0-9]+\) exited with status 124 after [0-9.]+ s; the other ranks were stopped$"
+  has err.txt "^kplrun: rank 0 timed out waiting for rank 1, which has not joined allgather #1; rank 1: no answer for [0-9.]+ s \(stopped or hung\?\)$"
+  # the stuck rank's last lines first, then those of the rank that failed
+  has err.txt "^kplrun: the last lines of rank 1 \($tmp/logs/rank-00001.log\):$"
+  has err.txt "^  \[r1\] stopping before the allgather$"
+  [[ $(grep -o '^kplrun: the last lines of rank [0-9]*' err.txt | grep -o '[0-9]*$' | tr '\n' ' ') == "1 0 " ]] ||
+    die "the last lines: rank 1's, then rank 0's"
+  for _ in $(seq 30); do pgrep -f "$check mpi stop $token" > /dev/null || break; sleep 0.1; done
+  ! pgrep -f "$check mpi stop $token" > /dev/null || die "a rank is left: $(pgrep -af "$check mpi stop $token")"
+  none_left
   ;;
 
 interrupt)

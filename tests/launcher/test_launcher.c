@@ -1,5 +1,6 @@
 /* test_launcher.c — kplrun's host lists (--host, hostfiles, PBS node
- * files, SLURM node lists) and the mpirun command it builds. */
+ * files, SLURM node lists), the mpirun command it builds, and its reading
+ * of a rank's collective timeout report. */
 #include "kpl_test.h"
 #include "launcher.h"
 
@@ -221,6 +222,106 @@ static void test_mpirun_argv(void **state)
     FAILS(kpl_launch_mpirun_argv(&o, 0, cmd, &a, NULL, NULL), KPL_EINVAL, "no command");
 }
 
+/* The lines are the communicator's reports (collective/watchdog.c) as
+ * kplrun receives them, or as a program passes kpl_last_error() on. */
+static void test_timeout_report(void **state)
+{
+    (void)state;
+    kpl_launch_stall s;
+    /* one rank stopped: as the kplrun_stall test's rank 0 prints it */
+    assert_true(kpl_launch_parse_timeout(
+        "[r0] kpl[0] comm: allgather #1 (u8, 128 elements) on backend mpi, rank 0 of 2: timed "
+        "out after 3 s; not joined: rank 1: no answer for 4.1 s (stopped or hung?); joined: rank "
+        "0; the ranks are out of step: end the job (kpl_comm_abort)",
+        &s));
+    assert_string_equal(s.op, "allgather #1");
+    assert_string_equal(s.ranks, "1");
+    assert_int_equal(s.first, 1);
+    assert_false(s.plural);
+    assert_false(s.device);
+    assert_string_equal(s.detail, "rank 1: no answer for 4.1 s (stopped or hung?)");
+
+    /* several ranks in each of the ways; the op is the one that timed out,
+     * not the different collective another rank is in */
+    assert_true(kpl_launch_parse_timeout(
+        "[r0] kpl[0] comm: allreduce #7 (f32, 10 elements) on backend mpi, rank 0 of 6: timed out "
+        "after 300 s; not joined: rank 2 is idle, 301.5 s after finishing #6; rank 3 is in "
+        "broadcast #7 for 300.2 s (a different collective at the same place: the ranks issued "
+        "different sequences); ranks 4-5: no answer for 302.0 s (stopped or hung?); joined: ranks "
+        "0-1; the ranks are out of step: end the job (kpl_comm_abort)",
+        &s));
+    assert_string_equal(s.op, "allreduce #7");
+    assert_string_equal(s.ranks, "2, 3, 4-5");
+    assert_int_equal(s.first, 2);
+    assert_true(s.plural);
+    assert_string_equal(s.detail,
+                        "rank 2 is idle, 301.5 s after finishing #6; rank 3 is in broadcast #7 "
+                        "for 300.2 s (a different collective at the same place: the ranks issued "
+                        "different sequences); ranks 4-5: no answer for 302.0 s (stopped or hung?)");
+
+    /* as an error message passed on (ucx's own words and the source
+     * location after it), from rank 1 waiting for rank 0 */
+    assert_true(kpl_launch_parse_timeout(
+        "[r1] kpl train: error: reduce_scatter #12 (f32, 4 elements) on backend ucx, rank 1 of 2: "
+        "timed out after 5 s; not joined: rank 0 is idle, 5.1 s after finishing #11; joined: "
+        "rank 1; the ranks are out of step: end the job (kpl_comm_abort) (ucx: reduce_scatter "
+        "#12: no data from rank 0 at the deadline) [collective/comm.c:400]",
+        &s));
+    assert_string_equal(s.op, "reduce_scatter #12");
+    assert_string_equal(s.ranks, "0");
+    assert_int_equal(s.first, 0);
+    assert_string_equal(s.detail, "rank 0 is idle, 5.1 s after finishing #11");
+
+    /* a device collective: the ranks that have not issued it */
+    assert_true(kpl_launch_parse_timeout(
+        "kpl[0] comm: barrier #3 on backend nccl, rank 0 of 4: timed out after 300 s on the "
+        "device; not issued yet by ranks 2-3; not answering: rank 1: no answer for 302.0 s "
+        "(stopped or hung?); the ranks are out of step: end the job (kpl_comm_abort)",
+        &s));
+    assert_string_equal(s.op, "barrier #3");
+    assert_string_equal(s.ranks, "2-3");
+    assert_int_equal(s.first, 2);
+    assert_true(s.plural);
+    assert_true(s.device);
+
+    /* a line cut short still names what it has */
+    assert_true(kpl_launch_parse_timeout(
+        "kpl[0] comm: allreduce #2 (f32, 1 elements) on backend mpi, rank 0 of 16: timed out "
+        "after 3 s; not joined: rank 12",
+        &s));
+    assert_string_equal(s.ranks, "12");
+    assert_int_equal(s.first, 12);
+
+    /* and no verdict from anything else */
+    const char *no[] = {
+        /* the stall warning: nobody has timed out yet */
+        "[r0] kpl[0] comm: stall: allgather #1 (u8, 128 elements) on backend mpi, rank 0 of 2 has "
+        "waited 1.1 s; not joined: rank 1: no answer for 2.0 s (stopped or hung?); joined: rank 0",
+        /* everybody joined: a network fault, nobody to name */
+        "kpl[0] comm: allreduce #1 (f32, 4 elements) on backend mpi, rank 0 of 2: timed out after "
+        "3 s; not joined: none; joined: ranks 0-1; the ranks are out of step",
+        /* point to point: no collective */
+        "kpl[0] comm: recv from rank 1 (tag 3, f32, 4 elements) on backend mpi, rank 0 of 2: timed "
+        "out after 3 s; rank 1: no answer for 4.0 s (stopped or hung?)",
+        /* cut before a rank, or after "rank" */
+        "kpl[0] comm: allreduce #2 (f32, 1 elements) on backend mpi, rank 0 of 16: timed out after "
+        "3 s; not joined: ",
+        "kpl[0] comm: allreduce #2 (f32, 1 elements) on backend mpi, rank 0 of 16: timed out after "
+        "3 s; not joined: rank",
+        "kpl[0] comm: allreduce #2 (f32, 1 elements) on backend mpi, rank 0 of 16: timed out after "
+        "3 s; not joined: ranks ; joined: rank 0",
+        /* a user's line that looks a little like one */
+        "[r0] the myallreduce #3 call timed out after 3 s; not joined: rank 1",
+        "[r0] allreduce #x: timed out after 3 s; not joined: rank 1",
+        "step 10: loss 0.25, timed out after 3 s; not joined: rank 1",
+        "",
+    };
+    for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
+        assert_false(kpl_launch_parse_timeout(no[i], &s));
+    }
+    assert_false(kpl_launch_parse_timeout(NULL, &s));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -228,6 +329,7 @@ int main(void)
         cmocka_unit_test(test_hostfile),
         cmocka_unit_test(test_slurm),
         cmocka_unit_test(test_mpirun_argv),
+        cmocka_unit_test(test_timeout_report),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
