@@ -35,19 +35,23 @@ static void usage(FILE *f)
             "      opened read-only; encoded or raw Datums, in key order.\n"
             "  convert --from imagefolder ROOT OUT [options]\n"
             "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
-            "      (OUT/classes.txt); images kept as their original bytes.\n"
+            "      (OUT/classes.txt); each image decoded whole as a check, then kept as\n"
+            "      its original bytes.\n"
             "    --max-side N      re-encode JPEGs whose longer side exceeds N at N\n"
+            "                      (upright by their EXIF orientation)\n"
             "    --quality Q       JPEG quality of re-encoded images (default 90)\n"
             "    --seed S          shuffle seed of the example order (default 0)\n"
             "    --keep-order      keep the sorted folder walk order instead\n"
-            "    --skip-bad        skip unreadable images with a warning (default: error)\n"
+            "    --skip-bad        skip images that do not decode whole (truncated, corrupt,\n"
+            "                      too large) with a warning naming each (default: error)\n"
             "    --threads N       reading/checking threads (default: all cores)\n"
             "    --shards N        shard count (default 1)\n"
             "    --chunk-mb X      raw chunk size in MiB (default 4)\n"
             "    --zstd-level L    0 (off) to 19 (default 3)\n"
             "    --quiet           no progress line\n"
             "  inspect DIR         a JSON summary: counts, schema, shards, bytes\n"
-            "  verify DIR          read everything and check every checksum\n");
+            "  verify DIR          read everything and check every checksum, and every\n"
+            "                      record against METADATA's fixed shapes\n");
 }
 
 static int fail(const char *cmd)
