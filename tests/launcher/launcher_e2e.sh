@@ -13,7 +13,8 @@
 #   timeout    --timeout 5 on a job that sleeps: exit 124 within 10 s
 #   stall      rank 1 stops itself (SIGSTOP) before a collective: rank 0
 #              times out (3 s) and ends the job; kplrun names rank 1 as the
-#              rank rank 0 waited for, and nothing is left (rank 1 included)
+#              rank rank 0 waited for, and nothing is left (rank 1 included);
+#              a stopped rank that catches SIGTERM gets to handle it
 #   interrupt  one SIGINT reaches every rank's command as SIGINT; a command
 #              that ignores it is stopped by the second one
 #   bar        on a terminal, rank 0's progress bar stays whole: a line
@@ -157,6 +158,29 @@ stall)
   for _ in $(seq 30); do pgrep -f "$check mpi stop $token" > /dev/null || break; sleep 0.1; done
   ! pgrep -f "$check mpi stop $token" > /dev/null || die "a rank is left: $(pgrep -af "$check mpi stop $token")"
   none_left
+  # A stopped command that catches SIGTERM (kpl train checkpoints) gets to
+  # handle it when the job is torn down: it is continued along with it,
+  # not left stopped until the SIGKILL.  Rank 0 fails once rank 1 is
+  # stopped (its state in /proc says so).
+  cat > job.sh << 'EOF2'
+d=$1
+if [ "$KPL_RANK" = 1 ]; then
+  trap 'echo "$$" > "$d/got-term"; exit 143' TERM
+  echo $$ > "$d/pid1"
+  kill -STOP $$
+  exit 0
+fi
+i=0
+until [ -s "$d/pid1" ] && grep -q '^State:.*T' "/proc/$(cat "$d/pid1")/status" 2> /dev/null; do
+  sleep 0.02; i=$((i + 1)); [ $i -lt 1500 ] || { echo "rank 1 never stopped"; exit 9; }
+done
+exit 3
+EOF2
+  run -np 2 --log-dir "$tmp/logs2" -- sh "$tmp/job.sh" "$tmp"
+  [[ $rc == 3 ]] || die "exit $rc, expected 3"
+  for _ in $(seq 50); do kill -0 "$(cat pid1)" 2> /dev/null || break; sleep 0.1; done
+  ! kill -0 "$(cat pid1)" 2> /dev/null || die "the stopped rank is left"
+  [[ $(cat got-term 2> /dev/null) == "$(cat pid1)" ]] || die "the stopped rank did not get to handle SIGTERM"
   ;;
 
 interrupt)
