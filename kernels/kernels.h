@@ -617,16 +617,26 @@ kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_ten
                                    const kpl_tensor *gy, const kpl_conv2d_params *p);
 
 /* 2-D pooling windows over NCHW.  Padding is symmetric; padded cells never
- * win a max and count for an average only with count_include_pad. */
+ * win a max and count for an average only with count_include_pad.
+ * ceil_mode (PyTorch's): the output size rounds up, so a last window may
+ * hang over the input's end — as long as it starts inside the input or
+ * its left padding; what it hangs past the right padding is no cell at
+ * all (not even for count_include_pad).  Fill it with designated
+ * initializers ({.kernel = {2, 2}, .stride = {2, 2}}): fields are
+ * appended. */
 typedef struct {
     int kernel[2];
     int stride[2];
     int padding[2];
     bool count_include_pad;
+    bool ceil_mode;
 } kpl_pool2d_params;
 
-/* (N, C, OH, OW); KPL_ESHAPE when a window does not fit or the padding is
- * more than half the window (as PyTorch requires). */
+/* (N, C, OH, OW): OH = (H + 2 padding - kernel) / stride + 1, the division
+ * rounding down, or up with ceil_mode (then one less if the last window
+ * would start at or past H + padding); likewise OW.  KPL_ESHAPE when a window
+ * does not fit or the padding is more than half the window (as PyTorch
+ * requires). */
 kpl_status kpl_shape_pool2d(const int64_t *x_shape, const kpl_pool2d_params *p,
                             int64_t *out_shape);
 /* out = the maximum of each window, idx (KPL_I64, out's shape) = its flat

@@ -920,7 +920,11 @@ kpl_status kpl_shape_pool2d(const int64_t *x, const kpl_pool2d_params *p, int64_
         KPL_CHECK(p->kernel[d] <= x[2 + d] + 2 * p->padding[d], KPL_ESHAPE,
                   "pool2d: window %dx%d is larger than the padded input of %s", p->kernel[0],
                   p->kernel[1], b);
-        out[2 + d] = (x[2 + d] + 2 * p->padding[d] - p->kernel[d]) / p->stride[d] + 1;
+        int64_t span = x[2 + d] + 2 * p->padding[d] - p->kernel[d];
+        out[2 + d] = (p->ceil_mode ? (span + p->stride[d] - 1) : span) / p->stride[d] + 1;
+        /* the last window must start inside the input or its left padding */
+        if (p->ceil_mode && (out[2 + d] - 1) * p->stride[d] >= x[2 + d] + p->padding[d])
+            out[2 + d]--;
     }
     out[0] = x[0];
     out[1] = x[1];

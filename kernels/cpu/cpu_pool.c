@@ -7,18 +7,22 @@
 
 #include <string.h>
 
-/* A window's bounds clipped to the input, and the divisor of its average. */
+/* A window's bounds clipped to the input, and the divisor of its average:
+ * with count_include_pad the cells of the padded input it covers (a
+ * ceil_mode window hanging past the right padding covers fewer than
+ * kernel[0] * kernel[1]), else the input cells. */
 #define WINDOW(a, oy, ox)                                                  \
     int64_t y0 = (oy) * (a)->p.stride[0] - (a)->p.padding[0];             \
     int64_t x0 = (ox) * (a)->p.stride[1] - (a)->p.padding[1];             \
     int64_t y1 = y0 + (a)->p.kernel[0], x1 = x0 + (a)->p.kernel[1];       \
+    int64_t py1 = y1 < (a)->h + (a)->p.padding[0] ? y1 : (a)->h + (a)->p.padding[0]; \
+    int64_t px1 = x1 < (a)->w + (a)->p.padding[1] ? x1 : (a)->w + (a)->p.padding[1]; \
+    double cnt = (double)((py1 - y0) * (px1 - x0));                        \
     if (y0 < 0) y0 = 0;                                                    \
     if (x0 < 0) x0 = 0;                                                    \
     if (y1 > (a)->h) y1 = (a)->h;                                          \
     if (x1 > (a)->w) x1 = (a)->w;                                          \
-    double cnt = (a)->p.count_include_pad                                  \
-                     ? (double)(a)->p.kernel[0] * (a)->p.kernel[1]         \
-                     : (double)((y1 - y0) * (x1 - x0));                     \
+    if (!(a)->p.count_include_pad) cnt = (double)((y1 - y0) * (x1 - x0));  \
     (void)cnt;
 
 /* Planes go to the OpenMP team when there are several and enough input
@@ -164,7 +168,8 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
     {                                                                                          \
         if (a->p.kernel[0] == 2 && a->p.kernel[1] == 2 && a->p.stride[0] == 2 &&               \
-            a->p.stride[1] == 2 && a->p.padding[0] == 0 && a->p.padding[1] == 0) {             \
+            a->p.stride[1] == 2 && a->p.padding[0] == 0 && a->p.padding[1] == 0 &&             \
+            2 * a->oh <= a->h && 2 * a->ow <= a->w) { /* no ceil_mode window hangs over */     \
             max2_##tn(a, x, y, idx);                                                           \
             return;                                                                            \
         }                                                                                      \

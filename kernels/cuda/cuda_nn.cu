@@ -422,7 +422,10 @@ fail:
 
 /* ---- pooling ------------------------------------------------------------------------ */
 
-/* Window bounds clipped to the plane, and the average's divisor. */
+/* Window bounds clipped to the plane, and the average's divisor: with
+ * count_include_pad the cells of the padded plane the window covers (a
+ * ceil_mode window hanging past the right padding covers fewer), else the
+ * plane's cells (as cpu_pool.c). */
 struct window {
     int64_t y0, x0, y1, x1;
     double cnt;
@@ -435,12 +438,14 @@ __device__ __forceinline__ window pool_window(const kpl_pool_attrs &a, int64_t o
     w.x0 = ox * a.p.stride[1] - a.p.padding[1];
     w.y1 = w.y0 + a.p.kernel[0];
     w.x1 = w.x0 + a.p.kernel[1];
+    int64_t py1 = w.y1 < a.h + a.p.padding[0] ? w.y1 : a.h + a.p.padding[0];
+    int64_t px1 = w.x1 < a.w + a.p.padding[1] ? w.x1 : a.w + a.p.padding[1];
+    w.cnt = (double)((py1 - w.y0) * (px1 - w.x0));
     if (w.y0 < 0) w.y0 = 0;
     if (w.x0 < 0) w.x0 = 0;
     if (w.y1 > a.h) w.y1 = a.h;
     if (w.x1 > a.w) w.x1 = a.w;
-    w.cnt = a.p.count_include_pad ? (double)a.p.kernel[0] * a.p.kernel[1]
-                                  : (double)((w.y1 - w.y0) * (w.x1 - w.x0));
+    if (!a.p.count_include_pad) w.cnt = (double)((w.y1 - w.y0) * (w.x1 - w.x0));
     return w;
 }
 

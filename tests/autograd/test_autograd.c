@@ -190,9 +190,17 @@ static void test_gradcheck_pooling(void **state)
     (void)state;
     int64_t xs[4] = {2, 3, 5, 6};
     kpl_tensor *x = param(4, xs, 60, -1, 1);
-    const kpl_pool2d_params ps[3] = {
-        {{2, 2}, {2, 2}, {0, 0}, false}, {{3, 3}, {2, 1}, {1, 1}, false}, {{3, 2}, {1, 2}, {1, 1}, true}};
-    for (int k = 0; k < 3; k++) {
+    /* on 5x6: the ceil_mode cases have a last row (2x2) or column (3x3)
+     * of windows hanging over the input */
+    const kpl_pool2d_params ps[5] = {
+        {.kernel = {2, 2}, .stride = {2, 2}},
+        {.kernel = {3, 3}, .stride = {2, 1}, .padding = {1, 1}},
+        {.kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 1}, .count_include_pad = true},
+        {.kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = true},
+        {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .count_include_pad = true,
+         .ceil_mode = true},
+    };
+    for (int k = 0; k < 5; k++) {
         pool_p = ps[k];
         for (int order = 1; order <= 2; order++) {
             if (kpl_gradcheck(f_maxpool, NULL, 1, &x, order, 1e-6, 1e-6, 1e-5) != KPL_OK)

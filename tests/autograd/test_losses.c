@@ -698,6 +698,93 @@ static void test_smooth_l1_beta_zero(void **state)
     kpl_tensor_release(a);
 }
 
+/* Pooling with ceil_mode: values and gradients (through ramp_sum) from
+ * F.max_pool2d / F.avg_pool2d(x, kernel, stride, padding, ceil_mode=True). */
+static void test_pool_ceil_mode(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_tensor *g = NULL;
+    /* max, 2x2 / stride 2 on 5x5, x = [(i * 7) % 25 for i in range(25)] */
+    int64_t s55[4] = {1, 1, 5, 5};
+    double v55[25];
+    for (int i = 0; i < 25; i++) v55[i] = (i * 7) % 25;
+    kpl_tensor *x = leaf(4, s55, v55);
+    kpl_pool2d_params mp = {.kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = true};
+    kpl_tensor *y = NN(kpl_max_pool2d(x, &mp));
+    expect(y, 9, (double[]){17, 24, 13, 20, 19, 23, 22, 11, 18}, "max ceil 5x5");
+    OK(kpl_grad(ramp_sum(y), NULL, 1, &x, false, &g));
+    expect(g, 25, (double[]){0, 0, 0, 0, 0, 0, 1.0, 1.1, 0, 1.2, 1.3, 0, 0, 0, 1.5, 0, 0, 1.4, 0, 0,
+                             0, 1.6, 0, 1.7, 1.8},
+           "max ceil 5x5 grad");
+    /* avg, same windows, count_include_pad: hanging windows divide by the
+     * cells they cover (F.avg_pool2d(x, 2, 2, 0, ceil_mode=True,
+     * count_include_pad=True)) */
+    mp.count_include_pad = true;
+    y = NN(kpl_avg_pool2d(x, &mp));
+    expect(y, 9, (double[]){8.5, 16.25, 8.0, 9.75, 11.25, 15.5, 18.5, 7.5, 18.0}, "avg ceil 5x5");
+    OK(kpl_grad(ramp_sum(y), NULL, 1, &x, false, &g));
+    expect(g, 25, (double[]){0.25, 0.25, 0.275, 0.275, 0.6, 0.25, 0.25, 0.275, 0.275, 0.6,
+                             0.325, 0.325, 0.35, 0.35, 0.75, 0.325, 0.325, 0.35, 0.35, 0.75,
+                             0.8, 0.8, 0.85, 0.85, 1.8},
+           "avg ceil 5x5 grad");
+    kpl_tensor_release(x);
+    /* max, 3x3 / stride 2 / padding 1 on 6x7, x = [(i * 11) % 42 - 20 ...] */
+    int64_t s67[4] = {1, 1, 6, 7};
+    double v67[42];
+    for (int i = 0; i < 42; i++) v67[i] = (i * 11) % 42 - 20;
+    x = leaf(4, s67, v67);
+    kpl_pool2d_params m3 = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true};
+    y = NN(kpl_max_pool2d(x, &m3));
+    assert_int_equal(kpl_tensor_shape(y)[2], 4);
+    assert_int_equal(kpl_tensor_shape(y)[3], 4);
+    expect(y, 16, (double[]){15, 13, 17, 4, 19, 19, 21, 21, 12, 20, 20, 18, -2, 20, 20, 11},
+           "max ceil 6x7");
+    OK(kpl_grad(ramp_sum(y), NULL, 1, &x, false, &g));
+    expect(g, 42, (double[]){0, 0, 0, 1.1, 0, 0, 1.3, 1.0, 0, 0, 0, 1.2, 0, 0, 0, 2.9, 0, 0, 0,
+                             3.3, 0, 0, 1.8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2.1, 0, 2.2, 0,
+                             8.6, 0, 0, 2.5},
+           "max ceil 6x7 grad");
+    kpl_tensor_release(x);
+    /* avg, 3x3 / stride 2 / padding 1 on 5x6, x = [((i * 5) % 30) * .5 - 3 ...],
+     * count_include_pad True and False */
+    int64_t s56[4] = {1, 1, 5, 6};
+    double v56[30];
+    for (int i = 0; i < 30; i++) v56[i] = ((i * 5) % 30) * 0.5 - 3;
+    x = leaf(4, s56, v56);
+    static const double want[2][12] = {
+        {-1.75, 2.0, 7.0, 9.5, -1.75, 2.0, 7.0, 9.5, -1.75, 2.0, 7.0, 9.5},
+        {-0.7777777777777778, 1.3333333333333333, 4.666666666666667, 3.1666666666666665,
+         -1.1666666666666667, 2.0, 7.0, 4.75, -0.7777777777777778, 1.3333333333333333,
+         4.666666666666667, 3.1666666666666665}};
+    static const double wantg[2][30] = {
+        {0.25, 0.43333333333333335, 0.18333333333333335, 0.3833333333333333, 0.19999999999999998,
+         0.85, 0.4833333333333333, 0.8333333333333333, 0.35, 0.7277777777777777,
+         0.37777777777777777, 1.5944444444444446, 0.2333333333333333, 0.39999999999999997,
+         0.16666666666666666, 0.34444444444444444, 0.17777777777777778, 0.7444444444444446,
+         0.6833333333333333, 1.1666666666666665, 0.4833333333333333, 0.9944444444444445,
+         0.5111111111111111, 2.127777777777778, 0.45, 0.7666666666666666, 0.31666666666666665,
+         0.6499999999999999, 0.3333333333333333, 1.3833333333333333},
+        {0.1111111111111111, 0.23333333333333334, 0.12222222222222223, 0.25555555555555554,
+         0.13333333333333333, 0.35, 0.26666666666666666, 0.5555555555555556, 0.28888888888888886,
+         0.6, 0.3111111111111111, 0.8111111111111111, 0.15555555555555556, 0.3222222222222222,
+         0.16666666666666666, 0.34444444444444444, 0.17777777777777778, 0.46111111111111114,
+         0.35555555555555557, 0.7333333333333333, 0.37777777777777777, 0.7777777777777778, 0.4,
+         1.0333333333333334, 0.2, 0.4111111111111111, 0.2111111111111111, 0.43333333333333335,
+         0.2222222222222222, 0.5722222222222222}};
+    for (int inc = 0; inc < 2; inc++) {
+        kpl_pool2d_params ap = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1},
+                                .count_include_pad = inc, .ceil_mode = true};
+        y = NN(kpl_avg_pool2d(x, &ap));
+        assert_int_equal(kpl_tensor_shape(y)[3], 4);
+        expect(y, 12, want[inc], inc ? "avg ceil include_pad" : "avg ceil");
+        OK(kpl_grad(ramp_sum(y), NULL, 1, &x, false, &g));
+        expect(g, 30, wantg[inc], inc ? "avg ceil include_pad grad" : "avg ceil grad");
+    }
+    kpl_tensor_release(x);
+    kpl_pool_pop(p);
+}
+
 static kpl_tensor *g_topk(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -807,6 +894,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_conv_transpose_output_padding_gradcheck),
         cmocka_unit_test(test_batch_norm_one_value_per_channel),
         cmocka_unit_test(test_smooth_l1_beta_zero),
+        cmocka_unit_test(test_pool_ceil_mode),
     };
     return cmocka_run_group_tests_name("nn", tests, NULL, NULL);
 }

@@ -279,30 +279,38 @@ static void test_nn_kernels(void **state)
         assert_same(bdxg, bdx, 10 * tol, 10 * tol, "batch_norm_bwd gx");
         assert_same(bdgg, bdg, 10 * tol, 10 * tol, "batch_norm_bwd ggamma");
 
-        /* pooling: max with indices, the gather/scatter pair, average */
-        kpl_pool2d_params mp = {{3, 2}, {2, 2}, {1, 1}, false};
-        int64_t ps[4];
-        OK(kpl_shape_pool2d(xs, &mp, ps));
-        kpl_tensor *py = tnew(dt, 4, ps), *pyg = NULL, *pi = tnew(KPL_I64, 4, ps), *pig = NULL;
-        OK(kpl_tensor_empty(gpu, dt, 4, ps, &pyg));
-        OK(kpl_tensor_empty(gpu, KPL_I64, 4, ps, &pig));
-        OK(kpl_k_max_pool2d(py, pi, x, &mp));
-        OK(kpl_k_max_pool2d(pyg, pig, gx_, &mp));
-        assert_same(pyg, py, 0, 0, "max_pool2d");
-        assert_same(pig, pi, 0, 0, "max_pool2d indices");
-        kpl_tensor *sc = tnew(dt, 4, xs), *scg = NULL;
-        OK(kpl_tensor_empty(gpu, dt, 4, xs, &scg));
-        OK(kpl_k_plane_scatter(sc, py, pi));
-        OK(kpl_k_plane_scatter(scg, pyg, pig));
-        assert_same(scg, sc, tol, tol, "plane_scatter");
-        for (int inc = 0; inc < 2; inc++) {
-            mp.count_include_pad = inc;
-            OK(kpl_k_avg_pool2d(py, x, &mp));
-            OK(kpl_k_avg_pool2d(pyg, gx_, &mp));
-            assert_same(pyg, py, tol, tol, "avg_pool2d");
-            OK(kpl_k_avg_pool2d_bwd(sc, py, &mp));
-            OK(kpl_k_avg_pool2d_bwd(scg, pyg, &mp));
-            assert_same(scg, sc, tol, tol, "avg_pool2d_bwd");
+        /* pooling: max with indices, the gather/scatter pair, average; the
+         * second set has ceil_mode windows hanging over the 9 rows */
+        const kpl_pool2d_params mps[2] = {
+            {.kernel = {3, 2}, .stride = {2, 2}, .padding = {1, 1}},
+            {.kernel = {2, 3}, .stride = {2, 2}, .padding = {0, 1}, .ceil_mode = true}};
+        for (int set = 0; set < 2; set++) {
+            kpl_pool2d_params mp = mps[set];
+            int64_t ps[4];
+            OK(kpl_shape_pool2d(xs, &mp, ps));
+            kpl_tensor *py = tnew(dt, 4, ps), *pyg = NULL, *pi = tnew(KPL_I64, 4, ps), *pig = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, ps, &pyg));
+            OK(kpl_tensor_empty(gpu, KPL_I64, 4, ps, &pig));
+            OK(kpl_k_max_pool2d(py, pi, x, &mp));
+            OK(kpl_k_max_pool2d(pyg, pig, gx_, &mp));
+            assert_same(pyg, py, 0, 0, "max_pool2d");
+            assert_same(pig, pi, 0, 0, "max_pool2d indices");
+            kpl_tensor *sc = tnew(dt, 4, xs), *scg = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, xs, &scg));
+            OK(kpl_k_plane_scatter(sc, py, pi));
+            OK(kpl_k_plane_scatter(scg, pyg, pig));
+            assert_same(scg, sc, tol, tol, "plane_scatter");
+            for (int inc = 0; inc < 2; inc++) {
+                mp.count_include_pad = inc;
+                OK(kpl_k_avg_pool2d(py, x, &mp));
+                OK(kpl_k_avg_pool2d(pyg, gx_, &mp));
+                assert_same(pyg, py, tol, tol, "avg_pool2d");
+                OK(kpl_k_avg_pool2d_bwd(sc, py, &mp));
+                OK(kpl_k_avg_pool2d_bwd(scg, pyg, &mp));
+                assert_same(scg, sc, tol, tol, "avg_pool2d_bwd");
+            }
+            kpl_tensor *pts[] = {py, pyg, pi, pig, sc, scg};
+            for (size_t i = 0; i < sizeof pts / sizeof pts[0]; i++) kpl_tensor_release(pts[i]);
         }
         /* index_select / index_add along axis 2, with a repeated index */
         int64_t ks = 4, is[4] = {3, 4, 4, 11};
@@ -321,8 +329,8 @@ static void test_nn_kernels(void **state)
         kpl_tensor *bad = to_gpu(idx);
         FAILS(kpl_k_index_select(selg, gx_, 2, bad), KPL_ERANGE, "outside [0, 9)");
         kpl_tensor *all[] = {x, w, b, gy, gx_, gw_, gb_, ggy, y, yg, dx, dxg, dw, dwg, db, dbg,
-                             g6, gg6, bn, bng, m, mg, v, vg, bdx, bdxg, bdg, bdgg, py, pyg, pi,
-                             pig, sc, scg, idx, idg, sel, selg, bad};
+                             g6, gg6, bn, bng, m, mg, v, vg, bdx, bdxg, bdg, bdgg, idx, idg,
+                             sel, selg, bad};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
     }
     kpl_algo_cache_stats s = kpl_algo_cache_stats_get(KPL_DEVICE_CUDA);

@@ -883,7 +883,7 @@ static void test_pool2d_by_hand(void **state)
     int64_t xs[4] = {1, 1, 4, 4}, ys[4] = {1, 1, 2, 2};
     kpl_tensor *x = tnew(KPL_F32, 4, xs), *y = tnew(KPL_F32, 4, ys), *idx = tnew(KPL_I64, 4, ys);
     OK(kpl_k_arange(x, 0, 1));
-    kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
+    kpl_pool2d_params p = {.kernel = {2, 2}, .stride = {2, 2}, .padding = {0, 0}};
     OK(kpl_k_max_pool2d(y, idx, x, &p));
     double want[4] = {5, 7, 13, 15};
     assert_tensor_close(y, want, 0, 0, "max_pool2d");
@@ -894,7 +894,7 @@ static void test_pool2d_by_hand(void **state)
     /* 3x3 windows, stride 1, padding 1 on the 4x4 input: the corner window
      * holds x[0:2, 0:2] = {0, 1, 4, 5} of 9 cells */
     kpl_tensor *y4 = tnew(KPL_F32, 4, xs), *i4 = tnew(KPL_I64, 4, xs);
-    kpl_pool2d_params q = {{3, 3}, {1, 1}, {1, 1}, false};
+    kpl_pool2d_params q = {.kernel = {3, 3}, .stride = {1, 1}, .padding = {1, 1}};
     OK(kpl_k_avg_pool2d(y4, x, &q));
     assert_float_equal(tget(y4, 0), 10.0 / 4, 1e-6);
     q.count_include_pad = true;
@@ -914,9 +914,9 @@ static void test_pool2d_by_hand(void **state)
     assert_float_equal(tget(g, 5), 5, 0);
     assert_float_equal(tget(g, 4), 0, 0);
     /* bad input */
-    kpl_pool2d_params big = {{5, 5}, {1, 1}, {0, 0}, false};
+    kpl_pool2d_params big = {.kernel = {5, 5}, .stride = {1, 1}, .padding = {0, 0}};
     FAILS(kpl_k_avg_pool2d(y, x, &big), KPL_ESHAPE, "window 5x5 is larger than the padded input of (1,1,4,4)");
-    kpl_pool2d_params padq = {{2, 2}, {1, 1}, {2, 2}, false};
+    kpl_pool2d_params padq = {.kernel = {2, 2}, .stride = {1, 1}, .padding = {2, 2}};
     FAILS(kpl_k_avg_pool2d(y, x, &padq), KPL_EINVAL, "padding 2 is more than half the window 2");
     ((int64_t *)kpl_tensor_host_mutable(idx))[2] = 99;
     FAILS(kpl_k_plane_gather(y, x, idx), KPL_ERANGE, "plane_gather: 1 indices outside the 4x4 plane");
@@ -943,7 +943,7 @@ static void test_max_pool_2x2_fast_path(void **state)
         xv[10] = NAN;
         xv[11] = NAN;
         xv[100] = NAN;
-        kpl_pool2d_params p = {{2, 2}, {2, 2}, {0, 0}, false};
+        kpl_pool2d_params p = {.kernel = {2, 2}, .stride = {2, 2}, .padding = {0, 0}};
         OK(kpl_k_max_pool2d(y, idx, x, &p));
         for (int64_t pl = 0; pl < 6; pl++)
             for (int64_t oy = 0; oy < oh; oy++)
@@ -961,6 +961,59 @@ static void test_max_pool_2x2_fast_path(void **state)
                     if (isnan(want)) assert_true(isnan(tget(y, o)));
                     else assert_float_equal(tget(y, o), want, 0);
                 }
+        kpl_tensor_release(x);
+        kpl_tensor_release(y);
+        kpl_tensor_release(idx);
+    }
+}
+
+/* ceil_mode against PyTorch (torch 1.13): F.max_pool2d / F.avg_pool2d(...,
+ * ceil_mode=True) on x = [(i * 7) % 25 for i in range(25)] as 1x1x5x5. */
+static void test_pool2d_ceil_mode(void **state)
+{
+    (void)state;
+    /* sizes: the division rounds up, unless the last window would start
+     * past the input and its left padding (then PyTorch drops it) */
+    static const struct {
+        int64_t h, w;
+        kpl_pool2d_params p;
+        int64_t oh, ow;
+    } sz[] = {
+        {5, 5, {.kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = true}, 3, 3},
+        {6, 7, {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}, .ceil_mode = true}, 4, 4},
+        {4, 4, {.kernel = {2, 2}, .stride = {3, 3}, .padding = {1, 1}, .ceil_mode = true}, 2, 2},
+        {5, 8, {.kernel = {2, 2}, .stride = {3, 3}, .padding = {1, 1}, .ceil_mode = true}, 2, 3},
+        {5, 5, {.kernel = {2, 2}, .stride = {2, 2}}, 2, 2},
+    };
+    for (size_t i = 0; i < sizeof sz / sizeof sz[0]; i++) {
+        int64_t xs[4] = {1, 1, sz[i].h, sz[i].w}, ys[4];
+        OK(kpl_shape_pool2d(xs, &sz[i].p, ys));
+        if (ys[2] != sz[i].oh || ys[3] != sz[i].ow)
+            fail_msg("pool2d size case %zu: %lldx%lld, expected %lldx%lld", i, (long long)ys[2],
+                     (long long)ys[3], (long long)sz[i].oh, (long long)sz[i].ow);
+    }
+    /* 2x2 / stride 2 on 5x5: the last row and column of windows hold one
+     * input row or column (the shape the 2x2 fast path must not take) */
+    int64_t xs[4] = {1, 1, 5, 5}, ys[4] = {1, 1, 3, 3};
+    for (int f64 = 0; f64 < 2; f64++) {
+        kpl_dtype dt = f64 ? KPL_F64 : KPL_F32;
+        kpl_tensor *x = tnew(dt, 4, xs), *y = tnew(dt, 4, ys), *idx = tnew(KPL_I64, 4, ys);
+        void *xv = kpl_tensor_host_mutable(x);
+        for (int i = 0; i < 25; i++) {
+            if (f64) ((double *)xv)[i] = (i * 7) % 25;
+            else ((float *)xv)[i] = (float)((i * 7) % 25);
+        }
+        kpl_pool2d_params p = {.kernel = {2, 2}, .stride = {2, 2}, .ceil_mode = true};
+        OK(kpl_k_max_pool2d(y, idx, x, &p));
+        assert_tensor_close(y, (double[]){17, 24, 13, 20, 19, 23, 22, 11, 18}, 0, 0, "max ceil");
+        /* F.max_pool2d(..., return_indices=True)[1] */
+        assert_tensor_close(idx, (double[]){6, 7, 9, 10, 17, 14, 21, 23, 24}, 0, 0, "max ceil idx");
+        /* count_include_pad counts no cell past the right padding (none
+         * here): the corner window divides by 1 */
+        p.count_include_pad = true;
+        OK(kpl_k_avg_pool2d(y, x, &p));
+        assert_tensor_close(y, (double[]){8.5, 16.25, 8.0, 9.75, 11.25, 15.5, 18.5, 7.5, 18.0}, 1e-6,
+                            0, "avg ceil include_pad");
         kpl_tensor_release(x);
         kpl_tensor_release(y);
         kpl_tensor_release(idx);
@@ -1077,6 +1130,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_pool2d_by_hand),
         cmocka_unit_test(test_max_pool_2x2_fast_path),
+        cmocka_unit_test(test_pool2d_ceil_mode),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
         cmocka_unit_test(test_batch_norm_kernels),
         cmocka_unit_test(test_zero_size),
