@@ -192,7 +192,9 @@ kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, 
 /* Batch normalisation of x (N, C, ...) over every axis but 1.  gamma, beta
  * (C) may be NULL.  Training: normalise with the batch statistics and move
  * the running ones (updated in place, unrecorded) by `momentum` (unbiased
- * variance, as PyTorch); eval: normalise with the running statistics. */
+ * variance, as PyTorch), which needs more than one value per channel
+ * (N * H * W > 1, else KPL_ESHAPE, as PyTorch); eval: normalise with the
+ * running statistics. */
 kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
                            kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
                            double momentum, double eps);
@@ -223,7 +225,10 @@ kpl_tensor *kpl_bce_with_logits_weighted(kpl_tensor *z, kpl_tensor *y, kpl_tenso
 /* Transposed convolution: x (N, Cin, H, W), w (Cin, Cout/groups, KH, KW)
  * (PyTorch's ConvTranspose2d layout), bias (Cout) or NULL; the output is
  * (H - 1) stride - 2 padding + dilation (KH - 1) + output_padding + 1 high
- * (likewise wide).  It is conv2d's input gradient, recorded as that op. */
+ * (likewise wide); output_padding (h, w), NULL for none, each below
+ * max(stride, dilation) as PyTorch.  It is conv2d's input gradient,
+ * recorded as that op (and, where output_padding >= stride, a slice and a
+ * zero pad of it). */
 kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
                                  const kpl_conv2d_params *p, const int *output_padding);
 
