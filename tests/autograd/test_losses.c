@@ -618,6 +618,12 @@ static void test_conv_transpose_output_padding(void **state)
     kpl_tensor *w1 = NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, ws, 1));
     assert_null(kpl_conv_transpose2d(x1, w1, NULL, &cp, (int[]){0, 2}));
     assert_non_null(strstr(kpl_last_error(), "output_padding (0,2)"));
+    /* padding larger than the output: named, not a negative allocation */
+    kpl_conv2d_params big = {{1, 1}, {3, 0}, {1, 1}, 1};
+    assert_null(kpl_conv_transpose2d(x1, w1, NULL, &big, NULL));
+    assert_non_null(strstr(kpl_last_error(), "conv_transpose2d: input (1,1,3,3) with weights "
+                                             "(1,1,2,2), padding (3,0) gives an empty output "
+                                             "(-2x4)"));
     kpl_pool_pop(p);
 }
 
