@@ -307,8 +307,8 @@ typedef struct {
     float mean[3], std[3];
     bool skip_corrupt; /* a sample that cannot be decoded (KPL_EFORMAT: libjpeg errors
                         * and data warnings, PNG CRC errors, oversized images, bad
-                        * masks/boxes) is dropped from its batch and counted, and named
-                        * once in a warning on stderr when its batch is handed out
+                        * masks/boxes) is dropped from its batch, counted, and named in
+                        * one warning line on stderr when its batch is handed out
                         * (example, shard, chunk, record, path or key), instead of
                         * failing the iterator */
 } kpl_transform_config;
@@ -421,23 +421,27 @@ typedef struct {
 kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out);
 /* The next batch, in order; blocks until it is ready.  After an epoch's
  * last batch comes one with size 0, then the next epoch.  KPL_ECHILD when
- * a process of the pipeline failed (message: stage, pid, signal or status,
- * or the worker's own error such as a corrupt record); the loader is then
+ * a process of the pipeline died (message: stage, pid, signal or status),
+ * or when the batch cannot be finished because a process reported an
+ * error (its own message, e.g. a corrupt record); the loader is then
  * stopped for good.  KPL_ESTATE when every slot is still held by batches
  * not released.  Not thread-safe (one consumer). */
 kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b);
 /* Whether every process of the pipeline is still alive, without waiting
  * for anything: KPL_OK, or KPL_ECHILD with the message kpl_loader_next
- * would give (stage, pid, signal or exit status, or the child's own
- * error), after which the loader is stopped for good, as after next.
- * Cheap (a waitpid(WNOHANG) per process and a look at the shared error
- * under the pipeline's lock, which nobody holds for long), so a trainer
- * can call it every step for a loader it is not reading from, e.g. the
- * validation loader between evaluations: a worker killed while that
- * loader sits idle is reported at the next step instead of at the end of
- * the epoch.  When it reports a death it may take up to 0.2 s to name the
- * process that ended first.  Not thread-safe (the consumer's thread, like
- * kpl_loader_next). */
+ * would give (stage, pid, signal or exit status) when one died — killed
+ * by a signal, or ended without reporting an error — after which the
+ * loader is stopped for good, as after next.  An error a process
+ * reported (a sample it cannot decode without skip_corrupt, a read error)
+ * is not a death: it is left for kpl_loader_next, which returns it when
+ * it reaches a batch the error spoiled (batches finished before it are
+ * still handed out).  Cheap (a waitpid(WNOHANG) per process), so a
+ * trainer can call it every step for a loader it is not reading from,
+ * e.g. the validation loader between evaluations: a worker killed while
+ * that loader sits idle is reported at the next step instead of at the
+ * end of the epoch.  When it reports a death it may take up to 0.2 s to
+ * name the process that died first.  Not thread-safe (the consumer's
+ * thread, like kpl_loader_next). */
 kpl_status kpl_loader_check(kpl_loader *l);
 /* Releases the batch's tensors (NULLs them); NULL or empty is a no-op. */
 void kpl_batch_release(kpl_batch *b);

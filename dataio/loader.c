@@ -47,6 +47,7 @@
 #define WAIT_MS 100
 #define ALIGN_UP(x, a) (((x) + (a) - 1) / (a) * (a))
 #define WHY_BYTES 512 /* a skipped sample's reason, kept in its slot for the consumer */
+#define EXIT_REPORTED 3 /* a child's exit status after it put its error in the shared block */
 
 enum { ITEM_FREE, ITEM_READY, ITEM_TAKEN, ITEM_DONE };
 
@@ -127,7 +128,6 @@ struct kpl_loader {
     char dead_msg[2048];
     int outstanding; /* batches handed out and not released */
     int64_t skipped; /* corrupt samples dropped from the batches handed out */
-    uint8_t *warned; /* bitmap: examples already named in a skip warning */
     bool destroyed;
     struct slot_ref *refs;
 };
@@ -547,7 +547,7 @@ static void child_main(kpl_loader *l, int k)
         st = worker_run(l);
     }
     if (st < 0) child_fail(l, stage, kpl_last_error());
-    _exit(st < 0 ? 3 : 0);
+    _exit(st < 0 ? EXIT_REPORTED : 0);
 }
 
 /* ---- the consumer's side ------------------------------------------------------------ */
@@ -612,45 +612,53 @@ static kpl_status fail_for_good(kpl_loader *l, const char *msg)
     return KPL_ERROR(KPL_ECHILD, "%s", l->dead_msg);
 }
 
-/* Whether a child ended while the pipeline runs (called with the lock
- * released): reaps what has ended and describes the most telling end — a
- * signal, then a failure exit, then a child that only left because of
- * another's failure — in msg.  Returns whether any ended. */
+/* Whether a child died (called with the lock released): reaps every child
+ * that ended and describes the most telling death in msg — a signal, then
+ * an exit that reported nothing.  A child that leaves with status 0 (on a
+ * stop, or on another's failure) or with EXIT_REPORTED (after putting its
+ * error in the shared block) did not die: a reported error, such as a
+ * corrupt sample without skip_corrupt, is returned by kpl_loader_next when
+ * it reaches a batch the error spoiled.  Returns whether one died. */
 static bool child_died(kpl_loader *l, char *msg, size_t n)
 {
-    int best = 0; /* 3 signal, 2 exit status != 0, 1 exit 0 */
+    int best = 0; /* 2 signal, 1 an exit status that reported nothing */
     for (int k = 0; k < l->nproc; k++) {
         if (!l->alive[k]) continue;
         int status = 0;
         if (waitpid(l->pids[k], &status, WNOHANG) != l->pids[k]) continue;
         l->alive[k] = false;
-        int rank = WIFSIGNALED(status) ? 3 : WEXITSTATUS(status) ? 2 : 1;
+        int code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+        int rank = WIFSIGNALED(status) ? 2 : code != 0 && code != EXIT_REPORTED ? 1 : 0;
         if (rank <= best) continue;
         best = rank;
         char stage[48];
         stage_name(k, stage, sizeof stage);
-        if (rank == 3)
+        if (rank == 2)
             snprintf(msg, n, "%s (pid %d) was killed by signal %d (%s)", stage, (int)l->pids[k],
                      WTERMSIG(status), strsignal(WTERMSIG(status)));
-        else if (l->ctl->failed)
-            snprintf(msg, n, "%s", l->ctl->error);
         else
-            snprintf(msg, n, "%s (pid %d) exited with status %d", stage, (int)l->pids[k],
-                     WEXITSTATUS(status));
+            snprintf(msg, n, "%s (pid %d) exited with status %d", stage, (int)l->pids[k], code);
     }
     return best > 0;
+}
+
+/* Whether every child has ended (reaped by child_died). */
+static bool all_ended(const kpl_loader *l)
+{
+    for (int k = 0; k < l->nproc; k++)
+        if (l->alive[k]) return false;
+    return true;
 }
 
 /* Fails the loader for good with the most telling message: a child
  * killed by a signal usually takes the others down with it (they leave on
  * the failure it caused), so keep reaping for up to 0.2 s to find it.
- * msg holds a description already (`found`: of a child that ended). */
+ * msg holds a description already (`found`: of a child that died). */
 static kpl_status fail_named(kpl_loader *l, char *msg, size_t n, bool found)
 {
     char m2[sizeof l->ctl->error + 128];
-    for (int t = 0; t < 100 && !(found && strstr(msg, "killed by signal")); t++) {
-        if (child_died(l, m2, sizeof m2) && (!found || strstr(m2, "killed by signal") ||
-                                             strstr(msg, "exited with status 0"))) {
+    for (int t = 0; t < 100 && !strstr(msg, "killed by signal"); t++) {
+        if (child_died(l, m2, sizeof m2) && (!found || strstr(m2, "killed by signal"))) {
             snprintf(msg, n, "%s", m2);
             found = true;
         }
@@ -664,7 +672,6 @@ static void loader_free(kpl_loader *l)
     if (l->pinned && l->slot_data) kpl_device_unpin_host(l->pinned, l->slot_data);
     if (l->map) munmap(l->map, l->map_bytes);
     kpl_dataset_close(l->ds);
-    free(l->warned);
     free(l->pids);
     free(l->alive);
     free(l->refs);
@@ -690,23 +697,15 @@ static void slot_release(void *ctx)
     if (--l->outstanding == 0 && l->destroyed) loader_free(l);
 }
 
-/* Names the samples of a slot that were skipped: each example once in the
- * loader's life (a bad file fails again every epoch; it is counted each
- * time, named the first). */
+/* Names the samples of a slot that were skipped, as the batch is handed
+ * out: one line for each skip kpl_loader_skipped counts (a bad file fails
+ * again in every epoch that reaches it, and is named again). */
 static void warn_skipped(kpl_loader *l, const uint8_t *b, int64_t n)
 {
-    int64_t ne = kpl_dataset_num_examples(l->ds);
-    if (!l->warned) l->warned = calloc((size_t)(ne + 7) / 8, 1);
-    for (int64_t i = 0; i < n; i++) {
-        if (b[l->o_valid + i]) continue;
-        int64_t e = ((const int64_t *)(b + l->o_example))[i];
-        if (l->warned && e >= 0 && e < ne) {
-            if (l->warned[e / 8] & (1u << (e % 8))) continue;
-            l->warned[e / 8] |= (uint8_t)(1u << (e % 8));
-        }
-        fprintf(stderr, "kpl loader (%s): skipping %.*s\n", kpl_dataset_path(l->ds), WHY_BYTES,
-                (const char *)b + l->o_why + (size_t)i * WHY_BYTES);
-    }
+    for (int64_t i = 0; i < n; i++)
+        if (!b[l->o_valid + i])
+            fprintf(stderr, "kpl loader (%s): skipping %.*s\n", kpl_dataset_path(l->ds),
+                    WHY_BYTES, (const char *)b + l->o_why + (size_t)i * WHY_BYTES);
 }
 
 /* Moves the valid samples of a slot to its front; returns how many. */
@@ -816,6 +815,11 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
         shm_unlock(c);
         if (child_died(l, msg, sizeof msg)) return fail_named(l, msg, sizeof msg, true);
         shm_lock(c);
+        if (!c->failed && all_ended(l)) { /* nobody left to finish it (a guard: cannot happen) */
+            shm_unlock(c);
+            snprintf(msg, sizeof msg, "every process of the pipeline has ended");
+            return fail_named(l, msg, sizeof msg, false);
+        }
     }
     s->held = 1;
     int64_t epoch = s->epoch, pos = s->pos, size = s->size, skipped = s->skipped;
@@ -851,13 +855,6 @@ kpl_status kpl_loader_check(kpl_loader *l)
     if (l->dead) return KPL_ERROR(l->dead, "%s", l->dead_msg);
     char msg[sizeof l->ctl->error + 128];
     if (child_died(l, msg, sizeof msg)) return fail_named(l, msg, sizeof msg, true);
-    /* A child that reported an error exits right after; do not wait for
-     * its exit to say so (kpl_loader_next would not either). */
-    shm_lock(l->ctl);
-    bool failed = l->ctl->failed;
-    if (failed) snprintf(msg, sizeof msg, "%s", l->ctl->error);
-    shm_unlock(l->ctl);
-    if (failed) return fail_named(l, msg, sizeof msg, false);
     return KPL_OK;
 }
 
