@@ -366,6 +366,18 @@ kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
         return NULL;
     }
     const int64_t *xs = kpl_tensor_shape(x), *ws = kpl_tensor_shape(w);
+    int64_t cout = ws[1] * (p->groups > 0 ? p->groups : 1);
+    if (ws[0] != xs[1] || p->groups < 1 || xs[1] % p->groups ||
+        (b && (kpl_tensor_ndim(b) != 1 || kpl_tensor_shape(b)[0] != cout))) {
+        char b1[96], b2[96], b3[96];
+        KPL_ERROR(KPL_ESHAPE, "conv_transpose2d: input %s, weights %s (Cin, Cout/groups, KH, KW), "
+                              "groups %d and bias %s do not fit (expected Cin = %lld, bias (%lld))",
+                  kpl_shape_str(4, xs, b1, sizeof b1), kpl_shape_str(4, ws, b2, sizeof b2),
+                  p->groups,
+                  b ? kpl_shape_str(kpl_tensor_ndim(b), kpl_tensor_shape(b), b3, sizeof b3) : "none",
+                  (long long)xs[1], (long long)cout);
+        return NULL;
+    }
     int op0 = output_padding ? output_padding[0] : 0, op1 = output_padding ? output_padding[1] : 0;
     if (op0 < 0 || op1 < 0 || op0 >= (p->stride[0] > p->dilation[0] ? p->stride[0] : p->dilation[0]) ||
         op1 >= (p->stride[1] > p->dilation[1] ? p->stride[1] : p->dilation[1])) {

@@ -618,6 +618,15 @@ static void test_conv_transpose_output_padding(void **state)
     kpl_tensor *w1 = NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, ws, 1));
     assert_null(kpl_conv_transpose2d(x1, w1, NULL, &cp, (int[]){0, 2}));
     assert_non_null(strstr(kpl_last_error(), "output_padding (0,2)"));
+    /* channels and bias that do not fit, named by the op (they were
+     * conv2d_bwd_data's and reshape's errors) */
+    int64_t w2s[4] = {2, 1, 2, 2}, b5 = 5;
+    assert_null(kpl_conv_transpose2d(x1, NN(kpl_full(kpl_device_cpu(), KPL_F64, 4, w2s, 1)), NULL, &cp,
+                                     NULL));
+    assert_non_null(strstr(kpl_last_error(), "conv_transpose2d: input (1,1,3,3), weights (2,1,2,2)"));
+    assert_null(kpl_conv_transpose2d(x1, w1, NN(kpl_full(kpl_device_cpu(), KPL_F64, 1, &b5, 1)), &cp,
+                                     NULL));
+    assert_non_null(strstr(kpl_last_error(), "bias (5) do not fit (expected Cin = 1, bias (1))"));
     /* padding larger than the output: named, not a negative allocation */
     kpl_conv2d_params big = {{1, 1}, {3, 0}, {1, 1}, 1};
     assert_null(kpl_conv_transpose2d(x1, w1, NULL, &big, NULL));
