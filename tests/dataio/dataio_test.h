@@ -6,6 +6,7 @@
 
 #include "kpl_test.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 
 static char tmp_root[64];
@@ -15,6 +16,16 @@ static int setup(void **state)
     (void)state;
     snprintf(tmp_root, sizeof tmp_root, "/tmp/kpl_test_%s_XXXXXX", KPL_TEST_NAME);
     return mkdtemp(tmp_root) ? 0 : -1;
+}
+
+/* tmp_root/name, in one of 8 rotating buffers (a few may be live at once). */
+static inline const char *tmp_path(const char *name)
+{
+    static char p[8][256];
+    static int k;
+    k = (k + 1) % 8;
+    snprintf(p[k], sizeof p[k], "%s/%s", tmp_root, name);
+    return p[k];
 }
 
 static int teardown(void **state)

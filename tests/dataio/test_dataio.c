@@ -20,15 +20,6 @@
 #include <turbojpeg.h>
 #include <zlib.h>
 
-static const char *path(const char *name)
-{
-    static char p[8][256];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmp_root, name);
-    return p[k];
-}
-
 /* ---- CRC32C ---------------------------------------------------------------------- */
 
 static void test_crc32c_vectors(void **state)
@@ -193,26 +184,26 @@ static void round_trip(const char *dir, int64_t n, int shards, size_t chunk, int
 static void test_round_trip_one_shard_zstd(void **state)
 {
     (void)state;
-    round_trip(path("rt1"), 1000, 1, 64 << 10, 3);
+    round_trip(tmp_path("rt1"), 1000, 1, 64 << 10, 3);
 }
 
 static void test_round_trip_shards_uncompressed(void **state)
 {
     (void)state;
-    round_trip(path("rt2"), 777, 3, 16 << 10, 0);
+    round_trip(tmp_path("rt2"), 777, 3, 16 << 10, 0);
 }
 
 static void test_round_trip_more_shards_than_chunks(void **state)
 {
     (void)state;
-    round_trip(path("rt3"), 5, 4, 1 << 20, 1); /* one chunk, three empty shards */
+    round_trip(tmp_path("rt3"), 5, 4, 1 << 20, 1); /* one chunk, three empty shards */
 }
 
 /* Random bytes do not shrink: the writer stores them raw. */
 static void test_incompressible_chunks_stored_raw(void **state)
 {
     (void)state;
-    const char *dir = path("noise");
+    const char *dir = tmp_path("noise");
     kpl_feature_spec s = {.name = "x", .type = KPL_FEATURE_BYTES};
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     cfg.chunk_bytes = 8192;
@@ -272,7 +263,7 @@ static void flip(const char *file, long off)
 static void test_flipped_byte_named(void **state)
 {
     (void)state;
-    const char *good = path("good"), *bad = path("bad");
+    const char *good = tmp_path("good"), *bad = tmp_path("bad");
     write_set(good, 300, 2, 8 << 10, 3);
     copy_set(good, bad);
     char f[300];
@@ -307,7 +298,7 @@ static void test_flipped_byte_named(void **state)
 static void test_record_crc_names_record(void **state)
 {
     (void)state;
-    const char *dir = path("rec");
+    const char *dir = tmp_path("rec");
     write_set(dir, 50, 1, 1 << 20, 0); /* one uncompressed chunk */
     char f[300];
     snprintf(f, sizeof f, "%s/00000.data", dir);
@@ -337,7 +328,7 @@ static void test_record_crc_names_record(void **state)
 static void test_truncated_and_extended_files(void **state)
 {
     (void)state;
-    const char *good = path("tgood"), *bad = path("tbad");
+    const char *good = tmp_path("tgood"), *bad = tmp_path("tbad");
     write_set(good, 200, 1, 8 << 10, 3);
     copy_set(good, bad);
     char f[300];
@@ -398,7 +389,7 @@ static void edit_metadata(const char *dir, const char *anchor, const char *from,
 static void test_metadata_that_lies(void **state)
 {
     (void)state;
-    const char *good = path("mgood"), *bad = path("mbad");
+    const char *good = tmp_path("mgood"), *bad = tmp_path("mbad");
     write_set(good, 120, 2, 8 << 10, 3);
     kpl_dataset *ds = NULL;
     OK(kpl_dataset_open(good, &ds));
@@ -428,8 +419,8 @@ static void test_metadata_that_lies(void **state)
 
     copy_set(good, bad); /* a shard from another dataset */
     char src[300], dst[300];
-    write_set(path("other"), 120, 2, 8 << 10, 3);
-    snprintf(src, sizeof src, "%s/00001.data", path("other"));
+    write_set(tmp_path("other"), 120, 2, 8 << 10, 3);
+    snprintf(src, sizeof src, "%s/00001.data", tmp_path("other"));
     snprintf(dst, sizeof dst, "%s/00001.data", bad);
     char cmd[700];
     snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, dst);
@@ -504,8 +495,8 @@ static void test_metadata_shapes_and_checksum(void **state)
 {
     (void)state;
     char good[300], bad[300];
-    snprintf(good, sizeof good, "%s", path("shape_good"));
-    snprintf(bad, sizeof bad, "%s", path("shape_bad"));
+    snprintf(good, sizeof good, "%s", tmp_path("shape_good"));
+    snprintf(bad, sizeof bad, "%s", tmp_path("shape_bad"));
     write_raw_set(good, 10, false);
     kpl_dataset *ds = NULL;
     OK(kpl_dataset_open(good, &ds));
@@ -559,8 +550,8 @@ static void test_metadata_shapes_and_checksum(void **state)
     kpl_dataset_close(ds);
     FAILS(kpl_dataset_verify(bad, NULL, NULL, NULL), KPL_EFORMAT, want);
     /* With every feature fixed, the open check is exact: 4 + 392 + 4 + 8. */
-    write_raw_set(path("shape_fixed"), 4, true);
-    copy_set(path("shape_fixed"), bad);
+    write_raw_set(tmp_path("shape_fixed"), 4, true);
+    copy_set(tmp_path("shape_fixed"), bad);
     edit_metadata(bad, NULL, "28,\n        28,", "14,\n        28,");
     FAILS(kpl_dataset_open(bad, &ds), KPL_EFORMAT, "make every body 408 bytes");
 
@@ -569,7 +560,7 @@ static void test_metadata_shapes_and_checksum(void **state)
                                    .shape = {2, 3}}};
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     kpl_record_writer *w = NULL;
-    OK(kpl_record_writer_create(path("shape_writer"), 1, schema, &cfg, &w));
+    OK(kpl_record_writer_create(tmp_path("shape_writer"), 1, schema, &cfg, &w));
     float f[6] = {0};
     kpl_feature_value fv[1] = {{f, 5}};
     FAILS(kpl_record_writer_add(w, fv), KPL_EINVAL, "feature 'x': 5 values, its shape needs 6");
@@ -598,7 +589,7 @@ static void test_metadata_shapes_and_checksum(void **state)
 static void test_unfinished_writer_refused_and_abandon_cleans(void **state)
 {
     (void)state;
-    const char *dir = path("unfinished");
+    const char *dir = tmp_path("unfinished");
     kpl_record_writer *w = NULL;
     OK(kpl_record_writer_create(dir, 4, schema4, NULL, &w));
     example e;
@@ -616,7 +607,7 @@ static void test_unfinished_writer_refused_and_abandon_cleans(void **state)
     FAILS(kpl_dataset_open(dir, &ds), KPL_ENOTFOUND, "no such directory");
 
     /* A directory with files in it is not written over. */
-    const char *busy = path("busy");
+    const char *busy = tmp_path("busy");
     mkdir(busy, 0777);
     char keep[300];
     snprintf(keep, sizeof keep, "%s/precious.txt", busy);
@@ -636,16 +627,16 @@ static void test_writer_rejects_bad_schema_and_values(void **state)
     kpl_record_writer *w = NULL;
     kpl_feature_spec bad[2] = {{.name = "a b", .type = KPL_FEATURE_BYTES},
                                {.name = "x", .type = KPL_FEATURE_INT64}};
-    FAILS(kpl_record_writer_create(path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "'a b'");
+    FAILS(kpl_record_writer_create(tmp_path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "'a b'");
     strcpy(bad[0].name, "x");
-    FAILS(kpl_record_writer_create(path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "appears twice");
+    FAILS(kpl_record_writer_create(tmp_path("s1"), 2, bad, NULL, &w), KPL_EINVAL, "appears twice");
     kpl_record_writer_config cfg = KPL_RECORD_WRITER_CONFIG_INIT;
     cfg.attributes_json = "[1, 2]";
-    FAILS(kpl_record_writer_create(path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "JSON object");
+    FAILS(kpl_record_writer_create(tmp_path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "JSON object");
     cfg.attributes_json = NULL;
     cfg.shards = 0;
-    FAILS(kpl_record_writer_create(path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "shards = 0");
-    OK(kpl_record_writer_create(path("s1"), 1, bad, NULL, &w));
+    FAILS(kpl_record_writer_create(tmp_path("s1"), 1, bad, &cfg, &w), KPL_EINVAL, "shards = 0");
+    OK(kpl_record_writer_create(tmp_path("s1"), 1, bad, NULL, &w));
     kpl_feature_value v = {NULL, 3};
     FAILS(kpl_record_writer_add(w, &v), KPL_EINVAL, "example 0, feature 'x'");
     kpl_record_writer_destroy(w);
@@ -720,17 +711,17 @@ static void test_idx_import(void **state)
     uint32_t dl2[1] = {N - 1};
     write_idx(im, false, 3, di, img, sizeof img, 0);
     write_idx(lb, false, 1, dl2, lab, N - 1, 0);
-    FAILS(kpl_convert_idx(im, lb, path("idxbad1"), NULL, NULL), KPL_EFORMAT,
+    FAILS(kpl_convert_idx(im, lb, tmp_path("idxbad1"), NULL, NULL), KPL_EFORMAT,
           "holds 37 images but");
-    assert_int_equal(access(path("idxbad1"), F_OK), -1); /* nothing left behind */
+    assert_int_equal(access(tmp_path("idxbad1"), F_OK), -1); /* nothing left behind */
     write_idx(lb, false, 1, dl, lab, N, 5);
-    FAILS(kpl_convert_idx(im, lb, path("idxbad2"), NULL, NULL), KPL_EFORMAT, "bytes after");
-    assert_int_equal(access(path("idxbad2"), F_OK), -1);
+    FAILS(kpl_convert_idx(im, lb, tmp_path("idxbad2"), NULL, NULL), KPL_EFORMAT, "bytes after");
+    assert_int_equal(access(tmp_path("idxbad2"), F_OK), -1);
     write_idx(im, false, 3, di, img, sizeof img - 10, 0);
     write_idx(lb, false, 1, dl, lab, N, 0);
-    FAILS(kpl_convert_idx(im, lb, path("idxbad3"), NULL, NULL), KPL_EFORMAT,
+    FAILS(kpl_convert_idx(im, lb, tmp_path("idxbad3"), NULL, NULL), KPL_EFORMAT,
           "file ends inside image 36");
-    FAILS(kpl_convert_idx(lb, im, path("idxbad4"), NULL, NULL), KPL_EFORMAT,
+    FAILS(kpl_convert_idx(lb, im, tmp_path("idxbad4"), NULL, NULL), KPL_EFORMAT,
           "1 dimensions, expected 3");
 }
 
@@ -872,10 +863,10 @@ static void test_lmdb_import(void **state)
     assert_int_equal(mdb_put(txn, dbi, &k, &v, 0), 0);
     assert_int_equal(mdb_txn_commit(txn), 0);
     mdb_env_close(env);
-    FAILS(kpl_convert_lmdb(src, path("lmdbbadout"), NULL, NULL), KPL_EFORMAT,
+    FAILS(kpl_convert_lmdb(src, tmp_path("lmdbbadout"), NULL, NULL), KPL_EFORMAT,
           "key 'zzbad': not a Caffe Datum");
-    assert_int_equal(access(path("lmdbbadout"), F_OK), -1);
-    FAILS(kpl_convert_lmdb(path("nothere"), path("x"), NULL, NULL), KPL_ENOTFOUND, "nothere");
+    assert_int_equal(access(tmp_path("lmdbbadout"), F_OK), -1);
+    FAILS(kpl_convert_lmdb(tmp_path("nothere"), tmp_path("x"), NULL, NULL), KPL_ENOTFOUND, "nothere");
 }
 
 /* A fresh LMDB at dir holding keys[i] -> vals[i] (lens[i] bytes). */
@@ -920,8 +911,8 @@ static void test_lmdb_shapes_and_bad_datums(void **state)
         vals[i] = bufs[i];
     }
     char src[300], out[320];
-    snprintf(src, sizeof src, "%s", path("lmdb_shapes"));
-    snprintf(out, sizeof out, "%s", path("lmdb_shapes_out"));
+    snprintf(src, sizeof src, "%s", tmp_path("lmdb_shapes"));
+    snprintf(out, sizeof out, "%s", tmp_path("lmdb_shapes_out"));
     lmdb_put(src, 3, keys, vals, lens);
     int64_t n = 0;
     OK(kpl_convert_lmdb(src, out, NULL, &n));
@@ -1007,7 +998,7 @@ static void test_lmdb_shapes_and_bad_datums(void **state)
         const char *ks[2] = {keys[0], bad[k].key};
         const uint8_t *vs[2] = {vals[0], bad[k].val};
         size_t ls[2] = {lens[0], bad[k].len};
-        snprintf(src, sizeof src, "%s", path(bad[k].name));
+        snprintf(src, sizeof src, "%s", tmp_path(bad[k].name));
         snprintf(out, sizeof out, "%s_out", src);
         lmdb_put(src, 2, ks, vs, ls);
         FAILS(kpl_convert_lmdb(src, out, NULL, NULL), KPL_EFORMAT, bad[k].want);
@@ -1060,8 +1051,8 @@ static char *paths_of(const char *dir)
 static void test_imagefolder_import(void **state)
 {
     (void)state;
-    char root[300]; /* path() reuses its buffers */
-    snprintf(root, sizeof root, "%s", path("folder"));
+    char root[300]; /* tmp_path() reuses its buffers */
+    snprintf(root, sizeof root, "%s", tmp_path("folder"));
     static const char *cls[3] = {"cat", "ant", "dog"}; /* sorted: ant 0, cat 1, dog 2 */
     char p[400];
     mkdir(root, 0777);
@@ -1084,7 +1075,7 @@ static void test_imagefolder_import(void **state)
     snprintf(p, sizeof p, "%s/README", root); /* a file at the root: not a class */
     write_bytes(p, "x", 1);
 
-    const char *out1 = path("folder_out1"), *out2 = path("folder_out2"), *out3 = path("folder_out3");
+    const char *out1 = tmp_path("folder_out1"), *out2 = tmp_path("folder_out2"), *out3 = tmp_path("folder_out3");
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.seed = 5;
     o.threads = 1;
@@ -1141,7 +1132,7 @@ static void test_imagefolder_import(void **state)
         o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
         o.keep_order = true;
         o.max_side = pass ? 100 : 12;
-        const char *out = path(pass ? "folder_max100" : "folder_max12");
+        const char *out = tmp_path(pass ? "folder_max100" : "folder_max12");
         OK(kpl_convert_imagefolder(root, out, &o, NULL, NULL));
         OK(kpl_dataset_open(out, &ds));
         assert_non_null(strstr(kpl_dataset_attributes(ds), pass ? "\"max_side\":100" :
@@ -1167,24 +1158,24 @@ static void test_imagefolder_import(void **state)
     }
     o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
     o.quality = 0;
-    FAILS(kpl_convert_imagefolder(root, path("folder_q0"), &o, NULL, NULL), KPL_EINVAL,
+    FAILS(kpl_convert_imagefolder(root, tmp_path("folder_q0"), &o, NULL, NULL), KPL_EINVAL,
           "quality 0");
     for (int i = 0; i < 12; i++) tjFree(jpgs[i]);
 
     /* A corrupt image: an error naming it, or skipped and counted. */
     snprintf(p, sizeof p, "%s/dog/broken.jpg", root);
     write_bytes(p, "\xff\xd8\xff\xe0garbage", 11);
-    FAILS(kpl_convert_imagefolder(root, path("folder_bad"), NULL, NULL, NULL), KPL_EFORMAT,
+    FAILS(kpl_convert_imagefolder(root, tmp_path("folder_bad"), NULL, NULL, NULL), KPL_EFORMAT,
           "dog/broken.jpg: undecodable: JPEG");
-    assert_int_equal(access(path("folder_bad"), F_OK), -1);
+    assert_int_equal(access(tmp_path("folder_bad"), F_OK), -1);
     snprintf(p, sizeof p, "%s/dog/text.png", root);
     write_bytes(p, "hello", 5);
     o = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
     o.skip_bad = true;
-    OK(kpl_convert_imagefolder(root, path("folder_skip"), &o, &n, &skipped));
+    OK(kpl_convert_imagefolder(root, tmp_path("folder_skip"), &o, &n, &skipped));
     assert_int_equal(n, 12);
     assert_int_equal(skipped, 2);
-    FAILS(kpl_convert_imagefolder(path("nofolder"), path("x"), NULL, NULL, NULL), KPL_ENOTFOUND,
+    FAILS(kpl_convert_imagefolder(tmp_path("nofolder"), tmp_path("x"), NULL, NULL, NULL), KPL_ENOTFOUND,
           "nofolder");
 }
 
@@ -1278,7 +1269,7 @@ static void test_imagefolder_bad_images(void **state)
     (void)state;
     char root[300], p[400];
     /* good, bad, good, good in one folder, on one thread and on two. */
-    snprintf(root, sizeof root, "%s", path("seq"));
+    snprintf(root, sizeof root, "%s", tmp_path("seq"));
     mkdir(root, 0777);
     snprintf(p, sizeof p, "%s/c", root);
     mkdir(p, 0777);
@@ -1298,7 +1289,7 @@ static void test_imagefolder_bad_images(void **state)
         o.keep_order = o.skip_bad = true;
         o.threads = threads;
         int64_t n = 0, skipped = 0;
-        const char *out = path(threads == 1 ? "seq_out1" : "seq_out2");
+        const char *out = tmp_path(threads == 1 ? "seq_out1" : "seq_out2");
         OK(kpl_convert_imagefolder(root, out, &o, &n, &skipped));
         assert_int_equal(n, 3);
         assert_int_equal(skipped, 1);
@@ -1312,7 +1303,7 @@ static void test_imagefolder_bad_images(void **state)
     for (int kind = 0; kind < NBAD; kind++) {
         char dir[64];
         snprintf(dir, sizeof dir, "bad%d", kind);
-        snprintf(root, sizeof root, "%s", path(dir));
+        snprintf(root, sizeof root, "%s", tmp_path(dir));
         mkdir(root, 0777);
         snprintf(p, sizeof p, "%s/k", root);
         mkdir(p, 0777);
@@ -1340,7 +1331,7 @@ static void test_imagefolder_bad_images(void **state)
 
     /* Stray bytes before the EOI marker (some cameras write them; the
      * pixels are whole, and the loader never reads that far) are fine. */
-    snprintf(root, sizeof root, "%s", path("junk"));
+    snprintf(root, sizeof root, "%s", tmp_path("junk"));
     mkdir(root, 0777);
     snprintf(p, sizeof p, "%s/k", root);
     mkdir(p, 0777);
@@ -1353,7 +1344,7 @@ static void test_imagefolder_bad_images(void **state)
     snprintf(p, sizeof p, "%s/k/junk.jpg", root);
     write_bytes(p, jj, jl + 100);
     int64_t n = 0, skipped = -1;
-    OK(kpl_convert_imagefolder(root, path("junk_out"), NULL, &n, &skipped));
+    OK(kpl_convert_imagefolder(root, tmp_path("junk_out"), NULL, &n, &skipped));
     assert_int_equal(n, 1);
     assert_int_equal(skipped, 0);
     free(jj);
@@ -1379,7 +1370,7 @@ static void test_imagefolder_exif_max_side(void **state)
     memcpy(e + 2, app1, sizeof app1);
     memcpy(e + 2 + sizeof app1, j + 2, jl - 2);
     char root[300], p[400];
-    snprintf(root, sizeof root, "%s", path("exif"));
+    snprintf(root, sizeof root, "%s", tmp_path("exif"));
     mkdir(root, 0777);
     snprintf(p, sizeof p, "%s/k", root);
     mkdir(p, 0777);
@@ -1388,7 +1379,7 @@ static void test_imagefolder_exif_max_side(void **state)
     for (int pass = 0; pass < 2; pass++) {
         kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
         o.max_side = pass ? 40 : 30; /* 20 x 40 upright: shrunk to 15 x 30, or kept */
-        const char *out = path(pass ? "exif_keep" : "exif_30");
+        const char *out = tmp_path(pass ? "exif_keep" : "exif_30");
         OK(kpl_convert_imagefolder(root, out, &o, NULL, NULL));
         kpl_dataset *ds = NULL;
         OK(kpl_dataset_open(out, &ds));
@@ -1424,7 +1415,7 @@ static void test_fashion_mnist_import(void **state)
     const char *im = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz";
     const char *lb = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz";
     if (access(im, R_OK) || access(lb, R_OK)) skip();
-    const char *out = path("fmnist");
+    const char *out = tmp_path("fmnist");
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.writer.shards = 2;
     OK(kpl_convert_idx(im, lb, out, &o, NULL));

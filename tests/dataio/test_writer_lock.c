@@ -14,15 +14,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static const char *path(const char *name)
-{
-    static char p[8][256];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmp_root, name);
-    return p[k];
-}
-
 static const kpl_feature_spec schema[1] = {{.name = "x", .type = KPL_FEATURE_INT64}};
 
 static void add_one(kpl_record_writer *w, int64_t v)
@@ -33,9 +24,9 @@ static void add_one(kpl_record_writer *w, int64_t v)
 
 static bool exists(const char *p) { return access(p, F_OK) == 0; }
 
-/* A child process that starts a writer in `dir`, adds a record, says so on
- * the pipe and then waits to be killed. */
-static pid_t child_writer(const char *dir)
+/* A child process that takes something (`take` succeeds) in `dir`, says so
+ * on a pipe and then holds it until it is killed. */
+static pid_t child_holding(bool (*take)(const char *dir), const char *dir)
 {
     int fds[2];
     assert_int_equal(pipe(fds), 0);
@@ -43,9 +34,7 @@ static pid_t child_writer(const char *dir)
     assert_true(pid >= 0);
     if (pid == 0) {
         close(fds[0]);
-        kpl_record_writer *w = NULL;
-        char ok = kpl_record_writer_create(dir, 1, schema, NULL, &w) == KPL_OK ? 'y' : 'n';
-        if (ok == 'y') add_one(w, 7);
+        char ok = take(dir) ? 'y' : 'n';
         if (write(fds[1], &ok, 1) != 1) _exit(3);
         for (;;) pause();
     }
@@ -55,6 +44,21 @@ static pid_t child_writer(const char *dir)
     close(fds[0]);
     assert_int_equal(c, 'y');
     return pid;
+}
+
+/* a writer with one record added */
+static bool take_writer(const char *dir)
+{
+    kpl_record_writer *w = NULL;
+    if (kpl_record_writer_create(dir, 1, schema, NULL, &w) != KPL_OK) return false;
+    add_one(w, 7);
+    return true;
+}
+
+static bool take_convert_lock(const char *dir)
+{
+    int fd = -1;
+    return kpl_convert_lock(dir, NULL, NULL, &fd) == KPL_OK;
 }
 
 static void kill_child(pid_t pid)
@@ -70,35 +74,35 @@ static void test_states(void **state)
     kpl_writer_state ws = KPL_WRITER_DEAD;
     char who[300];
     /* no directory, and a finished dataset: no writer */
-    OK(kpl_dataset_writer_state(path("nothing"), &ws, who, sizeof who));
+    OK(kpl_dataset_writer_state(tmp_path("nothing"), &ws, who, sizeof who));
     assert_int_equal(ws, KPL_WRITER_NONE);
     kpl_record_writer *w = NULL;
-    OK(kpl_record_writer_create(path("done"), 1, schema, NULL, &w));
+    OK(kpl_record_writer_create(tmp_path("done"), 1, schema, NULL, &w));
     add_one(w, 1);
     OK(kpl_record_writer_close(w));
-    OK(kpl_dataset_writer_state(path("done"), &ws, who, sizeof who));
+    OK(kpl_dataset_writer_state(tmp_path("done"), &ws, who, sizeof who));
     assert_int_equal(ws, KPL_WRITER_NONE);
-    FAILS(kpl_dataset_remove_unfinished(path("done")), KPL_ENOTFOUND, "no WRITING marker");
+    FAILS(kpl_dataset_remove_unfinished(tmp_path("done")), KPL_ENOTFOUND, "no WRITING marker");
 
     /* a writer alive in another process: named, and never removed */
-    pid_t pid = child_writer(path("live"));
-    OK(kpl_dataset_writer_state(path("live"), &ws, who, sizeof who));
+    pid_t pid = child_holding(take_writer, tmp_path("live"));
+    OK(kpl_dataset_writer_state(tmp_path("live"), &ws, who, sizeof who));
     assert_int_equal(ws, KPL_WRITER_ALIVE);
     char pidword[32];
     snprintf(pidword, sizeof pidword, "pid %d ", (int)pid);
     assert_non_null(strstr(who, pidword));
-    FAILS(kpl_dataset_remove_unfinished(path("live")), KPL_ESTATE, "is being written right now");
-    assert_true(exists(path("live/00000.data")));
-    assert_true(exists(path("live/WRITING")));
+    FAILS(kpl_dataset_remove_unfinished(tmp_path("live")), KPL_ESTATE, "is being written right now");
+    assert_true(exists(tmp_path("live/00000.data")));
+    assert_true(exists(tmp_path("live/WRITING")));
     kpl_dataset *ds = NULL;
-    FAILS(kpl_dataset_open(path("live"), &ds), KPL_EFORMAT, "live");
+    FAILS(kpl_dataset_open(tmp_path("live"), &ds), KPL_EFORMAT, "live");
 
     /* killed: dead, and its files go with the directory */
     kill_child(pid);
-    OK(kpl_dataset_writer_state(path("live"), &ws, who, sizeof who));
+    OK(kpl_dataset_writer_state(tmp_path("live"), &ws, who, sizeof who));
     assert_int_equal(ws, KPL_WRITER_DEAD);
-    OK(kpl_dataset_remove_unfinished(path("live")));
-    assert_false(exists(path("live")));
+    OK(kpl_dataset_remove_unfinished(tmp_path("live")));
+    assert_false(exists(tmp_path("live")));
 }
 
 static void test_legacy_marker(void **state)
@@ -107,30 +111,30 @@ static void test_legacy_marker(void **state)
     /* A marker of a kpl without the lock: judged by its pid on this host. */
     char host[128] = "";
     gethostname(host, sizeof host - 1);
-    assert_int_equal(mkdir(path("old"), 0755), 0);
-    FILE *f = fopen(path("old/WRITING"), "w");
+    assert_int_equal(mkdir(tmp_path("old"), 0755), 0);
+    FILE *f = fopen(tmp_path("old/WRITING"), "w");
     assert_non_null(f);
     fprintf(f, "pid %d host %s started 2026-01-01T00:00:00Z\n", (int)getpid(), host);
     fclose(f);
     kpl_writer_state ws;
-    OK(kpl_dataset_writer_state(path("old"), &ws, NULL, 0));
+    OK(kpl_dataset_writer_state(tmp_path("old"), &ws, NULL, 0));
     assert_int_equal(ws, KPL_WRITER_ALIVE);
     pid_t gone = fork();
     if (gone == 0) _exit(0);
     waitpid(gone, NULL, 0);
-    f = fopen(path("old/WRITING"), "w");
+    f = fopen(tmp_path("old/WRITING"), "w");
     fprintf(f, "pid %d host %s started 2026-01-01T00:00:00Z\n", (int)gone, host);
     fclose(f);
-    OK(kpl_dataset_writer_state(path("old"), &ws, NULL, 0));
+    OK(kpl_dataset_writer_state(tmp_path("old"), &ws, NULL, 0));
     assert_int_equal(ws, KPL_WRITER_DEAD);
     /* a file no writer makes keeps the whole folder */
-    f = fopen(path("old/notes.txt"), "w");
+    f = fopen(tmp_path("old/notes.txt"), "w");
     fclose(f);
-    FAILS(kpl_dataset_remove_unfinished(path("old")), KPL_ESTATE, "notes.txt");
-    assert_true(exists(path("old/WRITING")));
-    unlink(path("old/notes.txt"));
-    OK(kpl_dataset_remove_unfinished(path("old")));
-    assert_false(exists(path("old")));
+    FAILS(kpl_dataset_remove_unfinished(tmp_path("old")), KPL_ESTATE, "notes.txt");
+    assert_true(exists(tmp_path("old/WRITING")));
+    unlink(tmp_path("old/notes.txt"));
+    OK(kpl_dataset_remove_unfinished(tmp_path("old")));
+    assert_false(exists(tmp_path("old")));
 }
 
 static void test_abandon_keeps_others_files(void **state)
@@ -139,18 +143,18 @@ static void test_abandon_keeps_others_files(void **state)
     /* w1's directory is emptied behind its back and w2 writes there: when w1
      * gives up, w2's files of the same names stay. */
     kpl_record_writer *w1 = NULL, *w2 = NULL;
-    OK(kpl_record_writer_create(path("race"), 1, schema, NULL, &w1));
+    OK(kpl_record_writer_create(tmp_path("race"), 1, schema, NULL, &w1));
     add_one(w1, 1);
-    assert_int_equal(unlink(path("race/00000.data")), 0);
-    assert_int_equal(unlink(path("race/WRITING")), 0);
-    OK(kpl_record_writer_create(path("race"), 1, schema, NULL, &w2));
+    assert_int_equal(unlink(tmp_path("race/00000.data")), 0);
+    assert_int_equal(unlink(tmp_path("race/WRITING")), 0);
+    OK(kpl_record_writer_create(tmp_path("race"), 1, schema, NULL, &w2));
     add_one(w2, 2);
     kpl_record_writer_destroy(w1);
-    assert_true(exists(path("race/00000.data")));
-    assert_true(exists(path("race/WRITING")));
+    assert_true(exists(tmp_path("race/00000.data")));
+    assert_true(exists(tmp_path("race/WRITING")));
     OK(kpl_record_writer_close(w2));
     kpl_dataset *ds = NULL;
-    OK(kpl_dataset_open(path("race"), &ds));
+    OK(kpl_dataset_open(tmp_path("race"), &ds));
     assert_int_equal(kpl_dataset_num_examples(ds), 1);
     kpl_dataset_close(ds);
 }
@@ -165,30 +169,16 @@ static bool give_up_third(const char *lock, double waited, void *ctx)
 static void test_convert_lock(void **state)
 {
     (void)state;
-    int fds[2];
-    assert_int_equal(pipe(fds), 0);
-    pid_t pid = fork();
-    if (pid == 0) {
-        close(fds[0]);
-        int fd = -1;
-        char c = kpl_convert_lock(path("turns"), NULL, NULL, &fd) == KPL_OK ? 'y' : 'n';
-        if (write(fds[1], &c, 1) != 1) _exit(3);
-        for (;;) pause();
-    }
-    close(fds[1]);
-    char c = 0;
-    assert_int_equal(read(fds[0], &c, 1), 1);
-    close(fds[0]);
-    assert_int_equal(c, 'y');
+    pid_t pid = child_holding(take_convert_lock, tmp_path("turns"));
     int fd = -1;
     calls = 0;
-    FAILS(kpl_convert_lock(path("turns"), give_up_third, NULL, &fd), KPL_ESTATE,
+    FAILS(kpl_convert_lock(tmp_path("turns"), give_up_third, NULL, &fd), KPL_ESTATE,
           ".kpl-convert.lock");
     assert_int_equal(calls, 3);
     assert_int_equal(fd, -1);
     kill_child(pid); /* its lock goes with it */
     calls = 0;
-    OK(kpl_convert_lock(path("turns"), give_up_third, NULL, &fd));
+    OK(kpl_convert_lock(tmp_path("turns"), give_up_third, NULL, &fd));
     assert_int_equal(calls, 0);
     kpl_convert_unlock(fd);
 }

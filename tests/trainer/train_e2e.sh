@@ -13,23 +13,11 @@
 #              kplrun)
 #   imagenet   the ImageNet ResNet-50 recipe for a few steps on a generated
 #              image folder converted to KPLRecord on first use
-# No python or jq: a fresh Debian 12 that ran only the test setup has
-# neither, so JSON lines are read with sed and compared with awk.
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 kplrun=${5:-}
-fm=/usr/share/datasets/fashion-mnist
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-cd "$tmp"
-die() { echo "FAIL ($case_): $*" >&2; exit 1; }
-# field NAME LINE: a number or string field of a flat JSON object
-field() { sed -n 's/.*"'"$1"'":\("[^"]*"\|[^,}]*\).*/\1/p' <<<"$2" | tr -d '"'; }
-# the (step, loss) pairs of a run's metrics.jsonl
-losses() { sed -n 's/^{"event":"train","step":\([0-9]*\),.*"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
-need_fm() { [[ -r $fm/t10k-images-idx3-ubyte.gz ]] || { echo "no $fm: skipped"; exit 77; }; }
+. "$(dirname "$0")/e2e_common.sh"
 # Fashion-MNIST converted once per test into ./fm (the recipes' data.convert)
 FM=(data.root="$tmp/fm")
-QUIET=(log.progress=never)
 
 case $case_ in
 cli)

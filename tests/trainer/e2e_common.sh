@@ -1,0 +1,16 @@
+# e2e_common.sh — what train_e2e.sh and faults_e2e.sh share; sourced after
+# they set case_.  A scratch directory (removed on exit) becomes the working
+# directory.  No python or jq: a fresh Debian 12 that ran only the test
+# setup has neither, so JSON lines are read with sed and compared with awk.
+fm=/usr/share/datasets/fashion-mnist
+tmp=$(mktemp -d)
+# background jobs a failing check leaves behind are killed too
+trap 'jobs -p | xargs -r kill -KILL 2> /dev/null; rm -rf "$tmp"' EXIT
+cd "$tmp"
+die() { echo "FAIL ($case_): $*" >&2; exit 1; }
+# field NAME LINE: a number or string field of a flat JSON object
+field() { sed -n 's/.*"'"$1"'":\("[^"]*"\|[^,}]*\).*/\1/p' <<<"$2" | tr -d '"'; }
+# the (step, loss) pairs of a run's metrics.jsonl
+losses() { sed -n 's/^{"event":"train","step":\([0-9]*\),.*"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
+need_fm() { [[ -r $fm/t10k-images-idx3-ubyte.gz ]] || { echo "no $fm: skipped"; exit 77; }; }
+QUIET=(log.progress=never)
