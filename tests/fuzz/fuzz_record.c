@@ -11,7 +11,8 @@
  * Flags: 1 = recompute the CRC32Cs of the binary files (file headers, chunk
  * headers and payloads, records of stored chunks, index tails), so that
  * mutations get past the checksums to the checks behind them; 2 = also
- * rewrite METADATA's per-shard sizes and CRCs to match the files; 4 = the
+ * rewrite METADATA's per-shard sizes and CRCs to match the files (and seal
+ * a version 2 METADATA again with its metadata_crc32c); 4 = the
  * last part is a WRITING marker (an unfinished dataset).
  * Seeds (corpus/record) are real datasets written by kpl_record_writer.
  */
@@ -78,7 +79,12 @@ static void fix_metadata(fuzz_part *meta, char **owned, fuzz_part *files, int nf
             json_object_set_new(o, "data_crc32c", json_integer(crc(da->p, da->n)));
         }
     }
-    if (json_is_object(m)) {
+    if (json_is_object(m) && json_object_get(m, KPLR_METADATA_CRC_KEY)) {
+        /* version 2: sealed again, as the writer seals it */
+        json_object_del(m, KPLR_METADATA_CRC_KEY);
+        *owned = kpl__metadata_text(m);
+        if (*owned) *meta = (fuzz_part){(const uint8_t *)*owned, strlen(*owned)};
+    } else if (json_is_object(m)) {
         *owned = json_dumps(m, JSON_COMPACT | JSON_PRESERVE_ORDER);
         if (*owned) *meta = (fuzz_part){(const uint8_t *)*owned, strlen(*owned)};
     }
