@@ -247,6 +247,10 @@ static kpl_status open_shard(kpl_dataset *ds, int s, json_t *o)
                              "%llu, %u records, flags %u)", ip, (long long)c,
                              (unsigned long long)kpl__rd64(e),
                              (unsigned long long)kpl__rd64(e + 24), nrec, flags);
+        if (first + nrec > (uint64_t)nex) /* the record table's entries must all exist */
+            return META_FAIL("%s: chunk entry %lld claims records %llu to %llu, the record "
+                             "table has %lld", ip, (long long)c, (unsigned long long)first,
+                             (unsigned long long)(first + nrec - 1), (long long)nex);
         for (uint32_t r = 0; r < nrec; r++) {
             const uint8_t *re = sh->rec_ents + KPLR_RECORD_ENTRY * (first + r);
             if (first + r >= (uint64_t)nex || kpl__rd32(re) != (uint32_t)c ||
