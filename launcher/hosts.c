@@ -27,8 +27,16 @@ int kpl_hosts_slots(const kpl_hostlist *l)
     return s;
 }
 
-/* Adds `slots` to host `name`, appending it if new (order is kept: it is
- * the order ranks are placed in). */
+/* The most names one list may spell (a SLURM list of nested ranges can
+ * spell 10^10), and the most slots a host may add up to. */
+#define HOSTS_MAX (1 << 17)
+#define SLOTS_MAX (1 << 20)
+#define SLOTS_TOTAL_MAX (1 << 24)
+
+/* Appends host `name` with `slots`; the array doubles (its capacity is
+ * the power of two at or above n, at least 16).  Repeated names are
+ * merged once the list is read (merge_hosts), which keeps 100,000 names
+ * fast. */
 static kpl_status add_host(kpl_hostlist *l, const char *name, size_t len, int slots)
 {
     KPL_CHECK(len > 0 && len < KPL_HOST_NAME_MAX, KPL_EINVAL, "host name '%.*s' is %s",
@@ -37,21 +45,63 @@ static kpl_status add_host(kpl_hostlist *l, const char *name, size_t len, int sl
         KPL_CHECK(isalnum((unsigned char)name[i]) || strchr("-._", name[i]), KPL_EINVAL,
                   "host name '%.*s' has a character that is not a letter, digit, '-', '.' or '_'",
                   (int)len, name);
-    KPL_CHECK(slots >= 1 && slots <= 1 << 20, KPL_EINVAL, "host '%.*s': %d slots", (int)len, name,
-              slots);
-    for (int i = 0; i < l->n; i++)
-        if (strlen(l->host[i].name) == len && !memcmp(l->host[i].name, name, len)) {
-            l->host[i].slots += slots;
-            return KPL_OK;
-        }
-    kpl_host *h = realloc(l->host, (size_t)(l->n + 1) * sizeof *h);
-    KPL_CHECK(h, KPL_ENOMEM, "hosts: out of memory");
-    l->host = h;
+    KPL_CHECK(slots >= 1 && slots <= SLOTS_MAX, KPL_EINVAL, "host '%.*s': %d slots", (int)len,
+              name, slots);
+    KPL_CHECK(l->n < HOSTS_MAX, KPL_EINVAL, "more than %d host names", HOSTS_MAX);
+    if (l->n == 0 || (l->n >= 16 && !(l->n & (l->n - 1)))) {
+        size_t cap = l->n < 16 ? 16 : 2 * (size_t)l->n;
+        kpl_host *h = realloc(l->host, cap * sizeof *h);
+        KPL_CHECK(h, KPL_ENOMEM, "hosts: out of memory");
+        l->host = h;
+    }
+    kpl_host *h = l->host;
     memcpy(h[l->n].name, name, len);
     h[l->n].name[len] = 0;
     h[l->n].slots = slots;
     l->n++;
     return KPL_OK;
+}
+
+static int by_name(const void *a, const void *b)
+{
+    const kpl_host *x = *(const kpl_host *const *)a, *y = *(const kpl_host *const *)b;
+    int c = strcmp(x->name, y->name);
+    return c ? c : (x > y) - (x < y); /* equal names: in list order */
+}
+
+/* A name listed again adds its slots to its first place (the order of
+ * first places is the order ranks are placed in).  Sorting pointers keeps
+ * it O(n log n). */
+static kpl_status merge_hosts(kpl_hostlist *l, const char *what)
+{
+    int64_t total = 0; /* kpl_hosts_slots adds them up in an int */
+    for (int i = 0; i < l->n; i++) total += l->host[i].slots;
+    KPL_CHECK(total <= SLOTS_TOTAL_MAX, KPL_EINVAL, "%s: %lld slots in all (at most %d)", what,
+              (long long)total, SLOTS_TOTAL_MAX);
+    if (l->n < 2) return KPL_OK;
+    kpl_host **by = malloc((size_t)l->n * sizeof *by);
+    KPL_CHECK(by, KPL_ENOMEM, "hosts: out of memory");
+    for (int i = 0; i < l->n; i++) by[i] = &l->host[i];
+    qsort(by, (size_t)l->n, sizeof *by, by_name);
+    kpl_status st = KPL_OK;
+    for (int i = 0, j; i < l->n && st >= 0; i = j) {
+        kpl_host *first = by[i]; /* a group's first place comes first */
+        for (j = i + 1; j < l->n && !strcmp(by[j]->name, first->name); j++) {
+            if ((int64_t)first->slots + by[j]->slots > SLOTS_MAX) {
+                st = KPL_ERROR(KPL_EINVAL, "%s: host '%s' adds up to more than %d slots", what,
+                               first->name, SLOTS_MAX);
+                break;
+            }
+            first->slots += by[j]->slots;
+            by[j]->slots = 0; /* merged: dropped below */
+        }
+    }
+    free(by);
+    int n = 0;
+    for (int i = 0; i < l->n; i++)
+        if (l->host[i].slots) l->host[n++] = l->host[i];
+    l->n = n;
+    return st;
 }
 
 static bool parse_int(const char *s, size_t len, int lo, int hi, int *v)
@@ -87,6 +137,7 @@ kpl_status kpl_hosts_parse(const char *spec, kpl_hostlist *out)
         p += len;
         if (*p == ',') p++;
     }
+    if (st >= 0) st = merge_hosts(out, "--host");
     if (st >= 0 && out->n == 0) st = KPL_ERROR(KPL_EINVAL, "--host: no host in '%s'", spec);
     if (st < 0) kpl_hosts_free(out);
     return st;
@@ -138,6 +189,7 @@ kpl_status kpl_hosts_read_file(const char *path, kpl_hostlist *out)
         }
     }
     fclose(f);
+    if (st >= 0) st = merge_hosts(out, path);
     if (st >= 0 && out->n == 0) st = KPL_ERROR(KPL_EINVAL, "hostfile %s: no host in it", path);
     if (st < 0) kpl_hosts_free(out);
     return st;
@@ -196,7 +248,13 @@ static kpl_status slurm_expand(slurm_walk *w, const char *pre, size_t pl, const 
         memcpy(name + pl, rest, rl);
         int t = 0;
         KPL_TRY(slurm_tasks(w->tasks, w->idx++, &t));
-        return add_host(w->out, name, pl + rl, t);
+        kpl_status st = add_host(w->out, name, pl + rl, t);
+        if (st < 0) {
+            char msg[512];
+            snprintf(msg, sizeof msg, "%s", kpl_last_error());
+            return KPL_ERROR(st, "SLURM node list '%.200s': %s", w->nodelist, msg);
+        }
+        return KPL_OK;
     }
     const char *rb = memchr(lb, ']', rl - (size_t)(lb - rest));
     KPL_CHECK(rb, KPL_EINVAL, "SLURM node list '%s': '[' without ']'", w->nodelist);
@@ -248,6 +306,7 @@ kpl_status kpl_hosts_from_slurm(const char *nodelist, const char *tasks_per_node
         st = slurm_expand(&w, "", 0, p, (size_t)(e - p));
         p = *e ? e + 1 : e;
     }
+    if (st >= 0) st = merge_hosts(out, "SLURM node list");
     if (st >= 0 && out->n == 0) st = KPL_ERROR(KPL_EINVAL, "SLURM node list '%s' is empty", nodelist);
     if (st < 0) kpl_hosts_free(out);
     return st;

@@ -111,6 +111,28 @@ static void test_slurm(void **state)
     FAILS(kpl_hosts_from_slurm("node[1-2]", "2(y2)", &l), KPL_EINVAL,
           "tasks per node '2(y2)': cannot read '2(y2)'");
     FAILS(kpl_hosts_from_slurm("", "1", &l), KPL_EINVAL, "is empty");
+    /* 100,000 names (the fuzzer's slurm-range-quadratic took ~100 s):
+     * linear growth and one sorted merge of repeats */
+    double t0 = kpl_seconds();
+    OK(kpl_hosts_from_slurm("n[0-99999]", "1", &l));
+    assert_int_equal(l.n, 100000);
+    assert_string_equal(l.host[99999].name, "n99999");
+    assert_true(kpl_seconds() - t0 < 5);
+    kpl_hosts_free(&l);
+    /* nested ranges that spell 10^10 names stop at the limit at once */
+    FAILS(kpl_hosts_from_slurm("a[0-99999]b[0-99999]", "1", &l), KPL_EINVAL,
+          "SLURM node list 'a[0-99999]b[0-99999]': more than 131072 host names");
+    /* repeats add their slots to the first place, in first-place order */
+    OK(kpl_hosts_from_slurm("b,a[1-2],b,a1", "2,3,4,5,6", &l));
+    assert_int_equal(l.n, 3);
+    assert_string_equal(l.host[0].name, "b");
+    assert_int_equal(l.host[0].slots, 2 + 5);
+    assert_string_equal(l.host[1].name, "a1");
+    assert_int_equal(l.host[1].slots, 3 + 6);
+    assert_string_equal(l.host[2].name, "a2");
+    assert_int_equal(l.host[2].slots, 4);
+    kpl_hosts_free(&l);
+    FAILS(kpl_hosts_parse("x:1048576,x:1", &l), KPL_EINVAL, "host 'x' adds up to more than");
 }
 
 /* Index of `arg` in argv, or -1; and the value after it. */
