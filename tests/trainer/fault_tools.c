@@ -8,10 +8,14 @@
  *       conversions have; BAD_EVERY 0: none bad
  *   fault_tools poison CKPT OUT
  *       CKPT with every model weight set to NaN, saved as OUT
+ *   fault_tools meta CKPT OUT SECTION.KEY JSON
+ *       CKPT with one key of its metadata set to a JSON value
+ *       (train.step -5, say), saved as OUT
  */
 #include "dataio.h"
 #include "trainer.h"
 
+#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,11 +87,35 @@ static int poison(const char *in, const char *out)
     return 0;
 }
 
+static int set_meta(const char *in, const char *out, const char *key, const char *value)
+{
+    kpl_checkpoint *c = NULL;
+    if (kpl_checkpoint_load(in, &c) < 0) return fail("meta");
+    json_t *m = json_loads(kpl_checkpoint_meta(c), 0, NULL);
+    json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+    const char *dot = strchr(key, '.');
+    char section[64];
+    snprintf(section, sizeof section, "%.*s", dot ? (int)(dot - key) : 0, key);
+    json_t *where = dot ? json_object_get(m, section) : m;
+    if (!m || !v || !where || json_object_set_new(where, dot ? dot + 1 : key, v) != 0) {
+        fprintf(stderr, "fault_tools meta: cannot set %s to %s\n", key, value);
+        return 1;
+    }
+    char *text = json_dumps(m, JSON_COMPACT);
+    json_decref(m);
+    if (kpl_checkpoint_set_meta(c, text) < 0 || kpl_checkpoint_save(c, out) < 0) return fail("meta");
+    free(text);
+    kpl_checkpoint_destroy(c);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 5 && !strcmp(argv[1], "baddata"))
         return baddata(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "poison")) return poison(argv[2], argv[3]);
-    fprintf(stderr, "usage: fault_tools baddata OUT N BAD_EVERY | poison CKPT OUT\n");
+    if (argc == 6 && !strcmp(argv[1], "meta")) return set_meta(argv[2], argv[3], argv[4], argv[5]);
+    fprintf(stderr, "usage: fault_tools baddata OUT N BAD_EVERY | poison CKPT OUT | "
+                    "meta CKPT OUT SECTION.KEY JSON\n");
     return 2;
 }

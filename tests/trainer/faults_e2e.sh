@@ -25,7 +25,8 @@
 #   nonfinite  a checkpoint whose weights are NaN: kpl eval prints the
 #              figures and exits 1; training from it stops with a clear
 #              message, or skips steps under loss.nonfinite: skip until
-#              loss.max_skips
+#              loss.max_skips; a checkpoint whose metadata says step -5, or
+#              has no step, is named as such
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 tools=$4 inject=$5
 . "$(dirname "$0")/e2e_common.sh"
@@ -283,6 +284,13 @@ nonfinite)
   expect_fail skip "3 steps in a row up to step 6 had a NaN or inf loss" \
     "$kpl" train "${N[@]}" run_dir=k loss.nonfinite=skip loss.max_skips=3 --resume nan.kpl
   [[ $(grep -c "its update is skipped" skip.err) == 3 ]] || die "skip warnings: $(cat skip.err)"
+  # metadata that lies is named for what it is
+  "$tools" meta b/checkpoints/ckpt-0000000003.kpl neg.kpl train.step -5 || die "fault_tools meta"
+  expect_fail neg "neg.kpl: metadata train.step is negative, expected an integer >= 0" \
+    "$kpl" train "${N[@]}" run_dir=n --resume neg.kpl
+  "$tools" meta b/checkpoints/ckpt-0000000003.kpl nostep.kpl train '{"epoch": 0}' || die "fault_tools meta"
+  expect_fail nostep "nostep.kpl: not a training checkpoint (metadata train.step missing)" \
+    "$kpl" train "${N[@]}" run_dir=n --resume nostep.kpl
   ;;
 *)
   echo "faults_e2e.sh: unknown case '$case_'" >&2
