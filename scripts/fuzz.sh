@@ -109,6 +109,8 @@ for t in "${targets[@]}"; do
     execs=$(sed -E 's/^#([0-9]+):.*/\1/' <<<"$last")
     rate=$(grep -oE 'exec/s [0-9]+' <<<"$last" | grep -oE '[0-9]+' || true)
   fi
+  # A harness killed by a crash or a timeout cannot remove its scratch directory.
+  rm -rf /dev/shm/kpl-fuzz-"$t"-* /tmp/kpl-fuzz-"$t"-*
   found=$(find "$artifacts" -type f | sort)
   line="$t: ${execs:-?} runs, ${rate:-?} exec/s, ${cov:-cov ?}, corpus $(find "$corpus" -type f | wc -l) files"
   if [[ -n $found || $rc -ne 0 ]]; then
