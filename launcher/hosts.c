@@ -236,6 +236,54 @@ typedef struct {
     kpl_hostlist *out;
 } slurm_walk;
 
+/* One item of a bracket, "07" or "01-16": [*a, *b] and the digits of the
+ * first number (the zero padding). */
+static kpl_status slurm_range(const slurm_walk *w, const char *r, size_t len, int *a, int *b,
+                              size_t *width)
+{
+    const char *dash = memchr(r, '-', len);
+    size_t al = dash ? (size_t)(dash - r) : len;
+    if (!parse_int(r, al, 0, 99999999, a) ||
+        (dash && !parse_int(dash + 1, len - al - 1, 0, 99999999, b)) || (dash && *b < *a) ||
+        (dash ? *b - *a : 0) > 100000)
+        return KPL_ERROR(KPL_EINVAL, "SLURM node list '%s': bad range '%.*s'", w->nodelist,
+                         (int)len, r);
+    if (!dash) *b = *a;
+    *width = al;
+    return KPL_OK;
+}
+
+/* How many names an entry spells (the product of its brackets' sizes),
+ * checked before any is made: nested brackets spell 10^10 names, and an
+ * empty bracket none at all after walking every combination of the
+ * others. */
+static kpl_status slurm_count(const slurm_walk *w, const char *e, size_t n)
+{
+    int64_t names = 1;
+    for (const char *lb; (lb = memchr(e, '[', n));) {
+        const char *rb = memchr(lb, ']', n - (size_t)(lb - e));
+        KPL_CHECK(rb, KPL_EINVAL, "SLURM node list '%s': '[' without ']'", w->nodelist);
+        KPL_CHECK(rb > lb + 1, KPL_EINVAL, "SLURM node list '%s': empty brackets '[]'",
+                  w->nodelist);
+        int64_t in = 0;
+        for (const char *r = lb + 1; r < rb;) {
+            size_t len = strcspn(r, ",]");
+            int a = 0, b = 0;
+            size_t width = 0;
+            KPL_TRY(slurm_range(w, r, len, &a, &b, &width));
+            in += (int64_t)b - a + 1;
+            r += len;
+            if (*r == ',') r++;
+        }
+        names *= in;
+        KPL_CHECK(names <= HOSTS_MAX, KPL_EINVAL, "SLURM node list '%.200s': more than %d host "
+                  "names", w->nodelist, HOSTS_MAX);
+        n -= (size_t)(rb + 1 - e);
+        e = rb + 1;
+    }
+    return KPL_OK;
+}
+
 static kpl_status slurm_expand(slurm_walk *w, const char *pre, size_t pl, const char *rest,
                                size_t rl)
 {
@@ -267,16 +315,9 @@ static kpl_status slurm_expand(slurm_walk *w, const char *pre, size_t pl, const 
     const char *after = rb + 1;
     size_t al_rest = rl - (size_t)(after - rest);
     for (const char *r = lb + 1; r < rb;) {
-        size_t len = strcspn(r, ",]");
-        const char *dash = memchr(r, '-', len);
-        size_t al = dash ? (size_t)(dash - r) : len;
+        size_t len = strcspn(r, ",]"), al = 0;
         int a = 0, b = 0;
-        if (!parse_int(r, al, 0, 99999999, &a) ||
-            (dash && !parse_int(dash + 1, len - al - 1, 0, 99999999, &b)) || (dash && b < a) ||
-            (dash ? b - a : 0) > 100000)
-            return KPL_ERROR(KPL_EINVAL, "SLURM node list '%s': bad range '%.*s'", w->nodelist,
-                             (int)len, r);
-        if (!dash) b = a;
+        KPL_TRY(slurm_range(w, r, len, &a, &b, &al));
         for (int v = a; v <= b; v++) {
             int n = snprintf(head + hl, sizeof head - hl, "%0*d", (int)al, v);
             KPL_TRY(slurm_expand(w, head, hl + (size_t)n, after, al_rest));
@@ -303,7 +344,8 @@ kpl_status kpl_hosts_from_slurm(const char *nodelist, const char *tasks_per_node
             depth -= *e == ']';
             e++;
         }
-        st = slurm_expand(&w, "", 0, p, (size_t)(e - p));
+        st = slurm_count(&w, p, (size_t)(e - p));
+        if (st >= 0) st = slurm_expand(&w, "", 0, p, (size_t)(e - p));
         p = *e ? e + 1 : e;
     }
     if (st >= 0) st = merge_hosts(out, "SLURM node list");

@@ -122,6 +122,15 @@ static void test_slurm(void **state)
     /* nested ranges that spell 10^10 names stop at the limit at once */
     FAILS(kpl_hosts_from_slurm("a[0-99999]b[0-99999]", "1", &l), KPL_EINVAL,
           "SLURM node list 'a[0-99999]b[0-99999]': more than 131072 host names");
+    /* an empty bracket spells no name after walking every combination of
+     * the others (the fuzzer's slurm-empty-range-product never ended) */
+    t0 = kpl_seconds();
+    FAILS(kpl_hosts_from_slurm("a[0-99999]b[0-99999][]", "1", &l), KPL_EINVAL,
+          "more than 131072 host names");
+    FAILS(kpl_hosts_from_slurm("a[0-9]b[]", "1", &l), KPL_EINVAL, "empty brackets '[]'");
+    FAILS(kpl_hosts_from_slurm("a[0-9]b[0-99999]c[0-1]", "1", &l), KPL_EINVAL,
+          "more than 131072 host names");
+    assert_true(kpl_seconds() - t0 < 1);
     /* repeats add their slots to the first place, in first-place order */
     OK(kpl_hosts_from_slurm("b,a[1-2],b,a1", "2,3,4,5,6", &l));
     assert_int_equal(l.n, 3);
