@@ -2,16 +2,30 @@
  * fuzz_hosts.c — kplrun's host lists (launcher/hosts.c): --host specs,
  * hostfiles (Open MPI's and PBS_NODEFILE's form), SLURM's compressed node
  * lists with SLURM_TASKS_PER_NODE, then the mpirun command built from each
- * list that parsed and its shell-quoted form.
+ * list that parsed and its shell-quoted form; and kplrun's reading of a
+ * rank's timeout report (kpl_launch_parse_timeout, verdict.c), which sees
+ * whatever a rank prints.
  *
  * Input: text.  Its first line is given to kpl_hosts_parse and, with the
  * second line as the tasks per node, to kpl_hosts_from_slurm; the whole
  * text is written as a hostfile for kpl_hosts_read_file.  The first line
- * is also the command kplrun would run, so that its quoting is exercised.
+ * is also the command kplrun would run, so that its quoting is exercised,
+ * and every line is a rank's output line for the timeout reader.
  */
 #include "fuzz_common.h"
 
 #include "launcher.h"
+
+/* What the reader fills is terminated text within its fields. */
+static void read_report(const char *line)
+{
+    kpl_launch_stall r;
+    memset(&r, 0xab, sizeof r);
+    if (!kpl_launch_parse_timeout(line, &r)) return;
+    if (!memchr(r.op, 0, sizeof r.op) || !memchr(r.ranks, 0, sizeof r.ranks) ||
+        !memchr(r.detail, 0, sizeof r.detail) || !r.ranks[0] || r.first < 0)
+        abort();
+}
 
 static void use(const kpl_hostlist *h, const char *cmd)
 {
@@ -47,6 +61,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     if (nl) {
         char *e = strchr(nl + 1, '\n');
         line2 = fuzz_strndup((const uint8_t *)nl + 1, e ? (size_t)(e - nl - 1) : strlen(nl + 1));
+    }
+    for (char *l = text, *e; l; l = e ? e + 1 : NULL) { /* each line, cut at its end */
+        e = strchr(l, '\n');
+        if (e) *e = 0;
+        read_report(l);
+        if (e) *e = '\n';
     }
     kpl_hostlist h = {0};
     if (fuzz_st(kpl_hosts_parse(line1, &h), "parse") == KPL_OK) use(&h, line1);
