@@ -60,12 +60,13 @@ static bool add_entry(kpl_launch_stall *out, const char *e, const char *end, int
     } else {
         return false;
     }
-    if (out->first < 0) {
-        long v = 0;
-        for (size_t i = 0; i < n && isdigit((unsigned char)p[i]) && v < 1L << 30; i++)
-            v = v * 10 + (p[i] - '0');
-        out->first = v < 1L << 30 ? (int)v : -1;
-    }
+    /* a rank number is below 2^30 (kplrun's -np is far smaller): a longer
+     * one is no rank, and the line no report */
+    long v = 0;
+    for (size_t i = 0; i < n && isdigit((unsigned char)p[i]) && v < 1L << 30; i++)
+        v = v * 10 + (p[i] - '0');
+    if (v >= 1L << 30) return false;
+    if (out->first < 0) out->first = (int)v;
     size_t used = strlen(out->ranks);
     if (used + n + 3 >= sizeof out->ranks) return true; /* the first ranks say enough */
     snprintf(out->ranks + used, sizeof out->ranks - used, "%s%.*s", used ? ", " : "", (int)n, p);

@@ -346,6 +346,9 @@ static void test_timeout_report(void **state)
         "[r0] allreduce #x: timed out after 3 s; not joined: rank 1",
         "step 10: loss 0.25, timed out after 3 s; not joined: rank 1",
         "",
+        /* no rank has such a number (the fuzzer's: first came out -1) */
+        "comm: allgather #6: timed out after 300 s; not joined: rank 099999999993 00 s; );1",
+        "comm: allgather #6: timed out after 300 s; not joined: rank 2; rank 1073741824",
     };
     for (size_t i = 0; i < sizeof no / sizeof *no; i++) {
         assert_false(kpl_launch_parse_timeout(no[i], &s));
