@@ -8,7 +8,7 @@
 #   kill9      SIGKILL of the trainer inside checkpoint saves (in the data,
 #              at the fsync, before the rename, in the marker, before the
 #              marker's rename: LD_PRELOAD fault_inject.so) and at random
-#              moments; every --resume starts from the newest complete
+#              steps; every --resume starts from the newest complete
 #              checkpoint, the leftovers are removed, and every step's loss
 #              is the uninterrupted run's, bit for bit (deterministic)
 #   loader     SIGKILL of a training transformer process, and of a
@@ -107,7 +107,7 @@ kill9)
   K=("${R[@]}" run_dir=k checkpoint.every_steps=3 checkpoint.keep_last=2)
   # Each round is killed at one point of a save (the checkpoint of this
   # small CNN is ~25 zstd writes), the next resumes; two more rounds are
-  # killed after a random time.  The last one runs to the end.
+  # killed at a random step.  The last one runs to the end.
   faults=("write:.kpl.tmp:30" "fsync:.kpl.tmp:2" "rename:.kpl.tmp:2" "write:.done.tmp:2"
           "rename:.done.tmp:3" "random" "random" "")
   kills=0 cleaned=0
@@ -115,12 +115,22 @@ kill9)
     args=("${K[@]}")
     ls k/checkpoints/ckpt-*.kpl.done > /dev/null 2>&1 && args+=(--resume)
     if [[ $f == random ]]; then
+      # Killed once it has logged a random step a few steps ahead of the
+      # newest logged one: chosen by progress, not by time, so that a fast
+      # machine cannot finish the run before the kill (a timed kill did).
+      n0=$(losses k | wc -l)
+      last=$(losses k | tail -n 1 | cut -d' ' -f1)
+      target=$(( ${last:-0} + 1 + RANDOM % 4 ))
+      ((target <= 30)) || die "too few steps left for a random kill (newest step $last)"
       "$kpl" train "${args[@]}" > round.out 2> round.err &
       pid=$!
-      sleep "$(awk -v s=$RANDOM 'BEGIN { print 1 + (s % 2500) / 1000 }')"
+      until losses k | tail -n +$((n0 + 1)) | awk -v t=$target '$1 >= t { f = 1 } END { exit !f }'; do
+        kill -0 $pid 2> /dev/null || break
+        sleep 0.005
+      done
       kill -KILL $pid 2> /dev/null || true
       set +e; wait $pid; rc=$?; set -e
-      [[ $rc == 137 || $rc == 0 ]] || die "random kill: exit $rc: $(tail -3 round.err)"
+      [[ $rc == 137 ]] || die "random kill at step $target: exit $rc: $(tail -3 round.err)"
     elif [[ -n $f ]]; then
       run round env LD_PRELOAD="$inject" KPL_FAULT="$f" "$kpl" train "${args[@]}"
       [[ $rc == 137 ]] || die "fault $f: exit $rc, expected 137 (SIGKILL): $(tail -3 round.err)"
@@ -137,7 +147,7 @@ kill9)
         || die "round $f did not resume: $(head -3 round.out)"
     fi
   done
-  ((kills >= 6)) || die "only $kills rounds were killed"
+  ((kills == 7)) || die "only $kills rounds were killed"
   ((cleaned >= 2)) || die "leftovers of interrupted saves were removed in only $cleaned rounds"
   ! ls k/checkpoints/*.tmp > /dev/null 2>&1 || die "temporary files left: $(ls k/checkpoints)"
   for c in k/checkpoints/ckpt-*.kpl k/checkpoints/best.kpl; do
