@@ -699,6 +699,11 @@ kpl_status kpl__error(kpl_status st, const char *file, int line,
     __attribute__((format(printf, 4, 5)));
 
 #define KPL_ERROR(st, ...) kpl__error((st), __FILE__, __LINE__, __VA_ARGS__)
+/* Puts a formatted head before the thread's message (which keeps its
+ * "[file:line]") and sets st: a caller naming itself in a callee's error,
+ * "module layer1.0.conv1 (conv2d): ". */
+kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 
 /* Validate an input: on failure set the message and return the status. */
 #define KPL_CHECK(cond, st, ...)                      \

@@ -64,6 +64,22 @@ kpl_status kpl__error(kpl_status st, const char *file, int line,
     return st;
 }
 
+kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
+{
+    char head[256], old[sizeof tl_msg];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(head, sizeof head, fmt, ap);
+    va_end(ap);
+    memcpy(old, tl_msg, sizeof old);
+    size_t n = strlen(head);
+    if (n >= sizeof tl_msg) n = sizeof tl_msg - 1;
+    memcpy(tl_msg, head, n);
+    snprintf(tl_msg + n, sizeof tl_msg - n, "%.*s", (int)(sizeof tl_msg - 1 - n), old);
+    tl_status = st;
+    return st;
+}
+
 const char *kpl_last_error(void) { return tl_msg; }
 kpl_status kpl_last_status(void) { return tl_status; }
 

@@ -28,6 +28,7 @@
 
 #include "autograd.h"
 #include "collective.h"
+#include "module.h"
 #include "dataio.h"
 
 #include <stdio.h>
@@ -273,32 +274,7 @@ kpl_status kpl_ddp_finish(kpl_ddp *d);
 /* The bucketer underneath (statistics, parameter check). */
 kpl_bucketer *kpl_ddp_bucketer(kpl_ddp *d);
 
-/* ---- model zoo, configured --------------------------------------------------------- */
-
-typedef enum { KPL_MODEL_MLP, KPL_MODEL_LENET, KPL_MODEL_CNN, KPL_MODEL_RESNET } kpl_model_arch;
-
-/* What a recipe's model section says.  Zero means "the architecture's
- * default" for width, depth and hidden.
- *   mlp     in -> hidden... -> classes, ReLU between (default hidden 512, 256)
- *   lenet   LeNet-5: conv 5x5 (6, padding 2) pool, conv 5x5 (16) pool,
- *           120, 84, classes (width scales the 6 and 16)
- *   cnn     depth stages (default 2) of conv 3x3 (width << stage, default
- *           32) + batch norm + ReLU + 2x2 max-pool, then hidden (default
- *           128) -> classes
- *   resnet  torchvision's ResNet-18/34/50/101/152 (depth), base width 64,
- *           ImageNet stem (7x7/2 + 3x3/2 max-pool) or CIFAR stem (3x3/1)
- * dropout applies before the last linear layer of mlp and cnn. */
-typedef struct {
-    kpl_model_arch arch;
-    int64_t num_classes;
-    int64_t in_channels, in_h, in_w;
-    int64_t width, depth;
-    bool cifar_stem;
-    int64_t hidden[16];
-    int nhidden;
-    double dropout;
-    bool zero_init_residual;
-} kpl_model_config;
+/* ---- model zoo, configured (kpl_model_config: module.h) ------------------------------- */
 
 /* Builds the model (parameters initialised as PyTorch's layers do, from
  * Philox with `seed`).  KPL_EINVAL naming the field when the input is too
@@ -317,6 +293,8 @@ bool kpl_model_param_is_bias_or_norm(const kpl_model *m, int i);
 kpl_rng *kpl_model_rng(kpl_model *m);
 /* The input the model expects: (C, H, W). */
 void kpl_model_input_shape(const kpl_model *m, int64_t *chw);
+/* The module tree underneath (borrowed): its state dict, its parts. */
+kpl_module *kpl_model_module(kpl_model *m);
 
 /* ---- recipes ------------------------------------------------------------------------ */
 /*

@@ -1,0 +1,556 @@
+/*
+ * layers.c — the usual layers as module kinds: convolutions, linear,
+ * embedding, norms, activations, pooling, flatten, dropout, upsample, and
+ * the containers (sequential, residual).  Each forward is the graph/ nn
+ * function it names; the module adds its tensors, its mode and its name.
+ */
+#include "module.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One input, one output: the kinds below that take a single tensor. */
+#define ONE_OUT(out, expr)                                   \
+    do {                                                     \
+        (out)->t[0] = (expr);                                \
+        (out)->n = 1;                                        \
+        return (out)->t[0] ? KPL_OK : kpl_last_status();     \
+    } while (0)
+
+static kpl_status one_input(const kpl_module *m, const kpl_tensor_list *in)
+{
+    KPL_CHECK(in->n == 1, KPL_EINVAL, "%s takes one input, got %d",
+              kpl_module_kind_of(m)->name, in->n);
+    return KPL_OK;
+}
+
+/* A new module whose state is a malloc'd copy of `size` bytes at `init`. */
+static kpl_status create_with(kpl_module *parent, const char *name, const kpl_module_kind *kind,
+                              const void *init, size_t size, kpl_module **out)
+{
+    void *s = NULL;
+    if (size) {
+        s = malloc(size);
+        KPL_CHECK(s, KPL_ENOMEM, "module %s: out of memory", name ? name : "");
+        memcpy(s, init, size);
+    }
+    return kpl_module_create(parent, name, kind, s, out);
+}
+
+static kpl_status new_param(kpl_module *m, const char *name, int ndim, const int64_t *shape,
+                            kpl_tensor **out)
+{
+    kpl_tensor *t = NULL;
+    KPL_TRY(kpl_tensor_empty(kpl_module_device(m), KPL_F32, ndim, shape, &t));
+    KPL_TRY(kpl_module_add_param(m, name, t));
+    *out = t;
+    return KPL_OK;
+}
+
+static kpl_status new_buffer(kpl_module *m, const char *name, int64_t n, double v)
+{
+    kpl_tensor *t = NULL;
+    KPL_TRY(kpl_tensor_empty(kpl_module_device(m), KPL_F32, 1, &n, &t));
+    KPL_TRY(kpl_module_add_buffer(m, name, t));
+    return kpl_k_fill(t, v);
+}
+
+/* weight, and bias unless !bias, initialised as PyTorch does. */
+static kpl_status weight_and_bias(kpl_module *m, int ndim, const int64_t *wshape, int64_t nbias,
+                                  int64_t fan_in, int64_t fan_out, bool bias, kpl_nn_init init,
+                                  kpl_tensor **w, kpl_tensor **b)
+{
+    kpl_rng *rng = kpl_module_rng(m);
+    KPL_TRY(new_param(m, "weight", ndim, wshape, w));
+    *b = NULL;
+    if (bias) KPL_TRY(new_param(m, "bias", 1, &nbias, b));
+    if (init == KPL_NN_INIT_KAIMING_OUT) {
+        /* Kaiming normal, fan-out, ReLU gain (torchvision's ResNet init). */
+        KPL_TRY(kpl_k_normal(*w, rng, 0, sqrt(2.0 / (double)fan_out)));
+        return *b ? kpl_k_fill(*b, 0) : KPL_OK;
+    }
+    double bound = 1.0 / sqrt((double)fan_in);
+    KPL_TRY(kpl_k_uniform(*w, rng, -bound, bound));
+    return *b ? kpl_k_uniform(*b, rng, -bound, bound) : KPL_OK;
+}
+
+/* ---- convolutions ------------------------------------------------------------------------ */
+
+typedef struct {
+    kpl_conv2d_params p;
+    int output_padding[2];
+    bool transposed;
+    kpl_tensor *w, *b; /* borrowed from the module */
+} conv_state;
+
+static kpl_status conv_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const conv_state *c = kpl_module_state(m);
+    kpl_tensor *x = in->t[0];
+    kpl_tensor *y = c->transposed ? kpl_conv_transpose2d(x, c->w, c->b, &c->p, c->output_padding)
+                                  : kpl_conv2d(x, c->w, c->b, &c->p);
+    if (y) {
+        /* conv: each output element takes in/groups x kh x kw products;
+         * transposed: each input element gives out/groups x kh x kw */
+        const int64_t *ws = kpl_tensor_shape(c->w);
+        const int64_t *ps = kpl_tensor_shape(c->transposed ? x : y);
+        double per = (double)(ws[1] * ws[2] * ws[3]);
+        kpl_module_set_flops(m, 2.0 * per * (double)(ps[1] * ps[2] * ps[3]),
+                             kpl_requires_grad(x));
+    }
+    ONE_OUT(out, y);
+}
+
+static const kpl_module_kind conv2d_kind = {"conv2d", conv_forward, free};
+static const kpl_module_kind conv_transpose2d_kind = {"conv_transpose2d", conv_forward, free};
+
+static kpl_status make_conv(kpl_module *parent, const char *name, const kpl_nn_conv *c,
+                            bool transposed, kpl_module **out)
+{
+    if (out) *out = NULL;
+    const char *what = transposed ? "conv_transpose2d" : "conv2d";
+    KPL_CHECK(c, KPL_EINVAL, "%s %s: no parameters", what, name ? name : "");
+    int groups = c->groups ? c->groups : 1;
+    KPL_CHECK(c->in > 0 && c->out > 0 && groups > 0 && c->in % groups == 0 &&
+                  c->out % groups == 0,
+              KPL_EINVAL, "%s %s: in %lld and out %lld channels must be positive multiples of "
+                          "groups %d", what, name ? name : "", (long long)c->in,
+              (long long)c->out, groups);
+    conv_state s;
+    memset(&s, 0, sizeof s);
+    s.transposed = transposed;
+    s.p.groups = groups;
+    for (int i = 0; i < 2; i++) {
+        s.p.stride[i] = c->stride[i] ? c->stride[i] : 1;
+        s.p.padding[i] = c->padding[i];
+        s.p.dilation[i] = c->dilation[i] ? c->dilation[i] : 1;
+        s.output_padding[i] = c->output_padding[i];
+        KPL_CHECK(c->kernel[i] > 0 && s.p.stride[i] > 0 && c->padding[i] >= 0 &&
+                      s.p.dilation[i] > 0 && c->output_padding[i] >= 0,
+                  KPL_EINVAL, "%s %s: kernel and stride > 0, padding >= 0, dilation > 0", what,
+                  name ? name : "");
+        KPL_CHECK(transposed || c->output_padding[i] == 0, KPL_EINVAL,
+                  "conv2d %s: output_padding is for conv_transpose2d", name ? name : "");
+    }
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, transposed ? &conv_transpose2d_kind : &conv2d_kind, &s,
+                        sizeof s, &m));
+    conv_state *st = kpl_module_state(m);
+    int64_t kk = (int64_t)c->kernel[0] * c->kernel[1];
+    int64_t ws[4] = {c->out, c->in / groups, c->kernel[0], c->kernel[1]};
+    if (transposed) ws[0] = c->in, ws[1] = c->out / groups;
+    /* PyTorch's fan-in is weight.size(1) x kh x kw for both kinds. */
+    int64_t fan_in = ws[1] * kk, fan_out = ws[0] * kk;
+    if (transposed) fan_out = c->out / groups * kk;
+    KPL_TRY(weight_and_bias(m, 4, ws, c->out, fan_in, fan_out, !c->no_bias, c->init, &st->w,
+                            &st->b));
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+kpl_status kpl_nn_conv2d(kpl_module *parent, const char *name, const kpl_nn_conv *c,
+                         kpl_module **out)
+{
+    return make_conv(parent, name, c, false, out);
+}
+
+kpl_status kpl_nn_conv_transpose2d(kpl_module *parent, const char *name, const kpl_nn_conv *c,
+                                   kpl_module **out)
+{
+    return make_conv(parent, name, c, true, out);
+}
+
+/* ---- linear and embedding ------------------------------------------------------------------ */
+
+typedef struct {
+    kpl_tensor *w, *b;
+} linear_state;
+
+static kpl_status linear_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const linear_state *l = kpl_module_state(m);
+    kpl_tensor *x = in->t[0], *y = kpl_linear(x, l->w, l->b);
+    if (y) {
+        const int64_t *ws = kpl_tensor_shape(l->w);
+        double rows = (double)kpl_tensor_numel(x) / (double)ws[1];
+        double n = kpl_tensor_ndim(x) > 1 ? (double)kpl_tensor_shape(x)[0] : 1.0;
+        kpl_module_set_flops(m, 2.0 * (double)(ws[0] * ws[1]) * rows / (n > 0 ? n : 1),
+                             kpl_requires_grad(x));
+    }
+    ONE_OUT(out, y);
+}
+
+static const kpl_module_kind linear_kind = {"linear", linear_forward, free};
+
+kpl_status kpl_nn_linear(kpl_module *parent, const char *name, int64_t in, int64_t out,
+                         bool bias, kpl_module **out_module)
+{
+    if (out_module) *out_module = NULL;
+    KPL_CHECK(in > 0 && out > 0, KPL_EINVAL, "linear %s: in %lld and out %lld must be positive",
+              name ? name : "", (long long)in, (long long)out);
+    linear_state s = {NULL, NULL};
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, &linear_kind, &s, sizeof s, &m));
+    linear_state *l = kpl_module_state(m);
+    int64_t ws[2] = {out, in};
+    KPL_TRY(weight_and_bias(m, 2, ws, out, in, out, bias, KPL_NN_INIT_DEFAULT, &l->w, &l->b));
+    if (out_module) *out_module = m;
+    return KPL_OK;
+}
+
+static kpl_status embedding_forward(kpl_module *m, const kpl_tensor_list *in,
+                                    kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    ONE_OUT(out, kpl_embedding(kpl_module_get_param(m, "weight"), in->t[0]));
+}
+
+static const kpl_module_kind embedding_kind = {"embedding", embedding_forward, NULL};
+
+kpl_status kpl_nn_embedding(kpl_module *parent, const char *name, int64_t num, int64_t dim,
+                            kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(num > 0 && dim > 0, KPL_EINVAL, "embedding %s: %lld x %lld must be positive",
+              name ? name : "", (long long)num, (long long)dim);
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_module_create(parent, name, &embedding_kind, NULL, &m));
+    int64_t ws[2] = {num, dim};
+    kpl_tensor *w = NULL;
+    KPL_TRY(new_param(m, "weight", 2, ws, &w));
+    KPL_TRY(kpl_k_normal(w, kpl_module_rng(m), 0, 1));
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+/* ---- norms ------------------------------------------------------------------------------- */
+
+typedef struct {
+    double momentum, eps;
+    int groups, ndim; /* group norm; layer norm */
+    kpl_tensor *g, *b, *rmean, *rvar;
+} norm_state;
+
+static kpl_status batch_norm_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const norm_state *n = kpl_module_state(m);
+    ONE_OUT(out, kpl_batch_norm(in->t[0], n->g, n->b, n->rmean, n->rvar, kpl_module_training(m),
+                                n->momentum, n->eps));
+}
+
+static kpl_status group_norm_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const norm_state *n = kpl_module_state(m);
+    ONE_OUT(out, kpl_group_norm(in->t[0], n->groups, n->g, n->b, n->eps));
+}
+
+static kpl_status layer_norm_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const norm_state *n = kpl_module_state(m);
+    ONE_OUT(out, kpl_layer_norm(in->t[0], n->ndim, n->g, n->b, n->eps));
+}
+
+static const kpl_module_kind batch_norm_kind = {"batch_norm", batch_norm_forward, free};
+static const kpl_module_kind group_norm_kind = {"group_norm", group_norm_forward, free};
+static const kpl_module_kind layer_norm_kind = {"layer_norm", layer_norm_forward, free};
+
+/* scale 1 and shift 0 of `shape` */
+static kpl_status affine(kpl_module *m, int ndim, const int64_t *shape, norm_state *n)
+{
+    KPL_TRY(new_param(m, "weight", ndim, shape, &n->g));
+    KPL_TRY(kpl_k_fill(n->g, 1));
+    KPL_TRY(new_param(m, "bias", ndim, shape, &n->b));
+    return kpl_k_fill(n->b, 0);
+}
+
+kpl_status kpl_nn_batch_norm(kpl_module *parent, const char *name, int64_t channels,
+                             double momentum, double eps, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(channels > 0 && momentum >= 0 && momentum <= 1 && eps > 0, KPL_EINVAL,
+              "batch_norm %s: channels %lld > 0, momentum %g in [0, 1], eps %g > 0",
+              name ? name : "", (long long)channels, momentum, eps);
+    norm_state s = {.momentum = momentum, .eps = eps};
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, &batch_norm_kind, &s, sizeof s, &m));
+    norm_state *n = kpl_module_state(m);
+    KPL_TRY(affine(m, 1, &channels, n));
+    KPL_TRY(new_buffer(m, "running_mean", channels, 0));
+    KPL_TRY(new_buffer(m, "running_var", channels, 1));
+    n->rmean = kpl_module_get_buffer(m, "running_mean");
+    n->rvar = kpl_module_get_buffer(m, "running_var");
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+kpl_status kpl_nn_group_norm(kpl_module *parent, const char *name, int groups, int64_t channels,
+                             double eps, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(groups > 0 && channels > 0 && channels % groups == 0 && eps > 0, KPL_EINVAL,
+              "group_norm %s: %lld channels in %d groups (a positive multiple), eps %g > 0",
+              name ? name : "", (long long)channels, groups, eps);
+    norm_state s = {.eps = eps, .groups = groups};
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, &group_norm_kind, &s, sizeof s, &m));
+    KPL_TRY(affine(m, 1, &channels, kpl_module_state(m)));
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+kpl_status kpl_nn_layer_norm(kpl_module *parent, const char *name, int ndim,
+                             const int64_t *shape, double eps, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(ndim >= 1 && ndim < KPL_MAX_DIMS && shape && eps > 0, KPL_EINVAL,
+              "layer_norm %s: 1 to %d normalised dims, eps %g > 0", name ? name : "",
+              KPL_MAX_DIMS - 1, eps);
+    for (int i = 0; i < ndim; i++)
+        KPL_CHECK(shape[i] > 0, KPL_EINVAL, "layer_norm %s: dim %d is %lld", name ? name : "", i,
+                  (long long)shape[i]);
+    norm_state s = {.eps = eps, .ndim = ndim};
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, &layer_norm_kind, &s, sizeof s, &m));
+    KPL_TRY(affine(m, ndim, shape, kpl_module_state(m)));
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+/* ---- activations, pooling, reshaping ---------------------------------------------------------- */
+
+typedef struct {
+    kpl_nn_act act;
+    double slope;
+} act_state;
+
+static kpl_status activation_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const act_state *a = kpl_module_state(m);
+    kpl_tensor *x = in->t[0], *y = NULL;
+    switch (a->act) {
+    case KPL_NN_RELU: y = kpl_relu(x); break;
+    case KPL_NN_LEAKY_RELU: y = kpl_leaky_relu(x, a->slope); break;
+    case KPL_NN_SIGMOID: y = kpl_sigmoid(x); break;
+    case KPL_NN_TANH: y = kpl_tanh(x); break;
+    case KPL_NN_GELU: y = kpl_gelu(x); break;
+    case KPL_NN_SILU: y = kpl_mul(x, kpl_sigmoid(x)); break;
+    }
+    ONE_OUT(out, y);
+}
+
+static const kpl_module_kind activation_kind = {"activation", activation_forward, free};
+
+kpl_status kpl_nn_activation(kpl_module *parent, const char *name, kpl_nn_act act, double slope,
+                             kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK((unsigned)act <= KPL_NN_SILU, KPL_EINVAL, "activation %s: unknown kind %d",
+              name ? name : "", (int)act);
+    act_state s = {act, slope};
+    return create_with(parent, name, &activation_kind, &s, sizeof s, out);
+}
+
+kpl_status kpl_nn_relu(kpl_module *parent, const char *name, kpl_module **out)
+{
+    return kpl_nn_activation(parent, name, KPL_NN_RELU, 0, out);
+}
+
+typedef struct {
+    kpl_pool2d_params p;
+    int64_t oh, ow; /* adaptive */
+} pool_state;
+
+static kpl_status max_pool_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    ONE_OUT(out, kpl_max_pool2d(in->t[0], &((const pool_state *)kpl_module_state(m))->p));
+}
+
+static kpl_status avg_pool_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    ONE_OUT(out, kpl_avg_pool2d(in->t[0], &((const pool_state *)kpl_module_state(m))->p));
+}
+
+static kpl_status adaptive_pool_forward(kpl_module *m, const kpl_tensor_list *in,
+                                        kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const pool_state *p = kpl_module_state(m);
+    ONE_OUT(out, p->oh == 1 && p->ow == 1 ? kpl_global_avg_pool2d(in->t[0])
+                                          : kpl_adaptive_avg_pool2d(in->t[0], p->oh, p->ow));
+}
+
+static const kpl_module_kind max_pool_kind = {"max_pool2d", max_pool_forward, free};
+static const kpl_module_kind avg_pool_kind = {"avg_pool2d", avg_pool_forward, free};
+static const kpl_module_kind adaptive_pool_kind = {"adaptive_avg_pool2d", adaptive_pool_forward,
+                                                   free};
+
+static kpl_status make_pool(kpl_module *parent, const char *name, const kpl_module_kind *kind,
+                            const kpl_pool2d_params *p, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(p, KPL_EINVAL, "%s %s: no parameters", kind->name, name ? name : "");
+    for (int i = 0; i < 2; i++)
+        KPL_CHECK(p->kernel[i] > 0 && p->stride[i] > 0 && p->padding[i] >= 0 &&
+                      2 * p->padding[i] <= p->kernel[i],
+                  KPL_EINVAL, "%s %s: kernel and stride > 0, padding at most half the kernel",
+                  kind->name, name ? name : "");
+    pool_state s = {.p = *p};
+    return create_with(parent, name, kind, &s, sizeof s, out);
+}
+
+kpl_status kpl_nn_max_pool2d(kpl_module *parent, const char *name, const kpl_pool2d_params *p,
+                             kpl_module **out)
+{
+    return make_pool(parent, name, &max_pool_kind, p, out);
+}
+
+kpl_status kpl_nn_avg_pool2d(kpl_module *parent, const char *name, const kpl_pool2d_params *p,
+                             kpl_module **out)
+{
+    return make_pool(parent, name, &avg_pool_kind, p, out);
+}
+
+kpl_status kpl_nn_adaptive_avg_pool2d(kpl_module *parent, const char *name, int64_t oh,
+                                      int64_t ow, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(oh > 0 && ow > 0, KPL_EINVAL, "adaptive_avg_pool2d %s: output %lldx%lld",
+              name ? name : "", (long long)oh, (long long)ow);
+    pool_state s = {.oh = oh, .ow = ow};
+    return create_with(parent, name, &adaptive_pool_kind, &s, sizeof s, out);
+}
+
+static kpl_status flatten_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    kpl_tensor *x = in->t[0];
+    int64_t n = kpl_tensor_ndim(x) ? kpl_tensor_shape(x)[0] : 1;
+    int64_t s[2] = {n, n ? kpl_tensor_numel(x) / n : 0};
+    ONE_OUT(out, kpl_reshape(x, 2, s));
+}
+
+static const kpl_module_kind flatten_kind = {"flatten", flatten_forward, NULL};
+
+kpl_status kpl_nn_flatten(kpl_module *parent, const char *name, kpl_module **out)
+{
+    return kpl_module_create(parent, name, &flatten_kind, NULL, out);
+}
+
+typedef struct {
+    double p;
+    int factor;
+    bool bilinear;
+} misc_state;
+
+static kpl_status dropout_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const misc_state *d = kpl_module_state(m);
+    if (!kpl_module_training(m) || d->p == 0) ONE_OUT(out, in->t[0]);
+    ONE_OUT(out, kpl_dropout(in->t[0], d->p, true, kpl_module_rng(m)));
+}
+
+static const kpl_module_kind dropout_kind = {"dropout", dropout_forward, free};
+
+kpl_status kpl_nn_dropout(kpl_module *parent, const char *name, double p, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(p >= 0 && p < 1, KPL_EINVAL, "dropout %s: p %g not in [0, 1)", name ? name : "", p);
+    misc_state s = {.p = p};
+    return create_with(parent, name, &dropout_kind, &s, sizeof s, out);
+}
+
+static kpl_status upsample_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const misc_state *u = kpl_module_state(m);
+    kpl_tensor *x = in->t[0];
+    KPL_CHECK(kpl_tensor_ndim(x) == 4, KPL_ESHAPE, "upsample: input has %d dims, expected 4",
+              kpl_tensor_ndim(x));
+    int64_t oh = kpl_tensor_shape(x)[2] * u->factor, ow = kpl_tensor_shape(x)[3] * u->factor;
+    ONE_OUT(out, u->bilinear ? kpl_upsample_bilinear(x, oh, ow, false)
+                             : kpl_upsample_nearest(x, oh, ow));
+}
+
+static const kpl_module_kind upsample_kind = {"upsample", upsample_forward, free};
+
+kpl_status kpl_nn_upsample(kpl_module *parent, const char *name, int factor, bool bilinear,
+                           kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(factor >= 1 && factor <= 64, KPL_EINVAL, "upsample %s: factor %d not in [1, 64]",
+              name ? name : "", factor);
+    misc_state s = {.factor = factor, .bilinear = bilinear};
+    return create_with(parent, name, &upsample_kind, &s, sizeof s, out);
+}
+
+/* ---- containers -------------------------------------------------------------------------- */
+
+static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    kpl_tensor_list cur = *in;
+    for (int i = 0; i < kpl_module_num_children(m); i++) {
+        kpl_tensor_list next;
+        KPL_TRY(kpl_module_forward_list(kpl_module_child(m, i), &cur, &next));
+        cur = next;
+    }
+    *out = cur;
+    return KPL_OK;
+}
+
+static const kpl_module_kind sequential_kind = {"sequential", sequential_forward, NULL};
+
+kpl_status kpl_nn_sequential(kpl_module *parent, const char *name, kpl_module **out)
+{
+    return kpl_module_create(parent, name, &sequential_kind, NULL, out);
+}
+
+kpl_status kpl_nn_sequential_root(kpl_device *dev, uint64_t seed, kpl_module **out)
+{
+    return kpl_module_create_root(dev, seed, &sequential_kind, NULL, out);
+}
+
+typedef struct {
+    bool relu;
+} residual_state;
+
+static kpl_status residual_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const residual_state *r = kpl_module_state(m);
+    kpl_module *body = kpl_module_find(m, "body"), *sc = kpl_module_find(m, "shortcut");
+    KPL_CHECK(body, KPL_EINVAL, "residual %s: no child called 'body'", kpl_module_name(m));
+    /* A pool per block: what the gradients do not keep (the sum before
+     * the ReLU, batch-norm outputs) is freed at the block's end instead
+     * of at the end of the forward pass, the peak of a training step. */
+    kpl_pool *p = kpl_pool_push();
+    if (!p) return kpl_last_status();
+    kpl_tensor *x = in->t[0];
+    kpl_tensor *y = kpl_add(kpl_module_forward(body, x), sc ? kpl_module_forward(sc, x) : x);
+    if (y && r->relu) y = kpl_relu(y);
+    if (y) kpl_tensor_retain(y);
+    kpl_pool_pop(p);
+    ONE_OUT(out, kpl_autorelease(y));
+}
+
+static const kpl_module_kind residual_kind = {"residual", residual_forward, free};
+
+kpl_status kpl_nn_residual(kpl_module *parent, const char *name, bool relu, kpl_module **out)
+{
+    residual_state s = {relu};
+    return create_with(parent, name, &residual_kind, &s, sizeof s, out);
+}

@@ -1,0 +1,400 @@
+/*
+ * zoo.c — the model zoo built from modules: MLP, LeNet-5, a small CNN and
+ * torchvision's ResNets, with torchvision's parameter names.  kpl_model is
+ * the zoo's classifier handle over the module tree (name, input shape).
+ */
+#include "trainer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet"};
+
+const char *kpl_model_arch_name(kpl_model_arch a)
+{
+    return (unsigned)a <= KPL_MODEL_RESNET ? arch_names[a] : "?";
+}
+
+int kpl_model_arch_parse(const char *name)
+{
+    for (int i = 0; i <= KPL_MODEL_RESNET; i++)
+        if (name && !strcmp(name, arch_names[i])) return i;
+    return -1;
+}
+
+/* ---- ResNet blocks ------------------------------------------------------------------------ */
+
+/* torchvision's BasicBlock (2 convs) and Bottleneck (3): children conv1,
+ * bn1, conv2, bn2[, conv3, bn3][, downsample], so the names match. */
+typedef struct {
+    kpl_module *conv[3], *bn[3], *down;
+    int n;
+} block_state;
+
+static kpl_status block_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    const block_state *b = kpl_module_state(m);
+    kpl_tensor *x = in->t[0];
+    /* A pool per block: what the gradients do not keep (batch-norm
+     * outputs, the sum before the last ReLU) is freed at the block's end
+     * instead of at the end of the forward pass, the peak of a training
+     * step. */
+    kpl_pool *p = kpl_pool_push();
+    if (!p) return kpl_last_status();
+    kpl_tensor *y = x;
+    for (int k = 0; k < b->n; k++) {
+        y = kpl_module_forward(b->bn[k], kpl_module_forward(b->conv[k], y));
+        if (k + 1 < b->n) y = kpl_relu(y);
+    }
+    kpl_tensor *o = kpl_relu(kpl_add(y, b->down ? kpl_module_forward(b->down, x) : x));
+    if (o) kpl_tensor_retain(o);
+    kpl_pool_pop(p);
+    out->n = 1;
+    out->t[0] = kpl_autorelease(o);
+    return o ? KPL_OK : kpl_last_status();
+}
+
+static const kpl_module_kind block_kind = {"resnet_block", block_forward, free};
+
+/* conv (no bias, Kaiming fan-out) + batch norm with initial scale `scale` */
+static kpl_status conv_bn(kpl_module *parent, const char *cname, const char *bname, int64_t in,
+                          int64_t out, int k, int stride, double scale, kpl_module **conv,
+                          kpl_module **bn)
+{
+    kpl_nn_conv c = {KPL_NN_CONV_INIT(in, out, k), .stride = {stride, stride},
+                     .padding = {k / 2, k / 2}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
+    KPL_TRY(kpl_nn_conv2d(parent, cname, &c, conv));
+    KPL_TRY(kpl_nn_batch_norm(parent, bname, out, 0.1, 1e-5, bn));
+    return scale == 1 ? KPL_OK : kpl_k_fill(kpl_module_get_param(*bn, "weight"), scale);
+}
+
+static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t planes, int stride,
+                            bool bottleneck, double last_scale, int64_t *out_ch)
+{
+    char name[16];
+    snprintf(name, sizeof name, "%d", idx);
+    block_state *b = calloc(1, sizeof *b);
+    KPL_CHECK(b, KPL_ENOMEM, "resnet: out of memory");
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_module_create(layer, name, &block_kind, b, &m));
+    int64_t out = bottleneck ? planes * 4 : planes;
+    b->n = bottleneck ? 3 : 2;
+    /* torchvision puts the stride on the 3x3 convolution (ResNet v1.5) */
+    int64_t cin[3] = {in, planes, planes}, cout[3] = {planes, bottleneck ? planes : out, out};
+    int ks[3] = {bottleneck ? 1 : 3, 3, 1}, ss[3] = {bottleneck ? 1 : stride, bottleneck ? stride : 1, 1};
+    for (int k = 0; k < b->n; k++) {
+        char cn[16], bn[16];
+        snprintf(cn, sizeof cn, "conv%d", k + 1);
+        snprintf(bn, sizeof bn, "bn%d", k + 1);
+        KPL_TRY(conv_bn(m, cn, bn, cin[k], cout[k], ks[k], ss[k], k + 1 == b->n ? last_scale : 1,
+                        &b->conv[k], &b->bn[k]));
+    }
+    if (stride != 1 || in != out) {
+        KPL_TRY(kpl_nn_sequential(m, "downsample", &b->down));
+        kpl_module *c = NULL, *n = NULL;
+        KPL_TRY(conv_bn(b->down, "0", "1", in, out, 1, stride, 1, &c, &n));
+    }
+    *out_ch = out;
+    return KPL_OK;
+}
+
+static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
+{
+    static const int counts[5][4] = {
+        {2, 2, 2, 2}, {3, 4, 6, 3}, {3, 4, 6, 3}, {3, 4, 23, 3}, {3, 8, 36, 3}};
+    int v = c->depth == 18 ? 0 : c->depth == 34 ? 1 : c->depth == 50 ? 2 : c->depth == 101 ? 3 : 4;
+    bool bottleneck = c->depth >= 50;
+    kpl_module *conv = NULL, *bn = NULL;
+    if (c->cifar_stem) {
+        KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, &conv, &bn));
+        KPL_TRY(kpl_nn_relu(root, "relu", NULL));
+    } else {
+        kpl_nn_conv s = {KPL_NN_CONV_INIT(c->in_channels, c->width, 7), .stride = {2, 2},
+                         .padding = {3, 3}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
+        KPL_TRY(kpl_nn_conv2d(root, "conv1", &s, NULL));
+        KPL_TRY(kpl_nn_batch_norm(root, "bn1", c->width, 0.1, 1e-5, NULL));
+        KPL_TRY(kpl_nn_relu(root, "relu", NULL));
+        kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+        KPL_TRY(kpl_nn_max_pool2d(root, "maxpool", &mp, NULL));
+    }
+    int64_t in = c->width;
+    double last_scale = c->zero_init_residual ? 0 : 1;
+    for (int s = 0; s < 4; s++) {
+        char name[16];
+        snprintf(name, sizeof name, "layer%d", s + 1);
+        kpl_module *layer = NULL;
+        KPL_TRY(kpl_nn_sequential(root, name, &layer));
+        for (int k = 0; k < counts[v][s]; k++)
+            KPL_TRY(add_block(layer, k, in, c->width << s, (s > 0 && k == 0) ? 2 : 1, bottleneck,
+                              last_scale, &in));
+    }
+    KPL_TRY(kpl_nn_adaptive_avg_pool2d(root, "avgpool", 1, 1, NULL));
+    KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
+    return kpl_nn_linear(root, "fc", in, c->num_classes, true, NULL);
+}
+
+/* ---- the small ones ------------------------------------------------------------------------- */
+
+/* linear layers fc<first>... from `in` through hidden to classes, ReLU
+ * between, dropout before the last */
+static kpl_status build_head(kpl_module *root, const kpl_model_config *c, int64_t in, int first,
+                             int nhidden, const int64_t *hidden)
+{
+    char name[32];
+    for (int i = 0; i <= nhidden; i++) {
+        int64_t o = i < nhidden ? hidden[i] : c->num_classes;
+        if (i == nhidden && c->dropout > 0) KPL_TRY(kpl_nn_dropout(root, "dropout", c->dropout, NULL));
+        snprintf(name, sizeof name, "fc%d", first + i);
+        KPL_TRY(kpl_nn_linear(root, name, in, o, true, NULL));
+        if (i < nhidden) {
+            snprintf(name, sizeof name, "relu_fc%d", first + i);
+            KPL_TRY(kpl_nn_relu(root, name, NULL));
+        }
+        in = o;
+    }
+    return KPL_OK;
+}
+
+/* conv<i> [bn<i>] then 2x2 max-pool then ReLU.  ReLU then max-pool is
+ * max-pool then ReLU (ReLU is monotonic), and the second order runs ReLU
+ * and its gradient on a quarter of the elements.  The gradients agree
+ * too, but for windows whose maximum ties, where both orders pass the
+ * gradient to one of the tied elements. */
+static kpl_status conv_stage(kpl_module *root, int i, int64_t in, int64_t out, int k, int pad,
+                             bool bn)
+{
+    char cn[24], bn_name[24], pn[24], rn[24];
+    snprintf(cn, sizeof cn, "conv%d", i);
+    snprintf(bn_name, sizeof bn_name, "bn%d", i);
+    snprintf(pn, sizeof pn, "pool%d", i);
+    snprintf(rn, sizeof rn, "relu%d", i);
+    kpl_nn_conv c = {KPL_NN_CONV_INIT(in, out, k), .padding = {pad, pad}, .no_bias = bn,
+                     .init = bn ? KPL_NN_INIT_KAIMING_OUT : KPL_NN_INIT_DEFAULT};
+    KPL_TRY(kpl_nn_conv2d(root, cn, &c, NULL));
+    if (bn) KPL_TRY(kpl_nn_batch_norm(root, bn_name, out, 0.1, 1e-5, NULL));
+    kpl_pool2d_params p2 = {.kernel = {2, 2}, .stride = {2, 2}};
+    KPL_TRY(kpl_nn_max_pool2d(root, pn, &p2, NULL));
+    return kpl_nn_relu(root, rn, NULL);
+}
+
+kpl_status kpl_model_config_complete(kpl_model_config *c)
+{
+    KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL, "model: unknown architecture %d",
+              (int)c->arch);
+    const char *a = arch_names[c->arch];
+    KPL_CHECK(c->num_classes > 0, KPL_EINVAL, "model: need num_classes > 0 (got %lld)",
+              (long long)c->num_classes);
+    KPL_CHECK(c->in_channels > 0 && c->in_h > 0 && c->in_w > 0, KPL_EINVAL,
+              "model %s: input (%lld, %lld, %lld) must be positive", a,
+              (long long)c->in_channels, (long long)c->in_h, (long long)c->in_w);
+    KPL_CHECK(c->nhidden >= 0 && c->nhidden <= 16, KPL_EINVAL, "model %s: 0 to 16 hidden layers",
+              a);
+    KPL_CHECK(c->dropout >= 0 && c->dropout < 1, KPL_EINVAL, "model %s: dropout %g not in [0, 1)",
+              a, c->dropout);
+    switch (c->arch) {
+    case KPL_MODEL_MLP:
+        if (c->nhidden == 0) c->hidden[0] = 512, c->hidden[1] = 256, c->nhidden = 2;
+        break;
+    case KPL_MODEL_LENET:
+        if (!c->width) c->width = 6;
+        KPL_CHECK(c->in_h >= 16 && c->in_w >= 16, KPL_EINVAL,
+                  "model lenet: input %lldx%lld is too small (at least 16x16)",
+                  (long long)c->in_h, (long long)c->in_w);
+        break;
+    case KPL_MODEL_CNN:
+        if (!c->width) c->width = 32;
+        if (!c->depth) c->depth = 2;
+        if (c->nhidden == 0) c->hidden[0] = 128, c->nhidden = 1;
+        KPL_CHECK(c->depth <= 12 && (c->in_h >> c->depth) >= 1 && (c->in_w >> c->depth) >= 1,
+                  KPL_EINVAL, "model cnn: %lld stages halve %lldx%lld to nothing",
+                  (long long)c->depth, (long long)c->in_h, (long long)c->in_w);
+        KPL_CHECK((c->width << (c->depth - 1)) <= 65536, KPL_EINVAL, "model cnn: too wide");
+        break;
+    case KPL_MODEL_RESNET:
+        if (!c->width) c->width = 64;
+        KPL_CHECK(c->depth == 18 || c->depth == 34 || c->depth == 50 || c->depth == 101 ||
+                      c->depth == 152,
+                  KPL_EINVAL, "model resnet: depth is 18, 34, 50, 101 or 152 (got %lld)",
+                  (long long)c->depth);
+        KPL_CHECK(c->in_h >= (c->cifar_stem ? 8 : 32) && c->in_w >= (c->cifar_stem ? 8 : 32),
+                  KPL_EINVAL, "model resnet: input %lldx%lld is too small for the %s stem",
+                  (long long)c->in_h, (long long)c->in_w, c->cifar_stem ? "cifar" : "imagenet");
+        break;
+    }
+    KPL_CHECK(c->width >= 0 && c->width <= 4096, KPL_EINVAL, "model %s: width %lld out of range",
+              a, (long long)c->width);
+    return KPL_OK;
+}
+
+kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
+                          kpl_module **out)
+{
+    KPL_CHECK(cfg && out, KPL_EINVAL, "model: bad arguments");
+    *out = NULL;
+    kpl_model_config c = *cfg;
+    KPL_TRY(kpl_model_config_complete(&c));
+    kpl_module *root = NULL;
+    KPL_TRY(kpl_nn_sequential_root(dev, seed, &root));
+    kpl_status st = KPL_OK;
+    switch (c.arch) {
+    case KPL_MODEL_MLP:
+        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
+        KPL_TRY_GOTO(build_head(root, &c, c.in_channels * c.in_h * c.in_w, 1, c.nhidden, c.hidden));
+        break;
+    case KPL_MODEL_LENET: {
+        int64_t c1 = c.width, c2 = c.width * 16 / 6;
+        int64_t h = (c.in_h / 2 - 4) / 2, w = (c.in_w / 2 - 4) / 2;
+        static const int64_t hidden[2] = {120, 84};
+        KPL_TRY_GOTO(conv_stage(root, 1, c.in_channels, c1, 5, 2, false));
+        KPL_TRY_GOTO(conv_stage(root, 2, c1, c2, 5, 0, false));
+        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
+        KPL_TRY_GOTO(build_head(root, &c, c2 * h * w, 1, 2, hidden));
+        break;
+    }
+    case KPL_MODEL_CNN: {
+        int64_t ch = c.in_channels, h = c.in_h, w = c.in_w;
+        for (int s = 0; s < c.depth; s++) {
+            KPL_TRY_GOTO(conv_stage(root, s + 1, ch, c.width << s, 3, 1, true));
+            ch = c.width << s;
+            h /= 2, w /= 2;
+        }
+        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
+        KPL_TRY_GOTO(build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden));
+        break;
+    }
+    case KPL_MODEL_RESNET: KPL_TRY_GOTO(build_resnet(root, &c)); break;
+    }
+    *out = root;
+    return KPL_OK;
+fail:
+    kpl_module_destroy(root);
+    return st;
+}
+
+/* ---- kpl_model: a zoo classifier with its name and input shape ------------------------------ */
+
+struct kpl_model {
+    char name[32];
+    kpl_model_config cfg;
+    kpl_module *root;
+    double flops[2]; /* forward, training; < 0 until counted */
+};
+
+kpl_status kpl_model_create_config(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
+                                   kpl_model **out)
+{
+    KPL_CHECK(cfg && out, KPL_EINVAL, "model: bad arguments");
+    *out = NULL;
+    kpl_model *m = calloc(1, sizeof *m);
+    KPL_CHECK(m, KPL_ENOMEM, "model: out of memory");
+    m->cfg = *cfg;
+    kpl_status st = kpl_model_config_complete(&m->cfg);
+    if (st >= 0) st = kpl_zoo_create(&m->cfg, dev, seed, &m->root);
+    if (st < 0) {
+        free(m);
+        return st;
+    }
+    m->flops[0] = m->flops[1] = -1;
+    if (m->cfg.arch == KPL_MODEL_RESNET)
+        snprintf(m->name, sizeof m->name, "resnet%lld%s", (long long)m->cfg.depth,
+                 m->cfg.cifar_stem ? "_cifar" : "");
+    else
+        snprintf(m->name, sizeof m->name, "%s", arch_names[m->cfg.arch]);
+    *out = m;
+    return KPL_OK;
+}
+
+kpl_status kpl_model_create(const char *name, int64_t num_classes, kpl_device *dev,
+                            uint64_t seed, kpl_model **out)
+{
+    *out = NULL;
+    KPL_CHECK(name, KPL_EINVAL, "model: need a name");
+    kpl_model_config c;
+    memset(&c, 0, sizeof c);
+    c.num_classes = num_classes;
+    c.in_channels = 1, c.in_h = c.in_w = 28;
+    if (!strcmp(name, "resnet18_cifar") || !strcmp(name, "resnet18") ||
+        !strcmp(name, "resnet34") || !strcmp(name, "resnet50")) {
+        c.arch = KPL_MODEL_RESNET;
+        c.cifar_stem = !strcmp(name, "resnet18_cifar");
+        c.depth = atoi(name + 6);
+        c.in_channels = 3;
+        c.in_h = c.in_w = c.cifar_stem ? 32 : 224;
+    } else {
+        int a = kpl_model_arch_parse(name);
+        KPL_CHECK(a >= 0 && a != KPL_MODEL_RESNET, KPL_EINVAL,
+                  "model: unknown model '%s' (known: mlp, lenet, cnn, resnet18_cifar, "
+                  "resnet18, resnet34, resnet50)",
+                  name);
+        c.arch = (kpl_model_arch)a;
+    }
+    KPL_TRY(kpl_model_create_config(&c, dev, seed, out));
+    /* keep the name the caller used ("resnet18_cifar") */
+    snprintf((*out)->name, sizeof (*out)->name, "%s", name);
+    return KPL_OK;
+}
+
+void kpl_model_destroy(kpl_model *m)
+{
+    if (!m) return;
+    kpl_module_destroy(m->root);
+    free(m);
+}
+
+kpl_module *kpl_model_module(kpl_model *m) { return m->root; }
+
+kpl_tensor *kpl_model_forward(kpl_model *m, kpl_tensor *x, bool training)
+{
+    if (!x) return NULL;
+    const int64_t *s = kpl_tensor_shape(x);
+    if (kpl_tensor_ndim(x) != 4 || s[1] != m->cfg.in_channels ||
+        (m->cfg.arch != KPL_MODEL_RESNET && (s[2] != m->cfg.in_h || s[3] != m->cfg.in_w))) {
+        char got[96];
+        kpl_shape_str(kpl_tensor_ndim(x), s, got, sizeof got);
+        KPL_ERROR(KPL_ESHAPE, "model %s: input %s, expected (N, %lld, %lld, %lld)", m->name, got,
+                  (long long)m->cfg.in_channels, (long long)m->cfg.in_h, (long long)m->cfg.in_w);
+        return NULL;
+    }
+    if (kpl_module_training(m->root) != training) kpl_module_set_training(m->root, training);
+    return kpl_module_forward(m->root, x);
+}
+
+const char *kpl_model_param_name(const kpl_model *m, int i)
+{
+    return kpl_module_param_name(m->root, i);
+}
+const char *kpl_model_buffer_name(const kpl_model *m, int i)
+{
+    return kpl_module_buffer_name(m->root, i);
+}
+bool kpl_model_param_is_bias_or_norm(const kpl_model *m, int i)
+{
+    return kpl_tensor_ndim(kpl_module_params(m->root)[i]) <= 1;
+}
+kpl_rng *kpl_model_rng(kpl_model *m) { return kpl_module_rng(m->root); }
+
+void kpl_model_input_shape(const kpl_model *m, int64_t *chw)
+{
+    chw[0] = m->cfg.in_channels, chw[1] = m->cfg.in_h, chw[2] = m->cfg.in_w;
+}
+
+int kpl_model_num_params(const kpl_model *m) { return kpl_module_num_params(m->root); }
+kpl_tensor *const *kpl_model_params(const kpl_model *m) { return kpl_module_params(m->root); }
+const char *kpl_model_name(const kpl_model *m) { return m->name; }
+int kpl_model_num_buffers(const kpl_model *m) { return kpl_module_num_buffers(m->root); }
+kpl_tensor *const *kpl_model_buffers(const kpl_model *m) { return kpl_module_buffers(m->root); }
+int64_t kpl_model_param_count(const kpl_model *m) { return kpl_module_param_count(m->root); }
+
+double kpl_model_flops(const kpl_model *m, bool train_flops)
+{
+    kpl_model *mm = (kpl_model *)m;
+    if (mm->flops[train_flops] < 0) {
+        int64_t chw[3];
+        kpl_model_input_shape(m, chw);
+        double f = 0;
+        if (kpl_module_count_flops(mm->root, 3, chw, train_flops, &f) < 0) return 0;
+        mm->flops[train_flops] = f;
+    }
+    return mm->flops[train_flops];
+}
