@@ -125,6 +125,12 @@ kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name)
 
 kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst)
 {
+    KPL_TRY(kpl__checkpoint_check(c, name, dst));
+    return kpl_k_copy(dst, kpl_checkpoint_find(c, name));
+}
+
+kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst)
+{
     kpl_tensor *t = kpl_checkpoint_find(c, name);
     const char *file = c->path[0] ? c->path : "checkpoint";
     KPL_CHECK(t, KPL_ENOTFOUND, "%s: has no tensor '%s'", file, name);
@@ -138,7 +144,7 @@ kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl
     KPL_CHECK(same, KPL_ESHAPE, "%s: tensor '%s' has shape %s, the model's has %s", file, name,
               kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), a, sizeof a),
               kpl_shape_str(kpl_tensor_ndim(dst), kpl_tensor_shape(dst), b, sizeof b));
-    return kpl_k_copy(dst, t);
+    return KPL_OK;
 }
 
 /* ---- writing -------------------------------------------------------------------------- */

@@ -268,7 +268,7 @@ int kpl_model_arch_parse(const char *name);
  * dropout applies before the last linear layer of mlp and cnn. */
 typedef struct {
     kpl_model_arch arch;
-    int64_t num_classes;
+    int64_t num_classes;        /* resnet: 0 builds the backbone alone (up to layer4) */
     int64_t in_channels, in_h, in_w;
     int64_t width, depth;
     bool cifar_stem;
@@ -288,6 +288,10 @@ kpl_status kpl_model_config_complete(kpl_model_config *c);
  * (sequentials of blocks), "fc".  *out owned by the caller. */
 kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
                           kpl_module **out);
+/* The same as a child `name` of parent (a backbone inside a bigger
+ * model); *out (may be NULL) borrowed. */
+kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_config *cfg,
+                       kpl_module **out);
 
 #ifdef __cplusplus
 }

@@ -481,17 +481,13 @@ static kpl_status make_model(run *R, const int64_t *chw)
 
 /* Model, buffers, optimizer state and the dropout generator from the
  * checkpoint; names and shapes must match the recipe's model. */
-static kpl_status restore_model(run *R, const kpl_checkpoint *c)
+static kpl_status restore_model(run *R, const kpl_checkpoint *c, const char *path)
 {
-    char name[320];
-    for (int i = 0; i < kpl_model_num_params(R->model); i++) {
-        snprintf(name, sizeof name, "model.%s", kpl_model_param_name(R->model, i));
-        KPL_TRY(kpl_checkpoint_restore(c, name, kpl_model_params(R->model)[i]));
-    }
-    for (int i = 0; i < kpl_model_num_buffers(R->model); i++) {
-        snprintf(name, sizeof name, "model.%s", kpl_model_buffer_name(R->model, i));
-        KPL_TRY(kpl_checkpoint_restore(c, name, kpl_model_buffers(R->model)[i]));
-    }
+    kpl_status st = kpl_module_state_load(kpl_model_module(R->model), c, "model.", true, NULL);
+    /* a shape that differs names the file already; a name that does not */
+    if (st == KPL_ENOTFOUND)
+        return kpl__error_prefix(st, "%s: not a checkpoint of this recipe's model: ", path);
+    KPL_TRY(st);
     return KPL_OK;
 }
 
@@ -499,7 +495,7 @@ static kpl_status restore(run *R, const resume_meta *rm)
 {
     kpl_checkpoint *c = R->resume;
     char name[320];
-    KPL_TRY(restore_model(R, c));
+    KPL_TRY(restore_model(R, c, R->resume_path));
     const char *const *slots = NULL;
     int ns = kpl_optim_state_slots(R->opt, &slots);
     for (int i = 0; i < kpl_model_num_params(R->model); i++)
@@ -885,14 +881,7 @@ static kpl_status save_checkpoint(run *R, const char *why, char *path, size_t le
     json_t *j = NULL;
     KPL_TRY_GOTO(kpl_checkpoint_create(&c));
     char name[320];
-    for (int i = 0; i < kpl_model_num_params(R->model); i++) {
-        snprintf(name, sizeof name, "model.%s", kpl_model_param_name(R->model, i));
-        KPL_TRY_GOTO(kpl_checkpoint_add(c, name, kpl_model_params(R->model)[i]));
-    }
-    for (int i = 0; i < kpl_model_num_buffers(R->model); i++) {
-        snprintf(name, sizeof name, "model.%s", kpl_model_buffer_name(R->model, i));
-        KPL_TRY_GOTO(kpl_checkpoint_add(c, name, kpl_model_buffers(R->model)[i]));
-    }
+    KPL_TRY_GOTO(kpl_module_state_save(kpl_model_module(R->model), c, "model."));
     const char *const *slots = NULL;
     int ns = kpl_optim_state_slots(R->opt, &slots);
     for (int i = 0; i < kpl_model_num_params(R->model); i++)
@@ -1397,7 +1386,7 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
     KPL_TRY_GOTO(kpl_loader_create(&c, &R.val));
     KPL_TRY_GOTO(make_comm(&R));
     KPL_TRY_GOTO(make_model(&R, chw));
-    KPL_TRY_GOTO(restore_model(&R, R.resume));
+    KPL_TRY_GOTO(restore_model(&R, R.resume, checkpoint));
     double t0 = kpl_seconds();
     KPL_TRY_GOTO(evaluate(&R, &R.val_res));
     double secs = kpl_seconds() - t0;

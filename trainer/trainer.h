@@ -471,6 +471,36 @@ kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name);
  * KPL_EDTYPE or KPL_ESHAPE naming the file, the tensor and both shapes. */
 kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst);
 
+/* ---- state dicts: module trees in checkpoints --------------------------------------------- */
+/*
+ * A model's tensors travel by dotted name: `prefix` + "layer1.0.conv1.weight".
+ *
+ *   kpl_module_state_save(model, c, "model.");            // a resume's model
+ *   // a classifier's backbone into a detector's "backbone" child:
+ *   kpl_state_report rep;
+ *   kpl_module_state_load(kpl_module_find(det, "backbone"), ckpt, "model.", false, &rep);
+ *   printf("%d loaded, missing: %s, unexpected: %s\n", rep.nloaded, rep.missing, rep.unexpected);
+ *   kpl_state_report_clear(&rep);
+ */
+typedef struct {
+    int nloaded, nmissing, nunexpected;
+    char *missing;    /* the first 20 model names the checkpoint lacks, ", "-joined (malloc'd) */
+    char *unexpected; /* the first 20 checkpoint names under prefix the model lacks */
+} kpl_state_report;
+
+/* Adds every parameter and buffer under m as prefix + dotted name (read
+ * at save time). */
+kpl_status kpl_module_state_save(kpl_module *m, kpl_checkpoint *c, const char *prefix);
+/* Copies every tensor of m that c has (prefix + dotted name); a dtype or
+ * shape that differs is an error naming both, and any error leaves m as
+ * it was (everything is checked before anything is copied).  strict: a tensor of m
+ * missing from c, or a tensor of c under prefix that m lacks, is
+ * KPL_ENOTFOUND listing them.  report (may be NULL) receives the counts
+ * and names (free with kpl_state_report_clear). */
+kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const char *prefix,
+                                 bool strict, kpl_state_report *report);
+void kpl_state_report_clear(kpl_state_report *r);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,6 +29,9 @@ kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, do
 /* ---- checkpoint files (checkpoint.c) ---- */
 
 /* DIR/ckpt-<step, 10 digits>.kpl */
+/* kpl_checkpoint_restore's checks alone: the tensor exists with dst's
+ * dtype and shape (errors as restore's). */
+kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst);
 void kpl__checkpoint_path(const char *dir, int64_t step, char *path, size_t len);
 /* The steps of DIR's complete checkpoints (those with a marker), ascending;
  * *count <= max.  A missing DIR has none. */

@@ -129,6 +129,7 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
             KPL_TRY(add_block(layer, k, in, c->width << s, (s > 0 && k == 0) ? 2 : 1, bottleneck,
                               last_scale, &in));
     }
+    if (c->num_classes == 0) return KPL_OK; /* a backbone: layer4's features */
     KPL_TRY(kpl_nn_adaptive_avg_pool2d(root, "avgpool", 1, 1, NULL));
     KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
     return kpl_nn_linear(root, "fc", in, c->num_classes, true, NULL);
@@ -183,7 +184,8 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
     KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL, "model: unknown architecture %d",
               (int)c->arch);
     const char *a = arch_names[c->arch];
-    KPL_CHECK(c->num_classes > 0, KPL_EINVAL, "model: need num_classes > 0 (got %lld)",
+    KPL_CHECK(c->num_classes > 0 || (c->num_classes == 0 && c->arch == KPL_MODEL_RESNET),
+              KPL_EINVAL, "model: need num_classes > 0 (got %lld; 0, a backbone, is for resnet)",
               (long long)c->num_classes);
     KPL_CHECK(c->in_channels > 0 && c->in_h > 0 && c->in_w > 0, KPL_EINVAL,
               "model %s: input (%lld, %lld, %lld) must be positive", a,
@@ -227,49 +229,65 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
     return KPL_OK;
 }
 
+/* The zoo's layers into `root` (a sequential). */
+static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
+{
+    kpl_model_config c = *cfg;
+    KPL_TRY(kpl_model_config_complete(&c));
+    switch (c.arch) {
+    case KPL_MODEL_MLP:
+        KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
+        return build_head(root, &c, c.in_channels * c.in_h * c.in_w, 1, c.nhidden, c.hidden);
+    case KPL_MODEL_LENET: {
+        int64_t c1 = c.width, c2 = c.width * 16 / 6;
+        int64_t h = (c.in_h / 2 - 4) / 2, w = (c.in_w / 2 - 4) / 2;
+        static const int64_t hidden[2] = {120, 84};
+        KPL_TRY(conv_stage(root, 1, c.in_channels, c1, 5, 2, false));
+        KPL_TRY(conv_stage(root, 2, c1, c2, 5, 0, false));
+        KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
+        return build_head(root, &c, c2 * h * w, 1, 2, hidden);
+    }
+    case KPL_MODEL_CNN: {
+        int64_t ch = c.in_channels, h = c.in_h, w = c.in_w;
+        for (int s = 0; s < c.depth; s++) {
+            KPL_TRY(conv_stage(root, s + 1, ch, c.width << s, 3, 1, true));
+            ch = c.width << s;
+            h /= 2, w /= 2;
+        }
+        KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
+        return build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden);
+    }
+    case KPL_MODEL_RESNET: return build_resnet(root, &c);
+    }
+    return KPL_OK;
+}
+
 kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
                           kpl_module **out)
 {
     KPL_CHECK(cfg && out, KPL_EINVAL, "model: bad arguments");
     *out = NULL;
-    kpl_model_config c = *cfg;
-    KPL_TRY(kpl_model_config_complete(&c));
     kpl_module *root = NULL;
     KPL_TRY(kpl_nn_sequential_root(dev, seed, &root));
-    kpl_status st = KPL_OK;
-    switch (c.arch) {
-    case KPL_MODEL_MLP:
-        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
-        KPL_TRY_GOTO(build_head(root, &c, c.in_channels * c.in_h * c.in_w, 1, c.nhidden, c.hidden));
-        break;
-    case KPL_MODEL_LENET: {
-        int64_t c1 = c.width, c2 = c.width * 16 / 6;
-        int64_t h = (c.in_h / 2 - 4) / 2, w = (c.in_w / 2 - 4) / 2;
-        static const int64_t hidden[2] = {120, 84};
-        KPL_TRY_GOTO(conv_stage(root, 1, c.in_channels, c1, 5, 2, false));
-        KPL_TRY_GOTO(conv_stage(root, 2, c1, c2, 5, 0, false));
-        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
-        KPL_TRY_GOTO(build_head(root, &c, c2 * h * w, 1, 2, hidden));
-        break;
-    }
-    case KPL_MODEL_CNN: {
-        int64_t ch = c.in_channels, h = c.in_h, w = c.in_w;
-        for (int s = 0; s < c.depth; s++) {
-            KPL_TRY_GOTO(conv_stage(root, s + 1, ch, c.width << s, 3, 1, true));
-            ch = c.width << s;
-            h /= 2, w /= 2;
-        }
-        KPL_TRY_GOTO(kpl_nn_flatten(root, "flatten", NULL));
-        KPL_TRY_GOTO(build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden));
-        break;
-    }
-    case KPL_MODEL_RESNET: KPL_TRY_GOTO(build_resnet(root, &c)); break;
+    kpl_status st = build(root, cfg);
+    if (st < 0) {
+        kpl_module_destroy(root);
+        return st;
     }
     *out = root;
     return KPL_OK;
-fail:
-    kpl_module_destroy(root);
-    return st;
+}
+
+kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_config *cfg,
+                       kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(cfg, KPL_EINVAL, "model: bad arguments");
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_nn_sequential(parent, name, &m));
+    KPL_TRY(build(m, cfg));
+    if (out) *out = m;
+    return KPL_OK;
 }
 
 /* ---- kpl_model: a zoo classifier with its name and input shape ------------------------------ */
