@@ -7,6 +7,8 @@
  */
 #include "trainer.h"
 
+#include <fnmatch.h>
+
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -42,6 +44,7 @@ struct kpl_optim {
     int n;
     kpl_tensor *const *params; /* n, borrowed */
     bool *no_decay;            /* n flags */
+    double *mult;              /* n pairs: lr and weight-decay multipliers (parameter groups) */
     int nslots;
     kpl_tensor **state;        /* n * nslots, NULL until a step or state_set creates them */
     scratch *scratch;          /* n */
@@ -179,14 +182,16 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     o->nslots = kpl_optim_state_slots(o, NULL);
     size_t m = (size_t)(n ? n : 1);
     o->no_decay = calloc(m, sizeof *o->no_decay);
+    o->mult = malloc(2 * m * sizeof *o->mult);
     o->state = calloc(m * (size_t)(o->nslots ? o->nslots : 1), sizeof *o->state);
     o->scratch = calloc(m, sizeof *o->scratch);
     kpl_status st = KPL_OK;
-    if (!o->no_decay || !o->state || !o->scratch) {
+    if (!o->no_decay || !o->mult || !o->state || !o->scratch) {
         st = KPL_ERROR(KPL_ENOMEM, "optim: out of memory");
         goto fail;
     }
     if (no_decay) memcpy(o->no_decay, no_decay, (size_t)n * sizeof *no_decay);
+    for (size_t i = 0; i < 2 * m; i++) o->mult[i] = 1;
     for (int i = 0; i < n; i++) KPL_TRY_GOTO(scratch_create(o, i));
     *out = o;
     return KPL_OK;
@@ -206,6 +211,7 @@ void kpl_optim_destroy(kpl_optim *o)
     free(o->scratch);
     free(o->state);
     free(o->no_decay);
+    free(o->mult);
     free(o);
 }
 
@@ -216,6 +222,60 @@ void kpl_optim_set_lr(kpl_optim *o, double lr)
 }
 
 double kpl_optim_lr(const kpl_optim *o) { return o->cfg.lr; }
+
+kpl_status kpl_optim_set_multipliers(kpl_optim *o, int i, double lr_mult, double wd_mult)
+{
+    KPL_CHECK(i >= 0 && i < o->n, KPL_EINVAL, "optim: parameter %d out of range (%d)", i, o->n);
+    KPL_CHECK(lr_mult >= 0 && isfinite(lr_mult) && wd_mult >= 0 && isfinite(wd_mult), KPL_EINVAL,
+              "optim: parameter %d: multipliers lr %g and weight decay %g must be >= 0 and finite",
+              i, lr_mult, wd_mult);
+    o->mult[2 * i] = lr_mult;
+    o->mult[2 * i + 1] = wd_mult;
+    return KPL_OK;
+}
+
+kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngroups,
+                                const kpl_param_group *groups, int *counts)
+{
+    KPL_CHECK(ngroups >= 0 && (ngroups == 0 || (groups && names)), KPL_EINVAL,
+              "optim: bad parameter groups");
+    int *n = calloc((size_t)(ngroups ? ngroups : 1), sizeof *n);
+    KPL_CHECK(n, KPL_ENOMEM, "optim: out of memory");
+    for (int i = 0; i < o->n; i++) {
+        o->mult[2 * i] = o->mult[2 * i + 1] = 1;
+        for (int g = 0; g < ngroups; g++)
+            if (!fnmatch(groups[g].params, names[i], 0)) {
+                kpl_status st = kpl_optim_set_multipliers(o, i, groups[g].lr_mult,
+                                                          groups[g].weight_decay_mult);
+                if (st < 0) {
+                    free(n);
+                    return st;
+                }
+                n[g]++;
+                break;
+            }
+    }
+    for (int g = 0; g < ngroups; g++)
+        if (!n[g]) {
+            /* a group whose parameters all went to earlier groups is as
+             * likely a mistake as a typo */
+            bool any = false;
+            for (int i = 0; i < o->n && !any; i++) any = !fnmatch(groups[g].params, names[i], 0);
+            free(n);
+            if (any)
+                return KPL_ERROR(KPL_EINVAL, "optimizer group %d ('%s') takes no parameter: "
+                                 "those it matches belong to earlier groups", g + 1,
+                                 groups[g].params);
+            return KPL_ERROR(KPL_EINVAL, "optimizer group %d ('%s') matches none of the %d "
+                             "parameters (names such as '%s')", g + 1, groups[g].params, o->n,
+                             o->n ? names[0] : "");
+        }
+    if (counts) memcpy(counts, n, (size_t)ngroups * sizeof *n);
+    free(n);
+    return KPL_OK;
+}
+
+static double lr_of(const kpl_optim *o, int i) { return o->cfg.lr * o->mult[2 * i]; }
 
 const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o) { return &o->cfg; }
 
@@ -342,7 +402,7 @@ static kpl_status state_new(const kpl_tensor *p, const kpl_tensor *x, kpl_tensor
 
 static double weight_decay_of(const kpl_optim *o, int i)
 {
-    return o->no_decay[i] ? 0 : o->cfg.weight_decay;
+    return o->no_decay[i] ? 0 : o->cfg.weight_decay * o->mult[2 * i + 1];
 }
 
 /* tmp = g + wd p, the decayed gradient g', kept out of .grad: the caller
@@ -385,7 +445,7 @@ static kpl_status sgd_update(kpl_optim *o, int i, const kpl_tensor *g)
     /* p -= lr d: d is scaled in place when it is scratch, and into scratch
      * when it is .grad or the momentum buffer. */
     kpl_tensor *s = d == tmp[0] || d == tmp[1] ? (kpl_tensor *)d : tmp[0];
-    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, c->lr, false));
+    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, lr_of(o, i), false));
     return kpl_k_binary(p, KPL_BIN_SUB, p, s);
 }
 
@@ -410,7 +470,7 @@ static kpl_status adam_update(kpl_optim *o, int i, const kpl_tensor *g)
 
     double wd = weight_decay_of(o, i);
     if (wd > 0 && c->kind == KPL_OPTIM_ADAMW) {
-        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - c->lr * wd, false));
+        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - lr_of(o, i) * wd, false));
     } else if (wd > 0) {
         KPL_TRY(decayed(a, g, p, wd));
         g = a;
@@ -428,7 +488,7 @@ static kpl_status adam_update(kpl_optim *o, int i, const kpl_tensor *g)
     KPL_TRY(kpl_k_unary(b, KPL_UN_SQRT, *v, 0, 0));
     KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_DIV, b, sqrt(bc2), false));
     KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_ADD, b, c->eps, false));
-    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, c->lr / bc1, false));
+    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, lr_of(o, i) / bc1, false));
     KPL_TRY(kpl_k_binary(a, KPL_BIN_DIV, a, b));
     return kpl_k_binary(p, KPL_BIN_SUB, p, a);
 }
@@ -453,9 +513,9 @@ static kpl_status lars_update(kpl_optim *o, int i, const kpl_tensor *g)
     kpl_tensor **v = state_at(o, i, 0);
     if (!*v) KPL_TRY(state_new(p, NULL, v));
     if (o->no_decay[i]) {
-        KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, g, c->lr, false));
+        KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, g, lr_of(o, i), false));
     } else {
-        double wd = c->weight_decay;
+        double wd = weight_decay_of(o, i);
         kpl_tensor *pn = sc[SC_PNORM], *gn = sc[SC_GNORM], *trust = sc[SC_TRUST];
         KPL_TRY(norm2(pn, a, p));
         KPL_TRY(norm2(gn, a, g));
@@ -471,7 +531,7 @@ static kpl_status lars_update(kpl_optim *o, int i, const kpl_tensor *g)
         KPL_TRY(kpl_k_binary(sc[SC_PPOS], KPL_BIN_MINIMUM, sc[SC_PPOS], sc[SC_GPOS]));
         KPL_TRY(kpl_k_fill(sc[SC_ONE], 1));
         KPL_TRY(kpl_k_where(trust, sc[SC_PPOS], trust, sc[SC_ONE]));
-        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, trust, c->lr, false));
+        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, trust, lr_of(o, i), false));
         if (wd > 0) {
             KPL_TRY(decayed(a, g, p, wd));
             KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, a, trust));

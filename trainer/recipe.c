@@ -22,7 +22,7 @@
 
 /* ---- the key table ------------------------------------------------------------------- */
 
-typedef enum { T_BOOL, T_INT, T_FLOAT, T_STR, T_ENUM, T_INTS, T_FLOATS } vtype;
+typedef enum { T_BOOL, T_INT, T_FLOAT, T_STR, T_ENUM, T_INTS, T_FLOATS, T_GROUPS } vtype;
 
 typedef struct {
     const char *key;
@@ -59,6 +59,7 @@ static const char *const nonfinite_names[] = {"stop", "skip", NULL};
 #define F_ENUM(k, m, d, c, h) {k, T_ENUM, OFF(m), 0, 0, d, 0, 0, c, h}
 #define F_INTS(k, m, n, d, lo, hi, h) {k, T_INTS, OFF(m), CAP(m), OFF(n), d, lo, hi, NULL, h}
 #define F_FLOATS(k, m, n, d, lo, hi, h) {k, T_FLOATS, OFF(m), CAP(m), OFF(n), d, lo, hi, NULL, h}
+#define F_GROUPS(k, m, n, h) {k, T_GROUPS, OFF(m), CAP(m), OFF(n), "[]", 0, 1e6, NULL, h}
 
 /* The keys of one data split; train and val differ in a few defaults. */
 #define SPLIT(sp, path_def, bs_def, shuffle_def)                                             \
@@ -185,6 +186,11 @@ static const field fields[] = {
            "linear: lr x (batch_size x ranks x accumulate) / base_batch (Goyal et al.)"),
     F_INT("optimizer.base_batch", optimizer.base_batch, "256", 1, 1 << 30,
           "the global batch optimizer.lr is given for"),
+    F_GROUPS("optimizer.groups", optimizer.groups, optimizer.ngroups,
+             "parameter groups, a list of {params: PATTERN, lr_mult: 1, weight_decay_mult: 1}: "
+             "a parameter whose dotted name (e.g. layer1.0.conv1.weight) matches PATTERN "
+             "(shell wildcards; the first group that matches) takes lr and weight decay times "
+             "these; a pattern that matches nothing is an error"),
 
     F_ENUM("schedule.name", schedule.kind, "constant", sched_names,
            "constant, step, multistep, cosine or poly"),
@@ -744,8 +750,54 @@ static const char *type_name(vtype t)
     case T_ENUM: return "a name";
     case T_INTS: return "a list of integers";
     case T_FLOATS: return "a list of numbers";
+    case T_GROUPS: return "a list of {params, lr_mult, weight_decay_mult}";
     }
     return "?";
+}
+
+typedef kpl_param_group group;
+
+/* One parameter group: a map with `params` and the two multipliers. */
+static kpl_status bind_group(const field *f, const node *e, group *g)
+{
+    char loc[1200];
+    where(e, loc, sizeof loc);
+    if (e->kind != N_MAP)
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: each group is a map {params: PATTERN, lr_mult: X, "
+                                     "weight_decay_mult: Y}", loc, f->key);
+    memset(g, 0, sizeof *g);
+    g->lr_mult = g->weight_decay_mult = 1;
+    bool have_params = false;
+    for (const node *c = e->first; c; c = c->next) {
+        char cloc[1200], key[160];
+        where(c, cloc, sizeof cloc);
+        snprintf(key, sizeof key, "%s[].%s", f->key, c->key);
+        field sub = {key, T_FLOAT, 0, 0, 0, NULL, f->lo, f->hi, NULL, NULL};
+        if (c->kind != N_SCALAR || c->null)
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a %s", cloc, key,
+                             strcmp(c->key, "params") ? "number" : "pattern");
+        if (!strcmp(c->key, "params")) {
+            if (!c->text[0] || strlen(c->text) >= sizeof g->params)
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: a pattern of 1 to %zu characters", cloc, key,
+                                 sizeof g->params - 1);
+            for (const char *t = c->text; *t; t++)
+                if ((unsigned char)*t < 0x20 || *t == 0x7f)
+                    return KPL_ERROR(KPL_EINVAL, "%s: %s: control character 0x%02x", cloc, key,
+                                     (unsigned char)*t);
+            snprintf(g->params, sizeof g->params, "%s", c->text);
+            have_params = true;
+        } else if (!strcmp(c->key, "lr_mult")) {
+            KPL_TRY(scalar_number(&sub, c, cloc, false, &g->lr_mult));
+        } else if (!strcmp(c->key, "weight_decay_mult")) {
+            KPL_TRY(scalar_number(&sub, c, cloc, false, &g->weight_decay_mult));
+        } else {
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: unknown key (a group has params, lr_mult, "
+                                         "weight_decay_mult)", where_key(c, cloc, sizeof cloc), key);
+        }
+    }
+    if (!have_params)
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: a group needs params: PATTERN", loc, f->key);
+    return KPL_OK;
 }
 
 static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
@@ -753,8 +805,8 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
     char loc[1200];
     where(n, loc, sizeof loc);
     char *dst = (char *)r + f->off;
-    bool list = f->type == T_INTS || f->type == T_FLOATS;
-    if (n->kind == N_MAP || (n->kind == N_SEQ && !list))
+    bool list = f->type == T_INTS || f->type == T_FLOATS || f->type == T_GROUPS;
+    if ((n->kind == N_MAP && f->type != T_GROUPS) || (n->kind == N_SEQ && !list))
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s, got a %s", loc, f->key,
                          type_name(f->type), n->kind == N_MAP ? "section" : "list");
     if (n->kind == N_SCALAR && n->null && f->type != T_STR && !list)
@@ -822,6 +874,20 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
             KPL_TRY(scalar_number(f, e, eloc, f->type == T_INTS, &v));
             if (f->type == T_INTS) ((int64_t *)dst)[*count] = strtoll(e->text, NULL, 10);
             else ((double *)dst)[*count] = v;
+            (*count)++;
+        }
+        return KPL_OK;
+    }
+    case T_GROUPS: {
+        int *count = (int *)((char *)r + f->count_off);
+        *count = 0;
+        if (n->kind == N_SCALAR && n->null) return KPL_OK;
+        if (n->kind != N_SEQ)
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s", loc, f->key, type_name(f->type));
+        for (const node *e = n->first; e; e = e->next) {
+            if ((size_t)*count == f->cap)
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: more than %zu groups", loc, f->key, f->cap);
+            KPL_TRY(bind_group(f, e, &((group *)dst)[*count]));
             (*count)++;
         }
         return KPL_OK;
@@ -1149,6 +1215,22 @@ static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
             if (i) sb_printf(b, ", ");
             if (f->type == T_INTS) sb_printf(b, "%lld", (long long)((const int64_t *)src)[i]);
             else put_double(b, ((const double *)src)[i]);
+        }
+        sb_printf(b, "]");
+        break;
+    }
+    case T_GROUPS: {
+        int n = *(const int *)((const char *)r + f->count_off);
+        sb_printf(b, "[");
+        for (int i = 0; i < n; i++) {
+            const group *g = &((const group *)src)[i];
+            sb_printf(b, "%s{params: ", i ? ", " : "");
+            put_string(b, g->params);
+            sb_printf(b, ", lr_mult: ");
+            put_double(b, g->lr_mult);
+            sb_printf(b, ", weight_decay_mult: ");
+            put_double(b, g->weight_decay_mult);
+            sb_printf(b, "}");
         }
         sb_printf(b, "]");
         break;

@@ -419,6 +419,26 @@ static kpl_status make_run_dir(run *R)
     return st;
 }
 
+/* optimizer.groups: multipliers by name, each group reported once */
+static kpl_status apply_groups(run *R)
+{
+    const kpl_recipe *r = R->r;
+    int n = kpl_model_num_params(R->model), counts[KPL_RECIPE_LIST];
+    if (!r->optimizer.ngroups) return KPL_OK;
+    const char **names = malloc((size_t)n * sizeof *names);
+    KPL_CHECK(names, KPL_ENOMEM, "out of memory");
+    for (int i = 0; i < n; i++) names[i] = kpl_model_param_name(R->model, i);
+    kpl_status st = kpl_optim_set_groups(R->opt, names, r->optimizer.ngroups,
+                                         r->optimizer.groups, counts);
+    free(names);
+    KPL_TRY(st);
+    for (int g = 0; g < r->optimizer.ngroups && R->rank == 0; g++)
+        kpl__log_info(&R->log, "optimizer group '%s': %d parameters, lr x %g, weight decay x %g",
+                      r->optimizer.groups[g].params, counts[g], r->optimizer.groups[g].lr_mult,
+                      r->optimizer.groups[g].weight_decay_mult);
+    return KPL_OK;
+}
+
 static kpl_status make_model(run *R, const int64_t *chw)
 {
     const kpl_recipe *r = R->r;
@@ -462,6 +482,7 @@ static kpl_status make_model(run *R, const int64_t *chw)
     kpl_status st = kpl_optim_create(&oc, n, kpl_model_params(R->model), nd, &R->opt);
     free(nd);
     KPL_TRY(st);
+    KPL_TRY(apply_groups(R));
 
     kpl_lr_schedule *s = &R->sched;
     *s = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;

@@ -125,6 +125,28 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
 void kpl_optim_destroy(kpl_optim *o); /* NULL is a no-op */
 void kpl_optim_set_lr(kpl_optim *o, double lr); /* lr >= 0 and finite (asserted) */
 double kpl_optim_lr(const kpl_optim *o);
+/* Parameter groups, as multipliers: parameter i steps with lr x lr_mult
+ * and weight_decay x wd_mult (1 and 1 at create), so that a schedule's
+ * kpl_optim_set_lr moves every group together (torch's param_groups with
+ * lr = base x mult).  KPL_EINVAL for i out of range or a multiplier that
+ * is negative or not finite. */
+kpl_status kpl_optim_set_multipliers(kpl_optim *o, int i, double lr_mult, double wd_mult);
+
+/* A parameter group: the parameters whose dotted names match `params`
+ * (fnmatch(3) without flags, so * crosses dots: "backbone.*",
+ * "*.bn*.weight") step with these multipliers. */
+typedef struct {
+    char params[128];
+    double lr_mult, weight_decay_mult;
+} kpl_param_group;
+
+/* Sets every parameter's multipliers from the first group whose pattern
+ * matches names[i] (the optimizer's parameters' dotted names; unmatched
+ * ones keep 1 and 1).  A group that matches no parameter is KPL_EINVAL
+ * naming it (a typo would otherwise change nothing).  counts (may be
+ * NULL) receives the parameters each group took. */
+kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngroups,
+                                const kpl_param_group *groups, int *counts);
 const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o);
 /* Updates every parameter that has a .grad (a parameter without one is
  * left alone, its state too), then clears the gradients (kpl_zero_grad),
@@ -382,6 +404,8 @@ typedef struct {
         int64_t accumulate;
         int lr_scaling;         /* 0 none, 1 linear */
         int64_t base_batch;
+        kpl_param_group groups[KPL_RECIPE_LIST]; /* the first whose pattern matches */
+        int ngroups;
     } optimizer;
     struct {
         int kind;               /* kpl_sched_kind */

@@ -385,6 +385,55 @@ static void test_resume_equals_uninterrupted(void **state)
     }
 }
 
+/* Parameter groups as multipliers: parameter a with (lr x 0.5, weight
+ * decay x 0.25) steps exactly as it does under an optimizer whose lr and
+ * weight decay are those products, and the others as under the plain
+ * optimizer, for every update rule. */
+static void test_group_multipliers(void **state)
+{
+    (void)state;
+    for (size_t n = 0; n < sizeof cases / sizeof cases[0]; n++) {
+        const optim_case *c = &cases[n];
+        kpl_tensor *p[NP], *plain[NP], *scaled[NP];
+        params_create(p);
+        params_create(plain);
+        params_create(scaled);
+        kpl_optim *o = optim_of(c, p), *op = optim_of(c, plain);
+        OK(kpl_optim_set_multipliers(o, 0, 0.5, 0.25));
+        kpl_optim_config sc = config_of(c);
+        sc.lr *= 0.5;
+        sc.weight_decay *= 0.25;
+        kpl_optim *os = NULL;
+        OK(kpl_optim_create(&sc, NP, scaled, c->no_decay ? no_decay_bc : NULL, &os));
+        for (int k = 0; k < 5; k++) {
+            kpl_optim_set_lr(o, c->lr * (1 - 0.1 * k)); /* a schedule moves every group */
+            kpl_optim_set_lr(op, c->lr * (1 - 0.1 * k));
+            kpl_optim_set_lr(os, sc.lr * (1 - 0.1 * k));
+            run(o, p, k, k + 1);
+            run(op, plain, k, k + 1);
+            run(os, scaled, k, k + 1);
+        }
+        /* lr x (1 - 0.1 k) x 0.5 and lr x 0.5 x (1 - 0.1 k) may differ in the
+         * last bit: compare closely rather than bit for bit */
+        for (int64_t e = 0; e < kpl_tensor_numel(p[0]); e++)
+            assert_close(tget(p[0], e), tget(scaled[0], e), 1e-6, 1e-7, c->name, e);
+        for (int i = 1; i < NP; i++) assert_same_bits(p[i], plain[i], c->name);
+        /* and the multipliers matter: a differs from the plain run */
+        double diff = 0;
+        for (int64_t e = 0; e < kpl_tensor_numel(p[0]); e++)
+            diff += fabs(tget(p[0], e) - tget(plain[0], e));
+        assert_true(diff > 1e-3);
+        FAILS(kpl_optim_set_multipliers(o, NP, 1, 1), KPL_EINVAL, "parameter 3 out of range");
+        FAILS(kpl_optim_set_multipliers(o, 0, -1, 1), KPL_EINVAL, "must be >= 0 and finite");
+        kpl_optim_destroy(o);
+        kpl_optim_destroy(op);
+        kpl_optim_destroy(os);
+        params_release(p);
+        params_release(plain);
+        params_release(scaled);
+    }
+}
+
 static void test_state_set_checks(void **state)
 {
     (void)state;
@@ -735,6 +784,7 @@ int main(void)
         cmocka_unit_test(test_against_reference),
         cmocka_unit_test(test_mixed_dtypes),
         cmocka_unit_test(test_resume_equals_uninterrupted),
+        cmocka_unit_test(test_group_multipliers),
         cmocka_unit_test(test_state_set_checks),
         cmocka_unit_test(test_step_touches_only_what_it_should),
         cmocka_unit_test(test_config),

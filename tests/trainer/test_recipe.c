@@ -271,6 +271,54 @@ static void test_round_trip(void **state)
     free(r2);
 }
 
+/* optimizer.groups: a list of maps, defaults, errors with file and line,
+ * and the resolved YAML reading back. */
+#define G MD "epochs: 3\noptimizer:\n  lr: 0.1\n"
+static void test_groups(void **state)
+{
+    (void)state;
+    OK(kpl_recipe_load_string(G "  groups:\n"
+                              "    - {params: \"layer1.*\", lr_mult: 0.1}\n"
+                              "    - params: '*.bias'\n      weight_decay_mult: 0\n",
+                              "g", 0, NULL, &R));
+    assert_int_equal(R.optimizer.ngroups, 2);
+    assert_string_equal(R.optimizer.groups[0].params, "layer1.*");
+    assert_float_equal(R.optimizer.groups[0].lr_mult, 0.1, 0);
+    assert_float_equal(R.optimizer.groups[0].weight_decay_mult, 1, 0);
+    assert_string_equal(R.optimizer.groups[1].params, "*.bias");
+    assert_float_equal(R.optimizer.groups[1].lr_mult, 1, 0);
+    assert_float_equal(R.optimizer.groups[1].weight_decay_mult, 0, 0);
+    char *a = NULL;
+    OK(kpl_recipe_to_yaml(&R, &a));
+    assert_non_null(strstr(a, "  groups: [{params: \"layer1.*\", lr_mult: 0.1, "
+                              "weight_decay_mult: 1.0}, {params: \"*.bias\", lr_mult: 1.0, "
+                              "weight_decay_mult: 0.0}]\n"));
+    kpl_recipe *r2 = malloc(sizeof *r2);
+    OK(kpl_recipe_load_string(a, "resolved", 0, NULL, r2));
+    assert_int_equal(r2->optimizer.ngroups, 2);
+    assert_float_equal(r2->optimizer.groups[0].lr_mult, 0.1, 0);
+    free(r2);
+    free(a);
+    const char *ov[] = {"optimizer.groups=[]"};
+    OK(kpl_recipe_load_string(MIN, "min", 1, ov, &R));
+    assert_int_equal(R.optimizer.ngroups, 0);
+    FAILS(kpl_recipe_load_string(G "  groups:\n    - {lr_mult: 2}\n",
+                                 "g", 0, NULL, &R),
+          KPL_EINVAL, "g:7:7: optimizer.groups: a group needs params: PATTERN");
+    FAILS(kpl_recipe_load_string(G "  groups:\n    - {params: a, lr: 2}\n",
+                                 "g", 0, NULL, &R),
+          KPL_EINVAL, "g:7:19: optimizer.groups[].lr: unknown key");
+    FAILS(kpl_recipe_load_string(G "  groups:\n    - {params: a, lr_mult: x}\n",
+                                 "g", 0, NULL, &R),
+          KPL_EINVAL, "optimizer.groups[].lr_mult: expected a number, got 'x'");
+    FAILS(kpl_recipe_load_string(G "  groups: {params: a}\n", "g", 0,
+                                 NULL, &R),
+          KPL_EINVAL, "optimizer.groups: expected a list of {params, lr_mult, weight_decay_mult}");
+    FAILS(kpl_recipe_load_string(G "  groups: [{params: ''}]\n", "g", 0,
+                                 NULL, &R),
+          KPL_EINVAL, "optimizer.groups[].params: a pattern of 1 to 127 characters");
+}
+
 /* Every recipe of the project loads (its bases too). */
 static void test_project_recipes(void **state)
 {
@@ -346,7 +394,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_defaults), cmocka_unit_test(test_overrides),
         cmocka_unit_test(test_base),     cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_round_trip), cmocka_unit_test(test_project_recipes),
+        cmocka_unit_test(test_round_trip),
+        cmocka_unit_test(test_groups), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
         cmocka_unit_test(test_override_merge),
     };

@@ -114,6 +114,19 @@ resume)
   "$kpl" train "${R[@]}" run_dir=full > full.txt 2> full.err || die "full run: $(tail -3 full.err)"
   losses full > full.loss
   [[ $(wc -l < full.loss) == 40 ]] || die "full run: $(wc -l < full.loss) steps logged"
+  # parameter groups: lr x 2 with every parameter at lr_mult 0.5 is the same
+  # run bit for bit (halving is exact); a pattern matching nothing is named
+  "$kpl" train "${R[@]}" run_dir=grp optimizer.lr=0.1 'optimizer.groups=[{params: "*", lr_mult: 0.5}]' \
+    max_steps=8 > grp.txt 2> grp.err || die "groups run: $(tail -3 grp.err)"
+  grep -q "optimizer group '\*': 10 parameters, lr x 0.5" grp.txt || die "no group line: $(head -5 grp.txt)"
+  losses grp > grp.loss
+  head -n 8 full.loss | diff - grp.loss > /dev/null || die "groups changed the losses: $(head -n 8 full.loss | diff - grp.loss | head -4)"
+  set +e
+  "$kpl" train "${R[@]}" run_dir=grp2 'optimizer.groups=[{params: "layer1.*"}]' > /dev/null 2> grp2.err
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] && grep -q "optimizer group 1 ('layer1.\*') matches none of the 10 parameters" grp2.err \
+    || die "a group matching nothing: exit $rc: $(cat grp2.err)"
   # stopped by max_steps in the first epoch, resumed to the end
   "$kpl" train "${R[@]}" run_dir=cut max_steps=13 > cut1.txt 2> cut1.err || die "cut run: $(tail -3 cut1.err)"
   [[ -f cut/checkpoints/ckpt-0000000013.kpl.done ]] || die "no checkpoint at step 13"
