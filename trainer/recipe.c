@@ -112,6 +112,7 @@ static const char *const nonfinite_names[] = {"stop", "skip", NULL};
 
 static const field fields[] = {
     F_STR("name", name, "\"\"", "run name (default: the recipe file's name)"),
+    F_STR("task", task, "classification", "what the run trains: classification"),
     F_INT("seed", seed, "0", 0, BIG, "seed of initialisation, data order and augmentation"),
     F_INT("epochs", epochs, NULL, 1, 1e6, "epochs to train"),
     F_STR("device", device, "auto",

@@ -365,6 +365,7 @@ typedef struct {
 typedef struct {
     char file[KPL_RECIPE_PATH]; /* the recipe file ("" when loaded from a string) */
     char name[KPL_RECIPE_NAME];
+    char task[KPL_RECIPE_NAME]; /* kpl_task_find's name */
     int64_t seed, epochs, threads, max_steps;
     char device[32];
     bool deterministic;
@@ -494,6 +495,150 @@ kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name);
 /* Copies the tensor called name into dst (any device): KPL_ENOTFOUND,
  * KPL_EDTYPE or KPL_ESHAPE naming the file, the tensor and both shapes. */
 kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst);
+
+/* ---- tasks and the trainer ------------------------------------------------------------------ */
+/*
+ * kpl_trainer runs a recipe: data loaders, the communicator and DDP, one
+ * optimizer per model, the schedule, checkpoints, metrics.jsonl and
+ * TensorBoard.  What is particular to a kind of training lives in a task
+ * (a vtable): it builds its models from the recipe, takes one training
+ * micro-batch (forward, losses, kpl_trainer_backward), and evaluates.
+ * `kpl train` is kpl_trainer_fit over the recipe's task; a program brings
+ * its own task and modules (examples/autoencoder.c):
+ *
+ *   kpl_trainer *t = NULL;
+ *   kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+ *   if (kpl_trainer_create(&recipe, &my_task, &o, &t) < 0) ...
+ *   int rc = kpl_trainer_fit(t);            // epochs, evaluation, checkpoints
+ *   kpl_trainer_destroy(t);
+ *
+ * or step by step: kpl_trainer_step, kpl_trainer_evaluate, kpl_trainer_save.
+ * One thread per trainer; every call that communicates is collective.
+ */
+typedef struct kpl_trainer kpl_trainer;
+
+/* Named numbers: an evaluation's metrics ("loss", "top1"). */
+#define KPL_FIGURES_MAX 16
+typedef struct {
+    int n;
+    char name[KPL_FIGURES_MAX][32];
+    double value[KPL_FIGURES_MAX];
+} kpl_figures;
+/* Sets name to v (added at the end when new).  KPL_EINVAL for a name of
+ * 0 or more than 31 bytes or not [a-z0-9_], or when the list is full. */
+kpl_status kpl_figures_set(kpl_figures *f, const char *name, double v);
+/* NAN when there is no such figure. */
+double kpl_figures_get(const kpl_figures *f, const char *name);
+
+/* What an evaluation found, over every rank. */
+typedef struct {
+    kpl_figures metrics;
+    int64_t examples;  /* each example of the split once */
+    int64_t nonfinite; /* examples whose outputs were NaN or inf (counted as wrong) */
+    int64_t skipped;   /* corrupt examples the loader dropped */
+} kpl_eval_result;
+
+/* A kind of training.  `state` is the task's own (create makes it).
+ * Every member but eval_report is required. */
+typedef struct {
+    const char *name;
+    /* The metric that selects best.kpl, and whether higher is better. */
+    const char *best_metric;
+    bool best_higher;
+    /* Builds the models (kpl_trainer_add_model) from kpl_trainer_recipe
+     * and kpl_trainer_input_shape. */
+    kpl_status (*create)(kpl_trainer *t, void **state);
+    void (*destroy)(void *state);
+    /* One training micro-batch: forward, the losses, kpl_trainer_backward
+     * for each model to train (kpl_trainer_update between them when the
+     * models step in turn, as a GAN's), kpl_trainer_record for the figures
+     * to report. */
+    kpl_status (*train_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
+    /* Evaluation: begin, each batch (grad mode off, models in eval mode),
+     * then end, which combines the ranks' sums (kpl_trainer_sum) into res. */
+    kpl_status (*eval_begin)(kpl_trainer *t, void *state);
+    kpl_status (*eval_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
+    kpl_status (*eval_end)(kpl_trainer *t, void *state, kpl_eval_result *res);
+    /* Optional: more about the last evaluation for the log (a confusion
+     * matrix), on rank 0 after the final one. */
+    void (*eval_report)(kpl_trainer *t, void *state);
+} kpl_task_kind;
+
+/* The tasks kpl knows by name ("classification"); NULL for others. */
+const kpl_task_kind *kpl_task_find(const char *name);
+extern const kpl_task_kind kpl_task_classification;
+
+/* For tasks: the run's recipe, device, ranks, and the input (C, H, W) the
+ * data gives (model.input_size and in_channels override it). */
+const kpl_recipe *kpl_trainer_recipe(const kpl_trainer *t);
+kpl_device *kpl_trainer_device(const kpl_trainer *t);
+int32_t kpl_trainer_rank(const kpl_trainer *t);
+int32_t kpl_trainer_world(const kpl_trainer *t);
+const int64_t *kpl_trainer_input_shape(const kpl_trainer *t);
+/* Adds a model: the trainer owns `m` from here on (also on failure), and
+ * gives it an optimizer (oc, or NULL for the recipe's optimizer section
+ * with its groups), a DDP and a place in checkpoints ("<name>.<tensor>";
+ * the first model is "model").  label names it in the log ("resnet50").
+ * *index (may be NULL) receives its number.  Only inside create. */
+kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *label,
+                                 kpl_module *m, const kpl_optim_config *oc, int *index);
+int kpl_trainer_num_models(const kpl_trainer *t);
+kpl_module *kpl_trainer_model(const kpl_trainer *t, int i);
+/* Backward of a micro-batch's loss for model i (scaled by 1 / accumulate;
+ * DDP reduces on the step's last micro-batch).  *value (may be NULL)
+ * receives the loss (a host read).  A NaN or inf loss is an error naming
+ * the step under loss.nonfinite stop; under skip the step is left out. */
+kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, double *value);
+/* Steps model i's optimizer now (clipping, the schedule's lr) instead of
+ * at the end of the step; for models that train in turn. */
+kpl_status kpl_trainer_update(kpl_trainer *t, int model);
+/* Adds a training figure: reported as sum / count over the ranks and the
+ * steps since the last report ("loss": loss x batch, batch). */
+kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count);
+/* Element-wise sum of v over the ranks (collective; nothing on one rank). */
+kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n);
+/* Whether sample i of an evaluation batch is an example of its own: the
+ * repeats that even out the ranks' shares of the split are not. */
+bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i);
+/* Rank 0's console and every rank's log file; warnings go to stderr. */
+void kpl_trainer_info(kpl_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+typedef struct {
+    const char *resume;     /* NULL: a new run; "": the newest checkpoint; else a file */
+    const char *checkpoint; /* evaluation only: the models' weights; no training data,
+                               optimizer or run directory */
+} kpl_trainer_options;
+#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL}
+
+/* Everything up to the first step, in the order the data needs: ranks,
+ * threads, device; data (converted when missing) and the checkpoint to
+ * resume; loaders (they fork before any thread exists); communicator and
+ * run directory; the task's models, optimizers, restored state, DDP.
+ * *out owned by the caller.  Collective. */
+kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
+                              const kpl_trainer_options *o, kpl_trainer **out);
+/* Ends the job on every rank when one fails (the others wait in a
+ * collective for it), then frees; NULL is a no-op. */
+void kpl_trainer_destroy(kpl_trainer *t);
+/* One optimizer step of `accumulate` micro-batches; *epoch_done when it
+ * took the epoch's last batch.  Collective. */
+kpl_status kpl_trainer_step(kpl_trainer *t, bool *epoch_done);
+/* The task's evaluation on the validation split.  Collective. */
+kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res);
+/* A checkpoint of everything a resume needs; *path (len bytes) receives
+ * the file.  Collective; rank 0 writes. */
+kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t len);
+/* The models' weights from a checkpoint (every tensor must match). */
+kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
+/* The whole run: epochs of steps, reports, evaluation, checkpoints, best,
+ * the final report; SIGINT / SIGTERM stop it at the next agreed point
+ * with a checkpoint.  Returns the exit status: 0, 1 after an error
+ * (printed), 130 / 143 after SIGINT / SIGTERM. */
+int kpl_trainer_fit(kpl_trainer *t);
+/* Steps done, and the epoch in progress (from 0). */
+int64_t kpl_trainer_steps(const kpl_trainer *t);
+int64_t kpl_trainer_epoch(const kpl_trainer *t);
 
 /* ---- state dicts: module trees in checkpoints --------------------------------------------- */
 /*

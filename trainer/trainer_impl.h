@@ -98,16 +98,140 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
  * the image feature. */
 kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw);
 
-/* ---- runs (train.c) ---- */
+/* ---- runs (trainer.c, trainer_setup.c, trainer_ckpt.c, fit.c) ---- */
+
+#include <limits.h>
+
+#define KPL__MAX_MODELS 4
+
+/* A model the trainer trains: the task's module, its optimizer and DDP. */
+typedef struct {
+    char name[64], label[64];
+    kpl_module *m;
+    int np;                 /* the parameters that train (require grad) */
+    kpl_tensor **params;    /* np, borrowed from m */
+    const char **pnames;    /* their dotted names, borrowed from m */
+    kpl_optim *opt;
+    kpl_ddp *ddp;
+    double base_lr;  /* the optimizer's lr before the schedule */
+    bool has_grad;   /* got gradients in this step and was not updated yet */
+} kpl__model;
+
+/* A training figure's sums since the last report (this rank), and over
+ * the epoch (all ranks, from the reports). */
+typedef struct {
+    char name[32];
+    double sum, count, epoch_sum, epoch_count, last; /* last: the epoch's mean */
+} kpl__figure;
+
+struct kpl_trainer {
+    const kpl_recipe *r;
+    const kpl_task_kind *task;
+    void *task_state;
+    kpl__runlog log;
+    int32_t rank, world, local_rank, local_size;
+    kpl_device *dev;
+    kpl_comm *comm;
+    int64_t chw[3];
+    kpl__model models[KPL__MAX_MODELS];
+    int nmodels;
+    bool building; /* inside the task's create: add_model allowed */
+    kpl_lr_schedule sched;
+    double lr_scale;
+    kpl_loader *train, *val;
+    char train_path[PATH_MAX], val_path[PATH_MAX];
+    char run_dir[PATH_MAX], ckpt_dir[PATH_MAX + 16];
+    int64_t batches_per_epoch, steps_per_epoch, total_steps;
+    int64_t step, epoch, epoch_step; /* steps done; the epoch in progress; its steps done */
+    /* the step under way */
+    int64_t micro, micros;            /* micro-batch i of k */
+    bool sync;                        /* its backward reduces over the ranks */
+    const kpl_batch *batch;
+    bool step_nonfinite;              /* a micro-batch of the step had a NaN/inf loss */
+    bool step_skipped;                /* an update of the step was left out */
+    kpl__figure fig[KPL_FIGURES_MAX];
+    int nfig;
+    double win_samples;               /* this rank's samples since the last report */
+    double epoch_t0, epoch_samples;   /* the epoch's start; this rank's samples in it */
+    double bar_t, bar_samples, rate;  /* the progress bar's last redraw; samples/s */
+    /* best model */
+    double best;                      /* the best metric so far, NAN: none */
+    int64_t best_step;
+    int64_t skipped_steps, skips_in_row; /* loss.nonfinite skip: updates left out */
+    int64_t skipped_examples;            /* train: corrupt examples dropped, all ranks */
+    int64_t train_skipped_seen;          /* this rank's loader count already reported */
+    bool eval_pending; /* the checkpoint being written precedes its evaluation */
+    kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
+    char resume_path[PATH_MAX];
+    /* the latest figures, for the final report */
+    double images_per_sec;
+    bool have_val;
+    kpl_eval_result val_res;
+    double t_start;
+    bool failed; /* a collective call failed here: destroy ends the job */
+};
+
+/* A process of the validation loader that died, named (every step). */
+kpl_status kpl__trainer_check_val(kpl_trainer *t);
+
+/* trainer_setup.c: ranks, threads, device, run directory */
+void kpl__trainer_ranks_from_env(kpl_trainer *t);
+void kpl__trainer_pick_threads(kpl_trainer *t);
+kpl_status kpl__trainer_pick_device(kpl_trainer *t);
+/* The newest complete checkpoint of the recipe's runs (--resume alone). */
+bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len);
+kpl_status kpl__trainer_make_comm(kpl_trainer *t);
+/* Rank 0 names and makes the run directory, the others learn it; logs,
+ * metrics.jsonl, TensorBoard, config.yaml. */
+kpl_status kpl__trainer_make_run_dir(kpl_trainer *t);
+
+/* trainer_ckpt.c: checkpoints of a run */
+typedef struct {
+    int64_t step, epoch, position, epoch_step, world_size, batch_size, accumulate;
+    double best;
+    int64_t best_step, skipped_steps, skipped_examples;
+    bool eval_pending;
+    void *rng; /* json_t: per model, per rank [seed, offset] */
+} kpl__resume_meta;
+kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path,
+                                  kpl__resume_meta *m);
+void kpl__trainer_meta_free(kpl__resume_meta *m);
+/* Models, optimizer state and generators from t->resume. */
+kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *m);
+kpl_status kpl__trainer_restore_models(kpl_trainer *t, const kpl_checkpoint *c,
+                                       const char *path);
+kpl_status kpl__trainer_clean_checkpoints(kpl_trainer *t);
+/* A new best (rank 0, keep_best): ckpt becomes best.kpl. */
+kpl_status kpl__trainer_note_best(kpl_trainer *t, const char *ckpt);
+
+/* trainer.c: reports */
+/* The figures since the last report summed over the ranks: a record in
+ * metrics.jsonl and TensorBoard, a console line when there is no progress
+ * bar.  *stop: a rank was asked to stop (a signal).  Collective. */
+kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop);
+void kpl__trainer_draw_bar(kpl_trainer *t, bool force);
+/* The epoch's figures are this epoch's from here on. */
+void kpl__trainer_epoch_begin(kpl_trainer *t);
+/* A json_t as one compact line with 9-digit figures (malloc'd; NULL for
+ * NULL). */
+char *kpl__json_line(void *obj);
+/* A metrics.jsonl record (rank 0) with the wall time last: obj (json_t)
+ * is consumed. */
+void kpl__trainer_emit(kpl_trainer *t, void *obj);
+/* A JSON number, or null for NaN and inf (JSON has neither). */
+void *kpl__json_num(double v);
+double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e);
 
 /* Whether SIGINT or SIGTERM asked the run to stop (long waits give up). */
 bool kpl__stop_requested(void);
+int kpl__stop_signal(void);
+void kpl__catch_signals(bool on);
 
-/* `kpl train`: the whole run; resume NULL (a new run), "" (the newest
- * checkpoint) or a checkpoint file.  Returns the exit status: 0, 1 on an
- * error (printed), 130 / 143 after SIGINT / SIGTERM (with a checkpoint). */
+/* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
+ * run), "" (the newest checkpoint) or a checkpoint file.  Returns the exit
+ * status. */
 int kpl__train_run(const kpl_recipe *r, const char *resume);
-/* `kpl eval`: the checkpoint's model on the recipe's validation split. */
+/* `kpl eval`: the checkpoint's models on the recipe's validation split. */
 int kpl__eval_run(const kpl_recipe *r, const char *checkpoint);
 
 #endif /* KPL_TRAINER_IMPL_H */

@@ -285,7 +285,7 @@ nonfinite)
   [[ $rc == 1 ]] || die "kpl eval of NaN weights: exit $rc"
   grep -q "500 of 500 validation examples gave NaN or inf outputs" ev.err || die "eval message: $(cat ev.err)"
   e=$(grep '"event":"eval"' ev.out)
-  [[ $(field val_top1 "$e") == 0 && $(field nonfinite "$e") == 500 && $(field val_loss "$e") == null ]] \
+  [[ $(field val_top1 "$e") =~ ^0(\.0*)?$ && $(field nonfinite "$e") == 500 && $(field val_loss "$e") == null ]] \
     || die "eval figures: $e"
   # and kpl eval of a healthy checkpoint says nothing of the kind
   run ok "$kpl" eval "${N[@]}" --checkpoint b/checkpoints/ckpt-0000000003.kpl

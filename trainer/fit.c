@@ -1,0 +1,344 @@
+/*
+ * fit.c — the loop of a run (kpl_trainer_fit): epochs of steps, reports,
+ * the epoch's checkpoint before its evaluation, the best model, the last
+ * words; and the two commands it serves, `kpl train` and `kpl eval`.  It
+ * knows nothing of labels or accuracy: those are the task's.
+ */
+#define _GNU_SOURCE
+#include "trainer_impl.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* What an evaluation with NaN or inf outputs means: the model diverged
+ * (an error under loss.nonfinite stop, a warning under skip). */
+static kpl_status check_finite(kpl_trainer *t, const kpl_eval_result *e, bool fatal)
+{
+    if (e->nonfinite == 0) return KPL_OK;
+    char msg[256];
+    snprintf(msg, sizeof msg, "%lld of %lld validation examples gave NaN or inf outputs (counted "
+             "as wrong): the model has diverged", (long long)e->nonfinite,
+             (long long)e->examples);
+    if (fatal) return KPL_ERROR(KPL_ERANGE, "%s", msg);
+    if (t->rank == 0) kpl__log_warn(&t->log, "%s", msg);
+    return KPL_OK;
+}
+
+/* The eval record: step, epoch, val_<metric>..., counts. */
+static json_t *eval_record(kpl_trainer *t, const kpl_eval_result *e)
+{
+    json_t *j = json_pack("{s:s, s:I, s:I}", "event", "eval", "step", (json_int_t)t->step,
+                          "epoch", (json_int_t)(t->epoch + (t->epoch_step ? 1 : 0)));
+    for (int i = 0; j && i < e->metrics.n; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "val_%s", e->metrics.name[i]);
+        json_object_set_new(j, key, kpl__json_num(e->metrics.value[i]));
+    }
+    json_object_set_new(j, "examples", json_integer(e->examples));
+    json_object_set_new(j, "nonfinite", json_integer(e->nonfinite));
+    json_object_set_new(j, "skipped_examples", json_integer(e->skipped));
+    return j;
+}
+
+/* An evaluation during training: recorded, the best so far noted (never
+ * one with NaN outputs). */
+static kpl_status run_eval(kpl_trainer *t)
+{
+    if (!t->val) return KPL_OK;
+    double t0 = kpl_seconds();
+    KPL_TRY(kpl_trainer_evaluate(t, &t->val_res));
+    t->have_val = true;
+    const kpl_eval_result *e = &t->val_res;
+    double v = kpl__trainer_best_of(t, e);
+    bool better = isnan(t->best) || (t->task->best_higher ? v > t->best : v < t->best);
+    if (e->nonfinite == 0 && isfinite(v) && better) t->best = v, t->best_step = t->step;
+    json_t *j = eval_record(t, e);
+    json_object_set_new(j, "seconds", json_real(kpl_seconds() - t0));
+    kpl__trainer_emit(t, j);
+    KPL_TRY(check_finite(t, e, t->r->loss.nonfinite == 0));
+    if (t->rank != 0 || !t->log.tb) return KPL_OK;
+    for (int i = 0; i < e->metrics.n; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "val/%s", e->metrics.name[i]);
+        kpl_tb_add_scalar(t->log.tb, tag, t->step, e->metrics.value[i]);
+    }
+    kpl_tb_flush(t->log.tb);
+    return KPL_OK;
+}
+
+static void say_start(kpl_trainer *t)
+{
+    const kpl_recipe *r = t->r;
+    char models[512] = "";
+    for (int k = 0, at = 0; k < t->nmodels && at < (int)sizeof models - 128; k++)
+        at += snprintf(models + at, sizeof models - (size_t)at, "%s%s (%.2fM parameters, input "
+                       "%lldx%lldx%lld)", k ? ", " : "", t->models[k].label,
+                       (double)kpl_module_param_count(t->models[k].m) / 1e6,
+                       (long long)t->chw[0], (long long)t->chw[1], (long long)t->chw[2]);
+    kpl__log_info(&t->log, "kpl train %s: %s on %s, %d rank%s x %d thread%s; batch %lld x %d%s; "
+                  "%lld steps/epoch; run dir %s", r->name, models, kpl_device_name(t->dev),
+                  (int)t->world, t->world > 1 ? "s" : "", kpl_get_num_threads(),
+                  kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.batch_size,
+                  (int)t->world, r->optimizer.accumulate > 1 ? " (with accumulation)" : "",
+                  (long long)t->steps_per_epoch, t->run_dir);
+    if (!t->resume_path[0]) return;
+    kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
+                  (long long)t->step, (long long)t->epoch + 1);
+    kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s}", "event", "resume", "step",
+                                   (json_int_t)t->step, "from", t->resume_path));
+}
+
+/* The epoch's figures: train_<figure> means over the epoch. */
+static void put_train_figures(kpl_trainer *t, json_t *j)
+{
+    for (int i = 0; i < t->nfig; i++) {
+        char key[48];
+        snprintf(key, sizeof key, "train_%s", t->fig[i].name);
+        json_object_set_new(j, key, kpl__json_num(t->fig[i].last));
+    }
+}
+
+/* The last words: the `done` (or `interrupted`) record, also on stdout. */
+static void say_done(kpl_trainer *t, const char *event, double train_seconds, double samples,
+                     const char *ckpt)
+{
+    if (t->rank != 0) return;
+    json_t *j = json_pack("{s:s, s:f, s:I}", "event", event, "epochs",
+                          (double)t->step / (double)t->steps_per_epoch, "steps", (json_int_t)t->step);
+    put_train_figures(t, j);
+    /* the last evaluation's metrics, or the best metric's place */
+    for (int i = 0; i < (t->have_val ? t->val_res.metrics.n : 1); i++) {
+        char key[48];
+        snprintf(key, sizeof key, "val_%s", t->have_val ? t->val_res.metrics.name[i]
+                                                        : t->task->best_metric);
+        json_object_set_new(j, key, kpl__json_num(t->have_val ? t->val_res.metrics.value[i] : NAN));
+    }
+    char key[48];
+    snprintf(key, sizeof key, "best_%s", t->task->best_metric);
+    json_object_set_new(j, key, kpl__json_num(t->best));
+    json_object_set_new(j, "images_per_sec",
+                        kpl__json_num(train_seconds > 0 ? samples / train_seconds : NAN));
+    json_object_set_new(j, "seconds", json_real(kpl_seconds() - t->t_start));
+    json_object_set_new(j, "ranks", json_integer(t->world));
+    json_object_set_new(j, "run_dir", json_string(t->run_dir));
+    json_object_set_new(j, "checkpoint", json_string(ckpt));
+    char *s = kpl__json_line(j);
+    if (s) kpl__log_metrics(&t->log, s);
+    kpl__log_bar_end(&t->log);
+    fflush(stdout);
+    if (s) printf("%s\n", s);
+    fflush(stdout);
+    free(s);
+    json_decref(j);
+}
+
+/* A checkpoint resumed from that was written before its epoch's
+ * evaluation, which did not finish: that evaluation first; a resume of a
+ * finished run: where it stands. */
+static kpl_status resume_pending(kpl_trainer *t, int64_t max_steps)
+{
+    bool pending = t->eval_pending, finished = t->step >= max_steps;
+    if (pending && !finished) {
+        t->eval_pending = false;
+        kpl__log_info(&t->log, "evaluating the resumed checkpoint first (its evaluation did not "
+                      "finish)");
+        KPL_TRY(run_eval(t));
+    }
+    if (finished) {
+        kpl__log_info(&t->log, "nothing to train: step %lld of %lld is done", (long long)t->step,
+                      (long long)max_steps);
+        KPL_TRY(run_eval(t));
+    }
+    if (pending && t->best_step == t->step) KPL_TRY(kpl__trainer_note_best(t, t->resume_path));
+    return KPL_OK;
+}
+
+/* The end of an epoch (or of the run): its record, its checkpoint before
+ * its evaluation (which can fail without losing the epoch: the checkpoint
+ * says its evaluation is to come, and a resume runs that first), the
+ * evaluation, the best model. */
+static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, bool stop, bool saved,
+                            double secs, char *ckpt, size_t len)
+{
+    const kpl_recipe *r = t->r;
+    for (int i = 0; i < t->nfig; i++)
+        if (t->fig[i].epoch_count > 0) t->fig[i].last = t->fig[i].epoch_sum / t->fig[i].epoch_count;
+    t->images_per_sec = secs > 0 ? t->epoch_samples * t->world / secs : 0;
+    kpl__log_bar_end(&t->log);
+    int64_t finished = t->epoch + 1; /* epochs complete once this one is */
+    bool do_eval = t->val && (last || stop || (epoch_done && r->eval.every_epochs > 0 &&
+                                               finished % r->eval.every_epochs == 0));
+    if (epoch_done) {
+        json_t *j = json_pack("{s:s, s:I, s:I}", "event", "epoch", "epoch", (json_int_t)finished,
+                              "step", (json_int_t)t->step);
+        put_train_figures(t, j);
+        json_object_set_new(j, "images_per_sec", json_real(t->images_per_sec));
+        json_object_set_new(j, "seconds", json_real(secs));
+            kpl__trainer_emit(t, j);
+        if (t->rank == 0 && t->log.tb)
+            kpl_tb_add_scalar(t->log.tb, "epoch/images_per_sec", finished, t->images_per_sec);
+    }
+    bool ckpt_due = last || stop || (epoch_done && r->checkpoint.every_epochs > 0 &&
+                                     finished % r->checkpoint.every_epochs == 0);
+    bool pending = false;
+    if (ckpt_due && !saved) {
+        t->eval_pending = pending = do_eval;
+        kpl_status st = kpl_trainer_save(t, stop && !last ? "signal" : last ? "end" : "epoch",
+                                         ckpt, len);
+        t->eval_pending = false;
+        KPL_TRY(st);
+        saved = true;
+    }
+    if (do_eval) KPL_TRY(run_eval(t));
+    if (pending && t->rank == 0) KPL_TRY(kpl__checkpoint_mark_evaluated(ckpt));
+    if (t->rank == 0) {
+        char line[1024];
+        int at = snprintf(line, sizeof line, "epoch %lld/%lld%s: train", (long long)finished,
+                          (long long)r->epochs, epoch_done ? "" : " (stopped early)");
+        for (int i = 0; i < t->nfig && at < (int)sizeof line - 64; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->fig[i].name,
+                           t->fig[i].last);
+        for (int i = 0; do_eval && i < t->val_res.metrics.n && at < (int)sizeof line - 64; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, "%s %s %.4f", i ? "" : " | val",
+                           t->val_res.metrics.name[i], t->val_res.metrics.value[i]);
+        kpl__log_info(&t->log, "%s | %.0f img/s, %.1f s", line, t->images_per_sec, secs);
+        if (do_eval && last && t->task->eval_report) t->task->eval_report(t, t->task_state);
+    }
+    bool improved = do_eval && t->best_step == t->step && r->checkpoint.keep_best;
+    if (improved && !saved) /* a best epoch between the scheduled checkpoints */
+        KPL_TRY(kpl_trainer_save(t, "best", ckpt, len));
+    if (improved) KPL_TRY(kpl__trainer_note_best(t, ckpt));
+    return KPL_OK;
+}
+
+static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len)
+{
+    const kpl_recipe *r = t->r;
+    say_start(t);
+    int64_t max_steps = r->max_steps > 0 && r->max_steps < t->total_steps ? r->max_steps
+                                                                          : t->total_steps;
+    KPL_TRY(resume_pending(t, max_steps));
+    double train_seconds = 0, train_samples = 0;
+    bool stop = false;
+    while (t->step < max_steps && !stop) {
+        kpl__trainer_epoch_begin(t);
+        bool epoch_done = false, saved = false;
+        while (!epoch_done && !stop) {
+            KPL_TRY(kpl_trainer_step(t, &epoch_done));
+            KPL_TRY(kpl__trainer_check_val(t));
+            saved = false;
+            bool at_max = t->step >= max_steps;
+            bool due = t->step % r->log.every_steps == 0 || epoch_done || at_max;
+            if (t->world == 1 && kpl__stop_signal()) due = true;
+            if (due) KPL_TRY(kpl__trainer_report(t, &stop));
+            kpl__trainer_draw_bar(t, epoch_done);
+            if (r->checkpoint.every_steps > 0 && t->step % r->checkpoint.every_steps == 0 &&
+                !epoch_done && !at_max && !stop) {
+                KPL_TRY(kpl_trainer_save(t, "steps", ckpt, len));
+                saved = true;
+            }
+            if (at_max) stop = true;
+        }
+        double secs = kpl_seconds() - t->epoch_t0;
+        train_seconds += secs;
+        train_samples += t->epoch_samples * t->world;
+        KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, stop, saved, secs, ckpt, len));
+        if (epoch_done) t->epoch++, t->epoch_step = 0;
+    }
+    if (kpl__stop_signal() && t->step < max_steps) *event = "interrupted";
+    say_done(t, *event, train_seconds, train_samples, ckpt);
+    return KPL_OK;
+}
+
+int kpl_trainer_fit(kpl_trainer *t)
+{
+    char ckpt[PATH_MAX] = "";
+    const char *event = "done";
+    kpl__catch_signals(true);
+    kpl_status st = fit(t, &event, ckpt, sizeof ckpt);
+    int sig = kpl__stop_signal();
+    kpl__catch_signals(false);
+    if (st < 0) {
+        kpl__log_error(&t->log, "%s", kpl_last_error());
+        t->failed = true;
+        return 1;
+    }
+    if (!strcmp(event, "interrupted")) return sig == SIGINT ? 130 : 143;
+    return 0;
+}
+
+/* ---- the commands ---------------------------------------------------------------------------- */
+
+static const kpl_task_kind *task_of(const kpl_recipe *r)
+{
+    const kpl_task_kind *k = kpl_task_find(r->task);
+    if (!k) fprintf(stderr, "kpl: unknown task '%s' (known: classification)\n", r->task);
+    return k;
+}
+
+int kpl__train_run(const kpl_recipe *r, const char *resume)
+{
+    const kpl_task_kind *task = task_of(r);
+    if (!task) return 1;
+    kpl_trainer *t = NULL;
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.resume = resume;
+    kpl__catch_signals(true); /* a Ctrl-C during start-up stops at the first step */
+    if (kpl_trainer_create(r, task, &o, &t) < 0) {
+        kpl__catch_signals(false);
+        return 1;
+    }
+    int rc = kpl_trainer_fit(t);
+    kpl_trainer_destroy(t);
+    return rc;
+}
+
+int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
+{
+    const kpl_task_kind *task = task_of(r);
+    if (!task) return 1;
+    kpl_trainer *t = NULL;
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.checkpoint = checkpoint;
+    if (kpl_trainer_create(r, task, &o, &t) < 0) return 1;
+    double t0 = kpl_seconds();
+    kpl_eval_result e;
+    kpl_status st = kpl_trainer_evaluate(t, &e);
+    double secs = kpl_seconds() - t0;
+    if (st >= 0 && t->rank == 0) {
+        char line[1024];
+        int at = snprintf(line, sizeof line, "%s on %s:", checkpoint, t->val_path);
+        for (int i = 0; i < e.metrics.n && at < (int)sizeof line - 64; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", e.metrics.name[i],
+                           e.metrics.value[i]);
+        kpl__log_info(&t->log, "%s (%lld examples, %.1f s)", line, (long long)e.examples, secs);
+        t->val_res = e;
+        if (t->task->eval_report) t->task->eval_report(t, t->task_state);
+        json_t *j = eval_record(t, &e);
+        json_object_del(j, "step");
+        json_object_del(j, "epoch");
+        json_t *rest = json_pack("{s:s, s:s}", "checkpoint", checkpoint, "data", t->val_path);
+        json_object_update(rest, j); /* checkpoint and data first, as before */
+        json_object_set_new(rest, "event", json_string("eval"));
+        json_object_set_new(rest, "seconds", json_real(secs));
+        char *s = kpl__json_line(rest);
+        if (s) printf("%s\n", s);
+        fflush(stdout);
+        free(s);
+        json_decref(rest);
+        json_decref(j);
+    }
+    /* NaN outputs are an error of the checkpoint: the figures above are
+     * printed, and the exit status says it */
+    if (st >= 0) st = check_finite(t, &e, true);
+    if (st < 0) {
+        kpl__log_error(&t->log, "%s", kpl_last_error());
+        t->failed = true;
+    }
+    kpl_trainer_destroy(t);
+    return st < 0 ? 1 : 0;
+}

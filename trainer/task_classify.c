@@ -1,0 +1,213 @@
+/*
+ * task_classify.c — the classification task: a model of the zoo from the
+ * recipe's model section, cross-entropy with label smoothing, and top-1,
+ * top-5, the mean loss and a confusion matrix over the validation split.
+ */
+#include "trainer_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    int64_t classes;
+    double s[5];        /* evaluation sums: loss, examples, top-1, top-5, non-finite */
+    int64_t *confusion; /* classes x classes (true row, predicted column) or NULL */
+    bool want_confusion;
+} classify;
+
+static kpl_status create(kpl_trainer *t, void **state)
+{
+    const kpl_recipe *r = kpl_trainer_recipe(t);
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    kpl_model_config mc;
+    memset(&mc, 0, sizeof mc);
+    mc.arch = (kpl_model_arch)r->model.arch;
+    mc.num_classes = r->model.num_classes;
+    mc.in_channels = chw[0], mc.in_h = chw[1], mc.in_w = chw[2];
+    mc.width = r->model.width;
+    mc.depth = r->model.depth;
+    mc.cifar_stem = r->model.stem == 1;
+    mc.nhidden = r->model.nhidden;
+    memcpy(mc.hidden, r->model.hidden, sizeof r->model.hidden);
+    mc.dropout = r->model.dropout;
+    mc.zero_init_residual = r->model.zero_init_residual;
+    classify *c = calloc(1, sizeof *c);
+    KPL_CHECK(c, KPL_ENOMEM, "out of memory");
+    *state = c;
+    c->classes = r->model.num_classes;
+    c->want_confusion = c->classes <= r->eval.confusion_max_classes;
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
+    char label[64];
+    if (mc.arch == KPL_MODEL_RESNET)
+        snprintf(label, sizeof label, "resnet%lld%s", (long long)mc.depth,
+                 mc.cifar_stem ? "_cifar" : "");
+    else
+        snprintf(label, sizeof label, "%s", kpl_model_arch_name(mc.arch));
+    return kpl_trainer_add_model(t, "model", label, m, NULL, NULL);
+}
+
+static void destroy(void *state)
+{
+    classify *c = state;
+    if (c) free(c->confusion);
+    free(c);
+}
+
+/* The batch's images and labels where the model is (pool-owned copies on
+ * a GPU; on the CPU the batch's own tensors, which view shared memory). */
+static void on_device(kpl_trainer *t, const kpl_batch *b, kpl_tensor **x, kpl_tensor **y)
+{
+    kpl_device *dev = kpl_trainer_device(t);
+    *x = b->image, *y = b->label;
+    if (kpl_device_type_of(dev) == KPL_DEVICE_CPU) return;
+    *x = kpl_to_device(b->image, dev);
+    *y = kpl_to_device(b->label, dev);
+}
+
+static kpl_status train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    KPL_CHECK(pool, KPL_ENOMEM, "out of memory");
+    kpl_status st = KPL_OK;
+    kpl_tensor *x = NULL, *y = NULL;
+    on_device(t, b, &x, &y);
+    kpl_tensor *logits = kpl_module_forward(kpl_trainer_model(t, 0), x);
+    kpl_tensor *loss = kpl_cross_entropy(logits, y, KPL_REDUCE_MEAN,
+                                         kpl_trainer_recipe(t)->loss.label_smoothing, -100);
+    kpl_tensor *pred = kpl_argmax(logits, 1, false);
+    if (loss) kpl_tensor_retain(loss);
+    const int64_t *p = pred ? kpl_tensor_host_data(pred) : NULL;
+    const int64_t *l = kpl_tensor_host_data(b->label);
+    double correct = 0;
+    for (int64_t i = 0; p && l && i < b->size; i++) correct += p[i] == l[i];
+    if (!loss || !p || !l) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ESTATE;
+    /* The forward pass's temporaries go before backward: what the
+     * gradients need, the graph keeps (the reverse-mode GC frees it as
+     * backward goes). */
+    kpl_pool_pop(pool);
+    double lv = 0;
+    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, &lv);
+    kpl_tensor_release(loss);
+    KPL_TRY(st);
+    if (!isfinite(lv)) return KPL_OK; /* a skipped step's batch leaves the figures out */
+    double n = (double)b->size;
+    KPL_TRY(kpl_trainer_record(t, "loss", lv * n, n));
+    return kpl_trainer_record(t, "acc", 100 * correct, n);
+}
+
+static kpl_status eval_begin(kpl_trainer *t, void *state)
+{
+    (void)t;
+    classify *c = state;
+    memset(c->s, 0, sizeof c->s);
+    free(c->confusion);
+    c->confusion = NULL;
+    if (c->want_confusion) {
+        c->confusion = calloc((size_t)(c->classes * c->classes), sizeof *c->confusion);
+        KPL_CHECK(c->confusion, KPL_ENOMEM, "eval: out of memory");
+    }
+    return KPL_OK;
+}
+
+static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    classify *c = state;
+    int64_t C = c->classes;
+    kpl_tensor *x = NULL, *y = NULL;
+    on_device(t, b, &x, &y);
+    kpl_tensor *logits = kpl_module_forward(kpl_trainer_model(t, 0), x);
+    kpl_tensor *loss = kpl_cross_entropy(logits, y, KPL_REDUCE_NONE, 0, -100);
+    const float *lg = logits ? kpl_tensor_host_data(logits) : NULL;
+    const float *ls = loss ? kpl_tensor_host_data(loss) : NULL;
+    const int64_t *lab = kpl_tensor_host_data(b->label);
+    if (!lg || !ls || !lab) return kpl_last_status();
+    for (int64_t i = 0; i < b->size; i++) {
+        if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat */
+        const float *row = lg + i * C;
+        int64_t k = lab[i], above = 0, best = 0;
+        bool finite = isfinite(ls[i]);
+        for (int64_t j = 0; j < C; j++) {
+            /* ties go to the lower index, as argmax */
+            above += row[j] > row[k] || (row[j] == row[k] && j < k);
+            if (row[j] > row[best]) best = j;
+            finite &= isfinite(row[j]);
+        }
+        c->s[1] += 1;
+        if (!finite) { /* NaN compares false: it would count as right */
+            c->s[4] += 1;
+            continue;
+        }
+        c->s[0] += ls[i];
+        c->s[2] += above == 0;
+        c->s[3] += above < 5;
+        if (c->confusion && k >= 0 && k < C) c->confusion[k * C + best]++;
+    }
+    return KPL_OK;
+}
+
+static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
+{
+    classify *c = state;
+    double *s = c->s;
+    KPL_TRY(kpl_trainer_sum(t, s, 5));
+    if (c->confusion) {
+        /* counts below 2^53 add exactly as doubles */
+        int64_t n = c->classes * c->classes;
+        double *d = malloc((size_t)n * sizeof *d);
+        KPL_CHECK(d, KPL_ENOMEM, "eval: out of memory");
+        for (int64_t i = 0; i < n; i++) d[i] = (double)c->confusion[i];
+        kpl_status st = n <= 1 << 30 ? kpl_trainer_sum(t, d, (int)n) : KPL_OK;
+        for (int64_t i = 0; st >= 0 && i < n; i++) c->confusion[i] = (int64_t)d[i];
+        free(d);
+        KPL_TRY(st);
+    }
+    res->examples = (int64_t)s[1];
+    res->nonfinite = (int64_t)s[4];
+    KPL_TRY(kpl_figures_set(&res->metrics, "loss", s[1] > s[4] ? s[0] / (s[1] - s[4]) : NAN));
+    KPL_TRY(kpl_figures_set(&res->metrics, "top1", s[1] > 0 ? 100 * s[2] / s[1] : NAN));
+    return kpl_figures_set(&res->metrics, "top5", s[1] > 0 ? 100 * s[3] / s[1] : NAN);
+}
+
+static void eval_report(kpl_trainer *t, void *state)
+{
+    classify *c = state;
+    int64_t C = c->classes;
+    if (!c->confusion) return;
+    char line[8192];
+    int at = snprintf(line, sizeof line, "confusion (rows: true class, columns: predicted)\n      ");
+    for (int64_t k = 0; k < C && at < (int)sizeof line - 16; k++)
+        at += snprintf(line + at, sizeof line - (size_t)at, "%6lld", (long long)k);
+    kpl_trainer_info(t, "%s", line);
+    for (int64_t k = 0; k < C; k++) {
+        at = snprintf(line, sizeof line, "%5lld ", (long long)k);
+        for (int64_t j = 0; j < C && at < (int)sizeof line - 16; j++)
+            at += snprintf(line + at, sizeof line - (size_t)at, "%6lld",
+                           (long long)c->confusion[k * C + j]);
+        kpl_trainer_info(t, "%s", line);
+    }
+}
+
+const kpl_task_kind kpl_task_classification = {
+    .name = "classification",
+    .best_metric = "top1",
+    .best_higher = true,
+    .create = create,
+    .destroy = destroy,
+    .train_batch = train_batch,
+    .eval_begin = eval_begin,
+    .eval_batch = eval_batch,
+    .eval_end = eval_end,
+    .eval_report = eval_report,
+};
+
+const kpl_task_kind *kpl_task_find(const char *name)
+{
+    static const kpl_task_kind *const known[] = {&kpl_task_classification};
+    for (size_t i = 0; name && i < sizeof known / sizeof known[0]; i++)
+        if (!strcmp(known[i]->name, name)) return known[i];
+    return NULL;
+}

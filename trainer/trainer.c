@@ -1,0 +1,849 @@
+/*
+ * trainer.c — kpl_trainer: a recipe and a task become a run.  Start-up,
+ * the models a task adds (each with its optimizer and DDP), one step of
+ * `accumulate` micro-batches, the evaluation loop, and the reports.
+ * trainer_setup.c places the run, trainer_ckpt.c writes and reads its
+ * checkpoints, fit.c is the loop of epochs.
+ *
+ * Order of start-up, and why:
+ *   1. ranks from the launcher's environment (no MPI yet), threads, device;
+ *   2. data: missing splits converted (one process per node), the
+ *      checkpoint to resume from read (its data position is needed next);
+ *   3. the loaders, which fork their processes before any thread exists;
+ *   4. the communicator (MPI, its threads), the run directory (rank 0
+ *      names it, the others learn it), logs;
+ *   5. the task's models and optimizers, restored state, DDP (rank 0's
+ *      values to all).
+ */
+#define _GNU_SOURCE
+#include "trainer_impl.h"
+
+#include <ctype.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- signals ------------------------------------------------------------------------- */
+
+static volatile sig_atomic_t stop_signal;
+
+static void on_signal(int sig)
+{
+    if (stop_signal == SIGINT && sig == SIGINT) { /* a second Ctrl-C: now */
+        signal(SIGINT, SIG_DFL);
+        raise(SIGINT);
+    }
+    stop_signal = sig;
+}
+
+bool kpl__stop_requested(void) { return stop_signal != 0; }
+
+/* Whether our handler is installed (kpl train installs it before create,
+ * so that a signal during start-up counts). */
+static bool handler_installed(void)
+{
+    struct sigaction sa;
+    return sigaction(SIGTERM, NULL, &sa) == 0 && sa.sa_handler == on_signal;
+}
+int kpl__stop_signal(void) { return stop_signal; }
+
+void kpl__catch_signals(bool on)
+{
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on ? on_signal : SIG_DFL;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+}
+
+/* ---- figures and reports ------------------------------------------------------------------ */
+
+kpl_status kpl_figures_set(kpl_figures *f, const char *name, double v)
+{
+    size_t len = name ? strlen(name) : 0;
+    KPL_CHECK(len >= 1 && len < sizeof f->name[0], KPL_EINVAL,
+              "figure name '%s': 1 to %zu bytes", name ? name : "", sizeof f->name[0] - 1);
+    for (size_t i = 0; i < len; i++)
+        KPL_CHECK(islower((unsigned char)name[i]) || isdigit((unsigned char)name[i]) ||
+                      name[i] == '_',
+                  KPL_EINVAL, "figure name '%s': only a-z, 0-9 and _", name);
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->name[i], name)) {
+            f->value[i] = v;
+            return KPL_OK;
+        }
+    KPL_CHECK(f->n < KPL_FIGURES_MAX, KPL_EINVAL, "figures: more than %d", KPL_FIGURES_MAX);
+    memcpy(f->name[f->n], name, len + 1);
+    f->value[f->n++] = v;
+    return KPL_OK;
+}
+
+double kpl_figures_get(const kpl_figures *f, const char *name)
+{
+    for (int i = 0; i < f->n; i++)
+        if (!strcmp(f->name[i], name)) return f->value[i];
+    return NAN;
+}
+
+void *kpl__json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
+char *kpl__json_line(void *obj)
+{
+    return obj ? json_dumps(obj, JSON_COMPACT | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(9))
+               : NULL;
+}
+
+/* Figures keep 9 digits; the wall time needs milliseconds of a 10-digit
+ * number of seconds, so it is put last by hand (a number: nothing to
+ * escape). */
+void kpl__trainer_emit(kpl_trainer *t, void *obj)
+{
+    json_t *j = obj;
+    if (!j) return;
+    char *s = t->rank == 0 ? kpl__json_line(j) : NULL;
+    size_t n = s ? strlen(s) : 0;
+    if (n >= 2 && s[n - 1] == '}') {
+        char *line = malloc(n + 40);
+        if (line) {
+            snprintf(line, n + 40, "%.*s,\"time\":%.3f}", (int)(n - 1), s, kpl__wall());
+            kpl__log_metrics(&t->log, line);
+        }
+        free(line);
+    }
+    free(s);
+    json_decref(j);
+}
+
+double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e)
+{
+    return kpl_figures_get(&e->metrics, t->task->best_metric);
+}
+
+static kpl__figure *figure(kpl_trainer *t, const char *name)
+{
+    for (int i = 0; i < t->nfig; i++)
+        if (!strcmp(t->fig[i].name, name)) return &t->fig[i];
+    return NULL;
+}
+
+void kpl__trainer_epoch_begin(kpl_trainer *t)
+{
+    for (int i = 0; i < t->nfig; i++) t->fig[i].epoch_sum = t->fig[i].epoch_count = 0;
+    t->epoch_t0 = kpl_seconds();
+    t->epoch_samples = t->bar_t = t->bar_samples = t->rate = 0;
+}
+
+static double lr_of_report(const kpl_trainer *t)
+{
+    return t->nmodels ? kpl_optim_lr(t->models[0].opt) : NAN;
+}
+
+kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop)
+{
+    int64_t skipped_now = kpl_loader_skipped(t->train);
+    int nf = t->nfig, n = 2 * nf + 3;
+    double v[2 * KPL_FIGURES_MAX + 3];
+    for (int i = 0; i < nf; i++) v[2 * i] = t->fig[i].sum, v[2 * i + 1] = t->fig[i].count;
+    v[2 * nf] = stop_signal ? 1 : 0;
+    v[2 * nf + 1] = (double)(skipped_now - t->train_skipped_seen);
+    v[2 * nf + 2] = t->win_samples;
+    KPL_TRY(kpl_trainer_sum(t, v, n));
+    t->train_skipped_seen = skipped_now;
+    t->skipped_examples += (int64_t)v[2 * nf + 1];
+    *stop = v[2 * nf] > 0;
+    double samples = v[2 * nf + 2];
+    t->win_samples = 0;
+    bool any = false;
+    for (int i = 0; i < nf; i++) {
+        kpl__figure *f = &t->fig[i];
+        f->sum = f->count = 0;
+        f->epoch_sum += v[2 * i], f->epoch_count += v[2 * i + 1];
+        any |= v[2 * i + 1] > 0;
+    }
+    if (!any || t->rank != 0) return KPL_OK;
+    double lr = lr_of_report(t), dt = kpl_seconds() - t->epoch_t0;
+    double ips = dt > 0 ? t->epoch_samples * t->world / dt : 0;
+    json_t *j = json_pack("{s:s, s:I, s:f}", "event", "train", "step", (json_int_t)t->step,
+                          "epoch", (double)t->epoch + (double)t->epoch_step / (double)t->steps_per_epoch);
+    char line[1024];
+    int at = snprintf(line, sizeof line, "epoch %lld/%lld step %lld/%lld", (long long)t->epoch + 1,
+                      (long long)t->r->epochs, (long long)t->epoch_step,
+                      (long long)t->steps_per_epoch);
+    for (int i = 0; i < nf; i++) {
+        double m = v[2 * i + 1] > 0 ? v[2 * i] / v[2 * i + 1] : NAN;
+        json_object_set_new(j, t->fig[i].name, kpl__json_num(m));
+        if (at < (int)sizeof line - 64)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->fig[i].name, m);
+        if (t->log.tb) {
+            char tag[64];
+            snprintf(tag, sizeof tag, "train/%s", t->fig[i].name);
+            kpl_tb_add_scalar(t->log.tb, tag, t->step, m);
+        }
+    }
+    json_object_set_new(j, "lr", kpl__json_num(lr));
+    json_object_set_new(j, "images_per_sec", kpl__json_num(ips));
+    json_object_set_new(j, "samples", json_integer((json_int_t)samples));
+    json_object_set_new(j, "skipped_steps", json_integer(t->skipped_steps));
+    json_object_set_new(j, "skipped_examples", json_integer(t->skipped_examples));
+    kpl__trainer_emit(t, j);
+    if (t->log.tb) {
+        kpl_tb_add_scalar(t->log.tb, "train/lr", t->step, lr);
+        kpl_tb_add_scalar(t->log.tb, "train/images_per_sec", t->step, ips);
+        kpl_tb_flush(t->log.tb);
+    }
+    if (!t->log.bar) kpl__log_info(&t->log, "%s lr %.4g %.0f img/s", line, lr, ips);
+    return KPL_OK;
+}
+
+void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
+{
+    if (!t->log.bar) return;
+    double now = kpl_seconds();
+    if (!force && now - t->bar_t < 0.2) return;
+    /* The rate of the last redraws (the first step's algorithm search
+     * would otherwise weigh on the whole epoch's figure and ETA). */
+    if (t->bar_t > 0 && now > t->bar_t) {
+        double r = (t->epoch_samples - t->bar_samples) / (now - t->bar_t);
+        t->rate = t->rate > 0 ? 0.7 * t->rate + 0.3 * r : r;
+    }
+    t->bar_t = now, t->bar_samples = t->epoch_samples;
+    double per_step = t->rate > 0 && t->epoch_step > 0 ? t->epoch_samples / t->epoch_step / t->rate : 0;
+    kpl__figure *f = figure(t, "loss");
+    if (!f && t->nfig) f = &t->fig[0];
+    double loss = !f ? NAN : f->count > 0 ? f->sum / f->count
+                  : f->epoch_count > 0 ? f->epoch_sum / f->epoch_count : NAN;
+    kpl__log_bar(&t->log, t->epoch, t->r->epochs, t->epoch_step, t->steps_per_epoch, loss,
+                 lr_of_report(t), t->rate * t->world,
+                 per_step * (double)(t->steps_per_epoch - t->epoch_step));
+}
+
+/* ---- what tasks use --------------------------------------------------------------------------- */
+
+const kpl_recipe *kpl_trainer_recipe(const kpl_trainer *t) { return t->r; }
+kpl_device *kpl_trainer_device(const kpl_trainer *t) { return t->dev; }
+int32_t kpl_trainer_rank(const kpl_trainer *t) { return t->rank; }
+int32_t kpl_trainer_world(const kpl_trainer *t) { return t->world; }
+const int64_t *kpl_trainer_input_shape(const kpl_trainer *t) { return t->chw; }
+int kpl_trainer_num_models(const kpl_trainer *t) { return t->nmodels; }
+int64_t kpl_trainer_steps(const kpl_trainer *t) { return t->step; }
+int64_t kpl_trainer_epoch(const kpl_trainer *t) { return t->epoch; }
+
+kpl_module *kpl_trainer_model(const kpl_trainer *t, int i)
+{
+    KPL_ASSERT(i >= 0 && i < t->nmodels, "kpl_trainer_model: index out of range");
+    return t->models[i].m;
+}
+
+void kpl_trainer_info(kpl_trainer *t, const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    kpl__log_info(&t->log, "%s", buf);
+}
+
+void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...)
+{
+    char buf[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    kpl__log_warn(&t->log, "%s", buf);
+}
+
+kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n)
+{
+    if (!t->comm || n <= 0) return KPL_OK;
+    int64_t len = n;
+    kpl_tensor *x = NULL;
+    KPL_TRY(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &len, v, &x));
+    kpl_status st = kpl_comm_allreduce(t->comm, x, x, KPL_COMM_SUM);
+    if (st >= 0) st = kpl_tensor_to_host(x, v, (size_t)n * sizeof *v);
+    kpl_tensor_release(x);
+    return st;
+}
+
+bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i)
+{
+    int64_t n = kpl_loader_num_examples(t->val), m = kpl_loader_epoch_size(t->val);
+    int64_t at = t->r->data.val.interleave ? (b->position + i) * t->world + t->rank
+                                           : t->rank * m + b->position + i;
+    return at < n;
+}
+
+kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count)
+{
+    kpl__figure *f = figure(t, name);
+    if (!f) {
+        kpl_figures probe = {0};
+        KPL_TRY(kpl_figures_set(&probe, name, 0)); /* the same naming rule */
+        KPL_CHECK(t->nfig < KPL_FIGURES_MAX, KPL_EINVAL, "training figures: more than %d",
+                  KPL_FIGURES_MAX);
+        f = &t->fig[t->nfig++];
+        memset(f, 0, sizeof *f);
+        f->last = NAN;
+        snprintf(f->name, sizeof f->name, "%s", name);
+    }
+    f->sum += sum;
+    f->count += count;
+    return KPL_OK;
+}
+
+/* ---- models ---------------------------------------------------------------------------------- */
+
+/* The recipe's optimizer section as a config (lr already scaled). */
+static kpl_optim_config recipe_optim(const kpl_trainer *t)
+{
+    const kpl_recipe *r = t->r;
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.kind = (kpl_optim_kind)r->optimizer.kind;
+    oc.lr = r->optimizer.lr * t->lr_scale;
+    oc.momentum = r->optimizer.momentum;
+    oc.nesterov = r->optimizer.nesterov;
+    oc.weight_decay = r->optimizer.weight_decay;
+    oc.beta1 = r->optimizer.betas[0], oc.beta2 = r->optimizer.betas[1];
+    oc.eps = r->optimizer.eps;
+    oc.trust_coefficient = r->optimizer.trust_coefficient;
+    return oc;
+}
+
+/* The optimizer of a model over its parameters that train, with the
+ * recipe's groups when it uses the recipe's section. */
+static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_config *given)
+{
+    const kpl_recipe *r = t->r;
+    kpl_optim_config oc = given ? *given : recipe_optim(t);
+    bool *nd = calloc((size_t)(md->np ? md->np : 1), sizeof *nd);
+    KPL_CHECK(nd, KPL_ENOMEM, "out of memory");
+    for (int i = 0; i < md->np; i++)
+        nd[i] = r->optimizer.no_decay_bn_bias && kpl_tensor_ndim(md->params[i]) <= 1;
+    kpl_status st = kpl_optim_create(&oc, md->np, md->params, nd, &md->opt);
+    free(nd);
+    KPL_TRY(st);
+    md->base_lr = oc.lr;
+    if (given || !r->optimizer.ngroups) return KPL_OK;
+    int counts[KPL_RECIPE_LIST];
+    KPL_TRY(kpl_optim_set_groups(md->opt, md->pnames, r->optimizer.ngroups, r->optimizer.groups,
+                                 counts));
+    for (int g = 0; g < r->optimizer.ngroups && t->rank == 0; g++)
+        kpl__log_info(&t->log, "optimizer group '%s': %d parameters, lr x %g, weight decay x %g",
+                      r->optimizer.groups[g].params, counts[g], r->optimizer.groups[g].lr_mult,
+                      r->optimizer.groups[g].weight_decay_mult);
+    return KPL_OK;
+}
+
+static void model_free(kpl__model *md)
+{
+    kpl_ddp_destroy(md->ddp);
+    kpl_optim_destroy(md->opt);
+    kpl_module_destroy(md->m);
+    free(md->params);
+    free(md->pnames);
+    memset(md, 0, sizeof *md);
+}
+
+kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *label,
+                                 kpl_module *m, const kpl_optim_config *oc, int *index)
+{
+    kpl_status st = KPL_OK;
+    if (!t->building || t->nmodels == KPL__MAX_MODELS || !m || !name || !*name ||
+        strlen(name) >= sizeof t->models[0].name || strchr(name, '.')) {
+        st = KPL_ERROR(KPL_EINVAL, "kpl_trainer_add_model('%s'): %s", name ? name : "",
+                       !t->building ? "only while the task is created"
+                       : !m ? "no module"
+                       : t->nmodels == KPL__MAX_MODELS ? "too many models"
+                                                        : "a name of 1 to 63 bytes without dots");
+        kpl_module_destroy(m);
+        return st;
+    }
+    for (int k = 0; k < t->nmodels; k++)
+        if (!strcmp(t->models[k].name, name)) {
+            kpl_module_destroy(m);
+            return KPL_ERROR(KPL_EINVAL, "kpl_trainer_add_model: a model '%s' exists", name);
+        }
+    int k = t->nmodels++;
+    kpl__model *md = &t->models[k];
+    memset(md, 0, sizeof *md);
+    md->m = m;
+    snprintf(md->name, sizeof md->name, "%s", name);
+    snprintf(md->label, sizeof md->label, "%s", label && *label ? label : name);
+    int n = kpl_module_num_params(m);
+    md->params = calloc((size_t)(n ? n : 1), sizeof *md->params);
+    md->pnames = calloc((size_t)(n ? n : 1), sizeof *md->pnames);
+    if (!md->params || !md->pnames) {
+        st = KPL_ERROR(KPL_ENOMEM, "out of memory");
+        goto fail;
+    }
+    for (int i = 0; i < n; i++)
+        if (kpl_requires_grad(kpl_module_params(m)[i])) {
+            md->params[md->np] = kpl_module_params(m)[i];
+            md->pnames[md->np++] = kpl_module_param_name(m, i);
+        }
+    /* Every rank initialises from the seed; DDP then broadcasts rank 0's
+     * values anyway.  Dropout masks differ per rank: their generator is
+     * offset by the rank (and the model). */
+    kpl_rng_set_state(kpl_module_rng(m),
+                      (uint64_t)t->r->seed * 1000003u + (uint64_t)t->rank + 1 +
+                          (uint64_t)k * 7919u,
+                      0);
+    if (t->train) KPL_TRY_GOTO(make_optim(t, md, oc));
+    if (index) *index = k;
+    return KPL_OK;
+fail:
+    model_free(md);
+    t->nmodels--;
+    return st;
+}
+
+/* ---- a step ---------------------------------------------------------------------------------- */
+
+kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, double *value)
+{
+    KPL_CHECK(model >= 0 && model < t->nmodels, KPL_EINVAL, "kpl_trainer_backward: model %d of %d",
+              model, t->nmodels);
+    KPL_CHECK(t->batch, KPL_ESTATE, "kpl_trainer_backward: only inside a task's train_batch");
+    if (!loss) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
+    kpl__model *md = &t->models[model];
+    double lv = 0;
+    KPL_TRY(kpl_tensor_get(loss, 0, &lv));
+    if (value) *value = lv;
+    const kpl_batch *b = t->batch;
+    if (!isfinite(lv) && t->r->loss.nonfinite == 0)
+        return KPL_ERROR(KPL_ERANGE, "the loss is %s at step %lld (epoch %lld, batch of samples "
+                         "%lld..%lld): lower optimizer.lr, or set optimizer.clip_grad_norm (or "
+                         "loss.nonfinite: skip to leave such steps out)",
+                         isnan(lv) ? "NaN" : lv > 0 ? "inf" : "-inf", (long long)t->step + 1,
+                         (long long)t->epoch + 1, (long long)b->position,
+                         (long long)(b->position + b->size - 1));
+    /* loss.nonfinite skip: backward still runs (the other ranks wait for
+     * this rank's gradients, which come out non-finite and make every rank
+     * skip the step). */
+    if (!isfinite(lv)) t->step_nonfinite = true;
+    if (md->ddp) KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
+    kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
+    kpl_tensor *scaled = !pool ? NULL
+                         : t->micros != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss,
+                                                          1.0 / (double)t->micros, false)
+                                          : loss;
+    kpl_status st = scaled ? kpl_backward(scaled, NULL, false) : kpl_last_status();
+    if (pool) kpl_pool_pop(pool);
+    /* every begin has its finish; only the step's last one communicates */
+    if (md->ddp) {
+        kpl_status fs = kpl_ddp_finish(md->ddp);
+        if (st >= 0) st = fs;
+    }
+    KPL_TRY(st);
+    md->has_grad = true;
+    return KPL_OK;
+}
+
+static double lr_now(const kpl_trainer *t)
+{
+    double e = (double)t->epoch;
+    if (t->r->schedule.per == 0) e += (double)t->epoch_step / (double)t->steps_per_epoch;
+    return kpl_lr_at(&t->sched, e);
+}
+
+/* The update of a model whose gradients are in .grad (averaged over the
+ * ranks): clipping, then the optimizer, unless the gradients are not
+ * finite.  The gradient norm is the same number on every rank, so every
+ * rank takes the same decision without another collective. */
+kpl_status kpl_trainer_update(kpl_trainer *t, int model)
+{
+    KPL_CHECK(model >= 0 && model < t->nmodels, KPL_EINVAL, "kpl_trainer_update: model %d of %d",
+              model, t->nmodels);
+    KPL_CHECK(t->sync || !t->batch, KPL_ESTATE, "kpl_trainer_update inside a step of several "
+              "micro-batches: a task whose models step in turn needs optimizer.accumulate 1");
+    const kpl_recipe *r = t->r;
+    kpl__model *md = &t->models[model];
+    md->has_grad = false;
+    bool skip_mode = r->loss.nonfinite == 1;
+    double norm = 0;
+    if (skip_mode || r->optimizer.clip_grad_norm > 0)
+        KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, &norm));
+    bool bad = !isfinite(norm) || (t->world == 1 && t->step_nonfinite);
+    if (!bad) {
+        double lr = lr_now(t);
+        if (md->base_lr != t->sched.base_lr)
+            lr = t->sched.base_lr > 0 ? md->base_lr * (lr / t->sched.base_lr) : 0;
+        kpl_optim_set_lr(md->opt, lr);
+        return kpl_optim_step(md->opt);
+    }
+    if (!skip_mode)
+        return KPL_ERROR(KPL_ERANGE, "the gradients are not finite at step %lld (epoch %lld; "
+                         "their norm is %g): lower optimizer.lr, or set loss.nonfinite: skip to "
+                         "leave such steps out", (long long)t->step + 1, (long long)t->epoch + 1,
+                         fabs(norm));
+    kpl_zero_grad(md->np, md->params);
+    t->step_skipped = true;
+    return KPL_OK;
+}
+
+/* A step whose update was left out: counted, warned, and given up on
+ * after loss.max_skips in a row. */
+static kpl_status note_skip(kpl_trainer *t)
+{
+    const kpl_recipe *r = t->r;
+    if (!t->step_skipped) {
+        t->skips_in_row = 0;
+        return KPL_OK;
+    }
+    t->skipped_steps++;
+    t->skips_in_row++;
+    if (t->rank == 0)
+        kpl__log_warn(&t->log, "step %lld (epoch %lld): %s not finite; its update is skipped "
+                      "(%lld skipped, %lld in a row)", (long long)t->step + 1,
+                      (long long)t->epoch + 1,
+                      t->step_nonfinite ? "the loss is" : "the gradients are",
+                      (long long)t->skipped_steps, (long long)t->skips_in_row);
+    KPL_CHECK(r->loss.max_skips == 0 || t->skips_in_row < r->loss.max_skips, KPL_ERANGE,
+              "%lld steps in a row up to step %lld had a NaN or inf loss or gradients "
+              "(loss.max_skips %lld): the run has diverged; lower optimizer.lr, or set "
+              "optimizer.clip_grad_norm", (long long)t->skips_in_row, (long long)t->step + 1,
+              (long long)r->loss.max_skips);
+    return KPL_OK;
+}
+
+/* A rank whose micro-batch held only corrupt examples still joins every
+ * model's reduction, with zero gradients. */
+static kpl_status empty_micro(kpl_trainer *t)
+{
+    for (int k = 0; k < t->nmodels; k++) {
+        kpl__model *md = &t->models[k];
+        if (!md->ddp) continue;
+        KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
+        KPL_TRY(kpl_ddp_finish(md->ddp));
+        md->has_grad = true;
+    }
+    return KPL_OK;
+}
+
+static kpl_status step(kpl_trainer *t, bool *epoch_done);
+
+kpl_status kpl_trainer_step(kpl_trainer *t, bool *epoch_done)
+{
+    kpl_status st = step(t, epoch_done);
+    if (st < 0) t->failed = true;
+    return st;
+}
+
+static kpl_status step(kpl_trainer *t, bool *epoch_done)
+{
+    const kpl_recipe *r = t->r;
+    KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_step: an evaluation-only trainer");
+    int64_t k = r->optimizer.accumulate, B = r->data.train.batch_size;
+    *epoch_done = false;
+    bool marker_seen = false;
+    t->step_nonfinite = t->step_skipped = false;
+    t->micros = k;
+    for (int64_t i = 0; i < k; i++) {
+        int64_t ep = 0, pos = 0;
+        kpl_loader_position(t->train, &ep, &pos);
+        bool last = pos / B + 1 >= t->batches_per_epoch;
+        t->sync = i == k - 1 || last;
+        t->micro = i;
+        kpl_batch b;
+        memset(&b, 0, sizeof b);
+        KPL_TRY(kpl_loader_next(t->train, &b));
+        if (b.size == 0 && kpl_loader_skipped(t->train) > 0) {
+            /* The epoch's last batch held only corrupt examples (skip_corrupt
+             * dropped them): this rank adds nothing to the step. */
+            KPL_TRY(empty_micro(t));
+            *epoch_done = marker_seen = true;
+            break;
+        }
+        KPL_CHECK(b.size > 0, KPL_ESTATE, "train loader: epoch %lld ended after %lld batches, "
+                  "expected %lld", (long long)ep + 1, (long long)(pos / B),
+                  (long long)t->batches_per_epoch);
+        t->batch = &b;
+        kpl_status st = t->task->train_batch(t, t->task_state, &b);
+        t->batch = NULL;
+        t->win_samples += (double)b.size;
+        t->epoch_samples += (double)b.size;
+        kpl_batch_release(&b);
+        KPL_TRY(st);
+        if (last) {
+            *epoch_done = true;
+            break;
+        }
+    }
+    t->sync = true;
+    for (int m = 0; m < t->nmodels; m++)
+        if (t->models[m].has_grad) KPL_TRY(kpl_trainer_update(t, m));
+    KPL_TRY(note_skip(t));
+    t->step++;
+    t->epoch_step++;
+    if (*epoch_done && !marker_seen) { /* the loader's end-of-epoch marker */
+        kpl_batch b;
+        memset(&b, 0, sizeof b);
+        KPL_TRY(kpl_loader_next(t->train, &b));
+        bool marker = b.size == 0;
+        kpl_batch_release(&b);
+        KPL_CHECK(marker, KPL_ESTATE, "train loader: more batches than the %lld counted in "
+                  "epoch %lld", (long long)t->batches_per_epoch, (long long)t->epoch + 1);
+    }
+    return KPL_OK;
+}
+
+/* ---- evaluation -------------------------------------------------------------------------------- */
+
+static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res);
+
+kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res)
+{
+    kpl_status st = evaluate(t, res);
+    if (st < 0) t->failed = true;
+    return st;
+}
+
+static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
+{
+    memset(res, 0, sizeof *res);
+    KPL_CHECK(t->val, KPL_ESTATE, "evaluate: the recipe has no data.val.path");
+    /* Batch-norm statistics are each rank's own during training; the
+     * checkpoint keeps rank 0's, so evaluate with those on every rank. */
+    for (int k = 0; t->comm && k < t->nmodels; k++)
+        for (int i = 0; i < kpl_module_num_buffers(t->models[k].m); i++)
+            KPL_TRY(kpl_comm_broadcast(t->comm, kpl_module_buffers(t->models[k].m)[i], 0));
+    for (int k = 0; k < t->nmodels; k++) kpl_module_set_training(t->models[k].m, false);
+    bool prev = kpl_set_grad_enabled(false);
+    int64_t skipped0 = kpl_loader_skipped(t->val);
+    kpl_status st = t->task->eval_begin(t, t->task_state);
+    while (st >= 0) {
+        kpl_batch b;
+        memset(&b, 0, sizeof b);
+        if ((st = kpl_loader_next(t->val, &b)) < 0) break;
+        if (b.size == 0) break;
+        kpl_pool *pool = kpl_pool_push();
+        st = pool ? t->task->eval_batch(t, t->task_state, &b) : kpl_last_status();
+        if (pool) kpl_pool_pop(pool);
+        kpl_batch_release(&b);
+    }
+    kpl_set_grad_enabled(prev);
+    for (int k = 0; k < t->nmodels; k++) kpl_module_set_training(t->models[k].m, true);
+    KPL_TRY(st);
+    double skipped = (double)(kpl_loader_skipped(t->val) - skipped0);
+    KPL_TRY(kpl_trainer_sum(t, &skipped, 1));
+    KPL_TRY(t->task->eval_end(t, t->task_state, res));
+    res->skipped = (int64_t)skipped;
+    return KPL_OK;
+}
+
+/* The validation loader sits idle between evaluations: a process of it
+ * that died is reported at the next step, not when the epoch ends. */
+static kpl_status check_val_loader(kpl_trainer *t)
+{
+    if (!t->val) return KPL_OK;
+    kpl_status st = kpl_loader_check(t->val);
+    if (st >= 0) return KPL_OK;
+    return kpl__error_prefix(st, "validation loader of %s: ", t->val_path);
+}
+
+kpl_status kpl__trainer_check_val(kpl_trainer *t) { return check_val_loader(t); }
+
+/* ---- start and end ----------------------------------------------------------------------------- */
+
+static kpl_status make_loaders(kpl_trainer *t, const kpl__resume_meta *rm)
+{
+    const kpl_recipe *r = t->r;
+    kpl_loader_config c;
+    kpl__data_split_path(r, &r->data.train, t->train_path, sizeof t->train_path);
+    kpl__data_loader_config(r, &r->data.train, t->train_path, true, t->rank, t->world, &c);
+    c.device = t->dev;
+    if (rm) {
+        c.start_epoch = rm->epoch;
+        c.start_position = rm->position;
+        if (rm->world_size != t->world || rm->batch_size != r->data.train.batch_size) {
+            /* Another split of the data: keep the epoch, and as much of it
+             * as the other ranks had seen (the order within it changes). */
+            int64_t seen = rm->position * rm->world_size;
+            c.start_position = seen / t->world / c.batch_size * c.batch_size;
+            kpl__log_warn(&t->log,
+                          "resuming %lld ranks x batch %lld as %d x %lld: epoch %lld continues at "
+                          "sample %lld of this rank, in a different order than the first run",
+                          (long long)rm->world_size, (long long)rm->batch_size, (int)t->world,
+                          (long long)c.batch_size, (long long)rm->epoch + 1,
+                          (long long)c.start_position);
+        }
+    }
+    KPL_TRY(kpl_loader_create(&c, &t->train));
+    t->batches_per_epoch = kpl_loader_batches_per_epoch(t->train);
+    int64_t k = r->optimizer.accumulate;
+    t->steps_per_epoch = (t->batches_per_epoch + k - 1) / k;
+    t->total_steps = t->steps_per_epoch * r->epochs;
+    return KPL_OK;
+}
+
+static kpl_status make_val_loader(kpl_trainer *t)
+{
+    const kpl_recipe *r = t->r;
+    if (!r->data.val.path[0]) return KPL_OK;
+    kpl_loader_config c;
+    kpl__data_split_path(r, &r->data.val, t->val_path, sizeof t->val_path);
+    kpl__data_loader_config(r, &r->data.val, t->val_path, false, t->rank, t->world, &c);
+    c.device = t->dev;
+    return kpl_loader_create(&c, &t->val);
+}
+
+static kpl_status make_schedule(kpl_trainer *t)
+{
+    const kpl_recipe *r = t->r;
+    kpl_lr_schedule *s = &t->sched;
+    *s = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
+    s->kind = (kpl_sched_kind)r->schedule.kind;
+    s->base_lr = r->optimizer.lr * t->lr_scale;
+    s->epochs = (double)r->epochs;
+    s->warmup_epochs = r->schedule.warmup_epochs;
+    s->warmup_factor = r->schedule.warmup_factor;
+    s->step_size = r->schedule.step_size;
+    s->gamma = r->schedule.gamma;
+    s->num_milestones = r->schedule.nmilestones;
+    memcpy(s->milestones, r->schedule.milestones, sizeof r->schedule.milestones);
+    s->power = r->schedule.power;
+    s->min_lr = r->schedule.min_lr * t->lr_scale;
+    return kpl_lr_schedule_check(s);
+}
+
+/* The task's models, built on the device; at least one. */
+static kpl_status build_task(kpl_trainer *t)
+{
+    t->building = true;
+    kpl_status st = t->task->create(t, &t->task_state);
+    t->building = false;
+    KPL_TRY(st);
+    KPL_CHECK(t->nmodels > 0, KPL_EINVAL, "task %s added no model (kpl_trainer_add_model)",
+              t->task->name);
+    return KPL_OK;
+}
+
+static kpl_status make_ddp(kpl_trainer *t)
+{
+    if (!t->comm) return KPL_OK;
+    const kpl_recipe *r = t->r;
+    kpl_bucketer_config bc = KPL_BUCKETER_CONFIG_INIT;
+    bc.bucket_mb = r->dist.bucket_mb;
+    bc.first_bucket_mb = r->dist.first_bucket_mb;
+    bc.check_params = r->dist.check_params;
+    for (int k = 0; k < t->nmodels; k++) {
+        kpl__model *md = &t->models[k];
+        if (md->np == 0) continue; /* a frozen model: nothing to reduce */
+        KPL_TRY(kpl_ddp_create(t->comm, md->np, md->params, kpl_module_num_buffers(md->m),
+                               kpl_module_buffers(md->m), &bc, &md->ddp));
+    }
+    return KPL_OK;
+}
+
+/* Evaluation only: the validation loader, the models and their weights. */
+static kpl_status start_eval(kpl_trainer *t, const char *checkpoint)
+{
+    KPL_CHECK(t->r->data.val.path[0], KPL_EINVAL, "kpl eval: the recipe has no data.val.path "
+              "(set it, e.g. data.val.path=test)");
+    KPL_TRY(kpl__data_prepare(t->r, &t->log));
+    KPL_TRY(kpl__data_input_shape(t->r, t->chw));
+    KPL_TRY(kpl_checkpoint_load(checkpoint, &t->resume));
+    KPL_TRY(make_val_loader(t));
+    KPL_TRY(kpl__trainer_make_comm(t));
+    KPL_TRY(build_task(t));
+    KPL_TRY(kpl__trainer_restore_models(t, t->resume, checkpoint));
+    kpl_checkpoint_destroy(t->resume);
+    t->resume = NULL;
+    return KPL_OK;
+}
+
+static kpl_status start(kpl_trainer *t, const char *resume)
+{
+    const kpl_recipe *r = t->r;
+    KPL_TRY(kpl__data_prepare(r, &t->log));
+    KPL_TRY(kpl__data_input_shape(r, t->chw));
+    kpl__resume_meta rm;
+    memset(&rm, 0, sizeof rm);
+    if (resume) {
+        if (resume[0]) snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
+        else
+            KPL_CHECK(kpl__trainer_latest_checkpoint(r, t->resume_path, sizeof t->resume_path),
+                      KPL_ENOTFOUND, "--resume: no complete checkpoint in %s%s%s",
+                      r->run_dir[0] ? r->run_dir : "runs/", r->run_dir[0] ? "/checkpoints" : r->name,
+                      r->run_dir[0] ? "" : "-*/checkpoints");
+        KPL_TRY(kpl_checkpoint_load(t->resume_path, &t->resume));
+        KPL_TRY(kpl__trainer_read_meta(t->resume, t->resume_path, &rm));
+    }
+    t->lr_scale = 1;
+    if (r->optimizer.lr_scaling == 1)
+        t->lr_scale = (double)(r->data.train.batch_size * t->world * r->optimizer.accumulate) /
+                      (double)r->optimizer.base_batch;
+    kpl_status st = make_loaders(t, resume ? &rm : NULL);
+    if (st >= 0) st = make_val_loader(t);
+    if (st >= 0) st = kpl__trainer_make_comm(t);
+    if (st >= 0) st = kpl__trainer_make_run_dir(t);
+    if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
+    if (st >= 0) st = make_schedule(t);
+    if (st >= 0) st = build_task(t);
+    if (st >= 0 && t->resume) st = kpl__trainer_restore_state(t, &rm);
+    kpl__trainer_meta_free(&rm);
+    KPL_TRY(st);
+    kpl_checkpoint_destroy(t->resume);
+    t->resume = NULL;
+    KPL_TRY(make_ddp(t));
+    int64_t ep = 0;
+    kpl_loader_position(t->train, &ep, NULL);
+    t->epoch = ep;
+    return KPL_OK;
+}
+
+kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
+                              const kpl_trainer_options *o, kpl_trainer **out)
+{
+    KPL_CHECK(r && task && out, KPL_EINVAL, "kpl_trainer_create: bad arguments");
+    *out = NULL;
+    KPL_CHECK(task->name && task->best_metric && task->create && task->destroy &&
+                  task->train_batch && task->eval_begin && task->eval_batch && task->eval_end,
+              KPL_EINVAL, "task %s: a task needs a name, a best metric and every function but "
+              "eval_report", task->name ? task->name : "(unnamed)");
+    kpl_trainer_options opts = KPL_TRAINER_OPTIONS_INIT;
+    if (o) opts = *o;
+    kpl_trainer *t = calloc(1, sizeof *t);
+    KPL_CHECK(t, KPL_ENOMEM, "out of memory");
+    if (!handler_installed()) stop_signal = 0; /* a new run: no stop asked yet */
+    t->r = r;
+    t->task = task;
+    t->best = NAN;
+    t->t_start = kpl_seconds();
+    kpl__trainer_ranks_from_env(t);
+    kpl__log_init(&t->log, t->rank, opts.checkpoint ? 2 : r->log.progress);
+    kpl__trainer_pick_threads(t);
+    kpl_set_deterministic(r->deterministic);
+    kpl_status st = kpl__trainer_pick_device(t);
+    if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);
+    if (st < 0) {
+        /* the run's report: this rank's log and stderr; then the job ends */
+        kpl__log_error(&t->log, "%s", kpl_last_error());
+        t->failed = true;
+        kpl_trainer_destroy(t);
+        return st;
+    }
+    *out = t;
+    return KPL_OK;
+}
+
+void kpl_trainer_destroy(kpl_trainer *t)
+{
+    if (!t) return;
+    /* the other ranks may wait in a collective for this one */
+    if (t->failed && t->comm) kpl_comm_abort(t->comm, 1);
+    if (t->task_state) t->task->destroy(t->task_state);
+    for (int k = 0; k < t->nmodels; k++) model_free(&t->models[k]);
+    kpl_checkpoint_destroy(t->resume);
+    kpl_loader_destroy(t->train);
+    kpl_loader_destroy(t->val);
+    kpl__log_close(&t->log);
+    kpl_comm_destroy(t->comm);
+    free(t);
+}

@@ -1,0 +1,246 @@
+/*
+ * trainer_setup.c — where a run stands before its first step: its rank and
+ * world from the launcher's environment, threads, device, communicator,
+ * and the run directory with its logs, metrics.jsonl, TensorBoard files
+ * and config.yaml.
+ */
+#define _GNU_SOURCE
+#include "trainer_impl.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+static bool latest(const kpl_recipe *r, int64_t *steps, int max, char *path, size_t len);
+
+/* Ranks from the launcher's environment: kplrun's, Open MPI's, MPICH's or
+ * SLURM's (srun), so that nothing needs MPI before the loaders fork. */
+void kpl__trainer_ranks_from_env(kpl_trainer *R)
+{
+    static const char *const sets[][4] = {
+        {"KPL_RANK", "KPL_WORLD_SIZE", "KPL_LOCAL_RANK", "KPL_LOCAL_SIZE"},
+        {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK",
+         "OMPI_COMM_WORLD_LOCAL_SIZE"},
+        {"PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID", "MPI_LOCALNRANKS"},
+        {"SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID", "SLURM_NTASKS_PER_NODE"},
+    };
+    R->rank = 0, R->world = 1, R->local_rank = 0, R->local_size = 1;
+    for (size_t i = 0; i < sizeof sets / sizeof sets[0]; i++) {
+        const char *rk = getenv(sets[i][0]), *ws = getenv(sets[i][1]);
+        if (i == 3 && !getenv("SLURM_STEP_ID")) continue; /* an allocation, not srun */
+        if (!rk || !ws) continue;
+        R->rank = atoi(rk);
+        R->world = atoi(ws) > 0 ? atoi(ws) : 1;
+        const char *lr = getenv(sets[i][2]), *ls = getenv(sets[i][3]);
+        R->local_rank = lr ? atoi(lr) : R->rank;
+        R->local_size = ls && atoi(ls) > 0 ? atoi(ls) : R->world;
+        return;
+    }
+}
+
+kpl_status kpl__trainer_pick_device(kpl_trainer *R)
+{
+    const char *d = R->r->device;
+    int gpus = kpl_device_count(KPL_DEVICE_CUDA);
+    char name[32];
+    const char *chosen = getenv("KPL_DEVICE"); /* kplrun's pick for this rank */
+    if (!strcmp(d, "auto") && chosen && (!strcmp(chosen, "cpu") || gpus > 0)) {
+        snprintf(name, sizeof name, "%s", chosen);
+    } else if (!strcmp(d, "auto")) {
+        if (gpus > 0) snprintf(name, sizeof name, "cuda:%d", R->local_rank % gpus);
+        else snprintf(name, sizeof name, "cpu");
+    } else if (!strcmp(d, "cuda")) {
+        KPL_CHECK(gpus > 0, KPL_EDEVICE, "device: cuda asked for, but no CUDA GPU was found%s",
+                  kpl_device_type_built(KPL_DEVICE_CUDA) ? "" : " (this kpl has no CUDA backend)");
+        snprintf(name, sizeof name, "cuda:%d", R->local_rank % gpus);
+    } else {
+        snprintf(name, sizeof name, "%s", d);
+    }
+    return kpl_device_get(name, &R->dev);
+}
+
+void kpl__trainer_pick_threads(kpl_trainer *R)
+{
+    int n = (int)R->r->threads;
+    if (n == 0 && getenv("OMP_NUM_THREADS")) return; /* the user's choice stands */
+    if (n == 0) {
+        long cores = sysconf(_SC_NPROCESSORS_ONLN);
+        n = (int)(cores > 0 ? cores : 1) / (R->local_size > 0 ? R->local_size : 1);
+        if (n < 1) n = 1;
+    }
+    kpl_set_num_threads(n);
+}
+
+/* The newest complete checkpoint for --resume without a file: in run_dir
+ * when the recipe names one, else in the newest runs/<name>-<time> that
+ * has one (the names sort by time). */
+bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len)
+{
+    enum { MAX = 65536 };
+    int64_t *steps = malloc(MAX * sizeof *steps);
+    bool found = steps && latest(r, steps, MAX, path, len);
+    free(steps);
+    return found;
+}
+
+static bool latest(const kpl_recipe *r, int64_t *steps, int max, char *path, size_t len)
+{
+    char dir[PATH_MAX] = "";
+    if (r->run_dir[0]) {
+        snprintf(dir, sizeof dir, "%s/checkpoints", r->run_dir);
+    } else {
+        char prefix[KPL_RECIPE_NAME + 2], newest[NAME_MAX + 1] = "";
+        snprintf(prefix, sizeof prefix, "%s-", r->name);
+        DIR *d = opendir("runs");
+        struct dirent *e;
+        while (d && (e = readdir(d))) {
+            if (strncmp(e->d_name, prefix, strlen(prefix)) || strcmp(e->d_name, newest) <= 0)
+                continue;
+            char cd[PATH_MAX];
+            int n = 0;
+            snprintf(cd, sizeof cd, "runs/%s/checkpoints", e->d_name);
+            if (kpl__checkpoint_list(cd, steps, max, &n) >= 0 && n > 0)
+                snprintf(newest, sizeof newest, "%s", e->d_name);
+        }
+        if (d) closedir(d);
+        if (!newest[0]) return false;
+        snprintf(dir, sizeof dir, "runs/%s/checkpoints", newest);
+    }
+    int n = 0;
+    if (kpl__checkpoint_list(dir, steps, max, &n) < 0 || n == 0) return false;
+    kpl__checkpoint_path(dir, steps[n - 1], path, len);
+    return true;
+}
+
+kpl_status kpl__trainer_make_comm(kpl_trainer *R)
+{
+    if (R->world == 1) return KPL_OK;
+    const kpl_recipe *r = R->r;
+    kpl_comm_config cc = KPL_COMM_CONFIG_INIT;
+    cc.backend = (kpl_comm_backend)r->dist.backend;
+    cc.timeout = r->dist.timeout;
+    cc.stall_warning = r->dist.stall_warning;
+    cc.device = kpl_device_name(R->dev);
+    KPL_TRY(kpl_comm_create(&cc, &R->comm));
+    KPL_CHECK(kpl_comm_rank(R->comm) == R->rank && kpl_comm_size(R->comm) == R->world, KPL_ESTATE,
+              "the launcher's environment says rank %d of %d, MPI says rank %d of %d",
+              (int)R->rank, (int)R->world, (int)kpl_comm_rank(R->comm),
+              (int)kpl_comm_size(R->comm));
+    return KPL_OK;
+}
+
+/* Rank 0 names the run directory (the recipe's run_dir, the resumed
+ * checkpoint's run, or runs/<name>-<time>) and tells the others. */
+kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
+{
+    const kpl_recipe *r = R->r;
+    kpl_status st = KPL_OK;
+    if (R->rank == 0) {
+        if (r->run_dir[0]) {
+            snprintf(R->run_dir, sizeof R->run_dir, "%s", r->run_dir);
+        } else if (R->resume) {
+            /* <run>/checkpoints/ckpt-N.kpl -> <run> */
+            char p[PATH_MAX];
+            snprintf(p, sizeof p, "%s", R->resume_path);
+            char *s = strrchr(p, '/');
+            if (s) *s = 0;
+            s = strrchr(p, '/');
+            bool in_run = s ? !strcmp(s + 1, "checkpoints") : !strcmp(p, "checkpoints");
+            if (in_run && s) *s = 0;
+            else if (in_run) snprintf(p, sizeof p, ".");
+            else snprintf(p, sizeof p, "runs/%s-resumed-%lld", r->name, (long long)(long long)time(NULL));
+            snprintf(R->run_dir, sizeof R->run_dir, "%s", p);
+        } else {
+            time_t t = time(NULL);
+            struct tm tm;
+            char ts[32];
+            localtime_r(&t, &tm);
+            strftime(ts, sizeof ts, "%Y%m%d-%H%M%S", &tm);
+            st = kpl__mkdirs("runs");
+            for (int k = 1; st >= 0; k++) {
+                if (k == 1) snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-%s", r->name, ts);
+                else snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-%s-%d", r->name, ts, k);
+                if (mkdir(R->run_dir, 0755) == 0) break;
+                if (errno != EEXIST) {
+                    st = KPL_ERROR(KPL_EIO, "cannot create %s: %s", R->run_dir, strerror(errno));
+                    break;
+                }
+            }
+        }
+        if (st >= 0) st = kpl__mkdirs(R->run_dir);
+        snprintf(R->ckpt_dir, sizeof R->ckpt_dir, "%s/checkpoints", R->run_dir);
+        if (st >= 0) st = kpl__mkdirs(R->ckpt_dir);
+        char logs[PATH_MAX + 8];
+        snprintf(logs, sizeof logs, "%s/logs", R->run_dir);
+        if (st >= 0) st = kpl__mkdirs(logs);
+    }
+    if (R->comm) {
+        /* every rank learns the name, or that rank 0 failed */
+        int64_t len = PATH_MAX;
+        kpl_tensor *t = NULL;
+        KPL_TRY(kpl_tensor_zeros(kpl_device_cpu(), KPL_U8, 1, &len, &t));
+        char *p = kpl_tensor_host_mutable(t);
+        if (R->rank == 0) snprintf(p, PATH_MAX, "%s", st >= 0 ? R->run_dir : "");
+        kpl_status bs = kpl_comm_broadcast(R->comm, t, 0);
+        if (bs >= 0 && R->rank != 0) {
+            p = kpl_tensor_host_mutable(t);
+            p[PATH_MAX - 1] = 0;
+            snprintf(R->run_dir, sizeof R->run_dir, "%s", p);
+            snprintf(R->ckpt_dir, sizeof R->ckpt_dir, "%s/checkpoints", R->run_dir);
+            if (!R->run_dir[0])
+                bs = KPL_ERROR(KPL_EIO, "rank 0 could not create the run directory");
+            else
+                kpl__mkdirs(R->ckpt_dir); /* the run directory may be local to each node */
+        }
+        kpl_tensor_release(t);
+        if (st >= 0) st = bs;
+    }
+    KPL_TRY(st);
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/logs", R->run_dir);
+    kpl__mkdirs(path);
+    snprintf(path, sizeof path, "%s/logs/rank-%05d.log", R->run_dir, (int)R->rank);
+    R->log.log = fopen(path, "a");
+    KPL_CHECK(R->log.log, KPL_EIO, "cannot open %s: %s", path, strerror(errno));
+    if (R->rank != 0) return KPL_OK;
+    snprintf(path, sizeof path, "%s/metrics.jsonl", R->run_dir);
+    R->log.metrics = fopen(path, "a");
+    KPL_CHECK(R->log.metrics, KPL_EIO, "cannot open %s: %s", path, strerror(errno));
+    if (r->log.tensorboard) {
+        snprintf(path, sizeof path, "%s/tb", R->run_dir);
+        KPL_TRY(kpl_tb_writer_create(path, &R->log.tb));
+    }
+    /* the resolved recipe: config.yaml, or beside it when a resume differs */
+    char *yaml = NULL;
+    KPL_TRY(kpl_recipe_to_yaml(r, &yaml));
+    snprintf(path, sizeof path, "%s/config.yaml", R->run_dir);
+    FILE *old = fopen(path, "r");
+    bool differs = true;
+    if (old) {
+        size_t n = strlen(yaml);
+        char *buf = malloc(n + 2);
+        if (buf) {
+            size_t got = fread(buf, 1, n + 1, old);
+            differs = got != n || memcmp(buf, yaml, n);
+            free(buf);
+        }
+        fclose(old);
+        if (differs)
+            snprintf(path, sizeof path, "%s/config-resume-%lld.yaml", R->run_dir,
+                     (long long)(R->resume ? R->step : 0));
+    }
+    st = KPL_OK;
+    if (differs) {
+        FILE *f = fopen(path, "w");
+        if (!f || fputs(yaml, f) < 0 || fclose(f) != 0)
+            st = KPL_ERROR(KPL_EIO, "cannot write %s: %s", path, strerror(errno));
+    }
+    free(yaml);
+    return st;
+}
+
