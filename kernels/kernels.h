@@ -116,6 +116,11 @@ const char *kpl_last_error(void);
 kpl_status kpl_last_status(void);
 /* Forget the last error of this thread. */
 void kpl_clear_error(void);
+/* For code outside kpl that plugs into it (a task, a module kind): makes
+ * a formatted message this thread's last error and returns st (< 0), so
+ * that `return kpl_set_error(KPL_EINVAL, "...", ...)` reports like kpl's
+ * own failures. */
+kpl_status kpl_set_error(kpl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ------------------------------------------------------------------------ */
 /* Data types                                                                 */

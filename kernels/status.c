@@ -80,6 +80,16 @@ kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
     return st;
 }
 
+kpl_status kpl_set_error(kpl_status st, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tl_msg, sizeof tl_msg, fmt, ap);
+    va_end(ap);
+    tl_status = st;
+    return st;
+}
+
 const char *kpl_last_error(void) { return tl_msg; }
 kpl_status kpl_last_status(void) { return tl_status; }
 

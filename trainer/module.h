@@ -249,9 +249,16 @@ kpl_status kpl_nn_residual(kpl_module *parent, const char *name, bool relu, kpl_
 
 /* ---- the model zoo ------------------------------------------------------------------------- */
 
-typedef enum { KPL_MODEL_MLP, KPL_MODEL_LENET, KPL_MODEL_CNN, KPL_MODEL_RESNET } kpl_model_arch;
+/* KPL_MODEL_NONE: a recipe's model.name when the task builds its own model. */
+typedef enum {
+    KPL_MODEL_MLP,
+    KPL_MODEL_LENET,
+    KPL_MODEL_CNN,
+    KPL_MODEL_RESNET,
+    KPL_MODEL_NONE
+} kpl_model_arch;
 
-/* "mlp", "lenet", "cnn", "resnet"; parse: -1 for other names. */
+/* "mlp", "lenet", "cnn", "resnet", "none"; parse: -1 for other names. */
 const char *kpl_model_arch_name(kpl_model_arch a);
 int kpl_model_arch_parse(const char *name);
 

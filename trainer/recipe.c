@@ -36,7 +36,7 @@ typedef struct {
     const char *help;
 } field;
 
-static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", NULL};
+static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none", NULL};
 static const char *const stem_names[] = {"imagenet", "cifar", NULL};
 static const char *const convert_names[] = {"none", "idx", "imagefolder", "lmdb", NULL};
 static const char *const shuffle_names[] = {"none", "chunk", "buffer", "example", NULL};
@@ -124,8 +124,11 @@ static const field fields[] = {
     F_STR("run_dir", run_dir, "\"\"", "run directory (default: runs/<name>-<time>)"),
     F_INT("max_steps", max_steps, "0", 0, BIG, "stop after this many steps in all (0: no limit)"),
 
-    F_ENUM("model.name", model.arch, NULL, arch_names, "mlp, lenet, cnn or resnet"),
-    F_INT("model.num_classes", model.num_classes, NULL, 1, 1e7, "classes"),
+    F_ENUM("model.name", model.arch, "none", arch_names,
+           "mlp, lenet, cnn or resnet (classification needs one; none: the task builds its "
+           "own)"),
+    F_INT("model.num_classes", model.num_classes, "0", 0, 1e7,
+          "classes (classification needs them)"),
     F_INT("model.in_channels", model.in_channels, "0", 0, 64,
           "input channels (0: data.train.transform.channels)"),
     F_INTS("model.input_size", model.input_size, model.ninput_size, "[]", 1, 1 << 16,
@@ -976,6 +979,15 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
     } while (0)
 #define k_fmt_(fmt, ...) fmt
 #define k_args_(fmt, ...) __VA_ARGS__
+    /* the keys classification needs, as if they were required */
+    if (!strcmp(r->task, "classification")) {
+        const char *k = r->model.arch == KPL_MODEL_NONE ? "model.name"
+                        : r->model.num_classes == 0     ? "model.num_classes"
+                                                        : NULL;
+        if (k)
+            return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task classification)",
+                             *r->file ? r->file : "recipe", k);
+    }
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     const char *spn[2] = {"data.train", "data.val"};
     for (int i = 0; i < 2; i++) {

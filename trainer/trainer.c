@@ -798,15 +798,31 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     return KPL_OK;
 }
 
-kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
-                              const kpl_trainer_options *o, kpl_trainer **out)
+/* What is wrong before the run has a log: said on stderr, as the run's
+ * own errors are. */
+static kpl_status check_args(const kpl_recipe *r, const kpl_task_kind *task)
 {
-    KPL_CHECK(r && task && out, KPL_EINVAL, "kpl_trainer_create: bad arguments");
-    *out = NULL;
+    KPL_CHECK(r && task, KPL_EINVAL, "kpl_trainer_create: no recipe or no task");
     KPL_CHECK(task->name && task->best_metric && task->create && task->destroy &&
                   task->train_batch && task->eval_begin && task->eval_batch && task->eval_end,
               KPL_EINVAL, "task %s: a task needs a name, a best metric and every function but "
               "eval_report", task->name ? task->name : "(unnamed)");
+    KPL_CHECK(!strcmp(r->task, task->name), KPL_EINVAL,
+              "%s: the recipe's task is '%s', the program's is '%s' (set task: %s)",
+              *r->file ? r->file : "recipe", r->task, task->name, task->name);
+    return KPL_OK;
+}
+
+kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
+                              const kpl_trainer_options *o, kpl_trainer **out)
+{
+    KPL_CHECK(out, KPL_EINVAL, "kpl_trainer_create: NULL out");
+    *out = NULL;
+    kpl_status cs = check_args(r, task);
+    if (cs < 0) {
+        fprintf(stderr, "kpl: error: %s\n", kpl_last_error());
+        return cs;
+    }
     kpl_trainer_options opts = KPL_TRAINER_OPTIONS_INIT;
     if (o) opts = *o;
     kpl_trainer *t = calloc(1, sizeof *t);

@@ -615,7 +615,10 @@ typedef struct {
  * threads, device; data (converted when missing) and the checkpoint to
  * resume; loaders (they fork before any thread exists); communicator and
  * run directory; the task's models, optimizers, restored state, DDP.
- * *out owned by the caller.  Collective. */
+ * *out owned by the caller.  Collective.  A failure is also reported as a
+ * run reports it (stderr and this rank's log) and ends the job on every
+ * rank; *out is then NULL.  KPL_EINVAL when the recipe's `task` is not
+ * the task's name. */
 kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
                               const kpl_trainer_options *o, kpl_trainer **out);
 /* Ends the job on every rank when one fails (the others wait in a

@@ -9,16 +9,16 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet"};
+static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none"};
 
 const char *kpl_model_arch_name(kpl_model_arch a)
 {
-    return (unsigned)a <= KPL_MODEL_RESNET ? arch_names[a] : "?";
+    return (unsigned)a <= KPL_MODEL_NONE ? arch_names[a] : "?";
 }
 
 int kpl_model_arch_parse(const char *name)
 {
-    for (int i = 0; i <= KPL_MODEL_RESNET; i++)
+    for (int i = 0; i <= KPL_MODEL_NONE; i++)
         if (name && !strcmp(name, arch_names[i])) return i;
     return -1;
 }
@@ -181,8 +181,9 @@ static kpl_status conv_stage(kpl_module *root, int i, int64_t in, int64_t out, i
 
 kpl_status kpl_model_config_complete(kpl_model_config *c)
 {
-    KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL, "model: unknown architecture %d",
-              (int)c->arch);
+    KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL,
+              "model: %s architecture (mlp, lenet, cnn or resnet)",
+              c->arch == KPL_MODEL_NONE ? "no" : "an unknown");
     const char *a = arch_names[c->arch];
     KPL_CHECK(c->num_classes > 0 || (c->num_classes == 0 && c->arch == KPL_MODEL_RESNET),
               KPL_EINVAL, "model: need num_classes > 0 (got %lld; 0, a backbone, is for resnet)",
@@ -223,6 +224,7 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
                   KPL_EINVAL, "model resnet: input %lldx%lld is too small for the %s stem",
                   (long long)c->in_h, (long long)c->in_w, c->cifar_stem ? "cifar" : "imagenet");
         break;
+    case KPL_MODEL_NONE: break; /* refused above */
     }
     KPL_CHECK(c->width >= 0 && c->width <= 4096, KPL_EINVAL, "model %s: width %lld out of range",
               a, (long long)c->width);
@@ -258,6 +260,7 @@ static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
         return build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden);
     }
     case KPL_MODEL_RESNET: return build_resnet(root, &c);
+    case KPL_MODEL_NONE: break; /* refused by kpl_model_config_complete */
     }
     return KPL_OK;
 }
@@ -341,7 +344,7 @@ kpl_status kpl_model_create(const char *name, int64_t num_classes, kpl_device *d
         c.in_h = c.in_w = c.cifar_stem ? 32 : 224;
     } else {
         int a = kpl_model_arch_parse(name);
-        KPL_CHECK(a >= 0 && a != KPL_MODEL_RESNET, KPL_EINVAL,
+        KPL_CHECK(a >= 0 && a < KPL_MODEL_RESNET, KPL_EINVAL,
                   "model: unknown model '%s' (known: mlp, lenet, cnn, resnet18_cifar, "
                   "resnet18, resnet34, resnet50)",
                   name);

@@ -13,6 +13,9 @@
 #              kplrun)
 #   imagenet   the ImageNet ResNet-50 recipe for a few steps on a generated
 #              image folder converted to KPLRecord on first use
+#   example    examples/autoencoder.c (a model and a task of its own, KPL is
+#              that program here) learns, resumes exactly, and trains on 2
+#              ranks x 64 as on 1 x 128
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 kplrun=${5:-}
 . "$(dirname "$0")/e2e_common.sh"
@@ -218,6 +221,38 @@ imagenet)
   lr=$(field lr "$(grep '"event":"train","step":1,' run/metrics.jsonl)")
   awk -v l="$lr" 'BEGIN { exit !(l > 0.99 * 0.1 * 4 / 256 * 0.1 && l < 0.1 * 4 / 256 * 0.11) }' \
     || die "lr at step 1: $lr"
+  ;;
+example)
+  need_fm
+  ex=$kpl
+  R=("$src/examples/autoencoder.yaml" "${FM[@]}" "${QUIET[@]}" deterministic=true threads=1
+     epochs=1 data.train.limit=12800 data.val.limit=1000 log.every_steps=1)
+  "$ex" "${R[@]}" run_dir=one data.train.batch_size=128 > one.txt 2> one.err || die "1 rank: $(tail -3 one.err)"
+  d=$(tail -n 1 one.txt)
+  awk -v m="$(field val_mse "$d")" 'BEGIN { exit !(m > 0 && m < 0.03) }' || die "val mse: $d"
+  losses one > one.loss
+  [[ $(wc -l < one.loss) == 100 ]] || die "steps: $(wc -l < one.loss)"
+  awk 'NR == 1 { f = $2 } END { exit !($2 < f / 3) }' one.loss || die "the loss did not fall: $(sed -n '1p;$p' one.loss)"
+  # stopped at step 40, resumed: every step's loss as the uninterrupted run's
+  "$ex" "${R[@]}" run_dir=cut data.train.batch_size=128 max_steps=40 > /dev/null 2> cut.err || die "cut: $(tail -3 cut.err)"
+  "$ex" "${R[@]}" run_dir=cut data.train.batch_size=128 --resume > cut.txt 2> cut2.err || die "resume: $(tail -3 cut2.err)"
+  grep -q "resumed from cut/checkpoints/ckpt-0000000040.kpl at step 40" cut.txt || die "resume line: $(head -3 cut.txt)"
+  losses cut | diff - one.loss > /dev/null || die "resumed losses differ: $(losses cut | diff - one.loss | head -4)"
+  # 2 ranks x 64 (mpirun): the same steps to 1e-4
+  if command -v mpirun > /dev/null; then
+    mpirun --allow-run-as-root --oversubscribe -np 2 "$ex" "${R[@]}" run_dir=two \
+      data.train.batch_size=64 > two.txt 2> two.err || die "2 ranks: $(tail -5 two.err)"
+    losses two > two.loss
+    paste one.loss two.loss | awk '{ d = $2 - $4; if (d < 0) d = -d; if (d > 1e-4 * $2) { print "step " $1 ": " $2 " vs " $4; bad = 1 } }
+                                   END { exit bad }' || die "2 ranks x 64 differ from 1 x 128"
+  fi
+  # the recipe says which task it is for
+  set +e
+  "$ex" "${R[@]}" run_dir=x task=detection > /dev/null 2> task.err
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] && grep -q "the recipe's task is 'detection', the program's is 'autoencoder'" task.err \
+    || die "task mismatch: exit $rc: $(cat task.err)"
   ;;
 *)
   echo "train_e2e.sh: unknown case '$case_'" >&2

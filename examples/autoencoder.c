@@ -1,0 +1,216 @@
+/*
+ * autoencoder.c — a model and a task defined outside kpl, trained by
+ * kpl_trainer: a convolutional autoencoder on Fashion-MNIST with a mean
+ * squared error loss.
+ *
+ *   build/bin/example_autoencoder examples/autoencoder.yaml [KEY=VALUE ...] [--resume]
+ *
+ * Three things a program brings:
+ *   1. a module kind (here the autoencoder itself, whose forward returns
+ *      the reconstruction and the code: a module may give several outputs),
+ *      built from kpl's layers;
+ *   2. a task: how to build the model from the recipe, one training
+ *      micro-batch (the loss, kpl_trainer_backward, the figures to report),
+ *      and the evaluation (named metrics; "mse" picks best.kpl);
+ *   3. main: load the recipe, create the trainer with the task, fit.
+ * Everything else — data loading, mpirun ranks and DDP, the optimizer and
+ * schedule, checkpoints and --resume, metrics.jsonl, TensorBoard — is the
+ * trainer's, configured by the same recipe keys as `kpl train`.
+ */
+#include "trainer.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the model: encoder -> code -> decoder ------------------------------------------------ */
+
+/* forward: (N, 1, 28, 28) -> [reconstruction (N, 1, 28, 28), code (N, 32, 7, 7)] */
+static kpl_status autoencoder_forward(kpl_module *m, const kpl_tensor_list *in,
+                                      kpl_tensor_list *out)
+{
+    kpl_tensor *code = kpl_module_forward(kpl_module_find(m, "encoder"), in->t[0]);
+    kpl_tensor *rec = kpl_module_forward(kpl_module_find(m, "decoder"), code);
+    if (!rec) return kpl_last_status();
+    out->n = 2;
+    out->t[0] = rec;
+    out->t[1] = code;
+    return KPL_OK;
+}
+
+static const kpl_module_kind autoencoder_kind = {"autoencoder", autoencoder_forward, NULL};
+
+/* Each step fails with a status; the first one that does ends the build. */
+#define BUILD(expr)                          \
+    do {                                     \
+        kpl_status st_ = (expr);             \
+        if (st_ < 0) return st_;             \
+    } while (0)
+
+static kpl_status autoencoder_create(kpl_device *dev, uint64_t seed, int64_t channels,
+                                     int64_t width, kpl_module **out)
+{
+    kpl_module *m = NULL, *enc = NULL, *dec = NULL;
+    BUILD(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
+    *out = m; /* the caller destroys it also when a step below fails */
+    kpl_nn_conv c1 = {KPL_NN_CONV_INIT(channels, width, 3), .stride = {2, 2}, .padding = {1, 1}};
+    kpl_nn_conv c2 = {KPL_NN_CONV_INIT(width, 2 * width, 3), .stride = {2, 2}, .padding = {1, 1}};
+    kpl_nn_conv d1 = {KPL_NN_CONV_INIT(2 * width, width, 4), .stride = {2, 2}, .padding = {1, 1}};
+    kpl_nn_conv d2 = {KPL_NN_CONV_INIT(width, channels, 4), .stride = {2, 2}, .padding = {1, 1}};
+    BUILD(kpl_nn_sequential(m, "encoder", &enc));
+    BUILD(kpl_nn_conv2d(enc, "conv1", &c1, NULL));
+    BUILD(kpl_nn_relu(enc, "relu1", NULL));
+    BUILD(kpl_nn_conv2d(enc, "conv2", &c2, NULL));
+    BUILD(kpl_nn_relu(enc, "relu2", NULL));
+    BUILD(kpl_nn_sequential(m, "decoder", &dec));
+    BUILD(kpl_nn_conv_transpose2d(dec, "deconv1", &d1, NULL));
+    BUILD(kpl_nn_relu(dec, "relu1", NULL));
+    BUILD(kpl_nn_conv_transpose2d(dec, "deconv2", &d2, NULL));
+    BUILD(kpl_nn_activation(dec, "sigmoid", KPL_NN_SIGMOID, 0, NULL));
+    return KPL_OK;
+}
+
+/* ---- the task ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double sum, count; /* evaluation: squared errors, pixels */
+} ae_state;
+
+static kpl_status ae_create(kpl_trainer *t, void **state)
+{
+    const kpl_recipe *r = kpl_trainer_recipe(t);
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    if (chw[1] % 4 || chw[2] % 4)
+        return kpl_set_error(KPL_EINVAL, "autoencoder: the input's sides must be multiples of 4 "
+                             "(got %lldx%lld)", (long long)chw[1], (long long)chw[2]);
+    ae_state *s = calloc(1, sizeof *s);
+    if (!s) return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    *state = s;
+    kpl_module *m = NULL;
+    int64_t width = r->model.width ? r->model.width : 16;
+    kpl_status st = autoencoder_create(kpl_trainer_device(t), (uint64_t)r->seed, chw[0], width, &m);
+    if (st < 0) {
+        kpl_module_destroy(m);
+        return st;
+    }
+    return kpl_trainer_add_model(t, "model", "autoencoder", m, NULL, NULL);
+}
+
+static void ae_destroy(void *state) { free(state); }
+
+/* The batch's images where the model is (the batch's own on the CPU). */
+static kpl_tensor *images(kpl_trainer *t, const kpl_batch *b)
+{
+    kpl_device *dev = kpl_trainer_device(t);
+    return kpl_device_type_of(dev) == KPL_DEVICE_CPU ? b->image : kpl_to_device(b->image, dev);
+}
+
+static kpl_status ae_train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    if (!pool) return kpl_last_status();
+    kpl_tensor *x = images(t, b);
+    kpl_tensor_list in = {1, {x}}, out;
+    kpl_status st = x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out)
+                      : kpl_last_status();
+    kpl_tensor *loss = st >= 0 ? kpl_mse_loss(out.t[0], x, KPL_REDUCE_MEAN) : NULL;
+    if (loss) kpl_tensor_retain(loss); /* it outlives the forward's pool */
+    kpl_pool_pop(pool);
+    double v = 0;
+    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, &v);
+    kpl_tensor_release(loss);
+    if (st < 0 || !isfinite(v)) return st;
+    return kpl_trainer_record(t, "loss", v * (double)b->size, (double)b->size);
+}
+
+static kpl_status ae_eval_begin(kpl_trainer *t, void *state)
+{
+    (void)t;
+    memset(state, 0, sizeof(ae_state));
+    return KPL_OK;
+}
+
+static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    ae_state *s = state;
+    kpl_tensor_list in = {1, {images(t, b)}}, out; /* out: reconstruction, code */
+    kpl_status st = kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out);
+    if (st < 0) return st;
+    kpl_tensor *se = kpl_mse_loss(out.t[0], in.t[0], KPL_REDUCE_NONE); /* (N, C, H, W) */
+    const float *e = se ? kpl_tensor_host_data(se) : NULL;
+    if (!e) return kpl_last_status();
+    int64_t per = kpl_tensor_numel(se) / b->size;
+    for (int64_t i = 0; i < b->size; i++) {
+        if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat of another rank's */
+        for (int64_t k = 0; k < per; k++) s->sum += e[i * per + k];
+        s->count += (double)per;
+    }
+    return KPL_OK;
+}
+
+static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
+{
+    ae_state *s = state;
+    double v[2] = {s->sum, s->count};
+    kpl_status st = kpl_trainer_sum(t, v, 2);
+    if (st < 0) return st;
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    double mse = v[1] > 0 ? v[0] / v[1] : NAN;
+    res->examples = (int64_t)(v[1] / (double)(chw[0] * chw[1] * chw[2]));
+    res->nonfinite = isfinite(mse) ? 0 : res->examples;
+    st = kpl_figures_set(&res->metrics, "mse", mse);
+    if (st < 0) return st;
+    return kpl_figures_set(&res->metrics, "psnr", mse > 0 ? -10 * log10(mse) : NAN);
+}
+
+static const kpl_task_kind autoencoder_task = {
+    .name = "autoencoder",
+    .best_metric = "mse",
+    .best_higher = false,
+    .create = ae_create,
+    .destroy = ae_destroy,
+    .train_batch = ae_train_batch,
+    .eval_begin = ae_eval_begin,
+    .eval_batch = ae_eval_batch,
+    .eval_end = ae_eval_end,
+};
+
+/* ---- main ------------------------------------------------------------------------------------ */
+
+int main(int argc, char **argv)
+{
+    /* RECIPE.yaml [KEY=VALUE ...] [--resume [FILE]] */
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    const char *recipe = NULL, *overrides[64];
+    int n = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--resume")) {
+            o.resume = i + 1 < argc && !strchr(argv[i + 1], '=') ? argv[++i] : "";
+        } else if (!recipe) {
+            recipe = argv[i];
+        } else if (n < 64) {
+            overrides[n++] = argv[i];
+        }
+    }
+    if (!recipe) {
+        fprintf(stderr, "usage: %s RECIPE.yaml [KEY=VALUE ...] [--resume [FILE]]\n", argv[0]);
+        return 2;
+    }
+    kpl_recipe *r = malloc(sizeof *r); /* a plain value, but a large one */
+    if (!r) return 1;
+    if (kpl_recipe_load(recipe, n, overrides, r) < 0) {
+        fprintf(stderr, "%s\n", kpl_last_error());
+        free(r);
+        return 2;
+    }
+    kpl_trainer *t = NULL;
+    int rc = 1;
+    if (kpl_trainer_create(r, &autoencoder_task, &o, &t) >= 0) { /* errors are printed */
+        rc = kpl_trainer_fit(t);
+        kpl_trainer_destroy(t);
+    }
+    free(r);
+    return rc;
+}
