@@ -371,6 +371,14 @@ kpl_status kpl_module_freeze(kpl_module *m)
 
 bool kpl_module_frozen(const kpl_module *m) { return m->frozen; }
 
+kpl_status kpl_module_set_requires_grad(kpl_module *m, bool on)
+{
+    for (int i = 0; i < m->nparams; i++)
+        KPL_TRY(kpl_set_requires_grad(m->params[i].t, on && !m->frozen));
+    for (int i = 0; i < m->nchildren; i++) KPL_TRY(kpl_module_set_requires_grad(m->children[i], on));
+    return KPL_OK;
+}
+
 /* ---- forward ---------------------------------------------------------------------------- */
 
 /* "layer1.0.conv1" into buf. */

@@ -134,6 +134,10 @@ bool kpl_module_training(const kpl_module *m);
  * require grad to its optimizer. */
 kpl_status kpl_module_freeze(kpl_module *m);
 bool kpl_module_frozen(const kpl_module *m);
+/* Whether the parameters under m take gradients, for a while (a GAN's
+ * discriminator during the generator's step): unlike freezing, no mode
+ * changes, and `on` gives the gradients back (except to frozen modules). */
+kpl_status kpl_module_set_requires_grad(kpl_module *m, bool on);
 
 /* ---- forward ---------------------------------------------------------------------------- */
 /* Runs m's kind on in, filling out.  A failure deep in a tree names the
