@@ -242,7 +242,7 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                 }
                 const kpl_hooks *h = kpl_tensor_hooks(leaf);
                 for (int k = 0; st == KPL_OK && h && k < h->n_ready; k++)
-                    h->ready[k](leaf, h->ready_user[k]);
+                    if ((st = h->ready[k](leaf, h->ready_user[k])) > 0) st = KPL_OK;
             }
             kpl_tensor_release(g);
             kpl_pool_pop(p);

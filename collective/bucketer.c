@@ -237,6 +237,16 @@ kpl_tensor *kpl_bucketer_grad(kpl_bucketer *b, int i)
 
 void kpl_bucketer_set_sync(kpl_bucketer *b, bool sync) { b->sync = sync; }
 bool kpl_bucketer_sync(const kpl_bucketer *b) { return b->sync; }
+kpl_status kpl_bucketer_zero_grads(kpl_bucketer *b)
+{
+    for (int k = 0; k < b->nbuckets; k++) {
+        KPL_CHECK(!b->buckets[k].work, KPL_ESTATE,
+                  "bucketer: zeroing gradients while bucket %d's allreduce is in flight", k);
+        KPL_TRY(kpl_k_fill(b->buckets[k].flat, 0));
+    }
+    return KPL_OK;
+}
+
 int kpl_bucketer_num_buckets(const kpl_bucketer *b) { return b->nbuckets; }
 int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i) { return b->bucket_of[i]; }
 kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b) { return b->stats; }

@@ -215,6 +215,10 @@ kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i);
 /* Reduces what is left (unused parameters' gradients zeroed), waits for
  * every bucket, and prepares the next step.  Collective. */
 kpl_status kpl_bucketer_finish(kpl_bucketer *b);
+/* Every gradient back to zero: one fill per bucket (the views stay where
+ * they are).  No communication; not while a step's allreduces are in
+ * flight (between the first mark_ready and finish). */
+kpl_status kpl_bucketer_zero_grads(kpl_bucketer *b);
 int kpl_bucketer_num_buckets(const kpl_bucketer *b);
 /* The bucket holding parameter i. */
 int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i);

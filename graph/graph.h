@@ -315,10 +315,11 @@ bool kpl_grad_is_buffer(const kpl_tensor *t);
  * this backward) and may return a replacement (pool-owned), or NULL to keep
  * it.  A ready hook runs once per backward for each parameter, as soon as
  * its .grad is complete, in backward order (the DDP bucketer starts its
- * allreduce there).  Hooks on a result apply to the node that made it.
- * Up to 8 of each per tensor. */
+ * allreduce there); a status < 0 from it ends the backward with that
+ * status (and the hook's message).  Hooks on a result apply to the node
+ * that made it.  Up to 8 of each per tensor. */
 typedef kpl_tensor *(*kpl_grad_hook)(kpl_tensor *t, kpl_tensor *grad, void *user);
-typedef void (*kpl_ready_hook)(kpl_tensor *param, void *user);
+typedef kpl_status (*kpl_ready_hook)(kpl_tensor *param, void *user);
 kpl_status kpl_add_grad_hook(kpl_tensor *t, kpl_grad_hook fn, void *user);
 kpl_status kpl_add_ready_hook(kpl_tensor *param, kpl_ready_hook fn, void *user);
 void kpl_clear_hooks(kpl_tensor *t);

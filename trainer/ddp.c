@@ -20,20 +20,16 @@ struct kpl_ddp {
     int n;
     kpl_tensor *const *params;
     hook_ctx *ctx; /* one per parameter: the ready hook's user pointer */
-    kpl_status err; /* the first failure inside a ready hook (hooks return nothing) */
-    char err_msg[1024];
 };
 
-static void on_ready(kpl_tensor *param, void *user)
+/* A failure here ends the backward with it (and kpl_ddp_finish still
+ * waits for what the buckets have in flight). */
+static kpl_status on_ready(kpl_tensor *param, void *user)
 {
     (void)param;
     hook_ctx *h = user;
-    kpl_ddp *d = h->d;
-    kpl_status st = kpl_bucketer_mark_ready(d->b, h->i);
-    if (st < 0 && d->err == KPL_OK) {
-        d->err = st;
-        snprintf(d->err_msg, sizeof d->err_msg, "%s", kpl_last_error());
-    }
+    kpl_status st = kpl_bucketer_mark_ready(h->d->b, h->i);
+    return st < 0 ? kpl__error_prefix(st, "ddp: marking a gradient ready failed: ") : KPL_OK;
 }
 
 kpl_status kpl_ddp_create(kpl_comm *comm, int n, kpl_tensor *const *params, int nbuf,
@@ -98,18 +94,19 @@ kpl_status kpl_ddp_begin(kpl_ddp *d, bool sync)
     return KPL_OK;
 }
 
+kpl_status kpl_ddp_zero_grad(kpl_ddp *d)
+{
+    KPL_CHECK(d, KPL_EINVAL, "ddp_zero_grad: NULL");
+    return kpl_bucketer_zero_grads(d->b);
+}
+
 kpl_status kpl_ddp_finish(kpl_ddp *d)
 {
     KPL_CHECK(d, KPL_EINVAL, "ddp_finish: NULL");
-    /* Finish even after a hook failed: the other ranks wait for our
-     * buckets, and a half-issued step must not leave work in flight. */
-    kpl_status st = kpl_bucketer_finish(d->b);
-    if (d->err < 0) {
-        kpl_status e = d->err;
-        d->err = KPL_OK;
-        return KPL_ERROR(e, "ddp: marking a gradient ready failed: %s", d->err_msg);
-    }
-    if (st < 0) return st;
+    /* Finish even after a hook failed (the backward said so): the other
+     * ranks wait for our buckets, and a half-issued step must not leave
+     * work in flight. */
+    KPL_TRY(kpl_bucketer_finish(d->b));
     /* The first finish rebuilds the buckets: the gradients moved. */
     for (int i = 0; i < d->n; i++) {
         kpl_tensor *view = kpl_bucketer_grad(d->b, i);

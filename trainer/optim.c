@@ -576,7 +576,7 @@ kpl_status kpl_optim_step(kpl_optim *o)
         }
     }
     kpl_set_grad_enabled(prev);
-    kpl_zero_grad(o->n, o->params);
+    if (!o->cfg.keep_grad) kpl_zero_grad(o->n, o->params);
     return st;
 }
 

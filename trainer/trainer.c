@@ -321,6 +321,9 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
 {
     const kpl_recipe *r = t->r;
     kpl_optim_config oc = given ? *given : recipe_optim(t);
+    /* with DDP, the gradients are views into its buckets: they stay, and
+     * DDP zeroes them whole after the update */
+    oc.keep_grad = t->comm != NULL;
     bool *nd = calloc((size_t)(md->np ? md->np : 1), sizeof *nd);
     KPL_CHECK(nd, KPL_ENOMEM, "out of memory");
     for (int i = 0; i < md->np; i++)
@@ -475,14 +478,16 @@ kpl_status kpl_trainer_update(kpl_trainer *t, int model)
         if (md->base_lr != t->sched.base_lr)
             lr = t->sched.base_lr > 0 ? md->base_lr * (lr / t->sched.base_lr) : 0;
         kpl_optim_set_lr(md->opt, lr);
-        return kpl_optim_step(md->opt);
+        KPL_TRY(kpl_optim_step(md->opt));
+        return md->ddp ? kpl_ddp_zero_grad(md->ddp) : KPL_OK;
     }
     if (!skip_mode)
         return KPL_ERROR(KPL_ERANGE, "the gradients are not finite at step %lld (epoch %lld; "
                          "their norm is %g): lower optimizer.lr, or set loss.nonfinite: skip to "
                          "leave such steps out", (long long)t->step + 1, (long long)t->epoch + 1,
                          fabs(norm));
-    kpl_zero_grad(md->np, md->params);
+    if (md->ddp) KPL_TRY(kpl_ddp_zero_grad(md->ddp));
+    else kpl_zero_grad(md->np, md->params);
     t->step_skipped = true;
     return KPL_OK;
 }

@@ -110,8 +110,10 @@ typedef struct {
     double weight_decay;      /* >= 0 */
     double beta1, beta2, eps; /* adam, adamw: betas in [0, 1), eps > 0 */
     double trust_coefficient; /* lars: eta > 0 */
+    bool keep_grad;           /* step leaves .grad alone: whoever owns the gradient
+                                 buffers zeroes them (kpl_ddp_zero_grad) */
 } kpl_optim_config;
-#define KPL_OPTIM_CONFIG_INIT {KPL_OPTIM_SGD, 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001}
+#define KPL_OPTIM_CONFIG_INIT {KPL_OPTIM_SGD, 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001, false}
 
 typedef struct kpl_optim kpl_optim;
 
@@ -150,7 +152,7 @@ kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngro
 const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o);
 /* Updates every parameter that has a .grad (a parameter without one is
  * left alone, its state too), then clears the gradients (kpl_zero_grad),
- * also when it fails.  .grad is read, never written.  KPL_EDTYPE /
+ * also when it fails, unless the config says keep_grad.  .grad is read, never written.  KPL_EDTYPE /
  * KPL_ESHAPE for a .grad whose dtype or shape is not its parameter's.
  * Unrecorded (grad mode off); runs on the parameters' device. */
 kpl_status kpl_optim_step(kpl_optim *o);
@@ -266,7 +268,8 @@ const char *kpl_tb_writer_path(const kpl_tb_writer *w);
  *       kpl_ddp_begin(ddp, true);         // false on accumulation micro-steps
  *       loss = ...; kpl_backward(loss, NULL, false);
  *       kpl_ddp_finish(ddp);              // waits for the buckets
- *       kpl_optim_step(opt);              // reads and then clears .grad
+ *       kpl_optim_step(opt);              // keep_grad: reads .grad, leaves it
+ *       kpl_ddp_zero_grad(ddp);           // whole buckets to zero
  *
  * Each rank's loss is the mean over its own samples; averaging the
  * gradients makes the step the one of the mean over all ranks' samples.
@@ -283,12 +286,15 @@ kpl_status kpl_ddp_create(kpl_comm *comm, int n, kpl_tensor *const *params, int 
                           kpl_tensor *const *buffers, const kpl_bucketer_config *cfg,
                           kpl_ddp **out);
 void kpl_ddp_destroy(kpl_ddp *d);
-/* Before the forward pass of a (micro-)step.  sync false: an accumulation
+/* Before the backward of a (micro-)step.  sync false: an accumulation
  * micro-step, no communication; true: the step's gradients are reduced at
- * finish.  A parameter whose .grad was cleared (the optimizer does) gets
- * its zeroed bucket view as gradient buffer; one that still has it keeps
- * accumulating. */
+ * finish.  The bucket views stay installed as the parameters' gradient
+ * buffers across steps (backward accumulates into them); a parameter whose
+ * .grad was replaced or cleared gets its view back, zeroed. */
 kpl_status kpl_ddp_begin(kpl_ddp *d, bool sync);
+/* After the optimizer step (created with keep_grad): every gradient back to
+ * zero, a fill per bucket, the views staying where they are. */
+kpl_status kpl_ddp_zero_grad(kpl_ddp *d);
 /* After backward: waits for the allreduces (zeroing unused parameters'
  * gradients); with sync, every .grad is then the average over ranks.
  * Reports a failure of the ready hooks too.  Collective. */

@@ -270,11 +270,20 @@ static void test_grad_of_intermediate(void **state)
 }
 
 static int ready_order[16], n_ready;
-static void on_ready(kpl_tensor *p, void *user)
+static kpl_status on_ready(kpl_tensor *p, void *user)
 {
     (void)p;
     ready_order[n_ready++] = (int)(intptr_t)user;
+    return KPL_OK;
 }
+/* A ready hook that fails: the backward ends with its status and message. */
+static kpl_status refuse(kpl_tensor *p, void *user)
+{
+    (void)p;
+    ready_order[n_ready++] = (int)(intptr_t)user;
+    return kpl_set_error(KPL_ECOMM, "hook %d refused", (int)(intptr_t)user);
+}
+
 static kpl_tensor *times_ten(kpl_tensor *t, kpl_tensor *g, void *user)
 {
     (void)t;
@@ -318,6 +327,17 @@ static void test_hooks(void **state)
     assert_float_equal(tget(kpl_grad_get(w[0]), 0), 10 * g_plain, 1e-9);
     kpl_tensor *c = kpl_full(kpl_device_cpu(), KPL_F64, 0, NULL, 1);
     assert_int_equal(kpl_add_grad_hook(c, times_ten, NULL), KPL_EINVAL);
+    /* a ready hook's failure ends the backward: w2's hook refuses, so the
+     * backward stops there and w1's and w0's hooks never run */
+    kpl_zero_grad(3, w);
+    for (int i = 0; i < 3; i++) kpl_clear_hooks(w[i]);
+    for (int i = 0; i < 3; i++) OK(kpl_add_ready_hook(w[i], i == 2 ? refuse : on_ready,
+                                                      (void *)(intptr_t)i));
+    n_ready = 0;
+    kpl_tensor *l4 = kpl_sum(kpl_matmul(kpl_matmul(w[0], w[1], false, false), w[2], false, false),
+                             NULL, 0, false);
+    FAILS(kpl_backward(l4, NULL, false), KPL_ECOMM, "hook 2 refused");
+    assert_int_equal(n_ready, 1);
     kpl_pool_pop(p);
     for (int i = 0; i < 3; i++) kpl_tensor_release(w[i]);
 }

@@ -62,7 +62,7 @@ static void forward_backward(kpl_model *m, int step, int from, int n, double sca
     kpl_tensor_release(y);
 }
 
-static kpl_model *lenet(uint64_t seed, kpl_optim **opt)
+static kpl_model *lenet(uint64_t seed, kpl_optim **opt, bool keep_grad)
 {
     kpl_model *m = NULL;
     OK(kpl_model_create("lenet", CLASSES, kpl_device_cpu(), seed, &m));
@@ -70,6 +70,7 @@ static kpl_model *lenet(uint64_t seed, kpl_optim **opt)
     oc.lr = 0.05;
     oc.momentum = 0.9;
     oc.weight_decay = 1e-4;
+    oc.keep_grad = keep_grad;
     OK(kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, opt));
     return m;
 }
@@ -94,7 +95,7 @@ static void compare(kpl_model *got, kpl_model *want, const char *what)
 static void train_serial(kpl_model **out)
 {
     kpl_optim *opt;
-    kpl_model *m = lenet(42, &opt);
+    kpl_model *m = lenet(42, &opt, false);
     for (int s = 0; s < STEPS; s++) {
         forward_backward(m, s, 0, BATCH, 1);
         OK(kpl_optim_step(opt));
@@ -103,10 +104,13 @@ static void train_serial(kpl_model **out)
     *out = m;
 }
 
-static void train_ddp(int micro, kpl_model **out, kpl_bucketer_stats *stats)
+/* keep: the optimizer leaves .grad alone and DDP zeroes whole buckets,
+ * its views staying installed (what kpl_trainer does); else the optimizer
+ * clears .grad and kpl_ddp_begin installs the views again. */
+static void train_ddp(int micro, bool keep, kpl_model **out, kpl_bucketer_stats *stats)
 {
     kpl_optim *opt;
-    kpl_model *m = lenet(42 + 1000 * (uint64_t)rank, &opt); /* rank 0's values must win */
+    kpl_model *m = lenet(42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
     kpl_bucketer_config cfg = {0.05, 0.01, true};
@@ -121,6 +125,14 @@ static void train_ddp(int micro, kpl_model **out, kpl_bucketer_stats *stats)
             OK(kpl_ddp_finish(ddp));
         }
         OK(kpl_optim_step(opt));
+        if (!keep) continue;
+        OK(kpl_ddp_zero_grad(ddp));
+        for (int i = 0; i < kpl_model_num_params(m); i++) {
+            kpl_tensor *p = kpl_model_params(m)[i], *g = kpl_grad_get(p);
+            assert_true(g == kpl_bucketer_grad(kpl_ddp_bucketer(ddp), i) && kpl_grad_is_buffer(p));
+            const float *v = kpl_tensor_host_data(g);
+            for (int64_t j = 0; j < kpl_tensor_numel(g); j++) assert_true(v[j] == 0);
+        }
     }
     OK(kpl_bucketer_check_params(kpl_ddp_bucketer(ddp)));
     *stats = kpl_bucketer_get_stats(kpl_ddp_bucketer(ddp));
@@ -135,17 +147,24 @@ static void test_ddp_equals_serial(void **state)
     kpl_model *serial, *ddp;
     kpl_bucketer_stats st;
     train_serial(&serial);
-    train_ddp(1, &ddp, &st);
+    train_ddp(1, false, &ddp, &st);
     assert_int_equal(st.steps, STEPS);
     assert_true(st.comm_seconds > 0);
     compare(ddp, serial, "ddp 2 x 32 vs 1 x 64");
     kpl_model *acc;
-    train_ddp(2, &acc, &st);
+    train_ddp(2, false, &acc, &st);
     assert_int_equal(st.steps, STEPS); /* micro-steps do not communicate */
     compare(acc, serial, "ddp 2 x (2 x 16) vs 1 x 64");
+    kpl_model *kept, *kept_acc;
+    train_ddp(1, true, &kept, &st);
+    compare(kept, serial, "ddp 2 x 32, buckets zeroed whole, vs 1 x 64");
+    train_ddp(2, true, &kept_acc, &st);
+    compare(kept_acc, serial, "ddp 2 x (2 x 16), buckets zeroed whole, vs 1 x 64");
     kpl_model_destroy(serial);
     kpl_model_destroy(ddp);
     kpl_model_destroy(acc);
+    kpl_model_destroy(kept);
+    kpl_model_destroy(kept_acc);
 }
 
 int main(int argc, char **argv)
