@@ -205,7 +205,7 @@ static double loader_rate(const char *dir, int workers)
     for (int ends = 0; ends < 2;) {
         if (kpl_loader_next(l, &b) < 0) return -1;
         n += b.size;
-        ends += b.size == 0;
+        ends += b.last;
         kpl_batch_release(&b);
     }
     double rate = (double)n / (bench_now() - t0);

@@ -333,8 +333,10 @@ typedef struct {
  *   kpl_loader_create(&cfg, &l);
  *   for (int64_t epoch = 0; epoch < epochs; epoch++) {
  *       kpl_batch b;
- *       while (kpl_loader_next(l, &b) == KPL_OK && b.size > 0) {
- *           train_step(b.image, b.label);
+ *       bool last = false;
+ *       while (!last && kpl_loader_next(l, &b) == KPL_OK) {
+ *           if (b.size) train_step(b.image, b.label);
+ *           last = b.last;
  *           kpl_batch_release(&b);      // gives the slot back to the workers
  *       }
  *   }
@@ -403,7 +405,9 @@ typedef struct kpl_loader kpl_loader;
  * (kpl_batch_release; the slot returns to the workers when every tensor
  * of the batch is released).  Outputs the transform lacks are NULL. */
 typedef struct {
-    int64_t size;             /* samples; 0 marks the end of an epoch */
+    int64_t size;             /* samples; 0 only in an epoch's last batch when every
+                                 sample of it was corrupt (skip_corrupt) */
+    bool last;                /* the epoch's last batch: the next one starts the next */
     int64_t epoch;
     int64_t position;         /* position in the epoch of its first sample */
     int64_t skipped;          /* corrupt samples dropped from it (skip_corrupt) */
@@ -419,8 +423,10 @@ typedef struct {
 /* Opens the dataset, checks cfg (KPL_EINVAL naming the field), sets up the
  * shared memory and starts the processes.  *out owned by the caller. */
 kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out);
-/* The next batch, in order; blocks until it is ready.  After an epoch's
- * last batch comes one with size 0, then the next epoch.  KPL_ECHILD when
+/* The next batch, in order; blocks until it is ready.  An epoch's last
+ * batch says so (b->last); the next one is the next epoch's first.  A
+ * batch whose samples were all corrupt (skip_corrupt) is passed over,
+ * unless it is the epoch's last: that one comes with size 0.  KPL_ECHILD when
  * a process of the pipeline died (message: stage, pid, signal or status),
  * or when the batch cannot be finished because a process reported an
  * error (its own message, e.g. a corrupt record); the loader is then

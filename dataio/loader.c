@@ -123,7 +123,6 @@ struct kpl_loader {
     pid_t parent;
     /* the consumer's side */
     int64_t g_next, epoch, pos;
-    bool pending_end;
     kpl_status dead; /* < 0: failed for good, message in dead_msg */
     char dead_msg[2048];
     int outstanding; /* batches handed out and not released */
@@ -780,14 +779,6 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
     KPL_CHECK(l && b, KPL_EINVAL, "loader_next: NULL argument");
     memset(b, 0, sizeof *b);
     if (l->dead) return KPL_ERROR(l->dead, "%s", l->dead_msg);
-    if (l->pending_end) {
-        l->pending_end = false;
-        b->epoch = l->epoch;
-        b->position = l->pos;
-        l->epoch++;
-        l->pos = 0;
-        return KPL_OK;
-    }
     /* A death is reported even while finished batches are still queued. */
     char msg[sizeof l->ctl->error + 128];
     if (child_died(l, msg, sizeof msg)) return fail_named(l, msg, sizeof msg, true);
@@ -837,12 +828,14 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
     b->epoch = epoch;
     b->position = pos;
     b->skipped = skipped;
+    b->last = last;
     l->skipped += skipped;
     l->g_next++;
-    l->epoch = epoch;
-    l->pos = pos + size;
-    l->pending_end = last;
-    if (n == 0) { /* every sample of it was corrupt: hand out the next one */
+    /* the position is where the next batch starts: after an epoch's last,
+     * the next epoch's beginning */
+    l->epoch = last ? epoch + 1 : epoch;
+    l->pos = last ? 0 : pos + size;
+    if (n == 0 && !last) { /* every sample of it was corrupt: hand out the next one */
         kpl_batch_release(b);
         return kpl_loader_next(l, b);
     }

@@ -546,39 +546,34 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_step: an evaluation-only trainer");
     int64_t k = r->optimizer.accumulate, B = r->data.train.batch_size;
     *epoch_done = false;
-    bool marker_seen = false;
     t->step_nonfinite = t->step_skipped = false;
     t->micros = k;
-    for (int64_t i = 0; i < k; i++) {
-        int64_t ep = 0, pos = 0;
-        kpl_loader_position(t->train, &ep, &pos);
-        bool last = pos / B + 1 >= t->batches_per_epoch;
-        t->sync = i == k - 1 || last;
-        t->micro = i;
+    for (int64_t i = 0; i < k && !*epoch_done; i++) {
         kpl_batch b;
         memset(&b, 0, sizeof b);
         KPL_TRY(kpl_loader_next(t->train, &b));
-        if (b.size == 0 && kpl_loader_skipped(t->train) > 0) {
-            /* The epoch's last batch held only corrupt examples (skip_corrupt
-             * dropped them): this rank adds nothing to the step. */
-            KPL_TRY(empty_micro(t));
-            *epoch_done = marker_seen = true;
-            break;
+        /* the loader says which batch ends the epoch: the step ends there
+         * too, and reduces over the ranks */
+        *epoch_done = b.last;
+        t->sync = i == k - 1 || b.last;
+        t->micro = i;
+        kpl_status st = KPL_OK;
+        if (b.last && b.position / B + 1 != t->batches_per_epoch)
+            st = KPL_ERROR(KPL_ESTATE, "train loader: epoch %lld ended at batch %lld, expected "
+                           "%lld", (long long)b.epoch + 1, (long long)(b.position / B + 1),
+                           (long long)t->batches_per_epoch);
+        else if (b.size == 0) /* an epoch's last batch held only corrupt examples (skip_corrupt):
+                                 this rank adds nothing to the step but joins its reductions */
+            st = empty_micro(t);
+        else {
+            t->batch = &b;
+            st = t->task->train_batch(t, t->task_state, &b);
+            t->batch = NULL;
         }
-        KPL_CHECK(b.size > 0, KPL_ESTATE, "train loader: epoch %lld ended after %lld batches, "
-                  "expected %lld", (long long)ep + 1, (long long)(pos / B),
-                  (long long)t->batches_per_epoch);
-        t->batch = &b;
-        kpl_status st = t->task->train_batch(t, t->task_state, &b);
-        t->batch = NULL;
         t->win_samples += (double)b.size;
         t->epoch_samples += (double)b.size;
         kpl_batch_release(&b);
         KPL_TRY(st);
-        if (last) {
-            *epoch_done = true;
-            break;
-        }
     }
     t->sync = true;
     for (int m = 0; m < t->nmodels; m++)
@@ -586,15 +581,6 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     KPL_TRY(note_skip(t));
     t->step++;
     t->epoch_step++;
-    if (*epoch_done && !marker_seen) { /* the loader's end-of-epoch marker */
-        kpl_batch b;
-        memset(&b, 0, sizeof b);
-        KPL_TRY(kpl_loader_next(t->train, &b));
-        bool marker = b.size == 0;
-        kpl_batch_release(&b);
-        KPL_CHECK(marker, KPL_ESTATE, "train loader: more batches than the %lld counted in "
-                  "epoch %lld", (long long)t->batches_per_epoch, (long long)t->epoch + 1);
-    }
     return KPL_OK;
 }
 
@@ -622,13 +608,13 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
     bool prev = kpl_set_grad_enabled(false);
     int64_t skipped0 = kpl_loader_skipped(t->val);
     kpl_status st = t->task->eval_begin(t, t->task_state);
-    while (st >= 0) {
+    for (bool last = false; st >= 0 && !last;) {
         kpl_batch b;
         memset(&b, 0, sizeof b);
         if ((st = kpl_loader_next(t->val, &b)) < 0) break;
-        if (b.size == 0) break;
-        kpl_pool *pool = kpl_pool_push();
-        st = pool ? t->task->eval_batch(t, t->task_state, &b) : kpl_last_status();
+        last = b.last;
+        kpl_pool *pool = b.size ? kpl_pool_push() : NULL;
+        if (b.size) st = pool ? t->task->eval_batch(t, t->task_state, &b) : kpl_last_status();
         if (pool) kpl_pool_pop(pool);
         kpl_batch_release(&b);
     }

@@ -265,18 +265,19 @@ static void test_loader_batches_follow_order(void **state)
             OK(kpl__order_epoch(ds, &p, epoch, want));
             int64_t k = 0, nb = 0;
             kpl_batch b;
-            for (;;) {
+            for (bool last = false; !last;) {
                 OK(kpl_loader_next(l, &b));
-                if (b.size == 0) break;
                 assert_int_equal(b.epoch, epoch);
                 assert_int_equal(b.position, k);
                 assert_int_equal(b.size, k + 10 <= n ? 10 : n - k);
                 check_raw_batch(&b, got + k);
                 k += b.size;
                 nb++;
+                last = b.last;
+                /* the last batch says so, and only the last */
+                assert_int_equal(last, nb == (drop_last ? 10 : 11));
                 kpl_batch_release(&b);
             }
-            assert_int_equal(b.epoch, epoch);
             assert_int_equal(nb, drop_last ? 10 : 11);
             assert_int_equal(k, drop_last ? 100 : n);
             assert_memory_equal(got, want, (size_t)k * sizeof *got);
@@ -293,13 +294,13 @@ static int64_t drain(kpl_loader *l, int epochs, int64_t *ex, uint8_t *img, size_
     int64_t k = 0;
     for (int e = 0; e < epochs; e++) {
         kpl_batch b;
-        for (;;) {
+        for (bool last = false; !last;) {
             OK(kpl_loader_next(l, &b));
-            if (b.size == 0) break;
             memcpy(ex + k, kpl_tensor_host_data(b.example), (size_t)b.size * 8);
             if (img) memcpy(img + (size_t)k * img_each, kpl_tensor_host_data(b.image),
                             (size_t)b.size * img_each);
             k += b.size;
+            last = b.last;
             kpl_batch_release(&b);
         }
     }
@@ -395,10 +396,9 @@ static void test_loader_resume(void **state)
         OK(kpl_loader_create(&c, &l));
         int64_t k = 0;
         kpl_batch b;
-        for (int i = 0; i < 14; i++) { /* 11 batches + end + 2 */
+        for (int i = 0; i < 13; i++) { /* 11 batches, the last marked, + 2 */
             OK(kpl_loader_next(l, &b));
-            assert_true((i == 11) == (b.size == 0));
-            if (!b.size) continue;
+            assert_true((i == 10) == b.last);
             memcpy(part + k, kpl_tensor_host_data(b.example), (size_t)b.size * 8);
             memcpy(pimg + k * 25, kpl_tensor_host_data(b.image), (size_t)b.size * 25);
             k += b.size;
@@ -676,15 +676,49 @@ static void two_epochs_skipping(void *ctx)
             assert_memory_equal(kpl_tensor_host_data(b.example), kept[k], sizeof kept[k]);
             assert_int_equal(kpl_tensor_dim(b.image, 1), 3);
             assert_int_equal(kpl_tensor_dim(b.image, 3), 16);
+            assert_int_equal(b.last, k == 2);
             kpl_batch_release(&b);
         }
-        kpl_batch end;
-        OK(kpl_loader_next(l, &end));
-        assert_int_equal(end.size, 0);
     }
     assert_int_equal(kpl_loader_skipped(l), 12);
     /* The workers run on into epoch 2 meanwhile: nothing of it is said. */
     usleep(300 * 1000);
+    kpl_loader_destroy(l);
+}
+
+/* Batches of one over the first 6 examples, of which 3 and 5 are
+ * corrupt: a batch left empty is passed over, unless it is the epoch's
+ * last, which comes with size 0 and says it is the last. */
+static void empty_batches(void *ctx)
+{
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = ctx;
+    c.batch_size = 1;
+    c.limit = 6;
+    c.shuffle = KPL_SHUFFLE_NONE;
+    c.transform.out_h = c.transform.out_w = 16;
+    c.transform.skip_corrupt = true;
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    static const int64_t pos[5] = {0, 1, 2, 4, 5}, size[5] = {1, 1, 1, 1, 0};
+    kpl_batch b;
+    for (int k = 0; k < 5; k++) {
+        OK(kpl_loader_next(l, &b));
+        assert_int_equal(b.epoch, 0);
+        assert_int_equal(b.position, pos[k]);
+        assert_int_equal(b.size, size[k]);
+        assert_int_equal(b.last, k == 4);
+        kpl_batch_release(&b);
+    }
+    int64_t e = 0, p = 0;
+    kpl_loader_position(l, &e, &p);
+    assert_int_equal(e, 1);
+    assert_int_equal(p, 0);
+    OK(kpl_loader_next(l, &b));
+    assert_int_equal(b.epoch, 1);
+    assert_int_equal(b.position, 0);
+    assert_int_equal(b.size, 1);
+    kpl_batch_release(&b);
     kpl_loader_destroy(l);
 }
 
@@ -714,6 +748,7 @@ static void test_loader_corrupt_image(void **state)
         if (count_of(err, line) != 2) fail_msg("stderr lacks '%s' twice:\n%s", line, err);
     }
     free(err);
+    free(capture_stderr(empty_batches, (void *)path));
 
     kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
     c.path = path;
@@ -858,9 +893,9 @@ static void test_loader_boxes_and_masks(void **state)
     OK(kpl_loader_create(&c, &l));
     int64_t seen = 0;
     kpl_batch b;
-    for (;;) {
+    for (bool last = false; !last;) {
         OK(kpl_loader_next(l, &b));
-        if (!b.size) break;
+        last = b.last;
         assert_null(b.label);
         assert_int_equal(kpl_tensor_dim(b.boxes, 1), 2);
         assert_int_equal(kpl_tensor_dim(b.boxes, 2), 4);
