@@ -53,7 +53,6 @@ static inline void kpl__wr64(void *p, uint64_t v) { memcpy(p, &v, 8); }
 #endif
 
 /* ---- file helpers: whole transfers, errors name the path ---- */
-kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path);
 kpl_status kpl__pread_all(int fd, void *buf, size_t n, off_t off, const char *path);
 /* Reads a whole file into a malloc'd buffer (NUL-terminated). */
 kpl_status kpl__read_file(const char *path, char **buf, size_t *len);

@@ -87,19 +87,6 @@ uint32_t kpl_crc32c(uint32_t crc, const void *data, size_t n)
 
 /* ---- files ----------------------------------------------------------------------- */
 
-kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return KPL_ERROR(KPL_EIO, "%s: write failed: %s", path, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return KPL_OK;
-}
-
 kpl_status kpl__pread_all(int fd, void *buf, size_t n, off_t off, const char *path)
 {
     char *p = buf;
@@ -226,25 +213,18 @@ int64_t kpl__metadata_crc_end(const char *text, size_t n)
 
 /* ---- progress -------------------------------------------------------------------- */
 
-static double mono(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 void kpl__progress_init(kpl__progress *p, const char *label, bool on)
 {
     p->label = label ? label : "";
     p->on = on;
-    p->start = mono();
+    p->start = kpl_seconds();
     p->last = 0;
 }
 
 void kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total, const char *unit)
 {
     if (!p->on) return;
-    double t = mono();
+    double t = kpl_seconds();
     bool end = done >= total;
     if (!end && t - p->last < 0.2) return;
     p->last = t;

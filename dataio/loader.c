@@ -571,8 +571,7 @@ static void stop_children(kpl_loader *l, double grace)
     shm_wake(&l->ctl->cv_work);
     shm_wake(&l->ctl->cv_iter);
     shm_unlock(l->ctl);
-    struct timespec t0, t;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
+    double t0 = kpl_seconds();
     int sig = 0;
     for (;;) {
         int left = 0;
@@ -584,8 +583,7 @@ static void stop_children(kpl_loader *l, double grace)
                 left++;
         }
         if (!left) break;
-        clock_gettime(CLOCK_MONOTONIC, &t);
-        double el = (double)(t.tv_sec - t0.tv_sec) + 1e-9 * (double)(t.tv_nsec - t0.tv_nsec);
+        double el = kpl_seconds() - t0;
         int want = el > grace + 1.0 ? SIGKILL : el > grace ? SIGTERM : 0;
         if (want && want != sig) {
             sig = want;

@@ -320,13 +320,6 @@ struct kpl_event {
     double host_time; /* seconds, for synchronous devices */
 };
 
-static double host_seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 kpl_status kpl_event_create(kpl_device *dev, kpl_event **out)
 {
     KPL_CHECK(dev != NULL && out != NULL, KPL_EINVAL, "event_create: NULL argument");
@@ -355,7 +348,7 @@ kpl_status kpl_event_record(kpl_event *ev)
 {
     KPL_CHECK(ev != NULL, KPL_EINVAL, "event_record: NULL event");
     if (ev->handle) KPL_TRY(ev->dev->backend->event_record(ev->dev, ev->handle));
-    ev->host_time = host_seconds();
+    ev->host_time = kpl_seconds();
     ev->recorded = true;
     return KPL_OK;
 }

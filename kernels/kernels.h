@@ -729,6 +729,10 @@ kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
         if ((st = (expr)) < 0) goto fail; \
     } while (0)
 
+/* All n bytes of buf to fd (short writes and EINTR continued): KPL_EIO
+ * naming path and errno otherwise.  The one such helper of every module. */
+kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path);
+
 /* Invariants (bugs, not inputs): on in release builds. */
 void kpl__assert_fail(const char *cond, const char *file, int line,
                       const char *msg) __attribute__((noreturn));

@@ -1,7 +1,9 @@
 /* status.c — status names, the thread-local error message, version, dtypes. */
 #include "kernels_impl.h"
 
+#include <errno.h>
 #include <omp.h>
+#include <unistd.h>
 #include <stdarg.h>
 #include <string.h>
 #include <time.h>
@@ -91,6 +93,21 @@ kpl_status kpl_set_error(kpl_status st, const char *fmt, ...)
 }
 
 const char *kpl_last_error(void) { return tl_msg; }
+
+/* ---- files ---------------------------------------------------------------- */
+
+kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path)
+{
+    const char *p = buf;
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0) return KPL_ERROR(KPL_EIO, "%s: write failed: %s", path, strerror(errno));
+        p += w;
+        n -= (size_t)w;
+    }
+    return KPL_OK;
+}
 kpl_status kpl_last_status(void) { return tl_status; }
 
 void kpl_clear_error(void)

@@ -152,18 +152,6 @@ kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, cons
 static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
 static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
 
-static kpl_status write_all(int fd, const void *buf, size_t n, const char *path)
-{
-    const char *p = buf;
-    while (n) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) return KPL_ERROR(KPL_EIO, "%s: write failed: %s", path, strerror(errno));
-        p += w;
-        n -= (size_t)w;
-    }
-    return KPL_OK;
-}
 
 /* The compressor's output goes to the file, checksummed on its way. */
 typedef struct {
@@ -186,7 +174,7 @@ static kpl_status zw_feed(zwriter *w, const void *data, size_t n, ZSTD_EndDirect
         if (o.pos) {
             w->crc = kpl_crc32c(w->crc, w->out, o.pos);
             w->stored += o.pos;
-            KPL_TRY(write_all(w->fd, w->out, o.pos, w->path));
+            KPL_TRY(kpl__write_all(w->fd, w->out, o.pos, w->path));
         }
         bool done = end == ZSTD_e_end ? left == 0 : in.pos == in.size;
         if (done) break;
@@ -224,7 +212,7 @@ static kpl_status write_small_file(const char *path, const char *text)
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     KPL_CHECK(fd >= 0, KPL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    kpl_status st = write_all(fd, text, strlen(text), tmp);
+    kpl_status st = kpl__write_all(fd, text, strlen(text), tmp);
     if (st >= 0 && fsync(fd) != 0)
         st = KPL_ERROR(KPL_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
     close(fd);
@@ -317,7 +305,7 @@ kpl_status kpl_checkpoint_save(kpl_checkpoint *c, const char *path)
     }
     uint8_t header[CKPT_HEADER];
     memset(header, 0, sizeof header);
-    KPL_TRY_GOTO(write_all(w.fd, header, sizeof header, tmp)); /* filled in at the end */
+    KPL_TRY_GOTO(kpl__write_all(w.fd, header, sizeof header, tmp)); /* filled in at the end */
     uint8_t len8[8];
     put64(len8, strlen(table));
     KPL_TRY_GOTO(zw_feed(&w, len8, 8, ZSTD_e_continue));
@@ -766,7 +754,7 @@ kpl_status kpl__checkpoint_link(const char *src, const char *dst)
         char buf[1 << 16];
         ssize_t r;
         kpl_status st = KPL_OK;
-        while ((r = read(in, buf, sizeof buf)) > 0 && st >= 0) st = write_all(out, buf, (size_t)r, tmp);
+        while ((r = read(in, buf, sizeof buf)) > 0 && st >= 0) st = kpl__write_all(out, buf, (size_t)r, tmp);
         if (r < 0) st = KPL_ERROR(KPL_EIO, "%s: read failed: %s", src, strerror(errno));
         if (st >= 0 && fsync(out) != 0) st = KPL_ERROR(KPL_EIO, "%s: fsync: %s", tmp, strerror(errno));
         close(in);

@@ -250,13 +250,6 @@ fail:
     return st;
 }
 
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The algorithm choice (MegEngine's Fastrun): every implementation oneDNN
  * offers for the problem (reference loops excepted), each with the
  * reorders its layouts cost, and kpl's own loops on plain tensors (where
@@ -274,8 +267,8 @@ static double seconds(void)
  * them costs (20-60 us per parallel region on a VM). */
 static void busy_wait(double s)
 {
-    double t0 = seconds();
-    while (seconds() - t0 < s) {
+    double t0 = kpl_seconds();
+    while (kpl_seconds() - t0 < s) {
     }
 }
 
@@ -288,9 +281,9 @@ static double time_entry(const conv_entry *e, const kpl_conv_attrs *a,
     double t = INFINITY;
     for (int r = 0; r < 3 && *st >= 0; r++) {
         busy_wait(50e-6);
-        double t0 = seconds();
+        double t0 = kpl_seconds();
         *st = run_entry(e, a, args);
-        double dt = seconds() - t0;
+        double dt = kpl_seconds() - t0;
         if (r > 0 && *st >= 0 && dt < t) t = dt;
     }
     return t;

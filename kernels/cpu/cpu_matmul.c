@@ -89,13 +89,6 @@ static void describe(int ndim, const int64_t *stored, bool trans, int64_t *dims,
     }
 }
 
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* A primitive for e's descriptors made for `nthreads` OpenMP threads
  * (oneDNN fixes its work split at creation from the count it sees). */
 static kpl_status make_primitive(const mm_entry *e, int nthreads, dnnl_primitive_t *out)
@@ -146,15 +139,15 @@ static double time_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthre
 {
     double best = INFINITY;
     for (int r = 0; r < 4; r++) {
-        double g = seconds();
-        while (seconds() - g < 50e-6) {
+        double g = kpl_seconds();
+        while (kpl_seconds() - g < 50e-6) {
         }
-        double t0 = seconds();
+        double t0 = kpl_seconds();
         if (run_primitive(e, prim, nthreads, a, b, c) < 0) {
             kpl_clear_error();
             return INFINITY;
         }
-        double t = seconds() - t0;
+        double t = kpl_seconds() - t0;
         if (r > 0 && t < best) best = t;
     }
     return best;

@@ -28,13 +28,6 @@ static pthread_once_t once = PTHREAD_ONCE_INIT;
 static int64_t grain = GRAIN_MIN;
 static double latency;
 
-static double seconds(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
@@ -53,13 +46,13 @@ static void calibrate(void)
     sink = omp_get_thread_num(); /* creates the threads */
     double t[9];
     for (int r = 0; r < 9; r++) {
-        double g = seconds();
-        while (seconds() - g < 100e-6) {
+        double g = kpl_seconds();
+        while (kpl_seconds() - g < 100e-6) {
         }
-        double t0 = seconds();
+        double t0 = kpl_seconds();
 #pragma omp parallel num_threads(team)
         sink = omp_get_thread_num();
-        t[r] = seconds() - t0;
+        t[r] = kpl_seconds() - t0;
     }
     (void)sink;
     qsort(t, 9, sizeof t[0], cmp_double);
