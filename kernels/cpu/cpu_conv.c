@@ -7,7 +7,7 @@
  * Tensors stay plain NCHW / OIHW between ops.  (Letting oneDNN keep its
  * blocked layouts between ops is the performance work of the nn issue.)
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>

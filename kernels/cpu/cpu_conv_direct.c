@@ -30,7 +30,7 @@
  * the weight gradient they are masked to zero, so a NaN outside the
  * window reaches no gradient.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <math.h>
 #include <omp.h>

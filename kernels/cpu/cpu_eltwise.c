@@ -9,7 +9,7 @@
  * run (row) at a time, so the inner loops only ever see stride 1 or 0.
  */
 #include "../eltwise_math.h"
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <omp.h>
 #include <string.h>

@@ -1,6 +1,6 @@
 /* cpu_index.c — index_select (any dtype, moved by element size) and its
  * adjoint index_add (f32, f64) along one axis. */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <string.h>
 

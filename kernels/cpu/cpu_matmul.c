@@ -16,7 +16,7 @@
  * whole team, both are timed on the call's operands, and the faster is
  * kept.  In deterministic mode the team is used untimed, as before.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <dnnl.h>
 #include <dnnl_debug.h>

@@ -2,7 +2,7 @@
  * cpu_misc.c — fill, arange, random (Philox), cast and copy on the CPU.
  */
 #include "../eltwise_math.h"
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 #include "../convert_math.h"
 #include "../philox.h"
 

@@ -9,7 +9,7 @@
  * deviations) with f64 accumulation, so a large mean does not cancel the
  * variance away.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <math.h>
 

@@ -12,7 +12,7 @@
  * reduction, pooling and indexing kernels is therefore derived from the
  * fork latency measured here rather than fixed.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <omp.h>
 #include <pthread.h>

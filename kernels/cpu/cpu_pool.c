@@ -3,7 +3,7 @@
  * gather/scatter pair that max pooling's gradients are made of, and
  * average pooling with its adjoint.  One plane (n, c) per OpenMP task.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <string.h>
 

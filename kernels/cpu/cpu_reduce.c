@@ -12,7 +12,7 @@
  * (var: mean then squared deviations; logsumexp: max then exp-sums) run the
  * same machinery twice.
  */
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <math.h>
 #include <omp.h>

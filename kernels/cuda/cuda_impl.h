@@ -15,7 +15,7 @@
 #ifndef KPL_CUDA_IMPL_H
 #define KPL_CUDA_IMPL_H
 
-#include "../kernels_impl.h"
+#include "kernels_impl.h"
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>

@@ -1,6 +1,30 @@
-/* Uses the installed libkpl.so: a 2x2 matmul checked by hand. */
+/* Uses the installed libkpl.so: a 2x2 matmul checked by hand, and a
+ * module of trainer.h (its headers, module.h among them, are installed;
+ * nothing internal is needed). */
 #include <kernels.h>
+#include <trainer.h>
 #include <stdio.h>
+#include <string.h>
+
+/* linear 2 -> 1 with weight [1, 1]: the forward of [3, 4] is 7 + bias */
+static int module_ok(void)
+{
+    kpl_module *net = NULL, *lin = NULL;
+    if (kpl_nn_sequential_root(NULL, 1, &net) < 0 || kpl_nn_linear(net, "fc", 2, 1, false, &lin) < 0)
+        return 0;
+    float one[2] = {1, 1}, in[2] = {3, 4};
+    memcpy(kpl_tensor_host_mutable(kpl_module_get_param(lin, "weight")), one, sizeof one);
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *x = NULL;
+    int64_t s[2] = {1, 2};
+    double v = 0;
+    int ok = kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 2, s, in, &x) >= 0 &&
+             kpl_tensor_get(kpl_module_forward(net, kpl_autorelease(x)), 0, &v) >= 0 && v == 7 &&
+             !strcmp(kpl_module_param_name(net, 0), "fc.weight");
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+    return ok;
+}
 
 int main(void)
 {
@@ -16,7 +40,7 @@ int main(void)
         return 1;
     }
     const float *c = kpl_tensor_host_data(tc);
-    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50;
+    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && module_ok();
     printf("kpl %s: [[%g, %g], [%g, %g]] %s\n", kpl_version(), c[0], c[1], c[2], c[3],
            ok ? "ok" : "WRONG");
     kpl_tensor_release(tc);
