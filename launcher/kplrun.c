@@ -42,7 +42,6 @@
 #include <unistd.h>
 
 #define TAIL 20 /* lines of a rank kept for the failure report */
-#define EXIT_TIMEOUT 124
 
 static void usage(FILE *f)
 {
@@ -78,12 +77,7 @@ typedef struct {
     int n, next;
 } tail_ring;
 
-typedef struct { /* one rank's end, from its agent */
-    bool seen;
-    char host[256];
-    int pid, status, sig;
-    double seconds, at;
-} rank_end;
+typedef kpl_launch_end rank_end; /* one rank's end, from its agent */
 
 typedef struct {
     int np;
@@ -429,18 +423,27 @@ static bool parse_pos(const char *s, long max, long *v)
 }
 
 /* kplrun proper; `extra` (argc slots) and `hosts` are main's to free. */
-static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts)
+/* ---- kplrun: parse -> hosts -> launch -> spawn -> event loop -> verdict -------------------- */
+
+typedef struct {
+    long np;
+    double timeout;
+    const char *host_spec, *hostfile, *log_dir;
+    bool dry, no_ucx;
+    int nextra, cmd; /* extra mpirun arguments; where the command starts */
+} options;
+
+/* The command line: -1 to go on, else the exit status. */
+static int parse_args(int argc, char **argv, const char **extra, options *o)
 {
-    long np = 0;
-    double timeout = 0;
-    const char *host_spec = NULL, *hostfile = NULL, *log_dir = NULL;
-    bool dry = false, no_ucx = getenv("KPL_NO_UCX") != NULL;
-    int nextra = 0, cmd = -1;
+    memset(o, 0, sizeof *o);
+    o->no_ucx = getenv("KPL_NO_UCX") != NULL;
+    o->cmd = -1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool has = i + 1 < argc;
         if (!strcmp(a, "--")) {
-            cmd = i + 1;
+            o->cmd = i + 1;
             break;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage(stdout);
@@ -449,132 +452,162 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
             printf("kplrun (kpl %s)\n", kpl_version());
             return 0;
         } else if ((!strcmp(a, "-np") || !strcmp(a, "-n")) && has) {
-            if (!parse_pos(argv[++i], 1 << 20, &np)) return die_usage("-np wants a number >= 1, got '%s'", argv[i]);
+            if (!parse_pos(argv[++i], 1 << 20, &o->np)) return die_usage("-np wants a number >= 1, got '%s'", argv[i]);
         } else if (!strcmp(a, "--host") && has) {
-            host_spec = argv[++i];
+            o->host_spec = argv[++i];
         } else if (!strcmp(a, "--hostfile") && has) {
-            hostfile = argv[++i];
+            o->hostfile = argv[++i];
         } else if (!strcmp(a, "--timeout") && has) {
             char *end;
-            timeout = strtod(argv[++i], &end);
-            if (*end || !(timeout > 0)) return die_usage("--timeout wants seconds > 0, got '%s'", argv[i]);
+            o->timeout = strtod(argv[++i], &end);
+            if (*end || !(o->timeout > 0)) return die_usage("--timeout wants seconds > 0, got '%s'", argv[i]);
         } else if (!strcmp(a, "--log-dir") && has) {
-            log_dir = argv[++i];
+            o->log_dir = argv[++i];
         } else if (!strcmp(a, "--dry-run")) {
-            dry = true;
+            o->dry = true;
         } else if (!strcmp(a, "--no-ucx")) {
-            no_ucx = true;
+            o->no_ucx = true;
         } else if (!strcmp(a, "--mca") && i + 2 < argc) {
-            extra[nextra++] = a, extra[nextra++] = argv[++i], extra[nextra++] = argv[++i];
+            extra[o->nextra++] = a, extra[o->nextra++] = argv[++i], extra[o->nextra++] = argv[++i];
         } else if (!strcmp(a, "-x") && has) {
-            extra[nextra++] = a, extra[nextra++] = argv[++i];
+            extra[o->nextra++] = a, extra[o->nextra++] = argv[++i];
         } else {
             return die_usage("unknown option or missing value: '%s'", a);
         }
     }
-    if (cmd < 0 || cmd >= argc) return die_usage("no command: put it after '--'%s", "");
-    if (host_spec && hostfile) return die_usage("give --host or --hostfile, not both%s", "");
+    if (o->cmd < 0 || o->cmd >= argc) return die_usage("no command: put it after '--'%s", "");
+    if (o->host_spec && o->hostfile) return die_usage("give --host or --hostfile, not both%s", "");
+    return -1;
+}
 
-    /* the hosts: given, or the allocation's, or this machine */
+/* The hosts: given, or the allocation's, or this machine; and the rank
+ * count.  -1 to go on, else the exit status. */
+static int resolve_hosts(options *o, kpl_hostlist *hosts, const char **where)
+{
     kpl_status st = KPL_OK;
-    const char *where = "this machine";
-    if (host_spec) {
-        st = kpl_hosts_parse(host_spec, hosts);
-        where = "--host";
-    } else if (hostfile) {
-        st = kpl_hosts_read_file(hostfile, hosts);
-        where = hostfile;
+    *where = "this machine";
+    if (o->host_spec) {
+        st = kpl_hosts_parse(o->host_spec, hosts);
+        *where = "--host";
+    } else if (o->hostfile) {
+        st = kpl_hosts_read_file(o->hostfile, hosts);
+        *where = o->hostfile;
     } else if (getenv("SLURM_JOB_NODELIST")) {
         const char *t = getenv("SLURM_NTASKS_PER_NODE");
         if (!t) t = getenv("SLURM_TASKS_PER_NODE");
         st = kpl_hosts_from_slurm(getenv("SLURM_JOB_NODELIST"), t, hosts);
-        where = "the SLURM allocation";
-        if (!np && getenv("SLURM_NTASKS")) np = atol(getenv("SLURM_NTASKS"));
+        *where = "the SLURM allocation";
+        if (!o->np && getenv("SLURM_NTASKS")) o->np = atol(getenv("SLURM_NTASKS"));
     } else if (getenv("PBS_NODEFILE")) {
         st = kpl_hosts_read_file(getenv("PBS_NODEFILE"), hosts);
-        where = "PBS_NODEFILE";
+        *where = "PBS_NODEFILE";
     }
     if (st < 0) {
         fprintf(stderr, "kplrun: %s\n", kpl_last_error());
         return 2;
     }
-    if (!np && hosts->n) np = kpl_hosts_slots(hosts);
-    if (!np) return die_usage("how many ranks? give -np N%s", "");
+    if (!o->np && hosts->n) o->np = kpl_hosts_slots(hosts);
+    if (!o->np) return die_usage("how many ranks? give -np N%s", "");
+    return -1;
+}
 
-    long cores = sysconf(_SC_NPROCESSORS_ONLN);
-    char self[PATH_MAX];
-    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (sl <= 0) snprintf(self, sizeof self, "%s", argv[0]);
-    else self[sl] = 0;
-    /* the log directory as an absolute path: agents on other nodes need
-     * not start where kplrun did */
-    char rel[PATH_MAX], dir[2 * PATH_MAX + 2], cwd[PATH_MAX];
-    if (log_dir) {
-        snprintf(rel, sizeof rel, "%s", log_dir);
+/* The log directory as an absolute path: agents on other nodes need not
+ * start where kplrun did. */
+static void log_dir_of(const options *o, char *dir, size_t len)
+{
+    char rel[PATH_MAX], cwd[PATH_MAX];
+    if (o->log_dir) {
+        snprintf(rel, sizeof rel, "%s", o->log_dir);
     } else {
         time_t t = time(NULL);
         struct tm tm;
         localtime_r(&t, &tm);
         strftime(rel, sizeof rel, "kplrun-logs/%Y%m%d-%H%M%S", &tm);
     }
-    if (rel[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(dir, sizeof dir, "%s/%s", cwd, rel);
-    else snprintf(dir, sizeof dir, "%s", rel);
-    console c;
-    memset(&c, 0, sizeof c);
-    c.np = (int)np;
-    c.mp_rank = -1;
-    c.tty = isatty(STDOUT_FILENO);
-    c.columns = 80;
-    struct winsize ws;
-    if (c.tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20) c.columns = ws.ws_col;
+    if (rel[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(dir, len, "%s/%s", cwd, rel);
+    else snprintf(dir, len, "%s", rel);
+}
 
+static void console_init(console *c, long np)
+{
+    memset(c, 0, sizeof *c);
+    c->np = (int)np;
+    c->mp_rank = -1;
+    c->tty = isatty(STDOUT_FILENO);
+    c->columns = 80;
+    struct winsize ws;
+    if (c->tty && ioctl(STDOUT_FILENO, TIOCGWINSZ, &ws) == 0 && ws.ws_col >= 20) c->columns = ws.ws_col;
+}
+
+static void console_free(console *c)
+{
+    for (int r = 0; c->tail && r < c->np; r++)
+        for (int i = 0; i < TAIL; i++) free(c->tail[r].line[i]);
+    free(c->tail);
+    free(c->end);
+    free(c->stall);
+    free(c->stuck);
+}
+
+/* The mpirun command line, and the agents' channel (lfd, token) unless
+ * --dry-run.  -1 to go on (*mp set), else the exit status. */
+static int prepare_launch(const options *o, int argc, char **argv, const char **extra,
+                          kpl_hostlist *hosts, const char *dir, const char *where,
+                          const console *c, int *lfd, char *token, size_t tlen, char ***mp)
+{
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    char self[PATH_MAX];
+    ssize_t sl = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (sl <= 0) snprintf(self, sizeof self, "%s", argv[0]);
+    else self[sl] = 0;
     kpl_launch_config lc = KPL_LAUNCH_CONFIG_INIT;
-    lc.np = (int)np;
+    lc.np = (int)o->np;
     lc.hosts = hosts->n ? hosts : NULL;
     /* a host file (checked above) goes to mpirun as it is, with whatever
      * else it says (max_slots, ...) */
-    lc.hostfile = hostfile ? hostfile : !host_spec && !getenv("SLURM_JOB_NODELIST") ? getenv("PBS_NODEFILE") : NULL;
+    lc.hostfile = o->hostfile                                           ? o->hostfile
+                  : !o->host_spec && !getenv("SLURM_JOB_NODELIST") ? getenv("PBS_NODEFILE")
+                                                                      : NULL;
     lc.cores_per_node = cores > 0 ? (int)cores : 1;
     lc.gpus_per_node = kpl__launcher_gpu_count();
     lc.as_root = geteuid() == 0;
-    lc.ucx = !no_ucx && ucx_available(lc.mpirun);
+    lc.ucx = !o->no_ucx && ucx_available(lc.mpirun);
     lc.agent = self;
     lc.log_dir = dir;
-    lc.bar = c.tty;
-    lc.columns = c.columns;
+    lc.bar = c->tty;
+    lc.columns = c->columns;
     /* the agents' channel (not for --dry-run: it is this run's port) */
-    char channel[4096], token[32];
-    int lfd = dry ? -1 : channel_listen(channel, sizeof channel, token, sizeof token);
-    if (lfd >= 0) lc.channel = channel;
-    else if (!dry) fprintf(stderr, "kplrun: cannot listen for the ranks' output (%s); it comes "
-                                   "through mpirun, where lines of different ranks may mix\n",
-                           strerror(errno));
+    char channel[4096];
+    *lfd = o->dry ? -1 : channel_listen(channel, sizeof channel, token, tlen);
+    if (*lfd >= 0) lc.channel = channel;
+    else if (!o->dry) fprintf(stderr, "kplrun: cannot listen for the ranks' output (%s); it comes "
+                                      "through mpirun, where lines of different ranks may mix\n",
+                              strerror(errno));
     /* a connection per rank */
     struct rlimit rl;
     if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur < rl.rlim_max) {
         rl.rlim_cur = rl.rlim_max;
         setrlimit(RLIMIT_NOFILE, &rl);
     }
-    lc.nextra = nextra;
+    lc.nextra = o->nextra;
     lc.extra = extra;
-    char **mp = NULL;
     int per = 0, threads = 0;
-    if (kpl_launch_mpirun_argv(&lc, argc - cmd, argv + cmd, &mp, &per, &threads) < 0) {
+    if (kpl_launch_mpirun_argv(&lc, argc - o->cmd, argv + o->cmd, mp, &per, &threads) < 0) {
         fprintf(stderr, "kplrun: %s\n", kpl_last_error());
         return 2;
     }
-    char *line = kpl_launch_argv_string(mp);
-    if (dry) {
+    char *line = kpl_launch_argv_string(*mp);
+    if (o->dry) {
         printf("%s\n", line ? line : "");
         free(line);
-        kpl_launch_free_argv(mp);
+        kpl_launch_free_argv(*mp);
         return 0;
     }
     char place[PATH_MAX + 64];
     if (hosts->n) snprintf(place, sizeof place, "%d host%s from %s", hosts->n, hosts->n > 1 ? "s" : "", where);
     else snprintf(place, sizeof place, "%s", where);
     fprintf(stderr, "kplrun: %ld rank%s on %s (%d per node, %s, %d thread%s each%s); logs in %s\n",
-            np, np > 1 ? "s" : "", place, per,
+            o->np, o->np > 1 ? "s" : "", place, per,
             lc.gpus_per_node ? "one per GPU"
             : per <= lc.cores_per_node ? "bound to cores"
                                        : "more than cores: not bound",
@@ -582,11 +615,22 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
             lc.ucx ? ", UCX" : "", dir);
     if (getenv("KPLRUN_VERBOSE")) fprintf(stderr, "kplrun: %s\n", line);
     free(line);
+    return -1;
+}
 
-    c.tail = calloc((size_t)np, sizeof *c.tail);
-    c.end = calloc((size_t)np, sizeof *c.end);
-    c.stall = calloc((size_t)np, sizeof *c.stall);
-    c.stuck = calloc((size_t)np, sizeof *c.stuck);
+/* mpirun, started */
+typedef struct {
+    pid_t pid;
+    int sfd;       /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+    int out, err;  /* mpirun's stdout and stderr */
+    double t0;
+} job;
+
+/* Starts mpirun in a session of its own, its output into two pipes, the
+ * signals kplrun handles blocked into a signalfd.  -1 to go on, else the
+ * exit status (mp is freed either way). */
+static int spawn(char **mp, job *j)
+{
     /* A shell starts background jobs with SIGINT ignored, which would
      * throw a `kill -INT` away before signalfd saw it; a SIGHUP ignored
      * (nohup) stays ignored. */
@@ -601,15 +645,16 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     }
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, NULL);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    j->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     int po[2], pe[2];
-    if (!c.tail || !c.end || !c.stall || !c.stuck || sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+    if (j->sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
         fprintf(stderr, "kplrun: %s\n", strerror(errno));
+        kpl_launch_free_argv(mp);
         return 1;
     }
-    double t0 = kpl_seconds();
-    pid_t pid = fork();
-    if (pid == 0) {
+    j->t0 = kpl_seconds();
+    j->pid = fork();
+    if (j->pid == 0) {
         /* mpirun in a session of its own: the terminal's Ctrl-C reaches
          * kplrun alone, which decides; mpirun goes when kplrun dies. */
         setsid();
@@ -622,14 +667,71 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
         _exit(127);
     }
     kpl_launch_free_argv(mp);
-    if (pid < 0) {
+    if (j->pid < 0) {
         fprintf(stderr, "kplrun: fork: %s\n", strerror(errno));
         return 1;
     }
     close(po[1]);
     close(pe[1]);
-    reader ro = {po[0], true, FROM_MPIRUN_OUT, NULL, 0, 0};
-    reader re = {pe[0], true, FROM_MPIRUN_ERR, NULL, 0, 0};
+    j->out = po[0], j->err = pe[0];
+    return -1;
+}
+
+/* What the event loop learned. */
+typedef struct {
+    int interrupts, wstatus;
+    bool timed_out;
+} outcome;
+
+/* A signal kplrun received: the first Ctrl-C asks the ranks to stop, the
+ * next (or a TERM, a HUP) stops them, SIGKILL 5 s later. */
+static void on_signal(console *c, const job *j, outcome *out, double t, double *hard_at)
+{
+    struct signalfd_siginfo si;
+    while (read(j->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+        if (si.ssi_signo == SIGCHLD) continue;
+        out->interrupts++;
+        if (out->interrupts == 1 && si.ssi_signo == SIGINT) {
+            print_line(c, stderr, "kplrun: interrupt: asking every rank to stop "
+                                  "(Ctrl-C again to kill them)");
+            kill(j->pid, SIGUSR1); /* mpirun forwards it; the agents make it SIGINT */
+        } else {
+            print_line(c, stderr, "kplrun: stopping every rank");
+            kill(j->pid, SIGTERM);
+            if (!*hard_at) *hard_at = t + 5;
+        }
+        break;
+    }
+}
+
+/* A new agent connection, greeted with the channel's token. */
+static void accept_agent(int lfd, const char *token, reader *conn, int *nconn, int *open_conns,
+                         long np)
+{
+    int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+    if (fd < 0) return;
+    if (*nconn >= np) {
+        close(fd);
+        return;
+    }
+    char hello[64];
+    int n = snprintf(hello, sizeof hello, "kplrun %s\n", token);
+    if (write(fd, hello, (size_t)n) == n) {
+        conn[(*nconn)++] = (reader){fd, true, FROM_AGENT, NULL, 0, 0};
+        (*open_conns)++;
+    } else {
+        close(fd);
+    }
+}
+
+/* Until mpirun has ended and every pipe and connection is drained: the
+ * ranks' lines to the console, signals, --timeout.  1 when out of memory. */
+static int event_loop(console *c, const job *j, int lfd, const char *token, double timeout,
+                      outcome *out)
+{
+    long np = c->np;
+    reader ro = {j->out, true, FROM_MPIRUN_OUT, NULL, 0, 0};
+    reader re = {j->err, true, FROM_MPIRUN_ERR, NULL, 0, 0};
     /* the agents' connections; poll: signals, mpirun's two pipes, the
      * listening socket, then the connections */
     reader *conn = calloc((size_t)np + 1, sizeof *conn);
@@ -637,75 +739,45 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     int nconn = 0, open_conns = 0;
     if (!conn || !p) {
         fprintf(stderr, "kplrun: out of memory\n");
-        kill(pid, SIGKILL);
-        if (lfd >= 0) close(lfd);
+        kill(j->pid, SIGKILL);
+        free(conn);
+        free(p);
         return 1;
     }
-    int interrupts = 0, wstatus = 0;
-    bool timed_out = false, exited = false;
+    bool exited = false;
     double hard_at = 0; /* when a stop turns into SIGKILL */
     while (!exited || ro.open || re.open || open_conns) {
-        p[0] = (struct pollfd){sfd, POLLIN, 0};
+        p[0] = (struct pollfd){j->sfd, POLLIN, 0};
         p[1] = (struct pollfd){ro.open ? ro.fd : -1, POLLIN, 0};
         p[2] = (struct pollfd){re.open ? re.fd : -1, POLLIN, 0};
         p[3] = (struct pollfd){nconn < np ? lfd : -1, POLLIN, 0};
         for (int i = 0; i < nconn; i++) p[4 + i] = (struct pollfd){conn[i].open ? conn[i].fd : -1, POLLIN, 0};
         int r = poll(p, (nfds_t)(4 + nconn), 100);
-        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) pump(&c, &ro);
-        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) pump(&c, &re);
+        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) pump(c, &ro);
+        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) pump(c, &re);
         for (int i = 0; r > 0 && i < nconn; i++)
             if (p[4 + i].revents & (POLLIN | POLLHUP | POLLERR)) {
-                pump(&c, &conn[i]);
+                pump(c, &conn[i]);
                 if (!conn[i].open) close(conn[i].fd), free(conn[i].buf), conn[i].buf = NULL, open_conns--;
             }
-        if (r > 0 && (p[3].revents & POLLIN)) {
-            int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
-            if (fd >= 0 && nconn < np) {
-                char hello[64];
-                int n = snprintf(hello, sizeof hello, "kplrun %s\n", token);
-                if (write(fd, hello, (size_t)n) == n) {
-                    conn[nconn++] = (reader){fd, true, FROM_AGENT, NULL, 0, 0};
-                    open_conns++;
-                } else {
-                    close(fd);
-                }
-            } else if (fd >= 0) {
-                close(fd);
-            }
-        }
-        settle(&c);
+        if (r > 0 && (p[3].revents & POLLIN)) accept_agent(lfd, token, conn, &nconn, &open_conns, np);
+        settle(c);
         double t = kpl_seconds();
-        if (r > 0 && (p[0].revents & POLLIN)) {
-            struct signalfd_siginfo si;
-            while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                if (si.ssi_signo == SIGCHLD) continue;
-                interrupts++;
-                if (interrupts == 1 && si.ssi_signo == SIGINT) {
-                    print_line(&c, stderr, "kplrun: interrupt: asking every rank to stop "
-                                           "(Ctrl-C again to kill them)");
-                    kill(pid, SIGUSR1); /* mpirun forwards it; the agents make it SIGINT */
-                } else {
-                    print_line(&c, stderr, "kplrun: stopping every rank");
-                    kill(pid, SIGTERM);
-                    if (!hard_at) hard_at = t + 5;
-                }
-                break;
-            }
-        }
-        if (timeout > 0 && !timed_out && t - t0 > timeout) {
-            timed_out = true;
+        if (r > 0 && (p[0].revents & POLLIN)) on_signal(c, j, out, t, &hard_at);
+        if (timeout > 0 && !out->timed_out && t - j->t0 > timeout) {
+            out->timed_out = true;
             char msg[128];
             snprintf(msg, sizeof msg, "kplrun: --timeout %g s reached: stopping every rank",
                      timeout);
-            print_line(&c, stderr, msg);
-            kill(pid, SIGTERM);
+            print_line(c, stderr, msg);
+            kill(j->pid, SIGTERM);
             hard_at = t + 5;
         }
         if (hard_at && t > hard_at) {
-            kill(-pid, SIGKILL); /* mpirun's session: mpirun and the local ranks */
+            kill(-j->pid, SIGKILL); /* mpirun's session: mpirun and the local ranks */
             hard_at = 0;
         }
-        if (!exited && waitpid(pid, &wstatus, WNOHANG) == pid) {
+        if (!exited && waitpid(j->pid, &out->wstatus, WNOHANG) == j->pid) {
             exited = true;
             /* what is still in the pipes comes out; the pipes of a rank
              * that outlives mpirun do not hold kplrun */
@@ -713,7 +785,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
         }
         if (exited && t > hard_at && hard_at) break;
     }
-    bar_clear(&c);
+    bar_clear(c);
     fflush(stdout);
     for (int i = 0; i < nconn; i++)
         if (conn[i].open) close(conn[i].fd);
@@ -722,76 +794,102 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     free(p);
     free(ro.buf);
     free(re.buf);
-    if (lfd >= 0) close(lfd);
+    return 0;
+}
 
-    /* The verdict: the first rank that ended badly, as its agent or mpirun
-     * said. */
-    /* A rank that ended by SIGTERM was most likely torn down by mpirun
-     * after another failed; mpirun's own notice names a rank whose agent
-     * could not speak (killed with it). */
-    int bad = -1, torn = -1;
-    for (int r = 0; r < np; r++) {
-        const rank_end *e = &c.end[r];
-        if (!e->seen || (!e->status && !e->sig)) continue;
-        int *slot = e->sig == SIGTERM || e->status == 128 + SIGTERM ? &torn : &bad;
-        if (*slot < 0 || e->at < c.end[*slot].at) *slot = r;
-    }
-    if (bad < 0 && c.mp_rank < 0) bad = torn;
-    int rc = WIFEXITED(wstatus) ? WEXITSTATUS(wstatus) : 128 + WTERMSIG(wstatus);
-    int missing = 0;
-    for (int r = 0; r < np; r++) missing += !c.end[r].seen;
-    if (timed_out) {
+/* The verdict (kpl_launch_judge) said in words, with the last lines of
+ * the rank to blame (and of the rank it waited for, when it timed out in
+ * a collective). */
+static void say_verdict(const console *c, const char *dir, const kpl_launch_verdict *v,
+                        double timeout, double t0)
+{
+    switch (v->kind) {
+    case KPL_VERDICT_OK: return;
+    case KPL_VERDICT_TIMEOUT:
         fprintf(stderr, "kplrun: the job ran past --timeout %g s and was stopped (%.1f s)\n",
                 timeout, kpl_seconds() - t0);
-        rc = EXIT_TIMEOUT;
-    } else if (bad >= 0 || c.mp_rank >= 0) {
-        int r = bad >= 0 ? bad : c.mp_rank;
-        const rank_end *e = bad >= 0 ? &c.end[bad] : NULL;
-        int sig = e ? e->sig : c.mp_sig, status = e ? e->status : c.mp_status;
-        const char *host = e ? e->host : c.mp_host[0] ? c.mp_host : "?";
-        int rpid = e ? e->pid : c.mp_pid;
-        char what[128];
-        if (sig) snprintf(what, sizeof what, "was killed by signal %d (%s)", sig, strsignal(sig));
-        else snprintf(what, sizeof what, "exited with status %d", status);
-        char pidtxt[32] = "";
-        if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
-        bool interrupted =
-            interrupts && (status == 130 || status == 143 || sig == SIGINT || sig == SIGTERM);
-        if (interrupted)
-            fprintf(stderr, "kplrun: interrupted; rank %d %s\n", r, what);
-        else
-            fprintf(stderr, "kplrun: rank %d on host %s%s %s after %.1f s; the other ranks "
-                            "were stopped\n",
-                    r, host, pidtxt, what, e ? e->seconds : kpl_seconds() - t0);
-        /* A rank that timed out in a collective failed because of the
-         * ranks its report says have not joined: those are named, and the
-         * first one's last lines shown before the failed rank's. */
-        const kpl_launch_stall *st = !interrupted && r >= 0 && r < np && c.stuck[r] ? &c.stall[r]
-                                                                                    : NULL;
-        if (st) {
-            fprintf(stderr, "kplrun: rank %d timed out waiting for rank%s %s, which ha%s not %s "
-                            "%s; %s\n",
-                    r, st->plural ? "s" : "", st->ranks, st->plural ? "ve" : "s",
-                    st->device ? "issued" : "joined", st->op, st->detail);
-            if (st->first >= 0 && st->first < np && st->first != r)
-                show_tail(&c, dir, st->first);
-        }
-        show_tail(&c, dir, r);
-        rc = sig ? 128 + sig : status ? status : rc ? rc : 1;
-    } else if (rc != 0) {
-        fprintf(stderr, "kplrun: mpirun failed (exit status %d)%s\n", rc,
-                missing == np ? " before any rank ran" : "");
-    } else if (missing) {
-        fprintf(stderr, "kplrun: %d rank%s ended without a word (killed with mpirun?)\n", missing,
-                missing > 1 ? "s" : "");
-        rc = 1;
+        return;
+    case KPL_VERDICT_MPIRUN:
+        fprintf(stderr, "kplrun: mpirun failed (exit status %d)%s\n", v->exit_code,
+                v->missing == c->np ? " before any rank ran" : "");
+        return;
+    case KPL_VERDICT_SILENT:
+        fprintf(stderr, "kplrun: %d rank%s ended without a word (killed with mpirun?)\n",
+                v->missing, v->missing > 1 ? "s" : "");
+        return;
+    case KPL_VERDICT_RANK: break;
     }
-    for (int r = 0; r < np; r++)
-        for (int i = 0; i < TAIL; i++) free(c.tail[r].line[i]);
-    free(c.tail);
-    free(c.end);
-    free(c.stall);
-    free(c.stuck);
+    int r = v->rank;
+    const rank_end *e = v->from_mpirun ? NULL : &c->end[r];
+    const char *host = e ? e->host : c->mp_host[0] ? c->mp_host : "?";
+    int rpid = e ? e->pid : c->mp_pid;
+    char what[128];
+    if (v->sig) snprintf(what, sizeof what, "was killed by signal %d (%s)", v->sig, strsignal(v->sig));
+    else snprintf(what, sizeof what, "exited with status %d", v->status);
+    char pidtxt[32] = "";
+    if (rpid > 0) snprintf(pidtxt, sizeof pidtxt, " (pid %d)", rpid);
+    if (v->interrupted)
+        fprintf(stderr, "kplrun: interrupted; rank %d %s\n", r, what);
+    else
+        fprintf(stderr, "kplrun: rank %d on host %s%s %s after %.1f s; the other ranks "
+                        "were stopped\n",
+                r, host, pidtxt, what, e ? e->seconds : kpl_seconds() - t0);
+    /* A rank that timed out in a collective failed because of the ranks
+     * its report says have not joined: those are named, and the first
+     * one's last lines shown before the failed rank's. */
+    const kpl_launch_stall *st = !v->interrupted && r >= 0 && r < c->np && c->stuck[r] ? &c->stall[r]
+                                                                                       : NULL;
+    if (st) {
+        fprintf(stderr, "kplrun: rank %d timed out waiting for rank%s %s, which ha%s not %s "
+                        "%s; %s\n",
+                r, st->plural ? "s" : "", st->ranks, st->plural ? "ve" : "s",
+                st->device ? "issued" : "joined", st->op, st->detail);
+        if (st->first >= 0 && st->first < c->np && st->first != r) show_tail(c, dir, st->first);
+    }
+    show_tail(c, dir, r);
+}
+
+static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts)
+{
+    options o;
+    const char *where = NULL;
+    int rc = parse_args(argc, argv, extra, &o);
+    if (rc < 0) rc = resolve_hosts(&o, hosts, &where);
+    if (rc >= 0) return rc;
+    char dir[2 * PATH_MAX + 2];
+    log_dir_of(&o, dir, sizeof dir);
+    console c;
+    console_init(&c, o.np);
+    char token[32], **mp = NULL;
+    int lfd = -1;
+    rc = prepare_launch(&o, argc, argv, extra, hosts, dir, where, &c, &lfd, token, sizeof token, &mp);
+    if (rc >= 0) {
+        if (lfd >= 0) close(lfd);
+        return rc;
+    }
+    c.tail = calloc((size_t)o.np, sizeof *c.tail);
+    c.end = calloc((size_t)o.np, sizeof *c.end);
+    c.stall = calloc((size_t)o.np, sizeof *c.stall);
+    c.stuck = calloc((size_t)o.np, sizeof *c.stuck);
+    job j;
+    outcome out = {0, 0, false};
+    if (!c.tail || !c.end || !c.stall || !c.stuck) {
+        fprintf(stderr, "kplrun: out of memory\n");
+        kpl_launch_free_argv(mp);
+        rc = 1;
+    } else {
+        rc = spawn(mp, &j);
+    }
+    if (rc < 0) rc = event_loop(&c, &j, lfd, token, o.timeout, &out) ? 1 : -1;
+    if (lfd >= 0) close(lfd);
+    if (rc < 0) {
+        kpl_launch_verdict v;
+        kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
+                         out.timed_out, out.interrupts, &v);
+        say_verdict(&c, dir, &v, o.timeout, j.t0);
+        rc = v.exit_code;
+    }
+    console_free(&c);
     return rc;
 }
 

@@ -110,6 +110,46 @@ typedef struct {
  * (including "not joined: none").  Never reads past the line's end. */
 bool kpl_launch_parse_timeout(const char *line, kpl_launch_stall *out);
 
+/* ---- the verdict ------------------------------------------------------------------ */
+
+/* One rank's end, as its agent reported it. */
+typedef struct {
+    bool seen;        /* the agent said how the rank ended */
+    char host[256];
+    int pid, status, sig;
+    double seconds;   /* the rank's run time */
+    double at;        /* when it ended (kplrun's clock): the first failure wins */
+} kpl_launch_end;
+
+typedef enum {
+    KPL_VERDICT_OK,            /* every rank ended well */
+    KPL_VERDICT_TIMEOUT,       /* --timeout stopped the job */
+    KPL_VERDICT_RANK,          /* a rank failed (or was interrupted): `rank` */
+    KPL_VERDICT_MPIRUN,        /* mpirun failed with no rank to blame */
+    KPL_VERDICT_SILENT         /* ranks ended without a word from their agents */
+} kpl_verdict_kind;
+
+typedef struct {
+    kpl_verdict_kind kind;
+    int rank;           /* KPL_VERDICT_RANK: the rank to blame */
+    bool from_mpirun;   /* ... named by mpirun's notice (its agent could not speak) */
+    bool interrupted;   /* ... its end is the stop the user asked for */
+    int status, sig;    /* ... how it ended */
+    int missing;        /* ranks whose agents said nothing */
+    int exit_code;      /* kplrun's exit status */
+} kpl_launch_verdict;
+
+/* How the job ended, from the ranks' ends (np of them), what mpirun's own
+ * notice named (mp_rank -1: none; its status or signal), mpirun's exit
+ * (wait status), whether --timeout stopped it and whether the user
+ * interrupted.  The rank to blame is the first (by `at`) that ended badly;
+ * one that ended by SIGTERM was most likely torn down after another failed
+ * and is blamed only when no other is.  Exit status: 124 after a timeout,
+ * else the blamed rank's (128 + signal when killed), else mpirun's. */
+void kpl_launch_judge(const kpl_launch_end *ends, int np, int mp_rank, int mp_status,
+                      int mp_sig, int mpirun_wstatus, bool timed_out, int interrupts,
+                      kpl_launch_verdict *v);
+
 #ifdef __cplusplus
 }
 #endif

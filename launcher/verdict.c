@@ -7,6 +7,8 @@
 #include "launcher.h"
 
 #include <ctype.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -132,4 +134,46 @@ bool kpl_launch_parse_timeout(const char *line, kpl_launch_stall *out)
     out->detail[dn] = 0;
     out->device = issued;
     return true;
+}
+
+/* ---- the verdict -------------------------------------------------------------------------- */
+
+void kpl_launch_judge(const kpl_launch_end *ends, int np, int mp_rank, int mp_status,
+                      int mp_sig, int mpirun_wstatus, bool timed_out, int interrupts,
+                      kpl_launch_verdict *v)
+{
+    memset(v, 0, sizeof *v);
+    v->rank = -1;
+    int bad = -1, torn = -1;
+    for (int r = 0; r < np; r++) {
+        const kpl_launch_end *e = &ends[r];
+        v->missing += !e->seen;
+        if (!e->seen || (!e->status && !e->sig)) continue;
+        int *slot = e->sig == SIGTERM || e->status == 128 + SIGTERM ? &torn : &bad;
+        if (*slot < 0 || e->at < ends[*slot].at) *slot = r;
+    }
+    if (bad < 0 && mp_rank < 0) bad = torn;
+    int rc = WIFEXITED(mpirun_wstatus) ? WEXITSTATUS(mpirun_wstatus)
+                                       : 128 + WTERMSIG(mpirun_wstatus);
+    if (timed_out) {
+        v->kind = KPL_VERDICT_TIMEOUT;
+        v->exit_code = 124;
+    } else if (bad >= 0 || mp_rank >= 0) {
+        v->kind = KPL_VERDICT_RANK;
+        v->from_mpirun = bad < 0;
+        v->rank = bad >= 0 ? bad : mp_rank;
+        v->sig = bad >= 0 ? ends[bad].sig : mp_sig;
+        v->status = bad >= 0 ? ends[bad].status : mp_status;
+        v->interrupted = interrupts && (v->status == 130 || v->status == 143 ||
+                                        v->sig == SIGINT || v->sig == SIGTERM);
+        v->exit_code = v->sig ? 128 + v->sig : v->status ? v->status : rc ? rc : 1;
+    } else if (rc != 0) {
+        v->kind = KPL_VERDICT_MPIRUN;
+        v->exit_code = rc;
+    } else if (v->missing) {
+        v->kind = KPL_VERDICT_SILENT;
+        v->exit_code = 1;
+    } else {
+        v->kind = KPL_VERDICT_OK;
+    }
 }

@@ -4,6 +4,9 @@
 #include "kpl_test.h"
 #include "launcher.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -356,6 +359,70 @@ static void test_timeout_report(void **state)
     assert_false(kpl_launch_parse_timeout(NULL, &s));
 }
 
+/* kplrun's verdict from the ranks' ends: whom to blame and the exit status. */
+static void test_verdict(void **state)
+{
+    (void)state;
+    kpl_launch_end e[3];
+    kpl_launch_verdict v;
+    memset(e, 0, sizeof e);
+#define END(r, st, sg, t) (e[r].seen = true, e[r].status = (st), e[r].sig = (sg), e[r].at = (t))
+    /* every rank ended well */
+    END(0, 0, 0, 1), END(1, 0, 0, 1), END(2, 0, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_OK);
+    assert_int_equal(v.exit_code, 0);
+    /* rank 1 failed with status 3; rank 0, torn down by SIGTERM, was first
+     * to end but is not the one to blame */
+    END(0, 0, SIGTERM, 2), END(1, 3, 0, 5), END(2, 143, 0, 6);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(3, 0), false, 0, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_RANK);
+    assert_int_equal(v.rank, 1);
+    assert_int_equal(v.status, 3);
+    assert_false(v.from_mpirun);
+    assert_false(v.interrupted);
+    assert_int_equal(v.exit_code, 3);
+    /* two failures: the earlier one; a killed rank gives 128 + signal */
+    END(0, 0, SIGKILL, 2), END(1, 1, 0, 3), END(2, 0, 0, 4);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    assert_int_equal(v.rank, 0);
+    assert_int_equal(v.sig, SIGKILL);
+    assert_int_equal(v.exit_code, 128 + SIGKILL);
+    /* only SIGTERMs: the first of them */
+    END(0, 0, SIGTERM, 7), END(1, 0, SIGTERM, 3), END(2, 0, 0, 4);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    assert_int_equal(v.rank, 1);
+    assert_int_equal(v.exit_code, 128 + SIGTERM);
+    /* ... unless mpirun's notice names a rank whose agent could not speak */
+    kpl_launch_judge(e, 3, 2, 0, SIGKILL, W_EXITCODE(1, 0), false, 0, &v);
+    assert_int_equal(v.rank, 2);
+    assert_true(v.from_mpirun);
+    assert_int_equal(v.exit_code, 128 + SIGKILL);
+    /* the user's Ctrl-C explains a rank that ended with 130 */
+    END(0, 130, 0, 1), END(1, 0, 0, 1), END(2, 0, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(130, 0), false, 1, &v);
+    assert_int_equal(v.rank, 0);
+    assert_true(v.interrupted);
+    assert_int_equal(v.exit_code, 130);
+    /* --timeout wins over everything: 124 */
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, SIGTERM), true, 0, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_TIMEOUT);
+    assert_int_equal(v.exit_code, 124);
+    /* no agent said a word and mpirun failed: mpirun's status */
+    memset(e, 0, sizeof e);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_MPIRUN);
+    assert_int_equal(v.missing, 3);
+    assert_int_equal(v.exit_code, 1);
+    /* mpirun ended well but a rank ended without a word */
+    END(0, 0, 0, 1), END(1, 0, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_SILENT);
+    assert_int_equal(v.missing, 1);
+    assert_int_equal(v.exit_code, 1);
+#undef END
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -364,6 +431,7 @@ int main(void)
         cmocka_unit_test(test_slurm),
         cmocka_unit_test(test_mpirun_argv),
         cmocka_unit_test(test_timeout_report),
+        cmocka_unit_test(test_verdict),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
