@@ -372,38 +372,10 @@ static void run_guard(pid_t group, pid_t agent)
     _exit(0);
 }
 
-int kpl__agent_main(int argc, char **argv)
+/* What the rank's command learns from its environment (KPL_RANK, ...,
+ * KPL_DEVICE, the progress bar), and the CPUs near its GPU. */
+static void set_rank_env(int rank, int world, int local, int local_size, bool bar, int columns)
 {
-    const char *log_dir = "kplrun-logs", *channel = NULL;
-    bool bar = false;
-    int columns = 80, cmd = -1;
-    for (int i = 0; i < argc; i++) {
-        if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
-        else if (!strcmp(argv[i], "--channel") && i + 1 < argc) channel = argv[++i];
-        else if (!strcmp(argv[i], "--bar")) bar = true;
-        else if (!strcmp(argv[i], "--columns") && i + 1 < argc) columns = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--")) {
-            cmd = i + 1;
-            break;
-        }
-    }
-    static const char *const rk[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
-    static const char *const ws[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
-    static const char *const lr[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", NULL};
-    static const char *const ls[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", NULL};
-    /* mpirun (or its daemon) going away takes the rank with it */
-    pid_t parent = getppid();
-    prctl(PR_SET_PDEATHSIG, SIGTERM);
-    if (getppid() != parent) return 1;
-    int rank = env_int(rk, -1), world = env_int(ws, -1);
-    if (cmd < 0 || cmd >= argc || rank < 0 || world < 1) {
-        fprintf(stderr, "kplrun --agent: runs under mpirun as kplrun's rank wrapper "
-                        "(no command after '--', or no rank in the environment)\n");
-        return 2;
-    }
-    int local = env_int(lr, rank), local_size = env_int(ls, world);
-    char host[256] = "?";
-    gethostname(host, sizeof host);
     char v[64];
     snprintf(v, sizeof v, "%d", rank), setenv("KPL_RANK", v, 1);
     snprintf(v, sizeof v, "%d", world), setenv("KPL_WORLD_SIZE", v, 1);
@@ -423,60 +395,48 @@ int kpl__agent_main(int argc, char **argv)
         setenv("KPL_PROGRESS", "always", 1);
         snprintf(v, sizeof v, "%d", columns), setenv("COLUMNS", v, 1);
     }
+}
 
-    char path[PATH_MAX + 32];
-    if (mkdirs(log_dir) == 0) {
-        snprintf(path, sizeof path, "%s/rank-%05d.log", log_dir, rank);
-        logf = fopen(path, "w");
-    }
-    if (!logf) fprintf(stderr, "[r%d] kplrun: cannot write %s/rank-%05d.log: %s\n", rank,
-                       log_dir, rank, strerror(errno));
-
-    int chan_fd = -1;
-    if (channel && (chan_fd = channel_connect(channel)) < 0)
-        fprintf(stderr, "[r%d] kplrun: cannot reach kplrun at %s from %s; this rank's output "
-                        "goes through mpirun, where lines of different ranks may mix\n",
-                rank, channel, host);
-
-    /* Signals arrive through a descriptor, so the loop below sees them in
-     * order with the output. */
+/* The command, its output into pipes, in a process group of its own, and
+ * its guard; the signals the agent handles into a signalfd.  The child's
+ * pid, or -1 (said on stderr). */
+static pid_t start_command(char **cmd, int rank, sigset_t *mask, int *sfd, int *out, int *err)
+{
     /* mpirun may hand down SIGCHLD ignored, which would reap the command
      * behind waitpid's back */
     signal(SIGCHLD, SIG_DFL);
-    sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGTERM);
-    sigaddset(&mask, SIGHUP);
-    sigaddset(&mask, SIGUSR1);
-    sigaddset(&mask, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
+    sigemptyset(mask);
+    sigaddset(mask, SIGTERM);
+    sigaddset(mask, SIGHUP);
+    sigaddset(mask, SIGUSR1);
+    sigaddset(mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, mask, NULL);
     signal(SIGINT, SIG_IGN); /* kplrun decides what Ctrl-C means */
     /* mpirun stops reading a rank's output as it tears the job down: the
      * agent must still finish its log and pass the command's end on */
     signal(SIGPIPE, SIG_IGN);
-    int sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    *sfd = signalfd(-1, mask, SFD_CLOEXEC | SFD_NONBLOCK);
     int po[2], pe[2];
-    if (sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+    if (*sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
         fprintf(stderr, "[r%d] kplrun: %s\n", rank, strerror(errno));
-        return 1;
+        return -1;
     }
-    double t0 = kpl_seconds();
     pid_t child = fork();
     if (child == 0) {
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent killed: the command goes too */
-        sigprocmask(SIG_UNBLOCK, &mask, NULL);
+        sigprocmask(SIG_UNBLOCK, mask, NULL);
         signal(SIGINT, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
         dup2(po[1], STDOUT_FILENO);
         dup2(pe[1], STDERR_FILENO);
-        execvp(argv[cmd], argv + cmd);
-        fprintf(stderr, "kplrun: cannot run %s: %s\n", argv[cmd], strerror(errno));
+        execvp(cmd[0], cmd);
+        fprintf(stderr, "kplrun: cannot run %s: %s\n", cmd[0], strerror(errno));
         _exit(127);
     }
     if (child < 0) {
         fprintf(stderr, "[r%d] kplrun: fork: %s\n", rank, strerror(errno));
-        return 1;
+        return -1;
     }
     setpgid(child, child);
     pid_t agent = getpid(), guard = fork();
@@ -486,20 +446,24 @@ int kpl__agent_main(int argc, char **argv)
     }
     close(po[1]);
     close(pe[1]);
-    static stream so, se;
-    so = (stream){.rank = rank, .fd = STDOUT_FILENO, .is_out = true};
-    se = (stream){.rank = rank, .fd = STDERR_FILENO, .is_out = false};
-    if (chan_fd >= 0) so.fd = se.fd = chan_fd, so.chan = '1', se.chan = '2';
+    *out = po[0], *err = pe[0];
+    return child;
+}
+
+/* The command's lines to the log and to kplrun, and the signals on to
+ * it, until it has exited and its output has ended; its wait status. */
+static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se, double t0)
+{
     bool out_open = true, err_open = true, exited = false;
     int wstatus = 0;
     double kill_at = 0, drain_until = 0;
     for (;;) {
-        struct pollfd p[3] = {{sfd, POLLIN, 0}, {out_open ? po[0] : -1, POLLIN, 0},
-                              {err_open ? pe[0] : -1, POLLIN, 0}};
+        struct pollfd p[3] = {{sfd, POLLIN, 0}, {out_open ? out : -1, POLLIN, 0},
+                              {err_open ? err : -1, POLLIN, 0}};
         int r = poll(p, 3, 100);
         double now = kpl_seconds() - t0;
-        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) out_open = pump(&so, po[0]);
-        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) err_open = pump(&se, pe[0]);
+        if (r > 0 && (p[1].revents & (POLLIN | POLLHUP))) out_open = pump(so, out);
+        if (r > 0 && (p[2].revents & (POLLIN | POLLHUP))) err_open = pump(se, err);
         if (r > 0 && (p[0].revents & POLLIN)) {
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
@@ -529,6 +493,67 @@ int kpl__agent_main(int argc, char **argv)
         if (exited && ((!out_open && !err_open) || now > drain_until)) break;
     }
     kill(-child, SIGKILL);
+    return wstatus;
+}
+
+int kpl__agent_main(int argc, char **argv)
+{
+    const char *log_dir = "kplrun-logs", *channel = NULL;
+    bool bar = false;
+    int columns = 80, cmd = -1;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
+        else if (!strcmp(argv[i], "--channel") && i + 1 < argc) channel = argv[++i];
+        else if (!strcmp(argv[i], "--bar")) bar = true;
+        else if (!strcmp(argv[i], "--columns") && i + 1 < argc) columns = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--")) {
+            cmd = i + 1;
+            break;
+        }
+    }
+    static const char *const rk[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", NULL};
+    static const char *const ws[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
+    static const char *const lr[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", NULL};
+    static const char *const ls[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", NULL};
+    /* mpirun (or its daemon) going away takes the rank with it */
+    pid_t parent = getppid();
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) return 1;
+    int rank = env_int(rk, -1), world = env_int(ws, -1);
+    if (cmd < 0 || cmd >= argc || rank < 0 || world < 1) {
+        fprintf(stderr, "kplrun --agent: runs under mpirun as kplrun's rank wrapper "
+                        "(no command after '--', or no rank in the environment)\n");
+        return 2;
+    }
+    char host[256] = "?";
+    gethostname(host, sizeof host);
+    set_rank_env(rank, world, env_int(lr, rank), env_int(ls, world), bar, columns);
+
+    char path[PATH_MAX + 32];
+    if (mkdirs(log_dir) == 0) {
+        snprintf(path, sizeof path, "%s/rank-%05d.log", log_dir, rank);
+        logf = fopen(path, "w");
+    }
+    if (!logf) fprintf(stderr, "[r%d] kplrun: cannot write %s/rank-%05d.log: %s\n", rank,
+                       log_dir, rank, strerror(errno));
+    int chan_fd = -1;
+    if (channel && (chan_fd = channel_connect(channel)) < 0)
+        fprintf(stderr, "[r%d] kplrun: cannot reach kplrun at %s from %s; this rank's output "
+                        "goes through mpirun, where lines of different ranks may mix\n",
+                rank, channel, host);
+
+    /* Signals arrive through a descriptor, so the loop sees them in order
+     * with the output. */
+    sigset_t mask;
+    int sfd = -1, out = -1, err = -1;
+    double t0 = kpl_seconds();
+    pid_t child = start_command(argv + cmd, rank, &mask, &sfd, &out, &err);
+    if (child < 0) return 1;
+    static stream so, se;
+    so = (stream){.rank = rank, .fd = STDOUT_FILENO, .is_out = true};
+    se = (stream){.rank = rank, .fd = STDERR_FILENO, .is_out = false};
+    if (chan_fd >= 0) so.fd = se.fd = chan_fd, so.chan = '1', se.chan = '2';
+    int wstatus = relay(child, sfd, out, err, &so, &se, t0);
     if (so.len) so.buf[so.len] = 0, emit_line(&so, so.buf);
     if (se.len) se.buf[se.len] = 0, emit_line(&se, se.buf);
     flush_out(&so);
