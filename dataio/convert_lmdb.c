@@ -152,6 +152,157 @@ static void show_key(const MDB_val *k, char out[KEY_SHOWN + 1])
         }                                                                                    \
     } while (0)
 
+/* What the first pass over the database found. */
+typedef struct {
+    bool any_encoded, any_raw, same, any_floats;
+    int64_t c0, h0, w0, maxl;
+    size_t max_floats, max_pixels;
+    const char *enc0; /* the encoding all encoded images share, "" if they differ */
+    char first_enc[KEY_SHOWN + 1], first_raw[KEY_SHOWN + 1];
+} survey;
+
+/* Pass 1: every Datum checked, the schema's facts gathered. */
+static kpl_status scan(MDB_cursor *cur, const char *path, survey *sv)
+{
+    kpl_status st = KPL_OK;
+    memset(sv, 0, sizeof *sv);
+    sv->same = true;
+    sv->c0 = sv->h0 = sv->w0 = sv->maxl = -1;
+    MDB_val k, v;
+    int rc;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        datum d;
+        const char *why;
+        char key[KEY_SHOWN + 1];
+        show_key(&k, key);
+        if (!parse_datum(v.mv_data, v.mv_size, &d, &why))
+            return KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': not a Caffe Datum (%s)", path, key,
+                             why);
+        if (d.data_len == 0)
+            return KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': an empty %s image (channels x "
+                             "height x width = %lld x %lld x %lld, no data bytes)", path, key,
+                             d.encoded ? "encoded" : "raw", (long long)d.channels,
+                             (long long)d.height, (long long)d.width);
+        if (d.data_len > KPLR_MAX_BODY / 2)
+            return KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': a %zu-byte image is larger than a "
+                             "record may be", path, key, d.data_len);
+        if (d.encoded && !sv->first_enc[0]) snprintf(sv->first_enc, sizeof sv->first_enc, "%s", key);
+        if (!d.encoded && !sv->first_raw[0]) snprintf(sv->first_raw, sizeof sv->first_raw, "%s", key);
+        if (d.encoded) {
+            const char *e = sniff(d.data, d.data_len);
+            if (!sv->enc0) sv->enc0 = e;
+            else if (strcmp(sv->enc0, e)) sv->enc0 = "";
+        }
+        sv->any_encoded |= d.encoded;
+        sv->any_raw |= !d.encoded;
+        if (sv->c0 < 0) sv->c0 = d.channels, sv->h0 = d.height, sv->w0 = d.width;
+        sv->same &= d.channels == sv->c0 && d.height == sv->h0 && d.width == sv->w0;
+        sv->any_floats |= d.nfloats > 0;
+        sv->max_floats = d.nfloats > sv->max_floats ? d.nfloats : sv->max_floats;
+        sv->max_pixels = d.data_len > sv->max_pixels ? d.data_len : sv->max_pixels;
+        sv->maxl = d.label > sv->maxl ? d.label : sv->maxl;
+    }
+    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
+    if (sv->any_encoded && sv->any_raw)
+        return KPL_ERROR(KPL_EFORMAT, "lmdb %s: mixes encoded Datums (the first: key '%s') and "
+                         "raw ones (the first: key '%s'); a dataset holds one kind, so convert "
+                         "the two kinds from separate databases", path, sv->first_enc,
+                         sv->first_raw);
+fail:
+    return st;
+}
+
+/* The dataset's features from the survey: image, label, key, and
+ * float_data / image_shape when needed; *nf receives their count.  Raw
+ * Datums of differing sizes: each record carries its own (H, W, C) in
+ * `image_shape`, which the transform reads (docs/transforms.md). */
+static void make_schema(const survey *sv, kpl_feature_spec *schema, int *nf)
+{
+    bool per_record = !sv->any_encoded && !sv->same;
+    kpl_feature_spec base[5] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES},
+        {.name = "label", .type = KPL_FEATURE_INT64},
+        {.name = "key", .type = KPL_FEATURE_STRING},
+        {.name = "float_data", .type = KPL_FEATURE_FLOAT},
+        {.name = "image_shape", .type = KPL_FEATURE_INT64, .ndim = 1, .shape = {3}},
+    };
+    memcpy(schema, base, sizeof base);
+    *nf = 3;
+    if (sv->any_floats) (*nf)++;
+    if (per_record) {
+        if (!sv->any_floats) schema[3] = schema[4];
+        (*nf)++;
+    }
+    if (sv->any_encoded) {
+        snprintf(schema[0].encoding, sizeof schema[0].encoding, "%s", sv->enc0 ? sv->enc0 : "");
+    } else {
+        strcpy(schema[0].encoding, "raw");
+        if (sv->same) {
+            schema[0].ndim = 3;
+            schema[0].shape[0] = sv->h0;
+            schema[0].shape[1] = sv->w0;
+            schema[0].shape[2] = sv->c0;
+        }
+    }
+}
+
+/* Pass 2: the records, in key order; *count receives them. */
+static kpl_status write_records(MDB_cursor *cur, const char *path, const survey *sv,
+                                kpl_record_writer *w, const kpl_convert_options *o,
+                                const char *out_dir, int64_t n, int64_t *count)
+{
+    kpl_status st = KPL_OK;
+    bool per_record = !sv->any_encoded && !sv->same;
+    uint8_t *hwc = malloc(sv->max_pixels ? sv->max_pixels : 1);
+    float *fl = malloc(sizeof *fl * (sv->max_floats ? sv->max_floats : 1));
+    if (!hwc || !fl) {
+        st = KPL_ERROR(KPL_ENOMEM, "lmdb %s: no memory", path);
+        goto fail;
+    }
+    kpl__progress pr;
+    kpl__progress_init(&pr, o->label ? o->label : out_dir, o->progress);
+    int64_t i = 0;
+    MDB_val k, v;
+    int rc;
+    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
+        datum d;
+        const char *why;
+        char key[KEY_SHOWN + 1];
+        show_key(&k, key);
+        if (!parse_datum(v.mv_data, v.mv_size, &d, &why) || d.data_len > sv->max_pixels ||
+            d.nfloats > sv->max_floats || d.data_len == 0) { /* changed under us */
+            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s' changed during conversion", path, key);
+            goto fail;
+        }
+        const uint8_t *img = d.data;
+        if (!d.encoded && d.channels > 1) { /* C x H x W -> H x W x C */
+            int64_t hw = d.height * d.width;
+            for (int64_t c = 0; c < d.channels; c++)
+                for (int64_t q = 0; q < hw; q++) hwc[q * d.channels + c] = d.data[c * hw + q];
+            img = hwc;
+        }
+        datum_floats(&d, fl);
+        int64_t label = d.label, hwc_shape[3] = {d.height, d.width, d.channels};
+        kpl_feature_value fv[5] = {{img, (uint32_t)d.data_len},
+                                   {&label, 1},
+                                   {k.mv_data, (uint32_t)k.mv_size},
+                                   {fl, (uint32_t)d.nfloats},
+                                   {hwc_shape, 3}};
+        if (per_record && !sv->any_floats) fv[3] = fv[4];
+        if (kpl_record_writer_add(w, fv) < 0) {
+            st = KPL_ERROR(kpl_last_status(), "lmdb %s: key '%s': %s", path, key, kpl_last_error());
+            goto fail;
+        }
+        kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records");
+    }
+    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
+    *count = i;
+fail:
+    free(hwc);
+    free(fl);
+    return st;
+}
+
 kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
                             const kpl_convert_options *opt, int64_t *count)
 {
@@ -162,8 +313,6 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
     MDB_txn *txn = NULL;
     MDB_cursor *cur = NULL;
     kpl_record_writer *w = NULL;
-    uint8_t *hwc = NULL;
-    float *fl = NULL;
     char *attrs = NULL;
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -182,138 +331,25 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
         goto fail;
     }
     MDB_TRY(mdb_cursor_open(txn, dbi, &cur), "cursor_open");
-
-    /* Pass 1: the schema. */
-    bool any_encoded = false, any_raw = false, same = true, any_floats = false;
-    int64_t c0 = -1, h0 = -1, w0 = -1, maxl = -1;
-    size_t max_floats = 0, max_pixels = 0;
-    const char *enc0 = NULL;
-    char first_enc[KEY_SHOWN + 1] = "", first_raw[KEY_SHOWN + 1] = "";
-    MDB_val k, v;
-    int rc;
-    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        datum d;
-        const char *why;
-        char key[KEY_SHOWN + 1];
-        show_key(&k, key);
-        if (!parse_datum(v.mv_data, v.mv_size, &d, &why)) {
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': not a Caffe Datum (%s)", path, key,
-                           why);
-            goto fail;
-        }
-        if (d.data_len == 0) {
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': an empty %s image (channels x height "
-                           "x width = %lld x %lld x %lld, no data bytes)", path, key,
-                           d.encoded ? "encoded" : "raw", (long long)d.channels,
-                           (long long)d.height, (long long)d.width);
-            goto fail;
-        }
-        if (d.data_len > KPLR_MAX_BODY / 2) {
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s': a %zu-byte image is larger than a "
-                           "record may be", path, key, d.data_len);
-            goto fail;
-        }
-        if (d.encoded && !first_enc[0]) snprintf(first_enc, sizeof first_enc, "%s", key);
-        if (!d.encoded && !first_raw[0]) snprintf(first_raw, sizeof first_raw, "%s", key);
-        if (d.encoded) {
-            const char *e = sniff(d.data, d.data_len);
-            if (!enc0) enc0 = e;
-            else if (strcmp(enc0, e)) enc0 = "";
-        }
-        any_encoded |= d.encoded;
-        any_raw |= !d.encoded;
-        if (c0 < 0) c0 = d.channels, h0 = d.height, w0 = d.width;
-        same &= d.channels == c0 && d.height == h0 && d.width == w0;
-        any_floats |= d.nfloats > 0;
-        max_floats = d.nfloats > max_floats ? d.nfloats : max_floats;
-        max_pixels = d.data_len > max_pixels ? d.data_len : max_pixels;
-        maxl = d.label > maxl ? d.label : maxl;
-    }
-    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
-    if (any_encoded && any_raw) {
-        st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: mixes encoded Datums (the first: key '%s') and raw "
-                       "ones (the first: key '%s'); a dataset holds one kind, so convert the two "
-                       "kinds from separate databases", path, first_enc, first_raw);
-        goto fail;
-    }
-    /* Raw Datums of differing sizes: each record carries its own (H, W, C)
-     * in `image_shape`, which the transform reads (docs/transforms.md). */
-    bool per_record = !any_encoded && !same;
-    kpl_feature_spec schema[5] = {
-        {.name = "image", .type = KPL_FEATURE_BYTES},
-        {.name = "label", .type = KPL_FEATURE_INT64},
-        {.name = "key", .type = KPL_FEATURE_STRING},
-        {.name = "float_data", .type = KPL_FEATURE_FLOAT},
-        {.name = "image_shape", .type = KPL_FEATURE_INT64, .ndim = 1, .shape = {3}},
-    };
-    int nf = 3;
-    if (any_floats) nf++;
-    if (per_record) {
-        if (!any_floats) schema[3] = schema[4];
-        nf++;
-    }
-    if (any_encoded) {
-        snprintf(schema[0].encoding, sizeof schema[0].encoding, "%s", enc0 ? enc0 : "");
-    } else {
-        strcpy(schema[0].encoding, "raw");
-        if (same) {
-            schema[0].ndim = 3;
-            schema[0].shape[0] = h0;
-            schema[0].shape[1] = w0;
-            schema[0].shape[2] = c0;
-        }
-    }
+    survey sv;
+    KPL_TRY_GOTO(scan(cur, path, &sv));
+    kpl_feature_spec schema[5];
+    int nf = 0;
+    make_schema(&sv, schema, &nf);
     json_t *aj = json_pack("{s:s, s:I, s:s, s:s, s:s}", "source", "lmdb", "num_classes",
-                           (json_int_t)(maxl + 1), "path", path, "channel_order",
-                           any_encoded ? "as encoded" : "as stored (Caffe: BGR)", "image_size",
-                           any_encoded ? "as encoded" : same ? "fixed" : "per record");
+                           (json_int_t)(sv.maxl + 1), "path", path, "channel_order",
+                           sv.any_encoded ? "as encoded" : "as stored (Caffe: BGR)", "image_size",
+                           sv.any_encoded ? "as encoded" : sv.same ? "fixed" : "per record");
     attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(aj);
-    hwc = malloc(max_pixels ? max_pixels : 1);
-    fl = malloc(sizeof *fl * (max_floats ? max_floats : 1));
-    if (!attrs || !hwc || !fl) {
+    if (!attrs) {
         st = KPL_ERROR(KPL_ENOMEM, "lmdb %s: no memory (or the path is not UTF-8)", path);
         goto fail;
     }
     o.writer.attributes_json = attrs;
     KPL_TRY_GOTO(kpl_record_writer_create(out_dir, nf, schema, &o.writer, &w));
-
-    /* Pass 2: the records, in key order. */
-    kpl__progress pr;
-    kpl__progress_init(&pr, o.label ? o.label : out_dir, o.progress);
     int64_t i = 0;
-    for (rc = mdb_cursor_get(cur, &k, &v, MDB_FIRST); !rc; rc = mdb_cursor_get(cur, &k, &v, MDB_NEXT)) {
-        datum d;
-        const char *why;
-        char key[KEY_SHOWN + 1];
-        show_key(&k, key);
-        if (!parse_datum(v.mv_data, v.mv_size, &d, &why) || d.data_len > max_pixels ||
-            d.nfloats > max_floats || d.data_len == 0) { /* changed under us */
-            st = KPL_ERROR(KPL_EFORMAT, "lmdb %s: key '%s' changed during conversion", path, key);
-            goto fail;
-        }
-        const uint8_t *img = d.data;
-        if (!d.encoded && d.channels > 1) { /* C x H x W -> H x W x C */
-            int64_t hw = d.height * d.width;
-            for (int64_t c = 0; c < d.channels; c++)
-                for (int64_t q = 0; q < hw; q++) hwc[q * d.channels + c] = d.data[c * hw + q];
-            img = hwc;
-        }
-        datum_floats(&d, fl);
-        int64_t label = d.label, hwc_shape[3] = {d.height, d.width, d.channels};
-        kpl_feature_value fv[5] = {{img, (uint32_t)d.data_len},
-                                   {&label, 1},
-                                   {k.mv_data, (uint32_t)k.mv_size},
-                                   {fl, (uint32_t)d.nfloats},
-                                   {hwc_shape, 3}};
-        if (per_record && !any_floats) fv[3] = fv[4];
-        if (kpl_record_writer_add(w, fv) < 0) {
-            st = KPL_ERROR(kpl_last_status(), "lmdb %s: key '%s': %s", path, key, kpl_last_error());
-            goto fail;
-        }
-        kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records");
-    }
-    if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
+    KPL_TRY_GOTO(write_records(cur, path, &sv, w, &o, out_dir, n, &i));
     kpl_record_writer *done = w;
     w = NULL;
     KPL_TRY_GOTO(kpl_record_writer_close(done));
@@ -323,8 +359,6 @@ fail:
     if (cur) mdb_cursor_close(cur);
     if (txn) mdb_txn_abort(txn);
     if (env) mdb_env_close(env);
-    free(hwc);
-    free(fl);
     free(attrs);
     return st;
 }
