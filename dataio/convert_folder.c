@@ -244,6 +244,103 @@ static kpl_status write_classes(const char *out_dir, char **classes, int64_t n)
     return KPL_OK;
 }
 
+/* Every image of every class folder (root/<class>/<file>) as an item;
+ * *njpeg and *npng count the kinds.  items is the caller's to free (with
+ * each rel) also on failure; *nitems says how many are set. */
+static kpl_status scan_items(const char *root, char **classes, int64_t ncls, item **items,
+                             int64_t *nitems, int64_t *njpeg, int64_t *npng)
+{
+    kpl_status st = KPL_OK;
+    char **files = NULL;
+    int64_t nfiles = 0, cap = 0;
+    for (int64_t c = 0; c < ncls; c++) {
+        char cdir[PATH_MAX];
+        snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
+        KPL_TRY_GOTO(list_dir(cdir, false, &files, &nfiles));
+        if (*nitems + nfiles > cap) {
+            cap = 2 * (*nitems + nfiles) + 1024;
+            item *ni = realloc(*items, sizeof **items * (size_t)cap);
+            if (!ni) {
+                st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
+                goto fail;
+            }
+            *items = ni;
+        }
+        for (int64_t i = 0; i < nfiles; i++) {
+            size_t len = strlen(classes[c]) + strlen(files[i]) + 2;
+            char *rel = malloc(len);
+            if (!rel) {
+                st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
+                goto fail;
+            }
+            snprintf(rel, len, "%s/%s", classes[c], files[i]);
+            const char *dot = strrchr(files[i], '.');
+            *npng += !strcasecmp(dot, ".png");
+            *njpeg += strcasecmp(dot, ".png") != 0;
+            (*items)[(*nitems)++] = (item){rel, c};
+        }
+        for (int64_t i = 0; i < nfiles; i++) free(files[i]);
+        free(files);
+        files = NULL;
+        nfiles = 0;
+    }
+fail:
+    for (int64_t i = 0; files && i < nfiles; i++) free(files[i]);
+    free(files);
+    return st;
+}
+
+/* Decodes (and checks, and perhaps re-encodes) nb items in parallel, then
+ * appends them in order; a bad one is skipped (counted in *nskip) under
+ * skip_bad, else an error naming it. */
+static kpl_status convert_batch(const char *root, const item *items, int nb,
+                                const kpl_convert_options *o, int threads, loaded *batch,
+                                kpl_record_writer *w, int64_t *nskip)
+{
+    kpl_status st = KPL_OK;
+#pragma omp parallel num_threads(threads)
+    {
+        codec c = {tjInitCompress(), kpl__decoder_create(), kpl__xform_scratch_create(), NULL, 0};
+        bool ready = c.tjc && c.dec && c.scratch;
+#pragma omp for schedule(dynamic, 4)
+        for (int i = 0; i < nb; i++) {
+            if (ready && !c.tjc) ready = (c.tjc = tjInitCompress()) != NULL;
+            if (ready) load_one(root, &items[i], o, &c, &batch[i]);
+            else {
+                snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
+                batch[i].fatal = true;
+            }
+        }
+        if (c.tjc) tjDestroy(c.tjc);
+        kpl__decoder_destroy(c.dec);
+        kpl__xform_scratch_destroy(c.scratch);
+        free(c.pix);
+    }
+    for (int i = 0; i < nb && st == KPL_OK; i++) {
+        const item *it = &items[i];
+        if (batch[i].why[0]) {
+            if (!o->skip_bad || batch[i].fatal) {
+                st = KPL_ERROR(batch[i].fatal ? KPL_ENOMEM : KPL_EFORMAT,
+                               "imagefolder: %s/%s: %s", root, it->rel, batch[i].why);
+                break;
+            }
+            fprintf(stderr, "%skpl: skipping %s/%s: %s\n", o->progress ? "\n" : "", root,
+                    it->rel, batch[i].why);
+            (*nskip)++;
+            continue;
+        }
+        kpl_feature_value v[3] = {{batch[i].bytes, (uint32_t)batch[i].len},
+                                  {&it->label, 1},
+                                  {it->rel, (uint32_t)strlen(it->rel)}};
+        st = kpl_record_writer_add(w, v);
+    }
+    for (int i = 0; i < nb; i++) {
+        free(batch[i].bytes);
+        batch[i].bytes = NULL;
+    }
+    return st;
+}
+
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped)
@@ -255,8 +352,8 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     KPL_CHECK(o.quality >= 1 && o.quality <= 100, KPL_EINVAL,
               "imagefolder: quality %d must be in [1, 100]", o.quality);
     kpl_status st = KPL_OK;
-    char **classes = NULL, **files = NULL;
-    int64_t ncls = 0, nfiles = 0, nitems = 0, cap = 0, nskip = 0, njpeg = 0, npng = 0;
+    char **classes = NULL;
+    int64_t ncls = 0, nitems = 0, nskip = 0, njpeg = 0, npng = 0;
     item *items = NULL;
     loaded *batch = NULL;
     kpl_record_writer *w = NULL;
@@ -269,36 +366,7 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                        root);
         goto fail;
     }
-    for (int64_t c = 0; c < ncls; c++) {
-        char cdir[PATH_MAX];
-        snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
-        KPL_TRY_GOTO(list_dir(cdir, false, &files, &nfiles));
-        if (nitems + nfiles > cap) {
-            cap = 2 * (nitems + nfiles) + 1024;
-            item *ni = realloc(items, sizeof *items * (size_t)cap);
-            if (!ni) {
-                st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
-                goto fail;
-            }
-            items = ni;
-        }
-        for (int64_t i = 0; i < nfiles; i++) {
-            size_t len = strlen(classes[c]) + strlen(files[i]) + 2;
-            char *rel = malloc(len);
-            if (!rel) {
-                st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
-                goto fail;
-            }
-            snprintf(rel, len, "%s/%s", classes[c], files[i]);
-            const char *dot = strrchr(files[i], '.');
-            npng += !strcasecmp(dot, ".png");
-            njpeg += strcasecmp(dot, ".png") != 0;
-            items[nitems++] = (item){rel, c};
-            free(files[i]);
-        }
-        free(files);
-        files = NULL;
-    }
+    KPL_TRY_GOTO(scan_items(root, classes, ncls, &items, &nitems, &njpeg, &npng));
     if (nitems == 0) {
         st = KPL_ERROR(KPL_EFORMAT, "imagefolder %s: %lld class folders but no .jpg/.jpeg/.png "
                        "files in them", root, (long long)ncls);
@@ -337,48 +405,7 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
     for (int64_t b0 = 0; b0 < nitems; b0 += BATCH) {
         int nb = (int)(nitems - b0 < BATCH ? nitems - b0 : BATCH);
-#pragma omp parallel num_threads(threads)
-        {
-            codec c = {tjInitCompress(), kpl__decoder_create(), kpl__xform_scratch_create(),
-                       NULL, 0};
-            bool ready = c.tjc && c.dec && c.scratch;
-#pragma omp for schedule(dynamic, 4)
-            for (int i = 0; i < nb; i++) {
-                if (ready && !c.tjc) ready = (c.tjc = tjInitCompress()) != NULL;
-                if (ready) load_one(root, &items[b0 + i], &o, &c, &batch[i]);
-                else {
-                    snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
-                    batch[i].fatal = true;
-                }
-            }
-            if (c.tjc) tjDestroy(c.tjc);
-            kpl__decoder_destroy(c.dec);
-            kpl__xform_scratch_destroy(c.scratch);
-            free(c.pix);
-        }
-        for (int i = 0; i < nb && st == KPL_OK; i++) {
-            const item *it = &items[b0 + i];
-            if (batch[i].why[0]) {
-                if (!o.skip_bad || batch[i].fatal) {
-                    st = KPL_ERROR(batch[i].fatal ? KPL_ENOMEM : KPL_EFORMAT,
-                                   "imagefolder: %s/%s: %s", root, it->rel, batch[i].why);
-                    break;
-                }
-                fprintf(stderr, "%skpl: skipping %s/%s: %s\n", o.progress ? "\n" : "", root,
-                        it->rel, batch[i].why);
-                nskip++;
-                continue;
-            }
-            kpl_feature_value v[3] = {{batch[i].bytes, (uint32_t)batch[i].len},
-                                      {&it->label, 1},
-                                      {it->rel, (uint32_t)strlen(it->rel)}};
-            st = kpl_record_writer_add(w, v);
-        }
-        for (int i = 0; i < nb; i++) {
-            free(batch[i].bytes);
-            batch[i].bytes = NULL;
-        }
-        if (st < 0) goto fail;
+        KPL_TRY_GOTO(convert_batch(root, items + b0, nb, &o, threads, batch, w, &nskip));
         kpl__progress_update(&pr, (uint64_t)(b0 + nb), (uint64_t)nitems, "images");
     }
     if (kpl_record_writer_count(w) == 0) {
@@ -398,7 +425,6 @@ fail:
     free(items);
     for (int64_t i = 0; i < ncls; i++) free(classes[i]);
     free(classes);
-    free(files);
     free(batch);
     free(attrs);
     return st;
