@@ -65,9 +65,12 @@ typedef enum {
     KPL_COMM_BACKEND_NCCL,
 } kpl_comm_backend;
 
-/* "sum", "avg", "max", "min"; "auto", "mpi", "ucx", "nccl". */
+/* "sum", "avg", "max", "min"; "auto", "mpi", "ucx", "nccl" (the table, NULL-terminated, and
+ * parse: -1 for other names). */
 const char *kpl_comm_op_name(kpl_comm_op op);
+extern const char *const kpl_comm_backend_names[];
 const char *kpl_comm_backend_name(kpl_comm_backend b);
+int kpl_comm_backend_parse(const char *name);
 
 typedef struct {
     kpl_comm_backend backend;

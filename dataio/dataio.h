@@ -224,6 +224,20 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 
 /* ---- converters ------------------------------------------------------------------- */
 
+/* Where a dataset is converted from: nothing, IDX files (MNIST's format),
+ * an image folder, an LMDB of Caffe Datums. */
+typedef enum {
+    KPL_CONVERT_NONE,
+    KPL_CONVERT_IDX,
+    KPL_CONVERT_IMAGEFOLDER,
+    KPL_CONVERT_LMDB
+} kpl_convert_source;
+
+/* "none", "idx", "imagefolder", "lmdb" (the table, NULL-terminated); parse: -1 for others. */
+extern const char *const kpl_convert_source_names[];
+const char *kpl_convert_source_name(kpl_convert_source s);
+int kpl_convert_source_parse(const char *name);
+
 /* Options shared by the converters; KPL_CONVERT_OPTIONS_INIT for defaults. */
 typedef struct {
     kpl_record_writer_config writer;
@@ -281,6 +295,11 @@ typedef enum {
     KPL_CROP_RANDOM_RESIZED, /* torchvision's RandomResizedCrop(scale, ratio) */
     KPL_CROP_CENTER,         /* shorter side resized to resize_shorter, then center crop */
 } kpl_crop_mode;
+
+/* "none", "random_resized", "center" (the table, NULL-terminated); parse: -1 for others. */
+extern const char *const kpl_crop_mode_names[];
+const char *kpl_crop_mode_name(kpl_crop_mode m);
+int kpl_crop_mode_parse(const char *name);
 
 /* What happens to one example on its way into a batch.  Images are decoded
  * from the feature's encoding ("jpeg", "png", or "raw" with a fixed (H, W, C)
@@ -364,7 +383,9 @@ typedef enum {
     KPL_SHUFFLE_EXAMPLE, /* a full permutation (random access: SSD or small sets) */
 } kpl_shuffle_mode;
 
-/* "none", "chunk", "buffer", "example"; parse returns -1 for other names. */
+/* "none", "chunk", "buffer", "example" (the table, NULL-terminated); parse returns -1 for
+ * other names. */
+extern const char *const kpl_shuffle_mode_names[];
 const char *kpl_shuffle_mode_name(kpl_shuffle_mode m);
 int kpl_shuffle_mode_parse(const char *name);
 

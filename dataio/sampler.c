@@ -23,23 +23,10 @@
 #define KEY_WINDOW(slot, w) ((2ull << 60) | ((uint64_t)(slot) << 36) | (uint64_t)(w))
 #define KEY_BUFFER(slot) ((3ull << 60) | (uint64_t)(slot))
 
-const char *kpl_shuffle_mode_name(kpl_shuffle_mode m)
-{
-    switch (m) {
-    case KPL_SHUFFLE_NONE: return "none";
-    case KPL_SHUFFLE_CHUNK: return "chunk";
-    case KPL_SHUFFLE_BUFFER: return "buffer";
-    case KPL_SHUFFLE_EXAMPLE: return "example";
-    }
-    return "?";
-}
+const char *const kpl_shuffle_mode_names[] = {"none", "chunk", "buffer", "example", NULL};
 
-int kpl_shuffle_mode_parse(const char *name)
-{
-    for (int m = KPL_SHUFFLE_NONE; m <= KPL_SHUFFLE_EXAMPLE; m++)
-        if (name && !strcmp(name, kpl_shuffle_mode_name((kpl_shuffle_mode)m))) return m;
-    return -1;
-}
+const char *kpl_shuffle_mode_name(kpl_shuffle_mode m) { return kpl__name_at(kpl_shuffle_mode_names, (int)m); }
+int kpl_shuffle_mode_parse(const char *name) { return kpl__name_index(kpl_shuffle_mode_names, name); }
 
 int64_t kpl__order_examples(const kpl_dataset *ds, const kpl__order_params *p)
 {

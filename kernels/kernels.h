@@ -733,6 +733,12 @@ kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
  * naming path and errno otherwise.  The one such helper of every module. */
 kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path);
 
+/* Enum names: each module keeps one NULL-terminated table per enum (the
+ * recipe binds to the same table).  index: the position of name, -1 when
+ * absent (or NULL); at: names[i], "?" when i is out of range. */
+int kpl__name_index(const char *const *names, const char *name);
+const char *kpl__name_at(const char *const *names, int i);
+
 /* Invariants (bugs, not inputs): on in release builds. */
 void kpl__assert_fail(const char *cond, const char *file, int line,
                       const char *msg) __attribute__((noreturn));

@@ -94,6 +94,22 @@ kpl_status kpl_set_error(kpl_status st, const char *fmt, ...)
 
 const char *kpl_last_error(void) { return tl_msg; }
 
+/* ---- enum names ----------------------------------------------------------- */
+
+int kpl__name_index(const char *const *names, const char *name)
+{
+    for (int i = 0; name && names[i]; i++)
+        if (!strcmp(names[i], name)) return i;
+    return -1;
+}
+
+const char *kpl__name_at(const char *const *names, int i)
+{
+    for (int k = 0; i >= 0 && names[k]; k++)
+        if (k == i) return names[k];
+    return "?";
+}
+
 /* ---- files ---------------------------------------------------------------- */
 
 kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path)

@@ -145,7 +145,7 @@ static int convert_idx_dir(const char *src, const char *out, kpl_convert_options
 }
 
 static bool keep_waiting(const char *lock, double waited, void *ctx);
-static int convert_from(const char *from, const char *labels, const char *pos[2],
+static int convert_from(kpl_convert_source from, const char *labels, const char *pos[2],
                         kpl_convert_options *o);
 
 static int cmd_convert(int argc, char **argv)
@@ -210,12 +210,18 @@ static int cmd_convert(int argc, char **argv)
                         "--help')\n");
         return 2;
     }
+    int src = kpl_convert_source_parse(from);
+    if (src <= KPL_CONVERT_NONE) {
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb)\n",
+                from);
+        return 2;
+    }
     /* Take turns with other conversions into the same directory (kpl
      * train converts on first use): the lock lives in the directory that
      * holds the dataset(s); an IDX directory writes OUT/train and OUT/test. */
     char parent[PATH_MAX];
     struct stat ss;
-    bool idx_dir = !strcmp(from, "idx") && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode);
+    bool idx_dir = src == KPL_CONVERT_IDX && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode);
     snprintf(parent, sizeof parent, "%s", pos[1]);
     char *slash = strrchr(parent, '/');
     if (!idx_dir && slash == parent) slash[1] = 0;
@@ -224,7 +230,7 @@ static int cmd_convert(int argc, char **argv)
     double said = -1;
     int lock = -1;
     if (kpl_convert_lock(parent, keep_waiting, &said, &lock) < 0) return fail("convert");
-    int rc = convert_from(from, labels, pos, &o);
+    int rc = convert_from((kpl_convert_source)src, labels, pos, &o);
     kpl_convert_unlock(lock);
     return rc;
 }
@@ -242,11 +248,11 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
 }
 
 /* The conversion itself, with the lock held. */
-static int convert_from(const char *from, const char *labels, const char *pos[2],
+static int convert_from(kpl_convert_source from, const char *labels, const char *pos[2],
                         kpl_convert_options *o_)
 {
     kpl_convert_options o = *o_;
-    if (!strcmp(from, "imagefolder")) {
+    if (from == KPL_CONVERT_IMAGEFOLDER) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
             return 2;
@@ -260,7 +266,7 @@ static int convert_from(const char *from, const char *labels, const char *pos[2]
                pos[0], pos[1], (long long)n, (long long)skipped, kpl_seconds() - t0);
         return 0;
     }
-    if (!strcmp(from, "lmdb")) {
+    if (from == KPL_CONVERT_LMDB) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
             return 2;
@@ -273,10 +279,6 @@ static int convert_from(const char *from, const char *labels, const char *pos[2]
                "\"examples\":%lld,\"seconds\":%.2f}\n",
                pos[0], pos[1], (long long)n, kpl_seconds() - t0);
         return 0;
-    }
-    if (strcmp(from, "idx")) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb)\n", from);
-        return 2;
     }
     struct stat sb;
     if (stat(pos[0], &sb) != 0) {

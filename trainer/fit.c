@@ -59,7 +59,7 @@ static kpl_status run_eval(kpl_trainer *t)
     json_t *j = eval_record(t, e);
     json_object_set_new(j, "seconds", json_real(kpl_seconds() - t0));
     kpl__trainer_emit(t, j);
-    KPL_TRY(check_finite(t, e, t->r->loss.nonfinite == 0));
+    KPL_TRY(check_finite(t, e, t->r->loss.nonfinite == KPL_NONFINITE_STOP));
     if (t->rank != 0 || !t->log.tb) return KPL_OK;
     for (int i = 0; i < e->metrics.n; i++) {
         char tag[64];
@@ -82,7 +82,7 @@ static void say_start(kpl_trainer *t)
     kpl__log_info(&t->log, "kpl train %s: %s on %s, %d rank%s x %d thread%s; batch %lld x %d%s; "
                   "%lld steps/epoch; run dir %s", r->name, models, kpl_device_name(t->dev),
                   (int)t->world, t->world > 1 ? "s" : "", kpl_get_num_threads(),
-                  kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.batch_size,
+                  kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.loader.batch_size,
                   (int)t->world, r->optimizer.accumulate > 1 ? " (with accumulation)" : "",
                   (long long)t->steps_per_epoch, t->run_dir);
     if (!t->resume_path[0]) return;

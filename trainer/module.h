@@ -262,9 +262,16 @@ typedef enum {
     KPL_MODEL_NONE
 } kpl_model_arch;
 
-/* "mlp", "lenet", "cnn", "resnet", "none"; parse: -1 for other names. */
+/* "mlp", "lenet", "cnn", "resnet", "none" (the table, NULL-terminated); parse: -1 for other
+ * names. */
+extern const char *const kpl_model_arch_names[];
 const char *kpl_model_arch_name(kpl_model_arch a);
 int kpl_model_arch_parse(const char *name);
+
+/* A ResNet's stem: ImageNet's 7x7/2 convolution and 3x3/2 max-pool, or a
+ * 3x3/1 convolution for 32x32 inputs ("imagenet", "cifar"). */
+typedef enum { KPL_STEM_IMAGENET, KPL_STEM_CIFAR } kpl_resnet_stem;
+extern const char *const kpl_resnet_stem_names[];
 
 /* A classifier of the zoo.  Zero means "the architecture's default" for
  * width, depth and hidden.
@@ -282,7 +289,7 @@ typedef struct {
     int64_t num_classes;        /* resnet: 0 builds the backbone alone (up to layer4) */
     int64_t in_channels, in_h, in_w;
     int64_t width, depth;
-    bool cifar_stem;
+    kpl_resnet_stem stem;
     int64_t hidden[16];
     int nhidden;
     double dropout;

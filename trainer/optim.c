@@ -50,19 +50,10 @@ struct kpl_optim {
     scratch *scratch;          /* n */
 };
 
-static const char *const kind_names[] = {"sgd", "adam", "adamw", "lars"};
+const char *const kpl_optim_kind_names[] = {"sgd", "adam", "adamw", "lars", NULL};
 
-const char *kpl_optim_kind_name(kpl_optim_kind k)
-{
-    return (unsigned)k < sizeof kind_names / sizeof kind_names[0] ? kind_names[k] : "invalid";
-}
-
-int kpl_optim_kind_parse(const char *name)
-{
-    for (int k = 0; name && k < (int)(sizeof kind_names / sizeof kind_names[0]); k++)
-        if (strcmp(name, kind_names[k]) == 0) return k;
-    return -1;
-}
+const char *kpl_optim_kind_name(kpl_optim_kind k) { return kpl__name_at(kpl_optim_kind_names, (int)k); }
+int kpl_optim_kind_parse(const char *name) { return kpl__name_index(kpl_optim_kind_names, name); }
 
 /* ---- creation ------------------------------------------------------------------- */
 

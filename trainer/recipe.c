@@ -22,91 +22,104 @@
 
 /* ---- the key table ------------------------------------------------------------------- */
 
-typedef enum { T_BOOL, T_INT, T_FLOAT, T_STR, T_ENUM, T_INTS, T_FLOATS, T_GROUPS } vtype;
+/* T_INT2 / T_FLOAT2: a pair of members ([h, w], [min, max], betas). */
+typedef enum { T_BOOL, T_INT, T_FLOAT, T_STR, T_ENUM, T_INTS, T_FLOATS, T_INT2, T_FLOAT2,
+               T_GROUPS } vtype;
 
 typedef struct {
     const char *key;
     vtype type;
-    size_t off;       /* in kpl_recipe */
-    size_t cap;       /* T_STR: buffer bytes; lists: element capacity */
+    size_t off, size; /* the member in kpl_recipe and its bytes (lists: an element's) */
+    size_t off2;      /* pairs: the second member */
+    size_t cap;       /* T_STR: buffer bytes; lists: element capacity; pairs: 2 when both
+                         values are required, 0 when [] (both 0) or one value (both) will do */
     size_t count_off; /* lists: the int holding the count */
     const char *def;  /* the default as YAML text; NULL: required */
     double lo, hi;    /* numbers and list elements */
-    const char *const *choices; /* T_ENUM, NULL-terminated; the value is the index */
+    const char *const *choices; /* T_ENUM: the owning module's table, NULL-terminated; the
+                                   value is the index */
     const char *help;
+    const char *form; /* pairs: what the two values are, "[h, w]" */
 } field;
 
-static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none", NULL};
-static const char *const stem_names[] = {"imagenet", "cifar", NULL};
-static const char *const convert_names[] = {"none", "idx", "imagefolder", "lmdb", NULL};
-static const char *const shuffle_names[] = {"none", "chunk", "buffer", "example", NULL};
-static const char *const crop_names[] = {"none", "random_resized", "center", NULL};
-static const char *const optim_names[] = {"sgd", "adam", "adamw", "lars", NULL};
+/* The trainer's own enums (the others are their modules'). */
 static const char *const scaling_names[] = {"none", "linear", NULL};
-static const char *const sched_names[] = {"constant", "step", "multistep", "cosine", "poly", NULL};
 static const char *const per_names[] = {"step", "epoch", NULL};
 static const char *const progress_names[] = {"auto", "always", "never", NULL};
-static const char *const backend_names[] = {"auto", "mpi", "ucx", "nccl", NULL};
 static const char *const nonfinite_names[] = {"stop", "skip", NULL};
 
 #define OFF(m) offsetof(kpl_recipe, m)
-#define CAP(m) (sizeof(((kpl_recipe *)0)->m) / sizeof(((kpl_recipe *)0)->m[0]))
+#define SZ(m) sizeof(((kpl_recipe *)0)->m)
+#define ESZ(m) sizeof(((kpl_recipe *)0)->m[0])
+#define CAP(m) (SZ(m) / ESZ(m))
 #define BIG 9.2e18
-#define F_INT(k, m, d, lo, hi, h) {k, T_INT, OFF(m), 0, 0, d, lo, hi, NULL, h}
-#define F_FLOAT(k, m, d, lo, hi, h) {k, T_FLOAT, OFF(m), 0, 0, d, lo, hi, NULL, h}
-#define F_BOOL(k, m, d, h) {k, T_BOOL, OFF(m), 0, 0, d, 0, 1, NULL, h}
-#define F_STR(k, m, d, h) {k, T_STR, OFF(m), CAP(m), 0, d, 0, 0, NULL, h}
-#define F_ENUM(k, m, d, c, h) {k, T_ENUM, OFF(m), 0, 0, d, 0, 0, c, h}
-#define F_INTS(k, m, n, d, lo, hi, h) {k, T_INTS, OFF(m), CAP(m), OFF(n), d, lo, hi, NULL, h}
-#define F_FLOATS(k, m, n, d, lo, hi, h) {k, T_FLOATS, OFF(m), CAP(m), OFF(n), d, lo, hi, NULL, h}
-#define F_GROUPS(k, m, n, h) {k, T_GROUPS, OFF(m), CAP(m), OFF(n), "[]", 0, 1e6, NULL, h}
+#define F_INT(k, m, d, lo, hi, h) {k, T_INT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL}
+#define F_FLOAT(k, m, d, lo, hi, h) {k, T_FLOAT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL}
+#define F_BOOL(k, m, d, h) {k, T_BOOL, OFF(m), SZ(m), 0, 0, 0, d, 0, 1, NULL, h, NULL}
+#define F_STR(k, m, d, h) {k, T_STR, OFF(m), 1, 0, CAP(m), 0, d, 0, 0, NULL, h, NULL}
+#define F_ENUM(k, m, d, c, h) {k, T_ENUM, OFF(m), SZ(m), 0, 0, 0, d, 0, 0, c, h, NULL}
+#define F_INTS(k, m, n, d, lo, hi, h)                                                         \
+    {k, T_INTS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL}
+#define F_FLOATS(k, m, n, d, lo, hi, h)                                                       \
+    {k, T_FLOATS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL}
+#define F_INT2(k, m1, m2, need, form, d, lo, hi, h)                                           \
+    {k, T_INT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form}
+#define F_FLOAT2(k, m1, m2, need, form, d, lo, hi, h)                                         \
+    {k, T_FLOAT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form}
+#define F_GROUPS(k, m, n, h)                                                                  \
+    {k, T_GROUPS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), "[]", 0, 1e6, NULL, h, NULL}
 
 /* The keys of one data split; train and val differ in a few defaults. */
 #define SPLIT(sp, path_def, bs_def, shuffle_def)                                             \
     F_STR("data." #sp ".path", data.sp.path, path_def,                                       \
           "KPLRecord directory, relative to data.root (\"\": none)"),                        \
-    F_INT("data." #sp ".batch_size", data.sp.batch_size, bs_def, 0, 1 << 24,                  \
+    F_INT("data." #sp ".batch_size", data.sp.loader.batch_size, bs_def, 0, 1 << 24,           \
           "samples per step on each rank (val 0: train's)"),                                 \
-    F_ENUM("data." #sp ".shuffle", data.sp.shuffle, shuffle_def, shuffle_names,              \
+    F_ENUM("data." #sp ".shuffle", data.sp.loader.shuffle, shuffle_def,                      \
+           kpl_shuffle_mode_names,                                                           \
            "sample order: none, chunk (sequential reads), buffer, example"),                 \
-    F_INT("data." #sp ".shuffle_window", data.sp.shuffle_window, "8", 1, 1 << 20,             \
+    F_INT("data." #sp ".shuffle_window", data.sp.loader.shuffle_window, "8", 1, 1 << 20,      \
           "chunk shuffle: chunks whose examples are mixed together"),                        \
-    F_INT("data." #sp ".initial_fill", data.sp.initial_fill, "4096", 1, 1 << 30,              \
+    F_INT("data." #sp ".initial_fill", data.sp.loader.initial_fill, "4096", 1, 1 << 30,       \
           "buffer shuffle: examples in the shuffle buffer"),                                 \
-    F_BOOL("data." #sp ".drop_last", data.sp.drop_last, "false",                             \
+    F_BOOL("data." #sp ".drop_last", data.sp.loader.drop_last, "false",                      \
            "drop an epoch's last partial batch"),                                            \
-    F_INT("data." #sp ".limit", data.sp.limit, "0", 0, BIG,                                   \
+    F_INT("data." #sp ".limit", data.sp.loader.limit, "0", 0, BIG,                            \
           "use only the first N examples of the set (0: all)"),                              \
-    F_BOOL("data." #sp ".interleave", data.sp.interleave, "false",                            \
+    F_BOOL("data." #sp ".interleave", data.sp.loader.interleave, "false",                     \
            "ranks take every world-th example (same global batches for any rank count) "     \
            "instead of contiguous slices (sequential reads)"),                               \
     F_STR("data." #sp ".image_feature", data.sp.image_feature, "image", "image feature"),    \
     F_STR("data." #sp ".label_feature", data.sp.label_feature, "label", "label feature"),    \
-    F_INT("data." #sp ".transform.channels", data.sp.channels, "3", 1, 3,                    \
+    F_INT("data." #sp ".transform.channels", data.sp.loader.transform.channels, "3", 1, 3,   \
           "image channels after decoding: 1 or 3"),                                          \
-    F_ENUM("data." #sp ".transform.crop", data.sp.crop, "none", crop_names,                  \
-           "none (whole image), random_resized, center"),                                    \
-    F_INTS("data." #sp ".transform.size", data.sp.size, data.sp.nsize, "[]", 1, 1 << 16,     \
+    F_ENUM("data." #sp ".transform.crop", data.sp.loader.transform.crop, "none",             \
+           kpl_crop_mode_names, "none (whole image), random_resized, center"),               \
+    F_INT2("data." #sp ".transform.size", data.sp.loader.transform.out_h,                    \
+           data.sp.loader.transform.out_w, 0, "[h, w]", "[]", 1, 1 << 16,                             \
            "output [h, w] (or one value for both); []: the stored size"),                    \
-    F_FLOATS("data." #sp ".transform.scale", data.sp.scale, data.sp.nscale, "[0.08, 1.0]", 0, \
-             1, "random_resized: range of the crop's area fraction"),                       \
-    F_FLOATS("data." #sp ".transform.ratio", data.sp.ratio, data.sp.nratio,                  \
+    F_FLOAT2("data." #sp ".transform.scale", data.sp.loader.transform.scale[0],              \
+             data.sp.loader.transform.scale[1], 2, "[min, max]", "[0.08, 1.0]", 0, 1,                     \
+             "random_resized: range of the crop's area fraction"),                          \
+    F_FLOAT2("data." #sp ".transform.ratio", data.sp.loader.transform.ratio[0],              \
+             data.sp.loader.transform.ratio[1], 2, "[min, max]",                            \
              "[0.75, 1.3333333333333333]", 1e-3, 1e3,                                        \
              "random_resized: range of the crop's aspect ratio"),                           \
-    F_INT("data." #sp ".transform.resize_shorter", data.sp.resize_shorter, "0", 0, 1 << 16,  \
-          "center: shorter side before the crop (0: the crop size)"),                        \
-    F_FLOAT("data." #sp ".transform.flip", data.sp.flip, "0", 0, 1,                          \
+    F_INT("data." #sp ".transform.resize_shorter", data.sp.loader.transform.resize_shorter,  \
+          "0", 0, 1 << 16, "center: shorter side before the crop (0: the crop size)"),       \
+    F_FLOAT("data." #sp ".transform.flip", data.sp.loader.transform.flip_prob, "0", 0, 1,    \
             "horizontal flip probability"),                                                  \
-    F_FLOAT("data." #sp ".transform.brightness", data.sp.brightness, "0", 0, 1,              \
-            "brightness jitter"),                                                            \
-    F_FLOAT("data." #sp ".transform.contrast", data.sp.contrast, "0", 0, 1, "contrast jitter"), \
-    F_FLOAT("data." #sp ".transform.saturation", data.sp.saturation, "0", 0, 1,              \
-            "saturation jitter"),                                                            \
-    F_FLOATS("data." #sp ".transform.mean", data.sp.mean, data.sp.nmean, "[0]", -1e3, 1e3,   \
-             "normalisation mean of x/255, one value or one per channel"),                  \
-    F_FLOATS("data." #sp ".transform.std", data.sp.std, data.sp.nstd, "[1]", 1e-6, 1e3,      \
-             "normalisation std of x/255, one value or one per channel"),                   \
-    F_BOOL("data." #sp ".skip_corrupt", data.sp.skip_corrupt, "false",                       \
+    F_FLOAT("data." #sp ".transform.brightness", data.sp.loader.transform.brightness, "0", 0, \
+            1, "brightness jitter"),                                                         \
+    F_FLOAT("data." #sp ".transform.contrast", data.sp.loader.transform.contrast, "0", 0, 1,  \
+            "contrast jitter"),                                                              \
+    F_FLOAT("data." #sp ".transform.saturation", data.sp.loader.transform.saturation, "0", 0, \
+            1, "saturation jitter"),                                                         \
+    F_FLOATS("data." #sp ".transform.mean", data.sp.loader.transform.mean, data.sp.nmean,    \
+             "[0]", -1e3, 1e3, "normalisation mean of x/255, one value or one per channel"), \
+    F_FLOATS("data." #sp ".transform.std", data.sp.loader.transform.std, data.sp.nstd, "[1]", \
+             1e-6, 1e3, "normalisation std of x/255, one value or one per channel"),        \
+    F_BOOL("data." #sp ".skip_corrupt", data.sp.loader.transform.skip_corrupt, "false",      \
            "drop examples whose image cannot be decoded (warned, counted in metrics.jsonl) " \
            "instead of stopping the run")
 
@@ -124,20 +137,20 @@ static const field fields[] = {
     F_STR("run_dir", run_dir, "\"\"", "run directory (default: runs/<name>-<time>)"),
     F_INT("max_steps", max_steps, "0", 0, BIG, "stop after this many steps in all (0: no limit)"),
 
-    F_ENUM("model.name", model.arch, "none", arch_names,
+    F_ENUM("model.name", model.arch, "none", kpl_model_arch_names,
            "mlp, lenet, cnn or resnet (classification needs one; none: the task builds its "
            "own)"),
     F_INT("model.num_classes", model.num_classes, "0", 0, 1e7,
           "classes (classification needs them)"),
     F_INT("model.in_channels", model.in_channels, "0", 0, 64,
           "input channels (0: data.train.transform.channels)"),
-    F_INTS("model.input_size", model.input_size, model.ninput_size, "[]", 1, 1 << 16,
+    F_INT2("model.input_size", model.in_h, model.in_w, 0, "[h, w]", "[]", 1, 1 << 16,
            "input [h, w] (default: the train transform's size, else the stored one)"),
     F_INT("model.width", model.width, "0", 0, 4096,
           "base width (0: lenet 6, cnn 32, resnet 64)"),
     F_INT("model.depth", model.depth, "0", 0, 1000,
           "resnet: 18, 34, 50, 101 or 152; cnn: conv stages (0: 2)"),
-    F_ENUM("model.stem", model.stem, "imagenet", stem_names,
+    F_ENUM("model.stem", model.stem, "imagenet", kpl_resnet_stem_names,
            "resnet stem: imagenet (7x7/2 + max-pool) or cifar (3x3/1)"),
     F_INTS("model.hidden", model.hidden, model.nhidden, "[]", 1, 1 << 20,
            "hidden layer widths (mlp default [512, 256]; cnn default [128])"),
@@ -147,14 +160,14 @@ static const field fields[] = {
            "resnet: last batch norm of each block starts at scale 0"),
 
     F_STR("data.root", data.root, "\"\"", "directory the split paths are relative to"),
-    F_ENUM("data.convert.from", data.convert.from, "none", convert_names,
+    F_ENUM("data.convert.from", data.convert.from, "none", kpl_convert_source_names,
            "build missing splits from a source first: none, idx, imagefolder, lmdb"),
     F_STR("data.convert.source", data.convert.source, "\"\"",
           "idx: a directory of IDX files; imagefolder/lmdb: root with one folder per split"),
-    F_INT("data.convert.shards", data.convert.shards, "1", 1, 1 << 16, "shards per split"),
-    F_INT("data.convert.max_side", data.convert.max_side, "0", 0, 1 << 16,
+    F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16, "shards per split"),
+    F_INT("data.convert.max_side", data.convert.options.max_side, "0", 0, 1 << 16,
           "imagefolder: re-encode JPEGs whose longer side exceeds this (0: keep)"),
-    F_INT("data.convert.quality", data.convert.quality, "90", 1, 100,
+    F_INT("data.convert.quality", data.convert.options.quality, "90", 1, 100,
           "imagefolder: JPEG quality of re-encoded images"),
     F_INT("data.workers", data.workers, "1", 1, 256, "transformer processes per rank and split"),
     F_INT("data.prefetch", data.prefetch, "2", 1, 64, "batches prepared ahead"),
@@ -169,16 +182,16 @@ static const field fields[] = {
     F_INT("loss.max_skips", loss.max_skips, "20", 0, BIG,
           "skip: stop anyway after this many skipped steps in a row (0: never)"),
 
-    F_ENUM("optimizer.name", optimizer.kind, "sgd", optim_names, "sgd, adam, adamw or lars"),
-    F_FLOAT("optimizer.lr", optimizer.lr, NULL, 0, 1e6,
+    F_ENUM("optimizer.name", optimizer.config.kind, "sgd", kpl_optim_kind_names, "sgd, adam, adamw or lars"),
+    F_FLOAT("optimizer.lr", optimizer.config.lr, NULL, 0, 1e6,
             "peak learning rate (for base_batch samples when lr_scaling is linear)"),
-    F_FLOAT("optimizer.momentum", optimizer.momentum, "0", 0, 0.9999, "sgd, lars: momentum"),
-    F_BOOL("optimizer.nesterov", optimizer.nesterov, "false", "sgd: Nesterov momentum"),
-    F_FLOAT("optimizer.weight_decay", optimizer.weight_decay, "0", 0, 10, "weight decay"),
-    F_FLOATS("optimizer.betas", optimizer.betas, optimizer.nbetas, "[0.9, 0.999]", 0, 0.999999,
-             "adam, adamw: [beta1, beta2]"),
-    F_FLOAT("optimizer.eps", optimizer.eps, "1e-8", 1e-30, 1, "adam, adamw: epsilon"),
-    F_FLOAT("optimizer.trust_coefficient", optimizer.trust_coefficient, "0.001", 1e-9, 10,
+    F_FLOAT("optimizer.momentum", optimizer.config.momentum, "0", 0, 0.9999, "sgd, lars: momentum"),
+    F_BOOL("optimizer.nesterov", optimizer.config.nesterov, "false", "sgd: Nesterov momentum"),
+    F_FLOAT("optimizer.weight_decay", optimizer.config.weight_decay, "0", 0, 10, "weight decay"),
+    F_FLOAT2("optimizer.betas", optimizer.config.beta1, optimizer.config.beta2, 2,
+             "[beta1, beta2]", "[0.9, 0.999]", 0, 0.999999, "adam, adamw: [beta1, beta2]"),
+    F_FLOAT("optimizer.eps", optimizer.config.eps, "1e-8", 1e-30, 1, "adam, adamw: epsilon"),
+    F_FLOAT("optimizer.trust_coefficient", optimizer.config.trust_coefficient, "0.001", 1e-9, 10,
             "lars: eta"),
     F_BOOL("optimizer.no_decay_bn_bias", optimizer.no_decay_bn_bias, "false",
            "no weight decay (lars: no trust ratio) for batch-norm parameters and biases"),
@@ -196,18 +209,18 @@ static const field fields[] = {
              "(shell wildcards; the first group that matches) takes lr and weight decay times "
              "these; a pattern that matches nothing is an error"),
 
-    F_ENUM("schedule.name", schedule.kind, "constant", sched_names,
+    F_ENUM("schedule.name", schedule.config.kind, "constant", kpl_sched_kind_names,
            "constant, step, multistep, cosine or poly"),
-    F_FLOAT("schedule.warmup_epochs", schedule.warmup_epochs, "0", 0, 1e6,
+    F_FLOAT("schedule.warmup_epochs", schedule.config.warmup_epochs, "0", 0, 1e6,
             "linear warmup length in epochs"),
-    F_FLOAT("schedule.warmup_factor", schedule.warmup_factor, "0", 0, 1,
+    F_FLOAT("schedule.warmup_factor", schedule.config.warmup_factor, "0", 0, 1,
             "lr at the start of warmup, as a fraction of lr"),
-    F_FLOAT("schedule.step_size", schedule.step_size, "30", 1e-9, 1e6, "step: epochs per decay"),
-    F_FLOAT("schedule.gamma", schedule.gamma, "0.1", 1e-9, 1, "step, multistep: decay factor"),
-    F_FLOATS("schedule.milestones", schedule.milestones, schedule.nmilestones, "[]", 1e-9, 1e6,
+    F_FLOAT("schedule.step_size", schedule.config.step_size, "30", 1e-9, 1e6, "step: epochs per decay"),
+    F_FLOAT("schedule.gamma", schedule.config.gamma, "0.1", 1e-9, 1, "step, multistep: decay factor"),
+    F_FLOATS("schedule.milestones", schedule.config.milestones, schedule.config.num_milestones, "[]", 1e-9, 1e6,
              "multistep: epochs at which lr is multiplied by gamma"),
-    F_FLOAT("schedule.power", schedule.power, "2", 1e-9, 100, "poly: exponent"),
-    F_FLOAT("schedule.min_lr", schedule.min_lr, "0", 0, 1e6, "cosine, poly: final lr"),
+    F_FLOAT("schedule.power", schedule.config.power, "2", 1e-9, 100, "poly: exponent"),
+    F_FLOAT("schedule.min_lr", schedule.config.min_lr, "0", 0, 1e6, "cosine, poly: final lr"),
     F_ENUM("schedule.per", schedule.per, "step", per_names,
            "move the lr every step, or once per epoch"),
 
@@ -231,16 +244,16 @@ static const field fields[] = {
     F_INT("eval.confusion_max_classes", eval.confusion_max_classes, "20", 0, 1000,
           "print the confusion matrix up to this many classes"),
 
-    F_ENUM("dist.backend", dist.backend, "auto", backend_names,
+    F_ENUM("dist.backend", dist.comm.backend, "auto", kpl_comm_backend_names,
            "collective backend: auto (mpi on CPU, nccl on GPU), mpi, ucx, nccl"),
-    F_FLOAT("dist.bucket_mb", dist.bucket_mb, "25", 1e-3, 1e5, "gradient bucket size, MB"),
-    F_FLOAT("dist.first_bucket_mb", dist.first_bucket_mb, "1", 1e-3, 1e5,
+    F_FLOAT("dist.bucket_mb", dist.buckets.bucket_mb, "25", 1e-3, 1e5, "gradient bucket size, MB"),
+    F_FLOAT("dist.first_bucket_mb", dist.buckets.first_bucket_mb, "1", 1e-3, 1e5,
             "first gradient bucket size, MB"),
-    F_FLOAT("dist.timeout", dist.timeout, "300", 1e-3, 1e7,
+    F_FLOAT("dist.timeout", dist.comm.timeout, "300", 1e-3, 1e7,
             "seconds a collective may take before the job fails"),
-    F_FLOAT("dist.stall_warning", dist.stall_warning, "60", 0, 1e7,
+    F_FLOAT("dist.stall_warning", dist.comm.stall_warning, "60", 0, 1e7,
             "seconds before a waiting rank reports who has not joined (0: never)"),
-    F_BOOL("dist.check_params", dist.check_params, "true",
+    F_BOOL("dist.check_params", dist.buckets.check_params, "true",
            "check after the first step that all ranks hold the same parameters"),
 };
 #define NFIELDS (int)(sizeof fields / sizeof fields[0])
@@ -754,9 +767,84 @@ static const char *type_name(vtype t)
     case T_ENUM: return "a name";
     case T_INTS: return "a list of integers";
     case T_FLOATS: return "a list of numbers";
+    case T_INT2: return "two integers";
+    case T_FLOAT2: return "two numbers";
     case T_GROUPS: return "a list of {params, lr_mult, weight_decay_mult}";
     }
     return "?";
+}
+
+/* Members of the modules' structs are int or int64_t, float or double:
+ * stored and read at their own width. */
+static void store_int(char *dst, size_t size, int64_t v)
+{
+    if (size == sizeof(int64_t)) memcpy(dst, &v, sizeof v);
+    else if (size == sizeof(int32_t)) memcpy(dst, &(int32_t){(int32_t)v}, sizeof(int32_t));
+    else KPL_ASSERT(false, "recipe: an integer member of unexpected width");
+}
+
+static int64_t load_int(const char *src, size_t size)
+{
+    int64_t v;
+    int32_t w;
+    if (size == sizeof v) return memcpy(&v, src, sizeof v), v;
+    return memcpy(&w, src, sizeof w), w;
+}
+
+static void store_real(char *dst, size_t size, double v)
+{
+    if (size == sizeof(double)) memcpy(dst, &v, sizeof v);
+    else memcpy(dst, &(float){(float)v}, sizeof(float));
+}
+
+static double load_real(const char *src, size_t size)
+{
+    double d;
+    float f;
+    if (size == sizeof d) return memcpy(&d, src, sizeof d), d;
+    return memcpy(&f, src, sizeof f), f;
+}
+
+/* One number of a scalar into dst, at the member's width. */
+static kpl_status bind_number(const field *f, const node *n, const char *loc, bool integer,
+                              char *dst)
+{
+    double v = 0;
+    KPL_TRY(scalar_number(f, n, loc, integer, &v));
+    if (integer) store_int(dst, f->size, strtoll(n->text, NULL, 10));
+    else store_real(dst, f->size, v);
+    return KPL_OK;
+}
+
+/* A pair: [a, b]; with cap 0 also [] (both 0) and one value (both). */
+static kpl_status bind_pair(const field *f, const node *n, const char *loc, kpl_recipe *r)
+{
+    char *dst[2] = {(char *)r + f->off, (char *)r + f->off2};
+    bool integer = f->type == T_INT2;
+    const node *e[2] = {NULL, NULL};
+    int count = 0;
+    if (n->kind == N_SEQ) {
+        for (const node *c = n->first; c; c = c->next, count++)
+            if (count < 2) e[count] = c;
+    } else if (!n->null) {
+        e[0] = n, count = 1;
+    }
+    if (count > 2 || (f->cap == 2 && count != 2))
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s%s", loc, f->key, f->form,
+                         f->cap == 2 ? "" : " or one value");
+    for (int i = 0; i < 2; i++) {
+        const node *v = e[i] ? e[i] : e[0];
+        if (!v) {
+            store_int(dst[i], f->size, 0); /* []: the member's "unset" */
+            continue;
+        }
+        char eloc[1200];
+        where(v, eloc, sizeof eloc);
+        if (v->kind != N_SCALAR || v->null)
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s", eloc, f->key, type_name(f->type));
+        KPL_TRY(bind_number(f, v, eloc, integer, dst[i]));
+    }
+    return KPL_OK;
 }
 
 typedef kpl_param_group group;
@@ -776,7 +864,8 @@ static kpl_status bind_group(const field *f, const node *e, group *g)
         char cloc[1200], key[160];
         where(c, cloc, sizeof cloc);
         snprintf(key, sizeof key, "%s[].%s", f->key, c->key);
-        field sub = {key, T_FLOAT, 0, 0, 0, NULL, f->lo, f->hi, NULL, NULL};
+        field sub = {key, T_FLOAT, 0, sizeof(double), 0, 0, 0, NULL, f->lo, f->hi, NULL, NULL,
+                     NULL};
         if (c->kind != N_SCALAR || c->null)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a %s", cloc, key,
                              strcmp(c->key, "params") ? "number" : "pattern");
@@ -809,7 +898,8 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
     char loc[1200];
     where(n, loc, sizeof loc);
     char *dst = (char *)r + f->off;
-    bool list = f->type == T_INTS || f->type == T_FLOATS || f->type == T_GROUPS;
+    bool list = f->type == T_INTS || f->type == T_FLOATS || f->type == T_GROUPS ||
+                f->type == T_INT2 || f->type == T_FLOAT2;
     if ((n->kind == N_MAP && f->type != T_GROUPS) || (n->kind == N_SEQ && !list))
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s, got a %s", loc, f->key,
                          type_name(f->type), n->kind == N_MAP ? "section" : "list");
@@ -826,13 +916,9 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         return KPL_OK;
     }
     case T_INT:
-    case T_FLOAT: {
-        double v;
-        KPL_TRY(scalar_number(f, n, loc, f->type == T_INT, &v));
-        if (f->type == T_INT) *(int64_t *)dst = strtoll(n->text, NULL, 10);
-        else *(double *)dst = v;
-        return KPL_OK;
-    }
+    case T_FLOAT: return bind_number(f, n, loc, f->type == T_INT, dst);
+    case T_INT2:
+    case T_FLOAT2: return bind_pair(f, n, loc, r);
     case T_STR: {
         const char *s = n->null ? "" : n->text;
         if (strlen(s) >= f->cap)
@@ -848,14 +934,15 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         return KPL_OK;
     }
     case T_ENUM: {
+        int i = kpl__name_index(f->choices, n->text);
+        if (i >= 0) {
+            store_int(dst, f->size, i);
+            return KPL_OK;
+        }
         char opts[256] = "";
-        for (int i = 0; f->choices[i]; i++) {
-            if (!strcmp(n->text, f->choices[i])) {
-                *(int *)dst = i;
-                return KPL_OK;
-            }
+        for (int c = 0; f->choices[c]; c++) {
             size_t l = strlen(opts);
-            snprintf(opts + l, sizeof opts - l, "%s%s", i ? ", " : "", f->choices[i]);
+            snprintf(opts + l, sizeof opts - l, "%s%s", c ? ", " : "", f->choices[c]);
         }
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected one of %s; got '%s'", loc, f->key, opts,
                          n->text);
@@ -874,10 +961,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
                                  type_name(f->type));
             if ((size_t)*count == f->cap)
                 return KPL_ERROR(KPL_EINVAL, "%s: %s: more than %zu values", loc, f->key, f->cap);
-            double v;
-            KPL_TRY(scalar_number(f, e, eloc, f->type == T_INTS, &v));
-            if (f->type == T_INTS) ((int64_t *)dst)[*count] = strtoll(e->text, NULL, 10);
-            else ((double *)dst)[*count] = v;
+            KPL_TRY(bind_number(f, e, eloc, f->type == T_INTS, dst + (size_t)*count * f->size));
             (*count)++;
         }
         return KPL_OK;
@@ -972,13 +1056,6 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
 {
     char loc[1200];
 #define AT(k) where(lookup(root, k), loc, sizeof loc)
-#define RULE(cond, k, ...)                                                                   \
-    do {                                                                                     \
-        if (!(cond)) return KPL_ERROR(KPL_EINVAL, "%s: %s: " k_fmt_(__VA_ARGS__), AT(k), k,  \
-                                      k_args_(__VA_ARGS__));                                 \
-    } while (0)
-#define k_fmt_(fmt, ...) fmt
-#define k_args_(fmt, ...) __VA_ARGS__
     /* the keys classification needs, as if they were required */
     if (!strcmp(r->task, "classification")) {
         const char *k = r->model.arch == KPL_MODEL_NONE ? "model.name"
@@ -992,75 +1069,65 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
     const char *spn[2] = {"data.train", "data.val"};
     for (int i = 0; i < 2; i++) {
         char k[128];
-        kpl_recipe_split *s = sp[i];
+        kpl_transform_config *t = &sp[i]->loader.transform;
+        int *count[2] = {&sp[i]->nmean, &sp[i]->nstd};
+        float *value[2] = {t->mean, t->std};
         snprintf(k, sizeof k, "%s.transform.scale", spn[i]);
-        if (s->nscale != 2 || s->scale[0] > s->scale[1] || s->scale[0] <= 0)
+        if (t->scale[0] > t->scale[1] || t->scale[0] <= 0)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected [min, max] with 0 < min <= max <= 1",
                              AT(k), k);
         snprintf(k, sizeof k, "%s.transform.ratio", spn[i]);
-        if (s->nratio != 2 || s->ratio[0] > s->ratio[1])
+        if (t->ratio[0] > t->ratio[1])
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected [min, max] with min <= max", AT(k), k);
-        snprintf(k, sizeof k, "%s.transform.mean", spn[i]);
-        if (s->nmean != 1 && s->nmean != s->channels)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: %s, got %d", AT(k), k,
-                             s->channels == 1 ? "expected 1 value (transform.channels is 1)"
-                                              : "expected 1 value or 3 (one per channel)",
-                             s->nmean);
-        snprintf(k, sizeof k, "%s.transform.std", spn[i]);
-        if (s->nstd != 1 && s->nstd != s->channels)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: %s, got %d", AT(k), k,
-                             s->channels == 1 ? "expected 1 value (transform.channels is 1)"
-                                              : "expected 1 value or 3 (one per channel)",
-                             s->nstd);
+        for (int m = 0; m < 2; m++) {
+            snprintf(k, sizeof k, "%s.transform.%s", spn[i], m ? "std" : "mean");
+            if (*count[m] != 1 && *count[m] != t->channels)
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: %s, got %d", AT(k), k,
+                                 t->channels == 1 ? "expected 1 value (transform.channels is 1)"
+                                                  : "expected 1 value or 3 (one per channel)",
+                                 *count[m]);
+            for (int c = *count[m]; c < 3; c++) value[m][c] = value[m][0]; /* one for all */
+        }
         snprintf(k, sizeof k, "%s.transform.channels", spn[i]);
-        if (s->channels == 2)
+        if (t->channels == 2)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: 1 or 3, not 2", AT(k), k);
         snprintf(k, sizeof k, "%s.transform.size", spn[i]);
-        if (s->nsize > 2)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected [h, w] or one value", AT(k), k);
-        if (s->nsize == 1) s->size[1] = s->size[0], s->nsize = 2;
-        if (s->crop != KPL_CROP_NONE && s->nsize == 0)
+        if (t->crop != KPL_CROP_NONE && t->out_h == 0)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: crop '%s' needs an output size", AT(k), k,
-                             crop_names[s->crop]);
+                             kpl_crop_mode_name(t->crop));
     }
-    if (r->data.train.batch_size < 1)
+    if (r->data.train.loader.batch_size < 1)
         return KPL_ERROR(KPL_EINVAL, "%s: data.train.batch_size: must be >= 1",
                          AT("data.train.batch_size"));
-    if (r->data.convert.from != 0 && !r->data.convert.source[0])
+    if (r->data.convert.from != KPL_CONVERT_NONE && !r->data.convert.source[0])
         return KPL_ERROR(KPL_EINVAL, "%s: data.convert.source: needed with data.convert.from %s",
-                         AT("data.convert.source"), convert_names[r->data.convert.from]);
-    if (r->model.ninput_size == 1) r->model.input_size[1] = r->model.input_size[0], r->model.ninput_size = 2;
-    if (r->model.ninput_size != 0 && r->model.ninput_size != 2)
-        return KPL_ERROR(KPL_EINVAL, "%s: model.input_size: expected [h, w]",
-                         AT("model.input_size"));
+                         AT("data.convert.source"), kpl_convert_source_name(r->data.convert.from));
     if (r->model.arch == KPL_MODEL_RESNET) {
         int64_t d = r->model.depth;
         if (d != 18 && d != 34 && d != 50 && d != 101 && d != 152)
             return KPL_ERROR(KPL_EINVAL, "%s: model.depth: resnet depth is 18, 34, 50, 101 or "
                              "152, got %lld", AT("model.depth"), (long long)d);
     }
-    if (r->optimizer.nbetas != 2)
-        return KPL_ERROR(KPL_EINVAL, "%s: optimizer.betas: expected [beta1, beta2]",
-                         AT("optimizer.betas"));
-    if (r->optimizer.nesterov && (r->optimizer.kind != KPL_OPTIM_SGD || r->optimizer.momentum <= 0))
+    const kpl_optim_config *oc = &r->optimizer.config;
+    if (oc->nesterov && (oc->kind != KPL_OPTIM_SGD || oc->momentum <= 0))
         return KPL_ERROR(KPL_EINVAL, "%s: optimizer.nesterov: needs optimizer.name sgd and "
                          "momentum > 0", AT("optimizer.nesterov"));
-    if (r->schedule.kind == KPL_SCHED_MULTISTEP && r->schedule.nmilestones == 0)
+    const kpl_lr_schedule *sc = &r->schedule.config;
+    if (sc->kind == KPL_SCHED_MULTISTEP && sc->num_milestones == 0)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.milestones: multistep needs milestones",
                          AT("schedule.milestones"));
-    for (int i = 1; i < r->schedule.nmilestones; i++)
-        if (r->schedule.milestones[i] <= r->schedule.milestones[i - 1])
+    for (int i = 1; i < sc->num_milestones; i++)
+        if (sc->milestones[i] <= sc->milestones[i - 1])
             return KPL_ERROR(KPL_EINVAL, "%s: schedule.milestones: must increase",
                              AT("schedule.milestones"));
-    if ((r->schedule.kind == KPL_SCHED_COSINE || r->schedule.kind == KPL_SCHED_POLY) &&
-        r->schedule.warmup_epochs >= (double)r->epochs)
+    if ((sc->kind == KPL_SCHED_COSINE || sc->kind == KPL_SCHED_POLY) &&
+        sc->warmup_epochs >= (double)r->epochs)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.warmup_epochs: %g leaves nothing of %lld "
                          "epochs for the %s schedule", AT("schedule.warmup_epochs"),
-                         r->schedule.warmup_epochs, (long long)r->epochs,
-                         sched_names[r->schedule.kind]);
-    if (r->schedule.min_lr > r->optimizer.lr)
+                         sc->warmup_epochs, (long long)r->epochs, kpl_sched_kind_name(sc->kind));
+    if (sc->min_lr > oc->lr)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.min_lr: %g is above optimizer.lr %g",
-                         AT("schedule.min_lr"), r->schedule.min_lr, r->optimizer.lr);
+                         AT("schedule.min_lr"), sc->min_lr, oc->lr);
     /* The name becomes a directory, runs/<name>-<time>: one path part. */
     for (const char *c = r->name; *c; c++)
         if (!isalnum((unsigned char)*c) && !strchr("._+-", *c))
@@ -1080,14 +1147,23 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
     }
     return KPL_OK;
 #undef AT
-#undef RULE
-#undef k_fmt_
-#undef k_args_
 }
 
 static kpl_status bind(node *root, const char *file, kpl_recipe *r)
 {
+    /* what no key sets keeps its module's default; pointers stay NULL */
     memset(r, 0, sizeof *r);
+    kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
+    for (int i = 0; i < 2; i++) {
+        sp[i]->loader = (kpl_loader_config)KPL_LOADER_CONFIG_INIT;
+        sp[i]->loader.transform.image_feature = sp[i]->loader.transform.label_feature = NULL;
+    }
+    r->data.convert.options = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
+    r->optimizer.config = (kpl_optim_config)KPL_OPTIM_CONFIG_INIT;
+    r->schedule.config = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
+    r->schedule.config.base_lr = r->schedule.config.epochs = 0; /* the trainer's */
+    r->dist.comm = (kpl_comm_config)KPL_COMM_CONFIG_INIT;
+    r->dist.buckets = (kpl_bucketer_config)KPL_BUCKETER_CONFIG_INIT;
     KPL_TRY(check_unknown(root, ""));
     for (int i = 0; i < NFIELDS; i++) {
         const field *f = &fields[i];
@@ -1186,12 +1262,13 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
 }
 
 /* The shortest decimal that reads back as the same double. */
-static void put_double(sbuf *b, double v)
+/* The fewest digits that read back to the same double (or float). */
+static void put_number(sbuf *b, double v, bool single)
 {
     char s[40];
     for (int prec = 1; prec <= 17; prec++) {
         snprintf(s, sizeof s, "%.*g", prec, v);
-        if (strtod(s, NULL) == v) break;
+        if (single ? strtof(s, NULL) == (float)v : strtod(s, NULL) == v) break;
     }
     /* "1" would read back as an integer, which a number key accepts too;
      * keep it a float in appearance for readers. */
@@ -1211,23 +1288,42 @@ static void put_string(sbuf *b, const char *s)
     sb_printf(b, "\"");
 }
 
+static double load_real_or_int(const char *src, size_t size, bool integer)
+{
+    return integer ? (double)load_int(src, size) : load_real(src, size);
+}
+
+static void put_real(sbuf *b, const char *src, size_t size)
+{
+    put_number(b, load_real(src, size), size == sizeof(float));
+}
+
 static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
 {
     const char *src = (const char *)r + f->off;
     switch (f->type) {
     case T_BOOL: sb_printf(b, "%s", *(const bool *)src ? "true" : "false"); break;
-    case T_INT: sb_printf(b, "%lld", (long long)*(const int64_t *)src); break;
-    case T_FLOAT: put_double(b, *(const double *)src); break;
+    case T_INT: sb_printf(b, "%lld", (long long)load_int(src, f->size)); break;
+    case T_FLOAT: put_real(b, src, f->size); break;
     case T_STR: put_string(b, src); break;
-    case T_ENUM: sb_printf(b, "%s", f->choices[*(const int *)src]); break;
+    case T_ENUM: sb_printf(b, "%s", kpl__name_at(f->choices, (int)load_int(src, f->size))); break;
     case T_INTS:
-    case T_FLOATS: {
-        int n = *(const int *)((const char *)r + f->count_off);
+    case T_FLOATS:
+    case T_INT2:
+    case T_FLOAT2: {
+        bool pair = f->type == T_INT2 || f->type == T_FLOAT2;
+        bool integer = f->type == T_INTS || f->type == T_INT2;
+        const char *at[2] = {src, (const char *)r + f->off2};
+        int n = pair ? 2 : *(const int *)((const char *)r + f->count_off);
+        if (pair && f->cap == 0 && load_real_or_int(at[0], f->size, integer) == 0 &&
+            load_real_or_int(at[1], f->size, integer) == 0)
+            n = 0; /* unset */
         sb_printf(b, "[");
         for (int i = 0; i < n; i++) {
+            const char *e = pair ? at[i] : src + (size_t)i * f->size;
             if (i) sb_printf(b, ", ");
-            if (f->type == T_INTS) sb_printf(b, "%lld", (long long)((const int64_t *)src)[i]);
-            else put_double(b, ((const double *)src)[i]);
+            if (integer) sb_printf(b, "%lld", (long long)load_int(e, f->size));
+            else put_real(b, e, f->size);
         }
         sb_printf(b, "]");
         break;
@@ -1240,9 +1336,9 @@ static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
             sb_printf(b, "%s{params: ", i ? ", " : "");
             put_string(b, g->params);
             sb_printf(b, ", lr_mult: ");
-            put_double(b, g->lr_mult);
+            put_number(b, g->lr_mult, false);
             sb_printf(b, ", weight_decay_mult: ");
-            put_double(b, g->weight_decay_mult);
+            put_number(b, g->weight_decay_mult, false);
             sb_printf(b, "}");
         }
         sb_printf(b, "]");

@@ -7,19 +7,11 @@
 #include <math.h>
 #include <string.h>
 
-static const char *const sched_names[] = {"constant", "step", "multistep", "cosine", "poly"};
+const char *const kpl_sched_kind_names[] = {"constant", "step", "multistep", "cosine", "poly",
+                                            NULL};
 
-const char *kpl_sched_kind_name(kpl_sched_kind k)
-{
-    return (unsigned)k < sizeof sched_names / sizeof *sched_names ? sched_names[k] : "?";
-}
-
-int kpl_sched_kind_parse(const char *name)
-{
-    for (int k = 0; name && k < (int)(sizeof sched_names / sizeof *sched_names); k++)
-        if (!strcmp(name, sched_names[k])) return k;
-    return -1;
-}
+const char *kpl_sched_kind_name(kpl_sched_kind k) { return kpl__name_at(kpl_sched_kind_names, (int)k); }
+int kpl_sched_kind_parse(const char *name) { return kpl__name_index(kpl_sched_kind_names, name); }
 
 kpl_status kpl_lr_schedule_check(const kpl_lr_schedule *s)
 {

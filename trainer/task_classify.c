@@ -21,18 +21,8 @@ static kpl_status create(kpl_trainer *t, void **state)
 {
     const kpl_recipe *r = kpl_trainer_recipe(t);
     const int64_t *chw = kpl_trainer_input_shape(t);
-    kpl_model_config mc;
-    memset(&mc, 0, sizeof mc);
-    mc.arch = (kpl_model_arch)r->model.arch;
-    mc.num_classes = r->model.num_classes;
+    kpl_model_config mc = r->model;
     mc.in_channels = chw[0], mc.in_h = chw[1], mc.in_w = chw[2];
-    mc.width = r->model.width;
-    mc.depth = r->model.depth;
-    mc.cifar_stem = r->model.stem == 1;
-    mc.nhidden = r->model.nhidden;
-    memcpy(mc.hidden, r->model.hidden, sizeof r->model.hidden);
-    mc.dropout = r->model.dropout;
-    mc.zero_init_residual = r->model.zero_init_residual;
     classify *c = calloc(1, sizeof *c);
     KPL_CHECK(c, KPL_ENOMEM, "out of memory");
     *state = c;
@@ -43,7 +33,7 @@ static kpl_status create(kpl_trainer *t, void **state)
     char label[64];
     if (mc.arch == KPL_MODEL_RESNET)
         snprintf(label, sizeof label, "resnet%lld%s", (long long)mc.depth,
-                 mc.cifar_stem ? "_cifar" : "");
+                 mc.stem == KPL_STEM_CIFAR ? "_cifar" : "");
     else
         snprintf(label, sizeof label, "%s", kpl_model_arch_name(mc.arch));
     return kpl_trainer_add_model(t, "model", label, m, NULL, NULL);
@@ -78,25 +68,29 @@ static kpl_status train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     kpl_tensor *logits = kpl_module_forward(kpl_trainer_model(t, 0), x);
     kpl_tensor *loss = kpl_cross_entropy(logits, y, KPL_REDUCE_MEAN,
                                          kpl_trainer_recipe(t)->loss.label_smoothing, -100);
-    kpl_tensor *pred = kpl_argmax(logits, 1, false);
+    /* the figures stay where the model is: nothing waits for the device */
+    double n = (double)b->size;
+    kpl_tensor *right = kpl_compare(KPL_BIN_EQ, kpl_argmax(logits, 1, false), y);
+    kpl_tensor *correct = right ? kpl_sum(kpl_cast(right, KPL_F32), NULL, 0, false) : NULL;
     if (loss) kpl_tensor_retain(loss);
-    const int64_t *p = pred ? kpl_tensor_host_data(pred) : NULL;
-    const int64_t *l = kpl_tensor_host_data(b->label);
-    double correct = 0;
-    for (int64_t i = 0; p && l && i < b->size; i++) correct += p[i] == l[i];
-    if (!loss || !p || !l) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ESTATE;
+    if (correct) kpl_tensor_retain(correct);
+    if (!loss || !correct) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ESTATE;
     /* The forward pass's temporaries go before backward: what the
      * gradients need, the graph keeps (the reverse-mode GC frees it as
      * backward goes). */
     kpl_pool_pop(pool);
-    double lv = 0;
-    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, &lv);
+    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, NULL);
+    bool grad = kpl_set_grad_enabled(false); /* figures, not graph */
+    pool = st >= 0 ? kpl_pool_push() : NULL;
+    kpl_tensor *loss_sum = pool ? kpl_scalar_op(KPL_BIN_MUL, loss, n, false) : NULL;
+    if (st >= 0) st = kpl_trainer_record_tensor(t, "loss", loss_sum, n);
+    if (st >= 0) st = kpl_trainer_record_tensor(t, "acc", kpl_scalar_op(KPL_BIN_MUL, correct,
+                                                                        100, false), n);
+    if (pool) kpl_pool_pop(pool);
+    kpl_set_grad_enabled(grad);
     kpl_tensor_release(loss);
-    KPL_TRY(st);
-    if (!isfinite(lv)) return KPL_OK; /* a skipped step's batch leaves the figures out */
-    double n = (double)b->size;
-    KPL_TRY(kpl_trainer_record(t, "loss", lv * n, n));
-    return kpl_trainer_record(t, "acc", 100 * correct, n);
+    kpl_tensor_release(correct);
+    return st;
 }
 
 static kpl_status eval_begin(kpl_trainer *t, void *state)

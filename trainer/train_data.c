@@ -125,20 +125,17 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     bool done = false;
     KPL_TRY(settle_split(out, log, &done));
     if (done) return KPL_OK;
-    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
-    o.writer.shards = (int)r->data.convert.shards;
+    kpl_convert_options o = r->data.convert.options;
     o.progress = isatty(2);
     o.label = out;
-    o.max_side = (int)r->data.convert.max_side;
-    o.quality = (int)r->data.convert.quality;
     o.seed = (uint64_t)r->seed;
     const char *src = r->data.convert.source;
     int64_t n = 0, skipped = 0;
     double t0 = kpl_seconds();
+    kpl_convert_source from = r->data.convert.from;
     kpl__log_info(log, "data: converting %s from %s (%s), once", out, src,
-                  r->data.convert.from == 1 ? "IDX" : r->data.convert.from == 2 ? "image folder"
-                                                                                 : "LMDB");
-    if (r->data.convert.from == 1) {
+                  kpl_convert_source_name(from));
+    if (from == KPL_CONVERT_IDX) {
         char images[PATH_MAX], labels[PATH_MAX];
         const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
         KPL_CHECK(find_idx(src, split, images, labels, sizeof images), KPL_ENOTFOUND,
@@ -151,7 +148,8 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     } else {
         char in[PATH_MAX];
         snprintf(in, sizeof in, "%s/%s", src, s->path);
-        if (r->data.convert.from == 2) KPL_TRY(kpl_convert_imagefolder(in, out, &o, &n, &skipped));
+        if (from == KPL_CONVERT_IMAGEFOLDER)
+            KPL_TRY(kpl_convert_imagefolder(in, out, &o, &n, &skipped));
         else KPL_TRY(kpl_convert_lmdb(in, out, &o, &n));
     }
     kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl_seconds() - t0);
@@ -178,7 +176,7 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
 
 kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
 {
-    if (r->data.convert.from == 0) return KPL_OK;
+    if (r->data.convert.from == KPL_CONVERT_NONE) return KPL_OK;
     /* The ranks of a node, and `kpl data convert` runs, convert one at a
      * time (the lock in the directory holding the split); after the
      * first, the others find the split built. */
@@ -204,55 +202,33 @@ kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
 void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, const char *path,
                              bool train, int32_t rank, int32_t world, kpl_loader_config *c)
 {
-    *c = (kpl_loader_config)KPL_LOADER_CONFIG_INIT;
+    *c = s->loader;
     c->path = path;
-    c->batch_size = s->batch_size > 0 ? s->batch_size : r->data.train.batch_size;
+    if (c->batch_size == 0) c->batch_size = r->data.train.loader.batch_size;
     c->workers = (int)r->data.workers;
     c->prefetch = (int)r->data.prefetch;
     c->seed = (uint64_t)r->seed;
     c->rank = rank;
     c->world_size = world;
-    c->shuffle = (kpl_shuffle_mode)s->shuffle;
-    c->shuffle_window = (int)s->shuffle_window;
-    c->initial_fill = s->initial_fill;
     /* Training ranks see equal shares (floor: the epoch's last N mod world
      * examples wait for another epoch's order); validation pads so that
      * every example is seen, and the trainer drops the repeats. */
     c->pad = !train && world > 1;
-    c->drop_last = s->drop_last;
-    c->limit = s->limit;
-    c->interleave = s->interleave;
-    kpl_transform_config *t = &c->transform;
-    t->image_feature = s->image_feature;
-    t->label_feature = s->label_feature;
-    t->channels = (int)s->channels;
-    t->crop = (kpl_crop_mode)s->crop;
-    if (s->nsize == 2) t->out_h = (int)s->size[0], t->out_w = (int)s->size[1];
-    t->scale[0] = (float)s->scale[0], t->scale[1] = (float)s->scale[1];
-    t->ratio[0] = (float)s->ratio[0], t->ratio[1] = (float)s->ratio[1];
-    t->resize_shorter = (int)s->resize_shorter;
-    t->flip_prob = (float)s->flip;
-    t->brightness = (float)s->brightness;
-    t->contrast = (float)s->contrast;
-    t->saturation = (float)s->saturation;
-    t->out_dtype = KPL_F32;
-    t->skip_corrupt = s->skip_corrupt;
-    for (int k = 0; k < 3; k++) {
-        t->mean[k] = (float)s->mean[s->nmean == 1 ? 0 : k < s->nmean ? k : 0];
-        t->std[k] = (float)s->std[s->nstd == 1 ? 0 : k < s->nstd ? k : 0];
-    }
+    c->transform.image_feature = s->image_feature;
+    c->transform.label_feature = s->label_feature;
 }
 
 kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw)
 {
     const kpl_recipe_split *s = &r->data.train;
-    chw[0] = r->model.in_channels ? r->model.in_channels : s->channels;
-    if (r->model.ninput_size == 2) {
-        chw[1] = r->model.input_size[0], chw[2] = r->model.input_size[1];
+    const kpl_transform_config *t = &s->loader.transform;
+    chw[0] = r->model.in_channels ? r->model.in_channels : t->channels;
+    if (r->model.in_h) {
+        chw[1] = r->model.in_h, chw[2] = r->model.in_w;
         return KPL_OK;
     }
-    if (s->nsize == 2) {
-        chw[1] = s->size[0], chw[2] = s->size[1];
+    if (t->out_h) {
+        chw[1] = t->out_h, chw[2] = t->out_w;
         return KPL_OK;
     }
     char path[PATH_MAX];

@@ -21,7 +21,7 @@ double kpl__wall(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-void kpl__log_init(kpl__runlog *l, int rank, int progress_mode)
+void kpl__log_init(kpl__runlog *l, int rank, kpl_progress_mode mode)
 {
     memset(l, 0, sizeof *l);
     l->rank = rank;
@@ -29,9 +29,10 @@ void kpl__log_init(kpl__runlog *l, int rank, int progress_mode)
      * (kplrun draws rank 0's bar on its own terminal: KPL_PROGRESS=always
      * with the width in COLUMNS) */
     const char *env = getenv("KPL_PROGRESS");
-    if (progress_mode == 0 && env && !strcmp(env, "always")) progress_mode = 1;
-    if (progress_mode == 0 && env && !strcmp(env, "never")) progress_mode = 2;
-    l->bar = rank == 0 && (progress_mode == 1 || (progress_mode == 0 && isatty(1)));
+    if (mode == KPL_PROGRESS_AUTO && env && !strcmp(env, "always")) mode = KPL_PROGRESS_ALWAYS;
+    if (mode == KPL_PROGRESS_AUTO && env && !strcmp(env, "never")) mode = KPL_PROGRESS_NEVER;
+    l->bar = rank == 0 &&
+             (mode == KPL_PROGRESS_ALWAYS || (mode == KPL_PROGRESS_AUTO && isatty(1)));
     l->width = 100;
     struct winsize ws;
     const char *cols = getenv("COLUMNS");

@@ -143,8 +143,23 @@ static double lr_of_report(const kpl_trainer *t)
     return t->nmodels ? kpl_optim_lr(t->models[0].opt) : NAN;
 }
 
+/* A figure's device sum onto the host (a read: waits for the device). */
+static kpl_status fold(kpl__figure *f)
+{
+    if (!f->dsum) return KPL_OK;
+    double v = 0;
+    kpl_status st = kpl_tensor_get(f->dsum, 0, &v);
+    kpl_tensor_release(f->dsum);
+    f->dsum = NULL, f->pending = 0;
+    KPL_TRY(st);
+    f->sum += v;
+    return KPL_OK;
+}
+
 kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop)
 {
+    KPL_TRY(kpl__trainer_check_losses(t));
+    for (int i = 0; i < t->nfig; i++) KPL_TRY(fold(&t->fig[i]));
     int64_t skipped_now = kpl_loader_skipped(t->train);
     int nf = t->nfig, n = 2 * nf + 3;
     double v[2 * KPL_FIGURES_MAX + 3];
@@ -215,6 +230,7 @@ void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
     double per_step = t->rate > 0 && t->epoch_step > 0 ? t->epoch_samples / t->epoch_step / t->rate : 0;
     kpl__figure *f = figure(t, "loss");
     if (!f && t->nfig) f = &t->fig[0];
+    if (f && fold(f) < 0) return; /* a read at most every 0.2 s; an error shows at the report */
     double loss = !f ? NAN : f->count > 0 ? f->sum / f->count
                   : f->epoch_count > 0 ? f->epoch_sum / f->epoch_count : NAN;
     kpl__log_bar(&t->log, t->epoch, t->r->epochs, t->epoch_step, t->steps_per_epoch, loss,
@@ -274,12 +290,12 @@ kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n)
 bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i)
 {
     int64_t n = kpl_loader_num_examples(t->val), m = kpl_loader_epoch_size(t->val);
-    int64_t at = t->r->data.val.interleave ? (b->position + i) * t->world + t->rank
+    int64_t at = t->r->data.val.loader.interleave ? (b->position + i) * t->world + t->rank
                                            : t->rank * m + b->position + i;
     return at < n;
 }
 
-kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count)
+static kpl_status figure_add(kpl_trainer *t, const char *name, kpl__figure **out)
 {
     kpl__figure *f = figure(t, name);
     if (!f) {
@@ -292,35 +308,55 @@ kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, doub
         f->last = NAN;
         snprintf(f->name, sizeof f->name, "%s", name);
     }
+    *out = f;
+    return KPL_OK;
+}
+
+kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count)
+{
+    kpl__figure *f = NULL;
+    KPL_TRY(figure_add(t, name, &f));
     f->sum += sum;
     f->count += count;
     return KPL_OK;
 }
 
-/* ---- models ---------------------------------------------------------------------------------- */
-
-/* The recipe's optimizer section as a config (lr already scaled). */
-static kpl_optim_config recipe_optim(const kpl_trainer *t)
+kpl_status kpl_trainer_record_tensor(kpl_trainer *t, const char *name, kpl_tensor *sum,
+                                     double count)
 {
-    const kpl_recipe *r = t->r;
-    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
-    oc.kind = (kpl_optim_kind)r->optimizer.kind;
-    oc.lr = r->optimizer.lr * t->lr_scale;
-    oc.momentum = r->optimizer.momentum;
-    oc.nesterov = r->optimizer.nesterov;
-    oc.weight_decay = r->optimizer.weight_decay;
-    oc.beta1 = r->optimizer.betas[0], oc.beta2 = r->optimizer.betas[1];
-    oc.eps = r->optimizer.eps;
-    oc.trust_coefficient = r->optimizer.trust_coefficient;
-    return oc;
+    if (!sum) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
+    KPL_CHECK(kpl_tensor_numel(sum) == 1, KPL_ESHAPE, "kpl_trainer_record_tensor '%s': %lld "
+              "elements, expected one", name, (long long)kpl_tensor_numel(sum));
+    if (t->step_nonfinite) return KPL_OK; /* a step left out leaves its figures out */
+    kpl__figure *f = NULL;
+    KPL_TRY(figure_add(t, name, &f));
+    bool grad = kpl_set_grad_enabled(false);
+    kpl_pool *pool = kpl_pool_push();
+    kpl_tensor *v = pool ? kpl_cast(sum, KPL_F32) : NULL;
+    kpl_tensor *acc = v && f->dsum ? kpl_add(f->dsum, v) : v;
+    kpl_status st = acc ? KPL_OK : kpl_last_status() < 0 ? kpl_last_status() : KPL_ENOMEM;
+    if (acc) {
+        kpl_tensor_retain(acc);
+        kpl_tensor_release(f->dsum);
+        f->dsum = acc;
+        f->count += count;
+    }
+    if (pool) kpl_pool_pop(pool);
+    kpl_set_grad_enabled(grad);
+    KPL_TRY(st);
+    /* f32 adds integers exactly below 2^24: fold now and then */
+    return ++f->pending >= 1024 ? fold(f) : KPL_OK;
 }
+
+/* ---- models ---------------------------------------------------------------------------------- */
 
 /* The optimizer of a model over its parameters that train, with the
  * recipe's groups when it uses the recipe's section. */
 static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_config *given)
 {
     const kpl_recipe *r = t->r;
-    kpl_optim_config oc = given ? *given : recipe_optim(t);
+    kpl_optim_config oc = given ? *given : r->optimizer.config;
+    if (!given) oc.lr *= t->lr_scale;
     /* with DDP, the gradients are views into its buckets: they stay, and
      * DDP zeroes them whole after the update */
     oc.keep_grad = t->comm != NULL;
@@ -408,6 +444,48 @@ fail:
 
 /* ---- a step ---------------------------------------------------------------------------------- */
 
+static kpl_status check_loss(const kpl__watched *w, double lv)
+{
+    if (isfinite(lv)) return KPL_OK;
+    return KPL_ERROR(KPL_ERANGE, "the loss is %s at step %lld (epoch %lld, batch of samples "
+                     "%lld..%lld): lower optimizer.lr, or set optimizer.clip_grad_norm (or "
+                     "loss.nonfinite: skip to leave such steps out)",
+                     isnan(lv) ? "NaN" : lv > 0 ? "inf" : "-inf", (long long)w->step,
+                     (long long)w->epoch, (long long)w->first, (long long)w->last);
+}
+
+static kpl_status watch_loss(kpl_trainer *t, const kpl__watched *w)
+{
+    if (t->nwatch == t->capwatch) {
+        int cap = t->capwatch ? 2 * t->capwatch : 16;
+        kpl__watched *n = realloc(t->watch, (size_t)cap * sizeof *n);
+        KPL_CHECK(n, KPL_ENOMEM, "out of memory");
+        t->watch = n, t->capwatch = cap;
+    }
+    kpl_tensor_retain(w->loss);
+    t->watch[t->nwatch++] = *w;
+    return KPL_OK;
+}
+
+/* The watched losses of steps before `before` (all with INT64_MAX), in
+ * order: the first that is not finite is the error. */
+static kpl_status check_watched(kpl_trainer *t, int64_t before)
+{
+    kpl_status st = KPL_OK;
+    int k = 0, kept = 0;
+    for (; k < t->nwatch && t->watch[k].step < before; k++) {
+        double lv = 0;
+        if (st >= 0) st = kpl_tensor_get(t->watch[k].loss, 0, &lv);
+        if (st >= 0) st = check_loss(&t->watch[k], lv);
+        kpl_tensor_release(t->watch[k].loss);
+    }
+    for (; k < t->nwatch; k++) t->watch[kept++] = t->watch[k];
+    t->nwatch = kept;
+    return st;
+}
+
+kpl_status kpl__trainer_check_losses(kpl_trainer *t) { return check_watched(t, INT64_MAX); }
+
 kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, double *value)
 {
     KPL_CHECK(model >= 0 && model < t->nmodels, KPL_EINVAL, "kpl_trainer_backward: model %d of %d",
@@ -415,21 +493,21 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     KPL_CHECK(t->batch, KPL_ESTATE, "kpl_trainer_backward: only inside a task's train_batch");
     if (!loss) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
     kpl__model *md = &t->models[model];
-    double lv = 0;
-    KPL_TRY(kpl_tensor_get(loss, 0, &lv));
-    if (value) *value = lv;
     const kpl_batch *b = t->batch;
-    if (!isfinite(lv) && t->r->loss.nonfinite == 0)
-        return KPL_ERROR(KPL_ERANGE, "the loss is %s at step %lld (epoch %lld, batch of samples "
-                         "%lld..%lld): lower optimizer.lr, or set optimizer.clip_grad_norm (or "
-                         "loss.nonfinite: skip to leave such steps out)",
-                         isnan(lv) ? "NaN" : lv > 0 ? "inf" : "-inf", (long long)t->step + 1,
-                         (long long)t->epoch + 1, (long long)b->position,
-                         (long long)(b->position + b->size - 1));
-    /* loss.nonfinite skip: backward still runs (the other ranks wait for
-     * this rank's gradients, which come out non-finite and make every rank
-     * skip the step). */
-    if (!isfinite(lv)) t->step_nonfinite = true;
+    kpl__watched w = {loss, t->step + 1, t->epoch + 1, b->position, b->position + b->size - 1};
+    if (value || t->r->loss.nonfinite == KPL_NONFINITE_SKIP) {
+        /* read now: the caller asks, or the step's update depends on it */
+        double lv = 0;
+        KPL_TRY(kpl_tensor_get(loss, 0, &lv));
+        if (value) *value = lv;
+        if (t->r->loss.nonfinite == KPL_NONFINITE_STOP) KPL_TRY(check_loss(&w, lv));
+        /* loss.nonfinite skip: backward still runs (the other ranks wait
+         * for this rank's gradients, which come out non-finite and make
+         * every rank skip the step). */
+        if (!isfinite(lv)) t->step_nonfinite = true;
+    } else {
+        KPL_TRY(watch_loss(t, &w));
+    }
     if (md->ddp) KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
     kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
     kpl_tensor *scaled = !pool ? NULL
@@ -451,7 +529,7 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
 static double lr_now(const kpl_trainer *t)
 {
     double e = (double)t->epoch;
-    if (t->r->schedule.per == 0) e += (double)t->epoch_step / (double)t->steps_per_epoch;
+    if (t->r->schedule.per == KPL_LR_PER_STEP) e += (double)t->epoch_step / (double)t->steps_per_epoch;
     return kpl_lr_at(&t->sched, e);
 }
 
@@ -468,7 +546,7 @@ kpl_status kpl_trainer_update(kpl_trainer *t, int model)
     const kpl_recipe *r = t->r;
     kpl__model *md = &t->models[model];
     md->has_grad = false;
-    bool skip_mode = r->loss.nonfinite == 1;
+    bool skip_mode = r->loss.nonfinite == KPL_NONFINITE_SKIP;
     double norm = 0;
     if (skip_mode || r->optimizer.clip_grad_norm > 0)
         KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, &norm));
@@ -544,7 +622,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
 {
     const kpl_recipe *r = t->r;
     KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_step: an evaluation-only trainer");
-    int64_t k = r->optimizer.accumulate, B = r->data.train.batch_size;
+    int64_t k = r->optimizer.accumulate, B = r->data.train.loader.batch_size;
     *epoch_done = false;
     t->step_nonfinite = t->step_skipped = false;
     t->micros = k;
@@ -578,6 +656,8 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     t->sync = true;
     for (int m = 0; m < t->nmodels; m++)
         if (t->models[m].has_grad) KPL_TRY(kpl_trainer_update(t, m));
+    /* the previous step's losses: done by now on any device */
+    KPL_TRY(check_watched(t, t->step + 1));
     KPL_TRY(note_skip(t));
     t->step++;
     t->epoch_step++;
@@ -598,6 +678,7 @@ kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res)
 static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
 {
     memset(res, 0, sizeof *res);
+    KPL_TRY(kpl__trainer_check_losses(t));
     KPL_CHECK(t->val, KPL_ESTATE, "evaluate: the recipe has no data.val.path");
     /* Batch-norm statistics are each rank's own during training; the
      * checkpoint keeps rank 0's, so evaluate with those on every rank. */
@@ -649,10 +730,11 @@ static kpl_status make_loaders(kpl_trainer *t, const kpl__resume_meta *rm)
     kpl__data_split_path(r, &r->data.train, t->train_path, sizeof t->train_path);
     kpl__data_loader_config(r, &r->data.train, t->train_path, true, t->rank, t->world, &c);
     c.device = t->dev;
+    if (t->task->data) t->task->data(r, true, &c);
     if (rm) {
         c.start_epoch = rm->epoch;
         c.start_position = rm->position;
-        if (rm->world_size != t->world || rm->batch_size != r->data.train.batch_size) {
+        if (rm->world_size != t->world || rm->batch_size != r->data.train.loader.batch_size) {
             /* Another split of the data: keep the epoch, and as much of it
              * as the other ranks had seen (the order within it changes). */
             int64_t seen = rm->position * rm->world_size;
@@ -681,6 +763,7 @@ static kpl_status make_val_loader(kpl_trainer *t)
     kpl__data_split_path(r, &r->data.val, t->val_path, sizeof t->val_path);
     kpl__data_loader_config(r, &r->data.val, t->val_path, false, t->rank, t->world, &c);
     c.device = t->dev;
+    if (t->task->data) t->task->data(r, false, &c);
     return kpl_loader_create(&c, &t->val);
 }
 
@@ -688,18 +771,10 @@ static kpl_status make_schedule(kpl_trainer *t)
 {
     const kpl_recipe *r = t->r;
     kpl_lr_schedule *s = &t->sched;
-    *s = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
-    s->kind = (kpl_sched_kind)r->schedule.kind;
-    s->base_lr = r->optimizer.lr * t->lr_scale;
+    *s = r->schedule.config;
+    s->base_lr = r->optimizer.config.lr * t->lr_scale;
     s->epochs = (double)r->epochs;
-    s->warmup_epochs = r->schedule.warmup_epochs;
-    s->warmup_factor = r->schedule.warmup_factor;
-    s->step_size = r->schedule.step_size;
-    s->gamma = r->schedule.gamma;
-    s->num_milestones = r->schedule.nmilestones;
-    memcpy(s->milestones, r->schedule.milestones, sizeof r->schedule.milestones);
-    s->power = r->schedule.power;
-    s->min_lr = r->schedule.min_lr * t->lr_scale;
+    s->min_lr *= t->lr_scale;
     return kpl_lr_schedule_check(s);
 }
 
@@ -719,15 +794,11 @@ static kpl_status make_ddp(kpl_trainer *t)
 {
     if (!t->comm) return KPL_OK;
     const kpl_recipe *r = t->r;
-    kpl_bucketer_config bc = KPL_BUCKETER_CONFIG_INIT;
-    bc.bucket_mb = r->dist.bucket_mb;
-    bc.first_bucket_mb = r->dist.first_bucket_mb;
-    bc.check_params = r->dist.check_params;
     for (int k = 0; k < t->nmodels; k++) {
         kpl__model *md = &t->models[k];
         if (md->np == 0) continue; /* a frozen model: nothing to reduce */
         KPL_TRY(kpl_ddp_create(t->comm, md->np, md->params, kpl_module_num_buffers(md->m),
-                               kpl_module_buffers(md->m), &bc, &md->ddp));
+                               kpl_module_buffers(md->m), &r->dist.buckets, &md->ddp));
     }
     return KPL_OK;
 }
@@ -767,8 +838,8 @@ static kpl_status start(kpl_trainer *t, const char *resume)
         KPL_TRY(kpl__trainer_read_meta(t->resume, t->resume_path, &rm));
     }
     t->lr_scale = 1;
-    if (r->optimizer.lr_scaling == 1)
-        t->lr_scale = (double)(r->data.train.batch_size * t->world * r->optimizer.accumulate) /
+    if (r->optimizer.lr_scaling == KPL_LR_SCALING_LINEAR)
+        t->lr_scale = (double)(r->data.train.loader.batch_size * t->world * r->optimizer.accumulate) /
                       (double)r->optimizer.base_batch;
     kpl_status st = make_loaders(t, resume ? &rm : NULL);
     if (st >= 0) st = make_val_loader(t);
@@ -797,7 +868,7 @@ static kpl_status check_args(const kpl_recipe *r, const kpl_task_kind *task)
     KPL_CHECK(task->name && task->best_metric && task->create && task->destroy &&
                   task->train_batch && task->eval_begin && task->eval_batch && task->eval_end,
               KPL_EINVAL, "task %s: a task needs a name, a best metric and every function but "
-              "eval_report", task->name ? task->name : "(unnamed)");
+              "eval_report and data", task->name ? task->name : "(unnamed)");
     KPL_CHECK(!strcmp(r->task, task->name), KPL_EINVAL,
               "%s: the recipe's task is '%s', the program's is '%s' (set task: %s)",
               *r->file ? r->file : "recipe", r->task, task->name, task->name);
@@ -824,7 +895,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
-    kpl__log_init(&t->log, t->rank, opts.checkpoint ? 2 : r->log.progress);
+    kpl__log_init(&t->log, t->rank, opts.checkpoint ? KPL_PROGRESS_NEVER : r->log.progress);
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
     kpl_status st = kpl__trainer_pick_device(t);
@@ -846,6 +917,9 @@ void kpl_trainer_destroy(kpl_trainer *t)
     /* the other ranks may wait in a collective for this one */
     if (t->failed && t->comm) kpl_comm_abort(t->comm, 1);
     if (t->task_state) t->task->destroy(t->task_state);
+    for (int k = 0; k < t->nwatch; k++) kpl_tensor_release(t->watch[k].loss);
+    free(t->watch);
+    for (int i = 0; i < t->nfig; i++) kpl_tensor_release(t->fig[i].dsum);
     for (int k = 0; k < t->nmodels; k++) model_free(&t->models[k]);
     kpl_checkpoint_destroy(t->resume);
     kpl_loader_destroy(t->train);

@@ -98,7 +98,9 @@ const char *kpl_model_name(const kpl_model *m);
  */
 typedef enum { KPL_OPTIM_SGD, KPL_OPTIM_ADAM, KPL_OPTIM_ADAMW, KPL_OPTIM_LARS } kpl_optim_kind;
 
-/* "sgd", "adam", "adamw", "lars"; parse returns -1 for other names. */
+/* "sgd", "adam", "adamw", "lars" (the table, NULL-terminated); parse returns -1 for other
+ * names. */
+extern const char *const kpl_optim_kind_names[];
 const char *kpl_optim_kind_name(kpl_optim_kind k);
 int kpl_optim_kind_parse(const char *name);
 
@@ -206,7 +208,9 @@ typedef enum {
     KPL_SCHED_POLY
 } kpl_sched_kind;
 
-/* "constant", "step", "multistep", "cosine", "poly"; parse: -1 otherwise. */
+/* "constant", "step", "multistep", "cosine", "poly" (the table, NULL-terminated); parse: -1
+ * otherwise. */
+extern const char *const kpl_sched_kind_names[];
 const char *kpl_sched_kind_name(kpl_sched_kind k);
 int kpl_sched_kind_parse(const char *name);
 
@@ -339,7 +343,7 @@ kpl_module *kpl_model_module(kpl_model *m);
  *   if (kpl_recipe_load("recipes/fashion_mnist/cnn.yaml", 2, ov, r) < 0)
  *       fprintf(stderr, "%s\n", kpl_last_error());  // "cnn.yaml:12:7: optimizer.lr: ..."
  *
- * kpl_recipe is a plain value (no pointers): copy it freely.
+ * kpl_recipe is a plain value (its pointers are NULL): copy it freely.
  */
 #define KPL_RECIPE_PATH 1024
 #define KPL_RECIPE_NAME 128
@@ -348,26 +352,32 @@ kpl_module *kpl_model_module(kpl_model *m);
 /* One split of the data (train or val) and the transform on its way. */
 typedef struct {
     char path[KPL_RECIPE_PATH]; /* KPLRecord directory, relative to data.root; "" = none */
-    int64_t batch_size;         /* per rank */
-    int shuffle;                /* kpl_shuffle_mode */
-    int64_t shuffle_window, initial_fill;
-    bool drop_last;
-    int64_t limit;              /* use only the first `limit` examples (0: all) */
-    bool interleave;            /* ranks take every world-th example */
     char image_feature[KPL_RECIPE_NAME], label_feature[KPL_RECIPE_NAME];
-    int64_t channels;           /* 1 or 3 */
-    int crop;                   /* kpl_crop_mode */
-    int64_t size[2];            /* output (h, w); 0: the stored size */
-    int nsize;
-    double scale[2], ratio[2];
-    int nscale, nratio;
-    int64_t resize_shorter;
-    double flip, brightness, contrast, saturation;
-    double mean[3], std[3];     /* one value or one per channel */
-    int nmean, nstd;
-    bool skip_corrupt;          /* drop undecodable examples (counted) instead of failing */
+    /* The loader's own settings: batch_size (per rank; val 0: train's),
+     * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
+     * and the transform's (channels, crop, out_h/out_w, scale, ratio,
+     * resize_shorter, flip_prob, brightness, contrast, saturation, mean,
+     * std, skip_corrupt).  Its pointers (path, device, feature names) are
+     * NULL here: the trainer points them at the split's fields. */
+    kpl_loader_config loader;
+    int nmean, nstd;            /* values given for mean and std: 1 (for every channel) or 3 */
 } kpl_recipe_split;
 
+/* What a step whose loss or gradients are NaN or inf does. */
+typedef enum { KPL_NONFINITE_STOP, KPL_NONFINITE_SKIP } kpl_nonfinite_policy;
+/* optimizer.lr_scaling: none, or linear in the global batch (Goyal et al.). */
+typedef enum { KPL_LR_SCALING_NONE, KPL_LR_SCALING_LINEAR } kpl_lr_scaling;
+/* schedule.per: the lr moves every step or once per epoch. */
+typedef enum { KPL_LR_PER_STEP, KPL_LR_PER_EPOCH } kpl_lr_per;
+/* log.progress: a progress bar on a terminal (or as kplrun asks), always, never. */
+typedef enum { KPL_PROGRESS_AUTO, KPL_PROGRESS_ALWAYS, KPL_PROGRESS_NEVER } kpl_progress_mode;
+
+/* The recipe binds into the owning modules' configuration structs
+ * (kpl_model_config, kpl_loader_config, kpl_convert_options,
+ * kpl_optim_config, kpl_lr_schedule, kpl_comm_config,
+ * kpl_bucketer_config); the rest is the trainer's.  Their pointer members
+ * stay NULL, and the fields the trainer computes (the schedule's base_lr
+ * and epochs, the loaders' ranks and seed) are filled when it starts. */
 typedef struct {
     char file[KPL_RECIPE_PATH]; /* the recipe file ("" when loaded from a string) */
     char name[KPL_RECIPE_NAME];
@@ -376,50 +386,36 @@ typedef struct {
     char device[32];
     bool deterministic;
     char run_dir[KPL_RECIPE_PATH];
-    struct {
-        int arch;               /* kpl_model_arch */
-        int64_t num_classes, in_channels, width, depth;
-        int64_t input_size[2];
-        int ninput_size;
-        int stem;               /* 0 imagenet, 1 cifar */
-        int64_t hidden[KPL_RECIPE_LIST];
-        int nhidden;
-        double dropout;
-        bool zero_init_residual;
-    } model;
+    kpl_model_config model;     /* in_channels, in_h, in_w 0: the data's */
     struct {
         char root[KPL_RECIPE_PATH];
         struct {
-            int from;           /* 0 none, 1 idx, 2 imagefolder, 3 lmdb */
+            kpl_convert_source from;
             char source[KPL_RECIPE_PATH];
-            int64_t shards, max_side, quality;
+            kpl_convert_options options; /* writer.shards, max_side, quality */
         } convert;
         int64_t workers, prefetch;
         kpl_recipe_split train, val;
     } data;
     struct {
         double label_smoothing;
-        int nonfinite;          /* a NaN/inf loss or gradient: 0 stop, 1 skip the step */
+        kpl_nonfinite_policy nonfinite;
         int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
     } loss;
     struct {
-        int kind;               /* kpl_optim_kind */
-        double lr, momentum, weight_decay, eps, trust_coefficient, clip_grad_norm;
-        double betas[2];
-        int nbetas;
-        bool nesterov, no_decay_bn_bias;
+        kpl_optim_config config; /* kind, lr, momentum, nesterov, weight_decay, betas, eps,
+                                    trust_coefficient */
+        double clip_grad_norm;
+        bool no_decay_bn_bias;
         int64_t accumulate;
-        int lr_scaling;         /* 0 none, 1 linear */
+        kpl_lr_scaling lr_scaling;
         int64_t base_batch;
         kpl_param_group groups[KPL_RECIPE_LIST]; /* the first whose pattern matches */
         int ngroups;
     } optimizer;
     struct {
-        int kind;               /* kpl_sched_kind */
-        double warmup_epochs, warmup_factor, step_size, gamma, power, min_lr;
-        double milestones[KPL_RECIPE_LIST];
-        int nmilestones;
-        int per;                /* 0 step, 1 epoch */
+        kpl_lr_schedule config; /* base_lr and epochs: the trainer's */
+        kpl_lr_per per;
     } schedule;
     struct {
         int64_t every_epochs, every_steps, keep_last;
@@ -428,15 +424,14 @@ typedef struct {
     struct {
         int64_t every_steps;
         bool tensorboard;
-        int progress;           /* 0 auto, 1 always, 2 never */
+        kpl_progress_mode progress;
     } log;
     struct {
         int64_t every_epochs, confusion_max_classes;
     } eval;
     struct {
-        int backend;            /* kpl_comm_backend */
-        double bucket_mb, first_bucket_mb, timeout, stall_warning;
-        bool check_params;
+        kpl_comm_config comm;       /* backend, timeout, stall_warning */
+        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params */
     } dist;
 } kpl_recipe;
 
@@ -545,7 +540,7 @@ typedef struct {
 } kpl_eval_result;
 
 /* A kind of training.  `state` is the task's own (create makes it).
- * Every member but eval_report is required. */
+ * Every member but eval_report and data is required. */
 typedef struct {
     const char *name;
     /* The metric that selects best.kpl, and whether higher is better. */
@@ -568,6 +563,12 @@ typedef struct {
     /* Optional: more about the last evaluation for the log (a confusion
      * matrix), on rank 0 after the final one. */
     void (*eval_report)(kpl_trainer *t, void *state);
+    /* Optional: adjusts a split's loader after the recipe has set it up,
+     * before it starts (train: the training split, else validation): the
+     * features the task's batches carry (transform.boxes_feature,
+     * mask_feature, max_boxes; names must be static strings).  Runs before
+     * create, on every rank. */
+    void (*data)(const kpl_recipe *r, bool train, kpl_loader_config *c);
 } kpl_task_kind;
 
 /* The tasks kpl knows by name ("classification"); NULL for others. */
@@ -592,8 +593,11 @@ int kpl_trainer_num_models(const kpl_trainer *t);
 kpl_module *kpl_trainer_model(const kpl_trainer *t, int i);
 /* Backward of a micro-batch's loss for model i (scaled by 1 / accumulate;
  * DDP reduces on the step's last micro-batch).  *value (may be NULL)
- * receives the loss (a host read).  A NaN or inf loss is an error naming
- * the step under loss.nonfinite stop; under skip the step is left out. */
+ * receives the loss (a host read: on a GPU, a wait for the device).  A NaN
+ * or inf loss is an error naming the step under loss.nonfinite stop: with
+ * value NULL, found without a wait one step later (or at the next report,
+ * checkpoint or evaluation, which then fail; no checkpoint holds such a
+ * step).  Under skip the loss is read at once, and the step is left out. */
 kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, double *value);
 /* Steps model i's optimizer now (clipping, the schedule's lr) instead of
  * at the end of the step; for models that train in turn. */
@@ -601,6 +605,12 @@ kpl_status kpl_trainer_update(kpl_trainer *t, int model);
 /* Adds a training figure: reported as sum / count over the ranks and the
  * steps since the last report ("loss": loss x batch, batch). */
 kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count);
+/* The same with the sum as a one-element tensor where the model is: it is
+ * added up there and read at the report, so a step never waits for the
+ * device ("acc": kpl_sum of the right answers).  Not recorded by autograd;
+ * left out for a step whose loss was not finite under loss.nonfinite skip. */
+kpl_status kpl_trainer_record_tensor(kpl_trainer *t, const char *name, kpl_tensor *sum,
+                                     double count);
 /* Element-wise sum of v over the ranks (collective; nothing on one rank). */
 kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n);
 /* Whether sample i of an evaluation batch is an example of its own: the

@@ -130,11 +130,11 @@ kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm
     t->skipped_examples = rm->skipped_examples;
     /* every rank reads the marker, as it reads the checkpoint itself */
     t->eval_pending = rm->eval_pending && !kpl__checkpoint_evaluated(t->resume_path);
-    if (rm->world_size != t->world || rm->batch_size != t->r->data.train.batch_size) {
+    if (rm->world_size != t->world || rm->batch_size != t->r->data.train.loader.batch_size) {
         /* the epoch's steps are counted anew from the loader's position */
         int64_t ep = 0, pos = 0;
         kpl_loader_position(t->train, &ep, &pos);
-        t->epoch_step = pos / t->r->data.train.batch_size / t->r->optimizer.accumulate;
+        t->epoch_step = pos / t->r->data.train.loader.batch_size / t->r->optimizer.accumulate;
     }
     return KPL_OK;
 }
@@ -205,7 +205,7 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
     json_object_set_new(train, "position", json_integer(pos));
     json_object_set_new(train, "epoch_step", json_integer(ep == t->epoch ? t->epoch_step : 0));
     json_object_set_new(train, "world_size", json_integer(t->world));
-    json_object_set_new(train, "batch_size", json_integer(t->r->data.train.batch_size));
+    json_object_set_new(train, "batch_size", json_integer(t->r->data.train.loader.batch_size));
     json_object_set_new(train, "accumulate", json_integer(t->r->optimizer.accumulate));
     json_object_set_new(train, "best_metric", json_string(t->task->best_metric));
     json_object_set_new(train, "best", kpl__json_num(t->best));
@@ -276,6 +276,7 @@ kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t 
 
 static kpl_status save(kpl_trainer *t, const char *why, char *path, size_t len)
 {
+    KPL_TRY(kpl__trainer_check_losses(t)); /* no checkpoint of a step whose loss was NaN */
     KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_save: an evaluation-only trainer has no run");
     int64_t *rngs = calloc((size_t)(2 * t->nmodels * t->world), sizeof *rngs);
     KPL_CHECK(rngs, KPL_ENOMEM, "out of memory");

@@ -121,10 +121,7 @@ kpl_status kpl__trainer_make_comm(kpl_trainer *R)
 {
     if (R->world == 1) return KPL_OK;
     const kpl_recipe *r = R->r;
-    kpl_comm_config cc = KPL_COMM_CONFIG_INIT;
-    cc.backend = (kpl_comm_backend)r->dist.backend;
-    cc.timeout = r->dist.timeout;
-    cc.stall_warning = r->dist.stall_warning;
+    kpl_comm_config cc = r->dist.comm;
     cc.device = kpl_device_name(R->dev);
     KPL_TRY(kpl_comm_create(&cc, &R->comm));
     KPL_CHECK(kpl_comm_rank(R->comm) == R->rank && kpl_comm_size(R->comm) == R->world, KPL_ESTATE,

@@ -9,19 +9,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none"};
+const char *const kpl_model_arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none", NULL};
+const char *const kpl_resnet_stem_names[] = {"imagenet", "cifar", NULL};
 
-const char *kpl_model_arch_name(kpl_model_arch a)
-{
-    return (unsigned)a <= KPL_MODEL_NONE ? arch_names[a] : "?";
-}
-
-int kpl_model_arch_parse(const char *name)
-{
-    for (int i = 0; i <= KPL_MODEL_NONE; i++)
-        if (name && !strcmp(name, arch_names[i])) return i;
-    return -1;
-}
+const char *kpl_model_arch_name(kpl_model_arch a) { return kpl__name_at(kpl_model_arch_names, (int)a); }
+int kpl_model_arch_parse(const char *name) { return kpl__name_index(kpl_model_arch_names, name); }
 
 /* ---- ResNet blocks ------------------------------------------------------------------------ */
 
@@ -106,7 +98,7 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
     int v = c->depth == 18 ? 0 : c->depth == 34 ? 1 : c->depth == 50 ? 2 : c->depth == 101 ? 3 : 4;
     bool bottleneck = c->depth >= 50;
     kpl_module *conv = NULL, *bn = NULL;
-    if (c->cifar_stem) {
+    if (c->stem == KPL_STEM_CIFAR) {
         KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, &conv, &bn));
         KPL_TRY(kpl_nn_relu(root, "relu", NULL));
     } else {
@@ -184,7 +176,7 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
     KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL,
               "model: %s architecture (mlp, lenet, cnn or resnet)",
               c->arch == KPL_MODEL_NONE ? "no" : "an unknown");
-    const char *a = arch_names[c->arch];
+    const char *a = kpl_model_arch_name(c->arch);
     KPL_CHECK(c->num_classes > 0 || (c->num_classes == 0 && c->arch == KPL_MODEL_RESNET),
               KPL_EINVAL, "model: need num_classes > 0 (got %lld; 0, a backbone, is for resnet)",
               (long long)c->num_classes);
@@ -220,9 +212,9 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
                       c->depth == 152,
                   KPL_EINVAL, "model resnet: depth is 18, 34, 50, 101 or 152 (got %lld)",
                   (long long)c->depth);
-        KPL_CHECK(c->in_h >= (c->cifar_stem ? 8 : 32) && c->in_w >= (c->cifar_stem ? 8 : 32),
+        KPL_CHECK(c->in_h >= (c->stem == KPL_STEM_CIFAR ? 8 : 32) && c->in_w >= (c->stem == KPL_STEM_CIFAR ? 8 : 32),
                   KPL_EINVAL, "model resnet: input %lldx%lld is too small for the %s stem",
-                  (long long)c->in_h, (long long)c->in_w, c->cifar_stem ? "cifar" : "imagenet");
+                  (long long)c->in_h, (long long)c->in_w, kpl__name_at(kpl_resnet_stem_names, (int)c->stem));
         break;
     case KPL_MODEL_NONE: break; /* refused above */
     }
@@ -319,9 +311,9 @@ kpl_status kpl_model_create_config(const kpl_model_config *cfg, kpl_device *dev,
     m->flops[0] = m->flops[1] = -1;
     if (m->cfg.arch == KPL_MODEL_RESNET)
         snprintf(m->name, sizeof m->name, "resnet%lld%s", (long long)m->cfg.depth,
-                 m->cfg.cifar_stem ? "_cifar" : "");
+                 m->cfg.stem == KPL_STEM_CIFAR ? "_cifar" : "");
     else
-        snprintf(m->name, sizeof m->name, "%s", arch_names[m->cfg.arch]);
+        snprintf(m->name, sizeof m->name, "%s", kpl_model_arch_name(m->cfg.arch));
     *out = m;
     return KPL_OK;
 }
@@ -338,10 +330,10 @@ kpl_status kpl_model_create(const char *name, int64_t num_classes, kpl_device *d
     if (!strcmp(name, "resnet18_cifar") || !strcmp(name, "resnet18") ||
         !strcmp(name, "resnet34") || !strcmp(name, "resnet50")) {
         c.arch = KPL_MODEL_RESNET;
-        c.cifar_stem = !strcmp(name, "resnet18_cifar");
+        c.stem = !strcmp(name, "resnet18_cifar") ? KPL_STEM_CIFAR : KPL_STEM_IMAGENET;
         c.depth = atoi(name + 6);
         c.in_channels = 3;
-        c.in_h = c.in_w = c.cifar_stem ? 32 : 224;
+        c.in_h = c.in_w = c.stem == KPL_STEM_CIFAR ? 32 : 224;
     } else {
         int a = kpl_model_arch_parse(name);
         KPL_CHECK(a >= 0 && a < KPL_MODEL_RESNET, KPL_EINVAL,

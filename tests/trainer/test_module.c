@@ -223,7 +223,7 @@ static void test_freeze(void **state)
 {
     (void)state;
     kpl_model_config c = {.arch = KPL_MODEL_RESNET, .num_classes = 10, .in_channels = 3,
-                          .in_h = 16, .in_w = 16, .depth = 18, .cifar_stem = true, .width = 8};
+                          .in_h = 16, .in_w = 16, .depth = 18, .stem = KPL_STEM_CIFAR, .width = 8};
     kpl_module *m = NULL;
     OK(kpl_zoo_create(&c, NULL, 2, &m));
     kpl_module *l1 = kpl_module_find(m, "layer1");
@@ -354,7 +354,7 @@ static void test_partial_state_dict(void **state)
 {
     (void)state;
     kpl_model_config c = {.arch = KPL_MODEL_RESNET, .num_classes = 10, .in_channels = 3,
-                          .in_h = 32, .in_w = 32, .depth = 18, .cifar_stem = true, .width = 8};
+                          .in_h = 32, .in_w = 32, .depth = 18, .stem = KPL_STEM_CIFAR, .width = 8};
     kpl_module *cls = NULL, *det = NULL, *bb = NULL;
     OK(kpl_zoo_create(&c, NULL, 11, &cls));
     kpl_checkpoint *ck = NULL;

@@ -541,7 +541,7 @@ static void test_config(void **state)
     (void)state;
     assert_string_equal(kpl_optim_kind_name(KPL_OPTIM_SGD), "sgd");
     assert_string_equal(kpl_optim_kind_name(KPL_OPTIM_ADAMW), "adamw");
-    assert_string_equal(kpl_optim_kind_name((kpl_optim_kind)42), "invalid");
+    assert_string_equal(kpl_optim_kind_name((kpl_optim_kind)42), "?");
     assert_int_equal(kpl_optim_kind_parse("adam"), KPL_OPTIM_ADAM);
     assert_int_equal(kpl_optim_kind_parse("lars"), KPL_OPTIM_LARS);
     assert_int_equal(kpl_optim_kind_parse("rmsprop"), -1);

@@ -30,19 +30,21 @@ static void test_defaults(void **state)
     OK(kpl_recipe_load_string(MIN, "min", 0, NULL, &R));
     assert_int_equal(R.epochs, 3);
     assert_int_equal(R.model.arch, KPL_MODEL_CNN);
-    assert_int_equal(R.data.train.batch_size, 32);
-    assert_int_equal(R.data.train.shuffle, KPL_SHUFFLE_CHUNK);
-    assert_int_equal(R.data.val.shuffle, KPL_SHUFFLE_NONE);
+    assert_int_equal(R.data.train.loader.batch_size, 32);
+    assert_int_equal(R.data.train.loader.shuffle, KPL_SHUFFLE_CHUNK);
+    assert_int_equal(R.data.val.loader.shuffle, KPL_SHUFFLE_NONE);
     assert_string_equal(R.data.val.path, "");
-    assert_int_equal(R.optimizer.kind, KPL_OPTIM_SGD);
-    assert_float_equal(R.optimizer.lr, 0.1, 0);
-    assert_int_equal(R.optimizer.nbetas, 2);
-    assert_float_equal(R.optimizer.betas[1], 0.999, 0);
-    assert_int_equal(R.schedule.kind, KPL_SCHED_CONSTANT);
-    assert_float_equal(R.dist.bucket_mb, 25, 0);
-    assert_true(R.dist.check_params);
-    assert_int_equal(R.data.train.nscale, 2);
-    assert_float_equal(R.data.train.ratio[1], 4.0 / 3.0, 1e-15);
+    assert_int_equal(R.optimizer.config.kind, KPL_OPTIM_SGD);
+    assert_float_equal(R.optimizer.config.lr, 0.1, 0);
+    assert_float_equal(R.optimizer.config.beta1, 0.9, 0);
+    assert_float_equal(R.optimizer.config.beta2, 0.999, 0);
+    assert_int_equal(R.schedule.config.kind, KPL_SCHED_CONSTANT);
+    assert_float_equal(R.dist.buckets.bucket_mb, 25, 0);
+    assert_true(R.dist.buckets.check_params);
+    assert_float_equal(R.data.train.loader.transform.scale[0], 0.08f, 0);
+    assert_float_equal(R.data.train.loader.transform.ratio[1], 4.0f / 3.0f, 0);
+    assert_null(R.data.train.loader.transform.image_feature); /* the recipe holds no pointers */
+    assert_string_equal(R.data.train.image_feature, "image");
     assert_int_equal(R.checkpoint.keep_last, 3);
     assert_string_equal(R.device, "auto");
     assert_string_equal(R.name, "run"); /* no file: a neutral name */
@@ -56,14 +58,14 @@ static void test_overrides(void **state)
                         "schedule.name=multistep", "schedule.milestones=[2, 4]", "name=x_y",
                         "log.tensorboard=off", "run_dir="};
     OK(kpl_recipe_load_string(MIN, "min", 9, ov, &R));
-    assert_float_equal(R.optimizer.lr, 0.25, 0);
+    assert_float_equal(R.optimizer.config.lr, 0.25, 0);
     assert_int_equal(R.model.nhidden, 2);
     assert_int_equal(R.model.hidden[1], 32);
-    assert_int_equal(R.data.train.nsize, 2); /* one value: a square */
-    assert_int_equal(R.data.train.size[1], 24);
+    assert_int_equal(R.data.train.loader.transform.out_h, 24); /* one value: a square */
+    assert_int_equal(R.data.train.loader.transform.out_w, 24);
     assert_string_equal(R.data.val.path, "test");
-    assert_int_equal(R.schedule.kind, KPL_SCHED_MULTISTEP);
-    assert_float_equal(R.schedule.milestones[1], 4, 0);
+    assert_int_equal(R.schedule.config.kind, KPL_SCHED_MULTISTEP);
+    assert_float_equal(R.schedule.config.milestones[1], 4, 0);
     assert_string_equal(R.name, "x_y");
     assert_false(R.log.tensorboard);
     assert_string_equal(R.run_dir, "");
@@ -88,8 +90,8 @@ static void test_base(void **state)
                sizeof child);
     const char *ov[] = {"seed=9"};
     OK(kpl_recipe_load(child, 1, ov, &R));
-    assert_float_equal(R.optimizer.lr, 0.05, 0);
-    assert_float_equal(R.optimizer.momentum, 0.9, 0); /* kept from the base */
+    assert_float_equal(R.optimizer.config.lr, 0.05, 0);
+    assert_float_equal(R.optimizer.config.momentum, 0.9, 0); /* kept from the base */
     assert_int_equal(R.epochs, 4);
     assert_int_equal(R.seed, 9);
     assert_string_equal(R.name, "child");
@@ -234,11 +236,11 @@ static void test_override_merge(void **state)
                               "       val: {path: v, batch_size: 7}}\n",
                               "min", 2, ov, &R));
     assert_string_equal(R.data.train.path, "elsewhere");
-    assert_int_equal(R.data.train.batch_size, 32); /* MIN's, kept */
+    assert_int_equal(R.data.train.loader.batch_size, 32); /* MIN's, kept */
     assert_string_equal(R.data.val.path, "v");
-    assert_int_equal(R.data.val.batch_size, 7);
-    assert_float_equal(R.optimizer.lr, 0.1, 0);
-    assert_float_equal(R.optimizer.momentum, 0.5, 0);
+    assert_int_equal(R.data.val.loader.batch_size, 7);
+    assert_float_equal(R.optimizer.config.lr, 0.1, 0);
+    assert_float_equal(R.optimizer.config.momentum, 0.5, 0);
     /* a value still replaces a value */
     const char *ov2[] = {"model.hidden=[4, 5]"};
     OK(kpl_recipe_load_string(MIN, "min", 1, ov2, &R));
@@ -265,8 +267,8 @@ static void test_round_trip(void **state)
     OK(kpl_recipe_to_yaml(r2, &b));
     assert_string_equal(a, b);
     assert_string_equal(r2->run_dir, "quote\"and\\\\back"); /* plain YAML: no escapes */
-    assert_float_equal(r2->optimizer.lr, 0.1234567890123, 0);
-    assert_float_equal(r2->schedule.min_lr, 1e-7, 0);
+    assert_float_equal(r2->optimizer.config.lr, 0.1234567890123, 0);
+    assert_float_equal(r2->schedule.config.min_lr, 1e-7, 0);
     assert_non_null(strstr(a, "  lr: 0.1234567890123\n"));
     assert_non_null(strstr(a, "    batch_size: 32\n"));
     free(a);

@@ -214,7 +214,7 @@ static void test_zoo_configs(void **state)
         memset(&c, 0, sizeof c);
         c.arch = want[i].arch, c.depth = want[i].depth, c.width = want[i].width;
         c.in_channels = want[i].c, c.in_h = c.in_w = want[i].h;
-        c.num_classes = want[i].classes, c.cifar_stem = want[i].cifar;
+        c.num_classes = want[i].classes, c.stem = want[i].cifar ? KPL_STEM_CIFAR : KPL_STEM_IMAGENET;
         kpl_model *m = NULL;
         OK(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m));
         if (kpl_model_param_count(m) != want[i].params)

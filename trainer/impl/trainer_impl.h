@@ -66,7 +66,7 @@ typedef struct {
 
 double kpl__wall(void); /* Unix time */
 /* progress_mode: 0 auto (a terminal on stdout), 1 always, 2 never. */
-void kpl__log_init(kpl__runlog *l, int rank, int progress_mode);
+void kpl__log_init(kpl__runlog *l, int rank, kpl_progress_mode mode);
 void kpl__log_close(kpl__runlog *l);
 /* Rank 0: stdout and the log file; other ranks: their log file. */
 void kpl__log_info(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -118,11 +118,23 @@ typedef struct {
 } kpl__model;
 
 /* A training figure's sums since the last report (this rank), and over
- * the epoch (all ranks, from the reports). */
+ * the epoch (all ranks, from the reports).  Sums a task records as
+ * tensors add up where they are (dsum, on the device) and reach the host
+ * at the report. */
 typedef struct {
     char name[32];
     double sum, count, epoch_sum, epoch_count, last; /* last: the epoch's mean */
+    kpl_tensor *dsum;                                /* f32, one element, or NULL */
+    int pending;                                     /* additions into dsum */
 } kpl__figure;
+
+/* A micro-batch's loss under loss.nonfinite stop, checked for NaN and inf
+ * a step later (the read then waits for nothing) or at the next report,
+ * checkpoint or evaluation. */
+typedef struct {
+    kpl_tensor *loss;
+    int64_t step, epoch, first, last; /* step from 1; the batch's samples */
+} kpl__watched;
 
 struct kpl_trainer {
     const kpl_recipe *r;
@@ -151,6 +163,8 @@ struct kpl_trainer {
     bool step_skipped;                /* an update of the step was left out */
     kpl__figure fig[KPL_FIGURES_MAX];
     int nfig;
+    kpl__watched *watch;              /* losses not checked yet */
+    int nwatch, capwatch;
     double win_samples;               /* this rank's samples since the last report */
     double epoch_t0, epoch_samples;   /* the epoch's start; this rank's samples in it */
     double bar_t, bar_samples, rate;  /* the progress bar's last redraw; samples/s */
@@ -209,6 +223,8 @@ kpl_status kpl__trainer_note_best(kpl_trainer *t, const char *ckpt);
  * metrics.jsonl and TensorBoard, a console line when there is no progress
  * bar.  *stop: a rank was asked to stop (a signal).  Collective. */
 kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop);
+/* Checks every watched loss (before a report, checkpoint or evaluation). */
+kpl_status kpl__trainer_check_losses(kpl_trainer *t);
 void kpl__trainer_draw_bar(kpl_trainer *t, bool force);
 /* The epoch's figures are this epoch's from here on. */
 void kpl__trainer_epoch_begin(kpl_trainer *t);
