@@ -11,7 +11,8 @@
  *      built from kpl's layers;
  *   2. a task: how to build the model from the recipe, one training
  *      micro-batch (the loss, kpl_trainer_backward, the figures to report),
- *      and the evaluation (named metrics; "mse" picks best.kpl);
+ *      the evaluation (named metrics; "mse" picks best.kpl), and images for
+ *      TensorBoard (inputs over their reconstructions);
  *   3. main: load the recipe, create the trainer with the task, fit.
  * Everything else — data loading, mpirun ranks and DDP, the optimizer and
  * schedule, checkpoints and --resume, metrics.jsonl, TensorBoard — is the
@@ -73,8 +74,12 @@ static kpl_status autoencoder_create(kpl_device *dev, uint64_t seed, int64_t cha
 
 /* ---- the task ------------------------------------------------------------------------------ */
 
+#define SHOWN 8 /* images shown in TensorBoard */
+
 typedef struct {
     double sum, count; /* evaluation: squared errors, pixels */
+    float *shown;      /* the first SHOWN inputs, then their reconstructions (C, H, W each) */
+    int nshown;
 } ae_state;
 
 static kpl_status ae_create(kpl_trainer *t, void **state)
@@ -97,7 +102,12 @@ static kpl_status ae_create(kpl_trainer *t, void **state)
     return kpl_trainer_add_model(t, "model", "autoencoder", m, NULL, NULL);
 }
 
-static void ae_destroy(void *state) { free(state); }
+static void ae_destroy(void *state)
+{
+    ae_state *s = state;
+    if (s) free(s->shown);
+    free(s);
+}
 
 /* The batch's images where the model is (the batch's own on the CPU). */
 static kpl_tensor *images(kpl_trainer *t, const kpl_batch *b)
@@ -128,7 +138,24 @@ static kpl_status ae_train_batch(kpl_trainer *t, void *state, const kpl_batch *b
 static kpl_status ae_eval_begin(kpl_trainer *t, void *state)
 {
     (void)t;
-    memset(state, 0, sizeof(ae_state));
+    ae_state *s = state;
+    s->sum = s->count = 0;
+    s->nshown = 0;
+    return KPL_OK;
+}
+
+/* The first batch's first images and reconstructions, kept for images(). */
+static kpl_status keep_shown(kpl_trainer *t, ae_state *s, const kpl_batch *b, kpl_tensor *rec)
+{
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    size_t per = (size_t)(chw[0] * chw[1] * chw[2]);
+    if (!s->shown && !(s->shown = malloc(2 * SHOWN * per * sizeof *s->shown)))
+        return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    const float *x = kpl_tensor_host_data(b->image), *y = kpl_tensor_host_data(rec);
+    if (!x || !y) return kpl_last_status();
+    s->nshown = b->size < SHOWN ? (int)b->size : SHOWN;
+    memcpy(s->shown, x, (size_t)s->nshown * per * sizeof *x);
+    memcpy(s->shown + SHOWN * per, y, (size_t)s->nshown * per * sizeof *y);
     return KPL_OK;
 }
 
@@ -138,6 +165,8 @@ static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     kpl_tensor_list in = {1, {images(t, b)}}, out; /* out: reconstruction, code */
     kpl_status st = kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out);
     if (st < 0) return st;
+    if (s->nshown == 0 && kpl_trainer_rank(t) == 0 && (st = keep_shown(t, s, b, out.t[0])) < 0)
+        return st;
     kpl_tensor *se = kpl_mse_loss(out.t[0], in.t[0], KPL_REDUCE_NONE); /* (N, C, H, W) */
     const float *e = se ? kpl_tensor_host_data(se) : NULL;
     if (!e) return kpl_last_status();
@@ -165,6 +194,32 @@ static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
     return kpl_figures_set(&res->metrics, "psnr", mse > 0 ? -10 * log10(mse) : NAN);
 }
 
+/* TensorBoard: a row of inputs over a row of their reconstructions. */
+static kpl_status ae_images(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step)
+{
+    ae_state *s = state;
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    int c = (int)chw[0], h = (int)chw[1], w = (int)chw[2], n = s->nshown;
+    if (n == 0) return KPL_OK;
+    uint8_t *grid = malloc((size_t)(2 * h) * (size_t)(n * w) * (size_t)c);
+    if (!grid) return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    for (int row = 0; row < 2; row++)
+        for (int i = 0; i < n; i++) {
+            const float *img = s->shown + ((size_t)row * SHOWN + (size_t)i) * (size_t)(c * h * w);
+            for (int y = 0; y < h; y++)
+                for (int x = 0; x < w; x++)
+                    for (int k = 0; k < c; k++) { /* CHW in [0, 1] -> HWC bytes */
+                        float v = img[((size_t)k * h + y) * w + x];
+                        v = v < 0 ? 0 : v > 1 ? 1 : v;
+                        grid[(((size_t)row * h + y) * (size_t)(n * w) + (size_t)i * w + x) * c +
+                             k] = (uint8_t)lrintf(v * 255);
+                    }
+        }
+    kpl_status st = kpl_tb_add_image(tb, "val/reconstructions", step, 2 * h, n * w, c, grid);
+    free(grid);
+    return st;
+}
+
 static const kpl_task_kind autoencoder_task = {
     .name = "autoencoder",
     .best_metric = "mse",
@@ -175,6 +230,7 @@ static const kpl_task_kind autoencoder_task = {
     .eval_begin = ae_eval_begin,
     .eval_batch = ae_eval_batch,
     .eval_end = ae_eval_end,
+    .images = ae_images,
 };
 
 /* ---- main ------------------------------------------------------------------------------------ */

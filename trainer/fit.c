@@ -66,6 +66,7 @@ static kpl_status run_eval(kpl_trainer *t)
         snprintf(tag, sizeof tag, "val/%s", e->metrics.name[i]);
         kpl_tb_add_scalar(t->log.tb, tag, t->step, e->metrics.value[i]);
     }
+    if (t->task->images) KPL_TRY(t->task->images(t, t->task_state, t->log.tb, t->step));
     kpl_tb_flush(t->log.tb);
     return KPL_OK;
 }

@@ -6,7 +6,9 @@
  * and the masked CRC32C of the data.  Every record holds one serialized
  * tensorflow.Event (tensorflow/core/util/event.proto); the first one
  * carries file_version "brain.Event:2", the others a Summary with one
- * simple_value.  The few protobuf fields needed are encoded here by hand.
+ * simple_value, or one image (Summary.Image: height, width, colorspace and
+ * the PNG bytes, encoded with libpng).  The few protobuf fields needed are
+ * encoded here by hand.
  *
  * Events collect in a memory buffer and reach the file with write(2) at
  * kpl_tb_flush, at close, or when the buffer passes TB_FLUSH_BYTES.
@@ -18,6 +20,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -122,10 +125,9 @@ static bool utf8_valid(const uint8_t *s, size_t n)
     return true;
 }
 
-kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, double value,
-                                 double wall_time, size_t *len)
+/* A tag's length, after the checks TensorBoard's parsers need. */
+static kpl_status check_tag(const char *tag, size_t *len)
 {
-    *len = 0;
     KPL_CHECK(tag, KPL_EINVAL, "tensorboard: the tag is NULL");
     size_t n = strnlen(tag, KPL__TB_TAG_MAX + 1);
     KPL_CHECK(n > 0, KPL_EINVAL, "tensorboard: the tag is empty");
@@ -133,6 +135,28 @@ kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, do
               "tensorboard: tag '%.32s...' is longer than %d bytes", tag, KPL__TB_TAG_MAX);
     KPL_CHECK(utf8_valid((const uint8_t *)tag, n), KPL_EINVAL,
               "tensorboard: tag '%s' is not UTF-8", tag);
+    *len = n;
+    return KPL_OK;
+}
+
+/* Event: wall_time = 1 (double), step = 2 (int64, a negative one as its
+ * 64-bit two's complement), summary = 5, whose repeated Value value = 1
+ * holds one Value of value_len bytes; the Value's fields follow. */
+static uint8_t *put_event_head(uint8_t *p, double wall_time, int64_t step, size_t value_len)
+{
+    size_t summary_len = 1 + varint_size(value_len) + value_len;
+    p = put_double(p, 1, wall_time);
+    p = put_varint(put_key(p, 2, WT_VARINT), (uint64_t)step);
+    p = put_varint(put_key(p, 5, WT_LEN), summary_len);
+    return put_varint(put_key(p, 1, WT_LEN), value_len);
+}
+
+kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, double value,
+                                 double wall_time, size_t *len)
+{
+    *len = 0;
+    size_t n = 0;
+    KPL_TRY(check_tag(tag, &n));
 
     /* TensorBoard's scalars are float32.  Past float's range the
      * conversion gives an infinity (IEC 60559, C Annex F), and NaN stays
@@ -143,15 +167,7 @@ kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, do
 
     /* Summary.Value: tag = 1 (string), simple_value = 2 (float). */
     size_t value_len = 1 + varint_size(n) + n + 1 + 4;
-    /* Summary: repeated Value value = 1. */
-    size_t summary_len = 1 + varint_size(value_len) + value_len;
-
-    /* Event: wall_time = 1 (double), step = 2 (int64, a negative one as
-     * its 64-bit two's complement), summary = 5. */
-    uint8_t *p = put_double(buf, 1, wall_time);
-    p = put_varint(put_key(p, 2, WT_VARINT), (uint64_t)step);
-    p = put_varint(put_key(p, 5, WT_LEN), summary_len);
-    p = put_varint(put_key(p, 1, WT_LEN), value_len);
+    uint8_t *p = put_event_head(buf, wall_time, step, value_len);
     p = put_varint(put_key(p, 1, WT_LEN), n);
     memcpy(p, tag, n);
     p += n;
@@ -309,6 +325,71 @@ kpl_status kpl_tb_add_scalar(kpl_tb_writer *w, const char *tag, int64_t step, do
     KPL_TRY(append_record(w, ev, n));
     if (w->len >= TB_FLUSH_BYTES) KPL_TRY(write_buffer(w));
     return KPL_OK;
+}
+
+kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int width,
+                                int channels, const uint8_t *png, size_t png_len,
+                                double wall_time, uint8_t **out, size_t *len)
+{
+    *out = NULL, *len = 0;
+    size_t n = 0;
+    KPL_TRY(check_tag(tag, &n));
+    /* Summary.Image: height = 1, width = 2, colorspace = 3 (int32; 1 gray,
+     * 3 RGB, 4 RGBA), encoded_image_string = 4 (bytes). */
+    size_t image_len = 1 + varint_size((uint64_t)height) + 1 + varint_size((uint64_t)width) + 1 +
+                       varint_size((uint64_t)channels) + 1 + varint_size(png_len) + png_len;
+    /* Summary.Value: tag = 1, image = 4. */
+    size_t value_len = 1 + varint_size(n) + n + 1 + varint_size(image_len) + image_len;
+    uint8_t *buf = malloc(value_len + 64);
+    KPL_CHECK(buf, KPL_ENOMEM, "tensorboard: no memory for a %zu-byte image event", value_len);
+    uint8_t *p = put_event_head(buf, wall_time, step, value_len);
+    p = put_varint(put_key(p, 1, WT_LEN), n);
+    memcpy(p, tag, n);
+    p += n;
+    p = put_varint(put_key(p, 4, WT_LEN), image_len);
+    p = put_varint(put_key(p, 1, WT_VARINT), (uint64_t)height);
+    p = put_varint(put_key(p, 2, WT_VARINT), (uint64_t)width);
+    p = put_varint(put_key(p, 3, WT_VARINT), (uint64_t)channels);
+    p = put_varint(put_key(p, 4, WT_LEN), png_len);
+    memcpy(p, png, png_len);
+    p += png_len;
+    *out = buf, *len = (size_t)(p - buf);
+    return KPL_OK;
+}
+
+kpl_status kpl_tb_add_image(kpl_tb_writer *w, const char *tag, int64_t step, int height,
+                            int width, int channels, const uint8_t *pixels)
+{
+    KPL_CHECK(height > 0 && width > 0 && height <= 1 << 14 && width <= 1 << 14, KPL_EINVAL,
+              "tensorboard: image '%s' of %d x %d pixels (each side 1..16384)", tag ? tag : "",
+              height, width);
+    KPL_CHECK(channels == 1 || channels == 3 || channels == 4, KPL_EINVAL,
+              "tensorboard: image '%s' has %d channels (want 1, 3 or 4)", tag ? tag : "",
+              channels);
+    KPL_CHECK(pixels, KPL_EINVAL, "tensorboard: image '%s' without pixels", tag ? tag : "");
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)width, im.height = (png_uint_32)height;
+    im.format = channels == 1 ? PNG_FORMAT_GRAY : channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_RGBA;
+    png_alloc_size_t png_len = 0;
+    KPL_CHECK(png_image_write_to_memory(&im, NULL, &png_len, 0, pixels, 0, NULL), KPL_EINVAL,
+              "tensorboard: image '%s': PNG: %s", tag ? tag : "", im.message);
+    uint8_t *png = malloc(png_len);
+    KPL_CHECK(png, KPL_ENOMEM, "tensorboard: no memory for a %zu-byte PNG", (size_t)png_len);
+    kpl_status st = KPL_OK;
+    if (!png_image_write_to_memory(&im, png, &png_len, 0, pixels, 0, NULL))
+        st = KPL_ERROR(KPL_EINVAL, "tensorboard: image '%s': PNG: %s", tag ? tag : "", im.message);
+    uint8_t *ev = NULL;
+    size_t n = 0;
+    if (st >= 0)
+        st = kpl__tb_encode_image(tag, step, height, width, channels, png, png_len, wall_now(),
+                                  &ev, &n);
+    free(png);
+    if (st >= 0) st = append_record(w, ev, n);
+    free(ev);
+    KPL_TRY(st);
+    return w->len >= TB_FLUSH_BYTES ? write_buffer(w) : KPL_OK;
 }
 
 kpl_status kpl_tb_flush(kpl_tb_writer *w) { return write_buffer(w); }

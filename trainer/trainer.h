@@ -236,7 +236,7 @@ double kpl_lr_at(const kpl_lr_schedule *s, double t);
 
 /* ---- TensorBoard event files --------------------------------------------------------- */
 /*
- * Scalars in TensorBoard's event-file format (TFRecord framing with masked
+ * Scalars and images in TensorBoard's event-file format (TFRecord framing with masked
  * CRC32C, tensorflow.Event protobuf messages), readable by TensorBoard and
  * tensorboard.backend.event_processing without TensorFlow here.
  *
@@ -253,6 +253,12 @@ typedef struct kpl_tb_writer kpl_tb_writer;
 kpl_status kpl_tb_writer_create(const char *dir, kpl_tb_writer **out);
 /* Appends one scalar summary event (wall time now).  Buffered. */
 kpl_status kpl_tb_add_scalar(kpl_tb_writer *w, const char *tag, int64_t step, double value);
+/* Appends one image summary (TensorBoard's IMAGES tab): 8-bit pixels,
+ * height x width x channels row-major (channels 1 gray, 3 RGB, 4 RGBA),
+ * stored as PNG.  KPL_EINVAL for a side outside 1..16384 or another
+ * channel count.  Buffered. */
+kpl_status kpl_tb_add_image(kpl_tb_writer *w, const char *tag, int64_t step, int height,
+                            int width, int channels, const uint8_t *pixels);
 /* Writes the buffered events to the file (no fsync). */
 kpl_status kpl_tb_flush(kpl_tb_writer *w);
 /* Flushes, closes and frees; NULL is a no-op. */
@@ -569,6 +575,9 @@ typedef struct {
      * mask_feature, max_boxes; names must be static strings).  Runs before
      * create, on every rank. */
     void (*data)(const kpl_recipe *r, bool train, kpl_loader_config *c);
+    /* Optional: images for TensorBoard after each evaluation (rank 0, with
+     * log.tensorboard on): kpl_tb_add_image(tb, "val/...", step, ...). */
+    kpl_status (*images)(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step);
 } kpl_task_kind;
 
 /* The tasks kpl knows by name ("classification"); NULL for others. */

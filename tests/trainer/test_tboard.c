@@ -10,6 +10,7 @@
 #include "trainer_impl.h"
 
 #include <ftw.h>
+#include <png.h>
 #include <stdlib.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -44,6 +45,9 @@ typedef struct {
     int nvalues;
     char tag[KPL__TB_TAG_MAX + 1];
     float value;
+    int64_t img_h, img_w, img_c; /* an image value */
+    uint8_t *png;                /* its encoded bytes (malloc'd) */
+    size_t png_len;
 } parsed_event;
 
 static uint64_t rd_varint(const uint8_t **p, const uint8_t *end)
@@ -104,6 +108,26 @@ static void parse_value(const uint8_t *p, const uint8_t *end, parsed_event *e)
         case FIELD(2, 5): {
             uint32_t bits = (uint32_t)num;
             memcpy(&e->value, &bits, 4);
+            break;
+        }
+        case FIELD(4, 2): { /* Summary.Image */
+            const uint8_t *s = d, *send = d + n;
+            while (s < send) {
+                const uint8_t *b;
+                size_t bn;
+                switch (rd_field(&s, send, &num, &b, &bn)) {
+                case FIELD(1, 0): e->img_h = (int64_t)num; break;
+                case FIELD(2, 0): e->img_w = (int64_t)num; break;
+                case FIELD(3, 0): e->img_c = (int64_t)num; break;
+                case FIELD(4, 2):
+                    e->png = malloc(bn);
+                    assert_non_null(e->png);
+                    memcpy(e->png, b, bn);
+                    e->png_len = bn;
+                    break;
+                default: fail_msg("unexpected field in Summary.Image");
+                }
+            }
             break;
         }
         default: fail_msg("unexpected field in Summary.Value");
@@ -434,6 +458,65 @@ static void test_errors(void **state)
     drop_root(root);
 }
 
+/* Images: the Summary.Image fields, and PNG bytes that decode (libpng,
+ * as TensorBoard's PIL would) to exactly the pixels given. */
+static void test_images(void **state)
+{
+    (void)state;
+    char root[512];
+    make_root(root, sizeof root, "images");
+    kpl_tb_writer *tb = NULL;
+    OK(kpl_tb_writer_create(root, &tb));
+    enum { H = 5, W = 7 };
+    uint8_t rgb[H * W * 3], gray[3 * 4];
+    for (int i = 0; i < H * W * 3; i++) rgb[i] = (uint8_t)(i * 37 + 11);
+    for (int i = 0; i < 12; i++) gray[i] = (uint8_t)(255 - 21 * i);
+    OK(kpl_tb_add_image(tb, "val/rgb", 12, H, W, 3, rgb));
+    OK(kpl_tb_add_image(tb, "val/gray", -3, 3, 4, 1, gray));
+    FAILS(kpl_tb_add_image(tb, "bad", 0, H, W, 2, rgb), KPL_EINVAL, "has 2 channels");
+    FAILS(kpl_tb_add_image(tb, "bad", 0, 0, W, 3, rgb), KPL_EINVAL, "0 x 7 pixels");
+    FAILS(kpl_tb_add_image(tb, "", 0, H, W, 3, rgb), KPL_EINVAL, "tag is empty");
+    FAILS(kpl_tb_add_image(tb, "bad", 0, H, W, 3, NULL), KPL_EINVAL, "without pixels");
+    char path[1024];
+    snprintf(path, sizeof path, "%s", kpl_tb_writer_path(tb));
+    kpl_tb_writer_close(tb);
+
+    parsed_event ev[4];
+    assert_int_equal(read_events(path, ev, 4), 3); /* file_version, two images */
+    const struct {
+        const char *tag;
+        int64_t step, h, w, c;
+        const uint8_t *px;
+        png_uint_32 format;
+    } want[2] = {{"val/rgb", 12, H, W, 3, rgb, PNG_FORMAT_RGB},
+                 {"val/gray", -3, 3, 4, 1, gray, PNG_FORMAT_GRAY}};
+    for (int k = 0; k < 2; k++) {
+        parsed_event *e = &ev[k + 1];
+        assert_string_equal(e->tag, want[k].tag);
+        assert_int_equal(e->step, want[k].step);
+        assert_int_equal(e->nvalues, 1);
+        assert_int_equal(e->img_h, want[k].h);
+        assert_int_equal(e->img_w, want[k].w);
+        assert_int_equal(e->img_c, want[k].c);
+        assert_non_null(e->png);
+        png_image im;
+        memset(&im, 0, sizeof im);
+        im.version = PNG_IMAGE_VERSION;
+        assert_true(png_image_begin_read_from_memory(&im, e->png, e->png_len));
+        assert_int_equal(im.width, want[k].w);
+        assert_int_equal(im.height, want[k].h);
+        im.format = want[k].format;
+        size_t n = (size_t)(want[k].h * want[k].w * want[k].c);
+        uint8_t *px = malloc(n);
+        assert_non_null(px);
+        assert_true(png_image_finish_read(&im, NULL, px, 0, NULL));
+        assert_memory_equal(px, want[k].px, n);
+        free(px);
+        free(e->png);
+    }
+    drop_root(root);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -443,6 +526,7 @@ int main(void)
         cmocka_unit_test(test_write_and_read_back),
         cmocka_unit_test(test_two_writers_and_volume),
         cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_images),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

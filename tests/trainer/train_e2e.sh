@@ -233,6 +233,16 @@ example)
   losses one > one.loss
   [[ $(wc -l < one.loss) == 100 ]] || die "steps: $(wc -l < one.loss)"
   awk 'NR == 1 { f = $2 } END { exit !($2 < f / 3) }' one.loss || die "the loss did not fall: $(sed -n '1p;$p' one.loss)"
+  # the task's TensorBoard image: 2 rows (inputs, reconstructions) of 8 28x28 images, a PNG
+  ev=$(ls one/tb/events.out.tfevents.*)
+  grep -aq "val/reconstructions" "$ev" && grep -aq $'\x89PNG' "$ev" || die "no image in $ev"
+  python3 - "$ev" <<'PY' || die "image event: wrong size"
+import struct, sys, zlib
+data = open(sys.argv[1], "rb").read()
+i = data.index(b"\x89PNG")
+w, h = struct.unpack(">II", data[i + 16:i + 24])  # IHDR
+sys.exit(0 if (w, h) == (8 * 28, 2 * 28) else 1)
+PY
   # stopped at step 40, resumed: every step's loss as the uninterrupted run's
   "$ex" "${R[@]}" run_dir=cut data.train.batch_size=128 max_steps=40 > /dev/null 2> cut.err || die "cut: $(tail -3 cut.err)"
   "$ex" "${R[@]}" run_dir=cut data.train.batch_size=128 --resume > cut.txt 2> cut2.err || die "resume: $(tail -3 cut2.err)"

@@ -25,6 +25,11 @@ uint32_t kpl__tb_masked_crc(const void *data, size_t n);
  * one that is not UTF-8. */
 kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, double value,
                                  double wall_time, size_t *len);
+/* The same for an image summary holding png (png_len bytes); *out is
+ * malloc'd (the caller frees it). */
+kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int width,
+                                int channels, const uint8_t *png, size_t png_len,
+                                double wall_time, uint8_t **out, size_t *len);
 
 /* ---- checkpoint files (checkpoint.c) ---- */
 
