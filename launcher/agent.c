@@ -66,15 +66,11 @@ static void strip_ansi(char *s)
     *o = 0;
 }
 
+/* Relayed output is best effort: a closed terminal must not stop the
+ * rank (its own exit status and the report still reach kplrun). */
 static void write_all(int fd, const char *s, size_t n)
 {
-    while (n) {
-        ssize_t w = write(fd, s, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return;
-        s += w;
-        n -= (size_t)w;
-    }
+    (void)kpl__write_all(fd, s, n, "output");
 }
 
 static void flush_out(stream *s)
