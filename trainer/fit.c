@@ -248,7 +248,6 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
         train_seconds += secs;
         train_samples += t->epoch_samples * t->world;
         KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, stop, saved, secs, ckpt, len));
-        if (epoch_done) t->epoch++, t->epoch_step = 0;
     }
     if (kpl__stop_signal() && t->step < max_steps) *event = "interrupted";
     say_done(t, *event, train_seconds, train_samples, ckpt);

@@ -624,6 +624,8 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_step: an evaluation-only trainer");
     int64_t k = r->optimizer.accumulate, B = r->data.train.loader.batch_size;
     *epoch_done = false;
+    if (t->epoch_ended) /* the previous step took the last batch of its epoch */
+        t->epoch++, t->epoch_step = 0, t->epoch_ended = false;
     t->step_nonfinite = t->step_skipped = false;
     t->micros = k;
     for (int64_t i = 0; i < k && !*epoch_done; i++) {
@@ -661,6 +663,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     KPL_TRY(note_skip(t));
     t->step++;
     t->epoch_step++;
+    t->epoch_ended = *epoch_done;
     return KPL_OK;
 }
 

@@ -664,7 +664,8 @@ kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
  * with a checkpoint.  Returns the exit status: 0, 1 after an error
  * (printed), 130 / 143 after SIGINT / SIGTERM. */
 int kpl_trainer_fit(kpl_trainer *t);
-/* Steps done, and the epoch in progress (from 0). */
+/* Steps done, and the epoch of the last step (from 0; the step after the
+ * one that reported *epoch_done starts the next). */
 int64_t kpl_trainer_steps(const kpl_trainer *t);
 int64_t kpl_trainer_epoch(const kpl_trainer *t);
 

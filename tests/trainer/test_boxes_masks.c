@@ -280,8 +280,10 @@ static void test_boxes_and_masks(void **state)
     OK(kpl_trainer_evaluate(t, &before));
     assert_int_equal(before.examples, NVAL);
     int epochs = 0;
-    for (bool done = false; epochs < EPOCHS; epochs += done) /* the loader goes on to the next */
+    for (bool done = false; epochs < EPOCHS; epochs += done) { /* the loader goes on */
         OK(kpl_trainer_step(t, &done));
+        assert_int_equal(kpl_trainer_epoch(t), epochs); /* the handle counts them too */
+    }
     assert_int_equal(kpl_trainer_steps(t), EPOCHS * (NTRAIN / 32));
     OK(kpl_trainer_evaluate(t, &after));
     double b0 = kpl_figures_get(&before.metrics, "box_iou"), b1 = kpl_figures_get(&after.metrics, "box_iou");

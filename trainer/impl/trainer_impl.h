@@ -164,6 +164,7 @@ struct kpl_trainer {
     int64_t micro, micros;            /* micro-batch i of k */
     bool sync;                        /* its backward reduces over the ranks */
     const kpl_batch *batch;
+    bool epoch_ended;                 /* the last step ended t->epoch: the next starts the next */
     bool step_nonfinite;              /* a micro-batch of the step had a NaN/inf loss */
     bool step_skipped;                /* an update of the step was left out */
     kpl__figure fig[KPL_FIGURES_MAX];
