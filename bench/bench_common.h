@@ -106,6 +106,54 @@ static inline const char *bench_jrange(char buf[BENCH_RANGE_LEN], const double *
     return buf;
 }
 
+/* Whether the "flags" line of /proc/cpuinfo lists `flag`. */
+static inline int bench_cpu_has(const char *flag)
+{
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[8192];
+    int found = 0;
+    while (f && fgets(line, sizeof line, f)) {
+        if (strncmp(line, "flags", 5) != 0) continue;
+        for (char *tok = strtok(strchr(line, ':') ? strchr(line, ':') + 1 : line, " \t\n"); tok;
+             tok = strtok(NULL, " \t\n"))
+            if (!strcmp(tok, flag)) found = 1;
+        break;
+    }
+    if (f) fclose(f);
+    return found;
+}
+
+/* The fields every row carries about the CPU (the machines change between
+ * runs): its model name and the vector features kpl's kernels choose by. */
+static inline const char *bench_cpu_fields(void)
+{
+    static char fields[512];
+    if (fields[0]) return fields;
+    static const char *const wanted[] = {"sse4_2",      "avx",         "avx2",    "fma",
+                                         "f16c",        "avx512f",     "avx512bw", "avx512vl",
+                                         "avx512_vnni", "avx512_bf16", "amx_bf16"};
+    char model[160] = "unknown", feats[256] = "";
+    FILE *f = fopen("/proc/cpuinfo", "r");
+    char line[512];
+    while (f && fgets(line, sizeof line, f)) {
+        char *colon = strchr(line, ':');
+        if (strncmp(line, "model name", 10) != 0 || !colon) continue;
+        snprintf(model, sizeof model, "%s", colon + 1 + (colon[1] == ' '));
+        for (char *c = model; *c; c++)
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
+        for (size_t l = strlen(model); l && model[l - 1] == ' '; l--) model[l - 1] = 0;
+        break;
+    }
+    if (f) fclose(f);
+    for (size_t i = 0; i < sizeof wanted / sizeof wanted[0]; i++)
+        if (bench_cpu_has(wanted[i])) {
+            size_t l = strlen(feats);
+            snprintf(feats + l, sizeof feats - l, "%s%s", l ? "," : "", wanted[i]);
+        }
+    snprintf(fields, sizeof fields, ",\"cpu\":\"%s\",\"cpu_features\":\"%s\"", model, feats);
+    return fields;
+}
+
 /* Prints one case as one JSON line on stdout and flushes it.
  *  ref       the reference's median; <= 0 or NAN means "no reference" (ref
  *            and ratio print null; ref_name still says what was meant, or
@@ -114,6 +162,7 @@ static inline const char *bench_jrange(char buf[BENCH_RANGE_LEN], const double *
  *  extra     NULL, or a printf format for more fields that starts with a
  *            comma: ",\"peak_fraction\":%s" (use bench_jnum for numbers
  *            that may be missing).
+ * The CPU's model and features close every row (bench_cpu_fields).
  * Names are written as given: keep quotes and backslashes out of them. */
 static inline void bench_emit(const char *bench, const char *cas, const char *unit,
                               int higher_better, double kpl, double ref, const char *ref_name,
@@ -142,7 +191,7 @@ static inline void bench_emit(const char *bench, const char *cas, const char *un
         vprintf(extra, ap);
         va_end(ap);
     }
-    printf("}\n");
+    printf("%s}\n", bench_cpu_fields());
     fflush(stdout);
 }
 

@@ -249,23 +249,6 @@ static void numpy_gemm(const bench_cfg *cfg, int threads, const int64_t *sizes,
     for (int s = 0; s < MM_SIZES; s++) out[s] = res.gflops[s];
 }
 
-/* Whether the "flags" line of /proc/cpuinfo lists `flag`. */
-static bool cpu_has_flag(const char *flag)
-{
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char line[8192];
-    bool found = false;
-    while (f && fgets(line, sizeof line, f)) {
-        if (strncmp(line, "flags", 5) != 0) continue;
-        for (char *tok = strtok(strchr(line, ':') ? strchr(line, ':') + 1 : line, " \t\n"); tok;
-             tok = strtok(NULL, " \t\n"))
-            if (!strcmp(tok, flag)) found = true;
-        break;
-    }
-    if (f) fclose(f);
-    return found;
-}
-
 static void bench_matmul(const bench_cfg *cfg)
 {
     /* fma_peak.c has a 512-bit (zmm) and a 256-bit (ymm) loop; run the
@@ -275,10 +258,10 @@ static void bench_matmul(const bench_cfg *cfg)
      * runs on AVX2-only CPUs such as the Zen 3 VMs. */
     int width = 0;
     const char *isa = NULL;
-    if (cpu_has_flag("avx512f")) {
+    if (bench_cpu_has("avx512f")) {
         width = 512;
         isa = "avx512";
-    } else if (cpu_has_flag("avx2") && cpu_has_flag("fma")) {
+    } else if (bench_cpu_has("avx2") && bench_cpu_has("fma")) {
         width = 256;
         isa = "avx2";
     } else {

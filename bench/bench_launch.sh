@@ -27,6 +27,11 @@ elapsed() { # CMD...: seconds the command took (its output to $tmp/out)
   awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { printf "%.4f\n", b - a }'
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+# The CPU, in every row as bench_common.h's rows have it.
+cpu_model=$(grep -m1 '^model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ //; s/["\\]/ /g; s/ *$//')
+cpu_features=$(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2- | tr ' ' '\n' |
+  grep -xE 'sse4_2|avx|avx2|fma|f16c|avx512f|avx512bw|avx512vl|avx512_vnni|avx512_bf16|amx_bf16' |
+  paste -sd, -)
 range() { sort -g | awk 'NR == 1 { lo = $1 } { hi = $1 } END { printf "[%s,%s]", lo, hi }'; }
 # bench_case NAME UNIT BETTER SCALE KPL-CMD ::: REF-CMD: alternating rounds, which
 # side goes first alternating too; SCALE turns seconds into the unit
@@ -55,8 +60,8 @@ bench_case() {
   local ratio
   if [[ $better == higher ]]; then ratio=$(awk -v a="$kv" -v b="$rv" 'BEGIN { printf "%.3f", a / b }')
   else ratio=$(awk -v a="$kv" -v b="$rv" 'BEGIN { printf "%.3f", b / a }'); fi
-  printf '{"bench":"launch","case":"%s","unit":"%s","better":"%s","kpl":%s,"ref":%s,"ref_name":"mpirun","ratio":%s,"target":null,"rounds":%d,"kpl_range":%s,"ref_range":%s}\n' \
-    "$name" "$unit" "$better" "$kv" "$rv" "$ratio" "$rounds" "$kr" "$rr"
+  printf '{"bench":"launch","case":"%s","unit":"%s","better":"%s","kpl":%s,"ref":%s,"ref_name":"mpirun","ratio":%s,"target":null,"rounds":%d,"kpl_range":%s,"ref_range":%s,"cpu":"%s","cpu_features":"%s"}\n' \
+    "$name" "$unit" "$better" "$kv" "$rv" "$ratio" "$rounds" "$kr" "$rr" "$cpu_model" "$cpu_features"
 }
 
 bench_case start/np2 s lower "" "${kpl[@]}" -- true ::: "${mpirun[@]}" true
