@@ -184,6 +184,7 @@ kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduct
 /* Negative log likelihood of log-probabilities (N, C). */
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
                          int64_t ignore_index);
+/* Element-wise regression losses: y must have x's shape (no broadcasting). */
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 /* 0.5 d^2 / beta where d = |x - y| < beta, else d - 0.5 beta; beta >= 0,

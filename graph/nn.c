@@ -117,19 +117,38 @@ kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduct
                ignore_index);
 }
 
+/* A loss's target has its input's shape: broadcasting a (N, 1) output
+ * against a (N) target would silently give an (N, N) loss. */
+static bool same_shape(const char *op, const char *what, kpl_tensor *x, kpl_tensor *y)
+{
+    if (!x || !y) return false;
+    int nd = kpl_tensor_ndim(x);
+    bool same = kpl_tensor_ndim(y) == nd;
+    for (int d = 0; same && d < nd; d++) same = kpl_tensor_shape(y)[d] == kpl_tensor_shape(x)[d];
+    if (!same) {
+        char b1[96], b2[96];
+        KPL_ERROR(KPL_ESHAPE, "%s: target %s must have the shape of %s %s", op,
+                  kpl_shape_str(kpl_tensor_ndim(y), kpl_tensor_shape(y), b1, sizeof b1), what,
+                  kpl_shape_str(nd, kpl_tensor_shape(x), b2, sizeof b2));
+    }
+    return same;
+}
+
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
 {
+    if (!same_shape("mse_loss", "the input", x, y)) return NULL;
     return reduce_loss(kpl_square(kpl_sub(x, y)), red);
 }
 
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
 {
+    if (!same_shape("l1_loss", "the input", x, y)) return NULL;
     return reduce_loss(kpl_abs(kpl_sub(x, y)), red);
 }
 
 kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta)
 {
-    if (!x || !y) return NULL;
+    if (!same_shape("smooth_l1_loss", "the input", x, y)) return NULL;
     if (!(beta >= 0)) {
         KPL_ERROR(KPL_EINVAL, "smooth_l1_loss: beta %g must be >= 0", beta);
         return NULL;
@@ -165,18 +184,9 @@ kpl_tensor *kpl_bce_with_logits_weighted(kpl_tensor *z, kpl_tensor *y, kpl_tenso
                                          kpl_tensor *pos_weight, kpl_reduction red)
 {
     static const char op[] = "bce_with_logits";
-    if (!z || !y) return NULL;
+    if (!same_shape(op, "the logits", z, y)) return NULL;
     int nd = kpl_tensor_ndim(z);
     const int64_t *zs = kpl_tensor_shape(z);
-    bool same = kpl_tensor_ndim(y) == nd;
-    for (int d = 0; same && d < nd; d++) same = kpl_tensor_shape(y)[d] == zs[d];
-    if (!same) { /* broadcasting them would silently change the loss */
-        char b1[96], b2[96];
-        KPL_ERROR(KPL_ESHAPE, "%s: target %s must have the shape of the logits %s", op,
-                  kpl_shape_str(kpl_tensor_ndim(y), kpl_tensor_shape(y), b1, sizeof b1),
-                  kpl_shape_str(nd, zs, b2, sizeof b2));
-        return NULL;
-    }
     if ((weight && !fits(op, "weight", weight, nd, zs)) ||
         (pos_weight && !fits(op, "pos_weight", pos_weight, nd, zs)))
         return NULL;

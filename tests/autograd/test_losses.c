@@ -65,6 +65,15 @@ static void test_values(void **state)
     assert_float_equal(tget(NN(kpl_l1_loss(ta, tb, KPL_REDUCE_SUM)), 0), 0.5 + 2 + 0.5, 1e-12);
     /* smooth l1, beta 1: 0.5*0.25, 2-0.5, 0.5*0.25 */
     assert_float_equal(tget(NN(kpl_smooth_l1_loss(ta, tb, KPL_REDUCE_SUM, 1)), 0), 0.125 + 1.5 + 0.125, 1e-12);
+    /* a (3, 1) output against a (3) target is refused, not broadcast to (3, 3) */
+    kpl_tensor *col = NN(kpl_reshape(ta, 2, (int64_t[]){3, 1}));
+    assert_null(kpl_mse_loss(col, tb, KPL_REDUCE_MEAN));
+    assert_int_equal(kpl_last_status(), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "mse_loss: target (3) must have the shape of the input (3,1)"));
+    assert_null(kpl_l1_loss(col, tb, KPL_REDUCE_MEAN));
+    assert_non_null(strstr(kpl_last_error(), "l1_loss: target (3)"));
+    assert_null(kpl_smooth_l1_loss(col, tb, KPL_REDUCE_MEAN, 1));
+    assert_non_null(strstr(kpl_last_error(), "smooth_l1_loss: target (3)"));
     /* bce with logits against the plain formula */
     double y01[3] = {1, 0, 0.5};
     kpl_tensor *ty = NULL;
