@@ -77,9 +77,10 @@ static kpl_status autoencoder_create(kpl_device *dev, uint64_t seed, int64_t cha
 #define SHOWN 8 /* images shown in TensorBoard */
 
 typedef struct {
-    double sum, count; /* evaluation: squared errors, pixels */
+    double sum, count, examples; /* evaluation: squared errors, pixels, examples */
     float *shown;      /* the first SHOWN inputs, then their reconstructions (C, H, W each) */
     int nshown;
+    int64_t chw[3];    /* of the shown images, from the batch itself */
 } ae_state;
 
 static kpl_status ae_create(kpl_trainer *t, void **state)
@@ -139,7 +140,7 @@ static kpl_status ae_eval_begin(kpl_trainer *t, void *state)
 {
     (void)t;
     ae_state *s = state;
-    s->sum = s->count = 0;
+    s->sum = s->count = s->examples = 0;
     s->nshown = 0;
     return KPL_OK;
 }
@@ -147,10 +148,19 @@ static kpl_status ae_eval_begin(kpl_trainer *t, void *state)
 /* The first batch's first images and reconstructions, kept for images(). */
 static kpl_status keep_shown(kpl_trainer *t, ae_state *s, const kpl_batch *b, kpl_tensor *rec)
 {
-    const int64_t *chw = kpl_trainer_input_shape(t);
-    size_t per = (size_t)(chw[0] * chw[1] * chw[2]);
-    if (!s->shown && !(s->shown = malloc(2 * SHOWN * per * sizeof *s->shown)))
-        return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    (void)t;
+    const int64_t *shape = kpl_tensor_shape(b->image); /* (N, C, H, W) */
+    if (kpl_tensor_numel(rec) != kpl_tensor_numel(b->image))
+        return kpl_set_error(KPL_EINVAL, "autoencoder: the reconstruction has %lld values for "
+                             "%lld input values", (long long)kpl_tensor_numel(rec),
+                             (long long)kpl_tensor_numel(b->image));
+    size_t per = (size_t)(shape[1] * shape[2] * shape[3]);
+    if (!s->shown || memcmp(s->chw, shape + 1, sizeof s->chw)) {
+        free(s->shown);
+        if (!(s->shown = malloc(2 * SHOWN * per * sizeof *s->shown)))
+            return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+        memcpy(s->chw, shape + 1, sizeof s->chw);
+    }
     const float *x = kpl_tensor_host_data(b->image), *y = kpl_tensor_host_data(rec);
     if (!x || !y) return kpl_last_status();
     s->nshown = b->size < SHOWN ? (int)b->size : SHOWN;
@@ -175,6 +185,7 @@ static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
         if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat of another rank's */
         for (int64_t k = 0; k < per; k++) s->sum += e[i * per + k];
         s->count += (double)per;
+        s->examples++;
     }
     return KPL_OK;
 }
@@ -182,12 +193,11 @@ static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
 static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 {
     ae_state *s = state;
-    double v[2] = {s->sum, s->count};
-    kpl_status st = kpl_trainer_sum(t, v, 2);
+    double v[3] = {s->sum, s->count, s->examples};
+    kpl_status st = kpl_trainer_sum(t, v, 3);
     if (st < 0) return st;
-    const int64_t *chw = kpl_trainer_input_shape(t);
     double mse = v[1] > 0 ? v[0] / v[1] : NAN;
-    res->examples = (int64_t)(v[1] / (double)(chw[0] * chw[1] * chw[2]));
+    res->examples = (int64_t)v[2];
     res->nonfinite = isfinite(mse) ? 0 : res->examples;
     st = kpl_figures_set(&res->metrics, "mse", mse);
     if (st < 0) return st;
@@ -198,8 +208,8 @@ static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 static kpl_status ae_images(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step)
 {
     ae_state *s = state;
-    const int64_t *chw = kpl_trainer_input_shape(t);
-    int c = (int)chw[0], h = (int)chw[1], w = (int)chw[2], n = s->nshown;
+    (void)t;
+    int c = (int)s->chw[0], h = (int)s->chw[1], w = (int)s->chw[2], n = s->nshown;
     if (n == 0) return KPL_OK;
     uint8_t *grid = malloc((size_t)(2 * h) * (size_t)(n * w) * (size_t)c);
     if (!grid) return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
