@@ -88,7 +88,7 @@ static void say_start(kpl_trainer *t)
                   (long long)t->steps_per_epoch, t->run_dir);
     if (!t->resume_path[0]) return;
     kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
-                  (long long)t->step, (long long)t->epoch + 1);
+                  (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
     kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s}", "event", "resume", "step",
                                    (json_int_t)t->step, "from", t->resume_path));
 }

@@ -419,8 +419,9 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
         if (st >= 0) st = KPL_EINVAL;
     }
     out->n = 0;
-    /* The leaf that failed says who it is; its ancestors pass it on. */
-    if (m->nchildren == 0) {
+    /* The module whose own op failed says who it is (a leaf, or a parent
+     * combining its children's outputs); its ancestors pass it on. */
+    if (strncmp(kpl_last_error(), "module ", 7) != 0) {
         path_of(m, path, sizeof path);
         if (!kpl_last_error()[0]) return KPL_ERROR(st, "module %s (%s): its forward gave no output",
                                                    path, m->kind->name);

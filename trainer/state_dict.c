@@ -43,6 +43,7 @@ void kpl_state_report_clear(kpl_state_report *r)
     if (!r) return;
     free(r->missing);
     free(r->unexpected);
+    free(r->mismatched);
     memset(r, 0, sizeof *r);
 }
 
@@ -55,7 +56,9 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
     char name[NAME_LEN];
     if (!prefix) prefix = "";
     size_t plen = strlen(prefix);
-    kpl_status st = KPL_OK;
+    kpl_status st = KPL_OK, first = KPL_OK;
+    char first_msg[512] = "";
+    size_t xlen = 0;
     /* every tensor of the model: copied when the checkpoint has it */
     for (int b = 0; b < 2; b++) {
         int n = b ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
@@ -66,8 +69,16 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
                 list_add(&r.missing, &mlen, r.nmissing++, own);
                 continue;
             }
-            KPL_TRY_GOTO(kpl__checkpoint_check(c, name,
-                                               (b ? kpl_module_buffers(m) : kpl_module_params(m))[i]));
+            kpl_status cs = kpl__checkpoint_check(c, name,
+                                                  (b ? kpl_module_buffers(m) : kpl_module_params(m))[i]);
+            if (cs < 0) { /* every mismatch is listed; the first one's message is the error */
+                if (first == KPL_OK) {
+                    first = cs;
+                    snprintf(first_msg, sizeof first_msg, "%s", kpl_last_error());
+                }
+                list_add(&r.mismatched, &xlen, r.nmismatched++, own);
+                continue;
+            }
             r.nloaded++;
         }
     }
@@ -80,6 +91,13 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
         for (int k = 0; k < kpl_module_num_buffers(m) && !buf; k++)
             buf = !strcmp(kpl_module_buffer_name(m, k), cn + plen);
         if (!buf) list_add(&r.unexpected, &ulen, r.nunexpected++, cn + plen);
+    }
+    if (r.nmismatched) {
+        st = r.nmismatched == 1
+                 ? KPL_ERROR(first, "%s", first_msg)
+                 : KPL_ERROR(first, "%s; %d tensors differ in all (%s%s)", first_msg, r.nmismatched,
+                             r.mismatched ? r.mismatched : "", r.nmismatched > 20 ? ", ..." : "");
+        goto fail;
     }
     if (strict && (r.nmissing || r.nunexpected)) {
         st = KPL_ERROR(KPL_ENOTFOUND,
@@ -103,6 +121,9 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
     else kpl_state_report_clear(&r);
     return KPL_OK;
 fail:
-    kpl_state_report_clear(&r);
+    /* the report says what did not match, also when that is the error */
+    r.nloaded = 0;
+    if (report) *report = r;
+    else kpl_state_report_clear(&r);
     return st;
 }

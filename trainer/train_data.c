@@ -222,27 +222,35 @@ kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw)
 {
     const kpl_recipe_split *s = &r->data.train;
     const kpl_transform_config *t = &s->loader.transform;
-    chw[0] = r->model.in_channels ? r->model.in_channels : t->channels;
-    if (r->model.in_h) {
-        chw[1] = r->model.in_h, chw[2] = r->model.in_w;
-        return KPL_OK;
+    /* the data's size: the train transform's, else the stored one */
+    int64_t h = t->out_h, w = t->out_w;
+    const char *from = "data.train.transform.size";
+    char path[PATH_MAX] = "";
+    if (!h) {
+        kpl__data_split_path(r, s, path, sizeof path);
+        kpl_dataset *ds = NULL;
+        KPL_TRY(kpl_dataset_open(path, &ds));
+        int f = kpl_dataset_find_feature(ds, s->image_feature);
+        const kpl_feature_spec *spec = f >= 0 ? kpl_dataset_feature(ds, f) : NULL;
+        if (spec && spec->ndim == 3) h = spec->shape[0], w = spec->shape[1];
+        kpl_dataset_close(ds);
+        from = path;
     }
-    if (t->out_h) {
-        chw[1] = t->out_h, chw[2] = t->out_w;
-        return KPL_OK;
-    }
-    char path[PATH_MAX];
-    kpl__data_split_path(r, s, path, sizeof path);
-    kpl_dataset *ds = NULL;
-    KPL_TRY(kpl_dataset_open(path, &ds));
-    int f = kpl_dataset_find_feature(ds, s->image_feature);
-    const kpl_feature_spec *spec = f >= 0 ? kpl_dataset_feature(ds, f) : NULL;
-    bool fixed = spec && spec->ndim == 3;
-    if (fixed) chw[1] = spec->shape[0], chw[2] = spec->shape[1];
-    kpl_dataset_close(ds);
-    KPL_CHECK(fixed, KPL_EINVAL,
-              "%s: images of feature '%s' have no fixed size; set "
-              "data.train.transform.size (or model.input_size)",
-              path, s->image_feature);
+    KPL_CHECK(h || r->model.in_h, KPL_EINVAL,
+              "%s: images of feature '%s' have no fixed size; set data.train.transform.size "
+              "(or model.input_size)", path, s->image_feature);
+    /* model.input_size and in_channels say what the model expects: the
+     * data must agree where it has a size of its own */
+    KPL_CHECK(!r->model.in_h || !h || (r->model.in_h == h && r->model.in_w == w), KPL_EINVAL,
+              "model.input_size is [%d, %d] but the training images are %lldx%lld (%s): leave "
+              "model.input_size out, or resize the data to it with data.train.transform.size",
+              (int)r->model.in_h, (int)r->model.in_w, (long long)h, (long long)w, from);
+    KPL_CHECK(!r->model.in_channels || r->model.in_channels == t->channels, KPL_EINVAL,
+              "model.in_channels is %d but data.train.transform.channels is %d: leave "
+              "model.in_channels out, or make them agree", (int)r->model.in_channels,
+              (int)t->channels);
+    chw[0] = t->channels;
+    chw[1] = h ? h : r->model.in_h;
+    chw[2] = h ? w : r->model.in_w;
     return KPL_OK;
 }

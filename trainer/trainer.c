@@ -19,6 +19,7 @@
 #include "trainer_impl.h"
 
 #include <ctype.h>
+#include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
 #include <signal.h>
@@ -369,13 +370,30 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
     KPL_TRY(st);
     md->base_lr = oc.lr;
     if (given || !r->optimizer.ngroups) return KPL_OK;
-    int counts[KPL_RECIPE_LIST];
-    KPL_TRY(kpl_optim_set_groups(md->opt, md->pnames, r->optimizer.ngroups, r->optimizer.groups,
-                                 counts));
-    for (int g = 0; g < r->optimizer.ngroups && t->rank == 0; g++)
+    /* a group of frozen parameters only changes nothing: said, and left
+     * out (the optimizer never sees frozen parameters) */
+    kpl_param_group groups[KPL_RECIPE_LIST];
+    int ng = 0, counts[KPL_RECIPE_LIST];
+    for (int g = 0; g < r->optimizer.ngroups; g++) {
+        const char *pat = r->optimizer.groups[g].params;
+        int trained = 0, frozen = 0;
+        for (int i = 0; i < md->np; i++) trained += !fnmatch(pat, md->pnames[i], 0);
+        for (int i = 0; i < md->nall && !trained; i++)
+            frozen += !kpl_requires_grad(kpl_module_params(md->m)[i]) &&
+                      !fnmatch(pat, kpl_module_param_name(md->m, i), 0);
+        if (!trained && frozen) {
+            if (t->rank == 0)
+                kpl__log_warn(&t->log, "optimizer group %d ('%s') matches only frozen parameters "
+                              "(%d): it changes nothing", g + 1, pat, frozen);
+            continue;
+        }
+        groups[ng++] = r->optimizer.groups[g];
+    }
+    KPL_TRY(kpl_optim_set_groups(md->opt, (const char *const *)md->pnames, ng, groups, counts));
+    for (int g = 0; g < ng && t->rank == 0; g++)
         kpl__log_info(&t->log, "optimizer group '%s': %d parameters, lr x %g, weight decay x %g",
-                      r->optimizer.groups[g].params, counts[g], r->optimizer.groups[g].lr_mult,
-                      r->optimizer.groups[g].weight_decay_mult);
+                      groups[g].params, counts[g], groups[g].lr_mult,
+                      groups[g].weight_decay_mult);
     return KPL_OK;
 }
 
@@ -385,6 +403,7 @@ static void model_free(kpl__model *md)
     kpl_optim_destroy(md->opt);
     kpl_module_destroy(md->m);
     free(md->params);
+    for (int i = 0; md->pnames && i < md->np; i++) free(md->pnames[i]);
     free(md->pnames);
     memset(md, 0, sizeof *md);
 }
@@ -394,12 +413,14 @@ kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *l
 {
     kpl_status st = KPL_OK;
     if (!t->building || t->nmodels == KPL__MAX_MODELS || !m || !name || !*name ||
-        strlen(name) >= sizeof t->models[0].name || strchr(name, '.')) {
+        strlen(name) >= sizeof t->models[0].name || strchr(name, '.') || !strcmp(name, "optim")) {
         st = KPL_ERROR(KPL_EINVAL, "kpl_trainer_add_model('%s'): %s", name ? name : "",
                        !t->building ? "only while the task is created"
                        : !m ? "no module"
                        : t->nmodels == KPL__MAX_MODELS ? "too many models"
-                                                        : "a name of 1 to 63 bytes without dots");
+                       : !strcmp(name, "optim")
+                           ? "the name 'optim' is taken (checkpoints keep optimizer state under it)"
+                           : "a name of 1 to 63 bytes without dots");
         kpl_module_destroy(m);
         return st;
     }
@@ -415,6 +436,7 @@ kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *l
     snprintf(md->name, sizeof md->name, "%s", name);
     snprintf(md->label, sizeof md->label, "%s", label && *label ? label : name);
     int n = kpl_module_num_params(m);
+    md->nall = n;
     md->params = calloc((size_t)(n ? n : 1), sizeof *md->params);
     md->pnames = calloc((size_t)(n ? n : 1), sizeof *md->pnames);
     if (!md->params || !md->pnames) {
@@ -423,8 +445,11 @@ kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *l
     }
     for (int i = 0; i < n; i++)
         if (kpl_requires_grad(kpl_module_params(m)[i])) {
-            md->params[md->np] = kpl_module_params(m)[i];
-            md->pnames[md->np++] = kpl_module_param_name(m, i);
+            if (!(md->pnames[md->np] = strdup(kpl_module_param_name(m, i)))) {
+                st = KPL_ERROR(KPL_ENOMEM, "out of memory");
+                goto fail;
+            }
+            md->params[md->np++] = kpl_module_params(m)[i];
         }
     /* Every rank initialises from the seed; DDP then broadcasts rank 0's
      * values anyway.  Dropout masks differ per rank: their generator is
@@ -493,6 +518,12 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     KPL_CHECK(t->batch, KPL_ESTATE, "kpl_trainer_backward: only inside a task's train_batch");
     if (!loss) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
     kpl__model *md = &t->models[model];
+    /* the optimizer and DDP hold the parameters there were when the model
+     * was added: a later one would never train (nor be reduced) */
+    KPL_CHECK(kpl_module_num_params(md->m) == md->nall, KPL_ESTATE,
+              "model '%s' has %d parameters, %d when it was added to the trainer: create every "
+              "parameter before kpl_trainer_add_model (buffers may come later)", md->name,
+              kpl_module_num_params(md->m), md->nall);
     const kpl_batch *b = t->batch;
     kpl__watched w = {loss, t->step + 1, t->epoch + 1, b->position, b->position + b->size - 1};
     if (value || t->r->loss.nonfinite == KPL_NONFINITE_SKIP) {
@@ -857,9 +888,16 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     kpl_checkpoint_destroy(t->resume);
     t->resume = NULL;
     KPL_TRY(make_ddp(t));
-    int64_t ep = 0;
-    kpl_loader_position(t->train, &ep, NULL);
+    int64_t ep = 0, pos = 0;
+    kpl_loader_position(t->train, &ep, &pos);
     t->epoch = ep;
+    if (ep > 0 && pos == 0 && t->step > 0) {
+        /* resumed where an epoch ended: the last step was that epoch's, as
+         * in a run that went on (the next step starts the next one) */
+        t->epoch = ep - 1;
+        t->epoch_step = t->steps_per_epoch;
+        t->epoch_ended = true;
+    }
     return KPL_OK;
 }
 
@@ -893,7 +931,8 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl_trainer *t = calloc(1, sizeof *t);
     KPL_CHECK(t, KPL_ENOMEM, "out of memory");
     if (!handler_installed()) stop_signal = 0; /* a new run: no stop asked yet */
-    t->r = r;
+    t->recipe = *r;
+    t->r = &t->recipe;
     t->task = task;
     t->best = NAN;
     t->t_start = kpl_seconds();

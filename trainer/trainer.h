@@ -594,8 +594,11 @@ const int64_t *kpl_trainer_input_shape(const kpl_trainer *t);
 /* Adds a model: the trainer owns `m` from here on (also on failure), and
  * gives it an optimizer (oc, or NULL for the recipe's optimizer section
  * with its groups), a DDP and a place in checkpoints ("<name>.<tensor>";
- * the first model is "model").  label names it in the log ("resnet50").
- * *index (may be NULL) receives its number.  Only inside create. */
+ * the first model is "model"; "optim" is taken by optimizer state).
+ * label names it in the log ("resnet50").  *index (may be NULL) receives
+ * its number.  Only inside create.  Every parameter must exist by then
+ * (the optimizer and DDP take them now; a later one is an error at the
+ * next backward); buffers may be added later. */
 kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *label,
                                  kpl_module *m, const kpl_optim_config *oc, int *index);
 int kpl_trainer_num_models(const kpl_trainer *t);
@@ -643,7 +646,7 @@ typedef struct {
  * *out owned by the caller.  Collective.  A failure is also reported as a
  * run reports it (stderr and this rank's log) and ends the job on every
  * rank; *out is then NULL.  KPL_EINVAL when the recipe's `task` is not
- * the task's name. */
+ * the task's name.  The trainer keeps its own copy of *r. */
 kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
                               const kpl_trainer_options *o, kpl_trainer **out);
 /* Ends the job on every rank when one fails (the others wait in a
@@ -654,8 +657,10 @@ void kpl_trainer_destroy(kpl_trainer *t);
 kpl_status kpl_trainer_step(kpl_trainer *t, bool *epoch_done);
 /* The task's evaluation on the validation split.  Collective. */
 kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res);
-/* A checkpoint of everything a resume needs; *path (len bytes) receives
- * the file.  Collective; rank 0 writes. */
+/* A checkpoint of everything a resume needs; path (len bytes; may be
+ * NULL) receives the file on rank 0, "" on the others.  A buffer too
+ * small for the name is an error before anything is written.
+ * Collective; rank 0 writes. */
 kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t len);
 /* The models' weights from a checkpoint (every tensor must match). */
 kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
@@ -681,20 +686,22 @@ int64_t kpl_trainer_epoch(const kpl_trainer *t);
  *   kpl_state_report_clear(&rep);
  */
 typedef struct {
-    int nloaded, nmissing, nunexpected;
+    int nloaded, nmissing, nunexpected, nmismatched;
     char *missing;    /* the first 20 model names the checkpoint lacks, ", "-joined (malloc'd) */
     char *unexpected; /* the first 20 checkpoint names under prefix the model lacks */
+    char *mismatched; /* the first 20 model names whose shape or dtype differs in c */
 } kpl_state_report;
 
 /* Adds every parameter and buffer under m as prefix + dotted name (read
  * at save time). */
 kpl_status kpl_module_state_save(kpl_module *m, kpl_checkpoint *c, const char *prefix);
 /* Copies every tensor of m that c has (prefix + dotted name); a dtype or
- * shape that differs is an error naming both, and any error leaves m as
- * it was (everything is checked before anything is copied).  strict: a tensor of m
- * missing from c, or a tensor of c under prefix that m lacks, is
- * KPL_ENOTFOUND listing them.  report (may be NULL) receives the counts
- * and names (free with kpl_state_report_clear). */
+ * shape that differs is an error naming both (and listing every tensor
+ * that differs), and any error leaves m as it was (everything is checked
+ * before anything is copied).  strict: a tensor of m missing from c, or a
+ * tensor of c under prefix that m lacks, is KPL_ENOTFOUND listing them.
+ * report (may be NULL) receives the counts and names, on success and on
+ * failure alike (nloaded 0 then); free it with kpl_state_report_clear. */
 kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const char *prefix,
                                  bool strict, kpl_state_report *report);
 void kpl_state_report_clear(kpl_state_report *r);

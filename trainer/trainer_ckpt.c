@@ -278,6 +278,11 @@ static kpl_status save(kpl_trainer *t, const char *why, char *path, size_t len)
 {
     KPL_TRY(kpl__trainer_check_losses(t)); /* no checkpoint of a step whose loss was NaN */
     KPL_CHECK(t->train, KPL_ESTATE, "kpl_trainer_save: an evaluation-only trainer has no run");
+    char file[sizeof t->ckpt_dir + 32];
+    kpl__checkpoint_path(t->ckpt_dir, t->step, file, sizeof file);
+    KPL_CHECK(!path || strlen(file) < len, KPL_EINVAL,
+              "kpl_trainer_save: the path buffer (%zu bytes) cannot hold %s", len, file);
+    if (path) path[0] = '\0'; /* the other ranks write nothing */
     int64_t *rngs = calloc((size_t)(2 * t->nmodels * t->world), sizeof *rngs);
     KPL_CHECK(rngs, KPL_ENOMEM, "out of memory");
     kpl_status st = gather_rngs(t, rngs);
@@ -313,14 +318,14 @@ static kpl_status save(kpl_trainer *t, const char *why, char *path, size_t len)
         goto fail;
     }
     KPL_TRY_GOTO(kpl_checkpoint_set_meta(c, meta));
-    kpl__checkpoint_path(t->ckpt_dir, t->step, path, len);
-    KPL_TRY_GOTO(kpl_checkpoint_save(c, path));
+    KPL_TRY_GOTO(kpl_checkpoint_save(c, file));
+    if (path) snprintf(path, len, "%s", file);
     double secs = kpl_seconds() - t0;
     struct stat sb;
-    double mb = stat(path, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
-    kpl__log_info(&t->log, "checkpoint %s (%s, %.1f MB, %.2f s)", path, why, mb, secs);
+    double mb = stat(file, &sb) == 0 ? (double)sb.st_size / 1e6 : 0;
+    kpl__log_info(&t->log, "checkpoint %s (%s, %.1f MB, %.2f s)", file, why, mb, secs);
     kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s, s:s, s:f, s:f}", "event", "checkpoint",
-                                   "step", (json_int_t)t->step, "why", why, "path", path, "mb", mb,
+                                   "step", (json_int_t)t->step, "why", why, "path", file, "mb", mb,
                                    "seconds", secs));
     KPL_TRY_GOTO(rotate(t));
     KPL_TRY_GOTO(kpl__trainer_clean_checkpoints(t));

@@ -328,6 +328,19 @@ static void test_module_with_several_outputs(void **state)
     kpl_module_destroy(m);
 }
 
+/* a + b of its two children's outputs */
+static kpl_status sum_of_two_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    kpl_tensor *a = kpl_module_forward(kpl_module_child(m, 0), in->t[0]);
+    kpl_tensor *b = kpl_module_forward(kpl_module_child(m, 1), in->t[0]);
+    out->n = 1;
+    out->t[0] = kpl_add(a, b);
+    return out->t[0] ? KPL_OK : kpl_last_status();
+}
+
+static const kpl_module_kind sum_of_two = {"sum_of_two", sum_of_two_forward, NULL};
+
 static void test_errors_name_the_module(void **state)
 {
     (void)state;
@@ -341,6 +354,23 @@ static void test_errors_name_the_module(void **state)
     kpl_tensor *x = NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, xs, 1));
     assert_null(kpl_module_forward(net, x));
     assert_non_null(strstr(kpl_last_error(), "module stage.conv (conv2d): "));
+    assert_null(strstr(kpl_last_error(), "module stage (")); /* named once, by the leaf */
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+    /* a module whose own op fails (it combines its children's outputs) is
+     * named too: it is not a leaf */
+    OK(kpl_module_create_root(NULL, 1, &sum_of_two, NULL, &net));
+    OK(kpl_nn_linear(net, "a", 3, 2, true, NULL));
+    OK(kpl_nn_linear(net, "b", 3, 5, true, NULL));
+    p = NN(kpl_pool_push());
+    x = NN(kpl_full(kpl_device_cpu(), KPL_F32, 2, (int64_t[]){4, 3}, 1));
+    assert_null(kpl_module_forward(net, x));
+    assert_non_null(strstr(kpl_last_error(), "module (root) (sum_of_two): add: "));
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+    OK(kpl_nn_sequential_root(NULL, 1, &net));
+    OK(kpl_nn_sequential(net, "stage", &stage));
+    p = NN(kpl_pool_push());
     FAILS(kpl_nn_conv2d(stage, "bad", &(kpl_nn_conv){KPL_NN_CONV_INIT(3, 4, 3), .groups = 2}, NULL),
           KPL_EINVAL, "multiples of groups 2");
     FAILS(kpl_nn_dropout(net, "d", 1.0, NULL), KPL_EINVAL, "p 1 not in [0, 1)");
@@ -395,6 +425,22 @@ static void test_partial_state_dict(void **state)
     OK(kpl_zoo_create(&c, NULL, 1, &wide));
     FAILS(kpl_module_state_load(wide, ck, "model.", false, NULL), KPL_ESHAPE,
           "'model.conv1.weight' has shape (8,3,3,3), the model's has (16,3,3,3)");
+    /* ... and every tensor that differs is listed, in the message and the
+     * report, which a failed load fills too (strict or not) */
+    memset(&rep, 0x5a, sizeof rep); /* what a caller's stack holds */
+    FAILS(kpl_module_state_load(wide, ck, "model.", true, &rep), KPL_ESHAPE,
+          "; 100 tensors differ in all (conv1.weight, bn1.weight, bn1.bias, layer1.0.conv1.weight");
+    assert_int_equal(rep.nloaded, 0);
+    /* every tensor of the (headless) wide backbone: 60 parameters, 40
+     * batch-norm buffers; the report names the first 20 */
+    assert_int_equal(rep.nmismatched, 100);
+    assert_int_equal(rep.nmissing, 0);
+    assert_int_equal(rep.nunexpected, 2); /* the classifier's head */
+    int names = 1;
+    for (const char *q = rep.mismatched; *q; q++) names += *q == ',';
+    assert_int_equal(names, 20);
+    kpl_state_report_clear(&rep);
+    assert_null(rep.mismatched);
     kpl_module_destroy(wide);
     kpl_checkpoint_destroy(ck);
     kpl_module_destroy(det);

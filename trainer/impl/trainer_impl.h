@@ -114,8 +114,10 @@ typedef struct {
     char name[64], label[64];
     kpl_module *m;
     int np;                 /* the parameters that train (require grad) */
+    int nall;               /* all of m's parameters when it was added */
     kpl_tensor **params;    /* np, borrowed from m */
-    const char **pnames;    /* their dotted names, borrowed from m */
+    char **pnames;          /* their dotted names (copies: m's list is rebuilt
+                               when a tensor is added under it) */
     kpl_optim *opt;
     kpl_ddp *ddp;
     double base_lr;  /* the optimizer's lr before the schedule */
@@ -142,7 +144,8 @@ typedef struct {
 } kpl__watched;
 
 struct kpl_trainer {
-    const kpl_recipe *r;
+    const kpl_recipe *r; /* &recipe */
+    kpl_recipe recipe;   /* the caller's, copied: theirs may go */
     const kpl_task_kind *task;
     void *task_state;
     kpl__runlog log;

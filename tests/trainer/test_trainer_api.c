@@ -1,0 +1,460 @@
+/* test_trainer_api.c — kpl_trainer used as a program outside kpl uses it,
+ * at the edges its own tasks do not reach: a tensor added to a model after
+ * the trainer took it, the caller's recipe gone after create, a small path
+ * buffer for a checkpoint, a model named like the optimizer's state,
+ * model.input_size against the data, an optimizer group of frozen
+ * parameters only, the epoch count after resuming where an epoch ended.
+ *
+ * The task: regression of an 8x8 image's mean brightness by a module with
+ * an own parameter ("shift") beside a child ("body": flatten, linear). */
+#define _XOPEN_SOURCE 700
+#include "kpl_test.h"
+#include "trainer.h"
+
+#include <ftw.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define S 8
+#define NTRAIN 96 /* 6 steps of 16 an epoch */
+#define NVAL 32
+
+static char g_dir[64];
+
+static void write_split(const char *dir, uint64_t seed, int64_t n)
+{
+    kpl_feature_spec schema[1] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {S, S, 1}},
+    };
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 1, schema, &wc, &w));
+    uint64_t s = seed;
+    for (int64_t e = 0; e < n; e++) {
+        uint8_t img[S * S];
+        for (int k = 0; k < S * S; k++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            img[k] = (uint8_t)(s >> 56);
+        }
+        kpl_feature_value v[1] = {{img, S * S}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+}
+
+/* ---- the model: body(x) + shift ---- */
+
+/* A one-element f32 tensor the caller owns. */
+static kpl_status scalar(kpl_device *dev, float v, kpl_tensor **out)
+{
+    int64_t one = 1;
+    return kpl_tensor_from_data(dev, KPL_F32, 1, &one, &v, out);
+}
+
+static kpl_status reg_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    kpl_tensor *y = kpl_module_forward(kpl_module_find(m, "body"), in->t[0]);
+    y = kpl_add(y, kpl_module_get_param(m, "shift"));
+    if (!y) return kpl_last_status();
+    out->n = 1;
+    out->t[0] = y;
+    return KPL_OK;
+}
+
+static const kpl_module_kind reg_kind = {"reg", reg_forward, NULL};
+
+static kpl_status build(kpl_device *dev, uint64_t seed, kpl_module **out)
+{
+    kpl_module *m = NULL, *body = NULL;
+    kpl_status st = kpl_module_create_root(dev, seed, &reg_kind, NULL, &m);
+    if (st < 0) return st;
+    *out = m;
+    kpl_tensor *shift = NULL;
+    if ((st = scalar(dev, 0, &shift)) < 0 || (st = kpl_module_add_param(m, "shift", shift)) < 0 ||
+        (st = kpl_nn_sequential(m, "body", &body)) < 0 ||
+        (st = kpl_nn_flatten(body, "flatten", NULL)) < 0 ||
+        (st = kpl_nn_linear(body, "fc", S * S, 1, true, NULL)) < 0)
+        return st;
+    return KPL_OK;
+}
+
+/* ---- the task ---- */
+
+static enum { PLAIN, LATE_BUFFER, LATE_PARAM, NAMED_OPTIM, FROZEN_BODY } g_mode;
+
+typedef struct {
+    double se, n;
+    int batches;
+} reg_state;
+
+static void reg_data(const kpl_recipe *r, bool train, kpl_loader_config *c)
+{
+    (void)r, (void)train;
+    c->transform.label_feature = NULL;
+}
+
+static kpl_status reg_create(kpl_trainer *t, void **state)
+{
+    if (!(*state = calloc(1, sizeof(reg_state)))) return kpl_set_error(KPL_ENOMEM, "out of memory");
+    kpl_module *m = NULL;
+    kpl_status st = build(kpl_trainer_device(t), (uint64_t)kpl_trainer_recipe(t)->seed, &m);
+    if (st >= 0 && g_mode == FROZEN_BODY) st = kpl_module_freeze(kpl_module_find(m, "body"));
+    if (st < 0) {
+        kpl_module_destroy(m);
+        return st;
+    }
+    return kpl_trainer_add_model(t, g_mode == NAMED_OPTIM ? "optim" : "model", "reg", m, NULL,
+                                 NULL);
+}
+
+static void reg_destroy(void *state) { free(state); }
+
+/* (prediction, target): the image's mean brightness, both (N, 1) */
+static kpl_status predict(kpl_trainer *t, const kpl_batch *b, kpl_tensor **y, kpl_tensor **want)
+{
+    int axes[3] = {1, 2, 3};
+    *y = kpl_module_forward(kpl_trainer_model(t, 0), b->image);
+    *want = kpl_reshape(kpl_mean(b->image, axes, 3, false), 2, (int64_t[]){b->size, 1});
+    return *y && *want ? KPL_OK : kpl_last_status();
+}
+
+static kpl_status reg_train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    reg_state *s = state;
+    kpl_module *m = kpl_trainer_model(t, 0);
+    kpl_status st = KPL_OK;
+    kpl_tensor *late = NULL;
+    /* a tensor added after kpl_trainer_add_model, on the first batch */
+    if (s->batches++ == 0 && g_mode == LATE_BUFFER &&
+        (st = scalar(kpl_trainer_device(t), 7, &late)) >= 0)
+        st = kpl_module_add_buffer(kpl_module_find(m, "body"), "seen", late);
+    if (s->batches == 1 && g_mode == LATE_PARAM &&
+        (st = scalar(kpl_trainer_device(t), 0, &late)) >= 0)
+        st = kpl_module_add_param(m, "late", late);
+    if (st < 0) return st;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_tensor *y, *want, *loss = NULL;
+    st = predict(t, b, &y, &want);
+    if (st >= 0 && !(loss = kpl_mse_loss(y, want, KPL_REDUCE_MEAN))) st = kpl_last_status();
+    if (loss) kpl_tensor_retain(loss);
+    kpl_pool_pop(pool);
+    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, NULL);
+    kpl_tensor_release(loss);
+    return st;
+}
+
+static kpl_status reg_eval_begin(kpl_trainer *t, void *state)
+{
+    (void)t;
+    reg_state *s = state;
+    s->se = s->n = 0;
+    return KPL_OK;
+}
+
+static kpl_status reg_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    reg_state *s = state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_tensor *y, *want;
+    kpl_status st = predict(t, b, &y, &want);
+    for (int64_t i = 0; st >= 0 && i < b->size; i++) {
+        double a = 0, c = 0;
+        if ((st = kpl_tensor_get(y, i, &a)) >= 0 && (st = kpl_tensor_get(want, i, &c)) >= 0 &&
+            kpl_trainer_eval_counts(t, b, i))
+            s->se += (a - c) * (a - c), s->n++;
+    }
+    kpl_pool_pop(pool);
+    return st;
+}
+
+static kpl_status reg_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
+{
+    reg_state *s = state;
+    double v[2] = {s->se, s->n};
+    kpl_status st = kpl_trainer_sum(t, v, 2);
+    if (st < 0) return st;
+    res->examples = (int64_t)v[1];
+    return kpl_figures_set(&res->metrics, "mse", v[1] > 0 ? v[0] / v[1] : NAN);
+}
+
+static const kpl_task_kind reg_task = {
+    .name = "regression", .best_metric = "mse", .best_higher = false,
+    .create = reg_create, .destroy = reg_destroy, .train_batch = reg_train_batch,
+    .eval_begin = reg_eval_begin, .eval_batch = reg_eval_batch, .eval_end = reg_eval_end,
+    .data = reg_data,
+};
+
+/* ---- helpers ---- */
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+static int setup(void **state)
+{
+    (void)state;
+    snprintf(g_dir, sizeof g_dir, "/tmp/kpl-api-XXXXXX");
+    assert_non_null(mkdtemp(g_dir));
+    char path[128];
+    snprintf(path, sizeof path, "%s/train", g_dir);
+    write_split(path, 1, NTRAIN);
+    snprintf(path, sizeof path, "%s/val", g_dir);
+    write_split(path, 2, NVAL);
+    return 0;
+}
+
+static int teardown(void **state)
+{
+    (void)state;
+    nftw(g_dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    return 0;
+}
+
+/* A recipe for run directory `run` under g_dir, with an override. */
+static kpl_recipe *recipe(const char *run, const char *override)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "name: api\ntask: regression\nseed: 5\nepochs: 2\nthreads: 1\n"
+             "deterministic: true\nrun_dir: %s/%s\n"
+             "data:\n  root: %s\n"
+             "  train: {path: train, batch_size: 16, shuffle: example,\n"
+             "          transform: {channels: 1}}\n"
+             "  val: {path: val, batch_size: 16, transform: {channels: 1}}\n"
+             "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
+             "log: {every_steps: 100, progress: never, tensorboard: false}\n",
+             g_dir, run, g_dir);
+    kpl_recipe *r = malloc(sizeof *r);
+    assert_non_null(r);
+    OK(kpl_recipe_load_string(yaml, "api", override ? 1 : 0, &override, r));
+    return r;
+}
+
+static kpl_trainer *create(const kpl_recipe *r, const char *resume)
+{
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.resume = resume;
+    kpl_trainer *t = NULL;
+    OK(kpl_trainer_create(r, &reg_task, &o, &t));
+    return t;
+}
+
+static bool exists(const char *path)
+{
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+/* ---- the tests ---- */
+
+/* A buffer added under the model after the trainer took it: steps and
+ * saves (the trainer's parameter names are its own, not the module's
+ * list, which the addition rebuilds), and the checkpoint holds it. */
+static void test_late_buffer(void **state)
+{
+    (void)state;
+    g_mode = LATE_BUFFER;
+    kpl_recipe *r = recipe("late_buffer", NULL);
+    kpl_trainer *t = create(r, NULL);
+    bool done = false;
+    OK(kpl_trainer_step(t, &done));
+    OK(kpl_trainer_step(t, &done));
+    char path[512];
+    OK(kpl_trainer_save(t, "test", path, sizeof path));
+    kpl_checkpoint *c = NULL;
+    OK(kpl_checkpoint_load(path, &c));
+    kpl_tensor *seen = kpl_checkpoint_find(c, "model.body.seen");
+    assert_non_null(seen);
+    double v = 0;
+    OK(kpl_tensor_get(seen, 0, &v));
+    assert_float_equal(v, 7, 0);
+    /* the optimizer's momentum under the model's parameter names */
+    assert_non_null(kpl_checkpoint_find(c, "optim.model.shift.momentum_buffer"));
+    assert_non_null(kpl_checkpoint_find(c, "optim.model.body.fc.weight.momentum_buffer"));
+    kpl_checkpoint_destroy(c);
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+/* A parameter added after kpl_trainer_add_model would never train: the
+ * next backward says so. */
+static void test_late_param(void **state)
+{
+    (void)state;
+    g_mode = LATE_PARAM;
+    kpl_recipe *r = recipe("late_param", NULL);
+    kpl_trainer *t = create(r, NULL);
+    bool done = false;
+    assert_int_equal(kpl_trainer_step(t, &done), KPL_ESTATE);
+    assert_non_null(strstr(kpl_last_error(), "model 'model' has 4 parameters, 3 when it was added"));
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+/* The trainer copies the recipe: the caller's may go at once. */
+static void test_recipe_copied(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("copied", NULL);
+    kpl_trainer *t = create(r, NULL);
+    memset(r, 0xa5, sizeof *r);
+    free(r);
+    bool done = false;
+    for (int i = 0; i < 3; i++) OK(kpl_trainer_step(t, &done));
+    assert_int_equal(kpl_trainer_recipe(t)->data.train.loader.batch_size, 16);
+    assert_string_equal(kpl_trainer_recipe(t)->task, "regression");
+    OK(kpl_trainer_save(t, "test", NULL, 0));
+    kpl_eval_result e;
+    OK(kpl_trainer_evaluate(t, &e));
+    assert_int_equal(e.examples, NVAL);
+    kpl_trainer_destroy(t);
+}
+
+/* A path buffer too small for the checkpoint's name is an error before
+ * anything is written (the name was once cut short, and the file saved
+ * beside the checkpoints directory under the cut name). */
+static void test_save_path_buffer(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("small", NULL);
+    kpl_trainer *t = create(r, NULL);
+    bool done = false;
+    OK(kpl_trainer_step(t, &done));
+    char small[24], dir[256], path[512], cut[256];
+    assert_int_equal(kpl_trainer_save(t, "test", small, sizeof small), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "the path buffer (24 bytes) cannot hold"));
+    snprintf(cut, sizeof cut, "%s/small/che", g_dir);
+    assert_false(exists(cut));
+    snprintf(dir, sizeof dir, "%s/small/checkpoints/ckpt-0000000001.kpl", g_dir);
+    assert_false(exists(dir));
+    kpl_trainer_destroy(t); /* a failed save ends the run, as any failure */
+    t = create(r, NULL);
+    OK(kpl_trainer_step(t, &done));
+    OK(kpl_trainer_save(t, "test", path, sizeof path));
+    assert_string_equal(path, dir);
+    assert_true(exists(dir));
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+/* "optim." holds the optimizer's state in checkpoints: no model takes it. */
+static void test_model_named_optim(void **state)
+{
+    (void)state;
+    g_mode = NAMED_OPTIM;
+    kpl_recipe *r = recipe("optim", NULL);
+    kpl_trainer *t = NULL;
+    assert_int_equal(kpl_trainer_create(r, &reg_task, NULL, &t), KPL_EINVAL);
+    assert_null(t);
+    assert_non_null(strstr(kpl_last_error(), "the name 'optim' is taken"));
+    free(r);
+}
+
+/* model.input_size and in_channels must agree with the data. */
+static void test_input_size_checked(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("size", "model.input_size=[10, 10]");
+    kpl_trainer *t = NULL;
+    assert_int_equal(kpl_trainer_create(r, &reg_task, NULL, &t), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "model.input_size is [10, 10] but the training "
+                                             "images are 8x8"));
+    free(r);
+    r = recipe("size", "model.in_channels=3");
+    assert_int_equal(kpl_trainer_create(r, &reg_task, NULL, &t), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "model.in_channels is 3 but "
+                                             "data.train.transform.channels is 1"));
+    free(r);
+    r = recipe("size", "model={input_size: [8, 8], in_channels: 1}"); /* agreeing: fine */
+    t = create(r, NULL);
+    assert_int_equal(kpl_trainer_input_shape(t)[0], 1);
+    assert_int_equal(kpl_trainer_input_shape(t)[1], 8);
+    assert_int_equal(kpl_trainer_input_shape(t)[2], 8);
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+/* A group whose pattern matches frozen parameters only changes nothing:
+ * the run goes on (a warning says so), the frozen body stays as it was
+ * and the shift still trains at the recipe's lr. */
+static void test_group_of_frozen_parameters(void **state)
+{
+    (void)state;
+    g_mode = FROZEN_BODY;
+    kpl_recipe *r = recipe("frozen", "optimizer.groups=[{params: \"body.*\", lr_mult: 0.1}]");
+    kpl_trainer *t = create(r, NULL);
+    kpl_module *m = kpl_trainer_model(t, 0);
+    double w0 = 0, w1 = 0, s0 = 0, s1 = 0;
+    OK(kpl_tensor_get(kpl_module_get_param(kpl_module_find(m, "body.fc"), "weight"), 3, &w0));
+    OK(kpl_tensor_get(kpl_module_get_param(m, "shift"), 0, &s0));
+    bool done = false;
+    for (int i = 0; i < 4; i++) OK(kpl_trainer_step(t, &done));
+    OK(kpl_tensor_get(kpl_module_get_param(kpl_module_find(m, "body.fc"), "weight"), 3, &w1));
+    OK(kpl_tensor_get(kpl_module_get_param(m, "shift"), 0, &s1));
+    assert_true(w1 == w0);
+    assert_true(s1 != s0);
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+/* Resumed from the checkpoint of an epoch's last step, the trainer is
+ * where the uninterrupted one is: the last step was that epoch's, and the
+ * next step starts the next epoch; the losses go on the same. */
+static void test_epoch_after_resume(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("resume", NULL);
+    kpl_trainer *t = create(r, NULL);
+    bool done = false;
+    int steps = 0;
+    while (!done) {
+        OK(kpl_trainer_step(t, &done));
+        steps++;
+    }
+    assert_int_equal(steps, NTRAIN / 16);
+    assert_int_equal(kpl_trainer_epoch(t), 0);
+    char path[512];
+    OK(kpl_trainer_save(t, "test", path, sizeof path));
+    OK(kpl_trainer_step(t, &done));
+    assert_int_equal(kpl_trainer_epoch(t), 1);
+    double want = 0;
+    OK(kpl_tensor_get(kpl_module_get_param(kpl_trainer_model(t, 0), "shift"), 0, &want));
+    kpl_trainer_destroy(t);
+
+    t = create(r, path);
+    assert_int_equal(kpl_trainer_steps(t), steps);
+    assert_int_equal(kpl_trainer_epoch(t), 0);
+    OK(kpl_trainer_step(t, &done));
+    assert_false(done);
+    assert_int_equal(kpl_trainer_epoch(t), 1);
+    double got = 0;
+    OK(kpl_tensor_get(kpl_module_get_param(kpl_trainer_model(t, 0), "shift"), 0, &got));
+    assert_true(got == want);
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_late_buffer),
+        cmocka_unit_test(test_late_param),
+        cmocka_unit_test(test_recipe_copied),
+        cmocka_unit_test(test_save_path_buffer),
+        cmocka_unit_test(test_model_named_optim),
+        cmocka_unit_test(test_input_size_checked),
+        cmocka_unit_test(test_group_of_frozen_parameters),
+        cmocka_unit_test(test_epoch_after_resume),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
