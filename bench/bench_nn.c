@@ -68,7 +68,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     int64_t *yv = kpl_tensor_host_mutable(y);
     for (int64_t i = 0; i < batch; i++) yv[i] = (i * 7) % classes;
     double rss0 = maxrss_mib();
-    double *ms = calloc((size_t)steps, sizeof *ms), loss0 = NAN, loss1 = NAN;
+    double *ms = calloc((size_t)steps, sizeof *ms), loss0 = NAN, loss1 = NAN, first = NAN;
     for (int i = 0; i < warm + steps; i++) {
         double t0 = bench_now();
         kpl_pool *p = kpl_pool_push(), *fw = kpl_pool_push();
@@ -83,17 +83,17 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
         kpl_tensor_release(loss);
         kpl_pool_pop(p);
         double t = (bench_now() - t0) * 1e3;
-        if (i == 0) loss0 = v;
+        if (i == 0) loss0 = v, first = t;
         loss1 = v;
         if (i >= warm) ms[i - warm] = t;
         fprintf(stderr, "  %s step %d %.1f ms loss %.4f\n", name, i, t, v);
     }
     printf("RESULT model=%s batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
            "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
-           "alloc_peak_MiB=%.0f\n",
+           "alloc_peak_MiB=%.0f first_step_ms=%.1f\n",
            name, (long long)batch, (long long)kpl_model_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, kpl_model_flops(m, true), loss0, loss1,
-           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0);
+           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0, first);
     free(ms);
     kpl_tensor_release(x);
     kpl_tensor_release(y);
@@ -106,16 +106,16 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
 /* ---- the driver ----------------------------------------------------------------- */
 
 typedef struct {
-    double ms, rss, flops;
+    double ms, rss, flops, first; /* first: the first step, algorithm search included */
 } step_result;
 
 static void step_line(const char *line, void *ctx)
 {
     step_result *r = ctx;
     if (strncmp(line, "RESULT", 6)) return;
-    const char *keys[3] = {"ms_median=", "maxrss_MiB=", "flops_per_sample="};
-    double *vals[3] = {&r->ms, &r->rss, &r->flops};
-    for (int k = 0; k < 3; k++) {
+    const char *keys[4] = {"ms_median=", "maxrss_MiB=", "flops_per_sample=", "first_step_ms="};
+    double *vals[4] = {&r->ms, &r->rss, &r->flops, &r->first};
+    for (int k = 0; k < 4; k++) {
         const char *at = strstr(line, keys[k]);
         if (at) *vals[k] = strtod(at + strlen(keys[k]), NULL);
     }
@@ -126,8 +126,8 @@ static void step_line(const char *line, void *ctx)
 
 static step_result run_child(const char *cmd)
 {
-    step_result r = {NAN, NAN, NAN};
-    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN};
+    step_result r = {NAN, NAN, NAN, NAN};
+    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN, NAN};
     if (isnan(r.ms)) {
         fprintf(stderr, "bench_nn: no RESULT line from: %s\n", cmd);
         bench_ref_failures++;
@@ -177,7 +177,7 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const model_case *mc = &cases[c];
-        double kms[8], rms[8], krss[8], rrss[8], flops = NAN;
+        double kms[8], rms[8], krss[8], rrss[8], kfirst[8], flops = NAN;
         char cmd[4096];
         for (int r = 0; r < rounds; r++) {
             snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d", self, mc->model,
@@ -186,6 +186,7 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
             if (isnan(k.ms)) die("kpl training step (see above)");
             kms[r] = k.ms;
             krss[r] = k.rss;
+            kfirst[r] = k.first;
             flops = k.flops;
             if (!strcmp(mc->model, "lenet"))
                 snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_fmnist.py lenet 2 1", baselines);
@@ -198,7 +199,7 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
             rrss[r] = t.rss;
         }
         char n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN], n4[BENCH_NUM_LEN],
-            n5[BENCH_NUM_LEN];
+            n5[BENCH_NUM_LEN], n6[BENCH_NUM_LEN];
         double kmed = bench_median(kms, rounds), rmed = bench_median(rms, rounds);
         double kimg = 1e3 * (double)mc->batch / kmed, rimg = 1e3 * (double)mc->batch / rmed;
         double gflops = flops * kimg / 1e9, tgflops = flops * rimg / 1e9;
@@ -208,9 +209,11 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
         bench_jrange(ms_r, rms, rounds);
         bench_emit("train_step", mc->label, "img/s", 1, kimg, rimg, "torch-cpu", mc->target,
                    ",\"ms_kpl\":%s,\"ms_ref\":%s,\"gflops_kpl\":%s,\"gflops_ref\":%s,"
-                   "\"matmul_gflops\":%s,\"fraction_of_matmul\":%s,\"maxrss_mib_kpl\":%s",
+                   "\"matmul_gflops\":%s,\"fraction_of_matmul\":%s,\"maxrss_mib_kpl\":%s,"
+                   "\"first_step_ms_kpl\":%s",
                    ms_k, ms_r, bench_jnum(n1, gflops), bench_jnum(n2, tgflops),
-                   bench_jnum(n3, rate), bench_jnum(n4, gflops / rate), bench_jnum(n5, kr));
+                   bench_jnum(n3, rate), bench_jnum(n4, gflops / rate), bench_jnum(n5, kr),
+                   bench_jnum(n6, bench_median(kfirst, rounds)));
         if (!strcmp(mc->model, "resnet50"))
             bench_emit("train_peak_rss", mc->label, "MiB", 0, kr, tr, "torch-cpu", 1 / 0.8, NULL);
     }
