@@ -296,6 +296,24 @@ static double time_entry(const conv_entry *e, const kpl_conv_attrs *a,
     return t;
 }
 
+/* kpl's loops on the first images of the batch only (two per thread),
+ * scaled to the whole batch: on wide layers one run of the whole batch
+ * costs seconds, and a loop that far behind the best so far is judged by
+ * this estimate alone.  Returns 0 (no estimate) when the batch is too small
+ * for a probe to save anything. */
+static double probe_direct(const kpl_conv_attrs *a, const kpl_kernel_args *args, int threads,
+                           double best, kpl_status *st)
+{
+    int64_t m = 2 * (int64_t)threads;
+    if (best == INFINITY || a->n < 2 * m) return 0;
+    kpl_conv_attrs part = *a;
+    part.n = m;
+    busy_wait(50e-6);
+    double t0 = kpl_seconds();
+    *st = kpl__conv_direct_run(&part, args, threads);
+    return (kpl_seconds() - t0) * (double)a->n / (double)m;
+}
+
 static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_entry *out)
 {
     kpl_status st = KPL_OK;
@@ -405,7 +423,8 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
             conv_entry cand = e;
             cand.direct_threads = nt;
-            double t = time_entry(&cand, a, args, best, &st);
+            double t = probe_direct(a, args, nt, best, &st);
+            if (st >= 0 && t <= CUTOFF * best) t = time_entry(&cand, a, args, best, &st);
             if (st < 0) { /* out of memory: the candidate is skipped */
                 kpl_clear_error();
                 st = KPL_OK;
