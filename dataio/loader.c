@@ -530,8 +530,14 @@ static void child_main(kpl_loader *l, int k)
 {
     prctl(PR_SET_PDEATHSIG, SIGKILL);
     if (getppid() != l->parent) _exit(1); /* the parent died before prctl */
-    signal(SIGINT, SIG_IGN); /* Ctrl-C is the trainer's to handle */
-    signal(SIGTERM, SIG_DFL);
+    /* A stop is the trainer's to handle: Ctrl-C and the SIGTERM that
+     * schedulers (SLURM, Kubernetes, systemd, timeout) send to every
+     * process of a job reach these processes too, and must not take the
+     * data away from a trainer that is finishing its step and writing its
+     * checkpoint.  The trainer ends them (a stop flag, then SIGKILL), and
+     * PR_SET_PDEATHSIG ends them when the trainer dies. */
+    signal(SIGINT, SIG_IGN);
+    signal(SIGTERM, SIG_IGN);
     signal(SIGPIPE, SIG_DFL);
     sigset_t none;
     sigemptyset(&none);
@@ -560,8 +566,8 @@ static const char *stage_name(int k, char *buf, size_t n)
     return buf;
 }
 
-/* Stops every child: a stop flag, then SIGTERM after `grace` seconds, then
- * SIGKILL; reaps them all. */
+/* Stops every child: a stop flag, then SIGKILL after `grace` seconds (they
+ * ignore SIGTERM); reaps them all. */
 static void stop_children(kpl_loader *l, double grace)
 {
     if (!l->ctl) return;
@@ -584,13 +590,12 @@ static void stop_children(kpl_loader *l, double grace)
         }
         if (!left) break;
         double el = kpl_seconds() - t0;
-        int want = el > grace + 1.0 ? SIGKILL : el > grace ? SIGTERM : 0;
-        if (want && want != sig) {
-            sig = want;
+        if (!sig && el >= grace) {
+            sig = SIGKILL;
             for (int k = 0; k < l->nproc; k++)
                 if (l->alive[k]) kill(l->pids[k], sig);
         }
-        if (sig == SIGKILL) {
+        if (sig) {
             for (int k = 0; k < l->nproc; k++)
                 if (l->alive[k] && waitpid(l->pids[k], NULL, 0) == l->pids[k]) l->alive[k] = false;
             break;
@@ -1016,10 +1021,19 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
     l->parent = getpid();
     fflush(stdout);
     fflush(stderr);
+    /* Children are born with SIGINT and SIGTERM blocked, so that a stop
+     * sent to the whole process group between fork and child_main's
+     * SIG_IGN cannot kill one; child_main unblocks them once ignored. */
+    sigset_t stop_set, old_set;
+    sigemptyset(&stop_set);
+    sigaddset(&stop_set, SIGINT);
+    sigaddset(&stop_set, SIGTERM);
+    sigprocmask(SIG_BLOCK, &stop_set, &old_set);
     for (int k = 0; k < l->nproc; k++) {
         pid_t pid = fork();
         if (pid == 0) child_main(l, k);
         if (pid < 0) {
+            sigprocmask(SIG_SETMASK, &old_set, NULL);
             st = KPL_ERROR(KPL_EIO, "loader: fork of the %s failed: %s",
                            k ? "transformer" : "reader", strerror(errno));
             goto fail;
@@ -1027,6 +1041,7 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
         l->pids[k] = pid;
         l->alive[k] = true;
     }
+    sigprocmask(SIG_SETMASK, &old_set, NULL);
     *out = l;
     return KPL_OK;
 fail:
