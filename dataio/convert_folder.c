@@ -401,12 +401,12 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     o.writer.attributes_json = attrs;
     KPL_TRY_GOTO(kpl_record_writer_create(out_dir, 3, schema, &o.writer, &w));
     kpl__progress pr;
-    kpl__progress_init(&pr, o.label ? o.label : out_dir, o.progress);
+    kpl__progress_init(&pr, &o, out_dir);
     int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
     for (int64_t b0 = 0; b0 < nitems; b0 += BATCH) {
         int nb = (int)(nitems - b0 < BATCH ? nitems - b0 : BATCH);
         KPL_TRY_GOTO(convert_batch(root, items + b0, nb, &o, threads, batch, w, &nskip));
-        kpl__progress_update(&pr, (uint64_t)(b0 + nb), (uint64_t)nitems, "images");
+        KPL_TRY_GOTO(kpl__progress_update(&pr, (uint64_t)(b0 + nb), (uint64_t)nitems, "images"));
     }
     if (kpl_record_writer_count(w) == 0) {
         st = KPL_ERROR(KPL_EFORMAT, "imagefolder %s: every image was bad", root);

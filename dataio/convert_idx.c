@@ -108,7 +108,7 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
     o.writer.attributes_json = attrs;
     KPL_TRY_GOTO(kpl_record_writer_create(out_dir, 2, schema, &o.writer, &w));
     kpl__progress pr;
-    kpl__progress_init(&pr, o.label ? o.label : out_dir, o.progress);
+    kpl__progress_init(&pr, &o, out_dir);
     for (int64_t i = 0; i < n; i++) {
         char what[48];
         snprintf(what, sizeof what, "image %lld", (long long)i);
@@ -116,7 +116,7 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
         int64_t label = labels[i];
         kpl_feature_value v[2] = {{img, (uint32_t)hw}, {&label, 1}};
         KPL_TRY_GOTO(kpl_record_writer_add(w, v));
-        kpl__progress_update(&pr, (uint64_t)i + 1, (uint64_t)n, "images");
+        KPL_TRY_GOTO(kpl__progress_update(&pr, (uint64_t)i + 1, (uint64_t)n, "images"));
     }
     uint8_t extra;
     if (gzread(im.f, &extra, 1) != 0 || gzread(lb.f, &extra, 1) != 0) {

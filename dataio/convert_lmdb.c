@@ -260,7 +260,7 @@ static kpl_status write_records(MDB_cursor *cur, const char *path, const survey 
         goto fail;
     }
     kpl__progress pr;
-    kpl__progress_init(&pr, o->label ? o->label : out_dir, o->progress);
+    kpl__progress_init(&pr, o, out_dir);
     int64_t i = 0;
     MDB_val k, v;
     int rc;
@@ -293,7 +293,7 @@ static kpl_status write_records(MDB_cursor *cur, const char *path, const survey 
             st = KPL_ERROR(kpl_last_status(), "lmdb %s: key '%s': %s", path, key, kpl_last_error());
             goto fail;
         }
-        kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records");
+        KPL_TRY_GOTO(kpl__progress_update(&pr, (uint64_t)++i, (uint64_t)n, "records"));
     }
     if (rc != MDB_NOTFOUND) MDB_TRY(rc, "cursor_get");
     *count = i;

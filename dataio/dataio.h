@@ -154,7 +154,7 @@ kpl_status kpl_dataset_remove_unfinished(const char *dir);
  * directory inside `parent`.  Creates `parent` if needed.  While another
  * process holds the lock, keep_waiting (may be NULL: wait for good) is
  * called about every 100 ms with the seconds waited so far; false gives
- * up with KPL_ESTATE.  *fd receives the lock, for kpl_convert_unlock. */
+ * up with KPL_ECANCELED.  *fd receives the lock, for kpl_convert_unlock. */
 kpl_status kpl_convert_lock(const char *parent, bool (*keep_waiting)(const char *lock,
                                                                     double waited, void *ctx),
                             void *ctx, int *fd);
@@ -250,9 +250,14 @@ typedef struct {
     int max_side;      /* imagefolder: JPEGs with a longer side are decoded, resized
                         * (antialiased) to this longer side and re-encoded; 0: keep */
     int quality;       /* imagefolder: JPEG quality of re-encoded images (1..100) */
+    /* Asked between records (or batches of images): true stops the
+     * conversion with KPL_ECANCELED, its partial output removed.  NULL:
+     * never.  Called on the converting thread. */
+    bool (*cancel)(void *ctx);
+    void *cancel_ctx;
 } kpl_convert_options;
 #define KPL_CONVERT_OPTIONS_INIT                                                            \
-    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90}
+    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90, NULL, NULL}
 
 /* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
  * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,

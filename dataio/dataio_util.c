@@ -225,20 +225,28 @@ int64_t kpl__metadata_crc_end(const char *text, size_t n)
 
 /* ---- progress -------------------------------------------------------------------- */
 
-void kpl__progress_init(kpl__progress *p, const char *label, bool on)
+void kpl__progress_init(kpl__progress *p, const kpl_convert_options *o, const char *out_dir)
 {
-    p->label = label ? label : "";
-    p->on = on;
+    p->label = o->label ? o->label : out_dir ? out_dir : "";
+    p->on = o->progress;
     p->start = kpl_seconds();
     p->last = 0;
+    p->cancel = o->cancel;
+    p->cancel_ctx = o->cancel_ctx;
 }
 
-void kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total, const char *unit)
+kpl_status kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total, const char *unit)
 {
-    if (!p->on) return;
+    if (p->cancel && p->cancel(p->cancel_ctx)) {
+        if (p->on) fputc('\n', stderr);
+        return KPL_ERROR(KPL_ECANCELED, "%s: conversion stopped on request after %llu of %llu "
+                         "%s (its partial output is removed)", p->label,
+                         (unsigned long long)done, (unsigned long long)total, unit);
+    }
+    if (!p->on) return KPL_OK;
     double t = kpl_seconds();
     bool end = done >= total;
-    if (!end && t - p->last < 0.2) return;
+    if (!end && t - p->last < 0.2) return KPL_OK;
     p->last = t;
     double el = t - p->start, rate = el > 0 ? (double)done / el : 0;
     int width = 30, fill = total ? (int)((double)width * (double)done / (double)total) : width;
@@ -251,4 +259,5 @@ void kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total, const
             end ? "took" : "eta", end ? el : eta);
     if (end) fputc('\n', stderr);
     fflush(stderr);
+    return KPL_OK;
 }

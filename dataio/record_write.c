@@ -754,7 +754,7 @@ kpl_status kpl_convert_lock(const char *parent, bool (*keep_waiting)(const char 
         }
         if (keep_waiting && !keep_waiting(lock, kpl_seconds() - t0, ctx)) {
             close(f);
-            return KPL_ERROR(KPL_ESTATE, "gave up waiting for %s (another conversion into %s "
+            return KPL_ERROR(KPL_ECANCELED, "gave up waiting for %s (another conversion into %s "
                              "holds it)", lock, *parent ? parent : ".");
         }
         usleep(100 * 1000);

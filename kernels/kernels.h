@@ -94,7 +94,8 @@ double kpl_seconds(void);
     X(KPL_ESTATE, -12, "object in the wrong state for this call")      \
     X(KPL_ERANGE, -13, "value out of range")                           \
     X(KPL_ENOTFOUND, -14, "not found")                                 \
-    X(KPL_ECHILD, -15, "a worker process failed")
+    X(KPL_ECHILD, -15, "a worker process failed")                      \
+    X(KPL_ECANCELED, -16, "stopped on request")
 
 typedef enum {
 #define KPL_X_(name, value, msg) name = value,
@@ -732,6 +733,20 @@ kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
 /* All n bytes of buf to fd (short writes and EINTR continued): KPL_EIO
  * naming path and errno otherwise.  The one such helper of every module. */
 kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path);
+
+/* A lock file that names its holder: an flock(2) on `path` (created if
+ * needed) held as long as *fd stays open, the file holding "pid P on host
+ * H since TIME".  Taken: KPL_OK, *fd >= 0, and `prev` (may be NULL) the
+ * description a holder that died left (empty when the last one released
+ * it).  Held by a live process: KPL_OK, *fd == -1, `holder` its
+ * description ("another process" while it has not written one yet).
+ * KPL_EIO for a file that cannot be opened.  A dead holder's lock is free:
+ * the kernel drops it with the process.  One home for every module. */
+kpl_status kpl__lockfile_try(const char *path, int *fd, char *holder, size_t holder_len,
+                             char *prev, size_t prev_len);
+/* Releases a lock of kpl__lockfile_try: clears its description (so the
+ * next holder sees a clean release) and closes fd (< 0: nothing). */
+void kpl__lockfile_release(int fd);
 
 /* Enum names: each module keeps one NULL-terminated table per enum (the
  * recipe binds to the same table).  index: the position of name, -1 when

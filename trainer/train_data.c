@@ -90,7 +90,7 @@ static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
                               "for it to finish (%.0f s so far)", out, who, waited);
                 said = waited;
             }
-            KPL_CHECK(!kpl__stop_requested(), KPL_ESTATE,
+            KPL_CHECK(!kpl__stop_requested(), KPL_ECANCELED,
                       "data: stopped while waiting for %s, which %s is writing", out, who);
             usleep(200 * 1000);
             continue;
@@ -118,6 +118,12 @@ static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
     }
 }
 
+static bool stop_asked(void *ctx)
+{
+    (void)ctx;
+    return kpl__stop_requested();
+}
+
 static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, kpl__runlog *log)
 {
     char out[PATH_MAX];
@@ -127,6 +133,7 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     if (done) return KPL_OK;
     kpl_convert_options o = r->data.convert.options;
     o.progress = isatty(2);
+    o.cancel = stop_asked; /* SIGINT / SIGTERM: the partial split goes, the run ends */
     o.label = out;
     o.seed = (uint64_t)r->seed;
     const char *src = r->data.convert.source;

@@ -176,14 +176,19 @@ char *kpl__metadata_text(struct json_t *m);
  * last '"metadata_crc32c"' in text[0..n), or -1. */
 int64_t kpl__metadata_crc_end(const char *text, size_t n);
 
-/* A progress line on stderr, rewritten in place ("\r"), at most every
- * 0.2 s; `done == total` ends it with a newline. */
+/* A converter's progress: a line on stderr when o->progress, rewritten in
+ * place ("\r"), at most every 0.2 s (`done == total` ends it with a
+ * newline), and o->cancel asked at every update (KPL_ECANCELED, naming
+ * the label, when it says stop).  label: o->label, else `out_dir`. */
 typedef struct {
     const char *label;
     double last, start;
     bool on;
+    bool (*cancel)(void *ctx);
+    void *cancel_ctx;
 } kpl__progress;
-void kpl__progress_init(kpl__progress *p, const char *label, bool on);
-void kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total, const char *unit);
+void kpl__progress_init(kpl__progress *p, const kpl_convert_options *o, const char *out_dir);
+kpl_status kpl__progress_update(kpl__progress *p, uint64_t done, uint64_t total,
+                                const char *unit);
 
 #endif /* KPL_DATAIO_IMPL_H */

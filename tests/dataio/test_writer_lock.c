@@ -172,7 +172,7 @@ static void test_convert_lock(void **state)
     pid_t pid = child_holding(take_convert_lock, tmp_path("turns"));
     int fd = -1;
     calls = 0;
-    FAILS(kpl_convert_lock(tmp_path("turns"), give_up_third, NULL, &fd), KPL_ESTATE,
+    FAILS(kpl_convert_lock(tmp_path("turns"), give_up_third, NULL, &fd), KPL_ECANCELED,
           ".kpl-convert.lock");
     assert_int_equal(calls, 3);
     assert_int_equal(fd, -1);
