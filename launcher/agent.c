@@ -8,12 +8,14 @@
  * tagged '1' for stdout or '2' for stderr), or without one to the agent's
  * own stdout and stderr, which mpirun forwards.  Every line also goes to
  * LOG_DIR/rank-NNNNN.log.  SIGTERM (mpirun tearing the job down) stops the
- * command's whole process group (TERM, then KILL after 3 s).  Open MPI
+ * command's whole process group (TERM, then KILL after KILL_AFTER s).  Open MPI
  * 4.1 follows its SIGTERM with SIGKILL within a millisecond, so a guard
  * process in the command's group finishes that job when the agent is
- * killed first (run_guard).  SIGUSR1
- * (kplrun's first Ctrl-C, forwarded by mpirun) becomes SIGINT for the
- * command, which stops at its next checkpointable step.
+ * killed first (run_guard).  SIGUSR1 and SIGUSR2 (kplrun's first Ctrl-C
+ * and first SIGTERM, forwarded by mpirun) become SIGINT and SIGTERM for the
+ * command's group, with no deadline: the command (kpl train) stops at its
+ * next agreed step, checkpoints and exits 130 or 143, and kplrun keeps the
+ * deadline (--stop-timeout).
  */
 #define _GNU_SOURCE
 #include "launcher_impl.h"
@@ -36,6 +38,14 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+/* Seconds between the SIGTERM of a torn-down rank's group and its SIGKILL.
+ * A scheduler that stops a job by signalling every process of it (SLURM's
+ * scancel, a time limit) tears mpirun and the agents down at once; kpl
+ * train then needs one step and a checkpoint to stop on its own (exit 143).
+ * Longer would keep a rank that waits for a dead peer (a failed job) alive
+ * that much longer after kplrun has said why the job ended. */
+#define KILL_AFTER 10
 
 typedef struct {
     int rank, fd;        /* fd: where the lines go (our stdout or stderr) */
@@ -342,7 +352,7 @@ static bool group_has_others(pid_t group)
  * its SIGTERM; or the OOM killer) cannot stop the command's children; the
  * guard, told by PR_SET_PDEATHSIG, stops the whole group as the agent
  * would have: TERM, then KILL (itself included) once the others are gone
- * or after 3 s.  Signals for the group (the agent's SIGINT and SIGTERM)
+ * or after KILL_AFTER s.  Signals for the group (the agent's SIGINT and SIGTERM)
  * it ignores; the agent's final SIGKILL of the group ends it. */
 static void run_guard(pid_t group, pid_t agent)
 {
@@ -352,6 +362,7 @@ static void run_guard(pid_t group, pid_t agent)
     sigaddset(&set, SIGINT);
     sigaddset(&set, SIGTERM);
     sigaddset(&set, SIGUSR1);
+    sigaddset(&set, SIGUSR2);
     sigprocmask(SIG_BLOCK, &set, NULL);
     prctl(PR_SET_PDEATHSIG, SIGHUP);
     int fd = open("/dev/null", O_RDWR);
@@ -363,7 +374,7 @@ static void run_guard(pid_t group, pid_t agent)
     }
     kill(-group, SIGTERM);
     kill(-group, SIGCONT); /* a stopped process acts on SIGTERM once continued */
-    for (int i = 0; i < 60 && group_has_others(group); i++) usleep(50000);
+    for (int i = 0; i < KILL_AFTER * 20 && group_has_others(group); i++) usleep(50000);
     kill(-group, SIGKILL);
     _exit(0);
 }
@@ -405,6 +416,7 @@ static pid_t start_command(char **cmd, int rank, sigset_t *mask, int *sfd, int *
     sigaddset(mask, SIGTERM);
     sigaddset(mask, SIGHUP);
     sigaddset(mask, SIGUSR1);
+    sigaddset(mask, SIGUSR2);
     sigaddset(mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, mask, NULL);
     signal(SIGINT, SIG_IGN); /* kplrun decides what Ctrl-C means */
@@ -463,14 +475,15 @@ static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se,
         if (r > 0 && (p[0].revents & POLLIN)) {
             struct signalfd_siginfo si;
             while (read(sfd, &si, sizeof si) == (ssize_t)sizeof si) {
-                if (si.ssi_signo == SIGUSR1) {
-                    kill(-child, SIGINT);
+                if (si.ssi_signo == SIGUSR1 || si.ssi_signo == SIGUSR2) {
+                    kill(-child, si.ssi_signo == SIGUSR1 ? SIGINT : SIGTERM);
+                    kill(-child, SIGCONT);
                 } else if (si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP) {
                     /* A stopped command (SIGSTOP, a debugger let go) would
-                     * keep SIGTERM pending until the SIGKILL 3 s later. */
+                     * keep SIGTERM pending until the SIGKILL. */
                     kill(-child, SIGTERM);
                     kill(-child, SIGCONT);
-                    if (!kill_at) kill_at = now + 3;
+                    if (!kill_at) kill_at = now + KILL_AFTER;
                 }
                 if (si.ssi_signo != SIGCHLD) break;
             }

@@ -10,9 +10,11 @@
  * progress bar stays on the last line of a terminal, and every rank's
  * output is also in LOG_DIR/rank-NNNNN.log.  When a rank fails, mpirun
  * stops the others; kplrun names the rank, host, status or signal and
- * shows the end of its log.  Ctrl-C asks every rank to stop (SIGINT, so a
- * `kpl train` checkpoints); a second Ctrl-C stops them hard.  --timeout
- * ends a job that runs too long the same way.
+ * shows the end of its log.  Ctrl-C and SIGTERM (a scheduler's stop) ask
+ * every rank to stop: each rank's command gets the same signal (SIGINT or
+ * SIGTERM), so a `kpl train` checkpoints at a step all ranks agree on and
+ * exits 130 or 143.  A second signal, or --stop-timeout seconds without
+ * the ranks ending, stops them hard.  --timeout asks the same way.
  */
 #define _GNU_SOURCE
 #include "launcher_impl.h"
@@ -59,14 +61,18 @@ static void usage(FILE *f)
             "  --hostfile F       Open MPI hostfile ('host slots=8') or one name per slot\n"
             "                     (without either: a SLURM allocation, PBS_NODEFILE, or this machine)\n"
             "  --timeout S        stop the job after S seconds (exit status 124)\n"
+            "  --stop-timeout S   how long a stop (Ctrl-C, SIGTERM, --timeout) waits for\n"
+            "                     the ranks to checkpoint and end before killing them\n"
+            "                     (default 60)\n"
             "  --log-dir D        per-rank logs (default kplrun-logs/<time>)\n"
             "  --dry-run          print the mpirun command and exit\n"
             "  --no-ucx           keep Open MPI's default point-to-point layer\n"
             "  --mca K V, -x VAR  passed to mpirun\n"
             "\n"
-            "Ctrl-C asks the ranks to stop (a kpl train run checkpoints); a second\n"
-            "Ctrl-C kills them.  Exit status: 0; the failed rank's status (128 + signal\n"
-            "when it was killed); 124 after --timeout; 2 for bad usage.\n");
+            "Ctrl-C (SIGINT) and SIGTERM ask the ranks to stop: each rank gets the same\n"
+            "signal, and kpl train checkpoints and exits 130 / 143; a second signal kills\n"
+            "them.  Exit status: 0; the failed rank's status (128 + signal when it was\n"
+            "killed; 130 / 143 after a stop); 124 after --timeout; 2 for bad usage.\n");
 }
 
 /* ---- the console -------------------------------------------------------------------------- */
@@ -427,7 +433,7 @@ static bool parse_pos(const char *s, long max, long *v)
 
 typedef struct {
     long np;
-    double timeout;
+    double timeout, stop_timeout;
     const char *host_spec, *hostfile, *log_dir;
     bool dry, no_ucx;
     int nextra, cmd; /* extra mpirun arguments; where the command starts */
@@ -437,6 +443,7 @@ typedef struct {
 static int parse_args(int argc, char **argv, const char **extra, options *o)
 {
     memset(o, 0, sizeof *o);
+    o->stop_timeout = 60;
     o->no_ucx = getenv("KPL_NO_UCX") != NULL;
     o->cmd = -1;
     for (int i = 1; i < argc; i++) {
@@ -461,6 +468,11 @@ static int parse_args(int argc, char **argv, const char **extra, options *o)
             char *end;
             o->timeout = strtod(argv[++i], &end);
             if (*end || !(o->timeout > 0)) return die_usage("--timeout wants seconds > 0, got '%s'", argv[i]);
+        } else if (!strcmp(a, "--stop-timeout") && has) {
+            char *end;
+            o->stop_timeout = strtod(argv[++i], &end);
+            if (*end || !(o->stop_timeout > 0) || o->stop_timeout > 1e6)
+                return die_usage("--stop-timeout wants seconds > 0, got '%s'", argv[i]);
         } else if (!strcmp(a, "--log-dir") && has) {
             o->log_dir = argv[++i];
         } else if (!strcmp(a, "--dry-run")) {
@@ -683,22 +695,53 @@ typedef struct {
     bool timed_out;
 } outcome;
 
-/* A signal kplrun received: the first Ctrl-C asks the ranks to stop, the
- * next (or a TERM, a HUP) stops them, SIGKILL 5 s later. */
-static void on_signal(console *c, const job *j, outcome *out, double t, double *hard_at)
+/* When the event loop acts on its own: the deadline of a stop the ranks
+ * were asked for, and when a hard stop turns into SIGKILL. */
+typedef struct {
+    double stop_timeout;
+    double stop_at; /* 0: no stop asked */
+    double hard_at; /* 0: no hard stop under way */
+} deadlines;
+
+/* Asks every rank to stop: mpirun forwards SIGUSR1 / SIGUSR2 to the
+ * agents, which hand each rank's command SIGINT / SIGTERM. */
+static void ask_stop(const job *j, deadlines *d, int sig, double t)
+{
+    kill(j->pid, sig == SIGINT ? SIGUSR1 : SIGUSR2);
+    if (!d->stop_at) d->stop_at = t + d->stop_timeout;
+}
+
+/* Stops every rank now: mpirun's SIGTERM tears the job down (the agents
+ * stop their commands' groups), SIGKILL of its session 5 s later. */
+static void stop_hard(console *c, const job *j, deadlines *d, const char *why, double t)
+{
+    print_line(c, stderr, why);
+    kill(j->pid, SIGTERM);
+    if (!d->hard_at) d->hard_at = t + 5;
+}
+
+/* A signal kplrun received: the first SIGINT (Ctrl-C) or SIGTERM (a
+ * scheduler's stop) is handed to every rank, which checkpoints and ends;
+ * the next one (or a HUP) stops them hard. */
+static void on_signal(console *c, const job *j, outcome *out, double t, deadlines *d)
 {
     struct signalfd_siginfo si;
     while (read(j->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
         if (si.ssi_signo == SIGCHLD) continue;
         out->interrupts++;
-        if (out->interrupts == 1 && si.ssi_signo == SIGINT) {
+        bool first = out->interrupts == 1 && !d->stop_at;
+        if (first && si.ssi_signo == SIGINT) {
             print_line(c, stderr, "kplrun: interrupt: asking every rank to stop "
                                   "(Ctrl-C again to kill them)");
-            kill(j->pid, SIGUSR1); /* mpirun forwards it; the agents make it SIGINT */
+            ask_stop(j, d, SIGINT, t);
+        } else if (first && si.ssi_signo == SIGTERM) {
+            char msg[160];
+            snprintf(msg, sizeof msg, "kplrun: SIGTERM: asking every rank to checkpoint and stop "
+                     "(killed after %g s, or at another signal)", d->stop_timeout);
+            print_line(c, stderr, msg);
+            ask_stop(j, d, SIGTERM, t);
         } else {
-            print_line(c, stderr, "kplrun: stopping every rank");
-            kill(j->pid, SIGTERM);
-            if (!*hard_at) *hard_at = t + 5;
+            stop_hard(c, j, d, "kplrun: stopping every rank", t);
         }
         break;
     }
@@ -727,7 +770,7 @@ static void accept_agent(int lfd, const char *token, reader *conn, int *nconn, i
 /* Until mpirun has ended and every pipe and connection is drained: the
  * ranks' lines to the console, signals, --timeout.  1 when out of memory. */
 static int event_loop(console *c, const job *j, int lfd, const char *token, double timeout,
-                      outcome *out)
+                      double stop_timeout, outcome *out)
 {
     long np = c->np;
     reader ro = {j->out, true, FROM_MPIRUN_OUT, NULL, 0, 0};
@@ -745,7 +788,8 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
         return 1;
     }
     bool exited = false;
-    double hard_at = 0; /* when a stop turns into SIGKILL */
+    deadlines d = {stop_timeout, 0, 0};
+    double drain_until = 0;
     while (!exited || ro.open || re.open || open_conns) {
         p[0] = (struct pollfd){j->sfd, POLLIN, 0};
         p[1] = (struct pollfd){ro.open ? ro.fd : -1, POLLIN, 0};
@@ -763,28 +807,34 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
         if (r > 0 && (p[3].revents & POLLIN)) accept_agent(lfd, token, conn, &nconn, &open_conns, np);
         settle(c);
         double t = kpl_seconds();
-        if (r > 0 && (p[0].revents & POLLIN)) on_signal(c, j, out, t, &hard_at);
+        if (r > 0 && (p[0].revents & POLLIN)) on_signal(c, j, out, t, &d);
         if (timeout > 0 && !out->timed_out && t - j->t0 > timeout) {
             out->timed_out = true;
             char msg[128];
             snprintf(msg, sizeof msg, "kplrun: --timeout %g s reached: stopping every rank",
                      timeout);
             print_line(c, stderr, msg);
-            kill(j->pid, SIGTERM);
-            hard_at = t + 5;
+            if (!d.stop_at) ask_stop(j, &d, SIGTERM, t);
         }
-        if (hard_at && t > hard_at) {
+        if (!exited && d.stop_at && !d.hard_at && t > d.stop_at) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "kplrun: the ranks did not stop within %g s "
+                     "(--stop-timeout): killing them", d.stop_timeout);
+            stop_hard(c, j, &d, msg, t);
+        }
+        if (d.hard_at && t > d.hard_at) {
             kill(-j->pid, SIGKILL); /* mpirun's session: mpirun and the local ranks */
-            hard_at = 0;
+            d.hard_at = 0;
         }
         if (!exited && waitpid(j->pid, &out->wstatus, WNOHANG) == j->pid) {
             exited = true;
             /* what is still in the pipes comes out; the pipes of a rank
              * that outlives mpirun do not hold kplrun */
-            if (!hard_at) hard_at = t + 2;
+            drain_until = t + 2;
         }
-        if (exited && t > hard_at && hard_at) break;
+        if (exited && t > drain_until) break;
     }
+    if (d.hard_at) kill(-j->pid, SIGKILL); /* what a hard stop left of mpirun's session */
     bar_clear(c);
     fflush(stdout);
     for (int i = 0; i < nconn; i++)
@@ -880,7 +930,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     } else {
         rc = spawn(mp, &j);
     }
-    if (rc < 0) rc = event_loop(&c, &j, lfd, token, o.timeout, &out) ? 1 : -1;
+    if (rc < 0) rc = event_loop(&c, &j, lfd, token, o.timeout, o.stop_timeout, &out) ? 1 : -1;
     if (lfd >= 0) close(lfd);
     if (rc < 0) {
         kpl_launch_verdict v;
