@@ -2,7 +2,10 @@
 #include "kernels_impl.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <omp.h>
+#include <stdio.h>
+#include <sys/file.h>
 #include <unistd.h>
 #include <stdarg.h>
 #include <string.h>
@@ -123,6 +126,69 @@ kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path)
         n -= (size_t)w;
     }
     return KPL_OK;
+}
+
+/* What the lock file says (at most len - 1 bytes, trailing newline cut). */
+static void lockfile_read(int fd, char *buf, size_t len)
+{
+    if (!buf || !len) return;
+    ssize_t n = pread(fd, buf, len - 1, 0);
+    buf[n > 0 ? n : 0] = '\0';
+    char *nl = strchr(buf, '\n');
+    if (nl) *nl = '\0';
+}
+
+kpl_status kpl__lockfile_try(const char *path, int *fd, char *holder, size_t holder_len,
+                             char *prev, size_t prev_len)
+{
+    *fd = -1;
+    if (holder && holder_len) holder[0] = '\0';
+    if (prev && prev_len) prev[0] = '\0';
+    int f = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    if (f < 0) return KPL_ERROR(KPL_EIO, "cannot open the lock file %s: %s", path, strerror(errno));
+    int r;
+    while ((r = flock(f, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) continue;
+    if (r != 0) {
+        int e = errno;
+        if (e == EWOULDBLOCK && holder && holder_len) {
+            /* a holder that has just taken it may not have written yet */
+            for (int i = 0; i < 20; i++) {
+                lockfile_read(f, holder, holder_len);
+                if (holder[0]) break;
+                usleep(10000);
+            }
+            if (!holder[0]) snprintf(holder, holder_len, "another process");
+        }
+        close(f);
+        if (e == EWOULDBLOCK) return KPL_OK;
+        return KPL_ERROR(KPL_EIO, "cannot lock %s: %s", path, strerror(e));
+    }
+    lockfile_read(f, prev, prev_len);
+    char me[512], host[256] = "?", when[32] = "?";
+    gethostname(host, sizeof host - 1);
+    host[sizeof host - 1] = '\0';
+    time_t now = time(NULL);
+    struct tm tm;
+    if (localtime_r(&now, &tm)) strftime(when, sizeof when, "%Y-%m-%d %H:%M:%S", &tm);
+    int n = snprintf(me, sizeof me, "pid %d on host %s since %s\n", (int)getpid(), host, when);
+    kpl_status st = ftruncate(f, 0) == 0 ? kpl__write_all(f, me, (size_t)n, path)
+                                         : KPL_ERROR(KPL_EIO, "%s: %s", path, strerror(errno));
+    if (st < 0) {
+        close(f);
+        return st;
+    }
+    *fd = f;
+    return KPL_OK;
+}
+
+void kpl__lockfile_release(int fd)
+{
+    if (fd < 0) return;
+    /* a description left behind would only make the next holder say that
+     * this one died */
+    int rc = ftruncate(fd, 0);
+    (void)rc;
+    close(fd);
 }
 kpl_status kpl_last_status(void) { return tl_status; }
 

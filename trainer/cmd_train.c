@@ -15,7 +15,8 @@ int kpl__cmd_eval(int argc, char **argv);
 static void usage_train(FILE *f)
 {
     fprintf(f,
-            "usage: kpl train RECIPE.yaml [KEY=VALUE ...] [--resume [CHECKPOINT]]\n"
+            "usage: kpl train RECIPE.yaml [KEY=VALUE ...] [--resume [CHECKPOINT]\n"
+            "                 [--reset-optimizer]]\n"
             "       kpl train RECIPE.yaml [KEY=VALUE ...] --print-config\n"
             "       kpl train --keys\n"
             "\n"
@@ -26,12 +27,16 @@ static void usage_train(FILE *f)
             "\n"
             "  --resume [FILE]  continue from FILE, or from the newest complete checkpoint\n"
             "                   of run_dir, or of the newest runs/<name>-* of this recipe\n"
+            "  --reset-optimizer  with --resume: start the optimizer state fresh (needed\n"
+            "                   when the optimizer changed: another rule, momentum on/off)\n"
             "  --print-config   print the resolved recipe (every key) and exit\n"
             "  --keys           list every recipe key with its default and meaning\n"
             "\n"
             "The run directory (runs/<name>-<time>/ unless run_dir is given) holds\n"
             "config.yaml, metrics.jsonl, logs/rank-NNNNN.log, tb/ (TensorBoard) and\n"
             "checkpoints/.  The last line on stdout is a JSON object with \"event\":\"done\".\n"
+            "SIGINT or SIGTERM (to kpl or its whole process group) stops the run at the\n"
+            "next step every rank agrees on, with a checkpoint (docs/faults.md).\n"
             "Exit status: 0 done, 1 failed, 2 bad recipe or usage, 130/143 stopped by\n"
             "SIGINT/SIGTERM after saving a checkpoint.\n");
 }
@@ -85,7 +90,7 @@ int kpl__cmd_train(int argc, char **argv)
     const char **ov = calloc((size_t)argc + 1, sizeof *ov);
     if (!ov) return 1;
     int nov = 0, rc = 0;
-    bool print_config = false;
+    bool print_config = false, reset_optimizer = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -96,6 +101,8 @@ int kpl__cmd_train(int argc, char **argv)
             goto out;
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
+        } else if (!strcmp(a, "--reset-optimizer")) {
+            reset_optimizer = true;
         } else if (!strcmp(a, "--resume")) {
             /* an optional file: the next argument when it is neither an
              * override nor an option nor the recipe still missing */
@@ -106,6 +113,12 @@ int kpl__cmd_train(int argc, char **argv)
         } else if ((rc = positional("train", a, &recipe, ov, &nov)) != 0) {
             goto out;
         }
+    }
+    if (reset_optimizer && !resume) {
+        fprintf(stderr, "kpl train: --reset-optimizer goes with --resume (a new run's optimizer "
+                        "starts fresh anyway)\n");
+        rc = 2;
+        goto out;
     }
     kpl_recipe *r = malloc(sizeof *r);
     if (!r) {
@@ -118,7 +131,7 @@ int kpl__cmd_train(int argc, char **argv)
             if (kpl_recipe_to_yaml(r, &yaml) == KPL_OK) fputs(yaml, stdout);
             free(yaml);
         } else {
-            rc = kpl__train_run(r, resume);
+            rc = kpl__train_run(r, resume, reset_optimizer);
         }
     }
     free(r);

@@ -93,7 +93,8 @@ static void say_start(kpl_trainer *t)
                                    (json_int_t)t->step, "from", t->resume_path));
 }
 
-/* The epoch's figures: train_<figure> means over the epoch. */
+/* The epoch's figures: train_<figure> means over the epoch (null for an
+ * epoch whose every step was skipped), and its skipped steps. */
 static void put_train_figures(kpl_trainer *t, json_t *j)
 {
     for (int i = 0; i < t->nfig; i++) {
@@ -121,6 +122,8 @@ static void say_done(kpl_trainer *t, const char *event, double train_seconds, do
     char key[48];
     snprintf(key, sizeof key, "best_%s", t->task->best_metric);
     json_object_set_new(j, key, kpl__json_num(t->best));
+    json_object_set_new(j, "skipped_steps", json_integer(t->skipped_steps));
+    json_object_set_new(j, "skipped_examples", json_integer(t->skipped_examples));
     json_object_set_new(j, "images_per_sec",
                         kpl__json_num(train_seconds > 0 ? samples / train_seconds : NAN));
     json_object_set_new(j, "seconds", json_real(kpl_seconds() - t->t_start));
@@ -137,65 +140,96 @@ static void say_done(kpl_trainer *t, const char *event, double train_seconds, do
     json_decref(j);
 }
 
+/* An evaluation that a stop may end: KPL_ECANCELED is the stop (every
+ * rank agreed on it, t->stop_sig), not an error. */
+static kpl_status run_eval_or_stop(kpl_trainer *t, bool *stopped)
+{
+    kpl_status st = run_eval(t);
+    *stopped = st == KPL_ECANCELED;
+    if (*stopped) kpl__log_info(&t->log, "%s", kpl_last_error());
+    return *stopped ? KPL_OK : st;
+}
+
 /* A checkpoint resumed from that was written before its epoch's
  * evaluation, which did not finish: that evaluation first; a resume of a
- * finished run: where it stands. */
+ * finished run: where it stands.  A stop meanwhile leaves the checkpoint
+ * as it was (its evaluation still to come). */
 static kpl_status resume_pending(kpl_trainer *t, int64_t max_steps)
 {
-    bool pending = t->eval_pending, finished = t->step >= max_steps;
+    bool pending = t->eval_pending, finished = t->step >= max_steps, stopped = false;
     if (pending && !finished) {
         t->eval_pending = false;
         kpl__log_info(&t->log, "evaluating the resumed checkpoint first (its evaluation did not "
                       "finish)");
-        KPL_TRY(run_eval(t));
+        KPL_TRY(run_eval_or_stop(t, &stopped));
     }
     if (finished) {
         kpl__log_info(&t->log, "nothing to train: step %lld of %lld is done", (long long)t->step,
                       (long long)max_steps);
-        KPL_TRY(run_eval(t));
+        KPL_TRY(run_eval_or_stop(t, &stopped));
     }
+    if (stopped) return KPL_OK;
     if (pending && t->best_step == t->step) KPL_TRY(kpl__trainer_note_best(t, t->resume_path));
     return KPL_OK;
 }
 
-/* The end of an epoch (or of the run): its record, its checkpoint before
- * its evaluation (which can fail without losing the epoch: the checkpoint
- * says its evaluation is to come, and a resume runs that first), the
- * evaluation, the best model. */
-static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, bool stop, bool saved,
-                            double secs, char *ckpt, size_t len)
+/* The end of an epoch (or of the run, or a stop): its record, its
+ * checkpoint before its evaluation (which can fail without losing the
+ * epoch: the checkpoint says its evaluation is to come, and a resume runs
+ * that first), the evaluation, the best model.  A stop (t->stop_sig)
+ * starts no evaluation, and one that lands during the evaluation ends it:
+ * either way the checkpoint says that the evaluation is to come. */
+static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double secs, char *ckpt,
+                            size_t len)
 {
     const kpl_recipe *r = t->r;
+    bool stop = t->stop_sig != 0;
+    /* the epoch's means; none (NaN, null in JSON) when nothing was counted
+     * in it: an epoch of skipped steps does not repeat the last one's */
     for (int i = 0; i < t->nfig; i++)
-        if (t->fig[i].epoch_count > 0) t->fig[i].last = t->fig[i].epoch_sum / t->fig[i].epoch_count;
+        t->fig[i].last = t->fig[i].epoch_count > 0 ? t->fig[i].epoch_sum / t->fig[i].epoch_count
+                                                   : NAN;
+    int64_t skipped = t->skipped_steps - t->epoch_skipped0;
     t->images_per_sec = secs > 0 ? t->epoch_samples * t->world / secs : 0;
     kpl__log_bar_end(&t->log);
     int64_t finished = t->epoch + 1; /* epochs complete once this one is */
-    bool do_eval = t->val && (last || stop || (epoch_done && r->eval.every_epochs > 0 &&
-                                               finished % r->eval.every_epochs == 0));
+    bool eval_due = t->val && (last || (epoch_done && r->eval.every_epochs > 0 &&
+                                        finished % r->eval.every_epochs == 0));
     if (epoch_done) {
         json_t *j = json_pack("{s:s, s:I, s:I}", "event", "epoch", "epoch", (json_int_t)finished,
                               "step", (json_int_t)t->step);
         put_train_figures(t, j);
+        json_object_set_new(j, "skipped_steps", json_integer(skipped));
         json_object_set_new(j, "images_per_sec", json_real(t->images_per_sec));
         json_object_set_new(j, "seconds", json_real(secs));
-            kpl__trainer_emit(t, j);
+        kpl__trainer_emit(t, j);
         if (t->rank == 0 && t->log.tb)
             kpl_tb_add_scalar(t->log.tb, "epoch/images_per_sec", finished, t->images_per_sec);
     }
     bool ckpt_due = last || stop || (epoch_done && r->checkpoint.every_epochs > 0 &&
                                      finished % r->checkpoint.every_epochs == 0);
-    bool pending = false;
-    if (ckpt_due && !saved) {
-        t->eval_pending = pending = do_eval;
+    bool saved = false, evaluated = false;
+    if (ckpt_due) {
+        t->eval_pending = eval_due;
         kpl_status st = kpl_trainer_save(t, stop && !last ? "signal" : last ? "end" : "epoch",
                                          ckpt, len);
         t->eval_pending = false;
         KPL_TRY(st);
         saved = true;
     }
-    if (do_eval) KPL_TRY(run_eval(t));
-    if (pending && t->rank == 0) KPL_TRY(kpl__checkpoint_mark_evaluated(ckpt));
+    if (eval_due && !stop) {
+        bool stopped = false;
+        KPL_TRY(run_eval_or_stop(t, &stopped));
+        evaluated = !stopped;
+        if (stopped && !saved) { /* no checkpoint of this step yet: one whose evaluation is to come */
+            t->eval_pending = true;
+            kpl_status st = kpl_trainer_save(t, "signal", ckpt, len);
+            t->eval_pending = false;
+            KPL_TRY(st);
+            saved = true;
+        }
+    }
+    if (saved && evaluated && t->rank == 0) KPL_TRY(kpl__checkpoint_mark_evaluated(ckpt));
     if (t->rank == 0) {
         char line[1024];
         int at = snprintf(line, sizeof line, "epoch %lld/%lld%s: train", (long long)finished,
@@ -203,17 +237,33 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, bool sto
         for (int i = 0; i < t->nfig && at < (int)sizeof line - 64; i++)
             at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->fig[i].name,
                            t->fig[i].last);
-        for (int i = 0; do_eval && i < t->val_res.metrics.n && at < (int)sizeof line - 64; i++)
+        for (int i = 0; evaluated && i < t->val_res.metrics.n && at < (int)sizeof line - 64; i++)
             at += snprintf(line + at, sizeof line - (size_t)at, "%s %s %.4f", i ? "" : " | val",
                            t->val_res.metrics.name[i], t->val_res.metrics.value[i]);
+        if (skipped > 0 && at < (int)sizeof line - 96)
+            at += snprintf(line + at, sizeof line - (size_t)at, " (%lld of its %lld steps skipped: "
+                           "NaN or inf)", (long long)skipped,
+                           (long long)(t->epoch_step < skipped ? skipped : t->epoch_step));
         kpl__log_info(&t->log, "%s | %.0f img/s, %.1f s", line, t->images_per_sec, secs);
-        if (do_eval && last && t->task->eval_report) t->task->eval_report(t, t->task_state);
+        if (evaluated && last && t->task->eval_report) t->task->eval_report(t, t->task_state);
     }
-    bool improved = do_eval && t->best_step == t->step && r->checkpoint.keep_best;
+    bool improved = evaluated && t->best_step == t->step && r->checkpoint.keep_best;
     if (improved && !saved) /* a best epoch between the scheduled checkpoints */
         KPL_TRY(kpl_trainer_save(t, "best", ckpt, len));
     if (improved) KPL_TRY(kpl__trainer_note_best(t, ckpt));
     return KPL_OK;
+}
+
+/* A stop agreed before the first step (SIGINT / SIGTERM during start-up,
+ * or during the resumed checkpoint's pending evaluation): a new run keeps
+ * its start as a checkpoint of step 0; a resumed one has its checkpoint. */
+static kpl_status stop_at_start(kpl_trainer *t, char *ckpt, size_t len)
+{
+    if (t->resume_path[0]) {
+        snprintf(ckpt, len, "%s", t->resume_path);
+        return KPL_OK;
+    }
+    return kpl_trainer_save(t, "signal", ckpt, len);
 }
 
 static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len)
@@ -222,34 +272,39 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
     say_start(t);
     int64_t max_steps = r->max_steps > 0 && r->max_steps < t->total_steps ? r->max_steps
                                                                           : t->total_steps;
-    KPL_TRY(resume_pending(t, max_steps));
+    KPL_TRY(kpl__trainer_agree_stop(t, NULL));
+    if (!t->stop_sig) KPL_TRY(resume_pending(t, max_steps));
+    if (t->stop_sig) KPL_TRY(stop_at_start(t, ckpt, len));
     double train_seconds = 0, train_samples = 0;
-    bool stop = false;
-    while (t->step < max_steps && !stop) {
+    while (t->step < max_steps && !t->stop_sig) {
         kpl__trainer_epoch_begin(t);
-        bool epoch_done = false, saved = false;
-        while (!epoch_done && !stop) {
+        bool epoch_done = false, at_max = false;
+        while (!epoch_done && !at_max && !t->stop_sig) {
             KPL_TRY(kpl_trainer_step(t, &epoch_done));
             KPL_TRY(kpl__trainer_check_val(t));
-            saved = false;
-            bool at_max = t->step >= max_steps;
-            bool due = t->step % r->log.every_steps == 0 || epoch_done || at_max;
-            if (t->world == 1 && kpl__stop_signal()) due = true;
-            if (due) KPL_TRY(kpl__trainer_report(t, &stop));
+            KPL_TRY(kpl__trainer_agree_stop(t, NULL));
+            at_max = t->step >= max_steps;
+            bool due = t->step % r->log.every_steps == 0 || epoch_done || at_max || t->stop_sig;
+            if (due) KPL_TRY(kpl__trainer_report(t));
             kpl__trainer_draw_bar(t, epoch_done);
             if (r->checkpoint.every_steps > 0 && t->step % r->checkpoint.every_steps == 0 &&
-                !epoch_done && !at_max && !stop) {
+                !epoch_done && !at_max && !t->stop_sig)
                 KPL_TRY(kpl_trainer_save(t, "steps", ckpt, len));
-                saved = true;
-            }
-            if (at_max) stop = true;
         }
         double secs = kpl_seconds() - t->epoch_t0;
         train_seconds += secs;
         train_samples += t->epoch_samples * t->world;
-        KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, stop, saved, secs, ckpt, len));
+        KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, secs, ckpt, len));
     }
-    if (kpl__stop_signal() && t->step < max_steps) *event = "interrupted";
+    if (t->stop_sig) {
+        *event = "interrupted";
+        if (t->rank == 0)
+            kpl__log_info(&t->log, "stopped by %s at step %lld: --resume continues from %s",
+                          kpl__signal_name(t->stop_sig), (long long)t->step, ckpt);
+        else
+            kpl__log_info(&t->log, "stopped by %s at step %lld", kpl__signal_name(t->stop_sig),
+                          (long long)t->step);
+    }
     say_done(t, *event, train_seconds, train_samples, ckpt);
     return KPL_OK;
 }
@@ -259,16 +314,16 @@ int kpl_trainer_fit(kpl_trainer *t)
     char ckpt[PATH_MAX] = "";
     const char *event = "done";
     kpl__catch_signals(true);
+    t->stoppable = true;
     kpl_status st = fit(t, &event, ckpt, sizeof ckpt);
-    int sig = kpl__stop_signal();
+    t->stoppable = false;
     kpl__catch_signals(false);
     if (st < 0) {
         kpl__log_error(&t->log, "%s", kpl_last_error());
         t->failed = true;
         return 1;
     }
-    if (!strcmp(event, "interrupted")) return sig == SIGINT ? 130 : 143;
-    return 0;
+    return !strcmp(event, "interrupted") ? 128 + t->stop_sig : 0;
 }
 
 /* ---- the commands ---------------------------------------------------------------------------- */
@@ -280,20 +335,27 @@ static const kpl_task_kind *task_of(const kpl_recipe *r)
     return k;
 }
 
-int kpl__train_run(const kpl_recipe *r, const char *resume)
+int kpl__train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer)
 {
     const kpl_task_kind *task = task_of(r);
     if (!task) return 1;
     kpl_trainer *t = NULL;
     kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
     o.resume = resume;
-    kpl__catch_signals(true); /* a Ctrl-C during start-up stops at the first step */
-    if (kpl_trainer_create(r, task, &o, &t) < 0) {
+    o.reset_optimizer = reset_optimizer;
+    kpl__catch_signals(true); /* a stop during start-up: see stop_at_start */
+    kpl_status st = kpl_trainer_create(r, task, &o, &t);
+    if (st < 0) {
         kpl__catch_signals(false);
-        return 1;
+        return st == KPL_ECANCELED && kpl__stop_signal() ? 128 + kpl__stop_signal() : 1;
     }
     int rc = kpl_trainer_fit(t);
+    /* A scheduler may signal again while the run winds down (its loaders,
+     * MPI): the stop is made and its checkpoint written, so the exit
+     * status stays the stop's. */
+    kpl__catch_signals(true);
     kpl_trainer_destroy(t);
+    kpl__catch_signals(false);
     return rc;
 }
 

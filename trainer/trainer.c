@@ -19,6 +19,7 @@
 #include "trainer_impl.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <fnmatch.h>
 #include <jansson.h>
 #include <math.h>
@@ -30,15 +31,21 @@
 
 /* ---- signals ------------------------------------------------------------------------- */
 
+/* The handler only notes the signal: it may land on any thread, inside
+ * malloc, a lock or stdio, so it calls nothing that is not
+ * async-signal-safe (signal and raise are; errno is kept).  The run looks
+ * at the note at its agreed points (kpl__trainer_agree_stop). */
 static volatile sig_atomic_t stop_signal;
 
 static void on_signal(int sig)
 {
-    if (stop_signal == SIGINT && sig == SIGINT) { /* a second Ctrl-C: now */
+    int saved = errno;
+    if (stop_signal && sig == SIGINT) { /* Ctrl-C while a stop is under way: now */
         signal(SIGINT, SIG_DFL);
         raise(SIGINT);
     }
-    stop_signal = sig;
+    if (stop_signal != SIGTERM) stop_signal = sig; /* SIGTERM, the scheduler's, wins */
+    errno = saved;
 }
 
 bool kpl__stop_requested(void) { return stop_signal != 0; }
@@ -52,11 +59,17 @@ static bool handler_installed(void)
 }
 int kpl__stop_signal(void) { return stop_signal; }
 
+const char *kpl__signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
+}
+
 void kpl__catch_signals(bool on)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on ? on_signal : SIG_DFL;
+    sa.sa_flags = SA_RESTART; /* a stop is a note, not an error of the call it lands in */
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
@@ -135,6 +148,8 @@ static kpl__figure *figure(kpl_trainer *t, const char *name)
 void kpl__trainer_epoch_begin(kpl_trainer *t)
 {
     for (int i = 0; i < t->nfig; i++) t->fig[i].epoch_sum = t->fig[i].epoch_count = 0;
+    t->epoch_skipped0 = t->skipped_steps;
+    t->last_report_step = t->step;
     t->epoch_t0 = kpl_seconds();
     t->epoch_samples = t->bar_t = t->bar_samples = t->rate = 0;
 }
@@ -157,31 +172,31 @@ static kpl_status fold(kpl__figure *f)
     return KPL_OK;
 }
 
-kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop)
+kpl_status kpl__trainer_report(kpl_trainer *t)
 {
     KPL_TRY(kpl__trainer_check_losses(t));
     for (int i = 0; i < t->nfig; i++) KPL_TRY(fold(&t->fig[i]));
     int64_t skipped_now = kpl_loader_skipped(t->train);
-    int nf = t->nfig, n = 2 * nf + 3;
-    double v[2 * KPL_FIGURES_MAX + 3];
+    int nf = t->nfig, n = 2 * nf + 2;
+    double v[2 * KPL_FIGURES_MAX + 2];
     for (int i = 0; i < nf; i++) v[2 * i] = t->fig[i].sum, v[2 * i + 1] = t->fig[i].count;
-    v[2 * nf] = stop_signal ? 1 : 0;
-    v[2 * nf + 1] = (double)(skipped_now - t->train_skipped_seen);
-    v[2 * nf + 2] = t->win_samples;
+    v[2 * nf] = (double)(skipped_now - t->train_skipped_seen);
+    v[2 * nf + 1] = t->win_samples;
     KPL_TRY(kpl_trainer_sum(t, v, n));
     t->train_skipped_seen = skipped_now;
-    t->skipped_examples += (int64_t)v[2 * nf + 1];
-    *stop = v[2 * nf] > 0;
-    double samples = v[2 * nf + 2];
+    t->skipped_examples += (int64_t)v[2 * nf];
+    double samples = v[2 * nf + 1];
     t->win_samples = 0;
-    bool any = false;
     for (int i = 0; i < nf; i++) {
         kpl__figure *f = &t->fig[i];
         f->sum = f->count = 0;
         f->epoch_sum += v[2 * i], f->epoch_count += v[2 * i + 1];
-        any |= v[2 * i + 1] > 0;
     }
-    if (!any || t->rank != 0) return KPL_OK;
+    /* A record for every report with steps behind it, also when every one
+     * of them was skipped (its figures are then null): the skips show. */
+    bool any_steps = t->step > t->last_report_step;
+    t->last_report_step = t->step;
+    if (!any_steps || t->rank != 0) return KPL_OK;
     double lr = lr_of_report(t), dt = kpl_seconds() - t->epoch_t0;
     double ips = dt > 0 ? t->epoch_samples * t->world / dt : 0;
     json_t *j = json_pack("{s:s, s:I, s:f}", "event", "train", "step", (json_int_t)t->step,
@@ -276,16 +291,40 @@ void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...)
     kpl__log_warn(&t->log, "%s", buf);
 }
 
-kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n)
+/* v[0..n) reduced over the ranks in place (host values). */
+static kpl_status reduce_host(kpl_trainer *t, double *v, int n, kpl_comm_op op)
 {
     if (!t->comm || n <= 0) return KPL_OK;
     int64_t len = n;
     kpl_tensor *x = NULL;
     KPL_TRY(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &len, v, &x));
-    kpl_status st = kpl_comm_allreduce(t->comm, x, x, KPL_COMM_SUM);
+    kpl_status st = kpl_comm_allreduce(t->comm, x, x, op);
     if (st >= 0) st = kpl_tensor_to_host(x, v, (size_t)n * sizeof *v);
     kpl_tensor_release(x);
     return st;
+}
+
+kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n)
+{
+    return reduce_host(t, v, n, KPL_COMM_SUM);
+}
+
+/* One number per step and per evaluation batch, so that every rank stops
+ * at the same point whichever ranks the signal reached (a scheduler's
+ * SIGTERM reaches all of them, kplrun's too, a `kill` one). */
+kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig)
+{
+    if (!t->stop_sig) {
+        double v = stop_signal;
+        kpl_status st = reduce_host(t, &v, 1, KPL_COMM_MAX);
+        if (st < 0) {
+            t->failed = true;
+            return st;
+        }
+        t->stop_sig = (int)v;
+    }
+    if (sig) *sig = t->stop_sig;
+    return KPL_OK;
 }
 
 bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i)
@@ -705,7 +744,7 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res);
 kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res)
 {
     kpl_status st = evaluate(t, res);
-    if (st < 0) t->failed = true;
+    if (st < 0 && st != KPL_ECANCELED) t->failed = true;
     return st;
 }
 
@@ -723,7 +762,18 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
     bool prev = kpl_set_grad_enabled(false);
     int64_t skipped0 = kpl_loader_skipped(t->val);
     kpl_status st = t->task->eval_begin(t, t->task_state);
-    for (bool last = false; st >= 0 && !last;) {
+    int64_t batches = 0;
+    for (bool last = false; st >= 0 && !last; batches++) {
+        /* inside kpl_trainer_fit, a stop ends the evaluation at the next
+         * batch (every rank at the same one); the epoch's checkpoint says
+         * that its evaluation is still to come */
+        int sig = 0;
+        if (t->stoppable && (st = kpl__trainer_agree_stop(t, &sig)) < 0) break;
+        if (sig) {
+            st = KPL_ERROR(KPL_ECANCELED, "evaluation stopped by %s after %lld batches",
+                           kpl__signal_name(sig), (long long)batches);
+            break;
+        }
         kpl_batch b;
         memset(&b, 0, sizeof b);
         if ((st = kpl_loader_next(t->val, &b)) < 0) break;
@@ -934,6 +984,8 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->recipe = *r;
     t->r = &t->recipe;
     t->task = task;
+    t->run_lock = -1;
+    t->reset_optimizer = opts.reset_optimizer;
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
@@ -942,9 +994,14 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl_set_deterministic(r->deterministic);
     kpl_status st = kpl__trainer_pick_device(t);
     if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);
-    if (st < 0) {
+    if (st == KPL_ECANCELED) {
+        kpl__log_info(&t->log, "stopped by %s during start-up, before the first step: %s",
+                      kpl__signal_name(kpl__stop_signal()), kpl_last_error());
+    } else if (st < 0) {
         /* the run's report: this rank's log and stderr; then the job ends */
         kpl__log_error(&t->log, "%s", kpl_last_error());
+    }
+    if (st < 0) {
         t->failed = true;
         kpl_trainer_destroy(t);
         return st;
@@ -967,6 +1024,7 @@ void kpl_trainer_destroy(kpl_trainer *t)
     kpl_loader_destroy(t->train);
     kpl_loader_destroy(t->val);
     kpl__log_close(&t->log);
+    kpl__lockfile_release(t->run_lock); /* after the last write into the run directory */
     kpl_comm_destroy(t->comm);
     free(t);
 }

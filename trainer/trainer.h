@@ -636,8 +636,13 @@ typedef struct {
     const char *resume;     /* NULL: a new run; "": the newest checkpoint; else a file */
     const char *checkpoint; /* evaluation only: the models' weights; no training data,
                                optimizer or run directory */
+    bool reset_optimizer;   /* with resume: every optimizer's state starts fresh (the
+                               weights, data position and generators still resume).
+                               Without it, a checkpoint whose optimizer differs from
+                               the run's (another rule, momentum on or off) is
+                               refused, naming both */
 } kpl_trainer_options;
-#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL}
+#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL, false}
 
 /* Everything up to the first step, in the order the data needs: ranks,
  * threads, device; data (converted when missing) and the checkpoint to

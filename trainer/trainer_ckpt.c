@@ -19,6 +19,8 @@
 
 /* ---- reading -------------------------------------------------------------------------------- */
 
+void kpl__trainer_meta_free(kpl__resume_meta *m);
+
 kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path, kpl__resume_meta *m)
 {
     memset(m, 0, sizeof *m);
@@ -57,11 +59,18 @@ kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path, kpl
     m->eval_pending = json_is_true(json_object_get(t, "eval_pending"));
     json_t *g = json_object_get(t, "rngs"); /* per model; "rng": the one model's */
     m->rng = json_incref(g ? g : json_object_get(t, "rng"));
+    m->models = json_incref(json_object_get(j, "models"));
     json_decref(j);
+    if (st < 0) kpl__trainer_meta_free(m);
     return st;
 }
 
-void kpl__trainer_meta_free(kpl__resume_meta *m) { json_decref(m->rng); }
+void kpl__trainer_meta_free(kpl__resume_meta *m)
+{
+    json_decref(m->rng);
+    json_decref(m->models);
+    m->rng = m->models = NULL;
+}
 
 /* "optim.<model>.<param>.<slot>"; checkpoints from before the task
  * interface name the one model's state "optim.<param>.<slot>". */
@@ -101,15 +110,97 @@ static void restore_rng(kpl_trainer *t, int k, const json_t *all)
                           (uint64_t)json_integer_value(json_array_get(mine, 1)));
 }
 
+/* An optimizer in words: "sgd (momentum 0.9, nesterov)", "adam". */
+static void optim_words(const char *name, double momentum, bool nesterov, char *buf, size_t len)
+{
+    bool uses_momentum = !strcmp(name, "sgd") || !strcmp(name, "lars");
+    if (!uses_momentum) snprintf(buf, len, "%s", name);
+    else if (momentum > 0) snprintf(buf, len, "%s (momentum %g%s)", name, momentum, nesterov ? ", nesterov" : "");
+    else snprintf(buf, len, "%s (no momentum)", name);
+}
+
+/* Model k's optimizer state in the checkpoint, by its slots' names: the
+ * first tensor of a slot the run's optimizer does not keep, into
+ * `foreign` ("" when there is none). */
+static void foreign_state(const kpl_trainer *t, int k, const kpl_checkpoint *c, char *foreign,
+                          size_t len)
+{
+    static const char *const all[] = {"momentum_buffer", "exp_avg", "exp_avg_sq", "step"};
+    const kpl__model *md = &t->models[k];
+    const char *const *ours = NULL;
+    int ns = kpl_optim_state_slots(md->opt, &ours);
+    char name[NAME_LEN];
+    foreign[0] = '\0';
+    for (size_t s = 0; s < sizeof all / sizeof all[0] && !foreign[0]; s++) {
+        bool mine = false;
+        for (int q = 0; q < ns; q++) mine |= !strcmp(ours[q], all[s]);
+        for (int i = 0; i < md->np && !mine; i++) {
+            optim_name(md, i, all[s], false, name, sizeof name);
+            bool there = kpl_checkpoint_find(c, name) != NULL;
+            if (!there && k == 0) {
+                optim_name(md, i, all[s], true, name, sizeof name);
+                there = kpl_checkpoint_find(c, name) != NULL;
+            }
+            if (!there) continue;
+            snprintf(foreign, len, "%s", name);
+            break;
+        }
+    }
+}
+
+/* Whether model k's optimizer state in the checkpoint can carry over to
+ * the run's optimizer: the same rule, momentum on or off alike (the
+ * checkpoint's metadata says which; checkpoints from before it said are
+ * judged by the state tensors they hold).  Other settings (lr, weight
+ * decay, the momentum's value, betas) may change: fine-tuning does. */
+static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta *rm)
+{
+    const kpl__model *md = &t->models[k];
+    const kpl_optim_config *oc = kpl_optim_get_config(md->opt);
+    const char *now = kpl_optim_kind_name(oc->kind);
+    char want[128], had[128] = "", foreign[NAME_LEN];
+    optim_words(now, oc->momentum, oc->nesterov, want, sizeof want);
+    foreign_state(t, k, t->resume, foreign, sizeof foreign);
+    const json_t *saved = NULL;
+    for (size_t i = 0; i < json_array_size(rm->models); i++) {
+        const json_t *e = json_array_get(rm->models, i);
+        const char *n = json_string_value(json_object_get(e, "name"));
+        if (n && !strcmp(n, md->name)) saved = json_object_get(e, "optimizer");
+    }
+    const char *was = json_string_value(json_object_get(saved, "name"));
+    bool differs;
+    if (was) {
+        double mom = json_number_value(json_object_get(saved, "momentum"));
+        optim_words(was, mom, json_is_true(json_object_get(saved, "nesterov")), had, sizeof had);
+        bool uses = !strcmp(now, "sgd") || !strcmp(now, "lars");
+        differs = strcmp(was, now) || (uses && (mom > 0) != (oc->momentum > 0));
+    } else {
+        /* an older checkpoint: its state tensors tell what they can */
+        differs = foreign[0] != '\0';
+        if (differs) snprintf(had, sizeof had, "one with other state (%s)", foreign);
+    }
+    if (!differs) return KPL_OK;
+    return KPL_ERROR(KPL_EINVAL, "--resume %s: model '%s' was trained with %s, this run's optimizer "
+                     "is %s: its state cannot carry over.  Resume with --reset-optimizer to start "
+                     "the optimizer state fresh (the weights, data position and generators still "
+                     "resume), or set the checkpoint's optimizer", t->resume_path, md->name, had,
+                     want);
+}
+
 kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm)
 {
     kpl_checkpoint *c = t->resume;
     char name[NAME_LEN];
     KPL_TRY(kpl__trainer_restore_models(t, c, t->resume_path));
+    if (!t->reset_optimizer)
+        for (int k = 0; k < t->nmodels; k++) KPL_TRY(check_optimizer(t, k, rm));
+    else if (t->rank == 0)
+        kpl__log_warn(&t->log, "--reset-optimizer: the optimizer state of %s starts fresh",
+                      t->resume_path);
     for (int k = 0; k < t->nmodels; k++) {
         kpl__model *md = &t->models[k];
         const char *const *slots = NULL;
-        int ns = kpl_optim_state_slots(md->opt, &slots);
+        int ns = t->reset_optimizer ? 0 : kpl_optim_state_slots(md->opt, &slots);
         for (int i = 0; i < md->np; i++)
             for (int s = 0; s < ns; s++) {
                 optim_name(md, i, slots[s], false, name, sizeof name);
@@ -225,10 +316,16 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
     json_object_set_new(train, "skipped_steps", json_integer(t->skipped_steps));
     json_object_set_new(train, "skipped_examples", json_integer(t->skipped_examples));
     json_t *models = json_array();
-    for (int k = 0; k < t->nmodels; k++)
-        json_array_append_new(models, json_pack("{s:s, s:s, s:I}", "name", t->models[k].name,
-                                                "label", t->models[k].label, "params",
-                                                (json_int_t)kpl_module_param_count(t->models[k].m)));
+    for (int k = 0; k < t->nmodels; k++) {
+        const kpl_optim_config *oc = kpl_optim_get_config(t->models[k].opt);
+        json_array_append_new(models, json_pack("{s:s, s:s, s:I, s:{s:s, s:f, s:b}}", "name",
+                                                t->models[k].name, "label", t->models[k].label,
+                                                "params",
+                                                (json_int_t)kpl_module_param_count(t->models[k].m),
+                                                "optimizer", "name", kpl_optim_kind_name(oc->kind),
+                                                "momentum", oc->momentum, "nesterov",
+                                                (int)oc->nesterov));
+    }
     json_t *j = json_pack("{s:s, s:s, s:I, s:s, s:s, s:o, s:o}", "kpl_version", kpl_version(),
                           "why", why, "time", (json_int_t)time(NULL), "recipe", yaml, "task",
                           t->task->name, "train", train, "models", models);

@@ -131,6 +131,24 @@ kpl_status kpl__trainer_make_comm(kpl_trainer *R)
     return KPL_OK;
 }
 
+/* One run per directory: rank 0 holds RUN_DIR/.kpl-run.lock for the run's
+ * life (the other ranks write only their logs there).  A second run is
+ * refused before it touches anything (its start would remove the first
+ * one's checkpoint in flight as unfinished); a dead run's lock is free. */
+static kpl_status lock_run_dir(kpl_trainer *R)
+{
+    char path[PATH_MAX + 32], holder[512], prev[512];
+    snprintf(path, sizeof path, "%s/.kpl-run.lock", R->run_dir);
+    KPL_TRY(kpl__lockfile_try(path, &R->run_lock, holder, sizeof holder, prev, sizeof prev));
+    KPL_CHECK(R->run_lock >= 0, KPL_ESTATE,
+              "run directory %s is in use by another run (%s, holding %s): give this one its own "
+              "run_dir, or wait for that one to end", R->run_dir, holder, path);
+    if (prev[0])
+        kpl__log_info(&R->log, "run directory %s: the run before this one (%s) ended without "
+                      "releasing it; taken over", R->run_dir, prev);
+    return KPL_OK;
+}
+
 /* Rank 0 names the run directory (the recipe's run_dir, the resumed
  * checkpoint's run, or runs/<name>-<time>) and tells the others. */
 kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
@@ -170,6 +188,7 @@ kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
             }
         }
         if (st >= 0) st = kpl__mkdirs(R->run_dir);
+        if (st >= 0) st = lock_run_dir(R);
         snprintf(R->ckpt_dir, sizeof R->ckpt_dir, "%s/checkpoints", R->run_dir);
         if (st >= 0) st = kpl__mkdirs(R->ckpt_dir);
         char logs[PATH_MAX + 8];
@@ -190,7 +209,8 @@ kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
             snprintf(R->run_dir, sizeof R->run_dir, "%s", p);
             snprintf(R->ckpt_dir, sizeof R->ckpt_dir, "%s/checkpoints", R->run_dir);
             if (!R->run_dir[0])
-                bs = KPL_ERROR(KPL_EIO, "rank 0 could not create the run directory");
+                bs = KPL_ERROR(KPL_EIO, "rank 0 could not take the run directory (its log says "
+                               "why)");
             else
                 kpl__mkdirs(R->ckpt_dir); /* the run directory may be local to each node */
         }

@@ -1,12 +1,17 @@
-/* fault_inject.so — an LD_PRELOAD library that kills its process with
- * SIGKILL at a chosen file operation, so that faults_e2e.sh can crash kpl
- * train at exact points inside a checkpoint save (no hook in kpl itself).
+/* fault_inject.so — an LD_PRELOAD library that stops its process at a
+ * chosen file operation, so that faults_e2e.sh and stop_e2e.sh can crash
+ * or stop kpl train at exact points (inside a checkpoint save, a dataset
+ * conversion, start-up) with no hook in kpl itself.
  *
- *   KPL_FAULT=OP:SUFFIX:N   before the N-th (1-based) call of OP on a file
- *                           whose path ends with SUFFIX, SIGKILL
+ *   KPL_FAULT=OP:SUFFIX:N[:SIG]   before the N-th (1-based) call of OP on a
+ *                                 file whose path ends with SUFFIX (or, for
+ *                                 "*TEXT", contains TEXT): SIGKILL,
+ *                                 or with SIG (TERM or INT) that signal to
+ *                                 the whole process group, as a scheduler
+ *                                 sends it, and the call goes on
  *
  * OP: write (also pwrite; the path is that of the descriptor), fsync,
- * rename (the old path), link (the old path).  Other processes and
+ * rename (the old path), link (the old path), mkdir.  Other processes and
  * other calls pass through untouched. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -15,11 +20,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
 
 static char op_[16], suffix_[256];
 static long at_ = -1, seen_;
+static int sig_ = SIGKILL;
 
 static void parse(void)
 {
@@ -28,16 +35,22 @@ static void parse(void)
     done = 1;
     const char *s = getenv("KPL_FAULT");
     if (!s) return;
-    const char *a = strchr(s, ':'), *b = a ? strrchr(s, ':') : NULL;
-    if (!a || b == a || (size_t)(a - s) >= sizeof op_ || (size_t)(b - a - 1) >= sizeof suffix_)
-        return;
-    memcpy(op_, s, (size_t)(a - s));
-    memcpy(suffix_, a + 1, (size_t)(b - a - 1));
-    at_ = atol(b + 1);
+    char buf[512];
+    if (strlen(s) >= sizeof buf) return;
+    strcpy(buf, s);
+    char *save = NULL, *op = strtok_r(buf, ":", &save), *suf = strtok_r(NULL, ":", &save);
+    char *n = strtok_r(NULL, ":", &save), *sig = strtok_r(NULL, ":", &save);
+    if (!op || !suf || !n || strlen(op) >= sizeof op_ || strlen(suf) >= sizeof suffix_) return;
+    if (sig && strcmp(sig, "TERM") && strcmp(sig, "INT")) return;
+    strcpy(op_, op);
+    strcpy(suffix_, suf);
+    at_ = atol(n);
+    if (sig) sig_ = !strcmp(sig, "TERM") ? SIGTERM : SIGINT;
 }
 
 static int ends_with(const char *p, const char *suf)
 {
+    if (suf[0] == '*') return strstr(p, suf + 1) != NULL;
     size_t lp = strlen(p), ls = strlen(suf);
     return lp >= ls && !strcmp(p + lp - ls, suf);
 }
@@ -46,7 +59,9 @@ static void maybe_die(const char *op, const char *path)
 {
     parse();
     if (at_ <= 0 || strcmp(op, op_) || !path || !ends_with(path, suffix_)) return;
-    if (++seen_ == at_) raise(SIGKILL);
+    if (++seen_ != at_) return;
+    if (sig_ == SIGKILL) raise(SIGKILL);
+    kill(0, sig_); /* every process of the group, this one included */
 }
 
 static void maybe_die_fd(const char *op, int fd)
@@ -97,4 +112,10 @@ int link(const char *from, const char *to)
 {
     maybe_die("link", from);
     return NEXT("link", int (*)(const char *, const char *))(from, to);
+}
+
+int mkdir(const char *path, mode_t mode)
+{
+    maybe_die("mkdir", path);
+    return NEXT("mkdir", int (*)(const char *, mode_t))(path, mode);
 }

@@ -161,6 +161,7 @@ struct kpl_trainer {
     kpl_loader *train, *val;
     char train_path[PATH_MAX], val_path[PATH_MAX];
     char run_dir[PATH_MAX], ckpt_dir[PATH_MAX + 16];
+    int run_lock; /* rank 0: the run directory's lock (a descriptor), else -1 */
     int64_t batches_per_epoch, steps_per_epoch, total_steps;
     int64_t step, epoch, epoch_step; /* steps done; the epoch in progress; its steps done */
     /* the step under way */
@@ -180,11 +181,15 @@ struct kpl_trainer {
     /* best model */
     double best;                      /* the best metric so far, NAN: none */
     int64_t best_step;
-    int64_t skipped_steps, skips_in_row; /* loss.nonfinite skip: updates left out */
+    int64_t skipped_steps, skips_in_row; /* loss.nonfinite skip: updates left out (note_skip
+                                            counts them, the one place) */
+    int64_t epoch_skipped0;              /* skipped_steps when this epoch (or resume) began */
+    int64_t last_report_step;            /* the step of the last report */
     int64_t skipped_examples;            /* train: corrupt examples dropped, all ranks */
     int64_t train_skipped_seen;          /* this rank's loader count already reported */
     bool eval_pending; /* the checkpoint being written precedes its evaluation */
     kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
+    bool reset_optimizer;   /* kpl_trainer_options.reset_optimizer */
     char resume_path[PATH_MAX];
     /* the latest figures, for the final report */
     double images_per_sec;
@@ -192,6 +197,8 @@ struct kpl_trainer {
     kpl_eval_result val_res;
     double t_start;
     bool failed; /* a collective call failed here: destroy ends the job */
+    bool stoppable; /* inside kpl_trainer_fit: SIGINT / SIGTERM stop the run */
+    int stop_sig;   /* the stop every rank agreed on (a signal number), 0: none yet */
 };
 
 /* A process of the validation loader that died, named (every step). */
@@ -214,7 +221,8 @@ typedef struct {
     double best;
     int64_t best_step, skipped_steps, skipped_examples;
     bool eval_pending;
-    void *rng; /* json_t: per model, per rank [seed, offset] */
+    void *rng;    /* json_t: per model, per rank [seed, offset] */
+    void *models; /* json_t: the "models" array (name, optimizer), or NULL */
 } kpl__resume_meta;
 kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path,
                                   kpl__resume_meta *m);
@@ -230,8 +238,12 @@ kpl_status kpl__trainer_note_best(kpl_trainer *t, const char *ckpt);
 /* trainer.c: reports */
 /* The figures since the last report summed over the ranks: a record in
  * metrics.jsonl and TensorBoard, a console line when there is no progress
- * bar.  *stop: a rank was asked to stop (a signal).  Collective. */
-kpl_status kpl__trainer_report(kpl_trainer *t, bool *stop);
+ * bar.  Collective. */
+kpl_status kpl__trainer_report(kpl_trainer *t);
+/* Whether the run stops here: the largest signal number any rank caught
+ * (SIGTERM 15 over SIGINT 2) once one has, else 0; once agreed it stays
+ * (t->stop_sig).  Collective while nothing is agreed and world > 1. */
+kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig);
 /* Checks every watched loss (before a report, checkpoint or evaluation). */
 kpl_status kpl__trainer_check_losses(kpl_trainer *t);
 void kpl__trainer_draw_bar(kpl_trainer *t, bool force);
@@ -250,12 +262,13 @@ double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e);
 /* Whether SIGINT or SIGTERM asked the run to stop (long waits give up). */
 bool kpl__stop_requested(void);
 int kpl__stop_signal(void);
+const char *kpl__signal_name(int sig); /* "SIGINT", "SIGTERM" */
 void kpl__catch_signals(bool on);
 
 /* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
  * run), "" (the newest checkpoint) or a checkpoint file.  Returns the exit
  * status. */
-int kpl__train_run(const kpl_recipe *r, const char *resume);
+int kpl__train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer);
 /* `kpl eval`: the checkpoint's models on the recipe's validation split. */
 int kpl__eval_run(const kpl_recipe *r, const char *checkpoint);
 
