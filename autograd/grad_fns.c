@@ -379,7 +379,10 @@ G(PAD_ROWS)
  * kernel; with it, the same formula in recorded ops, so it can be
  * differentiated again:
  *   gx = gamma inv (gy - mean(gy) - xhat mean(gy xhat)),
- *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv. */
+ *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv.
+ * The two terms of gx nearly cancel when gy is nearly parallel to xhat
+ * (always so with two values per channel), so f32 runs the recorded
+ * formula in f64, as the kernel does (kernels/cpu/cpu_norm.c). */
 G(BATCH_NORM)
 {
     kpl_tensor *x = IN(0), *gamma = IN(1);
@@ -401,6 +404,12 @@ G(BATCH_NORM)
     }
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
+    kpl_dtype dt = kpl_tensor_dtype(x);
+    if (dt == KPL_F32) {
+        x = kpl_cast(x, KPL_F64);
+        gamma = kpl_cast(gamma, KPL_F64);
+        gy = kpl_cast(gy, KPL_F64);
+    }
     kpl_tensor *xc = kpl_sub(x, kpl_mean(x, axes, na, true));
     kpl_tensor *inv = kpl_rsqrt(SCAL(KPL_BIN_ADD, kpl_mean(kpl_square(xc), axes, na, true), eps));
     kpl_tensor *xhat = kpl_mul(xc, inv);
@@ -412,6 +421,8 @@ G(BATCH_NORM)
     }
     if (WANT(1)) gin[1] = kpl_sum(gyx, axes, na, false);
     if (WANT(2)) gin[2] = kpl_sum(gy, axes, na, false);
+    for (int i = 0; i < 3 && dt == KPL_F32; i++)
+        if (gin[i]) gin[i] = kpl_cast(gin[i], dt);
     return KPL_OK;
 }
 
