@@ -696,6 +696,43 @@ static void test_batch_norm_one_value_per_channel(void **state)
     kpl_pool_pop(p);
 }
 
+/* Every label ignored: kpl's mean cross entropy is 0 with gradient 0 —
+ * a deliberate departure from PyTorch, whose mean over no rows is NaN
+ * since 1.11 (pytorch/pytorch#64572; F.cross_entropy(torch.randn(3, 4),
+ * torch.full((3,), -100)) is nan).  A NaN loss stops a kpl run, and a
+ * batch (or a rank's shard) with no labelled rows should add nothing
+ * instead.  Sum and none agree with PyTorch (0 and zeros). */
+static void test_cross_entropy_all_ignored(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s34[2] = {3, 4};
+    kpl_tensor *z = leaf(2, s34, (double[]){0.1, 0.2, 0.3, 0.4, 1, -1, 0, 2, 0.5, 0.5, -0.5, 0});
+    kpl_tensor *lab = i64t(3, (int64_t[]){-100, -100, -100}), *g = NULL;
+    const double zero12[12] = {0};
+    for (int smooth = 0; smooth < 2; smooth++) {
+        double eps = smooth ? 0.1 : 0;
+        kpl_tensor *l = NN(kpl_cross_entropy(z, lab, KPL_REDUCE_MEAN, eps, -100));
+        assert_float_equal(tget(l, 0), 0, 0); /* not NaN */
+        OK(kpl_grad(l, NULL, 1, &z, false, &g));
+        expect(g, 12, zero12, "cross_entropy all ignored, mean: gradient");
+        l = NN(kpl_cross_entropy(z, lab, KPL_REDUCE_SUM, eps, -100));
+        assert_float_equal(tget(l, 0), 0, 0);
+        OK(kpl_grad(l, NULL, 1, &z, false, &g));
+        expect(g, 12, zero12, "cross_entropy all ignored, sum: gradient");
+        expect(kpl_cross_entropy(z, lab, KPL_REDUCE_NONE, eps, -100), 3, zero12,
+               "cross_entropy all ignored, none");
+    }
+    /* nll_loss (the same code) on log-probabilities, an ignore_index of 2 */
+    kpl_tensor *l = NN(kpl_nll_loss(NN(kpl_log_softmax(z, 1)), i64t(3, (int64_t[]){2, 2, 2}),
+                                    KPL_REDUCE_MEAN, 2));
+    assert_float_equal(tget(l, 0), 0, 0);
+    OK(kpl_grad(l, NULL, 1, &z, false, &g));
+    expect(g, 12, zero12, "nll_loss all ignored: gradient");
+    kpl_pool_pop(p);
+    kpl_tensor_release(z);
+}
+
 /* The input gradient of f32 batch norm in training mode against one in
  * double from the same f32 values: gamma inv ((gy - mean(gy)) - (x - mean)
  * inv^2 mean(gy (x - mean))).  With two values per channel the two terms
@@ -1032,6 +1069,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_conv_transpose_output_padding_gradcheck),
         cmocka_unit_test(test_batch_norm_one_value_per_channel),
         cmocka_unit_test(test_batch_norm_grad_f32_accuracy),
+        cmocka_unit_test(test_cross_entropy_all_ignored),
         cmocka_unit_test(test_smooth_l1_beta_zero),
         cmocka_unit_test(test_pool_ceil_mode),
     };
