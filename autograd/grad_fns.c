@@ -180,16 +180,27 @@ G(POW)
     if (WANT(1)) gin[1] = sum_to(kpl_mul(gy, kpl_mul(y, kpl_log(a))), n, 1);
     return KPL_OK;
 }
-static kpl_status g_extreme(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_binary_op keep_a)
+/* PyTorch's rule for maximum/minimum: an input gets the whole gradient
+ * where it wins, none where it loses, and half at a tie (a == b); where
+ * either is NaN no comparison holds, so both get the whole.  a_loses is
+ * LT for maximum, GT for minimum.  The masks are constants, so a second
+ * order is the mask times the second order of gy. */
+static kpl_status g_extreme(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_binary_op a_loses)
 {
-    /* Ties go to a, as maximum/minimum return a when a == b. */
-    kpl_tensor *m = mask(keep_a, IN(0), IN(1));
-    if (WANT(0)) gin[0] = sum_to(kpl_mul(gy, m), n, 0);
-    if (WANT(1)) gin[1] = sum_to(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, m, 1, true)), n, 1);
+    kpl_tensor *a = IN(0), *b = IN(1);
+    kpl_tensor *half = SCAL(KPL_BIN_MUL, mask(KPL_BIN_EQ, a, b), 0.5);
+    kpl_binary_op b_loses = a_loses == KPL_BIN_LT ? KPL_BIN_GT : KPL_BIN_LT;
+    /* 1 - [loses] - [tie] / 2 */
+    if (WANT(0))
+        gin[0] = sum_to(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, kpl_add(mask(a_loses, a, b), half),
+                                                  1, true)), n, 0);
+    if (WANT(1))
+        gin[1] = sum_to(kpl_mul(gy, kpl_scalar_op(KPL_BIN_SUB, kpl_add(mask(b_loses, a, b), half),
+                                                  1, true)), n, 1);
     return KPL_OK;
 }
-G(MAXIMUM) { return g_extreme(n, gy, gin, KPL_BIN_GE); }
-G(MINIMUM) { return g_extreme(n, gy, gin, KPL_BIN_LE); }
+G(MAXIMUM) { return g_extreme(n, gy, gin, KPL_BIN_LT); }
+G(MINIMUM) { return g_extreme(n, gy, gin, KPL_BIN_GT); }
 
 G(ADD_SCALAR) { RET0(gy); }
 G(SUB_SCALAR) { RET0(kpl_node_attrs(n)->scalar_first ? kpl_neg(gy) : gy); }
@@ -208,6 +219,8 @@ G(POW_SCALAR)
         RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, SCAL(KPL_BIN_POW, IN(0), at->scalar - 1), at->scalar)));
     RET0(kpl_mul(gy, SCAL(KPL_BIN_MUL, OUT, log(at->scalar)))); /* s^x: s^x ln s */
 }
+/* maximum/minimum with a constant are PyTorch's clamp_min/clamp_max (the
+ * ops that take a number): x keeps the whole gradient at a tie. */
 static kpl_status g_extreme_scalar(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin,
                                    kpl_binary_op keep_x)
 {
@@ -379,7 +392,10 @@ G(PAD_ROWS)
  * kernel; with it, the same formula in recorded ops, so it can be
  * differentiated again:
  *   gx = gamma inv (gy - mean(gy) - xhat mean(gy xhat)),
- *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv. */
+ *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv.
+ * The two terms of gx nearly cancel when gy is nearly parallel to xhat
+ * (always so with two values per channel), so f32 runs the recorded
+ * formula in f64, as the kernel does (kernels/cpu/cpu_norm.c). */
 G(BATCH_NORM)
 {
     kpl_tensor *x = IN(0), *gamma = IN(1);
@@ -401,6 +417,12 @@ G(BATCH_NORM)
     }
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
+    kpl_dtype dt = kpl_tensor_dtype(x);
+    if (dt == KPL_F32) {
+        x = kpl_cast(x, KPL_F64);
+        gamma = kpl_cast(gamma, KPL_F64);
+        gy = kpl_cast(gy, KPL_F64);
+    }
     kpl_tensor *xc = kpl_sub(x, kpl_mean(x, axes, na, true));
     kpl_tensor *inv = kpl_rsqrt(SCAL(KPL_BIN_ADD, kpl_mean(kpl_square(xc), axes, na, true), eps));
     kpl_tensor *xhat = kpl_mul(xc, inv);
@@ -412,6 +434,8 @@ G(BATCH_NORM)
     }
     if (WANT(1)) gin[1] = kpl_sum(gyx, axes, na, false);
     if (WANT(2)) gin[2] = kpl_sum(gy, axes, na, false);
+    for (int i = 0; i < 3 && dt == KPL_F32; i++)
+        if (gin[i]) gin[i] = kpl_cast(gin[i], dt);
     return KPL_OK;
 }
 

@@ -178,7 +178,9 @@ kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis);
 /* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), with
  * label smoothing in [0, 1) and rows whose label is ignore_index left out
  * (pass a negative value that never occurs, e.g. -100, to keep all).  A
- * label outside [0, C) is an error naming its row and value. */
+ * label outside [0, C) is an error naming its row and value.  The mean is
+ * over the rows that count; when none does it is 0, with gradient 0
+ * (PyTorch returns NaN there: see docs/nn.md). */
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
                               double label_smoothing, int64_t ignore_index);
 /* Negative log likelihood of log-probabilities (N, C). */

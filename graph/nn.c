@@ -91,7 +91,10 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
         per = kpl_add(kpl_scalar_op(KPL_BIN_MUL, per, 1 - eps, false),
                       kpl_scalar_op(KPL_BIN_MUL, kpl_mean(logp, &ax, 1, false), -eps, false));
     per = kpl_mul(per, keep);
-    if (red == KPL_REDUCE_MEAN) /* the mean over the rows that count, as PyTorch */
+    /* The mean over the rows that count, as PyTorch; with none, 0 (a sum
+     * of zeros), where PyTorch's 0 / 0 is NaN: a batch without labelled
+     * rows adds nothing rather than stopping the run (docs/nn.md). */
+    if (red == KPL_REDUCE_MEAN)
         return kpl_scalar_op(KPL_BIN_DIV, kpl_sum(per, NULL, 0, false),
                              (double)(kept ? kept : 1), false);
     return reduce_loss(per, red);

@@ -6,58 +6,125 @@
  * that backward must be given again, and its plain-layout (ncsp) kernels
  * are no faster than these loops; these also serve f64, which the
  * gradient checks need.  Statistics are two-pass (mean, then squared
- * deviations) with f64 accumulation, so a large mean does not cancel the
- * variance away.
+ * deviations), so a large mean does not cancel the variance away.
+ *
+ * Every per-channel sum accumulates in double element by element, and the
+ * input gradient is evaluated in double before its one rounding to T.
+ * The gradient needs it: gx = gamma inv (gy - mean(gy) - xhat mean(gy xhat))
+ * is the small difference of two large terms whenever gy is nearly
+ * parallel to xhat — always so with two values per channel (N = 2, 1x1),
+ * where the true result is gamma inv (gy0 - gy1) / 2 eps / (var + eps),
+ * eps / (var + eps) of either term.  One f32 rounding in the statistics
+ * or the terms then costs ~1e-2 relative; in double the cancellation
+ * leaves the result accurate to f32 rounding (the bound is held by
+ * test_batch_norm_grad_f32_accuracy in tests/autograd/test_losses.c).
+ * This is no slower than the f32 loops it replaced: those sums were
+ * scalar (a compiler may not reassociate them), these vectorise over
+ * explicit lanes (BN_FOLD), and the per-channel loops are built for AVX2
+ * and AVX-512 too (KPL_CLONES; kernels/CMakeLists.txt turns off FMA
+ * contraction for this file, so every build rounds alike).
  */
 #include "kernels_impl.h"
 
 #include <math.h>
 
-/* Mean and inverse standard deviation (and biased variance) of channel c. */
-#define BN_STATS(T)                                                                       \
-    static void stats_##T(const T *x, const kpl_bn_attrs *a, int64_t c, double *mean,     \
-                          double *var)                                                    \
-    {                                                                                     \
-        double s = 0;                                                                     \
-        for (int64_t n = 0; n < a->n; n++) {                                              \
-            const T *r = x + (n * a->c + c) * a->hw;                                      \
-            T rs = 0;                                                                     \
-            for (int64_t i = 0; i < a->hw; i++) rs += r[i];                               \
-            s += (double)rs;                                                              \
+/* Partial sums in BN_LANES explicit lanes: value i of a row of hw goes
+ * to lane i % BN_LANES, or, in rows shorter than BN_LANES, every value of
+ * row n to lane n % BN_LANES.  Independent lanes let the compiler
+ * vectorise and pipeline the sums without reassociating anything, so the
+ * bits do not depend on the vector width.  ACC(j, k) adds the term of
+ * element k of the tensor to lane j; a, c are the attrs and the channel. */
+#define BN_LANES 8
+#define BN_FOLD(ACC)                                                                      \
+    for (int64_t n = 0; n < a->n; n++) {                                                  \
+        int64_t o = (n * a->c + c) * a->hw, i = 0;                                        \
+        if (a->hw >= BN_LANES) {                                                          \
+            for (; i + BN_LANES <= a->hw; i += BN_LANES)                                  \
+                for (int j = 0; j < BN_LANES; j++) ACC(j, o + i + j);                     \
+            for (int j = 0; i < a->hw; i++, j++) ACC(j, o + i);                           \
+        } else {                                                                          \
+            for (int j = (int)(n % BN_LANES); i < a->hw; i++) ACC(j, o + i);               \
         }                                                                                 \
-        double m = s / (double)(a->n * a->hw), q = 0;                                     \
-        T mt = (T)m;                                                                      \
-        for (int64_t n = 0; n < a->n; n++) {                                              \
-            const T *r = x + (n * a->c + c) * a->hw;                                      \
-            T rq = 0;                                                                     \
-            for (int64_t i = 0; i < a->hw; i++) rq += (r[i] - mt) * (r[i] - mt);          \
-            q += (double)rq;                                                              \
-        }                                                                                 \
-        *mean = m;                                                                        \
-        *var = q / (double)(a->n * a->hw);                                                \
     }
 
+static double lanes_total(const double *l)
+{
+    return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
+}
+
+/* The terms of the sums: x; (x - m)^2; gy and gy (x - m). */
+#define ACC_X(j, k) s[j] += (double)x[k]
+#define ACC_SQDEV(j, k)                                                                   \
+    do {                                                                                  \
+        double d_ = (double)x[k] - m;                                                     \
+        q[j] += d_ * d_;                                                                  \
+    } while (0)
+#define ACC_GRAD(j, k)                                                                    \
+    do {                                                                                  \
+        double g_ = (double)gy[k];                                                        \
+        sg[j] += g_;                                                                      \
+        sgx[j] += g_ * ((double)x[k] - m);                                                \
+    } while (0)
+
+/* Mean and biased variance of channel c. */
+#define BN_STATS(T)                                                                       \
+    static inline void stats_##T(const T *x, const kpl_bn_attrs *a, int64_t c,             \
+                                 double *mean, double *var)                               \
+    {                                                                                     \
+        double cnt = (double)(a->n * a->hw), s[BN_LANES] = {0}, q[BN_LANES] = {0};        \
+        BN_FOLD(ACC_X)                                                                    \
+        double m = lanes_total(s) / cnt;                                                  \
+        BN_FOLD(ACC_SQDEV)                                                                \
+        *mean = m;                                                                        \
+        *var = lanes_total(q) / cnt;                                                      \
+    }
+
+/* One channel each; the OpenMP loops over channels call them. */
 #define BN_KERNELS(T)                                                                     \
     BN_STATS(T)                                                                           \
+    KPL_CLONES static void fwd_chan_##T(const T *x, const T *g, const T *b, T *y, T *mo,   \
+                                        T *vo, const kpl_bn_attrs *a, int64_t c)          \
+    {                                                                                     \
+        double m, v;                                                                      \
+        stats_##T(x, a, c, &m, &v);                                                       \
+        if (mo) mo[c] = (T)m;                                                             \
+        if (vo) vo[c] = (T)v;                                                             \
+        double inv = 1.0 / sqrt(v + a->eps);                                              \
+        T scale = (T)((double)g[c] * inv), shift = (T)((double)b[c] - m * (double)g[c] * inv); \
+        for (int64_t n = 0; n < a->n; n++) {                                              \
+            const T *r = x + (n * a->c + c) * a->hw;                                      \
+            T *o = y + (n * a->c + c) * a->hw;                                            \
+            for (int64_t i = 0; i < a->hw; i++) o[i] = r[i] * scale + shift;              \
+        }                                                                                 \
+    }                                                                                     \
+    KPL_CLONES static void bwd_chan_##T(const T *x, const T *gy, const T *g, T *gx, T *gg, \
+                                        T *gb, const kpl_bn_attrs *a, int64_t c)          \
+    {                                                                                     \
+        double m, v, cnt = (double)(a->n * a->hw);                                        \
+        stats_##T(x, a, c, &m, &v);                                                       \
+        double inv = 1.0 / sqrt(v + a->eps), sg[BN_LANES] = {0}, sgx[BN_LANES] = {0};      \
+        BN_FOLD(ACC_GRAD)                                                                 \
+        double tg = lanes_total(sg), tgx = lanes_total(sgx);                              \
+        /* sum(gy xhat) = inv sum(gy (x - mean)) */                                       \
+        if (gg) gg[c] = (T)(tgx * inv);                                                   \
+        if (gb) gb[c] = (T)tg;                                                            \
+        if (!gx) return;                                                                  \
+        /* gx = gamma inv ((gy - mean(gy)) - (x - mean) inv^2 mean(gy (x - mean))) */     \
+        double k = (double)g[c] * inv, mg = tg / cnt, kx = inv * inv * tgx / cnt;         \
+        for (int64_t n = 0; n < a->n; n++) {                                              \
+            const T *r = x + (n * a->c + c) * a->hw, *d = gy + (n * a->c + c) * a->hw;     \
+            T *o = gx + (n * a->c + c) * a->hw;                                           \
+            for (int64_t i = 0; i < a->hw; i++)                                           \
+                o[i] = (T)(k * (((double)d[i] - mg) - ((double)r[i] - m) * kx));          \
+        }                                                                                 \
+    }                                                                                     \
     static void fwd_##T(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
         const T *x = kpl__cdata(args->in[0]), *g = kpl__cdata(args->in[1]),               \
                 *b = kpl__cdata(args->in[2]);                                             \
         T *y = kpl__data(args->out);                                                      \
         T *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1,                                            \
-            double m, v;                                                                  \
-            stats_##T(x, a, c, &m, &v);                                                   \
-            if (mo) mo[c] = (T)m;                                                         \
-            if (vo) vo[c] = (T)v;                                                         \
-            double inv = 1.0 / sqrt(v + a->eps);                                          \
-            T scale = (T)((double)g[c] * inv), shift = (T)((double)b[c] - m * (double)g[c] * inv); \
-            for (int64_t n = 0; n < a->n; n++) {                                          \
-                const T *r = x + (n * a->c + c) * a->hw;                                  \
-                T *o = y + (n * a->c + c) * a->hw;                                        \
-                for (int64_t i = 0; i < a->hw; i++) o[i] = r[i] * scale + shift;          \
-            }                                                                             \
-        );                                                                                \
+        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_chan_##T(x, g, b, y, mo, vo, a, c););   \
     }                                                                                     \
     static void bwd_##T(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
@@ -66,39 +133,7 @@
         T *gx = a->gx ? kpl__data(a->gx) : NULL;                                          \
         T *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
         T *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
-        double cnt = (double)(a->n * a->hw);                                              \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1,                                            \
-            double m, v;                                                                  \
-            stats_##T(x, a, c, &m, &v);                                                   \
-            double inv = 1.0 / sqrt(v + a->eps), sg = 0, sgx = 0;                         \
-            T mt = (T)m;                                                                  \
-            for (int64_t n = 0; n < a->n; n++) {                                          \
-                const T *r = x + (n * a->c + c) * a->hw, *d = gy + (n * a->c + c) * a->hw; \
-                T rs = 0, rsx = 0;                                                        \
-                for (int64_t i = 0; i < a->hw; i++) {                                     \
-                    rs += d[i];                                                           \
-                    rsx += d[i] * (r[i] - mt);                                            \
-                }                                                                         \
-                sg += (double)rs;                                                         \
-                sgx += (double)rsx;                                                       \
-            }                                                                             \
-            /* sum(gy xhat) = inv sum(gy (x - mean)) */                                   \
-            if (gg) gg[c] = (T)(sgx * inv);                                               \
-            if (gb) gb[c] = (T)sg;                                                        \
-            if (gx) {                                                                     \
-                /* gx = gamma inv (gy - mean(gy) - (x - mean) inv^2 mean(gy (x - mean))) */ \
-                double k = (double)g[c] * inv;                                            \
-                T ka = (T)k, kb = (T)(k * inv * inv * sgx / cnt),                         \
-                  kc = (T)(k * sg / cnt);                                                 \
-                for (int64_t n = 0; n < a->n; n++) {                                      \
-                    const T *r = x + (n * a->c + c) * a->hw,                              \
-                            *d = gy + (n * a->c + c) * a->hw;                             \
-                    T *o = gx + (n * a->c + c) * a->hw;                                   \
-                    for (int64_t i = 0; i < a->hw; i++)                                   \
-                        o[i] = ka * d[i] - kb * (r[i] - mt) - kc;                         \
-                }                                                                         \
-            }                                                                             \
-        );                                                                                \
+        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, bwd_chan_##T(x, gy, g, gx, gg, gb, a, c););  \
     }
 
 BN_KERNELS(float)

@@ -1,8 +1,8 @@
 /*
- * cuda_nn.cu — the neural-network kernels on CUDA: convolution and batch
- * normalisation through cuDNN (its v9 library, "legacy" descriptor API,
- * which cuDNN 9 still ships and supports), pooling and index_select/add as
- * kernels of our own.
+ * cuda_nn.cu — the neural-network kernels on CUDA: convolution and the
+ * batch-normalisation forward through cuDNN (its v9 library, "legacy"
+ * descriptor API, which cuDNN 9 still ships and supports); the batch-norm
+ * backward, pooling and index_select/add as kernels of our own.
  *
  * Convolution: the algorithm for each problem (kind, shapes, dtype,
  * device) is chosen once with cudnnFind*AlgorithmEx on the call's own
@@ -324,6 +324,142 @@ fail:
 
 /* ---- batch norm ------------------------------------------------------------------- */
 
+/* The backward is ours, not cuDNN's: the same arithmetic as
+ * kernels/cpu/cpu_norm.c, so the two devices agree to f32 rounding.  Its
+ * input gradient gamma inv ((gy - mean(gy)) - (x - mean) inv^2 mean(gy
+ * (x - mean))) is the small difference of two nearly equal terms whenever
+ * gy is nearly parallel to x - mean (always with two values per channel),
+ * so every sum accumulates in double and gx is evaluated in double before
+ * its one rounding to T.  (On GPUs with a slow f64 rate that is the price
+ * of the right answer.)
+ *
+ * Channel c's cnt = N*HW values are cut into `split` chunks, one block
+ * (c, s) each; three launches: the chunks' sums of x; with the mean, their
+ * sums of (x - m)^2, gy and gy (x - m); with the totals, gx (and ggamma,
+ * gbeta from block s = 0).  Every block adds the chunks' partial sums in
+ * chunk order and `split` depends on the shape alone, so results repeat
+ * bit for bit from run to run and from GPU to GPU. */
+#define BN_THREADS 256
+#define BN_MIN_CHUNK 4096 /* values per block at least, when there are that many */
+#define BN_MAX_SPLIT 64
+
+struct bn_geom {
+    int64_t n, c, hw, cnt, chunk;
+    int split;
+};
+
+/* v summed over the block in a fixed tree order, returned to every thread. */
+__device__ double bn_block_total(double v, double *sh)
+{
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int s = BN_THREADS / 2; s > 0; s >>= 1) {
+        if ((int)threadIdx.x < s) sh[threadIdx.x] += sh[threadIdx.x + s];
+        __syncthreads();
+    }
+    double t = sh[0];
+    __syncthreads();
+    return t;
+}
+
+/* Calls f(offset) for this thread's values of chunk s of channel c: values
+ * e = s chunk + threadIdx.x + k BN_THREADS, at (n, i) = (e / hw, e % hw). */
+template <typename F>
+__device__ void bn_walk(const bn_geom &g, int64_t c, int64_t s, F f)
+{
+    int64_t e = s * g.chunk + threadIdx.x, end = (s + 1) * g.chunk;
+    if (end > g.cnt) end = g.cnt;
+    if (e >= end) return;
+    int64_t n = e / g.hw, i = e - n * g.hw, dn = BN_THREADS / g.hw, di = BN_THREADS - dn * g.hw;
+    for (; e < end; e += BN_THREADS) {
+        f((n * g.c + c) * g.hw + i);
+        n += dn;
+        i += di;
+        if (i >= g.hw) {
+            i -= g.hw;
+            n++;
+        }
+    }
+}
+
+/* Quantity k of channel c summed over its chunks' partials (`width` per chunk). */
+__device__ double bn_total(const double *part, const bn_geom &g, int64_t c, int width, int k)
+{
+    double t = 0;
+    for (int s = 0; s < g.split; s++) t += part[(c * g.split + s) * width + k];
+    return t;
+}
+
+template <typename T>
+__global__ void bn_bwd_sum_kernel(bn_geom g, const T *x, double *px)
+{
+    __shared__ double sh[BN_THREADS];
+    int64_t c = blockIdx.x, s = blockIdx.y;
+    double v = 0;
+    bn_walk(g, c, s, [&](int64_t o) { v += (double)x[o]; });
+    v = bn_block_total(v, sh);
+    if (threadIdx.x == 0) px[c * g.split + s] = v;
+}
+
+template <typename T>
+__global__ void bn_bwd_moments_kernel(bn_geom g, const T *x, const T *gy, const double *px,
+                                      double *pg)
+{
+    __shared__ double sh[BN_THREADS];
+    int64_t c = blockIdx.x, s = blockIdx.y;
+    double m = bn_total(px, g, c, 1, 0) / (double)g.cnt, q = 0, sg = 0, sgx = 0;
+    bn_walk(g, c, s, [&](int64_t o) {
+        double d = (double)x[o] - m, v = (double)gy[o];
+        q += d * d;
+        sg += v;
+        sgx += v * d;
+    });
+    q = bn_block_total(q, sh);
+    sg = bn_block_total(sg, sh);
+    sgx = bn_block_total(sgx, sh);
+    if (threadIdx.x == 0) {
+        double *p = pg + (c * g.split + s) * 3;
+        p[0] = q;
+        p[1] = sg;
+        p[2] = sgx;
+    }
+}
+
+template <typename T>
+__global__ void bn_bwd_gx_kernel(bn_geom g, double eps, const T *x, const T *gy, const T *gamma,
+                                 const double *px, const double *pg, T *gx, T *gg, T *gb)
+{
+    int64_t c = blockIdx.x, s = blockIdx.y;
+    double cnt = (double)g.cnt, m = bn_total(px, g, c, 1, 0) / cnt;
+    double var = bn_total(pg, g, c, 3, 0) / cnt, tg = bn_total(pg, g, c, 3, 1);
+    double tgx = bn_total(pg, g, c, 3, 2), inv = 1.0 / sqrt(var + eps);
+    if (s == 0 && threadIdx.x == 0) {
+        if (gg) gg[c] = (T)(tgx * inv); /* sum(gy xhat) = inv sum(gy (x - mean)) */
+        if (gb) gb[c] = (T)tg;
+    }
+    if (!gx) return;
+    double k = (double)gamma[c] * inv, mg = tg / cnt, kx = inv * inv * tgx / cnt;
+    bn_walk(g, c, s, [&](int64_t o) {
+        gx[o] = (T)(k * (((double)gy[o] - mg) - ((double)x[o] - m) * kx));
+    });
+}
+
+template <typename T>
+static kpl_status bn_bwd_typed(kpl_cuda_state *cs, const bn_geom &g, double eps, double *part,
+                               const void *const *in, void *gx, void *gg, void *gb)
+{
+    dim3 grid((unsigned)g.c, (unsigned)g.split);
+    double *px = part, *pg = part + g.c * g.split;
+    const T *x = (const T *)in[0], *gy = (const T *)in[1], *gamma = (const T *)in[2];
+    bn_bwd_sum_kernel<T><<<grid, BN_THREADS, 0, cs->compute>>>(g, x, px);
+    KPL_TRY(KPL_CUDA_LAUNCHED("batch_norm_bwd sums"));
+    bn_bwd_moments_kernel<T><<<grid, BN_THREADS, 0, cs->compute>>>(g, x, gy, px, pg);
+    KPL_TRY(KPL_CUDA_LAUNCHED("batch_norm_bwd moments"));
+    bn_bwd_gx_kernel<T><<<grid, BN_THREADS, 0, cs->compute>>>(g, eps, x, gy, gamma, px, pg,
+                                                              (T *)gx, (T *)gg, (T *)gb);
+    return KPL_CUDA_LAUNCHED("batch_norm_bwd gx");
+}
+
 __global__ void scale_kernel(void *p, kpl_dtype dt, double s, int64_t n)
 {
     KPL_CUDA_FOR(i, n)
@@ -333,9 +469,39 @@ __global__ void scale_kernel(void *p, kpl_dtype dt, double s, int64_t n)
     }
 }
 
+static kpl_status cuda_batch_norm_bwd(const kpl_kernel_args *args)
+{
+    const kpl_bn_attrs *a = (const kpl_bn_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[3];
+    KPL_TRY(kpl__cuda_pointers(args, 3, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    void *gx = a->gx ? kpl_tensor_mutable(a->gx) : NULL;
+    void *gg = a->ggamma ? kpl_tensor_mutable(a->ggamma) : NULL;
+    void *gb = a->gbeta ? kpl_tensor_mutable(a->gbeta) : NULL;
+    if ((a->gx && !gx) || (a->ggamma && !gg) || (a->gbeta && !gb)) return kpl_last_status();
+    bn_geom g;
+    g.n = a->n, g.c = a->c, g.hw = a->hw, g.cnt = a->n * a->hw;
+    int64_t split = (g.cnt + BN_MIN_CHUNK - 1) / BN_MIN_CHUNK;
+    g.split = (int)(split < 1 ? 1 : split > BN_MAX_SPLIT ? BN_MAX_SPLIT : split);
+    g.chunk = (g.cnt + g.split - 1) / g.split;
+    KPL_CHECK(g.c <= INT32_MAX, KPL_ESHAPE, "batch_norm_bwd: %lld channels exceed the grid",
+              (long long)g.c);
+    void *part = NULL;
+    KPL_TRY(kpl_device_alloc(dev, 4 * (size_t)(g.c * g.split) * sizeof(double),
+                             "batch_norm_bwd", &part));
+    kpl_status st = kpl_tensor_dtype(args->in[0]) == KPL_F64
+                        ? bn_bwd_typed<double>(cs, g, a->eps, (double *)part, in, gx, gg, gb)
+                        : bn_bwd_typed<float>(cs, g, a->eps, (double *)part, in, gx, gg, gb);
+    kpl_device_free(dev, part);
+    return st;
+}
+
 static kpl_status cuda_batch_norm(const kpl_kernel_args *args)
 {
     const kpl_bn_attrs *a = (const kpl_bn_attrs *)args->attrs;
+    if (a->bwd) return cuda_batch_norm_bwd(args);
     kpl_status st = KPL_OK;
     KPL_CHECK(a->eps >= CUDNN_BN_MIN_EPSILON, KPL_EINVAL,
               "batch_norm: eps %g is below cuDNN's minimum %g on CUDA", a->eps,
@@ -352,8 +518,8 @@ static kpl_status cuda_batch_norm(const kpl_kernel_args *args)
     cudnnHandle_t h;
     KPL_TRY(dnn_handle(cs, &h));
     cudnnTensorDescriptor_t xd = NULL, pd = NULL;
-    void *scratch = NULL;
-    double one_d = 1.0, zero_d = 0.0;
+    void *scratch = NULL, *mean = NULL, *var = NULL;
+    double m = (double)(a->n * a->hw), one_d = 1.0, zero_d = 0.0;
     float one_f = 1.0f, zero_f = 0.0f;
     const void *one = dt == KPL_F64 ? (const void *)&one_d : (const void *)&one_f;
     const void *zero = dt == KPL_F64 ? (const void *)&zero_d : (const void *)&zero_f;
@@ -362,56 +528,34 @@ static kpl_status cuda_batch_norm(const kpl_kernel_args *args)
     KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, dnn_type(dt), (int)a->n,
                                              (int)a->c, (int)a->hw, 1));
     KPL_CUDNN_TRY(cudnnDeriveBNTensorDescriptor(pd, xd, CUDNN_BATCHNORM_SPATIAL));
-    if (!a->bwd) {
-        /* running stats with factor 1 = the batch mean and the unbiased
-         * variance; scaled to the biased one below (kpl's contract) */
-        void *mean = a->mean ? kpl_tensor_mutable(a->mean) : NULL;
-        void *var = a->var ? kpl_tensor_mutable(a->var) : NULL;
-        if ((a->mean && !mean) || (a->var && !var)) {
-            st = kpl_last_status();
+    /* running stats with factor 1 = the batch mean and the unbiased
+     * variance; scaled to the biased one below (kpl's contract) */
+    mean = a->mean ? kpl_tensor_mutable(a->mean) : NULL;
+    var = a->var ? kpl_tensor_mutable(a->var) : NULL;
+    if ((a->mean && !mean) || (a->var && !var)) {
+        st = kpl_last_status();
+        goto fail;
+    }
+    if (!mean || !var) { /* cuDNN wants both or neither; keep both */
+        if ((st = kpl_device_alloc(dev, 2 * (size_t)a->c * es, "batch_norm", &scratch)) < 0)
             goto fail;
-        }
-        if (!mean || !var) { /* cuDNN wants both or neither; keep both */
-            if ((st = kpl_device_alloc(dev, 2 * (size_t)a->c * es, "batch_norm", &scratch)) < 0)
-                goto fail;
-            if (!mean) mean = scratch;
-            if (!var) var = (char *)scratch + (size_t)a->c * es;
-        }
-        /* cuDNN blends (1 - factor) of the old contents in, even at factor
-         * 1: zero them so stale NaNs cannot leak through 0 * NaN. */
-        if (cudaMemsetAsync(mean, 0, (size_t)a->c * es, cs->compute) != cudaSuccess ||
-            cudaMemsetAsync(var, 0, (size_t)a->c * es, cs->compute) != cudaSuccess) {
-            st = kpl__cuda_fail(cudaGetLastError(), "cudaMemsetAsync", __FILE__, __LINE__);
-            goto fail;
-        }
-        KPL_CUDNN_TRY(cudnnBatchNormalizationForwardTraining(
-            h, CUDNN_BATCHNORM_SPATIAL, one, zero, xd, in[0], xd, out, pd, in[1], in[2], 1.0,
-            mean, var, a->eps, NULL, NULL));
-        double m = (double)(a->n * a->hw);
-        if (m > 1) {
-            scale_kernel<<<kpl__cuda_blocks(cs, a->c, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0,
-                           cs->compute>>>(var, dt, (m - 1) / m, a->c);
-            if ((st = KPL_CUDA_LAUNCHED("batch_norm variance")) < 0) goto fail;
-        }
-    } else {
-        /* cuDNN writes all three gradients; missing ones go to scratch.
-         * With no saved statistics it computes them again from x. */
-        void *gx = a->gx ? kpl_tensor_mutable(a->gx) : NULL;
-        void *gg = a->ggamma ? kpl_tensor_mutable(a->ggamma) : NULL;
-        void *gb = a->gbeta ? kpl_tensor_mutable(a->gbeta) : NULL;
-        if ((a->gx && !gx) || (a->ggamma && !gg) || (a->gbeta && !gb)) {
-            st = kpl_last_status();
-            goto fail;
-        }
-        size_t need = (gx ? 0 : (size_t)(a->n * a->c * a->hw) * es) + 2 * (size_t)a->c * es;
-        if ((st = kpl_device_alloc(dev, need, "batch_norm_bwd", &scratch)) < 0) goto fail;
-        char *s = (char *)scratch;
-        if (!gg) gg = s;
-        if (!gb) gb = s + (size_t)a->c * es;
-        if (!gx) gx = s + 2 * (size_t)a->c * es;
-        KPL_CUDNN_TRY(cudnnBatchNormalizationBackward(h, CUDNN_BATCHNORM_SPATIAL, one, zero, one,
-                                                      zero, xd, in[0], xd, in[1], xd, gx, pd,
-                                                      in[2], gg, gb, a->eps, NULL, NULL));
+        if (!mean) mean = scratch;
+        if (!var) var = (char *)scratch + (size_t)a->c * es;
+    }
+    /* cuDNN blends (1 - factor) of the old contents in, even at factor
+     * 1: zero them so stale NaNs cannot leak through 0 * NaN. */
+    if (cudaMemsetAsync(mean, 0, (size_t)a->c * es, cs->compute) != cudaSuccess ||
+        cudaMemsetAsync(var, 0, (size_t)a->c * es, cs->compute) != cudaSuccess) {
+        st = kpl__cuda_fail(cudaGetLastError(), "cudaMemsetAsync", __FILE__, __LINE__);
+        goto fail;
+    }
+    KPL_CUDNN_TRY(cudnnBatchNormalizationForwardTraining(
+        h, CUDNN_BATCHNORM_SPATIAL, one, zero, xd, in[0], xd, out, pd, in[1], in[2], 1.0,
+        mean, var, a->eps, NULL, NULL));
+    if (m > 1) {
+        scale_kernel<<<kpl__cuda_blocks(cs, a->c, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0,
+                       cs->compute>>>(var, dt, (m - 1) / m, a->c);
+        if ((st = KPL_CUDA_LAUNCHED("batch_norm variance")) < 0) goto fail;
     }
 fail:
     if (scratch) kpl_device_free(dev, scratch);

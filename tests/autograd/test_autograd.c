@@ -99,11 +99,11 @@ static void test_gradcheck_all_ops(void **state)
         {"clip", f_clip, 1, -0.4, 0.4, 2},  {"add", f_add, 2, -2, 2, 4},
         {"sub", f_sub, 2, -2, 2, 4},        {"mul", f_mul, 2, -2, 2, 4},
         {"div", f_div, 2, 0.5, 2, 2},       {"pow", f_pow, 2, 0.5, 2, 2},
-        {"maximum", f_maximum, 2, -2, 2, 1}, {"minimum", f_minimum, 2, -2, 2, 1},
+        {"maximum", f_maximum, 2, -2, 2, 2}, {"minimum", f_minimum, 2, -2, 2, 2},
         {"add_s", f_add_s, 1, -2, 2, 2},    {"rsub_s", f_rsub_s, 1, -2, 2, 2},
         {"mul_s", f_mul_s, 1, -2, 2, 2},    {"div_s", f_div_s, 1, -2, 2, 2},
         {"rdiv_s", f_rdiv_s, 1, 0.5, 2, 2}, {"pow_s", f_pow_s, 1, 0.5, 2, 2},
-        {"rpow_s", f_rpow_s, 1, -1, 1, 2},  {"max_s", f_max_s, 1, -2, 2, 1},
+        {"rpow_s", f_rpow_s, 1, -1, 1, 2},  {"max_s", f_max_s, 1, -2, 2, 2},
         {"where", f_where, 2, -2, 2, 1},    {"sum_ax", f_sum_ax, 1, -2, 2, 2},
         {"mean_all", f_mean_all, 1, -2, 2, 2}, {"max_ax", f_max_ax, 1, -2, 2, 1},
         {"min_ax", f_min_ax, 1, -2, 2, 1},  {"var_ax", f_var_ax, 1, -2, 2, 2},
@@ -211,6 +211,86 @@ static void test_gradcheck_pooling(void **state)
     }
     OK(kpl_gradcheck(f_gap, NULL, 1, &x, 2, 1e-6, 1e-6, 1e-5));
     kpl_tensor_release(x);
+}
+
+/* An f64 leaf (requires_grad) from values; the caller releases it. */
+static kpl_tensor *leaf_of(int ndim, const int64_t *shape, const double *v)
+{
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, ndim, shape, v, &t));
+    OK(kpl_set_requires_grad(t, true));
+    return t;
+}
+
+static void expect_values(kpl_tensor *t, int n, const double *v, const char *what)
+{
+    assert_non_null(t);
+    assert_int_equal(kpl_tensor_numel(t), n);
+    for (int i = 0; i < n; i++) assert_close(tget(t, i), v[i], 0, 0, what, i);
+}
+
+/* maximum/minimum at ties split the gradient in half, as PyTorch's
+ * derivatives.yaml: self gets where(self == other, grad / 2, grad)
+ * .masked_fill_(self < other, 0), other the same with self > other
+ * (minimum: the comparisons swapped); with a NaN neither comparison
+ * holds and both get grad.  The scalar forms are clamp_min/clamp_max:
+ * where(self >= min, grad, 0), the whole gradient at a tie; clamp's
+ * clamp_backward is where(self >= min & self <= max, grad, 0). */
+static void test_maximum_minimum_ties(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s5 = 5;
+    kpl_tensor *a = leaf_of(1, &s5, (double[]){1, 2, 3, 5, NAN});
+    kpl_tensor *b = leaf_of(1, &s5, (double[]){1, 3, 2, 5, 1});
+    kpl_tensor *gy = NULL, *g[2];
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &s5,
+                            (double[]){1, 10, 100, 1000, 10000}, &gy));
+    kpl_autorelease(gy);
+    OK(kpl_grad(kpl_maximum(a, b), gy, 2, (kpl_tensor *[]){a, b}, false, g));
+    expect_values(g[0], 5, (double[]){0.5, 0, 100, 500, 10000}, "maximum d/da");
+    expect_values(g[1], 5, (double[]){0.5, 10, 0, 500, 10000}, "maximum d/db");
+    OK(kpl_grad(kpl_minimum(a, b), gy, 2, (kpl_tensor *[]){a, b}, false, g));
+    expect_values(g[0], 5, (double[]){0.5, 10, 0, 500, 10000}, "minimum d/da");
+    expect_values(g[1], 5, (double[]){0.5, 0, 100, 500, 10000}, "minimum d/db");
+    /* Broadcast: a (2,3) against b (3); b's gradient is summed over the
+     * rows: col 0 = 1/2 (tie) + 1 (0 < 1), col 1 = 1/2 + 1/2, col 2 =
+     * 1/2 + 0 (4 > 3). */
+    int64_t s23[2] = {2, 3}, s3 = 3;
+    kpl_tensor *a2 = leaf_of(2, s23, (double[]){1, 2, 3, 0, 2, 4});
+    kpl_tensor *b2 = leaf_of(1, &s3, (double[]){1, 2, 3});
+    kpl_tensor *l = kpl_sum(kpl_maximum(a2, b2), NULL, 0, false);
+    OK(kpl_grad(l, NULL, 2, (kpl_tensor *[]){a2, b2}, false, g));
+    expect_values(g[0], 6, (double[]){0.5, 0.5, 0.5, 0, 0.5, 1}, "maximum broadcast d/da");
+    expect_values(g[1], 3, (double[]){1.5, 1, 0.5}, "maximum broadcast d/db");
+    /* Second order at a tie: y = maximum(a, b), d/da sum(y^2) = 2 y / 2
+     * = a where a == b, and d/da of that sum is 1/2 * 1/2 * 2 = 0.5 (the
+     * mask is constant); b's second derivative likewise; where a < b
+     * (element 1) a's is 0 and b's 2. */
+    kpl_tensor *y = kpl_maximum(a2, b2), *g1[2], *g2[2];
+    OK(kpl_grad(kpl_sum(kpl_square(y), NULL, 0, false), NULL, 2, (kpl_tensor *[]){a2, b2},
+                true, g1));
+    expect_values(g1[0], 6, (double[]){1, 2, 3, 0, 2, 8}, "maximum 1st order");
+    OK(kpl_grad(kpl_sum(g1[0], NULL, 0, false), NULL, 2, (kpl_tensor *[]){a2, b2}, false, g2));
+    expect_values(g2[0], 6, (double[]){0.5, 0.5, 0.5, 0, 0.5, 2}, "maximum d2/da2");
+    /* d/db sum(g1[0]) sums 2 coef_a coef_b over the rows: 0.5 + 0,
+     * 0.5 + 0.5, 0.5 + 0 */
+    expect_values(g2[1], 3, (double[]){0.5, 1, 0.5}, "maximum d2/dadb");
+    /* scalar forms: clamp_min(x, 2) / clamp_max(x, 2) keep the whole gradient at x == 2 */
+    int64_t s3b = 3;
+    kpl_tensor *x = leaf_of(1, &s3b, (double[]){1, 2, 3});
+    OK(kpl_grad(kpl_sum(kpl_scalar_op(KPL_BIN_MAXIMUM, x, 2, false), NULL, 0, false), NULL, 1,
+                &x, false, g));
+    expect_values(g[0], 3, (double[]){0, 1, 1}, "clamp_min d/dx");
+    OK(kpl_grad(kpl_sum(kpl_scalar_op(KPL_BIN_MINIMUM, x, 2, false), NULL, 0, false), NULL, 1,
+                &x, false, g));
+    expect_values(g[0], 3, (double[]){1, 1, 0}, "clamp_max d/dx");
+    /* clip is clamp(x, lo, hi): the whole gradient at either bound */
+    OK(kpl_grad(kpl_sum(kpl_clip(x, 1, 2), NULL, 0, false), NULL, 1, &x, false, g));
+    expect_values(g[0], 3, (double[]){1, 1, 0}, "clamp d/dx");
+    kpl_pool_pop(p);
+    kpl_tensor *all[] = {a, b, a2, b2, x};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
 }
 
 static void test_accumulate_and_errors(void **state)
@@ -520,6 +600,7 @@ int main(void)
         cmocka_unit_test(test_gradcheck_all_ops),
         cmocka_unit_test(test_gradcheck_conv2d),
         cmocka_unit_test(test_gradcheck_pooling),
+        cmocka_unit_test(test_maximum_minimum_ties),
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
         cmocka_unit_test(test_hooks),

@@ -278,6 +278,25 @@ static void test_nn_kernels(void **state)
         OK(kpl_k_batch_norm_bwd(bdxg, bdgg, NULL, yg, ggy, gg6, 1e-5));
         assert_same(bdxg, bdx, 10 * tol, 10 * tol, "batch_norm_bwd gx");
         assert_same(bdgg, bdg, 10 * tol, 10 * tol, "batch_norm_bwd ggamma");
+        {
+            /* two values per channel: gx is ~1e-5 of the terms that cancel
+             * into it, and both devices evaluate it in f64, so they agree
+             * to f32 rounding */
+            int64_t s2[4] = {2, 3, 1, 1}, c3 = 3;
+            kpl_tensor *x2 = trand(dt, 4, s2, 7, -1, 1), *gy2 = trand(dt, 4, s2, 8, -1, 1);
+            kpl_tensor *g3 = trand(dt, 1, &c3, 9, 0.5, 1.5), *dx2 = tnew(dt, 4, s2), *dx2g = NULL;
+            kpl_tensor *x2g = to_gpu(x2), *gy2g = to_gpu(gy2), *g3g = to_gpu(g3), *h = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, s2, &dx2g));
+            OK(kpl_k_batch_norm_bwd(dx2, NULL, NULL, x2, gy2, g3, 1e-5));
+            OK(kpl_k_batch_norm_bwd(dx2g, NULL, NULL, x2g, gy2g, g3g, 1e-5));
+            OK(kpl_tensor_to_device(dx2g, kpl_device_cpu(), &h));
+            for (int64_t i = 0; i < 6; i++)
+                assert_close(tget(h, i), tget(dx2, i), 0,
+                             (dt == KPL_F64 ? 1e-13 : 2.5e-7) * fabs(tget(dx2, i)),
+                             "batch_norm_bwd gx, N=2 1x1", i);
+            kpl_tensor *t2[] = {x2, gy2, g3, dx2, dx2g, x2g, gy2g, g3g, h};
+            for (size_t i = 0; i < sizeof t2 / sizeof t2[0]; i++) kpl_tensor_release(t2[i]);
+        }
 
         /* pooling: max with indices, the gather/scatter pair, average; the
          * second set has ceil_mode windows hanging over the 9 rows */
