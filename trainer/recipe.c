@@ -10,6 +10,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* ---- the key table ------------------------------------------------------------------- */
@@ -462,20 +464,38 @@ fail:
     return st;
 }
 
-/* Recipes are small text files; anything else (a device, a FIFO, a huge
- * file) is refused before it is read. */
+/* Recipes are small text files; anything else (a FIFO, a device, a
+ * directory, a huge file) is refused. */
 #define RECIPE_MAX_BYTES (1 << 20)
+
+/* What a path that is not a regular file is, for the message. */
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "of an unknown kind";
+}
 
 static kpl_status read_file(const char *path, char **text, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    KPL_CHECK(f, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    /* Judged by stat before any open: opening a FIFO waits for a writer
+     * that may never come, and opening a device can act on it. */
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > RECIPE_MAX_BYTES) {
-        bool reg = S_ISREG(sb.st_mode);
-        fclose(f);
-        return KPL_ERROR(KPL_EINVAL, "recipe %s: %s", path,
-                         !reg ? "not a regular file" : "larger than 1 MiB: not a recipe");
+    KPL_CHECK(stat(path, &sb) == 0, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    KPL_CHECK(S_ISREG(sb.st_mode), KPL_EINVAL, "recipe %s: not a regular file (%s)", path,
+              file_kind(sb.st_mode));
+    KPL_CHECK(sb.st_size <= RECIPE_MAX_BYTES, KPL_EINVAL,
+              "recipe %s: larger than 1 MiB: not a recipe", path);
+    /* Non-blocking and checked again: a path swapped for a FIFO after the
+     * stat is refused, not waited on. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    KPL_CHECK(fd >= 0, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return KPL_ERROR(KPL_EINVAL, "recipe %s: not a regular file", path);
     }
     char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -485,26 +505,28 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
             char *b = realloc(buf, cap);
             if (!b) {
                 free(buf);
-                fclose(f);
+                close(fd);
                 return KPL_ERROR(KPL_ENOMEM, "recipe %s: out of memory", path);
             }
             buf = b;
         }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return KPL_ERROR(KPL_EIO, "recipe %s: %s", path, strerror(e));
+        }
         if (r == 0) break;
+        n += (size_t)r;
         if (n > RECIPE_MAX_BYTES) { /* it grew while being read */
             free(buf);
-            fclose(f);
+            close(fd);
             return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe", path);
         }
     }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return KPL_ERROR(KPL_EIO, "recipe %s: read error", path);
-    }
+    close(fd);
     buf[n] = 0;
     *text = buf;
     *len = n;

@@ -5,6 +5,9 @@
 #include "trainer.h"
 
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* a model and data: two lines, so the keys under test start on line 3 */
@@ -224,6 +227,39 @@ static void test_errors(void **state)
     FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "larger than 1 MiB");
 }
 
+/* A recipe path that is not a regular file is refused by what it is,
+ * before it is opened: a FIFO would wait for a writer forever (an alarm
+ * ends the test if it does), a directory or a socket is no recipe either;
+ * on the command line and as a base. */
+static void test_not_regular(void **state)
+{
+    (void)state;
+    alarm(20);
+    char fifo[128], path[128];
+    snprintf(fifo, sizeof fifo, "%s/r.fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    FAILS(kpl_recipe_load(fifo, 0, NULL, &R), KPL_EINVAL, "not a regular file (a FIFO)");
+    assert_non_null(strstr(kpl_last_error(), fifo));
+    write_file("base_fifo.yaml", "epochs: 3\nbase: r.fifo\n", path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL,
+          "base_fifo.yaml:2:7: in base: recipe");
+    assert_non_null(strstr(kpl_last_error(), "r.fifo: not a regular file (a FIFO)"));
+    FAILS(kpl_recipe_load(dir, 0, NULL, &R), KPL_EINVAL, "not a regular file (a directory)");
+    FAILS(kpl_recipe_load("/dev/null", 0, NULL, &R), KPL_EINVAL,
+          "recipe /dev/null: not a regular file (a character device)");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s/r.sock", dir);
+    const char *sock = a.sun_path;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    FAILS(kpl_recipe_load(sock, 0, NULL, &R), KPL_EINVAL, "not a regular file (a socket)");
+    write_file("base_sock.yaml", "base: r.sock\n", path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "r.sock: not a regular file (a socket)");
+    close(fd);
+    alarm(0);
+}
+
 /* An override that gives a section as a map lays it over the recipe's
  * section key by key, as `base:` does, instead of dropping the rest. */
 static void test_override_merge(void **state)
@@ -402,7 +438,7 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_groups), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_override_merge),
+        cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
