@@ -318,12 +318,37 @@ static node *child_named(const node *map, const char *key)
     return NULL;
 }
 
+/* What a message echoes of its input is cut short: the thread's message
+ * holds under 1 KiB, and what is wrong comes after the value, so a long
+ * override or YAML scalar would push it out.  A value keeps its first
+ * ECHO_MAX bytes and "..."; a path its last PATH_ECHO_MAX, with its file
+ * name.  Cuts fall between UTF-8 characters. */
+#define ECHO_MAX 60
+#define PATH_ECHO_MAX 200
+#define CLIP(s) clip((s), false, (char[PATH_ECHO_MAX + 4]){0})
+#define CLIP_PATH(s) clip((s), true, (char[PATH_ECHO_MAX + 4]){0})
+
+static const char *clip(const char *s, bool path, char *buf)
+{
+    size_t n = strlen(s), max = path ? PATH_ECHO_MAX : ECHO_MAX;
+    if (n <= max) return s;
+    if (path) {
+        const char *t = s + n - max;
+        while ((*t & 0xC0) == 0x80) t++;
+        snprintf(buf, PATH_ECHO_MAX + 4, "...%s", t);
+    } else {
+        while (max > 0 && (s[max] & 0xC0) == 0x80) max--;
+        snprintf(buf, PATH_ECHO_MAX + 4, "%.*s...", (int)max, s);
+    }
+    return buf;
+}
+
 /* "file:12:3" or "override 'a.b=c'" */
 static const char *where(const node *n, char *buf, size_t len)
 {
     if (!n) snprintf(buf, len, "(default)");
-    else if (n->line > 0) snprintf(buf, len, "%s:%d:%d", n->origin, n->line, n->col);
-    else snprintf(buf, len, "override '%s'", n->origin);
+    else if (n->line > 0) snprintf(buf, len, "%s:%d:%d", CLIP_PATH(n->origin), n->line, n->col);
+    else snprintf(buf, len, "override '%s'", CLIP(n->origin));
     return buf;
 }
 
@@ -331,7 +356,7 @@ static const char *where(const node *n, char *buf, size_t len)
 static const char *where_key(const node *n, char *buf, size_t len)
 {
     if (n && n->line > 0 && n->kline > 0) {
-        snprintf(buf, len, "%s:%d:%d", n->origin, n->kline, n->kcol);
+        snprintf(buf, len, "%s:%d:%d", CLIP_PATH(n->origin), n->kline, n->kcol);
         return buf;
     }
     return where(n, buf, len);
@@ -356,27 +381,30 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
     memset(pending, 0, sizeof pending);
     for (bool done = false; !done;) {
         yaml_event_t ev;
+        char at[400]; /* the place of the event, or of the error */
         if (!yaml_parser_parse(&p, &ev)) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", origin,
-                           p.problem_mark.line + 1, p.problem_mark.column + 1,
-                           p.problem ? p.problem : "unknown", p.context ? " " : "",
-                           p.context ? p.context : "");
+            node mark = {.origin = origin, .line = is_file ? (int)p.problem_mark.line + 1 : 0,
+                         .col = (int)p.problem_mark.column + 1};
+            st = KPL_ERROR(KPL_EFORMAT, "%s: YAML syntax error: %s%s%s",
+                           where(&mark, at, sizeof at), p.problem ? p.problem : "unknown",
+                           p.context ? " " : "", p.context ? p.context : "");
             goto fail;
         }
         int line = is_file ? (int)ev.start_mark.line + 1 : 0;
         int col = (int)ev.start_mark.column + 1;
+        node here = {.origin = origin, .line = line, .col = col};
         node *n = NULL;
         switch (ev.type) {
         case YAML_STREAM_END_EVENT: done = true; break;
         case YAML_DOCUMENT_START_EVENT:
             if (++docs > 1)
-                st = KPL_ERROR(KPL_EFORMAT, "%s:%d: a recipe is one YAML document, found a "
-                               "second one", origin, line);
+                st = KPL_ERROR(KPL_EFORMAT, "%s: a recipe is one YAML document, found a second "
+                               "one", where(&here, at, sizeof at));
             break;
         case YAML_ALIAS_EVENT:
-            st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: YAML aliases (*%s) are not supported in "
-                           "recipes; use 'base:' to share settings", origin, line, col,
-                           (const char *)ev.data.alias.anchor);
+            st = KPL_ERROR(KPL_EFORMAT, "%s: YAML aliases (*%s) are not supported in recipes; "
+                           "use 'base:' to share settings", where(&here, at, sizeof at),
+                           CLIP((const char *)ev.data.alias.anchor));
             break;
         case YAML_SCALAR_EVENT:
         case YAML_SEQUENCE_START_EVENT:
@@ -385,23 +413,24 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
             if (ev.type == YAML_SCALAR_EVENT &&
                 strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
                 /* "\0" in a quoted scalar: C strings would cut it short */
-                st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: a NUL character in a value or key", origin,
-                               line, col);
+                st = KPL_ERROR(KPL_EFORMAT, "%s: a NUL character in a value or key",
+                               where(&here, at, sizeof at));
                 break;
             }
             if (parent && parent->kind == N_MAP && !pending[depth - 1]) {
                 /* a key */
                 if (ev.type != YAML_SCALAR_EVENT) {
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: keys must be plain names", origin,
-                                   line, col);
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: keys must be plain names",
+                                   where(&here, at, sizeof at));
                     break;
                 }
                 const char *k = (const char *)ev.data.scalar.value;
                 if (child_named(parent, k)) {
                     node *prev = child_named(parent, k);
                     char w[1200];
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: key '%s' appears twice (first at %s)",
-                                   origin, line, col, k, where_key(prev, w, sizeof w));
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: key '%s' appears twice (first at %s)",
+                                   where(&here, at, sizeof at), CLIP(k),
+                                   where_key(prev, w, sizeof w));
                     break;
                 }
                 if (!(pending[depth - 1] = strdup(k))) st = KPL_ERROR(KPL_ENOMEM, "out of memory");
@@ -439,7 +468,8 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
             }
             if (n->kind != N_SCALAR) {
                 if (depth == DEPTH) {
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d: nested too deeply", origin, line);
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: nested too deeply",
+                                   where(&here, at, sizeof at));
                     break;
                 }
                 pending[depth] = NULL;
@@ -484,18 +514,18 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
     /* Judged by stat before any open: opening a FIFO waits for a writer
      * that may never come, and opening a device can act on it. */
     struct stat sb;
-    KPL_CHECK(stat(path, &sb) == 0, KPL_EIO, "recipe %s: %s", path, strerror(errno));
-    KPL_CHECK(S_ISREG(sb.st_mode), KPL_EINVAL, "recipe %s: not a regular file (%s)", path,
-              file_kind(sb.st_mode));
+    KPL_CHECK(stat(path, &sb) == 0, KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(errno));
+    KPL_CHECK(S_ISREG(sb.st_mode), KPL_EINVAL, "recipe %s: not a regular file (%s)",
+              CLIP_PATH(path), file_kind(sb.st_mode));
     KPL_CHECK(sb.st_size <= RECIPE_MAX_BYTES, KPL_EINVAL,
-              "recipe %s: larger than 1 MiB: not a recipe", path);
+              "recipe %s: larger than 1 MiB: not a recipe", CLIP_PATH(path));
     /* Non-blocking and checked again: a path swapped for a FIFO after the
      * stat is refused, not waited on. */
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
-    KPL_CHECK(fd >= 0, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    KPL_CHECK(fd >= 0, KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(errno));
     if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
         close(fd);
-        return KPL_ERROR(KPL_EINVAL, "recipe %s: not a regular file", path);
+        return KPL_ERROR(KPL_EINVAL, "recipe %s: not a regular file", CLIP_PATH(path));
     }
     char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -506,7 +536,7 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
             if (!b) {
                 free(buf);
                 close(fd);
-                return KPL_ERROR(KPL_ENOMEM, "recipe %s: out of memory", path);
+                return KPL_ERROR(KPL_ENOMEM, "recipe %s: out of memory", CLIP_PATH(path));
             }
             buf = b;
         }
@@ -516,14 +546,15 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
             int e = errno;
             free(buf);
             close(fd);
-            return KPL_ERROR(KPL_EIO, "recipe %s: %s", path, strerror(e));
+            return KPL_ERROR(KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(e));
         }
         if (r == 0) break;
         n += (size_t)r;
         if (n > RECIPE_MAX_BYTES) { /* it grew while being read */
             free(buf);
             close(fd);
-            return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe", path);
+            return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe",
+                             CLIP_PATH(path));
         }
     }
     close(fd);
@@ -566,7 +597,8 @@ static kpl_status load_tree(ctx *cx, const char *text, size_t len, const char *o
 
 static kpl_status load_file(ctx *cx, const char *path, int depth, node **out)
 {
-    KPL_CHECK(depth < 8, KPL_EINVAL, "recipe %s: 'base' chain deeper than 8 (a loop?)", path);
+    KPL_CHECK(depth < 8, KPL_EINVAL, "recipe %s: 'base' chain deeper than 8 (a loop?)",
+              CLIP_PATH(path));
     char *text = NULL;
     size_t len = 0;
     KPL_TRY(read_file(path, &text, &len));
@@ -644,7 +676,8 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
 {
     const char *eq = strchr(ov, '=');
     KPL_CHECK(eq && eq > ov, KPL_EINVAL,
-              "override '%s': expected KEY=VALUE with a dotted key, e.g. optimizer.lr=0.1", ov);
+              "override '%s': expected KEY=VALUE with a dotted key, e.g. optimizer.lr=0.1",
+              CLIP(ov));
     const char *origin = keep_origin(cx, ov);
     node *value = NULL;
     const char *vtext = eq + 1;
@@ -663,7 +696,7 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
     size_t klen = (size_t)(eq - ov);
     kpl_status st = KPL_OK;
     if (klen >= sizeof key) {
-        st = KPL_ERROR(KPL_EINVAL, "override '%s': key too long", ov);
+        st = KPL_ERROR(KPL_EINVAL, "override '%s': key too long", CLIP(ov));
         goto fail;
     }
     memcpy(key, ov, klen);
@@ -672,7 +705,7 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
         char *dot = strchr(seg, '.');
         if (dot) *dot = 0;
         if (!*seg) {
-            st = KPL_ERROR(KPL_EINVAL, "override '%s': empty part in the key", ov);
+            st = KPL_ERROR(KPL_EINVAL, "override '%s': empty part in the key", CLIP(ov));
             goto fail;
         }
         node *c = child_named(m, seg);
@@ -702,8 +735,8 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
         }
         if (c && c->kind != N_MAP) {
             char w[1200];
-            st = KPL_ERROR(KPL_EINVAL, "override '%s': '%s' is a value (%s), not a section", ov,
-                           seg, where(c, w, sizeof w));
+            st = KPL_ERROR(KPL_EINVAL, "override '%s': '%s' is a value (%s), not a section",
+                           CLIP(ov), CLIP(seg), where(c, w, sizeof w));
             goto fail;
         }
         if (!c) {
@@ -766,15 +799,17 @@ static kpl_status scalar_number(const field *f, const node *n, const char *loc, 
         long long i = strtoll(s, &end, 10);
         v = (double)i;
         if (end == s || *end || errno)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected an integer, got '%s'", loc, f->key, s);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected an integer, got '%s'", loc, f->key,
+                             CLIP(s));
     } else {
         v = strtod(s, &end);
         if (end == s || *end || errno || !isfinite(v))
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a number, got '%s'", loc, f->key, s);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a number, got '%s'", loc, f->key,
+                             CLIP(s));
     }
     if (v < f->lo || v > f->hi)
-        return KPL_ERROR(KPL_ERANGE, "%s: %s: %s is out of range [%.15g, %.15g]", loc, f->key, s,
-                         f->lo, f->hi);
+        return KPL_ERROR(KPL_ERANGE, "%s: %s: %s is out of range [%.15g, %.15g]", loc, f->key,
+                         CLIP(s), f->lo, f->hi);
     *out = v;
     return KPL_OK;
 }
@@ -933,7 +968,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         bool v;
         if (!parse_bool(n->text, &v))
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected true or false, got '%s'", loc, f->key,
-                             n->text);
+                             CLIP(n->text));
         *(bool *)dst = v;
         return KPL_OK;
     }
@@ -951,7 +986,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         for (const char *c = s; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 return KPL_ERROR(KPL_EINVAL, "%s: %s: control character 0x%02x in '%s'", loc,
-                                 f->key, (unsigned char)*c, s);
+                                 f->key, (unsigned char)*c, CLIP(s));
         memcpy(dst, s, strlen(s) + 1);
         return KPL_OK;
     }
@@ -967,7 +1002,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
             snprintf(opts + l, sizeof opts - l, "%s%s", c ? ", " : "", f->choices[c]);
         }
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected one of %s; got '%s'", loc, f->key, opts,
-                         n->text);
+                         CLIP(n->text));
     }
     case T_INTS:
     case T_FLOATS: {
@@ -1067,8 +1102,8 @@ static kpl_status check_unknown(const node *map, const char *prefix)
         }
         char hint[300] = "";
         if (best && bd <= 3) snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
-        return KPL_ERROR(KPL_EINVAL, "%s: unknown key '%s'%s", where_key(c, loc, sizeof loc), path,
-                         hint);
+        return KPL_ERROR(KPL_EINVAL, "%s: unknown key '%s'%s", where_key(c, loc, sizeof loc),
+                         CLIP(path), hint);
     }
     return KPL_OK;
 }
@@ -1085,7 +1120,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
                                                         : NULL;
         if (k)
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task classification)",
-                             *r->file ? r->file : "recipe", k);
+                             *r->file ? CLIP_PATH(r->file) : "recipe", k);
     }
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     const char *spn[2] = {"data.train", "data.val"};
@@ -1155,10 +1190,10 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
         if (!isalnum((unsigned char)*c) && !strchr("._+-", *c))
             return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' may hold only letters, digits and . _ + "
                              "- (it names the run directory runs/<name>-<time>)", AT("name"),
-                             r->name);
+                             CLIP(r->name));
     if (r->name[0] == '.')
         return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' must not start with '.'", AT("name"),
-                         r->name);
+                         CLIP(r->name));
     const char *dev = r->device;
     if (strcmp(dev, "auto") && strcmp(dev, "cpu") && strcmp(dev, "cuda")) {
         char *end = NULL;
@@ -1196,7 +1231,7 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
         }
         if (!f->def)
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (%s)",
-                             *file ? file : "recipe", f->key, f->help);
+                             *file ? CLIP_PATH(file) : "recipe", f->key, f->help);
         node *d = NULL;
         KPL_TRY(parse_yaml(f->def, strlen(f->def), "default", false, &d));
         kpl_status st = bind_field(f, d, r);

@@ -227,6 +227,60 @@ static void test_errors(void **state)
     FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "larger than 1 MiB");
 }
 
+/* Long values are echoed cut short, so that the message keeps what is
+ * wrong and where (it holds under 1 KiB): overrides, YAML scalars, keys,
+ * and file names, which keep their end. */
+static void test_long_values(void **state)
+{
+    (void)state;
+    char x[1001], ov[1100], yaml[2400], path[1300];
+    memset(x, 'x', 1000);
+    x[1000] = 0;
+    snprintf(ov, sizeof ov, "optimizer.lr=%s", x);
+    const char *ovs[1] = {ov};
+    FAILS(kpl_recipe_load_string(MIN, "min", 1, ovs, &R), KPL_EINVAL,
+          "optimizer.lr: expected a number, got 'xxxxxxxxxx");
+    assert_non_null(strstr(kpl_last_error(), "override 'optimizer.lr=xxxxxxxxxx"));
+    assert_non_null(strstr(kpl_last_error(), "xxx...'"));
+    assert_non_null(strstr(kpl_last_error(), "[trainer/recipe.c:")); /* nothing cut off */
+    /* the reason after the value: a number out of range, from a file */
+    char z[901];
+    memset(z, '0', 900);
+    z[900] = 0;
+    snprintf(yaml, sizeof yaml, MD "epochs: 3\noptimizer: {lr: 0.1, momentum: 1.%s5}\n", z);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_ERANGE, "long.yaml:4:32: optimizer.momentum: 1.000");
+    assert_non_null(strstr(kpl_last_error(), "0... is out of range [0, 0.9999]"));
+    /* an unknown key, the hint kept */
+    snprintf(yaml, sizeof yaml, MD "epochs: 3\noptimizer:\n  lr: 0.1\n  %s: 1\n", x);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "long.yaml:6:3: unknown key 'optimizer.xxx");
+    assert_non_null(strstr(kpl_last_error(), "xxx...' [trainer/recipe.c:"));
+    /* a name, an enum, a bool, a string with a control character */
+    static const char *const bad[][2] = {
+        {"model.name=", "model.name: expected one of mlp, lenet, cnn, resnet, none; got 'xxx"},
+        {"log.tensorboard=", "log.tensorboard: expected true or false, got 'xxx"},
+        {"run_dir=\"\\t", "run_dir: control character 0x09 in '\txxx"},
+        {"optimizer..lr=", "override 'optimizer..lr=xxx"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(ov, sizeof ov, "%s%s%s", bad[i][0], x, bad[i][0][strlen(bad[i][0]) - 1] == 't' ? "\"" : "");
+        FAILS(kpl_recipe_load_string(MIN, "min", 1, ovs, &R), KPL_EINVAL, bad[i][1]);
+        assert_non_null(strstr(kpl_last_error(), "...'"));
+        assert_non_null(strstr(kpl_last_error(), "[trainer/recipe.c:"));
+    }
+    /* a long file name keeps its end, and the reason */
+    int at = snprintf(path, sizeof path, "/nonexistent");
+    for (int i = 0; i < 9; i++) at += snprintf(path + at, sizeof path - (size_t)at, "/%.100s", x);
+    snprintf(path + at, sizeof path - (size_t)at, "/r.yaml");
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EIO, "xxx/r.yaml: No such file");
+    assert_non_null(strstr(kpl_last_error(), "recipe ...x"));
+    snprintf(yaml, sizeof yaml, "base: %s\n", path);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EIO, "long.yaml:1:7: in base: recipe ...x");
+    assert_non_null(strstr(kpl_last_error(), "xxx/r.yaml: No such file"));
+}
+
 /* A recipe path that is not a regular file is refused by what it is,
  * before it is opened: a FIFO would wait for a writer forever (an alarm
  * ends the test if it does), a directory or a socket is no recipe either;
@@ -439,6 +493,7 @@ int main(void)
         cmocka_unit_test(test_groups), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
         cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_long_values),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];
