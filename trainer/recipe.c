@@ -362,10 +362,27 @@ static const char *where_key(const node *n, char *buf, size_t len)
     return where(n, buf, len);
 }
 
+/* The dotted key of the node being parsed, for messages: `prefix` (an
+ * override's key), the keys of the open maps ("[]" for a list's
+ * elements), then `last` (the key the node is the value of, or is). */
+static void key_path(const char *prefix, node *const *stack, int depth, const char *last,
+                     char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "%s", prefix);
+    for (int i = 1; i <= depth && at < len; i++) {
+        const char *k = i < depth ? stack[i]->key : last;
+        if (i < depth && !k) at += (size_t)snprintf(buf + at, len - at, "[]");
+        else if (k) at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? "." : "", k);
+    }
+}
+
 /* libyaml's events into a tree.  Aliases are refused: recipes are read
- * by people, and a key whose value lives elsewhere helps nobody. */
+ * by people, and a key whose value lives elsewhere helps nobody.  So are
+ * tags (!!str 5): a recipe's key fixes the type of its value, and a tag
+ * that kpl ignored would say one thing and do another.  `at_key` is the
+ * key the text is the value of ("" for a file). */
 static kpl_status parse_yaml(const char *text, size_t len, const char *origin, bool is_file,
-                             node **out)
+                             const char *at_key, node **out)
 {
     *out = NULL;
     yaml_parser_t p;
@@ -410,6 +427,28 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
         case YAML_SEQUENCE_START_EVENT:
         case YAML_MAPPING_START_EVENT: {
             node *parent = depth ? stack[depth - 1] : NULL;
+            const char *tag = (const char *)(ev.type == YAML_SCALAR_EVENT ? ev.data.scalar.tag
+                                             : ev.type == YAML_SEQUENCE_START_EVENT
+                                                 ? ev.data.sequence_start.tag
+                                                 : ev.data.mapping_start.tag);
+            if (tag) {
+                /* the key this is the value of, or the key it is */
+                const char *last = NULL;
+                if (parent && parent->kind == N_MAP)
+                    last = pending[depth - 1] ? pending[depth - 1]
+                           : ev.type == YAML_SCALAR_EVENT ? (const char *)ev.data.scalar.value
+                                                           : NULL;
+                char key[300], shown[80];
+                key_path(at_key, stack, depth, last, key, sizeof key);
+                const char *std = "tag:yaml.org,2002:"; /* !!str is short for it */
+                if (!strncmp(tag, std, strlen(std)))
+                    snprintf(shown, sizeof shown, "!!%s", CLIP(tag + strlen(std)));
+                else snprintf(shown, sizeof shown, "%s", CLIP(tag));
+                st = KPL_ERROR(KPL_EFORMAT, "%s: %s%sYAML tags (%s) are not supported in "
+                               "recipes; write the value without one", where(&here, at, sizeof at),
+                               CLIP(key), key[0] ? ": " : "", shown);
+                break;
+            }
             if (ev.type == YAML_SCALAR_EVENT &&
                 strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
                 /* "\0" in a quoted scalar: C strings would cut it short */
@@ -618,7 +657,7 @@ static kpl_status load_tree(ctx *cx, const char *text, size_t len, const char *o
                             bool is_file, const char *dir, int depth, node **out)
 {
     node *root = NULL;
-    KPL_TRY(parse_yaml(text, len, origin, is_file, &root));
+    KPL_TRY(parse_yaml(text, len, origin, is_file, "", &root));
     if (!root) { /* an empty file */
         root = calloc(1, sizeof *root);
         KPL_CHECK(root, KPL_ENOMEM, "out of memory");
@@ -678,10 +717,15 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
     KPL_CHECK(eq && eq > ov, KPL_EINVAL,
               "override '%s': expected KEY=VALUE with a dotted key, e.g. optimizer.lr=0.1",
               CLIP(ov));
+    char key[256];
+    size_t klen = (size_t)(eq - ov);
+    KPL_CHECK(klen < sizeof key, KPL_EINVAL, "override '%s': key too long", CLIP(ov));
+    memcpy(key, ov, klen);
+    key[klen] = 0;
     const char *origin = keep_origin(cx, ov);
     node *value = NULL;
     const char *vtext = eq + 1;
-    KPL_TRY(parse_yaml(vtext, strlen(vtext), origin, false, &value));
+    KPL_TRY(parse_yaml(vtext, strlen(vtext), origin, false, key, &value));
     if (!value) { /* "key=" */
         value = calloc(1, sizeof *value);
         KPL_CHECK(value, KPL_ENOMEM, "out of memory");
@@ -692,15 +736,7 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
     value->origin = origin;
     /* every node of the value names the override */
     node *m = root;
-    char key[256];
-    size_t klen = (size_t)(eq - ov);
     kpl_status st = KPL_OK;
-    if (klen >= sizeof key) {
-        st = KPL_ERROR(KPL_EINVAL, "override '%s': key too long", CLIP(ov));
-        goto fail;
-    }
-    memcpy(key, ov, klen);
-    key[klen] = 0;
     for (char *seg = key;;) {
         char *dot = strchr(seg, '.');
         if (dot) *dot = 0;
@@ -1233,7 +1269,7 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (%s)",
                              *file ? CLIP_PATH(file) : "recipe", f->key, f->help);
         node *d = NULL;
-        KPL_TRY(parse_yaml(f->def, strlen(f->def), "default", false, &d));
+        KPL_TRY(parse_yaml(f->def, strlen(f->def), "default", false, "", &d));
         kpl_status st = bind_field(f, d, r);
         node_free(d);
         KPL_ASSERT(st >= 0, "recipe: a default does not fit its own key");
