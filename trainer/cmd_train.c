@@ -72,7 +72,7 @@ static int load_recipe(const char *cmd, const char *path, int nov, const char **
         fprintf(stderr, "kpl %s: no recipe given (try 'kpl %s --help')\n", cmd, cmd);
         return 2;
     }
-    if (kpl_recipe_load(path, nov, ov, r) < 0) {
+    if (kpl__recipe_load_known_task(path, nov, ov, r) < 0) {
         fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
         return 2;
     }

@@ -6,7 +6,7 @@
  * checks, the resolved YAML written into every run directory, and the key
  * reference of `kpl train --keys`, so the four never disagree.
  */
-#include "trainer.h"
+#include "trainer_impl.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -1144,11 +1144,19 @@ static kpl_status check_unknown(const node *map, const char *prefix)
     return KPL_OK;
 }
 
-/* Rules that join several keys; messages point at the key to change. */
-static kpl_status check_rules(node *root, kpl_recipe *r)
+/* Rules that join several keys; messages point at the key to change.
+ * known_task: the task must be one kpl_task_find knows (the kpl command). */
+static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
 {
     char loc[1200];
 #define AT(k) where(lookup(root, k), loc, sizeof loc)
+    if (known_task && !kpl_task_find(r->task)) {
+        char names[256];
+        kpl__task_names(names, sizeof names);
+        return KPL_ERROR(KPL_EINVAL, "%s: task: unknown task '%s' (kpl train and kpl eval know: "
+                         "%s; a program with a task of its own runs it through "
+                         "kpl_trainer_create)", AT("task"), CLIP(r->task), names);
+    }
     /* the keys classification needs, as if they were required */
     if (!strcmp(r->task, "classification")) {
         const char *k = r->model.arch == KPL_MODEL_NONE ? "model.name"
@@ -1242,7 +1250,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
 #undef AT
 }
 
-static kpl_status bind(node *root, const char *file, kpl_recipe *r)
+static kpl_status bind(node *root, const char *file, bool known_task, kpl_recipe *r)
 {
     /* what no key sets keeps its module's default; pointers stay NULL */
     memset(r, 0, sizeof *r);
@@ -1286,11 +1294,11 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
         if (!r->name[0]) snprintf(r->name, sizeof r->name, "run");
     }
     snprintf(r->file, sizeof r->file, "%s", file);
-    return check_rules(root, r);
+    return check_rules(root, r, known_task);
 }
 
 static kpl_status load(const char *path, const char *yaml, const char *origin, int nov,
-                       const char *const *ov, kpl_recipe *out)
+                       const char *const *ov, bool known_task, kpl_recipe *out)
 {
     KPL_CHECK(out && (nov == 0 || ov), KPL_EINVAL, "recipe: bad arguments");
     ctx cx;
@@ -1300,7 +1308,7 @@ static kpl_status load(const char *path, const char *yaml, const char *origin, i
     if (path) st = load_file(&cx, path, 0, &root);
     else st = load_tree(&cx, yaml, strlen(yaml), keep_origin(&cx, origin), true, "", 0, &root);
     for (int i = 0; i < nov && st >= 0; i++) st = apply_override(&cx, root, ov[i]);
-    if (st >= 0) st = bind(root, path ? path : "", out);
+    if (st >= 0) st = bind(root, path ? path : "", known_task, out);
     node_free(root);
     for (int i = 0; i < cx.norigins; i++) free(cx.origins[i]);
     return st;
@@ -1310,14 +1318,21 @@ kpl_status kpl_recipe_load(const char *path, int noverrides, const char *const *
                            kpl_recipe *out)
 {
     KPL_CHECK(path, KPL_EINVAL, "recipe: no path");
-    return load(path, NULL, NULL, noverrides, overrides, out);
+    return load(path, NULL, NULL, noverrides, overrides, false, out);
+}
+
+kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
+                                       const char *const *overrides, kpl_recipe *out)
+{
+    KPL_CHECK(path, KPL_EINVAL, "recipe: no path");
+    return load(path, NULL, NULL, noverrides, overrides, true, out);
 }
 
 kpl_status kpl_recipe_load_string(const char *yaml, const char *origin, int noverrides,
                                   const char *const *overrides, kpl_recipe *out)
 {
     KPL_CHECK(yaml, KPL_EINVAL, "recipe: no text");
-    return load(NULL, yaml, origin ? origin : "recipe", noverrides, overrides, out);
+    return load(NULL, yaml, origin ? origin : "recipe", noverrides, overrides, false, out);
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */

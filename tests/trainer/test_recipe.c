@@ -2,7 +2,7 @@
  * reading back to the same recipe, every error naming file, line and key,
  * the project's own recipes, and damaged YAML that must fail cleanly. */
 #include "kpl_test.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>
@@ -247,6 +247,28 @@ static void test_errors(void **state)
     write_file("big.yaml", big, path, sizeof path);
     free(big);
     FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "larger than 1 MiB");
+}
+
+/* A task kpl does not know: a program's own task loads (examples/
+ * autoencoder.c), while the kpl command's loader refuses it as it does
+ * any bad value, naming the task key's place or the override. */
+static void test_task(void **state)
+{
+    (void)state;
+    char path[128];
+    write_file("task.yaml", MIN "task: autoencoder\n", path, sizeof path);
+    OK(kpl_recipe_load(path, 0, NULL, &R));
+    assert_string_equal(R.task, "autoencoder");
+    FAILS(kpl__recipe_load_known_task(path, 0, NULL, &R), KPL_EINVAL,
+          "task.yaml:5:7: task: unknown task 'autoencoder' (kpl train and kpl eval know: "
+          "classification;");
+    const char *ov[] = {"task=detection"};
+    OK(kpl_recipe_load_string(MIN, "min", 1, ov, &R));
+    write_file("task.yaml", MIN, path, sizeof path);
+    FAILS(kpl__recipe_load_known_task(path, 1, ov, &R), KPL_EINVAL,
+          "override 'task=detection': task: unknown task 'detection'");
+    OK(kpl__recipe_load_known_task(path, 0, NULL, &R));
+    assert_string_equal(R.task, "classification");
 }
 
 /* Long values are echoed cut short, so that the message keeps what is
@@ -515,7 +537,7 @@ int main(void)
         cmocka_unit_test(test_groups), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
         cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
-        cmocka_unit_test(test_long_values),
+        cmocka_unit_test(test_long_values), cmocka_unit_test(test_task),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -42,6 +42,16 @@ cli)
   expect_fail "range, with file and line" "bad.yaml:3:13: optimizer.momentum: 2 is out of range" train bad.yaml
   printf 'model: {name: cnn}\n' > missing.yaml
   expect_fail "missing key" "missing.yaml: missing required key 'epochs'" train missing.yaml
+  # an unknown task is a bad value like any other: exit 2 naming its place,
+  # for train, --print-config and eval alike
+  printf 'base: %s\ntask: detection\n' "$recipe" > task.yaml
+  expect_fail "unknown task" "task.yaml:2:7: task: unknown task 'detection'" train task.yaml
+  expect_fail "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'detection'" \
+    train task.yaml --print-config
+  expect_fail "unknown task, eval" "task.yaml:2:7: task: unknown task 'detection'" \
+    eval task.yaml --checkpoint none.kpl
+  expect_fail "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
+    train "$recipe" task=gan --print-config
   expect_fail "no recipe" "no recipe given" train
   expect_fail "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
   expect_fail "bad option" "unknown option '--fast'" train "$recipe" --fast

@@ -31,6 +31,17 @@ kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int w
                                 int channels, const uint8_t *png, size_t png_len,
                                 double wall_time, uint8_t **out, size_t *len);
 
+/* ---- recipes (recipe.c) and tasks (task_classify.c) ---- */
+
+/* kpl_recipe_load for the kpl command, which runs only the tasks it knows:
+ * a `task` that kpl_task_find does not know is KPL_EINVAL naming the
+ * task key's place, as other bad values are.  (A program with a task of
+ * its own loads its recipe with kpl_recipe_load.) */
+kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
+                                       const char *const *overrides, kpl_recipe *out);
+/* The names kpl_task_find knows, "classification, ...", into buf. */
+void kpl__task_names(char *buf, size_t len);
+
 /* ---- checkpoint files (checkpoint.c) ---- */
 
 /* DIR/ckpt-<step, 10 digits>.kpl */
