@@ -43,7 +43,9 @@ static void usage_eval(FILE *f)
             "\n"
             "Evaluates a checkpoint on the recipe's validation split (data.val): top-1,\n"
             "top-5 and loss, and the confusion matrix when there are at most\n"
-            "eval.confusion_max_classes classes.  The last line is a JSON object.\n");
+            "eval.confusion_max_classes classes.  The last line is a JSON object.  Only\n"
+            "data.val is read (converted first when data.convert asks); the training split\n"
+            "need not exist.\n");
 }
 
 /* An argument that is neither an option: an override (KEY=VALUE) or the

@@ -110,6 +110,19 @@ fmnist)
   e=$(tail -n 1 eval.txt)
   [[ $(field val_top1 "$e") == "$best" ]] || die "eval top-1 $(field val_top1 "$e") != best $best"
   grep -q '^confusion' eval.txt || die "no confusion matrix"
+  # kpl eval reads only the split it evaluates: the same top-1 with no
+  # training split given, or none on disk; where nothing was converted yet
+  # it converts the validation split alone
+  EV=("$src/recipes/fashion_mnist/cnn.yaml" data.val.limit=2000 --checkpoint run/checkpoints/best.kpl)
+  mkdir valonly && cp -r fm/test valonly/test
+  for how in "${FM[*]} data.train.path=" "data.root=$tmp/valonly data.convert.from=none" \
+             "data.root=$tmp/fresh"; do
+    # shellcheck disable=SC2086 # $how: the overrides of this way
+    "$kpl" eval "${EV[@]}" $how > eval2.txt 2> eval2.err || die "eval with $how: $(cat eval2.err)"
+    e=$(tail -n 1 eval2.txt)
+    [[ $(field val_top1 "$e") == "$best" ]] || die "eval with $how: top-1 $(field val_top1 "$e") != best $best"
+  done
+  [[ -f fresh/test/METADATA && ! -e fresh/train ]] || die "eval converted more than its split: $(ls fresh)"
   # a checkpoint of another model is refused, naming the tensor
   set +e
   "$kpl" eval "$src/recipes/fashion_mnist/cnn.yaml" "${FM[@]}" model.width=16 \

@@ -102,6 +102,9 @@ void kpl__log_bar_end(kpl__runlog *l);
  * per node at a time (a lock file in data.root); the others wait and then
  * find them built. */
 kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log);
+/* The same for the validation split alone: an evaluation reads nothing
+ * else. */
+kpl_status kpl__data_prepare_val(const kpl_recipe *r, kpl__runlog *log);
 /* mkdir -p */
 kpl_status kpl__mkdirs(const char *dir);
 /* root + split path into buf. */
@@ -113,6 +116,9 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
  * else the train transform's size and channels, else the stored size of
  * the image feature. */
 kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw);
+/* The same from the validation split (its transform, else its stored
+ * size), for an evaluation, which has no training split to ask. */
+kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw);
 
 /* ---- runs (trainer.c, trainer_setup.c, trainer_ckpt.c, fit.c) ---- */
 
