@@ -29,7 +29,7 @@ cli)
     local what=$1 needle=$2
     shift 2
     set +e
-    "$kpl" "$@" > out.txt 2> err.txt
+    timeout 60 "$kpl" "$@" > out.txt 2> err.txt
     local rc=$?
     set -e
     [[ $rc == 2 ]] || die "$what: exit $rc, expected 2 ($(cat err.txt))"
@@ -52,6 +52,14 @@ cli)
     eval task.yaml --checkpoint none.kpl
   expect_fail "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
     train "$recipe" task=gan --print-config
+  # a FIFO as the recipe or as its base: refused by what it is, never
+  # waited on (timeout: 124 if it hangs)
+  mkfifo fifo.yaml
+  printf 'base: fifo.yaml\n' > fifo_base.yaml
+  for r in fifo.yaml fifo_base.yaml; do
+    expect_fail "FIFO $r" "recipe fifo.yaml: not a regular file (a FIFO)" \
+      train "$r" --print-config
+  done
   expect_fail "no recipe" "no recipe given" train
   expect_fail "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
   expect_fail "bad option" "unknown option '--fast'" train "$recipe" --fast
