@@ -60,6 +60,15 @@ cli)
     expect_fail "FIFO $r" "recipe fifo.yaml: not a regular file (a FIFO)" \
       train "$r" --print-config
   done
+  # a long value is echoed cut short, and the reason is kept
+  long=$(printf 'x%.0s' $(seq 950))
+  expect_fail "long override" "optimizer.lr: expected a number, got 'xxxxxxxxxx" \
+    train "$recipe" "optimizer.lr=$long"
+  grep -qF "xxx...' [trainer/" err.txt || die "long override: not cut: $(cut -c 1-300 err.txt)"
+  # YAML tags are refused, naming the key and the tag
+  printf 'base: %s\nepochs: !!str 5\n' "$recipe" > tag.yaml
+  expect_fail "tag" "tag.yaml:2:9: epochs: YAML tags (!!str) are not supported" \
+    train tag.yaml --print-config
   expect_fail "no recipe" "no recipe given" train
   expect_fail "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
   expect_fail "bad option" "unknown option '--fast'" train "$recipe" --fast
