@@ -303,23 +303,26 @@ static kpl_status open_shard(kpl_dataset *ds, int s, json_t *o)
     return KPL_OK;
 }
 
+/* A WRITING marker: the dataset is not finished.  Its lock says whether
+ * the writer still works on it (wait) or died (convert again: `kpl data
+ * convert`, like kpl train, removes what a dead writer left first). */
 static kpl_status refuse_unfinished(const char *dir)
 {
     char p[PATH_MAX];
     KPL_TRY(kpl__path_join(p, sizeof p, dir, KPLR_WRITING));
-    char *who = NULL;
-    if (kpl__read_file(p, &who, NULL) == KPL_OK) {
-        who[strcspn(who, "\n")] = 0;
-        kpl_status st = KPL_ERROR(KPL_EFORMAT,
-                                  "%s was not closed cleanly: its writer (%s) did not finish "
-                                  "(%s is present); convert it again", dir, who, p);
-        free(who);
-        return st;
-    }
-    kpl_clear_error();
-    if (access(p, F_OK) == 0)
+    if (access(p, F_OK) != 0) return KPL_OK;
+    kpl_writer_state ws;
+    char who[300];
+    if (kpl_dataset_writer_state(dir, &ws, who, sizeof who) < 0)
         return KPL_ERROR(KPL_EFORMAT, "%s was not closed cleanly (%s is present)", dir, p);
-    return KPL_OK;
+    if (ws == KPL_WRITER_ALIVE)
+        return KPL_ERROR(KPL_EFORMAT, "%s is still being written (%s; %s is present): wait for "
+                         "its writer to finish", dir, who, p);
+    if (ws == KPL_WRITER_DEAD)
+        return KPL_ERROR(KPL_EFORMAT, "%s was not closed cleanly: its writer (%s) did not finish "
+                         "(%s is present); convert it again (kpl data convert removes what a "
+                         "writer that died left)", dir, who, p);
+    return KPL_OK; /* its writer finished just now */
 }
 
 kpl_status kpl_dataset_open(const char *dir, kpl_dataset **out)

@@ -49,6 +49,8 @@ static void usage(FILE *f)
             "    --chunk-mb X      raw chunk size in MiB (default 4)\n"
             "    --zstd-level L    0 (off) to 19 (default 3)\n"
             "    --quiet           no progress line\n"
+            "    OUT may hold what a conversion that died left (its WRITING marker):\n"
+            "    that is removed first; a finished dataset or other files are refused.\n"
             "  inspect DIR         a JSON summary: counts, schema, shards, bytes\n"
             "  verify DIR          read everything and check every checksum, and every\n"
             "                      record against METADATA's fixed shapes\n");
@@ -66,6 +68,29 @@ static bool parse_num(const char *s, double lo, double hi, double *v)
     errno = 0;
     *v = strtod(s, &end);
     return !errno && end != s && !*end && *v >= lo && *v <= hi;
+}
+
+/* What a conversion that died left in `out` (its WRITING marker, which
+ * nobody holds locked) is removed, saying so, so that converting again is
+ * the cure `kpl data verify` advises.  A live writer's files, a finished
+ * dataset and files no writer makes are left alone: the live writer is
+ * named here, the others are refused by the writer as before.  Runs with
+ * the conversion lock of out's directory held. */
+static int clear_dead_writer(const char *out)
+{
+    kpl_writer_state ws;
+    char who[300];
+    if (kpl_dataset_writer_state(out, &ws, who, sizeof who) < 0) return fail("convert");
+    if (ws == KPL_WRITER_NONE) return 0;
+    if (ws == KPL_WRITER_ALIVE) {
+        fprintf(stderr, "kpl data convert: %s is being written by another process (%s); not "
+                        "touched\n", out, who);
+        return 1;
+    }
+    if (kpl_dataset_remove_unfinished(out) < 0) return fail("convert");
+    fprintf(stderr, "kpl data convert: removed %s, left unfinished by an interrupted conversion "
+                    "(%s)\n", out, who);
+    return 0;
 }
 
 /* The labels file that goes with an images file: "images-idx3" -> "labels-idx1". */
@@ -92,6 +117,8 @@ static int convert_idx_pair(const char *images, const char *labels, const char *
         }
         labels = lab;
     }
+    int rc = clear_dead_writer(out);
+    if (rc) return rc;
     int64_t n = 0;
     double t0 = kpl_seconds();
     o->label = out;
@@ -257,6 +284,8 @@ static int convert_from(kpl_convert_source from, const char *labels, const char 
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
             return 2;
         }
+        int rc = clear_dead_writer(pos[1]);
+        if (rc) return rc;
         int64_t n = 0, skipped = 0;
         double t0 = kpl_seconds();
         o.label = pos[1];
@@ -271,6 +300,8 @@ static int convert_from(kpl_convert_source from, const char *labels, const char 
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
             return 2;
         }
+        int rc = clear_dead_writer(pos[1]);
+        if (rc) return rc;
         int64_t n = 0;
         double t0 = kpl_seconds();
         o.label = pos[1];

@@ -48,7 +48,9 @@ static void usage_eval(FILE *f)
             "\n"
             "Evaluates a checkpoint on the recipe's validation split (data.val): top-1,\n"
             "top-5 and loss, and the confusion matrix when there are at most\n"
-            "eval.confusion_max_classes classes.  The last line is a JSON object.\n");
+            "eval.confusion_max_classes classes.  The last line is a JSON object.  Only\n"
+            "data.val is read (converted first when data.convert asks); the training split\n"
+            "need not exist.\n");
 }
 
 /* An argument that is neither an option: an override (KEY=VALUE) or the
@@ -77,7 +79,7 @@ static int load_recipe(const char *cmd, const char *path, int nov, const char **
         fprintf(stderr, "kpl %s: no recipe given (try 'kpl %s --help')\n", cmd, cmd);
         return 2;
     }
-    if (kpl_recipe_load(path, nov, ov, r) < 0) {
+    if (kpl__recipe_load_known_task(path, nov, ov, r) < 0) {
         fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
         return 2;
     }

@@ -6,10 +6,11 @@
  * checks, the resolved YAML written into every run directory, and the key
  * reference of `kpl train --keys`, so the four never disagree.
  */
-#include "trainer.h"
+#include "trainer_impl.h"
 
 #include <ctype.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -18,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <yaml.h>
 
 /* ---- the key table ------------------------------------------------------------------- */
@@ -316,12 +318,37 @@ static node *child_named(const node *map, const char *key)
     return NULL;
 }
 
+/* What a message echoes of its input is cut short: the thread's message
+ * holds under 1 KiB, and what is wrong comes after the value, so a long
+ * override or YAML scalar would push it out.  A value keeps its first
+ * ECHO_MAX bytes and "..."; a path its last PATH_ECHO_MAX, with its file
+ * name.  Cuts fall between UTF-8 characters. */
+#define ECHO_MAX 60
+#define PATH_ECHO_MAX 200
+#define CLIP(s) clip((s), false, (char[PATH_ECHO_MAX + 4]){0})
+#define CLIP_PATH(s) clip((s), true, (char[PATH_ECHO_MAX + 4]){0})
+
+static const char *clip(const char *s, bool path, char *buf)
+{
+    size_t n = strlen(s), max = path ? PATH_ECHO_MAX : ECHO_MAX;
+    if (n <= max) return s;
+    if (path) {
+        const char *t = s + n - max;
+        while ((*t & 0xC0) == 0x80) t++;
+        snprintf(buf, PATH_ECHO_MAX + 4, "...%s", t);
+    } else {
+        while (max > 0 && (s[max] & 0xC0) == 0x80) max--;
+        snprintf(buf, PATH_ECHO_MAX + 4, "%.*s...", (int)max, s);
+    }
+    return buf;
+}
+
 /* "file:12:3" or "override 'a.b=c'" */
 static const char *where(const node *n, char *buf, size_t len)
 {
     if (!n) snprintf(buf, len, "(default)");
-    else if (n->line > 0) snprintf(buf, len, "%s:%d:%d", n->origin, n->line, n->col);
-    else snprintf(buf, len, "override '%s'", n->origin);
+    else if (n->line > 0) snprintf(buf, len, "%s:%d:%d", CLIP_PATH(n->origin), n->line, n->col);
+    else snprintf(buf, len, "override '%s'", CLIP(n->origin));
     return buf;
 }
 
@@ -329,16 +356,33 @@ static const char *where(const node *n, char *buf, size_t len)
 static const char *where_key(const node *n, char *buf, size_t len)
 {
     if (n && n->line > 0 && n->kline > 0) {
-        snprintf(buf, len, "%s:%d:%d", n->origin, n->kline, n->kcol);
+        snprintf(buf, len, "%s:%d:%d", CLIP_PATH(n->origin), n->kline, n->kcol);
         return buf;
     }
     return where(n, buf, len);
 }
 
+/* The dotted key of the node being parsed, for messages: `prefix` (an
+ * override's key), the keys of the open maps ("[]" for a list's
+ * elements), then `last` (the key the node is the value of, or is). */
+static void key_path(const char *prefix, node *const *stack, int depth, const char *last,
+                     char *buf, size_t len)
+{
+    size_t at = (size_t)snprintf(buf, len, "%s", prefix);
+    for (int i = 1; i <= depth && at < len; i++) {
+        const char *k = i < depth ? stack[i]->key : last;
+        if (i < depth && !k) at += (size_t)snprintf(buf + at, len - at, "[]");
+        else if (k) at += (size_t)snprintf(buf + at, len - at, "%s%s", at ? "." : "", k);
+    }
+}
+
 /* libyaml's events into a tree.  Aliases are refused: recipes are read
- * by people, and a key whose value lives elsewhere helps nobody. */
+ * by people, and a key whose value lives elsewhere helps nobody.  So are
+ * tags (!!str 5): a recipe's key fixes the type of its value, and a tag
+ * that kpl ignored would say one thing and do another.  `at_key` is the
+ * key the text is the value of ("" for a file). */
 static kpl_status parse_yaml(const char *text, size_t len, const char *origin, bool is_file,
-                             node **out)
+                             const char *at_key, node **out)
 {
     *out = NULL;
     yaml_parser_t p;
@@ -354,52 +398,78 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
     memset(pending, 0, sizeof pending);
     for (bool done = false; !done;) {
         yaml_event_t ev;
+        char at[400]; /* the place of the event, or of the error */
         if (!yaml_parser_parse(&p, &ev)) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s:%zu:%zu: YAML syntax error: %s%s%s", origin,
-                           p.problem_mark.line + 1, p.problem_mark.column + 1,
-                           p.problem ? p.problem : "unknown", p.context ? " " : "",
-                           p.context ? p.context : "");
+            node mark = {.origin = origin, .line = is_file ? (int)p.problem_mark.line + 1 : 0,
+                         .col = (int)p.problem_mark.column + 1};
+            st = KPL_ERROR(KPL_EFORMAT, "%s: YAML syntax error: %s%s%s",
+                           where(&mark, at, sizeof at), p.problem ? p.problem : "unknown",
+                           p.context ? " " : "", p.context ? p.context : "");
             goto fail;
         }
         int line = is_file ? (int)ev.start_mark.line + 1 : 0;
         int col = (int)ev.start_mark.column + 1;
+        node here = {.origin = origin, .line = line, .col = col};
         node *n = NULL;
         switch (ev.type) {
         case YAML_STREAM_END_EVENT: done = true; break;
         case YAML_DOCUMENT_START_EVENT:
             if (++docs > 1)
-                st = KPL_ERROR(KPL_EFORMAT, "%s:%d: a recipe is one YAML document, found a "
-                               "second one", origin, line);
+                st = KPL_ERROR(KPL_EFORMAT, "%s: a recipe is one YAML document, found a second "
+                               "one", where(&here, at, sizeof at));
             break;
         case YAML_ALIAS_EVENT:
-            st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: YAML aliases (*%s) are not supported in "
-                           "recipes; use 'base:' to share settings", origin, line, col,
-                           (const char *)ev.data.alias.anchor);
+            st = KPL_ERROR(KPL_EFORMAT, "%s: YAML aliases (*%s) are not supported in recipes; "
+                           "use 'base:' to share settings", where(&here, at, sizeof at),
+                           CLIP((const char *)ev.data.alias.anchor));
             break;
         case YAML_SCALAR_EVENT:
         case YAML_SEQUENCE_START_EVENT:
         case YAML_MAPPING_START_EVENT: {
             node *parent = depth ? stack[depth - 1] : NULL;
+            const char *tag = (const char *)(ev.type == YAML_SCALAR_EVENT ? ev.data.scalar.tag
+                                             : ev.type == YAML_SEQUENCE_START_EVENT
+                                                 ? ev.data.sequence_start.tag
+                                                 : ev.data.mapping_start.tag);
+            if (tag) {
+                /* the key this is the value of, or the key it is */
+                const char *last = NULL;
+                if (parent && parent->kind == N_MAP)
+                    last = pending[depth - 1] ? pending[depth - 1]
+                           : ev.type == YAML_SCALAR_EVENT ? (const char *)ev.data.scalar.value
+                                                           : NULL;
+                char key[300], shown[80];
+                key_path(at_key, stack, depth, last, key, sizeof key);
+                const char *std = "tag:yaml.org,2002:"; /* !!str is short for it */
+                if (!strncmp(tag, std, strlen(std)))
+                    snprintf(shown, sizeof shown, "!!%s", CLIP(tag + strlen(std)));
+                else snprintf(shown, sizeof shown, "%s", CLIP(tag));
+                st = KPL_ERROR(KPL_EFORMAT, "%s: %s%sYAML tags (%s) are not supported in "
+                               "recipes; write the value without one", where(&here, at, sizeof at),
+                               CLIP(key), key[0] ? ": " : "", shown);
+                break;
+            }
             if (ev.type == YAML_SCALAR_EVENT &&
                 strlen((const char *)ev.data.scalar.value) != ev.data.scalar.length) {
                 /* "\0" in a quoted scalar: C strings would cut it short */
-                st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: a NUL character in a value or key", origin,
-                               line, col);
+                st = KPL_ERROR(KPL_EFORMAT, "%s: a NUL character in a value or key",
+                               where(&here, at, sizeof at));
                 break;
             }
             if (parent && parent->kind == N_MAP && !pending[depth - 1]) {
                 /* a key */
                 if (ev.type != YAML_SCALAR_EVENT) {
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: keys must be plain names", origin,
-                                   line, col);
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: keys must be plain names",
+                                   where(&here, at, sizeof at));
                     break;
                 }
                 const char *k = (const char *)ev.data.scalar.value;
                 if (child_named(parent, k)) {
                     node *prev = child_named(parent, k);
                     char w[1200];
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d:%d: key '%s' appears twice (first at %s)",
-                                   origin, line, col, k, where_key(prev, w, sizeof w));
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: key '%s' appears twice (first at %s)",
+                                   where(&here, at, sizeof at), CLIP(k),
+                                   where_key(prev, w, sizeof w));
                     break;
                 }
                 if (!(pending[depth - 1] = strdup(k))) st = KPL_ERROR(KPL_ENOMEM, "out of memory");
@@ -437,7 +507,8 @@ static kpl_status parse_yaml(const char *text, size_t len, const char *origin, b
             }
             if (n->kind != N_SCALAR) {
                 if (depth == DEPTH) {
-                    st = KPL_ERROR(KPL_EFORMAT, "%s:%d: nested too deeply", origin, line);
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: nested too deeply",
+                                   where(&here, at, sizeof at));
                     break;
                 }
                 pending[depth] = NULL;
@@ -462,20 +533,38 @@ fail:
     return st;
 }
 
-/* Recipes are small text files; anything else (a device, a FIFO, a huge
- * file) is refused before it is read. */
+/* Recipes are small text files; anything else (a FIFO, a device, a
+ * directory, a huge file) is refused. */
 #define RECIPE_MAX_BYTES (1 << 20)
+
+/* What a path that is not a regular file is, for the message. */
+static const char *file_kind(mode_t m)
+{
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+    if (S_ISSOCK(m)) return "a socket";
+    return "of an unknown kind";
+}
 
 static kpl_status read_file(const char *path, char **text, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    KPL_CHECK(f, KPL_EIO, "recipe %s: %s", path, strerror(errno));
+    /* Judged by stat before any open: opening a FIFO waits for a writer
+     * that may never come, and opening a device can act on it. */
     struct stat sb;
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > RECIPE_MAX_BYTES) {
-        bool reg = S_ISREG(sb.st_mode);
-        fclose(f);
-        return KPL_ERROR(KPL_EINVAL, "recipe %s: %s", path,
-                         !reg ? "not a regular file" : "larger than 1 MiB: not a recipe");
+    KPL_CHECK(stat(path, &sb) == 0, KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(errno));
+    KPL_CHECK(S_ISREG(sb.st_mode), KPL_EINVAL, "recipe %s: not a regular file (%s)",
+              CLIP_PATH(path), file_kind(sb.st_mode));
+    KPL_CHECK(sb.st_size <= RECIPE_MAX_BYTES, KPL_EINVAL,
+              "recipe %s: larger than 1 MiB: not a recipe", CLIP_PATH(path));
+    /* Non-blocking and checked again: a path swapped for a FIFO after the
+     * stat is refused, not waited on. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_NOCTTY | O_CLOEXEC);
+    KPL_CHECK(fd >= 0, KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(errno));
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return KPL_ERROR(KPL_EINVAL, "recipe %s: not a regular file", CLIP_PATH(path));
     }
     char *buf = NULL;
     size_t n = 0, cap = 0;
@@ -485,26 +574,29 @@ static kpl_status read_file(const char *path, char **text, size_t *len)
             char *b = realloc(buf, cap);
             if (!b) {
                 free(buf);
-                fclose(f);
-                return KPL_ERROR(KPL_ENOMEM, "recipe %s: out of memory", path);
+                close(fd);
+                return KPL_ERROR(KPL_ENOMEM, "recipe %s: out of memory", CLIP_PATH(path));
             }
             buf = b;
         }
-        size_t r = fread(buf + n, 1, cap - n - 1, f);
-        n += r;
+        ssize_t r = read(fd, buf + n, cap - n - 1);
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) {
+            int e = errno;
+            free(buf);
+            close(fd);
+            return KPL_ERROR(KPL_EIO, "recipe %s: %s", CLIP_PATH(path), strerror(e));
+        }
         if (r == 0) break;
+        n += (size_t)r;
         if (n > RECIPE_MAX_BYTES) { /* it grew while being read */
             free(buf);
-            fclose(f);
-            return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe", path);
+            close(fd);
+            return KPL_ERROR(KPL_EINVAL, "recipe %s: larger than 1 MiB: not a recipe",
+                             CLIP_PATH(path));
         }
     }
-    bool bad = ferror(f);
-    fclose(f);
-    if (bad) {
-        free(buf);
-        return KPL_ERROR(KPL_EIO, "recipe %s: read error", path);
-    }
+    close(fd);
     buf[n] = 0;
     *text = buf;
     *len = n;
@@ -544,7 +636,8 @@ static kpl_status load_tree(ctx *cx, const char *text, size_t len, const char *o
 
 static kpl_status load_file(ctx *cx, const char *path, int depth, node **out)
 {
-    KPL_CHECK(depth < 8, KPL_EINVAL, "recipe %s: 'base' chain deeper than 8 (a loop?)", path);
+    KPL_CHECK(depth < 8, KPL_EINVAL, "recipe %s: 'base' chain deeper than 8 (a loop?)",
+              CLIP_PATH(path));
     char *text = NULL;
     size_t len = 0;
     KPL_TRY(read_file(path, &text, &len));
@@ -564,7 +657,7 @@ static kpl_status load_tree(ctx *cx, const char *text, size_t len, const char *o
                             bool is_file, const char *dir, int depth, node **out)
 {
     node *root = NULL;
-    KPL_TRY(parse_yaml(text, len, origin, is_file, &root));
+    KPL_TRY(parse_yaml(text, len, origin, is_file, "", &root));
     if (!root) { /* an empty file */
         root = calloc(1, sizeof *root);
         KPL_CHECK(root, KPL_ENOMEM, "out of memory");
@@ -622,11 +715,17 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
 {
     const char *eq = strchr(ov, '=');
     KPL_CHECK(eq && eq > ov, KPL_EINVAL,
-              "override '%s': expected KEY=VALUE with a dotted key, e.g. optimizer.lr=0.1", ov);
+              "override '%s': expected KEY=VALUE with a dotted key, e.g. optimizer.lr=0.1",
+              CLIP(ov));
+    char key[256];
+    size_t klen = (size_t)(eq - ov);
+    KPL_CHECK(klen < sizeof key, KPL_EINVAL, "override '%s': key too long", CLIP(ov));
+    memcpy(key, ov, klen);
+    key[klen] = 0;
     const char *origin = keep_origin(cx, ov);
     node *value = NULL;
     const char *vtext = eq + 1;
-    KPL_TRY(parse_yaml(vtext, strlen(vtext), origin, false, &value));
+    KPL_TRY(parse_yaml(vtext, strlen(vtext), origin, false, key, &value));
     if (!value) { /* "key=" */
         value = calloc(1, sizeof *value);
         KPL_CHECK(value, KPL_ENOMEM, "out of memory");
@@ -637,20 +736,12 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
     value->origin = origin;
     /* every node of the value names the override */
     node *m = root;
-    char key[256];
-    size_t klen = (size_t)(eq - ov);
     kpl_status st = KPL_OK;
-    if (klen >= sizeof key) {
-        st = KPL_ERROR(KPL_EINVAL, "override '%s': key too long", ov);
-        goto fail;
-    }
-    memcpy(key, ov, klen);
-    key[klen] = 0;
     for (char *seg = key;;) {
         char *dot = strchr(seg, '.');
         if (dot) *dot = 0;
         if (!*seg) {
-            st = KPL_ERROR(KPL_EINVAL, "override '%s': empty part in the key", ov);
+            st = KPL_ERROR(KPL_EINVAL, "override '%s': empty part in the key", CLIP(ov));
             goto fail;
         }
         node *c = child_named(m, seg);
@@ -680,8 +771,8 @@ static kpl_status apply_override(ctx *cx, node *root, const char *ov)
         }
         if (c && c->kind != N_MAP) {
             char w[1200];
-            st = KPL_ERROR(KPL_EINVAL, "override '%s': '%s' is a value (%s), not a section", ov,
-                           seg, where(c, w, sizeof w));
+            st = KPL_ERROR(KPL_EINVAL, "override '%s': '%s' is a value (%s), not a section",
+                           CLIP(ov), CLIP(seg), where(c, w, sizeof w));
             goto fail;
         }
         if (!c) {
@@ -744,15 +835,17 @@ static kpl_status scalar_number(const field *f, const node *n, const char *loc, 
         long long i = strtoll(s, &end, 10);
         v = (double)i;
         if (end == s || *end || errno)
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected an integer, got '%s'", loc, f->key, s);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected an integer, got '%s'", loc, f->key,
+                             CLIP(s));
     } else {
         v = strtod(s, &end);
         if (end == s || *end || errno || !isfinite(v))
-            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a number, got '%s'", loc, f->key, s);
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a number, got '%s'", loc, f->key,
+                             CLIP(s));
     }
     if (v < f->lo || v > f->hi)
-        return KPL_ERROR(KPL_ERANGE, "%s: %s: %s is out of range [%.15g, %.15g]", loc, f->key, s,
-                         f->lo, f->hi);
+        return KPL_ERROR(KPL_ERANGE, "%s: %s: %s is out of range [%.15g, %.15g]", loc, f->key,
+                         CLIP(s), f->lo, f->hi);
     *out = v;
     return KPL_OK;
 }
@@ -911,7 +1004,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         bool v;
         if (!parse_bool(n->text, &v))
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected true or false, got '%s'", loc, f->key,
-                             n->text);
+                             CLIP(n->text));
         *(bool *)dst = v;
         return KPL_OK;
     }
@@ -929,7 +1022,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
         for (const char *c = s; *c; c++)
             if ((unsigned char)*c < 0x20 || *c == 0x7f)
                 return KPL_ERROR(KPL_EINVAL, "%s: %s: control character 0x%02x in '%s'", loc,
-                                 f->key, (unsigned char)*c, s);
+                                 f->key, (unsigned char)*c, CLIP(s));
         memcpy(dst, s, strlen(s) + 1);
         return KPL_OK;
     }
@@ -945,7 +1038,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
             snprintf(opts + l, sizeof opts - l, "%s%s", c ? ", " : "", f->choices[c]);
         }
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected one of %s; got '%s'", loc, f->key, opts,
-                         n->text);
+                         CLIP(n->text));
     }
     case T_INTS:
     case T_FLOATS: {
@@ -1045,17 +1138,25 @@ static kpl_status check_unknown(const node *map, const char *prefix)
         }
         char hint[300] = "";
         if (best && bd <= 3) snprintf(hint, sizeof hint, " (did you mean '%s'?)", best);
-        return KPL_ERROR(KPL_EINVAL, "%s: unknown key '%s'%s", where_key(c, loc, sizeof loc), path,
-                         hint);
+        return KPL_ERROR(KPL_EINVAL, "%s: unknown key '%s'%s", where_key(c, loc, sizeof loc),
+                         CLIP(path), hint);
     }
     return KPL_OK;
 }
 
-/* Rules that join several keys; messages point at the key to change. */
-static kpl_status check_rules(node *root, kpl_recipe *r)
+/* Rules that join several keys; messages point at the key to change.
+ * known_task: the task must be one kpl_task_find knows (the kpl command). */
+static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
 {
     char loc[1200];
 #define AT(k) where(lookup(root, k), loc, sizeof loc)
+    if (known_task && !kpl_task_find(r->task)) {
+        char names[256];
+        kpl__task_names(names, sizeof names);
+        return KPL_ERROR(KPL_EINVAL, "%s: task: unknown task '%s' (kpl train and kpl eval know: "
+                         "%s; a program with a task of its own runs it through "
+                         "kpl_trainer_create)", AT("task"), CLIP(r->task), names);
+    }
     /* the keys classification needs, as if they were required */
     if (!strcmp(r->task, "classification")) {
         const char *k = r->model.arch == KPL_MODEL_NONE ? "model.name"
@@ -1063,7 +1164,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
                                                         : NULL;
         if (k)
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task classification)",
-                             *r->file ? r->file : "recipe", k);
+                             *r->file ? CLIP_PATH(r->file) : "recipe", k);
     }
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     const char *spn[2] = {"data.train", "data.val"};
@@ -1133,10 +1234,10 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
         if (!isalnum((unsigned char)*c) && !strchr("._+-", *c))
             return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' may hold only letters, digits and . _ + "
                              "- (it names the run directory runs/<name>-<time>)", AT("name"),
-                             r->name);
+                             CLIP(r->name));
     if (r->name[0] == '.')
         return KPL_ERROR(KPL_EINVAL, "%s: name: '%s' must not start with '.'", AT("name"),
-                         r->name);
+                         CLIP(r->name));
     const char *dev = r->device;
     if (strcmp(dev, "auto") && strcmp(dev, "cpu") && strcmp(dev, "cuda")) {
         char *end = NULL;
@@ -1149,7 +1250,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r)
 #undef AT
 }
 
-static kpl_status bind(node *root, const char *file, kpl_recipe *r)
+static kpl_status bind(node *root, const char *file, bool known_task, kpl_recipe *r)
 {
     /* what no key sets keeps its module's default; pointers stay NULL */
     memset(r, 0, sizeof *r);
@@ -1174,9 +1275,9 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
         }
         if (!f->def)
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (%s)",
-                             *file ? file : "recipe", f->key, f->help);
+                             *file ? CLIP_PATH(file) : "recipe", f->key, f->help);
         node *d = NULL;
-        KPL_TRY(parse_yaml(f->def, strlen(f->def), "default", false, &d));
+        KPL_TRY(parse_yaml(f->def, strlen(f->def), "default", false, "", &d));
         kpl_status st = bind_field(f, d, r);
         node_free(d);
         KPL_ASSERT(st >= 0, "recipe: a default does not fit its own key");
@@ -1193,11 +1294,11 @@ static kpl_status bind(node *root, const char *file, kpl_recipe *r)
         if (!r->name[0]) snprintf(r->name, sizeof r->name, "run");
     }
     snprintf(r->file, sizeof r->file, "%s", file);
-    return check_rules(root, r);
+    return check_rules(root, r, known_task);
 }
 
 static kpl_status load(const char *path, const char *yaml, const char *origin, int nov,
-                       const char *const *ov, kpl_recipe *out)
+                       const char *const *ov, bool known_task, kpl_recipe *out)
 {
     KPL_CHECK(out && (nov == 0 || ov), KPL_EINVAL, "recipe: bad arguments");
     ctx cx;
@@ -1207,7 +1308,7 @@ static kpl_status load(const char *path, const char *yaml, const char *origin, i
     if (path) st = load_file(&cx, path, 0, &root);
     else st = load_tree(&cx, yaml, strlen(yaml), keep_origin(&cx, origin), true, "", 0, &root);
     for (int i = 0; i < nov && st >= 0; i++) st = apply_override(&cx, root, ov[i]);
-    if (st >= 0) st = bind(root, path ? path : "", out);
+    if (st >= 0) st = bind(root, path ? path : "", known_task, out);
     node_free(root);
     for (int i = 0; i < cx.norigins; i++) free(cx.origins[i]);
     return st;
@@ -1217,14 +1318,21 @@ kpl_status kpl_recipe_load(const char *path, int noverrides, const char *const *
                            kpl_recipe *out)
 {
     KPL_CHECK(path, KPL_EINVAL, "recipe: no path");
-    return load(path, NULL, NULL, noverrides, overrides, out);
+    return load(path, NULL, NULL, noverrides, overrides, false, out);
+}
+
+kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
+                                       const char *const *overrides, kpl_recipe *out)
+{
+    KPL_CHECK(path, KPL_EINVAL, "recipe: no path");
+    return load(path, NULL, NULL, noverrides, overrides, true, out);
 }
 
 kpl_status kpl_recipe_load_string(const char *yaml, const char *origin, int noverrides,
                                   const char *const *overrides, kpl_recipe *out)
 {
     KPL_CHECK(yaml, KPL_EINVAL, "recipe: no text");
-    return load(NULL, yaml, origin ? origin : "recipe", noverrides, overrides, out);
+    return load(NULL, yaml, origin ? origin : "recipe", noverrides, overrides, false, out);
 }
 
 /* ---- writing ------------------------------------------------------------------------------ */

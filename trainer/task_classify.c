@@ -198,10 +198,20 @@ const kpl_task_kind kpl_task_classification = {
     .eval_report = eval_report,
 };
 
+static const kpl_task_kind *const known[] = {&kpl_task_classification};
+#define NKNOWN (sizeof known / sizeof known[0])
+
 const kpl_task_kind *kpl_task_find(const char *name)
 {
-    static const kpl_task_kind *const known[] = {&kpl_task_classification};
-    for (size_t i = 0; name && i < sizeof known / sizeof known[0]; i++)
+    for (size_t i = 0; name && i < NKNOWN; i++)
         if (!strcmp(known[i]->name, name)) return known[i];
     return NULL;
+}
+
+void kpl__task_names(char *buf, size_t len)
+{
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (size_t i = 0; i < NKNOWN && at < len; i++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", known[i]->name);
 }

@@ -181,14 +181,15 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
     return !kpl__stop_requested();
 }
 
-kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
+/* The splits of sp[0..n) with a path. */
+static kpl_status prepare(const kpl_recipe *r, const kpl_recipe_split *const *sp, int n,
+                          kpl__runlog *log)
 {
     if (r->data.convert.from == KPL_CONVERT_NONE) return KPL_OK;
     /* The ranks of a node, and `kpl data convert` runs, convert one at a
      * time (the lock in the directory holding the split); after the
      * first, the others find the split built. */
-    const kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < n; i++) {
         if (!sp[i]->path[0]) continue;
         char out[PATH_MAX];
         kpl__data_split_path(r, sp[i], out, sizeof out);
@@ -204,6 +205,18 @@ kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
         KPL_TRY(st);
     }
     return KPL_OK;
+}
+
+kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log)
+{
+    const kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
+    return prepare(r, sp, 2, log);
+}
+
+kpl_status kpl__data_prepare_val(const kpl_recipe *r, kpl__runlog *log)
+{
+    const kpl_recipe_split *sp[1] = {&r->data.val};
+    return prepare(r, sp, 1, log);
 }
 
 void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, const char *path,
@@ -225,14 +238,16 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
     c->transform.label_feature = s->label_feature;
 }
 
-kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw)
+/* The input (C, H, W) of the model fed by split `s` ("train" or "val"). */
+static kpl_status input_shape(const kpl_recipe *r, const kpl_recipe_split *s, const char *sn,
+                              int64_t *chw)
 {
-    const kpl_recipe_split *s = &r->data.train;
     const kpl_transform_config *t = &s->loader.transform;
-    /* the data's size: the train transform's, else the stored one */
+    /* the data's size: the transform's, else the stored one */
     int64_t h = t->out_h, w = t->out_w;
-    const char *from = "data.train.transform.size";
-    char path[PATH_MAX] = "";
+    char size_key[64], path[PATH_MAX] = "";
+    snprintf(size_key, sizeof size_key, "data.%s.transform.size", sn);
+    const char *from = size_key;
     if (!h) {
         kpl__data_split_path(r, s, path, sizeof path);
         kpl_dataset *ds = NULL;
@@ -244,20 +259,31 @@ kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw)
         from = path;
     }
     KPL_CHECK(h || r->model.in_h, KPL_EINVAL,
-              "%s: images of feature '%s' have no fixed size; set data.train.transform.size "
-              "(or model.input_size)", path, s->image_feature);
+              "%s: images of feature '%s' have no fixed size; set %s (or model.input_size)",
+              path, s->image_feature, size_key);
     /* model.input_size and in_channels say what the model expects: the
      * data must agree where it has a size of its own */
     KPL_CHECK(!r->model.in_h || !h || (r->model.in_h == h && r->model.in_w == w), KPL_EINVAL,
-              "model.input_size is [%d, %d] but the training images are %lldx%lld (%s): leave "
-              "model.input_size out, or resize the data to it with data.train.transform.size",
-              (int)r->model.in_h, (int)r->model.in_w, (long long)h, (long long)w, from);
+              "model.input_size is [%d, %d] but the %s images are %lldx%lld (%s): leave "
+              "model.input_size out, or resize the data to it with %s", (int)r->model.in_h,
+              (int)r->model.in_w, !strcmp(sn, "train") ? "training" : "validation",
+              (long long)h, (long long)w, from, size_key);
     KPL_CHECK(!r->model.in_channels || r->model.in_channels == t->channels, KPL_EINVAL,
-              "model.in_channels is %d but data.train.transform.channels is %d: leave "
-              "model.in_channels out, or make them agree", (int)r->model.in_channels,
+              "model.in_channels is %d but data.%s.transform.channels is %d: leave "
+              "model.in_channels out, or make them agree", (int)r->model.in_channels, sn,
               (int)t->channels);
     chw[0] = t->channels;
     chw[1] = h ? h : r->model.in_h;
     chw[2] = h ? w : r->model.in_w;
     return KPL_OK;
+}
+
+kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw)
+{
+    return input_shape(r, &r->data.train, "train", chw);
+}
+
+kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw)
+{
+    return input_shape(r, &r->data.val, "val", chw);
 }

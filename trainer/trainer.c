@@ -887,13 +887,14 @@ static kpl_status make_ddp(kpl_trainer *t)
     return KPL_OK;
 }
 
-/* Evaluation only: the validation loader, the models and their weights. */
+/* Evaluation only: the validation loader, the models and their weights;
+ * the training split is never read (it need not exist). */
 static kpl_status start_eval(kpl_trainer *t, const char *checkpoint)
 {
     KPL_CHECK(t->r->data.val.path[0], KPL_EINVAL, "kpl eval: the recipe has no data.val.path "
               "(set it, e.g. data.val.path=test)");
-    KPL_TRY(kpl__data_prepare(t->r, &t->log));
-    KPL_TRY(kpl__data_input_shape(t->r, t->chw));
+    KPL_TRY(kpl__data_prepare_val(t->r, &t->log));
+    KPL_TRY(kpl__data_val_input_shape(t->r, t->chw));
     KPL_TRY(kpl_checkpoint_load(checkpoint, &t->resume));
     KPL_TRY(make_val_loader(t));
     KPL_TRY(kpl__trainer_make_comm(t));

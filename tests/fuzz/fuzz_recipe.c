@@ -14,9 +14,10 @@
  *   data.train.transform.size=[32, 32]
  *
  * `base:` paths resolve inside the harness's scratch directory only: the
- * harness links with -Wl,--wrap=fopen, and __wrap_fopen below maps relative
- * paths there and refuses absolute ones elsewhere while kpl loads, so no
- * input reads the machine's files (a base of /dev/zero would read forever).  The directory
+ * harness links with -Wl,--wrap=stat,--wrap=open, and the wrappers below
+ * map relative paths there and refuse absolute ones elsewhere while kpl
+ * loads (kpl judges a recipe file by stat, then opens it), so no input
+ * reads the machine's files.  The directory
  * holds base.yaml (a whole recipe), part.yaml (based on base.yaml),
  * loop.yaml (based on itself) and bad.yaml (a syntax error).
  */
@@ -24,37 +25,62 @@
 
 #include "trainer.h"
 
+#include <stdarg.h>
+
 #define SEP "\n#--\n"
 #define MAX_OVERRIDES 8
 
-FILE *__real_fopen(const char *path, const char *mode);
-FILE *__wrap_fopen(const char *path, const char *mode);
+int __real_stat(const char *path, struct stat *sb);
+int __wrap_stat(const char *path, struct stat *sb);
+int __real_open(const char *path, int flags, ...);
+int __wrap_open(const char *path, int flags, ...);
 
-/* Set while kpl reads a recipe: libFuzzer's own fopen calls (corpus,
+/* Set while kpl reads a recipe: libFuzzer's own calls (corpus,
  * artifacts) pass through untouched. */
 static bool in_kpl;
 
-FILE *__wrap_fopen(const char *path, const char *mode)
+/* path inside the scratch directory into p[PATH_MAX]; false (errno set)
+ * for a path elsewhere. */
+static bool sandboxed(const char *path, char *p)
 {
-    if (!in_kpl) return __real_fopen(path, mode);
     const char *root = fuzz_dir("recipe");
     size_t rl = strlen(root);
-    char p[PATH_MAX];
     if (path[0] == '/') {
         if (strncmp(path, root, rl) || (path[rl] && path[rl] != '/')) {
             errno = ENOENT;
-            return NULL;
+            return false;
         }
-        snprintf(p, sizeof p, "%s", path);
-    } else if (snprintf(p, sizeof p, "%s/%s", root, path) >= (int)sizeof p) {
+        snprintf(p, PATH_MAX, "%s", path);
+    } else if (snprintf(p, PATH_MAX, "%s/%s", root, path) >= PATH_MAX) {
         errno = ENAMETOOLONG;
-        return NULL;
+        return false;
     }
     if (strstr(p, "..")) { /* stay inside */
         errno = ENOENT;
-        return NULL;
+        return false;
     }
-    return __real_fopen(p, mode);
+    return true;
+}
+
+int __wrap_stat(const char *path, struct stat *sb)
+{
+    if (!in_kpl) return __real_stat(path, sb);
+    char p[PATH_MAX];
+    return sandboxed(path, p) ? __real_stat(p, sb) : -1;
+}
+
+int __wrap_open(const char *path, int flags, ...)
+{
+    mode_t mode = 0;
+    if (flags & O_CREAT) {
+        va_list ap;
+        va_start(ap, flags);
+        mode = (mode_t)va_arg(ap, int);
+        va_end(ap);
+    }
+    if (!in_kpl) return __real_open(path, flags, mode);
+    char p[PATH_MAX];
+    return sandboxed(path, p) ? __real_open(p, flags, mode) : -1;
 }
 
 static const char base_yaml[] =

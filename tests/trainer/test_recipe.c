@@ -2,9 +2,12 @@
  * reading back to the same recipe, every error naming file, line and key,
  * the project's own recipes, and damaged YAML that must fail cleanly. */
 #include "kpl_test.h"
-#include "trainer.h"
+#include "trainer_impl.h"
 
 #include <stdlib.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 /* a model and data: two lines, so the keys under test start on line 3 */
@@ -149,6 +152,28 @@ static void test_errors(void **state)
         {"epochs: 3\n---\nepochs: 4\n", NULL, KPL_EFORMAT, "one YAML document"},
         {"epochs: 3\nmodel:\n", NULL, KPL_EINVAL, "bad.yaml:2:7: model: is a section of keys, not a value"},
         {MD "epochs:\n", NULL, KPL_EINVAL, "bad.yaml:3:8: epochs: no value"},
+        /* YAML tags: refused wherever they stand, naming the key and the tag */
+        {MD "epochs: !!str 5\n", NULL, KPL_EFORMAT,
+         "bad.yaml:3:9: epochs: YAML tags (!!str) are not supported in recipes"},
+        {MD "epochs: !!int 5\n", NULL, KPL_EFORMAT, "bad.yaml:3:9: epochs: YAML tags (!!int)"},
+        {"epochs: 3\nmodel: !!map {name: cnn, num_classes: 10}\n", NULL, KPL_EFORMAT,
+         "bad.yaml:2:8: model: YAML tags (!!map)"},
+        {MIN "schedule: {milestones: !!seq [1, 2]}\n", NULL, KPL_EFORMAT,
+         "bad.yaml:5:24: schedule.milestones: YAML tags (!!seq)"},
+        {MIN "schedule: {milestones: [1, !!float 2]}\n", NULL, KPL_EFORMAT,
+         "bad.yaml:5:28: schedule.milestones: YAML tags (!!float)"},
+        {"!!str epochs: 3\n", NULL, KPL_EFORMAT, "bad.yaml:1:1: epochs: YAML tags (!!str)"},
+        {"--- !!map\nepochs: 3\n", NULL, KPL_EFORMAT, "bad.yaml:1:5: YAML tags (!!map)"},
+        {MD "epochs: ! 5\n", NULL, KPL_EFORMAT, "bad.yaml:3:9: epochs: YAML tags (!)"},
+        {"%TAG !e! tag:example.com,2000:\n---\nname: !e!x run\n", NULL, KPL_EFORMAT,
+         "bad.yaml:3:7: name: YAML tags (tag:example.com,2000:x)"},
+        {MD "epochs: 3\noptimizer: {lr: 0.1, groups: [{params: !!str a}]}\n", NULL, KPL_EFORMAT,
+         "bad.yaml:4:40: optimizer.groups[].params: YAML tags (!!str)"},
+        {MIN, "epochs=!!int 3", KPL_EFORMAT,
+         "override 'epochs=!!int 3': epochs: YAML tags (!!int) are not supported"},
+        {MIN, "model={hidden: !!seq [3]}", KPL_EFORMAT,
+         "override 'model={hidden: !!seq [3]}': model.hidden: YAML tags (!!seq)"},
+        {MIN, "data.val.path=!local v", KPL_EFORMAT, "data.val.path: YAML tags (!local)"},
         /* rules across keys */
         {MIN "optimizer: {lr: 0.1, nesterov: true}\n", NULL, KPL_EFORMAT, "appears twice"},
         {MIN, "optimizer.nesterov=true", KPL_EINVAL,
@@ -222,6 +247,115 @@ static void test_errors(void **state)
     write_file("big.yaml", big, path, sizeof path);
     free(big);
     FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "larger than 1 MiB");
+}
+
+/* A task kpl does not know: a program's own task loads (examples/
+ * autoencoder.c), while the kpl command's loader refuses it as it does
+ * any bad value, naming the task key's place or the override. */
+static void test_task(void **state)
+{
+    (void)state;
+    char path[128];
+    write_file("task.yaml", MIN "task: autoencoder\n", path, sizeof path);
+    OK(kpl_recipe_load(path, 0, NULL, &R));
+    assert_string_equal(R.task, "autoencoder");
+    FAILS(kpl__recipe_load_known_task(path, 0, NULL, &R), KPL_EINVAL,
+          "task.yaml:5:7: task: unknown task 'autoencoder' (kpl train and kpl eval know: "
+          "classification;");
+    const char *ov[] = {"task=detection"};
+    OK(kpl_recipe_load_string(MIN, "min", 1, ov, &R));
+    write_file("task.yaml", MIN, path, sizeof path);
+    FAILS(kpl__recipe_load_known_task(path, 1, ov, &R), KPL_EINVAL,
+          "override 'task=detection': task: unknown task 'detection'");
+    OK(kpl__recipe_load_known_task(path, 0, NULL, &R));
+    assert_string_equal(R.task, "classification");
+}
+
+/* Long values are echoed cut short, so that the message keeps what is
+ * wrong and where (it holds under 1 KiB): overrides, YAML scalars, keys,
+ * and file names, which keep their end. */
+static void test_long_values(void **state)
+{
+    (void)state;
+    char x[1001], ov[1100], yaml[2400], path[1300];
+    memset(x, 'x', 1000);
+    x[1000] = 0;
+    snprintf(ov, sizeof ov, "optimizer.lr=%s", x);
+    const char *ovs[1] = {ov};
+    FAILS(kpl_recipe_load_string(MIN, "min", 1, ovs, &R), KPL_EINVAL,
+          "optimizer.lr: expected a number, got 'xxxxxxxxxx");
+    assert_non_null(strstr(kpl_last_error(), "override 'optimizer.lr=xxxxxxxxxx"));
+    assert_non_null(strstr(kpl_last_error(), "xxx...'"));
+    assert_non_null(strstr(kpl_last_error(), "[trainer/recipe.c:")); /* nothing cut off */
+    /* the reason after the value: a number out of range, from a file */
+    char z[901];
+    memset(z, '0', 900);
+    z[900] = 0;
+    snprintf(yaml, sizeof yaml, MD "epochs: 3\noptimizer: {lr: 0.1, momentum: 1.%s5}\n", z);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_ERANGE, "long.yaml:4:32: optimizer.momentum: 1.000");
+    assert_non_null(strstr(kpl_last_error(), "0... is out of range [0, 0.9999]"));
+    /* an unknown key, the hint kept */
+    snprintf(yaml, sizeof yaml, MD "epochs: 3\noptimizer:\n  lr: 0.1\n  %s: 1\n", x);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "long.yaml:6:3: unknown key 'optimizer.xxx");
+    assert_non_null(strstr(kpl_last_error(), "xxx...' [trainer/recipe.c:"));
+    /* a name, an enum, a bool, a string with a control character */
+    static const char *const bad[][2] = {
+        {"model.name=", "model.name: expected one of mlp, lenet, cnn, resnet, none; got 'xxx"},
+        {"log.tensorboard=", "log.tensorboard: expected true or false, got 'xxx"},
+        {"run_dir=\"\\t", "run_dir: control character 0x09 in '\txxx"},
+        {"optimizer..lr=", "override 'optimizer..lr=xxx"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(ov, sizeof ov, "%s%s%s", bad[i][0], x, bad[i][0][strlen(bad[i][0]) - 1] == 't' ? "\"" : "");
+        FAILS(kpl_recipe_load_string(MIN, "min", 1, ovs, &R), KPL_EINVAL, bad[i][1]);
+        assert_non_null(strstr(kpl_last_error(), "...'"));
+        assert_non_null(strstr(kpl_last_error(), "[trainer/recipe.c:"));
+    }
+    /* a long file name keeps its end, and the reason */
+    int at = snprintf(path, sizeof path, "/nonexistent");
+    for (int i = 0; i < 9; i++) at += snprintf(path + at, sizeof path - (size_t)at, "/%.100s", x);
+    snprintf(path + at, sizeof path - (size_t)at, "/r.yaml");
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EIO, "xxx/r.yaml: No such file");
+    assert_non_null(strstr(kpl_last_error(), "recipe ...x"));
+    snprintf(yaml, sizeof yaml, "base: %s\n", path);
+    write_file("long.yaml", yaml, path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EIO, "long.yaml:1:7: in base: recipe ...x");
+    assert_non_null(strstr(kpl_last_error(), "xxx/r.yaml: No such file"));
+}
+
+/* A recipe path that is not a regular file is refused by what it is,
+ * before it is opened: a FIFO would wait for a writer forever (an alarm
+ * ends the test if it does), a directory or a socket is no recipe either;
+ * on the command line and as a base. */
+static void test_not_regular(void **state)
+{
+    (void)state;
+    alarm(20);
+    char fifo[128], path[128];
+    snprintf(fifo, sizeof fifo, "%s/r.fifo", dir);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    FAILS(kpl_recipe_load(fifo, 0, NULL, &R), KPL_EINVAL, "not a regular file (a FIFO)");
+    assert_non_null(strstr(kpl_last_error(), fifo));
+    write_file("base_fifo.yaml", "epochs: 3\nbase: r.fifo\n", path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL,
+          "base_fifo.yaml:2:7: in base: recipe");
+    assert_non_null(strstr(kpl_last_error(), "r.fifo: not a regular file (a FIFO)"));
+    FAILS(kpl_recipe_load(dir, 0, NULL, &R), KPL_EINVAL, "not a regular file (a directory)");
+    FAILS(kpl_recipe_load("/dev/null", 0, NULL, &R), KPL_EINVAL,
+          "recipe /dev/null: not a regular file (a character device)");
+    int fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    assert_true(fd >= 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof a.sun_path, "%s/r.sock", dir);
+    const char *sock = a.sun_path;
+    assert_int_equal(bind(fd, (struct sockaddr *)&a, sizeof a), 0);
+    FAILS(kpl_recipe_load(sock, 0, NULL, &R), KPL_EINVAL, "not a regular file (a socket)");
+    write_file("base_sock.yaml", "base: r.sock\n", path, sizeof path);
+    FAILS(kpl_recipe_load(path, 0, NULL, &R), KPL_EINVAL, "r.sock: not a regular file (a socket)");
+    close(fd);
+    alarm(0);
 }
 
 /* An override that gives a section as a map lays it over the recipe's
@@ -402,7 +536,8 @@ int main(void)
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_groups), cmocka_unit_test(test_project_recipes),
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
-        cmocka_unit_test(test_override_merge),
+        cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
+        cmocka_unit_test(test_long_values), cmocka_unit_test(test_task),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -29,7 +29,7 @@ cli)
     local what=$1 needle=$2
     shift 2
     set +e
-    "$kpl" "$@" > out.txt 2> err.txt
+    timeout 60 "$kpl" "$@" > out.txt 2> err.txt
     local rc=$?
     set -e
     [[ $rc == 2 ]] || die "$what: exit $rc, expected 2 ($(cat err.txt))"
@@ -42,6 +42,33 @@ cli)
   expect_fail "range, with file and line" "bad.yaml:3:13: optimizer.momentum: 2 is out of range" train bad.yaml
   printf 'model: {name: cnn}\n' > missing.yaml
   expect_fail "missing key" "missing.yaml: missing required key 'epochs'" train missing.yaml
+  # an unknown task is a bad value like any other: exit 2 naming its place,
+  # for train, --print-config and eval alike
+  printf 'base: %s\ntask: detection\n' "$recipe" > task.yaml
+  expect_fail "unknown task" "task.yaml:2:7: task: unknown task 'detection'" train task.yaml
+  expect_fail "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'detection'" \
+    train task.yaml --print-config
+  expect_fail "unknown task, eval" "task.yaml:2:7: task: unknown task 'detection'" \
+    eval task.yaml --checkpoint none.kpl
+  expect_fail "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
+    train "$recipe" task=gan --print-config
+  # a FIFO as the recipe or as its base: refused by what it is, never
+  # waited on (timeout: 124 if it hangs)
+  mkfifo fifo.yaml
+  printf 'base: fifo.yaml\n' > fifo_base.yaml
+  for r in fifo.yaml fifo_base.yaml; do
+    expect_fail "FIFO $r" "recipe fifo.yaml: not a regular file (a FIFO)" \
+      train "$r" --print-config
+  done
+  # a long value is echoed cut short, and the reason is kept
+  long=$(printf 'x%.0s' $(seq 950))
+  expect_fail "long override" "optimizer.lr: expected a number, got 'xxxxxxxxxx" \
+    train "$recipe" "optimizer.lr=$long"
+  grep -qF "xxx...' [trainer/" err.txt || die "long override: not cut: $(cut -c 1-300 err.txt)"
+  # YAML tags are refused, naming the key and the tag
+  printf 'base: %s\nepochs: !!str 5\n' "$recipe" > tag.yaml
+  expect_fail "tag" "tag.yaml:2:9: epochs: YAML tags (!!str) are not supported" \
+    train tag.yaml --print-config
   expect_fail "no recipe" "no recipe given" train
   expect_fail "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
   expect_fail "bad option" "unknown option '--fast'" train "$recipe" --fast
@@ -100,6 +127,19 @@ fmnist)
   e=$(tail -n 1 eval.txt)
   [[ $(field val_top1 "$e") == "$best" ]] || die "eval top-1 $(field val_top1 "$e") != best $best"
   grep -q '^confusion' eval.txt || die "no confusion matrix"
+  # kpl eval reads only the split it evaluates: the same top-1 with no
+  # training split given, or none on disk; where nothing was converted yet
+  # it converts the validation split alone
+  EV=("$src/recipes/fashion_mnist/cnn.yaml" data.val.limit=2000 --checkpoint run/checkpoints/best.kpl)
+  mkdir valonly && cp -r fm/test valonly/test
+  for how in "${FM[*]} data.train.path=" "data.root=$tmp/valonly data.convert.from=none" \
+             "data.root=$tmp/fresh"; do
+    # shellcheck disable=SC2086 # $how: the overrides of this way
+    "$kpl" eval "${EV[@]}" $how > eval2.txt 2> eval2.err || die "eval with $how: $(cat eval2.err)"
+    e=$(tail -n 1 eval2.txt)
+    [[ $(field val_top1 "$e") == "$best" ]] || die "eval with $how: top-1 $(field val_top1 "$e") != best $best"
+  done
+  [[ -f fresh/test/METADATA && ! -e fresh/train ]] || die "eval converted more than its split: $(ls fresh)"
   # a checkpoint of another model is refused, naming the tensor
   set +e
   "$kpl" eval "$src/recipes/fashion_mnist/cnn.yaml" "${FM[@]}" model.width=16 \

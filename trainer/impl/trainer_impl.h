@@ -31,6 +31,17 @@ kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int w
                                 int channels, const uint8_t *png, size_t png_len,
                                 double wall_time, uint8_t **out, size_t *len);
 
+/* ---- recipes (recipe.c) and tasks (task_classify.c) ---- */
+
+/* kpl_recipe_load for the kpl command, which runs only the tasks it knows:
+ * a `task` that kpl_task_find does not know is KPL_EINVAL naming the
+ * task key's place, as other bad values are.  (A program with a task of
+ * its own loads its recipe with kpl_recipe_load.) */
+kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
+                                       const char *const *overrides, kpl_recipe *out);
+/* The names kpl_task_find knows, "classification, ...", into buf. */
+void kpl__task_names(char *buf, size_t len);
+
 /* ---- checkpoint files (checkpoint.c) ---- */
 
 /* DIR/ckpt-<step, 10 digits>.kpl */
@@ -91,6 +102,9 @@ void kpl__log_bar_end(kpl__runlog *l);
  * per node at a time (a lock file in data.root); the others wait and then
  * find them built. */
 kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log);
+/* The same for the validation split alone: an evaluation reads nothing
+ * else. */
+kpl_status kpl__data_prepare_val(const kpl_recipe *r, kpl__runlog *log);
 /* mkdir -p */
 kpl_status kpl__mkdirs(const char *dir);
 /* root + split path into buf. */
@@ -102,6 +116,9 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
  * else the train transform's size and channels, else the stored size of
  * the image feature. */
 kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw);
+/* The same from the validation split (its transform, else its stored
+ * size), for an evaluation, which has no training split to ask. */
+kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw);
 
 /* ---- runs (trainer.c, trainer_setup.c, trainer_ckpt.c, fit.c) ---- */
 
