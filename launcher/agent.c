@@ -433,6 +433,14 @@ static pid_t start_command(char **cmd, int rank, sigset_t *mask, int *sfd, int *
     if (child == 0) {
         setpgid(0, 0);
         prctl(PR_SET_PDEATHSIG, SIGTERM); /* the agent killed: the command goes too */
+        /* A SIGUSR1/2 that mpirun sent to the agent's group before this
+         * child left it is pending here: it was the agent's to hand on */
+        sigset_t usr;
+        sigemptyset(&usr);
+        sigaddset(&usr, SIGUSR1);
+        sigaddset(&usr, SIGUSR2);
+        struct timespec now = {0, 0};
+        while (sigtimedwait(&usr, NULL, &now) > 0) continue;
         sigprocmask(SIG_UNBLOCK, mask, NULL);
         signal(SIGINT, SIG_DFL);
         signal(SIGPIPE, SIG_DFL);
@@ -524,6 +532,16 @@ int kpl__agent_main(int argc, char **argv)
     static const char *const ws[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", NULL};
     static const char *const lr[] = {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", NULL};
     static const char *const ls[] = {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", NULL};
+    /* The signals the agent hands on wait from now on (start_command reads
+     * them from a descriptor): one that kplrun sends as soon as this agent
+     * calls in must not end it. */
+    sigset_t early;
+    sigemptyset(&early);
+    sigaddset(&early, SIGTERM);
+    sigaddset(&early, SIGHUP);
+    sigaddset(&early, SIGUSR1);
+    sigaddset(&early, SIGUSR2);
+    sigprocmask(SIG_BLOCK, &early, NULL);
     /* mpirun (or its daemon) going away takes the rank with it */
     pid_t parent = getppid();
     prctl(PR_SET_PDEATHSIG, SIGTERM);

@@ -693,6 +693,8 @@ static int spawn(char **mp, job *j)
 typedef struct {
     int interrupts, wstatus;
     bool timed_out;
+    int stop_sig; /* SIGINT or SIGTERM: the stop kplrun asked the ranks for, 0: none */
+    bool killed;  /* then stopped them hard (a second signal, --stop-timeout) */
 } outcome;
 
 /* When the event loop acts on its own: the deadline of a stop the ranks
@@ -701,20 +703,36 @@ typedef struct {
     double stop_timeout;
     double stop_at; /* 0: no stop asked */
     double hard_at; /* 0: no hard stop under way */
+    int pending;    /* a stop (SIGINT, SIGTERM) not handed to mpirun yet */
 } deadlines;
 
 /* Asks every rank to stop: mpirun forwards SIGUSR1 / SIGUSR2 to the
- * agents, which hand each rank's command SIGINT / SIGTERM. */
-static void ask_stop(const job *j, deadlines *d, int sig, double t)
+ * agents, which hand each rank's command SIGINT / SIGTERM.  Not before
+ * the agents are up (hand_on): mpirun forwards a signal to the ranks it
+ * has, and one that comes before its handler is set ends it. */
+static void ask_stop(deadlines *d, outcome *out, int sig, double t)
 {
-    kill(j->pid, sig == SIGINT ? SIGUSR1 : SIGUSR2);
+    if (!out->stop_sig) out->stop_sig = sig;
+    d->pending = sig;
     if (!d->stop_at) d->stop_at = t + d->stop_timeout;
+}
+
+/* A stop asked for, handed to mpirun once every agent has called in
+ * (or, with no channel, some seconds after the start). */
+static void hand_on(const job *j, deadlines *d, bool agents_up, double t)
+{
+    if (!d->pending || !(agents_up || t - j->t0 > 5)) return;
+    kill(j->pid, d->pending == SIGINT ? SIGUSR1 : SIGUSR2);
+    d->pending = 0;
 }
 
 /* Stops every rank now: mpirun's SIGTERM tears the job down (the agents
  * stop their commands' groups), SIGKILL of its session 5 s later. */
-static void stop_hard(console *c, const job *j, deadlines *d, const char *why, double t)
+static void stop_hard(console *c, const job *j, deadlines *d, outcome *out, const char *why,
+                      double t)
 {
+    out->killed = true;
+    d->pending = 0;
     print_line(c, stderr, why);
     kill(j->pid, SIGTERM);
     if (!d->hard_at) d->hard_at = t + 5;
@@ -733,15 +751,15 @@ static void on_signal(console *c, const job *j, outcome *out, double t, deadline
         if (first && si.ssi_signo == SIGINT) {
             print_line(c, stderr, "kplrun: interrupt: asking every rank to stop "
                                   "(Ctrl-C again to kill them)");
-            ask_stop(j, d, SIGINT, t);
+            ask_stop(d, out, SIGINT, t);
         } else if (first && si.ssi_signo == SIGTERM) {
             char msg[160];
             snprintf(msg, sizeof msg, "kplrun: SIGTERM: asking every rank to checkpoint and stop "
                      "(killed after %g s, or at another signal)", d->stop_timeout);
             print_line(c, stderr, msg);
-            ask_stop(j, d, SIGTERM, t);
+            ask_stop(d, out, SIGTERM, t);
         } else {
-            stop_hard(c, j, d, "kplrun: stopping every rank", t);
+            stop_hard(c, j, d, out, "kplrun: stopping every rank", t);
         }
         break;
     }
@@ -788,7 +806,7 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
         return 1;
     }
     bool exited = false;
-    deadlines d = {stop_timeout, 0, 0};
+    deadlines d = {stop_timeout, 0, 0, 0};
     double drain_until = 0;
     while (!exited || ro.open || re.open || open_conns) {
         p[0] = (struct pollfd){j->sfd, POLLIN, 0};
@@ -814,13 +832,14 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
             snprintf(msg, sizeof msg, "kplrun: --timeout %g s reached: stopping every rank",
                      timeout);
             print_line(c, stderr, msg);
-            if (!d.stop_at) ask_stop(j, &d, SIGTERM, t);
+            if (!d.stop_at) ask_stop(&d, out, SIGTERM, t);
         }
+        hand_on(j, &d, lfd < 0 || nconn >= np, t);
         if (!exited && d.stop_at && !d.hard_at && t > d.stop_at) {
             char msg[128];
             snprintf(msg, sizeof msg, "kplrun: the ranks did not stop within %g s "
                      "(--stop-timeout): killing them", d.stop_timeout);
-            stop_hard(c, j, &d, msg, t);
+            stop_hard(c, j, &d, out, msg, t);
         }
         if (d.hard_at && t > d.hard_at) {
             kill(-j->pid, SIGKILL); /* mpirun's session: mpirun and the local ranks */
@@ -847,6 +866,14 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
     return 0;
 }
 
+/* Whether any rank's line reached the console (it ran). */
+static bool any_rank_spoke(const console *c)
+{
+    for (int r = 0; r < c->np; r++)
+        if (c->tail[r].n) return true;
+    return false;
+}
+
 /* The verdict (kpl_launch_judge) said in words, with the last lines of
  * the rank to blame (and of the rank it waited for, when it timed out in
  * a collective). */
@@ -861,11 +888,28 @@ static void say_verdict(const console *c, const char *dir, const kpl_launch_verd
         return;
     case KPL_VERDICT_MPIRUN:
         fprintf(stderr, "kplrun: mpirun failed (exit status %d)%s\n", v->exit_code,
-                v->missing == c->np ? " before any rank ran" : "");
+                v->missing == c->np && !any_rank_spoke(c) ? " before any rank ran" : "");
+        return;
+    case KPL_VERDICT_KILLED:
+        if (v->hard)
+            fprintf(stderr, "kplrun: stopped by %s: the ranks were killed before they ended on "
+                    "their own\n", v->sig == SIGINT ? "SIGINT" : "SIGTERM");
+        else if (!v->missing)
+            fprintf(stderr, "kplrun: stopped by %s: every rank ended by it (some before they "
+                    "could handle it: nothing to keep yet)\n", v->sig == SIGINT ? "SIGINT" : "SIGTERM");
+        else
+            fprintf(stderr, "kplrun: stopped by %s: it reached mpirun too, which ended before "
+                    "%d of the %d ranks said how they ended (their logs in %s say)\n",
+                    v->sig == SIGINT ? "SIGINT" : "SIGTERM", v->missing, c->np, dir);
         return;
     case KPL_VERDICT_SILENT:
         fprintf(stderr, "kplrun: %d rank%s ended without a word (killed with mpirun?)\n",
                 v->missing, v->missing > 1 ? "s" : "");
+        return;
+    case KPL_VERDICT_STOPPED:
+        fprintf(stderr, "kplrun: stopped by %s: all %d rank%s exited with status %d%s\n",
+                v->status == 128 + SIGINT ? "SIGINT" : "SIGTERM", c->np, c->np > 1 ? "s" : "",
+                v->status, v->interrupted ? "" : " (the signal reached a rank, not kplrun)");
         return;
     case KPL_VERDICT_RANK: break;
     }
@@ -922,7 +966,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     c.stall = calloc((size_t)o.np, sizeof *c.stall);
     c.stuck = calloc((size_t)o.np, sizeof *c.stuck);
     job j;
-    outcome out = {0, 0, false};
+    outcome out = {0, 0, false, 0, false};
     if (!c.tail || !c.end || !c.stall || !c.stuck) {
         fprintf(stderr, "kplrun: out of memory\n");
         kpl_launch_free_argv(mp);
@@ -935,7 +979,7 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     if (rc < 0) {
         kpl_launch_verdict v;
         kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
-                         out.timed_out, out.interrupts, &v);
+                         out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
         say_verdict(&c, dir, &v, o.timeout, j.t0);
         rc = v.exit_code;
     }

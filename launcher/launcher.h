@@ -126,7 +126,13 @@ typedef enum {
     KPL_VERDICT_TIMEOUT,       /* --timeout stopped the job */
     KPL_VERDICT_RANK,          /* a rank failed (or was interrupted): `rank` */
     KPL_VERDICT_MPIRUN,        /* mpirun failed with no rank to blame */
-    KPL_VERDICT_SILENT         /* ranks ended without a word from their agents */
+    KPL_VERDICT_SILENT,        /* ranks ended without a word from their agents */
+    KPL_VERDICT_STOPPED,       /* every rank stopped on a signal, all with status 130 or
+                                  all with 143 (`status`): a stop, not a failure */
+    KPL_VERDICT_KILLED         /* kplrun asked the ranks to stop (`sig`), and they ended
+                                  without saying how: kplrun killed them (`hard`: a second
+                                  signal, --stop-timeout), or the signal reached mpirun and
+                                  the agents too (a scheduler's stop of every process) */
 } kpl_verdict_kind;
 
 typedef struct {
@@ -134,6 +140,7 @@ typedef struct {
     int rank;           /* KPL_VERDICT_RANK: the rank to blame */
     bool from_mpirun;   /* ... named by mpirun's notice (its agent could not speak) */
     bool interrupted;   /* ... its end is the stop the user asked for */
+    bool hard;          /* KPL_VERDICT_KILLED: kplrun killed the ranks */
     int status, sig;    /* ... how it ended */
     int missing;        /* ranks whose agents said nothing */
     int exit_code;      /* kplrun's exit status */
@@ -142,13 +149,20 @@ typedef struct {
 /* How the job ended, from the ranks' ends (np of them), what mpirun's own
  * notice named (mp_rank -1: none; its status or signal), mpirun's exit
  * (wait status), whether --timeout stopped it and whether the user
- * interrupted.  The rank to blame is the first (by `at`) that ended badly;
- * one that ended by SIGTERM was most likely torn down after another failed
- * and is blamed only when no other is.  Exit status: 124 after a timeout,
- * else the blamed rank's (128 + signal when killed), else mpirun's. */
+ * interrupted.  Every rank exiting 130, or every rank 143, is a stop
+ * (kpl train's, on SIGINT / SIGTERM, with its checkpoint), whoever sent
+ * the signal.  Otherwise the rank to blame is the first (by `at`) that
+ * ended badly; one that ended by SIGTERM was most likely torn down after
+ * another failed and is blamed only when no other is.  Exit status: 124
+ * after a timeout, else the stop's or the blamed rank's (128 + signal
+ * when killed), else mpirun's.  stop_sig: the signal (SIGINT or SIGTERM)
+ * with which kplrun asked the ranks to stop, 0 if it did not; killed:
+ * kplrun then stopped them hard.  After a stop was asked, ranks that said
+ * nothing or ended by the stop's signals ended by the stop
+ * (KPL_VERDICT_KILLED, 128 + stop_sig), not by a failure of mpirun's. */
 void kpl_launch_judge(const kpl_launch_end *ends, int np, int mp_rank, int mp_status,
                       int mp_sig, int mpirun_wstatus, bool timed_out, int interrupts,
-                      kpl_launch_verdict *v);
+                      int stop_sig, bool killed, kpl_launch_verdict *v);
 
 #ifdef __cplusplus
 }

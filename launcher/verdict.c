@@ -140,7 +140,7 @@ bool kpl_launch_parse_timeout(const char *line, kpl_launch_stall *out)
 
 void kpl_launch_judge(const kpl_launch_end *ends, int np, int mp_rank, int mp_status,
                       int mp_sig, int mpirun_wstatus, bool timed_out, int interrupts,
-                      kpl_launch_verdict *v)
+                      int stop_sig, bool killed, kpl_launch_verdict *v)
 {
     memset(v, 0, sizeof *v);
     v->rank = -1;
@@ -155,9 +155,33 @@ void kpl_launch_judge(const kpl_launch_end *ends, int np, int mp_rank, int mp_st
     if (bad < 0 && mp_rank < 0) bad = torn;
     int rc = WIFEXITED(mpirun_wstatus) ? WEXITSTATUS(mpirun_wstatus)
                                        : 128 + WTERMSIG(mpirun_wstatus);
+    bool stopped = np > 0 && !v->missing;
+    for (int r = 0; stopped && r < np; r++)
+        stopped = !ends[r].sig && (ends[r].status == 128 + SIGINT || ends[r].status == 128 + SIGTERM) &&
+                  ends[r].status == ends[0].status;
+    /* after a hard stop, ranks that ended by the stop's signals (or said
+     * nothing) were ended by kplrun; a rank that failed otherwise is still
+     * the one to name */
+    bool by_stop = true;
+    for (int r = 0; r < np; r++) {
+        const kpl_launch_end *e = &ends[r];
+        if (e->seen && (e->status || e->sig) && e->status != 128 + SIGINT &&
+            e->status != 128 + SIGTERM && e->sig != SIGINT && e->sig != SIGTERM && e->sig != SIGKILL)
+            by_stop = false;
+    }
     if (timed_out) {
         v->kind = KPL_VERDICT_TIMEOUT;
         v->exit_code = 124;
+    } else if (stopped) {
+        v->kind = KPL_VERDICT_STOPPED;
+        v->status = v->exit_code = ends[0].status;
+        v->interrupted = interrupts > 0;
+    } else if (stop_sig && by_stop && (killed || rc != 0 || v->missing)) {
+        v->kind = KPL_VERDICT_KILLED;
+        v->sig = stop_sig;
+        v->interrupted = true;
+        v->hard = killed;
+        v->exit_code = 128 + stop_sig;
     } else if (bad >= 0 || mp_rank >= 0) {
         v->kind = KPL_VERDICT_RANK;
         v->from_mpirun = bad < 0;

@@ -4,6 +4,7 @@
  */
 #include "trainer_impl.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -116,6 +117,12 @@ int kpl__cmd_train(int argc, char **argv)
             goto out;
         }
     }
+    /* A console that goes away (a terminal closed, kplrun's relay torn
+     * down with mpirun by a scheduler's stop) must not kill a run that is
+     * writing its checkpoint: what it prints then is lost, nothing else. */
+    signal(SIGPIPE, SIG_IGN);
+    /* a stop from here on is noted, and the run stops at its first step */
+    if (!print_config) kpl__catch_signals(true);
     if (reset_optimizer && !resume) {
         fprintf(stderr, "kpl train: --reset-optimizer goes with --resume (a new run's optimizer "
                         "starts fresh anyway)\n");

@@ -16,7 +16,9 @@
 #              rank rank 0 waited for, and nothing is left (rank 1 included);
 #              a stopped rank that catches SIGTERM gets to handle it
 #   interrupt  one SIGINT reaches every rank's command as SIGINT; a command
-#              that ignores it is stopped by the second one
+#              that ignores it is stopped by the second one; one SIGTERM
+#              reaches every command as SIGTERM and is waited for (exit
+#              143); a command that ignores it is killed after --stop-timeout
 #   bar        on a terminal, rank 0's progress bar stays whole: a line
 #              handled in one batch with a new frame (kplrun stopped while
 #              both arrive) wipes the old frame first, and rank 1's lines
@@ -202,7 +204,7 @@ interrupt)
   start -np 2 --log-dir "$tmp/logs" -- sh -c \
     'trap "echo got SIGINT; exit 130" INT; echo ready; sleep 60.'$token' & wait'
   interrupt
-  ended 130 "^kplrun: interrupted; rank [01] exited with status 130$"
+  ended 130 "^kplrun: stopped by SIGINT: all 2 ranks exited with status 130$"
   has out.txt "^\[r0\] got SIGINT$"
   has out.txt "^\[r1\] got SIGINT$"
   has err.txt "^kplrun: interrupt: asking every rank to stop \(Ctrl-C again to kill them\)$"
@@ -212,7 +214,33 @@ interrupt)
   sleep 1
   kill -0 $pid 2> /dev/null || die "the first SIGINT ended a job that ignores it"
   interrupt
-  ended 143 "^kplrun: stopping every rank$"
+  ended 130 "^kplrun: stopping every rank$"
+  has err.txt "^kplrun: stopped by SIGINT: the ranks were killed before they ended on their own"
+  # SIGTERM (a scheduler's stop): every command gets SIGTERM and may finish
+  # its way (kpl train checkpoints); kplrun waits for them
+  start -np 2 --log-dir "$tmp/logs3" -- sh -c \
+    'trap "sleep 1; echo got SIGTERM; exit 143" TERM; echo ready; sleep 60.'$token' & wait'
+  t0=$EPOCHREALTIME
+  kill -TERM $pid
+  set +e; wait $pid; rc=$?; set -e
+  secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+  ended 143 "^kplrun: stopped by SIGTERM: all 2 ranks exited with status 143$"
+  has out.txt "^\[r0\] got SIGTERM$"
+  has out.txt "^\[r1\] got SIGTERM$"
+  has err.txt "^kplrun: SIGTERM: asking every rank to checkpoint and stop \(killed after 60 s, or at another signal\)$"
+  # a command deaf to it is killed after --stop-timeout (its processes,
+  # which ignore SIGTERM too, by the agents' guards 10 s later)
+  start -np 2 --stop-timeout 2 --log-dir "$tmp/logs4" -- sh -c 'trap "" TERM; echo ready; sleep 60.'$token
+  t0=$EPOCHREALTIME
+  kill -TERM $pid
+  set +e; wait $pid; rc=$?; set -e
+  secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+  [[ $rc == 143 ]] || die "deaf to SIGTERM: exit $rc, expected 143"
+  awk -v s="$secs" 'BEGIN { exit !(s >= 2 && s < 10) }' || die "deaf to SIGTERM: ended after $secs s (--stop-timeout 2)"
+  has err.txt "^kplrun: the ranks did not stop within 2 s \(--stop-timeout\): killing them$"
+  has err.txt "^kplrun: stopped by SIGTERM: the ranks were killed before they ended on their own"
+  for _ in $(seq 150); do pgrep -f "sleep 60\.$token" > /dev/null || break; sleep 0.1; done
+  none_left
   ;;
 
 bar)
@@ -323,6 +351,7 @@ cli)
   expect_usage "--host: 'a:0': the slots after ':'" --host a:0 -- true
   expect_usage "unknown option or missing value: '--fast'" -np 2 --fast -- true
   expect_usage "--timeout wants seconds > 0, got '-3'" -np 2 --timeout -3 -- true
+  expect_usage "--stop-timeout wants seconds > 0, got '0'" -np 2 --stop-timeout 0 -- true
   run --help
   [[ $rc == 0 ]] && has out.txt "^usage: kplrun -np N"
   # --dry-run: the exact command, nothing started

@@ -369,13 +369,13 @@ static void test_verdict(void **state)
 #define END(r, st, sg, t) (e[r].seen = true, e[r].status = (st), e[r].sig = (sg), e[r].at = (t))
     /* every rank ended well */
     END(0, 0, 0, 1), END(1, 0, 0, 1), END(2, 0, 0, 1);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, 0, false, &v);
     assert_int_equal(v.kind, KPL_VERDICT_OK);
     assert_int_equal(v.exit_code, 0);
     /* rank 1 failed with status 3; rank 0, torn down by SIGTERM, was first
      * to end but is not the one to blame */
     END(0, 0, SIGTERM, 2), END(1, 3, 0, 5), END(2, 143, 0, 6);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(3, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(3, 0), false, 0, 0, false, &v);
     assert_int_equal(v.kind, KPL_VERDICT_RANK);
     assert_int_equal(v.rank, 1);
     assert_int_equal(v.status, 3);
@@ -384,39 +384,87 @@ static void test_verdict(void **state)
     assert_int_equal(v.exit_code, 3);
     /* two failures: the earlier one; a killed rank gives 128 + signal */
     END(0, 0, SIGKILL, 2), END(1, 1, 0, 3), END(2, 0, 0, 4);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, 0, false, &v);
     assert_int_equal(v.rank, 0);
     assert_int_equal(v.sig, SIGKILL);
     assert_int_equal(v.exit_code, 128 + SIGKILL);
     /* only SIGTERMs: the first of them */
     END(0, 0, SIGTERM, 7), END(1, 0, SIGTERM, 3), END(2, 0, 0, 4);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, 0, false, &v);
     assert_int_equal(v.rank, 1);
     assert_int_equal(v.exit_code, 128 + SIGTERM);
     /* ... unless mpirun's notice names a rank whose agent could not speak */
-    kpl_launch_judge(e, 3, 2, 0, SIGKILL, W_EXITCODE(1, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, 2, 0, SIGKILL, W_EXITCODE(1, 0), false, 0, 0, false, &v);
     assert_int_equal(v.rank, 2);
     assert_true(v.from_mpirun);
     assert_int_equal(v.exit_code, 128 + SIGKILL);
     /* the user's Ctrl-C explains a rank that ended with 130 */
     END(0, 130, 0, 1), END(1, 0, 0, 1), END(2, 0, 0, 1);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(130, 0), false, 1, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(130, 0), false, 1, 0, false, &v);
     assert_int_equal(v.rank, 0);
     assert_true(v.interrupted);
     assert_int_equal(v.exit_code, 130);
+    /* every rank stopped on SIGTERM (exit 143): a stop, whoever sent it */
+    END(0, 143, 0, 1), END(1, 143, 0, 2), END(2, 143, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(143, 0), false, 1, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_STOPPED);
+    assert_int_equal(v.status, 143);
+    assert_true(v.interrupted);
+    assert_int_equal(v.exit_code, 143);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(143, 0), false, 0, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_STOPPED);
+    assert_false(v.interrupted);
+    /* ... not when one rank was killed, ended otherwise or said nothing */
+    END(2, 0, SIGTERM, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(143, 0), false, 1, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_RANK);
+    END(2, 130, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(143, 0), false, 1, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_RANK);
+    e[2].seen = false;
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(143, 0), false, 1, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_RANK);
+    /* asked to stop (SIGTERM), then killed hard: the ranks that said
+     * nothing, or ended by the stop's signals, were kplrun's doing, not a
+     * failure of mpirun's; 128 + SIGTERM */
+    memset(e, 0, sizeof e);
+    END(1, 0, SIGKILL, 3);
+    kpl_launch_judge(e, 3, 0, 0, SIGKILL, W_EXITCODE(1, 0), false, 2, SIGTERM, true, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_KILLED);
+    assert_int_equal(v.sig, SIGTERM);
+    assert_int_equal(v.exit_code, 128 + SIGTERM);
+    /* ... but a rank that failed on its own is still named */
+    END(2, 3, 0, 2);
+    kpl_launch_judge(e, 3, 0, 0, SIGKILL, W_EXITCODE(1, 0), false, 2, SIGTERM, true, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_RANK);
+    assert_int_equal(v.rank, 2);
+    /* ... or the signal reached mpirun too (a scheduler's stop of every
+     * process), which ended before the ranks said how they ended */
+    memset(e, 0, sizeof e);
+    END(0, 143, 0, 1);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 1, SIGTERM, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_KILLED);
+    assert_false(v.hard);
+    assert_int_equal(v.missing, 2);
+    assert_int_equal(v.exit_code, 128 + SIGTERM);
+    /* without a stop asked for, silence is mpirun's to explain */
+    memset(e, 0, sizeof e);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, 0, false, &v);
+    assert_int_equal(v.kind, KPL_VERDICT_MPIRUN);
+    END(0, 130, 0, 1), END(1, 0, 0, 1), END(2, 0, 0, 1);
     /* --timeout wins over everything: 124 */
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, SIGTERM), true, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, SIGTERM), true, 0, 0, false, &v);
     assert_int_equal(v.kind, KPL_VERDICT_TIMEOUT);
     assert_int_equal(v.exit_code, 124);
     /* no agent said a word and mpirun failed: mpirun's status */
     memset(e, 0, sizeof e);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(1, 0), false, 0, 0, false, &v);
     assert_int_equal(v.kind, KPL_VERDICT_MPIRUN);
     assert_int_equal(v.missing, 3);
     assert_int_equal(v.exit_code, 1);
     /* mpirun ended well but a rank ended without a word */
     END(0, 0, 0, 1), END(1, 0, 0, 1);
-    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, &v);
+    kpl_launch_judge(e, 3, -1, 0, 0, W_EXITCODE(0, 0), false, 0, 0, false, &v);
     assert_int_equal(v.kind, KPL_VERDICT_SILENT);
     assert_int_equal(v.missing, 1);
     assert_int_equal(v.exit_code, 1);
