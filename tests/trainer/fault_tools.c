@@ -11,6 +11,8 @@
  *   fault_tools meta CKPT OUT SECTION.KEY JSON
  *       CKPT with one key of its metadata set to a JSON value
  *       (train.step -5, say), saved as OUT
+ *   fault_tools meta-get CKPT SECTION.KEY
+ *       prints that key of CKPT's metadata (JSON)
  */
 #include "dataio.h"
 #include "trainer.h"
@@ -109,13 +111,32 @@ static int set_meta(const char *in, const char *out, const char *key, const char
     return 0;
 }
 
+static int get_meta(const char *in, const char *key)
+{
+    kpl_checkpoint *c = NULL;
+    if (kpl_checkpoint_load(in, &c) < 0) return fail("meta-get");
+    json_t *m = json_loads(kpl_checkpoint_meta(c), 0, NULL);
+    const char *dot = strchr(key, '.');
+    char section[64];
+    snprintf(section, sizeof section, "%.*s", dot ? (int)(dot - key) : 0, key);
+    json_t *v = json_object_get(dot ? json_object_get(m, section) : m, dot ? dot + 1 : key);
+    char *text = v ? json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT) : NULL;
+    if (text) printf("%s\n", text);
+    else fprintf(stderr, "fault_tools meta-get: %s: no %s\n", in, key);
+    free(text);
+    json_decref(m);
+    kpl_checkpoint_destroy(c);
+    return v ? 0 : 1;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc == 4 && !strcmp(argv[1], "meta-get")) return get_meta(argv[2], argv[3]);
     if (argc == 5 && !strcmp(argv[1], "baddata"))
         return baddata(argv[2], atoi(argv[3]), atoi(argv[4]));
     if (argc == 4 && !strcmp(argv[1], "poison")) return poison(argv[2], argv[3]);
     if (argc == 6 && !strcmp(argv[1], "meta")) return set_meta(argv[2], argv[3], argv[4], argv[5]);
     fprintf(stderr, "usage: fault_tools baddata OUT N BAD_EVERY | poison CKPT OUT | "
-                    "meta CKPT OUT SECTION.KEY JSON\n");
+                    "meta CKPT OUT SECTION.KEY JSON | meta-get CKPT SECTION.KEY\n");
     return 2;
 }

@@ -26,7 +26,16 @@
 #              figures and exits 1; training from it stops with a clear
 #              message, or skips steps under loss.nonfinite: skip until
 #              loss.max_skips; a checkpoint whose metadata says step -5, or
-#              has no step, is named as such
+#              has no step, is named as such; a run whose steps are all
+#              skipped (max_skips 0: no limit) reports null figures and the
+#              same skip count in every record, never the last good epoch's
+#   rundir     a second run in a live run's directory is refused at once,
+#              naming the holder's pid, and touches nothing; the first one
+#              ends well; a killed run's lock is taken over by --resume
+#   optimizer  a resume whose optimizer changed (another rule, momentum
+#              on/off) is refused naming both; --reset-optimizer starts the
+#              optimizer state fresh; a changed momentum value or lr is not
+#              a change of state
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 tools=$4 inject=$5
 . "$(dirname "$0")/e2e_common.sh"
@@ -314,6 +323,97 @@ nonfinite)
   "$tools" meta b/checkpoints/ckpt-0000000003.kpl nostep.kpl train '{"epoch": 0}' || die "fault_tools meta"
   expect_fail nostep "nostep.kpl: not a training checkpoint (metadata train.step missing)" \
     "$kpl" train "${N[@]}" run_dir=n --resume nostep.kpl
+  # every step after the first few skipped, with no limit (max_skips 0):
+  # the run ends (0: the recipe asked for no limit), and every record
+  # says what happened; 10 steps an epoch, 3 epochs
+  run allskip "$kpl" train "${N[@]}" run_dir=z model.name=mlp optimizer.lr=1e6 epochs=3 \
+    loss.nonfinite=skip loss.max_skips=0 log.every_steps=5
+  [[ $rc == 0 ]] || die "allskip: exit $rc: $(tail -3 allskip.err)"
+  mapfile -t ep < <(grep '"event":"epoch"' z/metrics.jsonl)
+  [[ ${#ep[@]} == 3 ]] || die "allskip: ${#ep[@]} epoch records"
+  total=0
+  for e in "${ep[@]}"; do
+    s=$(field skipped_steps "$e")
+    [[ $s =~ ^[0-9]+$ ]] || die "allskip: an epoch record without skipped_steps: $e"
+    total=$((total + s))
+  done
+  for k in 1 2; do
+    [[ $(field train_loss "${ep[$k]}") == null && $(field train_acc "${ep[$k]}") == null && \
+       $(field skipped_steps "${ep[$k]}") == 10 ]] || die "allskip: epoch $((k + 1)): ${ep[$k]}"
+  done
+  d=$(tail -n 1 allskip.out)
+  last=$(grep '"event":"train"' z/metrics.jsonl | tail -n 1)
+  [[ $(grep -c '"event":"train"' z/metrics.jsonl) == 6 ]] || die "allskip: a train record per report: $(grep -c '"event":"train"' z/metrics.jsonl)"
+  [[ $(field skipped_steps "$d") == "$total" && $(field skipped_steps "$last") == "$total" && \
+     $(field train_loss "$d") == null ]] || die "allskip: done $d, last train record $last, epochs' sum $total"
+  "$tools" meta-get z/checkpoints/ckpt-0000000030.kpl train.skipped_steps > sk.txt || die "fault_tools meta-get"
+  [[ $(cat sk.txt) == "$total" ]] || die "allskip: the checkpoint counts $(cat sk.txt) skipped steps, the records $total"
+  grep -q "epoch 3/3: train loss nan acc nan .*(10 of its 10 steps skipped: NaN or inf)" allskip.out \
+    || die "allskip: the console's epoch line: $(grep 'epoch 3/3:' allskip.out)"
+  ;;
+
+rundir)
+  need_fm
+  L=("$CNN" "${QUIET[@]}" data.root="$tmp/fm" data.train.limit=2560 data.val.limit=500 epochs=4
+     checkpoint.every_steps=5 log.every_steps=1)
+  run prep "$kpl" train "${L[@]}" run_dir=prep max_steps=1
+  [[ $rc == 0 ]] || die "prep: $(tail -3 prep.err)"
+  "$kpl" train "${L[@]}" run_dir=t > a.out 2> a.err &
+  a=$!
+  wait_for t/metrics.jsonl '"step":2,'
+  run b "$kpl" train "${L[@]}" run_dir=t
+  [[ $rc == 1 ]] || die "the second run: exit $rc, expected 1: $(tail -3 b.err)"
+  grep -qF "run directory t is in use by another run (pid $a on host $(hostname)" b.err \
+    || die "the second run's message: $(cat b.err)"
+  set +e; wait $a; arc=$?; set -e
+  [[ $arc == 0 ]] || die "the first run failed beside the second: $(tail -3 a.err)"
+  ! grep -q "unfinished\|rename" a.err || die "the first run lost files: $(cat a.err)"
+  [[ $(grep -c '"event":"done"' t/metrics.jsonl) == 1 && $(grep -c '"event":"resume"' t/metrics.jsonl) == 0 ]] \
+    || die "metrics.jsonl has another run's records"
+  [[ $(grep -c "[0-9] kpl train fashion_mnist_cnn: " t/logs/rank-00000.log) == 1 ]] \
+    || die "the second run wrote into the first one's log"
+  for c in t/checkpoints/ckpt-*.kpl; do [[ -f $c.done ]] || die "$c is incomplete"; done
+  # a run killed outright leaves its lock free: --resume takes it over
+  "$kpl" train "${L[@]}" run_dir=k > k1.out 2> k1.err &
+  k=$!
+  wait_for k/metrics.jsonl '"why":"steps"'
+  kill -KILL $k
+  set +e; wait $k; set -e
+  run k2 "$kpl" train "${L[@]}" run_dir=k --resume
+  [[ $rc == 0 ]] || die "resume after a killed run: exit $rc: $(tail -3 k2.err)"
+  grep -q "run directory k: the run before this one (pid $k on host .*) ended without releasing it; taken over" k2.out \
+    || die "the takeover is not said: $(head -3 k2.out)"
+  [[ ! -s k/.kpl-run.lock ]] || die "a finished run left its lock described: $(cat k/.kpl-run.lock)"
+  ;;
+
+optimizer)
+  need_fm
+  O=("$CNN" "${QUIET[@]}" data.root="$tmp/fm" data.train.limit=1280 data.val.limit=500 epochs=2)
+  run base "$kpl" train "${O[@]}" run_dir=o epochs=1
+  [[ $rc == 0 ]] || die "base: $(tail -3 base.err)"
+  c=o/checkpoints/ckpt-0000000010.kpl
+  cp "$c" keep.kpl && cp "$c.done" keep.kpl.done
+  for change in "optimizer.name=adam" "optimizer.name=lars" "optimizer.momentum=0"; do
+    expect_fail "$change" "model 'model' was trained with sgd (momentum 0.9, nesterov), this run's optimizer is" \
+      "$kpl" train "${O[@]}" run_dir=o optimizer.nesterov=false "$change" --resume keep.kpl
+    grep -q "Resume with --reset-optimizer" "$change.err" || die "$change: no advice: $(cat "$change.err")"
+  done
+  grep -q "this run's optimizer is adam:" optimizer.name=adam.err || die "adam not named"
+  grep -q "this run's optimizer is sgd (no momentum):" optimizer.momentum=0.err || die "momentum 0 not named"
+  # the same state, other settings: resumed as before
+  run mom "$kpl" train "${O[@]}" run_dir=m optimizer.momentum=0.8 optimizer.lr=0.01 --resume keep.kpl
+  [[ $rc == 0 ]] || die "momentum 0.8: exit $rc: $(tail -3 mom.err)"
+  # --reset-optimizer: the weights resume, the optimizer starts fresh
+  run reset "$kpl" train "${O[@]}" run_dir=r optimizer.nesterov=false optimizer.name=adam \
+    optimizer.lr=0.001 --resume keep.kpl --reset-optimizer
+  [[ $rc == 0 ]] || die "--reset-optimizer: exit $rc: $(tail -3 reset.err)"
+  grep -q "reset-optimizer: the optimizer state of keep.kpl starts fresh" reset.err || die "reset not said"
+  grep -q "resumed from keep.kpl at step 10" reset.out || die "reset did not resume: $(head -3 reset.out)"
+  # its checkpoints name the new optimizer: resuming them as adam is no change
+  run again "$kpl" train "${O[@]}" run_dir=r optimizer.nesterov=false optimizer.name=adam epochs=3 --resume
+  [[ $rc == 0 ]] || die "resume of the reset run: exit $rc: $(tail -3 again.err)"
+  run noresume "$kpl" train "${O[@]}" run_dir=x --reset-optimizer
+  [[ $rc == 2 ]] && grep -q "reset-optimizer goes with --resume" noresume.err || die "--reset-optimizer alone: $rc"
   ;;
 *)
   echo "faults_e2e.sh: unknown case '$case_'" >&2
