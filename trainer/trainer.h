@@ -670,9 +670,13 @@ kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t 
 /* The models' weights from a checkpoint (every tensor must match). */
 kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
 /* The whole run: epochs of steps, reports, evaluation, checkpoints, best,
- * the final report; SIGINT / SIGTERM stop it at the next agreed point
- * with a checkpoint.  Returns the exit status: 0, 1 after an error
- * (printed), 130 / 143 after SIGINT / SIGTERM. */
+ * the final report.  It installs SIGINT / SIGTERM handlers for its
+ * duration (restoring the defaults after): a signal to any rank stops
+ * every rank after the same step (they agree after each step, and before
+ * each evaluation batch), with a checkpoint; a stop starts no evaluation
+ * and ends one under way, leaving it to --resume.  Returns the exit
+ * status: 0, 1 after an error (printed), 130 / 143 after SIGINT /
+ * SIGTERM.  Collective. */
 int kpl_trainer_fit(kpl_trainer *t);
 /* Steps done, and the epoch of the last step (from 0; the step after the
  * one that reported *epoch_done starts the next). */
