@@ -158,7 +158,7 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
     const kpl__model *md = &t->models[k];
     const kpl_optim_config *oc = kpl_optim_get_config(md->opt);
     const char *now = kpl_optim_kind_name(oc->kind);
-    char want[128], had[128] = "", foreign[NAME_LEN];
+    char want[128], had[NAME_LEN + 64] = "", foreign[NAME_LEN];
     optim_words(now, oc->momentum, oc->nesterov, want, sizeof want);
     foreign_state(t, k, t->resume, foreign, sizeof foreign);
     const json_t *saved = NULL;
