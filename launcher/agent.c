@@ -347,6 +347,17 @@ static bool group_has_others(pid_t group)
     return found;
 }
 
+/* The signals the agent hands on to its command's group (TERM and HUP: a
+ * teardown; USR1 and USR2: kplrun's stops, as SIGINT and SIGTERM). */
+static void handed_on(sigset_t *s)
+{
+    sigemptyset(s);
+    sigaddset(s, SIGTERM);
+    sigaddset(s, SIGHUP);
+    sigaddset(s, SIGUSR1);
+    sigaddset(s, SIGUSR2);
+}
+
 /* The guard: a process in the command's group that outlives the agent.
  * An agent killed outright (mpirun sends SIGKILL about a millisecond after
  * its SIGTERM; or the OOM killer) cannot stop the command's children; the
@@ -357,12 +368,8 @@ static bool group_has_others(pid_t group)
 static void run_guard(pid_t group, pid_t agent)
 {
     sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGHUP);
+    handed_on(&set);
     sigaddset(&set, SIGINT);
-    sigaddset(&set, SIGTERM);
-    sigaddset(&set, SIGUSR1);
-    sigaddset(&set, SIGUSR2);
     sigprocmask(SIG_BLOCK, &set, NULL);
     prctl(PR_SET_PDEATHSIG, SIGHUP);
     int fd = open("/dev/null", O_RDWR);
@@ -412,11 +419,7 @@ static pid_t start_command(char **cmd, int rank, sigset_t *mask, int *sfd, int *
     /* mpirun may hand down SIGCHLD ignored, which would reap the command
      * behind waitpid's back */
     signal(SIGCHLD, SIG_DFL);
-    sigemptyset(mask);
-    sigaddset(mask, SIGTERM);
-    sigaddset(mask, SIGHUP);
-    sigaddset(mask, SIGUSR1);
-    sigaddset(mask, SIGUSR2);
+    handed_on(mask);
     sigaddset(mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, mask, NULL);
     signal(SIGINT, SIG_IGN); /* kplrun decides what Ctrl-C means */
@@ -536,11 +539,7 @@ int kpl__agent_main(int argc, char **argv)
      * them from a descriptor): one that kplrun sends as soon as this agent
      * calls in must not end it. */
     sigset_t early;
-    sigemptyset(&early);
-    sigaddset(&early, SIGTERM);
-    sigaddset(&early, SIGHUP);
-    sigaddset(&early, SIGUSR1);
-    sigaddset(&early, SIGUSR2);
+    handed_on(&early);
     sigprocmask(SIG_BLOCK, &early, NULL);
     /* mpirun (or its daemon) going away takes the rank with it */
     pid_t parent = getppid();
