@@ -119,7 +119,12 @@ group)
     finish
     step=$(stopped g$i g$i 143 SIGTERM)
     ((step >= target)) || die "g$i: stopped at step $step, before step $target was logged"
-    grep -q '"why":"signal"' g$i/metrics.jsonl || die "g$i: no signal checkpoint recorded"
+    # the stop's own checkpoint, or, for a stop that landed at an epoch's
+    # end (in its evaluation, or the run's last step), that epoch's, which
+    # was written just before
+    grep -q "\"step\":$step,\"why\":\"signal\"" g$i/metrics.jsonl \
+      || { ((step % 20 == 0)) && grep -qE "\"step\":$step,\"why\":\"(epoch|end)\"" g$i/metrics.jsonl; } \
+      || die "g$i: no checkpoint of step $step recorded: $(grep '"checkpoint"' g$i/metrics.jsonl | tail -2)"
     resumed g$i.r g$i ref.loss "$kpl" train "${R[@]}" run_dir=g$i --resume
     echo "group: round $i stopped at step $step, resumed bit for bit"
   done
@@ -208,8 +213,10 @@ kplrun)
     done
   }
   # SIGTERM and SIGINT to kplrun at random steps
+  # (targets leave 19 steps or more to go: a loaded machine's kill must land
+  # before the run ends)
   for sig in TERM INT; do
-    target=$(( 2 + RANDOM % 30 ))
+    target=$(( 2 + RANDOM % 20 ))
     start k$sig "${K[@]}" l$sig -- "$kpl" train "${R[@]}" run_dir=k$sig
     until_step k$sig $target
     kill -$sig $pid
@@ -237,8 +244,9 @@ kplrun)
   [[ $step == 0 ]] || die "one: stopped at step $step, expected 0"
   same_step one 0
   # SIGTERM to every process of the job at once (kplrun, mpirun, the
-  # agents, the ranks and their loader processes), as SLURM's scancel
-  target=$(( 2 + RANDOM % 30 ))
+  # agents, the ranks and their loader processes), as SLURM's scancel;
+  # finding them all takes a few processes, so the target is early
+  target=$(( 2 + RANDOM % 11 ))
   start all "${K[@]}" lall -- "$kpl" train "${R[@]}" run_dir=all
   until_step all $target
   mp=$(pgrep -P "$pid" -x mpirun | head -n 1)
