@@ -32,6 +32,7 @@
  * prints one JSON line per case.
  */
 #include "bench_common.h"
+#include "bench_zoo.h"
 #include "trainer.h"
 
 #include <mpi.h>
@@ -120,11 +121,11 @@ static void scale(float *p, int64_t n, float s)
 
 static void r50(kpl_comm *const *comms, const char *const *names, int ncomms)
 {
-    kpl_model *m = NULL;
-    if (kpl_model_create("resnet50", 1000, kpl_device_cpu(), 1, &m) < 0) die("resnet50");
-    int n = kpl_model_num_params(m);
-    kpl_tensor *const *params = kpl_model_params(m);
-    int64_t total = kpl_model_param_count(m);
+    kpl_module *m = NULL;
+    if (bench_zoo("resnet50", 1000, kpl_device_cpu(), 1, &m) < 0) die("resnet50");
+    int n = kpl_module_num_params(m);
+    kpl_tensor *const *params = kpl_module_params(m);
+    int64_t total = kpl_module_param_count(m);
     /* The reference sides' gradients: separate tensors, and a fused buffer. */
     float **g = calloc((size_t)n, sizeof *g), *flat = malloc((size_t)total * 4);
     if (!g || !flat) die("memory");
@@ -227,19 +228,19 @@ static void r50(kpl_comm *const *comms, const char *const *names, int ncomms)
     for (int i = 0; i < n; i++) free(g[i]);
     free(g);
     free(flat);
-    kpl_model_destroy(m);
+    kpl_module_destroy(m);
 }
 
 /* ---- overlap ----------------------------------------------------------------------- */
 
-static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y,
+static double train_step(kpl_module *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y,
                          bool sync)
 {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
     if (kpl_ddp_begin(ddp, sync) < 0) die("ddp_begin");
     kpl_pool *p = kpl_pool_push();
-    kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0,
+    kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0,
                                          -100);
     if (!loss) die("forward");
     kpl_tensor_retain(loss);
@@ -254,19 +255,19 @@ static double train_step(kpl_model *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor 
 static void overlap(kpl_comm *comm)
 {
     const int64_t batch = 32, xs[4] = {batch, 3, 32, 32};
-    kpl_model *m = NULL;
-    if (kpl_model_create("resnet18_cifar", 10, kpl_device_cpu(), 7, &m) < 0) die("resnet18");
+    kpl_module *m = NULL;
+    if (bench_zoo("resnet18_cifar", 10, kpl_device_cpu(), 7, &m) < 0) die("resnet18");
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.01;
     oc.momentum = 0.9;
     kpl_optim *opt = NULL;
-    if (kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt) < 0)
+    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0)
         die("sgd");
     kpl_ddp *ddp = NULL;
     kpl_bucketer_config cfg = KPL_BUCKETER_CONFIG_INIT;
     cfg.check_params = false; /* the steps without communication let the ranks drift */
-    if (kpl_ddp_create(comm, kpl_model_num_params(m), kpl_model_params(m),
-                       kpl_model_num_buffers(m), kpl_model_buffers(m), &cfg, &ddp) < 0)
+    if (kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
+                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp) < 0)
         die("ddp_create");
     kpl_rng *r = kpl_rng_create(100 + (uint64_t)rank);
     kpl_tensor *x = NULL, *y = NULL;
@@ -301,12 +302,12 @@ static void overlap(kpl_comm *comm)
         if (kpl_ddp_begin(ddp, true) < 0) die("ddp_begin");
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        for (int i = kpl_model_num_params(m) - 1; i >= 0; i--)
+        for (int i = kpl_module_num_params(m) - 1; i >= 0; i--)
             if (kpl_bucketer_mark_ready(b, i) < 0) die("mark_ready");
         if (kpl_bucketer_finish(b) < 0) die("bucketer_finish");
         alone[round] = slowest(t0) * 1e3;
         diff[round] = with[round] - without[round];
-        kpl_zero_grad(kpl_model_num_params(m), kpl_model_params(m));
+        kpl_zero_grad(kpl_module_num_params(m), kpl_module_params(m));
     }
     if (rank == 0) {
         double tw = bench_median(with, nr), tn = bench_median(without, nr);
@@ -324,7 +325,7 @@ static void overlap(kpl_comm *comm)
                    "\"rounds\":%d,\"step_range\":%s,\"no_comm_range\":%s,\"exposed_range\":%s,"
                    "\"alone_range\":%s",
                    tw, tn, exposed, ta, bench_jnum(n1, hw),
-                   bench_jnum(n2, (double)kpl_model_param_count(m) * 4 / 1048576.0), nr,
+                   bench_jnum(n2, (double)kpl_module_param_count(m) * 4 / 1048576.0), nr,
                    bench_jrange(r1, with, nr), bench_jrange(r2, without, nr),
                    bench_jrange(r4, diff, nr), bench_jrange(r3, alone, nr));
     }
@@ -333,7 +334,7 @@ static void overlap(kpl_comm *comm)
     kpl_rng_destroy(r);
     kpl_ddp_destroy(ddp);
     kpl_optim_destroy(opt);
-    kpl_model_destroy(m);
+    kpl_module_destroy(m);
 }
 
 int main(int argc, char **argv)

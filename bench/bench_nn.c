@@ -24,6 +24,7 @@
  *    (bench/torch_conv_layers.py) as the reference.
  */
 #include "bench_common.h"
+#include "bench_zoo.h"
 #include "trainer.h"
 
 #include <sys/resource.h>
@@ -51,13 +52,13 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     bool imagenet = strcmp(name, "resnet18_cifar") && strncmp(name, "resnet", 6) == 0;
     int64_t classes = imagenet ? 1000 : 10, hw = imagenet ? 224 : strcmp(name, "resnet18_cifar") ? 28 : 32;
     int64_t ch = hw == 28 ? 1 : 3;
-    kpl_model *m = NULL;
-    if (kpl_model_create(name, classes, cpu, 0, &m) < 0) die("model");
+    kpl_module *m = NULL;
+    if (bench_zoo(name, classes, cpu, 0, &m) < 0) die("model");
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.01;
     oc.momentum = 0.9;
     kpl_optim *opt = NULL;
-    if (kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt) < 0)
+    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0)
         die("sgd");
     kpl_rng *rng = kpl_rng_create(1);
     int64_t xs[4] = {batch, ch, hw, hw};
@@ -72,7 +73,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     for (int i = 0; i < warm + steps; i++) {
         double t0 = bench_now();
         kpl_pool *p = kpl_pool_push(), *fw = kpl_pool_push();
-        kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0, -100);
+        kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0, -100);
         if (!loss) die("forward");
         kpl_tensor_retain(loss);
         kpl_pool_pop(fw); /* saved activations now die as backward goes */
@@ -88,18 +89,21 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
         if (i >= warm) ms[i - warm] = t;
         fprintf(stderr, "  %s step %d %.1f ms loss %.4f\n", name, i, t, v);
     }
+    int64_t chw[3] = {ch, hw, hw};
+    double flops = 0;
+    if (kpl_module_count_flops(m, 3, chw, true, &flops) < 0) die("flops");
     printf("RESULT model=%s batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
            "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
            "alloc_peak_MiB=%.0f first_step_ms=%.1f\n",
-           name, (long long)batch, (long long)kpl_model_param_count(m), bench_median(ms, steps),
-           maxrss_mib(), rss0, kpl_model_flops(m, true), loss0, loss1,
+           name, (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
+           maxrss_mib(), rss0, flops, loss0, loss1,
            (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0, first);
     free(ms);
     kpl_tensor_release(x);
     kpl_tensor_release(y);
     kpl_rng_destroy(rng);
     kpl_optim_destroy(opt);
-    kpl_model_destroy(m);
+    kpl_module_destroy(m);
     return 0;
 }
 

@@ -182,7 +182,7 @@ void kpl_comm_work_destroy(kpl_comm_work *work);
  *               kpl_bucketer_mark_ready(b, i) (from the gradient hook);
  *               kpl_bucketer_finish(b); optimizer step.
  *
- * trainer.h's kpl_ddp connects this to autograd.  Not thread-safe: one
+ * ddp.h's kpl_ddp connects this to autograd.  Not thread-safe: one
  * thread drives a bucketer (backward's ready hooks run on that thread).
  */
 typedef struct {

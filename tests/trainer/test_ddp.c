@@ -47,12 +47,12 @@ static void batch(int step, int from, int n, kpl_tensor **x, kpl_tensor **y)
 
 /* One forward + backward of the mean cross-entropy of samples
  * [from, from + n) of step s, the loss multiplied by scale. */
-static void forward_backward(kpl_model *m, int step, int from, int n, double scale)
+static void forward_backward(kpl_module *m, int step, int from, int n, double scale)
 {
     kpl_tensor *x, *y;
     batch(step, from, n, &x, &y);
     kpl_pool *p = kpl_pool_push();
-    kpl_tensor *loss = kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0,
+    kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0,
                                          -100);
     assert_non_null(loss);
     if (scale != 1) loss = kpl_scalar_op(KPL_BIN_MUL, loss, scale, false);
@@ -62,24 +62,26 @@ static void forward_backward(kpl_model *m, int step, int from, int n, double sca
     kpl_tensor_release(y);
 }
 
-static kpl_model *lenet(uint64_t seed, kpl_optim **opt, bool keep_grad)
+static kpl_module *lenet(uint64_t seed, kpl_optim **opt, bool keep_grad)
 {
-    kpl_model *m = NULL;
-    OK(kpl_model_create("lenet", CLASSES, kpl_device_cpu(), seed, &m));
+    kpl_model_config c;
+    OK(kpl_zoo_preset("lenet", CLASSES, &c));
+    kpl_module *m = NULL;
+    OK(kpl_zoo_create(&c, kpl_device_cpu(), seed, &m));
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.05;
     oc.momentum = 0.9;
     oc.weight_decay = 1e-4;
     oc.keep_grad = keep_grad;
-    OK(kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, opt));
+    OK(kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, opt));
     return m;
 }
 
 /* ||a - b|| / ||b|| per parameter, and bitwise agreement across ranks. */
-static void compare(kpl_model *got, kpl_model *want, const char *what)
+static void compare(kpl_module *got, kpl_module *want, const char *what)
 {
-    for (int i = 0; i < kpl_model_num_params(want); i++) {
-        kpl_tensor *a = kpl_model_params(got)[i], *b = kpl_model_params(want)[i];
+    for (int i = 0; i < kpl_module_num_params(want); i++) {
+        kpl_tensor *a = kpl_module_params(got)[i], *b = kpl_module_params(want)[i];
         const float *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
         double d = 0, nb = 0;
         for (int64_t j = 0; j < kpl_tensor_numel(b); j++) {
@@ -92,10 +94,10 @@ static void compare(kpl_model *got, kpl_model *want, const char *what)
     }
 }
 
-static void train_serial(kpl_model **out)
+static void train_serial(kpl_module **out)
 {
     kpl_optim *opt;
-    kpl_model *m = lenet(42, &opt, false);
+    kpl_module *m = lenet(42, &opt, false);
     for (int s = 0; s < STEPS; s++) {
         forward_backward(m, s, 0, BATCH, 1);
         OK(kpl_optim_step(opt));
@@ -107,15 +109,15 @@ static void train_serial(kpl_model **out)
 /* keep: the optimizer leaves .grad alone and DDP zeroes whole buckets,
  * its views staying installed (what kpl_trainer does); else the optimizer
  * clears .grad and kpl_ddp_begin installs the views again. */
-static void train_ddp(int micro, bool keep, kpl_model **out, kpl_bucketer_stats *stats)
+static void train_ddp(int micro, bool keep, kpl_module **out, kpl_bucketer_stats *stats)
 {
     kpl_optim *opt;
-    kpl_model *m = lenet(42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
+    kpl_module *m = lenet(42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
     kpl_bucketer_config cfg = {0.05, 0.01, true};
-    OK(kpl_ddp_create(comm, kpl_model_num_params(m), kpl_model_params(m),
-                      kpl_model_num_buffers(m), kpl_model_buffers(m), &cfg, &ddp));
+    OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
+                      kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     assert_true(kpl_bucketer_num_buckets(kpl_ddp_bucketer(ddp)) > 2);
     int per_rank = BATCH / size, per_micro = per_rank / micro;
     for (int s = 0; s < STEPS; s++) {
@@ -127,8 +129,8 @@ static void train_ddp(int micro, bool keep, kpl_model **out, kpl_bucketer_stats 
         OK(kpl_optim_step(opt));
         if (!keep) continue;
         OK(kpl_ddp_zero_grad(ddp));
-        for (int i = 0; i < kpl_model_num_params(m); i++) {
-            kpl_tensor *p = kpl_model_params(m)[i], *g = kpl_grad_get(p);
+        for (int i = 0; i < kpl_module_num_params(m); i++) {
+            kpl_tensor *p = kpl_module_params(m)[i], *g = kpl_grad_get(p);
             assert_true(g == kpl_bucketer_grad(kpl_ddp_bucketer(ddp), i) && kpl_grad_is_buffer(p));
             const float *v = kpl_tensor_host_data(g);
             for (int64_t j = 0; j < kpl_tensor_numel(g); j++) assert_true(v[j] == 0);
@@ -144,27 +146,27 @@ static void train_ddp(int micro, bool keep, kpl_model **out, kpl_bucketer_stats 
 static void test_ddp_equals_serial(void **state)
 {
     (void)state;
-    kpl_model *serial, *ddp;
+    kpl_module *serial, *ddp;
     kpl_bucketer_stats st;
     train_serial(&serial);
     train_ddp(1, false, &ddp, &st);
     assert_int_equal(st.steps, STEPS);
     assert_true(st.comm_seconds > 0);
     compare(ddp, serial, "ddp 2 x 32 vs 1 x 64");
-    kpl_model *acc;
+    kpl_module *acc;
     train_ddp(2, false, &acc, &st);
     assert_int_equal(st.steps, STEPS); /* micro-steps do not communicate */
     compare(acc, serial, "ddp 2 x (2 x 16) vs 1 x 64");
-    kpl_model *kept, *kept_acc;
+    kpl_module *kept, *kept_acc;
     train_ddp(1, true, &kept, &st);
     compare(kept, serial, "ddp 2 x 32, buckets zeroed whole, vs 1 x 64");
     train_ddp(2, true, &kept_acc, &st);
     compare(kept_acc, serial, "ddp 2 x (2 x 16), buckets zeroed whole, vs 1 x 64");
-    kpl_model_destroy(serial);
-    kpl_model_destroy(ddp);
-    kpl_model_destroy(acc);
-    kpl_model_destroy(kept);
-    kpl_model_destroy(kept_acc);
+    kpl_module_destroy(serial);
+    kpl_module_destroy(ddp);
+    kpl_module_destroy(acc);
+    kpl_module_destroy(kept);
+    kpl_module_destroy(kept_acc);
 }
 
 int main(int argc, char **argv)

@@ -1,4 +1,4 @@
-/* test_optim.c — the optimizers of trainer.h against PyTorch 1.13 (SGD
+/* test_optim.c — the optimizers of optim.h against PyTorch 1.13 (SGD
  * plain, with momentum, Nesterov and weight decay; Adam; AdamW) and an
  * explicit LARS formula, five steps on small f32 parameters with gradients
  * set by hand; resuming from the state slots equals an uninterrupted run
@@ -82,7 +82,7 @@ static void run(kpl_optim *o, kpl_tensor *const *p, int k0, int k1)
 /* ---- against PyTorch -------------------------------------------------------------- */
 
 /* Printed by this script (PyTorch 1.13.0, numpy 1.24; LARS, which torch
- * lacks, by the explicit formula of trainer.h in float64), lines wrapped:
+ * lacks, by the explicit formula of optim.h in float64), lines wrapped:
  *
  * import torch, numpy as np
  * SHAPES = [(2, 3), (3,), (2,)]              # a, b, c (c starts at zero)
@@ -716,7 +716,7 @@ static void test_clip_grad_norm(void **state)
 }
 
 /* Learning-rate schedules: values worked out by hand from the formulas
- * in trainer.h (torch.optim.lr_scheduler's closed forms). */
+ * in optim.h (torch.optim.lr_scheduler's closed forms). */
 static void test_schedules(void **state)
 {
     (void)state;

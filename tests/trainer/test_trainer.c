@@ -6,11 +6,20 @@
 #include "kpl_test.h"
 #include "trainer.h"
 
-static kpl_model *make(const char *name, int64_t classes)
+static kpl_module *make(const char *name, int64_t classes)
 {
-    kpl_model *m = NULL;
-    OK(kpl_model_create(name, classes, kpl_device_cpu(), 7, &m));
+    kpl_model_config c;
+    OK(kpl_zoo_preset(name, classes, &c));
+    kpl_module *m = NULL;
+    OK(kpl_zoo_create(&c, kpl_device_cpu(), 7, &m));
     return m;
+}
+
+/* The model's output for x in training or evaluation mode. */
+static kpl_tensor *fwd(kpl_module *m, kpl_tensor *x, bool training)
+{
+    kpl_module_set_training(m, training);
+    return kpl_module_forward(m, x);
 }
 
 /* Parameter counts printed by ../shared/baselines (torchvision layouts). */
@@ -28,28 +37,29 @@ static void test_zoo_parameter_counts(void **state)
         {"resnet50", 1000, 25557032, 161},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
-        kpl_model *m = make(want[i].name, want[i].classes);
-        assert_int_equal(kpl_model_param_count(m), want[i].params);
-        assert_int_equal(kpl_model_num_params(m), want[i].tensors);
-        assert_string_equal(kpl_model_name(m), want[i].name);
-        kpl_model_destroy(m);
+        kpl_module *m = make(want[i].name, want[i].classes);
+        assert_int_equal(kpl_module_param_count(m), want[i].params);
+        assert_int_equal(kpl_module_num_params(m), want[i].tensors);
+        kpl_module_destroy(m);
     }
-    kpl_model *m = NULL;
-    FAILS(kpl_model_create("resnet51", 10, kpl_device_cpu(), 1, &m), KPL_EINVAL,
-          "unknown model 'resnet51' (known: mlp, lenet");
-    assert_null(m);
-    FAILS(kpl_model_create("lenet", 0, kpl_device_cpu(), 1, &m), KPL_EINVAL, "num_classes > 0");
+    kpl_model_config c;
+    FAILS(kpl_zoo_preset("resnet51", 10, &c), KPL_EINVAL,
+          "unknown preset 'resnet51' (known: mlp, lenet");
+    FAILS(kpl_zoo_preset("lenet", 0, &c), KPL_EINVAL, "num_classes > 0");
     /* FLOPs: LeNet forward = 2 x (conv1 6*25*784 + conv2 16*150*100 + fc 48120+10164+850) */
-    m = make("lenet", 10);
-    assert_float_equal(kpl_model_flops(m, false),
-                       2.0 * (6 * 25 * 784 + 16 * 150 * 100 + 400 * 120 + 120 * 84 + 84 * 10), 0);
-    kpl_model_destroy(m);
+    kpl_module *m = make("lenet", 10);
+    int64_t chw[3] = {1, 28, 28};
+    double flops = 0;
+    OK(kpl_module_count_flops(m, 3, chw, false, &flops));
+    assert_float_equal(flops, 2.0 * (6 * 25 * 784 + 16 * 150 * 100 + 400 * 120 + 120 * 84 + 84 * 10),
+                       0);
+    kpl_module_destroy(m);
 }
 
-static void sgd_step(kpl_model *m, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y, double *loss)
+static void sgd_step(kpl_module *m, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y, double *loss)
 {
     kpl_pool *p = NN(kpl_pool_push());
-    kpl_tensor *l = NN(kpl_cross_entropy(kpl_model_forward(m, x, true), y, KPL_REDUCE_MEAN, 0, -100));
+    kpl_tensor *l = NN(kpl_cross_entropy(fwd(m, x, true), y, KPL_REDUCE_MEAN, 0, -100));
     OK(kpl_backward(l, NULL, false));
     *loss = tget(l, 0);
     OK(kpl_optim_step(opt));
@@ -60,12 +70,12 @@ static void sgd_step(kpl_model *m, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y,
 static void test_lenet_learns_and_steady_state(void **state)
 {
     (void)state;
-    kpl_model *m = make("lenet", 10);
+    kpl_module *m = make("lenet", 10);
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.03;
     oc.momentum = 0.9;
     kpl_optim *opt = NULL;
-    OK(kpl_optim_create(&oc, kpl_model_num_params(m), kpl_model_params(m), NULL, &opt));
+    OK(kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt));
     kpl_device *cpu = kpl_device_cpu();
     kpl_rng *data = kpl_rng_create(2);
     int64_t ps[4] = {10, 1, 28, 28}, xs[4] = {32, 1, 28, 28}, B = 32;
@@ -102,18 +112,18 @@ static void test_lenet_learns_and_steady_state(void **state)
     kpl_tensor_release(lab);
     kpl_rng_destroy(data);
     kpl_optim_destroy(opt);
-    kpl_model_destroy(m);
+    kpl_module_destroy(m);
 }
 
 static void test_resnet18_forward_backward(void **state)
 {
     (void)state;
-    kpl_model *m = make("resnet18_cifar", 10);
+    kpl_module *m = make("resnet18_cifar", 10);
     kpl_pool *p = NN(kpl_pool_push());
     kpl_rng *rng = kpl_rng_create(3);
     int64_t xs[4] = {2, 3, 32, 32}, ls = 2;
     kpl_tensor *x = NN(kpl_randn(kpl_device_cpu(), KPL_F32, 4, xs, rng, 0, 1));
-    kpl_tensor *logits = NN(kpl_model_forward(m, x, true));
+    kpl_tensor *logits = NN(fwd(m, x, true));
     assert_int_equal(kpl_tensor_ndim(logits), 2);
     assert_int_equal(kpl_tensor_shape(logits)[0], 2);
     assert_int_equal(kpl_tensor_shape(logits)[1], 10);
@@ -122,25 +132,25 @@ static void test_resnet18_forward_backward(void **state)
     OK(kpl_backward(loss, NULL, false));
     assert_true(isfinite(tget(loss, 0)));
     /* every parameter got a gradient of its own shape, all finite */
-    kpl_tensor *const *ps = kpl_model_params(m);
-    for (int i = 0; i < kpl_model_num_params(m); i++) {
+    kpl_tensor *const *ps = kpl_module_params(m);
+    for (int i = 0; i < kpl_module_num_params(m); i++) {
         kpl_tensor *g = kpl_grad_get(ps[i]);
         assert_non_null(g);
         assert_int_equal(kpl_tensor_numel(g), kpl_tensor_numel(ps[i]));
         assert_true(isfinite(tget(NN(kpl_max(NN(kpl_abs(g)), NULL, 0, false)), 0)));
     }
     /* eval mode uses the running statistics: a different, finite answer */
-    kpl_tensor *ev = NN(kpl_model_forward(m, x, false));
+    kpl_tensor *ev = NN(fwd(m, x, false));
     assert_true(isfinite(tget(ev, 0)));
     assert_true(fabs(tget(ev, 0) - tget(logits, 0)) > 1e-6);
-    /* a wrong input channel count names the model and the shapes */
+    /* a wrong input channel count names the layer and the shapes */
     int64_t bad[4] = {2, 4, 32, 32};
-    assert_null(kpl_model_forward(m, NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, bad, 0)), true));
-    assert_non_null(strstr(kpl_last_error(), "model resnet18_cifar: input (2,4,32,32), expected "
-                                             "(N, 3, 32, 32)"));
+    assert_null(fwd(m, NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, bad, 0)), true));
+    assert_non_null(strstr(kpl_last_error(), "module conv1 (conv2d): conv2d: input (2,4,32,32) has "
+                                             "4 channels but weights (64,3,3,3) expect 3"));
     kpl_rng_destroy(rng);
     kpl_pool_pop(p);
-    kpl_model_destroy(m);
+    kpl_module_destroy(m);
 }
 
 /* v = momentum v + g (v = g at the first step); p -= lr v.  Nesterov steps
@@ -215,50 +225,60 @@ static void test_zoo_configs(void **state)
         c.arch = want[i].arch, c.depth = want[i].depth, c.width = want[i].width;
         c.in_channels = want[i].c, c.in_h = c.in_w = want[i].h;
         c.num_classes = want[i].classes, c.stem = want[i].cifar ? KPL_STEM_CIFAR : KPL_STEM_IMAGENET;
-        kpl_model *m = NULL;
-        OK(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m));
-        if (kpl_model_param_count(m) != want[i].params)
-            fail_msg("case %zu (%s): %lld parameters, expected %lld", i, kpl_model_name(m),
-                     (long long)kpl_model_param_count(m), (long long)want[i].params);
-        assert_int_equal(kpl_model_num_params(m), want[i].tensors);
-        int64_t chw[3];
-        kpl_model_input_shape(m, chw);
-        assert_int_equal(chw[0], want[i].c);
-        kpl_model_destroy(m);
+        kpl_module *m = NULL;
+        OK(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m));
+        if (kpl_module_param_count(m) != want[i].params)
+            fail_msg("case %zu (%s): %lld parameters, expected %lld", i, kpl_model_arch_name(c.arch),
+                     (long long)kpl_module_param_count(m), (long long)want[i].params);
+        assert_int_equal(kpl_module_num_params(m), want[i].tensors);
+        kpl_module_set_training(m, false);
+        if (want[i].h > 32) { /* the small inputs run through: the classes come out */
+            kpl_module_destroy(m);
+            continue;
+        }
+        kpl_pool *p = NN(kpl_pool_push());
+        int64_t xs[4] = {1, want[i].c, want[i].h, want[i].h};
+        kpl_tensor *y = NN(kpl_module_forward(m, NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, xs, 0))));
+        assert_int_equal(kpl_tensor_shape(y)[1], want[i].classes);
+        kpl_pool_pop(p);
+        kpl_module_destroy(m);
     }
     /* torchvision's names, and which parameters skip weight decay */
     kpl_model_config c;
     memset(&c, 0, sizeof c);
     c.arch = KPL_MODEL_RESNET, c.depth = 50, c.in_channels = 3, c.in_h = c.in_w = 64;
     c.num_classes = 5, c.zero_init_residual = true;
-    kpl_model *m = NULL;
-    OK(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m));
-    assert_string_equal(kpl_model_param_name(m, 0), "conv1.weight");
-    assert_string_equal(kpl_model_param_name(m, 1), "bn1.weight");
-    assert_string_equal(kpl_model_buffer_name(m, 0), "bn1.running_mean");
-    assert_string_equal(kpl_model_param_name(m, 3), "layer1.0.conv1.weight");
+    kpl_module *m = NULL;
+    OK(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m));
+    assert_string_equal(kpl_module_param_name(m, 0), "conv1.weight");
+    assert_string_equal(kpl_module_param_name(m, 1), "bn1.weight");
+    assert_string_equal(kpl_module_buffer_name(m, 0), "bn1.running_mean");
+    assert_string_equal(kpl_module_param_name(m, 3), "layer1.0.conv1.weight");
     bool down = false, zero = false;
-    for (int i = 0; i < kpl_model_num_params(m); i++) {
-        const char *n = kpl_model_param_name(m, i);
+    for (int i = 0; i < kpl_module_num_params(m); i++) {
+        const char *n = kpl_module_param_name(m, i);
         down |= !strcmp(n, "layer2.0.downsample.0.weight");
-        assert_int_equal(kpl_model_param_is_bias_or_norm(m, i),
-                         kpl_tensor_ndim(kpl_model_params(m)[i]) == 1);
-        if (!strcmp(n, "layer3.5.bn3.weight")) zero = tget(kpl_model_params(m)[i], 0) == 0;
+        /* the 1-d tensors optimizer.no_decay_bn_bias exempts: biases and norms' scales/shifts */
+        size_t len = strlen(n);
+        bool bn = strstr(n, "bn") || strstr(n, "downsample.1.");
+        assert_int_equal(kpl_tensor_ndim(kpl_module_params(m)[i]) == 1,
+                         (len > 5 && !strcmp(n + len - 5, ".bias")) || bn);
+        if (!strcmp(n, "layer3.5.bn3.weight")) zero = tget(kpl_module_params(m)[i], 0) == 0;
     }
     assert_true(down && zero); /* zero_init_residual: the blocks' last BN scale */
-    assert_string_equal(kpl_model_param_name(m, kpl_model_num_params(m) - 1), "fc.bias");
-    kpl_model_destroy(m);
+    assert_string_equal(kpl_module_param_name(m, kpl_module_num_params(m) - 1), "fc.bias");
+    kpl_module_destroy(m);
     /* errors name the architecture and the input */
     c.in_h = c.in_w = 16;
-    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
           "model resnet: input 16x16 is too small for the imagenet stem");
     c.depth = 20, c.in_h = c.in_w = 64;
-    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "depth is 18, 34");
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "depth is 18, 34");
     c.arch = KPL_MODEL_CNN, c.depth = 6, c.in_h = c.in_w = 28;
-    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
           "model cnn: 6 stages halve 28x28 to nothing");
     c.arch = KPL_MODEL_MLP, c.dropout = 1.5;
-    FAILS(kpl_model_create_config(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "dropout 1.5");
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL, "dropout 1.5");
     assert_null(m);
 }
 

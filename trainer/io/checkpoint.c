@@ -7,7 +7,7 @@
  * checkpoint only with its marker, and checks every byte anyway
  * (docs/checkpoint.md is the format).
  */
-#include "trainer.h"
+#include "checkpoint.h"
 #include "trainer_impl.h"
 
 #include <dirent.h>

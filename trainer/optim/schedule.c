@@ -2,7 +2,7 @@
  * schedule.c — learning rate as a pure function of training progress, so a
  * resumed run needs only its step counter to continue the schedule.
  */
-#include "trainer.h"
+#include "optim.h"
 
 #include <math.h>
 #include <string.h>

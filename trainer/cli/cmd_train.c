@@ -1,6 +1,6 @@
 /*
  * cmd_train.c — `kpl train` and `kpl eval`: arguments and the recipe; the
- * run itself is train.c's.
+ * run itself is kpl_trainer_fit's (run/fit.c).
  */
 #include "trainer_impl.h"
 

@@ -4,7 +4,7 @@
  * the containers (sequential, residual).  Each forward is the graph/ nn
  * function it names; the module adds its tensors, its mode and its name.
  */
-#include "module.h"
+#include "layers.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -1,9 +1,9 @@
 /*
  * zoo.c — the model zoo built from modules: MLP, LeNet-5, a small CNN and
- * torchvision's ResNets, with torchvision's parameter names.  kpl_model is
- * the zoo's classifier handle over the module tree (name, input shape).
+ * torchvision's ResNets, with torchvision's parameter names (zoo.h).
  */
-#include "trainer.h"
+#include "zoo.h"
+#include "layers.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -285,129 +285,35 @@ kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_con
     return KPL_OK;
 }
 
-/* ---- kpl_model: a zoo classifier with its name and input shape ------------------------------ */
-
-struct kpl_model {
-    char name[32];
-    kpl_model_config cfg;
-    kpl_module *root;
-    double flops[2]; /* forward, training; < 0 until counted */
-};
-
-kpl_status kpl_model_create_config(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
-                                   kpl_model **out)
+kpl_status kpl_zoo_preset(const char *name, int64_t num_classes, kpl_model_config *out)
 {
-    KPL_CHECK(cfg && out, KPL_EINVAL, "model: bad arguments");
-    *out = NULL;
-    kpl_model *m = calloc(1, sizeof *m);
-    KPL_CHECK(m, KPL_ENOMEM, "model: out of memory");
-    m->cfg = *cfg;
-    kpl_status st = kpl_model_config_complete(&m->cfg);
-    if (st >= 0) st = kpl_zoo_create(&m->cfg, dev, seed, &m->root);
-    if (st < 0) {
-        free(m);
-        return st;
+    KPL_CHECK(name && out, KPL_EINVAL, "kpl_zoo_preset: need a name and a config");
+    static const struct {
+        const char *name;
+        kpl_model_arch arch;
+        int depth, channels, side;
+        kpl_resnet_stem stem;
+    } presets[] = {
+        {"mlp", KPL_MODEL_MLP, 0, 1, 28, KPL_STEM_IMAGENET},
+        {"lenet", KPL_MODEL_LENET, 0, 1, 28, KPL_STEM_IMAGENET},
+        {"cnn", KPL_MODEL_CNN, 0, 1, 28, KPL_STEM_IMAGENET},
+        {"resnet18_cifar", KPL_MODEL_RESNET, 18, 3, 32, KPL_STEM_CIFAR},
+        {"resnet18", KPL_MODEL_RESNET, 18, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet34", KPL_MODEL_RESNET, 34, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet50", KPL_MODEL_RESNET, 50, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet101", KPL_MODEL_RESNET, 101, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet152", KPL_MODEL_RESNET, 152, 3, 224, KPL_STEM_IMAGENET},
+    };
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
+        if (strcmp(name, presets[i].name)) continue;
+        memset(out, 0, sizeof *out);
+        out->arch = presets[i].arch, out->depth = presets[i].depth, out->stem = presets[i].stem;
+        out->in_channels = presets[i].channels, out->in_h = out->in_w = presets[i].side;
+        out->num_classes = num_classes;
+        return kpl_model_config_complete(out);
     }
-    m->flops[0] = m->flops[1] = -1;
-    if (m->cfg.arch == KPL_MODEL_RESNET)
-        snprintf(m->name, sizeof m->name, "resnet%lld%s", (long long)m->cfg.depth,
-                 m->cfg.stem == KPL_STEM_CIFAR ? "_cifar" : "");
-    else
-        snprintf(m->name, sizeof m->name, "%s", kpl_model_arch_name(m->cfg.arch));
-    *out = m;
-    return KPL_OK;
-}
-
-kpl_status kpl_model_create(const char *name, int64_t num_classes, kpl_device *dev,
-                            uint64_t seed, kpl_model **out)
-{
-    *out = NULL;
-    KPL_CHECK(name, KPL_EINVAL, "model: need a name");
-    kpl_model_config c;
-    memset(&c, 0, sizeof c);
-    c.num_classes = num_classes;
-    c.in_channels = 1, c.in_h = c.in_w = 28;
-    if (!strcmp(name, "resnet18_cifar") || !strcmp(name, "resnet18") ||
-        !strcmp(name, "resnet34") || !strcmp(name, "resnet50")) {
-        c.arch = KPL_MODEL_RESNET;
-        c.stem = !strcmp(name, "resnet18_cifar") ? KPL_STEM_CIFAR : KPL_STEM_IMAGENET;
-        c.depth = atoi(name + 6);
-        c.in_channels = 3;
-        c.in_h = c.in_w = c.stem == KPL_STEM_CIFAR ? 32 : 224;
-    } else {
-        int a = kpl_model_arch_parse(name);
-        KPL_CHECK(a >= 0 && a < KPL_MODEL_RESNET, KPL_EINVAL,
-                  "model: unknown model '%s' (known: mlp, lenet, cnn, resnet18_cifar, "
-                  "resnet18, resnet34, resnet50)",
-                  name);
-        c.arch = (kpl_model_arch)a;
-    }
-    KPL_TRY(kpl_model_create_config(&c, dev, seed, out));
-    /* keep the name the caller used ("resnet18_cifar") */
-    snprintf((*out)->name, sizeof (*out)->name, "%s", name);
-    return KPL_OK;
-}
-
-void kpl_model_destroy(kpl_model *m)
-{
-    if (!m) return;
-    kpl_module_destroy(m->root);
-    free(m);
-}
-
-kpl_module *kpl_model_module(kpl_model *m) { return m->root; }
-
-kpl_tensor *kpl_model_forward(kpl_model *m, kpl_tensor *x, bool training)
-{
-    if (!x) return NULL;
-    const int64_t *s = kpl_tensor_shape(x);
-    if (kpl_tensor_ndim(x) != 4 || s[1] != m->cfg.in_channels ||
-        (m->cfg.arch != KPL_MODEL_RESNET && (s[2] != m->cfg.in_h || s[3] != m->cfg.in_w))) {
-        char got[96];
-        kpl_shape_str(kpl_tensor_ndim(x), s, got, sizeof got);
-        KPL_ERROR(KPL_ESHAPE, "model %s: input %s, expected (N, %lld, %lld, %lld)", m->name, got,
-                  (long long)m->cfg.in_channels, (long long)m->cfg.in_h, (long long)m->cfg.in_w);
-        return NULL;
-    }
-    if (kpl_module_training(m->root) != training) kpl_module_set_training(m->root, training);
-    return kpl_module_forward(m->root, x);
-}
-
-const char *kpl_model_param_name(const kpl_model *m, int i)
-{
-    return kpl_module_param_name(m->root, i);
-}
-const char *kpl_model_buffer_name(const kpl_model *m, int i)
-{
-    return kpl_module_buffer_name(m->root, i);
-}
-bool kpl_model_param_is_bias_or_norm(const kpl_model *m, int i)
-{
-    return kpl_tensor_ndim(kpl_module_params(m->root)[i]) <= 1;
-}
-kpl_rng *kpl_model_rng(kpl_model *m) { return kpl_module_rng(m->root); }
-
-void kpl_model_input_shape(const kpl_model *m, int64_t *chw)
-{
-    chw[0] = m->cfg.in_channels, chw[1] = m->cfg.in_h, chw[2] = m->cfg.in_w;
-}
-
-int kpl_model_num_params(const kpl_model *m) { return kpl_module_num_params(m->root); }
-kpl_tensor *const *kpl_model_params(const kpl_model *m) { return kpl_module_params(m->root); }
-const char *kpl_model_name(const kpl_model *m) { return m->name; }
-int kpl_model_num_buffers(const kpl_model *m) { return kpl_module_num_buffers(m->root); }
-kpl_tensor *const *kpl_model_buffers(const kpl_model *m) { return kpl_module_buffers(m->root); }
-int64_t kpl_model_param_count(const kpl_model *m) { return kpl_module_param_count(m->root); }
-
-double kpl_model_flops(const kpl_model *m, bool train_flops)
-{
-    kpl_model *mm = (kpl_model *)m;
-    if (mm->flops[train_flops] < 0) {
-        int64_t chw[3];
-        kpl_model_input_shape(m, chw);
-        double f = 0;
-        if (kpl_module_count_flops(mm->root, 3, chw, train_flops, &f) < 0) return 0;
-        mm->flops[train_flops] = f;
-    }
-    return mm->flops[train_flops];
+    return KPL_ERROR(KPL_EINVAL,
+                     "model: unknown preset '%s' (known: mlp, lenet, cnn, resnet18_cifar, "
+                     "resnet18, resnet34, resnet50, resnet101, resnet152)",
+                     name);
 }

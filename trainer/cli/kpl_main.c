@@ -9,7 +9,7 @@
  *                            KPLRecord datasets (cmd_data.c)
  *   kpl train RECIPE [KEY=VALUE ...] [--resume [FILE]]
  *   kpl eval RECIPE --checkpoint FILE
- *                            training runs (cmd_train.c, train.c)
+ *                            training runs (cmd_train.c, ../run/)
  */
 #include "kernels.h"
 

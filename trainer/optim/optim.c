@@ -1,11 +1,11 @@
 /*
- * optim.c — the optimizers of trainer.h (SGD with momentum or Nesterov,
+ * optim.c — the optimizers of optim.h (SGD with momentum or Nesterov,
  * Adam, AdamW, LARS) in PyTorch's formulations, and clipping by the global
  * gradient norm.  Everything is written with the compute calls of
  * kernels.h, so it runs on whichever device the parameters live, queued in
  * order on that device's stream.
  */
-#include "trainer.h"
+#include "optim.h"
 
 #include <fnmatch.h>
 
@@ -34,7 +34,7 @@ typedef struct {
     size_t stride;            /* bytes from one temporary to the next in the device's memory */
 } scratch;
 
-/* The state slots of each kind (trainer.h lists them). */
+/* The state slots of each kind (optim.h lists them). */
 static const char *const momentum_slots[] = {"momentum_buffer"};
 static const char *const adam_slots[] = {"exp_avg", "exp_avg_sq", "step"};
 enum { ADAM_EXP_AVG, ADAM_EXP_AVG_SQ, ADAM_STEP };

@@ -4,7 +4,7 @@
  * allreduces during backward (collective/ never sees autograd; this is
  * where the two meet).
  */
-#include "trainer.h"
+#include "ddp.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,0 +1,145 @@
+/*
+ * recipe.h — YAML recipes: the keys of a run, checked to the file, line and
+ * key (docs/recipes.md).
+ */
+#ifndef KPL_RECIPE_H
+#define KPL_RECIPE_H
+
+#include "collective.h"
+#include "dataio.h"
+#include "optim.h"
+#include "zoo.h"
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/*
+ * A recipe is a YAML file whose keys are fixed by kpl (docs/recipes.md
+ * lists them all with their defaults): unknown keys, values of the wrong
+ * type or out of range, and missing required keys are errors naming the
+ * file, the line and the dotted key.  `base: other.yaml` (relative to the
+ * file) loads another recipe first and lays this one over it, map by map.
+ * Overrides "a.b.c=VALUE" (VALUE in YAML flow syntax: 0.1, text, [1, 2])
+ * are applied last.
+ *
+ *   kpl_recipe *r = malloc(sizeof *r);
+ *   const char *ov[] = {"optimizer.lr=0.2", "data.train.batch_size=64"};
+ *   if (kpl_recipe_load("recipes/fashion_mnist/cnn.yaml", 2, ov, r) < 0)
+ *       fprintf(stderr, "%s\n", kpl_last_error());  // "cnn.yaml:12:7: optimizer.lr: ..."
+ *
+ * kpl_recipe is a plain value (its pointers are NULL): copy it freely.
+ */
+#define KPL_RECIPE_PATH 1024
+#define KPL_RECIPE_NAME 128
+#define KPL_RECIPE_LIST 16
+
+/* One split of the data (train or val) and the transform on its way. */
+typedef struct {
+    char path[KPL_RECIPE_PATH]; /* KPLRecord directory, relative to data.root; "" = none */
+    char image_feature[KPL_RECIPE_NAME], label_feature[KPL_RECIPE_NAME];
+    /* The loader's own settings: batch_size (per rank; val 0: train's),
+     * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
+     * and the transform's (channels, crop, out_h/out_w, scale, ratio,
+     * resize_shorter, flip_prob, brightness, contrast, saturation, mean,
+     * std, skip_corrupt).  Its pointers (path, device, feature names) are
+     * NULL here: the trainer points them at the split's fields. */
+    kpl_loader_config loader;
+    int nmean, nstd;            /* values given for mean and std: 1 (for every channel) or 3 */
+} kpl_recipe_split;
+
+/* What a step whose loss or gradients are NaN or inf does. */
+typedef enum { KPL_NONFINITE_STOP, KPL_NONFINITE_SKIP } kpl_nonfinite_policy;
+/* optimizer.lr_scaling: none, or linear in the global batch (Goyal et al.). */
+typedef enum { KPL_LR_SCALING_NONE, KPL_LR_SCALING_LINEAR } kpl_lr_scaling;
+/* schedule.per: the lr moves every step or once per epoch. */
+typedef enum { KPL_LR_PER_STEP, KPL_LR_PER_EPOCH } kpl_lr_per;
+/* log.progress: a progress bar on a terminal (or as kplrun asks), always, never. */
+typedef enum { KPL_PROGRESS_AUTO, KPL_PROGRESS_ALWAYS, KPL_PROGRESS_NEVER } kpl_progress_mode;
+
+/* The recipe binds into the owning modules' configuration structs
+ * (kpl_model_config, kpl_loader_config, kpl_convert_options,
+ * kpl_optim_config, kpl_lr_schedule, kpl_comm_config,
+ * kpl_bucketer_config); the rest is the trainer's.  Their pointer members
+ * stay NULL, and the fields the trainer computes (the schedule's base_lr
+ * and epochs, the loaders' ranks and seed) are filled when it starts. */
+typedef struct {
+    char file[KPL_RECIPE_PATH]; /* the recipe file ("" when loaded from a string) */
+    char name[KPL_RECIPE_NAME];
+    char task[KPL_RECIPE_NAME]; /* kpl_task_find's name */
+    int64_t seed, epochs, threads, max_steps;
+    char device[32];
+    bool deterministic;
+    char run_dir[KPL_RECIPE_PATH];
+    kpl_model_config model;     /* in_channels, in_h, in_w 0: the data's */
+    struct {
+        char root[KPL_RECIPE_PATH];
+        struct {
+            kpl_convert_source from;
+            char source[KPL_RECIPE_PATH];
+            kpl_convert_options options; /* writer.shards, max_side, quality */
+        } convert;
+        int64_t workers, prefetch;
+        kpl_recipe_split train, val;
+    } data;
+    struct {
+        double label_smoothing;
+        kpl_nonfinite_policy nonfinite;
+        int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
+    } loss;
+    struct {
+        kpl_optim_config config; /* kind, lr, momentum, nesterov, weight_decay, betas, eps,
+                                    trust_coefficient */
+        double clip_grad_norm;
+        bool no_decay_bn_bias;
+        int64_t accumulate;
+        kpl_lr_scaling lr_scaling;
+        int64_t base_batch;
+        kpl_param_group groups[KPL_RECIPE_LIST]; /* the first whose pattern matches */
+        int ngroups;
+    } optimizer;
+    struct {
+        kpl_lr_schedule config; /* base_lr and epochs: the trainer's */
+        kpl_lr_per per;
+    } schedule;
+    struct {
+        int64_t every_epochs, every_steps, keep_last;
+        bool keep_best;
+    } checkpoint;
+    struct {
+        int64_t every_steps;
+        bool tensorboard;
+        kpl_progress_mode progress;
+    } log;
+    struct {
+        int64_t every_epochs, confusion_max_classes;
+    } eval;
+    struct {
+        kpl_comm_config comm;       /* backend, timeout, stall_warning */
+        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params */
+    } dist;
+} kpl_recipe;
+
+/* Loads `path`, its bases and the overrides into *out (every key set: the
+ * defaults fill what the files leave out).  KPL_EINVAL / KPL_EFORMAT with
+ * "file:line:column: key: what is wrong"; KPL_EIO when a file cannot be
+ * read. */
+kpl_status kpl_recipe_load(const char *path, int noverrides, const char *const *overrides,
+                           kpl_recipe *out);
+/* The same from YAML text; `origin` names it in messages.  A `base` key is
+ * resolved relative to the working directory. */
+kpl_status kpl_recipe_load_string(const char *yaml, const char *origin, int noverrides,
+                                  const char *const *overrides, kpl_recipe *out);
+/* The complete resolved recipe as YAML (every key, defaults included),
+ * which kpl_recipe_load_string reads back to the same value.  *yaml is
+ * malloc'd, owned by the caller. */
+kpl_status kpl_recipe_to_yaml(const kpl_recipe *r, char **yaml);
+/* Every key with its type, default and meaning, as the text of a YAML
+ * file of comments (`kpl train --keys`). */
+void kpl_recipe_print_keys(FILE *f);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_RECIPE_H */

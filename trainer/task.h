@@ -1,0 +1,132 @@
+/*
+ * task.h — what is particular to a kind of training, as a vtable the
+ * trainer (trainer.h) drives: build the models from the recipe, take one
+ * training micro-batch, evaluate; and what a task may ask of its trainer.
+ */
+#ifndef KPL_TASK_H
+#define KPL_TASK_H
+
+#include "autograd.h"
+#include "dataio.h"
+#include "module.h"
+#include "recipe.h"
+#include "tboard.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct kpl_trainer kpl_trainer;
+
+/* Named numbers: an evaluation's metrics ("loss", "top1"). */
+#define KPL_FIGURES_MAX 16
+typedef struct {
+    int n;
+    char name[KPL_FIGURES_MAX][32];
+    double value[KPL_FIGURES_MAX];
+} kpl_figures;
+/* Sets name to v (added at the end when new).  KPL_EINVAL for a name of
+ * 0 or more than 31 bytes or not [a-z0-9_], or when the list is full. */
+kpl_status kpl_figures_set(kpl_figures *f, const char *name, double v);
+/* NAN when there is no such figure. */
+double kpl_figures_get(const kpl_figures *f, const char *name);
+
+/* What an evaluation found, over every rank. */
+typedef struct {
+    kpl_figures metrics;
+    int64_t examples;  /* each example of the split once */
+    int64_t nonfinite; /* examples whose outputs were NaN or inf (counted as wrong) */
+    int64_t skipped;   /* corrupt examples the loader dropped */
+} kpl_eval_result;
+
+/* A kind of training.  `state` is the task's own (create makes it).
+ * Every member but eval_report and data is required. */
+typedef struct {
+    const char *name;
+    /* The metric that selects best.kpl, and whether higher is better. */
+    const char *best_metric;
+    bool best_higher;
+    /* Builds the models (kpl_trainer_add_model) from kpl_trainer_recipe
+     * and kpl_trainer_input_shape. */
+    kpl_status (*create)(kpl_trainer *t, void **state);
+    void (*destroy)(void *state);
+    /* One training micro-batch: forward, the losses, kpl_trainer_backward
+     * for each model to train (kpl_trainer_update between them when the
+     * models step in turn, as a GAN's), kpl_trainer_record for the figures
+     * to report. */
+    kpl_status (*train_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
+    /* Evaluation: begin, each batch (grad mode off, models in eval mode),
+     * then end, which combines the ranks' sums (kpl_trainer_sum) into res. */
+    kpl_status (*eval_begin)(kpl_trainer *t, void *state);
+    kpl_status (*eval_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
+    kpl_status (*eval_end)(kpl_trainer *t, void *state, kpl_eval_result *res);
+    /* Optional: more about the last evaluation for the log (a confusion
+     * matrix), on rank 0 after the final one. */
+    void (*eval_report)(kpl_trainer *t, void *state);
+    /* Optional: adjusts a split's loader after the recipe has set it up,
+     * before it starts (train: the training split, else validation): the
+     * features the task's batches carry (transform.boxes_feature,
+     * mask_feature, max_boxes; names must be static strings).  Runs before
+     * create, on every rank. */
+    void (*data)(const kpl_recipe *r, bool train, kpl_loader_config *c);
+    /* Optional: images for TensorBoard after each evaluation (rank 0, with
+     * log.tensorboard on): kpl_tb_add_image(tb, "val/...", step, ...). */
+    kpl_status (*images)(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step);
+} kpl_task_kind;
+
+/* The tasks kpl knows by name ("classification"); NULL for others. */
+const kpl_task_kind *kpl_task_find(const char *name);
+extern const kpl_task_kind kpl_task_classification;
+
+/* For tasks: the run's recipe, device, ranks, and the input (C, H, W) the
+ * data gives (model.input_size and in_channels override it). */
+const kpl_recipe *kpl_trainer_recipe(const kpl_trainer *t);
+kpl_device *kpl_trainer_device(const kpl_trainer *t);
+int32_t kpl_trainer_rank(const kpl_trainer *t);
+int32_t kpl_trainer_world(const kpl_trainer *t);
+const int64_t *kpl_trainer_input_shape(const kpl_trainer *t);
+/* Adds a model: the trainer owns `m` from here on (also on failure), and
+ * gives it an optimizer (oc, or NULL for the recipe's optimizer section
+ * with its groups), a DDP and a place in checkpoints ("<name>.<tensor>";
+ * the first model is "model"; "optim" is taken by optimizer state).
+ * label names it in the log ("resnet50").  *index (may be NULL) receives
+ * its number.  Only inside create.  Every parameter must exist by then
+ * (the optimizer and DDP take them now; a later one is an error at the
+ * next backward); buffers may be added later. */
+kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *label,
+                                 kpl_module *m, const kpl_optim_config *oc, int *index);
+int kpl_trainer_num_models(const kpl_trainer *t);
+kpl_module *kpl_trainer_model(const kpl_trainer *t, int i);
+/* Backward of a micro-batch's loss for model i (scaled by 1 / accumulate;
+ * DDP reduces on the step's last micro-batch).  *value (may be NULL)
+ * receives the loss (a host read: on a GPU, a wait for the device).  A NaN
+ * or inf loss is an error naming the step under loss.nonfinite stop: with
+ * value NULL, found without a wait one step later (or at the next report,
+ * checkpoint or evaluation, which then fail; no checkpoint holds such a
+ * step).  Under skip the loss is read at once, and the step is left out. */
+kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, double *value);
+/* Steps model i's optimizer now (clipping, the schedule's lr) instead of
+ * at the end of the step; for models that train in turn. */
+kpl_status kpl_trainer_update(kpl_trainer *t, int model);
+/* Adds a training figure: reported as sum / count over the ranks and the
+ * steps since the last report ("loss": loss x batch, batch). */
+kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, double count);
+/* The same with the sum as a one-element tensor where the model is: it is
+ * added up there and read at the report, so a step never waits for the
+ * device ("acc": kpl_sum of the right answers).  Not recorded by autograd;
+ * left out for a step whose loss was not finite under loss.nonfinite skip. */
+kpl_status kpl_trainer_record_tensor(kpl_trainer *t, const char *name, kpl_tensor *sum,
+                                     double count);
+/* Element-wise sum of v over the ranks (collective; nothing on one rank). */
+kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n);
+/* Whether sample i of an evaluation batch is an example of its own: the
+ * repeats that even out the ranks' shares of the split are not. */
+bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i);
+/* Rank 0's console and every rank's log file; warnings go to stderr. */
+void kpl_trainer_info(kpl_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_TASK_H */

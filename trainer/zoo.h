@@ -1,0 +1,88 @@
+/*
+ * zoo.h — the model zoo: MLP, LeNet-5, a small CNN and torchvision's
+ * ResNets as module trees (module.h) with torchvision's parameter names,
+ * whole or as a backbone inside a bigger model.
+ *
+ *   kpl_model_config c = {.arch = KPL_MODEL_RESNET, .depth = 18, .stem = KPL_STEM_CIFAR,
+ *                         .num_classes = 10, .in_channels = 3, .in_h = 32, .in_w = 32};
+ *   kpl_module *net = NULL;
+ *   kpl_zoo_create(&c, kpl_device_cpu(), 42, &net);
+ */
+#ifndef KPL_ZOO_H
+#define KPL_ZOO_H
+
+#include "module.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* KPL_MODEL_NONE: a recipe's model.name when the task builds its own model. */
+typedef enum {
+    KPL_MODEL_MLP,
+    KPL_MODEL_LENET,
+    KPL_MODEL_CNN,
+    KPL_MODEL_RESNET,
+    KPL_MODEL_NONE
+} kpl_model_arch;
+
+/* "mlp", "lenet", "cnn", "resnet", "none" (the table, NULL-terminated); parse: -1 for other
+ * names. */
+extern const char *const kpl_model_arch_names[];
+const char *kpl_model_arch_name(kpl_model_arch a);
+int kpl_model_arch_parse(const char *name);
+
+/* A ResNet's stem: ImageNet's 7x7/2 convolution and 3x3/2 max-pool, or a
+ * 3x3/1 convolution for 32x32 inputs ("imagenet", "cifar"). */
+typedef enum { KPL_STEM_IMAGENET, KPL_STEM_CIFAR } kpl_resnet_stem;
+extern const char *const kpl_resnet_stem_names[];
+
+/* A classifier of the zoo.  Zero means "the architecture's default" for
+ * width, depth and hidden.
+ *   mlp     in -> hidden... -> classes, ReLU between (default hidden 512, 256)
+ *   lenet   LeNet-5: conv 5x5 (6, padding 2) pool, conv 5x5 (16) pool,
+ *           120, 84, classes (width scales the 6 and 16)
+ *   cnn     depth stages (default 2) of conv 3x3 (width << stage, default
+ *           32) + batch norm + ReLU + 2x2 max-pool, then hidden (default
+ *           128) -> classes
+ *   resnet  torchvision's ResNet-18/34/50/101/152 (depth), base width 64,
+ *           ImageNet stem (7x7/2 + 3x3/2 max-pool) or CIFAR stem (3x3/1)
+ * dropout applies before the last linear layer of mlp and cnn. */
+typedef struct {
+    kpl_model_arch arch;
+    int64_t num_classes;        /* resnet: 0 builds the backbone alone (up to layer4) */
+    int64_t in_channels, in_h, in_w;
+    int64_t width, depth;
+    kpl_resnet_stem stem;
+    int64_t hidden[16];
+    int nhidden;
+    double dropout;
+    bool zero_init_residual;
+} kpl_model_config;
+
+/* A named preset, as torchvision.models names them: "mlp", "lenet", "cnn"
+ * (1x28x28 inputs), "resnet18_cifar" (CIFAR stem, 3x32x32), "resnet18",
+ * "resnet34", "resnet50", "resnet101", "resnet152" (3x224x224), with
+ * num_classes outputs (resnets: 0 for the backbone alone).  *out is
+ * complete (kpl_model_config_complete).  KPL_EINVAL for another name,
+ * listing the known ones. */
+kpl_status kpl_zoo_preset(const char *name, int64_t num_classes, kpl_model_config *out);
+/* Fills the architecture's defaults into *c and checks it: KPL_EINVAL
+ * naming the field when the input is too small for the architecture or a
+ * value is out of range. */
+kpl_status kpl_model_config_complete(kpl_model_config *c);
+/* Builds the zoo's model as a root module with torchvision's parameter
+ * names (conv1.weight, layer1.0.bn1.running_mean, fc.bias).  The ResNet's
+ * parts are reachable for other heads: "conv1", "bn1", "layer1".."layer4"
+ * (sequentials of blocks), "fc".  *out owned by the caller. */
+kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
+                          kpl_module **out);
+/* The same as a child `name` of parent (a backbone inside a bigger
+ * model); *out (may be NULL) borrowed. */
+kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_config *cfg,
+                       kpl_module **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* KPL_ZOO_H */
