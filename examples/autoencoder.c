@@ -42,33 +42,26 @@ static kpl_status autoencoder_forward(kpl_module *m, const kpl_tensor_list *in,
 
 static const kpl_module_kind autoencoder_kind = {"autoencoder", autoencoder_forward, NULL};
 
-/* Each step fails with a status; the first one that does ends the build. */
-#define BUILD(expr)                          \
-    do {                                     \
-        kpl_status st_ = (expr);             \
-        if (st_ < 0) return st_;             \
-    } while (0)
-
 static kpl_status autoencoder_create(kpl_device *dev, uint64_t seed, int64_t channels,
                                      int64_t width, kpl_module **out)
 {
     kpl_module *m = NULL, *enc = NULL, *dec = NULL;
-    BUILD(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
+    KPL_TRY(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
     *out = m; /* the caller destroys it also when a step below fails */
     kpl_nn_conv c1 = {KPL_NN_CONV_INIT(channels, width, 3), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv c2 = {KPL_NN_CONV_INIT(width, 2 * width, 3), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv d1 = {KPL_NN_CONV_INIT(2 * width, width, 4), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv d2 = {KPL_NN_CONV_INIT(width, channels, 4), .stride = {2, 2}, .padding = {1, 1}};
-    BUILD(kpl_nn_sequential(m, "encoder", &enc));
-    BUILD(kpl_nn_conv2d(enc, "conv1", &c1, NULL));
-    BUILD(kpl_nn_relu(enc, "relu1", NULL));
-    BUILD(kpl_nn_conv2d(enc, "conv2", &c2, NULL));
-    BUILD(kpl_nn_relu(enc, "relu2", NULL));
-    BUILD(kpl_nn_sequential(m, "decoder", &dec));
-    BUILD(kpl_nn_conv_transpose2d(dec, "deconv1", &d1, NULL));
-    BUILD(kpl_nn_relu(dec, "relu1", NULL));
-    BUILD(kpl_nn_conv_transpose2d(dec, "deconv2", &d2, NULL));
-    BUILD(kpl_nn_activation(dec, "sigmoid", KPL_NN_SIGMOID, 0, NULL));
+    KPL_TRY(kpl_nn_sequential(m, "encoder", &enc));
+    KPL_TRY(kpl_nn_conv2d(enc, "conv1", &c1, NULL));
+    KPL_TRY(kpl_nn_relu(enc, "relu1", NULL));
+    KPL_TRY(kpl_nn_conv2d(enc, "conv2", &c2, NULL));
+    KPL_TRY(kpl_nn_relu(enc, "relu2", NULL));
+    KPL_TRY(kpl_nn_sequential(m, "decoder", &dec));
+    KPL_TRY(kpl_nn_conv_transpose2d(dec, "deconv1", &d1, NULL));
+    KPL_TRY(kpl_nn_relu(dec, "relu1", NULL));
+    KPL_TRY(kpl_nn_conv_transpose2d(dec, "deconv2", &d2, NULL));
+    KPL_TRY(kpl_nn_activation(dec, "sigmoid", KPL_NN_SIGMOID, 0, NULL));
     return KPL_OK;
 }
 
@@ -87,11 +80,13 @@ static kpl_status ae_create(kpl_trainer *t, void **state)
 {
     const kpl_recipe *r = kpl_trainer_recipe(t);
     const int64_t *chw = kpl_trainer_input_shape(t);
-    if (chw[1] % 4 || chw[2] % 4)
-        return kpl_set_error(KPL_EINVAL, "autoencoder: the input's sides must be multiples of 4 "
-                             "(got %lldx%lld)", (long long)chw[1], (long long)chw[2]);
+    /* KPL_CHECK and KPL_TRY (kernels.h): kpl's own error discipline; the
+     * message names this file and line */
+    KPL_CHECK(chw[1] % 4 == 0 && chw[2] % 4 == 0, KPL_EINVAL,
+              "autoencoder: the input's sides must be multiples of 4 (got %lldx%lld)",
+              (long long)chw[1], (long long)chw[2]);
     ae_state *s = calloc(1, sizeof *s);
-    if (!s) return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    KPL_CHECK(s, KPL_ENOMEM, "autoencoder: out of memory");
     *state = s;
     kpl_module *m = NULL;
     int64_t width = r->model.width ? r->model.width : 16;
@@ -150,15 +145,14 @@ static kpl_status keep_shown(kpl_trainer *t, ae_state *s, const kpl_batch *b, kp
 {
     (void)t;
     const int64_t *shape = kpl_tensor_shape(b->image); /* (N, C, H, W) */
-    if (kpl_tensor_numel(rec) != kpl_tensor_numel(b->image))
-        return kpl_set_error(KPL_EINVAL, "autoencoder: the reconstruction has %lld values for "
-                             "%lld input values", (long long)kpl_tensor_numel(rec),
-                             (long long)kpl_tensor_numel(b->image));
+    KPL_CHECK(kpl_tensor_numel(rec) == kpl_tensor_numel(b->image), KPL_EINVAL,
+              "autoencoder: the reconstruction has %lld values for %lld input values",
+              (long long)kpl_tensor_numel(rec), (long long)kpl_tensor_numel(b->image));
     size_t per = (size_t)(shape[1] * shape[2] * shape[3]);
     if (!s->shown || memcmp(s->chw, shape + 1, sizeof s->chw)) {
         free(s->shown);
-        if (!(s->shown = malloc(2 * SHOWN * per * sizeof *s->shown)))
-            return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+        s->shown = malloc(2 * SHOWN * per * sizeof *s->shown);
+        KPL_CHECK(s->shown, KPL_ENOMEM, "autoencoder: out of memory");
         memcpy(s->chw, shape + 1, sizeof s->chw);
     }
     const float *x = kpl_tensor_host_data(b->image), *y = kpl_tensor_host_data(rec);
@@ -173,10 +167,8 @@ static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
 {
     ae_state *s = state;
     kpl_tensor_list in = {1, {images(t, b)}}, out; /* out: reconstruction, code */
-    kpl_status st = kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out);
-    if (st < 0) return st;
-    if (s->nshown == 0 && kpl_trainer_rank(t) == 0 && (st = keep_shown(t, s, b, out.t[0])) < 0)
-        return st;
+    KPL_TRY(kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out));
+    if (s->nshown == 0 && kpl_trainer_rank(t) == 0) KPL_TRY(keep_shown(t, s, b, out.t[0]));
     kpl_tensor *se = kpl_mse_loss(out.t[0], in.t[0], KPL_REDUCE_NONE); /* (N, C, H, W) */
     const float *e = se ? kpl_tensor_host_data(se) : NULL;
     if (!e) return kpl_last_status();
@@ -194,13 +186,11 @@ static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 {
     ae_state *s = state;
     double v[3] = {s->sum, s->count, s->examples};
-    kpl_status st = kpl_trainer_sum(t, v, 3);
-    if (st < 0) return st;
+    KPL_TRY(kpl_trainer_sum(t, v, 3));
     double mse = v[1] > 0 ? v[0] / v[1] : NAN;
     res->examples = (int64_t)v[2];
     res->nonfinite = isfinite(mse) ? 0 : res->examples;
-    st = kpl_figures_set(&res->metrics, "mse", mse);
-    if (st < 0) return st;
+    KPL_TRY(kpl_figures_set(&res->metrics, "mse", mse));
     return kpl_figures_set(&res->metrics, "psnr", mse > 0 ? -10 * log10(mse) : NAN);
 }
 
@@ -212,7 +202,7 @@ static kpl_status ae_images(kpl_trainer *t, void *state, kpl_tb_writer *tb, int6
     int c = (int)s->chw[0], h = (int)s->chw[1], w = (int)s->chw[2], n = s->nshown;
     if (n == 0) return KPL_OK;
     uint8_t *grid = malloc((size_t)(2 * h) * (size_t)(n * w) * (size_t)c);
-    if (!grid) return kpl_set_error(KPL_ENOMEM, "autoencoder: out of memory");
+    KPL_CHECK(grid, KPL_ENOMEM, "autoencoder: out of memory");
     for (int row = 0; row < 2; row++)
         for (int i = 0; i < n; i++) {
             const float *img = s->shown + ((size_t)row * SHOWN + (size_t)i) * (size_t)(c * h * w);
@@ -245,10 +235,22 @@ static const kpl_task_kind autoencoder_task = {
 
 /* ---- main ------------------------------------------------------------------------------------ */
 
+/* What the trainer says: rank 0's lines on stdout, every rank's warnings
+ * and errors on stderr (no progress bar). */
+static void say(void *ctx, const kpl_log_event *e)
+{
+    (void)ctx;
+    if (e->kind == KPL_LOG_WARN || e->kind == KPL_LOG_ERROR)
+        fprintf(stderr, "autoencoder[%d]: %s\n", (int)e->rank, e->text);
+    else if (e->rank == 0 && e->kind != KPL_LOG_PROGRESS)
+        printf("%s\n", e->text);
+}
+
 int main(int argc, char **argv)
 {
     /* RECIPE.yaml [KEY=VALUE ...] [--resume [FILE]] */
     kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.log = say;
     const char *recipe = NULL, *overrides[64];
     int n = 0;
     for (int i = 1; i < argc; i++) {
@@ -271,12 +273,14 @@ int main(int argc, char **argv)
         free(r);
         return 2;
     }
+    /* SIGINT / SIGTERM stop the run after a step, with a checkpoint */
+    kpl_catch_stop_signals(true);
     kpl_trainer *t = NULL;
-    int rc = 1;
-    if (kpl_trainer_create(r, &autoencoder_task, &o, &t) >= 0) { /* errors are printed */
-        rc = kpl_trainer_fit(t);
-        kpl_trainer_destroy(t);
-    }
+    kpl_status st = kpl_trainer_create(r, &autoencoder_task, &o, &t); /* errors are said */
+    if (st >= 0) st = kpl_trainer_fit(t);
+    int rc = st >= 0 ? 0 : st == KPL_ECANCELED ? 128 + kpl_stop_requested() : 1;
+    if (st < 0 && st != KPL_ECANCELED) kpl_trainer_end_job(t, 1); /* the other ranks too */
+    kpl_trainer_destroy(t);
     free(r);
     return rc;
 }

@@ -124,6 +124,40 @@ void kpl_clear_error(void);
 kpl_status kpl_set_error(kpl_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* ------------------------------------------------------------------------ */
+/* The error discipline of kpl's own code (STYLE.md), for code outside kpl  */
+/* too (a task, a module kind, a plugin), in functions returning kpl_status: */
+/*   KPL_CHECK(n > 0, KPL_EINVAL, "crop %d must be positive", n);            */
+/*   KPL_TRY(kpl_trainer_backward(t, 0, loss, NULL));                        */
+/* ------------------------------------------------------------------------ */
+
+/* Records `st` with a formatted message and "[file:line]" for this thread;
+ * returns st so callers can `return kpl_error_at(...)` (KPL_ERROR). */
+kpl_status kpl_error_at(kpl_status st, const char *file, int line, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+#define KPL_ERROR(st, ...) kpl_error_at((st), __FILE__, __LINE__, __VA_ARGS__)
+
+/* Validate an input: on failure set the message and return the status. */
+#define KPL_CHECK(cond, st, ...)                      \
+    do {                                              \
+        if (!(cond)) return KPL_ERROR((st), __VA_ARGS__); \
+    } while (0)
+
+/* Propagate a failing status (message already set by the callee). */
+#define KPL_TRY(expr)                     \
+    do {                                  \
+        kpl_status kpl_try_st_ = (expr);  \
+        if (kpl_try_st_ < 0) return kpl_try_st_; \
+    } while (0)
+
+/* Propagate into a function's `fail:` label; needs `kpl_status st`. */
+#define KPL_TRY_GOTO(expr)              \
+    do {                                \
+        if ((st = (expr)) < 0) goto fail; \
+    } while (0)
+
+
+/* ------------------------------------------------------------------------ */
 /* Data types                                                                 */
 /* ------------------------------------------------------------------------ */
 
@@ -698,37 +732,11 @@ float kpl_bf16_to_f32(uint16_t h);
 /* ------------------------------------------------------------------------ */
 #ifdef KPL_INTERNAL
 
-/* Records `st` with a formatted message and "[file:line]" for this thread;
- * returns st so callers can `return kpl__error(...)`. */
-kpl_status kpl__error(kpl_status st, const char *file, int line,
-                      const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-#define KPL_ERROR(st, ...) kpl__error((st), __FILE__, __LINE__, __VA_ARGS__)
 /* Puts a formatted head before the thread's message (which keeps its
  * "[file:line]") and sets st: a caller naming itself in a callee's error,
  * "module layer1.0.conv1 (conv2d): ". */
 kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-
-/* Validate an input: on failure set the message and return the status. */
-#define KPL_CHECK(cond, st, ...)                      \
-    do {                                              \
-        if (!(cond)) return KPL_ERROR((st), __VA_ARGS__); \
-    } while (0)
-
-/* Propagate a failing status (message already set by the callee). */
-#define KPL_TRY(expr)                     \
-    do {                                  \
-        kpl_status kpl_try_st_ = (expr);  \
-        if (kpl_try_st_ < 0) return kpl_try_st_; \
-    } while (0)
-
-/* Propagate into a function's `fail:` label; needs `kpl_status st`. */
-#define KPL_TRY_GOTO(expr)              \
-    do {                                \
-        if ((st = (expr)) < 0) goto fail; \
-    } while (0)
 
 /* All n bytes of buf to fd (short writes and EINTR continued): KPL_EIO
  * naming path and errno otherwise.  The one such helper of every module. */

@@ -45,7 +45,7 @@ const char *kpl_status_msg(kpl_status st)
 static _Thread_local char tl_msg[1024];
 static _Thread_local kpl_status tl_status;
 
-kpl_status kpl__error(kpl_status st, const char *file, int line,
+kpl_status kpl_error_at(kpl_status st, const char *file, int line,
                       const char *fmt, ...)
 {
     char body[896];

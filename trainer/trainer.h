@@ -37,6 +37,75 @@
 extern "C" {
 #endif
 
+/* ---- what a run says ------------------------------------------------------------------ */
+/*
+ * The trainer writes its files itself (each rank's log in the run
+ * directory, rank 0's metrics.jsonl and TensorBoard) and prints nothing:
+ * what is for a console goes to the log function of kpl_trainer_options,
+ * on every rank.  `kpl train` installs one that prints rank 0's lines and
+ * every rank's warnings and errors and draws the progress bar; a program
+ * passes its own, or none for a quiet run:
+ *
+ *   static void say(void *ctx, const kpl_log_event *e)
+ *   {
+ *       if (e->kind == KPL_LOG_WARN || e->kind == KPL_LOG_ERROR)
+ *           fprintf(stderr, "rank %d: %s
+", (int)e->rank, e->text);
+ *       else if (e->rank == 0 && e->kind != KPL_LOG_PROGRESS)
+ *           printf("%s
+", e->text);
+ *   }
+ */
+typedef enum {
+    KPL_LOG_INFO,     /* start, resume, checkpoints, evaluations, a stop */
+    KPL_LOG_REPORT,   /* a report's line (step, figures, lr, img/s): a console with
+                         a progress bar may leave it out */
+    KPL_LOG_WARN,
+    KPL_LOG_ERROR,    /* what ended the run or its start */
+    KPL_LOG_PROGRESS, /* the epoch's progress (the fields below; text NULL), at most
+                         5 times a second, on rank 0, only with
+                         kpl_trainer_options.progress */
+    KPL_LOG_RESULT    /* the last record of a run or an evaluation: one JSON line */
+} kpl_log_kind;
+
+typedef struct {
+    kpl_log_kind kind;
+    int32_t rank;
+    const char *text; /* one line without its newline (borrowed for the call) */
+    /* KPL_LOG_PROGRESS: epoch (from 0) of epochs, step of steps in it, the
+     * mean loss since the last report, lr, images/s over all ranks, the
+     * epoch's seconds to go */
+    int64_t epoch, epochs, step, steps;
+    double loss, lr, images_per_sec, eta;
+} kpl_log_event;
+
+/* Called on the trainer's thread; it must not call back into the trainer. */
+typedef void (*kpl_log_fn)(void *ctx, const kpl_log_event *e);
+
+/* ---- stopping ------------------------------------------------------------------------ */
+/*
+ * A stop is asked for process-wide (a signal cannot know the trainer):
+ * kpl_trainer_fit looks at the request after every step and before every
+ * evaluation batch, the ranks agree (any rank's request stops them all
+ * after the same step), and the run ends with a checkpoint; start-up
+ * gives up its long waits (a conversion, another's lock).
+ */
+/* Asks for a stop, naming the signal that asked (SIGTERM, SIGINT; the
+ * log says it).  A SIGTERM request replaces a SIGINT one, never the
+ * reverse.  Async-signal-safe. */
+void kpl_request_stop(int sig);
+/* The signal of the request, 0 when none. */
+int kpl_stop_requested(void);
+/* Forgets the request (before another run in the same process). */
+void kpl_clear_stop(void);
+/* Installs (on) or removes (restoring the default) handlers of SIGINT and
+ * SIGTERM that call kpl_request_stop; a Ctrl-C after a stop was asked
+ * ends the process at once.  Only when the program asks: the library
+ * installs no handler itself. */
+void kpl_catch_stop_signals(bool on);
+
+/* ---- the runner ---------------------------------------------------------------------- */
+
 typedef struct {
     const char *resume;     /* NULL: a new run; "": the newest checkpoint; else a file */
     const char *checkpoint; /* evaluation only: the models' weights; no training data,
@@ -46,22 +115,32 @@ typedef struct {
                                Without it, a checkpoint whose optimizer differs from
                                the run's (another rule, momentum on or off) is
                                refused, naming both */
+    kpl_log_fn log;         /* NULL: nothing for a console (the files are written) */
+    void *log_ctx;
+    bool progress;          /* send KPL_LOG_PROGRESS events (a bar is drawn) */
 } kpl_trainer_options;
-#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL, false}
+#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL, false, NULL, NULL, false}
 
 /* Everything up to the first step, in the order the data needs: ranks,
  * threads, device; data (converted when missing) and the checkpoint to
  * resume; loaders (they fork before any thread exists); communicator and
  * run directory; the task's models, optimizers, restored state, DDP.
- * *out owned by the caller.  Collective.  A failure is also reported as a
- * run reports it (stderr and this rank's log) and ends the job on every
- * rank; *out is then NULL.  KPL_EINVAL when the recipe's `task` is not
- * the task's name.  The trainer keeps its own copy of *r. */
+ * *out owned by the caller.  Collective.  A failure is also said as a
+ * run says it (KPL_LOG_ERROR, this rank's log file); *out is then NULL,
+ * and the other ranks may be waiting for this one in a collective: end
+ * the job (kpl_trainer_end_job).  KPL_ECANCELED when a stop was asked
+ * during start-up.  KPL_EINVAL when the recipe's `task` is not the
+ * task's name.  The trainer keeps its own copy of *r and *o. */
 kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
                               const kpl_trainer_options *o, kpl_trainer **out);
-/* Ends the job on every rank when one fails (the others wait in a
- * collective for it), then frees; NULL is a no-op. */
+/* Frees; NULL is a no-op.  Collective only in that the communicator's
+ * end is (after a failure, end the job first). */
 void kpl_trainer_destroy(kpl_trainer *t);
+/* After a failure on this rank, when the job has other ranks: ends them
+ * all (they may wait in a collective for this one; MPI_Abort with code)
+ * and does not return.  On one rank, or before MPI started, it returns
+ * and the caller exits as it likes.  t may be NULL (a failed create). */
+void kpl_trainer_end_job(kpl_trainer *t, int code);
 /* One optimizer step of `accumulate` micro-batches; *epoch_done when it
  * took the epoch's last batch.  Collective. */
 kpl_status kpl_trainer_step(kpl_trainer *t, bool *epoch_done);
@@ -75,14 +154,15 @@ kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t 
 /* The models' weights from a checkpoint (every tensor must match). */
 kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
 /* The whole run: epochs of steps, reports, evaluation, checkpoints, best,
- * the final report.  It installs SIGINT / SIGTERM handlers for its
- * duration (restoring the defaults after): a signal to any rank stops
- * every rank after the same step (they agree after each step, and before
- * each evaluation batch), with a checkpoint; a stop starts no evaluation
- * and ends one under way, leaving it to --resume.  Returns the exit
- * status: 0, 1 after an error (printed), 130 / 143 after SIGINT /
- * SIGTERM.  Collective. */
-int kpl_trainer_fit(kpl_trainer *t);
+ * the final record (KPL_LOG_RESULT).  A stop (kpl_request_stop on any
+ * rank) ends every rank after the same step with a checkpoint; a stop
+ * starts no evaluation and ends one under way, leaving it to --resume.
+ * KPL_OK when the run is done, KPL_ECANCELED after a stop
+ * (kpl_trainer_stop_signal says which), else the error (said as
+ * KPL_LOG_ERROR; end the job: kpl_trainer_end_job).  Collective. */
+kpl_status kpl_trainer_fit(kpl_trainer *t);
+/* The signal whose stop every rank agreed on, 0 when none. */
+int kpl_trainer_stop_signal(const kpl_trainer *t);
 /* Steps done, and the epoch of the last step (from 0; the step after the
  * one that reported *epoch_done starts the next). */
 int64_t kpl_trainer_steps(const kpl_trainer *t);

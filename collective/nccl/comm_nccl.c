@@ -119,7 +119,7 @@ static kpl_status cuda_fail(const nccl_state *s, cudaError_t e, const char *call
     default:
         st = KPL_EBACKEND;
     }
-    return kpl__error(st, file, line, "nccl backend (rank %d, cuda:%d): %.*s failed: %s (%s)",
+    return kpl_error_at(st, file, line, "nccl backend (rank %d, cuda:%d): %.*s failed: %s (%s)",
                       (int)s->rank, s->device, call_name_len(call), call, cudaGetErrorString(e),
                       cudaGetErrorName(e));
 }
@@ -134,7 +134,7 @@ static kpl_status nccl_fail(const nccl_state *s, ncclResult_t r, const char *cal
     kpl_status st = r == ncclSystemError || r == ncclRemoteError ? KPL_ECOMM
                     : r == ncclUnhandledCudaError                ? KPL_EDEVICE
                                                                  : KPL_EBACKEND;
-    return kpl__error(st, file, line, "nccl backend (rank %d, cuda:%d): %.*s failed: %s%s%s",
+    return kpl_error_at(st, file, line, "nccl backend (rank %d, cuda:%d): %.*s failed: %s%s%s",
                       (int)s->rank, s->device, call_name_len(call), call, ncclGetErrorString(r),
                       has_last ? "; NCCL says: " : "", has_last ? last : "");
 }

@@ -58,7 +58,7 @@ extern "C" kpl_status kpl__cuda_fail(cudaError_t err, const char *call, const ch
     kpl_status st = err == cudaErrorMemoryAllocation ? KPL_ENOMEM
                     : is_device_error(err)          ? KPL_EDEVICE
                                                     : KPL_EBACKEND;
-    return kpl__error(st, file, line, "%s failed: %s (%s)", call, cudaGetErrorString(err),
+    return kpl_error_at(st, file, line, "%s failed: %s (%s)", call, cudaGetErrorString(err),
                       cudaGetErrorName(err));
 }
 
@@ -66,7 +66,7 @@ extern "C" kpl_status kpl__cublas_fail(cublasStatus_t err, const char *call,
                                        const char *file, int line)
 {
     kpl_status st = err == CUBLAS_STATUS_ALLOC_FAILED ? KPL_ENOMEM : KPL_EBACKEND;
-    return kpl__error(st, file, line, "%s failed: %s (cuBLAS status %d)", call,
+    return kpl_error_at(st, file, line, "%s failed: %s (cuBLAS status %d)", call,
                       cublasGetStatusString(err), (int)err);
 }
 
@@ -77,7 +77,7 @@ extern "C" kpl_status kpl__cuda_check_launch(const char *what, const char *file,
     kpl_status st = err == cudaErrorMemoryAllocation ? KPL_ENOMEM
                     : is_device_error(err)          ? KPL_EDEVICE
                                                     : KPL_EBACKEND;
-    return kpl__error(st, file, line, "%s: kernel launch failed: %s (%s)", what,
+    return kpl_error_at(st, file, line, "%s: kernel launch failed: %s (%s)", what,
                       cudaGetErrorString(err), cudaGetErrorName(err));
 }
 

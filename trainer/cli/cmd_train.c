@@ -2,16 +2,13 @@
  * cmd_train.c — `kpl train` and `kpl eval`: arguments and the recipe; the
  * run itself is kpl_trainer_fit's (run/fit.c).
  */
-#include "trainer_impl.h"
+#include "cli.h"
 
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-int kpl__cmd_train(int argc, char **argv);
-int kpl__cmd_eval(int argc, char **argv);
 
 static void usage_train(FILE *f)
 {
@@ -52,6 +49,73 @@ static void usage_eval(FILE *f)
             "eval.confusion_max_classes classes.  The last line is a JSON object.  Only\n"
             "data.val is read (converted first when data.convert asks); the training split\n"
             "need not exist.\n");
+}
+
+/* The recipe's task, or NULL after saying that it is unknown. */
+static const kpl_task_kind *task_of(const kpl_recipe *r)
+{
+    const kpl_task_kind *k = kpl_task_find(r->task);
+    if (!k) {
+        char known[512];
+        kpl__task_names(known, sizeof known);
+        fprintf(stderr, "kpl: unknown task '%s' (known: %s)\n", r->task, known);
+    }
+    return k;
+}
+
+/* A failure's exit status: the job ends on every rank first (the others
+ * may wait in a collective for this one); a stop is 128 + its signal. */
+static int failed(kpl_trainer *t, kpl_status st)
+{
+    if (st == KPL_ECANCELED && kpl_stop_requested()) return 128 + kpl_stop_requested();
+    kpl_trainer_end_job(t, 1);
+    return 1;
+}
+
+/* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
+ * run), "" (the newest checkpoint) or a checkpoint file. */
+static int train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer)
+{
+    const kpl_task_kind *task = task_of(r);
+    if (!task) return 1;
+    kpl__console con;
+    kpl__console_init(&con, r->log.progress);
+    kpl_trainer *t = NULL;
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.resume = resume;
+    o.reset_optimizer = reset_optimizer;
+    o.log = kpl__console_log, o.log_ctx = &con, o.progress = con.bar;
+    kpl_status st = kpl_trainer_create(r, task, &o, &t);
+    int rc = 0;
+    if (st < 0) {
+        rc = failed(NULL, st);
+    } else {
+        st = kpl_trainer_fit(t);
+        if (st == KPL_ECANCELED) rc = 128 + kpl_trainer_stop_signal(t);
+        else if (st < 0) rc = failed(t, st);
+        kpl_trainer_destroy(t);
+    }
+    kpl__console_end(&con);
+    return rc;
+}
+
+/* `kpl eval`: the checkpoint's models on the recipe's validation split. */
+static int eval_run(const kpl_recipe *r, const char *checkpoint)
+{
+    const kpl_task_kind *task = task_of(r);
+    if (!task) return 1;
+    kpl__console con;
+    kpl__console_init(&con, KPL_PROGRESS_NEVER);
+    kpl_trainer *t = NULL;
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.checkpoint = checkpoint;
+    o.log = kpl__console_log, o.log_ctx = &con;
+    kpl_status st = kpl_trainer_create(r, task, &o, &t);
+    if (st >= 0) st = kpl__trainer_eval_checkpoint(t, checkpoint);
+    int rc = st < 0 ? failed(t, st) : 0;
+    kpl_trainer_destroy(t);
+    kpl__console_end(&con);
+    return rc;
 }
 
 /* An argument that is neither an option: an override (KEY=VALUE) or the
@@ -121,8 +185,11 @@ int kpl__cmd_train(int argc, char **argv)
      * down with mpirun by a scheduler's stop) must not kill a run that is
      * writing its checkpoint: what it prints then is lost, nothing else. */
     signal(SIGPIPE, SIG_IGN);
-    /* a stop from here on is noted, and the run stops at its first step */
-    if (!print_config) kpl__catch_signals(true);
+    /* a stop from here on is noted, and the run stops at its first step;
+     * the handlers stay through the end (a scheduler may signal again
+     * while the run winds down: its loaders, MPI), so the exit status
+     * stays the stop's */
+    if (!print_config) kpl_catch_stop_signals(true);
     if (reset_optimizer && !resume) {
         fprintf(stderr, "kpl train: --reset-optimizer goes with --resume (a new run's optimizer "
                         "starts fresh anyway)\n");
@@ -140,7 +207,7 @@ int kpl__cmd_train(int argc, char **argv)
             if (kpl_recipe_to_yaml(r, &yaml) == KPL_OK) fputs(yaml, stdout);
             free(yaml);
         } else {
-            rc = kpl__train_run(r, resume, reset_optimizer);
+            rc = train_run(r, resume, reset_optimizer);
         }
     }
     free(r);
@@ -180,7 +247,7 @@ int kpl__cmd_eval(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    if ((rc = load_recipe("eval", recipe, nov, ov, r)) == 0) rc = kpl__eval_run(r, ckpt);
+    if ((rc = load_recipe("eval", recipe, nov, ov, r)) == 0) rc = eval_run(r, ckpt);
     free(r);
 out:
     free(ov);

@@ -11,11 +11,7 @@
  *   kpl eval RECIPE --checkpoint FILE
  *                            training runs (cmd_train.c, ../run/)
  */
-#include "kernels.h"
-
-int kpl__cmd_data(int argc, char **argv);  /* cmd_data.c */
-int kpl__cmd_train(int argc, char **argv); /* cmd_train.c */
-int kpl__cmd_eval(int argc, char **argv);  /* cmd_train.c */
+#include "cli.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -75,26 +75,27 @@ typedef struct {
     FILE *log;         /* this rank's log file in the run directory */
     FILE *metrics;     /* rank 0: metrics.jsonl */
     kpl_tb_writer *tb; /* rank 0, when TensorBoard is on */
-    bool bar;          /* rank 0 draws a progress bar on stdout */
-    bool bar_drawn;
-    int width;         /* of the terminal */
+    kpl_log_fn fn;     /* kpl_trainer_options.log, or NULL */
+    void *ctx;
+    bool progress;     /* KPL_LOG_PROGRESS events wanted */
 } kpl__runlog;
 
 double kpl__wall(void); /* Unix time */
-/* progress_mode: 0 auto (a terminal on stdout), 1 always, 2 never. */
-void kpl__log_init(kpl__runlog *l, int rank, kpl_progress_mode mode);
+void kpl__log_init(kpl__runlog *l, int rank, kpl_log_fn fn, void *ctx, bool progress);
 void kpl__log_close(kpl__runlog *l);
-/* Rank 0: stdout and the log file; other ranks: their log file. */
+/* A line for the user (KPL_LOG_INFO), a report's line (KPL_LOG_REPORT), a
+ * warning, an error: this rank's log file and the log function. */
 void kpl__log_info(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-/* Every rank: standard error ("kpl[rank]: warning: ...") and the log file. */
+void kpl__log_report(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kpl__log_warn(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kpl__log_error(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* One line of metrics.jsonl (rank 0). */
 void kpl__log_metrics(kpl__runlog *l, const char *json);
-/* Redraws rank 0's progress bar (a no-op when there is none). */
-void kpl__log_bar(kpl__runlog *l, int64_t epoch, int64_t epochs, int64_t step, int64_t steps,
-                  double loss, double lr, double img_s, double eta);
-void kpl__log_bar_end(kpl__runlog *l);
+/* The last record of a run or an evaluation, for the console. */
+void kpl__log_result(kpl__runlog *l, const char *json);
+/* The epoch's progress (with l->progress). */
+void kpl__log_progress(kpl__runlog *l, int64_t epoch, int64_t epochs, int64_t step,
+                       int64_t steps, double loss, double lr, double img_s, double eta);
 
 /* ---- the data of a run (train_data.c) ---- */
 
@@ -276,17 +277,12 @@ void kpl__trainer_emit(kpl_trainer *t, void *obj);
 void *kpl__json_num(double v);
 double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e);
 
-/* Whether SIGINT or SIGTERM asked the run to stop (long waits give up). */
-bool kpl__stop_requested(void);
-int kpl__stop_signal(void);
 const char *kpl__signal_name(int sig); /* "SIGINT", "SIGTERM" */
-void kpl__catch_signals(bool on);
 
-/* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
- * run), "" (the newest checkpoint) or a checkpoint file.  Returns the exit
- * status. */
-int kpl__train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer);
-/* `kpl eval`: the checkpoint's models on the recipe's validation split. */
-int kpl__eval_run(const kpl_recipe *r, const char *checkpoint);
+/* `kpl eval`'s evaluation of an evaluation-only trainer (created with
+ * options.checkpoint): the metrics said (KPL_LOG_INFO, the task's
+ * eval_report) and its record (KPL_LOG_RESULT); NaN outputs are an error
+ * after the figures. */
+kpl_status kpl__trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint);
 
 #endif /* KPL_TRAINER_IMPL_H */

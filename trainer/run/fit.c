@@ -1,15 +1,14 @@
 /*
  * fit.c — the loop of a run (kpl_trainer_fit): epochs of steps, reports,
  * the epoch's checkpoint before its evaluation, the best model, the last
- * words; and the two commands it serves, `kpl train` and `kpl eval`.  It
- * knows nothing of labels or accuracy: those are the task's.
+ * words; and `kpl eval`'s evaluation.  It knows nothing of labels or
+ * accuracy: those are the task's.
  */
 #define _GNU_SOURCE
 #include "trainer_impl.h"
 
 #include <jansson.h>
 #include <math.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -104,7 +103,7 @@ static void put_train_figures(kpl_trainer *t, json_t *j)
     }
 }
 
-/* The last words: the `done` (or `interrupted`) record, also on stdout. */
+/* The last words: the `done` (or `interrupted`) record, also for the console. */
 static void say_done(kpl_trainer *t, const char *event, double train_seconds, double samples,
                      const char *ckpt)
 {
@@ -132,10 +131,7 @@ static void say_done(kpl_trainer *t, const char *event, double train_seconds, do
     json_object_set_new(j, "checkpoint", json_string(ckpt));
     char *s = kpl__json_line(j);
     if (s) kpl__log_metrics(&t->log, s);
-    kpl__log_bar_end(&t->log);
-    fflush(stdout);
-    if (s) printf("%s\n", s);
-    fflush(stdout);
+    if (s) kpl__log_result(&t->log, s);
     free(s);
     json_decref(j);
 }
@@ -191,7 +187,6 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double s
                                                    : NAN;
     int64_t skipped = t->skipped_steps - t->epoch_skipped0;
     t->images_per_sec = secs > 0 ? t->epoch_samples * t->world / secs : 0;
-    kpl__log_bar_end(&t->log);
     int64_t finished = t->epoch + 1; /* epochs complete once this one is */
     bool eval_due = t->val && (last || (epoch_done && r->eval.every_epochs > 0 &&
                                         finished % r->eval.every_epochs == 0));
@@ -309,64 +304,30 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
     return KPL_OK;
 }
 
-int kpl_trainer_fit(kpl_trainer *t)
+kpl_status kpl_trainer_fit(kpl_trainer *t)
 {
+    KPL_CHECK(t && t->train, KPL_ESTATE, "kpl_trainer_fit: an evaluation-only trainer has no run");
     char ckpt[PATH_MAX] = "";
     const char *event = "done";
-    kpl__catch_signals(true);
     t->stoppable = true;
     kpl_status st = fit(t, &event, ckpt, sizeof ckpt);
     t->stoppable = false;
-    kpl__catch_signals(false);
     if (st < 0) {
         kpl__log_error(&t->log, "%s", kpl_last_error());
         t->failed = true;
-        return 1;
+        return st;
     }
-    return !strcmp(event, "interrupted") ? 128 + t->stop_sig : 0;
+    if (strcmp(event, "interrupted")) return KPL_OK;
+    return KPL_ERROR(KPL_ECANCELED, "stopped by %s at step %lld", kpl__signal_name(t->stop_sig),
+                     (long long)t->step);
 }
 
-/* ---- the commands ---------------------------------------------------------------------------- */
+int kpl_trainer_stop_signal(const kpl_trainer *t) { return t ? t->stop_sig : 0; }
 
-static const kpl_task_kind *task_of(const kpl_recipe *r)
-{
-    const kpl_task_kind *k = kpl_task_find(r->task);
-    if (!k) fprintf(stderr, "kpl: unknown task '%s' (known: classification)\n", r->task);
-    return k;
-}
+/* ---- kpl eval ---------------------------------------------------------------------------------- */
 
-int kpl__train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer)
+kpl_status kpl__trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint)
 {
-    const kpl_task_kind *task = task_of(r);
-    if (!task) return 1;
-    kpl_trainer *t = NULL;
-    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
-    o.resume = resume;
-    o.reset_optimizer = reset_optimizer;
-    kpl__catch_signals(true); /* a stop during start-up: see stop_at_start */
-    kpl_status st = kpl_trainer_create(r, task, &o, &t);
-    if (st < 0) {
-        kpl__catch_signals(false);
-        return st == KPL_ECANCELED && kpl__stop_signal() ? 128 + kpl__stop_signal() : 1;
-    }
-    int rc = kpl_trainer_fit(t);
-    /* A scheduler may signal again while the run winds down (its loaders,
-     * MPI): the stop is made and its checkpoint written, so the exit
-     * status stays the stop's. */
-    kpl__catch_signals(true);
-    kpl_trainer_destroy(t);
-    kpl__catch_signals(false);
-    return rc;
-}
-
-int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
-{
-    const kpl_task_kind *task = task_of(r);
-    if (!task) return 1;
-    kpl_trainer *t = NULL;
-    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
-    o.checkpoint = checkpoint;
-    if (kpl_trainer_create(r, task, &o, &t) < 0) return 1;
     double t0 = kpl_seconds();
     kpl_eval_result e;
     kpl_status st = kpl_trainer_evaluate(t, &e);
@@ -388,19 +349,17 @@ int kpl__eval_run(const kpl_recipe *r, const char *checkpoint)
         json_object_set_new(rest, "event", json_string("eval"));
         json_object_set_new(rest, "seconds", json_real(secs));
         char *s = kpl__json_line(rest);
-        if (s) printf("%s\n", s);
-        fflush(stdout);
+        if (s) kpl__log_result(&t->log, s);
         free(s);
         json_decref(rest);
         json_decref(j);
     }
     /* NaN outputs are an error of the checkpoint: the figures above are
-     * printed, and the exit status says it */
+     * said, and the status says it */
     if (st >= 0) st = check_finite(t, &e, true);
     if (st < 0) {
         kpl__log_error(&t->log, "%s", kpl_last_error());
         t->failed = true;
     }
-    kpl_trainer_destroy(t);
-    return st < 0 ? 1 : 0;
+    return st;
 }

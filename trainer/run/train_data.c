@@ -90,7 +90,7 @@ static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
                               "for it to finish (%.0f s so far)", out, who, waited);
                 said = waited;
             }
-            KPL_CHECK(!kpl__stop_requested(), KPL_ECANCELED,
+            KPL_CHECK(!(kpl_stop_requested() != 0), KPL_ECANCELED,
                       "data: stopped while waiting for %s, which %s is writing", out, who);
             usleep(200 * 1000);
             continue;
@@ -121,7 +121,7 @@ static kpl_status settle_split(const char *out, kpl__runlog *log, bool *done)
 static bool stop_asked(void *ctx)
 {
     (void)ctx;
-    return kpl__stop_requested();
+    return (kpl_stop_requested() != 0);
 }
 
 static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, kpl__runlog *log)
@@ -178,7 +178,7 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
                       "%.0f s so far)", lock, waited);
         w->said = waited;
     }
-    return !kpl__stop_requested();
+    return !(kpl_stop_requested() != 0);
 }
 
 /* The splits of sp[0..n) with a path. */

@@ -29,13 +29,21 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- signals ------------------------------------------------------------------------- */
+/* ---- stopping ------------------------------------------------------------------------- */
 
-/* The handler only notes the signal: it may land on any thread, inside
- * malloc, a lock or stdio, so it calls nothing that is not
- * async-signal-safe (signal and raise are; errno is kept).  The run looks
- * at the note at its agreed points (kpl__trainer_agree_stop). */
+/* The request is a note: a signal handler may make it on any thread,
+ * inside malloc, a lock or stdio, so it does nothing else (signal and
+ * raise are async-signal-safe; errno is kept).  The run looks at the note
+ * at its agreed points (kpl__trainer_agree_stop). */
 static volatile sig_atomic_t stop_signal;
+
+void kpl_request_stop(int sig)
+{
+    if (sig > 0 && stop_signal != SIGTERM) stop_signal = sig; /* SIGTERM, the scheduler's, wins */
+}
+
+int kpl_stop_requested(void) { return stop_signal; }
+void kpl_clear_stop(void) { stop_signal = 0; }
 
 static void on_signal(int sig)
 {
@@ -44,27 +52,11 @@ static void on_signal(int sig)
         signal(SIGINT, SIG_DFL);
         raise(SIGINT);
     }
-    if (stop_signal != SIGTERM) stop_signal = sig; /* SIGTERM, the scheduler's, wins */
+    kpl_request_stop(sig);
     errno = saved;
 }
 
-bool kpl__stop_requested(void) { return stop_signal != 0; }
-
-/* Whether our handler is installed (kpl train installs it before create,
- * so that a signal during start-up counts). */
-static bool handler_installed(void)
-{
-    struct sigaction sa;
-    return sigaction(SIGTERM, NULL, &sa) == 0 && sa.sa_handler == on_signal;
-}
-int kpl__stop_signal(void) { return stop_signal; }
-
-const char *kpl__signal_name(int sig)
-{
-    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
-}
-
-void kpl__catch_signals(bool on)
+void kpl_catch_stop_signals(bool on)
 {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
@@ -73,6 +65,11 @@ void kpl__catch_signals(bool on)
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+}
+
+const char *kpl__signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : "a signal";
 }
 
 /* ---- figures and reports ------------------------------------------------------------------ */
@@ -227,13 +224,13 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
         kpl_tb_add_scalar(t->log.tb, "train/images_per_sec", t->step, ips);
         kpl_tb_flush(t->log.tb);
     }
-    if (!t->log.bar) kpl__log_info(&t->log, "%s lr %.4g %.0f img/s", line, lr, ips);
+    kpl__log_report(&t->log, "%s lr %.4g %.0f img/s", line, lr, ips);
     return KPL_OK;
 }
 
 void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
 {
-    if (!t->log.bar) return;
+    if (!t->log.progress) return;
     double now = kpl_seconds();
     if (!force && now - t->bar_t < 0.2) return;
     /* The rate of the last redraws (the first step's algorithm search
@@ -249,7 +246,7 @@ void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
     if (f && fold(f) < 0) return; /* a read at most every 0.2 s; an error shows at the report */
     double loss = !f ? NAN : f->count > 0 ? f->sum / f->count
                   : f->epoch_count > 0 ? f->epoch_sum / f->epoch_count : NAN;
-    kpl__log_bar(&t->log, t->epoch, t->r->epochs, t->epoch_step, t->steps_per_epoch, loss,
+    kpl__log_progress(&t->log, t->epoch, t->r->epochs, t->epoch_step, t->steps_per_epoch, loss,
                  lr_of_report(t), t->rate * t->world,
                  per_step * (double)(t->steps_per_epoch - t->epoch_step));
 }
@@ -952,11 +949,8 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     return KPL_OK;
 }
 
-/* What is wrong before the run has a log: said on stderr, as the run's
- * own errors are. */
 static kpl_status check_args(const kpl_recipe *r, const kpl_task_kind *task)
 {
-    KPL_CHECK(r && task, KPL_EINVAL, "kpl_trainer_create: no recipe or no task");
     KPL_CHECK(task->name && task->best_metric && task->create && task->destroy &&
                   task->train_batch && task->eval_begin && task->eval_batch && task->eval_end,
               KPL_EINVAL, "task %s: a task needs a name, a best metric and every function but "
@@ -972,16 +966,11 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
 {
     KPL_CHECK(out, KPL_EINVAL, "kpl_trainer_create: NULL out");
     *out = NULL;
-    kpl_status cs = check_args(r, task);
-    if (cs < 0) {
-        fprintf(stderr, "kpl: error: %s\n", kpl_last_error());
-        return cs;
-    }
+    KPL_CHECK(r && task, KPL_EINVAL, "kpl_trainer_create: no recipe or no task");
     kpl_trainer_options opts = KPL_TRAINER_OPTIONS_INIT;
     if (o) opts = *o;
     kpl_trainer *t = calloc(1, sizeof *t);
     KPL_CHECK(t, KPL_ENOMEM, "out of memory");
-    if (!handler_installed()) stop_signal = 0; /* a new run: no stop asked yet */
     t->recipe = *r;
     t->r = &t->recipe;
     t->task = task;
@@ -990,32 +979,38 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
-    kpl__log_init(&t->log, t->rank, opts.checkpoint ? KPL_PROGRESS_NEVER : r->log.progress);
+    kpl__log_init(&t->log, t->rank, opts.log, opts.log_ctx, opts.progress && !opts.checkpoint);
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
-    kpl_status st = kpl__trainer_pick_device(t);
+    kpl_status st = check_args(r, task);
+    if (st >= 0) st = kpl__trainer_pick_device(t);
     if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);
     if (st == KPL_ECANCELED) {
         kpl__log_info(&t->log, "stopped by %s during start-up, before the first step: %s",
-                      kpl__signal_name(kpl__stop_signal()), kpl_last_error());
+                      kpl__signal_name(kpl_stop_requested()), kpl_last_error());
     } else if (st < 0) {
-        /* the run's report: this rank's log and stderr; then the job ends */
         kpl__log_error(&t->log, "%s", kpl_last_error());
     }
     if (st < 0) {
+        /* the message stays the thread's for the caller (destroy may set others) */
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", kpl_last_error());
         t->failed = true;
         kpl_trainer_destroy(t);
-        return st;
+        return KPL_ERROR(st, "%s", msg);
     }
     *out = t;
     return KPL_OK;
 }
 
+/* A failed run's communicator when the job has other ranks: ending it is
+ * collective (they may be waiting in another collective for this rank),
+ * so it stays for kpl_trainer_end_job. */
+static kpl_comm *failed_comm;
+
 void kpl_trainer_destroy(kpl_trainer *t)
 {
     if (!t) return;
-    /* the other ranks may wait in a collective for this one */
-    if (t->failed && t->comm) kpl_comm_abort(t->comm, 1);
     if (t->task_state) t->task->destroy(t->task_state);
     for (int k = 0; k < t->nwatch; k++) kpl_tensor_release(t->watch[k].loss);
     free(t->watch);
@@ -1026,6 +1021,13 @@ void kpl_trainer_destroy(kpl_trainer *t)
     kpl_loader_destroy(t->val);
     kpl__log_close(&t->log);
     kpl__lockfile_release(t->run_lock); /* after the last write into the run directory */
-    kpl_comm_destroy(t->comm);
+    if (t->failed && t->world > 1) failed_comm = t->comm;
+    else kpl_comm_destroy(t->comm);
     free(t);
+}
+
+void kpl_trainer_end_job(kpl_trainer *t, int code)
+{
+    kpl_comm *c = t && t->comm ? t->comm : failed_comm;
+    if (c) kpl_comm_abort(c, code);
 }
