@@ -1,6 +1,6 @@
 /*
- * optim.h — optimizers (SGD, Adam, AdamW, LARS), parameter groups,
- * gradient clipping, and learning-rate schedules as pure functions of
+ * optim.h — optimizers (SGD, Adam, AdamW, LARS, and rules registered from
+ * outside), parameter groups, gradient clipping, and learning-rate schedules as pure functions of
  * training progress.  Thread-safety: one thread at a time per optimizer.
  */
 #ifndef KPL_OPTIM_H
@@ -13,7 +13,8 @@ extern "C" {
 #endif
 
 /*
- * One optimizer object for every update rule, PyTorch's formulations:
+ * One optimizer object for every update rule.  The built-in rules follow
+ * PyTorch's formulations:
  *
  *   sgd    g' = g + wd p;  v = momentum v + g' (v = g' at the first step);
  *          p -= lr (nesterov ? g' + momentum v : v)          (torch.optim.SGD)
@@ -29,24 +30,18 @@ extern "C" {
  * Parameters flagged in `no_decay` (batch-norm scales and shifts, biases,
  * when the recipe asks) get no weight decay, and under lars no trust
  * ratio either (plain momentum SGD), as the LARS references exclude them.
+ * Other rules (LAMB, Adafactor) come from programs and plugins:
+ * kpl_optim_register below.
  *
  *   kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
- *   oc.kind = KPL_OPTIM_ADAMW; oc.lr = 1e-3; oc.weight_decay = 0.05;
+ *   snprintf(oc.name, sizeof oc.name, "adamw"); oc.lr = 1e-3; oc.weight_decay = 0.05;
  *   kpl_optim *opt = NULL;
  *   kpl_optim_create(&oc, kpl_module_num_params(net), kpl_module_params(net), NULL, &opt);
  *   each step: backward; kpl_clip_grad_norm(...); kpl_optim_set_lr(opt, lr);
  *              kpl_optim_step(opt);     // reads, then clears, every .grad
  */
-typedef enum { KPL_OPTIM_SGD, KPL_OPTIM_ADAM, KPL_OPTIM_ADAMW, KPL_OPTIM_LARS } kpl_optim_kind;
-
-/* "sgd", "adam", "adamw", "lars" (the table, NULL-terminated); parse returns -1 for other
- * names. */
-extern const char *const kpl_optim_kind_names[];
-const char *kpl_optim_kind_name(kpl_optim_kind k);
-int kpl_optim_kind_parse(const char *name);
-
 typedef struct {
-    kpl_optim_kind kind;
+    char name[32];            /* the rule: "sgd", "adam", "adamw", "lars", or a registered one */
     double lr;                /* >= 0 */
     double momentum;          /* sgd, lars: [0, 1) */
     bool nesterov;            /* sgd: needs momentum > 0 */
@@ -56,7 +51,63 @@ typedef struct {
     bool keep_grad;           /* step leaves .grad alone: whoever owns the gradient
                                  buffers zeroes them (kpl_ddp_zero_grad) */
 } kpl_optim_config;
-#define KPL_OPTIM_CONFIG_INIT {KPL_OPTIM_SGD, 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001, false}
+#define KPL_OPTIM_CONFIG_INIT {"sgd", 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001, false}
+
+/* ---- update rules --------------------------------------------------------------------- */
+/*
+ * A rule updates one parameter from its gradient and its state.  The
+ * optimizer owns the state: `slots` tensors per parameter, by name (a
+ * checkpoint saves them as optim.<model>.<parameter>.<slot>), created by
+ * the rule at its first update (kpl_optim_slot_zeros) and NULL until then;
+ * a slot named "step" is a one-element i64 count on the CPU (the steps
+ * that updated the parameter, as Adam's), any other has the parameter's
+ * shape, dtype and device.  The optimizer also lends `scratch`
+ * parameter-shaped temporaries and `scalars` 0-d ones of the parameter's
+ * dtype (shared between parameters, contents undefined at the call).
+ * The update runs with grad mode off and must use the kpl_k_* kernels
+ * (or any op) on the parameter's device; it must not keep the tensors.
+ */
+typedef struct {
+    const kpl_optim_config *cfg; /* cfg->lr is the schedule's */
+    kpl_tensor *param;           /* updated in place */
+    const kpl_tensor *grad;      /* read only: it may be a DDP bucket's view */
+    kpl_tensor **slot;           /* the rule's slots for this parameter */
+    kpl_tensor *const *scratch;  /* `scratch` tensors like param */
+    kpl_tensor *const *scalars;  /* `scalars` 0-d tensors of param's dtype */
+    double lr, weight_decay;     /* this parameter's, with its group's multipliers
+                                    (weight_decay 0 for no_decay parameters) */
+    bool no_decay;
+} kpl_optim_update;
+
+#define KPL_OPTIM_MAX_SLOTS 8
+#define KPL_OPTIM_MAX_SCRATCH 4
+#define KPL_OPTIM_MAX_SCALARS 8
+typedef struct {
+    const char *name; /* optimizer.name in a recipe; first member (registries) */
+    /* The state slots for a configuration (names static, at most
+     * KPL_OPTIM_MAX_SLOTS; sgd has none without momentum). */
+    int (*slots)(const kpl_optim_config *c, const char *const **names);
+    /* Temporaries the update borrows, for a configuration. */
+    int (*scratch)(const kpl_optim_config *c);
+    int scalars;
+    /* Optional: KPL_EINVAL naming the field when c cannot be used (only the
+     * fields the rule reads; lr and weight_decay are checked for all). */
+    kpl_status (*check)(const kpl_optim_config *c);
+    kpl_status (*update)(const kpl_optim_update *u);
+} kpl_optim_rule;
+
+/* Adds a rule (borrowed, static) that kpl_optim_create and recipes find by
+ * its name.  KPL_EINVAL for a name known already.  From a plugin's
+ * constructor: see kpl_plugin_load (trainer.h). */
+kpl_status kpl_optim_register(const kpl_optim_rule *rule);
+/* The rule called name, or NULL; every rule known, built-ins first. */
+const kpl_optim_rule *kpl_optim_rule_find(const char *name);
+int kpl_optim_rule_count(void);
+const kpl_optim_rule *kpl_optim_rule_at(int i);
+/* For rules: a slot's first value, zeros like the parameter (or, for the
+ * slot "step", a CPU i64 count of 0), into *slot. */
+kpl_status kpl_optim_slot_zeros(const kpl_optim_update *u, const char *slot_name,
+                                kpl_tensor **slot);
 
 typedef struct kpl_optim kpl_optim;
 

@@ -77,6 +77,13 @@ typedef struct {
 /* The tasks kpl knows by name ("classification"); NULL for others. */
 const kpl_task_kind *kpl_task_find(const char *name);
 extern const kpl_task_kind kpl_task_classification;
+/* Adds a task kpl_task_find (and so `kpl train`) finds by its name; k is
+ * borrowed (static).  KPL_EINVAL for a name known already, naming who
+ * registered it.  From a plugin's constructor: see kpl_plugin_load. */
+kpl_status kpl_task_register(const kpl_task_kind *k);
+/* Every task known, built-ins first. */
+int kpl_task_count(void);
+const kpl_task_kind *kpl_task_at(int i);
 
 /* For tasks: the run's recipe, device, ranks, and the input (C, H, W) the
  * data gives (model.input_size and in_channels override it). */

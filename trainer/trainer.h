@@ -104,6 +104,39 @@ void kpl_clear_stop(void);
  * installs no handler itself. */
 void kpl_catch_stop_signals(bool on);
 
+/* ---- plugins ------------------------------------------------------------------------- */
+/*
+ * Tasks (task.h), zoo models (zoo.h) and optimizer rules (optim.h) are
+ * found by name in registries that a program, or a plugin, adds to.  A
+ * plugin is a shared library built against kpl's headers whose
+ * constructors register its items; `kpl train --plugin lib.so` (or a
+ * recipe's `plugins:` list) loads it, so the stock `kpl train` and kplrun
+ * run its task with no rebuild of kpl.  Loading a plugin runs its code.
+ *
+ *   // mytask.c, built with: cc -shared -fPIC mytask.c $(pkg-config --cflags --libs kpl)
+ *   #include <trainer.h>
+ *   KPL_PLUGIN_ABI;
+ *   static const kpl_task_kind my_task = {.name = "mytask", ...};
+ *   __attribute__((constructor)) static void add(void) { kpl_task_register(&my_task); }
+ */
+/* The layout of every struct a plugin shares with kpl; a plugin built
+ * against another is refused at load, naming both. */
+#define KPL_ABI_VERSION 1
+/* In one source file of a plugin: the ABI it was built against. */
+#define KPL_PLUGIN_ABI \
+    __attribute__((visibility("default"))) const int kpl_plugin_abi_version = KPL_ABI_VERSION
+
+/* dlopen()s the plugin at path (once: a path loaded before is OK) and adds
+ * what its constructors registered, after checking its ABI.  Errors name
+ * the path: dlerror()'s text for a library that does not load,
+ * KPL_EFORMAT for a missing or different ABI version, KPL_EINVAL for a
+ * name registered twice (nothing of the plugin is kept then).  Not
+ * thread-safe: load plugins before training starts. */
+kpl_status kpl_plugin_load(const char *path);
+/* The plugins loaded (their resolved paths), in order. */
+int kpl_plugin_count(void);
+const char *kpl_plugin_path(int i);
+
 /* ---- the runner ---------------------------------------------------------------------- */
 
 typedef struct {

@@ -3,7 +3,7 @@
  * ResNets as module trees (module.h) with torchvision's parameter names,
  * whole or as a backbone inside a bigger model.
  *
- *   kpl_model_config c = {.arch = KPL_MODEL_RESNET, .depth = 18, .stem = KPL_STEM_CIFAR,
+ *   kpl_model_config c = {.name = "resnet", .depth = 18, .stem = KPL_STEM_CIFAR,
  *                         .num_classes = 10, .in_channels = 3, .in_h = 32, .in_w = 32};
  *   kpl_module *net = NULL;
  *   kpl_zoo_create(&c, kpl_device_cpu(), 42, &net);
@@ -17,27 +17,13 @@
 extern "C" {
 #endif
 
-/* KPL_MODEL_NONE: a recipe's model.name when the task builds its own model. */
-typedef enum {
-    KPL_MODEL_MLP,
-    KPL_MODEL_LENET,
-    KPL_MODEL_CNN,
-    KPL_MODEL_RESNET,
-    KPL_MODEL_NONE
-} kpl_model_arch;
-
-/* "mlp", "lenet", "cnn", "resnet", "none" (the table, NULL-terminated); parse: -1 for other
- * names. */
-extern const char *const kpl_model_arch_names[];
-const char *kpl_model_arch_name(kpl_model_arch a);
-int kpl_model_arch_parse(const char *name);
-
 /* A ResNet's stem: ImageNet's 7x7/2 convolution and 3x3/2 max-pool, or a
  * 3x3/1 convolution for 32x32 inputs ("imagenet", "cifar"). */
 typedef enum { KPL_STEM_IMAGENET, KPL_STEM_CIFAR } kpl_resnet_stem;
 extern const char *const kpl_resnet_stem_names[];
 
-/* A classifier of the zoo.  Zero means "the architecture's default" for
+/* A model of the zoo, as a recipe's model section gives it.  Zero means
+ * "the architecture's default" for
  * width, depth and hidden.
  *   mlp     in -> hidden... -> classes, ReLU between (default hidden 512, 256)
  *   lenet   LeNet-5: conv 5x5 (6, padding 2) pool, conv 5x5 (16) pool,
@@ -49,7 +35,8 @@ extern const char *const kpl_resnet_stem_names[];
  *           ImageNet stem (7x7/2 + 3x3/2 max-pool) or CIFAR stem (3x3/1)
  * dropout applies before the last linear layer of mlp and cnn. */
 typedef struct {
-    kpl_model_arch arch;
+    char name[32];              /* "mlp", "lenet", "cnn", "resnet", or a registered model;
+                                   "none" (or ""): the task builds its own */
     int64_t num_classes;        /* resnet: 0 builds the backbone alone (up to layer4) */
     int64_t in_channels, in_h, in_w;
     int64_t width, depth;
@@ -60,6 +47,31 @@ typedef struct {
     bool zero_init_residual;
 } kpl_model_config;
 
+/* ---- the registry: models found by name (model.name) ---- */
+/*
+ * A model kind a program or a plugin adds: `kpl train` builds it for a
+ * recipe whose model.name names it, and kpl_zoo_add puts it inside a
+ * bigger model (a backbone).  create makes the model as a root on dev from
+ * seed when parent is NULL, else as parent's child `child` (the root's
+ * device and generator); *out receives it (a root is the caller's to
+ * destroy, also when create fails after making it).  cfg is complete
+ * (kpl_model_config_complete's common checks done).
+ */
+typedef struct {
+    const char *name; /* model.name; first member (registries) */
+    const char *doc;  /* one line for `kpl train --keys` */
+    kpl_status (*create)(kpl_module *parent, const char *child, const kpl_model_config *cfg,
+                         kpl_device *dev, uint64_t seed, kpl_module **out);
+} kpl_zoo_model;
+
+/* Adds m (borrowed, static).  KPL_EINVAL for a name known already.  From
+ * a plugin's constructor: see kpl_plugin_load (trainer.h). */
+kpl_status kpl_zoo_register(const kpl_zoo_model *m);
+/* The model called name, or NULL; every model known, built-ins first. */
+const kpl_zoo_model *kpl_zoo_find(const char *name);
+int kpl_zoo_count(void);
+const kpl_zoo_model *kpl_zoo_at(int i);
+
 /* A named preset, as torchvision.models names them: "mlp", "lenet", "cnn"
  * (1x28x28 inputs), "resnet18_cifar" (CIFAR stem, 3x32x32), "resnet18",
  * "resnet34", "resnet50", "resnet101", "resnet152" (3x224x224), with
@@ -69,7 +81,9 @@ typedef struct {
 kpl_status kpl_zoo_preset(const char *name, int64_t num_classes, kpl_model_config *out);
 /* Fills the architecture's defaults into *c and checks it: KPL_EINVAL
  * naming the field when the input is too small for the architecture or a
- * value is out of range. */
+ * value is out of range, or for a name no model has (listing the known).
+ * A registered model gets the common checks (input, classes); its create
+ * checks the rest. */
 kpl_status kpl_model_config_complete(kpl_model_config *c);
 /* Builds the zoo's model as a root module with torchvision's parameter
  * names (conv1.weight, layer1.0.bn1.running_mean, fc.bias).  The ResNet's

@@ -42,7 +42,7 @@ static kpl_status build(kpl_trainer *t, const char *name, bool generator)
     }
     /* each model its own optimizer: Adam(2e-4, betas 0.5, 0.999), DCGAN's */
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
-    oc.kind = KPL_OPTIM_ADAM;
+    snprintf(oc.name, sizeof oc.name, "adam");
     oc.lr = 2e-4;
     oc.beta1 = 0.5;
     return kpl_trainer_add_model(t, name, generator ? "generator" : "discriminator", m, &oc, NULL);

@@ -194,7 +194,7 @@ static const char *resnet18_names(int i, char *buf, size_t size)
 static void test_state_dict_names(void **state)
 {
     (void)state;
-    kpl_model_config c = {.arch = KPL_MODEL_RESNET, .num_classes = 1000, .in_channels = 3,
+    kpl_model_config c = {.name = "resnet", .num_classes = 1000, .in_channels = 3,
                           .in_h = 224, .in_w = 224, .depth = 18};
     kpl_module *m = NULL;
     OK(kpl_zoo_create(&c, NULL, 1, &m));
@@ -222,7 +222,7 @@ static void test_state_dict_names(void **state)
 static void test_freeze(void **state)
 {
     (void)state;
-    kpl_model_config c = {.arch = KPL_MODEL_RESNET, .num_classes = 10, .in_channels = 3,
+    kpl_model_config c = {.name = "resnet", .num_classes = 10, .in_channels = 3,
                           .in_h = 16, .in_w = 16, .depth = 18, .stem = KPL_STEM_CIFAR, .width = 8};
     kpl_module *m = NULL;
     OK(kpl_zoo_create(&c, NULL, 2, &m));
@@ -383,7 +383,7 @@ static void test_errors_name_the_module(void **state)
 static void test_partial_state_dict(void **state)
 {
     (void)state;
-    kpl_model_config c = {.arch = KPL_MODEL_RESNET, .num_classes = 10, .in_channels = 3,
+    kpl_model_config c = {.name = "resnet", .num_classes = 10, .in_channels = 3,
                           .in_h = 32, .in_w = 32, .depth = 18, .stem = KPL_STEM_CIFAR, .width = 8};
     kpl_module *cls = NULL, *det = NULL, *bb = NULL;
     OK(kpl_zoo_create(&c, NULL, 11, &cls));

@@ -41,6 +41,37 @@ kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
                                        const char *const *overrides, kpl_recipe *out);
 /* The names kpl_task_find knows, "classification, ...", into buf. */
 void kpl__task_names(char *buf, size_t len);
+/* The names of the zoo's models known, "mlp, lenet, ...". */
+void kpl__zoo_names(char *buf, size_t len);
+/* The names of the optimizer rules known, "sgd, adam, ...". */
+void kpl__optim_names(char *buf, size_t len);
+/* The plugins loaded, in order ("" when none): for the run's log. */
+void kpl__plugin_list(char *buf, size_t len);
+
+/* ---- registries (io/plugin.c) ---- */
+
+/* What kpl train consults by name: tasks, zoo models, optimizer rules.
+ * Every item is a struct whose first member is its `const char *name`;
+ * items are borrowed (static in kpl or in a plugin that stays loaded).
+ * The built-ins come first, in the order given. */
+typedef struct {
+    const char *what;            /* "task", "model", "optimizer" */
+    const void *const *builtin;  /* NULL-terminated */
+    const void **items;          /* registered after the built-ins */
+    const char **from;           /* per item: the plugin that registered it, or NULL */
+    int n, cap;
+} kpl__registry;
+
+/* Adds item (kpl_task_register & co.).  While a plugin loads, the item
+ * waits until the plugin's ABI is checked (its struct is not read before).
+ * KPL_EINVAL for a name registered before, naming both origins. */
+kpl_status kpl__registry_add(kpl__registry *r, const void *item);
+/* The item called name, or NULL; the count and the i-th (built-ins first). */
+const void *kpl__registry_find(const kpl__registry *r, const char *name);
+int kpl__registry_count(const kpl__registry *r);
+const void *kpl__registry_at(const kpl__registry *r, int i);
+/* "a, b, c": every name, into buf. */
+void kpl__registry_names(const kpl__registry *r, char *buf, size_t len);
 
 /* ---- checkpoint files (checkpoint.c) ---- */
 

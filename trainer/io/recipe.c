@@ -42,7 +42,31 @@ typedef struct {
                                    value is the index */
     const char *help;
     const char *form; /* pairs: what the two values are, "[h, w]" */
+    void (*known)(char *buf, size_t len); /* T_STR naming a registered thing: the names
+                                             known now (built-ins and plugins') */
 } field;
+
+/* The models model.name may name: the zoo's (plugins' too), or none. */
+static void model_names(char *buf, size_t len)
+{
+    kpl__zoo_names(buf, len);
+    size_t at = strlen(buf);
+    snprintf(buf + at, len - at, "%snone", at ? ", " : "");
+}
+
+/* Whether name is one of list's ", "-separated names. */
+static bool name_listed(const char *name, const char *list)
+{
+    size_t n = strlen(name);
+    for (const char *p = list; *p;) {
+        const char *e = strstr(p, ", ");
+        size_t l = e ? (size_t)(e - p) : strlen(p);
+        if (l == n && !strncmp(p, name, n)) return true;
+        if (!e) break;
+        p = e + 2;
+    }
+    return false;
+}
 
 /* The trainer's own enums (the others are their modules'). */
 static const char *const scaling_names[] = {"none", "linear", NULL};
@@ -55,21 +79,22 @@ static const char *const nonfinite_names[] = {"stop", "skip", NULL};
 #define ESZ(m) sizeof(((kpl_recipe *)0)->m[0])
 #define CAP(m) (SZ(m) / ESZ(m))
 #define BIG 9.2e18
-#define F_INT(k, m, d, lo, hi, h) {k, T_INT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL}
-#define F_FLOAT(k, m, d, lo, hi, h) {k, T_FLOAT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL}
-#define F_BOOL(k, m, d, h) {k, T_BOOL, OFF(m), SZ(m), 0, 0, 0, d, 0, 1, NULL, h, NULL}
-#define F_STR(k, m, d, h) {k, T_STR, OFF(m), 1, 0, CAP(m), 0, d, 0, 0, NULL, h, NULL}
-#define F_ENUM(k, m, d, c, h) {k, T_ENUM, OFF(m), SZ(m), 0, 0, 0, d, 0, 0, c, h, NULL}
+#define F_INT(k, m, d, lo, hi, h) {k, T_INT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL, NULL}
+#define F_FLOAT(k, m, d, lo, hi, h) {k, T_FLOAT, OFF(m), SZ(m), 0, 0, 0, d, lo, hi, NULL, h, NULL, NULL}
+#define F_BOOL(k, m, d, h) {k, T_BOOL, OFF(m), SZ(m), 0, 0, 0, d, 0, 1, NULL, h, NULL, NULL}
+#define F_STR(k, m, d, h) {k, T_STR, OFF(m), 1, 0, CAP(m), 0, d, 0, 0, NULL, h, NULL, NULL}
+#define F_ENUM(k, m, d, c, h) {k, T_ENUM, OFF(m), SZ(m), 0, 0, 0, d, 0, 0, c, h, NULL, NULL}
+#define F_NAME(k, m, d, known, h) {k, T_STR, OFF(m), 1, 0, CAP(m), 0, d, 0, 0, NULL, h, NULL, known}
 #define F_INTS(k, m, n, d, lo, hi, h)                                                         \
-    {k, T_INTS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL}
+    {k, T_INTS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL, NULL}
 #define F_FLOATS(k, m, n, d, lo, hi, h)                                                       \
-    {k, T_FLOATS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL}
+    {k, T_FLOATS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), d, lo, hi, NULL, h, NULL, NULL}
 #define F_INT2(k, m1, m2, need, form, d, lo, hi, h)                                           \
-    {k, T_INT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form}
+    {k, T_INT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form, NULL}
 #define F_FLOAT2(k, m1, m2, need, form, d, lo, hi, h)                                         \
-    {k, T_FLOAT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form}
+    {k, T_FLOAT2, OFF(m1), SZ(m1), OFF(m2), need, 0, d, lo, hi, NULL, h, form, NULL}
 #define F_GROUPS(k, m, n, h)                                                                  \
-    {k, T_GROUPS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), "[]", 0, 1e6, NULL, h, NULL}
+    {k, T_GROUPS, OFF(m), ESZ(m), 0, CAP(m), OFF(n), "[]", 0, 1e6, NULL, h, NULL, NULL}
 
 /* The keys of one data split; train and val differ in a few defaults. */
 #define SPLIT(sp, path_def, bs_def, shuffle_def)                                             \
@@ -139,9 +164,9 @@ static const field fields[] = {
     F_STR("run_dir", run_dir, "\"\"", "run directory (default: runs/<name>-<time>)"),
     F_INT("max_steps", max_steps, "0", 0, BIG, "stop after this many steps in all (0: no limit)"),
 
-    F_ENUM("model.name", model.arch, "none", kpl_model_arch_names,
-           "mlp, lenet, cnn or resnet (classification needs one; none: the task builds its "
-           "own)"),
+    F_NAME("model.name", model.name, "none", model_names,
+           "the model (classification needs one; none: the task builds its own; a plugin "
+           "may add others)"),
     F_INT("model.num_classes", model.num_classes, "0", 0, 1e7,
           "classes (classification needs them)"),
     F_INT("model.in_channels", model.in_channels, "0", 0, 64,
@@ -184,7 +209,8 @@ static const field fields[] = {
     F_INT("loss.max_skips", loss.max_skips, "20", 0, BIG,
           "skip: stop anyway after this many skipped steps in a row (0: never)"),
 
-    F_ENUM("optimizer.name", optimizer.config.kind, "sgd", kpl_optim_kind_names, "sgd, adam, adamw or lars"),
+    F_NAME("optimizer.name", optimizer.config.name, "sgd", kpl__optim_names,
+           "the update rule (a plugin may add others)"),
     F_FLOAT("optimizer.lr", optimizer.config.lr, NULL, 0, 1e6,
             "peak learning rate (for base_batch samples when lr_scaling is linear)"),
     F_FLOAT("optimizer.momentum", optimizer.config.momentum, "0", 0, 0.9999, "sgd, lars: momentum"),
@@ -958,7 +984,7 @@ static kpl_status bind_group(const field *f, const node *e, group *g)
         where(c, cloc, sizeof cloc);
         snprintf(key, sizeof key, "%s[].%s", f->key, c->key);
         field sub = {key, T_FLOAT, 0, sizeof(double), 0, 0, 0, NULL, f->lo, f->hi, NULL, NULL,
-                     NULL};
+                     NULL, NULL};
         if (c->kind != N_SCALAR || c->null)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected a %s", cloc, key,
                              strcmp(c->key, "params") ? "number" : "pattern");
@@ -1014,6 +1040,13 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
     case T_FLOAT2: return bind_pair(f, n, loc, r);
     case T_STR: {
         const char *s = n->null ? "" : n->text;
+        if (f->known) { /* a registered thing's name: one of those known now */
+            char known[1024];
+            f->known(known, sizeof known);
+            if (!name_listed(s, known))
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: expected one of %s; got '%s'", loc, f->key,
+                                 known, CLIP(s));
+        }
         if (strlen(s) >= f->cap)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: longer than %zu characters", loc, f->key,
                              f->cap - 1);
@@ -1159,7 +1192,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
     }
     /* the keys classification needs, as if they were required */
     if (!strcmp(r->task, "classification")) {
-        const char *k = r->model.arch == KPL_MODEL_NONE ? "model.name"
+        const char *k = !strcmp(r->model.name, "none") ? "model.name"
                         : r->model.num_classes == 0     ? "model.num_classes"
                                                         : NULL;
         if (k)
@@ -1203,14 +1236,14 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
     if (r->data.convert.from != KPL_CONVERT_NONE && !r->data.convert.source[0])
         return KPL_ERROR(KPL_EINVAL, "%s: data.convert.source: needed with data.convert.from %s",
                          AT("data.convert.source"), kpl_convert_source_name(r->data.convert.from));
-    if (r->model.arch == KPL_MODEL_RESNET) {
+    if (!strcmp(r->model.name, "resnet")) {
         int64_t d = r->model.depth;
         if (d != 18 && d != 34 && d != 50 && d != 101 && d != 152)
             return KPL_ERROR(KPL_EINVAL, "%s: model.depth: resnet depth is 18, 34, 50, 101 or "
                              "152, got %lld", AT("model.depth"), (long long)d);
     }
     const kpl_optim_config *oc = &r->optimizer.config;
-    if (oc->nesterov && (oc->kind != KPL_OPTIM_SGD || oc->momentum <= 0))
+    if (oc->nesterov && (strcmp(oc->name, "sgd") || oc->momentum <= 0))
         return KPL_ERROR(KPL_EINVAL, "%s: optimizer.nesterov: needs optimizer.name sgd and "
                          "momentum > 0", AT("optimizer.nesterov"));
     const kpl_lr_schedule *sc = &r->schedule.config;
@@ -1480,6 +1513,11 @@ static void write_tree(sbuf *b, const kpl_recipe *r, bool help)
                 sb_printf(b, " [");
                 for (int c = 0; f->choices[c]; c++) sb_printf(b, "%s%s", c ? "|" : "", f->choices[c]);
                 sb_printf(b, "]");
+            } else if (f->known) {
+                char names[1024];
+                f->known(names, sizeof names);
+                for (char *c = names; (c = strstr(c, ", ")); c++) c[0] = '|', memmove(c + 1, c + 2, strlen(c + 2) + 1);
+                sb_printf(b, " [%s]", names);
             }
         } else {
             put_value(b, f, r);

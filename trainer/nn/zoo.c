@@ -2,18 +2,18 @@
  * zoo.c — the model zoo built from modules: MLP, LeNet-5, a small CNN and
  * torchvision's ResNets, with torchvision's parameter names (zoo.h).
  */
-#include "zoo.h"
-#include "layers.h"
+#include "trainer_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-const char *const kpl_model_arch_names[] = {"mlp", "lenet", "cnn", "resnet", "none", NULL};
 const char *const kpl_resnet_stem_names[] = {"imagenet", "cifar", NULL};
 
-const char *kpl_model_arch_name(kpl_model_arch a) { return kpl__name_at(kpl_model_arch_names, (int)a); }
-int kpl_model_arch_parse(const char *name) { return kpl__name_index(kpl_model_arch_names, name); }
+/* The built-in architectures, by model.name. */
+typedef enum { ARCH_MLP, ARCH_LENET, ARCH_CNN, ARCH_RESNET } arch;
+static const char *const arch_names[] = {"mlp", "lenet", "cnn", "resnet", NULL};
+static int arch_of(const kpl_model_config *c) { return kpl__name_index(arch_names, c->name); }
 
 /* ---- ResNet blocks ------------------------------------------------------------------------ */
 
@@ -173,31 +173,40 @@ static kpl_status conv_stage(kpl_module *root, int i, int64_t in, int64_t out, i
 
 kpl_status kpl_model_config_complete(kpl_model_config *c)
 {
-    KPL_CHECK((unsigned)c->arch <= KPL_MODEL_RESNET, KPL_EINVAL,
-              "model: %s architecture (mlp, lenet, cnn or resnet)",
-              c->arch == KPL_MODEL_NONE ? "no" : "an unknown");
-    const char *a = kpl_model_arch_name(c->arch);
-    KPL_CHECK(c->num_classes > 0 || (c->num_classes == 0 && c->arch == KPL_MODEL_RESNET),
-              KPL_EINVAL, "model: need num_classes > 0 (got %lld; 0, a backbone, is for resnet)",
+    KPL_CHECK(c, KPL_EINVAL, "model: no config");
+    int ar = arch_of(c);
+    if (!kpl_zoo_find(c->name)) {
+        char known[512];
+        kpl__zoo_names(known, sizeof known);
+        if (!c->name[0] || !strcmp(c->name, "none"))
+            return KPL_ERROR(KPL_EINVAL, "model: no model named (known: %s)", known);
+        return KPL_ERROR(KPL_EINVAL, "model: unknown model '%.32s' (known: %s)", c->name, known);
+    }
+    const char *a = c->name;
+    KPL_CHECK(c->num_classes >= 0, KPL_EINVAL, "model %s: num_classes %lld", a,
               (long long)c->num_classes);
     KPL_CHECK(c->in_channels > 0 && c->in_h > 0 && c->in_w > 0, KPL_EINVAL,
               "model %s: input (%lld, %lld, %lld) must be positive", a,
               (long long)c->in_channels, (long long)c->in_h, (long long)c->in_w);
+    if (ar < 0) return KPL_OK; /* a registered model checks the rest itself */
+    KPL_CHECK(c->num_classes > 0 || (c->num_classes == 0 && ar == ARCH_RESNET),
+              KPL_EINVAL, "model: need num_classes > 0 (got %lld; 0, a backbone, is for resnet)",
+              (long long)c->num_classes);
     KPL_CHECK(c->nhidden >= 0 && c->nhidden <= 16, KPL_EINVAL, "model %s: 0 to 16 hidden layers",
               a);
     KPL_CHECK(c->dropout >= 0 && c->dropout < 1, KPL_EINVAL, "model %s: dropout %g not in [0, 1)",
               a, c->dropout);
-    switch (c->arch) {
-    case KPL_MODEL_MLP:
+    switch ((arch)ar) {
+    case ARCH_MLP:
         if (c->nhidden == 0) c->hidden[0] = 512, c->hidden[1] = 256, c->nhidden = 2;
         break;
-    case KPL_MODEL_LENET:
+    case ARCH_LENET:
         if (!c->width) c->width = 6;
         KPL_CHECK(c->in_h >= 16 && c->in_w >= 16, KPL_EINVAL,
                   "model lenet: input %lldx%lld is too small (at least 16x16)",
                   (long long)c->in_h, (long long)c->in_w);
         break;
-    case KPL_MODEL_CNN:
+    case ARCH_CNN:
         if (!c->width) c->width = 32;
         if (!c->depth) c->depth = 2;
         if (c->nhidden == 0) c->hidden[0] = 128, c->nhidden = 1;
@@ -206,7 +215,7 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
                   (long long)c->depth, (long long)c->in_h, (long long)c->in_w);
         KPL_CHECK((c->width << (c->depth - 1)) <= 65536, KPL_EINVAL, "model cnn: too wide");
         break;
-    case KPL_MODEL_RESNET:
+    case ARCH_RESNET:
         if (!c->width) c->width = 64;
         KPL_CHECK(c->depth == 18 || c->depth == 34 || c->depth == 50 || c->depth == 101 ||
                       c->depth == 152,
@@ -216,7 +225,6 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
                   KPL_EINVAL, "model resnet: input %lldx%lld is too small for the %s stem",
                   (long long)c->in_h, (long long)c->in_w, kpl__name_at(kpl_resnet_stem_names, (int)c->stem));
         break;
-    case KPL_MODEL_NONE: break; /* refused above */
     }
     KPL_CHECK(c->width >= 0 && c->width <= 4096, KPL_EINVAL, "model %s: width %lld out of range",
               a, (long long)c->width);
@@ -228,11 +236,11 @@ static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
 {
     kpl_model_config c = *cfg;
     KPL_TRY(kpl_model_config_complete(&c));
-    switch (c.arch) {
-    case KPL_MODEL_MLP:
+    switch ((arch)arch_of(&c)) {
+    case ARCH_MLP:
         KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
         return build_head(root, &c, c.in_channels * c.in_h * c.in_w, 1, c.nhidden, c.hidden);
-    case KPL_MODEL_LENET: {
+    case ARCH_LENET: {
         int64_t c1 = c.width, c2 = c.width * 16 / 6;
         int64_t h = (c.in_h / 2 - 4) / 2, w = (c.in_w / 2 - 4) / 2;
         static const int64_t hidden[2] = {120, 84};
@@ -241,7 +249,7 @@ static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
         KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
         return build_head(root, &c, c2 * h * w, 1, 2, hidden);
     }
-    case KPL_MODEL_CNN: {
+    case ARCH_CNN: {
         int64_t ch = c.in_channels, h = c.in_h, w = c.in_w;
         for (int s = 0; s < c.depth; s++) {
             KPL_TRY(conv_stage(root, s + 1, ch, c.width << s, 3, 1, true));
@@ -251,20 +259,46 @@ static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
         KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
         return build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden);
     }
-    case KPL_MODEL_RESNET: return build_resnet(root, &c);
-    case KPL_MODEL_NONE: break; /* refused by kpl_model_config_complete */
+    case ARCH_RESNET: return build_resnet(root, &c);
     }
     return KPL_OK;
 }
+
+/* The built-ins' create: a sequential root or child holding the layers. */
+static kpl_status builtin_create(kpl_module *parent, const char *child, const kpl_model_config *cfg,
+                                 kpl_device *dev, uint64_t seed, kpl_module **out)
+{
+    kpl_module *m = NULL;
+    if (parent) KPL_TRY(kpl_nn_sequential(parent, child, &m));
+    else KPL_TRY(kpl_nn_sequential_root(dev, seed, &m));
+    *out = m; /* a root is the caller's to destroy, also on failure */
+    return build(m, cfg);
+}
+
+static const kpl_zoo_model mlp = {"mlp", "in -> hidden... -> classes, ReLU between", builtin_create};
+static const kpl_zoo_model lenet = {"lenet", "LeNet-5", builtin_create};
+static const kpl_zoo_model cnn = {"cnn", "conv 3x3 + batch norm + ReLU + max-pool stages, then "
+                                  "hidden -> classes", builtin_create};
+static const kpl_zoo_model resnet = {"resnet", "torchvision's ResNet-18/34/50/101/152 (depth)",
+                                     builtin_create};
+static const void *const builtin[] = {&mlp, &lenet, &cnn, &resnet, NULL};
+static kpl__registry models = {.what = "model", .builtin = builtin};
+
+kpl_status kpl_zoo_register(const kpl_zoo_model *m) { return kpl__registry_add(&models, m); }
+const kpl_zoo_model *kpl_zoo_find(const char *name) { return kpl__registry_find(&models, name); }
+int kpl_zoo_count(void) { return kpl__registry_count(&models); }
+const kpl_zoo_model *kpl_zoo_at(int i) { return kpl__registry_at(&models, i); }
+void kpl__zoo_names(char *buf, size_t len) { kpl__registry_names(&models, buf, len); }
 
 kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
                           kpl_module **out)
 {
     KPL_CHECK(cfg && out, KPL_EINVAL, "model: bad arguments");
     *out = NULL;
+    kpl_model_config c = *cfg;
+    KPL_TRY(kpl_model_config_complete(&c));
     kpl_module *root = NULL;
-    KPL_TRY(kpl_nn_sequential_root(dev, seed, &root));
-    kpl_status st = build(root, cfg);
+    kpl_status st = kpl_zoo_find(c.name)->create(NULL, NULL, &c, dev, seed, &root);
     if (st < 0) {
         kpl_module_destroy(root);
         return st;
@@ -277,10 +311,11 @@ kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_con
                        kpl_module **out)
 {
     if (out) *out = NULL;
-    KPL_CHECK(cfg, KPL_EINVAL, "model: bad arguments");
+    KPL_CHECK(cfg && parent, KPL_EINVAL, "model: bad arguments");
+    kpl_model_config c = *cfg;
+    KPL_TRY(kpl_model_config_complete(&c));
     kpl_module *m = NULL;
-    KPL_TRY(kpl_nn_sequential(parent, name, &m));
-    KPL_TRY(build(m, cfg));
+    KPL_TRY(kpl_zoo_find(c.name)->create(parent, name, &c, NULL, 0, &m));
     if (out) *out = m;
     return KPL_OK;
 }
@@ -289,25 +324,25 @@ kpl_status kpl_zoo_preset(const char *name, int64_t num_classes, kpl_model_confi
 {
     KPL_CHECK(name && out, KPL_EINVAL, "kpl_zoo_preset: need a name and a config");
     static const struct {
-        const char *name;
-        kpl_model_arch arch;
+        const char *name, *arch;
         int depth, channels, side;
         kpl_resnet_stem stem;
     } presets[] = {
-        {"mlp", KPL_MODEL_MLP, 0, 1, 28, KPL_STEM_IMAGENET},
-        {"lenet", KPL_MODEL_LENET, 0, 1, 28, KPL_STEM_IMAGENET},
-        {"cnn", KPL_MODEL_CNN, 0, 1, 28, KPL_STEM_IMAGENET},
-        {"resnet18_cifar", KPL_MODEL_RESNET, 18, 3, 32, KPL_STEM_CIFAR},
-        {"resnet18", KPL_MODEL_RESNET, 18, 3, 224, KPL_STEM_IMAGENET},
-        {"resnet34", KPL_MODEL_RESNET, 34, 3, 224, KPL_STEM_IMAGENET},
-        {"resnet50", KPL_MODEL_RESNET, 50, 3, 224, KPL_STEM_IMAGENET},
-        {"resnet101", KPL_MODEL_RESNET, 101, 3, 224, KPL_STEM_IMAGENET},
-        {"resnet152", KPL_MODEL_RESNET, 152, 3, 224, KPL_STEM_IMAGENET},
+        {"mlp", "mlp", 0, 1, 28, KPL_STEM_IMAGENET},
+        {"lenet", "lenet", 0, 1, 28, KPL_STEM_IMAGENET},
+        {"cnn", "cnn", 0, 1, 28, KPL_STEM_IMAGENET},
+        {"resnet18_cifar", "resnet", 18, 3, 32, KPL_STEM_CIFAR},
+        {"resnet18", "resnet", 18, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet34", "resnet", 34, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet50", "resnet", 50, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet101", "resnet", 101, 3, 224, KPL_STEM_IMAGENET},
+        {"resnet152", "resnet", 152, 3, 224, KPL_STEM_IMAGENET},
     };
     for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++) {
         if (strcmp(name, presets[i].name)) continue;
         memset(out, 0, sizeof *out);
-        out->arch = presets[i].arch, out->depth = presets[i].depth, out->stem = presets[i].stem;
+        snprintf(out->name, sizeof out->name, "%s", presets[i].arch);
+        out->depth = presets[i].depth, out->stem = presets[i].stem;
         out->in_channels = presets[i].channels, out->in_h = out->in_w = presets[i].side;
         out->num_classes = num_classes;
         return kpl_model_config_complete(out);

@@ -5,7 +5,7 @@
  * kernels.h, so it runs on whichever device the parameters live, queued in
  * order on that device's stream.
  */
-#include "optim.h"
+#include "trainer_impl.h"
 
 #include <fnmatch.h>
 
@@ -17,92 +17,307 @@
  * all the parameters of a device share: a step updates the parameters one
  * after the other, in order on the device's queue, so one parameter's
  * temporaries are dead before the next parameter writes them.  That costs
- * at most two copies of the largest parameter instead of a copy of the
- * model, and no allocation per step. */
-enum { SCRATCH_MAX = 2 };
-
-/* LARS's one-element values: the norms of the parameter and of its
- * gradient, the trust ratio's denominator, the ratio itself, the constant 1
- * and the two conditions under which the ratio is used.  They stay on the
- * device, so a LARS step never waits for the GPU. */
-enum { SC_PNORM, SC_GNORM, SC_DEN, SC_TRUST, SC_ONE, SC_PPOS, SC_GPOS, SC_COUNT };
-#define SC_BYTES 8 /* per value: the widest dtype, so every view is aligned */
+ * at most a few copies of the largest parameter instead of a copy of the
+ * model, and no allocation per step.  Scalars (LARS's norms, trust ratio,
+ * conditions) stay on the device, so a step never waits for a GPU. */
+#define SC_BYTES 8 /* per scalar: the widest dtype, so every view is aligned */
 
 typedef struct {
-    kpl_tensor *tmp[SCRATCH_MAX]; /* the parameter's shape and dtype */
-    kpl_tensor *sc[SC_COUNT]; /* () each: the parameter's dtype, bool for SC_PPOS, SC_GPOS */
+    kpl_tensor *tmp[KPL_OPTIM_MAX_SCRATCH]; /* the parameter's shape and dtype */
+    kpl_tensor *sc[KPL_OPTIM_MAX_SCALARS];  /* () each: the parameter's dtype, then bools */
     size_t stride;            /* bytes from one temporary to the next in the device's memory */
 } scratch;
 
-/* The state slots of each kind (optim.h lists them). */
-static const char *const momentum_slots[] = {"momentum_buffer"};
-static const char *const adam_slots[] = {"exp_avg", "exp_avg_sq", "step"};
-enum { ADAM_EXP_AVG, ADAM_EXP_AVG_SQ, ADAM_STEP };
-
 struct kpl_optim {
     kpl_optim_config cfg;      /* cfg.lr follows kpl_optim_set_lr */
+    const kpl_optim_rule *rule;
+    int ntmp, nsc;             /* the rule's scratch and scalars for cfg */
     int n;
     kpl_tensor *const *params; /* n, borrowed */
     bool *no_decay;            /* n flags */
     double *mult;              /* n pairs: lr and weight-decay multipliers (parameter groups) */
     int nslots;
+    const char *const *slot_names;
     kpl_tensor **state;        /* n * nslots, NULL until a step or state_set creates them */
     scratch *scratch;          /* n */
 };
 
-const char *const kpl_optim_kind_names[] = {"sgd", "adam", "adamw", "lars", NULL};
-
-const char *kpl_optim_kind_name(kpl_optim_kind k) { return kpl__name_at(kpl_optim_kind_names, (int)k); }
-int kpl_optim_kind_parse(const char *name) { return kpl__name_index(kpl_optim_kind_names, name); }
-
-/* ---- creation ------------------------------------------------------------------- */
+/* ---- the built-in rules ---------------------------------------------------------- */
 
 /* x in [0, 1); NaN is not. */
 static bool in_unit_interval(double x) { return x >= 0 && x < 1; }
 
-/* Checks the fields the kind uses; the others are ignored, as a recipe
- * for adam need not say anything about momentum. */
-static kpl_status check_config(const kpl_optim_config *c)
+static kpl_status momentum_check(const kpl_optim_config *c)
 {
-    KPL_CHECK((unsigned)c->kind <= KPL_OPTIM_LARS, KPL_EINVAL, "optim: unknown kind %d",
-              (int)c->kind);
-    const char *k = kpl_optim_kind_name(c->kind);
-    KPL_CHECK(c->lr >= 0 && isfinite(c->lr), KPL_EINVAL, "%s: lr %g must be >= 0 and finite", k,
-              c->lr);
-    KPL_CHECK(c->weight_decay >= 0 && isfinite(c->weight_decay), KPL_EINVAL,
-              "%s: weight_decay %g must be >= 0 and finite", k, c->weight_decay);
-    if (c->kind == KPL_OPTIM_SGD || c->kind == KPL_OPTIM_LARS)
-        KPL_CHECK(in_unit_interval(c->momentum), KPL_EINVAL, "%s: momentum %g must be in [0, 1)",
-                  k, c->momentum);
-    if (c->kind == KPL_OPTIM_SGD)
-        KPL_CHECK(!c->nesterov || c->momentum > 0, KPL_EINVAL,
-                  "sgd: nesterov needs momentum > 0 (momentum is %g)", c->momentum);
-    if (c->kind == KPL_OPTIM_ADAM || c->kind == KPL_OPTIM_ADAMW) {
-        KPL_CHECK(in_unit_interval(c->beta1), KPL_EINVAL, "%s: beta1 %g must be in [0, 1)", k,
-                  c->beta1);
-        KPL_CHECK(in_unit_interval(c->beta2), KPL_EINVAL, "%s: beta2 %g must be in [0, 1)", k,
-                  c->beta2);
-        KPL_CHECK(c->eps > 0 && isfinite(c->eps), KPL_EINVAL, "%s: eps %g must be > 0 and finite",
-                  k, c->eps);
-    }
-    if (c->kind == KPL_OPTIM_LARS)
-        KPL_CHECK(c->trust_coefficient > 0 && isfinite(c->trust_coefficient), KPL_EINVAL,
-                  "lars: trust_coefficient %g must be > 0 and finite", c->trust_coefficient);
+    KPL_CHECK(in_unit_interval(c->momentum), KPL_EINVAL, "%s: momentum %g must be in [0, 1)",
+              c->name, c->momentum);
     return KPL_OK;
 }
 
-/* How many parameter-sized temporaries an update needs: adam two (the
- * moments' increments, then the denominator and the step), sgd two only
- * when Nesterov's g' + momentum v must not overwrite g' = g + wd p. */
-static int tmp_count(const kpl_optim_config *c)
+static kpl_status sgd_check(const kpl_optim_config *c)
 {
-    switch (c->kind) {
-    case KPL_OPTIM_SGD: return c->nesterov && c->weight_decay > 0 ? 2 : 1;
-    case KPL_OPTIM_ADAM:
-    case KPL_OPTIM_ADAMW: return 2;
-    case KPL_OPTIM_LARS: return 1;
-    }
+    KPL_TRY(momentum_check(c));
+    KPL_CHECK(!c->nesterov || c->momentum > 0, KPL_EINVAL,
+              "sgd: nesterov needs momentum > 0 (momentum is %g)", c->momentum);
+    return KPL_OK;
+}
+
+static kpl_status adam_check(const kpl_optim_config *c)
+{
+    KPL_CHECK(in_unit_interval(c->beta1), KPL_EINVAL, "%s: beta1 %g must be in [0, 1)", c->name,
+              c->beta1);
+    KPL_CHECK(in_unit_interval(c->beta2), KPL_EINVAL, "%s: beta2 %g must be in [0, 1)", c->name,
+              c->beta2);
+    KPL_CHECK(c->eps > 0 && isfinite(c->eps), KPL_EINVAL, "%s: eps %g must be > 0 and finite",
+              c->name, c->eps);
+    return KPL_OK;
+}
+
+static kpl_status lars_check(const kpl_optim_config *c)
+{
+    KPL_TRY(momentum_check(c));
+    KPL_CHECK(c->trust_coefficient > 0 && isfinite(c->trust_coefficient), KPL_EINVAL,
+              "lars: trust_coefficient %g must be > 0 and finite", c->trust_coefficient);
+    return KPL_OK;
+}
+
+/* The state slots of each rule (optim.h lists them). */
+static const char *const momentum_slots[] = {"momentum_buffer"};
+static const char *const adam_slots[] = {"exp_avg", "exp_avg_sq", "step"};
+enum { ADAM_EXP_AVG, ADAM_EXP_AVG_SQ, ADAM_STEP };
+
+static int sgd_slots(const kpl_optim_config *c, const char *const **names)
+{
+    *names = momentum_slots;
+    return c->momentum > 0 ? 1 : 0;
+}
+static int momentum_slots_of(const kpl_optim_config *c, const char *const **names)
+{
+    (void)c;
+    *names = momentum_slots;
     return 1;
+}
+static int adam_slots_of(const kpl_optim_config *c, const char *const **names)
+{
+    (void)c;
+    *names = adam_slots;
+    return 3;
+}
+/* Temporaries: adam two (the moments' increments, then the denominator and
+ * the step), sgd two only when Nesterov's g' + momentum v must not
+ * overwrite g' = g + wd p. */
+static int sgd_scratch(const kpl_optim_config *c) { return c->nesterov && c->weight_decay > 0 ? 2 : 1; }
+static int two(const kpl_optim_config *c) { (void)c; return 2; }
+static int one(const kpl_optim_config *c) { (void)c; return 1; }
+
+/* A new tensor like p holding a copy of x, or zeros when x is NULL. */
+static kpl_status state_new(const kpl_tensor *p, const kpl_tensor *x, kpl_tensor **out)
+{
+    kpl_tensor *t = NULL;
+    KPL_TRY(kpl_tensor_empty_like(p, &t));
+    kpl_status st = x ? kpl_k_copy(t, x) : kpl_k_fill(t, 0);
+    if (st < 0) {
+        kpl_tensor_release(t);
+        return st;
+    }
+    *out = t;
+    return KPL_OK;
+}
+
+/* tmp = g + wd p, the decayed gradient g', kept out of .grad: the caller
+ * may still hold that tensor, or it may be another parameter's too. */
+static kpl_status decayed(kpl_tensor *tmp, const kpl_tensor *g, const kpl_tensor *p, double wd)
+{
+    KPL_TRY(kpl_k_binary_scalar(tmp, KPL_BIN_MUL, p, wd, false));
+    return kpl_k_binary(tmp, KPL_BIN_ADD, tmp, g);
+}
+
+/* torch.optim.SGD: g' = g + wd p;  v = momentum v + g' (v = g' at the
+ * first step);  p -= lr (nesterov ? g' + momentum v : v). */
+static kpl_status sgd_update(const kpl_optim_update *u)
+{
+    const kpl_optim_config *c = u->cfg;
+    kpl_tensor *p = u->param, *const *tmp = u->scratch;
+    const kpl_tensor *g = u->grad, *d = g; /* g', then the step to take times lr */
+    double wd = u->weight_decay;
+    if (wd > 0) {
+        KPL_TRY(decayed(tmp[0], g, p, wd));
+        d = tmp[0];
+    }
+    if (c->momentum > 0) {
+        kpl_tensor **v = &u->slot[0];
+        if (!*v) { /* a clone of g', as torch makes it */
+            KPL_TRY(state_new(p, d, v));
+        } else {
+            KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, d));
+        }
+        if (c->nesterov) {
+            kpl_tensor *t = tmp[d == tmp[0] ? 1 : 0];
+            KPL_TRY(kpl_k_binary_scalar(t, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_k_binary(t, KPL_BIN_ADD, t, d));
+            d = t;
+        } else {
+            d = *v;
+        }
+    }
+    /* p -= lr d: d is scaled in place when it is scratch, and into scratch
+     * when it is .grad or the momentum buffer. */
+    kpl_tensor *s = d == tmp[0] || d == tmp[1] ? (kpl_tensor *)d : tmp[0];
+    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, u->lr, false));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, s);
+}
+
+/* torch.optim.Adam and AdamW, in torch's order of operations:
+ * m = b1 m + (1 - b1) g;  v = b2 v + ((1 - b2) g) g;
+ * p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with
+ * g = g + wd p for adam and p *= 1 - lr wd first for adamw. */
+static kpl_status adam_update(const kpl_optim_update *u)
+{
+    const kpl_optim_config *c = u->cfg;
+    const kpl_tensor *g = u->grad;
+    kpl_tensor *p = u->param, *a = u->scratch[0], *b = u->scratch[1];
+    kpl_tensor **m = &u->slot[ADAM_EXP_AVG], **v = &u->slot[ADAM_EXP_AVG_SQ];
+    kpl_tensor **t = &u->slot[ADAM_STEP];
+    if (!*m) KPL_TRY(state_new(p, NULL, m));
+    if (!*v) KPL_TRY(state_new(p, NULL, v));
+    /* the count lives on the host: the bias corrections are host scalars */
+    if (!*t) KPL_TRY(kpl_optim_slot_zeros(u, "step", t));
+    int64_t *step = kpl_tensor_host_mutable(*t);
+    if (!step) return kpl_last_status();
+
+    double wd = u->weight_decay;
+    if (wd > 0 && !strcmp(c->name, "adamw")) {
+        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - u->lr * wd, false));
+    } else if (wd > 0) {
+        KPL_TRY(decayed(a, g, p, wd));
+        g = a;
+    }
+    KPL_TRY(kpl_k_binary_scalar(*m, KPL_BIN_MUL, *m, c->beta1, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta1, false));
+    KPL_TRY(kpl_k_binary(*m, KPL_BIN_ADD, *m, b));
+    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->beta2, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta2, false));
+    KPL_TRY(kpl_k_binary(b, KPL_BIN_MUL, b, g));
+    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, b));
+
+    *step += 1;
+    double bc1 = 1 - pow(c->beta1, (double)*step), bc2 = 1 - pow(c->beta2, (double)*step);
+    KPL_TRY(kpl_k_unary(b, KPL_UN_SQRT, *v, 0, 0));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_DIV, b, sqrt(bc2), false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_ADD, b, c->eps, false));
+    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, u->lr / bc1, false));
+    KPL_TRY(kpl_k_binary(a, KPL_BIN_DIV, a, b));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, a);
+}
+
+/* out (()) = the 2-norm of x, through tmp (x's shape) for the squares; the
+ * sum accumulates in f64 (kpl_k_reduce). */
+static kpl_status norm2(kpl_tensor *out, kpl_tensor *tmp, const kpl_tensor *x)
+{
+    KPL_TRY(kpl_k_unary(tmp, KPL_UN_SQUARE, x, 0, 0));
+    KPL_TRY(kpl_k_reduce(out, KPL_RED_SUM, tmp, NULL, 0, false, 0));
+    return kpl_k_unary(out, KPL_UN_SQRT, out, 0, 0);
+}
+
+/* LARS as MLPerf's ResNet-50 reference: g' = g + wd p;
+ * trust = eta ||p|| / (||g|| + wd ||p||) when both norms are > 0, else 1;
+ * v = momentum v + lr trust g' (v starts at zero);  p -= v.  A no_decay
+ * parameter takes plain momentum steps: v = momentum v + lr g. */
+enum { SC_PNORM, SC_GNORM, SC_DEN, SC_TRUST, SC_ONE, SC_PPOS, SC_GPOS, SC_COUNT };
+static kpl_status lars_update(const kpl_optim_update *u)
+{
+    const kpl_optim_config *c = u->cfg;
+    const kpl_tensor *g = u->grad;
+    kpl_tensor *p = u->param, *a = u->scratch[0], *const *sc = u->scalars;
+    kpl_tensor **v = &u->slot[0];
+    if (!*v) KPL_TRY(state_new(p, NULL, v));
+    if (u->no_decay) {
+        KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, g, u->lr, false));
+    } else {
+        double wd = u->weight_decay;
+        kpl_tensor *pn = sc[SC_PNORM], *gn = sc[SC_GNORM], *trust = sc[SC_TRUST];
+        KPL_TRY(norm2(pn, a, p));
+        KPL_TRY(norm2(gn, a, g));
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_DEN], KPL_BIN_MUL, pn, wd, false));
+        KPL_TRY(kpl_k_binary(sc[SC_DEN], KPL_BIN_ADD, sc[SC_DEN], gn));
+        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, pn, c->trust_coefficient, false));
+        KPL_TRY(kpl_k_binary(trust, KPL_BIN_DIV, trust, sc[SC_DEN]));
+        /* Both norms > 0 (bool minimum is a logical and), else a ratio of
+         * 1; the constant is written each time because parameters of other
+         * dtypes share its bytes. */
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_PPOS], KPL_BIN_GT, pn, 0, false));
+        KPL_TRY(kpl_k_binary_scalar(sc[SC_GPOS], KPL_BIN_GT, gn, 0, false));
+        KPL_TRY(kpl_k_binary(sc[SC_PPOS], KPL_BIN_MINIMUM, sc[SC_PPOS], sc[SC_GPOS]));
+        KPL_TRY(kpl_k_fill(sc[SC_ONE], 1));
+        KPL_TRY(kpl_k_where(trust, sc[SC_PPOS], trust, sc[SC_ONE]));
+        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, trust, u->lr, false));
+        if (wd > 0) {
+            KPL_TRY(decayed(a, g, p, wd));
+            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, a, trust));
+        } else {
+            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, g, trust));
+        }
+    }
+    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
+    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, a));
+    return kpl_k_binary(p, KPL_BIN_SUB, p, *v);
+}
+
+
+static const kpl_optim_rule sgd_rule = {"sgd", sgd_slots, sgd_scratch, 0, sgd_check, sgd_update};
+static const kpl_optim_rule adam_rule = {"adam", adam_slots_of, two, 0, adam_check, adam_update};
+static const kpl_optim_rule adamw_rule = {"adamw", adam_slots_of, two, 0, adam_check,
+                                          adam_update};
+/* LARS's scalars: the norms of the parameter and of its gradient, the
+ * trust ratio's denominator, the ratio itself, the constant 1, and (bool)
+ * the two conditions under which the ratio is used. */
+static const kpl_optim_rule lars_rule = {"lars", momentum_slots_of, one, SC_COUNT, lars_check,
+                                         lars_update};
+
+static const void *const builtin[] = {&sgd_rule, &adam_rule, &adamw_rule, &lars_rule, NULL};
+static kpl__registry rules = {.what = "optimizer", .builtin = builtin};
+
+kpl_status kpl_optim_register(const kpl_optim_rule *rule) { return kpl__registry_add(&rules, rule); }
+const kpl_optim_rule *kpl_optim_rule_find(const char *name) { return kpl__registry_find(&rules, name); }
+int kpl_optim_rule_count(void) { return kpl__registry_count(&rules); }
+void kpl__optim_names(char *buf, size_t len) { kpl__registry_names(&rules, buf, len); }
+const kpl_optim_rule *kpl_optim_rule_at(int i) { return kpl__registry_at(&rules, i); }
+
+kpl_status kpl_optim_slot_zeros(const kpl_optim_update *u, const char *slot_name,
+                                kpl_tensor **slot)
+{
+    KPL_CHECK(u && slot_name && slot, KPL_EINVAL, "optim_slot_zeros: NULL argument");
+    if (!strcmp(slot_name, "step")) {
+        int64_t n = 1;
+        return kpl_tensor_zeros(kpl_device_cpu(), KPL_I64, 1, &n, slot);
+    }
+    return state_new(u->param, NULL, slot);
+}
+
+/* ---- creation ------------------------------------------------------------------- */
+
+/* The rule's checks of the fields it uses; the others are ignored, as a
+ * recipe for adam need not say anything about momentum. */
+static kpl_status check_config(const kpl_optim_config *c, const kpl_optim_rule **rule)
+{
+    char known[512];
+    *rule = kpl_optim_rule_find(c->name);
+    if (!*rule) kpl__registry_names(&rules, known, sizeof known);
+    KPL_CHECK(*rule, KPL_EINVAL, "optim: unknown optimizer '%.32s' (known: %s)", c->name, known);
+    KPL_CHECK(c->lr >= 0 && isfinite(c->lr), KPL_EINVAL, "%s: lr %g must be >= 0 and finite",
+              c->name, c->lr);
+    KPL_CHECK(c->weight_decay >= 0 && isfinite(c->weight_decay), KPL_EINVAL,
+              "%s: weight_decay %g must be >= 0 and finite", c->name, c->weight_decay);
+    const char *const *names = NULL;
+    int ns = (*rule)->slots(c, &names), nt = (*rule)->scratch(c);
+    KPL_CHECK(ns >= 0 && ns <= KPL_OPTIM_MAX_SLOTS && (ns == 0 || names), KPL_EINVAL,
+              "optimizer %s: %d state slots (0 to %d, named)", c->name, ns, KPL_OPTIM_MAX_SLOTS);
+    KPL_CHECK(nt >= 0 && nt <= KPL_OPTIM_MAX_SCRATCH && (*rule)->scalars >= 0 &&
+                  (*rule)->scalars <= KPL_OPTIM_MAX_SCALARS,
+              KPL_EINVAL, "optimizer %s: %d temporaries and %d scalars (at most %d and %d)",
+              c->name, nt, (*rule)->scalars, KPL_OPTIM_MAX_SCRATCH, KPL_OPTIM_MAX_SCALARS);
+    return (*rule)->check ? (*rule)->check(c) : KPL_OK;
 }
 
 /* Parameter i's scratch views.  The first parameter of a device allocates
@@ -113,8 +328,8 @@ static kpl_status scratch_create(kpl_optim *o, int i)
     kpl_tensor *p = o->params[i];
     kpl_device *dev = kpl_tensor_device(p);
     scratch *s = &o->scratch[i];
-    int ntmp = tmp_count(&o->cfg);
-    bool scalars = o->cfg.kind == KPL_OPTIM_LARS;
+    int ntmp = o->ntmp, nsc = o->nsc;
+    bool scalars = nsc > 0;
     int first = 0;
     while (kpl_tensor_device(o->params[first]) != dev) first++;
     kpl_storage *big = NULL, *small = NULL;
@@ -125,8 +340,8 @@ static kpl_status scratch_create(kpl_optim *o, int i)
             size_t b = (kpl_tensor_nbytes(o->params[j]) + 63) / 64 * 64;
             if (kpl_tensor_device(o->params[j]) == dev && b > s->stride) s->stride = b;
         }
-        KPL_TRY_GOTO(kpl_storage_create(dev, s->stride * (size_t)ntmp, &big));
-        if (scalars) KPL_TRY_GOTO(kpl_storage_create(dev, SC_COUNT * SC_BYTES, &small));
+        KPL_TRY_GOTO(kpl_storage_create(dev, s->stride * (size_t)(ntmp ? ntmp : 1), &big));
+        if (scalars) KPL_TRY_GOTO(kpl_storage_create(dev, (size_t)nsc * SC_BYTES, &small));
     } else {
         const scratch *f = &o->scratch[first];
         s->stride = f->stride;
@@ -141,10 +356,14 @@ static kpl_status scratch_create(kpl_optim *o, int i)
     for (int k = 0; k < ntmp; k++)
         KPL_TRY_GOTO(kpl_tensor_from_storage(big, (size_t)k * s->stride, dt, kpl_tensor_ndim(p),
                                              kpl_tensor_shape(p), &s->tmp[k]));
-    for (int k = 0; scalars && k < SC_COUNT; k++)
+    /* LARS's two conditions are bools: its last two scalars (the only
+     * built-in rule with scalars); other rules get the parameter's dtype */
+    bool lars = o->rule == &lars_rule;
+    for (int k = 0; k < nsc; k++)
         KPL_TRY_GOTO(kpl_tensor_from_storage(small, (size_t)k * SC_BYTES,
-                                             k == SC_PPOS || k == SC_GPOS ? KPL_BOOL : dt, 0,
-                                             NULL, &s->sc[k]));
+                                             lars && (k == SC_PPOS || k == SC_GPOS) ? KPL_BOOL
+                                                                                    : dt,
+                                             0, NULL, &s->sc[k]));
 fail: /* the views hold their own references to the storages */
     kpl_storage_release(small);
     kpl_storage_release(big);
@@ -158,7 +377,8 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     *out = NULL;
     KPL_CHECK(cfg, KPL_EINVAL, "optim: NULL config");
     KPL_CHECK(n >= 0 && (n == 0 || params), KPL_EINVAL, "optim: bad parameter list (%d)", n);
-    KPL_TRY(check_config(cfg));
+    const kpl_optim_rule *rule = NULL;
+    KPL_TRY(check_config(cfg, &rule));
     for (int i = 0; i < n; i++) {
         KPL_CHECK(params[i], KPL_EINVAL, "optim: parameter %d is NULL", i);
         KPL_CHECK(kpl_dtype_is_float(kpl_tensor_dtype(params[i])), KPL_EDTYPE,
@@ -168,9 +388,11 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     kpl_optim *o = calloc(1, sizeof *o);
     KPL_CHECK(o, KPL_ENOMEM, "optim: out of memory");
     o->cfg = *cfg;
+    o->rule = rule;
+    o->ntmp = rule->scratch(cfg), o->nsc = rule->scalars;
     o->n = n;
     o->params = params;
-    o->nslots = kpl_optim_state_slots(o, NULL);
+    o->nslots = rule->slots(cfg, &o->slot_names);
     size_t m = (size_t)(n ? n : 1);
     o->no_decay = calloc(m, sizeof *o->no_decay);
     o->mult = malloc(2 * m * sizeof *o->mult);
@@ -196,8 +418,8 @@ void kpl_optim_destroy(kpl_optim *o)
     if (!o) return;
     for (int i = 0; o->state && i < o->n * o->nslots; i++) kpl_tensor_release(o->state[i]);
     for (int i = 0; o->scratch && i < o->n; i++) {
-        for (int k = 0; k < SCRATCH_MAX; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
-        for (int k = 0; k < SC_COUNT; k++) kpl_tensor_release(o->scratch[i].sc[k]);
+        for (int k = 0; k < KPL_OPTIM_MAX_SCRATCH; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
+        for (int k = 0; k < KPL_OPTIM_MAX_SCALARS; k++) kpl_tensor_release(o->scratch[i].sc[k]);
     }
     free(o->scratch);
     free(o->state);
@@ -289,18 +511,8 @@ static const char *shape_str(const kpl_tensor *t, char *buf)
 
 int kpl_optim_state_slots(const kpl_optim *o, const char *const **names)
 {
-    const char *const *v = NULL;
-    int count = 0;
-    switch (o->cfg.kind) {
-    case KPL_OPTIM_SGD:
-        if (o->cfg.momentum > 0) v = momentum_slots, count = 1;
-        break;
-    case KPL_OPTIM_LARS: v = momentum_slots, count = 1; break;
-    case KPL_OPTIM_ADAM:
-    case KPL_OPTIM_ADAMW: v = adam_slots, count = 3; break;
-    }
-    if (names) *names = v;
-    return count;
+    if (names) *names = o->slot_names;
+    return o->nslots;
 }
 
 static kpl_tensor **state_at(const kpl_optim *o, int i, int s)
@@ -308,10 +520,7 @@ static kpl_tensor **state_at(const kpl_optim *o, int i, int s)
     return &o->state[(size_t)i * (size_t)o->nslots + (size_t)s];
 }
 
-static bool is_step_slot(const kpl_optim *o, int s)
-{
-    return (o->cfg.kind == KPL_OPTIM_ADAM || o->cfg.kind == KPL_OPTIM_ADAMW) && s == ADAM_STEP;
-}
+static bool is_step_slot(const kpl_optim *o, int s) { return !strcmp(o->slot_names[s], "step"); }
 
 kpl_tensor *kpl_optim_state_get(const kpl_optim *o, int i, int s)
 {
@@ -326,8 +535,7 @@ kpl_status kpl_optim_state_set(kpl_optim *o, int i, int s, const kpl_tensor *t)
     KPL_CHECK(i >= 0 && i < o->n, KPL_EINVAL, "optim_state_set: parameter %d out of range [0, %d)",
               i, o->n);
     KPL_CHECK(s >= 0 && s < o->nslots, KPL_EINVAL,
-              "optim_state_set: slot %d out of range [0, %d) for %s", s, o->nslots,
-              kpl_optim_kind_name(o->cfg.kind));
+              "optim_state_set: slot %d out of range [0, %d) for %s", s, o->nslots, o->cfg.name);
     const char *const *names;
     kpl_optim_state_slots(o, &names);
     const char *name = names[s];
@@ -375,166 +583,6 @@ fail:
     return st;
 }
 
-/* ---- the update rules ----------------------------------------------------------- */
-
-/* A new tensor like p holding a copy of x, or zeros when x is NULL. */
-static kpl_status state_new(const kpl_tensor *p, const kpl_tensor *x, kpl_tensor **out)
-{
-    kpl_tensor *t = NULL;
-    KPL_TRY(kpl_tensor_empty_like(p, &t));
-    kpl_status st = x ? kpl_k_copy(t, x) : kpl_k_fill(t, 0);
-    if (st < 0) {
-        kpl_tensor_release(t);
-        return st;
-    }
-    *out = t;
-    return KPL_OK;
-}
-
-static double weight_decay_of(const kpl_optim *o, int i)
-{
-    return o->no_decay[i] ? 0 : o->cfg.weight_decay * o->mult[2 * i + 1];
-}
-
-/* tmp = g + wd p, the decayed gradient g', kept out of .grad: the caller
- * may still hold that tensor, or it may be another parameter's too. */
-static kpl_status decayed(kpl_tensor *tmp, const kpl_tensor *g, const kpl_tensor *p, double wd)
-{
-    KPL_TRY(kpl_k_binary_scalar(tmp, KPL_BIN_MUL, p, wd, false));
-    return kpl_k_binary(tmp, KPL_BIN_ADD, tmp, g);
-}
-
-/* torch.optim.SGD: g' = g + wd p;  v = momentum v + g' (v = g' at the
- * first step);  p -= lr (nesterov ? g' + momentum v : v). */
-static kpl_status sgd_update(kpl_optim *o, int i, const kpl_tensor *g)
-{
-    const kpl_optim_config *c = &o->cfg;
-    kpl_tensor *p = o->params[i], **tmp = o->scratch[i].tmp;
-    const kpl_tensor *d = g; /* g', then the step to take times lr */
-    double wd = weight_decay_of(o, i);
-    if (wd > 0) {
-        KPL_TRY(decayed(tmp[0], g, p, wd));
-        d = tmp[0];
-    }
-    if (c->momentum > 0) {
-        kpl_tensor **v = state_at(o, i, 0);
-        if (!*v) { /* a clone of g', as torch makes it */
-            KPL_TRY(state_new(p, d, v));
-        } else {
-            KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
-            KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, d));
-        }
-        if (c->nesterov) {
-            kpl_tensor *t = tmp[d == tmp[0] ? 1 : 0];
-            KPL_TRY(kpl_k_binary_scalar(t, KPL_BIN_MUL, *v, c->momentum, false));
-            KPL_TRY(kpl_k_binary(t, KPL_BIN_ADD, t, d));
-            d = t;
-        } else {
-            d = *v;
-        }
-    }
-    /* p -= lr d: d is scaled in place when it is scratch, and into scratch
-     * when it is .grad or the momentum buffer. */
-    kpl_tensor *s = d == tmp[0] || d == tmp[1] ? (kpl_tensor *)d : tmp[0];
-    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, lr_of(o, i), false));
-    return kpl_k_binary(p, KPL_BIN_SUB, p, s);
-}
-
-/* torch.optim.Adam and AdamW, in torch's order of operations:
- * m = b1 m + (1 - b1) g;  v = b2 v + ((1 - b2) g) g;
- * p -= (lr / (1 - b1^t)) m / (sqrt(v) / sqrt(1 - b2^t) + eps), with
- * g = g + wd p for adam and p *= 1 - lr wd first for adamw. */
-static kpl_status adam_update(kpl_optim *o, int i, const kpl_tensor *g)
-{
-    const kpl_optim_config *c = &o->cfg;
-    kpl_tensor *p = o->params[i], *a = o->scratch[i].tmp[0], *b = o->scratch[i].tmp[1];
-    kpl_tensor **m = state_at(o, i, ADAM_EXP_AVG), **v = state_at(o, i, ADAM_EXP_AVG_SQ);
-    kpl_tensor **t = state_at(o, i, ADAM_STEP);
-    if (!*m) KPL_TRY(state_new(p, NULL, m));
-    if (!*v) KPL_TRY(state_new(p, NULL, v));
-    if (!*t) { /* the count lives on the host: the bias corrections are host scalars */
-        int64_t one = 1;
-        KPL_TRY(kpl_tensor_zeros(kpl_device_cpu(), KPL_I64, 1, &one, t));
-    }
-    int64_t *step = kpl_tensor_host_mutable(*t);
-    if (!step) return kpl_last_status();
-
-    double wd = weight_decay_of(o, i);
-    if (wd > 0 && c->kind == KPL_OPTIM_ADAMW) {
-        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - lr_of(o, i) * wd, false));
-    } else if (wd > 0) {
-        KPL_TRY(decayed(a, g, p, wd));
-        g = a;
-    }
-    KPL_TRY(kpl_k_binary_scalar(*m, KPL_BIN_MUL, *m, c->beta1, false));
-    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta1, false));
-    KPL_TRY(kpl_k_binary(*m, KPL_BIN_ADD, *m, b));
-    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->beta2, false));
-    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, g, 1 - c->beta2, false));
-    KPL_TRY(kpl_k_binary(b, KPL_BIN_MUL, b, g));
-    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, b));
-
-    *step += 1;
-    double bc1 = 1 - pow(c->beta1, (double)*step), bc2 = 1 - pow(c->beta2, (double)*step);
-    KPL_TRY(kpl_k_unary(b, KPL_UN_SQRT, *v, 0, 0));
-    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_DIV, b, sqrt(bc2), false));
-    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_ADD, b, c->eps, false));
-    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, lr_of(o, i) / bc1, false));
-    KPL_TRY(kpl_k_binary(a, KPL_BIN_DIV, a, b));
-    return kpl_k_binary(p, KPL_BIN_SUB, p, a);
-}
-
-/* out (()) = the 2-norm of x, through tmp (x's shape) for the squares; the
- * sum accumulates in f64 (kpl_k_reduce). */
-static kpl_status norm2(kpl_tensor *out, kpl_tensor *tmp, const kpl_tensor *x)
-{
-    KPL_TRY(kpl_k_unary(tmp, KPL_UN_SQUARE, x, 0, 0));
-    KPL_TRY(kpl_k_reduce(out, KPL_RED_SUM, tmp, NULL, 0, false, 0));
-    return kpl_k_unary(out, KPL_UN_SQRT, out, 0, 0);
-}
-
-/* LARS as MLPerf's ResNet-50 reference: g' = g + wd p;
- * trust = eta ||p|| / (||g|| + wd ||p||) when both norms are > 0, else 1;
- * v = momentum v + lr trust g' (v starts at zero);  p -= v.  A no_decay
- * parameter takes plain momentum steps: v = momentum v + lr g. */
-static kpl_status lars_update(kpl_optim *o, int i, const kpl_tensor *g)
-{
-    const kpl_optim_config *c = &o->cfg;
-    kpl_tensor *p = o->params[i], *a = o->scratch[i].tmp[0], **sc = o->scratch[i].sc;
-    kpl_tensor **v = state_at(o, i, 0);
-    if (!*v) KPL_TRY(state_new(p, NULL, v));
-    if (o->no_decay[i]) {
-        KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, g, lr_of(o, i), false));
-    } else {
-        double wd = weight_decay_of(o, i);
-        kpl_tensor *pn = sc[SC_PNORM], *gn = sc[SC_GNORM], *trust = sc[SC_TRUST];
-        KPL_TRY(norm2(pn, a, p));
-        KPL_TRY(norm2(gn, a, g));
-        KPL_TRY(kpl_k_binary_scalar(sc[SC_DEN], KPL_BIN_MUL, pn, wd, false));
-        KPL_TRY(kpl_k_binary(sc[SC_DEN], KPL_BIN_ADD, sc[SC_DEN], gn));
-        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, pn, c->trust_coefficient, false));
-        KPL_TRY(kpl_k_binary(trust, KPL_BIN_DIV, trust, sc[SC_DEN]));
-        /* Both norms > 0 (bool minimum is a logical and), else a ratio of
-         * 1; the constant is written each time because parameters of other
-         * dtypes share its bytes. */
-        KPL_TRY(kpl_k_binary_scalar(sc[SC_PPOS], KPL_BIN_GT, pn, 0, false));
-        KPL_TRY(kpl_k_binary_scalar(sc[SC_GPOS], KPL_BIN_GT, gn, 0, false));
-        KPL_TRY(kpl_k_binary(sc[SC_PPOS], KPL_BIN_MINIMUM, sc[SC_PPOS], sc[SC_GPOS]));
-        KPL_TRY(kpl_k_fill(sc[SC_ONE], 1));
-        KPL_TRY(kpl_k_where(trust, sc[SC_PPOS], trust, sc[SC_ONE]));
-        KPL_TRY(kpl_k_binary_scalar(trust, KPL_BIN_MUL, trust, lr_of(o, i), false));
-        if (wd > 0) {
-            KPL_TRY(decayed(a, g, p, wd));
-            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, a, trust));
-        } else {
-            KPL_TRY(kpl_k_binary(a, KPL_BIN_MUL, g, trust));
-        }
-    }
-    KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
-    KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, a));
-    return kpl_k_binary(p, KPL_BIN_SUB, p, *v);
-}
-
 /* A .grad set by hand (kpl_grad_set) may not fit its parameter; the
  * element-wise calls would broadcast some such gradients silently. */
 static kpl_status check_grad(const kpl_optim *o, int i, const kpl_tensor *g)
@@ -559,12 +607,11 @@ kpl_status kpl_optim_step(kpl_optim *o)
         if (!g) continue; /* no gradient this step: parameter and state stay as they are */
         st = check_grad(o, i, g);
         if (st < 0) break;
-        switch (o->cfg.kind) {
-        case KPL_OPTIM_SGD: st = sgd_update(o, i, g); break;
-        case KPL_OPTIM_ADAM:
-        case KPL_OPTIM_ADAMW: st = adam_update(o, i, g); break;
-        case KPL_OPTIM_LARS: st = lars_update(o, i, g); break;
-        }
+        kpl_optim_update u = {&o->cfg, o->params[i], g, state_at(o, i, 0), o->scratch[i].tmp,
+                              o->scratch[i].sc, lr_of(o, i),
+                              o->no_decay[i] ? 0 : o->cfg.weight_decay * o->mult[2 * i + 1],
+                              o->no_decay[i]};
+        st = o->rule->update(&u);
     }
     kpl_set_grad_enabled(prev);
     if (!o->cfg.keep_grad) kpl_zero_grad(o->n, o->params);

@@ -157,7 +157,7 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
 {
     const kpl__model *md = &t->models[k];
     const kpl_optim_config *oc = kpl_optim_get_config(md->opt);
-    const char *now = kpl_optim_kind_name(oc->kind);
+    const char *now = oc->name;
     char want[128], had[NAME_LEN + 64] = "", foreign[NAME_LEN];
     optim_words(now, oc->momentum, oc->nesterov, want, sizeof want);
     foreign_state(t, k, t->resume, foreign, sizeof foreign);
@@ -322,7 +322,7 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
                                                 t->models[k].name, "label", t->models[k].label,
                                                 "params",
                                                 (json_int_t)kpl_module_param_count(t->models[k].m),
-                                                "optimizer", "name", kpl_optim_kind_name(oc->kind),
+                                                "optimizer", "name", oc->name,
                                                 "momentum", oc->momentum, "nesterov",
                                                 (int)oc->nesterov));
     }

@@ -1,5 +1,5 @@
 /*
- * task_classify.c — the classification task: a model of the zoo from the
+ * classify.c — the classification task: a model of the zoo from the
  * recipe's model section, cross-entropy with label smoothing, and top-1,
  * top-5, the mean loss and a confusion matrix over the validation split.
  */
@@ -31,11 +31,11 @@ static kpl_status create(kpl_trainer *t, void **state)
     kpl_module *m = NULL;
     KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
     char label[64];
-    if (mc.arch == KPL_MODEL_RESNET)
+    if (!strcmp(mc.name, "resnet"))
         snprintf(label, sizeof label, "resnet%lld%s", (long long)mc.depth,
                  mc.stem == KPL_STEM_CIFAR ? "_cifar" : "");
     else
-        snprintf(label, sizeof label, "%s", kpl_model_arch_name(mc.arch));
+        snprintf(label, sizeof label, "%s", mc.name);
     return kpl_trainer_add_model(t, "model", label, m, NULL, NULL);
 }
 
@@ -197,21 +197,3 @@ const kpl_task_kind kpl_task_classification = {
     .eval_end = eval_end,
     .eval_report = eval_report,
 };
-
-static const kpl_task_kind *const known[] = {&kpl_task_classification};
-#define NKNOWN (sizeof known / sizeof known[0])
-
-const kpl_task_kind *kpl_task_find(const char *name)
-{
-    for (size_t i = 0; name && i < NKNOWN; i++)
-        if (!strcmp(known[i]->name, name)) return known[i];
-    return NULL;
-}
-
-void kpl__task_names(char *buf, size_t len)
-{
-    size_t at = 0;
-    if (len) buf[0] = 0;
-    for (size_t i = 0; i < NKNOWN && at < len; i++)
-        at += (size_t)snprintf(buf + at, len - at, "%s%s", i ? ", " : "", known[i]->name);
-}
