@@ -1,9 +1,12 @@
 /*
- * autoencoder.c — a model and a task defined outside kpl, trained by
- * kpl_trainer: a convolutional autoencoder on Fashion-MNIST with a mean
- * squared error loss.
+ * autoencoder.c — a model, a task and an optimizer rule defined outside
+ * kpl, trained by kpl_trainer: a convolutional autoencoder on
+ * Fashion-MNIST with a mean squared error loss, and Lion.  The same file
+ * is a program and a plugin for the stock `kpl train`:
  *
  *   build/bin/example_autoencoder examples/autoencoder.yaml [KEY=VALUE ...] [--resume]
+ *   kpl train --plugin build/lib/libkpl_autoencoder.so examples/autoencoder.yaml
+ *   kplrun -np 2 -- kpl train --plugin build/lib/libkpl_autoencoder.so examples/autoencoder.yaml
  *
  * Three things a program brings:
  *   1. a module kind (here the autoencoder itself, whose forward returns
@@ -13,7 +16,12 @@
  *      micro-batch (the loss, kpl_trainer_backward, the figures to report),
  *      the evaluation (named metrics; "mse" picks best.kpl), and images for
  *      TensorBoard (inputs over their reconstructions);
- *   3. main: load the recipe, create the trainer with the task, fit.
+ *   3. registration (kpl_task_register, kpl_zoo_register,
+ *      kpl_optim_register) in a constructor, so that recipes find them by
+ *      name (task: autoencoder, model.name: autoencoder, optimizer.name:
+ *      lion); KPL_PLUGIN_ABI marks the plugin's kpl;
+ *   4. main (the program only): load the recipe, create the trainer with
+ *      the task, fit.
  * Everything else — data loading, mpirun ranks and DDP, the optimizer and
  * schedule, checkpoints and --resume, metrics.jsonl, TensorBoard — is the
  * trainer's, configured by the same recipe keys as `kpl train`.
@@ -42,12 +50,19 @@ static kpl_status autoencoder_forward(kpl_module *m, const kpl_tensor_list *in,
 
 static const kpl_module_kind autoencoder_kind = {"autoencoder", autoencoder_forward, NULL};
 
-static kpl_status autoencoder_create(kpl_device *dev, uint64_t seed, int64_t channels,
-                                     int64_t width, kpl_module **out)
+/* The zoo's create (zoo.h): a root on dev, or a child of parent. */
+static kpl_status autoencoder_create(kpl_module *parent, const char *child,
+                                     const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
+                                     kpl_module **out)
 {
+    KPL_CHECK(cfg->in_h % 4 == 0 && cfg->in_w % 4 == 0, KPL_EINVAL,
+              "autoencoder: the input's sides must be multiples of 4 (got %lldx%lld)",
+              (long long)cfg->in_h, (long long)cfg->in_w);
+    int64_t channels = cfg->in_channels, width = cfg->width ? cfg->width : 16;
     kpl_module *m = NULL, *enc = NULL, *dec = NULL;
-    KPL_TRY(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
-    *out = m; /* the caller destroys it also when a step below fails */
+    if (parent) KPL_TRY(kpl_module_create(parent, child, &autoencoder_kind, NULL, &m));
+    else KPL_TRY(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
+    *out = m; /* the caller destroys a root also when a step below fails */
     kpl_nn_conv c1 = {KPL_NN_CONV_INIT(channels, width, 3), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv c2 = {KPL_NN_CONV_INIT(width, 2 * width, 3), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv d1 = {KPL_NN_CONV_INIT(2 * width, width, 4), .stride = {2, 2}, .padding = {1, 1}};
@@ -82,20 +97,17 @@ static kpl_status ae_create(kpl_trainer *t, void **state)
     const int64_t *chw = kpl_trainer_input_shape(t);
     /* KPL_CHECK and KPL_TRY (kernels.h): kpl's own error discipline; the
      * message names this file and line */
-    KPL_CHECK(chw[1] % 4 == 0 && chw[2] % 4 == 0, KPL_EINVAL,
-              "autoencoder: the input's sides must be multiples of 4 (got %lldx%lld)",
-              (long long)chw[1], (long long)chw[2]);
     ae_state *s = calloc(1, sizeof *s);
     KPL_CHECK(s, KPL_ENOMEM, "autoencoder: out of memory");
     *state = s;
+    /* the recipe's model section, on the data's input: model.name
+     * autoencoder (registered below), or another model of the zoo */
+    kpl_model_config mc = r->model;
+    if (!strcmp(mc.name, "none")) snprintf(mc.name, sizeof mc.name, "autoencoder");
+    mc.in_channels = chw[0], mc.in_h = chw[1], mc.in_w = chw[2];
     kpl_module *m = NULL;
-    int64_t width = r->model.width ? r->model.width : 16;
-    kpl_status st = autoencoder_create(kpl_trainer_device(t), (uint64_t)r->seed, chw[0], width, &m);
-    if (st < 0) {
-        kpl_module_destroy(m);
-        return st;
-    }
-    return kpl_trainer_add_model(t, "model", "autoencoder", m, NULL, NULL);
+    KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
+    return kpl_trainer_add_model(t, "model", mc.name, m, NULL, NULL);
 }
 
 static void ae_destroy(void *state)
@@ -233,6 +245,82 @@ static const kpl_task_kind autoencoder_task = {
     .images = ae_images,
 };
 
+/* ---- an optimizer rule: Lion ------------------------------------------------------------------ */
+
+/* Lion (Chen et al. 2023, "Symbolic Discovery of Optimization
+ * Algorithms"): c = b1 m + (1 - b1) g;  p -= lr (sign(c) + wd p);
+ * m = b2 m + (1 - b2) g.  One state slot, exp_avg, saved in checkpoints as
+ * the built-in rules' are. */
+static const char *const lion_slots[] = {"exp_avg"};
+
+static int lion_slot_names(const kpl_optim_config *c, const char *const **names)
+{
+    (void)c;
+    *names = lion_slots;
+    return 1;
+}
+
+static int lion_scratch(const kpl_optim_config *c)
+{
+    (void)c;
+    return 2;
+}
+
+static kpl_status lion_check(const kpl_optim_config *c)
+{
+    KPL_CHECK(c->beta1 >= 0 && c->beta1 < 1 && c->beta2 >= 0 && c->beta2 < 1, KPL_EINVAL,
+              "lion: betas (%g, %g) must be in [0, 1)", c->beta1, c->beta2);
+    return KPL_OK;
+}
+
+static kpl_status lion_update(const kpl_optim_update *u)
+{
+    const kpl_optim_config *c = u->cfg;
+    kpl_tensor *p = u->param, *a = u->scratch[0], *b = u->scratch[1], **m = &u->slot[0];
+    if (!*m) KPL_TRY(kpl_optim_slot_zeros(u, "exp_avg", m));
+    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, *m, c->beta1, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, u->grad, 1 - c->beta1, false));
+    KPL_TRY(kpl_k_binary(a, KPL_BIN_ADD, a, b));
+    KPL_TRY(kpl_k_unary(a, KPL_UN_SIGN, a, 0, 0));
+    if (u->weight_decay > 0)
+        KPL_TRY(kpl_k_binary_scalar(p, KPL_BIN_MUL, p, 1 - u->lr * u->weight_decay, false));
+    KPL_TRY(kpl_k_binary_scalar(a, KPL_BIN_MUL, a, u->lr, false));
+    KPL_TRY(kpl_k_binary(p, KPL_BIN_SUB, p, a));
+    KPL_TRY(kpl_k_binary_scalar(*m, KPL_BIN_MUL, *m, c->beta2, false));
+    KPL_TRY(kpl_k_binary_scalar(b, KPL_BIN_MUL, u->grad, 1 - c->beta2, false));
+    return kpl_k_binary(*m, KPL_BIN_ADD, *m, b);
+}
+
+static const kpl_optim_rule lion = {
+    .name = "lion",
+    .slots = lion_slot_names,
+    .scratch = lion_scratch,
+    .check = lion_check,
+    .update = lion_update,
+};
+
+/* ---- registration: the same file is a program and a plugin --------------------------------------- */
+
+static const kpl_zoo_model autoencoder_model = {
+    .name = "autoencoder",
+    .doc = "a convolutional autoencoder (examples/autoencoder.c)",
+    .create = autoencoder_create,
+};
+
+/* Built against these headers (checked when kpl train --plugin loads it). */
+KPL_PLUGIN_ABI;
+
+/* Runs when the program starts, or when kpl_plugin_load (kpl train
+ * --plugin) loads the shared library; what is registered then waits for
+ * the ABI check. */
+__attribute__((constructor)) static void register_autoencoder(void)
+{
+    kpl_task_register(&autoencoder_task);
+    kpl_zoo_register(&autoencoder_model);
+    kpl_optim_register(&lion);
+}
+
+#ifndef KPL_EXAMPLE_PLUGIN
 /* ---- main ------------------------------------------------------------------------------------ */
 
 /* What the trainer says: rank 0's lines on stdout, every rank's warnings
@@ -284,3 +372,4 @@ int main(int argc, char **argv)
     free(r);
     return rc;
 }
+#endif /* KPL_EXAMPLE_PLUGIN */

@@ -22,7 +22,8 @@ extern "C" {
  * file, the line and the dotted key.  `base: other.yaml` (relative to the
  * file) loads another recipe first and lays this one over it, map by map.
  * Overrides "a.b.c=VALUE" (VALUE in YAML flow syntax: 0.1, text, [1, 2])
- * are applied last.
+ * are applied last.  A recipe's `plugins:` are loaded while it is read:
+ * loading a recipe that names a plugin runs the plugin's code.
  *
  *   kpl_recipe *r = malloc(sizeof *r);
  *   const char *ov[] = {"optimizer.lr=0.2", "data.train.batch_size=64"};
@@ -66,6 +67,11 @@ typedef enum { KPL_PROGRESS_AUTO, KPL_PROGRESS_ALWAYS, KPL_PROGRESS_NEVER } kpl_
  * and epochs, the loaders' ranks and seed) are filled when it starts. */
 typedef struct {
     char file[KPL_RECIPE_PATH]; /* the recipe file ("" when loaded from a string) */
+    /* `plugins`: shared libraries loaded (kpl_plugin_load) before the other
+     * keys are read, so that their tasks, models and optimizers can be
+     * named; each path relative to the file naming it, kept resolved */
+    char plugins[KPL_RECIPE_LIST][KPL_RECIPE_PATH];
+    int nplugins;
     char name[KPL_RECIPE_NAME];
     char task[KPL_RECIPE_NAME]; /* kpl_task_find's name */
     int64_t seed, epochs, threads, max_steps;

@@ -14,9 +14,9 @@ static void usage_train(FILE *f)
 {
     fprintf(f,
             "usage: kpl train RECIPE.yaml [KEY=VALUE ...] [--resume [CHECKPOINT]\n"
-            "                 [--reset-optimizer]]\n"
+            "                 [--reset-optimizer]] [--plugin LIB.so ...]\n"
             "       kpl train RECIPE.yaml [KEY=VALUE ...] --print-config\n"
-            "       kpl train --keys\n"
+            "       kpl train --keys [--plugin LIB.so ...]\n"
             "\n"
             "Trains what the recipe describes.  KEY=VALUE overrides a recipe key, e.g.\n"
             "optimizer.lr=0.2 data.train.batch_size=64 run_dir=runs/try1 (VALUE in YAML:\n"
@@ -29,6 +29,9 @@ static void usage_train(FILE *f)
             "                   when the optimizer changed: another rule, momentum on/off)\n"
             "  --print-config   print the resolved recipe (every key) and exit\n"
             "  --keys           list every recipe key with its default and meaning\n"
+            "  --plugin LIB.so  load a plugin first: the tasks, models and optimizers it\n"
+            "                   registers (a recipe's plugins: list does the same).\n"
+            "                   Loading a plugin runs its code\n"
             "\n"
             "The run directory (runs/<name>-<time>/ unless run_dir is given) holds\n"
             "config.yaml, metrics.jsonl, logs/rank-NNNNN.log, tb/ (TensorBoard) and\n"
@@ -42,13 +45,37 @@ static void usage_train(FILE *f)
 static void usage_eval(FILE *f)
 {
     fprintf(f,
-            "usage: kpl eval RECIPE.yaml --checkpoint FILE [KEY=VALUE ...]\n"
+            "usage: kpl eval RECIPE.yaml --checkpoint FILE [KEY=VALUE ...] [--plugin LIB.so ...]\n"
             "\n"
             "Evaluates a checkpoint on the recipe's validation split (data.val): top-1,\n"
             "top-5 and loss, and the confusion matrix when there are at most\n"
             "eval.confusion_max_classes classes.  The last line is a JSON object.  Only\n"
             "data.val is read (converted first when data.convert asks); the training split\n"
             "need not exist.\n");
+}
+
+/* `--plugin PATH` (i: the option's index; argv[i + 1] the path) into
+ * plugins; 0, or 2 after saying what is wrong. */
+static int plugin_arg(const char *cmd, int argc, char **argv, int *i, const char **plugins,
+                      int *np)
+{
+    if (*i + 1 >= argc || argv[*i + 1][0] == '-') {
+        fprintf(stderr, "kpl %s: --plugin needs the path of a shared library\n", cmd);
+        return 2;
+    }
+    plugins[(*np)++] = argv[++*i];
+    return 0;
+}
+
+/* Loads the --plugin libraries, before the recipe names what they add. */
+static int load_plugins(const char *cmd, const char *const *plugins, int np)
+{
+    for (int i = 0; i < np; i++)
+        if (kpl_plugin_load(plugins[i]) < 0) {
+            fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+            return 2;
+        }
+    return 0;
 }
 
 /* The recipe's task, or NULL after saying that it is unknown. */
@@ -155,17 +182,23 @@ int kpl__cmd_train(int argc, char **argv)
 {
     const char *recipe = NULL, *resume = NULL;
     const char **ov = calloc((size_t)argc + 1, sizeof *ov);
-    if (!ov) return 1;
-    int nov = 0, rc = 0;
-    bool print_config = false, reset_optimizer = false;
+    const char **plugins = calloc((size_t)argc + 1, sizeof *plugins);
+    if (!ov || !plugins) {
+        free(ov);
+        free(plugins);
+        return 1;
+    }
+    int nov = 0, np = 0, rc = 0;
+    bool print_config = false, reset_optimizer = false, keys = false;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage_train(stdout);
             goto out;
         } else if (!strcmp(a, "--keys")) {
-            kpl_recipe_print_keys(stdout);
-            goto out;
+            keys = true;
+        } else if (!strcmp(a, "--plugin")) {
+            if ((rc = plugin_arg("train", argc, argv, &i, plugins, &np)) != 0) goto out;
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
         } else if (!strcmp(a, "--reset-optimizer")) {
@@ -180,6 +213,11 @@ int kpl__cmd_train(int argc, char **argv)
         } else if ((rc = positional("train", a, &recipe, ov, &nov)) != 0) {
             goto out;
         }
+    }
+    if ((rc = load_plugins("train", plugins, np)) != 0) goto out;
+    if (keys) {
+        kpl_recipe_print_keys(stdout);
+        goto out;
     }
     /* A console that goes away (a terminal closed, kplrun's relay torn
      * down with mpirun by a scheduler's stop) must not kill a run that is
@@ -213,6 +251,7 @@ int kpl__cmd_train(int argc, char **argv)
     free(r);
 out:
     free(ov);
+    free(plugins);
     return rc;
 }
 
@@ -220,13 +259,20 @@ int kpl__cmd_eval(int argc, char **argv)
 {
     const char *recipe = NULL, *ckpt = NULL;
     const char **ov = calloc((size_t)argc + 1, sizeof *ov);
-    if (!ov) return 1;
-    int nov = 0, rc = 0;
+    const char **plugins = calloc((size_t)argc + 1, sizeof *plugins);
+    if (!ov || !plugins) {
+        free(ov);
+        free(plugins);
+        return 1;
+    }
+    int nov = 0, np = 0, rc = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage_eval(stdout);
             goto out;
+        } else if (!strcmp(a, "--plugin")) {
+            if ((rc = plugin_arg("eval", argc, argv, &i, plugins, &np)) != 0) goto out;
         } else if (!strcmp(a, "--checkpoint") && i + 1 < argc) {
             ckpt = argv[++i];
         } else if (!strcmp(a, "--checkpoint")) {
@@ -242,6 +288,7 @@ int kpl__cmd_eval(int argc, char **argv)
         rc = 2;
         goto out;
     }
+    if ((rc = load_plugins("eval", plugins, np)) != 0) goto out;
     kpl_recipe *r = malloc(sizeof *r);
     if (!r) {
         rc = 1;
@@ -251,5 +298,6 @@ int kpl__cmd_eval(int argc, char **argv)
     free(r);
 out:
     free(ov);
+    free(plugins);
     return rc;
 }

@@ -1330,6 +1330,62 @@ static kpl_status bind(node *root, const char *file, bool known_task, kpl_recipe
     return check_rules(root, r, known_task);
 }
 
+/* `plugins` (a path or a list of them), taken out of the tree and loaded
+ * before anything else is read: what they register may be named by the
+ * other keys.  Each path is relative to the file that names it (an
+ * override's to the working directory); *n resolved paths into paths. */
+static kpl_status take_plugins(node *root, char (*paths)[KPL_RECIPE_PATH], int *n)
+{
+    *n = 0;
+    node **link = &root->first, *prev = NULL;
+    while (*link && strcmp((*link)->key, "plugins")) {
+        prev = *link;
+        link = &(*link)->next;
+    }
+    node *p = *link;
+    if (!p) return KPL_OK;
+    *link = p->next;
+    if (root->last == p) root->last = prev;
+    p->next = NULL;
+    char w[1200];
+    kpl_status st = KPL_OK;
+    const node *one[1] = {p};
+    int count = p->kind == N_SEQ ? 0 : p->null ? 0 : 1;
+    for (const node *e = p->kind == N_SEQ ? p->first : NULL; e; e = e->next) count++;
+    if (p->kind == N_MAP) {
+        st = KPL_ERROR(KPL_EINVAL, "%s: plugins: expected a list of paths", where(p, w, sizeof w));
+    } else if (count > KPL_RECIPE_LIST) {
+        st = KPL_ERROR(KPL_EINVAL, "%s: plugins: at most %d", where(p, w, sizeof w), KPL_RECIPE_LIST);
+    }
+    const node *e = p->kind == N_SEQ ? p->first : count ? one[0] : NULL;
+    for (; st >= 0 && e; e = p->kind == N_SEQ ? e->next : NULL) {
+        if (e->kind != N_SCALAR || e->null || !*e->text) {
+            st = KPL_ERROR(KPL_EINVAL, "%s: plugins: expected the path of a shared library",
+                           where(e, w, sizeof w));
+            break;
+        }
+        char file[2 * KPL_RECIPE_PATH + 2];
+        const char *slash = e->line > 0 ? strrchr(e->origin, '/') : NULL;
+        if (e->text[0] != '/' && slash)
+            snprintf(file, sizeof file, "%.*s/%s", (int)(slash - e->origin), e->origin, e->text);
+        else
+            snprintf(file, sizeof file, "%s", e->text);
+        if ((st = kpl_plugin_load(file)) < 0) {
+            kpl__error_prefix(st, "%s: plugins: ", where(e, w, sizeof w));
+            break;
+        }
+        char real[PATH_MAX];
+        if (!realpath(file, real) || strlen(real) >= KPL_RECIPE_PATH) {
+            st = KPL_ERROR(KPL_EINVAL, "%s: plugins: path longer than %d bytes",
+                           where(e, w, sizeof w), KPL_RECIPE_PATH - 1);
+            break;
+        }
+        memcpy(paths[(*n)++], real, strlen(real) + 1);
+    }
+    node_free(p);
+    return st;
+}
+
 static kpl_status load(const char *path, const char *yaml, const char *origin, int nov,
                        const char *const *ov, bool known_task, kpl_recipe *out)
 {
@@ -1341,7 +1397,14 @@ static kpl_status load(const char *path, const char *yaml, const char *origin, i
     if (path) st = load_file(&cx, path, 0, &root);
     else st = load_tree(&cx, yaml, strlen(yaml), keep_origin(&cx, origin), true, "", 0, &root);
     for (int i = 0; i < nov && st >= 0; i++) st = apply_override(&cx, root, ov[i]);
+    static char plugins[KPL_RECIPE_LIST][KPL_RECIPE_PATH]; /* one recipe loads at a time */
+    int nplugins = 0;
+    if (st >= 0) st = take_plugins(root, plugins, &nplugins);
     if (st >= 0) st = bind(root, path ? path : "", known_task, out);
+    if (st >= 0) {
+        memcpy(out->plugins, plugins, sizeof plugins);
+        out->nplugins = nplugins;
+    }
     node_free(root);
     for (int i = 0; i < cx.norigins; i++) free(cx.origins[i]);
     return st;
@@ -1493,6 +1556,17 @@ static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
 static void write_tree(sbuf *b, const kpl_recipe *r, bool help)
 {
     const char *prev = "";
+    if (help) {
+        sb_printf(b, "plugins: []  # shared libraries to load first (tasks, models, optimizers "
+                     "they register), relative to the recipe: loading one runs its code\n");
+    } else {
+        sb_printf(b, "plugins: [");
+        for (int i = 0; i < r->nplugins; i++) {
+            if (i) sb_printf(b, ", ");
+            put_string(b, r->plugins[i]);
+        }
+        sb_printf(b, "]\n");
+    }
     for (int i = 0; i < NFIELDS; i++) {
         const field *f = &fields[i];
         /* the common dotted prefix with the previous key */

@@ -85,6 +85,11 @@ static void say_start(kpl_trainer *t)
                   kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.loader.batch_size,
                   (int)t->world, r->optimizer.accumulate > 1 ? " (with accumulation)" : "",
                   (long long)t->steps_per_epoch, t->run_dir);
+    if (kpl_plugin_count()) { /* their code runs in this process: say which */
+        char list[4096];
+        kpl__plugin_list(list, sizeof list);
+        kpl__log_info(&t->log, "plugins: %s", list);
+    }
     if (!t->resume_path[0]) return;
     kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
                   (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
