@@ -84,8 +84,11 @@ static kpl_status autoencoder_create(kpl_module *parent, const char *child,
 
 #define SHOWN 8 /* images shown in TensorBoard */
 
+/* The evaluation's sums (kpl_trainer_eval_add): squared errors, pixels,
+ * examples; the trainer adds them up over the ranks. */
+static const char *const ae_sums[] = {"sq_err", "pixels", "examples", NULL};
+
 typedef struct {
-    double sum, count, examples; /* evaluation: squared errors, pixels, examples */
     float *shown;      /* the first SHOWN inputs, then their reconstructions (C, H, W each) */
     int nshown;
     int64_t chw[3];    /* of the shown images, from the batch itself */
@@ -124,30 +127,23 @@ static kpl_tensor *images(kpl_trainer *t, const kpl_batch *b)
     return kpl_device_type_of(dev) == KPL_DEVICE_CPU ? b->image : kpl_to_device(b->image, dev);
 }
 
-static kpl_status ae_train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+/* One micro-batch: the forward pass and its loss; the trainer frees the
+ * forward's temporaries, runs backward and reports the loss. */
+static kpl_status ae_train_step(kpl_trainer *t, void *state, const kpl_batch *b,
+                                kpl_step_result *out)
 {
     (void)state;
-    kpl_pool *pool = kpl_pool_push();
-    if (!pool) return kpl_last_status();
     kpl_tensor *x = images(t, b);
-    kpl_tensor_list in = {1, {x}}, out;
-    kpl_status st = x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out)
-                      : kpl_last_status();
-    kpl_tensor *loss = st >= 0 ? kpl_mse_loss(out.t[0], x, KPL_REDUCE_MEAN) : NULL;
-    if (loss) kpl_tensor_retain(loss); /* it outlives the forward's pool */
-    kpl_pool_pop(pool);
-    double v = 0;
-    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, &v);
-    kpl_tensor_release(loss);
-    if (st < 0 || !isfinite(v)) return st;
-    return kpl_trainer_record(t, "loss", v * (double)b->size, (double)b->size);
+    kpl_tensor_list in = {1, {x}}, rec;
+    KPL_TRY(x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &rec) : kpl_last_status());
+    out->loss[0] = kpl_mse_loss(rec.t[0], x, KPL_REDUCE_MEAN);
+    return out->loss[0] ? KPL_OK : kpl_last_status();
 }
 
 static kpl_status ae_eval_begin(kpl_trainer *t, void *state)
 {
     (void)t;
     ae_state *s = state;
-    s->sum = s->count = s->examples = 0;
     s->nshown = 0;
     return KPL_OK;
 }
@@ -185,22 +181,23 @@ static kpl_status ae_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     const float *e = se ? kpl_tensor_host_data(se) : NULL;
     if (!e) return kpl_last_status();
     int64_t per = kpl_tensor_numel(se) / b->size;
+    double v[3] = {0};
     for (int64_t i = 0; i < b->size; i++) {
         if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat of another rank's */
-        for (int64_t k = 0; k < per; k++) s->sum += e[i * per + k];
-        s->count += (double)per;
-        s->examples++;
+        for (int64_t k = 0; k < per; k++) v[0] += e[i * per + k];
+        v[1] += (double)per;
+        v[2]++;
     }
+    for (int k = 0; k < 3; k++) KPL_TRY(kpl_trainer_eval_add(t, ae_sums[k], v[k]));
     return KPL_OK;
 }
 
 static kpl_status ae_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 {
-    ae_state *s = state;
-    double v[3] = {s->sum, s->count, s->examples};
-    KPL_TRY(kpl_trainer_sum(t, v, 3));
-    double mse = v[1] > 0 ? v[0] / v[1] : NAN;
-    res->examples = (int64_t)v[2];
+    (void)state;
+    double pixels = kpl_trainer_eval_total(t, "pixels");
+    double mse = pixels > 0 ? kpl_trainer_eval_total(t, "sq_err") / pixels : NAN;
+    res->examples = (int64_t)kpl_trainer_eval_total(t, "examples");
     res->nonfinite = isfinite(mse) ? 0 : res->examples;
     KPL_TRY(kpl_figures_set(&res->metrics, "mse", mse));
     return kpl_figures_set(&res->metrics, "psnr", mse > 0 ? -10 * log10(mse) : NAN);
@@ -238,7 +235,8 @@ static const kpl_task_kind autoencoder_task = {
     .best_higher = false,
     .create = ae_create,
     .destroy = ae_destroy,
-    .train_batch = ae_train_batch,
+    .train_step = ae_train_step,
+    .eval_sums = ae_sums,
     .eval_begin = ae_eval_begin,
     .eval_batch = ae_eval_batch,
     .eval_end = ae_eval_end,

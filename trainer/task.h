@@ -39,8 +39,35 @@ typedef struct {
     int64_t skipped;   /* corrupt examples the loader dropped */
 } kpl_eval_result;
 
+/* What one training micro-batch gives back (train_step): the losses to
+ * learn from and the figures to report.  Tensors may be pool-owned (the
+ * trainer keeps them past the forward's pool). */
+#define KPL_STEP_MODELS 4
+#define KPL_STEP_FIGURES 8
+typedef struct {
+    /* loss[i]: model i's loss on the batch, a mean over its samples; NULL:
+     * model i does not learn from this batch.  Reported as the figure
+     * "loss" (model 0) or "loss_<model name>". */
+    kpl_tensor *loss[KPL_STEP_MODELS];
+    /* More figures, reported as sum / count over the ranks and steps since
+     * the last report: "acc" = the right answers x 100, over the batch
+     * size.  Sums stay on the device (one element; no gradient). */
+    struct {
+        const char *name; /* static */
+        kpl_tensor *sum;
+        double count;
+    } figure[KPL_STEP_FIGURES];
+    int nfigures;
+} kpl_step_result;
+
+/* Adds a figure to r: KPL_ERANGE when r is full, the error of sum's op
+ * when sum is NULL (so `kpl_step_figure(r, "acc", kpl_sum(...), n)`
+ * reports a failing op). */
+kpl_status kpl_step_figure(kpl_step_result *r, const char *name, kpl_tensor *sum, double count);
+
 /* A kind of training.  `state` is the task's own (create makes it).
- * Every member but eval_report and data is required. */
+ * Every member but eval_report, data and one of train_step and
+ * train_batch is required. */
 typedef struct {
     const char *name;
     /* The metric that selects best.kpl, and whether higher is better. */
@@ -50,13 +77,23 @@ typedef struct {
      * and kpl_trainer_input_shape. */
     kpl_status (*create)(kpl_trainer *t, void **state);
     void (*destroy)(void *state);
-    /* One training micro-batch: forward, the losses, kpl_trainer_backward
-     * for each model to train (kpl_trainer_update between them when the
-     * models step in turn, as a GAN's), kpl_trainer_record for the figures
-     * to report. */
+    /* One training micro-batch, the short way: the forward pass, its
+     * losses and figures into *out.  The trainer does the rest in the
+     * order that keeps memory low: the forward's temporaries go, backward
+     * of each loss (DDP), then the figures, recorded where they are. */
+    kpl_status (*train_step)(kpl_trainer *t, void *state, const kpl_batch *b,
+                             kpl_step_result *out);
+    /* Or the whole micro-batch by hand, for models that step in turn (a
+     * GAN's): forward, the losses, kpl_trainer_backward for each model to
+     * train, kpl_trainer_update between them, kpl_trainer_record for the
+     * figures.  Used when train_step is NULL. */
     kpl_status (*train_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
+    /* Optional: the names of the evaluation's sums (NULL-terminated,
+     * static; at most 32): kpl_trainer_eval_add, kpl_trainer_eval_total. */
+    const char *const *eval_sums;
     /* Evaluation: begin, each batch (grad mode off, models in eval mode),
-     * then end, which combines the ranks' sums (kpl_trainer_sum) into res. */
+     * then end, which makes res from the totals (kpl_trainer_eval_total;
+     * kpl_trainer_sum for anything else over the ranks). */
     kpl_status (*eval_begin)(kpl_trainer *t, void *state);
     kpl_status (*eval_batch)(kpl_trainer *t, void *state, const kpl_batch *b);
     kpl_status (*eval_end)(kpl_trainer *t, void *state, kpl_eval_result *res);
@@ -126,6 +163,13 @@ kpl_status kpl_trainer_record_tensor(kpl_trainer *t, const char *name, kpl_tenso
                                      double count);
 /* Element-wise sum of v over the ranks (collective; nothing on one rank). */
 kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n);
+/* An evaluation's sums, by the names the task kind lists in eval_sums:
+ * zero when the evaluation begins, added to by eval_batch on each rank,
+ * summed over the ranks before eval_end, which reads the totals.
+ * KPL_EINVAL for a name the kind does not list, or outside an evaluation. */
+kpl_status kpl_trainer_eval_add(kpl_trainer *t, const char *name, double v);
+/* In eval_end: the total over every rank (NAN for an unlisted name). */
+double kpl_trainer_eval_total(const kpl_trainer *t, const char *name);
 /* Whether sample i of an evaluation batch is an example of its own: the
  * repeats that even out the ranks' shares of the split are not. */
 bool kpl_trainer_eval_counts(const kpl_trainer *t, const kpl_batch *b, int64_t i);

@@ -237,6 +237,11 @@ struct kpl_trainer {
     int64_t skipped_examples;            /* train: corrupt examples dropped, all ranks */
     int64_t train_skipped_seen;          /* this rank's loader count already reported */
     bool eval_pending; /* the checkpoint being written precedes its evaluation */
+    /* the evaluation's sums (the task kind's eval_sums): this rank's, then
+     * the totals over the ranks for eval_end */
+    double eval_sum[32];
+    int neval_sums;
+    bool in_eval;
     kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
     bool reset_optimizer;   /* kpl_trainer_options.reset_optimizer */
     char resume_path[PATH_MAX];

@@ -593,6 +593,86 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     return KPL_OK;
 }
 
+static int eval_slot(const kpl_trainer *t, const char *name)
+{
+    for (int i = 0; name && i < t->neval_sums; i++)
+        if (!strcmp(t->task->eval_sums[i], name)) return i;
+    return -1;
+}
+
+kpl_status kpl_trainer_eval_add(kpl_trainer *t, const char *name, double v)
+{
+    KPL_CHECK(t && t->in_eval, KPL_ESTATE, "kpl_trainer_eval_add: only during an evaluation");
+    int i = eval_slot(t, name);
+    KPL_CHECK(i >= 0, KPL_EINVAL, "kpl_trainer_eval_add: task %s lists no eval sum '%s'",
+              t->task->name, name ? name : "(null)");
+    t->eval_sum[i] += v;
+    return KPL_OK;
+}
+
+double kpl_trainer_eval_total(const kpl_trainer *t, const char *name)
+{
+    int i = t ? eval_slot(t, name) : -1;
+    return i < 0 ? NAN : t->eval_sum[i];
+}
+
+kpl_status kpl_step_figure(kpl_step_result *r, const char *name, kpl_tensor *sum, double count)
+{
+    KPL_CHECK(r && name, KPL_EINVAL, "kpl_step_figure: NULL argument");
+    if (!sum) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
+    KPL_CHECK(r->nfigures < KPL_STEP_FIGURES, KPL_ERANGE, "kpl_step_figure '%s': at most %d figures",
+              name, KPL_STEP_FIGURES);
+    r->figure[r->nfigures].name = name;
+    r->figure[r->nfigures].sum = sum;
+    r->figure[r->nfigures++].count = count;
+    return KPL_OK;
+}
+
+/* A task's train_step: its forward in a pool of its own, whose
+ * temporaries go before backward (what the gradients need, the graph
+ * keeps, and the reverse-mode GC frees as backward goes); then each
+ * model's backward; then the figures, with grad mode off, where they are
+ * (nothing waits for the device). */
+static kpl_status run_train_step(kpl_trainer *t, const kpl_batch *b)
+{
+    kpl_step_result out;
+    memset(&out, 0, sizeof out);
+    kpl_pool *pool = kpl_pool_push();
+    KPL_CHECK(pool, KPL_ENOMEM, "out of memory");
+    kpl_status st = t->task->train_step(t, t->task_state, b, &out);
+    bool any = false;
+    for (int i = 0; i < KPL_STEP_MODELS; i++) {
+        if (out.loss[i] && (i >= t->nmodels))
+            st = st < 0 ? st : KPL_ERROR(KPL_EINVAL, "task %s: a loss for model %d of %d",
+                                         t->task->name, i, t->nmodels);
+        if (out.loss[i]) kpl_tensor_retain(out.loss[i]), any = true;
+    }
+    for (int f = 0; f < out.nfigures; f++) kpl_tensor_retain(out.figure[f].sum);
+    kpl_pool_pop(pool);
+    if (st >= 0 && !any)
+        st = KPL_ERROR(KPL_EINVAL, "task %s: train_step gave no loss", t->task->name);
+    for (int i = 0; st >= 0 && i < t->nmodels && i < KPL_STEP_MODELS; i++)
+        if (out.loss[i]) st = kpl_trainer_backward(t, i, out.loss[i], NULL);
+    bool grad = kpl_set_grad_enabled(false);
+    pool = st >= 0 ? kpl_pool_push() : NULL;
+    double n = (double)b->size;
+    for (int i = 0; pool && st >= 0 && i < t->nmodels && i < KPL_STEP_MODELS; i++) {
+        if (!out.loss[i]) continue;
+        char name[80];
+        if (i) snprintf(name, sizeof name, "loss_%s", t->models[i].name);
+        st = kpl_trainer_record_tensor(t, i ? name : "loss",
+                                       kpl_scalar_op(KPL_BIN_MUL, out.loss[i], n, false), n);
+    }
+    for (int f = 0; pool && st >= 0 && f < out.nfigures; f++)
+        st = kpl_trainer_record_tensor(t, out.figure[f].name, out.figure[f].sum,
+                                       out.figure[f].count);
+    if (pool) kpl_pool_pop(pool);
+    kpl_set_grad_enabled(grad);
+    for (int i = 0; i < KPL_STEP_MODELS; i++) kpl_tensor_release(out.loss[i]);
+    for (int f = 0; f < out.nfigures; f++) kpl_tensor_release(out.figure[f].sum);
+    return st;
+}
+
 static double lr_now(const kpl_trainer *t)
 {
     double e = (double)t->epoch;
@@ -714,7 +794,8 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
             st = empty_micro(t);
         else {
             t->batch = &b;
-            st = t->task->train_batch(t, t->task_state, &b);
+            st = t->task->train_step ? run_train_step(t, &b)
+                                     : t->task->train_batch(t, t->task_state, &b);
             t->batch = NULL;
         }
         t->win_samples += (double)b.size;
@@ -758,6 +839,8 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
     for (int k = 0; k < t->nmodels; k++) kpl_module_set_training(t->models[k].m, false);
     bool prev = kpl_set_grad_enabled(false);
     int64_t skipped0 = kpl_loader_skipped(t->val);
+    memset(t->eval_sum, 0, sizeof t->eval_sum);
+    t->in_eval = true;
     kpl_status st = t->task->eval_begin(t, t->task_state);
     int64_t batches = 0;
     for (bool last = false; st >= 0 && !last; batches++) {
@@ -782,10 +865,13 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
     }
     kpl_set_grad_enabled(prev);
     for (int k = 0; k < t->nmodels; k++) kpl_module_set_training(t->models[k].m, true);
+    /* the skipped count rides with the task's sums: one allreduce */
+    t->eval_sum[t->neval_sums] = (double)(kpl_loader_skipped(t->val) - skipped0);
+    if (st >= 0) st = kpl_trainer_sum(t, t->eval_sum, t->neval_sums + 1);
+    double skipped = t->eval_sum[t->neval_sums];
+    if (st >= 0) st = t->task->eval_end(t, t->task_state, res);
+    t->in_eval = false;
     KPL_TRY(st);
-    double skipped = (double)(kpl_loader_skipped(t->val) - skipped0);
-    KPL_TRY(kpl_trainer_sum(t, &skipped, 1));
-    KPL_TRY(t->task->eval_end(t, t->task_state, res));
     res->skipped = (int64_t)skipped;
     return KPL_OK;
 }
@@ -952,9 +1038,14 @@ static kpl_status start(kpl_trainer *t, const char *resume)
 static kpl_status check_args(const kpl_recipe *r, const kpl_task_kind *task)
 {
     KPL_CHECK(task->name && task->best_metric && task->create && task->destroy &&
-                  task->train_batch && task->eval_begin && task->eval_batch && task->eval_end,
-              KPL_EINVAL, "task %s: a task needs a name, a best metric and every function but "
-              "eval_report and data", task->name ? task->name : "(unnamed)");
+                  (task->train_step || task->train_batch) && task->eval_begin &&
+                  task->eval_batch && task->eval_end,
+              KPL_EINVAL, "task %s: a task needs a name, a best metric, train_step or "
+              "train_batch, and every other function but eval_report, data and images",
+              task->name ? task->name : "(unnamed)");
+    int n = 0;
+    while (task->eval_sums && task->eval_sums[n]) n++;
+    KPL_CHECK(n <= 31, KPL_EINVAL, "task %s: %d eval_sums (at most 31)", task->name, n);
     KPL_CHECK(!strcmp(r->task, task->name), KPL_EINVAL,
               "%s: the recipe's task is '%s', the program's is '%s' (set task: %s)",
               *r->file ? r->file : "recipe", r->task, task->name, task->name);
@@ -983,6 +1074,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
     kpl_status st = check_args(r, task);
+    while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);
     if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);
     if (st == KPL_ECANCELED) {

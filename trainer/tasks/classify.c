@@ -12,7 +12,6 @@
 
 typedef struct {
     int64_t classes;
-    double s[5];        /* evaluation sums: loss, examples, top-1, top-5, non-finite */
     int64_t *confusion; /* classes x classes (true row, predicted column) or NULL */
     bool want_confusion;
 } classify;
@@ -57,47 +56,30 @@ static void on_device(kpl_trainer *t, const kpl_batch *b, kpl_tensor **x, kpl_te
     *y = kpl_to_device(b->label, dev);
 }
 
-static kpl_status train_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+/* The evaluation's sums (kpl_trainer_eval_add), summed over the ranks by
+ * the trainer. */
+enum { S_LOSS, S_EXAMPLES, S_TOP1, S_TOP5, S_NONFINITE, NSUMS };
+static const char *const sums[] = {"loss", "examples", "top1", "top5", "nonfinite", NULL};
+
+static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
+                             kpl_step_result *out)
 {
     (void)state;
-    kpl_pool *pool = kpl_pool_push();
-    KPL_CHECK(pool, KPL_ENOMEM, "out of memory");
-    kpl_status st = KPL_OK;
-    kpl_tensor *x = NULL, *y = NULL;
+    kpl_tensor *x, *y;
     on_device(t, b, &x, &y);
     kpl_tensor *logits = kpl_module_forward(kpl_trainer_model(t, 0), x);
-    kpl_tensor *loss = kpl_cross_entropy(logits, y, KPL_REDUCE_MEAN,
-                                         kpl_trainer_recipe(t)->loss.label_smoothing, -100);
-    /* the figures stay where the model is: nothing waits for the device */
-    double n = (double)b->size;
+    out->loss[0] = kpl_cross_entropy(logits, y, KPL_REDUCE_MEAN,
+                                     kpl_trainer_recipe(t)->loss.label_smoothing, -100);
     kpl_tensor *right = kpl_compare(KPL_BIN_EQ, kpl_argmax(logits, 1, false), y);
-    kpl_tensor *correct = right ? kpl_sum(kpl_cast(right, KPL_F32), NULL, 0, false) : NULL;
-    if (loss) kpl_tensor_retain(loss);
-    if (correct) kpl_tensor_retain(correct);
-    if (!loss || !correct) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ESTATE;
-    /* The forward pass's temporaries go before backward: what the
-     * gradients need, the graph keeps (the reverse-mode GC frees it as
-     * backward goes). */
-    kpl_pool_pop(pool);
-    if (st >= 0) st = kpl_trainer_backward(t, 0, loss, NULL);
-    bool grad = kpl_set_grad_enabled(false); /* figures, not graph */
-    pool = st >= 0 ? kpl_pool_push() : NULL;
-    kpl_tensor *loss_sum = pool ? kpl_scalar_op(KPL_BIN_MUL, loss, n, false) : NULL;
-    if (st >= 0) st = kpl_trainer_record_tensor(t, "loss", loss_sum, n);
-    if (st >= 0) st = kpl_trainer_record_tensor(t, "acc", kpl_scalar_op(KPL_BIN_MUL, correct,
-                                                                        100, false), n);
-    if (pool) kpl_pool_pop(pool);
-    kpl_set_grad_enabled(grad);
-    kpl_tensor_release(loss);
-    kpl_tensor_release(correct);
-    return st;
+    kpl_tensor *pct = kpl_scalar_op(KPL_BIN_MUL, kpl_sum(kpl_cast(right, KPL_F32), NULL, 0, false),
+                                    100, false);
+    return out->loss[0] ? kpl_step_figure(out, "acc", pct, (double)b->size) : kpl_last_status();
 }
 
 static kpl_status eval_begin(kpl_trainer *t, void *state)
 {
     (void)t;
     classify *c = state;
-    memset(c->s, 0, sizeof c->s);
     free(c->confusion);
     c->confusion = NULL;
     if (c->want_confusion) {
@@ -119,6 +101,7 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     const float *ls = loss ? kpl_tensor_host_data(loss) : NULL;
     const int64_t *lab = kpl_tensor_host_data(b->label);
     if (!lg || !ls || !lab) return kpl_last_status();
+    double s[NSUMS] = {0};
     for (int64_t i = 0; i < b->size; i++) {
         if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat */
         const float *row = lg + i * C;
@@ -130,24 +113,25 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
             if (row[j] > row[best]) best = j;
             finite &= isfinite(row[j]);
         }
-        c->s[1] += 1;
+        s[S_EXAMPLES] += 1;
         if (!finite) { /* NaN compares false: it would count as right */
-            c->s[4] += 1;
+            s[S_NONFINITE] += 1;
             continue;
         }
-        c->s[0] += ls[i];
-        c->s[2] += above == 0;
-        c->s[3] += above < 5;
+        s[S_LOSS] += ls[i];
+        s[S_TOP1] += above == 0;
+        s[S_TOP5] += above < 5;
         if (c->confusion && k >= 0 && k < C) c->confusion[k * C + best]++;
     }
+    for (int k = 0; k < NSUMS; k++) KPL_TRY(kpl_trainer_eval_add(t, sums[k], s[k]));
     return KPL_OK;
 }
 
 static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 {
     classify *c = state;
-    double *s = c->s;
-    KPL_TRY(kpl_trainer_sum(t, s, 5));
+    double s[NSUMS];
+    for (int k = 0; k < NSUMS; k++) s[k] = kpl_trainer_eval_total(t, sums[k]);
     if (c->confusion) {
         /* counts below 2^53 add exactly as doubles */
         int64_t n = c->classes * c->classes;
@@ -159,11 +143,12 @@ static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
         free(d);
         KPL_TRY(st);
     }
-    res->examples = (int64_t)s[1];
-    res->nonfinite = (int64_t)s[4];
-    KPL_TRY(kpl_figures_set(&res->metrics, "loss", s[1] > s[4] ? s[0] / (s[1] - s[4]) : NAN));
-    KPL_TRY(kpl_figures_set(&res->metrics, "top1", s[1] > 0 ? 100 * s[2] / s[1] : NAN));
-    return kpl_figures_set(&res->metrics, "top5", s[1] > 0 ? 100 * s[3] / s[1] : NAN);
+    double n = s[S_EXAMPLES], finite = n - s[S_NONFINITE];
+    res->examples = (int64_t)n;
+    res->nonfinite = (int64_t)s[S_NONFINITE];
+    KPL_TRY(kpl_figures_set(&res->metrics, "loss", finite > 0 ? s[S_LOSS] / finite : NAN));
+    KPL_TRY(kpl_figures_set(&res->metrics, "top1", n > 0 ? 100 * s[S_TOP1] / n : NAN));
+    return kpl_figures_set(&res->metrics, "top5", n > 0 ? 100 * s[S_TOP5] / n : NAN);
 }
 
 static void eval_report(kpl_trainer *t, void *state)
@@ -191,7 +176,8 @@ const kpl_task_kind kpl_task_classification = {
     .best_higher = true,
     .create = create,
     .destroy = destroy,
-    .train_batch = train_batch,
+    .train_step = train_step,
+    .eval_sums = sums,
     .eval_begin = eval_begin,
     .eval_batch = eval_batch,
     .eval_end = eval_end,
