@@ -1,5 +1,5 @@
 /*
- * fuzz_checkpoint.c — kpl_checkpoint_load (trainer/checkpoint.c,
+ * fuzz_checkpoint.c — kpl_checkpoint_load (trainer/io/checkpoint.c,
  * docs/checkpoint.md) of a file made from the input, then everything a
  * resume does with what loaded: the metadata, every tensor's name, bytes
  * and a restore into a tensor of its shape.

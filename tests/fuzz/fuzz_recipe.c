@@ -1,5 +1,5 @@
 /*
- * fuzz_recipe.c — recipes (trainer/recipe.c): YAML through libyaml into
+ * fuzz_recipe.c — recipes (trainer/io/recipe*.c): YAML through libyaml into
  * kpl's tree, `base:` chains, KEY=VALUE overrides, binding with every check,
  * then kpl_recipe_to_yaml of what loaded, which must load again to the very
  * same kpl_recipe (the resolved config.yaml of every run relies on it).
