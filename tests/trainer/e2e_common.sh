@@ -14,3 +14,15 @@ field() { sed -n 's/.*"'"$1"'":\("[^"]*"\|[^,}]*\).*/\1/p' <<<"$2" | tr -d '"'; 
 losses() { sed -n 's/^{"event":"train","step":\([0-9]*\),.*"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
 need_fm() { [[ -r $fm/t10k-images-idx3-ubyte.gz ]] || { echo "no $fm: skipped"; exit 77; }; }
 QUIET=(log.progress=never)
+# expect_usage_error WHAT NEEDLE ARGS...: "$kpl" ARGS exits 2 (a bad recipe,
+# argument or plugin) with NEEDLE on stderr
+expect_usage_error() {
+  local what=$1 needle=$2
+  shift 2
+  set +e
+  timeout 120 "$kpl" "$@" > out.txt 2> err.txt
+  local rc=$?
+  set -e
+  [[ $rc == 2 ]] || die "$what: exit $rc, expected 2 ($(cat err.txt))"
+  grep -qF -- "$needle" err.txt || die "$what: '$(cat err.txt)' lacks '$needle'"
+}

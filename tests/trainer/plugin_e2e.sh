@@ -22,18 +22,6 @@ R=("${QUIET[@]}" data.root="$tmp/fm" deterministic=true threads=1 data.workers=1
    data.train.limit=2560 data.val.limit=500 log.every_steps=1 optimizer.name=lion
    optimizer.lr=3e-3 "optimizer.betas=[0.9, 0.99]")
 
-# expect_fail WHAT NEEDLE ARGS...: kpl exits 2 with NEEDLE on stderr
-expect_fail() {
-  local what=$1 needle=$2
-  shift 2
-  set +e
-  timeout 120 "$kpl" "$@" > out.txt 2> err.txt
-  local rc=$?
-  set -e
-  [[ $rc == 2 ]] || die "$what: exit $rc, expected 2 ($(cat err.txt))"
-  grep -qF -- "$needle" err.txt || die "$what: '$(cat err.txt)' lacks '$needle'"
-}
-
 case $case_ in
 plugin)
   need_fm
@@ -41,7 +29,7 @@ plugin)
   grep -q '^  name: none  # .*\[mlp|lenet|cnn|resnet|autoencoder|none\]$' keys.txt || die "--keys: model.name: $(grep -m1 '^  name: none' keys.txt)"
   grep -q '^  name: sgd  # .*\[sgd|adam|adamw|lars|lion\]$' keys.txt || die "--keys: optimizer.name"
   # without the plugin, its names are unknown, named where they are
-  expect_fail "no plugin" "autoencoder.yaml:1" train "$AE" "${R[@]}" run_dir=x
+  expect_usage_error "no plugin" "autoencoder.yaml:1" train "$AE" "${R[@]}" run_dir=x
   grep -qE "task: unknown task 'autoencoder'|model.name: expected one of" err.txt || die "no plugin: $(cat err.txt)"
   # trained by the stock kpl: the example's task, model and optimizer rule
   "$kpl" train --plugin "$so" "$AE" "${R[@]}" run_dir=full > full.txt 2> full.err || die "train: $(tail -3 full.err)"
@@ -69,22 +57,22 @@ plugin)
   ;;
 
 bad)
-  expect_fail "missing" "kpl train: plugin nothere.so: cannot load: no such file" train --plugin nothere.so --keys
+  expect_usage_error "missing" "kpl train: plugin nothere.so: cannot load: no such file" train --plugin nothere.so --keys
   echo "not a library" > junk.so
-  expect_fail "junk" "plugin junk.so: cannot load: " train --plugin junk.so --keys
+  expect_usage_error "junk" "plugin junk.so: cannot load: " train --plugin junk.so --keys
   grep -qi "elf\|invalid\|too short" err.txt || die "junk: dlerror's text missing: $(cat err.txt)"
-  expect_fail "no abi" "plugin $bad/libplugin_none.so: not a kpl plugin (it defines no kpl_plugin_abi_version" \
+  expect_usage_error "no abi" "plugin $bad/libplugin_none.so: not a kpl plugin (it defines no kpl_plugin_abi_version" \
     train --plugin "$bad/libplugin_none.so" --keys
-  expect_fail "abi" "plugin $bad/libplugin_bad_abi.so was built against kpl ABI 999, this kpl is ABI " \
+  expect_usage_error "abi" "plugin $bad/libplugin_bad_abi.so was built against kpl ABI 999, this kpl is ABI " \
     train --plugin "$bad/libplugin_bad_abi.so" --keys
-  expect_fail "dup" "task 'classification' is registered twice: by kpl itself and by plugin " \
+  expect_usage_error "dup" "task 'classification' is registered twice: by kpl itself and by plugin " \
     train --plugin "$bad/libplugin_dup.so" --keys
   # in a recipe: its file and line
   printf 'base: %s\nplugins:\n  - %s\n' "$src/recipes/fashion_mnist/cnn.yaml" "$bad/libplugin_bad_abi.so" > r.yaml
-  expect_fail "recipe" "r.yaml:3:5: plugins: plugin $bad/libplugin_bad_abi.so was built against kpl ABI 999" train r.yaml --print-config
+  expect_usage_error "recipe" "r.yaml:3:5: plugins: plugin $bad/libplugin_bad_abi.so was built against kpl ABI 999" train r.yaml --print-config
   printf 'base: %s\nplugins: {a: b}\n' "$src/recipes/fashion_mnist/cnn.yaml" > r2.yaml
-  expect_fail "recipe map" "r2.yaml:2:10: plugins: expected a list of paths" train r2.yaml --print-config
-  expect_fail "no path" "--plugin needs the path of a shared library" train --plugin
+  expect_usage_error "recipe map" "r2.yaml:2:10: plugins: expected a list of paths" train r2.yaml --print-config
+  expect_usage_error "no path" "--plugin needs the path of a shared library" train --plugin
   echo "bad: 8 refusals named (test_plugin checks that nothing of them is kept)"
   ;;
 

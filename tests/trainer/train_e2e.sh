@@ -25,54 +25,44 @@ FM=(data.root="$tmp/fm")
 case $case_ in
 cli)
   recipe=$src/recipes/fashion_mnist/cnn.yaml
-  expect_fail() { # WHAT NEEDLE ARGS...: exit status 2 and NEEDLE on stderr
-    local what=$1 needle=$2
-    shift 2
-    set +e
-    timeout 60 "$kpl" "$@" > out.txt 2> err.txt
-    local rc=$?
-    set -e
-    [[ $rc == 2 ]] || die "$what: exit $rc, expected 2 ($(cat err.txt))"
-    grep -qF -- "$needle" err.txt || die "$what: '$(cat err.txt)' lacks '$needle'"
-  }
-  expect_fail "unknown key" "override 'optimizer.lrr=0.1': unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)" \
+  expect_usage_error "unknown key" "override 'optimizer.lrr=0.1': unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)" \
     train "$recipe" optimizer.lrr=0.1
-  expect_fail "wrong type" "optimizer.lr: expected a number, got 'fast'" train "$recipe" optimizer.lr=fast
+  expect_usage_error "wrong type" "optimizer.lr: expected a number, got 'fast'" train "$recipe" optimizer.lr=fast
   printf 'base: %s\noptimizer:\n  momentum: 2\n' "$recipe" > bad.yaml
-  expect_fail "range, with file and line" "bad.yaml:3:13: optimizer.momentum: 2 is out of range" train bad.yaml
+  expect_usage_error "range, with file and line" "bad.yaml:3:13: optimizer.momentum: 2 is out of range" train bad.yaml
   printf 'model: {name: cnn}\n' > missing.yaml
-  expect_fail "missing key" "missing.yaml: missing required key 'epochs'" train missing.yaml
+  expect_usage_error "missing key" "missing.yaml: missing required key 'epochs'" train missing.yaml
   # an unknown task is a bad value like any other: exit 2 naming its place,
   # for train, --print-config and eval alike
   printf 'base: %s\ntask: detection\n' "$recipe" > task.yaml
-  expect_fail "unknown task" "task.yaml:2:7: task: unknown task 'detection'" train task.yaml
-  expect_fail "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'detection'" \
+  expect_usage_error "unknown task" "task.yaml:2:7: task: unknown task 'detection'" train task.yaml
+  expect_usage_error "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'detection'" \
     train task.yaml --print-config
-  expect_fail "unknown task, eval" "task.yaml:2:7: task: unknown task 'detection'" \
+  expect_usage_error "unknown task, eval" "task.yaml:2:7: task: unknown task 'detection'" \
     eval task.yaml --checkpoint none.kpl
-  expect_fail "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
+  expect_usage_error "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
     train "$recipe" task=gan --print-config
   # a FIFO as the recipe or as its base: refused by what it is, never
   # waited on (timeout: 124 if it hangs)
   mkfifo fifo.yaml
   printf 'base: fifo.yaml\n' > fifo_base.yaml
   for r in fifo.yaml fifo_base.yaml; do
-    expect_fail "FIFO $r" "recipe fifo.yaml: not a regular file (a FIFO)" \
+    expect_usage_error "FIFO $r" "recipe fifo.yaml: not a regular file (a FIFO)" \
       train "$r" --print-config
   done
   # a long value is echoed cut short, and the reason is kept
   long=$(printf 'x%.0s' $(seq 950))
-  expect_fail "long override" "optimizer.lr: expected a number, got 'xxxxxxxxxx" \
+  expect_usage_error "long override" "optimizer.lr: expected a number, got 'xxxxxxxxxx" \
     train "$recipe" "optimizer.lr=$long"
   grep -qF "xxx...' [trainer/" err.txt || die "long override: not cut: $(cut -c 1-300 err.txt)"
   # YAML tags are refused, naming the key and the tag
   printf 'base: %s\nepochs: !!str 5\n' "$recipe" > tag.yaml
-  expect_fail "tag" "tag.yaml:2:9: epochs: YAML tags (!!str) are not supported" \
+  expect_usage_error "tag" "tag.yaml:2:9: epochs: YAML tags (!!str) are not supported" \
     train tag.yaml --print-config
-  expect_fail "no recipe" "no recipe given" train
-  expect_fail "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
-  expect_fail "bad option" "unknown option '--fast'" train "$recipe" --fast
-  expect_fail "eval without checkpoint" "--checkpoint FILE is required" eval "$recipe"
+  expect_usage_error "no recipe" "no recipe given" train
+  expect_usage_error "missing file" "recipe nothere.yaml: No such file" train nothere.yaml
+  expect_usage_error "bad option" "unknown option '--fast'" train "$recipe" --fast
+  expect_usage_error "eval without checkpoint" "--checkpoint FILE is required" eval "$recipe"
   "$kpl" train "$recipe" --print-config optimizer.lr=0.25 > cfg.yaml
   grep -q '^  lr: 0.25$' cfg.yaml || die "--print-config lacks the override"
   grep -q '^    initial_fill: 4096$' cfg.yaml || die "--print-config lacks a default"

@@ -54,25 +54,61 @@ static void usage_eval(FILE *f)
             "need not exist.\n");
 }
 
-/* `--plugin PATH` (i: the option's index; argv[i + 1] the path) into
- * plugins; 0, or 2 after saying what is wrong. */
-static int plugin_arg(const char *cmd, int argc, char **argv, int *i, const char **plugins,
-                      int *np)
+/* What kpl train and kpl eval share on their command lines: the recipe,
+ * its overrides and the plugins. */
+typedef struct {
+    const char *cmd, *recipe;
+    const char **ov, **plugins; /* argc each */
+    int nov, np;
+} args;
+
+static bool args_init(args *a, const char *cmd, int argc)
 {
-    if (*i + 1 >= argc || argv[*i + 1][0] == '-') {
-        fprintf(stderr, "kpl %s: --plugin needs the path of a shared library\n", cmd);
+    memset(a, 0, sizeof *a);
+    a->cmd = cmd;
+    a->ov = calloc((size_t)argc + 1, sizeof *a->ov);
+    a->plugins = calloc((size_t)argc + 1, sizeof *a->plugins);
+    return a->ov && a->plugins;
+}
+
+static void args_free(args *a)
+{
+    free(a->ov);
+    free(a->plugins);
+}
+
+/* argv[*i] when it is --plugin PATH, an override (KEY=VALUE) or the
+ * recipe: 0 (*i moved past it), or 2 after saying what is wrong. */
+static int common_arg(args *a, int argc, char **argv, int *i)
+{
+    const char *s = argv[*i];
+    if (!strcmp(s, "--plugin")) {
+        if (*i + 1 >= argc || argv[*i + 1][0] == '-') {
+            fprintf(stderr, "kpl %s: --plugin needs the path of a shared library\n", a->cmd);
+            return 2;
+        }
+        a->plugins[a->np++] = argv[++*i];
+    } else if (s[0] == '-' && s[1]) {
+        fprintf(stderr, "kpl %s: unknown option '%s' (try 'kpl %s --help')\n", a->cmd, s, a->cmd);
+        return 2;
+    } else if (strchr(s, '=')) {
+        a->ov[a->nov++] = s;
+    } else if (!a->recipe) {
+        a->recipe = s;
+    } else {
+        fprintf(stderr, "kpl %s: unexpected argument '%s' (overrides are KEY=VALUE)\n", a->cmd,
+                s);
         return 2;
     }
-    plugins[(*np)++] = argv[++*i];
     return 0;
 }
 
 /* Loads the --plugin libraries, before the recipe names what they add. */
-static int load_plugins(const char *cmd, const char *const *plugins, int np)
+static int load_plugins(const args *a)
 {
-    for (int i = 0; i < np; i++)
-        if (kpl_plugin_load(plugins[i]) < 0) {
-            fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+    for (int i = 0; i < a->np; i++)
+        if (kpl_plugin_load(a->plugins[i]) < 0) {
+            fprintf(stderr, "kpl %s: %s\n", a->cmd, kpl_last_error());
             return 2;
         }
     return 0;
@@ -145,34 +181,14 @@ static int eval_run(const kpl_recipe *r, const char *checkpoint)
     return rc;
 }
 
-/* An argument that is neither an option: an override (KEY=VALUE) or the
- * recipe.  Returns 0, or 2 after saying what is wrong. */
-static int positional(const char *cmd, const char *a, const char **recipe, const char **ov,
-                      int *nov)
+static int load_recipe(const args *a, kpl_recipe *r)
 {
-    if (a[0] == '-' && a[1]) {
-        fprintf(stderr, "kpl %s: unknown option '%s' (try 'kpl %s --help')\n", cmd, a, cmd);
+    if (!a->recipe) {
+        fprintf(stderr, "kpl %s: no recipe given (try 'kpl %s --help')\n", a->cmd, a->cmd);
         return 2;
     }
-    if (strchr(a, '=')) {
-        ov[(*nov)++] = a;
-    } else if (!*recipe) {
-        *recipe = a;
-    } else {
-        fprintf(stderr, "kpl %s: unexpected argument '%s' (overrides are KEY=VALUE)\n", cmd, a);
-        return 2;
-    }
-    return 0;
-}
-
-static int load_recipe(const char *cmd, const char *path, int nov, const char **ov, kpl_recipe *r)
-{
-    if (!path) {
-        fprintf(stderr, "kpl %s: no recipe given (try 'kpl %s --help')\n", cmd, cmd);
-        return 2;
-    }
-    if (kpl__recipe_load_known_task(path, nov, ov, r) < 0) {
-        fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+    if (kpl__recipe_load_known_task(a->recipe, a->nov, a->ov, r) < 0) {
+        fprintf(stderr, "kpl %s: %s\n", a->cmd, kpl_last_error());
         return 2;
     }
     return 0;
@@ -180,16 +196,14 @@ static int load_recipe(const char *cmd, const char *path, int nov, const char **
 
 int kpl__cmd_train(int argc, char **argv)
 {
-    const char *recipe = NULL, *resume = NULL;
-    const char **ov = calloc((size_t)argc + 1, sizeof *ov);
-    const char **plugins = calloc((size_t)argc + 1, sizeof *plugins);
-    if (!ov || !plugins) {
-        free(ov);
-        free(plugins);
-        return 1;
-    }
-    int nov = 0, np = 0, rc = 0;
+    const char *resume = NULL;
+    args A;
+    int rc = 0;
     bool print_config = false, reset_optimizer = false, keys = false;
+    if (!args_init(&A, "train", argc)) {
+        rc = 1;
+        goto out;
+    }
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -197,8 +211,6 @@ int kpl__cmd_train(int argc, char **argv)
             goto out;
         } else if (!strcmp(a, "--keys")) {
             keys = true;
-        } else if (!strcmp(a, "--plugin")) {
-            if ((rc = plugin_arg("train", argc, argv, &i, plugins, &np)) != 0) goto out;
         } else if (!strcmp(a, "--print-config")) {
             print_config = true;
         } else if (!strcmp(a, "--reset-optimizer")) {
@@ -208,13 +220,13 @@ int kpl__cmd_train(int argc, char **argv)
              * override nor an option nor the recipe still missing */
             resume = "";
             if (i + 1 < argc && argv[i + 1][0] != '-' && !strchr(argv[i + 1], '=') &&
-                (recipe || strstr(argv[i + 1], ".kpl")))
+                (A.recipe || strstr(argv[i + 1], ".kpl")))
                 resume = argv[++i];
-        } else if ((rc = positional("train", a, &recipe, ov, &nov)) != 0) {
+        } else if ((rc = common_arg(&A, argc, argv, &i)) != 0) {
             goto out;
         }
     }
-    if ((rc = load_plugins("train", plugins, np)) != 0) goto out;
+    if ((rc = load_plugins(&A)) != 0) goto out;
     if (keys) {
         kpl_recipe_print_keys(stdout);
         goto out;
@@ -239,7 +251,7 @@ int kpl__cmd_train(int argc, char **argv)
         rc = 1;
         goto out;
     }
-    if ((rc = load_recipe("train", recipe, nov, ov, r)) == 0) {
+    if ((rc = load_recipe(&A, r)) == 0) {
         if (print_config) {
             char *yaml = NULL;
             if (kpl_recipe_to_yaml(r, &yaml) == KPL_OK) fputs(yaml, stdout);
@@ -250,36 +262,31 @@ int kpl__cmd_train(int argc, char **argv)
     }
     free(r);
 out:
-    free(ov);
-    free(plugins);
+    args_free(&A);
     return rc;
 }
 
 int kpl__cmd_eval(int argc, char **argv)
 {
-    const char *recipe = NULL, *ckpt = NULL;
-    const char **ov = calloc((size_t)argc + 1, sizeof *ov);
-    const char **plugins = calloc((size_t)argc + 1, sizeof *plugins);
-    if (!ov || !plugins) {
-        free(ov);
-        free(plugins);
-        return 1;
+    const char *ckpt = NULL;
+    args A;
+    int rc = 0;
+    if (!args_init(&A, "eval", argc)) {
+        rc = 1;
+        goto out;
     }
-    int nov = 0, np = 0, rc = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage_eval(stdout);
             goto out;
-        } else if (!strcmp(a, "--plugin")) {
-            if ((rc = plugin_arg("eval", argc, argv, &i, plugins, &np)) != 0) goto out;
         } else if (!strcmp(a, "--checkpoint") && i + 1 < argc) {
             ckpt = argv[++i];
         } else if (!strcmp(a, "--checkpoint")) {
             fprintf(stderr, "kpl eval: --checkpoint needs a FILE\n");
             rc = 2;
             goto out;
-        } else if ((rc = positional("eval", a, &recipe, ov, &nov)) != 0) {
+        } else if ((rc = common_arg(&A, argc, argv, &i)) != 0) {
             goto out;
         }
     }
@@ -288,16 +295,15 @@ int kpl__cmd_eval(int argc, char **argv)
         rc = 2;
         goto out;
     }
-    if ((rc = load_plugins("eval", plugins, np)) != 0) goto out;
+    if ((rc = load_plugins(&A)) != 0) goto out;
     kpl_recipe *r = malloc(sizeof *r);
     if (!r) {
         rc = 1;
         goto out;
     }
-    if ((rc = load_recipe("eval", recipe, nov, ov, r)) == 0) rc = eval_run(r, ckpt);
+    if ((rc = load_recipe(&A, r)) == 0) rc = eval_run(r, ckpt);
     free(r);
 out:
-    free(ov);
-    free(plugins);
+    args_free(&A);
     return rc;
 }
