@@ -7,6 +7,7 @@
 
 #include "trainer.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 
 /* ---- TensorBoard event files (tboard.c) ---- */
@@ -120,6 +121,8 @@ void kpl__log_info(kpl__runlog *l, const char *fmt, ...) __attribute__((format(p
 void kpl__log_report(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kpl__log_warn(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void kpl__log_error(kpl__runlog *l, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+/* The same for a va_list (the one formatter underneath). */
+void kpl__log_v(kpl__runlog *l, kpl_log_kind kind, const char *fmt, va_list ap);
 /* One line of metrics.jsonl (rank 0). */
 void kpl__log_metrics(kpl__runlog *l, const char *json);
 /* The last record of a run or an evaluation, for the console. */

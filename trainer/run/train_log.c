@@ -58,27 +58,27 @@ static void emit(kpl__runlog *l, kpl_log_kind kind, const char *text)
 }
 
 /* The one formatter of every line a run says: this rank's log file
- * (tagged) and the log function. */
-static void say(kpl__runlog *l, kpl_log_kind kind, const char *tag, const char *fmt, va_list ap)
+ * (tagged by kind) and the log function. */
+void kpl__log_v(kpl__runlog *l, kpl_log_kind kind, const char *fmt, va_list ap)
 {
     char msg[4096];
     vsnprintf(msg, sizeof msg, fmt, ap);
-    to_file(l, tag, msg);
+    to_file(l, kind == KPL_LOG_WARN ? "warning: " : kind == KPL_LOG_ERROR ? "error: " : "", msg);
     emit(l, kind, msg);
 }
 
-#define KPL__SAY(l, kind, tag, fmt)  \
-    do {                             \
-        va_list ap;                  \
-        va_start(ap, fmt);           \
-        say(l, kind, tag, fmt, ap);  \
-        va_end(ap);                  \
+#define KPL__SAY(l, kind, fmt)        \
+    do {                              \
+        va_list ap;                   \
+        va_start(ap, fmt);            \
+        kpl__log_v(l, kind, fmt, ap); \
+        va_end(ap);                   \
     } while (0)
 
-void kpl__log_info(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_INFO, "", fmt); }
-void kpl__log_report(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_REPORT, "", fmt); }
-void kpl__log_warn(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_WARN, "warning: ", fmt); }
-void kpl__log_error(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_ERROR, "error: ", fmt); }
+void kpl__log_info(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_INFO, fmt); }
+void kpl__log_report(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_REPORT, fmt); }
+void kpl__log_warn(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_WARN, fmt); }
+void kpl__log_error(kpl__runlog *l, const char *fmt, ...) { KPL__SAY(l, KPL_LOG_ERROR, fmt); }
 
 void kpl__log_metrics(kpl__runlog *l, const char *json)
 {

@@ -270,22 +270,18 @@ kpl_module *kpl_trainer_model(const kpl_trainer *t, int i)
 
 void kpl_trainer_info(kpl_trainer *t, const char *fmt, ...)
 {
-    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    kpl__log_v(&t->log, KPL_LOG_INFO, fmt, ap);
     va_end(ap);
-    kpl__log_info(&t->log, "%s", buf);
 }
 
 void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...)
 {
-    char buf[4096];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(buf, sizeof buf, fmt, ap);
+    kpl__log_v(&t->log, KPL_LOG_WARN, fmt, ap);
     va_end(ap);
-    kpl__log_warn(&t->log, "%s", buf);
 }
 
 /* v[0..n) reduced over the ranks in place (host values). */
