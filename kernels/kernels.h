@@ -378,6 +378,10 @@ void kpl_tensor_retain(kpl_tensor *t);
  * zero.  Accepts NULL. */
 void kpl_tensor_release(kpl_tensor *t);
 
+/* Every accessor takes NULL (an op's failed result, a batch feature the
+ * loader was not asked for): ndim, numel, nbytes, dim and offset 0, shape,
+ * device and storage NULL, dtype F32; the data pointers NULL with an error
+ * that says so (and keeps the failed op's message). */
 int kpl_tensor_ndim(const kpl_tensor *t);
 /* Pointer to ndim sizes, valid while the tensor lives. */
 const int64_t *kpl_tensor_shape(const kpl_tensor *t);

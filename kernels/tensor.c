@@ -148,31 +148,37 @@ void kpl_tensor_release(kpl_tensor *t)
 
 void kpl_tensor_set_meta(kpl_tensor *t, void *meta, void (*free_fn)(void *meta))
 {
+    if (!t) return;
     t->meta = meta;
     t->meta_free = free_fn;
 }
 
-void *kpl_tensor_meta(const kpl_tensor *t) { return t->meta; }
+void *kpl_tensor_meta(const kpl_tensor *t) { return t ? t->meta : NULL; }
 
 int kpl_tensor_refcount(const kpl_tensor *t)
 {
+    if (!t) return 0;
     return atomic_load_explicit(&((kpl_tensor *)t)->refcount, memory_order_relaxed);
 }
 
-int kpl_tensor_ndim(const kpl_tensor *t) { return t->ndim; }
-const int64_t *kpl_tensor_shape(const kpl_tensor *t) { return t->shape; }
-int64_t kpl_tensor_numel(const kpl_tensor *t) { return t->numel; }
+/* The accessors take NULL as ops do (the result of a failed op, a batch
+ * feature the loader was not asked for): a neutral answer, never a crash;
+ * the data accessors also say what was NULL. */
+int kpl_tensor_ndim(const kpl_tensor *t) { return t ? t->ndim : 0; }
+const int64_t *kpl_tensor_shape(const kpl_tensor *t) { return t ? t->shape : NULL; }
+int64_t kpl_tensor_numel(const kpl_tensor *t) { return t ? t->numel : 0; }
 size_t kpl_tensor_nbytes(const kpl_tensor *t)
 {
-    return (size_t)t->numel * kpl_dtype_size(t->dtype);
+    return t ? (size_t)t->numel * kpl_dtype_size(t->dtype) : 0;
 }
-kpl_dtype kpl_tensor_dtype(const kpl_tensor *t) { return t->dtype; }
-kpl_device *kpl_tensor_device(const kpl_tensor *t) { return t->storage->dev; }
-kpl_storage *kpl_tensor_storage(const kpl_tensor *t) { return t->storage; }
-size_t kpl_tensor_offset(const kpl_tensor *t) { return t->offset; }
+kpl_dtype kpl_tensor_dtype(const kpl_tensor *t) { return t ? t->dtype : KPL_F32; }
+kpl_device *kpl_tensor_device(const kpl_tensor *t) { return t ? t->storage->dev : NULL; }
+kpl_storage *kpl_tensor_storage(const kpl_tensor *t) { return t ? t->storage : NULL; }
+size_t kpl_tensor_offset(const kpl_tensor *t) { return t ? t->offset : 0; }
 
 int64_t kpl_tensor_dim(const kpl_tensor *t, int axis)
 {
+    if (!t) return 0;
     if (axis < 0) axis += t->ndim;
     return (axis >= 0 && axis < t->ndim) ? t->shape[axis] : 0;
 }
@@ -182,26 +188,42 @@ bool kpl_tensor_shares_storage(const kpl_tensor *a, const kpl_tensor *b)
     return a && b && a->storage == b->storage;
 }
 
+/* NULL for a NULL tensor, with an error that keeps the failure that made
+ * it (if any) in view. */
+static void *null_tensor(const char *what)
+{
+    if (kpl_last_status() < 0)
+        kpl__error_prefix(kpl_last_status(), "%s: NULL tensor, from a failed op: ", what);
+    else
+        KPL_ERROR(KPL_EINVAL, "%s: NULL tensor (a batch feature not asked for, or an unset "
+                  "result?)", what);
+    return NULL;
+}
+
 const void *kpl_tensor_host_data(kpl_tensor *t)
 {
+    if (!t) return null_tensor("tensor_host_data");
     const char *p = kpl_storage_host_data(t->storage);
     return p ? p + t->offset : NULL;
 }
 
 void *kpl_tensor_host_mutable(kpl_tensor *t)
 {
+    if (!t) return null_tensor("tensor_host_mutable");
     char *p = kpl_storage_host_mutable(t->storage);
     return p ? p + t->offset : NULL;
 }
 
 const void *kpl_tensor_data(kpl_tensor *t)
 {
+    if (!t) return null_tensor("tensor_data");
     const char *p = kpl_storage_device_data(t->storage);
     return p ? p + t->offset : NULL;
 }
 
 void *kpl_tensor_mutable(kpl_tensor *t)
 {
+    if (!t) return null_tensor("tensor_mutable");
     char *p = kpl_storage_device_mutable(t->storage);
     return p ? p + t->offset : NULL;
 }

@@ -80,7 +80,9 @@ kpl_status kpl_module_state_save(kpl_module *m, kpl_checkpoint *c, const char *p
  * shape that differs is an error naming both (and listing every tensor
  * that differs), and any error leaves m as it was (everything is checked
  * before anything is copied).  strict: a tensor of m missing from c, or a
- * tensor of c under prefix that m lacks, is KPL_ENOTFOUND listing them.
+ * tensor of c under prefix that m lacks, is KPL_ENOTFOUND listing them;
+ * not strict, a load that matches none of m's tensors is KPL_ENOTFOUND too
+ * (a misspelt prefix), naming the prefix and some of c's names.
  * report (may be NULL) receives the counts and names, on success and on
  * failure alike (nloaded 0 then); free it with kpl_state_report_clear. */
 kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const char *prefix,

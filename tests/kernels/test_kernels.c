@@ -135,6 +135,29 @@ static void meta_free(void *m)
     meta_freed += *(int *)m;
 }
 
+/* Accessors take NULL as ops do: neutral answers, and the data accessors
+ * say what was NULL, keeping the failed op's message. */
+static void test_tensor_null(void **state)
+{
+    (void)state;
+    assert_int_equal(kpl_tensor_ndim(NULL), 0);
+    assert_int_equal(kpl_tensor_numel(NULL), 0);
+    assert_int_equal(kpl_tensor_nbytes(NULL), 0);
+    assert_int_equal(kpl_tensor_dim(NULL, 0), 0);
+    assert_null(kpl_tensor_shape(NULL));
+    assert_null(kpl_tensor_device(NULL));
+    kpl_clear_error();
+    assert_null(kpl_tensor_host_data(NULL));
+    assert_int_equal(kpl_last_status(), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "tensor_host_data: NULL tensor (a batch feature"));
+    kpl_set_error(KPL_ESHAPE, "add: shapes (2) and (3)");
+    assert_null(kpl_tensor_host_mutable(NULL));
+    assert_int_equal(kpl_last_status(), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(),
+                           "tensor_host_mutable: NULL tensor, from a failed op: add: shapes"));
+    kpl_clear_error();
+}
+
 static void test_tensor_meta(void **state)
 {
     (void)state;
@@ -299,6 +322,7 @@ int run_tensor_tests(void)
         cmocka_unit_test(test_status_and_version),
         cmocka_unit_test(test_devices),
         cmocka_unit_test(test_tensor_basics),
+        cmocka_unit_test(test_tensor_null),
         cmocka_unit_test(test_tensor_meta),
         cmocka_unit_test(test_permute),
         cmocka_unit_test(test_half_conversions),

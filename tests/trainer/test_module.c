@@ -413,8 +413,12 @@ static void test_partial_state_dict(void **state)
     kpl_state_report_clear(&rep);
     for (int64_t i = 0; i < kpl_tensor_numel(w); i++)
         assert_close(tget(w, i), tget(src, i), 0, 0, "loaded", i);
-    /* the whole detector: its head and backbone names are missing under "model." */
-    OK(kpl_module_state_load(det, ck, "model.", false, &rep));
+    /* the whole detector: its head and backbone names are missing under
+     * "model.": a load that matches nothing is a wrong prefix, an error
+     * (the report still says what is missing) */
+    FAILS(kpl_module_state_load(det, ck, "model.", false, &rep), KPL_ENOTFOUND,
+          "state dict under 'model.': none of the model's 102 tensors (such as "
+          "'model.backbone.conv1.weight') is in the checkpoint, which holds 102 (");
     assert_int_equal(rep.nloaded, 0);
     assert_int_equal(rep.nmissing, 100 + 2);
     assert_non_null(strstr(rep.missing, "backbone.conv1.weight"));

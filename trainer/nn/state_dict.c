@@ -107,6 +107,20 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
                        r.unexpected ? r.unexpected : "", r.nunexpected > 20 ? ", ..." : "");
         goto fail;
     }
+    /* a load that matches nothing is a misspelt prefix, not a partial load */
+    if (r.nloaded == 0 && r.nmissing > 0) {
+        char some[160] = "";
+        for (int i = 0, at = 0; i < kpl_checkpoint_num_tensors(c) && i < 3; i++)
+            at += snprintf(some + at, sizeof some - (size_t)at, "%s%s", i ? ", " : "",
+                           kpl_checkpoint_name(c, i));
+        st = KPL_ERROR(KPL_ENOTFOUND, "state dict under '%s': none of the model's %d tensors "
+                       "(such as '%s%s') is in the checkpoint, which holds %d (%s%s): a wrong "
+                       "prefix?", prefix, r.nmissing, prefix,
+                       kpl_module_num_params(m) ? kpl_module_param_name(m, 0) : "",
+                       kpl_checkpoint_num_tensors(c), some,
+                       kpl_checkpoint_num_tensors(c) > 3 ? ", ..." : "");
+        goto fail;
+    }
     /* all checked: now copy, so a failed check leaves the model as it was */
     for (int b = 0; b < 2; b++) {
         int n = b ? kpl_module_num_buffers(m) : kpl_module_num_params(m);

@@ -75,6 +75,10 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
               "model '%s' has %d parameters, %d when it was added to the trainer: create every "
               "parameter before kpl_trainer_add_model (buffers may come later)", md->name,
               kpl_module_num_params(md->m), md->nall);
+    KPL_CHECK(kpl_requires_grad(loss), KPL_EINVAL,
+              "kpl_trainer_backward: model '%s': its loss does not require grad (its parameters "
+              "are frozen or lent out with kpl_module_set_requires_grad, or the loss does not "
+              "depend on them)", md->name);
     const kpl_batch *b = t->batch;
     kpl__watched w = {loss, t->step + 1, t->epoch + 1, b->position, b->position + b->size - 1};
     if (value || t->r->loss.nonfinite == KPL_NONFINITE_SKIP) {
