@@ -13,8 +13,10 @@
  *
  *   kpl_trainer *t = NULL;
  *   kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
- *   if (kpl_trainer_create(&recipe, &my_task, &o, &t) < 0) ...
- *   int rc = kpl_trainer_fit(t);            // epochs, evaluation, checkpoints
+ *   o.log = my_log;                         // what is for a console (below)
+ *   kpl_status st = kpl_trainer_create(&recipe, &my_task, &o, &t);
+ *   if (st >= 0) st = kpl_trainer_fit(t);   // epochs, evaluation, checkpoints
+ *   if (st < 0 && st != KPL_ECANCELED) kpl_trainer_end_job(t, 1);  // every rank
  *   kpl_trainer_destroy(t);
  *
  * or step by step: kpl_trainer_step, kpl_trainer_evaluate, kpl_trainer_save.
