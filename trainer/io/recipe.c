@@ -566,14 +566,16 @@ static kpl_status load(const char *path, const char *yaml, const char *origin, i
     if (path) st = kpl__rc_load_file(&cx, path, 0, &root);
     else st = kpl__rc_load_tree(&cx, yaml, strlen(yaml), kpl__rc_keep_origin(&cx, origin), true, "", 0, &root);
     for (int i = 0; i < nov && st >= 0; i++) st = kpl__rc_apply_override(&cx, root, ov[i]);
-    static char plugins[KPL_RECIPE_LIST][KPL_RECIPE_PATH]; /* one recipe loads at a time */
+    char(*plugins)[KPL_RECIPE_PATH] = calloc(KPL_RECIPE_LIST, KPL_RECIPE_PATH);
     int nplugins = 0;
+    if (st >= 0 && !plugins) st = KPL_ERROR(KPL_ENOMEM, "recipe: out of memory");
     if (st >= 0) st = take_plugins(root, plugins, &nplugins);
     if (st >= 0) st = bind(root, path ? path : "", known_task, out);
     if (st >= 0) {
-        memcpy(out->plugins, plugins, sizeof plugins);
+        memcpy(out->plugins, plugins, sizeof out->plugins);
         out->nplugins = nplugins;
     }
+    free(plugins);
     kpl__rc_node_free(root);
     for (int i = 0; i < cx.norigins; i++) free(cx.origins[i]);
     return st;
