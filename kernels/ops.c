@@ -806,6 +806,38 @@ static kpl_status conv_check4(const char *op, const kpl_tensor *t, const char *n
     return KPL_OK;
 }
 
+/* The one argument check of the three convolution calls.  t[0..3) are
+ * the call's tensors by role (forward: out, x, w; backward data: gx, gy,
+ * w; backward weight: gw, x, gy), every one given, 4-D, f32 or f64, on
+ * t[0]'s device with t[0]'s dtype; the input `in`, the weights `wt` and
+ * params give the output plane y (kpl_shape_conv2d), which `res` must
+ * have; a bias (may be NULL) has one value per filter. */
+typedef struct {
+    const kpl_tensor *t;
+    const char *name;
+} conv_arg;
+
+static kpl_status conv_check(const char *op, const conv_arg *t, const kpl_tensor *in,
+                             const kpl_tensor *wt, const kpl_tensor *res, conv_arg bias,
+                             const kpl_conv2d_params *p, int64_t *y)
+{
+    for (int i = 0; i < 3; i++) CHECK_ARG(op, t[i].t, t[i].name);
+    for (int i = 0; i < 3; i++) KPL_TRY(conv_check4(op, t[i].t, t[i].name));
+    for (int i = 1; i < 3; i++) KPL_TRY(same_device(op, t[0].t, t[0].name, t[i].t, t[i].name));
+    for (int i = 1; i < 3; i++) KPL_TRY(want_dtype(op, t[i].t, t[i].name, t[0].t->dtype));
+    KPL_TRY(kpl_shape_conv2d(in->shape, wt->shape, p, y));
+    KPL_TRY(same_shape(op, res, 4, y));
+    if (!bias.t) return KPL_OK;
+    char bb[KPL_SHAPE_BUF];
+    KPL_TRY(same_device(op, bias.t, bias.name, t[0].t, t[0].name));
+    KPL_TRY(want_dtype(op, bias.t, bias.name, t[0].t->dtype));
+    KPL_CHECK(bias.t->ndim == 1 && bias.t->shape[0] == wt->shape[0], KPL_ESHAPE,
+              "%s: %s %s must have one value per filter (%lld)", op,
+              strcmp(bias.name, "b") ? "bias gradient" : "bias", KPL_SHAPE(bias.t, bb),
+              (long long)wt->shape[0]);
+    return KPL_OK;
+}
+
 static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, const int64_t *w,
                       const int64_t *y, const kpl_conv2d_params *p)
 {
@@ -819,27 +851,9 @@ static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, c
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                         const kpl_tensor *b, const kpl_conv2d_params *p)
 {
-    const char *op = "conv2d";
-    CHECK_ARG(op, out, "out");
-    CHECK_ARG(op, x, "x");
-    CHECK_ARG(op, w, "w");
-    KPL_TRY(conv_check4(op, x, "x"));
-    KPL_TRY(conv_check4(op, w, "w"));
-    KPL_TRY(same_device(op, x, "x", w, "w"));
-    KPL_TRY(same_device(op, out, "out", x, "x"));
-    KPL_TRY(want_dtype(op, w, "w", x->dtype));
-    KPL_TRY(want_dtype(op, out, "out", x->dtype));
     int64_t y[4];
-    KPL_TRY(kpl_shape_conv2d(x->shape, w->shape, p, y));
-    KPL_TRY(same_shape(op, out, 4, y));
-    if (b) {
-        char bb[KPL_SHAPE_BUF];
-        KPL_TRY(same_device(op, b, "b", x, "x"));
-        KPL_TRY(want_dtype(op, b, "b", x->dtype));
-        KPL_CHECK(b->ndim == 1 && b->shape[0] == w->shape[0], KPL_ESHAPE,
-                  "conv2d: bias %s must have one value per filter (%lld)", KPL_SHAPE(b, bb),
-                  (long long)w->shape[0]);
-    }
+    conv_arg t[3] = {{x, "x"}, {w, "w"}, {out, "out"}};
+    KPL_TRY(conv_check("conv2d", t, x, w, out, (conv_arg){b, "b"}, p, y));
     KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "conv2d: 'out' may not alias 'x'");
     if (out->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
@@ -851,19 +865,9 @@ kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl
                                  const kpl_conv2d_params *p)
 {
     const char *op = "conv2d_bwd_data";
-    CHECK_ARG(op, gx, "gx");
-    CHECK_ARG(op, gy, "gy");
-    CHECK_ARG(op, w, "w");
-    KPL_TRY(conv_check4(op, gx, "gx"));
-    KPL_TRY(conv_check4(op, gy, "gy"));
-    KPL_TRY(conv_check4(op, w, "w"));
-    KPL_TRY(same_device(op, gx, "gx", gy, "gy"));
-    KPL_TRY(same_device(op, gx, "gx", w, "w"));
-    KPL_TRY(want_dtype(op, gy, "gy", gx->dtype));
-    KPL_TRY(want_dtype(op, w, "w", gx->dtype));
     int64_t y[4];
-    KPL_TRY(kpl_shape_conv2d(gx->shape, w->shape, p, y));
-    KPL_TRY(same_shape(op, gy, 4, y));
+    conv_arg t[3] = {{gx, "gx"}, {gy, "gy"}, {w, "w"}};
+    KPL_TRY(conv_check(op, t, gx, w, gy, (conv_arg){NULL, NULL}, p, y));
     KPL_CHECK(gx->storage != gy->storage, KPL_EINVAL, "%s: 'gx' may not alias 'gy'", op);
     if (gx->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
@@ -874,28 +878,9 @@ kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl
 kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_tensor *x,
                                    const kpl_tensor *gy, const kpl_conv2d_params *p)
 {
-    const char *op = "conv2d_bwd_weight";
-    CHECK_ARG(op, gw, "gw");
-    CHECK_ARG(op, x, "x");
-    CHECK_ARG(op, gy, "gy");
-    KPL_TRY(conv_check4(op, gw, "gw"));
-    KPL_TRY(conv_check4(op, x, "x"));
-    KPL_TRY(conv_check4(op, gy, "gy"));
-    KPL_TRY(same_device(op, gw, "gw", x, "x"));
-    KPL_TRY(same_device(op, gw, "gw", gy, "gy"));
-    KPL_TRY(want_dtype(op, x, "x", gw->dtype));
-    KPL_TRY(want_dtype(op, gy, "gy", gw->dtype));
     int64_t y[4];
-    KPL_TRY(kpl_shape_conv2d(x->shape, gw->shape, p, y));
-    KPL_TRY(same_shape(op, gy, 4, y));
-    if (gb) {
-        char bb[KPL_SHAPE_BUF];
-        KPL_TRY(same_device(op, gb, "gb", gw, "gw"));
-        KPL_TRY(want_dtype(op, gb, "gb", gw->dtype));
-        KPL_CHECK(gb->ndim == 1 && gb->shape[0] == gw->shape[0], KPL_ESHAPE,
-                  "%s: bias gradient %s must have %lld values", op, KPL_SHAPE(gb, bb),
-                  (long long)gw->shape[0]);
-    }
+    conv_arg t[3] = {{gw, "gw"}, {x, "x"}, {gy, "gy"}};
+    KPL_TRY(conv_check("conv2d_bwd_weight", t, x, gw, gy, (conv_arg){gb, "gb"}, p, y));
     if (gw->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
     conv_fill(&a, KPL_CONV_BWD_WEIGHT, x->shape, gw->shape, y, p);
