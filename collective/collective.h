@@ -58,19 +58,16 @@ extern "C" {
 
 typedef enum { KPL_COMM_SUM, KPL_COMM_AVG, KPL_COMM_MAX, KPL_COMM_MIN } kpl_comm_op;
 
-typedef enum {
-    KPL_COMM_BACKEND_AUTO, /* nccl for CUDA tensors, mpi for host tensors */
-    KPL_COMM_BACKEND_MPI,
-    KPL_COMM_BACKEND_UCX,
-    KPL_COMM_BACKEND_NCCL,
-} kpl_comm_backend;
+/* auto: nccl for CUDA tensors, mpi for host tensors */
+#define KPL_COMM_BACKENDS(X)                                                            \
+    X(KPL_COMM_BACKEND_AUTO, "auto") X(KPL_COMM_BACKEND_MPI, "mpi")                      \
+    X(KPL_COMM_BACKEND_UCX, "ucx") X(KPL_COMM_BACKEND_NCCL, "nccl")
+typedef enum { KPL_COMM_BACKENDS(KPL_ENUM_VALUE) } kpl_comm_backend;
 
-/* "sum", "avg", "max", "min"; "auto", "mpi", "ucx", "nccl" (the table, NULL-terminated, and
- * parse: -1 for other names). */
+/* "sum", "avg", "max", "min"; kpl_comm_backend_names (NULL-terminated),
+ * _name, _parse (-1 for other names). */
 const char *kpl_comm_op_name(kpl_comm_op op);
-extern const char *const kpl_comm_backend_names[];
-const char *kpl_comm_backend_name(kpl_comm_backend b);
-int kpl_comm_backend_parse(const char *name);
+KPL_ENUM_DECLARE(kpl_comm_backend);
 
 typedef struct {
     kpl_comm_backend backend;

@@ -35,10 +35,7 @@ const char *kpl_comm_op_name(kpl_comm_op op)
     return (unsigned)op < 4 ? n[op] : "?";
 }
 
-const char *const kpl_comm_backend_names[] = {"auto", "mpi", "ucx", "nccl", NULL};
-
-const char *kpl_comm_backend_name(kpl_comm_backend b) { return kpl__name_at(kpl_comm_backend_names, (int)b); }
-int kpl_comm_backend_parse(const char *name) { return kpl__name_index(kpl_comm_backend_names, name); }
+KPL_ENUM_DEFINE(kpl_comm_backend, KPL_COMM_BACKENDS)
 
 void kpl__comm_describe(const kpl_comm *c, const kpl__coll_args *a, const char *backend,
                         char *buf, size_t len)

@@ -226,17 +226,12 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 
 /* Where a dataset is converted from: nothing, IDX files (MNIST's format),
  * an image folder, an LMDB of Caffe Datums. */
-typedef enum {
-    KPL_CONVERT_NONE,
-    KPL_CONVERT_IDX,
-    KPL_CONVERT_IMAGEFOLDER,
-    KPL_CONVERT_LMDB
-} kpl_convert_source;
-
-/* "none", "idx", "imagefolder", "lmdb" (the table, NULL-terminated); parse: -1 for others. */
-extern const char *const kpl_convert_source_names[];
-const char *kpl_convert_source_name(kpl_convert_source s);
-int kpl_convert_source_parse(const char *name);
+#define KPL_CONVERT_SOURCES(X)                                                          \
+    X(KPL_CONVERT_NONE, "none") X(KPL_CONVERT_IDX, "idx")                                \
+    X(KPL_CONVERT_IMAGEFOLDER, "imagefolder") X(KPL_CONVERT_LMDB, "lmdb")
+typedef enum { KPL_CONVERT_SOURCES(KPL_ENUM_VALUE) } kpl_convert_source;
+/* kpl_convert_source_names (NULL-terminated), _name, _parse (-1 for others) */
+KPL_ENUM_DECLARE(kpl_convert_source);
 
 /* Options shared by the converters; KPL_CONVERT_OPTIONS_INIT for defaults. */
 typedef struct {
@@ -295,16 +290,16 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
 
 /* ---- per-sample transforms (the DataTransformer's work) --------------------------- */
 
-typedef enum {
-    KPL_CROP_NONE,           /* whole image, resized to out_h x out_w if those are set */
-    KPL_CROP_RANDOM_RESIZED, /* torchvision's RandomResizedCrop(scale, ratio) */
-    KPL_CROP_CENTER,         /* shorter side resized to resize_shorter, then center crop */
-} kpl_crop_mode;
+/* none: the whole image, resized to out_h x out_w if those are set;
+ * random_resized: torchvision's RandomResizedCrop(scale, ratio);
+ * center: the shorter side resized to resize_shorter, then a center crop */
+#define KPL_CROP_MODES(X)                                                               \
+    X(KPL_CROP_NONE, "none") X(KPL_CROP_RANDOM_RESIZED, "random_resized")                \
+    X(KPL_CROP_CENTER, "center")
+typedef enum { KPL_CROP_MODES(KPL_ENUM_VALUE) } kpl_crop_mode;
 
-/* "none", "random_resized", "center" (the table, NULL-terminated); parse: -1 for others. */
-extern const char *const kpl_crop_mode_names[];
-const char *kpl_crop_mode_name(kpl_crop_mode m);
-int kpl_crop_mode_parse(const char *name);
+/* kpl_crop_mode_names (NULL-terminated), _name, _parse (-1 for others) */
+KPL_ENUM_DECLARE(kpl_crop_mode);
 
 /* What happens to one example on its way into a batch.  Images are decoded
  * from the feature's encoding ("jpeg", "png", or "raw" with a fixed (H, W, C)
@@ -380,19 +375,17 @@ typedef struct {
  * children might need (OpenMP pools are fine; the children use none).
  */
 
-typedef enum {
-    KPL_SHUFFLE_NONE,    /* dataset order */
-    KPL_SHUFFLE_CHUNK,   /* chunk order shuffled, then examples inside windows of
-                          * shuffle_window chunks: sequential I/O */
-    KPL_SHUFFLE_BUFFER,  /* dataset order through a shuffle buffer of initial_fill */
-    KPL_SHUFFLE_EXAMPLE, /* a full permutation (random access: SSD or small sets) */
-} kpl_shuffle_mode;
+/* none: dataset order; chunk: chunk order shuffled, then examples inside
+ * windows of shuffle_window chunks (sequential I/O); buffer: dataset
+ * order through a shuffle buffer of initial_fill; example: a full
+ * permutation (random access: SSD or small sets) */
+#define KPL_SHUFFLE_MODES(X)                                                            \
+    X(KPL_SHUFFLE_NONE, "none") X(KPL_SHUFFLE_CHUNK, "chunk") X(KPL_SHUFFLE_BUFFER, "buffer") \
+    X(KPL_SHUFFLE_EXAMPLE, "example")
+typedef enum { KPL_SHUFFLE_MODES(KPL_ENUM_VALUE) } kpl_shuffle_mode;
 
-/* "none", "chunk", "buffer", "example" (the table, NULL-terminated); parse returns -1 for
- * other names. */
-extern const char *const kpl_shuffle_mode_names[];
-const char *kpl_shuffle_mode_name(kpl_shuffle_mode m);
-int kpl_shuffle_mode_parse(const char *name);
+/* kpl_shuffle_mode_names (NULL-terminated), _name, _parse (-1 for others) */
+KPL_ENUM_DECLARE(kpl_shuffle_mode);
 
 typedef struct {
     const char *path;          /* the KPLRecord dataset directory */

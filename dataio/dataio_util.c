@@ -14,16 +14,7 @@
 #include <unistd.h>
 
 /* The converters' sources (convert_idx.c, convert_folder.c, convert_lmdb.c). */
-const char *const kpl_convert_source_names[] = {"none", "idx", "imagefolder", "lmdb", NULL};
-
-const char *kpl_convert_source_name(kpl_convert_source s)
-{
-    return kpl__name_at(kpl_convert_source_names, (int)s);
-}
-int kpl_convert_source_parse(const char *name)
-{
-    return kpl__name_index(kpl_convert_source_names, name);
-}
+KPL_ENUM_DEFINE(kpl_convert_source, KPL_CONVERT_SOURCES)
 
 /* ---- CRC32C ---------------------------------------------------------------------- */
 

@@ -23,10 +23,7 @@
 #define KEY_WINDOW(slot, w) ((2ull << 60) | ((uint64_t)(slot) << 36) | (uint64_t)(w))
 #define KEY_BUFFER(slot) ((3ull << 60) | (uint64_t)(slot))
 
-const char *const kpl_shuffle_mode_names[] = {"none", "chunk", "buffer", "example", NULL};
-
-const char *kpl_shuffle_mode_name(kpl_shuffle_mode m) { return kpl__name_at(kpl_shuffle_mode_names, (int)m); }
-int kpl_shuffle_mode_parse(const char *name) { return kpl__name_index(kpl_shuffle_mode_names, name); }
+KPL_ENUM_DEFINE(kpl_shuffle_mode, KPL_SHUFFLE_MODES)
 
 int64_t kpl__order_examples(const kpl_dataset *ds, const kpl__order_params *p)
 {

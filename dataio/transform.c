@@ -103,10 +103,7 @@ void kpl__xform_scratch_destroy(kpl__xform_scratch *s)
 
 /* ---- init -------------------------------------------------------------------------- */
 
-const char *const kpl_crop_mode_names[] = {"none", "random_resized", "center", NULL};
-
-const char *kpl_crop_mode_name(kpl_crop_mode m) { return kpl__name_at(kpl_crop_mode_names, (int)m); }
-int kpl_crop_mode_parse(const char *name) { return kpl__name_index(kpl_crop_mode_names, name); }
+KPL_ENUM_DEFINE(kpl_crop_mode, KPL_CROP_MODES)
 
 static kpl_status find(const kpl_dataset *ds, const char *field, const char *name,
                        kpl_feature_type type, int *idx)

@@ -158,6 +158,26 @@ kpl_status kpl_error_at(kpl_status st, const char *file, int line, const char *f
 
 
 /* ------------------------------------------------------------------------ */
+/* Enums and their names from one list, so the two cannot drift apart:      */
+/*   #define KPL_CROP_MODES(X) X(KPL_CROP_NONE, "none") X(KPL_CROP_CENTER, "center") */
+/*   typedef enum { KPL_CROP_MODES(KPL_ENUM_VALUE) } kpl_crop_mode;   header */
+/*   KPL_ENUM_DECLARE(kpl_crop_mode);                                 header */
+/*   KPL_ENUM_DEFINE(kpl_crop_mode, KPL_CROP_MODES)  one of kpl's sources  */
+/* declare and define TYPE_names[] (NULL-terminated), TYPE_name(v) ("?"     */
+/* out of range) and TYPE_parse(name) (-1 for another name or NULL).        */
+/* ------------------------------------------------------------------------ */
+#define KPL_ENUM_VALUE(e, s) e,
+#define KPL_ENUM_STRING(e, s) s,
+#define KPL_ENUM_DECLARE(type)              \
+    extern const char *const type##_names[]; \
+    const char *type##_name(type v);         \
+    int type##_parse(const char *name)
+#define KPL_ENUM_DEFINE(type, LIST)                                                       \
+    const char *const type##_names[] = {LIST(KPL_ENUM_STRING) NULL};                      \
+    const char *type##_name(type v) { return kpl__name_at(type##_names, (int)v); }        \
+    int type##_parse(const char *name) { return kpl__name_index(type##_names, name); }
+
+/* ------------------------------------------------------------------------ */
 /* Data types                                                                 */
 /* ------------------------------------------------------------------------ */
 

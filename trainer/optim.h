@@ -192,19 +192,12 @@ kpl_status kpl_clip_grad_norm(int n, kpl_tensor *const *params, double max_norm,
  * step and multistep count epochs from 0 (milestones are absolute epochs,
  * as in torchvision's reference recipes).
  */
-typedef enum {
-    KPL_SCHED_CONSTANT,
-    KPL_SCHED_STEP,
-    KPL_SCHED_MULTISTEP,
-    KPL_SCHED_COSINE,
-    KPL_SCHED_POLY
-} kpl_sched_kind;
-
-/* "constant", "step", "multistep", "cosine", "poly" (the table, NULL-terminated); parse: -1
- * otherwise. */
-extern const char *const kpl_sched_kind_names[];
-const char *kpl_sched_kind_name(kpl_sched_kind k);
-int kpl_sched_kind_parse(const char *name);
+#define KPL_SCHED_KINDS(X)                                                              \
+    X(KPL_SCHED_CONSTANT, "constant") X(KPL_SCHED_STEP, "step")                          \
+    X(KPL_SCHED_MULTISTEP, "multistep") X(KPL_SCHED_COSINE, "cosine") X(KPL_SCHED_POLY, "poly")
+typedef enum { KPL_SCHED_KINDS(KPL_ENUM_VALUE) } kpl_sched_kind;
+/* kpl_sched_kind_names (NULL-terminated), _name, _parse (-1 otherwise) */
+KPL_ENUM_DECLARE(kpl_sched_kind);
 
 #define KPL_SCHED_MAX_MILESTONES 16
 typedef struct {

@@ -51,13 +51,22 @@ typedef struct {
 } kpl_recipe_split;
 
 /* What a step whose loss or gradients are NaN or inf does. */
-typedef enum { KPL_NONFINITE_STOP, KPL_NONFINITE_SKIP } kpl_nonfinite_policy;
+#define KPL_NONFINITE_POLICIES(X) X(KPL_NONFINITE_STOP, "stop") X(KPL_NONFINITE_SKIP, "skip")
+typedef enum { KPL_NONFINITE_POLICIES(KPL_ENUM_VALUE) } kpl_nonfinite_policy;
+KPL_ENUM_DECLARE(kpl_nonfinite_policy);
 /* optimizer.lr_scaling: none, or linear in the global batch (Goyal et al.). */
-typedef enum { KPL_LR_SCALING_NONE, KPL_LR_SCALING_LINEAR } kpl_lr_scaling;
+#define KPL_LR_SCALINGS(X) X(KPL_LR_SCALING_NONE, "none") X(KPL_LR_SCALING_LINEAR, "linear")
+typedef enum { KPL_LR_SCALINGS(KPL_ENUM_VALUE) } kpl_lr_scaling;
+KPL_ENUM_DECLARE(kpl_lr_scaling);
 /* schedule.per: the lr moves every step or once per epoch. */
-typedef enum { KPL_LR_PER_STEP, KPL_LR_PER_EPOCH } kpl_lr_per;
+#define KPL_LR_PERS(X) X(KPL_LR_PER_STEP, "step") X(KPL_LR_PER_EPOCH, "epoch")
+typedef enum { KPL_LR_PERS(KPL_ENUM_VALUE) } kpl_lr_per;
+KPL_ENUM_DECLARE(kpl_lr_per);
 /* log.progress: a progress bar on a terminal (or as kplrun asks), always, never. */
-typedef enum { KPL_PROGRESS_AUTO, KPL_PROGRESS_ALWAYS, KPL_PROGRESS_NEVER } kpl_progress_mode;
+#define KPL_PROGRESS_MODES(X)                                                           \
+    X(KPL_PROGRESS_AUTO, "auto") X(KPL_PROGRESS_ALWAYS, "always") X(KPL_PROGRESS_NEVER, "never")
+typedef enum { KPL_PROGRESS_MODES(KPL_ENUM_VALUE) } kpl_progress_mode;
+KPL_ENUM_DECLARE(kpl_progress_mode);
 
 /* The recipe binds into the owning modules' configuration structs
  * (kpl_model_config, kpl_loader_config, kpl_convert_options,

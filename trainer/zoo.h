@@ -19,8 +19,9 @@ extern "C" {
 
 /* A ResNet's stem: ImageNet's 7x7/2 convolution and 3x3/2 max-pool, or a
  * 3x3/1 convolution for 32x32 inputs ("imagenet", "cifar"). */
-typedef enum { KPL_STEM_IMAGENET, KPL_STEM_CIFAR } kpl_resnet_stem;
-extern const char *const kpl_resnet_stem_names[];
+#define KPL_RESNET_STEMS(X) X(KPL_STEM_IMAGENET, "imagenet") X(KPL_STEM_CIFAR, "cifar")
+typedef enum { KPL_RESNET_STEMS(KPL_ENUM_VALUE) } kpl_resnet_stem;
+KPL_ENUM_DECLARE(kpl_resnet_stem);
 
 /* A model of the zoo, as a recipe's model section gives it.  Zero means
  * "the architecture's default" for

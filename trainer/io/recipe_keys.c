@@ -47,10 +47,10 @@ bool kpl__rc_name_listed(const char *name, const char *list)
 }
 
 /* The trainer's own enums (the others are their modules'). */
-static const char *const scaling_names[] = {"none", "linear", NULL};
-static const char *const per_names[] = {"step", "epoch", NULL};
-static const char *const progress_names[] = {"auto", "always", "never", NULL};
-static const char *const nonfinite_names[] = {"stop", "skip", NULL};
+KPL_ENUM_DEFINE(kpl_lr_scaling, KPL_LR_SCALINGS)
+KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
+KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
+KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
 
 #define OFF(m) offsetof(kpl_recipe, m)
 #define SZ(m) sizeof(((kpl_recipe *)0)->m)
@@ -181,7 +181,7 @@ const field kpl__rc_fields[] = {
 
     F_FLOAT("loss.label_smoothing", loss.label_smoothing, "0", 0, 0.999,
             "cross-entropy label smoothing"),
-    F_ENUM("loss.nonfinite", loss.nonfinite, "stop", nonfinite_names,
+    F_ENUM("loss.nonfinite", loss.nonfinite, "stop", kpl_nonfinite_policy_names,
            "a step whose loss or gradients are NaN or inf: stop the run with an error, or "
            "skip its update (counted in metrics.jsonl)"),
     F_INT("loss.max_skips", loss.max_skips, "20", 0, BIG,
@@ -205,7 +205,7 @@ const field kpl__rc_fields[] = {
             "clip the global gradient norm to this (0: off)"),
     F_INT("optimizer.accumulate", optimizer.accumulate, "1", 1, 4096,
           "micro-batches per step (gradient accumulation)"),
-    F_ENUM("optimizer.lr_scaling", optimizer.lr_scaling, "none", scaling_names,
+    F_ENUM("optimizer.lr_scaling", optimizer.lr_scaling, "none", kpl_lr_scaling_names,
            "linear: lr x (batch_size x ranks x accumulate) / base_batch (Goyal et al.)"),
     F_INT("optimizer.base_batch", optimizer.base_batch, "256", 1, 1 << 30,
           "the global batch optimizer.lr is given for"),
@@ -227,7 +227,7 @@ const field kpl__rc_fields[] = {
              "multistep: epochs at which lr is multiplied by gamma"),
     F_FLOAT("schedule.power", schedule.config.power, "2", 1e-9, 100, "poly: exponent"),
     F_FLOAT("schedule.min_lr", schedule.config.min_lr, "0", 0, 1e6, "cosine, poly: final lr"),
-    F_ENUM("schedule.per", schedule.per, "step", per_names,
+    F_ENUM("schedule.per", schedule.per, "step", kpl_lr_per_names,
            "move the lr every step, or once per epoch"),
 
     F_INT("checkpoint.every_epochs", checkpoint.every_epochs, "1", 0, BIG,
@@ -242,7 +242,7 @@ const field kpl__rc_fields[] = {
     F_INT("log.every_steps", log.every_steps, "50", 1, BIG,
           "steps between metrics.jsonl records and log lines"),
     F_BOOL("log.tensorboard", log.tensorboard, "true", "write TensorBoard event files"),
-    F_ENUM("log.progress", log.progress, "auto", progress_names,
+    F_ENUM("log.progress", log.progress, "auto", kpl_progress_mode_names,
            "progress bar: auto (on a terminal, or as kplrun asks), always, never"),
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-const char *const kpl_resnet_stem_names[] = {"imagenet", "cifar", NULL};
+KPL_ENUM_DEFINE(kpl_resnet_stem, KPL_RESNET_STEMS)
 
 /* The built-in architectures, by model.name. */
 typedef enum { ARCH_MLP, ARCH_LENET, ARCH_CNN, ARCH_RESNET } arch;
@@ -223,7 +223,7 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
                   (long long)c->depth);
         KPL_CHECK(c->in_h >= (c->stem == KPL_STEM_CIFAR ? 8 : 32) && c->in_w >= (c->stem == KPL_STEM_CIFAR ? 8 : 32),
                   KPL_EINVAL, "model resnet: input %lldx%lld is too small for the %s stem",
-                  (long long)c->in_h, (long long)c->in_w, kpl__name_at(kpl_resnet_stem_names, (int)c->stem));
+                  (long long)c->in_h, (long long)c->in_w, kpl_resnet_stem_name(c->stem));
         break;
     }
     KPL_CHECK(c->width >= 0 && c->width <= 4096, KPL_EINVAL, "model %s: width %lld out of range",

@@ -7,11 +7,7 @@
 #include <math.h>
 #include <string.h>
 
-const char *const kpl_sched_kind_names[] = {"constant", "step", "multistep", "cosine", "poly",
-                                            NULL};
-
-const char *kpl_sched_kind_name(kpl_sched_kind k) { return kpl__name_at(kpl_sched_kind_names, (int)k); }
-int kpl_sched_kind_parse(const char *name) { return kpl__name_index(kpl_sched_kind_names, name); }
+KPL_ENUM_DEFINE(kpl_sched_kind, KPL_SCHED_KINDS)
 
 kpl_status kpl_lr_schedule_check(const kpl_lr_schedule *s)
 {
