@@ -726,6 +726,23 @@ kpl_status kpl_k_index_select(kpl_tensor *out, const kpl_tensor *x, int axis,
 kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis,
                            const kpl_tensor *idx);
 
+/* torch.gather: out (idx's shape) takes, at each position of idx
+ * (KPL_I64, x's rank), x's element whose coordinate along `axis` is the
+ * index there and whose other coordinates are the position's own, e.g.
+ * out[i][j][k] = x[i][idx[i][j][k]][k] for axis 1.  idx may be smaller
+ * than x in the other dims, not larger.  Any dtype.  An index outside
+ * [0, x.shape[axis]) is KPL_ERANGE naming the axis, the value and its
+ * position in idx (the first such in row-major order); out is then
+ * unspecified. */
+kpl_status kpl_k_gather(kpl_tensor *out, const kpl_tensor *x, int axis,
+                        const kpl_tensor *idx);
+/* Its adjoint, torch.Tensor.scatter_add out of place: out (x's shape) = x,
+ * then out[i][idx[i][j][k]][k] += src[i][j][k] for axis 1 (likewise for
+ * other axes), repeated indices adding up.  src has idx's shape.  f32 and
+ * f64.  The same index checks as gather. */
+kpl_status kpl_k_scatter_add(kpl_tensor *out, const kpl_tensor *x, int axis,
+                             const kpl_tensor *idx, const kpl_tensor *src);
+
 /* Batch normalisation with the batch statistics, over x (N, C, ...) per
  * channel: y = (x - mean) / sqrt(var + eps) * gamma + beta, with mean and
  * the biased variance var over every axis but 1 written to mean, var (C)

@@ -1027,7 +1027,7 @@ kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_
     return pool_run(KPL_POOL_AVG_BWD, gx, gy, NULL, gx->shape, ys, p);
 }
 
-/* ---- index_select / index_add ---------------------------------------------------- */
+/* ---- index_select / index_add, gather / scatter_add ------------------------------- */
 
 static kpl_status index_common(const char *op, const kpl_tensor *big, const kpl_tensor *small,
                                int axis, const kpl_tensor *idx, kpl_index_attrs *a)
@@ -1061,7 +1061,7 @@ kpl_status kpl_k_index_select(kpl_tensor *out, const kpl_tensor *x, int axis,
     CHECK_ARG("index_select", out, "out");
     CHECK_ARG("index_select", x, "x");
     CHECK_ARG("index_select", idx, "idx");
-    kpl_index_attrs a = {.add = false};
+    kpl_index_attrs a = {.kind = KPL_INDEX_SELECT};
     KPL_TRY(index_common("index_select", x, out, axis, idx, &a));
     KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "index_select: 'out' may not alias 'x'");
     if (out->numel == 0) return KPL_OK;
@@ -1073,13 +1073,134 @@ kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis, const
     CHECK_ARG("index_add", out, "out");
     CHECK_ARG("index_add", g, "g");
     CHECK_ARG("index_add", idx, "idx");
-    kpl_index_attrs a = {.add = true};
+    kpl_index_attrs a = {.kind = KPL_INDEX_ADD};
     KPL_TRY(index_common("index_add", out, g, axis, idx, &a));
     KPL_CHECK(kpl_dtype_is_float(out->dtype) && !is_half(out->dtype), KPL_EDTYPE,
               "index_add: dtype %s; f32 and f64 are supported", kpl_dtype_name(out->dtype));
     KPL_CHECK(out->storage != g->storage, KPL_EINVAL, "index_add: 'out' may not alias 'g'");
     if (out->numel == 0) return KPL_OK;
     return dispatch(KPL_KOP_INDEX, out->dtype, out, g, idx, NULL, &a);
+}
+
+/* What gather and scatter_add share: idx against x along axis, and the
+ * merged geometry of kpl_index_attrs. */
+static kpl_status gather_common(const char *op, const kpl_tensor *x, int axis,
+                                const kpl_tensor *idx, kpl_index_attrs *a)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_TRY(want_dtype(op, idx, "idx", KPL_I64));
+    KPL_TRY(same_device(op, x, "x", idx, "idx"));
+    int ax = axis < 0 ? axis + x->ndim : axis;
+    KPL_CHECK(ax >= 0 && ax < x->ndim, KPL_ESHAPE, "%s: axis %d is out of range for x %s", op,
+              axis, KPL_SHAPE(x, b1));
+    KPL_CHECK(idx->ndim == x->ndim, KPL_ESHAPE,
+              "%s: idx %s has %d dims and x %s has %d; they must have the same number", op,
+              KPL_SHAPE(idx, b1), idx->ndim, KPL_SHAPE(x, b2), x->ndim);
+    for (int d = 0; d < x->ndim; d++)
+        KPL_CHECK(d == ax || idx->shape[d] <= x->shape[d], KPL_ESHAPE,
+                  "%s: idx %s is larger than x %s in dim %d (%lld > %lld); only along axis "
+                  "%d may it be larger",
+                  op, KPL_SHAPE(idx, b1), KPL_SHAPE(x, b2), d, (long long)idx->shape[d],
+                  (long long)x->shape[d], ax);
+    /* Dim d joins the one before it (neither being the axis) when idx and
+     * x agree in d: a position's flat index over the two is then the same
+     * number in both, whatever the outer of the two holds. */
+    a->ndim = 0;
+    a->axis = -1;
+    for (int d = 0; d < x->ndim; d++) {
+        int last = a->ndim - 1;
+        if (last >= 0 && d != ax && last != a->axis && idx->shape[d] == x->shape[d]) {
+            a->ishape[last] *= idx->shape[d];
+            a->xshape[last] *= x->shape[d];
+            continue;
+        }
+        if (d == ax) a->axis = a->ndim;
+        a->ishape[a->ndim] = idx->shape[d];
+        a->xshape[a->ndim++] = x->shape[d];
+    }
+    a->outer = 1;
+    a->inner = 1;
+    a->xinner = 1;
+    for (int d = 0; d < a->axis; d++) a->outer *= a->ishape[d];
+    for (int d = a->axis + 1; d < a->ndim; d++) {
+        a->inner *= a->ishape[d];
+        a->xinner *= a->xshape[d];
+    }
+    a->k = a->ishape[a->axis];
+    a->dim = a->xshape[a->axis];
+    a->simple = a->axis <= 1 && a->ndim - a->axis <= 2;
+    return KPL_OK;
+}
+
+/* The kernel's KPL_ERANGE in the caller's terms: the position in idx as
+ * coordinates, the axis and the valid range. */
+static kpl_status gather_range_error(const char *op, kpl_status st, const kpl_tensor *x,
+                                     int axis, const kpl_tensor *idx, const int64_t *bad)
+{
+    if (st != KPL_ERANGE || bad[0] < 0) return st;
+    int64_t pos[KPL_MAX_DIMS], f = bad[0];
+    for (int d = idx->ndim - 1; d >= 0; d--) {
+        pos[d] = f % idx->shape[d];
+        f /= idx->shape[d];
+    }
+    int ax = axis < 0 ? axis + x->ndim : axis;
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    return KPL_ERROR(KPL_ERANGE,
+                     "%s: index %lld at position %s of idx is outside [0, %lld) along axis %d "
+                     "of x %s",
+                     op, (long long)bad[1], kpl_shape_str(idx->ndim, pos, b1, sizeof b1),
+                     (long long)x->shape[ax], ax, KPL_SHAPE(x, b2));
+}
+
+kpl_status kpl_k_gather(kpl_tensor *out, const kpl_tensor *x, int axis, const kpl_tensor *idx)
+{
+    const char *op = "gather";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, idx, "idx");
+    int64_t bad[2] = {-1, 0};
+    kpl_index_attrs a = {.kind = KPL_INDEX_GATHER, .bad = bad};
+    KPL_TRY(gather_common(op, x, axis, idx, &a));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    KPL_TRY(same_shape(op, out, idx->ndim, idx->shape));
+    KPL_CHECK(out->storage != x->storage && out->storage != idx->storage, KPL_EINVAL,
+              "%s: 'out' may not alias 'x' or 'idx'", op);
+    if (out->numel == 0) return KPL_OK;
+    kpl_status st = dispatch(KPL_KOP_INDEX, x->dtype, out, x, idx, NULL, &a);
+    return gather_range_error(op, st, x, axis, idx, bad);
+}
+
+kpl_status kpl_k_scatter_add(kpl_tensor *out, const kpl_tensor *x, int axis,
+                             const kpl_tensor *idx, const kpl_tensor *src)
+{
+    const char *op = "scatter_add";
+    CHECK_ARG(op, out, "out");
+    CHECK_ARG(op, x, "x");
+    CHECK_ARG(op, idx, "idx");
+    CHECK_ARG(op, src, "src");
+    int64_t bad[2] = {-1, 0};
+    kpl_index_attrs a = {.kind = KPL_INDEX_SCATTER_ADD, .bad = bad};
+    KPL_TRY(gather_common(op, x, axis, idx, &a));
+    KPL_CHECK(kpl_dtype_is_float(x->dtype) && !is_half(x->dtype), KPL_EDTYPE,
+              "%s: dtype %s; f32 and f64 are supported", op, kpl_dtype_name(x->dtype));
+    KPL_TRY(same_device(op, src, "src", x, "x"));
+    KPL_TRY(same_device(op, out, "out", x, "x"));
+    KPL_TRY(want_dtype(op, src, "src", x->dtype));
+    KPL_TRY(want_dtype(op, out, "out", x->dtype));
+    bool same = src->ndim == idx->ndim;
+    for (int d = 0; same && d < idx->ndim; d++) same = src->shape[d] == idx->shape[d];
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(same, KPL_ESHAPE, "%s: src %s must have the shape of idx %s", op,
+              KPL_SHAPE(src, b1), KPL_SHAPE(idx, b2));
+    KPL_TRY(same_shape(op, out, x->ndim, x->shape));
+    KPL_CHECK(out->storage != x->storage && out->storage != idx->storage &&
+                  out->storage != src->storage,
+              KPL_EINVAL, "%s: 'out' may not alias 'x', 'idx' or 'src'", op);
+    KPL_TRY(kpl_k_copy(out, x));
+    if (idx->numel == 0) return KPL_OK;
+    kpl_status st = dispatch(KPL_KOP_INDEX, out->dtype, out, src, idx, NULL, &a);
+    return gather_range_error(op, st, x, axis, idx, bad);
 }
 
 /* ---- rng -------------------------------------------------------------------- */

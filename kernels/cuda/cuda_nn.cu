@@ -2,7 +2,8 @@
  * cuda_nn.cu — the neural-network kernels on CUDA: convolution and the
  * batch-normalisation forward through cuDNN (its v9 library, "legacy"
  * descriptor API, which cuDNN 9 still ships and supports); the batch-norm
- * backward, pooling and index_select/add as kernels of our own.
+ * backward, pooling, index_select/add and gather/scatter_add as kernels of
+ * our own.
  *
  * Convolution: the algorithm for each problem (kind, shapes, dtype,
  * device) is chosen once with cudnnFind*AlgorithmEx on the call's own
@@ -17,9 +18,10 @@
  * it (one thread per output or input element, no atomics for the average
  * adjoint).
  *
- * Bad indices (plane_gather/scatter, index_select/add) are counted on the
- * device and reported after a wait on the compute stream: the one place
- * these kernels synchronise, because an index error must name itself.
+ * Bad indices (plane_gather/scatter, index_select/add, gather/scatter_add)
+ * are counted (or the first one found) on the device and reported after a
+ * wait on the compute stream: the one place these kernels synchronise,
+ * because an index error must name itself.
  *
  * Written without a GPU to run it on (CI has none): tests/kernels/
  * test_cuda.c compares every kernel here with the CPU's when a GPU is
@@ -819,9 +821,143 @@ __global__ void index_add_kernel(kpl_index_attrs a, const T *g, const int64_t *i
     }
 }
 
+/* ---- gather / scatter_add ------------------------------------------------------------- */
+
+/* x's flat offset of idx position (o, 0, i); the twin of cpu_index.c's. */
+__device__ __forceinline__ int64_t gather_x_base(const kpl_index_attrs &a, int64_t o, int64_t i)
+{
+    if (a.simple) return o * a.dim * a.xinner + i;
+    int64_t xo = 0, xi = 0, m = 1;
+    for (int d = a.axis - 1; d >= 0; d--) {
+        xo += o % a.ishape[d] * m;
+        o /= a.ishape[d];
+        m *= a.xshape[d];
+    }
+    m = 1;
+    for (int d = a.ndim - 1; d > a.axis; d--) {
+        xi += i % a.ishape[d] * m;
+        i /= a.ishape[d];
+        m *= a.xshape[d];
+    }
+    return xo * a.dim * a.xinner + xi;
+}
+
+/* One thread per idx position p = (o, j, i).  An index out of range
+ * lowers *first_bad to its position and writes nothing (gather: a 0). */
+template <typename T>
+__global__ void gather_kernel(kpl_index_attrs a, const T *x, const int64_t *idx, T *out,
+                              unsigned long long *first_bad)
+{
+    KPL_CUDA_FOR(p, a.outer * a.k * a.inner)
+    {
+        int64_t i = p % a.inner, o = p / (a.k * a.inner), v = idx[p];
+        if (v < 0 || v >= a.dim) {
+            atomicMin(first_bad, (unsigned long long)p);
+            out[p] = T(0);
+            continue;
+        }
+        out[p] = x[gather_x_base(a, o, i) + v * a.xinner];
+    }
+}
+
+/* out holds x already; repeated indices meet in the atomics. */
+template <typename T>
+__global__ void scatter_add_kernel(kpl_index_attrs a, const T *src, const int64_t *idx, T *out,
+                                   unsigned long long *first_bad)
+{
+    KPL_CUDA_FOR(p, a.outer * a.k * a.inner)
+    {
+        int64_t i = p % a.inner, o = p / (a.k * a.inner), v = idx[p];
+        if (v < 0 || v >= a.dim) {
+            atomicMin(first_bad, (unsigned long long)p);
+            continue;
+        }
+        atomicAdd(&out[gather_x_base(a, o, i) + v * a.xinner], src[p]);
+    }
+}
+
+template <typename T>
+static kpl_status gather_launch(kpl_cuda_state *cs, const kpl_index_attrs &a, const void *x,
+                                const int64_t *idx, void *out, unsigned long long *first_bad)
+{
+    int th = KPL_CUDA_THREADS;
+    gather_kernel<T><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0, cs->compute>>>(
+        a, (const T *)x, idx, (T *)out, first_bad);
+    return KPL_CUDA_LAUNCHED("gather");
+}
+
+template <typename T>
+static kpl_status scatter_add_launch(kpl_cuda_state *cs, const kpl_index_attrs &a,
+                                     const void *src, const int64_t *idx, void *out,
+                                     unsigned long long *first_bad)
+{
+    int th = KPL_CUDA_THREADS;
+    scatter_add_kernel<T><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0,
+                            cs->compute>>>(a, (const T *)src, idx, (T *)out, first_bad);
+    return KPL_CUDA_LAUNCHED("scatter_add");
+}
+
+/* in[0] is x (gather) or src (scatter_add), in[1] idx; ops.c has copied x
+ * into a scatter_add's out.  Gather moves elements by size, so one kernel
+ * per size serves every dtype. */
+static kpl_status cuda_gather(const kpl_kernel_args *args)
+{
+    const kpl_index_attrs *a = (const kpl_index_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[2];
+    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
+    kpl_device *dev = kpl_tensor_device(args->out);
+    kpl_dtype dt = kpl_tensor_dtype(args->out);
+    const int64_t *idx = (const int64_t *)in[1];
+    const char *op = a->kind == KPL_INDEX_GATHER ? "gather" : "scatter_add";
+    /* The first bad position: a minimum, starting from all ones. */
+    unsigned long long *first = NULL, host = 0;
+    KPL_TRY(kpl_device_alloc(dev, sizeof *first, "index check", (void **)&first));
+    cudaError_t e = cudaMemsetAsync(first, 0xff, sizeof *first, cs->compute);
+    kpl_status st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
+    if (st >= 0) {
+        if (a->kind == KPL_INDEX_SCATTER_ADD) {
+            if (dt == KPL_F64) st = scatter_add_launch<double>(cs, *a, in[0], idx, out, first);
+            else if (dt == KPL_F32) st = scatter_add_launch<float>(cs, *a, in[0], idx, out, first);
+            else st = KPL_ERROR(KPL_EDTYPE, "scatter_add: no cuda kernel for dtype %s",
+                                kpl_dtype_name(dt));
+        } else {
+            switch (kpl_dtype_size(dt)) {
+            case 1: st = gather_launch<uint8_t>(cs, *a, in[0], idx, out, first); break;
+            case 2: st = gather_launch<uint16_t>(cs, *a, in[0], idx, out, first); break;
+            case 4: st = gather_launch<uint32_t>(cs, *a, in[0], idx, out, first); break;
+            default: st = gather_launch<unsigned long long>(cs, *a, in[0], idx, out, first); break;
+            }
+        }
+    }
+    /* Read back the position and, if there is one, its value (two small
+     * waits, on the error path only for the second). */
+    int64_t value = 0;
+    e = cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, cs->compute);
+    if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
+    if (e == cudaSuccess && st >= 0 && host != ~0ull) {
+        e = cudaMemcpyAsync(&value, idx + host, sizeof value, cudaMemcpyDeviceToHost, cs->compute);
+        if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
+    }
+    kpl_device_free(dev, first);
+    KPL_TRY(st);
+    if (e != cudaSuccess) return kpl__cuda_fail(e, "reading the index check", __FILE__, __LINE__);
+    if (host == ~0ull) return KPL_OK;
+    if (a->bad) {
+        a->bad[0] = (int64_t)host;
+        a->bad[1] = value;
+    }
+    return KPL_ERROR(KPL_ERANGE, "%s: index %lld at flat position %lld of idx is outside [0, %lld)",
+                     op, (long long)value, (long long)host, (long long)a->dim);
+}
+
+/* ---- dispatch of the index kernels ---------------------------------------------------- */
+
 static kpl_status cuda_index(const kpl_kernel_args *args)
 {
     const kpl_index_attrs *a = (const kpl_index_attrs *)args->attrs;
+    if (a->kind == KPL_INDEX_GATHER || a->kind == KPL_INDEX_SCATTER_ADD) return cuda_gather(args);
     kpl_cuda_state *cs;
     void *out;
     const void *in[2];
@@ -834,7 +970,7 @@ static kpl_status cuda_index(const kpl_kernel_args *args)
     unsigned long long *bad = NULL, count = 0;
     KPL_TRY(bad_counter(dev, cs, &bad));
     kpl_status st = KPL_OK;
-    if (!a->add) {
+    if (a->kind == KPL_INDEX_SELECT) {
         index_select_kernel<<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
             *a, (const char *)in[0], idx, (char *)out, kpl_dtype_size(dt), bad);
         st = KPL_CUDA_LAUNCHED("index_select");
@@ -858,7 +994,7 @@ static kpl_status cuda_index(const kpl_kernel_args *args)
     KPL_TRY(st);
     KPL_TRY(rs);
     KPL_CHECK(count == 0, KPL_ERANGE, "%s: %llu indices outside [0, %lld)",
-              a->add ? "index_add" : "index_select", count, (long long)a->dim);
+              a->kind == KPL_INDEX_ADD ? "index_add" : "index_select", count, (long long)a->dim);
     return KPL_OK;
 }
 

@@ -274,10 +274,35 @@ typedef struct {
     kpl_pool2d_params p;
 } kpl_pool_attrs;
 
-/* x viewed as (outer, dim, inner), out as (outer, k, inner). */
+typedef enum {
+    KPL_INDEX_SELECT,     /* in: x, idx;   out (outer, k, inner) */
+    KPL_INDEX_ADD,        /* in: g, idx;   out (outer, dim, inner), zeroed, then added */
+    KPL_INDEX_GATHER,     /* in: x, idx;   out idx's shape */
+    KPL_INDEX_SCATTER_ADD /* in: src, idx; out x's shape, already holding x, added into */
+} kpl_index_kind;
+
+/* SELECT, ADD: x viewed as (outer, dim, inner), out as (outer, k, inner);
+ * idx is (k).
+ * GATHER, SCATTER_ADD: idx (and src) viewed as (outer, k, inner), x as
+ * (outer', dim, xinner): the element at idx position (o, j, i) pairs with
+ * x's at (o', idx value, i'), where o' and i' are o and i read as
+ * coordinates of idx's outer and inner dims and re-flattened over x's.
+ * ishape / xshape (ndim dims, `axis` among them) are the two shapes with
+ * neighbouring dims merged wherever that keeps this pairing; when at most
+ * one outer and one inner dim remain (`simple`, the usual case), o' = o
+ * and i' = i. */
 typedef struct {
-    bool add; /* index_add (out is the larger side) */
+    kpl_index_kind kind;
     int64_t outer, dim, inner, k;
+    int64_t xinner;               /* GATHER, SCATTER_ADD: x's elements per step on axis */
+    bool simple;
+    int ndim, axis;
+    int64_t ishape[KPL_MAX_DIMS];
+    int64_t xshape[KPL_MAX_DIMS];
+    /* GATHER, SCATTER_ADD: on KPL_ERANGE the kernel writes here (host
+     * memory) the flat position in idx of the first index out of range,
+     * in row-major order, and its value, for ops.c to name. */
+    int64_t *bad;
 } kpl_index_attrs;
 
 /* Batch norm over x viewed as (n, c, hw).  fwd: out y, in x, gamma, beta;

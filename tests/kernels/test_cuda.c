@@ -347,6 +347,33 @@ static void test_nn_kernels(void **state)
         iv[1] = 9; /* out of range: named, on both devices */
         kpl_tensor *bad = to_gpu(idx);
         FAILS(kpl_k_index_select(selg, gx_, 2, bad), KPL_ERANGE, "outside [0, 9)");
+        /* gather / scatter_add: along axis 2 with idx as large as x off
+         * it, then along axis 3 with idx smaller in every other dim */
+        static const int64_t gis[2][4] = {{3, 4, 13, 11}, {2, 3, 5, 17}};
+        for (int gc = 0; gc < 2; gc++) {
+            int gax = 2 + gc;
+            kpl_tensor *gi = tnew(KPL_I64, 4, gis[gc]);
+            int64_t *gv = kpl_tensor_host_mutable(gi);
+            for (int64_t i = 0; i < kpl_tensor_numel(gi); i++) gv[i] = (i * 7 + 3) % xs[gax];
+            kpl_tensor *gig = to_gpu(gi), *gsrc = trand(dt, 4, gis[gc], 6, -1, 1);
+            kpl_tensor *gsrcg = to_gpu(gsrc), *ga = tnew(dt, 4, gis[gc]), *gag = NULL;
+            kpl_tensor *sa = tnew(dt, 4, xs), *sag = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, gis[gc], &gag));
+            OK(kpl_tensor_empty(gpu, dt, 4, xs, &sag));
+            OK(kpl_k_gather(ga, x, gax, gi));
+            OK(kpl_k_gather(gag, gx_, gax, gig));
+            assert_same(gag, ga, 0, 0, "gather");
+            OK(kpl_k_scatter_add(sa, x, gax, gi, gsrc));
+            OK(kpl_k_scatter_add(sag, gx_, gax, gig, gsrcg));
+            assert_same(sag, sa, tol, tol, "scatter_add");
+            gv[5] = xs[gax]; /* out of range: named with its position on both devices */
+            kpl_tensor *gbad = to_gpu(gi);
+            FAILS(kpl_k_gather(gag, gx_, gax, gbad), KPL_ERANGE, "at position (0,0,0,5) of idx");
+            FAILS(kpl_k_scatter_add(sag, gx_, gax, gbad, gsrcg), KPL_ERANGE,
+                  "at position (0,0,0,5) of idx");
+            kpl_tensor *gts[] = {gi, gig, gsrc, gsrcg, ga, gag, sa, sag, gbad};
+            for (size_t i = 0; i < sizeof gts / sizeof gts[0]; i++) kpl_tensor_release(gts[i]);
+        }
         kpl_tensor *all[] = {x, w, b, gy, gx_, gw_, gb_, ggy, y, yg, dx, dxg, dw, dwg, db, dbg,
                              g6, gg6, bn, bng, m, mg, v, vg, bdx, bdxg, bdg, bdgg, idx, idg,
                              sel, selg, bad};

@@ -1036,6 +1036,155 @@ static void test_zero_size(void **state)
     kpl_tensor_release(r);
 }
 
+/* gather / scatter_add by their definition, the plain reference: for
+ * every position of idx (row-major), its coordinates with the one along
+ * `axis` replaced by the index there address x. */
+static void gather_ref(int nd, const int64_t *xs, const int64_t *is, int axis,
+                       const double *x, const int64_t *idx, const double *src, double *out)
+{
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= is[d];
+    for (int64_t p = 0; p < n; p++) {
+        int64_t c[KPL_MAX_DIMS], f = p, q = 0;
+        for (int d = nd - 1; d >= 0; d--) {
+            c[d] = f % is[d];
+            f /= is[d];
+        }
+        c[axis] = idx[p];
+        for (int d = 0; d < nd; d++) q = q * xs[d] + c[d];
+        if (src) out[q] += src[p];
+        else out[p] = x[q];
+    }
+}
+
+/* An i64 tensor of `shape` with values in [0, hi). */
+static kpl_tensor *rand_index(int nd, const int64_t *shape, uint64_t seed, int64_t hi)
+{
+    kpl_tensor *u = trand(KPL_F64, nd, shape, seed, 0, (double)hi), *t = tnew(KPL_I64, nd, shape);
+    const double *uv = kpl_tensor_host_data(u);
+    int64_t *tv = kpl_tensor_host_mutable(t);
+    for (int64_t i = 0; i < kpl_tensor_numel(t); i++) tv[i] = (int64_t)uv[i];
+    kpl_tensor_release(u);
+    return t;
+}
+
+/* The kernels against gather_ref: idx as large as x off the axis (the
+ * merged 3-D case), smaller in outer or inner dims (the general one),
+ * the last axis, and sizes past the parallel threshold with many and with
+ * one outer slice (axis 0, whose inner range is cut between threads). */
+static void test_gather_scatter_add_vs_reference(void **state)
+{
+    (void)state;
+    static const struct {
+        int nd, axis;
+        int64_t xs[4], is[4];
+    } cases[] = {
+        {3, 1, {3, 4, 5}, {3, 6, 5}},         {3, 0, {4, 5, 6}, {2, 3, 2}},
+        {3, 2, {4, 5, 6}, {3, 2, 6}},         {2, 1, {5, 7}, {5, 9}},
+        {4, 2, {2, 3, 4, 5}, {2, 1, 7, 5}},   {1, 0, {6}, {10}},
+        {3, 1, {3, 300, 700}, {3, 500, 700}}, {2, 0, {40, 30000}, {45, 30000}},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        int nd = cases[c].nd, ax = cases[c].axis;
+        const int64_t *xs = cases[c].xs, *is = cases[c].is;
+        kpl_tensor *idx = rand_index(nd, is, 70 + c, xs[ax]);
+        for (int f64 = 0; f64 < 2; f64++) {
+            kpl_dtype dt = f64 ? KPL_F64 : KPL_F32;
+            kpl_tensor *x = trand(dt, nd, xs, 80 + c, -1, 1), *src = trand(dt, nd, is, 90 + c, -1, 1);
+            kpl_tensor *g = tnew(dt, nd, is), *s = tnew(dt, nd, xs);
+            kpl_tensor *x64 = tnew(KPL_F64, nd, xs), *src64 = tnew(KPL_F64, nd, is);
+            OK(kpl_k_cast(x64, x));
+            OK(kpl_k_cast(src64, src));
+            int64_t nx = kpl_tensor_numel(x), ni = kpl_tensor_numel(idx);
+            double *want = malloc((size_t)(nx > ni ? nx : ni) * sizeof *want);
+            assert_non_null(want);
+            OK(kpl_k_gather(g, x, ax - (c % 2 ? nd : 0), idx)); /* odd cases: negative axis */
+            gather_ref(nd, xs, is, ax, kpl_tensor_host_data(x64), kpl_tensor_host_data(idx), NULL,
+                       want);
+            assert_tensor_close(g, want, 0, 0, "gather");
+            OK(kpl_k_scatter_add(s, x, ax, idx, src));
+            memcpy(want, kpl_tensor_host_data(x64), (size_t)nx * sizeof *want);
+            gather_ref(nd, xs, is, ax, NULL, kpl_tensor_host_data(idx),
+                       kpl_tensor_host_data(src64), want);
+            /* each sum runs over the same terms in the same order */
+            assert_tensor_close(s, want, f64 ? 1e-12 : 1e-5, f64 ? 1e-12 : 1e-5, "scatter_add");
+            free(want);
+            kpl_tensor *ts[] = {x, src, g, s, x64, src64};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+        kpl_tensor_release(idx);
+    }
+}
+
+static void test_gather_dtypes_and_errors(void **state)
+{
+    (void)state;
+    /* gather moves any dtype: i32, u8 and f16 columns picked per row */
+    int64_t xs[2] = {2, 3}, is[2] = {2, 2}, iv[4] = {2, 0, 1, 1};
+    kpl_tensor *idx = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 2, is, iv, &idx));
+    kpl_tensor *x = tnew(KPL_F32, 2, xs);
+    OK(kpl_k_arange(x, 1, 1)); /* 1 2 3 / 4 5 6 */
+    kpl_dtype dts[3] = {KPL_I32, KPL_U8, KPL_F16};
+    for (int d = 0; d < 3; d++) {
+        kpl_tensor *xd = tnew(dts[d], 2, xs), *y = tnew(dts[d], 2, is);
+        OK(kpl_k_cast(xd, x));
+        OK(kpl_k_gather(y, xd, 1, idx));
+        double want[4] = {3, 1, 5, 5};
+        assert_tensor_close(y, want, 0, 0, kpl_dtype_name(dts[d]));
+        kpl_tensor_release(xd);
+        kpl_tensor_release(y);
+    }
+    /* scatter_add: repeated indices add up, in f32 */
+    kpl_tensor *src = tnew(KPL_F32, 2, is), *s = tnew(KPL_F32, 2, xs);
+    OK(kpl_k_fill(src, 10));
+    OK(kpl_k_scatter_add(s, x, 1, idx, src));
+    double sw[6] = {11, 2, 13, 4, 25, 6};
+    assert_tensor_close(s, sw, 0, 0, "scatter_add");
+    /* an index out of range, named with its position; negative too */
+    kpl_tensor *y = tnew(KPL_F32, 2, is);
+    int64_t *ip = kpl_tensor_host_mutable(idx);
+    ip[3] = 3;
+    FAILS(kpl_k_gather(y, x, 1, idx), KPL_ERANGE,
+          "gather: index 3 at position (1,1) of idx is outside [0, 3) along axis 1 of x (2,3)");
+    FAILS(kpl_k_scatter_add(s, x, -1, idx, src), KPL_ERANGE,
+          "scatter_add: index 3 at position (1,1) of idx is outside [0, 3) along axis 1");
+    ip[3] = 1;
+    ip[1] = -1;
+    FAILS(kpl_k_gather(y, x, 1, idx), KPL_ERANGE, "index -1 at position (0,1) of idx");
+    ip[1] = 0;
+    /* dtypes, ranks, shapes, aliasing */
+    kpl_tensor *fi = tnew(KPL_F32, 2, is), *i32 = tnew(KPL_I32, 2, xs), *i32o = tnew(KPL_I32, 2, xs);
+    FAILS(kpl_k_gather(y, x, 1, fi), KPL_EDTYPE, "gather: 'idx' has dtype f32, expected i64");
+    OK(kpl_k_fill(i32, 0));
+    FAILS(kpl_k_scatter_add(i32o, i32, 1, idx, src), KPL_EDTYPE,
+          "scatter_add: dtype i32; f32 and f64 are supported");
+    int64_t s1 = 4, s32[2] = {3, 2}, s13[2] = {1, 3};
+    kpl_tensor *i1 = tnew(KPL_I64, 1, &s1), *y1 = tnew(KPL_F32, 1, &s1);
+    OK(kpl_k_fill(i1, 0));
+    FAILS(kpl_k_gather(y1, x, 1, i1), KPL_ESHAPE,
+          "gather: idx (4) has 1 dims and x (2,3) has 2; they must have the same number");
+    kpl_tensor *i32s = tnew(KPL_I64, 2, s32), *y32 = tnew(KPL_F32, 2, s32);
+    OK(kpl_k_fill(i32s, 0));
+    FAILS(kpl_k_gather(y32, x, 1, i32s), KPL_ESHAPE,
+          "gather: idx (3,2) is larger than x (2,3) in dim 0 (3 > 2); only along axis 1");
+    FAILS(kpl_k_gather(y, x, 2, idx), KPL_ESHAPE, "gather: axis 2 is out of range for x (2,3)");
+    kpl_tensor *src13 = tnew(KPL_F32, 2, s13);
+    FAILS(kpl_k_scatter_add(s, x, 1, idx, src13), KPL_ESHAPE,
+          "scatter_add: src (1,3) must have the shape of idx (2,2)");
+    FAILS(kpl_k_scatter_add(x, x, 1, idx, src), KPL_EINVAL, "'out' may not alias");
+    FAILS(kpl_k_gather(y32, x, 1, idx), KPL_ESHAPE, "'out' has shape (3,2), the result has shape (2,2)");
+    /* empty idx: gather makes nothing, scatter_add copies x */
+    int64_t s20[2] = {2, 0};
+    kpl_tensor *i0 = tnew(KPL_I64, 2, s20), *y0 = tnew(KPL_F32, 2, s20), *src0 = tnew(KPL_F32, 2, s20);
+    OK(kpl_k_gather(y0, x, 1, i0));
+    OK(kpl_k_scatter_add(s, x, 1, i0, src0));
+    double xw[6] = {1, 2, 3, 4, 5, 6};
+    assert_tensor_close(s, xw, 0, 0, "scatter_add of nothing");
+    kpl_tensor *ts[] = {idx, x, src, s, y, fi, i32, i32o, i1, y1, i32s, y32, src13, i0, y0, src0};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
 /* Batch norm: a channel by hand, then f32 against the f64 loops on data
  * whose mean (50) dwarfs its spread, forward and backward. */
 static void test_batch_norm_kernels(void **state)
@@ -1134,6 +1283,8 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_direct_vs_reference),
         cmocka_unit_test(test_batch_norm_kernels),
         cmocka_unit_test(test_zero_size),
+        cmocka_unit_test(test_gather_scatter_add_vs_reference),
+        cmocka_unit_test(test_gather_dtypes_and_errors),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);
 }
