@@ -359,6 +359,23 @@ G(INDEX_SELECT) /* adjoint pair with index_add */
     RET0(kpl_index_add(gy, at->axes[0], IN(1), at->length));
 }
 G(INDEX_ADD) { RET0(kpl_index_select(gy, kpl_node_attrs(n)->axes[0], IN(1))); }
+/* gather and scatter_add are adjoint too: gather's gradient is a
+ * scatter_add into zeros (the zeros are a constant, so its second order
+ * is the gather of the second-order gradient), scatter_add's the identity
+ * for x and a gather for src. */
+G(GATHER)
+{
+    int64_t xs[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, xs);
+    kpl_tensor *zeros = kpl_full(kpl_tensor_device(gy), kpl_tensor_dtype(gy), nd, xs, 0);
+    RET0(kpl_scatter_add(zeros, kpl_node_attrs(n)->axes[0], IN(1), gy));
+}
+G(SCATTER_ADD)
+{
+    if (WANT(0)) gin[0] = gy;
+    if (WANT(2)) gin[2] = kpl_gather(gy, kpl_node_attrs(n)->axes[0], IN(1));
+    return KPL_OK;
+}
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -461,7 +478,8 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
-    [KPL_OP_SOFTPLUS] = g_SOFTPLUS,
+    [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
+    [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -509,6 +527,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
         {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_SOFTPLUS, 1, 0},
+        {KPL_OP_GATHER, 2, 0},     {KPL_OP_SCATTER_ADD, 2, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

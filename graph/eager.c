@@ -546,6 +546,44 @@ kpl_tensor *kpl_index_add(kpl_tensor *g, int axis, kpl_tensor *idx, int64_t dim)
     return record_finish(kpl_k_index_add(out, g, ax, idx), KPL_OP_INDEX_ADD, &at, 2, ins, out);
 }
 
+/* The axis of gather / scatter_add, counted from 0; ESHAPE when x has no such axis. */
+static int gather_axis(const char *op, kpl_tensor *x, int axis)
+{
+    int nd = kpl_tensor_ndim(x), ax = axis < 0 ? axis + nd : axis;
+    if (ax < 0 || ax >= nd) {
+        char b[96];
+        KPL_ERROR(KPL_ESHAPE, "%s: axis %d is out of range for x %s", op, axis,
+                  kpl_shape_str(nd, kpl_tensor_shape(x), b, sizeof b));
+        return -1;
+    }
+    return ax;
+}
+
+kpl_tensor *kpl_gather(kpl_tensor *x, int axis, kpl_tensor *idx)
+{
+    if (!x || !idx) return NULL;
+    int ax = gather_axis("gather", x, axis);
+    if (ax < 0) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(idx), kpl_tensor_shape(idx));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.axes = {ax}, .naxes = 1};
+    kpl_tensor *ins[2] = {x, idx};
+    return record_finish(kpl_k_gather(out, x, ax, idx), KPL_OP_GATHER, &at, 2, ins, out);
+}
+
+kpl_tensor *kpl_scatter_add(kpl_tensor *x, int axis, kpl_tensor *idx, kpl_tensor *src)
+{
+    if (!x || !idx || !src) return NULL;
+    int ax = gather_axis("scatter_add", x, axis);
+    if (ax < 0) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.axes = {ax}, .naxes = 1};
+    kpl_tensor *ins[3] = {x, idx, src};
+    return record_finish(kpl_k_scatter_add(out, x, ax, idx, src), KPL_OP_SCATTER_ADD, &at, 3, ins,
+                         out);
+}
+
 /* ---- creation ---------------------------------------------------------------------------- */
 
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape)

@@ -80,7 +80,8 @@ bool kpl_set_grad_enabled(bool on);
     X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
     X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
     X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
-    X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")
+    X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
+    X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -253,6 +254,23 @@ kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape,
  * added into zeros of size `dim` along axis at idx. */
 kpl_tensor *kpl_index_select(kpl_tensor *x, int axis, kpl_tensor *idx);
 kpl_tensor *kpl_index_add(kpl_tensor *g, int axis, kpl_tensor *idx, int64_t dim);
+
+/* torch.gather: an index per element.  idx (KPL_I64) has x's number of
+ * dims and is no larger than x in any dim but `axis` (negative counts
+ * from the end); out has idx's shape and takes x's element at the index
+ * along axis, e.g. out[i][j][k] = x[i][idx[i][j][k]][k] for axis 1.  Any
+ * dtype; gradients (float x) are the scatter_add of the output gradient
+ * into zeros of x's shape, which needs f32 or f64.  An index outside
+ * [0, x's size along axis) is KPL_ERANGE naming the axis, the value and
+ * its position in idx (the first in row-major order). */
+kpl_tensor *kpl_gather(kpl_tensor *x, int axis, kpl_tensor *idx);
+/* gather's adjoint, torch.Tensor.scatter_add out of place: out = x, then
+ * out[i][idx[i][j][k]][k] += src[i][j][k] for axis 1 (likewise for the
+ * others), repeated indices adding up.  src must have idx's shape
+ * (PyTorch also takes a larger src and reads its leading corner); idx is
+ * checked as gather's.  f32 and f64.  Gradients: x gets the output
+ * gradient, src its gather at idx. */
+kpl_tensor *kpl_scatter_add(kpl_tensor *x, int axis, kpl_tensor *idx, kpl_tensor *src);
 
 /* Shape ops built on index_select / index_add / permute (all recorded). */
 /* weight (V, D) rows for ids (any shape, KPL_I64) -> ids.shape + (D). */
