@@ -631,6 +631,16 @@ kpl_tensor *kpl_to_device(kpl_tensor *x, kpl_device *dev)
     return kpl_autorelease(t);
 }
 
+kpl_tensor *kpl_detach(kpl_tensor *x)
+{
+    if (!x) return NULL;
+    /* A header of its own without graph data: nothing links it to x's
+     * node or marks it a parameter. */
+    kpl_tensor *t = NULL;
+    if (kpl_tensor_reshape(x, kpl_tensor_ndim(x), kpl_tensor_shape(x), &t) < 0) return NULL;
+    return kpl_autorelease(t);
+}
+
 /* ---- batch norm (the fused training form; graph/nn.c wraps it) ------------------ */
 
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,

@@ -307,6 +307,14 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
 kpl_tensor *kpl_arange(kpl_device *dev, kpl_dtype dt, int64_t n, double start, double step);
 /* A copy of x on dev (not recorded: gradients do not cross devices). */
 kpl_tensor *kpl_to_device(kpl_tensor *x, kpl_device *dev);
+/* x's values cut from the graph (torch's detach): a view sharing x's
+ * storage (a new header, pool-owned, like reshape's), not recorded, so it
+ * does not require grad and no gradient flows through it into x, even
+ * when x is a parameter or a recorded result.  Because the storage is
+ * shared, a later in-place write to either (an optimizer step) shows in
+ * both; copy it (kpl_to_device to x's own device) to keep the values of
+ * the moment. */
+kpl_tensor *kpl_detach(kpl_tensor *x);
 
 /* ---- autograd's view of a tensor ----------------------------------------------- */
 

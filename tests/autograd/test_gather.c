@@ -1,4 +1,4 @@
-/* test_gather.c — gather and scatter_add in the graph: values
+/* test_gather.c — gather, scatter_add and detach in the graph: values
  * against hand computations (torch.gather / Tensor.scatter_add give the
  * same numbers), gradients against finite differences to the second and
  * third order, the gradients' own recorded ops, and the errors of bad
@@ -240,6 +240,45 @@ static void test_gather_double_backward_by_hand(void **state)
     kpl_tensor_release(x);
 }
 
+/* ---- detach ---------------------------------------------------------------------------- */
+
+static void test_detach_blocks_gradients(void **state)
+{
+    (void)state;
+    kpl_tensor *x = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, (int64_t[]){3}, (double[]){1, -2, 0.5},
+                            &x));
+    OK(kpl_set_requires_grad(x, true));
+    kpl_pool *p = NN(kpl_pool_push());
+    /* y = sum(x^2 + 3 detach(x)): dy/dx = 2x, the detached term a constant */
+    kpl_tensor *d = NN(kpl_detach(x));
+    expect(d, 1, (int64_t[]){3}, (double[]){1, -2, 0.5}, "detach values");
+    assert_false(kpl_requires_grad(d));
+    assert_null(kpl_tensor_node(d, NULL));
+    assert_true(kpl_tensor_shares_storage(d, x));
+    kpl_tensor *y = NN(kpl_sum(kpl_add(kpl_square(x), kpl_scalar_op(KPL_BIN_MUL, d, 3, false)),
+                               NULL, 0, false));
+    assert_float_equal(tget(y, 0), 1 + 4 + 0.25 + 3 * (1 - 2 + 0.5), 1e-12);
+    OK(kpl_backward(y, NULL, false));
+    expect(kpl_grad_get(x), 1, (int64_t[]){3}, (double[]){2, -4, 1}, "dy/dx past detach");
+    kpl_zero_grad(1, &x);
+    /* a detached intermediate: l = sum(detach(2 x) * x) has dl/dx = 2x, not 4x */
+    kpl_tensor *h = NN(kpl_scalar_op(KPL_BIN_MUL, x, 2, false));
+    assert_true(kpl_requires_grad(h));
+    kpl_tensor *dh = NN(kpl_detach(h));
+    assert_false(kpl_requires_grad(dh));
+    kpl_tensor *l = NN(kpl_sum(kpl_mul(dh, x), NULL, 0, false));
+    OK(kpl_backward(l, NULL, false));
+    expect(kpl_grad_get(x), 1, (int64_t[]){3}, (double[]){2, -4, 1}, "dl/dx past detach");
+    /* a loss made only of detached values does not require grad at all */
+    kpl_tensor *c = NN(kpl_sum(kpl_square(kpl_detach(x)), NULL, 0, false));
+    assert_false(kpl_requires_grad(c));
+    assert_int_equal(kpl_backward(c, NULL, false), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "does not require grad"));
+    kpl_pool_pop(p);
+    kpl_tensor_release(x);
+}
+
 /* ---- errors -------------------------------------------------------------------------- */
 
 static void test_gather_errors(void **state)
@@ -306,6 +345,9 @@ static void test_gather_errors(void **state)
     assert_non_null(strstr(kpl_last_error(), "index 2 at position (1,0,1)"));
     assert_null(kpl_scatter_add(x, 1, ok, kpl_gather(x, 1, bad)));
     assert_non_null(strstr(kpl_last_error(), "index 2 at position (1,0,1)"));
+    assert_null(kpl_detach(kpl_gather(x, 1, bad)));
+    assert_int_equal(kpl_last_status(), KPL_ERANGE);
+    assert_non_null(strstr(kpl_last_error(), "index 2 at position (1,0,1)"));
     kpl_pool_pop(p);
     kpl_tensor_release(w);
 }
@@ -317,6 +359,7 @@ int run_gather_tests(void)
         cmocka_unit_test(test_scatter_add_values),
         cmocka_unit_test(test_gather_scatter_gradcheck),
         cmocka_unit_test(test_gather_double_backward_by_hand),
+        cmocka_unit_test(test_detach_blocks_gradients),
         cmocka_unit_test(test_gather_errors),
     };
     return cmocka_run_group_tests_name("gather", tests, NULL, NULL);

@@ -152,6 +152,59 @@ static void test_recording(void **state)
     kpl_op_set_saved(KPL_OP_EXP, 0, 0);
 }
 
+static void test_detach(void **state)
+{
+    (void)state;
+    int64_t s23[2] = {2, 3};
+    float wv[6] = {1, -2, 3, -4, 5, -6};
+    kpl_tensor *w = param(2, s23, wv);
+    kpl_pool *pool = NN(kpl_pool_push());
+    /* a parameter: the same values and storage, no grad, no node */
+    kpl_tensor *d = NN(kpl_detach(w));
+    assert_int_equal(kpl_tensor_ndim(d), 2);
+    assert_int_equal(kpl_tensor_shape(d)[0], 2);
+    assert_int_equal(kpl_tensor_shape(d)[1], 3);
+    assert_int_equal(kpl_tensor_dtype(d), KPL_F32);
+    for (int i = 0; i < 6; i++) assert_float_equal(tget(d, i), wv[i], 0);
+    assert_true(kpl_tensor_shares_storage(d, w));
+    assert_false(kpl_requires_grad(d));
+    assert_null(kpl_tensor_node(d, NULL));
+    assert_true(kpl_requires_grad(w)); /* x itself is untouched */
+    /* a recorded result: its node stays with it, not with the copy */
+    kpl_tensor *e = NN(kpl_exp(w));
+    kpl_tensor *de = NN(kpl_detach(e));
+    assert_non_null(kpl_tensor_node(e, NULL));
+    assert_null(kpl_tensor_node(de, NULL));
+    assert_false(kpl_requires_grad(de));
+    assert_float_equal(tget(de, 2), expf(3), 1e-5);
+    /* ops on it record nothing: no input requires grad */
+    kpl_tensor *q = NN(kpl_mul(de, d));
+    assert_null(kpl_tensor_node(q, NULL));
+    assert_false(kpl_requires_grad(q));
+    /* it may become a parameter of its own (a leaf), unlike e */
+    assert_int_equal(kpl_set_requires_grad(de, true), KPL_OK);
+    assert_int_equal(kpl_set_requires_grad(e, true), KPL_EINVAL);
+    /* shared storage: a write through w shows in d (as torch's detach) */
+    ((float *)kpl_tensor_host_mutable(w))[0] = 42;
+    assert_float_equal(tget(d, 0), 42, 0);
+    /* pool-owned: one more entry */
+    size_t n = kpl_pool_count(pool);
+    NN(kpl_detach(w));
+    assert_int_equal(kpl_pool_count(pool), n + 1);
+    /* NULL in, NULL out, the first failure's message kept */
+    int64_t s2 = 2;
+    kpl_tensor *a = NN(kpl_full(kpl_device_cpu(), KPL_F32, 1, &s2, 1));
+    assert_null(kpl_detach(kpl_add(a, w)));
+    assert_int_equal(kpl_last_status(), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "add: shapes (2) and (2,3) cannot be broadcast"));
+    kpl_pool_pop(pool);
+    /* with no pool open the view is dropped with the usual message */
+    assert_null(kpl_detach(w));
+    assert_non_null(strstr(kpl_last_error(), "no pool is open"));
+    assert_int_equal(kpl_tensor_refcount(w), 1);
+    kpl_tensor_release(w);
+}
+
 static void test_long_chain_release(void **state)
 {
     (void)state;
@@ -182,6 +235,7 @@ int main(void)
         cmocka_unit_test(test_pool_and_values),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_recording),
+        cmocka_unit_test(test_detach),
         cmocka_unit_test(test_long_chain_release),
     };
     return cmocka_run_group_tests_name("graph", tests, NULL, NULL);
