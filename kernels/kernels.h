@@ -739,7 +739,9 @@ kpl_status kpl_k_gather(kpl_tensor *out, const kpl_tensor *x, int axis,
 /* Its adjoint, torch.Tensor.scatter_add out of place: out (x's shape) = x,
  * then out[i][idx[i][j][k]][k] += src[i][j][k] for axis 1 (likewise for
  * other axes), repeated indices adding up.  src has idx's shape.  f32 and
- * f64.  The same index checks as gather. */
+ * f64.  The same index checks as gather.  On the CPU repeated indices add
+ * in idx's order; on CUDA in no fixed order (atomics, as index_add), so
+ * f32 sums may differ in their last bits from run to run. */
 kpl_status kpl_k_scatter_add(kpl_tensor *out, const kpl_tensor *x, int axis,
                              const kpl_tensor *idx, const kpl_tensor *src);
 

@@ -915,7 +915,8 @@ static kpl_status cuda_gather(const kpl_kernel_args *args)
     unsigned long long *first = NULL, host = 0;
     KPL_TRY(kpl_device_alloc(dev, sizeof *first, "index check", (void **)&first));
     cudaError_t e = cudaMemsetAsync(first, 0xff, sizeof *first, cs->compute);
-    kpl_status st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
+    kpl_status st =
+        e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
     if (st >= 0) {
         if (a->kind == KPL_INDEX_SCATTER_ADD) {
             if (dt == KPL_F64) st = scatter_add_launch<double>(cs, *a, in[0], idx, out, first);

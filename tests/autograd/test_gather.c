@@ -147,7 +147,8 @@ static kpl_tensor *idx_2x3x2(void)
 /* idx (3, 6) in [0, 4) along the last axis of x (3, 4), repeated. */
 static kpl_tensor *idx_3x6(void)
 {
-    return i64t(2, (int64_t[]){3, 6}, (int64_t[]){0, 3, 3, 1, 0, 0, 2, 2, 2, 2, 1, 0, 3, 1, 0, 2, 3, 3});
+    return i64t(2, (int64_t[]){3, 6},
+                (int64_t[]){0, 3, 3, 1, 0, 0, 2, 2, 2, 2, 1, 0, 3, 1, 0, 2, 3, 3});
 }
 
 /* Squared, so the output gradient depends on the inputs and each order
@@ -318,8 +319,8 @@ static void test_gather_errors(void **state)
     assert_non_null(strstr(kpl_last_error(), "gather: idx (3) has 1 dims and x (2,2,3) has 3; "
                                              "they must have the same number"));
     /* larger than x off the axis */
-    kpl_tensor *wide = NN(kpl_cast(NN(kpl_full(kpl_device_cpu(), KPL_F64, 3, (int64_t[]){2, 1, 4}, 0)),
-                                   KPL_I64));
+    kpl_tensor *zeros = NN(kpl_full(kpl_device_cpu(), KPL_F64, 3, (int64_t[]){2, 1, 4}, 0));
+    kpl_tensor *wide = NN(kpl_cast(zeros, KPL_I64));
     assert_null(kpl_gather(x, 1, wide));
     assert_non_null(strstr(kpl_last_error(), "gather: idx (2,1,4) is larger than x (2,2,3) in dim "
                                              "2 (4 > 3); only along axis 1 may it be larger"));

@@ -1090,7 +1090,8 @@ static void test_gather_scatter_add_vs_reference(void **state)
         kpl_tensor *idx = rand_index(nd, is, 70 + c, xs[ax]);
         for (int f64 = 0; f64 < 2; f64++) {
             kpl_dtype dt = f64 ? KPL_F64 : KPL_F32;
-            kpl_tensor *x = trand(dt, nd, xs, 80 + c, -1, 1), *src = trand(dt, nd, is, 90 + c, -1, 1);
+            kpl_tensor *x = trand(dt, nd, xs, 80 + c, -1, 1);
+            kpl_tensor *src = trand(dt, nd, is, 90 + c, -1, 1);
             kpl_tensor *g = tnew(dt, nd, is), *s = tnew(dt, nd, xs);
             kpl_tensor *x64 = tnew(KPL_F64, nd, xs), *src64 = tnew(KPL_F64, nd, is);
             OK(kpl_k_cast(x64, x));
@@ -1154,7 +1155,8 @@ static void test_gather_dtypes_and_errors(void **state)
     FAILS(kpl_k_gather(y, x, 1, idx), KPL_ERANGE, "index -1 at position (0,1) of idx");
     ip[1] = 0;
     /* dtypes, ranks, shapes, aliasing */
-    kpl_tensor *fi = tnew(KPL_F32, 2, is), *i32 = tnew(KPL_I32, 2, xs), *i32o = tnew(KPL_I32, 2, xs);
+    kpl_tensor *fi = tnew(KPL_F32, 2, is), *i32 = tnew(KPL_I32, 2, xs);
+    kpl_tensor *i32o = tnew(KPL_I32, 2, xs);
     FAILS(kpl_k_gather(y, x, 1, fi), KPL_EDTYPE, "gather: 'idx' has dtype f32, expected i64");
     OK(kpl_k_fill(i32, 0));
     FAILS(kpl_k_scatter_add(i32o, i32, 1, idx, src), KPL_EDTYPE,
@@ -1173,10 +1175,12 @@ static void test_gather_dtypes_and_errors(void **state)
     FAILS(kpl_k_scatter_add(s, x, 1, idx, src13), KPL_ESHAPE,
           "scatter_add: src (1,3) must have the shape of idx (2,2)");
     FAILS(kpl_k_scatter_add(x, x, 1, idx, src), KPL_EINVAL, "'out' may not alias");
-    FAILS(kpl_k_gather(y32, x, 1, idx), KPL_ESHAPE, "'out' has shape (3,2), the result has shape (2,2)");
+    FAILS(kpl_k_gather(y32, x, 1, idx), KPL_ESHAPE,
+          "'out' has shape (3,2), the result has shape (2,2)");
     /* empty idx: gather makes nothing, scatter_add copies x */
     int64_t s20[2] = {2, 0};
-    kpl_tensor *i0 = tnew(KPL_I64, 2, s20), *y0 = tnew(KPL_F32, 2, s20), *src0 = tnew(KPL_F32, 2, s20);
+    kpl_tensor *i0 = tnew(KPL_I64, 2, s20), *y0 = tnew(KPL_F32, 2, s20);
+    kpl_tensor *src0 = tnew(KPL_F32, 2, s20);
     OK(kpl_k_gather(y0, x, 1, i0));
     OK(kpl_k_scatter_add(s, x, 1, i0, src0));
     double xw[6] = {1, 2, 3, 4, 5, 6};
