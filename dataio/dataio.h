@@ -470,6 +470,11 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b);
 kpl_status kpl_loader_check(kpl_loader *l);
 /* Releases the batch's tensors (NULLs them); NULL or empty is a no-op. */
 void kpl_batch_release(kpl_batch *b);
+/* b's member `name` ("image", "label", "boxes", "box_labels", "num_boxes",
+ * "mask", "example"), borrowed.  NULL with KPL_ENOTFOUND when the loader
+ * was not asked for it, naming it and the transform field that asks for it
+ * (a recipe's data.<split>.boxes_feature), or for an unknown name. */
+kpl_tensor *kpl_batch_get(const kpl_batch *b, const char *name);
 /* Samples per epoch for this rank (after pad/drop; before drop_last). */
 int64_t kpl_loader_epoch_size(const kpl_loader *l);
 /* Examples the epochs are drawn from (the dataset's, or `limit`). */

@@ -854,6 +854,33 @@ kpl_status kpl_loader_check(kpl_loader *l)
     return KPL_OK;
 }
 
+kpl_tensor *kpl_batch_get(const kpl_batch *b, const char *name)
+{
+    static const struct {
+        const char *name, *field;
+    } members[] = {{"image", "image_feature"},      {"label", "label_feature"},
+                   {"boxes", "boxes_feature"},      {"box_labels", "box_labels_feature"},
+                   {"num_boxes", "boxes_feature"},  {"mask", "mask_feature"},
+                   {"example", "image_feature"}};
+    if (!b || !name) {
+        kpl_set_error(KPL_EINVAL, "kpl_batch_get: NULL %s", b ? "name" : "batch");
+        return NULL;
+    }
+    kpl_tensor *const t[] = {b->image, b->label, b->boxes, b->box_labels, b->num_boxes,
+                             b->mask, b->example};
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (strcmp(name, members[i].name)) continue;
+        if (!t[i])
+            kpl_set_error(KPL_ENOTFOUND, "the batch has no %s: the loader was not asked for "
+                          "them (transform.%s; in a recipe data.<split>.%s)", name,
+                          members[i].field, members[i].field);
+        return t[i];
+    }
+    kpl_set_error(KPL_ENOTFOUND, "the batch has no member '%.40s' (image, label, boxes, "
+                  "box_labels, num_boxes, mask, example)", name);
+    return NULL;
+}
+
 void kpl_batch_release(kpl_batch *b)
 {
     if (!b) return;

@@ -8,7 +8,7 @@
  *   kpl train --plugin build/lib/libkpl_autoencoder.so examples/autoencoder.yaml
  *   kplrun -np 2 -- kpl train --plugin build/lib/libkpl_autoencoder.so examples/autoencoder.yaml
  *
- * Three things a program brings:
+ * What a program brings:
  *   1. a module kind (here the autoencoder itself, whose forward returns
  *      the reconstruction and the code: a module may give several outputs),
  *      built from kpl's layers;
@@ -16,11 +16,15 @@
  *      micro-batch (the loss, kpl_trainer_backward, the figures to report),
  *      the evaluation (named metrics; "mse" picks best.kpl), and images for
  *      TensorBoard (inputs over their reconstructions);
- *   3. registration (kpl_task_register, kpl_zoo_register,
+ *   3. recipe keys of their own (keys.h): the model's
+ *      model.autoencoder.width and .code, the task's
+ *      task.autoencoder.noise, checked like kpl's keys and listed by
+ *      `kpl train --keys --plugin ...`;
+ *   4. registration (kpl_task_register, kpl_zoo_register,
  *      kpl_optim_register) in a constructor, so that recipes find them by
  *      name (task: autoencoder, model.name: autoencoder, optimizer.name:
  *      lion); KPL_PLUGIN_ABI marks the plugin's kpl;
- *   4. main (the program only): load the recipe, create the trainer with
+ *   5. main (the program only): load the recipe, create the trainer with
  *      the task, fit.
  * Everything else — data loading, mpirun ranks and DDP, the optimizer and
  * schedule, checkpoints and --resume, metrics.jsonl, TensorBoard — is the
@@ -35,7 +39,7 @@
 
 /* ---- the model: encoder -> code -> decoder ------------------------------------------------ */
 
-/* forward: (N, 1, 28, 28) -> [reconstruction (N, 1, 28, 28), code (N, 32, 7, 7)] */
+/* forward: (N, C, H, W) -> [reconstruction (N, C, H, W), code (N, code, H/4, W/4)] */
 static kpl_status autoencoder_forward(kpl_module *m, const kpl_tensor_list *in,
                                       kpl_tensor_list *out)
 {
@@ -58,14 +62,18 @@ static kpl_status autoencoder_create(kpl_module *parent, const char *child,
     KPL_CHECK(cfg->in_h % 4 == 0 && cfg->in_w % 4 == 0, KPL_EINVAL,
               "autoencoder: the input's sides must be multiples of 4 (got %lldx%lld)",
               (long long)cfg->in_h, (long long)cfg->in_w);
-    int64_t channels = cfg->in_channels, width = cfg->width ? cfg->width : 16;
+    /* its own keys, checked and completed with their defaults by now */
+    int64_t channels = cfg->in_channels, width = 0, code = 0;
+    KPL_TRY(kpl_key_int(&cfg->keys, "width", &width));
+    KPL_TRY(kpl_key_int(&cfg->keys, "code", &code));
+    if (code == 0) code = 2 * width;
     kpl_module *m = NULL, *enc = NULL, *dec = NULL;
     if (parent) KPL_TRY(kpl_module_create(parent, child, &autoencoder_kind, NULL, &m));
     else KPL_TRY(kpl_module_create_root(dev, seed, &autoencoder_kind, NULL, &m));
     *out = m; /* the caller destroys a root also when a step below fails */
     kpl_nn_conv c1 = {KPL_NN_CONV_INIT(channels, width, 3), .stride = {2, 2}, .padding = {1, 1}};
-    kpl_nn_conv c2 = {KPL_NN_CONV_INIT(width, 2 * width, 3), .stride = {2, 2}, .padding = {1, 1}};
-    kpl_nn_conv d1 = {KPL_NN_CONV_INIT(2 * width, width, 4), .stride = {2, 2}, .padding = {1, 1}};
+    kpl_nn_conv c2 = {KPL_NN_CONV_INIT(width, code, 3), .stride = {2, 2}, .padding = {1, 1}};
+    kpl_nn_conv d1 = {KPL_NN_CONV_INIT(code, width, 4), .stride = {2, 2}, .padding = {1, 1}};
     kpl_nn_conv d2 = {KPL_NN_CONV_INIT(width, channels, 4), .stride = {2, 2}, .padding = {1, 1}};
     KPL_TRY(kpl_nn_sequential(m, "encoder", &enc));
     KPL_TRY(kpl_nn_conv2d(enc, "conv1", &c1, NULL));
@@ -80,7 +88,22 @@ static kpl_status autoencoder_create(kpl_module *parent, const char *child,
     return KPL_OK;
 }
 
+/* model.autoencoder.<key> in a recipe */
+static const kpl_key autoencoder_keys[] = {
+    {"width", KPL_KEY_INT, "16", 1, 1024, NULL, "channels of the first convolution"},
+    {"code", KPL_KEY_INT, "0", 0, 4096, NULL, "channels of the code (0: 2 x width)"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
 /* ---- the task ------------------------------------------------------------------------------ */
+
+/* task.autoencoder.<key> */
+static const kpl_key ae_keys[] = {
+    {"noise", KPL_KEY_FLOAT, "0", 0, 1, NULL,
+     "denoising: training inputs get Gaussian noise of this standard deviation (the target "
+     "stays clean; the model's generator draws it, so resume is exact)"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
 
 #define SHOWN 8 /* images shown in TensorBoard */
 
@@ -89,6 +112,7 @@ static kpl_status autoencoder_create(kpl_module *parent, const char *child,
 static const char *const ae_sums[] = {"sq_err", "pixels", "examples", NULL};
 
 typedef struct {
+    double noise;      /* task.autoencoder.noise */
     float *shown;      /* the first SHOWN inputs, then their reconstructions (C, H, W each) */
     int nshown;
     int64_t chw[3];    /* of the shown images, from the batch itself */
@@ -103,6 +127,7 @@ static kpl_status ae_create(kpl_trainer *t, void **state)
     ae_state *s = calloc(1, sizeof *s);
     KPL_CHECK(s, KPL_ENOMEM, "autoencoder: out of memory");
     *state = s;
+    KPL_TRY(kpl_key_float(kpl_trainer_task_keys(t), "noise", &s->noise));
     /* the recipe's model section, on the data's input: model.name
      * autoencoder (registered below), or another model of the zoo */
     kpl_model_config mc = r->model;
@@ -132,10 +157,16 @@ static kpl_tensor *images(kpl_trainer *t, const kpl_batch *b)
 static kpl_status ae_train_step(kpl_trainer *t, void *state, const kpl_batch *b,
                                 kpl_step_result *out)
 {
-    (void)state;
-    kpl_tensor *x = images(t, b);
-    kpl_tensor_list in = {1, {x}}, rec;
-    KPL_TRY(x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &rec) : kpl_last_status());
+    ae_state *s = state;
+    kpl_tensor *x = images(t, b), *input = x;
+    if (x && s->noise > 0) { /* from the model's generator: in checkpoints with it */
+        kpl_module *m = kpl_trainer_model(t, 0);
+        input = kpl_add(x, kpl_randn(kpl_module_device(m), kpl_tensor_dtype(x),
+                                     kpl_tensor_ndim(x), kpl_tensor_shape(x),
+                                     kpl_module_rng(m), 0, s->noise));
+    }
+    kpl_tensor_list in = {1, {input}}, rec;
+    KPL_TRY(input ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &rec) : kpl_last_status());
     out->loss[0] = kpl_mse_loss(rec.t[0], x, KPL_REDUCE_MEAN);
     return out->loss[0] ? KPL_OK : kpl_last_status();
 }
@@ -241,6 +272,7 @@ static const kpl_task_kind autoencoder_task = {
     .eval_batch = ae_eval_batch,
     .eval_end = ae_eval_end,
     .images = ae_images,
+    .keys = ae_keys,
 };
 
 /* ---- an optimizer rule: Lion ------------------------------------------------------------------ */
@@ -303,6 +335,7 @@ static const kpl_zoo_model autoencoder_model = {
     .name = "autoencoder",
     .doc = "a convolutional autoencoder (examples/autoencoder.c)",
     .create = autoencoder_create,
+    .keys = autoencoder_keys,
 };
 
 /* Built against these headers (checked when kpl train --plugin loads it). */

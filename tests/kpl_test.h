@@ -44,6 +44,17 @@ static inline void *kpl_test_nn_(void *p, const char *what)
 }
 
 /* Element i of t as a double. */
+/* Writes text to dir/name; its path into path. */
+static inline void kpl_test_write(const char *dir, const char *name, const char *text,
+                                  char *path, size_t len)
+{
+    snprintf(path, len, "%s/%s", dir, name);
+    FILE *f = fopen(path, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
+
 static inline double tget(kpl_tensor *t, int64_t i)
 {
     double v = 0;

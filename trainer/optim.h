@@ -7,6 +7,7 @@
 #define KPL_OPTIM_H
 
 #include "autograd.h"
+#include "keys.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -50,8 +51,11 @@ typedef struct {
     double trust_coefficient; /* lars: eta > 0 */
     bool keep_grad;           /* step leaves .grad alone: whoever owns the gradient
                                  buffers zeroes them (kpl_ddp_zero_grad) */
+    kpl_keyvals keys;         /* optimizer.<name>.<key>: the rule's own keys
+                                 (kpl_optim_rule.keys); kpl_optim_create fills
+                                 their defaults */
 } kpl_optim_config;
-#define KPL_OPTIM_CONFIG_INIT {"sgd", 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001, false}
+#define KPL_OPTIM_CONFIG_INIT {"sgd", 0.1, 0.0, false, 0.0, 0.9, 0.999, 1e-8, 0.001, false, {0}}
 
 /* ---- update rules --------------------------------------------------------------------- */
 /*
@@ -94,6 +98,9 @@ typedef struct {
      * fields the rule reads; lr and weight_decay are checked for all). */
     kpl_status (*check)(const kpl_optim_config *c);
     kpl_status (*update)(const kpl_optim_update *u);
+    /* Optional: its own recipe keys, optimizer.<name>.<key> (keys.h),
+     * read from cfg->keys; a NULL-named row ends them. */
+    const kpl_key *keys;
 } kpl_optim_rule;
 
 /* Adds a rule (borrowed, static) that kpl_optim_create and recipes find by

@@ -40,6 +40,11 @@ extern "C" {
 typedef struct {
     char path[KPL_RECIPE_PATH]; /* KPLRecord directory, relative to data.root; "" = none */
     char image_feature[KPL_RECIPE_NAME], label_feature[KPL_RECIPE_NAME];
+    /* detection and segmentation targets ("": none): a float list of 4n
+     * box corners, an int64 list of n box labels, a per-pixel mask;
+     * loader.transform.max_boxes pads the boxes of a batch */
+    char boxes_feature[KPL_RECIPE_NAME], box_labels_feature[KPL_RECIPE_NAME];
+    char mask_feature[KPL_RECIPE_NAME];
     /* The loader's own settings: batch_size (per rank; val 0: train's),
      * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
      * and the transform's (channels, crop, out_h/out_w, scale, ratio,
@@ -82,7 +87,8 @@ typedef struct {
     char plugins[KPL_RECIPE_LIST][KPL_RECIPE_PATH];
     int nplugins;
     char name[KPL_RECIPE_NAME];
-    char task[KPL_RECIPE_NAME]; /* kpl_task_find's name */
+    char task[KPL_RECIPE_NAME]; /* task.name (or `task: NAME`): kpl_task_find's name */
+    kpl_keyvals task_keys;      /* task.<name>.<key>: the task's own keys (task.h) */
     int64_t seed, epochs, threads, max_steps;
     char device[32];
     bool deterministic;

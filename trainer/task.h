@@ -7,7 +7,9 @@
 #define KPL_TASK_H
 
 #include "autograd.h"
+#include "checkpoint.h"
 #include "dataio.h"
+#include "keys.h"
 #include "module.h"
 #include "recipe.h"
 #include "tboard.h"
@@ -109,6 +111,25 @@ typedef struct {
     /* Optional: images for TensorBoard after each evaluation (rank 0, with
      * log.tensorboard on): kpl_tb_add_image(tb, "val/...", step, ...). */
     kpl_status (*images)(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step);
+    /* Optional: the task's own state in checkpoints (an EMA of weights, a
+     * loss scaler's scale, a counter as a one-element tensor).  save adds
+     * tensors named "task.<anything>" to c (kpl_checkpoint_add; read when
+     * the file is written); it runs on rank 0 alone, so it must not call
+     * collectives.  restore runs on every rank when a run resumes (after
+     * the models and optimizers are back) and when kpl_trainer_restore
+     * loads a checkpoint for evaluation; it finds its tensors with
+     * kpl_checkpoint_find (NULL in a checkpoint written without them: a
+     * warm start) and copies them into its own.  A model's generator
+     * (kpl_module_rng: sampling noise, latents) is saved and restored by
+     * the trainer, per rank. */
+    kpl_status (*save)(kpl_trainer *t, void *state, kpl_checkpoint *c);
+    kpl_status (*restore)(kpl_trainer *t, void *state, const kpl_checkpoint *c);
+    /* Optional: its own recipe keys, task.<name>.<key> (keys.h), read with
+     * kpl_key_*(kpl_trainer_task_keys(t), ...); a NULL-named row ends them. */
+    const kpl_key *keys;
+    /* Optional: the recipe's common keys it needs given (NULL-terminated,
+     * "model.num_classes"): their defaults will not do for this task. */
+    const char *const *needs;
 } kpl_task_kind;
 
 /* The tasks kpl knows by name ("classification"); NULL for others. */
@@ -125,6 +146,8 @@ const kpl_task_kind *kpl_task_at(int i);
 /* For tasks: the run's recipe, device, ranks, and the input (C, H, W) the
  * data gives (model.input_size and in_channels override it). */
 const kpl_recipe *kpl_trainer_recipe(const kpl_trainer *t);
+/* The task's own keys (task.<name>.<key>), checked, defaults filled. */
+const kpl_keyvals *kpl_trainer_task_keys(const kpl_trainer *t);
 kpl_device *kpl_trainer_device(const kpl_trainer *t);
 int32_t kpl_trainer_rank(const kpl_trainer *t);
 int32_t kpl_trainer_world(const kpl_trainer *t);
@@ -161,8 +184,21 @@ kpl_status kpl_trainer_record(kpl_trainer *t, const char *name, double sum, doub
  * left out for a step whose loss was not finite under loss.nonfinite skip. */
 kpl_status kpl_trainer_record_tensor(kpl_trainer *t, const char *name, kpl_tensor *sum,
                                      double count);
-/* Element-wise sum of v over the ranks (collective; nothing on one rank). */
+/* Collectives for tasks: every rank calls them in the same order with
+ * the same n (len for broadcast); nothing happens on one rank.  A rank
+ * that fails one fails the run (kpl_trainer_end_job ends the others).
+ * Element-wise sum, max and min of v over the ranks, in place. */
 kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n);
+kpl_status kpl_trainer_max(kpl_trainer *t, double *v, int n);
+kpl_status kpl_trainer_min(kpl_trainer *t, double *v, int n);
+/* root's len bytes of buf into every rank's buf. */
+kpl_status kpl_trainer_broadcast(kpl_trainer *t, void *buf, size_t len, int32_t root);
+/* Every rank's bytes, of any length (0 too), to every rank: *all (malloc'd,
+ * the caller's to free; NULL when the total is 0) holds rank 0's lens[0]
+ * bytes, then rank 1's, ...; lens has kpl_trainer_world entries.  For an
+ * exact metric over every rank's results (a detector's boxes for mAP). */
+kpl_status kpl_trainer_all_gather(kpl_trainer *t, const void *data, size_t len, void **all,
+                                  size_t *lens);
 /* An evaluation's sums, by the names the task kind lists in eval_sums:
  * zero when the evaluation begins, added to by eval_batch on each rank,
  * summed over the ranks before eval_end, which reads the totals.

@@ -11,6 +11,7 @@
 #ifndef KPL_ZOO_H
 #define KPL_ZOO_H
 
+#include "keys.h"
 #include "module.h"
 
 #ifdef __cplusplus
@@ -46,6 +47,10 @@ typedef struct {
     int nhidden;
     double dropout;
     bool zero_init_residual;
+    /* model.<name>.<key>: the keys a registered model declares
+     * (kpl_zoo_model.keys); kpl_model_config_complete fills their
+     * defaults */
+    kpl_keyvals keys;
 } kpl_model_config;
 
 /* ---- the registry: models found by name (model.name) ---- */
@@ -63,6 +68,9 @@ typedef struct {
     const char *doc;  /* one line for `kpl train --keys` */
     kpl_status (*create)(kpl_module *parent, const char *child, const kpl_model_config *cfg,
                          kpl_device *dev, uint64_t seed, kpl_module **out);
+    /* Optional: its own recipe keys, model.<name>.<key> (keys.h), which
+     * create reads from cfg->keys; a NULL-named row ends them. */
+    const kpl_key *keys;
 } kpl_zoo_model;
 
 /* Adds m (borrowed, static).  KPL_EINVAL for a name known already.  From

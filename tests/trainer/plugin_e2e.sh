@@ -3,10 +3,12 @@
 # tasks, models and optimizer rules from outside kpl, run by the stock
 # `kpl train` with no rebuild of kpl:
 #   plugin   examples/autoencoder.c built as a plugin: --keys lists its
-#            model and optimizer; `kpl train --plugin` trains its task with
+#            model and optimizer, and its task's and model's own keys, whose
+#            bad values are refused with file:line:key; `kpl train --plugin`
+#            trains its task (a denoising autoencoder: task.autoencoder.noise) with
 #            its model and its optimizer rule (Lion) to a reconstruction
 #            error bound, and --resume continues bit for bit (Lion's state
-#            is in the checkpoint); a recipe's `plugins:` path is relative
+#            and the noise's generator are in the checkpoint); a recipe's `plugins:` path is relative
 #            to the recipe, printed at start, resolved in --print-config
 #   bad      a missing file, a library that is not a plugin, one built
 #            against another kpl ABI, one registering a name kpl has: each
@@ -28,6 +30,15 @@ plugin)
   "$kpl" train --keys --plugin "$so" > keys.txt
   grep -q '^  name: none  # .*\[mlp|lenet|cnn|resnet|autoencoder|none\]$' keys.txt || die "--keys: model.name: $(grep -m1 '^  name: none' keys.txt)"
   grep -q '^  name: sgd  # .*\[sgd|adam|adamw|lars|lion\]$' keys.txt || die "--keys: optimizer.name"
+  # the plugin's own keys, in its task's and model's sections
+  grep -A1 '^  autoencoder:  # task autoencoder.s own keys$' keys.txt | grep -q '^    noise: 0  # denoising: .* \[0, 1\]$' || die "--keys: task.autoencoder: $(grep -A1 '^  autoencoder:' keys.txt)"
+  grep -A2 '^  autoencoder:  # model autoencoder.s own keys' keys.txt | grep -q '^    width: 16  # channels of the first convolution \[1, 1024\]$' || die "--keys: model.autoencoder"
+  printf 'base: %s\nmodel:\n  autoencoder:\n    width: 0\n' "$AE" > badkey.yaml
+  expect_usage_error "bad model key" "badkey.yaml:4:12: model.autoencoder.width: 0 is out of range [1, 1024]" train --plugin "$so" badkey.yaml "${R[@]}"
+  printf 'base: %s\ntask:\n  autoencoder:\n    nois: 0.1\n' "$AE" > badkey.yaml
+  expect_usage_error "misspelt task key" "badkey.yaml:4:5: unknown key 'task.autoencoder.nois' (task.autoencoder has: noise; did you mean 'noise'?)" train --plugin "$so" badkey.yaml "${R[@]}"
+  expect_usage_error "bad task key" "override 'task.autoencoder.noise=loud': task.autoencoder.noise: expected a number, got 'loud'" train --plugin "$so" "$AE" "${R[@]}" task.autoencoder.noise=loud
+  R+=(task.autoencoder.noise=0.1)
   # without the plugin, its names are unknown, named where they are
   expect_usage_error "no plugin" "autoencoder.yaml:1" train "$AE" "${R[@]}" run_dir=x
   grep -qE "task: unknown task 'autoencoder'|model.name: expected one of" err.txt || die "no plugin: $(cat err.txt)"
@@ -48,6 +59,7 @@ plugin)
   cp "$so" rc/lib/
   printf 'base: %s\nplugins: [lib/%s]\n' "$AE" "$(basename "$so")" > rc/ae.yaml
   "$kpl" train rc/ae.yaml "${R[@]}" --print-config > cfg.yaml || die "--print-config with plugins:"
+  grep -A2 '^  autoencoder:$' cfg.yaml | grep -q '^    noise: 0.1$' || die "--print-config: task.autoencoder: $(grep -A2 '^  autoencoder:$' cfg.yaml)"
   grep -q "^plugins: \[\"$tmp/rc/lib/$(basename "$so")\"\]$" cfg.yaml || die "--print-config: $(grep plugins cfg.yaml)"
   (cd rc && "$kpl" train ae.yaml "${R[@]}" max_steps=3 run_dir=r > r.txt 2> r.err) || die "plugins: in a recipe: $(tail -3 rc/r.err)"
   grep -q "^plugins: $tmp/rc/lib/" rc/r.txt || die "the recipe's plugin is not named: $(head -3 rc/r.txt)"

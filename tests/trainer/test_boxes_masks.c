@@ -1,7 +1,9 @@
 /* test_boxes_masks.c — outputs that are not logits reach a task's loss
  * through kpl_trainer: a module with two heads, a box (x0, y0, x1, y1) and
  * a mask, trained on boxes and masks the loader delivers (the task asks for
- * them with kpl_task_kind.data).  The data: one bright rectangle per 32x32
+ * them in the recipe: data.<split>.boxes_feature, mask_feature, max_boxes;
+ * kpl_batch_get names a member the loader was not asked for).  The data:
+ * one bright rectangle per 32x32
  * image at a seeded place; its box and its mask are the targets.  Trained,
  * the predicted boxes and masks must overlap the true ones far better than
  * the untrained model's, and the loss must fall. */
@@ -122,15 +124,6 @@ typedef struct {
 
 static dense *seen;
 
-static void dense_data(const kpl_recipe *r, bool train, kpl_loader_config *c)
-{
-    (void)r, (void)train;
-    c->transform.label_feature = NULL;
-    c->transform.boxes_feature = "boxes";
-    c->transform.mask_feature = "mask";
-    c->transform.max_boxes = 1;
-}
-
 static kpl_status dense_create(kpl_trainer *t, void **state)
 {
     *state = seen = calloc(1, sizeof(dense));
@@ -155,8 +148,10 @@ static kpl_status forward(kpl_trainer *t, const kpl_batch *b, kpl_tensor **box, 
     kpl_status st = kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out);
     if (st < 0) return st;
     *box = out.t[0], *mask = out.t[1];
-    *box_t = kpl_scalar_op(KPL_BIN_MUL, kpl_reshape(b->boxes, 2, bs), 1.0 / S, false);
-    *mask_t = kpl_reshape(kpl_cast(b->mask, KPL_F32), 4, ms);
+    kpl_tensor *boxes = kpl_batch_get(b, "boxes"), *m = kpl_batch_get(b, "mask");
+    if (!boxes || !m) return kpl_last_status();
+    *box_t = kpl_scalar_op(KPL_BIN_MUL, kpl_reshape(boxes, 2, bs), 1.0 / S, false);
+    *mask_t = kpl_reshape(kpl_cast(m, KPL_F32), 4, ms);
     return *box_t && *mask_t ? KPL_OK : kpl_last_status();
 }
 
@@ -242,7 +237,7 @@ static const kpl_task_kind dense_task = {
     .name = "boxes_masks", .best_metric = "mask_iou", .best_higher = true,
     .create = dense_create, .destroy = dense_destroy, .train_batch = dense_train_batch,
     .eval_begin = dense_eval_begin, .eval_batch = dense_eval_batch,
-    .eval_end = dense_eval_end, .data = dense_data,
+    .eval_end = dense_eval_end,
 };
 
 /* ---- the test ---- */
@@ -251,6 +246,32 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
 {
     (void)sb, (void)flag, (void)ftw;
     return remove(path);
+}
+
+/* A member the loader was not asked for is named, never a NULL to crash on. */
+static void test_batch_get(void **state)
+{
+    (void)state;
+    kpl_batch b;
+    memset(&b, 0, sizeof b);
+    int64_t n = 2;
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_I64, 1, &n, &b.label));
+    assert_ptr_equal(kpl_batch_get(&b, "label"), b.label);
+    kpl_clear_error();
+    assert_null(kpl_batch_get(&b, "boxes"));
+    assert_int_equal(kpl_last_status(), KPL_ENOTFOUND);
+    assert_non_null(strstr(kpl_last_error(), "the batch has no boxes: the loader was not asked "
+                                             "for them (transform.boxes_feature; in a recipe "
+                                             "data.<split>.boxes_feature)"));
+    assert_null(kpl_batch_get(&b, "mask"));
+    assert_non_null(strstr(kpl_last_error(), "mask_feature"));
+    assert_null(kpl_batch_get(&b, "bboxes"));
+    assert_non_null(strstr(kpl_last_error(), "the batch has no member 'bboxes'"));
+    /* and an op given the NULL fails with the error, not a crash */
+    kpl_pool *p = kpl_pool_push();
+    assert_null(kpl_reshape(kpl_batch_get(&b, "boxes"), 1, &n));
+    kpl_pool_pop(p);
+    kpl_tensor_release(b.label);
 }
 
 static void test_boxes_and_masks(void **state)
@@ -266,9 +287,11 @@ static void test_boxes_and_masks(void **state)
              "name: dense\ntask: boxes_masks\nseed: 3\nepochs: %d\nthreads: 2\n"
              "deterministic: true\nrun_dir: %s/run\n"
              "data:\n  root: %s\n"
-             "  train: {path: train, batch_size: 32, shuffle: example,\n"
+             "  train: {path: train, batch_size: 32, shuffle: example, label_feature: \"\",\n"
+             "          boxes_feature: boxes, mask_feature: mask, max_boxes: 1,\n"
              "          transform: {channels: 1}}\n"
-             "  val: {path: val, batch_size: 64, transform: {channels: 1}}\n"
+             "  val: {path: val, batch_size: 64, label_feature: \"\", boxes_feature: boxes,\n"
+             "        mask_feature: mask, max_boxes: 1, transform: {channels: 1}}\n"
              "optimizer: {name: adam, lr: 2.0e-3}\n"
              "log: {every_steps: 100, progress: never, tensorboard: false}\n",
              EPOCHS, dir, dir);
@@ -302,7 +325,7 @@ static void test_boxes_and_masks(void **state)
 
 int main(void)
 {
-    const struct CMUnitTest tests[] = {
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_batch_get),
         cmocka_unit_test(test_boxes_and_masks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

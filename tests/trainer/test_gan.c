@@ -3,10 +3,14 @@
  * move as a GAN's do (from 2 ln 2 and ln 2, the discriminator pulling
  * ahead first, neither collapsing), the discriminator's parameters must
  * take no gradient from the generator's step, and a checkpoint must hold
- * both models and both optimizers. */
+ * both models and both optimizers.  The task keeps state of its own, an
+ * exponential moving average of G's last layer and a count of its steps,
+ * in checkpoints (save/restore): a run stopped and resumed ends with the
+ * same average, to the bit, as one that was not. */
 #include "kpl_test.h"
 #include "trainer.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -14,7 +18,11 @@
 #define Z 16
 #define STEPS 150
 
+#define EMA 0.9
+
 typedef struct {
+    kpl_tensor *ema;   /* EMA of G's fc2.weight (no gradient) */
+    kpl_tensor *steps; /* (1) i64: G's steps */
     double loss_d[STEPS], loss_g[STEPS];
     int n;
     double real_sum, fake_sum, count; /* evaluation: D's probabilities */
@@ -54,11 +62,59 @@ static kpl_status gan_create(kpl_trainer *t, void **state)
 {
     *state = seen = calloc(1, sizeof(gan));
     if (!*state) return kpl_set_error(KPL_ENOMEM, "gan: out of memory");
+    gan *s = seen;
     kpl_status st = build(t, "d", false); /* model 0: reduced first */
-    return st < 0 ? st : build(t, "g", true);
+    if (st >= 0) st = build(t, "g", true);
+    if (st < 0) return st;
+    kpl_tensor *w = kpl_module_get_param(kpl_module_find(kpl_trainer_model(t, 1), "fc2"), "weight");
+    int64_t one = 1;
+    st = kpl_tensor_zeros(kpl_device_cpu(), KPL_I64, 1, &one, &s->steps);
+    if (st >= 0) st = kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, kpl_tensor_ndim(w),
+                                       kpl_tensor_shape(w), &s->ema);
+    return st < 0 ? st : kpl_k_copy(s->ema, w);
 }
 
-static void gan_destroy(void *state) { free(state); }
+static void gan_destroy(void *state)
+{
+    gan *s = state;
+    kpl_tensor_release(s->ema);
+    kpl_tensor_release(s->steps);
+    free(state);
+}
+
+/* ema = EMA ema + (1 - EMA) w after each of G's steps */
+static kpl_status ema_update(kpl_trainer *t, gan *s)
+{
+    kpl_tensor *w = kpl_module_get_param(kpl_module_find(kpl_trainer_model(t, 1), "fc2"), "weight");
+    const float *pw = kpl_tensor_host_data(w);
+    float *pe = kpl_tensor_host_mutable(s->ema);
+    int64_t *n = kpl_tensor_host_mutable(s->steps);
+    if (!pw || !pe || !n) return kpl_last_status();
+    for (int64_t i = 0; i < kpl_tensor_numel(w); i++)
+        pe[i] = (float)(EMA * pe[i] + (1 - EMA) * pw[i]);
+    n[0]++;
+    return KPL_OK;
+}
+
+/* The task's own state in checkpoints, as "task.*" tensors. */
+static kpl_status gan_save(kpl_trainer *t, void *state, kpl_checkpoint *c)
+{
+    (void)t;
+    gan *s = state;
+    kpl_status st = kpl_checkpoint_add(c, "task.ema.fc2.weight", s->ema);
+    return st < 0 ? st : kpl_checkpoint_add(c, "task.steps", s->steps);
+}
+
+static kpl_status gan_restore(kpl_trainer *t, void *state, const kpl_checkpoint *c)
+{
+    (void)t;
+    gan *s = state;
+    kpl_tensor *e = kpl_checkpoint_find(c, "task.ema.fc2.weight");
+    kpl_tensor *n = kpl_checkpoint_find(c, "task.steps");
+    if (!e || !n) return KPL_OK; /* a checkpoint from before: the average starts afresh */
+    kpl_status st = kpl_k_copy(s->ema, e);
+    return st < 0 ? st : kpl_k_copy(s->steps, n);
+}
 
 /* G(z) for a batch of n, z from the generator's generator */
 static kpl_tensor *fake(kpl_trainer *t, int64_t n)
@@ -81,11 +137,9 @@ static kpl_status gan_train_batch(kpl_trainer *t, void *state, const kpl_batch *
     kpl_status st = KPL_OK;
     double ld = 0, lg = 0;
     /* the discriminator: real images 1, generated ones 0 (G's output
-     * detached: grad mode off while G runs) */
+     * detached: D's loss sends nothing into G) */
     kpl_pool *p = kpl_pool_push();
-    bool prev = kpl_set_grad_enabled(false);
-    kpl_tensor *f = fake(t, b->size);
-    kpl_set_grad_enabled(prev);
+    kpl_tensor *f = kpl_detach(fake(t, b->size));
     kpl_tensor *dr = kpl_module_forward(d, b->image), *df = kpl_module_forward(d, f);
     kpl_tensor *loss = kpl_add(kpl_bce_with_logits(dr, ones_like(dr, 1), KPL_REDUCE_MEAN),
                                kpl_bce_with_logits(df, ones_like(df, 0), KPL_REDUCE_MEAN));
@@ -108,6 +162,7 @@ static kpl_status gan_train_batch(kpl_trainer *t, void *state, const kpl_batch *
     if (st < 0) return st;
     if (rs < 0) return rs;
     if (s->n < STEPS) s->loss_d[s->n] = ld, s->loss_g[s->n++] = lg;
+    if ((st = ema_update(t, s)) < 0) return st;
     double n = (double)b->size;
     kpl_status r1 = kpl_trainer_record(t, "loss_d", ld * n, n);
     return r1 < 0 ? r1 : kpl_trainer_record(t, "loss_g", lg * n, n);
@@ -152,6 +207,7 @@ static const kpl_task_kind gan_task = {
     .name = "gan", .best_metric = "d_fake", .best_higher = true,
     .create = gan_create, .destroy = gan_destroy, .train_batch = gan_train_batch,
     .eval_begin = gan_eval_begin, .eval_batch = gan_eval_batch, .eval_end = gan_eval_end,
+    .save = gan_save, .restore = gan_restore,
 };
 
 static double mean(const double *v, int a, int b)
@@ -240,8 +296,63 @@ static void test_gan_two_models(void **state)
     assert_int_equal(system(cmd), 0);
 }
 
+/* A copy of the task's average after a run of `steps` (resumed from its
+ * own checkpoint when resume). */
+static void run(const char *dir, const char *name, int max_steps, bool resume, float *ema,
+                int64_t *steps)
+{
+    char yaml[2048];
+    snprintf(yaml, sizeof yaml,
+             "name: gan\ntask: gan\nseed: 3\nepochs: 1\nthreads: 2\ndeterministic: true\n"
+             "run_dir: %s/%s\nmax_steps: %d\n"
+             "data:\n  root: %s\n  convert: {from: idx, source: " FM "}\n"
+             "  train: {path: train, batch_size: 32, shuffle: example, limit: 384,\n"
+             "          transform: {channels: 1, mean: [0.5], std: [0.5]}}\n"
+             "optimizer: {lr: 2.0e-4}\n"
+             "log: {every_steps: 50, progress: never, tensorboard: false}\n",
+             dir, name, max_steps, dir);
+    kpl_recipe *r = malloc(sizeof *r);
+    OK(kpl_recipe_load_string(yaml, "gan", 0, NULL, r));
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    o.resume = resume ? "" : NULL;
+    kpl_trainer *t = NULL;
+    OK(kpl_trainer_create(r, &gan_task, &o, &t));
+    OK(kpl_trainer_fit(t));
+    gan *s = seen;
+    OK(kpl_tensor_to_host(s->ema, ema, (size_t)kpl_tensor_numel(s->ema) * sizeof *ema));
+    OK(kpl_tensor_to_host(s->steps, steps, sizeof *steps));
+    kpl_trainer_destroy(t);
+    free(r);
+}
+
+static void test_gan_task_state_resumes(void **state)
+{
+    (void)state;
+    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0) skip();
+    char dir[] = "/tmp/kpl-gan-XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    enum { N = 784 * 128 };
+    float *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b), *c = malloc(N * sizeof *c);
+    int64_t na = 0, nb = 0, nc = 0;
+    run(dir, "whole", 12, false, a, &na);
+    run(dir, "cut", 5, false, c, &nc);
+    run(dir, "cut", 12, true, b, &nb);
+    assert_int_equal(na, 12);
+    assert_int_equal(nc, 5);
+    assert_int_equal(nb, 12); /* 5 before the checkpoint, counted on from there */
+    assert_memory_equal(a, b, N * sizeof *a);
+    double moved = 0;
+    for (int i = 0; i < N; i++) moved += fabs((double)a[i] - c[i]);
+    assert_true(moved > 0); /* the average did move between steps 5 and 12 */
+    free(a), free(b), free(c);
+    char cmd[256];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gan_two_models)};
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_gan_two_models),
+                                       cmocka_unit_test(test_gan_task_state_resumes)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2,6 +2,7 @@
  * reading back to the same recipe, every error naming file, line and key,
  * the project's own recipes, and damaged YAML that must fail cleanly. */
 #include "kpl_test.h"
+#include "recipe_case.h"
 #include "trainer_impl.h"
 
 #include <stdlib.h>
@@ -20,11 +21,7 @@ static char dir[64];
 
 static void write_file(const char *name, const char *text, char *path, size_t len)
 {
-    snprintf(path, len, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    assert_non_null(f);
-    fputs(text, f);
-    fclose(f);
+    kpl_test_write(dir, name, text, path, len);
 }
 
 static void test_defaults(void **state)
@@ -108,11 +105,7 @@ static void test_base(void **state)
 static void test_errors(void **state)
 {
     (void)state;
-    static const struct {
-        const char *yaml, *override;
-        kpl_status st;
-        const char *needle;
-    } cases[] = {
+    static const recipe_case cases[] = {
         {MIN "optimizer2: 1\n", NULL, KPL_EINVAL, "bad.yaml:5:1: unknown key 'optimizer2'"},
         {MD "epochs: 3\noptimizer:\n  lrr: 0.1\n", NULL, KPL_EINVAL,
          "bad.yaml:5:3: unknown key 'optimizer.lrr' (did you mean 'optimizer.lr'?)"},
@@ -127,10 +120,16 @@ static void test_errors(void **state)
         {"model: {name: cnn}\n", NULL, KPL_EINVAL, "bad.yaml: missing required key 'epochs'"},
         {"epochs: 2\nmodel: {name: cnn}\ndata: {train: {path: t, batch_size: 8}}\n"
          "optimizer: {lr: 0.1}\n", NULL, KPL_EINVAL,
-         "bad.yaml: missing required key 'model.num_classes' (task classification)"},
+         "bad.yaml: missing required key 'model.num_classes' (task classification needs it)"},
         {"epochs: 2\ndata: {train: {path: t, batch_size: 8}}\noptimizer: {lr: 0.1}\n", NULL,
-         KPL_EINVAL, "bad.yaml: missing required key 'model.name' (task classification)"},
+         KPL_EINVAL, "bad.yaml: missing required key 'model.name' (task classification needs it)"},
         {MIN "optimizer: {name: adagrad, lr: 1}\n", NULL, KPL_EFORMAT, "appears twice"},
+        {MIN, "data.train.boxes_feature=boxes", KPL_EINVAL,
+         "override 'data.train.boxes_feature=boxes': data.train.boxes_feature: needs "
+         "data.train.max_boxes >= 1"},
+        {MIN, "data.val.box_labels_feature=cls", KPL_EINVAL,
+         "data.val.box_labels_feature: needs data.val.boxes_feature"},
+        {MIN, "data.train.max_boxes=70000", KPL_ERANGE, "data.train.max_boxes: 70000 is out of range"},
         {"epochs: 2\nmodel: {name: vgg}\n", NULL, KPL_EINVAL,
          "model.name: expected one of mlp, lenet, cnn, resnet, none; got 'vgg'"},
         {MD "epochs: 2\noptimizer: 3\n", NULL, KPL_EINVAL, "bad.yaml:4:12: optimizer: is a section"},
@@ -220,17 +219,7 @@ static void test_errors(void **state)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char path[128];
         write_file("bad.yaml", cases[i].yaml, path, sizeof path);
-        const char *ov[1] = {cases[i].override};
-        int nov = cases[i].override ? 1 : 0;
-        if (!cases[i].st) {
-            OK(kpl_recipe_load(path, nov, ov, &R));
-            continue;
-        }
-        kpl_clear_error();
-        kpl_status st = kpl_recipe_load(path, nov, ov, &R);
-        if (st != cases[i].st || !strstr(kpl_last_error(), cases[i].needle))
-            fail_msg("case %zu: got %s '%s', expected %s with '%s'", i, kpl_status_str(st),
-                     kpl_last_error(), kpl_status_str(cases[i].st), cases[i].needle);
+        check_recipe_case(i, &cases[i], path, &R);
     }
     FAILS(kpl_recipe_load("/nonexistent/r.yaml", 0, NULL, &R), KPL_EIO,
           "recipe /nonexistent/r.yaml: No such file");

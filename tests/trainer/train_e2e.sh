@@ -284,9 +284,20 @@ PY
     losses two > two.loss
     close_losses one.loss two.loss || die "2 ranks x 64 differ from 1 x 128"
   fi
-  # the recipe says which task it is for
+  # the recipe says which task it is for: another name with the
+  # autoencoder's keys is refused as the recipe is read (exit 2); a recipe
+  # naming another task, by the program's trainer (exit 1)
   set +e
   "$ex" "${R[@]}" run_dir=x task=detection > /dev/null 2> task.err
+  rc=$?
+  set -e
+  [[ $rc == 2 ]] && grep -q "task.autoencoder: keys of task 'autoencoder', but task.name is 'detection'" task.err \
+    || die "task keys mismatch: exit $rc: $(cat task.err)"
+  sed '/^task:/,/^    noise:/d' "$src/examples/autoencoder.yaml" > other.yaml
+  printf 'task: detection\n' >> other.yaml
+  R[0]=other.yaml
+  set +e
+  "$ex" "${R[@]}" run_dir=x > /dev/null 2> task.err
   rc=$?
   set -e
   [[ $rc == 1 ]] && grep -q "the recipe's task is 'detection', the program's is 'autoencoder'" task.err \

@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 
 /* ---- the key table (recipe_keys.c) ---- */
 
@@ -40,6 +41,21 @@ extern const field kpl__rc_fields[];
 extern const int kpl__rc_nfields;
 /* Whether name is one of list's ", "-separated names. */
 bool kpl__rc_name_listed(const char *name, const char *list);
+
+/* true/yes/on, false/no/off (any case). */
+static inline bool kpl__rc_parse_bool(const char *s, bool *v)
+{
+    static const char *const t[] = {"true", "yes", "on"}, *const f[] = {"false", "no", "off"};
+    for (int i = 0; i < 3; i++) {
+        if (!strcasecmp(s, t[i])) return *v = true, true;
+        if (!strcasecmp(s, f[i])) return *v = false, true;
+    }
+    return false;
+}
+
+/* The fewest digits that read back to the same double (or float), with
+ * a '.' or an exponent, so that it reads as a number, not an integer. */
+void kpl__rc_number_text(double v, bool single, char *s, size_t cap);
 
 /* Members of the modules' structs are int or int64_t, float or double:
  * stored and read at their own width. */
@@ -121,5 +137,31 @@ kpl_status kpl__rc_load_tree(ctx *cx, const char *text, size_t len, const char *
                              bool is_file, const char *dir, int depth, node **out);
 /* Lays "a.b.c=VALUE" over the tree. */
 kpl_status kpl__rc_apply_override(ctx *cx, node *root, const char *ov);
+
+/* Whether path is one of the table's keys or a section of them. */
+bool kpl__rc_is_field_or_section(const char *path);
+/* Levenshtein distance of two short strings (99 past 60 bytes), for "did
+ * you mean". */
+int kpl__rc_distance(const char *a, const char *b);
+
+/* ---- owners' keys (keys.c, recipe_owners.c) ---- */
+
+/* n, the value of key (dotted, for messages), checked against k's row
+ * into its canonical text. */
+kpl_status kpl__key_value(const kpl_key *k, const node *n, const char *key, char *out,
+                          size_t cap);
+/* The sections whose owners declare keys: 0 task, 1 model, 2 optimizer. */
+#define KPL__RC_OWNERS 3
+extern const char *const kpl__rc_owner_sections[KPL__RC_OWNERS];
+/* The registered owners of section `which`: the i-th's name, one-line doc
+ * (or NULL) and keys. */
+int kpl__rc_owner_count(int which);
+const kpl_key *kpl__rc_owner_at(int which, int i, const char **name, const char **doc);
+/* The owner r names in section `which` (*known: registered), and where r
+ * keeps its values. */
+kpl_keyvals *kpl__rc_owner_selected(int which, kpl_recipe *r, const char **name,
+                                    const kpl_key **keys, bool *known);
+/* The owners' sections of the tree into r (after kpl's own keys). */
+kpl_status kpl__rc_bind_owners(const node *root, kpl_recipe *r, const char *file);
 
 #endif /* KPL_RECIPE_IMPL_H */

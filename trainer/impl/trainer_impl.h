@@ -61,6 +61,9 @@ typedef struct {
     const void **items;          /* registered after the built-ins */
     const char **from;           /* per item: the plugin that registered it, or NULL */
     int n, cap;
+    /* the item's own recipe keys (what.<name>.<key>), checked when it is
+     * added; NULL: items have none */
+    const kpl_key *(*keys)(const void *item);
 } kpl__registry;
 
 /* Adds item (kpl_task_register & co.).  While a plugin loads, the item
@@ -73,6 +76,17 @@ int kpl__registry_count(const kpl__registry *r);
 const void *kpl__registry_at(const kpl__registry *r, int i);
 /* "a, b, c": every name, into buf. */
 void kpl__registry_names(const kpl__registry *r, char *buf, size_t len);
+
+/* ---- owners' keys (keys.c) ---- */
+
+const kpl_key *kpl__key_find(const kpl_key *keys, const char *name);
+/* "a, b, c" ("none"): the names of keys. */
+void kpl__key_names(const kpl_key *keys, char *buf, size_t len);
+/* name = value (canonical) into kv; given: by the recipe, not a default. */
+kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value, bool given);
+/* Whether an owner's declared keys are well formed (names, types, defaults
+ * that fit their own rows); section ("task.detection") names it. */
+kpl_status kpl__keys_declared_ok(const kpl_key *keys, const char *section);
 
 /* ---- checkpoint files (checkpoint.c) ---- */
 
@@ -301,6 +315,8 @@ kpl_status kpl__trainer_report(kpl_trainer *t);
  * (SIGTERM 15 over SIGINT 2) once one has, else 0; once agreed it stays
  * (t->stop_sig).  Collective while nothing is agreed and world > 1. */
 kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig);
+/* op over the ranks of v[0..n) (collect.c; nothing on one rank). */
+kpl_status kpl__trainer_reduce_host(kpl_trainer *t, double *v, int n, kpl_comm_op op);
 /* Checks every watched loss (before a report, checkpoint or evaluation). */
 kpl_status kpl__trainer_check_losses(kpl_trainer *t);
 void kpl__trainer_draw_bar(kpl_trainer *t, bool force);

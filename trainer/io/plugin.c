@@ -78,6 +78,13 @@ static kpl_status commit(kpl__registry *r, const void *item, const char *from)
                       *c == '-',
                   KPL_EINVAL, "%s name '%s' (registered by %s): use a-z, 0-9, _ and -", r->what,
                   name, from ? from : "the program");
+    if (r->keys) {
+        char section[96];
+        snprintf(section, sizeof section, "%s.%s", r->what, name);
+        kpl_status st = kpl__keys_declared_ok(r->keys(item), section);
+        if (st < 0) return kpl__error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
+                                             from ? from : "the program");
+    }
     int i = index_of(r, name);
     if (i >= 0) {
         char had[PATH_MAX + 16];

@@ -38,16 +38,6 @@ static node *lookup(node *root, const char *key)
     return NULL;
 }
 
-static bool parse_bool(const char *s, bool *v)
-{
-    static const char *const t[] = {"true", "yes", "on"}, *const f[] = {"false", "no", "off"};
-    for (int i = 0; i < 3; i++) {
-        if (!strcasecmp(s, t[i])) return *v = true, true;
-        if (!strcasecmp(s, f[i])) return *v = false, true;
-    }
-    return false;
-}
-
 /* A number from a scalar, checked against the field's range. */
 static kpl_status scalar_number(const field *f, const node *n, const char *loc, bool integer,
                                 double *out)
@@ -197,7 +187,7 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
     switch (f->type) {
     case T_BOOL: {
         bool v;
-        if (!parse_bool(n->text, &v))
+        if (!kpl__rc_parse_bool(n->text, &v))
             return KPL_ERROR(KPL_EINVAL, "%s: %s: expected true or false, got '%s'", loc, f->key,
                              CLIP(n->text));
         *(bool *)dst = v;
@@ -279,24 +269,6 @@ static kpl_status bind_field(const field *f, const node *n, kpl_recipe *r)
     return KPL_OK;
 }
 
-/* Levenshtein distance, for "did you mean". */
-static int distance(const char *a, const char *b)
-{
-    int la = (int)strlen(a), lb = (int)strlen(b);
-    if (la > 60 || lb > 60) return 99;
-    int d[61][61];
-    for (int i = 0; i <= la; i++) d[i][0] = i;
-    for (int j = 0; j <= lb; j++) d[0][j] = j;
-    for (int i = 1; i <= la; i++)
-        for (int j = 1; j <= lb; j++) {
-            int c = d[i - 1][j - 1] + (a[i - 1] != b[j - 1]);
-            if (d[i - 1][j] + 1 < c) c = d[i - 1][j] + 1;
-            if (d[i][j - 1] + 1 < c) c = d[i][j - 1] + 1;
-            d[i][j] = c;
-        }
-    return d[la][lb];
-}
-
 static bool is_section(const char *path)
 {
     size_t l = strlen(path);
@@ -312,13 +284,32 @@ static const field *find_field(const char *path)
     return NULL;
 }
 
-/* Every key of the tree must be a field or a section of the key table. */
+bool kpl__rc_is_field_or_section(const char *path)
+{
+    return find_field(path) || is_section(path);
+}
+
+/* Whether path (task.X, model.X, optimizer.X) may be an owner's section,
+ * which kpl__rc_bind_owners reads. */
+static bool owner_section(const char *path, const node *c)
+{
+    for (int w = 0; w < KPL__RC_OWNERS; w++) {
+        size_t l = strlen(kpl__rc_owner_sections[w]);
+        if (!strncmp(path, kpl__rc_owner_sections[w], l) && path[l] == '.' &&
+            !strchr(path + l + 1, '.'))
+            return c->kind == N_MAP;
+    }
+    return false;
+}
+
+/* Every key of the tree must be a field or a section of the key table
+ * (or an owner's section). */
 static kpl_status check_unknown(const node *map, const char *prefix)
 {
     for (const node *c = map->first; c; c = c->next) {
         char path[512], loc[1200];
         snprintf(path, sizeof path, "%s%s%s", prefix, *prefix ? "." : "", c->key);
-        if (find_field(path)) continue;
+        if (find_field(path) || owner_section(path, c)) continue;
         if (is_section(path)) {
             if (c->kind != N_MAP)
                 return KPL_ERROR(KPL_EINVAL, "%s: %s: is a section of keys, not a value",
@@ -335,7 +326,7 @@ static kpl_status check_unknown(const node *map, const char *prefix)
         const char *best = NULL;
         int bd = 99;
         for (int i = 0; i < kpl__rc_nfields; i++) {
-            int d = distance(path, kpl__rc_fields[i].key);
+            int d = kpl__rc_distance(path, kpl__rc_fields[i].key);
             if (d < bd) bd = d, best = kpl__rc_fields[i].key;
         }
         char hint[300] = "";
@@ -357,17 +348,14 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         kpl__task_names(names, sizeof names);
         return KPL_ERROR(KPL_EINVAL, "%s: task: unknown task '%s' (kpl train and kpl eval know: "
                          "%s; a program with a task of its own runs it through "
-                         "kpl_trainer_create)", AT("task"), CLIP(r->task), names);
+                         "kpl_trainer_create)", AT("task.name"), CLIP(r->task), names);
     }
-    /* the keys classification needs, as if they were required */
-    if (!strcmp(r->task, "classification")) {
-        const char *k = !strcmp(r->model.name, "none") ? "model.name"
-                        : r->model.num_classes == 0     ? "model.num_classes"
-                                                        : NULL;
-        if (k)
-            return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task classification)",
-                             *r->file ? CLIP_PATH(r->file) : "recipe", k);
-    }
+    /* the common keys the task needs given: required for it */
+    const kpl_task_kind *kind = kpl_task_find(r->task);
+    for (const char *const *k = kind ? kind->needs : NULL; k && *k; k++)
+        if (!lookup(root, *k))
+            return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task %s needs it)",
+                             *r->file ? CLIP_PATH(r->file) : "recipe", *k, r->task);
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     const char *spn[2] = {"data.train", "data.val"};
     for (int i = 0; i < 2; i++) {
@@ -391,6 +379,13 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
                                  *count[m]);
             for (int c = *count[m]; c < 3; c++) value[m][c] = value[m][0]; /* one for all */
         }
+        snprintf(k, sizeof k, "%s.boxes_feature", spn[i]);
+        if (sp[i]->boxes_feature[0] && t->max_boxes == 0)
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: needs %s.max_boxes >= 1 (the boxes a batch "
+                             "holds per image)", AT(k), k, spn[i]);
+        snprintf(k, sizeof k, "%s.box_labels_feature", spn[i]);
+        if (sp[i]->box_labels_feature[0] && !sp[i]->boxes_feature[0])
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: needs %s.boxes_feature", AT(k), k, spn[i]);
         snprintf(k, sizeof k, "%s.transform.channels", spn[i]);
         if (t->channels == 2)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: 1 or 3, not 2", AT(k), k);
@@ -496,6 +491,7 @@ static kpl_status bind(node *root, const char *file, bool known_task, kpl_recipe
         if (!r->name[0]) snprintf(r->name, sizeof r->name, "run");
     }
     snprintf(r->file, sizeof r->file, "%s", file);
+    KPL_TRY(kpl__rc_bind_owners(root, r, file));
     return check_rules(root, r, known_task);
 }
 

@@ -96,6 +96,16 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
            "instead of contiguous slices (sequential reads)"),                               \
     F_STR("data." #sp ".image_feature", data.sp.image_feature, "image", "image feature"),    \
     F_STR("data." #sp ".label_feature", data.sp.label_feature, "label", "label feature"),    \
+    F_STR("data." #sp ".boxes_feature", data.sp.boxes_feature, "\"\"",                      \
+          "boxes feature: float list x0, y0, x1, y1, ... in pixels of the stored image; "    \
+          "batches carry (N, max_boxes, 4) boxes and their count (\"\": none)"),              \
+    F_STR("data." #sp ".box_labels_feature", data.sp.box_labels_feature, "\"\"",            \
+          "box labels feature: int64 list, one per box (with boxes_feature; \"\": none)"),    \
+    F_INT("data." #sp ".max_boxes", data.sp.loader.transform.max_boxes, "0", 0, 65536,        \
+          "boxes kept per image (the rest dropped); needed with boxes_feature"),             \
+    F_STR("data." #sp ".mask_feature", data.sp.mask_feature, "\"\"",                        \
+          "per-pixel mask feature: PNG or raw (H, W) u8 of the image's size, transformed "  \
+          "with it (nearest neighbour); \"\": none"),                                         \
     F_INT("data." #sp ".transform.channels", data.sp.loader.transform.channels, "3", 1, 3,   \
           "image channels after decoding: 1 or 3"),                                          \
     F_ENUM("data." #sp ".transform.crop", data.sp.loader.transform.crop, "none",             \
@@ -130,7 +140,8 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
 
 const field kpl__rc_fields[] = {
     F_STR("name", name, "\"\"", "run name (default: the recipe file's name)"),
-    F_STR("task", task, "classification", "what the run trains: classification"),
+    F_STR("task.name", task, "classification",
+          "what the run trains (`task: NAME` for short; a plugin may add tasks)"),
     F_INT("seed", seed, "0", 0, BIG, "seed of initialisation, data order and augmentation"),
     F_INT("epochs", epochs, NULL, 1, 1e6, "epochs to train"),
     F_STR("device", device, "auto",
@@ -298,18 +309,21 @@ static void sb_printf(sbuf *b, const char *fmt, ...)
     }
 }
 
-/* The shortest decimal that reads back as the same double. */
-/* The fewest digits that read back to the same double (or float). */
-static void put_number(sbuf *b, double v, bool single)
+void kpl__rc_number_text(double v, bool single, char *s, size_t cap)
 {
-    char s[40];
     for (int prec = 1; prec <= 17; prec++) {
-        snprintf(s, sizeof s, "%.*g", prec, v);
+        snprintf(s, cap, "%.*g", prec, v);
         if (single ? strtof(s, NULL) == (float)v : strtod(s, NULL) == v) break;
     }
     /* "1" would read back as an integer, which a number key accepts too;
      * keep it a float in appearance for readers. */
-    if (!strpbrk(s, ".eEn")) strcat(s, ".0");
+    if (!strpbrk(s, ".eEn") && strlen(s) + 2 < cap) strcat(s, ".0");
+}
+
+static void put_number(sbuf *b, double v, bool single)
+{
+    char s[40];
+    kpl__rc_number_text(v, single, s, sizeof s);
     sb_printf(b, "%s", s);
 }
 
@@ -384,6 +398,64 @@ static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
     }
 }
 
+/* One owner key's line (below `  NAME:`): its value (help: its default,
+ * doc and choices). */
+static void put_owner_key(sbuf *b, const kpl_key *k, const char *value, bool help)
+{
+    sb_printf(b, "    %s: ", k->name);
+    bool text = k->type == KPL_KEY_STRING || k->type == KPL_KEY_CHOICE;
+    if (help) {
+        sb_printf(b, "%s  # %s", k->def ? k->def : "REQUIRED", k->doc);
+        if (k->type == KPL_KEY_CHOICE) sb_printf(b, " [%s]", k->choices);
+        else if (k->min != 0 || k->max != 0) sb_printf(b, " [%.15g, %.15g]", k->min, k->max);
+    } else if (text) {
+        put_string(b, value);
+    } else {
+        sb_printf(b, "%s", value);
+    }
+    sb_printf(b, "\n");
+}
+
+/* The owners' sections at the end of section `which`: help lists every
+ * registered owner's keys, a recipe the values of the owner it names. */
+static void write_owners(sbuf *b, int which, const kpl_recipe *r, bool help)
+{
+    const char *name;
+    const kpl_key *keys;
+    if (!help) {
+        bool known;
+        const kpl_keyvals *kv =
+            kpl__rc_owner_selected(which, (kpl_recipe *)r, &name, &keys, &known);
+        if (kv->n == 0) return;
+        sb_printf(b, "  %s:\n", name);
+        for (const kpl_key *k = keys; k && k->name; k++) { /* in the owner's order */
+            const char *value = NULL;
+            if (kpl_key_string(kv, k->name, &value) >= 0) put_owner_key(b, k, value, false);
+        }
+        return;
+    }
+    for (int i = 0; i < kpl__rc_owner_count(which); i++) {
+        const char *doc;
+        keys = kpl__rc_owner_at(which, i, &name, &doc);
+        const kpl_task_kind *task = which == 0 ? kpl_task_at(i) : NULL;
+        if (!(keys && keys->name) && !(task && task->needs)) continue;
+        sb_printf(b, "  %s:%s  # %s %s's own keys", name, keys && keys->name ? "" : " {}",
+                  kpl__rc_owner_sections[which], name);
+        if (doc) sb_printf(b, " (%s)", doc);
+        for (const char *const *n = task ? task->needs : NULL; n && *n; n++)
+            sb_printf(b, "%s%s", n == task->needs ? "; it needs " : ", ", *n);
+        sb_printf(b, "\n");
+        for (const kpl_key *k = keys; k && k->name; k++) put_owner_key(b, k, NULL, true);
+    }
+}
+
+/* The top section of key (its first part), as a length. */
+static size_t top_len(const char *key)
+{
+    const char *dot = strchr(key, '.');
+    return dot ? (size_t)(dot - key) : strlen(key);
+}
+
 /* Nested YAML from the dotted keys, which the table lists section by
  * section: open the sections a key needs that the previous key had not. */
 static void write_tree(sbuf *b, const kpl_recipe *r, bool help)
@@ -431,6 +503,14 @@ static void write_tree(sbuf *b, const kpl_recipe *r, bool help)
         }
         sb_printf(b, "\n");
         prev = f->key;
+        /* the section's last key: then its owners' sections */
+        size_t l = top_len(f->key);
+        if (i + 1 < kpl__rc_nfields && top_len(f[1].key) == l && !strncmp(f[1].key, f->key, l))
+            continue;
+        for (int w = 0; w < KPL__RC_OWNERS; w++)
+            if (strlen(kpl__rc_owner_sections[w]) == l &&
+                !strncmp(kpl__rc_owner_sections[w], f->key, l))
+                write_owners(b, w, r, help);
     }
 }
 

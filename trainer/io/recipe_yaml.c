@@ -382,6 +382,23 @@ kpl_status kpl__rc_load_file(ctx *cx, const char *path, int depth, node **out)
 
 /* Parses one file's text, loads its base (relative to `dir`) and lays the
  * file over it. */
+/* `task: NAME` is short for `task: {name: NAME}`, so that a file giving
+ * one form lays over a base giving the other. */
+static kpl_status task_shorthand(node *root)
+{
+    node *t = kpl__rc_child(root, "task");
+    if (!t || t->kind != N_SCALAR) return KPL_OK;
+    node *n = calloc(1, sizeof *n);
+    if (!n || !(n->key = strdup("name"))) {
+        free(n);
+        return KPL_ERROR(KPL_ENOMEM, "out of memory");
+    }
+    n->kind = N_SCALAR, n->text = t->text, n->null = t->null, n->origin = t->origin;
+    n->line = t->line, n->col = t->col, n->kline = t->kline, n->kcol = t->kcol;
+    t->text = NULL, t->null = false, t->kind = N_MAP, t->first = t->last = n;
+    return KPL_OK;
+}
+
 kpl_status kpl__rc_load_tree(ctx *cx, const char *text, size_t len, const char *origin,
                              bool is_file, const char *dir, int depth, node **out)
 {
@@ -393,10 +410,12 @@ kpl_status kpl__rc_load_tree(ctx *cx, const char *text, size_t len, const char *
         root->kind = N_MAP;
         root->origin = origin;
     }
-    if (root->kind != N_MAP) {
+    kpl_status shorthand = root->kind == N_MAP ? task_shorthand(root) : KPL_OK;
+    if (root->kind != N_MAP || shorthand < 0) {
         char w[1200];
-        kpl_status st = KPL_ERROR(KPL_EFORMAT, "%s: a recipe is a mapping of keys to values",
-                                  kpl__rc_where(root, w, sizeof w));
+        kpl_status st = shorthand < 0 ? shorthand
+                                      : KPL_ERROR(KPL_EFORMAT, "%s: a recipe is a mapping of keys "
+                                                  "to values", kpl__rc_where(root, w, sizeof w));
         kpl__rc_node_free(root);
         return st;
     }
@@ -463,6 +482,8 @@ kpl_status kpl__rc_apply_override(ctx *cx, node *root, const char *ov)
         value->text = strdup("");
     }
     value->origin = origin;
+    if (!strcmp(key, "task") && value->kind != N_MAP) /* task=NAME: task.name */
+        snprintf(key, sizeof key, "task.name");
     /* every node of the value names the override */
     node *m = root;
     kpl_status st = KPL_OK;

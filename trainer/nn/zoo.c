@@ -183,6 +183,9 @@ kpl_status kpl_model_config_complete(kpl_model_config *c)
         return KPL_ERROR(KPL_EINVAL, "model: unknown model '%.32s' (known: %s)", c->name, known);
     }
     const char *a = c->name;
+    char section[64];
+    snprintf(section, sizeof section, "model.%.32s", a);
+    KPL_TRY(kpl_keyvals_check(kpl_zoo_find(a)->keys, section, &c->keys));
     KPL_CHECK(c->num_classes >= 0, KPL_EINVAL, "model %s: num_classes %lld", a,
               (long long)c->num_classes);
     KPL_CHECK(c->in_channels > 0 && c->in_h > 0 && c->in_w > 0, KPL_EINVAL,
@@ -275,14 +278,16 @@ static kpl_status builtin_create(kpl_module *parent, const char *child, const kp
     return build(m, cfg);
 }
 
-static const kpl_zoo_model mlp = {"mlp", "in -> hidden... -> classes, ReLU between", builtin_create};
-static const kpl_zoo_model lenet = {"lenet", "LeNet-5", builtin_create};
+static const kpl_zoo_model mlp = {"mlp", "in -> hidden... -> classes, ReLU between",
+                                  builtin_create, NULL};
+static const kpl_zoo_model lenet = {"lenet", "LeNet-5", builtin_create, NULL};
 static const kpl_zoo_model cnn = {"cnn", "conv 3x3 + batch norm + ReLU + max-pool stages, then "
-                                  "hidden -> classes", builtin_create};
+                                  "hidden -> classes", builtin_create, NULL};
 static const kpl_zoo_model resnet = {"resnet", "torchvision's ResNet-18/34/50/101/152 (depth)",
-                                     builtin_create};
+                                     builtin_create, NULL};
 static const void *const builtin[] = {&mlp, &lenet, &cnn, &resnet, NULL};
-static kpl__registry models = {.what = "model", .builtin = builtin};
+static const kpl_key *keys_of(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
+static kpl__registry models = {.what = "model", .builtin = builtin, .keys = keys_of};
 
 kpl_status kpl_zoo_register(const kpl_zoo_model *m) { return kpl__registry_add(&models, m); }
 const kpl_zoo_model *kpl_zoo_find(const char *name) { return kpl__registry_find(&models, name); }

@@ -265,18 +265,19 @@ static kpl_status lars_update(const kpl_optim_update *u)
 }
 
 
-static const kpl_optim_rule sgd_rule = {"sgd", sgd_slots, sgd_scratch, 0, sgd_check, sgd_update};
-static const kpl_optim_rule adam_rule = {"adam", adam_slots_of, two, 0, adam_check, adam_update};
+static const kpl_optim_rule sgd_rule = {"sgd", sgd_slots, sgd_scratch, 0, sgd_check, sgd_update, NULL};
+static const kpl_optim_rule adam_rule = {"adam", adam_slots_of, two, 0, adam_check, adam_update, NULL};
 static const kpl_optim_rule adamw_rule = {"adamw", adam_slots_of, two, 0, adam_check,
-                                          adam_update};
+                                          adam_update, NULL};
 /* LARS's scalars: the norms of the parameter and of its gradient, the
  * trust ratio's denominator, the ratio itself, the constant 1, and (bool)
  * the two conditions under which the ratio is used. */
 static const kpl_optim_rule lars_rule = {"lars", momentum_slots_of, one, SC_COUNT, lars_check,
-                                         lars_update};
+                                         lars_update, NULL};
 
 static const void *const builtin[] = {&sgd_rule, &adam_rule, &adamw_rule, &lars_rule, NULL};
-static kpl__registry rules = {.what = "optimizer", .builtin = builtin};
+static const kpl_key *keys_of(const void *r) { return ((const kpl_optim_rule *)r)->keys; }
+static kpl__registry rules = {.what = "optimizer", .builtin = builtin, .keys = keys_of};
 
 kpl_status kpl_optim_register(const kpl_optim_rule *rule) { return kpl__registry_add(&rules, rule); }
 const kpl_optim_rule *kpl_optim_rule_find(const char *name) { return kpl__registry_find(&rules, name); }
@@ -299,12 +300,16 @@ kpl_status kpl_optim_slot_zeros(const kpl_optim_update *u, const char *slot_name
 
 /* The rule's checks of the fields it uses; the others are ignored, as a
  * recipe for adam need not say anything about momentum. */
-static kpl_status check_config(const kpl_optim_config *c, const kpl_optim_rule **rule)
+/* Checks c and fills its rule's keys' defaults. */
+static kpl_status check_config(kpl_optim_config *c, const kpl_optim_rule **rule)
 {
     char known[512];
     *rule = kpl_optim_rule_find(c->name);
     if (!*rule) kpl__registry_names(&rules, known, sizeof known);
     KPL_CHECK(*rule, KPL_EINVAL, "optim: unknown optimizer '%.32s' (known: %s)", c->name, known);
+    char section[64];
+    snprintf(section, sizeof section, "optimizer.%.32s", c->name);
+    KPL_TRY(kpl_keyvals_check((*rule)->keys, section, &c->keys));
     KPL_CHECK(c->lr >= 0 && isfinite(c->lr), KPL_EINVAL, "%s: lr %g must be >= 0 and finite",
               c->name, c->lr);
     KPL_CHECK(c->weight_decay >= 0 && isfinite(c->weight_decay), KPL_EINVAL,
@@ -378,7 +383,9 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     KPL_CHECK(cfg, KPL_EINVAL, "optim: NULL config");
     KPL_CHECK(n >= 0 && (n == 0 || params), KPL_EINVAL, "optim: bad parameter list (%d)", n);
     const kpl_optim_rule *rule = NULL;
-    KPL_TRY(check_config(cfg, &rule));
+    kpl_optim_config c = *cfg;
+    KPL_TRY(check_config(&c, &rule));
+    cfg = &c;
     for (int i = 0; i < n; i++) {
         KPL_CHECK(params[i], KPL_EINVAL, "optim: parameter %d is NULL", i);
         KPL_CHECK(kpl_dtype_is_float(kpl_tensor_dtype(params[i])), KPL_EDTYPE,
@@ -387,7 +394,7 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     }
     kpl_optim *o = calloc(1, sizeof *o);
     KPL_CHECK(o, KPL_ENOMEM, "optim: out of memory");
-    o->cfg = *cfg;
+    o->cfg = c;
     o->rule = rule;
     o->ntmp = rule->scratch(cfg), o->nsc = rule->scalars;
     o->n = n;

@@ -236,6 +236,9 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
     c->pad = !train && world > 1;
     c->transform.image_feature = s->image_feature;
     c->transform.label_feature = s->label_feature;
+    c->transform.boxes_feature = s->boxes_feature[0] ? s->boxes_feature : NULL;
+    c->transform.box_labels_feature = s->box_labels_feature[0] ? s->box_labels_feature : NULL;
+    c->transform.mask_feature = s->mask_feature[0] ? s->mask_feature : NULL;
 }
 
 /* The input (C, H, W) of the model fed by split `s` ("train" or "val"). */

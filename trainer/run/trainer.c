@@ -254,6 +254,7 @@ void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
 /* ---- what tasks use --------------------------------------------------------------------------- */
 
 const kpl_recipe *kpl_trainer_recipe(const kpl_trainer *t) { return t->r; }
+const kpl_keyvals *kpl_trainer_task_keys(const kpl_trainer *t) { return &t->r->task_keys; }
 kpl_device *kpl_trainer_device(const kpl_trainer *t) { return t->dev; }
 int32_t kpl_trainer_rank(const kpl_trainer *t) { return t->rank; }
 int32_t kpl_trainer_world(const kpl_trainer *t) { return t->world; }
@@ -285,23 +286,6 @@ void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...)
 }
 
 /* v[0..n) reduced over the ranks in place (host values). */
-static kpl_status reduce_host(kpl_trainer *t, double *v, int n, kpl_comm_op op)
-{
-    if (!t->comm || n <= 0) return KPL_OK;
-    int64_t len = n;
-    kpl_tensor *x = NULL;
-    KPL_TRY(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &len, v, &x));
-    kpl_status st = kpl_comm_allreduce(t->comm, x, x, op);
-    if (st >= 0) st = kpl_tensor_to_host(x, v, (size_t)n * sizeof *v);
-    kpl_tensor_release(x);
-    return st;
-}
-
-kpl_status kpl_trainer_sum(kpl_trainer *t, double *v, int n)
-{
-    return reduce_host(t, v, n, KPL_COMM_SUM);
-}
-
 /* One number per step and per evaluation batch, so that every rank stops
  * at the same point whichever ranks the signal reached (a scheduler's
  * SIGTERM reaches all of them, kplrun's too, a `kill` one). */
@@ -309,7 +293,7 @@ kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig)
 {
     if (!t->stop_sig) {
         double v = stop_signal;
-        kpl_status st = reduce_host(t, &v, 1, KPL_COMM_MAX);
+        kpl_status st = kpl__trainer_reduce_host(t, &v, 1, KPL_COMM_MAX);
         if (st < 0) {
             t->failed = true;
             return st;
@@ -594,6 +578,7 @@ static kpl_status start_eval(kpl_trainer *t, const char *checkpoint)
     KPL_TRY(kpl__trainer_make_comm(t));
     KPL_TRY(build_task(t));
     KPL_TRY(kpl__trainer_restore_models(t, t->resume, checkpoint));
+    if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, t->resume));
     kpl_checkpoint_destroy(t->resume);
     t->resume = NULL;
     return KPL_OK;
@@ -663,6 +648,18 @@ static kpl_status check_args(const kpl_recipe *r, const kpl_task_kind *task)
     return KPL_OK;
 }
 
+/* The task's own keys: a program's task, unknown when the recipe was
+ * read, gets its defaults (and its declaration checked) here. */
+static kpl_status task_keys(kpl_trainer *t)
+{
+    char section[KPL_RECIPE_NAME + 8];
+    snprintf(section, sizeof section, "task.%s", t->task->name);
+    KPL_TRY(kpl__keys_declared_ok(t->task->keys, section));
+    kpl_status st = kpl_keyvals_check(t->task->keys, section, &t->recipe.task_keys);
+    if (st < 0) return kpl__error_prefix(st, "%s: ", *t->r->file ? t->r->file : "recipe");
+    return KPL_OK;
+}
+
 kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
                               const kpl_trainer_options *o, kpl_trainer **out)
 {
@@ -685,6 +682,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
     kpl_status st = check_args(r, task);
+    if (st >= 0) st = task_keys(t);
     while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);
     if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);

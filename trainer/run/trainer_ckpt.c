@@ -213,6 +213,7 @@ kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm
             }
         restore_rng(t, k, rm->rng);
     }
+    if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, c));
     t->step = rm->step;
     t->epoch_step = rm->epoch_step;
     t->best = rm->best;
@@ -235,6 +236,7 @@ kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path)
     kpl_checkpoint *c = NULL;
     KPL_TRY(kpl_checkpoint_load(path, &c));
     kpl_status st = kpl__trainer_restore_models(t, c, path);
+    if (st >= 0 && t->task->restore) st = t->task->restore(t, t->task_state, c);
     kpl_checkpoint_destroy(c);
     return st;
 }
@@ -407,6 +409,7 @@ static kpl_status save(kpl_trainer *t, const char *why, char *path, size_t len)
                 KPL_TRY_GOTO(kpl_checkpoint_add(c, name, x));
             }
     }
+    if (t->task->save) KPL_TRY_GOTO(t->task->save(t, t->task_state, c));
     KPL_TRY_GOTO(kpl_recipe_to_yaml(t->r, &yaml));
     j = meta_of(t, why, yaml, rngs);
     meta = j ? json_dumps(j, JSON_COMPACT) : NULL;

@@ -1,7 +1,8 @@
 /*
  * classify.c — the classification task: a model of the zoo from the
  * recipe's model section, cross-entropy with label smoothing, and top-1,
- * top-5, the mean loss and a confusion matrix over the validation split.
+ * top-k (task.classification.top_k, 5), the mean loss and a confusion
+ * matrix over the validation split.
  */
 #include "trainer_impl.h"
 
@@ -11,7 +12,7 @@
 #include <string.h>
 
 typedef struct {
-    int64_t classes;
+    int64_t classes, top_k;
     int64_t *confusion; /* classes x classes (true row, predicted column) or NULL */
     bool want_confusion;
 } classify;
@@ -26,6 +27,9 @@ static kpl_status create(kpl_trainer *t, void **state)
     KPL_CHECK(c, KPL_ENOMEM, "out of memory");
     *state = c;
     c->classes = r->model.num_classes;
+    KPL_CHECK(c->classes >= 1, KPL_EINVAL, "%s: model.num_classes: classification needs 1 or "
+              "more classes, got %lld", *r->file ? r->file : "recipe", (long long)c->classes);
+    KPL_TRY(kpl_key_int(kpl_trainer_task_keys(t), "top_k", &c->top_k));
     c->want_confusion = c->classes <= r->eval.confusion_max_classes;
     kpl_module *m = NULL;
     KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
@@ -58,8 +62,8 @@ static void on_device(kpl_trainer *t, const kpl_batch *b, kpl_tensor **x, kpl_te
 
 /* The evaluation's sums (kpl_trainer_eval_add), summed over the ranks by
  * the trainer. */
-enum { S_LOSS, S_EXAMPLES, S_TOP1, S_TOP5, S_NONFINITE, NSUMS };
-static const char *const sums[] = {"loss", "examples", "top1", "top5", "nonfinite", NULL};
+enum { S_LOSS, S_EXAMPLES, S_TOP1, S_TOPK, S_NONFINITE, NSUMS };
+static const char *const sums[] = {"loss", "examples", "top1", "topk", "nonfinite", NULL};
 
 static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
                              kpl_step_result *out)
@@ -120,7 +124,7 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
         }
         s[S_LOSS] += ls[i];
         s[S_TOP1] += above == 0;
-        s[S_TOP5] += above < 5;
+        s[S_TOPK] += above < c->top_k;
         if (c->confusion && k >= 0 && k < C) c->confusion[k * C + best]++;
     }
     for (int k = 0; k < NSUMS; k++) KPL_TRY(kpl_trainer_eval_add(t, sums[k], s[k]));
@@ -148,7 +152,9 @@ static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
     res->nonfinite = (int64_t)s[S_NONFINITE];
     KPL_TRY(kpl_figures_set(&res->metrics, "loss", finite > 0 ? s[S_LOSS] / finite : NAN));
     KPL_TRY(kpl_figures_set(&res->metrics, "top1", n > 0 ? 100 * s[S_TOP1] / n : NAN));
-    return kpl_figures_set(&res->metrics, "top5", n > 0 ? 100 * s[S_TOP5] / n : NAN);
+    char topk[32];
+    snprintf(topk, sizeof topk, "top%lld", (long long)c->top_k);
+    return kpl_figures_set(&res->metrics, topk, n > 0 ? 100 * s[S_TOPK] / n : NAN);
 }
 
 static void eval_report(kpl_trainer *t, void *state)
@@ -170,6 +176,14 @@ static void eval_report(kpl_trainer *t, void *state)
     }
 }
 
+static const kpl_key keys[] = {
+    {"top_k", KPL_KEY_INT, "5", 2, 1000, NULL,
+     "the second accuracy reported: right when the label is among the k highest scores "
+     "(figure top<k>)"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+static const char *const needs[] = {"model.name", "model.num_classes", NULL};
+
 const kpl_task_kind kpl_task_classification = {
     .name = "classification",
     .best_metric = "top1",
@@ -182,4 +196,6 @@ const kpl_task_kind kpl_task_classification = {
     .eval_batch = eval_batch,
     .eval_end = eval_end,
     .eval_report = eval_report,
+    .keys = keys,
+    .needs = needs,
 };

@@ -5,7 +5,8 @@
 #include "trainer_impl.h"
 
 static const void *const builtin[] = {&kpl_task_classification, NULL};
-static kpl__registry tasks = {.what = "task", .builtin = builtin};
+static const kpl_key *keys_of(const void *k) { return ((const kpl_task_kind *)k)->keys; }
+static kpl__registry tasks = {.what = "task", .builtin = builtin, .keys = keys_of};
 
 kpl_status kpl_task_register(const kpl_task_kind *k)
 {
