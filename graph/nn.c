@@ -23,7 +23,7 @@ kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis)
 
 kpl_tensor *kpl_softmax(kpl_tensor *x, int axis) { return kpl_exp(kpl_log_softmax(x, axis)); }
 
-static kpl_tensor *reduce_loss(kpl_tensor *per, kpl_reduction red)
+kpl_tensor *kpl__reduce_loss(kpl_tensor *per, kpl_reduction red)
 {
     switch (red) {
     case KPL_REDUCE_MEAN: return kpl_mean(per, NULL, 0, false);
@@ -97,7 +97,7 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
     if (red == KPL_REDUCE_MEAN)
         return kpl_scalar_op(KPL_BIN_DIV, kpl_sum(per, NULL, 0, false),
                              (double)(kept ? kept : 1), false);
-    return reduce_loss(per, red);
+    return kpl__reduce_loss(per, red);
 }
 
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
@@ -140,13 +140,13 @@ static bool same_shape(const char *op, const char *what, kpl_tensor *x, kpl_tens
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
 {
     if (!same_shape("mse_loss", "the input", x, y)) return NULL;
-    return reduce_loss(kpl_square(kpl_sub(x, y)), red);
+    return kpl__reduce_loss(kpl_square(kpl_sub(x, y)), red);
 }
 
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red)
 {
     if (!same_shape("l1_loss", "the input", x, y)) return NULL;
-    return reduce_loss(kpl_abs(kpl_sub(x, y)), red);
+    return kpl__reduce_loss(kpl_abs(kpl_sub(x, y)), red);
 }
 
 kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, double beta)
@@ -162,7 +162,7 @@ kpl_tensor *kpl_smooth_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red, 
     kpl_tensor *lin = kpl_scalar_op(KPL_BIN_SUB, d, 0.5 * beta, false);
     kpl_tensor *small = kpl_compare(KPL_BIN_LT, d, kpl_full(kpl_tensor_device(x),
                                                              kpl_tensor_dtype(x), 0, NULL, beta));
-    return reduce_loss(kpl_where(small, quad, lin), red);
+    return kpl__reduce_loss(kpl_where(small, quad, lin), red);
 }
 
 /* Whether `t` broadcasts to `shape` without enlarging it; sets the error. */
@@ -202,7 +202,7 @@ kpl_tensor *kpl_bce_with_logits_weighted(kpl_tensor *z, kpl_tensor *y, kpl_tenso
     kpl_tensor *neg = kpl_mul(kpl_scalar_op(KPL_BIN_SUB, y, 1, true), kpl_softplus(z));
     kpl_tensor *per = kpl_add(pos, neg);
     if (weight) per = kpl_mul(per, weight);
-    return reduce_loss(per, red);
+    return kpl__reduce_loss(per, red);
 }
 
 kpl_tensor *kpl_bce_with_logits(kpl_tensor *z, kpl_tensor *y, kpl_reduction red)

@@ -66,6 +66,7 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_pool();
     kpl__cpu_register_norm();
     kpl__cpu_register_index();
+    kpl__cpu_register_vision();
 }
 
 /* Matmul and convolution keep one cache each. */

@@ -499,7 +499,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(CONV2D, "conv2d") \
     X(POOL2D, "pool2d") \
     X(INDEX, "index")   \
-    X(BATCH_NORM, "batch_norm")
+    X(BATCH_NORM, "batch_norm") \
+    X(BOX, "box")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -759,6 +760,48 @@ kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
 kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
                                 const kpl_tensor *x, const kpl_tensor *gy,
                                 const kpl_tensor *gamma, double eps);
+
+/* Boxes, with torchvision.ops' conventions: an (N, 4) tensor of rows
+ * (x0, y0, x1, y1) in pixels, x1 >= x0 and y1 >= y0, f32 or f64; a box's
+ * area is (x1 - x0) (y1 - y0) (no +1).  graph/vision.h is their eager API.
+ *
+ * Checks that `boxes` is (N, 4), f32 or f64, and that every row is a box:
+ * its four coordinates finite, x1 >= x0 and y1 >= y0.  KPL_ESHAPE,
+ * KPL_EDTYPE or KPL_EINVAL otherwise, the message naming `op`, the
+ * argument `name` and the first bad row with its values.  Reads the
+ * values on the host: for a CUDA tensor that is a copy to the host and a
+ * wait for it. */
+kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *boxes);
+
+typedef enum {
+    KPL_BOX_IOU = 0, /* intersection / union; 0 when the union is 0 */
+    KPL_BOX_GIOU     /* IoU - (C - union) / C, C the area of the smallest
+                      * box enclosing both; the second term is 0 when C is 0 */
+} kpl_box_metric;
+
+/* out = the metric of box pairs: with `pairwise`, out (N, M) of every
+ * a[i] (N, 4) with every b[j] (M, 4); without, out (N) of a[i] with b[i]
+ * (matched pairs, M == N).  a, b and out share dtype and device.  The
+ * values are not checked (kpl_k_box_check does that): a NaN coordinate
+ * gives NaN.  Bit-identical on every device, and to graph/vision.c's
+ * recorded composition of the same formula. */
+kpl_status kpl_k_box_iou(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
+                         kpl_box_metric metric, bool pairwise);
+
+/* Greedy non-maximum suppression (torchvision.ops.nms): visit the boxes
+ * by decreasing score — equal scores by lower index, NaN scores before
+ * every number (as torch.sort) — and keep a box unless its IoU with a box
+ * kept before it is greater than iou_threshold (strictly: IoU equal to
+ * the threshold does not suppress).  With idxs (N) (KPL_I64 class ids)
+ * boxes only suppress boxes of their own class (batched_nms); NULL for
+ * one class.  Writes the kept indices in visiting order to the first
+ * *nkeep entries of keep (N) (KPL_I64).  boxes (N, 4) are checked as by
+ * kpl_k_box_check; scores (N) are f32 or f64; iou_threshold >= 0.
+ * Blocking: the count comes back to the host (on CUDA the scores are
+ * sorted on the host and the pairwise suppression mask is computed on
+ * the GPU, N^2 / 8 bytes in row blocks of at most 64 MB). */
+kpl_status kpl_k_nms(kpl_tensor *keep, int64_t *nkeep, const kpl_tensor *boxes,
+                     const kpl_tensor *scores, const kpl_tensor *idxs, double iou_threshold);
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);

@@ -55,4 +55,8 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
                                   double eps, kpl_tensor *mean, kpl_tensor *var);
 
+/* A loss's per-element values reduced (mean, sum) or returned as they are
+ * (none); an unknown reduction is KPL_EINVAL. */
+kpl_tensor *kpl__reduce_loss(kpl_tensor *per, kpl_reduction red);
+
 #endif

@@ -366,6 +366,7 @@ static void cuda_register_kernels(void)
     kpl__cuda_register_matmul();
     kpl__cuda_register_nn();
     kpl__cuda_register_misc();
+    kpl__cuda_register_vision();
 }
 
 static const kpl_device_backend cuda_backend = {

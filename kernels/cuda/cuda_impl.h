@@ -68,6 +68,7 @@ void kpl__cuda_register_reduce(void);
 void kpl__cuda_register_matmul(void);
 void kpl__cuda_register_misc(void);
 void kpl__cuda_register_nn(void);
+void kpl__cuda_register_vision(void);
 /* cuDNN convolution algorithm cache counters (cuda_nn.cu). */
 kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void);
 

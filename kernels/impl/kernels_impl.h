@@ -316,6 +316,24 @@ typedef struct {
     kpl_tensor *gx, *ggamma, *gbeta; /* bwd */
 } kpl_bn_attrs;
 
+/* The box kernels (kpl_k_box_iou, kpl_k_nms): in[0] a or boxes (n, 4).
+ * Metric: in[1] b (m, 4); out (n, m) pairwise, else (n).  NMS: in[1]
+ * scores (n), in[2] class ids (n) or NULL; out keep (n), the count
+ * written to *nkeep (host memory). */
+typedef struct {
+    bool nms;
+    kpl_box_metric metric;
+    bool pairwise;
+    int64_t n, m;
+    double thr;     /* NMS: iou_threshold, >= 0 */
+    int64_t *nkeep; /* NMS: written */
+} kpl_box_attrs;
+
+/* NMS's visiting order, shared by the backends (cpu/cpu_vision.c): the
+ * indices 0..n-1 of scores (f32 or f64, host memory) by decreasing score,
+ * NaN first, equal scores by lower index.  KPL_ENOMEM only. */
+kpl_status kpl__nms_order(const void *scores, kpl_dtype dt, int64_t n, int64_t *order);
+
 /* Row-major index -> element offset for one plan input. */
 static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
                                        int64_t flat)
@@ -338,6 +356,7 @@ void kpl__cpu_register_conv(void);
 void kpl__cpu_register_pool(void);
 void kpl__cpu_register_norm(void);
 void kpl__cpu_register_index(void);
+void kpl__cpu_register_vision(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 

@@ -1,8 +1,9 @@
-/* Uses the installed libkpl.so: a 2x2 matmul checked by hand, and a
- * module of trainer.h (its headers, module.h among them, are installed;
- * nothing internal is needed). */
+/* Uses the installed libkpl.so: a 2x2 matmul checked by hand, a module of
+ * trainer.h (its headers, module.h among them, are installed; nothing
+ * internal is needed) and a box IoU of vision.h. */
 #include <kernels.h>
 #include <trainer.h>
+#include <vision.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -26,6 +27,22 @@ static int module_ok(void)
     return ok;
 }
 
+/* (0, 0, 2, 2) and (1, 1, 3, 3) overlap in 1 of their union 7 */
+static int vision_ok(void)
+{
+    float a[4] = {0, 0, 2, 2}, b[4] = {1, 1, 3, 3};
+    int64_t s[2] = {1, 4};
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *ta = NULL, *tb = NULL;
+    double v = 0;
+    int ok = kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 2, s, a, &ta) >= 0 &&
+             kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 2, s, b, &tb) >= 0 &&
+             kpl_tensor_get(kpl_box_iou(kpl_autorelease(ta), kpl_autorelease(tb)), 0, &v) >= 0 &&
+             v == (double)(1.0f / 7.0f);
+    kpl_pool_pop(p);
+    return ok;
+}
+
 int main(void)
 {
     float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
@@ -40,7 +57,7 @@ int main(void)
         return 1;
     }
     const float *c = kpl_tensor_host_data(tc);
-    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && module_ok();
+    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && module_ok() && vision_ok();
     printf("kpl %s: [[%g, %g], [%g, %g]] %s\n", kpl_version(), c[0], c[1], c[2], c[3],
            ok ? "ok" : "WRONG");
     kpl_tensor_release(tc);

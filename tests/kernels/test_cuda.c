@@ -383,6 +383,110 @@ static void test_nn_kernels(void **state)
     assert_true(s.entries >= 3); /* one cuDNN algorithm per conv direction */
 }
 
+/* n boxes (n, 4) of dtype dt on a w x w field with sides in [lo, hi), from
+ * a seed; every fifth box repeats an earlier one (IoU 1). */
+static kpl_tensor *box_rand(kpl_dtype dt, int64_t n, uint64_t seed, double w, double lo,
+                            double hi)
+{
+    int64_t s[2] = {n, 4};
+    kpl_tensor *u = trand(KPL_F64, 2, s, seed, 0, 1), *b = tnew(dt, 2, s);
+    const double *r = kpl_tensor_host_data(u);
+    void *h = kpl_tensor_host_mutable(b);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t src = i % 5 == 4 ? i / 2 : i;
+        double v[4] = {r[4 * src] * w, r[4 * src + 1] * w, 0, 0};
+        v[2] = v[0] + lo + r[4 * src + 2] * (hi - lo);
+        v[3] = v[1] + lo + r[4 * src + 3] * (hi - lo);
+        for (int k = 0; k < 4; k++) {
+            if (dt == KPL_F64) ((double *)h)[4 * i + k] = v[k];
+            else ((float *)h)[4 * i + k] = (float)v[k];
+        }
+    }
+    kpl_tensor_release(u);
+    return b;
+}
+
+/* Box IoU / GIoU (pairwise and matched) and NMS (one class and per class)
+ * on the GPU against the CPU: the same formula without FMAs, so the same
+ * bits, and the same visiting order, so the same kept boxes. */
+static void test_box_kernels(void **state)
+{
+    (void)state;
+    for (int f = 0; f < 2; f++) {
+        kpl_dtype dt = f ? KPL_F64 : KPL_F32;
+        kpl_tensor *a = box_rand(dt, 300, 1, 50, 0, 20), *b = box_rand(dt, 77, 2, 50, 0, 20);
+        kpl_tensor *ga = to_gpu(a), *gb = to_gpu(b), *b300 = box_rand(dt, 300, 3, 50, 0, 20);
+        kpl_tensor *gb300 = to_gpu(b300);
+        int64_t ps[2] = {300, 77}, ms = 300;
+        for (int m = 0; m < 2; m++) {
+            kpl_box_metric metric = m ? KPL_BOX_GIOU : KPL_BOX_IOU;
+            kpl_tensor *o = tnew(dt, 2, ps), *go = NULL, *mo = tnew(dt, 1, &ms), *gmo = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 2, ps, &go));
+            OK(kpl_tensor_empty(gpu, dt, 1, &ms, &gmo));
+            OK(kpl_k_box_iou(o, a, b, metric, true));
+            OK(kpl_k_box_iou(go, ga, gb, metric, true));
+            assert_same(go, o, 0, 0, m ? "generalized_box_iou" : "box_iou");
+            OK(kpl_k_box_iou(mo, a, b300, metric, false));
+            OK(kpl_k_box_iou(gmo, ga, gb300, metric, false));
+            assert_same(gmo, mo, 0, 0, "matched pairs");
+            kpl_tensor *ts[] = {o, go, mo, gmo};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+        kpl_tensor *ts[] = {a, b, ga, gb, b300, gb300};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+    }
+    /* NMS: scores on 16 levels (ties), 4 classes; 100003 boxes make the
+     * GPU build its mask in several row blocks. */
+    static const int64_t ns[3] = {1, 1000, 100003};
+    for (int c = 0; c < 3; c++) {
+        int64_t n = ns[c];
+        kpl_dtype dt = c == 1 ? KPL_F64 : KPL_F32;
+        kpl_tensor *bx = box_rand(dt, n, 10 + c, 300, 2, 40), *sc = trand(dt, 1, &n, 20 + c, 0, 1);
+        kpl_tensor *cl = tnew(KPL_I64, 1, &n);
+        void *sv = kpl_tensor_host_mutable(sc);
+        int64_t *cv = kpl_tensor_host_mutable(cl);
+        for (int64_t i = 0; i < n; i++) {
+            double v = dt == KPL_F64 ? ((double *)sv)[i] : ((float *)sv)[i];
+            v = (double)(int)(v * 16) / 16;
+            if (i == n / 2) v = NAN; /* ranked first on both */
+            if (dt == KPL_F64) ((double *)sv)[i] = v;
+            else ((float *)sv)[i] = (float)v;
+            cv[i] = (i * 7) % 4 - 1;
+        }
+        kpl_tensor *gbx = to_gpu(bx), *gsc = to_gpu(sc), *gcl = to_gpu(cl);
+        kpl_tensor *keep = tnew(KPL_I64, 1, &n), *gkeep = NULL;
+        OK(kpl_tensor_empty(gpu, KPL_I64, 1, &n, &gkeep));
+        for (int t = 0; t < 3; t++) {
+            double thr = t * 0.35;
+            for (int batched = 0; batched < 2; batched++) {
+                int64_t k = -1, gk = -2;
+                OK(kpl_k_nms(keep, &k, bx, sc, batched ? cl : NULL, thr));
+                OK(kpl_k_nms(gkeep, &gk, gbx, gsc, batched ? gcl : NULL, thr));
+                assert_int_equal(gk, k);
+                kpl_tensor *h = NULL;
+                OK(kpl_tensor_to_device(gkeep, kpl_device_cpu(), &h));
+                const int64_t *hk = kpl_tensor_host_data(h), *ck = kpl_tensor_host_data(keep);
+                for (int64_t i = 0; i < k; i++)
+                    if (hk[i] != ck[i])
+                        fail_msg("nms n %lld thr %g batched %d: keep[%lld] %lld on the GPU, "
+                                 "%lld on the CPU", (long long)n, thr, batched, (long long)i,
+                                 (long long)hk[i], (long long)ck[i]);
+                kpl_tensor_release(h);
+            }
+        }
+        /* a bad box is named on the GPU too */
+        void *bv = kpl_tensor_host_mutable(bx);
+        if (dt == KPL_F64) ((double *)bv)[2] = -1;
+        else ((float *)bv)[2] = -1;
+        kpl_tensor *gbad = to_gpu(bx);
+        int64_t k = 0;
+        FAILS(kpl_k_nms(gkeep, &k, gbad, gsc, NULL, 0.5), KPL_EINVAL,
+              "nms: 'boxes' row 0 (");
+        kpl_tensor *ts[] = {bx, sc, cl, gbx, gsc, gcl, keep, gkeep, gbad};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+    }
+}
+
 int main(void)
 {
     if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
@@ -400,6 +504,7 @@ int main(void)
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_fill_cast_copy_storage),
         cmocka_unit_test(test_nn_kernels),
+        cmocka_unit_test(test_box_kernels),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }
