@@ -842,59 +842,36 @@ __device__ __forceinline__ int64_t gather_x_base(const kpl_index_attrs &a, int64
     return xo * a.dim * a.xinner + xi;
 }
 
-/* One thread per idx position p = (o, j, i).  An index out of range
- * lowers *first_bad to its position and writes nothing (gather: a 0). */
-template <typename T>
-__global__ void gather_kernel(kpl_index_attrs a, const T *x, const int64_t *idx, T *out,
-                              unsigned long long *first_bad)
+/* One thread per idx position p = (o, j, i): gather reads x at the
+ * index into out[p]; scatter_add (Add) adds in[p] there, where out holds x
+ * already and repeated indices meet in the atomics.  An index out of
+ * range lowers *first_bad to its position and writes nothing (gather: a 0). */
+template <typename T, bool Add>
+__global__ void index_elem_kernel(kpl_index_attrs a, const T *in, const int64_t *idx, T *out,
+                                  unsigned long long *first_bad)
 {
     KPL_CUDA_FOR(p, a.outer * a.k * a.inner)
     {
         int64_t i = p % a.inner, o = p / (a.k * a.inner), v = idx[p];
         if (v < 0 || v >= a.dim) {
             atomicMin(first_bad, (unsigned long long)p);
-            out[p] = T(0);
+            if constexpr (!Add) out[p] = T(0);
             continue;
         }
-        out[p] = x[gather_x_base(a, o, i) + v * a.xinner];
+        int64_t at = gather_x_base(a, o, i) + v * a.xinner;
+        if constexpr (Add) atomicAdd(&out[at], in[p]);
+        else out[p] = in[at];
     }
 }
 
-/* out holds x already; repeated indices meet in the atomics. */
-template <typename T>
-__global__ void scatter_add_kernel(kpl_index_attrs a, const T *src, const int64_t *idx, T *out,
-                                   unsigned long long *first_bad)
-{
-    KPL_CUDA_FOR(p, a.outer * a.k * a.inner)
-    {
-        int64_t i = p % a.inner, o = p / (a.k * a.inner), v = idx[p];
-        if (v < 0 || v >= a.dim) {
-            atomicMin(first_bad, (unsigned long long)p);
-            continue;
-        }
-        atomicAdd(&out[gather_x_base(a, o, i) + v * a.xinner], src[p]);
-    }
-}
-
-template <typename T>
-static kpl_status gather_launch(kpl_cuda_state *cs, const kpl_index_attrs &a, const void *x,
-                                const int64_t *idx, void *out, unsigned long long *first_bad)
+template <typename T, bool Add>
+static kpl_status index_elem_launch(kpl_cuda_state *cs, const kpl_index_attrs &a, const void *in,
+                                    const int64_t *idx, void *out, unsigned long long *first_bad)
 {
     int th = KPL_CUDA_THREADS;
-    gather_kernel<T><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0, cs->compute>>>(
-        a, (const T *)x, idx, (T *)out, first_bad);
-    return KPL_CUDA_LAUNCHED("gather");
-}
-
-template <typename T>
-static kpl_status scatter_add_launch(kpl_cuda_state *cs, const kpl_index_attrs &a,
-                                     const void *src, const int64_t *idx, void *out,
-                                     unsigned long long *first_bad)
-{
-    int th = KPL_CUDA_THREADS;
-    scatter_add_kernel<T><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0,
-                            cs->compute>>>(a, (const T *)src, idx, (T *)out, first_bad);
-    return KPL_CUDA_LAUNCHED("scatter_add");
+    index_elem_kernel<T, Add><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0,
+                                cs->compute>>>(a, (const T *)in, idx, (T *)out, first_bad);
+    return KPL_CUDA_LAUNCHED(Add ? "scatter_add" : "gather");
 }
 
 /* in[0] is x (gather) or src (scatter_add), in[1] idx; ops.c has copied x
@@ -919,17 +896,20 @@ static kpl_status cuda_gather(const kpl_kernel_args *args)
         e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
     if (st >= 0) {
         if (a->kind == KPL_INDEX_SCATTER_ADD) {
-            if (dt == KPL_F64) st = scatter_add_launch<double>(cs, *a, in[0], idx, out, first);
-            else if (dt == KPL_F32) st = scatter_add_launch<float>(cs, *a, in[0], idx, out, first);
+            if (dt == KPL_F64)
+                st = index_elem_launch<double, true>(cs, *a, in[0], idx, out, first);
+            else if (dt == KPL_F32)
+                st = index_elem_launch<float, true>(cs, *a, in[0], idx, out, first);
             else st = KPL_ERROR(KPL_EDTYPE, "scatter_add: no cuda kernel for dtype %s",
                                 kpl_dtype_name(dt));
         } else {
-            switch (kpl_dtype_size(dt)) {
-            case 1: st = gather_launch<uint8_t>(cs, *a, in[0], idx, out, first); break;
-            case 2: st = gather_launch<uint16_t>(cs, *a, in[0], idx, out, first); break;
-            case 4: st = gather_launch<uint32_t>(cs, *a, in[0], idx, out, first); break;
-            default: st = gather_launch<unsigned long long>(cs, *a, in[0], idx, out, first); break;
-            }
+            /* gather moves bytes: by element size */
+            using u64 = unsigned long long;
+            size_t es = kpl_dtype_size(dt);
+            st = es == 1   ? index_elem_launch<uint8_t, false>(cs, *a, in[0], idx, out, first)
+                 : es == 2 ? index_elem_launch<uint16_t, false>(cs, *a, in[0], idx, out, first)
+                 : es == 4 ? index_elem_launch<uint32_t, false>(cs, *a, in[0], idx, out, first)
+                           : index_elem_launch<u64, false>(cs, *a, in[0], idx, out, first);
         }
     }
     /* Read back the position and, if there is one, its value (two small
