@@ -1,0 +1,150 @@
+/* test_fcos_assign.c — FCOS's locations and targets (tasks/fcos_assign.c):
+ * hand-computed cases (inside, centre sampling, ranges, the smaller box
+ * winning an overlap, centerness) and, on random boxes, agreement with a
+ * second formulation written the way mmdetection's tensors compute it
+ * (an areas matrix with infinities, then a first-minimum per location). */
+#include "kpl_test.h"
+#include "detect_impl.h"
+
+#include <float.h>
+#include <stdlib.h>
+
+static void test_points(void **state)
+{
+    (void)state;
+    kpl__fcos_level lv[2] = {{8, 2, 3, -1, 64}, {16, 1, 2, 64, 1e8}};
+    assert_int_equal(kpl__fcos_count(lv, 2), 8);
+    float xy[16];
+    kpl__fcos_points(lv, 2, xy);
+    const float want[16] = {4, 4, 12, 4, 20, 4, 4, 12, 12, 12, 20, 12, 8, 8, 24, 8};
+    for (int i = 0; i < 16; i++) assert_float_equal(xy[i], want[i], 0);
+}
+
+static void test_by_hand(void **state)
+{
+    (void)state;
+    kpl__fcos_level lv[1] = {{8, 2, 2, -1, 64}};
+    float xy[8], ltrb[16], ctr[4];
+    int64_t cls[4];
+    kpl__fcos_points(lv, 1, xy); /* (4,4) (12,4) (4,12) (12,12) */
+    const float box[4] = {0, 0, 16, 16};
+    const int64_t lab[1] = {3};
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, box, lab, 1, 0, cls, ltrb, ctr), 4);
+    for (int p = 0; p < 4; p++) assert_int_equal(cls[p], 3);
+    assert_float_equal(ltrb[0], 4, 0), assert_float_equal(ltrb[1], 4, 0);
+    assert_float_equal(ltrb[2], 12, 0), assert_float_equal(ltrb[3], 12, 0);
+    assert_float_equal(ctr[0], 1.0f / 3, 1e-6); /* sqrt(4/12 * 4/12) */
+    /* centre sampling: radius 1.5 x 8 = 12 around (8, 8) covers the box */
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, box, lab, 1, 1.5, cls, ltrb, ctr), 4);
+    /* radius 0.25: the region (6,6)-(10,10) holds no location */
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, box, lab, 1, 0.25, cls, ltrb, ctr), 0);
+    for (int p = 0; p < 4; p++) {
+        assert_int_equal(cls[p], -1);
+        assert_float_equal(ctr[p], 0, 0);
+        assert_float_equal(ltrb[4 * p + 2], 0, 0);
+    }
+    /* two boxes over (4, 4): the smaller wins; (12, 12) only in the big one */
+    const float two[8] = {0, 0, 16, 16, 2, 2, 8, 9};
+    const int64_t lab2[2] = {1, 7};
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, two, lab2, 2, 0, cls, ltrb, ctr), 4);
+    assert_int_equal(cls[0], 7);
+    assert_float_equal(ltrb[0], 2, 0), assert_float_equal(ltrb[3], 5, 0);
+    assert_int_equal(cls[3], 1);
+    /* the range: a box reaching 70 px from every location is too big here */
+    const float big[4] = {-60, -60, 80, 80};
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, big, lab, 1, 0, cls, ltrb, ctr), 0);
+    kpl__fcos_level hi[1] = {{8, 2, 2, 64, 1e8}};
+    assert_int_equal(kpl__fcos_assign(hi, 1, xy, big, lab, 1, 0, cls, ltrb, ctr), 4);
+    /* an empty box and a NaN one are never assigned */
+    const float bad[8] = {5, 5, 5, 9, 0, 0, NAN, 16};
+    assert_int_equal(kpl__fcos_assign(lv, 1, xy, bad, lab2, 2, 0, cls, ltrb, ctr), 0);
+}
+
+/* mmdetection's way: areas[p][b] = INF unless inside and in range; the
+ * first minimum per location. */
+static void reference(const kpl__fcos_level *lv, int nl, const float *xy, const float *bx,
+                      const int64_t *lab, int64_t nb, double radius, int64_t *cls, float *ltrb)
+{
+    int64_t P = kpl__fcos_count(lv, nl);
+    float *areas = malloc((size_t)(P * nb) * sizeof *areas);
+    int64_t p = 0;
+    for (int l = 0; l < nl; l++)
+        for (int64_t k = 0; k < lv[l].h * lv[l].w; k++, p++)
+            for (int64_t b = 0; b < nb; b++) {
+                const float *g = bx + 4 * b;
+                float x = xy[2 * p], y = xy[2 * p + 1];
+                float d[4] = {x - g[0], y - g[1], g[2] - x, g[3] - y};
+                float c[4] = {d[0], d[1], d[2], d[3]};
+                if (radius > 0) {
+                    float s = (float)(lv[l].stride * radius), cx = (g[0] + g[2]) / 2,
+                          cy = (g[1] + g[3]) / 2;
+                    float x0 = cx - s > g[0] ? cx - s : g[0], y0 = cy - s > g[1] ? cy - s : g[1];
+                    float x1 = cx + s > g[2] ? g[2] : cx + s, y1 = cy + s > g[3] ? g[3] : cy + s;
+                    c[0] = x - x0, c[1] = y - y0, c[2] = x1 - x, c[3] = y1 - y;
+                }
+                float mn = c[0], mx = d[0];
+                for (int i = 1; i < 4; i++) mn = c[i] < mn ? c[i] : mn, mx = d[i] > mx ? d[i] : mx;
+                bool ok = mn > 0 && mx >= lv[l].lo && mx <= lv[l].hi;
+                areas[p * nb + b] = ok ? (g[2] - g[0]) * (g[3] - g[1]) : INFINITY;
+            }
+    for (p = 0; p < P; p++) {
+        int64_t arg = 0;
+        for (int64_t b = 1; b < nb; b++)
+            if (areas[p * nb + b] < areas[p * nb + arg]) arg = b;
+        bool bg = nb == 0 || isinf(areas[p * nb + arg]);
+        cls[p] = bg ? -1 : lab[arg];
+        const float *g = bx + 4 * arg;
+        for (int i = 0; i < 4 && !bg; i++)
+            ltrb[4 * p + i] = i == 0 ? xy[2 * p] - g[0] : i == 1 ? xy[2 * p + 1] - g[1]
+                            : i == 2 ? g[2] - xy[2 * p] : g[3] - xy[2 * p + 1];
+    }
+    free(areas);
+}
+
+static void test_random(void **state)
+{
+    (void)state;
+    kpl__fcos_level lv[5] = {{8, 16, 16, -1, 64},    {16, 8, 8, 64, 128},
+                             {32, 4, 4, 128, 256},   {64, 2, 2, 256, 512},
+                             {128, 1, 1, 512, 1e8}};
+    int64_t P = kpl__fcos_count(lv, 5);
+    assert_int_equal(P, 341);
+    float xy[2 * 341], ltrb[4 * 341], ctr[341], rl[4 * 341];
+    int64_t cls[341], rc[341];
+    kpl__fcos_points(lv, 5, xy);
+    srand(7);
+    int64_t total = 0;
+    for (int trial = 0; trial < 200; trial++) {
+        int64_t nb = trial % 9;
+        float bx[4 * 8];
+        int64_t lab[8];
+        for (int64_t b = 0; b < nb; b++) {
+            float w = 10 + (float)(rand() % 110), h = 10 + (float)(rand() % 110);
+            float x = (float)(rand() % (int)(128 - w + 1)), y = (float)(rand() % (int)(128 - h + 1));
+            if (trial % 5 == 0) w = h = 32; /* equal areas: the lower index wins */
+            bx[4 * b] = x, bx[4 * b + 1] = y, bx[4 * b + 2] = x + w, bx[4 * b + 3] = y + h;
+            lab[b] = rand() % 10;
+        }
+        double radius = trial % 2 ? 1.5 : 0;
+        int64_t pos = kpl__fcos_assign(lv, 5, xy, bx, lab, nb, radius, cls, ltrb, ctr);
+        reference(lv, 5, xy, bx, lab, nb, radius, rc, rl);
+        int64_t want = 0;
+        for (int64_t p = 0; p < P; p++) {
+            assert_int_equal(cls[p], rc[p]);
+            if (rc[p] < 0) continue;
+            want++;
+            for (int i = 0; i < 4; i++) assert_float_equal(ltrb[4 * p + i], rl[4 * p + i], 0);
+            assert_true(ctr[p] > 0 && ctr[p] <= 1);
+        }
+        assert_int_equal(pos, want);
+        total += pos;
+    }
+    assert_true(total > 1000); /* the cases did assign */
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
+                                       cmocka_unit_test(test_random)};
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
