@@ -102,6 +102,27 @@ kpl_status kpl_nn_sequential_root(kpl_device *dev, uint64_t seed, kpl_module **o
  * block), which lowers the peak of deep networks. */
 kpl_status kpl_nn_residual(kpl_module *parent, const char *name, bool relu, kpl_module **out);
 
+/* ---- detection heads ---- */
+
+/* FCOS's head (trainer/nn/fcos.c), shared by `levels` pyramid maps of
+ * `channels` channels; stride[l] is level l's.  Its forward takes the
+ * levels' maps and gives every level's class logits, then every level's
+ * box distances l, t, r, b in input pixels (ReLU of the prediction times a
+ * learnt per-level scale, times the stride), then every level's
+ * centerness logit.  torchvision/mmdetection names: cls_tower, bbox_tower
+ * (conv, GroupNorm, ReLU triples), cls_logits, bbox_pred, centerness,
+ * scales. */
+#define KPL_FCOS_MAX_LEVELS 5
+typedef struct {
+    int64_t channels, classes;
+    int levels, stride[KPL_FCOS_MAX_LEVELS];
+    int convs;         /* conv + GN + ReLU per tower (FCOS: 4) */
+    int gn_groups;     /* 32 */
+    double prior_prob; /* the class logits' initial probability (0.01) */
+} kpl_fcos_head_config;
+kpl_status kpl_nn_fcos_head(kpl_module *parent, const char *name, const kpl_fcos_head_config *c,
+                            kpl_module **out);
+
 #ifdef __cplusplus
 }
 #endif

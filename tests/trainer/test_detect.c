@@ -1,10 +1,14 @@
-/* test_fcos_assign.c — FCOS's locations and targets (tasks/fcos_assign.c):
+/* test_detect.c — detection's parts.  FCOS's head (nn/fcos.c): shapes,
+ * its initial probabilities, distances that are ReLU x scale x stride,
+ * gradients reaching every parameter.  FCOS's locations and targets
+ * (tasks/fcos_assign.c):
  * hand-computed cases (inside, centre sampling, ranges, the smaller box
  * winning an overlap, centerness) and, on random boxes, agreement with a
  * second formulation written the way mmdetection's tensors compute it
  * (an areas matrix with infinities, then a first-minimum per location). */
 #include "kpl_test.h"
 #include "detect_impl.h"
+#include "trainer.h"
 
 #include <float.h>
 #include <stdlib.h>
@@ -142,9 +146,65 @@ static void test_random(void **state)
     assert_true(total > 1000); /* the cases did assign */
 }
 
+static void test_head(void **state)
+{
+    (void)state;
+    kpl_module *root = NULL, *head = NULL;
+    OK(kpl_nn_sequential_root(kpl_device_cpu(), 5, &root));
+    kpl_fcos_head_config c = {.channels = 8, .classes = 3, .levels = 2, .stride = {8, 16},
+                              .convs = 2, .gn_groups = 4, .prior_prob = 0.01};
+    OK(kpl_nn_fcos_head(root, "head", &c, &head));
+    assert_non_null(kpl_module_find(head, "cls_tower.3")); /* the second conv */
+    assert_non_null(kpl_module_find(head, "bbox_tower.4")); /* its group norm */
+    assert_float_equal(tget(kpl_module_get_param(kpl_module_find(head, "cls_logits"), "bias"), 0),
+                       -log(99.0), 1e-6);
+    kpl_pool *p = kpl_pool_push();
+    int64_t s0[4] = {2, 8, 4, 4}, s1[4] = {2, 8, 2, 2};
+    kpl_rng *rng = kpl_rng_create(3);
+    kpl_tensor_list in = {2, {kpl_randn(kpl_device_cpu(), KPL_F32, 4, s0, rng, 0, 1),
+                              kpl_randn(kpl_device_cpu(), KPL_F32, 4, s1, rng, 0, 1)}}, out;
+    kpl_rng_destroy(rng);
+    OK(kpl_module_forward_list(head, &in, &out));
+    assert_int_equal(out.n, 6);
+    const int64_t want_c[2] = {3, 4};
+    for (int l = 0; l < 2; l++) {
+        kpl_tensor *cls = out.t[l], *reg = out.t[2 + l], *ctr = out.t[4 + l];
+        assert_int_equal(kpl_tensor_dim(cls, 1), want_c[0]);
+        assert_int_equal(kpl_tensor_dim(reg, 1), want_c[1]);
+        assert_int_equal(kpl_tensor_dim(ctr, 1), 1);
+        assert_int_equal(kpl_tensor_dim(cls, 2), l ? 2 : 4);
+        /* N(0, 0.01) weights: logits near the prior, distances >= 0 and small */
+        for (int64_t i = 0; i < kpl_tensor_numel(cls); i++)
+            assert_close(tget(cls, i), -log(99.0), 0, 0.5, "initial logit", i);
+        for (int64_t i = 0; i < kpl_tensor_numel(reg); i++) {
+            double v = tget(reg, i);
+            assert_true(v >= 0 && v < 0.5 * c.stride[l]);
+        }
+    }
+    /* distances are relu(conv(x) x scale) x stride: doubling the scale doubles them */
+    double before = tget(out.t[2], 5);
+    OK(kpl_k_fill(kpl_module_get_param(head, "scales"), 2));
+    kpl_tensor_list again;
+    OK(kpl_module_forward_list(head, &in, &again));
+    assert_close(tget(again.t[2], 5), 2 * before, 1e-5, 1e-7, "scaled distance", 0);
+    /* every parameter takes a gradient from a loss over all outputs */
+    kpl_tensor *loss = NULL;
+    for (int k = 0; k < 6; k++) {
+        kpl_tensor *sk = kpl_sum(kpl_mul(again.t[k], again.t[k]), NULL, 0, false);
+        loss = loss ? kpl_add(loss, sk) : sk;
+    }
+    OK(kpl_backward(loss, NULL, false));
+    for (int i = 0; i < kpl_module_num_params(root); i++)
+        if (!kpl_grad_get(kpl_module_params(root)[i]))
+            fail_msg("no gradient for %s", kpl_module_param_name(root, i));
+    kpl_pool_pop(p);
+    kpl_module_destroy(root);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_head),
+                                       cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
                                        cmocka_unit_test(test_random)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
