@@ -31,6 +31,11 @@ struct kpl__codec {
     size_t pix_cap;
 };
 
+void *kpl__codec_encoder(kpl__codec *c)
+{
+    return c->tjc;
+}
+
 /* Re-encodes the JPEG open in c->dec (w x h after its EXIF orientation),
  * whose longer side exceeds max_side, at that longer side.  Decodes with
  * DCT scaling where the result stays at least max_side, turned to its EXIF

@@ -17,6 +17,9 @@
 /* One converting thread's decoder, resizer and JPEG encoder. */
 typedef struct kpl__codec kpl__codec;
 
+/* The codec's JPEG compressor (a tjhandle), for converters that encode. */
+void *kpl__codec_encoder(kpl__codec *c);
+
 /* An image file as read and checked. */
 typedef struct {
     uint8_t *bytes;     /* the file's bytes (or their re-encoded form), malloc'd */
