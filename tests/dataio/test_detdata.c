@@ -11,13 +11,12 @@
 #define KPL_TEST_NAME "detdata"
 #include "dataio_test.h"
 #include "convert_impl.h"
+#include "image_files.h"
 
 #include <dirent.h>
 #include <jansson.h>
-#include <png.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <turbojpeg.h>
 #include <unistd.h>
 
 #ifndef KPL_TEST_DATA_DIR
@@ -26,25 +25,12 @@
 
 /* ---- helpers --------------------------------------------------------------------- */
 
-static void write_bytes(const char *file, const void *b, size_t n)
-{
-    FILE *f = fopen(file, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
-
-/* A w x h RGB JPEG (pixels depend on seed), written to path; its bytes
- * into *out (malloc'd) when out. */
+/* A w x h JPEG (pixels depend on seed) written to path; its bytes into
+ * *out (malloc'd) when out. */
 static void write_jpeg(const char *path, int w, int h, int seed, uint8_t **out, size_t *len)
 {
-    unsigned char *rgb = malloc((size_t)w * h * 3), *jpg = NULL;
-    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * seed + seed * 17);
-    tjhandle tj = tjInitCompress();
     unsigned long n = 0;
-    assert_int_equal(tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, &n, TJSAMP_420, 90, 0), 0);
-    tjDestroy(tj);
-    free(rgb);
+    unsigned char *jpg = make_jpeg(w, h, seed, &n);
     write_bytes(path, jpg, n);
     if (out) {
         *out = malloc(n);
@@ -56,16 +42,10 @@ static void write_jpeg(const char *path, int w, int h, int seed, uint8_t **out, 
 
 static void write_png(const char *path, int w, int h)
 {
-    unsigned char *rgb = malloc((size_t)w * h * 3);
-    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * 7);
-    png_image im;
-    memset(&im, 0, sizeof im);
-    im.version = PNG_IMAGE_VERSION;
-    im.width = (png_uint_32)w;
-    im.height = (png_uint_32)h;
-    im.format = PNG_FORMAT_RGB;
-    assert_true(png_image_write_to_file(&im, path, 0, rgb, 0, NULL));
-    free(rgb);
+    size_t n = 0;
+    unsigned char *png = make_png(w, h, 7, &n);
+    write_bytes(path, png, n);
+    free(png);
 }
 
 static void write_text(const char *path, const char *text)
