@@ -219,9 +219,9 @@ static bool read_annotation(const json_t *e, const kpl__det_image *img, double t
 {
     const json_t *bbox = json_object_get(e, "bbox");
     double b[4];
-    if (!json_is_array(bbox) || json_array_size(bbox) != 4 ||
-        !finite_num(json_array_get(bbox, 0), &b[0]) || !finite_num(json_array_get(bbox, 1), &b[1]) ||
-        !finite_num(json_array_get(bbox, 2), &b[2]) || !finite_num(json_array_get(bbox, 3), &b[3])) {
+    bool ok = json_is_array(bbox) && json_array_size(bbox) == 4;
+    for (size_t k = 0; k < 4 && ok; k++) ok = finite_num(json_array_get(bbox, k), &b[k]);
+    if (!ok) {
         snprintf(why, n, "no \"bbox\" of four finite numbers [x, y, width, height]");
         return false;
     }

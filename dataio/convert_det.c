@@ -121,13 +121,13 @@ bool kpl__coco_seg_check(const json_t *seg, int64_t h, int64_t w, double tol, in
     }
     if (json_is_object(seg)) {
         const json_t *size = json_object_get(seg, "size"), *counts = json_object_get(seg, "counts");
-        if (!json_is_array(size) || json_array_size(size) != 2 ||
-            !json_is_integer(json_array_get(size, 0)) || !json_is_integer(json_array_get(size, 1))) {
+        const json_t *sh_j = json_array_get(size, 0), *sw_j = json_array_get(size, 1);
+        if (!json_is_array(size) || json_array_size(size) != 2 || !json_is_integer(sh_j) ||
+            !json_is_integer(sw_j)) {
             snprintf(why, n, "RLE segmentation without a \"size\" of two integers [h, w]");
             return false;
         }
-        json_int_t sh = json_integer_value(json_array_get(size, 0));
-        json_int_t sw = json_integer_value(json_array_get(size, 1));
+        json_int_t sh = json_integer_value(sh_j), sw = json_integer_value(sw_j);
         if (sh != h || sw != w) {
             snprintf(why, n, "RLE size [%lld, %lld] is not the image's [%lld, %lld] (h, w)",
                      (long long)sh, (long long)sw, (long long)h, (long long)w);

@@ -20,6 +20,8 @@
 /* A polygon coordinate's magnitude limit: keeps every product below in
  * range and the boundary walk bounded by the image-sized work it does. */
 #define MAX_COORD 16777216.0
+/* The boundary walk's steps (a fifth of a pixel each) a polygon may take. */
+#define MAX_WALK ((int64_t)1 << 26)
 
 static kpl_status check_size(int64_t h, int64_t w)
 {
@@ -237,6 +239,17 @@ kpl_status kpl_mask_fill_polygon(const double *xy, int64_t npoints, int64_t h, i
         KPL_CHECK(isfinite(xy[j]) && fabs(xy[j]) <= MAX_COORD, KPL_ERANGE,
                   "polygon coordinate %lld is %g: not finite, or past +-2^24",
                   (long long)j, xy[j]);
+    /* The walk takes max(|dx|, |dy|) + 1 steps an edge: bound the work
+     * before doing it (a legitimate polygon's perimeter is far shorter). */
+    int64_t steps = 0;
+    for (int64_t j = 0; j < npoints; j++) {
+        int64_t e = j + 1 < npoints ? j + 1 : 0;
+        double dx = fabs(5 * xy[2 * e] - 5 * xy[2 * j]);
+        double dy = fabs(5 * xy[2 * e + 1] - 5 * xy[2 * j + 1]);
+        steps += (int64_t)(dx > dy ? dx : dy) + 2;
+        KPL_CHECK(steps <= MAX_WALK, KPL_ERANGE, "polygon of %lld points: its perimeter is past "
+                  "%lld pixels", (long long)npoints, (long long)(MAX_WALK / 5));
+    }
     walk k = {h, w, 0, 0, false, NULL, 0, 0};
     bool ok = true;
     for (int64_t j = 0; j < npoints && ok; j++) {

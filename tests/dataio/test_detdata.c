@@ -220,6 +220,9 @@ static void test_polygon_exact_pixels(void **state)
     assert_int_equal(area, 16 + 16 - 4);
     double nan[6] = {0, 0, NAN, 1, 2, 2};
     FAILS(kpl_mask_fill_polygon(nan, 3, h, w, m), KPL_ERANGE, "not finite");
+    /* a vertex 13 million pixels away: refused before a walk of 10^8 steps */
+    double far[6] = {5, -3, 0, 13333330, -3, -2};
+    FAILS(kpl_mask_fill_polygon(far, 3, h, w, m), KPL_ERANGE, "perimeter is past");
     free(m);
     free(want);
 }
