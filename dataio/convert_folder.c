@@ -5,13 +5,9 @@
  * Class index = position of the class folder in sorted (byte-wise) order,
  * as torchvision's ImageFolder numbers them; the names go to classes.txt.
  * Images are stored as their original bytes (no quality loss), after a
- * full decode with the loader's own decoder (image_decode.c: a JPEG's every
- * scan entropy decoded at 1/8 scale and read to its EOI, libjpeg's data
- * warnings counted as errors; a PNG decoded to its IEND with every CRC
- * checked; the loader's size limit), so a truncated or corrupt file is
- * caught here, naming it, and not in the middle of an epoch.  The decoder
- * resets itself before every image, so a bad file never affects the next
- * one on its thread.
+ * full decode with the loader's own decoder (kpl__load_image in
+ * convert_common.c), so a truncated or corrupt file is caught here, naming
+ * it, and not in the middle of an epoch.
  *
  * The example order is shuffled with a seeded permutation (unless
  * keep_order): a folder walk is class-sorted, and chunk-wise shuffling
@@ -20,31 +16,22 @@
  * Files are read and checked by `threads` workers in batches, then appended
  * in order, so the result does not depend on the thread count.
  */
-#include "transform_impl.h"
+#include "convert_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <strings.h>
 #include <sys/stat.h>
-#include <turbojpeg.h>
-#include <unistd.h>
 
 typedef struct {
     char *rel; /* "class/file.jpg" */
     int64_t label;
 } item;
 
-typedef struct {
-    uint8_t *bytes;
-    size_t len;
-    char why[320]; /* non-empty: the file is bad */
-    bool fatal;    /* not the file's fault (no memory): --skip-bad does not apply */
-} loaded;
 
 static int cmp_str(const void *a, const void *b)
 {
@@ -106,144 +93,6 @@ static kpl_status list_dir(const char *dir, bool want_dirs, char ***out, int64_t
     return KPL_OK;
 }
 
-/* One converting thread's decoder, resizer and encoder. */
-typedef struct {
-    tjhandle tjc;
-    kpl__decoder *dec;
-    kpl__xform_scratch *scratch;
-    uint8_t *pix;
-    size_t pix_cap;
-} codec;
-
-/* Re-encodes the JPEG open in c->dec (w x h after its EXIF orientation),
- * whose longer side exceeds max_side, at that longer side.  Decodes with
- * DCT scaling where the result stays at least max_side, turned to its EXIF
- * orientation (the new file carries no EXIF: its pixels are upright),
- * resizes with the training-time filter, encodes 4:2:0 (gray stays gray).
- * On success replaces l's bytes. */
-static void shrink_jpeg(const kpl_convert_options *o, codec *c, const kpl__img_info *info,
-                        loaded *l)
-{
-    int w = info->width, h = info->height;
-    int side = w > h ? w : h, ow, oh;
-    if (w >= h) {
-        ow = o->max_side;
-        oh = (int)((double)h * o->max_side / w + 0.5);
-    } else {
-        oh = o->max_side;
-        ow = (int)((double)w * o->max_side / h + 0.5);
-    }
-    if (ow < 1) ow = 1;
-    if (oh < 1) oh = 1;
-    int denom = 8;
-    while (denom > 1 && (side + denom - 1) / denom < o->max_side) denom /= 2;
-    int sw, sh, ch = info->channels == 1 ? 1 : 3;
-    kpl__img_scaled_size(info, denom, &sw, &sh);
-    kpl__img_view v;
-    size_t need = (size_t)ow * oh * 3;
-    if (need > c->pix_cap) {
-        uint8_t *q = realloc(c->pix, need);
-        if (!q) {
-            snprintf(l->why, sizeof l->why, "no memory to re-encode");
-            l->fatal = true;
-            return;
-        }
-        c->pix = q;
-        c->pix_cap = need;
-    }
-    if (kpl__img_decode(c->dec, denom, 0, 0, sw, sh, ch, &v) < 0 ||
-        kpl__resize(c->scratch, &v, 0, 0, sw, sh, ow, oh, c->pix) < 0) {
-        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
-        l->fatal = kpl_last_status() != KPL_EFORMAT;
-        return;
-    }
-    unsigned char *jpg = NULL;
-    unsigned long len = 0;
-    if (tjCompress2(c->tjc, c->pix, ow, 0, oh, ch == 1 ? TJPF_GRAY : TJPF_RGB, &jpg, &len,
-                    ch == 1 ? TJSAMP_GRAY : TJSAMP_420, o->quality, 0) != 0) {
-        snprintf(l->why, sizeof l->why, "JPEG encode: %s", tjGetErrorStr2(c->tjc));
-        tjFree(jpg);
-        /* A fresh handle, so that nothing of this failure reaches the next image. */
-        tjDestroy(c->tjc);
-        c->tjc = tjInitCompress();
-        return;
-    }
-    uint8_t *b = malloc(len);
-    if (!b) {
-        tjFree(jpg);
-        snprintf(l->why, sizeof l->why, "no memory to re-encode");
-        l->fatal = true;
-        return;
-    }
-    memcpy(b, jpg, len);
-    tjFree(jpg);
-    free(l->bytes);
-    l->bytes = b;
-    l->len = len;
-}
-
-/* Reads a file and checks that it is a JPEG or PNG that decodes whole
- * (and re-encodes a large JPEG when asked). */
-static void load_one(const char *root, const item *it, const kpl_convert_options *o, codec *c,
-                     loaded *l)
-{
-    char p[PATH_MAX];
-    l->bytes = NULL;
-    l->len = 0;
-    l->why[0] = 0;
-    l->fatal = false;
-    snprintf(p, sizeof p, "%s/%s", root, it->rel);
-    char *buf = NULL;
-    size_t len = 0;
-    if (kpl__read_file(p, &buf, &len) < 0) {
-        snprintf(l->why, sizeof l->why, "cannot read (%s)", kpl_last_error());
-        return;
-    }
-    const uint8_t *b = (const uint8_t *)buf;
-    kpl__img_info info;
-    bool jpeg = len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
-    bool png = len >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8);
-    if (len > KPLR_MAX_BODY - 1024)
-        snprintf(l->why, sizeof l->why, "larger than 2 GiB");
-    else if (!jpeg && !png)
-        snprintf(l->why, sizeof l->why, "neither a JPEG nor a PNG (%zu bytes)", len);
-    else if (kpl__img_open(c->dec, b, len, jpeg ? "jpeg" : "png", NULL, "undecodable", &info) < 0 ||
-             kpl__img_check(c->dec) < 0) {
-        snprintf(l->why, sizeof l->why, "%s", kpl_last_error());
-        l->fatal = kpl_last_status() != KPL_EFORMAT;
-    }
-    if (l->why[0]) {
-        free(buf);
-        return;
-    }
-    l->bytes = (uint8_t *)buf;
-    l->len = len;
-    if (o->max_side > 0 && jpeg && (info.width > o->max_side || info.height > o->max_side)) {
-        shrink_jpeg(o, c, &info, l);
-        if (l->why[0]) {
-            char why[sizeof l->why];
-            snprintf(why, sizeof why, "%s", l->why);
-            snprintf(l->why, sizeof l->why, "cannot re-encode: %.280s", why);
-            free(l->bytes);
-            l->bytes = NULL;
-        }
-    }
-}
-
-static kpl_status write_classes(const char *out_dir, char **classes, int64_t n)
-{
-    char p[PATH_MAX], tmp[PATH_MAX];
-    KPL_TRY(kpl__path_join(p, sizeof p, out_dir, "classes.txt"));
-    KPL_TRY(kpl__path_join(tmp, sizeof tmp, out_dir, "classes.txt.tmp"));
-    FILE *f = fopen(tmp, "w");
-    KPL_CHECK(f, KPL_EIO, "%s: %s", tmp, strerror(errno));
-    for (int64_t i = 0; i < n; i++) fprintf(f, "%s\n", classes[i]);
-    bool ok = fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok &= fclose(f) == 0;
-    KPL_CHECK(ok && rename(tmp, p) == 0, KPL_EIO, "%s: %s", p, strerror(errno));
-    return KPL_OK;
-}
-
 /* Every image of every class folder (root/<class>/<file>) as an item;
  * *njpeg and *npng count the kinds.  items is the caller's to free (with
  * each rel) also on failure; *nitems says how many are set. */
@@ -290,43 +139,36 @@ fail:
     return st;
 }
 
+typedef struct {
+    const char *root;
+    const item *items;
+    const kpl_convert_options *o;
+    kpl__loaded_image *batch;
+} batch_job;
+
+static void load_item(int64_t i, kpl__codec *c, void *ctx)
+{
+    batch_job *j = ctx;
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s/%s", j->root, j->items[i].rel);
+    kpl__load_image(p, j->o->max_side, j->o->quality, c, &j->batch[i]);
+}
+
 /* Decodes (and checks, and perhaps re-encodes) nb items in parallel, then
  * appends them in order; a bad one is skipped (counted in *nskip) under
  * skip_bad, else an error naming it. */
 static kpl_status convert_batch(const char *root, const item *items, int nb,
-                                const kpl_convert_options *o, int threads, loaded *batch,
-                                kpl_record_writer *w, int64_t *nskip)
+                                const kpl_convert_options *o, int threads,
+                                kpl__loaded_image *batch, kpl_record_writer *w, int64_t *nskip)
 {
     kpl_status st = KPL_OK;
-#pragma omp parallel num_threads(threads)
-    {
-        codec c = {tjInitCompress(), kpl__decoder_create(), kpl__xform_scratch_create(), NULL, 0};
-        bool ready = c.tjc && c.dec && c.scratch;
-#pragma omp for schedule(dynamic, 4)
-        for (int i = 0; i < nb; i++) {
-            if (ready && !c.tjc) ready = (c.tjc = tjInitCompress()) != NULL;
-            if (ready) load_one(root, &items[i], o, &c, &batch[i]);
-            else {
-                snprintf(batch[i].why, sizeof batch[i].why, "no memory for a decoder");
-                batch[i].fatal = true;
-            }
-        }
-        if (c.tjc) tjDestroy(c.tjc);
-        kpl__decoder_destroy(c.dec);
-        kpl__xform_scratch_destroy(c.scratch);
-        free(c.pix);
-    }
+    batch_job job = {root, items, o, batch};
+    kpl__convert_parallel(nb, threads, load_item, &job);
     for (int i = 0; i < nb && st == KPL_OK; i++) {
         const item *it = &items[i];
         if (batch[i].why[0]) {
-            if (!o->skip_bad || batch[i].fatal) {
-                st = KPL_ERROR(batch[i].fatal ? KPL_ENOMEM : KPL_EFORMAT,
-                               "imagefolder: %s/%s: %s", root, it->rel, batch[i].why);
-                break;
-            }
-            fprintf(stderr, "%skpl: skipping %s/%s: %s\n", o->progress ? "\n" : "", root,
-                    it->rel, batch[i].why);
-            (*nskip)++;
+            st = kpl__convert_bad(o, batch[i].fatal, nskip, "imagefolder: %s/%s: %s", root,
+                                  it->rel, batch[i].why);
             continue;
         }
         kpl_feature_value v[3] = {{batch[i].bytes, (uint32_t)batch[i].len},
@@ -355,7 +197,7 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     char **classes = NULL;
     int64_t ncls = 0, nitems = 0, nskip = 0, njpeg = 0, npng = 0;
     item *items = NULL;
-    loaded *batch = NULL;
+    kpl__loaded_image *batch = NULL;
     kpl_record_writer *w = NULL;
     char *attrs = NULL;
     enum { BATCH = 256 };
@@ -402,10 +244,9 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     KPL_TRY_GOTO(kpl_record_writer_create(out_dir, 3, schema, &o.writer, &w));
     kpl__progress pr;
     kpl__progress_init(&pr, &o, out_dir);
-    int threads = o.threads > 0 ? o.threads : omp_get_max_threads();
     for (int64_t b0 = 0; b0 < nitems; b0 += BATCH) {
         int nb = (int)(nitems - b0 < BATCH ? nitems - b0 : BATCH);
-        KPL_TRY_GOTO(convert_batch(root, items + b0, nb, &o, threads, batch, w, &nskip));
+        KPL_TRY_GOTO(convert_batch(root, items + b0, nb, &o, o.threads, batch, w, &nskip));
         KPL_TRY_GOTO(kpl__progress_update(&pr, (uint64_t)(b0 + nb), (uint64_t)nitems, "images"));
     }
     if (kpl_record_writer_count(w) == 0) {
@@ -416,7 +257,7 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     kpl_record_writer *done = w;
     w = NULL;
     KPL_TRY_GOTO(kpl_record_writer_close(done));
-    KPL_TRY_GOTO(write_classes(out_dir, classes, ncls));
+    KPL_TRY_GOTO(kpl__write_lines(out_dir, "classes.txt", classes, ncls));
     if (count) *count = written;
     if (skipped) *skipped = nskip;
 fail:

@@ -5,27 +5,19 @@
  * dimension count) and the extents, then the values.  zlib's gzread reads
  * gzip-compressed and plain files alike.
  */
-#include "dataio_impl.h"
+#include "convert_impl.h"
 
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <zlib.h>
-
-typedef struct {
-    gzFile f;
-    const char *path;
-    int ndim;
-    int64_t dims[4];
-} idx_file;
 
 static uint32_t be32(const uint8_t *p)
 {
     return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
 }
 
-static kpl_status read_exact(idx_file *x, void *buf, size_t n, const char *what)
+kpl_status kpl__idx_read(kpl__idx_file *x, void *buf, size_t n, const char *what)
 {
     int r = gzread(x->f, buf, (unsigned)n);
     if (r < 0) {
@@ -39,7 +31,7 @@ static kpl_status read_exact(idx_file *x, void *buf, size_t n, const char *what)
     return KPL_OK;
 }
 
-static kpl_status idx_open(idx_file *x, const char *path, int want_ndim)
+kpl_status kpl__idx_open(kpl__idx_file *x, const char *path, int want_ndim)
 {
     x->path = path;
     x->f = gzopen(path, "rb");
@@ -47,7 +39,7 @@ static kpl_status idx_open(idx_file *x, const char *path, int want_ndim)
               errno ? strerror(errno) : "cannot open");
     gzbuffer(x->f, 1 << 20);
     uint8_t h[4];
-    KPL_TRY(read_exact(x, h, 4, "the IDX header"));
+    KPL_TRY(kpl__idx_read(x, h, 4, "the IDX header"));
     KPL_CHECK(h[0] == 0 && h[1] == 0, KPL_EFORMAT, "%s: not an IDX file (bad magic)", path);
     KPL_CHECK(h[2] == 0x08, KPL_EFORMAT, "%s: IDX value type 0x%02x, only u8 (0x08) is read",
               path, h[2]);
@@ -55,7 +47,7 @@ static kpl_status idx_open(idx_file *x, const char *path, int want_ndim)
               want_ndim);
     x->ndim = h[3];
     uint8_t d[16];
-    KPL_TRY(read_exact(x, d, 4 * (size_t)x->ndim, "the IDX extents"));
+    KPL_TRY(kpl__idx_read(x, d, 4 * (size_t)x->ndim, "the IDX extents"));
     for (int i = 0; i < x->ndim; i++) {
         x->dims[i] = be32(d + 4 * i);
         KPL_CHECK(x->dims[i] > 0 && (i == 0 || x->dims[i] <= 65536), KPL_EFORMAT,
@@ -70,13 +62,13 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     if (opt) o = *opt;
-    idx_file im = {0}, lb = {0};
+    kpl__idx_file im = {0}, lb = {0};
     kpl_record_writer *w = NULL;
     uint8_t *img = NULL, *labels = NULL;
     char *attrs = NULL;
     kpl_status st = KPL_OK;
-    KPL_TRY_GOTO(idx_open(&im, images_path, 3));
-    KPL_TRY_GOTO(idx_open(&lb, labels_path, 1));
+    KPL_TRY_GOTO(kpl__idx_open(&im, images_path, 3));
+    KPL_TRY_GOTO(kpl__idx_open(&lb, labels_path, 1));
     if (im.dims[0] != lb.dims[0]) {
         st = KPL_ERROR(KPL_EFORMAT, "%s holds %lld images but %s holds %lld labels", images_path,
                        (long long)im.dims[0], labels_path, (long long)lb.dims[0]);
@@ -89,7 +81,7 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
         st = KPL_ERROR(KPL_ENOMEM, "convert idx: no memory");
         goto fail;
     }
-    KPL_TRY_GOTO(read_exact(&lb, labels, (size_t)n, "the labels"));
+    KPL_TRY_GOTO(kpl__idx_read(&lb, labels, (size_t)n, "the labels"));
     int maxl = 0;
     for (int64_t i = 0; i < n; i++) maxl = labels[i] > maxl ? labels[i] : maxl;
     json_t *aj = json_pack("{s:s, s:i, s:s, s:s}", "source", "idx", "num_classes", maxl + 1,
@@ -112,7 +104,7 @@ kpl_status kpl_convert_idx(const char *images_path, const char *labels_path,
     for (int64_t i = 0; i < n; i++) {
         char what[48];
         snprintf(what, sizeof what, "image %lld", (long long)i);
-        KPL_TRY_GOTO(read_exact(&im, img, (size_t)hw, what));
+        KPL_TRY_GOTO(kpl__idx_read(&im, img, (size_t)hw, what));
         int64_t label = labels[i];
         kpl_feature_value v[2] = {{img, (uint32_t)hw}, {&label, 1}};
         KPL_TRY_GOTO(kpl_record_writer_add(w, v));

@@ -1,7 +1,8 @@
 /*
  * dataio.h — datasets: the KPLRecord format (docs/kplrecord.md is the
- * specification), its writer and reader, and the converters from IDX,
- * image folders and LMDB.
+ * specification), its writer and reader, the converters from IDX, image
+ * folders, LMDB, COCO and Pascal VOC, COCO's run-length mask encoding, and
+ * a synthetic detection set (docs/detection-data.md).
  *
  * Writing a dataset:
  *
@@ -225,10 +226,11 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 /* ---- converters ------------------------------------------------------------------- */
 
 /* Where a dataset is converted from: nothing, IDX files (MNIST's format),
- * an image folder, an LMDB of Caffe Datums. */
+ * an image folder, an LMDB of Caffe Datums, COCO instances JSON, Pascal VOC. */
 #define KPL_CONVERT_SOURCES(X)                                                          \
     X(KPL_CONVERT_NONE, "none") X(KPL_CONVERT_IDX, "idx")                                \
-    X(KPL_CONVERT_IMAGEFOLDER, "imagefolder") X(KPL_CONVERT_LMDB, "lmdb")
+    X(KPL_CONVERT_IMAGEFOLDER, "imagefolder") X(KPL_CONVERT_LMDB, "lmdb")                \
+    X(KPL_CONVERT_COCO, "coco") X(KPL_CONVERT_VOC, "voc")
 typedef enum { KPL_CONVERT_SOURCES(KPL_ENUM_VALUE) } kpl_convert_source;
 /* kpl_convert_source_names (NULL-terminated), _name, _parse (-1 for others) */
 KPL_ENUM_DECLARE(kpl_convert_source);
@@ -241,7 +243,8 @@ typedef struct {
     const char *label; /* what the progress line calls this job */
     bool keep_order;   /* imagefolder: keep the sorted walk order */
     uint64_t seed;     /* imagefolder: the order's shuffle seed */
-    bool skip_bad;     /* imagefolder: skip unreadable images with a warning */
+    bool skip_bad;     /* imagefolder, coco, voc: skip bad images (and annotations)
+                        * with a warning naming each, instead of failing */
     int max_side;      /* imagefolder: JPEGs with a longer side are decoded, resized
                         * (antialiased) to this longer side and re-encoded; 0: keep */
     int quality;       /* imagefolder: JPEG quality of re-encoded images (1..100) */
@@ -250,9 +253,11 @@ typedef struct {
      * never.  Called on the converting thread. */
     bool (*cancel)(void *ctx);
     void *cancel_ctx;
+    bool drop_empty;   /* coco, voc: leave out images without objects (crowd
+                        * regions and VOC's difficult objects do not count) */
 } kpl_convert_options;
 #define KPL_CONVERT_OPTIONS_INIT                                                            \
-    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90, NULL, NULL}
+    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90, NULL, NULL, false}
 
 /* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
  * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,
@@ -287,6 +292,118 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped);
+
+/* ---- detection sets: COCO, Pascal VOC, a synthetic set ------------------------------ */
+/*
+ * A detection example is one image with its objects (docs/kplrecord.md,
+ * "Detection examples"): features image (the file's bytes), path, image_id,
+ * height, width, boxes (float x0,y0,x1,y1 per object, in pixels: what the
+ * loader's boxes_feature reads), labels (int64, contiguous), then for COCO
+ * category_ids, iscrowd, area, annotation_ids and masks (one COCO RLE
+ * string per object, '\n' between), for VOC difficult.  Examples follow
+ * the image ids in ascending order (COCO) or the split file (VOC).
+ */
+
+/* What a detection conversion did. */
+typedef struct {
+    int64_t images;           /* examples written */
+    int64_t objects;          /* objects written (crowd and difficult ones included) */
+    int64_t skipped_images;   /* bad images left out (skip_bad) */
+    int64_t skipped_objects;  /* bad objects left out (skip_bad), and those of bad images */
+    int64_t dropped_empty;    /* images left out for having no objects (drop_empty) */
+    int64_t clipped_boxes;    /* boxes clipped to the image (within the tolerance) */
+    int64_t dropped_polygons; /* polygon parts of fewer than 3 points, left out */
+} kpl_detection_stats;
+
+/* How far (pixels) a box or polygon may reach past the image: up to this it
+ * is clipped to the image, beyond it the object is bad. */
+#define KPL_DET_BOX_TOLERANCE 1.0
+
+/* A COCO instances JSON (images, categories, annotations with bbox,
+ * iscrowd, area and polygon or RLE segmentation) with its images under
+ * image_dir.  Labels are the categories' positions in ascending id order;
+ * OUT/classes.txt holds their names, OUT/categories.json the mapping.
+ * Checked: the JSON's structure (a malformed or truncated file, a
+ * duplicate id: KPL_EFORMAT naming the place), each annotation (image and
+ * category known, box of positive size inside the image within
+ * KPL_DET_BOX_TOLERANCE, positive area, valid segmentation) and each
+ * image (file present, decodes whole, the size the JSON says): a bad one
+ * is KPL_EFORMAT naming its id, or with o->skip_bad a warning and a count.
+ * Blocking; o->threads check images and rasterise polygons. */
+kpl_status kpl_convert_coco(const char *annotations_json, const char *image_dir,
+                            const char *out_dir, const kpl_convert_options *opt,
+                            kpl_detection_stats *stats);
+
+/* A Pascal VOC 2007/2012 tree: the ids of ImageSets/Main/<split>.txt,
+ * their Annotations/<id>.xml and JPEGImages/<id>.jpg.  Labels are the 20
+ * VOC classes in the standard order (aeroplane ... tvmonitor); boxes follow
+ * mmdetection's reading of VOC's 1-based pixel indices (each coordinate
+ * truncated to an integer, minus 1).  Bad objects and images as for COCO. */
+kpl_status kpl_convert_voc(const char *voc_root, const char *split, const char *out_dir,
+                           const kpl_convert_options *opt, kpl_detection_stats *stats);
+
+/* ---- COCO's run-length encoding of binary masks ----------------------------------- */
+/*
+ * An h x w binary mask as COCO stores it: the lengths of alternating runs
+ * of 0s and 1s, the first run of 0s (possibly empty), over the pixels in
+ * column-major order (pixel (x, y) is number x * h + y); they sum to h * w.
+ * The compressed string form is pycocotools' (docs/kplrecord.md, "Masks").
+ * Masks in memory are row-major (H, W) u8, 0 or 1 (any non-zero input is 1).
+ */
+typedef struct {
+    int64_t h, w;
+    int64_t n;         /* runs */
+    uint32_t *counts;  /* n run lengths, malloc'd: kpl_rle_free */
+} kpl_rle;
+
+/* Frees r's counts and zeroes it; NULL is a no-op. */
+void kpl_rle_free(kpl_rle *r);
+/* The RLE of mask (H = h, W = w).  *out owns new counts. */
+kpl_status kpl_rle_encode(const uint8_t *mask, int64_t h, int64_t w, kpl_rle *out);
+/* Writes r as a row-major (h, w) mask of 0s and 1s. */
+kpl_status kpl_rle_decode(const kpl_rle *r, uint8_t *mask);
+/* The pixels set (the sum of the odd-numbered runs). */
+int64_t kpl_rle_area(const kpl_rle *r);
+/* pycocotools' compressed string of r: malloc'd, NUL-terminated, *len
+ * (may be NULL) its length. */
+kpl_status kpl_rle_to_string(const kpl_rle *r, char **s, size_t *len);
+/* Parses a compressed string of len bytes for an h x w mask.  KPL_EFORMAT
+ * for a byte outside '0'..'o', a value cut short, a run that is negative,
+ * or runs that do not sum to h * w. */
+kpl_status kpl_rle_from_string(const char *s, size_t len, int64_t h, int64_t w, kpl_rle *out);
+/* Sets to 1 the pixels of mask (row-major (h, w)) inside the polygon of
+ * npoints points xy[2 * npoints] (x, y in pixels), as pycocotools' frPoly
+ * rasterises it (docs/kplrecord.md, "Polygons"); pixels outside it are left
+ * as they are, so calls for the parts of an object give their union.
+ * KPL_ERANGE for a coordinate that is not finite or past 2^24 in size. */
+kpl_status kpl_mask_fill_polygon(const double *xy, int64_t npoints, int64_t h, int64_t w,
+                                 uint8_t *mask);
+
+/* The synthetic detection set fmnist-det: Fashion-MNIST items pasted onto
+ * textured backgrounds, written as COCO (docs/detection-data.md). */
+typedef struct {
+    const char *fmnist_dir; /* holds {train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] */
+    int64_t train, val;     /* images per split (0: no such split) */
+    int size;               /* image side, pixels (>= 32) */
+    uint64_t seed;
+    int min_side, max_side; /* an item's pasted side, pixels */
+    int max_objects;        /* items drawn per image: 1 .. max_objects */
+    int threshold;          /* item pixels above this (0..255) are the object */
+    float min_visible;      /* an earlier item keeps at least this share of its pixels */
+    int quality;            /* JPEG quality */
+    int threads;            /* 0: the OpenMP default */
+    bool progress;          /* a progress line on stderr */
+} kpl_synth_det_config;
+#define KPL_SYNTH_DET_CONFIG_INIT                                                           \
+    {"/usr/share/datasets/fashion-mnist", 2000, 500, 128, 0, 20, 90, 8, 48, 0.5f, 90, 0, false}
+
+/* Writes out_dir/train.json and out_dir/val.json (COCO instances, masks as
+ * compressed RLE) and the JPEGs under out_dir/train/ and out_dir/val/.
+ * out_dir must not hold files.  The bytes written are a function of cfg
+ * only (not of the thread count).  *objects (may be NULL) receives the
+ * number of objects of both splits.  Blocking. */
+kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config *cfg,
+                                int64_t *objects);
 
 /* ---- per-sample transforms (the DataTransformer's work) --------------------------- */
 

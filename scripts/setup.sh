@@ -18,7 +18,8 @@ packages=(
   liblmdb-dev                        # dataio/ LMDB source
   libturbojpeg0-dev libjpeg62-turbo-dev  # dataio/ JPEG decode
   libzstd-dev                        # shards and checkpoints
-  libjansson-dev                     # KPLRecord METADATA, JSON summaries
+  libjansson-dev                     # KPLRecord METADATA, JSON summaries, COCO JSON
+  libxml2-dev                        # dataio/ Pascal VOC annotations
   zlib1g-dev                         # gzip-compressed IDX files
   libyaml-dev                        # recipes
   libpng-dev

@@ -9,6 +9,7 @@
 #include "dataio_test.h"
 #include "dataio_impl.h"
 #include "transform_impl.h"
+#include "image_files.h"
 
 #include <fcntl.h>
 #include <jansson.h>
@@ -430,7 +431,6 @@ static void test_metadata_that_lies(void **state)
     assert_null(ds);
 }
 
-static void write_bytes(const char *file, const void *b, size_t n);
 
 /* A set of n raw 28x28x1 images (pixel i of image e = e + i) with an int64
  * label, fixed at [1] when label_shape. */
@@ -1009,27 +1009,6 @@ static void test_lmdb_shapes_and_bad_datums(void **state)
 
 /* ---- image folder import ------------------------------------------------------------- */
 
-static void write_bytes(const char *file, const void *b, size_t n)
-{
-    FILE *f = fopen(file, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
-
-/* A w x h RGB JPEG whose pixels depend on `seed`; *len bytes, tjFree it. */
-static unsigned char *make_jpeg(int w, int h, int seed, unsigned long *len)
-{
-    unsigned char *rgb = malloc((size_t)w * h * 3), *jpg = NULL;
-    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * seed + seed * 17);
-    tjhandle tj = tjInitCompress();
-    *len = 0;
-    assert_int_equal(tjCompress2(tj, rgb, w, 0, h, TJPF_RGB, &jpg, len, TJSAMP_420, 90, 0), 0);
-    tjDestroy(tj);
-    free(rgb);
-    return jpg;
-}
-
 /* The "path" feature of every example, in dataset order, joined by '\n'. */
 static char *paths_of(const char *dir)
 {
@@ -1189,26 +1168,6 @@ static size_t sof_at(const unsigned char *j, size_t n)
         at += 2 + ((size_t)j[at + 2] << 8 | j[at + 3]);
     assert_true(at + 10 < n && j[at] == 0xff);
     return at;
-}
-
-/* A w x h RGB PNG (malloc'd) whose pixels depend on seed. */
-static unsigned char *make_png(int w, int h, int seed, size_t *len)
-{
-    unsigned char *rgb = malloc((size_t)w * h * 3);
-    for (int i = 0; i < w * h * 3; i++) rgb[i] = (unsigned char)(i * seed + seed * 17);
-    png_image im;
-    memset(&im, 0, sizeof im);
-    im.version = PNG_IMAGE_VERSION;
-    im.width = (png_uint_32)w;
-    im.height = (png_uint_32)h;
-    im.format = PNG_FORMAT_RGB;
-    png_alloc_size_t n = 0;
-    assert_true(png_image_write_to_memory(&im, NULL, &n, 0, rgb, 0, NULL));
-    unsigned char *buf = malloc(n);
-    assert_true(png_image_write_to_memory(&im, buf, &n, 0, rgb, 0, NULL));
-    free(rgb);
-    *len = n;
-    return buf;
 }
 
 /* Damaged images the loader cannot decode, though their headers parse:

@@ -3,6 +3,9 @@
  * verify them (docs/kplrecord.md).
  *
  *   kpl data convert --from idx SRC OUT [--labels FILE] [writer options]
+ *   kpl data convert --from coco ANNOTATIONS.json IMAGE_DIR OUT [options]
+ *   kpl data convert --from voc VOC_ROOT OUT --split SPLIT [options]
+ *   kpl data synth fmnist-det OUT [--train N] [--val M] [--size S] [--seed S]
  *   kpl data inspect DIR
  *   kpl data verify DIR
  */
@@ -33,6 +36,17 @@ static void usage(FILE *f)
             "  convert --from lmdb SRC OUT [options]\n"
             "      SRC is a Caffe Datum LMDB database (a directory or a .mdb file),\n"
             "      opened read-only; encoded or raw Datums, in key order.\n"
+            "  convert --from coco ANNOTATIONS.json IMAGE_DIR OUT [options]\n"
+            "      COCO instances (boxes, labels, crowd flags, areas, masks as COCO RLE), one\n"
+            "      example per image in image id order; labels = categories in id order\n"
+            "      (OUT/classes.txt, OUT/categories.json); images decoded whole as a check.\n"
+            "  convert --from voc VOC_ROOT OUT --split SPLIT [options]\n"
+            "      Pascal VOC: ImageSets/Main/SPLIT.txt, Annotations/, JPEGImages/; boxes,\n"
+            "      the 20 classes in the standard order, difficult flags.\n"
+            "    --drop-empty      (coco, voc) leave out images without objects\n"
+            "    --skip-bad        (coco, voc) leave out bad annotations and images (box\n"
+            "                      outside the image, zero area, unknown category, missing\n"
+            "                      or undecodable file, wrong size) with a warning each\n"
             "  convert --from imagefolder ROOT OUT [options]\n"
             "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
             "      (OUT/classes.txt); each image decoded whole as a check, then kept as\n"
@@ -51,6 +65,17 @@ static void usage(FILE *f)
             "    --quiet           no progress line\n"
             "    OUT may hold what a conversion that died left (its WRITING marker):\n"
             "    that is removed first; a finished dataset or other files are refused.\n"
+            "  synth fmnist-det OUT [options]\n"
+            "      a synthetic detection set: Fashion-MNIST items (Debian's\n"
+            "      dataset-fashion-mnist) pasted at random scales, places and counts onto\n"
+            "      textured backgrounds; OUT/{train,val}/*.jpg and OUT/{train,val}.json\n"
+            "      (COCO, masks as RLE), for --from coco.  The same seed gives the same bytes.\n"
+            "    --train N --val M number of images (default 2000, 500)\n"
+            "    --size S          image side (default 128); items are 20..90 px, 1..8 each\n"
+            "    --seed S          (default 0)\n"
+            "    --fmnist DIR      Fashion-MNIST's IDX files (default\n"
+            "                      /usr/share/datasets/fashion-mnist)\n"
+            "    --threads N, --quiet\n"
             "  inspect DIR         a JSON summary: counts, schema, shards, bytes\n"
             "  verify DIR          read everything and check every checksum, and every\n"
             "                      record against METADATA's fixed shapes\n");
@@ -171,15 +196,43 @@ static int convert_idx_dir(const char *src, const char *out, kpl_convert_options
     return rc;
 }
 
+/* --from coco (pos: JSON, image dir, OUT) or voc (pos: root, OUT, split). */
+static int convert_detection(kpl_convert_source from, const char *pos[3], kpl_convert_options *o)
+{
+    bool coco = from == KPL_CONVERT_COCO;
+    const char *out = coco ? pos[2] : pos[1];
+    int rc = clear_dead_writer(out);
+    if (rc) return rc;
+    kpl_detection_stats s;
+    double t0 = kpl_seconds();
+    o->label = out;
+    kpl_status st = coco ? kpl_convert_coco(pos[0], pos[1], out, o, &s)
+                         : kpl_convert_voc(pos[0], pos[2], out, o, &s);
+    if (st < 0) return fail("convert");
+    if (s.skipped_images || s.skipped_objects)
+        fprintf(stderr, "kpl data convert: skipped %lld bad images and %lld bad objects (each "
+                        "named above)\n", (long long)s.skipped_images,
+                (long long)s.skipped_objects);
+    printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":\"%s\","
+           "\"examples\":%lld,\"objects\":%lld,\"skipped_images\":%lld,"
+           "\"skipped_objects\":%lld,\"dropped_empty\":%lld,\"clipped_boxes\":%lld,"
+           "\"dropped_polygons\":%lld,\"seconds\":%.2f}\n",
+           coco ? "coco" : "voc", pos[0], out, (long long)s.images, (long long)s.objects,
+           (long long)s.skipped_images, (long long)s.skipped_objects,
+           (long long)s.dropped_empty, (long long)s.clipped_boxes,
+           (long long)s.dropped_polygons, kpl_seconds() - t0);
+    return 0;
+}
+
 static bool keep_waiting(const char *lock, double waited, void *ctx);
-static int convert_from(kpl_convert_source from, const char *labels, const char *pos[2],
+static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
                         kpl_convert_options *o);
 
 static int cmd_convert(int argc, char **argv)
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.progress = isatty(2);
-    const char *from = NULL, *labels = NULL, *pos[2] = {NULL, NULL};
+    const char *from = NULL, *labels = NULL, *split = NULL, *pos[3] = {NULL, NULL, NULL};
     int npos = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -215,13 +268,17 @@ static int cmd_convert(int argc, char **argv)
             o.keep_order = true;
         } else if (!strcmp(a, "--skip-bad")) {
             o.skip_bad = true;
+        } else if (!strcmp(a, "--drop-empty")) {
+            o.drop_empty = true;
+        } else if (!strcmp(a, "--split") && has) {
+            split = argv[++i];
         } else if (!strcmp(a, "--quiet")) {
             o.progress = false;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "kpl data convert: unknown option '%s'%s\n", a,
                     has ? "" : " (or its value is missing)");
             return 2;
-        } else if (npos < 2) {
+        } else if (npos < 3) {
             pos[npos++] = a;
         } else {
             fprintf(stderr, "kpl data convert: unexpected argument '%s'\n", a);
@@ -232,24 +289,36 @@ static int cmd_convert(int argc, char **argv)
         fprintf(stderr, "kpl data convert: %s: bad value '%s'\n", a, argv[i]);
         return 2;
     }
-    if (!from || npos != 2) {
-        fprintf(stderr, "kpl data convert: want --from SOURCE, SRC and OUT (see 'kpl data "
-                        "--help')\n");
+    int src = from ? kpl_convert_source_parse(from) : -1;
+    if (from && src <= KPL_CONVERT_NONE) {
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb, "
+                        "coco, voc)\n", from);
         return 2;
     }
-    int src = kpl_convert_source_parse(from);
-    if (src <= KPL_CONVERT_NONE) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb)\n",
-                from);
+    int want = src == KPL_CONVERT_COCO ? 3 : 2;
+    if (!from || npos != want) {
+        fprintf(stderr, "kpl data convert: want --from SOURCE, %s and OUT (see 'kpl data "
+                        "--help')\n", src == KPL_CONVERT_COCO ? "ANNOTATIONS.json, IMAGE_DIR"
+                                                              : "SRC");
         return 2;
     }
+    if ((src == KPL_CONVERT_VOC) != (split != NULL)) {
+        fprintf(stderr, "kpl data convert: %s\n", split ? "--split is for --from voc"
+                                                        : "--from voc needs --split SPLIT");
+        return 2;
+    }
+    if (o.drop_empty && src != KPL_CONVERT_COCO && src != KPL_CONVERT_VOC) {
+        fprintf(stderr, "kpl data convert: --drop-empty is for --from coco and voc\n");
+        return 2;
+    }
+    if (src == KPL_CONVERT_VOC) pos[2] = split;
     /* Take turns with other conversions into the same directory (kpl
      * train converts on first use): the lock lives in the directory that
      * holds the dataset(s); an IDX directory writes OUT/train and OUT/test. */
     char parent[PATH_MAX];
     struct stat ss;
     bool idx_dir = src == KPL_CONVERT_IDX && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode);
-    snprintf(parent, sizeof parent, "%s", pos[1]);
+    snprintf(parent, sizeof parent, "%s", pos[want - 1]);
     char *slash = strrchr(parent, '/');
     if (!idx_dir && slash == parent) slash[1] = 0;
     else if (!idx_dir && slash) *slash = 0;
@@ -275,10 +344,17 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
 }
 
 /* The conversion itself, with the lock held. */
-static int convert_from(kpl_convert_source from, const char *labels, const char *pos[2],
+static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
                         kpl_convert_options *o_)
 {
     kpl_convert_options o = *o_;
+    if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
+        if (labels) {
+            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
+            return 2;
+        }
+        return convert_detection(from, pos, &o);
+    }
     if (from == KPL_CONVERT_IMAGEFOLDER) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
@@ -374,6 +450,70 @@ static int cmd_verify(int argc, char **argv)
     return 0;
 }
 
+/* kpl data synth fmnist-det OUT [options] */
+static int cmd_synth(int argc, char **argv)
+{
+    kpl_synth_det_config c = KPL_SYNTH_DET_CONFIG_INIT;
+    c.progress = isatty(2);
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        double v;
+        bool has = i + 1 < argc;
+        if (!strcmp(a, "--train") && has) {
+            if (!parse_num(argv[++i], 0, 99999999, &v) || v != (int64_t)v) goto bad;
+            c.train = (int64_t)v;
+        } else if (!strcmp(a, "--val") && has) {
+            if (!parse_num(argv[++i], 0, 99999999, &v) || v != (int64_t)v) goto bad;
+            c.val = (int64_t)v;
+        } else if (!strcmp(a, "--size") && has) {
+            if (!parse_num(argv[++i], 32, 4096, &v) || v != (int)v) goto bad;
+            c.size = (int)v;
+        } else if (!strcmp(a, "--seed") && has) {
+            if (!parse_num(argv[++i], 0, 9007199254740992.0, &v) || v != (double)(uint64_t)v)
+                goto bad;
+            c.seed = (uint64_t)v;
+        } else if (!strcmp(a, "--threads") && has) {
+            if (!parse_num(argv[++i], 1, 1024, &v) || v != (int)v) goto bad;
+            c.threads = (int)v;
+        } else if (!strcmp(a, "--fmnist") && has) {
+            c.fmnist_dir = argv[++i];
+        } else if (!strcmp(a, "--quiet")) {
+            c.progress = false;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "kpl data synth: unknown option '%s'%s\n", a,
+                    has ? "" : " (or its value is missing)");
+            return 2;
+        } else if (npos < 2) {
+            pos[npos++] = a;
+        } else {
+            fprintf(stderr, "kpl data synth: unexpected argument '%s'\n", a);
+            return 2;
+        }
+        continue;
+    bad:
+        fprintf(stderr, "kpl data synth: %s: bad value '%s'\n", a, argv[i]);
+        return 2;
+    }
+    if (npos != 2 || strcmp(pos[0], "fmnist-det")) {
+        fprintf(stderr, "kpl data synth: want fmnist-det OUT (the one set there is; see 'kpl "
+                        "data --help')\n");
+        return 2;
+    }
+    /* The items are at most 90 px, and at most the image. */
+    if (c.max_side > c.size) c.max_side = c.size;
+    if (c.min_side > c.max_side) c.min_side = c.max_side;
+    int64_t objects = 0;
+    double t0 = kpl_seconds();
+    if (kpl_synth_fmnist_det(pos[1], &c, &objects) < 0) return fail("synth");
+    printf("{\"event\":\"synthesized\",\"set\":\"fmnist-det\",\"out\":\"%s\",\"train\":%lld,"
+           "\"val\":%lld,\"objects\":%lld,\"seed\":%llu,\"seconds\":%.2f}\n",
+           pos[1], (long long)c.train, (long long)c.val, (long long)objects,
+           (unsigned long long)c.seed, kpl_seconds() - t0);
+    return 0;
+}
+
 int kpl__cmd_data(int argc, char **argv)
 {
     if (argc < 1) {
@@ -388,6 +528,7 @@ int kpl__cmd_data(int argc, char **argv)
     if (!strcmp(c, "convert")) return cmd_convert(argc - 1, argv + 1);
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(c, "verify")) return cmd_verify(argc - 1, argv + 1);
+    if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     fprintf(stderr, "kpl data: unknown command '%s' (try 'kpl data --help')\n", c);
     return 2;
 }

@@ -152,6 +152,22 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
                                       "dataset-fashion-mnist, or run scripts/setup.sh)"
                                     : "");
         KPL_TRY(kpl_convert_idx(images, labels, out, &o, &n));
+    } else if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
+        /* coco: source/<split>.json with its images in source/<split>/ (what
+         * `kpl data synth fmnist-det` writes); voc: source is the VOC root
+         * and <split> its ImageSets/Main list.  <split> is the last part of
+         * the split's path. */
+        const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
+        kpl_detection_stats ds;
+        if (from == KPL_CONVERT_COCO) {
+            char json[PATH_MAX], dir[PATH_MAX];
+            snprintf(json, sizeof json, "%s/%s.json", src, split);
+            snprintf(dir, sizeof dir, "%s/%s", src, split);
+            KPL_TRY(kpl_convert_coco(json, dir, out, &o, &ds));
+        } else {
+            KPL_TRY(kpl_convert_voc(src, split, out, &o, &ds));
+        }
+        n = ds.images;
     } else {
         char in[PATH_MAX];
         snprintf(in, sizeof in, "%s/%s", src, s->path);
