@@ -61,7 +61,6 @@ typedef struct {
     struct {
         char name[KPL_KEY_NAME];
         char value[KPL_KEY_VALUE]; /* strings and choices: the text itself */
-        bool given;                /* set by the recipe or kpl_keyvals_set, not a default */
     } v[KPL_KEYVALS_MAX];
 } kpl_keyvals;
 
@@ -71,14 +70,12 @@ typedef struct {
 kpl_status kpl_keyvals_set(kpl_keyvals *kv, const char *name, const char *value);
 /* Checks kv against the owner's keys: every value of its type and range,
  * no name the owner does not list, the defaults filled in, the required
- * given.  section names the owner in messages ("model.fcos").  The
+ * given, in the owner's order (so equal settings make equal bytes).
+ * section names the owner in messages ("model.fcos").  The
  * recipe has done this for the values it gave; kpl_zoo_create,
  * kpl_optim_create and kpl_trainer_create do it again (for hand-made
  * configurations). */
 kpl_status kpl_keyvals_check(const kpl_key *keys, const char *section, kpl_keyvals *kv);
-/* Whether the recipe (or kpl_keyvals_set) gave name, rather than its
- * default. */
-bool kpl_key_given(const kpl_keyvals *kv, const char *name);
 
 /* The value of key name: KPL_ENOTFOUND when kv has no such key (listing
  * those it has), KPL_EINVAL when it is of another type. */

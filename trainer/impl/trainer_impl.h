@@ -82,8 +82,8 @@ void kpl__registry_names(const kpl__registry *r, char *buf, size_t len);
 const kpl_key *kpl__key_find(const kpl_key *keys, const char *name);
 /* "a, b, c" ("none"): the names of keys. */
 void kpl__key_names(const kpl_key *keys, char *buf, size_t len);
-/* name = value (canonical) into kv; given: by the recipe, not a default. */
-kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value, bool given);
+/* name = value (canonical) into kv. */
+kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value);
 /* Whether an owner's declared keys are well formed (names, types, defaults
  * that fit their own rows); section ("task.detection") names it. */
 kpl_status kpl__keys_declared_ok(const kpl_key *keys, const char *section);

@@ -162,7 +162,7 @@ static int slot(const kpl_keyvals *kv, const char *name)
 }
 
 /* Puts name = value (canonical) into kv. */
-kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value, bool given)
+kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value)
 {
     int i = slot(kv, name);
     if (i < 0) {
@@ -176,14 +176,13 @@ kpl_status kpl__keyvals_put(kpl_keyvals *kv, const char *name, const char *value
               "keys: %s: value longer than %d bytes", name, KPL_KEY_VALUE - 1);
     snprintf(kv->v[i].name, KPL_KEY_NAME, "%s", name);
     snprintf(kv->v[i].value, KPL_KEY_VALUE, "%s", value);
-    kv->v[i].given = given;
     return KPL_OK;
 }
 
 kpl_status kpl_keyvals_set(kpl_keyvals *kv, const char *name, const char *value)
 {
     KPL_CHECK(kv && name && value, KPL_EINVAL, "kpl_keyvals_set: NULL argument");
-    return kpl__keyvals_put(kv, name, value, true);
+    return kpl__keyvals_put(kv, name, value);
 }
 
 /* A default (YAML text) or a value set by hand (YAML text; strings the
@@ -251,24 +250,25 @@ kpl_status kpl_keyvals_check(const kpl_key *keys, const char *section, kpl_keyva
             kpl__key_names(keys, names, sizeof names);
             return KPL_ERROR(KPL_EINVAL, "%s: unknown key (%s has: %s)", key, section, names);
         }
-        if (!kv->v[i].given) continue; /* a default, checked when declared */
         KPL_TRY(text_value(k, kv->v[i].value, true, key, out, sizeof out));
         memcpy(kv->v[i].value, out, strlen(out) + 1);
     }
-    for (const kpl_key *k = keys; k && k->name; k++) {
-        if (slot(kv, k->name) >= 0) continue;
+    /* the owner's order, defaults for what is missing, unused bytes zero */
+    kpl_keyvals *done = calloc(1, sizeof *done);
+    KPL_CHECK(done, KPL_ENOMEM, "keys: out of memory");
+    kpl_status st = KPL_OK;
+    for (const kpl_key *k = keys; st >= 0 && k && k->name; k++) {
+        int i = slot(kv, k->name);
         snprintf(key, sizeof key, "%s.%s", section, k->name);
-        KPL_CHECK(k->def, KPL_EINVAL, "missing required key '%s' (%s)", key, k->doc);
-        KPL_TRY(text_value(k, k->def, false, key, out, sizeof out));
-        KPL_TRY(kpl__keyvals_put(kv, k->name, out, false));
+        if (i >= 0) st = kpl__keyvals_put(done, k->name, kv->v[i].value);
+        else if (!k->def)
+            st = KPL_ERROR(KPL_EINVAL, "missing required key '%s' (%s)", key, k->doc);
+        else if ((st = text_value(k, k->def, false, key, out, sizeof out)) >= 0)
+            st = kpl__keyvals_put(done, k->name, out);
     }
-    return KPL_OK;
-}
-
-bool kpl_key_given(const kpl_keyvals *kv, const char *name)
-{
-    int i = slot(kv, name ? name : "");
-    return i >= 0 && kv->v[i].given;
+    if (st >= 0) *kv = *done;
+    free(done);
+    return st;
 }
 
 /* The text of key name, or an error listing the keys kv has. */

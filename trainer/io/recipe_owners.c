@@ -107,7 +107,7 @@ static kpl_status bind_section(const node *sec, const char *section, const kpl_k
                              kpl__rc_where_key(e, loc, sizeof loc), CLIP(key), section, names, hint);
         }
         KPL_TRY(kpl__key_value(k, e, key, value, sizeof value));
-        KPL_TRY(kpl__keyvals_put(kv, k->name, value, true));
+        KPL_TRY(kpl__keyvals_put(kv, k->name, value));
     }
     return KPL_OK;
 }
