@@ -24,7 +24,8 @@ non-contiguous ids, areas on the range boundaries (32^2, 96^2), boxes
 copied from the ground truth and jittered around the IoU thresholds,
 objects annotated twice (equal IoUs: the later box wins), empty
 and negative widths, detections of unknown categories and annotations of
-unknown images (both skipped by pycocotools), an annotation with id 0.
+unknown images (both skipped by pycocotools), an annotation with id 0, 60
+categories (more precision entries than numpy sums in one block).
 
 pycocotools' loadRes fails on an empty results list (it reads the first
 entry); for that case the detections are given to COCOeval as an empty
@@ -96,6 +97,8 @@ def jitter(rng, b, amount):
 def make_case(rng, kind, scale):
     n_img = max(1, int(rng.randint(3, 14) * scale))
     n_cat = rng.randint(1, 6)
+    if kind == "many_cats":  # over 8192 precision entries: numpy sums them in blocks
+        n_img, n_cat = max(1, int(16 * scale)), 60
     img_ids = rng.sample(range(1, 10**6), n_img)
     cat_ids = rng.sample(range(1, 200), n_cat)
     images = [{"id": i, "width": 640, "height": 480} for i in img_ids]
@@ -109,7 +112,7 @@ def make_case(rng, kind, scale):
     anns, dets = [], []
     next_id = 0 if kind == "id_zero" else rng.randint(1, 1000)
     for img in img_ids:
-        n_gt = rng.choice([0, 0, 1, 2, 3, 5, 8])
+        n_gt = rng.choice([0, 0, 1, 2, 3, 5, 8] if kind != "many_cats" else [6, 10])
         gts = []
         for _ in range(n_gt):
             crowd = rng.random() < (0.4 if kind == "crowd" else 0.08)
@@ -171,7 +174,8 @@ def make_case(rng, kind, scale):
 
 
 KINDS = ["plain", "crowd", "ties", "many_dets", "empty_dets", "cat_without_dets",
-         "cat_without_gt", "unknown_ids", "id_zero", "dup_images", "plain", "crowd"]
+         "cat_without_gt", "unknown_ids", "id_zero", "dup_images", "plain", "crowd",
+         "many_cats"]
 
 
 def write_json(path, obj):
@@ -231,7 +235,7 @@ def main():
     g = sub.add_parser("gen")
     g.add_argument("outdir")
     g.add_argument("--seed", type=int, default=27)
-    g.add_argument("--cases", type=int, default=12)
+    g.add_argument("--cases", type=int, default=len(KINDS))
     g.add_argument("--scale", type=float, default=1.0)
     e = sub.add_parser("eval")
     e.add_argument("gt")
@@ -240,7 +244,7 @@ def main():
     lv = sub.add_parser("live")
     lv.add_argument("kpl")
     lv.add_argument("--seed", type=int, default=int(time.time()) % 100000)
-    lv.add_argument("--cases", type=int, default=24)
+    lv.add_argument("--cases", type=int, default=2 * len(KINDS))
     a = p.parse_args()
     if a.cmd == "gen":
         for n in gen(a.outdir, a.seed, a.cases, a.scale):

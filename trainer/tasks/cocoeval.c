@@ -106,8 +106,8 @@ static int fmt_num(char *buf, size_t len, double v)
     return snprintf(buf, len, "%s", tmp);
 }
 
-/* numpy's pairwise summation (what np.mean adds with): blocks of up to
- * 128 summed with 8 interleaved accumulators, halves above that. */
+/* numpy's pairwise summation: blocks of up to 128 summed with 8
+ * interleaved accumulators, halves above that. */
 static double pairwise_sum(const double *a, int64_t n)
 {
     if (n < 8) {
@@ -128,6 +128,16 @@ static double pairwise_sum(const double *a, int64_t n)
     int64_t h = n / 2;
     h -= h % 8;
     return pairwise_sum(a, h) + pairwise_sum(a + h, n - h);
+}
+
+/* What np.mean adds with: pairwise within each 8192 values (numpy's
+ * default buffer size, the length its reduction loop is handed), those
+ * sums one after another. */
+static double numpy_sum(const double *a, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i += 8192) s += pairwise_sum(a + i, n - i < 8192 ? n - i : 8192);
+    return s;
 }
 
 /* ---- ground truth ---------------------------------------------------------------------------- */
@@ -697,7 +707,7 @@ static double mean_defined(const double *v, int64_t n, double *scratch)
     int64_t m = 0;
     for (int64_t i = 0; i < n; i++)
         if (v[i] > -1) scratch[m++] = v[i];
-    return m ? pairwise_sum(scratch, m) / (double)m : -1;
+    return m ? numpy_sum(scratch, m) / (double)m : -1;
 }
 
 typedef struct {
