@@ -567,22 +567,12 @@ typedef struct {
     int64_t cat, img, index; /* gt's category and image indices; the input position */
 } det;
 
-/* Category, then image, then score (higher first), then input order: a
- * cell's detections in pycocotools' stable order by score. */
-static int cmp_det(const void *a, const void *b)
-{
-    const det *x = a, *y = b;
-    if (x->cat != y->cat) return x->cat < y->cat ? -1 : 1;
-    if (x->img != y->img) return x->img < y->img ? -1 : 1;
-    if (x->score != y->score) return x->score > y->score ? -1 : 1;
-    return x->index < y->index ? -1 : x->index > y->index;
-}
-
-/* What a detection became at one area range: bit t set when it is a true
- * positive (tp) or ignored (ig) at IoU threshold t; neither is a false
- * positive. */
+/* What a detection became at each area range: bit t set when it is a
+ * true positive (tp) or ignored (ig) at IoU threshold t; neither is a
+ * false positive.  rank: its place in its image's score order. */
 typedef struct {
     uint16_t tp[NA], ig[NA];
+    int32_t rank;
 } det_result;
 
 /* IoU of a detection with a ground-truth box as pycocotools' bbIou has
@@ -653,50 +643,44 @@ static void match_cell(const gt_box *g, int64_t ng, const det *d, int64_t nd,
     }
 }
 
-/* One category's curves from its detections in global score order
- * (ranked: rank within its image).  prec: (NA, NT, NR, K) for at most
- * MAXDET per image, rec: (NA, NM, NT, K); entries left at -1 where
- * pycocotools leaves them (no box that counts). */
-typedef struct {
-    const det_result *res;
-    const int *rank;
-    const int64_t *by_score; /* indices into res/rank, global score order */
-    int64_t n;
-} cat_dets;
-
-static void accumulate(const cat_dets *c, const int64_t npig[NA], const double rec_thr[NR],
-                       int64_t k, int64_t K, double *rc, double *pr, double *prec, double *rec)
+/* One category's curves from its detections' results in global score
+ * order: prec (NA, NT, NR, K) at MAXDET per image, rec (NA, NM, NT, K);
+ * entries stay -1 where pycocotools leaves them (no box that counts at
+ * that range).  rc and pr: scratch of nd. */
+static void accumulate(const det_result *res, int64_t nd, const int64_t npig[NA],
+                       const double rec_thr[NR], int64_t k, int64_t K, double *rc, double *pr,
+                       double *prec, double *rec)
 {
     for (int a = 0; a < NA; a++) {
         if (npig[a] == 0) continue;
-        for (int mi = 0; mi < NM; mi++)
-            for (int t = 0; t < NT; t++) {
-                uint16_t bit = (uint16_t)(1u << t);
-                int64_t tp = 0, fp = 0, n = 0;
-                for (int64_t q = 0; q < c->n; q++) {
-                    int64_t i = c->by_score[q];
-                    if (c->rank[i] >= max_dets[mi] || (c->res[i].ig[a] & bit)) continue;
-                    if (c->res[i].tp[a] & bit) tp++;
-                    else fp++;
-                    if (mi == NM - 1) {
-                        rc[n] = (double)tp / (double)npig[a];
-                        pr[n] = (double)tp / ((double)fp + (double)tp + DBL_EPSILON);
-                        n++;
-                    }
-                }
-                rec[((a * NM + mi) * NT + t) * K + k] = (double)tp / (double)npig[a];
-                if (mi != NM - 1) continue;
-                /* The precision envelope, then precision at the first
-                 * point reaching each recall threshold (0 past the end). */
-                for (int64_t i = n - 1; i > 0; i--)
-                    if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
-                double *out = &prec[((a * NT + t) * NR) * K + k];
-                int64_t i = 0;
-                for (int r = 0; r < NR; r++) {
-                    while (i < n && rc[i] < rec_thr[r]) i++;
-                    out[(int64_t)r * K] = i < n ? pr[i] : 0;
-                }
+        double np = (double)npig[a];
+        for (int t = 0; t < NT; t++) {
+            uint16_t bit = (uint16_t)(1u << t);
+            int64_t tp[NM] = {0}, fp = 0, n = 0;
+            for (int64_t i = 0; i < nd; i++) {
+                if (res[i].ig[a] & bit) continue;
+                if (res[i].tp[a] & bit)
+                    for (int mi = 0; mi < NM; mi++) tp[mi] += res[i].rank < max_dets[mi];
+                else
+                    fp++;
+                /* the curve at MAXDET, where every detection counts */
+                rc[n] = (double)tp[NM - 1] / np;
+                pr[n] = (double)tp[NM - 1] / ((double)fp + (double)tp[NM - 1] + DBL_EPSILON);
+                n++;
             }
+            for (int mi = 0; mi < NM; mi++)
+                rec[((a * NM + mi) * NT + t) * K + k] = (double)tp[mi] / np;
+            /* The precision envelope, then precision at the first point
+             * reaching each recall threshold (0 past the end). */
+            for (int64_t i = n - 1; i > 0; i--)
+                if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
+            double *out = &prec[((a * NT + t) * NR) * K + k];
+            int64_t i = 0;
+            for (int r = 0; r < NR; r++) {
+                while (i < n && rc[i] < rec_thr[r]) i++;
+                out[(int64_t)r * K] = i < n ? pr[i] : 0;
+            }
+        }
     }
 }
 
@@ -722,6 +706,54 @@ static int cmp_scored(const void *a, const void *b)
     return x->i < y->i ? -1 : x->i > y->i;
 }
 
+/* Puts the m detections of *dv (in input order) in the order of cells,
+ * category then image, each cell by score (higher first) and input order
+ * after that: pycocotools' stable sort by score.  Two stable counting
+ * sorts and a sort per cell: linear in m, images and categories.  *dv is
+ * replaced by a new array. */
+static kpl_status order_dets(det **dv, int64_t m, int64_t nimg, int64_t ncat)
+{
+    int64_t nb = (nimg > ncat ? nimg : ncat) + 1;
+    int64_t *count = malloc(sizeof *count * (size_t)nb);
+    int64_t *by_img = malloc(sizeof *by_img * (size_t)(m ? m : 1));
+    scored *sc = malloc(sizeof *sc * (size_t)(m ? m : 1));
+    det *out = malloc(sizeof *out * (size_t)(m ? m : 1));
+    kpl_status st = KPL_OK;
+    if (!count || !by_img || !sc || !out) {
+        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections",
+                       (long long)m);
+        free(out);
+        goto done;
+    }
+    const det *d = *dv;
+    memset(count, 0, sizeof *count * (size_t)nb);
+    for (int64_t i = 0; i < m; i++) count[d[i].img + 1]++;
+    for (int64_t b = 1; b < nb; b++) count[b] += count[b - 1];
+    for (int64_t i = 0; i < m; i++) by_img[count[d[i].img]++] = i;
+    memset(count, 0, sizeof *count * (size_t)nb);
+    for (int64_t i = 0; i < m; i++) count[d[i].cat + 1]++;
+    for (int64_t b = 1; b < nb; b++) count[b] += count[b - 1];
+    for (int64_t j = 0; j < m; j++) {
+        int64_t i = by_img[j];
+        sc[count[d[i].cat]++] = (scored){d[i].score, i};
+    }
+    for (int64_t j = 0; j < m;) {
+        int64_t e = j + 1;
+        const det *c = &d[sc[j].i];
+        while (e < m && d[sc[e].i].cat == c->cat && d[sc[e].i].img == c->img) e++;
+        qsort(sc + j, (size_t)(e - j), sizeof *sc, cmp_scored);
+        j = e;
+    }
+    for (int64_t j = 0; j < m; j++) out[j] = d[sc[j].i];
+    free(*dv);
+    *dv = out;
+done:
+    free(sc);
+    free(by_img);
+    free(count);
+    return st;
+}
+
 /* Per category: cells, matching, curves.  dv holds the category's
  * detections (by image, then score; at most MAXDET per image). */
 static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv, int64_t nd,
@@ -741,8 +773,7 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
     kpl_status st = KPL_OK;
     cell_work w = {0};
     det_result *res = calloc((size_t)(nd ? nd : 1), sizeof *res);
-    int *rank = malloc(sizeof *rank * (size_t)(nd ? nd : 1));
-    int64_t *by_score = malloc(sizeof *by_score * (size_t)(nd ? nd : 1));
+    det_result *ord = malloc(sizeof *ord * (size_t)(nd ? nd : 1));
     double *rc = malloc(sizeof *rc * (size_t)(nd ? nd : 1));
     double *pr = malloc(sizeof *pr * (size_t)(nd ? nd : 1));
     scored *sc = malloc(sizeof *sc * (size_t)(nd ? nd : 1));
@@ -750,7 +781,7 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
     w.order = malloc(sizeof *w.order * (size_t)(maxg ? maxg : 1));
     w.ign = malloc((size_t)(maxg ? maxg : 1));
     w.taken = malloc((size_t)(maxg ? maxg : 1));
-    if (!res || !rank || !by_score || !rc || !pr || !sc || !w.iou || !w.order || !w.ign ||
+    if (!res || !ord || !rc || !pr || !sc || !w.iou || !w.order || !w.ign ||
         !w.taken) {
         st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory");
         goto done;
@@ -762,7 +793,7 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
         int64_t ge = gi, de = di;
         while (ge < ng && g[ge].img == img) ge++;
         while (de < nd && dv[de].img == img) {
-            rank[de] = (int)(de - di);
+            res[de].rank = (int32_t)(de - di);
             de++;
         }
         match_cell(g + gi, ge - gi, dv + di, de - di, thr, &w, res + di, npig);
@@ -773,9 +804,8 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
      * sorts them stably by score: score, then image, then rank. */
     for (int64_t i = 0; i < nd; i++) sc[i] = (scored){dv[i].score, i};
     qsort(sc, (size_t)nd, sizeof *sc, cmp_scored);
-    for (int64_t i = 0; i < nd; i++) by_score[i] = sc[i].i;
-    cat_dets c = {res, rank, by_score, nd};
-    accumulate(&c, npig, rec_thr, k, gt->ncat, rc, pr, prec, rec);
+    for (int64_t i = 0; i < nd; i++) ord[i] = res[sc[i].i];
+    accumulate(ord, nd, npig, rec_thr, k, gt->ncat, rc, pr, prec, rec);
 done:
     free(w.taken);
     free(w.ign);
@@ -784,8 +814,7 @@ done:
     free(sc);
     free(pr);
     free(rc);
-    free(by_score);
-    free(rank);
+    free(ord);
     free(res);
     return st;
 }
@@ -829,7 +858,7 @@ kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *de
         dv[m] = (det){{d->bbox[0], d->bbox[1], d->bbox[2], d->bbox[3]}, d->score, cat, img, i};
         m++;
     }
-    qsort(dv, (size_t)m, sizeof *dv, cmp_det);
+    if ((st = order_dets(&dv, m, gt->nimg, K)) < 0) goto done;
     /* Keep the MAXDET best of each image and category. */
     int64_t kept = 0;
     for (int64_t i = 0, r = 0; i < m; i++) {
