@@ -350,7 +350,7 @@ static void test_save_load(void **state)
     assert_non_null(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/dets.json", dir);
     kpl_coco_detection d[] = {det(1, 1, 0.1 + 0.2, 1e-300, 12345.678, 1.0 / 3, 0.30000000000000004),
-                              det(-5, 7, -1, 2.5, 0, 3, 1)};
+                              det(-5, 7, -1, 2.5, -0.0, 3e300, 1)};
     OK(kpl_coco_dets_save(path, d, 2));
     kpl_coco_detection *r = NULL;
     int64_t n = 0;

@@ -95,9 +95,11 @@ static bool finite4(const double b[4])
     return isfinite(b[0]) && isfinite(b[1]) && isfinite(b[2]) && isfinite(b[3]);
 }
 
-/* The shortest of %.15g, %.16g, %.17g that reads back to v. */
+/* The shortest of %.15g, %.16g, %.17g that reads back to v.  -0 would
+ * read back as the integer 0: it is written -0.0. */
 static int fmt_num(char *buf, size_t len, double v)
 {
+    if (v == 0 && signbit(v)) return snprintf(buf, len, "-0.0");
     char tmp[40];
     for (int p = 15; p <= 17; p++) {
         snprintf(tmp, sizeof tmp, "%.*g", p, v);
