@@ -84,7 +84,9 @@ typedef struct {
     int64_t gt_boxes;              /* annotations evaluated, crowd regions among them */
     int64_t gt_skipped;            /* annotations naming an image or category the ground
                                       truth does not list (pycocotools skips them too) */
-    int64_t detections;            /* detections evaluated */
+    int64_t detections;            /* detections of the ground truth's categories (past
+                                      the 100 best of an image and category they are
+                                      not looked at, as in pycocotools) */
     int64_t dets_skipped;          /* detections of categories the ground truth lacks */
 } kpl_coco_stats;
 
@@ -106,9 +108,9 @@ kpl_status kpl_coco_gt_create(const int64_t *image_ids, int64_t nimages,
  * "annotations" (may be absent: no objects), each with integer "id",
  * "image_id", "category_id" and a "bbox" of 4 numbers; "area" defaults to
  * the box's width x height and "iscrowd" (0, 1, false or true) to 0;
- * "segmentation" is not read.  KPL_ENOTFOUND for a missing file,
- * KPL_EFORMAT naming the file, the entry (index and id) and the field
- * for anything else. */
+ * "segmentation" is not read.  KPL_ENOTFOUND for a missing file, KPL_EIO
+ * for one that cannot be read, KPL_EFORMAT naming the file, the entry
+ * (index and id) and the field for anything else. */
 kpl_status kpl_coco_gt_load(const char *path, kpl_coco_gt **out);
 /* The same from the text of such a file (len bytes, no NUL needed);
  * `name` labels error messages (NULL: "ground truth"). */
@@ -120,8 +122,9 @@ void kpl_coco_gt_destroy(kpl_coco_gt *gt);
 /* Detections from a COCO results file: a JSON array of objects with
  * integer "image_id" and "category_id", "bbox" (4 numbers) and "score";
  * other fields are not read.  *dets is malloc'd (free it; NULL when *n is
- * 0).  KPL_ENOTFOUND for a missing file, KPL_EFORMAT naming the file, the
- * entry's index and the field for anything else. */
+ * 0).  KPL_ENOTFOUND for a missing file, KPL_EIO for one that cannot be
+ * read, KPL_EFORMAT naming the file, the entry's index and the field for
+ * anything else. */
 kpl_status kpl_coco_dets_load(const char *path, kpl_coco_detection **dets, int64_t *n);
 /* The same from the text of such a file; `name` labels error messages
  * (NULL: "detections"). */
