@@ -262,7 +262,9 @@ static void test_errors(void **state)
     kpl_coco_gt *gt = NULL;
     FAILS(gt_text("{\"images\": [", &gt), KPL_EFORMAT, "gt.json: line 1");
     FAILS(gt_text("[]", &gt), KPL_EFORMAT, "not a COCO instances file");
-    FAILS(gt_text("{\"categories\": []}", &gt), KPL_EFORMAT, "\"images\" is missing");
+    FAILS(gt_text("{\"categories\": []}", &gt), KPL_EFORMAT, "gt.json: no \"images\"");
+    FAILS(gt_text("{\"images\": {}, \"categories\": []}", &gt), KPL_EFORMAT,
+          "\"images\" is not an array");
     FAILS(gt_text("{\"images\": [{\"id\": \"a\"}], \"categories\": []}", &gt), KPL_EFORMAT,
           "images[0] has a non-integer \"id\"");
     FAILS(gt_text("{\"images\": [{\"id\": 1}], \"categories\": [{\"id\": 1}], \"annotations\": "

@@ -348,8 +348,9 @@ static kpl_status get_ids(const json_t *root, const char *key, const char *name,
                           int64_t *n)
 {
     const json_t *arr = json_object_get(root, key);
-    KPL_CHECK(json_is_array(arr), KPL_EFORMAT, "%s: \"%s\" is %s, not an array", name, key,
-              arr ? "present" : "missing");
+    KPL_CHECK(arr, KPL_EFORMAT, "%s: no \"%s\" (a COCO instances file has \"images\", "
+              "\"categories\" and \"annotations\")", name, key);
+    KPL_CHECK(json_is_array(arr), KPL_EFORMAT, "%s: \"%s\" is not an array", name, key);
     *n = (int64_t)json_array_size(arr);
     *ids = malloc(sizeof **ids * (size_t)(*n ? *n : 1));
     KPL_CHECK(*ids, KPL_ENOMEM, "%s: out of memory", name);
@@ -783,8 +784,7 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
     w.order = malloc(sizeof *w.order * (size_t)(maxg ? maxg : 1));
     w.ign = malloc((size_t)(maxg ? maxg : 1));
     w.taken = malloc((size_t)(maxg ? maxg : 1));
-    if (!res || !ord || !rc || !pr || !sc || !w.iou || !w.order || !w.ign ||
-        !w.taken) {
+    if (!res || !ord || !rc || !pr || !sc || !w.iou || !w.order || !w.ign || !w.taken) {
         st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory");
         goto done;
     }
@@ -862,10 +862,12 @@ kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *de
     }
     if ((st = order_dets(&dv, m, gt->nimg, K)) < 0) goto done;
     /* Keep the MAXDET best of each image and category. */
-    int64_t kept = 0;
-    for (int64_t i = 0, r = 0; i < m; i++) {
-        r = i > 0 && dv[i].cat == dv[i - 1].cat && dv[i].img == dv[i - 1].img ? r + 1 : 0;
-        if (r < MAXDET) dv[kept++] = dv[i];
+    int64_t kept = 0, rank = 0, cat = -1, img = -1;
+    for (int64_t i = 0; i < m; i++) {
+        rank = dv[i].cat == cat && dv[i].img == img ? rank + 1 : 0;
+        cat = dv[i].cat;
+        img = dv[i].img;
+        if (rank < MAXDET) dv[kept++] = dv[i];
     }
     double thr[NT], rec_thr[NR];
     thresholds(thr, rec_thr);
