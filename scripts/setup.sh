@@ -4,7 +4,9 @@
 # dpkg query.  Run as root (or with sudo available).
 #
 #   scripts/setup.sh            build + test dependencies
-#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, numpy)
+#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, numpy,
+#                               and pycocotools from PyPI for /usr/bin/python3, which
+#                               Debian does not package; tests use it when present)
 #   scripts/setup.sh --fuzz     also clang 14 with libFuzzer and its OpenMP
 #                               (scripts/fuzz.sh, tests/fuzz; options combine)
 set -euo pipefail
@@ -27,15 +29,16 @@ packages=(
   iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
 )
-bench_packages=(python3-numpy python3-torch python3-pil)
+bench_packages=(python3-numpy python3-torch python3-pil python3-pip)
 # clang's libFuzzer and sanitizer runtimes live in libclang-rt-14-dev; with
 # clang, OpenMP is LLVM's libomp (omp.h and libomp.so).  GNU ld links them.
 fuzz_packages=(clang-14 libclang-rt-14-dev libomp-14-dev)
 
 want=("${packages[@]}")
+bench=0
 for arg in "$@"; do
   case "$arg" in
-    --bench) want+=("${bench_packages[@]}") ;;
+    --bench) want+=("${bench_packages[@]}"); bench=1 ;;
     --fuzz) want+=("${fuzz_packages[@]}") ;;
     *) echo "setup: unknown option $arg (want --bench, --fuzz)" >&2; exit 2 ;;
   esac
@@ -48,18 +51,24 @@ for p in "${want[@]}"; do
   fi
 done
 
-if ((${#missing[@]} == 0)); then
-  echo "setup: all ${#want[@]} packages present"
-  exit 0
-fi
-
 SUDO=""
 if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-# A fresh machine has no package lists yet; refresh them once when an install
-# is needed (and retry once after a refresh if the lists are stale).
-if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
-  $SUDO apt-get update -q
-  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#want[@]} packages present"
+else
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  # A fresh machine has no package lists yet; refresh them once when an install
+  # is needed (and retry once after a refresh if the lists are stale).
+  if ! $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"; then
+    $SUDO apt-get update -q
+    $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+  fi
+fi
+
+# pycocotools (COCO mAP, the reference of trainer/cocoeval.h): PyPI's wheel
+# for Debian's python3 and its numpy; pip leaves an installed numpy alone.
+if ((bench)) && ! /usr/bin/python3 -c 'import pycocotools.cocoeval' 2>/dev/null; then
+  echo "setup: installing pycocotools (pip) for /usr/bin/python3"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages pycocotools
 fi

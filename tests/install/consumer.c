@@ -1,6 +1,7 @@
 /* Uses the installed libkpl.so: a 2x2 matmul checked by hand, a module of
  * trainer.h (its headers, module.h among them, are installed; nothing
- * internal is needed) and a box IoU of vision.h. */
+ * internal is needed), a box IoU of vision.h and a COCO mAP of
+ * cocoeval.h. */
 #include <kernels.h>
 #include <trainer.h>
 #include <vision.h>
@@ -43,6 +44,21 @@ static int vision_ok(void)
     return ok;
 }
 
+/* one object found at IoU 64/100: AP50 1, AR100 .3 (thresholds .50 to .60) */
+static int cocoeval_ok(void)
+{
+    int64_t img = 1, cat = 3;
+    kpl_coco_annotation ann = {7, 1, 3, {0, 0, 10, 10}, 100, 0};
+    kpl_coco_detection det = {1, 3, {0, 0, 10, 6.4}, 0.9};
+    kpl_coco_gt *gt = NULL;
+    kpl_coco_stats st;
+    int ok = kpl_coco_gt_create(&img, 1, &cat, 1, &ann, 1, &gt) >= 0 &&
+             kpl_coco_evaluate(gt, &det, 1, &st) >= 0 && st.stats[KPL_COCO_AP50] > 0.999 &&
+             st.stats[KPL_COCO_AR100] > 0.2999 && st.stats[KPL_COCO_AR100] < 0.3001;
+    kpl_coco_gt_destroy(gt);
+    return ok;
+}
+
 int main(void)
 {
     float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8};
@@ -57,7 +73,8 @@ int main(void)
         return 1;
     }
     const float *c = kpl_tensor_host_data(tc);
-    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && module_ok() && vision_ok();
+    int ok = c[0] == 19 && c[1] == 22 && c[2] == 43 && c[3] == 50 && module_ok() && vision_ok() &&
+             cocoeval_ok();
     printf("kpl %s: [[%g, %g], [%g, %g]] %s\n", kpl_version(), c[0], c[1], c[2], c[3],
            ok ? "ok" : "WRONG");
     kpl_tensor_release(tc);

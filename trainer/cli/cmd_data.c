@@ -8,7 +8,9 @@
  *   kpl data synth fmnist-det OUT [--train N] [--val M] [--size S] [--seed S]
  *   kpl data inspect DIR
  *   kpl data verify DIR
+ *   kpl data cocoeval GT.json DETECTIONS.json [--iou-type bbox]
  */
+#include "cocoeval.h"
 #include "dataio.h"
 
 #include <dirent.h>
@@ -78,7 +80,11 @@ static void usage(FILE *f)
             "    --threads N, --quiet\n"
             "  inspect DIR         a JSON summary: counts, schema, shards, bytes\n"
             "  verify DIR          read everything and check every checksum, and every\n"
-            "                      record against METADATA's fixed shapes\n");
+            "                      record against METADATA's fixed shapes\n"
+            "  cocoeval GT.json DETECTIONS.json [--iou-type bbox]\n"
+            "                      COCO box mAP of a results file against COCO instances\n"
+            "                      ground truth: pycocotools' 12 summary figures as one JSON\n"
+            "                      object (docs/cocoeval.md)\n");
 }
 
 static int fail(const char *cmd)
@@ -514,6 +520,58 @@ static int cmd_synth(int argc, char **argv)
     return 0;
 }
 
+/* The 12 COCOeval figures of a results file; every failure is the
+ * input's (exit 2).  What pycocotools skips quietly is said on stderr. */
+static int cmd_cocoeval(int argc, char **argv)
+{
+    const char *pos[2] = {NULL, NULL};
+    int npos = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--iou-type") && i + 1 < argc) {
+            if (strcmp(argv[++i], "bbox") != 0) {
+                fprintf(stderr, "kpl data cocoeval: --iou-type %s: only bbox is supported\n",
+                        argv[i]);
+                return 2;
+            }
+        } else if (argv[i][0] == '-' && argv[i][1]) {
+            fprintf(stderr, "kpl data cocoeval: unknown option '%s'\n", argv[i]);
+            return 2;
+        } else if (npos < 2) {
+            pos[npos++] = argv[i];
+        } else {
+            fprintf(stderr, "kpl data cocoeval: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (npos != 2) {
+        fprintf(stderr, "kpl data cocoeval: want GT.json and DETECTIONS.json\n");
+        return 2;
+    }
+    kpl_coco_gt *gt = NULL;
+    kpl_coco_detection *dets = NULL;
+    int64_t n = 0;
+    kpl_coco_stats s;
+    kpl_status st = kpl_coco_gt_load(pos[0], &gt);
+    if (st >= 0) st = kpl_coco_dets_load(pos[1], &dets, &n);
+    if (st >= 0) st = kpl_coco_evaluate(gt, dets, n, &s);
+    free(dets);
+    kpl_coco_gt_destroy(gt);
+    if (st < 0) {
+        fprintf(stderr, "kpl data cocoeval: %s\n", kpl_last_error());
+        return 2;
+    }
+    if (s.gt_skipped)
+        fprintf(stderr, "kpl data cocoeval: warning: %lld annotations of %s name an image or "
+                        "category it does not list; skipped\n", (long long)s.gt_skipped, pos[0]);
+    if (s.dets_skipped)
+        fprintf(stderr, "kpl data cocoeval: warning: %lld detections name a category the ground "
+                        "truth lacks; skipped\n", (long long)s.dets_skipped);
+    char json[512];
+    kpl_coco_stats_json(&s, json, sizeof json);
+    printf("%s\n", json);
+    return 0;
+}
+
 int kpl__cmd_data(int argc, char **argv)
 {
     if (argc < 1) {
@@ -529,6 +587,7 @@ int kpl__cmd_data(int argc, char **argv)
     if (!strcmp(c, "inspect")) return cmd_inspect(argc - 1, argv + 1);
     if (!strcmp(c, "verify")) return cmd_verify(argc - 1, argv + 1);
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
+    if (!strcmp(c, "cocoeval")) return cmd_cocoeval(argc - 1, argv + 1);
     fprintf(stderr, "kpl data: unknown command '%s' (try 'kpl data --help')\n", c);
     return 2;
 }

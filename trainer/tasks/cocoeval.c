@@ -1,0 +1,925 @@
+/*
+ * cocoeval.c — COCO box evaluation (cocoeval.h, docs/cocoeval.md).
+ *
+ * The definitions are those of pycocotools' COCOeval with iouType 'bbox'
+ * and its default parameters; where a choice of floating-point order
+ * changes a last bit (the thresholds, IoU, precision, the final means) it
+ * is made as pycocotools and numpy make it, so that the figures are the
+ * same doubles, not merely close ones.
+ *
+ * The work is organised by category: a category's ground truth and
+ * detections are grouped by image (a "cell"), each cell is matched once
+ * per area range and IoU threshold, and the category's detections are then
+ * walked in the global score order to build its precision/recall curves.
+ * Memory is linear in the boxes, never categories x images.
+ */
+#include "cocoeval.h"
+
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+KPL_ENUM_DEFINE(kpl_coco_stat, KPL_COCO_STATS)
+
+/* COCO's defaults: IoU thresholds, recall points, area ranges, detections
+ * per image (each kept per image and category, as pycocotools keeps them). */
+enum { NT = 10, NR = 101, NA = 4, NM = 3, MAXDET = 100 };
+static const int max_dets[NM] = {1, 10, MAXDET};
+static const double area_lo[NA] = {0, 0, 32 * 32, 96 * 96};
+static const double area_hi[NA] = {1e10, 32 * 32, 96 * 96, 1e10};
+enum { AREA_ALL, AREA_SMALL, AREA_MEDIUM, AREA_LARGE };
+
+/* numpy.linspace's values, which pycocotools uses: i * step + start with
+ * the last point set to stop.  0.75 and every recall point must be these
+ * exact doubles, since recalls and IoUs are compared with them. */
+static void thresholds(double iou[NT], double rec[NR])
+{
+    double step = (0.95 - 0.5) / (NT - 1);
+    for (int i = 0; i < NT; i++) iou[i] = (double)i * step + 0.5;
+    iou[NT - 1] = 0.95;
+    step = 1.0 / (NR - 1);
+    for (int i = 0; i < NR; i++) rec[i] = (double)i * step;
+    rec[NR - 1] = 1.0;
+}
+
+typedef struct {
+    double box[4], area;
+    int64_t id, img; /* img: index into kpl_coco_gt.img_ids */
+    int32_t crowd;
+} gt_box;
+
+struct kpl_coco_gt {
+    int64_t nimg, ncat, nbox, skipped;
+    int64_t *img_ids, *cat_ids; /* sorted, distinct */
+    gt_box *box;                /* by category, then image, then input order */
+    int64_t *cat_start;         /* ncat + 1: category k's are [cat_start[k], cat_start[k + 1]) */
+};
+
+/* ---- small helpers --------------------------------------------------------------------------- */
+
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Sorts and removes repeats; returns the distinct count. */
+static int64_t sort_unique(int64_t *v, int64_t n)
+{
+    if (n == 0) return 0;
+    qsort(v, (size_t)n, sizeof *v, cmp_i64);
+    int64_t m = 1;
+    for (int64_t i = 1; i < n; i++)
+        if (v[i] != v[m - 1]) v[m++] = v[i];
+    return m;
+}
+
+/* The index of id in the sorted v, or -1. */
+static int64_t find_id(const int64_t *v, int64_t n, int64_t id)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (v[mid] < id) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < n && v[lo] == id ? lo : -1;
+}
+
+static bool finite4(const double b[4])
+{
+    return isfinite(b[0]) && isfinite(b[1]) && isfinite(b[2]) && isfinite(b[3]);
+}
+
+/* The shortest of %.15g, %.16g, %.17g that reads back to v.  -0 would
+ * read back as the integer 0: it is written -0.0. */
+static int fmt_num(char *buf, size_t len, double v)
+{
+    if (v == 0 && signbit(v)) return snprintf(buf, len, "-0.0");
+    char tmp[40];
+    for (int p = 15; p <= 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*g", p, v);
+        if (strtod(tmp, NULL) == v || p == 17) break;
+    }
+    return snprintf(buf, len, "%s", tmp);
+}
+
+/* numpy's pairwise summation: blocks of up to 128 summed with 8
+ * interleaved accumulators, halves above that. */
+static double pairwise_sum(const double *a, int64_t n)
+{
+    if (n < 8) {
+        double s = -0.0;
+        for (int64_t i = 0; i < n; i++) s += a[i];
+        return s;
+    }
+    if (n <= 128) {
+        double r[8];
+        for (int j = 0; j < 8; j++) r[j] = a[j];
+        int64_t i;
+        for (i = 8; i < n - n % 8; i += 8)
+            for (int j = 0; j < 8; j++) r[j] += a[i + j];
+        double s = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]));
+        for (; i < n; i++) s += a[i];
+        return s;
+    }
+    int64_t h = n / 2;
+    h -= h % 8;
+    return pairwise_sum(a, h) + pairwise_sum(a + h, n - h);
+}
+
+/* What np.mean adds with: pairwise within each 8192 values (numpy's
+ * default buffer size, the length its reduction loop is handed), those
+ * sums one after another. */
+static double numpy_sum(const double *a, int64_t n)
+{
+    double s = 0;
+    for (int64_t i = 0; i < n; i += 8192) s += pairwise_sum(a + i, n - i < 8192 ? n - i : 8192);
+    return s;
+}
+
+/* ---- ground truth ---------------------------------------------------------------------------- */
+
+void kpl_coco_gt_destroy(kpl_coco_gt *gt)
+{
+    if (!gt) return;
+    free(gt->img_ids);
+    free(gt->cat_ids);
+    free(gt->box);
+    free(gt->cat_start);
+    free(gt);
+}
+
+typedef struct {
+    int64_t id, index;
+} id_at;
+
+static int cmp_id_at(const void *a, const void *b)
+{
+    const id_at *x = a, *y = b;
+    if (x->id != y->id) return x->id < y->id ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+typedef struct {
+    int64_t cat, img, index;
+} box_key;
+
+static int cmp_box_key(const void *a, const void *b)
+{
+    const box_key *x = a, *y = b;
+    if (x->cat != y->cat) return x->cat < y->cat ? -1 : 1;
+    if (x->img != y->img) return x->img < y->img ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* Everything kpl_coco_gt_create says, with `name` and `code` for the
+ * errors (a file's name and KPL_EFORMAT when it comes from a file). */
+static kpl_status gt_build(const int64_t *image_ids, int64_t nimages, const int64_t *category_ids,
+                           int64_t ncategories, const kpl_coco_annotation *anns, int64_t nanns,
+                           const char *name, kpl_status code, kpl_coco_gt **out)
+{
+    KPL_CHECK(out, KPL_EINVAL, "%s: out is NULL", name);
+    *out = NULL;
+    KPL_CHECK(nimages >= 0 && ncategories >= 0 && nanns >= 0, KPL_EINVAL,
+              "%s: negative count (%lld images, %lld categories, %lld annotations)", name,
+              (long long)nimages, (long long)ncategories, (long long)nanns);
+    KPL_CHECK((image_ids || !nimages) && (category_ids || !ncategories) && (anns || !nanns),
+              KPL_EINVAL, "%s: an array is NULL but its count is not 0", name);
+    for (int64_t i = 0; i < nanns; i++) {
+        const kpl_coco_annotation *a = &anns[i];
+        KPL_CHECK(finite4(a->bbox) && isfinite(a->area), code,
+                  "%s: annotations[%lld] (id %lld): bbox or area is not a finite number", name,
+                  (long long)i, (long long)a->id);
+        KPL_CHECK(a->iscrowd == 0 || a->iscrowd == 1, code,
+                  "%s: annotations[%lld] (id %lld): iscrowd is %d, not 0 or 1", name,
+                  (long long)i, (long long)a->id, (int)a->iscrowd);
+    }
+    kpl_status st = KPL_OK;
+    kpl_coco_gt *gt = calloc(1, sizeof *gt);
+    id_at *ids = malloc(sizeof *ids * (size_t)(nanns ? nanns : 1));
+    box_key *keys = malloc(sizeof *keys * (size_t)(nanns ? nanns : 1));
+    if (!gt || !ids || !keys) goto nomem;
+    gt->img_ids = malloc(sizeof(int64_t) * (size_t)(nimages ? nimages : 1));
+    gt->cat_ids = malloc(sizeof(int64_t) * (size_t)(ncategories ? ncategories : 1));
+    gt->cat_start = calloc((size_t)ncategories + 1, sizeof(int64_t));
+    if (!gt->img_ids || !gt->cat_ids || !gt->cat_start) goto nomem;
+    if (nimages) memcpy(gt->img_ids, image_ids, sizeof(int64_t) * (size_t)nimages);
+    if (ncategories) memcpy(gt->cat_ids, category_ids, sizeof(int64_t) * (size_t)ncategories);
+    gt->nimg = sort_unique(gt->img_ids, nimages);
+    gt->ncat = sort_unique(gt->cat_ids, ncategories);
+
+    /* pycocotools keeps annotations in a dict by id, so a repeated id
+     * silently evaluates one annotation twice; it is refused here. */
+    for (int64_t i = 0; i < nanns; i++) ids[i] = (id_at){anns[i].id, i};
+    qsort(ids, (size_t)nanns, sizeof *ids, cmp_id_at);
+    for (int64_t i = 1; i < nanns; i++)
+        if (ids[i].id == ids[i - 1].id) {
+            st = KPL_ERROR(code, "%s: annotations[%lld] and annotations[%lld] have the same id "
+                           "%lld", name, (long long)ids[i - 1].index, (long long)ids[i].index,
+                           (long long)ids[i].id);
+            goto fail;
+        }
+
+    int64_t kept = 0;
+    for (int64_t i = 0; i < nanns; i++) {
+        int64_t img = find_id(gt->img_ids, gt->nimg, anns[i].image_id);
+        int64_t cat = find_id(gt->cat_ids, gt->ncat, anns[i].category_id);
+        if (img < 0 || cat < 0) {
+            gt->skipped++;
+            continue;
+        }
+        keys[kept++] = (box_key){cat, img, i};
+    }
+    qsort(keys, (size_t)kept, sizeof *keys, cmp_box_key);
+    gt->box = malloc(sizeof *gt->box * (size_t)(kept ? kept : 1));
+    if (!gt->box) goto nomem;
+    for (int64_t j = 0; j < kept; j++) {
+        const kpl_coco_annotation *a = &anns[keys[j].index];
+        gt_box *b = &gt->box[j];
+        memcpy(b->box, a->bbox, sizeof b->box);
+        b->area = a->area;
+        b->id = a->id;
+        b->img = keys[j].img;
+        b->crowd = a->iscrowd;
+        gt->cat_start[keys[j].cat + 1]++;
+    }
+    for (int64_t k = 0; k < gt->ncat; k++) gt->cat_start[k + 1] += gt->cat_start[k];
+    gt->nbox = kept;
+    free(ids);
+    free(keys);
+    *out = gt;
+    return KPL_OK;
+nomem:
+    st = KPL_ERROR(KPL_ENOMEM, "%s: out of memory for %lld annotations", name, (long long)nanns);
+fail:
+    free(keys);
+    free(ids);
+    kpl_coco_gt_destroy(gt);
+    return st;
+}
+
+kpl_status kpl_coco_gt_create(const int64_t *image_ids, int64_t nimages,
+                              const int64_t *category_ids, int64_t ncategories,
+                              const kpl_coco_annotation *anns, int64_t nanns, kpl_coco_gt **out)
+{
+    return gt_build(image_ids, nimages, category_ids, ncategories, anns, nanns,
+                    "kpl_coco_gt_create", KPL_EINVAL, out);
+}
+
+/* ---- JSON ------------------------------------------------------------------------------------ */
+
+/* The whole of a file, NUL-terminated (malloc'd). */
+static kpl_status read_text(const char *path, char **text, size_t *len)
+{
+    *text = NULL;
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return KPL_ERROR(errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "%s: %s", path,
+                         strerror(errno));
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap);
+    while (buf) {
+        n += fread(buf + n, 1, cap - n, f);
+        if (n < cap) break;
+        char *nb = realloc(buf, cap *= 2);
+        if (!nb) free(buf);
+        buf = nb;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (!buf) return KPL_ERROR(KPL_ENOMEM, "%s: out of memory reading the file", path);
+    if (bad) {
+        free(buf);
+        return KPL_ERROR(KPL_EIO, "%s: read error", path);
+    }
+    buf[n] = 0; /* n < cap: the loop ends on a short read */
+    *text = buf;
+    *len = n;
+    return KPL_OK;
+}
+
+static kpl_status parse_json(const char *text, size_t len, const char *name, json_t **out)
+{
+    json_error_t err;
+    *out = json_loadb(text, len, 0, &err);
+    KPL_CHECK(*out, KPL_EFORMAT, "%s: line %d, column %d: %s", name, err.line, err.column,
+              err.text);
+    return KPL_OK;
+}
+
+/* An integer field (an integral real is taken too, as Python compares
+ * 3.0 == 3): 0, or 1 when missing, 2 when not an integer. */
+static int get_int(const json_t *o, const char *key, int64_t *v)
+{
+    const json_t *x = json_object_get(o, key);
+    if (!x) return 1;
+    if (json_is_integer(x)) {
+        *v = (int64_t)json_integer_value(x);
+        return 0;
+    }
+    double d = json_is_real(x) ? json_real_value(x) : NAN;
+    if (!(d == floor(d) && fabs(d) <= 9007199254740992.0)) return 2;
+    *v = (int64_t)d;
+    return 0;
+}
+
+/* "bbox": 4 numbers. */
+static bool get_box(const json_t *o, double b[4])
+{
+    const json_t *x = json_object_get(o, "bbox");
+    if (!json_is_array(x) || json_array_size(x) != 4) return false;
+    for (size_t i = 0; i < 4; i++) {
+        const json_t *e = json_array_get(x, i);
+        if (!json_is_number(e)) return false;
+        b[i] = json_number_value(e);
+    }
+    return true;
+}
+
+static const char *const int_problem[] = {"", "has no", "has a non-integer"};
+
+/* The "id"s of an array of objects (images or categories). */
+static kpl_status get_ids(const json_t *root, const char *key, const char *name, int64_t **ids,
+                          int64_t *n)
+{
+    const json_t *arr = json_object_get(root, key);
+    KPL_CHECK(arr, KPL_EFORMAT, "%s: no \"%s\" (a COCO instances file has \"images\", "
+              "\"categories\" and \"annotations\")", name, key);
+    KPL_CHECK(json_is_array(arr), KPL_EFORMAT, "%s: \"%s\" is not an array", name, key);
+    *n = (int64_t)json_array_size(arr);
+    *ids = malloc(sizeof **ids * (size_t)(*n ? *n : 1));
+    KPL_CHECK(*ids, KPL_ENOMEM, "%s: out of memory", name);
+    for (int64_t i = 0; i < *n; i++) {
+        const json_t *e = json_array_get(arr, (size_t)i);
+        int r = json_is_object(e) ? get_int(e, "id", &(*ids)[i]) : 3;
+        if (r) {
+            free(*ids);
+            *ids = NULL;
+            return KPL_ERROR(KPL_EFORMAT, "%s: %s[%lld] %s", name, key, (long long)i,
+                             r == 3 ? "is not an object" : r == 1 ? "has no \"id\""
+                                                                  : "has a non-integer \"id\"");
+        }
+    }
+    return KPL_OK;
+}
+
+static kpl_status get_annotation(const json_t *e, int64_t i, const char *name,
+                                 kpl_coco_annotation *a)
+{
+    KPL_CHECK(json_is_object(e), KPL_EFORMAT, "%s: annotations[%lld] is not an object", name,
+              (long long)i);
+    int r = get_int(e, "id", &a->id);
+    KPL_CHECK(!r, KPL_EFORMAT, "%s: annotations[%lld] %s \"id\"", name, (long long)i,
+              int_problem[r]);
+    static const char *const keys[] = {"image_id", "category_id"};
+    int64_t *dst[] = {&a->image_id, &a->category_id};
+    for (int k = 0; k < 2; k++) {
+        r = get_int(e, keys[k], dst[k]);
+        KPL_CHECK(!r, KPL_EFORMAT, "%s: annotations[%lld] (id %lld) %s \"%s\"", name,
+                  (long long)i, (long long)a->id, int_problem[r], keys[k]);
+    }
+    KPL_CHECK(get_box(e, a->bbox), KPL_EFORMAT,
+              "%s: annotations[%lld] (id %lld): \"bbox\" is not an array of 4 numbers", name,
+              (long long)i, (long long)a->id);
+    const json_t *area = json_object_get(e, "area");
+    KPL_CHECK(!area || json_is_number(area), KPL_EFORMAT,
+              "%s: annotations[%lld] (id %lld): \"area\" is not a number", name, (long long)i,
+              (long long)a->id);
+    a->area = area ? json_number_value(area) : a->bbox[2] * a->bbox[3];
+    const json_t *crowd = json_object_get(e, "iscrowd");
+    json_int_t c = json_is_boolean(crowd) ? json_is_true(crowd)
+                   : json_is_integer(crowd) ? json_integer_value(crowd) : crowd ? -1 : 0;
+    KPL_CHECK(c == 0 || c == 1, KPL_EFORMAT,
+              "%s: annotations[%lld] (id %lld): \"iscrowd\" is not 0, 1, false or true", name,
+              (long long)i, (long long)a->id);
+    a->iscrowd = (int32_t)c;
+    return KPL_OK;
+}
+
+static kpl_status gt_from_json(const json_t *root, const char *name, kpl_coco_gt **out)
+{
+    KPL_CHECK(json_is_object(root), KPL_EFORMAT,
+              "%s: not a COCO instances file (want a JSON object with \"images\", "
+              "\"categories\" and \"annotations\")", name);
+    kpl_status st;
+    int64_t *imgs = NULL, *cats = NULL, nimg = 0, ncat = 0, nann = 0;
+    kpl_coco_annotation *anns = NULL;
+    KPL_TRY_GOTO(get_ids(root, "images", name, &imgs, &nimg));
+    KPL_TRY_GOTO(get_ids(root, "categories", name, &cats, &ncat));
+    const json_t *arr = json_object_get(root, "annotations");
+    if (arr && !json_is_array(arr)) {
+        st = KPL_ERROR(KPL_EFORMAT, "%s: \"annotations\" is not an array", name);
+        goto fail;
+    }
+    nann = arr ? (int64_t)json_array_size(arr) : 0;
+    anns = malloc(sizeof *anns * (size_t)(nann ? nann : 1));
+    if (!anns) {
+        st = KPL_ERROR(KPL_ENOMEM, "%s: out of memory for %lld annotations", name,
+                       (long long)nann);
+        goto fail;
+    }
+    for (int64_t i = 0; i < nann; i++)
+        KPL_TRY_GOTO(get_annotation(json_array_get(arr, (size_t)i), i, name, &anns[i]));
+    st = gt_build(imgs, nimg, cats, ncat, anns, nann, name, KPL_EFORMAT, out);
+fail:
+    free(anns);
+    free(cats);
+    free(imgs);
+    return st;
+}
+
+kpl_status kpl_coco_gt_parse(const char *text, size_t len, const char *name, kpl_coco_gt **out)
+{
+    KPL_CHECK(out && (text || !len), KPL_EINVAL, "kpl_coco_gt_parse: NULL argument");
+    *out = NULL;
+    if (!name) name = "ground truth";
+    json_t *root;
+    KPL_TRY(parse_json(text ? text : "", len, name, &root));
+    kpl_status st = gt_from_json(root, name, out);
+    json_decref(root);
+    return st;
+}
+
+kpl_status kpl_coco_gt_load(const char *path, kpl_coco_gt **out)
+{
+    KPL_CHECK(path && out, KPL_EINVAL, "kpl_coco_gt_load: NULL argument");
+    *out = NULL;
+    char *text;
+    size_t len;
+    KPL_TRY(read_text(path, &text, &len));
+    kpl_status st = kpl_coco_gt_parse(text, len, path, out);
+    free(text);
+    return st;
+}
+
+kpl_status kpl_coco_dets_parse(const char *text, size_t len, const char *name,
+                               kpl_coco_detection **dets, int64_t *n)
+{
+    KPL_CHECK(dets && n && (text || !len), KPL_EINVAL, "kpl_coco_dets_parse: NULL argument");
+    *dets = NULL;
+    *n = 0;
+    if (!name) name = "detections";
+    json_t *root;
+    KPL_TRY(parse_json(text ? text : "", len, name, &root));
+    kpl_status st = KPL_OK;
+    kpl_coco_detection *d = NULL;
+    if (!json_is_array(root)) {
+        st = KPL_ERROR(KPL_EFORMAT, "%s: not a COCO results file (want a JSON array of "
+                                    "{image_id, category_id, bbox, score})", name);
+        goto fail;
+    }
+    int64_t m = (int64_t)json_array_size(root);
+    d = malloc(sizeof *d * (size_t)(m ? m : 1));
+    if (!d) {
+        st = KPL_ERROR(KPL_ENOMEM, "%s: out of memory for %lld detections", name, (long long)m);
+        goto fail;
+    }
+    for (int64_t i = 0; i < m; i++) {
+        const json_t *e = json_array_get(root, (size_t)i);
+        if (!json_is_object(e)) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] is not an object", name, (long long)i);
+            goto fail;
+        }
+        int r = get_int(e, "image_id", &d[i].image_id);
+        const char *key = "image_id";
+        if (!r) r = get_int(e, key = "category_id", &d[i].category_id);
+        if (r) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] %s \"%s\"", name, (long long)i,
+                           int_problem[r], key);
+            goto fail;
+        }
+        const json_t *score = json_object_get(e, "score");
+        if (!get_box(e, d[i].bbox) || !json_is_number(score)) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] (image_id %lld): %s", name, (long long)i,
+                           (long long)d[i].image_id,
+                           !json_is_number(score) ? "\"score\" is missing or not a number"
+                                                  : "\"bbox\" is not an array of 4 numbers");
+            goto fail;
+        }
+        d[i].score = json_number_value(score);
+    }
+    json_decref(root);
+    if (m == 0) {
+        free(d);
+        d = NULL;
+    }
+    *dets = d;
+    *n = m;
+    return KPL_OK;
+fail:
+    free(d);
+    json_decref(root);
+    return st;
+}
+
+kpl_status kpl_coco_dets_load(const char *path, kpl_coco_detection **dets, int64_t *n)
+{
+    KPL_CHECK(path && dets && n, KPL_EINVAL, "kpl_coco_dets_load: NULL argument");
+    *dets = NULL;
+    *n = 0;
+    char *text;
+    size_t len;
+    KPL_TRY(read_text(path, &text, &len));
+    kpl_status st = kpl_coco_dets_parse(text, len, path, dets, n);
+    free(text);
+    return st;
+}
+
+kpl_status kpl_coco_dets_save(const char *path, const kpl_coco_detection *dets, int64_t n)
+{
+    KPL_CHECK(path && n >= 0 && (dets || !n), KPL_EINVAL, "kpl_coco_dets_save: bad argument");
+    for (int64_t i = 0; i < n; i++)
+        KPL_CHECK(finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
+                  "kpl_coco_dets_save: detection %lld: bbox or score is not a finite number",
+                  (long long)i);
+    char tmp[4096];
+    KPL_CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, KPL_EINVAL,
+              "kpl_coco_dets_save: path too long");
+    FILE *f = fopen(tmp, "w");
+    KPL_CHECK(f, KPL_EIO, "%s: %s", tmp, strerror(errno));
+    fputc('[', f);
+    for (int64_t i = 0; i < n; i++) {
+        const kpl_coco_detection *d = &dets[i];
+        char v[5][40];
+        for (int j = 0; j < 4; j++) fmt_num(v[j], sizeof v[j], d->bbox[j]);
+        fmt_num(v[4], sizeof v[4], d->score);
+        fprintf(f, "%s\n{\"image_id\":%lld,\"category_id\":%lld,\"bbox\":[%s,%s,%s,%s],"
+                   "\"score\":%s}", i ? "," : "", (long long)d->image_id,
+                (long long)d->category_id, v[0], v[1], v[2], v[3], v[4]);
+    }
+    fputs("\n]\n", f);
+    bool bad = ferror(f) != 0;
+    if (fclose(f) != 0) bad = true;
+    if (bad || rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return KPL_ERROR(KPL_EIO, "%s: cannot write: %s", path, strerror(e));
+    }
+    return KPL_OK;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+typedef struct {
+    double box[4], score;
+    int64_t cat, img, index; /* gt's category and image indices; the input position */
+} det;
+
+/* What a detection became at each area range: bit t set when it is a
+ * true positive (tp) or ignored (ig) at IoU threshold t; neither is a
+ * false positive.  rank: its place in its image's score order. */
+typedef struct {
+    uint16_t tp[NA], ig[NA];
+    int32_t rank;
+} det_result;
+
+/* IoU of a detection with a ground-truth box as pycocotools' bbIou has
+ * it: for a crowd region the union is the detection's own area. */
+static double box_iou(const double d[4], const double g[4], bool crowd)
+{
+    double w = fmin(d[0] + d[2], g[0] + g[2]) - fmax(d[0], g[0]);
+    if (w <= 0) return 0;
+    double h = fmin(d[1] + d[3], g[1] + g[3]) - fmax(d[1], g[1]);
+    if (h <= 0) return 0;
+    double inter = w * h, da = d[2] * d[3];
+    return inter / (crowd ? da : da + g[2] * g[3] - inter);
+}
+
+/* Scratch for one cell, sized for the category's largest. */
+typedef struct {
+    double *iou;    /* (D, G) */
+    int64_t *order; /* G: the boxes to try, not ignored first */
+    uint8_t *ign, *taken;
+} cell_work;
+
+/* Matches one image's detections (score order, at most MAXDET) to its
+ * ground truth of the category, at every area range and threshold.
+ * npig[a] counts the boxes that are not ignored at range a. */
+static void match_cell(const gt_box *g, int64_t ng, const det *d, int64_t nd,
+                       const double thr[NT], cell_work *w, det_result *res, int64_t npig[NA])
+{
+    for (int64_t i = 0; i < nd; i++)
+        for (int64_t j = 0; j < ng; j++)
+            w->iou[i * ng + j] = box_iou(d[i].box, g[j].box, g[j].crowd);
+    for (int a = 0; a < NA; a++) {
+        int64_t no = 0;
+        for (int64_t j = 0; j < ng; j++) {
+            w->ign[j] = g[j].crowd || g[j].area < area_lo[a] || g[j].area > area_hi[a];
+            if (!w->ign[j]) w->order[no++] = j;
+        }
+        npig[a] += no;
+        for (int64_t j = 0; j < ng; j++)
+            if (w->ign[j]) w->order[no++] = j;
+        for (int t = 0; t < NT; t++) {
+            memset(w->taken, 0, (size_t)ng);
+            for (int64_t i = 0; i < nd; i++) {
+                /* The best box at or above the threshold; a later box of
+                 * equal IoU wins; once a box that counts has matched, the
+                 * ignored ones (sorted last) are not tried. */
+                double best = fmin(thr[t], 1 - 1e-10);
+                int64_t m = -1;
+                for (int64_t p = 0; p < ng; p++) {
+                    int64_t j = w->order[p];
+                    if (w->taken[j] && !g[j].crowd) continue;
+                    if (m >= 0 && !w->ign[m] && w->ign[j]) break;
+                    if (w->iou[i * ng + j] < best) continue;
+                    best = w->iou[i * ng + j];
+                    m = j;
+                }
+                /* pycocotools records a match as the box's id and reads
+                 * id 0 as "no match": a box with id 0 gives false
+                 * positives there, and here too. */
+                bool matched = m >= 0 && g[m].id != 0;
+                double area = d[i].box[2] * d[i].box[3];
+                bool ignored = (m >= 0 && w->ign[m]) ||
+                               (!matched && (area < area_lo[a] || area > area_hi[a]));
+                if (m >= 0) w->taken[m] = 1;
+                if (ignored) res[i].ig[a] |= (uint16_t)(1u << t);
+                else if (matched) res[i].tp[a] |= (uint16_t)(1u << t);
+            }
+        }
+    }
+}
+
+/* One category's curves from its detections' results in global score
+ * order: prec (NA, NT, NR, K) at MAXDET per image, rec (NA, NM, NT, K);
+ * entries stay -1 where pycocotools leaves them (no box that counts at
+ * that range).  rc and pr: scratch of nd. */
+static void accumulate(const det_result *res, int64_t nd, const int64_t npig[NA],
+                       const double rec_thr[NR], int64_t k, int64_t K, double *rc, double *pr,
+                       double *prec, double *rec)
+{
+    for (int a = 0; a < NA; a++) {
+        if (npig[a] == 0) continue;
+        double np = (double)npig[a];
+        for (int t = 0; t < NT; t++) {
+            uint16_t bit = (uint16_t)(1u << t);
+            int64_t tp[NM] = {0}, fp = 0, n = 0;
+            for (int64_t i = 0; i < nd; i++) {
+                if (res[i].ig[a] & bit) continue;
+                if (res[i].tp[a] & bit)
+                    for (int mi = 0; mi < NM; mi++) tp[mi] += res[i].rank < max_dets[mi];
+                else
+                    fp++;
+                /* the curve at MAXDET, where every detection counts */
+                rc[n] = (double)tp[NM - 1] / np;
+                pr[n] = (double)tp[NM - 1] / ((double)fp + (double)tp[NM - 1] + DBL_EPSILON);
+                n++;
+            }
+            for (int mi = 0; mi < NM; mi++)
+                rec[((a * NM + mi) * NT + t) * K + k] = (double)tp[mi] / np;
+            /* The precision envelope, then precision at the first point
+             * reaching each recall threshold (0 past the end). */
+            for (int64_t i = n - 1; i > 0; i--)
+                if (pr[i] > pr[i - 1]) pr[i - 1] = pr[i];
+            double *out = &prec[((a * NT + t) * NR) * K + k];
+            int64_t i = 0;
+            for (int r = 0; r < NR; r++) {
+                while (i < n && rc[i] < rec_thr[r]) i++;
+                out[(int64_t)r * K] = i < n ? pr[i] : 0;
+            }
+        }
+    }
+}
+
+/* The mean of the entries of v[0..n) that are not -1, numpy's way; -1
+ * when there is none. */
+static double mean_defined(const double *v, int64_t n, double *scratch)
+{
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (v[i] > -1) scratch[m++] = v[i];
+    return m ? numpy_sum(scratch, m) / (double)m : -1;
+}
+
+typedef struct {
+    double score;
+    int64_t i;
+} scored;
+
+static int cmp_scored(const void *a, const void *b)
+{
+    const scored *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    return x->i < y->i ? -1 : x->i > y->i;
+}
+
+/* Puts the m detections of *dv (in input order) in the order of cells,
+ * category then image, each cell by score (higher first) and input order
+ * after that: pycocotools' stable sort by score.  Two stable counting
+ * sorts and a sort per cell: linear in m, images and categories.  *dv is
+ * replaced by a new array. */
+static kpl_status order_dets(det **dv, int64_t m, int64_t nimg, int64_t ncat)
+{
+    int64_t nb = (nimg > ncat ? nimg : ncat) + 1;
+    int64_t *count = malloc(sizeof *count * (size_t)nb);
+    int64_t *by_img = malloc(sizeof *by_img * (size_t)(m ? m : 1));
+    scored *sc = malloc(sizeof *sc * (size_t)(m ? m : 1));
+    det *out = malloc(sizeof *out * (size_t)(m ? m : 1));
+    kpl_status st = KPL_OK;
+    if (!count || !by_img || !sc || !out) {
+        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections",
+                       (long long)m);
+        free(out);
+        goto done;
+    }
+    const det *d = *dv;
+    memset(count, 0, sizeof *count * (size_t)nb);
+    for (int64_t i = 0; i < m; i++) count[d[i].img + 1]++;
+    for (int64_t b = 1; b < nb; b++) count[b] += count[b - 1];
+    for (int64_t i = 0; i < m; i++) by_img[count[d[i].img]++] = i;
+    memset(count, 0, sizeof *count * (size_t)nb);
+    for (int64_t i = 0; i < m; i++) count[d[i].cat + 1]++;
+    for (int64_t b = 1; b < nb; b++) count[b] += count[b - 1];
+    for (int64_t j = 0; j < m; j++) {
+        int64_t i = by_img[j];
+        sc[count[d[i].cat]++] = (scored){d[i].score, i};
+    }
+    for (int64_t j = 0; j < m;) {
+        int64_t e = j + 1;
+        const det *c = &d[sc[j].i];
+        while (e < m && d[sc[e].i].cat == c->cat && d[sc[e].i].img == c->img) e++;
+        qsort(sc + j, (size_t)(e - j), sizeof *sc, cmp_scored);
+        j = e;
+    }
+    for (int64_t j = 0; j < m; j++) out[j] = d[sc[j].i];
+    free(*dv);
+    *dv = out;
+done:
+    free(sc);
+    free(by_img);
+    free(count);
+    return st;
+}
+
+/* Per category: cells, matching, curves.  dv holds the category's
+ * detections (by image, then score; at most MAXDET per image). */
+static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv, int64_t nd,
+                                const double thr[NT], const double rec_thr[NR], double *prec,
+                                double *rec)
+{
+    const gt_box *g = gt->box + gt->cat_start[k];
+    int64_t ng = gt->cat_start[k + 1] - gt->cat_start[k];
+    if (ng == 0 && nd == 0) return KPL_OK; /* pycocotools: no image to accumulate */
+    int64_t maxg = 0;
+    for (int64_t j = 0; j < ng;) {
+        int64_t e = j;
+        while (e < ng && g[e].img == g[j].img) e++;
+        if (e - j > maxg) maxg = e - j;
+        j = e;
+    }
+    kpl_status st = KPL_OK;
+    cell_work w = {0};
+    det_result *res = calloc((size_t)(nd ? nd : 1), sizeof *res);
+    det_result *ord = malloc(sizeof *ord * (size_t)(nd ? nd : 1));
+    double *rc = malloc(sizeof *rc * (size_t)(nd ? nd : 1));
+    double *pr = malloc(sizeof *pr * (size_t)(nd ? nd : 1));
+    scored *sc = malloc(sizeof *sc * (size_t)(nd ? nd : 1));
+    w.iou = malloc(sizeof *w.iou * (size_t)(MAXDET * (maxg ? maxg : 1)));
+    w.order = malloc(sizeof *w.order * (size_t)(maxg ? maxg : 1));
+    w.ign = malloc((size_t)(maxg ? maxg : 1));
+    w.taken = malloc((size_t)(maxg ? maxg : 1));
+    if (!res || !ord || !rc || !pr || !sc || !w.iou || !w.order || !w.ign || !w.taken) {
+        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory");
+        goto done;
+    }
+    int64_t npig[NA] = {0};
+    /* The cells in image order: both lists are sorted by image. */
+    for (int64_t gi = 0, di = 0; gi < ng || di < nd;) {
+        int64_t img = gi < ng && (di >= nd || g[gi].img <= dv[di].img) ? g[gi].img : dv[di].img;
+        int64_t ge = gi, de = di;
+        while (ge < ng && g[ge].img == img) ge++;
+        while (de < nd && dv[de].img == img) {
+            res[de].rank = (int32_t)(de - di);
+            de++;
+        }
+        match_cell(g + gi, ge - gi, dv + di, de - di, thr, &w, res + di, npig);
+        gi = ge;
+        di = de;
+    }
+    /* pycocotools concatenates the images' detections in image order and
+     * sorts them stably by score: score, then image, then rank. */
+    for (int64_t i = 0; i < nd; i++) sc[i] = (scored){dv[i].score, i};
+    qsort(sc, (size_t)nd, sizeof *sc, cmp_scored);
+    for (int64_t i = 0; i < nd; i++) ord[i] = res[sc[i].i];
+    accumulate(ord, nd, npig, rec_thr, k, gt->ncat, rc, pr, prec, rec);
+done:
+    free(w.taken);
+    free(w.ign);
+    free(w.order);
+    free(w.iou);
+    free(sc);
+    free(pr);
+    free(rc);
+    free(ord);
+    free(res);
+    return st;
+}
+
+kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
+                             kpl_coco_stats *out)
+{
+    KPL_CHECK(gt && out && n >= 0 && (dets || !n), KPL_EINVAL,
+              "kpl_coco_evaluate: bad argument (gt, out NULL, n < 0 or dets NULL)");
+    memset(out, 0, sizeof *out);
+    for (int64_t i = 0; i < n; i++)
+        KPL_CHECK(finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
+                  "kpl_coco_evaluate: detection %lld (image_id %lld): bbox or score is not a "
+                  "finite number", (long long)i, (long long)dets[i].image_id);
+    int64_t K = gt->ncat;
+    size_t nprec = (size_t)NA * NT * NR * (size_t)K, nrec = (size_t)NA * NM * NT * (size_t)K;
+    kpl_status st = KPL_OK;
+    det *dv = malloc(sizeof *dv * (size_t)(n ? n : 1));
+    double *prec = malloc(sizeof *prec * (nprec ? nprec : 1));
+    double *rec = malloc(sizeof *rec * (nrec ? nrec : 1));
+    double *scratch = malloc(sizeof *scratch * (nprec ? nprec : 1));
+    if (!dv || !prec || !rec || !scratch) {
+        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections",
+                       (long long)n);
+        goto done;
+    }
+    int64_t m = 0, skipped = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const kpl_coco_detection *d = &dets[i];
+        int64_t img = find_id(gt->img_ids, gt->nimg, d->image_id);
+        if (img < 0) {
+            st = KPL_ERROR(KPL_EINVAL, "kpl_coco_evaluate: detection %lld: image_id %lld is not "
+                           "an image of the ground truth", (long long)i, (long long)d->image_id);
+            goto done;
+        }
+        int64_t cat = find_id(gt->cat_ids, gt->ncat, d->category_id);
+        if (cat < 0) {
+            skipped++;
+            continue;
+        }
+        dv[m] = (det){{d->bbox[0], d->bbox[1], d->bbox[2], d->bbox[3]}, d->score, cat, img, i};
+        m++;
+    }
+    if ((st = order_dets(&dv, m, gt->nimg, K)) < 0) goto done;
+    /* Keep the MAXDET best of each image and category. */
+    int64_t kept = 0, rank = 0, cat = -1, img = -1;
+    for (int64_t i = 0; i < m; i++) {
+        rank = dv[i].cat == cat && dv[i].img == img ? rank + 1 : 0;
+        cat = dv[i].cat;
+        img = dv[i].img;
+        if (rank < MAXDET) dv[kept++] = dv[i];
+    }
+    double thr[NT], rec_thr[NR];
+    thresholds(thr, rec_thr);
+    for (size_t i = 0; i < nprec; i++) prec[i] = -1;
+    for (size_t i = 0; i < nrec; i++) rec[i] = -1;
+    for (int64_t k = 0, i = 0; k < K; k++) {
+        int64_t e = i;
+        while (e < kept && dv[e].cat == k) e++;
+        if ((st = eval_category(gt, k, dv + i, e - i, thr, rec_thr, prec, rec)) < 0) goto done;
+        i = e;
+    }
+    /* summarize(): means over thresholds, recall points and categories of
+     * the entries that are defined, in numpy's order (threshold, recall
+     * point, category). */
+    size_t tk = (size_t)NT * (size_t)K, rk = (size_t)NR * (size_t)K;
+    double *s = out->stats;
+    s[KPL_COCO_AP] = mean_defined(prec, (int64_t)(tk * NR), scratch);
+    s[KPL_COCO_AP50] = mean_defined(prec, (int64_t)rk, scratch);
+    s[KPL_COCO_AP75] = mean_defined(prec + 5 * rk, (int64_t)rk, scratch);
+    for (int a = AREA_SMALL; a <= AREA_LARGE; a++) {
+        s[KPL_COCO_APS + a - 1] = mean_defined(prec + (size_t)a * tk * NR, (int64_t)(tk * NR),
+                                               scratch);
+        s[KPL_COCO_ARS + a - 1] = mean_defined(rec + ((size_t)a * NM + 2) * tk, (int64_t)tk,
+                                               scratch);
+    }
+    for (int mi = 0; mi < NM; mi++)
+        s[KPL_COCO_AR1 + mi] = mean_defined(rec + (size_t)mi * tk, (int64_t)tk, scratch);
+    out->images = gt->nimg;
+    out->categories = K;
+    out->gt_boxes = gt->nbox;
+    out->gt_skipped = gt->skipped;
+    out->detections = m;
+    out->dets_skipped = skipped;
+done:
+    free(scratch);
+    free(rec);
+    free(prec);
+    free(dv);
+    return st;
+}
+
+int kpl_coco_stats_json(const kpl_coco_stats *s, char *buf, size_t len)
+{
+    int total = 0;
+    for (int i = 0; i < KPL_COCO_NSTATS; i++) {
+        char num[40];
+        fmt_num(num, sizeof num, s->stats[i]);
+        size_t at = (size_t)total < len ? (size_t)total : len;
+        total += snprintf(buf ? buf + at : NULL, buf ? len - at : 0, "%s\"%s\":%s",
+                          i ? "," : "{", kpl_coco_stat_names[i], num);
+    }
+    size_t at = (size_t)total < len ? (size_t)total : len;
+    total += snprintf(buf ? buf + at : NULL, buf ? len - at : 0, "}");
+    return total;
+}
