@@ -953,13 +953,8 @@ static const char *kr_set(void)
 {
     const char *p = tmp_path("keep_ratio");
     if (access(p, F_OK) == 0) return p;
-    kpl_feature_spec schema[5] = {
-        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw"},
-        {.name = "image_shape", .type = KPL_FEATURE_INT64},
-        {.name = "boxes", .type = KPL_FEATURE_FLOAT},
-        {.name = "classes", .type = KPL_FEATURE_INT64},
-        {.name = "mask", .type = KPL_FEATURE_BYTES, .encoding = "raw"},
-    };
+    kpl_feature_spec schema[5];
+    det_schema(schema);
     kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
     wc.chunk_bytes = 8192;
     kpl_record_writer *w = NULL;

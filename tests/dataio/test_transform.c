@@ -1152,19 +1152,14 @@ static uint8_t geo_mask(const geo_image *g, int x, int y)
 
 static kpl_dataset *geometry_set(void)
 {
-    kpl_feature_spec sc[5] = {
-        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw"},
-        {.name = "image_shape", .type = KPL_FEATURE_INT64},
-        {.name = "boxes", .type = KPL_FEATURE_FLOAT},
-        {.name = "cls", .type = KPL_FEATURE_INT64},
-        {.name = "seg", .type = KPL_FEATURE_BYTES, .encoding = "raw"},
-    };
     const char *dir = tmp_path("geometry");
     kpl_dataset *ds = NULL;
     if (access(dir, F_OK) == 0) { /* made by an earlier test */
         OK(kpl_dataset_open(dir, &ds));
         return ds;
     }
+    kpl_feature_spec sc[5];
+    det_schema(sc);
     kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
     kpl_record_writer *w = NULL;
     OK(kpl_record_writer_create(dir, 5, sc, &wc, &w));
@@ -1282,8 +1277,8 @@ static void test_geometry_every_transform(void **state)
     kpl_transform_config base = KPL_TRANSFORM_CONFIG_INIT;
     base.label_feature = NULL;
     base.boxes_feature = "boxes";
-    base.box_labels_feature = "cls";
-    base.mask_feature = "seg";
+    base.box_labels_feature = "classes";
+    base.mask_feature = "mask";
     base.max_boxes = 2;
     base.out_dtype = KPL_U8;
     for (int flip = 0; flip < 2; flip++) {
