@@ -312,7 +312,8 @@ KPL_ENUM_DECLARE(kpl_crop_mode);
  * shape; an empty encoding is sniffed from the bytes), converted to
  * `channels`, cropped, resized (bilinear, antialiased when shrinking),
  * flipped, jittered, and written as CHW.  Every random choice derives from
- * (seed, epoch, example), never from the worker that runs it. */
+ * (seed, epoch, example), never from the worker that runs it.  Boxes and
+ * masks follow every crop, resize and flip (docs/transforms.md). */
 typedef struct {
     const char *image_feature;      /* "image" */
     const char *label_feature;      /* "label"; NULL or "": no label output */
@@ -324,7 +325,8 @@ typedef struct {
                                      * is an error (KPL_EINVAL naming it), never truncated */
     int channels;                   /* 1 or 3 */
     kpl_crop_mode crop;
-    int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size */
+    int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size;
+                                     * 0 with CROP_KEEP_RATIO (each sample has its own) */
     float scale[2], ratio[2];       /* random-resized-crop area and aspect ranges */
     int resize_shorter;             /* CROP_CENTER: shorter side before the crop */
     float flip_prob;                /* horizontal flip probability */
@@ -384,6 +386,18 @@ int kpl_transform_canvas_side(const kpl_transform_config *cfg);
  *       }
  *   }
  *   kpl_loader_destroy(l);
+ *
+ * A detector's images keep their aspect ratio and have sizes of their own:
+ *
+ *   cfg.transform.crop = KPL_CROP_KEEP_RATIO;    // short side 640..800, long <= 1333
+ *   int s[6] = {640, 672, 704, 736, 768, 800};
+ *   memcpy(cfg.transform.short_sides, s, sizeof s);
+ *   cfg.transform.num_short_sides = 6;
+ *   cfg.transform.max_side = 1333;
+ *   cfg.transform.boxes_feature = "boxes"; cfg.transform.max_boxes = 100;
+ *   // each batch: image (N, 3, Hb, Wb), Hb and Wb multiples of size_divisor
+ *   // (32), image i at the top left, image_size[i] = its (h, w), orig_size[i]
+ *   // the stored (h, w), boxes in the resized image's pixels
  *
  * The sample sequence is a pure function of (seed, epoch, rank, world size)
  * and the dataset; each sample's augmentation of (seed, epoch, example).  So

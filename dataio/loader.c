@@ -1113,7 +1113,8 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
     if (cfg->transform.crop == KPL_CROP_KEEP_RATIO) {
         l->relay = malloc(l->img_bytes);
         if (!l->relay) {
-            st = KPL_ERROR(KPL_ENOMEM, "loader: no memory for %zu bytes", l->img_bytes);
+            st = KPL_ERROR(KPL_ENOMEM, "loader: no memory for the %zu bytes of keep_ratio's "
+                           "layout buffer", l->img_bytes);
             goto fail;
         }
     }
