@@ -409,21 +409,28 @@ kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config 
 
 /* none: the whole image, resized to out_h x out_w if those are set;
  * random_resized: torchvision's RandomResizedCrop(scale, ratio);
- * center: the shorter side resized to resize_shorter, then a center crop */
+ * center: the shorter side resized to resize_shorter, then a center crop;
+ * keep_ratio: the whole image resized keeping its aspect ratio, the shorter
+ * side to one of short_sides and the longer at most max_side (mmdetection's
+ * Resize(keep_ratio=True), Detectron2's ResizeShortestEdge): each sample has
+ * its own size, and the loader pads every batch (docs/transforms.md) */
 #define KPL_CROP_MODES(X)                                                               \
     X(KPL_CROP_NONE, "none") X(KPL_CROP_RANDOM_RESIZED, "random_resized")                \
-    X(KPL_CROP_CENTER, "center")
+    X(KPL_CROP_CENTER, "center") X(KPL_CROP_KEEP_RATIO, "keep_ratio")
 typedef enum { KPL_CROP_MODES(KPL_ENUM_VALUE) } kpl_crop_mode;
 
 /* kpl_crop_mode_names (NULL-terminated), _name, _parse (-1 for others) */
 KPL_ENUM_DECLARE(kpl_crop_mode);
+
+#define KPL_SHORT_SIDES_MAX 8 /* values of kpl_transform_config.short_sides */
 
 /* What happens to one example on its way into a batch.  Images are decoded
  * from the feature's encoding ("jpeg", "png", or "raw" with a fixed (H, W, C)
  * shape; an empty encoding is sniffed from the bytes), converted to
  * `channels`, cropped, resized (bilinear, antialiased when shrinking),
  * flipped, jittered, and written as CHW.  Every random choice derives from
- * (seed, epoch, example), never from the worker that runs it. */
+ * (seed, epoch, example), never from the worker that runs it.  Boxes and
+ * masks follow every crop, resize and flip (docs/transforms.md). */
 typedef struct {
     const char *image_feature;      /* "image" */
     const char *label_feature;      /* "label"; NULL or "": no label output */
@@ -431,10 +438,12 @@ typedef struct {
                                      * pixels of the stored image */
     const char *box_labels_feature; /* NULL, or int64 list of n (with boxes) */
     const char *mask_feature;       /* NULL, or bytes: PNG or raw (H, W) u8, the image's size */
-    int64_t max_boxes;              /* boxes kept per sample (the rest are dropped) */
+    int64_t max_boxes;              /* box rows per sample; an example that stores more boxes
+                                     * is an error (KPL_EINVAL naming it), never truncated */
     int channels;                   /* 1 or 3 */
     kpl_crop_mode crop;
-    int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size */
+    int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size;
+                                     * 0 with CROP_KEEP_RATIO (each sample has its own) */
     float scale[2], ratio[2];       /* random-resized-crop area and aspect ranges */
     int resize_shorter;             /* CROP_CENTER: shorter side before the crop */
     float flip_prob;                /* horizontal flip probability */
@@ -447,10 +456,27 @@ typedef struct {
                         * one warning line on stderr when its batch is handed out
                         * (example, shard, chunk, record, path or key), instead of
                         * failing the iterator */
+    /* CROP_KEEP_RATIO: the shorter side becomes short_sides[k], k drawn
+     * uniformly per sample (one value: always it), unless the longer side
+     * would pass max_side: scale = min(s / short, max_side / long) */
+    int short_sides[KPL_SHORT_SIDES_MAX];
+    int num_short_sides;
+    int max_side;
+    int size_divisor; /* CROP_KEEP_RATIO batches are padded (bottom, right) to their
+                       * largest height and width rounded up to a multiple of this;
+                       * 0 or 1: not rounded */
+    int mask_pad;     /* CROP_KEEP_RATIO: the value of padded mask pixels (0..255; 255
+                       * for segmentation's "ignore"); images are padded with 0 */
 } kpl_transform_config;
 #define KPL_TRANSFORM_CONFIG_INIT                                                           \
     {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
-     {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false}
+     {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false, \
+     {0}, 0, 0, 32, 0}
+
+/* The side of the square canvas that holds any CROP_KEEP_RATIO sample of
+ * cfg: max_side rounded up to size_divisor; no batch is larger.  0 for the
+ * other modes (their output size is fixed).  Pure. */
+int kpl_transform_canvas_side(const kpl_transform_config *cfg);
 
 /* ---- the loader: DataReader -> DataTransformer -> DataIterator -------------------- */
 /*
@@ -477,6 +503,18 @@ typedef struct {
  *       }
  *   }
  *   kpl_loader_destroy(l);
+ *
+ * A detector's images keep their aspect ratio and have sizes of their own:
+ *
+ *   cfg.transform.crop = KPL_CROP_KEEP_RATIO;    // short side 640..800, long <= 1333
+ *   int s[6] = {640, 672, 704, 736, 768, 800};
+ *   memcpy(cfg.transform.short_sides, s, sizeof s);
+ *   cfg.transform.num_short_sides = 6;
+ *   cfg.transform.max_side = 1333;
+ *   cfg.transform.boxes_feature = "boxes"; cfg.transform.max_boxes = 100;
+ *   // each batch: image (N, 3, Hb, Wb), Hb and Wb multiples of size_divisor
+ *   // (32), image i at the top left, image_size[i] = its (h, w), orig_size[i]
+ *   // the stored (h, w), boxes in the resized image's pixels
  *
  * The sample sequence is a pure function of (seed, epoch, rank, world size)
  * and the dataset; each sample's augmentation of (seed, epoch, example).  So
@@ -547,13 +585,18 @@ typedef struct {
     int64_t epoch;
     int64_t position;         /* position in the epoch of its first sample */
     int64_t skipped;          /* corrupt samples dropped from it (skip_corrupt) */
-    kpl_tensor *image;        /* (N, C, H, W) f32 or u8 */
+    kpl_tensor *image;        /* (N, C, H, W) f32 or u8; keep_ratio: H, W the batch's padded
+                               * size, each image at the top left, 0 around it */
     kpl_tensor *label;        /* (N) i64 */
-    kpl_tensor *boxes;        /* (N, max_boxes, 4) f32 */
+    kpl_tensor *boxes;        /* (N, max_boxes, 4) f32, in output pixels */
     kpl_tensor *box_labels;   /* (N, max_boxes) i64 */
     kpl_tensor *num_boxes;    /* (N) i64 */
-    kpl_tensor *mask;         /* (N, H, W) u8 */
+    kpl_tensor *mask;         /* (N, H, W) u8; keep_ratio: padded with mask_pad */
     kpl_tensor *example;      /* (N) i64: the dataset example of each sample */
+    kpl_tensor *image_size;   /* (N, 2) i64: (h, w) of each image in `image` before padding
+                               * (after the resize) */
+    kpl_tensor *orig_size;    /* (N, 2) i64: (h, w) of each stored image (upright, as its
+                               * boxes are given) */
 } kpl_batch;
 
 /* Opens the dataset, checks cfg (KPL_EINVAL naming the field), sets up the
@@ -588,7 +631,7 @@ kpl_status kpl_loader_check(kpl_loader *l);
 /* Releases the batch's tensors (NULLs them); NULL or empty is a no-op. */
 void kpl_batch_release(kpl_batch *b);
 /* b's member `name` ("image", "label", "boxes", "box_labels", "num_boxes",
- * "mask", "example"), borrowed.  NULL with KPL_ENOTFOUND when the loader
+ * "mask", "example", "image_size", "orig_size"), borrowed.  NULL with KPL_ENOTFOUND when the loader
  * was not asked for it, naming it and the transform field that asks for it
  * (a recipe's data.<split>.boxes_feature), or for an unknown name. */
 kpl_tensor *kpl_batch_get(const kpl_batch *b, const char *name);

@@ -19,6 +19,12 @@
  * when the consumer drops the batch's tensors, the slot moves on to batch
  * g + slots.
  *
+ * A slot holds every sample at the transform's largest size.  With
+ * keep_ratio crops samples are smaller and of differing sizes: each is
+ * written densely at the start of its area with its size beside it, and
+ * the consumer, which owns the slot while it hands it out, lays the batch
+ * out padded to (N, C, Hb, Wb) before it makes the tensors (relay).
+ *
  * Why it cannot deadlock: items are queued in batch order and taken in
  * queue order, so every item of the batch the consumer waits for was
  * taken before any item of a later batch, and its slot is free (the
@@ -65,6 +71,10 @@ typedef struct {
     int64_t epoch, pos; /* of the batch's first sample */
     int32_t size, done, skipped, last;
     int32_t held; /* handed to the consumer and not yet released */
+    /* The consumer's, once it has compacted and laid the batch out (so
+     * that a retry after a failed hand-out does not do it twice): */
+    int32_t laid;
+    int64_t n, h, w; /* samples kept, the images' (padded) height and width */
 } shm_slot;
 
 /* A wake-up channel: waiters sleep on a futex until the sequence number
@@ -105,6 +115,7 @@ struct kpl_loader {
     /* one slot's areas (byte offsets) */
     size_t img_bytes, mask_bytes;
     size_t o_image, o_label, o_boxes, o_box_labels, o_num_boxes, o_mask, o_example, o_valid;
+    size_t o_size, o_orig; /* (B, 2) i64 each: a sample's (h, w) as written, and stored */
     size_t o_why; /* (B, WHY_BYTES): why a sample was skipped */
     size_t slot_bytes;
     int source; /* the `path` or `key` string feature that names an example's source, -1 */
@@ -127,6 +138,8 @@ struct kpl_loader {
     char dead_msg[2048];
     int outstanding; /* batches handed out and not released */
     int64_t skipped; /* corrupt samples dropped from the batches handed out */
+    uint8_t *relay;  /* keep_ratio: one sample's image, moved aside while the batch is
+                      * laid out padded (the consumer's; img_bytes) */
     bool destroyed;
     struct slot_ref *refs;
 };
@@ -451,6 +464,8 @@ static kpl_status work_one(kpl_loader *l, const shm_item *it, kpl__xform_scratch
             .box_labels = mb ? (int64_t *)(b + l->o_box_labels) + j * mb : NULL,
             .num_boxes = mb ? (int64_t *)(b + l->o_num_boxes) + j : NULL,
             .mask = l->mask_bytes ? b + l->o_mask + (size_t)j * l->mask_bytes : NULL,
+            .size = (int64_t *)(b + l->o_size) + 2 * j,
+            .orig_size = (int64_t *)(b + l->o_orig) + 2 * j,
         };
         st = kpl__xform_sample(&l->x, values, l->cfg.seed, it->epoch, it->example, s, &out);
     }
@@ -677,6 +692,7 @@ static void loader_free(kpl_loader *l)
     free(l->pids);
     free(l->alive);
     free(l->refs);
+    free(l->relay);
     free(l);
 }
 
@@ -690,7 +706,7 @@ static void slot_release(void *ctx)
         shm_slot *s = &l->slots[r->idx];
         s->held = 0;
         s->g += l->nslots;
-        s->done = s->size = s->skipped = s->last = 0;
+        s->done = s->size = s->skipped = s->last = s->laid = 0;
         shm_wake(&l->ctl->cv_work);
         shm_unlock(l->ctl);
     } else {
@@ -724,6 +740,8 @@ static int64_t compact(kpl_loader *l, uint8_t *b, int64_t n)
         {l->o_num_boxes, mb ? 8 : 0},
         {l->o_mask, l->mask_bytes},
         {l->o_example, 8},
+        {l->o_size, 16},
+        {l->o_orig, 16},
     };
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -738,7 +756,76 @@ static int64_t compact(kpl_loader *l, uint8_t *b, int64_t n)
     return k;
 }
 
-static kpl_status build_batch(kpl_loader *l, int idx, int64_t n, kpl_batch *b)
+/* Lays out n samples written densely, sample i's (planes, h_i, w_i)
+ * elements of `es` bytes at base + i * stride ((h_i, w_i) at hw + 2i), as
+ * (n, planes, H, W) from base, each plane padded right and below with the
+ * byte `pad`.  In place: sample i's destination starts at or before its
+ * source, and ends before the next sample's source (i P + P <= (i + 1)
+ * stride), so only the sample itself can overlap its destination; such a
+ * sample is moved aside into `aside` first. */
+static void relay(uint8_t *base, size_t stride, int64_t n, int planes, size_t es,
+                  const int64_t *hw, int64_t H, int64_t W, int pad, uint8_t *aside)
+{
+    const size_t row = (size_t)W * es, P = (size_t)planes * (size_t)H * row;
+    for (int64_t i = 0; i < n; i++) {
+        const size_t h = (size_t)hw[2 * i], w = (size_t)hw[2 * i + 1];
+        const uint8_t *src = base + (size_t)i * stride;
+        uint8_t *dst = base + (size_t)i * P;
+        const size_t dense = (size_t)planes * h * w * es;
+        if (dst == src && h == (size_t)H && w == (size_t)W) continue; /* already in place */
+        if (dst + P > src) {
+            memcpy(aside, src, dense);
+            src = aside;
+        }
+        for (int c = 0; c < planes; c++) {
+            uint8_t *d = dst + (size_t)c * (size_t)H * row;
+            for (size_t y = 0; y < h; y++, d += row) {
+                memmove(d, src + ((size_t)c * h + y) * w * es, w * es);
+                memset(d + w * es, pad, row - w * es);
+            }
+            memset(d, pad, ((size_t)H - h) * row);
+        }
+    }
+}
+
+/* keep_ratio: the batch's padded size (the largest height and width,
+ * rounded up to size_divisor), and its images and masks laid out at it. */
+static void relay_batch(kpl_loader *l, uint8_t *b, int64_t n, int64_t *H, int64_t *W)
+{
+    const kpl_transform_config *t = &l->x.cfg;
+    const int64_t *hw = (const int64_t *)(b + l->o_size);
+    int64_t d = t->size_divisor > 1 ? t->size_divisor : 1, mh = 0, mw = 0;
+    for (int64_t i = 0; i < n; i++) {
+        if (hw[2 * i] > mh) mh = hw[2 * i];
+        if (hw[2 * i + 1] > mw) mw = hw[2 * i + 1];
+    }
+    *H = (mh + d - 1) / d * d;
+    *W = (mw + d - 1) / d * d;
+    relay(b + l->o_image, l->img_bytes, n, l->x.out_c, kpl_dtype_size(t->out_dtype), hw, *H,
+          *W, 0, l->relay);
+    if (l->mask_bytes)
+        relay(b + l->o_mask, l->mask_bytes, n, 1, 1, hw, *H, *W, t->mask_pad, l->relay);
+}
+
+/* The valid samples of slot idx at its front, laid out at one size:
+ * *n samples of *h x *w.  Once per batch. */
+static void lay_out(kpl_loader *l, int idx, int64_t size, int64_t skipped, int64_t *n,
+                    int64_t *h, int64_t *w)
+{
+    shm_slot *s = &l->slots[idx];
+    if (!s->laid) {
+        s->n = skipped ? compact(l, slot_base(l, idx), size) : size;
+        s->h = l->x.out_h;
+        s->w = l->x.out_w;
+        if (l->x.cfg.crop == KPL_CROP_KEEP_RATIO)
+            relay_batch(l, slot_base(l, idx), s->n, &s->h, &s->w);
+        s->laid = 1;
+    }
+    *n = s->n, *h = s->h, *w = s->w;
+}
+
+static kpl_status build_batch(kpl_loader *l, int idx, int64_t n, int64_t H, int64_t W,
+                              kpl_batch *b)
 {
     size_t base = (size_t)idx * l->slot_bytes;
     kpl_storage *st = NULL;
@@ -756,13 +843,15 @@ static kpl_status build_batch(kpl_loader *l, int idx, int64_t n, kpl_batch *b)
         int64_t shape[4];
         kpl_tensor **out;
     } t[] = {
-        {true, l->o_image, x->cfg.out_dtype, 4, {n, x->out_c, x->out_h, x->out_w}, &b->image},
+        {true, l->o_image, x->cfg.out_dtype, 4, {n, x->out_c, H, W}, &b->image},
         {x->label >= 0, l->o_label, KPL_I64, 1, {n}, &b->label},
         {boxes, l->o_boxes, KPL_F32, 3, {n, mb, 4}, &b->boxes},
         {boxes, l->o_box_labels, KPL_I64, 2, {n, mb}, &b->box_labels},
         {boxes, l->o_num_boxes, KPL_I64, 1, {n}, &b->num_boxes},
-        {l->mask_bytes > 0, l->o_mask, KPL_U8, 3, {n, x->out_h, x->out_w}, &b->mask},
+        {l->mask_bytes > 0, l->o_mask, KPL_U8, 3, {n, H, W}, &b->mask},
         {true, l->o_example, KPL_I64, 1, {n}, &b->example},
+        {true, l->o_size, KPL_I64, 2, {n, 2}, &b->image_size},
+        {true, l->o_orig, KPL_I64, 2, {n, 2}, &b->orig_size},
     };
     kpl_status s = KPL_OK;
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
@@ -820,9 +909,10 @@ kpl_status kpl_loader_next(kpl_loader *l, kpl_batch *b)
     bool last = s->last;
     shm_unlock(c);
 
-    if (skipped) warn_skipped(l, slot_base(l, idx), size);
-    int64_t n = skipped ? compact(l, slot_base(l, idx), size) : size;
-    kpl_status st = build_batch(l, idx, n, b);
+    if (skipped && !s->laid) warn_skipped(l, slot_base(l, idx), size);
+    int64_t n, h, w;
+    lay_out(l, idx, size, skipped, &n, &h, &w);
+    kpl_status st = build_batch(l, idx, n, h, w, b);
     if (st < 0) {
         s->held = 0;
         return st;
@@ -861,13 +951,14 @@ kpl_tensor *kpl_batch_get(const kpl_batch *b, const char *name)
     } members[] = {{"image", "image_feature"},      {"label", "label_feature"},
                    {"boxes", "boxes_feature"},      {"box_labels", "box_labels_feature"},
                    {"num_boxes", "boxes_feature"},  {"mask", "mask_feature"},
-                   {"example", "image_feature"}};
+                   {"example", "image_feature"},    {"image_size", "image_feature"},
+                   {"orig_size", "image_feature"}};
     if (!b || !name) {
         kpl_set_error(KPL_EINVAL, "kpl_batch_get: NULL %s", b ? "name" : "batch");
         return NULL;
     }
-    kpl_tensor *const t[] = {b->image, b->label, b->boxes, b->box_labels, b->num_boxes,
-                             b->mask, b->example};
+    kpl_tensor *const t[] = {b->image,   b->label,   b->boxes,      b->box_labels, b->num_boxes,
+                             b->mask,    b->example, b->image_size, b->orig_size};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (strcmp(name, members[i].name)) continue;
         if (!t[i])
@@ -877,15 +968,15 @@ kpl_tensor *kpl_batch_get(const kpl_batch *b, const char *name)
         return t[i];
     }
     kpl_set_error(KPL_ENOTFOUND, "the batch has no member '%.40s' (image, label, boxes, "
-                  "box_labels, num_boxes, mask, example)", name);
+                  "box_labels, num_boxes, mask, example, image_size, orig_size)", name);
     return NULL;
 }
 
 void kpl_batch_release(kpl_batch *b)
 {
     if (!b) return;
-    kpl_tensor **t[] = {&b->image, &b->label, &b->boxes, &b->box_labels,
-                        &b->num_boxes, &b->mask, &b->example};
+    kpl_tensor **t[] = {&b->image, &b->label,   &b->boxes,      &b->box_labels, &b->num_boxes,
+                        &b->mask,  &b->example, &b->image_size, &b->orig_size};
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         kpl_tensor_release(*t[i]);
         *t[i] = NULL;
@@ -940,6 +1031,10 @@ static void layout(kpl_loader *l, size_t *o_items, size_t *o_slots, size_t *o_ri
     o = ALIGN_UP(o + B * l->mask_bytes, a);
     l->o_example = o;
     o = ALIGN_UP(o + B * 8, a);
+    l->o_size = o;
+    o = ALIGN_UP(o + B * 16, a);
+    l->o_orig = o;
+    o = ALIGN_UP(o + B * 16, a);
     l->o_valid = o;
     o = ALIGN_UP(o + B, a);
     l->o_why = o;
@@ -1015,6 +1110,14 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
 
     size_t o_items, o_slots, o_ring, o_data;
     layout(l, &o_items, &o_slots, &o_ring, &o_data);
+    if (cfg->transform.crop == KPL_CROP_KEEP_RATIO) {
+        l->relay = malloc(l->img_bytes);
+        if (!l->relay) {
+            st = KPL_ERROR(KPL_ENOMEM, "loader: no memory for the %zu bytes of keep_ratio's "
+                           "layout buffer", l->img_bytes);
+            goto fail;
+        }
+    }
     l->map = mmap(NULL, l->map_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     if (l->map == MAP_FAILED) {
         l->map = NULL;

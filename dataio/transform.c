@@ -223,6 +223,26 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
         x->out_h = cfg->out_h;
         x->out_w = cfg->out_w;
         break;
+    case KPL_CROP_KEEP_RATIO:
+        KPL_CHECK(cfg->out_h == 0 && cfg->out_w == 0, KPL_EINVAL,
+                  "transform: keep_ratio takes each sample's size from short_sides and max_side; "
+                  "out_h x out_w (%d x %d) must be 0", cfg->out_h, cfg->out_w);
+        KPL_CHECK(cfg->num_short_sides >= 1 && cfg->num_short_sides <= KPL_SHORT_SIDES_MAX,
+                  KPL_EINVAL, "transform: keep_ratio needs 1 to %d short_sides, got %d",
+                  KPL_SHORT_SIDES_MAX, cfg->num_short_sides);
+        for (int i = 0; i < cfg->num_short_sides; i++)
+            KPL_CHECK(cfg->short_sides[i] >= 1 && cfg->short_sides[i] <= MAX_SIDE, KPL_EINVAL,
+                      "transform: short_sides[%d] %d is not in [1, %d]", i, cfg->short_sides[i],
+                      MAX_SIDE);
+        KPL_CHECK(cfg->max_side >= 1 && cfg->max_side <= MAX_SIDE, KPL_EINVAL,
+                  "transform: keep_ratio needs max_side in [1, %d], got %d", MAX_SIDE,
+                  cfg->max_side);
+        KPL_CHECK(cfg->size_divisor >= 0 && cfg->size_divisor <= 1024, KPL_EINVAL,
+                  "transform: size_divisor %d is not in [0, 1024]", cfg->size_divisor);
+        KPL_CHECK(cfg->mask_pad >= 0 && cfg->mask_pad <= 255, KPL_EINVAL,
+                  "transform: mask_pad %d is not in [0, 255]", cfg->mask_pad);
+        x->out_h = x->out_w = kpl_transform_canvas_side(cfg);
+        break;
     default:
         return KPL_ERROR(KPL_EINVAL, "transform: crop mode %d is unknown", (int)cfg->crop);
     }
@@ -241,6 +261,23 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
                       KPL_EINVAL, "transform: mean[%d] %g / std[%d] %g (std must be nonzero)", c,
                       cfg->mean[c], c, cfg->std[c]);
     return KPL_OK;
+}
+
+int kpl_transform_canvas_side(const kpl_transform_config *cfg)
+{
+    if (!cfg || cfg->crop != KPL_CROP_KEEP_RATIO || cfg->max_side < 1) return 0;
+    int d = cfg->size_divisor > 1 ? cfg->size_divisor : 1;
+    return (cfg->max_side + d - 1) / d * d;
+}
+
+void kpl__keep_ratio_size(int w, int h, int s, int max_side, int *out_w, int *out_h)
+{
+    double lo = w < h ? w : h, hi = w < h ? h : w;
+    double scale = fmin(s / lo, max_side / hi);
+    /* Python's int(x + 0.5) on a positive x, as mmcv's _scale_size. */
+    int ow = (int)floor(w * scale + 0.5), oh = (int)floor(h * scale + 0.5);
+    *out_w = ow < 1 ? 1 : ow > max_side ? max_side : ow;
+    *out_h = oh < 1 ? 1 : oh > max_side ? max_side : oh;
 }
 
 size_t kpl__xform_image_bytes(const kpl__xform *x)
@@ -659,10 +696,10 @@ KPL_CLONES static void norm_row(const uint8_t *restrict src, float mean, float s
 /* The last pass: img (C, H, W) u8 to out (C, H, W), mirrored when `flip`,
  * jittered by factors jb, jc, js (1: off) in that order, then normalized
  * (f32) or rounded (u8). */
-static void emit(const kpl__xform *x, const uint8_t *img, bool flip, float jb, float jc,
-                 float js, void *dst)
+static void emit(const kpl__xform *x, const uint8_t *img, int H, int W, bool flip, float jb,
+                 float jc, float js, void *dst)
 {
-    const int C = x->out_c, H = x->out_h, W = x->out_w;
+    const int C = x->out_c;
     const size_t plane = (size_t)H * W;
     const bool f32 = x->cfg.out_dtype == KPL_F32;
     const bool jitter = jb != 1 || jc != 1 || (js != 1 && C == 3);
@@ -728,10 +765,12 @@ static float jitter_factor(float amount, double u)
 }
 
 /* Boxes of the stored image through the crop box (bx, by, bw, bh), the
- * resize to W x H and the flip: clipped, empty ones dropped. */
+ * resize to OW x OH and the flip: clipped, empty ones dropped.  More stored
+ * boxes than max_boxes is an error, not a truncation: which boxes a loss
+ * sees must not depend on their order in the file. */
 static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values, double bx,
-                           double by, double bw, double bh, bool flip, const char *where,
-                           const kpl__sample_out *out)
+                           double by, double bw, double bh, int OW, int OH, bool flip,
+                           const char *where, const kpl__sample_out *out)
 {
     const kpl_feature_value *fb = &values[x->boxes];
     KPL_CHECK(fb->count % 4 == 0, KPL_EFORMAT, "%s: %u box values, not a multiple of 4", where,
@@ -741,10 +780,15 @@ static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values,
         KPL_CHECK(values[x->box_labels].count == n, KPL_EFORMAT,
                   "%s: %u box labels for %u boxes", where, values[x->box_labels].count, n);
     const int64_t M = x->cfg.max_boxes;
-    const float W = (float)x->out_w, H = (float)x->out_h;
-    const double sx = x->out_w / bw, sy = x->out_h / bh;
+    /* KPL_EINVAL, not KPL_EFORMAT: the file is fine, the configuration is
+     * too small for it, so skip_corrupt does not drop the sample. */
+    KPL_CHECK(n <= M, KPL_EINVAL, "%s: %u boxes, more than max_boxes %lld (raise max_boxes to "
+              "the most boxes an example holds; in a recipe data.<split>.max_boxes)", where, n,
+              (long long)M);
+    const float W = (float)OW, H = (float)OH;
+    const double sx = OW / bw, sy = OH / bh;
     int64_t kept = 0;
-    for (uint32_t i = 0; i < n && kept < M; i++) {
+    for (uint32_t i = 0; i < n; i++) {
         float b[4];
         memcpy(b, (const uint8_t *)fb->data + 16 * (size_t)i, 16);
         float x0 = (float)((b[0] - bx) * sx), x1 = (float)((b[2] - bx) * sx);
@@ -777,12 +821,12 @@ static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values,
     return KPL_OK;
 }
 
-/* Nearest-neighbour: output pixel centers mapped into the stored image. */
-static void do_mask(const kpl__xform *x, const kpl__img_view *m, double bx, double by, double bw,
-                    double bh, bool flip, kpl__xform_scratch *s, uint8_t *out)
+/* Nearest-neighbour: output pixel centers mapped into the stored image,
+ * written as (H, W). */
+static void do_mask(const kpl__img_view *m, double bx, double by, double bw, double bh, int H,
+                    int W, bool flip, kpl__xform_scratch *s, uint8_t *out)
 {
-    const int W = x->out_w, H = x->out_h;
-    int *col = s->ax.start; /* reuse: resize is done; sized >= out_w */
+    int *col = s->ax.start; /* reuse: resize is done; sized >= W */
     for (int i = 0; i < W; i++) {
         int sx = (int)floor(bx + (i + 0.5) * bw / W);
         col[flip ? W - 1 - i : i] = sx < 0 ? 0 : sx >= m->w ? m->w - 1 : sx;
@@ -824,7 +868,8 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
      * signatures whatever the schema's hint says. */
     KPL_TRY(kpl__img_open(s->dec, iv->data, iv->count, raw[0] > 0 ? "raw" : "", raw, where,
                           &info));
-    const int W = info.width, H = info.height, OW = x->out_w, OH = x->out_h;
+    const int W = info.width, H = info.height;
+    int OW = x->out_w, OH = x->out_h;
 
     /* The draws, in this order: flip, brightness, contrast, saturation, then
      * the crop's (docs/transforms.md). */
@@ -853,6 +898,11 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         double top = rint((rh - OH) / 2.0), left = rint((rw - OW) / 2.0);
         double fx = (double)W / rw, fy = (double)H / rh;
         bx = left * fx, by = top * fy, bw = OW * fx, bh = OH * fy;
+    } else if (cfg->crop == KPL_CROP_KEEP_RATIO) {
+        /* The whole image at this sample's own size. */
+        int n = cfg->num_short_sides;
+        int k = n > 1 ? (int)kpl__rng_below(&r, (uint64_t)n) : 0;
+        kpl__keep_ratio_size(W, H, cfg->short_sides[k], cfg->max_side, &OW, &OH);
     }
 
     /* DCT-domain scaling: the strongest that leaves the crop at least the
@@ -893,8 +943,10 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
                            f32 ? cfg : NULL, flip));
     } else if (out->image) {
         KPL_TRY(resize_to_planes(s, &v, s->img));
-        emit(x, s->img, flip, jb, jc, js, out->image);
+        emit(x, s->img, OH, OW, flip, jb, jc, js, out->image);
     }
+    if (out->size) out->size[0] = OH, out->size[1] = OW;
+    if (out->orig_size) out->orig_size[0] = H, out->orig_size[1] = W;
 
     if (out->label && x->label >= 0) {
         KPL_CHECK(values[x->label].count >= 1, KPL_EFORMAT, "example %lld: label feature '%s' "
@@ -905,7 +957,7 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         char bw_where[160];
         snprintf(bw_where, sizeof bw_where, "example %lld, feature '%s'", (long long)example,
                  cfg->boxes_feature);
-        KPL_TRY(do_boxes(x, values, bx, by, bw, bh, flip, bw_where, out));
+        KPL_TRY(do_boxes(x, values, bx, by, bw, bh, OW, OH, flip, bw_where, out));
     }
     if (x->mask >= 0 && out->mask) {
         char mw[160];
@@ -914,7 +966,7 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         const kpl_feature_value *mv = &values[x->mask];
         kpl__img_view m;
         KPL_TRY(kpl__mask_decode(s->dec, mv->data, mv->count, "", W, H, mw, &m));
-        do_mask(x, &m, bx, by, bw, bh, flip, s, out->mask);
+        do_mask(&m, bx, by, bw, bh, OH, OW, flip, s, out->mask);
     }
     return KPL_OK;
 }

@@ -48,8 +48,9 @@ typedef struct {
     /* The loader's own settings: batch_size (per rank; val 0: train's),
      * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
      * and the transform's (channels, crop, out_h/out_w, scale, ratio,
-     * resize_shorter, flip_prob, brightness, contrast, saturation, mean,
-     * std, skip_corrupt).  Its pointers (path, device, feature names) are
+     * resize_shorter, short_sides, max_side, size_divisor, mask_pad,
+     * flip_prob, brightness, contrast, saturation, mean, std,
+     * skip_corrupt).  Its pointers (path, device, feature names) are
      * NULL here: the trainer points them at the split's fields. */
     kpl_loader_config loader;
     int nmean, nstd;            /* values given for mean and std: 1 (for every channel) or 3 */

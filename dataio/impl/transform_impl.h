@@ -11,14 +11,15 @@
 #include "dataio_impl.h"
 
 /* A transform resolved against a dataset's schema: feature indices and
- * the fixed per-sample output sizes.  Plain value, no resources. */
+ * the per-sample output sizes (fixed; for CROP_KEEP_RATIO the canvas, the
+ * largest a sample can be).  Plain value, no resources. */
 typedef struct {
     kpl_transform_config cfg; /* the strings point into the caller's config */
     int image, label, boxes, box_labels, mask; /* feature indices, -1: absent */
     int raw_h, raw_w, raw_c; /* the image feature's fixed shape when encoding is "raw" */
     int raw_shape;           /* raw without a fixed shape: the int64 feature "<image>_shape"
                               * holding each record's (H, W, C); -1 otherwise */
-    int out_h, out_w, out_c; /* resolved output size */
+    int out_h, out_w, out_c; /* resolved output size; keep_ratio: the canvas */
 } kpl__xform;
 
 /* Resolves cfg against ds: finds the features (each missing or mistyped one
@@ -31,14 +32,24 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg,
 size_t kpl__xform_image_bytes(const kpl__xform *x); /* (out_c, out_h, out_w) of out_dtype */
 size_t kpl__xform_mask_bytes(const kpl__xform *x);  /* (out_h, out_w) u8 */
 
-/* Where one sample's outputs go (NULL for outputs the transform lacks). */
+/* CROP_KEEP_RATIO's output size for a w x h image and short side s:
+ * scale = min(s / min(w, h), max_side / max(w, h)), each side
+ * floor(side * scale + 0.5) (mmcv's rescale_size), at least 1. */
+void kpl__keep_ratio_size(int w, int h, int s, int max_side, int *out_w, int *out_h);
+
+/* Where one sample's outputs go (NULL for outputs the transform lacks).
+ * Image and mask are written densely at the sample's own size (h, w):
+ * (out_h, out_w), or for CROP_KEEP_RATIO its resized size, which `size`
+ * receives. */
 typedef struct {
-    void *image;          /* (C, H, W) of cfg.out_dtype */
+    void *image;          /* (C, h, w) of cfg.out_dtype */
     int64_t *label;       /* (1): the label feature's first value */
     float *boxes;         /* (max_boxes, 4) x0,y0,x1,y1 in output pixels; unused rows 0 */
     int64_t *box_labels;  /* (max_boxes); unused -1 */
     int64_t *num_boxes;   /* (1) */
-    uint8_t *mask;        /* (H, W), nearest-neighbour resampled */
+    uint8_t *mask;        /* (h, w), nearest-neighbour resampled */
+    int64_t *size;        /* (2): h, w of the image and mask written */
+    int64_t *orig_size;   /* (2): h, w of the stored image (after its EXIF orientation) */
 } kpl__sample_out;
 
 /* Per-process scratch memory (decode and resize buffers), grown on demand

@@ -4,11 +4,13 @@
  * order the sampler gives, the same batches whatever the worker count,
  * resume equivalence, a killed worker or reader reported within a second
  * with no process left behind, corrupt images skipped or reported, bad
- * configurations refused, and boxes, box labels and masks in their own
- * tensors. */
+ * configurations refused, boxes, box labels and masks in their own
+ * tensors, and keep_ratio batches of mixed sizes padded, with each image's
+ * size. */
 #define KPL_TEST_NAME "loader"
 #include "dataio_test.h"
 #include "loader_impl.h"
+#include "transform_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -936,6 +938,259 @@ static void test_loader_boxes_and_masks(void **state)
     kpl_loader_destroy(l);
 }
 
+/* ---- keep_ratio: images of their own sizes, batches padded ---- */
+
+#define KR_N 13
+#define KR_BAD 7 /* its bytes are one short of its shape: corrupt */
+
+static int kr_h(int64_t e) { return 24 + 9 * (int)(e % 4); }
+static int kr_w(int64_t e) { return 30 + 13 * (int)(e % 3); }
+
+/* Raw images of differing sizes (image_shape per record), landscape and
+ * portrait, one box each (example 11: three), a mask, one corrupt
+ * example. */
+static const char *kr_set(void)
+{
+    const char *p = tmp_path("keep_ratio");
+    if (access(p, F_OK) == 0) return p;
+    kpl_feature_spec schema[5];
+    det_schema(schema);
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    wc.chunk_bytes = 8192;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(p, 5, schema, &wc, &w));
+    for (int64_t e = 0; e < KR_N; e++) {
+        int h = kr_h(e), wd = kr_w(e);
+        uint8_t *img = malloc((size_t)h * wd * 3), *mask = malloc((size_t)h * wd);
+        for (int y = 0; y < h; y++)
+            for (int x = 0; x < wd; x++) {
+                for (int c = 0; c < 3; c++)
+                    img[((size_t)y * wd + x) * 3 + c] = (uint8_t)((e * 5 + x * 3 + y * 2 + c * 40) % 200);
+                mask[(size_t)y * wd + x] = (uint8_t)((x + y + e) % 7);
+            }
+        int64_t shape[3] = {h, wd, 3}, cls[3] = {e, 100 + e, 200 + e};
+        float boxes[12] = {2, 3, (float)(wd - 4), (float)(h - 5), 0, 0, 5, 5, 1, 1, 9, 9};
+        int nb = e == 11 ? 3 : 1;
+        kpl_feature_value v[5] = {{img, (uint32_t)(h * wd * 3 - (e == KR_BAD))}, {shape, 3},
+                                  {boxes, (uint32_t)(4 * nb)}, {cls, (uint32_t)nb},
+                                  {mask, (uint32_t)(h * wd)}};
+        OK(kpl_record_writer_add(w, v));
+        free(img);
+        free(mask);
+    }
+    OK(kpl_record_writer_close(w));
+    return p;
+}
+
+static kpl_loader_config kr_config(int workers, int divisor, int mask_pad)
+{
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = kr_set();
+    c.batch_size = 5;
+    c.workers = workers;
+    c.seed = 9;
+    c.shuffle = KPL_SHUFFLE_EXAMPLE;
+    kpl_transform_config *t = &c.transform;
+    t->label_feature = NULL;
+    t->boxes_feature = "boxes";
+    t->box_labels_feature = "classes";
+    t->mask_feature = "mask";
+    t->max_boxes = 3;
+    t->crop = KPL_CROP_KEEP_RATIO;
+    t->short_sides[0] = 40, t->short_sides[1] = 56, t->short_sides[2] = 72;
+    t->num_short_sides = 3;
+    t->max_side = 90;
+    t->size_divisor = divisor;
+    t->mask_pad = mask_pad;
+    t->flip_prob = 0.5f;
+    for (int k = 0; k < 3; k++) t->mean[k] = 0.5f, t->std[k] = 0.25f; /* no pixel is 0 */
+    t->skip_corrupt = true;
+    return c;
+}
+
+/* Two epochs of c's batches, each sample checked against the transform run
+ * alone on its example (the same key): the image and mask at the top
+ * left of the batch's (Hb, Wb), 0 and mask_pad around them, Hb and Wb the
+ * largest height and width rounded up to the divisor, image_size and
+ * orig_size, boxes in output pixels.  Returns a CRC32C of every batch's
+ * bytes, in order, and counts batches of mixed sizes. */
+static uint32_t kr_check(const kpl_loader_config *c, int *mixed)
+{
+    const kpl_transform_config *t = &c->transform;
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(c->path, &ds));
+    kpl__xform x;
+    OK(kpl__xform_init(&x, t, ds));
+    kpl__xform_scratch *scr = NN(kpl__xform_scratch_create());
+    kpl_chunk *ch = NN(kpl_chunk_create());
+    const int side = kpl_transform_canvas_side(t), d = t->size_divisor > 1 ? t->size_divisor : 1;
+    assert_int_equal(side, d == 32 ? 96 : 90);
+    float *ref = malloc(sizeof(float) * 3 * side * side), rb[12];
+    uint8_t *rm = malloc((size_t)side * side);
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(c, &l));
+    uint32_t crc = 0;
+    int64_t seen = 0, skipped = 0;
+    for (int epoch = 0; epoch < 2; epoch++) {
+        kpl_batch b;
+        for (bool last = false; !last;) {
+            OK(kpl_loader_next(l, &b));
+            last = b.last;
+            skipped += b.skipped;
+            const int64_t n = b.size, H = kpl_tensor_dim(b.image, 2), W = kpl_tensor_dim(b.image, 3);
+            assert_int_equal(kpl_tensor_dim(b.image, 0), n);
+            assert_int_equal(kpl_tensor_dim(b.image, 1), 3);
+            assert_int_equal(kpl_tensor_dim(b.mask, 1), H);
+            assert_int_equal(kpl_tensor_dim(b.mask, 2), W);
+            assert_int_equal(kpl_tensor_dim(b.image_size, 1), 2);
+            const float *im = kpl_tensor_host_data(b.image), *bx = kpl_tensor_host_data(b.boxes);
+            const uint8_t *m = kpl_tensor_host_data(b.mask);
+            const int64_t *ex = kpl_tensor_host_data(b.example);
+            const int64_t *sz = kpl_tensor_host_data(b.image_size);
+            const int64_t *orig = kpl_tensor_host_data(b.orig_size);
+            const int64_t *nb = kpl_tensor_host_data(b.num_boxes);
+            const int64_t *bl = kpl_tensor_host_data(b.box_labels);
+            int64_t mh = 0, mw = 0;
+            bool differ = false;
+            for (int64_t i = 0; i < n; i++) {
+                mh = sz[2 * i] > mh ? sz[2 * i] : mh;
+                mw = sz[2 * i + 1] > mw ? sz[2 * i + 1] : mw;
+                differ |= sz[2 * i] != sz[0] || sz[2 * i + 1] != sz[1];
+            }
+            assert_int_equal(H, (mh + d - 1) / d * d);
+            assert_int_equal(W, (mw + d - 1) / d * d);
+            *mixed += differ;
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t e = ex[i]; /* one shard: example number = writing order */
+                assert_true(e != KR_BAD);
+                assert_int_equal(orig[2 * i], kr_h(e));
+                assert_int_equal(orig[2 * i + 1], kr_w(e));
+                kpl_feature_value v[5];
+                OK(kpl_dataset_read_example(ds, e, ch, v));
+                int64_t rs[2], rn = -1, rl[3];
+                kpl__sample_out o = {.image = ref, .boxes = rb, .box_labels = rl,
+                                     .num_boxes = &rn, .mask = rm, .size = rs};
+                OK(kpl__xform_sample(&x, v, c->seed, b.epoch, e, scr, &o));
+                const int64_t h = rs[0], w = rs[1];
+                assert_int_equal(sz[2 * i], h);
+                assert_int_equal(sz[2 * i + 1], w);
+                /* the short side is one of the list, or the long side is capped */
+                int64_t lo = h < w ? h : w, hi = h < w ? w : h;
+                assert_true(lo == 40 || lo == 56 || lo == 72 || hi == 90);
+                for (int k = 0; k < 3; k++)
+                    for (int64_t y = 0; y < H; y++)
+                        for (int64_t xx = 0; xx < W; xx++) {
+                            float got = im[((i * 3 + k) * H + y) * W + xx];
+                            float want = y < h && xx < w ? ref[(k * h + y) * w + xx] : 0.0f;
+                            if (memcmp(&got, &want, 4))
+                                fail_msg("example %lld channel %d (%lld, %lld) of %lldx%lld in "
+                                         "%lldx%lld: %g, want %g", (long long)e, k, (long long)y,
+                                         (long long)xx, (long long)h, (long long)w,
+                                         (long long)H, (long long)W, got, want);
+                        }
+                for (int64_t y = 0; y < H; y++)
+                    for (int64_t xx = 0; xx < W; xx++)
+                        assert_int_equal(m[(i * H + y) * W + xx],
+                                         y < h && xx < w ? rm[y * w + xx] : t->mask_pad);
+                /* the box: (2, 3, w0 - 4, h0 - 5) of the stored w0 x h0 in output
+                 * pixels, mirrored or not */
+                assert_int_equal(nb[i], rn);
+                assert_int_equal(nb[i], e == 11 ? 3 : 1);
+                assert_memory_equal(bx + i * 12, rb, sizeof(float) * 4 * (size_t)rn);
+                double sx = (double)w / kr_w(e), sy = (double)h / kr_h(e);
+                double x0 = 2 * sx, x1 = (kr_w(e) - 4) * sx;
+                bool mirrored = fabs(bx[i * 12] - x0) > 1e-3;
+                if (mirrored) x0 = w - (kr_w(e) - 4) * sx, x1 = w - 2 * sx;
+                assert_float_equal(bx[i * 12], x0, 1e-3);
+                assert_float_equal(bx[i * 12 + 1], 3 * sy, 1e-3);
+                assert_float_equal(bx[i * 12 + 2], x1, 1e-3);
+                assert_float_equal(bx[i * 12 + 3], (kr_h(e) - 5) * sy, 1e-3);
+                assert_int_equal(bl[i * 3], e);
+                seen++;
+            }
+            kpl_tensor *parts[] = {b.image, b.mask, b.image_size, b.orig_size, b.boxes, b.example};
+            for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+                crc = kpl_crc32c(crc, kpl_tensor_host_data(parts[k]),
+                                 (size_t)kpl_tensor_numel(parts[k]) *
+                                     kpl_dtype_size(kpl_tensor_dtype(parts[k])));
+            kpl_batch_release(&b);
+        }
+    }
+    assert_int_equal(seen, 2 * (KR_N - 1));
+    assert_int_equal(skipped, 2);
+    kpl_loader_destroy(l);
+    free(ref);
+    free(rm);
+    kpl_chunk_destroy(ch);
+    kpl__xform_scratch_destroy(scr);
+    kpl_dataset_close(ds);
+    return crc;
+}
+
+static void test_loader_keep_ratio(void **state)
+{
+    (void)state;
+    int mixed = 0;
+    kpl_loader_config c = kr_config(2, 32, 255);
+    uint32_t a = kr_check(&c, &mixed);
+    assert_true(mixed >= 2); /* batches of differing sizes were padded */
+    /* The number of workers changes nothing. */
+    for (int workers = 1; workers <= 3; workers += 2) {
+        c = kr_config(workers, 32, 255);
+        assert_int_equal(kr_check(&c, &mixed), a);
+    }
+    /* No rounding, masks padded with 0. */
+    c = kr_config(2, 0, 0);
+    kr_check(&c, &mixed);
+
+    /* The batches of a hand-checked order: shuffle none, one short side,
+     * batch 4: examples 0-3 are 30x24, 43x33, 56x42, 30x51 (w x h); short
+     * side 40 with max_side 90 gives 50x40, 52x40, 53x40, 40x68; padded
+     * to 96 high (68 rounded up to 32s) and 64 wide (53). */
+    c = kr_config(2, 32, 255);
+    c.shuffle = KPL_SHUFFLE_NONE;
+    c.batch_size = 4;
+    c.transform.num_short_sides = 1;
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    kpl_batch b;
+    OK(kpl_loader_next(l, &b));
+    assert_int_equal(b.size, 4);
+    assert_int_equal(kpl_tensor_dim(b.image, 2), 96);
+    assert_int_equal(kpl_tensor_dim(b.image, 3), 64);
+    const int64_t want[4][4] = {{40, 50, 24, 30}, {40, 52, 33, 43}, {40, 53, 42, 56},
+                                {68, 40, 51, 30}};
+    const int64_t *sz = kpl_tensor_host_data(b.image_size), *orig = kpl_tensor_host_data(b.orig_size);
+    for (int i = 0; i < 4; i++) {
+        assert_int_equal(sz[2 * i], want[i][0]);
+        assert_int_equal(sz[2 * i + 1], want[i][1]);
+        assert_int_equal(orig[2 * i], want[i][2]);
+        assert_int_equal(orig[2 * i + 1], want[i][3]);
+    }
+    assert_ptr_equal(kpl_batch_get(&b, "image_size"), b.image_size);
+    assert_ptr_equal(kpl_batch_get(&b, "orig_size"), b.orig_size);
+    kpl_batch_release(&b);
+    kpl_loader_destroy(l);
+
+    /* Example 11 stores 3 boxes: with max_boxes 2 the loader stops naming
+     * it and the key to raise, skip_corrupt or not. */
+    c = kr_config(1, 32, 0);
+    c.transform.max_boxes = 2;
+    OK(kpl_loader_create(&c, &l));
+    kpl_status st = KPL_OK;
+    for (int i = 0; i < 10 && st == KPL_OK; i++) {
+        st = kpl_loader_next(l, &b);
+        kpl_batch_release(&b);
+    }
+    assert_int_equal(st, KPL_ECHILD);
+    assert_non_null(strstr(kpl_last_error(), "example 11 (shard 0, chunk "));
+    assert_non_null(strstr(kpl_last_error(), "feature 'boxes': 3 boxes, more than max_boxes 2 "
+                                             "(raise max_boxes"));
+    assert_non_null(strstr(kpl_last_error(), "data.<split>.max_boxes"));
+    kpl_loader_destroy(l);
+    assert_no_children();
+}
+
 /* Example shuffling over stored (uncompressed) chunks reads each record
  * alone: the same batches as over compressed chunks of the same layout,
  * and a damaged record is still caught, named by chunk and record. */
@@ -1004,6 +1259,7 @@ int main(void)
         cmocka_unit_test(test_loader_bad_config),
         cmocka_unit_test(test_loader_slots_held),
         cmocka_unit_test(test_loader_boxes_and_masks),
+        cmocka_unit_test(test_loader_keep_ratio),
         cmocka_unit_test(test_loader_record_reads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

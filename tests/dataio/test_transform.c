@@ -4,7 +4,8 @@
  * type against the values written; the resize against a double-precision
  * reference of the same filter; random-resized-crop parameters, keying,
  * flip, normalization and jitter against hand arithmetic; boxes and masks
- * through crop, resize and flip; corrupt images; config validation. */
+ * through crop, resize and flip, for every crop mode; keep_ratio's sizes
+ * and its draw of the short side; corrupt images; config validation. */
 #define KPL_TEST_NAME "transform"
 #include "dataio_test.h"
 #include "transform_impl.h"
@@ -1042,7 +1043,7 @@ static void test_boxes_and_mask(void **state)
         40, 40, 40, 60,   /* zero width: dropped */
         95, 0, 100, 10,   /* right of the crop: dropped */
         20, 60, 120, 100, /* clipped right and bottom */
-        30, 30, 40, 40,   /* over max_boxes */
+        30, 30, 40, 40,   /* the sixth: max_boxes must be 6 or more */
     };
     const int64_t blabels[6] = {1, 2, 3, 4, 5, 6};
     kpl_feature_spec sc[4] = {
@@ -1073,13 +1074,21 @@ static void test_boxes_and_mask(void **state)
     cfg.boxes_feature = "boxes";
     cfg.box_labels_feature = "cls";
     cfg.mask_feature = "seg";
-    cfg.max_boxes = 4;
     cfg.crop = KPL_CROP_CENTER;
     cfg.resize_shorter = 40;
     cfg.out_h = cfg.out_w = 40;
-    float out_img[3 * 40 * 40], ob[4 * 4];
-    int64_t ol[4], nbox = -1;
+    float out_img[3 * 40 * 40], ob[4 * 6];
+    int64_t ol[6], nbox = -1;
     uint8_t om[40 * 40];
+    /* Six stored boxes and room for 4 is an error naming the example, not
+     * a truncation to the first 4 (even though only 4 survive this crop),
+     * and KPL_EINVAL, which skip_corrupt does not skip. */
+    cfg.max_boxes = 4;
+    kpl__sample_out ex4 = {.boxes = ob, .box_labels = ol, .num_boxes = &nbox};
+    FAILS(sample(ds, &cfg, 0, 1, 0, out_img, &ex4), KPL_EINVAL,
+          "example 0, feature 'boxes': 6 boxes, more than max_boxes 4 (raise max_boxes to the "
+          "most boxes an example holds; in a recipe data.<split>.max_boxes)");
+    cfg.max_boxes = 6;
     for (int flip = 0; flip < 2; flip++) {
         cfg.flip_prob = (float)flip;
         kpl__sample_out ex = {.boxes = ob, .box_labels = ol, .num_boxes = &nbox, .mask = om};
@@ -1096,6 +1105,9 @@ static void test_boxes_and_mask(void **state)
             assert_close(ob[4 * i + 3], want[i][3], 0, 1e-5, "box y1", i);
             assert_int_equal(ol[i], wl[i]);
         }
+        for (int i = 16; i < 24; i++) assert_true(ob[i] == 0);
+        assert_int_equal(ol[4], -1);
+        assert_int_equal(ol[5], -1);
         /* Nearest: output (i, j) reads stored (10 + 2i + 1, 2j + 1). */
         for (int j = 0; j < 40; j++)
             for (int i = 0; i < 40; i++) {
@@ -1117,6 +1129,314 @@ static void test_boxes_and_mask(void **state)
     for (int i = 4; i < 8; i++) assert_int_equal(ol8[i], -1);
     FAILS(sample(ds, &cfg, 1, 1, 0, out_img, &ex8), KPL_EFORMAT,
           "example 1, feature 'boxes': 23 box values");
+    kpl_dataset_close(ds);
+}
+
+/* ---- (9b) boxes and masks through every geometric transform ------------------------- */
+
+/* Two stored images of their own sizes (raw, with an image_shape feature):
+ * a bright rectangle on a dark texture (values < 40), its box, and a mask
+ * that holds 250 inside the rectangle and a code of the position outside,
+ * so that a mask pixel read from the wrong place shows. */
+typedef struct {
+    int w, h;
+    float rect[4]; /* x0, y0, x1, y1 */
+} geo_image;
+static const geo_image geos[2] = {{120, 90, {30, 20, 78, 62}}, {70, 110, {10, 40, 50, 95}}};
+
+static uint8_t geo_mask(const geo_image *g, int x, int y)
+{
+    bool in = x >= g->rect[0] && x < g->rect[2] && y >= g->rect[1] && y < g->rect[3];
+    return (uint8_t)(in ? 250 : (x + 3 * y) % 200);
+}
+
+static kpl_dataset *geometry_set(void)
+{
+    const char *dir = tmp_path("geometry");
+    kpl_dataset *ds = NULL;
+    if (access(dir, F_OK) == 0) { /* made by an earlier test */
+        OK(kpl_dataset_open(dir, &ds));
+        return ds;
+    }
+    kpl_feature_spec sc[5];
+    det_schema(sc);
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 5, sc, &wc, &w));
+    for (int e = 0; e < 2; e++) {
+        const geo_image *g = &geos[e];
+        uint8_t *img = malloc((size_t)g->w * g->h * 3), *mask = malloc((size_t)g->w * g->h);
+        for (int y = 0; y < g->h; y++)
+            for (int x = 0; x < g->w; x++) {
+                bool in = x >= g->rect[0] && x < g->rect[2] && y >= g->rect[1] && y < g->rect[3];
+                for (int c = 0; c < 3; c++)
+                    img[((size_t)y * g->w + x) * 3 + c] = (uint8_t)(in ? 255 : (x * 7 + y * 3 + c) % 40);
+                mask[(size_t)y * g->w + x] = geo_mask(g, x, y);
+            }
+        int64_t shape[3] = {g->h, g->w, 3}, cls = 7 + e;
+        kpl_feature_value v[5] = {{img, (uint32_t)(g->w * g->h * 3)}, {shape, 3},
+                                  {g->rect, 4}, {&cls, 1}, {mask, (uint32_t)(g->w * g->h)}};
+        OK(kpl_record_writer_add(w, v));
+        free(img);
+        free(mask);
+    }
+    OK(kpl_record_writer_close(w));
+    OK(kpl_dataset_open(dir, &ds));
+    return ds;
+}
+
+/* Example e through cfg (u8 output) against the geometry the test worked
+ * out by hand: the crop box (bx, by, bw, bh) in stored pixels, resized to
+ * ow x oh, mirrored when flip.  Checks
+ *  - the sample's size (oh, ow) and stored size;
+ *  - the box: the rectangle through the same mapping, clipped, mirrored
+ *    (to 1e-3 px), with its label; or no box when the crop misses it;
+ *  - the bright region: the bounding box of the output pixels >= 128 is the
+ *    box to within one pixel on each side (the resampling blurs an edge
+ *    over a pixel, its half level stays on the edge);
+ *  - the mask, exactly: output (i, j) is the stored mask pixel under its
+ *    center, (floor(by + (j + 0.5) bh / oh), floor(bx + (i' + 0.5) bw / ow))
+ *    with i' = ow - 1 - i when flipped, clamped to the image.
+ * Returns whether the box survived. */
+static bool check_geometry(kpl_dataset *ds, const kpl_transform_config *cfg, int64_t e,
+                           uint64_t seed, int64_t epoch, double bx, double by, double bw, double bh,
+                           int ow, int oh, bool flip, const char *what)
+{
+    const geo_image *g = &geos[e];
+    size_t cap = (size_t)kpl_transform_canvas_side(cfg);
+    if (!cap) cap = (size_t)(ow > oh ? ow : oh);
+    uint8_t *img = malloc(3 * cap * cap), *mask = malloc(cap * cap);
+    float box[4 * 2];
+    int64_t lab[2], nbox = -1, size[2] = {0, 0}, orig[2] = {0, 0};
+    kpl__sample_out o = {.boxes = box, .box_labels = lab, .num_boxes = &nbox, .mask = mask,
+                         .size = size, .orig_size = orig};
+    OK(sample(ds, cfg, e, seed, epoch, img, &o));
+    if (size[0] != oh || size[1] != ow)
+        fail_msg("%s: size %lldx%lld, want %dx%d", what, (long long)size[0], (long long)size[1],
+                 oh, ow);
+    assert_int_equal(orig[0], g->h);
+    assert_int_equal(orig[1], g->w);
+
+    double want[4] = {(g->rect[0] - bx) * ow / bw, (g->rect[1] - by) * oh / bh,
+                      (g->rect[2] - bx) * ow / bw, (g->rect[3] - by) * oh / bh};
+    for (int k = 0; k < 4; k++) want[k] = fmin(fmax(want[k], 0), k % 2 ? oh : ow);
+    if (flip) {
+        double t = ow - want[2];
+        want[2] = ow - want[0];
+        want[0] = t;
+    }
+    bool survives = want[2] > want[0] && want[3] > want[1];
+    assert_int_equal(nbox, survives ? 1 : 0);
+    if (survives) {
+        for (int k = 0; k < 4; k++)
+            if (fabs(box[k] - want[k]) > 1e-3)
+                fail_msg("%s: box[%d] %.4f, want %.4f", what, k, box[k], want[k]);
+        assert_int_equal(lab[0], 7 + e);
+    }
+    assert_int_equal(lab[1], -1);
+
+    int x0 = ow, y0 = oh, x1 = 0, y1 = 0; /* the bright pixels' bounding box */
+    for (int y = 0; y < oh; y++)
+        for (int x = 0; x < ow; x++)
+            if (img[(size_t)y * ow + x] >= 128) {
+                if (x < x0) x0 = x;
+                if (y < y0) y0 = y;
+                if (x + 1 > x1) x1 = x + 1;
+                if (y + 1 > y1) y1 = y + 1;
+            }
+    if (x1 > x0) {
+        assert_true(survives);
+        double got[4] = {x0, y0, x1, y1};
+        for (int k = 0; k < 4; k++)
+            if (fabs(got[k] - want[k]) > 1.0)
+                fail_msg("%s: bright region [%d, %d) x [%d, %d), box %.2f %.2f %.2f %.2f", what,
+                         x0, x1, y0, y1, want[0], want[1], want[2], want[3]);
+    } else if (survives) { /* only a sliver of the rectangle is left: no pixel half bright */
+        assert_true(want[2] - want[0] < 1.5 || want[3] - want[1] < 1.5);
+    }
+
+    for (int j = 0; j < oh; j++)
+        for (int i = 0; i < ow; i++) {
+            int si = flip ? ow - 1 - i : i;
+            int sx = (int)floor(bx + (si + 0.5) * bw / ow), sy = (int)floor(by + (j + 0.5) * bh / oh);
+            sx = sx < 0 ? 0 : sx >= g->w ? g->w - 1 : sx;
+            sy = sy < 0 ? 0 : sy >= g->h ? g->h - 1 : sy;
+            if (mask[(size_t)j * ow + i] != geo_mask(g, sx, sy))
+                fail_msg("%s: mask (%d, %d) is %d, want stored (%d, %d) = %d", what, i, j,
+                         mask[(size_t)j * ow + i], sx, sy, geo_mask(g, sx, sy));
+        }
+    free(img);
+    free(mask);
+    return survives;
+}
+
+static void test_geometry_every_transform(void **state)
+{
+    (void)state;
+    kpl_dataset *ds = geometry_set();
+    kpl_transform_config base = KPL_TRANSFORM_CONFIG_INIT;
+    base.label_feature = NULL;
+    base.boxes_feature = "boxes";
+    base.box_labels_feature = "classes";
+    base.mask_feature = "mask";
+    base.max_boxes = 2;
+    base.out_dtype = KPL_U8;
+    for (int flip = 0; flip < 2; flip++) {
+        base.flip_prob = (float)flip;
+        char what[96];
+        for (int e = 0; e < 2; e++) {
+            const double W = geos[e].w, H = geos[e].h;
+            /* none: the whole image to 45 x 60 */
+            kpl_transform_config c = base;
+            c.out_h = 45, c.out_w = 60;
+            snprintf(what, sizeof what, "none, example %d, flip %d", e, flip);
+            assert_true(check_geometry(ds, &c, e, 1, 0, 0, 0, W, H, 60, 45, flip, what));
+
+            /* center: shorter side to 60 (120x90 -> 80x60, 70x110 -> 60x94
+             * truncated), then the centered 60x60: offsets round(20 / 2) =
+             * 10 across, round(34 / 2) = 17 down; in stored pixels times
+             * 120/80 and 90/60, or 70/60 and 110/94 */
+            c = base;
+            c.crop = KPL_CROP_CENTER;
+            c.resize_shorter = 60;
+            c.out_h = c.out_w = 60;
+            double fx = e == 0 ? 120.0 / 80 : 70.0 / 60, fy = e == 0 ? 90.0 / 60 : 110.0 / 94;
+            double cx = e == 0 ? 10 * fx : 0, cy = e == 0 ? 0 : 17 * fy;
+            snprintf(what, sizeof what, "center, example %d, flip %d", e, flip);
+            assert_true(check_geometry(ds, &c, e, 1, 0, cx, cy, 60 * fx, 60 * fy, 60, 60, flip,
+                                       what));
+
+            /* keep_ratio: 120x90 with short side 72 -> scale 0.8, 96x72;
+             * 70x110 -> scale 72/70, 72 x round(113.14) = 113; capped by
+             * max_side 84: scale 0.7, 84x63 and 84/110: 53x84; and up,
+             * short side 135: 180x135 and 135x212 */
+            c = base;
+            c.crop = KPL_CROP_KEEP_RATIO;
+            c.num_short_sides = 1;
+            const int kr[3][2] = {{72, 1000}, {72, 84}, {135, 1000}};
+            const int want[2][3][2] = {{{96, 72}, {84, 63}, {180, 135}},
+                                       {{72, 113}, {53, 84}, {135, 212}}};
+            for (int k = 0; k < 3; k++) {
+                c.short_sides[0] = kr[k][0];
+                c.max_side = kr[k][1];
+                snprintf(what, sizeof what, "keep_ratio %d/%d, example %d, flip %d", kr[k][0],
+                         kr[k][1], e, flip);
+                assert_true(check_geometry(ds, &c, e, 1, 0, 0, 0, W, H, want[e][k][0],
+                                           want[e][k][1], flip, what));
+            }
+
+            /* random_resized to 48x48: the crops of 60 epochs, drawn from the
+             * same key as the transform does (4 uniforms first); small ones
+             * (2-20% of the area) miss the rectangle now and then */
+            c = base;
+            c.crop = KPL_CROP_RANDOM_RESIZED;
+            c.out_h = c.out_w = 48;
+            c.scale[0] = 0.02f;
+            c.scale[1] = 0.2f;
+            int kept = 0, dropped = 0;
+            for (int epoch = 0; epoch < 60; epoch++) {
+                kpl__rng r = kpl__rng_key(3, (uint64_t)epoch, (uint64_t)e);
+                for (int k = 0; k < 4; k++) kpl__rng_uniform(&r);
+                int x, y, cw, ch;
+                kpl__rrc_params(&r, (int)W, (int)H, c.scale, c.ratio, &x, &y, &cw, &ch);
+                snprintf(what, sizeof what, "random_resized epoch %d, example %d, flip %d",
+                         epoch, e, flip);
+                if (check_geometry(ds, &c, e, 3, epoch, x, y, cw, ch, 48, 48, flip, what))
+                    kept++;
+                else
+                    dropped++;
+            }
+            assert_true(kept >= 10 && dropped >= 3); /* both cases, each checked */
+            print_message("random_resized, example %d: %d crops keep the box, %d miss it\n", e,
+                          kept, dropped);
+        }
+    }
+    kpl_dataset_close(ds);
+}
+
+/* keep_ratio's size: hand arithmetic of scale = min(s / short, max / long),
+ * sides floor(x * scale + 0.5). */
+static void test_keep_ratio_size(void **state)
+{
+    (void)state;
+    const struct {
+        int w, h, s, max, ow, oh;
+    } cases[] = {
+        {640, 480, 800, 1333, 1067, 800}, /* landscape: 800/480, 640 * 5/3 = 1066.7 */
+        {480, 640, 800, 1333, 800, 1067}, /* portrait */
+        {1000, 200, 800, 1333, 1333, 267}, /* capped: 1333/1000, 200 * 1.333 = 266.6 */
+        {200, 1000, 800, 1333, 267, 1333},
+        {500, 375, 600, 1000, 800, 600},   /* exactly 1.6 */
+        {427, 640, 800, 1333, 800, 1199},  /* COCO's 427x640: 640 * 800/427 = 1199.06 */
+        {300, 300, 100, 1333, 100, 100},   /* shrinking */
+        {16384, 1, 8, 100, 100, 1},        /* the short side rounds to 0: at least 1 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        int ow = 0, oh = 0;
+        kpl__keep_ratio_size(cases[i].w, cases[i].h, cases[i].s, cases[i].max, &ow, &oh);
+        if (ow != cases[i].ow || oh != cases[i].oh)
+            fail_msg("%dx%d, short %d, max %d: %dx%d, want %dx%d", cases[i].w, cases[i].h,
+                     cases[i].s, cases[i].max, ow, oh, cases[i].ow, cases[i].oh);
+    }
+    /* The canvas: max_side rounded up to size_divisor (0 and 1: as is). */
+    kpl_transform_config c = KPL_TRANSFORM_CONFIG_INIT;
+    assert_int_equal(kpl_transform_canvas_side(&c), 0); /* not keep_ratio */
+    c.crop = KPL_CROP_KEEP_RATIO;
+    c.max_side = 1333;
+    assert_int_equal(kpl_transform_canvas_side(&c), 1344);
+    c.size_divisor = 0;
+    assert_int_equal(kpl_transform_canvas_side(&c), 1333);
+    c.size_divisor = 1;
+    assert_int_equal(kpl_transform_canvas_side(&c), 1333);
+    c.size_divisor = 64;
+    c.max_side = 128;
+    assert_int_equal(kpl_transform_canvas_side(&c), 128);
+
+    /* The short side drawn from the list with the sample's own key: after
+     * the 4 uniforms of flip and jitter, one integer below the count.  The
+     * 120x90 image with short sides 40, 60, 80: 53x40, 80x60, 107x80. */
+    kpl_dataset *ds = geometry_set();
+    kpl_transform_config k = KPL_TRANSFORM_CONFIG_INIT;
+    k.label_feature = NULL;
+    k.crop = KPL_CROP_KEEP_RATIO;
+    k.short_sides[0] = 40, k.short_sides[1] = 60, k.short_sides[2] = 80;
+    k.num_short_sides = 3;
+    k.max_side = 1000;
+    k.flip_prob = 0.5f;
+    k.out_dtype = KPL_U8;
+    kpl__xform x;
+    OK(kpl__xform_init(&x, &k, ds));
+    assert_int_equal(x.out_h, 1024); /* the canvas */
+    assert_int_equal(x.out_w, 1024);
+    assert_int_equal(kpl__xform_image_bytes(&x), 3 * 1024 * 1024);
+    const int64_t sizes[3][2] = {{40, 53}, {60, 80}, {80, 107}};
+    uint8_t *img = malloc(3 * 107 * 80), *again = malloc(3 * 107 * 80);
+    int seen[3] = {0, 0, 0};
+    for (int epoch = 0; epoch < 90; epoch++) {
+        kpl__rng r = kpl__rng_key(11, (uint64_t)epoch, 0);
+        for (int j = 0; j < 4; j++) kpl__rng_uniform(&r);
+        int want = (int)kpl__rng_below(&r, 3);
+        seen[want]++;
+        int64_t size[2] = {0, 0};
+        kpl__sample_out o = {.size = size};
+        OK(sample(ds, &k, 0, 11, epoch, img, &o));
+        assert_int_equal(size[0], sizes[want][0]);
+        assert_int_equal(size[1], sizes[want][1]);
+        OK(sample(ds, &k, 0, 11, epoch, again, &o)); /* the same key: the same bytes */
+        assert_memory_equal(img, again, (size_t)(3 * size[0] * size[1]));
+    }
+    for (int j = 0; j < 3; j++) assert_true(seen[j] >= 18); /* 30 expected of each */
+    /* One value (evaluation): always it, and no draw is made for it. */
+    k.num_short_sides = 1;
+    k.short_sides[0] = 60;
+    for (int epoch = 0; epoch < 5; epoch++) {
+        int64_t size[2] = {0, 0};
+        kpl__sample_out o = {.size = size};
+        OK(sample(ds, &k, 0, 11, epoch, img, &o));
+        assert_true(size[0] == 60 && size[1] == 80);
+    }
+    free(img);
+    free(again);
     kpl_dataset_close(ds);
 }
 
@@ -1221,6 +1541,46 @@ static void test_init_validation(void **state)
     kpl_dataset_close(ds);
 }
 
+/* keep_ratio's settings: each bad one refused by name. */
+static void test_keep_ratio_validation(void **state)
+{
+    (void)state;
+    kpl_dataset *ds = geometry_set();
+    assert_int_equal(kpl_crop_mode_parse("keep_ratio"), KPL_CROP_KEEP_RATIO);
+    assert_string_equal(kpl_crop_mode_name(KPL_CROP_KEEP_RATIO), "keep_ratio");
+    kpl__xform x;
+    kpl_transform_config ok = KPL_TRANSFORM_CONFIG_INIT;
+    ok.crop = KPL_CROP_KEEP_RATIO;
+    ok.label_feature = NULL;
+    ok.short_sides[0] = 800;
+    ok.num_short_sides = 1;
+    ok.max_side = 1333;
+    OK(kpl__xform_init(&x, &ok, ds));
+    assert_int_equal(x.out_h, 1344);
+    kpl_transform_config c = ok;
+    c.num_short_sides = 0;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "keep_ratio needs 1 to 8 short_sides, got 0");
+    c = ok;
+    c.num_short_sides = 9;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "keep_ratio needs 1 to 8 short_sides, got 9");
+    c = ok;
+    c.num_short_sides = 2; /* short_sides[1] is 0 */
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "short_sides[1] 0 is not in [1, 16384]");
+    c = ok;
+    c.max_side = 0;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "keep_ratio needs max_side in [1, 16384], got 0");
+    c = ok;
+    c.out_h = c.out_w = 224;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "out_h x out_w (224 x 224) must be 0");
+    c = ok;
+    c.size_divisor = -1;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "size_divisor -1 is not in [0, 1024]");
+    c = ok;
+    c.mask_pad = 256;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "mask_pad 256 is not in [0, 255]");
+    kpl_dataset_close(ds);
+}
+
 /* A deterministic fuzz of the image wrappers: thousands of damaged JPEGs
  * (baseline and progressive) and PNGs — bytes overwritten, streams cut —
  * through the whole sample path.  Each must decode or fail with
@@ -1297,8 +1657,11 @@ int main(void)
         cmocka_unit_test(test_keying_and_flip),
         cmocka_unit_test(test_normalize_and_jitter),
         cmocka_unit_test(test_boxes_and_mask),
+        cmocka_unit_test(test_geometry_every_transform),
+        cmocka_unit_test(test_keep_ratio_size),
         cmocka_unit_test(test_raw_fmnist),
         cmocka_unit_test(test_init_validation),
+        cmocka_unit_test(test_keep_ratio_validation),
         cmocka_unit_test(test_fuzz_damaged_images),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -8,11 +8,12 @@
  * Input: 12 settings bytes, then parts separated by "@KPL@":
  *   image [@KPL@ mask [@KPL@ boxes (f32 x0,y0,x1,y1 ...) [@KPL@ box labels (i64 ...)]]]
  * Settings:
- *   s[0]  bits 0-1 crop (none, random_resized, center), bit 2 three channels,
+ *   s[0]  bits 0-1 crop (none, random_resized, center, keep_ratio), bit 2 three channels,
  *         bit 3 u8 output, bits 4-5 the image feature (sniffed JPEG/PNG; raw
  *         (6, 5, 3); raw (7, 4, 1); raw (5, 6)), bit 6 boxes, bit 7 mask
- *   s[1], s[2]  output height and width (1..48)
- *   s[3]  center crop: resize_shorter beyond the output size
+ *   s[1], s[2]  output height and width (1..48); keep_ratio: its short sides
+ *   s[3]  center crop: resize_shorter beyond the output size; keep_ratio: bit 0
+ *         one or two short sides, max_side 1 + s[3] % 64 (size_divisor s[6] & 31)
  *   s[4]  flip probability;  s[5] jitter amounts;  s[6] scale and ratio
  *   s[7]  bits 0-1 the direct decode's encoding ("", jpeg, png, raw),
  *         bits 2-3 its DCT scale (1/1 .. 1/8), bit 4 its channels, bits 5-7
@@ -146,7 +147,7 @@ static void sample(const uint8_t *s, fuzz_part *parts, int np)
     int which = (s[0] >> 4) & 3;
     bool boxes = s[0] & 64, mask = (s[0] & 128) && np > 1;
     kpl_transform_config cfg = KPL_TRANSFORM_CONFIG_INIT;
-    cfg.crop = (kpl_crop_mode)((s[0] & 3) % 3);
+    cfg.crop = (kpl_crop_mode)(s[0] & 3); /* none, random_resized, center, keep_ratio */
     cfg.channels = s[0] & 4 ? 3 : 1;
     cfg.out_dtype = s[0] & 8 ? KPL_U8 : KPL_F32;
     cfg.out_h = 1 + s[1] % 48;
@@ -160,6 +161,14 @@ static void sample(const uint8_t *s, fuzz_part *parts, int np)
     cfg.scale[1] = cfg.scale[0] + (1.0f - cfg.scale[0]) * ((s[5] >> 6) & 3) / 3.0f;
     cfg.ratio[0] = 0.25f + (s[6] >> 4) * 0.05f;
     cfg.ratio[1] = cfg.ratio[0] * (1.0f + (s[6] >> 4) * 0.2f);
+    if (cfg.crop == KPL_CROP_KEEP_RATIO) {
+        cfg.out_h = cfg.out_w = 0;
+        cfg.short_sides[0] = 1 + s[1] % 48;
+        cfg.short_sides[1] = 1 + s[2] % 48;
+        cfg.num_short_sides = 1 + (s[3] & 1);
+        cfg.max_side = 1 + s[3] % 64;
+        cfg.size_divisor = s[6] & 31;
+    }
     for (int c = 0; c < 3; c++) cfg.mean[c] = 0.45f, cfg.std[c] = 0.25f;
     if (boxes) {
         cfg.boxes_feature = "boxes";

@@ -24,6 +24,16 @@ static void write_file(const char *name, const char *text, char *path, size_t le
     kpl_test_write(dir, name, text, path, len);
 }
 
+/* Each case written to bad.yaml and loaded (recipe_case.h). */
+static void check_cases(const recipe_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char path[128];
+        write_file("bad.yaml", cases[i].yaml, path, sizeof path);
+        check_recipe_case(i, &cases[i], path, &R);
+    }
+}
+
 static void test_defaults(void **state)
 {
     (void)state;
@@ -216,11 +226,7 @@ static void test_errors(void **state)
         {MIN, "optimiser.lr=1", KPL_EINVAL,
          "override 'optimiser.lr=1': unknown key 'optimiser.lr' (did you mean 'optimizer.lr'?)"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        char path[128];
-        write_file("bad.yaml", cases[i].yaml, path, sizeof path);
-        check_recipe_case(i, &cases[i], path, &R);
-    }
+    check_cases(cases, sizeof cases / sizeof cases[0]);
     FAILS(kpl_recipe_load("/nonexistent/r.yaml", 0, NULL, &R), KPL_EIO,
           "recipe /nonexistent/r.yaml: No such file");
     /* only regular files of a sane size: /dev/zero would be read until
@@ -447,6 +453,68 @@ static void test_groups(void **state)
           KPL_EINVAL, "optimizer.groups[].params: a pattern of 1 to 127 characters");
 }
 
+/* keep_ratio's keys bind into the transform, and its rules point at the
+ * key to change. */
+static void test_keep_ratio_keys(void **state)
+{
+    (void)state;
+    const char *det = "epochs: 3\nmodel: {name: cnn, num_classes: 10}\noptimizer: {lr: 0.1}\n"
+                      "data:\n  train:\n    path: train\n    batch_size: 2\n    transform:\n"
+                      "      crop: keep_ratio\n      short_sides: [640, 672, 704, 736, 768, 800]\n"
+                      "      max_side: 1333\n      mask_pad: 255\n"
+                      "  val: {path: val, transform: {crop: keep_ratio, short_sides: 800, "
+                      "max_side: 1333, size_divisor: 0}}\n";
+    OK(kpl_recipe_load_string(det, "det", 0, NULL, &R));
+    const kpl_transform_config *t = &R.data.train.loader.transform, *v = &R.data.val.loader.transform;
+    assert_int_equal(t->crop, KPL_CROP_KEEP_RATIO);
+    assert_int_equal(t->num_short_sides, 6);
+    assert_int_equal(t->short_sides[0], 640);
+    assert_int_equal(t->short_sides[5], 800);
+    assert_int_equal(t->max_side, 1333);
+    assert_int_equal(t->size_divisor, 32); /* the default */
+    assert_int_equal(t->mask_pad, 255);
+    assert_int_equal(v->num_short_sides, 1);
+    assert_int_equal(v->short_sides[0], 800);
+    assert_int_equal(v->size_divisor, 0);
+    assert_int_equal(v->mask_pad, 0);
+    assert_int_equal(kpl_transform_canvas_side(t), 1344);
+    /* the resolved YAML reads back to the same values */
+    char *yaml = NULL;
+    OK(kpl_recipe_to_yaml(&R, &yaml));
+    assert_non_null(strstr(yaml, "short_sides: [640, 672, 704, 736, 768, 800]"));
+    free(yaml);
+
+    static const recipe_case cases[] = {
+        {"epochs: 3\nmodel: {name: cnn, num_classes: 10}\noptimizer: {lr: 0.1}\ndata:\n"
+         "  train: {path: t, batch_size: 3, transform: {crop: keep_ratio, max_side: 1333}}\n",
+         NULL, KPL_EINVAL, "bad.yaml:5:53: data.train.transform.crop: keep_ratio needs "
+         "data.train.transform.short_sides (e.g. [800], or [640, 672, 704, 736, 768, 800] to "
+         "train at several scales)"},
+        {MIN, "data.train.transform={crop: keep_ratio, short_sides: [800]}", KPL_EINVAL,
+         "data.train.transform.crop: keep_ratio needs data.train.transform.max_side (e.g. 1333)"},
+        {MIN "data: {train: {transform: {crop: keep_ratio, short_sides: 8, max_side: 9, "
+             "size: 8}}}\n", NULL, KPL_EFORMAT, "appears twice"},
+        {MIN, "data.train.transform={crop: keep_ratio, short_sides: 8, max_side: 9, size: 8}",
+         KPL_EINVAL, "data.train.transform.size: not with crop keep_ratio, which sizes each "
+                     "image by data.train.transform.short_sides and max_side"},
+        {MIN, "data.val.transform={crop: keep_ratio, short_sides: [8, 9], max_side: 9}",
+         KPL_EINVAL, "data.val.transform.short_sides: evaluation resizes every image the same "
+                     "way: one value, not 2"},
+        {MIN, "data.train.transform.max_side=1333", KPL_EINVAL,
+         "data.train.transform.max_side: only used with data.train.transform.crop keep_ratio "
+         "(crop is none)"},
+        {MIN, "data.val.transform.mask_pad=255", KPL_EINVAL,
+         "data.val.transform.mask_pad: only used with data.val.transform.crop keep_ratio"},
+        {MIN, "data.train.transform.short_sides=[1, 2, 3, 4, 5, 6, 7, 8, 9]", KPL_EINVAL,
+         "data.train.transform.short_sides: more than 8 values"},
+        {MIN, "data.train.transform.mask_pad=256", KPL_ERANGE,
+         "data.train.transform.mask_pad: 256 is out of range"},
+        {MIN, "data.train.transform.short_sides=[800, 0]", KPL_ERANGE,
+         "data.train.transform.short_sides: 0 is out of range"},
+    };
+    check_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
 /* Every recipe of the project loads (its bases too). */
 static void test_project_recipes(void **state)
 {
@@ -527,6 +595,7 @@ int main(void)
         cmocka_unit_test(test_fuzz),     cmocka_unit_test(test_keys),
         cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
         cmocka_unit_test(test_long_values), cmocka_unit_test(test_task),
+        cmocka_unit_test(test_keep_ratio_keys),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

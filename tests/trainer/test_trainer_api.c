@@ -2,8 +2,9 @@
  * at the edges its own tasks do not reach: a tensor added to a model after
  * the trainer took it, the caller's recipe gone after create, a small path
  * buffer for a checkpoint, a model named like the optimizer's state,
- * model.input_size against the data, an optimizer group of frozen
- * parameters only, the epoch count after resuming where an epoch ended.
+ * model.input_size against the data, keep_ratio's varying input size, an
+ * optimizer group of frozen parameters only, the epoch count after
+ * resuming where an epoch ended.
  *
  * The task: regression of an 8x8 image's mean brightness by a module with
  * an own parameter ("shift") beside a child ("body": flatten, linear). */
@@ -383,6 +384,52 @@ static void test_input_size_checked(void **state)
     free(r);
 }
 
+/* keep_ratio: the input shape is the canvas (every batch fits it), a
+ * fixed model.input_size is refused, a classification refuses the crop,
+ * and a step trains on the padded batch. */
+static void test_keep_ratio_input(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    const char *kr = "data={train: {transform: {crop: keep_ratio, short_sides: [4], "
+                     "max_side: 8, size_divisor: 8}}}";
+    kpl_recipe *r = recipe("kr", kr);
+    kpl_trainer *t = create(r, NULL);
+    assert_int_equal(kpl_trainer_input_shape(t)[0], 1);
+    assert_int_equal(kpl_trainer_input_shape(t)[1], 8); /* max_side 8, a multiple of 8 */
+    assert_int_equal(kpl_trainer_input_shape(t)[2], 8);
+    bool done = false;
+    OK(kpl_trainer_step(t, &done)); /* 8x8 images shrunk to 4x4, padded to 8x8 */
+    kpl_trainer_destroy(t);
+    free(r);
+    const char *ov[2] = {kr, "model.input_size=[8, 8]"};
+    r = malloc(sizeof *r);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "task: regression\nepochs: 1\nthreads: 1\nrun_dir: %s/kr2\ndata:\n  root: %s\n"
+             "  train: {path: train, batch_size: 16, transform: {channels: 1}}\n"
+             "optimizer: {lr: 0.05}\nlog: {progress: never, tensorboard: false}\n",
+             g_dir, g_dir);
+    OK(kpl_recipe_load_string(yaml, "kr", 2, ov, r));
+    assert_int_equal(kpl_trainer_create(r, &reg_task, NULL, &t), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "model.input_size: not with "
+                                             "data.train.transform.crop keep_ratio, whose "
+                                             "batches each have their own size (at most 8x8)"));
+    snprintf(yaml, sizeof yaml,
+             "task: classification\nepochs: 1\nthreads: 1\nrun_dir: %s/kr3\n"
+             "model: {name: cnn, num_classes: 2}\ndata:\n  root: %s\n"
+             "  train: {path: train, batch_size: 16, label_feature: \"\", transform: {channels: 1}}\n"
+             "optimizer: {lr: 0.05}\nlog: {progress: never, tensorboard: false}\n",
+             g_dir, g_dir);
+    OK(kpl_recipe_load_string(yaml, "kr", 1, ov, r));
+    assert_int_equal(kpl_trainer_create(r, kpl_task_find("classification"), NULL, &t),
+                     KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "data.train.transform.crop: classification needs "
+                                             "images of one size, and keep_ratio gives each "
+                                             "batch its own"));
+    free(r);
+}
+
 /* A group whose pattern matches frozen parameters only changes nothing:
  * the run goes on (a warning says so), the frozen body stays as it was
  * and the shift still trains at the recipe's lr. */
@@ -453,6 +500,7 @@ int main(void)
         cmocka_unit_test(test_save_path_buffer),
         cmocka_unit_test(test_model_named_optim),
         cmocka_unit_test(test_input_size_checked),
+        cmocka_unit_test(test_keep_ratio_input),
         cmocka_unit_test(test_group_of_frozen_parameters),
         cmocka_unit_test(test_epoch_after_resume),
     };

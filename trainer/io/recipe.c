@@ -337,12 +337,53 @@ static kpl_status check_unknown(const node *map, const char *prefix)
     return KPL_OK;
 }
 
+/* Where key k is given ("(default)" when it is not); needs root and loc. */
+#define AT(k) kpl__rc_where(lookup(root, k), loc, sizeof loc)
+
+/* A split's keep_ratio keys: crop keep_ratio needs short_sides and
+ * max_side and no size; the other crops leave the four at their defaults
+ * (by value: a resolved recipe lists every key); an evaluation resizes
+ * every image one way (one short side). */
+static kpl_status check_keep_ratio(node *root, const char *split, const kpl_transform_config *t,
+                                   bool eval)
+{
+    char loc[1200], k[128];
+    static const char *const only[4] = {"short_sides", "max_side", "size_divisor", "mask_pad"};
+    if (t->crop != KPL_CROP_KEEP_RATIO) {
+        const kpl_transform_config def = KPL_TRANSFORM_CONFIG_INIT;
+        const bool set[4] = {t->num_short_sides != 0, t->max_side != def.max_side,
+                             t->size_divisor != def.size_divisor, t->mask_pad != def.mask_pad};
+        for (int j = 0; j < 4; j++) {
+            snprintf(k, sizeof k, "%s.transform.%s", split, only[j]);
+            if (set[j])
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: only used with %s.transform.crop "
+                                 "keep_ratio (crop is %s)", AT(k), k, split,
+                                 kpl_crop_mode_name(t->crop));
+        }
+        return KPL_OK;
+    }
+    snprintf(k, sizeof k, "%s.transform.crop", split);
+    if (t->num_short_sides == 0 || t->max_side == 0)
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: keep_ratio needs %s.transform.%s (e.g. %s)", AT(k),
+                         k, split, t->num_short_sides ? "max_side" : "short_sides",
+                         t->num_short_sides ? "1333" : "[800], or [640, 672, 704, 736, 768, "
+                                                       "800] to train at several scales");
+    snprintf(k, sizeof k, "%s.transform.size", split);
+    if (t->out_h != 0)
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: not with crop keep_ratio, which sizes each image "
+                         "by %s.transform.short_sides and max_side", AT(k), k, split);
+    snprintf(k, sizeof k, "%s.transform.short_sides", split);
+    if (eval && t->num_short_sides > 1)
+        return KPL_ERROR(KPL_EINVAL, "%s: %s: evaluation resizes every image the same way: one "
+                         "value, not %d", AT(k), k, t->num_short_sides);
+    return KPL_OK;
+}
+
 /* Rules that join several keys; messages point at the key to change.
  * known_task: the task must be one kpl_task_find knows (the kpl command). */
 static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
 {
     char loc[1200];
-#define AT(k) kpl__rc_where(lookup(root, k), loc, sizeof loc)
     if (known_task && !kpl_task_find(r->task)) {
         char names[256];
         kpl__task_names(names, sizeof names);
@@ -390,9 +431,10 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         if (t->channels == 2)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: 1 or 3, not 2", AT(k), k);
         snprintf(k, sizeof k, "%s.transform.size", spn[i]);
-        if (t->crop != KPL_CROP_NONE && t->out_h == 0)
+        if (t->crop != KPL_CROP_NONE && t->crop != KPL_CROP_KEEP_RATIO && t->out_h == 0)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: crop '%s' needs an output size", AT(k), k,
                              kpl_crop_mode_name(t->crop));
+        KPL_TRY(check_keep_ratio(root, spn[i], t, i == 1));
     }
     if (r->data.train.loader.batch_size < 1)
         return KPL_ERROR(KPL_EINVAL, "%s: data.train.batch_size: must be >= 1",

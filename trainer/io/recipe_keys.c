@@ -102,14 +102,17 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
     F_STR("data." #sp ".box_labels_feature", data.sp.box_labels_feature, "\"\"",            \
           "box labels feature: int64 list, one per box (with boxes_feature; \"\": none)"),    \
     F_INT("data." #sp ".max_boxes", data.sp.loader.transform.max_boxes, "0", 0, 65536,        \
-          "boxes kept per image (the rest dropped); needed with boxes_feature"),             \
+          "box rows per image: at least the most boxes an example stores (more is an "       \
+          "error, never a truncation); needed with boxes_feature"),                         \
     F_STR("data." #sp ".mask_feature", data.sp.mask_feature, "\"\"",                        \
           "per-pixel mask feature: PNG or raw (H, W) u8 of the image's size, transformed "  \
           "with it (nearest neighbour); \"\": none"),                                         \
     F_INT("data." #sp ".transform.channels", data.sp.loader.transform.channels, "3", 1, 3,   \
           "image channels after decoding: 1 or 3"),                                          \
     F_ENUM("data." #sp ".transform.crop", data.sp.loader.transform.crop, "none",             \
-           kpl_crop_mode_names, "none (whole image), random_resized, center"),               \
+           kpl_crop_mode_names,                                                              \
+           "none (whole image), random_resized, center, keep_ratio (whole image, aspect "     \
+           "kept: short_sides, max_side; batches padded)"),                                  \
     F_INT2("data." #sp ".transform.size", data.sp.loader.transform.out_h,                    \
            data.sp.loader.transform.out_w, 0, "[h, w]", "[]", 1, 1 << 16,                             \
            "output [h, w] (or one value for both); []: the stored size"),                    \
@@ -122,6 +125,16 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
              "random_resized: range of the crop's aspect ratio"),                           \
     F_INT("data." #sp ".transform.resize_shorter", data.sp.loader.transform.resize_shorter,  \
           "0", 0, 1 << 16, "center: shorter side before the crop (0: the crop size)"),       \
+    F_INTS("data." #sp ".transform.short_sides", data.sp.loader.transform.short_sides,       \
+           data.sp.loader.transform.num_short_sides, "[]", 1, 1 << 14,                       \
+           "keep_ratio: the shorter side, one of these per image, drawn per sample (up to "  \
+           "8; evaluation: one)"),                                                           \
+    F_INT("data." #sp ".transform.max_side", data.sp.loader.transform.max_side, "0", 0,       \
+          1 << 14, "keep_ratio: the longer side at most this (e.g. 1333)"),                  \
+    F_INT("data." #sp ".transform.size_divisor", data.sp.loader.transform.size_divisor, "32",  \
+          0, 1024, "keep_ratio: batches padded to a multiple of this (0 or 1: not rounded)"), \
+    F_INT("data." #sp ".transform.mask_pad", data.sp.loader.transform.mask_pad, "0", 0, 255,  \
+          "keep_ratio: the value of padded mask pixels (255: segmentation's ignore)"),       \
     F_FLOAT("data." #sp ".transform.flip", data.sp.loader.transform.flip_prob, "0", 0, 1,    \
             "horizontal flip probability"),                                                  \
     F_FLOAT("data." #sp ".transform.brightness", data.sp.loader.transform.brightness, "0", 0, \

@@ -257,7 +257,8 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
     c->transform.mask_feature = s->mask_feature[0] ? s->mask_feature : NULL;
 }
 
-/* The input (C, H, W) of the model fed by split `s` ("train" or "val"). */
+/* The input (C, H, W) of the model fed by split `s` ("train" or "val"):
+ * for keep_ratio crops the largest a batch can be (the canvas). */
 static kpl_status input_shape(const kpl_recipe *r, const kpl_recipe_split *s, const char *sn,
                               int64_t *chw)
 {
@@ -267,6 +268,14 @@ static kpl_status input_shape(const kpl_recipe *r, const kpl_recipe_split *s, co
     char size_key[64], path[PATH_MAX] = "";
     snprintf(size_key, sizeof size_key, "data.%s.transform.size", sn);
     const char *from = size_key;
+    if (t->crop == KPL_CROP_KEEP_RATIO) {
+        /* Each batch has its own size; the canvas bounds them all. */
+        int side = kpl_transform_canvas_side(t);
+        KPL_CHECK(!r->model.in_h, KPL_EINVAL, "model.input_size: not with data.%s.transform.crop "
+                  "keep_ratio, whose batches each have their own size (at most %dx%d): leave "
+                  "model.input_size out", sn, side, side);
+        h = w = side;
+    }
     if (!h) {
         kpl__data_split_path(r, s, path, sizeof path);
         kpl_dataset *ds = NULL;
