@@ -287,25 +287,25 @@ static kpl_status cpu_box(const kpl_kernel_args *args)
     /* Forward: the bins dst (out_h, out_w) of one roi over one channel   \
      * plane src (h, w).  Backward: its adjoint, the bins' gradients src   \
      * added into the plane's gradient dst. */                             \
-    static void roi_plane_##tn(const kpl_roi_attrs *a, const roi_plan_##tn *r,                \
-                               const kpl_roi_axis_##tn *ent, const uint8_t *ok, const T *src, \
-                               T *dst)                                                        \
+    static inline __attribute__((always_inline)) void roi_plane_##tn(                        \
+        const kpl_roi_attrs *a, const roi_plan_##tn *r, const kpl_roi_axis_##tn *ent,         \
+        const uint8_t *ok, const T *src, T *dst, const bool bwd)                              \
     {                                                                                         \
         int64_t gh = r->g.gh, gw = r->g.gw, w = a->w, ow = a->p.out_w;                        \
         for (int64_t ph = 0; ph < a->p.out_h; ph++)                                           \
             for (int64_t pw = 0; pw < ow; pw++) {                                             \
-                T sum = 0, gb = a->bwd ? src[ph * ow + pw] : 0;                               \
+                T sum = 0, gb = bwd ? src[ph * ow + pw] : 0;                                  \
                 for (int64_t ey = r->y + ph * gh; ey < r->y + (ph + 1) * gh; ey++) {          \
                     if (!ok[ey]) continue;                                                    \
                     for (int64_t ex = r->x + pw * gw; ex < r->x + (pw + 1) * gw; ex++) {      \
                         if (!ok[ex]) continue;                                                \
-                        if (a->bwd)                                                           \
+                        if (bwd)                                                              \
                             KPL_ROI_SCATTER(ROI_ADD, dst, w, ent[ey], ent[ex], gb, r->g.count); \
                         else                                                                  \
                             sum += KPL_ROI_BILINEAR(src, w, ent[ey], ent[ex]);                \
                     }                                                                         \
                 }                                                                             \
-                if (!a->bwd) dst[ph * ow + pw] = sum / r->g.count;                            \
+                if (!bwd) dst[ph * ow + pw] = sum / r->g.count;                               \
             }                                                                                 \
     }                                                                                         \
                                                                                               \
@@ -352,7 +352,7 @@ static kpl_status cpu_box(const kpl_kernel_args *args)
                 KPL_PARALLEL_FOR_IF(i, (k1 - k0) * C, par && kpl_n_ > 1,                      \
                     int64_t k = k0 + i / C, c = i % C;                                        \
                     roi_plane_##tn(a, &plan[k], ent, ok, in + (plan[k].batch * C + c) * hw,   \
-                                   out + (k * C + c) * oh * ow);                              \
+                                   out + (k * C + c) * oh * ow, false);                       \
                 );                                                                            \
             } else {                                                                          \
                 /* A plane at a time: the rois of one image add into it in order. */          \
@@ -361,7 +361,7 @@ static kpl_status cpu_box(const kpl_kernel_args *args)
                     for (int64_t k = k0; k < k1; k++)                                         \
                         if (plan[k].batch == n)                                               \
                             roi_plane_##tn(a, &plan[k], ent, ok, in + (k * C + c) * oh * ow,  \
-                                           out + i * hw);                                     \
+                                           out + i * hw, true);                               \
                 );                                                                            \
             }                                                                                 \
         }                                                                                     \
