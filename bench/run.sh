@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph detops (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph)
+all=(kernels autograd nn data comm train launch graph detops)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -114,6 +114,10 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
     launch)
       # kplrun against a bare mpirun: start-up, output, teardown
       "$here/bench_launch.sh" "$build/bin/kplrun" || rc=$?
+      ;;
+    detops)
+      # NMS and ROI Align against PyTorch (torch_detops.py; no torchvision)
+      "$build/bin/bench_detops" "$here" "$build" || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
