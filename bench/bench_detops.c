@@ -60,7 +60,8 @@ struct nms_ref {
 static void nms_line(const char *line, void *ctx)
 {
     struct nms_ref *r = ctx;
-    const char *ms = strstr(line, "ms="), *kept = strstr(line, "kept="), *impl = strstr(line, "impl=");
+    const char *ms = strstr(line, "ms="), *kept = strstr(line, "kept=");
+    const char *impl = strstr(line, "impl=");
     if (strncmp(line, "NMS ", 4) || !ms || !kept || !impl) return;
     r->ms = strtod(ms + 3, NULL);
     r->kept = strtod(kept + 5, NULL);
@@ -119,7 +120,8 @@ static void nms_case(const char *bench_dir, const char *work)
                 if (!isnan(one.ms)) ref = one;
             }
         }
-        fprintf(stderr, "bench_detops: nms round %d: kpl %.3f ms, torch %.3f ms\n", r, kms[r], rms[r]);
+        fprintf(stderr, "bench_detops: nms round %d: kpl %.3f ms, torch %.3f ms\n", r, kms[r],
+                rms[r]);
     }
     if (!isnan(ref.kept) && ref.kept != (double)kept) {
         fprintf(stderr, "bench_detops: nms kept %lld boxes, the reference %g\n", (long long)kept,
@@ -127,7 +129,8 @@ static void nms_case(const char *bench_dir, const char *work)
         exit(1);
     }
     char refname[96], kr[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN];
-    snprintf(refname, sizeof refname, "torch-%s-greedy-loop (pure PyTorch; no torchvision)", ref.impl);
+    snprintf(refname, sizeof refname, "torch-%s-greedy-loop (pure PyTorch; no torchvision)",
+             ref.impl);
     bench_jrange(kr, kms, rounds);
     bench_jrange(rr, rms, rounds);
     bench_emit("nms", "10k_f32_thr0.5/t1", "ms", 0, bench_median(kms, rounds),

@@ -644,7 +644,8 @@ kpl_status kpl_topk(kpl_tensor *x, int64_t k, bool largest, kpl_tensor **values,
     kpl_device *dev = kpl_tensor_device(x);
     /* values = the chosen entries of the flattened x: index_select records
      * them, so gradients reach exactly those entries */
-    *values = kpl_reshape(kpl_index_select(kpl_reshape(x, 1, &n), 0, kpl__index_tensor(dev, nk, flat)), nd,
+    *values = kpl_reshape(kpl_index_select(kpl_reshape(x, 1, &n), 0,
+                                           kpl__index_tensor(dev, nk, flat)), nd,
                           shape);
     kpl_tensor *it = NULL;
     if ((st = kpl_tensor_from_data(dev, KPL_I64, nd, shape, idx, &it)) == KPL_OK)

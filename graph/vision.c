@@ -394,7 +394,8 @@ static void box_sizes(kpl_tensor *b, kpl_tensor **wh, kpl_tensor **ctr)
     *ctr = kpl_add(lo, kpl_scalar_op(KPL_BIN_MUL, *wh, 0.5, false));
 }
 
-kpl_tensor *kpl_box_encode_delta(kpl_tensor *boxes, kpl_tensor *anchors, const kpl_box_coder *coder)
+kpl_tensor *kpl_box_encode_delta(kpl_tensor *boxes, kpl_tensor *anchors,
+                                 const kpl_box_coder *coder)
 {
     static const char op[] = "box_encode_delta";
     const kpl_box_coder *c = coder_or_default(coder);
@@ -413,7 +414,8 @@ kpl_tensor *kpl_box_encode_delta(kpl_tensor *boxes, kpl_tensor *anchors, const k
     return kpl_concat(2, (kpl_tensor *[]){dxy, dwh}, 1);
 }
 
-kpl_tensor *kpl_box_decode_delta(kpl_tensor *deltas, kpl_tensor *anchors, const kpl_box_coder *coder)
+kpl_tensor *kpl_box_decode_delta(kpl_tensor *deltas, kpl_tensor *anchors,
+                                 const kpl_box_coder *coder)
 {
     static const char op[] = "box_decode_delta";
     const kpl_box_coder *c = coder_or_default(coder);
@@ -425,8 +427,8 @@ kpl_tensor *kpl_box_decode_delta(kpl_tensor *deltas, kpl_tensor *anchors, const 
     box_sizes(anchors, &aw, &ac);
     const double *w = c->weights;
     kpl_tensor *dxy = kpl_div(pick(deltas, 2, XY), row(deltas, 2, w));
-    kpl_tensor *dwh = kpl_scalar_op(KPL_BIN_MINIMUM, kpl_div(pick(deltas, 2, X1Y1),
-                                                             row(deltas, 2, w + 2)), c->clip, false);
+    kpl_tensor *dwh = kpl_div(pick(deltas, 2, X1Y1), row(deltas, 2, w + 2));
+    dwh = kpl_scalar_op(KPL_BIN_MINIMUM, dwh, c->clip, false);
     kpl_tensor *ctr = kpl_add(kpl_mul(dxy, aw), ac);
     kpl_tensor *half = kpl_scalar_op(KPL_BIN_MUL, kpl_mul(kpl_exp(dwh), aw), 0.5, false);
     /* (cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2) */

@@ -170,14 +170,16 @@ typedef struct {
  * (N, 4).  Both arguments must be boxes of positive width and height
  * (KPL_EINVAL naming the row otherwise); coder NULL: KPL_BOX_CODER_INIT.
  * Differentiable in both, to any order. */
-kpl_tensor *kpl_box_encode_delta(kpl_tensor *boxes, kpl_tensor *anchors, const kpl_box_coder *coder);
+kpl_tensor *kpl_box_encode_delta(kpl_tensor *boxes, kpl_tensor *anchors,
+                                 const kpl_box_coder *coder);
 /* Decodes deltas (N, 4) relative to anchors (N, 4) into boxes (N, 4)
  * (BoxCoder.decode_single): centre (cx_a + dx / wx w_a, ...), size
  * (exp(min(dw / ww, clip)) w_a, ...).  Several predictions per anchor
  * (torchvision's (N, 4 K) codes): reshape them to (N K, 4) against the
  * anchors repeated.  Differentiable in both, to any order (no gradient
  * through a clamped dw or dh, as torch.clamp). */
-kpl_tensor *kpl_box_decode_delta(kpl_tensor *deltas, kpl_tensor *anchors, const kpl_box_coder *coder);
+kpl_tensor *kpl_box_decode_delta(kpl_tensor *deltas, kpl_tensor *anchors,
+                                 const kpl_box_coder *coder);
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,8 @@
  *
  * Included by the CPU loops (kernels/cpu/cpu_vision.c) and the CUDA kernels
  * (kernels/cuda/cuda_vision.cu), as eltwise_math.h is for the element-wise
- * ops: box IoU / GIoU and NMS's threshold, then ROI Align's sampling.  The IoU / GIoU below performs, step by step, the operations that
+ * ops: box IoU / GIoU and NMS's threshold, then ROI Align's sampling.
+ * The IoU / GIoU below performs, step by step, the operations that
  * graph/vision.c records when gradients are wanted (minimum, maximum, sub,
  * relu, mul, add, where, div; each rounded once), and both kernel files are
  * compiled without fusing a multiply and an add into an FMA, so the fused

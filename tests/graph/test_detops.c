@@ -44,7 +44,8 @@ static kpl_tensor *param(kpl_dtype dt, int ndim, const int64_t *shape, const dou
     return p;
 }
 
-static void expect_values(kpl_tensor *t, const double *want, int64_t n, double tol, const char *what)
+static void expect_values(kpl_tensor *t, const double *want, int64_t n, double tol,
+                          const char *what)
 {
     if (!t) fail_msg("%s: %s", what, kpl_last_error());
     assert_int_equal(kpl_tensor_numel(t), n);
@@ -186,7 +187,8 @@ static void test_roi_align_by_hand(void **state)
                             (double[]){1, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 0, 0, 1, 1});
     kpl_tensor *y2 = NN(kpl_roi_align(x2, r2, 1, 1, 1.0, 1, false));
     expect_values(y2, (double[]){6.5, 6.5, 6.5}, 3, 1e-15, "three rois on image 1");
-    expect_values(grad_of(kpl_sum(y2, NULL, 0, false), NULL, x2), (double[]){0, 0, 0, 0, 0.75, 0.75, 0.75, 0.75}, 8, 1e-16,
+    expect_values(grad_of(kpl_sum(y2, NULL, 0, false), NULL, x2),
+                  (double[]){0, 0, 0, 0, 0.75, 0.75, 0.75, 0.75}, 8, 1e-16,
                   "three rois, gradient");
     kpl_pool_pop(pool);
     kpl_tensor_release(x);
@@ -304,7 +306,8 @@ static void test_roi_align_errors(void **state)
     /* the same checks guard the adjoint */
     kpl_roi_align_params p = {2, 2, 1, 2, true};
     kpl_tensor *gy = tensor(KPL_F32, 4, (int64_t[]){2, 2, 2, 2}, xv);
-    kpl_tensor *rb = tensor(KPL_F32, 2, (int64_t[]){2, 5}, (double[]){0, 0, 0, 2, 2, 5, 1, 1, 3, 3});
+    kpl_tensor *rb = tensor(KPL_F32, 2, (int64_t[]){2, 5},
+                            (double[]){0, 0, 0, 2, 2, 5, 1, 1, 3, 3});
     FAILS(kpl_roi_align_bwd(gy, rb, (int64_t[]){2, 2, 4, 4}, &p) ? KPL_OK : kpl_last_status(),
           KPL_EINVAL, "roi_align_bwd: 'rois' row 1 (5, 1, 1, 3, 3) is not a roi");
     FAILS(kpl_roi_align_bwd(gy, r, (int64_t[]){2, 3, 4, 4}, &p) ? KPL_OK : kpl_last_status(),
@@ -398,7 +401,8 @@ static void test_focal_by_hand(void **state)
             kpl_tensor *l = NN(kpl_sigmoid_focal_loss(zl, yl, 0.25, gamma, KPL_REDUCE_NONE));
             expect_values(l, (double[]){0, 0, 0.75 * 1000, 0.25 * 1000, 0, 0.25 * 200}, n,
                           1e-12 * 1000, "large logits");
-            expect_values(grad_of(kpl_sum(l, NULL, 0, false), NULL, zl), (double[]){0, 0, 0.75, -0.25, 0, -0.25}, n,
+            expect_values(grad_of(kpl_sum(l, NULL, 0, false), NULL, zl),
+                          (double[]){0, 0, 0.75, -0.25, 0, -0.25}, n,
                           1e-12, "large logits, gradient");
         }
         kpl_tensor_release(zl);
@@ -645,7 +649,8 @@ static void test_coder_errors(void **state)
     FAILS(st_of(kpl_box_decode_delta(b, b, &c)), KPL_EINVAL,
           "box_decode_delta: coder weight 2 is 0; weights are finite and positive");
     c.weights[2] = 1, c.clip = NAN;
-    FAILS(st_of(kpl_box_encode_delta(b, b, &c)), KPL_EINVAL, "box_encode_delta: the coder's clip is NaN");
+    FAILS(st_of(kpl_box_encode_delta(b, b, &c)), KPL_EINVAL,
+          "box_encode_delta: the coder's clip is NaN");
     FAILS(st_of(kpl_box_decode_delta(b, tensor(KPL_F32, 2, (int64_t[]){2, 4}, v), NULL)),
           KPL_ESHAPE, "box_decode_delta: 'deltas' has shape (3,4); expected (2, 4)");
     kpl_pool_pop(pool);
