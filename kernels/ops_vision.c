@@ -184,6 +184,9 @@ static kpl_status roi_common(const char *op, const kpl_tensor *feat, const char 
     KPL_CHECK(rois->ndim == 2 && rois->shape[1] == 5, KPL_ESHAPE,
               "%s: 'rois' has shape %s; rois are (K, 5) rows (batch index, x0, y0, x1, y1)", op,
               KPL_SHAPE(rois, b1));
+    KPL_CHECK((feat->shape[2] > 0 && feat->shape[3] > 0) || rois->shape[0] == 0, KPL_ESHAPE,
+              "%s: '%s' has shape %s: no feature map to sample the rois from", op, fname,
+              KPL_SHAPE(feat, b1));
     KPL_TRY(want_dtype(op, rois, "rois", feat->dtype));
     KPL_TRY(want_dtype(op, bins, bname, feat->dtype));
     KPL_TRY(same_device(op, rois, "rois", feat, fname));

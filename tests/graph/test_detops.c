@@ -265,6 +265,8 @@ static void test_roi_align_errors(void **state)
           "roi_align: 'x' has shape (2,4,4); expected (N, C, H, W)");
     FAILS(roi_st(x, tensor(KPL_F32, 2, (int64_t[]){2, 4}, xv), 2, 2, 1, 2), KPL_ESHAPE,
           "roi_align: 'rois' has shape (2,4); rois are (K, 5) rows (batch index, x0, y0, x1, y1)");
+    FAILS(roi_st(tensor(KPL_F32, 4, (int64_t[]){2, 2, 0, 4}, xv), r, 2, 2, 1, 2), KPL_ESHAPE,
+          "roi_align: 'x' has shape (2,2,0,4): no feature map to sample the rois from");
     /* dtypes */
     FAILS(roi_st(x, tensor(KPL_F64, 2, (int64_t[]){2, 5}, xv), 2, 2, 1, 2), KPL_EDTYPE,
           "roi_align: 'rois' has dtype f64, expected f32");
