@@ -9,6 +9,7 @@
  * own shape (sum_to).
  */
 #include "autograd_impl.h"
+#include "vision.h"
 
 #include <math.h>
 #include <string.h>
@@ -376,6 +377,20 @@ G(SCATTER_ADD)
     if (WANT(2)) gin[2] = kpl_gather(gy, kpl_node_attrs(n)->axes[0], IN(1));
     return KPL_OK;
 }
+/* ROI Align and its adjoint are linear in the features and each other's
+ * gradient (the rois, recorded cut from the graph, are constants). */
+G(ROI_ALIGN)
+{
+    int64_t xs[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    RET0(kpl_roi_align_bwd(gy, IN(1), xs, &kpl_node_attrs(n)->roi));
+}
+G(ROI_ALIGN_BWD)
+{
+    const kpl_roi_align_params *p = &kpl_node_attrs(n)->roi;
+    RET0(kpl_roi_align(gy, IN(1), p->out_h, p->out_w, p->spatial_scale, p->sampling_ratio,
+                       p->aligned));
+}
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -479,7 +494,8 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
     [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
-    [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD,
+    [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD, [KPL_OP_ROI_ALIGN] = g_ROI_ALIGN,
+    [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -528,6 +544,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
         {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_SOFTPLUS, 1, 0},
         {KPL_OP_GATHER, 2, 0},     {KPL_OP_SCATTER_ADD, 2, 0},
+        {KPL_OP_ROI_ALIGN, 2, 0},  {KPL_OP_ROI_ALIGN_BWD, 2, 0},
     };
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

@@ -81,7 +81,8 @@ bool kpl_set_grad_enabled(bool on);
     X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
     X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
     X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
-    X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")
+    X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
+    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -107,6 +108,7 @@ typedef struct {
     kpl_conv2d_params conv;  /* conv2d family */
     int64_t shape4[4];       /* conv2d_bwd_*, *_scatter, *_bwd: the shape made */
     kpl_pool2d_params pool;  /* pooling */
+    kpl_roi_align_params roi; /* roi_align, roi_align_bwd (vision.h) */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */

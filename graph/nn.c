@@ -344,8 +344,7 @@ kpl_tensor *kpl_dropout(kpl_tensor *x, double p, bool training, kpl_rng *rng)
 
 /* ---- shape ops ------------------------------------------------------------------- */
 
-/* (k) i64 indices from a host array, pool-owned. */
-static kpl_tensor *index_tensor(kpl_device *dev, int64_t k, const int64_t *v)
+kpl_tensor *kpl__index_tensor(kpl_device *dev, int64_t k, const int64_t *v)
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_from_data(dev, KPL_I64, 1, &k, v, &t) < 0) return NULL;
@@ -471,10 +470,10 @@ kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode
                 if (s >= len) s = 2 * (len - 1) - s;
                 v[j] = s;
             }
-            y = kpl_index_select(y, ax, index_tensor(dev, total, v));
+            y = kpl_index_select(y, ax, kpl__index_tensor(dev, total, v));
         } else {
             for (int64_t j = 0; j < len; j++) v[j] = before + j;
-            kpl_tensor *rows = index_tensor(dev, len, v);
+            kpl_tensor *rows = kpl__index_tensor(dev, len, v);
             kpl_tensor *placed = kpl_index_add(y, ax, rows, total);
             if (value != 0 && placed) {
                 /* value where nothing was placed: value * (1 - placed-mask) */
@@ -505,9 +504,9 @@ kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow)
     if (!v) return NULL;
     kpl_device *dev = kpl_tensor_device(x);
     for (int64_t i = 0; i < oh; i++) v[i] = i * h / oh;
-    kpl_tensor *y = kpl_index_select(x, 2, index_tensor(dev, oh, v));
+    kpl_tensor *y = kpl_index_select(x, 2, kpl__index_tensor(dev, oh, v));
     for (int64_t i = 0; i < ow; i++) v[i] = i * w / ow;
-    y = kpl_index_select(y, 3, index_tensor(dev, ow, v));
+    y = kpl_index_select(y, 3, kpl__index_tensor(dev, ow, v));
     free(v);
     return y;
 }
@@ -545,8 +544,8 @@ static kpl_tensor *lerp_axis(kpl_tensor *x, int ax, int64_t out, bool align)
         kpl_autorelease(w1);
         w1 = kpl_cast(w1, kpl_tensor_dtype(x));
     }
-    kpl_tensor *a = kpl_index_select(x, ax, index_tensor(dev, out, i0));
-    kpl_tensor *b = kpl_index_select(x, ax, index_tensor(dev, out, i1));
+    kpl_tensor *a = kpl_index_select(x, ax, kpl__index_tensor(dev, out, i0));
+    kpl_tensor *b = kpl_index_select(x, ax, kpl__index_tensor(dev, out, i1));
     free(i0);
     free(i1);
     free(wt);
@@ -645,7 +644,8 @@ kpl_status kpl_topk(kpl_tensor *x, int64_t k, bool largest, kpl_tensor **values,
     kpl_device *dev = kpl_tensor_device(x);
     /* values = the chosen entries of the flattened x: index_select records
      * them, so gradients reach exactly those entries */
-    *values = kpl_reshape(kpl_index_select(kpl_reshape(x, 1, &n), 0, index_tensor(dev, nk, flat)), nd,
+    *values = kpl_reshape(kpl_index_select(kpl_reshape(x, 1, &n), 0,
+                                           kpl__index_tensor(dev, nk, flat)), nd,
                           shape);
     kpl_tensor *it = NULL;
     if ((st = kpl_tensor_from_data(dev, KPL_I64, nd, shape, idx, &it)) == KPL_OK)

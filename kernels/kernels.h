@@ -500,7 +500,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(POOL2D, "pool2d") \
     X(INDEX, "index")   \
     X(BATCH_NORM, "batch_norm") \
-    X(BOX, "box")
+    X(BOX, "box")       \
+    X(ROI_ALIGN, "roi_align")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -803,6 +804,46 @@ kpl_status kpl_k_box_iou(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor 
 kpl_status kpl_k_nms(kpl_tensor *keep, int64_t *nkeep, const kpl_tensor *boxes,
                      const kpl_tensor *scores, const kpl_tensor *idxs, double iou_threshold);
 
+/* ROI Align (He et al. 2017) with torchvision.ops.roi_align's sampling:
+ * each roi (batch index, x0, y0, x1, y1), in the coordinates of the image
+ * the features were computed from, is scaled by spatial_scale onto the
+ * feature map (and shifted by -0.5 with `aligned`, so that pixel centres
+ * sit at integer + 0.5); it is cut into out_h x out_w bins; each bin
+ * averages gh x gw bilinear samples at the centres of a regular grid over
+ * it.  A sample outside [-1, H] x [-1, W] counts as 0; inside, a
+ * coordinate below 0 reads row (column) 0 and one past H - 1 (W - 1) the
+ * last.  Without `aligned` a roi is at least 1 x 1 feature pixel
+ * (torchvision's legacy rule). */
+typedef struct {
+    int64_t out_h, out_w;  /* bins per roi, >= 1 */
+    double spatial_scale;  /* roi coordinate x scale = feature coordinate; finite, > 0 */
+    int sampling_ratio;    /* gh = gw = sampling_ratio; <= 0: per roi, ceil(roi side / bins) */
+    bool aligned;          /* the -0.5 pixel shift (torchvision's aligned=True) */
+} kpl_roi_align_params;
+
+/* Samples per bin side (sampling_ratio, or the adaptive count of a roi)
+ * may not exceed this: a bin side spanning more feature pixels than that
+ * is a unit mistake (pixels given for a feature map, a wrong scale). */
+#define KPL_ROI_ALIGN_MAX_GRID 65536
+
+/* out (K, C, out_h, out_w) = ROI Align of x (N, C, H, W) at rois (K, 5)
+ * (x's dtype, f32 or f64, and device).  The rois are checked first (read
+ * on the host: for CUDA tensors a copy and a wait): every value finite,
+ * the batch index a whole number in [0, N), x1 >= x0 and y1 >= y0, and at
+ * most KPL_ROI_ALIGN_MAX_GRID samples per bin side; KPL_EINVAL naming the
+ * first bad row and its values otherwise.  Bit-identical on every
+ * device. */
+kpl_status kpl_k_roi_align(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *rois,
+                           const kpl_roi_align_params *p);
+/* Its adjoint (the gradient with respect to x): gx (N, C, H, W), whose
+ * shape gives x's, is zeroed, then every bin's gy (K, C, out_h, out_w)
+ * value, divided among its samples, is added into the four cells of each
+ * sample with their bilinear weights.  The same checks of the rois.  On
+ * the CPU the sums run in roi order (deterministic); on CUDA in no fixed
+ * order (atomics), so f32 sums may differ in their last bits. */
+kpl_status kpl_k_roi_align_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *rois,
+                               const kpl_roi_align_params *p);
+
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);
 
@@ -841,6 +882,16 @@ kpl_status kpl__lockfile_try(const char *path, int *fd, char *holder, size_t hol
 /* Releases a lock of kpl__lockfile_try: clears its description (so the
  * next holder sees a clean release) and closes fd (< 0: nothing). */
 void kpl__lockfile_release(int fd);
+
+/* Row i of a row-major (rows, cols) f32 or f64 array `h` (host memory)
+ * into out[0..cols) as doubles: what the value checks of boxes and rois
+ * read. */
+static inline void kpl__host_row(const void *h, kpl_dtype dt, int64_t i, int cols, double *out)
+{
+    for (int k = 0; k < cols; k++)
+        out[k] = dt == KPL_F64 ? ((const double *)h)[i * cols + k]
+                               : (double)((const float *)h)[i * cols + k];
+}
 
 /* Enum names: each module keeps one NULL-terminated table per enum (the
  * recipe binds to the same table).  index: the position of name, -1 when

@@ -11,7 +11,7 @@
  * f16 and bf16 are storage types: their math runs in f32 through temporary
  * casts, here, once, for every device.
  */
-#include "kernels_impl.h"
+#include "ops_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -50,68 +50,7 @@ const char *kpl_reduce_name(kpl_reduce_op op)
 }
 bool kpl_binary_is_compare(kpl_binary_op op) { return op >= KPL_BIN_EQ && op <= KPL_BIN_GE; }
 
-/* ---- common checks ---------------------------------------------------------- */
-
-#define CHECK_ARG(op, t, name) \
-    KPL_CHECK((t) != NULL, KPL_EINVAL, "%s: argument '%s' is NULL", (op), (name))
-
-static kpl_status same_device(const char *op, const kpl_tensor *a, const char *an,
-                              const kpl_tensor *b, const char *bn)
-{
-    KPL_CHECK(a->storage->dev == b->storage->dev, KPL_EDEVICE,
-              "%s: '%s' is on %s but '%s' is on %s (copy explicitly with "
-              "kpl_tensor_to_device)",
-              op, an, a->storage->dev->name, bn, b->storage->dev->name);
-    return KPL_OK;
-}
-
-static kpl_status same_shape(const char *op, const kpl_tensor *out, int ndim,
-                             const int64_t *shape)
-{
-    bool eq = out->ndim == ndim;
-    for (int i = 0; eq && i < ndim; i++) eq = out->shape[i] == shape[i];
-    if (!eq) {
-        char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-        return KPL_ERROR(KPL_ESHAPE, "%s: 'out' has shape %s, the result has shape %s",
-                         op, KPL_SHAPE(out, b1), kpl_shape_str(ndim, shape, b2, sizeof b2));
-    }
-    return KPL_OK;
-}
-
-static kpl_status want_dtype(const char *op, const kpl_tensor *t, const char *name,
-                             kpl_dtype dt)
-{
-    KPL_CHECK(t->dtype == dt, KPL_EDTYPE, "%s: '%s' has dtype %s, expected %s", op, name,
-              kpl_dtype_name(t->dtype), kpl_dtype_name(dt));
-    return KPL_OK;
-}
-
-/* An output may be exactly one of its inputs (in place), or disjoint from
- * them; a partial overlap would read values already overwritten. */
-static kpl_status no_partial_overlap(const char *op, const kpl_tensor *out,
-                                     const kpl_tensor *in, const char *name)
-{
-    if (!in || out->storage != in->storage) return KPL_OK;
-    size_t o0 = out->offset, o1 = o0 + kpl_tensor_nbytes(out);
-    size_t i0 = in->offset, i1 = i0 + kpl_tensor_nbytes(in);
-    if (o1 <= i0 || i1 <= o0) return KPL_OK;
-    KPL_CHECK(o0 == i0 && o1 == i1, KPL_EINVAL,
-              "%s: 'out' partially overlaps '%s' (only exact in-place is allowed)", op,
-              name);
-    return KPL_OK;
-}
-
-static bool is_half(kpl_dtype dt) { return dt == KPL_F16 || dt == KPL_BF16; }
-
-static kpl_status dispatch(kpl_kop kop, kpl_dtype dt, kpl_tensor *out,
-                           const kpl_tensor *a, const kpl_tensor *b,
-                           const kpl_tensor *c, const void *attrs)
-{
-    kpl_kernel_fn fn;
-    KPL_TRY(kpl_kernel_lookup(kop, out->storage->dev->type, dt, &fn));
-    kpl_kernel_args args = {.out = out, .in = {a, b, c}, .attrs = attrs};
-    return fn(&args);
-}
+/* ---- f16 and bf16 through f32 -------------------------------------------------- */
 
 /* A temporary f32 copy of a half tensor (caller releases). */
 static kpl_status half_to_f32(const kpl_tensor *t, kpl_tensor **out)
@@ -1204,108 +1143,6 @@ kpl_status kpl_k_scatter_add(kpl_tensor *out, const kpl_tensor *x, int axis,
     return gather_range_error(op, st, x, axis, idx, bad);
 }
 
-/* ---- boxes ---------------------------------------------------------------------- */
-
-static kpl_status box_arg(const char *op, const kpl_tensor *t, const char *name)
-{
-    char b[KPL_SHAPE_BUF];
-    KPL_CHECK(t->ndim == 2 && t->shape[1] == 4, KPL_ESHAPE,
-              "%s: '%s' has shape %s; boxes are (N, 4) rows (x0, y0, x1, y1)", op, name,
-              KPL_SHAPE(t, b));
-    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: '%s' has dtype %s; boxes are f32 or f64", op, name, kpl_dtype_name(t->dtype));
-    return KPL_OK;
-}
-
-kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *boxes)
-{
-    op = op ? op : "box_check";
-    name = name ? name : "boxes";
-    CHECK_ARG(op, boxes, name);
-    KPL_TRY(box_arg(op, boxes, name));
-    if (boxes->numel == 0) return KPL_OK;
-    const void *h = kpl_tensor_host_data((kpl_tensor *)boxes);
-    if (!h) return kpl_last_status();
-    bool f64 = boxes->dtype == KPL_F64;
-    for (int64_t i = 0; i < boxes->shape[0]; i++) {
-        double v[4];
-        for (int k = 0; k < 4; k++)
-            v[k] = f64 ? ((const double *)h)[4 * i + k] : ((const float *)h)[4 * i + k];
-        const char *why = !isfinite(v[0]) || !isfinite(v[1]) || !isfinite(v[2]) || !isfinite(v[3])
-                              ? "a coordinate is NaN or infinite"
-                          : v[2] < v[0] ? "x1 < x0"
-                          : v[3] < v[1] ? "y1 < y0"
-                                        : NULL;
-        if (why)
-            return KPL_ERROR(KPL_EINVAL, "%s: '%s' row %lld (%g, %g, %g, %g) is not a box "
-                             "(x0, y0, x1, y1): %s", op, name, (long long)i, v[0], v[1], v[2],
-                             v[3], why);
-    }
-    return KPL_OK;
-}
-
-kpl_status kpl_k_box_iou(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
-                         kpl_box_metric metric, bool pairwise)
-{
-    const char *op = metric == KPL_BOX_GIOU ? "generalized_box_iou" : "box_iou";
-    CHECK_ARG(op, out, "out");
-    CHECK_ARG(op, a, "a");
-    CHECK_ARG(op, b, "b");
-    KPL_CHECK(metric == KPL_BOX_IOU || metric == KPL_BOX_GIOU, KPL_EINVAL,
-              "box_iou: unknown metric %d", (int)metric);
-    KPL_TRY(box_arg(op, a, "a"));
-    KPL_TRY(box_arg(op, b, "b"));
-    KPL_TRY(same_device(op, b, "b", a, "a"));
-    KPL_TRY(same_device(op, out, "out", a, "a"));
-    KPL_TRY(want_dtype(op, b, "b", a->dtype));
-    KPL_TRY(want_dtype(op, out, "out", a->dtype));
-    int64_t n = a->shape[0], m = b->shape[0], os[2] = {n, m};
-    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-    KPL_CHECK(pairwise || n == m, KPL_ESHAPE, "%s: matched pairs need as many boxes in 'b' %s "
-              "as in 'a' %s", op, KPL_SHAPE(b, b1), KPL_SHAPE(a, b2));
-    KPL_TRY(same_shape(op, out, pairwise ? 2 : 1, os));
-    KPL_CHECK(out->storage != a->storage && out->storage != b->storage, KPL_EINVAL,
-              "%s: 'out' may not alias 'a' or 'b'", op);
-    if (out->numel == 0) return KPL_OK;
-    kpl_box_attrs at = {.metric = metric, .pairwise = pairwise, .n = n, .m = m};
-    return dispatch(KPL_KOP_BOX, a->dtype, out, a, b, NULL, &at);
-}
-
-kpl_status kpl_k_nms(kpl_tensor *keep, int64_t *nkeep, const kpl_tensor *boxes,
-                     const kpl_tensor *scores, const kpl_tensor *idxs, double iou_threshold)
-{
-    const char *op = idxs ? "batched_nms" : "nms";
-    CHECK_ARG(op, keep, "keep");
-    KPL_CHECK(nkeep != NULL, KPL_EINVAL, "%s: argument 'nkeep' is NULL", op);
-    CHECK_ARG(op, boxes, "boxes");
-    CHECK_ARG(op, scores, "scores");
-    KPL_CHECK(iou_threshold >= 0, KPL_EINVAL, "%s: iou_threshold %g must be >= 0 (a box is "
-              "suppressed when its IoU with a kept box is greater)", op, iou_threshold);
-    KPL_TRY(kpl_k_box_check(op, "boxes", boxes));
-    int64_t n = boxes->shape[0];
-    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-    KPL_CHECK(scores->ndim == 1 && scores->shape[0] == n, KPL_ESHAPE,
-              "%s: 'scores' has shape %s; expected (%lld), one per row of 'boxes' %s", op,
-              KPL_SHAPE(scores, b1), (long long)n, KPL_SHAPE(boxes, b2));
-    KPL_CHECK(scores->dtype == KPL_F32 || scores->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: 'scores' has dtype %s; f32 and f64 are supported", op,
-              kpl_dtype_name(scores->dtype));
-    KPL_TRY(same_device(op, scores, "scores", boxes, "boxes"));
-    if (idxs) {
-        KPL_CHECK(idxs->ndim == 1 && idxs->shape[0] == n, KPL_ESHAPE,
-                  "%s: 'idxs' has shape %s; expected (%lld), a class id per row of 'boxes' %s",
-                  op, KPL_SHAPE(idxs, b1), (long long)n, KPL_SHAPE(boxes, b2));
-        KPL_TRY(want_dtype(op, idxs, "idxs", KPL_I64));
-        KPL_TRY(same_device(op, idxs, "idxs", boxes, "boxes"));
-    }
-    KPL_TRY(want_dtype(op, keep, "keep", KPL_I64));
-    KPL_TRY(same_device(op, keep, "keep", boxes, "boxes"));
-    KPL_TRY(same_shape(op, keep, 1, &n));
-    *nkeep = 0;
-    if (n == 0) return KPL_OK;
-    kpl_box_attrs at = {.nms = true, .n = n, .thr = iou_threshold, .nkeep = nkeep};
-    return dispatch(KPL_KOP_BOX, boxes->dtype, keep, boxes, scores, idxs, &at);
-}
 
 /* ---- rng -------------------------------------------------------------------- */
 

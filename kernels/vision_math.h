@@ -3,7 +3,8 @@
  *
  * Included by the CPU loops (kernels/cpu/cpu_vision.c) and the CUDA kernels
  * (kernels/cuda/cuda_vision.cu), as eltwise_math.h is for the element-wise
- * ops.  The IoU / GIoU below performs, step by step, the operations that
+ * ops: box IoU / GIoU and NMS's threshold, then ROI Align's sampling.
+ * The IoU / GIoU below performs, step by step, the operations that
  * graph/vision.c records when gradients are wanted (minimum, maximum, sub,
  * relu, mul, add, where, div; each rounded once), and both kernel files are
  * compiled without fusing a multiply and an add into an FMA, so the fused
@@ -62,5 +63,120 @@ static inline float kpl_nms_threshold_f32(double thr)
     if ((double)f > thr) f = nextafterf(f, -HUGE_VALF);
     return f;
 }
+
+/* ---- ROI Align --------------------------------------------------------------------------- */
+
+/* torchvision.ops.roi_align's arithmetic, step by step in the order its
+ * kernels take, in the features' dtype T.  The CPU (tables of the axis
+ * entries below, kernels/cpu/cpu_vision.c) and CUDA (the same entries
+ * computed per sample) round alike and compile without FMA, so they give
+ * the same bits. */
+
+/* The bins of one roi (batch, x0, y0, x1, y1) on the feature map: the
+ * start (y0, x0) of its first bin, the bin size (bh, bw), the samples per
+ * bin side (gh, gw: sampling_ratio, or when that is <= 0 ceil(roi side /
+ * bins)), and count = max(gh gw, 1), which a bin's sum is divided by.
+ * Without `aligned` a roi is at least 1 x 1 (torchvision's legacy rule). */
+#define KPL__ROI_GEOM_BODY(T, CEIL)                                              \
+    T off = aligned ? (T)0.5 : (T)0;                                             \
+    T sx = roi[1] * scale - off, sy = roi[2] * scale - off;                      \
+    T rw = (roi[3] * scale - off) - sx, rh = (roi[4] * scale - off) - sy;        \
+    if (!aligned) {                                                              \
+        rw = rw > (T)1 ? rw : (T)1;                                              \
+        rh = rh > (T)1 ? rh : (T)1;                                              \
+    }                                                                            \
+    g->y0 = sy;                                                                  \
+    g->x0 = sx;                                                                  \
+    g->bh = rh / (T)oh;                                                          \
+    g->bw = rw / (T)ow;                                                          \
+    g->gh = sampling > 0 ? (int64_t)sampling : (int64_t)CEIL(rh / (T)oh);        \
+    g->gw = sampling > 0 ? (int64_t)sampling : (int64_t)CEIL(rw / (T)ow);        \
+    g->count = (T)(g->gh * g->gw > 1 ? g->gh * g->gw : 1);
+
+/* One axis of torchvision's bilinear interpolation at coordinate c of an
+ * axis of `size` cells: 0 when the sample lies outside [-1, size] (it adds
+ * nothing); else 1 with the neighbouring cells lo <= hi and their weights
+ * h (for lo) and l (for hi), h + l = 1.  Coordinates below 0 read cell 0,
+ * at or past size - 1 the last cell. */
+#define KPL__ROI_AXIS_BODY(T)                   \
+    if (c < (T)-1 || c > (T)size) return 0;     \
+    if (c <= (T)0) c = (T)0;                    \
+    int64_t i = (int64_t)c;                     \
+    if (i >= size - 1) {                        \
+        i = size - 1;                           \
+        c = (T)i;                               \
+        e->hi = i;                              \
+    } else {                                    \
+        e->hi = i + 1;                          \
+    }                                           \
+    e->lo = i;                                  \
+    e->l = c - (T)i;                            \
+    e->h = (T)1 - e->l;                         \
+    return 1;
+
+/* The coordinate of sample i (of `grid`) in bin p along an axis. */
+#define KPL_ROI_COORD(T, start, p, bin, i, grid) \
+    ((start) + (T)(p) * (bin) + ((T)(i) + (T)0.5) * (bin) / (T)(grid))
+
+/* The interpolated value at the sample of row entry ey and column entry
+ * ex in plane p (w columns): torchvision's w1 v1 + w2 v2 + w3 v3 + w4 v4. */
+#define KPL_ROI_BILINEAR(p, w, ey, ex)                                    \
+    ((ey).h * (ex).h * (p)[(ey).lo * (w) + (ex).lo] +                     \
+     (ey).h * (ex).l * (p)[(ey).lo * (w) + (ex).hi] +                     \
+     (ey).l * (ex).h * (p)[(ey).hi * (w) + (ex).lo] +                     \
+     (ey).l * (ex).l * (p)[(ey).hi * (w) + (ex).hi])
+
+/* Its adjoint: the output gradient g of a bin of `count` samples spread
+ * onto the four cells of plane gp, each through ADD(pointer, value). */
+#define KPL_ROI_SCATTER(ADD, gp, w, ey, ex, g, count)                            \
+    do {                                                                         \
+        ADD(&(gp)[(ey).lo * (w) + (ex).lo], (g) * ((ey).h * (ex).h) / (count));  \
+        ADD(&(gp)[(ey).lo * (w) + (ex).hi], (g) * ((ey).h * (ex).l) / (count));  \
+        ADD(&(gp)[(ey).hi * (w) + (ex).lo], (g) * ((ey).l * (ex).h) / (count));  \
+        ADD(&(gp)[(ey).hi * (w) + (ex).hi], (g) * ((ey).l * (ex).l) / (count));  \
+    } while (0)
+
+#if defined(__CUDACC__)
+template <typename T> struct kpl_roi_geom {
+    T y0, x0, bh, bw, count;
+    int64_t gh, gw;
+};
+template <typename T> struct kpl_roi_axis {
+    int64_t lo, hi;
+    T l, h;
+};
+template <typename T>
+KPL_HD void kpl_roi_geom_set(kpl_roi_geom<T> *g, const T *roi, T scale, int64_t oh, int64_t ow,
+                             int sampling, int aligned)
+{
+    KPL__ROI_GEOM_BODY(T, ceil)
+}
+template <typename T> KPL_HD int kpl_roi_axis_at(kpl_roi_axis<T> *e, T c, int64_t size)
+{
+    KPL__ROI_AXIS_BODY(T)
+}
+#else
+#define KPL__ROI_DEF(T, tn, CEIL)                                                          \
+    typedef struct {                                                                       \
+        T y0, x0, bh, bw, count;                                                           \
+        int64_t gh, gw;                                                                    \
+    } kpl_roi_geom_##tn;                                                                   \
+    typedef struct {                                                                       \
+        int64_t lo, hi;                                                                    \
+        T l, h;                                                                            \
+    } kpl_roi_axis_##tn;                                                                   \
+    KPL_HD void kpl_roi_geom_set_##tn(kpl_roi_geom_##tn *g, const T *roi, T scale,         \
+                                      int64_t oh, int64_t ow, int sampling, int aligned)   \
+    {                                                                                      \
+        KPL__ROI_GEOM_BODY(T, CEIL)                                                        \
+    }                                                                                      \
+    KPL_HD int kpl_roi_axis_at_##tn(kpl_roi_axis_##tn *e, T c, int64_t size)               \
+    {                                                                                      \
+        KPL__ROI_AXIS_BODY(T)                                                              \
+    }
+KPL__ROI_DEF(float, f32, ceilf)
+KPL__ROI_DEF(double, f64, ceil)
+#undef KPL__ROI_DEF
+#endif
 
 #endif /* KPL_VISION_MATH_H */

@@ -1,7 +1,8 @@
 /*
  * layers.h — the usual layers as module kinds (module.h): convolutions,
  * linear, embedding, batch/group/layer norm, activations, pooling,
- * flatten, dropout, upsampling; sequential and residual containers.
+ * flatten, dropout, upsampling; sequential and residual containers; the
+ * feature pyramid of detectors.
  */
 #ifndef KPL_LAYERS_H
 #define KPL_LAYERS_H
@@ -16,10 +17,17 @@ extern "C" {
  * Parameters start as PyTorch's layers start them: convolution and linear
  * weights and biases U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (Kaiming uniform,
  * a = sqrt(5)), or with KPL_NN_INIT_KAIMING_OUT the weight N(0, 2/fan_out)
- * and the bias 0 (torchvision's ResNets and detection heads); norms scale 1,
- * shift 0.  *out (may be NULL) is borrowed from the parent.
+ * and the bias 0 (torchvision's ResNets and detection heads), or with
+ * KPL_NN_INIT_KAIMING_UNIFORM_A1 the weight U(-sqrt(3/fan_in),
+ * sqrt(3/fan_in)) (kaiming_uniform_(a=1)) and the bias 0 (torchvision's
+ * FPN); norms scale 1, shift 0.  *out (may be NULL) is borrowed from the
+ * parent.
  */
-typedef enum { KPL_NN_INIT_DEFAULT, KPL_NN_INIT_KAIMING_OUT } kpl_nn_init;
+typedef enum {
+    KPL_NN_INIT_DEFAULT,
+    KPL_NN_INIT_KAIMING_OUT,
+    KPL_NN_INIT_KAIMING_UNIFORM_A1
+} kpl_nn_init;
 
 /* Zero means the default for stride, dilation (1) and groups (1), so a
  * designated initializer names only what differs:
@@ -101,6 +109,29 @@ kpl_status kpl_nn_sequential_root(kpl_device *dev, uint64_t seed, kpl_module **o
  * Tensors the gradient does not need die at the block's end (a pool per
  * block), which lowers the peak of deep networks. */
 kpl_status kpl_nn_residual(kpl_module *parent, const char *name, bool relu, kpl_module **out);
+
+/* Feature pyramid network (Lin et al. 2017), as torchvision's
+ * FeaturePyramidNetwork with LastLevelP6P7 (FCOS, RetinaNet).  Its forward
+ * takes n_in maps, finest first (C3, C4, C5: each (N, in_channels[i], H_i,
+ * W_i)), and returns n_in + extra_levels maps of out_channels, finest
+ * first (P3 .. P7):
+ *   - lateral 1x1 convolutions inner_blocks.i bring every C_i to
+ *     out_channels;
+ *   - top-down, from the coarsest: the running map is upsampled (nearest)
+ *     to the next finer lateral's size and added to it;
+ *   - 3x3 convolutions layer_blocks.i (padding 1) smooth each sum into P_i;
+ *   - extra_blocks.p6, p7, ...: 3x3 stride-2 convolutions (padding 1), the
+ *     first on the last P (FCOS) or, with extra_from_input, on the last C
+ *     (RetinaNet), each next one on the ReLU of the one before.
+ * The names are torchvision's (its pre-0.13 layout, with no "0." for a
+ * wrapping Conv2dNormActivation), and so is the initialisation: weights
+ * kaiming_uniform_(a=1), biases 0.  n_in + extra_levels <= KPL_MODULE_MAX_IO;
+ * group-norm heads on top are kpl_nn_conv2d + kpl_nn_group_norm +
+ * kpl_nn_relu in a sequential.  Errors: KPL_EINVAL for bad sizes here;
+ * at forward, a wrong count of maps or of channels names the map. */
+kpl_status kpl_nn_fpn(kpl_module *parent, const char *name, const int64_t *in_channels, int n_in,
+                      int64_t out_channels, int extra_levels, bool extra_from_input,
+                      kpl_module **out);
 
 /* ---- detection heads ---- */
 

@@ -1,9 +1,10 @@
 /*
- * cpu_vision.c — the box kernels on the CPU: IoU / GIoU of every pair or
- * of matched pairs, and greedy non-maximum suppression (one class, or per
- * class).  The formulas come from vision_math.h (shared with CUDA); the
- * visiting order of NMS (kpl__nms_order) is shared with the CUDA kernel,
- * which sorts on the host as well.
+ * cpu_vision.c — the detection kernels on the CPU: IoU / GIoU of every
+ * pair or of matched pairs, greedy non-maximum suppression (one class, or
+ * per class), and ROI Align forward and backward.  The formulas come from
+ * vision_math.h (shared with CUDA); the visiting order of NMS
+ * (kpl__nms_order) is shared with the CUDA kernel, which sorts on the
+ * host as well.
  *
  * Built with -ffp-contract=off (kernels/CMakeLists.txt): see vision_math.h.
  */
@@ -241,8 +242,153 @@ static kpl_status cpu_box(const kpl_kernel_args *args)
     return metric_f32(a, kpl__data(args->out), kpl__cdata(args->in[0]), kpl__cdata(args->in[1]));
 }
 
+/* ---- ROI Align ------------------------------------------------------------------------ */
+
+/* The rois are taken in chunks whose sample tables (the axis entries of
+ * each roi's out_h gh row samples and out_w gw column samples, computed
+ * once per roi and read by every channel) hold at most this many entries,
+ * or one roi's when that alone needs more: the memory stays bounded
+ * however large the rois. */
+#define ROI_CHUNK ((int64_t)1 << 18)
+
+#define ROI_ADD(p, v) (*(p) += (v))
+
+#define DEF_ROI(T, tn)                                                                        \
+    typedef struct {                                                                          \
+        kpl_roi_geom_##tn g;                                                                  \
+        int64_t batch;                                                                        \
+        int64_t y, x; /* its first row / column entry in the chunk's table */                 \
+    } roi_plan_##tn;                                                                          \
+                                                                                              \
+    /* The entries of one axis of a roi: `bins` bins of `grid` samples      \
+     * from `start`, on an axis of `size` cells. */                         \
+    static void roi_axis_table_##tn(kpl_roi_axis_##tn *ent, uint8_t *ok, int64_t bins,         \
+                                    int64_t grid, T start, T bin, int64_t size)               \
+    {                                                                                         \
+        for (int64_t p = 0; p < bins; p++)                                                    \
+            for (int64_t i = 0; i < grid; i++)                                                \
+                ok[p * grid + i] = (uint8_t)kpl_roi_axis_at_##tn(                             \
+                    &ent[p * grid + i], KPL_ROI_COORD(T, start, p, bin, i, grid), size);      \
+    }                                                                                         \
+                                                                                              \
+    /* Fills the entries of rois [k0, k1), whose plans give their places. */                  \
+    static void roi_tables_##tn(const kpl_roi_attrs *a, const roi_plan_##tn *plan,            \
+                                int64_t k0, int64_t k1, kpl_roi_axis_##tn *ent, uint8_t *ok)  \
+    {                                                                                         \
+        for (int64_t k = k0; k < k1; k++) {                                                   \
+            const kpl_roi_geom_##tn *g = &plan[k].g;                                          \
+            roi_axis_table_##tn(ent + plan[k].y, ok + plan[k].y, a->p.out_h, g->gh, g->y0,    \
+                                g->bh, a->h);                                                 \
+            roi_axis_table_##tn(ent + plan[k].x, ok + plan[k].x, a->p.out_w, g->gw, g->x0,    \
+                                g->bw, a->w);                                                 \
+        }                                                                                     \
+    }                                                                                         \
+                                                                                              \
+    /* Forward: the bins dst (out_h, out_w) of one roi over one channel   \
+     * plane src (h, w).  Backward: its adjoint, the bins' gradients src   \
+     * added into the plane's gradient dst. */                             \
+    static inline __attribute__((always_inline)) void roi_plane_##tn(                        \
+        const kpl_roi_attrs *a, const roi_plan_##tn *r, const kpl_roi_axis_##tn *ent,         \
+        const uint8_t *ok, const T *src, T *dst, const bool bwd)                              \
+    {                                                                                         \
+        int64_t gh = r->g.gh, gw = r->g.gw, w = a->w, ow = a->p.out_w;                        \
+        for (int64_t ph = 0; ph < a->p.out_h; ph++)                                           \
+            for (int64_t pw = 0; pw < ow; pw++) {                                             \
+                T sum = 0, gb = bwd ? src[ph * ow + pw] : 0;                                  \
+                for (int64_t ey = r->y + ph * gh; ey < r->y + (ph + 1) * gh; ey++) {          \
+                    if (!ok[ey]) continue;                                                    \
+                    for (int64_t ex = r->x + pw * gw; ex < r->x + (pw + 1) * gw; ex++) {      \
+                        if (!ok[ex]) continue;                                                \
+                        if (bwd)                                                              \
+                            KPL_ROI_SCATTER(ROI_ADD, dst, w, ent[ey], ent[ex], gb, r->g.count); \
+                        else                                                                  \
+                            sum += KPL_ROI_BILINEAR(src, w, ent[ey], ent[ex]);                \
+                    }                                                                         \
+                }                                                                             \
+                if (!bwd) dst[ph * ow + pw] = sum / r->g.count;                               \
+            }                                                                                 \
+    }                                                                                         \
+                                                                                              \
+    /* Forward: out (k, c, oh, ow) from in = x; backward: out = gx from in = gy. */           \
+    static kpl_status roi_align_##tn(const kpl_roi_attrs *a, T *out, const T *in,             \
+                                     const T *rois)                                           \
+    {                                                                                         \
+        int64_t K = a->k, C = a->c, hw = a->h * a->w, oh = a->p.out_h, ow = a->p.out_w;       \
+        roi_plan_##tn *plan = malloc((size_t)(K ? K : 1) * sizeof *plan);                     \
+        KPL_CHECK(plan != NULL, KPL_ENOMEM, "roi_align: no host memory for %lld rois",        \
+                  (long long)K);                                                              \
+        int64_t cap = ROI_CHUNK;                                                              \
+        for (int64_t k = 0; k < K; k++) {                                                     \
+            kpl_roi_geom_set_##tn(&plan[k].g, rois + 5 * k, (T)a->p.spatial_scale, oh, ow,    \
+                                  a->p.sampling_ratio, a->p.aligned);                         \
+            plan[k].batch = (int64_t)rois[5 * k];                                             \
+            int64_t need = oh * plan[k].g.gh + ow * plan[k].g.gw;                             \
+            if (need > cap) cap = need;                                                       \
+        }                                                                                     \
+        kpl_roi_axis_##tn *ent = malloc((size_t)cap * sizeof *ent);                           \
+        uint8_t *ok = malloc((size_t)cap);                                                    \
+        if (!ent || !ok) {                                                                    \
+            free(ok);                                                                         \
+            free(ent);                                                                        \
+            free(plan);                                                                       \
+            return KPL_ERROR(KPL_ENOMEM, "roi_align: no host memory for %lld sample entries", \
+                             (long long)cap);                                                 \
+        }                                                                                     \
+        if (a->bwd) memset(out, 0, (size_t)(a->n * C * hw) * sizeof *out);                    \
+        for (int64_t k0 = 0, k1; k0 < K; k0 = k1) {                                           \
+            int64_t used = 0;                                                                 \
+            double work = 0;                                                                  \
+            for (k1 = k0; k1 < K; k1++) {                                                     \
+                int64_t need = oh * plan[k1].g.gh + ow * plan[k1].g.gw;                       \
+                if (k1 > k0 && used + need > cap) break;                                      \
+                plan[k1].y = used;                                                            \
+                plan[k1].x = used + oh * plan[k1].g.gh;                                       \
+                used += need;                                                                 \
+                work += (double)(oh * ow) * (double)(plan[k1].g.gh * plan[k1].g.gw);          \
+            }                                                                                 \
+            roi_tables_##tn(a, plan, k0, k1, ent, ok);                                        \
+            bool par = work * (double)C > (double)KPL_PAR_GRAIN;                              \
+            if (!a->bwd) {                                                                    \
+                KPL_PARALLEL_FOR_IF(i, (k1 - k0) * C, par && kpl_n_ > 1,                      \
+                    int64_t k = k0 + i / C, c = i % C;                                        \
+                    roi_plane_##tn(a, &plan[k], ent, ok, in + (plan[k].batch * C + c) * hw,   \
+                                   out + (k * C + c) * oh * ow, false);                       \
+                );                                                                            \
+            } else {                                                                          \
+                /* A plane at a time: the rois of one image add into it in order. */          \
+                KPL_PARALLEL_FOR_IF(i, a->n * C, par && kpl_n_ > 1,                           \
+                    int64_t n = i / C, c = i % C;                                             \
+                    for (int64_t k = k0; k < k1; k++)                                         \
+                        if (plan[k].batch == n)                                               \
+                            roi_plane_##tn(a, &plan[k], ent, ok, in + (k * C + c) * oh * ow,  \
+                                           out + i * hw, true);                               \
+                );                                                                            \
+            }                                                                                 \
+        }                                                                                     \
+        free(ok);                                                                             \
+        free(ent);                                                                            \
+        free(plan);                                                                           \
+        return KPL_OK;                                                                        \
+    }
+
+DEF_ROI(float, f32)
+DEF_ROI(double, f64)
+#undef DEF_ROI
+
+static kpl_status cpu_roi_align(const kpl_kernel_args *args)
+{
+    const kpl_roi_attrs *a = args->attrs;
+    if (args->out->dtype == KPL_F64)
+        return roi_align_f64(a, kpl__data(args->out), kpl__cdata(args->in[0]),
+                             kpl__cdata(args->in[1]));
+    return roi_align_f32(a, kpl__data(args->out), kpl__cdata(args->in[0]),
+                         kpl__cdata(args->in[1]));
+}
+
 void kpl__cpu_register_vision(void)
 {
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CPU, KPL_F32, cpu_box);
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CPU, KPL_F64, cpu_box);
+    kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CPU, KPL_F32, cpu_roi_align);
+    kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CPU, KPL_F64, cpu_roi_align);
 }

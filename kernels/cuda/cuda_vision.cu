@@ -1,5 +1,5 @@
 /*
- * cuda_vision.cu — the box kernels on CUDA.
+ * cuda_vision.cu — the detection kernels on CUDA.
  *
  * IoU / GIoU: one thread per output, every pair (N, M) or matched pairs
  * (N), with vision_math.h's formula — the CPU's, so (compiled with
@@ -15,6 +15,11 @@
  * is made and read back in blocks of rows of at most 64 MB, so memory
  * stays bounded for large N (the walk only needs earlier rows' results).
  * The kept indices are written to `keep` from the host.
+ *
+ * ROI Align: one thread per bin, forward (its samples summed in the CPU's
+ * order with vision_math.h's steps, so the CPU's bits) and backward
+ * (each sample's four weights added into the zeroed input gradient with
+ * atomicAdd, f64 included: sm_60 and later).
  *
  * Written without a GPU to run it on (CI has none): tests/kernels/
  * test_cuda.c compares these kernels with the CPU's where a GPU is present.
@@ -214,6 +219,75 @@ fail:
     return st;
 }
 
+/* ---- ROI Align ---------------------------------------------------------------------- */
+
+#define ROI_ATOMIC_ADD(p, v) atomicAdd((p), (v))
+
+/* One thread per bin (k, c, ph, pw).  Forward: its samples summed in the
+ * CPU's order with vision_math.h's steps, so the CPU's bits.  Backward
+ * (BWD): the bin's gradient added into the zeroed input gradient at every
+ * sample's four cells, atomically. */
+template <typename T, bool BWD>
+__global__ void roi_align_kernel(const T *in, const T *rois, T *out, int64_t total,
+                                 kpl_roi_attrs a)
+{
+    const int64_t c = a.c, h = a.h, w = a.w, oh = a.p.out_h, ow = a.p.out_w;
+    KPL_CUDA_FOR(o, total)
+    {
+        int64_t pw = o % ow, ph = (o / ow) % oh, ch = (o / (ow * oh)) % c, k = o / (ow * oh * c);
+        const T *roi = rois + 5 * k;
+        kpl_roi_geom<T> g;
+        kpl_roi_geom_set<T>(&g, roi, (T)a.p.spatial_scale, oh, ow, a.p.sampling_ratio, a.p.aligned);
+        const int64_t plane = ((int64_t)roi[0] * c + ch) * h * w;
+        const T gb = BWD ? in[o] : (T)0;
+        T sum = 0;
+        for (int64_t iy = 0; iy < g.gh; iy++) {
+            kpl_roi_axis<T> ey;
+            if (!kpl_roi_axis_at<T>(&ey, KPL_ROI_COORD(T, g.y0, ph, g.bh, iy, g.gh), h)) continue;
+            for (int64_t ix = 0; ix < g.gw; ix++) {
+                kpl_roi_axis<T> ex;
+                if (!kpl_roi_axis_at<T>(&ex, KPL_ROI_COORD(T, g.x0, pw, g.bw, ix, g.gw), w))
+                    continue;
+                if (BWD)
+                    KPL_ROI_SCATTER(ROI_ATOMIC_ADD, out + plane, w, ey, ex, gb, g.count);
+                else
+                    sum += KPL_ROI_BILINEAR(in + plane, w, ey, ex);
+            }
+        }
+        if (!BWD) out[o] = sum / g.count;
+    }
+}
+
+template <typename T>
+static kpl_status roi_align_launch(kpl_cuda_state *cs, const kpl_roi_attrs *a, const void *in,
+                                   const void *rois, void *out)
+{
+    const int th = KPL_CUDA_THREADS;
+    const int64_t bins = a->k * a->c * a->p.out_h * a->p.out_w;
+    if (!a->bwd) {
+        roi_align_kernel<T, false><<<kpl__cuda_blocks(cs, bins, th), th, 0, cs->compute>>>(
+            (const T *)in, (const T *)rois, (T *)out, bins, *a);
+        return KPL_CUDA_LAUNCHED("roi_align");
+    }
+    KPL_CUDA_TRY(cudaMemsetAsync(out, 0, (size_t)(a->n * a->c * a->h * a->w) * sizeof(T),
+                                 cs->compute));
+    roi_align_kernel<T, true><<<kpl__cuda_blocks(cs, bins, th), th, 0, cs->compute>>>(
+        (const T *)in, (const T *)rois, (T *)out, bins, *a);
+    return KPL_CUDA_LAUNCHED("roi_align_bwd");
+}
+
+static kpl_status cuda_roi_align(const kpl_kernel_args *args)
+{
+    const kpl_roi_attrs *a = (const kpl_roi_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[2];
+    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
+    return kpl_tensor_dtype(args->out) == KPL_F64
+               ? roi_align_launch<double>(cs, a, in[0], in[1], out)
+               : roi_align_launch<float>(cs, a, in[0], in[1], out);
+}
+
 /* ---- dispatch ------------------------------------------------------------------------- */
 
 static kpl_status cuda_box(const kpl_kernel_args *args)
@@ -243,4 +317,6 @@ extern "C" void kpl__cuda_register_vision(void)
 {
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CUDA, KPL_F32, cuda_box);
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CUDA, KPL_F64, cuda_box);
+    kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CUDA, KPL_F32, cuda_roi_align);
+    kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CUDA, KPL_F64, cuda_roi_align);
 }

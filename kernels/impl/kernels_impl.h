@@ -329,6 +329,16 @@ typedef struct {
     int64_t *nkeep; /* NMS: written */
 } kpl_box_attrs;
 
+/* ROI Align (kpl_k_roi_align, kpl_k_roi_align_bwd), checked: in[1] rois
+ * (k, 5) with whole batch indices in [0, n).  Forward: in[0] x (n, c, h,
+ * w), out (k, c, out_h, out_w).  Backward: in[0] gy (k, c, out_h, out_w),
+ * out gx (n, c, h, w), which the kernel zeroes first. */
+typedef struct {
+    bool bwd;
+    int64_t n, c, h, w, k;
+    kpl_roi_align_params p;
+} kpl_roi_attrs;
+
 /* NMS's visiting order, shared by the backends (cpu/cpu_vision.c): the
  * indices 0..n-1 of scores (f32 or f64, host memory) by decreasing score,
  * NaN first, equal scores by lower index.  KPL_ENOMEM only. */

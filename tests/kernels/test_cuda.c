@@ -487,6 +487,63 @@ static void test_box_kernels(void **state)
     }
 }
 
+/* ROI Align on the GPU against the CPU: the forward takes the same steps
+ * in the same order without FMA (the same bits); the backward adds with
+ * atomics in no fixed order (f32 to a few ulps of the sums).  Rois inside,
+ * across the border and outside the map, large ones under the adaptive
+ * grid, both alignments. */
+static void test_roi_align_kernels(void **state)
+{
+    (void)state;
+    const int64_t k = 60, xs[4] = {2, 3, 17, 23};
+    for (int f = 0; f < 2; f++) {
+        kpl_dtype dt = f ? KPL_F64 : KPL_F32;
+        kpl_tensor *x = trand(dt, 4, xs, 30 + f, -1, 1), *gx = to_gpu(x);
+        kpl_tensor *u = trand(KPL_F64, 2, (int64_t[]){k, 4}, 40 + f, 0, 1);
+        kpl_tensor *rois = tnew(dt, 2, (int64_t[]){k, 5});
+        const double *uv = kpl_tensor_host_data(u);
+        void *rv = kpl_tensor_host_mutable(rois);
+        for (int64_t i = 0; i < k; i++) {
+            /* image coordinates: the map is 17 x 23 at scale 1/2 or 1 */
+            double x0 = uv[4 * i] * 60 - 10, y0 = uv[4 * i + 1] * 44 - 8;
+            double r[5] = {(double)(i % 2), x0, y0, x0 + uv[4 * i + 2] * 40,
+                           y0 + uv[4 * i + 3] * 30};
+            for (int c = 0; c < 5; c++) {
+                if (dt == KPL_F64) ((double *)rv)[5 * i + c] = r[c];
+                else ((float *)rv)[5 * i + c] = (float)r[c];
+            }
+        }
+        kpl_tensor *grois = to_gpu(rois);
+        for (int cfg = 0; cfg < 4; cfg++) {
+            kpl_roi_align_params p = {3 + cfg % 2, 4, cfg < 2 ? 0.5 : 1.0, cfg % 2 ? 2 : 0,
+                                      cfg % 3 == 0};
+            int64_t os[4] = {k, xs[1], p.out_h, p.out_w};
+            kpl_tensor *o = tnew(dt, 4, os), *go = NULL, *gxc = tnew(dt, 4, xs), *ggx = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, os, &go));
+            OK(kpl_tensor_empty(gpu, dt, 4, xs, &ggx));
+            OK(kpl_k_roi_align(o, x, rois, &p));
+            OK(kpl_k_roi_align(go, gx, grois, &p));
+            assert_same(go, o, 0, 0, "roi_align");
+            kpl_tensor *gy = trand(dt, 4, os, 50 + cfg, -1, 1), *ggy = to_gpu(gy);
+            OK(kpl_k_roi_align_bwd(gxc, gy, rois, &p));
+            OK(kpl_k_roi_align_bwd(ggx, ggy, grois, &p));
+            assert_same(ggx, gxc, f ? 1e-12 : 1e-5, f ? 1e-13 : 1e-6, "roi_align_bwd");
+            kpl_tensor *ts[] = {o, go, gxc, ggx, gy, ggy};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+        /* a bad roi is named on the GPU too */
+        if (dt == KPL_F64) ((double *)rv)[5 * 7] = 2;
+        else ((float *)rv)[5 * 7] = 2;
+        kpl_tensor *gbad = to_gpu(rois), *go = NULL;
+        kpl_roi_align_params p = {2, 2, 1, 2, true};
+        OK(kpl_tensor_empty(gpu, dt, 4, (int64_t[]){k, xs[1], 2, 2}, &go));
+        FAILS(kpl_k_roi_align(go, gx, gbad, &p), KPL_EINVAL,
+              "roi_align: 'rois' row 7 (2, ");
+        kpl_tensor *ts[] = {x, gx, u, rois, grois, gbad, go};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+    }
+}
+
 int main(void)
 {
     if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
@@ -505,6 +562,7 @@ int main(void)
         cmocka_unit_test(test_fill_cast_copy_storage),
         cmocka_unit_test(test_nn_kernels),
         cmocka_unit_test(test_box_kernels),
+        cmocka_unit_test(test_roi_align_kernels),
     };
     return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
 }

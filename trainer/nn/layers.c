@@ -70,6 +70,12 @@ static kpl_status weight_and_bias(kpl_module *m, int ndim, const int64_t *wshape
         KPL_TRY(kpl_k_normal(*w, rng, 0, sqrt(2.0 / (double)fan_out)));
         return *b ? kpl_k_fill(*b, 0) : KPL_OK;
     }
+    if (init == KPL_NN_INIT_KAIMING_UNIFORM_A1) {
+        /* gain sqrt(2 / (1 + a^2)) = 1: U(-sqrt(3 / fan_in), +) (torchvision's FPN). */
+        double bound = sqrt(3.0 / (double)fan_in);
+        KPL_TRY(kpl_k_uniform(*w, rng, -bound, bound));
+        return *b ? kpl_k_fill(*b, 0) : KPL_OK;
+    }
     double bound = 1.0 / sqrt((double)fan_in);
     KPL_TRY(kpl_k_uniform(*w, rng, -bound, bound));
     return *b ? kpl_k_uniform(*b, rng, -bound, bound) : KPL_OK;
