@@ -153,6 +153,10 @@ typedef struct {
 } kpl_fcos_head_config;
 kpl_status kpl_nn_fcos_head(kpl_module *parent, const char *name, const kpl_fcos_head_config *c,
                             kpl_module **out);
+/* The levels' strides of the zoo's model "fcos" (model.name fcos: a
+ * ResNet, kpl_nn_fpn and this head) into strides; its level count, or 0
+ * for a module that is not one. */
+int kpl_fcos_strides(const kpl_module *fcos, int *strides);
 
 #ifdef __cplusplus
 }

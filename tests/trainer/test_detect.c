@@ -201,9 +201,58 @@ static void test_head(void **state)
     kpl_module_destroy(root);
 }
 
+/* The zoo's FCOS: a ResNet-18 (width 16), the FPN and the head, its own
+ * keys, five levels of the right sizes and strides. */
+static void test_fcos_model(void **state)
+{
+    (void)state;
+    kpl_model_config c = {.name = "fcos", .num_classes = 10, .in_channels = 3, .in_h = 128,
+                          .in_w = 128, .depth = 18, .width = 16};
+    OK(kpl_keyvals_set(&c.keys, "fpn_channels", "32"));
+    OK(kpl_keyvals_set(&c.keys, "head_convs", "2"));
+    OK(kpl_keyvals_set(&c.keys, "gn_groups", "8"));
+    kpl_module *m = NULL;
+    OK(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m));
+    int strides[KPL_FCOS_MAX_LEVELS];
+    assert_int_equal(kpl_fcos_strides(m, strides), 5);
+    for (int l = 0; l < 5; l++) assert_int_equal(strides[l], 8 << l);
+    assert_int_equal(kpl_fcos_strides(kpl_module_find(m, "backbone"), strides), 0);
+    assert_non_null(kpl_module_find(m, "backbone.layer4"));
+    assert_non_null(kpl_module_find(m, "fpn"));
+    assert_non_null(kpl_module_find(m, "head.cls_tower.3"));
+    kpl_pool *p = kpl_pool_push();
+    int64_t shape[4] = {2, 3, 128, 128};
+    kpl_rng *rng = kpl_rng_create(1);
+    kpl_tensor_list in = {1, {kpl_randn(kpl_device_cpu(), KPL_F32, 4, shape, rng, 0, 1)}}, out;
+    kpl_rng_destroy(rng);
+    OK(kpl_module_forward_list(m, &in, &out));
+    assert_int_equal(out.n, 15);
+    for (int l = 0; l < 5; l++) {
+        int64_t side = 128 / (8 << l);
+        assert_int_equal(kpl_tensor_dim(out.t[l], 1), 10);
+        assert_int_equal(kpl_tensor_dim(out.t[l], 2), side);
+        assert_int_equal(kpl_tensor_dim(out.t[l], 3), side);
+        assert_int_equal(kpl_tensor_dim(out.t[5 + l], 1), 4);
+        assert_int_equal(kpl_tensor_dim(out.t[10 + l], 1), 1);
+    }
+    kpl_pool_pop(p);
+    kpl_module_destroy(m);
+    /* its keys are checked like a recipe's */
+    OK(kpl_keyvals_set(&c.keys, "levels", "6"));
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_ERANGE,
+          "model.fcos.levels: 6 is out of range [3, 5]");
+    kpl_module_destroy(m);
+    m = NULL;
+    OK(kpl_keyvals_set(&c.keys, "levels", "3"));
+    OK(kpl_keyvals_set(&c.keys, "gn_groups", "5"));
+    FAILS(kpl_zoo_create(&c, kpl_device_cpu(), 1, &m), KPL_EINVAL,
+          "fpn_channels 32 is not a multiple of gn_groups 5");
+    kpl_module_destroy(m);
+}
+
 int main(void)
 {
-    const struct CMUnitTest tests[] = {cmocka_unit_test(test_head),
+    const struct CMUnitTest tests[] = {cmocka_unit_test(test_head), cmocka_unit_test(test_fcos_model),
                                        cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
                                        cmocka_unit_test(test_random)};
     return cmocka_run_group_tests(tests, NULL, NULL);

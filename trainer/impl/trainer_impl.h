@@ -77,6 +77,9 @@ const void *kpl__registry_at(const kpl__registry *r, int i);
 /* "a, b, c": every name, into buf. */
 void kpl__registry_names(const kpl__registry *r, char *buf, size_t len);
 
+/* The zoo's FCOS (nn/fcos.c). */
+extern const kpl_zoo_model kpl__zoo_fcos;
+
 /* ---- owners' keys (keys.c) ---- */
 
 const kpl_key *kpl__key_find(const kpl_key *keys, const char *name);

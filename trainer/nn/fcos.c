@@ -11,12 +11,17 @@
  *                          input pixels
  *   centerness             conv 3x3 -> 1, on the regression tower
  * Convolutions start N(0, 0.01) with zero bias, as the paper's heads.
+ *
+ * And the zoo's model "fcos": a ResNet of the zoo (model.depth, .width,
+ * .stem) whose layer2..layer4 feed an FPN (kpl_nn_fpn: P3..P5 and extra
+ * levels from P5) and the head.  Its own keys are model.fcos.*.
  */
 #include "trainer_impl.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     int levels;
@@ -115,3 +120,91 @@ kpl_status kpl_nn_fcos_head(kpl_module *parent, const char *name, const kpl_fcos
     if (out) *out = m;
     return KPL_OK;
 }
+
+/* ---- the model ---------------------------------------------------------------------------- */
+
+/* model.fcos.<key> */
+static const kpl_key fcos_keys[] = {
+    {"fpn_channels", KPL_KEY_INT, "256", 8, 4096, NULL, "channels of the FPN and the head"},
+    {"levels", KPL_KEY_INT, "5", 3, 5, NULL,
+     "pyramid levels from P3 (3: P3-P5; 5: P3-P7, the paper's)"},
+    {"head_convs", KPL_KEY_INT, "4", 0, 8, NULL, "conv + group norm + ReLU per head tower"},
+    {"gn_groups", KPL_KEY_INT, "32", 1, 512, NULL, "group norm groups in the head"},
+    {"prior_prob", KPL_KEY_FLOAT, "0.01", 1e-6, 0.5, NULL,
+     "initial foreground probability of the class logits"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+
+/* forward: image (N, 3, H, W) -> the head's outputs (class logits,
+ * distances, centerness of every level) */
+static kpl_status fcos_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
+{
+    kpl_module *bb = kpl_module_find(m, "backbone");
+    kpl_tensor_list c = {3, {NULL}}, p;
+    kpl_tensor *x = in->t[0];
+    /* the backbone's children in order; layer2..layer4 are C3..C5 */
+    for (int i = 0; i < kpl_module_num_children(bb); i++) {
+        kpl_module *child = kpl_module_child(bb, i);
+        x = kpl_module_forward(child, x);
+        const char *n = kpl_module_name(child);
+        if (!strncmp(n, "layer", 5) && n[5] >= '2' && n[5] <= '4') c.t[n[5] - '2'] = x;
+    }
+    if (!x) return kpl_last_status();
+    KPL_TRY(kpl_module_forward_list(kpl_module_find(m, "fpn"), &c, &p));
+    return kpl_module_forward_list(kpl_module_find(m, "head"), &p, out);
+}
+
+static const kpl_module_kind fcos_kind = {"fcos", fcos_forward, NULL};
+
+int kpl_fcos_strides(const kpl_module *fcos, int *strides)
+{
+    const kpl_module *head = fcos ? kpl_module_find(fcos, "head") : NULL;
+    const head_state *s = head && kpl_module_kind_of(head) == &head_kind ? kpl_module_state(head)
+                                                                          : NULL;
+    if (!s) return 0;
+    memcpy(strides, s->stride, (size_t)s->levels * sizeof *strides);
+    return s->levels;
+}
+
+static kpl_status fcos_create(kpl_module *parent, const char *child, const kpl_model_config *cfg,
+                              kpl_device *dev, uint64_t seed, kpl_module **out)
+{
+    KPL_CHECK(cfg->num_classes >= 1, KPL_EINVAL, "model fcos: needs num_classes >= 1 (got %lld)",
+              (long long)cfg->num_classes);
+    int64_t fpn, levels, convs, groups;
+    double prior;
+    KPL_TRY(kpl_key_int(&cfg->keys, "fpn_channels", &fpn));
+    KPL_TRY(kpl_key_int(&cfg->keys, "levels", &levels));
+    KPL_TRY(kpl_key_int(&cfg->keys, "head_convs", &convs));
+    KPL_TRY(kpl_key_int(&cfg->keys, "gn_groups", &groups));
+    KPL_TRY(kpl_key_float(&cfg->keys, "prior_prob", &prior));
+    KPL_CHECK(fpn % groups == 0, KPL_EINVAL, "model fcos: fpn_channels %lld is not a multiple "
+              "of gn_groups %lld", (long long)fpn, (long long)groups);
+    kpl_module *m = NULL;
+    if (parent) KPL_TRY(kpl_module_create(parent, child, &fcos_kind, NULL, &m));
+    else KPL_TRY(kpl_module_create_root(dev, seed, &fcos_kind, NULL, &m));
+    *out = m; /* a root is the caller's to destroy, also on failure */
+    kpl_model_config bc = *cfg;
+    snprintf(bc.name, sizeof bc.name, "resnet");
+    if (!bc.depth) bc.depth = 50;
+    bc.num_classes = 0; /* the backbone alone, up to layer4 */
+    memset(&bc.keys, 0, sizeof bc.keys);
+    KPL_TRY(kpl_model_config_complete(&bc));
+    KPL_TRY(kpl_zoo_add(m, "backbone", &bc, NULL));
+    int64_t w = bc.width, e = bc.depth >= 50 ? 4 : 1;
+    int64_t ch[3] = {2 * w * e, 4 * w * e, 8 * w * e};
+    KPL_TRY(kpl_nn_fpn(m, "fpn", ch, 3, fpn, (int)levels - 3, false, NULL));
+    kpl_fcos_head_config hc = {.channels = fpn, .classes = cfg->num_classes,
+                               .levels = (int)levels, .convs = (int)convs,
+                               .gn_groups = (int)groups, .prior_prob = prior};
+    int s3 = bc.stem == KPL_STEM_CIFAR ? 2 : 8; /* C3's stride: layer2 after the stem */
+    for (int l = 0; l < levels; l++) hc.stride[l] = s3 << l;
+    return kpl_nn_fcos_head(m, "head", &hc, NULL);
+}
+
+const kpl_zoo_model kpl__zoo_fcos = {
+    .name = "fcos",
+    .doc = "FCOS (Tian et al. 2019): a ResNet, an FPN P3-P7 and a shared head",
+    .create = fcos_create,
+    .keys = fcos_keys,
+};

@@ -285,7 +285,7 @@ static const kpl_zoo_model cnn = {"cnn", "conv 3x3 + batch norm + ReLU + max-poo
                                   "hidden -> classes", builtin_create, NULL};
 static const kpl_zoo_model resnet = {"resnet", "torchvision's ResNet-18/34/50/101/152 (depth)",
                                      builtin_create, NULL};
-static const void *const builtin[] = {&mlp, &lenet, &cnn, &resnet, NULL};
+static const void *const builtin[] = {&mlp, &lenet, &cnn, &resnet, &kpl__zoo_fcos, NULL};
 static const kpl_key *keys_of(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
 static kpl__registry models = {.what = "model", .builtin = builtin, .keys = keys_of};
 
