@@ -152,6 +152,14 @@ kpl_device *kpl_trainer_device(const kpl_trainer *t);
 int32_t kpl_trainer_rank(const kpl_trainer *t);
 int32_t kpl_trainer_world(const kpl_trainer *t);
 const int64_t *kpl_trainer_input_shape(const kpl_trainer *t);
+/* The run directory ("" under kpl eval, which makes none). */
+const char *kpl_trainer_run_dir(const kpl_trainer *t);
+/* A split's KPLRecord directory (train, or validation; "" when the recipe
+ * has none) and the examples its loader draws from (data.<split>.limit
+ * applied; 0 without a loader): for a task that reads the split's records
+ * itself, as detection reads its ground truth. */
+const char *kpl_trainer_data_path(const kpl_trainer *t, bool train);
+int64_t kpl_trainer_data_examples(const kpl_trainer *t, bool train);
 /* Adds a model: the trainer owns `m` from here on (also on failure), and
  * gives it an optimizer (oc, or NULL for the recipe's optimizer section
  * with its groups), a DDP and a place in checkpoints ("<name>.<tensor>";

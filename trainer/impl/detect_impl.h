@@ -38,4 +38,31 @@ int64_t kpl__fcos_assign(const kpl__fcos_level *lv, int nlevels, const float *xy
                          const float *boxes, const int64_t *labels, int64_t nb, double radius,
                          int64_t *cls, float *ltrb, float *ctr);
 
+/* FCOS's training losses, as the paper and mmdetection's FCOS define them:
+ * the levels and their regression ranges, center sampling's radius (0:
+ * none) and the focal loss's alpha and gamma. */
+typedef struct {
+    int levels, stride[KPL_FCOS_MAX_LEVELS];
+    double lo[KPL_FCOS_MAX_LEVELS], hi[KPL_FCOS_MAX_LEVELS];
+    double radius, alpha, gamma;
+} kpl__fcos_loss_config;
+
+/* The three losses of a batch from the head's outputs o (every level's
+ * class logits, then distances, then centerness logits; kpl_nn_fcos_head)
+ * and the batch's boxes (n, maxb, 4), labels (n, maxb) and box counts (n),
+ * on the host:
+ *   loss[0] = sigmoid focal loss over every location and class / N+
+ *   loss[1] = sum over positives of centerness target x (1 - GIoU) / sum of
+ *             the centerness targets
+ *   loss[2] = BCE of the centerness logits over positives / N+
+ * N+ the positives (at least 1).  With t and more than one rank both
+ * normalisers are the average over the ranks of their own (as
+ * mmdetection's reduce_mean), so that with DDP's mean of gradients 2 ranks
+ * x 4 images learn what 1 x 8 does.  t NULL: this process alone.  The
+ * losses are pool-owned scalars; *positives (may be NULL) receives this
+ * batch's positive count. */
+kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list *o, int64_t n,
+                          const float *boxes, const int64_t *labels, const int64_t *nboxes,
+                          int64_t maxb, kpl_trainer *t, kpl_tensor **loss, int64_t *positives);
+
 #endif /* KPL_DETECT_IMPL_H */

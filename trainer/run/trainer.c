@@ -259,6 +259,16 @@ kpl_device *kpl_trainer_device(const kpl_trainer *t) { return t->dev; }
 int32_t kpl_trainer_rank(const kpl_trainer *t) { return t->rank; }
 int32_t kpl_trainer_world(const kpl_trainer *t) { return t->world; }
 const int64_t *kpl_trainer_input_shape(const kpl_trainer *t) { return t->chw; }
+const char *kpl_trainer_run_dir(const kpl_trainer *t) { return t->run_dir; }
+const char *kpl_trainer_data_path(const kpl_trainer *t, bool train)
+{
+    return train ? t->train_path : t->val_path;
+}
+int64_t kpl_trainer_data_examples(const kpl_trainer *t, bool train)
+{
+    kpl_loader *l = train ? t->train : t->val;
+    return l ? kpl_loader_num_examples(l) : 0;
+}
 int kpl_trainer_num_models(const kpl_trainer *t) { return t->nmodels; }
 int64_t kpl_trainer_steps(const kpl_trainer *t) { return t->step; }
 int64_t kpl_trainer_epoch(const kpl_trainer *t) { return t->epoch; }
