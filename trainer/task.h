@@ -135,6 +135,9 @@ typedef struct {
 /* The tasks kpl knows by name ("classification"); NULL for others. */
 const kpl_task_kind *kpl_task_find(const char *name);
 extern const kpl_task_kind kpl_task_classification;
+/* FCOS on the zoo's "fcos" model, COCO's figures (trainer/tasks/detect.c,
+ * docs/detection.md). */
+extern const kpl_task_kind kpl_task_detection;
 /* Adds a task kpl_task_find (and so `kpl train`) finds by its name; k is
  * borrowed (static).  KPL_EINVAL for a name known already, naming who
  * registered it.  From a plugin's constructor: see kpl_plugin_load. */

@@ -24,6 +24,15 @@ extern "C" {
 typedef enum { KPL_RESNET_STEMS(KPL_ENUM_VALUE) } kpl_resnet_stem;
 KPL_ENUM_DECLARE(kpl_resnet_stem);
 
+/* A ResNet's normalisation layers: batch norm, or group norm (Wu & He
+ * 2018; 32 groups, fewer where a layer's channels are not a multiple),
+ * which does not depend on the batch: for detectors trained from scratch
+ * on small per-rank batches, and so that N ranks x B images learn what
+ * 1 x N B does. */
+#define KPL_NORMS(X) X(KPL_NORM_BATCH, "batch") X(KPL_NORM_GROUP, "group")
+typedef enum { KPL_NORMS(KPL_ENUM_VALUE) } kpl_norm_kind;
+KPL_ENUM_DECLARE(kpl_norm_kind);
+
 /* A model of the zoo, as a recipe's model section gives it.  Zero means
  * "the architecture's default" for
  * width, depth and hidden.
@@ -43,6 +52,7 @@ typedef struct {
     int64_t in_channels, in_h, in_w;
     int64_t width, depth;
     kpl_resnet_stem stem;
+    kpl_norm_kind norm;         /* resnet: batch (default) or group norm */
     int64_t hidden[16];
     int nhidden;
     double dropout;

@@ -181,6 +181,9 @@ const field kpl__rc_fields[] = {
           "resnet: 18, 34, 50, 101 or 152; cnn: conv stages (0: 2)"),
     F_ENUM("model.stem", model.stem, "imagenet", kpl_resnet_stem_names,
            "resnet stem: imagenet (7x7/2 + max-pool) or cifar (3x3/1)"),
+    F_ENUM("model.norm", model.norm, "batch", kpl_norm_kind_names,
+           "resnet normalisation: batch norm, or group norm (32 groups; independent of the "
+           "batch: small per-rank batches, detectors from scratch)"),
     F_INTS("model.hidden", model.hidden, model.nhidden, "[]", 1, 1 << 20,
            "hidden layer widths (mlp default [512, 256]; cnn default [128])"),
     F_FLOAT("model.dropout", model.dropout, "0", 0, 0.99,

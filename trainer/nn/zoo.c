@@ -9,6 +9,7 @@
 #include <string.h>
 
 KPL_ENUM_DEFINE(kpl_resnet_stem, KPL_RESNET_STEMS)
+KPL_ENUM_DEFINE(kpl_norm_kind, KPL_NORMS)
 
 /* The built-in architectures, by model.name. */
 typedef enum { ARCH_MLP, ARCH_LENET, ARCH_CNN, ARCH_RESNET } arch;
@@ -49,20 +50,32 @@ static kpl_status block_forward(kpl_module *m, const kpl_tensor_list *in, kpl_te
 
 static const kpl_module_kind block_kind = {"resnet_block", block_forward, free};
 
-/* conv (no bias, Kaiming fan-out) + batch norm with initial scale `scale` */
+/* A normalisation layer of ch channels: batch norm, or group norm with 32
+ * groups (the largest power of two dividing ch, when 32 does not). */
+static kpl_status add_norm(kpl_module *parent, const char *name, int64_t ch, kpl_norm_kind norm,
+                           kpl_module **out)
+{
+    if (norm == KPL_NORM_BATCH) return kpl_nn_batch_norm(parent, name, ch, 0.1, 1e-5, out);
+    int g = 32;
+    while (ch % g) g /= 2;
+    return kpl_nn_group_norm(parent, name, g, ch, 1e-5, out);
+}
+
+/* conv (no bias, Kaiming fan-out) + norm with initial scale `scale` */
 static kpl_status conv_bn(kpl_module *parent, const char *cname, const char *bname, int64_t in,
-                          int64_t out, int k, int stride, double scale, kpl_module **conv,
-                          kpl_module **bn)
+                          int64_t out, int k, int stride, double scale, kpl_norm_kind norm,
+                          kpl_module **conv, kpl_module **bn)
 {
     kpl_nn_conv c = {KPL_NN_CONV_INIT(in, out, k), .stride = {stride, stride},
                      .padding = {k / 2, k / 2}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
     KPL_TRY(kpl_nn_conv2d(parent, cname, &c, conv));
-    KPL_TRY(kpl_nn_batch_norm(parent, bname, out, 0.1, 1e-5, bn));
+    KPL_TRY(add_norm(parent, bname, out, norm, bn));
     return scale == 1 ? KPL_OK : kpl_k_fill(kpl_module_get_param(*bn, "weight"), scale);
 }
 
 static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t planes, int stride,
-                            bool bottleneck, double last_scale, int64_t *out_ch)
+                            bool bottleneck, double last_scale, kpl_norm_kind norm,
+                            int64_t *out_ch)
 {
     char name[16];
     snprintf(name, sizeof name, "%d", idx);
@@ -80,12 +93,12 @@ static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t plan
         snprintf(cn, sizeof cn, "conv%d", k + 1);
         snprintf(bn, sizeof bn, "bn%d", k + 1);
         KPL_TRY(conv_bn(m, cn, bn, cin[k], cout[k], ks[k], ss[k], k + 1 == b->n ? last_scale : 1,
-                        &b->conv[k], &b->bn[k]));
+                        norm, &b->conv[k], &b->bn[k]));
     }
     if (stride != 1 || in != out) {
         KPL_TRY(kpl_nn_sequential(m, "downsample", &b->down));
         kpl_module *c = NULL, *n = NULL;
-        KPL_TRY(conv_bn(b->down, "0", "1", in, out, 1, stride, 1, &c, &n));
+        KPL_TRY(conv_bn(b->down, "0", "1", in, out, 1, stride, 1, norm, &c, &n));
     }
     *out_ch = out;
     return KPL_OK;
@@ -99,13 +112,14 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
     bool bottleneck = c->depth >= 50;
     kpl_module *conv = NULL, *bn = NULL;
     if (c->stem == KPL_STEM_CIFAR) {
-        KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, &conv, &bn));
+        KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, c->norm, &conv,
+                        &bn));
         KPL_TRY(kpl_nn_relu(root, "relu", NULL));
     } else {
         kpl_nn_conv s = {KPL_NN_CONV_INIT(c->in_channels, c->width, 7), .stride = {2, 2},
                          .padding = {3, 3}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
         KPL_TRY(kpl_nn_conv2d(root, "conv1", &s, NULL));
-        KPL_TRY(kpl_nn_batch_norm(root, "bn1", c->width, 0.1, 1e-5, NULL));
+        KPL_TRY(add_norm(root, "bn1", c->width, c->norm, NULL));
         KPL_TRY(kpl_nn_relu(root, "relu", NULL));
         kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
         KPL_TRY(kpl_nn_max_pool2d(root, "maxpool", &mp, NULL));
@@ -119,7 +133,7 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
         KPL_TRY(kpl_nn_sequential(root, name, &layer));
         for (int k = 0; k < counts[v][s]; k++)
             KPL_TRY(add_block(layer, k, in, c->width << s, (s > 0 && k == 0) ? 2 : 1, bottleneck,
-                              last_scale, &in));
+                              last_scale, c->norm, &in));
     }
     if (c->num_classes == 0) return KPL_OK; /* a backbone: layer4's features */
     KPL_TRY(kpl_nn_adaptive_avg_pool2d(root, "avgpool", 1, 1, NULL));

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# detect_e2e.sh CASE KPL SOURCE_DIR [KPLRUN] — the detection task end to
+# end on small fmnist-det sets (`kpl data synth`), one CTest test per case:
+#   fmnistdet  the FCOS-R18 recipe (a narrow ResNet) learns to an AP50
+#              bound; the run dir's detections.json scores with pycocotools
+#              as kpl scored it (when /usr/bin/python3 has pycocotools);
+#              kpl eval prints the COCO table and the same figures
+#   np2        2 ranks x 4 images (kplrun) train like 1 rank x 8: the same
+#              losses to 1e-4 at every step, the same AP (a group-norm
+#              backbone: batch norm's statistics are per rank)
+#   coco       the COCO R50-FPN 1x recipe, unchanged but for its data and
+#              length: a few steps on a generated COCO-format set,
+#              multi-scale, evaluated
+#   errors     a classification model, a dataset without boxes, a
+#              regress_ranges list too short: clear errors, exit 1 or 2
+set -euo pipefail
+case_=$1 kpl=$2 src=$3 kplrun=${4:-}
+. "$(dirname "$0")/e2e_common.sh"
+recipe=$src/recipes/detection/fcos_r18_fmnistdet.yaml
+check=$(dirname "$0")/detect_check.py
+# check_coco GT DETS LINE [IMAGES]: pycocotools agrees with kpl's figures
+check_coco() {
+  [[ -x /usr/bin/python3 ]] || { echo "no /usr/bin/python3: pycocotools check skipped"; return 0; }
+  local rc=0
+  /usr/bin/python3 "$check" "$@" > check.txt 2>&1 || rc=$?
+  cat check.txt
+  [[ $rc == 0 || $rc == 77 ]] || die "pycocotools disagrees with kpl: $(cat check.txt)"
+}
+# a small net: the recipe's, narrowed (a 16-wide ResNet-18, 32 FPN channels)
+SMALL=(model.width=16 model.fcos.fpn_channels=32 model.fcos.gn_groups=8)
+
+case $case_ in
+fmnistdet)
+  "$kpl" data synth fmnist-det d --train 320 --val 48 --seed 3 > synth.txt || die "synth"
+  "$kpl" train "$recipe" "${QUIET[@]}" "${SMALL[@]}" data.root="$tmp/d" data.convert.source="$tmp/d" \
+    run_dir=run epochs=8 eval.every_epochs=4 > train.txt 2> train.err || die "train: $(tail -5 train.err)"
+  done_line=$(tail -n 1 train.txt)
+  [[ $(field event "$done_line") == done ]] || die "no done line: $done_line"
+  ap50=$(field val_ap50 "$done_line")
+  echo "fmnistdet: $done_line"
+  awk -v x="$ap50" 'BEGIN { exit !(x >= 0.25) }' || die "AP50 $ap50 < 0.25 after 8 epochs"
+  [[ -s run/detections.json ]] || die "no run/detections.json"
+  grep -q 'Average Precision  (AP) @\[ IoU=0.50:0.95 | area=   all | maxDets=100 \]' train.txt \
+    || die "no COCO table after the last evaluation: $(tail -20 train.txt)"
+  last_eval=$(grep '"event":"eval"' run/metrics.jsonl | tail -n 1)
+  check_coco d/val.json run/detections.json "$last_eval"
+  # kpl eval: the same figures, its own detections file, the table
+  ck=$(ls run/checkpoints/ckpt-*.kpl | tail -n 1)
+  "$kpl" eval "$recipe" "${QUIET[@]}" "${SMALL[@]}" data.root="$tmp/d" data.convert.source="$tmp/d" \
+    --checkpoint "$ck" task.detection.save_detections=ev.json > eval.txt 2> eval.err \
+    || die "eval: $(tail -5 eval.err)"
+  grep -q 'Average Recall     (AR) @\[ IoU=0.50:0.95 | area= large | maxDets=100 \]' eval.txt \
+    || die "kpl eval printed no COCO table: $(cat eval.txt)"
+  ev=$(tail -n 1 eval.txt)
+  [[ $(field ap "$ev") == $(field val_ap "$last_eval") ]] || die "kpl eval's ap $(field ap "$ev") vs training's $(field val_ap "$last_eval")"
+  check_coco d/val.json ev.json "$ev"
+  ;;
+
+np2)
+  [[ -x $kplrun ]] || { echo "no kplrun: skipped"; exit 77; }
+  command -v mpirun > /dev/null || exit 77
+  "$kpl" data synth fmnist-det d --train 64 --val 16 --seed 5 > synth.txt || die "synth"
+  R=("$recipe" "${QUIET[@]}" "${SMALL[@]}" data.root="$tmp/d" data.convert.source="$tmp/d"
+     model.norm=group deterministic=true threads=1 epochs=1 log.every_steps=1
+     data.train.transform.flip=0 data.val.batch_size=8)
+  "$kpl" train "${R[@]}" run_dir=one data.train.batch_size=8 > one.txt 2> one.err \
+    || die "1 rank: $(tail -3 one.err)"
+  "$kplrun" -np 2 -- "$kpl" train "${R[@]}" run_dir=two data.train.batch_size=4 > two.txt 2> two.err \
+    || die "2 ranks: $(tail -5 two.err)"
+  losses one > one.loss
+  losses two > two.loss
+  [[ $(wc -l < one.loss) == 8 ]] || die "steps: $(wc -l < one.loss), want 8"
+  close_losses one.loss two.loss || die "2 ranks x 4 differ from 1 x 8"
+  a=$(tail -n 1 one.txt) b=$(tail -n 1 two.txt | sed 's/^\[r0\] //')
+  [[ $(field ranks "$b") == 2 ]] || die "ranks: $b"
+  for f in val_ap val_ap50 val_ar100; do
+    awk -v x="$(field $f "$a")" -v y="$(field $f "$b")" 'BEGIN { d = x - y; exit !(d <= 1e-3 && d >= -1e-3) }' \
+      || die "$f $(field $f "$a") (1 rank) vs $(field $f "$b") (2 ranks)"
+  done
+  # every rank's detections reached the evaluation: as many as one rank made
+  n1=$(grep -o '"image_id"' one/detections.json | wc -l) n2=$(grep -o '"image_id"' two/detections.json | wc -l)
+  [[ $n1 == "$n2" && $n1 -gt 0 ]] || die "detections: $n1 (1 rank) vs $n2 (2 ranks)"
+  ;;
+
+coco)
+  "$kpl" data synth fmnist-det d --train 16 --val 8 --seed 7 > synth.txt || die "synth"
+  # the recipe's own model, schedule and multi-scale sides; only the data
+  # and the length are this test's
+  "$kpl" train "$src/recipes/detection/fcos_r50_fpn_coco.yaml" "${QUIET[@]}" run_dir=run \
+    data.root="$tmp/d" data.convert.source="$tmp/d" data.train.path=records/train \
+    data.val.path=records/val model.num_classes=10 data.train.batch_size=2 \
+    data.val.batch_size=2 data.val.limit=4 max_steps=3 log.every_steps=1 \
+    > train.txt 2> train.err || die "coco recipe: $(tail -5 train.err)"
+  done_line=$(tail -n 1 train.txt)
+  [[ $(field steps "$done_line") == 3 ]] || die "steps: $done_line"
+  l=$(field train_loss "$done_line")
+  awk -v x="$l" 'BEGIN { exit !(x > 0 && x < 10) }' || die "loss $l"
+  [[ -n $(field val_ap "$done_line") ]] || die "no evaluation: $done_line"
+  # multi-scale: the batches' sizes vary (short side 640-800, long <= 1333)
+  grep -q '"short_sides": \[640, 672, 704, 736, 768, 800\]\|short_sides: \[640, 672, 704, 736, 768, 800\]' run/config.yaml \
+    || die "config.yaml: $(grep -n short_sides run/config.yaml)"
+  ;;
+
+errors)
+  "$kpl" data synth fmnist-det d --train 8 --val 4 > synth.txt || die "synth"
+  D=(data.root="$tmp/d" data.convert.source="$tmp/d" "${QUIET[@]}" "${SMALL[@]}")
+  # expect_fail WHAT NEEDLE ARGS...: kpl train fails (exit 1 or 2) saying NEEDLE
+  expect_fail() {
+    local what=$1 needle=$2 rc=0
+    shift 2
+    timeout 300 "$kpl" train "$recipe" "${D[@]}" "$@" > out.txt 2> err.txt || rc=$?
+    [[ $rc == 1 || $rc == 2 ]] || die "$what: exit $rc ($(tail -3 err.txt))"
+    grep -qF -- "$needle" err.txt || die "$what: '$(tail -3 err.txt)' lacks '$needle'"
+  }
+  # a classifier of the zoo as the model (the recipe without its fcos keys)
+  sed '/^  fcos:/,/^    gn_groups/d' "$recipe" > cls.yaml
+  rc=0
+  "$kpl" train cls.yaml data.root="$tmp/d" data.convert.source="$tmp/d" "${QUIET[@]}" \
+    model.name=resnet model.width=16 run_dir=r1 > out.txt 2> err.txt || rc=$?
+  [[ $rc == 1 ]] && grep -qF "model 'resnet' has no FCOS head" err.txt \
+    || die "a classifier as detector: exit $rc ($(tail -3 err.txt))"
+  expect_fail "regress ranges" "task.detection.regress_ranges: 1 boundaries for 5 levels (want 4)" \
+    'task.detection.regress_ranges=[16]' run_dir=r2
+  expect_fail "ranges that fall" "task.detection.regress_ranges: boundaries must increase" \
+    'task.detection.regress_ranges=[16, 64, 32, 128]' run_dir=r3
+  expect_usage_error "unknown key" "task.detection.score_tresh" train "$recipe" "${D[@]}" \
+    task.detection.score_tresh=0.1
+  expect_usage_error "out of range" "task.detection.nms_iou" train "$recipe" "${D[@]}" \
+    task.detection.nms_iou=1.5
+  # a split without the boxes feature
+  expect_fail "no boxes" "nobox" data.train.boxes_feature=nobox run_dir=r4
+  # more boxes than max_boxes: an error naming the example, never a truncation
+  expect_fail "max_boxes" "max_boxes" data.train.max_boxes=1 run_dir=r5
+  ;;
+
+*)
+  die "unknown case"
+  ;;
+esac
+echo "PASS ($case_)"

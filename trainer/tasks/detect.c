@@ -1,0 +1,807 @@
+/*
+ * detect.c — the detection task: FCOS (Tian et al. 2019) on a model whose
+ * head is kpl_nn_fcos_head (the zoo's "fcos"), trained with the focal,
+ * GIoU and centerness losses (kpl__fcos_loss), evaluated with COCO's
+ * figures (cocoeval.h) over every rank's detections, gathered to each.
+ *
+ *   training    targets assigned on the host per image (fcos_assign.c),
+ *               the losses on the device
+ *   evaluation  per level: score sqrt(sigmoid(class) x sigmoid(centerness))
+ *               above score_thresh, the pre_nms_topk best, boxes decoded
+ *               and clipped to the image, class-wise NMS, the max_dets
+ *               best; mapped back to the stored image's pixels and scored
+ *               against the validation split's own records (image_id,
+ *               boxes, category_ids, iscrowd, area), so a split converted
+ *               from COCO is scored as pycocotools scores the JSON it came
+ *               from.  The detections are written as a COCO results file.
+ */
+#include "detect_impl.h"
+
+#include "cocoeval.h"
+#include "vision.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the losses ---------------------------------------------------------------------------- */
+
+/* Every level's (n, ch, H, W) outputs from o->t[first...] as one (n x P, ch)
+ * tensor, level after level, row-major inside each (the points' order). */
+static kpl_tensor *flatten_levels(const kpl_tensor_list *o, int first, int levels, int64_t n,
+                                  int64_t ch)
+{
+    static const int nhwc[4] = {0, 2, 3, 1};
+    kpl_tensor *part[KPL_FCOS_MAX_LEVELS];
+    int64_t p = 0;
+    for (int l = 0; l < levels; l++) {
+        kpl_tensor *x = o->t[first + l];
+        int64_t hw = kpl_tensor_dim(x, 2) * kpl_tensor_dim(x, 3), shape[3] = {n, hw, ch};
+        part[l] = kpl_reshape(kpl_permute(x, nhwc), 3, shape);
+        p += hw;
+    }
+    int64_t flat[2] = {n * p, ch};
+    return kpl_reshape(levels == 1 ? part[0] : kpl_concat(levels, part, 1), 2, flat);
+}
+
+/* A pool-owned tensor of host data on dev. */
+static kpl_tensor *host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                               const void *data)
+{
+    kpl_tensor *x = NULL;
+    if (kpl_tensor_from_data(dev, dt, ndim, shape, data, &x) < 0) return NULL;
+    return kpl_autorelease(x);
+}
+
+kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list *o, int64_t n,
+                          const float *boxes, const int64_t *labels, const int64_t *nboxes,
+                          int64_t maxb, kpl_trainer *t, kpl_tensor **loss, int64_t *positives)
+{
+    int L = c->levels;
+    KPL_CHECK(o->n == 3 * L, KPL_EINVAL, "fcos loss: %d outputs for %d levels (want %d)", o->n, L,
+              3 * L);
+    kpl__fcos_level lv[KPL_FCOS_MAX_LEVELS];
+    int64_t classes = kpl_tensor_dim(o->t[0], 1);
+    for (int l = 0; l < L; l++) {
+        for (int k = 0; k < 3; k++)
+            KPL_CHECK(kpl_tensor_ndim(o->t[k * L + l]) == 4 &&
+                          kpl_tensor_dim(o->t[k * L + l], 0) == n &&
+                          kpl_tensor_dim(o->t[k * L + l], 2) == kpl_tensor_dim(o->t[l], 2) &&
+                          kpl_tensor_dim(o->t[k * L + l], 3) == kpl_tensor_dim(o->t[l], 3) &&
+                          kpl_tensor_dim(o->t[k * L + l], 1) == (k == 0 ? classes : k == 1 ? 4 : 1),
+                      KPL_EINVAL, "fcos loss: level %d: output %d is not (%lld, %lld, H, W) as "
+                      "its level's", l, k * L + l, (long long)n,
+                      (long long)(k == 0 ? classes : k == 1 ? 4 : 1));
+        lv[l] = (kpl__fcos_level){c->stride[l], kpl_tensor_dim(o->t[l], 2),
+                                  kpl_tensor_dim(o->t[l], 3), c->lo[l], c->hi[l]};
+    }
+    int64_t P = kpl__fcos_count(lv, L), NP = n * P;
+    float *xy = malloc((size_t)P * 2 * sizeof *xy), *ltrb = malloc((size_t)NP * 4 * sizeof *ltrb);
+    float *ctr = malloc((size_t)NP * sizeof *ctr), *onehot = calloc((size_t)(NP * classes), 4);
+    int64_t *cls = malloc((size_t)NP * sizeof *cls);
+    float *pos_xy = NULL, *pos_box = NULL, *pos_ctr = NULL;
+    int64_t *pos_idx = NULL;
+    kpl_status st = KPL_ERROR(KPL_ENOMEM, "fcos loss: out of memory for %lld locations",
+                              (long long)NP);
+    if (!xy || !ltrb || !ctr || !onehot || !cls) goto done;
+    kpl__fcos_points(lv, L, xy);
+    int64_t npos = 0;
+    for (int64_t i = 0; i < n; i++) {
+        st = KPL_ERROR(KPL_EINVAL, "fcos loss: image %lld has %lld boxes (0 to %lld)",
+                       (long long)i, (long long)nboxes[i], (long long)maxb);
+        if (nboxes[i] < 0 || nboxes[i] > maxb) goto done;
+        for (int64_t b = 0; b < nboxes[i]; b++) {
+            int64_t y = labels[i * maxb + b];
+            st = KPL_ERROR(KPL_EINVAL, "fcos loss: image %lld, box %lld: label %lld is not in "
+                           "[0, %lld) (model.num_classes)", (long long)i, (long long)b,
+                           (long long)y, (long long)classes);
+            if (y < 0 || y >= classes) goto done;
+        }
+        npos += kpl__fcos_assign(lv, L, xy, boxes + i * maxb * 4, labels + i * maxb, nboxes[i],
+                                 c->radius, cls + i * P, ltrb + i * P * 4, ctr + i * P);
+    }
+    st = KPL_ERROR(KPL_ENOMEM, "fcos loss: out of memory for %lld positives", (long long)npos);
+    pos_xy = malloc((size_t)(npos + 1) * 2 * sizeof *pos_xy);
+    pos_box = malloc((size_t)(npos + 1) * 4 * sizeof *pos_box);
+    pos_ctr = malloc((size_t)(npos + 1) * sizeof *pos_ctr);
+    pos_idx = malloc((size_t)(npos + 1) * sizeof *pos_idx);
+    if (!pos_xy || !pos_box || !pos_ctr || !pos_idx) goto done;
+    double ctr_sum = 0;
+    for (int64_t q = 0, k = 0; q < NP; q++) {
+        if (cls[q] < 0) continue;
+        onehot[q * classes + cls[q]] = 1;
+        const float *p = xy + 2 * (q % P), *d = ltrb + 4 * q;
+        pos_idx[k] = q;
+        pos_xy[2 * k] = p[0], pos_xy[2 * k + 1] = p[1];
+        float box[4] = {p[0] - d[0], p[1] - d[1], p[0] + d[2], p[1] + d[3]};
+        memcpy(pos_box + 4 * k, box, sizeof box);
+        pos_ctr[k] = ctr[q];
+        ctr_sum += ctr[q];
+        k++;
+    }
+    /* the normalisers: each rank's, averaged over the ranks */
+    double norm[2] = {(double)npos, ctr_sum};
+    int32_t world = t ? kpl_trainer_world(t) : 1;
+    if (t && world > 1 && (st = kpl_trainer_sum(t, norm, 2)) < 0) goto done;
+    double num_pos = fmax(norm[0] / world, 1.0), ctr_norm = fmax(norm[1] / world, 1e-6);
+
+    kpl_device *dev = kpl_tensor_device(o->t[0]);
+    kpl_tensor *logits = flatten_levels(o, 0, L, n, classes);
+    kpl_tensor *reg = flatten_levels(o, L, L, n, 4);
+    int64_t flat1[1] = {NP};
+    kpl_tensor *cen = kpl_reshape(flatten_levels(o, 2 * L, L, n, 1), 1, flat1);
+    int64_t s2[2] = {NP, classes};
+    kpl_tensor *target = host_tensor(dev, KPL_F32, 2, s2, onehot);
+    loss[0] = kpl_scalar_op(KPL_BIN_DIV, kpl_sigmoid_focal_loss(logits, target, c->alpha,
+                                                                c->gamma, KPL_REDUCE_SUM),
+                            num_pos, false);
+    if (npos == 0) { /* every parameter still takes part (DDP waits for each) */
+        loss[1] = kpl_scalar_op(KPL_BIN_MUL, kpl_sum(reg, NULL, 0, false), 0, false);
+        loss[2] = kpl_scalar_op(KPL_BIN_MUL, kpl_sum(cen, NULL, 0, false), 0, false);
+    } else {
+        int64_t sk[1] = {npos}, sk2[2] = {npos, 2}, sk4[2] = {npos, 4};
+        kpl_tensor *idx = host_tensor(dev, KPL_I64, 1, sk, pos_idx);
+        kpl_tensor *w = host_tensor(dev, KPL_F32, 1, sk, pos_ctr);
+        kpl_tensor *pts = host_tensor(dev, KPL_F32, 2, sk2, pos_xy);
+        kpl_tensor *gt = host_tensor(dev, KPL_F32, 2, sk4, pos_box);
+        kpl_tensor *pred = kpl_box_decode_ltrb(pts, kpl_index_select(reg, 0, idx));
+        kpl_tensor *giou = kpl_box_giou_loss(pred, gt, KPL_REDUCE_NONE);
+        loss[1] = kpl_scalar_op(KPL_BIN_DIV, kpl_sum(kpl_mul(giou, w), NULL, 0, false), ctr_norm,
+                                false);
+        loss[2] = kpl_scalar_op(KPL_BIN_DIV,
+                                kpl_bce_with_logits(kpl_index_select(cen, 0, idx), w,
+                                                    KPL_REDUCE_SUM),
+                                num_pos, false);
+    }
+    st = loss[0] && loss[1] && loss[2] ? KPL_OK : kpl_last_status();
+    if (positives) *positives = npos;
+done:
+    free(xy), free(ltrb), free(ctr), free(onehot), free(cls);
+    free(pos_xy), free(pos_box), free(pos_ctr), free(pos_idx);
+    return st;
+}
+
+/* ---- the task's state ------------------------------------------------------------------------ */
+
+/* A validation image kept for TensorBoard: its pixels (h, w, 3) and the
+ * boxes drawn on it (in its pixels): ground truth, then detections. */
+typedef struct {
+    int h, w;
+    uint8_t *rgb;
+    int ngt, ndet;
+    float *box; /* (ngt + ndet) x 4 */
+    int64_t *label;
+} tb_image;
+
+typedef struct {
+    kpl__fcos_loss_config loss;
+    int64_t classes, topk, max_dets, tb_images;
+    double score_thresh, nms_iou;
+    const char *save;
+    /* ground truth of the validation split, read at the first evaluation */
+    kpl_coco_gt *gt;
+    int64_t examples;  /* the split's examples evaluated */
+    int64_t *image_id; /* per example */
+    int64_t *category; /* per label: the category id of detections */
+    /* this rank's detections in the evaluation under way */
+    kpl_coco_detection *dets;
+    int64_t ndets, capdets;
+    kpl_coco_stats stats;
+    bool have_stats;
+    tb_image *tb;
+    int ntb;
+} detect;
+
+static void tb_free(detect *d)
+{
+    for (int i = 0; i < d->ntb; i++) free(d->tb[i].rgb), free(d->tb[i].box), free(d->tb[i].label);
+    free(d->tb);
+    d->tb = NULL, d->ntb = 0;
+}
+
+static void destroy(void *state)
+{
+    detect *d = state;
+    if (!d) return;
+    kpl_coco_gt_destroy(d->gt);
+    free(d->image_id), free(d->category), free(d->dets);
+    tb_free(d);
+    free(d);
+}
+
+/* task.detection.<key> */
+static const kpl_key keys[] = {
+    {"center_radius", KPL_KEY_FLOAT, "1.5", 0, 100, NULL,
+     "center sampling: a location is positive only within radius x its stride of a box's "
+     "centre (0: anywhere inside the box, the paper's first version)"},
+    {"regress_ranges", KPL_KEY_FLOATS, "[64, 128, 256, 512]", 1, 1e8, NULL,
+     "the boundaries of the levels' box-size ranges (levels - 1 increasing values; level l "
+     "regresses boxes whose largest distance lies between its two)"},
+    {"focal_alpha", KPL_KEY_FLOAT, "0.25", -1, 1, NULL,
+     "the focal loss's weight of positives (below 0: none)"},
+    {"focal_gamma", KPL_KEY_FLOAT, "2.0", 0, 10, NULL, "the focal loss's focusing exponent"},
+    {"score_thresh", KPL_KEY_FLOAT, "0.05", 0, 1, NULL,
+     "inference: the least score sqrt(class probability x centerness) kept"},
+    {"pre_nms_topk", KPL_KEY_INT, "1000", 1, 100000, NULL,
+     "inference: candidates kept per level before NMS"},
+    {"nms_iou", KPL_KEY_FLOAT, "0.6", 0, 1, NULL,
+     "inference: class-wise NMS suppresses a box overlapping a better one by more than this IoU"},
+    {"max_dets", KPL_KEY_INT, "100", 1, 10000, NULL,
+     "inference: detections kept per image (COCO's figures read at most 100)"},
+    {"save_detections", KPL_KEY_STRING, "\"\"", 0, 0, NULL,
+     "the COCO results file each evaluation writes (\"\": detections.json in the run "
+     "directory; kpl eval writes one only when given)"},
+    {"tb_images", KPL_KEY_INT, "4", 0, 64, NULL,
+     "validation images with their boxes drawn in TensorBoard after each evaluation"},
+    {NULL, 0, NULL, 0, 0, NULL, NULL},
+};
+static const char *const needs[] = {"model.name", "model.num_classes", NULL};
+
+static kpl_status create(kpl_trainer *t, void **state)
+{
+    const kpl_recipe *r = kpl_trainer_recipe(t);
+    const kpl_keyvals *kv = kpl_trainer_task_keys(t);
+    const char *file = *r->file ? r->file : "recipe";
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    detect *d = calloc(1, sizeof *d);
+    KPL_CHECK(d, KPL_ENOMEM, "out of memory");
+    *state = d;
+    kpl_model_config mc = r->model;
+    mc.in_channels = chw[0], mc.in_h = chw[1], mc.in_w = chw[2];
+    d->classes = r->model.num_classes;
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
+    kpl__fcos_loss_config *c = &d->loss;
+    c->levels = kpl_fcos_strides(m, c->stride);
+    if (c->levels == 0) {
+        kpl_module_destroy(m);
+        return KPL_ERROR(KPL_EINVAL, "%s: model.name: the detection task trains FCOS, and model "
+                         "'%s' has no FCOS head (use fcos)", file, mc.name);
+    }
+    char label[64];
+    snprintf(label, sizeof label, "fcos_r%lld", (long long)(mc.depth ? mc.depth : 50));
+    KPL_TRY(kpl_trainer_add_model(t, "model", label, m, NULL, NULL));
+    double bounds[KPL_FCOS_MAX_LEVELS];
+    int nb = 0;
+    KPL_TRY(kpl_key_floats(kv, "regress_ranges", bounds, KPL_FCOS_MAX_LEVELS, &nb));
+    KPL_CHECK(nb >= c->levels - 1, KPL_EINVAL, "%s: task.detection.regress_ranges: %d "
+              "boundaries for %d levels (want %d)", file, nb, c->levels, c->levels - 1);
+    for (int l = 0; l < c->levels; l++) {
+        c->lo[l] = l == 0 ? -1 : bounds[l - 1];
+        c->hi[l] = l == c->levels - 1 ? 1e8 : bounds[l];
+        KPL_CHECK(c->hi[l] > c->lo[l], KPL_EINVAL, "%s: task.detection.regress_ranges: "
+                  "boundaries must increase (%g then %g)", file, c->lo[l], c->hi[l]);
+    }
+    KPL_TRY(kpl_key_float(kv, "center_radius", &c->radius));
+    KPL_TRY(kpl_key_float(kv, "focal_alpha", &c->alpha));
+    KPL_TRY(kpl_key_float(kv, "focal_gamma", &c->gamma));
+    KPL_TRY(kpl_key_float(kv, "score_thresh", &d->score_thresh));
+    KPL_TRY(kpl_key_float(kv, "nms_iou", &d->nms_iou));
+    KPL_TRY(kpl_key_int(kv, "pre_nms_topk", &d->topk));
+    KPL_TRY(kpl_key_int(kv, "max_dets", &d->max_dets));
+    KPL_TRY(kpl_key_int(kv, "tb_images", &d->tb_images));
+    return kpl_key_string(kv, "save_detections", &d->save);
+}
+
+/* The detection features a split's batches carry, unless the recipe
+ * names its own: the converters' "boxes" and "labels", 100 per image; no
+ * image label (detection examples have none). */
+static void data(const kpl_recipe *r, bool train, kpl_loader_config *c)
+{
+    (void)r, (void)train;
+    kpl_transform_config *x = &c->transform;
+    x->label_feature = NULL;
+    if (!x->boxes_feature) x->boxes_feature = "boxes";
+    if (!x->box_labels_feature) x->box_labels_feature = "labels";
+    if (x->max_boxes <= 0) x->max_boxes = 100;
+}
+
+/* ---- training ---------------------------------------------------------------------------------- */
+
+/* The batch's boxes, labels and counts on the host. */
+static kpl_status batch_targets(const kpl_batch *b, const float **boxes, const int64_t **labels,
+                                const int64_t **nboxes, int64_t *maxb)
+{
+    kpl_tensor *bx = kpl_batch_get(b, "boxes"), *lb = kpl_batch_get(b, "box_labels");
+    kpl_tensor *nb = kpl_batch_get(b, "num_boxes");
+    *boxes = kpl_tensor_host_data(bx);
+    *labels = kpl_tensor_host_data(lb);
+    *nboxes = kpl_tensor_host_data(nb);
+    *maxb = kpl_tensor_dim(bx, 1);
+    return *boxes && *labels && *nboxes ? KPL_OK : kpl_last_status();
+}
+
+static kpl_status forward(kpl_trainer *t, const kpl_batch *b, kpl_tensor_list *o)
+{
+    kpl_device *dev = kpl_trainer_device(t);
+    kpl_tensor *x = b->image;
+    if (kpl_device_type_of(dev) != KPL_DEVICE_CPU) x = kpl_to_device(b->image, dev);
+    kpl_tensor_list in = {1, {x}};
+    return x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, o) : kpl_last_status();
+}
+
+static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
+                             kpl_step_result *out)
+{
+    detect *d = state;
+    const float *boxes;
+    const int64_t *labels, *nboxes;
+    int64_t maxb;
+    KPL_TRY(batch_targets(b, &boxes, &labels, &nboxes, &maxb));
+    kpl_tensor_list o;
+    KPL_TRY(forward(t, b, &o));
+    kpl_tensor *loss[3];
+    int64_t npos = 0;
+    KPL_TRY(kpl__fcos_loss(&d->loss, &o, b->size, boxes, labels, nboxes, maxb, t, loss, &npos));
+    out->loss[0] = kpl_add(kpl_add(loss[0], loss[1]), loss[2]);
+    static const char *const names[3] = {"loss_cls", "loss_box", "loss_ctr"};
+    double n = (double)b->size;
+    for (int k = 0; k < 3; k++)
+        KPL_TRY(kpl_step_figure(out, names[k],
+                                kpl_scalar_op(KPL_BIN_MUL, kpl_detach(loss[k]), n, false), n));
+    return out->loss[0] ? KPL_OK : kpl_last_status();
+}
+
+/* ---- ground truth --------------------------------------------------------------------------- */
+
+static int find_feature(const kpl_dataset *ds, const char *name, kpl_feature_type type)
+{
+    int i = kpl_dataset_find_feature(ds, name);
+    return i >= 0 && kpl_dataset_feature(ds, i)->type == type ? i : -1;
+}
+
+/* Element k of an int64 or float feature value (records may be unaligned). */
+static int64_t i64_at(const kpl_feature_value *v, int64_t k)
+{
+    int64_t x;
+    memcpy(&x, (const char *)v->data + 8 * k, 8);
+    return x;
+}
+static float f32_at(const kpl_feature_value *v, int64_t k)
+{
+    float x;
+    memcpy(&x, (const char *)v->data + 4 * k, 4);
+    return x;
+}
+
+/* The category id of each label: METADATA's attributes.category_ids (what
+ * --from coco writes), else the records' category_ids paired with their
+ * labels, else label + 1. */
+static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char *where)
+{
+    d->category = malloc((size_t)d->classes * sizeof *d->category);
+    KPL_CHECK(d->category, KPL_ENOMEM, "eval: out of memory");
+    for (int64_t k = 0; k < d->classes; k++) d->category[k] = k + 1;
+    json_t *a = json_loads(kpl_dataset_attributes(ds), 0, NULL);
+    json_t *ids = json_object_get(a, "category_ids");
+    size_t n = json_array_size(ids);
+    kpl_status st = KPL_OK;
+    if (n > 0 && (int64_t)n != d->classes)
+        st = KPL_ERROR(KPL_EINVAL, "%s: the dataset has %zu categories (attributes.category_ids) "
+                       "and model.num_classes is %lld", where, n, (long long)d->classes);
+    for (size_t k = 0; st >= 0 && k < n; k++) d->category[k] = json_integer_value(json_array_get(ids, k));
+    json_decref(a);
+    return st;
+}
+
+/* The ground truth of the validation split's first d->examples examples. */
+static kpl_status load_gt(kpl_trainer *t, detect *d)
+{
+    const kpl_recipe *r = kpl_trainer_recipe(t);
+    const char *path = kpl_trainer_data_path(t, false);
+    d->examples = kpl_trainer_data_examples(t, false);
+    const char *fb = r->data.val.boxes_feature[0] ? r->data.val.boxes_feature : "boxes";
+    const char *fl = r->data.val.box_labels_feature[0] ? r->data.val.box_labels_feature : "labels";
+    kpl_dataset *ds = NULL;
+    KPL_TRY(kpl_dataset_open(path, &ds));
+    int fi = find_feature(ds, "image_id", KPL_FEATURE_INT64);
+    int fbx = find_feature(ds, fb, KPL_FEATURE_FLOAT), flb = find_feature(ds, fl, KPL_FEATURE_INT64);
+    int fcat = find_feature(ds, "category_ids", KPL_FEATURE_INT64);
+    int fcrowd = find_feature(ds, "iscrowd", KPL_FEATURE_INT64);
+    int fdiff = find_feature(ds, "difficult", KPL_FEATURE_INT64);
+    int farea = find_feature(ds, "area", KPL_FEATURE_FLOAT);
+    kpl_chunk *chunk = kpl_chunk_create();
+    int nf = kpl_dataset_num_features(ds);
+    kpl_feature_value *v = calloc((size_t)nf, sizeof *v);
+    kpl_coco_annotation *ann = NULL;
+    int64_t nann = 0, cap = 0, *cats = NULL;
+    kpl_status st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    d->image_id = malloc((size_t)(d->examples + 1) * sizeof *d->image_id);
+    if (!chunk || !v || !d->image_id) goto done;
+    st = KPL_ERROR(KPL_EINVAL, "%s: detection's evaluation needs the float feature '%s' and the "
+                   "int64 feature '%s' (data.val.boxes_feature, box_labels_feature)", path, fb, fl);
+    if (fbx < 0 || flb < 0) goto done;
+    if ((st = label_categories(d, ds, path)) < 0) goto done;
+    for (int64_t e = 0; e < d->examples; e++) {
+        if ((st = kpl_dataset_read_example(ds, e, chunk, v)) < 0) goto done;
+        d->image_id[e] = fi >= 0 && v[fi].count == 1 ? i64_at(&v[fi], 0) : e;
+        int64_t nb = v[flb].count;
+        st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld: %u box values for %lld labels", path,
+                       (long long)e, v[fbx].count, (long long)nb);
+        if (v[fbx].count != 4 * nb) goto done;
+        for (int64_t k = 0; k < nb; k++) {
+            int64_t y = i64_at(&v[flb], k);
+            st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: label %lld is not in [0, %lld) "
+                           "(model.num_classes)", path, (long long)e, (long long)k, (long long)y,
+                           (long long)d->classes);
+            if (y < 0 || y >= d->classes) goto done;
+            if (nann == cap) {
+                cap = cap ? 2 * cap : 1024;
+                kpl_coco_annotation *p = realloc(ann, (size_t)cap * sizeof *ann);
+                st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+                if (!p) goto done;
+                ann = p;
+            }
+            kpl_coco_annotation *a = &ann[nann];
+            float x0 = f32_at(&v[fbx], 4 * k), y0 = f32_at(&v[fbx], 4 * k + 1);
+            float x1 = f32_at(&v[fbx], 4 * k + 2), y1 = f32_at(&v[fbx], 4 * k + 3);
+            a->id = nann + 1;
+            a->image_id = d->image_id[e];
+            a->category_id = fcat >= 0 && v[fcat].count == (uint32_t)nb ? i64_at(&v[fcat], k)
+                                                                         : d->category[y];
+            a->bbox[0] = x0, a->bbox[1] = y0, a->bbox[2] = x1 - x0, a->bbox[3] = y1 - y0;
+            a->area = farea >= 0 && v[farea].count == (uint32_t)nb
+                          ? f32_at(&v[farea], k)
+                          : a->bbox[2] * a->bbox[3];
+            /* VOC's difficult objects are ignored as COCO ignores crowds */
+            a->iscrowd = (fcrowd >= 0 && v[fcrowd].count == (uint32_t)nb && i64_at(&v[fcrowd], k)) ||
+                         (fdiff >= 0 && v[fdiff].count == (uint32_t)nb && i64_at(&v[fdiff], k));
+            nann++;
+        }
+    }
+    /* the categories: every label's, and any the records name */
+    cats = malloc((size_t)(d->classes + nann) * sizeof *cats);
+    st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    if (!cats) goto done;
+    int64_t ncat = 0;
+    for (int64_t k = 0; k < d->classes; k++) cats[ncat++] = d->category[k];
+    for (int64_t k = 0; k < nann; k++) {
+        bool known = false;
+        for (int64_t j = 0; j < d->classes && !known; j++) known = d->category[j] == ann[k].category_id;
+        if (!known) cats[ncat++] = ann[k].category_id;
+    }
+    /* repeats among the extra ones are harmless only once: drop them */
+    int64_t w = d->classes;
+    for (int64_t k = d->classes; k < ncat; k++) {
+        bool seen = false;
+        for (int64_t j = d->classes; j < w && !seen; j++) seen = cats[j] == cats[k];
+        if (!seen) cats[w++] = cats[k];
+    }
+    st = kpl_coco_gt_create(d->image_id, d->examples, cats, w, ann, nann, &d->gt);
+done:
+    free(cats), free(ann), free(v);
+    kpl_chunk_destroy(chunk);
+    kpl_dataset_close(ds);
+    return st;
+}
+
+/* ---- evaluation ------------------------------------------------------------------------------ */
+
+static kpl_status eval_begin(kpl_trainer *t, void *state)
+{
+    detect *d = state;
+    if (!d->gt) KPL_TRY(load_gt(t, d));
+    d->ndets = 0;
+    d->have_stats = false;
+    tb_free(d);
+    return KPL_OK;
+}
+
+static kpl_status add_det(detect *d, const kpl_coco_detection *x)
+{
+    if (d->ndets == d->capdets) {
+        int64_t cap = d->capdets ? 2 * d->capdets : 4096;
+        kpl_coco_detection *p = realloc(d->dets, (size_t)cap * sizeof *p);
+        KPL_CHECK(p, KPL_ENOMEM, "eval: out of memory for %lld detections", (long long)cap);
+        d->dets = p, d->capdets = cap;
+    }
+    d->dets[d->ndets++] = *x;
+    return KPL_OK;
+}
+
+typedef struct {
+    float score;
+    int32_t level;
+    int64_t loc, cls; /* location within the level, class */
+} candidate;
+
+static int by_score(const void *a, const void *b)
+{
+    const candidate *x = a, *y = b;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    /* ties: the order the locations and classes come in, as a stable sort */
+    if (x->level != y->level) return x->level < y->level ? -1 : 1;
+    if (x->loc != y->loc) return x->loc < y->loc ? -1 : 1;
+    return x->cls < y->cls ? -1 : x->cls > y->cls;
+}
+
+static double sigmoid(double z) { return 1 / (1 + exp(-z)); }
+
+/* Image i's detections: boxes (k, 4) in the resized image's pixels, their
+ * scores and labels, best first, at most max_dets.  Returns k or < 0. */
+static int64_t detect_image(detect *d, float *const *lc, float *const *lr, float *const *lz,
+                            const int64_t (*hw)[2], int64_t i, double img_h, double img_w,
+                            float *out_box, float *out_score, int64_t *out_label)
+{
+    int L = d->loss.levels;
+    int64_t C = d->classes, ncand = 0, cap = 0;
+    candidate *cand = NULL;
+    kpl_status st = KPL_OK;
+    for (int l = 0; l < L && st >= 0; l++) {
+        int64_t H = hw[l][0], W = hw[l][1], HW = H * W, s = d->loss.stride[l];
+        const float *cl = lc[l] + i * C * HW, *z = lz[l] + i * HW;
+        int64_t first = ncand;
+        for (int64_t q = 0; q < HW; q++) {
+            double px = (double)(s * (q % W) + s / 2), py = (double)(s * (q / W) + s / 2);
+            if (px >= img_w || py >= img_h) continue; /* the batch's padding */
+            double cz = sigmoid(z[q]);
+            for (int64_t k = 0; k < C; k++) {
+                double sc = sqrt(sigmoid(cl[k * HW + q]) * cz);
+                if (!(sc > d->score_thresh)) continue;
+                if (ncand == cap) {
+                    cap = cap ? 2 * cap : 1024;
+                    candidate *p = realloc(cand, (size_t)cap * sizeof *p);
+                    if (!p) {
+                        free(cand);
+                        return KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+                    }
+                    cand = p;
+                }
+                cand[ncand++] = (candidate){(float)sc, l, q, k};
+            }
+        }
+        if (ncand - first > d->topk) { /* the level's best */
+            qsort(cand + first, (size_t)(ncand - first), sizeof *cand, by_score);
+            ncand = first + d->topk;
+        }
+    }
+    if (ncand == 0) {
+        free(cand);
+        return 0;
+    }
+    float *box = malloc((size_t)ncand * 4 * sizeof *box), *score = malloc((size_t)ncand * 4);
+    int64_t *lab = malloc((size_t)ncand * sizeof *lab);
+    int64_t kept = 0;
+    if (!box || !score || !lab) st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    for (int64_t k = 0; st >= 0 && k < ncand; k++) {
+        const candidate *c = &cand[k];
+        int64_t H = hw[c->level][0], W = hw[c->level][1], HW = H * W, s = d->loss.stride[c->level];
+        const float *r = lr[c->level] + i * 4 * HW;
+        float px = (float)(s * (c->loc % W) + s / 2), py = (float)(s * (c->loc / W) + s / 2);
+        float b[4] = {px - r[c->loc], py - r[HW + c->loc], px + r[2 * HW + c->loc],
+                      py + r[3 * HW + c->loc]};
+        for (int j = 0; j < 4; j++) {
+            float hi = (float)(j % 2 ? img_h : img_w);
+            b[j] = isfinite(b[j]) ? fminf(fmaxf(b[j], 0), hi) : 0;
+        }
+        memcpy(box + 4 * k, b, sizeof b);
+        score[k] = c->score, lab[k] = c->cls;
+    }
+    if (st >= 0) {
+        kpl_device *cpu = kpl_device_cpu();
+        int64_t s4[2] = {ncand, 4}, s1[1] = {ncand};
+        kpl_tensor *keep = NULL;
+        st = kpl_batched_nms(host_tensor(cpu, KPL_F32, 2, s4, box),
+                             host_tensor(cpu, KPL_F32, 1, s1, score),
+                             host_tensor(cpu, KPL_I64, 1, s1, lab), d->nms_iou, &keep);
+        const int64_t *ki = st >= 0 ? kpl_tensor_host_data(keep) : NULL;
+        kept = ki ? kpl_tensor_numel(keep) : 0;
+        if (kept > d->max_dets) kept = d->max_dets;
+        for (int64_t k = 0; k < kept; k++) {
+            memcpy(out_box + 4 * k, box + 4 * ki[k], 4 * sizeof *box);
+            out_score[k] = score[ki[k]], out_label[k] = lab[ki[k]];
+        }
+    }
+    free(cand), free(box), free(score), free(lab);
+    return st < 0 ? st : kept;
+}
+
+/* Image i of b as 8-bit RGB for TensorBoard (the normalisation undone). */
+static kpl_status keep_tb_image(kpl_trainer *t, detect *d, const kpl_batch *b, int64_t i, int h,
+                                int w, int64_t nb, const float *gtb, const int64_t *gtl, int64_t nd,
+                                const float *db, const int64_t *dl, const float *ds)
+{
+    const kpl_transform_config *x = &kpl_trainer_recipe(t)->data.val.loader.transform;
+    const float *img = kpl_tensor_host_data(b->image);
+    if (!img || kpl_tensor_dtype(b->image) != KPL_F32) return KPL_OK; /* u8 batches: none */
+    int64_t C = kpl_tensor_dim(b->image, 1), H = kpl_tensor_dim(b->image, 2), W = kpl_tensor_dim(b->image, 3);
+    tb_image *p = realloc(d->tb, (size_t)(d->ntb + 1) * sizeof *p);
+    KPL_CHECK(p, KPL_ENOMEM, "eval: out of memory");
+    d->tb = p;
+    tb_image *ti = &d->tb[d->ntb];
+    memset(ti, 0, sizeof *ti);
+    int ndraw = 0;
+    while (ndraw < nd && ds[ndraw] >= 0.3f && ndraw < 32) ndraw++;
+    ti->h = h, ti->w = w, ti->ngt = (int)nb, ti->ndet = ndraw;
+    ti->rgb = malloc((size_t)h * w * 3);
+    ti->box = malloc((size_t)(nb + ndraw + 1) * 4 * sizeof *ti->box);
+    ti->label = malloc((size_t)(nb + ndraw + 1) * sizeof *ti->label);
+    d->ntb++;
+    KPL_CHECK(ti->rgb && ti->box && ti->label, KPL_ENOMEM, "eval: out of memory");
+    for (int y = 0; y < h; y++)
+        for (int xx = 0; xx < w; xx++)
+            for (int c = 0; c < 3; c++) {
+                int64_t cc = C == 3 ? c : 0;
+                double v = img[((i * C + cc) * H + y) * W + xx] * x->std[cc] + x->mean[cc];
+                ti->rgb[((size_t)y * w + xx) * 3 + c] = (uint8_t)fmin(fmax(v * 255 + 0.5, 0), 255);
+            }
+    memcpy(ti->box, gtb, (size_t)nb * 4 * sizeof *gtb);
+    memcpy(ti->label, gtl, (size_t)nb * sizeof *gtl);
+    memcpy(ti->box + 4 * nb, db, (size_t)ndraw * 4 * sizeof *db);
+    memcpy(ti->label + nb, dl, (size_t)ndraw * sizeof *dl);
+    return KPL_OK;
+}
+
+static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    detect *d = state;
+    int L = d->loss.levels;
+    kpl_tensor_list o;
+    KPL_TRY(forward(t, b, &o));
+    KPL_CHECK(o.n == 3 * L, KPL_EINVAL, "detection: the model gave %d outputs for %d levels", o.n, L);
+    float *lc[KPL_FCOS_MAX_LEVELS], *lr[KPL_FCOS_MAX_LEVELS], *lz[KPL_FCOS_MAX_LEVELS];
+    int64_t hw[KPL_FCOS_MAX_LEVELS][2];
+    for (int l = 0; l < L; l++) {
+        lc[l] = (float *)kpl_tensor_host_data(o.t[l]);
+        lr[l] = (float *)kpl_tensor_host_data(o.t[L + l]);
+        lz[l] = (float *)kpl_tensor_host_data(o.t[2 * L + l]);
+        if (!lc[l] || !lr[l] || !lz[l]) return kpl_last_status();
+        hw[l][0] = kpl_tensor_dim(o.t[l], 2), hw[l][1] = kpl_tensor_dim(o.t[l], 3);
+    }
+    const int64_t *ex = kpl_tensor_host_data(b->example);
+    const int64_t *isz = kpl_tensor_host_data(kpl_batch_get(b, "image_size"));
+    const int64_t *osz = kpl_tensor_host_data(kpl_batch_get(b, "orig_size"));
+    const float *gtb = NULL;
+    const int64_t *gtl = NULL, *gtn = NULL;
+    int64_t maxb = 0;
+    KPL_TRY(batch_targets(b, &gtb, &gtl, &gtn, &maxb));
+    int64_t Hb = kpl_tensor_dim(b->image, 2), Wb = kpl_tensor_dim(b->image, 3);
+    float *box = malloc((size_t)d->max_dets * 4 * sizeof *box);
+    float *score = malloc((size_t)d->max_dets * sizeof *score);
+    int64_t *lab = malloc((size_t)d->max_dets * sizeof *lab);
+    kpl_status st = box && score && lab && ex ? KPL_OK
+                    : KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    bool tb = kpl_trainer_rank(t) == 0;
+    for (int64_t i = 0; st >= 0 && i < b->size; i++) {
+        if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat */
+        int64_t e = ex[i];
+        if (e < 0 || e >= d->examples) {
+            st = KPL_ERROR(KPL_ESTATE, "detection: example %lld is not among the %lld of the "
+                           "ground truth", (long long)e, (long long)d->examples);
+            break;
+        }
+        /* the image's own size (keep_ratio), else the batch's */
+        double ih = isz ? (double)isz[2 * i] : (double)Hb, iw = isz ? (double)isz[2 * i + 1] : (double)Wb;
+        double oh = osz ? (double)osz[2 * i] : ih, ow = osz ? (double)osz[2 * i + 1] : iw;
+        int64_t k = detect_image(d, lc, lr, lz, hw, i, ih, iw, box, score, lab);
+        if (k < 0) {
+            st = (kpl_status)k;
+            break;
+        }
+        double sx = ow / iw, sy = oh / ih;
+        for (int64_t j = 0; st >= 0 && j < k; j++) {
+            const float *p = box + 4 * j;
+            kpl_coco_detection x = {d->image_id[e], d->category[lab[j]],
+                                    {p[0] * sx, p[1] * sy, (p[2] - p[0]) * sx, (p[3] - p[1]) * sy},
+                                    score[j]};
+            st = add_det(d, &x);
+        }
+        if (st >= 0 && tb && d->ntb < d->tb_images)
+            st = keep_tb_image(t, d, b, i, (int)ih, (int)iw, gtn[i], gtb + i * maxb * 4,
+                               gtl + i * maxb, k, box, lab, score);
+    }
+    free(box), free(score), free(lab);
+    return st;
+}
+
+static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
+{
+    detect *d = state;
+    void *all = NULL;
+    int32_t world = kpl_trainer_world(t);
+    size_t *lens = calloc((size_t)world, sizeof *lens);
+    KPL_CHECK(lens, KPL_ENOMEM, "eval: out of memory");
+    kpl_status st = kpl_trainer_all_gather(t, d->dets, (size_t)d->ndets * sizeof *d->dets, &all,
+                                           lens);
+    size_t total = 0;
+    for (int32_t r = 0; r < world; r++) total += lens[r];
+    free(lens);
+    kpl_coco_detection *dets = world > 1 ? all : d->dets;
+    int64_t n = (int64_t)(total / sizeof *dets);
+    if (st >= 0) st = kpl_coco_evaluate(d->gt, dets, n, &d->stats);
+    const char *dir = kpl_trainer_run_dir(t);
+    if (st >= 0 && kpl_trainer_rank(t) == 0 && (d->save[0] || dir[0])) {
+        char path[4096], tmp[4200];
+        if (d->save[0]) snprintf(path, sizeof path, "%s", d->save);
+        else snprintf(path, sizeof path, "%s/detections.json", dir);
+        snprintf(tmp, sizeof tmp, "%s.tmp", path);
+        st = kpl_coco_dets_save(tmp, dets, n);
+        if (st >= 0 && rename(tmp, path) != 0)
+            st = KPL_ERROR(KPL_EIO, "eval: cannot rename %s to %s", tmp, path);
+    }
+    free(all);
+    KPL_TRY(st);
+    d->have_stats = true;
+    res->examples = d->stats.images;
+    for (int k = 0; k < KPL_COCO_NSTATS; k++) {
+        char name[16];
+        snprintf(name, sizeof name, "%s", kpl_coco_stat_name((kpl_coco_stat)k));
+        for (char *p = name; *p; p++) *p = (char)(*p >= 'A' && *p <= 'Z' ? *p - 'A' + 'a' : *p);
+        KPL_TRY(kpl_figures_set(&res->metrics, name, d->stats.stats[k]));
+    }
+    return KPL_OK;
+}
+
+/* pycocotools' summary, as COCOeval.summarize() prints it. */
+static void eval_report(kpl_trainer *t, void *state)
+{
+    detect *d = state;
+    if (!d->have_stats) return;
+    static const struct {
+        bool ap;
+        const char *iou, *area;
+        int dets;
+    } row[KPL_COCO_NSTATS] = {
+        {true, "0.50:0.95", "all", 100},   {true, "0.50", "all", 100},
+        {true, "0.75", "all", 100},        {true, "0.50:0.95", "small", 100},
+        {true, "0.50:0.95", "medium", 100}, {true, "0.50:0.95", "large", 100},
+        {false, "0.50:0.95", "all", 1},    {false, "0.50:0.95", "all", 10},
+        {false, "0.50:0.95", "all", 100},  {false, "0.50:0.95", "small", 100},
+        {false, "0.50:0.95", "medium", 100}, {false, "0.50:0.95", "large", 100},
+    };
+    kpl_trainer_info(t, "COCO bbox: %lld images, %lld ground-truth boxes, %lld detections",
+                     (long long)d->stats.images, (long long)d->stats.gt_boxes,
+                     (long long)d->stats.detections);
+    for (int k = 0; k < KPL_COCO_NSTATS; k++)
+        kpl_trainer_info(t, " Average %-9s %s @[ IoU=%-9s | area=%6s | maxDets=%3d ] = %.3f",
+                         row[k].ap ? "Precision" : "Recall", row[k].ap ? "(AP)" : "(AR)",
+                         row[k].iou, row[k].area, row[k].dets, d->stats.stats[k]);
+}
+
+/* ---- TensorBoard ------------------------------------------------------------------------------- */
+
+static void draw_rect(uint8_t *rgb, int h, int w, const float *b, const uint8_t *color)
+{
+    int x0 = (int)fminf(fmaxf(b[0], 0), (float)w - 1), y0 = (int)fminf(fmaxf(b[1], 0), (float)h - 1);
+    int x1 = (int)fminf(fmaxf(b[2], 0), (float)w - 1), y1 = (int)fminf(fmaxf(b[3], 0), (float)h - 1);
+    for (int x = x0; x <= x1; x++)
+        for (int k = 0; k < 3; k++) rgb[((size_t)y0 * w + x) * 3 + k] = rgb[((size_t)y1 * w + x) * 3 + k] = color[k];
+    for (int y = y0; y <= y1; y++)
+        for (int k = 0; k < 3; k++) rgb[((size_t)y * w + x0) * 3 + k] = rgb[((size_t)y * w + x1) * 3 + k] = color[k];
+}
+
+static kpl_status images(kpl_trainer *t, void *state, kpl_tb_writer *tb, int64_t step)
+{
+    (void)t;
+    detect *d = state;
+    static const uint8_t gt_color[3] = {0, 220, 0}, det_color[3] = {255, 40, 40};
+    for (int i = 0; i < d->ntb; i++) {
+        tb_image *ti = &d->tb[i];
+        if (!ti->rgb || ti->h <= 0 || ti->w <= 0) continue;
+        for (int k = 0; k < ti->ngt + ti->ndet; k++)
+            draw_rect(ti->rgb, ti->h, ti->w, ti->box + 4 * k, k < ti->ngt ? gt_color : det_color);
+        char tag[64];
+        snprintf(tag, sizeof tag, "val/detections_%d", i);
+        KPL_TRY(kpl_tb_add_image(tb, tag, step, ti->h, ti->w, 3, ti->rgb));
+    }
+    return KPL_OK;
+}
+
+const kpl_task_kind kpl_task_detection = {
+    .name = "detection",
+    .best_metric = "ap",
+    .best_higher = true,
+    .create = create,
+    .destroy = destroy,
+    .train_step = train_step,
+    .eval_begin = eval_begin,
+    .eval_batch = eval_batch,
+    .eval_end = eval_end,
+    .eval_report = eval_report,
+    .data = data,
+    .images = images,
+    .keys = keys,
+    .needs = needs,
+};
