@@ -34,8 +34,9 @@
 
 /* The network and losses of recipes/detection/fcos_r18_fmnistdet.yaml
  * (keep these in step with it): its regression ranges are COCO's (64,
- * 128, 256, 512) scaled down by 4 for 128 x 128 images, which also spreads
- * the positives over every level, so the loss check covers all five. */
+ * 128, 256, 512) scaled down by 4 for 128 x 128 images.  With this batch
+ * they put the positives on P4-P6 (27, 51, 8), where COCO's would put
+ * them all on P3-P4. */
 #define FCOS_DEPTH 18
 #define FCOS_CLASSES 10
 #define FCOS_FPN_CHANNELS 128
