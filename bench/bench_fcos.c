@@ -24,7 +24,9 @@
  *    without gradients.
  * kpl (in this process) and PyTorch (a fresh process per round) alternate
  * over KPL_BENCH_ROUNDS rounds (default 5), which goes first alternating
- * too; medians reported.  The reference runs with OPENBLAS_CORETYPE and
+ * too; medians reported.  Each round starts both from the initial weights
+ * and a fresh optimizer, so both time the same steps; the losses of the
+ * last step on both sides are reported (loss_step7_*).  The reference runs with OPENBLAS_CORETYPE and
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
@@ -214,6 +216,50 @@ static void put_model(FILE *f, kpl_module *m)
         put_tensor(f, "b:", kpl_module_buffer_name(m, i), kpl_module_buffers(m)[i]);
 }
 
+/* Every parameter and buffer of m, in order, as host copies: each round
+ * starts the kpl side from the initial weights, as each PyTorch process
+ * starts from the file (the steps' cost may depend on the weights). */
+typedef struct {
+    int n;
+    kpl_tensor *t[1024];
+    float *v[1024];
+} snapshot;
+
+static void snapshot_take(snapshot *s, kpl_module *m)
+{
+    s->n = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
+        kpl_tensor *const *ts = pass ? kpl_module_buffers(m) : kpl_module_params(m);
+        for (int i = 0; i < n; i++) {
+            if (s->n == (int)(sizeof s->t / sizeof s->t[0])) {
+                fprintf(stderr, "bench_fcos: more than %d tensors\n", s->n);
+                exit(1);
+            }
+            size_t bytes = sizeof(float) * (size_t)kpl_tensor_numel(ts[i]);
+            s->t[s->n] = ts[i];
+            s->v[s->n] = malloc(bytes);
+            if (!s->v[s->n]) die("snapshot");
+            memcpy(s->v[s->n++], kpl_tensor_host_data(ts[i]), bytes);
+        }
+    }
+}
+
+static void snapshot_restore(const snapshot *s)
+{
+    for (int i = 0; i < s->n; i++) {
+        float *v = kpl_tensor_host_mutable(s->t[i]);
+        if (!v) die("restoring the weights");
+        memcpy(v, s->v[i], sizeof(float) * (size_t)kpl_tensor_numel(s->t[i]));
+    }
+}
+
+static void snapshot_free(snapshot *s)
+{
+    for (int i = 0; i < s->n; i++) free(s->v[i]);
+    s->n = 0;
+}
+
 static kpl__fcos_loss_config loss_config(kpl_module *m)
 {
     kpl__fcos_loss_config lc;
@@ -306,15 +352,16 @@ static void check_line(const char *line, void *ctx)
 }
 
 typedef struct {
-    double train, ph[PH_N], infer1, infer8;
+    double train, ph[PH_N], infer1, infer8, last[3];
 } ref_times;
 
 static void time_line(const char *line, void *ctx)
 {
     ref_times *r = ctx;
     if (!strncmp(line, "TRAIN ", 6))
-        sscanf(line, "TRAIN ms=%lf fwd=%lf loss=%lf bwd=%lf step=%lf", &r->train, &r->ph[0],
-               &r->ph[1], &r->ph[2], &r->ph[3]);
+        sscanf(line, "TRAIN ms=%lf fwd=%lf loss=%lf bwd=%lf step=%lf last=%lf,%lf,%lf",
+               &r->train, &r->ph[0], &r->ph[1], &r->ph[2], &r->ph[3], &r->last[0], &r->last[1],
+               &r->last[2]);
     else if (!strncmp(line, "INFER b=1 ", 10))
         sscanf(line, "INFER b=1 ms=%lf", &r->infer1);
     else if (!strncmp(line, "INFER b=8 ", 10))
@@ -354,6 +401,8 @@ int main(int argc, char **argv)
     char init_path[512], out_path[512];
     snprintf(init_path, sizeof init_path, "%s/fcos_init.bin", work);
     snprintf(out_path, sizeof out_path, "%s/fcos_kpl_out.bin", work);
+    static snapshot init;
+    snapshot_take(&init, m);
     FILE *f = open_out(init_path);
     put_model(f, m);
     put_batch(f, &b);
@@ -436,17 +485,20 @@ int main(int argc, char **argv)
     /* the timed rounds */
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = FCOS_LR, oc.momentum = FCOS_MOMENTUM, oc.weight_decay = FCOS_WEIGHT_DECAY;
-    kpl_optim *opt = NULL;
-    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0)
-        die("sgd");
     snprintf(cmd, sizeof cmd, "%s time %s train=%d,%d infer8=%d,%d infer1=%d,%d", py, args,
              TRAIN_WARM, TRAIN_STEPS, INFER8_WARM, INFER8_STEPS, INFER1_WARM, INFER1_STEPS);
     double ktr[64], kph[PH_N][64], ki1[64], ki8[64], rtr[64], rph[PH_N][64], ri1[64], ri8[64];
-    double first_ms = NAN;
+    double first_ms = NAN, klast[3] = {NAN, NAN, NAN}, rlast[3] = {NAN, NAN, NAN};
     for (int r = 0; r < rounds; r++) {
         for (int side = 0; side < 2; side++) {
             if ((side + r) % 2 == 0) {
                 double t[TRAIN_STEPS], ph[PH_N][TRAIN_STEPS], l3[3];
+                /* the same start as the reference: initial weights, no momentum */
+                snapshot_restore(&init);
+                kpl_optim *opt = NULL;
+                if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL,
+                                     &opt) < 0)
+                    die("sgd");
                 kpl_module_set_training(m, true);
                 for (int i = 0; i < TRAIN_WARM + TRAIN_STEPS; i++) {
                     double one[PH_N], ms = train_step(m, opt, &lc, &b, one, l3);
@@ -463,8 +515,8 @@ int main(int argc, char **argv)
                 }
                 ktr[r] = bench_median(t, TRAIN_STEPS);
                 for (int k = 0; k < PH_N; k++) kph[k][r] = bench_median(ph[k], TRAIN_STEPS);
-                fprintf(stderr, "bench_fcos: kpl losses after %d steps: %.4g %.4g %.4g\n",
-                        (r + 1) * (TRAIN_WARM + TRAIN_STEPS), l3[0], l3[1], l3[2]);
+                kpl_optim_destroy(opt);
+                memcpy(klast, l3, sizeof klast);
                 kpl_module_set_training(m, false);
                 double t8[INFER8_STEPS], t1[INFER1_STEPS];
                 for (int i = 0; i < INFER8_WARM + INFER8_STEPS; i++) {
@@ -478,13 +530,14 @@ int main(int argc, char **argv)
                 ki8[r] = bench_median(t8, INFER8_STEPS);
                 ki1[r] = bench_median(t1, INFER1_STEPS);
             } else {
-                ref_times one = {NAN, {NAN, NAN, NAN, NAN}, NAN, NAN};
+                ref_times one = {NAN, {NAN, NAN, NAN, NAN}, NAN, NAN, {NAN, NAN, NAN}};
                 if (bench_run_lines(cmd, time_line, &one) == 0 &&
                     (isnan(one.train) || isnan(one.infer1) || isnan(one.infer8))) {
                     fprintf(stderr, "bench_fcos: no TRAIN/INFER lines from: %s\n", cmd);
                     bench_ref_failures++;
                 }
                 rtr[r] = one.train, ri1[r] = one.infer1, ri8[r] = one.infer8;
+                if (!isnan(one.last[0])) memcpy(rlast, one.last, sizeof rlast);
                 for (int k = 0; k < PH_N; k++) rph[k][r] = one.ph[k];
             }
         }
@@ -494,11 +547,14 @@ int main(int argc, char **argv)
                 r, ktr[r], kph[0][r], kph[1][r], kph[2][r], kph[3][r], rtr[r], rph[0][r],
                 rph[1][r], rph[2][r], rph[3][r], ki8[r], ri8[r], ki1[r], ri1[r]);
     }
+    fprintf(stderr, "bench_fcos: losses at step %d from the initial weights: kpl %.5g %.5g %.5g, "
+            "torch %.5g %.5g %.5g\n", TRAIN_WARM + TRAIN_STEPS, klast[0], klast[1], klast[2],
+            rlast[0], rlast[1], rlast[2]);
 
     const char *refname = "torch-cpu-f32-nchw (same network and losses by hand; no torchvision)";
     char kr[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN],
         n3[BENCH_NUM_LEN];
-    char lk[128], lr[128], pk[128], pr[128];
+    char lk[128], lr[128], pk[128], pr[128], sk[128], sr[128];
     double kphm[PH_N], rphm[PH_N];
     for (int k = 0; k < PH_N; k++)
         kphm[k] = bench_median(kph[k], rounds), rphm[k] = bench_median(rph[k], rounds);
@@ -509,12 +565,14 @@ int main(int argc, char **argv)
                ",\"threads\":%d,\"rounds\":%d,\"kpl_range\":%s,\"ref_range\":%s,"
                "\"phases\":\"fwd,loss,bwd,step\",\"kpl_phases_ms\":%s,\"ref_phases_ms\":%s,"
                "\"loss_kpl\":%s,\"loss_ref\":%s,\"loss_max_rel_diff\":%s,\"positives\":%lld,"
-               "\"out_max_abs_diff\":%s,\"first_step_ms_kpl\":%s,\"fpn_channels\":%d,"
-               "\"omp_wait_policy\":\"%s\"",
+               "\"out_max_abs_diff\":%s,\"loss_step%d_kpl\":%s,\"loss_step%d_ref\":%s,"
+               "\"first_step_ms_kpl\":%s,\"fpn_channels\":%d,\"omp_wait_policy\":\"%s\"",
                FCOS_THREADS, rounds, kr, rr, jlist(pk, sizeof pk, kphm, PH_N),
                jlist(pr, sizeof pr, rphm, PH_N), jlist(lk, sizeof lk, kloss, 3),
                jlist(lr, sizeof lr, rc.loss, 3), bench_jnum(n1, rel), (long long)kpos,
-               bench_jnum(n2, rc.out_abs), bench_jnum(n3, first_ms), FCOS_FPN_CHANNELS,
+               bench_jnum(n2, rc.out_abs), TRAIN_WARM + TRAIN_STEPS, jlist(sk, sizeof sk, klast, 3),
+               TRAIN_WARM + TRAIN_STEPS, jlist(sr, sizeof sr, rlast, 3), bench_jnum(n3, first_ms),
+               FCOS_FPN_CHANNELS,
                getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
     const struct {
         const char *cas;
@@ -529,7 +587,7 @@ int main(int argc, char **argv)
                    "\"fpn_channels\":%d",
                    FCOS_THREADS, rounds, kr, rr, FCOS_FPN_CHANNELS);
     }
-    kpl_optim_destroy(opt);
+    snapshot_free(&init);
     kpl_tensor_release(b.images);
     kpl_tensor_release(b.image0);
     kpl_pool_pop(top);

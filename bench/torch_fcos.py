@@ -15,7 +15,9 @@ written by hand: torchvision is not installed here.
       Times S training steps after W warm-up ones (zero_grad, forward, the
       losses with target assignment, backward, SGD), then inference
       (evaluation mode, no grad) at batch 8 and batch 1; prints medians:
-        TRAIN ms=<step> fwd=<ms> loss=<ms> bwd=<ms> step=<ms>
+        TRAIN ms=<step> fwd=<ms> loss=<ms> bwd=<ms> step=<ms> last=<3 losses>
+      (last: the losses of the last step, W + S steps from the file's
+      weights)
         INFER b=8 ms=<ms>
         INFER b=1 ms=<ms>
 KEY=VALUE: threads classes depth fpn levels convs groups ranges (lo,hi per
@@ -369,13 +371,13 @@ def main():
         if not all(math.isfinite(v) for v in vals):
             sys.exit(f"torch_fcos: losses are not finite: {vals}")
         return [(t4 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
-                (t4 - t3) * 1e3]
+                (t4 - t3) * 1e3] + vals
 
     w, s = (int(v) for v in kv["train"].split(","))
     ts = timed_runs(step, w, s)
     med = [statistics.median(t[i] for t in ts) for i in range(5)]
     print(f"TRAIN ms={med[0]:.3f} fwd={med[1]:.3f} loss={med[2]:.3f} bwd={med[3]:.3f} "
-          f"step={med[4]:.3f}", flush=True)
+          f"step={med[4]:.3f} last={ts[-1][5]:.6g},{ts[-1][6]:.6g},{ts[-1][7]:.6g}", flush=True)
     model.eval()
     for b, key in ((8, "infer8"), (1, "infer1")):
         x = images[:b].contiguous()
