@@ -764,8 +764,9 @@ static void eval_report(kpl_trainer *t, void *state)
                      (long long)d->stats.images, (long long)d->stats.gt_boxes,
                      (long long)d->stats.detections);
     for (int k = 0; k < KPL_COCO_NSTATS; k++)
-        kpl_trainer_info(t, " Average %-9s %s @[ IoU=%-9s | area=%6s | maxDets=%3d ] = %.3f",
-                         row[k].ap ? "Precision" : "Recall", row[k].ap ? "(AP)" : "(AR)",
+        kpl_trainer_info(t, " %-18s %s @[ IoU=%-9s | area=%6s | maxDets=%3d ] = %.3f",
+                         row[k].ap ? "Average Precision" : "Average Recall",
+                         row[k].ap ? "(AP)" : "(AR)",
                          row[k].iou, row[k].area, row[k].dets, d->stats.stats[k]);
 }
 
