@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph cocoeval detops (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph cocoeval detops fcos (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph cocoeval detops)
+all=(kernels autograd nn data comm train launch graph cocoeval detops fcos)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -120,9 +120,17 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       # (scripts/setup.sh --bench installs it); the set is written once.
       mkdir -p "$build/bench-cocoeval"
       "$build/bin/bench_cocoeval" "$root" "$build/bench-cocoeval" || rc=$?
+      ;;
     detops)
       # NMS and ROI Align against PyTorch (torch_detops.py; no torchvision)
       "$build/bin/bench_detops" "$here" "$build" || rc=$?
+      ;;
+    fcos)
+      # FCOS-R18 train step, inference and losses against the same network
+      # and losses in PyTorch (torch_fcos.py; no torchvision); the weights
+      # and inputs go through a file under the build dir.
+      mkdir -p "$build/bench-fcos"
+      "$build/bin/bench_fcos" "$here" "$build/bench-fcos" || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
