@@ -57,7 +57,7 @@ fmnistdet)
   grep -q 'Average Recall     (AR) @\[ IoU=0.50:0.95 | area= large | maxDets=100 \]' eval.txt \
     || die "kpl eval printed no COCO table: $(cat eval.txt)"
   ev=$(tail -n 1 eval.txt)
-  [[ $(field ap "$ev") == $(field val_ap "$last_eval") ]] || die "kpl eval's ap $(field ap "$ev") vs training's $(field val_ap "$last_eval")"
+  [[ $(field val_ap "$ev") == $(field val_ap "$last_eval") ]] || die "kpl eval's ap $(field val_ap "$ev") vs training's $(field val_ap "$last_eval")"
   check_coco d/val.json ev.json "$ev"
   ;;
 
@@ -146,6 +146,13 @@ errors)
     task.detection.score_tresh=0.1
   expect_usage_error "out of range" "task.detection.nms_iou" train "$recipe" "${D[@]}" \
     task.detection.nms_iou=1.5
+  # kpl data synth's own checks
+  expect_usage_error "synth sides" "kpl data synth: --sides: bad value '30'" \
+    data synth fmnist-det s1 --sides 60 30
+  expect_usage_error "synth objects" "kpl data synth: --objects: bad value '0'" \
+    data synth fmnist-det s2 --objects 0
+  expect_usage_error "synth visible" "kpl data synth: --min-visible: bad value '1.5'" \
+    data synth fmnist-det s3 --min-visible 1.5
   # a split without the boxes feature
   expect_fail "no boxes" "nobox" data.train.boxes_feature=nobox run_dir=r4
   # more boxes than max_boxes: an error naming the example, never a truncation
