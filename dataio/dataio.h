@@ -467,11 +467,15 @@ typedef struct {
                        * 0 or 1: not rounded */
     int mask_pad;     /* CROP_KEEP_RATIO: the value of padded mask pixels (0..255; 255
                        * for segmentation's "ignore"); images are padded with 0 */
+    const char *box_ignore_feature; /* NULL, or an int64 list of n flags (with boxes): a
+                                     * box whose flag is not 0 is left out of the batch
+                                     * (COCO's crowd regions, VOC's difficult objects,
+                                     * which detectors do not train on) */
 } kpl_transform_config;
 #define KPL_TRANSFORM_CONFIG_INIT                                                           \
     {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
      {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false, \
-     {0}, 0, 0, 32, 0}
+     {0}, 0, 0, 32, 0, NULL}
 
 /* The side of the square canvas that holds any CROP_KEEP_RATIO sample of
  * cfg: max_side rounded up to size_divisor; no batch is larger.  0 for the

@@ -138,8 +138,12 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
     KPL_TRY(find(ds, "box_labels_feature", cfg->box_labels_feature, KPL_FEATURE_INT64,
                  &x->box_labels));
     KPL_TRY(find(ds, "mask_feature", cfg->mask_feature, KPL_FEATURE_BYTES, &x->mask));
+    KPL_TRY(find(ds, "box_ignore_feature", cfg->box_ignore_feature, KPL_FEATURE_INT64,
+                 &x->box_ignore));
     KPL_CHECK(x->box_labels < 0 || x->boxes >= 0, KPL_EINVAL,
               "transform: box_labels_feature '%s' without boxes_feature", cfg->box_labels_feature);
+    KPL_CHECK(x->box_ignore < 0 || x->boxes >= 0, KPL_EINVAL,
+              "transform: box_ignore_feature '%s' without boxes_feature", cfg->box_ignore_feature);
     if (x->boxes >= 0)
         KPL_CHECK(cfg->max_boxes >= 1 && cfg->max_boxes <= 65536, KPL_EINVAL,
                   "transform: max_boxes %lld is not in [1, 65536]", (long long)cfg->max_boxes);
@@ -765,7 +769,8 @@ static float jitter_factor(float amount, double u)
 }
 
 /* Boxes of the stored image through the crop box (bx, by, bw, bh), the
- * resize to OW x OH and the flip: clipped, empty ones dropped.  More stored
+ * resize to OW x OH and the flip: clipped, empty ones and flagged ones
+ * (box_ignore_feature) dropped.  More stored
  * boxes than max_boxes is an error, not a truncation: which boxes a loss
  * sees must not depend on their order in the file. */
 static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values, double bx,
@@ -779,6 +784,10 @@ static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values,
     if (x->box_labels >= 0)
         KPL_CHECK(values[x->box_labels].count == n, KPL_EFORMAT,
                   "%s: %u box labels for %u boxes", where, values[x->box_labels].count, n);
+    if (x->box_ignore >= 0)
+        KPL_CHECK(values[x->box_ignore].count == n, KPL_EFORMAT,
+                  "%s: %u box ignore flags (%s) for %u boxes", where, values[x->box_ignore].count,
+                  x->cfg.box_ignore_feature, n);
     const int64_t M = x->cfg.max_boxes;
     /* KPL_EINVAL, not KPL_EFORMAT: the file is fine, the configuration is
      * too small for it, so skip_corrupt does not drop the sample. */
@@ -791,6 +800,11 @@ static kpl_status do_boxes(const kpl__xform *x, const kpl_feature_value *values,
     for (uint32_t i = 0; i < n; i++) {
         float b[4];
         memcpy(b, (const uint8_t *)fb->data + 16 * (size_t)i, 16);
+        if (x->box_ignore >= 0) {
+            int64_t flag;
+            memcpy(&flag, (const uint8_t *)values[x->box_ignore].data + 8 * (size_t)i, 8);
+            if (flag) continue;
+        }
         float x0 = (float)((b[0] - bx) * sx), x1 = (float)((b[2] - bx) * sx);
         float y0 = (float)((b[1] - by) * sy), y1 = (float)((b[3] - by) * sy);
         x0 = fminf(fmaxf(x0, 0), W);

@@ -45,6 +45,7 @@ typedef struct {
      * loader.transform.max_boxes pads the boxes of a batch */
     char boxes_feature[KPL_RECIPE_NAME], box_labels_feature[KPL_RECIPE_NAME];
     char mask_feature[KPL_RECIPE_NAME];
+    char box_ignore_feature[KPL_RECIPE_NAME]; /* int64 flags: boxes left out ("": none) */
     /* The loader's own settings: batch_size (per rank; val 0: train's),
      * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
      * and the transform's (channels, crop, out_h/out_w, scale, ratio,

@@ -15,7 +15,7 @@
  * largest a sample can be).  Plain value, no resources. */
 typedef struct {
     kpl_transform_config cfg; /* the strings point into the caller's config */
-    int image, label, boxes, box_labels, mask; /* feature indices, -1: absent */
+    int image, label, boxes, box_labels, mask, box_ignore; /* feature indices, -1: absent */
     int raw_h, raw_w, raw_c; /* the image feature's fixed shape when encoding is "raw" */
     int raw_shape;           /* raw without a fixed shape: the int64 feature "<image>_shape"
                               * holding each record's (H, W, C); -1 otherwise */

@@ -1045,20 +1045,22 @@ static void test_boxes_and_mask(void **state)
         20, 60, 120, 100, /* clipped right and bottom */
         30, 30, 40, 40,   /* the sixth: max_boxes must be 6 or more */
     };
-    const int64_t blabels[6] = {1, 2, 3, 4, 5, 6};
-    kpl_feature_spec sc[4] = {
+    const int64_t blabels[6] = {1, 2, 3, 4, 5, 6}, crowd[6] = {0, 1, 0, 0, 0, 0};
+    kpl_feature_spec sc[5] = {
         {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
          .shape = {H, W, 3}},
         {.name = "boxes", .type = KPL_FEATURE_FLOAT},
         {.name = "cls", .type = KPL_FEATURE_INT64},
         {.name = "seg", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 2, .shape = {H, W}},
+        {.name = "crowd", .type = KPL_FEATURE_INT64},
     };
     char dir[128];
     snprintf(dir, sizeof dir, "%s/boxes", tmp_root);
     kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
     kpl_record_writer *w = NULL;
-    OK(kpl_record_writer_create(dir, 4, sc, &wc, &w));
-    kpl_feature_value v[4] = {{img, sizeof img}, {boxes, 24}, {blabels, 6}, {mask, sizeof mask}};
+    OK(kpl_record_writer_create(dir, 5, sc, &wc, &w));
+    kpl_feature_value v[5] = {{img, sizeof img}, {boxes, 24}, {blabels, 6}, {mask, sizeof mask},
+                              {crowd, 6}};
     OK(kpl_record_writer_add(w, v));
     v[1].count = 23; /* not a multiple of 4 */
     OK(kpl_record_writer_add(w, v));
@@ -1127,6 +1129,24 @@ static void test_boxes_and_mask(void **state)
     for (int i = 16; i < 32; i++) assert_true(ob8[i] == 0);
     assert_int_equal(ol8[3], 6);
     for (int i = 4; i < 8; i++) assert_int_equal(ol8[i], -1);
+    /* Flagged boxes (box_ignore_feature: crowd regions) are left out: the
+     * second box (label 2) goes, the others keep their order. */
+    cfg.box_ignore_feature = "crowd";
+    OK(sample(ds, &cfg, 0, 1, 0, out_img, &ex8));
+    assert_int_equal(nbox, 3);
+    const int64_t kept[3] = {1, 5, 6};
+    for (int i = 0; i < 3; i++) assert_int_equal(ol8[i], kept[i]);
+    assert_close(ob8[4], 5, 0, 1e-5, "box x0 after the crowd box", 0);
+    assert_int_equal(ol8[3], -1);
+    cfg.box_ignore_feature = "cls"; /* any int64 list of one flag per box */
+    cfg.box_labels_feature = NULL;
+    OK(sample(ds, &cfg, 0, 1, 0, out_img, &ex8)); /* cls has 6 entries too: all flagged */
+    assert_int_equal(nbox, 0);
+    cfg.box_ignore_feature = "seg";
+    FAILS(sample(ds, &cfg, 0, 1, 0, out_img, &ex8), KPL_EINVAL,
+          "transform: box_ignore_feature 'seg' is bytes, not int64");
+    cfg.box_ignore_feature = NULL;
+    cfg.box_labels_feature = "cls";
     FAILS(sample(ds, &cfg, 1, 1, 0, out_img, &ex8), KPL_EFORMAT,
           "example 1, feature 'boxes': 23 box values");
     kpl_dataset_close(ds);

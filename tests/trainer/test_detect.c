@@ -11,6 +11,7 @@
 #include "trainer.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 
 static void test_points(void **state)
@@ -250,10 +251,99 @@ static void test_fcos_model(void **state)
     kpl_module_destroy(m);
 }
 
+/* ---- the losses (kpl__fcos_loss), by hand ---------------------------------------------- */
+
+static double sig(double z) { return 1 / (1 + exp(-z)); }
+static double focal(double z, double y, double a, double g)
+{
+    double p = sig(z), ce = -(y * log(p) + (1 - y) * log(1 - p));
+    double pt = y * p + (1 - y) * (1 - p), at = a * y + (1 - a) * (1 - y);
+    return at * pow(1 - pt, g) * ce;
+}
+static double bce(double z, double y) { return -(y * log(sig(z)) + (1 - y) * log(1 - sig(z))); }
+
+static kpl_tensor *t4(int64_t a, int64_t b, int64_t c, int64_t d, const float *v)
+{
+    int64_t s[4] = {a, b, c, d};
+    kpl_tensor *x = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 4, s, v, &x));
+    return kpl_autorelease(x);
+}
+
+static float scalar(kpl_tensor *x)
+{
+    assert_non_null(x);
+    assert_int_equal(kpl_tensor_numel(x), 1);
+    return *(const float *)kpl_tensor_host_data(x);
+}
+
+/* One level of 2 x 2 locations (stride 8: (4, 4), (12, 4), (4, 12), (12,
+ * 12)), two classes, images of which the first holds a box (0, 0, 10, 10)
+ * of class 1 that only (4, 4) lies inside: l, t, r, b = 4, 4, 6, 6,
+ * centerness 2/3.  The second image has no box. */
+static void test_loss_by_hand(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    const float cls[2 * 2 * 4] = {-1, 0.5f, 2, -3, 0.25f, -2, 1, 0,  /* image 0: class 0, 1 */
+                                  0, 1, -1, 2, -0.5f, 3, 0.75f, -4}; /* image 1 */
+    float reg[2 * 4 * 4] = {0}, ctr[2 * 4] = {0.3f, -1, 2, 0, 1, 1, 1, 1};
+    /* location 0 of image 0 predicts l, t, r, b = 3, 5, 6, 4: the box (1, -1, 10, 8) */
+    reg[0] = 3, reg[4] = 5, reg[8] = 6, reg[12] = 4;
+    for (int k = 1; k < 4; k++) reg[k] = reg[4 + k] = reg[8 + k] = reg[12 + k] = 2;
+    for (int k = 16; k < 32; k++) reg[k] = 1;
+    kpl_tensor_list o = {3, {t4(2, 2, 2, 2, cls), t4(2, 4, 2, 2, reg), t4(2, 1, 2, 2, ctr)}};
+    kpl__fcos_loss_config c = {.levels = 1, .stride = {8}, .lo = {-1}, .hi = {1e8},
+                               .radius = 0, .alpha = 0.25, .gamma = 2};
+    const float boxes[2 * 2 * 4] = {0, 0, 10, 10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0};
+    const int64_t labels[4] = {1, 0, 0, 0}, nboxes[2] = {1, 0};
+    kpl_tensor *loss[3];
+    int64_t npos = -1;
+    OK(kpl__fcos_loss(&c, &o, 2, boxes, labels, nboxes, 2, NULL, loss, &npos));
+    assert_int_equal(npos, 1);
+    double want_cls = 0;
+    for (int i = 0; i < 2; i++)
+        for (int k = 0; k < 2; k++)
+            for (int q = 0; q < 4; q++)
+                want_cls += focal(cls[(i * 2 + k) * 4 + q], i == 0 && k == 1 && q == 0, 0.25, 2);
+    /* GIoU of (1, -1, 10, 8) and (0, 0, 10, 10): intersection 9 x 8, union
+     * 81 + 100 - 72, enclosing 10 x 11; weighted by 2/3 over 2/3 */
+    double iou = 72.0 / 109, giou = iou - (110.0 - 109) / 110;
+    assert_float_equal(scalar(loss[0]), want_cls, 1e-5 * want_cls);
+    assert_float_equal(scalar(loss[1]), 1 - giou, 1e-6);
+    assert_float_equal(scalar(loss[2]), bce(0.3, 2.0 / 3), 1e-6);
+
+    /* center sampling with radius 0.1 x stride: (4, 4) is 1 px from the
+     * centre (5, 5) on each axis, outside a 0.8 px square: no positive;
+     * then the box terms are zeros that still reach every output */
+    c.radius = 0.1;
+    OK(kpl__fcos_loss(&c, &o, 2, boxes, labels, nboxes, 2, NULL, loss, &npos));
+    assert_int_equal(npos, 0);
+    double bg = 0;
+    for (int k = 0; k < 16; k++) bg += focal(cls[k], 0, 0.25, 2);
+    assert_float_equal(scalar(loss[0]), bg, 1e-5 * bg);
+    assert_float_equal(scalar(loss[1]), 0, 0);
+    assert_float_equal(scalar(loss[2]), 0, 0);
+
+    /* errors: a label past the classes, counts past max boxes, outputs of
+     * another level count */
+    c.radius = 0;
+    const int64_t bad[4] = {2, 0, 0, 0}, many[2] = {3, 0};
+    FAILS(kpl__fcos_loss(&c, &o, 2, boxes, bad, nboxes, 2, NULL, loss, NULL), KPL_EINVAL,
+          "image 0, box 0: label 2 is not in [0, 2)");
+    FAILS(kpl__fcos_loss(&c, &o, 2, boxes, labels, many, 2, NULL, loss, NULL), KPL_EINVAL,
+          "image 0 has 3 boxes (0 to 2)");
+    c.levels = 2, c.stride[1] = 16, c.lo[1] = 64, c.hi[1] = 1e8;
+    FAILS(kpl__fcos_loss(&c, &o, 2, boxes, labels, nboxes, 2, NULL, loss, NULL), KPL_EINVAL,
+          "3 outputs for 2 levels (want 6)");
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_head), cmocka_unit_test(test_fcos_model),
                                        cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
-                                       cmocka_unit_test(test_random)};
+                                       cmocka_unit_test(test_random),
+                                       cmocka_unit_test(test_loss_by_hand)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

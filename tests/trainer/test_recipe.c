@@ -256,12 +256,12 @@ static void test_task(void **state)
     assert_string_equal(R.task, "autoencoder");
     FAILS(kpl__recipe_load_known_task(path, 0, NULL, &R), KPL_EINVAL,
           "task.yaml:5:7: task: unknown task 'autoencoder' (kpl train and kpl eval know: "
-          "classification;");
-    const char *ov[] = {"task=detection"};
+          "classification, detection;");
+    const char *ov[] = {"task=tracking"};
     OK(kpl_recipe_load_string(MIN, "min", 1, ov, &R));
     write_file("task.yaml", MIN, path, sizeof path);
     FAILS(kpl__recipe_load_known_task(path, 1, ov, &R), KPL_EINVAL,
-          "override 'task=detection': task: unknown task 'detection'");
+          "override 'task=tracking': task: unknown task 'tracking'");
     OK(kpl__recipe_load_known_task(path, 0, NULL, &R));
     assert_string_equal(R.task, "classification");
 }

@@ -34,11 +34,11 @@ cli)
   expect_usage_error "missing key" "missing.yaml: missing required key 'epochs'" train missing.yaml
   # an unknown task is a bad value like any other: exit 2 naming its place,
   # for train, --print-config and eval alike
-  printf 'base: %s\ntask: detection\n' "$recipe" > task.yaml
-  expect_usage_error "unknown task" "task.yaml:2:7: task: unknown task 'detection'" train task.yaml
-  expect_usage_error "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'detection'" \
+  printf 'base: %s\ntask: tracking\n' "$recipe" > task.yaml
+  expect_usage_error "unknown task" "task.yaml:2:7: task: unknown task 'tracking'" train task.yaml
+  expect_usage_error "unknown task, --print-config" "task.yaml:2:7: task: unknown task 'tracking'" \
     train task.yaml --print-config
-  expect_usage_error "unknown task, eval" "task.yaml:2:7: task: unknown task 'detection'" \
+  expect_usage_error "unknown task, eval" "task.yaml:2:7: task: unknown task 'tracking'" \
     eval task.yaml --checkpoint none.kpl
   expect_usage_error "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
     train "$recipe" task=gan --print-config

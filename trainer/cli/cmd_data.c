@@ -5,7 +5,8 @@
  *   kpl data convert --from idx SRC OUT [--labels FILE] [writer options]
  *   kpl data convert --from coco ANNOTATIONS.json IMAGE_DIR OUT [options]
  *   kpl data convert --from voc VOC_ROOT OUT --split SPLIT [options]
- *   kpl data synth fmnist-det OUT [--train N] [--val M] [--size S] [--seed S]
+ *   kpl data synth fmnist-det OUT [--train N] [--val M] [--size S] [--seed S] [--objects N]
+ *                                 [--sides A B] [--min-visible F]
  *   kpl data inspect DIR
  *   kpl data verify DIR
  *   kpl data cocoeval GT.json DETECTIONS.json [--iou-type bbox]
@@ -73,7 +74,11 @@ static void usage(FILE *f)
             "      textured backgrounds; OUT/{train,val}/*.jpg and OUT/{train,val}.json\n"
             "      (COCO, masks as RLE), for --from coco.  The same seed gives the same bytes.\n"
             "    --train N --val M number of images (default 2000, 500)\n"
-            "    --size S          image side (default 128); items are 20..90 px, 1..8 each\n"
+            "    --size S          image side (default 128)\n"
+            "    --objects N       1..N items an image (default 8)\n"
+            "    --sides A B       an item's side is A..B px (default 20 90)\n"
+            "    --min-visible F   an item keeps at least this share of its pixels\n"
+            "                      under later ones (default 0.5; 1: no occlusion)\n"
             "    --seed S          (default 0)\n"
             "    --fmnist DIR      Fashion-MNIST's IDX files (default\n"
             "                      /usr/share/datasets/fashion-mnist)\n"
@@ -483,6 +488,17 @@ static int cmd_synth(int argc, char **argv)
         } else if (!strcmp(a, "--threads") && has) {
             if (!parse_num(argv[++i], 1, 1024, &v) || v != (int)v) goto bad;
             c.threads = (int)v;
+        } else if (!strcmp(a, "--objects") && has) {
+            if (!parse_num(argv[++i], 1, 64, &v) || v != (int)v) goto bad;
+            c.max_objects = (int)v;
+        } else if (!strcmp(a, "--sides") && i + 2 < argc) {
+            double hi;
+            if (!parse_num(argv[++i], 4, 4096, &v) || v != (int)v) goto bad;
+            if (!parse_num(argv[++i], v, 4096, &hi) || hi != (int)hi) goto bad;
+            c.min_side = (int)v, c.max_side = (int)hi;
+        } else if (!strcmp(a, "--min-visible") && has) {
+            if (!parse_num(argv[++i], 0, 1, &v)) goto bad;
+            c.min_visible = (float)v;
         } else if (!strcmp(a, "--fmnist") && has) {
             c.fmnist_dir = argv[++i];
         } else if (!strcmp(a, "--quiet")) {
@@ -507,7 +523,7 @@ static int cmd_synth(int argc, char **argv)
                         "data --help')\n");
         return 2;
     }
-    /* The items are at most 90 px, and at most the image. */
+    /* The items are at most the image. */
     if (c.max_side > c.size) c.max_side = c.size;
     if (c.min_side > c.max_side) c.min_side = c.max_side;
     int64_t objects = 0;

@@ -427,6 +427,9 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         snprintf(k, sizeof k, "%s.box_labels_feature", spn[i]);
         if (sp[i]->box_labels_feature[0] && !sp[i]->boxes_feature[0])
             return KPL_ERROR(KPL_EINVAL, "%s: %s: needs %s.boxes_feature", AT(k), k, spn[i]);
+        snprintf(k, sizeof k, "%s.box_ignore_feature", spn[i]);
+        if (sp[i]->box_ignore_feature[0] && !sp[i]->boxes_feature[0])
+            return KPL_ERROR(KPL_EINVAL, "%s: %s: needs %s.boxes_feature", AT(k), k, spn[i]);
         snprintf(k, sizeof k, "%s.transform.channels", spn[i]);
         if (t->channels == 2)
             return KPL_ERROR(KPL_EINVAL, "%s: %s: 1 or 3, not 2", AT(k), k);

@@ -101,6 +101,10 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
           "batches carry (N, max_boxes, 4) boxes and their count (\"\": none)"),              \
     F_STR("data." #sp ".box_labels_feature", data.sp.box_labels_feature, "\"\"",            \
           "box labels feature: int64 list, one per box (with boxes_feature; \"\": none)"),    \
+    F_STR("data." #sp ".box_ignore_feature", data.sp.box_ignore_feature, "\"\"",            \
+          "int64 flags, one per box: boxes flagged non-zero are left out of the batch "       \
+          "(crowd regions; \"\": none, or the task's choice: detection's training split "    \
+          "takes difficult, else iscrowd, when the records have them)"),                    \
     F_INT("data." #sp ".max_boxes", data.sp.loader.transform.max_boxes, "0", 0, 65536,        \
           "box rows per image: at least the most boxes an example stores (more is an "       \
           "error, never a truncation); needed with boxes_feature"),                         \

@@ -255,6 +255,7 @@ void kpl__data_loader_config(const kpl_recipe *r, const kpl_recipe_split *s, con
     c->transform.boxes_feature = s->boxes_feature[0] ? s->boxes_feature : NULL;
     c->transform.box_labels_feature = s->box_labels_feature[0] ? s->box_labels_feature : NULL;
     c->transform.mask_feature = s->mask_feature[0] ? s->mask_feature : NULL;
+    c->transform.box_ignore_feature = s->box_ignore_feature[0] ? s->box_ignore_feature : NULL;
 }
 
 /* The input (C, H, W) of the model fed by split `s` ("train" or "val"):

@@ -290,10 +290,19 @@ static kpl_status create(kpl_trainer *t, void **state)
  * image label (detection examples have none). */
 static void data(const kpl_recipe *r, bool train, kpl_loader_config *c)
 {
-    (void)r, (void)train;
+    (void)r;
     kpl_transform_config *x = &c->transform;
     x->label_feature = NULL;
     if (!x->boxes_feature) x->boxes_feature = "boxes";
+    /* training leaves crowd regions and VOC's difficult objects out (as
+     * mmdetection's gt_bboxes_ignore, which FCOS does not train on);
+     * evaluation reads them from the records itself */
+    kpl_dataset *ds = NULL;
+    if (train && !x->box_ignore_feature && kpl_dataset_open(c->path, &ds) >= 0) {
+        if (kpl_dataset_find_feature(ds, "difficult") >= 0) x->box_ignore_feature = "difficult";
+        else if (kpl_dataset_find_feature(ds, "iscrowd") >= 0) x->box_ignore_feature = "iscrowd";
+        kpl_dataset_close(ds);
+    }
     if (!x->box_labels_feature) x->box_labels_feature = "labels";
     if (x->max_boxes <= 0) x->max_boxes = 100;
 }
@@ -755,8 +764,9 @@ static void eval_report(kpl_trainer *t, void *state)
                      (long long)d->stats.images, (long long)d->stats.gt_boxes,
                      (long long)d->stats.detections);
     for (int k = 0; k < KPL_COCO_NSTATS; k++)
-        kpl_trainer_info(t, " Average %-9s %s @[ IoU=%-9s | area=%6s | maxDets=%3d ] = %.3f",
-                         row[k].ap ? "Precision" : "Recall", row[k].ap ? "(AP)" : "(AR)",
+        kpl_trainer_info(t, " %-18s %s @[ IoU=%-9s | area=%6s | maxDets=%3d ] = %.3f",
+                         row[k].ap ? "Average Precision" : "Average Recall",
+                         row[k].ap ? "(AP)" : "(AR)",
                          row[k].iou, row[k].area, row[k].dets, d->stats.stats[k]);
 }
 
