@@ -294,13 +294,13 @@ PY
   [[ $rc == 2 ]] && grep -q "task.autoencoder: keys of task 'autoencoder', but task.name is 'detection'" task.err \
     || die "task keys mismatch: exit $rc: $(cat task.err)"
   sed '/^task:/,/^    noise:/d' "$src/examples/autoencoder.yaml" > other.yaml
-  printf 'task: detection\n' >> other.yaml
+  printf 'task: tracking\n' >> other.yaml
   R[0]=other.yaml
   set +e
   "$ex" "${R[@]}" run_dir=x > /dev/null 2> task.err
   rc=$?
   set -e
-  [[ $rc == 1 ]] && grep -q "the recipe's task is 'detection', the program's is 'autoencoder'" task.err \
+  [[ $rc == 1 ]] && grep -q "the recipe's task is 'tracking', the program's is 'autoencoder'" task.err \
     || die "task mismatch: exit $rc: $(cat task.err)"
   ;;
 *)
