@@ -375,10 +375,11 @@ static float f32_at(const kpl_feature_value *v, int64_t k)
     return x;
 }
 
-/* The category id of each label: METADATA's attributes.category_ids (what
- * --from coco writes), else the records' category_ids paired with their
- * labels, else label + 1. */
-static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char *where)
+/* The category id of each label from METADATA's attributes.category_ids
+ * (what --from coco writes; *given true), else label + 1 for now (load_gt
+ * then takes the records' category_ids paired with their labels). */
+static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char *where,
+                                   bool *given)
 {
     d->category = malloc((size_t)d->classes * sizeof *d->category);
     KPL_CHECK(d->category, KPL_ENOMEM, "eval: out of memory");
@@ -391,6 +392,7 @@ static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char 
         st = KPL_ERROR(KPL_EINVAL, "%s: the dataset has %zu categories (attributes.category_ids) "
                        "and model.num_classes is %lld", where, n, (long long)d->classes);
     for (size_t k = 0; st >= 0 && k < n; k++) d->category[k] = json_integer_value(json_array_get(ids, k));
+    *given = n > 0;
     json_decref(a);
     return st;
 }
@@ -415,14 +417,15 @@ static kpl_status load_gt(kpl_trainer *t, detect *d)
     int nf = kpl_dataset_num_features(ds);
     kpl_feature_value *v = calloc((size_t)nf, sizeof *v);
     kpl_coco_annotation *ann = NULL;
-    int64_t nann = 0, cap = 0, *cats = NULL;
+    int64_t nann = 0, cap = 0;
+    bool given = false, *pinned = calloc((size_t)d->classes, sizeof *pinned);
     kpl_status st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
     d->image_id = malloc((size_t)(d->examples + 1) * sizeof *d->image_id);
-    if (!chunk || !v || !d->image_id) goto done;
+    if (!chunk || !v || !d->image_id || !pinned) goto done;
     st = KPL_ERROR(KPL_EINVAL, "%s: detection's evaluation needs the float feature '%s' and the "
                    "int64 feature '%s' (data.val.boxes_feature, box_labels_feature)", path, fb, fl);
     if (fbx < 0 || flb < 0) goto done;
-    if ((st = label_categories(d, ds, path)) < 0) goto done;
+    if ((st = label_categories(d, ds, path, &given)) < 0) goto done;
     for (int64_t e = 0; e < d->examples; e++) {
         if ((st = kpl_dataset_read_example(ds, e, chunk, v)) < 0) goto done;
         d->image_id[e] = fi >= 0 && v[fi].count == 1 ? i64_at(&v[fi], 0) : e;
@@ -448,8 +451,18 @@ static kpl_status load_gt(kpl_trainer *t, detect *d)
             float x1 = f32_at(&v[fbx], 4 * k + 2), y1 = f32_at(&v[fbx], 4 * k + 3);
             a->id = nann + 1;
             a->image_id = d->image_id[e];
-            a->category_id = fcat >= 0 && v[fcat].count == (uint32_t)nb ? i64_at(&v[fcat], k)
-                                                                         : d->category[y];
+            /* one category per label, the same in every record */
+            if (fcat >= 0 && v[fcat].count == (uint32_t)nb) {
+                int64_t c = i64_at(&v[fcat], k);
+                st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: category id %lld, but "
+                               "label %lld is category %lld %s", path, (long long)e,
+                               (long long)k, (long long)c, (long long)y,
+                               (long long)d->category[y],
+                               given ? "(attributes.category_ids)" : "in an earlier example");
+                if ((given || pinned[y]) && c != d->category[y]) goto done;
+                d->category[y] = c, pinned[y] = true;
+            }
+            a->category_id = d->category[y];
             a->bbox[0] = x0, a->bbox[1] = y0, a->bbox[2] = x1 - x0, a->bbox[3] = y1 - y0;
             a->area = farea >= 0 && v[farea].count == (uint32_t)nb
                           ? f32_at(&v[farea], k)
@@ -460,27 +473,22 @@ static kpl_status load_gt(kpl_trainer *t, detect *d)
             nann++;
         }
     }
-    /* the categories: every label's, and any the records name */
-    cats = malloc((size_t)(d->classes + nann) * sizeof *cats);
-    st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
-    if (!cats) goto done;
-    int64_t ncat = 0;
-    for (int64_t k = 0; k < d->classes; k++) cats[ncat++] = d->category[k];
-    for (int64_t k = 0; k < nann; k++) {
-        bool known = false;
-        for (int64_t j = 0; j < d->classes && !known; j++) known = d->category[j] == ann[k].category_id;
-        if (!known) cats[ncat++] = ann[k].category_id;
-    }
-    /* repeats among the extra ones are harmless only once: drop them */
-    int64_t w = d->classes;
-    for (int64_t k = d->classes; k < ncat; k++) {
-        bool seen = false;
-        for (int64_t j = d->classes; j < w && !seen; j++) seen = cats[j] == cats[k];
-        if (!seen) cats[w++] = cats[k];
-    }
-    st = kpl_coco_gt_create(d->image_id, d->examples, cats, w, ann, nann, &d->gt);
+    /* labels the records never name take ids no label has */
+    int64_t next = 1;
+    for (int64_t k = 0; k < d->classes; k++)
+        if (given || pinned[k]) next = d->category[k] >= next ? d->category[k] + 1 : next;
+    for (int64_t k = 0; k < d->classes && !given; k++)
+        if (!pinned[k]) d->category[k] = next++;
+    for (int64_t k = 0; k < d->classes; k++)
+        for (int64_t j = 0; j < k; j++) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: labels %lld and %lld are both category %lld", path,
+                           (long long)j, (long long)k, (long long)d->category[k]);
+            if (d->category[j] == d->category[k]) goto done;
+        }
+    st = kpl_coco_gt_create(d->image_id, d->examples, d->category, d->classes, ann, nann,
+                            &d->gt);
 done:
-    free(cats), free(ann), free(v);
+    free(pinned), free(ann), free(v);
     kpl_chunk_destroy(chunk);
     kpl_dataset_close(ds);
     return st;
