@@ -115,6 +115,18 @@ kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t
 kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_config *cfg,
                        kpl_module **out);
 
+/* ---- parts of the zoo's segmentation networks (nn/segnets.c) ---- */
+
+/* Atrous spatial pyramid pooling (DeepLabv3), torchvision's ASPP: branches
+ * convs.0 (1x1), convs.1 .. convs.<nrates> (3x3 dilated by each rate),
+ * convs.<nrates + 1> (global average pool, 1x1), each followed by a norm
+ * and a ReLU, every branch `channels` wide; concatenated and projected
+ * to `channels` (project: 1x1, norm, ReLU, dropout when > 0).  Forward:
+ * (N, in, H, W) -> (N, channels, H, W).  *out (may be NULL) borrowed. */
+kpl_status kpl_nn_aspp(kpl_module *parent, const char *name, int64_t in, int64_t channels,
+                       const int *rates, int nrates, double dropout, kpl_norm_kind norm,
+                       kpl_module **out);
+
 #ifdef __cplusplus
 }
 #endif

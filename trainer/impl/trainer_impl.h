@@ -77,8 +77,22 @@ const void *kpl__registry_at(const kpl__registry *r, int i);
 /* "a, b, c": every name, into buf. */
 void kpl__registry_names(const kpl__registry *r, char *buf, size_t len);
 
-/* The zoo's FCOS (nn/fcos.c). */
+/* The zoo's FCOS (nn/fcos.c), DeepLabv3 and U-Net (nn/segnets.c). */
 extern const kpl_zoo_model kpl__zoo_fcos;
+extern const kpl_zoo_model kpl__zoo_deeplabv3;
+extern const kpl_zoo_model kpl__zoo_unet;
+/* A ResNet backbone (cfg's depth, width, stem, norm; up to layer4) as
+ * parent's sequential child `name`, its last stages dilated to give
+ * features at output_stride 8, 16 or 32 of the input (torchvision's
+ * replace_stride_with_dilation).  *out (may be NULL) borrowed. */
+/* A normalisation layer of ch channels as the zoo's ResNets make it:
+ * batch norm, or group norm of 32 groups (fewer when ch is not a
+ * multiple). */
+kpl_status kpl__zoo_add_norm(kpl_module *parent, const char *name, int64_t ch,
+                            kpl_norm_kind norm, kpl_module **out);
+kpl_status kpl__zoo_resnet_backbone(kpl_module *parent, const char *name,
+                                    const kpl_model_config *cfg, int output_stride,
+                                    kpl_module **out);
 
 /* ---- owners' keys (keys.c) ---- */
 

@@ -52,8 +52,8 @@ static const kpl_module_kind block_kind = {"resnet_block", block_forward, free};
 
 /* A normalisation layer of ch channels: batch norm, or group norm with 32
  * groups (the largest power of two dividing ch, when 32 does not). */
-static kpl_status add_norm(kpl_module *parent, const char *name, int64_t ch, kpl_norm_kind norm,
-                           kpl_module **out)
+kpl_status kpl__zoo_add_norm(kpl_module *parent, const char *name, int64_t ch,
+                            kpl_norm_kind norm, kpl_module **out)
 {
     if (norm == KPL_NORM_BATCH) return kpl_nn_batch_norm(parent, name, ch, 0.1, 1e-5, out);
     int g = 32;
@@ -61,20 +61,24 @@ static kpl_status add_norm(kpl_module *parent, const char *name, int64_t ch, kpl
     return kpl_nn_group_norm(parent, name, g, ch, 1e-5, out);
 }
 
-/* conv (no bias, Kaiming fan-out) + norm with initial scale `scale` */
+/* conv (no bias, Kaiming fan-out; dilated by `dil`, padded to keep the
+ * size) + norm with initial scale `scale` */
 static kpl_status conv_bn(kpl_module *parent, const char *cname, const char *bname, int64_t in,
-                          int64_t out, int k, int stride, double scale, kpl_norm_kind norm,
-                          kpl_module **conv, kpl_module **bn)
+                          int64_t out, int k, int stride, int dil, double scale,
+                          kpl_norm_kind norm, kpl_module **conv, kpl_module **bn)
 {
     kpl_nn_conv c = {KPL_NN_CONV_INIT(in, out, k), .stride = {stride, stride},
-                     .padding = {k / 2, k / 2}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
+                     .padding = {dil * (k / 2), dil * (k / 2)}, .dilation = {dil, dil},
+                     .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
     KPL_TRY(kpl_nn_conv2d(parent, cname, &c, conv));
-    KPL_TRY(add_norm(parent, bname, out, norm, bn));
+    KPL_TRY(kpl__zoo_add_norm(parent, bname, out, norm, bn));
     return scale == 1 ? KPL_OK : kpl_k_fill(kpl_module_get_param(*bn, "weight"), scale);
 }
 
+/* dil: the dilation of the block's 3x3 convolutions (a basic block's
+ * first alone, as mmsegmentation's; a bottleneck's one) */
 static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t planes, int stride,
-                            bool bottleneck, double last_scale, kpl_norm_kind norm,
+                            int dil, bool bottleneck, double last_scale, kpl_norm_kind norm,
                             int64_t *out_ch)
 {
     char name[16];
@@ -88,23 +92,28 @@ static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t plan
     /* torchvision puts the stride on the 3x3 convolution (ResNet v1.5) */
     int64_t cin[3] = {in, planes, planes}, cout[3] = {planes, bottleneck ? planes : out, out};
     int ks[3] = {bottleneck ? 1 : 3, 3, 1}, ss[3] = {bottleneck ? 1 : stride, bottleneck ? stride : 1, 1};
+    int ds[3] = {bottleneck ? 1 : dil, bottleneck ? dil : 1, 1};
     for (int k = 0; k < b->n; k++) {
         char cn[16], bn[16];
         snprintf(cn, sizeof cn, "conv%d", k + 1);
         snprintf(bn, sizeof bn, "bn%d", k + 1);
-        KPL_TRY(conv_bn(m, cn, bn, cin[k], cout[k], ks[k], ss[k], k + 1 == b->n ? last_scale : 1,
-                        norm, &b->conv[k], &b->bn[k]));
+        KPL_TRY(conv_bn(m, cn, bn, cin[k], cout[k], ks[k], ss[k], ds[k],
+                        k + 1 == b->n ? last_scale : 1, norm, &b->conv[k], &b->bn[k]));
     }
     if (stride != 1 || in != out) {
         KPL_TRY(kpl_nn_sequential(m, "downsample", &b->down));
         kpl_module *c = NULL, *n = NULL;
-        KPL_TRY(conv_bn(b->down, "0", "1", in, out, 1, stride, 1, norm, &c, &n));
+        KPL_TRY(conv_bn(b->down, "0", "1", in, out, 1, stride, 1, 1, norm, &c, &n));
     }
     *out_ch = out;
     return KPL_OK;
 }
 
-static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
+/* output_stride 32: torchvision's ResNet; 16 or 8: layer4 (and layer3)
+ * keep their input's size, their strides replaced by dilation as
+ * torchvision's replace_stride_with_dilation does (a stage's first block
+ * at the dilation before it, the rest at the new one). */
+static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c, int output_stride)
 {
     static const int counts[5][4] = {
         {2, 2, 2, 2}, {3, 4, 6, 3}, {3, 4, 6, 3}, {3, 4, 23, 3}, {3, 8, 36, 3}};
@@ -112,28 +121,32 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c)
     bool bottleneck = c->depth >= 50;
     kpl_module *conv = NULL, *bn = NULL;
     if (c->stem == KPL_STEM_CIFAR) {
-        KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, c->norm, &conv,
-                        &bn));
+        KPL_TRY(conv_bn(root, "conv1", "bn1", c->in_channels, c->width, 3, 1, 1, 1, c->norm,
+                        &conv, &bn));
         KPL_TRY(kpl_nn_relu(root, "relu", NULL));
     } else {
         kpl_nn_conv s = {KPL_NN_CONV_INIT(c->in_channels, c->width, 7), .stride = {2, 2},
                          .padding = {3, 3}, .no_bias = true, .init = KPL_NN_INIT_KAIMING_OUT};
         KPL_TRY(kpl_nn_conv2d(root, "conv1", &s, NULL));
-        KPL_TRY(add_norm(root, "bn1", c->width, c->norm, NULL));
+        KPL_TRY(kpl__zoo_add_norm(root, "bn1", c->width, c->norm, NULL));
         KPL_TRY(kpl_nn_relu(root, "relu", NULL));
         kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
         KPL_TRY(kpl_nn_max_pool2d(root, "maxpool", &mp, NULL));
     }
     int64_t in = c->width;
     double last_scale = c->zero_init_residual ? 0 : 1;
+    int dil = 1;
     for (int s = 0; s < 4; s++) {
         char name[16];
         snprintf(name, sizeof name, "layer%d", s + 1);
         kpl_module *layer = NULL;
         KPL_TRY(kpl_nn_sequential(root, name, &layer));
+        int stride = s > 0 ? 2 : 1, before = dil;
+        bool dilate = (s == 3 && output_stride <= 16) || (s == 2 && output_stride <= 8);
+        if (dilate) dil *= stride, stride = 1;
         for (int k = 0; k < counts[v][s]; k++)
-            KPL_TRY(add_block(layer, k, in, c->width << s, (s > 0 && k == 0) ? 2 : 1, bottleneck,
-                              last_scale, c->norm, &in));
+            KPL_TRY(add_block(layer, k, in, c->width << s, k == 0 ? stride : 1,
+                              k == 0 ? before : dil, bottleneck, last_scale, c->norm, &in));
     }
     if (c->num_classes == 0) return KPL_OK; /* a backbone: layer4's features */
     KPL_TRY(kpl_nn_adaptive_avg_pool2d(root, "avgpool", 1, 1, NULL));
@@ -276,7 +289,7 @@ static kpl_status build(kpl_module *root, const kpl_model_config *cfg)
         KPL_TRY(kpl_nn_flatten(root, "flatten", NULL));
         return build_head(root, &c, ch * h * w, 1, c.nhidden, c.hidden);
     }
-    case ARCH_RESNET: return build_resnet(root, &c);
+    case ARCH_RESNET: return build_resnet(root, &c, 32);
     }
     return KPL_OK;
 }
@@ -299,7 +312,8 @@ static const kpl_zoo_model cnn = {"cnn", "conv 3x3 + batch norm + ReLU + max-poo
                                   "hidden -> classes", builtin_create, NULL};
 static const kpl_zoo_model resnet = {"resnet", "torchvision's ResNet-18/34/50/101/152 (depth)",
                                      builtin_create, NULL};
-static const void *const builtin[] = {&mlp, &lenet, &cnn, &resnet, &kpl__zoo_fcos, NULL};
+static const void *const builtin[] = {&mlp,           &lenet, &cnn, &resnet, &kpl__zoo_fcos,
+                                     &kpl__zoo_deeplabv3, &kpl__zoo_unet, NULL};
 static const kpl_key *keys_of(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
 static kpl__registry models = {.what = "model", .builtin = builtin, .keys = keys_of};
 
@@ -337,6 +351,23 @@ kpl_status kpl_zoo_add(kpl_module *parent, const char *name, const kpl_model_con
     KPL_TRY(kpl_zoo_find(c.name)->create(parent, name, &c, NULL, 0, &m));
     if (out) *out = m;
     return KPL_OK;
+}
+
+kpl_status kpl__zoo_resnet_backbone(kpl_module *parent, const char *name,
+                                    const kpl_model_config *cfg, int output_stride,
+                                    kpl_module **out)
+{
+    KPL_CHECK(output_stride == 8 || output_stride == 16 || output_stride == 32, KPL_EINVAL,
+              "model: output_stride is 8, 16 or 32 (got %d)", output_stride);
+    kpl_model_config c = *cfg;
+    snprintf(c.name, sizeof c.name, "resnet");
+    c.num_classes = 0;
+    memset(&c.keys, 0, sizeof c.keys);
+    KPL_TRY(kpl_model_config_complete(&c));
+    kpl_module *m = NULL;
+    KPL_TRY(kpl_nn_sequential(parent, name, &m));
+    if (out) *out = m;
+    return build_resnet(m, &c, output_stride);
 }
 
 kpl_status kpl_zoo_preset(const char *name, int64_t num_classes, kpl_model_config *out)
