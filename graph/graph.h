@@ -178,17 +178,45 @@ typedef enum { KPL_REDUCE_MEAN = 0, KPL_REDUCE_SUM, KPL_REDUCE_NONE } kpl_reduct
 kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b);
 kpl_tensor *kpl_softmax(kpl_tensor *x, int axis);
 kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis);
-/* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), with
- * label smoothing in [0, 1) and rows whose label is ignore_index left out
- * (pass a negative value that never occurs, e.g. -100, to keep all).  A
- * label outside [0, C) is an error naming its row and value.  The mean is
- * over the rows that count; when none does it is 0, with gradient 0
- * (PyTorch returns NaN there: see docs/nn.md). */
+/* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), or
+ * per element of logits (N, C, d1, ..., dk) (segmentation: (N, C, H, W))
+ * against labels (N, d1, ..., dk), as PyTorch's F.cross_entropy: log_softmax
+ * along axis 1, the label's log-probability gathered along it (the logits
+ * stay NCHW), label smoothing in [0, 1), and elements whose label is
+ * ignore_index left out (pass a negative value that never occurs, e.g.
+ * -100, to keep all; 255 for VOC-style void pixels).  A label outside
+ * [0, C) is KPL_ERANGE naming its row (or position) and value.  The mean is
+ * over the elements that count; when none does it is 0, with gradient 0
+ * (PyTorch returns NaN there: see docs/nn.md).  KPL_REDUCE_NONE returns
+ * (N) or (N, d1, ..., dk) with 0 at ignored elements. */
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
                               double label_smoothing, int64_t ignore_index);
-/* Negative log likelihood of log-probabilities (N, C). */
+/* The same with class weights `weight` (C) (logits' dtype) or NULL (all 1),
+ * PyTorch's semantics exactly: with w_i = weight[y_i] and eps the smoothing,
+ *   loss_i = (1 - eps) w_i (-logp[y_i]) + eps / C sum_c weight[c] (-logp[c]),
+ * 0 at ignored elements; KPL_REDUCE_MEAN is sum(loss_i) / sum(w_i) over the
+ * elements that count (0 when none does; NaN, as PyTorch, when they count
+ * but their weights sum to 0). */
+kpl_tensor *kpl_cross_entropy_weighted(kpl_tensor *logits, kpl_tensor *labels,
+                                       kpl_tensor *weight /* (C) or NULL */, kpl_reduction red,
+                                       double label_smoothing, int64_t ignore_index);
+/* Negative log likelihood of log-probabilities (N, C) or (N, C, d1, ...),
+ * labels as cross_entropy's. */
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
                          int64_t ignore_index);
+/* Multi-class soft Dice loss of logits (N, C, H, W) (or (N, C, d1, ...))
+ * against labels (N, H, W) (KPL_I64), as mmsegmentation 0.x's DiceLoss:
+ * p = softmax over C, t the one-hot labels; per (sample n, class c) over
+ * the pixels whose label is not ignore_index,
+ *   dice = (2 sum(p t) + smooth) / (sum(p^exponent) + sum(t^exponent) + smooth),
+ * the loss of sample n is sum over c != ignore_index of (1 - dice) / C, and
+ * `red` reduces the (N) losses.  smooth >= 0 (mmseg's default 1), exponent
+ * > 0 (default 2); a label outside [0, C) is KPL_ERANGE as cross_entropy's.
+ * Ignored pixels count in no sum (mmseg leaves them in the denominator, and
+ * ignores `red`, always averaging: see docs/nn.md).  With smooth 0 a class
+ * with no probability and no pixel gives 0 / 0 (NaN). */
+kpl_tensor *kpl_dice_loss(kpl_tensor *logits, kpl_tensor *labels, int64_t ignore_index,
+                          double smooth, double exponent, kpl_reduction red);
 /* Element-wise regression losses: y must have x's shape (no broadcasting). */
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
