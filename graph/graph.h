@@ -82,7 +82,8 @@ bool kpl_set_grad_enabled(bool on);
     X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
     X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
     X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
-    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")
+    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")               \
+    X(CUSTOM, "custom")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -92,6 +93,8 @@ typedef enum {
 } kpl_op;
 
 const char *kpl_op_name(kpl_op op);
+
+typedef struct kpl_custom_fn kpl_custom_fn; /* a caller-defined op, see kpl_custom */
 
 /* Attributes of a recorded op (one flat struct: every op uses a few). */
 typedef struct {
@@ -109,6 +112,8 @@ typedef struct {
     int64_t shape4[4];       /* conv2d_bwd_*, *_scatter, *_bwd: the shape made */
     kpl_pool2d_params pool;  /* pooling */
     kpl_roi_align_params roi; /* roi_align, roi_align_bwd (vision.h) */
+    const kpl_custom_fn *custom; /* custom: the caller's functions (borrowed) */
+    void *custom_user;           /* custom: their argument (borrowed) */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */
@@ -324,6 +329,44 @@ kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode
 /* NCHW resize to (oh, ow): nearest, or bilinear with/without align_corners. */
 kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow);
 kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners);
+
+/* A caller-defined differentiable op with one input and one output, for
+ * values computed outside the graph (SyncBN's all-reduce of batch
+ * statistics, a call into another library): the caller computes y from x
+ * itself, then kpl_custom(x, y, fn, user) returns y recorded as a
+ * function of x, whose gradient backward computes:
+ *
+ *   static kpl_tensor *times3_bwd(kpl_tensor *gy, void *user)
+ *   {
+ *       return kpl_scalar_op(KPL_BIN_MUL, gy, 3, false);
+ *   }
+ *   static const kpl_custom_fn times3 = {"times3", times3_bwd};
+ *   ...
+ *   kpl_tensor *y = kpl_custom(x, y_computed_from_x, &times3, NULL);
+ *
+ * backward(gy, user) gets the output gradient (y's shape and dtype) and
+ * returns the input gradient: pool-owned (any eager op's result), with
+ * x's shape and dtype.  Written with eager ops, it is recorded again under
+ * create_graph, so second order works as far as its ops (and any further
+ * kpl_custom inside it) allow.  On failure it returns NULL with
+ * kpl_last_error() set (KPL_ERROR); the backward then fails with that
+ * status and message, prefixed with the op's name.  It runs on the thread
+ * of the backward, at most once per backward of a graph through it.
+ *
+ * The result is a new header on y's storage (pool-owned, like reshape's);
+ * y's own graph, if it has one, is not followed: gradients reach x only
+ * through backward.  With grad mode off, or when x does not require
+ * grad, nothing is recorded and the result is that view of y.  fn, the
+ * strings it points to and `user` are borrowed: they must outlive every
+ * graph through the result (until its backward has run and its results
+ * are released, or for ever with static storage, as above).  KPL_EINVAL
+ * for a NULL fn or backward, KPL_EDEVICE when x and y sit on different
+ * devices. */
+struct kpl_custom_fn {
+    const char *name; /* for messages; NULL reads "custom" */
+    kpl_tensor *(*backward)(kpl_tensor *gy, void *user);
+};
+kpl_tensor *kpl_custom(kpl_tensor *x, kpl_tensor *y, const kpl_custom_fn *fn, void *user);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);
