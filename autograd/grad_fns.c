@@ -391,6 +391,34 @@ G(ROI_ALIGN_BWD)
     RET0(kpl_roi_align(gy, IN(1), p->out_h, p->out_w, p->spatial_scale, p->sampling_ratio,
                        p->aligned));
 }
+/* The caller's backward, its result checked against the input it is the
+ * gradient of (a wrong shape would otherwise surface as a puzzling
+ * broadcast further down). */
+G(CUSTOM)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    const char *name = at->custom->name ? at->custom->name : "custom";
+    kpl_tensor *gx = at->custom->backward(gy, at->custom_user);
+    if (!gx) {
+        kpl_status st = kpl_last_status();
+        if (st >= 0)
+            return KPL_ERROR(KPL_EINVAL, "backward of custom op '%s' returned NULL without an "
+                                         "error", name);
+        return kpl__error_prefix(st, "backward of custom op '%s': ", name);
+    }
+    int64_t xs[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, xs);
+    bool same = kpl_tensor_ndim(gx) == nd && kpl_tensor_dtype(gx) == kpl_node_input_dtype(n, 0);
+    for (int d = 0; same && d < nd; d++) same = kpl_tensor_shape(gx)[d] == xs[d];
+    if (!same) {
+        char b1[96], b2[96];
+        return KPL_ERROR(KPL_ESHAPE, "backward of custom op '%s' returned %s %s for an input %s %s",
+                         name, kpl_shape_str(kpl_tensor_ndim(gx), kpl_tensor_shape(gx), b1, sizeof b1),
+                         kpl_dtype_name(kpl_tensor_dtype(gx)), kpl_shape_str(nd, xs, b2, sizeof b2),
+                         kpl_dtype_name(kpl_node_input_dtype(n, 0)));
+    }
+    RET0(gx);
+}
 G(CAST) { RET0(kpl_cast(gy, kpl_node_attrs(n)->dtype)); }
 G(RESHAPE)
 {
@@ -495,7 +523,7 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
     [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
     [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD, [KPL_OP_ROI_ALIGN] = g_ROI_ALIGN,
-    [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD,
+    [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD, [KPL_OP_CUSTOM] = g_CUSTOM,
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }

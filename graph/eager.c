@@ -641,6 +641,28 @@ kpl_tensor *kpl_detach(kpl_tensor *x)
     return kpl_autorelease(t);
 }
 
+/* ---- custom ops ------------------------------------------------------------------------- */
+
+kpl_tensor *kpl_custom(kpl_tensor *x, kpl_tensor *y, const kpl_custom_fn *fn, void *user)
+{
+    if (!x || !y) return NULL;
+    if (!fn || !fn->backward) {
+        KPL_ERROR(KPL_EINVAL, "custom: %s is NULL", fn ? "fn->backward" : "fn");
+        return NULL;
+    }
+    if (kpl_tensor_device(x) != kpl_tensor_device(y)) {
+        KPL_ERROR(KPL_EDEVICE, "custom '%s': x is on %s and y on %s", fn->name ? fn->name : "custom",
+                  kpl_device_name(kpl_tensor_device(x)), kpl_device_name(kpl_tensor_device(y)));
+        return NULL;
+    }
+    /* A header of y's own to carry the node: y may be a leaf or another
+     * op's result, whose graph data must not change. */
+    kpl_tensor *out = NULL;
+    kpl_status st = kpl_tensor_reshape(y, kpl_tensor_ndim(y), kpl_tensor_shape(y), &out);
+    kpl_op_attrs at = {.custom = fn, .custom_user = user};
+    return record_finish(st, KPL_OP_CUSTOM, &at, 1, &x, out);
+}
+
 /* ---- batch norm (the fused training form; graph/nn.c wraps it) ------------------ */
 
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,

@@ -82,7 +82,8 @@ bool kpl_set_grad_enabled(bool on);
     X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
     X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
     X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
-    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")
+    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")               \
+    X(CUSTOM, "custom")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -92,6 +93,8 @@ typedef enum {
 } kpl_op;
 
 const char *kpl_op_name(kpl_op op);
+
+typedef struct kpl_custom_fn kpl_custom_fn; /* a caller-defined op, see kpl_custom */
 
 /* Attributes of a recorded op (one flat struct: every op uses a few). */
 typedef struct {
@@ -109,6 +112,8 @@ typedef struct {
     int64_t shape4[4];       /* conv2d_bwd_*, *_scatter, *_bwd: the shape made */
     kpl_pool2d_params pool;  /* pooling */
     kpl_roi_align_params roi; /* roi_align, roi_align_bwd (vision.h) */
+    const kpl_custom_fn *custom; /* custom: the caller's functions (borrowed) */
+    void *custom_user;           /* custom: their argument (borrowed) */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */
@@ -178,17 +183,45 @@ typedef enum { KPL_REDUCE_MEAN = 0, KPL_REDUCE_SUM, KPL_REDUCE_NONE } kpl_reduct
 kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b);
 kpl_tensor *kpl_softmax(kpl_tensor *x, int axis);
 kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis);
-/* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), with
- * label smoothing in [0, 1) and rows whose label is ignore_index left out
- * (pass a negative value that never occurs, e.g. -100, to keep all).  A
- * label outside [0, C) is an error naming its row and value.  The mean is
- * over the rows that count; when none does it is 0, with gradient 0
- * (PyTorch returns NaN there: see docs/nn.md). */
+/* Cross entropy of logits (N, C) against class indices (N) (KPL_I64), or
+ * per element of logits (N, C, d1, ..., dk) (segmentation: (N, C, H, W))
+ * against labels (N, d1, ..., dk), as PyTorch's F.cross_entropy: log_softmax
+ * along axis 1, the label's log-probability gathered along it (the logits
+ * stay NCHW), label smoothing in [0, 1), and elements whose label is
+ * ignore_index left out (pass a negative value that never occurs, e.g.
+ * -100, to keep all; 255 for VOC-style void pixels).  A label outside
+ * [0, C) is KPL_ERANGE naming its row (or position) and value.  The mean is
+ * over the elements that count; when none does it is 0, with gradient 0
+ * (PyTorch returns NaN there: see docs/nn.md).  KPL_REDUCE_NONE returns
+ * (N) or (N, d1, ..., dk) with 0 at ignored elements. */
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
                               double label_smoothing, int64_t ignore_index);
-/* Negative log likelihood of log-probabilities (N, C). */
+/* The same with class weights `weight` (C) (logits' dtype) or NULL (all 1),
+ * PyTorch's semantics exactly: with w_i = weight[y_i] and eps the smoothing,
+ *   loss_i = (1 - eps) w_i (-logp[y_i]) + eps / C sum_c weight[c] (-logp[c]),
+ * 0 at ignored elements; KPL_REDUCE_MEAN is sum(loss_i) / sum(w_i) over the
+ * elements that count (0 when none does; NaN, as PyTorch, when they count
+ * but their weights sum to 0). */
+kpl_tensor *kpl_cross_entropy_weighted(kpl_tensor *logits, kpl_tensor *labels,
+                                       kpl_tensor *weight /* (C) or NULL */, kpl_reduction red,
+                                       double label_smoothing, int64_t ignore_index);
+/* Negative log likelihood of log-probabilities (N, C) or (N, C, d1, ...),
+ * labels as cross_entropy's. */
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
                          int64_t ignore_index);
+/* Multi-class soft Dice loss of logits (N, C, H, W) (or (N, C, d1, ...))
+ * against labels (N, H, W) (KPL_I64), as mmsegmentation 0.x's DiceLoss:
+ * p = softmax over C, t the one-hot labels; per (sample n, class c) over
+ * the pixels whose label is not ignore_index,
+ *   dice = (2 sum(p t) + smooth) / (sum(p^exponent) + sum(t^exponent) + smooth),
+ * the loss of sample n is sum over c != ignore_index of (1 - dice) / C, and
+ * `red` reduces the (N) losses.  smooth >= 0 (mmseg's default 1), exponent
+ * > 0 (default 2); a label outside [0, C) is KPL_ERANGE as cross_entropy's.
+ * Ignored pixels count in no sum (mmseg leaves them in the denominator, and
+ * ignores `red`, always averaging: see docs/nn.md).  With smooth 0 a class
+ * with no probability and no pixel gives 0 / 0 (NaN). */
+kpl_tensor *kpl_dice_loss(kpl_tensor *logits, kpl_tensor *labels, int64_t ignore_index,
+                          double smooth, double exponent, kpl_reduction red);
 /* Element-wise regression losses: y must have x's shape (no broadcasting). */
 kpl_tensor *kpl_mse_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
 kpl_tensor *kpl_l1_loss(kpl_tensor *x, kpl_tensor *y, kpl_reduction red);
@@ -296,6 +329,44 @@ kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode
 /* NCHW resize to (oh, ow): nearest, or bilinear with/without align_corners. */
 kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow);
 kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners);
+
+/* A caller-defined differentiable op with one input and one output, for
+ * values computed outside the graph (SyncBN's all-reduce of batch
+ * statistics, a call into another library): the caller computes y from x
+ * itself, then kpl_custom(x, y, fn, user) returns y recorded as a
+ * function of x, whose gradient backward computes:
+ *
+ *   static kpl_tensor *times3_bwd(kpl_tensor *gy, void *user)
+ *   {
+ *       return kpl_scalar_op(KPL_BIN_MUL, gy, 3, false);
+ *   }
+ *   static const kpl_custom_fn times3 = {"times3", times3_bwd};
+ *   ...
+ *   kpl_tensor *y = kpl_custom(x, y_computed_from_x, &times3, NULL);
+ *
+ * backward(gy, user) gets the output gradient (y's shape and dtype) and
+ * returns the input gradient: pool-owned (any eager op's result), with
+ * x's shape and dtype.  Written with eager ops, it is recorded again under
+ * create_graph, so second order works as far as its ops (and any further
+ * kpl_custom inside it) allow.  On failure it returns NULL with
+ * kpl_last_error() set (KPL_ERROR); the backward then fails with that
+ * status and message, prefixed with the op's name.  It runs on the thread
+ * of the backward, at most once per backward of a graph through it.
+ *
+ * The result is a new header on y's storage (pool-owned, like reshape's);
+ * y's own graph, if it has one, is not followed: gradients reach x only
+ * through backward.  With grad mode off, or when x does not require
+ * grad, nothing is recorded and the result is that view of y.  fn, the
+ * strings it points to and `user` are borrowed: they must outlive every
+ * graph through the result (until its backward has run and its results
+ * are released, or for ever with static storage, as above).  KPL_EINVAL
+ * for a NULL fn or backward, KPL_EDEVICE when x and y sit on different
+ * devices. */
+struct kpl_custom_fn {
+    const char *name; /* for messages; NULL reads "custom" */
+    kpl_tensor *(*backward)(kpl_tensor *gy, void *user);
+};
+kpl_tensor *kpl_custom(kpl_tensor *x, kpl_tensor *y, const kpl_custom_fn *fn, void *user);
 
 /* Creation (not recorded). */
 kpl_tensor *kpl_empty(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape);

@@ -6,8 +6,12 @@
  */
 #include "graph_impl.h"
 
+#include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#define SCALE(x, s) kpl_scalar_op(KPL_BIN_MUL, (x), (s), false)
 
 kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b)
 {
@@ -34,90 +38,234 @@ kpl_tensor *kpl__reduce_loss(kpl_tensor *per, kpl_reduction red)
     return NULL;
 }
 
-/* One-hot rows (N, C) of `labels` in logp's dtype, and a (N) mask of the
- * rows that count; checks every label. */
-static kpl_status one_hot(const char *op, kpl_tensor *logp, kpl_tensor *labels,
-                          int64_t ignore_index, kpl_tensor **onehot, kpl_tensor **keep,
-                          int64_t *nkeep)
+/* Where element i of labels (N, d1, ..., dk) sits, for messages: "row i"
+ * for (N) labels, "position (n, d1, ..., dk)" otherwise. */
+static const char *label_pos(kpl_tensor *labels, int64_t i, char *buf, size_t len)
 {
-    char b1[96], b2[96];
-    kpl_shape_str(kpl_tensor_ndim(logp), kpl_tensor_shape(logp), b1, sizeof b1);
-    kpl_shape_str(kpl_tensor_ndim(labels), kpl_tensor_shape(labels), b2, sizeof b2);
-    KPL_CHECK(kpl_tensor_ndim(logp) == 2 && kpl_tensor_ndim(labels) == 1 &&
-                  kpl_tensor_shape(labels)[0] == kpl_tensor_shape(logp)[0],
-              KPL_ESHAPE, "%s: input %s and labels %s must be (N, C) and (N)", op, b1, b2);
+    int nd = kpl_tensor_ndim(labels);
+    if (nd == 1) {
+        snprintf(buf, len, "row %lld", (long long)i);
+        return buf;
+    }
+    int64_t coord[KPL_MAX_DIMS];
+    for (int d = nd - 1; d >= 0; d--) {
+        int64_t s = kpl_tensor_shape(labels)[d];
+        coord[d] = s ? i % s : 0;
+        i = s ? i / s : 0;
+    }
+    size_t at = (size_t)snprintf(buf, len, "position (");
+    for (int d = 0; d < nd && at < len; d++)
+        at += (size_t)snprintf(buf + at, len - at, "%s%lld", d ? ", " : "", (long long)coord[d]);
+    if (at < len) snprintf(buf + at, len - at, ")");
+    return buf;
+}
+
+/* The targets of a class-index loss over logp (N, C, d1, ..., dk) and
+ * labels (N, d1, ..., dk): every label is checked; *idx (N, 1, d1, ..., dk)
+ * holds the labels with ignored ones replaced by class 0 (a valid index
+ * for gather, masked out afterwards) and *keep (N, d1, ..., dk) is 1 where
+ * the label counts, 0 where it is ignore_index, in logp's dtype. */
+static kpl_status class_targets(const char *op, kpl_tensor *logp, kpl_tensor *labels,
+                                int64_t ignore_index, kpl_tensor **idx, kpl_tensor **keep,
+                                int64_t *nkeep)
+{
+    char b1[96], b2[96], b3[96];
+    int nd = kpl_tensor_ndim(logp);
+    const int64_t *xs = kpl_tensor_shape(logp), *ls = kpl_tensor_shape(labels);
+    kpl_shape_str(nd, xs, b1, sizeof b1);
+    bool fit = nd >= 2 && kpl_tensor_ndim(labels) == nd - 1 && ls[0] == xs[0];
+    for (int d = 2; fit && d < nd; d++) fit = ls[d - 1] == xs[d];
+    KPL_CHECK(fit, KPL_ESHAPE,
+              "%s: input %s and labels %s must be (N, C) and (N), or (N, C, d1, ...) and "
+              "(N, d1, ...)",
+              op, b1, kpl_shape_str(kpl_tensor_ndim(labels), ls, b2, sizeof b2));
     KPL_CHECK(kpl_tensor_dtype(labels) == KPL_I64, KPL_EDTYPE,
               "%s: labels have dtype %s, expected i64 class indices", op,
               kpl_dtype_name(kpl_tensor_dtype(labels)));
-    int64_t n = kpl_tensor_shape(logp)[0], c = kpl_tensor_shape(logp)[1];
+    int64_t n = kpl_tensor_numel(labels), c = xs[1];
     const int64_t *lv = kpl_tensor_host_data(labels);
-    if (!lv) return kpl_last_status();
-    int64_t kept = 0;
-    for (int64_t i = 0; i < n; i++) {
-        if (lv[i] == ignore_index) continue;
-        KPL_CHECK(lv[i] >= 0 && lv[i] < c, KPL_ERANGE,
-                  "%s: label %lld in row %lld is outside [0, %lld) (input %s)", op,
-                  (long long)lv[i], (long long)i, (long long)c, b1);
-        kept++;
-    }
+    if (!lv && n) return kpl_last_status();
     kpl_device *dev = kpl_tensor_device(logp);
-    kpl_dtype dt = kpl_tensor_dtype(logp);
-    int64_t col[2] = {n, 1};
-    kpl_tensor *cls = kpl_arange(dev, KPL_I64, c, 0, 1);
-    *onehot = kpl_cast(kpl_compare(KPL_BIN_EQ, kpl_reshape(labels, 2, col), cls), dt);
-    *keep = kpl_cast(kpl_compare(KPL_BIN_NE, labels, kpl_full(dev, KPL_I64, 0, NULL,
-                                                                  (double)ignore_index)),
-                     dt);
+    kpl_tensor *safe = NULL, *mask = NULL;
+    KPL_TRY(kpl_tensor_empty(dev, KPL_I64, kpl_tensor_ndim(labels), ls, &safe));
+    kpl_status st = kpl_tensor_empty(dev, KPL_U8, kpl_tensor_ndim(labels), ls, &mask);
+    if (st < 0) goto fail;
+    int64_t *sv = kpl_tensor_host_mutable(safe), kept = 0;
+    uint8_t *mv = kpl_tensor_host_mutable(mask);
+    if ((!sv || !mv) && n) {
+        st = kpl_last_status();
+        goto fail;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        bool counts = lv[i] != ignore_index;
+        if (counts && (lv[i] < 0 || lv[i] >= c)) {
+            st = KPL_ERROR(KPL_ERANGE, "%s: label %lld in %s is outside [0, %lld) (input %s)", op,
+                           (long long)lv[i], label_pos(labels, i, b3, sizeof b3), (long long)c,
+                           b1);
+            goto fail;
+        }
+        sv[i] = counts ? lv[i] : 0;
+        mv[i] = counts;
+        kept += counts;
+    }
+    int64_t ishape[KPL_MAX_DIMS];
+    ishape[0] = xs[0];
+    ishape[1] = 1;
+    for (int d = 2; d < nd; d++) ishape[d] = xs[d];
+    *idx = kpl_reshape(kpl_autorelease(safe), nd, ishape);
+    *keep = kpl_cast(kpl_autorelease(mask), kpl_tensor_dtype(logp));
     *nkeep = kept;
-    return *onehot && *keep ? KPL_OK : kpl_last_status();
+    return *idx && *keep ? KPL_OK : kpl_last_status();
+fail:
+    kpl_tensor_release(mask);
+    kpl_tensor_release(safe);
+    return st;
 }
 
-/* Per-row losses of log-probabilities: -(1-eps) logp[label] - eps mean(logp),
- * zero for ignored rows; reduced (mean over the rows that count). */
-static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
-                       double eps, int64_t ignore_index)
+/* Per-element losses of log-probabilities logp (N, C, d1, ..., dk), as
+ * PyTorch's nll_loss / cross_entropy:
+ *   loss_i = (1 - eps) w[y_i] (-logp[y_i]) + eps / C sum_c w[c] (-logp[c]),
+ * w = 1 without a weight, zero where y_i is ignore_index; reduced.  The
+ * picked log-probability is a gather along the class axis, so nothing the
+ * size of logp is made beyond what the smoothing term reads. */
+static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl_tensor *weight,
+                       kpl_reduction red, double eps, int64_t ignore_index)
 {
     if (!logp || !labels) return NULL;
     if (!(eps >= 0 && eps < 1)) {
         KPL_ERROR(KPL_EINVAL, "%s: label_smoothing %g is outside [0, 1)", op, eps);
         return NULL;
     }
-    kpl_tensor *onehot = NULL, *keep = NULL;
+    kpl_tensor *idx = NULL, *keep = NULL;
     int64_t kept = 0;
-    if (one_hot(op, logp, labels, ignore_index, &onehot, &keep, &kept) < 0) return NULL;
-    int ax = 1;
-    kpl_tensor *per = kpl_neg(kpl_sum(kpl_mul(logp, onehot), &ax, 1, false));
-    if (eps > 0)
-        per = kpl_add(kpl_scalar_op(KPL_BIN_MUL, per, 1 - eps, false),
-                      kpl_scalar_op(KPL_BIN_MUL, kpl_mean(logp, &ax, 1, false), -eps, false));
-    per = kpl_mul(per, keep);
-    /* The mean over the rows that count, as PyTorch; with none, 0 (a sum
-     * of zeros), where PyTorch's 0 / 0 is NaN: a batch without labelled
-     * rows adds nothing rather than stopping the run (docs/nn.md). */
-    if (red == KPL_REDUCE_MEAN)
-        return kpl_scalar_op(KPL_BIN_DIV, kpl_sum(per, NULL, 0, false),
-                             (double)(kept ? kept : 1), false);
-    return kpl__reduce_loss(per, red);
+    if (class_targets(op, logp, labels, ignore_index, &idx, &keep, &kept) < 0) return NULL;
+    int nd = kpl_tensor_ndim(logp), ax = 1;
+    int64_t c = kpl_tensor_shape(logp)[1];
+    if (weight) {
+        char b[96];
+        if (kpl_tensor_ndim(weight) != 1 || kpl_tensor_shape(weight)[0] != c ||
+            kpl_tensor_dtype(weight) != kpl_tensor_dtype(logp)) {
+            KPL_ERROR(KPL_ESHAPE, "%s: weight %s %s must be (%lld) %s, one per class", op,
+                      kpl_shape_str(kpl_tensor_ndim(weight), kpl_tensor_shape(weight), b, sizeof b),
+                      kpl_dtype_name(kpl_tensor_dtype(weight)), (long long)c,
+                      kpl_dtype_name(kpl_tensor_dtype(logp)));
+            return NULL;
+        }
+    }
+    /* w[y_i] where y_i counts, else 0: (N, d1, ..., dk) */
+    kpl_tensor *wy = keep;
+    if (weight) {
+        int64_t m = kpl_tensor_numel(idx);
+        wy = kpl_mul(kpl_reshape(kpl_index_select(weight, 0, kpl_reshape(idx, 1, &m)),
+                                 kpl_tensor_ndim(keep), kpl_tensor_shape(keep)),
+                     keep);
+    }
+    kpl_tensor *picked = kpl_reshape(kpl_gather(logp, 1, idx), kpl_tensor_ndim(keep),
+                                     kpl_tensor_shape(keep));
+    kpl_tensor *per = kpl_neg(kpl_mul(picked, wy));
+    if (eps > 0) {
+        kpl_tensor *wl = logp;
+        if (weight) {
+            int64_t bshape[KPL_MAX_DIMS];
+            for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
+            wl = kpl_mul(logp, kpl_reshape(weight, nd, bshape));
+        }
+        kpl_tensor *smooth = kpl_mul(kpl_sum(wl, &ax, 1, false), keep);
+        per = kpl_add(SCALE(per, 1 - eps), SCALE(smooth, -eps / (double)c));
+    }
+    if (red != KPL_REDUCE_MEAN) return kpl__reduce_loss(per, red);
+    /* The mean over the elements that count, weighted as PyTorch:
+     * sum(loss_i) / sum(w[y_i]).  With none it is 0 (a sum of zeros),
+     * where PyTorch's 0 / 0 is NaN: a batch without labelled pixels adds
+     * nothing rather than stopping the run (docs/nn.md). */
+    kpl_tensor *total = kpl_sum(per, NULL, 0, false);
+    if (!kept) return total;
+    return weight ? kpl_div(total, kpl_sum(wy, NULL, 0, false))
+                  : kpl_scalar_op(KPL_BIN_DIV, total, (double)kept, false);
 }
 
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
                          int64_t ignore_index)
 {
-    return nll("nll_loss", logp, labels, red, 0, ignore_index);
+    return nll("nll_loss", logp, labels, NULL, red, 0, ignore_index);
+}
+
+kpl_tensor *kpl_cross_entropy_weighted(kpl_tensor *logits, kpl_tensor *labels,
+                                       kpl_tensor *weight, kpl_reduction red,
+                                       double label_smoothing, int64_t ignore_index)
+{
+    if (!logits) return NULL;
+    if (kpl_tensor_ndim(logits) < 2) {
+        char b[96];
+        KPL_ERROR(KPL_ESHAPE, "cross_entropy: logits %s must be (N, C) or (N, C, d1, ...)",
+                  kpl_shape_str(kpl_tensor_ndim(logits), kpl_tensor_shape(logits), b, sizeof b));
+        return NULL;
+    }
+    return nll("cross_entropy", kpl_log_softmax(logits, 1), labels, weight, red,
+               label_smoothing, ignore_index);
 }
 
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
                               double label_smoothing, int64_t ignore_index)
 {
-    if (!logits) return NULL;
-    if (kpl_tensor_ndim(logits) != 2) {
-        char b[96];
-        KPL_ERROR(KPL_ESHAPE, "cross_entropy: logits %s must be (N, C)",
-                  kpl_shape_str(kpl_tensor_ndim(logits), kpl_tensor_shape(logits), b, sizeof b));
+    return kpl_cross_entropy_weighted(logits, labels, NULL, red, label_smoothing, ignore_index);
+}
+
+/* Soft Dice as mmsegmentation 0.x's DiceLoss, with the ignored pixels
+ * out of every sum (docs/nn.md says where it departs from mmseg).  No
+ * one-hot tensor is made: the intersection sum(p t) per (sample, class)
+ * is the probability of each pixel's own class (a gather) added into its
+ * class's slot (a scatter_add), and sum(t^e) = sum(t) counts the pixels of
+ * each class the same way. */
+kpl_tensor *kpl_dice_loss(kpl_tensor *logits, kpl_tensor *labels, int64_t ignore_index,
+                          double smooth, double exponent, kpl_reduction red)
+{
+    static const char op[] = "dice_loss";
+    if (!logits || !labels) return NULL;
+    if (!(smooth >= 0 && smooth < INFINITY) || !(exponent > 0 && exponent < INFINITY)) {
+        KPL_ERROR(KPL_EINVAL, "%s: smooth %g must be >= 0 and exponent %g > 0 (both finite)", op,
+                  smooth, exponent);
         return NULL;
     }
-    return nll("cross_entropy", kpl_log_softmax(logits, 1), labels, red, label_smoothing,
-               ignore_index);
+    if (red != KPL_REDUCE_MEAN && red != KPL_REDUCE_SUM && red != KPL_REDUCE_NONE) {
+        KPL_ERROR(KPL_EINVAL, "%s: unknown reduction %d", op, (int)red);
+        return NULL;
+    }
+    kpl_tensor *idx = NULL, *keep = NULL;
+    int64_t kept = 0;
+    if (class_targets(op, logits, labels, ignore_index, &idx, &keep, &kept) < 0) return NULL;
+    int nd = kpl_tensor_ndim(logits);
+    const int64_t *xs = kpl_tensor_shape(logits);
+    int64_t n = xs[0], c = xs[1], m = n ? kpl_tensor_numel(labels) / n : 0;
+    int64_t nm[2] = {n, m}, nc[2] = {n, c}, ncm[3] = {n, c, m}, bshape[KPL_MAX_DIMS];
+    for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? 1 : xs[d];
+    kpl_device *dev = kpl_tensor_device(logits);
+    kpl_dtype dt = kpl_tensor_dtype(logits);
+    kpl_tensor *p = kpl_softmax(logits, 1);
+    kpl_tensor *cls = kpl_reshape(idx, 2, nm), *kmask = kpl_reshape(keep, 2, nm);
+    kpl_tensor *zeros = kpl_full(dev, dt, 2, nc, 0);
+    kpl_tensor *own = kpl_mul(kpl_reshape(kpl_gather(p, 1, idx), 2, nm), kmask);
+    kpl_tensor *inter = kpl_scatter_add(zeros, 1, cls, own);     /* sum(p t) */
+    kpl_tensor *tsum = kpl_scatter_add(zeros, 1, cls, kmask);    /* sum(t^e) */
+    kpl_tensor *pe = exponent == 1 ? p
+                   : exponent == 2 ? kpl_square(p)
+                                   : kpl_scalar_op(KPL_BIN_POW, p, exponent, false);
+    int ax = 2;
+    kpl_tensor *psum = kpl_sum(kpl_reshape(kpl_mul(pe, kpl_reshape(keep, nd, bshape)), 3, ncm),
+                               &ax, 1, false);                  /* sum(p^e) */
+    kpl_tensor *dice = kpl_div(kpl_scalar_op(KPL_BIN_ADD, SCALE(inter, 2), smooth, false),
+                               kpl_scalar_op(KPL_BIN_ADD, kpl_add(psum, tsum), smooth, false));
+    kpl_tensor *per = kpl_scalar_op(KPL_BIN_SUB, dice, 1, true); /* (N, C) */
+    if (ignore_index >= 0 && ignore_index < c) {
+        /* mmseg leaves the class ignore_index out, still dividing by C */
+        kpl_tensor *cm = kpl_cast(kpl_compare(KPL_BIN_NE, kpl_arange(dev, KPL_I64, c, 0, 1),
+                                              kpl_full(dev, KPL_I64, 0, NULL,
+                                                       (double)ignore_index)),
+                                  dt);
+        per = kpl_mul(per, cm);
+    }
+    ax = 1;
+    return kpl__reduce_loss(SCALE(kpl_sum(per, &ax, 1, false), 1.0 / (double)c), red);
 }
 
 /* A loss's target has its input's shape: broadcasting a (N, 1) output

@@ -594,6 +594,7 @@ static void test_mlp_learns(void **state)
 
 int run_loss_tests(void);
 int run_gather_tests(void);
+int run_custom_tests(void);
 
 int main(void)
 {
@@ -612,5 +613,6 @@ int main(void)
     int failed = cmocka_run_group_tests_name("autograd", tests, NULL, NULL);
     failed += run_loss_tests();
     failed += run_gather_tests();
+    failed += run_custom_tests();
     return failed ? 1 : 0;
 }
