@@ -64,6 +64,19 @@ kpl_status kpl_nn_embedding(kpl_module *parent, const char *name, int64_t num, i
 kpl_status kpl_nn_batch_norm(kpl_module *parent, const char *name, int64_t channels,
                              double momentum, double eps, kpl_module **out);
 /* GroupNorm of (N, C, ...): weight, bias (C); C divisible by groups. */
+/* Synchronised batch norm, as torch.nn.SyncBatchNorm.convert_sync_batchnorm
+ * leaves a model: every batch norm under m (m itself included) normalises
+ * in training with the mean and variance of the whole global batch, every
+ * rank's of comm (an all-reduce of each channel's sum, sum of squares and
+ * count in the forward, one of the two gradient sums in the backward), so
+ * N ranks of B samples train as one of N x B.  Evaluation, frozen norms
+ * and the running statistics' update are as before (they stay equal on
+ * every rank).  comm NULL undoes it.  comm is borrowed and must outlive
+ * every forward and backward; every rank must run the same layers in the
+ * same order (their all-reduces pair up).  *count (may be NULL) receives
+ * the number of batch norms changed. */
+typedef struct kpl_comm kpl_comm;
+kpl_status kpl_nn_sync_batch_norm(kpl_module *m, kpl_comm *comm, int *count);
 kpl_status kpl_nn_group_norm(kpl_module *parent, const char *name, int groups, int64_t channels,
                              double eps, kpl_module **out);
 /* LayerNorm over the last `ndim` dims `shape`: weight, bias of that shape. */

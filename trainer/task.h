@@ -138,6 +138,10 @@ extern const kpl_task_kind kpl_task_classification;
 /* FCOS on the zoo's "fcos" model, COCO's figures (trainer/tasks/detect.c,
  * docs/detection.md). */
 extern const kpl_task_kind kpl_task_detection;
+/* Per-pixel classes on the zoo's deeplabv3 or unet (any model giving
+ * (N, classes, H, W) logits), mIoU from a confusion matrix over every
+ * rank (trainer/tasks/segment.c, docs/segmentation.md). */
+extern const kpl_task_kind kpl_task_segmentation;
 /* Adds a task kpl_task_find (and so `kpl train`) finds by its name; k is
  * borrowed (static).  KPL_EINVAL for a name known already, naming who
  * registered it.  From a plugin's constructor: see kpl_plugin_load. */

@@ -61,6 +61,9 @@ typedef struct {
      * (kpl_zoo_model.keys); kpl_model_config_complete fills their
      * defaults */
     kpl_keyvals keys;
+    /* batch norms synchronised over the ranks in training (kpl_nn_sync_batch_norm;
+     * the trainer applies it to its models when world > 1) */
+    bool sync_bn;
 } kpl_model_config;
 
 /* ---- the registry: models found by name (model.name) ---- */

@@ -7,7 +7,11 @@
  *   accum:  the same with 2 accumulation micro-steps of 16 samples (the
  *           first without communication, loss scaled by 1/2).
  * Parameters must agree with the serial run to 1e-5 relative (per tensor,
- * in the 2-norm of the difference) and be bit-identical across ranks. */
+ * in the 2-norm of the difference) and be bit-identical across ranks.
+ * SyncBN: the zoo's cnn (batch norms) with synchronised batch norms over
+ * the ranks' halves trains as the serial cnn on the whole batch: the
+ * layer's outputs and input gradients, then parameters and running
+ * statistics after STEPS steps, to 1e-5. */
 #include "kpl_test.h"
 #include "trainer.h"
 
@@ -62,10 +66,10 @@ static void forward_backward(kpl_module *m, int step, int from, int n, double sc
     kpl_tensor_release(y);
 }
 
-static kpl_module *lenet(uint64_t seed, kpl_optim **opt, bool keep_grad)
+static kpl_module *zoo_model(const char *preset, uint64_t seed, kpl_optim **opt, bool keep_grad)
 {
     kpl_model_config c;
-    OK(kpl_zoo_preset("lenet", CLASSES, &c));
+    OK(kpl_zoo_preset(preset, CLASSES, &c));
     kpl_module *m = NULL;
     OK(kpl_zoo_create(&c, kpl_device_cpu(), seed, &m));
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
@@ -75,6 +79,18 @@ static kpl_module *lenet(uint64_t seed, kpl_optim **opt, bool keep_grad)
     oc.keep_grad = keep_grad;
     OK(kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, opt));
     return m;
+}
+
+/* ||a - b|| / ||b|| of two tensors. */
+static double rel_diff(kpl_tensor *a, kpl_tensor *b)
+{
+    const float *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
+    double d = 0, nb = 0;
+    for (int64_t j = 0; j < kpl_tensor_numel(b); j++) {
+        d += ((double)pa[j] - pb[j]) * ((double)pa[j] - pb[j]);
+        nb += (double)pb[j] * pb[j];
+    }
+    return sqrt(d / nb);
 }
 
 /* ||a - b|| / ||b|| per parameter, and bitwise agreement across ranks. */
@@ -97,7 +113,7 @@ static void compare(kpl_module *got, kpl_module *want, const char *what)
 static void train_serial(kpl_module **out)
 {
     kpl_optim *opt;
-    kpl_module *m = lenet(42, &opt, false);
+    kpl_module *m = zoo_model("lenet", 42, &opt, false);
     for (int s = 0; s < STEPS; s++) {
         forward_backward(m, s, 0, BATCH, 1);
         OK(kpl_optim_step(opt));
@@ -112,7 +128,7 @@ static void train_serial(kpl_module **out)
 static void train_ddp(int micro, bool keep, kpl_module **out, kpl_bucketer_stats *stats)
 {
     kpl_optim *opt;
-    kpl_module *m = lenet(42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
+    kpl_module *m = zoo_model("lenet", 42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
     kpl_bucketer_config cfg = {0.05, 0.01, true};
@@ -169,6 +185,99 @@ static void test_ddp_equals_serial(void **state)
     kpl_module_destroy(kept_acc);
 }
 
+/* One synchronised batch norm on this rank's rows [r n, (r + 1) n) of a
+ * (size n, 6, 5, 4) input gives the serial layer's rows of output and of
+ * input gradient; then the cnn trained STEPS steps both ways. */
+static void test_sync_bn(void **state)
+{
+    (void)state;
+    const int n = 3;
+    const int64_t xs[4] = {(int64_t)size * n, 6, 5, 4};
+    kpl_rng *r = kpl_rng_create(7);
+    kpl_pool *p = kpl_pool_push();
+    kpl_tensor *x = kpl_randn(kpl_device_cpu(), KPL_F32, 4, xs, r, 0.5, 2);
+    kpl_tensor *gy = kpl_randn(kpl_device_cpu(), KPL_F32, 4, xs, r, 0, 1);
+    kpl_module *one = NULL, *sync = NULL, *bn1 = NULL, *bn2 = NULL;
+    OK(kpl_nn_sequential_root(kpl_device_cpu(), 1, &one));
+    OK(kpl_nn_batch_norm(one, "bn", 6, 0.1, 1e-5, &bn1));
+    OK(kpl_nn_sequential_root(kpl_device_cpu(), 1, &sync));
+    OK(kpl_nn_batch_norm(sync, "bn", 6, 0.1, 1e-5, &bn2));
+    int count = 0;
+    OK(kpl_nn_sync_batch_norm(sync, comm, &count));
+    assert_int_equal(count, 1);
+    /* gamma and beta away from 1 and 0, the same in both */
+    for (int k = 0; k < 2; k++) {
+        kpl_module *m = k ? bn2 : bn1;
+        float *g = kpl_tensor_host_mutable(kpl_module_get_param(m, "weight"));
+        float *b = kpl_tensor_host_mutable(kpl_module_get_param(m, "bias"));
+        for (int c = 0; c < 6; c++) g[c] = 0.5f + 0.1f * c, b[c] = 0.2f - 0.05f * c;
+    }
+    kpl_tensor *xa = kpl_detach(x), *xb = kpl_slice(kpl_detach(x), 0, rank * n, n);
+    xa = kpl_to_device(xa, kpl_device_cpu()), xb = kpl_to_device(xb, kpl_device_cpu());
+    OK(kpl_set_requires_grad(xa, true));
+    OK(kpl_set_requires_grad(xb, true));
+    kpl_tensor *ya = kpl_module_forward(one, xa), *yb = kpl_module_forward(sync, xb);
+    OK(kpl_backward(kpl_sum(kpl_mul(ya, gy), NULL, 0, false), NULL, false));
+    OK(kpl_backward(kpl_sum(kpl_mul(yb, kpl_slice(gy, 0, rank * n, n)), NULL, 0, false), NULL,
+                    false));
+    double dy = rel_diff(yb, kpl_slice(ya, 0, rank * n, n));
+    double dg = rel_diff(kpl_grad_get(xb), kpl_slice(kpl_grad_get(xa), 0, rank * n, n));
+    if (!(dy <= 1e-5 && dg <= 1e-5)) fail_msg("sync bn: output %g, input gradient %g", dy, dg);
+    /* gamma's and beta's gradients are this rank's share: summed over the
+     * ranks (DDP's all-reduce) they are the serial ones */
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "bias" : "weight";
+        kpl_tensor *g = kpl_to_device(kpl_grad_get(kpl_module_get_param(bn2, name)), kpl_device_cpu());
+        OK(kpl_comm_allreduce(comm, g, g, KPL_COMM_SUM));
+        double d = rel_diff(g, kpl_grad_get(kpl_module_get_param(bn1, name)));
+        if (!(d <= 1e-5)) fail_msg("sync bn: %s gradient %g", name, d);
+    }
+    for (int k = 0; k < 2; k++) {
+        const char *name = k ? "running_var" : "running_mean";
+        double d = rel_diff(kpl_module_get_buffer(bn2, name), kpl_module_get_buffer(bn1, name));
+        if (!(d <= 1e-5)) fail_msg("sync bn: %s %g", name, d);
+    }
+    kpl_pool_pop(p);
+    kpl_rng_destroy(r);
+    kpl_module_destroy(one);
+    kpl_module_destroy(sync);
+
+    /* the cnn (two conv + batch norm stages) trained both ways */
+    kpl_optim *opt1, *opt2;
+    kpl_module *serial = zoo_model("cnn", 42, &opt1, false);
+    for (int s = 0; s < STEPS; s++) {
+        forward_backward(serial, s, 0, BATCH, 1);
+        OK(kpl_optim_step(opt1));
+    }
+    kpl_module *m = zoo_model("cnn", 42 + 1000 * (uint64_t)rank, &opt2, false);
+    OK(kpl_nn_sync_batch_norm(m, comm, &count));
+    assert_int_equal(count, 2);
+    kpl_ddp *ddp = NULL;
+    kpl_bucketer_config cfg = {0.05, 0.01, true};
+    OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
+                      kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
+    int per_rank = BATCH / size;
+    for (int s = 0; s < STEPS; s++) {
+        OK(kpl_ddp_begin(ddp, true));
+        forward_backward(m, s, rank * per_rank, per_rank, 1);
+        OK(kpl_ddp_finish(ddp));
+        OK(kpl_optim_step(opt2));
+    }
+    compare(m, serial, "sync bn: cnn 2 x 32 vs 1 x 64");
+    for (int i = 0; i < kpl_module_num_buffers(serial); i++) {
+        kpl_tensor *b = kpl_module_buffers(serial)[i];
+        if (kpl_tensor_dtype(b) != KPL_F32) continue;
+        double d = rel_diff(kpl_module_buffers(m)[i], b);
+        if (!(d <= 1e-5)) fail_msg("sync bn: rank %d, buffer %s: %g", rank,
+                                   kpl_module_buffer_name(serial, i), d);
+    }
+    kpl_ddp_destroy(ddp);
+    kpl_optim_destroy(opt1);
+    kpl_optim_destroy(opt2);
+    kpl_module_destroy(serial);
+    kpl_module_destroy(m);
+}
+
 int main(int argc, char **argv)
 {
     int level;
@@ -187,6 +296,7 @@ int main(int argc, char **argv)
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ddp_equals_serial),
+        cmocka_unit_test(test_sync_bn),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     int any = 0;

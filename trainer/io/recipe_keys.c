@@ -186,7 +186,7 @@ const field kpl__rc_fields[] = {
     F_ENUM("model.stem", model.stem, "imagenet", kpl_resnet_stem_names,
            "resnet stem: imagenet (7x7/2 + max-pool) or cifar (3x3/1)"),
     F_ENUM("model.norm", model.norm, "batch", kpl_norm_kind_names,
-           "resnet normalisation: batch norm, or group norm (32 groups; independent of the "
+           "resnet (deeplabv3, unet, fcos) normalisation: batch norm, or group norm (32 groups; independent of the "
            "batch: small per-rank batches, detectors from scratch)"),
     F_INTS("model.hidden", model.hidden, model.nhidden, "[]", 1, 1 << 20,
            "hidden layer widths (mlp default [512, 256]; cnn default [128])"),
@@ -194,6 +194,9 @@ const field kpl__rc_fields[] = {
             "dropout before the last linear layer (mlp, cnn)"),
     F_BOOL("model.zero_init_residual", model.zero_init_residual, "false",
            "resnet: last batch norm of each block starts at scale 0"),
+    F_BOOL("model.sync_bn", model.sync_bn, "false",
+           "batch norms take their training statistics over every rank's batch (SyncBN: small "
+           "per-rank batches, segmentation)"),
 
     F_STR("data.root", data.root, "\"\"", "directory the split paths are relative to"),
     F_ENUM("data.convert.from", data.convert.from, "none", kpl_convert_source_names,

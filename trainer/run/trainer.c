@@ -571,6 +571,12 @@ static kpl_status make_ddp(kpl_trainer *t)
         if (md->np == 0) continue; /* a frozen model: nothing to reduce */
         KPL_TRY(kpl_ddp_create(t->comm, md->np, md->params, kpl_module_num_buffers(md->m),
                                kpl_module_buffers(md->m), &r->dist.buckets, &md->ddp));
+        if (r->model.sync_bn && t->world > 1) {
+            int n = 0;
+            KPL_TRY(kpl_nn_sync_batch_norm(md->m, t->comm, &n));
+            kpl_trainer_info(t, "model.sync_bn: %d batch norms of %s synchronised over %d ranks",
+                             n, md->name, (int)t->world);
+        }
     }
     return KPL_OK;
 }
