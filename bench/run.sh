@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph cocoeval detops fcos (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph cocoeval detops fcos seg (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph cocoeval detops fcos)
+all=(kernels autograd nn data comm train launch graph cocoeval detops fcos seg)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -131,6 +131,15 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       # and inputs go through a file under the build dir.
       mkdir -p "$build/bench-fcos"
       "$build/bin/bench_fcos" "$here" "$build/bench-fcos" || rc=$?
+      ;;
+    seg)
+      # U-Net and DeepLabv3-R18 train steps, inference and peak memory
+      # against the same networks in PyTorch (torch_segnets.py; no
+      # torchvision); weights, batch and outputs go through a file under
+      # the build dir.  KPL_BENCH_SEG_ARGS: bench_seg's size options.
+      mkdir -p "$build/bench-seg"
+      # shellcheck disable=SC2086
+      "$build/bin/bench_seg" "$here" "$build/bench-seg" ${KPL_BENCH_SEG_ARGS:-} || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2
