@@ -413,10 +413,15 @@ kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config 
  * keep_ratio: the whole image resized keeping its aspect ratio, the shorter
  * side to one of short_sides and the longer at most max_side (mmdetection's
  * Resize(keep_ratio=True), Detectron2's ResizeShortestEdge): each sample has
- * its own size, and the loader pads every batch (docs/transforms.md) */
+ * its own size, and the loader pads every batch (docs/transforms.md);
+ * scale_crop: segmentation's training crop (mmsegmentation's RandomResize
+ * with a ratio range, then RandomCrop and Pad): the image scaled by a
+ * factor drawn from scale_range, then a random out_h x out_w crop, padded
+ * bottom and right where the scaled image is smaller */
 #define KPL_CROP_MODES(X)                                                               \
     X(KPL_CROP_NONE, "none") X(KPL_CROP_RANDOM_RESIZED, "random_resized")                \
-    X(KPL_CROP_CENTER, "center") X(KPL_CROP_KEEP_RATIO, "keep_ratio")
+    X(KPL_CROP_CENTER, "center") X(KPL_CROP_KEEP_RATIO, "keep_ratio")                    \
+    X(KPL_CROP_SCALE_CROP, "scale_crop")
 typedef enum { KPL_CROP_MODES(KPL_ENUM_VALUE) } kpl_crop_mode;
 
 /* kpl_crop_mode_names (NULL-terminated), _name, _parse (-1 for others) */
@@ -445,7 +450,9 @@ typedef struct {
     int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size;
                                      * 0 with CROP_KEEP_RATIO (each sample has its own) */
     float scale[2], ratio[2];       /* random-resized-crop area and aspect ranges */
-    int resize_shorter;             /* CROP_CENTER: shorter side before the crop */
+    int resize_shorter;             /* CROP_CENTER: shorter side before the crop;
+                                     * CROP_SCALE_CROP: the base shorter side that the
+                                     * factor scales (0: the stored size is the base) */
     float flip_prob;                /* horizontal flip probability */
     float brightness, contrast, saturation; /* jitter: factor uniform in [max(0,1-x), 1+x] */
     kpl_dtype out_dtype;            /* KPL_F32: (x/255 - mean) / std; KPL_U8: 0..255 */
@@ -458,24 +465,35 @@ typedef struct {
                         * failing the iterator */
     /* CROP_KEEP_RATIO: the shorter side becomes short_sides[k], k drawn
      * uniformly per sample (one value: always it), unless the longer side
-     * would pass max_side: scale = min(s / short, max_side / long) */
+     * would pass max_side: scale = min(s / short, max_side / long).  A
+     * short side of 0 is the stored size: scale = min(1, max_side / long)
+     * (whole-image evaluation at full resolution) */
     int short_sides[KPL_SHORT_SIDES_MAX];
     int num_short_sides;
     int max_side;
     int size_divisor; /* CROP_KEEP_RATIO batches are padded (bottom, right) to their
                        * largest height and width rounded up to a multiple of this;
                        * 0 or 1: not rounded */
-    int mask_pad;     /* CROP_KEEP_RATIO: the value of padded mask pixels (0..255; 255
-                       * for segmentation's "ignore"); images are padded with 0 */
+    int mask_pad;     /* CROP_KEEP_RATIO and CROP_SCALE_CROP: the value of padded mask
+                       * pixels (0..255; 255 for segmentation's "ignore").  Images are
+                       * padded with the mean: 0 in f32 output, round(mean * 255) in u8 */
     const char *box_ignore_feature; /* NULL, or an int64 list of n flags (with boxes): a
                                      * box whose flag is not 0 is left out of the batch
                                      * (COCO's crowd regions, VOC's difficult objects,
                                      * which detectors do not train on) */
+    /* CROP_SCALE_CROP: the scale factor is uniform in [scale_range[0],
+     * scale_range[1]] (0 < lo <= hi <= 16).  cat_max_ratio in (0, 1)
+     * (mmsegmentation's): a crop whose most frequent mask class (255, the
+     * ignore value, not counted) covers this share of it or more, or that
+     * holds one class only, is drawn again, up to 10 times (needs
+     * mask_feature); 0 or 1: off */
+    float scale_range[2];
+    float cat_max_ratio;
 } kpl_transform_config;
 #define KPL_TRANSFORM_CONFIG_INIT                                                           \
     {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
      {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false, \
-     {0}, 0, 0, 32, 0, NULL}
+     {0}, 0, 0, 32, 0, NULL, {0.5f, 2.0f}, 0.0f}
 
 /* The side of the square canvas that holds any CROP_KEEP_RATIO sample of
  * cfg: max_side rounded up to size_divisor; no batch is larger.  0 for the
@@ -590,12 +608,14 @@ typedef struct {
     int64_t position;         /* position in the epoch of its first sample */
     int64_t skipped;          /* corrupt samples dropped from it (skip_corrupt) */
     kpl_tensor *image;        /* (N, C, H, W) f32 or u8; keep_ratio: H, W the batch's padded
-                               * size, each image at the top left, 0 around it */
+                               * size, each image at the top left, 0 around it; scale_crop:
+                               * a crop smaller than (H, W) at the top left, the mean
+                               * around it */
     kpl_tensor *label;        /* (N) i64 */
     kpl_tensor *boxes;        /* (N, max_boxes, 4) f32, in output pixels */
     kpl_tensor *box_labels;   /* (N, max_boxes) i64 */
     kpl_tensor *num_boxes;    /* (N) i64 */
-    kpl_tensor *mask;         /* (N, H, W) u8; keep_ratio: padded with mask_pad */
+    kpl_tensor *mask;         /* (N, H, W) u8; keep_ratio, scale_crop: padded with mask_pad */
     kpl_tensor *example;      /* (N) i64: the dataset example of each sample */
     kpl_tensor *image_size;   /* (N, 2) i64: (h, w) of each image in `image` before padding
                                * (after the resize) */
