@@ -206,10 +206,12 @@ const field kpl__rc_fields[] = {
 
     F_STR("data.root", data.root, "\"\"", "directory the split paths are relative to"),
     F_ENUM("data.convert.from", data.convert.from, "none", kpl_convert_source_names,
-           "build missing splits from a source first: none, idx, imagefolder, lmdb, coco, voc"),
+           "build missing splits from a source first: none, idx, imagefolder, lmdb, coco, voc, "
+           "voc-seg, masks"),
     F_STR("data.convert.source", data.convert.source, "\"\"",
           "idx: a directory of IDX files; imagefolder/lmdb: root with one folder per split; "
-          "coco: root with <split>.json and <split>/ images; voc: the VOC root"),
+          "coco: root with <split>.json and <split>/ images; voc, voc-seg: the VOC root; "
+          "masks: root with <split>/images, <split>/masks and classes.txt"),
     F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16, "shards per split"),
     F_INT("data.convert.max_side", data.convert.options.max_side, "0", 0, 1 << 16,
           "imagefolder: re-encode JPEGs whose longer side exceeds this (0: keep)"),
