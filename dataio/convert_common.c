@@ -226,7 +226,7 @@ void kpl__load_mask(const char *path, const char *image, int width, int height,
             for (int x = 0; x < width; x++) {
                 int m = v.data[(size_t)y * v.stride + (size_t)x];
                 if (m != 255 && m >= num_classes) {
-                    snprintf(l->why, sizeof l->why, "mask %.300s: value %d at (x %d, y %d) is "
+                    snprintf(l->why, sizeof l->why, "mask %.280s: value %d at (x %d, y %d) is "
                              "neither a class (0..%lld) nor 255 (ignore)", path, m, x, y,
                              (long long)num_classes - 1);
                     break;

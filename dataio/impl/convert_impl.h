@@ -43,7 +43,7 @@ typedef struct {
                      * same values re-encoded as an 8-bit gray PNG; malloc'd */
     size_t len;
     int width, height;
-    char why[400]; /* non-empty: the file is bad, and why */
+    char why[480]; /* non-empty: the file is bad, and why */
     bool fatal;    /* not the file's fault (no memory) */
 } kpl__loaded_mask;
 
