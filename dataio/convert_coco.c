@@ -357,7 +357,7 @@ fail:
 
 /* METADATA's attributes and categories.json's text. */
 static kpl_status describe(const char *path, const char *image_dir, const coco_cat *cats,
-                           int64_t ncat, char **attrs, char **catjson)
+                           int64_t ncat, bool semantic, char **attrs, char **catjson)
 {
     json_t *ids = json_array(), *list = json_array();
     for (int64_t i = 0; ids && list && i < ncat; i++) {
@@ -374,6 +374,11 @@ static kpl_status describe(const char *path, const char *image_dir, const coco_c
                           "categories.json", "category_ids", ids, "box_format",
                           "x0 y0 x1 y1 pixels", "mask_encoding", "coco_rle", "box_tolerance",
                           KPL_DET_BOX_TOLERANCE, "order", "image_id");
+    if (a && semantic) {
+        json_object_set_new(a, "semantic_mask", json_string("mask: 0 background, label + 1, 255 "
+                                                            "crowd and overlaps of classes"));
+        json_object_set_new(a, "ignore_index", json_integer(255));
+    }
     *attrs = a ? json_dumps(a, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     *catjson = list ? json_dumps(list, JSON_INDENT(1) | JSON_PRESERVE_ORDER) : NULL;
     json_decref(a);
@@ -427,7 +432,12 @@ kpl_status kpl_convert_coco(const char *annotations_json, const char *image_dir,
         goto fail;
     }
     for (int64_t i = 0; i < ncat; i++) classes[i] = (char *)cats[i].name;
-    KPL_TRY_GOTO(describe(path, image_dir, cats, ncat, &attrs, &catjson));
+    if (o.semantic && ncat > 254) {
+        st = KPL_ERROR(KPL_EINVAL, "coco: %s: %lld categories: a semantic mask holds at most "
+                       "254 (label + 1; 0 is background, 255 ignore)", path, (long long)ncat);
+        goto fail;
+    }
+    KPL_TRY_GOTO(describe(path, image_dir, cats, ncat, o.semantic, &attrs, &catjson));
     kpl__det_set set = {KPL__DET_COCO, image_dir, im, nim, objs, nobjs, classes, ncat, attrs,
                         catjson};
     st = kpl__det_write(&set, out_dir, &o, &sts);

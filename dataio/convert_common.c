@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <omp.h>
+#include <png.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +108,25 @@ static void shrink_jpeg(int max_side, int quality, kpl__codec *c, const kpl__img
     l->info.orientation = 1;
 }
 
+/* Reads a file for a converting thread (its codec c): false, with why[n]
+ * and *fatal set (prefixed by `what`), when there is no codec or the file
+ * cannot be read. */
+static bool read_item(const char *path, const kpl__codec *c, const char *what, char *why,
+                      size_t n, bool *fatal, char **buf, size_t *len)
+{
+    if (!c) {
+        snprintf(why, n, "no memory for a decoder");
+        *fatal = true;
+        return false;
+    }
+    if (kpl__read_file(path, buf, len) < 0) {
+        snprintf(why, n, "%scannot read (%s)", what, kpl_last_error());
+        *fatal = kpl_last_status() == KPL_ENOMEM;
+        return false;
+    }
+    return true;
+}
+
 void kpl__load_image(const char *path, int max_side, int quality, kpl__codec *c,
                      kpl__loaded_image *l)
 {
@@ -115,18 +135,9 @@ void kpl__load_image(const char *path, int max_side, int quality, kpl__codec *c,
     l->why[0] = 0;
     l->fatal = false;
     memset(&l->info, 0, sizeof l->info);
-    if (!c) {
-        snprintf(l->why, sizeof l->why, "no memory for a decoder");
-        l->fatal = true;
-        return;
-    }
     char *buf = NULL;
     size_t len = 0;
-    if (kpl__read_file(path, &buf, &len) < 0) {
-        snprintf(l->why, sizeof l->why, "cannot read (%s)", kpl_last_error());
-        l->fatal = kpl_last_status() == KPL_ENOMEM;
-        return;
-    }
+    if (!read_item(path, c, "", l->why, sizeof l->why, &l->fatal, &buf, &len)) return;
     const uint8_t *b = (const uint8_t *)buf;
     bool jpeg = len >= 3 && b[0] == 0xff && b[1] == 0xd8 && b[2] == 0xff;
     bool png = len >= 8 && !memcmp(b, "\x89PNG\r\n\x1a\n", 8);
@@ -157,6 +168,97 @@ void kpl__load_image(const char *path, int max_side, int quality, kpl__codec *c,
             l->bytes = NULL;
         }
     }
+}
+
+kpl_status kpl__png_encode_gray(const uint8_t *pix, int w, int h, uint8_t **out, size_t *len)
+{
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)w;
+    im.height = (png_uint_32)h;
+    im.format = PNG_FORMAT_GRAY;
+    png_alloc_size_t n = 0;
+    *out = NULL;
+    KPL_CHECK(png_image_write_to_memory(&im, NULL, &n, 0, pix, 0, NULL), KPL_EFORMAT,
+              "PNG encode of a %dx%d mask: %s", w, h, im.message);
+    uint8_t *b = malloc(n);
+    KPL_CHECK(b, KPL_ENOMEM, "PNG encode: no memory for %zu bytes", (size_t)n);
+    if (!png_image_write_to_memory(&im, b, &n, 0, pix, 0, NULL)) {
+        free(b);
+        return KPL_ERROR(KPL_EFORMAT, "PNG encode of a %dx%d mask: %s", w, h, im.message);
+    }
+    *out = b;
+    *len = n;
+    return KPL_OK;
+}
+
+void kpl__load_mask(const char *path, const char *image, int width, int height,
+                    int64_t num_classes, kpl__codec *c, kpl__loaded_mask *l)
+{
+    memset(l, 0, sizeof *l);
+    char *buf = NULL;
+    size_t len = 0;
+    if (!read_item(path, c, "mask: ", l->why, sizeof l->why, &l->fatal, &buf, &len)) return;
+    const uint8_t *b = (const uint8_t *)buf;
+    if (len < 33 || memcmp(b, "\x89PNG\r\n\x1a\n", 8) || memcmp(b + 12, "IHDR", 4)) {
+        snprintf(l->why, sizeof l->why, "mask %.300s: not a PNG (%zu bytes)", path, len);
+        free(buf);
+        return;
+    }
+    /* The size first, from IHDR, so that a mismatch names both files. */
+    uint32_t mw = __builtin_bswap32(kpl__rd32(b + 16)), mh = __builtin_bswap32(kpl__rd32(b + 20));
+    if (mw != (uint32_t)width || mh != (uint32_t)height) {
+        snprintf(l->why, sizeof l->why, "mask %.150s is %ux%u, image %.150s is %dx%d (width x "
+                 "height)", path, mw, mh, image, width, height);
+        free(buf);
+        return;
+    }
+    kpl__img_view v;
+    if (kpl__mask_decode(c->dec, b, len, "png", width, height, path, &v) < 0) {
+        snprintf(l->why, sizeof l->why, "mask %s", kpl_last_error());
+        l->fatal = kpl_last_status() == KPL_ENOMEM;
+        free(buf);
+        return;
+    }
+    if (num_classes > 0)
+        for (int y = 0; y < height && !l->why[0]; y++)
+            for (int x = 0; x < width; x++) {
+                int m = v.data[(size_t)y * v.stride + (size_t)x];
+                if (m != 255 && m >= num_classes) {
+                    snprintf(l->why, sizeof l->why, "mask %.280s: value %d at (x %d, y %d) is "
+                             "neither a class (0..%lld) nor 255 (ignore)", path, m, x, y,
+                             (long long)num_classes - 1);
+                    break;
+                }
+            }
+    if (l->why[0]) {
+        free(buf);
+        return;
+    }
+    l->width = width;
+    l->height = height;
+    if (b[24] == 16) { /* 16-bit gray, every value <= 255: stored as 8 bits */
+        uint8_t *pix = malloc((size_t)width * height);
+        uint8_t *png = NULL;
+        size_t n = 0;
+        if (pix)
+            for (int y = 0; y < height; y++)
+                memcpy(pix + (size_t)y * width, v.data + (size_t)y * v.stride, (size_t)width);
+        kpl_status st = pix ? kpl__png_encode_gray(pix, width, height, &png, &n) : KPL_ENOMEM;
+        free(pix);
+        free(buf);
+        if (st < 0) {
+            snprintf(l->why, sizeof l->why, "mask %.300s: cannot re-encode as 8 bits", path);
+            l->fatal = true;
+            return;
+        }
+        l->bytes = png;
+        l->len = n;
+        return;
+    }
+    l->bytes = (uint8_t *)buf;
+    l->len = len;
 }
 
 void kpl__convert_parallel(int64_t n, int threads,

@@ -147,6 +147,45 @@ bool kpl__coco_seg_check(const json_t *seg, int64_t h, int64_t w, double tol, in
     return false;
 }
 
+/* Sets the pixels of mask (h x w, zeroed first) inside seg's usable
+ * polygon parts, as pycocotools rasterises them. */
+static bool fill_polygons(const json_t *seg, int64_t h, int64_t w, uint8_t *mask, char *why,
+                          size_t n)
+{
+    memset(mask, 0, (size_t)(h * w));
+    for (size_t i = 0; i < json_array_size(seg); i++) {
+        const json_t *part = json_array_get(seg, i);
+        if (!usable_part(part)) continue;
+        size_t k = json_array_size(part);
+        double *xy = malloc(sizeof *xy * k);
+        if (!xy) {
+            snprintf(why, n, "no memory for a polygon of %zu coordinates", k);
+            return false;
+        }
+        for (size_t j = 0; j < k; j++) num_of(json_array_get(part, j), &xy[j]);
+        kpl_status st = kpl_mask_fill_polygon(xy, (int64_t)(k / 2), h, w, mask);
+        free(xy);
+        if (st < 0) {
+            snprintf(why, n, "%s", kpl_last_error());
+            return false;
+        }
+    }
+    return true;
+}
+
+/* The binary mask (h x w) of one checked segmentation. */
+static bool seg_binary(const json_t *seg, int64_t h, int64_t w, uint8_t *mask, char *why,
+                       size_t n)
+{
+    if (json_is_array(seg)) return fill_polygons(seg, h, w, mask, why, n);
+    kpl_rle r = {0};
+    if (!rle_of_object(seg, h, w, &r, why, n)) return false;
+    kpl_status st = kpl_rle_decode(&r, mask);
+    kpl_rle_free(&r);
+    if (st < 0) snprintf(why, n, "%s", kpl_last_error());
+    return st == KPL_OK;
+}
+
 /* The compressed RLE string of one checked segmentation, appended to *buf
  * (grown as needed); *area receives its pixel count.  mask: an h x w buffer
  * to rasterise polygons in. */
@@ -155,24 +194,7 @@ static bool seg_string(const json_t *seg, int64_t h, int64_t w, uint8_t *mask, c
 {
     kpl_rle r = {0};
     if (json_is_array(seg)) {
-        memset(mask, 0, (size_t)(h * w));
-        for (size_t i = 0; i < json_array_size(seg); i++) {
-            const json_t *part = json_array_get(seg, i);
-            if (!usable_part(part)) continue;
-            size_t k = json_array_size(part);
-            double *xy = malloc(sizeof *xy * k);
-            if (!xy) {
-                snprintf(why, n, "no memory for a polygon of %zu coordinates", k);
-                return false;
-            }
-            for (size_t j = 0; j < k; j++) num_of(json_array_get(part, j), &xy[j]);
-            kpl_status st = kpl_mask_fill_polygon(xy, (int64_t)(k / 2), h, w, mask);
-            free(xy);
-            if (st < 0) {
-                snprintf(why, n, "%s", kpl_last_error());
-                return false;
-            }
-        }
+        if (!fill_polygons(seg, h, w, mask, why, n)) return false;
         if (kpl_rle_encode(mask, h, w, &r) < 0) {
             snprintf(why, n, "%s", kpl_last_error());
             return false;
@@ -214,6 +236,8 @@ typedef struct {
     char *masks; /* COCO: the objects' RLE strings, '\n' between */
     size_t masks_len, masks_cap;
     float *areas; /* per object */
+    uint8_t *semantic; /* semantic: the class-per-pixel mask as a PNG */
+    size_t semantic_len;
 } det_done;
 
 typedef struct {
@@ -221,7 +245,32 @@ typedef struct {
     const kpl__det_image *images; /* the batch's */
     det_done *done;
     const char *encoding; /* the schema's image encoding */
+    bool semantic;
 } det_job;
+
+/* The semantic mask of an image (h x w): 0 background, label + 1 where an
+ * object is, 255 where objects of different classes overlap (torchvision's
+ * segmentation reference sets every overlap to 255; an overlap of one
+ * class keeps it here) and in crowd regions, which win over everything.
+ * Objects without a segmentation add nothing.  buf: h x w scratch. */
+static bool semantic_mask(const kpl__det_set *s, const kpl__det_image *im, uint8_t *buf,
+                          uint8_t *cls, char *why, size_t n)
+{
+    const int64_t hw = im->height * im->width;
+    memset(cls, 0, (size_t)hw);
+    for (int pass = 0; pass < 2; pass++) /* objects, then crowd regions */
+        for (int64_t k = 0; k < im->count; k++) {
+            const kpl__det_obj *ob = &s->objs[im->first + k];
+            if (!ob->seg || (ob->flag != 0) != (pass == 1)) continue;
+            if (!seg_binary(ob->seg, im->height, im->width, buf, why, n)) return false;
+            const uint8_t c = (uint8_t)(ob->label + 1);
+            for (int64_t p = 0; p < hw; p++) {
+                if (!buf[p]) continue;
+                cls[p] = pass == 1 || (cls[p] && cls[p] != c) ? 255 : c;
+            }
+        }
+    return true;
+}
 
 static void check_image(int64_t i, kpl__codec *c, void *ctx)
 {
@@ -252,9 +301,35 @@ static void check_image(int64_t i, kpl__codec *c, void *ctx)
                      "it, and the annotations match the stored, unturned pixels",
                      l->info.orientation);
     }
-    if (l->why[0] || !im->count) return;
-    d->areas = malloc(sizeof *d->areas * (size_t)im->count);
+    if (l->why[0]) return;
     uint8_t *mask = NULL;
+    if (j->semantic) {
+        uint8_t *cls = malloc((size_t)(im->width * im->height));
+        mask = malloc((size_t)(im->width * im->height));
+        if (!cls || !mask) {
+            free(cls);
+            goto nomem;
+        }
+        char why[300];
+        bool ok = semantic_mask(s, im, mask, cls, why, sizeof why);
+        if (ok && kpl__png_encode_gray(cls, (int)im->width, (int)im->height, &d->semantic,
+                                       &d->semantic_len) < 0) {
+            ok = false;
+            snprintf(why, sizeof why, "%s", kpl_last_error());
+        }
+        free(cls);
+        if (!ok) {
+            snprintf(l->why, sizeof l->why, "its semantic mask: %s", why);
+            l->fatal = strstr(why, "no memory") != NULL;
+            free(mask);
+            return;
+        }
+    }
+    if (!im->count) {
+        free(mask);
+        return;
+    }
+    d->areas = malloc(sizeof *d->areas * (size_t)im->count);
     if (!d->areas) goto nomem;
     for (int64_t k = 0; k < im->count; k++) {
         const kpl__det_obj *ob = &s->objs[im->first + k];
@@ -341,7 +416,8 @@ static kpl_status values_reserve(det_values *v, int64_t n)
 }
 
 static kpl_status write_example(const kpl__det_set *s, const kpl__det_image *im,
-                                const det_done *d, det_values *v, kpl_record_writer *w)
+                                const det_done *d, bool semantic, det_values *v,
+                                kpl_record_writer *w)
 {
     KPL_TRY(values_reserve(v, im->count ? im->count : 1));
     for (int64_t k = 0; k < im->count; k++) {
@@ -355,7 +431,7 @@ static kpl_status write_example(const kpl__det_set *s, const kpl__det_image *im,
     }
     uint32_t n = (uint32_t)im->count;
     int64_t hw[3] = {im->id, im->height, im->width};
-    kpl_feature_value val[12] = {
+    kpl_feature_value val[13] = {
         {d->img.bytes, (uint32_t)d->img.len},
         {im->file, (uint32_t)strlen(im->file)},
         {&hw[0], 1},
@@ -370,6 +446,7 @@ static kpl_status write_example(const kpl__det_set *s, const kpl__det_image *im,
         val[9] = (kpl_feature_value){v->area, n};
         val[10] = (kpl_feature_value){v->ids, n};
         val[11] = (kpl_feature_value){d->masks ? d->masks : "", (uint32_t)d->masks_len};
+        if (semantic) val[12] = (kpl_feature_value){d->semantic, (uint32_t)d->semantic_len};
     } else {
         val[7] = (kpl_feature_value){v->flags, n};
     }
@@ -422,12 +499,21 @@ kpl_status kpl__det_write(const kpl__det_set *s, const char *out_dir,
         {.name = "masks", .type = KPL_FEATURE_STRING, .encoding = "coco_rle"},
     };
     static const kpl_feature_spec voc[1] = {{.name = "difficult", .type = KPL_FEATURE_INT64}};
-    kpl_feature_spec schema[12];
+    kpl_feature_spec schema[13];
     memcpy(schema, common, sizeof common);
     int nf = 7;
+    const bool semantic = o->semantic;
+    if (semantic && s->kind != KPL__DET_COCO) {
+        st = KPL_ERROR(KPL_EINVAL, "%s: semantic masks are made from COCO segmentations only "
+                       "(VOC's are --from voc-seg)", src);
+        goto fail;
+    }
     if (s->kind == KPL__DET_COCO) {
         memcpy(schema + nf, coco, sizeof coco);
         nf += 5;
+        if (semantic)
+            schema[nf++] = (kpl_feature_spec){.name = "mask", .type = KPL_FEATURE_BYTES,
+                                              .encoding = "png"};
     } else {
         memcpy(schema + nf, voc, sizeof voc);
         nf += 1;
@@ -444,7 +530,7 @@ kpl_status kpl__det_write(const kpl__det_set *s, const char *out_dir,
     kpl__progress_init(&pr, o, out_dir);
     for (int64_t b0 = 0; b0 < ntodo; b0 += BATCH) {
         int64_t nb = ntodo - b0 < BATCH ? ntodo - b0 : BATCH;
-        det_job job = {s, todo + b0, done, enc};
+        det_job job = {s, todo + b0, done, enc, semantic};
         kpl__convert_parallel(nb, o->threads, check_image, &job);
         for (int64_t i = 0; i < nb && st == KPL_OK; i++) {
             const kpl__det_image *im = &todo[b0 + i];
@@ -455,13 +541,14 @@ kpl_status kpl__det_write(const kpl__det_set *s, const char *out_dir,
                 sts->skipped_objects += im->count;
                 continue;
             }
-            st = write_example(s, im, &done[i], &vals, w);
+            st = write_example(s, im, &done[i], semantic, &vals, w);
             sts->objects += im->count;
         }
         for (int64_t i = 0; i < nb; i++) {
             free(done[i].img.bytes);
             free(done[i].masks);
             free(done[i].areas);
+            free(done[i].semantic);
             memset(&done[i], 0, sizeof done[i]);
         }
         if (st < 0) goto fail;
@@ -475,7 +562,20 @@ kpl_status kpl__det_write(const kpl__det_set *s, const char *out_dir,
     kpl_record_writer *fin = w;
     w = NULL;
     KPL_TRY_GOTO(kpl_record_writer_close(fin));
-    KPL_TRY_GOTO(kpl__write_lines(out_dir, "classes.txt", s->classes, s->num_classes));
+    if (semantic) { /* line k names mask value k */
+        char **lines = malloc(sizeof *lines * (size_t)(s->num_classes + 1));
+        if (!lines) {
+            st = KPL_ERROR(KPL_ENOMEM, "%s: no memory", src);
+            goto fail;
+        }
+        lines[0] = "background";
+        memcpy(lines + 1, s->classes, sizeof *lines * (size_t)s->num_classes);
+        st = kpl__write_lines(out_dir, "classes.txt", lines, s->num_classes + 1);
+        free(lines);
+        if (st < 0) goto fail;
+    } else {
+        KPL_TRY_GOTO(kpl__write_lines(out_dir, "classes.txt", s->classes, s->num_classes));
+    }
     if (s->categories_json)
         KPL_TRY_GOTO(kpl__write_text(out_dir, "categories.json", s->categories_json,
                                      strlen(s->categories_json)));

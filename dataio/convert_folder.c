@@ -45,14 +45,13 @@ static bool image_ext(const char *name)
                    !strcasecmp(dot, ".png"));
 }
 
-/* Sorted names of the entries of `dir` that are directories (want_dirs) or
- * regular image files; *out malloc'd, each name malloc'd. */
-static kpl_status list_dir(const char *dir, bool want_dirs, char ***out, int64_t *n)
+kpl_status kpl__list_dir(const char *what, const char *dir, bool want_dirs, char ***out,
+                         int64_t *n)
 {
     *out = NULL;
     *n = 0;
     DIR *d = opendir(dir);
-    KPL_CHECK(d, errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "imagefolder: %s: %s", dir,
+    KPL_CHECK(d, errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "%s: %s: %s", what, dir,
               strerror(errno));
     int64_t cap = 0;
     char **v = NULL;
@@ -70,13 +69,13 @@ static kpl_status list_dir(const char *dir, bool want_dirs, char ***out, int64_t
             cap = cap ? 2 * cap : 256;
             char **nv = realloc(v, sizeof *v * (size_t)cap);
             if (!nv) {
-                st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
+                st = KPL_ERROR(KPL_ENOMEM, "%s: no memory", what);
                 break;
             }
             v = nv;
         }
         if (!(v[*n] = strdup(e->d_name))) {
-            st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory");
+            st = KPL_ERROR(KPL_ENOMEM, "%s: no memory", what);
             break;
         }
         (*n)++;
@@ -105,7 +104,7 @@ static kpl_status scan_items(const char *root, char **classes, int64_t ncls, ite
     for (int64_t c = 0; c < ncls; c++) {
         char cdir[PATH_MAX];
         snprintf(cdir, sizeof cdir, "%s/%s", root, classes[c]);
-        KPL_TRY_GOTO(list_dir(cdir, false, &files, &nfiles));
+        KPL_TRY_GOTO(kpl__list_dir("imagefolder", cdir, false, &files, &nfiles));
         if (*nitems + nfiles > cap) {
             cap = 2 * (*nitems + nfiles) + 1024;
             item *ni = realloc(*items, sizeof **items * (size_t)cap);
@@ -202,7 +201,7 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     char *attrs = NULL;
     enum { BATCH = 256 };
 
-    KPL_TRY(list_dir(root, true, &classes, &ncls));
+    KPL_TRY(kpl__list_dir("imagefolder", root, true, &classes, &ncls));
     if (ncls == 0) {
         st = KPL_ERROR(KPL_EFORMAT, "imagefolder %s: no class folders (want root/<class>/<image>)",
                        root);

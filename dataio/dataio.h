@@ -1,8 +1,10 @@
 /*
  * dataio.h — datasets: the KPLRecord format (docs/kplrecord.md is the
  * specification), its writer and reader, the converters from IDX, image
- * folders, LMDB, COCO and Pascal VOC, COCO's run-length mask encoding, and
- * a synthetic detection set (docs/detection-data.md).
+ * folders, LMDB, COCO and Pascal VOC (detection and segmentation), image
+ * and mask folders, COCO's run-length mask encoding, and synthetic
+ * detection and segmentation sets (docs/detection-data.md,
+ * docs/segmentation-data.md).
  *
  * Writing a dataset:
  *
@@ -226,11 +228,14 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 /* ---- converters ------------------------------------------------------------------- */
 
 /* Where a dataset is converted from: nothing, IDX files (MNIST's format),
- * an image folder, an LMDB of Caffe Datums, COCO instances JSON, Pascal VOC. */
+ * an image folder, an LMDB of Caffe Datums, COCO instances JSON, Pascal VOC
+ * (detection), Pascal VOC's segmentation masks, a folder of images with a
+ * folder of masks. */
 #define KPL_CONVERT_SOURCES(X)                                                          \
     X(KPL_CONVERT_NONE, "none") X(KPL_CONVERT_IDX, "idx")                                \
     X(KPL_CONVERT_IMAGEFOLDER, "imagefolder") X(KPL_CONVERT_LMDB, "lmdb")                \
-    X(KPL_CONVERT_COCO, "coco") X(KPL_CONVERT_VOC, "voc")
+    X(KPL_CONVERT_COCO, "coco") X(KPL_CONVERT_VOC, "voc") X(KPL_CONVERT_VOC_SEG, "voc-seg") \
+    X(KPL_CONVERT_MASKS, "masks")
 typedef enum { KPL_CONVERT_SOURCES(KPL_ENUM_VALUE) } kpl_convert_source;
 /* kpl_convert_source_names (NULL-terminated), _name, _parse (-1 for others) */
 KPL_ENUM_DECLARE(kpl_convert_source);
@@ -255,9 +260,12 @@ typedef struct {
     void *cancel_ctx;
     bool drop_empty;   /* coco, voc: leave out images without objects (crowd
                         * regions and VOC's difficult objects do not count) */
+    bool semantic;     /* coco: each example also gets `mask`, a class-per-pixel PNG
+                        * (kpl_convert_coco) */
 } kpl_convert_options;
 #define KPL_CONVERT_OPTIONS_INIT                                                            \
-    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90, NULL, NULL, false}
+    {KPL_RECORD_WRITER_CONFIG_INIT, 0, false, NULL, false, 0, false, 0, 90, NULL, NULL, false, \
+     false}
 
 /* MNIST-family IDX files (gzip-compressed or not): an images file (u8,
  * (N, H, W)) and a labels file (u8, (N)).  Writes features image (bytes,
@@ -329,6 +337,11 @@ typedef struct {
  * KPL_DET_BOX_TOLERANCE, positive area, valid segmentation) and each
  * image (file present, decodes whole, the size the JSON says): a bad one
  * is KPL_EFORMAT naming its id, or with o->skip_bad a warning and a count.
+ * With o->semantic every example also gets `mask` (bytes, an 8-bit gray
+ * PNG of the image's size): 0 background, label + 1 where an object is,
+ * 255 (ignore) in crowd regions and where objects of different classes
+ * overlap (docs/segmentation-data.md); classes.txt then starts with
+ * "background", so its line k names mask value k.
  * Blocking; o->threads check images and rasterise polygons. */
 kpl_status kpl_convert_coco(const char *annotations_json, const char *image_dir,
                             const char *out_dir, const kpl_convert_options *opt,
@@ -341,6 +354,44 @@ kpl_status kpl_convert_coco(const char *annotations_json, const char *image_dir,
  * truncated to an integer, minus 1).  Bad objects and images as for COCO. */
 kpl_status kpl_convert_voc(const char *voc_root, const char *split, const char *out_dir,
                            const kpl_convert_options *opt, kpl_detection_stats *stats);
+
+/* ---- segmentation sets ------------------------------------------------------------- */
+/*
+ * A segmentation example is one image with a class per pixel
+ * (docs/segmentation-data.md): features image (the file's bytes), mask
+ * (bytes, encoding "png": a 1-channel PNG of the image's size, gray or
+ * palette, whose values — a palette's indices — are the classes, 255 =
+ * ignore), path (string), height and width (int64[1]).  The loader's
+ * mask_feature reads `mask`.  Images are kept as they are (checked whole;
+ * an EXIF orientation other than 1 is refused: the mask is of the stored
+ * pixels), masks too, except 16-bit gray ones, stored re-encoded as 8-bit
+ * (a value past 255 is bad).  A bad image or mask — missing, truncated,
+ * corrupt, of another size than its image (naming both files and sizes),
+ * a value that is neither a class nor 255 — is KPL_EFORMAT naming it, or
+ * with skip_bad a warning and a count in *skipped.  Blocking; o->threads
+ * check the files.  max_side must be 0.
+ */
+
+/* Pascal VOC's SegmentationClass: the ids of ImageSets/Segmentation/
+ * <split>.txt in file order, JPEGImages/<id>.jpg and masks_dir/<id>.png
+ * (palette PNGs; 0 background, 1..20 the classes, 255 the boundary).
+ * masks_dir NULL: SegmentationClass when it holds every listed id's mask,
+ * else SegmentationClassAug (the SBD "aug" set's 8-bit gray masks, with
+ * its train_aug.txt) when that does, else whichever of the two exists.
+ * OUT/classes.txt: background, aeroplane ... tvmonitor (21 lines). */
+kpl_status kpl_convert_voc_seg(const char *voc_root, const char *split, const char *masks_dir,
+                               const char *out_dir, const kpl_convert_options *opt,
+                               int64_t *count, int64_t *skipped);
+
+/* The images of image_dir (.jpg, .jpeg, .png) with the masks of mask_dir
+ * (.png) of the same file stem, in stem order; an image without a mask or
+ * a mask without an image is bad (an error naming it, or skip_bad), two
+ * images of one stem an error.  classes_file (NULL: none) names the
+ * classes, one a line, line k for value k: then every mask value must be
+ * a class or 255, and OUT/classes.txt is written. */
+kpl_status kpl_convert_masks(const char *image_dir, const char *mask_dir,
+                             const char *classes_file, const char *out_dir,
+                             const kpl_convert_options *opt, int64_t *count, int64_t *skipped);
 
 /* ---- COCO's run-length encoding of binary masks ----------------------------------- */
 /*
@@ -405,6 +456,16 @@ typedef struct {
 kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config *cfg,
                                 int64_t *objects);
 
+/* fmnist-seg: the same scenes as fmnist-det for the same cfg, with a class
+ * per pixel instead of objects: out_dir/<split>/images/NNNNNN.jpg,
+ * out_dir/<split>/masks/NNNNNN.png (8-bit gray: 0 background, Fashion-MNIST
+ * label + 1 where an item's pixel is above the threshold, the item pasted
+ * last winning) for train and val, and out_dir/classes.txt (background and
+ * the 10 names): what kpl_convert_masks reads.  Same rules as
+ * kpl_synth_fmnist_det; *objects counts the items pasted. */
+kpl_status kpl_synth_fmnist_seg(const char *out_dir, const kpl_synth_det_config *cfg,
+                                int64_t *objects);
+
 /* ---- per-sample transforms (the DataTransformer's work) --------------------------- */
 
 /* none: the whole image, resized to out_h x out_w if those are set;
@@ -413,10 +474,15 @@ kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config 
  * keep_ratio: the whole image resized keeping its aspect ratio, the shorter
  * side to one of short_sides and the longer at most max_side (mmdetection's
  * Resize(keep_ratio=True), Detectron2's ResizeShortestEdge): each sample has
- * its own size, and the loader pads every batch (docs/transforms.md) */
+ * its own size, and the loader pads every batch (docs/transforms.md);
+ * scale_crop: segmentation's training crop (mmsegmentation's RandomResize
+ * with a ratio range, then RandomCrop and Pad): the image scaled by a
+ * factor drawn from scale_range, then a random out_h x out_w crop, padded
+ * bottom and right where the scaled image is smaller */
 #define KPL_CROP_MODES(X)                                                               \
     X(KPL_CROP_NONE, "none") X(KPL_CROP_RANDOM_RESIZED, "random_resized")                \
-    X(KPL_CROP_CENTER, "center") X(KPL_CROP_KEEP_RATIO, "keep_ratio")
+    X(KPL_CROP_CENTER, "center") X(KPL_CROP_KEEP_RATIO, "keep_ratio")                    \
+    X(KPL_CROP_SCALE_CROP, "scale_crop")
 typedef enum { KPL_CROP_MODES(KPL_ENUM_VALUE) } kpl_crop_mode;
 
 /* kpl_crop_mode_names (NULL-terminated), _name, _parse (-1 for others) */
@@ -445,7 +511,9 @@ typedef struct {
     int out_h, out_w;               /* output size; 0 with CROP_NONE: the stored size;
                                      * 0 with CROP_KEEP_RATIO (each sample has its own) */
     float scale[2], ratio[2];       /* random-resized-crop area and aspect ranges */
-    int resize_shorter;             /* CROP_CENTER: shorter side before the crop */
+    int resize_shorter;             /* CROP_CENTER: shorter side before the crop;
+                                     * CROP_SCALE_CROP: the base shorter side that the
+                                     * factor scales (0: the stored size is the base) */
     float flip_prob;                /* horizontal flip probability */
     float brightness, contrast, saturation; /* jitter: factor uniform in [max(0,1-x), 1+x] */
     kpl_dtype out_dtype;            /* KPL_F32: (x/255 - mean) / std; KPL_U8: 0..255 */
@@ -458,24 +526,35 @@ typedef struct {
                         * failing the iterator */
     /* CROP_KEEP_RATIO: the shorter side becomes short_sides[k], k drawn
      * uniformly per sample (one value: always it), unless the longer side
-     * would pass max_side: scale = min(s / short, max_side / long) */
+     * would pass max_side: scale = min(s / short, max_side / long).  A
+     * short side of 0 is the stored size: scale = min(1, max_side / long)
+     * (whole-image evaluation at full resolution) */
     int short_sides[KPL_SHORT_SIDES_MAX];
     int num_short_sides;
     int max_side;
     int size_divisor; /* CROP_KEEP_RATIO batches are padded (bottom, right) to their
                        * largest height and width rounded up to a multiple of this;
                        * 0 or 1: not rounded */
-    int mask_pad;     /* CROP_KEEP_RATIO: the value of padded mask pixels (0..255; 255
-                       * for segmentation's "ignore"); images are padded with 0 */
+    int mask_pad;     /* CROP_KEEP_RATIO and CROP_SCALE_CROP: the value of padded mask
+                       * pixels (0..255; 255 for segmentation's "ignore").  Images are
+                       * padded with the mean: 0 in f32 output, round(mean * 255) in u8 */
     const char *box_ignore_feature; /* NULL, or an int64 list of n flags (with boxes): a
                                      * box whose flag is not 0 is left out of the batch
                                      * (COCO's crowd regions, VOC's difficult objects,
                                      * which detectors do not train on) */
+    /* CROP_SCALE_CROP: the scale factor is uniform in [scale_range[0],
+     * scale_range[1]] (0 < lo <= hi <= 16).  cat_max_ratio in (0, 1)
+     * (mmsegmentation's): a crop whose most frequent mask class (255, the
+     * ignore value, not counted) covers this share of it or more, or that
+     * holds one class only, is drawn again, up to 10 times (needs
+     * mask_feature); 0 or 1: off */
+    float scale_range[2];
+    float cat_max_ratio;
 } kpl_transform_config;
 #define KPL_TRANSFORM_CONFIG_INIT                                                           \
     {"image", "label", NULL, NULL, NULL, 0, 3, KPL_CROP_NONE, 0, 0, {0.08f, 1.0f},           \
      {3.0f / 4.0f, 4.0f / 3.0f}, 0, 0.0f, 0.0f, 0.0f, 0.0f, KPL_F32, {0, 0, 0}, {1, 1, 1}, false, \
-     {0}, 0, 0, 32, 0, NULL}
+     {0}, 0, 0, 32, 0, NULL, {0.5f, 2.0f}, 0.0f}
 
 /* The side of the square canvas that holds any CROP_KEEP_RATIO sample of
  * cfg: max_side rounded up to size_divisor; no batch is larger.  0 for the
@@ -590,12 +669,14 @@ typedef struct {
     int64_t position;         /* position in the epoch of its first sample */
     int64_t skipped;          /* corrupt samples dropped from it (skip_corrupt) */
     kpl_tensor *image;        /* (N, C, H, W) f32 or u8; keep_ratio: H, W the batch's padded
-                               * size, each image at the top left, 0 around it */
+                               * size, each image at the top left, 0 around it; scale_crop:
+                               * a crop smaller than (H, W) at the top left, the mean
+                               * around it */
     kpl_tensor *label;        /* (N) i64 */
     kpl_tensor *boxes;        /* (N, max_boxes, 4) f32, in output pixels */
     kpl_tensor *box_labels;   /* (N, max_boxes) i64 */
     kpl_tensor *num_boxes;    /* (N) i64 */
-    kpl_tensor *mask;         /* (N, H, W) u8; keep_ratio: padded with mask_pad */
+    kpl_tensor *mask;         /* (N, H, W) u8; keep_ratio, scale_crop: padded with mask_pad */
     kpl_tensor *example;      /* (N) i64: the dataset example of each sample */
     kpl_tensor *image_size;   /* (N, 2) i64: (h, w) of each image in `image` before padding
                                * (after the resize) */

@@ -480,11 +480,14 @@ static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n
         KPL_ERROR(KPL_EFORMAT, "%s: PNG of %ux%u pixels is too large", d->where, w, h);
         png_longjmp(png, 1);
     }
+    /* A 16-bit gray mask is read as stored (big-endian pairs) and
+     * narrowed below, each value checked to fit in 8 bits. */
+    const bool wide = mask && depth == 16;
     if (mask) {
-        if ((ct != PNG_COLOR_TYPE_GRAY && ct != PNG_COLOR_TYPE_PALETTE) || depth > 8) {
+        if (ct != PNG_COLOR_TYPE_GRAY && (ct != PNG_COLOR_TYPE_PALETTE || depth > 8)) {
             bad_kind = true;
             KPL_ERROR(KPL_EFORMAT,
-                      "%s: a mask PNG must have one channel of at most 8 bits (color type %d, "
+                      "%s: a mask PNG must be gray (up to 16 bits) or a palette (color type %d, "
                       "bit depth %d)", d->where, ct, depth);
             png_longjmp(png, 1);
         }
@@ -497,7 +500,7 @@ static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n
     png_read_update_info(png, info);
     int ch = png_get_channels(png, info);
     size_t rb = png_get_rowbytes(png, info);
-    if (rb != (size_t)w * (size_t)ch) {
+    if (rb != (size_t)w * (size_t)ch * (wide ? 2 : 1)) {
         bad_kind = true;
         KPL_ERROR(KPL_EFORMAT, "%s: PNG: unexpected row size %zu", d->where, rb);
         png_longjmp(png, 1);
@@ -510,6 +513,24 @@ static kpl_status png_decode_full(kpl__decoder *d, const uint8_t *data, size_t n
     for (png_uint_32 r = 0; r < h; r++) d->rows[r] = d->buf + (size_t)r * rb;
     png_read_image(png, d->rows);
     if (to_end) png_read_end(png, NULL); /* the chunks after the pixels, up to IEND */
+    if (wide) {
+        /* Narrowed in place: row r moves to r * w, each value from 2x to x,
+         * never past what is still to be read. */
+        for (png_uint_32 r = 0; r < h && st == KPL_OK; r++) {
+            const uint8_t *in = d->rows[r];
+            uint8_t *o = d->buf + (size_t)r * w;
+            for (png_uint_32 x = 0; x < w; x++) {
+                unsigned v = (unsigned)in[2 * x] << 8 | in[2 * x + 1];
+                if (v > 255) {
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: 16-bit mask value %u at (x %u, y %u) is "
+                                   "past 255 (masks are u8 class indices, 255 = ignore)",
+                                   d->where, v, x, r);
+                    break;
+                }
+                o[x] = (uint8_t)v;
+            }
+        }
+    }
     d->info.width = (int)w;
     d->info.height = (int)h;
     *nch = ch;

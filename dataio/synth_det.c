@@ -2,7 +2,9 @@
  * synth_det.c — fmnist-det, a detection set anyone can make: Fashion-MNIST
  * items pasted onto textured backgrounds, written as JPEGs plus COCO
  * instances JSON (docs/detection-data.md), so that it goes through the
- * same `--from coco` path as real COCO.
+ * same `--from coco` path as real COCO; and fmnist-seg, the same scenes as
+ * a segmentation set (docs/segmentation-data.md): each JPEG with a PNG of
+ * a class per pixel, the layout `--from masks` reads.
  *
  * Every image is a function of (seed, split, image number) alone, computed
  * in integer arithmetic, so the bytes do not depend on the thread count or
@@ -14,7 +16,9 @@
  * finds no such place is not pasted at all.  So every item in an image is
  * annotated, and each annotation is the item's visible pixels: its mask is
  * the item's pixels above the threshold minus what later items cover, and
- * its box is tight around that mask.
+ * its box is tight around that mask.  fmnist-seg's mask is the same
+ * ownership of pixels as classes: an item's visible pixels hold its label
+ * + 1, the background 0.
  */
 #include "convert_impl.h"
 
@@ -64,6 +68,7 @@ typedef struct {
     const items *src;
     int split; /* 0 train, 1 val */
     const char *dir; /* where the JPEGs go */
+    const char *mask_dir; /* fmnist-seg: where the masks go; NULL: fmnist-det */
     int64_t first;   /* image number of the batch's first */
     synth_image *out;
 } synth_job;
@@ -175,9 +180,11 @@ static void scale_item(const uint8_t *src, int s, bool flip, uint8_t *out)
 }
 
 /* Makes image number i of a split: its pixels into rgb, its objects into
- * img.  owner and inten are (S, S) scratch. */
+ * img, or with `cls` (fmnist-seg) its class per pixel (S, S) there and
+ * only the count of objects into img.  owner and inten are (S, S)
+ * scratch. */
 static void make_image(const synth_job *j, int64_t i, uint8_t *rgb, int8_t *owner, uint8_t *inten,
-                       uint8_t *item, uint8_t *mask, synth_image *img)
+                       uint8_t *item, uint8_t *mask, uint8_t *cls, synth_image *img)
 {
     const kpl_synth_det_config *cfg = j->cfg;
     const int S = cfg->size, T = cfg->threshold;
@@ -240,6 +247,11 @@ static void make_image(const synth_job *j, int64_t i, uint8_t *rgb, int8_t *owne
         int shade = 160 + inten[p] * 95 / 255;
         for (int c = 0; c < 3; c++) rgb[p * 3 + c] = (uint8_t)(tint[o][c] * shade / 255);
     }
+    if (cls) {
+        for (int p = 0; p < S * S; p++) cls[p] = (uint8_t)(owner[p] < 0 ? 0 : label[owner[p]] + 1);
+        img->nobj = n;
+        return;
+    }
     img->nobj = 0;
     for (int e = 0; e < n; e++) {
         synth_obj *ob = &img->obj[img->nobj];
@@ -279,21 +291,38 @@ static void synth_one(int64_t b, kpl__codec *c, void *ctx)
     uint8_t *rgb = malloc((size_t)S * S * 3), *inten = malloc((size_t)S * S);
     uint8_t *item = malloc((size_t)side * side), *mask = malloc((size_t)S * S);
     int8_t *owner = malloc((size_t)S * S);
+    uint8_t *cls = j->mask_dir ? malloc((size_t)S * S) : NULL, *png = NULL;
     unsigned char *jpg = NULL;
     unsigned long len = 0;
-    if (!c || !rgb || !inten || !item || !mask || !owner) {
+    char p[PATH_MAX];
+    if (!c || !rgb || !inten || !item || !mask || !owner || (j->mask_dir && !cls)) {
         img->nomem = true;
         snprintf(img->why, sizeof img->why, "no memory");
         goto done;
     }
-    make_image(j, i, rgb, owner, inten, item, mask, img);
+    make_image(j, i, rgb, owner, inten, item, mask, cls, img);
     if (img->why[0]) goto done;
+    if (cls) {
+        size_t plen = 0;
+        if (kpl__png_encode_gray(cls, S, S, &png, &plen) < 0) {
+            img->nomem = kpl_last_status() == KPL_ENOMEM;
+            snprintf(img->why, sizeof img->why, "%s", kpl_last_error());
+            goto done;
+        }
+        snprintf(p, sizeof p, "%s/%06lld.png", j->mask_dir, (long long)i + 1);
+        FILE *f = fopen(p, "wb");
+        bool ok = f && fwrite(png, 1, plen, f) == plen;
+        if (f) ok &= fclose(f) == 0;
+        if (!ok) {
+            snprintf(img->why, sizeof img->why, "%.200s: %s", p, strerror(errno));
+            goto done;
+        }
+    }
     tjhandle tj = kpl__codec_encoder(c);
     if (tjCompress2(tj, rgb, S, 0, S, TJPF_RGB, &jpg, &len, TJSAMP_420, j->cfg->quality, 0)) {
         snprintf(img->why, sizeof img->why, "JPEG encode: %s", tjGetErrorStr2(tj));
         goto done;
     }
-    char p[PATH_MAX];
     snprintf(p, sizeof p, "%s/%06lld.jpg", j->dir, (long long)i + 1);
     FILE *f = fopen(p, "wb");
     bool ok = f && fwrite(jpg, 1, len, f) == len;
@@ -301,6 +330,8 @@ static void synth_one(int64_t b, kpl__codec *c, void *ctx)
     if (!ok) snprintf(img->why, sizeof img->why, "%.200s: %s", p, strerror(errno));
 done:
     tjFree(jpg);
+    free(png);
+    free(cls);
     free(rgb);
     free(inten);
     free(item);
@@ -352,7 +383,7 @@ static kpl_status add_batch(json_t *root, const char *split, int S, int64_t firs
 }
 
 /* Whether dir is absent or empty; creates it. */
-static kpl_status fresh_dir(const char *dir)
+static kpl_status fresh_dir(const char *name, const char *dir)
 {
     DIR *d = opendir(dir);
     if (d) {
@@ -361,8 +392,8 @@ static kpl_status fresh_dir(const char *dir)
         while ((e = readdir(d)))
             if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) empty = false;
         closedir(d);
-        KPL_CHECK(empty, KPL_EINVAL, "fmnist-det: %s holds files: the set is written only into "
-                  "a new or empty directory", dir);
+        KPL_CHECK(empty, KPL_EINVAL, "%s: %s holds files: the set is written only into "
+                  "a new or empty directory", name, dir);
         return KPL_OK;
     }
     char p[PATH_MAX];
@@ -373,9 +404,48 @@ static kpl_status fresh_dir(const char *dir)
             mkdir(p, 0777);
             *s = '/';
         }
-    KPL_CHECK(mkdir(p, 0777) == 0 || errno == EEXIST, KPL_EIO, "fmnist-det: %s: %s", dir,
+    KPL_CHECK(mkdir(p, 0777) == 0 || errno == EEXIST, KPL_EIO, "%s: %s: %s", name, dir,
               strerror(errno));
     return KPL_OK;
+}
+
+/* fmnist-seg's split: n images into out_dir/<split>/images/ and their
+ * masks into out_dir/<split>/masks/. */
+static kpl_status make_seg_split(const char *out_dir, const char *split, int sn, const items *src,
+                                 const kpl_synth_det_config *cfg, int64_t n, int64_t *objects)
+{
+    enum { BATCH = 256 };
+    char dir[PATH_MAX], img_dir[PATH_MAX], mask_dir[PATH_MAX], name[64];
+    KPL_TRY(kpl__path_join(dir, sizeof dir, out_dir, split));
+    KPL_TRY(kpl__path_join(img_dir, sizeof img_dir, dir, "images"));
+    KPL_TRY(kpl__path_join(mask_dir, sizeof mask_dir, dir, "masks"));
+    const char *mk[3] = {dir, img_dir, mask_dir};
+    for (int k = 0; k < 3; k++)
+        KPL_CHECK(mkdir(mk[k], 0777) == 0, KPL_EIO, "fmnist-seg: %s: %s", mk[k], strerror(errno));
+    synth_image *out = calloc(BATCH, sizeof *out);
+    KPL_CHECK(out, KPL_ENOMEM, "fmnist-seg: no memory");
+    kpl_convert_options po = KPL_CONVERT_OPTIONS_INIT;
+    po.progress = cfg->progress;
+    snprintf(name, sizeof name, "fmnist-seg %s", split);
+    po.label = name;
+    kpl__progress pr;
+    kpl__progress_init(&pr, &po, NULL);
+    kpl_status st = KPL_OK;
+    for (int64_t b0 = 0; b0 < n && st == KPL_OK; b0 += BATCH) {
+        int64_t nb = n - b0 < BATCH ? n - b0 : BATCH;
+        synth_job job = {cfg, src, sn, img_dir, mask_dir, b0, out};
+        kpl__convert_parallel(nb, cfg->threads, synth_one, &job);
+        for (int64_t b = 0; b < nb && st == KPL_OK; b++) {
+            if (out[b].why[0])
+                st = KPL_ERROR(out[b].nomem ? KPL_ENOMEM : KPL_EIO, "fmnist-seg: %s image %lld: "
+                               "%s", split, (long long)(b0 + b + 1), out[b].why);
+            *objects += out[b].nobj;
+        }
+        if (st == KPL_OK)
+            st = kpl__progress_update(&pr, (uint64_t)(b0 + nb), (uint64_t)n, "images");
+    }
+    free(out);
+    return st;
 }
 
 /* One split: n images into out_dir/<split>/ and out_dir/<split>.json. */
@@ -403,7 +473,7 @@ static kpl_status make_split(const char *out_dir, const char *split, int sn, con
     int64_t next_ann = 1;
     for (int64_t b0 = 0; b0 < n && st == KPL_OK; b0 += BATCH) {
         int64_t nb = n - b0 < BATCH ? n - b0 : BATCH;
-        synth_job job = {cfg, src, sn, dir, b0, out};
+        synth_job job = {cfg, src, sn, dir, NULL, b0, out};
         kpl__convert_parallel(nb, cfg->threads, synth_one, &job);
         for (int64_t b = 0; b < nb && st == KPL_OK; b++)
             if (out[b].why[0])
@@ -431,30 +501,32 @@ fail:
     return st;
 }
 
-kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config *cfg,
-                                int64_t *objects)
+/* Either set: fmnist-seg when seg. */
+static kpl_status synth(const char *out_dir, const kpl_synth_det_config *cfg, bool seg,
+                        int64_t *objects)
 {
+    const char *nm = seg ? "fmnist-seg" : "fmnist-det";
     kpl_synth_det_config c = KPL_SYNTH_DET_CONFIG_INIT;
     if (cfg) c = *cfg;
     KPL_CHECK(c.size >= 32 && c.size <= 4096, KPL_EINVAL,
-              "fmnist-det: size %d must be in [32, 4096]", c.size);
+              "%s: size %d must be in [32, 4096]", nm, c.size);
     KPL_CHECK(c.min_side >= 8 && c.min_side <= c.max_side && c.max_side <= c.size, KPL_EINVAL,
-              "fmnist-det: item sides %d..%d must satisfy 8 <= min <= max <= size (%d)",
+              "%s: item sides %d..%d must satisfy 8 <= min <= max <= size (%d)", nm,
               c.min_side, c.max_side, c.size);
     KPL_CHECK(c.max_objects >= 1 && c.max_objects <= MAX_ITEMS, KPL_EINVAL,
-              "fmnist-det: max_objects %d must be in [1, %d]", c.max_objects, MAX_ITEMS);
+              "%s: max_objects %d must be in [1, %d]", nm, c.max_objects, MAX_ITEMS);
     KPL_CHECK(c.threshold >= 0 && c.threshold <= 254, KPL_EINVAL,
-              "fmnist-det: threshold %d must be in [0, 254]", c.threshold);
+              "%s: threshold %d must be in [0, 254]", nm, c.threshold);
     KPL_CHECK(c.min_visible >= 0 && c.min_visible <= 1, KPL_EINVAL,
-              "fmnist-det: min_visible %g must be in [0, 1]", (double)c.min_visible);
+              "%s: min_visible %g must be in [0, 1]", nm, (double)c.min_visible);
     KPL_CHECK(c.quality >= 1 && c.quality <= 100, KPL_EINVAL,
-              "fmnist-det: quality %d must be in [1, 100]", c.quality);
+              "%s: quality %d must be in [1, 100]", nm, c.quality);
     KPL_CHECK(c.train >= 0 && c.val >= 0 && c.train + c.val > 0 && c.train < 100000000 &&
                   c.val < 100000000, KPL_EINVAL,
-              "fmnist-det: train %lld and val %lld: want 0 .. 10^8 - 1 each, not both 0",
+              "%s: train %lld and val %lld: want 0 .. 10^8 - 1 each, not both 0", nm,
               (long long)c.train, (long long)c.val);
-    KPL_CHECK(c.fmnist_dir, KPL_EINVAL, "fmnist-det: no Fashion-MNIST directory");
-    KPL_TRY(fresh_dir(out_dir));
+    KPL_CHECK(c.fmnist_dir, KPL_EINVAL, "%s: no Fashion-MNIST directory", nm);
+    KPL_TRY(fresh_dir(nm, out_dir));
     int64_t nobj = 0;
     kpl_status st = KPL_OK;
     static const char *const splits[2] = {"train", "val"}, *const prefix[2] = {"train", "t10k"};
@@ -463,10 +535,29 @@ kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config 
         if (!counts[s]) continue;
         items src;
         st = load_items(c.fmnist_dir, prefix[s], &src);
-        if (st == KPL_OK) st = make_split(out_dir, splits[s], s, &src, &c, counts[s], &nobj);
+        if (st == KPL_OK)
+            st = seg ? make_seg_split(out_dir, splits[s], s, &src, &c, counts[s], &nobj)
+                     : make_split(out_dir, splits[s], s, &src, &c, counts[s], &nobj);
         free(src.pix);
         free(src.labels);
     }
+    if (st == KPL_OK && seg) {
+        const char *lines[11] = {"background"};
+        for (int k = 0; k < 10; k++) lines[k + 1] = fmnist_classes[k];
+        st = kpl__write_lines(out_dir, "classes.txt", (char *const *)lines, 11);
+    }
     if (st == KPL_OK && objects) *objects = nobj;
     return st;
+}
+
+kpl_status kpl_synth_fmnist_det(const char *out_dir, const kpl_synth_det_config *cfg,
+                                int64_t *objects)
+{
+    return synth(out_dir, cfg, false, objects);
+}
+
+kpl_status kpl_synth_fmnist_seg(const char *out_dir, const kpl_synth_det_config *cfg,
+                                int64_t *objects)
+{
+    return synth(out_dir, cfg, true, objects);
 }

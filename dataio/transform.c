@@ -43,6 +43,8 @@ typedef struct {
 
 struct kpl__xform_scratch {
     kpl__decoder *dec;
+    kpl__decoder *mdec; /* scale_crop with cat_max_ratio: the mask, decoded before the image
+                         * (made on first use) */
     axis ax, ay;
     uint16_t *line;  /* (w * C) its result */
     uint16_t *plane; /* (C, w + LINE_PAD) the same, one channel after the other */
@@ -92,6 +94,7 @@ void kpl__xform_scratch_destroy(kpl__xform_scratch *s)
 {
     if (!s) return;
     kpl__decoder_destroy(s->dec);
+    kpl__decoder_destroy(s->mdec);
     axis_free(&s->ax);
     axis_free(&s->ay);
     free(s->line);
@@ -235,9 +238,9 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
                   KPL_EINVAL, "transform: keep_ratio needs 1 to %d short_sides, got %d",
                   KPL_SHORT_SIDES_MAX, cfg->num_short_sides);
         for (int i = 0; i < cfg->num_short_sides; i++)
-            KPL_CHECK(cfg->short_sides[i] >= 1 && cfg->short_sides[i] <= MAX_SIDE, KPL_EINVAL,
-                      "transform: short_sides[%d] %d is not in [1, %d]", i, cfg->short_sides[i],
-                      MAX_SIDE);
+            KPL_CHECK(cfg->short_sides[i] >= 0 && cfg->short_sides[i] <= MAX_SIDE, KPL_EINVAL,
+                      "transform: short_sides[%d] %d is not in [0, %d] (0: the stored size)", i,
+                      cfg->short_sides[i], MAX_SIDE);
         KPL_CHECK(cfg->max_side >= 1 && cfg->max_side <= MAX_SIDE, KPL_EINVAL,
                   "transform: keep_ratio needs max_side in [1, %d], got %d", MAX_SIDE,
                   cfg->max_side);
@@ -246,6 +249,27 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
         KPL_CHECK(cfg->mask_pad >= 0 && cfg->mask_pad <= 255, KPL_EINVAL,
                   "transform: mask_pad %d is not in [0, 255]", cfg->mask_pad);
         x->out_h = x->out_w = kpl_transform_canvas_side(cfg);
+        break;
+    case KPL_CROP_SCALE_CROP:
+        KPL_CHECK(cfg->out_h > 0 && cfg->out_w > 0, KPL_EINVAL,
+                  "transform: scale_crop needs out_h and out_w (the crop size)");
+        KPL_CHECK(isfinite(cfg->scale_range[0]) && isfinite(cfg->scale_range[1]) &&
+                      cfg->scale_range[0] > 0 && cfg->scale_range[0] <= cfg->scale_range[1] &&
+                      cfg->scale_range[1] <= 16,
+                  KPL_EINVAL, "transform: scale_range [%g, %g] must satisfy 0 < lo <= hi <= 16",
+                  cfg->scale_range[0], cfg->scale_range[1]);
+        KPL_CHECK(cfg->resize_shorter >= 0 && cfg->resize_shorter <= MAX_SIDE, KPL_EINVAL,
+                  "transform: resize_shorter %d is not in [0, %d] (0: the stored size)",
+                  cfg->resize_shorter, MAX_SIDE);
+        KPL_CHECK(cfg->mask_pad >= 0 && cfg->mask_pad <= 255, KPL_EINVAL,
+                  "transform: mask_pad %d is not in [0, 255]", cfg->mask_pad);
+        KPL_CHECK(cfg->cat_max_ratio >= 0 && cfg->cat_max_ratio <= 1, KPL_EINVAL,
+                  "transform: cat_max_ratio %g is not in [0, 1]", cfg->cat_max_ratio);
+        KPL_CHECK(cfg->cat_max_ratio <= 0 || cfg->cat_max_ratio >= 1 || x->mask >= 0,
+                  KPL_EINVAL, "transform: cat_max_ratio %g needs mask_feature (it counts the "
+                  "mask's classes in each crop)", cfg->cat_max_ratio);
+        x->out_h = cfg->out_h;
+        x->out_w = cfg->out_w;
         break;
     default:
         return KPL_ERROR(KPL_EINVAL, "transform: crop mode %d is unknown", (int)cfg->crop);
@@ -277,7 +301,7 @@ int kpl_transform_canvas_side(const kpl_transform_config *cfg)
 void kpl__keep_ratio_size(int w, int h, int s, int max_side, int *out_w, int *out_h)
 {
     double lo = w < h ? w : h, hi = w < h ? h : w;
-    double scale = fmin(s / lo, max_side / hi);
+    double scale = fmin(s > 0 ? s / lo : 1.0, max_side / hi);
     /* Python's int(x + 0.5) on a positive x, as mmcv's _scale_size. */
     int ow = (int)floor(w * scale + 0.5), oh = (int)floor(h * scale + 0.5);
     *out_w = ow < 1 ? 1 : ow > max_side ? max_side : ow;
@@ -854,14 +878,103 @@ static void do_mask(const kpl__img_view *m, double bx, double by, double bw, dou
     }
 }
 
+/* scale_crop: the padding of a crop smaller than the output.  buf holds
+ * `planes` planes of h x w elements of es bytes, densely; they are spread
+ * to planes of H x W (H >= h, W >= w), each at the top left, the rest of
+ * plane c filled with the es bytes at pad + c * es.  In place, back to
+ * front: a row's destination is never below its source, and the padding
+ * of a plane is written only where every source row still to be moved
+ * lies below it. */
+static void pad_planes(uint8_t *buf, size_t es, int planes, int h, int w, int H, int W,
+                       const uint8_t *pad)
+{
+    const size_t rw = (size_t)w * es, RW = (size_t)W * es;
+    for (int c = planes - 1; c >= 0; c--) {
+        const uint8_t *pv = pad + (size_t)c * es;
+        uint8_t *plane = buf + (size_t)c * H * RW;
+        for (size_t at = (size_t)h * RW; at < (size_t)H * RW; at += es) memcpy(plane + at, pv, es);
+        for (int y = h - 1; y >= 0; y--) {
+            uint8_t *d = plane + (size_t)y * RW;
+            memmove(d, buf + ((size_t)c * h + (size_t)y) * rw, rw);
+            for (size_t at = rw; at < RW; at += es) memcpy(d + at, pv, es);
+        }
+    }
+}
+
+/* Whether no mask class but 255 (ignore) covers cat_max_ratio or more of
+ * the crop (bx, by, bw, bh) read at vw x vh with do_mask's sampling, and
+ * it holds two classes or more (mmsegmentation's RandomCrop test). */
+static bool crop_classes_ok(const kpl__img_view *m, double bx, double by, double bw, double bh,
+                            int vw, int vh, float ratio)
+{
+    int64_t hist[256] = {0};
+    for (int j = 0; j < vh; j++) {
+        int sy = (int)floor(by + (j + 0.5) * bh / vh);
+        sy = sy < 0 ? 0 : sy >= m->h ? m->h - 1 : sy;
+        const uint8_t *row = m->data + (size_t)sy * m->stride;
+        for (int i = 0; i < vw; i++) {
+            int sx = (int)floor(bx + (i + 0.5) * bw / vw);
+            hist[row[sx < 0 ? 0 : sx >= m->w ? m->w - 1 : sx]]++;
+        }
+    }
+    int64_t most = 0, sum = 0;
+    int classes = 0;
+    for (int k = 0; k < 255; k++) {
+        classes += hist[k] > 0;
+        sum += hist[k];
+        if (hist[k] > most) most = hist[k];
+    }
+    return classes > 1 && (double)most < (double)ratio * (double)sum;
+}
+
+/* scale_crop's geometry for a W x H image: the factor, then the crop's
+ * top and left in the scaled image (redrawn under cat_max_ratio, which
+ * decodes the mask into *m first, *have_mask then true).  Gives the crop
+ * box in stored pixels and the part of the output it fills, vw x vh. */
+static kpl_status scale_crop_params(const kpl__xform *x, const kpl_feature_value *values, int W,
+                                    int H, kpl__rng *r, kpl__xform_scratch *s, const char *mwhere,
+                                    kpl__img_view *m, bool *have_mask, double box[4], int *vw,
+                                    int *vh)
+{
+    const kpl_transform_config *cfg = &x->cfg;
+    const int OW = x->out_w, OH = x->out_h;
+    double f = cfg->scale_range[0] +
+               (cfg->scale_range[1] - cfg->scale_range[0]) * kpl__rng_uniform(r);
+    double t = f * (cfg->resize_shorter > 0 ? (double)cfg->resize_shorter / (W < H ? W : H) : 1);
+    /* each side floor(side * t + 0.5), at least 1 (as keep_ratio's sizes) */
+    int sw = (int)floor(W * t + 0.5), sh = (int)floor(H * t + 0.5);
+    sw = sw < 1 ? 1 : sw;
+    sh = sh < 1 ? 1 : sh;
+    const bool retry = cfg->cat_max_ratio > 0 && cfg->cat_max_ratio < 1 && x->mask >= 0;
+    if (retry) {
+        if (!s->mdec && !(s->mdec = kpl__decoder_create())) return kpl_last_status();
+        const kpl_feature_value *mv = &values[x->mask];
+        KPL_TRY(kpl__mask_decode(s->mdec, mv->data, mv->count, "", W, H, mwhere, m));
+        *have_mask = true;
+    }
+    for (int attempt = 0;; attempt++) {
+        int cy = (int)kpl__rng_below(r, (uint64_t)(sh > OH ? sh - OH : 0) + 1);
+        int cx = (int)kpl__rng_below(r, (uint64_t)(sw > OW ? sw - OW : 0) + 1);
+        *vw = sw - cx < OW ? sw - cx : OW;
+        *vh = sh - cy < OH ? sh - cy : OH;
+        box[0] = (double)cx * W / sw, box[1] = (double)cy * H / sh;
+        box[2] = (double)*vw * W / sw, box[3] = (double)*vh * H / sh;
+        if (!retry || attempt == 10 ||
+            crop_classes_ok(m, box[0], box[1], box[2], box[3], *vw, *vh, cfg->cat_max_ratio))
+            return KPL_OK;
+    }
+}
+
 kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *values, uint64_t seed,
                              int64_t epoch, int64_t example, kpl__xform_scratch *s,
                              const kpl__sample_out *out)
 {
     const kpl_transform_config *cfg = &x->cfg;
-    char where[160];
+    char where[160], mw[160];
     snprintf(where, sizeof where, "example %lld, feature '%s'", (long long)example,
              cfg->image_feature);
+    snprintf(mw, sizeof mw, "example %lld, feature '%s'", (long long)example,
+             cfg->mask_feature ? cfg->mask_feature : "");
     const kpl_feature_value *iv = &values[x->image];
     int raw[3] = {x->raw_h, x->raw_w, x->raw_c};
     if (x->raw_shape >= 0) { /* this record's own (H, W, C) */
@@ -895,7 +1008,8 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
 
     /* The crop box in stored pixels, and the range its filter may read. */
     double bx = 0, by = 0, bw = W, bh = H;
-    bool clamp_to_box = false;
+    bool clamp_to_box = false, have_mask = false;
+    kpl__img_view pre_mask = {0};
     if (cfg->crop == KPL_CROP_RANDOM_RESIZED) {
         int cx, cy, cw, ch;
         kpl__rrc_params(&r, W, H, cfg->scale, cfg->ratio, &cx, &cy, &cw, &ch);
@@ -917,6 +1031,13 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         int n = cfg->num_short_sides;
         int k = n > 1 ? (int)kpl__rng_below(&r, (uint64_t)n) : 0;
         kpl__keep_ratio_size(W, H, cfg->short_sides[k], cfg->max_side, &OW, &OH);
+    } else if (cfg->crop == KPL_CROP_SCALE_CROP) {
+        /* Resize-then-crop, done as one resample of the crop's box: the
+         * filter reads past the box as the whole-image resize would. */
+        double b[4] = {0, 0, W, H};
+        KPL_TRY(scale_crop_params(x, values, W, H, &r, s, mw, &pre_mask, &have_mask, b, &OW,
+                                  &OH));
+        bx = b[0], by = b[1], bw = b[2], bh = b[3];
     }
 
     /* DCT-domain scaling: the strongest that leaves the crop at least the
@@ -974,13 +1095,33 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         KPL_TRY(do_boxes(x, values, bx, by, bw, bh, OW, OH, flip, bw_where, out));
     }
     if (x->mask >= 0 && out->mask) {
-        char mw[160];
-        snprintf(mw, sizeof mw, "example %lld, feature '%s'", (long long)example,
-                 cfg->mask_feature);
         const kpl_feature_value *mv = &values[x->mask];
-        kpl__img_view m;
-        KPL_TRY(kpl__mask_decode(s->dec, mv->data, mv->count, "", W, H, mw, &m));
+        kpl__img_view m = pre_mask;
+        if (!have_mask) KPL_TRY(kpl__mask_decode(s->dec, mv->data, mv->count, "", W, H, mw, &m));
         do_mask(&m, bx, by, bw, bh, OH, OW, flip, s, out->mask);
+    }
+    /* scale_crop: a crop that does not fill the output is padded (bottom,
+     * right): the image with the mean, the mask with mask_pad. */
+    if (cfg->crop == KPL_CROP_SCALE_CROP && (OW < x->out_w || OH < x->out_h)) {
+        if (out->image) {
+            const bool f32 = cfg->out_dtype == KPL_F32;
+            uint8_t pad[3 * sizeof(float)];
+            for (int c = 0; c < x->out_c; c++) {
+                if (f32) {
+                    float z = 0; /* (mean - mean) / std */
+                    memcpy(pad + c * sizeof z, &z, sizeof z);
+                } else {
+                    float v = cfg->mean[c] * 255.0f + 0.5f;
+                    pad[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+                }
+            }
+            pad_planes(out->image, f32 ? sizeof(float) : 1, x->out_c, OH, OW, x->out_h,
+                       x->out_w, pad);
+        }
+        if (x->mask >= 0 && out->mask) {
+            uint8_t mp = (uint8_t)cfg->mask_pad;
+            pad_planes(out->mask, 1, 1, OH, OW, x->out_h, x->out_w, &mp);
+        }
     }
     return KPL_OK;
 }

@@ -50,6 +50,7 @@ typedef struct {
      * shuffle, shuffle_window, initial_fill, drop_last, limit, interleave,
      * and the transform's (channels, crop, out_h/out_w, scale, ratio,
      * resize_shorter, short_sides, max_side, size_divisor, mask_pad,
+     * scale_range, cat_max_ratio,
      * flip_prob, brightness, contrast, saturation, mean, std,
      * skip_corrupt).  Its pointers (path, device, feature names) are
      * NULL here: the trainer points them at the split's fields. */

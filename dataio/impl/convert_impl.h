@@ -37,6 +37,35 @@ typedef struct {
 void kpl__load_image(const char *path, int max_side, int quality, kpl__codec *c,
                      kpl__loaded_image *l);
 
+/* A segmentation mask file as read and checked. */
+typedef struct {
+    uint8_t *bytes; /* what to store: the file's bytes, or, for a 16-bit gray PNG, the
+                     * same values re-encoded as an 8-bit gray PNG; malloc'd */
+    size_t len;
+    int width, height;
+    char why[480]; /* non-empty: the file is bad, and why */
+    bool fatal;    /* not the file's fault (no memory) */
+} kpl__loaded_mask;
+
+/* Reads `path` and checks that it is a mask the loader reads
+ * (kpl__mask_decode: a 1-channel PNG, gray up to 16 bits or palette, every
+ * value <= 255) of width x height pixels, and, when num_classes > 0, that
+ * every value is a class (< num_classes) or 255 (ignore).  A size that
+ * differs names both files (`image`, the image's path) and both sizes.
+ * Never fails: problems go to l->why.  c may be NULL (fatal, as for
+ * images). */
+void kpl__load_mask(const char *path, const char *image, int width, int height,
+                    int64_t num_classes, kpl__codec *c, kpl__loaded_mask *l);
+
+/* An 8-bit gray PNG of pix (h, w) u8, deterministic bytes, malloc'd. */
+kpl_status kpl__png_encode_gray(const uint8_t *pix, int w, int h, uint8_t **out, size_t *len);
+
+/* Sorted names of the entries of `dir` that are directories (want_dirs)
+ * or regular .jpg/.jpeg/.png files (not hidden); *out and each name
+ * malloc'd.  `what` prefixes errors (KPL_ENOTFOUND for a missing dir). */
+kpl_status kpl__list_dir(const char *what, const char *dir, bool want_dirs, char ***out,
+                         int64_t *n);
+
 /* Runs work(i, codec, ctx) for every i in [0, n) on `threads` OpenMP
  * threads (<= 0: the OpenMP default), each with a codec of its own (NULL
  * when it could not be made).  Blocks until all are done. */
@@ -114,6 +143,33 @@ typedef struct {
  * its skipped_* members must hold the counts of earlier phases. */
 kpl_status kpl__det_write(const kpl__det_set *s, const char *out_dir,
                           const kpl_convert_options *o, kpl_detection_stats *stats);
+
+/* ---- segmentation sets (convert_seg.c) ---- */
+
+/* One example of a segmentation set: its image and mask files. */
+typedef struct {
+    char *image, *mask; /* paths, malloc'd */
+    char *path;         /* what the `path` feature holds (relative to the source), malloc'd */
+} kpl__seg_item;
+
+typedef struct {
+    const char *src;           /* "voc-seg", "masks": prefixes messages */
+    kpl__seg_item *items;      /* in the order they are written */
+    int64_t n;
+    char *const *classes;      /* class names by value (num_classes), or NULL: no classes.txt
+                                * and no value check */
+    int64_t num_classes;
+    const char *attributes;    /* METADATA attributes (JSON object text) */
+} kpl__seg_set;
+
+/* Checks every image (kpl__load_image, no re-encoding; an EXIF orientation
+ * other than 1 is bad: the mask is of the stored pixels) and its mask
+ * (kpl__load_mask) in parallel, and writes one example per item
+ * (docs/segmentation-data.md): image, mask, path, height, width; then
+ * classes.txt.  Bad items are errors or, under skip_bad, skipped with a
+ * warning (counted in *skipped). */
+kpl_status kpl__seg_write(const kpl__seg_set *s, const char *out_dir,
+                          const kpl_convert_options *o, int64_t *count, int64_t *skipped);
 
 /* Whether seg (a COCO segmentation value; NULL or null: none) is valid for
  * an h x w image, with polygon points at most `tol` pixels outside it; on

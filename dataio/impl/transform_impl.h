@@ -33,7 +33,8 @@ size_t kpl__xform_image_bytes(const kpl__xform *x); /* (out_c, out_h, out_w) of 
 size_t kpl__xform_mask_bytes(const kpl__xform *x);  /* (out_h, out_w) u8 */
 
 /* CROP_KEEP_RATIO's output size for a w x h image and short side s:
- * scale = min(s / min(w, h), max_side / max(w, h)), each side
+ * scale = min(s / min(w, h), max_side / max(w, h)) (s 0: min(1, max_side /
+ * max(w, h)), the stored size unless too large), each side
  * floor(side * scale + 0.5) (mmcv's rescale_size), at least 1. */
 void kpl__keep_ratio_size(int w, int h, int s, int max_side, int *out_w, int *out_h);
 
@@ -121,9 +122,11 @@ kpl_status kpl__img_decode(kpl__decoder *d, int denom, int x, int y, int w, int 
  * a premature end, a missing EOI, a bad CRC).  The decoder stays open on
  * the image: kpl__img_decode may follow. */
 kpl_status kpl__img_check(kpl__decoder *d);
-/* Decodes a segmentation mask: a 1-channel PNG of bit depth <= 8 (gray or
- * palette, values as stored: no scaling, no palette lookup), or raw (H, W)
- * u8 bytes when encoding is "raw" (width, height: the expected size). */
+/* Decodes a segmentation mask: a 1-channel PNG, gray of any bit depth or
+ * palette (values as stored: no scaling, and a palette's indices, never
+ * its colours), or raw (H, W) u8 bytes when encoding is "raw" (width,
+ * height: the expected size).  A 16-bit gray value past 255 is KPL_EFORMAT
+ * naming `where`, the value and its pixel: masks are u8 in batches. */
 kpl_status kpl__mask_decode(kpl__decoder *d, const void *data, size_t n, const char *encoding,
                             int width, int height, const char *where, kpl__img_view *out);
 

@@ -1127,6 +1127,86 @@ static uint32_t kr_check(const kpl_loader_config *c, int *mixed)
     return crc;
 }
 
+/* ---- scale_crop: fixed-size crops of random scale, padded where the
+ *      scaled image is smaller; the same batches for any worker count ---- */
+
+/* Two epochs of scale_crop batches over the keep_ratio set: every sample
+ * equals the transform run alone on its example; returns a CRC32C of the
+ * batches' bytes and counts the samples padded. */
+static uint32_t sc_check(int workers, int *padded)
+{
+    kpl_loader_config c = KPL_LOADER_CONFIG_INIT;
+    c.path = kr_set();
+    c.batch_size = 4;
+    c.workers = workers;
+    c.seed = 5;
+    c.shuffle = KPL_SHUFFLE_EXAMPLE;
+    kpl_transform_config *t = &c.transform;
+    t->label_feature = NULL;
+    t->mask_feature = "mask";
+    t->crop = KPL_CROP_SCALE_CROP;
+    t->out_h = t->out_w = 48;
+    t->mask_pad = 255;
+    t->flip_prob = 0.5f;
+    t->brightness = 0.3f;
+    for (int k = 0; k < 3; k++) t->mean[k] = 0.5f, t->std[k] = 0.25f;
+    t->skip_corrupt = true;
+    kpl_dataset *ds = NULL;
+    OK(kpl_dataset_open(c.path, &ds));
+    kpl__xform x;
+    OK(kpl__xform_init(&x, t, ds));
+    kpl__xform_scratch *scr = NN(kpl__xform_scratch_create());
+    kpl_chunk *ch = NN(kpl_chunk_create());
+    static float ref[3 * 48 * 48];
+    static uint8_t rm[48 * 48];
+    kpl_loader *l = NULL;
+    OK(kpl_loader_create(&c, &l));
+    uint32_t crc = 0;
+    for (int epoch = 0; epoch < 2; epoch++) {
+        kpl_batch b;
+        for (bool last = false; !last;) {
+            OK(kpl_loader_next(l, &b));
+            last = b.last;
+            assert_int_equal(kpl_tensor_dim(b.image, 2), 48);
+            assert_int_equal(kpl_tensor_dim(b.mask, 2), 48);
+            const float *im = kpl_tensor_host_data(b.image);
+            const uint8_t *m = kpl_tensor_host_data(b.mask);
+            const int64_t *ex = kpl_tensor_host_data(b.example);
+            for (int64_t i = 0; i < b.size; i++) {
+                kpl_feature_value v[5];
+                OK(kpl_dataset_read_example(ds, ex[i], ch, v));
+                int64_t rs[2];
+                kpl__sample_out o = {.image = ref, .mask = rm, .size = rs};
+                OK(kpl__xform_sample(&x, v, c.seed, b.epoch, ex[i], scr, &o));
+                assert_memory_equal(im + i * 3 * 48 * 48, ref, sizeof ref);
+                assert_memory_equal(m + i * 48 * 48, rm, sizeof rm);
+                *padded += rs[0] < 48 || rs[1] < 48;
+            }
+            kpl_tensor *parts[] = {b.image, b.mask, b.example};
+            for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++)
+                crc = kpl_crc32c(crc, kpl_tensor_host_data(parts[k]),
+                                 (size_t)kpl_tensor_numel(parts[k]) *
+                                     kpl_dtype_size(kpl_tensor_dtype(parts[k])));
+            kpl_batch_release(&b);
+        }
+    }
+    kpl_loader_destroy(l);
+    kpl_chunk_destroy(ch);
+    kpl__xform_scratch_destroy(scr);
+    kpl_dataset_close(ds);
+    return crc;
+}
+
+static void test_loader_scale_crop(void **state)
+{
+    (void)state;
+    int padded = 0;
+    uint32_t a = sc_check(2, &padded);
+    assert_true(padded > 0);
+    for (int workers = 1; workers <= 3; workers += 2) assert_int_equal(sc_check(workers, &padded), a);
+    assert_no_children();
+}
+
 static void test_loader_keep_ratio(void **state)
 {
     (void)state;
@@ -1260,6 +1340,7 @@ int main(void)
         cmocka_unit_test(test_loader_slots_held),
         cmocka_unit_test(test_loader_boxes_and_masks),
         cmocka_unit_test(test_loader_keep_ratio),
+        cmocka_unit_test(test_loader_scale_crop),
         cmocka_unit_test(test_loader_record_reads),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -626,6 +626,49 @@ static unsigned char *png_encode(const void *pix, int w, int h, uint32_t format,
     return buf;
 }
 
+/* A 16-bit gray PNG of exactly these values (libpng's simplified API
+ * writes 16-bit formats as linear light, so this goes through the full
+ * one). */
+typedef struct {
+    unsigned char *p;
+    size_t n, cap;
+} membuf;
+static void mem_write(png_structp png, png_bytep data, size_t n)
+{
+    membuf *b = png_get_io_ptr(png);
+    if (b->n + n > b->cap) {
+        b->cap = 2 * (b->n + n);
+        b->p = realloc(b->p, b->cap);
+    }
+    memcpy(b->p + b->n, data, n);
+    b->n += n;
+}
+static void mem_flush(png_structp png) { (void)png; }
+static unsigned char *png_encode16_gray(const uint16_t *v, int w, int h, size_t *len)
+{
+    membuf b = {NULL, 0, 0};
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, NULL, NULL, NULL);
+    png_infop info = png_create_info_struct(png);
+    if (setjmp(png_jmpbuf(png))) fail_msg("png16 write failed");
+    png_set_write_fn(png, &b, mem_write, mem_flush);
+    png_set_IHDR(png, info, (png_uint_32)w, (png_uint_32)h, 16, PNG_COLOR_TYPE_GRAY,
+                 PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+    png_write_info(png, info);
+    uint8_t *row = malloc((size_t)w * 2);
+    for (int y = 0; y < h; y++) {
+        for (int x = 0; x < w; x++) {
+            row[2 * x] = (uint8_t)(v[y * w + x] >> 8);
+            row[2 * x + 1] = (uint8_t)v[y * w + x];
+        }
+        png_write_row(png, row);
+    }
+    png_write_end(png, NULL);
+    png_destroy_write_struct(&png, &info);
+    free(row);
+    *len = b.n;
+    return b.p;
+}
+
 /* Decodes the whole PNG through the decoder at `channels`. */
 static kpl__img_view png_decode(kpl__decoder *d, const unsigned char *png, size_t len, int channels)
 {
@@ -710,8 +753,45 @@ static void test_png(void **state)
     free(p);
     p = png_encode(rgb, W, H, PNG_FORMAT_RGB, NULL, 0, &len);
     FAILS(kpl__mask_decode(d, p, len, "", W, H, "example 4, feature 'mask'", &m), KPL_EFORMAT,
-          "one channel");
+          "must be gray (up to 16 bits) or a palette (color type 2");
     free(p);
+    /* VOC's palette: index k has the colour of bit-interleaved k, index
+     * 255 (the boundary, "ignore") is (224, 224, 192); the mask is the
+     * indices, never a colour. */
+    {
+        uint8_t voc[256 * 3], vidx[N];
+        for (int k = 0; k < 256; k++) {
+            int r = 0, g = 0, b = 0;
+            for (int j = 0, c = k; j < 8; j++, c >>= 3) {
+                r |= ((c >> 0) & 1) << (7 - j);
+                g |= ((c >> 1) & 1) << (7 - j);
+                b |= ((c >> 2) & 1) << (7 - j);
+            }
+            voc[3 * k] = (uint8_t)r, voc[3 * k + 1] = (uint8_t)g, voc[3 * k + 2] = (uint8_t)b;
+        }
+        assert_int_equal(voc[3 * 1], 128); /* aeroplane (128, 0, 0) */
+        assert_int_equal(voc[3 * 255 + 2], 192);
+        for (int i = 0; i < N; i++) vidx[i] = (uint8_t)(i % 7 == 6 ? 255 : i % 21);
+        p = png_encode(vidx, W, H, PNG_FORMAT_RGB_COLORMAP, voc, 256, &len);
+        OK(kpl__mask_decode(d, p, len, "png", W, H, "mask", &m));
+        for (int i = 0; i < N; i++) assert_int_equal(m.data[(i / W) * m.stride + i % W], vidx[i]);
+        free(p);
+    }
+    /* 16-bit gray masks: values as stored (no scaling), each at most 255. */
+    {
+        uint16_t m16[N];
+        for (int i = 0; i < N; i++) m16[i] = (uint16_t)(i % 3 == 2 ? 255 : i);
+        p = png_encode16_gray(m16, W, H, &len);
+        OK(kpl__mask_decode(d, p, len, "", W, H, "mask", &m));
+        for (int i = 0; i < N; i++) assert_int_equal(m.data[(i / W) * m.stride + i % W], m16[i]);
+        free(p);
+        m16[2 * W + 3] = 300;
+        p = png_encode16_gray(m16, W, H, &len);
+        FAILS(kpl__mask_decode(d, p, len, "png", W, H, "example 12, feature 'mask'", &m),
+              KPL_EFORMAT, "example 12, feature 'mask': 16-bit mask value 300 at (x 3, y 2) is "
+              "past 255");
+        free(p);
+    }
 
     /* 16 bits (the linear formats are written as 16-bit samples): rounded
      * to 8 bits, v * 255 / 65535. */
@@ -1390,6 +1470,9 @@ static void test_keep_ratio_size(void **state)
         {427, 640, 800, 1333, 800, 1199},  /* COCO's 427x640: 640 * 800/427 = 1199.06 */
         {300, 300, 100, 1333, 100, 100},   /* shrinking */
         {16384, 1, 8, 100, 100, 1},        /* the short side rounds to 0: at least 1 */
+        {640, 480, 0, 1333, 640, 480},     /* short side 0: the stored size */
+        {2000, 1000, 0, 1333, 1333, 667},  /* ... unless the long side passes max_side */
+        {500, 2048, 0, 1024, 250, 1024},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int ow = 0, oh = 0;
@@ -1584,8 +1667,10 @@ static void test_keep_ratio_validation(void **state)
     c.num_short_sides = 9;
     FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "keep_ratio needs 1 to 8 short_sides, got 9");
     c = ok;
-    c.num_short_sides = 2; /* short_sides[1] is 0 */
-    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "short_sides[1] 0 is not in [1, 16384]");
+    c.num_short_sides = 2;
+    c.short_sides[1] = -1;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL,
+          "short_sides[1] -1 is not in [0, 16384] (0: the stored size)");
     c = ok;
     c.max_side = 0;
     FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "keep_ratio needs max_side in [1, 16384], got 0");
@@ -1663,6 +1748,266 @@ static void test_fuzz_damaged_images(void **state)
     kpl_dataset_close(ds);
 }
 
+
+/* ---- (12) scale_crop: segmentation's random scale, crop and pad --------------------- */
+
+enum { SC_W = 64, SC_H = 48 };
+
+/* A raw 64x48 image whose R and G say where a pixel is stored (R = 4x,
+ * G = 5y, B = 3x + 2y) and a mask (x * 7 + y * 3) % 200 ("pos"); then the
+ * same size of 8x8 blocks of class (bx + 2 by) % 5, the image 40 class + 20
+ * in every channel, the mask the class ("blocks"); then class 1 in the top
+ * left 16x16, 0 elsewhere, the image 100 ("corner"). */
+static kpl_dataset *scale_crop_set(void)
+{
+    const char *dir = tmp_path("scale_crop");
+    kpl_dataset *ds = NULL;
+    if (access(dir, F_OK) == 0) {
+        OK(kpl_dataset_open(dir, &ds));
+        return ds;
+    }
+    kpl_feature_spec sc[2] = {
+        {.name = "image", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 3,
+         .shape = {SC_H, SC_W, 3}},
+        {.name = "mask", .type = KPL_FEATURE_BYTES, .encoding = "raw", .ndim = 2,
+         .shape = {SC_H, SC_W}},
+    };
+    kpl_record_writer_config wc = KPL_RECORD_WRITER_CONFIG_INIT;
+    kpl_record_writer *w = NULL;
+    OK(kpl_record_writer_create(dir, 2, sc, &wc, &w));
+    static uint8_t img[SC_H * SC_W * 3], mask[SC_H * SC_W];
+    for (int kind = 0; kind < 3; kind++) {
+        for (int y = 0; y < SC_H; y++)
+            for (int x = 0; x < SC_W; x++) {
+                uint8_t *px = img + 3 * (y * SC_W + x), *m = mask + y * SC_W + x;
+                if (kind == 0) {
+                    px[0] = (uint8_t)(4 * x), px[1] = (uint8_t)(5 * y);
+                    px[2] = (uint8_t)(3 * x + 2 * y);
+                    *m = (uint8_t)((x * 7 + y * 3) % 200);
+                } else if (kind == 1) {
+                    *m = (uint8_t)((x / 8 + 2 * (y / 8)) % 5);
+                    px[0] = px[1] = px[2] = (uint8_t)(40 * *m + 20);
+                } else {
+                    *m = x < 16 && y < 16;
+                    px[0] = px[1] = px[2] = 100;
+                }
+            }
+        kpl_feature_value v[2] = {{img, sizeof img}, {mask, sizeof mask}};
+        OK(kpl_record_writer_add(w, v));
+    }
+    OK(kpl_record_writer_close(w));
+    OK(kpl_dataset_open(dir, &ds));
+    return ds;
+}
+
+static uint8_t sc_pos_mask(int x, int y) { return (uint8_t)((x * 7 + y * 3) % 200); }
+
+static kpl_transform_config scale_crop_config(int out_h, int out_w, float lo, float hi)
+{
+    kpl_transform_config c = KPL_TRANSFORM_CONFIG_INIT;
+    c.label_feature = NULL;
+    c.mask_feature = "mask";
+    c.crop = KPL_CROP_SCALE_CROP;
+    c.out_h = out_h, c.out_w = out_w;
+    c.scale_range[0] = lo, c.scale_range[1] = hi;
+    c.mask_pad = 255;
+    c.out_dtype = KPL_U8;
+    return c;
+}
+
+static void test_scale_crop(void **state)
+{
+    (void)state;
+    kpl_dataset *ds = scale_crop_set();
+    assert_int_equal(kpl_crop_mode_parse("scale_crop"), KPL_CROP_SCALE_CROP);
+    static uint8_t img[3 * 96 * 96], mask[96 * 96];
+    static float imf[3 * 96 * 96];
+    int64_t size[2];
+
+    /* Factor 1: the crop is the stored pixels themselves, found by R and G;
+     * the mask follows pixel for pixel, mirrored with the image. */
+    kpl_transform_config c = scale_crop_config(32, 40, 1, 1);
+    c.flip_prob = 0.5f;
+    int flips = 0, places = 0, last_cx = -1;
+    for (int epoch = 0; epoch < 12; epoch++) {
+        kpl__sample_out o = {.mask = mask, .size = size};
+        OK(sample(ds, &c, 0, 3, epoch, img, &o));
+        assert_int_equal(size[0], 32);
+        assert_int_equal(size[1], 40);
+        bool flip = img[0] > img[39];
+        int cx = (flip ? img[39] : img[0]) / 4, cy = img[32 * 40] / 5;
+        assert_true(cx <= SC_W - 40 && cy <= SC_H - 32);
+        flips += flip;
+        places += cx != last_cx;
+        last_cx = cx;
+        for (int j = 0; j < 32; j++)
+            for (int i = 0; i < 40; i++) {
+                int sx = cx + (flip ? 39 - i : i), sy = cy + j;
+                assert_int_equal(img[j * 40 + i], 4 * sx);
+                assert_int_equal(img[32 * 40 + j * 40 + i], 5 * sy);
+                assert_int_equal(img[2 * 32 * 40 + j * 40 + i], (uint8_t)(3 * sx + 2 * sy));
+                assert_int_equal(mask[j * 40 + i], sc_pos_mask(sx, sy));
+            }
+    }
+    assert_true(flips > 0 && flips < 12);
+    assert_true(places > 3);
+
+    /* A crop larger than the image: the image at the top left, padded
+     * bottom and right with the mean (u8: round(mean * 255); f32: 0), the
+     * mask with mask_pad. */
+    c = scale_crop_config(56, 80, 1, 1);
+    c.mean[0] = 0.2f, c.mean[1] = 0.4f, c.mean[2] = 0.6f;
+    c.std[0] = c.std[1] = c.std[2] = 0.5f;
+    kpl__sample_out o = {.mask = mask, .size = size};
+    OK(sample(ds, &c, 0, 3, 0, img, &o));
+    assert_int_equal(size[0], SC_H);
+    assert_int_equal(size[1], SC_W);
+    const uint8_t upad[3] = {51, 102, 153};
+    for (int j = 0; j < 56; j++)
+        for (int i = 0; i < 80; i++) {
+            bool in = j < SC_H && i < SC_W;
+            for (int k = 0; k < 3; k++) {
+                int want = !in ? upad[k] : k == 0 ? 4 * i : k == 1 ? 5 * j : (uint8_t)(3 * i + 2 * j);
+                assert_int_equal(img[(k * 56 + j) * 80 + i], want);
+            }
+            assert_int_equal(mask[j * 80 + i], in ? sc_pos_mask(i, j) : 255);
+        }
+    c.out_dtype = KPL_F32;
+    c.mask_pad = 7;
+    OK(sample(ds, &c, 0, 3, 0, imf, &o));
+    for (int j = 0; j < 56; j++)
+        for (int i = 0; i < 80; i++) {
+            bool in = j < SC_H && i < SC_W;
+            float want = in ? (4 * i / 255.0f - 0.2f) / 0.5f : 0.0f;
+            assert_true(imf[j * 80 + i] == want);
+            if (!in) assert_true(imf[(2 * 56 + j) * 80 + i] == 0.0f);
+            assert_int_equal(mask[j * 80 + i], in ? sc_pos_mask(i, j) : 7);
+        }
+
+    /* resize_shorter 24 halves the 64x48 image (32x24), then a 16x16 crop:
+     * the mask is nearest-neighbour, output (i, j) reading stored
+     * (2 (cx + i) + 1, 2 (cy + j) + 1); R there is about 4 (2 cx + 0.5). */
+    c = scale_crop_config(16, 16, 1, 1);
+    c.resize_shorter = 24;
+    for (int epoch = 0; epoch < 6; epoch++) {
+        OK(sample(ds, &c, 0, 5, epoch, img, &o));
+        assert_int_equal(size[0], 16);
+        assert_int_equal(size[1], 16);
+        int cx = (int)lrint((img[0] / 4.0 - 0.5) / 2), cy = (int)lrint((img[256] / 5.0 - 0.5) / 2);
+        assert_true(cx >= 0 && cx <= 16 && cy >= 0 && cy <= 8);
+        for (int j = 0; j < 16; j++)
+            for (int i = 0; i < 16; i++)
+                assert_int_equal(mask[j * 16 + i], sc_pos_mask(2 * (cx + i) + 1, 2 * (cy + j) + 1));
+    }
+
+    /* Random factors 0.5 .. 2 on the blocks: the mask takes only stored
+     * classes (0..4) and 255 in the padding; where a pixel's 3x3
+     * neighbourhood is one class, the image there is that class's level
+     * (the mask stays on the image); the padding is the mean (0 here). */
+    c = scale_crop_config(48, 48, 0.5f, 2.0f);
+    c.flip_prob = 0.5f;
+    int padded = 0, full = 0;
+    for (int epoch = 0; epoch < 24; epoch++) {
+        OK(sample(ds, &c, 1, 11, epoch, img, &o));
+        const int vh = (int)size[0], vw = (int)size[1];
+        assert_true(vh >= 1 && vh <= 48 && vw >= 1 && vw <= 48);
+        if (vh < 48 || vw < 48) padded++;
+        else full++;
+        for (int j = 0; j < 48; j++)
+            for (int i = 0; i < 48; i++) {
+                int m = mask[j * 48 + i];
+                if (j >= vh || i >= vw) {
+                    assert_int_equal(m, 255);
+                    for (int k = 0; k < 3; k++) assert_int_equal(img[(k * 48 + j) * 48 + i], 0);
+                    continue;
+                }
+                assert_true(m <= 4);
+                bool uniform = j > 0 && i > 0 && j + 1 < vh && i + 1 < vw;
+                for (int dj = -1; dj <= 1 && uniform; dj++)
+                    for (int di = -1; di <= 1 && uniform; di++)
+                        uniform = mask[(j + dj) * 48 + i + di] == m;
+                if (uniform)
+                    for (int k = 0; k < 3; k++)
+                        if (abs(img[(k * 48 + j) * 48 + i] - (40 * m + 20)) > 2)
+                            fail_msg("epoch %d: pixel (%d, %d) of class %d is %d, want %d", epoch,
+                                     i, j, m, img[(k * 48 + j) * 48 + i], 40 * m + 20);
+            }
+    }
+    assert_true(padded > 0 && full > 0);
+
+    /* cat_max_ratio: crops of the corner set that hold both classes with
+     * neither 90% or more are rare by chance and common with retries. */
+    int pass[2] = {0, 0};
+    for (int r = 0; r < 2; r++) {
+        c = scale_crop_config(16, 16, 1, 1);
+        c.cat_max_ratio = r ? 0.9f : 0.0f;
+        for (int epoch = 0; epoch < 100; epoch++) {
+            OK(sample(ds, &c, 2, 1, epoch, img, &o));
+            int ones = 0;
+            for (int k = 0; k < 256; k++) ones += mask[k];
+            pass[r] += ones > 0 && ones < 256 && ones < 0.9 * 256 && 256 - ones < 0.9 * 256;
+        }
+    }
+    if (!(pass[0] < 25 && pass[1] > 40))
+        fail_msg("crops passing cat_max_ratio 0.9: %d of 100 without it, %d with", pass[0],
+                 pass[1]);
+
+    /* Validation. */
+    kpl__xform x;
+    c = scale_crop_config(0, 0, 0.5f, 2);
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "scale_crop needs out_h and out_w");
+    c = scale_crop_config(16, 16, 2, 1);
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "scale_range [2, 1] must satisfy 0 < lo <= hi");
+    c = scale_crop_config(16, 16, 0, 1);
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "scale_range [0, 1]");
+    c = scale_crop_config(16, 16, 1, 1);
+    c.mask_pad = 300;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "mask_pad 300 is not in [0, 255]");
+    c = scale_crop_config(16, 16, 1, 1);
+    c.mask_feature = NULL;
+    c.cat_max_ratio = 0.75f;
+    FAILS(kpl__xform_init(&x, &c, ds), KPL_EINVAL, "cat_max_ratio 0.75 needs mask_feature");
+    c.cat_max_ratio = 1;
+    OK(kpl__xform_init(&x, &c, ds));
+    kpl_dataset_close(ds);
+}
+
+/* keep_ratio with short side 0: the stored size (whole-image evaluation at
+ * full resolution), the pixels and mask exactly as stored. */
+static void test_keep_ratio_full_size(void **state)
+{
+    (void)state;
+    kpl_dataset *ds = scale_crop_set();
+    kpl_transform_config c = KPL_TRANSFORM_CONFIG_INIT;
+    c.label_feature = NULL;
+    c.mask_feature = "mask";
+    c.crop = KPL_CROP_KEEP_RATIO;
+    c.num_short_sides = 1; /* short_sides[0] = 0 */
+    c.max_side = 512;
+    c.out_dtype = KPL_U8;
+    c.mask_pad = 255;
+    static uint8_t img[3 * 512 * 512], mask[512 * 512];
+    int64_t size[2];
+    kpl__sample_out o = {.mask = mask, .size = size};
+    OK(sample(ds, &c, 0, 1, 0, img, &o));
+    assert_int_equal(size[0], SC_H);
+    assert_int_equal(size[1], SC_W);
+    for (int j = 0; j < SC_H; j++)
+        for (int i = 0; i < SC_W; i++) {
+            assert_int_equal(img[j * SC_W + i], 4 * i);
+            assert_int_equal(img[SC_H * SC_W + j * SC_W + i], 5 * j);
+            assert_int_equal(mask[j * SC_W + i], sc_pos_mask(i, j));
+        }
+    c.max_side = 32; /* too large: the long side scaled to 32 (64x48 -> 32x24) */
+    OK(sample(ds, &c, 0, 1, 0, img, &o));
+    assert_int_equal(size[0], 24);
+    assert_int_equal(size[1], 32);
+    for (int j = 0; j < 24; j++)
+        for (int i = 0; i < 32; i++)
+            assert_int_equal(mask[j * 32 + i], sc_pos_mask(2 * i + 1, 2 * j + 1));
+    kpl_dataset_close(ds);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1683,6 +2028,8 @@ int main(void)
         cmocka_unit_test(test_init_validation),
         cmocka_unit_test(test_keep_ratio_validation),
         cmocka_unit_test(test_fuzz_damaged_images),
+        cmocka_unit_test(test_scale_crop),
+        cmocka_unit_test(test_keep_ratio_full_size),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

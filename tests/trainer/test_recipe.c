@@ -509,8 +509,61 @@ static void test_keep_ratio_keys(void **state)
          "data.train.transform.short_sides: more than 8 values"},
         {MIN, "data.train.transform.mask_pad=256", KPL_ERANGE,
          "data.train.transform.mask_pad: 256 is out of range"},
-        {MIN, "data.train.transform.short_sides=[800, 0]", KPL_ERANGE,
-         "data.train.transform.short_sides: 0 is out of range"},
+        {MIN, "data.train.transform.short_sides=[800, -1]", KPL_ERANGE,
+         "data.train.transform.short_sides: -1 is out of range"},
+    };
+    check_cases(cases, sizeof cases / sizeof cases[0]);
+}
+
+/* scale_crop's keys (segmentation) bind into the transform; mask_pad is
+ * its too; keep_ratio's short side 0 is the stored size. */
+static void test_scale_crop_keys(void **state)
+{
+    (void)state;
+    const char *seg = "epochs: 3\nmodel: {name: cnn, num_classes: 10}\noptimizer: {lr: 0.1}\n"
+                      "data:\n  train:\n    path: train\n    batch_size: 2\n"
+                      "    mask_feature: mask\n    transform:\n"
+                      "      crop: scale_crop\n      size: [512, 1024]\n"
+                      "      scale_range: [0.5, 2.0]\n      resize_shorter: 1024\n"
+                      "      cat_max_ratio: 0.75\n      mask_pad: 255\n"
+                      "  val: {path: val, mask_feature: mask, transform: {crop: keep_ratio, "
+                      "short_sides: 0, max_side: 2048, mask_pad: 255}}\n";
+    OK(kpl_recipe_load_string(seg, "seg", 0, NULL, &R));
+    const kpl_transform_config *t = &R.data.train.loader.transform, *v = &R.data.val.loader.transform;
+    assert_int_equal(t->crop, KPL_CROP_SCALE_CROP);
+    assert_int_equal(t->out_h, 512);
+    assert_int_equal(t->out_w, 1024);
+    assert_true(t->scale_range[0] == 0.5f && t->scale_range[1] == 2.0f);
+    assert_true(t->cat_max_ratio == 0.75f);
+    assert_int_equal(t->resize_shorter, 1024);
+    assert_int_equal(t->mask_pad, 255);
+    assert_string_equal(R.data.train.mask_feature, "mask");
+    assert_int_equal(v->crop, KPL_CROP_KEEP_RATIO);
+    assert_int_equal(v->num_short_sides, 1);
+    assert_int_equal(v->short_sides[0], 0);
+    assert_int_equal(v->mask_pad, 255);
+    OK(kpl_recipe_load_string(MIN, "min", 0, NULL, &R));
+    assert_true(R.data.train.loader.transform.scale_range[0] == 0.5f &&
+                R.data.train.loader.transform.scale_range[1] == 2.0f);
+    assert_true(R.data.train.loader.transform.cat_max_ratio == 0.0f);
+
+    static const recipe_case cases[] = {
+        {MIN, "data.train.transform.scale_range=[0.75, 1.5]", KPL_EINVAL,
+         "data.train.transform.scale_range: only used with data.train.transform.crop scale_crop "
+         "(crop is none)"},
+        {MIN, "data.val.transform={crop: keep_ratio, short_sides: 0, max_side: 9, "
+              "cat_max_ratio: 0.75}", KPL_EINVAL,
+         "data.val.transform.cat_max_ratio: only used with data.val.transform.crop scale_crop "
+         "(crop is keep_ratio)"},
+        {MIN, "data.train.transform={crop: scale_crop}", KPL_EINVAL,
+         "data.train.transform.size: crop 'scale_crop' needs an output size"},
+        {MIN, "data.train.transform={crop: scale_crop, size: 8, scale_range: [0.5, 17]}",
+         KPL_ERANGE, "data.train.transform.scale_range: 17 is out of range"},
+        {MIN, "data.train.transform={crop: scale_crop, size: 8, cat_max_ratio: 1.5}",
+         KPL_ERANGE, "data.train.transform.cat_max_ratio: 1.5 is out of range"},
+        {MIN, "data.train.transform={crop: scale_crop, size: 8, max_side: 9}", KPL_EINVAL,
+         "data.train.transform.max_side: only used with data.train.transform.crop keep_ratio "
+         "(crop is scale_crop)"},
     };
     check_cases(cases, sizeof cases / sizeof cases[0]);
 }
@@ -596,6 +649,7 @@ int main(void)
         cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
         cmocka_unit_test(test_long_values), cmocka_unit_test(test_task),
         cmocka_unit_test(test_keep_ratio_keys),
+        cmocka_unit_test(test_scale_crop_keys),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

@@ -5,8 +5,10 @@
  *   kpl data convert --from idx SRC OUT [--labels FILE] [writer options]
  *   kpl data convert --from coco ANNOTATIONS.json IMAGE_DIR OUT [options]
  *   kpl data convert --from voc VOC_ROOT OUT --split SPLIT [options]
- *   kpl data synth fmnist-det OUT [--train N] [--val M] [--size S] [--seed S] [--objects N]
- *                                 [--sides A B] [--min-visible F]
+ *   kpl data convert --from voc-seg VOC_ROOT OUT --split SPLIT [--masks-dir NAME] [options]
+ *   kpl data convert --from masks IMAGE_DIR MASK_DIR OUT [--classes FILE] [options]
+ *   kpl data synth fmnist-det|fmnist-seg OUT [--train N] [--val M] [--size S] [--seed S]
+ *                                 [--objects N] [--sides A B] [--min-visible F]
  *   kpl data inspect DIR
  *   kpl data verify DIR
  *   kpl data cocoeval GT.json DETECTIONS.json [--iou-type bbox]
@@ -50,6 +52,21 @@ static void usage(FILE *f)
             "    --skip-bad        (coco, voc) leave out bad annotations and images (box\n"
             "                      outside the image, zero area, unknown category, missing\n"
             "                      or undecodable file, wrong size) with a warning each\n"
+            "    --semantic        (coco) also a class-per-pixel `mask` PNG: 0 background,\n"
+            "                      label + 1, 255 crowd regions and overlaps of classes\n"
+            "  convert --from voc-seg VOC_ROOT OUT --split SPLIT [options]\n"
+            "      Pascal VOC segmentation: ImageSets/Segmentation/SPLIT.txt, JPEGImages/,\n"
+            "      masks (palette indices: 0 background, 1..20, 255 ignore); OUT/classes.txt.\n"
+            "    --masks-dir NAME  the masks' directory under VOC_ROOT (default:\n"
+            "                      SegmentationClass, or SegmentationClassAug (SBD's aug set)\n"
+            "                      when that one holds every listed mask)\n"
+            "  convert --from masks IMAGE_DIR MASK_DIR OUT [options]\n"
+            "      images (.jpg/.jpeg/.png) with the PNG masks of the same file stem.\n"
+            "    --classes FILE    class names, one a line (line k: mask value k); every\n"
+            "                      mask value must then be a class or 255; OUT/classes.txt\n"
+            "    --skip-bad        (voc-seg, masks) leave out bad pairs (a missing, truncated\n"
+            "                      or corrupt file, a mask of another size, a value that is\n"
+            "                      no class) with a warning each\n"
             "  convert --from imagefolder ROOT OUT [options]\n"
             "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
             "      (OUT/classes.txt); each image decoded whole as a check, then kept as\n"
@@ -73,6 +90,10 @@ static void usage(FILE *f)
             "      dataset-fashion-mnist) pasted at random scales, places and counts onto\n"
             "      textured backgrounds; OUT/{train,val}/*.jpg and OUT/{train,val}.json\n"
             "      (COCO, masks as RLE), for --from coco.  The same seed gives the same bytes.\n"
+            "  synth fmnist-seg OUT [options]\n"
+            "      the same scenes as a segmentation set: OUT/{train,val}/images/*.jpg,\n"
+            "      OUT/{train,val}/masks/*.png (0 background, label + 1) and\n"
+            "      OUT/classes.txt, for --from masks (with --classes OUT/classes.txt).\n"
             "    --train N --val M number of images (default 2000, 500)\n"
             "    --size S          image side (default 128)\n"
             "    --objects N       1..N items an image (default 8)\n"
@@ -207,6 +228,32 @@ static int convert_idx_dir(const char *src, const char *out, kpl_convert_options
     return rc;
 }
 
+/* --from voc-seg (pos: root, OUT, split; masks_dir) or masks (pos: images,
+ * masks, OUT; classes). */
+static int convert_segmentation(kpl_convert_source from, const char *pos[3],
+                                const char *masks_dir, const char *classes,
+                                kpl_convert_options *o)
+{
+    bool voc = from == KPL_CONVERT_VOC_SEG;
+    const char *out = voc ? pos[1] : pos[2];
+    int rc = clear_dead_writer(out);
+    if (rc) return rc;
+    int64_t n = 0, skipped = 0;
+    double t0 = kpl_seconds();
+    o->label = out;
+    kpl_status st = voc ? kpl_convert_voc_seg(pos[0], pos[2], masks_dir, out, o, &n, &skipped)
+                        : kpl_convert_masks(pos[0], pos[1], classes, out, o, &n, &skipped);
+    if (st < 0) return fail("convert");
+    if (skipped)
+        fprintf(stderr, "kpl data convert: skipped %lld bad images or masks (each named above)\n",
+                (long long)skipped);
+    printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":\"%s\","
+           "\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
+           voc ? "voc-seg" : "masks", pos[0], out, (long long)n, (long long)skipped,
+           kpl_seconds() - t0);
+    return 0;
+}
+
 /* --from coco (pos: JSON, image dir, OUT) or voc (pos: root, OUT, split). */
 static int convert_detection(kpl_convert_source from, const char *pos[3], kpl_convert_options *o)
 {
@@ -237,13 +284,14 @@ static int convert_detection(kpl_convert_source from, const char *pos[3], kpl_co
 
 static bool keep_waiting(const char *lock, double waited, void *ctx);
 static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
-                        kpl_convert_options *o);
+                        const char *masks_dir, const char *classes, kpl_convert_options *o);
 
 static int cmd_convert(int argc, char **argv)
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.progress = isatty(2);
     const char *from = NULL, *labels = NULL, *split = NULL, *pos[3] = {NULL, NULL, NULL};
+    const char *masks_dir = NULL, *classes = NULL;
     int npos = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -283,6 +331,12 @@ static int cmd_convert(int argc, char **argv)
             o.drop_empty = true;
         } else if (!strcmp(a, "--split") && has) {
             split = argv[++i];
+        } else if (!strcmp(a, "--masks-dir") && has) {
+            masks_dir = argv[++i];
+        } else if (!strcmp(a, "--classes") && has) {
+            classes = argv[++i];
+        } else if (!strcmp(a, "--semantic")) {
+            o.semantic = true;
         } else if (!strcmp(a, "--quiet")) {
             o.progress = false;
         } else if (a[0] == '-' && a[1]) {
@@ -303,26 +357,39 @@ static int cmd_convert(int argc, char **argv)
     int src = from ? kpl_convert_source_parse(from) : -1;
     if (from && src <= KPL_CONVERT_NONE) {
         fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb, "
-                        "coco, voc)\n", from);
+                        "coco, voc, voc-seg, masks)\n", from);
         return 2;
     }
-    int want = src == KPL_CONVERT_COCO ? 3 : 2;
+    int want = src == KPL_CONVERT_COCO || src == KPL_CONVERT_MASKS ? 3 : 2;
     if (!from || npos != want) {
         fprintf(stderr, "kpl data convert: want --from SOURCE, %s and OUT (see 'kpl data "
-                        "--help')\n", src == KPL_CONVERT_COCO ? "ANNOTATIONS.json, IMAGE_DIR"
-                                                              : "SRC");
+                        "--help')\n", src == KPL_CONVERT_COCO    ? "ANNOTATIONS.json, IMAGE_DIR"
+                                      : src == KPL_CONVERT_MASKS ? "IMAGE_DIR, MASK_DIR"
+                                                                 : "SRC");
         return 2;
     }
-    if ((src == KPL_CONVERT_VOC) != (split != NULL)) {
-        fprintf(stderr, "kpl data convert: %s\n", split ? "--split is for --from voc"
-                                                        : "--from voc needs --split SPLIT");
+    bool voc = src == KPL_CONVERT_VOC || src == KPL_CONVERT_VOC_SEG;
+    if (voc != (split != NULL)) {
+        if (split) fprintf(stderr, "kpl data convert: --split is for --from voc and voc-seg\n");
+        else fprintf(stderr, "kpl data convert: --from %s needs --split SPLIT\n", from);
         return 2;
     }
+    const struct {
+        bool given, ok;
+        const char *what;
+    } only[3] = {{masks_dir != NULL, src == KPL_CONVERT_VOC_SEG, "--masks-dir is for --from voc-seg"},
+                 {classes != NULL, src == KPL_CONVERT_MASKS, "--classes is for --from masks"},
+                 {o.semantic, src == KPL_CONVERT_COCO, "--semantic is for --from coco"}};
+    for (int k = 0; k < 3; k++)
+        if (only[k].given && !only[k].ok) {
+            fprintf(stderr, "kpl data convert: %s\n", only[k].what);
+            return 2;
+        }
     if (o.drop_empty && src != KPL_CONVERT_COCO && src != KPL_CONVERT_VOC) {
         fprintf(stderr, "kpl data convert: --drop-empty is for --from coco and voc\n");
         return 2;
     }
-    if (src == KPL_CONVERT_VOC) pos[2] = split;
+    if (voc) pos[2] = split;
     /* Take turns with other conversions into the same directory (kpl
      * train converts on first use): the lock lives in the directory that
      * holds the dataset(s); an IDX directory writes OUT/train and OUT/test. */
@@ -337,7 +404,7 @@ static int cmd_convert(int argc, char **argv)
     double said = -1;
     int lock = -1;
     if (kpl_convert_lock(parent, keep_waiting, &said, &lock) < 0) return fail("convert");
-    int rc = convert_from((kpl_convert_source)src, labels, pos, &o);
+    int rc = convert_from((kpl_convert_source)src, labels, pos, masks_dir, classes, &o);
     kpl_convert_unlock(lock);
     return rc;
 }
@@ -356,9 +423,17 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
 
 /* The conversion itself, with the lock held. */
 static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
-                        kpl_convert_options *o_)
+                        const char *masks_dir, const char *classes, kpl_convert_options *o_)
 {
     kpl_convert_options o = *o_;
+    if (from == KPL_CONVERT_VOC_SEG || from == KPL_CONVERT_MASKS) {
+        if (labels || o.max_side) {
+            fprintf(stderr, "kpl data convert: %s is not for --from %s\n",
+                    labels ? "--labels" : "--max-side", kpl_convert_source_name(from));
+            return 2;
+        }
+        return convert_segmentation(from, pos, masks_dir, classes, &o);
+    }
     if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
         if (labels) {
             fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
@@ -461,7 +536,7 @@ static int cmd_verify(int argc, char **argv)
     return 0;
 }
 
-/* kpl data synth fmnist-det OUT [options] */
+/* kpl data synth fmnist-det|fmnist-seg OUT [options] */
 static int cmd_synth(int argc, char **argv)
 {
     kpl_synth_det_config c = KPL_SYNTH_DET_CONFIG_INIT;
@@ -518,20 +593,23 @@ static int cmd_synth(int argc, char **argv)
         fprintf(stderr, "kpl data synth: %s: bad value '%s'\n", a, argv[i]);
         return 2;
     }
-    if (npos != 2 || strcmp(pos[0], "fmnist-det")) {
-        fprintf(stderr, "kpl data synth: want fmnist-det OUT (the one set there is; see 'kpl "
+    if (npos != 2 || (strcmp(pos[0], "fmnist-det") && strcmp(pos[0], "fmnist-seg"))) {
+        fprintf(stderr, "kpl data synth: want fmnist-det OUT or fmnist-seg OUT (see 'kpl "
                         "data --help')\n");
         return 2;
     }
+    bool seg = !strcmp(pos[0], "fmnist-seg");
     /* The items are at most the image. */
     if (c.max_side > c.size) c.max_side = c.size;
     if (c.min_side > c.max_side) c.min_side = c.max_side;
     int64_t objects = 0;
     double t0 = kpl_seconds();
-    if (kpl_synth_fmnist_det(pos[1], &c, &objects) < 0) return fail("synth");
-    printf("{\"event\":\"synthesized\",\"set\":\"fmnist-det\",\"out\":\"%s\",\"train\":%lld,"
+    kpl_status st = seg ? kpl_synth_fmnist_seg(pos[1], &c, &objects)
+                        : kpl_synth_fmnist_det(pos[1], &c, &objects);
+    if (st < 0) return fail("synth");
+    printf("{\"event\":\"synthesized\",\"set\":\"%s\",\"out\":\"%s\",\"train\":%lld,"
            "\"val\":%lld,\"objects\":%lld,\"seed\":%llu,\"seconds\":%.2f}\n",
-           pos[1], (long long)c.train, (long long)c.val, (long long)objects,
+           pos[0], pos[1], (long long)c.train, (long long)c.val, (long long)objects,
            (unsigned long long)c.seed, kpl_seconds() - t0);
     return 0;
 }

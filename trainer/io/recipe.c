@@ -340,24 +340,42 @@ static kpl_status check_unknown(const node *map, const char *prefix)
 /* Where key k is given ("(default)" when it is not); needs root and loc. */
 #define AT(k) kpl__rc_where(lookup(root, k), loc, sizeof loc)
 
-/* A split's keep_ratio keys: crop keep_ratio needs short_sides and
- * max_side and no size; the other crops leave the four at their defaults
- * (by value: a resolved recipe lists every key); an evaluation resizes
- * every image one way (one short side). */
+/* A split's keep_ratio and scale_crop keys: crop keep_ratio needs
+ * short_sides and max_side and no size; the other crops leave the four at
+ * their defaults (by value: a resolved recipe lists every key), except
+ * mask_pad, which scale_crop pads with too; scale_range and cat_max_ratio
+ * are scale_crop's alone; an evaluation resizes every image one way (one
+ * short side). */
 static kpl_status check_keep_ratio(node *root, const char *split, const kpl_transform_config *t,
                                    bool eval)
 {
     char loc[1200], k[128];
     static const char *const only[4] = {"short_sides", "max_side", "size_divisor", "mask_pad"};
+    const kpl_transform_config def = KPL_TRANSFORM_CONFIG_INIT;
+    if (t->crop != KPL_CROP_SCALE_CROP) {
+        static const char *const sc[2] = {"scale_range", "cat_max_ratio"};
+        const bool set[2] = {t->scale_range[0] != def.scale_range[0] ||
+                                 t->scale_range[1] != def.scale_range[1],
+                             t->cat_max_ratio != def.cat_max_ratio};
+        for (int j = 0; j < 2; j++) {
+            snprintf(k, sizeof k, "%s.transform.%s", split, sc[j]);
+            if (set[j])
+                return KPL_ERROR(KPL_EINVAL, "%s: %s: only used with %s.transform.crop "
+                                 "scale_crop (crop is %s)", AT(k), k, split,
+                                 kpl_crop_mode_name(t->crop));
+        }
+    }
     if (t->crop != KPL_CROP_KEEP_RATIO) {
-        const kpl_transform_config def = KPL_TRANSFORM_CONFIG_INIT;
+        /* scale_crop pads its crops too: mask_pad is its as well */
         const bool set[4] = {t->num_short_sides != 0, t->max_side != def.max_side,
-                             t->size_divisor != def.size_divisor, t->mask_pad != def.mask_pad};
+                             t->size_divisor != def.size_divisor,
+                             t->mask_pad != def.mask_pad && t->crop != KPL_CROP_SCALE_CROP};
         for (int j = 0; j < 4; j++) {
             snprintf(k, sizeof k, "%s.transform.%s", split, only[j]);
             if (set[j])
                 return KPL_ERROR(KPL_EINVAL, "%s: %s: only used with %s.transform.crop "
-                                 "keep_ratio (crop is %s)", AT(k), k, split,
+                                 "keep_ratio%s (crop is %s)", AT(k), k, split,
+                                 j == 3 ? " or scale_crop" : "",
                                  kpl_crop_mode_name(t->crop));
         }
         return KPL_OK;

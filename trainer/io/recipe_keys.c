@@ -116,7 +116,8 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
     F_ENUM("data." #sp ".transform.crop", data.sp.loader.transform.crop, "none",             \
            kpl_crop_mode_names,                                                              \
            "none (whole image), random_resized, center, keep_ratio (whole image, aspect "     \
-           "kept: short_sides, max_side; batches padded)"),                                  \
+           "kept: short_sides, max_side; batches padded), scale_crop (segmentation: "        \
+           "scaled by a factor in scale_range, a random crop of size, padded)"),             \
     F_INT2("data." #sp ".transform.size", data.sp.loader.transform.out_h,                    \
            data.sp.loader.transform.out_w, 0, "[h, w]", "[]", 1, 1 << 16,                             \
            "output [h, w] (or one value for both); []: the stored size"),                    \
@@ -128,17 +129,25 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
              "[0.75, 1.3333333333333333]", 1e-3, 1e3,                                        \
              "random_resized: range of the crop's aspect ratio"),                           \
     F_INT("data." #sp ".transform.resize_shorter", data.sp.loader.transform.resize_shorter,  \
-          "0", 0, 1 << 16, "center: shorter side before the crop (0: the crop size)"),       \
+          "0", 0, 1 << 16, "center: shorter side before the crop (0: the crop size); "       \
+          "scale_crop: the shorter side the factor scales (0: the stored size)"),             \
+    F_FLOAT2("data." #sp ".transform.scale_range", data.sp.loader.transform.scale_range[0],  \
+             data.sp.loader.transform.scale_range[1], 2, "[min, max]", "[0.5, 2.0]", 1e-3,  \
+             16, "scale_crop: range of the scale factor, drawn uniformly per sample"),        \
+    F_FLOAT("data." #sp ".transform.cat_max_ratio", data.sp.loader.transform.cat_max_ratio,  \
+            "0", 0, 1, "scale_crop: redraw a crop (up to 10 times) where one mask class "      \
+            "covers this share or more (needs mask_feature; 0 or 1: off)"),                 \
     F_INTS("data." #sp ".transform.short_sides", data.sp.loader.transform.short_sides,       \
-           data.sp.loader.transform.num_short_sides, "[]", 1, 1 << 14,                       \
+           data.sp.loader.transform.num_short_sides, "[]", 0, 1 << 14,                       \
            "keep_ratio: the shorter side, one of these per image, drawn per sample (up to "  \
-           "8; evaluation: one)"),                                                           \
+           "8; evaluation: one; 0: the stored size, within max_side)"),                     \
     F_INT("data." #sp ".transform.max_side", data.sp.loader.transform.max_side, "0", 0,       \
           1 << 14, "keep_ratio: the longer side at most this (e.g. 1333)"),                  \
     F_INT("data." #sp ".transform.size_divisor", data.sp.loader.transform.size_divisor, "32",  \
           0, 1024, "keep_ratio: batches padded to a multiple of this (0 or 1: not rounded)"), \
     F_INT("data." #sp ".transform.mask_pad", data.sp.loader.transform.mask_pad, "0", 0, 255,  \
-          "keep_ratio: the value of padded mask pixels (255: segmentation's ignore)"),       \
+          "keep_ratio, scale_crop: the value of padded mask pixels (255: segmentation's "   \
+          "ignore)"),                                                                        \
     F_FLOAT("data." #sp ".transform.flip", data.sp.loader.transform.flip_prob, "0", 0, 1,    \
             "horizontal flip probability"),                                                  \
     F_FLOAT("data." #sp ".transform.brightness", data.sp.loader.transform.brightness, "0", 0, \
@@ -200,10 +209,12 @@ const field kpl__rc_fields[] = {
 
     F_STR("data.root", data.root, "\"\"", "directory the split paths are relative to"),
     F_ENUM("data.convert.from", data.convert.from, "none", kpl_convert_source_names,
-           "build missing splits from a source first: none, idx, imagefolder, lmdb, coco, voc"),
+           "build missing splits from a source first: none, idx, imagefolder, lmdb, coco, voc, "
+           "voc-seg, masks"),
     F_STR("data.convert.source", data.convert.source, "\"\"",
           "idx: a directory of IDX files; imagefolder/lmdb: root with one folder per split; "
-          "coco: root with <split>.json and <split>/ images; voc: the VOC root"),
+          "coco: root with <split>.json and <split>/ images; voc, voc-seg: the VOC root; "
+          "masks: root with <split>/images, <split>/masks and classes.txt"),
     F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16, "shards per split"),
     F_INT("data.convert.max_side", data.convert.options.max_side, "0", 0, 1 << 16,
           "imagefolder: re-encode JPEGs whose longer side exceeds this (0: keep)"),

@@ -168,6 +168,22 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
             KPL_TRY(kpl_convert_voc(src, split, out, &o, &ds));
         }
         n = ds.images;
+    } else if (from == KPL_CONVERT_VOC_SEG || from == KPL_CONVERT_MASKS) {
+        /* voc-seg: source is the VOC root, <split> its ImageSets/Segmentation
+         * list; masks: source/<split>/images with source/<split>/masks, and
+         * source/classes.txt when there is one (what `kpl data synth
+         * fmnist-seg` writes). */
+        const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
+        if (from == KPL_CONVERT_VOC_SEG) {
+            KPL_TRY(kpl_convert_voc_seg(src, split, NULL, out, &o, &n, &skipped));
+        } else {
+            char im[PATH_MAX], mk[PATH_MAX], cl[PATH_MAX];
+            snprintf(im, sizeof im, "%s/%s/images", src, split);
+            snprintf(mk, sizeof mk, "%s/%s/masks", src, split);
+            snprintf(cl, sizeof cl, "%s/classes.txt", src);
+            KPL_TRY(kpl_convert_masks(im, mk, access(cl, R_OK) ? NULL : cl, out, &o, &n,
+                                      &skipped));
+        }
     } else {
         char in[PATH_MAX];
         snprintf(in, sizeof in, "%s/%s", src, s->path);
