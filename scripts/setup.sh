@@ -26,6 +26,7 @@ packages=(
   libyaml-dev                        # recipes
   libpng-dev
   libcmocka-dev                      # unit tests
+  python3-numpy python3-pil          # tests: segmentation metrics recomputed with numpy
   iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
 )

@@ -276,12 +276,14 @@ static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
     KPL_CHECK(kpl_tensor_ndim(logits) == 4 && kpl_tensor_dim(logits, 1) == s->classes &&
                   kpl_tensor_dim(logits, 2) == kpl_tensor_dim(b->mask, 1) &&
                   kpl_tensor_dim(logits, 3) == kpl_tensor_dim(b->mask, 2),
-              KPL_ESHAPE, "segmentation: the model gives (%lld, %lld, %lld, %lld) for a (%lld, "
-              "%lld, %lld) mask; want (N, num_classes %lld, H, W) at the input's size",
+              KPL_ESHAPE, "model.name: the segmentation task wants per-pixel logits (N, "
+              "num_classes %lld, H, W) at the input's size, and model '%s' gives (%lld, %lld, "
+              "%lld, %lld) for a (%lld, %lld, %lld) mask (use deeplabv3 or unet)",
+              (long long)s->classes, kpl_trainer_recipe(t)->model.name,
               (long long)kpl_tensor_dim(logits, 0), (long long)kpl_tensor_dim(logits, 1),
               (long long)kpl_tensor_dim(logits, 2), (long long)kpl_tensor_dim(logits, 3),
               (long long)kpl_tensor_dim(b->mask, 0), (long long)kpl_tensor_dim(b->mask, 1),
-              (long long)kpl_tensor_dim(b->mask, 2), (long long)s->classes);
+              (long long)kpl_tensor_dim(b->mask, 2));
     kpl_tensor *labels = kpl_cast(kpl_to_device(b->mask, kpl_tensor_device(logits)), KPL_I64);
     kpl_tensor *loss = seg_loss(s, logits, labels);
     if (o.n > 1 && s->aux_weight > 0) {
