@@ -30,6 +30,7 @@
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
+#include "bench_snapshot.h"
 #include "detect_impl.h"
 
 #include <stdint.h>
@@ -214,50 +215,6 @@ static void put_model(FILE *f, kpl_module *m)
         put_tensor(f, "p:", kpl_module_param_name(m, i), kpl_module_params(m)[i]);
     for (int i = 0; i < kpl_module_num_buffers(m); i++)
         put_tensor(f, "b:", kpl_module_buffer_name(m, i), kpl_module_buffers(m)[i]);
-}
-
-/* Every parameter and buffer of m, in order, as host copies: each round
- * starts the kpl side from the initial weights, as each PyTorch process
- * starts from the file (the steps' cost may depend on the weights). */
-typedef struct {
-    int n;
-    kpl_tensor *t[1024];
-    float *v[1024];
-} snapshot;
-
-static void snapshot_take(snapshot *s, kpl_module *m)
-{
-    s->n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
-        kpl_tensor *const *ts = pass ? kpl_module_buffers(m) : kpl_module_params(m);
-        for (int i = 0; i < n; i++) {
-            if (s->n == (int)(sizeof s->t / sizeof s->t[0])) {
-                fprintf(stderr, "bench_fcos: more than %d tensors\n", s->n);
-                exit(1);
-            }
-            size_t bytes = sizeof(float) * (size_t)kpl_tensor_numel(ts[i]);
-            s->t[s->n] = ts[i];
-            s->v[s->n] = malloc(bytes);
-            if (!s->v[s->n]) die("snapshot");
-            memcpy(s->v[s->n++], kpl_tensor_host_data(ts[i]), bytes);
-        }
-    }
-}
-
-static void snapshot_restore(const snapshot *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        float *v = kpl_tensor_host_mutable(s->t[i]);
-        if (!v) die("restoring the weights");
-        memcpy(v, s->v[i], sizeof(float) * (size_t)kpl_tensor_numel(s->t[i]));
-    }
-}
-
-static void snapshot_free(snapshot *s)
-{
-    for (int i = 0; i < s->n; i++) free(s->v[i]);
-    s->n = 0;
 }
 
 static kpl__fcos_loss_config loss_config(kpl_module *m)

@@ -23,10 +23,9 @@
  * threads on both sides:
  *  - seg/<case>_train_step: ms of a training step: forward, per-pixel
  *    cross entropy with ignore_index 255 (the aux head's added at weight
- *    0.5), backward, SGD momentum 0.9 with weight decay 1e-4.  kpl's
- *    kpl_cross_entropy takes (N, C) in this tree, so kpl's logits are
- *    permuted to (N H W, C) first (its loss phase pays for that copy);
- *    PyTorch gets (N, C, H, W).  Target kpl >= 1.2x faster.  The phases
+ *    0.5), backward, SGD momentum 0.9 with weight decay 1e-4; both sides
+ *    take the loss of the (N, C, H, W) logits as they are.  Target kpl
+ *    >= 1.2x faster.  The phases
  *    (forward, loss, backward, optimizer step) are timed too.
  *  - seg/<case>_infer_b1: ms of one forward of the first image in
  *    evaluation mode without gradients.
@@ -42,6 +41,7 @@
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
+#include "bench_snapshot.h"
 #include "trainer.h"
 
 #include <stdint.h>
@@ -217,57 +217,13 @@ static void dropouts_off(kpl_module *m)
     for (int i = 0; i < kpl_module_num_children(m); i++) dropouts_off(kpl_module_child(m, i));
 }
 
-/* Every parameter and buffer of m as host copies: each round starts kpl
- * from the initial weights, as each PyTorch process starts from the file. */
-typedef struct {
-    int n;
-    kpl_tensor *t[1024];
-    float *v[1024];
-} snapshot;
-
-static void snapshot_take(snapshot *s, kpl_module *m)
-{
-    s->n = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
-        kpl_tensor *const *ts = pass ? kpl_module_buffers(m) : kpl_module_params(m);
-        for (int i = 0; i < n; i++) {
-            if (s->n == (int)(sizeof s->t / sizeof s->t[0])) {
-                fprintf(stderr, "bench_seg: more than %d tensors\n", s->n);
-                exit(1);
-            }
-            size_t bytes = sizeof(float) * (size_t)kpl_tensor_numel(ts[i]);
-            s->t[s->n] = ts[i];
-            s->v[s->n] = malloc(bytes);
-            if (!s->v[s->n]) die("snapshot");
-            memcpy(s->v[s->n++], kpl_tensor_host_data(ts[i]), bytes);
-        }
-    }
-}
-
-static void snapshot_restore(const snapshot *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        float *v = kpl_tensor_host_mutable(s->t[i]);
-        if (!v) die("restoring the weights");
-        memcpy(v, s->v[i], sizeof(float) * (size_t)kpl_tensor_numel(s->t[i]));
-    }
-}
-
-static void snapshot_free(snapshot *s)
-{
-    for (int i = 0; i < s->n; i++) free(s->v[i]);
-    s->n = 0;
-}
-
-/* Per-pixel cross entropy of logits (N, C, H, W) against labels (N H W):
- * kpl_cross_entropy wants (rows, C), hence the permute. */
+/* Per-pixel cross entropy of logits (N, C, H, W) against labels (N H W),
+ * viewed as (N, H, W) as the segmentation task gives them. */
 static kpl_tensor *pixel_ce(kpl_tensor *logits, kpl_tensor *labels)
 {
     const int64_t *s = kpl_tensor_shape(logits);
-    int64_t rows[2] = {s[0] * s[2] * s[3], s[1]};
-    kpl_tensor *flat = kpl_reshape(kpl_permute(logits, (int[]){0, 2, 3, 1}), 2, rows);
-    return kpl_cross_entropy(flat, labels, KPL_REDUCE_MEAN, 0, SEG_IGNORE);
+    int64_t nhw[3] = {s[0], s[2], s[3]};
+    return kpl_cross_entropy(logits, kpl_reshape(labels, 3, nhw), KPL_REDUCE_MEAN, 0, SEG_IGNORE);
 }
 
 static kpl_tensor *seg_loss(const kpl_tensor_list *out, kpl_tensor *labels)
@@ -592,7 +548,7 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
                ",\"threads\":%d,\"rounds\":%d,\"kpl_range\":%s,\"ref_range\":%s,"
                "\"phases\":\"fwd,loss,bwd,step\",\"kpl_phases_ms\":%s,\"ref_phases_ms\":%s,"
                "\"loss_kpl\":%s,\"loss_ref\":%s,\"out_max_rel_diff\":%s,\"last_loss_kpl\":%s,"
-               "\"last_loss_ref\":%s,\"kpl_loss\":\"permute to (NHW, C) + kpl_cross_entropy\","
+               "\"last_loss_ref\":%s,\"kpl_loss\":\"kpl_cross_entropy on (N, C, H, W)\","
                "\"omp_wait_policy\":\"%s\"",
                SEG_THREADS, rounds, kr, rr, jlist(pk, sizeof pk, kphm, PH_N),
                jlist(pr, sizeof pr, rphm, PH_N), bench_jnum(n1, kloss), bench_jnum(n2, rc.loss),
