@@ -56,6 +56,25 @@ fmnistseg)
   awk -v x="$miou" 'BEGIN { exit !(x >= 0.2) }' || die "mIoU $miou < 0.2 after 20 epochs"
   grep -q '^Trouser  *[0-9.]* *[0-9.]*$' train.txt || die "no per-class table: $(tail -15 train.txt)"
   [[ $(ls pred | wc -l) == 24 ]] || die "saved predictions: $(ls pred | wc -l), want 24"
+  # TensorBoard: 4 validation images an evaluation, each image | labels |
+  # prediction side by side (a 192 x 64 PNG)
+  ev_file=$(ls run/tb/events.out.tfevents.*)
+  [[ $(grep -ao 'val/segmentation_[0-9]' "$ev_file" | sort -u | wc -l) == 4 ]] \
+    || die "TensorBoard images: $(grep -ao 'val/segmentation_[0-9]*' "$ev_file" | sort | uniq -c)"
+  if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import PIL' 2> /dev/null; then
+    /usr/bin/python3 - "$ev_file" > tb.txt << 'PY' || die "TensorBoard PNG: $(cat tb.txt)"
+import io, sys
+from PIL import Image
+data = open(sys.argv[1], "rb").read()
+at = data.find(b"\x89PNG")
+if at < 0:
+    sys.exit("no PNG in the event file")
+end = data.find(b"IEND", at)
+im = Image.open(io.BytesIO(data[at:end + 8]))
+print(im.size, im.mode)
+sys.exit(0 if im.size == (192, 64) and im.mode == "RGB" else 1)
+PY
+  fi
   last_eval=$(grep '"event":"eval"' run/metrics.jsonl | tail -n 1)
   check_numpy pred d/val/masks "$last_eval"
   # kpl eval: the same figures
