@@ -53,7 +53,7 @@ typedef struct {
 
 /* The values of one owner's keys, as checked YAML text (a plain value:
  * copy it freely). */
-#define KPL_KEYVALS_MAX 16
+#define KPL_KEYVALS_MAX 32
 #define KPL_KEY_NAME 48
 #define KPL_KEY_VALUE 208
 typedef struct {

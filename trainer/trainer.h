@@ -124,7 +124,7 @@ void kpl_catch_stop_signals(bool on);
  */
 /* The layout of every struct a plugin shares with kpl; a plugin built
  * against another is refused at load, naming both. */
-#define KPL_ABI_VERSION 4
+#define KPL_ABI_VERSION 5
 /* In one source file of a plugin: the ABI it was built against. */
 #define KPL_PLUGIN_ABI \
     __attribute__((visibility("default"))) const int kpl_plugin_abi_version = KPL_ABI_VERSION

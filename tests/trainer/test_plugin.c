@@ -20,7 +20,7 @@ static void test_refused_plugins_keep_nothing(void **state)
     (void)state;
     int tasks = kpl_task_count();
     FAILS(kpl_plugin_load(PLUGIN_DIR "/libplugin_bad_abi.so"), KPL_EFORMAT,
-          "was built against kpl ABI 999, this kpl is ABI 4");
+          "was built against kpl ABI 999, this kpl is ABI 5");
     assert_null(kpl_task_find("from_another_kpl"));
     FAILS(kpl_plugin_load(PLUGIN_DIR "/libplugin_dup.so"), KPL_EINVAL,
           "task 'classification' is registered twice: by kpl itself and by plugin ");
