@@ -159,6 +159,9 @@ kpl_device *kpl_trainer_device(const kpl_trainer *t);
 int32_t kpl_trainer_rank(const kpl_trainer *t);
 int32_t kpl_trainer_world(const kpl_trainer *t);
 const int64_t *kpl_trainer_input_shape(const kpl_trainer *t);
+/* The factor optimizer.lr_scaling multiplies the recipe's learning rates
+ * by (1 without it): for a model given its own optimizer configuration. */
+double kpl_trainer_lr_scale(const kpl_trainer *t);
 /* The run directory ("" under kpl eval, which makes none). */
 const char *kpl_trainer_run_dir(const kpl_trainer *t);
 /* A split's KPLRecord directory (train, or validation; "" when the recipe

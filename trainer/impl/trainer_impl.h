@@ -31,6 +31,11 @@ kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, do
 kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int width,
                                 int channels, const uint8_t *png, size_t png_len,
                                 double wall_time, uint8_t **out, size_t *len);
+/* Writes an 8-bit gray (channels 1) or RGB (3) image of h x w pixels as a
+ * PNG at path, through path.tmp and a rename (a reader never sees half a
+ * file); errors name `what` and the file. */
+kpl_status kpl__png_write(const char *path, int h, int w, int channels, const uint8_t *px,
+                          const char *what);
 
 /* ---- recipes (recipe.c) and tasks (task_classify.c) ---- */
 

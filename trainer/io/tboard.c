@@ -408,3 +408,24 @@ void kpl_tb_writer_close(kpl_tb_writer *w)
 }
 
 const char *kpl_tb_writer_path(const kpl_tb_writer *w) { return w->path; }
+
+kpl_status kpl__png_write(const char *path, int h, int w, int channels, const uint8_t *px,
+                          const char *what)
+{
+    char tmp[4608];
+    KPL_CHECK((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) < sizeof tmp, KPL_EINVAL,
+              "%s: path too long: %s", what, path);
+    png_image im;
+    memset(&im, 0, sizeof im);
+    im.version = PNG_IMAGE_VERSION;
+    im.width = (png_uint_32)w, im.height = (png_uint_32)h;
+    im.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
+    KPL_CHECK(png_image_write_to_file(&im, tmp, 0, px, w * channels, NULL), KPL_EIO,
+              "%s: cannot write %s: %s", what, tmp, im.message);
+    if (rename(tmp, path) != 0) {
+        int e = errno;
+        remove(tmp);
+        return KPL_ERROR(KPL_EIO, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(e));
+    }
+    return KPL_OK;
+}

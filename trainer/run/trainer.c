@@ -259,6 +259,7 @@ kpl_device *kpl_trainer_device(const kpl_trainer *t) { return t->dev; }
 int32_t kpl_trainer_rank(const kpl_trainer *t) { return t->rank; }
 int32_t kpl_trainer_world(const kpl_trainer *t) { return t->world; }
 const int64_t *kpl_trainer_input_shape(const kpl_trainer *t) { return t->chw; }
+double kpl_trainer_lr_scale(const kpl_trainer *t) { return t->lr_scale; }
 const char *kpl_trainer_run_dir(const kpl_trainer *t) { return t->run_dir; }
 const char *kpl_trainer_data_path(const kpl_trainer *t, bool train)
 {

@@ -20,7 +20,6 @@
 
 #include <errno.h>
 #include <math.h>
-#include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -462,23 +461,13 @@ static kpl_status save_prediction(segment *s, int64_t e, const int64_t *pred, in
     KPL_CHECK(px, KPL_ENOMEM, "eval: out of memory");
     for (int y = 0; y < h; y++)
         for (int x = 0; x < w; x++) px[(size_t)y * w + x] = (uint8_t)pred[(i * H + y) * W + x];
-    char path[4400], tmp[4500];
+    char path[4400];
     const char *stem = s->stems && e < s->nstems && s->stems[e] ? s->stems[e] : "";
     if (stem[0]) snprintf(path, sizeof path, "%s/%s.png", s->save, stem);
     else snprintf(path, sizeof path, "%s/%08lld.png", s->save, (long long)e);
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    png_image im;
-    memset(&im, 0, sizeof im);
-    im.version = PNG_IMAGE_VERSION;
-    im.width = (png_uint_32)w, im.height = (png_uint_32)h;
-    im.format = PNG_FORMAT_GRAY;
-    int ok = png_image_write_to_file(&im, tmp, 0, px, w, NULL);
+    kpl_status st = kpl__png_write(path, h, w, 1, px, "task.segmentation.save_predictions");
     free(px);
-    KPL_CHECK(ok, KPL_EIO, "task.segmentation.save_predictions: cannot write %s: %s", tmp,
-              im.message);
-    KPL_CHECK(rename(tmp, path) == 0, KPL_EIO, "task.segmentation.save_predictions: cannot "
-              "rename %s to %s: %s", tmp, path, strerror(errno));
-    return KPL_OK;
+    return st;
 }
 
 static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
