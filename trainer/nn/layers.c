@@ -379,15 +379,19 @@ typedef struct {
     kpl_comm *comm;   /* batch norm: synchronised over its ranks (kpl_nn_sync_batch_norm) */
 } norm_state;
 
+static const kpl_custom_fn allreduce_fn;
+
 /* The backward of an all-reduce (sum) is the all-reduce of the gradient:
- * every rank's input reached every rank's output. */
+ * every rank's input reached every rank's output.  Recorded as the same
+ * op (under create_graph), so a penalty on input gradients (R1, WGAN-GP)
+ * differentiates through it again. */
 static kpl_tensor *allreduce_backward(kpl_tensor *gy, void *user)
 {
     kpl_comm *comm = user;
     kpl_tensor *g = kpl_to_device(gy, kpl_tensor_device(gy)); /* a copy: reduced in place */
     if (!g) return NULL;
     kpl_status st = kpl_comm_allreduce(comm, g, g, KPL_COMM_SUM);
-    return st < 0 ? NULL : g;
+    return st < 0 ? NULL : kpl_custom(gy, g, &allreduce_fn, comm);
 }
 static const kpl_custom_fn allreduce_fn = {"sync_batch_norm.allreduce", allreduce_backward};
 
