@@ -14,7 +14,8 @@ set -euo pipefail
 packages=(
   build-essential cmake pkg-config ninja-build
   libdnnl-dev                        # oneDNN: conv, pooling, bn, matmul on CPU
-  libopenblas-dev                    # reference side of GEMM tests
+  libopenblas-dev                    # reference side of GEMM tests; BLAS of trainer/fid.h
+  liblapacke-dev                     # trainer/fid.h: eigendecompositions (OpenBLAS's LAPACK)
   libopenmpi-dev openmpi-bin         # collective/ mpi backend, launcher
   libucx-dev                         # collective/ ucx backend
   liblmdb-dev                        # dataio/ LMDB source
@@ -27,6 +28,7 @@ packages=(
   libpng-dev
   libcmocka-dev                      # unit tests
   python3-numpy python3-pil          # tests: segmentation metrics recomputed with numpy
+  python3-scipy                      # tests and bench: FID as pytorch-fid computes it (sqrtm)
   iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
 )

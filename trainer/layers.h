@@ -1,8 +1,9 @@
 /*
  * layers.h — the usual layers as module kinds (module.h): convolutions,
- * linear, embedding, batch/group/layer norm, activations, pooling,
- * flatten, dropout, upsampling; sequential and residual containers; the
- * feature pyramid of detectors.
+ * linear, embedding, batch/group/layer/instance norm, activations,
+ * pooling, flatten, dropout, upsampling, pixel shuffle; spectral
+ * normalisation of a layer's weight; sequential and residual containers;
+ * the feature pyramid of detectors.
  */
 #ifndef KPL_LAYERS_H
 #define KPL_LAYERS_H
@@ -53,6 +54,28 @@ kpl_status kpl_nn_conv_transpose2d(kpl_module *parent, const char *name, const k
 /* Linear: weight (out, in), bias (out).  Input (..., in). */
 kpl_status kpl_nn_linear(kpl_module *parent, const char *name, int64_t in, int64_t out,
                          bool bias, kpl_module **out_module);
+/* Spectral normalisation (Miyato et al. 2018) of an existing conv2d,
+ * conv_transpose2d or linear module's weight, as
+ * torch.nn.utils.spectral_norm(layer, n_power_iterations, eps) leaves it:
+ *  - the parameter "weight" becomes "weight_orig" (the same tensor, moved
+ *    after "bias" as PyTorch's re-registration orders them), and buffers
+ *    "weight_u" (h) and "weight_v" (n) join it, h x n being the weight as
+ *    a matrix of its dim 0 (a transposed convolution's dim 1, out/groups)
+ *    against the rest; u and v start N(0, 1) from the model's generator,
+ *    normalised.  State dicts and checkpoints carry them, under PyTorch's
+ *    names.
+ *  - every forward in training mode first runs power_iterations steps of
+ *    v = normalize(W^T u), u = normalize(W v) (normalize(x) = x /
+ *    max(|x|, eps); unrecorded, no gradient through u and v) and stores u
+ *    and v; in evaluation mode (and when frozen) the stored ones are used
+ *    unchanged.  The layer then runs with W / sigma, sigma = u^T W v,
+ *    recorded: gradients flow through sigma as PyTorch's do, and to any
+ *    order (WGAN-GP and R1 penalties through a normalised critic).
+ * PyTorch's defaults: power_iterations 1, eps 1e-12.  Apply it before an
+ * optimizer takes the parameters (kpl_module_params' array changes).
+ * Errors: KPL_EINVAL for another kind of module, a layer normalised
+ * already, power_iterations outside [1, 1000] or eps <= 0. */
+kpl_status kpl_nn_spectral_norm(kpl_module *layer, int power_iterations, double eps);
 /* Embedding: weight (num, dim) N(0, 1); input ids (any shape, KPL_I64). */
 kpl_status kpl_nn_embedding(kpl_module *parent, const char *name, int64_t num, int64_t dim,
                             kpl_module **out);
@@ -83,6 +106,15 @@ kpl_status kpl_nn_group_norm(kpl_module *parent, const char *name, int groups, i
 kpl_status kpl_nn_layer_norm(kpl_module *parent, const char *name, int ndim,
                              const int64_t *shape, double eps, kpl_module **out);
 
+/* InstanceNorm2d (PyTorch's defaults: no running statistics): every
+ * (sample, channel) plane of x (N, channels, ...) normalised over its own
+ * values (biased variance), which is group norm with a group per channel;
+ * with `affine`, weight and bias (channels), 1 and 0 at first.  PyTorch's
+ * eps is 1e-5.  Errors at forward: another channel count, or one value per
+ * plane (KPL_ESHAPE, as PyTorch). */
+kpl_status kpl_nn_instance_norm(kpl_module *parent, const char *name, int64_t channels,
+                                bool affine, double eps, kpl_module **out);
+
 typedef enum {
     KPL_NN_RELU,
     KPL_NN_LEAKY_RELU, /* slope */
@@ -111,6 +143,13 @@ kpl_status kpl_nn_dropout(kpl_module *parent, const char *name, double p, kpl_mo
 /* Resize by an integer factor: nearest, or bilinear (align_corners false). */
 kpl_status kpl_nn_upsample(kpl_module *parent, const char *name, int factor, bool bilinear,
                            kpl_module **out);
+
+/* Pixel shuffle (Shi et al. 2016), F.pixel_shuffle: (N, C r^2, H, W) ->
+ * (N, C, H r, W r) with PyTorch's channel order, in[n, c r^2 + i r + j,
+ * h, w] = out[n, c, h r + i, w r + j]; a reshape, a permute and a
+ * reshape, so differentiable to any order.  factor r in [1, 64]. */
+kpl_status kpl_nn_pixel_shuffle(kpl_module *parent, const char *name, int factor,
+                                kpl_module **out);
 
 /* Sequential: its children in the order added, each one's outputs the
  * next one's inputs. */

@@ -1,7 +1,7 @@
 /*
  * trainer.h — kpl's trainer: every public header of trainer/ (module.h,
  * layers.h, zoo.h, optim.h, checkpoint.h, ddp.h, tboard.h, recipe.h,
- * task.h, cocoeval.h) and the runner.
+ * task.h, cocoeval.h, fid.h) and the runner.
  *
  * kpl_trainer runs a recipe: data loaders, the communicator and DDP, one
  * optimizer per model, the schedule, checkpoints, metrics.jsonl and
@@ -28,6 +28,7 @@
 #include "checkpoint.h"
 #include "cocoeval.h"
 #include "ddp.h"
+#include "fid.h"
 #include "layers.h"
 #include "module.h"
 #include "optim.h"

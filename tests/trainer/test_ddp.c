@@ -237,6 +237,27 @@ static void test_sync_bn(void **state)
         double d = rel_diff(kpl_module_get_buffer(bn2, name), kpl_module_get_buffer(bn1, name));
         if (!(d <= 1e-5)) fail_msg("sync bn: %s %g", name, d);
     }
+    /* second order, as an R1 penalty through the layer: pen = sum(w
+     * (d sum(y gy) / dx)^2) over every rank's rows; its input gradient is
+     * the serial one's rows, its gamma gradient summed over the ranks the
+     * serial one (the all-reduce's backward is recorded again) */
+    kpl_tensor *w2 = kpl_randn(kpl_device_cpu(), KPL_F32, 4, xs, r, 0, 1), *ga = NULL, *gb = NULL;
+    ya = kpl_module_forward(one, xa), yb = kpl_module_forward(sync, xb);
+    OK(kpl_grad(kpl_sum(kpl_mul(ya, gy), NULL, 0, false), NULL, 1, &xa, true, &ga));
+    OK(kpl_grad(kpl_sum(kpl_mul(yb, kpl_slice(gy, 0, rank * n, n)), NULL, 0, false), NULL, 1, &xb,
+                true, &gb));
+    kpl_tensor *pa = kpl_sum(kpl_mul(kpl_square(ga), w2), NULL, 0, false);
+    kpl_tensor *pb = kpl_sum(kpl_mul(kpl_square(gb), kpl_slice(w2, 0, rank * n, n)), NULL, 0, false);
+    kpl_tensor *ia[2] = {xa, kpl_module_get_param(bn1, "weight")}, *da[2] = {NULL, NULL};
+    kpl_tensor *ib[2] = {xb, kpl_module_get_param(bn2, "weight")}, *db[2] = {NULL, NULL};
+    OK(kpl_grad(pa, NULL, 2, ia, false, da));
+    OK(kpl_grad(pb, NULL, 2, ib, false, db));
+    double d2x = rel_diff(db[0], kpl_slice(da[0], 0, rank * n, n));
+    kpl_tensor *dgsum = kpl_to_device(db[1], kpl_device_cpu());
+    OK(kpl_comm_allreduce(comm, dgsum, dgsum, KPL_COMM_SUM));
+    double d2g = rel_diff(dgsum, da[1]);
+    if (!(d2x <= 1e-4 && d2g <= 1e-4))
+        fail_msg("sync bn, second order: input gradient %g, gamma gradient %g", d2x, d2g);
     kpl_pool_pop(p);
     kpl_rng_destroy(r);
     kpl_module_destroy(one);

@@ -141,7 +141,7 @@ static void test_errors(void **state)
          "data.val.box_labels_feature: needs data.val.boxes_feature"},
         {MIN, "data.train.max_boxes=70000", KPL_ERANGE, "data.train.max_boxes: 70000 is out of range"},
         {"epochs: 2\nmodel: {name: vgg}\n", NULL, KPL_EINVAL,
-         "model.name: expected one of mlp, lenet, cnn, resnet, fcos, deeplabv3, unet, none; got 'vgg'"},
+         "model.name: expected one of mlp, lenet, cnn, resnet, fcos, deeplabv3, unet, dcgan, dcgan_d, sngan, sngan_d, none; got 'vgg'"},
         {MD "epochs: 2\noptimizer: 3\n", NULL, KPL_EINVAL, "bad.yaml:4:12: optimizer: is a section"},
         {MD "epochs: [1, 2]\n", NULL, KPL_EINVAL, "epochs: expected an integer, got a list"},
         {MIN "model: {hidden: {a: 1}}\n", NULL, KPL_EFORMAT,
@@ -297,7 +297,7 @@ static void test_long_values(void **state)
     assert_non_null(strstr(kpl_last_error(), "xxx...' [trainer/io/recipe"));
     /* a name, an enum, a bool, a string with a control character */
     static const char *const bad[][2] = {
-        {"model.name=", "model.name: expected one of mlp, lenet, cnn, resnet, fcos, deeplabv3, unet, none; got 'xxx"},
+        {"model.name=", "model.name: expected one of mlp, lenet, cnn, resnet, fcos, deeplabv3, unet, dcgan, dcgan_d, sngan, sngan_d, none; got 'xxx"},
         {"log.tensorboard=", "log.tensorboard: expected true or false, got 'xxx"},
         {"run_dir=\"\\t", "run_dir: control character 0x09 in '\txxx"},
         {"optimizer..lr=", "override 'optimizer..lr=xxx"},

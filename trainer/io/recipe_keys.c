@@ -189,7 +189,7 @@ const field kpl__rc_fields[] = {
     F_INT2("model.input_size", model.in_h, model.in_w, 0, "[h, w]", "[]", 1, 1 << 16,
            "input [h, w] (default: the train transform's size, else the stored one)"),
     F_INT("model.width", model.width, "0", 0, 4096,
-          "base width (0: lenet 6, cnn 32, resnet 64)"),
+          "base width (0: lenet 6, cnn 32, resnet 64, dcgan 64)"),
     F_INT("model.depth", model.depth, "0", 0, 1000,
           "resnet: 18, 34, 50, 101 or 152; cnn: conv stages (0: 2)"),
     F_ENUM("model.stem", model.stem, "imagenet", kpl_resnet_stem_names,

@@ -1,10 +1,13 @@
 /*
  * layers.c — the usual layers as module kinds: convolutions, linear,
- * embedding, norms, activations, pooling, flatten, dropout, upsample, and
- * the containers (sequential, residual).  Each forward is the graph/ nn
- * function it names; the module adds its tensors, its mode and its name.
+ * embedding, norms, activations, pooling, flatten, dropout, upsample,
+ * pixel shuffle, and the containers (sequential, residual); spectral
+ * normalisation of a convolution's or linear layer's weight.  Each forward
+ * is the graph/ nn function it names; the module adds its tensors, its
+ * mode and its name.
  */
 #include "layers.h"
+#include "trainer_impl.h"
 
 #include "collective.h"
 
@@ -83,6 +86,23 @@ static kpl_status weight_and_bias(kpl_module *m, int ndim, const int64_t *wshape
     return *b ? kpl_k_uniform(*b, rng, -bound, bound) : KPL_OK;
 }
 
+/* Spectral normalisation of a layer's weight (kpl_nn_spectral_norm);
+ * iters 0: none. */
+typedef struct {
+    int iters, dim;
+    double eps;
+    kpl_tensor *u, *v; /* the buffers weight_u, weight_v (borrowed from the module) */
+} spectral;
+
+/* The weight a forward uses: w itself, or w / sigma (moving u and v in
+ * training). */
+static kpl_tensor *layer_weight(const kpl_module *m, kpl_tensor *w, const spectral *sn)
+{
+    if (!sn->iters) return w;
+    return kpl__spectral_weight(w, sn->u, sn->v, sn->dim, sn->iters, sn->eps,
+                                kpl_module_training(m));
+}
+
 /* ---- convolutions ------------------------------------------------------------------------ */
 
 typedef struct {
@@ -90,15 +110,16 @@ typedef struct {
     int output_padding[2];
     bool transposed;
     kpl_tensor *w, *b; /* borrowed from the module */
+    spectral sn;
 } conv_state;
 
 static kpl_status conv_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
     KPL_TRY(one_input(m, in));
     const conv_state *c = kpl_module_state(m);
-    kpl_tensor *x = in->t[0];
-    kpl_tensor *y = c->transposed ? kpl_conv_transpose2d(x, c->w, c->b, &c->p, c->output_padding)
-                                  : kpl_conv2d(x, c->w, c->b, &c->p);
+    kpl_tensor *x = in->t[0], *w = layer_weight(m, c->w, &c->sn);
+    kpl_tensor *y = c->transposed ? kpl_conv_transpose2d(x, w, c->b, &c->p, c->output_padding)
+                                  : kpl_conv2d(x, w, c->b, &c->p);
     if (y) {
         /* conv: each output element takes in/groups x kh x kw products;
          * transposed: each input element gives out/groups x kh x kw */
@@ -174,13 +195,14 @@ kpl_status kpl_nn_conv_transpose2d(kpl_module *parent, const char *name, const k
 
 typedef struct {
     kpl_tensor *w, *b;
+    spectral sn;
 } linear_state;
 
 static kpl_status linear_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
     KPL_TRY(one_input(m, in));
     const linear_state *l = kpl_module_state(m);
-    kpl_tensor *x = in->t[0], *y = kpl_linear(x, l->w, l->b);
+    kpl_tensor *x = in->t[0], *y = kpl_linear(x, layer_weight(m, l->w, &l->sn), l->b);
     if (y) {
         const int64_t *ws = kpl_tensor_shape(l->w);
         double rows = (double)kpl_tensor_numel(x) / (double)ws[1];
@@ -199,13 +221,127 @@ kpl_status kpl_nn_linear(kpl_module *parent, const char *name, int64_t in, int64
     if (out_module) *out_module = NULL;
     KPL_CHECK(in > 0 && out > 0, KPL_EINVAL, "linear %s: in %lld and out %lld must be positive",
               name ? name : "", (long long)in, (long long)out);
-    linear_state s = {NULL, NULL};
+    linear_state s;
+    memset(&s, 0, sizeof s);
     kpl_module *m = NULL;
     KPL_TRY(create_with(parent, name, &linear_kind, &s, sizeof s, &m));
     linear_state *l = kpl_module_state(m);
     int64_t ws[2] = {out, in};
     KPL_TRY(weight_and_bias(m, 2, ws, out, in, out, bias, KPL_NN_INIT_DEFAULT, &l->w, &l->b));
     if (out_module) *out_module = m;
+    return KPL_OK;
+}
+
+/* ---- spectral normalisation ------------------------------------------------------------- */
+
+/* x / max(|x|, eps), unrecorded (the power iteration's). */
+static kpl_tensor *normalize(kpl_tensor *x, double eps)
+{
+    kpl_tensor *norm = kpl_sqrt(kpl_sum(kpl_square(x), NULL, 0, false));
+    return kpl_div(x, kpl_scalar_op(KPL_BIN_MAXIMUM, norm, eps, false));
+}
+
+/* w as the matrix (h, n) of its dim `dim` against the others. */
+static kpl_tensor *weight_matrix(kpl_tensor *w, int dim, int64_t h, int64_t n)
+{
+    if (dim != 0 && w) {
+        int perm[KPL_MAX_DIMS], nd = kpl_tensor_ndim(w), k = 0;
+        perm[k++] = dim;
+        for (int d = 0; d < nd; d++)
+            if (d != dim) perm[k++] = d;
+        w = kpl_permute(w, perm);
+    }
+    return kpl_reshape(w, 2, (int64_t[]){h, n});
+}
+
+kpl_tensor *kpl__spectral_weight(kpl_tensor *w, kpl_tensor *u, kpl_tensor *v, int dim,
+                                 int iters, double eps, bool update)
+{
+    if (!w || !u || !v) return NULL;
+    int nd = kpl_tensor_ndim(w);
+    if (nd < 2 || dim < 0 || dim >= nd) {
+        KPL_ERROR(KPL_ESHAPE, "spectral_norm: weight of %d dims has no dim %d", nd, dim);
+        return NULL;
+    }
+    int64_t h = kpl_tensor_dim(w, dim), n = h ? kpl_tensor_numel(w) / h : 0;
+    if (kpl_tensor_numel(u) != h || kpl_tensor_numel(v) != n) {
+        KPL_ERROR(KPL_ESHAPE, "spectral_norm: u has %lld and v %lld elements for a %lld x %lld "
+                  "weight matrix", (long long)kpl_tensor_numel(u),
+                  (long long)kpl_tensor_numel(v), (long long)h, (long long)n);
+        return NULL;
+    }
+    int64_t hs[2] = {h, 1}, ns[2] = {n, 1};
+    kpl_tensor *uc = NULL, *vc = NULL;
+    bool prev = kpl_set_grad_enabled(false);
+    if (update && iters > 0) {
+        kpl_tensor *wm = weight_matrix(kpl_detach(w), dim, h, n);
+        uc = kpl_reshape(u, 2, hs);
+        for (int i = 0; i < iters; i++) {
+            vc = normalize(kpl_matmul(wm, uc, true, false), eps);
+            uc = normalize(kpl_matmul(wm, vc, false, false), eps);
+        }
+        kpl_status st = uc && vc ? KPL_OK : kpl_last_status();
+        if (st >= 0) st = kpl_k_copy(u, uc);
+        if (st >= 0) st = kpl_k_copy(v, vc);
+        if (st < 0) uc = NULL;
+    } else {
+        /* copies: a later training forward moves u and v in place, and
+         * this graph's gradient must still read today's */
+        uc = kpl_reshape(kpl_to_device(u, kpl_tensor_device(u)), 2, hs);
+        vc = kpl_reshape(kpl_to_device(v, kpl_tensor_device(v)), 2, ns);
+    }
+    kpl_set_grad_enabled(prev);
+    if (!uc || !vc) return NULL;
+    /* sigma = u^T W v, recorded: PyTorch's gradient flows through it */
+    kpl_tensor *sigma = kpl_sum(kpl_mul(uc, kpl_matmul(weight_matrix(w, dim, h, n), vc, false,
+                                                       false)), NULL, 0, false);
+    return kpl_div(w, sigma);
+}
+
+kpl_status kpl_nn_spectral_norm(kpl_module *layer, int power_iterations, double eps)
+{
+    KPL_CHECK(layer, KPL_EINVAL, "spectral_norm: no layer");
+    const kpl_module_kind *k = kpl_module_kind_of(layer);
+    const char *name = kpl_module_name(layer)[0] ? kpl_module_name(layer) : "(root)";
+    spectral *sn = NULL;
+    kpl_tensor *w = NULL;
+    if (k == &conv2d_kind || k == &conv_transpose2d_kind) {
+        conv_state *c = kpl_module_state(layer);
+        sn = &c->sn, w = c->w;
+    } else if (k == &linear_kind) {
+        linear_state *l = kpl_module_state(layer);
+        sn = &l->sn, w = l->w;
+    }
+    KPL_CHECK(sn, KPL_EINVAL, "spectral_norm %s: a %s layer has no weight to normalise "
+              "(conv2d, conv_transpose2d or linear)", name, k->name);
+    KPL_CHECK(!sn->iters, KPL_EINVAL, "spectral_norm %s: the weight is normalised already",
+              name);
+    KPL_CHECK(power_iterations >= 1 && power_iterations <= 1000 && eps > 0, KPL_EINVAL,
+              "spectral_norm %s: power_iterations %d not in [1, 1000], or eps %g not > 0", name,
+              power_iterations, eps);
+    int dim = k == &conv_transpose2d_kind ? 1 : 0;
+    int64_t h = kpl_tensor_dim(w, dim), n = kpl_tensor_numel(w) / h;
+    KPL_TRY(kpl__module_rename_param(layer, "weight", "weight_orig"));
+    /* u and v N(0, 1) from the model's generator, normalised (u first, as
+     * PyTorch draws them) */
+    kpl_tensor *uv[2] = {NULL, NULL};
+    int64_t len[2] = {h, n};
+    static const char *const names[2] = {"weight_u", "weight_v"};
+    for (int i = 0; i < 2; i++) {
+        KPL_TRY(kpl_tensor_empty(kpl_module_device(layer), kpl_tensor_dtype(w), 1, &len[i],
+                                 &uv[i]));
+        KPL_TRY(kpl_module_add_buffer(layer, names[i], uv[i]));
+        KPL_TRY(kpl_k_normal(uv[i], kpl_module_rng(layer), 0, 1));
+        kpl_pool *p = kpl_pool_push();
+        KPL_CHECK(p, kpl_last_status(), "spectral_norm %s: out of memory", name);
+        bool prev = kpl_set_grad_enabled(false);
+        kpl_tensor *nu = normalize(uv[i], eps);
+        kpl_status st = nu ? kpl_k_copy(uv[i], nu) : kpl_last_status();
+        kpl_set_grad_enabled(prev);
+        kpl_pool_pop(p);
+        KPL_TRY(st);
+    }
+    *sn = (spectral){.iters = power_iterations, .dim = dim, .eps = eps, .u = uv[0], .v = uv[1]};
     return KPL_OK;
 }
 
@@ -243,15 +379,19 @@ typedef struct {
     kpl_comm *comm;   /* batch norm: synchronised over its ranks (kpl_nn_sync_batch_norm) */
 } norm_state;
 
+static const kpl_custom_fn allreduce_fn;
+
 /* The backward of an all-reduce (sum) is the all-reduce of the gradient:
- * every rank's input reached every rank's output. */
+ * every rank's input reached every rank's output.  Recorded as the same
+ * op (under create_graph), so a penalty on input gradients (R1, WGAN-GP)
+ * differentiates through it again. */
 static kpl_tensor *allreduce_backward(kpl_tensor *gy, void *user)
 {
     kpl_comm *comm = user;
     kpl_tensor *g = kpl_to_device(gy, kpl_tensor_device(gy)); /* a copy: reduced in place */
     if (!g) return NULL;
     kpl_status st = kpl_comm_allreduce(comm, g, g, KPL_COMM_SUM);
-    return st < 0 ? NULL : g;
+    return st < 0 ? NULL : kpl_custom(gy, g, &allreduce_fn, comm);
 }
 static const kpl_custom_fn allreduce_fn = {"sync_batch_norm.allreduce", allreduce_backward};
 
@@ -373,9 +513,29 @@ static kpl_status layer_norm_forward(kpl_module *m, const kpl_tensor_list *in,
     ONE_OUT(out, kpl_layer_norm(in->t[0], n->ndim, n->g, n->b, n->eps));
 }
 
+/* Group norm with a group per channel, which is instance norm: each
+ * (sample, channel) plane normalised over its H x W values. */
+static kpl_status instance_norm_forward(kpl_module *m, const kpl_tensor_list *in,
+                                        kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    const norm_state *n = kpl_module_state(m);
+    kpl_tensor *x = in->t[0];
+    int nd = kpl_tensor_ndim(x);
+    KPL_CHECK(nd >= 3 && kpl_tensor_dim(x, 1) == n->groups, KPL_ESHAPE,
+              "instance_norm: expected (N, %d, ...) input, got %d dims with %lld channels",
+              n->groups, nd, nd >= 2 ? (long long)kpl_tensor_dim(x, 1) : 0LL);
+    int64_t spatial = kpl_tensor_numel(x) / (kpl_tensor_dim(x, 0) * n->groups);
+    KPL_CHECK(kpl_tensor_dim(x, 0) == 0 || spatial > 1, KPL_ESHAPE,
+              "instance_norm: expected more than 1 spatial element, got %lld (as PyTorch)",
+              (long long)spatial);
+    ONE_OUT(out, kpl_group_norm(x, n->groups, n->g, n->b, n->eps));
+}
+
 static const kpl_module_kind batch_norm_kind = {"batch_norm", batch_norm_forward, free};
 static const kpl_module_kind group_norm_kind = {"group_norm", group_norm_forward, free};
 static const kpl_module_kind layer_norm_kind = {"layer_norm", layer_norm_forward, free};
+static const kpl_module_kind instance_norm_kind = {"instance_norm", instance_norm_forward, free};
 
 /* scale 1 and shift 0 of `shape` */
 static kpl_status affine(kpl_module *m, int ndim, const int64_t *shape, norm_state *n)
@@ -435,6 +595,21 @@ kpl_status kpl_nn_layer_norm(kpl_module *parent, const char *name, int ndim,
     kpl_module *m = NULL;
     KPL_TRY(create_with(parent, name, &layer_norm_kind, &s, sizeof s, &m));
     KPL_TRY(affine(m, ndim, shape, kpl_module_state(m)));
+    if (out) *out = m;
+    return KPL_OK;
+}
+
+kpl_status kpl_nn_instance_norm(kpl_module *parent, const char *name, int64_t channels,
+                                bool affine_params, double eps, kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(channels > 0 && channels <= INT32_MAX && eps > 0, KPL_EINVAL,
+              "instance_norm %s: channels %lld > 0, eps %g > 0", name ? name : "",
+              (long long)channels, eps);
+    norm_state s = {.eps = eps, .groups = (int)channels};
+    kpl_module *m = NULL;
+    KPL_TRY(create_with(parent, name, &instance_norm_kind, &s, sizeof s, &m));
+    if (affine_params) KPL_TRY(affine(m, 1, &channels, kpl_module_state(m)));
     if (out) *out = m;
     return KPL_OK;
 }
@@ -609,6 +784,37 @@ kpl_status kpl_nn_upsample(kpl_module *parent, const char *name, int factor, boo
               name ? name : "", factor);
     misc_state s = {.factor = factor, .bilinear = bilinear};
     return create_with(parent, name, &upsample_kind, &s, sizeof s, out);
+}
+
+static kpl_status pixel_shuffle_forward(kpl_module *m, const kpl_tensor_list *in,
+                                        kpl_tensor_list *out)
+{
+    KPL_TRY(one_input(m, in));
+    int64_t r = ((const misc_state *)kpl_module_state(m))->factor;
+    kpl_tensor *x = in->t[0];
+    const int64_t *s = kpl_tensor_shape(x);
+    KPL_CHECK(kpl_tensor_ndim(x) == 4 && s[1] % (r * r) == 0, KPL_ESHAPE,
+              "pixel_shuffle: expected (N, C x %lld, H, W) input, got %d dims with %lld channels",
+              (long long)(r * r), kpl_tensor_ndim(x),
+              kpl_tensor_ndim(x) >= 2 ? (long long)s[1] : 0LL);
+    int64_t c = s[1] / (r * r);
+    /* (N, C, r, r, H, W) -> (N, C, H, r, W, r): in[n, c r^2 + i r + j, h, w] lands at
+     * out[n, c, h r + i, w r + j] */
+    kpl_tensor *y = kpl_reshape(x, 6, (int64_t[]){s[0], c, r, r, s[2], s[3]});
+    y = kpl_permute(y, (int[]){0, 1, 4, 2, 5, 3});
+    ONE_OUT(out, kpl_reshape(y, 4, (int64_t[]){s[0], c, s[2] * r, s[3] * r}));
+}
+
+static const kpl_module_kind pixel_shuffle_kind = {"pixel_shuffle", pixel_shuffle_forward, free};
+
+kpl_status kpl_nn_pixel_shuffle(kpl_module *parent, const char *name, int factor,
+                                kpl_module **out)
+{
+    if (out) *out = NULL;
+    KPL_CHECK(factor >= 1 && factor <= 64, KPL_EINVAL,
+              "pixel_shuffle %s: factor %d not in [1, 64]", name ? name : "", factor);
+    misc_state s = {.factor = factor};
+    return create_with(parent, name, &pixel_shuffle_kind, &s, sizeof s, out);
 }
 
 /* ---- containers -------------------------------------------------------------------------- */

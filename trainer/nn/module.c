@@ -207,6 +207,21 @@ kpl_status kpl_module_add_buffer(kpl_module *m, const char *name, kpl_tensor *t)
     return add_tensor(m, name, t, false);
 }
 
+kpl_status kpl__module_rename_param(kpl_module *m, const char *from, const char *to)
+{
+    int i = 0;
+    while (i < m->nparams && strcmp(m->params[i].name, from)) i++;
+    KPL_CHECK(i < m->nparams, KPL_ENOTFOUND, "module %s: no parameter '%s'",
+              m->name[0] ? m->name : "(root)", from);
+    KPL_TRY(check_name(m, to));
+    entry e = m->params[i];
+    memmove(m->params + i, m->params + i + 1, (size_t)(m->nparams - i - 1) * sizeof *m->params);
+    snprintf(e.name, sizeof e.name, "%s", to);
+    m->params[m->nparams - 1] = e;
+    invalidate(m);
+    return KPL_OK;
+}
+
 const kpl_module_kind *kpl_module_kind_of(const kpl_module *m) { return m->kind; }
 void *kpl_module_state(const kpl_module *m) { return m->state; }
 const char *kpl_module_name(const kpl_module *m) { return m->name; }

@@ -313,7 +313,9 @@ static const kpl_zoo_model cnn = {"cnn", "conv 3x3 + batch norm + ReLU + max-poo
 static const kpl_zoo_model resnet = {"resnet", "torchvision's ResNet-18/34/50/101/152 (depth)",
                                      builtin_create, NULL};
 static const void *const builtin[] = {&mlp,           &lenet, &cnn, &resnet, &kpl__zoo_fcos,
-                                     &kpl__zoo_deeplabv3, &kpl__zoo_unet, NULL};
+                                     &kpl__zoo_deeplabv3, &kpl__zoo_unet, &kpl__zoo_dcgan,
+                                     &kpl__zoo_dcgan_d, &kpl__zoo_sngan, &kpl__zoo_sngan_d,
+                                     NULL};
 static const kpl_key *keys_of(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
 static kpl__registry models = {.what = "model", .builtin = builtin, .keys = keys_of};
 
