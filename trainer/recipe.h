@@ -138,6 +138,7 @@ typedef struct {
     } log;
     struct {
         int64_t every_epochs, confusion_max_classes;
+        bool at_start; /* also before the first step of a new run */
     } eval;
     struct {
         kpl_comm_config comm;       /* backend, timeout, stall_warning */

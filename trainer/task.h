@@ -142,6 +142,10 @@ extern const kpl_task_kind kpl_task_detection;
  * (N, classes, H, W) logits), mIoU from a confusion matrix over every
  * rank (trainer/tasks/segment.c, docs/segmentation.md). */
 extern const kpl_task_kind kpl_task_segmentation;
+/* A generator and a discriminator trained in turn (DCGAN, WGAN-GP, SNGAN),
+ * FID and Inception Score with a feature network, sample grids
+ * (trainer/tasks/gan.c, docs/gan.md). */
+extern const kpl_task_kind kpl_task_gan;
 /* Adds a task kpl_task_find (and so `kpl train`) finds by its name; k is
  * borrowed (static).  KPL_EINVAL for a name known already, naming who
  * registered it.  From a plugin's constructor: see kpl_plugin_load. */

@@ -27,10 +27,12 @@ expect_usage_error() {
   grep -qF -- "$needle" err.txt || die "$what: '$(cat err.txt)' lacks '$needle'"
 }
 # close_losses A B: two runs' (step, loss) lists have the same steps and
-# losses within a relative 1e-4 (what 2 ranks x N hold to against 1 x 2N);
+# losses within a relative 1e-4 (of |loss|, at least 0.01: figures that
+# cross 0) (what 2 ranks x N hold to against 1 x 2N);
 # prints the steps that differ
 close_losses() {
   [[ -s $1 && $(wc -l < "$1") == $(wc -l < "$2") ]] || { echo "steps: $(wc -l < "$1") vs $(wc -l < "$2")"; return 1; }
-  paste "$1" "$2" | awk '{ d = $2 - $4; if (d < 0) d = -d; if ($1 != $3 || d > 1e-4 * $2) { print "step " $1 ": " $2 " vs step " $3 ": " $4; bad = 1 } }
+  paste "$1" "$2" | awk '{ d = $2 - $4; if (d < 0) d = -d; m = $2 < 0 ? -$2 : $2; if (m < 0.01) m = 0.01
+                         if ($1 != $3 || d > 1e-4 * m) { print "step " $1 ": " $2 " vs step " $3 ": " $4; bad = 1 } }
                          END { exit bad }'
 }

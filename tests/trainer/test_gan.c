@@ -204,7 +204,7 @@ static kpl_status gan_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res
 }
 
 static const kpl_task_kind gan_task = {
-    .name = "gan", .best_metric = "d_fake", .best_higher = true,
+    .name = "toygan", .best_metric = "d_fake", .best_higher = true,
     .create = gan_create, .destroy = gan_destroy, .train_batch = gan_train_batch,
     .eval_begin = gan_eval_begin, .eval_batch = gan_eval_batch, .eval_end = gan_eval_end,
     .save = gan_save, .restore = gan_restore,
@@ -224,7 +224,7 @@ static void test_gan_two_models(void **state)
     char dir[] = "/tmp/kpl-gan-XXXXXX", yaml[2048];
     assert_non_null(mkdtemp(dir));
     snprintf(yaml, sizeof yaml,
-             "name: gan\ntask: gan\nseed: 1\nepochs: 1\nthreads: 2\ndeterministic: true\n"
+             "name: gan\ntask: toygan\nseed: 1\nepochs: 1\nthreads: 2\ndeterministic: true\n"
              "run_dir: %s/run\n"
              "data:\n  root: %s\n  convert: {from: idx, source: " FM "}\n"
              "  train: {path: train, batch_size: 64, shuffle: example, limit: %d,\n"
@@ -303,7 +303,7 @@ static void run(const char *dir, const char *name, int max_steps, bool resume, f
 {
     char yaml[2048];
     snprintf(yaml, sizeof yaml,
-             "name: gan\ntask: gan\nseed: 3\nepochs: 1\nthreads: 2\ndeterministic: true\n"
+             "name: gan\ntask: toygan\nseed: 3\nepochs: 1\nthreads: 2\ndeterministic: true\n"
              "run_dir: %s/%s\nmax_steps: %d\n"
              "data:\n  root: %s\n  convert: {from: idx, source: " FM "}\n"
              "  train: {path: train, batch_size: 32, shuffle: example, limit: 384,\n"

@@ -256,7 +256,7 @@ static void test_task(void **state)
     assert_string_equal(R.task, "autoencoder");
     FAILS(kpl__recipe_load_known_task(path, 0, NULL, &R), KPL_EINVAL,
           "task.yaml:5:7: task: unknown task 'autoencoder' (kpl train and kpl eval know: "
-          "classification, detection, segmentation;");
+          "classification, detection, segmentation, gan;");
     const char *ov[] = {"task=tracking"};
     OK(kpl_recipe_load_string(MIN, "min", 1, ov, &R));
     write_file("task.yaml", MIN, path, sizeof path);

@@ -293,6 +293,8 @@ const field kpl__rc_fields[] = {
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),
+    F_BOOL("eval.at_start", eval.at_start, "false",
+           "also validate before the first step of a new run (the untrained model's figures)"),
     F_INT("eval.confusion_max_classes", eval.confusion_max_classes, "20", 0, 1000,
           "print the confusion matrix up to this many classes"),
 

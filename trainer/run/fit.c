@@ -275,6 +275,19 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
     KPL_TRY(kpl__trainer_agree_stop(t, NULL));
     if (!t->stop_sig) KPL_TRY(resume_pending(t, max_steps));
     if (t->stop_sig) KPL_TRY(stop_at_start(t, ckpt, len));
+    if (r->eval.at_start && t->step == 0 && t->val && !t->stop_sig) {
+        /* the untrained model's figures, the baseline of the run's */
+        bool stopped = false;
+        KPL_TRY(run_eval_or_stop(t, &stopped));
+        if (!stopped && t->rank == 0) {
+            char line[1024];
+            int at = snprintf(line, sizeof line, "before training: val");
+            for (int i = 0; i < t->val_res.metrics.n && at < (int)sizeof line - 64; i++)
+                at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f",
+                               t->val_res.metrics.name[i], t->val_res.metrics.value[i]);
+            kpl__log_info(&t->log, "%s", line);
+        }
+    }
     double train_seconds = 0, train_samples = 0;
     while (t->step < max_steps && !t->stop_sig) {
         kpl__trainer_epoch_begin(t);

@@ -1,12 +1,12 @@
 /*
  * registry.c — the tasks `kpl train` knows by name: classification, detection,
- * segmentation, and
+ * segmentation, gan, and
  * what programs and plugins register (kpl_task_register).
  */
 #include "trainer_impl.h"
 
 static const void *const builtin[] = {&kpl_task_classification, &kpl_task_detection,
-                                     &kpl_task_segmentation, NULL};
+                                     &kpl_task_segmentation, &kpl_task_gan, NULL};
 static const kpl_key *keys_of(const void *k) { return ((const kpl_task_kind *)k)->keys; }
 static kpl__registry tasks = {.what = "task", .builtin = builtin, .keys = keys_of};
 
