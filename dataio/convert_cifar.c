@@ -285,6 +285,19 @@ static kpl_status find_layout(const char *src, layout *l)
     return KPL_OK;
 }
 
+/* Reads `path` whole into *buf (malloc'd); *buf stays NULL, and all is
+ * well, when there is no such file. */
+static kpl_status read_optional(const char *path, char **buf, size_t *len)
+{
+    *buf = NULL;
+    kpl_status st = kpl__read_file(path, buf, len);
+    if (st == KPL_ENOTFOUND) {
+        kpl_clear_error();
+        return KPL_OK;
+    }
+    return st;
+}
+
 /* The class names of a text file, one a line (blank lines and the spaces
  * around a name ignored): exactly `want` of them.  *out stays NULL when
  * the file is absent. */
@@ -293,12 +306,9 @@ static kpl_status text_names(const char *path, int64_t want, char ***out)
     *out = NULL;
     char *buf = NULL;
     size_t len = 0;
-    kpl_status st = kpl__read_file(path, &buf, &len);
-    if (st == KPL_ENOTFOUND) {
-        kpl_clear_error();
-        return KPL_OK;
-    }
-    KPL_TRY(st);
+    KPL_TRY(read_optional(path, &buf, &len));
+    if (!buf) return KPL_OK;
+    kpl_status st = KPL_OK;
     char **v = calloc((size_t)want, sizeof *v);
     if (!v) st = KPL_ERROR(KPL_ENOMEM, "%s: no memory", path);
     int64_t n = 0;
@@ -349,13 +359,9 @@ static kpl_status read_names(const layout *l, char ***fine, char ***coarse)
     KPL_TRY(kpl__path_join(p, sizeof p, l->dir, l->cifar100 ? "meta" : "batches.meta"));
     char *buf = NULL;
     size_t len = 0;
-    kpl_status st = kpl__read_file(p, &buf, &len);
-    if (st == KPL_ENOTFOUND) {
-        kpl_clear_error();
-        return KPL_OK;
-    }
-    KPL_TRY(st);
-    st = kpl__cifar_parse_meta((const uint8_t *)buf, len, p, l->cifar100, fine, coarse);
+    KPL_TRY(read_optional(p, &buf, &len));
+    if (!buf) return KPL_OK;
+    kpl_status st = kpl__cifar_parse_meta((const uint8_t *)buf, len, p, l->cifar100, fine, coarse);
     free(buf);
     return st;
 }

@@ -233,15 +233,34 @@ static kpl_status convert_batch(const char *src, const char *root, const item *i
     return st;
 }
 
+/* METADATA's attributes: the source and root, `extra`'s (taken), the order. */
+static char *attributes(const char *src, const char *root, json_t *extra,
+                        const kpl_convert_options *o)
+{
+    json_t *a = json_pack("{s:s, s:s}", "source", src, "root", root);
+    if (a && extra) json_object_update(a, extra);
+    json_decref(extra);
+    if (a) {
+        json_object_set_new(a, "shuffled", json_boolean(!o->keep_order));
+        json_object_set_new(a, "seed", json_integer((json_int_t)o->seed));
+        json_object_set_new(a, "max_side", json_integer(o->max_side));
+    }
+    char *s = a ? json_dumps(a, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(a);
+    return s;
+}
+
 /* Writes the items of l (shuffled unless o->keep_order) as a dataset at
- * out_dir with the METADATA attributes `attrs`; src ("imagefolder",
- * "images") names the source in messages. */
+ * out_dir, METADATA's attributes with `extra`'s (taken); src
+ * ("imagefolder", "images") names the source in messages. */
 static kpl_status write_items(const char *src, const char *root, item_list *l, bool labeled,
-                              const char *attrs, const kpl_convert_options *opt,
+                              json_t *extra, const kpl_convert_options *opt,
                               const char *out_dir, int64_t *count, int64_t *skipped)
 {
     kpl_convert_options o = *opt;
     enum { BATCH = 256 };
+    char *attrs = attributes(src, root, extra, &o);
+    KPL_CHECK(attrs, KPL_ENOMEM, "%s: no memory (or the root path is not UTF-8)", src);
     if (!o.keep_order) { /* Fisher-Yates from the seed */
         kpl__rng r = {o.seed};
         for (int64_t i = l->n - 1; i > 0; i--) {
@@ -260,10 +279,13 @@ static kpl_status write_items(const char *src, const char *root, item_list *l, b
     if (!labeled) schema[1] = schema[2];
     o.writer.attributes_json = attrs;
     kpl__loaded_image *batch = calloc(BATCH, sizeof *batch);
-    KPL_CHECK(batch, KPL_ENOMEM, "%s: no memory", src);
     kpl_record_writer *w = NULL;
     int64_t nskip = 0;
     kpl_status st = KPL_OK;
+    if (!batch) {
+        st = KPL_ERROR(KPL_ENOMEM, "%s: no memory", src);
+        goto fail;
+    }
     KPL_TRY_GOTO(kpl_record_writer_create(out_dir, labeled ? 3 : 2, schema, &o.writer, &w));
     kpl__progress pr;
     kpl__progress_init(&pr, &o, out_dir);
@@ -285,6 +307,7 @@ static kpl_status write_items(const char *src, const char *root, item_list *l, b
 fail:
     kpl_record_writer_destroy(w);
     free(batch);
+    free(attrs);
     return st;
 }
 
@@ -308,7 +331,6 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
     char **classes = NULL;
     int64_t ncls = 0;
     item_list l = {0};
-    char *attrs = NULL;
 
     KPL_TRY(kpl__list_dir("imagefolder", root, true, &classes, &ncls));
     if (ncls == 0) {
@@ -322,23 +344,14 @@ kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                        "files in them", root, (long long)ncls);
         goto fail;
     }
-    json_t *aj = json_pack("{s:s, s:s, s:I, s:s, s:b, s:I, s:i}", "source", "imagefolder",
-                           "root", root, "num_classes", (json_int_t)ncls, "classes_file",
-                           "classes.txt", "shuffled", !o.keep_order, "seed", (json_int_t)o.seed,
-                           "max_side", o.max_side);
-    attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(aj);
-    if (!attrs) {
-        st = KPL_ERROR(KPL_ENOMEM, "imagefolder: no memory (or the root path is not UTF-8)");
-        goto fail;
-    }
-    KPL_TRY_GOTO(write_items("imagefolder", root, &l, true, attrs, &o, out_dir, count, skipped));
+    json_t *extra = json_pack("{s:I, s:s}", "num_classes", (json_int_t)ncls, "classes_file",
+                              "classes.txt");
+    KPL_TRY_GOTO(write_items("imagefolder", root, &l, true, extra, &o, out_dir, count, skipped));
     KPL_TRY_GOTO(kpl__write_lines(out_dir, "classes.txt", classes, ncls));
 fail:
     item_list_free(&l);
     for (int64_t i = 0; i < ncls; i++) free(classes[i]);
     free(classes);
-    free(attrs);
     return st;
 }
 
@@ -349,7 +362,6 @@ kpl_status kpl_convert_images(const char *root, const char *out_dir,
     if (opt) o = *opt;
     KPL_TRY(check_options("images", &o));
     item_list l = {0};
-    char *attrs = NULL;
     kpl_status st = KPL_OK;
     KPL_TRY_GOTO(walk(root, "", 0, &l));
     if (l.n == 0) {
@@ -358,18 +370,9 @@ kpl_status kpl_convert_images(const char *root, const char *out_dir,
         goto fail;
     }
     qsort(l.v, (size_t)l.n, sizeof *l.v, cmp_item);
-    json_t *aj = json_pack("{s:s, s:s, s:b, s:b, s:I, s:i}", "source", "images", "root", root,
-                           "labels", false, "shuffled", !o.keep_order, "seed", (json_int_t)o.seed,
-                           "max_side", o.max_side);
-    attrs = aj ? json_dumps(aj, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(aj);
-    if (!attrs) {
-        st = KPL_ERROR(KPL_ENOMEM, "images: no memory (or the root path is not UTF-8)");
-        goto fail;
-    }
-    KPL_TRY_GOTO(write_items("images", root, &l, false, attrs, &o, out_dir, count, skipped));
+    KPL_TRY_GOTO(write_items("images", root, &l, false, json_pack("{s:b}", "labels", false), &o,
+                             out_dir, count, skipped));
 fail:
     item_list_free(&l);
-    free(attrs);
     return st;
 }

@@ -37,9 +37,14 @@ static const struct {
     {"__builtin__", "bytes", G_BYTES}, /* ... and its empty bytes */
 };
 
-/* A real CIFAR file memoizes about 10^5 values; an index past this is
- * refused rather than backed by a table of its size. */
+/* Bounds that keep memory in proportion to the input.  A real CIFAR-100
+ * train file makes about 1.5 * 10^5 values and memoizes as many, numbered
+ * from 0 or 1 by the one PUT (2 bytes or more) that stores each; so a memo
+ * index is refused past MEMO_MAX and past half the file's length, the
+ * values past MAX_VALUES (about 250 MB of them), and the bytes decoded by
+ * _codecs.encode past the file's length (each encoded text appears once). */
 #define MEMO_MAX (1 << 22)
+#define MAX_VALUES (1 << 21)
 
 /* Every opcode of protocols 0 to 5, for messages; the reader runs few. */
 static const char *const opcode_names[256] = {
@@ -80,6 +85,7 @@ typedef struct {
     int64_t nmarks, marks_cap;
     kpl__pk_value **memo;
     int64_t memo_cap;
+    size_t decoded; /* bytes made by _codecs.encode so far */
 } machine;
 
 const char *kpl__pk_kind_name(kpl__pk_kind k)
@@ -121,6 +127,8 @@ static kpl_status no_memory(const machine *m)
 static kpl_status new_value(machine *m, kpl__pk_kind kind, kpl__pk_value **out)
 {
     kpl__pickle *p = m->p;
+    if (p->nall >= MAX_VALUES)
+        return bad(m, "more than %d values (a CIFAR file makes about 150,000)", MAX_VALUES);
     kpl__pk_value **all = grow(p->all, &p->cap, p->nall + 1, sizeof *all);
     kpl__pk_value *v = all ? calloc(1, sizeof *v) : NULL;
     if (all) p->all = all;
@@ -274,6 +282,10 @@ static kpl_status op_global(machine *m)
  * protocol 2 — each byte as the code point of the same value. */
 static kpl_status make_latin1(machine *m, const kpl__pk_value *text, kpl__pk_value *out)
 {
+    if (text->len > m->len - m->decoded)
+        return bad(m, "_codecs.encode makes more bytes than the file holds (the same text "
+                   "encoded again and again)");
+    m->decoded += text->len;
     uint8_t *b = malloc(text->len ? text->len : 1);
     if (!b) return no_memory(m);
     size_t n = 0;
@@ -408,8 +420,10 @@ static kpl_status memo_index(machine *m, size_t width, int64_t *idx)
     const uint8_t *p = NULL;
     KPL_TRY(take(m, width, &p));
     *idx = width == 1 ? p[0] : (int64_t)le32(p);
-    if (*idx >= MEMO_MAX) return bad(m, "memo index %lld (kpl allows up to %d)", (long long)*idx,
-                                     MEMO_MAX - 1);
+    int64_t most = (int64_t)(m->len / 2) < MEMO_MAX - 1 ? (int64_t)(m->len / 2) : MEMO_MAX - 1;
+    if (*idx > most)
+        return bad(m, "memo index %lld (kpl allows up to %lld in a file of %zu bytes)",
+                   (long long)*idx, (long long)most, m->len);
     return KPL_OK;
 }
 

@@ -35,7 +35,7 @@ typedef enum {
     KPL__PK_STR,    /* bytes[len]: UTF-8 (checked) */
     KPL__PK_TUPLE,  /* items[n] */
     KPL__PK_LIST,   /* items[n] */
-    KPL__PK_DICT,   /* items[2n]: key, value, key, value, ... in insertion order */
+    KPL__PK_DICT,   /* items[n], n even: key, value, key, value, ... in insertion order */
     KPL__PK_GLOBAL, /* one of the few callables the reader knows (pickle.c) */
     KPL__PK_ARRAY,  /* a numpy uint8 array: shape[ndim], bytes[len] in C order */
     KPL__PK_DTYPE,  /* numpy's uint8 dtype */

@@ -1,6 +1,9 @@
 #!/usr/bin/env python3
 """gen_cifar.py OUT [SEED]: small CIFAR-10 and CIFAR-100 sets in the layouts
-they are distributed in, for test_cifar.c and cli_cifar.sh:
+they are distributed in, for test_cifar.c and cli_cifar.sh; gen_cifar.py
+--seeds DIR: the seed corpus of tests/fuzz/fuzz_pickle.c (a batch of one
+image of each set, the meta files, both ways of pickling, a binary record,
+a small array of another shape).
 
   OUT/c10/cifar-10-batches-bin     data_batch_1..5.bin, test_batch.bin,
                                    batches.meta.txt
@@ -137,7 +140,27 @@ def write_set(out, c100, rng):
             dump(meta, os.path.join(pdir, "batches.meta"), py2)
 
 
+def seeds(out):
+    os.makedirs(out, exist_ok=True)
+    rng = np.random.default_rng(7)
+    img = rng.integers(0, 256, size=(1, 3072), dtype=np.uint8)
+    dump({"batch_label": "seed", "labels": [3], "data": img, "filenames": ["a.png"]},
+         os.path.join(out, "c10-batch-py2"), True)
+    dump({b"fine_labels": [42], b"coarse_labels": [17], b"data": img},
+         os.path.join(out, "c100-batch-py3"), False)
+    dump({"label_names": C10_NAMES, "num_vis": 3072}, os.path.join(out, "c10-meta-py3"), False)
+    dump({"fine_label_names": C100_FINE, "coarse_label_names": C100_COARSE},
+         os.path.join(out, "c100-meta-py2"), True)
+    dump({b"data": np.arange(8, dtype=np.uint8).reshape(2, 4), b"labels": [1, 2]},
+         os.path.join(out, "small-array-py3"), False)
+    with open(os.path.join(out, "c10-record-bin"), "wb") as f:
+        f.write(bytes([5]) + img.tobytes())
+
+
 def main():
+    if sys.argv[1] == "--seeds":
+        seeds(sys.argv[2])
+        return
     out = sys.argv[1]
     rng = np.random.default_rng(int(sys.argv[2]) if len(sys.argv) > 2 else 1)
     write_set(out, False, rng)

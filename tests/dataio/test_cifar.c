@@ -11,6 +11,7 @@
  * the ways a pickle can lie. */
 #define KPL_TEST_NAME "cifar"
 #include "dataio_test.h"
+#include "dataio_impl.h"
 #include "pickle_impl.h"
 
 #include <sys/stat.h>
@@ -37,19 +38,11 @@ static int teardown_sets(void **state)
     return teardown(state);
 }
 
+/* The whole file (NUL-terminated, malloc'd). */
 static char *slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) fail_msg("%s: cannot open", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    b[n] = 0;
-    fclose(f);
-    *len = (size_t)n;
+    char *b = NULL;
+    OK(kpl__read_file(path, &b, len));
     return b;
 }
 
@@ -264,6 +257,20 @@ static void test_layout_found_or_refused(void **state)
     assert_false(exists(p));
 }
 
+/* A copy of the layout folder `from` whose `file` has its byte `off` set
+ * to v: the split's conversion fails with `needle` and leaves no output. */
+static void refused_byte(const char *from, const char *tag, const char *file, long off,
+                         uint8_t v, const char *split, const char *needle)
+{
+    char p[512], out[300];
+    const char *d = copy_layout(from, tag);
+    snprintf(p, sizeof p, "%s/%s", d, file);
+    patch_byte(p, off, v);
+    snprintf(out, sizeof out, "%s-out", d);
+    FAILS(kpl_convert_cifar(d, split, out, NULL, NULL), KPL_EFORMAT, needle);
+    assert_false(exists(out));
+}
+
 static void test_damaged_batches(void **state)
 {
     (void)state;
@@ -277,18 +284,13 @@ static void test_damaged_batches(void **state)
           "binary: 1 label byte and 3072 pixel bytes each): record 5 is cut short after 2973 "
           "bytes");
     assert_false(exists(tmp_path("cut-out")));
-    /* a label that is no class: record 2 of test_batch.bin */
-    d = copy_layout("c10/cifar-10-batches-bin", "badlabel");
-    snprintf(p, sizeof p, "%s/test_batch.bin", d);
-    patch_byte(p, 2 * 3073, 10);
-    FAILS(kpl_convert_cifar(d, "test", tmp_path("badlabel-out"), NULL, NULL), KPL_EFORMAT,
-          "test_batch.bin: record 2 (byte offset 6146): label 10 is not a class (0..9)");
-    assert_false(exists(tmp_path("badlabel-out")));
-    d = copy_layout("c100/cifar-100-binary", "badcoarse");
-    snprintf(p, sizeof p, "%s/test.bin", d);
-    patch_byte(p, 3 * 3074, 20);
-    FAILS(kpl_convert_cifar(d, "test", tmp_path("badcoarse-out"), NULL, NULL), KPL_EFORMAT,
-          "test.bin: record 3 (byte offset 9222): coarse label 20 is not a class (0..19)");
+    /* labels that are no class */
+    refused_byte("c10/cifar-10-batches-bin", "badlabel", "test_batch.bin", 2 * 3073, 10, "test",
+                 "test_batch.bin: record 2 (byte offset 6146): label 10 is not a class (0..9)");
+    refused_byte("c100/cifar-100-binary", "badcoarse", "test.bin", 3 * 3074, 20, "test",
+                 "test.bin: record 3 (byte offset 9222): coarse label 20 is not a class (0..19)");
+    refused_byte("c100/cifar-100-binary", "badfine", "train.bin", 7 * 3074 + 1, 100, "train",
+                 "train.bin: record 7 (byte offset 21519): fine label 100 is not a class (0..99)");
     /* CIFAR-100's files where CIFAR-10's are expected: the record size */
     size_t len = 0;
     snprintf(p, sizeof p, "%s/c100/cifar-100-binary/test.bin", gen);
@@ -299,12 +301,8 @@ static void test_damaged_batches(void **state)
     free(b);
     /* a pickle opcode that is not read: the first one after PROTO is
      * EMPTY_DICT ('}'), made INST ('i'), which would import and call */
-    d = copy_layout("c10py2/cifar-10-batches-py", "opcode");
-    snprintf(p, sizeof p, "%s/data_batch_2", d);
-    patch_byte(p, 2, 'i');
-    FAILS(kpl_convert_cifar(d, "train", tmp_path("opcode-out"), NULL, NULL), KPL_EFORMAT,
-          "data_batch_2: pickle byte offset 2: opcode 0x69 (INST) is not one kpl reads");
-    assert_false(exists(tmp_path("opcode-out")));
+    refused_byte("c10py2/cifar-10-batches-py", "opcode", "data_batch_2", 2, 'i', "train",
+                 "data_batch_2: pickle byte offset 2: opcode 0x69 (INST) is not one kpl reads");
     /* a pickle cut short */
     d = copy_layout("c100/cifar-100-python", "cutpickle");
     snprintf(p, sizeof p, "%s/test", d);
@@ -545,12 +543,18 @@ static void test_pickle_reader(void **state)
     uni(&p, "self");
     op32(&p, 'j', 300); /* LONG_BINGET */
     op(&p, 's');
+    char pad[601];
+    memset(pad, 'x', 600);
+    pad[600] = 0;
+    uni(&p, "pad"); /* memo indices up to half the file's length are fine */
+    uni(&p, pad);
+    op(&p, 's');
     op(&p, '.');
     kpl__pickle *k = NULL;
     OK(kpl__pickle_load(p.b, p.n, "t.pkl", &k));
     const kpl__pk_value *root = kpl__pickle_root(k), *v = NULL;
     assert_int_equal(root->kind, KPL__PK_DICT);
-    assert_int_equal(root->n, 2 * 7);
+    assert_int_equal(root->n, 2 * 8);
     assert_ptr_equal(kpl__pk_dict_get(root, "self"), root);
     v = kpl__pk_dict_get(root, "list");
     assert_int_equal(v->kind, KPL__PK_LIST);
@@ -598,10 +602,30 @@ static void test_pickle_reader(void **state)
     p = start();
     op(&p, '}');
     op32(&p, 'r', 1u << 30);
-    refused(&p, 3, "memo index 1073741824 (kpl allows up to");
+    refused(&p, 3, "memo index 1073741824 (kpl allows up to 4 in a file of 8 bytes)");
+    /* the same text decoded again and again: more bytes than the file */
     p = start();
-    op(&p, 'h'), op(&p, 9);
-    refused(&p, 2, "memo 9 was never stored");
+    uni(&p, "0123456789abcdef0123456789abcdef");
+    op(&p, 'q'), op(&p, 0);
+    uni(&p, "latin1");
+    op(&p, 'q'), op(&p, 1);
+    op(&p, ']');
+    size_t first = p.n, each = 0;
+    for (int i = 0; i < 8; i++) { /* 8 x 32 bytes from a file of 239 */
+        global(&p, "_codecs", "encode");
+        op(&p, 'h'), op(&p, 0);
+        op(&p, 'h'), op(&p, 1);
+        op(&p, 0x86);
+        op(&p, 'R');
+        op(&p, 'a');
+        if (!each) each = p.n - first;
+    }
+    refused(&p, first + 8 * each - 2, "_codecs.encode makes more bytes than the file holds");
+    p = start();
+    op(&p, 'N');
+    op(&p, 'q'), op(&p, 1);
+    op(&p, 'h'), op(&p, 2);
+    refused(&p, 5, "memo 2 was never stored");
     p = start();
     small_int(&p, 1);
     op(&p, 'a');
