@@ -230,11 +230,12 @@ static void test_fid_shift(void **state)
     free(b);
 }
 
-/* Commuting covariances: S1 = Q D1 Q^T, S2 = Q D2 Q^T give
- * sum (sqrt d1 - sqrt d2)^2, also where some d are 0 (singular). */
-static void test_fid_closed_form(void **state)
+/* Commuting covariances: S1 = Q D1 Q^T, S2 = Q D2 Q^T give |mu1 - mu2|^2
+ * + sum (sqrt d1 - sqrt d2)^2: positive definite (S1's Cholesky factor),
+ * S1 singular (S2's), both singular (the eigendecomposition). */
+static void closed_form(bool singular1, bool singular2)
 {
-    (void)state;
+    bool singular = singular1 || singular2;
     enum { D = 48 };
     static double q[D * D], s1[D * D], s2[D * D], mu1[D], mu2[D], d1[D], d2[D];
     rng_state = 5;
@@ -245,8 +246,8 @@ static void test_fid_closed_form(void **state)
         for (int j = 0; j < D; j++) q[i * D + j] = (i == j) - 2 * v[i] * v[j] / vv;
     double want = 0;
     for (int k = 0; k < D; k++) {
-        d1[k] = k % 5 == 0 ? 0 : 0.1 + uniform() * 3;
-        d2[k] = k % 7 == 0 ? 0 : 0.1 + uniform() * 3;
+        d1[k] = singular1 && k % 5 == 0 ? 0 : 0.1 + uniform() * 3;
+        d2[k] = singular2 && k % 7 == 0 ? 0 : 0.1 + uniform() * 3;
         mu1[k] = gauss(), mu2[k] = gauss();
         want += (sqrt(d1[k]) - sqrt(d2[k])) * (sqrt(d1[k]) - sqrt(d2[k]));
         want += (mu1[k] - mu2[k]) * (mu1[k] - mu2[k]);
@@ -259,14 +260,25 @@ static void test_fid_closed_form(void **state)
         }
     double fid = 0;
     OK(kpl_fid_from_moments(D, mu1, s1, mu2, s2, &fid));
-    print_message("closed form: FID %.15g, expected %.15g\n", fid, want);
+    print_message("closed form, %s: FID %.15g, expected %.15g\n",
+                  singular2 ? "both singular" : singular1 ? "S1 singular" : "positive definite",
+                  fid, want);
     /* a zero eigenvalue comes out as rounding, about 1e-16 of the largest,
      * whose square root (1e-8) is the error of each: a few 1e-7 here */
-    assert_close(fid, want, 1e-8, 0, "closed form", 0);
+    double tol = singular ? 1e-8 : 1e-12;
+    assert_close(fid, want, tol, 0, "closed form", 0);
     /* symmetric in its arguments */
     double back = 0;
     OK(kpl_fid_from_moments(D, mu2, s2, mu1, s1, &back));
-    assert_close(back, want, 1e-8, 0, "closed form, swapped", 0);
+    assert_close(back, want, tol, 0, "closed form, swapped", 0);
+}
+
+static void test_fid_closed_form(void **state)
+{
+    (void)state;
+    closed_form(false, false);
+    closed_form(true, false);
+    closed_form(true, true);
 }
 
 /* Sums of two halves, added element-wise as the all-reduce adds them,
@@ -709,8 +721,24 @@ static void test_feature_net_errors(void **state)
     FAILS(kpl_feature_net_create(recipe, net_path, NULL, &net), KPL_EINVAL,
           "not a sequential ending in a linear layer");
     assert_null(net);
-    OK(kpl_feature_net_create(RECIPE, net_path, NULL, &net));
+    /* a recipe that gives the input size needs no data (its root is not there) */
+    snprintf(text, sizeof text, "base: %s\nmodel:\n  input_size: [28, 28]\n  in_channels: 1\n"
+             "data:\n  root: /nonexistent\n", RECIPE);
+    kpl_test_write(tmp, "sized.yaml", text, recipe, sizeof recipe);
+    OK(kpl_feature_net_create(recipe, net_path, NULL, &net));
+    kpl_feature_net *ref = NULL;
+    OK(kpl_feature_net_create(RECIPE, net_path, NULL, &ref));
     kpl_pool *pool = kpl_pool_push();
+    float img[2 * 784];
+    for (int i = 0; i < 2 * 784; i++) img[i] = (float)(i % 29) / 28;
+    kpl_tensor *fa = NULL, *fb = NULL;
+    OK(kpl_feature_net_run(net, images(img, 2, 1, 28), &fa, NULL));
+    OK(kpl_feature_net_run(ref, images(img, 2, 1, 28), &fb, NULL));
+    assert_same_tensor(fa, fb, 0, 0, "features through either recipe");
+    assert_string_equal(kpl_feature_net_id(net), kpl_feature_net_id(ref));
+    kpl_pool_pop(pool);
+    kpl_feature_net_destroy(ref);
+    pool = kpl_pool_push();
     float x[2 * 2 * 28 * 28] = {0};
     kpl_tensor *t = NULL, *feat = NULL;
     int64_t flat[2] = {2, 784};
