@@ -36,38 +36,41 @@ static void die(const char *what)
     exit(1);
 }
 
-static uint64_t rng_state;
-static double uniform(void) /* (0, 1), xorshift64* */
+/* n numbers from kpl's Philox: N(0, 1), or U(0, 1) with `uniform`. */
+static double *draw(kpl_rng *rng, int64_t n, bool uniform)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return ((double)((rng_state * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
+    kpl_tensor *t = NULL;
+    double *d = malloc((size_t)n * sizeof *d);
+    if (!d || kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &n, &t) < 0 ||
+        (uniform ? kpl_k_uniform(t, rng, 0, 1) : kpl_k_normal(t, rng, 0, 1)) < 0)
+        die("random numbers");
+    const float *v = kpl_tensor_host_data(t);
+    for (int64_t i = 0; i < n; i++) d[i] = v[i];
+    kpl_tensor_release(t);
+    return d;
 }
-
-static double gauss(void) { return sqrt(-2 * log(uniform())) * cos(2 * M_PI * uniform()); }
 
 /* N rows of mu + s * z + U g (z, g standard normal; U dim x RANK). */
 static float *features(int64_t dim, uint64_t seed)
 {
-    double *mu = malloc((size_t)dim * sizeof *mu), *s = malloc((size_t)dim * sizeof *s);
-    double *u = malloc((size_t)(dim * RANK) * sizeof *u), g[RANK];
+    kpl_rng *rng = kpl_rng_create(seed);
+    if (!rng) die("out of memory");
+    double *mu = draw(rng, dim, false), *s = draw(rng, dim, true), *u = draw(rng, dim * RANK, false);
+    double *z = draw(rng, N * dim, false), *g = draw(rng, N * RANK, false);
     float *x = malloc((size_t)(N * dim) * sizeof *x);
-    if (!mu || !s || !u || !x) die("out of memory");
-    rng_state = seed;
-    for (int64_t i = 0; i < dim; i++) mu[i] = 0.5 * gauss(), s[i] = 0.5 + uniform();
-    for (int64_t i = 0; i < dim * RANK; i++) u[i] = gauss() / sqrt(RANK);
-    for (int64_t r = 0; r < N; r++) {
-        for (int k = 0; k < RANK; k++) g[k] = gauss();
+    if (!x) die("out of memory");
+    for (int64_t r = 0; r < N; r++)
         for (int64_t i = 0; i < dim; i++) {
-            double v = mu[i] + s[i] * gauss();
-            for (int k = 0; k < RANK; k++) v += u[i * RANK + k] * g[k];
+            double v = 0.5 * mu[i] + (0.5 + s[i]) * z[r * dim + i];
+            for (int k = 0; k < RANK; k++) v += u[i * RANK + k] * g[r * RANK + k] / sqrt(RANK);
             x[r * dim + i] = (float)v;
         }
-    }
     free(mu);
     free(s);
     free(u);
+    free(z);
+    free(g);
+    kpl_rng_destroy(rng);
     return x;
 }
 
