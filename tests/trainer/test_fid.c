@@ -809,7 +809,7 @@ static void test_cli(void **state)
     assert_int_equal(pclose(p), 0);
     assert_non_null(strstr(out, "\"dim\":128"));
     assert_non_null(strstr(out, "\"classes\":10"));
-    assert_non_null(strstr(out, "\"trained\":false"));
+    assert_non_null(strstr(out, "\"existed\":true"));
     snprintf(cmd, sizeof cmd, "'%s' data fid-net --bogus 2>/dev/null", KPL_CLI);
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);

@@ -711,7 +711,7 @@ static int cmd_fid_net(int argc, char **argv)
         free(ov);
         return 1;
     }
-    bool trained = access(out, F_OK) != 0;
+    bool existed = access(out, F_OK) == 0;
     kpl_feature_net_ensure_options o = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
     o.noverrides = nov, o.overrides = ov, o.log = say_line;
     kpl_catch_stop_signals(true);
@@ -724,9 +724,9 @@ static int cmd_fid_net(int argc, char **argv)
         fprintf(stderr, "kpl data fid-net: %s\n", kpl_last_error());
         return st == KPL_ECANCELED ? 128 + kpl_stop_requested() : 1;
     }
-    printf("{\"event\":\"fid-net\",\"checkpoint\":\"%s\",\"recipe\":\"%s\",\"trained\":%s,"
+    printf("{\"event\":\"fid-net\",\"checkpoint\":\"%s\",\"recipe\":\"%s\",\"existed\":%s,"
            "\"dim\":%lld,\"classes\":%lld,\"id\":\"%s\",\"seconds\":%.1f}\n", out, recipe,
-           trained ? "true" : "false", (long long)kpl_feature_net_dim(net),
+           existed ? "true" : "false", (long long)kpl_feature_net_dim(net),
            (long long)kpl_feature_net_classes(net), kpl_feature_net_id(net), kpl_seconds() - t0);
     kpl_feature_net_destroy(net);
     return 0;
