@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph cocoeval detops fcos seg (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph cocoeval detops fcos seg)
+all=(kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -120,6 +120,12 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       # (scripts/setup.sh --bench installs it); the set is written once.
       mkdir -p "$build/bench-cocoeval"
       "$build/bin/bench_cocoeval" "$root" "$build/bench-cocoeval" || rc=$?
+      ;;
+    fid)
+      # FID of 10k x 2 feature vectors, dims 128 and 2048, against numpy +
+      # scipy (python3-scipy); the features are written once.
+      mkdir -p "$build/bench-fid"
+      "$build/bin/bench_fid" "$root" "$build/bench-fid" || rc=$?
       ;;
     detops)
       # NMS and ROI Align against PyTorch (torch_detops.py; no torchvision)

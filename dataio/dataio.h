@@ -1,8 +1,8 @@
 /*
  * dataio.h — datasets: the KPLRecord format (docs/kplrecord.md is the
  * specification), its writer and reader, the converters from IDX, image
- * folders, LMDB, COCO and Pascal VOC (detection and segmentation), image
- * and mask folders, COCO's run-length mask encoding, and synthetic
+ * folders (with classes or without), LMDB, CIFAR-10/100, COCO and Pascal
+ * VOC (detection and segmentation), image and mask folders, COCO's run-length mask encoding, and synthetic
  * detection and segmentation sets (docs/detection-data.md,
  * docs/segmentation-data.md).
  *
@@ -230,12 +230,13 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
 /* Where a dataset is converted from: nothing, IDX files (MNIST's format),
  * an image folder, an LMDB of Caffe Datums, COCO instances JSON, Pascal VOC
  * (detection), Pascal VOC's segmentation masks, a folder of images with a
- * folder of masks. */
+ * folder of masks, CIFAR-10/100 (binary or python layout), a folder of
+ * images without classes. */
 #define KPL_CONVERT_SOURCES(X)                                                          \
     X(KPL_CONVERT_NONE, "none") X(KPL_CONVERT_IDX, "idx")                                \
     X(KPL_CONVERT_IMAGEFOLDER, "imagefolder") X(KPL_CONVERT_LMDB, "lmdb")                \
     X(KPL_CONVERT_COCO, "coco") X(KPL_CONVERT_VOC, "voc") X(KPL_CONVERT_VOC_SEG, "voc-seg") \
-    X(KPL_CONVERT_MASKS, "masks")
+    X(KPL_CONVERT_MASKS, "masks") X(KPL_CONVERT_CIFAR, "cifar") X(KPL_CONVERT_IMAGES, "images")
 typedef enum { KPL_CONVERT_SOURCES(KPL_ENUM_VALUE) } kpl_convert_source;
 /* kpl_convert_source_names (NULL-terminated), _name, _parse (-1 for others) */
 KPL_ENUM_DECLARE(kpl_convert_source);
@@ -246,13 +247,13 @@ typedef struct {
     int threads;   /* reading/checking threads (0: the OpenMP default) */
     bool progress; /* a progress line on stderr (callers pass isatty(2)) */
     const char *label; /* what the progress line calls this job */
-    bool keep_order;   /* imagefolder: keep the sorted walk order */
-    uint64_t seed;     /* imagefolder: the order's shuffle seed */
-    bool skip_bad;     /* imagefolder, coco, voc: skip bad images (and annotations)
+    bool keep_order;   /* imagefolder, images: keep the sorted walk order */
+    uint64_t seed;     /* imagefolder, images: the order's shuffle seed */
+    bool skip_bad;     /* imagefolder, images, coco, voc: skip bad images (and annotations)
                         * with a warning naming each, instead of failing */
-    int max_side;      /* imagefolder: JPEGs with a longer side are decoded, resized
+    int max_side;      /* imagefolder, images: JPEGs with a longer side are decoded, resized
                         * (antialiased) to this longer side and re-encoded; 0: keep */
-    int quality;       /* imagefolder: JPEG quality of re-encoded images (1..100) */
+    int quality;       /* imagefolder, images: JPEG quality of re-encoded images (1..100) */
     /* Asked between records (or batches of images): true stops the
      * conversion with KPL_ECANCELED, its partial output removed.  NULL:
      * never.  Called on the converting thread. */
@@ -300,6 +301,33 @@ kpl_status kpl_convert_lmdb(const char *path, const char *out_dir,
 kpl_status kpl_convert_imagefolder(const char *root, const char *out_dir,
                                    const kpl_convert_options *opt, int64_t *count,
                                    int64_t *skipped);
+
+/* A folder of images without classes (a GAN's data: faces, scenes): every
+ * .jpg, .jpeg and .png file under root, in subfolders too (hidden files
+ * and folders, and links to folders, are passed over), checked and stored
+ * as kpl_convert_imagefolder stores them, in a seeded shuffle of the
+ * byte-wise sorted relative paths unless keep_order.  Features: image
+ * (bytes) and path (string, relative to root); no label.  Options and
+ * errors as for kpl_convert_imagefolder. */
+kpl_status kpl_convert_images(const char *root, const char *out_dir,
+                              const kpl_convert_options *opt, int64_t *count, int64_t *skipped);
+
+/* One split of CIFAR-10 or CIFAR-100 ("train", or "test", also called
+ * "val"), from the folder of either layout as distributed, found from the
+ * files in src (or in its one subfolder cifar-10-batches-bin,
+ * cifar-10-batches-py, cifar-100-binary or cifar-100-python): the binary
+ * version's records, or the python version's pickles, read by a strict
+ * reader of protocol 2 that runs nothing.  Writes features image (bytes,
+ * encoding raw, shape (32, 32, 3), RGB) and label (int64[1]; CIFAR-100's
+ * fine label), and for CIFAR-100 coarse_label (int64[1]), in file order
+ * (train: data_batch_1 .. 5), then classes.txt (and for CIFAR-100
+ * coarse_classes.txt) from the meta files when they are there.  Every file
+ * of the split is checked before the dataset is started: a file cut short,
+ * a record of the wrong size, a label that is no class, a pickle of
+ * another shape or with an opcode outside the few these files use is
+ * KPL_EFORMAT naming the file and the record or byte offset. */
+kpl_status kpl_convert_cifar(const char *src, const char *split, const char *out_dir,
+                             const kpl_convert_options *opt, int64_t *count);
 
 /* ---- detection sets: COCO, Pascal VOC, a synthetic set ------------------------------ */
 /*

@@ -114,8 +114,17 @@ static kpl_status find(const kpl_dataset *ds, const char *field, const char *nam
     *idx = -1;
     if (!name || !*name) return KPL_OK;
     int i = kpl_dataset_find_feature(ds, name);
-    KPL_CHECK(i >= 0, KPL_EINVAL, "transform: %s '%s' is not a feature of %s", field, name,
-              kpl_dataset_path(ds));
+    if (i < 0) {
+        /* naming what the set has: a set without labels (--from images)
+         * read by a task that wants them is the likely case */
+        char have[512];
+        int at = 0;
+        for (int k = 0; k < kpl_dataset_num_features(ds) && at < (int)sizeof have; k++)
+            at += snprintf(have + at, sizeof have - (size_t)at, "%s%s", k ? ", " : "",
+                           kpl_dataset_feature(ds, k)->name);
+        return KPL_ERROR(KPL_EINVAL, "transform: %s '%s' is not a feature of %s (it has: %s)",
+                         field, name, kpl_dataset_path(ds), have);
+    }
     kpl_feature_type t = kpl_dataset_feature(ds, i)->type;
     KPL_CHECK(t == type, KPL_EINVAL, "transform: %s '%s' is %s, not %s", field, name,
               kpl_feature_type_name(t), kpl_feature_type_name(type));

@@ -29,16 +29,28 @@ static char tmp[256]; /* this run's files */
 
 /* ---- deterministic data ----------------------------------------------------------------- */
 
-static uint64_t rng_state;
-static double uniform(void) /* (0, 1), xorshift64* */
+/* n numbers from kpl's Philox (the same every run): N(0, 1), or U(0, 1)
+ * with `uniform`, into out (float or double: one of the two is NULL). */
+static kpl_rng *rng;
+static void draw(int64_t n, bool uniform, float *f, double *d)
 {
-    rng_state ^= rng_state >> 12;
-    rng_state ^= rng_state << 25;
-    rng_state ^= rng_state >> 27;
-    return ((double)((rng_state * 2685821657736338717ull) >> 11) + 0.5) * 0x1.0p-53;
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &n, &t));
+    OK(uniform ? kpl_k_uniform(t, rng, 0, 1) : kpl_k_normal(t, rng, 0, 1));
+    const float *v = kpl_tensor_host_data(t);
+    for (int64_t i = 0; i < n; i++) {
+        if (f) f[i] = v[i];
+        if (d) d[i] = v[i];
+    }
+    kpl_tensor_release(t);
 }
 
-static double gauss(void) { return sqrt(-2 * log(uniform())) * cos(2 * M_PI * uniform()); }
+static void reseed(uint64_t seed)
+{
+    kpl_rng_destroy(rng);
+    rng = kpl_rng_create(seed);
+    assert_non_null(rng);
+}
 
 /* n rows of x = M z + mu, z ~ N(0, I): a correlated Gaussian whose mixing
  * M (entries N(0, 1 / dim), plus the identity) and mean come from `seed`,
@@ -46,21 +58,22 @@ static double gauss(void) { return sqrt(-2 * log(uniform())) * cos(2 * M_PI * un
 static float *gaussian_rows(int64_t n, int64_t dim, uint64_t seed, uint64_t sample_seed)
 {
     double *m = malloc((size_t)(dim * dim) * sizeof *m), *mu = malloc((size_t)dim * sizeof *mu);
-    double *z = malloc((size_t)dim * sizeof *z);
+    double *z = malloc((size_t)(n * dim) * sizeof *z);
     float *x = malloc((size_t)(n * dim) * sizeof *x);
     assert_true(m && mu && z && x);
-    rng_state = seed * 0x9E3779B97F4A7C15ull + 1;
-    for (int64_t i = 0; i < dim * dim; i++) m[i] = gauss() / sqrt((double)dim);
-    for (int64_t i = 0; i < dim; i++) m[i * dim + i] += 1, mu[i] = gauss();
-    rng_state = sample_seed * 0xD1B54A32D192ED03ull + 7;
-    for (int64_t r = 0; r < n; r++) {
-        for (int64_t j = 0; j < dim; j++) z[j] = gauss();
+    reseed(seed);
+    draw(dim * dim, false, NULL, m);
+    draw(dim, false, NULL, mu);
+    for (int64_t i = 0; i < dim * dim; i++) m[i] /= sqrt((double)dim);
+    for (int64_t i = 0; i < dim; i++) m[i * dim + i] += 1;
+    reseed(1000 + sample_seed);
+    draw(n * dim, false, NULL, z);
+    for (int64_t r = 0; r < n; r++)
         for (int64_t i = 0; i < dim; i++) {
             double v = mu[i];
-            for (int64_t j = 0; j < dim; j++) v += m[i * dim + j] * z[j];
+            for (int64_t j = 0; j < dim; j++) v += m[i * dim + j] * z[r * dim + j];
             x[r * dim + i] = (float)v;
         }
-    }
     free(m);
     free(mu);
     free(z);
@@ -230,24 +243,29 @@ static void test_fid_shift(void **state)
     free(b);
 }
 
-/* Commuting covariances: S1 = Q D1 Q^T, S2 = Q D2 Q^T give
- * sum (sqrt d1 - sqrt d2)^2, also where some d are 0 (singular). */
-static void test_fid_closed_form(void **state)
+/* Commuting covariances: S1 = Q D1 Q^T, S2 = Q D2 Q^T give |mu1 - mu2|^2
+ * + sum (sqrt d1 - sqrt d2)^2: positive definite (S1's Cholesky factor),
+ * S1 singular (S2's), both singular (the eigendecomposition). */
+static void closed_form(bool singular1, bool singular2)
 {
-    (void)state;
+    bool singular = singular1 || singular2;
     enum { D = 48 };
     static double q[D * D], s1[D * D], s2[D * D], mu1[D], mu2[D], d1[D], d2[D];
-    rng_state = 5;
+    reseed(5);
     /* Q: Householder reflection I - 2 v v^T / |v|^2 (orthogonal, dense) */
-    double v[D], vv = 0;
-    for (int i = 0; i < D; i++) v[i] = gauss(), vv += v[i] * v[i];
+    double v[D], vv = 0, u1[D], u2[D];
+    draw(D, false, NULL, v);
+    draw(D, false, NULL, mu1);
+    draw(D, false, NULL, mu2);
+    draw(D, true, NULL, u1);
+    draw(D, true, NULL, u2);
+    for (int i = 0; i < D; i++) vv += v[i] * v[i];
     for (int i = 0; i < D; i++)
         for (int j = 0; j < D; j++) q[i * D + j] = (i == j) - 2 * v[i] * v[j] / vv;
     double want = 0;
     for (int k = 0; k < D; k++) {
-        d1[k] = k % 5 == 0 ? 0 : 0.1 + uniform() * 3;
-        d2[k] = k % 7 == 0 ? 0 : 0.1 + uniform() * 3;
-        mu1[k] = gauss(), mu2[k] = gauss();
+        d1[k] = singular1 && k % 5 == 0 ? 0 : 0.1 + u1[k] * 3;
+        d2[k] = singular2 && k % 7 == 0 ? 0 : 0.1 + u2[k] * 3;
         want += (sqrt(d1[k]) - sqrt(d2[k])) * (sqrt(d1[k]) - sqrt(d2[k]));
         want += (mu1[k] - mu2[k]) * (mu1[k] - mu2[k]);
     }
@@ -259,14 +277,25 @@ static void test_fid_closed_form(void **state)
         }
     double fid = 0;
     OK(kpl_fid_from_moments(D, mu1, s1, mu2, s2, &fid));
-    print_message("closed form: FID %.15g, expected %.15g\n", fid, want);
+    print_message("closed form, %s: FID %.15g, expected %.15g\n",
+                  singular2 ? "both singular" : singular1 ? "S1 singular" : "positive definite",
+                  fid, want);
     /* a zero eigenvalue comes out as rounding, about 1e-16 of the largest,
      * whose square root (1e-8) is the error of each: a few 1e-7 here */
-    assert_close(fid, want, 1e-8, 0, "closed form", 0);
+    double tol = singular ? 1e-8 : 1e-12;
+    assert_close(fid, want, tol, 0, "closed form", 0);
     /* symmetric in its arguments */
     double back = 0;
     OK(kpl_fid_from_moments(D, mu2, s2, mu1, s1, &back));
-    assert_close(back, want, 1e-8, 0, "closed form, swapped", 0);
+    assert_close(back, want, tol, 0, "closed form, swapped", 0);
+}
+
+static void test_fid_closed_form(void **state)
+{
+    (void)state;
+    closed_form(false, false);
+    closed_form(true, false);
+    closed_form(true, true);
 }
 
 /* Sums of two halves, added element-wise as the all-reduce adds them,
@@ -385,10 +414,11 @@ static void test_inception_score(void **state)
     OK(kpl_inception_score(p, 100, C, 7, &m, &sd));
     assert_close(m, 1, 1e-6, 0, "IS of equal rows", 0);
     /* against numpy: 1003 rows (parts of 100 and 101), softmax rows with zeros */
-    rng_state = 9;
+    reseed(9);
     for (int i = 0; i < 1003; i++) {
         double e[C], s = 0;
-        for (int c = 0; c < C; c++) e[c] = (i + c) % 11 == 0 ? 0 : exp(3 * gauss()), s += e[c];
+        draw(C, false, NULL, e);
+        for (int c = 0; c < C; c++) e[c] = (i + c) % 11 == 0 ? 0 : exp(3 * e[c]), s += e[c];
         for (int c = 0; c < C; c++) p[i * C + c] = (float)(e[c] / s);
     }
     OK(kpl_inception_score(p, 1003, C, 10, &m, &sd));
@@ -506,7 +536,8 @@ static void test_ensure(void **state)
     (void)state;
     if (access(FM "/t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
     snprintf(net_path, sizeof net_path, "%s/fid/fmnist_cnn.kpl", tmp);
-    const char *ov[] = {"epochs=1", "data.train.limit=20000"};
+    /* a short training (CI runs this under ASan too): 10,000 images once */
+    const char *ov[] = {"epochs=1", "data.train.limit=10000", "data.val.limit=2000"};
     char logs[2][512];
     pid_t pid[2];
     for (int k = 0; k < 2; k++) {
@@ -648,7 +679,7 @@ static void test_feature_net(void **state)
     OK(kpl_fid_stats_create(128, &s1));
     OK(kpl_fid_stats_create(128, &s2));
     OK(kpl_fid_stats_create(128, &noise));
-    rng_state = 12;
+    reseed(12);
     float *nx = malloc(B * 784 * sizeof *nx);
     for (int at = 0; at < N; at += B) {
         int n = N - at < B ? N - at : B;
@@ -656,7 +687,7 @@ static void test_feature_net(void **state)
         OK(kpl_feature_net_run(net, images(x + at * 784, n, 1, 28), &feat, &prob));
         memcpy(probs + at * 10, kpl_tensor_host_data(prob), (size_t)n * 10 * sizeof *probs);
         OK(kpl_fid_stats_add(at < N / 2 ? s1 : s2, kpl_tensor_host_data(feat), n));
-        for (int i = 0; i < n * 784; i++) nx[i] = (float)uniform();
+        draw(n * 784, true, nx, NULL);
         OK(kpl_feature_net_run(net, images(nx, n, 1, 28), &feat, NULL));
         OK(kpl_fid_stats_add(noise, kpl_tensor_host_data(feat), n));
         kpl_pool_pop(pool);
@@ -709,8 +740,24 @@ static void test_feature_net_errors(void **state)
     FAILS(kpl_feature_net_create(recipe, net_path, NULL, &net), KPL_EINVAL,
           "not a sequential ending in a linear layer");
     assert_null(net);
-    OK(kpl_feature_net_create(RECIPE, net_path, NULL, &net));
+    /* a recipe that gives the input size needs no data (its root is not there) */
+    snprintf(text, sizeof text, "base: %s\nmodel:\n  input_size: [28, 28]\n  in_channels: 1\n"
+             "data:\n  root: /nonexistent\n", RECIPE);
+    kpl_test_write(tmp, "sized.yaml", text, recipe, sizeof recipe);
+    OK(kpl_feature_net_create(recipe, net_path, NULL, &net));
+    kpl_feature_net *ref = NULL;
+    OK(kpl_feature_net_create(RECIPE, net_path, NULL, &ref));
     kpl_pool *pool = kpl_pool_push();
+    float img[2 * 784];
+    for (int i = 0; i < 2 * 784; i++) img[i] = (float)(i % 29) / 28;
+    kpl_tensor *fa = NULL, *fb = NULL;
+    OK(kpl_feature_net_run(net, images(img, 2, 1, 28), &fa, NULL));
+    OK(kpl_feature_net_run(ref, images(img, 2, 1, 28), &fb, NULL));
+    assert_same_tensor(fa, fb, 0, 0, "features through either recipe");
+    assert_string_equal(kpl_feature_net_id(net), kpl_feature_net_id(ref));
+    kpl_pool_pop(pool);
+    kpl_feature_net_destroy(ref);
+    pool = kpl_pool_push();
     float x[2 * 2 * 28 * 28] = {0};
     kpl_tensor *t = NULL, *feat = NULL;
     int64_t flat[2] = {2, 784};
@@ -762,7 +809,7 @@ static void test_cli(void **state)
     assert_int_equal(pclose(p), 0);
     assert_non_null(strstr(out, "\"dim\":128"));
     assert_non_null(strstr(out, "\"classes\":10"));
-    assert_non_null(strstr(out, "\"trained\":false"));
+    assert_non_null(strstr(out, "\"existed\":true"));
     snprintf(cmd, sizeof cmd, "'%s' data fid-net --bogus 2>/dev/null", KPL_CLI);
     int rc = system(cmd);
     assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
@@ -779,6 +826,7 @@ static int teardown(void **state)
 {
     (void)state;
     char cmd[300];
+    kpl_rng_destroy(rng);
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
     return system(cmd) == 0 ? 0 : -1;
 }

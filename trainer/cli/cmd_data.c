@@ -3,6 +3,8 @@
  * verify them (docs/kplrecord.md).
  *
  *   kpl data convert --from idx SRC OUT [--labels FILE] [writer options]
+ *   kpl data convert --from cifar SRC OUT [writer options]
+ *   kpl data convert --from imagefolder|images ROOT OUT [options]
  *   kpl data convert --from coco ANNOTATIONS.json IMAGE_DIR OUT [options]
  *   kpl data convert --from voc VOC_ROOT OUT --split SPLIT [options]
  *   kpl data convert --from voc-seg VOC_ROOT OUT --split SPLIT [--masks-dir NAME] [options]
@@ -39,6 +41,13 @@ static void usage(FILE *f)
             "      name or given with --labels), or a directory of MNIST-style files:\n"
             "      every <prefix>-images-idx3-ubyte[.gz] becomes OUT/<split>, where\n"
             "      split is 'train' for train, 'test' for t10k, else the prefix.\n"
+            "  convert --from cifar SRC OUT [options]\n"
+            "      CIFAR-10 or CIFAR-100, binary or python version, found from the files in\n"
+            "      SRC (the extracted folder, e.g. cifar-10-batches-py, or the folder\n"
+            "      holding it): OUT/train and OUT/test with image (raw 32x32x3 RGB), label\n"
+            "      (CIFAR-100: the fine label) and for CIFAR-100 coarse_label, in file\n"
+            "      order; OUT/<split>/classes.txt (and coarse_classes.txt) from the meta\n"
+            "      files.  The python version's pickles are read without running them.\n"
             "  convert --from lmdb SRC OUT [options]\n"
             "      SRC is a Caffe Datum LMDB database (a directory or a .mdb file),\n"
             "      opened read-only; encoded or raw Datums, in key order.\n"
@@ -72,6 +81,10 @@ static void usage(FILE *f)
             "      ROOT/<class>/<image>.{jpg,jpeg,png}; class index = sorted folder order\n"
             "      (OUT/classes.txt); each image decoded whole as a check, then kept as\n"
             "      its original bytes.\n"
+            "  convert --from images ROOT OUT [options]\n"
+            "      every .jpg/.jpeg/.png under ROOT, subfolders included, without classes\n"
+            "      (a GAN's data): features image and path, no label; checked and stored\n"
+            "      as imagefolder does, and its options apply.\n"
             "    --max-side N      re-encode JPEGs whose longer side exceeds N at N\n"
             "                      (upright by their EXIF orientation)\n"
             "    --quality Q       JPEG quality of re-encoded images (default 90)\n"
@@ -236,6 +249,26 @@ static int convert_idx_dir(const char *src, const char *out, kpl_convert_options
     return rc;
 }
 
+/* --from cifar: OUT/train, then OUT/test. */
+static int convert_cifar(const char *src, const char *out, kpl_convert_options *o)
+{
+    const char *splits[2] = {"train", "test"};
+    for (int k = 0; k < 2; k++) {
+        char dst[PATH_MAX];
+        snprintf(dst, sizeof dst, "%s/%s", out, splits[k]);
+        int rc = clear_dead_writer(dst);
+        if (rc) return rc;
+        int64_t n = 0;
+        double t0 = kpl_seconds();
+        o->label = dst;
+        if (kpl_convert_cifar(src, splits[k], dst, o, &n) < 0) return fail("convert");
+        printf("{\"event\":\"converted\",\"from\":\"cifar\",\"src\":\"%s\",\"out\":\"%s\","
+               "\"examples\":%lld,\"seconds\":%.2f}\n",
+               src, dst, (long long)n, kpl_seconds() - t0);
+    }
+    return 0;
+}
+
 /* --from voc-seg (pos: root, OUT, split; masks_dir) or masks (pos: images,
  * masks, OUT; classes). */
 static int convert_segmentation(kpl_convert_source from, const char *pos[3],
@@ -364,8 +397,8 @@ static int cmd_convert(int argc, char **argv)
     }
     int src = from ? kpl_convert_source_parse(from) : -1;
     if (from && src <= KPL_CONVERT_NONE) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, imagefolder, lmdb, "
-                        "coco, voc, voc-seg, masks)\n", from);
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, cifar, imagefolder, "
+                        "images, lmdb, coco, voc, voc-seg, masks)\n", from);
         return 2;
     }
     int want = src == KPL_CONVERT_COCO || src == KPL_CONVERT_MASKS ? 3 : 2;
@@ -400,10 +433,12 @@ static int cmd_convert(int argc, char **argv)
     if (voc) pos[2] = split;
     /* Take turns with other conversions into the same directory (kpl
      * train converts on first use): the lock lives in the directory that
-     * holds the dataset(s); an IDX directory writes OUT/train and OUT/test. */
+     * holds the dataset(s); an IDX directory and CIFAR write OUT/train and
+     * OUT/test. */
     char parent[PATH_MAX];
     struct stat ss;
-    bool idx_dir = src == KPL_CONVERT_IDX && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode);
+    bool idx_dir = (src == KPL_CONVERT_IDX && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode)) ||
+                   src == KPL_CONVERT_CIFAR;
     snprintf(parent, sizeof parent, "%s", pos[want - 1]);
     char *slash = strrchr(parent, '/');
     if (!idx_dir && slash == parent) slash[1] = 0;
@@ -449,27 +484,28 @@ static int convert_from(kpl_convert_source from, const char *labels, const char 
         }
         return convert_detection(from, pos, &o);
     }
-    if (from == KPL_CONVERT_IMAGEFOLDER) {
-        if (labels) {
-            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
-            return 2;
-        }
+    if (from != KPL_CONVERT_IDX && labels) {
+        fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
+        return 2;
+    }
+    if (from == KPL_CONVERT_CIFAR) return convert_cifar(pos[0], pos[1], &o);
+    if (from == KPL_CONVERT_IMAGEFOLDER || from == KPL_CONVERT_IMAGES) {
         int rc = clear_dead_writer(pos[1]);
         if (rc) return rc;
         int64_t n = 0, skipped = 0;
         double t0 = kpl_seconds();
         o.label = pos[1];
-        if (kpl_convert_imagefolder(pos[0], pos[1], &o, &n, &skipped) < 0) return fail("convert");
-        printf("{\"event\":\"converted\",\"from\":\"imagefolder\",\"src\":\"%s\",\"out\":"
+        bool classes = from == KPL_CONVERT_IMAGEFOLDER;
+        if ((classes ? kpl_convert_imagefolder(pos[0], pos[1], &o, &n, &skipped)
+                     : kpl_convert_images(pos[0], pos[1], &o, &n, &skipped)) < 0)
+            return fail("convert");
+        printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":"
                "\"%s\",\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
-               pos[0], pos[1], (long long)n, (long long)skipped, kpl_seconds() - t0);
+               kpl_convert_source_name(from), pos[0], pos[1], (long long)n, (long long)skipped,
+               kpl_seconds() - t0);
         return 0;
     }
     if (from == KPL_CONVERT_LMDB) {
-        if (labels) {
-            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
-            return 2;
-        }
         int rc = clear_dead_writer(pos[1]);
         if (rc) return rc;
         int64_t n = 0;
@@ -711,7 +747,7 @@ static int cmd_fid_net(int argc, char **argv)
         free(ov);
         return 1;
     }
-    bool trained = access(out, F_OK) != 0;
+    bool existed = access(out, F_OK) == 0;
     kpl_feature_net_ensure_options o = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
     o.noverrides = nov, o.overrides = ov, o.log = say_line;
     kpl_catch_stop_signals(true);
@@ -724,9 +760,9 @@ static int cmd_fid_net(int argc, char **argv)
         fprintf(stderr, "kpl data fid-net: %s\n", kpl_last_error());
         return st == KPL_ECANCELED ? 128 + kpl_stop_requested() : 1;
     }
-    printf("{\"event\":\"fid-net\",\"checkpoint\":\"%s\",\"recipe\":\"%s\",\"trained\":%s,"
+    printf("{\"event\":\"fid-net\",\"checkpoint\":\"%s\",\"recipe\":\"%s\",\"existed\":%s,"
            "\"dim\":%lld,\"classes\":%lld,\"id\":\"%s\",\"seconds\":%.1f}\n", out, recipe,
-           trained ? "true" : "false", (long long)kpl_feature_net_dim(net),
+           existed ? "true" : "false", (long long)kpl_feature_net_dim(net),
            (long long)kpl_feature_net_classes(net), kpl_feature_net_id(net), kpl_seconds() - t0);
     kpl_feature_net_destroy(net);
     return 0;

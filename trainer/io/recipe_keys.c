@@ -95,7 +95,8 @@ KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
            "ranks take every world-th example (same global batches for any rank count) "     \
            "instead of contiguous slices (sequential reads)"),                               \
     F_STR("data." #sp ".image_feature", data.sp.image_feature, "image", "image feature"),    \
-    F_STR("data." #sp ".label_feature", data.sp.label_feature, "label", "label feature"),    \
+    F_STR("data." #sp ".label_feature", data.sp.label_feature, "label",                      \
+          "label feature (\"\": none, for tasks that need no labels)"),                        \
     F_STR("data." #sp ".boxes_feature", data.sp.boxes_feature, "\"\"",                      \
           "boxes feature: float list x0, y0, x1, y1, ... in pixels of the stored image; "    \
           "batches carry (N, max_boxes, 4) boxes and their count (\"\": none)"),              \
@@ -210,16 +211,17 @@ const field kpl__rc_fields[] = {
     F_STR("data.root", data.root, "\"\"", "directory the split paths are relative to"),
     F_ENUM("data.convert.from", data.convert.from, "none", kpl_convert_source_names,
            "build missing splits from a source first: none, idx, imagefolder, lmdb, coco, voc, "
-           "voc-seg, masks"),
+           "voc-seg, masks, cifar, images"),
     F_STR("data.convert.source", data.convert.source, "\"\"",
-          "idx: a directory of IDX files; imagefolder/lmdb: root with one folder per split; "
-          "coco: root with <split>.json and <split>/ images; voc, voc-seg: the VOC root; "
-          "masks: root with <split>/images, <split>/masks and classes.txt"),
+          "idx: a directory of IDX files; imagefolder/images/lmdb: root with one folder per "
+          "split; coco: root with <split>.json and <split>/ images; voc, voc-seg: the VOC root; "
+          "masks: root with <split>/images, <split>/masks and classes.txt; cifar: the folder of "
+          "either layout (or holding it), splits train and test (or val)"),
     F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16, "shards per split"),
     F_INT("data.convert.max_side", data.convert.options.max_side, "0", 0, 1 << 16,
-          "imagefolder: re-encode JPEGs whose longer side exceeds this (0: keep)"),
+          "imagefolder, images: re-encode JPEGs whose longer side exceeds this (0: keep)"),
     F_INT("data.convert.quality", data.convert.options.quality, "90", 1, 100,
-          "imagefolder: JPEG quality of re-encoded images"),
+          "imagefolder, images: JPEG quality of re-encoded images"),
     F_INT("data.workers", data.workers, "1", 1, 256, "transformer processes per rank and split"),
     F_INT("data.prefetch", data.prefetch, "2", 1, 64, "batches prepared ahead"),
     SPLIT(train, NULL, NULL, "chunk"),

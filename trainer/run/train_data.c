@@ -140,11 +140,13 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     int64_t n = 0, skipped = 0;
     double t0 = kpl_seconds();
     kpl_convert_source from = r->data.convert.from;
+    /* the sources that hold several splits find one by the last part of
+     * the split's path */
+    const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
     kpl__log_info(log, "data: converting %s from %s (%s), once", out, src,
                   kpl_convert_source_name(from));
     if (from == KPL_CONVERT_IDX) {
         char images[PATH_MAX], labels[PATH_MAX];
-        const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
         KPL_CHECK(find_idx(src, split, images, labels, sizeof images), KPL_ENOTFOUND,
                   "data.convert: no %s-images-idx3-ubyte[.gz] with its labels file in %s%s",
                   split, src,
@@ -155,9 +157,7 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     } else if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
         /* coco: source/<split>.json with its images in source/<split>/ (what
          * `kpl data synth fmnist-det` writes); voc: source is the VOC root
-         * and <split> its ImageSets/Main list.  <split> is the last part of
-         * the split's path. */
-        const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
+         * and <split> its ImageSets/Main list. */
         kpl_detection_stats ds;
         if (from == KPL_CONVERT_COCO) {
             char json[PATH_MAX], dir[PATH_MAX];
@@ -173,7 +173,6 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
          * list; masks: source/<split>/images with source/<split>/masks, and
          * source/classes.txt when there is one (what `kpl data synth
          * fmnist-seg` writes). */
-        const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
         if (from == KPL_CONVERT_VOC_SEG) {
             KPL_TRY(kpl_convert_voc_seg(src, split, NULL, out, &o, &n, &skipped));
         } else {
@@ -184,11 +183,16 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
             KPL_TRY(kpl_convert_masks(im, mk, access(cl, R_OK) ? NULL : cl, out, &o, &n,
                                       &skipped));
         }
+    } else if (from == KPL_CONVERT_CIFAR) {
+        /* source: the folder of either layout; <split> train, test or val */
+        KPL_TRY(kpl_convert_cifar(src, split, out, &o, &n));
     } else {
         char in[PATH_MAX];
         snprintf(in, sizeof in, "%s/%s", src, s->path);
         if (from == KPL_CONVERT_IMAGEFOLDER)
             KPL_TRY(kpl_convert_imagefolder(in, out, &o, &n, &skipped));
+        else if (from == KPL_CONVERT_IMAGES)
+            KPL_TRY(kpl_convert_images(in, out, &o, &n, &skipped));
         else KPL_TRY(kpl_convert_lmdb(in, out, &o, &n));
     }
     kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl_seconds() - t0);

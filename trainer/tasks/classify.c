@@ -27,11 +27,17 @@ static kpl_status create(kpl_trainer *t, void **state)
     KPL_CHECK(c, KPL_ENOMEM, "out of memory");
     *state = c;
     const kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
-    for (int i = 0; i < 2; i++)
+    for (int i = 0; i < 2; i++) {
         KPL_CHECK(sp[i]->loader.transform.crop != KPL_CROP_KEEP_RATIO, KPL_EINVAL,
                   "%s: data.%s.transform.crop: classification needs images of one size, and "
                   "keep_ratio gives each batch its own (use none, center or random_resized)",
                   *r->file ? r->file : "recipe", i ? "val" : "train");
+        /* "" reads no labels, which tasks without them (a GAN's) want */
+        KPL_CHECK(sp[i]->label_feature[0] || !sp[i]->path[0], KPL_EINVAL,
+                  "%s: data.%s.label_feature is empty: classification needs a class per "
+                  "example (an int64 feature such as the converters' 'label')",
+                  *r->file ? r->file : "recipe", i ? "val" : "train");
+    }
     c->classes = r->model.num_classes;
     KPL_CHECK(c->classes >= 1, KPL_EINVAL, "%s: model.num_classes: classification needs 1 or "
               "more classes, got %lld", *r->file ? r->file : "recipe", (long long)c->classes);

@@ -359,6 +359,7 @@ typedef struct {
     int log_fd, null_fd;
     pid_t parent;
     cpu_set_t cpus;
+    sigset_t no_signals;
 } child_plan;
 
 /* In the child between fork and exec: async-signal-safe calls only (the
@@ -369,6 +370,7 @@ static void child_exec(const child_plan *p)
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != p->parent) _exit(126); /* the caller died before the line above */
     sched_setaffinity(0, sizeof p->cpus, &p->cpus); /* mpirun bound the caller to its cores */
+    sigprocmask(SIG_SETMASK, &p->no_signals, NULL); /* a mask survives exec: SIGTERM must reach it */
     dup2(p->null_fd, 0);
     dup2(p->log_fd, 1);
     dup2(p->log_fd, 2);
@@ -437,6 +439,7 @@ static kpl_status train(const ensure_ctx *e, const char *recipe, const char *dir
     memset(&plan, 0, sizeof plan);
     plan.parent = getpid();
     memset(&plan.cpus, 0xff, sizeof plan.cpus);
+    sigemptyset(&plan.no_signals);
     int nenv = 0;
     while (environ[nenv]) nenv++;
     plan.argv = calloc((size_t)o->noverrides + 8, sizeof *plan.argv);
