@@ -119,8 +119,8 @@ kpl_status kpl_fid_stats_load(const char *path, kpl_fid_stats **out, char *tag, 
  * the result is the limit that pytorch-fid's eps I offset approaches.  A
  * result a hair below 0 (rounding, for equal inputs) is returned as is.
  * KPL_EINVAL for dim < 1 or a NaN or infinite input (naming it);
- * KPL_EBACKEND when LAPACK fails.  O(dim^3): 1-2 s for dim 2048 on 2
- * cores, several times faster than scipy (bench/README.md). */
+ * KPL_EBACKEND when LAPACK fails.  O(dim^3): about 2 s for dim 2048 on 2
+ * cores, 5x faster than scipy's sqrtm (bench/README.md). */
 kpl_status kpl_fid_from_moments(int64_t dim, const double *mu1, const double *s1,
                                 const double *mu2, const double *s2, double *fid);
 /* The Fréchet distance of two statistics' moments.  KPL_EINVAL when their

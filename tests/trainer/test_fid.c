@@ -188,8 +188,9 @@ static void test_fid_scipy_singular(void **state)
     compare_with_scipy(64, 40, 50, 0, "near-singular");
 }
 
-/* Dead features: an exactly singular product, whose sqrtm scipy cannot
- * take: pytorch-fid adds its eps I offset there. */
+/* Dead features: both covariances share a null space, the case
+ * pytorch-fid's eps I offset is for (scipy 1.10's sqrtm copes without
+ * it here). */
 static void test_fid_scipy_dead(void **state)
 {
     (void)state;
