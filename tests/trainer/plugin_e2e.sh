@@ -28,7 +28,7 @@ case $case_ in
 plugin)
   need_fm
   "$kpl" train --keys --plugin "$so" > keys.txt
-  grep -q '^  name: none  # .*\[mlp|lenet|cnn|resnet|fcos|deeplabv3|unet|autoencoder|none\]$' keys.txt || die "--keys: model.name: $(grep -m1 '^  name: none' keys.txt)"
+  grep -q '^  name: none  # .*\[mlp|lenet|cnn|resnet|fcos|deeplabv3|unet|dcgan|dcgan_d|sngan|sngan_d|autoencoder|none\]$' keys.txt || die "--keys: model.name: $(grep -m1 '^  name: none' keys.txt)"
   grep -q '^  name: sgd  # .*\[sgd|adam|adamw|lars|lion\]$' keys.txt || die "--keys: optimizer.name"
   # the plugin's own keys, in its task's and model's sections
   grep -A1 '^  autoencoder:  # task autoencoder.s own keys$' keys.txt | grep -q '^    noise: 0  # denoising: .* \[0, 1\]$' || die "--keys: task.autoencoder: $(grep -A1 '^  autoencoder:' keys.txt)"
