@@ -48,8 +48,9 @@ static kpl_tensor *sum_to(kpl_tensor *g, const kpl_node *n, int i)
     return kpl_reshape(s, nd, shape);
 }
 
-/* Output gradient of a reduction brought back to the input's shape. */
-static kpl_tensor *unreduce(kpl_tensor *gy, const kpl_node *n)
+/* Output gradient of a reduction with the reduced dims put back as 1s
+ * (keepdim's shape): it broadcasts against the input. */
+static kpl_tensor *keepdims(kpl_tensor *gy, const kpl_node *n)
 {
     const kpl_op_attrs *at = kpl_node_attrs(n);
     int64_t in_shape[KPL_MAX_DIMS], kshape[KPL_MAX_DIMS];
@@ -58,7 +59,16 @@ static kpl_tensor *unreduce(kpl_tensor *gy, const kpl_node *n)
     if (kpl_shape_reduce("backward", nd, in_shape, at->naxes ? at->axes : NULL, at->naxes, true,
                          &nk, kshape) < 0)
         return NULL;
-    return kpl_expand(kpl_reshape(gy, nk, kshape), nd, in_shape);
+    return kpl_reshape(gy, nk, kshape);
+}
+
+/* Output gradient of a reduction brought back to the input's shape (a
+ * copy: use keepdims where a broadcasting op follows anyway). */
+static kpl_tensor *unreduce(kpl_tensor *gy, const kpl_node *n)
+{
+    int64_t in_shape[KPL_MAX_DIMS];
+    int nd = kpl_node_input_shape(n, 0, in_shape);
+    return kpl_expand(keepdims(gy, n), nd, in_shape);
 }
 
 static int64_t reduced_count(const kpl_node *n)
@@ -111,10 +121,10 @@ G(RELU)
 }
 G(LEAKY_RELU)
 {
-    double s = kpl_node_attrs(n)->alpha;
-    /* slope + (1 - slope) * [x > 0] */
-    RET0(kpl_mul(gy, SCAL(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, mask(KPL_BIN_GT, IN(0),
-                                                              scalar_like(gy, 0)), 1 - s), s)));
+    /* gy where x > 0, else slope gy: three passes (the mask as a factor
+     * took five) */
+    kpl_tensor *pos = kpl_compare(KPL_BIN_GT, IN(0), scalar_like(gy, 0));
+    RET0(kpl_where(pos, gy, SCAL(KPL_BIN_MUL, gy, kpl_node_attrs(n)->alpha)));
 }
 G(CLIP)
 {
@@ -239,7 +249,8 @@ G(WHERE)
 }
 
 G(SUM) { RET0(unreduce(gy, n)); }
-G(MEAN) { RET0(SCAL(KPL_BIN_DIV, unreduce(gy, n), (double)reduced_count(n))); }
+/* the division on the reduced gradient, before it is spread out */
+G(MEAN) { RET0(unreduce(SCAL(KPL_BIN_DIV, gy, (double)reduced_count(n)), n)); }
 static kpl_status g_max_min(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
 {
     /* The gradient is shared evenly among the elements equal to the extreme. */
@@ -257,7 +268,8 @@ G(VAR)
     kpl_tensor *x = IN(0);
     double den = (double)(reduced_count(n) - at->correction);
     kpl_tensor *mean = kpl_mean(x, at->naxes ? at->axes : NULL, at->naxes, true);
-    RET0(kpl_mul(unreduce(gy, n), SCAL(KPL_BIN_MUL, kpl_sub(x, mean), 2.0 / den)));
+    /* 2 / den scales the reduced gradient; the product broadcasts it */
+    RET0(kpl_mul(keepdims(SCAL(KPL_BIN_MUL, gy, 2.0 / den), n), kpl_sub(x, mean)));
 }
 G(LOGSUMEXP) { RET0(kpl_mul(unreduce(gy, n), kpl_exp(kpl_sub(IN(0), unreduce(OUT, n))))); }
 

@@ -30,6 +30,7 @@
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
+#include "bench_file.h"
 #include "bench_snapshot.h"
 #include "detect_impl.h"
 
@@ -81,45 +82,8 @@ static void die(const char *what)
 static int rounds;
 
 /* ---- the file the reference reads ----------------------------------------------------------
- * "KPLFCOS1", then entries until the end: u32 name length, the name, u32
- * ndim, ndim x i64 dims, f32 data (little-endian, as written).  Names:
- * "p:<param>", "b:<buffer>", "in:<input>", "out:<output>". */
-
-static void put_entry(FILE *f, const char *name, int ndim, const int64_t *shape, const float *v)
-{
-    uint32_t len = (uint32_t)strlen(name), nd = (uint32_t)ndim;
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    if (fwrite(&len, 4, 1, f) != 1 || fwrite(name, 1, len, f) != len || fwrite(&nd, 4, 1, f) != 1 ||
-        fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim ||
-        fwrite(v, 4, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "bench_fcos: write error\n");
-        exit(1);
-    }
-}
-
-static void put_tensor(FILE *f, const char *prefix, const char *name, kpl_tensor *t)
-{
-    char full[256];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    if (kpl_tensor_dtype(t) != KPL_F32) {
-        fprintf(stderr, "bench_fcos: %s is not f32\n", full);
-        exit(1);
-    }
-    const float *v = kpl_tensor_host_data(t);
-    if (!v) die(full);
-    put_entry(f, full, kpl_tensor_ndim(t), kpl_tensor_shape(t), v);
-}
-
-static FILE *open_out(const char *path)
-{
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite("KPLFCOS1", 1, 8, f) != 8) {
-        fprintf(stderr, "bench_fcos: cannot write %s\n", path);
-        exit(1);
-    }
-    return f;
-}
+ * bench_file.h's, magic "KPLFCOS1".  Names: "p:<param>", "b:<buffer>",
+ * "in:<input>", "out:<output>". */
 
 /* ---- the inputs ------------------------------------------------------------------------------ */
 
@@ -176,10 +140,10 @@ static void put_batch(FILE *f, const batch *b)
     float lab[FCOS_BATCH * FCOS_MAXB], nb[FCOS_BATCH];
     for (int i = 0; i < FCOS_BATCH * FCOS_MAXB; i++) lab[i] = (float)b->labels[i];
     for (int i = 0; i < FCOS_BATCH; i++) nb[i] = (float)b->nboxes[i];
-    put_tensor(f, "in:", "images", b->images);
-    put_entry(f, "in:boxes", 3, (int64_t[]){FCOS_BATCH, FCOS_MAXB, 4}, b->boxes);
-    put_entry(f, "in:labels", 2, (int64_t[]){FCOS_BATCH, FCOS_MAXB}, lab);
-    put_entry(f, "in:nboxes", 1, (int64_t[]){FCOS_BATCH}, nb);
+    bench_put_tensor(f, "in:", "images", b->images);
+    bench_put_entry(f, "in:boxes", 3, (int64_t[]){FCOS_BATCH, FCOS_MAXB, 4}, b->boxes);
+    bench_put_entry(f, "in:labels", 2, (int64_t[]){FCOS_BATCH, FCOS_MAXB}, lab);
+    bench_put_entry(f, "in:nboxes", 1, (int64_t[]){FCOS_BATCH}, nb);
 }
 
 /* ---- the model and its step --------------------------------------------------------------- */
@@ -207,14 +171,6 @@ static kpl_module *make_model(void)
     kpl_module *m = NULL;
     if (kpl_zoo_create(&c, kpl_device_cpu(), FCOS_SEED, &m) < 0) die("model");
     return m;
-}
-
-static void put_model(FILE *f, kpl_module *m)
-{
-    for (int i = 0; i < kpl_module_num_params(m); i++)
-        put_tensor(f, "p:", kpl_module_param_name(m, i), kpl_module_params(m)[i]);
-    for (int i = 0; i < kpl_module_num_buffers(m); i++)
-        put_tensor(f, "b:", kpl_module_buffer_name(m, i), kpl_module_buffers(m)[i]);
 }
 
 static kpl__fcos_loss_config loss_config(kpl_module *m)
@@ -360,8 +316,8 @@ int main(int argc, char **argv)
     snprintf(out_path, sizeof out_path, "%s/fcos_kpl_out.bin", work);
     static snapshot init;
     snapshot_take(&init, m);
-    FILE *f = open_out(init_path);
-    put_model(f, m);
+    FILE *f = bench_file_open(init_path, "KPLFCOS1");
+    bench_put_module(f, "p:", "b:", m);
     put_batch(f, &b);
     if (fclose(f) != 0) die("closing the init file");
 
@@ -376,12 +332,12 @@ int main(int argc, char **argv)
         forward_losses(m, &lc, &b, &out, loss, &kpos);
         kpl_set_grad_enabled(prev);
         for (int k = 0; k < 3; k++) kpl_tensor_get(loss[k], 0, &kloss[k]);
-        f = open_out(out_path);
+        f = bench_file_open(out_path, "KPLFCOS1");
         static const char *const kinds[3] = {"cls", "reg", "ctr"};
         for (int i = 0; i < out.n; i++) {
             char name[32];
             snprintf(name, sizeof name, "%s.%d", kinds[i / lc.levels], i % lc.levels);
-            put_tensor(f, "out:", name, out.t[i]);
+            bench_put_tensor(f, "out:", name, out.t[i]);
         }
         if (fclose(f) != 0) die("closing the output file");
         kpl_pool_pop(p);

@@ -41,6 +41,7 @@
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
+#include "bench_file.h"
 #include "bench_snapshot.h"
 #include "trainer.h"
 
@@ -175,32 +176,8 @@ static void free_batch(seg_batch *b)
     free(b->flabels);
 }
 
-/* ---- the file the reference reads ------------------------------------------------------------
- * "KPLSEG1", then entries until the end: u32 name length, the name, u32
- * ndim, ndim x i64 dims, f32 data.  Names "p:<param>", "b:<buffer>",
- * "in:images", "in:labels", "out:<i>". */
-
-static void put_entry(FILE *f, const char *name, int ndim, const int64_t *shape, const float *v)
-{
-    uint32_t len = (uint32_t)strlen(name), nd = (uint32_t)ndim;
-    int64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= shape[i];
-    if (fwrite(&len, 4, 1, f) != 1 || fwrite(name, 1, len, f) != len || fwrite(&nd, 4, 1, f) != 1 ||
-        fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim ||
-        fwrite(v, 4, (size_t)n, f) != (size_t)n) {
-        fprintf(stderr, "bench_seg: write error\n");
-        exit(1);
-    }
-}
-
-static void put_tensor(FILE *f, const char *prefix, const char *name, kpl_tensor *t)
-{
-    char full[256];
-    snprintf(full, sizeof full, "%s%s", prefix, name);
-    const float *v = kpl_tensor_dtype(t) == KPL_F32 ? kpl_tensor_host_data(t) : NULL;
-    if (!v) die(full);
-    put_entry(f, full, kpl_tensor_ndim(t), kpl_tensor_shape(t), v);
-}
+/* ---- the file the reference reads: bench_file.h's, magic "KPLSEG1"; names
+ * "p:<param>", "b:<buffer>", "in:images", "in:labels", "out:<i>". */
 
 /* ---- the model and its step --------------------------------------------------------------- */
 
@@ -286,19 +263,6 @@ static kpl_optim *make_optim(kpl_module *m)
 
 /* ---- memory ----------------------------------------------------------------------------------- */
 
-/* A field of /proc/self/status in bytes, -1 when absent. */
-static long long status_bytes(const char *field)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    char line[256];
-    long long v = -1;
-    size_t n = strlen(field);
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, field, n) && line[n] == ':') v = atoll(line + n + 1) * 1024;
-    if (f) fclose(f);
-    return v;
-}
-
 /* --mem: SEG_MEM_STEPS training steps in this fresh process, then the MEM
  * line torch_segnets.py prints too. */
 static int mem_main(const seg_case *c)
@@ -309,19 +273,15 @@ static int mem_main(const seg_case *c)
     kpl_module *m = make_model(c);
     kpl_optim *opt = make_optim(m);
     kpl_module_set_training(m, true);
-    long long base = status_bytes("VmRSS");
-    FILE *f = fopen("/proc/self/clear_refs", "w"); /* resets VmHWM (Linux >= 4.0) */
-    if (f) {
-        fputs("5", f);
-        fclose(f);
-    }
+    long long base = bench_status_bytes("VmRSS");
+    bench_reset_peak_rss();
     kpl_device_reset_peak(kpl_device_cpu());
     size_t alloc0 = kpl_device_memory_stats(kpl_device_cpu()).allocated;
     for (int i = 0; i < SEG_MEM_STEPS; i++) {
         double ph[PH_N], loss;
         train_step(m, opt, &b, ph, &loss);
     }
-    long long peak = status_bytes("VmHWM");
+    long long peak = bench_status_bytes("VmHWM");
     size_t apeak = kpl_device_memory_stats(kpl_device_cpu()).peak_allocated;
     printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu\n", peak, base, peak - base,
            apeak - alloc0);
@@ -330,18 +290,6 @@ static int mem_main(const seg_case *c)
     free_batch(&b);
     kpl_pool_pop(top);
     return 0;
-}
-
-typedef struct {
-    double peak, base, growth, alloc_peak;
-} mem_line;
-
-static void mem_line_parse(const char *line, void *ctx)
-{
-    mem_line *r = ctx;
-    if (!strncmp(line, "MEM ", 4))
-        sscanf(line, "MEM peak_rss=%lf base_rss=%lf growth=%lf alloc_peak=%lf", &r->peak, &r->base,
-               &r->growth, &r->alloc_peak);
 }
 
 /* ---- the reference's output ------------------------------------------------------------------ */
@@ -407,14 +355,10 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
     snprintf(path, sizeof path, "%s/seg_%s.bin", work, c->name);
     static snapshot init;
     snapshot_take(&init, m);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite("KPLSEG1", 1, 7, f) != 7) die(path);
-    for (int i = 0; i < kpl_module_num_params(m); i++)
-        put_tensor(f, "p:", kpl_module_param_name(m, i), kpl_module_params(m)[i]);
-    for (int i = 0; i < kpl_module_num_buffers(m); i++)
-        put_tensor(f, "b:", kpl_module_buffer_name(m, i), kpl_module_buffers(m)[i]);
-    put_tensor(f, "in:", "images", b.images);
-    put_entry(f, "in:labels", 3, (int64_t[]){N, S, S}, b.flabels);
+    FILE *f = bench_file_open(path, "KPLSEG1");
+    bench_put_module(f, "p:", "b:", m);
+    bench_put_tensor(f, "in:", "images", b.images);
+    bench_put_entry(f, "in:labels", 3, (int64_t[]){N, S, S}, b.flabels);
     double kloss = NAN;
     {
         kpl_pool *p = kpl_pool_push();
@@ -429,7 +373,7 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
         for (int i = 0; i < out.n; i++) {
             char name[8];
             snprintf(name, sizeof name, "%d", i);
-            put_tensor(f, "out:", name, out.t[i]);
+            bench_put_tensor(f, "out:", name, out.t[i]);
         }
         kpl_set_grad_enabled(prev);
         kpl_pool_pop(p);
@@ -464,15 +408,15 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
     }
 
     /* memory, each side in a fresh process */
-    mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
+    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
     snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem %s %s", SEG_THREADS, self, c->name,
              argtail);
-    if (bench_run_lines(cmd, mem_line_parse, &km) < 0 || isnan(km.growth)) {
+    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
         fprintf(stderr, "bench_seg: kpl's memory run failed: %s\n", cmd);
         return 1;
     }
     snprintf(cmd, sizeof cmd, "%s mem %s what=train steps=%d", py, args, SEG_MEM_STEPS);
-    if (bench_run_lines(cmd, mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
+    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
         fprintf(stderr, "bench_seg: no MEM line from: %s\n", cmd);
         bench_ref_failures++;
     }

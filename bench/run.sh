@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg (none = all of them).
+# Groups: kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg gan (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -18,7 +18,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg)
+all=(kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg gan)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -146,6 +146,15 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       mkdir -p "$build/bench-seg"
       # shellcheck disable=SC2086
       "$build/bin/bench_seg" "$here" "$build/bench-seg" ${KPL_BENCH_SEG_ARGS:-} || rc=$?
+      ;;
+    gan)
+      # DCGAN (BCE) and WGAN-GP (gradient penalty by double backward)
+      # iterations on the zoo's dcgan pair against the same networks in
+      # PyTorch (torch_gans.py); weights and batch go through a file under
+      # the build dir.  KPL_BENCH_GAN_ARGS: bench_gan's size options.
+      mkdir -p "$build/bench-gan"
+      # shellcheck disable=SC2086
+      "$build/bin/bench_gan" "$here" "$build/bench-gan" ${KPL_BENCH_GAN_ARGS:-} || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2

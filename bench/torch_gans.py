@@ -56,7 +56,6 @@ name, u32 ndim, ndim x i64 dims, f32 data.  Names "g:<tensor>",
 """
 import math
 import statistics
-import struct
 import sys
 import time
 
@@ -64,6 +63,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import spectral_norm
+
+from torch_segnets import read_entries, rss_bytes  # the same file format and memory probe
 
 
 # ---- DCGAN --------------------------------------------------------------------------------------
@@ -227,27 +228,6 @@ def gradient_penalty(d, xhat):
 
 # ---- bench_gan's reference side -------------------------------------------------------------------
 
-def read_entries(path):
-    import numpy as np
-    data = open(path, "rb").read()
-    if data[:7] != b"KPLGAN1":
-        sys.exit(f"torch_gans: {path} is not a KPLGAN1 file")
-    off, out = 7, {}
-    while off < len(data):
-        (ln,) = struct.unpack_from("<I", data, off)
-        off += 4
-        name = data[off:off + ln].decode()
-        off += ln
-        (nd,) = struct.unpack_from("<I", data, off)
-        off += 4
-        dims = struct.unpack_from(f"<{nd}q", data, off)
-        off += 8 * nd
-        n = math.prod(dims)
-        out[name] = torch.from_numpy(np.frombuffer(data, "<f4", n, off).copy()).reshape(dims)
-        off += 4 * n
-    return out
-
-
 def load_into(model, ent, prefix, who):
     want = state(model)
     got = {k[len(prefix):]: v for k, v in ent.items() if k.startswith(prefix)}
@@ -325,21 +305,13 @@ class Iteration:
         return [(t2 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3], losses
 
 
-def rss_bytes(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return -1
-
-
 def main():
     if len(sys.argv) < 3 or sys.argv[1] not in ("check", "time", "mem"):
         sys.exit(__doc__)
     mode, path = sys.argv[1], sys.argv[2]
     kv = dict(a.partition("=")[::2] for a in sys.argv[3:])
     torch.set_num_threads(int(kv["threads"]))
-    ent = read_entries(path)
+    ent = read_entries(path, b"KPLGAN1")
     g, d, names = build(kv, ent)
     g.train()
     d.train()

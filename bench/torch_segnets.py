@@ -276,11 +276,13 @@ def build_model(kv):
 
 # ---- bench_seg's reference side -----------------------------------------------------------------
 
-def read_entries(path):
+def read_entries(path, magic=b"KPLSEG1"):
+    """The entries of a file bench_seg (or bench_gan, magic KPLGAN1) wrote,
+    by name."""
     import numpy as np
     data = open(path, "rb").read()
-    if data[:7] != b"KPLSEG1":
-        sys.exit(f"torch_segnets: {path} is not a KPLSEG1 file")
+    if data[:7] != magic:
+        sys.exit(f"torch_segnets: {path} is not a {magic.decode()} file")
     off, out = 7, {}
     while off < len(data):
         (ln,) = struct.unpack_from("<I", data, off)

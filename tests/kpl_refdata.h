@@ -100,6 +100,31 @@ static inline const kpl_ref_tensor *kpl_ref_get_(const kpl_ref_file *r, const kp
     return t;
 }
 
+/* How many of the file's tensors have a name starting with prefix. */
+static inline int kpl_ref_count_prefixed(const kpl_ref_file *r, const char *prefix)
+{
+    int n = 0;
+    for (int i = 0; i < r->n; i++)
+        if (!strncmp(r->t[i].name, prefix, strlen(prefix))) n++;
+    return n;
+}
+
+/* Copies the reference's values into t (an f32 tensor on the CPU, a
+ * model's parameter or buffer), failing the test unless the shapes are
+ * the same; `name` is t's for the message. */
+static inline void kpl_ref_copy_into(kpl_tensor *t, const kpl_ref_tensor *r, const char *name)
+{
+    if (kpl_tensor_ndim(t) != r->ndim)
+        fail_msg("%s: %d dims, the reference's %d", name, kpl_tensor_ndim(t), r->ndim);
+    for (int d = 0; d < r->ndim; d++)
+        if (kpl_tensor_shape(t)[d] != r->shape[d])
+            fail_msg("%s: dim %d is %lld, the reference's %lld", name, d,
+                     (long long)kpl_tensor_shape(t)[d], (long long)r->shape[d]);
+    float *v = kpl_tensor_host_mutable(t);
+    assert_non_null(v);
+    for (int64_t j = 0; j < r->numel; j++) v[j] = (float)r->v[j];
+}
+
 /* The values as a kpl tensor of dtype dt on the CPU (pool-owned). */
 static inline kpl_tensor *kpl_ref_tensor_of(const kpl_ref_tensor *t, kpl_dtype dt)
 {

@@ -311,10 +311,20 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
     return KPL_OK;
 }
 
+/* A plan collapsed to one dim has inner strides 0 or 1 (plan_build):
+ * then the offsets are i times them, without the general index walk (the
+ * common case: a mask and two tensors of one shape, or a scalar). */
 #define WHERE_LOOP(TYPE)                                                       \
     do {                                                                       \
         TYPE *o = (TYPE *)po;                                                  \
         const TYPE *va = (const TYPE *)pa, *vb = (const TYPE *)pb;             \
+        if (flat) {                                                            \
+            int64_t sc = at->plan.stride[0][0], sa = at->plan.stride[1][0];    \
+            int64_t sb = at->plan.stride[2][0];                                \
+            for (int64_t i = s; i < e; i++)                                    \
+                o[i] = pc[i * sc] ? va[i * sa] : vb[i * sb];                   \
+            break;                                                             \
+        }                                                                      \
         for (int64_t i = s; i < e; i++) {                                      \
             int64_t oc = kpl__plan_offset(&at->plan, 0, i);                    \
             int64_t oa = kpl__plan_offset(&at->plan, 1, i);                    \
@@ -332,6 +342,7 @@ static kpl_status cpu_where(const kpl_kernel_args *args)
     char *po = kpl__data(args->out);
     size_t es = kpl_dtype_size(args->in[1]->dtype);
     int64_t total = at->plan.numel;
+    bool flat = at->plan.ndim == 1;
     int nchunks = chunk_count(total);
     KPL_PARALLEL_FOR(c, nchunks,
         int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;

@@ -28,28 +28,6 @@
 
 #include <unistd.h>
 
-/* How many of the file's tensors start with prefix. */
-static int count_prefixed(const kpl_ref_file *rf, const char *prefix)
-{
-    int n = 0;
-    for (int i = 0; i < rf->n; i++)
-        if (!strncmp(rf->t[i].name, prefix, strlen(prefix))) n++;
-    return n;
-}
-
-static void copy_in(kpl_tensor *t, const kpl_ref_tensor *r, const char *name)
-{
-    if (kpl_tensor_ndim(t) != r->ndim) fail_msg("%s: %d dims, torch's %d", name,
-                                                kpl_tensor_ndim(t), r->ndim);
-    for (int d = 0; d < r->ndim; d++)
-        if (kpl_tensor_shape(t)[d] != r->shape[d])
-            fail_msg("%s: dim %d is %lld, torch's %lld", name, d,
-                     (long long)kpl_tensor_shape(t)[d], (long long)r->shape[d]);
-    float *v = kpl_tensor_host_mutable(t);
-    assert_non_null(v);
-    for (int64_t j = 0; j < r->numel; j++) v[j] = (float)r->v[j];
-}
-
 /* Every parameter and buffer of m from <net>.param.<name> and
  * <net>.buf.<name>: each has a twin of its name and shape, and the file
  * has no other. */
@@ -59,12 +37,12 @@ static void load(kpl_module *m, const kpl_ref_file *rf, const char *net)
     for (int pass = 0; pass < 2; pass++) {
         snprintf(prefix, sizeof prefix, "%s.%s.", net, pass ? "buf" : "param");
         int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
-        assert_int_equal(n, count_prefixed(rf, prefix));
+        assert_int_equal(n, kpl_ref_count_prefixed(rf, prefix));
         for (int i = 0; i < n; i++) {
             const char *name = pass ? kpl_module_buffer_name(m, i) : kpl_module_param_name(m, i);
             const kpl_ref_tensor *r = kpl_ref_find(rf, "%s%s", prefix, name);
             if (!r) fail_msg("%s: %s has no torch twin", net, name);
-            copy_in((pass ? kpl_module_buffers(m) : kpl_module_params(m))[i], r, name);
+            kpl_ref_copy_into((pass ? kpl_module_buffers(m) : kpl_module_params(m))[i], r, name);
         }
     }
 }
@@ -221,8 +199,8 @@ static void test_layers_reference(void **state)
     OK(kpl_nn_instance_norm(root, "in", 3, true, 1e-5, &in));
     OK(kpl_nn_instance_norm(root, "plain", 3, false, 1e-5, &plain));
     assert_int_equal(kpl_module_num_own_params(plain), 0);
-    copy_in(kpl_module_get_param(in, "weight"), KPL_REF(rf, "inorm.weight"), "weight");
-    copy_in(kpl_module_get_param(in, "bias"), KPL_REF(rf, "inorm.bias"), "bias");
+    kpl_ref_copy_into(kpl_module_get_param(in, "weight"), KPL_REF(rf, "inorm.weight"), "weight");
+    kpl_ref_copy_into(kpl_module_get_param(in, "bias"), KPL_REF(rf, "inorm.bias"), "bias");
     static const struct {
         const char *tag;
         int which;
@@ -278,7 +256,7 @@ static void test_sngan_full_size(void **state)
             char prefix[32];
             snprintf(prefix, sizeof prefix, "full.%s.%s.", tags[k], pass ? "b" : "p");
             int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
-            assert_int_equal(n, count_prefixed(rf, prefix));
+            assert_int_equal(n, kpl_ref_count_prefixed(rf, prefix));
             for (int i = 0; i < n; i++) {
                 const char *name = pass ? kpl_module_buffer_name(m, i) : kpl_module_param_name(m, i);
                 kpl_tensor *t = (pass ? kpl_module_buffers(m) : kpl_module_params(m))[i];

@@ -24,28 +24,6 @@ static void dropouts_off(kpl_module *m)
     for (int i = 0; i < kpl_module_num_children(m); i++) dropouts_off(kpl_module_child(m, i));
 }
 
-/* How many of the file's tensors start with prefix. */
-static int count_prefixed(const kpl_ref_file *rf, const char *prefix)
-{
-    int n = 0;
-    for (int i = 0; i < rf->n; i++)
-        if (!strncmp(rf->t[i].name, prefix, strlen(prefix))) n++;
-    return n;
-}
-
-static void copy_in(kpl_tensor *t, const kpl_ref_tensor *r, const char *name)
-{
-    if (kpl_tensor_ndim(t) != r->ndim) fail_msg("%s: %d dims, torch's %d", name,
-                                                kpl_tensor_ndim(t), r->ndim);
-    for (int d = 0; d < r->ndim; d++)
-        if (kpl_tensor_shape(t)[d] != r->shape[d])
-            fail_msg("%s: dim %d is %lld, torch's %lld", name, d,
-                     (long long)kpl_tensor_shape(t)[d], (long long)r->shape[d]);
-    float *v = kpl_tensor_host_mutable(t);
-    assert_non_null(v);
-    for (int64_t j = 0; j < r->numel; j++) v[j] = (float)r->v[j];
-}
-
 /* Every parameter and buffer of m from <pfx>.param.<name> and
  * <pfx>.<bufs>.<name>: each has a twin of its name and shape, and the
  * file has no other. */
@@ -53,20 +31,20 @@ static void load(kpl_module *m, const kpl_ref_file *rf, const char *pfx, const c
 {
     char prefix[64];
     snprintf(prefix, sizeof prefix, "%s.param.", pfx);
-    assert_int_equal(kpl_module_num_params(m), count_prefixed(rf, prefix));
+    assert_int_equal(kpl_module_num_params(m), kpl_ref_count_prefixed(rf, prefix));
     for (int i = 0; i < kpl_module_num_params(m); i++) {
         const char *name = kpl_module_param_name(m, i);
         const kpl_ref_tensor *r = kpl_ref_find(rf, "%s%s", prefix, name);
         if (!r) fail_msg("%s: parameter %s has no torch twin", pfx, name);
-        copy_in(kpl_module_params(m)[i], r, name);
+        kpl_ref_copy_into(kpl_module_params(m)[i], r, name);
     }
     snprintf(prefix, sizeof prefix, "%s.%s.", pfx, bufs);
-    assert_int_equal(kpl_module_num_buffers(m), count_prefixed(rf, prefix));
+    assert_int_equal(kpl_module_num_buffers(m), kpl_ref_count_prefixed(rf, prefix));
     for (int i = 0; i < kpl_module_num_buffers(m); i++) {
         const char *name = kpl_module_buffer_name(m, i);
         const kpl_ref_tensor *r = kpl_ref_find(rf, "%s%s", prefix, name);
         if (!r) fail_msg("%s: buffer %s has no torch twin", pfx, name);
-        copy_in(kpl_module_buffers(m)[i], r, name);
+        kpl_ref_copy_into(kpl_module_buffers(m)[i], r, name);
     }
 }
 
@@ -224,8 +202,8 @@ static void test_deeplab_resnet50_names(void **state)
     OK(kpl_zoo_create(&mc, NULL, 1, &m)); /* the defaults: output stride 8, 12/24/36, 256, aux */
     assert_int_equal(kpl_module_param_count(m), (int64_t)KPL_REF(rf, "r50.count")->v[0]);
     assert_int_equal(kpl_module_param_count(m), 42004074);
-    assert_int_equal(kpl_module_num_params(m), count_prefixed(rf, "r50.p."));
-    assert_int_equal(kpl_module_num_buffers(m), count_prefixed(rf, "r50.b."));
+    assert_int_equal(kpl_module_num_params(m), kpl_ref_count_prefixed(rf, "r50.p."));
+    assert_int_equal(kpl_module_num_buffers(m), kpl_ref_count_prefixed(rf, "r50.b."));
     for (int pass = 0; pass < 2; pass++) {
         int n = pass ? kpl_module_num_buffers(m) : kpl_module_num_params(m);
         for (int i = 0; i < n; i++) {

@@ -76,9 +76,43 @@ static const kpl_key dcgan_keys[] = {
 
 typedef enum { NORM_NONE, NORM_BATCH, NORM_INSTANCE, NORM_LAYER } gan_norm;
 
+/* What a forward checks its input against: z (N, latent) for a
+ * generator, images (N, c, h, w) for a discriminator; SN-GAN's generator
+ * also views its first map as (N, width, bottom, bottom). */
 typedef struct {
-    int64_t latent, c, h, w; /* z's size; the images' */
+    int64_t latent, width, bottom, c, h, w;
 } gan_state;
+
+/* in's one tensor when it is a (N, latent) batch, else NULL with the error */
+static kpl_tensor *latent_input(const kpl_module *m, const kpl_tensor_list *in)
+{
+    const gan_state *s = kpl_module_state(m);
+    kpl_tensor *z = in->t[0];
+    if (in->n == 1 && kpl_tensor_ndim(z) == 2 && kpl_tensor_dim(z, 1) == s->latent) return z;
+    KPL_ERROR(KPL_ESHAPE, "%s: wants one (N, %lld) latent batch", kpl_module_kind_of(m)->name,
+              (long long)s->latent);
+    return NULL;
+}
+
+/* in's one tensor when it is a (N, c, h, w) batch, else NULL with the error */
+static kpl_tensor *image_input(const kpl_module *m, const kpl_tensor_list *in)
+{
+    const gan_state *s = kpl_module_state(m);
+    kpl_tensor *x = in->t[0];
+    if (in->n == 1 && kpl_tensor_ndim(x) == 4 && kpl_tensor_dim(x, 1) == s->c &&
+        kpl_tensor_dim(x, 2) == s->h && kpl_tensor_dim(x, 3) == s->w)
+        return x;
+    KPL_ERROR(KPL_ESHAPE, "%s: wants one (N, %lld, %lld, %lld) image batch",
+              kpl_module_kind_of(m)->name, (long long)s->c, (long long)s->h, (long long)s->w);
+    return NULL;
+}
+
+static kpl_status one_output(kpl_tensor_list *out, kpl_tensor *y)
+{
+    out->n = 1;
+    out->t[0] = y;
+    return y ? KPL_OK : kpl_last_status();
+}
 
 /* side = s0 x 2^k with s0 in 4..7 and k >= 1: the first feature map's
  * side and the count of stride-2 layers. */
@@ -139,33 +173,23 @@ static kpl_status dcgan_conv(kpl_module *seq, bool transposed, int64_t in, int64
 /* z (N, latent) -> main(z as (N, latent, 1, 1)) */
 static kpl_status dcgan_g_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
-    const gan_state *s = kpl_module_state(m);
-    kpl_tensor *z = in->t[0];
-    KPL_CHECK(in->n == 1 && kpl_tensor_ndim(z) == 2 && kpl_tensor_dim(z, 1) == s->latent,
-              KPL_ESHAPE, "dcgan: wants one (N, %lld) latent batch", (long long)s->latent);
-    int64_t shape[4] = {kpl_tensor_dim(z, 0), s->latent, 1, 1};
-    out->n = 1;
-    out->t[0] = kpl_module_forward(kpl_module_find(m, "main"), kpl_reshape(z, 4, shape));
-    return out->t[0] ? KPL_OK : kpl_last_status();
+    kpl_tensor *z = latent_input(m, in);
+    if (!z) return kpl_last_status();
+    int64_t shape[4] = {kpl_tensor_dim(z, 0), kpl_tensor_dim(z, 1), 1, 1};
+    return one_output(out, kpl_module_forward(kpl_module_find(m, "main"), kpl_reshape(z, 4, shape)));
 }
 
 /* x (N, C, H, W) -> main(x) (N, 1, 1, 1) as (N, 1) */
 static kpl_status dcgan_d_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
-    const gan_state *s = kpl_module_state(m);
-    kpl_tensor *x = in->t[0];
-    KPL_CHECK(in->n == 1 && kpl_tensor_ndim(x) == 4 && kpl_tensor_dim(x, 1) == s->c &&
-                  kpl_tensor_dim(x, 2) == s->h && kpl_tensor_dim(x, 3) == s->w,
-              KPL_ESHAPE, "dcgan_d: wants one (N, %lld, %lld, %lld) image batch", (long long)s->c,
-              (long long)s->h, (long long)s->w);
+    kpl_tensor *x = image_input(m, in);
+    if (!x) return kpl_last_status();
     int64_t shape[2] = {kpl_tensor_dim(x, 0), 1};
-    out->n = 1;
-    out->t[0] = kpl_reshape(kpl_module_forward(kpl_module_find(m, "main"), x), 2, shape);
-    return out->t[0] ? KPL_OK : kpl_last_status();
+    return one_output(out, kpl_reshape(kpl_module_forward(kpl_module_find(m, "main"), x), 2, shape));
 }
 
-static const kpl_module_kind dcgan_g_kind = {"dcgan_generator", dcgan_g_forward, free};
-static const kpl_module_kind dcgan_d_kind = {"dcgan_discriminator", dcgan_d_forward, free};
+static const kpl_module_kind dcgan_g_kind = {"dcgan", dcgan_g_forward, free};
+static const kpl_module_kind dcgan_d_kind = {"dcgan_d", dcgan_d_forward, free};
 
 /* The base width (model.width, 64) and its widest stage, width << (k - 1). */
 static kpl_status dcgan_width(const kpl_model_config *c, const char *who, int k, int64_t *w)
@@ -189,7 +213,7 @@ static kpl_status dcgan_create(kpl_module *parent, const char *child, const kpl_
     KPL_TRY(dcgan_width(cfg, "dcgan", k, &w));
     KPL_TRY(kpl_key_int(&cfg->keys, "latent_dim", &latent));
     KPL_TRY(dcgan_norm(cfg, "g_norm", &norm));
-    gan_state st = {latent, cfg->in_channels, cfg->in_h, cfg->in_w};
+    gan_state st = {.latent = latent, .c = cfg->in_channels, .h = cfg->in_h, .w = cfg->in_w};
     kpl_module *m = NULL, *main = NULL;
     KPL_TRY(create_node(parent, child, dev, seed, &dcgan_g_kind, &st, sizeof st, &m));
     *out = m; /* a root is the caller's to destroy, also on failure */
@@ -225,7 +249,7 @@ static kpl_status dcgan_d_create(kpl_module *parent, const char *child,
     KPL_TRY(dcgan_width(cfg, "dcgan_d", k, &w));
     KPL_TRY(dcgan_norm(cfg, "d_norm", &norm));
     KPL_TRY(kpl_key_bool(&cfg->keys, "spectral_norm", &sn));
-    gan_state st = {0, cfg->in_channels, cfg->in_h, cfg->in_w};
+    gan_state st = {.c = cfg->in_channels, .h = cfg->in_h, .w = cfg->in_w};
     kpl_module *m = NULL, *main = NULL;
     KPL_TRY(create_node(parent, child, dev, seed, &dcgan_d_kind, &st, sizeof st, &m));
     *out = m;
@@ -372,47 +396,34 @@ static kpl_status d_block(kpl_module *seq, int64_t in, int64_t out, d_block_kind
     return kind == D_DOWN ? add_layer(s, 'p') : KPL_OK;
 }
 
-typedef struct {
-    int64_t latent, width, bottom, c, h, w;
-} sngan_state;
-
 static kpl_status sngan_g_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
-    const sngan_state *s = kpl_module_state(m);
-    kpl_tensor *z = in->t[0];
-    KPL_CHECK(in->n == 1 && kpl_tensor_ndim(z) == 2 && kpl_tensor_dim(z, 1) == s->latent,
-              KPL_ESHAPE, "sngan: wants one (N, %lld) latent batch", (long long)s->latent);
+    const gan_state *s = kpl_module_state(m);
+    kpl_tensor *z = latent_input(m, in);
+    if (!z) return kpl_last_status();
     int64_t shape[4] = {kpl_tensor_dim(z, 0), s->width, s->bottom, s->bottom};
     kpl_tensor *h = kpl_reshape(kpl_module_forward(kpl_module_find(m, "linear"), z), 4, shape);
     h = kpl_module_forward(kpl_module_find(m, "blocks"), h);
-    out->n = 1;
-    out->t[0] = kpl_module_forward(kpl_module_find(m, "output"), h);
-    return out->t[0] ? KPL_OK : kpl_last_status();
+    return one_output(out, kpl_module_forward(kpl_module_find(m, "output"), h));
 }
 
 /* blocks and ReLU, global sum pooling, linear */
 static kpl_status sngan_d_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
-    const sngan_state *s = kpl_module_state(m);
-    kpl_tensor *x = in->t[0];
-    KPL_CHECK(in->n == 1 && kpl_tensor_ndim(x) == 4 && kpl_tensor_dim(x, 1) == s->c &&
-                  kpl_tensor_dim(x, 2) == s->h && kpl_tensor_dim(x, 3) == s->w,
-              KPL_ESHAPE, "sngan_d: wants one (N, %lld, %lld, %lld) image batch", (long long)s->c,
-              (long long)s->h, (long long)s->w);
-    kpl_tensor *h = kpl_module_forward(kpl_module_find(m, "model"), x);
-    h = kpl_sum(h, (int[]){2, 3}, 2, false);
-    out->n = 1;
-    out->t[0] = kpl_module_forward(kpl_module_find(m, "linear"), h);
-    return out->t[0] ? KPL_OK : kpl_last_status();
+    kpl_tensor *x = image_input(m, in);
+    if (!x) return kpl_last_status();
+    kpl_tensor *h = kpl_sum(kpl_module_forward(kpl_module_find(m, "model"), x), (int[]){2, 3}, 2,
+                            false);
+    return one_output(out, kpl_module_forward(kpl_module_find(m, "linear"), h));
 }
 
-static const kpl_module_kind sngan_g_kind = {"sngan_generator", sngan_g_forward, free};
-static const kpl_module_kind sngan_d_kind = {"sngan_discriminator", sngan_d_forward, free};
+static const kpl_module_kind sngan_g_kind = {"sngan", sngan_g_forward, free};
+static const kpl_module_kind sngan_d_kind = {"sngan_d", sngan_d_forward, free};
 
 /* H = W = 8 b with b in 4..8: the paper's b is 4 (CIFAR-10, 32 x 32); a
  * larger b makes the same networks for 40 .. 64 (not the paper's STL-10
  * ones). */
-static kpl_status sngan_state_of(const kpl_model_config *c, const char *who, sngan_state *s)
+static kpl_status sngan_sizes(const kpl_model_config *c, const char *who, gan_state *s)
 {
     KPL_CHECK(c->in_h == c->in_w && c->in_h % 8 == 0 && c->in_h >= 32 && c->in_h <= 64,
               KPL_EINVAL, "model %s: needs square images of side 32, 40, 48, 56 or 64 (got "
@@ -426,8 +437,8 @@ static kpl_status sngan_state_of(const kpl_model_config *c, const char *who, sng
 static kpl_status sngan_create(kpl_module *parent, const char *child, const kpl_model_config *cfg,
                                kpl_device *dev, uint64_t seed, kpl_module **out)
 {
-    sngan_state st;
-    KPL_TRY(sngan_state_of(cfg, "sngan", &st));
+    gan_state st;
+    KPL_TRY(sngan_sizes(cfg, "sngan", &st));
     KPL_TRY(kpl_key_int(&cfg->keys, "latent_dim", &st.latent));
     KPL_TRY(kpl_key_int(&cfg->keys, "g_width", &st.width));
     kpl_module *m = NULL, *lin = NULL, *blocks = NULL, *o = NULL;
@@ -451,9 +462,9 @@ static kpl_status sngan_d_create(kpl_module *parent, const char *child,
                                  const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
                                  kpl_module **out)
 {
-    sngan_state st;
+    gan_state st;
     bool sn;
-    KPL_TRY(sngan_state_of(cfg, "sngan_d", &st));
+    KPL_TRY(sngan_sizes(cfg, "sngan_d", &st));
     KPL_TRY(kpl_key_int(&cfg->keys, "d_width", &st.width));
     KPL_TRY(kpl_key_bool(&cfg->keys, "spectral_norm", &sn));
     kpl_module *m = NULL, *model = NULL, *lin = NULL;

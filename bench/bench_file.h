@@ -1,0 +1,106 @@
+/* bench_file.h — what the benchmarks that hand a model to a PyTorch
+ * twin share (bench_fcos.c, bench_seg.c, bench_gan.c): the file of
+ * weights and inputs the Python side reads, and the peak-memory probe
+ * both sides run alike.
+ *
+ * The file: a magic ("KPLSEG1", "KPLFCOS1", "KPLGAN1"), then entries until
+ * the end: u32 name length, the name, u32 ndim, ndim x i64 dims, f32 data
+ * (little-endian, as written).  Errors writing it end the program (exit 1):
+ * a benchmark without its reference file has nothing to compare. */
+#ifndef KPL_BENCH_FILE_H
+#define KPL_BENCH_FILE_H
+
+#include "trainer.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* path opened for writing with the magic written; exits on failure. */
+static inline FILE *bench_file_open(const char *path, const char *magic)
+{
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(magic, 1, strlen(magic), f) != strlen(magic)) {
+        fprintf(stderr, "bench: cannot write %s\n", path);
+        exit(1);
+    }
+    return f;
+}
+
+static inline void bench_put_entry(FILE *f, const char *name, int ndim, const int64_t *shape,
+                                   const float *v)
+{
+    uint32_t len = (uint32_t)strlen(name), nd = (uint32_t)ndim;
+    int64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= shape[i];
+    if (fwrite(&len, 4, 1, f) != 1 || fwrite(name, 1, len, f) != len || fwrite(&nd, 4, 1, f) != 1 ||
+        fwrite(shape, 8, (size_t)ndim, f) != (size_t)ndim ||
+        fwrite(v, 4, (size_t)n, f) != (size_t)n) {
+        fprintf(stderr, "bench: write error (%s)\n", name);
+        exit(1);
+    }
+}
+
+/* t (f32, on the CPU) as the entry prefix + name. */
+static inline void bench_put_tensor(FILE *f, const char *prefix, const char *name, kpl_tensor *t)
+{
+    char full[256];
+    snprintf(full, sizeof full, "%s%s", prefix, name);
+    const float *v = kpl_tensor_dtype(t) == KPL_F32 ? kpl_tensor_host_data(t) : NULL;
+    if (!v) {
+        fprintf(stderr, "bench: %s is not an f32 tensor on the CPU: %s\n", full, kpl_last_error());
+        exit(1);
+    }
+    bench_put_entry(f, full, kpl_tensor_ndim(t), kpl_tensor_shape(t), v);
+}
+
+/* Every parameter, then every buffer, of m as prefix + its dotted name. */
+static inline void bench_put_module(FILE *f, const char *pparam, const char *pbuf, kpl_module *m)
+{
+    for (int i = 0; i < kpl_module_num_params(m); i++)
+        bench_put_tensor(f, pparam, kpl_module_param_name(m, i), kpl_module_params(m)[i]);
+    for (int i = 0; i < kpl_module_num_buffers(m); i++)
+        bench_put_tensor(f, pbuf, kpl_module_buffer_name(m, i), kpl_module_buffers(m)[i]);
+}
+
+/* ---- peak memory, measured alike on both sides ----------------------------------------------- */
+
+/* A field of /proc/self/status in bytes, -1 when absent. */
+static inline long long bench_status_bytes(const char *field)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    long long v = -1;
+    size_t n = strlen(field);
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, field, n) && line[n] == ':') v = atoll(line + n + 1) * 1024;
+    if (f) fclose(f);
+    return v;
+}
+
+/* Resets VmHWM to the current resident set (Linux >= 4.0). */
+static inline void bench_reset_peak_rss(void)
+{
+    FILE *f = fopen("/proc/self/clear_refs", "w");
+    if (f) {
+        fputs("5", f);
+        fclose(f);
+    }
+}
+
+/* "MEM peak_rss=<B> base_rss=<B> growth=<B> [alloc_peak=<B>]", the line
+ * both sides print. */
+typedef struct {
+    double peak, base, growth, alloc_peak;
+} bench_mem_line;
+
+static inline void bench_mem_line_parse(const char *line, void *ctx)
+{
+    bench_mem_line *r = ctx;
+    if (!strncmp(line, "MEM ", 4))
+        sscanf(line, "MEM peak_rss=%lf base_rss=%lf growth=%lf alloc_peak=%lf", &r->peak, &r->base,
+               &r->growth, &r->alloc_peak);
+}
+
+#endif /* KPL_BENCH_FILE_H */
