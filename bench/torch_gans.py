@@ -64,7 +64,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import spectral_norm
 
-from torch_segnets import read_entries, rss_bytes  # the same file format and memory probe
+from torch_segnets import read_entries, reset_peak_rss, rss_bytes  # file format, memory probe
 
 
 # ---- DCGAN --------------------------------------------------------------------------------------
@@ -322,12 +322,7 @@ def main():
               flush=True)
         return
     if mode == "mem":
-        base = rss_bytes("VmRSS")
-        try:  # resets VmHWM to the current RSS (Linux >= 4.0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        base = reset_peak_rss()
         for _ in range(int(kv["steps"])):
             it.run()
         peak = rss_bytes("VmHWM")

@@ -335,6 +335,17 @@ def rss_bytes(field):
     return -1
 
 
+def reset_peak_rss():
+    """VmHWM back to the current RSS (Linux >= 4.0); the current RSS."""
+    base = rss_bytes("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return base
+
+
 def main():
     if len(sys.argv) < 3 or sys.argv[1] not in ("check", "time", "mem"):
         sys.exit(__doc__)
@@ -395,12 +406,7 @@ def main():
         return (time.perf_counter() - t0) * 1e3
 
     if mode == "mem":
-        base = rss_bytes("VmRSS")
-        try:  # resets VmHWM to the current RSS (Linux >= 4.0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        base = reset_peak_rss()
         if kv["what"] == "infer":
             model.eval()
         for _ in range(int(kv["steps"])):
