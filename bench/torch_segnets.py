@@ -299,17 +299,25 @@ def read_entries(path, magic=b"KPLSEG1"):
     return out
 
 
+def state_diff(want, got):
+    """None when the tensors got (kpl's, by name) are want's (a state
+    dict) in names and shapes, else what differs."""
+    bad = [f"{k}: kpl {tuple(got[k].shape)}, torch {tuple(want[k].shape)}"
+           for k in got if k in want and got[k].shape != want[k].shape]
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if bad or missing or extra:
+        return f"shapes {bad}; only in torch {missing}; only in kpl {extra}"
+    return None
+
+
 def load(path, kv):
     model = build_model(kv)
     ent = read_entries(path)
     want = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     got = {k[2:]: v for k, v in ent.items() if k[:2] in ("p:", "b:")}
-    bad = [f"{k}: kpl {tuple(got[k].shape)}, torch {tuple(want[k].shape)}"
-           for k in got if k in want and got[k].shape != want[k].shape]
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    if bad or missing or extra:
-        sys.exit(f"torch_segnets: state dicts differ: shapes {bad}; only in torch {missing}; "
-                 f"only in kpl {extra}")
+    diff = state_diff(want, got)
+    if diff:
+        sys.exit(f"torch_segnets: state dicts differ: {diff}")
     params = dict(model.named_parameters())
     for k in (k for k in ent if k.startswith("p:")):
         if k[2:] not in params:
