@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 /* path opened for writing with the magic written; exits on failure. */
 static inline FILE *bench_file_open(const char *path, const char *magic)
@@ -77,6 +78,18 @@ static inline long long bench_status_bytes(const char *field)
         if (!strncmp(line, field, n) && line[n] == ':') v = atoll(line + n + 1) * 1024;
     if (f) fclose(f);
     return v;
+}
+
+/* This program's path into buf (the --mem runs start it again); exits
+ * when /proc/self/exe cannot be read. */
+static inline void bench_self_path(char *buf, size_t len)
+{
+    ssize_t n = readlink("/proc/self/exe", buf, len - 1);
+    if (n <= 0) {
+        fprintf(stderr, "bench: cannot read /proc/self/exe\n");
+        exit(1);
+    }
+    buf[n] = 0;
 }
 
 /* Resets VmHWM to the current resident set (Linux >= 4.0). */

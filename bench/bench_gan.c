@@ -43,7 +43,6 @@
 #include "bench_snapshot.h"
 #include "trainer.h"
 
-#include <unistd.h>
 
 #define GAN_THREADS 2
 #define GAN_SEED 2016
@@ -498,12 +497,7 @@ int main(int argc, char **argv)
     }
     rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 64);
     char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "bench_gan: cannot read /proc/self/exe\n");
-        return 1;
-    }
-    self[n] = 0;
+    bench_self_path(self, sizeof self);
     if (strstr(cases, "dcgan") && run_case(&dc, pos[0], pos[1], self, tail)) return 1;
     if (strstr(cases, "wgangp") && run_case(&wc, pos[0], pos[1], self, tail)) return 1;
     return bench_exit_code();

@@ -46,7 +46,6 @@
 #include "trainer.h"
 
 #include <stdint.h>
-#include <unistd.h>
 
 #define SEG_THREADS 2
 #define SEG_SEED 4321
@@ -573,12 +572,7 @@ int main(int argc, char **argv)
     }
     rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 64);
     char self[1024];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) {
-        fprintf(stderr, "bench_seg: cannot read /proc/self/exe\n");
-        return 1;
-    }
-    self[n] = 0;
+    bench_self_path(self, sizeof self);
     if (strstr(cases, "unet") && run_case(&uc, pos[0], pos[1], self, tail)) return 1;
     if (strstr(cases, "deeplab") && run_case(&dc, pos[0], pos[1], self, tail)) return 1;
     return bench_exit_code();

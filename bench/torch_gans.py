@@ -64,7 +64,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.nn.utils import spectral_norm
 
-from torch_segnets import read_entries, rss_bytes  # the same file format and memory probe
+from torch_segnets import read_entries, reset_peak_rss, rss_bytes, state_diff  # shared helpers
 
 
 # ---- DCGAN --------------------------------------------------------------------------------------
@@ -231,12 +231,9 @@ def gradient_penalty(d, xhat):
 def load_into(model, ent, prefix, who):
     want = state(model)
     got = {k[len(prefix):]: v for k, v in ent.items() if k.startswith(prefix)}
-    bad = [f"{k}: kpl {tuple(got[k].shape)}, torch {tuple(want[k].shape)}"
-           for k in got if k in want and got[k].shape != want[k].shape]
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    if bad or missing or extra:
-        sys.exit(f"torch_gans: {who}'s state dicts differ: shapes {bad}; only in torch "
-                 f"{missing}; only in kpl {extra}")
+    diff = state_diff(want, got)
+    if diff:
+        sys.exit(f"torch_gans: {who}'s state dicts differ: {diff}")
     with torch.no_grad():
         for k, v in want.items():
             v.copy_(got[k])
@@ -322,12 +319,7 @@ def main():
               flush=True)
         return
     if mode == "mem":
-        base = rss_bytes("VmRSS")
-        try:  # resets VmHWM to the current RSS (Linux >= 4.0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        base = reset_peak_rss()
         for _ in range(int(kv["steps"])):
             it.run()
         peak = rss_bytes("VmHWM")

@@ -299,17 +299,25 @@ def read_entries(path, magic=b"KPLSEG1"):
     return out
 
 
+def state_diff(want, got):
+    """None when the tensors got (kpl's, by name) are want's (a state
+    dict) in names and shapes, else what differs."""
+    bad = [f"{k}: kpl {tuple(got[k].shape)}, torch {tuple(want[k].shape)}"
+           for k in got if k in want and got[k].shape != want[k].shape]
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if bad or missing or extra:
+        return f"shapes {bad}; only in torch {missing}; only in kpl {extra}"
+    return None
+
+
 def load(path, kv):
     model = build_model(kv)
     ent = read_entries(path)
     want = {k: v for k, v in model.state_dict().items() if not k.endswith("num_batches_tracked")}
     got = {k[2:]: v for k, v in ent.items() if k[:2] in ("p:", "b:")}
-    bad = [f"{k}: kpl {tuple(got[k].shape)}, torch {tuple(want[k].shape)}"
-           for k in got if k in want and got[k].shape != want[k].shape]
-    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
-    if bad or missing or extra:
-        sys.exit(f"torch_segnets: state dicts differ: shapes {bad}; only in torch {missing}; "
-                 f"only in kpl {extra}")
+    diff = state_diff(want, got)
+    if diff:
+        sys.exit(f"torch_segnets: state dicts differ: {diff}")
     params = dict(model.named_parameters())
     for k in (k for k in ent if k.startswith("p:")):
         if k[2:] not in params:
@@ -333,6 +341,17 @@ def rss_bytes(field):
             if line.startswith(field + ":"):
                 return int(line.split()[1]) * 1024
     return -1
+
+
+def reset_peak_rss():
+    """VmHWM back to the current RSS (Linux >= 4.0); the current RSS."""
+    base = rss_bytes("VmRSS")
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return base
 
 
 def main():
@@ -395,12 +414,7 @@ def main():
         return (time.perf_counter() - t0) * 1e3
 
     if mode == "mem":
-        base = rss_bytes("VmRSS")
-        try:  # resets VmHWM to the current RSS (Linux >= 4.0)
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-        except OSError:
-            pass
+        base = reset_peak_rss()
         if kv["what"] == "infer":
             model.eval()
         for _ in range(int(kv["steps"])):

@@ -44,7 +44,11 @@ KPL_ENUM_DECLARE(kpl_norm_kind);
  *           128) -> classes
  *   resnet  torchvision's ResNet-18/34/50/101/152 (depth), base width 64,
  *           ImageNet stem (7x7/2 + 3x3/2 max-pool) or CIFAR stem (3x3/1)
- * dropout applies before the last linear layer of mlp and cnn. */
+ * dropout applies before the last linear layer of mlp and cnn.  The other
+ * built-ins are registered models with keys of their own (kpl_zoo_model):
+ * fcos, deeplabv3, unet, and the GAN pairs dcgan / dcgan_d and sngan /
+ * sngan_d (a generator and its discriminator reading one key table:
+ * docs/gan-nets.md). */
 typedef struct {
     char name[32];              /* "mlp", "lenet", "cnn", "resnet", or a registered model;
                                    "none" (or ""): the task builds its own */
