@@ -40,8 +40,8 @@ cli)
     train task.yaml --print-config
   expect_usage_error "unknown task, eval" "task.yaml:2:7: task: unknown task 'tracking'" \
     eval task.yaml --checkpoint none.kpl
-  expect_usage_error "unknown task, override" "override 'task=gan': task: unknown task 'gan'" \
-    train "$recipe" task=gan --print-config
+  expect_usage_error "unknown task, override" "override 'task=pose': task: unknown task 'pose'" \
+    train "$recipe" task=pose --print-config
   # a FIFO as the recipe or as its base: refused by what it is, never
   # waited on (timeout: 124 if it hangs)
   mkfifo fifo.yaml
