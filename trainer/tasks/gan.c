@@ -113,6 +113,8 @@ static kpl_status add_model(kpl_trainer *t, const kpl_model_config *mc, const ch
     return kpl_trainer_add_model(t, name, mc->name, m, oc, NULL);
 }
 
+static void say(void *t, const char *line) { kpl_trainer_info(t, "%s", line); }
+
 static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
 {
     const char *net = NULL, *recipe = NULL;
@@ -123,7 +125,10 @@ static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
     if (!net[0]) return KPL_OK;
     KPL_CHECK(s->fid_samples >= s->is_splits, KPL_EINVAL, "task.gan: fid_samples %lld is fewer "
               "than is_splits %lld", (long long)s->fid_samples, (long long)s->is_splits);
-    KPL_TRY(kpl_feature_net_ensure(recipe, net));
+    /* the stand-in is trained on first use (minutes): say so */
+    kpl_feature_net_ensure_options eo = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
+    eo.log = say, eo.log_ctx = t;
+    KPL_TRY(kpl_feature_net_ensure_opts(recipe, net, &eo));
     KPL_TRY(kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet));
     int64_t dim = kpl_feature_net_dim(s->fnet);
     KPL_TRY(kpl_fid_stats_create(dim, &s->real));
@@ -554,7 +559,7 @@ static kpl_status fake_features(kpl_trainer *t, gan *s, float **probs, size_t *n
 {
     int64_t world = kpl_trainer_world(t), rank = kpl_trainer_rank(t);
     int64_t chunks = (s->fid_samples + CHUNK - 1) / CHUNK, K = kpl_feature_net_classes(s->fnet);
-    int64_t dim = kpl_fid_stats_dim(s->fake), mine = 0;
+    int64_t mine = 0;
     for (int64_t c = rank; c < chunks; c += world)
         mine += c == chunks - 1 ? s->fid_samples - c * CHUNK : CHUNK;
     *probs = malloc((size_t)(mine * K > 0 ? mine * K : 1) * sizeof **probs);
@@ -580,7 +585,6 @@ static kpl_status fake_features(kpl_trainer *t, gan *s, float **probs, size_t *n
         if (st >= 0) memcpy(*probs + at * K, pp, (size_t)(n * K) * sizeof **probs);
         at += n;
         kpl_pool_pop(p);
-        (void)dim;
     }
     kpl_rng_destroy(rng);
     return st;
