@@ -228,6 +228,20 @@ int kpl_get_num_threads(void);
 void kpl_set_deterministic(bool on);
 bool kpl_get_deterministic(void);
 
+/* TF32 tensor-core math for f32 matmuls and convolutions on CUDA
+ * (PyTorch's allow_tf32).  Off (the default): f32 GEMMs and convolutions
+ * use full f32 multiplies (cuBLAS CUBLAS_COMPUTE_32F, cuDNN
+ * CUDNN_FMA_MATH), so results compare with the CPU's to f32 rounding.  On:
+ * cuBLAS may round the inputs of f32 GEMMs to TF32 (10-bit mantissa,
+ * CUBLAS_COMPUTE_32F_FAST_TF32) and cuDNN may pick TF32 tensor-core
+ * convolutions (CUDNN_DEFAULT_MATH) on Ampere and later GPUs: several times
+ * faster, with a relative error near 1e-3 per product.  No effect on the
+ * CPU, on f64 or on f16/bf16 (which always use tensor cores with f32
+ * accumulation).  Process-wide; read at every call, so it can be changed
+ * between steps (a convolution's cached algorithm is kept per setting). */
+void kpl_set_tf32(bool on);
+bool kpl_get_tf32(void);
+
 /* ------------------------------------------------------------------------ */
 /* Devices and their caching allocators                                       */
 /* ------------------------------------------------------------------------ */
@@ -501,7 +515,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(INDEX, "index")   \
     X(BATCH_NORM, "batch_norm") \
     X(BOX, "box")       \
-    X(ROI_ALIGN, "roi_align")
+    X(ROI_ALIGN, "roi_align") \
+    X(AMP_UNSCALE, "amp_unscale")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -846,6 +861,19 @@ kpl_status kpl_k_roi_align_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_t
 
 /* out = x broadcast to out's shape (numpy rules), same dtype and device. */
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);
+
+/* Loss scaling (torch.cuda.amp.GradScaler's unscale step): multiplies the
+ * gradient g in place by inv_scale (finite), and sets found_inf[0] to 1.0
+ * if any element of g, as it was before the multiplication, is +-inf or
+ * NaN.  found_inf is never cleared here: the caller zeroes it once per
+ * step and passes it to every gradient, then reads it once.  g is f32,
+ * f16, bf16 or f64; found_inf is an f32 tensor of one element on g's
+ * device, not overlapping g.  The product is computed in f32 with
+ * inv_scale rounded to f32 (in f64 for f64 gradients), then rounded to
+ * g's dtype: the same bits on every device.  Does not block: on CUDA
+ * found_inf stays on the device, queued behind the kernel, until the
+ * caller reads it. */
+kpl_status kpl_k_amp_unscale(kpl_tensor *g, double inv_scale, kpl_tensor *found_inf);
 
 /* f16/bf16 <-> f32 conversions of one value (round to nearest even). */
 uint16_t kpl_f32_to_f16(float f);

@@ -698,6 +698,37 @@ kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &attrs);
 }
 
+/* ---- loss scaling ----------------------------------------------------------------- */
+
+kpl_status kpl_k_amp_unscale(kpl_tensor *g, double inv_scale, kpl_tensor *found_inf)
+{
+    const char *op = "amp_unscale";
+    CHECK_ARG(op, g, "g");
+    CHECK_ARG(op, found_inf, "found_inf");
+    KPL_CHECK(kpl_dtype_is_float(g->dtype), KPL_EDTYPE,
+              "%s: 'g' has dtype %s; f32, f16, bf16 and f64 are supported", op,
+              kpl_dtype_name(g->dtype));
+    KPL_CHECK(found_inf->dtype == KPL_F32, KPL_EDTYPE,
+              "%s: 'found_inf' has dtype %s, expected f32", op,
+              kpl_dtype_name(found_inf->dtype));
+    KPL_CHECK(found_inf->storage->dev == g->storage->dev, KPL_EDEVICE,
+              "%s: 'found_inf' is on %s but 'g' is on %s (it must live on g's device)", op,
+              found_inf->storage->dev->name, g->storage->dev->name);
+    char b[KPL_SHAPE_BUF];
+    KPL_CHECK(found_inf->numel == 1, KPL_ESHAPE,
+              "%s: 'found_inf' has shape %s (%lld elements); it must hold exactly one", op,
+              KPL_SHAPE(found_inf, b), (long long)found_inf->numel);
+    if (found_inf->storage == g->storage) {
+        size_t f0 = found_inf->offset, g0 = g->offset, g1 = g0 + kpl_tensor_nbytes(g);
+        KPL_CHECK(f0 + sizeof(float) <= g0 || f0 >= g1, KPL_EINVAL,
+                  "%s: 'found_inf' overlaps 'g'", op);
+    }
+    KPL_CHECK(isfinite(inv_scale), KPL_EINVAL, "%s: inv_scale %g is not finite", op, inv_scale);
+    if (g->numel == 0) return KPL_OK;
+    kpl_amp_attrs a = {.inv_scale = inv_scale, .found_inf = found_inf};
+    return dispatch(KPL_KOP_AMP_UNSCALE, g->dtype, g, NULL, NULL, NULL, &a);
+}
+
 /* ---- conv2d -------------------------------------------------------------------- */
 
 kpl_status kpl_shape_conv2d(const int64_t *x, const int64_t *w, const kpl_conv2d_params *p,

@@ -320,3 +320,9 @@ static _Atomic bool deterministic;
 
 void kpl_set_deterministic(bool on) { deterministic = on; }
 bool kpl_get_deterministic(void) { return deterministic; }
+
+/* Read by the CUDA GEMM and convolution entry points on every call. */
+static _Atomic bool tf32;
+
+void kpl_set_tf32(bool on) { tf32 = on; }
+bool kpl_get_tf32(void) { return tf32; }

@@ -1,9 +1,11 @@
 /*
- * cpu_misc.c — fill, arange, random (Philox), cast and copy on the CPU.
+ * cpu_misc.c — fill, arange, random (Philox), cast and copy on the CPU, and
+ * the loss-scale unscaling of kpl_k_amp_unscale.
  */
 #include "../eltwise_math.h"
 #include "kernels_impl.h"
 #include "../convert_math.h"
+#include "../amp_math.h"
 #include "../philox.h"
 
 #include <omp.h>
@@ -219,6 +221,51 @@ static kpl_status cpu_copy(const kpl_kernel_args *args)
     return KPL_OK;
 }
 
+/* ---- loss scaling ------------------------------------------------------------------ */
+
+/* Scales p[b, e) of dtype dt; 1 when a value there was not finite. */
+static int amp_unscale_range(void *p, kpl_dtype dt, float s, double sd, int64_t b, int64_t e)
+{
+    int bad = 0;
+    switch (dt) {
+    case KPL_F32:
+        for (int64_t i = b; i < e; i++) bad |= kpl_amp_f32((float *)p + i, s);
+        break;
+    case KPL_F64:
+        for (int64_t i = b; i < e; i++) bad |= kpl_amp_f64((double *)p + i, sd);
+        break;
+    case KPL_F16:
+        for (int64_t i = b; i < e; i++) bad |= kpl_amp_f16((uint16_t *)p + i, s);
+        break;
+    default: /* bf16 */
+        for (int64_t i = b; i < e; i++) bad |= kpl_amp_bf16((uint16_t *)p + i, s);
+        break;
+    }
+    return bad;
+}
+
+static kpl_status cpu_amp_unscale(const kpl_kernel_args *args)
+{
+    const kpl_amp_attrs *at = args->attrs;
+    kpl_tensor *g = args->out;
+    void *pg = kpl__data(g);
+    kpl_dtype dt = g->dtype;
+    float s = (float)at->inv_scale;
+    double sd = at->inv_scale;
+    int64_t total = g->numel;
+    int nc = chunks_for(total), bad = 0;
+    if (nc == 1) {
+        bad = amp_unscale_range(pg, dt, s, sd, 0, total);
+    } else {
+#pragma omp parallel for schedule(static) reduction(| : bad)
+        for (int c = 0; c < nc; c++)
+            bad |= amp_unscale_range(pg, dt, s, sd, total * c / nc, total * (c + 1) / nc);
+    }
+    /* Only a find writes: the flag is never cleared here. */
+    if (bad) *(float *)kpl__data(at->found_inf) = 1.0f;
+    return KPL_OK;
+}
+
 void kpl__cpu_register_misc(void)
 {
     for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++) {
@@ -232,4 +279,6 @@ void kpl__cpu_register_misc(void)
     static const kpl_dtype rnd[] = {KPL_F32, KPL_F64, KPL_F16, KPL_BF16};
     for (size_t i = 0; i < 4; i++)
         kpl_kernel_register(KPL_KOP_RANDOM, KPL_DEVICE_CPU, rnd[i], cpu_random);
+    for (size_t i = 0; i < 4; i++) /* the float dtypes, as for random */
+        kpl_kernel_register(KPL_KOP_AMP_UNSCALE, KPL_DEVICE_CPU, rnd[i], cpu_amp_unscale);
 }

@@ -1,5 +1,5 @@
 /*
- * cuda_misc.cu — FILL, ARANGE, RANDOM, CAST and COPY on CUDA.
+ * cuda_misc.cu — FILL, ARANGE, RANDOM, CAST, COPY and AMP_UNSCALE on CUDA.
  *
  * The conversions (f16/bf16 rounding, saturating float -> int) and the
  * random blocks are the ones the CPU runs, from convert_math.h and
@@ -8,6 +8,7 @@
  */
 #include "../eltwise_math.h"
 #include "../convert_math.h"
+#include "../amp_math.h"
 #include "../philox.h"
 #include "cuda_impl.h"
 
@@ -119,6 +120,26 @@ __global__ void gather_kernel(V *out, const V *x, kpl_ew_plan plan)
         kpl_cuda_plan_offsets<1>(plan, i, off);
         out[i] = x[off[0]];
     }
+}
+
+/* Scales g in place (amp_math.h, the CPU's step) and raises *found when a
+ * value was not finite.  Each block ORs its threads' finds and one thread
+ * stores 1.0f: every writer stores the same value, so the flag needs no
+ * atomics and nothing here waits for the host. */
+__global__ void amp_unscale_kernel(void *g, kpl_dtype dt, int64_t n, float s, double sd,
+                                   float *found)
+{
+    int bad = 0;
+    KPL_CUDA_FOR(i, n)
+    {
+        switch (dt) {
+        case KPL_F32: bad |= kpl_amp_f32((float *)g + i, s); break;
+        case KPL_F64: bad |= kpl_amp_f64((double *)g + i, sd); break;
+        case KPL_F16: bad |= kpl_amp_f16((uint16_t *)g + i, s); break;
+        default: bad |= kpl_amp_bf16((uint16_t *)g + i, s); break;
+        }
+    }
+    if (__syncthreads_or(bad) && threadIdx.x == 0) *found = 1.0f;
 }
 
 /* ---- entry points --------------------------------------------------------------- */
@@ -249,6 +270,21 @@ static kpl_status cuda_copy(const kpl_kernel_args *args)
     return KPL_CUDA_LAUNCHED("copy");
 }
 
+static kpl_status cuda_amp_unscale(const kpl_kernel_args *args)
+{
+    const kpl_amp_attrs *at = (const kpl_amp_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *g;
+    KPL_TRY(kpl__cuda_pointers(args, 0, &cs, &g, NULL));
+    float *found = (float *)kpl_tensor_mutable(at->found_inf);
+    if (!found) return kpl_last_status();
+    int64_t n = kpl_tensor_numel(args->out);
+    amp_unscale_kernel<<<kpl__cuda_blocks(cs, n, KPL_CUDA_THREADS), KPL_CUDA_THREADS, 0,
+                         cs->compute>>>(g, kpl_tensor_dtype(args->out), n,
+                                        (float)at->inv_scale, at->inv_scale, found);
+    return KPL_CUDA_LAUNCHED("amp_unscale");
+}
+
 extern "C" void kpl__cuda_register_misc(void)
 {
     for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++) {
@@ -262,4 +298,6 @@ extern "C" void kpl__cuda_register_misc(void)
     static const kpl_dtype rnd[] = {KPL_F32, KPL_F64, KPL_F16, KPL_BF16};
     for (size_t i = 0; i < sizeof rnd / sizeof rnd[0]; i++)
         kpl_kernel_register(KPL_KOP_RANDOM, KPL_DEVICE_CUDA, rnd[i], cuda_random);
+    for (size_t i = 0; i < sizeof rnd / sizeof rnd[0]; i++) /* the float dtypes */
+        kpl_kernel_register(KPL_KOP_AMP_UNSCALE, KPL_DEVICE_CUDA, rnd[i], cuda_amp_unscale);
 }

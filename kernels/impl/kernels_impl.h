@@ -339,6 +339,14 @@ typedef struct {
     kpl_roi_align_params p;
 } kpl_roi_attrs;
 
+/* kpl_k_amp_unscale: `out` is the gradient g, scaled in place; found_inf
+ * (one f32 element, g's device) is set to 1 when an element of g is not
+ * finite (amp_math.h has the per-element step). */
+typedef struct {
+    double inv_scale;
+    kpl_tensor *found_inf;
+} kpl_amp_attrs;
+
 /* NMS's visiting order, shared by the backends (cpu/cpu_vision.c): the
  * indices 0..n-1 of scores (f32 or f64, host memory) by decreasing score,
  * NaN first, equal scores by lower index.  KPL_ENOMEM only. */

@@ -1263,6 +1263,133 @@ static void test_batch_norm_kernels(void **state)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
 }
 
+/* ---- loss scaling ---------------------------------------------------------------- */
+
+/* One call of amp_unscale on 5 values of dtype dt (raw bits in `in`), each
+ * expected as `want` (doubles; NaN compared as NaN) with found_inf going
+ * from `flag0` to `flag1`. */
+static void amp_case(kpl_dtype dt, const void *in, const double *want, float flag0, float flag1,
+                     const char *what)
+{
+    int64_t n = 5, one = 1;
+    kpl_tensor *g = NULL, *f = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), dt, 1, &n, in, &g));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 1, &one, &flag0, &f));
+    OK(kpl_k_amp_unscale(g, 1.0 / 1024, f));
+    for (int64_t i = 0; i < n; i++) {
+        double v = tget(g, i);
+        if (isnan(want[i])) {
+            if (!isnan(v)) fail_msg("%s[%lld]: got %.9g, expected NaN", what, (long long)i, v);
+        } else if (v != want[i]) {
+            fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, v, want[i]);
+        }
+    }
+    if (tget(f, 0) != flag1)
+        fail_msg("%s: found_inf %g, expected %g", what, tget(f, 0), (double)flag1);
+    kpl_tensor_release(g);
+    kpl_tensor_release(f);
+}
+
+/* kpl_k_amp_unscale by hand: every value times 1/1024 exactly, found_inf
+ * raised by inf, -inf or NaN in each float dtype and never lowered. */
+static void test_amp_unscale(void **state)
+{
+    (void)state;
+    const double inf = INFINITY;
+    /* f32 and f64: finite values (exact products), then each special */
+    float f32_fin[5] = {2048, -3, 0.5f, 65504, 0};
+    double want_fin[5] = {2, -3.0 / 1024, 1.0 / 2048, 65504.0 / 1024, 0};
+    amp_case(KPL_F32, f32_fin, want_fin, 0, 0, "f32 finite");
+    amp_case(KPL_F32, f32_fin, want_fin, 1, 1, "f32 finite, flag already set");
+    float f32_inf[5] = {2048, (float)inf, 0.5f, 65504, 0};
+    double want_inf[5] = {2, inf, 1.0 / 2048, 65504.0 / 1024, 0};
+    amp_case(KPL_F32, f32_inf, want_inf, 0, 1, "f32 inf");
+    float f32_ninf[5] = {2048, -3, 0.5f, 65504, -(float)inf};
+    double want_ninf[5] = {2, -3.0 / 1024, 1.0 / 2048, 65504.0 / 1024, -inf};
+    amp_case(KPL_F32, f32_ninf, want_ninf, 0, 1, "f32 -inf");
+    float f32_nan[5] = {NAN, -3, 0.5f, 65504, 0};
+    double want_nan[5] = {NAN, -3.0 / 1024, 1.0 / 2048, 65504.0 / 1024, 0};
+    amp_case(KPL_F32, f32_nan, want_nan, 0, 1, "f32 NaN");
+    double f64_fin[5] = {2048, -3, 0.5, 65504, 0}, f64_inf[5] = {2048, -3, 0.5, inf, 0};
+    double f64_nan[5] = {2048, -3, NAN, 65504, 0}, f64_ninf[5] = {-inf, -3, 0.5, 65504, 0};
+    double w64_inf[5] = {2, -3.0 / 1024, 1.0 / 2048, inf, 0};
+    double w64_nan[5] = {2, -3.0 / 1024, NAN, 65504.0 / 1024, 0};
+    double w64_ninf[5] = {-inf, -3.0 / 1024, 1.0 / 2048, 65504.0 / 1024, 0};
+    amp_case(KPL_F64, f64_fin, want_fin, 0, 0, "f64 finite");
+    amp_case(KPL_F64, f64_inf, w64_inf, 0, 1, "f64 inf");
+    amp_case(KPL_F64, f64_nan, w64_nan, 0, 1, "f64 NaN");
+    amp_case(KPL_F64, f64_ninf, w64_ninf, 0, 1, "f64 -inf");
+    /* f16: 2048, -3, 0.5, 65504 (its largest finite value), 0 and the
+     * specials by their bits */
+    uint16_t h_fin[5] = {0x6800, 0xc200, 0x3800, 0x7bff, 0x0000};
+    uint16_t h_inf[5] = {0x6800, 0x7c00, 0x3800, 0x7bff, 0x0000};
+    uint16_t h_ninf[5] = {0x6800, 0xc200, 0x3800, 0x7bff, 0xfc00};
+    uint16_t h_nan[5] = {0x7e00, 0xc200, 0x3800, 0x7bff, 0x0000};
+    amp_case(KPL_F16, h_fin, want_fin, 0, 0, "f16 finite");
+    amp_case(KPL_F16, h_inf, want_inf, 0, 1, "f16 inf");
+    amp_case(KPL_F16, h_ninf, want_ninf, 0, 1, "f16 -inf");
+    amp_case(KPL_F16, h_nan, want_nan, 0, 1, "f16 NaN");
+    /* bf16: 2048, -3, 0.5, 384, 0 */
+    uint16_t b_fin[5] = {0x4500, 0xc040, 0x3f00, 0x43c0, 0x0000};
+    uint16_t b_inf[5] = {0x4500, 0x7f80, 0x3f00, 0x43c0, 0x0000};
+    uint16_t b_ninf[5] = {0x4500, 0xc040, 0x3f00, 0x43c0, 0xff80};
+    uint16_t b_nan[5] = {0x7fc0, 0xc040, 0x3f00, 0x43c0, 0x0000};
+    double wb_fin[5] = {2, -3.0 / 1024, 1.0 / 2048, 0.375, 0};
+    double wb_inf[5] = {2, inf, 1.0 / 2048, 0.375, 0};
+    double wb_ninf[5] = {2, -3.0 / 1024, 1.0 / 2048, 0.375, -inf};
+    double wb_nan[5] = {NAN, -3.0 / 1024, 1.0 / 2048, 0.375, 0};
+    amp_case(KPL_BF16, b_fin, wb_fin, 0, 0, "bf16 finite");
+    amp_case(KPL_BF16, b_inf, wb_inf, 0, 1, "bf16 inf");
+    amp_case(KPL_BF16, b_ninf, wb_ninf, 0, 1, "bf16 -inf");
+    amp_case(KPL_BF16, b_nan, wb_nan, 0, 1, "bf16 NaN");
+    /* a half product that rounds: 3 x f32(0.1) = 0.3 in f32, whose nearest
+     * f16 is 0.300048828125 (0x34cd) */
+    {
+        int64_t one = 1;
+        uint16_t three = 0x4200;
+        float z = 0;
+        kpl_tensor *g = NULL, *f = NULL;
+        OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F16, 1, &one, &three, &g));
+        OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, 1, &one, &z, &f));
+        OK(kpl_k_amp_unscale(g, 0.1, f));
+        assert_int_equal(*(const uint16_t *)kpl_tensor_host_data(g), 0x34cd);
+        assert_float_equal(tget(f, 0), 0, 0);
+        kpl_tensor_release(g);
+        kpl_tensor_release(f);
+    }
+    /* large enough for the OpenMP chunks: one inf deep inside */
+    int64_t big = 3 << 20, one = 1;
+    kpl_tensor *g = tnew(KPL_F32, 1, &big), *f = tnew(KPL_F32, 1, &one);
+    OK(kpl_k_fill(g, 6));
+    OK(kpl_k_fill(f, 0));
+    OK(kpl_k_amp_unscale(g, 0.5, f));
+    assert_float_equal(tget(f, 0), 0, 0);
+    ((float *)kpl_tensor_host_mutable(g))[big - 7] = INFINITY;
+    OK(kpl_k_amp_unscale(g, 0.5, f));
+    assert_float_equal(tget(f, 0), 1, 0);
+    assert_float_equal(tget(g, 0), 1.5, 0);
+    assert_float_equal(tget(g, big - 1), 1.5, 0);
+    assert_true(isinf(tget(g, big - 7)));
+    /* errors name the argument */
+    int64_t two = 2;
+    kpl_tensor *i32 = tnew(KPL_I32, 1, &one), *f64 = tnew(KPL_F64, 1, &one);
+    kpl_tensor *f2 = tnew(KPL_F32, 1, &two);
+    FAILS(kpl_k_amp_unscale(i32, 0.5, f), KPL_EDTYPE, "amp_unscale: 'g' has dtype i32");
+    FAILS(kpl_k_amp_unscale(g, 0.5, f64), KPL_EDTYPE,
+          "amp_unscale: 'found_inf' has dtype f64, expected f32");
+    FAILS(kpl_k_amp_unscale(g, 0.5, f2), KPL_ESHAPE,
+          "amp_unscale: 'found_inf' has shape (2) (2 elements)");
+    FAILS(kpl_k_amp_unscale(g, NAN, f), KPL_EINVAL, "amp_unscale: inv_scale nan is not finite");
+    FAILS(kpl_k_amp_unscale(NULL, 0.5, f), KPL_EINVAL, "argument 'g' is NULL");
+    FAILS(kpl_k_amp_unscale(g, 0.5, NULL), KPL_EINVAL, "argument 'found_inf' is NULL");
+    kpl_tensor *flat = NULL, *fv = NULL;
+    OK(kpl_tensor_narrow(f2, 1, 1, &fv));
+    OK(kpl_tensor_narrow(f2, 0, 2, &flat));
+    FAILS(kpl_k_amp_unscale(flat, 0.5, fv), KPL_EINVAL, "'found_inf' overlaps 'g'");
+    kpl_tensor *ts[] = {g, f, i32, f64, f2, flat, fv};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
 int run_ops_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1289,6 +1416,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_zero_size),
         cmocka_unit_test(test_gather_scatter_add_vs_reference),
         cmocka_unit_test(test_gather_dtypes_and_errors),
+        cmocka_unit_test(test_amp_unscale),
     };
     return cmocka_run_group_tests_name("ops", tests, NULL, NULL);
 }
