@@ -1,5 +1,5 @@
 /*
- * cuda_matmul.cu — MATMUL on CUDA through cuBLAS (f32, f64).
+ * cuda_matmul.cu — MATMUL on CUDA through cuBLAS: f64, f32, f16 and bf16.
  *
  * kpl tensors are row-major, cuBLAS is column-major.  A row-major (r, c)
  * matrix read column-major is its transpose, so C = op(A) op(B) is computed
@@ -11,8 +11,15 @@
  * Batches: when every operand's batch dims either equal the output's or are
  * all 1, one strided-batched call covers them (stride 0 broadcasts);
  * otherwise each output matrix gets its own call with offsets computed from
- * the broadcast pattern.  FP32 GEMMs use full precision (no TF32; see
- * cuda_init), so results compare with the CPU's.
+ * the broadcast pattern.
+ *
+ * Precision, one cublasGemmStridedBatchedEx per dtype: f64 in f64; f32 in
+ * full f32 (CUBLAS_COMPUTE_32F; the handle's math mode is the default, which
+ * never rounds f32 inputs to TF32), so results compare with the CPU's,
+ * unless kpl_set_tf32(true) asks for CUBLAS_COMPUTE_32F_FAST_TF32 (tensor
+ * cores on Ampere and later); f16 and bf16 inputs and outputs with f32
+ * compute (tensor cores, f32 accumulation, one rounding of each output;
+ * the handle disallows reduced-precision reductions, see cuda_init).
  */
 #include "cuda_impl.h"
 
@@ -69,48 +76,65 @@ static int64_t batch_offset(const kpl_matmul_attrs *at, const int64_t *dims, int
     return off;
 }
 
-/* One cuBLAS entry point per element type. */
-static cublasStatus_t gemm_batched(cublasHandle_t h, const mm_geom *g, const float *a,
-                                   int64_t sa, const float *b, int64_t sb, float *c,
-                                   int64_t count)
+/* How cuBLAS takes one dtype. */
+typedef struct {
+    cudaDataType_t type;         /* of A, B and C */
+    cublasComputeType_t compute;
+    size_t es;                   /* bytes per element */
+} gemm_types;
+
+static bool types_of(kpl_dtype dt, gemm_types *t)
 {
-    const float one = 1.0f, zero = 0.0f;
-    return cublasSgemmStridedBatched(h, g->opb, g->opa, (int)g->n, (int)g->m, (int)g->k, &one,
-                                     b, (int)g->ldb, sb, a, (int)g->lda, sa, &zero, c,
-                                     (int)g->n, g->m * g->n, (int)count);
+    switch (dt) {
+    case KPL_F64: *t = {CUDA_R_64F, CUBLAS_COMPUTE_64F, 8}; return true;
+    case KPL_F32:
+        *t = {CUDA_R_32F, kpl_get_tf32() ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F, 4};
+        return true;
+    case KPL_F16: *t = {CUDA_R_16F, CUBLAS_COMPUTE_32F, 2}; return true;
+    case KPL_BF16: *t = {CUDA_R_16BF, CUBLAS_COMPUTE_32F, 2}; return true;
+    default: return false;
+    }
 }
 
-static cublasStatus_t gemm_batched(cublasHandle_t h, const mm_geom *g, const double *a,
-                                   int64_t sa, const double *b, int64_t sb, double *c,
+/* `count` products of the geometry; a, b, c point at the first matrices,
+ * sa, sb the strides between matrices in elements (0 broadcasts). */
+static cublasStatus_t gemm_batched(cublasHandle_t h, const mm_geom *g, const gemm_types *t,
+                                   const void *a, int64_t sa, const void *b, int64_t sb, void *c,
                                    int64_t count)
 {
-    const double one = 1.0, zero = 0.0;
-    return cublasDgemmStridedBatched(h, g->opb, g->opa, (int)g->n, (int)g->m, (int)g->k, &one,
-                                     b, (int)g->ldb, sb, a, (int)g->lda, sa, &zero, c,
-                                     (int)g->n, g->m * g->n, (int)count);
+    /* alpha/beta in the compute type: double for 64F, float otherwise */
+    const double one_d = 1.0, zero_d = 0.0;
+    const float one_f = 1.0f, zero_f = 0.0f;
+    bool dbl = t->compute == CUBLAS_COMPUTE_64F;
+    return cublasGemmStridedBatchedEx(h, g->opb, g->opa, (int)g->n, (int)g->m, (int)g->k,
+                                      dbl ? (const void *)&one_d : (const void *)&one_f, b,
+                                      t->type, (int)g->ldb, sb, a, t->type, (int)g->lda, sa,
+                                      dbl ? (const void *)&zero_d : (const void *)&zero_f, c,
+                                      t->type, (int)g->n, g->m * g->n, (int)count, t->compute,
+                                      CUBLAS_GEMM_DEFAULT);
 }
 
-template <typename T>
-static kpl_status matmul_typed(kpl_cuda_state *cs, const kpl_matmul_attrs *at, const T *a,
-                               const T *b, T *c)
+static kpl_status matmul_run(kpl_cuda_state *cs, const kpl_matmul_attrs *at, const gemm_types *t,
+                             const char *a, const char *b, char *c)
 {
     mm_geom g;
     geometry(at, &g);
+    const int64_t es = (int64_t)t->es, mat_c = g.m * g.n;
     int64_t sa = uniform_stride(at, at->a_dims, g.mat_a);
     int64_t sb = uniform_stride(at, at->b_dims, g.mat_b);
     if (sa >= 0 && sb >= 0) {
         /* cuBLAS takes the batch count as int: split huge batches. */
         for (int64_t done = 0; done < g.batch; done += INT_MAX) {
             int64_t count = g.batch - done < INT_MAX ? g.batch - done : INT_MAX;
-            KPL_CUBLAS_TRY(gemm_batched(cs->blas, &g, a + done * sa, sa, b + done * sb, sb,
-                                        c + done * g.m * g.n, count));
+            KPL_CUBLAS_TRY(gemm_batched(cs->blas, &g, t, a + done * sa * es, sa,
+                                        b + done * sb * es, sb, c + done * mat_c * es, count));
         }
         return KPL_OK;
     }
     for (int64_t bi = 0; bi < g.batch; bi++) {
-        const T *pa = a + batch_offset(at, at->a_dims, g.mat_a, bi);
-        const T *pb = b + batch_offset(at, at->b_dims, g.mat_b, bi);
-        KPL_CUBLAS_TRY(gemm_batched(cs->blas, &g, pa, 0, pb, 0, c + bi * g.m * g.n, 1));
+        const char *pa = a + batch_offset(at, at->a_dims, g.mat_a, bi) * es;
+        const char *pb = b + batch_offset(at, at->b_dims, g.mat_b, bi) * es;
+        KPL_CUBLAS_TRY(gemm_batched(cs->blas, &g, t, pa, 0, pb, 0, c + bi * mat_c * es, 1));
     }
     return KPL_OK;
 }
@@ -130,18 +154,16 @@ static kpl_status cuda_matmul(const kpl_kernel_args *args)
     void *c;
     const void *in[2];
     KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &c, in));
-    const void *a = in[0], *b = in[1];
-    switch (kpl_tensor_dtype(args->in[0])) {
-    case KPL_F32: return matmul_typed(cs, at, (const float *)a, (const float *)b, (float *)c);
-    case KPL_F64: return matmul_typed(cs, at, (const double *)a, (const double *)b, (double *)c);
-    default:
-        return KPL_ERROR(KPL_EDTYPE, "matmul: no cuda kernel for dtype %s",
-                         kpl_dtype_name(kpl_tensor_dtype(args->in[0])));
-    }
+    gemm_types t;
+    kpl_dtype dt = kpl_tensor_dtype(args->in[0]);
+    KPL_CHECK(types_of(dt, &t), KPL_EDTYPE, "matmul: no cuda kernel for dtype %s",
+              kpl_dtype_name(dt));
+    return matmul_run(cs, at, &t, (const char *)in[0], (const char *)in[1], (char *)c);
 }
 
 extern "C" void kpl__cuda_register_matmul(void)
 {
-    kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CUDA, KPL_F32, cuda_matmul);
-    kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CUDA, KPL_F64, cuda_matmul);
+    static const kpl_dtype dts[] = {KPL_F32, KPL_F64, KPL_F16, KPL_BF16};
+    for (size_t i = 0; i < sizeof dts / sizeof dts[0]; i++)
+        kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CUDA, dts[i], cuda_matmul);
 }
