@@ -180,10 +180,15 @@ static kpl_status cuda_init(kpl_device *dev)
     INIT_CUDA(cudaEventCreateWithFlags(&cs->compute_mark, cudaEventDisableTiming));
     INIT_CUDA(cudaDeviceGetAttribute(&cs->sm_count, cudaDevAttrMultiProcessorCount,
                                      dev->index));
+    INIT_CUDA(cudaDeviceGetAttribute(&cs->cc_major, cudaDevAttrComputeCapabilityMajor,
+                                     dev->index));
     INIT_CUBLAS(cublasCreate(&cs->blas));
     INIT_CUBLAS(cublasSetStream(cs->blas, cs->compute));
-    /* Full-precision FP32 GEMMs (no TF32): results must match the CPU's. */
-    INIT_CUBLAS(cublasSetMathMode(cs->blas, CUBLAS_DEFAULT_MATH));
+    /* The default math never rounds f32 inputs to TF32 (the GEMMs ask for
+     * it per call, kpl_set_tf32); half GEMMs accumulate in f32 throughout,
+     * split-K partial sums included. */
+    INIT_CUBLAS(cublasSetMathMode(cs->blas, (cublasMath_t)(CUBLAS_DEFAULT_MATH |
+                                           CUBLAS_MATH_DISALLOW_REDUCED_PRECISION_REDUCTION)));
     dev->impl = cs;
     return KPL_OK;
 fail:
@@ -364,6 +369,7 @@ static void cuda_register_kernels(void)
     kpl__cuda_register_eltwise();
     kpl__cuda_register_reduce();
     kpl__cuda_register_matmul();
+    kpl__cuda_register_conv();
     kpl__cuda_register_nn();
     kpl__cuda_register_misc();
     kpl__cuda_register_vision();

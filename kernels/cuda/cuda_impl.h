@@ -29,6 +29,7 @@ typedef struct {
     cublasHandle_t blas;     /* bound to `compute` */
     cudnnHandle_t dnn;       /* bound to `compute`; created at first use */
     int sm_count;            /* multiprocessors, for grid sizes */
+    int cc_major;            /* compute capability (8 = Ampere) */
 } kpl_cuda_state;
 
 extern "C" {
@@ -62,14 +63,19 @@ kpl_status kpl__cuda_check_launch(const char *what, const char *file, int line);
  * enough to fill the device, never more than the items need, at least 1. */
 unsigned kpl__cuda_blocks(const kpl_cuda_state *cs, int64_t n, int threads);
 
+/* The device's cuDNN handle, bound to its compute stream, created at first
+ * use (cuda_conv.cu).  Thread-safe. */
+kpl_status kpl__cuda_dnn(kpl_cuda_state *cs, cudnnHandle_t *out);
+
 /* Per-file kernel registration, called by the backend's register_kernels. */
+void kpl__cuda_register_conv(void);
 void kpl__cuda_register_eltwise(void);
 void kpl__cuda_register_reduce(void);
 void kpl__cuda_register_matmul(void);
 void kpl__cuda_register_misc(void);
 void kpl__cuda_register_nn(void);
 void kpl__cuda_register_vision(void);
-/* cuDNN convolution algorithm cache counters (cuda_nn.cu). */
+/* cuDNN convolution algorithm cache counters (cuda_conv.cu). */
 kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void);
 
 } /* extern "C" */
@@ -86,6 +92,17 @@ kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void);
         cublasStatus_t kpl_cb_err_ = (call);                                \
         if (kpl_cb_err_ != CUBLAS_STATUS_SUCCESS)                           \
             return kpl__cublas_fail(kpl_cb_err_, #call, __FILE__, __LINE__); \
+    } while (0)
+
+/* A cuDNN call inside a function with `kpl_status st` and a `fail:` label. */
+#define KPL_CUDNN_TRY(call)                                                              \
+    do {                                                                                 \
+        cudnnStatus_t dn_ = (call);                                                      \
+        if (dn_ != CUDNN_STATUS_SUCCESS) {                                               \
+            st = KPL_ERROR(dn_ == CUDNN_STATUS_ALLOC_FAILED ? KPL_ENOMEM : KPL_EBACKEND, \
+                           "%s failed: %s", #call, cudnnGetErrorString(dn_));            \
+            goto fail;                                                                   \
+        }                                                                                \
     } while (0)
 
 #define KPL_CUDA_LAUNCHED(what) kpl__cuda_check_launch((what), __FILE__, __LINE__)

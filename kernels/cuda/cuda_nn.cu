@@ -1,16 +1,8 @@
 /*
- * cuda_nn.cu — the neural-network kernels on CUDA: convolution and the
- * batch-normalisation forward through cuDNN (its v9 library, "legacy"
- * descriptor API, which cuDNN 9 still ships and supports); the batch-norm
- * backward, pooling, index_select/add and gather/scatter_add as kernels of
- * our own.
- *
- * Convolution: the algorithm for each problem (kind, shapes, dtype,
- * device) is chosen once with cudnnFind*AlgorithmEx on the call's own
- * buffers — MegEngine's Fastrun, PyTorch's cudnn.benchmark — and cached;
- * the workspace comes from the device's caching allocator, so a steady
- * step allocates nothing from the driver.  Math mode is FMA only (no
- * tensor-core TF32), as for cuBLAS: results must compare with the CPU's.
+ * cuda_nn.cu — the neural-network kernels on CUDA besides convolution
+ * (cuda_conv.cu): the batch-normalisation forward through cuDNN (its v9
+ * library, "legacy" descriptor API); the batch-norm backward, pooling,
+ * index_select/add and gather/scatter_add as kernels of our own.
  *
  * Pooling is ours because kpl's max pooling is a gather at recorded
  * indices (so that it is differentiable to any order) and cuDNN's max
@@ -32,296 +24,9 @@
 #include <pthread.h>
 #include <string.h>
 
-/* ---- cuDNN plumbing ----------------------------------------------------------------- */
-
-#define KPL_CUDNN_TRY(call)                                                              \
-    do {                                                                                 \
-        cudnnStatus_t dn_ = (call);                                                      \
-        if (dn_ != CUDNN_STATUS_SUCCESS) {                                               \
-            st = KPL_ERROR(dn_ == CUDNN_STATUS_ALLOC_FAILED ? KPL_ENOMEM : KPL_EBACKEND, \
-                           "%s failed: %s", #call, cudnnGetErrorString(dn_));            \
-            goto fail;                                                                   \
-        }                                                                                \
-    } while (0)
-
-/* The device's cuDNN handle, created at first use (loading cuDNN costs
- * hundreds of milliseconds and most programs never call it). */
-static kpl_status dnn_handle(kpl_cuda_state *cs, cudnnHandle_t *out)
-{
-    kpl_status st = KPL_OK;
-    if (!cs->dnn) {
-        cudnnHandle_t h = NULL;
-        KPL_CUDNN_TRY(cudnnCreate(&h));
-        if (cudnnSetStream(h, cs->compute) != CUDNN_STATUS_SUCCESS) {
-            cudnnDestroy(h);
-            return KPL_ERROR(KPL_EBACKEND, "cudnnSetStream failed");
-        }
-        cs->dnn = h;
-    }
-    *out = cs->dnn;
-fail:
-    return st;
-}
-
 static cudnnDataType_t dnn_type(kpl_dtype dt)
 {
     return dt == KPL_F64 ? CUDNN_DATA_DOUBLE : CUDNN_DATA_FLOAT;
-}
-
-/* The descriptors of one convolution call. */
-typedef struct {
-    cudnnTensorDescriptor_t x, y, b;
-    cudnnFilterDescriptor_t w;
-    cudnnConvolutionDescriptor_t conv;
-} conv_descs;
-
-static void conv_descs_destroy(conv_descs *d)
-{
-    if (d->x) cudnnDestroyTensorDescriptor(d->x);
-    if (d->y) cudnnDestroyTensorDescriptor(d->y);
-    if (d->b) cudnnDestroyTensorDescriptor(d->b);
-    if (d->w) cudnnDestroyFilterDescriptor(d->w);
-    if (d->conv) cudnnDestroyConvolutionDescriptor(d->conv);
-}
-
-static kpl_status conv_descs_make(const kpl_conv_attrs *a, kpl_dtype dt, conv_descs *d)
-{
-    kpl_status st = KPL_OK;
-    cudnnDataType_t t = dnn_type(dt);
-    int g = a->p.groups;
-    memset(d, 0, sizeof *d);
-    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->x));
-    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->y));
-    KPL_CUDNN_TRY(cudnnCreateTensorDescriptor(&d->b));
-    KPL_CUDNN_TRY(cudnnCreateFilterDescriptor(&d->w));
-    KPL_CUDNN_TRY(cudnnCreateConvolutionDescriptor(&d->conv));
-    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->x, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->c,
-                                             (int)a->h, (int)a->w));
-    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->y, CUDNN_TENSOR_NCHW, t, (int)a->n, (int)a->o,
-                                             (int)a->oh, (int)a->ow));
-    KPL_CUDNN_TRY(cudnnSetTensor4dDescriptor(d->b, CUDNN_TENSOR_NCHW, t, 1, (int)a->o, 1, 1));
-    KPL_CUDNN_TRY(cudnnSetFilter4dDescriptor(d->w, t, CUDNN_TENSOR_NCHW, (int)a->o,
-                                             (int)(a->c / g), (int)a->kh, (int)a->kw));
-    KPL_CUDNN_TRY(cudnnSetConvolution2dDescriptor(d->conv, a->p.padding[0], a->p.padding[1],
-                                                  a->p.stride[0], a->p.stride[1],
-                                                  a->p.dilation[0], a->p.dilation[1],
-                                                  CUDNN_CROSS_CORRELATION, t));
-    KPL_CUDNN_TRY(cudnnSetConvolutionGroupCount(d->conv, g));
-    KPL_CUDNN_TRY(cudnnSetConvolutionMathType(d->conv, CUDNN_FMA_MATH));
-    return KPL_OK;
-fail:
-    conv_descs_destroy(d);
-    return st;
-}
-
-/* ---- the algorithm cache ---------------------------------------------------------- */
-
-typedef struct {
-    kpl_conv_attrs a;
-    kpl_dtype dt;
-    int device;
-    bool deterministic; /* kpl_set_deterministic at the search */
-} algo_key;
-
-typedef struct {
-    algo_key key;
-    int algo;          /* cudnnConvolution{Fwd,BwdData,BwdFilter}Algo_t */
-    size_t workspace;  /* bytes */
-} algo_entry;
-
-#define ALGO_CAP 512
-
-static struct {
-    pthread_mutex_t lock;
-    algo_entry e[ALGO_CAP];
-    int n, next; /* next: the slot a full cache overwrites (round robin) */
-    uint64_t hits, misses;
-} ac = {PTHREAD_MUTEX_INITIALIZER, {}, 0, 0, 0, 0};
-
-static bool algo_lookup(const algo_key *k, algo_entry *out)
-{
-    pthread_mutex_lock(&ac.lock);
-    bool found = false;
-    for (int i = 0; i < ac.n && !found; i++)
-        if (!memcmp(&ac.e[i].key, k, sizeof *k)) {
-            *out = ac.e[i];
-            found = true;
-        }
-    if (found) ac.hits++;
-    else ac.misses++;
-    pthread_mutex_unlock(&ac.lock);
-    return found;
-}
-
-static void algo_store(const algo_entry *e)
-{
-    pthread_mutex_lock(&ac.lock);
-    int slot = ac.n < ALGO_CAP ? ac.n++ : ac.next++ % ALGO_CAP;
-    ac.e[slot] = *e;
-    pthread_mutex_unlock(&ac.lock);
-}
-
-extern "C" kpl_algo_cache_stats kpl__cuda_conv_cache_stats(void)
-{
-    pthread_mutex_lock(&ac.lock);
-    kpl_algo_cache_stats s = {ac.hits, ac.misses, (uint64_t)ac.n};
-    pthread_mutex_unlock(&ac.lock);
-    return s;
-}
-
-/* Most workspace an algorithm search may try: what the device has free,
- * capped so a search never starves the step that follows. */
-static size_t search_budget(void)
-{
-    size_t free_b = 0, total = 0;
-    if (cudaMemGetInfo(&free_b, &total) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return (size_t)64 << 20;
-    }
-    size_t cap = (size_t)1 << 30;
-    return free_b / 2 < cap ? free_b / 2 : cap;
-}
-
-/* The fastest algorithm that ran (cuDNN sorts the results by time); in
- * deterministic mode the fastest of those whose results do not depend on
- * the order of atomic additions. */
-template <typename Perf>
-static bool first_success(const Perf *perf, int found, algo_entry *best)
-{
-    for (int i = 0; i < found; i++)
-        if (perf[i].status == CUDNN_STATUS_SUCCESS &&
-            (!best->key.deterministic || perf[i].determinism == CUDNN_DETERMINISTIC)) {
-            best->algo = (int)perf[i].algo;
-            best->workspace = perf[i].memory;
-            return true;
-        }
-    return false;
-}
-
-/* Runs cuDNN's timed search for problem `a` on the call's buffers and
- * returns the fastest algorithm that succeeded. */
-static kpl_status find_algo(cudnnHandle_t h, kpl_device *dev, const kpl_conv_attrs *a,
-                            const conv_descs *d, const void *in0, const void *in1, void *out,
-                            algo_entry *best)
-{
-    kpl_status st = KPL_OK;
-    size_t budget = search_budget();
-    void *ws = NULL;
-    while (budget >= ((size_t)1 << 20) && kpl_device_alloc(dev, budget, "conv2d search", &ws) < 0) {
-        kpl_clear_error();
-        budget /= 2;
-    }
-    if (!ws) budget = 0;
-    int found = 0;
-    enum { N = 8 };
-    switch (a->kind) {
-    case KPL_CONV_FWD: {
-        cudnnConvolutionFwdAlgoPerf_t perf[N];
-        KPL_CUDNN_TRY(cudnnFindConvolutionForwardAlgorithmEx(h, d->x, in0, d->w, in1, d->conv,
-                                                             d->y, out, N, &found, perf, ws,
-                                                             budget));
-        if (first_success(perf, found, best)) goto done;
-        break;
-    }
-    case KPL_CONV_BWD_DATA: {
-        cudnnConvolutionBwdDataAlgoPerf_t perf[N];
-        KPL_CUDNN_TRY(cudnnFindConvolutionBackwardDataAlgorithmEx(h, d->w, in1, d->y, in0,
-                                                                  d->conv, d->x, out, N, &found,
-                                                                  perf, ws, budget));
-        if (first_success(perf, found, best)) goto done;
-        break;
-    }
-    case KPL_CONV_BWD_WEIGHT: {
-        cudnnConvolutionBwdFilterAlgoPerf_t perf[N];
-        KPL_CUDNN_TRY(cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d->x, in0, d->y, in1,
-                                                                    d->conv, d->w, out, N,
-                                                                    &found, perf, ws, budget));
-        if (first_success(perf, found, best)) goto done;
-        break;
-    }
-    }
-    st = KPL_ERROR(KPL_EBACKEND, "conv2d: cuDNN found no algorithm for %lldx%lldx%lldx%lld with "
-                                 "%lld filters %lldx%lld (workspace budget %zu bytes)",
-                   (long long)a->n, (long long)a->c, (long long)a->h, (long long)a->w,
-                   (long long)a->o, (long long)a->kh, (long long)a->kw, budget);
-    goto fail;
-done:
-fail:
-    if (ws) kpl_device_free(dev, ws);
-    return st;
-}
-
-static kpl_status cuda_conv(const kpl_kernel_args *args)
-{
-    const kpl_conv_attrs *a = (const kpl_conv_attrs *)args->attrs;
-    kpl_status st = KPL_OK;
-    KPL_CHECK(a->n <= INT32_MAX && a->c <= INT32_MAX && a->h <= INT32_MAX && a->w <= INT32_MAX &&
-                  a->o <= INT32_MAX,
-              KPL_ESHAPE, "conv2d: dims exceed cuDNN's 32-bit sizes");
-    kpl_cuda_state *cs;
-    void *out;
-    const void *in[2];
-    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
-    kpl_device *dev = kpl_tensor_device(args->out);
-    kpl_dtype dt = kpl_tensor_dtype(args->out);
-    cudnnHandle_t h;
-    KPL_TRY(dnn_handle(cs, &h));
-    void *extra = NULL; /* bias (fwd) or its gradient (bwd_weight) */
-    if (args->in[2]) {
-        extra = a->kind == KPL_CONV_FWD ? (void *)kpl_tensor_data((kpl_tensor *)args->in[2])
-                                        : kpl_tensor_mutable((kpl_tensor *)args->in[2]);
-        if (!extra) return kpl_last_status();
-    }
-    conv_descs d;
-    KPL_TRY(conv_descs_make(a, dt, &d));
-    algo_key key;
-    memset(&key, 0, sizeof key);
-    kpl_conv_attrs_key(&key.a, a);
-    key.dt = dt;
-    key.device = kpl_device_index(dev);
-    key.deterministic = kpl_get_deterministic();
-    algo_entry e;
-    void *ws = NULL;
-    if (!algo_lookup(&key, &e)) {
-        e.key = key;
-        if ((st = find_algo(h, dev, a, &d, in[0], in[1], out, &e)) < 0) goto fail;
-        algo_store(&e);
-    }
-    if (e.workspace && (st = kpl_device_alloc(dev, e.workspace, "conv2d workspace", &ws)) < 0)
-        goto fail;
-    {
-        /* alpha/beta are double for double data, float otherwise */
-        double one_d = 1.0, zero_d = 0.0;
-        float one_f = 1.0f, zero_f = 0.0f;
-        const void *one = dt == KPL_F64 ? (const void *)&one_d : (const void *)&one_f;
-        const void *zero = dt == KPL_F64 ? (const void *)&zero_d : (const void *)&zero_f;
-        switch (a->kind) {
-        case KPL_CONV_FWD:
-            KPL_CUDNN_TRY(cudnnConvolutionForward(h, one, d.x, in[0], d.w, in[1], d.conv,
-                                                  (cudnnConvolutionFwdAlgo_t)e.algo, ws,
-                                                  e.workspace, zero, d.y, out));
-            if (extra) KPL_CUDNN_TRY(cudnnAddTensor(h, one, d.b, extra, one, d.y, out));
-            break;
-        case KPL_CONV_BWD_DATA:
-            KPL_CUDNN_TRY(cudnnConvolutionBackwardData(h, one, d.w, in[1], d.y, in[0], d.conv,
-                                                       (cudnnConvolutionBwdDataAlgo_t)e.algo,
-                                                       ws, e.workspace, zero, d.x, out));
-            break;
-        case KPL_CONV_BWD_WEIGHT:
-            KPL_CUDNN_TRY(cudnnConvolutionBackwardFilter(h, one, d.x, in[0], d.y, in[1], d.conv,
-                                                         (cudnnConvolutionBwdFilterAlgo_t)e.algo,
-                                                         ws, e.workspace, zero, d.w, out));
-            if (extra)
-                KPL_CUDNN_TRY(cudnnConvolutionBackwardBias(h, one, d.y, in[1], zero, d.b, extra));
-            break;
-        }
-    }
-fail:
-    /* The workspace goes back to the cache; the compute stream orders any
-     * later use of its bytes after these calls. */
-    if (ws) kpl_device_free(dev, ws);
-    conv_descs_destroy(&d);
-    return st;
 }
 
 /* ---- batch norm ------------------------------------------------------------------- */
@@ -518,7 +223,7 @@ static kpl_status cuda_batch_norm(const kpl_kernel_args *args)
     kpl_dtype dt = kpl_tensor_dtype(args->in[0]);
     size_t es = kpl_dtype_size(dt);
     cudnnHandle_t h;
-    KPL_TRY(dnn_handle(cs, &h));
+    KPL_TRY(kpl__cuda_dnn(cs, &h));
     cudnnTensorDescriptor_t xd = NULL, pd = NULL;
     void *scratch = NULL, *mean = NULL, *var = NULL;
     double m = (double)(a->n * a->hw), one_d = 1.0, zero_d = 0.0;
@@ -983,7 +688,6 @@ extern "C" void kpl__cuda_register_nn(void)
 {
     static const kpl_dtype fl[2] = {KPL_F32, KPL_F64};
     for (int i = 0; i < 2; i++) {
-        kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CUDA, fl[i], cuda_conv);
         kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CUDA, fl[i], cuda_batch_norm);
         kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CUDA, fl[i], cuda_pool);
     }
