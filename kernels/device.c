@@ -220,7 +220,8 @@ static kpl_status cuda_device_open(int index, kpl_device **out)
             .alloc = gpu_pinned_alloc, .free = gpu_pinned_free, .ctx = d,
             .name = "pinned host", .host_visible = true});
         KPL_ASSERT(d->alloc && d->pinned, "cannot create CUDA allocators");
-        cuda_devices[index] = d;
+        /* Published whole: kpl__host_fence reads the table without the lock. */
+        __atomic_store_n(&cuda_devices[index], d, __ATOMIC_RELEASE);
     }
 done:
     pthread_mutex_unlock(&devices_lock);
@@ -264,6 +265,15 @@ kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes)
 void kpl_device_unpin_host(kpl_device *dev, void *ptr)
 {
     if (dev && ptr && dev->backend->host_unregister) dev->backend->host_unregister(dev, ptr);
+}
+
+kpl_status kpl__host_fence(void)
+{
+    for (int i = 0; i < MAX_CUDA_DEVICES; i++) {
+        kpl_device *d = __atomic_load_n(&cuda_devices[i], __ATOMIC_ACQUIRE);
+        if (d && d->backend->host_fence) KPL_TRY(d->backend->host_fence(d));
+    }
+    return KPL_OK;
 }
 
 kpl_status kpl_device_synchronize(kpl_device *dev)

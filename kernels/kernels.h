@@ -273,10 +273,17 @@ int kpl_device_count(kpl_device_type type);
 bool kpl_device_type_built(kpl_device_type type);
 /* Page-locks `bytes` of existing host memory at `ptr` so copies between it
  * and `dev` run at full speed (cudaHostRegister on CUDA; a no-op where host
- * memory needs no pinning), and undoes it.  Blocking. */
+ * memory needs no pinning), and undoes it.  Blocking.  An upload from
+ * page-locked memory does not wait for the copy: hand such memory to
+ * tensors through kpl_storage_wrap, whose writes and release wait for the
+ * uploads still reading it (as the data loader's batch slots do). */
 kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
 void kpl_device_unpin_host(kpl_device *dev, void *ptr);
-/* Waits for all work queued on the device (no-op on cpu). */
+/* Waits for all work queued on the device (no-op on cpu): on CUDA a
+ * device-wide cudaDeviceSynchronize, so every stream of the device is
+ * covered, kpl's compute and copy streams and those of libraries sharing
+ * it (the NCCL backend's).  Returns the CUDA index error (KPL_ERANGE) an
+ * index kernel met since the last report (see kpl_k_plane_gather). */
 kpl_status kpl_device_synchronize(kpl_device *dev);
 /* For libraries that queue their own work in order with kpl's (NCCL): the
  * native handle of the device's compute stream (a cudaStream_t on CUDA),
@@ -356,8 +363,9 @@ typedef enum {
 typedef struct kpl_storage kpl_storage;
 
 /* A refcounted buffer of `bytes` bytes whose home is `dev`.  For a CPU home
- * there is only a host copy.  For a CUDA home the host copy is pinned and
- * allocated on first host access.  Starts with refcount 1 and state EMPTY. */
+ * there is only a host copy.  For a CUDA home the host copy is ordinary
+ * (pageable) memory, allocated on first host access and given back when a
+ * device write makes it stale.  Starts with refcount 1 and state EMPTY. */
 kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out);
 /* A CPU storage over `bytes` of caller-owned host memory (state HOST):
  * nothing is copied or freed; when the last reference goes, release(ctx) is
@@ -725,7 +733,21 @@ kpl_status kpl_shape_pool2d(const int64_t *x_shape, const kpl_pool2d_params *p,
 kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *x,
                             const kpl_pool2d_params *p);
 /* out[n, c, i] = x[n, c, idx[n, c, i]] over each (H*W) plane, and its
- * adjoint gx[n, c, idx[n, c, i]] += gy[n, c, i] (gx is zeroed first). */
+ * adjoint gx[n, c, idx[n, c, i]] += gy[n, c, i] (gx is zeroed first).
+ *
+ * Index errors on CUDA.  The index kernels (plane_gather, plane_scatter,
+ * index_select, index_add, gather, scatter_add) check every index on the
+ * device without waiting for the answer: the call returns KPL_OK (its
+ * output unspecified where an index was bad), and the next call that
+ * brings bytes to the host from that device (a kpl_tensor_get, a
+ * host_data, kpl_k_copy to the CPU) or kpl_device_synchronize fails with
+ * KPL_ERANGE naming the op, the first bad index and its position.  On the
+ * CPU the call itself fails, as documented per op.
+ *
+ * Determinism on CUDA.  plane_scatter and scatter_add add with atomics
+ * (sums in no fixed order) unless kpl_get_deterministic(), when they, like
+ * index_add always, compute each output by one thread summing its
+ * contributions in idx's order: the CPU's order, so the CPU's bits. */
 kpl_status kpl_k_plane_gather(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *idx);
 kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *idx);
 /* Average pooling and its adjoint (gx's shape gives the input size). */
@@ -757,8 +779,9 @@ kpl_status kpl_k_gather(kpl_tensor *out, const kpl_tensor *x, int axis,
  * then out[i][idx[i][j][k]][k] += src[i][j][k] for axis 1 (likewise for
  * other axes), repeated indices adding up.  src has idx's shape.  f32 and
  * f64.  The same index checks as gather.  On the CPU repeated indices add
- * in idx's order; on CUDA in no fixed order (atomics, as index_add), so
- * f32 sums may differ in their last bits from run to run. */
+ * in idx's order; on CUDA in no fixed order (atomics), so f32 sums may
+ * differ in their last bits from run to run, unless kpl_get_deterministic()
+ * (see kpl_k_plane_gather). */
 kpl_status kpl_k_scatter_add(kpl_tensor *out, const kpl_tensor *x, int axis,
                              const kpl_tensor *idx, const kpl_tensor *src);
 

@@ -3,14 +3,25 @@
  *
  * On the CPU the two copies are the same memory and the state only records
  * whether anything was written.  On a GPU the device copy is allocated with
- * the storage, the (pinned) host copy on first host access, and a read on
- * the side whose copy is stale copies lazily:
+ * the storage, the host copy on first host access, and a read on the side
+ * whose copy is stale copies lazily:
  *
  *   state    host_data   host_mutable   device_data   device_mutable
  *   EMPTY    -> EMPTY    -> HOST        -> EMPTY      -> DEVICE
  *   HOST     -> HOST     -> HOST        copy, SYNCED  copy, DEVICE
  *   DEVICE   copy,SYNCED copy, HOST     -> DEVICE     -> DEVICE
  *   SYNCED   -> SYNCED   -> HOST        -> SYNCED     -> DEVICE
+ *
+ * The host copy is ordinary (pageable) memory from the CPU's caching
+ * allocator, given back as soon as a device write makes it stale (state
+ * DEVICE): a parameter read once on the host, at a checkpoint, does not keep
+ * a page-locked copy for the rest of the run.  The backend moves pageable
+ * bytes through a bounded pinned staging buffer.
+ *
+ * A wrapped storage's memory (the loader's slots) may be page-locked, and
+ * then a GPU upload from it runs after the call that queued it returned:
+ * before such memory is written or handed back, kpl__host_fence waits for
+ * the uploads still reading it.
  */
 #include "kernels_impl.h"
 
@@ -65,11 +76,13 @@ void kpl_storage_release(kpl_storage *s)
     if (!s) return;
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
     if (s->wrap_release) {
+        /* An error here (a lost device) leaves no upload to wait for. */
+        if (kpl__host_fence() < 0) kpl_clear_error();
         s->wrap_release(s->wrap_ctx);
         free(s);
         return;
     }
-    if (!is_cpu(s) && s->host) kpl__allocator_free(s->dev->pinned, s->host);
+    if (!is_cpu(s) && s->host) kpl__allocator_free(kpl_device_cpu()->alloc, s->host);
     kpl__allocator_free(s->dev->alloc, s->dev_ptr);
     free(s);
 }
@@ -81,7 +94,16 @@ kpl_mem_state kpl_storage_state(const kpl_storage *s) { return s->state; }
 static kpl_status ensure_host(kpl_storage *s)
 {
     if (s->host) return KPL_OK;
-    return kpl__allocator_alloc(s->dev->pinned, s->bytes, "pinned host copy", &s->host);
+    return kpl__allocator_alloc(kpl_device_cpu()->alloc, s->bytes, "host copy", &s->host);
+}
+
+/* A device write makes the host copy stale: it goes back to the CPU's
+ * allocator until the host asks again. */
+static void drop_host(kpl_storage *s)
+{
+    if (!s->host) return;
+    kpl__allocator_free(kpl_device_cpu()->alloc, s->host);
+    s->host = NULL;
 }
 
 static kpl_status to_host(kpl_storage *s)
@@ -102,6 +124,7 @@ const void *kpl_storage_host_data(kpl_storage *s)
 
 void *kpl_storage_host_mutable(kpl_storage *s)
 {
+    if (s->wrap_release && kpl__host_fence() < 0) return NULL;
     if (!is_cpu(s) && to_host(s) < 0) return NULL;
     s->state = KPL_MEM_HOST;
     return s->host;
@@ -125,10 +148,12 @@ const void *kpl_storage_device_data(kpl_storage *s)
 void *kpl_storage_device_mutable(kpl_storage *s)
 {
     if (is_cpu(s)) {
+        if (s->wrap_release && kpl__host_fence() < 0) return NULL;
         s->state = KPL_MEM_HOST;
         return s->dev_ptr;
     }
     if (to_device(s) < 0) return NULL;
     s->state = KPL_MEM_DEVICE;
+    drop_host(s);
     return s->dev_ptr;
 }

@@ -8,12 +8,8 @@
  * indices (so that it is differentiable to any order) and cuDNN's max
  * pooling exposes no indices; the average pair is ours for symmetry with
  * it (one thread per output or input element, no atomics for the average
- * adjoint).
- *
- * Bad indices (plane_gather/scatter, index_select/add, gather/scatter_add)
- * are counted (or the first one found) on the device and reported after a
- * wait on the compute stream: the one place these kernels synchronise,
- * because an index error must name itself.
+ * adjoint).  The gather at indices and its adjoint (plane_gather /
+ * plane_scatter) live with the other index kernels in cuda_index.cu.
  *
  * Written without a GPU to run it on (CI has none): tests/kernels/
  * test_cuda.c compares every kernel here with the CPU's when a GPU is
@@ -368,61 +364,7 @@ __global__ void avg_pool_bwd_kernel(kpl_pool_attrs a, const T *gy, T *gx)
 }
 
 template <typename T>
-__global__ void plane_gather_kernel(kpl_pool_attrs a, const T *x, const int64_t *idx, T *y,
-                                    unsigned long long *bad)
-{
-    int64_t hw = a.h * a.w, ohw = a.oh * a.ow;
-    KPL_CUDA_FOR(o, a.n * a.c * ohw)
-    {
-        int64_t k = idx[o];
-        if (k < 0 || k >= hw) {
-            atomicAdd(bad, 1ull);
-            y[o] = 0;
-        } else {
-            y[o] = x[(o / ohw) * hw + k];
-        }
-    }
-}
-
-/* gx is zeroed first; windows may overlap, hence the atomics. */
-template <typename T>
-__global__ void plane_scatter_kernel(kpl_pool_attrs a, const T *gy, const int64_t *idx, T *gx,
-                                     unsigned long long *bad)
-{
-    int64_t hw = a.h * a.w, ohw = a.oh * a.ow;
-    KPL_CUDA_FOR(o, a.n * a.c * ohw)
-    {
-        int64_t k = idx[o];
-        if (k < 0 || k >= hw) atomicAdd(bad, 1ull);
-        else atomicAdd(&gx[(o / ohw) * hw + k], gy[o]);
-    }
-}
-
-/* A device counter of bad indices and the wait to read it back. */
-static kpl_status bad_counter(kpl_device *dev, kpl_cuda_state *cs, unsigned long long **out)
-{
-    KPL_TRY(kpl_device_alloc(dev, sizeof **out, "index check", (void **)out));
-    cudaError_t e = cudaMemsetAsync(*out, 0, sizeof **out, cs->compute);
-    if (e != cudaSuccess) {
-        kpl_device_free(dev, *out);
-        *out = NULL;
-        return kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
-    }
-    return KPL_OK;
-}
-
-static kpl_status bad_read(kpl_device *dev, kpl_cuda_state *cs, unsigned long long *bad,
-                           unsigned long long *count)
-{
-    cudaError_t e = cudaMemcpyAsync(count, bad, sizeof *count, cudaMemcpyDeviceToHost, cs->compute);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
-    kpl_device_free(dev, bad);
-    if (e != cudaSuccess) return kpl__cuda_fail(e, "reading the index check", __FILE__, __LINE__);
-    return KPL_OK;
-}
-
-template <typename T>
-static kpl_status pool_typed(kpl_cuda_state *cs, kpl_device *dev, const kpl_pool_attrs &a,
+static kpl_status pool_typed(kpl_cuda_state *cs, const kpl_pool_attrs &a,
                              const kpl_kernel_args *args, void *out, const void *in0)
 {
     int th = KPL_CUDA_THREADS;
@@ -444,33 +386,8 @@ static kpl_status pool_typed(kpl_cuda_state *cs, kpl_device *dev, const kpl_pool
             a, (const T *)in0, (T *)out);
         return KPL_CUDA_LAUNCHED("avg_pool2d_bwd");
     case KPL_POOL_GATHER:
-    case KPL_POOL_SCATTER: {
-        const int64_t *idx = (const int64_t *)kpl_tensor_data((kpl_tensor *)args->in[1]);
-        if (!idx) return kpl_last_status();
-        unsigned long long *bad = NULL, count = 0;
-        KPL_TRY(bad_counter(dev, cs, &bad));
-        kpl_status st;
-        if (a.kind == KPL_POOL_GATHER) {
-            plane_gather_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
-                a, (const T *)in0, idx, (T *)out, bad);
-            st = KPL_CUDA_LAUNCHED("plane_gather");
-        } else {
-            cudaError_t e = cudaMemsetAsync(out, 0, (size_t)nin * sizeof(T), cs->compute);
-            st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
-            if (st >= 0) {
-                plane_scatter_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
-                    a, (const T *)in0, idx, (T *)out, bad);
-                st = KPL_CUDA_LAUNCHED("plane_scatter");
-            }
-        }
-        kpl_status rs = bad_read(dev, cs, bad, &count);
-        KPL_TRY(st);
-        KPL_TRY(rs);
-        KPL_CHECK(count == 0, KPL_ERANGE, "%s: %llu indices outside the %lldx%lld plane",
-                  a.kind == KPL_POOL_GATHER ? "plane_gather" : "plane_scatter", count,
-                  (long long)a.h, (long long)a.w);
-        return KPL_OK;
-    }
+    case KPL_POOL_SCATTER:
+        break; /* cuda_pool sends these to cuda_index.cu */
     }
     return KPL_ERROR(KPL_EINVAL, "pool2d: unknown kind %d", (int)a.kind);
 }
@@ -478,210 +395,16 @@ static kpl_status pool_typed(kpl_cuda_state *cs, kpl_device *dev, const kpl_pool
 static kpl_status cuda_pool(const kpl_kernel_args *args)
 {
     const kpl_pool_attrs *a = (const kpl_pool_attrs *)args->attrs;
+    if (a->kind == KPL_POOL_GATHER || a->kind == KPL_POOL_SCATTER)
+        return kpl__cuda_plane_index(args);
     kpl_cuda_state *cs;
     void *out;
     const void *in[1];
     KPL_TRY(kpl__cuda_pointers(args, 1, &cs, &out, in));
-    kpl_device *dev = kpl_tensor_device(args->out);
-    /* SCATTER / AVG_BWD write gx: out's dtype is the data type */
+    /* AVG_BWD writes gx: out's dtype is the data type */
     kpl_dtype dt = kpl_tensor_dtype(args->out);
-    if (dt == KPL_F64) return pool_typed<double>(cs, dev, *a, args, out, in[0]);
-    return pool_typed<float>(cs, dev, *a, args, out, in[0]);
-}
-
-/* ---- index_select / index_add -------------------------------------------------------- */
-
-/* Moves rows of `es` bytes as 32-bit words when they divide evenly. */
-__global__ void index_select_kernel(kpl_index_attrs a, const char *x, const int64_t *idx,
-                                    char *out, size_t es, unsigned long long *bad)
-{
-    int64_t n = a.outer * a.k * a.inner;
-    KPL_CUDA_FOR(i, n)
-    {
-        int64_t in = i % a.inner, k = (i / a.inner) % a.k, o = i / (a.inner * a.k);
-        int64_t j = idx[k];
-        if (j < 0 || j >= a.dim) {
-            if (in == 0 && o == 0) atomicAdd(bad, 1ull);
-            memset(out + (size_t)i * es, 0, es);
-            continue;
-        }
-        memcpy(out + (size_t)i * es, x + (size_t)((o * a.dim + j) * a.inner + in) * es, es);
-    }
-}
-
-template <typename T>
-__global__ void index_add_kernel(kpl_index_attrs a, const T *g, const int64_t *idx, T *out,
-                                 unsigned long long *bad)
-{
-    int64_t n = a.outer * a.k * a.inner;
-    KPL_CUDA_FOR(i, n)
-    {
-        int64_t in = i % a.inner, k = (i / a.inner) % a.k, o = i / (a.inner * a.k);
-        int64_t j = idx[k];
-        if (j < 0 || j >= a.dim) {
-            if (in == 0 && o == 0) atomicAdd(bad, 1ull);
-            continue;
-        }
-        atomicAdd(&out[(o * a.dim + j) * a.inner + in], g[i]);
-    }
-}
-
-/* ---- gather / scatter_add ------------------------------------------------------------- */
-
-/* x's flat offset of idx position (o, 0, i); the twin of cpu_index.c's. */
-__device__ __forceinline__ int64_t gather_x_base(const kpl_index_attrs &a, int64_t o, int64_t i)
-{
-    if (a.simple) return o * a.dim * a.xinner + i;
-    int64_t xo = 0, xi = 0, m = 1;
-    for (int d = a.axis - 1; d >= 0; d--) {
-        xo += o % a.ishape[d] * m;
-        o /= a.ishape[d];
-        m *= a.xshape[d];
-    }
-    m = 1;
-    for (int d = a.ndim - 1; d > a.axis; d--) {
-        xi += i % a.ishape[d] * m;
-        i /= a.ishape[d];
-        m *= a.xshape[d];
-    }
-    return xo * a.dim * a.xinner + xi;
-}
-
-/* One thread per idx position p = (o, j, i): gather reads x at the
- * index into out[p]; scatter_add (Add) adds in[p] there, where out holds x
- * already and repeated indices meet in the atomics.  An index out of
- * range lowers *first_bad to its position and writes nothing (gather: a 0). */
-template <typename T, bool Add>
-__global__ void index_elem_kernel(kpl_index_attrs a, const T *in, const int64_t *idx, T *out,
-                                  unsigned long long *first_bad)
-{
-    KPL_CUDA_FOR(p, a.outer * a.k * a.inner)
-    {
-        int64_t i = p % a.inner, o = p / (a.k * a.inner), v = idx[p];
-        if (v < 0 || v >= a.dim) {
-            atomicMin(first_bad, (unsigned long long)p);
-            if constexpr (!Add) out[p] = T(0);
-            continue;
-        }
-        int64_t at = gather_x_base(a, o, i) + v * a.xinner;
-        if constexpr (Add) atomicAdd(&out[at], in[p]);
-        else out[p] = in[at];
-    }
-}
-
-template <typename T, bool Add>
-static kpl_status index_elem_launch(kpl_cuda_state *cs, const kpl_index_attrs &a, const void *in,
-                                    const int64_t *idx, void *out, unsigned long long *first_bad)
-{
-    int th = KPL_CUDA_THREADS;
-    index_elem_kernel<T, Add><<<kpl__cuda_blocks(cs, a.outer * a.k * a.inner, th), th, 0,
-                                cs->compute>>>(a, (const T *)in, idx, (T *)out, first_bad);
-    return KPL_CUDA_LAUNCHED(Add ? "scatter_add" : "gather");
-}
-
-/* in[0] is x (gather) or src (scatter_add), in[1] idx; ops.c has copied x
- * into a scatter_add's out.  Gather moves elements by size, so one kernel
- * per size serves every dtype. */
-static kpl_status cuda_gather(const kpl_kernel_args *args)
-{
-    const kpl_index_attrs *a = (const kpl_index_attrs *)args->attrs;
-    kpl_cuda_state *cs;
-    void *out;
-    const void *in[2];
-    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
-    kpl_device *dev = kpl_tensor_device(args->out);
-    kpl_dtype dt = kpl_tensor_dtype(args->out);
-    const int64_t *idx = (const int64_t *)in[1];
-    const char *op = a->kind == KPL_INDEX_GATHER ? "gather" : "scatter_add";
-    /* The first bad position: a minimum, starting from all ones. */
-    unsigned long long *first = NULL, host = 0;
-    KPL_TRY(kpl_device_alloc(dev, sizeof *first, "index check", (void **)&first));
-    cudaError_t e = cudaMemsetAsync(first, 0xff, sizeof *first, cs->compute);
-    kpl_status st =
-        e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
-    if (st >= 0) {
-        if (a->kind == KPL_INDEX_SCATTER_ADD) {
-            if (dt == KPL_F64)
-                st = index_elem_launch<double, true>(cs, *a, in[0], idx, out, first);
-            else if (dt == KPL_F32)
-                st = index_elem_launch<float, true>(cs, *a, in[0], idx, out, first);
-            else st = KPL_ERROR(KPL_EDTYPE, "scatter_add: no cuda kernel for dtype %s",
-                                kpl_dtype_name(dt));
-        } else {
-            /* gather moves bytes: by element size */
-            using u64 = unsigned long long;
-            size_t es = kpl_dtype_size(dt);
-            st = es == 1   ? index_elem_launch<uint8_t, false>(cs, *a, in[0], idx, out, first)
-                 : es == 2 ? index_elem_launch<uint16_t, false>(cs, *a, in[0], idx, out, first)
-                 : es == 4 ? index_elem_launch<uint32_t, false>(cs, *a, in[0], idx, out, first)
-                           : index_elem_launch<u64, false>(cs, *a, in[0], idx, out, first);
-        }
-    }
-    /* Read back the position and, if there is one, its value (two small
-     * waits, on the error path only for the second). */
-    int64_t value = 0;
-    e = cudaMemcpyAsync(&host, first, sizeof host, cudaMemcpyDeviceToHost, cs->compute);
-    if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
-    if (e == cudaSuccess && st >= 0 && host != ~0ull) {
-        e = cudaMemcpyAsync(&value, idx + host, sizeof value, cudaMemcpyDeviceToHost, cs->compute);
-        if (e == cudaSuccess) e = cudaStreamSynchronize(cs->compute);
-    }
-    kpl_device_free(dev, first);
-    KPL_TRY(st);
-    if (e != cudaSuccess) return kpl__cuda_fail(e, "reading the index check", __FILE__, __LINE__);
-    if (host == ~0ull) return KPL_OK;
-    if (a->bad) {
-        a->bad[0] = (int64_t)host;
-        a->bad[1] = value;
-    }
-    return KPL_ERROR(KPL_ERANGE, "%s: index %lld at flat position %lld of idx is outside [0, %lld)",
-                     op, (long long)value, (long long)host, (long long)a->dim);
-}
-
-/* ---- dispatch of the index kernels ---------------------------------------------------- */
-
-static kpl_status cuda_index(const kpl_kernel_args *args)
-{
-    const kpl_index_attrs *a = (const kpl_index_attrs *)args->attrs;
-    if (a->kind == KPL_INDEX_GATHER || a->kind == KPL_INDEX_SCATTER_ADD) return cuda_gather(args);
-    kpl_cuda_state *cs;
-    void *out;
-    const void *in[2];
-    KPL_TRY(kpl__cuda_pointers(args, 2, &cs, &out, in));
-    kpl_device *dev = kpl_tensor_device(args->out);
-    kpl_dtype dt = kpl_tensor_dtype(args->out);
-    const int64_t *idx = (const int64_t *)in[1];
-    int th = KPL_CUDA_THREADS;
-    int64_t n = a->outer * a->k * a->inner;
-    unsigned long long *bad = NULL, count = 0;
-    KPL_TRY(bad_counter(dev, cs, &bad));
-    kpl_status st = KPL_OK;
-    if (a->kind == KPL_INDEX_SELECT) {
-        index_select_kernel<<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
-            *a, (const char *)in[0], idx, (char *)out, kpl_dtype_size(dt), bad);
-        st = KPL_CUDA_LAUNCHED("index_select");
-    } else if (dt == KPL_F32 || dt == KPL_F64) {
-        size_t bytes = (size_t)(a->outer * a->dim * a->inner) * kpl_dtype_size(dt);
-        cudaError_t e = cudaMemsetAsync(out, 0, bytes, cs->compute);
-        st = e == cudaSuccess ? KPL_OK : kpl__cuda_fail(e, "cudaMemsetAsync", __FILE__, __LINE__);
-        if (st >= 0) {
-            if (dt == KPL_F64)
-                index_add_kernel<double><<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
-                    *a, (const double *)in[0], idx, (double *)out, bad);
-            else
-                index_add_kernel<float><<<kpl__cuda_blocks(cs, n, th), th, 0, cs->compute>>>(
-                    *a, (const float *)in[0], idx, (float *)out, bad);
-            st = KPL_CUDA_LAUNCHED("index_add");
-        }
-    } else {
-        st = KPL_ERROR(KPL_EDTYPE, "index_add: no cuda kernel for dtype %s", kpl_dtype_name(dt));
-    }
-    kpl_status rs = bad_read(dev, cs, bad, &count);
-    KPL_TRY(st);
-    KPL_TRY(rs);
-    KPL_CHECK(count == 0, KPL_ERANGE, "%s: %llu indices outside [0, %lld)",
-              a->kind == KPL_INDEX_ADD ? "index_add" : "index_select", count, (long long)a->dim);
-    return KPL_OK;
+    if (dt == KPL_F64) return pool_typed<double>(cs, *a, args, out, in[0]);
+    return pool_typed<float>(cs, *a, args, out, in[0]);
 }
 
 extern "C" void kpl__cuda_register_nn(void)
@@ -691,6 +414,4 @@ extern "C" void kpl__cuda_register_nn(void)
         kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CUDA, fl[i], cuda_batch_norm);
         kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CUDA, fl[i], cuda_pool);
     }
-    for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++)
-        kpl_kernel_register(KPL_KOP_INDEX, KPL_DEVICE_CUDA, (kpl_dtype)dt, cuda_index);
 }

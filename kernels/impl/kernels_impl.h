@@ -68,14 +68,20 @@ typedef struct {
      * (optional: NULL where host memory needs no pinning). */
     kpl_status (*host_register)(kpl_device *dev, void *ptr, size_t bytes);
     void (*host_unregister)(kpl_device *dev, void *ptr);
-    /* Copies; on CUDA they are queued on the device's copy stream and
-     * synchronised before returning (host side needs the bytes). */
+    /* Copies between host and device.  copy_d2h returns with the bytes
+     * on the host.  copy_h2d returns once the device copy is ordered
+     * before every later kernel; from page-locked host memory it may
+     * return before the copy has read src (host_fence waits for that). */
     kpl_status (*copy_h2d)(kpl_device *dev, void *dst, const void *src,
                            size_t n);
     kpl_status (*copy_d2h)(kpl_device *dev, void *dst, const void *src,
                            size_t n);
     kpl_status (*copy_d2d)(kpl_device *dev, void *dst, const void *src,
                            size_t n); /* asynchronous on the compute stream */
+    /* Waits until no upload queued by copy_h2d still reads host memory, so
+     * that memory may be written or handed back (optional: NULL where
+     * uploads are synchronous).  Cheap when nothing is in flight. */
+    kpl_status (*host_fence)(kpl_device *dev);
     kpl_status (*synchronize)(kpl_device *dev);
     /* Events on the compute stream (optional: NULL means the device runs
      * synchronously and kpl_event_* use host timestamps).  record and query
@@ -113,6 +119,11 @@ const kpl_device_backend *kpl__cuda_backend(void);
 
 /* Makes sure kernels of all built backends are registered. */
 void kpl__init_once(void);
+
+/* The host_fence of every device opened so far: after it no upload reads
+ * host memory any more.  For memory any device may be reading (a wrapped
+ * storage's), before it is written or given back. */
+kpl_status kpl__host_fence(void);
 
 /* ------------------------------------------------------------------------ */
 /* Storage and tensors (C only: CUDA sources use the public accessors)        */
