@@ -1,32 +1,12 @@
 /* test_cuda.c — every kernel family on cuda:0 against the CPU kernels, with
- * the same inputs.  Label `cuda`: exits 77 (skipped) where no GPU is found. */
-#include "test_util.h"
+ * the same inputs.  Label `cuda`: exits 77 (skipped) where no GPU is found.
+ * The groups of test_cuda_mixed.c (mixed precision, TF32, determinism) and
+ * test_cuda_memory.c (transfers, ordering, deferred index errors, large
+ * tensors) run from main here.  KPL_TEST_CUDA_DRYRUN=1 runs everything with
+ * the CPU standing in for the GPU (test_cuda_util.h). */
+#include "test_cuda_util.h"
 
-#include <stdlib.h>
-
-static kpl_device *gpu;
-
-/* A CPU tensor's copy on the GPU (caller releases). */
-static kpl_tensor *to_gpu(kpl_tensor *t)
-{
-    kpl_tensor *g = NULL;
-    OK(kpl_tensor_to_device(t, gpu, &g));
-    return g;
-}
-
-/* Asserts that a GPU result matches a CPU result: |g - c| <= atol + rtol |c|
- * (0, 0 = bit-identical values). */
-static void assert_same(kpl_tensor *g, kpl_tensor *c, double rtol, double atol,
-                        const char *what)
-{
-    assert_int_equal(kpl_tensor_numel(g), kpl_tensor_numel(c));
-    assert_int_equal(kpl_tensor_dtype(g), kpl_tensor_dtype(c));
-    kpl_tensor *h = NULL;
-    OK(kpl_tensor_to_device(g, kpl_device_cpu(), &h));
-    for (int64_t i = 0; i < kpl_tensor_numel(c); i++)
-        assert_close(tget(h, i), tget(c, i), rtol, atol, what, i);
-    kpl_tensor_release(h);
-}
+kpl_device *gpu;
 
 static void test_random_identical(void **state)
 {
@@ -198,6 +178,10 @@ static void test_fill_cast_copy_storage(void **state)
     OK(kpl_k_arange(ar, 5, 3));
     OK(kpl_k_arange(gar, 5, 3));
     assert_same(gar, ar, 0, 0, "arange");
+    if (!on_cuda()) { /* the rest is about two devices */
+        RELEASE(x, gx, p, gp, ar, gar);
+        return;
+    }
     /* UnifiedMemory: a host write is seen by the next kernel, and a kernel's
      * result by the next host read. */
     float *h = kpl_tensor_host_mutable(gx);
@@ -211,6 +195,13 @@ static void test_fill_cast_copy_storage(void **state)
     assert_int_equal(kpl_storage_state(kpl_tensor_storage(gy)), KPL_MEM_DEVICE);
     assert_float_equal(tget(gy, 0), -1234.0, 0);
     assert_int_equal(kpl_storage_state(kpl_tensor_storage(gy)), KPL_MEM_SYNCED);
+    /* the host copy of a storage lives while it is current, no longer: a
+     * device write gives it back */
+    assert_non_null(kpl_tensor_storage(gy)->host);
+    OK(kpl_k_unary(gy, KPL_UN_NEG, gy, 0, 0));
+    assert_int_equal(kpl_storage_state(kpl_tensor_storage(gy)), KPL_MEM_DEVICE);
+    assert_null(kpl_tensor_storage(gy)->host);
+    assert_float_equal(tget(gy, 0), 1234.0, 0);
     /* mixing devices is an error, not a silent copy */
     kpl_tensor *o = tnew(KPL_F32, 2, s);
     FAILS(kpl_k_binary(o, KPL_BIN_ADD, x, gx), KPL_EDEVICE, "is on cpu but 'b' is on cuda:0");
@@ -344,9 +335,16 @@ static void test_nn_kernels(void **state)
         OK(kpl_k_index_add(dx, sel, 2, idx));
         OK(kpl_k_index_add(dxg, selg, 2, idg));
         assert_same(dxg, dx, tol, tol, "index_add");
-        iv[1] = 9; /* out of range: named, on both devices */
+        iv[1] = 9; /* out of range: named, at the next read on CUDA */
         kpl_tensor *bad = to_gpu(idx);
-        FAILS(kpl_k_index_select(selg, gx_, 2, bad), KPL_ERANGE, "outside [0, 9)");
+        if (on_cuda()) {
+            OK(kpl_k_index_select(selg, gx_, 2, bad));
+            double v;
+            FAILS(kpl_tensor_get(selg, 0, &v), KPL_ERANGE,
+                  "index_select: index 9 at position (1) of idx is outside [0, 9)");
+        } else {
+            FAILS(kpl_k_index_select(selg, gx_, 2, bad), KPL_ERANGE, "outside [0, 9)");
+        }
         /* gather / scatter_add: along axis 2 with idx as large as x off
          * it, then along axis 3 with idx smaller in every other dim */
         static const int64_t gis[2][4] = {{3, 4, 13, 11}, {2, 3, 5, 17}};
@@ -368,9 +366,19 @@ static void test_nn_kernels(void **state)
             assert_same(sag, sa, tol, tol, "scatter_add");
             gv[5] = xs[gax]; /* out of range: named with its position on both devices */
             kpl_tensor *gbad = to_gpu(gi);
-            FAILS(kpl_k_gather(gag, gx_, gax, gbad), KPL_ERANGE, "at position (0,0,0,5) of idx");
-            FAILS(kpl_k_scatter_add(sag, gx_, gax, gbad, gsrcg), KPL_ERANGE,
-                  "at position (0,0,0,5) of idx");
+            if (on_cuda()) { /* reported by the next copy to the host */
+                double v;
+                OK(kpl_k_gather(gag, gx_, gax, gbad));
+                FAILS(kpl_tensor_get(gag, 0, &v), KPL_ERANGE, "at position (0,0,0,5) of idx");
+                OK(kpl_k_scatter_add(sag, gx_, gax, gbad, gsrcg));
+                FAILS(kpl_device_synchronize(gpu), KPL_ERANGE, "at position (0,0,0,5) of idx");
+                OK(kpl_device_synchronize(gpu)); /* reported once */
+            } else {
+                FAILS(kpl_k_gather(gag, gx_, gax, gbad), KPL_ERANGE,
+                      "at position (0,0,0,5) of idx");
+                FAILS(kpl_k_scatter_add(sag, gx_, gax, gbad, gsrcg), KPL_ERANGE,
+                      "at position (0,0,0,5) of idx");
+            }
             kpl_tensor *gts[] = {gi, gig, gsrc, gsrcg, ga, gag, sa, sag, gbad};
             for (size_t i = 0; i < sizeof gts / sizeof gts[0]; i++) kpl_tensor_release(gts[i]);
         }
@@ -379,8 +387,8 @@ static void test_nn_kernels(void **state)
                              sel, selg, bad};
         for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
     }
-    kpl_algo_cache_stats s = kpl_algo_cache_stats_get(KPL_DEVICE_CUDA);
-    assert_true(s.entries >= 3); /* one cuDNN algorithm per conv direction */
+    kpl_algo_cache_stats s = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    assert_true(s.entries >= 3); /* one algorithm per conv direction */
 }
 
 /* n boxes (n, 4) of dtype dt on a w x w field with sides in [lo, hi), from
@@ -544,25 +552,281 @@ static void test_roi_align_kernels(void **state)
     }
 }
 
+/* A CPU integer tensor of dtype dt with values in [lo, hi) (truncated
+ * uniform doubles). */
+static kpl_tensor *tint(kpl_dtype dt, int ndim, const int64_t *shape, uint64_t seed, double lo,
+                        double hi)
+{
+    kpl_tensor *f = trand(KPL_F64, ndim, shape, seed, lo, hi), *t = tnew(dt, ndim, shape);
+    OK(kpl_k_cast(t, f));
+    kpl_tensor_release(f);
+    return t;
+}
+
+/* Integer and byte element-wise ops: every formula the front end allows
+ * for i32, i64, u8 and bool, broadcast, against the CPU (exact). */
+static void test_int_eltwise(void **state)
+{
+    (void)state;
+    int64_t sa[2] = {3, 257}, sb[1] = {257};
+    kpl_dtype dts[3] = {KPL_I32, KPL_I64, KPL_U8};
+    for (int d = 0; d < 3; d++) {
+        kpl_dtype dt = dts[d];
+        bool u8 = dt == KPL_U8;
+        kpl_tensor *a = tint(dt, 2, sa, 60 + d, u8 ? 0 : -1000, u8 ? 256 : 1000);
+        kpl_tensor *b = tint(dt, 1, sb, 63 + d, u8 ? 0 : -20, u8 ? 256 : 20);
+        /* small operands for pow (no overflow on either device) */
+        kpl_tensor *pa = tint(dt, 2, sa, 66 + d, u8 ? 0 : -5, 6), *pb = tint(dt, 1, sb, 69 + d,
+                                                                               u8 ? 0 : -2, 7);
+        if (!u8) { /* a zero divisor: 0 on both devices */
+            void *bv = kpl_tensor_host_mutable(b);
+            if (dt == KPL_I32) ((int32_t *)bv)[3] = 0;
+            else ((int64_t *)bv)[3] = 0;
+        }
+        kpl_tensor *ga = to_gpu(a), *gb = to_gpu(b), *gpa = to_gpu(pa), *gpb = to_gpu(pb);
+        kpl_tensor *o = tnew(dt, 2, sa), *go = gnew(dt, 2, sa);
+        kpl_tensor *m = tnew(KPL_BOOL, 2, sa), *gm = gnew(KPL_BOOL, 2, sa);
+        for (int op = 0; op < KPL_BINARY_COUNT; op++) {
+            kpl_binary_op bop = (kpl_binary_op)op;
+            bool cmp = kpl_binary_is_compare(bop), pw = bop == KPL_BIN_POW;
+            kpl_tensor *x = pw ? pa : a, *y = pw ? pb : b, *gx = pw ? gpa : ga, *gy = pw ? gpb : gb;
+            OK(kpl_k_binary(cmp ? m : o, bop, x, y));
+            OK(kpl_k_binary(cmp ? gm : go, bop, gx, gy));
+            assert_bits(cmp ? gm : go, cmp ? m : o, kpl_binary_name(bop));
+            OK(kpl_k_binary_scalar(cmp ? m : o, bop, x, 3, op % 2));
+            OK(kpl_k_binary_scalar(cmp ? gm : go, bop, gx, 3, op % 2));
+            assert_bits(cmp ? gm : go, cmp ? m : o, "scalar form");
+        }
+        if (!u8) {
+            static const kpl_unary_op un[5] = {KPL_UN_NEG, KPL_UN_ABS, KPL_UN_SIGN, KPL_UN_SQUARE,
+                                               KPL_UN_RELU};
+            for (int k = 0; k < 5; k++) {
+                OK(kpl_k_unary(o, un[k], a, 0, 0));
+                OK(kpl_k_unary(go, un[k], ga, 0, 0));
+                assert_bits(go, o, kpl_unary_name(un[k]));
+            }
+        }
+        /* where on integers: the condition broadcast over rows */
+        OK(kpl_k_binary(m, KPL_BIN_GT, a, b));
+        OK(kpl_k_binary(gm, KPL_BIN_GT, ga, gb));
+        OK(kpl_k_where(o, m, a, b));
+        OK(kpl_k_where(go, gm, ga, gb));
+        assert_bits(go, o, "where");
+        RELEASE(a, b, pa, pb, ga, gb, gpa, gpb, o, go, m, gm);
+    }
+    /* bool: ==, !=, or (maximum), and (minimum) */
+    int64_t n = 1000;
+    kpl_tensor *p = tint(KPL_U8, 1, &n, 70, 0, 2), *q = tint(KPL_U8, 1, &n, 71, 0, 2);
+    kpl_tensor *bp = tnew(KPL_BOOL, 1, &n), *bq = tnew(KPL_BOOL, 1, &n);
+    OK(kpl_k_cast(bp, p));
+    OK(kpl_k_cast(bq, q));
+    kpl_tensor *gbp = to_gpu(bp), *gbq = to_gpu(bq), *r = tnew(KPL_BOOL, 1, &n);
+    kpl_tensor *gr = gnew(KPL_BOOL, 1, &n);
+    static const kpl_binary_op bops[4] = {KPL_BIN_EQ, KPL_BIN_NE, KPL_BIN_MAXIMUM, KPL_BIN_MINIMUM};
+    for (int k = 0; k < 4; k++) {
+        OK(kpl_k_binary(r, bops[k], bp, bq));
+        OK(kpl_k_binary(gr, bops[k], gbp, gbq));
+        assert_bits(gr, r, kpl_binary_name(bops[k]));
+    }
+    RELEASE(p, q, bp, bq, gbp, gbq, r, gr);
+}
+
+/* Reductions beyond test_reduce: runs of >= 256 values (the whole block
+ * on one output), strided runs of 300, NaN inside, every axis at once,
+ * and integer and byte inputs (exact). */
+static void test_reduce_long_nan_int(void **state)
+{
+    (void)state;
+    int64_t s1[2] = {4, 1000}, s2[3] = {3, 300, 40};
+    kpl_tensor *x1 = trand(KPL_F32, 2, s1, 80, -3, 3), *x2 = trand(KPL_F32, 3, s2, 81, -3, 3);
+    float *h1 = kpl_tensor_host_mutable(x1), *h2 = kpl_tensor_host_mutable(x2);
+    h1[1 * 1000 + 777] = NAN;          /* row 1 */
+    h2[(2 * 300 + 5) * 40 + 7] = NAN;  /* column (2, 7) */
+    kpl_tensor *g1 = to_gpu(x1), *g2 = to_gpu(x2);
+    for (int op = 0; op < KPL_REDUCE_COUNT; op++) {
+        bool arg = op == KPL_RED_ARGMAX || op == KPL_RED_ARGMIN;
+        kpl_dtype odt = arg ? KPL_I64 : KPL_F32;
+        double tol = arg ? 0 : 2e-6;
+        for (int k = 0; k < 3; k++) {
+            kpl_tensor *x = k == 0 ? x1 : x2, *g = k == 0 ? g1 : g2;
+            int ax = 1, naxes = k == 2 ? 0 : 1;
+            if (k == 2 && arg) continue; /* a flat index: covered below for ints */
+            int no;
+            int64_t os[3];
+            OK(kpl_shape_reduce("t", kpl_tensor_ndim(x), kpl_tensor_shape(x), &ax, naxes, false,
+                                &no, os));
+            kpl_tensor *o = tnew(odt, no, os), *go = gnew(odt, no, os);
+            OK(kpl_k_reduce(o, (kpl_reduce_op)op, x, &ax, naxes, false, 1));
+            OK(kpl_k_reduce(go, (kpl_reduce_op)op, g, &ax, naxes, false, 1));
+            assert_same(go, o, tol, tol, kpl_reduce_name((kpl_reduce_op)op));
+            RELEASE(o, go);
+        }
+    }
+    /* integers: sums wrap in 64 bits on both devices; i64 values near
+     * 2^40 make a 32-bit accumulator visible */
+    int64_t si[2] = {5, 600};
+    static const kpl_reduce_op iops[5] = {KPL_RED_SUM, KPL_RED_MAX, KPL_RED_MIN, KPL_RED_ARGMAX,
+                                         KPL_RED_ARGMIN};
+    kpl_dtype idts[4] = {KPL_I32, KPL_I64, KPL_U8, KPL_BOOL};
+    for (int d = 0; d < 4; d++) {
+        kpl_dtype dt = idts[d];
+        double lo = dt == KPL_I64 ? -1e12 : dt == KPL_I32 ? -1e6 : 0;
+        double hi = dt == KPL_I64 ? 1e12 : dt == KPL_I32 ? 1e6 : dt == KPL_U8 ? 256 : 2;
+        kpl_tensor *x = tint(dt == KPL_BOOL ? KPL_U8 : dt, 2, si, 90 + d, lo, hi);
+        if (dt == KPL_BOOL) {
+            kpl_tensor *b = tnew(KPL_BOOL, 2, si);
+            OK(kpl_k_cast(b, x));
+            kpl_tensor_release(x);
+            x = b;
+        }
+        kpl_tensor *g = to_gpu(x);
+        for (int k = 0; k < 5; k++) {
+            kpl_reduce_op op = iops[k];
+            bool arg = op == KPL_RED_ARGMAX || op == KPL_RED_ARGMIN;
+            if (op == KPL_RED_SUM && (dt == KPL_U8 || dt == KPL_BOOL)) continue;
+            for (int all = 0; all < 2; all++) {
+                int ax = 1, no;
+                int64_t os[2];
+                OK(kpl_shape_reduce("t", 2, si, &ax, all ? 0 : 1, false, &no, os));
+                kpl_dtype odt = arg ? KPL_I64 : dt;
+                kpl_tensor *o = tnew(odt, no, os), *go = gnew(odt, no, os);
+                OK(kpl_k_reduce(o, op, x, &ax, all ? 0 : 1, false, 0));
+                OK(kpl_k_reduce(go, op, g, &ax, all ? 0 : 1, false, 0));
+                assert_bits(go, o, kpl_reduce_name(op));
+                RELEASE(o, go);
+            }
+        }
+        RELEASE(x, g);
+    }
+    RELEASE(x1, x2, g1, g2);
+}
+
+/* Convolutions without bias (forward and weight gradient), the algorithm
+ * cache hit by a repeated problem, and missed by the same problem at
+ * another pointer alignment (part of the key). */
+static void test_conv_no_bias_cache(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {2, 3, 10, 10}, ws[4] = {4, 3, 3, 3}, ys[4];
+    kpl_conv2d_params p = {{1, 1}, {1, 1}, {1, 1}, 1};
+    OK(kpl_shape_conv2d(xs, ws, &p, ys));
+    kpl_tensor *x = trand(KPL_F32, 4, xs, 100, -1, 1), *w = trand(KPL_F32, 4, ws, 101, -1, 1);
+    kpl_tensor *gy = trand(KPL_F32, 4, ys, 102, -1, 1);
+    kpl_tensor *gx = to_gpu(x), *gw = to_gpu(w), *ggy = to_gpu(gy);
+    kpl_tensor *y = tnew(KPL_F32, 4, ys), *yg = gnew(KPL_F32, 4, ys);
+    kpl_tensor *dw = tnew(KPL_F32, 4, ws), *dwg = gnew(KPL_F32, 4, ws);
+    OK(kpl_k_conv2d(y, x, w, NULL, &p));
+    OK(kpl_k_conv2d(yg, gx, gw, NULL, &p));
+    assert_same(yg, y, 1e-5, 1e-5, "conv2d without bias");
+    OK(kpl_k_conv2d_bwd_weight(dw, NULL, x, gy, &p));
+    OK(kpl_k_conv2d_bwd_weight(dwg, NULL, gx, ggy, &p));
+    assert_same(dwg, dw, 1e-4, 1e-4, "conv2d bwd_weight without bias gradient");
+    /* the same problem again, on other buffers of the same alignment: a hit */
+    kpl_tensor *yg2 = gnew(KPL_F32, 4, ys);
+    kpl_algo_cache_stats s0 = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    OK(kpl_k_conv2d(yg2, gx, gw, NULL, &p));
+    kpl_algo_cache_stats s1 = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    assert_same(yg2, y, 1e-5, 1e-5, "conv2d, cached algorithm");
+    if (on_cuda()) {
+        assert_int_equal(s1.hits, s0.hits + 1);
+        assert_int_equal(s1.misses, s0.misses);
+    }
+    /* an input 4 bytes off 16-byte alignment: (3, 1, 1, 7) rows 1..2 */
+    int64_t bs[4] = {3, 1, 1, 7}, w1s[4] = {2, 1, 1, 3}, y1s[4];
+    kpl_conv2d_params p1 = KPL_CONV2D_PARAMS_INIT;
+    kpl_tensor *xb = trand(KPL_F32, 4, bs, 103, -1, 1), *w1 = trand(KPL_F32, 4, w1s, 104, -1, 1);
+    kpl_tensor *gxb = to_gpu(xb), *gw1 = to_gpu(w1), *v0 = NULL, *v1 = NULL, *c0 = NULL, *c1 = NULL;
+    OK(kpl_tensor_narrow(gxb, 0, 2, &v0)); /* offset 0 */
+    OK(kpl_tensor_narrow(gxb, 1, 2, &v1)); /* offset 28 bytes */
+    OK(kpl_tensor_narrow(xb, 0, 2, &c0));
+    OK(kpl_tensor_narrow(xb, 1, 2, &c1));
+    int64_t v1s[4] = {2, 1, 1, 7};
+    OK(kpl_shape_conv2d(v1s, w1s, &p1, y1s));
+    kpl_tensor *r0 = tnew(KPL_F32, 4, y1s), *r1 = tnew(KPL_F32, 4, y1s);
+    kpl_tensor *g0 = gnew(KPL_F32, 4, y1s), *g1 = gnew(KPL_F32, 4, y1s);
+    OK(kpl_k_conv2d(r0, c0, w1, NULL, &p1));
+    OK(kpl_k_conv2d(r1, c1, w1, NULL, &p1));
+    OK(kpl_k_conv2d(g0, v0, gw1, NULL, &p1));
+    s0 = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    OK(kpl_k_conv2d(g1, v1, gw1, NULL, &p1));
+    s1 = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    if (on_cuda()) assert_int_equal(s1.misses, s0.misses + 1); /* another key */
+    OK(kpl_k_conv2d(g1, v1, gw1, NULL, &p1));
+    kpl_algo_cache_stats s2 = kpl_algo_cache_stats_get(kpl_device_type_of(gpu));
+    if (on_cuda()) assert_int_equal(s2.hits, s1.hits + 1);
+    assert_same(g0, r0, 1e-6, 1e-6, "conv2d, aligned view");
+    assert_same(g1, r1, 1e-6, 1e-6, "conv2d, view 4 bytes off alignment");
+    RELEASE(x, w, gy, gx, gw, ggy, y, yg, dw, dwg, yg2, xb, w1, gxb, gw1, v0, v1, c0, c1, r0, r1,
+            g0, g1);
+}
+
+/* Batch norm's scratch paths against the CPU: statistics not asked for
+ * (cuDNN's mean/var in scratch), only one of them, many values per
+ * channel (the backward's chunks at their cap), and the backward with
+ * each subset of outputs. */
+static void test_batch_norm_paths(void **state)
+{
+    (void)state;
+    int64_t xs[4] = {2, 3, 300, 300}, c3 = 3;
+    kpl_tensor *x = trand(KPL_F32, 4, xs, 110, -2, 3), *gy = trand(KPL_F32, 4, xs, 111, -1, 1);
+    kpl_tensor *ga = trand(KPL_F32, 1, &c3, 112, 0.5, 1.5), *be = trand(KPL_F32, 1, &c3, 113, -1, 1);
+    kpl_tensor *gx = to_gpu(x), *ggy = to_gpu(gy), *gga = to_gpu(ga), *gbe = to_gpu(be);
+    kpl_tensor *y = tnew(KPL_F32, 4, xs), *yg = gnew(KPL_F32, 4, xs);
+    kpl_tensor *m = tnew(KPL_F32, 1, &c3), *mg = gnew(KPL_F32, 1, &c3);
+    OK(kpl_k_batch_norm(y, NULL, NULL, x, ga, be, 1e-5));
+    OK(kpl_k_batch_norm(yg, NULL, NULL, gx, gga, gbe, 1e-5));
+    assert_same(yg, y, 1e-4, 1e-4, "batch_norm, no statistics kept");
+    OK(kpl_k_batch_norm(y, m, NULL, x, ga, be, 1e-5));
+    OK(kpl_k_batch_norm(yg, mg, NULL, gx, gga, gbe, 1e-5));
+    assert_same(yg, y, 1e-4, 1e-4, "batch_norm, mean only");
+    assert_same(mg, m, 1e-5, 1e-6, "batch_norm mean");
+    kpl_tensor *dx = tnew(KPL_F32, 4, xs), *dxg = gnew(KPL_F32, 4, xs);
+    kpl_tensor *dg = tnew(KPL_F32, 1, &c3), *dgg = gnew(KPL_F32, 1, &c3);
+    kpl_tensor *db = tnew(KPL_F32, 1, &c3), *dbg = gnew(KPL_F32, 1, &c3);
+    for (int set = 1; set < 8; set++) { /* bit 0: gx, 1: ggamma, 2: gbeta */
+        kpl_tensor *o[3] = {set & 1 ? dx : NULL, set & 2 ? dg : NULL, set & 4 ? db : NULL};
+        kpl_tensor *og[3] = {set & 1 ? dxg : NULL, set & 2 ? dgg : NULL, set & 4 ? dbg : NULL};
+        OK(kpl_k_batch_norm_bwd(o[0], o[1], o[2], x, gy, ga, 1e-5));
+        OK(kpl_k_batch_norm_bwd(og[0], og[1], og[2], gx, ggy, gga, 1e-5));
+        if (o[0]) assert_same(dxg, dx, 1e-4, 1e-5, "batch_norm_bwd gx");
+        /* sums of 180000 values */
+        if (o[1]) assert_same(dgg, dg, 1e-5, 1e-3, "batch_norm_bwd ggamma");
+        if (o[2]) assert_same(dbg, db, 1e-5, 1e-3, "batch_norm_bwd gbeta");
+    }
+    RELEASE(x, gy, ga, be, gx, ggy, gga, gbe, y, yg, m, mg, dx, dxg, dg, dgg, db, dbg);
+}
+
 int main(void)
 {
-    if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
-        printf("no CUDA device: skipping\n");
-        return 77;
-    }
-    if (kpl_device_get("cuda:0", &gpu) < 0) {
-        fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
-        return 1;
+    const char *dry = getenv("KPL_TEST_CUDA_DRYRUN");
+    if (dry && !strcmp(dry, "1")) {
+        gpu = kpl_device_cpu();
+    } else {
+        if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
+            printf("no CUDA device: skipping\n");
+            return 77;
+        }
+        if (kpl_device_get("cuda:0", &gpu) < 0) {
+            fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
+            return 1;
+        }
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_identical),
         cmocka_unit_test(test_unary_binary_where),
+        cmocka_unit_test(test_int_eltwise),
         cmocka_unit_test(test_reduce),
+        cmocka_unit_test(test_reduce_long_nan_int),
         cmocka_unit_test(test_matmul),
         cmocka_unit_test(test_fill_cast_copy_storage),
         cmocka_unit_test(test_nn_kernels),
+        cmocka_unit_test(test_conv_no_bias_cache),
+        cmocka_unit_test(test_batch_norm_paths),
         cmocka_unit_test(test_box_kernels),
         cmocka_unit_test(test_roi_align_kernels),
     };
-    return cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+    int fails = cmocka_run_group_tests_name("cuda", tests, NULL, NULL);
+    fails += run_cuda_mixed_tests();
+    fails += run_cuda_memory_tests();
+    return fails ? 1 : 0;
 }
