@@ -221,10 +221,13 @@ int kpl_get_num_threads(void);
  * benchmark off).  Off (the default): the first call of each convolution
  * problem times the implementations oneDNN (or cuDNN) offers and keeps the
  * fastest, which may differ from one process to the next and with it the
- * last bits of the results.  On: the library's preferred implementation
- * (on CUDA: the fastest deterministic one), so two runs of the same program
- * compute bit-identical numbers, as a resumed training run must.  Set it
- * before the first convolution; process-wide. */
+ * last bits of the results.  On: the library's preferred implementation,
+ * untimed (on CUDA: cuDNN's heuristic ranking restricted to its
+ * deterministic algorithms, and the index adjoints plane_scatter and
+ * scatter_add summed in a fixed order instead of with atomics), so two runs
+ * of the same program compute bit-identical numbers, as a resumed training
+ * run must.  (ROI Align's backward on CUDA stays atomic.)  Set it before
+ * the first convolution; process-wide. */
 void kpl_set_deterministic(bool on);
 bool kpl_get_deterministic(void);
 
@@ -878,7 +881,8 @@ kpl_status kpl_k_roi_align(kpl_tensor *out, const kpl_tensor *x, const kpl_tenso
  * value, divided among its samples, is added into the four cells of each
  * sample with their bilinear weights.  The same checks of the rois.  On
  * the CPU the sums run in roi order (deterministic); on CUDA in no fixed
- * order (atomics), so f32 sums may differ in their last bits. */
+ * order (atomics), so f32 sums may differ in their last bits, in
+ * deterministic mode too. */
 kpl_status kpl_k_roi_align_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *rois,
                                const kpl_roi_align_params *p);
 
