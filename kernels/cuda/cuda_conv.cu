@@ -11,8 +11,9 @@
  * bf16 tensors run with tensor-op math and f32 accumulation (the
  * convolution descriptor's compute type is float: cuDNN's PSEUDO_HALF and
  * PSEUDO_BFLOAT16 configurations), each output rounded once.  cuDNN runs
- * bf16 convolutions from compute capability 8.0 on; on older GPUs a bf16
- * convolution runs in f32 through temporaries and is rounded once.  The
+ * bf16 convolutions from compute capability 8.0 on; on older GPUs, and for
+ * any half problem cuDNN offers no algorithm for, a half convolution runs
+ * in f32 through temporaries and is rounded once.  The
  * bias of a half convolution is added (in f32), and its gradient summed (in
  * double), by kernels of our own.  Tensors are NCHW: kpl's tensors are
  * always row-major (kernels.h), so there is no channels-last layout to hand
@@ -635,16 +636,22 @@ static kpl_status cuda_conv(const kpl_kernel_args *args)
         st = key.deterministic ? rank_heuristic(h, a, &d, allowed, &e)
                                : rank_timed(h, dev, a, &d, allowed, in[0], in[1], out, &e);
         if (st < 0) goto fail;
-        if (e.n == 0) {
-            st = KPL_ERROR(KPL_EBACKEND,
-                           "conv2d: cuDNN offers no %salgorithm for %s %lldx%lldx%lldx%lld with "
-                           "%lld filters %lldx%lld",
-                           key.deterministic ? "deterministic " : "", kpl_dtype_name(dt),
-                           (long long)a->n, (long long)a->c, (long long)a->h, (long long)a->w,
-                           (long long)a->o, (long long)a->kh, (long long)a->kw);
-            goto fail;
+        algo_store(&e); /* an empty ranking too: the answer is remembered */
+    }
+    if (e.n == 0) {
+        /* A half problem cuDNN has no kernel for (a layout or shape its
+         * f16/bf16 configurations leave out) still runs, through f32. */
+        if (dt == KPL_F16 || dt == KPL_BF16) {
+            conv_descs_destroy(&d);
+            return conv_via_f32(args);
         }
-        algo_store(&e);
+        st = KPL_ERROR(KPL_EBACKEND,
+                       "conv2d: cuDNN offers no %salgorithm for %s %lldx%lldx%lldx%lld with "
+                       "%lld filters %lldx%lld",
+                       key.deterministic ? "deterministic " : "", kpl_dtype_name(dt),
+                       (long long)a->n, (long long)a->c, (long long)a->h, (long long)a->w,
+                       (long long)a->o, (long long)a->kh, (long long)a->kw);
+        goto fail;
     }
     if ((st = conv_run(h, dev, a, dt, &d, &e, in[0], in[1], out)) < 0) goto fail;
     if (extra) st = conv_bias(cs, h, a, dt, &d, extra, in[1], out);
