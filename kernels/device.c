@@ -424,6 +424,20 @@ kpl_status kpl_kernel_register(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
     return KPL_OK;
 }
 
+bool kpl_kernel_registered(kpl_kop op, kpl_device_type dev, kpl_dtype dt)
+{
+    kpl__init_once();
+    return (unsigned)op < KPL_KOP_COUNT && (unsigned)dev < KPL_DEVICE_TYPE_COUNT &&
+           (unsigned)dt < KPL_DTYPE_COUNT && kernel_table[op][dev][dt] != NULL;
+}
+
+bool kpl_precision_native(kpl_device_type type, kpl_dtype dt)
+{
+    if (dt == KPL_F32 || dt == KPL_F64) return true;
+    return kpl_kernel_registered(KPL_KOP_CONV2D, type, dt) &&
+           kpl_kernel_registered(KPL_KOP_MATMUL, type, dt);
+}
+
 kpl_status kpl_kernel_lookup(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
                              kpl_kernel_fn *out)
 {

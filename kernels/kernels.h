@@ -529,6 +529,18 @@ kpl_status kpl_kernel_register(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
 /* KPL_ENOKERNEL naming op, device and dtype when nothing is registered. */
 kpl_status kpl_kernel_lookup(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
                              kpl_kernel_fn *out);
+/* Whether a kernel is registered for (op, device type, dtype). */
+bool kpl_kernel_registered(kpl_kop op, kpl_device_type dev, kpl_dtype dt);
+
+/* Whether convolutions and matmuls in `dt` (f16, bf16) run natively on
+ * devices of `type`; when not they compute in f32 and round the result
+ * (correct, and slower than f32).  f32 and f64 are always native. */
+bool kpl_precision_native(kpl_device_type type, kpl_dtype dt);
+/* One line on the CPU's math: its model, the ISA extensions kpl and oneDNN
+ * use, and whether bf16 / f16 are native, e.g.
+ * "AMD EPYC 9R45; avx2 fma avx512f avx512_bf16; oneDNN avx512_core_bf16;
+ *  bf16 native, f16 emulated". */
+const char *kpl_cpu_math_info(void);
 
 /* ------------------------------------------------------------------------ */
 /* Shape helpers (shape inference runs before any allocation)                */
