@@ -104,23 +104,126 @@ static kpl_status via_f32(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_t
     return via_f32_3(kop, out, direct, a, b, NULL, attrs);
 }
 
+/* The emulated form of a half-precision convolution or matmul: f32 math,
+ * rounded.  `c_written`: the third operand is written (backward weights'
+ * bias gradient) and gets an f32 stand-in of its own. */
+static kpl_status half_emulated(kpl_kop kop, kpl_tensor *out, const kpl_tensor *a,
+                                const kpl_tensor *b, const kpl_tensor *c, bool c_written,
+                                const void *attrs)
+{
+    if (!c || !c_written || !is_half(c->dtype))
+        return via_f32_3(kop, out, false, a, b, c, attrs);
+    kpl_tensor *cf = NULL;
+    kpl_status st = f32_like(c, &cf);
+    if (st >= 0) st = via_f32_3(kop, out, false, a, b, cf, attrs);
+    if (st >= 0) st = kpl_k_cast((kpl_tensor *)c, cf);
+    kpl_tensor_release(cf);
+    return st;
+}
+
+/* Native or emulated, per problem: on the CPU a native bf16 kernel is not
+ * always the faster (oneDNN's bf16 convolutions want blocked layouts, and
+ * the reorders to and from kpl's plain tensors cost more than the math on
+ * narrow layers, where kpl's own f32 loops win), so the first call of a
+ * shape times both (after a warm-up run each) and keeps the faster, as the
+ * algorithm choosers do.  Deterministic mode and GPUs take the native
+ * kernel untimed. */
+typedef struct {
+    kpl_kop kop;
+    kpl_dtype dt;
+    int threads;
+    kpl_conv_attrs conv; /* normalised (kpl_conv_attrs_key), or zeros */
+    int ndim;
+    int64_t a[KPL_MAX_DIMS], b[KPL_MAX_DIMS];
+    int trans;
+} half_key;
+
+#define HALF_CAP 512
+static struct {
+    pthread_mutex_t lock;
+    half_key k[HALF_CAP];
+    bool native[HALF_CAP];
+    int n, next; /* entries, and the one a full cache replaces next */
+} hc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void half_key_of(kpl_kop kop, kpl_dtype dt, const void *attrs, half_key *k)
+{
+    memset(k, 0, sizeof *k);
+    k->kop = kop, k->dt = dt, k->threads = kpl_get_num_threads();
+    if (kop == KPL_KOP_CONV2D) {
+        kpl_conv_attrs_key(&k->conv, attrs);
+        return;
+    }
+    const kpl_matmul_attrs *m = attrs;
+    k->ndim = m->ndim;
+    for (int d = 0; d < m->ndim; d++) k->a[d] = m->a_dims[d], k->b[d] = m->b_dims[d];
+    k->trans = (int)m->trans_a * 2 + (int)m->trans_b;
+}
+
+static int half_find(const half_key *k)
+{
+    for (int i = 0; i < hc.n; i++)
+        if (!memcmp(&hc.k[i], k, sizeof *k)) return i;
+    return -1;
+}
+
+/* Seconds of the second of two runs (the first builds and warms). */
+static double half_time(kpl_kop kop, bool native, kpl_tensor *out, const kpl_tensor *a,
+                        const kpl_tensor *b, const kpl_tensor *c, bool c_written,
+                        const void *attrs, kpl_status *st)
+{
+    double t = 0;
+    for (int r = 0; r < 2 && *st >= 0; r++) {
+        double t0 = kpl_seconds();
+        *st = native ? dispatch(kop, out->dtype, out, a, b, c, attrs)
+                     : half_emulated(kop, out, a, b, c, c_written, attrs);
+        t = kpl_seconds() - t0;
+    }
+    return t;
+}
+
 /* A half-precision convolution or matmul: the device's own kernel when it
- * has one, else f32 math rounded to the half dtype, said once per op and
- * dtype (never a silent slowdown). */
+ * has one (and it is the faster, above), else f32 math rounded to the half
+ * dtype, said once per op and dtype (never a silent slowdown). */
 static kpl_status half_gemm(kpl_kop kop, const char *op, kpl_dtype dt, kpl_tensor *out,
                             const kpl_tensor *a, const kpl_tensor *b, const kpl_tensor *c,
-                            const void *attrs)
+                            bool c_written, const void *attrs)
 {
     kpl_device_type dev = out->storage->dev->type;
-    if (kpl_kernel_registered(kop, dev, dt)) return dispatch(kop, dt, out, a, b, c, attrs);
-    static atomic_int said[2][2];
-    if (!atomic_exchange(&said[kop == KPL_KOP_MATMUL][dt == KPL_F16], 1))
-        fprintf(stderr,
-                "kpl: %s has no native %s kernel on %s%s; computing it in f32 and rounding "
-                "(correct, slower than f32)\n",
-                op, kpl_dtype_name(dt), dev == KPL_DEVICE_CPU ? "this CPU" : "cuda",
-                dev == KPL_DEVICE_CPU && dt == KPL_BF16 ? " (no AVX512-BF16 or AMX in use)" : "");
-    return via_f32_3(kop, out, false, a, b, c, attrs);
+    if (!kpl_kernel_registered(kop, dev, dt)) {
+        static atomic_int said[2][2];
+        if (!atomic_exchange(&said[kop == KPL_KOP_MATMUL][dt == KPL_F16], 1))
+            fprintf(stderr,
+                    "kpl: %s has no native %s kernel on %s%s; computing it in f32 and rounding "
+                    "(correct, slower than f32)\n",
+                    op, kpl_dtype_name(dt), dev == KPL_DEVICE_CPU ? "this CPU" : "cuda",
+                    dev == KPL_DEVICE_CPU && dt == KPL_BF16 ? " (no AVX512-BF16 or AMX in use)"
+                                                             : "");
+        return half_emulated(kop, out, a, b, c, c_written, attrs);
+    }
+    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic())
+        return dispatch(kop, dt, out, a, b, c, attrs);
+    half_key k;
+    half_key_of(kop, dt, attrs, &k);
+    pthread_mutex_lock(&hc.lock);
+    int i = half_find(&k);
+    int native = i >= 0 ? hc.native[i] : -1;
+    pthread_mutex_unlock(&hc.lock);
+    if (native >= 0)
+        return native ? dispatch(kop, dt, out, a, b, c, attrs)
+                      : half_emulated(kop, out, a, b, c, c_written, attrs);
+    kpl_status st = KPL_OK;
+    double tn = half_time(kop, true, out, a, b, c, c_written, attrs, &st);
+    double te = half_time(kop, false, out, a, b, c, c_written, attrs, &st);
+    if (st < 0) return st;
+    pthread_mutex_lock(&hc.lock);
+    if (half_find(&k) < 0) {
+        int at = hc.n < HALF_CAP ? hc.n++ : (hc.next++ % HALF_CAP);
+        hc.k[at] = k;
+        hc.native[at] = tn <= te;
+    }
+    pthread_mutex_unlock(&hc.lock);
+    return KPL_OK; /* out holds the (emulated) result of the last timed run */
 }
 
 /* ---- shapes ----------------------------------------------------------------- */
@@ -621,7 +724,7 @@ kpl_status kpl_k_matmul(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *
     memcpy(attrs.b_dims, s.b, sizeof s.b);
     memcpy(attrs.out_dims, s.out, sizeof s.out);
     if (s.k == 0) return kpl_k_fill(out, 0.0);
-    if (is_half(dt)) return half_gemm(KPL_KOP_MATMUL, "matmul", dt, out, a, b, NULL, &attrs);
+    if (is_half(dt)) return half_gemm(KPL_KOP_MATMUL, "matmul", dt, out, a, b, NULL, false, &attrs);
     return dispatch(KPL_KOP_MATMUL, dt, out, a, b, NULL, &attrs);
 }
 
@@ -821,23 +924,13 @@ static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, c
     a->p = *p;
 }
 
-/* A convolution's kernel.  In half precision without a native kernel the
- * bias gradient (backward weights' written third operand) needs an f32
- * stand-in of its own, which via_f32_3 does not make: it is made here and
- * cast back. */
+/* A convolution's kernel: half precision through half_gemm. */
 static kpl_status conv_run(kpl_dtype dt, kpl_tensor *out, const kpl_tensor *i0,
                            const kpl_tensor *i1, const kpl_tensor *i2, const kpl_conv_attrs *a)
 {
     if (!is_half(dt)) return dispatch(KPL_KOP_CONV2D, dt, out, i0, i1, i2, a);
-    bool gb = a->kind == KPL_CONV_BWD_WEIGHT && i2;
-    if (!gb || kpl_kernel_registered(KPL_KOP_CONV2D, out->storage->dev->type, dt))
-        return half_gemm(KPL_KOP_CONV2D, "conv2d", dt, out, i0, i1, i2, a);
-    kpl_tensor *gbf = NULL;
-    kpl_status st = f32_like(i2, &gbf);
-    if (st >= 0) st = half_gemm(KPL_KOP_CONV2D, "conv2d", dt, out, i0, i1, gbf, a);
-    if (st >= 0) st = kpl_k_cast((kpl_tensor *)i2, gbf);
-    kpl_tensor_release(gbf);
-    return st;
+    return half_gemm(KPL_KOP_CONV2D, "conv2d", dt, out, i0, i1, i2,
+                     a->kind == KPL_CONV_BWD_WEIGHT, a);
 }
 
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,

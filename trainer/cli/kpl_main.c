@@ -53,7 +53,7 @@ static int cmd_info(void)
     int n = kpl_device_count(KPL_DEVICE_CUDA);
     for (int i = 0; i < n; i++) printf(", cuda:%d", i);
     if (kpl_device_type_built(KPL_DEVICE_CUDA) && n == 0) printf(" (no CUDA GPU found)");
-    printf("\n");
+    printf("\ncpu: %s\n", kpl_cpu_math_info());
     return 0;
 }
 

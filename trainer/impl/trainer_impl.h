@@ -237,6 +237,8 @@ typedef struct {
     kpl_ddp *ddp;
     double base_lr;  /* the optimizer's lr before the schedule */
     bool has_grad;   /* got gradients in this step and was not updated yet */
+    double scale;           /* fp16: the loss scale of its backward (1 otherwise) */
+    int64_t scale_good;     /* fp16: updates with finite gradients since it last moved */
 } kpl__model;
 
 /* A training figure's sums since the last report (this rank), and over
@@ -285,6 +287,8 @@ struct kpl_trainer {
     const kpl_batch *batch;
     bool epoch_ended;                 /* the last step ended t->epoch: the next starts the next */
     bool step_nonfinite;              /* a micro-batch of the step had a NaN/inf loss */
+    kpl_step_result *step_out; /* run_train_step's result, for its task_call */
+    int64_t scale_skips;       /* fp16: updates left out for an overflow (this run) */
     bool step_skipped;                /* an update of the step was left out */
     kpl__figure fig[KPL_FIGURES_MAX];
     int nfig;
@@ -343,6 +347,7 @@ typedef struct {
     bool eval_pending;
     void *rng;    /* json_t: per model, per rank [seed, offset] */
     void *models; /* json_t: the "models" array (name, optimizer), or NULL */
+    void *scales; /* json_t: fp16 loss scales by model {name: [scale, good]}, or NULL */
 } kpl__resume_meta;
 kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path,
                                   kpl__resume_meta *m);
