@@ -644,6 +644,23 @@ static void nccl_cancel(void *state)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The PCI bus id ("0000:3b:00.0"): the same GPU has the same one in every
+ * process, whatever CUDA_VISIBLE_DEVICES makes its number. */
+static kpl_status nccl_device_id(kpl_device *dev, char *buf, size_t len)
+{
+    KPL_CHECK(dev && kpl_device_type_of(dev) == KPL_DEVICE_CUDA && len > 1, KPL_EINVAL,
+              "nccl backend: device_id needs a CUDA device");
+    int n = kpl_device_index(dev);
+    cudaError_t e = cudaDeviceGetPCIBusId(buf, (int)(len < INT_MAX ? len : INT_MAX), n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        buf[0] = '\0';
+        return KPL_ERROR(KPL_EDEVICE, "nccl backend: cannot read the PCI bus id of %s: %s (%s)",
+                         kpl_device_name(dev), cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return KPL_OK;
+}
+
 static const kpl__comm_backend nccl_backend = {
     .name = "nccl",
     .device_type = KPL_DEVICE_CUDA,
@@ -655,6 +672,7 @@ static const kpl__comm_backend nccl_backend = {
     .order = nccl_order,
     .event_free = nccl_event_free,
     .cancel = nccl_cancel,
+    .device_id = nccl_device_id,
 };
 
 const kpl__comm_backend *kpl__comm_nccl_backend(void) { return &nccl_backend; }
