@@ -3,7 +3,8 @@
  * dtype, sizes from 1 element to 64 MB including sizes the world size does
  * not divide, in place and not, blocking and async, against the serial
  * computation of what each rank contributed; and the bucketer on top.
- * nccl works on CUDA tensors and exits 77 (skipped) without a GPU. */
+ * nccl works on CUDA tensors and exits 77 (skipped) when a node has fewer
+ * GPUs than ranks. */
 #include "kpl_test.h"
 #include "collective.h"
 
@@ -328,6 +329,25 @@ static void test_bucketer(void **state)
     for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
 }
 
+/* NCCL needs a GPU of its own for every rank (kpl_comm_create refuses two
+ * ranks on one): skipped, on every rank alike, when a node has fewer GPUs
+ * than ranks. */
+static bool nccl_skips(void)
+{
+    MPI_Comm local;
+    int lsize = 1, wrank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, wrank, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &lsize);
+    MPI_Comm_free(&local);
+    int gpus = kpl_device_count(KPL_DEVICE_CUDA), mine = gpus < lsize, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any && wrank == 0)
+        printf("test_collective nccl: %d CUDA GPU(s) for %d ranks on a node%s: skipped\n",
+               gpus, lsize, gpus ? " (NCCL needs one per rank)" : "");
+    return any != 0;
+}
+
 int main(int argc, char **argv)
 {
     int level;
@@ -342,8 +362,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_collective mpi|ucx|nccl\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (cfg.backend == KPL_COMM_BACKEND_NCCL && kpl_device_count(KPL_DEVICE_CUDA) == 0) {
-        printf("test_collective nccl: no CUDA GPU here: skipped\n");
+    if (cfg.backend == KPL_COMM_BACKEND_NCCL && nccl_skips()) {
         MPI_Finalize();
         return 77;
     }
