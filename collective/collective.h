@@ -92,6 +92,11 @@ typedef struct kpl_comm_work kpl_comm_work;
  * MPI_THREAD_MULTIPLE if nobody did; then kpl_comm_destroy finalises it).
  * MPI initialised by the caller must run at MPI_THREAD_SERIALIZED at least;
  * the stall inspector needs MPI_THREAD_MULTIPLE and is off below it.
+ * Before any backend starts, the ranks tell each other their devices; it
+ * fails on every rank (KPL_EDEVICE, naming the ranks) when a rank could
+ * not open its device (that rank keeps its own error), when the ranks
+ * are not all on the same kind of device, or when NCCL would drive one
+ * GPU from two ranks of a node, which NCCL does not support.
  * Collective and blocking.  *out owned by the caller. */
 kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out);
 /* Finishes the queued work, stops the threads and frees comm.  Collective.
