@@ -529,6 +529,48 @@ static void free_work(kpl_comm_work *w)
     free(w);
 }
 
+/* Stream work whose end cannot be known (the backend failed after
+ * accepting it, or the compute stream cannot be made to wait for it): its
+ * kernels may still write the tensors, and released tensors go back to
+ * the device's caching allocator, which would hand the memory to the next
+ * kernel on the compute stream.  So the work's references are kept for
+ * the rest of the process (the job is ending: the communicator is broken),
+ * and a report line says so. */
+static void keep_tensors_forever(kpl_comm *c, kpl_comm_work *w, const char *why)
+{
+    char what[256], line[768];
+    kpl__comm_describe(c, &w->a, w->slot->be->name, what, sizeof what);
+    size_t bytes = 0;
+    for (int k = 0; k < 2; k++)
+        if (w->keep[k]) bytes += kpl_tensor_nbytes(w->keep[k]);
+    snprintf(line, sizeof line, "%s: %s, so its tensors (%zu bytes) are kept, never reused",
+             what, why, bytes);
+    kpl__comm_report(c, line);
+    w->keep[0] = w->keep[1] = NULL; /* the references stay taken */
+}
+
+/* Whether stream work w has finished on the device, waiting on the host
+ * (polling its marker) up to the communicator's timeout: for when the
+ * compute stream cannot be ordered after it.  False when that cannot be
+ * known: the backend reports a failure (after which a completed marker
+ * would not mean completed kernels) or the time ran out. */
+static bool stream_work_finished(kpl_comm_work *w)
+{
+    kpl_comm *c = w->comm;
+    double deadline = kpl_seconds() + c->timeout;
+    for (unsigned spin = 0;; spin++) {
+        pthread_mutex_lock(&c->mu);
+        kpl_status st = kpl__comm_stream_poll(w);
+        bool done = w->done;
+        pthread_mutex_unlock(&c->mu);
+        if (st < 0) return false;
+        if (done) return true;
+        if (kpl_seconds() >= deadline) return false;
+        struct timespec ts = {0, spin < 100 ? 100000L : 2000000L}; /* 0.1, later 2 ms */
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Queues host work for the executor, or enqueues stream work. */
 static kpl_status submit(kpl_comm *c, const kpl__comm_slot *s, const kpl__coll_args *a,
                          kpl_tensor *t0, kpl_tensor *t1, kpl_comm_work **out)
@@ -557,10 +599,14 @@ static kpl_status submit(kpl_comm *c, const kpl__comm_slot *s, const kpl__coll_a
     pthread_mutex_unlock(&c->mu);
     /* The communicator is used by one thread at a time, so enqueues stay
      * in issue order without holding the lock across the library call. */
-    kpl_status st = s->be->enqueue(s->state, &w->a, &w->event);
+    bool busy = false;
+    kpl_status st = s->be->enqueue(s->state, &w->a, &w->event, &busy);
     if (st < 0) {
         char msg[sizeof w->msg];
         op_failed(c, &w->a, s->be->name, st, msg, sizeof msg);
+        if (busy)
+            keep_tensors_forever(c, w, "the backend failed after taking the operation and "
+                                       "cannot tell whether its kernels still run");
         free_work(w);
         return KPL_ERROR(st, "%s", msg);
     }
@@ -689,9 +735,14 @@ void kpl_comm_work_destroy(kpl_comm_work *w)
     kpl_comm *c = w->comm;
     if (w->event) {
         /* Later users of the memory run on the compute stream: once it
-         * waits for the collective, the tensors may go. */
+         * waits for the collective, the tensors may go.  If it cannot be
+         * made to wait, the host waits for the collective instead; if
+         * even that cannot be known, the tensors stay. */
         if (!w->ordered && w->slot->be->order(w->slot->state, w->event) == KPL_OK)
             w->ordered = true;
+        if (!w->ordered && !stream_work_finished(w))
+            keep_tensors_forever(c, w, "the compute stream could not be ordered after it, nor "
+                                       "its end seen on the host");
         pthread_mutex_lock(&c->mu);
         for (kpl_comm_work **p = &c->streams; *p; p = &(*p)->snext)
             if (*p == w) {

@@ -83,8 +83,15 @@ typedef struct {
      * error (a peer failed); called by the watchdog thread, concurrently
      * with enqueue.  order makes the device's compute stream wait for the
      * marked work, without blocking the host.  event_free releases a marker
-     * (its work may still be running). */
-    kpl_status (*enqueue)(void *state, const kpl__coll_args *a, void **event);
+     * (its work may still be running).
+     * A failed enqueue leaves *event NULL and says in *busy whether the
+     * library may still read or write the operation's memory: it had
+     * accepted the operation when a later step failed, and the backend
+     * could not see its work end (it aborts its communicator, whose
+     * kernels then quit, and waits a little for that).  comm.c then keeps
+     * the tensors alive for good, so the caching allocator never hands
+     * their memory to anyone else. */
+    kpl_status (*enqueue)(void *state, const kpl__coll_args *a, void **event, bool *busy);
     kpl_status (*query)(void *state, void *event, bool *done);
     kpl_status (*order)(void *state, void *event);
     void (*event_free)(void *state, void *event);
