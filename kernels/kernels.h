@@ -266,7 +266,9 @@ const char *kpl_device_unavailable_reason(kpl_device_type type);
 bool kpl_device_type_built(kpl_device_type type);
 /* Page-locks `bytes` of existing host memory at `ptr` so copies between it
  * and `dev` run at full speed (cudaHostRegister on CUDA; a no-op where host
- * memory needs no pinning), and undoes it.  Blocking. */
+ * memory needs no pinning), and undoes it.  Blocking.  Memory shared with
+ * forked children is pinned after the fork, by the parent (NVIDIA: a
+ * child keeps away from registered memory until it execs). */
 kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
 void kpl_device_unpin_host(kpl_device *dev, void *ptr);
 /* Waits for all work queued on the device (no-op on cpu). */
