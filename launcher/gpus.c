@@ -77,10 +77,11 @@ static int list_sysfs(const char *sysfs, const char *proc, sysfs_gpu *g, int max
     while ((e = readdir(d)) && n < max) {
         unsigned dom, bus, dev, fn;
         char tail;
+        size_t len = strlen(e->d_name);
         if (sscanf(e->d_name, "%x:%x:%x.%x%c", &dom, &bus, &dev, &fn, &tail) != 4 ||
-            strlen(e->d_name) >= sizeof g[n].pci)
+            len >= sizeof g[n].pci)
             continue;
-        snprintf(g[n].pci, sizeof g[n].pci, "%s", e->d_name);
+        memcpy(g[n].pci, e->d_name, len + 1);
         n++;
     }
     closedir(d);
