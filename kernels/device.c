@@ -154,6 +154,18 @@ int kpl_device_count(kpl_device_type type)
     return n > MAX_CUDA_DEVICES && type == KPL_DEVICE_CUDA ? MAX_CUDA_DEVICES : n;
 }
 
+const char *kpl_device_unavailable_reason(kpl_device_type type)
+{
+    const kpl_device_backend *b = backend_of(type);
+    if (!b)
+        return type == KPL_DEVICE_CUDA ? "this build of kpl has no CUDA backend (configure with "
+                                         "-DKPL_CUDA=ON on a machine with the CUDA toolkit)"
+                                       : "no such device type";
+    const char *why = NULL;
+    if (b->count(&why) > 0) return NULL;
+    return why ? why : "the driver reports no device";
+}
+
 static kpl_status gpu_raw_alloc(void *ctx, size_t bytes, void **out)
 {
     kpl_device *d = ctx;

@@ -255,11 +255,20 @@ const char *kpl_device_name(const kpl_device *dev);
 /* Number of usable devices of a type: 1 for cpu, 0..N for cuda (0 when the
  * build has no CUDA backend or the machine no GPU). */
 int kpl_device_count(kpl_device_type type);
+/* Why kpl_device_count(type) is 0, for a message that must say why a
+ * device asked for is missing: on CUDA the runtime's own text of the
+ * error cudaGetDeviceCount returned ("CUDA driver version is insufficient
+ * for CUDA runtime version", "system not yet initialized" on an HGX node
+ * without its fabric manager, ...), or that this build has no backend for
+ * the type.  NULL when there are devices.  Static storage; thread-safe. */
+const char *kpl_device_unavailable_reason(kpl_device_type type);
 /* Whether this build contains a backend for the type. */
 bool kpl_device_type_built(kpl_device_type type);
 /* Page-locks `bytes` of existing host memory at `ptr` so copies between it
  * and `dev` run at full speed (cudaHostRegister on CUDA; a no-op where host
- * memory needs no pinning), and undoes it.  Blocking. */
+ * memory needs no pinning), and undoes it.  Blocking.  Memory shared with
+ * forked children is pinned after the fork, by the parent (NVIDIA: a
+ * child keeps away from registered memory until it execs). */
 kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
 void kpl_device_unpin_host(kpl_device *dev, void *ptr);
 /* Waits for all work queued on the device (no-op on cpu). */

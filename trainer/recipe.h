@@ -151,7 +151,7 @@ typedef struct {
     } eval;
     struct {
         kpl_comm_config comm;       /* backend, timeout, stall_warning */
-        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params */
+        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params, grad_dtype */
     } dist;
 } kpl_recipe;
 

@@ -332,6 +332,17 @@ kpl_status kpl__trainer_check_val(kpl_trainer *t);
 void kpl__trainer_ranks_from_env(kpl_trainer *t);
 void kpl__trainer_pick_threads(kpl_trainer *t);
 kpl_status kpl__trainer_pick_device(kpl_trainer *t);
+/* The name of the device a rank trains on, from the recipe's `device`,
+ * the launcher's KPL_DEVICE (NULL or "" when unset), the CUDA GPUs this
+ * process sees and why there are none (kpl_device_unavailable_reason), and
+ * its node-local rank; into name.  A CUDA device asked for (device: cuda,
+ * or KPL_DEVICE=cuda:N under device: auto) with no GPU usable is
+ * KPL_EDEVICE carrying CUDA's reason, never a quiet fall back to the CPU;
+ * a malformed KPL_DEVICE is KPL_EINVAL.  Pure: kpl__trainer_pick_device
+ * feeds it the process's values. */
+kpl_status kpl__trainer_device_choice(const char *device, const char *env, int gpus,
+                                      const char *why, int32_t local_rank, char *name,
+                                      size_t len);
 /* The newest complete checkpoint of the recipe's runs (--resume alone). */
 bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len);
 kpl_status kpl__trainer_make_comm(kpl_trainer *t);

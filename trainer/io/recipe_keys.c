@@ -53,6 +53,14 @@ KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
 KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
 KPL_ENUM_DEFINE(kpl_precision, KPL_PRECISIONS)
 
+/* dist.grad_dtype: the value stored is the index, which must be the
+ * kpl_dtype (the bucketer's config holds one).  "fp16", as `precision`
+ * spells it. */
+_Static_assert(KPL_F32 == 0 && KPL_F16 == 1 && KPL_BF16 == 2,
+               "grad_dtype_names is indexed by kpl_dtype");
+static const char *const grad_dtype_names[] = {
+    [KPL_F32] = "f32", [KPL_F16] = "fp16", [KPL_BF16] = "bf16", NULL};
+
 #define OFF(m) offsetof(kpl_recipe, m)
 #define SZ(m) sizeof(((kpl_recipe *)0)->m)
 #define ESZ(m) sizeof(((kpl_recipe *)0)->m[0])
@@ -324,6 +332,10 @@ const field kpl__rc_fields[] = {
             "seconds before a waiting rank reports who has not joined (0: never)"),
     F_BOOL("dist.check_params", dist.buckets.check_params, "true",
            "check after the first step that all ranks hold the same parameters"),
+    F_ENUM("dist.grad_dtype", dist.buckets.grad_dtype, "f32", grad_dtype_names,
+           "dtype gradients are summed over the ranks in: f32, or bf16 / fp16 (half the bytes; "
+           "per element within ranks x 2^-8 / 2^-11 of the mean |gradient|, fp16 overflows "
+           "past 65504)"),
 };
 const int kpl__rc_nfields = (int)(sizeof kpl__rc_fields / sizeof kpl__rc_fields[0]);
 
