@@ -170,12 +170,17 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
     }
 
     bool prev_mode = kpl_set_grad_enabled(create_graph);
+    /* Gradients flow through the dtypes the forward chose (its casts are
+     * on the tape); autocast would cast them again. */
+    kpl_dtype prev_cast = kpl_autocast_dtype();
+    kpl_set_autocast(KPL_F32, NULL);
     kpl_status st = KPL_OK;
     graph_walk w = {0};
     size_t *ready = NULL;
     kpl_pool *outer = kpl_pool_push();
     if (!outer) {
         kpl_set_grad_enabled(prev_mode);
+        kpl_set_autocast(prev_cast, NULL);
         return KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
     }
     if (!seed) {
@@ -287,6 +292,7 @@ done:
     free(w.map);
     kpl_pool_pop(outer);
     kpl_set_grad_enabled(prev_mode);
+    kpl_set_autocast(prev_cast, NULL);
     return st;
 }
 

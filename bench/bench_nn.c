@@ -18,6 +18,14 @@
  *    is torch_fmnist.py (one epoch of Fashion-MNIST, step time excludes data
  *    handling), the ResNets' torch_resnet.py.
  *  - train_peak_rss/resnet50_b8: peak RSS, kpl vs PyTorch (target <= 0.8x).
+ *  - train_step_cl/{resnet18_cifar_b64, resnet50_b8}: kpl f32 against
+ *    PyTorch's channels_last f32 (target 1.0).
+ *  - train_step_best/...: kpl's best precision (bf16 where the CPU computes
+ *    it natively, else f32) against PyTorch's strongest configuration
+ *    (channels_last + autocast bf16 where the CPU has AVX512-BF16 or AMX,
+ *    channels_last f32 elsewhere; shared/baselines/torch_resnet_variants.py)
+ *    (target 1.2); and train_peak_rss_bf16/resnet50_b8, both in bf16
+ *    (target <= 0.8x).  Each row names both precisions.
  *  - conv_layer/resnet50_b8/...: every distinct ResNet-50 convolution, fwd,
  *    bwd_data and bwd_weight timed alone (median of 5 after a warm-up), in
  *    GFLOP/s, with PyTorch's F.conv2d / conv backward for the same shape
@@ -45,7 +53,7 @@ static double maxrss_mib(void)
 
 /* ---- one model's steps (child process) --------------------------------------------- */
 
-static int run_steps(const char *name, int64_t batch, int warm, int steps)
+static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_dtype prec)
 {
     kpl_set_num_threads(2);
     kpl_device *cpu = kpl_device_cpu();
@@ -73,7 +81,9 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps)
     for (int i = 0; i < warm + steps; i++) {
         double t0 = bench_now();
         kpl_pool *p = kpl_pool_push(), *fw = kpl_pool_push();
+        kpl_set_autocast(prec, NULL); /* as kpl train's precision key */
         kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0, -100);
+        kpl_set_autocast(KPL_F32, NULL);
         if (!loss) die("forward");
         kpl_tensor_retain(loss);
         kpl_pool_pop(fw); /* saved activations now die as backward goes */
@@ -172,6 +182,53 @@ typedef struct {
     double target;
 } model_case;
 
+/* kpl in `prec` against torch_resnet_variants.py's `var`, alternating
+ * rounds; medians of step time and peak RSS. */
+static void versus(const char *self, const char *baselines, const model_case *mc, int rounds,
+                   const char *prec, const char *var, step_result *k, step_result *t)
+{
+    double kms[8], tms[8], krss[8], trss[8];
+    char cmd[4096];
+    for (int r = 0; r < rounds; r++) {
+        snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d %s", self, mc->model,
+                 (long long)mc->batch, mc->warm, mc->steps, prec);
+        step_result a = run_child(cmd);
+        if (isnan(a.ms)) die("kpl training step (see above)");
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_resnet_variants.py %s %s 2 %lld %d %d",
+                 baselines, strcmp(mc->model, "resnet50") ? "r18" : "r50", var,
+                 (long long)mc->batch, mc->warm, mc->steps);
+        step_result b = run_child(cmd);
+        kms[r] = a.ms, krss[r] = a.rss, tms[r] = b.ms, trss[r] = b.rss;
+    }
+    k->ms = bench_median(kms, rounds), k->rss = bench_median(krss, rounds);
+    t->ms = bench_median(tms, rounds), t->rss = bench_median(trss, rounds);
+}
+
+/* The rows against PyTorch's channels_last and its strongest configuration. */
+static void strongest(const char *self, const char *baselines, const model_case *mc, int rounds)
+{
+    step_result k, t;
+    versus(self, baselines, mc, rounds, "f32", "cl", &k, &t);
+    bench_emit("train_step_cl", mc->label, "img/s", 1, 1e3 * (double)mc->batch / k.ms,
+               1e3 * (double)mc->batch / t.ms, "torch-cpu-channels_last", 1.0,
+               ",\"precision_kpl\":\"f32\",\"precision_ref\":\"f32\"");
+    bool kbf = kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16);
+    bool tbf = bench_cpu_has("avx512_bf16") || bench_cpu_has("amx_bf16");
+    if (!kbf || !tbf)
+        fprintf(stderr, "bench_nn: %s has no native bf16 here (kpl: %s); comparing f32 with "
+                        "PyTorch's %s\n", mc->label, kpl_cpu_math_info(),
+                tbf ? "channels_last + bf16" : "channels_last f32");
+    versus(self, baselines, mc, rounds, kbf ? "bf16" : "f32", tbf ? "cl_bf16" : "cl", &k, &t);
+    char extra[160];
+    snprintf(extra, sizeof extra, ",\"precision_kpl\":\"%s\",\"precision_ref\":\"%s\"",
+             kbf ? "bf16" : "f32", tbf ? "channels_last+bf16" : "channels_last f32");
+    bench_emit("train_step_best", mc->label, "img/s", 1, 1e3 * (double)mc->batch / k.ms,
+               1e3 * (double)mc->batch / t.ms, "torch-cpu-strongest", 1.2, "%s", extra);
+    if (!strcmp(mc->model, "resnet50") && kbf && tbf)
+        bench_emit("train_peak_rss_bf16", mc->label, "MiB", 0, k.rss, t.rss, "torch-cpu-cl-bf16",
+                   1 / 0.8, "%s", extra);
+}
+
 static void model_cases(const char *self, const char *baselines, int rounds, double rate)
 {
     static const model_case cases[] = {
@@ -220,6 +277,7 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
                    bench_jnum(n6, bench_median(kfirst, rounds)));
         if (!strcmp(mc->model, "resnet50"))
             bench_emit("train_peak_rss", mc->label, "MiB", 0, kr, tr, "torch-cpu", 1 / 0.8, NULL);
+        if (strcmp(mc->model, "lenet")) strongest(self, baselines, mc, rounds);
     }
 }
 
@@ -344,8 +402,9 @@ static void conv_layers(const char *bench_dir, double rate)
 
 int main(int argc, char **argv)
 {
-    if (argc == 6 && !strcmp(argv[1], "--step"))
-        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "--step"))
+        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]),
+                         argc == 7 && !strcmp(argv[6], "bf16") ? KPL_BF16 : KPL_F32);
     if (argc != 3) {
         fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS\n");
         return 2;

@@ -3,6 +3,18 @@
  * Horovod's fusion buffer without the packing copy): flat bucket buffers
  * whose slices are the gradients, an allreduce started as soon as a bucket
  * is complete, buckets issued in index order on every rank.
+ *
+ * Low-precision reduction (grad_dtype bf16/f16 over f32 parameters, as
+ * PyTorch's bf16_compress_hook): each bucket has a second buffer of the
+ * low dtype, the "wire".  A complete bucket is cast into it (on the
+ * bucket's device, queued before the allreduce like any kernel), summed
+ * over the ranks in place, and at finish cast back into the f32 bucket
+ * and divided by the rank count there.  Summing and dividing afterwards
+ * (rather than scaling by 1/size before the cast) keeps small f16
+ * gradients out of f16's subnormal range; the price is that an f16 sum
+ * can overflow where the average would not (docs/collective.md).  The
+ * result is the same on every rank (one allreduce result, one cast), so
+ * the ranks' parameters stay bit-identical.
  */
 #include "collective_impl.h"
 
@@ -12,6 +24,7 @@
 
 typedef struct {
     kpl_tensor *flat;  /* (numel) the bucket's buffer */
+    kpl_tensor *wire;  /* (numel) its grad_dtype copy for the allreduce, or NULL */
     int64_t numel;
     int nparams, nready;
     kpl_comm_work *work; /* its allreduce in flight */
@@ -23,6 +36,7 @@ struct kpl_bucketer {
     int n;
     kpl_tensor **params;
     kpl_dtype dtype;
+    kpl_dtype wire_dtype; /* == dtype: no conversion */
     kpl_device *device;
     kpl_tensor **grads; /* views into the buckets */
     int *bucket_of;
@@ -41,6 +55,7 @@ static void free_buckets(kpl_bucketer *b)
     for (int k = 0; k < b->nbuckets; k++) {
         kpl_comm_work_destroy(b->buckets[k].work);
         kpl_tensor_release(b->buckets[k].flat);
+        kpl_tensor_release(b->buckets[k].wire);
     }
     free(b->buckets);
     b->buckets = NULL;
@@ -77,6 +92,8 @@ static kpl_status build(kpl_bucketer *b, const int *seq)
     for (k = 0; k < b->nbuckets; k++) {
         int64_t numel = b->buckets[k].numel;
         KPL_TRY(kpl_tensor_zeros(b->device, b->dtype, 1, &numel, &b->buckets[k].flat));
+        if (b->wire_dtype != b->dtype)
+            KPL_TRY(kpl_tensor_empty(b->device, b->wire_dtype, 1, &numel, &b->buckets[k].wire));
     }
     int64_t *off = calloc((size_t)b->nbuckets, sizeof *off);
     KPL_CHECK(off, KPL_ENOMEM, "bucketer: no memory");
@@ -118,6 +135,13 @@ kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
     }
     KPL_CHECK(dt == KPL_F32 || dt == KPL_F64 || dt == KPL_F16 || dt == KPL_BF16, KPL_EDTYPE,
               "bucketer_create: %s parameters have no gradients", kpl_dtype_name(dt));
+    kpl_dtype wire = c.grad_dtype == KPL_F32 ? dt : c.grad_dtype;
+    KPL_CHECK(c.grad_dtype == KPL_F32 || c.grad_dtype == KPL_BF16 || c.grad_dtype == KPL_F16,
+              KPL_EDTYPE, "bucketer_create: grad_dtype %s: gradients are reduced in f32 (the "
+              "parameters' dtype), bf16 or f16", kpl_dtype_name(c.grad_dtype));
+    KPL_CHECK(wire == dt || dt == KPL_F32, KPL_EDTYPE,
+              "bucketer_create: grad_dtype %s needs f32 parameters, not %s", kpl_dtype_name(wire),
+              kpl_dtype_name(dt));
     KPL_CHECK(kpl_comm_backend_for(comm, kpl_device_type_of(dev)), KPL_EDEVICE,
               "bucketer_create: the parameters are on %s, which this communicator cannot "
               "reduce (backend %s)", kpl_device_name(dev),
@@ -128,6 +152,7 @@ kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
     b->cfg = c;
     b->n = n;
     b->dtype = dt;
+    b->wire_dtype = wire;
     b->device = dev;
     b->sync = true;
     b->params = calloc((size_t)n, sizeof *b->params);
@@ -253,16 +278,34 @@ kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b) { return b->sta
 void kpl_bucketer_reset_stats(kpl_bucketer *b) { memset(&b->stats, 0, sizeof b->stats); }
 
 /* Starts the allreduce of every complete bucket at the front of the
- * launch order (index order, the same on every rank). */
+ * launch order (index order, the same on every rank): an AVG of the
+ * bucket, or a SUM of its low-precision copy (see the top of the file). */
 static kpl_status launch_ready(kpl_bucketer *b)
 {
     while (b->next_launch < b->nbuckets) {
         bucket *bk = &b->buckets[b->next_launch];
         if (bk->nready < bk->nparams) break;
-        KPL_TRY(kpl_comm_allreduce_async(b->comm, bk->flat, bk->flat, KPL_COMM_AVG, &bk->work));
+        if (bk->wire) {
+            KPL_TRY(kpl_k_cast(bk->wire, bk->flat));
+            KPL_TRY(kpl_comm_allreduce_async(b->comm, bk->wire, bk->wire, KPL_COMM_SUM,
+                                             &bk->work));
+        } else {
+            KPL_TRY(kpl_comm_allreduce_async(b->comm, bk->flat, bk->flat, KPL_COMM_AVG,
+                                             &bk->work));
+        }
         b->next_launch++;
     }
     return KPL_OK;
+}
+
+/* A low-precision bucket's sum back into its f32 buffer, averaged there.
+ * After the wait, which on a GPU orders the compute stream after the
+ * allreduce, so the kernels here read the finished sum. */
+static kpl_status unwire(kpl_bucketer *b, bucket *bk)
+{
+    KPL_TRY(kpl_k_cast(bk->flat, bk->wire));
+    int32_t size = kpl_comm_size(b->comm);
+    return size > 1 ? kpl_k_binary_scalar(bk->flat, KPL_BIN_DIV, bk->flat, size, false) : KPL_OK;
 }
 
 kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i)
@@ -287,10 +330,11 @@ static kpl_status wait_all(kpl_bucketer *b)
         bucket *bk = &b->buckets[k];
         if (!bk->work) continue;
         kpl_status w = kpl_comm_work_wait(bk->work);
+        if (w == KPL_OK && bk->wire) w = unwire(b, bk);
         if (st == KPL_OK) st = w;
         double s = kpl_comm_work_seconds(bk->work);
         if (s > 0) b->stats.comm_seconds += s;
-        b->stats.bytes += (int64_t)kpl_tensor_nbytes(bk->flat);
+        b->stats.bytes += (int64_t)kpl_tensor_nbytes(bk->wire ? bk->wire : bk->flat);
         kpl_comm_work_destroy(bk->work);
         bk->work = NULL;
     }

@@ -92,6 +92,11 @@ typedef struct kpl_comm_work kpl_comm_work;
  * MPI_THREAD_MULTIPLE if nobody did; then kpl_comm_destroy finalises it).
  * MPI initialised by the caller must run at MPI_THREAD_SERIALIZED at least;
  * the stall inspector needs MPI_THREAD_MULTIPLE and is off below it.
+ * Before any backend starts, the ranks tell each other their devices; it
+ * fails on every rank (KPL_EDEVICE, naming the ranks) when a rank could
+ * not open its device (that rank keeps its own error), when the ranks
+ * are not all on the same kind of device, or when NCCL would drive one
+ * GPU from two ranks of a node, which NCCL does not support.
  * Collective and blocking.  *out owned by the caller. */
 kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out);
 /* Finishes the queued work, stops the threads and frees comm.  Collective.
@@ -186,8 +191,17 @@ typedef struct {
     double bucket_mb;       /* > 0 */
     double first_bucket_mb; /* > 0 */
     bool check_params;      /* check the ranks agree after the first step */
+    /* The dtype the gradients are summed over the ranks in.  KPL_F32 (the
+     * default): the parameters' own dtype, nothing converted.  KPL_BF16
+     * or KPL_F16 with f32 parameters: each bucket is cast into a copy of
+     * that dtype, summed over the ranks in it (half the bytes to move),
+     * cast back to f32 and divided by the rank count in f32.  Per element
+     * the average then differs from f32's by at most about size * 2^-8
+     * (bf16) or size * 2^-11 (f16) times the mean of the ranks' |g|; f16
+     * overflows to +-inf beyond 65504 (docs/collective.md). */
+    kpl_dtype grad_dtype;
 } kpl_bucketer_config;
-#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0, true}
+#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0, true, KPL_F32}
 
 typedef struct kpl_bucketer kpl_bucketer;
 
@@ -229,7 +243,7 @@ int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i);
  * 1 - wait / comm is the fraction overlapped with computation. */
 typedef struct {
     int64_t steps; /* synchronised finishes */
-    int64_t bytes; /* gradient bytes reduced */
+    int64_t bytes; /* gradient bytes reduced (in grad_dtype) */
     double comm_seconds;
     double wait_seconds;
 } kpl_bucketer_stats;

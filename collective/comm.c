@@ -189,6 +189,113 @@ static kpl_status pick_device(kpl_comm *c, const char *name)
     return kpl_device_get(n, &c->device);
 }
 
+/* Appends rank r to buf's ", "-separated list, ending it with "..." once
+ * the buffer is nearly full. */
+static void list_rank(char *buf, size_t len, int32_t r)
+{
+    size_t at = strlen(buf);
+    if (at + 16 >= len) {
+        if (at + 4 < len && strcmp(buf + at - 3, "...")) snprintf(buf + at, len - at, "...");
+        return;
+    }
+    snprintf(buf + at, len - at, "%s%d", at ? ", " : "", (int)r);
+}
+
+/* Ranks on the node of all[a]. */
+static int node_ranks(const kpl__comm_rank_device *all, int32_t size, int32_t a)
+{
+    int n = 0;
+    for (int32_t r = 0; r < size; r++) n += all[r].node == all[a].node;
+    return n;
+}
+
+kpl_status kpl__comm_check_devices(const kpl__comm_rank_device *all, int32_t size,
+                                   kpl_comm_backend backend)
+{
+    char failed[192] = "", on_cpu[192] = "", on_gpu[192] = "";
+    for (int32_t r = 0; r < size; r++) {
+        if (all[r].kind < 0) list_rank(failed, sizeof failed, r);
+        else if (all[r].kind == KPL_DEVICE_CUDA) list_rank(on_gpu, sizeof on_gpu, r);
+        else list_rank(on_cpu, sizeof on_cpu, r);
+    }
+    KPL_CHECK(!failed[0], KPL_EDEVICE, "comm_create: rank(s) %s could not open their device "
+              "(each one's own error says why), so every rank gives up", failed);
+    KPL_CHECK(!on_gpu[0] || !on_cpu[0], KPL_EDEVICE,
+              "comm_create: the ranks would run on different kinds of device: rank(s) %s on "
+              "cuda, rank(s) %s on cpu; every rank must use the same kind (a rank on the CPU "
+              "where GPUs were meant: CUDA failed to start on its node, and `kpl info` there "
+              "says why; or the ranks were given different devices)", on_gpu, on_cpu);
+    KPL_CHECK(backend != KPL_COMM_BACKEND_NCCL || on_gpu[0], KPL_EDEVICE,
+              "comm_create: backend nccl needs a CUDA device on every rank; the ranks run on "
+              "cpu");
+    if (!on_gpu[0] || (backend != KPL_COMM_BACKEND_AUTO && backend != KPL_COMM_BACKEND_NCCL))
+        return KPL_OK;
+    for (int32_t a = 0; a < size; a++)
+        for (int32_t b = a + 1; b < size; b++) {
+            if (all[a].node != all[b].node || !all[a].gpu_id[0] ||
+                strncmp(all[a].gpu_id, all[b].gpu_id, sizeof all[a].gpu_id))
+                continue;
+            return KPL_ERROR(KPL_EDEVICE, "comm_create: NCCL needs a GPU of its own for every "
+                             "rank, but ranks %d and %d would share the GPU at PCI %.32s "
+                             "(cuda:%d and cuda:%d): their node runs %d ranks on the %d GPU(s) "
+                             "rank %d sees.  NCCL does not support two ranks on one GPU (it may "
+                             "hang): start at most one rank per GPU on each node, or make "
+                             "more GPUs visible (CUDA_VISIBLE_DEVICES)", (int)a, (int)b,
+                             all[a].gpu_id, (int)all[a].index, (int)all[b].index,
+                             node_ranks(all, size, a), (int)all[a].gpus, (int)a);
+        }
+    return KPL_OK;
+}
+
+/* This rank's part of the agreement: its device (or its failure to open
+ * one, `mine`) and, when NCCL is to drive its GPU, which GPU that is. */
+static kpl_status describe_device(kpl_comm *c, kpl_comm_backend backend, kpl_status mine,
+                                  int32_t node, kpl__comm_rank_device *me)
+{
+    memset(me, 0, sizeof *me);
+    me->node = node;
+    me->gpus = kpl_device_count(KPL_DEVICE_CUDA);
+    me->kind = mine < 0 ? -1 : (int32_t)kpl_device_type_of(c->device);
+    if (me->kind != KPL_DEVICE_CUDA) return mine;
+    me->index = kpl_device_index(c->device);
+    if (backend != KPL_COMM_BACKEND_AUTO && backend != KPL_COMM_BACKEND_NCCL) return KPL_OK;
+    const kpl__comm_backend *nccl = kpl__comm_nccl_backend();
+    if (!nccl || !nccl->device_id) return KPL_OK; /* set-up fails alike on every rank */
+    kpl_status st = nccl->device_id(c->device, me->gpu_id, sizeof me->gpu_id);
+    if (st < 0) me->kind = -1;
+    return st;
+}
+
+/* Every rank learns every rank's device before any backend starts: a
+ * rank whose device failed (a CUDA start-up error), a rank on the CPU
+ * among GPU ranks, or two ranks on one GPU under NCCL fail the create on
+ * every rank, instead of leaving some in a backend's collective set-up
+ * waiting for peers that never come.  `mine` is this rank's own result of
+ * opening its device; a rank that failed keeps its own message. */
+static kpl_status agree_devices(kpl_comm *c, kpl_comm_backend backend, kpl_status mine,
+                                int32_t node)
+{
+    char own[1024] = "";
+    kpl__comm_rank_device me;
+    mine = describe_device(c, backend, mine, node, &me);
+    if (mine < 0) snprintf(own, sizeof own, "%s", kpl_last_error());
+    kpl__comm_rank_device *all = calloc((size_t)c->size, sizeof *all);
+    int ok = all != NULL, all_ok = 0;
+    /* Even without memory for the table every rank takes both calls. */
+    int err = MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, c->insp);
+    if (err == MPI_SUCCESS && all_ok)
+        err = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, all, (int)sizeof me, MPI_BYTE,
+                            c->insp);
+    kpl_status st = err != MPI_SUCCESS ? mpi_failed(err, "the device agreement (MPI_Allgather)")
+                    : !all_ok ? KPL_ERROR(KPL_ENOMEM, "comm_create: no memory for the device "
+                                          "table of %d ranks (on this rank or another)",
+                                          (int)c->size)
+                              : kpl__comm_check_devices(all, c->size, backend);
+    free(all);
+    if (mine < 0) return kpl_set_error(mine, "%s", own); /* as it was, location included */
+    return st;
+}
+
 kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
 {
     KPL_CHECK(out, KPL_EINVAL, "comm_create: NULL argument");
@@ -251,20 +358,22 @@ kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
     }
     MPI_Comm_rank(local, &lr);
     MPI_Comm_size(local, &ls);
+    int node = r;
+    err = MPI_Allreduce(&r, &node, 1, MPI_INT, MPI_MIN, local);
     MPI_Comm_free(&local);
+    if (err != MPI_SUCCESS) {
+        st = mpi_failed(err, "MPI_Allreduce over the node's ranks");
+        goto fail;
+    }
     c->rank = r;
     c->size = s;
     c->local_rank = lr;
     c->local_size = ls;
-    KPL_TRY_GOTO(pick_device(c, cf.device));
+    KPL_TRY_GOTO(agree_devices(c, cf.backend, pick_device(c, cf.device), node));
     bool on_gpu = kpl_device_type_of(c->device) == KPL_DEVICE_CUDA;
-    if (cf.backend == KPL_COMM_BACKEND_NCCL && !on_gpu) {
-        st = KPL_ERROR(KPL_EDEVICE, "comm_create: backend nccl needs a CUDA device; rank %d "
-                       "runs on %s", (int)r, kpl_device_name(c->device));
-        goto fail;
-    }
 
-    /* Every rank takes the same path through the collective inits. */
+    /* Every rank takes the same path through the collective inits: they
+     * agree on the kind of device (agree_devices). */
     const kpl__comm_backend *host =
         cf.backend == KPL_COMM_BACKEND_UCX ? kpl__comm_ucx_backend() : kpl__comm_mpi_backend();
     KPL_TRY_GOTO(slot_init(c, &c->host, host, MPI_COMM_WORLD));
@@ -420,6 +529,48 @@ static void free_work(kpl_comm_work *w)
     free(w);
 }
 
+/* Stream work whose end cannot be known (the backend failed after
+ * accepting it, or the compute stream cannot be made to wait for it): its
+ * kernels may still write the tensors, and released tensors go back to
+ * the device's caching allocator, which would hand the memory to the next
+ * kernel on the compute stream.  So the work's references are kept for
+ * the rest of the process (the job is ending: the communicator is broken),
+ * and a report line says so. */
+static void keep_tensors_forever(kpl_comm *c, kpl_comm_work *w, const char *why)
+{
+    char what[256], line[768];
+    kpl__comm_describe(c, &w->a, w->slot->be->name, what, sizeof what);
+    size_t bytes = 0;
+    for (int k = 0; k < 2; k++)
+        if (w->keep[k]) bytes += kpl_tensor_nbytes(w->keep[k]);
+    snprintf(line, sizeof line, "%s: %s, so its tensors (%zu bytes) are kept, never reused",
+             what, why, bytes);
+    kpl__comm_report(c, line);
+    w->keep[0] = w->keep[1] = NULL; /* the references stay taken */
+}
+
+/* Whether stream work w has finished on the device, waiting on the host
+ * (polling its marker) up to the communicator's timeout: for when the
+ * compute stream cannot be ordered after it.  False when that cannot be
+ * known: the backend reports a failure (after which a completed marker
+ * would not mean completed kernels) or the time ran out. */
+static bool stream_work_finished(kpl_comm_work *w)
+{
+    kpl_comm *c = w->comm;
+    double deadline = kpl_seconds() + c->timeout;
+    for (unsigned spin = 0;; spin++) {
+        pthread_mutex_lock(&c->mu);
+        kpl_status st = kpl__comm_stream_poll(w);
+        bool done = w->done;
+        pthread_mutex_unlock(&c->mu);
+        if (st < 0) return false;
+        if (done) return true;
+        if (kpl_seconds() >= deadline) return false;
+        struct timespec ts = {0, spin < 100 ? 100000L : 2000000L}; /* 0.1, later 2 ms */
+        nanosleep(&ts, NULL);
+    }
+}
+
 /* Queues host work for the executor, or enqueues stream work. */
 static kpl_status submit(kpl_comm *c, const kpl__comm_slot *s, const kpl__coll_args *a,
                          kpl_tensor *t0, kpl_tensor *t1, kpl_comm_work **out)
@@ -448,10 +599,14 @@ static kpl_status submit(kpl_comm *c, const kpl__comm_slot *s, const kpl__coll_a
     pthread_mutex_unlock(&c->mu);
     /* The communicator is used by one thread at a time, so enqueues stay
      * in issue order without holding the lock across the library call. */
-    kpl_status st = s->be->enqueue(s->state, &w->a, &w->event);
+    bool busy = false;
+    kpl_status st = s->be->enqueue(s->state, &w->a, &w->event, &busy);
     if (st < 0) {
         char msg[sizeof w->msg];
         op_failed(c, &w->a, s->be->name, st, msg, sizeof msg);
+        if (busy)
+            keep_tensors_forever(c, w, "the backend failed after taking the operation and "
+                                       "cannot tell whether its kernels still run");
         free_work(w);
         return KPL_ERROR(st, "%s", msg);
     }
@@ -580,9 +735,14 @@ void kpl_comm_work_destroy(kpl_comm_work *w)
     kpl_comm *c = w->comm;
     if (w->event) {
         /* Later users of the memory run on the compute stream: once it
-         * waits for the collective, the tensors may go. */
+         * waits for the collective, the tensors may go.  If it cannot be
+         * made to wait, the host waits for the collective instead; if
+         * even that cannot be known, the tensors stay. */
         if (!w->ordered && w->slot->be->order(w->slot->state, w->event) == KPL_OK)
             w->ordered = true;
+        if (!w->ordered && !stream_work_finished(w))
+            keep_tensors_forever(c, w, "the compute stream could not be ordered after it, nor "
+                                       "its end seen on the host");
         pthread_mutex_lock(&c->mu);
         for (kpl_comm_work **p = &c->streams; *p; p = &(*p)->snext)
             if (*p == w) {

@@ -1142,11 +1142,6 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
         goto fail;
     }
     for (int i = 0; i < l->nslots; i++) l->refs[i] = (struct slot_ref){l, i};
-    if (cfg->device && kpl_device_type_of(cfg->device) != KPL_DEVICE_CPU) {
-        KPL_TRY_GOTO(kpl_device_pin_host(cfg->device, l->slot_data,
-                                         (size_t)l->nslots * l->slot_bytes));
-        l->pinned = cfg->device;
-    }
 
     l->parent = getpid();
     fflush(stdout);
@@ -1172,6 +1167,18 @@ kpl_status kpl_loader_create(const kpl_loader_config *cfg, kpl_loader **out)
         l->alive[k] = true;
     }
     sigprocmask(SIG_SETMASK, &old_set, NULL);
+    /* The batch slots are page-locked for fast copies to a GPU only now,
+     * in the parent alone: the children write into these pages, and
+     * NVIDIA has a child between fork and exec keep away from memory CUDA
+     * allocated or registered (the driver may also mark registered ranges
+     * MADV_DONTFORK, which would leave a child forked after it without
+     * its slots).  Registering the shared pages after the fork pins the
+     * same physical memory the children fill. */
+    if (cfg->device && kpl_device_type_of(cfg->device) != KPL_DEVICE_CPU) {
+        KPL_TRY_GOTO(kpl_device_pin_host(cfg->device, l->slot_data,
+                                         (size_t)l->nslots * l->slot_bytes));
+        l->pinned = cfg->device;
+    }
     *out = l;
     return KPL_OK;
 fail:

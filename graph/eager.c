@@ -34,6 +34,7 @@ static kpl_tensor *new_like(kpl_tensor *x, kpl_dtype dt, int ndim, const int64_t
 
 static kpl_tensor *unary(kpl_op op, kpl_unary_op u, kpl_tensor *x, double alpha, double beta)
 {
+    x = kpl__autocast(op, x);
     if (!x) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
     if (!out) return NULL;
@@ -77,13 +78,14 @@ kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi)
 
 static kpl_tensor *binary(kpl_op op, kpl_binary_op b, kpl_tensor *x, kpl_tensor *y)
 {
+    bool cmp = kpl_binary_is_compare(b);
+    kpl__autocast_pair(cmp ? KPL_OP_SUB : op, &x, &y); /* comparisons promote as sub does */
     if (!x || !y) return NULL;
     int n;
     int64_t shape[KPL_MAX_DIMS];
     if (kpl_shape_broadcast(kpl_binary_name(b), kpl_tensor_ndim(x), kpl_tensor_shape(x),
                             kpl_tensor_ndim(y), kpl_tensor_shape(y), &n, shape) < 0)
         return NULL;
-    bool cmp = kpl_binary_is_compare(b);
     kpl_tensor *out = new_like(x, cmp ? KPL_BOOL : kpl_tensor_dtype(x), n, shape);
     if (!out) return NULL;
     kpl_tensor *ins[2] = {x, y};
@@ -129,6 +131,8 @@ kpl_tensor *kpl_scalar_op(kpl_binary_op op, kpl_tensor *x, double s, bool scalar
                   kpl_binary_name(op));
         return NULL;
     }
+    x = kpl__autocast(map[op], x);
+    if (!x) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
     if (!out) return NULL;
     kpl_op_attrs at = {.scalar = s, .scalar_first = scalar_first};
@@ -138,6 +142,7 @@ kpl_tensor *kpl_scalar_op(kpl_binary_op op, kpl_tensor *x, double s, bool scalar
 
 kpl_tensor *kpl_where(kpl_tensor *cond, kpl_tensor *a, kpl_tensor *b)
 {
+    kpl__autocast_pair(KPL_OP_WHERE, &a, &b);
     if (!cond || !a || !b) return NULL;
     int n1, n;
     int64_t s1[KPL_MAX_DIMS], shape[KPL_MAX_DIMS];
@@ -157,6 +162,7 @@ kpl_tensor *kpl_where(kpl_tensor *cond, kpl_tensor *a, kpl_tensor *b)
 static kpl_tensor *reduce(kpl_op op, kpl_reduce_op r, kpl_tensor *x, const int *axes,
                           int naxes, bool keepdim, int correction)
 {
+    x = kpl__autocast(op, x);
     if (!x) return NULL;
     if (naxes < 0 || naxes > KPL_MAX_DIMS) {
         KPL_ERROR(KPL_EINVAL, "%s: %d axes", kpl_reduce_name(r), naxes);
@@ -214,6 +220,7 @@ kpl_tensor *kpl_argmin(kpl_tensor *x, int axis, bool keepdim)
 
 kpl_tensor *kpl_matmul(kpl_tensor *a, kpl_tensor *b, bool trans_a, bool trans_b)
 {
+    kpl__autocast_pair(KPL_OP_MATMUL, &a, &b);
     if (!a || !b) return NULL;
     int n;
     int64_t shape[KPL_MAX_DIMS];
@@ -315,6 +322,10 @@ kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after)
 kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p)
 {
     if (!x || !w || !p) return NULL;
+    x = kpl__autocast(KPL_OP_CONV2D, x);
+    w = kpl__autocast(KPL_OP_CONV2D, w);
+    if (b) b = kpl__autocast(KPL_OP_CONV2D, b);
+    if (!x || !w) return NULL;
     if (kpl_tensor_ndim(x) != 4 || kpl_tensor_ndim(w) != 4) {
         char b1[96], b2[96];
         KPL_ERROR(KPL_ESHAPE, "conv2d: input %s and weights %s must be 4-D",
@@ -334,6 +345,7 @@ kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_co
 kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_shape,
                                 const kpl_conv2d_params *p)
 {
+    kpl__autocast_pair(KPL_OP_CONV2D_BWD_DATA, &gy, &w);
     if (!gy || !w || !x_shape || !p) return NULL;
     kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
     if (!out) return NULL;
@@ -347,6 +359,7 @@ kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_
 kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
                                   const kpl_conv2d_params *p)
 {
+    kpl__autocast_pair(KPL_OP_CONV2D_BWD_WEIGHT, &x, &gy);
     if (!x || !gy || !w_shape || !p) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, w_shape);
     if (!out) return NULL;
@@ -426,12 +439,14 @@ kpl_tensor *kpl_conv_transpose2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
         if (pads[1] || pads[3]) y = kpl_pad(y, 2, pads, KPL_PAD_CONSTANT, 0);
     }
     if (!b) return y;
+    b = kpl__autocast(KPL_OP_CONV2D, b); /* the result stays in the low dtype */
     int64_t bs[4] = {1, os[1], 1, 1};
     return kpl_add(y, kpl_reshape(b, 4, bs));
 }
 
 kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
 {
+    x = kpl__autocast(KPL_OP_PLANE_GATHER, x);
     if (!x || !p) return NULL;
     int64_t ys[4];
     if (kpl_tensor_ndim(x) != 4) {
@@ -457,6 +472,7 @@ kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
 
 kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx)
 {
+    x = kpl__autocast(KPL_OP_PLANE_GATHER, x);
     if (!x || !idx) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(idx), kpl_tensor_shape(idx));
     if (!out) return NULL;
@@ -466,6 +482,7 @@ kpl_tensor *kpl_plane_gather(kpl_tensor *x, kpl_tensor *idx)
 
 kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_shape)
 {
+    gy = kpl__autocast(KPL_OP_PLANE_SCATTER, gy);
     if (!gy || !idx || !x_shape) return NULL;
     kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
     if (!out) return NULL;
@@ -478,6 +495,7 @@ kpl_tensor *kpl_plane_scatter(kpl_tensor *gy, kpl_tensor *idx, const int64_t *x_
 
 kpl_tensor *kpl_avg_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
 {
+    x = kpl__autocast(KPL_OP_AVG_POOL2D, x);
     if (!x || !p) return NULL;
     int64_t ys[4];
     if (kpl_tensor_ndim(x) != 4) {
@@ -493,6 +511,7 @@ kpl_tensor *kpl_avg_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
 
 kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape, const kpl_pool2d_params *p)
 {
+    gy = kpl__autocast(KPL_OP_AVG_POOL2D_BWD, gy);
     if (!gy || !x_shape || !p) return NULL;
     kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), 4, x_shape);
     if (!out) return NULL;
@@ -573,6 +592,7 @@ kpl_tensor *kpl_gather(kpl_tensor *x, int axis, kpl_tensor *idx)
 
 kpl_tensor *kpl_scatter_add(kpl_tensor *x, int axis, kpl_tensor *idx, kpl_tensor *src)
 {
+    kpl__autocast_pair(KPL_OP_SCATTER_ADD, &x, &src);
     if (!x || !idx || !src) return NULL;
     int ax = gather_axis("scatter_add", x, axis);
     if (ax < 0) return NULL;

@@ -55,6 +55,21 @@ bool kpl_grad_enabled(void);
  * scope is `bool prev = kpl_set_grad_enabled(false); ... kpl_set_grad_enabled(prev);` */
 bool kpl_set_grad_enabled(bool on);
 
+/* ---- autocast (mixed precision) ------------------------------------------------------- */
+
+/* This thread's autocast dtype: KPL_F32 (off, the default), KPL_BF16 or
+ * KPL_F16.  While it is low, ops cast their floating inputs by their class
+ * (kpl_autocast_class_of; docs/precision.md): convolutions and matmuls run
+ * in the low dtype, reductions, norms, pooling and losses in f32, binary ops
+ * in the wider of their inputs.  Parameters stay f32; the recorded casts
+ * bring their gradients back to f32.  Backward runs with autocast off.
+ *   kpl_dtype prev;
+ *   kpl_set_autocast(KPL_BF16, &prev);  ... forward, loss ...
+ *   kpl_set_autocast(prev, NULL);
+ * KPL_EDTYPE for any other dtype. */
+kpl_dtype kpl_autocast_dtype(void);
+kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
+
 /* ---- ops ---------------------------------------------------------------------- */
 
 /* X(ENUM, name).  One entry per differentiable op; append only. */
@@ -93,6 +108,16 @@ typedef enum {
 } kpl_op;
 
 const char *kpl_op_name(kpl_op op);
+
+typedef enum {
+    KPL_AUTOCAST_KEEP,    /* runs in its input's dtype */
+    KPL_AUTOCAST_LOW,     /* runs in the autocast dtype */
+    KPL_AUTOCAST_F32,     /* low-precision inputs are cast to f32 */
+    KPL_AUTOCAST_PROMOTE, /* mixed float inputs meet in the wider dtype */
+} kpl_autocast_class;
+
+/* The class of an op under autocast (KEEP for ops outside the list). */
+kpl_autocast_class kpl_autocast_class_of(kpl_op op);
 
 typedef struct kpl_custom_fn kpl_custom_fn; /* a caller-defined op, see kpl_custom */
 

@@ -16,7 +16,8 @@
 kpl_tensor *kpl_linear(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b)
 {
     kpl_tensor *y = kpl_matmul(x, w, false, true);
-    return b ? kpl_add(y, b) : y;
+    /* under autocast the bias joins the low-precision result */
+    return b ? kpl_add(y, kpl__autocast(KPL_OP_MATMUL, b)) : y;
 }
 
 kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis)
@@ -379,6 +380,7 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
                            kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
                            double momentum, double eps)
 {
+    x = kpl__autocast(KPL_OP_BATCH_NORM, x); /* statistics and result in f32 */
     if (!x) return NULL;
     int nd = kpl_tensor_ndim(x);
     if (nd < 2) {

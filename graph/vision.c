@@ -186,6 +186,8 @@ kpl_status kpl_batched_nms(kpl_tensor *boxes, kpl_tensor *scores, kpl_tensor *id
 static kpl_tensor *roi_op(kpl_op op, kpl_tensor *in, kpl_tensor *rois, const int64_t *shape,
                           const kpl_roi_align_params *p)
 {
+    in = kpl__autocast(op, in);
+    if (!in) return NULL;
     kpl_tensor *out = NULL;
     if (kpl_tensor_empty(kpl_tensor_device(in), kpl_tensor_dtype(in), 4, shape, &out) < 0)
         return NULL;

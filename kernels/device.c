@@ -154,6 +154,18 @@ int kpl_device_count(kpl_device_type type)
     return n > MAX_CUDA_DEVICES && type == KPL_DEVICE_CUDA ? MAX_CUDA_DEVICES : n;
 }
 
+const char *kpl_device_unavailable_reason(kpl_device_type type)
+{
+    const kpl_device_backend *b = backend_of(type);
+    if (!b)
+        return type == KPL_DEVICE_CUDA ? "this build of kpl has no CUDA backend (configure with "
+                                         "-DKPL_CUDA=ON on a machine with the CUDA toolkit)"
+                                       : "no such device type";
+    const char *why = NULL;
+    if (b->count(&why) > 0) return NULL;
+    return why ? why : "the driver reports no device";
+}
+
 static kpl_status gpu_raw_alloc(void *ctx, size_t bytes, void **out)
 {
     kpl_device *d = ctx;
@@ -432,6 +444,20 @@ kpl_status kpl_kernel_register(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
     kernel_table[op][dev][dt] = fn;
     pthread_mutex_unlock(&kernel_lock);
     return KPL_OK;
+}
+
+bool kpl_kernel_registered(kpl_kop op, kpl_device_type dev, kpl_dtype dt)
+{
+    kpl__init_once();
+    return (unsigned)op < KPL_KOP_COUNT && (unsigned)dev < KPL_DEVICE_TYPE_COUNT &&
+           (unsigned)dt < KPL_DTYPE_COUNT && kernel_table[op][dev][dt] != NULL;
+}
+
+bool kpl_precision_native(kpl_device_type type, kpl_dtype dt)
+{
+    if (dt == KPL_F32 || dt == KPL_F64) return true;
+    return kpl_kernel_registered(KPL_KOP_CONV2D, type, dt) &&
+           kpl_kernel_registered(KPL_KOP_MATMUL, type, dt);
 }
 
 kpl_status kpl_kernel_lookup(kpl_kop op, kpl_device_type dev, kpl_dtype dt,

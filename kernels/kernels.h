@@ -272,12 +272,21 @@ const char *kpl_device_name(const kpl_device *dev);
 /* Number of usable devices of a type: 1 for cpu, 0..N for cuda (0 when the
  * build has no CUDA backend or the machine no GPU). */
 int kpl_device_count(kpl_device_type type);
+/* Why kpl_device_count(type) is 0, for a message that must say why a
+ * device asked for is missing: on CUDA the runtime's own text of the
+ * error cudaGetDeviceCount returned ("CUDA driver version is insufficient
+ * for CUDA runtime version", "system not yet initialized" on an HGX node
+ * without its fabric manager, ...), or that this build has no backend for
+ * the type.  NULL when there are devices.  Static storage; thread-safe. */
+const char *kpl_device_unavailable_reason(kpl_device_type type);
 /* Whether this build contains a backend for the type. */
 bool kpl_device_type_built(kpl_device_type type);
 /* Page-locks `bytes` of existing host memory at `ptr` so copies between it
  * and `dev` run at full speed (cudaHostRegister on CUDA; a no-op where host
- * memory needs no pinning), and undoes it.  Blocking.  An upload from
- * page-locked memory does not wait for the copy: hand such memory to
+ * memory needs no pinning), and undoes it.  Blocking.  Memory shared with
+ * forked children is pinned after the fork, by the parent (NVIDIA: a
+ * child keeps away from registered memory until it execs).  An upload
+ * from page-locked memory does not wait for the copy: hand such memory to
  * tensors through kpl_storage_wrap, whose writes and release wait for the
  * uploads still reading it (as the data loader's batch slots do). */
 kpl_status kpl_device_pin_host(kpl_device *dev, void *ptr, size_t bytes);
@@ -555,6 +564,18 @@ kpl_status kpl_kernel_register(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
 /* KPL_ENOKERNEL naming op, device and dtype when nothing is registered. */
 kpl_status kpl_kernel_lookup(kpl_kop op, kpl_device_type dev, kpl_dtype dt,
                              kpl_kernel_fn *out);
+/* Whether a kernel is registered for (op, device type, dtype). */
+bool kpl_kernel_registered(kpl_kop op, kpl_device_type dev, kpl_dtype dt);
+
+/* Whether convolutions and matmuls in `dt` (f16, bf16) run natively on
+ * devices of `type`; when not they compute in f32 and round the result
+ * (correct, and slower than f32).  f32 and f64 are always native. */
+bool kpl_precision_native(kpl_device_type type, kpl_dtype dt);
+/* One line on the CPU's math: its model, the ISA extensions kpl and oneDNN
+ * use, and whether bf16 / f16 are native, e.g.
+ * "AMD EPYC 9R45; avx2 fma avx512f avx512_bf16; oneDNN avx512_core_bf16;
+ *  bf16 native, f16 emulated". */
+const char *kpl_cpu_math_info(void);
 
 /* ------------------------------------------------------------------------ */
 /* Shape helpers (shape inference runs before any allocation)                */

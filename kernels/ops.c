@@ -8,12 +8,16 @@
  * kernel registered for (op, device type, dtype).  The kernels themselves
  * (cpu/, cuda/) trust what they get.
  *
- * f16 and bf16 are storage types: their math runs in f32 through temporary
- * casts, here, once, for every device.
+ * f16 and bf16 compute natively where a device registers a kernel for them
+ * (convolution and matmul: oneDNN on AVX512-BF16 / AMX CPUs, cuDNN and
+ * cuBLAS on GPUs); everything else runs in f32 through temporary casts,
+ * here, once, for every device.
  */
 #include "ops_impl.h"
 
 #include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 /* ---- names ------------------------------------------------------------------ */
@@ -70,24 +74,156 @@ static kpl_status f32_like(const kpl_tensor *t, kpl_tensor **out)
     return kpl_tensor_empty(t->storage->dev, KPL_F32, t->ndim, t->shape, out);
 }
 
-/* Runs a kernel for f16/bf16 operands in f32: the inputs are cast to f32
- * temporaries, the kernel writes an f32 stand-in for `out` (or `out` itself
- * when `direct`, for bool/i64 results), which is cast back. */
-static kpl_status via_f32(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_tensor *a,
-                          const kpl_tensor *b, const void *attrs)
+/* Runs a kernel for f16/bf16 operands in f32: the half inputs are cast to
+ * f32 temporaries (others, e.g. indices, pass as they are), the kernel
+ * writes an f32 stand-in for `out` (or `out` itself when `direct`, for
+ * bool/i64 results), which is cast back. */
+static kpl_status via_f32_3(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_tensor *a,
+                            const kpl_tensor *b, const kpl_tensor *c, const void *attrs)
 {
-    kpl_tensor *af = NULL, *bf = NULL, *of = NULL;
-    kpl_status st;
-    KPL_TRY_GOTO(half_to_f32(a, &af));
-    if (b) KPL_TRY_GOTO(half_to_f32(b, &bf));
+    const kpl_tensor *in[3] = {a, b, c};
+    kpl_tensor *f[3] = {NULL, NULL, NULL}, *of = NULL;
+    kpl_status st = KPL_OK;
+    for (int i = 0; i < 3; i++)
+        if (in[i] && is_half(in[i]->dtype)) {
+            KPL_TRY_GOTO(half_to_f32(in[i], &f[i]));
+            in[i] = f[i];
+        }
     if (!direct) KPL_TRY_GOTO(f32_like(out, &of));
-    KPL_TRY_GOTO(dispatch(kop, KPL_F32, direct ? out : of, af, bf, NULL, attrs));
+    KPL_TRY_GOTO(dispatch(kop, KPL_F32, direct ? out : of, in[0], in[1], in[2], attrs));
     st = direct ? KPL_OK : kpl_k_cast(out, of);
 fail:
     kpl_tensor_release(of);
-    kpl_tensor_release(bf);
-    kpl_tensor_release(af);
+    for (int i = 0; i < 3; i++) kpl_tensor_release(f[i]);
     return st;
+}
+
+static kpl_status via_f32(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_tensor *a,
+                          const kpl_tensor *b, const void *attrs)
+{
+    return via_f32_3(kop, out, direct, a, b, NULL, attrs);
+}
+
+/* The emulated form of a half-precision convolution or matmul: f32 math,
+ * rounded.  `c_written`: the third operand is written (backward weights'
+ * bias gradient) and gets an f32 stand-in of its own. */
+static kpl_status half_emulated(kpl_kop kop, kpl_tensor *out, const kpl_tensor *a,
+                                const kpl_tensor *b, const kpl_tensor *c, bool c_written,
+                                const void *attrs)
+{
+    if (!c || !c_written || !is_half(c->dtype))
+        return via_f32_3(kop, out, false, a, b, c, attrs);
+    kpl_tensor *cf = NULL;
+    kpl_status st = f32_like(c, &cf);
+    if (st >= 0) st = via_f32_3(kop, out, false, a, b, cf, attrs);
+    if (st >= 0) st = kpl_k_cast((kpl_tensor *)c, cf);
+    kpl_tensor_release(cf);
+    return st;
+}
+
+/* Native or emulated, per problem: on the CPU a native bf16 kernel is not
+ * always the faster (oneDNN's bf16 convolutions want blocked layouts, and
+ * the reorders to and from kpl's plain tensors cost more than the math on
+ * narrow layers, where kpl's own f32 loops win), so the first call of a
+ * shape times both (after a warm-up run each) and keeps the faster, as the
+ * algorithm choosers do.  Deterministic mode and GPUs take the native
+ * kernel untimed. */
+typedef struct {
+    kpl_kop kop;
+    kpl_dtype dt;
+    int threads;
+    kpl_conv_attrs conv; /* normalised (kpl_conv_attrs_key), or zeros */
+    int ndim;
+    int64_t a[KPL_MAX_DIMS], b[KPL_MAX_DIMS];
+    int trans;
+} half_key;
+
+#define HALF_CAP 512
+static struct {
+    pthread_mutex_t lock;
+    half_key k[HALF_CAP];
+    bool native[HALF_CAP];
+    int n, next; /* entries, and the one a full cache replaces next */
+} hc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static void half_key_of(kpl_kop kop, kpl_dtype dt, const void *attrs, half_key *k)
+{
+    memset(k, 0, sizeof *k);
+    k->kop = kop, k->dt = dt, k->threads = kpl_get_num_threads();
+    if (kop == KPL_KOP_CONV2D) {
+        kpl_conv_attrs_key(&k->conv, attrs);
+        return;
+    }
+    const kpl_matmul_attrs *m = attrs;
+    k->ndim = m->ndim;
+    for (int d = 0; d < m->ndim; d++) k->a[d] = m->a_dims[d], k->b[d] = m->b_dims[d];
+    k->trans = (int)m->trans_a * 2 + (int)m->trans_b;
+}
+
+static int half_find(const half_key *k)
+{
+    for (int i = 0; i < hc.n; i++)
+        if (!memcmp(&hc.k[i], k, sizeof *k)) return i;
+    return -1;
+}
+
+/* Seconds of the second of two runs (the first builds and warms). */
+static double half_time(kpl_kop kop, bool native, kpl_tensor *out, const kpl_tensor *a,
+                        const kpl_tensor *b, const kpl_tensor *c, bool c_written,
+                        const void *attrs, kpl_status *st)
+{
+    double t = 0;
+    for (int r = 0; r < 2 && *st >= 0; r++) {
+        double t0 = kpl_seconds();
+        *st = native ? dispatch(kop, out->dtype, out, a, b, c, attrs)
+                     : half_emulated(kop, out, a, b, c, c_written, attrs);
+        t = kpl_seconds() - t0;
+    }
+    return t;
+}
+
+/* A half-precision convolution or matmul: the device's own kernel when it
+ * has one (and it is the faster, above), else f32 math rounded to the half
+ * dtype, said once per op and dtype (never a silent slowdown). */
+static kpl_status half_gemm(kpl_kop kop, const char *op, kpl_dtype dt, kpl_tensor *out,
+                            const kpl_tensor *a, const kpl_tensor *b, const kpl_tensor *c,
+                            bool c_written, const void *attrs)
+{
+    kpl_device_type dev = out->storage->dev->type;
+    if (!kpl_kernel_registered(kop, dev, dt)) {
+        static atomic_int said[2][2];
+        if (!atomic_exchange(&said[kop == KPL_KOP_MATMUL][dt == KPL_F16], 1))
+            fprintf(stderr,
+                    "kpl: %s has no native %s kernel on %s%s; computing it in f32 and rounding "
+                    "(correct, slower than f32)\n",
+                    op, kpl_dtype_name(dt), dev == KPL_DEVICE_CPU ? "this CPU" : "cuda",
+                    dev == KPL_DEVICE_CPU && dt == KPL_BF16 ? " (no AVX512-BF16 or AMX in use)"
+                                                             : "");
+        return half_emulated(kop, out, a, b, c, c_written, attrs);
+    }
+    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic())
+        return dispatch(kop, dt, out, a, b, c, attrs);
+    half_key k;
+    half_key_of(kop, dt, attrs, &k);
+    pthread_mutex_lock(&hc.lock);
+    int i = half_find(&k);
+    int native = i >= 0 ? hc.native[i] : -1;
+    pthread_mutex_unlock(&hc.lock);
+    if (native >= 0)
+        return native ? dispatch(kop, dt, out, a, b, c, attrs)
+                      : half_emulated(kop, out, a, b, c, c_written, attrs);
+    kpl_status st = KPL_OK;
+    double tn = half_time(kop, true, out, a, b, c, c_written, attrs, &st);
+    double te = half_time(kop, false, out, a, b, c, c_written, attrs, &st);
+    if (st < 0) return st;
+    pthread_mutex_lock(&hc.lock);
+    if (half_find(&k) < 0) {
+        int at = hc.n < HALF_CAP ? hc.n++ : (hc.next++ % HALF_CAP);
+        hc.k[at] = k;
+        hc.native[at] = tn <= te;
+    }
+    pthread_mutex_unlock(&hc.lock);
+    return KPL_OK; /* out holds the (emulated) result of the last timed run */
 }
 
 /* ---- shapes ----------------------------------------------------------------- */
@@ -588,7 +724,7 @@ kpl_status kpl_k_matmul(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *
     memcpy(attrs.b_dims, s.b, sizeof s.b);
     memcpy(attrs.out_dims, s.out, sizeof s.out);
     if (s.k == 0) return kpl_k_fill(out, 0.0);
-    if (is_half(dt)) return via_f32(KPL_KOP_MATMUL, out, false, a, b, &attrs);
+    if (is_half(dt)) return half_gemm(KPL_KOP_MATMUL, "matmul", dt, out, a, b, NULL, false, &attrs);
     return dispatch(KPL_KOP_MATMUL, dt, out, a, b, NULL, &attrs);
 }
 
@@ -771,8 +907,8 @@ static kpl_status conv_check4(const char *op, const kpl_tensor *t, const char *n
     char b[KPL_SHAPE_BUF];
     KPL_CHECK(t->ndim == 4, KPL_ESHAPE, "%s: '%s' must be 4-D (N, C, H, W / O, C, KH, KW), got %s",
               op, name, KPL_SHAPE(t, b));
-    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: '%s' has dtype %s; f32 and f64 are supported", op, name,
+    KPL_CHECK(kpl_dtype_is_float(t->dtype), KPL_EDTYPE,
+              "%s: '%s' has dtype %s; f32, f64, f16 and bf16 are supported", op, name,
               kpl_dtype_name(t->dtype));
     return KPL_OK;
 }
@@ -819,6 +955,15 @@ static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, c
     a->p = *p;
 }
 
+/* A convolution's kernel: half precision through half_gemm. */
+static kpl_status conv_run(kpl_dtype dt, kpl_tensor *out, const kpl_tensor *i0,
+                           const kpl_tensor *i1, const kpl_tensor *i2, const kpl_conv_attrs *a)
+{
+    if (!is_half(dt)) return dispatch(KPL_KOP_CONV2D, dt, out, i0, i1, i2, a);
+    return half_gemm(KPL_KOP_CONV2D, "conv2d", dt, out, i0, i1, i2,
+                     a->kind == KPL_CONV_BWD_WEIGHT, a);
+}
+
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                         const kpl_tensor *b, const kpl_conv2d_params *p)
 {
@@ -829,7 +974,7 @@ kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *
     if (out->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
     conv_fill(&a, KPL_CONV_FWD, x->shape, w->shape, y, p);
-    return dispatch(KPL_KOP_CONV2D, x->dtype, out, x, w, b, &a);
+    return conv_run(x->dtype, out, x, w, b, &a);
 }
 
 kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,
@@ -843,7 +988,7 @@ kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl
     if (gx->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
     conv_fill(&a, KPL_CONV_BWD_DATA, gx->shape, w->shape, y, p);
-    return dispatch(KPL_KOP_CONV2D, gx->dtype, gx, gy, w, NULL, &a);
+    return conv_run(gx->dtype, gx, gy, w, NULL, &a);
 }
 
 kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_tensor *x,
@@ -855,7 +1000,7 @@ kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_ten
     if (gw->numel == 0) return KPL_OK;
     kpl_conv_attrs a;
     conv_fill(&a, KPL_CONV_BWD_WEIGHT, x->shape, gw->shape, y, p);
-    return dispatch(KPL_KOP_CONV2D, gw->dtype, gw, x, gy, gb, &a);
+    return conv_run(gw->dtype, gw, x, gy, gb, &a);
 }
 
 /* ---- pooling ------------------------------------------------------------------- */
@@ -1046,10 +1191,11 @@ kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis, const
     CHECK_ARG("index_add", idx, "idx");
     kpl_index_attrs a = {.kind = KPL_INDEX_ADD};
     KPL_TRY(index_common("index_add", out, g, axis, idx, &a));
-    KPL_CHECK(kpl_dtype_is_float(out->dtype) && !is_half(out->dtype), KPL_EDTYPE,
-              "index_add: dtype %s; f32 and f64 are supported", kpl_dtype_name(out->dtype));
+    KPL_CHECK(kpl_dtype_is_float(out->dtype), KPL_EDTYPE,
+              "index_add: dtype %s; float dtypes are supported", kpl_dtype_name(out->dtype));
     KPL_CHECK(out->storage != g->storage, KPL_EINVAL, "index_add: 'out' may not alias 'g'");
     if (out->numel == 0) return KPL_OK;
+    if (is_half(out->dtype)) return via_f32(KPL_KOP_INDEX, out, false, g, idx, &a);
     return dispatch(KPL_KOP_INDEX, out->dtype, out, g, idx, NULL, &a);
 }
 

@@ -243,46 +243,33 @@ static int env_int(const char *const *names, int def)
     return def;
 }
 
-/* The NVIDIA GPUs of this node by PCI address (CUDA's order under
- * CUDA_DEVICE_ORDER=PCI_BUS_ID, which the agent sets): their sysfs
- * directories, sorted.  Returns how many (up to max). */
-static int nvidia_gpus(char paths[][PATH_MAX], int max)
+/* The driver's directories: KPLRUN_NVIDIA_SYSFS and KPLRUN_NVIDIA_PROC
+ * name stand-ins of the same form, for tests. */
+static const char *nvidia_sysfs(void)
 {
-    /* KPLRUN_NVIDIA_SYSFS: another directory of the same form, for tests */
     const char *dir = getenv("KPLRUN_NVIDIA_SYSFS");
-    if (!dir || !*dir) dir = "/sys/bus/pci/drivers/nvidia";
-    DIR *d = opendir(dir);
-    if (!d) return 0;
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < max) {
-        unsigned dom, bus, dev, fn;
-        if (sscanf(e->d_name, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4) continue;
-        snprintf(paths[n++], PATH_MAX, "%s/%s", dir, e->d_name);
-    }
-    closedir(d);
-    for (int i = 1; i < n; i++)
-        for (int j = i; j > 0 && strcmp(paths[j - 1], paths[j]) > 0; j--) {
-            char t[PATH_MAX];
-            memcpy(t, paths[j], PATH_MAX);
-            memcpy(paths[j], paths[j - 1], PATH_MAX);
-            memcpy(paths[j - 1], t, PATH_MAX);
-        }
-    return n;
+    return dir && *dir ? dir : "/sys/bus/pci/drivers/nvidia";
+}
+
+static const char *nvidia_proc(void)
+{
+    const char *dir = getenv("KPLRUN_NVIDIA_PROC");
+    return dir && *dir ? dir : "/proc/driver/nvidia/gpus";
 }
 
 int kpl__launcher_gpu_count(void)
 {
-    static char paths[64][PATH_MAX];
-    return nvidia_gpus(paths, 64);
+    kpl__gpu g[64];
+    return kpl__launcher_visible_gpus(nvidia_sysfs(), nvidia_proc(),
+                                      getenv("CUDA_VISIBLE_DEVICES"), g, 64, NULL, 0);
 }
 
-/* Binds this process (and so the command) to the CPUs next to GPU `g`
- * (its local_cpulist, e.g. "0-15,32-47"). */
-static void bind_near_gpu(const char *gpu_dir)
+/* Binds this process (and so the command) to the CPUs next to the GPU at
+ * PCI address `pci` (its local_cpulist, e.g. "0-15,32-47"). */
+static void bind_near_gpu(const char *pci)
 {
-    char path[PATH_MAX + 32], list[4096];
-    snprintf(path, sizeof path, "%s/local_cpulist", gpu_dir);
+    char path[PATH_MAX + 64], list[4096];
+    snprintf(path, sizeof path, "%s/%s/local_cpulist", nvidia_sysfs(), pci);
     FILE *f = fopen(path, "r");
     if (!f) return;
     size_t n = fread(list, 1, sizeof list - 1, f);
@@ -387,7 +374,9 @@ static void run_guard(pid_t group, pid_t agent)
 }
 
 /* What the rank's command learns from its environment (KPL_RANK, ...,
- * KPL_DEVICE, the progress bar), and the CPUs near its GPU. */
+ * KPL_DEVICE, the progress bar), and the CPUs near its GPU.  KPL_DEVICE
+ * numbers the GPU as CUDA will in the command: among those
+ * CUDA_VISIBLE_DEVICES leaves it (gpus.c). */
 static void set_rank_env(int rank, int world, int local, int local_size, bool bar, int columns)
 {
     char v[64];
@@ -395,12 +384,16 @@ static void set_rank_env(int rank, int world, int local, int local_size, bool ba
     snprintf(v, sizeof v, "%d", world), setenv("KPL_WORLD_SIZE", v, 1);
     snprintf(v, sizeof v, "%d", local), setenv("KPL_LOCAL_RANK", v, 1);
     snprintf(v, sizeof v, "%d", local_size), setenv("KPL_LOCAL_SIZE", v, 1);
-    static char gpus[64][PATH_MAX];
-    int ngpu = nvidia_gpus(gpus, 64);
+    kpl__gpu gpus[64];
+    char note[1200];
+    int ngpu = kpl__launcher_visible_gpus(nvidia_sysfs(), nvidia_proc(),
+                                          getenv("CUDA_VISIBLE_DEVICES"), gpus, 64, note,
+                                          sizeof note);
+    if (note[0]) fprintf(stderr, "[r%d] kplrun: %s\n", rank, note);
     if (ngpu > 0) {
         setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID", 1);
         snprintf(v, sizeof v, "cuda:%d", local % ngpu);
-        bind_near_gpu(gpus[local % ngpu]);
+        if (gpus[local % ngpu].pci[0]) bind_near_gpu(gpus[local % ngpu].pci);
     } else {
         snprintf(v, sizeof v, "cpu");
     }

@@ -62,6 +62,10 @@ typedef struct {
 #define KPL_NONFINITE_POLICIES(X) X(KPL_NONFINITE_STOP, "stop") X(KPL_NONFINITE_SKIP, "skip")
 typedef enum { KPL_NONFINITE_POLICIES(KPL_ENUM_VALUE) } kpl_nonfinite_policy;
 KPL_ENUM_DECLARE(kpl_nonfinite_policy);
+/* precision: the math of convolutions and matmuls (autocast, graph.h). */
+#define KPL_PRECISIONS(X) X(KPL_PRECISION_F32, "f32") X(KPL_PRECISION_BF16, "bf16") X(KPL_PRECISION_FP16, "fp16")
+typedef enum { KPL_PRECISIONS(KPL_ENUM_VALUE) } kpl_precision;
+KPL_ENUM_DECLARE(kpl_precision);
 /* optimizer.lr_scaling: none, or linear in the global batch (Goyal et al.). */
 #define KPL_LR_SCALINGS(X) X(KPL_LR_SCALING_NONE, "none") X(KPL_LR_SCALING_LINEAR, "linear")
 typedef enum { KPL_LR_SCALINGS(KPL_ENUM_VALUE) } kpl_lr_scaling;
@@ -112,6 +116,11 @@ typedef struct {
         kpl_nonfinite_policy nonfinite;
         int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
     } loss;
+    kpl_precision precision;
+    struct { /* fp16's dynamic loss scale (torch.cuda.amp.GradScaler's) */
+        double init, growth, backoff;
+        int64_t interval;
+    } loss_scale;
     struct {
         kpl_optim_config config; /* kind, lr, momentum, nesterov, weight_decay, betas, eps,
                                     trust_coefficient */
@@ -142,7 +151,7 @@ typedef struct {
     } eval;
     struct {
         kpl_comm_config comm;       /* backend, timeout, stall_warning */
-        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params */
+        kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params, grad_dtype */
     } dist;
 } kpl_recipe;
 

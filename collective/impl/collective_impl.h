@@ -83,8 +83,15 @@ typedef struct {
      * error (a peer failed); called by the watchdog thread, concurrently
      * with enqueue.  order makes the device's compute stream wait for the
      * marked work, without blocking the host.  event_free releases a marker
-     * (its work may still be running). */
-    kpl_status (*enqueue)(void *state, const kpl__coll_args *a, void **event);
+     * (its work may still be running).
+     * A failed enqueue leaves *event NULL and says in *busy whether the
+     * library may still read or write the operation's memory: it had
+     * accepted the operation when a later step failed, and the backend
+     * could not see its work end (it aborts its communicator, whose
+     * kernels then quit, and waits a little for that).  comm.c then keeps
+     * the tensors alive for good, so the caching allocator never hands
+     * their memory to anyone else. */
+    kpl_status (*enqueue)(void *state, const kpl__coll_args *a, void **event, bool *busy);
     kpl_status (*query)(void *state, void *event, bool *done);
     kpl_status (*order)(void *state, void *event);
     void (*event_free)(void *state, void *event);
@@ -93,6 +100,13 @@ typedef struct {
      * or a failed peer); from the watchdog thread, possibly while another
      * thread is inside run/enqueue. */
     void (*cancel)(void *state);
+
+    /* Optional, callable before init (no state): writes into buf a text
+     * naming the physical device behind `dev` the same way in every
+     * process of a node (a GPU's PCI bus id), whatever its number in this
+     * process (CUDA_VISIBLE_DEVICES renumbers).  comm.c compares them to
+     * refuse two ranks on one device.  Blocking; thread-safe. */
+    kpl_status (*device_id)(kpl_device *dev, char *buf, size_t len);
 } kpl__comm_backend;
 
 const kpl__comm_backend *kpl__comm_mpi_backend(void);
@@ -110,6 +124,29 @@ kpl_status kpl__comm_mpi_error(int err, const char *fmt, ...) __attribute__((for
  * comes first and the backend's own timeout only lets the call return. */
 #define KPL__COMM_ANSWER_WAIT 2.0
 #define KPL__COMM_BACKEND_SLACK (KPL__COMM_ANSWER_WAIT + 0.5)
+
+/* ---- agreeing on the devices before any backend starts (comm.c) ------------------- */
+
+/* What each rank tells the others before a backend is set up, in one
+ * MPI_Allgather: backend set-ups are collective (NCCL's starts with an
+ * MPI_Comm_dup and an allreduce), so a rank must not start one that some
+ * of its peers will never join. */
+typedef struct {
+    int32_t kind;    /* kpl_device_type; -1: this rank could not open its device */
+    int32_t index;   /* N of cuda:N */
+    int32_t node;    /* the lowest world rank of this rank's node: equal on one node */
+    int32_t gpus;    /* CUDA GPUs this process sees */
+    char gpu_id[32]; /* the GPU's PCI bus id when NCCL is to use it, else "" */
+} kpl__comm_rank_device;
+
+/* The verdict on every rank's device, the same on every rank (pure; for
+ * tests): KPL_OK, or KPL_EDEVICE naming the ranks that could not open
+ * their device, the ranks on each kind of device when they differ, or two
+ * ranks of a node that would share one GPU under NCCL (which does not
+ * support it: it may hang).  `backend` is the configured one: nccl and
+ * auto use NCCL when every rank is on CUDA. */
+kpl_status kpl__comm_check_devices(const kpl__comm_rank_device *all, int32_t size,
+                                   kpl_comm_backend backend);
 
 /* ---- reductions on host memory (reduce.c), for the host backends ------------------ */
 

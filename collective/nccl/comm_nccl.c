@@ -40,6 +40,19 @@
  * MAX and MIN on floating types follow CUDA's fmax/fmin: a NaN loses to a
  * number, where the host backends (reduce.c) propagate it.
  *
+ * Failures after NCCL took an operation.  Once ncclAllReduce & co. return
+ * ncclSuccess or ncclInProgress, NCCL's kernels may be queued on our
+ * stream, reading and writing the tensors.  If a later step fails (the
+ * in-progress wait times out, an asynchronous error, the marker cannot be
+ * recorded), the caller is told the operation failed and comm.c would
+ * release the tensors to the device's caching allocator, which hands
+ * their memory to the next kernel on the compute stream while NCCL may
+ * still write it.  So enqueue then aborts the communicator (this rank is
+ * out of step with the others for good, and an aborted communicator's
+ * kernels quit), waits up to SETTLE_SECONDS for the stream to go idle, and
+ * if it does not, says so (*busy): comm.c keeps the tensors for the rest
+ * of the process.
+ *
  * Point to point.  NCCL has no tags: the sends and receives between two
  * ranks match in the order each rank issues them on this communicator,
  * whatever their tags.  kpl's tag is therefore not used for matching (and
@@ -62,6 +75,7 @@
 
 #define EVENT_POOL 64     /* completion events kept for reuse */
 #define SCRATCH_BYTES 64  /* the barrier's device buffer */
+#define SETTLE_SECONDS 2.0 /* an aborted communicator's kernels quit within this */
 
 typedef struct {
     int32_t rank, size;
@@ -539,10 +553,33 @@ static ncclResult_t issue_locked(const nccl_state *s, const kpl__coll_args *a, n
     }
 }
 
-static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **event)
+/* An operation NCCL had accepted failed afterwards (its wait for NCCL ran
+ * out, NCCL reported an asynchronous error, or its marker could not be
+ * recorded): the caller is told it failed while its kernels may be queued
+ * and writing the tensors, and this rank is out of step with the others
+ * for good.  Aborts the communicator, whose kernels then quit, and waits
+ * up to SETTLE_SECONDS for the stream to go idle, asking CUDA only (an
+ * aborted communicator takes no NCCL call).  Whether it did: if not, the
+ * memory must never be reused (collective_impl.h, enqueue). */
+static bool settle_failed(nccl_state *s)
+{
+    pthread_mutex_lock(&s->mu);
+    if (!s->aborted) abort_locked(s);
+    pthread_mutex_unlock(&s->mu);
+    double until = kpl_seconds() + SETTLE_SECONDS;
+    cudaError_t e;
+    for (unsigned spin = 0;
+         (e = cudaStreamQuery(s->stream)) == cudaErrorNotReady && kpl_seconds() < until; spin++)
+        pause_poll(spin);
+    (void)cudaGetLastError();
+    return e == cudaSuccess;
+}
+
+static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **event, bool *busy)
 {
     nccl_state *s = state;
     *event = NULL;
+    *busy = false;
     const char *kind = kpl__coll_kind_name(a->kind);
     KPL_CHECK((unsigned)a->kind < KPL__COLL_KIND_COUNT, KPL_EINVAL,
               "nccl backend: unknown operation %d", (int)a->kind);
@@ -560,8 +597,10 @@ static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **even
     KPL_TRY(event_get(s, &ev));
     kpl_status st = KPL_OK;
     /* An empty operation has nothing to move on any rank (the counts agree
-     * on every rank): only its marker is queued. */
+     * on every rank): only its marker is queued.  accepted: NCCL took the
+     * operation (its kernels may be queued from then on). */
     bool empty = a->count == 0 && a->kind != KPL__COLL_BARRIER, pending = false;
+    bool accepted = false;
     const char *call = kind;
     /* The inputs may still be being written (and the outputs read) by work
      * already queued on the compute stream: start after it. */
@@ -575,6 +614,7 @@ static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **even
                        (int)s->rank);
     if (st == KPL_OK && !empty) {
         ncclResult_t r = issue_locked(s, a, t, &call);
+        accepted = r == ncclSuccess || r == ncclInProgress;
         if (r == ncclInProgress) pending = true;
         else if (r != ncclSuccess) st = nccl_fail(s, r, call, __FILE__, __LINE__);
     }
@@ -588,6 +628,7 @@ static kpl_status nccl_enqueue(void *state, const kpl__coll_args *a, void **even
     return KPL_OK;
 fail:
     event_put(s, ev);
+    if (accepted) *busy = !settle_failed(s);
     return st;
 }
 
@@ -644,6 +685,23 @@ static void nccl_cancel(void *state)
     pthread_mutex_unlock(&s->mu);
 }
 
+/* The PCI bus id ("0000:3b:00.0"): the same GPU has the same one in every
+ * process, whatever CUDA_VISIBLE_DEVICES makes its number. */
+static kpl_status nccl_device_id(kpl_device *dev, char *buf, size_t len)
+{
+    KPL_CHECK(dev && kpl_device_type_of(dev) == KPL_DEVICE_CUDA && len > 1, KPL_EINVAL,
+              "nccl backend: device_id needs a CUDA device");
+    int n = kpl_device_index(dev);
+    cudaError_t e = cudaDeviceGetPCIBusId(buf, (int)(len < INT_MAX ? len : INT_MAX), n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        buf[0] = '\0';
+        return KPL_ERROR(KPL_EDEVICE, "nccl backend: cannot read the PCI bus id of %s: %s (%s)",
+                         kpl_device_name(dev), cudaGetErrorString(e), cudaGetErrorName(e));
+    }
+    return KPL_OK;
+}
+
 static const kpl__comm_backend nccl_backend = {
     .name = "nccl",
     .device_type = KPL_DEVICE_CUDA,
@@ -655,6 +713,7 @@ static const kpl__comm_backend nccl_backend = {
     .order = nccl_order,
     .event_free = nccl_event_free,
     .cancel = nccl_cancel,
+    .device_id = nccl_device_id,
 };
 
 const kpl__comm_backend *kpl__comm_nccl_backend(void) { return &nccl_backend; }

@@ -49,6 +49,13 @@ kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);
 kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
                              kpl_tensor *const *ins, kpl_tensor *out);
 
+/* x as op takes it under this thread's autocast dtype (itself, or a
+ * recorded cast; NULL passes through). */
+kpl_tensor *kpl__autocast(kpl_op op, kpl_tensor *x);
+/* Both inputs of a binary op as it takes them (promoted to the wider float
+ * dtype when the op is KPL_AUTOCAST_PROMOTE). */
+void kpl__autocast_pair(kpl_op op, kpl_tensor **a, kpl_tensor **b);
+
 /* Batch norm with the batch statistics as one recorded op (inputs x,
  * gamma, beta, all given); the batch mean and biased variance go to
  * mean, var (C) when not NULL. */

@@ -1,8 +1,11 @@
 /*
  * cpu_conv.c — 2-D convolution on the CPU: forward, backward-data and
- * backward-weights.  f32 runs on oneDNN's convolution primitives, cached
- * per problem like matmul's; f64 runs on the plain reference loops below,
- * which are also what the tests check oneDNN against.
+ * backward-weights.  f32 and bf16 run on oneDNN's convolution primitives,
+ * cached per problem like matmul's (bf16 only where the CPU has AVX512-BF16
+ * or AMX: elsewhere oneDNN would emulate it slower than f32 runs, and
+ * kernels/ops.c computes bf16 in f32 instead); f64 runs on the plain
+ * reference loops below, which are also what the tests check oneDNN
+ * against.
  *
  * Tensors stay plain NCHW / OIHW between ops.  (Letting oneDNN keep its
  * blocked layouts between ops is the performance work of the nn issue.)
@@ -104,7 +107,7 @@ static void ref_bwd_weight(const kpl_conv_attrs *a, const double *x, const doubl
     );
 }
 
-/* ---- oneDNN (f32) ------------------------------------------------------------------ */
+/* ---- oneDNN (f32, bf16) ------------------------------------------------------------------ */
 
 #define CACHE_CAP 256
 
@@ -113,6 +116,7 @@ typedef struct {
     int threads;
     bool bias;
     bool deterministic; /* chosen without timing (kpl_set_deterministic) */
+    dnnl_data_type_t dt; /* every operand's: f32 or bf16 */
 } conv_key;
 
 /* A cached convolution: the primitive runs on the layouts oneDNN chose
@@ -336,20 +340,20 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
     memset(&e, 0, sizeof e);
     e.key = *k;
     dnnl_memory_desc_t usrc, udst, uwei, asrc, adst, awei;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&usrc, 4, src, dnnl_f32, dnnl_nchw), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&udst, 4, dst, dnnl_f32, dnnl_nchw), "dst desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, dnnl_f32, dnnl_format_tag_any), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, dnnl_f32, dnnl_format_tag_any), "dst desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&usrc, 4, src, k->dt, dnnl_nchw), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&udst, 4, dst, k->dt, dnnl_nchw), "dst desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, k->dt, dnnl_format_tag_any), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, k->dt, dnnl_format_tag_any), "dst desc");
     if (g == 1) {
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 4, wei1, dnnl_f32, dnnl_oihw), "weights desc");
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 4, wei1, dnnl_f32, dnnl_format_tag_any),
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 4, wei1, k->dt, dnnl_oihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 4, wei1, k->dt, dnnl_format_tag_any),
                  "weights desc");
     } else {
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 5, weig, dnnl_f32, dnnl_goihw), "weights desc");
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 5, weig, dnnl_f32, dnnl_format_tag_any),
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 5, weig, k->dt, dnnl_goihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 5, weig, k->dt, dnnl_format_tag_any),
                  "weights desc");
     }
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e.bias, 1, bias, dnnl_f32, dnnl_x), "bias desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e.bias, 1, bias, k->dt, dnnl_x), "bias desc");
     const dnnl_memory_desc_t *bmd = k->bias ? &e.bias : NULL;
     dnnl_convolution_desc_t fd, bd;
     DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
@@ -419,7 +423,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
      * the team's work alone and wins only where forking costs more than
      * the work; if the team's run was cut off, the work is many times the
      * fork and one thread is not tried. */
-    if (!k->deterministic && kpl__conv_direct_supports(a)) {
+    if (!k->deterministic && k->dt == dnnl_f32 && kpl__conv_direct_supports(a)) {
         for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
             conv_entry cand = e;
             cand.direct_threads = nt;
@@ -445,10 +449,12 @@ fail:
     return st;
 }
 
-static kpl_status conv_f32(const kpl_conv_attrs *a, const kpl_kernel_args *args)
+static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args,
+                           dnnl_data_type_t dt)
 {
     conv_key k;
     memset(&k, 0, sizeof k);
+    k.dt = dt;
     kpl_conv_attrs_key(&k.a, a);
     k.threads = omp_get_max_threads();
     k.bias = args->in[2] != NULL;
@@ -491,7 +497,8 @@ fail:
 static kpl_status cpu_conv(const kpl_kernel_args *args)
 {
     const kpl_conv_attrs *a = args->attrs;
-    if (args->out->dtype == KPL_F32) return conv_f32(a, args);
+    if (args->out->dtype == KPL_F32) return conv_dnnl(a, args, dnnl_f32);
+    if (args->out->dtype == KPL_BF16) return conv_dnnl(a, args, dnnl_bf16);
     const double *i0 = kpl__cdata(args->in[0]), *i1 = kpl__cdata(args->in[1]);
     double *out = kpl__data(args->out);
     switch (a->kind) {
@@ -510,4 +517,5 @@ void kpl__cpu_register_conv(void)
 {
     kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F32, cpu_conv);
     kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F64, cpu_conv);
+    if (kpl__cpu_bf16_native()) kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_BF16, cpu_conv);
 }

@@ -1,5 +1,6 @@
 /*
- * cpu_matmul.c — matmul on the CPU: oneDNN's matmul primitive for f32, a
+ * cpu_matmul.c — matmul on the CPU: oneDNN's matmul primitive for f32 and
+ * bf16 (bf16 where the CPU has AVX512-BF16 or AMX, as in cpu_conv.c), a
  * plain loop for f64 (used by gradient checks, not by training).
  *
  * oneDNN primitives are expensive to create (JIT code generation) and cheap
@@ -109,7 +110,7 @@ fail:
 
 /* Runs prim with `nthreads` OpenMP threads: c = a b as e describes them. */
 static kpl_status run_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthreads,
-                                const float *a, const float *b, float *c)
+                                const void *a, const void *b, void *c)
 {
     kpl_status st = KPL_OK;
     dnnl_memory_t ma = NULL, mb = NULL, mc = NULL;
@@ -135,7 +136,7 @@ fail:
  * time idle OpenMP threads have gone to sleep, and timing back-to-back
  * calls would hide what waking them costs. */
 static double time_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthreads,
-                             const float *a, const float *b, float *c)
+                             const void *a, const void *b, void *c)
 {
     double best = INFINITY;
     for (int r = 0; r < 4; r++) {
@@ -156,7 +157,7 @@ static double time_primitive(const mm_entry *e, dnnl_primitive_t prim, int nthre
 /* The cached primitive of k, made (and its thread count chosen, see the
  * top of the file) at the first call of the shape.  a, b, c are the
  * call's operands, used for the timing; c is rewritten by the caller. */
-static kpl_status get_primitive(const mm_key *k, const float *a, const float *b, float *c,
+static kpl_status get_primitive(const mm_key *k, const void *a, const void *b, void *c,
                                 mm_entry **out)
 {
     kpl_status st = KPL_OK;
@@ -220,15 +221,15 @@ fail:
     return st;
 }
 
-static kpl_status matmul_f32(const kpl_matmul_attrs *at, const float *a, const float *b,
-                             float *c)
+static kpl_status matmul_dnnl(const kpl_matmul_attrs *at, const void *a, const void *b, void *c,
+                              dnnl_data_type_t dt)
 {
     mm_key k;
     memset(&k, 0, sizeof k);
     k.ndim = at->ndim;
     k.threads = omp_get_max_threads();
     k.deterministic = kpl_get_deterministic();
-    k.dt = dnnl_f32;
+    k.dt = dt;
     describe(at->ndim, at->a_dims, at->trans_a, k.a_dims, k.a_strides);
     describe(at->ndim, at->b_dims, at->trans_b, k.b_dims, k.b_strides);
     for (int d = 0; d < at->ndim; d++) k.c_dims[d] = at->out_dims[d];
@@ -289,7 +290,7 @@ static kpl_status cpu_matmul(const kpl_kernel_args *args)
         matmul_f64(at, a, b, c);
         return KPL_OK;
     }
-    return matmul_f32(at, a, b, c);
+    return matmul_dnnl(at, a, b, c, args->in[0]->dtype == KPL_BF16 ? dnnl_bf16 : dnnl_f32);
 }
 
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void)
@@ -304,4 +305,6 @@ void kpl__cpu_register_matmul(void)
 {
     kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CPU, KPL_F32, cpu_matmul);
     kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CPU, KPL_F64, cpu_matmul);
+    if (kpl__cpu_bf16_native())
+        kpl_kernel_register(KPL_KOP_MATMUL, KPL_DEVICE_CPU, KPL_BF16, cpu_matmul);
 }

@@ -377,6 +377,8 @@ static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
 }
 
 /* Registers the CPU kernels (called from the cpu backend). */
+/* Whether oneDNN runs bf16 natively here (AVX512-BF16 or AMX; cpu_isa.c). */
+bool kpl__cpu_bf16_native(void);
 void kpl__cpu_register_eltwise(void);
 void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);

@@ -6,9 +6,33 @@
 
 #include "launcher.h"
 
+#include <stdbool.h>
+#include <stddef.h>
+
 /* `kplrun --agent ...` (agent.c): argv after "--agent". */
 int kpl__agent_main(int argc, char **argv);
-/* NVIDIA GPUs of this node, from sysfs (no CUDA needed). */
+/* NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES honoured), from
+ * the driver's files (no CUDA needed). */
 int kpl__launcher_gpu_count(void);
+
+/* One GPU as CUDA numbers it: cuda:k is the k-th of a list. */
+#define KPL__GPU_PCI 32
+typedef struct {
+    char pci[KPL__GPU_PCI]; /* its PCI address ("0000:3b:00.0"), the name of its
+                               directory in sysfs; "" when it cannot be known */
+} kpl__gpu;
+
+/* The GPUs a process with CUDA_VISIBLE_DEVICES = `visible` (NULL: unset)
+ * sees, in CUDA's order under CUDA_DEVICE_ORDER=PCI_BUS_ID, into out
+ * (up to max); returns how many.  `sysfs` is the driver's PCI directory
+ * (/sys/bus/pci/drivers/nvidia), `proc` its per-GPU information
+ * directory (/proc/driver/nvidia/gpus: UUIDs), either unreadable or NULL
+ * when absent.  Indices, GPU UUIDs (or unique prefixes of them) and MIG
+ * UUIDs are understood as CUDA does (gpus.c); an entry that names no GPU
+ * ends the list, as in CUDA.  note (may be NULL) receives one line when
+ * the list was cut or a GPU's PCI address is unknown, else "".  Pure but
+ * for reading those directories; thread-safe. */
+int kpl__launcher_visible_gpus(const char *sysfs, const char *proc, const char *visible,
+                               kpl__gpu *out, int max, char *note, size_t note_len);
 
 #endif /* KPL_LAUNCHER_IMPL_H */

@@ -3,7 +3,8 @@
  * dtype, sizes from 1 element to 64 MB including sizes the world size does
  * not divide, in place and not, blocking and async, against the serial
  * computation of what each rank contributed; and the bucketer on top.
- * nccl works on CUDA tensors and exits 77 (skipped) without a GPU. */
+ * nccl works on CUDA tensors and exits 77 (skipped) when a node has fewer
+ * GPUs than ranks. */
 #include "kpl_test.h"
 #include "collective.h"
 
@@ -260,7 +261,7 @@ static void test_bucketer(void **state)
         float *p = kpl_tensor_host_mutable(params[i]);
         for (int64_t j = 0; j < sizes_[i]; j++) p[j] = (float)(rank + 1);
     }
-    kpl_bucketer_config cfg = {1.0, 0.5, true};
+    kpl_bucketer_config cfg = {1.0, 0.5, true, KPL_F32};
     kpl_bucketer *b = NULL;
     OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
     /* Reverse registration order into a 0.5 MB first bucket, then 1 MB
@@ -328,6 +329,218 @@ static void test_bucketer(void **state)
     for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
 }
 
+/* NCCL needs a GPU of its own for every rank (kpl_comm_create refuses two
+ * ranks on one): skipped, on every rank alike, when a node has fewer GPUs
+ * than ranks. */
+static bool nccl_skips(void)
+{
+    MPI_Comm local;
+    int lsize = 1, wrank = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &wrank);
+    MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, wrank, MPI_INFO_NULL, &local);
+    MPI_Comm_size(local, &lsize);
+    MPI_Comm_free(&local);
+    int gpus = kpl_device_count(KPL_DEVICE_CUDA), mine = gpus < lsize, any = 0;
+    MPI_Allreduce(&mine, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (any && wrank == 0)
+        printf("test_collective nccl: %d CUDA GPU(s) for %d ranks on a node%s: skipped\n",
+               gpus, lsize, gpus ? " (NCCL needs one per rank)" : "");
+    return any != 0;
+}
+
+/* ---- half precision: rounding in the sums, the low-precision bucketer ---------------- */
+
+/* A value of 8 significant bits (exact in bf16 and f16): rank r's
+ * element i, of both signs and a few binades. */
+static float half_value(int r, int64_t i)
+{
+    float m = 1.0f + (float)((i * 7 + r * 3) % 128) / 128.0f;
+    float v = ldexpf(m, (int)(i % 5) - 2);
+    return (i + r) % 3 == 0 ? -v : v;
+}
+
+static uint16_t to_half(kpl_dtype dt, float v)
+{
+    return dt == KPL_BF16 ? kpl_f32_to_bf16(v) : kpl_f32_to_f16(v);
+}
+
+static float from_half(kpl_dtype dt, uint16_t h)
+{
+    return dt == KPL_BF16 ? kpl_bf16_to_f32(h) : kpl_f16_to_f32(h);
+}
+
+/* Unit roundoff: 2^-8 for bf16 (8 significant bits), 2^-11 for f16. */
+static double unit_roundoff(kpl_dtype dt) { return dt == KPL_BF16 ? 0x1p-8 : 0x1p-11; }
+
+/* Whether every rank holds the same bits as this one in t (f32 or
+ * 16-bit), through an allreduce MAX and MIN of a copy as f32. */
+static void assert_same_on_every_rank(kpl_tensor *t, const char *what)
+{
+    int64_t n = kpl_tensor_numel(t);
+    kpl_tensor *mx = NULL, *mn = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &n, &mx));
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 1, &n, &mn));
+    float *a = kpl_tensor_host_mutable(mx), *b = kpl_tensor_host_mutable(mn);
+    for (int64_t i = 0; i < n; i++) a[i] = b[i] = (float)tget(t, i);
+    OK(kpl_comm_allreduce(comm, mx, mx, KPL_COMM_MAX));
+    OK(kpl_comm_allreduce(comm, mn, mn, KPL_COMM_MIN));
+    const float *pa = kpl_tensor_host_data(mx), *pb = kpl_tensor_host_data(mn);
+    for (int64_t i = 0; i < n; i++) {
+        float own = (float)tget(t, i);
+        if (memcmp(&pa[i], &own, 4) || memcmp(&pb[i], &own, 4))
+            fail_msg("%s: rank %d, element %lld: %g here, %g .. %g over the ranks", what, rank,
+                     (long long)i, own, pb[i], pa[i]);
+    }
+    kpl_tensor_release(mx);
+    kpl_tensor_release(mn);
+}
+
+/* Sums that round: with 2 ranks the result is the sum rounded once to
+ * nearest even (the backends add in f32 and round each partial sum); with
+ * more, within (size - 1) roundings of the exact sum; the same bits on
+ * every rank. */
+static void test_allreduce_half_rounding(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    for (int d = 0; d < 2; d++) {
+        kpl_dtype dt = dts[d];
+        int64_t n = 1000;
+        kpl_tensor *t = NULL;
+        OK(kpl_tensor_empty(dev, dt, 1, &n, &t));
+        uint16_t *p = kpl_tensor_host_mutable(t);
+        for (int64_t i = 0; i < n; i++) p[i] = to_half(dt, half_value(rank, i));
+        /* Elements 0-3 by hand, 2 ranks: rank 0 gives 1, rank 1 gives x.
+         * bf16 spacing in [2, 4) is 2^-6: 2 + 2^-7 is a tie and goes to 2
+         * (even), 2 + 3 * 2^-7 to 2 + 2^-5 (even), 2 + 5 * 2^-7 to 2 + 2^-5
+         * (even: the tie between 2 + 2^-6 * {2, 3}).  f16 keeps all three. */
+        static const float x1[4] = {1.0078125f, 1.0234375f, 1.0390625f, 3.0f};
+        static const float want_bf16[4] = {2.0f, 2.03125f, 2.03125f, 4.0f};
+        static const float want_f16[4] = {2.0078125f, 2.0234375f, 2.0390625f, 4.0f};
+        if (size == 2)
+            for (int i = 0; i < 4; i++) p[i] = to_half(dt, rank == 0 ? 1.0f : x1[i]);
+        OK(kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM));
+        const uint16_t *q = kpl_tensor_host_data(t);
+        double u = unit_roundoff(dt);
+        for (int64_t i = size == 2 ? 4 : 0; i < n; i++) {
+            double exact = 0, mag = 0;
+            for (int r = 0; r < size; r++) exact += half_value(r, i), mag += fabs(half_value(r, i));
+            double got = from_half(dt, q[i]);
+            if (size == 2) { /* one rounding of the exact sum (exact in f32) */
+                float once = from_half(dt, to_half(dt, (float)exact));
+                if (got != once)
+                    fail_msg("%s sum, element %lld: %.9g, want %.9g (the sum %.9g rounded once)",
+                             kpl_dtype_name(dt), (long long)i, got, once, exact);
+            } else if (fabs(got - exact) > (size - 1) * u * mag * (1 + 4 * u)) {
+                fail_msg("%s sum over %d ranks, element %lld: %.9g, exact %.9g: off by more "
+                         "than %d roundings", kpl_dtype_name(dt), size, (long long)i, got,
+                         exact, size - 1);
+            }
+        }
+        if (size == 2)
+            for (int i = 0; i < 4; i++)
+                assert_float_equal(from_half(dt, q[i]), dt == KPL_BF16 ? want_bf16[i]
+                                                                       : want_f16[i], 0);
+        assert_same_on_every_rank(t, kpl_dtype_name(dt));
+        kpl_tensor_release(t);
+    }
+}
+
+/* Rank r's gradient element j of parameter i: mixed signs and
+ * magnitudes, not representable in 16 bits. */
+static float grad_value(int r, int i, int64_t j)
+{
+    double x = (double)((j * 37 + r * 11 + i * 5) % 1000 - 500) * 1e-3 + 1.0 / (3 + r + j % 7);
+    return (float)(x * pow(10.0, -(double)(j % 4)) * (1 + i));
+}
+
+/* grad_dtype bf16 / f16: every gradient within size * u * mean |g_r| of
+ * the f32 average, plus 2^-24 for f16, whose numbers below 2^-14 are
+ * subnormal with a fixed spacing of 2^-24 (docs/collective.md); the same
+ * bits on every rank,
+ * half the bytes; f16 past its range gives inf everywhere; bad
+ * configurations named. */
+static void test_bucketer_low_precision(void **state)
+{
+    (void)state;
+    enum { N = 3 };
+    const int64_t sizes_[N] = {1000, 70001, 13};
+    kpl_tensor *params[N];
+    for (int i = 0; i < N; i++) OK(kpl_tensor_zeros(dev, KPL_F32, 1, &sizes_[i], &params[i]));
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    for (int d = 0; d < 2; d++) {
+        kpl_bucketer_config cfg = {0.1, 0.01, false, dts[d]};
+        kpl_bucketer *b = NULL;
+        OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
+        double u = unit_roundoff(dts[d]), worst = 0;
+        for (int step = 0; step < 2; step++) { /* the second on the rebuilt buckets */
+            for (int i = 0; i < N; i++) {
+                kpl_tensor *g = kpl_bucketer_grad(b, i);
+                float *p = kpl_tensor_host_mutable(g);
+                for (int64_t j = 0; j < sizes_[i]; j++) p[j] = grad_value(rank, i + step, j);
+            }
+            for (int i = N - 1; i >= 0; i--) OK(kpl_bucketer_mark_ready(b, i));
+            OK(kpl_bucketer_finish(b));
+            for (int i = 0; i < N; i++) {
+                kpl_tensor *g = kpl_bucketer_grad(b, i);
+                for (int64_t j = 0; j < sizes_[i]; j++) {
+                    double avg = 0, mag = 0;
+                    for (int r = 0; r < size; r++) {
+                        avg += grad_value(r, i + step, j);
+                        mag += fabs(grad_value(r, i + step, j));
+                    }
+                    avg /= size, mag /= size;
+                    double sub = dts[d] == KPL_F16 ? 0x1p-24 : 0;
+                    double err = fabs(tget(g, j) - avg);
+                    double bound = size * u * mag * (1 + 4 * u) + sub + 1e-6 * fabs(avg);
+                    if (!(err <= bound))
+                        fail_msg("grad_dtype %s, rank %d, grad %d[%lld]: %.9g, f32 average "
+                                 "%.9g: off by %.3g > %.3g", kpl_dtype_name(dts[d]), rank, i,
+                                 (long long)j, tget(g, j), avg, err, bound);
+                    if (err / bound > worst) worst = err / bound;
+                }
+                assert_same_on_every_rank(g, "low-precision gradients");
+            }
+        }
+        /* The bound is met, and not by doing the sum in f32: the worst
+         * element uses a good part of it. */
+        if (!(worst > 0.1 && worst <= 1))
+            fail_msg("grad_dtype %s: the worst error is %.3g of the bound", kpl_dtype_name(dts[d]),
+                     worst);
+        kpl_bucketer_stats st = kpl_bucketer_get_stats(b);
+        assert_int_equal(st.bytes, 2 * 2 * (1000 + 70001 + 13));
+
+        /* f16 overflows past 65504 (bf16 has f32's range): +inf on every rank. */
+        for (int i = 0; i < N; i++) OK(kpl_k_fill(kpl_bucketer_grad(b, i), 0));
+        float *g0 = kpl_tensor_host_mutable(kpl_bucketer_grad(b, 0));
+        g0[0] = 40000.0f, g0[1] = -40000.0f, g0[2] = 1.0f;
+        for (int i = 0; i < N; i++) OK(kpl_bucketer_mark_ready(b, i));
+        OK(kpl_bucketer_finish(b));
+        kpl_tensor *g = kpl_bucketer_grad(b, 0);
+        if (dts[d] == KPL_F16) {
+            assert_true(isinf(tget(g, 0)) && tget(g, 0) > 0);
+            assert_true(isinf(tget(g, 1)) && tget(g, 1) < 0);
+        } else {
+            assert_true(fabs(tget(g, 0) - 40000) <= 40000 * size * u);
+            assert_true(fabs(tget(g, 1) + 40000) <= 40000 * size * u);
+        }
+        assert_float_equal(tget(g, 2), 1.0, 0);
+        kpl_bucketer_destroy(b);
+    }
+    /* What cannot be: a dtype that is no gradient's, low precision over f64 */
+    kpl_bucketer *b = NULL;
+    kpl_bucketer_config bad = {1, 1, false, KPL_I32};
+    FAILS(kpl_bucketer_create(comm, N, params, &bad, &b), KPL_EDTYPE, "grad_dtype i32");
+    kpl_tensor *p64 = NULL;
+    OK(kpl_tensor_zeros(dev, KPL_F64, 1, &sizes_[2], &p64));
+    bad.grad_dtype = KPL_BF16;
+    FAILS(kpl_bucketer_create(comm, 1, &p64, &bad, &b), KPL_EDTYPE,
+          "grad_dtype bf16 needs f32 parameters, not f64");
+    assert_null(b);
+    kpl_tensor_release(p64);
+    for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
+}
+
 int main(int argc, char **argv)
 {
     int level;
@@ -342,8 +555,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_collective mpi|ucx|nccl\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    if (cfg.backend == KPL_COMM_BACKEND_NCCL && kpl_device_count(KPL_DEVICE_CUDA) == 0) {
-        printf("test_collective nccl: no CUDA GPU here: skipped\n");
+    if (cfg.backend == KPL_COMM_BACKEND_NCCL && nccl_skips()) {
         MPI_Finalize();
         return 77;
     }
@@ -376,6 +588,8 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_send_recv_barrier_async),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_bucketer),
+        cmocka_unit_test(test_allreduce_half_rounding),
+        cmocka_unit_test(test_bucketer_low_precision),
     };
     int failed = cmocka_run_group_tests_name(name, tests, NULL, NULL);
     /* One rank's failure fails the job on every rank. */

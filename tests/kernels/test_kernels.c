@@ -40,9 +40,23 @@ static void test_devices(void **state)
         assert_int_equal(st, KPL_EDEVICE);
         assert_true(strstr(kpl_last_error(), "no CUDA GPU was found") ||
                     strstr(kpl_last_error(), "no CUDA backend"));
+        /* The reason on its own (the trainer's and comm's messages carry
+         * it), and the same text inside device_get's message. */
+        const char *why = kpl_device_unavailable_reason(KPL_DEVICE_CUDA);
+        assert_non_null(why);
+        assert_true(strlen(why) > 5);
+        if (kpl_device_type_built(KPL_DEVICE_CUDA)) {
+            (void)kpl_device_get("cuda:0", &d);
+            if (!strstr(kpl_last_error(), why))
+                fail_msg("'%s' lacks the reason '%s'", kpl_last_error(), why);
+        } else {
+            assert_non_null(strstr(why, "no CUDA backend"));
+        }
     } else {
         FAILS(kpl_device_get("cuda:99", &d), KPL_EDEVICE, "only");
+        assert_null(kpl_device_unavailable_reason(KPL_DEVICE_CUDA));
     }
+    assert_null(kpl_device_unavailable_reason(KPL_DEVICE_CPU));
     OK(kpl_device_synchronize(kpl_device_cpu()));
     /* CPU events: complete once recorded, timed by the host clock. */
     kpl_event *e0 = NULL, *e1 = NULL;

@@ -24,7 +24,10 @@
 #              both arrive) wipes the old frame first, and rank 1's lines
 #              print above the moving bar; the log keeps lines, not frames
 #   gpu        a stand-in nvidia sysfs directory with two GPUs: one rank
-#              per GPU, KPL_DEVICE in PCI order, each bound to its cores
+#              per GPU, KPL_DEVICE in PCI order, each bound to its cores;
+#              under CUDA_VISIBLE_DEVICES (an index, UUIDs in reverse
+#              order) KPL_DEVICE numbers the visible GPUs as CUDA will
+#              and each rank is bound to the cores of the GPU it gets
 #   cli        usage errors, --dry-run, hosts from SLURM and PBS variables,
 #              a command that does not exist
 set -euo pipefail
@@ -43,7 +46,7 @@ die() {
   exit 1
 }
 # the defaults are what is tested (UCX when Open MPI has it)
-unset KPL_NO_UCX SLURM_JOB_NODELIST SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE SLURM_NTASKS \
+unset KPL_NO_UCX CUDA_VISIBLE_DEVICES KPLRUN_NVIDIA_PROC SLURM_JOB_NODELIST SLURM_NTASKS_PER_NODE SLURM_TASKS_PER_NODE SLURM_NTASKS \
   PBS_NODEFILE OMP_NUM_THREADS
 
 # run ARGS...: kplrun in the background with stdout/stderr to out.txt and
@@ -334,6 +337,29 @@ gpu)
   has err.txt "one per GPU"
   has out.txt "^\[r0\] device cuda:0 order PCI_BUS_ID cpus 1$"
   has out.txt "^\[r1\] device cuda:1 order PCI_BUS_ID cpus 0$"
+  # A container (or SLURM) that leaves one GPU visible: CUDA numbers it 0,
+  # and it is the second in PCI order, next to core 0.
+  CUDA_VISIBLE_DEVICES=1 run -np 1 --log-dir "$tmp/logs" -- sh -c \
+    'echo "device $KPL_DEVICE cpus $(awk "/Cpus_allowed_list/ { print \$2 }" /proc/self/status)"'
+  [[ $rc == 0 ]] || die "CUDA_VISIBLE_DEVICES=1: exit $rc"
+  has out.txt "^\[r0\] device cuda:0 cpus 0$"
+  # UUIDs (the driver's information files), named in reverse PCI order
+  mkdir -p nvproc/0000:3b:00.0 nvproc/0000:1a:00.0
+  printf 'Model: \t\t NVIDIA A100\nGPU UUID: \t GPU-3b3b3b3b-0000-4000-8000-000000000001\n' \
+    > nvproc/0000:3b:00.0/information
+  printf 'Model: \t\t NVIDIA A100\nGPU UUID: \t GPU-1a1a1a1a-0000-4000-8000-000000000002\n' \
+    > nvproc/0000:1a:00.0/information
+  export KPLRUN_NVIDIA_PROC=$tmp/nvproc
+  CUDA_VISIBLE_DEVICES=GPU-3b3b3b3b,GPU-1a1a1a1a run -np 2 --log-dir "$tmp/logs" -- sh -c \
+    'echo "device $KPL_DEVICE cpus $(awk "/Cpus_allowed_list/ { print \$2 }" /proc/self/status)"'
+  [[ $rc == 0 ]] || die "CUDA_VISIBLE_DEVICES by UUID: exit $rc"
+  has out.txt "^\[r0\] device cuda:0 cpus 0$"
+  has out.txt "^\[r1\] device cuda:1 cpus 1$"
+  # one that names no GPU: the ranks see none, and kplrun says why
+  CUDA_VISIBLE_DEVICES=GPU-ffff run -np 1 --log-dir "$tmp/logs" -- sh -c 'echo "device $KPL_DEVICE"'
+  [[ $rc == 0 ]] || die "CUDA_VISIBLE_DEVICES=GPU-ffff: exit $rc"
+  has out.txt "^\[r0\] device cpu$"
+  has err.txt "no GPU of this node has UUID GPU-ffff"
   ;;
 
 cli)

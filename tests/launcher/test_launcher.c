@@ -1,8 +1,12 @@
 /* test_launcher.c — kplrun's host lists (--host, hostfiles, PBS node
- * files, SLURM node lists), the mpirun command it builds, and its reading
- * of a rank's collective timeout report. */
+ * files, SLURM node lists), the mpirun command it builds, its reading
+ * of a rank's collective timeout report, and the GPUs a rank sees under
+ * CUDA_VISIBLE_DEVICES (stand-in driver directories in a temp dir). */
 #include "kpl_test.h"
 #include "launcher.h"
+#include "launcher_impl.h"
+
+#include <sys/stat.h>
 
 #include <signal.h>
 #include <sys/wait.h>
@@ -471,6 +475,129 @@ static void test_verdict(void **state)
 #undef END
 }
 
+/* ---- the GPUs a rank sees ---- */
+
+static char gpu_root[64];
+
+/* A stand-in for the driver's sysfs directory (three GPUs, listed out of
+ * PCI order, among the driver's other entries) and, with uuids, its
+ * /proc/driver/nvidia/gpus information files. */
+static void make_driver_tree(void)
+{
+    snprintf(gpu_root, sizeof gpu_root, "/tmp/kpl-gpus-XXXXXX");
+    assert_non_null(mkdtemp(gpu_root));
+    static const char *const pci[3] = {"0000:86:00.0", "0000:1a:00.0", "0000:3b:00.0"};
+    static const char *const uuid[3] = {"GPU-cccc2222-9f4e-4f5b-8b0a-1c2d3e4f5a6b",
+                                        "GPU-aaaa1111-0d1e-4c2b-9a8f-7e6d5c4b3a29",
+                                        "GPU-aaab3333-5e6f-4a1b-8c9d-0e1f2a3b4c5d"};
+    char path[256];
+    snprintf(path, sizeof path, "%s/sys", gpu_root);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/proc", gpu_root);
+    assert_int_equal(mkdir(path, 0755), 0);
+    snprintf(path, sizeof path, "%s/sys/module", gpu_root); /* not a GPU */
+    assert_int_equal(mkdir(path, 0755), 0);
+    for (int i = 0; i < 3; i++) {
+        snprintf(path, sizeof path, "%s/sys/%s", gpu_root, pci[i]);
+        assert_int_equal(mkdir(path, 0755), 0);
+        snprintf(path, sizeof path, "%s/proc/%s", gpu_root, pci[i]);
+        assert_int_equal(mkdir(path, 0755), 0);
+        char text[512], file[512];
+        snprintf(text, sizeof text,
+                 "Model: \t\t NVIDIA A100-SXM4-80GB\nIRQ:   \t\t 183\nGPU UUID: \t %s\n"
+                 "Video BIOS: \t 92.00.45.00.05\nBus Type: \t PCIe\nBus Location: \t %s\n",
+                 uuid[i], pci[i]);
+        kpl_test_write(path, "information", text, file, sizeof file);
+    }
+    char f[512];
+    snprintf(path, sizeof path, "%s/sys", gpu_root);
+    kpl_test_write(path, "new_id", "", f, sizeof f);
+}
+
+/* visible -> the PCI addresses CUDA numbers 0, 1, ... ("?" unknown),
+ * space-separated, and the note. */
+static int gpus_of(const char *visible, bool with_uuids, char *got, size_t len, char *note,
+                   size_t nlen)
+{
+    char sys[128], proc[128];
+    snprintf(sys, sizeof sys, "%s/sys", gpu_root);
+    snprintf(proc, sizeof proc, "%s/proc", gpu_root);
+    kpl__gpu g[8];
+    int n = kpl__launcher_visible_gpus(sys, with_uuids ? proc : NULL, visible, g, 8, note, nlen);
+    got[0] = 0;
+    for (int k = 0; k < n; k++) {
+        size_t at = strlen(got);
+        snprintf(got + at, len - at, "%s%s", k ? " " : "", g[k].pci[0] ? g[k].pci : "?");
+    }
+    return n;
+}
+
+#define EXPECT_GPUS(visible, uuids, want, note_has)                                         \
+    do {                                                                                    \
+        char got_[256], note_[1200];                                                        \
+        gpus_of((visible), (uuids), got_, sizeof got_, note_, sizeof note_);                \
+        if (strcmp(got_, (want)))                                                           \
+            fail_msg("CUDA_VISIBLE_DEVICES=%s: GPUs '%s', want '%s'", (visible) ? (visible) \
+                     : "(unset)", got_, (want));                                            \
+        if (!(note_has)[0] ? note_[0] != 0 : !strstr(note_, (note_has)))                    \
+            fail_msg("CUDA_VISIBLE_DEVICES=%s: note '%s', want '%s'", (visible) ? (visible) \
+                     : "(unset)", note_, (note_has));                                       \
+    } while (0)
+
+static void test_visible_gpus(void **state)
+{
+    (void)state;
+    make_driver_tree();
+    const char *a = "0000:1a:00.0", *b = "0000:3b:00.0", *c = "0000:86:00.0";
+    char all[64], ca[32], b_only[32];
+    snprintf(all, sizeof all, "%s %s %s", a, b, c);
+    snprintf(ca, sizeof ca, "%s %s", c, a);
+    snprintf(b_only, sizeof b_only, "%s", b);
+    /* unset: every GPU, in PCI order */
+    EXPECT_GPUS(NULL, true, all, "");
+    EXPECT_GPUS(NULL, false, all, "");
+    /* indices pick and reorder; SLURM --gpus-per-task=1 gives each rank one */
+    EXPECT_GPUS("2,0", true, ca, "");
+    EXPECT_GPUS("1", true, b_only, "");
+    EXPECT_GPUS(" 2 , 0 ", true, ca, "");
+    /* hidden: none, as CUDA; SLURM's placeholder names none either */
+    EXPECT_GPUS("", true, "", "");
+    EXPECT_GPUS("NoDevFiles", true, "", "'NoDevFiles' is neither an index nor a GPU-/MIG- UUID");
+    /* an entry that names no GPU ends the list there */
+    EXPECT_GPUS("2,0,-1,1", true, ca, "CUDA sees only the 2 GPU(s) named before it");
+    EXPECT_GPUS("1,7", true, b_only, "index 7, and this node has 3 GPU(s)");
+    EXPECT_GPUS("1,1,0", true, b_only, "'1' names GPU 0000:3b:00.0 a second time");
+    /* UUIDs, whole or a unique start, mapped through the driver's files */
+    EXPECT_GPUS("GPU-cccc2222-9f4e-4f5b-8b0a-1c2d3e4f5a6b,GPU-aaaa1111", true, ca, "");
+    EXPECT_GPUS("GPU-AAAB", true, b_only, "");
+    EXPECT_GPUS("GPU-aaa", true, "", "'GPU-aaa' is the start of more than one GPU's UUID");
+    EXPECT_GPUS("GPU-ffff", true, "", "no GPU of this node has UUID GPU-ffff");
+    EXPECT_GPUS("2,GPU-aaaa1111", true, ca, "");
+    /* MIG: the old form names its GPU, the new one cannot be placed */
+    EXPECT_GPUS("MIG-GPU-aaab3333-5e6f-4a1b-8c9d-0e1f2a3b4c5d/1/0", true, b_only, "");
+    EXPECT_GPUS("MIG-5f3c0a9e-1d2b-5c4a-9e8f-7a6b5c4d3e2f", true, "?",
+                "the driver's files do not list (MIG instances)");
+    /* no readable information files: UUIDs keep the order given, unplaced */
+    EXPECT_GPUS("GPU-aaab3333,GPU-cccc2222", false, "? ?",
+                "cannot be matched (no readable /proc/driver/nvidia/gpus/*/information)");
+    EXPECT_GPUS("1,0", false, "0000:3b:00.0 0000:1a:00.0", "");
+    /* no driver directory: no GPU, whatever is visible */
+    kpl__gpu g[4];
+    char note[256];
+    assert_int_equal(kpl__launcher_visible_gpus("/nonexistent/nvidia", NULL, "0,1", g, 4, note,
+                                                sizeof note), 0);
+    assert_int_equal(kpl__launcher_visible_gpus("/nonexistent/nvidia", NULL, NULL, g, 4, NULL, 0),
+                     0);
+    /* at most max */
+    char sys[128];
+    snprintf(sys, sizeof sys, "%s/sys", gpu_root);
+    assert_int_equal(kpl__launcher_visible_gpus(sys, NULL, NULL, g, 2, NULL, 0), 2);
+    assert_string_equal(g[1].pci, b);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", gpu_root);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -480,6 +607,7 @@ int main(void)
         cmocka_unit_test(test_mpirun_argv),
         cmocka_unit_test(test_timeout_report),
         cmocka_unit_test(test_verdict),
+        cmocka_unit_test(test_visible_gpus),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

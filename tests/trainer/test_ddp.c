@@ -11,7 +11,11 @@
  * SyncBN: the zoo's cnn (batch norms) with synchronised batch norms over
  * the ranks' halves trains as the serial cnn on the whole batch: the
  * layer's outputs and input gradients, then parameters and running
- * statistics after STEPS steps, to 1e-5. */
+ * statistics after STEPS steps, to 1e-5.
+ * Low-precision reduction: with grad_dtype bf16 (and fp16) the gradients
+ * DDP leaves are within the documented bound of the f32 average of the
+ * ranks' own gradients, element by element, and training keeps the ranks'
+ * parameters bit-identical. */
 #include "kpl_test.h"
 #include "trainer.h"
 
@@ -131,7 +135,7 @@ static void train_ddp(int micro, bool keep, kpl_module **out, kpl_bucketer_stats
     kpl_module *m = zoo_model("lenet", 42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
-    kpl_bucketer_config cfg = {0.05, 0.01, true};
+    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32};
     OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     assert_true(kpl_bucketer_num_buckets(kpl_ddp_bucketer(ddp)) > 2);
@@ -274,7 +278,7 @@ static void test_sync_bn(void **state)
     OK(kpl_nn_sync_batch_norm(m, comm, &count));
     assert_int_equal(count, 2);
     kpl_ddp *ddp = NULL;
-    kpl_bucketer_config cfg = {0.05, 0.01, true};
+    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32};
     OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     int per_rank = BATCH / size;
@@ -299,6 +303,87 @@ static void test_sync_bn(void **state)
     kpl_module_destroy(m);
 }
 
+/* dist.grad_dtype bf16 / fp16: one step's gradients of LeNet over the
+ * ranks' halves, DDP in the low dtype against the f32 average of the
+ * same local gradients: per element within size * u * mean_r |g_r| (u =
+ * 2^-8 for bf16, 2^-11 for f16, plus f16's subnormal spacing 2^-24; see
+ * docs/collective.md); then a few steps leave every rank with the same
+ * parameters. */
+static void test_ddp_low_precision_grads(void **state)
+{
+    (void)state;
+    bool was = kpl_get_deterministic();
+    kpl_set_deterministic(true); /* the same kernels for both backwards */
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    int per_rank = BATCH / size;
+    for (int d = 0; d < 2; d++) {
+        kpl_optim *opt;
+        kpl_module *m = zoo_model("lenet", 42, &opt, false); /* the same on every rank */
+        int np = kpl_module_num_params(m);
+        kpl_tensor *const *p = kpl_module_params(m);
+        kpl_tensor *avg[16], *mag[16];
+        assert_true(np <= 16);
+        /* this rank's gradients; their f32 average and mean magnitude */
+        forward_backward(m, 3, rank * per_rank, per_rank, 1);
+        for (int i = 0; i < np; i++) {
+            kpl_tensor *g = kpl_grad_get(p[i]);
+            OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, kpl_tensor_ndim(g),
+                                    kpl_tensor_shape(g), kpl_tensor_host_data(g), &avg[i]));
+            OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F32, kpl_tensor_ndim(g),
+                                    kpl_tensor_shape(g), kpl_tensor_host_data(g), &mag[i]));
+            OK(kpl_k_unary(mag[i], KPL_UN_ABS, mag[i], 0, 0));
+            OK(kpl_comm_allreduce(comm, avg[i], avg[i], KPL_COMM_AVG));
+            OK(kpl_comm_allreduce(comm, mag[i], mag[i], KPL_COMM_AVG));
+            kpl_grad_set(p[i], NULL);
+        }
+        kpl_ddp *ddp = NULL;
+        kpl_bucketer_config cfg = {0.05, 0.01, true, dts[d]};
+        OK(kpl_ddp_create(comm, np, p, kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg,
+                          &ddp));
+        OK(kpl_ddp_begin(ddp, true));
+        forward_backward(m, 3, rank * per_rank, per_rank, 1);
+        OK(kpl_ddp_finish(ddp));
+        double u = dts[d] == KPL_BF16 ? 0x1p-8 : 0x1p-11, sub = dts[d] == KPL_F16 ? 0x1p-24 : 0;
+        double worst = 0;
+        int64_t differ = 0, total = 0;
+        for (int i = 0; i < np; i++) {
+            const float *got = kpl_tensor_host_data(kpl_grad_get(p[i]));
+            const float *want = kpl_tensor_host_data(avg[i]), *mg = kpl_tensor_host_data(mag[i]);
+            for (int64_t j = 0; j < kpl_tensor_numel(avg[i]); j++, total++) {
+                double err = fabs((double)got[j] - want[j]);
+                double bound = size * u * mg[j] * (1 + 4 * u) + sub + 1e-6 * fabs(want[j]);
+                if (!(err <= bound))
+                    fail_msg("grad_dtype %s: rank %d, parameter %d[%lld]: %.9g, f32 average "
+                             "%.9g (mean |g| %.3g): off by %.3g > %.3g", kpl_dtype_name(dts[d]),
+                             rank, i, (long long)j, got[j], want[j], mg[j], err, bound);
+                if (err / bound > worst) worst = err / bound;
+                differ += got[j] != want[j];
+            }
+        }
+        /* the low precision was used: most gradients moved, some by much of the bound */
+        if (!(differ > total / 2 && worst > 0.1))
+            fail_msg("grad_dtype %s: %lld of %lld gradients differ from f32's, the worst by "
+                     "%.3g of the bound", kpl_dtype_name(dts[d]), (long long)differ,
+                     (long long)total, worst);
+        OK(kpl_optim_step(opt));
+        for (int s = 4; s < 7; s++) {
+            OK(kpl_ddp_begin(ddp, true));
+            forward_backward(m, s, rank * per_rank, per_rank, 1);
+            OK(kpl_ddp_finish(ddp));
+            OK(kpl_optim_step(opt));
+        }
+        OK(kpl_bucketer_check_params(kpl_ddp_bucketer(ddp)));
+        for (int i = 0; i < np; i++) {
+            kpl_tensor_release(avg[i]);
+            kpl_tensor_release(mag[i]);
+        }
+        kpl_ddp_destroy(ddp);
+        kpl_optim_destroy(opt);
+        kpl_module_destroy(m);
+    }
+    kpl_set_deterministic(was);
+}
+
 int main(int argc, char **argv)
 {
     int level;
@@ -318,6 +403,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ddp_equals_serial),
         cmocka_unit_test(test_sync_bn),
+        cmocka_unit_test(test_ddp_low_precision_grads),
     };
     int failed = cmocka_run_group_tests(tests, NULL, NULL);
     int any = 0;

@@ -51,6 +51,7 @@ static void test_defaults(void **state)
     assert_int_equal(R.schedule.config.kind, KPL_SCHED_CONSTANT);
     assert_float_equal(R.dist.buckets.bucket_mb, 25, 0);
     assert_true(R.dist.buckets.check_params);
+    assert_int_equal(R.dist.buckets.grad_dtype, KPL_F32);
     assert_float_equal(R.data.train.loader.transform.scale[0], 0.08f, 0);
     assert_float_equal(R.data.train.loader.transform.ratio[1], 4.0f / 3.0f, 0);
     assert_null(R.data.train.loader.transform.image_feature); /* the recipe holds no pointers */
@@ -204,6 +205,8 @@ static void test_errors(void **state)
         {MIN, "run_dir=\"runs/a\\tb\"", KPL_EINVAL, "run_dir: control character 0x09"},
         {MIN, "loss.nonfinite=ignore", KPL_EINVAL,
          "loss.nonfinite: expected one of stop, skip; got 'ignore'"},
+        {MIN, "dist.grad_dtype=f16", KPL_EINVAL,
+         "dist.grad_dtype: expected one of f32, fp16, bf16; got 'f16'"},
         {MIN, "data.train.skip_corrupt=1", KPL_EINVAL,
          "data.train.skip_corrupt: expected true or false"},
         {MIN, "schedule.name=multistep", KPL_EINVAL, "schedule.milestones: multistep needs"},
@@ -387,8 +390,9 @@ static void test_round_trip(void **state)
     (void)state;
     const char *ov[] = {"optimizer.lr=0.1234567890123", "model.hidden=[3]",
                         "run_dir=quote\"and\\\\back", "data.train.transform.mean=[0.1, 0.2, 0.3]",
-                        "schedule.min_lr=1e-7"};
-    OK(kpl_recipe_load_string(MIN, "min", 5, ov, &R));
+                        "schedule.min_lr=1e-7", "dist.grad_dtype=bf16"};
+    OK(kpl_recipe_load_string(MIN, "min", 6, ov, &R));
+    assert_int_equal(R.dist.buckets.grad_dtype, KPL_BF16);
     char *a = NULL, *b = NULL;
     OK(kpl_recipe_to_yaml(&R, &a));
     kpl_recipe *r2 = malloc(sizeof *r2);
@@ -400,6 +404,11 @@ static void test_round_trip(void **state)
     assert_float_equal(r2->schedule.config.min_lr, 1e-7, 0);
     assert_non_null(strstr(a, "  lr: 0.1234567890123\n"));
     assert_non_null(strstr(a, "    batch_size: 32\n"));
+    assert_non_null(strstr(a, "  grad_dtype: bf16\n"));
+    assert_int_equal(r2->dist.buckets.grad_dtype, KPL_BF16);
+    const char *fp16 = "dist.grad_dtype=fp16";
+    OK(kpl_recipe_load_string(MIN, "min", 1, &fp16, r2));
+    assert_int_equal(r2->dist.buckets.grad_dtype, KPL_F16);
     free(a);
     free(b);
     free(r2);

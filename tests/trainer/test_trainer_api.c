@@ -4,13 +4,16 @@
  * buffer for a checkpoint, a model named like the optimizer's state,
  * model.input_size against the data, keep_ratio's varying input size, an
  * optimizer group of frozen parameters only, the epoch count after
- * resuming where an epoch ended.
+ * resuming where an epoch ended; the device a rank picks from the recipe,
+ * the launcher's KPL_DEVICE and what CUDA says, and a trainer that was
+ * given a GPU CUDA cannot use failing with CUDA's reason.
  *
  * The task: regression of an 8x8 image's mean brightness by a module with
  * an own parameter ("shift") beside a child ("body": flatten, linear). */
 #define _XOPEN_SOURCE 700
 #include "kpl_test.h"
 #include "trainer.h"
+#include "trainer_impl.h"
 
 #include <ftw.h>
 #include <math.h>
@@ -491,6 +494,71 @@ static void test_epoch_after_resume(void **state)
     free(r);
 }
 
+/* The device a rank trains on: the recipe's device, kplrun's KPL_DEVICE,
+ * the GPUs CUDA sees and why there are none, the node-local rank. */
+static void test_device_choice(void **state)
+{
+    (void)state;
+    const char *why = "CUDA driver version is insufficient for CUDA runtime version";
+    char name[48];
+    /* auto without a launcher: a GPU per local rank, else the CPU */
+    OK(kpl__trainer_device_choice("auto", NULL, 4, NULL, 5, name, sizeof name));
+    assert_string_equal(name, "cuda:1");
+    OK(kpl__trainer_device_choice("auto", "", 0, why, 5, name, sizeof name));
+    assert_string_equal(name, "cpu");
+    /* auto under kplrun: its pick, which counts visible GPUs only */
+    OK(kpl__trainer_device_choice("auto", "cuda:0", 1, NULL, 3, name, sizeof name));
+    assert_string_equal(name, "cuda:0");
+    OK(kpl__trainer_device_choice("auto", "cpu", 8, NULL, 3, name, sizeof name));
+    assert_string_equal(name, "cpu");
+    /* the launcher saw GPUs, CUDA cannot use them: fail with CUDA's reason */
+    FAILS(kpl__trainer_device_choice("auto", "cuda:2", 0, why, 2, name, sizeof name),
+          KPL_EDEVICE, "KPL_DEVICE=cuda:2, but CUDA cannot use any: CUDA driver version is "
+          "insufficient");
+    FAILS(kpl__trainer_device_choice("auto", "cuda:1", 0, NULL, 1, name, sizeof name),
+          KPL_EDEVICE, "CUDA reports no device");
+    /* device: cuda asked for: the reason, never the CPU */
+    FAILS(kpl__trainer_device_choice("cuda", NULL, 0, why, 0, name, sizeof name), KPL_EDEVICE,
+          "device: cuda asked for, but CUDA cannot use any GPU: CUDA driver version");
+    FAILS(kpl__trainer_device_choice("cuda", "cuda:0", 0, why, 0, name, sizeof name),
+          KPL_EDEVICE, "insufficient");
+    OK(kpl__trainer_device_choice("cuda", NULL, 2, NULL, 3, name, sizeof name));
+    assert_string_equal(name, "cuda:1");
+    OK(kpl__trainer_device_choice("cuda", "cuda:0", 1, NULL, 3, name, sizeof name));
+    assert_string_equal(name, "cuda:0");
+    /* explicit names pass through (kpl_device_get checks them) */
+    OK(kpl__trainer_device_choice("cpu", "cuda:0", 0, why, 0, name, sizeof name));
+    assert_string_equal(name, "cpu");
+    OK(kpl__trainer_device_choice("cuda:3", NULL, 0, why, 0, name, sizeof name));
+    assert_string_equal(name, "cuda:3");
+    /* a launcher environment that is not a device */
+    FAILS(kpl__trainer_device_choice("auto", "gpu0", 1, NULL, 0, name, sizeof name), KPL_EINVAL,
+          "KPL_DEVICE='gpu0' (from the launcher's environment) is not a device");
+    FAILS(kpl__trainer_device_choice("auto", "cuda:", 1, NULL, 0, name, sizeof name), KPL_EINVAL,
+          "expected cpu or cuda:N");
+}
+
+/* A rank that kplrun gave a GPU (KPL_DEVICE=cuda:0) on a machine where
+ * CUDA finds none fails at create, saying what CUDA said; on the CPU it
+ * would train for days where it should take hours. */
+static void test_launcher_gpu_unusable(void **state)
+{
+    (void)state;
+    if (kpl_device_count(KPL_DEVICE_CUDA) > 0) skip(); /* a GPU here: nothing to refuse */
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("gpu_unusable", NULL);
+    setenv("KPL_DEVICE", "cuda:0", 1);
+    kpl_trainer *t = NULL;
+    kpl_status st = kpl_trainer_create(r, &reg_task, NULL, &t);
+    unsetenv("KPL_DEVICE");
+    assert_int_equal(st, KPL_EDEVICE);
+    assert_null(t);
+    const char *why = kpl_device_unavailable_reason(KPL_DEVICE_CUDA);
+    if (!strstr(kpl_last_error(), why) || !strstr(kpl_last_error(), "KPL_DEVICE=cuda:0"))
+        fail_msg("'%s' lacks KPL_DEVICE=cuda:0 or the reason '%s'", kpl_last_error(), why);
+    free(r);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -503,6 +571,8 @@ int main(void)
         cmocka_unit_test(test_keep_ratio_input),
         cmocka_unit_test(test_group_of_frozen_parameters),
         cmocka_unit_test(test_epoch_after_resume),
+        cmocka_unit_test(test_device_choice),
+        cmocka_unit_test(test_launcher_gpu_unusable),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

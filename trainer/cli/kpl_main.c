@@ -52,8 +52,9 @@ static int cmd_info(void)
     printf("devices: cpu");
     int n = kpl_device_count(KPL_DEVICE_CUDA);
     for (int i = 0; i < n; i++) printf(", cuda:%d", i);
-    if (kpl_device_type_built(KPL_DEVICE_CUDA) && n == 0) printf(" (no CUDA GPU found)");
-    printf("\n");
+    if (kpl_device_type_built(KPL_DEVICE_CUDA) && n == 0)
+        printf(" (no CUDA GPU found: %s)", kpl_device_unavailable_reason(KPL_DEVICE_CUDA));
+    printf("\ncpu: %s\n", kpl_cpu_math_info());
     return 0;
 }
 

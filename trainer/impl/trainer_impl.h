@@ -237,6 +237,8 @@ typedef struct {
     kpl_ddp *ddp;
     double base_lr;  /* the optimizer's lr before the schedule */
     bool has_grad;   /* got gradients in this step and was not updated yet */
+    double scale;           /* fp16: the loss scale of its backward (1 otherwise) */
+    int64_t scale_good;     /* fp16: updates with finite gradients since it last moved */
 } kpl__model;
 
 /* A training figure's sums since the last report (this rank), and over
@@ -285,6 +287,8 @@ struct kpl_trainer {
     const kpl_batch *batch;
     bool epoch_ended;                 /* the last step ended t->epoch: the next starts the next */
     bool step_nonfinite;              /* a micro-batch of the step had a NaN/inf loss */
+    kpl_step_result *step_out; /* run_train_step's result, for its task_call */
+    int64_t scale_skips;       /* fp16: updates left out for an overflow (this run) */
     bool step_skipped;                /* an update of the step was left out */
     kpl__figure fig[KPL_FIGURES_MAX];
     int nfig;
@@ -328,6 +332,17 @@ kpl_status kpl__trainer_check_val(kpl_trainer *t);
 void kpl__trainer_ranks_from_env(kpl_trainer *t);
 void kpl__trainer_pick_threads(kpl_trainer *t);
 kpl_status kpl__trainer_pick_device(kpl_trainer *t);
+/* The name of the device a rank trains on, from the recipe's `device`,
+ * the launcher's KPL_DEVICE (NULL or "" when unset), the CUDA GPUs this
+ * process sees and why there are none (kpl_device_unavailable_reason), and
+ * its node-local rank; into name.  A CUDA device asked for (device: cuda,
+ * or KPL_DEVICE=cuda:N under device: auto) with no GPU usable is
+ * KPL_EDEVICE carrying CUDA's reason, never a quiet fall back to the CPU;
+ * a malformed KPL_DEVICE is KPL_EINVAL.  Pure: kpl__trainer_pick_device
+ * feeds it the process's values. */
+kpl_status kpl__trainer_device_choice(const char *device, const char *env, int gpus,
+                                      const char *why, int32_t local_rank, char *name,
+                                      size_t len);
 /* The newest complete checkpoint of the recipe's runs (--resume alone). */
 bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len);
 kpl_status kpl__trainer_make_comm(kpl_trainer *t);
@@ -343,6 +358,7 @@ typedef struct {
     bool eval_pending;
     void *rng;    /* json_t: per model, per rank [seed, offset] */
     void *models; /* json_t: the "models" array (name, optimizer), or NULL */
+    void *scales; /* json_t: fp16 loss scales by model {name: [scale, good]}, or NULL */
 } kpl__resume_meta;
 kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path,
                                   kpl__resume_meta *m);

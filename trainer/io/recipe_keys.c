@@ -51,6 +51,15 @@ KPL_ENUM_DEFINE(kpl_lr_scaling, KPL_LR_SCALINGS)
 KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
 KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
 KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
+KPL_ENUM_DEFINE(kpl_precision, KPL_PRECISIONS)
+
+/* dist.grad_dtype: the value stored is the index, which must be the
+ * kpl_dtype (the bucketer's config holds one).  "fp16", as `precision`
+ * spells it. */
+_Static_assert(KPL_F32 == 0 && KPL_F16 == 1 && KPL_BF16 == 2,
+               "grad_dtype_names is indexed by kpl_dtype");
+static const char *const grad_dtype_names[] = {
+    [KPL_F32] = "f32", [KPL_F16] = "fp16", [KPL_BF16] = "bf16", NULL};
 
 #define OFF(m) offsetof(kpl_recipe, m)
 #define SZ(m) sizeof(((kpl_recipe *)0)->m)
@@ -177,6 +186,18 @@ const field kpl__rc_fields[] = {
           "CPU threads per rank (0: OMP_NUM_THREADS, else cores / ranks on the node)"),
     F_BOOL("deterministic", deterministic, "false",
            "pick algorithms without timing them: bit-identical reruns and resumes"),
+    F_ENUM("precision", precision, "f32", kpl_precision_names,
+           "math of convolutions and matmuls: f32, bf16 or fp16 (mixed precision: parameters, "
+           "norms, reductions and losses stay f32; docs/precision.md)"),
+    F_FLOAT("loss_scale.init", loss_scale.init, "65536", 1, 1e30,
+            "fp16: the dynamic loss scale to start with"),
+    F_FLOAT("loss_scale.growth", loss_scale.growth, "2", 1, 1e6,
+            "fp16: the scale's factor after loss_scale.interval steps with finite gradients"),
+    F_FLOAT("loss_scale.backoff", loss_scale.backoff, "0.5", 1e-6, 1,
+            "fp16: the scale's factor after a step with inf/NaN gradients (its update is "
+            "skipped)"),
+    F_INT("loss_scale.interval", loss_scale.interval, "2000", 1, BIG,
+          "fp16: steps with finite gradients before the scale grows"),
     F_STR("run_dir", run_dir, "\"\"", "run directory (default: runs/<name>-<time>)"),
     F_INT("max_steps", max_steps, "0", 0, BIG, "stop after this many steps in all (0: no limit)"),
 
@@ -311,6 +332,10 @@ const field kpl__rc_fields[] = {
             "seconds before a waiting rank reports who has not joined (0: never)"),
     F_BOOL("dist.check_params", dist.buckets.check_params, "true",
            "check after the first step that all ranks hold the same parameters"),
+    F_ENUM("dist.grad_dtype", dist.buckets.grad_dtype, "f32", grad_dtype_names,
+           "dtype gradients are summed over the ranks in: f32, or bf16 / fp16 (half the bytes; "
+           "per element within ranks x 2^-8 / 2^-11 of the mean |gradient|, fp16 overflows "
+           "past 65504)"),
 };
 const int kpl__rc_nfields = (int)(sizeof kpl__rc_fields / sizeof kpl__rc_fields[0]);
 

@@ -410,6 +410,23 @@ static void path_of(const kpl_module *m, char *buf, size_t size)
     if (!n) snprintf(buf, size, "(root)");
 }
 
+/* Modules inside modules: the outermost forward's results leave autocast
+ * (graph.h) in f32, so a task reads a model's outputs as f32 whatever
+ * precision ran inside; modules within pass low-precision tensors on. */
+static _Thread_local int depth;
+
+static kpl_status outputs_f32(kpl_tensor_list *out)
+{
+    if (kpl_autocast_dtype() == KPL_F32) return KPL_OK;
+    for (int i = 0; i < out->n; i++) {
+        kpl_dtype dt = kpl_tensor_dtype(out->t[i]);
+        if (dt != KPL_BF16 && dt != KPL_F16) continue;
+        out->t[i] = kpl_cast(out->t[i], KPL_F32);
+        if (!out->t[i]) return kpl_last_status();
+    }
+    return KPL_OK;
+}
+
 kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
     out->n = 0;
@@ -426,10 +443,14 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
             return KPL_ERROR(KPL_EINVAL, "module %s (%s): input %d is NULL", path, m->kind->name,
                              i);
         }
+    depth++;
     kpl_status st = m->kind->forward(m, in, out);
+    depth--;
     if (st >= 0) {
         for (int i = 0; i < out->n; i++)
             if (!out->t[i]) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
+        if (st >= 0 && out->n >= 1 && out->n <= KPL_MODULE_MAX_IO && depth == 0)
+            st = outputs_f32(out);
         if (st >= 0 && out->n >= 1 && out->n <= KPL_MODULE_MAX_IO) return KPL_OK;
         if (st >= 0) st = KPL_EINVAL;
     }

@@ -85,6 +85,20 @@ static void say_start(kpl_trainer *t)
                   kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.loader.batch_size,
                   (int)t->world, r->optimizer.accumulate > 1 ? " (with accumulation)" : "",
                   (long long)t->steps_per_epoch, t->run_dir);
+    if (r->precision != KPL_PRECISION_F32) {
+        kpl_dtype dt = r->precision == KPL_PRECISION_BF16 ? KPL_BF16 : KPL_F16;
+        bool native = kpl_precision_native(kpl_device_type_of(t->dev), dt);
+        if (native)
+            kpl__log_info(&t->log, "precision %s: convolutions and matmuls in %s, the rest in "
+                          "f32%s", kpl_precision_name(r->precision), kpl_dtype_name(dt),
+                          r->precision == KPL_PRECISION_FP16 ? " (dynamic loss scale)" : "");
+        else
+            kpl__log_warn(&t->log, "precision %s: %s has no native %s convolution or matmul "
+                          "(%s); they compute in f32 and round, slower than precision f32",
+                          kpl_precision_name(r->precision), kpl_device_name(t->dev),
+                          kpl_dtype_name(dt), kpl_device_type_of(t->dev) == KPL_DEVICE_CPU
+                                                  ? kpl_cpu_math_info() : "cuda");
+    }
     if (kpl_plugin_count()) { /* their code runs in this process: say which */
         char list[4096];
         kpl__plugin_list(list, sizeof list);

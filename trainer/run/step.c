@@ -96,10 +96,10 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     }
     if (md->ddp) KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
     kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
-    kpl_tensor *scaled = !pool ? NULL
-                         : t->micros != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss,
-                                                          1.0 / (double)t->micros, false)
-                                          : loss;
+    /* the mean over micro-batches, and fp16's loss scale (undone before
+     * the update, kpl_trainer_update) */
+    double f = md->scale / (double)t->micros;
+    kpl_tensor *scaled = !pool ? NULL : f != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss, f, false) : loss;
     kpl_status st = scaled ? kpl_backward(scaled, NULL, false) : kpl_last_status();
     if (pool) kpl_pool_pop(pool);
     /* every begin has its finish; only the step's last one communicates */
@@ -152,13 +152,41 @@ kpl_status kpl_step_figure(kpl_step_result *r, const char *name, kpl_tensor *sum
  * keeps, and the reverse-mode GC frees as backward goes); then each
  * model's backward; then the figures, with grad mode off, where they are
  * (nothing waits for the device). */
+/* The autocast dtype of the recipe's precision. */
+static kpl_dtype precision_dtype(const kpl_recipe *r)
+{
+    return r->precision == KPL_PRECISION_BF16   ? KPL_BF16
+           : r->precision == KPL_PRECISION_FP16 ? KPL_F16
+                                                : KPL_F32;
+}
+
+/* A task's call under the recipe's precision (autocast, graph.h): its
+ * forward runs mixed, its backward (autocast off inside) follows. */
+static kpl_status task_call(kpl_trainer *t, kpl_status (*fn)(kpl_trainer *, void *,
+                                                               const kpl_batch *),
+                            const kpl_batch *b)
+{
+    kpl_dtype prev = KPL_F32;
+    KPL_TRY(kpl_set_autocast(precision_dtype(t->r), &prev));
+    kpl_status st = fn(t, t->task_state, b);
+    kpl_set_autocast(prev, NULL);
+    return st;
+}
+
+static kpl_status train_step_call(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    return t->task->train_step(t, state, b, t->step_out);
+}
+
 static kpl_status run_train_step(kpl_trainer *t, const kpl_batch *b)
 {
     kpl_step_result out;
     memset(&out, 0, sizeof out);
     kpl_pool *pool = kpl_pool_push();
     KPL_CHECK(pool, KPL_ENOMEM, "out of memory");
-    kpl_status st = t->task->train_step(t, t->task_state, b, &out);
+    t->step_out = &out;
+    kpl_status st = task_call(t, train_step_call, b);
+    t->step_out = NULL;
     bool any = false;
     for (int i = 0; i < KPL_STEP_MODELS; i++) {
         if (out.loss[i] && (i >= t->nmodels))
@@ -199,6 +227,39 @@ static double lr_now(const kpl_trainer *t)
     return kpl_lr_at(&t->sched, e);
 }
 
+/* fp16's dynamic loss scale (torch.cuda.amp.GradScaler's rule): the
+ * gradients came from a loss multiplied by md->scale.  When one is inf or
+ * NaN (*norm comes back non-finite) the scale is multiplied by
+ * loss_scale.backoff and the caller leaves the update out; that is how
+ * the scale finds its level, not an error.  Otherwise they are divided by
+ * the scale and clipped (optimizer.clip_grad_norm), and after
+ * loss_scale.interval such updates in a row the scale grows by
+ * loss_scale.growth.  The gradients are the same on every rank (reduced),
+ * so every rank takes the same decision. */
+static kpl_status unscale(kpl_trainer *t, kpl__model *md, double *norm)
+{
+    const kpl_recipe *r = t->r;
+    KPL_TRY(kpl_clip_grad_norm(md->np, md->params, 0, norm));
+    if (!isfinite(*norm)) {
+        md->scale *= r->loss_scale.backoff;
+        md->scale_good = 0;
+        return KPL_OK;
+    }
+    double inv = 1.0 / md->scale;
+    for (int i = 0; i < md->np; i++) {
+        kpl_tensor *g = kpl_grad_get(md->params[i]);
+        if (g) KPL_TRY(kpl_k_binary_scalar(g, KPL_BIN_MUL, g, inv, false));
+    }
+    *norm *= inv;
+    if (r->optimizer.clip_grad_norm > 0)
+        KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, norm));
+    if (++md->scale_good >= r->loss_scale.interval) {
+        md->scale *= r->loss_scale.growth;
+        md->scale_good = 0;
+    }
+    return KPL_OK;
+}
+
 /* The update of a model whose gradients are in .grad (averaged over the
  * ranks): clipping, then the optimizer, unless the gradients are not
  * finite.  The gradient norm is the same number on every rank, so every
@@ -214,8 +275,15 @@ kpl_status kpl_trainer_update(kpl_trainer *t, int model)
     md->has_grad = false;
     bool skip_mode = r->loss.nonfinite == KPL_NONFINITE_SKIP;
     double norm = 0;
-    if (skip_mode || r->optimizer.clip_grad_norm > 0)
+    if (r->precision == KPL_PRECISION_FP16) {
+        KPL_TRY(unscale(t, md, &norm));
+        if (!isfinite(norm)) { /* an overflow: the scale has shrunk, the update is left out */
+            t->scale_skips++;
+            return md->ddp ? kpl_ddp_zero_grad(md->ddp) : (kpl_zero_grad(md->np, md->params), KPL_OK);
+        }
+    } else if (skip_mode || r->optimizer.clip_grad_norm > 0) {
         KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, &norm));
+    }
     bool bad = !isfinite(norm) || (t->world == 1 && t->step_nonfinite);
     if (!bad) {
         double lr = lr_now(t);
@@ -314,7 +382,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
         else {
             t->batch = &b;
             st = t->task->train_step ? run_train_step(t, &b)
-                                     : t->task->train_batch(t, t->task_state, &b);
+                                     : task_call(t, t->task->train_batch, &b);
             t->batch = NULL;
         }
         t->win_samples += (double)b.size;
@@ -378,7 +446,7 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
         if ((st = kpl_loader_next(t->val, &b)) < 0) break;
         last = b.last;
         kpl_pool *pool = b.size ? kpl_pool_push() : NULL;
-        if (b.size) st = pool ? t->task->eval_batch(t, t->task_state, &b) : kpl_last_status();
+        if (b.size) st = pool ? task_call(t, t->task->eval_batch, &b) : kpl_last_status();
         if (pool) kpl_pool_pop(pool);
         kpl_batch_release(&b);
     }

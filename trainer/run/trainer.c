@@ -218,6 +218,10 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
     json_object_set_new(j, "samples", json_integer((json_int_t)samples));
     json_object_set_new(j, "skipped_steps", json_integer(t->skipped_steps));
     json_object_set_new(j, "skipped_examples", json_integer(t->skipped_examples));
+    if (t->r->precision == KPL_PRECISION_FP16) {
+        json_object_set_new(j, "loss_scale", json_real(t->models[0].scale));
+        json_object_set_new(j, "overflow_skips", json_integer(t->scale_skips));
+    }
     kpl__trainer_emit(t, j);
     if (t->log.tb) {
         kpl_tb_add_scalar(t->log.tb, "train/lr", t->step, lr);
@@ -396,6 +400,8 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
     free(nd);
     KPL_TRY(st);
     md->base_lr = oc.lr;
+    md->scale = r->precision == KPL_PRECISION_FP16 ? r->loss_scale.init : 1;
+    md->scale_good = 0;
     if (given || !r->optimizer.ngroups) return KPL_OK;
     /* a group of frozen parameters only changes nothing: said, and left
      * out (the optimizer never sees frozen parameters) */

@@ -60,6 +60,7 @@ kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path, kpl
     json_t *g = json_object_get(t, "rngs"); /* per model; "rng": the one model's */
     m->rng = json_incref(g ? g : json_object_get(t, "rng"));
     m->models = json_incref(json_object_get(j, "models"));
+    m->scales = json_incref(json_object_get(t, "loss_scale"));
     json_decref(j);
     if (st < 0) kpl__trainer_meta_free(m);
     return st;
@@ -69,7 +70,8 @@ void kpl__trainer_meta_free(kpl__resume_meta *m)
 {
     json_decref(m->rng);
     json_decref(m->models);
-    m->rng = m->models = NULL;
+    json_decref(m->scales);
+    m->rng = m->models = m->scales = NULL;
 }
 
 /* "optim.<model>.<param>.<slot>"; checkpoints from before the task
@@ -187,6 +189,18 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
                      want);
 }
 
+/* fp16's loss scale and its count of good updates, as saved; a checkpoint
+ * without them (another precision, or older) leaves the recipe's start. */
+static void restore_scale(kpl_trainer *t, kpl__model *md, const json_t *scales)
+{
+    json_t *v = json_object_get(scales, md->name);
+    if (t->r->precision != KPL_PRECISION_FP16 || !json_is_array(v) || json_array_size(v) != 2)
+        return;
+    json_t *s = json_array_get(v, 0), *g = json_array_get(v, 1);
+    if (json_is_number(s) && json_number_value(s) > 0) md->scale = json_number_value(s);
+    if (json_is_integer(g) && json_integer_value(g) >= 0) md->scale_good = json_integer_value(g);
+}
+
 kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm)
 {
     kpl_checkpoint *c = t->resume;
@@ -212,6 +226,7 @@ kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm
                 if (x) KPL_TRY(kpl_optim_state_set(md->opt, i, s, x));
             }
         restore_rng(t, k, rm->rng);
+        restore_scale(t, md, rm->scales);
     }
     if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, c));
     t->step = rm->step;
@@ -316,6 +331,14 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
     json_object_set_new(train, "lr", json_real(kpl_optim_lr(t->models[0].opt)));
     json_object_set_new(train, "eval_pending", json_boolean(t->eval_pending));
     json_object_set_new(train, "skipped_steps", json_integer(t->skipped_steps));
+    if (t->r->precision == KPL_PRECISION_FP16) {
+        json_t *scales = json_object();
+        for (int k = 0; k < t->nmodels; k++)
+            json_object_set_new(scales, t->models[k].name,
+                                json_pack("[fI]", t->models[k].scale,
+                                          (json_int_t)t->models[k].scale_good));
+        json_object_set_new(train, "loss_scale", scales);
+    }
     json_object_set_new(train, "skipped_examples", json_integer(t->skipped_examples));
     json_t *models = json_array();
     for (int k = 0; k < t->nmodels; k++) {

@@ -43,24 +43,58 @@ void kpl__trainer_ranks_from_env(kpl_trainer *R)
     }
 }
 
+/* Whether s is "cuda" or "cuda:N" (N decimal digits). */
+static bool names_cuda(const char *s)
+{
+    if (!strcmp(s, "cuda")) return true;
+    if (strncmp(s, "cuda:", 5) || !s[5]) return false;
+    for (const char *p = s + 5; *p; p++)
+        if (*p < '0' || *p > '9') return false;
+    return strlen(s + 5) <= 4;
+}
+
+kpl_status kpl__trainer_device_choice(const char *device, const char *env, int gpus,
+                                      const char *why, int32_t local_rank, char *name, size_t len)
+{
+    if (!why || !*why) why = "CUDA reports no device";
+    bool have_env = env && *env;
+    KPL_CHECK(!have_env || !strcmp(env, "cpu") || names_cuda(env), KPL_EINVAL,
+              "KPL_DEVICE='%s' (from the launcher's environment) is not a device: expected "
+              "cpu or cuda:N", env);
+    bool env_cuda = have_env && names_cuda(env);
+    if (!strcmp(device, "auto") && have_env) {
+        /* kplrun's pick: cuda:N only when it saw NVIDIA GPUs on this node.
+         * Training on the CPU instead would be a silent 10-100x slowdown
+         * of a job that was given GPUs. */
+        KPL_CHECK(!env_cuda || gpus > 0, KPL_EDEVICE,
+                  "device auto: the launcher found NVIDIA GPUs on this node and gave this "
+                  "rank KPL_DEVICE=%s, but CUDA cannot use any: %s (fix the driver, or start "
+                  "the fabric manager on an NVSwitch node; device: cpu trains on the CPU "
+                  "on purpose)", env, why);
+        snprintf(name, len, "%s", env);
+    } else if (!strcmp(device, "auto")) {
+        if (gpus > 0) snprintf(name, len, "cuda:%d", (int)(local_rank % gpus));
+        else snprintf(name, len, "cpu");
+    } else if (!strcmp(device, "cuda")) {
+        KPL_CHECK(gpus > 0, KPL_EDEVICE, "device: cuda asked for, but CUDA cannot use any "
+                  "GPU: %s", why);
+        /* The launcher's pick counts only the GPUs this rank sees
+         * (CUDA_VISIBLE_DEVICES); without one, a GPU per node-local rank. */
+        if (env_cuda) snprintf(name, len, "%s", env);
+        else snprintf(name, len, "cuda:%d", (int)(local_rank % gpus));
+    } else {
+        snprintf(name, len, "%s", device); /* cpu or cuda:N: kpl_device_get checks it */
+    }
+    return KPL_OK;
+}
+
 kpl_status kpl__trainer_pick_device(kpl_trainer *R)
 {
-    const char *d = R->r->device;
-    int gpus = kpl_device_count(KPL_DEVICE_CUDA);
-    char name[32];
-    const char *chosen = getenv("KPL_DEVICE"); /* kplrun's pick for this rank */
-    if (!strcmp(d, "auto") && chosen && (!strcmp(chosen, "cpu") || gpus > 0)) {
-        snprintf(name, sizeof name, "%s", chosen);
-    } else if (!strcmp(d, "auto")) {
-        if (gpus > 0) snprintf(name, sizeof name, "cuda:%d", R->local_rank % gpus);
-        else snprintf(name, sizeof name, "cpu");
-    } else if (!strcmp(d, "cuda")) {
-        KPL_CHECK(gpus > 0, KPL_EDEVICE, "device: cuda asked for, but no CUDA GPU was found%s",
-                  kpl_device_type_built(KPL_DEVICE_CUDA) ? "" : " (this kpl has no CUDA backend)");
-        snprintf(name, sizeof name, "cuda:%d", R->local_rank % gpus);
-    } else {
-        snprintf(name, sizeof name, "%s", d);
-    }
+    char name[48];
+    KPL_TRY(kpl__trainer_device_choice(R->r->device, getenv("KPL_DEVICE"),
+                                       kpl_device_count(KPL_DEVICE_CUDA),
+                                       kpl_device_unavailable_reason(KPL_DEVICE_CUDA),
+                                       R->local_rank, name, sizeof name));
     return kpl_device_get(name, &R->dev);
 }
 
