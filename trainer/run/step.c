@@ -239,18 +239,27 @@ static double lr_now(const kpl_trainer *t)
 static kpl_status unscale(kpl_trainer *t, kpl__model *md, double *norm)
 {
     const kpl_recipe *r = t->r;
-    KPL_TRY(kpl_clip_grad_norm(md->np, md->params, 0, norm));
-    if (!isfinite(*norm)) {
+    /* one pass over the gradients: divided by the scale, and checked
+     * (kpl_k_amp_unscale); the flag is read once, after the last */
+    kpl_tensor *found = NULL;
+    int64_t one = 1;
+    double inf = 0;
+    KPL_TRY(kpl_tensor_empty(t->dev, KPL_F32, 1, &one, &found));
+    kpl_status st = kpl_k_fill(found, 0);
+    for (int i = 0; st >= 0 && i < md->np; i++) {
+        kpl_tensor *g = kpl_grad_get(md->params[i]);
+        if (g) st = kpl_k_amp_unscale(g, 1.0 / md->scale, found);
+    }
+    if (st >= 0) st = kpl_tensor_get(found, 0, &inf);
+    kpl_tensor_release(found);
+    KPL_TRY(st);
+    if (inf != 0) {
+        *norm = INFINITY;
         md->scale *= r->loss_scale.backoff;
         md->scale_good = 0;
         return KPL_OK;
     }
-    double inv = 1.0 / md->scale;
-    for (int i = 0; i < md->np; i++) {
-        kpl_tensor *g = kpl_grad_get(md->params[i]);
-        if (g) KPL_TRY(kpl_k_binary_scalar(g, KPL_BIN_MUL, g, inv, false));
-    }
-    *norm *= inv;
+    *norm = 0;
     if (r->optimizer.clip_grad_norm > 0)
         KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, norm));
     if (++md->scale_good >= r->loss_scale.interval) {
