@@ -11,6 +11,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels.h"
@@ -70,6 +71,22 @@ static inline void assert_close(double a, double b, double rtol, double atol, co
     if (isinf(a) && isinf(b) && (a > 0) == (b > 0)) return;
     if (!(fabs(a - b) <= atol + rtol * fabs(b)))
         fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, a, b);
+}
+
+/* cuda:0 for a GPU test: exits 77 (ctest's skip) when there is no CUDA
+ * device, 1 when it cannot be opened. */
+static inline kpl_device *kpl_test_gpu(void)
+{
+    kpl_device *gpu = NULL;
+    if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
+        printf("no CUDA device: skipping\n");
+        exit(77);
+    }
+    if (kpl_device_get("cuda:0", &gpu) < 0) {
+        fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
+        exit(1);
+    }
+    return gpu;
 }
 
 #endif

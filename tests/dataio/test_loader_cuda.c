@@ -115,14 +115,7 @@ static void test_loader_cuda_batches(void **state)
 
 int main(void)
 {
-    if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
-        printf("no CUDA device: skipping\n");
-        return 77;
-    }
-    if (kpl_device_get("cuda:0", &gpu) < 0) {
-        fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
-        return 1;
-    }
+    gpu = kpl_test_gpu();
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_loader_cuda_batches),
     };

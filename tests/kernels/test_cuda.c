@@ -804,14 +804,7 @@ int main(void)
     if (dry && !strcmp(dry, "1")) {
         gpu = kpl_device_cpu();
     } else {
-        if (kpl_device_count(KPL_DEVICE_CUDA) == 0) {
-            printf("no CUDA device: skipping\n");
-            return 77;
-        }
-        if (kpl_device_get("cuda:0", &gpu) < 0) {
-            fprintf(stderr, "cuda:0: %s\n", kpl_last_error());
-            return 1;
-        }
+        gpu = kpl_test_gpu();
     }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_random_identical),
