@@ -117,6 +117,7 @@ typedef struct {
         int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
     } loss;
     kpl_precision precision;
+    bool tf32;                  /* CUDA: f32 math on TF32 tensor cores (kpl_set_tf32) */
     struct { /* fp16's dynamic loss scale (torch.cuda.amp.GradScaler's) */
         double init, growth, backoff;
         int64_t interval;

@@ -10,7 +10,8 @@
 #            record in metrics.jsonl), and the model still learns
 #   resume   fp16 stopped after 12 steps and resumed: the losses and the
 #            loss scale of steps 13..24 equal an uninterrupted run's
-#   errors   a bad precision or loss scale is refused, naming the key
+#   errors   a bad precision, loss scale or tf32 is refused, naming the key;
+#            good ones reach the resolved recipe
 set -euo pipefail
 case_=$1 kpl=$2 src=$3
 . "$(dirname "$0")/e2e_common.sh"
@@ -95,6 +96,12 @@ errors)
   expect_usage_error "precision" "precision: expected one of f32, bf16, fp16; got 'f8'" train "$recipe" precision=f8 --print-config
   expect_usage_error "backoff" "loss_scale.backoff: 2 is out of range" train "$recipe" \
     loss_scale.backoff=2 --print-config
+  expect_usage_error "tf32" "tf32: expected true or false, got 'maybe'" train "$recipe" \
+    tf32=maybe --print-config
+  "$kpl" train "$recipe" tf32=true precision=bf16 --print-config > cfg.txt 2> err.txt \
+    || die "tf32=true: $(cat err.txt)"
+  grep -q '^tf32: true$' cfg.txt && grep -q '^precision: bf16$' cfg.txt \
+    || die "the resolved recipe lacks tf32/precision: $(head -20 cfg.txt)"
   ;;
 *) die "unknown case" ;;
 esac

@@ -189,6 +189,9 @@ const field kpl__rc_fields[] = {
     F_ENUM("precision", precision, "f32", kpl_precision_names,
            "math of convolutions and matmuls: f32, bf16 or fp16 (mixed precision: parameters, "
            "norms, reductions and losses stay f32; docs/precision.md)"),
+    F_BOOL("tf32", tf32, "false",
+           "CUDA: f32 convolutions and matmuls on TF32 tensor cores (Ampere and later; about "
+           "1e-3 relative error per product)"),
     F_FLOAT("loss_scale.init", loss_scale.init, "65536", 1, 1e30,
             "fp16: the dynamic loss scale to start with"),
     F_FLOAT("loss_scale.growth", loss_scale.growth, "2", 1, 1e6,

@@ -708,6 +708,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     if (st >= 0) st = task_keys(t);
     while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);
+    if (st >= 0) kpl_set_tf32(t->r->tf32);
     if (st >= 0) st = opts.checkpoint ? start_eval(t, opts.checkpoint) : start(t, opts.resume);
     if (st == KPL_ECANCELED) {
         kpl__log_info(&t->log, "stopped by %s during start-up, before the first step: %s",
