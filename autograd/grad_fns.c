@@ -466,8 +466,9 @@ G(PAD_ROWS)
  *   gx = gamma inv (gy - mean(gy) - xhat mean(gy xhat)),
  *   ggamma = sum(gy xhat), gbeta = sum(gy), xhat = (x - mean) inv.
  * The two terms of gx nearly cancel when gy is nearly parallel to xhat
- * (always so with two values per channel), so f32 runs the recorded
- * formula in f64, as the kernel does (kernels/cpu/cpu_norm.c). */
+ * (always so with two values per channel), so f32 (and f16/bf16, whose
+ * gamma is f32) runs the recorded formula in f64, as the kernel does
+ * (kernels/cpu/cpu_norm.c). */
 G(BATCH_NORM)
 {
     kpl_tensor *x = IN(0), *gamma = IN(1);
@@ -480,8 +481,9 @@ G(BATCH_NORM)
         kpl_device *dev = kpl_tensor_device(x);
         kpl_dtype dt = kpl_tensor_dtype(x);
         kpl_tensor *gx = WANT(0) ? kpl_empty(dev, dt, nd, kpl_tensor_shape(x)) : NULL;
-        kpl_tensor *gg = WANT(1) ? kpl_empty(dev, dt, 1, &c) : NULL;
-        kpl_tensor *gb = WANT(2) ? kpl_empty(dev, dt, 1, &c) : NULL;
+        kpl_dtype pdt = kpl_tensor_dtype(gamma); /* f32 under f16/bf16 activations */
+        kpl_tensor *gg = WANT(1) ? kpl_empty(dev, pdt, 1, &c) : NULL;
+        kpl_tensor *gb = WANT(2) ? kpl_empty(dev, pdt, 1, &c) : NULL;
         if ((WANT(0) && !gx) || (WANT(1) && !gg) || (WANT(2) && !gb)) return kpl_last_status();
         KPL_TRY(kpl_k_batch_norm_bwd(gx, gg, gb, x, gy, gamma, eps));
         gin[0] = gx, gin[1] = gg, gin[2] = gb;
@@ -489,8 +491,8 @@ G(BATCH_NORM)
     }
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
-    kpl_dtype dt = kpl_tensor_dtype(x);
-    if (dt == KPL_F32) {
+    kpl_dtype dt = kpl_tensor_dtype(x), pdt = kpl_tensor_dtype(gamma);
+    if (dt != KPL_F64) { /* f16/bf16 activations come with f32 gamma */
         x = kpl_cast(x, KPL_F64);
         gamma = kpl_cast(gamma, KPL_F64);
         gy = kpl_cast(gy, KPL_F64);
@@ -506,8 +508,8 @@ G(BATCH_NORM)
     }
     if (WANT(1)) gin[1] = kpl_sum(gyx, axes, na, false);
     if (WANT(2)) gin[2] = kpl_sum(gy, axes, na, false);
-    for (int i = 0; i < 3 && dt == KPL_F32; i++)
-        if (gin[i]) gin[i] = kpl_cast(gin[i], dt);
+    for (int i = 0; i < 3 && dt != KPL_F64; i++)
+        if (gin[i]) gin[i] = kpl_cast(gin[i], i ? pdt : dt);
     return KPL_OK;
 }
 

@@ -114,6 +114,8 @@ typedef enum {
     KPL_AUTOCAST_LOW,     /* runs in the autocast dtype */
     KPL_AUTOCAST_F32,     /* low-precision inputs are cast to f32 */
     KPL_AUTOCAST_PROMOTE, /* mixed float inputs meet in the wider dtype */
+    KPL_AUTOCAST_MIXED,   /* low activations stay low, parameters and statistics
+                             f32 (batch norm; f32 where the device has no such kernel) */
 } kpl_autocast_class;
 
 /* The class of an op under autocast (KEEP for ops outside the list). */

@@ -380,8 +380,24 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
                            kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
                            double momentum, double eps)
 {
-    x = kpl__autocast(KPL_OP_BATCH_NORM, x); /* statistics and result in f32 */
     if (!x) return NULL;
+    /* f16/bf16 activations stay so (statistics and parameters in f32)
+     * where the device has that kernel; otherwise, and in eval mode, whose
+     * composed form meets f32 running statistics, they become f32. */
+    kpl_dtype xdt = kpl_tensor_dtype(x);
+    bool half = xdt == KPL_F16 || xdt == KPL_BF16;
+    if (half && (!training || !kpl_kernel_registered(KPL_KOP_BATCH_NORM,
+                                                     kpl_device_type_of(kpl_tensor_device(x)),
+                                                     xdt))) {
+        x = kpl_cast(x, KPL_F32);
+        half = false;
+    }
+    if (!x) return NULL;
+    kpl_tensor **affine_in[2] = {&gamma, &beta};
+    for (int i = 0; half && i < 2; i++)
+        if (*affine_in[i] && kpl_tensor_dtype(*affine_in[i]) != KPL_F32 &&
+            !(*affine_in[i] = kpl_cast(*affine_in[i], KPL_F32)))
+            return NULL;
     int nd = kpl_tensor_ndim(x);
     if (nd < 2) {
         KPL_ERROR(KPL_ESHAPE, "batch_norm: input must be (N, C, ...), got %d dims", nd);
@@ -417,7 +433,7 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
     }
     /* Training: one fused op; absent gamma/beta become constants. */
     kpl_device *dev = kpl_tensor_device(x);
-    kpl_dtype dt = kpl_tensor_dtype(x);
+    kpl_dtype dt = half ? KPL_F32 : kpl_tensor_dtype(x); /* of the per-channel vectors */
     if (!gamma) gamma = kpl_full(dev, dt, 1, &c, 1);
     if (!beta) beta = kpl_full(dev, dt, 1, &c, 0);
     kpl_tensor *mean = NULL, *var = NULL;

@@ -98,6 +98,13 @@ fail:
     return st;
 }
 
+/* Whether out's device runs `kop` on f16/bf16 itself (the CPU's
+ * element-wise loops do, in f32 over stack blocks); else via_f32. */
+static bool native_half(kpl_kop kop, const kpl_tensor *out, kpl_dtype dt)
+{
+    return kpl_kernel_registered(kop, out->storage->dev->type, dt);
+}
+
 static kpl_status via_f32(kpl_kop kop, kpl_tensor *out, bool direct, const kpl_tensor *a,
                           const kpl_tensor *b, const void *attrs)
 {
@@ -460,7 +467,8 @@ kpl_status kpl_k_unary(kpl_tensor *out, kpl_unary_op op, const kpl_tensor *x,
         KPL_CHECK(alpha <= beta, KPL_EINVAL, "clip: lo %g is greater than hi %g", alpha, beta);
     if (x->numel == 0) return KPL_OK;
     kpl_unary_attrs attrs = {op, alpha, beta};
-    if (is_half(dt)) return via_f32(KPL_KOP_UNARY, out, false, x, NULL, &attrs);
+    if (is_half(dt) && !native_half(KPL_KOP_UNARY, out, dt))
+        return via_f32(KPL_KOP_UNARY, out, false, x, NULL, &attrs);
     return dispatch(KPL_KOP_UNARY, dt, out, x, NULL, NULL, &attrs);
 }
 
@@ -512,7 +520,7 @@ static kpl_status binary_run(kpl_tensor *out, kpl_binary_attrs *attrs,
     const kpl_tensor *ins[2] = {a, b};
     plan_build(&attrs->plan, n, shape, b ? 2 : 1, ins);
 
-    if (is_half(dt))
+    if (is_half(dt) && !native_half(KPL_KOP_BINARY, out, dt))
         return via_f32(KPL_KOP_BINARY, out, kpl_binary_is_compare(attrs->op), a, b, attrs);
     return dispatch(KPL_KOP_BINARY, dt, out, a, b, NULL, attrs);
 }
@@ -1359,13 +1367,20 @@ static kpl_status random_fill(const char *name, kpl_tensor *out, kpl_rng *rng, i
 
 /* ---- batch norm ------------------------------------------------------------------ */
 
-/* Checks `t` is (C) when given, like x and on x's device. */
+/* The dtype of batch norm's per-channel vectors: x's, or f32 for f16/bf16
+ * activations (the statistics of the mixed-precision form). */
+static kpl_dtype bn_vec_dtype(const kpl_tensor *x)
+{
+    return is_half(x->dtype) ? KPL_F32 : x->dtype;
+}
+
+/* Checks `t` is (C) when given, of bn_vec_dtype and on x's device. */
 static kpl_status bn_vec(const char *op, const kpl_tensor *t, const char *name,
                          const kpl_tensor *x)
 {
     if (!t) return KPL_OK;
     KPL_TRY(same_device(op, t, name, x, "x"));
-    KPL_TRY(want_dtype(op, t, name, x->dtype));
+    KPL_TRY(want_dtype(op, t, name, bn_vec_dtype(x)));
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
     KPL_CHECK(t->ndim == 1 && t->shape[0] == x->shape[1], KPL_ESHAPE,
               "%s: '%s' has shape %s, expected (%lld) for input %s", op, name, KPL_SHAPE(t, b1),
@@ -1377,8 +1392,9 @@ static kpl_status bn_common(const char *op, const kpl_tensor *x, kpl_bn_attrs *a
 {
     char b1[KPL_SHAPE_BUF];
     KPL_CHECK(x->ndim >= 2, KPL_ESHAPE, "%s: input %s must be (N, C, ...)", op, KPL_SHAPE(x, b1));
-    KPL_CHECK(x->dtype == KPL_F32 || x->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: dtype %s (f32 or f64 only)", op, kpl_dtype_name(x->dtype));
+    KPL_CHECK(kpl_dtype_is_float(x->dtype), KPL_EDTYPE,
+              "%s: dtype %s (f32, f64, or f16/bf16 with f32 statistics)", op,
+              kpl_dtype_name(x->dtype));
     KPL_CHECK(eps >= 0, KPL_EINVAL, "%s: eps %g must not be negative", op, eps);
     a->n = x->shape[0];
     a->c = x->shape[1];

@@ -7,9 +7,13 @@
  * picked at load time for the CPU at hand.  The outer driver splits the
  * flat output range across OpenMP threads and walks the broadcast plan one
  * run (row) at a time, so the inner loops only ever see stride 1 or 0.
+ * f16 and bf16 run the f32 loops over blocks widened on the stack and
+ * round the results back (half_row): one pass over memory and f32 math
+ * rounded once, as kpl_k_cast would round an f32 result.
  */
 #include "../eltwise_math.h"
 #include "kernels_impl.h"
+#include "../convert_math.h"
 
 #include <omp.h>
 #include <string.h>
@@ -213,6 +217,76 @@ static const un_fn *un_table(kpl_dtype dt)
     }
 }
 
+/* ---- f16 / bf16 ------------------------------------------------------------- */
+
+/* Values per stack block: three blocks of f32 stay in L1. */
+#define HALF_BLOCK 512
+
+KPL_CLONES static void widen_bf16(float *d, const uint16_t *s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) d[i] = kpl_cvt_bf16_to_f32(s[i]);
+}
+KPL_CLONES static void narrow_bf16(uint16_t *d, const float *s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) d[i] = kpl_cvt_f32_to_bf16(s[i]);
+}
+static void widen_f16(float *d, const uint16_t *s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) d[i] = kpl_cvt_f16_to_f32(s[i]);
+}
+static void narrow_f16(uint16_t *d, const float *s, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) d[i] = kpl_cvt_f32_to_f16(s[i]);
+}
+
+static void widen(kpl_dtype dt, float *d, const void *s, int64_t n)
+{
+    (dt == KPL_BF16 ? widen_bf16 : widen_f16)(d, s, n);
+}
+static void narrow(kpl_dtype dt, void *d, const float *s, int64_t n)
+{
+    (dt == KPL_BF16 ? narrow_bf16 : narrow_f16)(d, s, n);
+}
+
+/* One binary row: the loop `fn` (f32) and how to read and write it.
+ * For f16/bf16 (`half`), an operand marked f32 is the scalar of a
+ * scalar op, kept in f32 as the f32 kernel would see it; compare
+ * results (`cmp`) are bools, written as they are. */
+typedef struct {
+    bin_fn fn;
+    kpl_dtype dt;
+    bool half, cmp, a_f32, b_f32;
+} bin_job;
+
+static void half_operand(const bin_job *j, float *d, const char *p, bool f32, bool fixed,
+                         int64_t at, int64_t m)
+{
+    if (f32) d[0] = *(const float *)p;
+    else if (fixed) widen(j->dt, d, p, 1);
+    else widen(j->dt, d, p + 2 * at, m);
+}
+
+static void run_row(const bin_job *j, char *po, const char *pa, const char *pb, int64_t n,
+                    int mode)
+{
+    if (!j->half) {
+        j->fn(po, pa, pb, n, mode);
+        return;
+    }
+    float fa[HALF_BLOCK], fb[HALF_BLOCK], fo[HALF_BLOCK];
+    for (int64_t i = 0; i < n; i += HALF_BLOCK) {
+        int64_t m = n - i < HALF_BLOCK ? n - i : HALF_BLOCK;
+        half_operand(j, fa, pa, j->a_f32, mode == 2, i, m);
+        half_operand(j, fb, pb, j->b_f32, mode == 1, i, m);
+        if (j->cmp) {
+            j->fn(po + i, fa, fb, m, mode);
+        } else {
+            j->fn(fo, fa, fb, m, mode);
+            narrow(j->dt, po + 2 * i, fo, m);
+        }
+    }
+}
+
 /* ---- drivers ---------------------------------------------------------------- */
 
 /* Splits [0, total) into one contiguous range per thread (memory-bound work
@@ -225,8 +299,9 @@ static int chunk_count(int64_t total)
     return (int)(by_grain < nt ? by_grain : nt);
 }
 
-/* Output elements [s, e) of a binary plan, one row segment at a time. */
-static void binary_range(const kpl_ew_plan *p, bin_fn fn, char *po, const char *pa,
+/* Output elements [s, e) of a binary plan, one row segment at a time;
+ * es, eo: element sizes of a, b and of the output. */
+static void binary_range(const kpl_ew_plan *p, const bin_job *j, char *po, const char *pa,
                          const char *pb, size_t es, size_t eo, int mode, int64_t s, int64_t e)
 {
     int64_t inner = p->shape[p->ndim - 1];
@@ -236,7 +311,7 @@ static void binary_range(const kpl_ew_plan *p, bin_fn fn, char *po, const char *
         int64_t len = inner - col < e - s ? inner - col : e - s;
         int64_t oa = kpl__plan_offset(p, 0, row * inner) + col * sa;
         int64_t ob = kpl__plan_offset(p, 1, row * inner) + col * sb;
-        fn(po + s * eo, pa + oa * es, pb + ob * es, len, mode);
+        run_row(j, po + s * eo, pa + oa * es, pb + ob * es, len, mode);
         s += len;
     }
 }
@@ -246,10 +321,12 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     const kpl_binary_attrs *at = args->attrs;
     const kpl_tensor *a = args->in[0], *b = args->in[1];
     kpl_dtype dt = a->dtype;
-    bin_fn fn = bin_table(dt)[at->op];
-    KPL_ASSERT(fn != NULL, "binary loop missing");
+    bool half = dt == KPL_F16 || dt == KPL_BF16;
+    bin_job j = {.dt = dt, .half = half, .cmp = kpl_binary_is_compare(at->op)};
+    j.fn = bin_table(half ? KPL_F32 : dt)[at->op];
+    KPL_ASSERT(j.fn != NULL, "binary loop missing");
     size_t es = kpl_dtype_size(dt);
-    size_t eo = kpl_binary_is_compare(at->op) ? 1 : es;
+    size_t eo = j.cmp ? 1 : es;
 
     kpl_ew_plan p = at->plan;
     const char *pa = kpl__cdata(a);
@@ -257,13 +334,14 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     union { float f; double d; int32_t i; int64_t l; uint8_t u; } sc;
     if (at->has_scalar) {
         switch (dt) {
-        case KPL_F32: sc.f = (float)at->scalar; break;
+        case KPL_F32: case KPL_F16: case KPL_BF16: sc.f = (float)at->scalar; break;
         case KPL_F64: sc.d = at->scalar; break;
         case KPL_I32: sc.i = (int32_t)at->scalar; break;
         case KPL_I64: sc.l = (int64_t)at->scalar; break;
         default: sc.u = (uint8_t)at->scalar; break;
         }
         pb = (const char *)&sc;
+        j.b_f32 = half;
         if (at->scalar_first) { /* s op a: the scalar is the first operand */
             for (int d = 0; d < p.ndim; d++) {
                 p.stride[1][d] = p.stride[0][d];
@@ -271,6 +349,8 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
             }
             pb = pa;
             pa = (const char *)&sc;
+            j.a_f32 = half;
+            j.b_f32 = false;
         }
     } else {
         pb = kpl__cdata(b);
@@ -282,12 +362,12 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
 #ifdef KPL_HAVE_STREAM
     if (dt == KPL_F32 && mode == 0 && total * 4 >= STREAM_MIN_BYTES) {
         bin_fn sf = stream_variant(at->op);
-        if (sf) fn = sf;
+        if (sf) j.fn = sf;
     }
 #endif
     int nchunks = chunk_count(total);
     KPL_PARALLEL_FOR(c, nchunks,
-        binary_range(&p, fn, po, pa, pb, es, eo, mode, total * c / nchunks,
+        binary_range(&p, &j, po, pa, pb, es, eo, mode, total * c / nchunks,
                      total * (c + 1) / nchunks);
     );
     return KPL_OK;
@@ -297,16 +377,28 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
 {
     const kpl_unary_attrs *at = args->attrs;
     const kpl_tensor *x = args->in[0];
-    un_fn fn = un_table(x->dtype)[at->op];
+    kpl_dtype dt = x->dtype;
+    bool half = dt == KPL_F16 || dt == KPL_BF16;
+    un_fn fn = un_table(half ? KPL_F32 : dt)[at->op];
     KPL_ASSERT(fn != NULL, "unary loop missing");
-    size_t es = kpl_dtype_size(x->dtype);
+    size_t es = kpl_dtype_size(dt);
     const char *px = kpl__cdata(x);
     char *po = kpl__data(args->out);
     int64_t total = x->numel;
     int nchunks = chunk_count(total);
     KPL_PARALLEL_FOR(c, nchunks,
         int64_t s = total * c / nchunks, e = total * (c + 1) / nchunks;
-        fn(po + s * es, px + s * es, e - s, at->alpha, at->beta);
+        if (!half) {
+            fn(po + s * es, px + s * es, e - s, at->alpha, at->beta);
+            continue;
+        }
+        float fx[HALF_BLOCK], fo[HALF_BLOCK];
+        for (int64_t i = s; i < e; i += HALF_BLOCK) {
+            int64_t m = e - i < HALF_BLOCK ? e - i : HALF_BLOCK;
+            widen(dt, fx, px + 2 * i, m);
+            fn(fo, fx, m, at->alpha, at->beta);
+            narrow(dt, po + 2 * i, fo, m);
+        }
     );
     return KPL_OK;
 }
@@ -358,10 +450,11 @@ static kpl_status cpu_where(const kpl_kernel_args *args)
 
 void kpl__cpu_register_eltwise(void)
 {
-    static const kpl_dtype bin_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64, KPL_U8, KPL_BOOL};
+    static const kpl_dtype bin_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64, KPL_U8, KPL_BOOL,
+                                          KPL_F16, KPL_BF16};
     for (size_t i = 0; i < sizeof bin_types / sizeof bin_types[0]; i++)
         kpl_kernel_register(KPL_KOP_BINARY, KPL_DEVICE_CPU, bin_types[i], cpu_binary);
-    static const kpl_dtype un_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64};
+    static const kpl_dtype un_types[] = {KPL_F32, KPL_F64, KPL_I32, KPL_I64, KPL_F16, KPL_BF16};
     for (size_t i = 0; i < sizeof un_types / sizeof un_types[0]; i++)
         kpl_kernel_register(KPL_KOP_UNARY, KPL_DEVICE_CPU, un_types[i], cpu_unary);
     for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++)

@@ -23,8 +23,15 @@
  * explicit lanes (BN_FOLD), and the per-channel loops are built for AVX2
  * and AVX-512 too (KPL_CLONES; kernels/CMakeLists.txt turns off FMA
  * contraction for this file, so every build rounds alike).
+ *
+ * Under mixed precision x and y are f16/bf16 while gamma, beta and the
+ * statistics stay f32: the sums are the same double sums of the widened
+ * values, and only y and the input gradient are rounded to 16 bits, so
+ * the activations cross memory at half the bytes (no f32 copies of them).
  */
+#include "../eltwise_math.h"
 #include "kernels_impl.h"
+#include "../convert_math.h"
 
 #include <math.h>
 
@@ -52,23 +59,24 @@ static double lanes_total(const double *l)
     return ((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]));
 }
 
-/* The terms of the sums: x; (x - m)^2; gy and gy (x - m). */
-#define ACC_X(j, k) s[j] += (double)x[k]
+/* The terms of the sums: x; (x - m)^2; gy and gy (x - m).  LD(p, k)
+ * reads element k of p as a float or double. */
+#define ACC_X(j, k) s[j] += (double)LD(x, k)
 #define ACC_SQDEV(j, k)                                                                   \
     do {                                                                                  \
-        double d_ = (double)x[k] - m;                                                     \
+        double d_ = (double)LD(x, k) - m;                                                 \
         q[j] += d_ * d_;                                                                  \
     } while (0)
 #define ACC_GRAD(j, k)                                                                    \
     do {                                                                                  \
-        double g_ = (double)gy[k];                                                        \
+        double g_ = (double)LD(gy, k);                                                    \
         sg[j] += g_;                                                                      \
-        sgx[j] += g_ * ((double)x[k] - m);                                                \
+        sgx[j] += g_ * ((double)LD(x, k) - m);                                            \
     } while (0)
 
 /* Mean and biased variance of channel c. */
-#define BN_STATS(T)                                                                       \
-    static inline void stats_##T(const T *x, const kpl_bn_attrs *a, int64_t c,             \
+#define BN_STATS(N, T)                                                                    \
+    static inline void stats_##N(const T *x, const kpl_bn_attrs *a, int64_t c,             \
                                  double *mean, double *var)                               \
     {                                                                                     \
         double cnt = (double)(a->n * a->hw), s[BN_LANES] = {0}, q[BN_LANES] = {0};        \
@@ -79,35 +87,40 @@ static double lanes_total(const double *l)
         *var = lanes_total(q) / cnt;                                                      \
     }
 
-/* One channel each; the OpenMP loops over channels call them. */
-#define BN_KERNELS(T)                                                                     \
-    BN_STATS(T)                                                                           \
-    KPL_CLONES static void fwd_chan_##T(const T *x, const T *g, const T *b, T *y, T *mo,   \
-                                        T *vo, const kpl_bn_attrs *a, int64_t c)          \
+/* One channel each; the OpenMP loops over channels call them.  N names
+ * the variant; T is the dtype of x, y and their gradients, P that of
+ * gamma, beta, the statistics and their gradients: f32 and f64
+ * throughout, or f16/bf16 activations with f32 parameters and statistics
+ * (the mixed-precision form, as autocast runs it).  ST(v) rounds a
+ * computed value to T. */
+#define BN_KERNELS(N, T, P)                                                               \
+    BN_STATS(N, T)                                                                        \
+    KPL_CLONES static void fwd_chan_##N(const T *x, const P *g, const P *b, T *y, P *mo,   \
+                                        P *vo, const kpl_bn_attrs *a, int64_t c)          \
     {                                                                                     \
         double m, v;                                                                      \
-        stats_##T(x, a, c, &m, &v);                                                       \
-        if (mo) mo[c] = (T)m;                                                             \
-        if (vo) vo[c] = (T)v;                                                             \
+        stats_##N(x, a, c, &m, &v);                                                       \
+        if (mo) mo[c] = (P)m;                                                             \
+        if (vo) vo[c] = (P)v;                                                             \
         double inv = 1.0 / sqrt(v + a->eps);                                              \
-        T scale = (T)((double)g[c] * inv), shift = (T)((double)b[c] - m * (double)g[c] * inv); \
+        P scale = (P)((double)g[c] * inv), shift = (P)((double)b[c] - m * (double)g[c] * inv); \
         for (int64_t n = 0; n < a->n; n++) {                                              \
             const T *r = x + (n * a->c + c) * a->hw;                                      \
             T *o = y + (n * a->c + c) * a->hw;                                            \
-            for (int64_t i = 0; i < a->hw; i++) o[i] = r[i] * scale + shift;              \
+            for (int64_t i = 0; i < a->hw; i++) o[i] = ST(LD(r, i) * scale + shift);       \
         }                                                                                 \
     }                                                                                     \
-    KPL_CLONES static void bwd_chan_##T(const T *x, const T *gy, const T *g, T *gx, T *gg, \
-                                        T *gb, const kpl_bn_attrs *a, int64_t c)          \
+    KPL_CLONES static void bwd_chan_##N(const T *x, const T *gy, const P *g, T *gx, P *gg, \
+                                        P *gb, const kpl_bn_attrs *a, int64_t c)          \
     {                                                                                     \
         double m, v, cnt = (double)(a->n * a->hw);                                        \
-        stats_##T(x, a, c, &m, &v);                                                       \
+        stats_##N(x, a, c, &m, &v);                                                       \
         double inv = 1.0 / sqrt(v + a->eps), sg[BN_LANES] = {0}, sgx[BN_LANES] = {0};      \
         BN_FOLD(ACC_GRAD)                                                                 \
         double tg = lanes_total(sg), tgx = lanes_total(sgx);                              \
         /* sum(gy xhat) = inv sum(gy (x - mean)) */                                       \
-        if (gg) gg[c] = (T)(tgx * inv);                                                   \
-        if (gb) gb[c] = (T)tg;                                                            \
+        if (gg) gg[c] = (P)(tgx * inv);                                                   \
+        if (gb) gb[c] = (P)tg;                                                            \
         if (!gx) return;                                                                  \
         /* gx = gamma inv ((gy - mean(gy)) - (x - mean) inv^2 mean(gy (x - mean))) */     \
         double k = (double)g[c] * inv, mg = tg / cnt, kx = inv * inv * tgx / cnt;         \
@@ -115,40 +128,53 @@ static double lanes_total(const double *l)
             const T *r = x + (n * a->c + c) * a->hw, *d = gy + (n * a->c + c) * a->hw;     \
             T *o = gx + (n * a->c + c) * a->hw;                                           \
             for (int64_t i = 0; i < a->hw; i++)                                           \
-                o[i] = (T)(k * (((double)d[i] - mg) - ((double)r[i] - m) * kx));          \
+                o[i] = ST(k * (((double)LD(d, i) - mg) - ((double)LD(r, i) - m) * kx));    \
         }                                                                                 \
     }                                                                                     \
-    static void fwd_##T(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
+    static void fwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
-        const T *x = kpl__cdata(args->in[0]), *g = kpl__cdata(args->in[1]),               \
-                *b = kpl__cdata(args->in[2]);                                             \
+        const T *x = kpl__cdata(args->in[0]);                                             \
+        const P *g = kpl__cdata(args->in[1]), *b = kpl__cdata(args->in[2]);               \
         T *y = kpl__data(args->out);                                                      \
-        T *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_chan_##T(x, g, b, y, mo, vo, a, c););   \
+        P *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
+        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_chan_##N(x, g, b, y, mo, vo, a, c););   \
     }                                                                                     \
-    static void bwd_##T(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
+    static void bwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
-        const T *x = kpl__cdata(args->in[0]), *gy = kpl__cdata(args->in[1]),              \
-                *g = kpl__cdata(args->in[2]);                                             \
+        const T *x = kpl__cdata(args->in[0]), *gy = kpl__cdata(args->in[1]);             \
+        const P *g = kpl__cdata(args->in[2]);                                             \
         T *gx = a->gx ? kpl__data(a->gx) : NULL;                                          \
-        T *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
-        T *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, bwd_chan_##T(x, gy, g, gx, gg, gb, a, c););  \
+        P *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
+        P *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
+        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, bwd_chan_##N(x, gy, g, gx, gg, gb, a, c););  \
     }
 
-BN_KERNELS(float)
-BN_KERNELS(double)
+#define LD(p, k) ((p)[k])
+#define ST(v) (v)
+BN_KERNELS(float, float, float)
+BN_KERNELS(double, double, double)
+#undef LD
+#undef ST
+/* The rounding of ST is convert_math.h's (to nearest even), as kpl_k_cast's. */
+#define LD(p, k) kpl_cvt_bf16_to_f32((p)[k])
+#define ST(v) kpl_cvt_f32_to_bf16((float)(v))
+BN_KERNELS(bf16, uint16_t, float)
+#undef LD
+#undef ST
+#define LD(p, k) kpl_cvt_f16_to_f32((p)[k])
+#define ST(v) kpl_cvt_f32_to_f16((float)(v))
+BN_KERNELS(f16, uint16_t, float)
+#undef LD
+#undef ST
 
 static kpl_status cpu_batch_norm(const kpl_kernel_args *args)
 {
     const kpl_bn_attrs *a = args->attrs;
-    bool f32 = args->in[0]->dtype == KPL_F32;
-    if (a->bwd) {
-        if (f32) bwd_float(args, a);
-        else bwd_double(args, a);
-    } else {
-        if (f32) fwd_float(args, a);
-        else fwd_double(args, a);
+    switch (args->in[0]->dtype) {
+    case KPL_F32: (a->bwd ? bwd_float : fwd_float)(args, a); break;
+    case KPL_F64: (a->bwd ? bwd_double : fwd_double)(args, a); break;
+    case KPL_BF16: (a->bwd ? bwd_bf16 : fwd_bf16)(args, a); break;
+    default: (a->bwd ? bwd_f16 : fwd_f16)(args, a); break;
     }
     return KPL_OK;
 }
@@ -157,4 +183,6 @@ void kpl__cpu_register_norm(void)
 {
     kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F32, cpu_batch_norm);
     kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F64, cpu_batch_norm);
+    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_BF16, cpu_batch_norm);
+    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F16, cpu_batch_norm);
 }

@@ -10,6 +10,9 @@
  * |y| (the result rounded), plus f32's own accumulation error.  The same op
  * on |a| and |b| gives sum_k |a_k b_k| per element.
  *
+ * Batch norm and the element-wise ops on f16/bf16 are checked exactly:
+ * they compute in f32 (or double) on the widened values and round once.
+ *
  * Run twice by ctest: natively, and with ONEDNN_MAX_CPU_ISA=AVX2, where
  * bf16 has no native kernel and is computed in f32 (the same bound holds).
  */
@@ -60,7 +63,7 @@ static void test_policy_table(void **state)
     assert_int_equal(kpl_autocast_class_of(KPL_OP_CONV2D), KPL_AUTOCAST_LOW);
     assert_int_equal(kpl_autocast_class_of(KPL_OP_CONV2D_BWD_DATA), KPL_AUTOCAST_LOW);
     const kpl_op f32_ops[] = {KPL_OP_SUM, KPL_OP_MEAN, KPL_OP_VAR, KPL_OP_LOGSUMEXP,
-                              KPL_OP_EXP, KPL_OP_LOG, KPL_OP_BATCH_NORM, KPL_OP_POW,
+                              KPL_OP_EXP, KPL_OP_LOG, KPL_OP_POW,
                               KPL_OP_AVG_POOL2D, KPL_OP_PLANE_GATHER, KPL_OP_SOFTPLUS};
     for (size_t i = 0; i < sizeof f32_ops / sizeof *f32_ops; i++)
         assert_int_equal(kpl_autocast_class_of(f32_ops[i]), KPL_AUTOCAST_F32);
@@ -68,6 +71,7 @@ static void test_policy_table(void **state)
                            KPL_OP_INDEX_SELECT, KPL_OP_NEG, KPL_OP_CUSTOM};
     for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
         assert_int_equal(kpl_autocast_class_of(keep[i]), KPL_AUTOCAST_KEEP);
+    assert_int_equal(kpl_autocast_class_of(KPL_OP_BATCH_NORM), KPL_AUTOCAST_MIXED);
     assert_int_equal(kpl_autocast_class_of(KPL_OP_ADD), KPL_AUTOCAST_PROMOTE);
     assert_int_equal(kpl_autocast_class_of(KPL_OP_WHERE), KPL_AUTOCAST_PROMOTE);
     assert_int_equal(kpl_autocast_class_of(KPL_OP_COUNT), KPL_AUTOCAST_KEEP);
@@ -104,8 +108,17 @@ static void test_result_dtypes(void **state)
         assert_int_equal(kpl_tensor_dtype(NN(kpl_sub(f, y))), KPL_F32);
         assert_int_equal(kpl_tensor_dtype(NN(kpl_sum(y, NULL, 0, false))), KPL_F32);
         assert_int_equal(kpl_tensor_dtype(NN(kpl_exp(y))), KPL_F32);
-        kpl_tensor *bn = NN(kpl_batch_norm(y, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
-        assert_int_equal(kpl_tensor_dtype(bn), KPL_F32);
+        /* batch norm keeps low activations (f32 statistics and running
+         * statistics); eval mode's composed form runs in f32 */
+        kpl_tensor *rm = NN(kpl_full(cpu, KPL_F32, 1, (int64_t[]){4}, 0));
+        kpl_tensor *rv = NN(kpl_full(cpu, KPL_F32, 1, (int64_t[]){4}, 1));
+        kpl_tensor *bn = NN(kpl_batch_norm(y, NULL, NULL, rm, rv, true, 0.5, 1e-5));
+        assert_int_equal(kpl_tensor_dtype(bn), lo);
+        assert_int_equal(kpl_tensor_dtype(rm), KPL_F32);
+        assert_true(tget(rm, 0) != 0 && tget(rv, 0) != 1); /* updated from the batch */
+        assert_int_equal(kpl_tensor_dtype(NN(kpl_batch_norm(y, NULL, NULL, rm, rv, false, 0.1,
+                                                            1e-5))),
+                         KPL_F32);
         kpl_pool2d_params pp = {.kernel = {2, 2}, .stride = {2, 2}};
         assert_int_equal(kpl_tensor_dtype(NN(kpl_max_pool2d(y, &pp))), KPL_F32);
         kpl_tensor *h = NN(kpl_reshape(y, 2, (int64_t[]){2, 144}));
@@ -139,26 +152,30 @@ static void test_gradients_come_back_f32(void **state)
         kpl_pool *pool = kpl_pool_push();
         kpl_tensor *x = randn(4, (int64_t[]){4, 2, 8, 8});
         kpl_tensor *w = randn(4, (int64_t[]){6, 2, 3, 3}), *lw = randn(2, (int64_t[]){3, 96});
-        OK(kpl_set_requires_grad(w, true));
-        OK(kpl_set_requires_grad(lw, true));
+        kpl_tensor *gamma = NN(kpl_rand(cpu, KPL_F32, 1, (int64_t[]){6}, rng, 0.5, 1.5));
+        kpl_tensor *beta = randn(1, (int64_t[]){6});
+        kpl_tensor *ps[4] = {w, lw, gamma, beta};
+        for (int i = 0; i < 4; i++) OK(kpl_set_requires_grad(ps[i], true));
         kpl_conv2d_params p = {.stride = {2, 2}, .padding = {1, 1}, .dilation = {1, 1},
                                .groups = 1};
         int64_t lab[4] = {0, 2, 1, 2};
         kpl_tensor *labels = NULL;
         OK(kpl_tensor_from_data(cpu, KPL_I64, 1, (int64_t[]){4}, lab, &labels));
         kpl_autorelease(labels);
-        kpl_tensor *g32[2], *glo[2];
+        kpl_tensor *g32[4], *glo[4];
         for (int pass = 0; pass < 2; pass++) {
             OK(kpl_set_autocast(pass ? lows[l] : KPL_F32, NULL));
-            kpl_tensor *h = NN(kpl_relu(NN(kpl_conv2d(x, w, NULL, &p))));
+            kpl_tensor *c = NN(kpl_conv2d(x, w, NULL, &p));
+            kpl_tensor *bn = NN(kpl_batch_norm(c, gamma, beta, NULL, NULL, true, 0.1, 1e-5));
+            kpl_tensor *h = NN(kpl_relu(bn));
             kpl_tensor *logits = NN(kpl_linear(NN(kpl_reshape(h, 2, (int64_t[]){4, 96})), lw,
                                                NULL));
             kpl_tensor *loss = NN(kpl_cross_entropy(logits, labels, KPL_REDUCE_MEAN, 0, -100));
             OK(kpl_set_autocast(KPL_F32, NULL));
-            kpl_tensor *ps[2] = {w, lw}, **out = pass ? glo : g32;
-            OK(kpl_grad(loss, NULL, 2, ps, false, out));
+            kpl_tensor **out = pass ? glo : g32;
+            OK(kpl_grad(loss, NULL, 4, ps, false, out));
         }
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < 4; i++) {
             assert_int_equal(kpl_tensor_dtype(glo[i]), KPL_F32);
             double worst = 0, scale = 0;
             for (int64_t j = 0; j < kpl_tensor_numel(g32[i]); j++) {
@@ -297,6 +314,120 @@ static void test_exact_cases(void **state)
     }
 }
 
+/* Batch norm on f16/bf16 activations (f32 gamma, beta and statistics):
+ * the sums are the f32 kernel's double sums of the same widened values,
+ * so on inputs already rounded to the format, y and the input gradient
+ * are exactly the f32 kernel's results rounded once, and the statistics
+ * and parameter gradients are equal. */
+static void test_batch_norm_low(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    const int64_t shapes[3][4] = {{3, 5, 4, 6}, {8, 3, 1, 1}, {2, 4, 33, 1}};
+    for (int d = 0; d < 2; d++)
+        for (int s = 0; s < 3; s++) {
+            kpl_pool *pool = kpl_pool_push();
+            kpl_dtype dt = dts[d];
+            const int64_t *sh = shapes[s];
+            int64_t c = sh[1];
+            /* a large mean: the statistics must not cancel */
+            kpl_tensor *x = as(NN(kpl_randn(cpu, KPL_F32, 4, sh, rng, 3, 2)), dt);
+            kpl_tensor *gy = as(randn(4, sh), dt);
+            kpl_tensor *x32 = as(x, KPL_F32), *gy32 = as(gy, KPL_F32);
+            kpl_tensor *g = NN(kpl_rand(cpu, KPL_F32, 1, &c, rng, 0.5, 2));
+            kpl_tensor *b = randn(1, &c);
+            kpl_tensor *v[2][7]; /* y, mean, var, gx, gg, gb per precision */
+            for (int k = 0; k < 2; k++) {
+                kpl_dtype adt = k ? dt : KPL_F32;
+                v[k][0] = NN(kpl_empty(cpu, adt, 4, sh));
+                v[k][3] = NN(kpl_empty(cpu, adt, 4, sh));
+                for (int i = 1; i < 7; i++)
+                    if (i != 3) v[k][i] = NN(kpl_empty(cpu, KPL_F32, 1, &c));
+                OK(kpl_k_batch_norm(v[k][0], v[k][1], v[k][2], k ? x : x32, g, b, 1e-5));
+                OK(kpl_k_batch_norm_bwd(v[k][3], v[k][4], v[k][5], k ? x : x32, k ? gy : gy32,
+                                        g, 1e-5));
+            }
+            kpl_tensor *y_ref = as(v[0][0], dt), *gx_ref = as(v[0][3], dt);
+            for (int64_t i = 0; i < kpl_tensor_numel(x); i++) {
+                if (tget(v[1][0], i) != tget(y_ref, i))
+                    fail_msg("%s batch_norm y[%lld] = %.9g, f32 rounded %.9g", kpl_dtype_name(dt),
+                             (long long)i, tget(v[1][0], i), tget(y_ref, i));
+                if (tget(v[1][3], i) != tget(gx_ref, i))
+                    fail_msg("%s batch_norm gx[%lld] = %.9g, f32 rounded %.9g", kpl_dtype_name(dt),
+                             (long long)i, tget(v[1][3], i), tget(gx_ref, i));
+            }
+            for (int i = 1; i < 6; i++)
+                if (i != 3)
+                    for (int64_t j = 0; j < c; j++)
+                        assert_true(tget(v[1][i], j) == tget(v[0][i], j));
+            /* f16/bf16 statistics vectors are refused, with their name */
+            kpl_tensor *glo = as(g, dt);
+            FAILS(kpl_k_batch_norm(v[1][0], NULL, NULL, x, glo, b, 1e-5), KPL_EDTYPE, "gamma");
+            kpl_pool_pop(pool);
+        }
+}
+
+/* The CPU's element-wise loops on f16/bf16: every op equals the f32 op on
+ * the widened inputs, rounded once (what the f32 detour computed), across
+ * broadcasts, scalars on either side, blocks longer than the stack block,
+ * and in place. */
+static void test_eltwise_low(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    const int64_t sa[2] = {3, 1100}, sbs[3][2] = {{3, 1100}, {1, 1100}, {3, 1}};
+    for (int d = 0; d < 2; d++) {
+        kpl_pool *pool = kpl_pool_push();
+        kpl_dtype dt = dts[d];
+        kpl_tensor *a = as(NN(kpl_rand(cpu, KPL_F32, 2, sa, rng, 0.1, 3)), dt);
+        kpl_tensor *a32 = as(a, KPL_F32);
+        kpl_tensor *out = NN(kpl_empty(cpu, dt, 2, sa)), *o32 = NN(kpl_empty(cpu, KPL_F32, 2, sa));
+        kpl_tensor *ob = NN(kpl_empty(cpu, KPL_BOOL, 2, sa)), *ob32 = NN(kpl_empty(cpu, KPL_BOOL, 2, sa));
+        for (int u = 0; u < KPL_UNARY_COUNT; u++) {
+            OK(kpl_k_unary(out, (kpl_unary_op)u, a, 0.5, 2.0));
+            OK(kpl_k_unary(o32, (kpl_unary_op)u, a32, 0.5, 2.0));
+            kpl_tensor *ref = as(o32, dt);
+            for (int64_t i = 0; i < kpl_tensor_numel(out); i++)
+                if (!(tget(out, i) == tget(ref, i) || (isnan(tget(out, i)) && isnan(tget(ref, i)))))
+                    fail_msg("%s %s[%lld] = %.9g, f32 rounded %.9g", kpl_dtype_name(dt),
+                             kpl_unary_name((kpl_unary_op)u), (long long)i, tget(out, i),
+                             tget(ref, i));
+        }
+        for (int bs = 0; bs < 3; bs++) {
+            kpl_tensor *b = as(NN(kpl_rand(cpu, KPL_F32, 2, sbs[bs], rng, -2, 2)), dt);
+            kpl_tensor *b32 = as(b, KPL_F32);
+            for (int op = 0; op < KPL_BINARY_COUNT; op++) {
+                /* tensor op tensor, then the scalar forms (bs = 0 only) */
+                for (int form = 0; form < (bs ? 1 : 3); form++) {
+                    bool cmp = kpl_binary_is_compare((kpl_binary_op)op);
+                    kpl_tensor *o = cmp ? ob : out, *r = cmp ? ob32 : o32;
+                    if (form == 0) {
+                        OK(kpl_k_binary(o, (kpl_binary_op)op, a, b));
+                        OK(kpl_k_binary(r, (kpl_binary_op)op, a32, b32));
+                    } else {
+                        OK(kpl_k_binary_scalar(o, (kpl_binary_op)op, a, 1.3, form == 2));
+                        OK(kpl_k_binary_scalar(r, (kpl_binary_op)op, a32, 1.3, form == 2));
+                    }
+                    kpl_tensor *ref = cmp ? r : as(r, dt);
+                    for (int64_t i = 0; i < kpl_tensor_numel(o); i++) {
+                        double x = tget(o, i), y = tget(ref, i);
+                        if (!(x == y || (isnan(x) && isnan(y))))
+                            fail_msg("%s %s (b %lldx%lld, form %d)[%lld] = %.9g, f32 rounded %.9g",
+                                     kpl_dtype_name(dt), kpl_binary_name((kpl_binary_op)op),
+                                     (long long)sbs[bs][0], (long long)sbs[bs][1], form,
+                                     (long long)i, x, y);
+                    }
+                }
+            }
+        }
+        /* in place: a += a */
+        kpl_tensor *c = as(a32, dt), *twice = as(NN(kpl_add(a32, a32)), dt);
+        OK(kpl_k_binary(c, KPL_BIN_ADD, c, c));
+        for (int64_t i = 0; i < kpl_tensor_numel(c); i++) assert_true(tget(c, i) == tget(twice, i));
+        kpl_pool_pop(pool);
+    }
+}
+
 /* Native bf16 kernels exist exactly where the CPU (as oneDNN is allowed to
  * use it) has AVX512-BF16; f16 is never native on the CPU. */
 static void test_native_where_expected(void **state)
@@ -326,6 +457,8 @@ int main(void)
         cmocka_unit_test(test_conv_f16),
         cmocka_unit_test(test_matmul_low),
         cmocka_unit_test(test_exact_cases),
+        cmocka_unit_test(test_batch_norm_low),
+        cmocka_unit_test(test_eltwise_low),
         cmocka_unit_test(test_native_where_expected),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
