@@ -402,11 +402,18 @@ static void conv_layers(const char *bench_dir, double rate)
 
 int main(int argc, char **argv)
 {
-    if ((argc == 6 || argc == 7) && !strcmp(argv[1], "--step"))
-        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]),
-                         argc == 7 && !strcmp(argv[6], "bf16") ? KPL_BF16 : KPL_F32);
+    if (argc >= 6 && !strcmp(argv[1], "--step")) {
+        /* options: bf16 (autocast), plain (no blocked layouts) */
+        kpl_dtype prec = KPL_F32;
+        for (int i = 6; i < argc; i++) {
+            if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
+            else if (!strcmp(argv[i], "plain")) kpl_set_blocked_layouts(false);
+            else die("--step: unknown option (bf16, plain)");
+        }
+        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec);
+    }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [bf16] [plain]\n");
         return 2;
     }
     char self[2048];

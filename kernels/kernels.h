@@ -231,6 +231,15 @@ int kpl_get_num_threads(void);
 void kpl_set_deterministic(bool on);
 bool kpl_get_deterministic(void);
 
+/* Blocked layouts on the CPU (on by default): a convolution whose oneDNN
+ * kernel works on channels in blocks of 16 leaves its output in that
+ * layout, and the ops that can (convolutions, batch norm, element-wise
+ * ops on equal shapes) read and write it as it is, so the reorders to and
+ * from plain NCHW happen only where a tensor meets any other op, which
+ * sees it plain as always.  Results are bit-identical either way.
+ * Returns the previous setting; process-wide. */
+bool kpl_set_blocked_layouts(bool on);
+
 /* TF32 tensor-core math for f32 matmuls and convolutions on CUDA
  * (PyTorch's allow_tf32).  Off (the default): f32 GEMMs and convolutions
  * use full f32 multiplies (cuBLAS CUBLAS_COMPUTE_32F, cuDNN

@@ -134,7 +134,7 @@ static kpl_status half_emulated(kpl_kop kop, kpl_tensor *out, const kpl_tensor *
  * narrow layers, where kpl's own f32 loops win), so the first call of a
  * shape times both (after a warm-up run each) and keeps the faster, as the
  * algorithm choosers do.  Deterministic mode and GPUs take the native
- * kernel untimed. */
+ * kernel untimed, and so do blocked operands (below). */
 typedef struct {
     kpl_kop kop;
     kpl_dtype dt;
@@ -208,7 +208,12 @@ static kpl_status half_gemm(kpl_kop kop, const char *op, kpl_dtype dt, kpl_tenso
                                                              : "");
         return half_emulated(kop, out, a, b, c, c_written, attrs);
     }
-    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic())
+    /* An operand held blocked (kpl_set_blocked_layouts) comes from a native
+     * neighbour, whose layout the native kernel reads as it is: the f32
+     * detour would turn it plain, and its result, plain, would be reordered
+     * again by the next layer, which the timing cannot see. */
+    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic() || kpl__blocked_data(a) ||
+        kpl__blocked_data(b))
         return dispatch(kop, dt, out, a, b, c, attrs);
     half_key k;
     half_key_of(kop, dt, attrs, &k);

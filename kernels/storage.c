@@ -22,9 +22,18 @@
  * then a GPU upload from it runs after the call that queued it returned:
  * before such memory is written or handed back, kpl__host_fence waits for
  * the uploads still reading it.
+ *
+ * A CPU storage may hold a convolution's activation in oneDNN's blocked
+ * nChw16c layout (`blocked`; see kpl_set_blocked_layouts): the kernels
+ * that understand it take the raw bytes through kpl__blocked_data, and
+ * every other access goes through the four accessors below, which first
+ * turn the bytes back into plain NCHW, in place, one image at a time.
  */
 #include "kernels_impl.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static bool is_cpu(const kpl_storage *s) { return s->dev->type == KPL_DEVICE_CPU; }
@@ -116,14 +125,107 @@ static kpl_status to_host(kpl_storage *s)
     return KPL_OK;
 }
 
+/* ---- blocked layouts ---- */
+
+static atomic_bool blocked_layouts = true;
+
+bool kpl_set_blocked_layouts(bool on) { return atomic_exchange(&blocked_layouts, on); }
+
+/* nChw16c -> NCHW of one image (c channels, hw values each), through
+ * `tmp` of the image's size. */
+#define UNBLOCK_IMAGE(T)                                                          \
+    do {                                                                          \
+        const T *src_ = (const T *)tmp;                                           \
+        T *dst_ = (T *)img;                                                       \
+        for (int64_t cb = 0; cb < c / 16; cb++)                                   \
+            for (int j = 0; j < 16; j++)                                          \
+                for (int64_t i = 0; i < hw; i++)                                  \
+                    dst_[(cb * 16 + j) * hw + i] = src_[(cb * hw + i) * 16 + j];  \
+    } while (0)
+
+static void unblock_image(char *img, char *tmp, int64_t c, int64_t hw, int es)
+{
+    memcpy(tmp, img, (size_t)(c * hw * es));
+    switch (es) {
+    case 1: UNBLOCK_IMAGE(uint8_t); break;
+    case 2: UNBLOCK_IMAGE(uint16_t); break;
+    case 4: UNBLOCK_IMAGE(uint32_t); break;
+    default: UNBLOCK_IMAGE(uint64_t); break;
+    }
+}
+
+/* Makes a blocked storage plain again (before any plain access), an
+ * image per thread at a time. */
+static void unblock(kpl_storage *s)
+{
+    int64_t n = s->blk_dims[0], c = s->blk_dims[1], hw = s->blk_dims[2] * s->blk_dims[3];
+    size_t img = (size_t)(c * hw * s->blk_es);
+    bool lost = false;
+#pragma omp parallel if (n > 1)
+    {
+        char *tmp = malloc(img);
+        if (!tmp) {
+#pragma omp atomic write
+            lost = true;
+        }
+#pragma omp for schedule(static)
+        for (int64_t i = 0; i < n; i++)
+            if (tmp) unblock_image((char *)s->dev_ptr + i * img, tmp, c, hw, s->blk_es);
+        free(tmp);
+    }
+    if (lost) {
+        /* the accessors cannot fail on the CPU, and these bytes are not the
+         * plain tensor every caller expects */
+        fprintf(stderr, "kpl: no memory (%zu bytes) to turn a blocked tensor plain\n", img);
+        abort();
+    }
+    s->blocked = false;
+}
+
+bool kpl__blockable(const kpl_tensor *t)
+{
+    const kpl_storage *s = t->storage;
+    return atomic_load_explicit(&blocked_layouts, memory_order_relaxed) && is_cpu(s) &&
+           !s->wrap_release && t->ndim == 4 && t->shape[1] % 16 == 0 && t->offset == 0 &&
+           kpl_tensor_nbytes(t) == s->bytes && t->numel > 0;
+}
+
+void *kpl__blocked_data(const kpl_tensor *t)
+{
+    const kpl_storage *s = t->storage;
+    if (!s->blocked || t->offset != 0 || t->ndim != 4 ||
+        (int)kpl_dtype_size(t->dtype) != s->blk_es || kpl_tensor_nbytes(t) != s->bytes)
+        return NULL;
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != s->blk_dims[d]) return NULL;
+    return s->dev_ptr;
+}
+
+void *kpl__blocked_out(const kpl_tensor *t)
+{
+    t->storage->blocked = false; /* whatever it held is overwritten */
+    t->storage->state = KPL_MEM_HOST;
+    return t->storage->dev_ptr;
+}
+
+void kpl__storage_set_blocked(const kpl_tensor *t)
+{
+    kpl_storage *s = t->storage;
+    s->blocked = true;
+    s->blk_es = (int)kpl_dtype_size(t->dtype);
+    memcpy(s->blk_dims, t->shape, sizeof s->blk_dims);
+}
+
 const void *kpl_storage_host_data(kpl_storage *s)
 {
+    if (s->blocked) unblock(s);
     if (is_cpu(s)) return s->host;
     return to_host(s) < 0 ? NULL : s->host;
 }
 
 void *kpl_storage_host_mutable(kpl_storage *s)
 {
+    if (s->blocked) unblock(s);
     if (s->wrap_release && kpl__host_fence() < 0) return NULL;
     if (!is_cpu(s) && to_host(s) < 0) return NULL;
     s->state = KPL_MEM_HOST;
@@ -141,12 +243,14 @@ static kpl_status to_device(kpl_storage *s)
 
 const void *kpl_storage_device_data(kpl_storage *s)
 {
+    if (s->blocked) unblock(s);
     if (is_cpu(s)) return s->dev_ptr;
     return to_device(s) < 0 ? NULL : s->dev_ptr;
 }
 
 void *kpl_storage_device_mutable(kpl_storage *s)
 {
+    if (s->blocked) unblock(s);
     if (is_cpu(s)) {
         if (s->wrap_release && kpl__host_fence() < 0) return NULL;
         s->state = KPL_MEM_HOST;

@@ -131,6 +131,9 @@ typedef struct {
     int direct_threads;          /* kpl's own loops (cpu_conv_direct.c) with this many */
     dnnl_memory_desc_t user[3], inner[3], bias;
     dnnl_primitive_t reorder[3]; /* NULL when user == inner */
+    bool blk[3];                 /* an activation slot whose inner layout is nChw16c */
+    dnnl_memory_desc_t b16[2];   /* read activation slots: their nChw16c layout */
+    dnnl_primitive_t from_b16[2]; /* ... reordered to inner when that differs (else NULL) */
     int arg[3];
     uint64_t last_use;
 } conv_entry;
@@ -167,6 +170,8 @@ static void entry_destroy(conv_entry *e)
     if (e->prim) dnnl_primitive_destroy(e->prim);
     for (int i = 0; i < 3; i++)
         if (e->reorder[i]) dnnl_primitive_destroy(e->reorder[i]);
+    for (int i = 0; i < 2; i++)
+        if (e->from_b16[i]) dnnl_primitive_destroy(e->from_b16[i]);
     memset(e, 0, sizeof *e);
 }
 
@@ -196,6 +201,25 @@ static kpl_status entry_from_pd(conv_entry *e, const_dnnl_primitive_desc_t pd,
     for (int i = 0; i < 3; i++) {
         e->inner[i] = *dnnl_primitive_desc_query_md(pd, q[i], 0);
         if ((st = make_reorder(e, i)) < 0) goto fail;
+        /* activations (not weights) in channel blocks of 16 can stay so */
+        bool act = e->arg[i] == DNNL_ARG_SRC || e->arg[i] == DNNL_ARG_DST ||
+                   e->arg[i] == DNNL_ARG_DIFF_SRC || e->arg[i] == DNNL_ARG_DIFF_DST;
+        dnnl_memory_desc_t b16;
+        bool has16 = act && e->user[i].ndims == 4 && e->user[i].dims[1] % 16 == 0 &&
+                     dnnl_memory_desc_init_by_tag(&b16, 4, e->user[i].dims, e->user[i].data_type,
+                                                  dnnl_aBcd16b) == dnnl_success;
+        e->blk[i] = has16 && dnnl_memory_desc_equal(&b16, &e->inner[i]);
+        /* a blocked input meeting another inner layout goes there directly,
+         * without being turned plain first */
+        dnnl_primitive_desc_t rpd = NULL;
+        if (has16 && i < 2 && !e->blk[i] &&
+            dnnl_reorder_primitive_desc_create(&rpd, &b16, cc.engine, &e->inner[i], cc.engine,
+                                               NULL) == dnnl_success) {
+            e->b16[i] = b16;
+            if (dnnl_primitive_create(&e->from_b16[i], rpd) != dnnl_success)
+                e->from_b16[i] = NULL; /* then the input is turned plain first */
+            dnnl_primitive_desc_destroy(rpd);
+        }
     }
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
 fail:
@@ -213,10 +237,37 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
     dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL;
     void *buf[3] = {NULL, NULL, NULL};
     kpl_device *cpu = kpl_device_cpu();
-    void *user_ptr[3] = {(void *)kpl__cdata(args->in[0]), (void *)kpl__cdata(args->in[1]),
-                         kpl__data(args->out)};
+    /* Operands already in (or allowed to be written in) the primitive's
+     * blocked layout skip their reorder.  Taken before any plain pointer,
+     * as a plain access turns a blocked storage plain; never when two
+     * operands share a storage. */
+    const kpl_tensor *opd[3] = {args->in[0], args->in[1], args->out};
+    void *direct[3] = {NULL, NULL, NULL};
+    bool shared = opd[0]->storage == opd[1]->storage || opd[0]->storage == opd[2]->storage ||
+                  opd[1]->storage == opd[2]->storage;
+    void *via_b16[2] = {NULL, NULL}; /* blocked inputs reordered from nChw16c */
+    for (int i = 0; i < 3 && !shared; i++) {
+        if (e->blk[i])
+            direct[i] = i < 2 ? kpl__blocked_data(opd[i])
+                              : kpl__blockable(opd[2]) ? kpl__blocked_out(opd[2]) : NULL;
+        else if (i < 2 && e->from_b16[i])
+            via_b16[i] = kpl__blocked_data(opd[i]);
+    }
     for (int i = 0; i < 3; i++) {
-        DNNL_TRY(dnnl_memory_create(&um[i], &e->user[i], cc.engine, user_ptr[i]), "memory");
+        if (direct[i]) {
+            DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, direct[i]), "memory");
+            continue;
+        }
+        if (i < 2 && via_b16[i]) {
+            DNNL_TRY(dnnl_memory_create(&um[i], &e->b16[i], cc.engine, via_b16[i]), "memory");
+            if ((st = kpl_device_alloc(cpu, dnnl_memory_desc_get_size(&e->inner[i]), "conv2d",
+                                       &buf[i])) < 0)
+                goto fail;
+            DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, buf[i]), "memory");
+            continue;
+        }
+        void *user_ptr = i < 2 ? (void *)kpl__cdata(opd[i]) : kpl__data(args->out);
+        DNNL_TRY(dnnl_memory_create(&um[i], &e->user[i], cc.engine, user_ptr), "memory");
         if (!e->reorder[i]) continue;
         if ((st = kpl_device_alloc(cpu, dnnl_memory_desc_get_size(&e->inner[i]), "conv2d",
                                    &buf[i])) < 0)
@@ -224,9 +275,11 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, buf[i]), "memory");
     }
     for (int i = 0; i < 2; i++)
-        if (e->reorder[i]) {
+        if ((e->reorder[i] || via_b16[i]) && !direct[i]) {
             dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, im[i]}};
-            DNNL_TRY(dnnl_primitive_execute(e->reorder[i], cc.stream, 2, r), "reorder");
+            DNNL_TRY(dnnl_primitive_execute(via_b16[i] ? e->from_b16[i] : e->reorder[i],
+                                            cc.stream, 2, r),
+                     "reorder");
         }
     dnnl_exec_arg_t ex[4];
     int na = 0;
@@ -239,11 +292,12 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                                      bm};
     }
     DNNL_TRY(dnnl_primitive_execute(e->prim, cc.stream, na, ex), "execute");
-    if (e->reorder[2]) {
+    if (e->reorder[2] && !direct[2]) {
         dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, im[2]}, {DNNL_ARG_TO, um[2]}};
         DNNL_TRY(dnnl_primitive_execute(e->reorder[2], cc.stream, 2, r), "reorder");
     }
     DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
+    if (direct[2]) kpl__storage_set_blocked(args->out);
 fail:
     for (int i = 0; i < 3; i++) {
         if (um[i]) dnnl_memory_destroy(um[i]);

@@ -316,6 +316,28 @@ static void binary_range(const kpl_ew_plan *p, const bin_job *j, char *po, const
     }
 }
 
+/* Blocked operands (kpl_set_blocked_layouts): when every tensor operand
+ * is held blocked with out's own shape and out may be blocked too, the
+ * flat loops run on the blocked bytes as they are (the same values in the
+ * same places), and out is left blocked. */
+static bool eltwise_blocked(const kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
+                            const char **pa, const char **pb, char **po)
+{
+    if (!kpl__blockable(out)) return false;
+    const kpl_tensor *in[2] = {a, b};
+    const void *raw[2] = {NULL, NULL};
+    for (int i = 0; i < 2; i++) {
+        if (!in[i]) continue;
+        if (!(raw[i] = kpl__blocked_data(in[i]))) return false;
+        for (int d = 0; d < 4; d++)
+            if (in[i]->shape[d] != out->shape[d]) return false;
+    }
+    *pa = raw[0];
+    if (b) *pb = raw[1];
+    *po = kpl__blocked_out(out);
+    return true;
+}
+
 static kpl_status cpu_binary(const kpl_kernel_args *args)
 {
     const kpl_binary_attrs *at = args->attrs;
@@ -329,8 +351,10 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     size_t eo = j.cmp ? 1 : es;
 
     kpl_ew_plan p = at->plan;
-    const char *pa = kpl__cdata(a);
-    const char *pb;
+    const char *pa = NULL, *pb = NULL;
+    char *po = NULL;
+    bool blocked = eltwise_blocked(args->out, a, at->has_scalar ? NULL : b, &pa, &pb, &po);
+    if (!blocked) pa = kpl__cdata(a);
     union { float f; double d; int32_t i; int64_t l; uint8_t u; } sc;
     if (at->has_scalar) {
         switch (dt) {
@@ -352,10 +376,10 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
             j.a_f32 = half;
             j.b_f32 = false;
         }
-    } else {
+    } else if (!blocked) {
         pb = kpl__cdata(b);
     }
-    char *po = kpl__data(args->out);
+    if (!blocked) po = kpl__data(args->out);
     int64_t sa = p.stride[0][p.ndim - 1], sb = p.stride[1][p.ndim - 1];
     int mode = (sa && sb) ? 0 : (sa ? 1 : (sb ? 2 : 0));
     int64_t total = p.numel;
@@ -370,6 +394,7 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
         binary_range(&p, &j, po, pa, pb, es, eo, mode, total * c / nchunks,
                      total * (c + 1) / nchunks);
     );
+    if (blocked) kpl__storage_set_blocked(args->out);
     return KPL_OK;
 }
 
@@ -382,8 +407,13 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
     un_fn fn = un_table(half ? KPL_F32 : dt)[at->op];
     KPL_ASSERT(fn != NULL, "unary loop missing");
     size_t es = kpl_dtype_size(dt);
-    const char *px = kpl__cdata(x);
-    char *po = kpl__data(args->out);
+    const char *px = NULL;
+    char *po = NULL;
+    bool blocked = eltwise_blocked(args->out, x, NULL, &px, NULL, &po);
+    if (!blocked) {
+        px = kpl__cdata(x);
+        po = kpl__data(args->out);
+    }
     int64_t total = x->numel;
     int nchunks = chunk_count(total);
     KPL_PARALLEL_FOR(c, nchunks,
@@ -400,6 +430,7 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
             narrow(dt, po + 2 * i, fo, m);
         }
     );
+    if (blocked) kpl__storage_set_blocked(args->out);
     return KPL_OK;
 }
 

@@ -76,7 +76,8 @@ static double lanes_total(const double *l)
 
 /* Mean and biased variance of channel c. */
 #define BN_STATS(N, T)                                                                    \
-    static inline void stats_##N(const T *x, const kpl_bn_attrs *a, int64_t c,             \
+    static inline __attribute__((always_inline)) void stats_##N(                          \
+        const T *x, const kpl_bn_attrs *a, int64_t c,                                     \
                                  double *mean, double *var)                               \
     {                                                                                     \
         double cnt = (double)(a->n * a->hw), s[BN_LANES] = {0}, q[BN_LANES] = {0};        \
@@ -149,9 +150,123 @@ static double lanes_total(const double *l)
         KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, bwd_chan_##N(x, gy, g, gx, gg, gb, a, c););  \
     }
 
+/* ---- the blocked layout (nChw16c) ----
+ * The same sums in the same order, 16 channels at a time: value i of row
+ * (n, c) sits at ((n * C/16 + c/16) * hw + i) * 16 + c % 16, and each
+ * channel's values still meet BN_FOLD's lanes in BN_FOLD's order, so the
+ * results are bit-identical to the plain kernels'.  BLK_FOLD(ACC) calls
+ * ACC(j, k) with k the offset of the 16 channels' values. */
+#define BLK_FOLD(ACC)                                                                     \
+    for (int64_t n = 0; n < a->n; n++) {                                                  \
+        int64_t o = (n * (a->c / 16) + cb) * a->hw * 16, i = 0;                           \
+        if (a->hw >= BN_LANES) {                                                          \
+            for (; i + BN_LANES <= a->hw; i += BN_LANES)                                  \
+                for (int j = 0; j < BN_LANES; j++) ACC(j, o + (i + j) * 16);              \
+            for (int j = 0; i < a->hw; i++, j++) ACC(j, o + i * 16);                      \
+        } else {                                                                          \
+            for (int j = (int)(n % BN_LANES); i < a->hw; i++) ACC(j, o + i * 16);          \
+        }                                                                                 \
+    }
+
+static double lanes_total_at(double l[BN_LANES][16], int c)
+{
+    return ((l[0][c] + l[1][c]) + (l[2][c] + l[3][c])) + ((l[4][c] + l[5][c]) + (l[6][c] + l[7][c]));
+}
+
+#define BACC_X(j, k)                                                                      \
+    for (int l = 0; l < 16; l++) s[j][l] += (double)LD(x, (k) + l)
+#define BACC_SQDEV(j, k)                                                                  \
+    for (int l = 0; l < 16; l++) {                                                        \
+        double d_ = (double)LD(x, (k) + l) - m[l];                                        \
+        q[j][l] += d_ * d_;                                                               \
+    }
+#define BACC_GRAD(j, k)                                                                   \
+    for (int l = 0; l < 16; l++) {                                                        \
+        double g_ = (double)LD(gy, (k) + l);                                              \
+        sg[j][l] += g_;                                                                   \
+        sgx[j][l] += g_ * ((double)LD(x, (k) + l) - m[l]);                                \
+    }
+
+#define BN_BLOCKED(N, T, P)                                                               \
+    static inline __attribute__((always_inline)) void bstats_##N(                         \
+        const T *x, const kpl_bn_attrs *a, int64_t cb, double *m,                          \
+                           double *var)                                                   \
+    {                                                                                     \
+        double cnt = (double)(a->n * a->hw), s[BN_LANES][16] = {{0}}, q[BN_LANES][16] = {{0}}; \
+        BLK_FOLD(BACC_X)                                                                  \
+        for (int l = 0; l < 16; l++) m[l] = lanes_total_at(s, l) / cnt;                   \
+        BLK_FOLD(BACC_SQDEV)                                                              \
+        for (int l = 0; l < 16; l++) var[l] = lanes_total_at(q, l) / cnt;                 \
+    }                                                                                     \
+    KPL_CLONES static void bfwd_blk_##N(const T *x, const P *g, const P *b, T *y, P *mo,   \
+                                        P *vo, const kpl_bn_attrs *a, int64_t cb)         \
+    {                                                                                     \
+        double m[16], v[16];                                                              \
+        P scale[16], shift[16];                                                           \
+        bstats_##N(x, a, cb, m, v);                                                       \
+        for (int l = 0; l < 16; l++) {                                                    \
+            int64_t c = cb * 16 + l;                                                      \
+            if (mo) mo[c] = (P)m[l];                                                      \
+            if (vo) vo[c] = (P)v[l];                                                      \
+            double inv = 1.0 / sqrt(v[l] + a->eps);                                       \
+            scale[l] = (P)((double)g[c] * inv);                                           \
+            shift[l] = (P)((double)b[c] - m[l] * (double)g[c] * inv);                     \
+        }                                                                                 \
+        for (int64_t n = 0; n < a->n; n++) {                                              \
+            int64_t o = (n * (a->c / 16) + cb) * a->hw * 16;                              \
+            for (int64_t i = 0; i < a->hw; i++)                                           \
+                for (int l = 0; l < 16; l++)                                              \
+                    y[o + i * 16 + l] = ST(LD(x, o + i * 16 + l) * scale[l] + shift[l]);  \
+        }                                                                                 \
+    }                                                                                     \
+    KPL_CLONES static void bbwd_blk_##N(const T *x, const T *gy, const P *g, T *gx, P *gg, \
+                                        P *gb, const kpl_bn_attrs *a, int64_t cb)         \
+    {                                                                                     \
+        double m[16], v[16], cnt = (double)(a->n * a->hw);                                \
+        double sg[BN_LANES][16] = {{0}}, sgx[BN_LANES][16] = {{0}};                       \
+        double k[16], mg[16], kx[16];                                                     \
+        bstats_##N(x, a, cb, m, v);                                                       \
+        BLK_FOLD(BACC_GRAD)                                                               \
+        for (int l = 0; l < 16; l++) {                                                    \
+            int64_t c = cb * 16 + l;                                                      \
+            double inv = 1.0 / sqrt(v[l] + a->eps);                                       \
+            double tg = lanes_total_at(sg, l), tgx = lanes_total_at(sgx, l);              \
+            if (gg) gg[c] = (P)(tgx * inv);                                               \
+            if (gb) gb[c] = (P)tg;                                                        \
+            k[l] = (double)g[c] * inv, mg[l] = tg / cnt, kx[l] = inv * inv * tgx / cnt;   \
+        }                                                                                 \
+        if (!gx) return;                                                                  \
+        for (int64_t n = 0; n < a->n; n++) {                                              \
+            int64_t o = (n * (a->c / 16) + cb) * a->hw * 16;                              \
+            for (int64_t i = 0; i < a->hw; i++)                                           \
+                for (int l = 0; l < 16; l++) {                                            \
+                    int64_t e = o + i * 16 + l;                                           \
+                    gx[e] = ST(k[l] * (((double)LD(gy, e) - mg[l]) -                      \
+                                       ((double)LD(x, e) - m[l]) * kx[l]));               \
+                }                                                                         \
+        }                                                                                 \
+    }                                                                                     \
+    static void bfwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
+                         T *y)                                                            \
+    {                                                                                     \
+        const P *g = kpl__cdata(args->in[1]), *b = kpl__cdata(args->in[2]);               \
+        P *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
+        KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16, bfwd_blk_##N(x, g, b, y, mo, vo, a, cb);); \
+    }                                                                                     \
+    static void bbwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
+                         const T *gy, T *gx)                                              \
+    {                                                                                     \
+        const P *g = kpl__cdata(args->in[2]);                                             \
+        P *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
+        P *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
+        KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                     \
+                            bbwd_blk_##N(x, gy, g, gx, gg, gb, a, cb););                  \
+    }
+
 #define LD(p, k) ((p)[k])
 #define ST(v) (v)
 BN_KERNELS(float, float, float)
+BN_BLOCKED(float, float, float)
 BN_KERNELS(double, double, double)
 #undef LD
 #undef ST
@@ -159,17 +274,51 @@ BN_KERNELS(double, double, double)
 #define LD(p, k) kpl_cvt_bf16_to_f32((p)[k])
 #define ST(v) kpl_cvt_f32_to_bf16((float)(v))
 BN_KERNELS(bf16, uint16_t, float)
+BN_BLOCKED(bf16, uint16_t, float)
 #undef LD
 #undef ST
 #define LD(p, k) kpl_cvt_f16_to_f32((p)[k])
 #define ST(v) kpl_cvt_f32_to_f16((float)(v))
 BN_KERNELS(f16, uint16_t, float)
+BN_BLOCKED(f16, uint16_t, float)
 #undef LD
 #undef ST
+
+/* The blocked form when the activations are blocked (as a convolution
+ * left them) and the outputs may be: returns false to run the plain one. */
+static bool run_blocked(const kpl_kernel_args *args, const kpl_bn_attrs *a)
+{
+    kpl_dtype dt = args->in[0]->dtype;
+    if (dt == KPL_F64) return false;
+    const kpl_tensor *x = args->in[0];
+    const kpl_tensor *out = a->bwd ? a->gx : args->out, *gy = a->bwd ? args->in[1] : NULL;
+    void *px = kpl__blocked_data(x), *pg = gy ? kpl__blocked_data(gy) : NULL;
+    if (!px || (gy && !pg)) return false;
+    if (out && (!kpl__blockable(out) || out->storage == x->storage ||
+                (gy && out->storage == gy->storage)))
+        return false;
+    void *po = out ? kpl__blocked_out(out) : NULL;
+    if (!a->bwd) {
+        switch (dt) {
+        case KPL_F32: bfwd_float(args, a, px, po); break;
+        case KPL_BF16: bfwd_bf16(args, a, px, po); break;
+        default: bfwd_f16(args, a, px, po); break;
+        }
+    } else {
+        switch (dt) {
+        case KPL_F32: bbwd_float(args, a, px, pg, po); break;
+        case KPL_BF16: bbwd_bf16(args, a, px, pg, po); break;
+        default: bbwd_f16(args, a, px, pg, po); break;
+        }
+    }
+    if (out) kpl__storage_set_blocked(out);
+    return true;
+}
 
 static kpl_status cpu_batch_norm(const kpl_kernel_args *args)
 {
     const kpl_bn_attrs *a = args->attrs;
+    if (run_blocked(args, a)) return KPL_OK;
     switch (args->in[0]->dtype) {
     case KPL_F32: (a->bwd ? bwd_float : fwd_float)(args, a); break;
     case KPL_F64: (a->bwd ? bwd_double : fwd_double)(args, a); break;

@@ -140,6 +140,14 @@ struct kpl_storage {
     kpl_mem_state state;
     void (*wrap_release)(void *ctx); /* set: host memory is the caller's (storage_wrap) */
     void *wrap_ctx;
+    /* CPU activations kept in oneDNN's blocked nChw16c layout between the
+     * ops that read it (docs/precision.md, "Blocked layouts"): the bytes
+     * hold the (N, C, H, W) tensor of `blk_es`-byte elements with the
+     * channels in blocks of 16 innermost.  The data accessors turn them
+     * plain before anyone else reads or writes them. */
+    bool blocked;
+    int blk_es;
+    int64_t blk_dims[4];
 };
 
 struct kpl_tensor {
@@ -153,6 +161,20 @@ struct kpl_tensor {
     void *meta;    /* owned by a higher layer, see kpl_tensor_set_meta */
     void (*meta_free)(void *meta);
 };
+
+/* ---- blocked layouts (storage.c) ----
+ * Whether `t` may hold, or be written in, the blocked nChw16c layout: a CPU
+ * tensor of 4 dims whose channels are a multiple of 16 and that covers
+ * its whole storage, with kpl_set_blocked_layouts on. */
+bool kpl__blockable(const kpl_tensor *t);
+/* The raw bytes of `t` when its storage holds it blocked (as
+ * kpl__storage_set_blocked recorded it for t's own shape), else NULL. */
+void *kpl__blocked_data(const kpl_tensor *t);
+/* The raw bytes of a blockable `t`, about to be overwritten whole in the
+ * blocked layout (no conversion of what was there). */
+void *kpl__blocked_out(const kpl_tensor *t);
+/* Records that t's storage now holds t blocked. */
+void kpl__storage_set_blocked(const kpl_tensor *t);
 
 /* Element pointers for kernels (device side of the storage). */
 static inline void *kpl__data(const kpl_tensor *t)

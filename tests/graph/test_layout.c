@@ -1,0 +1,163 @@
+/*
+ * test_layout.c — blocked layouts (kpl_set_blocked_layouts): a residual
+ * block (convolutions, batch norm, ReLU, the shortcut's add) trained one
+ * step with the activations kept in oneDNN's nChw16c layout must give
+ * bit-identical losses and gradients to the same step with plain tensors,
+ * in f32 and under bf16 autocast; the blocked path must really be taken
+ * (the convolution's output is held blocked), and any other reader of a
+ * blocked tensor (a reshape, a host read, a narrow) sees it plain.
+ */
+#include "kpl_test.h"
+
+#include "autograd.h"
+#include "kernels_impl.h"
+
+static kpl_device *cpu;
+
+typedef struct {
+    kpl_tensor *w1, *w2, *ws, *g[3], *b[3], *lw;
+} block_params;
+
+static kpl_tensor *param(kpl_rng *rng, int nd, const int64_t *shape, double lo, double hi)
+{
+    kpl_tensor *t = NN(kpl_rand(cpu, KPL_F32, nd, shape, rng, lo, hi));
+    OK(kpl_set_requires_grad(t, true));
+    return t;
+}
+
+static block_params make_params(void)
+{
+    kpl_rng *rng = kpl_rng_create(7);
+    block_params p;
+    p.w1 = param(rng, 4, (int64_t[]){32, 16, 3, 3}, -0.1, 0.1);
+    p.w2 = param(rng, 4, (int64_t[]){32, 32, 3, 3}, -0.1, 0.1);
+    p.ws = param(rng, 4, (int64_t[]){32, 16, 1, 1}, -0.3, 0.3);
+    for (int i = 0; i < 3; i++) {
+        p.g[i] = param(rng, 1, (int64_t[]){32}, 0.5, 1.5);
+        p.b[i] = param(rng, 1, (int64_t[]){32}, -0.5, 0.5);
+    }
+    p.lw = param(rng, 2, (int64_t[]){10, 32}, -0.2, 0.2);
+    kpl_rng_destroy(rng);
+    return p;
+}
+
+#define NPARAM 10
+
+/* One step of the block; the loss and the parameters' gradients. */
+static double step(const block_params *p, kpl_tensor *x, kpl_tensor *labels, kpl_dtype prec,
+                   kpl_tensor **grads, bool *saw_blocked)
+{
+    OK(kpl_set_autocast(prec, NULL));
+    kpl_conv2d_params c3 = {.stride = {2, 2}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_conv2d_params c3s1 = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_conv2d_params c1 = {.stride = {2, 2}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
+    kpl_tensor *h = NN(kpl_conv2d(x, p->w1, NULL, &c3));
+    *saw_blocked = kpl__blocked_data(h) != NULL;
+    h = NN(kpl_relu(NN(kpl_batch_norm(h, p->g[0], p->b[0], NULL, NULL, true, 0.1, 1e-5))));
+    h = NN(kpl_batch_norm(NN(kpl_conv2d(h, p->w2, NULL, &c3s1)), p->g[1], p->b[1], NULL, NULL,
+                          true, 0.1, 1e-5));
+    kpl_tensor *s = NN(kpl_batch_norm(NN(kpl_conv2d(x, p->ws, NULL, &c1)), p->g[2], p->b[2],
+                                      NULL, NULL, true, 0.1, 1e-5));
+    h = NN(kpl_relu(NN(kpl_add(h, s))));
+    kpl_tensor *pooled = NN(kpl_mean(h, (int[]){2, 3}, 2, false));
+    kpl_tensor *logits = NN(kpl_linear(pooled, p->lw, NULL));
+    kpl_tensor *loss = NN(kpl_cross_entropy(logits, labels, KPL_REDUCE_MEAN, 0, -100));
+    OK(kpl_set_autocast(KPL_F32, NULL));
+    kpl_tensor *ps[NPARAM] = {p->w1, p->w2, p->ws, p->g[0], p->g[1], p->g[2],
+                              p->b[0], p->b[1], p->b[2], p->lw};
+    OK(kpl_grad(loss, NULL, NPARAM, ps, false, grads));
+    return tget(loss, 0);
+}
+
+static void same_step(kpl_dtype prec)
+{
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(11);
+    block_params p = make_params();
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){4, 16, 8, 8}, rng, 0, 1));
+    int64_t lab[4] = {1, 7, 3, 9};
+    kpl_tensor *labels = NULL;
+    OK(kpl_tensor_from_data(cpu, KPL_I64, 1, (int64_t[]){4}, lab, &labels));
+    kpl_autorelease(labels);
+    kpl_tensor *gp[NPARAM], *gb[NPARAM];
+    bool saw_plain, saw_blocked;
+    bool prev = kpl_set_blocked_layouts(false);
+    double lp = step(&p, x, labels, prec, gp, &saw_plain);
+    kpl_set_blocked_layouts(true);
+    double lb = step(&p, x, labels, prec, gb, &saw_blocked);
+    kpl_set_blocked_layouts(prev);
+    assert_false(saw_plain);
+    /* bf16 convolutions here are oneDNN's blocked ones when the CPU has
+     * AVX512-BF16; f32 ones with AVX-512 (deterministic choice) */
+    if (kpl_precision_native(KPL_DEVICE_CPU, prec) && !saw_blocked)
+        print_message("note: %s convolution not held blocked here (%s)\n", kpl_dtype_name(prec),
+                      kpl_cpu_math_info());
+    if (prec == KPL_BF16 && kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16)) assert_true(saw_blocked);
+    if (lp != lb) fail_msg("%s loss: plain %.17g, blocked %.17g", kpl_dtype_name(prec), lp, lb);
+    for (int i = 0; i < NPARAM; i++) {
+        assert_int_equal(kpl_tensor_numel(gp[i]), kpl_tensor_numel(gb[i]));
+        for (int64_t j = 0; j < kpl_tensor_numel(gp[i]); j++)
+            if (tget(gp[i], j) != tget(gb[i], j))
+                fail_msg("%s gradient %d[%lld]: plain %.9g, blocked %.9g", kpl_dtype_name(prec), i,
+                         (long long)j, tget(gp[i], j), tget(gb[i], j));
+    }
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
+static void test_step_f32(void **state)
+{
+    (void)state;
+    same_step(KPL_F32);
+}
+
+static void test_step_bf16(void **state)
+{
+    (void)state;
+    same_step(KPL_BF16);
+}
+
+/* Plain readers of a blocked tensor: a view of another shape, the host
+ * accessors, a narrow and an op with broadcasting all see NCHW values. */
+static void test_plain_readers(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(3);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 5}, rng, 0, 1));
+    kpl_tensor *w = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 16, 3, 3}, rng, 0, 1));
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    bool prev = kpl_set_blocked_layouts(false);
+    kpl_tensor *ref = NN(kpl_conv2d(x, w, NULL, &c));
+    kpl_set_blocked_layouts(true);
+    for (int reader = 0; reader < 4; reader++) {
+        kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
+        kpl_tensor *seen = NULL;
+        switch (reader) {
+        case 0: seen = NN(kpl_reshape(y, 2, (int64_t[]){2, 800})); break;
+        case 1: seen = y; break; /* tget: the host accessor */
+        case 2: seen = NN(kpl_narrow(y, 1, 1)); break;
+        default: seen = NN(kpl_add(y, NN(kpl_full(cpu, KPL_F32, 1, (int64_t[]){5}, 0)))); break;
+        }
+        kpl_tensor *want = reader == 2 ? NN(kpl_narrow(ref, 1, 1)) : ref;
+        for (int64_t i = 0; i < kpl_tensor_numel(want); i++)
+            if (tget(seen, i) != tget(want, i))
+                fail_msg("reader %d [%lld]: %.9g, plain conv %.9g", reader, (long long)i,
+                         tget(seen, i), tget(want, i));
+    }
+    kpl_set_blocked_layouts(prev);
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
+int main(void)
+{
+    cpu = kpl_device_cpu();
+    kpl_set_deterministic(true); /* the same convolution both times */
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_step_f32),
+        cmocka_unit_test(test_step_bf16),
+        cmocka_unit_test(test_plain_readers),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
