@@ -3,8 +3,9 @@
  * PyTorch CPU, and per-layer convolution timings of ResNet-50.
  *
  *   bench_nn BASELINES_DIR BENCH_DIR      all cases (the driver)
- *   bench_nn --step MODEL BATCH WARMUP STEPS
- *                                         one model in this process; prints
+ *   bench_nn --step MODEL BATCH WARMUP STEPS [bf16] [plain]
+ *                                         one model in this process (bf16
+ *                                         autocast; plain layouts); prints
  *                                         "RESULT ms_median=... maxrss_MiB=..."
  *
  * Cases:
@@ -26,6 +27,9 @@
  *    channels_last f32 elsewhere; shared/baselines/torch_resnet_variants.py)
  *    (target 1.2); and train_peak_rss_bf16/resnet50_b8, both in bf16
  *    (target <= 0.8x).  Each row names both precisions.
+ *  - train_step_blocked/{model}_{f32,bf16}: kpl with activations kept in
+ *    oneDNN's blocked layout against kpl with plain NCHW tensors
+ *    (kpl_set_blocked_layouts), per precision.
  *  - conv_layer/resnet50_b8/...: every distinct ResNet-50 convolution, fwd,
  *    bwd_data and bwd_weight timed alone (median of 5 after a warm-up), in
  *    GFLOP/s, with PyTorch's F.conv2d / conv backward for the same shape
@@ -204,6 +208,29 @@ static void versus(const char *self, const char *baselines, const model_case *mc
     t->ms = bench_median(tms, rounds), t->rss = bench_median(trss, rounds);
 }
 
+/* kpl with blocked layouts against kpl with plain tensors, in `prec`,
+ * alternating rounds: what keeping activations in nChw16c buys. */
+static void layout_row(const char *self, const model_case *mc, int rounds, const char *prec)
+{
+    double ms[2][8];
+    char cmd[4096];
+    for (int r = 0; r < rounds; r++)
+        for (int plain = 0; plain < 2; plain++) {
+            snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d %s%s", self, mc->model,
+                     (long long)mc->batch, mc->warm, mc->steps, prec, plain ? " plain" : "");
+            step_result a = run_child(cmd);
+            if (isnan(a.ms)) die("kpl training step (see above)");
+            ms[plain][r] = a.ms;
+        }
+    char label[96], extra[64];
+    snprintf(label, sizeof label, "%s_%s", mc->label, prec);
+    snprintf(extra, sizeof extra, ",\"precision_kpl\":\"%s\"", prec);
+    bench_emit("train_step_blocked", label, "img/s", 1,
+               1e3 * (double)mc->batch / bench_median(ms[0], rounds),
+               1e3 * (double)mc->batch / bench_median(ms[1], rounds), "kpl-plain-layout", 1.0,
+               "%s", extra);
+}
+
 /* The rows against PyTorch's channels_last and its strongest configuration. */
 static void strongest(const char *self, const char *baselines, const model_case *mc, int rounds)
 {
@@ -227,6 +254,8 @@ static void strongest(const char *self, const char *baselines, const model_case 
     if (!strcmp(mc->model, "resnet50") && kbf && tbf)
         bench_emit("train_peak_rss_bf16", mc->label, "MiB", 0, k.rss, t.rss, "torch-cpu-cl-bf16",
                    1 / 0.8, "%s", extra);
+    layout_row(self, mc, rounds, "f32");
+    if (kbf) layout_row(self, mc, rounds, "bf16");
 }
 
 static void model_cases(const char *self, const char *baselines, int rounds, double rate)
@@ -407,13 +436,14 @@ int main(int argc, char **argv)
         kpl_dtype prec = KPL_F32;
         for (int i = 6; i < argc; i++) {
             if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
+            else if (!strcmp(argv[i], "f32")) prec = KPL_F32;
             else if (!strcmp(argv[i], "plain")) kpl_set_blocked_layouts(false);
-            else die("--step: unknown option (bf16, plain)");
+            else die("--step: unknown option (f32, bf16, plain)");
         }
         return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec);
     }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [bf16] [plain]\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16] [plain]\n");
         return 2;
     }
     char self[2048];
