@@ -89,8 +89,10 @@ static void say_start(kpl_trainer *t)
         kpl_dtype dt = r->precision == KPL_PRECISION_BF16 ? KPL_BF16 : KPL_F16;
         bool native = kpl_precision_native(kpl_device_type_of(t->dev), dt);
         if (native)
-            kpl__log_info(&t->log, "precision %s: convolutions and matmuls in %s, the rest in "
-                          "f32%s", kpl_precision_name(r->precision), kpl_dtype_name(dt),
+            kpl__log_info(&t->log, "precision %s: convolutions and matmuls in %s (batch norm and "
+                          "element-wise ops keep %s activations), statistics, reductions and "
+                          "losses in f32%s",
+                          kpl_precision_name(r->precision), kpl_dtype_name(dt), kpl_dtype_name(dt),
                           r->precision == KPL_PRECISION_FP16 ? " (dynamic loss scale)" : "");
         else
             kpl__log_warn(&t->log, "precision %s: %s has no native %s convolution or matmul "
