@@ -150,6 +150,43 @@ static void test_plain_readers(void **state)
     kpl_pool_pop(pool);
 }
 
+/* bf16 and bool (1-byte) results of ops on blocked tensors stay blocked
+ * and read back as the plain ops' results. */
+static void test_blocked_dtypes(void **state)
+{
+    (void)state;
+    if (!kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16)) skip();
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(5);
+    kpl_tensor *x = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){3, 32, 6, 5}, rng, 0, 1)),
+                                KPL_BF16));
+    kpl_tensor *w = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 32, 3, 3}, rng, 0, 0.2)),
+                                KPL_BF16));
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_tensor *got[3], *want[3];
+    for (int on = 0; on < 2; on++) {
+        bool prev = kpl_set_blocked_layouts(on);
+        kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c)), *z = NN(kpl_conv2d(y, w, NULL, &c));
+        if (on) assert_non_null(kpl__blocked_data(y));
+        kpl_tensor *r = NN(kpl_relu(y)), *gt = NN(kpl_compare(KPL_BIN_GT, y, z));
+        kpl_tensor *sum = NN(kpl_add(r, z));
+        if (on) {
+            assert_non_null(kpl__blocked_data(gt)); /* 1-byte elements, blocked */
+            assert_non_null(kpl__blocked_data(sum));
+        }
+        kpl_tensor **out = on ? got : want;
+        out[0] = r, out[1] = gt, out[2] = sum;
+        kpl_set_blocked_layouts(prev);
+    }
+    for (int k = 0; k < 3; k++)
+        for (int64_t i = 0; i < kpl_tensor_numel(want[k]); i++)
+            if (tget(got[k], i) != tget(want[k], i))
+                fail_msg("result %d [%lld]: blocked %.9g, plain %.9g", k, (long long)i,
+                         tget(got[k], i), tget(want[k], i));
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     cpu = kpl_device_cpu();
@@ -158,6 +195,7 @@ int main(void)
         cmocka_unit_test(test_step_f32),
         cmocka_unit_test(test_step_bf16),
         cmocka_unit_test(test_plain_readers),
+        cmocka_unit_test(test_blocked_dtypes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
