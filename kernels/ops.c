@@ -1051,8 +1051,8 @@ static kpl_status pool_check(const char *op, const kpl_tensor *t, const char *na
     KPL_CHECK(t->ndim == 4, KPL_ESHAPE, "%s: '%s' must be 4-D (N, C, H, W), got %s", op, name,
               KPL_SHAPE(t, b));
     if (idx) return want_dtype(op, t, name, KPL_I64);
-    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: '%s' has dtype %s; f32 and f64 are supported", op, name,
+    KPL_CHECK(kpl_dtype_is_float(t->dtype), KPL_EDTYPE,
+              "%s: '%s' has dtype %s; f32, f64, f16 and bf16 are supported", op, name,
               kpl_dtype_name(t->dtype));
     return KPL_OK;
 }
@@ -1068,6 +1068,8 @@ static kpl_status pool_run(kpl_pool_kind kind, kpl_tensor *out, const kpl_tensor
     kpl_dtype dt = kind == KPL_POOL_MAX || kind == KPL_POOL_AVG || kind == KPL_POOL_GATHER
                        ? in0->dtype
                        : out->dtype;
+    if (is_half(dt) && !native_half(KPL_KOP_POOL2D, out, dt))
+        return via_f32(KPL_KOP_POOL2D, out, false, in0, in1, &a); /* idx (i64) passes as it is */
     return dispatch(KPL_KOP_POOL2D, dt, out, in0, in1, NULL, &a);
 }
 

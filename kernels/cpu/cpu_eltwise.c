@@ -239,14 +239,16 @@ static void narrow_f16(uint16_t *d, const float *s, int64_t n)
     for (int64_t i = 0; i < n; i++) d[i] = kpl_cvt_f32_to_f16(s[i]);
 }
 
-static void widen(kpl_dtype dt, float *d, const void *s, int64_t n)
+void kpl__cpu_widen_half(kpl_dtype dt, float *d, const void *s, int64_t n)
 {
     (dt == KPL_BF16 ? widen_bf16 : widen_f16)(d, s, n);
 }
-static void narrow(kpl_dtype dt, void *d, const float *s, int64_t n)
+void kpl__cpu_narrow_half(kpl_dtype dt, void *d, const float *s, int64_t n)
 {
     (dt == KPL_BF16 ? narrow_bf16 : narrow_f16)(d, s, n);
 }
+#define widen kpl__cpu_widen_half
+#define narrow kpl__cpu_narrow_half
 
 /* One binary row: the loop `fn` (f32) and how to read and write it.
  * For f16/bf16 (`half`), an operand marked f32 is the scalar of a

@@ -5,6 +5,8 @@
  */
 #include "kernels_impl.h"
 
+#include <stdlib.h>
+
 #include <string.h>
 
 /* A window's bounds clipped to the input, and the divisor of its average:
@@ -247,9 +249,61 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
 DEF_POOL(float, f32)
 DEF_POOL(double, f64)
 
+/* f16/bf16: each plane is widened into its thread's f32 buffer, pooled by
+ * the f32 loops as a one-plane problem and rounded once into the output
+ * (a max or a gather is exact; an average or a scatter's sum rounds once,
+ * as the f32 kernel's result cast would). */
+static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt)
+{
+    bool bwd = a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD;
+    int64_t hw = a->h * a->w, ohw = a->oh * a->ow, planes = a->n * a->c;
+    int64_t isz = bwd ? ohw : hw, osz = bwd ? hw : ohw;
+    const char *x = kpl__cdata(args->in[0]);
+    char *y = kpl__data(args->out);
+    int64_t *midx = a->kind == KPL_POOL_MAX ? kpl__data((kpl_tensor *)args->in[1]) : NULL;
+    const int64_t *gidx = a->kind == KPL_POOL_GATHER || a->kind == KPL_POOL_SCATTER
+                              ? kpl__cdata(args->in[1])
+                              : NULL;
+    kpl_pool_attrs one = *a;
+    one.n = one.c = 1;
+    int64_t bad = 0, lost = 0;
+#pragma omp parallel if (parallel(a)) reduction(+ : bad, lost)
+    {
+        float *fi = malloc(sizeof(float) * (size_t)(isz ? isz : 1));
+        float *fo = malloc(sizeof(float) * (size_t)(osz ? osz : 1));
+        lost += !fi || !fo;
+#pragma omp for schedule(static)
+        for (int64_t pl = 0; pl < planes; pl++) {
+            if (!fi || !fo) continue;
+            kpl__cpu_widen_half(dt, fi, x + 2 * pl * isz, isz);
+            switch (a->kind) {
+            case KPL_POOL_MAX: max_f32(&one, fi, fo, midx + pl * ohw); break;
+            case KPL_POOL_AVG: avg_f32(&one, fi, fo); break;
+            case KPL_POOL_AVG_BWD: avg_bwd_f32(&one, fi, fo); break;
+            default:
+                bad += gather_f32(&one, fi, gidx + pl * ohw, fo, a->kind == KPL_POOL_SCATTER);
+                break;
+            }
+            kpl__cpu_narrow_half(dt, y + 2 * pl * osz, fo, osz);
+        }
+        free(fi);
+        free(fo);
+    }
+    KPL_CHECK(lost == 0, KPL_ENOMEM, "pool2d: no memory for a %lld-value plane buffer",
+              (long long)(isz > osz ? isz : osz));
+    KPL_CHECK(bad == 0, KPL_ERANGE, "%s: %lld indices outside the %lldx%lld plane",
+              a->kind == KPL_POOL_SCATTER ? "plane_scatter" : "plane_gather", (long long)bad,
+              (long long)a->h, (long long)a->w);
+    return KPL_OK;
+}
+
 static kpl_status cpu_pool(const kpl_kernel_args *args)
 {
     const kpl_pool_attrs *a = args->attrs;
+    kpl_dtype hdt = a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD
+                        ? args->out->dtype
+                        : args->in[0]->dtype;
+    if (hdt == KPL_BF16 || hdt == KPL_F16) return pool_half(args, a, hdt);
     bool f64 = (a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD ? args->out->dtype
                                                                              : args->in[0]->dtype) ==
                KPL_F64;
@@ -287,4 +341,6 @@ void kpl__cpu_register_pool(void)
 {
     kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_F32, cpu_pool);
     kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_F64, cpu_pool);
+    kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_BF16, cpu_pool);
+    kpl_kernel_register(KPL_KOP_POOL2D, KPL_DEVICE_CPU, KPL_F16, cpu_pool);
 }

@@ -162,6 +162,12 @@ struct kpl_tensor {
     void (*meta_free)(void *meta);
 };
 
+/* f16/bf16 <-> f32 of n values (cpu_eltwise.c; convert_math.h's rounding,
+ * to nearest even): the CPU's half kernels widen blocks or planes into f32
+ * buffers, run the f32 loops, and round the result once. */
+void kpl__cpu_widen_half(kpl_dtype dt, float *d, const void *s, int64_t n);
+void kpl__cpu_narrow_half(kpl_dtype dt, void *d, const float *s, int64_t n);
+
 /* ---- blocked layouts (storage.c) ----
  * Whether `t` may hold, or be written in, the blocked nChw16c layout: a CPU
  * tensor of 4 dims whose channels are a multiple of 16 and that covers

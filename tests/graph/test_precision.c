@@ -63,11 +63,11 @@ static void test_policy_table(void **state)
     assert_int_equal(kpl_autocast_class_of(KPL_OP_CONV2D), KPL_AUTOCAST_LOW);
     assert_int_equal(kpl_autocast_class_of(KPL_OP_CONV2D_BWD_DATA), KPL_AUTOCAST_LOW);
     const kpl_op f32_ops[] = {KPL_OP_SUM, KPL_OP_MEAN, KPL_OP_VAR, KPL_OP_LOGSUMEXP,
-                              KPL_OP_EXP, KPL_OP_LOG, KPL_OP_POW,
-                              KPL_OP_AVG_POOL2D, KPL_OP_PLANE_GATHER, KPL_OP_SOFTPLUS};
+                              KPL_OP_EXP, KPL_OP_LOG, KPL_OP_POW, KPL_OP_SOFTPLUS};
     for (size_t i = 0; i < sizeof f32_ops / sizeof *f32_ops; i++)
         assert_int_equal(kpl_autocast_class_of(f32_ops[i]), KPL_AUTOCAST_F32);
     const kpl_op keep[] = {KPL_OP_RELU, KPL_OP_RESHAPE, KPL_OP_PERMUTE, KPL_OP_CAST,
+                           KPL_OP_AVG_POOL2D, KPL_OP_PLANE_GATHER, KPL_OP_PLANE_SCATTER,
                            KPL_OP_INDEX_SELECT, KPL_OP_NEG, KPL_OP_CUSTOM};
     for (size_t i = 0; i < sizeof keep / sizeof *keep; i++)
         assert_int_equal(kpl_autocast_class_of(keep[i]), KPL_AUTOCAST_KEEP);
@@ -120,7 +120,8 @@ static void test_result_dtypes(void **state)
                                                             1e-5))),
                          KPL_F32);
         kpl_pool2d_params pp = {.kernel = {2, 2}, .stride = {2, 2}};
-        assert_int_equal(kpl_tensor_dtype(NN(kpl_max_pool2d(y, &pp))), KPL_F32);
+        assert_int_equal(kpl_tensor_dtype(NN(kpl_max_pool2d(y, &pp))), lo); /* keep */
+        assert_int_equal(kpl_tensor_dtype(NN(kpl_avg_pool2d(y, &pp))), lo);
         kpl_tensor *h = NN(kpl_reshape(y, 2, (int64_t[]){2, 144}));
         kpl_tensor *lw = randn(2, (int64_t[]){5, 144}), *lb = randn(1, (int64_t[]){5});
         kpl_tensor *logits = NN(kpl_linear(h, lw, lb));
@@ -367,6 +368,57 @@ static void test_batch_norm_low(void **state)
         }
 }
 
+/* Pooling on f16/bf16 (each plane widened to f32, pooled, rounded once):
+ * max pooling, its indices, the gather and the scatter of its backward
+ * equal the f32 kernels' exactly; average pooling and its backward equal
+ * the f32 results rounded once. */
+static void test_pool_low(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
+    const kpl_pool2d_params ps[3] = {
+        {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}}, /* ResNet's stem */
+        {.kernel = {2, 2}, .stride = {2, 2}},                    /* the fast 2x2 path */
+        {.kernel = {3, 2}, .stride = {1, 2}, .padding = {1, 0}, .ceil_mode = true},
+    };
+    const int64_t xs[4] = {2, 3, 9, 11};
+    for (int d = 0; d < 2; d++)
+        for (int k = 0; k < 3; k++) {
+            kpl_pool *pool = kpl_pool_push();
+            kpl_dtype dt = dts[d];
+            const kpl_pool2d_params *p = &ps[k];
+            kpl_tensor *x = as(randn(4, xs), dt), *x32 = as(x, KPL_F32);
+            int64_t ys[4];
+            OK(kpl_shape_pool2d(xs, p, ys));
+            kpl_tensor *y = NN(kpl_empty(cpu, dt, 4, ys)), *y32 = NN(kpl_empty(cpu, KPL_F32, 4, ys));
+            kpl_tensor *i = NN(kpl_empty(cpu, KPL_I64, 4, ys)), *i32 = NN(kpl_empty(cpu, KPL_I64, 4, ys));
+            OK(kpl_k_max_pool2d(y, i, x, p));
+            OK(kpl_k_max_pool2d(y32, i32, x32, p));
+            kpl_tensor *gy = as(randn(4, ys), dt), *gy32 = as(gy, KPL_F32);
+            kpl_tensor *g = NN(kpl_empty(cpu, dt, 4, ys)), *g32 = NN(kpl_empty(cpu, KPL_F32, 4, ys));
+            OK(kpl_k_plane_gather(g, x, i));
+            OK(kpl_k_plane_gather(g32, x32, i32));
+            kpl_tensor *gx = NN(kpl_empty(cpu, dt, 4, xs)), *gx32 = NN(kpl_empty(cpu, KPL_F32, 4, xs));
+            OK(kpl_k_plane_scatter(gx, gy, i));
+            OK(kpl_k_plane_scatter(gx32, gy32, i32));
+            kpl_tensor *a = NN(kpl_empty(cpu, dt, 4, ys)), *a32 = NN(kpl_empty(cpu, KPL_F32, 4, ys));
+            OK(kpl_k_avg_pool2d(a, x, p));
+            OK(kpl_k_avg_pool2d(a32, x32, p));
+            kpl_tensor *ab = NN(kpl_empty(cpu, dt, 4, xs)), *ab32 = NN(kpl_empty(cpu, KPL_F32, 4, xs));
+            OK(kpl_k_avg_pool2d_bwd(ab, gy, p));
+            OK(kpl_k_avg_pool2d_bwd(ab32, gy32, p));
+            kpl_tensor *got[6] = {y, i, g, gx, a, ab};
+            kpl_tensor *want[6] = {y32, i32, g32, as(gx32, dt), as(a32, dt), as(ab32, dt)};
+            const char *what[6] = {"max", "argmax", "gather", "scatter", "avg", "avg_bwd"};
+            for (int r = 0; r < 6; r++)
+                for (int64_t j = 0; j < kpl_tensor_numel(want[r]); j++)
+                    if (tget(got[r], j) != tget(want[r], j))
+                        fail_msg("%s %s (params %d)[%lld] = %.9g, f32 %.9g", kpl_dtype_name(dt),
+                                 what[r], k, (long long)j, tget(got[r], j), tget(want[r], j));
+            kpl_pool_pop(pool);
+        }
+}
+
 /* The CPU's element-wise loops on f16/bf16: every op equals the f32 op on
  * the widened inputs, rounded once (what the f32 detour computed), across
  * broadcasts, scalars on either side, blocks longer than the stack block,
@@ -459,6 +511,7 @@ int main(void)
         cmocka_unit_test(test_exact_cases),
         cmocka_unit_test(test_batch_norm_low),
         cmocka_unit_test(test_eltwise_low),
+        cmocka_unit_test(test_pool_low),
         cmocka_unit_test(test_native_where_expected),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
