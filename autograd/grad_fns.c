@@ -469,7 +469,7 @@ G(PAD_ROWS)
  * (always so with two values per channel), so f32 (and f16/bf16, whose
  * gamma is f32) runs the recorded formula in f64, as the kernel does
  * (kernels/cpu/cpu_norm.c). */
-G(BATCH_NORM)
+static kpl_status bn_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_tensor *relu_y)
 {
     kpl_tensor *x = IN(0), *gamma = IN(1);
     double eps = kpl_node_attrs(n)->alpha;
@@ -485,10 +485,12 @@ G(BATCH_NORM)
         kpl_tensor *gg = WANT(1) ? kpl_empty(dev, pdt, 1, &c) : NULL;
         kpl_tensor *gb = WANT(2) ? kpl_empty(dev, pdt, 1, &c) : NULL;
         if ((WANT(0) && !gx) || (WANT(1) && !gg) || (WANT(2) && !gb)) return kpl_last_status();
-        KPL_TRY(kpl_k_batch_norm_bwd(gx, gg, gb, x, gy, gamma, eps));
+        KPL_TRY(relu_y ? kpl_k_batch_norm_relu_bwd(gx, gg, gb, x, relu_y, gy, gamma, eps)
+                       : kpl_k_batch_norm_bwd(gx, gg, gb, x, gy, gamma, eps));
         gin[0] = gx, gin[1] = gg, gin[2] = gb;
         return KPL_OK;
     }
+    if (relu_y) gy = kpl_mul(gy, mask(KPL_BIN_GT, relu_y, scalar_like(gy, 0)));
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
     kpl_dtype dt = kpl_tensor_dtype(x), pdt = kpl_tensor_dtype(gamma);
@@ -511,6 +513,14 @@ G(BATCH_NORM)
     for (int i = 0; i < 3 && dt != KPL_F64; i++)
         if (gin[i]) gin[i] = kpl_cast(gin[i], i ? pdt : dt);
     return KPL_OK;
+}
+G(BATCH_NORM) { return bn_grad(n, gy, gin, NULL); }
+/* relu(batch_norm(x)): gy masked by the saved output y > 0, as RELU's. */
+G(BATCH_NORM_RELU)
+{
+    kpl_tensor *y = OUT;
+    if (!y) return kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
+    return bn_grad(n, gy, gin, y);
 }
 
 static const grad_fn table[KPL_OP_COUNT] = {
@@ -535,6 +545,7 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
+    [KPL_OP_BATCH_NORM_RELU] = g_BATCH_NORM_RELU,
     [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
     [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD, [KPL_OP_ROI_ALIGN] = g_ROI_ALIGN,
     [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD, [KPL_OP_CUSTOM] = g_CUSTOM,
@@ -584,7 +595,7 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
-        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_SOFTPLUS, 1, 0},
+        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_BATCH_NORM_RELU, 3, 1}, {KPL_OP_SOFTPLUS, 1, 0},
         {KPL_OP_GATHER, 2, 0},     {KPL_OP_SCATTER_ADD, 2, 0},
         {KPL_OP_ROI_ALIGN, 2, 0},  {KPL_OP_ROI_ALIGN_BWD, 2, 0},
     };

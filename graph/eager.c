@@ -686,13 +686,16 @@ kpl_tensor *kpl_custom(kpl_tensor *x, kpl_tensor *y, const kpl_custom_fn *fn, vo
 /* ---- batch norm (the fused training form; graph/nn.c wraps it) ------------------ */
 
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
-                                  double eps, kpl_tensor *mean, kpl_tensor *var)
+                                  double eps, kpl_tensor *mean, kpl_tensor *var, bool relu)
 {
     if (!x || !gamma || !beta) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
     if (!out) return NULL;
     kpl_op_attrs at = {.alpha = eps};
     kpl_tensor *ins[3] = {x, gamma, beta};
+    if (relu)
+        return record_finish(kpl_k_batch_norm_relu(out, mean, var, x, gamma, beta, eps),
+                             KPL_OP_BATCH_NORM_RELU, &at, 3, ins, out);
     return record_finish(kpl_k_batch_norm(out, mean, var, x, gamma, beta, eps), KPL_OP_BATCH_NORM,
                          &at, 3, ins, out);
 }

@@ -376,9 +376,11 @@ static kpl_tensor *affine(kpl_tensor *y, kpl_tensor *gamma, kpl_tensor *beta)
     return y;
 }
 
-kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
-                           kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
-                           double momentum, double eps)
+/* kpl_batch_norm, followed by a ReLU when relu: fused into the training
+ * op where the device has that kernel, else the relu op after it. */
+static kpl_tensor *batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                              kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
+                              double momentum, double eps, bool relu)
 {
     if (!x) return NULL;
     /* f16/bf16 activations stay so (statistics and parameters in f32)
@@ -429,7 +431,8 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
         kpl_tensor *y = kpl_mul(kpl_sub(x, per_channel(running_mean, nd)),
                                 kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, per_channel(running_var, nd),
                                                         eps, false)));
-        return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+        y = affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+        return relu ? kpl_relu(y) : y;
     }
     /* Training: one fused op; absent gamma/beta become constants. */
     kpl_device *dev = kpl_tensor_device(x);
@@ -442,7 +445,9 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
         var = kpl_empty(dev, dt, 1, &c);
         if (!mean || !var) return NULL;
     }
-    kpl_tensor *y = kpl__batch_norm_train(x, gamma, beta, eps, mean, var);
+    bool fused = relu && kpl_kernel_registered(KPL_KOP_BATCH_NORM_RELU,
+                                               kpl_device_type_of(dev), kpl_tensor_dtype(x));
+    kpl_tensor *y = kpl__batch_norm_train(x, gamma, beta, eps, mean, var, fused);
     if (y && mean) {
         /* running = (1 - m) running + m batch (unbiased variance), unrecorded */
         bool prev = kpl_set_grad_enabled(false);
@@ -456,7 +461,21 @@ kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
         kpl_set_grad_enabled(prev);
         if (st < 0) return NULL;
     }
-    return y;
+    return relu && !fused ? kpl_relu(y) : y;
+}
+
+kpl_tensor *kpl_batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                           kpl_tensor *running_mean, kpl_tensor *running_var, bool training,
+                           double momentum, double eps)
+{
+    return batch_norm(x, gamma, beta, running_mean, running_var, training, momentum, eps, false);
+}
+
+kpl_tensor *kpl_batch_norm_relu(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
+                                kpl_tensor *running_mean, kpl_tensor *running_var,
+                                bool training, double momentum, double eps)
+{
+    return batch_norm(x, gamma, beta, running_mean, running_var, training, momentum, eps, true);
 }
 
 kpl_tensor *kpl_layer_norm(kpl_tensor *x, int ndims, kpl_tensor *gamma, kpl_tensor *beta,

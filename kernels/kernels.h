@@ -543,6 +543,7 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(POOL2D, "pool2d") \
     X(INDEX, "index")   \
     X(BATCH_NORM, "batch_norm") \
+    X(BATCH_NORM_RELU, "batch_norm_relu") \
     X(BOX, "box")       \
     X(ROI_ALIGN, "roi_align") \
     X(AMP_UNSCALE, "amp_unscale")
@@ -832,6 +833,19 @@ kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
 kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
                                 const kpl_tensor *x, const kpl_tensor *gy,
                                 const kpl_tensor *gamma, double eps);
+/* Batch norm then ReLU in one pass, y = relu(batch_norm(x)): the values
+ * of kpl_k_batch_norm followed by kpl_k_unary(RELU), bit for bit, without
+ * writing and reading the normalised tensor between them.  Only where the
+ * device registers KPL_KOP_BATCH_NORM_RELU (the CPU); KPL_EUNSUPPORTED
+ * elsewhere, where graph/ composes the two ops. */
+kpl_status kpl_k_batch_norm_relu(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
+                                 const kpl_tensor *x, const kpl_tensor *gamma,
+                                 const kpl_tensor *beta, double eps);
+/* Its gradient: gy masked where the forward's output y is not > 0 (as
+ * KPL_BIN_RELU_BWD), then kpl_k_batch_norm_bwd's, in one pass. */
+kpl_status kpl_k_batch_norm_relu_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                     const kpl_tensor *x, const kpl_tensor *y,
+                                     const kpl_tensor *gy, const kpl_tensor *gamma, double eps);
 
 /* Boxes, with torchvision.ops' conventions: an (N, 4) tensor of rows
  * (x0, y0, x1, y1) in pixels, x1 >= x0 and y1 >= y0, f32 or f64; a box's

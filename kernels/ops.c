@@ -1411,16 +1411,16 @@ static kpl_status bn_common(const char *op, const kpl_tensor *x, kpl_bn_attrs *a
     return KPL_OK;
 }
 
-kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
-                            const kpl_tensor *x, const kpl_tensor *gamma,
-                            const kpl_tensor *beta, double eps)
+static kpl_status bn_fwd(kpl_kop kop, const char *op, kpl_tensor *y, kpl_tensor *mean,
+                         kpl_tensor *var, const kpl_tensor *x, const kpl_tensor *gamma,
+                         const kpl_tensor *beta, double eps)
 {
-    const char *op = "batch_norm";
     CHECK_ARG(op, y, "y");
     CHECK_ARG(op, x, "x");
     CHECK_ARG(op, gamma, "gamma");
     CHECK_ARG(op, beta, "beta");
-    kpl_bn_attrs a = {.bwd = false, .mean = mean, .var = var};
+    kpl_bn_attrs a = {.bwd = false, .relu = kop == KPL_KOP_BATCH_NORM_RELU, .mean = mean,
+                      .var = var};
     KPL_TRY(bn_common(op, x, &a, eps));
     KPL_TRY(same_device(op, y, "y", x, "x"));
     KPL_TRY(want_dtype(op, y, "y", x->dtype));
@@ -1431,43 +1431,82 @@ kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
     KPL_TRY(bn_vec(op, mean, "mean", x));
     KPL_TRY(bn_vec(op, var, "var", x));
     KPL_CHECK(x->numel > 0 || x->shape[1] == 0, KPL_ESHAPE,
-              "batch_norm: an empty batch has no statistics");
+              "%s: an empty batch has no statistics", op);
     if (x->shape[1] == 0) return KPL_OK;
-    return dispatch(KPL_KOP_BATCH_NORM, x->dtype, y, x, gamma, beta, &a);
+    return dispatch(kop, x->dtype, y, x, gamma, beta, &a);
 }
 
-kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
-                                const kpl_tensor *x, const kpl_tensor *gy,
-                                const kpl_tensor *gamma, double eps)
+kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
+                            const kpl_tensor *x, const kpl_tensor *gamma,
+                            const kpl_tensor *beta, double eps)
 {
-    const char *op = "batch_norm_bwd";
+    return bn_fwd(KPL_KOP_BATCH_NORM, "batch_norm", y, mean, var, x, gamma, beta, eps);
+}
+
+kpl_status kpl_k_batch_norm_relu(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
+                                 const kpl_tensor *x, const kpl_tensor *gamma,
+                                 const kpl_tensor *beta, double eps)
+{
+    return bn_fwd(KPL_KOP_BATCH_NORM_RELU, "batch_norm_relu", y, mean, var, x, gamma, beta, eps);
+}
+
+static kpl_status bn_bwd(kpl_kop kop, const char *op, kpl_tensor *gx, kpl_tensor *ggamma,
+                         kpl_tensor *gbeta, const kpl_tensor *x, const kpl_tensor *relu_y,
+                         const kpl_tensor *gy, const kpl_tensor *gamma, double eps)
+{
     CHECK_ARG(op, x, "x");
     CHECK_ARG(op, gy, "gy");
     CHECK_ARG(op, gamma, "gamma");
     KPL_CHECK(gx || ggamma || gbeta, KPL_EINVAL, "%s: no gradient asked for", op);
-    kpl_bn_attrs a = {.bwd = true, .gx = gx, .ggamma = ggamma, .gbeta = gbeta};
+    bool relu = kop == KPL_KOP_BATCH_NORM_RELU;
+    if (relu) CHECK_ARG(op, relu_y, "y");
+    kpl_bn_attrs a = {.bwd = true, .relu = relu, .relu_y = relu_y, .gx = gx, .ggamma = ggamma,
+                      .gbeta = gbeta};
     KPL_TRY(bn_common(op, x, &a, eps));
-    KPL_TRY(same_device(op, gy, "gy", x, "x"));
-    KPL_TRY(want_dtype(op, gy, "gy", x->dtype));
-    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-    bool eq = gy->ndim == x->ndim;
-    for (int d = 0; eq && d < x->ndim; d++) eq = gy->shape[d] == x->shape[d];
-    KPL_CHECK(eq, KPL_ESHAPE, "%s: gradient %s and input %s differ", op, KPL_SHAPE(gy, b1),
-              KPL_SHAPE(x, b2));
+    const kpl_tensor *same[2] = {gy, relu_y};
+    const char *same_name[2] = {"gy", "y"};
+    for (int i = 0; i < 2; i++) {
+        const kpl_tensor *t = same[i];
+        if (!t) continue;
+        KPL_TRY(same_device(op, t, same_name[i], x, "x"));
+        KPL_TRY(want_dtype(op, t, same_name[i], x->dtype));
+        char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+        bool eq = t->ndim == x->ndim;
+        for (int d = 0; eq && d < x->ndim; d++) eq = t->shape[d] == x->shape[d];
+        KPL_CHECK(eq, KPL_ESHAPE, "%s: %s %s and input %s differ", op,
+                  i ? "output" : "gradient", KPL_SHAPE(t, b1), KPL_SHAPE(x, b2));
+    }
     if (gx) {
         KPL_TRY(same_device(op, gx, "gx", x, "x"));
         KPL_TRY(want_dtype(op, gx, "gx", x->dtype));
         KPL_TRY(same_shape(op, gx, x->ndim, x->shape));
         KPL_TRY(no_partial_overlap(op, gx, gy, "gy"));
         KPL_CHECK(gx->storage != x->storage, KPL_EINVAL, "%s: gx must not overwrite x", op);
+        if (relu) KPL_TRY(no_partial_overlap(op, gx, relu_y, "y"));
     }
     KPL_TRY(bn_vec(op, gamma, "gamma", x));
     KPL_TRY(bn_vec(op, ggamma, "ggamma", x));
     KPL_TRY(bn_vec(op, gbeta, "gbeta", x));
     KPL_CHECK(x->numel > 0 || x->shape[1] == 0, KPL_ESHAPE,
-              "batch_norm_bwd: an empty batch has no statistics");
+              "%s: an empty batch has no statistics", op);
     if (x->shape[1] == 0) return KPL_OK;
     /* The outputs travel in the attributes; `out` only selects the device. */
     kpl_tensor *dev_of = gx ? gx : ggamma ? ggamma : gbeta;
-    return dispatch(KPL_KOP_BATCH_NORM, x->dtype, dev_of, x, gy, gamma, &a);
+    return dispatch(kop, x->dtype, dev_of, x, gy, gamma, &a);
+}
+
+kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                const kpl_tensor *x, const kpl_tensor *gy,
+                                const kpl_tensor *gamma, double eps)
+{
+    return bn_bwd(KPL_KOP_BATCH_NORM, "batch_norm_bwd", gx, ggamma, gbeta, x, NULL, gy, gamma,
+                  eps);
+}
+
+kpl_status kpl_k_batch_norm_relu_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                     const kpl_tensor *x, const kpl_tensor *y,
+                                     const kpl_tensor *gy, const kpl_tensor *gamma, double eps)
+{
+    return bn_bwd(KPL_KOP_BATCH_NORM_RELU, "batch_norm_relu_bwd", gx, ggamma, gbeta, x, y, gy,
+                  gamma, eps);
 }

@@ -58,9 +58,10 @@ void kpl__autocast_pair(kpl_op op, kpl_tensor **a, kpl_tensor **b);
 
 /* Batch norm with the batch statistics as one recorded op (inputs x,
  * gamma, beta, all given); the batch mean and biased variance go to
- * mean, var (C) when not NULL. */
+ * mean, var (C) when not NULL.  relu: the fused batch_norm_relu op (the
+ * caller checked the device has its kernel). */
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
-                                  double eps, kpl_tensor *mean, kpl_tensor *var);
+                                  double eps, kpl_tensor *mean, kpl_tensor *var, bool relu);
 
 /* A loss's per-element values reduced (mean, sum) or returned as they are
  * (none); an unknown reduction is KPL_EINVAL. */

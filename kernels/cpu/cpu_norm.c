@@ -28,6 +28,13 @@
  * statistics stay f32: the sums are the same double sums of the widened
  * values, and only y and the input gradient are rounded to 16 bits, so
  * the activations cross memory at half the bytes (no f32 copies of them).
+ *
+ * KPL_KOP_BATCH_NORM_RELU is the same kernel with the ReLU folded in: the
+ * forward rounds y as batch norm does, then applies relu's formula to the
+ * rounded value (eltwise_math.h's, so -0 and NaN pass alike); the
+ * backward masks gy by y > 0 as it reads it (KPL_BIN_RELU_BWD's product).
+ * The results are those of the two ops, bit for bit, one pass over the
+ * activations fewer each way.
  */
 #include "../eltwise_math.h"
 #include "kernels_impl.h"
@@ -67,12 +74,52 @@ static double lanes_total(const double *l)
         double d_ = (double)LD(x, k) - m;                                                 \
         q[j] += d_ * d_;                                                                  \
     } while (0)
+/* gy, masked by the relu output yp > 0 when `relu` (a constant in each
+ * kernel, so the test folds away and the loops stay vector loops). */
+#define GY(gp, yp, k, relu)                                                               \
+    ((relu) ? (double)(LD(gp, k) * (LD(yp, k) > 0 ? 1.0f : 0.0f)) : (double)LD(gp, k))
+/* Stores v rounded to T, through relu's formula when `relu`. */
+#define ST_ACT(T, o, k, v, relu)                                                           \
+    do {                                                                                  \
+        if (relu) {                                                                       \
+            T r_ = ST(v);                                                                 \
+            (o)[k] = LD(&r_, 0) < 0 ? (T)0 : r_;                                          \
+        } else {                                                                          \
+            (o)[k] = ST(v);                                                               \
+        }                                                                                 \
+    } while (0)
 #define ACC_GRAD(j, k)                                                                    \
     do {                                                                                  \
-        double g_ = (double)LD(gy, k);                                                    \
+        double g_ = GY(gy, ym, k, relu);                                                  \
         sg[j] += g_;                                                                      \
         sgx[j] += g_ * ((double)LD(x, k) - m);                                            \
     } while (0)
+/* BN_FOLD(ACC_GRAD) of the relu kernels: the masked gy of a stretch of a
+ * row goes to a buffer first, in a loop the compiler vectorises, and the
+ * lanes sum it in BN_FOLD's order (value i of a row to lane i % BN_LANES;
+ * stretches start at multiples of BN_LANES), so the bits are the same. */
+#define BN_STRETCH 256
+#define ACC_MASKED(j, t)                                                                  \
+    do {                                                                                  \
+        sg[j] += gm[t];                                                                   \
+        sgx[j] += gm[t] * ((double)LD(x, o + i0 + (t)) - m);                              \
+    } while (0)
+#define BN_FOLD_MASKED_GRAD                                                               \
+    for (int64_t n = 0; n < a->n; n++) {                                                  \
+        int64_t o = (n * a->c + c) * a->hw;                                               \
+        if (a->hw < BN_LANES) {                                                           \
+            for (int64_t i = 0; i < a->hw; i++) ACC_GRAD((int)(n % BN_LANES), o + i);      \
+            continue;                                                                     \
+        }                                                                                 \
+        for (int64_t i0 = 0; i0 < a->hw; i0 += BN_STRETCH) {                              \
+            int len = (int)(a->hw - i0 < BN_STRETCH ? a->hw - i0 : BN_STRETCH), t = 0;    \
+            double gm[BN_STRETCH];                                                        \
+            for (int u = 0; u < len; u++) gm[u] = GY(gy, ym, o + i0 + u, true);           \
+            for (; t + BN_LANES <= len; t += BN_LANES)                                    \
+                for (int j = 0; j < BN_LANES; j++) ACC_MASKED(j, t + j);                  \
+            for (int j = 0; t < len; t++, j++) ACC_MASKED(j, t);                          \
+        }                                                                                 \
+    }
 
 /* Mean and biased variance of channel c. */
 #define BN_STATS(N, T)                                                                    \
@@ -96,8 +143,9 @@ static double lanes_total(const double *l)
  * computed value to T. */
 #define BN_KERNELS(N, T, P)                                                               \
     BN_STATS(N, T)                                                                        \
-    KPL_CLONES static void fwd_chan_##N(const T *x, const P *g, const P *b, T *y, P *mo,   \
-                                        P *vo, const kpl_bn_attrs *a, int64_t c)          \
+    static inline __attribute__((always_inline)) void fwd_chan_##N(                       \
+        const T *x, const P *g, const P *b, T *y, P *mo, P *vo, const kpl_bn_attrs *a,     \
+        int64_t c, bool relu)                                                             \
     {                                                                                     \
         double m, v;                                                                      \
         stats_##N(x, a, c, &m, &v);                                                       \
@@ -108,16 +156,22 @@ static double lanes_total(const double *l)
         for (int64_t n = 0; n < a->n; n++) {                                              \
             const T *r = x + (n * a->c + c) * a->hw;                                      \
             T *o = y + (n * a->c + c) * a->hw;                                            \
-            for (int64_t i = 0; i < a->hw; i++) o[i] = ST(LD(r, i) * scale + shift);       \
+            for (int64_t i = 0; i < a->hw; i++)                                           \
+                ST_ACT(T, o, i, LD(r, i) * scale + shift, relu);                          \
         }                                                                                 \
     }                                                                                     \
-    KPL_CLONES static void bwd_chan_##N(const T *x, const T *gy, const P *g, T *gx, P *gg, \
-                                        P *gb, const kpl_bn_attrs *a, int64_t c)          \
+    static inline __attribute__((always_inline)) void bwd_chan_##N(                       \
+        const T *x, const T *gy, const T *ym, const P *g, T *gx, P *gg, P *gb,             \
+        const kpl_bn_attrs *a, int64_t c, bool relu)                                      \
     {                                                                                     \
         double m, v, cnt = (double)(a->n * a->hw);                                        \
         stats_##N(x, a, c, &m, &v);                                                       \
         double inv = 1.0 / sqrt(v + a->eps), sg[BN_LANES] = {0}, sgx[BN_LANES] = {0};      \
-        BN_FOLD(ACC_GRAD)                                                                 \
+        if (relu) {                                                                       \
+            BN_FOLD_MASKED_GRAD                                                           \
+        } else {                                                                          \
+            BN_FOLD(ACC_GRAD)                                                             \
+        }                                                                                 \
         double tg = lanes_total(sg), tgx = lanes_total(sgx);                              \
         /* sum(gy xhat) = inv sum(gy (x - mean)) */                                       \
         if (gg) gg[c] = (P)(tgx * inv);                                                   \
@@ -126,11 +180,33 @@ static double lanes_total(const double *l)
         /* gx = gamma inv ((gy - mean(gy)) - (x - mean) inv^2 mean(gy (x - mean))) */     \
         double k = (double)g[c] * inv, mg = tg / cnt, kx = inv * inv * tgx / cnt;         \
         for (int64_t n = 0; n < a->n; n++) {                                              \
-            const T *r = x + (n * a->c + c) * a->hw, *d = gy + (n * a->c + c) * a->hw;     \
-            T *o = gx + (n * a->c + c) * a->hw;                                           \
+            int64_t o0 = (n * a->c + c) * a->hw;                                          \
+            const T *r = x + o0, *d = gy + o0, *ry = relu ? ym + o0 : NULL;               \
+            T *o = gx + o0;                                                               \
             for (int64_t i = 0; i < a->hw; i++)                                           \
-                o[i] = ST(k * (((double)LD(d, i) - mg) - ((double)LD(r, i) - m) * kx));    \
+                o[i] = ST(k * ((GY(d, ry, i, relu) - mg) - ((double)LD(r, i) - m) * kx));  \
         }                                                                                 \
+    }                                                                                     \
+    KPL_CLONES static void fwd_plain_##N(const T *x, const P *g, const P *b, T *y, P *mo,  \
+                                         P *vo, const kpl_bn_attrs *a, int64_t c)         \
+    {                                                                                     \
+        fwd_chan_##N(x, g, b, y, mo, vo, a, c, false);                                    \
+    }                                                                                     \
+    KPL_CLONES static void fwd_relu_##N(const T *x, const P *g, const P *b, T *y, P *mo,   \
+                                        P *vo, const kpl_bn_attrs *a, int64_t c)          \
+    {                                                                                     \
+        fwd_chan_##N(x, g, b, y, mo, vo, a, c, true);                                     \
+    }                                                                                     \
+    KPL_CLONES static void bwd_plain_##N(const T *x, const T *gy, const P *g, T *gx,       \
+                                         P *gg, P *gb, const kpl_bn_attrs *a, int64_t c)  \
+    {                                                                                     \
+        bwd_chan_##N(x, gy, NULL, g, gx, gg, gb, a, c, false);                            \
+    }                                                                                     \
+    KPL_CLONES static void bwd_relu_##N(const T *x, const T *gy, const T *ym, const P *g,  \
+                                        T *gx, P *gg, P *gb, const kpl_bn_attrs *a,       \
+                                        int64_t c)                                        \
+    {                                                                                     \
+        bwd_chan_##N(x, gy, ym, g, gx, gg, gb, a, c, true);                               \
     }                                                                                     \
     static void fwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
@@ -138,7 +214,10 @@ static double lanes_total(const double *l)
         const P *g = kpl__cdata(args->in[1]), *b = kpl__cdata(args->in[2]);               \
         T *y = kpl__data(args->out);                                                      \
         P *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_chan_##N(x, g, b, y, mo, vo, a, c););   \
+        if (a->relu)                                                                      \
+            KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_relu_##N(x, g, b, y, mo, vo, a, c);); \
+        else                                                                              \
+            KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, fwd_plain_##N(x, g, b, y, mo, vo, a, c);); \
     }                                                                                     \
     static void bwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a)               \
     {                                                                                     \
@@ -147,7 +226,13 @@ static double lanes_total(const double *l)
         T *gx = a->gx ? kpl__data(a->gx) : NULL;                                          \
         P *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
         P *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
-        KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1, bwd_chan_##N(x, gy, g, gx, gg, gb, a, c););  \
+        const T *ym = a->relu ? kpl__cdata(a->relu_y) : NULL;                             \
+        if (ym)                                                                           \
+            KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1,                                        \
+                                bwd_relu_##N(x, gy, ym, g, gx, gg, gb, a, c););           \
+        else                                                                              \
+            KPL_PARALLEL_FOR_IF(c, a->c, a->c > 1,                                        \
+                                bwd_plain_##N(x, gy, g, gx, gg, gb, a, c););              \
     }
 
 /* ---- the blocked layout (nChw16c) ----
@@ -182,7 +267,7 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
     }
 #define BACC_GRAD(j, k)                                                                   \
     for (int l = 0; l < 16; l++) {                                                        \
-        double g_ = (double)LD(gy, (k) + l);                                              \
+        double g_ = GY(gy, ym, (k) + l, relu);                                            \
         sg[j][l] += g_;                                                                   \
         sgx[j][l] += g_ * ((double)LD(x, (k) + l) - m[l]);                                \
     }
@@ -198,8 +283,9 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
         BLK_FOLD(BACC_SQDEV)                                                              \
         for (int l = 0; l < 16; l++) var[l] = lanes_total_at(q, l) / cnt;                 \
     }                                                                                     \
-    KPL_CLONES static void bfwd_blk_##N(const T *x, const P *g, const P *b, T *y, P *mo,   \
-                                        P *vo, const kpl_bn_attrs *a, int64_t cb)         \
+    static inline __attribute__((always_inline)) void bfwd_blk_##N(                       \
+        const T *x, const P *g, const P *b, T *y, P *mo, P *vo, const kpl_bn_attrs *a,     \
+        int64_t cb, bool relu)                                                            \
     {                                                                                     \
         double m[16], v[16];                                                              \
         P scale[16], shift[16];                                                           \
@@ -215,12 +301,15 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
         for (int64_t n = 0; n < a->n; n++) {                                              \
             int64_t o = (n * (a->c / 16) + cb) * a->hw * 16;                              \
             for (int64_t i = 0; i < a->hw; i++)                                           \
-                for (int l = 0; l < 16; l++)                                              \
-                    y[o + i * 16 + l] = ST(LD(x, o + i * 16 + l) * scale[l] + shift[l]);  \
+                for (int l = 0; l < 16; l++) {                                            \
+                    int64_t e = o + i * 16 + l;                                           \
+                    ST_ACT(T, y, e, LD(x, e) * scale[l] + shift[l], relu);                \
+                }                                                                         \
         }                                                                                 \
     }                                                                                     \
-    KPL_CLONES static void bbwd_blk_##N(const T *x, const T *gy, const P *g, T *gx, P *gg, \
-                                        P *gb, const kpl_bn_attrs *a, int64_t cb)         \
+    static inline __attribute__((always_inline)) void bbwd_blk_##N(                       \
+        const T *x, const T *gy, const T *ym, const P *g, T *gx, P *gg, P *gb,             \
+        const kpl_bn_attrs *a, int64_t cb, bool relu)                                     \
     {                                                                                     \
         double m[16], v[16], cnt = (double)(a->n * a->hw);                                \
         double sg[BN_LANES][16] = {{0}}, sgx[BN_LANES][16] = {{0}};                       \
@@ -241,26 +330,56 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
             for (int64_t i = 0; i < a->hw; i++)                                           \
                 for (int l = 0; l < 16; l++) {                                            \
                     int64_t e = o + i * 16 + l;                                           \
-                    gx[e] = ST(k[l] * (((double)LD(gy, e) - mg[l]) -                      \
+                    gx[e] = ST(k[l] * ((GY(gy, ym, e, relu) - mg[l]) -                    \
                                        ((double)LD(x, e) - m[l]) * kx[l]));               \
                 }                                                                         \
         }                                                                                 \
+    }                                                                                     \
+    KPL_CLONES static void bfwd_plain_##N(const T *x, const P *g, const P *b, T *y, P *mo, \
+                                          P *vo, const kpl_bn_attrs *a, int64_t cb)       \
+    {                                                                                     \
+        bfwd_blk_##N(x, g, b, y, mo, vo, a, cb, false);                                   \
+    }                                                                                     \
+    KPL_CLONES static void bfwd_relu_##N(const T *x, const P *g, const P *b, T *y, P *mo,  \
+                                         P *vo, const kpl_bn_attrs *a, int64_t cb)        \
+    {                                                                                     \
+        bfwd_blk_##N(x, g, b, y, mo, vo, a, cb, true);                                    \
+    }                                                                                     \
+    KPL_CLONES static void bbwd_plain_##N(const T *x, const T *gy, const P *g, T *gx,      \
+                                          P *gg, P *gb, const kpl_bn_attrs *a, int64_t cb) \
+    {                                                                                     \
+        bbwd_blk_##N(x, gy, NULL, g, gx, gg, gb, a, cb, false);                           \
+    }                                                                                     \
+    KPL_CLONES static void bbwd_relu_##N(const T *x, const T *gy, const T *ym, const P *g, \
+                                         T *gx, P *gg, P *gb, const kpl_bn_attrs *a,      \
+                                         int64_t cb)                                      \
+    {                                                                                     \
+        bbwd_blk_##N(x, gy, ym, g, gx, gg, gb, a, cb, true);                              \
     }                                                                                     \
     static void bfwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
                          T *y)                                                            \
     {                                                                                     \
         const P *g = kpl__cdata(args->in[1]), *b = kpl__cdata(args->in[2]);               \
         P *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
-        KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16, bfwd_blk_##N(x, g, b, y, mo, vo, a, cb);); \
+        if (a->relu)                                                                      \
+            KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
+                                bfwd_relu_##N(x, g, b, y, mo, vo, a, cb););               \
+        else                                                                              \
+            KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
+                                bfwd_plain_##N(x, g, b, y, mo, vo, a, cb););              \
     }                                                                                     \
     static void bbwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
-                         const T *gy, T *gx)                                              \
+                         const T *gy, const T *ym, T *gx)                                 \
     {                                                                                     \
         const P *g = kpl__cdata(args->in[2]);                                             \
         P *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
         P *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
-        KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                     \
-                            bbwd_blk_##N(x, gy, g, gx, gg, gb, a, cb););                  \
+        if (ym)                                                                           \
+            KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
+                                bbwd_relu_##N(x, gy, ym, g, gx, gg, gb, a, cb););         \
+        else                                                                              \
+            KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
+                                bbwd_plain_##N(x, gy, g, gx, gg, gb, a, cb););            \
     }
 
 #define LD(p, k) ((p)[k])
@@ -292,10 +411,12 @@ static bool run_blocked(const kpl_kernel_args *args, const kpl_bn_attrs *a)
     if (dt == KPL_F64) return false;
     const kpl_tensor *x = args->in[0];
     const kpl_tensor *out = a->bwd ? a->gx : args->out, *gy = a->bwd ? args->in[1] : NULL;
+    const kpl_tensor *ry = a->bwd && a->relu ? a->relu_y : NULL;
     void *px = kpl__blocked_data(x), *pg = gy ? kpl__blocked_data(gy) : NULL;
-    if (!px || (gy && !pg)) return false;
+    void *py = ry ? kpl__blocked_data(ry) : NULL;
+    if (!px || (gy && !pg) || (ry && !py)) return false;
     if (out && (!kpl__blockable(out) || out->storage == x->storage ||
-                (gy && out->storage == gy->storage)))
+                (gy && out->storage == gy->storage) || (ry && out->storage == ry->storage)))
         return false;
     void *po = out ? kpl__blocked_out(out) : NULL;
     if (!a->bwd) {
@@ -306,9 +427,9 @@ static bool run_blocked(const kpl_kernel_args *args, const kpl_bn_attrs *a)
         }
     } else {
         switch (dt) {
-        case KPL_F32: bbwd_float(args, a, px, pg, po); break;
-        case KPL_BF16: bbwd_bf16(args, a, px, pg, po); break;
-        default: bbwd_f16(args, a, px, pg, po); break;
+        case KPL_F32: bbwd_float(args, a, px, pg, py, po); break;
+        case KPL_BF16: bbwd_bf16(args, a, px, pg, py, po); break;
+        default: bbwd_f16(args, a, px, pg, py, po); break;
         }
     }
     if (out) kpl__storage_set_blocked(out);
@@ -330,8 +451,9 @@ static kpl_status cpu_batch_norm(const kpl_kernel_args *args)
 
 void kpl__cpu_register_norm(void)
 {
-    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F32, cpu_batch_norm);
-    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F64, cpu_batch_norm);
-    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_BF16, cpu_batch_norm);
-    kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, KPL_F16, cpu_batch_norm);
+    const kpl_dtype dts[4] = {KPL_F32, KPL_F64, KPL_BF16, KPL_F16};
+    for (int i = 0; i < 4; i++) {
+        kpl_kernel_register(KPL_KOP_BATCH_NORM, KPL_DEVICE_CPU, dts[i], cpu_batch_norm);
+        kpl_kernel_register(KPL_KOP_BATCH_NORM_RELU, KPL_DEVICE_CPU, dts[i], cpu_batch_norm);
+    }
 }

@@ -346,9 +346,12 @@ typedef struct {
 
 /* Batch norm over x viewed as (n, c, hw).  fwd: out y, in x, gamma, beta;
  * mean and var written when not NULL.  bwd: in x, gy, gamma; gx, ggamma,
- * gbeta written when not NULL (`out` is one of them, for dispatch). */
+ * gbeta written when not NULL (`out` is one of them, for dispatch).
+ * KPL_KOP_BATCH_NORM_RELU: relu set; its bwd masks gy by relu_y > 0. */
 typedef struct {
     bool bwd;
+    bool relu;
+    const kpl_tensor *relu_y;       /* bwd of the relu form: the forward's output */
     int64_t n, c, hw;
     double eps;
     kpl_tensor *mean, *var;         /* fwd, (C) */

@@ -213,6 +213,11 @@ static kpl_tensor *g_bn(kpl_tensor *const *x, void *u)
     (void)u;
     return kpl_square(kpl_batch_norm(x[0], x[1], x[2], NULL, NULL, true, 0.1, 1e-5));
 }
+static kpl_tensor *g_bnr(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_batch_norm_relu(x[0], x[1], x[2], NULL, NULL, true, 0.1, 1e-5));
+}
 static kpl_tensor *g_ln(kpl_tensor *const *x, void *u)
 {
     (void)u;
@@ -239,6 +244,14 @@ static void test_norm_gradients(void **state)
     kpl_tensor *bn[3] = {param(4, xs, 11, -1, 1), param(1, &s4, 12, 0.5, 1.5), param(1, &s4, 13, -1, 1)};
     OK(kpl_gradcheck(g_bn, NULL, 3, bn, 1, 1e-6, 1e-6, 1e-5));
     OK(kpl_gradcheck(g_bn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
+    /* the fused batch_norm_relu: recorded as one op on the CPU, its
+     * gradients (and theirs) those of the two ops */
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *yr = NN(kpl_batch_norm_relu(bn[0], bn[1], bn[2], NULL, NULL, true, 0.1, 1e-5));
+    assert_int_equal(kpl_node_op(kpl_tensor_node(yr, NULL)), KPL_OP_BATCH_NORM_RELU);
+    kpl_pool_pop(pool);
+    OK(kpl_gradcheck(g_bnr, NULL, 3, bn, 1, 1e-6, 1e-6, 1e-5));
+    OK(kpl_gradcheck(g_bnr, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
     OK(kpl_gradcheck(g_gn, NULL, 3, bn, 2, 1e-5, 1e-5, 1e-4));
     kpl_tensor *ln[3] = {bn[0], param(1, &s3, 14, 0.5, 1.5), param(1, &s3, 15, -1, 1)};
     OK(kpl_gradcheck(g_ln, NULL, 3, ln, 2, 1e-5, 1e-5, 1e-4));

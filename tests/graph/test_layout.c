@@ -1,8 +1,9 @@
 /*
  * test_layout.c — blocked layouts (kpl_set_blocked_layouts): a residual
- * block (convolutions, batch norm, ReLU, the shortcut's add) trained one
- * step with the activations kept in oneDNN's nChw16c layout must give
- * bit-identical losses and gradients to the same step with plain tensors,
+ * block (convolutions, batch norm, the fused batch norm + ReLU, ReLU, the
+ * shortcut's add) trained one step with the activations kept in oneDNN's
+ * nChw16c layout must give bit-identical losses and gradients to the same
+ * step with plain tensors,
  * in f32 and under bf16 autocast; the blocked path must really be taken
  * (the convolution's output is held blocked), and any other reader of a
  * blocked tensor (a reshape, a host read, a narrow) sees it plain.
@@ -53,7 +54,7 @@ static double step(const block_params *p, kpl_tensor *x, kpl_tensor *labels, kpl
     kpl_conv2d_params c1 = {.stride = {2, 2}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
     kpl_tensor *h = NN(kpl_conv2d(x, p->w1, NULL, &c3));
     *saw_blocked = kpl__blocked_data(h) != NULL;
-    h = NN(kpl_relu(NN(kpl_batch_norm(h, p->g[0], p->b[0], NULL, NULL, true, 0.1, 1e-5))));
+    h = NN(kpl_batch_norm_relu(h, p->g[0], p->b[0], NULL, NULL, true, 0.1, 1e-5));
     h = NN(kpl_batch_norm(NN(kpl_conv2d(h, p->w2, NULL, &c3s1)), p->g[1], p->b[1], NULL, NULL,
                           true, 0.1, 1e-5));
     kpl_tensor *s = NN(kpl_batch_norm(NN(kpl_conv2d(x, p->ws, NULL, &c1)), p->g[2], p->b[2],

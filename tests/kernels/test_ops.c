@@ -1263,6 +1263,94 @@ static void test_batch_norm_kernels(void **state)
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
 }
 
+/* Element i of a and b hold the same bits, or both a NaN. */
+static void same_bits(kpl_tensor *a, kpl_tensor *b, const char *what, kpl_dtype dt)
+{
+    size_t es = kpl_dtype_size(kpl_tensor_dtype(a));
+    const unsigned char *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
+    for (int64_t i = 0; i < kpl_tensor_numel(a); i++)
+        if (memcmp(pa + i * es, pb + i * es, es) != 0 &&
+            !(isnan(tget(a, i)) && isnan(tget(b, i))))
+            fail_msg("%s %s[%lld]: fused %.9g, composed %.9g", kpl_dtype_name(dt), what,
+                     (long long)i, tget(a, i), tget(b, i));
+}
+
+/* batch_norm_relu, the fused op, against batch_norm then relu, and its
+ * backward against relu_bwd then batch_norm_bwd: bit for bit in every
+ * dtype, for rows long and short (the kernel's two ways of summing), with
+ * a NaN in one channel and, in another, outputs of exactly beta: a tiny
+ * negative one (f16 rounds it to -0, which relu passes as -0). */
+static void test_batch_norm_relu_kernels(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[4] = {KPL_F32, KPL_F64, KPL_BF16, KPL_F16};
+    const int64_t shapes[2][4] = {{3, 5, 7, 9}, {4, 3, 1, 2}};
+    for (int si = 0; si < 2; si++)
+        for (int di = 0; di < 4; di++) {
+            kpl_dtype dt = dts[di], pdt = dt == KPL_F64 ? KPL_F64 : KPL_F32;
+            const int64_t *xs = shapes[si];
+            int64_t c = xs[1], hw = xs[2] * xs[3], n = xs[0] * c * hw;
+            float hx[945], hgy[945], hg[5], hb[5];
+            for (int64_t i = 0; i < n; i++) {
+                int64_t ch = i / hw % c;
+                hx[i] = ch == 2 ? 0.0f : 2.0f * sinf(0.37f * (float)i);
+                hgy[i] = cosf(0.11f * (float)i);
+            }
+            if (si == 0) hx[hw + 3] = NAN; /* channel 1 */
+            for (int64_t ch = 0; ch < c; ch++) {
+                hg[ch] = 0.5f + 0.1f * (float)ch;
+                hb[ch] = 0.3f * (float)(ch - 1);
+            }
+            hb[2] = -1e-30f; /* channel 2 is all 0: its outputs are beta */
+            kpl_tensor *src[4] = {tf32(4, xs, hx), tf32(4, xs, hgy), tf32(1, &c, hg),
+                                  tf32(1, &c, hb)};
+            kpl_tensor *t[4];
+            for (int i = 0; i < 4; i++) {
+                t[i] = tnew(i < 2 ? dt : pdt, kpl_tensor_ndim(src[i]), kpl_tensor_shape(src[i]));
+                OK(kpl_k_cast(t[i], src[i]));
+            }
+            kpl_tensor *x = t[0], *gy = t[1], *g = t[2], *b = t[3];
+            kpl_tensor *yf = tnew(dt, 4, xs), *yc = tnew(dt, 4, xs), *mf = tnew(pdt, 1, &c),
+                       *mc = tnew(pdt, 1, &c), *vf = tnew(pdt, 1, &c), *vc = tnew(pdt, 1, &c);
+            OK(kpl_k_batch_norm_relu(yf, mf, vf, x, g, b, 1e-5));
+            OK(kpl_k_batch_norm(yc, mc, vc, x, g, b, 1e-5));
+            OK(kpl_k_unary(yc, KPL_UN_RELU, yc, 0, 0));
+            same_bits(yf, yc, "y", dt);
+            same_bits(mf, mc, "mean", dt);
+            same_bits(vf, vc, "var", dt);
+            /* the fixture does what it says: zeros and negatives were cut */
+            int64_t zeros = 0;
+            for (int64_t i = 0; i < n; i++) zeros += tget(yf, i) == 0;
+            assert_true(zeros > n / 4);
+            if (dt == KPL_F16) assert_true(signbit(tget(yf, 2 * hw)));
+            kpl_tensor *gxf = tnew(dt, 4, xs), *gxc = tnew(dt, 4, xs), *gyr = tnew(dt, 4, xs);
+            kpl_tensor *ggf = tnew(pdt, 1, &c), *ggc = tnew(pdt, 1, &c), *gbf = tnew(pdt, 1, &c),
+                       *gbc = tnew(pdt, 1, &c);
+            OK(kpl_k_batch_norm_relu_bwd(gxf, ggf, gbf, x, yf, gy, g, 1e-5));
+            OK(kpl_k_binary(gyr, KPL_BIN_RELU_BWD, gy, yc));
+            OK(kpl_k_batch_norm_bwd(gxc, ggc, gbc, x, gyr, g, 1e-5));
+            same_bits(gxf, gxc, "gx", dt);
+            same_bits(ggf, ggc, "ggamma", dt);
+            same_bits(gbf, gbc, "gbeta", dt);
+            /* only gamma's gradient, and in place over gy */
+            OK(kpl_k_batch_norm_relu_bwd(NULL, ggf, NULL, x, yf, gy, g, 1e-5));
+            same_bits(ggf, ggc, "ggamma alone", dt);
+            OK(kpl_k_batch_norm_relu_bwd(gy, NULL, NULL, x, yf, gy, g, 1e-5));
+            same_bits(gy, gxc, "gx in place", dt);
+            if (si == 0 && di == 0) {
+                FAILS(kpl_k_batch_norm_relu_bwd(gxf, NULL, NULL, x, NULL, gy, g, 1e-5),
+                      KPL_EINVAL, "batch_norm_relu_bwd");
+                kpl_tensor *short_y = tnew(dt, 1, &c);
+                FAILS(kpl_k_batch_norm_relu_bwd(gxf, NULL, NULL, x, short_y, gy, g, 1e-5),
+                      KPL_ESHAPE, "batch_norm_relu_bwd: output (5) and input (3,5,7,9) differ");
+                kpl_tensor_release(short_y);
+            }
+            kpl_tensor *all[] = {src[0], src[1], src[2], src[3], x, gy, g, b, yf, yc, mf, mc,
+                                 vf, vc, gxf, gxc, gyr, ggf, ggc, gbf, gbc};
+            for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+        }
+}
+
 /* ---- loss scaling ---------------------------------------------------------------- */
 
 /* One call of amp_unscale on 5 values of dtype dt (raw bits in `in`), each
@@ -1413,6 +1501,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_pool2d_ceil_mode),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
         cmocka_unit_test(test_batch_norm_kernels),
+        cmocka_unit_test(test_batch_norm_relu_kernels),
         cmocka_unit_test(test_zero_size),
         cmocka_unit_test(test_gather_scatter_add_vs_reference),
         cmocka_unit_test(test_gather_dtypes_and_errors),

@@ -91,6 +91,69 @@ static void test_layers_by_hand(void **state)
     kpl_module_destroy(net);
 }
 
+/* A sequential's batch norm followed by a ReLU runs as the fused op in
+ * training, with the values, running statistics and gradients of the two
+ * ops; eval and kpl_nn_forward_relu of another kind compose them. */
+static void test_batch_norm_relu_fused(void **state)
+{
+    (void)state;
+    kpl_module *net = NULL, *bn = NULL, *lin = NULL;
+    OK(kpl_nn_sequential_root(NULL, 3, &net));
+    OK(kpl_nn_batch_norm(net, "bn", 3, 0.1, 1e-5, &bn));
+    OK(kpl_nn_relu(net, "relu", NULL));
+    OK(kpl_nn_flatten(net, "flat", NULL));
+    OK(kpl_nn_linear(net, "fc", 3 * 4, 2, true, &lin));
+    OK(kpl_k_fill(kpl_module_get_param(bn, "bias"), 0.25));
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_rng *rng = kpl_rng_create(17);
+    kpl_tensor *x = NN(kpl_randn(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){5, 3, 2, 2}, rng, 1, 2));
+    kpl_tensor *g = kpl_module_get_param(bn, "weight"), *b = kpl_module_get_param(bn, "bias");
+    kpl_tensor *rm = kpl_module_get_buffer(bn, "running_mean");
+    kpl_tensor *rv = kpl_module_get_buffer(bn, "running_var");
+    kpl_tensor *rm0 = NN(kpl_to_device(rm, kpl_device_cpu()));
+    kpl_tensor *rv0 = NN(kpl_to_device(rv, kpl_device_cpu()));
+    kpl_tensor *y = NN(kpl_nn_forward_relu(bn, x));
+    assert_int_equal(kpl_node_op(kpl_tensor_node(y, NULL)), KPL_OP_BATCH_NORM_RELU);
+    kpl_tensor *want = NN(kpl_relu(NN(kpl_batch_norm(x, g, b, rm0, rv0, true, 0.1, 1e-5))));
+    int64_t zeros = 0;
+    for (int64_t i = 0; i < kpl_tensor_numel(y); i++) {
+        assert_true(tget(y, i) == tget(want, i));
+        zeros += tget(y, i) == 0;
+    }
+    assert_true(zeros > 10 && zeros < 50);
+    for (int c = 0; c < 3; c++) {
+        assert_true(tget(rm, c) == tget(rm0, c));
+        assert_true(tget(rv, c) == tget(rv0, c));
+    }
+    /* through the sequential: the same gradients as the composed ops */
+    kpl_tensor *loss = NN(kpl_sum(NN(kpl_module_forward(net, x)), NULL, 0, false));
+    kpl_tensor *gf[2], *gc[2], *ps[2] = {g, b};
+    OK(kpl_grad(loss, NULL, 2, ps, false, gf));
+    kpl_tensor *h = NN(kpl_relu(NN(kpl_batch_norm(x, g, b, NULL, NULL, true, 0.1, 1e-5))));
+    h = NN(kpl_reshape(h, 2, (int64_t[]){5, 12}));
+    kpl_tensor *lc = NN(kpl_sum(NN(kpl_module_forward(lin, h)), NULL, 0, false));
+    OK(kpl_grad(lc, NULL, 2, ps, false, gc));
+    assert_true(tget(loss, 0) == tget(lc, 0));
+    for (int i = 0; i < 2; i++)
+        for (int c = 0; c < 3; c++) assert_true(tget(gf[i], c) == tget(gc[i], c));
+    /* eval: relu((x - running_mean) / sqrt(running_var + eps) gamma + beta) */
+    kpl_module_set_training(net, false);
+    y = NN(kpl_nn_forward_relu(bn, x));
+    for (int64_t i = 0; i < kpl_tensor_numel(y); i++) {
+        int64_t c = i / 4 % 3;
+        double v = (tget(x, i) - tget(rm, c)) / sqrt(tget(rv, c) + 1e-5) * tget(g, c) + tget(b, c);
+        assert_close(tget(y, i), v > 0 ? v : 0, 1e-5, 1e-6, "bn relu eval", i);
+    }
+    /* another kind: relu after its forward */
+    kpl_tensor *xl = NN(kpl_reshape(x, 2, (int64_t[]){5, 12}));
+    kpl_tensor *yl = NN(kpl_nn_forward_relu(lin, xl));
+    kpl_tensor *wl = NN(kpl_relu(NN(kpl_module_forward(lin, xl))));
+    for (int64_t i = 0; i < 10; i++) assert_true(tget(yl, i) == tget(wl, i));
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+}
+
 static void test_batch_norm_and_dropout_modes(void **state)
 {
     (void)state;
@@ -456,6 +519,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_layers_by_hand),
         cmocka_unit_test(test_batch_norm_and_dropout_modes),
+        cmocka_unit_test(test_batch_norm_relu_fused),
         cmocka_unit_test(test_initialisation),
         cmocka_unit_test(test_state_dict_names),
         cmocka_unit_test(test_freeze),

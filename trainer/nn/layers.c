@@ -377,6 +377,7 @@ typedef struct {
     int groups, ndim; /* group norm; layer norm */
     kpl_tensor *g, *b, *rmean, *rvar;
     kpl_comm *comm;   /* batch norm: synchronised over its ranks (kpl_nn_sync_batch_norm) */
+    bool relu_out;    /* batch norm: this forward ends in a ReLU (kpl_nn_forward_relu) */
 } norm_state;
 
 static const kpl_custom_fn allreduce_fn;
@@ -470,12 +471,25 @@ static kpl_status batch_norm_forward(kpl_module *m, const kpl_tensor_list *in,
     KPL_TRY(one_input(m, in));
     const norm_state *n = kpl_module_state(m);
     bool training = kpl_module_training(m);
-    if (n->comm && training) ONE_OUT(out, sync_batch_norm(n, in->t[0]));
-    ONE_OUT(out, kpl_batch_norm(in->t[0], n->g, n->b, n->rmean, n->rvar, training, n->momentum,
-                                n->eps));
+    if (n->comm && training) {
+        kpl_tensor *y = sync_batch_norm(n, in->t[0]);
+        ONE_OUT(out, n->relu_out ? kpl_relu(y) : y);
+    }
+    ONE_OUT(out, (n->relu_out ? kpl_batch_norm_relu : kpl_batch_norm)(
+                     in->t[0], n->g, n->b, n->rmean, n->rvar, training, n->momentum, n->eps));
 }
 
 static const kpl_module_kind batch_norm_kind;
+
+kpl_tensor *kpl_nn_forward_relu(kpl_module *m, kpl_tensor *x)
+{
+    if (!m || kpl_module_kind_of(m) != &batch_norm_kind) return kpl_relu(kpl_module_forward(m, x));
+    norm_state *n = kpl_module_state(m);
+    n->relu_out = true;
+    kpl_tensor *y = kpl_module_forward(m, x);
+    n->relu_out = false;
+    return y;
+}
 
 static void sync_walk(kpl_module *m, kpl_comm *comm, int *count)
 {
@@ -819,13 +833,30 @@ kpl_status kpl_nn_pixel_shuffle(kpl_module *parent, const char *name, int factor
 
 /* ---- containers -------------------------------------------------------------------------- */
 
+static bool is_batch_norm_then_relu(const kpl_module *bn, const kpl_module *act)
+{
+    return kpl_module_kind_of(bn) == &batch_norm_kind &&
+           kpl_module_kind_of(act) == &activation_kind &&
+           ((const act_state *)kpl_module_state(act))->act == KPL_NN_RELU;
+}
+
 static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
                                      kpl_tensor_list *out)
 {
     kpl_tensor_list cur = *in;
-    for (int i = 0; i < kpl_module_num_children(m); i++) {
+    int nc = kpl_module_num_children(m);
+    for (int i = 0; i < nc; i++) {
         kpl_tensor_list next;
-        KPL_TRY(kpl_module_forward_list(kpl_module_child(m, i), &cur, &next));
+        kpl_module *c = kpl_module_child(m, i);
+        if (i + 1 < nc && cur.n == 1 && is_batch_norm_then_relu(c, kpl_module_child(m, i + 1))) {
+            /* batch norm then ReLU: one fused op (kpl_nn_forward_relu) */
+            next.n = 1;
+            next.t[0] = kpl_nn_forward_relu(c, cur.t[0]);
+            if (!next.t[0]) return kpl_last_status();
+            i++;
+        } else {
+            KPL_TRY(kpl_module_forward_list(c, &cur, &next));
+        }
         cur = next;
     }
     *out = cur;

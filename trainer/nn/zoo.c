@@ -37,8 +37,8 @@ static kpl_status block_forward(kpl_module *m, const kpl_tensor_list *in, kpl_te
     if (!p) return kpl_last_status();
     kpl_tensor *y = x;
     for (int k = 0; k < b->n; k++) {
-        y = kpl_module_forward(b->bn[k], kpl_module_forward(b->conv[k], y));
-        if (k + 1 < b->n) y = kpl_relu(y);
+        y = kpl_module_forward(b->conv[k], y);
+        y = k + 1 < b->n ? kpl_nn_forward_relu(b->bn[k], y) : kpl_module_forward(b->bn[k], y);
     }
     kpl_tensor *o = kpl_relu(kpl_add(y, b->down ? kpl_module_forward(b->down, x) : x));
     if (o) kpl_tensor_retain(o);
