@@ -37,6 +37,7 @@
  */
 #include "bench_common.h"
 #include "bench_zoo.h"
+#include "kernels_impl.h"
 #include "trainer.h"
 
 #include <sys/resource.h>
@@ -310,6 +311,86 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
     }
 }
 
+/* ---- fusions ---------------------------------------------------------------------- */
+
+/* A (n, c, hw, hw) activation as a training step has it: a convolution's
+ * output, detached; held blocked when `blocked` and the CPU's kernel is
+ * (oneDNN's own preference: its timed choice for one lone convolution can
+ * be the plain GEMM one, unlike in a network). */
+static kpl_tensor *activation(kpl_rng *rng, kpl_dtype prec, int64_t n, int64_t c, int64_t hw,
+                              bool leaf, bool blocked)
+{
+    bool det = kpl_get_deterministic(), blk = kpl_set_blocked_layouts(blocked);
+    kpl_set_deterministic(true);
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_tensor *in = kpl_randn(cpu, KPL_F32, 4, (int64_t[]){n, c, hw, hw}, rng, 0, 1);
+    kpl_tensor *w = kpl_randn(cpu, KPL_F32, 4, (int64_t[]){c, c, 3, 3}, rng, 0, 0.05);
+    kpl_conv2d_params p = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    if (kpl_set_autocast(prec, NULL) < 0) die("autocast");
+    kpl_tensor *y = kpl_detach(kpl_conv2d(in, w, NULL, &p));
+    kpl_set_deterministic(det);
+    kpl_set_blocked_layouts(blk);
+    if (kpl_set_autocast(KPL_F32, NULL) < 0 || !y) die("activation");
+    if (leaf && kpl_set_requires_grad(y, true) < 0) die("requires_grad");
+    return y;
+}
+
+/* Batch norm + ReLU forward and backward, fused (kpl_batch_norm_relu)
+ * against the two ops, on ResNet's activations, in f32 and bf16
+ * (where the CPU has it), blocked and plain, alternating: the median ms
+ * of each. */
+static void fusion_cases(int rounds)
+{
+    static const int64_t shapes[][3] = {{64, 64, 32}, {8, 256, 56}};
+    const kpl_dtype precs[2] = {KPL_F32, KPL_BF16};
+    for (int pi = 0; pi < 2; pi++) {
+        if (precs[pi] == KPL_BF16 && !kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16)) {
+            fprintf(stderr, "bench_nn: no native bf16 here (%s): bn_relu bf16 skipped\n",
+                    kpl_cpu_math_info());
+            continue;
+        }
+        for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
+            const int64_t *sh = shapes[si / 2];
+            bool want_blocked = si % 2 == 0;
+            kpl_pool *pool = kpl_pool_push();
+            kpl_rng *rng = kpl_rng_create(5);
+            kpl_tensor *x = activation(rng, precs[pi], sh[0], sh[1], sh[2], true, want_blocked);
+            kpl_tensor *gy = activation(rng, precs[pi], sh[0], sh[1], sh[2], false, want_blocked);
+            kpl_tensor *g = kpl_full(kpl_device_cpu(), KPL_F32, 1, &sh[1], 1);
+            kpl_tensor *b = kpl_full(kpl_device_cpu(), KPL_F32, 1, &sh[1], 0.1);
+            if (!g || !b || kpl_set_requires_grad(g, true) < 0 || kpl_set_requires_grad(b, true) < 0)
+                die("bn_relu parameters");
+            int reps = 3 * rounds;
+            double ms[2][24];
+            for (int r = 0; r < reps + 1; r++)
+                for (int fused = 0; fused < 2; fused++) {
+                    kpl_pool *it = kpl_pool_push();
+                    double t0 = bench_now();
+                    kpl_tensor *y =
+                        fused ? kpl_batch_norm_relu(x, g, b, NULL, NULL, true, 0.1, 1e-5)
+                              : kpl_relu(kpl_batch_norm(x, g, b, NULL, NULL, true, 0.1, 1e-5));
+                    kpl_tensor *ins[3] = {x, g, b}, *grads[3];
+                    if (!y || kpl_grad(y, gy, 3, ins, false, grads) < 0) die(kpl_last_error());
+                    if (r) ms[fused][r - 1] = 1e3 * (bench_now() - t0); /* the first warms */
+                    kpl_pool_pop(it);
+                }
+            char label[96], extra[96];
+            snprintf(label, sizeof label, "%lldx%lldx%lldx%lld_%s_%s", (long long)sh[0],
+                     (long long)sh[1], (long long)sh[2], (long long)sh[2],
+                     kpl_dtype_name(precs[pi]), want_blocked ? "blocked" : "plain");
+            bool held = kpl__blocked_data(x) != NULL;
+            if (want_blocked && !held)
+                fprintf(stderr, "bench_nn: bn_relu %s: the convolution's output is not blocked "
+                                "here (%s)\n", label, kpl_cpu_math_info());
+            snprintf(extra, sizeof extra, ",\"blocked\":%s", held ? "true" : "false");
+            bench_emit("bn_relu_fwd_bwd", label, "ms", 0, bench_median(ms[1], reps),
+                       bench_median(ms[0], reps), "kpl-bn-then-relu", NAN, "%s", extra);
+            kpl_rng_destroy(rng);
+            kpl_pool_pop(pool);
+        }
+    }
+}
+
 /* ---- per-layer convolutions ------------------------------------------------------- */
 
 typedef struct {
@@ -451,10 +532,11 @@ int main(int argc, char **argv)
     if (len <= 0) die("cannot find my own executable");
     self[len] = 0;
     int rounds = bench_env_int("KPL_BENCH_ROUNDS", 3, 1, 8);
-    const char *only = getenv("KPL_BENCH_NN_ONLY"); /* "models" or "layers" */
+    const char *only = getenv("KPL_BENCH_NN_ONLY"); /* "models", "layers" or "fusions" */
     double rate = matmul_rate();
     fprintf(stderr, "bench_nn: 2-thread f32 matmul 1024^3: %.1f GFLOP/s\n", rate);
     if (!only || !strcmp(only, "models")) model_cases(self, argv[1], rounds, rate);
     if (!only || !strcmp(only, "layers")) conv_layers(argv[2], rate);
+    if (!only || !strcmp(only, "fusions")) fusion_cases(rounds);
     return bench_exit_code();
 }
