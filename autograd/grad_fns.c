@@ -107,18 +107,19 @@ G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, tr
  * Without create_graph the product with the mask is one pass (relu_bwd)
  * instead of a comparison, a cast and a product; with it, the recorded
  * ops, so it can be differentiated again. */
-G(RELU)
+/* gy where relu's output y > 0, else 0 (pool-owned). */
+static kpl_tensor *relu_grad(kpl_tensor *gy, kpl_tensor *y)
 {
-    kpl_tensor *y = OUT;
-    if (!kpl_grad_enabled() && y) {
+    if (!gy || !y) return NULL;
+    if (!kpl_grad_enabled()) {
         kpl_tensor *gx = kpl_empty(kpl_tensor_device(gy), kpl_tensor_dtype(gy),
                                    kpl_tensor_ndim(y), kpl_tensor_shape(y));
-        if (!gx) return kpl_last_status();
-        KPL_TRY(kpl_k_binary(gx, KPL_BIN_RELU_BWD, gy, y));
-        RET0(gx);
+        if (!gx || kpl_k_binary(gx, KPL_BIN_RELU_BWD, gy, y) < 0) return NULL;
+        return gx;
     }
-    RET0(kpl_mul(gy, mask(KPL_BIN_GT, y, scalar_like(gy, 0))));
+    return kpl_mul(gy, mask(KPL_BIN_GT, y, scalar_like(gy, 0)));
 }
+G(RELU) { RET0(relu_grad(gy, OUT)); }
 G(LEAKY_RELU)
 {
     /* gy where x > 0, else slope gy: three passes (the mask as a factor
@@ -310,7 +311,7 @@ G(MATMUL)
 }
 /* conv2d and its two gradient halves are closed under differentiation:
  *   <gy, conv(x, w)>   = <bwd_data(gy, w), x> = <bwd_weight(x, gy), w> */
-G(CONV2D)
+static kpl_status conv_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
 {
     const kpl_conv2d_params *p = &kpl_node_attrs(n)->conv;
     int64_t xs[KPL_MAX_DIMS], ws[KPL_MAX_DIMS];
@@ -332,6 +333,13 @@ G(CONV2D)
     if (WANT(1)) gin[1] = kpl_conv2d_bwd_weight(IN(0), gy, ws, p);
     if (want_b) gin[2] = kpl_sum(gy, (int[]){0, 2, 3}, 3, false);
     return KPL_OK;
+}
+G(CONV2D) { return conv_grad(n, gy, gin); }
+/* relu(conv2d): gy masked by the saved output y > 0, then conv2d's. */
+G(CONV2D_RELU)
+{
+    gy = relu_grad(gy, OUT);
+    return gy ? conv_grad(n, gy, gin) : kpl_last_status();
 }
 G(CONV2D_BWD_DATA) /* out = bwd_data(g, w) */
 {
@@ -490,7 +498,7 @@ static kpl_status bn_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_ten
         gin[0] = gx, gin[1] = gg, gin[2] = gb;
         return KPL_OK;
     }
-    if (relu_y) gy = kpl_mul(gy, mask(KPL_BIN_GT, relu_y, scalar_like(gy, 0)));
+    if (relu_y) gy = relu_grad(gy, relu_y);
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;
     kpl_dtype dt = kpl_tensor_dtype(x), pdt = kpl_tensor_dtype(gamma);
@@ -545,7 +553,7 @@ static const grad_fn table[KPL_OP_COUNT] = {
     [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
     [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
     [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
-    [KPL_OP_BATCH_NORM_RELU] = g_BATCH_NORM_RELU,
+    [KPL_OP_BATCH_NORM_RELU] = g_BATCH_NORM_RELU, [KPL_OP_CONV2D_RELU] = g_CONV2D_RELU,
     [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
     [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD, [KPL_OP_ROI_ALIGN] = g_ROI_ALIGN,
     [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD, [KPL_OP_CUSTOM] = g_CUSTOM,
@@ -595,7 +603,8 @@ __attribute__((constructor)) static void register_saved(void)
         {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
         {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
         {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
-        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_BATCH_NORM_RELU, 3, 1}, {KPL_OP_SOFTPLUS, 1, 0},
+        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_BATCH_NORM_RELU, 3, 1},
+        {KPL_OP_CONV2D_RELU, 3, 1}, {KPL_OP_SOFTPLUS, 1, 0},
         {KPL_OP_GATHER, 2, 0},     {KPL_OP_SCATTER_ADD, 2, 0},
         {KPL_OP_ROI_ALIGN, 2, 0},  {KPL_OP_ROI_ALIGN_BWD, 2, 0},
     };

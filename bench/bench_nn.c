@@ -335,56 +335,112 @@ static kpl_tensor *activation(kpl_rng *rng, kpl_dtype prec, int64_t n, int64_t c
     return y;
 }
 
-/* Batch norm + ReLU forward and backward, fused (kpl_batch_norm_relu)
- * against the two ops, on ResNet's activations, in f32 and bf16
- * (where the CPU has it), blocked and plain, alternating: the median ms
- * of each. */
+/* One fused-or-composed training piece: batch norm + ReLU of x (gamma
+ * a, beta b) backward from gy, or a 3x3 convolution of x (weights a,
+ * bias b) + ReLU backward from an f32 sum. */
+typedef struct {
+    bool conv;
+    kpl_dtype prec;
+    kpl_tensor *x, *a, *b, *gy;
+} fuse_case;
+
+static void fuse_step(const fuse_case *c, bool fused)
+{
+    kpl_conv2d_params p = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_tensor *y, *out, *gout = NULL;
+    if (c->conv) {
+        if (kpl_set_autocast(c->prec, NULL) < 0) die("autocast");
+        y = fused ? kpl_conv2d_relu(c->x, c->a, c->b, &p)
+                  : kpl_relu(kpl_conv2d(c->x, c->a, c->b, &p));
+        kpl_set_autocast(KPL_F32, NULL);
+        out = kpl_sum(kpl_cast(y, KPL_F32), NULL, 0, false);
+    } else {
+        out = fused ? kpl_batch_norm_relu(c->x, c->a, c->b, NULL, NULL, true, 0.1, 1e-5)
+                    : kpl_relu(kpl_batch_norm(c->x, c->a, c->b, NULL, NULL, true, 0.1, 1e-5));
+        gout = c->gy;
+    }
+    kpl_tensor *ins[3] = {c->x, c->a, c->b}, *grads[3];
+    if (!out || kpl_grad(out, gout, 3, ins, false, grads) < 0) die(kpl_last_error());
+}
+
+/* The fused and composed pieces alternating, 3 x rounds each after a
+ * warm-up: one row with their median ms. */
+static void fuse_row(const char *bench, const char *label, const char *ref, const fuse_case *c,
+                     int rounds, const char *extra)
+{
+    int reps = 3 * rounds;
+    double ms[2][24];
+    for (int r = 0; r < reps + 1; r++)
+        for (int fused = 0; fused < 2; fused++) {
+            kpl_pool *it = kpl_pool_push();
+            double t0 = bench_now();
+            fuse_step(c, fused);
+            if (r) ms[fused][r - 1] = 1e3 * (bench_now() - t0);
+            kpl_pool_pop(it);
+        }
+    bench_emit(bench, label, "ms", 0, bench_median(ms[1], reps), bench_median(ms[0], reps), ref,
+               NAN, extra ? "%s" : NULL, extra);
+}
+
+static kpl_tensor *param_full(int nd, const int64_t *shape, double v, kpl_rng *rng)
+{
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_tensor *t = rng ? kpl_randn(cpu, KPL_F32, nd, shape, rng, 0, v)
+                        : kpl_full(cpu, KPL_F32, nd, shape, v);
+    if (!t || kpl_set_requires_grad(t, true) < 0) die("parameters");
+    return t;
+}
+
+/* Batch norm + ReLU forward and backward (training statistics), fused
+ * (kpl_batch_norm_relu) against the two ops, on ResNet's activations,
+ * blocked and plain; then a 3x3 convolution with bias + ReLU
+ * (kpl_conv2d_relu: oneDNN's post-op) against the two ops.  f32 and bf16
+ * (where the CPU has it). */
 static void fusion_cases(int rounds)
 {
-    static const int64_t shapes[][3] = {{64, 64, 32}, {8, 256, 56}};
+    static const int64_t bn_shapes[][3] = {{64, 64, 32}, {8, 256, 56}};
+    static const int64_t conv_shapes[][3] = {{64, 64, 32}, {8, 128, 56}};
     const kpl_dtype precs[2] = {KPL_F32, KPL_BF16};
     for (int pi = 0; pi < 2; pi++) {
-        if (precs[pi] == KPL_BF16 && !kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16)) {
-            fprintf(stderr, "bench_nn: no native bf16 here (%s): bn_relu bf16 skipped\n",
+        kpl_dtype prec = precs[pi];
+        if (prec == KPL_BF16 && !kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16)) {
+            fprintf(stderr, "bench_nn: no native bf16 here (%s): bf16 fusions skipped\n",
                     kpl_cpu_math_info());
             continue;
         }
-        for (size_t si = 0; si < 2 * sizeof shapes / sizeof shapes[0]; si++) {
-            const int64_t *sh = shapes[si / 2];
+        for (int si = 0; si < 4; si++) {
+            const int64_t *sh = bn_shapes[si / 2];
             bool want_blocked = si % 2 == 0;
             kpl_pool *pool = kpl_pool_push();
             kpl_rng *rng = kpl_rng_create(5);
-            kpl_tensor *x = activation(rng, precs[pi], sh[0], sh[1], sh[2], true, want_blocked);
-            kpl_tensor *gy = activation(rng, precs[pi], sh[0], sh[1], sh[2], false, want_blocked);
-            kpl_tensor *g = kpl_full(kpl_device_cpu(), KPL_F32, 1, &sh[1], 1);
-            kpl_tensor *b = kpl_full(kpl_device_cpu(), KPL_F32, 1, &sh[1], 0.1);
-            if (!g || !b || kpl_set_requires_grad(g, true) < 0 || kpl_set_requires_grad(b, true) < 0)
-                die("bn_relu parameters");
-            int reps = 3 * rounds;
-            double ms[2][24];
-            for (int r = 0; r < reps + 1; r++)
-                for (int fused = 0; fused < 2; fused++) {
-                    kpl_pool *it = kpl_pool_push();
-                    double t0 = bench_now();
-                    kpl_tensor *y =
-                        fused ? kpl_batch_norm_relu(x, g, b, NULL, NULL, true, 0.1, 1e-5)
-                              : kpl_relu(kpl_batch_norm(x, g, b, NULL, NULL, true, 0.1, 1e-5));
-                    kpl_tensor *ins[3] = {x, g, b}, *grads[3];
-                    if (!y || kpl_grad(y, gy, 3, ins, false, grads) < 0) die(kpl_last_error());
-                    if (r) ms[fused][r - 1] = 1e3 * (bench_now() - t0); /* the first warms */
-                    kpl_pool_pop(it);
-                }
-            char label[96], extra[96];
+            fuse_case c = {false, prec,
+                           activation(rng, prec, sh[0], sh[1], sh[2], true, want_blocked),
+                           param_full(1, &sh[1], 1, NULL), param_full(1, &sh[1], 0.1, NULL),
+                           activation(rng, prec, sh[0], sh[1], sh[2], false, want_blocked)};
+            char label[96], extra[64];
             snprintf(label, sizeof label, "%lldx%lldx%lldx%lld_%s_%s", (long long)sh[0],
-                     (long long)sh[1], (long long)sh[2], (long long)sh[2],
-                     kpl_dtype_name(precs[pi]), want_blocked ? "blocked" : "plain");
-            bool held = kpl__blocked_data(x) != NULL;
+                     (long long)sh[1], (long long)sh[2], (long long)sh[2], kpl_dtype_name(prec),
+                     want_blocked ? "blocked" : "plain");
+            bool held = kpl__blocked_data(c.x) != NULL;
             if (want_blocked && !held)
                 fprintf(stderr, "bench_nn: bn_relu %s: the convolution's output is not blocked "
                                 "here (%s)\n", label, kpl_cpu_math_info());
             snprintf(extra, sizeof extra, ",\"blocked\":%s", held ? "true" : "false");
-            bench_emit("bn_relu_fwd_bwd", label, "ms", 0, bench_median(ms[1], reps),
-                       bench_median(ms[0], reps), "kpl-bn-then-relu", NAN, "%s", extra);
+            fuse_row("bn_relu_fwd_bwd", label, "kpl-bn-then-relu", &c, rounds, extra);
+            kpl_rng_destroy(rng);
+            kpl_pool_pop(pool);
+        }
+        for (int si = 0; si < 2; si++) {
+            const int64_t *sh = conv_shapes[si];
+            kpl_pool *pool = kpl_pool_push();
+            kpl_rng *rng = kpl_rng_create(6);
+            fuse_case c = {true, prec, activation(rng, prec, sh[0], sh[1], sh[2], true, true),
+                           param_full(4, (int64_t[]){sh[1], sh[1], 3, 3}, 0.05, rng),
+                           param_full(1, &sh[1], 0.1, rng), NULL};
+            char label[96];
+            snprintf(label, sizeof label, "%lldx%lldx%lldx%lld_k3_%s", (long long)sh[0],
+                     (long long)sh[1], (long long)sh[2], (long long)sh[2], kpl_dtype_name(prec));
+            fuse_row("conv_relu_fwd_bwd", label, "kpl-conv-then-relu", &c, rounds, NULL);
             kpl_rng_destroy(rng);
             kpl_pool_pop(pool);
         }

@@ -37,7 +37,7 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev)
 
 static const kpl_autocast_class classes[KPL_OP_COUNT] = {
     [KPL_OP_MATMUL] = KPL_AUTOCAST_LOW,
-    [KPL_OP_CONV2D] = KPL_AUTOCAST_LOW,
+    [KPL_OP_CONV2D] = KPL_AUTOCAST_LOW, [KPL_OP_CONV2D_RELU] = KPL_AUTOCAST_LOW,
     [KPL_OP_CONV2D_BWD_DATA] = KPL_AUTOCAST_LOW, /* conv_transpose2d */
     [KPL_OP_CONV2D_BWD_WEIGHT] = KPL_AUTOCAST_LOW,
 

@@ -319,13 +319,24 @@ kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after)
     return record_finish(st, KPL_OP_PAD_ROWS, &at, 1, &x, out);
 }
 
-kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p)
+/* conv2d, or with relu conv2d_relu where the device has its kernel (for
+ * f16/bf16, natively or through f32), else the relu op after conv2d. */
+static kpl_tensor *conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p,
+                          bool relu)
 {
     if (!x || !w || !p) return NULL;
     x = kpl__autocast(KPL_OP_CONV2D, x);
     w = kpl__autocast(KPL_OP_CONV2D, w);
     if (b) b = kpl__autocast(KPL_OP_CONV2D, b);
     if (!x || !w) return NULL;
+    if (relu) {
+        kpl_device_type dt = kpl_device_type_of(kpl_tensor_device(x));
+        kpl_dtype xt = kpl_tensor_dtype(x);
+        bool half = xt == KPL_F16 || xt == KPL_BF16;
+        if (!kpl_kernel_registered(KPL_KOP_CONV2D_RELU, dt, xt) &&
+            !(half && kpl_kernel_registered(KPL_KOP_CONV2D_RELU, dt, KPL_F32)))
+            return kpl_relu(conv2d(x, w, b, p, false));
+    }
     if (kpl_tensor_ndim(x) != 4 || kpl_tensor_ndim(w) != 4) {
         char b1[96], b2[96];
         KPL_ERROR(KPL_ESHAPE, "conv2d: input %s and weights %s must be 4-D",
@@ -339,7 +350,21 @@ kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_co
     if (!out) return NULL;
     kpl_op_attrs at = {.conv = *p};
     kpl_tensor *ins[3] = {x, w, b};
+    if (relu)
+        return record_finish(kpl_k_conv2d_relu(out, x, w, b, p), KPL_OP_CONV2D_RELU, &at,
+                             b ? 3 : 2, ins, out);
     return record_finish(kpl_k_conv2d(out, x, w, b, p), KPL_OP_CONV2D, &at, b ? 3 : 2, ins, out);
+}
+
+kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p)
+{
+    return conv2d(x, w, b, p, false);
+}
+
+kpl_tensor *kpl_conv2d_relu(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
+                            const kpl_conv2d_params *p)
+{
+    return conv2d(x, w, b, p, true);
 }
 
 kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_shape,

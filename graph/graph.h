@@ -98,7 +98,7 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
     X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
     X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
     X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")               \
-    X(BATCH_NORM_RELU, "batch_norm_relu")                                     \
+    X(BATCH_NORM_RELU, "batch_norm_relu") X(CONV2D_RELU, "conv2d_relu")       \
     X(CUSTOM, "custom")
 
 typedef enum {
@@ -194,6 +194,13 @@ kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after);
 
 /* 2-D convolution, NCHW input, OIHW weights, bias (O) or NULL. */
 kpl_tensor *kpl_conv2d(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b, const kpl_conv2d_params *p);
+/* kpl_relu(kpl_conv2d(...)): on a device with the fused kernel (the CPU)
+ * one op, the ReLU applied as the convolution stores its sums (oneDNN's
+ * post-op), which saves a pass over the output; the gradients are the two
+ * ops'.  The values are equal, but for the sign of a zero (see
+ * kpl_k_conv2d_relu). */
+kpl_tensor *kpl_conv2d_relu(kpl_tensor *x, kpl_tensor *w, kpl_tensor *b,
+                            const kpl_conv2d_params *p);
 /* The two halves of conv2d's gradient, ops in their own right (so conv2d is
  * differentiable to any order): the input gradient (a transposed
  * convolution producing x_shape) and the weight gradient (w_shape). */

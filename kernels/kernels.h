@@ -540,6 +540,7 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(CAST, "cast")     \
     X(COPY, "copy")     \
     X(CONV2D, "conv2d") \
+    X(CONV2D_RELU, "conv2d_relu") \
     X(POOL2D, "pool2d") \
     X(INDEX, "index")   \
     X(BATCH_NORM, "batch_norm") \
@@ -730,6 +731,14 @@ kpl_status kpl_shape_conv2d(const int64_t *x_shape, const int64_t *w_shape,
  * oneDNN, f64 on a plain reference loop. */
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                         const kpl_tensor *b, const kpl_conv2d_params *p);
+/* relu(conv2d(x, w, b)) in one pass: oneDNN's ReLU post-op, applied to
+ * the f32 sums before they are stored (or rounded to bf16/f16), so the
+ * values are those of kpl_k_conv2d then KPL_UN_RELU but for the sign of
+ * a zero (an output rounding to -0 comes out +0).  Where the device
+ * registers KPL_KOP_CONV2D_RELU (the CPU); KPL_EUNSUPPORTED elsewhere,
+ * where graph/ composes the two ops. */
+kpl_status kpl_k_conv2d_relu(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                             const kpl_tensor *b, const kpl_conv2d_params *p);
 /* gx (N, C, H, W) = the gradient of conv2d w.r.t. its input for output
  * gradient gy (N, O, OH, OW): a transposed convolution.  gx's shape says H, W. */
 kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,

@@ -157,7 +157,7 @@ static void half_key_of(kpl_kop kop, kpl_dtype dt, const void *attrs, half_key *
 {
     memset(k, 0, sizeof *k);
     k->kop = kop, k->dt = dt, k->threads = kpl_get_num_threads();
-    if (kop == KPL_KOP_CONV2D) {
+    if (kop == KPL_KOP_CONV2D || kop == KPL_KOP_CONV2D_RELU) {
         kpl_conv_attrs_key(&k->conv, attrs);
         return;
     }
@@ -966,28 +966,43 @@ static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, c
     a->o = w[0], a->kh = w[2], a->kw = w[3];
     a->oh = y[2], a->ow = y[3];
     a->p = *p;
+    a->relu = false;
 }
 
 /* A convolution's kernel: half precision through half_gemm. */
 static kpl_status conv_run(kpl_dtype dt, kpl_tensor *out, const kpl_tensor *i0,
                            const kpl_tensor *i1, const kpl_tensor *i2, const kpl_conv_attrs *a)
 {
-    if (!is_half(dt)) return dispatch(KPL_KOP_CONV2D, dt, out, i0, i1, i2, a);
-    return half_gemm(KPL_KOP_CONV2D, "conv2d", dt, out, i0, i1, i2,
+    kpl_kop kop = a->relu ? KPL_KOP_CONV2D_RELU : KPL_KOP_CONV2D;
+    if (!is_half(dt)) return dispatch(kop, dt, out, i0, i1, i2, a);
+    return half_gemm(kop, a->relu ? "conv2d_relu" : "conv2d", dt, out, i0, i1, i2,
                      a->kind == KPL_CONV_BWD_WEIGHT, a);
+}
+
+static kpl_status conv_fwd(const char *op, bool relu, kpl_tensor *out, const kpl_tensor *x,
+                           const kpl_tensor *w, const kpl_tensor *b, const kpl_conv2d_params *p)
+{
+    int64_t y[4];
+    conv_arg t[3] = {{x, "x"}, {w, "w"}, {out, "out"}};
+    KPL_TRY(conv_check(op, t, x, w, out, (conv_arg){b, "b"}, p, y));
+    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "%s: 'out' may not alias 'x'", op);
+    if (out->numel == 0) return KPL_OK;
+    kpl_conv_attrs a;
+    conv_fill(&a, KPL_CONV_FWD, x->shape, w->shape, y, p);
+    a.relu = relu;
+    return conv_run(x->dtype, out, x, w, b, &a);
 }
 
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                         const kpl_tensor *b, const kpl_conv2d_params *p)
 {
-    int64_t y[4];
-    conv_arg t[3] = {{x, "x"}, {w, "w"}, {out, "out"}};
-    KPL_TRY(conv_check("conv2d", t, x, w, out, (conv_arg){b, "b"}, p, y));
-    KPL_CHECK(out->storage != x->storage, KPL_EINVAL, "conv2d: 'out' may not alias 'x'");
-    if (out->numel == 0) return KPL_OK;
-    kpl_conv_attrs a;
-    conv_fill(&a, KPL_CONV_FWD, x->shape, w->shape, y, p);
-    return conv_run(x->dtype, out, x, w, b, &a);
+    return conv_fwd("conv2d", false, out, x, w, b, p);
+}
+
+kpl_status kpl_k_conv2d_relu(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                             const kpl_tensor *b, const kpl_conv2d_params *p)
+{
+    return conv_fwd("conv2d_relu", true, out, x, w, b, p);
 }
 
 kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,

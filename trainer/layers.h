@@ -126,9 +126,10 @@ typedef enum {
 kpl_status kpl_nn_activation(kpl_module *parent, const char *name, kpl_nn_act act, double slope,
                              kpl_module **out);
 kpl_status kpl_nn_relu(kpl_module *parent, const char *name, kpl_module **out);
-/* kpl_relu(kpl_module_forward(m, x)); a batch norm m in training runs it
- * as one fused op where the device has the kernel (kpl_batch_norm_relu),
- * as a sequential does by itself for a batch norm followed by a ReLU. */
+/* kpl_relu(kpl_module_forward(m, x)); a batch norm m in training or a
+ * conv2d m runs it as one fused op where the device has the kernel
+ * (kpl_batch_norm_relu, kpl_conv2d_relu), as a sequential does by itself
+ * for either followed by a ReLU. */
 kpl_tensor *kpl_nn_forward_relu(kpl_module *m, kpl_tensor *x);
 
 /* Pooling (graph.h's kpl_pool2d_params); adaptive average to (oh, ow),

@@ -227,12 +227,30 @@ fail:
     return st;
 }
 
+/* The ReLU of KPL_KOP_CONV2D_RELU where it is not a oneDNN post-op
+ * (kpl's own loops, the f64 reference), with relu's formula. */
+static void relu_in_place(kpl_tensor *out)
+{
+    int64_t n = out->numel;
+    if (out->dtype == KPL_F64) {
+        double *y = kpl__data(out);
+        KPL_PARALLEL_FOR_IF(i, n, n > 65536, y[i] = y[i] < 0 ? 0 : y[i];);
+    } else {
+        float *y = kpl__data(out);
+        KPL_PARALLEL_FOR_IF(i, n, n > 65536, y[i] = y[i] < 0 ? 0 : y[i];);
+    }
+}
+
 /* Runs a cached convolution on the call's tensors: reorders in, the
  * primitive, reorder out.  Called with cc.lock held. */
 static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                             const kpl_kernel_args *args)
 {
-    if (e->direct_threads) return kpl__conv_direct_run(a, args, e->direct_threads);
+    if (e->direct_threads) {
+        kpl_status dst = kpl__conv_direct_run(a, args, e->direct_threads);
+        if (dst >= 0 && a->relu) relu_in_place(args->out);
+        return dst;
+    }
     kpl_status st = KPL_OK;
     dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL;
     void *buf[3] = {NULL, NULL, NULL};
@@ -378,6 +396,8 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
     const kpl_conv_attrs *a = &k->a;
     dnnl_primitive_desc_t hint = NULL;
     dnnl_primitive_desc_iterator_t it = NULL;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
     int g = a->p.groups;
     dnnl_dims_t src = {a->n, a->c, a->h, a->w}, dst = {a->n, a->o, a->oh, a->ow};
     dnnl_dims_t wei1 = {a->o, a->c, a->kh, a->kw};
@@ -445,7 +465,14 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         }
         op_desc = &bd;
     }
-    DNNL_TRY(dnnl_primitive_desc_iterator_create(&it, op_desc, NULL, cc.engine, hint),
+    if (a->relu) { /* y = relu(conv) applied as the sums are stored */
+        DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
+        DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+                 "relu post-op");
+        DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
+        DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
+    }
+    DNNL_TRY(dnnl_primitive_desc_iterator_create(&it, op_desc, attr, cc.engine, hint),
              "implementation list");
     double best = INFINITY;
     int tried = 0;
@@ -500,6 +527,8 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
 fail:
     if (it) dnnl_primitive_desc_iterator_destroy(it);
     if (hint) dnnl_primitive_desc_destroy(hint);
+    if (attr) dnnl_primitive_attr_destroy(attr);
+    if (po) dnnl_post_ops_destroy(po);
     return st;
 }
 
@@ -558,6 +587,7 @@ static kpl_status cpu_conv(const kpl_kernel_args *args)
     switch (a->kind) {
     case KPL_CONV_FWD:
         ref_fwd(a, i0, i1, args->in[2] ? kpl__cdata(args->in[2]) : NULL, out);
+        if (a->relu) relu_in_place(args->out);
         break;
     case KPL_CONV_BWD_DATA: ref_bwd_data(a, i0, i1, out); break;
     case KPL_CONV_BWD_WEIGHT:
@@ -569,7 +599,10 @@ static kpl_status cpu_conv(const kpl_kernel_args *args)
 
 void kpl__cpu_register_conv(void)
 {
-    kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F32, cpu_conv);
-    kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_F64, cpu_conv);
-    if (kpl__cpu_bf16_native()) kpl_kernel_register(KPL_KOP_CONV2D, KPL_DEVICE_CPU, KPL_BF16, cpu_conv);
+    const kpl_kop kops[2] = {KPL_KOP_CONV2D, KPL_KOP_CONV2D_RELU};
+    for (int i = 0; i < 2; i++) {
+        kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_F32, cpu_conv);
+        kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_F64, cpu_conv);
+        if (kpl__cpu_bf16_native()) kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_BF16, cpu_conv);
+    }
 }

@@ -277,6 +277,7 @@ typedef struct {
     int64_t o, kh, kw;     /* weights (o, c / groups, kh, kw) */
     int64_t oh, ow;        /* output */
     kpl_conv2d_params p;
+    bool relu;             /* FWD of KPL_KOP_CONV2D_RELU: y = relu(conv) */
 } kpl_conv_attrs;
 
 /* Copies `src` member by member into a zeroed `dst`: caches compare keys
@@ -296,6 +297,7 @@ static inline void kpl_conv_attrs_key(kpl_conv_attrs *dst, const kpl_conv_attrs 
     dst->oh = src->oh;
     dst->ow = src->ow;
     dst->p = src->p; /* seven ints: no padding */
+    dst->relu = src->relu;
 }
 
 typedef enum {

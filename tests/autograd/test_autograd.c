@@ -74,6 +74,12 @@ static kpl_tensor *f_conv(kpl_tensor *const *x, void *u)
     return kpl_square(kpl_conv2d(x[0], x[1], u ? x[2] : NULL, &conv_p));
 }
 
+static kpl_tensor *f_conv_relu(kpl_tensor *const *x, void *u)
+{
+    (void)u;
+    return kpl_square(kpl_conv2d_relu(x[0], x[1], x[2], &conv_p));
+}
+
 static void check(const gcase *c, int order, const int64_t shapes[][3], const int *ndims)
 {
     kpl_tensor *in[3] = {NULL, NULL, NULL};
@@ -163,6 +169,17 @@ static void test_gradcheck_conv2d(void **state)
         for (int order = 1; order <= (k == 0 ? 3 : 2); order++) {
             kpl_status st = kpl_gradcheck(f_conv, (void *)1, 3, in, order, 1e-6, 1e-6, 1e-5);
             if (st != KPL_OK) fail_msg("conv2d case %d order %d: %s", k, order, kpl_last_error());
+        }
+        if (k == 0) {
+            /* the fused conv2d_relu: one op on the CPU, the two ops' gradients */
+            kpl_pool *pool = NN(kpl_pool_push());
+            kpl_tensor *y = NN(kpl_conv2d_relu(in[0], in[1], in[2], &conv_p));
+            assert_int_equal(kpl_node_op(kpl_tensor_node(y, NULL)), KPL_OP_CONV2D_RELU);
+            kpl_pool_pop(pool);
+            for (int order = 1; order <= 2; order++) {
+                kpl_status st = kpl_gradcheck(f_conv_relu, NULL, 3, in, order, 1e-6, 1e-6, 1e-5);
+                if (st != KPL_OK) fail_msg("conv2d_relu order %d: %s", order, kpl_last_error());
+            }
         }
         for (int i = 0; i < 3; i++) kpl_tensor_release(in[i]);
     }

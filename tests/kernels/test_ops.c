@@ -801,6 +801,57 @@ static void test_conv2d_onednn_vs_reference(void **state)
     assert_int_equal(s1.hits, s0.hits + 3);
 }
 
+/* conv2d_relu against conv2d then relu: f64 (the reference loops, the
+ * ReLU after them) exactly; f32, bf16 and f16 (oneDNN with its ReLU
+ * post-op, or the f32 detour) within their rounding, as the fused problem
+ * is a chooser key of its own and may get another kernel. */
+static void conv_relu_case(kpl_dtype dt, int64_t c, int64_t hw, int64_t o, int64_t k, int s,
+                           bool bias)
+{
+    kpl_conv2d_params p = {{s, s}, {k / 2, k / 2}, {1, 1}, 1};
+    int64_t xs[4] = {2, c, hw, hw}, ws[4] = {o, c, k, k}, ys[4], bs = o;
+    OK(kpl_shape_conv2d(xs, ws, &p, ys));
+    kpl_tensor *src[3] = {trand(KPL_F32, 4, xs, 31, -1, 1), trand(KPL_F32, 4, ws, 32, -0.5, 0.5),
+                          trand(KPL_F32, 1, &bs, 33, -0.5, 0.5)};
+    kpl_tensor *t[3];
+    for (int i = 0; i < 3; i++) {
+        t[i] = tnew(dt, kpl_tensor_ndim(src[i]), kpl_tensor_shape(src[i]));
+        OK(kpl_k_cast(t[i], src[i]));
+    }
+    kpl_tensor *y = tnew(dt, 4, ys), *yr = tnew(dt, 4, ys);
+    OK(kpl_k_conv2d(y, t[0], t[1], bias ? t[2] : NULL, &p));
+    OK(kpl_k_conv2d_relu(yr, t[0], t[1], bias ? t[2] : NULL, &p));
+    double tol = dt == KPL_F64 ? 0 : dt == KPL_F32 ? 1e-5 : dt == KPL_BF16 ? 2e-2 : 2e-3;
+    int64_t zeros = 0, n = kpl_tensor_numel(y);
+    for (int64_t i = 0; i < n; i++) {
+        double v = tget(y, i), r = tget(yr, i), want = v < 0 ? 0 : v;
+        zeros += r == 0;
+        if (dt == KPL_F64 ? r != want : fabs(r - want) > tol * (1 + fabs(v)))
+            fail_msg("%s conv2d_relu %lldx%lld k%lld s%d [%lld]: %.9g, relu(conv2d) %.9g",
+                     kpl_dtype_name(dt), (long long)c, (long long)o, (long long)k, s,
+                     (long long)i, r, want);
+        assert_false(r < 0);
+    }
+    assert_true(zeros > n / 5 && zeros < n - n / 5);
+    kpl_tensor *all[] = {src[0], src[1], src[2], t[0], t[1], t[2], y, yr};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
+static void test_conv2d_relu_kernels(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[4] = {KPL_F64, KPL_F32, KPL_BF16, KPL_F16};
+    for (int i = 0; i < 4; i++) {
+        conv_relu_case(dts[i], 3, 9, 4, 3, 1, true);    /* narrow, odd sizes */
+        conv_relu_case(dts[i], 16, 8, 32, 3, 2, false); /* blocked-sized channels, stride 2 */
+        conv_relu_case(dts[i], 32, 6, 16, 1, 1, true);  /* 1x1 */
+    }
+    /* deterministic mode: oneDNN's own first choice, untimed */
+    kpl_set_deterministic(true);
+    conv_relu_case(KPL_F32, 16, 10, 32, 3, 1, true);
+    kpl_set_deterministic(false);
+}
+
 /* kpl's own convolution loops (the chooser's plain-layout candidate),
  * called directly with one and two threads, against the reference loops
  * (f64) on the same values: all three directions, bias gradient included. */
@@ -1496,6 +1547,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_fill_cast_copy),
         cmocka_unit_test(test_conv2d_by_hand),
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
+        cmocka_unit_test(test_conv2d_relu_kernels),
         cmocka_unit_test(test_pool2d_by_hand),
         cmocka_unit_test(test_max_pool_2x2_fast_path),
         cmocka_unit_test(test_pool2d_ceil_mode),

@@ -154,6 +154,46 @@ static void test_batch_norm_relu_fused(void **state)
     kpl_module_destroy(net);
 }
 
+/* A sequential's convolution followed by a ReLU runs as conv2d_relu,
+ * with the two ops' values and gradients (within f32 rounding: the fused
+ * problem may get another kernel). */
+static void test_conv_relu_fused(void **state)
+{
+    (void)state;
+    kpl_module *net = NULL, *conv = NULL;
+    OK(kpl_nn_sequential_root(NULL, 4, &net));
+    kpl_nn_conv c = {KPL_NN_CONV_INIT(3, 8, 3), .padding = {1, 1}};
+    OK(kpl_nn_conv2d(net, "conv", &c, &conv));
+    OK(kpl_nn_relu(net, "relu", NULL));
+    kpl_pool *p = NN(kpl_pool_push());
+    kpl_rng *rng = kpl_rng_create(19);
+    kpl_tensor *x = NN(kpl_randn(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){2, 3, 6, 6}, rng, 0, 1));
+    kpl_tensor *w = kpl_module_get_param(conv, "weight"), *b = kpl_module_get_param(conv, "bias");
+    kpl_tensor *y = NN(kpl_module_forward(net, x));
+    assert_int_equal(kpl_node_op(kpl_tensor_node(y, NULL)), KPL_OP_CONV2D_RELU);
+    kpl_conv2d_params cp = {{1, 1}, {1, 1}, {1, 1}, 1};
+    kpl_tensor *want = NN(kpl_relu(NN(kpl_conv2d(x, w, b, &cp))));
+    int64_t zeros = 0, n = kpl_tensor_numel(y);
+    for (int64_t i = 0; i < n; i++) {
+        assert_close(tget(y, i), tget(want, i), 1e-5, 1e-5, "conv relu", i);
+        zeros += tget(y, i) == 0;
+    }
+    assert_true(zeros > n / 5 && zeros < n - n / 5);
+    kpl_tensor *ps[2] = {w, b}, *gf[2], *gc[2];
+    OK(kpl_grad(NN(kpl_sum(NN(kpl_square(y)), NULL, 0, false)), NULL, 2, ps, false, gf));
+    OK(kpl_grad(NN(kpl_sum(NN(kpl_square(want)), NULL, 0, false)), NULL, 2, ps, false, gc));
+    for (int i = 0; i < 2; i++)
+        for (int64_t j = 0; j < kpl_tensor_numel(gf[i]); j++)
+            assert_close(tget(gf[i], j), tget(gc[i], j), 1e-4, 1e-4, "conv relu grad", j);
+    /* kpl_nn_forward_relu on the convolution alone: the same op */
+    kpl_tensor *y2 = NN(kpl_nn_forward_relu(conv, x));
+    assert_int_equal(kpl_node_op(kpl_tensor_node(y2, NULL)), KPL_OP_CONV2D_RELU);
+    for (int64_t i = 0; i < n; i++) assert_true(tget(y2, i) == tget(y, i));
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+}
+
 static void test_batch_norm_and_dropout_modes(void **state)
 {
     (void)state;
@@ -520,6 +560,7 @@ int main(void)
         cmocka_unit_test(test_layers_by_hand),
         cmocka_unit_test(test_batch_norm_and_dropout_modes),
         cmocka_unit_test(test_batch_norm_relu_fused),
+        cmocka_unit_test(test_conv_relu_fused),
         cmocka_unit_test(test_initialisation),
         cmocka_unit_test(test_state_dict_names),
         cmocka_unit_test(test_freeze),

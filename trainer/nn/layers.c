@@ -109,6 +109,7 @@ typedef struct {
     kpl_conv2d_params p;
     int output_padding[2];
     bool transposed;
+    bool relu_out;     /* this forward ends in a ReLU (kpl_nn_forward_relu) */
     kpl_tensor *w, *b; /* borrowed from the module */
     spectral sn;
 } conv_state;
@@ -119,6 +120,7 @@ static kpl_status conv_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     const conv_state *c = kpl_module_state(m);
     kpl_tensor *x = in->t[0], *w = layer_weight(m, c->w, &c->sn);
     kpl_tensor *y = c->transposed ? kpl_conv_transpose2d(x, w, c->b, &c->p, c->output_padding)
+                    : c->relu_out ? kpl_conv2d_relu(x, w, c->b, &c->p)
                                   : kpl_conv2d(x, w, c->b, &c->p);
     if (y) {
         /* conv: each output element takes in/groups x kh x kw products;
@@ -483,11 +485,14 @@ static const kpl_module_kind batch_norm_kind;
 
 kpl_tensor *kpl_nn_forward_relu(kpl_module *m, kpl_tensor *x)
 {
-    if (!m || kpl_module_kind_of(m) != &batch_norm_kind) return kpl_relu(kpl_module_forward(m, x));
-    norm_state *n = kpl_module_state(m);
-    n->relu_out = true;
+    const kpl_module_kind *k = m ? kpl_module_kind_of(m) : NULL;
+    bool *flag = k == &batch_norm_kind ? &((norm_state *)kpl_module_state(m))->relu_out
+                 : k == &conv2d_kind   ? &((conv_state *)kpl_module_state(m))->relu_out
+                                       : NULL;
+    if (!flag) return kpl_relu(kpl_module_forward(m, x));
+    *flag = true;
     kpl_tensor *y = kpl_module_forward(m, x);
-    n->relu_out = false;
+    *flag = false;
     return y;
 }
 
@@ -833,9 +838,11 @@ kpl_status kpl_nn_pixel_shuffle(kpl_module *parent, const char *name, int factor
 
 /* ---- containers -------------------------------------------------------------------------- */
 
-static bool is_batch_norm_then_relu(const kpl_module *bn, const kpl_module *act)
+/* A batch norm or convolution followed by a ReLU: fused. */
+static bool fuses_relu(const kpl_module *m, const kpl_module *act)
 {
-    return kpl_module_kind_of(bn) == &batch_norm_kind &&
+    const kpl_module_kind *k = kpl_module_kind_of(m);
+    return (k == &batch_norm_kind || k == &conv2d_kind) &&
            kpl_module_kind_of(act) == &activation_kind &&
            ((const act_state *)kpl_module_state(act))->act == KPL_NN_RELU;
 }
@@ -848,8 +855,8 @@ static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
     for (int i = 0; i < nc; i++) {
         kpl_tensor_list next;
         kpl_module *c = kpl_module_child(m, i);
-        if (i + 1 < nc && cur.n == 1 && is_batch_norm_then_relu(c, kpl_module_child(m, i + 1))) {
-            /* batch norm then ReLU: one fused op (kpl_nn_forward_relu) */
+        if (i + 1 < nc && cur.n == 1 && fuses_relu(c, kpl_module_child(m, i + 1))) {
+            /* batch norm or convolution then ReLU: one fused op (kpl_nn_forward_relu) */
             next.n = 1;
             next.t[0] = kpl_nn_forward_relu(c, cur.t[0]);
             if (!next.t[0]) return kpl_last_status();
