@@ -109,10 +109,11 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     if (kpl_module_count_flops(m, 3, chw, true, &flops) < 0) die("flops");
     printf("RESULT model=%s batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
            "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
-           "alloc_peak_MiB=%.0f first_step_ms=%.1f\n",
+           "alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f first_step_ms=%.1f\n",
            name, (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
-           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0, first);
+           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0,
+           (double)kpl_device_memory_stats(cpu).peak_reserved / 1048576.0, first);
     free(ms);
     kpl_tensor_release(x);
     kpl_tensor_release(y);
@@ -569,18 +570,20 @@ static void conv_layers(const char *bench_dir, double rate)
 int main(int argc, char **argv)
 {
     if (argc >= 6 && !strcmp(argv[1], "--step")) {
-        /* options: bf16 (autocast), plain (no blocked layouts) */
+        /* options: bf16 (autocast), plain (no blocked layouts), deterministic
+         * (untimed algorithm choice) */
         kpl_dtype prec = KPL_F32;
         for (int i = 6; i < argc; i++) {
             if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
             else if (!strcmp(argv[i], "f32")) prec = KPL_F32;
             else if (!strcmp(argv[i], "plain")) kpl_set_blocked_layouts(false);
-            else die("--step: unknown option (f32, bf16, plain)");
+            else if (!strcmp(argv[i], "deterministic")) kpl_set_deterministic(true);
+            else die("--step: unknown option (f32, bf16, plain, deterministic)");
         }
         return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec);
     }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16] [plain]\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16] [plain] [deterministic]\n");
         return 2;
     }
     char self[2048];
