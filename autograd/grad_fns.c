@@ -106,8 +106,8 @@ G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, tr
  * norm's result nothing else keeps, can then die in the forward pass.
  * Without create_graph the product with the mask is one pass (relu_bwd)
  * instead of a comparison, a cast and a product; with it, the recorded
- * ops, so it can be differentiated again. */
-/* gy where relu's output y > 0, else 0 (pool-owned). */
+ * ops, so it can be differentiated again.  relu_grad: gy where relu's
+ * output y > 0, else 0 (pool-owned); the fused ops' gradients share it. */
 static kpl_tensor *relu_grad(kpl_tensor *gy, kpl_tensor *y)
 {
     if (!gy || !y) return NULL;

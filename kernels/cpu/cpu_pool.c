@@ -6,7 +6,6 @@
 #include "kernels_impl.h"
 
 #include <stdlib.h>
-
 #include <string.h>
 
 /* A window's bounds clipped to the input, and the divisor of its average:

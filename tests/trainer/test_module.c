@@ -185,6 +185,10 @@ static void test_conv_relu_fused(void **state)
     for (int i = 0; i < 2; i++)
         for (int64_t j = 0; j < kpl_tensor_numel(gf[i]); j++)
             assert_close(tget(gf[i], j), tget(gc[i], j), 1e-4, 1e-4, "conv relu grad", j);
+    assert_null(kpl_nn_forward_relu(NULL, x));
+    assert_int_equal(kpl_last_status(), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "forward_relu: no module"));
+    kpl_clear_error();
     /* kpl_nn_forward_relu on the convolution alone: the same op */
     kpl_tensor *y2 = NN(kpl_nn_forward_relu(conv, x));
     assert_int_equal(kpl_node_op(kpl_tensor_node(y2, NULL)), KPL_OP_CONV2D_RELU);

@@ -485,7 +485,11 @@ static const kpl_module_kind batch_norm_kind;
 
 kpl_tensor *kpl_nn_forward_relu(kpl_module *m, kpl_tensor *x)
 {
-    const kpl_module_kind *k = m ? kpl_module_kind_of(m) : NULL;
+    if (!m) {
+        KPL_ERROR(KPL_EINVAL, "forward_relu: no module");
+        return NULL;
+    }
+    const kpl_module_kind *k = kpl_module_kind_of(m);
     bool *flag = k == &batch_norm_kind ? &((norm_state *)kpl_module_state(m))->relu_out
                  : k == &conv2d_kind   ? &((conv_state *)kpl_module_state(m))->relu_out
                                        : NULL;
