@@ -28,18 +28,10 @@ typedef struct {
     size_t map_cap;
 } graph_walk;
 
-static size_t hash_node(const void *n, size_t cap)
-{
-    uint64_t x = (uint64_t)(uintptr_t)n;
-    x ^= x >> 31;
-    x *= 0x9e3779b97f4a7c15ULL;
-    return (size_t)(x >> 17) & (cap - 1);
-}
-
 static slot *find(graph_walk *w, const void *key)
 {
     if (!w->map_cap) return NULL;
-    for (size_t j = hash_node(key, w->map_cap);; j = (j + 1) & (w->map_cap - 1)) {
+    for (size_t j = kpl__hash_ptr(key, w->map_cap);; j = (j + 1) & (w->map_cap - 1)) {
         if (!w->map[j]) return NULL;
         if (w->s[w->map[j] - 1].key == key) return &w->s[w->map[j] - 1];
     }
@@ -60,7 +52,7 @@ static kpl_status add_slot(graph_walk *w, kpl_node *n, kpl_tensor *leaf, slot **
         size_t *nm = calloc(ncap, sizeof *nm);
         KPL_CHECK(nm != NULL, KPL_ENOMEM, "backward: no host memory");
         for (size_t i = 0; i < w->n; i++) {
-            size_t j = hash_node(w->s[i].key, ncap);
+            size_t j = kpl__hash_ptr(w->s[i].key, ncap);
             while (nm[j]) j = (j + 1) & (ncap - 1);
             nm[j] = i + 1;
         }
@@ -74,7 +66,7 @@ static kpl_status add_slot(graph_walk *w, kpl_node *n, kpl_tensor *leaf, slot **
     s->leaf = leaf;
     s->key = n ? (const void *)n : (const void *)leaf;
     s->capture = -1;
-    size_t j = hash_node(s->key, w->map_cap);
+    size_t j = kpl__hash_ptr(s->key, w->map_cap);
     while (w->map[j]) j = (j + 1) & (w->map_cap - 1);
     w->map[j] = ++w->n;
     *out = s;

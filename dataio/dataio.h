@@ -589,6 +589,15 @@ typedef struct {
  * other modes (their output size is fixed).  Pure. */
 int kpl_transform_canvas_side(const kpl_transform_config *cfg);
 
+/* One encoded image (JPEG or PNG, n bytes) through cfg, as the loader
+ * would transform it, into out (C, out_h, out_w) of cfg's out_dtype on the
+ * CPU: for inference on image files.  Crop none must name the size
+ * (out_h, out_w); keep_ratio and scale_crop, whose size varies, are
+ * KPL_EINVAL.  Random augmentations draw as for example 0 of epoch 0 of
+ * seed 0.  KPL_EFORMAT for bytes that are not a readable image. */
+kpl_status kpl_transform_image(const kpl_transform_config *cfg, const void *data, size_t n,
+                               kpl_tensor *out);
+
 /* ---- the loader: DataReader -> DataTransformer -> DataIterator -------------------- */
 /*
  * One loader per rank.  kpl_loader_create forks a reader process (this

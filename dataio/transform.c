@@ -137,6 +137,8 @@ static bool known_encoding(const char *e, bool mask)
     return !*e || !strcmp(e, "png") || !strcmp(e, "raw") || (!mask && !strcmp(e, "jpeg"));
 }
 
+static kpl_status check_sizes(kpl__xform *x, const kpl_transform_config *cfg, const char *image_name);
+
 kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const kpl_dataset *ds)
 {
     KPL_CHECK(x && cfg && ds, KPL_EINVAL, "transform: NULL argument");
@@ -192,6 +194,12 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
                   m->name, m->encoding);
     }
 
+    return check_sizes(x, cfg, im->name);
+}
+
+/* The numbers of cfg and the output size (x's features resolved). */
+static kpl_status check_sizes(kpl__xform *x, const kpl_transform_config *cfg, const char *image_name)
+{
     KPL_CHECK(cfg->channels == 1 || cfg->channels == 3, KPL_EINVAL,
               "transform: channels is %d, not 1 or 3", cfg->channels);
     x->out_c = cfg->channels;
@@ -206,7 +214,7 @@ kpl_status kpl__xform_init(kpl__xform *x, const kpl_transform_config *cfg, const
         if (cfg->out_h == 0) {
             KPL_CHECK(x->raw_h > 0, KPL_EINVAL,
                       "transform: crop none with out_h = out_w = 0 keeps the stored size, so "
-                      "image feature '%s' must be raw with a fixed shape", im->name);
+                      "image feature '%s' must be raw with a fixed shape", image_name);
             x->out_h = x->raw_h;
             x->out_w = x->raw_w;
         } else {
@@ -1133,4 +1141,42 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         }
     }
     return KPL_OK;
+}
+
+kpl_status kpl_transform_image(const kpl_transform_config *cfg, const void *data, size_t n,
+                               kpl_tensor *out)
+{
+    KPL_CHECK(cfg && data && out, KPL_EINVAL, "transform_image: NULL argument");
+    kpl__xform x;
+    memset(&x, 0, sizeof x);
+    x.cfg = *cfg;
+    x.cfg.image_feature = "image";
+    x.cfg.label_feature = x.cfg.boxes_feature = x.cfg.box_labels_feature = NULL;
+    x.cfg.mask_feature = x.cfg.box_ignore_feature = NULL;
+    x.image = 0;
+    x.label = x.boxes = x.box_labels = x.mask = x.box_ignore = x.raw_shape = -1;
+    KPL_CHECK(cfg->crop != KPL_CROP_KEEP_RATIO && cfg->crop != KPL_CROP_SCALE_CROP &&
+                  (cfg->crop != KPL_CROP_NONE || (cfg->out_h > 0 && cfg->out_w > 0)),
+              KPL_EINVAL, "transform_image: crop '%s' %s", kpl_crop_mode_name(cfg->crop),
+              cfg->crop == KPL_CROP_NONE ? "needs out_h and out_w (the size to resize to)"
+                                         : "has no fixed output size");
+    KPL_TRY(check_sizes(&x, &x.cfg, "image"));
+    int64_t want[3] = {x.out_c, x.out_h, x.out_w};
+    char b1[96], b2[96];
+    KPL_CHECK(kpl_tensor_ndim(out) == 3 && !memcmp(kpl_tensor_shape(out), want, sizeof want) &&
+                  kpl_tensor_dtype(out) == cfg->out_dtype &&
+                  kpl_device_type_of(kpl_tensor_device(out)) == KPL_DEVICE_CPU,
+              KPL_ESHAPE, "transform_image: out is %s %s, the transform makes %s %s on the CPU",
+              kpl_dtype_name(kpl_tensor_dtype(out)),
+              kpl_shape_str(kpl_tensor_ndim(out), kpl_tensor_shape(out), b1, sizeof b1),
+              kpl_dtype_name(cfg->out_dtype), kpl_shape_str(3, want, b2, sizeof b2));
+    kpl__xform_scratch *sc = kpl__xform_scratch_create();
+    KPL_CHECK(sc, KPL_ENOMEM, "transform_image: no host memory");
+    void *img = kpl_tensor_host_mutable(out);
+    int64_t size[2], orig[2];
+    kpl__sample_out so = {.image = img, .size = size, .orig_size = orig};
+    kpl_feature_value v = {data, (uint32_t)(n > UINT32_MAX ? UINT32_MAX : n)};
+    kpl_status st = img ? kpl__xform_sample(&x, &v, 0, 0, 0, sc, &so) : kpl_last_status();
+    kpl__xform_scratch_destroy(sc);
+    return st;
 }

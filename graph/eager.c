@@ -3,6 +3,7 @@
  * kernels/, record on the tape, hand the result to the current pool.
  */
 #include "graph_impl.h"
+#include "ir_impl.h"
 
 #include <string.h>
 
@@ -16,10 +17,28 @@ static kpl_tensor *finish(kpl_status st, kpl_tensor *out)
     return kpl_autorelease(out);
 }
 
+/* Records a finished op on the tape (when it needs a gradient) and in the
+ * open trace; traced ops that record something else on the tape (max
+ * pooling as a gather) trace themselves and pass trace = false. */
+static kpl_tensor *record_finish_as(kpl_status st, kpl_op op, const kpl_op_attrs *attrs, int nin,
+                                    kpl_tensor *const *ins, kpl_tensor *out, bool trace)
+{
+    if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
+    if (st == KPL_OK && trace) kpl__trace_op(op, attrs, nin, ins, 1, &out);
+    return finish(st, out);
+}
+
 static kpl_tensor *record_finish(kpl_status st, kpl_op op, const kpl_op_attrs *attrs, int nin,
                                  kpl_tensor *const *ins, kpl_tensor *out)
 {
-    if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
+    return record_finish_as(st, op, attrs, nin, ins, out, true);
+}
+
+/* A result with no gradient (comparisons, indices, integer casts): traced only. */
+static kpl_tensor *trace_finish(kpl_status st, kpl_op op, const kpl_op_attrs *attrs, int nin,
+                                kpl_tensor *const *ins, kpl_tensor *out)
+{
+    if (st == KPL_OK) kpl__trace_op(op, attrs, nin, ins, 1, &out);
     return finish(st, out);
 }
 
@@ -90,7 +109,10 @@ static kpl_tensor *binary(kpl_op op, kpl_binary_op b, kpl_tensor *x, kpl_tensor 
     if (!out) return NULL;
     kpl_tensor *ins[2] = {x, y};
     kpl_status st = kpl_k_binary(out, b, x, y);
-    if (cmp) return finish(st, out); /* no gradient through comparisons */
+    if (cmp) { /* no gradient through comparisons */
+        kpl_op_attrs at = {.sub = (int)b};
+        return trace_finish(st, KPL_OP_COMPARE, &at, 2, ins, out);
+    }
     return record_finish(st, op, NULL, 2, ins, out);
 }
 
@@ -177,9 +199,9 @@ static kpl_tensor *reduce(kpl_op op, kpl_reduce_op r, kpl_tensor *x, const int *
     kpl_tensor *out = new_like(x, arg ? KPL_I64 : kpl_tensor_dtype(x), n, shape);
     if (!out) return NULL;
     kpl_status st = kpl_k_reduce(out, r, x, axes, naxes, keepdim, correction);
-    if (arg) return finish(st, out);
     kpl_op_attrs at = {.naxes = axes ? naxes : 0, .keepdim = keepdim, .correction = correction};
     if (axes) memcpy(at.axes, axes, (size_t)naxes * sizeof *axes);
+    if (arg) return trace_finish(st, r == KPL_RED_ARGMAX ? KPL_OP_ARGMAX : KPL_OP_ARGMIN, &at, 1, &x, out);
     return record_finish(st, op, &at, 1, &x, out);
 }
 
@@ -242,7 +264,8 @@ kpl_tensor *kpl_cast(kpl_tensor *x, kpl_dtype dt)
     if (!out) return NULL;
     kpl_op_attrs at = {.dtype = kpl_tensor_dtype(x)};
     kpl_status st = kpl_k_cast(out, x);
-    if (!kpl_dtype_is_float(dt)) return finish(st, out); /* no gradient into integers */
+    if (!kpl_dtype_is_float(dt)) /* no gradient into integers */
+        return trace_finish(st, KPL_OP_CAST, &at, 1, &x, out);
     return record_finish(st, KPL_OP_CAST, &at, 1, &x, out);
 }
 
@@ -309,14 +332,20 @@ kpl_tensor *kpl_pad_rows(kpl_tensor *x, int64_t before, int64_t after)
     memcpy(shape, kpl_tensor_shape(x), sizeof shape);
     int64_t rows = shape[0];
     shape[0] = before + rows + after;
-    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), shape), *mid = NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), shape);
     if (!out) return NULL;
+    kpl_op_attrs at = {.start = before, .length = shape[0]};
+    return record_finish(kpl__pad_rows_into(out, x, before), KPL_OP_PAD_ROWS, &at, 1, &x, out);
+}
+
+kpl_status kpl__pad_rows_into(kpl_tensor *out, kpl_tensor *x, int64_t before)
+{
+    kpl_tensor *mid = NULL;
     kpl_status st = kpl_k_fill(out, 0);
-    if (st == KPL_OK) st = kpl_tensor_narrow(out, before, rows, &mid);
+    if (st == KPL_OK) st = kpl_tensor_narrow(out, before, kpl_tensor_shape(x)[0], &mid);
     if (st == KPL_OK) st = kpl_k_copy(mid, x);
     kpl_tensor_release(mid);
-    kpl_op_attrs at = {.start = before, .length = shape[0]};
-    return record_finish(st, KPL_OP_PAD_ROWS, &at, 1, &x, out);
+    return st;
 }
 
 /* conv2d, or with relu conv2d_relu where the device has its kernel (for
@@ -487,10 +516,11 @@ kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
         return NULL;
     }
     kpl_status st = kpl_k_max_pool2d(out, idx, x, p);
-    /* out equals plane_gather(x, idx): record it as that. */
     kpl_op_attrs at = {.pool = *p};
+    if (st == KPL_OK) kpl__trace_op(KPL_OP_MAX_POOL2D, &at, 1, &x, 2, (kpl_tensor *[]){out, idx});
+    /* out equals plane_gather(x, idx): record it on the tape as that. */
     kpl_tensor *ins[2] = {x, idx};
-    kpl_tensor *r = record_finish(st, KPL_OP_PLANE_GATHER, &at, 2, ins, out);
+    kpl_tensor *r = record_finish_as(st, KPL_OP_PLANE_GATHER, &at, 2, ins, out, false);
     kpl_tensor_release(idx); /* the node keeps it if it needs it */
     return r;
 }
@@ -642,7 +672,9 @@ kpl_tensor *kpl_full(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sha
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
-    return finish(kpl_k_fill(t, value), t);
+    kpl_status st = kpl_k_fill(t, value);
+    if (st == KPL_OK) kpl__trace_const(t);
+    return finish(st, t);
 }
 
 kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
@@ -650,6 +682,7 @@ kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sha
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    kpl__trace_fail("rand: random numbers cannot be traced yet");
     return finish(kpl_k_uniform(t, rng, lo, hi), t);
 }
 
@@ -658,6 +691,7 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
+    kpl__trace_fail("randn: random numbers cannot be traced yet");
     return finish(kpl_k_normal(t, rng, mean, std), t);
 }
 
@@ -665,7 +699,9 @@ kpl_tensor *kpl_arange(kpl_device *dev, kpl_dtype dt, int64_t n, double start, d
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, 1, &n, &t) < 0) return NULL;
-    return finish(kpl_k_arange(t, start, step), t);
+    kpl_status st = kpl_k_arange(t, start, step);
+    if (st == KPL_OK) kpl__trace_const(t);
+    return finish(st, t);
 }
 
 kpl_tensor *kpl_to_device(kpl_tensor *x, kpl_device *dev)
@@ -683,6 +719,7 @@ kpl_tensor *kpl_detach(kpl_tensor *x)
      * node or marks it a parameter. */
     kpl_tensor *t = NULL;
     if (kpl_tensor_reshape(x, kpl_tensor_ndim(x), kpl_tensor_shape(x), &t) < 0) return NULL;
+    kpl__trace_op(KPL_OP_RESHAPE, NULL, 1, &x, 1, &t); /* the same values */
     return kpl_autorelease(t);
 }
 
@@ -714,6 +751,8 @@ kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *
                                   double eps, kpl_tensor *mean, kpl_tensor *var, bool relu)
 {
     if (!x || !gamma || !beta) return NULL;
+    kpl__trace_fail("batch_norm: training mode (batch statistics, running statistics updated in "
+                    "place) cannot be traced yet; trace the model in eval mode");
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
     if (!out) return NULL;
     kpl_op_attrs at = {.alpha = eps};

@@ -72,7 +72,9 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
 
 /* ---- ops ---------------------------------------------------------------------- */
 
-/* X(ENUM, name).  One entry per differentiable op; append only. */
+/* X(ENUM, name).  One entry per differentiable op, then the ops only a
+ * trace records (graph/ir.h: they have no gradient and never go on the
+ * tape); append only. */
 #define KPL_OP_LIST(X)                                                        \
     X(NEG, "neg") X(ABS, "abs") X(EXP, "exp") X(LOG, "log") X(SQRT, "sqrt")   \
     X(RSQRT, "rsqrt") X(SQUARE, "square") X(RECIPROCAL, "reciprocal")        \
@@ -99,7 +101,9 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
     X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
     X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")               \
     X(BATCH_NORM_RELU, "batch_norm_relu") X(CONV2D_RELU, "conv2d_relu")       \
-    X(CUSTOM, "custom")
+    X(CUSTOM, "custom")                                                       \
+    X(COMPARE, "compare") X(ARGMAX, "argmax") X(ARGMIN, "argmin")             \
+    X(MAX_POOL2D, "max_pool2d")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -142,6 +146,7 @@ typedef struct {
     kpl_roi_align_params roi; /* roi_align, roi_align_bwd (vision.h) */
     const kpl_custom_fn *custom; /* custom: the caller's functions (borrowed) */
     void *custom_user;           /* custom: their argument (borrowed) */
+    int sub;                     /* compare: the kpl_binary_op */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */

@@ -5,6 +5,7 @@
  * cross entropy) replace the compositions where a benchmark shows the gain.
  */
 #include "graph_impl.h"
+#include "ir_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -533,6 +534,7 @@ kpl_tensor *kpl__index_tensor(kpl_device *dev, int64_t k, const int64_t *v)
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_from_data(dev, KPL_I64, 1, &k, v, &t) < 0) return NULL;
+    kpl__trace_const(t);
     return kpl_autorelease(t);
 }
 

@@ -10,6 +10,7 @@
  * nothing (matching anchors to targets, evaluation, NMS).
  */
 #include "graph_impl.h"
+#include "ir_impl.h"
 #include "vision.h"
 
 #include <float.h>
@@ -197,6 +198,7 @@ static kpl_tensor *roi_op(kpl_op op, kpl_tensor *in, kpl_tensor *rois, const int
         kpl_op_attrs at = {.roi = *p};
         kpl_tensor *ins[2] = {in, kpl_requires_grad(rois) ? kpl_detach(rois) : rois};
         st = ins[1] ? kpl__graph_record(op, &at, 2, ins, out) : kpl_last_status();
+        if (st == KPL_OK) kpl__trace_op(op, &at, 2, (kpl_tensor *[]){in, rois}, 1, &out);
     }
     if (st < 0) {
         kpl_tensor_release(out);
@@ -303,6 +305,7 @@ static kpl_tensor *row(kpl_tensor *t, int n, const double *v)
     int64_t shape[2] = {1, n};
     kpl_tensor *r = NULL;
     if (kpl_tensor_from_data(kpl_tensor_device(t), KPL_F64, 2, shape, v, &r) < 0) return NULL;
+    kpl__trace_const(r);
     return kpl_cast(kpl_autorelease(r), kpl_tensor_dtype(t));
 }
 

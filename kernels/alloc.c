@@ -125,15 +125,6 @@ static block *bin_find(pool *p, size_t size)
 
 /* ---- pointer map ----------------------------------------------------------- */
 
-static size_t hash_ptr(const void *p, size_t cap)
-{
-    uint64_t x = (uint64_t)(uintptr_t)p;
-    x ^= x >> 33;
-    x *= 0xff51afd7ed558ccdULL;
-    x ^= x >> 33;
-    return (size_t)x & (cap - 1);
-}
-
 static bool map_grow(ptr_map *m)
 {
     size_t ncap = m->cap ? m->cap * 2 : 1024;
@@ -141,7 +132,7 @@ static bool map_grow(ptr_map *m)
     if (!ns) return false;
     for (size_t i = 0; i < m->cap; i++)
         if (m->slots[i]) {
-            size_t j = hash_ptr(m->slots[i]->ptr, ncap);
+            size_t j = kpl__hash_ptr(m->slots[i]->ptr, ncap);
             while (ns[j]) j = (j + 1) & (ncap - 1);
             ns[j] = m->slots[i];
         }
@@ -154,7 +145,7 @@ static bool map_grow(ptr_map *m)
 static bool map_put(ptr_map *m, block *b)
 {
     if ((m->count + 1) * 2 > m->cap && !map_grow(m)) return false;
-    size_t j = hash_ptr(b->ptr, m->cap);
+    size_t j = kpl__hash_ptr(b->ptr, m->cap);
     while (m->slots[j]) j = (j + 1) & (m->cap - 1);
     m->slots[j] = b;
     m->count++;
@@ -164,7 +155,7 @@ static bool map_put(ptr_map *m, block *b)
 static block *map_take(ptr_map *m, const void *ptr)
 {
     if (!m->cap) return NULL;
-    size_t j = hash_ptr(ptr, m->cap);
+    size_t j = kpl__hash_ptr(ptr, m->cap);
     while (m->slots[j] && m->slots[j]->ptr != ptr) j = (j + 1) & (m->cap - 1);
     block *b = m->slots[j];
     if (!b) return NULL;
@@ -174,7 +165,7 @@ static block *map_take(ptr_map *m, const void *ptr)
     for (size_t k = (j + 1) & (m->cap - 1); m->slots[k]; k = (k + 1) & (m->cap - 1)) {
         block *e = m->slots[k];
         m->slots[k] = NULL;
-        size_t h = hash_ptr(e->ptr, m->cap);
+        size_t h = kpl__hash_ptr(e->ptr, m->cap);
         while (m->slots[h]) h = (h + 1) & (m->cap - 1);
         m->slots[h] = e;
     }

@@ -394,6 +394,13 @@ kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out);
  * producer owns, such as the data loader's batch slots. */
 kpl_status kpl_storage_wrap(void *host, size_t bytes, void (*release)(void *ctx), void *ctx,
                             kpl_storage **out);
+/* A storage over bytes [offset, offset + bytes) of `parent`'s memory (a
+ * slot of an arena, as the static graph's memory plan makes them): it
+ * keeps the parent alive, frees nothing of its own memory, and is a whole
+ * storage to the kernels (it may hold a blocked layout).  Slots of one
+ * parent may overlap; the caller keeps their uses apart in time.  The
+ * parent must be a plain storage (not wrapped, not itself a slot). */
+kpl_status kpl_storage_sub(kpl_storage *parent, size_t offset, size_t bytes, kpl_storage **out);
 void kpl_storage_retain(kpl_storage *s);
 /* Drops one reference; frees both copies at zero.  Accepts NULL. */
 void kpl_storage_release(kpl_storage *s);
@@ -480,6 +487,20 @@ void kpl_tensor_set_meta(kpl_tensor *t, void *meta, void (*free_fn)(void *meta))
 void *kpl_tensor_meta(const kpl_tensor *t);
 /* The refcount of the tensor header (for tests and debugging). */
 int kpl_tensor_refcount(const kpl_tensor *t);
+/* A number unique to each tensor header, increasing in order of creation
+ * (views get their own), and the number the next header will get: a
+ * tracer tells the tensors made since it started from older ones. */
+uint64_t kpl_tensor_serial(const kpl_tensor *t);
+uint64_t kpl_tensor_serial_next(void);
+/* This thread's observer of the public host accessors
+ * (kpl_tensor_host_data/_host_mutable, and so kpl_tensor_get and
+ * _to_host): called before the access, `write` for the mutable one.
+ * Kernels' own reads do not call it.  The tracer uses it
+ * to catch a traced function that looks at values (a data-dependent
+ * branch).  Returns the previous hook (and its argument in *prev_user). */
+typedef void (*kpl_host_access_hook)(const kpl_tensor *t, bool write, void *user);
+kpl_host_access_hook kpl_set_host_access_hook(kpl_host_access_hook fn, void *user,
+                                              void **prev_user);
 
 /* Views: share storage with `t`, own a new tensor header (release it). */
 kpl_status kpl_tensor_reshape(kpl_tensor *t, int ndim, const int64_t *shape,
@@ -498,6 +519,8 @@ kpl_status kpl_tensor_to_device(kpl_tensor *t, kpl_device *dev,
 /* A new contiguous tensor with dims permuted: out.shape[i] = t.shape[perm[i]]. */
 kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm,
                               kpl_tensor **out);
+/* The same into out (x's dtype and device, the permuted shape). */
+kpl_status kpl_k_permute(kpl_tensor *out, const kpl_tensor *x, const int *perm);
 
 /* ------------------------------------------------------------------------ */
 /* Random numbers                                                             */
@@ -966,6 +989,17 @@ float kpl_bf16_to_f32(uint16_t h);
 /* STYLE.md, shared by every layer.                                          */
 /* ------------------------------------------------------------------------ */
 #ifdef KPL_INTERNAL
+
+/* A slot of an open-addressed table of `cap` (a power of two) entries
+ * for pointer p (murmur3's finaliser: addresses differ in few bits). */
+static inline size_t kpl__hash_ptr(const void *p, size_t cap)
+{
+    uint64_t x = (uint64_t)(uintptr_t)p;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    return (size_t)x & (cap - 1);
+}
 
 /* Puts a formatted head before the thread's message (which keeps its
  * "[file:line]") and sets st: a caller naming itself in a callee's error,

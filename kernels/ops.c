@@ -812,18 +812,19 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
     kpl_tensor *xm = (kpl_tensor *)x;
     if (od->type != KPL_DEVICE_CPU && xd->type == KPL_DEVICE_CPU) {
         void *dst = kpl_tensor_mutable(out);
-        const void *src = kpl_tensor_host_data(xm);
+        const void *src = kpl__host_cdata(xm);
         if (!dst || !src) return kpl_last_status();
         return od->backend->copy_h2d(od, dst, src, bytes);
     }
     if (od->type == KPL_DEVICE_CPU && xd->type != KPL_DEVICE_CPU) {
-        const void *src = kpl_tensor_data(xm);
-        void *dst = kpl_tensor_host_mutable(out);
+        const void *src = kpl__cdata(xm);
+        char *dst = kpl_storage_host_mutable(out->storage);
         if (!dst || !src) return kpl_last_status();
+        dst += out->offset;
         return xd->backend->copy_d2h(xd, dst, src, bytes);
     }
     /* GPU to another GPU: through the source's host copy. */
-    const void *src = kpl_tensor_host_data(xm);
+    const void *src = kpl__host_cdata(xm);
     void *dst = kpl_tensor_mutable(out);
     if (!dst || !src) return kpl_last_status();
     return od->backend->copy_h2d(od, dst, src, bytes);

@@ -28,7 +28,7 @@ kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *b
     CHECK_ARG(op, boxes, name);
     KPL_TRY(box_arg(op, boxes, name));
     if (boxes->numel == 0) return KPL_OK;
-    const void *h = kpl_tensor_host_data((kpl_tensor *)boxes);
+    const void *h = kpl__host_cdata(boxes);
     if (!h) return kpl_last_status();
     for (int64_t i = 0; i < boxes->shape[0]; i++) {
         double v[4];
@@ -130,7 +130,7 @@ static kpl_status roi_values(const char *op, const kpl_tensor *rois, int64_t n,
                              const kpl_roi_align_params *p)
 {
     if (rois->numel == 0) return KPL_OK;
-    const void *h = kpl_tensor_host_data((kpl_tensor *)rois);
+    const void *h = kpl__host_cdata(rois);
     if (!h) return kpl_last_status();
     for (int64_t i = 0; i < rois->shape[0]; i++) {
         double r[5];

@@ -57,6 +57,28 @@ kpl_status kpl_storage_create(kpl_device *dev, size_t bytes, kpl_storage **out)
     return KPL_OK;
 }
 
+kpl_status kpl_storage_sub(kpl_storage *parent, size_t offset, size_t bytes, kpl_storage **out)
+{
+    KPL_CHECK(parent != NULL && out != NULL, KPL_EINVAL, "storage_sub: NULL argument");
+    KPL_CHECK(!parent->wrap_release && !parent->parent, KPL_EINVAL,
+              "storage_sub: the parent must be a storage of its own (not wrapped, not a sub-storage)");
+    KPL_CHECK(offset <= parent->bytes && bytes <= parent->bytes - offset, KPL_ERANGE,
+              "storage_sub: bytes [%zu, %zu) do not fit a storage of %zu bytes", offset,
+              offset + bytes, parent->bytes);
+    kpl_storage *s = calloc(1, sizeof *s);
+    KPL_CHECK(s != NULL, KPL_ENOMEM, "storage_sub: no host memory");
+    atomic_init(&s->refcount, 1);
+    s->dev = parent->dev;
+    s->bytes = bytes;
+    s->state = KPL_MEM_EMPTY;
+    s->dev_ptr = (char *)parent->dev_ptr + offset;
+    if (is_cpu(s)) s->host = s->dev_ptr;
+    kpl_storage_retain(parent);
+    s->parent = parent;
+    *out = s;
+    return KPL_OK;
+}
+
 kpl_status kpl_storage_wrap(void *host, size_t bytes, void (*release)(void *ctx), void *ctx,
                             kpl_storage **out)
 {
@@ -92,7 +114,8 @@ void kpl_storage_release(kpl_storage *s)
         return;
     }
     if (!is_cpu(s) && s->host) kpl__allocator_free(kpl_device_cpu()->alloc, s->host);
-    kpl__allocator_free(s->dev->alloc, s->dev_ptr);
+    if (s->parent) kpl_storage_release(s->parent);
+    else kpl__allocator_free(s->dev->alloc, s->dev_ptr);
     free(s);
 }
 

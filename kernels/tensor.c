@@ -45,6 +45,30 @@ static kpl_status check_shape(const char *op, kpl_dtype dt, int ndim,
     return KPL_OK;
 }
 
+static _Atomic uint64_t next_serial = 1;
+static _Thread_local kpl_host_access_hook tl_host_hook;
+static _Thread_local void *tl_host_hook_user;
+
+uint64_t kpl_tensor_serial(const kpl_tensor *t) { return t ? t->serial : 0; }
+uint64_t kpl_tensor_serial_next(void)
+{
+    return atomic_load_explicit(&next_serial, memory_order_relaxed);
+}
+
+kpl_host_access_hook kpl_set_host_access_hook(kpl_host_access_hook fn, void *user, void **prev_user)
+{
+    kpl_host_access_hook prev = tl_host_hook;
+    if (prev_user) *prev_user = tl_host_hook_user;
+    tl_host_hook = fn;
+    tl_host_hook_user = user;
+    return prev;
+}
+
+static void host_access(const kpl_tensor *t, bool write)
+{
+    if (tl_host_hook) tl_host_hook(t, write, tl_host_hook_user);
+}
+
 static kpl_tensor *header_new(kpl_dtype dt, int ndim, const int64_t *shape,
                               int64_t numel, kpl_storage *s, size_t offset)
 {
@@ -59,6 +83,7 @@ static kpl_tensor *header_new(kpl_dtype dt, int ndim, const int64_t *shape,
     t->offset = offset;
     t->meta = NULL;
     t->meta_free = NULL;
+    t->serial = atomic_fetch_add_explicit(&next_serial, 1, memory_order_relaxed);
     return t;
 }
 
@@ -203,6 +228,7 @@ static void *null_tensor(const char *what)
 const void *kpl_tensor_host_data(kpl_tensor *t)
 {
     if (!t) return null_tensor("tensor_host_data");
+    host_access(t, false);
     const char *p = kpl_storage_host_data(t->storage);
     return p ? p + t->offset : NULL;
 }
@@ -210,6 +236,7 @@ const void *kpl_tensor_host_data(kpl_tensor *t)
 void *kpl_tensor_host_mutable(kpl_tensor *t)
 {
     if (!t) return null_tensor("tensor_host_mutable");
+    host_access(t, true);
     char *p = kpl_storage_host_mutable(t->storage);
     return p ? p + t->offset : NULL;
 }
@@ -402,10 +429,10 @@ kpl_status kpl_tensor_to_device(kpl_tensor *t, kpl_device *dev, kpl_tensor **out
     return st;
 }
 
-kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
+/* The copy plan of out = x permuted by perm; out's shape in `shape`. */
+static kpl_status permute_plan(const kpl_tensor *t, const int *perm, kpl_copy_attrs *attrs,
+                               int64_t *shape)
 {
-    KPL_CHECK(t != NULL && out != NULL && (perm || t->ndim == 0), KPL_EINVAL,
-              "permute: NULL argument");
     char b[KPL_SHAPE_BUF];
     bool seen[KPL_MAX_DIMS] = {0};
     int64_t in_stride[KPL_MAX_DIMS];
@@ -414,10 +441,9 @@ kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
         in_stride[i] = s;
         s *= t->shape[i];
     }
-    kpl_copy_attrs attrs = {0};
-    attrs.plan.ndim = t->ndim;
-    attrs.plan.numel = t->numel;
-    int64_t shape[KPL_MAX_DIMS];
+    memset(attrs, 0, sizeof *attrs);
+    attrs->plan.ndim = t->ndim;
+    attrs->plan.numel = t->numel;
     for (int i = 0; i < t->ndim; i++) {
         int p = perm[i];
         KPL_CHECK(p >= 0 && p < t->ndim && !seen[p], KPL_EINVAL,
@@ -425,17 +451,42 @@ kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
                   KPL_SHAPE(t, b));
         seen[p] = true;
         shape[i] = t->shape[p];
-        attrs.plan.shape[i] = t->shape[p];
-        attrs.plan.stride[0][i] = in_stride[p];
+        attrs->plan.shape[i] = t->shape[p];
+        attrs->plan.stride[0][i] = in_stride[p];
     }
-    KPL_TRY(kpl_tensor_empty(t->storage->dev, t->dtype, t->ndim, shape, out));
-    if (t->numel == 0) return KPL_OK;
+    return KPL_OK;
+}
+
+kpl_status kpl_k_permute(kpl_tensor *out, const kpl_tensor *x, const int *perm)
+{
+    KPL_CHECK(out != NULL && x != NULL && (perm || x->ndim == 0), KPL_EINVAL,
+              "permute: NULL argument");
+    kpl_copy_attrs attrs;
+    int64_t shape[KPL_MAX_DIMS];
+    KPL_TRY(permute_plan(x, perm, &attrs, shape));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(out->ndim == x->ndim && out->dtype == x->dtype &&
+                  !memcmp(out->shape, shape, (size_t)x->ndim * sizeof *shape) &&
+                  out->storage->dev == x->storage->dev,
+              KPL_ESHAPE, "permute: out %s %s does not hold x %s %s permuted",
+              KPL_SHAPE(out, b1), kpl_dtype_name(out->dtype), KPL_SHAPE(x, b2),
+              kpl_dtype_name(x->dtype));
+    if (x->numel == 0) return KPL_OK;
     kpl_kernel_fn fn;
-    kpl_status st = kpl_kernel_lookup(KPL_KOP_COPY, t->storage->dev->type, t->dtype, &fn);
-    if (st == KPL_OK) {
-        kpl_kernel_args args = {.out = *out, .in = {t}, .attrs = &attrs};
-        st = fn(&args);
-    }
+    KPL_TRY(kpl_kernel_lookup(KPL_KOP_COPY, x->storage->dev->type, x->dtype, &fn));
+    kpl_kernel_args args = {.out = out, .in = {x}, .attrs = &attrs};
+    return fn(&args);
+}
+
+kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
+{
+    KPL_CHECK(t != NULL && out != NULL && (perm || t->ndim == 0), KPL_EINVAL,
+              "permute: NULL argument");
+    kpl_copy_attrs attrs;
+    int64_t shape[KPL_MAX_DIMS];
+    KPL_TRY(permute_plan(t, perm, &attrs, shape));
+    KPL_TRY(kpl_tensor_empty(t->storage->dev, t->dtype, t->ndim, shape, out));
+    kpl_status st = kpl_k_permute(*out, t, perm);
     if (st < 0) {
         kpl_tensor_release(*out);
         *out = NULL;

@@ -67,6 +67,9 @@ kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *
  * (none); an unknown reduction is KPL_EINVAL. */
 kpl_tensor *kpl__reduce_loss(kpl_tensor *per, kpl_reduction red);
 
+/* out = x padded with zero rows, `before` of them first (pad_rows' kernel work). */
+kpl_status kpl__pad_rows_into(kpl_tensor *out, kpl_tensor *x, int64_t before);
+
 /* (k) i64 indices from a host array (pool-owned), for index_select. */
 kpl_tensor *kpl__index_tensor(kpl_device *dev, int64_t k, const int64_t *v);
 

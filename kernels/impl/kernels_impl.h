@@ -140,6 +140,7 @@ struct kpl_storage {
     kpl_mem_state state;
     void (*wrap_release)(void *ctx); /* set: host memory is the caller's (storage_wrap) */
     void *wrap_ctx;
+    kpl_storage *parent; /* set: bytes inside the parent's device memory (storage_sub) */
     /* CPU activations kept in oneDNN's blocked nChw16c layout between the
      * ops that read it (docs/precision.md, "Blocked layouts"): the bytes
      * hold the (N, C, H, W) tensor of `blk_es`-byte elements with the
@@ -160,7 +161,15 @@ struct kpl_tensor {
     size_t offset; /* bytes */
     void *meta;    /* owned by a higher layer, see kpl_tensor_set_meta */
     void (*meta_free)(void *meta);
+    uint64_t serial; /* kpl_tensor_serial */
 };
+
+/* Host bytes of element 0 for kernels' own reads (no host-access hook). */
+static inline const void *kpl__host_cdata(const kpl_tensor *t)
+{
+    const char *p = kpl_storage_host_data(t->storage);
+    return p ? p + t->offset : NULL;
+}
 
 /* f16/bf16 <-> f32 of n values (cpu_eltwise.c; convert_math.h's rounding,
  * to nearest even): the CPU's half kernels widen blocks or planes into f32

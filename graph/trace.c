@@ -1,0 +1,300 @@
+/*
+ * trace.c — recording a function's eager ops as GraphIR.
+ *
+ * The eager ops report what they computed (kpl__trace_op) while a trace is
+ * open on the thread.  The tracer maps each tensor header it has seen to
+ * its value and holds a reference to it, so no header is freed and its
+ * address reused while the trace is open.  A tensor first seen as an op's
+ * input is a parameter when it is older than the trace (kpl_tensor_serial),
+ * a constant when the op that made it said so (kpl__trace_const); anything
+ * else was made outside the traced ops, which the graph cannot repeat, and
+ * fails the trace.  A host read or write of a traced value fails it too:
+ * whatever the function did with the bytes is not in the graph.
+ */
+#include "graph_impl.h"
+#include "ir_impl.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct {
+    kpl_tensor *t; /* held reference */
+    int v;
+} slot;
+
+typedef struct {
+    kpl_ir *ir;
+    slot *map; /* open addressing on the header address */
+    size_t cap, n;
+    uint64_t serial0;
+    kpl_status st;
+    char msg[512];
+    kpl_host_access_hook prev_hook;
+    void *prev_user;
+} tracer;
+
+static _Thread_local tracer *tl_tr;
+
+bool kpl_tracing(void) { return tl_tr != NULL; }
+
+static int map_get(const tracer *tr, const kpl_tensor *t)
+{
+    if (!tr->cap) return -1;
+    for (size_t i = kpl__hash_ptr(t, tr->cap);; i = (i + 1) & (tr->cap - 1)) {
+        if (!tr->map[i].t) return -1;
+        if (tr->map[i].t == t) return tr->map[i].v;
+    }
+}
+
+static void fail(tracer *tr, kpl_status st, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(tracer *tr, kpl_status st, const char *fmt, ...)
+{
+    if (tr->st < 0) return; /* keep the first */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(tr->msg, sizeof tr->msg, fmt, ap);
+    va_end(ap);
+    tr->st = st;
+}
+
+static bool map_put(tracer *tr, kpl_tensor *t, int v)
+{
+    if ((tr->n + 1) * 2 > tr->cap) {
+        size_t ncap = tr->cap ? tr->cap * 2 : 256;
+        slot *nm = calloc(ncap, sizeof *nm);
+        if (!nm) {
+            fail(tr, KPL_ENOMEM, "trace: no host memory");
+            return false;
+        }
+        for (size_t i = 0; i < tr->cap; i++) {
+            if (!tr->map[i].t) continue;
+            size_t j = kpl__hash_ptr(tr->map[i].t, ncap);
+            while (nm[j].t) j = (j + 1) & (ncap - 1);
+            nm[j] = tr->map[i];
+        }
+        free(tr->map);
+        tr->map = nm;
+        tr->cap = ncap;
+    }
+    size_t i = kpl__hash_ptr(t, tr->cap);
+    while (tr->map[i].t) i = (i + 1) & (tr->cap - 1);
+    kpl_tensor_retain(t);
+    tr->map[i] = (slot){t, v};
+    tr->n++;
+    return true;
+}
+
+/* A new value for tensor t, mapped to it. */
+static int new_value(tracer *tr, kpl_tensor *t, kpl_irv_kind kind, const char *name)
+{
+    int v = kpl_ir_add_value(tr->ir, kind, kpl_tensor_dtype(t), kpl_tensor_ndim(t),
+                             kpl_tensor_shape(t), name,
+                             kind == KPL_IRV_PARAM || kind == KPL_IRV_CONST ? t : NULL);
+    if (v < 0) {
+        fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
+        return -1;
+    }
+    if (!map_put(tr, t, v)) return -1;
+    return v;
+}
+
+static void host_access(const kpl_tensor *t, bool write, void *user)
+{
+    tracer *tr = user;
+    int v = map_get(tr, t);
+    if (v < 0) { /* a view made outside the ops (kpl_tensor_reshape) of a traced value? */
+        for (size_t i = 0; i < tr->cap && v < 0; i++)
+            if (tr->map[i].t && kpl_tensor_shares_storage(tr->map[i].t, t) &&
+                tr->ir->v[tr->map[i].v].kind != KPL_IRV_PARAM &&
+                tr->ir->v[tr->map[i].v].kind != KPL_IRV_CONST)
+                v = tr->map[i].v;
+    }
+    if (v < 0) return;
+    const kpl_irv *val = &tr->ir->v[v];
+    if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) return;
+    char b[96];
+    fail(tr, KPL_EINVAL,
+         "trace: the traced function %s the values of %%%d %s (%s) on the host; a graph cannot "
+         "hold what it did with them (a branch on data, a loss preparing its labels on the "
+         "host, an op computed outside kpl's ops)",
+         write ? "wrote" : "read", v, kpl_shape_str(val->ndim, val->shape, b, sizeof b),
+         val->node >= 0 ? kpl_op_name(tr->ir->n[val->node].op) : "a placeholder");
+}
+
+kpl_status kpl_trace_begin(void)
+{
+    KPL_CHECK(!tl_tr, KPL_ESTATE, "trace_begin: a trace is already open on this thread");
+    tracer *tr = calloc(1, sizeof *tr);
+    KPL_CHECK(tr, KPL_ENOMEM, "trace_begin: no host memory");
+    kpl_status st = kpl_ir_create(&tr->ir);
+    if (st < 0) {
+        free(tr);
+        return st;
+    }
+    tr->serial0 = kpl_tensor_serial_next();
+    tr->prev_hook = kpl_set_host_access_hook(host_access, tr, &tr->prev_user);
+    tl_tr = tr;
+    return KPL_OK;
+}
+
+static void close_tracer(tracer *tr, bool keep_ir)
+{
+    kpl_set_host_access_hook(tr->prev_hook, tr->prev_user, NULL);
+    tl_tr = NULL;
+    for (size_t i = 0; i < tr->cap; i++) kpl_tensor_release(tr->map[i].t);
+    free(tr->map);
+    if (!keep_ir) kpl_ir_destroy(tr->ir);
+    free(tr);
+}
+
+void kpl_trace_abort(void)
+{
+    if (tl_tr) close_tracer(tl_tr, false);
+}
+
+kpl_tensor *kpl_trace_input(kpl_tensor *x, const char *name)
+{
+    tracer *tr = tl_tr;
+    if (!x) return NULL;
+    if (!tr) {
+        KPL_ERROR(KPL_ESTATE, "trace_input: no trace is open on this thread");
+        return NULL;
+    }
+    if (map_get(tr, x) >= 0) {
+        fail(tr, KPL_EINVAL, "trace_input: '%s' is already a value of the trace",
+             name ? name : "input");
+        KPL_ERROR(KPL_EINVAL, "%s", tr->msg);
+        return NULL;
+    }
+    char def[32];
+    if (!name) {
+        snprintf(def, sizeof def, "input%d", tr->ir->ninputs);
+        name = def;
+    }
+    int v = new_value(tr, x, KPL_IRV_INPUT, name);
+    if (v < 0) {
+        KPL_ERROR(tr->st, "%s", tr->msg);
+        return NULL;
+    }
+    int *ni = realloc(tr->ir->inputs, (size_t)(tr->ir->ninputs + 1) * sizeof *ni);
+    if (!ni) {
+        fail(tr, KPL_ENOMEM, "trace: no host memory");
+        KPL_ERROR(KPL_ENOMEM, "%s", tr->msg);
+        return NULL;
+    }
+    tr->ir->inputs = ni;
+    ni[tr->ir->ninputs++] = v;
+    return x;
+}
+
+void kpl__trace_fail(const char *fmt, ...)
+{
+    tracer *tr = tl_tr;
+    if (!tr || tr->st < 0) return;
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fail(tr, KPL_EINVAL, "trace: %s", buf);
+}
+
+void kpl__trace_const(kpl_tensor *t)
+{
+    tracer *tr = tl_tr;
+    if (!tr || tr->st < 0 || !t) return;
+    if (map_get(tr, t) < 0) new_value(tr, t, KPL_IRV_CONST, NULL);
+}
+
+/* The value of an op's input, adding parameters as they are first met. */
+static int input_value(tracer *tr, kpl_op op, int i, kpl_tensor *t)
+{
+    int v = map_get(tr, t);
+    if (v >= 0) return v;
+    if (kpl_tensor_serial(t) < tr->serial0) return new_value(tr, t, KPL_IRV_PARAM, NULL);
+    char b[96];
+    fail(tr, KPL_EINVAL,
+         "trace: input %d of '%s' (%s %s) was made outside the traced ops (by a kernel call, a "
+         "host write, a view taken with kpl_tensor_*, or an op the tracer does not know), so "
+         "the graph could not make it again",
+         i, kpl_op_name(op), kpl_dtype_name(kpl_tensor_dtype(t)),
+         kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), b, sizeof b));
+    return -1;
+}
+
+void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins, int nout,
+                   kpl_tensor *const *outs)
+{
+    tracer *tr = tl_tr;
+    if (!tr || tr->st < 0) return;
+    if (op == KPL_OP_CUSTOM) {
+        fail(tr, KPL_EINVAL,
+             "trace: custom op '%s' computes outside the graph and cannot be traced",
+             at && at->custom && at->custom->name ? at->custom->name : "custom");
+        return;
+    }
+    if (nin > KPL_IR_MAX_IN || nout > KPL_IR_MAX_OUT) {
+        fail(tr, KPL_EINVAL, "trace: '%s' has %d inputs and %d outputs", kpl_op_name(op), nin,
+             nout);
+        return;
+    }
+    int in[KPL_IR_MAX_IN], out[KPL_IR_MAX_OUT];
+    for (int i = 0; i < nin; i++) {
+        in[i] = ins[i] ? input_value(tr, op, i, ins[i]) : -1;
+        if (ins[i] && in[i] < 0) return;
+    }
+    for (int i = 0; i < nout; i++) {
+        if (map_get(tr, outs[i]) >= 0) { /* an op handing back its input (dropout in eval) */
+            fail(tr, KPL_EINVAL, "trace: '%s' returned a tensor the trace already holds",
+                 kpl_op_name(op));
+            return;
+        }
+        if ((out[i] = new_value(tr, outs[i], KPL_IRV_OP, NULL)) < 0) return;
+    }
+    kpl_op_attrs a = at ? *at : (kpl_op_attrs){0};
+    a.custom = NULL;
+    a.custom_user = NULL;
+    if (kpl_ir_add_node(tr->ir, op, &a, nin, in, nout, out) < 0)
+        fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
+}
+
+kpl_status kpl_trace_end(int nout, kpl_tensor *const *outs, const char *const *names,
+                         kpl_ir **out)
+{
+    tracer *tr = tl_tr;
+    KPL_CHECK(tr, KPL_ESTATE, "trace_end: no trace is open on this thread");
+    KPL_CHECK(out && nout >= 1 && outs, KPL_EINVAL, "trace_end: no outputs");
+    *out = NULL;
+    if (tr->st < 0) {
+        kpl_status st = tr->st;
+        KPL_ERROR(st, "%s", tr->msg);
+        close_tracer(tr, false);
+        return st;
+    }
+    int *ids = calloc((size_t)nout, sizeof *ids);
+    kpl_status st = ids ? KPL_OK : KPL_ERROR(KPL_ENOMEM, "trace_end: no host memory");
+    for (int i = 0; i < nout && st == KPL_OK; i++) {
+        int v = outs[i] ? map_get(tr, outs[i]) : -1;
+        if (v < 0 || tr->ir->v[v].kind != KPL_IRV_OP)
+            st = KPL_ERROR(KPL_EINVAL,
+                           "trace_end: output %d is %s, not the result of a traced op", i,
+                           !outs[i]  ? "NULL"
+                           : v < 0   ? "a tensor the trace never saw"
+                           : tr->ir->v[v].kind == KPL_IRV_INPUT ? "a placeholder"
+                                                                : "a parameter or constant");
+        else ids[i] = v;
+    }
+    if (st == KPL_OK) st = kpl_ir_set_io(tr->ir, 0, NULL, nout, ids, names);
+    free(ids);
+    kpl_ir *ir = tr->ir;
+    close_tracer(tr, st == KPL_OK);
+    if (st == KPL_OK && (st = kpl_ir_check(ir)) < 0) {
+        kpl_ir_destroy(ir);
+        return st;
+    }
+    if (st == KPL_OK) *out = ir;
+    return st;
+}

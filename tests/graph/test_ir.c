@@ -1,0 +1,314 @@
+/* test_ir.c — the static graph: tracing, shape inference, the passes, the
+ * executor's memory plans, and what a trace refuses. */
+#include "kpl_test.h"
+#include "ir.h"
+
+static kpl_tensor *owned_randn(int ndim, const int64_t *shape, uint64_t seed, double std)
+{
+    kpl_rng *rng = kpl_rng_create(seed);
+    kpl_tensor *t = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, ndim, shape, &t));
+    OK(kpl_k_normal(t, rng, 0, std));
+    kpl_rng_destroy(rng);
+    return t;
+}
+
+/* A small network's parameters (outside any pool, released by the test). */
+typedef struct {
+    kpl_tensor *w1, *b1, *g1, *be1, *m1, *v1; /* conv 3->16 3x3 + bias, bn */
+    kpl_tensor *w2, *g2, *be2, *m2, *v2;      /* conv 16->16 3x3 no bias, bn + relu */
+    kpl_tensor *fw, *fb;                      /* linear 16 -> 5 */
+} net;
+
+static void net_init(net *n)
+{
+    n->w1 = owned_randn(4, (int64_t[]){16, 3, 3, 3}, 1, 0.3);
+    n->b1 = owned_randn(1, (int64_t[]){16}, 2, 0.1);
+    n->g1 = owned_randn(1, (int64_t[]){16}, 3, 0.2);
+    n->be1 = owned_randn(1, (int64_t[]){16}, 4, 0.2);
+    n->m1 = owned_randn(1, (int64_t[]){16}, 5, 0.2);
+    n->v1 = owned_randn(1, (int64_t[]){16}, 6, 0.3);
+    n->w2 = owned_randn(4, (int64_t[]){16, 16, 3, 3}, 7, 0.1);
+    n->g2 = owned_randn(1, (int64_t[]){16}, 8, 0.2);
+    n->be2 = owned_randn(1, (int64_t[]){16}, 9, 0.2);
+    n->m2 = owned_randn(1, (int64_t[]){16}, 10, 0.2);
+    n->v2 = owned_randn(1, (int64_t[]){16}, 11, 0.3);
+    n->fw = owned_randn(2, (int64_t[]){5, 16}, 12, 0.3);
+    n->fb = owned_randn(1, (int64_t[]){5}, 13, 0.1);
+    /* variances positive */
+    kpl_pool *p = kpl_pool_push();
+    OK(kpl_k_unary(n->v1, KPL_UN_ABS, n->v1, 0, 0));
+    OK(kpl_k_binary_scalar(n->v1, KPL_BIN_ADD, n->v1, 0.5, false));
+    OK(kpl_k_unary(n->v2, KPL_UN_ABS, n->v2, 0, 0));
+    OK(kpl_k_binary_scalar(n->v2, KPL_BIN_ADD, n->v2, 0.5, false));
+    for (kpl_tensor **t = &n->w1; t <= &n->fb; t++) OK(kpl_set_requires_grad(*t, true));
+    kpl_pool_pop(p);
+}
+
+static void net_free(net *n)
+{
+    for (kpl_tensor **t = &n->w1; t <= &n->fb; t++) kpl_tensor_release(*t);
+}
+
+static kpl_tensor *net_forward(const net *n, kpl_tensor *x)
+{
+    kpl_conv2d_params cp = KPL_CONV2D_PARAMS_INIT;
+    cp.padding[0] = cp.padding[1] = 1;
+    kpl_tensor *h = kpl_conv2d(x, n->w1, n->b1, &cp);
+    h = kpl_relu(kpl_batch_norm(h, n->g1, n->be1, n->m1, n->v1, false, 0.1, 1e-5));
+    kpl_pool2d_params pp = {{2, 2}, {2, 2}, {0, 0}, false, false};
+    h = kpl_max_pool2d(h, &pp);
+    h = kpl_batch_norm_relu(kpl_conv2d(h, n->w2, NULL, &cp), n->g2, n->be2, n->m2, n->v2, false,
+                            0.1, 1e-5);
+    h = kpl_global_avg_pool2d(h);
+    h = kpl_reshape(h, 2, (int64_t[]){kpl_tensor_shape(x)[0], 16});
+    return kpl_log_softmax(kpl_linear(h, n->fw, n->fb), 1);
+}
+
+static kpl_ir *trace_net(const net *n, kpl_tensor *x)
+{
+    OK(kpl_trace_begin());
+    kpl_tensor *in = NN(kpl_trace_input(x, "image"));
+    kpl_tensor *y = NN(net_forward(n, in));
+    kpl_ir *ir = NULL;
+    OK(kpl_trace_end(1, &y, (const char *[]){"logp"}, &ir));
+    return ir;
+}
+
+static double max_abs_diff(kpl_tensor *a, kpl_tensor *b)
+{
+    assert_int_equal(kpl_tensor_numel(a), kpl_tensor_numel(b));
+    double m = 0;
+    for (int64_t i = 0; i < kpl_tensor_numel(a); i++) {
+        double d = fabs(tget(a, i) - tget(b, i));
+        if (!(d <= m)) m = d; /* NaN sticks */
+    }
+    return m;
+}
+
+/* Traced at every level, with and without the inference fusions, the graph
+ * computes what eager mode computes on another input. */
+static void test_trace_and_levels(void **state)
+{
+    (void)state;
+    net n;
+    net_init(&n);
+    kpl_pool *pool = NN(kpl_pool_push());
+    bool prev = kpl_set_grad_enabled(false);
+    int64_t xs[4] = {2, 3, 10, 10};
+    kpl_tensor *x0 = kpl_autorelease(owned_randn(4, xs, 21, 1));
+    kpl_tensor *x1 = kpl_autorelease(owned_randn(4, xs, 22, 1));
+    kpl_tensor *want = NN(net_forward(&n, x1));
+    for (int fuse = 0; fuse < 2; fuse++)
+        for (int level = 0; level <= 3; level++) {
+            kpl_ir *ir = trace_net(&n, x0);
+            int nodes0 = kpl_ir_num_nodes(ir);
+            OK(kpl_ir_optimize(ir, level, fuse));
+            if (fuse) assert_true(kpl_ir_num_nodes(ir) < nodes0);
+            kpl_exec *ex = NULL;
+            OK(kpl_exec_create(ir, &ex));
+            OK(kpl_exec_set_input(ex, 0, x1));
+            OK(kpl_exec_run(ex));
+            kpl_tensor *got = NN(kpl_exec_output(ex, 0));
+            double d = max_abs_diff(got, want);
+            if (fuse) assert_true(d < 1e-5);
+            else if (d != 0) fail_msg("O%d without fusions differs from eager by %g", level, d);
+            /* a second run on the first input gives the first output */
+            OK(kpl_exec_set_input(ex, 0, x0));
+            OK(kpl_exec_run(ex));
+            kpl_tensor *want0 = NN(net_forward(&n, x0));
+            assert_true(max_abs_diff(kpl_exec_output(ex, 0), want0) < (fuse ? 1e-5 : 1e-300));
+            kpl_exec_stats es = kpl_exec_get_stats(ex);
+            if (level >= 2 && !fuse) assert_true(es.n_inplace > 0);
+            if (level < 2) assert_int_equal(es.n_inplace, 0);
+            if (level == 3 && !fuse) assert_true(es.arena_bytes < es.value_bytes / 3);
+            kpl_exec_destroy(ex);
+            kpl_ir_destroy(ir);
+        }
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+    net_free(&n);
+}
+
+/* The fusions leave the expected ops: the first conv absorbed its batch
+ * norm and relu, the second its batch norm; no batch-norm arithmetic is
+ * left between them. */
+static void test_fusions_shape_the_graph(void **state)
+{
+    (void)state;
+    net n;
+    net_init(&n);
+    kpl_pool *pool = NN(kpl_pool_push());
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_tensor *x = kpl_autorelease(owned_randn(4, (int64_t[]){1, 3, 8, 8}, 31, 1));
+    kpl_ir *ir = trace_net(&n, x);
+    int changed = 0;
+    OK(kpl_ir_fuse_inference(ir, &changed));
+    assert_true(changed > 0);
+    OK(kpl_ir_prune(ir, NULL));
+    int convs = 0, relu_convs = 0, muls = 0;
+    for (int i = 0; i < kpl_ir_num_nodes(ir); i++) {
+        kpl_op op = kpl_ir_node_op(ir, i);
+        convs += op == KPL_OP_CONV2D;
+        relu_convs += op == KPL_OP_CONV2D_RELU;
+        muls += op == KPL_OP_MUL || op == KPL_OP_RSQRT || op == KPL_OP_ADD_SCALAR;
+    }
+    assert_int_equal(convs + relu_convs, 2);
+    assert_int_equal(relu_convs, 2);
+    assert_int_equal(muls, 0);
+    /* the parameters were not touched: eager still gives the same */
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    OK(kpl_exec_set_input(ex, 0, x));
+    OK(kpl_exec_run(ex));
+    assert_true(max_abs_diff(kpl_exec_output(ex, 0), net_forward(&n, x)) < 1e-5);
+    /* dumps */
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    OK(kpl_ir_dump(ir, f, false));
+    fclose(f);
+    assert_non_null(strstr(buf, "conv2d_relu("));
+    assert_non_null(strstr(buf, "input  %0:image f32 (1,3,8,8)"));
+    assert_non_null(strstr(buf, "output logp ="));
+    free(buf);
+    f = open_memstream(&buf, &len);
+    OK(kpl_ir_dump(ir, f, true));
+    fclose(f);
+    assert_true(!strncmp(buf, "digraph kpl {", 13));
+    assert_non_null(strstr(buf, "-> out0"));
+    free(buf);
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+    net_free(&n);
+}
+
+/* O1 drops what the outputs do not need; side outputs stay when asked. */
+static void test_prune(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *x = kpl_autorelease(owned_randn(2, (int64_t[]){4, 6}, 41, 1));
+    OK(kpl_trace_begin());
+    kpl_tensor *in = NN(kpl_trace_input(x, NULL));
+    kpl_tensor *unused = NN(kpl_exp(kpl_sum(in, NULL, 0, false)));
+    (void)unused;
+    kpl_tensor *y = NN(kpl_relu(kpl_scalar_op(KPL_BIN_MUL, in, 2, false)));
+    int ax = 1;
+    kpl_tensor *idx = NN(kpl_argmax(y, ax, false));
+    kpl_ir *ir = NULL;
+    OK(kpl_trace_end(1, &idx, NULL, &ir));
+    assert_int_equal(kpl_ir_num_nodes(ir), 5);
+    int changed = 0;
+    OK(kpl_ir_prune(ir, &changed));
+    assert_int_equal(kpl_ir_num_nodes(ir), 3);
+    assert_true(changed >= 2);
+    assert_string_equal(kpl_ir_output_name(ir, 0), "output0");
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    float v[6] = {1, -5, 7, 7, 0, 2};
+    kpl_tensor *x2 = NULL;
+    OK(kpl_tensor_zeros(kpl_device_cpu(), KPL_F32, 2, (int64_t[]){4, 6}, &x2));
+    memcpy(kpl_tensor_host_mutable(x2), v, sizeof v);
+    OK(kpl_exec_set_input(ex, 0, x2));
+    OK(kpl_exec_run(ex));
+    kpl_tensor *o = kpl_exec_output(ex, 0);
+    assert_int_equal(kpl_tensor_dtype(o), KPL_I64);
+    assert_float_equal(tget(o, 0), 2, 0); /* the first of the two 7s */
+    assert_float_equal(tget(o, 1), 0, 0); /* zeros: the first */
+    /* a wrong input is refused, naming both shapes */
+    kpl_tensor *bad = kpl_autorelease(owned_randn(2, (int64_t[]){4, 5}, 42, 1));
+    FAILS(kpl_exec_set_input(ex, 0, bad), KPL_ESHAPE, "input 'input0' is f32 (4,6), got f32 (4,5)");
+    kpl_tensor_release(x2);
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_pool_pop(pool);
+}
+
+/* What a trace cannot hold is an error at trace_end that says what. */
+static void test_trace_refusals(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *x = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 51, 1));
+    kpl_ir *ir = NULL;
+
+    /* a branch on data */
+    OK(kpl_trace_begin());
+    kpl_tensor *in = NN(kpl_trace_input(x, "x"));
+    kpl_tensor *s = NN(kpl_sum(in, NULL, 0, false));
+    double v;
+    OK(kpl_tensor_get(s, 0, &v));
+    kpl_tensor *y = v > 0 ? kpl_relu(in) : kpl_neg(in);
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "read the values of %1 () (sum) on the host");
+    assert_null(ir);
+    assert_false(kpl_tracing());
+
+    /* a tensor computed outside the ops */
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    kpl_tensor *side = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 2, (int64_t[]){3, 4}, &side));
+    OK(kpl_k_unary(side, KPL_UN_EXP, in, 0, 0));
+    kpl_autorelease(side);
+    y = NN(kpl_add(in, side));
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "input 1 of 'add' (f32 (3,4)) was made outside");
+
+    /* batch norm in training mode */
+    kpl_tensor *img = kpl_autorelease(owned_randn(4, (int64_t[]){2, 4, 3, 3}, 52, 1));
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(img, "img"));
+    y = NN(kpl_batch_norm(in, NULL, NULL, NULL, NULL, true, 0.1, 1e-5));
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "batch_norm: training mode");
+
+    /* random numbers */
+    kpl_rng *rng = kpl_rng_create(1);
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    y = NN(kpl_dropout(in, 0.5, true, rng));
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "random numbers cannot be traced");
+    kpl_rng_destroy(rng);
+
+    /* outputs that are no op's result */
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    FAILS(kpl_trace_end(1, &in, NULL, &ir), KPL_EINVAL, "output 0 is a placeholder");
+    FAILS(kpl_trace_end(1, &in, NULL, &ir), KPL_ESTATE, "no trace is open");
+
+    /* one trace per thread */
+    OK(kpl_trace_begin());
+    FAILS(kpl_trace_begin(), KPL_ESTATE, "already open");
+    kpl_trace_abort();
+    assert_false(kpl_tracing());
+    kpl_pool_pop(pool);
+}
+
+/* Shape inference catches a graph whose recorded shapes do not follow. */
+static void test_check_shapes(void **state)
+{
+    (void)state;
+    kpl_ir *ir = NULL;
+    OK(kpl_ir_create(&ir));
+    int a = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 2, (int64_t[]){2, 3}, "a", NULL);
+    int b = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 2, (int64_t[]){3, 4}, "b", NULL);
+    int c = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 2, (int64_t[]){2, 5}, NULL, NULL);
+    kpl_op_attrs at = {0};
+    assert_true(kpl_ir_add_node(ir, KPL_OP_MATMUL, &at, 2, (int[]){a, b}, 1, &c) == 0);
+    OK(kpl_ir_set_io(ir, 2, (int[]){a, b}, 1, &c, NULL));
+    FAILS(kpl_ir_check(ir), KPL_ESHAPE, "node 0 (matmul) makes f32 (2,4) for output 0, the graph says %2 is f32 (2,5)");
+    kpl_ir_destroy(ir);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_trace_and_levels),
+        cmocka_unit_test(test_fusions_shape_the_graph),
+        cmocka_unit_test(test_prune),
+        cmocka_unit_test(test_trace_refusals),
+        cmocka_unit_test(test_check_shapes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
