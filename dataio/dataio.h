@@ -597,6 +597,11 @@ int kpl_transform_canvas_side(const kpl_transform_config *cfg);
  * seed 0.  KPL_EFORMAT for bytes that are not a readable image. */
 kpl_status kpl_transform_image(const kpl_transform_config *cfg, const void *data, size_t n,
                                kpl_tensor *out);
+/* The same for an example of a dataset (read into `chunk`), with its label
+ * (the label feature's first value; -1 when it has none) into *label when
+ * label is not NULL. */
+kpl_status kpl_transform_example(const kpl_transform_config *cfg, kpl_dataset *ds, int64_t example,
+                                 kpl_chunk *chunk, kpl_tensor *out, int64_t *label);
 
 /* ---- the loader: DataReader -> DataTransformer -> DataIterator -------------------- */
 /*

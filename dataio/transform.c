@@ -1180,3 +1180,42 @@ kpl_status kpl_transform_image(const kpl_transform_config *cfg, const void *data
     kpl__xform_scratch_destroy(sc);
     return st;
 }
+
+kpl_status kpl_transform_example(const kpl_transform_config *cfg, kpl_dataset *ds, int64_t example,
+                                 kpl_chunk *chunk, kpl_tensor *out, int64_t *label)
+{
+    KPL_CHECK(cfg && ds && chunk && out, KPL_EINVAL, "transform_example: NULL argument");
+    kpl__xform x;
+    kpl_transform_config c = *cfg;
+    if (!label) c.label_feature = NULL;
+    c.boxes_feature = c.box_labels_feature = c.mask_feature = c.box_ignore_feature = NULL;
+    KPL_TRY(kpl__xform_init(&x, &c, ds));
+    KPL_CHECK(c.crop != KPL_CROP_KEEP_RATIO && c.crop != KPL_CROP_SCALE_CROP, KPL_EINVAL,
+              "transform_example: crop '%s' has no fixed output size", kpl_crop_mode_name(c.crop));
+    int64_t want[3] = {x.out_c, x.out_h, x.out_w};
+    char b1[96], b2[96];
+    KPL_CHECK(kpl_tensor_ndim(out) == 3 && !memcmp(kpl_tensor_shape(out), want, sizeof want) &&
+                  kpl_tensor_dtype(out) == c.out_dtype &&
+                  kpl_device_type_of(kpl_tensor_device(out)) == KPL_DEVICE_CPU,
+              KPL_ESHAPE, "transform_example: out is %s %s, the transform makes %s %s on the CPU",
+              kpl_dtype_name(kpl_tensor_dtype(out)),
+              kpl_shape_str(kpl_tensor_ndim(out), kpl_tensor_shape(out), b1, sizeof b1),
+              kpl_dtype_name(c.out_dtype), kpl_shape_str(3, want, b2, sizeof b2));
+    KPL_CHECK(example >= 0 && example < kpl_dataset_num_examples(ds), KPL_ERANGE,
+              "transform_example: example %lld of %lld", (long long)example,
+              (long long)kpl_dataset_num_examples(ds));
+    kpl_feature_value *values = calloc((size_t)kpl_dataset_num_features(ds), sizeof *values);
+    kpl__xform_scratch *sc = kpl__xform_scratch_create();
+    kpl_status st = values && sc ? KPL_OK : KPL_ERROR(KPL_ENOMEM, "transform_example: no host memory");
+    if (st == KPL_OK) st = kpl_dataset_read_example(ds, example, chunk, values);
+    int64_t size[2], orig[2], lab = -1;
+    void *img = st == KPL_OK ? kpl_tensor_host_mutable(out) : NULL;
+    if (st == KPL_OK && !img) st = kpl_last_status();
+    kpl__sample_out so = {.image = img, .size = size, .orig_size = orig,
+                          .label = x.label >= 0 ? &lab : NULL};
+    if (st == KPL_OK) st = kpl__xform_sample(&x, values, 0, 0, example, sc, &so);
+    if (st == KPL_OK && label) *label = lab;
+    free(values);
+    kpl__xform_scratch_destroy(sc);
+    return st;
+}

@@ -29,6 +29,7 @@
 #include "cocoeval.h"
 #include "ddp.h"
 #include "fid.h"
+#include "infer.h"
 #include "layers.h"
 #include "module.h"
 #include "optim.h"

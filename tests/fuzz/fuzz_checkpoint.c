@@ -13,34 +13,11 @@
  * in both modes.
  */
 #include "fuzz_common.h"
-
-#include <zstd.h>
+#include "fuzz_ckpt.h"
 
 #include "trainer.h"
 
 #define RESTORE_MAX ((size_t)1 << 20) /* bytes restored per tensor */
-
-static void put32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
-static void put64(uint8_t *p, uint64_t v) { memcpy(p, &v, 8); }
-
-/* A checkpoint file around `payload`: header + one zstd frame. */
-static uint8_t *wrap_payload(const uint8_t *payload, size_t n, size_t *len)
-{
-    size_t cap = ZSTD_compressBound(n);
-    uint8_t *f = malloc(40 + cap);
-    if (!f) abort();
-    size_t z = ZSTD_compress(f + 40, cap, payload, n, 1);
-    if (ZSTD_isError(z)) abort();
-    memcpy(f, "KPLCKPT\n", 8);
-    put32(f + 8, 1);
-    put32(f + 12, 1);
-    put64(f + 16, n);
-    put64(f + 24, z);
-    put32(f + 32, kpl_crc32c(0, f + 40, z));
-    put32(f + 36, kpl_crc32c(0, f, 36));
-    *len = 40 + z;
-    return f;
-}
 
 static void use(kpl_checkpoint *c)
 {
@@ -77,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     size_t n = size - 1;
     const uint8_t *file = data + 1;
     if (data[0] & 1) {
-        wrapped = wrap_payload(data + 1, size - 1, &n);
+        wrapped = fuzz_ckpt_wrap(data + 1, size - 1, &n);
         file = wrapped;
     }
     fuzz_write(path, file, n);

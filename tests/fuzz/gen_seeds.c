@@ -6,6 +6,8 @@
  *                 feature type, a raw feature with a shape, an unfinished one
  *   record_parse/ record bodies with their schemas
  *   checkpoint/   checkpoints (kpl_checkpoint_save), as files and as payloads
+ *   model/        model files (kpl_model_save) of a small traced network,
+ *                 fused at O3 and as traced, as files and as payloads
  *   lmdb/         Caffe Datums: raw, encoded, float_data packed and not
  * The image seeds come from gen_image_seeds.py, the text seeds (recipe,
  * hosts) are written by hand.  Built only in the fuzz build:
@@ -255,6 +257,84 @@ static void record_parse_seeds(void)
     free(b.p);
 }
 
+/* ---- model ---- */
+
+/* path's file and its decompressed payload as the two seeds of `target`. */
+static void container_seeds(const char *target, const char *name, const char *path)
+{
+    buf file = {0};
+    put_file(&file, path);
+    buf b = {0};
+    uint8_t mode = 0;
+    put(&b, &mode, 1);
+    put(&b, file.p, file.n);
+    char fname[64];
+    snprintf(fname, sizeof fname, "%s-file", name);
+    emit(target, fname, &b);
+    uint64_t raw;
+    memcpy(&raw, file.p + 16, 8);
+    uint8_t *payload = malloc(raw + 1);
+    if (!payload) abort();
+    size_t got = ZSTD_decompress(payload, raw, file.p + 40, file.n - 40);
+    if (ZSTD_isError(got) || got != raw) abort();
+    b.n = 0;
+    mode = 1;
+    put(&b, &mode, 1);
+    put(&b, payload, raw);
+    snprintf(fname, sizeof fname, "%s-payload", name);
+    emit(target, fname, &b);
+    free(payload);
+    free(b.p);
+    free(file.p);
+}
+
+static kpl_tensor *seed_tensor(int nd, const int64_t *shape, uint64_t seed, double lo)
+{
+    kpl_rng *r = kpl_rng_create(seed);
+    kpl_tensor *t = NULL;
+    CHECK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, nd, shape, &t));
+    CHECK(kpl_k_uniform(t, r, lo, 1));
+    kpl_rng_destroy(r);
+    return t;
+}
+
+/* conv (+ bias), eval batch norm, relu, max pool, linear: traced. */
+static void model_seed(const char *name, bool fused, int level)
+{
+    kpl_tensor *w = seed_tensor(4, (int64_t[]){4, 2, 3, 3}, 1, -1);
+    kpl_tensor *b = seed_tensor(1, (int64_t[]){4}, 2, -1);
+    kpl_tensor *mean = seed_tensor(1, (int64_t[]){4}, 3, -1), *var = seed_tensor(1, (int64_t[]){4}, 4, 0.5);
+    kpl_tensor *g = seed_tensor(1, (int64_t[]){4}, 5, -1), *be = seed_tensor(1, (int64_t[]){4}, 6, -1);
+    kpl_tensor *fw = seed_tensor(2, (int64_t[]){3, 16}, 7, -1), *fb = seed_tensor(1, (int64_t[]){3}, 8, -1);
+    kpl_tensor *x = seed_tensor(4, (int64_t[]){1, 2, 6, 6}, 9, -1);
+    kpl_pool *pool = kpl_pool_push();
+    CHECK(kpl_trace_begin());
+    kpl_conv2d_params cp = KPL_CONV2D_PARAMS_INIT;
+    cp.padding[0] = cp.padding[1] = 1;
+    kpl_pool2d_params pp = {{3, 3}, {3, 3}, {0, 0}, false, false};
+    kpl_tensor *h = kpl_conv2d(kpl_trace_input(x, "image"), w, b, &cp);
+    h = kpl_max_pool2d(kpl_relu(kpl_batch_norm(h, g, be, mean, var, false, 0.1, 1e-5)), &pp);
+    h = kpl_linear(kpl_reshape(h, 2, (int64_t[]){1, 16}), fw, fb);
+    kpl_ir *ir = NULL;
+    CHECK(h ? kpl_trace_end(1, &h, (const char *[]){"logits"}, &ir) : kpl_last_status());
+    const char *names[] = {"conv.weight", "conv.bias", "bn.running_mean", "bn.running_var",
+                           "bn.weight", "bn.bias", "fc.weight", "fc.bias"};
+    kpl_tensor *ts[] = {w, b, mean, var, g, be, fw, fb};
+    kpl_ir_name_params(ir, 8, names, ts);
+    CHECK(kpl_ir_optimize(ir, level, fused));
+    char path[PATH_MAX];
+    fuzz_path(path, scratch, name);
+    CHECK(kpl_model_save(ir, "{\"task\":\"classification\",\"transform\":{\"crop\":\"none\","
+                             "\"out_h\":6,\"out_w\":6,\"resize_shorter\":0,\"channels\":2,"
+                             "\"out_dtype\":\"f32\",\"mean\":[0.5,0.5],\"std\":[0.25,0.25]}}",
+                         path));
+    container_seeds("model", name, path);
+    kpl_ir_destroy(ir);
+    kpl_pool_pop(pool);
+    for (int i = 0; i < 8; i++) kpl_tensor_release(ts[i]);
+    kpl_tensor_release(x);
+}
+
 /* ---- checkpoint ---- */
 
 static void checkpoint_seed(const char *name, int ntensors)
@@ -280,35 +360,8 @@ static void checkpoint_seed(const char *name, int ntensors)
     fuzz_path(path, scratch, name);
     CHECK(kpl_checkpoint_save(c, path));
     kpl_checkpoint_destroy(c);
-
-    buf file = {0};
-    put_file(&file, path);
-    buf b = {0};
-    uint8_t mode = 0;
-    put(&b, &mode, 1);
-    put(&b, file.p, file.n);
-    char fname[64];
-    snprintf(fname, sizeof fname, "%s-file", name);
-    emit("checkpoint", fname, &b);
-
-    uint64_t raw;
-    memcpy(&raw, file.p + 16, 8);
-    uint8_t *payload = malloc(raw + 1);
-    if (!payload) abort();
-    size_t got = ZSTD_decompress(payload, raw, file.p + 40, file.n - 40);
-    if (ZSTD_isError(got) || got != raw) abort();
-    b.n = 0;
-    mode = 1;
-    put(&b, &mode, 1);
-    put(&b, payload, raw);
-    snprintf(fname, sizeof fname, "%s-payload", name);
-    emit("checkpoint", fname, &b);
-    free(payload);
-    free(b.p);
-    free(file.p);
+    container_seeds("checkpoint", name, path);
 }
-
-/* ---- lmdb ---- */
 
 static void varint(buf *b, uint64_t v)
 {
@@ -412,6 +465,8 @@ int main(int argc, char **argv)
     checkpoint_seed("ckpt-small", 3);
     checkpoint_seed("ckpt-six", 6);
     checkpoint_seed("ckpt-empty", 0);
+    model_seed("model-o3", true, 3);
+    model_seed("model-traced", false, 0);
     lmdb_seeds();
     fuzz_rm_tree(scratch);
     return 0;

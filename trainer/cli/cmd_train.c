@@ -163,17 +163,29 @@ static int train_run(const kpl_recipe *r, const char *resume, bool reset_optimiz
 }
 
 /* `kpl eval`: the checkpoint's models on the recipe's validation split. */
-static int eval_run(const kpl_recipe *r, const char *checkpoint)
+/* The checkpoint's trainer for evaluation (its models and weights, the
+ * validation data); KPL_EINVAL after saying so for an unknown task. */
+static kpl_status eval_trainer(const kpl_recipe *r, const char *checkpoint, kpl__console *con,
+                               kpl_trainer **t)
 {
     const kpl_task_kind *task = task_of(r);
-    if (!task) return 1;
-    kpl__console con;
-    kpl__console_init(&con, KPL_PROGRESS_NEVER);
-    kpl_trainer *t = NULL;
+    kpl__console_init(con, KPL_PROGRESS_NEVER);
+    if (!task) return KPL_EINVAL;
     kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
     o.checkpoint = checkpoint;
-    o.log = kpl__console_log, o.log_ctx = &con;
-    kpl_status st = kpl_trainer_create(r, task, &o, &t);
+    o.log = kpl__console_log, o.log_ctx = con;
+    return kpl_trainer_create(r, task, &o, t);
+}
+
+static int eval_run(const kpl_recipe *r, const char *checkpoint)
+{
+    kpl__console con;
+    kpl_trainer *t = NULL;
+    kpl_status st = eval_trainer(r, checkpoint, &con, &t);
+    if (!kpl_task_find(r->task)) { /* said by task_of */
+        kpl__console_end(&con);
+        return 1;
+    }
     if (st >= 0) st = kpl__trainer_eval_checkpoint(t, checkpoint);
     int rc = st < 0 ? failed(t, st) : 0;
     kpl_trainer_destroy(t);
@@ -307,3 +319,137 @@ out:
     args_free(&A);
     return rc;
 }
+
+/* ---- kpl export and kpl graph: a checkpoint's inference graph ---- */
+
+static void usage_export(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl export RECIPE.yaml --checkpoint FILE -o MODEL.kplm [--batch N]\n"
+            "                  [--level 0-3] [KEY=VALUE ...] [--plugin LIB.so ...]\n"
+            "       kpl graph RECIPE.yaml --checkpoint FILE [--dot] [--level 0-3] [--batch N]\n"
+            "       kpl graph MODEL.kplm [--dot]\n"
+            "\n"
+            "export traces model 0's forward in eval mode on an input batch of N images\n"
+            "(default 1) of the size the data gives, runs the graph passes of the level\n"
+            "(default 3: prune, in place, buffer reuse) and the inference fusions (batch\n"
+            "norm folded into the convolution before it, convolution + ReLU), and writes a\n"
+            "model file (docs/model-format.md) that 'kpl infer' and the C API (infer.h)\n"
+            "run.  The recipe's validation transform goes with it.  Like 'kpl eval', the\n"
+            "recipe's data.val is read for the input size.\n"
+            "\n"
+            "graph prints the traced graph before and after the passes (text, or Graphviz\n"
+            "dot with --dot), or the graph of a model file.\n");
+}
+
+static int export_or_graph(bool graph, int argc, char **argv)
+{
+    const char *cmd = graph ? "graph" : "export";
+    const char *ckpt = NULL, *out = NULL;
+    long long batch = 1, level = 3;
+    bool dot = false;
+    args A;
+    int rc = 0;
+    if (!args_init(&A, cmd, argc)) return 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        char *end = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_export(stdout);
+            goto out;
+        } else if (!strcmp(a, "--dot") && graph) {
+            dot = true;
+        } else if ((!strcmp(a, "--checkpoint") || !strcmp(a, "-o") || !strcmp(a, "--batch") ||
+                    !strcmp(a, "--level")) && i + 1 < argc) {
+            const char *v = argv[++i];
+            if (a[2] == 'c') ckpt = v;
+            else if (a[1] == 'o') out = v;
+            else if (a[2] == 'b' && (!(batch = strtoll(v, &end, 10)) || *end || batch < 1)) rc = 2;
+            else if (a[2] == 'l' && ((level = strtoll(v, &end, 10)), *end || level < 0 || level > 3))
+                rc = 2;
+            if (rc) {
+                fprintf(stderr, "kpl %s: %s '%s' is not %s\n", cmd, a, v,
+                        a[2] == 'b' ? "a positive integer" : "0, 1, 2 or 3");
+                goto out;
+            }
+        } else if (!strcmp(a, "--checkpoint") || !strcmp(a, "-o") || !strcmp(a, "--batch") ||
+                   !strcmp(a, "--level")) {
+            fprintf(stderr, "kpl %s: %s needs a value\n", cmd, a);
+            rc = 2;
+            goto out;
+        } else if ((rc = common_arg(&A, argc, argv, &i)) != 0) {
+            goto out;
+        }
+    }
+    if (graph && A.recipe && strstr(A.recipe, ".kplm") && !ckpt) { /* a model file's graph */
+        kpl_model *m = NULL;
+        if (kpl_model_load(A.recipe, -1, &m) < 0) {
+            fprintf(stderr, "kpl graph: %s\n", kpl_last_error());
+            rc = 1;
+        } else {
+            kpl_ir_dump(kpl_model_graph(m), stdout, dot);
+            kpl_model_destroy(m);
+        }
+        goto out;
+    }
+    if (!ckpt || (!graph && !out)) {
+        fprintf(stderr, "kpl %s: --checkpoint FILE%s is required (try 'kpl %s --help')\n", cmd,
+                graph ? "" : " and -o MODEL.kplm are", cmd);
+        rc = 2;
+        goto out;
+    }
+    if ((rc = load_plugins(&A)) != 0) goto out;
+    kpl_recipe *r = malloc(sizeof *r);
+    if (!r) {
+        rc = 1;
+        goto out;
+    }
+    if ((rc = load_recipe(&A, r)) == 0 && kpl__export_check(r) < 0) {
+        fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+        rc = 2;
+    } else if (rc == 0) {
+        kpl__console con;
+        kpl_trainer *t = NULL;
+        kpl_ir *ir = NULL;
+        kpl_status st = eval_trainer(r, ckpt, &con, &t);
+        if (st >= 0 && graph) {
+            st = kpl__trainer_export(t, batch, 0, false, NULL, &ir);
+            if (st >= 0) {
+                printf("%s# traced (%d nodes)\n", dot ? "// " : "", kpl_ir_num_nodes(ir));
+                kpl_ir_dump(ir, stdout, dot);
+                st = kpl_ir_optimize(ir, (int)level, true);
+            }
+            if (st >= 0) {
+                printf("%s# after the passes of O%lld and the inference fusions (%d nodes)\n",
+                       dot ? "// " : "", level, kpl_ir_num_nodes(ir));
+                kpl_ir_dump(ir, stdout, dot);
+            }
+            kpl_ir_destroy(ir);
+        } else if (st >= 0) {
+            st = kpl__trainer_export(t, batch, (int)level, true, out, &ir);
+            if (st >= 0) {
+                kpl_exec *ex = NULL;
+                kpl_exec_stats es = {0};
+                if (kpl_exec_create(ir, &ex) == KPL_OK) es = kpl_exec_get_stats(ex);
+                kpl_exec_destroy(ex);
+                printf("{\"event\":\"exported\",\"model\":\"%s\",\"file\":\"%s\",\"nodes\":%d,"
+                       "\"level\":%lld,\"batch\":%lld,\"arena_bytes\":%zu}\n",
+                       r->model.name, out, kpl_ir_num_nodes(ir), level, batch, es.arena_bytes);
+            }
+            kpl_ir_destroy(ir);
+        }
+        if (st < 0) {
+            fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
+            rc = st == KPL_EINVAL || st == KPL_ENOTFOUND ? 2 : 1;
+        }
+        kpl_trainer_destroy(t);
+        kpl__console_end(&con);
+    }
+    free(r);
+out:
+    args_free(&A);
+    return rc;
+}
+
+int kpl__cmd_export(int argc, char **argv) { return export_or_graph(false, argc, argv); }
+int kpl__cmd_graph(int argc, char **argv) { return export_or_graph(true, argc, argv); }

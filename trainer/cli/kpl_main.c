@@ -29,6 +29,12 @@ static void usage(FILE *f)
             "                         train what a recipe describes (see 'kpl train --help')\n"
             "  eval RECIPE.yaml --checkpoint FILE\n"
             "                         top-1/top-5 of a checkpoint on the recipe's val split\n"
+            "  export RECIPE.yaml --checkpoint FILE -o MODEL.kplm\n"
+            "                         the inference graph of a checkpoint as a model file\n"
+            "  infer MODEL.kplm INPUT...\n"
+            "                         run a model file on images or a KPLRecord split\n"
+            "  graph RECIPE.yaml --checkpoint FILE | MODEL.kplm [--dot]\n"
+            "                         print an inference graph before and after its passes\n"
             "  info                   build configuration and devices\n"
             "  demo [--threads N] [--device cpu|cuda:N]\n"
             "                         run a small compute demo and check its numbers\n"
@@ -185,6 +191,9 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "data")) return kpl__cmd_data(argc - 2, argv + 2);
     if (!strcmp(cmd, "train")) return kpl__cmd_train(argc - 2, argv + 2);
     if (!strcmp(cmd, "eval")) return kpl__cmd_eval(argc - 2, argv + 2);
+    if (!strcmp(cmd, "export")) return kpl__cmd_export(argc - 2, argv + 2);
+    if (!strcmp(cmd, "graph")) return kpl__cmd_graph(argc - 2, argv + 2);
+    if (!strcmp(cmd, "infer")) return kpl__cmd_infer(argc - 2, argv + 2);
     fprintf(stderr, "kpl: unknown command '%s' (try 'kpl --help')\n", cmd);
     return 2;
 }

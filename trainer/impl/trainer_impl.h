@@ -142,6 +142,9 @@ kpl_status kpl__keys_declared_ok(const kpl_key *keys, const char *section);
 /* DIR/ckpt-<step, 10 digits>.kpl */
 /* kpl_checkpoint_restore's checks alone: the tensor exists with dst's
  * dtype and shape (errors as restore's). */
+/* kpl_checkpoint_save, with the completion marker PATH.done or without
+ * (a file that is not a run's checkpoint: a model file). */
+kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marker);
 kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst);
 void kpl__checkpoint_path(const char *dir, int64_t step, char *path, size_t len);
 /* The steps of DIR's complete checkpoints (those with a marker), ascending;
@@ -219,6 +222,16 @@ kpl_status kpl__data_input_shape(const kpl_recipe *r, int64_t *chw);
 kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw);
 
 /* ---- runs (trainer.c, trainer_setup.c, trainer_ckpt.c, fit.c) ---- */
+
+/* export.c: model 0's inference graph for an input batch of `batch`,
+ * traced in eval mode from the trainer's input shape, optimised at
+ * `level` (fused for inference when fuse), written to path (NULL: not
+ * written) with the info inference needs; *ir (may be NULL) receives
+ * the graph (the caller's). */
+kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fuse,
+                               const char *path, kpl_ir **ir);
+/* KPL_EINVAL naming the recipe's task when it has no inference graph. */
+kpl_status kpl__export_check(const kpl_recipe *r);
 
 #include <limits.h>
 

@@ -272,6 +272,11 @@ static char *table_json(const kpl_checkpoint *c, uint64_t *first_offset)
 
 kpl_status kpl_checkpoint_save(kpl_checkpoint *c, const char *path)
 {
+    return kpl__checkpoint_write(c, path, true);
+}
+
+kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marker)
+{
     KPL_CHECK(c && path && *path, KPL_EINVAL, "checkpoint_save: bad arguments");
     KPL_CHECK(strlen(path) + 8 < PATH_MAX, KPL_EINVAL, "checkpoint: path too long");
     char tmp[PATH_MAX], done[PATH_MAX];
@@ -279,7 +284,7 @@ kpl_status kpl_checkpoint_save(kpl_checkpoint *c, const char *path)
     snprintf(done, sizeof done, "%s.done", path);
     /* An older checkpoint of the same name loses its marker first, so a
      * crash below never pairs the old marker with the new file. */
-    if (unlink(done) != 0 && errno != ENOENT)
+    if (marker && unlink(done) != 0 && errno != ENOENT)
         return KPL_ERROR(KPL_EIO, "%s: cannot remove: %s", done, strerror(errno));
     uint64_t first = 0;
     char *table = table_json(c, &first);
@@ -344,14 +349,16 @@ kpl_status kpl_checkpoint_save(kpl_checkpoint *c, const char *path)
         goto fail;
     }
     KPL_TRY_GOTO(fsync_dir_of(path));
-    char marker[512];
+    if (!marker) goto done_ok;
+    char mtext[512];
     const char *base = strrchr(path, '/');
-    snprintf(marker, sizeof marker,
+    snprintf(mtext, sizeof mtext,
              "{\"file\":\"%.200s\",\"bytes\":%llu,\"crc32c\":%u,\"version\":%u}\n",
              base ? base + 1 : path, (unsigned long long)(w.stored + CKPT_HEADER), w.crc,
              CKPT_VERSION);
-    KPL_TRY_GOTO(write_small_file(done, marker));
+    KPL_TRY_GOTO(write_small_file(done, mtext));
     KPL_TRY_GOTO(fsync_dir_of(done));
+done_ok:
     free(table);
     free(w.out);
     ZSTD_freeCCtx(w.z);

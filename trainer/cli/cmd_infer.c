@@ -1,0 +1,299 @@
+/*
+ * cmd_infer.c — `kpl infer`: a model file (kpl export) on image files or
+ * on a KPLRecord split, one JSON line per example.
+ */
+#include "cli.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static void usage_infer(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl infer MODEL.kplm INPUT... [--top K] [--limit N] [--level 0-3] [--search]\n"
+            "\n"
+            "Runs a model file (kpl export) on each INPUT: an image file (JPEG or PNG),\n"
+            "or a directory holding a KPLRecord split (every example, or the first N with\n"
+            "--limit), through the input transform stored in the model.  One JSON line per\n"
+            "example on stdout: a classifier's top K classes (default 5) with their\n"
+            "softmax probabilities, a segmenter's classes by share of pixels.  Examples of\n"
+            "a split with labels count towards a top-1 in the last line, a JSON object\n"
+            "with \"event\":\"done\".  An image that cannot be read is named on stderr and\n"
+            "skipped; the exit status is then 1.\n"
+            "\n"
+            "Convolutions use oneDNN's preferred kernels (deterministic mode): two runs print\n"
+            "the same digits.  --search times the candidates at the first batch instead\n"
+            "and keeps the fastest (as training does), which may change the last bits.\n");
+}
+
+typedef struct {
+    kpl_model *m;
+    kpl_transform_config tc;
+    int64_t shape[4]; /* the model's input (B, C, H, W) */
+    kpl_tensor *batch;
+    char **names;     /* per row: what it came from */
+    int64_t *labels;  /* per row: -1 when unknown */
+    int n;            /* rows filled */
+    int top;
+    int64_t done, labelled, right;
+    double run_ms;
+} infer;
+
+static int cmp_desc(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* One classifier row: softmax over C logits, the top k. */
+static void print_classes(infer *in, int row, const float *lg, int64_t C)
+{
+    double mx = -INFINITY, sum = 0;
+    for (int64_t j = 0; j < C; j++) mx = lg[j] > mx ? lg[j] : mx;
+    double (*p)[2] = malloc((size_t)C * sizeof *p);
+    if (!p) return;
+    for (int64_t j = 0; j < C; j++) sum += exp(lg[j] - mx);
+    for (int64_t j = 0; j < C; j++) p[j][0] = exp(lg[j] - mx) / sum, p[j][1] = (double)j;
+    qsort(p, (size_t)C, sizeof *p, cmp_desc);
+    printf("{\"input\":\"%s\"", in->names[row]);
+    if (in->labels[row] >= 0) {
+        printf(",\"label\":%lld", (long long)in->labels[row]);
+        in->labelled++;
+        in->right += (int64_t)p[0][1] == in->labels[row];
+    }
+    printf(",\"top\":[");
+    int k = in->top < C ? in->top : (int)C;
+    for (int j = 0; j < k; j++)
+        printf("%s{\"class\":%lld,\"prob\":%.6g}", j ? "," : "", (long long)p[j][1], p[j][0]);
+    printf("]}\n");
+    free(p);
+}
+
+/* One segmenter row: the argmax class of each pixel, classes by share. */
+static void print_mask(infer *in, int row, const float *lg, int64_t C, int64_t hw)
+{
+    int64_t *count = calloc((size_t)C, sizeof *count);
+    if (!count) return;
+    for (int64_t i = 0; i < hw; i++) {
+        int64_t best = 0;
+        for (int64_t c = 1; c < C; c++)
+            if (lg[c * hw + i] > lg[best * hw + i]) best = c;
+        count[best]++;
+    }
+    printf("{\"input\":\"%s\",\"pixels\":%lld,\"classes\":[", in->names[row], (long long)hw);
+    bool first = true;
+    for (int64_t c = 0; c < C; c++) {
+        if (!count[c]) continue;
+        printf("%s{\"class\":%lld,\"share\":%.6g}", first ? "" : ",", (long long)c,
+               (double)count[c] / (double)hw);
+        first = false;
+    }
+    printf("]}\n");
+    free(count);
+}
+
+/* Runs the rows filled so far and prints them. */
+static kpl_status flush(infer *in)
+{
+    if (!in->n) return KPL_OK;
+    double t0 = kpl_seconds();
+    KPL_TRY(kpl_model_set_input(in->m, 0, in->batch));
+    KPL_TRY(kpl_model_run(in->m));
+    kpl_tensor *y = kpl_model_output(in->m, 0);
+    kpl_tensor *yf = NULL;
+    if (kpl_tensor_dtype(y) != KPL_F32) {
+        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, kpl_tensor_ndim(y), kpl_tensor_shape(y), &yf));
+        KPL_TRY(kpl_k_cast(yf, y));
+        y = yf;
+    }
+    const float *v = kpl_tensor_host_data(y);
+    in->run_ms += (kpl_seconds() - t0) * 1e3;
+    if (!v) return kpl_last_status();
+    int nd = kpl_tensor_ndim(y);
+    const int64_t *s = kpl_tensor_shape(y);
+    int64_t per = kpl_tensor_numel(y) / s[0];
+    for (int r = 0; r < in->n; r++) {
+        if (nd == 2) print_classes(in, r, v + r * per, s[1]);
+        else if (nd == 4) print_mask(in, r, v + r * per, s[1], s[2] * s[3]);
+        else printf("{\"input\":\"%s\",\"output_numel\":%lld}\n", in->names[r], (long long)per);
+        free(in->names[r]);
+        in->names[r] = NULL;
+    }
+    fflush(stdout);
+    kpl_tensor_release(yf);
+    in->done += in->n;
+    in->n = 0;
+    return KPL_OK;
+}
+
+/* The (C, H, W) view of row n of the batch. */
+static kpl_status row_view(infer *in, kpl_tensor **row)
+{
+    kpl_tensor *r1 = NULL;
+    KPL_TRY(kpl_tensor_narrow(in->batch, in->n, 1, &r1));
+    kpl_status st = kpl_tensor_reshape(r1, 3, in->shape + 1, row);
+    kpl_tensor_release(r1);
+    return st;
+}
+
+static kpl_status add_row(infer *in, const char *name, int64_t label)
+{
+    in->names[in->n] = strdup(name);
+    in->labels[in->n] = label;
+    if (++in->n == in->shape[0]) return flush(in);
+    return KPL_OK;
+}
+
+static kpl_status image_file(infer *in, const char *path)
+{
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = fopen(path, "rb");
+    KPL_CHECK(f, KPL_EIO, "%s: cannot open", path);
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long n = ftell(f);
+        if (n >= 0 && fseek(f, 0, SEEK_SET) == 0 && (buf = malloc((size_t)n + 1)))
+            len = fread(buf, 1, (size_t)n, f) == (size_t)n ? (size_t)n : 0;
+    }
+    fclose(f);
+    kpl_tensor *row = NULL;
+    kpl_status st = buf && len ? row_view(in, &row) : KPL_ERROR(KPL_EIO, "%s: cannot read", path);
+    if (st == KPL_OK) st = kpl_transform_image(&in->tc, buf, len, row);
+    kpl_tensor_release(row);
+    free(buf);
+    if (st < 0) return kpl__error_prefix(st, "%s: ", path);
+    return add_row(in, path, -1);
+}
+
+static kpl_status record_split(infer *in, const char *dir, int64_t limit)
+{
+    kpl_dataset *ds = NULL;
+    KPL_TRY(kpl_dataset_open(dir, &ds));
+    kpl_chunk *c = kpl_chunk_create();
+    kpl_status st = c ? KPL_OK : KPL_ERROR(KPL_ENOMEM, "no host memory");
+    kpl_transform_config tc = in->tc;
+    tc.label_feature = kpl_dataset_find_feature(ds, "label") >= 0 ? "label" : NULL;
+    int64_t n = kpl_dataset_num_examples(ds);
+    if (limit > 0 && limit < n) n = limit;
+    for (int64_t e = 0; e < n && st == KPL_OK; e++) {
+        kpl_tensor *row = NULL;
+        int64_t label = -1;
+        st = row_view(in, &row);
+        if (st == KPL_OK)
+            st = kpl_transform_example(&tc, ds, e, c, row, tc.label_feature ? &label : NULL);
+        kpl_tensor_release(row);
+        char name[4200];
+        snprintf(name, sizeof name, "%s#%lld", dir, (long long)e);
+        if (st == KPL_OK) st = add_row(in, name, label);
+    }
+    kpl_chunk_destroy(c);
+    kpl_dataset_close(ds);
+    return st;
+}
+
+int kpl__cmd_infer(int argc, char **argv)
+{
+    const char *model = NULL;
+    long long top = 5, limit = 0, level = -1;
+    bool search = false;
+    const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
+    int ninputs = 0, rc = 0;
+    if (!inputs) return 1;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_infer(stdout);
+            free(inputs);
+            return 0;
+        } else if (!strcmp(a, "--top") || !strcmp(a, "--limit") || !strcmp(a, "--level")) {
+            char *end = NULL;
+            long long v = i + 1 < argc ? strtoll(argv[i + 1], &end, 10) : -1;
+            if (i + 1 >= argc || *end || v < (a[2] == 'l' && a[3] == 'e' ? 0 : 1) ||
+                (a[3] == 'e' && v > 3)) {
+                fprintf(stderr, "kpl infer: %s needs %s\n", a,
+                        a[3] == 'e' ? "0, 1, 2 or 3" : "a positive integer");
+                free(inputs);
+                return 2;
+            }
+            i++;
+            if (a[2] == 't') top = v;
+            else if (a[3] == 'i') limit = v;
+            else level = v;
+        } else if (!strcmp(a, "--search")) {
+            search = true;
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "kpl infer: unknown option '%s' (try 'kpl infer --help')\n", a);
+            free(inputs);
+            return 2;
+        } else if (!model) {
+            model = a;
+        } else {
+            inputs[ninputs++] = a;
+        }
+    }
+    if (!model || !ninputs) {
+        fprintf(stderr, "kpl infer: a MODEL.kplm and at least one INPUT are required (try 'kpl "
+                        "infer --help')\n");
+        free(inputs);
+        return 2;
+    }
+    kpl_set_deterministic(!search);
+    infer in = {.top = (int)top};
+    kpl_status st = kpl_model_load(model, (int)level, &in.m);
+    if (st == KPL_OK && (kpl_model_num_inputs(in.m) != 1 ||
+                         kpl_model_input_shape(in.m, 0, in.shape) != 4))
+        st = KPL_ERROR(KPL_EINVAL, "%s: not a model of one image batch (N, C, H, W)", model);
+    if (st == KPL_OK) st = kpl_model_transform(in.m, &in.tc);
+    if (st == KPL_OK && in.tc.out_dtype != kpl_model_input_dtype(in.m, 0))
+        st = KPL_ERROR(KPL_EFORMAT, "%s: the transform makes %s, the model takes %s", model,
+                       kpl_dtype_name(in.tc.out_dtype),
+                       kpl_dtype_name(kpl_model_input_dtype(in.m, 0)));
+    if (st == KPL_OK) st = kpl_tensor_zeros(kpl_device_cpu(), kpl_model_input_dtype(in.m, 0), 4,
+                                            in.shape, &in.batch);
+    if (st == KPL_OK) {
+        in.names = calloc((size_t)in.shape[0], sizeof *in.names);
+        in.labels = calloc((size_t)in.shape[0], sizeof *in.labels);
+        if (!in.names || !in.labels) st = KPL_ERROR(KPL_ENOMEM, "no host memory");
+    }
+    if (st < 0) {
+        fprintf(stderr, "kpl infer: %s\n", kpl_last_error());
+        rc = st == KPL_ENOTFOUND ? 2 : 1;
+        goto out;
+    }
+    int64_t failed = 0;
+    for (int i = 0; i < ninputs && st >= 0; i++) {
+        struct stat sb;
+        bool dir = stat(inputs[i], &sb) == 0 && S_ISDIR(sb.st_mode);
+        kpl_status s = dir ? record_split(&in, inputs[i], limit) : image_file(&in, inputs[i]);
+        if (s < 0 && (s == KPL_EFORMAT || s == KPL_EIO || s == KPL_ENOTFOUND) && !dir) {
+            fprintf(stderr, "kpl infer: skipped %s\n", kpl_last_error());
+            failed++;
+        } else if (s < 0) {
+            st = s;
+        }
+    }
+    if (st >= 0) st = flush(&in);
+    if (st < 0) {
+        fprintf(stderr, "kpl infer: %s\n", kpl_last_error());
+        rc = 1;
+    } else {
+        printf("{\"event\":\"done\",\"examples\":%lld,\"failed\":%lld", (long long)in.done,
+               (long long)failed);
+        if (in.labelled)
+            printf(",\"labelled\":%lld,\"top1\":%.4f", (long long)in.labelled,
+                   100.0 * (double)in.right / (double)in.labelled);
+        printf(",\"batch\":%lld,\"run_ms\":%.1f}\n", (long long)in.shape[0], in.run_ms);
+        rc = failed ? 1 : 0;
+    }
+out:
+    for (int r = 0; in.names && r < in.shape[0]; r++) free(in.names[r]);
+    free(in.names);
+    free(in.labels);
+    kpl_tensor_release(in.batch);
+    kpl_model_destroy(in.m);
+    free(inputs);
+    return rc;
+}
