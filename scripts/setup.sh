@@ -25,6 +25,7 @@ packages=(
   libxml2-dev                        # dataio/ Pascal VOC annotations
   zlib1g-dev                         # gzip-compressed IDX files
   libyaml-dev                        # recipes
+  libprotobuf-c-dev protobuf-c-compiler  # ONNX export
   libpng-dev
   libcmocka-dev                      # unit tests
   python3-numpy python3-pil          # tests: segmentation metrics recomputed with numpy

@@ -70,6 +70,12 @@ kpl_tensor *kpl_model_output(kpl_model *m, int i);
  * kpl_transform_image: KPL_ENOTFOUND when the file has none. */
 kpl_status kpl_model_transform(const kpl_model *m, kpl_transform_config *cfg);
 
+/* ir as an ONNX model (IR version 7, opset 13) at path, parameters and
+ * constants as initializers under their names (PATH.tmp first, renamed
+ * when complete).  An op with no ONNX form here (the pooling and
+ * convolution adjoints, roi_align, gelu_tanh) is KPL_EINVAL naming it. */
+kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path);
+
 #ifdef __cplusplus
 }
 #endif

@@ -13,11 +13,18 @@
 #   resnet18  the ResNet-18 recipe (residual adds, batch norm, adaptive
 #             pooling) a few steps in, exported at batch 8: kpl infer's
 #             top-1 on 256 test images is kpl eval's (within one example)
+#   onnx      the default cnn, LeNet and ResNet-18 exported as ONNX (opset
+#             13): the ONNX checker accepts each, and onnxruntime on a
+#             random batch gives kpl infer's outputs (of the same
+#             checkpoint's .kplm) to 1e-4 (onnx_check.py; skipped without
+#             onnx and onnxruntime); a graph with an op ONNX has no form
+#             for here is refused naming it
 #   errors    a truncated model file, a flipped byte, a checkpoint given as
 #             a model, a task with no inference graph, missing arguments:
 #             each a clear error and a non-zero exit, nothing left behind
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 example=${4:-}
+here=$(cd "$(dirname "$0")" && pwd)
 . "$(dirname "$0")/e2e_common.sh"
 need_fm
 FM=(data.root="$tmp/fm" "${QUIET[@]}")
@@ -111,6 +118,23 @@ resnet18)
   got=$(field top1 "$(tail -n 1 inf.txt)")
   awk -v a="$got" -v b="$want" 'BEGIN { d = a - b; exit !(d < 0.4 && d > -0.4) }' \
     || die "kpl infer top-1 $got, kpl eval $want (one example in 256 may differ)"
+  ;;
+onnx)
+  [[ -x /usr/bin/python3 ]] || { echo "no /usr/bin/python3: skipped"; exit 77; }
+  /usr/bin/python3 -c 'import onnx, onnxruntime' 2> /dev/null \
+    || { echo "no onnx/onnxruntime for /usr/bin/python3 (scripts/setup.sh): skipped"; exit 77; }
+  for m in cnn lenet resnet18; do
+    mkdir -p $m && cd $m
+    train_short "$src/recipes/fashion_mnist/$m.yaml" 4 64
+    ck=run/checkpoints/ckpt-0000000004.kpl
+    for f in kplm onnx; do
+      "$kpl" export "$src/recipes/fashion_mnist/$m.yaml" "${FM[@]}" \
+        --checkpoint $ck -o m.$f --format $f --batch 3 > exp.txt 2> exp.err \
+        || die "$m: export --format $f: $(cat exp.err)"
+    done
+    /usr/bin/python3 "$here/onnx_check.py" "$kpl" m.kplm m.onnx . || die "$m: onnx_check"
+    cd ..
+  done
   ;;
 errors)
   recipe=$src/recipes/fashion_mnist/lenet.yaml

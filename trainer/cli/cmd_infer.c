@@ -14,12 +14,16 @@ static void usage_infer(FILE *f)
 {
     fprintf(f,
             "usage: kpl infer MODEL.kplm INPUT... [--top K] [--limit N] [--level 0-3] [--search]\n"
+            "                 [--logits]\n"
             "\n"
             "Runs a model file (kpl export) on each INPUT: an image file (JPEG or PNG),\n"
             "or a directory holding a KPLRecord split (every example, or the first N with\n"
-            "--limit), through the input transform stored in the model.  One JSON line per\n"
+            "--limit), through the input transform stored in the model, or a NumPy file\n"
+            "(.npy: float32, (C, H, W) or (N, C, H, W) already transformed, one example a\n"
+            "row).  One JSON line per\n"
             "example on stdout: a classifier's top K classes (default 5) with their\n"
-            "softmax probabilities, a segmenter's classes by share of pixels.  Examples of\n"
+            "softmax probabilities, a segmenter's classes by share of pixels (--logits adds\n"
+            "the whole output row).  Examples of\n"
             "a split with labels count towards a top-1 in the last line, a JSON object\n"
             "with \"event\":\"done\".  An image that cannot be read is named on stderr and\n"
             "skipped; the exit status is then 1.\n"
@@ -38,6 +42,7 @@ typedef struct {
     int64_t *labels;  /* per row: -1 when unknown */
     int n;            /* rows filled */
     int top;
+    bool logits; /* print the whole output row */
     int64_t done, labelled, right;
     double run_ms;
 } infer;
@@ -116,6 +121,11 @@ static kpl_status flush(infer *in)
     const int64_t *s = kpl_tensor_shape(y);
     int64_t per = kpl_tensor_numel(y) / s[0];
     for (int r = 0; r < in->n; r++) {
+        if (in->logits) {
+            printf("{\"input\":\"%s\",\"logits\":[", in->names[r]);
+            for (int64_t j = 0; j < per; j++) printf("%s%.9g", j ? "," : "", v[r * per + j]);
+            printf("]}\n");
+        }
         if (nd == 2) print_classes(in, r, v + r * per, s[1]);
         else if (nd == 4) print_mask(in, r, v + r * per, s[1], s[2] * s[3]);
         else printf("{\"input\":\"%s\",\"output_numel\":%lld}\n", in->names[r], (long long)per);
@@ -168,6 +178,65 @@ static kpl_status image_file(infer *in, const char *path)
     return add_row(in, path, -1);
 }
 
+/* A NumPy file of float32 rows shaped as the model's (C, H, W). */
+static kpl_status npy_file(infer *in, const char *path)
+{
+    FILE *f = fopen(path, "rb");
+    KPL_CHECK(f, KPL_EIO, "%s: cannot open", path);
+    uint8_t head[10];
+    char hdr[4096];
+    kpl_status st = KPL_OK;
+    size_t hl = 0;
+    if (fread(head, 1, 10, f) != 10 || memcmp(head, "\x93NUMPY", 6) || head[6] < 1 || head[6] > 3) {
+        st = KPL_ERROR(KPL_EFORMAT, "%s: not a NumPy .npy file", path);
+    } else if (head[6] == 1) {
+        hl = (size_t)head[8] | (size_t)head[9] << 8;
+    } else { /* 4-byte length: two more bytes */
+        uint8_t more[2];
+        if (fread(more, 1, 2, f) != 2) st = KPL_ERROR(KPL_EFORMAT, "%s: truncated header", path);
+        hl = (size_t)head[8] | (size_t)head[9] << 8 | (size_t)more[0] << 16 | (size_t)more[1] << 24;
+    }
+    if (st == KPL_OK && (hl >= sizeof hdr || fread(hdr, 1, hl, f) != hl))
+        st = KPL_ERROR(KPL_EFORMAT, "%s: header of %zu bytes", path, hl);
+    int64_t dims[8], nd = 0;
+    if (st == KPL_OK) {
+        hdr[hl] = 0;
+        const char *sh = strstr(hdr, "'shape':");
+        if (!strstr(hdr, "'descr': '<f4'") || !strstr(hdr, "'fortran_order': False") || !sh) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: want little-endian float32 ('<f4') in C order: %s",
+                           path, hdr);
+        } else {
+            const char *p = strchr(sh, '(');
+            while (p && *p && *p != ')' && nd < 8) {
+                while (*p && (*p < '0' || *p > '9') && *p != ')') p++;
+                if (*p == ')' || !*p) break;
+                dims[nd++] = strtoll(p, (char **)&p, 10);
+            }
+        }
+    }
+    int64_t rows = nd == 4 ? dims[0] : 1;
+    const int64_t *chw = nd == 4 ? dims + 1 : dims;
+    if (st == KPL_OK && ((nd != 3 && nd != 4) || memcmp(chw, in->shape + 1, 3 * sizeof *chw) ||
+                         kpl_model_input_dtype(in->m, 0) != KPL_F32))
+        st = KPL_ERROR(KPL_ESHAPE, "%s: the array must be float32 (C, H, W) or (N, C, H, W) with "
+                       "(C, H, W) = (%lld, %lld, %lld), the model's input",
+                       path, (long long)in->shape[1], (long long)in->shape[2], (long long)in->shape[3]);
+    size_t n = (size_t)(in->shape[1] * in->shape[2] * in->shape[3]) * sizeof(float);
+    for (int64_t r = 0; r < rows && st == KPL_OK; r++) {
+        kpl_tensor *row = NULL;
+        st = row_view(in, &row);
+        void *dst = st == KPL_OK ? kpl_tensor_host_mutable(row) : NULL;
+        if (st == KPL_OK && (!dst || fread(dst, 1, n, f) != n))
+            st = KPL_ERROR(KPL_EFORMAT, "%s: row %lld is cut short", path, (long long)r);
+        kpl_tensor_release(row);
+        char name[4200];
+        snprintf(name, sizeof name, "%s#%lld", path, (long long)r);
+        if (st == KPL_OK) st = add_row(in, name, -1);
+    }
+    fclose(f);
+    return st;
+}
+
 static kpl_status record_split(infer *in, const char *dir, int64_t limit)
 {
     kpl_dataset *ds = NULL;
@@ -198,7 +267,7 @@ int kpl__cmd_infer(int argc, char **argv)
 {
     const char *model = NULL;
     long long top = 5, limit = 0, level = -1;
-    bool search = false;
+    bool search = false, logits = false;
     const char **inputs = calloc((size_t)argc + 1, sizeof *inputs);
     int ninputs = 0, rc = 0;
     if (!inputs) return 1;
@@ -224,6 +293,8 @@ int kpl__cmd_infer(int argc, char **argv)
             else level = v;
         } else if (!strcmp(a, "--search")) {
             search = true;
+        } else if (!strcmp(a, "--logits")) {
+            logits = true;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "kpl infer: unknown option '%s' (try 'kpl infer --help')\n", a);
             free(inputs);
@@ -241,7 +312,7 @@ int kpl__cmd_infer(int argc, char **argv)
         return 2;
     }
     kpl_set_deterministic(!search);
-    infer in = {.top = (int)top};
+    infer in = {.top = (int)top, .logits = logits};
     kpl_status st = kpl_model_load(model, (int)level, &in.m);
     if (st == KPL_OK && (kpl_model_num_inputs(in.m) != 1 ||
                          kpl_model_input_shape(in.m, 0, in.shape) != 4))
@@ -267,7 +338,11 @@ int kpl__cmd_infer(int argc, char **argv)
     for (int i = 0; i < ninputs && st >= 0; i++) {
         struct stat sb;
         bool dir = stat(inputs[i], &sb) == 0 && S_ISDIR(sb.st_mode);
-        kpl_status s = dir ? record_split(&in, inputs[i], limit) : image_file(&in, inputs[i]);
+        size_t len = strlen(inputs[i]);
+        bool npy = len > 4 && !strcmp(inputs[i] + len - 4, ".npy");
+        kpl_status s = dir   ? record_split(&in, inputs[i], limit)
+                       : npy ? npy_file(&in, inputs[i])
+                             : image_file(&in, inputs[i]);
         if (s < 0 && (s == KPL_EFORMAT || s == KPL_EIO || s == KPL_ENOTFOUND) && !dir) {
             fprintf(stderr, "kpl infer: skipped %s\n", kpl_last_error());
             failed++;

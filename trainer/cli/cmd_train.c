@@ -326,7 +326,8 @@ static void usage_export(FILE *f)
 {
     fprintf(f,
             "usage: kpl export RECIPE.yaml --checkpoint FILE -o MODEL.kplm [--batch N]\n"
-            "                  [--level 0-3] [KEY=VALUE ...] [--plugin LIB.so ...]\n"
+            "                  [--level 0-3] [--format kplm|onnx] [KEY=VALUE ...]\n"
+            "                  [--plugin LIB.so ...]\n"
             "       kpl graph RECIPE.yaml --checkpoint FILE [--dot] [--level 0-3] [--batch N]\n"
             "       kpl graph MODEL.kplm [--dot]\n"
             "\n"
@@ -336,7 +337,8 @@ static void usage_export(FILE *f)
             "norm folded into the convolution before it, convolution + ReLU), and writes a\n"
             "model file (docs/model-format.md) that 'kpl infer' and the C API (infer.h)\n"
             "run.  The recipe's validation transform goes with it.  Like 'kpl eval', the\n"
-            "recipe's data.val is read for the input size.\n"
+            "recipe's data.val is read for the input size.  --format onnx writes the same\n"
+            "graph as an ONNX model (opset 13) instead, for onnxruntime and other tools.\n"
             "\n"
             "graph prints the traced graph before and after the passes (text, or Graphviz\n"
             "dot with --dot), or the graph of a model file.\n");
@@ -345,7 +347,7 @@ static void usage_export(FILE *f)
 static int export_or_graph(bool graph, int argc, char **argv)
 {
     const char *cmd = graph ? "graph" : "export";
-    const char *ckpt = NULL, *out = NULL;
+    const char *ckpt = NULL, *out = NULL, *format = "kplm";
     long long batch = 1, level = 3;
     bool dot = false;
     args A;
@@ -359,6 +361,13 @@ static int export_or_graph(bool graph, int argc, char **argv)
             goto out;
         } else if (!strcmp(a, "--dot") && graph) {
             dot = true;
+        } else if (!strcmp(a, "--format") && !graph && i + 1 < argc) {
+            format = argv[++i];
+            if (strcmp(format, "kplm") && strcmp(format, "onnx")) {
+                fprintf(stderr, "kpl export: --format '%s' is not kplm or onnx\n", format);
+                rc = 2;
+                goto out;
+            }
         } else if ((!strcmp(a, "--checkpoint") || !strcmp(a, "-o") || !strcmp(a, "--batch") ||
                     !strcmp(a, "--level")) && i + 1 < argc) {
             const char *v = argv[++i];
@@ -426,15 +435,18 @@ static int export_or_graph(bool graph, int argc, char **argv)
             }
             kpl_ir_destroy(ir);
         } else if (st >= 0) {
-            st = kpl__trainer_export(t, batch, (int)level, true, out, &ir);
+            bool onnx = !strcmp(format, "onnx");
+            st = kpl__trainer_export(t, batch, (int)level, true, onnx ? NULL : out, &ir);
+            if (st >= 0 && onnx) st = kpl_onnx_export(ir, out);
             if (st >= 0) {
                 kpl_exec *ex = NULL;
                 kpl_exec_stats es = {0};
                 if (kpl_exec_create(ir, &ex) == KPL_OK) es = kpl_exec_get_stats(ex);
                 kpl_exec_destroy(ex);
-                printf("{\"event\":\"exported\",\"model\":\"%s\",\"file\":\"%s\",\"nodes\":%d,"
-                       "\"level\":%lld,\"batch\":%lld,\"arena_bytes\":%zu}\n",
-                       r->model.name, out, kpl_ir_num_nodes(ir), level, batch, es.arena_bytes);
+                printf("{\"event\":\"exported\",\"model\":\"%s\",\"file\":\"%s\",\"format\":\"%s\","
+                       "\"nodes\":%d,\"level\":%lld,\"batch\":%lld,\"arena_bytes\":%zu}\n",
+                       r->model.name, out, format, kpl_ir_num_nodes(ir), level, batch,
+                       es.arena_bytes);
             }
             kpl_ir_destroy(ir);
         }

@@ -1,0 +1,617 @@
+/*
+ * onnx_export.c — GraphIR as an ONNX model (IR version 7, opset 13), with
+ * protobuf-c and kpl's subset of ONNX's schema (io/onnx/kpl_onnx.proto).
+ *
+ * Each kpl op becomes the ONNX op of the same meaning, or a few of them
+ * (rsqrt is Sqrt then Reciprocal, var is built from ReduceMean and
+ * ReduceSum); parameters and constants become initializers under their
+ * names; reshape and expand targets, slice bounds and scalars become int64
+ * or typed constant initializers.  An op with no ONNX form (the pooling
+ * adjoints, roi_align) is an error naming it.
+ */
+#include "infer.h"
+#include "trainer_impl.h"
+
+#include "kpl_onnx.pb-c.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define ONNX_IR_VERSION 7
+#define ONNX_OPSET 13
+
+typedef struct {
+    const kpl_ir *ir;
+    void **mem; /* everything allocated for the message tree */
+    size_t nmem, capmem;
+    Onnx__NodeProto **node;
+    size_t nnode, capnode;
+    Onnx__TensorProto **init;
+    size_t ninit, capinit;
+    char **vname; /* per value */
+    int ntmp;
+    kpl_status st;
+} writer;
+
+static bool grow(void **p, size_t *cap, size_t need, size_t elem)
+{
+    if (need <= *cap) return true;
+    size_t n = *cap ? *cap * 2 : 64;
+    while (n < need) n *= 2;
+    void *q = realloc(*p, n * elem);
+    if (!q) return false;
+    *p = q;
+    *cap = n;
+    return true;
+}
+
+static void *w_alloc(writer *w, size_t bytes)
+{
+    void *p = calloc(1, bytes ? bytes : 1);
+    if (!p || !grow((void **)&w->mem, &w->capmem, w->nmem + 1, sizeof *w->mem)) {
+        free(p);
+        if (w->st == KPL_OK) w->st = KPL_ERROR(KPL_ENOMEM, "onnx export: no host memory");
+        return NULL;
+    }
+    w->mem[w->nmem++] = p;
+    return p;
+}
+
+static char *w_str(writer *w, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static char *w_str(writer *w, const char *fmt, ...)
+{
+    char buf[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    char *s = w_alloc(w, strlen(buf) + 1);
+    if (s) strcpy(s, buf);
+    return s;
+}
+
+static const char *tmp_name(writer *w) { return w_str(w, "t%d", w->ntmp++); }
+
+static int onnx_dtype(kpl_dtype dt)
+{
+    switch (dt) {
+    case KPL_F32: return ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    case KPL_F64: return ONNX__TENSOR_PROTO__DATA_TYPE__DOUBLE;
+    case KPL_F16: return ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT16;
+    case KPL_BF16: return ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
+    case KPL_I32: return ONNX__TENSOR_PROTO__DATA_TYPE__INT32;
+    case KPL_I64: return ONNX__TENSOR_PROTO__DATA_TYPE__INT64;
+    case KPL_U8: return ONNX__TENSOR_PROTO__DATA_TYPE__UINT8;
+    case KPL_BOOL: return ONNX__TENSOR_PROTO__DATA_TYPE__BOOL;
+    default: return 0;
+    }
+}
+
+/* An initializer `name` of dtype dt, shape, bytes copied (or borrowed when
+ * `borrow`: a tensor that outlives the packing). */
+static const char *initializer(writer *w, const char *name, kpl_dtype dt, int nd, const int64_t *shape,
+                               const void *bytes, size_t n, bool borrow)
+{
+    Onnx__TensorProto *t = w_alloc(w, sizeof *t);
+    int64_t *dims = w_alloc(w, sizeof(int64_t) * (size_t)(nd ? nd : 1));
+    void *data = borrow ? (void *)bytes : w_alloc(w, n);
+    if (!t || !dims || !data || !name ||
+        !grow((void **)&w->init, &w->capinit, w->ninit + 1, sizeof *w->init)) {
+        if (w->st == KPL_OK) w->st = KPL_ERROR(KPL_ENOMEM, "onnx export: no host memory");
+        return NULL;
+    }
+    onnx__tensor_proto__init(t);
+    if (!borrow && n) memcpy(data, bytes, n);
+    if (nd) memcpy(dims, shape, sizeof(int64_t) * (size_t)nd);
+    t->n_dims = (size_t)nd;
+    t->dims = dims;
+    t->has_data_type = 1;
+    t->data_type = onnx_dtype(dt);
+    t->name = (char *)name;
+    t->has_raw_data = 1;
+    t->raw_data.len = n;
+    t->raw_data.data = data;
+    w->init[w->ninit++] = t;
+    return name;
+}
+
+static const char *const_i64(writer *w, const int64_t *v, int n)
+{
+    int64_t len = n;
+    return initializer(w, w_str(w, "c%d", w->ntmp++), KPL_I64, 1, &len, v, sizeof(int64_t) * (size_t)n,
+                       false);
+}
+
+/* A 0-D constant s of dtype dt (floats; integers as themselves). */
+static const char *const_scalar(writer *w, kpl_dtype dt, double s)
+{
+    union {
+        float f;
+        double d;
+        int64_t i;
+        int32_t i32;
+        uint16_t h;
+        uint8_t u;
+    } v;
+    size_t n = kpl_dtype_size(dt);
+    switch (dt) {
+    case KPL_F32: v.f = (float)s; break;
+    case KPL_F64: v.d = s; break;
+    case KPL_F16: v.h = kpl_f32_to_f16((float)s); break;
+    case KPL_BF16: v.h = kpl_f32_to_bf16((float)s); break;
+    case KPL_I64: v.i = (int64_t)s; break;
+    case KPL_I32: v.i32 = (int32_t)s; break;
+    default: v.u = (uint8_t)s; break;
+    }
+    return initializer(w, w_str(w, "c%d", w->ntmp++), dt, 0, NULL, &v, n, false);
+}
+
+static Onnx__NodeProto *node(writer *w, const char *op, int nin, const char *const *in, int nout,
+                             const char *const *out)
+{
+    Onnx__NodeProto *n = w_alloc(w, sizeof *n);
+    char **i = w_alloc(w, sizeof(char *) * (size_t)(nin ? nin : 1));
+    char **o = w_alloc(w, sizeof(char *) * (size_t)nout);
+    if (!n || !i || !o || !grow((void **)&w->node, &w->capnode, w->nnode + 1, sizeof *w->node)) {
+        if (w->st == KPL_OK) w->st = KPL_ERROR(KPL_ENOMEM, "onnx export: no host memory");
+        return NULL;
+    }
+    onnx__node_proto__init(n);
+    for (int k = 0; k < nin; k++) i[k] = (char *)(in[k] ? in[k] : "");
+    for (int k = 0; k < nout; k++) o[k] = (char *)out[k];
+    n->n_input = (size_t)nin;
+    n->input = i;
+    n->n_output = (size_t)nout;
+    n->output = o;
+    n->op_type = (char *)op;
+    n->name = w_str(w, "n%zu", w->nnode);
+    w->node[w->nnode++] = n;
+    return n;
+}
+
+/* One-input, one-output node: returns the output's name (out, or a new
+ * temporary when out is NULL). */
+static const char *op1(writer *w, const char *op, const char *x, const char *out)
+{
+    const char *o = out ? out : tmp_name(w);
+    node(w, op, 1, &x, 1, &o);
+    return o;
+}
+
+static const char *op2(writer *w, const char *op, const char *a, const char *b, const char *out)
+{
+    const char *o = out ? out : tmp_name(w);
+    node(w, op, 2, (const char *[]){a, b}, 1, &o);
+    return o;
+}
+
+static Onnx__AttributeProto *attr(writer *w, Onnx__NodeProto *n, const char *name)
+{
+    if (!n) return NULL;
+    Onnx__AttributeProto *a = w_alloc(w, sizeof *a);
+    Onnx__AttributeProto **list = w_alloc(w, sizeof *list * (n->n_attribute + 1));
+    if (!a || !list) return NULL;
+    onnx__attribute_proto__init(a);
+    a->name = (char *)name;
+    if (n->n_attribute) memcpy(list, n->attribute, sizeof *list * n->n_attribute);
+    list[n->n_attribute++] = a;
+    n->attribute = list;
+    a->has_type = 1;
+    return a;
+}
+
+static void attr_i(writer *w, Onnx__NodeProto *n, const char *name, int64_t v)
+{
+    Onnx__AttributeProto *a = attr(w, n, name);
+    if (!a) return;
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
+    a->has_i = 1;
+    a->i = v;
+}
+
+static void attr_f(writer *w, Onnx__NodeProto *n, const char *name, float v)
+{
+    Onnx__AttributeProto *a = attr(w, n, name);
+    if (!a) return;
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__FLOAT;
+    a->has_f = 1;
+    a->f = v;
+}
+
+static void attr_ints(writer *w, Onnx__NodeProto *n, const char *name, const int64_t *v, int k)
+{
+    Onnx__AttributeProto *a = attr(w, n, name);
+    int64_t *c = w_alloc(w, sizeof *c * (size_t)(k ? k : 1));
+    if (!a || !c) return;
+    memcpy(c, v, sizeof *c * (size_t)k);
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INTS;
+    a->n_ints = (size_t)k;
+    a->ints = c;
+}
+
+static Onnx__ValueInfoProto *value_info(writer *w, int v, const char *name)
+{
+    const kpl_ir *ir = w->ir;
+    Onnx__ValueInfoProto *vi = w_alloc(w, sizeof *vi);
+    Onnx__TypeProto *tp = w_alloc(w, sizeof *tp);
+    Onnx__TypeProto__Tensor *tt = w_alloc(w, sizeof *tt);
+    Onnx__TensorShapeProto *sh = w_alloc(w, sizeof *sh);
+    int64_t shape[KPL_MAX_DIMS];
+    int nd = kpl_ir_value_shape(ir, v, shape);
+    Onnx__TensorShapeProto__Dimension **dims = w_alloc(w, sizeof *dims * (size_t)(nd ? nd : 1));
+    if (!vi || !tp || !tt || !sh || !dims) return NULL;
+    onnx__value_info_proto__init(vi);
+    onnx__type_proto__init(tp);
+    onnx__type_proto__tensor__init(tt);
+    onnx__tensor_shape_proto__init(sh);
+    for (int d = 0; d < nd; d++) {
+        Onnx__TensorShapeProto__Dimension *dim = w_alloc(w, sizeof *dim);
+        if (!dim) return NULL;
+        onnx__tensor_shape_proto__dimension__init(dim);
+        dim->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+        dim->dim_value = shape[d];
+        dims[d] = dim;
+    }
+    sh->n_dim = (size_t)nd;
+    sh->dim = dims;
+    tt->has_elem_type = 1;
+    tt->elem_type = onnx_dtype(kpl_ir_value_dtype(ir, v));
+    tt->shape = sh;
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    tp->tensor_type = tt;
+    vi->name = (char *)name;
+    vi->type = tp;
+    return vi;
+}
+
+/* ---- the ops ---- */
+
+static const char *unary_onnx(kpl_op op)
+{
+    switch (op) {
+    case KPL_OP_NEG: return "Neg";
+    case KPL_OP_ABS: return "Abs";
+    case KPL_OP_EXP: return "Exp";
+    case KPL_OP_LOG: return "Log";
+    case KPL_OP_SQRT: return "Sqrt";
+    case KPL_OP_RECIPROCAL: return "Reciprocal";
+    case KPL_OP_SIN: return "Sin";
+    case KPL_OP_COS: return "Cos";
+    case KPL_OP_TANH: return "Tanh";
+    case KPL_OP_SIGMOID: return "Sigmoid";
+    case KPL_OP_RELU: return "Relu";
+    case KPL_OP_SIGN: return "Sign";
+    case KPL_OP_ERF: return "Erf";
+    case KPL_OP_SOFTPLUS: return "Softplus";
+    default: return NULL;
+    }
+}
+
+static const char *binary_onnx(kpl_op op)
+{
+    switch (op) {
+    case KPL_OP_ADD: case KPL_OP_ADD_SCALAR: return "Add";
+    case KPL_OP_SUB: case KPL_OP_SUB_SCALAR: return "Sub";
+    case KPL_OP_MUL: case KPL_OP_MUL_SCALAR: return "Mul";
+    case KPL_OP_DIV: case KPL_OP_DIV_SCALAR: return "Div";
+    case KPL_OP_POW: case KPL_OP_POW_SCALAR: return "Pow";
+    case KPL_OP_MAXIMUM: case KPL_OP_MAXIMUM_SCALAR: return "Max";
+    case KPL_OP_MINIMUM: case KPL_OP_MINIMUM_SCALAR: return "Min";
+    default: return NULL;
+    }
+}
+
+static const char *reduce_onnx(kpl_op op)
+{
+    switch (op) {
+    case KPL_OP_SUM: return "ReduceSum";
+    case KPL_OP_MEAN: return "ReduceMean";
+    case KPL_OP_MAX: return "ReduceMax";
+    case KPL_OP_MIN: return "ReduceMin";
+    case KPL_OP_LOGSUMEXP: return "ReduceLogSumExp";
+    default: return NULL;
+    }
+}
+
+/* A reduction over a's axes (all when none) into out. */
+static const char *reduce(writer *w, const char *op, const char *x, const kpl_op_attrs *a,
+                          const char *out)
+{
+    int64_t ax[KPL_MAX_DIMS];
+    for (int i = 0; i < a->naxes; i++) ax[i] = a->axes[i];
+    const char *o = out ? out : tmp_name(w);
+    Onnx__NodeProto *n;
+    if (!strcmp(op, "ReduceSum")) { /* opset 13: axes is an input */
+        n = node(w, op, a->naxes ? 2 : 1, (const char *[]){x, a->naxes ? const_i64(w, ax, a->naxes) : NULL},
+                 1, &o);
+    } else {
+        n = node(w, op, 1, &x, 1, &o);
+        if (a->naxes) attr_ints(w, n, "axes", ax, a->naxes);
+    }
+    attr_i(w, n, "keepdims", a->keepdim);
+    return o;
+}
+
+static kpl_status emit_node(writer *w, int i)
+{
+    const kpl_ir *ir = w->ir;
+    kpl_op op = kpl_ir_node_op(ir, i);
+    const kpl_op_attrs *a = kpl_ir_node_attrs(ir, i);
+    int in[3], out[3];
+    int nin = kpl_ir_node_inputs(ir, i, in), nout = kpl_ir_node_outputs(ir, i, out);
+    const char *x[3] = {NULL, NULL, NULL};
+    for (int k = 0; k < nin; k++) x[k] = in[k] >= 0 ? w->vname[in[k]] : NULL;
+    const char *y = w->vname[out[0]];
+    kpl_dtype dt = nin ? kpl_ir_value_dtype(ir, in[0]) : KPL_F32;
+    int64_t xs[KPL_MAX_DIMS], ys[KPL_MAX_DIMS];
+    int xnd = nin && in[0] >= 0 ? kpl_ir_value_shape(ir, in[0], xs) : 0;
+    int ynd = kpl_ir_value_shape(ir, out[0], ys);
+    const char *u = unary_onnx(op), *b = binary_onnx(op), *r = reduce_onnx(op);
+    Onnx__NodeProto *n = NULL;
+    if (u) {
+        op1(w, u, x[0], y);
+    } else if (b && op >= KPL_OP_ADD_SCALAR && op <= KPL_OP_MINIMUM_SCALAR) {
+        const char *s = const_scalar(w, dt, a->scalar);
+        if (a->scalar_first) op2(w, b, s, x[0], y);
+        else op2(w, b, x[0], s, y);
+    } else if (b) {
+        op2(w, b, x[0], x[1], y);
+    } else if (r) {
+        reduce(w, r, x[0], a, y);
+    } else {
+        switch (op) {
+        case KPL_OP_RSQRT: op1(w, "Reciprocal", op1(w, "Sqrt", x[0], NULL), y); break;
+        case KPL_OP_SQUARE: op2(w, "Mul", x[0], x[0], y); break;
+        case KPL_OP_LEAKY_RELU:
+            attr_f(w, node(w, "LeakyRelu", 1, x, 1, &y), "alpha", (float)a->alpha);
+            break;
+        case KPL_OP_CLIP:
+            node(w, "Clip", 3, (const char *[]){x[0], const_scalar(w, dt, a->alpha), const_scalar(w, dt, a->beta)},
+                 1, &y);
+            break;
+        case KPL_OP_GELU: /* x / 2 (1 + erf(x / sqrt 2)) */
+            op2(w, "Mul",
+                op2(w, "Mul", x[0], const_scalar(w, dt, 0.5), NULL),
+                op2(w, "Add", op1(w, "Erf", op2(w, "Div", x[0], const_scalar(w, dt, 1.4142135623730951), NULL), NULL),
+                    const_scalar(w, dt, 1), NULL),
+                y);
+            break;
+        case KPL_OP_WHERE: node(w, "Where", 3, x, 1, &y); break;
+        case KPL_OP_COMPARE: {
+            static const char *const cmp[] = {[KPL_BIN_EQ] = "Equal", [KPL_BIN_NE] = "Equal",
+                                              [KPL_BIN_LT] = "Less", [KPL_BIN_LE] = "LessOrEqual",
+                                              [KPL_BIN_GT] = "Greater", [KPL_BIN_GE] = "GreaterOrEqual"};
+            const char *c = (unsigned)a->sub < sizeof cmp / sizeof *cmp ? cmp[a->sub] : NULL;
+            if (!c) return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: comparison %d", i, a->sub);
+            if (a->sub == KPL_BIN_NE) op1(w, "Not", op2(w, c, x[0], x[1], NULL), y);
+            else op2(w, c, x[0], x[1], y);
+            break;
+        }
+        case KPL_OP_VAR: { /* sum((x - mean)^2) / (count - correction) */
+            kpl_op_attrs k = *a;
+            k.keepdim = true;
+            const char *m = reduce(w, "ReduceMean", x[0], &k, NULL);
+            const char *d = op2(w, "Sub", x[0], m, NULL);
+            k.keepdim = a->keepdim;
+            const char *s = reduce(w, "ReduceSum", op2(w, "Mul", d, d, NULL), &k, NULL);
+            int64_t cnt = 1;
+            for (int d2 = 0; d2 < xnd; d2++) {
+                bool red = a->naxes == 0;
+                for (int j = 0; j < a->naxes; j++) red |= (a->axes[j] + xnd) % xnd == d2;
+                if (red) cnt *= xs[d2];
+            }
+            op2(w, "Div", s, const_scalar(w, dt, (double)(cnt - a->correction)), y);
+            break;
+        }
+        case KPL_OP_ARGMAX:
+        case KPL_OP_ARGMIN:
+            n = node(w, op == KPL_OP_ARGMAX ? "ArgMax" : "ArgMin", 1, x, 1, &y);
+            attr_i(w, n, "axis", a->axes[0]);
+            attr_i(w, n, "keepdims", a->keepdim);
+            break;
+        case KPL_OP_MATMUL: {
+            int64_t bs[KPL_MAX_DIMS];
+            int bnd = kpl_ir_value_shape(ir, in[1], bs);
+            if (xnd == 2 && bnd == 2) {
+                n = node(w, "Gemm", 2, x, 1, &y);
+                if (a->trans_a) attr_i(w, n, "transA", 1);
+                if (a->trans_b) attr_i(w, n, "transB", 1);
+                break;
+            }
+            const char *m[2] = {x[0], x[1]};
+            int nds[2] = {xnd, bnd};
+            bool tr[2] = {a->trans_a, a->trans_b};
+            for (int k = 0; k < 2; k++) {
+                if (!tr[k]) continue;
+                int64_t perm[KPL_MAX_DIMS];
+                for (int d2 = 0; d2 < nds[k]; d2++) perm[d2] = d2;
+                perm[nds[k] - 1] = nds[k] - 2, perm[nds[k] - 2] = nds[k] - 1;
+                const char *t = tmp_name(w);
+                attr_ints(w, node(w, "Transpose", 1, &m[k], 1, &t), "perm", perm, nds[k]);
+                m[k] = t;
+            }
+            op2(w, "MatMul", m[0], m[1], y);
+            break;
+        }
+        case KPL_OP_CAST:
+            attr_i(w, node(w, "Cast", 1, x, 1, &y), "to", onnx_dtype(kpl_ir_value_dtype(ir, out[0])));
+            break;
+        case KPL_OP_RESHAPE: op2(w, "Reshape", x[0], const_i64(w, ys, ynd), y); break;
+        case KPL_OP_EXPAND: op2(w, "Expand", x[0], const_i64(w, ys, ynd), y); break;
+        case KPL_OP_PERMUTE: {
+            int64_t perm[KPL_MAX_DIMS];
+            for (int d2 = 0; d2 < a->naxes; d2++) perm[d2] = a->axes[d2];
+            attr_ints(w, node(w, "Transpose", 1, x, 1, &y), "perm", perm, a->naxes);
+            break;
+        }
+        case KPL_OP_NARROW: {
+            int64_t s = a->start, e = a->start + a->length, ax = 0;
+            node(w, "Slice", 4, (const char *[]){x[0], const_i64(w, &s, 1), const_i64(w, &e, 1), const_i64(w, &ax, 1)},
+                 1, &y);
+            break;
+        }
+        case KPL_OP_PAD_ROWS: {
+            int64_t pads[2 * KPL_MAX_DIMS] = {0};
+            pads[0] = a->start;
+            pads[xnd] = a->length - a->start - xs[0];
+            node(w, "Pad", 2, (const char *[]){x[0], const_i64(w, pads, 2 * xnd)}, 1, &y);
+            break;
+        }
+        case KPL_OP_CONV2D:
+        case KPL_OP_CONV2D_RELU: {
+            int64_t ws[4];
+            kpl_ir_value_shape(ir, in[1], ws);
+            const char *co = op == KPL_OP_CONV2D ? y : tmp_name(w);
+            n = node(w, "Conv", nin, x, 1, &co);
+            const kpl_conv2d_params *c = &a->conv;
+            attr_ints(w, n, "kernel_shape", (int64_t[]){ws[2], ws[3]}, 2);
+            attr_ints(w, n, "strides", (int64_t[]){c->stride[0], c->stride[1]}, 2);
+            attr_ints(w, n, "pads", (int64_t[]){c->padding[0], c->padding[1], c->padding[0], c->padding[1]}, 4);
+            attr_ints(w, n, "dilations", (int64_t[]){c->dilation[0], c->dilation[1]}, 2);
+            attr_i(w, n, "group", c->groups);
+            if (op == KPL_OP_CONV2D_RELU) op1(w, "Relu", co, y);
+            break;
+        }
+        case KPL_OP_MAX_POOL2D:
+        case KPL_OP_AVG_POOL2D: {
+            const kpl_pool2d_params *p = &a->pool;
+            n = node(w, op == KPL_OP_MAX_POOL2D ? "MaxPool" : "AveragePool", 1, x, 1, &y);
+            attr_ints(w, n, "kernel_shape", (int64_t[]){p->kernel[0], p->kernel[1]}, 2);
+            attr_ints(w, n, "strides", (int64_t[]){p->stride[0], p->stride[1]}, 2);
+            attr_ints(w, n, "pads", (int64_t[]){p->padding[0], p->padding[1], p->padding[0], p->padding[1]}, 4);
+            attr_i(w, n, "ceil_mode", p->ceil_mode);
+            if (op == KPL_OP_AVG_POOL2D) attr_i(w, n, "count_include_pad", p->count_include_pad);
+            break;
+        }
+        case KPL_OP_INDEX_SELECT: attr_i(w, node(w, "Gather", 2, x, 1, &y), "axis", a->axes[0]); break;
+        case KPL_OP_GATHER: attr_i(w, node(w, "GatherElements", 2, x, 1, &y), "axis", a->axes[0]); break;
+        default:
+            return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: op '%s' has no ONNX form in kpl", i,
+                             kpl_op_name(op));
+        }
+    }
+    (void)nout;
+    return w->st;
+}
+
+/* Which values are read by some node or are outputs. */
+static bool read_later(const kpl_ir *ir, int v)
+{
+    for (int i = 0; i < kpl_ir_num_outputs(ir); i++)
+        if (kpl_ir_output(ir, i) == v) return true;
+    for (int i = 0; i < kpl_ir_num_nodes(ir); i++) {
+        int in[3];
+        int n = kpl_ir_node_inputs(ir, i, in);
+        for (int k = 0; k < n; k++)
+            if (in[k] == v) return true;
+    }
+    return false;
+}
+
+kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
+{
+    KPL_CHECK(ir && path, KPL_EINVAL, "onnx export: NULL argument");
+    writer w = {.ir = ir};
+    int nv = kpl_ir_num_values(ir);
+    w.vname = calloc((size_t)(nv ? nv : 1), sizeof *w.vname);
+    KPL_CHECK(w.vname, KPL_ENOMEM, "onnx export: no host memory");
+    Onnx__GraphProto g = ONNX__GRAPH_PROTO__INIT;
+    Onnx__ModelProto m = ONNX__MODEL_PROTO__INIT;
+    Onnx__OperatorSetIdProto opset = ONNX__OPERATOR_SET_ID_PROTO__INIT;
+    Onnx__OperatorSetIdProto *opsets[1] = {&opset};
+    uint8_t *buf = NULL;
+    kpl_status st = KPL_OK;
+    /* names: placeholders and parameters keep theirs, outputs take theirs */
+    for (int v = 0; v < nv; v++) {
+        const char *name = kpl_ir_value_name(ir, v);
+        kpl_irv_kind k = kpl_ir_value_kind(ir, v);
+        w.vname[v] = name && (k == KPL_IRV_INPUT || k == KPL_IRV_PARAM) ? w_str(&w, "%s", name)
+                                                                        : w_str(&w, "v%d", v);
+    }
+    for (int i = 0; i < kpl_ir_num_outputs(ir); i++)
+        w.vname[kpl_ir_output(ir, i)] = w_str(&w, "%s", kpl_ir_output_name(ir, i));
+    for (int v = 0; v < nv && w.st == KPL_OK; v++) {
+        kpl_irv_kind k = kpl_ir_value_kind(ir, v);
+        if (k != KPL_IRV_PARAM && k != KPL_IRV_CONST) continue;
+        kpl_tensor *t = kpl_ir_value_data(ir, v);
+        KPL_CHECK(kpl_device_type_of(kpl_tensor_device(t)) == KPL_DEVICE_CPU, KPL_EDEVICE,
+                  "onnx export: the parameters must be on the CPU");
+        const void *p = kpl_tensor_host_data(t);
+        if (!p) {
+            st = kpl_last_status();
+            goto out;
+        }
+        initializer(&w, w.vname[v], kpl_tensor_dtype(t), kpl_tensor_ndim(t), kpl_tensor_shape(t), p,
+                    kpl_tensor_nbytes(t), true);
+    }
+    /* max pooling's indices have no ONNX output here: nothing may read them */
+    for (int i = 0; i < kpl_ir_num_nodes(ir) && w.st == KPL_OK; i++) {
+        int out[3];
+        if (kpl_ir_node_op(ir, i) == KPL_OP_MAX_POOL2D && kpl_ir_node_outputs(ir, i, out) > 1 &&
+            read_later(ir, out[1])) {
+            st = KPL_ERROR(KPL_EINVAL, "onnx export: node %d: max_pool2d's indices are used", i);
+            goto out;
+        }
+        if ((st = emit_node(&w, i)) < 0) goto out;
+    }
+    if ((st = w.st) < 0) goto out;
+    int ni = kpl_ir_num_inputs(ir), no = kpl_ir_num_outputs(ir);
+    Onnx__ValueInfoProto **gin = w_alloc(&w, sizeof *gin * (size_t)(ni ? ni : 1));
+    Onnx__ValueInfoProto **gout = w_alloc(&w, sizeof *gout * (size_t)no);
+    for (int i = 0; gin && i < ni; i++) gin[i] = value_info(&w, kpl_ir_input(ir, i), w.vname[kpl_ir_input(ir, i)]);
+    for (int i = 0; gout && i < no; i++)
+        gout[i] = value_info(&w, kpl_ir_output(ir, i), w.vname[kpl_ir_output(ir, i)]);
+    if ((st = w.st) < 0) goto out;
+    g.n_node = w.nnode;
+    g.node = w.node;
+    g.name = "kpl";
+    g.n_initializer = w.ninit;
+    g.initializer = w.init;
+    g.n_input = (size_t)ni;
+    g.input = gin;
+    g.n_output = (size_t)no;
+    g.output = gout;
+    opset.domain = "";
+    opset.has_version = 1;
+    opset.version = ONNX_OPSET;
+    m.has_ir_version = 1;
+    m.ir_version = ONNX_IR_VERSION;
+    m.producer_name = "kpl";
+    m.producer_version = (char *)kpl_version();
+    m.graph = &g;
+    m.n_opset_import = 1;
+    m.opset_import = opsets;
+    size_t len = onnx__model_proto__get_packed_size(&m);
+    buf = malloc(len ? len : 1);
+    if (!buf) {
+        st = KPL_ERROR(KPL_ENOMEM, "onnx export: no host memory for %zu bytes", len);
+        goto out;
+    }
+    onnx__model_proto__pack(&m, buf);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        st = KPL_ERROR(KPL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
+        goto out;
+    }
+    bool ok = fwrite(buf, 1, len, f) == len;
+    ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
+    ok &= fclose(f) == 0;
+    if (!ok || rename(tmp, path) != 0) {
+        st = KPL_ERROR(KPL_EIO, "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+    }
+out:
+    free(buf);
+    for (size_t i = 0; i < w.nmem; i++) free(w.mem[i]);
+    free(w.mem);
+    free(w.node);
+    free(w.init);
+    free(w.vname);
+    return st;
+}
