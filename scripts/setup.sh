@@ -70,6 +70,17 @@ else
   fi
 fi
 
+# onnx and onnxruntime (the ONNX export test, tests/trainer/onnx_check.py;
+# skipped without them): PyPI's wheels, pinned to versions built for
+# Debian 12's numpy 1.24 (newer ones pull numpy 2, which breaks Debian's
+# torch and scipy).
+if ! /usr/bin/python3 -c 'import onnx, onnxruntime' 2>/dev/null; then
+  echo "setup: installing onnx and onnxruntime (pip) for /usr/bin/python3"
+  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "numpy<2" \
+    "onnx==1.16.2" "onnxruntime==1.19.2" ||
+    echo "setup: warning: pip could not install onnx/onnxruntime; the ONNX test will be skipped" >&2
+fi
+
 # pycocotools (COCO mAP, the reference of trainer/cocoeval.h): PyPI's wheel
 # for Debian's python3 and its numpy; pip leaves an installed numpy alone.
 if ((bench)) && ! /usr/bin/python3 -c 'import pycocotools.cocoeval' 2>/dev/null; then
