@@ -91,6 +91,9 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
     nn)
       "$build/bin/bench_nn" "$baselines" "$here" || rc=$?
       ;;
+    graph)
+      "$build/bin/bench_graph" "$baselines" "$here" || rc=$?
+      ;;
     data)
       "$build/bin/bench_data" "$build" "$baselines" || rc=$?
       "$build/bin/bench_transform" "$baselines" || rc=$?

@@ -374,6 +374,12 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
         goto out;
     }
+    /* max pooling's indices that nothing reads are not computed (the CPU
+     * kernel then skips them) */
+    for (int i = 0; i < ir->nn; i++)
+        if (ir->n[i].op == KPL_OP_MAX_POOL2D && ir->n[i].nout > 1 &&
+            last_use[ir->n[i].out[1]] == i && !is_out[ir->n[i].out[1]])
+            root[ir->n[i].out[1]] = -1;
     for (int v = 0; v < ir->nv; v++) {
         const kpl_irv *val = &ir->v[v];
         if (val->kind == KPL_IRV_OP) ex->stats.value_bytes += value_bytes(val);
@@ -433,6 +439,9 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) {
             kpl_tensor_retain(val->data);
             ex->t[v] = val->data;
+            /* the graph's own constants never change: kernels may keep
+             * derived copies (a convolution's reordered weights) */
+            if (val->kind == KPL_IRV_CONST) kpl_tensor_set_constant(val->data, true);
             continue;
         }
         if (root[v] != v || !need[v]) continue;

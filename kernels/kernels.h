@@ -491,6 +491,13 @@ int kpl_tensor_refcount(const kpl_tensor *t);
  * (views get their own), and the number the next header will get: a
  * tracer tells the tensors made since it started from older ones. */
 uint64_t kpl_tensor_serial(const kpl_tensor *t);
+/* Promises that the bytes of t's storage will not change: kernels may keep
+ * copies derived from them with the storage for later calls (a CPU
+ * convolution keeps its weights in the layout its kernel computes with,
+ * instead of reordering them at every call).  Any write access to the
+ * storage drops such copies, so a broken promise costs time, not
+ * correctness.  The static graph's executor marks its constants. */
+void kpl_tensor_set_constant(kpl_tensor *t, bool on);
 uint64_t kpl_tensor_serial_next(void);
 /* This thread's observer of the public host accessors
  * (kpl_tensor_host_data/_host_mutable, and so kpl_tensor_get and
@@ -795,7 +802,8 @@ typedef struct {
 kpl_status kpl_shape_pool2d(const int64_t *x_shape, const kpl_pool2d_params *p,
                             int64_t *out_shape);
 /* out = the maximum of each window, idx (KPL_I64, out's shape) = its flat
- * position h * W + w in the input plane (first maximum; NaN wins). */
+ * position h * W + w in the input plane (first maximum; NaN wins).  idx
+ * may be NULL (inference): the same values, faster on the CPU. */
 kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *x,
                             const kpl_pool2d_params *p);
 /* out[n, c, i] = x[n, c, idx[n, c, i]] over each (H*W) plane, and its

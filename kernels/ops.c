@@ -1094,17 +1094,25 @@ kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *
 {
     const char *op = "max_pool2d";
     CHECK_ARG(op, out, "out");
-    CHECK_ARG(op, idx, "idx");
     CHECK_ARG(op, x, "x");
     KPL_TRY(pool_check(op, x, "x", false));
-    KPL_TRY(pool_check(op, idx, "idx", true));
     KPL_TRY(same_device(op, out, "out", x, "x"));
-    KPL_TRY(same_device(op, idx, "idx", x, "x"));
     KPL_TRY(want_dtype(op, out, "out", x->dtype));
     int64_t ys[4];
     KPL_TRY(kpl_shape_pool2d(x->shape, p, ys));
     KPL_TRY(same_shape(op, out, 4, ys));
-    KPL_TRY(same_shape(op, idx, 4, ys));
+    if (!idx && x->storage->dev->type != KPL_DEVICE_CPU) { /* only the CPU has a values-only kernel */
+        kpl_tensor *tmp = NULL;
+        KPL_TRY(kpl_tensor_empty(x->storage->dev, KPL_I64, 4, ys, &tmp));
+        kpl_status st = kpl_k_max_pool2d(out, tmp, x, p);
+        kpl_tensor_release(tmp);
+        return st;
+    }
+    if (idx) {
+        KPL_TRY(pool_check(op, idx, "idx", true));
+        KPL_TRY(same_device(op, idx, "idx", x, "x"));
+        KPL_TRY(same_shape(op, idx, 4, ys));
+    }
     return pool_run(KPL_POOL_MAX, out, x, idx, x->shape, ys, p);
 }
 

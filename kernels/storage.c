@@ -102,10 +102,20 @@ void kpl_storage_retain(kpl_storage *s)
     if (s) atomic_fetch_add_explicit(&s->refcount, 1, memory_order_relaxed);
 }
 
+void kpl__storage_drop_packed(kpl_storage *s)
+{
+    if (!s->packed) return;
+    kpl_device_free(kpl_device_cpu(), s->packed);
+    s->packed = NULL;
+    s->packed_bytes = 0;
+    s->packed_key = 0;
+}
+
 void kpl_storage_release(kpl_storage *s)
 {
     if (!s) return;
     if (atomic_fetch_sub_explicit(&s->refcount, 1, memory_order_acq_rel) != 1) return;
+    kpl__storage_drop_packed(s);
     if (s->wrap_release) {
         /* An error here (a lost device) leaves no upload to wait for. */
         if (kpl__host_fence() < 0) kpl_clear_error();
@@ -154,52 +164,53 @@ static atomic_bool blocked_layouts = true;
 
 bool kpl_set_blocked_layouts(bool on) { return atomic_exchange(&blocked_layouts, on); }
 
-/* nChw16c -> NCHW of one image (c channels, hw values each), through
- * `tmp` of the image's size. */
-#define UNBLOCK_IMAGE(T)                                                          \
+/* nChw16c -> NCHW of one block of 16 channels (hw values each), in place
+ * through `tmp` of the block's size: a block's 16 * hw values fill the same
+ * bytes in both layouts, so the blocks of every image are independent.
+ * Reads run along the source, the 16 writes per step along 16 rows. */
+#define UNBLOCK_BLOCK(T)                                                          \
     do {                                                                          \
         const T *src_ = (const T *)tmp;                                           \
-        T *dst_ = (T *)img;                                                       \
-        for (int64_t cb = 0; cb < c / 16; cb++)                                   \
-            for (int j = 0; j < 16; j++)                                          \
-                for (int64_t i = 0; i < hw; i++)                                  \
-                    dst_[(cb * 16 + j) * hw + i] = src_[(cb * hw + i) * 16 + j];  \
+        T *dst_ = (T *)blk;                                                       \
+        for (int64_t i = 0; i < hw; i++)                                          \
+            for (int j = 0; j < 16; j++) dst_[j * hw + i] = src_[i * 16 + j];     \
     } while (0)
 
-static void unblock_image(char *img, char *tmp, int64_t c, int64_t hw, int es)
+static void unblock_block(char *blk, char *tmp, int64_t hw, int es)
 {
-    memcpy(tmp, img, (size_t)(c * hw * es));
+    memcpy(tmp, blk, (size_t)(16 * hw * es));
     switch (es) {
-    case 1: UNBLOCK_IMAGE(uint8_t); break;
-    case 2: UNBLOCK_IMAGE(uint16_t); break;
-    case 4: UNBLOCK_IMAGE(uint32_t); break;
-    default: UNBLOCK_IMAGE(uint64_t); break;
+    case 1: UNBLOCK_BLOCK(uint8_t); break;
+    case 2: UNBLOCK_BLOCK(uint16_t); break;
+    case 4: UNBLOCK_BLOCK(uint32_t); break;
+    default: UNBLOCK_BLOCK(uint64_t); break;
     }
 }
 
-/* Makes a blocked storage plain again (before any plain access), an
- * image per thread at a time. */
+/* Makes a blocked storage plain again (before any plain access), a block
+ * of 16 channels per thread at a time (batch 1 too uses every thread). */
 static void unblock(kpl_storage *s)
 {
     int64_t n = s->blk_dims[0], c = s->blk_dims[1], hw = s->blk_dims[2] * s->blk_dims[3];
-    size_t img = (size_t)(c * hw * s->blk_es);
+    int64_t units = n * (c / 16);
+    size_t blk = (size_t)(16 * hw * s->blk_es);
     bool lost = false;
-#pragma omp parallel if (n > 1)
+#pragma omp parallel if (units > 1 && blk * (size_t)units >= 65536)
     {
-        char *tmp = malloc(img);
+        char *tmp = malloc(blk);
         if (!tmp) {
 #pragma omp atomic write
             lost = true;
         }
 #pragma omp for schedule(static)
-        for (int64_t i = 0; i < n; i++)
-            if (tmp) unblock_image((char *)s->dev_ptr + i * img, tmp, c, hw, s->blk_es);
+        for (int64_t u = 0; u < units; u++)
+            if (tmp) unblock_block((char *)s->dev_ptr + u * blk, tmp, hw, s->blk_es);
         free(tmp);
     }
     if (lost) {
         /* the accessors cannot fail on the CPU, and these bytes are not the
          * plain tensor every caller expects */
-        fprintf(stderr, "kpl: no memory (%zu bytes) to turn a blocked tensor plain\n", img);
+        fprintf(stderr, "kpl: no memory (%zu bytes) to turn a blocked tensor plain\n", blk);
         abort();
     }
     s->blocked = false;
@@ -248,6 +259,7 @@ const void *kpl_storage_host_data(kpl_storage *s)
 
 void *kpl_storage_host_mutable(kpl_storage *s)
 {
+    kpl__storage_drop_packed(s);
     if (s->blocked) unblock(s);
     if (s->wrap_release && kpl__host_fence() < 0) return NULL;
     if (!is_cpu(s) && to_host(s) < 0) return NULL;
@@ -273,6 +285,7 @@ const void *kpl_storage_device_data(kpl_storage *s)
 
 void *kpl_storage_device_mutable(kpl_storage *s)
 {
+    kpl__storage_drop_packed(s);
     if (s->blocked) unblock(s);
     if (is_cpu(s)) {
         if (s->wrap_release && kpl__host_fence() < 0) return NULL;

@@ -50,6 +50,13 @@ static _Thread_local kpl_host_access_hook tl_host_hook;
 static _Thread_local void *tl_host_hook_user;
 
 uint64_t kpl_tensor_serial(const kpl_tensor *t) { return t ? t->serial : 0; }
+
+void kpl_tensor_set_constant(kpl_tensor *t, bool on)
+{
+    if (!t) return;
+    t->storage->constant = on;
+    if (!on) kpl__storage_drop_packed(t->storage);
+}
 uint64_t kpl_tensor_serial_next(void)
 {
     return atomic_load_explicit(&next_serial, memory_order_relaxed);

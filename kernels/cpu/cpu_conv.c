@@ -264,6 +264,20 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
     bool shared = opd[0]->storage == opd[1]->storage || opd[0]->storage == opd[2]->storage ||
                   opd[1]->storage == opd[2]->storage;
     void *via_b16[2] = {NULL, NULL}; /* blocked inputs reordered from nChw16c */
+    /* constant forward weights: reordered once, the copy kept with them */
+    kpl_storage *ws = opd[1]->storage;
+    bool pack = a->kind == KPL_CONV_FWD && ws->constant && e->reorder[1] && !shared;
+    uint64_t pkey = 0;
+    bool packed_hit = false;
+    if (pack) {
+        pkey = 1469598103934665603ULL ^ (uint64_t)opd[1]->offset;
+        const unsigned char *d[2] = {(const void *)&e->inner[1], (const void *)&e->user[1]};
+        for (int k = 0; k < 2; k++)
+            for (size_t j = 0; j < sizeof(dnnl_memory_desc_t); j++)
+                pkey = (pkey ^ d[k][j]) * 1099511628211ULL;
+        packed_hit = ws->packed && ws->packed_key == pkey &&
+                     ws->packed_bytes == dnnl_memory_desc_get_size(&e->inner[1]);
+    }
     for (int i = 0; i < 3 && !shared; i++) {
         if (e->blk[i])
             direct[i] = i < 2 ? kpl__blocked_data(opd[i])
@@ -274,6 +288,10 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
     for (int i = 0; i < 3; i++) {
         if (direct[i]) {
             DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, direct[i]), "memory");
+            continue;
+        }
+        if (i == 1 && packed_hit) {
+            DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, ws->packed), "memory");
             continue;
         }
         if (i < 2 && via_b16[i]) {
@@ -293,12 +311,20 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, buf[i]), "memory");
     }
     for (int i = 0; i < 2; i++)
-        if ((e->reorder[i] || via_b16[i]) && !direct[i]) {
+        if ((e->reorder[i] || via_b16[i]) && !direct[i] && !(i == 1 && packed_hit)) {
             dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, im[i]}};
             DNNL_TRY(dnnl_primitive_execute(via_b16[i] ? e->from_b16[i] : e->reorder[i],
                                             cc.stream, 2, r),
                      "reorder");
         }
+    if (pack && !packed_hit && buf[1] && !via_b16[1]) { /* keep the reordered weights */
+        DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
+        kpl__storage_drop_packed(ws);
+        ws->packed = buf[1];
+        ws->packed_bytes = dnnl_memory_desc_get_size(&e->inner[1]);
+        ws->packed_key = pkey;
+        buf[1] = NULL;
+    }
     dnnl_exec_arg_t ex[4];
     int na = 0;
     for (int i = 0; i < 3; i++) ex[na++] = (dnnl_exec_arg_t){e->arg[i], im[i] ? im[i] : um[i]};

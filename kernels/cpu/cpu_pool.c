@@ -166,8 +166,44 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
                 }                                                                              \
             });                                                                                \
     }                                                                                          \
+    /* Values only (inference: no indices wanted): each output row's window      \
+     * rows reduced into a row buffer first (contiguous, vectorised), then its   \
+     * windows across it.  The same values as with indices: NaN wins. */       \
+    static void max_values_##tn(const kpl_pool_attrs *a, const T *x, T *y)                    \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
+            T row[a->w];                                                                       \
+            const T *xp = x + pl * a->h * a->w;                                                \
+            for (int64_t oy = 0; oy < a->oh; oy++) {                                           \
+                int64_t y0 = oy * a->p.stride[0] - a->p.padding[0], y1 = y0 + a->p.kernel[0]; \
+                if (y0 < 0) y0 = 0;                                                            \
+                if (y1 > a->h) y1 = a->h;                                                      \
+                memcpy(row, xp + y0 * a->w, sizeof(T) * (size_t)a->w);                         \
+                for (int64_t iy = y0 + 1; iy < y1; iy++) {                                     \
+                    const T *r = xp + iy * a->w;                                               \
+                    for (int64_t ix = 0; ix < a->w; ix++)                                      \
+                        row[ix] = row[ix] == row[ix] && (r[ix] != r[ix] || r[ix] > row[ix])    \
+                                      ? r[ix]                                                  \
+                                      : row[ix];                                               \
+                }                                                                              \
+                T *yo = y + (pl * a->oh + oy) * a->ow;                                         \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    int64_t x0 = ox * a->p.stride[1] - a->p.padding[1], x1 = x0 + a->p.kernel[1]; \
+                    if (x0 < 0) x0 = 0;                                                        \
+                    if (x1 > a->w) x1 = a->w;                                                  \
+                    T best = row[x0];                                                          \
+                    for (int64_t ix = x0 + 1; ix < x1; ix++)                                   \
+                        if (best == best && (row[ix] != row[ix] || row[ix] > best)) best = row[ix]; \
+                    yo[ox] = best;                                                             \
+                }                                                                              \
+            });                                                                                \
+    }                                                                                          \
     static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
     {                                                                                          \
+        if (!idx && a->w <= 16384) {                                                           \
+            max_values_##tn(a, x, y);                                                          \
+            return;                                                                            \
+        }                                                                                      \
         if (a->p.kernel[0] == 2 && a->p.kernel[1] == 2 && a->p.stride[0] == 2 &&               \
             a->p.stride[1] == 2 && a->p.padding[0] == 0 && a->p.padding[1] == 0 &&             \
             2 * a->oh <= a->h && 2 * a->ow <= a->w) { /* no ceil_mode window hangs over */     \
@@ -259,7 +295,8 @@ static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a
     int64_t isz = bwd ? ohw : hw, osz = bwd ? hw : ohw;
     const char *x = kpl__cdata(args->in[0]);
     char *y = kpl__data(args->out);
-    int64_t *midx = a->kind == KPL_POOL_MAX ? kpl__data((kpl_tensor *)args->in[1]) : NULL;
+    int64_t *midx = a->kind == KPL_POOL_MAX && args->in[1] ? kpl__data((kpl_tensor *)args->in[1])
+                                                          : NULL;
     const int64_t *gidx = a->kind == KPL_POOL_GATHER || a->kind == KPL_POOL_SCATTER
                               ? kpl__cdata(args->in[1])
                               : NULL;
@@ -276,7 +313,7 @@ static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a
             if (!fi || !fo) continue;
             kpl__cpu_widen_half(dt, fi, x + 2 * pl * isz, isz);
             switch (a->kind) {
-            case KPL_POOL_MAX: max_f32(&one, fi, fo, midx + pl * ohw); break;
+            case KPL_POOL_MAX: max_f32(&one, fi, fo, midx ? midx + pl * ohw : NULL); break;
             case KPL_POOL_AVG: avg_f32(&one, fi, fo); break;
             case KPL_POOL_AVG_BWD: avg_bwd_f32(&one, fi, fo); break;
             default:
@@ -311,8 +348,8 @@ static kpl_status cpu_pool(const kpl_kernel_args *args)
     int64_t bad = 0;
     switch (a->kind) {
     case KPL_POOL_MAX:
-        if (f64) max_f64(a, in0, out, kpl__data((kpl_tensor *)args->in[1]));
-        else max_f32(a, in0, out, kpl__data((kpl_tensor *)args->in[1]));
+        if (f64) max_f64(a, in0, out, args->in[1] ? kpl__data((kpl_tensor *)args->in[1]) : NULL);
+        else max_f32(a, in0, out, args->in[1] ? kpl__data((kpl_tensor *)args->in[1]) : NULL);
         break;
     case KPL_POOL_AVG:
         if (f64) avg_f64(a, in0, out);

@@ -141,6 +141,14 @@ struct kpl_storage {
     void (*wrap_release)(void *ctx); /* set: host memory is the caller's (storage_wrap) */
     void *wrap_ctx;
     kpl_storage *parent; /* set: bytes inside the parent's device memory (storage_sub) */
+    /* kpl_tensor_set_constant: the bytes do not change, so kernels may keep
+     * a copy derived from them (a convolution's weights in its computing
+     * layout; CPU allocator memory, keyed by the kernel).  Any write access
+     * drops it (kpl__storage_drop_packed). */
+    bool constant;
+    void *packed;
+    size_t packed_bytes;
+    uint64_t packed_key;
     /* CPU activations kept in oneDNN's blocked nChw16c layout between the
      * ops that read it (docs/precision.md, "Blocked layouts"): the bytes
      * hold the (N, C, H, W) tensor of `blk_es`-byte elements with the
@@ -190,6 +198,8 @@ void *kpl__blocked_data(const kpl_tensor *t);
 void *kpl__blocked_out(const kpl_tensor *t);
 /* Records that t's storage now holds t blocked. */
 void kpl__storage_set_blocked(const kpl_tensor *t);
+/* Frees a storage's derived copy (see kpl_storage.packed). */
+void kpl__storage_drop_packed(kpl_storage *s);
 
 /* Element pointers for kernels (device side of the storage). */
 static inline void *kpl__data(const kpl_tensor *t)

@@ -1018,6 +1018,45 @@ static void test_max_pool_2x2_fast_path(void **state)
     }
 }
 
+/* Max pooling without indices (inference) gives the values of the kernel
+ * with indices, bit for bit: windows of 1 to 4, strides 1 to 3, padding,
+ * ceil_mode, NaNs (which win) and -inf, in f32, f64 and bf16. */
+static void test_max_pool_values_only(void **state)
+{
+    (void)state;
+    static const int cfg[][6] = {/* kh kw sh sw ph pw */
+                                 {3, 3, 2, 2, 1, 1}, {2, 2, 2, 2, 0, 0}, {3, 2, 1, 3, 1, 0},
+                                 {1, 1, 1, 1, 0, 0}, {4, 3, 3, 2, 2, 1}, {3, 3, 1, 1, 1, 1}};
+    static const kpl_dtype dts[] = {KPL_F32, KPL_F64, KPL_BF16};
+    for (int d = 0; d < 3; d++)
+        for (int c = 0; c < 6; c++)
+            for (int ceil = 0; ceil < 2; ceil++) {
+                kpl_pool2d_params p = {{cfg[c][0], cfg[c][1]}, {cfg[c][2], cfg[c][3]},
+                                       {cfg[c][4], cfg[c][5]}, false, ceil == 1};
+                int64_t xs[4] = {2, 3, 9, 13}, ys[4];
+                OK(kpl_shape_pool2d(xs, &p, ys));
+                kpl_tensor *xf = trand(KPL_F32, 4, xs, 70 + c, -3, 3);
+                float *xv = kpl_tensor_host_mutable(xf);
+                xv[5] = NAN, xv[130] = NAN, xv[131] = -INFINITY, xv[400] = NAN;
+                kpl_tensor *x = tnew(dts[d], 4, xs), *a = tnew(dts[d], 4, ys), *b = tnew(dts[d], 4, ys);
+                kpl_tensor *idx = tnew(KPL_I64, 4, ys);
+                OK(kpl_k_cast(x, xf));
+                OK(kpl_k_max_pool2d(a, idx, x, &p));
+                OK(kpl_k_max_pool2d(b, NULL, x, &p));
+                for (int64_t i = 0; i < kpl_tensor_numel(a); i++) {
+                    double va = tget(a, i), vb = tget(b, i);
+                    if (isnan(va)) assert_true(isnan(vb));
+                    else if (va != vb) fail_msg("%s case %d ceil %d: element %lld: %g vs %g",
+                                                kpl_dtype_name(dts[d]), c, ceil, (long long)i, va, vb);
+                }
+                kpl_tensor_release(xf);
+                kpl_tensor_release(x);
+                kpl_tensor_release(a);
+                kpl_tensor_release(b);
+                kpl_tensor_release(idx);
+            }
+}
+
 /* ceil_mode against PyTorch (torch 1.13): F.max_pool2d / F.avg_pool2d(...,
  * ceil_mode=True) on x = [(i * 7) % 25 for i in range(25)] as 1x1x5x5. */
 static void test_pool2d_ceil_mode(void **state)
@@ -1550,6 +1589,7 @@ int run_ops_tests(void)
         cmocka_unit_test(test_conv2d_relu_kernels),
         cmocka_unit_test(test_pool2d_by_hand),
         cmocka_unit_test(test_max_pool_2x2_fast_path),
+        cmocka_unit_test(test_max_pool_values_only),
         cmocka_unit_test(test_pool2d_ceil_mode),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
         cmocka_unit_test(test_batch_norm_kernels),

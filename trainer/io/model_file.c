@@ -298,8 +298,18 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
                       kpl_shape_str(kpl_tensor_ndim(data), kpl_tensor_shape(data), b1, sizeof b1),
                       dt, kpl_shape_str(nd, shape, b2, sizeof b2));
         }
-        if (kpl_ir_add_value(ir, (kpl_irv_kind)k, d, nd, shape, name, data) < 0)
+        /* each tensor a storage of its own (the container's are views of
+         * one payload): the graph's constants, which kernels may keep
+         * derived copies of (kpl_tensor_set_constant) */
+        kpl_tensor *own = NULL;
+        if (data && (kpl_tensor_empty_like(data, &own) < 0 || kpl_k_copy(own, data) < 0)) {
+            kpl_tensor_release(own);
             return kpl__error_prefix(kpl_last_status(), "%s: ", path);
+        }
+        if (own) kpl_tensor_set_constant(own, true);
+        int id = kpl_ir_add_value(ir, (kpl_irv_kind)k, d, nd, shape, name, own);
+        kpl_tensor_release(own);
+        if (id < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", path);
     }
     int nv = kpl_ir_num_values(ir);
     json_array_foreach(nodes, i, o) {

@@ -1,0 +1,209 @@
+/*
+ * bench_graph.c — the static graph (graph/ir.h): inference through the
+ * traced, fused, O3-planned graph against kpl's own eager forward, PyTorch
+ * (shared/baselines/torch_resnet.py infer) and onnxruntime running the
+ * ONNX file kpl exports of the same graph (bench/ort_infer.py), side by
+ * side in alternating rounds; and the memory each level plans.
+ *
+ *   bench_graph BASELINES BENCH_DIR          every case, JSON lines on stdout
+ *   bench_graph --child MODEL BATCH WARM STEPS {exec|eager|onnx PATH}
+ *       one side in a process of its own: "RESULT ms_median=..." (or the
+ *       ONNX file written)
+ *
+ * Rows (bench/README.md):
+ *   infer_vs_ort/{model}_b{B}    ms per forward, kpl O3 graph vs onnxruntime
+ *                                on kpl's ONNX export; target >= 1.0
+ *   infer_vs_torch/{model}_b{B}  the same against PyTorch eval + no_grad
+ *   infer_vs_eager/{model}_b{B}  the graph against kpl's eager forward
+ *   infer_plan/{model}_b{B}      the bytes of the buffers each level plans
+ *                                (O0: every value; O3: one arena)
+ * Models: resnet18_cifar (32x32, the baselines' "r18") and resnet50 (224).
+ * Threads: 2 on every side (OMP_NUM_THREADS for kpl, torch.set_num_threads,
+ * onnxruntime's intra-op threads).
+ */
+#include "bench_common.h"
+#include "bench_zoo.h"
+#include "trainer.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+static void die(const char *what)
+{
+    fprintf(stderr, "bench_graph: %s: %s\n", what, kpl_last_error());
+    exit(1);
+}
+
+/* The model in eval mode and its inference graph at `level` (fused). */
+static kpl_ir *traced(kpl_module *m, const int64_t *shape, int level)
+{
+    kpl_pool *pool = kpl_pool_push();
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_tensor *x = kpl_full(kpl_device_cpu(), KPL_F32, 4, shape, 0);
+    if (!x || kpl_trace_begin() < 0) die("trace");
+    kpl_tensor *y = kpl_module_forward(m, kpl_trace_input(x, "image"));
+    kpl_ir *ir = NULL;
+    if (!y || kpl_trace_end(1, &y, (const char *[]){"logits"}, &ir) < 0) die("trace");
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+    int np = kpl_module_num_params(m), nb = kpl_module_num_buffers(m);
+    const char *names[1024];
+    kpl_tensor *ts[1024];
+    int n = 0;
+    for (int i = 0; i < np && n < 1024; i++, n++)
+        names[n] = kpl_module_param_name(m, i), ts[n] = kpl_module_params(m)[i];
+    for (int i = 0; i < nb && n < 1024; i++, n++)
+        names[n] = kpl_module_buffer_name(m, i), ts[n] = kpl_module_buffers(m)[i];
+    kpl_ir_name_params(ir, n, names, ts);
+    if (kpl_ir_optimize(ir, level, true) < 0) die("passes");
+    return ir;
+}
+
+static kpl_module *model(const char *name, int64_t *shape, int64_t batch)
+{
+    kpl_module *m = NULL;
+    if (bench_zoo(name, strcmp(name, "resnet50") ? 10 : 1000, kpl_device_cpu(), 0, &m) < 0)
+        die("model");
+    kpl_module_set_training(m, false);
+    int64_t hw = strcmp(name, "resnet50") ? 32 : 224;
+    int64_t s[4] = {batch, 3, hw, hw};
+    memcpy(shape, s, sizeof s);
+    return m;
+}
+
+static int child(int argc, char **argv)
+{
+    if (argc < 7) return 2;
+    const char *name = argv[2], *mode = argv[6];
+    int64_t batch = atoll(argv[3]), shape[4];
+    int warm = atoi(argv[4]), steps = atoi(argv[5]);
+    kpl_module *m = model(name, shape, batch);
+    kpl_tensor *x = NULL;
+    kpl_rng *rng = kpl_rng_create(0);
+    if (kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, shape, &x) < 0 ||
+        kpl_k_normal(x, rng, 0, 1) < 0)
+        die("input");
+    if (!strcmp(mode, "onnx")) {
+        kpl_ir *ir = traced(m, shape, 3);
+        if (argc < 8 || kpl_onnx_export(ir, argv[7]) < 0) die("onnx export");
+        kpl_ir_destroy(ir);
+        printf("RESULT onnx=%s\n", argv[7]);
+        return 0;
+    }
+    bool graph = !strcmp(mode, "exec");
+    kpl_ir *ir = graph ? traced(m, shape, 3) : NULL;
+    kpl_exec *ex = NULL;
+    if (graph && kpl_exec_create(ir, &ex) < 0) die("executor");
+    double ms[256];
+    if (steps > 256) steps = 256;
+    bool prev = kpl_set_grad_enabled(false);
+    for (int i = 0; i < warm + steps; i++) {
+        double t0 = bench_now();
+        if (graph) {
+            if (kpl_exec_set_input(ex, 0, x) < 0 || kpl_exec_run(ex) < 0) die("run");
+            (void)kpl_tensor_host_data(kpl_exec_output(ex, 0));
+        } else {
+            kpl_pool *p = kpl_pool_push();
+            kpl_tensor *y = kpl_module_forward(m, x);
+            if (!y) die("forward");
+            (void)kpl_tensor_host_data(y);
+            kpl_pool_pop(p);
+        }
+        if (i >= warm) ms[i - warm] = (bench_now() - t0) * 1e3;
+    }
+    kpl_set_grad_enabled(prev);
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    printf("RESULT mode=%s ms_median=%.3f maxrss_MiB=%.0f\n", mode, bench_median(ms, steps),
+           (double)ru.ru_maxrss / 1024.0);
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_tensor_release(x);
+    kpl_rng_destroy(rng);
+    kpl_module_destroy(m);
+    return 0;
+}
+
+/* The buffers each level plans for the model's graph. */
+static void plan_row(const char *name, int64_t batch)
+{
+    int64_t shape[4];
+    kpl_module *m = model(name, shape, batch);
+    double bytes[4];
+    size_t values = 0;
+    for (int lv = 0; lv < 4; lv++) {
+        kpl_ir *ir = traced(m, shape, lv);
+        kpl_exec *ex = NULL;
+        if (kpl_exec_create(ir, &ex) < 0) die("plan");
+        kpl_exec_stats s = kpl_exec_get_stats(ex);
+        bytes[lv] = (double)s.arena_bytes / 1048576.0;
+        values = s.value_bytes;
+        kpl_exec_destroy(ex);
+        kpl_ir_destroy(ir);
+    }
+    char label[64], b0[BENCH_NUM_LEN], b1[BENCH_NUM_LEN], b2[BENCH_NUM_LEN];
+    snprintf(label, sizeof label, "%s_b%lld", name, (long long)batch);
+    bench_emit("infer_plan", label, "MiB", 0, bytes[3], bytes[0], "kpl-O0", NAN,
+               ",\"O1_MiB\":%s,\"O2_MiB\":%s,\"values_MiB\":%s", bench_jnum(b0, bytes[1]),
+               bench_jnum(b1, bytes[2]), bench_jnum(b2, (double)values / 1048576.0));
+    kpl_module_destroy(m);
+}
+
+static void infer_rows(const char *self, const char *baselines, const char *benchdir,
+                       const char *name, int64_t batch, int warm, int steps, int rounds)
+{
+    char cmd[4096], onnx[256];
+    snprintf(onnx, sizeof onnx, "/tmp/kpl-bench-graph-%d-%s-b%lld.onnx", (int)getpid(), name,
+             (long long)batch);
+    snprintf(cmd, sizeof cmd, "%s --child %s %lld 0 0 onnx %s", self, name, (long long)batch, onnx);
+    bool have_onnx = bench_run_lines(cmd, NULL, NULL) == 0;
+    double g[16], e[16], t[16], o[16];
+    for (int r = 0; r < rounds && r < 16; r++) {
+        snprintf(cmd, sizeof cmd, "%s --child %s %lld %d %d exec", self, name, (long long)batch,
+                 warm, steps);
+        g[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        snprintf(cmd, sizeof cmd, "%s --child %s %lld %d %d eager", self, name, (long long)batch,
+                 warm, steps);
+        e[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_resnet.py %s infer 2 %lld %d %d",
+                 baselines, strcmp(name, "resnet50") ? "r18" : "r50", (long long)batch, warm, steps);
+        t[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        o[r] = NAN;
+        if (have_onnx) {
+            snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/ort_infer.py %s 2 %d %d", benchdir, onnx,
+                     warm, steps);
+            o[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        }
+    }
+    unlink(onnx);
+    int n = rounds < 16 ? rounds : 16;
+    char label[64], rg[BENCH_RANGE_LEN];
+    snprintf(label, sizeof label, "%s_b%lld", name, (long long)batch);
+    bench_jrange(rg, g, n);
+    double gm = bench_median(g, n);
+    bench_emit("infer_vs_ort", label, "ms", 0, gm, bench_median(o, n), "onnxruntime-kpl-onnx",
+               1.0, ",\"kpl_range\":%s", rg);
+    bench_emit("infer_vs_torch", label, "ms", 0, gm, bench_median(t, n), "pytorch-eval-f32", NAN,
+               NULL);
+    bench_emit("infer_vs_eager", label, "ms", 0, gm, bench_median(e, n), "kpl-eager", NAN, NULL);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && !strcmp(argv[1], "--child")) return child(argc, argv);
+    if (argc < 3) {
+        fprintf(stderr, "usage: bench_graph BASELINES BENCH_DIR\n");
+        return 2;
+    }
+    setenv("OMP_NUM_THREADS", "2", 0);
+    int rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 16);
+    plan_row("resnet18_cifar", 32);
+    plan_row("resnet50", 8);
+    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 1, 5, 30, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 32, 2, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet50", 1, 3, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet50", 32, 1, 3, rounds);
+    return bench_exit_code();
+}
