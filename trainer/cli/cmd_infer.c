@@ -47,6 +47,18 @@ typedef struct {
     double run_ms;
 } infer;
 
+/* "input":"<s>" with JSON's escapes (a file name may hold quotes). */
+static void print_input(const char *s)
+{
+    fputs("{\"input\":\"", stdout);
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\') printf("\\%c", *p);
+        else if (*p < 0x20) printf("\\u%04x", *p);
+        else putchar(*p);
+    }
+    putchar('"');
+}
+
 static int cmp_desc(const void *a, const void *b)
 {
     const double *x = a, *y = b;
@@ -63,7 +75,7 @@ static void print_classes(infer *in, int row, const float *lg, int64_t C)
     for (int64_t j = 0; j < C; j++) sum += exp(lg[j] - mx);
     for (int64_t j = 0; j < C; j++) p[j][0] = exp(lg[j] - mx) / sum, p[j][1] = (double)j;
     qsort(p, (size_t)C, sizeof *p, cmp_desc);
-    printf("{\"input\":\"%s\"", in->names[row]);
+    print_input(in->names[row]);
     if (in->labels[row] >= 0) {
         printf(",\"label\":%lld", (long long)in->labels[row]);
         in->labelled++;
@@ -88,7 +100,8 @@ static void print_mask(infer *in, int row, const float *lg, int64_t C, int64_t h
             if (lg[c * hw + i] > lg[best * hw + i]) best = c;
         count[best]++;
     }
-    printf("{\"input\":\"%s\",\"pixels\":%lld,\"classes\":[", in->names[row], (long long)hw);
+    print_input(in->names[row]);
+    printf(",\"pixels\":%lld,\"classes\":[", (long long)hw);
     bool first = true;
     for (int64_t c = 0; c < C; c++) {
         if (!count[c]) continue;
@@ -122,13 +135,17 @@ static kpl_status flush(infer *in)
     int64_t per = kpl_tensor_numel(y) / s[0];
     for (int r = 0; r < in->n; r++) {
         if (in->logits) {
-            printf("{\"input\":\"%s\",\"logits\":[", in->names[r]);
+            print_input(in->names[r]);
+            printf(",\"logits\":[");
             for (int64_t j = 0; j < per; j++) printf("%s%.9g", j ? "," : "", v[r * per + j]);
             printf("]}\n");
         }
         if (nd == 2) print_classes(in, r, v + r * per, s[1]);
         else if (nd == 4) print_mask(in, r, v + r * per, s[1], s[2] * s[3]);
-        else printf("{\"input\":\"%s\",\"output_numel\":%lld}\n", in->names[r], (long long)per);
+        else {
+            print_input(in->names[r]);
+            printf(",\"output_numel\":%lld}\n", (long long)per);
+        }
         free(in->names[r]);
         in->names[r] = NULL;
     }

@@ -275,7 +275,7 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
         KPL_CHECK(k >= 0, KPL_EFORMAT, "%s: value %zu has kind '%s'", path, i, kind);
         KPL_CHECK(kpl_dtype_parse(dt, &d) == KPL_OK, KPL_EFORMAT, "%s: value %zu has dtype '%s'",
                   path, i, dt);
-        int64_t shape[KPL_MAX_DIMS];
+        int64_t shape[KPL_MAX_DIMS], numel = 1;
         int nd = (int)json_array_size(sh);
         for (int j = 0; j < nd; j++) {
             json_t *e = json_array_get(sh, (size_t)j);
@@ -283,7 +283,12 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
                           json_integer_value(e) <= ((json_int_t)1 << 40),
                       KPL_EFORMAT, "%s: value %zu: shape[%d] is not a size", path, i, j);
             shape[j] = json_integer_value(e);
+            /* no value of more than 2^48 elements (nor a product that overflows) */
+            numel = shape[j] && numel > ((int64_t)1 << 48) / shape[j] ? ((int64_t)1 << 48) + 1
+                                                                     : numel * shape[j];
         }
+        KPL_CHECK(numel <= ((int64_t)1 << 48), KPL_EFORMAT,
+                  "%s: value %zu has more than 2^48 elements", path, i);
         kpl_tensor *data = NULL;
         if (k == KPL_IRV_PARAM || k == KPL_IRV_CONST) {
             KPL_CHECK(tname, KPL_EFORMAT, "%s: value %zu (%s) names no tensor", path, i, kind);

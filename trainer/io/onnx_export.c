@@ -74,7 +74,7 @@ static char *w_str(writer *w, const char *fmt, ...)
     return s;
 }
 
-static const char *tmp_name(writer *w) { return w_str(w, "t%d", w->ntmp++); }
+static const char *tmp_name(writer *w) { return w_str(w, "_t%d", w->ntmp++); }
 
 static int onnx_dtype(kpl_dtype dt)
 {
@@ -122,7 +122,7 @@ static const char *initializer(writer *w, const char *name, kpl_dtype dt, int nd
 static const char *const_i64(writer *w, const int64_t *v, int n)
 {
     int64_t len = n;
-    return initializer(w, w_str(w, "c%d", w->ntmp++), KPL_I64, 1, &len, v, sizeof(int64_t) * (size_t)n,
+    return initializer(w, w_str(w, "_c%d", w->ntmp++), KPL_I64, 1, &len, v, sizeof(int64_t) * (size_t)n,
                        false);
 }
 
@@ -147,7 +147,7 @@ static const char *const_scalar(writer *w, kpl_dtype dt, double s)
     case KPL_I32: v.i32 = (int32_t)s; break;
     default: v.u = (uint8_t)s; break;
     }
-    return initializer(w, w_str(w, "c%d", w->ntmp++), dt, 0, NULL, &v, n, false);
+    return initializer(w, w_str(w, "_c%d", w->ntmp++), dt, 0, NULL, &v, n, false);
 }
 
 static Onnx__NodeProto *node(writer *w, const char *op, int nin, const char *const *in, int nout,
@@ -530,7 +530,7 @@ kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
         const char *name = kpl_ir_value_name(ir, v);
         kpl_irv_kind k = kpl_ir_value_kind(ir, v);
         w.vname[v] = name && (k == KPL_IRV_INPUT || k == KPL_IRV_PARAM) ? w_str(&w, "%s", name)
-                                                                        : w_str(&w, "v%d", v);
+                                                                        : w_str(&w, "_v%d", v);
     }
     for (int i = 0; i < kpl_ir_num_outputs(ir); i++)
         w.vname[kpl_ir_output(ir, i)] = w_str(&w, "%s", kpl_ir_output_name(ir, i));
