@@ -125,6 +125,30 @@ kpl_status kpl__ir_run_node(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor 
 
 /* ---- shape inference ---- */
 
+/* The inputs (lo required, up to hi; the rest optional) and outputs of op. */
+static void arity(kpl_op op, int *lo, int *hi, int *nout)
+{
+    *nout = op == KPL_OP_MAX_POOL2D ? 2 : 1;
+    if (unary_of(op) >= 0 || is_scalar_op(op) || reduce_of(op) >= 0) {
+        *lo = *hi = 1;
+        return;
+    }
+    if (binary_of(op) >= 0) {
+        *lo = *hi = 2;
+        return;
+    }
+    switch (op) {
+    case KPL_OP_WHERE: case KPL_OP_SCATTER_ADD: *lo = *hi = 3; return;
+    case KPL_OP_CONV2D: case KPL_OP_CONV2D_RELU: *lo = 2, *hi = 3; return;
+    case KPL_OP_CAST: case KPL_OP_RESHAPE: case KPL_OP_PERMUTE: case KPL_OP_NARROW:
+    case KPL_OP_EXPAND: case KPL_OP_PAD_ROWS: case KPL_OP_AVG_POOL2D:
+    case KPL_OP_AVG_POOL2D_BWD: case KPL_OP_MAX_POOL2D:
+        *lo = *hi = 1;
+        return;
+    default: *lo = *hi = 2; return; /* matmul, compare, the conv adjoints, gathers, roi_align */
+    }
+}
+
 kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
                          int64_t (*sh)[KPL_MAX_DIMS], kpl_dtype *dt)
 {
@@ -132,12 +156,12 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
     KPL_CHECK(runnable(n->op), KPL_EINVAL, "op '%s' cannot run in a graph", name);
     const kpl_irv *x[KPL_IR_MAX_IN] = {0};
     for (int i = 0; i < n->nin; i++) x[i] = n->in[i] >= 0 ? &ir->v[n->in[i]] : NULL;
-    int need = n->op == KPL_OP_WHERE || n->op == KPL_OP_SCATTER_ADD ? 3
-               : n->nin < 1                                          ? 1
-               : n->op == KPL_OP_CONV2D || n->op == KPL_OP_CONV2D_RELU ? 2
-                                                                       : n->nin;
-    KPL_CHECK(n->nin >= need && n->nin >= 1, KPL_EINVAL, "'%s' has %d inputs", name, n->nin);
-    for (int i = 0; i < need; i++)
+    int lo, hi, nout;
+    arity(n->op, &lo, &hi, &nout);
+    KPL_CHECK(n->nin >= lo && n->nin <= hi && n->nout == nout, KPL_EINVAL,
+              "'%s' has %d inputs and %d outputs (it takes %d to %d and makes %d)", name, n->nin,
+              n->nout, lo, hi, nout);
+    for (int i = 0; i < lo; i++)
         KPL_CHECK(x[i], KPL_EINVAL, "'%s': input %d is absent", name, i);
     const kpl_irv *o = &ir->v[n->out[0]]; /* for what the attributes do not say */
     const kpl_op_attrs *a = &n->at;
@@ -185,7 +209,7 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
     }
     case KPL_OP_NARROW:
         KPL_CHECK(x[0]->ndim >= 1 && a->start >= 0 && a->length >= 0 &&
-                      a->start + a->length <= x[0]->shape[0],
+                      a->start <= x[0]->shape[0] && a->length <= x[0]->shape[0] - a->start,
                   KPL_ESHAPE, "narrow: rows [%lld, %lld) of %s", (long long)a->start,
                   (long long)(a->start + a->length),
                   kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1));
@@ -384,7 +408,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         const kpl_irv *val = &ir->v[v];
         if (val->kind == KPL_IRV_OP) ex->stats.value_bytes += value_bytes(val);
         if (val->kind == KPL_IRV_INPUT || (val->kind == KPL_IRV_OP && val->node >= 0 && root[v] == v))
-            need[v] = align_up(value_bytes(val));
+            need[v] = value_bytes(val) ? align_up(value_bytes(val)) : 64; /* empty ones too */
     }
     /* O3: first-fit offsets in one arena, in order of definition */
     if (level >= 3) {

@@ -238,8 +238,17 @@ kpl_status kpl_ir_check(const kpl_ir *ir)
     KPL_CHECK(defined, KPL_ENOMEM, "ir_check: no host memory");
     kpl_status st = KPL_OK;
     char b1[96], b2[96];
+    for (int i = 0; i < ir->ninputs; i++) /* each placeholder listed once */
+        defined[ir->inputs[i]]++;
     for (int v = 0; v < ir->nv; v++) {
         const kpl_irv *val = &ir->v[v];
+        if ((val->kind == KPL_IRV_INPUT) != (defined[v] == 1)) {
+            st = KPL_ERROR(KPL_EINVAL, "ir_check: %%%d is %s", v,
+                           val->kind == KPL_IRV_INPUT
+                               ? (defined[v] ? "listed as an input twice" : "a placeholder not listed as an input")
+                               : "listed as an input but is no placeholder");
+            goto out;
+        }
         defined[v] = val->kind != KPL_IRV_OP;
         if ((val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) && !val->data) {
             st = KPL_ERROR(KPL_EINVAL, "ir_check: %s %%%d has no data",

@@ -172,8 +172,22 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     static void max_values_##tn(const kpl_pool_attrs *a, const T *x, T *y)                    \
     {                                                                                          \
         KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
-            T row[a->w];                                                                       \
+            T row[a->w <= 16384 ? a->w : 1];                                                   \
             const T *xp = x + pl * a->h * a->w;                                                \
+            if (a->w > 16384) { /* too wide for the stack: each window on the input */       \
+                for (int64_t oy = 0; oy < a->oh; oy++)                                         \
+                    for (int64_t ox = 0; ox < a->ow; ox++) {                                   \
+                        WINDOW(a, oy, ox)                                                      \
+                        T best = xp[y0 * a->w + x0];                                           \
+                        for (int64_t iy = y0; iy < y1; iy++)                                   \
+                            for (int64_t ix = x0; ix < x1; ix++) {                             \
+                                T v = xp[iy * a->w + ix];                                      \
+                                if (best == best && (v != v || v > best)) best = v;            \
+                            }                                                                  \
+                        y[(pl * a->oh + oy) * a->ow + ox] = best;                              \
+                    }                                                                          \
+                continue;                                                                      \
+            }                                                                                  \
             for (int64_t oy = 0; oy < a->oh; oy++) {                                           \
                 int64_t y0 = oy * a->p.stride[0] - a->p.padding[0], y1 = y0 + a->p.kernel[0]; \
                 if (y0 < 0) y0 = 0;                                                            \
@@ -200,7 +214,7 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
     }                                                                                          \
     static void max_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)              \
     {                                                                                          \
-        if (!idx && a->w <= 16384) {                                                           \
+        if (!idx) {                                                                            \
             max_values_##tn(a, x, y);                                                          \
             return;                                                                            \
         }                                                                                      \

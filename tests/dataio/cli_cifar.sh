@@ -25,7 +25,7 @@ expect_fail() {
   grep -qF -- "$needle" "$tmp/err.txt" || die "$what: message '$(cat "$tmp/err.txt")' lacks '$needle'"
 }
 
-python3 "$src/tests/dataio/gen_cifar.py" "$tmp/gen" || die "gen_cifar.py (python3 with numpy)"
+/usr/bin/python3 "$src/tests/dataio/gen_cifar.py" "$tmp/gen" || die "gen_cifar.py (python3 with numpy)"
 
 "$kpl" data convert --from cifar --quiet "$tmp/gen/c10py2" "$tmp/c10" > "$tmp/conv.txt"
 grep -q '"out":"'"$tmp"'/c10/train","examples":25' "$tmp/conv.txt" || die "train count: $(cat "$tmp/conv.txt")"
@@ -71,7 +71,7 @@ rc=0
   || die "unknown source: exit $rc, $(cat "$tmp/err.txt")"
 
 # A folder of images without classes.
-python3 - "$tmp/faces" <<'EOF'
+/usr/bin/python3 - "$tmp/faces" <<'EOF'
 import os, struct, sys, zlib
 def png(path, w, h, seed):
     rows = b"".join(b"\0" + bytes((x * 7 + y * 3 + seed) & 255 for x in range(3 * w)) for y in range(h))

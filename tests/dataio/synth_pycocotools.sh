@@ -6,11 +6,11 @@
 set -euo pipefail
 kpl=$1
 [[ -r /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]] || exit 77
-python3 -c 'import pycocotools' 2> /dev/null || { echo "no pycocotools: skipped"; exit 77; }
+/usr/bin/python3 -c 'import pycocotools' 2> /dev/null || { echo "no pycocotools: skipped"; exit 77; }
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$kpl" data synth fmnist-det "$tmp/s" --train 60 --val 20 --seed 3 --quiet > /dev/null
-python3 - "$tmp/s" <<'PY'
+/usr/bin/python3 - "$tmp/s" <<'PY'
 import sys
 from pycocotools import mask as M
 from pycocotools.coco import COCO

@@ -24,7 +24,7 @@ static int setup_sets(void **state)
     if (setup(state) != 0) return -1;
     char cmd[512];
     gen = strdup(tmp_path("gen"));
-    snprintf(cmd, sizeof cmd, "python3 '%s/gen_cifar.py' '%s'", KPL_TEST_SOURCE_DIR, gen);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 '%s/gen_cifar.py' '%s'", KPL_TEST_SOURCE_DIR, gen);
     if (system(cmd) != 0) {
         fprintf(stderr, "test_cifar: '%s' failed (python3 with numpy: scripts/setup.sh)\n", cmd);
         return -1;

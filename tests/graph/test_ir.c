@@ -299,6 +299,32 @@ static void test_check_shapes(void **state)
     OK(kpl_ir_set_io(ir, 2, (int[]){a, b}, 1, &c, NULL));
     FAILS(kpl_ir_check(ir), KPL_ESHAPE, "node 0 (matmul) makes f32 (2,4) for output 0, the graph says %2 is f32 (2,5)");
     kpl_ir_destroy(ir);
+    /* an add with one input, a relu with two outputs, a placeholder not
+     * listed as an input: refused before any shape is read */
+    OK(kpl_ir_create(&ir));
+    a = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 1, (int64_t[]){3}, "a", NULL);
+    c = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 1, (int64_t[]){3}, NULL, NULL);
+    int d = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 1, (int64_t[]){3}, NULL, NULL);
+    assert_true(kpl_ir_add_node(ir, KPL_OP_ADD, &at, 1, &a, 1, &c) == 0);
+    OK(kpl_ir_set_io(ir, 1, &a, 1, &c, NULL));
+    FAILS(kpl_ir_check(ir), KPL_EINVAL, "'add' has 1 inputs and 1 outputs (it takes 2 to 2 and makes 1)");
+    kpl_ir_destroy(ir);
+    OK(kpl_ir_create(&ir));
+    a = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 1, (int64_t[]){3}, "a", NULL);
+    c = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 1, (int64_t[]){3}, NULL, NULL);
+    d = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 1, (int64_t[]){3}, NULL, NULL);
+    assert_true(kpl_ir_add_node(ir, KPL_OP_RELU, &at, 1, &a, 2, (int[]){c, d}) == 0);
+    OK(kpl_ir_set_io(ir, 1, &a, 1, &c, NULL));
+    FAILS(kpl_ir_check(ir), KPL_EINVAL, "'relu' has 1 inputs and 2 outputs");
+    kpl_ir_destroy(ir);
+    OK(kpl_ir_create(&ir));
+    a = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 1, (int64_t[]){3}, "a", NULL);
+    b = kpl_ir_add_value(ir, KPL_IRV_INPUT, KPL_F32, 1, (int64_t[]){3}, "b", NULL);
+    c = kpl_ir_add_value(ir, KPL_IRV_OP, KPL_F32, 1, (int64_t[]){3}, NULL, NULL);
+    assert_true(kpl_ir_add_node(ir, KPL_OP_ADD, &at, 2, (int[]){a, b}, 1, &c) == 0);
+    OK(kpl_ir_set_io(ir, 1, &a, 1, &c, NULL));
+    FAILS(kpl_ir_check(ir), KPL_EINVAL, "%1 is a placeholder not listed as an input");
+    kpl_ir_destroy(ir);
 }
 
 int main(void)

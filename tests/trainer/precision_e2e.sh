@@ -20,7 +20,7 @@ recipe=$src/recipes/fashion_mnist/cnn.yaml
 
 # scale_rule METRICS INIT INTERVAL: every train record obeys the scaler's rule
 scale_rule() {
-  python3 - "$1" "$2" "$3" <<'PY'
+  /usr/bin/python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 path, scale, interval = sys.argv[1], float(sys.argv[2]), int(sys.argv[3])
 good, skips, n, grew = 0, 0, 0, 0

@@ -265,7 +265,7 @@ example)
   # the task's TensorBoard image: 2 rows (inputs, reconstructions) of 8 28x28 images, a PNG
   ev=$(ls one/tb/events.out.tfevents.*)
   grep -aq "val/reconstructions" "$ev" && grep -aq $'\x89PNG' "$ev" || die "no image in $ev"
-  python3 - "$ev" <<'PY' || die "image event: wrong size"
+  /usr/bin/python3 - "$ev" <<'PY' || die "image event: wrong size"
 import struct, sys, zlib
 data = open(sys.argv[1], "rb").read()
 i = data.index(b"\x89PNG")

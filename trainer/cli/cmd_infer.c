@@ -121,17 +121,27 @@ static kpl_status flush(infer *in)
     KPL_TRY(kpl_model_set_input(in->m, 0, in->batch));
     KPL_TRY(kpl_model_run(in->m));
     kpl_tensor *y = kpl_model_output(in->m, 0);
+    int nd = kpl_tensor_ndim(y);
+    const int64_t *s = kpl_tensor_shape(y);
+    char b[96];
+    KPL_CHECK(nd >= 1 && s[0] == in->shape[0], KPL_EFORMAT,
+              "the model's output %s has no row per example of its input batch %lld",
+              kpl_shape_str(nd, s, b, sizeof b), (long long)in->shape[0]);
     kpl_tensor *yf = NULL;
     if (kpl_tensor_dtype(y) != KPL_F32) {
-        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, kpl_tensor_ndim(y), kpl_tensor_shape(y), &yf));
-        KPL_TRY(kpl_k_cast(yf, y));
+        KPL_TRY(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, nd, s, &yf));
+        if (kpl_k_cast(yf, y) < 0) {
+            kpl_tensor_release(yf);
+            return kpl_last_status();
+        }
         y = yf;
     }
     const float *v = kpl_tensor_host_data(y);
     in->run_ms += (kpl_seconds() - t0) * 1e3;
-    if (!v) return kpl_last_status();
-    int nd = kpl_tensor_ndim(y);
-    const int64_t *s = kpl_tensor_shape(y);
+    if (!v) {
+        kpl_tensor_release(yf);
+        return kpl_last_status();
+    }
     int64_t per = kpl_tensor_numel(y) / s[0];
     for (int r = 0; r < in->n; r++) {
         if (in->logits) {
@@ -331,9 +341,11 @@ int kpl__cmd_infer(int argc, char **argv)
     kpl_set_deterministic(!search);
     infer in = {.top = (int)top, .logits = logits};
     kpl_status st = kpl_model_load(model, (int)level, &in.m);
+    int64_t ishape[KPL_MAX_DIMS];
     if (st == KPL_OK && (kpl_model_num_inputs(in.m) != 1 ||
-                         kpl_model_input_shape(in.m, 0, in.shape) != 4))
+                         kpl_model_input_shape(in.m, 0, ishape) != 4 || ishape[0] < 1))
         st = KPL_ERROR(KPL_EINVAL, "%s: not a model of one image batch (N, C, H, W)", model);
+    if (st == KPL_OK) memcpy(in.shape, ishape, sizeof in.shape);
     if (st == KPL_OK) st = kpl_model_transform(in.m, &in.tc);
     if (st == KPL_OK && in.tc.out_dtype != kpl_model_input_dtype(in.m, 0))
         st = KPL_ERROR(KPL_EFORMAT, "%s: the transform makes %s, the model takes %s", model,

@@ -409,6 +409,9 @@ static kpl_status emit_node(writer *w, int i)
         }
         case KPL_OP_ARGMAX:
         case KPL_OP_ARGMIN:
+            if (a->naxes != 1)
+                return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: %s over all axes (a flat "
+                                 "index) has no ONNX form in kpl", i, kpl_op_name(op));
             n = node(w, op == KPL_OP_ARGMAX ? "ArgMax" : "ArgMin", 1, x, 1, &y);
             attr_i(w, n, "axis", a->axes[0]);
             attr_i(w, n, "keepdims", a->keepdim);
@@ -426,7 +429,7 @@ static kpl_status emit_node(writer *w, int i)
             int nds[2] = {xnd, bnd};
             bool tr[2] = {a->trans_a, a->trans_b};
             for (int k = 0; k < 2; k++) {
-                if (!tr[k]) continue;
+                if (!tr[k] || nds[k] < 2) continue; /* a vector's transpose is itself */
                 int64_t perm[KPL_MAX_DIMS];
                 for (int d2 = 0; d2 < nds[k]; d2++) perm[d2] = d2;
                 perm[nds[k] - 1] = nds[k] - 2, perm[nds[k] - 2] = nds[k] - 1;
@@ -479,11 +482,23 @@ static kpl_status emit_node(writer *w, int i)
         case KPL_OP_MAX_POOL2D:
         case KPL_OP_AVG_POOL2D: {
             const kpl_pool2d_params *p = &a->pool;
+            /* ceil_mode: kpl (as PyTorch) drops a last window that would
+             * start in the end padding, which opset 13's formula keeps; so
+             * the rounding up is written as explicit end padding that the
+             * floor formula turns into kpl's output size */
+            int64_t end[2] = {p->padding[0], p->padding[1]};
+            for (int d = 0; p->ceil_mode && d < 2; d++) {
+                end[d] = (ys[2 + d] - 1) * p->stride[d] + p->kernel[d] - xs[2 + d] - p->padding[d];
+                if (end[d] < p->padding[d]) end[d] = p->padding[d];
+                if (op == KPL_OP_AVG_POOL2D && p->count_include_pad && end[d] > p->padding[d])
+                    return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: avg_pool2d with ceil_mode "
+                                     "and count_include_pad over a partial last window has no "
+                                     "ONNX form in kpl", i);
+            }
             n = node(w, op == KPL_OP_MAX_POOL2D ? "MaxPool" : "AveragePool", 1, x, 1, &y);
             attr_ints(w, n, "kernel_shape", (int64_t[]){p->kernel[0], p->kernel[1]}, 2);
             attr_ints(w, n, "strides", (int64_t[]){p->stride[0], p->stride[1]}, 2);
-            attr_ints(w, n, "pads", (int64_t[]){p->padding[0], p->padding[1], p->padding[0], p->padding[1]}, 4);
-            attr_i(w, n, "ceil_mode", p->ceil_mode);
+            attr_ints(w, n, "pads", (int64_t[]){p->padding[0], p->padding[1], end[0], end[1]}, 4);
             if (op == KPL_OP_AVG_POOL2D) attr_i(w, n, "count_include_pad", p->count_include_pad);
             break;
         }
@@ -538,8 +553,10 @@ kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
         kpl_irv_kind k = kpl_ir_value_kind(ir, v);
         if (k != KPL_IRV_PARAM && k != KPL_IRV_CONST) continue;
         kpl_tensor *t = kpl_ir_value_data(ir, v);
-        KPL_CHECK(kpl_device_type_of(kpl_tensor_device(t)) == KPL_DEVICE_CPU, KPL_EDEVICE,
-                  "onnx export: the parameters must be on the CPU");
+        if (kpl_device_type_of(kpl_tensor_device(t)) != KPL_DEVICE_CPU) {
+            st = KPL_ERROR(KPL_EDEVICE, "onnx export: the parameters must be on the CPU");
+            goto out;
+        }
         const void *p = kpl_tensor_host_data(t);
         if (!p) {
             st = kpl_last_status();

@@ -68,10 +68,6 @@ kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fu
               (long long)batch);
     kpl_module *m = kpl_trainer_model(t, 0);
     kpl_module_set_training(m, false);
-    /* one forward: the library's kernels, untimed (a timed search of every
-     * convolution would cost more than the trace) */
-    bool det = kpl_get_deterministic();
-    kpl_set_deterministic(true);
     kpl_loader_config lc;
     kpl__data_loader_config(r, &r->data.val, t->val_path, false, 0, 1, &lc);
     if (t->task->data) t->task->data(r, false, &lc);
@@ -85,6 +81,10 @@ kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fu
     kpl_pool *pool = kpl_pool_push();
     KPL_CHECK(pool, KPL_ENOMEM, "kpl export: no host memory");
     bool prev = kpl_set_grad_enabled(false);
+    /* one forward: the library's kernels, untimed (a timed search of every
+     * convolution would cost more than the trace) */
+    bool det = kpl_get_deterministic();
+    kpl_set_deterministic(true);
     kpl_ir *ir = NULL;
     kpl_status st = KPL_OK;
     kpl_tensor *x = kpl_full(t->dev, in_dt, 4, shape, 0);
