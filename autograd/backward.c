@@ -228,7 +228,7 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                     /* A gradient buffer: add in place (unrecorded: grad
                      * mode is off without create_graph). */
                     kpl_tensor *buf = kpl_grad_get(leaf);
-                    st = kpl_k_binary(buf, KPL_BIN_ADD, buf, g);
+                    st = kpl_write_binary(buf, KPL_BIN_ADD, buf, g);
                 } else {
                     kpl_tensor *acc = kpl_grad_get(leaf);
                     if (acc) kpl_tensor_retain(acc);

@@ -111,12 +111,7 @@ G(SIGMOID) { RET0(kpl_mul(gy, kpl_mul(OUT, kpl_scalar_op(KPL_BIN_SUB, OUT, 1, tr
 static kpl_tensor *relu_grad(kpl_tensor *gy, kpl_tensor *y)
 {
     if (!gy || !y) return NULL;
-    if (!kpl_grad_enabled()) {
-        kpl_tensor *gx = kpl_empty(kpl_tensor_device(gy), kpl_tensor_dtype(gy),
-                                   kpl_tensor_ndim(y), kpl_tensor_shape(y));
-        if (!gx || kpl_k_binary(gx, KPL_BIN_RELU_BWD, gy, y) < 0) return NULL;
-        return gx;
-    }
+    if (!kpl_grad_enabled()) return kpl_relu_bwd(gy, y);
     return kpl_mul(gy, mask(KPL_BIN_GT, y, scalar_like(gy, 0)));
 }
 G(RELU) { RET0(relu_grad(gy, OUT)); }
@@ -323,12 +318,7 @@ static kpl_status conv_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
         /* Without create_graph the bias gradient comes out of the weight
          * gradient's pass over gy (oneDNN's diff_bias) instead of a
          * reduction of its own. */
-        kpl_tensor *x = IN(0);
-        int64_t o = ws[0];
-        gin[1] = kpl_empty(kpl_tensor_device(x), kpl_tensor_dtype(x), 4, ws);
-        gin[2] = kpl_empty(kpl_tensor_device(x), kpl_tensor_dtype(x), 1, &o);
-        if (!gin[1] || !gin[2]) return kpl_last_status();
-        return kpl_k_conv2d_bwd_weight(gin[1], gin[2], x, gy, p);
+        return kpl_conv2d_bwd_weight_bias(IN(0), gy, ws, p, &gin[1], &gin[2]);
     }
     if (WANT(1)) gin[1] = kpl_conv2d_bwd_weight(IN(0), gy, ws, p);
     if (want_b) gin[2] = kpl_sum(gy, (int[]){0, 2, 3}, 3, false);
@@ -485,19 +475,9 @@ static kpl_status bn_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_ten
     for (int d = 0; d < nd; d++)
         if (d != 1) axes[na++] = d;
     int64_t c = kpl_tensor_shape(x)[1];
-    if (!kpl_grad_enabled()) {
-        kpl_device *dev = kpl_tensor_device(x);
-        kpl_dtype dt = kpl_tensor_dtype(x);
-        kpl_tensor *gx = WANT(0) ? kpl_empty(dev, dt, nd, kpl_tensor_shape(x)) : NULL;
-        kpl_dtype pdt = kpl_tensor_dtype(gamma); /* f32 under f16/bf16 activations */
-        kpl_tensor *gg = WANT(1) ? kpl_empty(dev, pdt, 1, &c) : NULL;
-        kpl_tensor *gb = WANT(2) ? kpl_empty(dev, pdt, 1, &c) : NULL;
-        if ((WANT(0) && !gx) || (WANT(1) && !gg) || (WANT(2) && !gb)) return kpl_last_status();
-        KPL_TRY(relu_y ? kpl_k_batch_norm_relu_bwd(gx, gg, gb, x, relu_y, gy, gamma, eps)
-                       : kpl_k_batch_norm_bwd(gx, gg, gb, x, gy, gamma, eps));
-        gin[0] = gx, gin[1] = gg, gin[2] = gb;
-        return KPL_OK;
-    }
+    if (!kpl_grad_enabled())
+        return kpl_batch_norm_bwd(x, relu_y, gy, gamma, eps, WANT(0) ? &gin[0] : NULL,
+                                  WANT(1) ? &gin[1] : NULL, WANT(2) ? &gin[2] : NULL);
     if (relu_y) gy = relu_grad(gy, relu_y);
     int64_t bshape[KPL_MAX_DIMS];
     for (int d = 0; d < nd; d++) bshape[d] = d == 1 ? c : 1;

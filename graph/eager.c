@@ -23,8 +23,9 @@ static kpl_tensor *finish(kpl_status st, kpl_tensor *out)
 static kpl_tensor *record_finish_as(kpl_status st, kpl_op op, const kpl_op_attrs *attrs, int nin,
                                     kpl_tensor *const *ins, kpl_tensor *out, bool trace)
 {
-    if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
+    /* traced first: the tape's alias of a saved output maps to its value */
     if (st == KPL_OK && trace) kpl__trace_op(op, attrs, nin, ins, 1, &out);
+    if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
     return finish(st, out);
 }
 
@@ -682,7 +683,7 @@ kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sha
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
-    kpl__trace_fail("rand: random numbers cannot be traced yet");
+    kpl_trace_refuse("rand: random numbers cannot be traced yet");
     return finish(kpl_k_uniform(t, rng, lo, hi), t);
 }
 
@@ -691,7 +692,7 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
 {
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
-    kpl__trace_fail("randn: random numbers cannot be traced yet");
+    kpl_trace_refuse("randn: random numbers cannot be traced yet");
     return finish(kpl_k_normal(t, rng, mean, std), t);
 }
 
@@ -751,15 +752,124 @@ kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *
                                   double eps, kpl_tensor *mean, kpl_tensor *var, bool relu)
 {
     if (!x || !gamma || !beta) return NULL;
-    kpl__trace_fail("batch_norm: training mode (batch statistics, running statistics updated in "
-                    "place) cannot be traced yet; trace the model in eval mode");
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
     if (!out) return NULL;
     kpl_op_attrs at = {.alpha = eps};
     kpl_tensor *ins[3] = {x, gamma, beta};
-    if (relu)
-        return record_finish(kpl_k_batch_norm_relu(out, mean, var, x, gamma, beta, eps),
-                             KPL_OP_BATCH_NORM_RELU, &at, 3, ins, out);
-    return record_finish(kpl_k_batch_norm(out, mean, var, x, gamma, beta, eps), KPL_OP_BATCH_NORM,
-                         &at, 3, ins, out);
+    kpl_op op = relu ? KPL_OP_BATCH_NORM_RELU : KPL_OP_BATCH_NORM;
+    kpl_status st = relu ? kpl_k_batch_norm_relu(out, mean, var, x, gamma, beta, eps)
+                         : kpl_k_batch_norm(out, mean, var, x, gamma, beta, eps);
+    /* traced with the batch statistics as outputs (the running ones are
+     * updated from them by writes) */
+    if (st == KPL_OK && kpl_tracing())
+        kpl__trace_op(op, &at, 3, ins, mean && var ? 3 : 1, (kpl_tensor *[]){out, mean, var});
+    return record_finish_as(st, op, &at, 3, ins, out, false);
+}
+
+/* ---- fused gradients ------------------------------------------------------------- */
+
+kpl_tensor *kpl_relu_bwd(kpl_tensor *gy, kpl_tensor *y)
+{
+    if (!gy || !y) return NULL;
+    kpl_tensor *out = new_like(gy, kpl_tensor_dtype(gy), kpl_tensor_ndim(y), kpl_tensor_shape(y));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.sub = KPL_BIN_RELU_BWD};
+    return trace_finish(kpl_k_binary(out, KPL_BIN_RELU_BWD, gy, y), KPL_OP_BINARY, &at, 2,
+                        (kpl_tensor *[]){gy, y}, out);
+}
+
+kpl_status kpl_conv2d_bwd_weight_bias(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
+                                      const kpl_conv2d_params *p, kpl_tensor **gw,
+                                      kpl_tensor **gb)
+{
+    KPL_CHECK(x && gy && w_shape && p && gw && gb, KPL_EINVAL, "conv2d_bwd_weight_bias: NULL");
+    *gw = *gb = NULL;
+    kpl_tensor *w = new_like(x, kpl_tensor_dtype(x), 4, w_shape);
+    kpl_tensor *b = new_like(x, kpl_tensor_dtype(x), 1, w_shape);
+    kpl_status st = w && b ? kpl_k_conv2d_bwd_weight(w, b, x, gy, p) : kpl_last_status();
+    if (st == KPL_OK) {
+        kpl_op_attrs at = {.conv = *p};
+        memcpy(at.shape4, w_shape, sizeof at.shape4);
+        kpl__trace_op(KPL_OP_CONV2D_BWD_WEIGHT, &at, 2, (kpl_tensor *[]){x, gy}, 2,
+                      (kpl_tensor *[]){w, b});
+    }
+    *gw = finish(st, w);
+    *gb = finish(st, b);
+    return st;
+}
+
+kpl_status kpl_batch_norm_bwd(kpl_tensor *x, kpl_tensor *relu_y, kpl_tensor *gy,
+                              kpl_tensor *gamma, double eps, kpl_tensor **gx,
+                              kpl_tensor **ggamma, kpl_tensor **gbeta)
+{
+    KPL_CHECK(x && gy && gamma && (gx || ggamma || gbeta), KPL_EINVAL, "batch_norm_bwd: NULL");
+    /* a trace makes all three (the graph's node has three outputs) */
+    bool all = kpl_tracing();
+    int64_t c = kpl_tensor_shape(gamma)[0];
+    kpl_dtype pdt = kpl_tensor_dtype(gamma); /* f32 under f16/bf16 activations */
+    kpl_tensor *o[3] = {
+        gx || all ? new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x)) : NULL,
+        ggamma || all ? new_like(x, pdt, 1, &c) : NULL,
+        gbeta || all ? new_like(x, pdt, 1, &c) : NULL};
+    kpl_status st = KPL_OK;
+    for (int i = 0; i < 3; i++)
+        if (!o[i] && (all || (i == 0 ? gx : i == 1 ? ggamma : gbeta))) st = kpl_last_status();
+    if (st == KPL_OK)
+        st = relu_y ? kpl_k_batch_norm_relu_bwd(o[0], o[1], o[2], x, relu_y, gy, gamma, eps)
+                    : kpl_k_batch_norm_bwd(o[0], o[1], o[2], x, gy, gamma, eps);
+    if (st == KPL_OK) {
+        kpl_op_attrs at = {.alpha = eps, .sub = relu_y != NULL};
+        kpl__trace_op(KPL_OP_BATCH_NORM_BWD, &at, relu_y ? 4 : 3,
+                      (kpl_tensor *[]){x, gy, gamma, relu_y}, 3, o);
+    }
+    kpl_tensor **dst[3] = {gx, ggamma, gbeta};
+    for (int i = 0; i < 3; i++) {
+        kpl_tensor *r = finish(st, o[i]);
+        if (dst[i]) *dst[i] = r;
+    }
+    return st;
+}
+
+/* ---- writes ---------------------------------------------------------------------- */
+
+kpl_status kpl_write_binary(kpl_tensor *out, kpl_binary_op op, kpl_tensor *a, kpl_tensor *b)
+{
+    KPL_TRY(kpl_k_binary(out, op, a, b));
+    static const kpl_op named[] = {
+        [KPL_BIN_ADD] = KPL_OP_ADD, [KPL_BIN_SUB] = KPL_OP_SUB, [KPL_BIN_MUL] = KPL_OP_MUL,
+        [KPL_BIN_DIV] = KPL_OP_DIV, [KPL_BIN_POW] = KPL_OP_POW,
+        [KPL_BIN_MAXIMUM] = KPL_OP_MAXIMUM, [KPL_BIN_MINIMUM] = KPL_OP_MINIMUM};
+    kpl_op o = (unsigned)op < sizeof named / sizeof *named && named[op] ? named[op] : KPL_OP_BINARY;
+    kpl_op_attrs at = {.sub = op};
+    kpl__trace_write(o, &at, 2, (kpl_tensor *[]){a, b}, out);
+    return KPL_OK;
+}
+
+kpl_status kpl_write_scalar(kpl_tensor *out, kpl_binary_op op, kpl_tensor *a, double s,
+                            bool scalar_first)
+{
+    KPL_TRY(kpl_k_binary_scalar(out, op, a, s, scalar_first));
+    static const kpl_op named[] = {
+        [KPL_BIN_ADD] = KPL_OP_ADD_SCALAR, [KPL_BIN_SUB] = KPL_OP_SUB_SCALAR,
+        [KPL_BIN_MUL] = KPL_OP_MUL_SCALAR, [KPL_BIN_DIV] = KPL_OP_DIV_SCALAR,
+        [KPL_BIN_POW] = KPL_OP_POW_SCALAR, [KPL_BIN_MAXIMUM] = KPL_OP_MAXIMUM_SCALAR,
+        [KPL_BIN_MINIMUM] = KPL_OP_MINIMUM_SCALAR};
+    if (kpl_tracing()) {
+        if ((unsigned)op >= sizeof named / sizeof *named || !named[op]) {
+            kpl_trace_refuse("write_scalar: '%s' with a scalar has no graph op",
+                            kpl_binary_name(op));
+            return KPL_OK;
+        }
+        kpl_op_attrs at = {.scalar = s, .scalar_first = scalar_first};
+        kpl__trace_write(named[op], &at, 1, &a, out);
+    }
+    return KPL_OK;
+}
+
+kpl_status kpl_write_copy(kpl_tensor *out, kpl_tensor *x)
+{
+    KPL_TRY(kpl_k_copy(out, x));
+    kpl_op_attrs at = {.dtype = kpl_tensor_dtype(x)};
+    kpl__trace_write(KPL_OP_CAST, &at, 1, &x, out);
+    return KPL_OK;
 }

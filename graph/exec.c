@@ -74,7 +74,8 @@ static bool runnable(kpl_op op)
     case KPL_OP_CONV2D_BWD_WEIGHT: case KPL_OP_PLANE_GATHER: case KPL_OP_PLANE_SCATTER:
     case KPL_OP_AVG_POOL2D: case KPL_OP_AVG_POOL2D_BWD: case KPL_OP_INDEX_SELECT:
     case KPL_OP_INDEX_ADD: case KPL_OP_GATHER: case KPL_OP_SCATTER_ADD: case KPL_OP_ROI_ALIGN:
-    case KPL_OP_ROI_ALIGN_BWD: case KPL_OP_COMPARE: case KPL_OP_MAX_POOL2D:
+    case KPL_OP_ROI_ALIGN_BWD: case KPL_OP_COMPARE: case KPL_OP_MAX_POOL2D: case KPL_OP_BINARY:
+    case KPL_OP_BATCH_NORM: case KPL_OP_BATCH_NORM_RELU: case KPL_OP_BATCH_NORM_BWD:
         return true;
     default:
         return false;
@@ -93,7 +94,19 @@ kpl_status kpl__ir_run_node(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor 
         return kpl_k_reduce(out[0], (kpl_reduce_op)r, in[0], a->naxes ? a->axes : NULL, a->naxes,
                             a->keepdim, a->correction);
     switch (n->op) {
-    case KPL_OP_COMPARE: return kpl_k_binary(out[0], (kpl_binary_op)a->sub, in[0], in[1]);
+    case KPL_OP_COMPARE:
+    case KPL_OP_BINARY: return kpl_k_binary(out[0], (kpl_binary_op)a->sub, in[0], in[1]);
+    case KPL_OP_BATCH_NORM:
+        return kpl_k_batch_norm(out[0], n->nout > 1 ? out[1] : NULL, n->nout > 2 ? out[2] : NULL,
+                                in[0], in[1], in[2], a->alpha);
+    case KPL_OP_BATCH_NORM_RELU:
+        return kpl_k_batch_norm_relu(out[0], n->nout > 1 ? out[1] : NULL,
+                                     n->nout > 2 ? out[2] : NULL, in[0], in[1], in[2], a->alpha);
+    case KPL_OP_BATCH_NORM_BWD: /* x, gy, gamma (, relu's output y) */
+        if (a->sub)
+            return kpl_k_batch_norm_relu_bwd(out[0], out[1], out[2], in[0], in[3], in[1], in[2],
+                                             a->alpha);
+        return kpl_k_batch_norm_bwd(out[0], out[1], out[2], in[0], in[1], in[2], a->alpha);
     case KPL_OP_WHERE: return kpl_k_where(out[0], in[0], in[1], in[2]);
     case KPL_OP_MATMUL: return kpl_k_matmul(out[0], in[0], in[1], a->trans_a, a->trans_b);
     case KPL_OP_CAST: return kpl_k_cast(out[0], in[0]);
@@ -106,7 +119,7 @@ kpl_status kpl__ir_run_node(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor 
     case KPL_OP_CONV2D_RELU: return kpl_k_conv2d_relu(out[0], in[0], in[1], in[2], &a->conv);
     case KPL_OP_CONV2D_BWD_DATA: return kpl_k_conv2d_bwd_data(out[0], in[0], in[1], &a->conv);
     case KPL_OP_CONV2D_BWD_WEIGHT:
-        return kpl_k_conv2d_bwd_weight(out[0], NULL, in[0], in[1], &a->conv);
+        return kpl_k_conv2d_bwd_weight(out[0], n->nout > 1 ? out[1] : NULL, in[0], in[1], &a->conv);
     case KPL_OP_MAX_POOL2D: return kpl_k_max_pool2d(out[0], out[1], in[0], &a->pool);
     case KPL_OP_PLANE_GATHER: return kpl_k_plane_gather(out[0], in[0], in[1]);
     case KPL_OP_PLANE_SCATTER: return kpl_k_plane_scatter(out[0], in[0], in[1]);
@@ -125,10 +138,11 @@ kpl_status kpl__ir_run_node(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor 
 
 /* ---- shape inference ---- */
 
-/* The inputs (lo required, up to hi; the rest optional) and outputs of op. */
-static void arity(kpl_op op, int *lo, int *hi, int *nout)
+/* The inputs (lo required, up to hi; the rest optional) and outputs
+ * (olo required, up to ohi) of op. */
+static void arity(kpl_op op, int *lo, int *hi, int *olo, int *ohi)
 {
-    *nout = op == KPL_OP_MAX_POOL2D ? 2 : 1;
+    *olo = *ohi = op == KPL_OP_MAX_POOL2D ? 2 : 1;
     if (unary_of(op) >= 0 || is_scalar_op(op) || reduce_of(op) >= 0) {
         *lo = *hi = 1;
         return;
@@ -145,7 +159,13 @@ static void arity(kpl_op op, int *lo, int *hi, int *nout)
     case KPL_OP_AVG_POOL2D_BWD: case KPL_OP_MAX_POOL2D:
         *lo = *hi = 1;
         return;
-    default: *lo = *hi = 2; return; /* matmul, compare, the conv adjoints, gathers, roi_align */
+    case KPL_OP_BATCH_NORM: case KPL_OP_BATCH_NORM_RELU: /* y (, batch mean, batch var) */
+        *lo = *hi = 3;
+        *ohi = 3;
+        return;
+    case KPL_OP_BATCH_NORM_BWD: *lo = 3, *hi = 4, *olo = *ohi = 3; return;
+    case KPL_OP_CONV2D_BWD_WEIGHT: *lo = *hi = 2, *ohi = 2; return; /* (, the bias's) */
+    default: *lo = *hi = 2; return; /* matmul, compare, binary, the other adjoints, gathers */
     }
 }
 
@@ -156,11 +176,14 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
     KPL_CHECK(runnable(n->op), KPL_EINVAL, "op '%s' cannot run in a graph", name);
     const kpl_irv *x[KPL_IR_MAX_IN] = {0};
     for (int i = 0; i < n->nin; i++) x[i] = n->in[i] >= 0 ? &ir->v[n->in[i]] : NULL;
-    int lo, hi, nout;
-    arity(n->op, &lo, &hi, &nout);
-    KPL_CHECK(n->nin >= lo && n->nin <= hi && n->nout == nout, KPL_EINVAL,
-              "'%s' has %d inputs and %d outputs (it takes %d to %d and makes %d)", name, n->nin,
-              n->nout, lo, hi, nout);
+    int lo, hi, olo, ohi;
+    arity(n->op, &lo, &hi, &olo, &ohi);
+    KPL_CHECK(n->nin >= lo && n->nin <= hi && n->nout >= olo && n->nout <= ohi, KPL_EINVAL,
+              "'%s' has %d inputs and %d outputs (it takes %d to %d and makes %d to %d)", name,
+              n->nin, n->nout, lo, hi, olo, ohi);
+    if (n->op == KPL_OP_BATCH_NORM_BWD)
+        KPL_CHECK((n->nin == 4) == (n->at.sub != 0), KPL_EINVAL,
+                  "batch_norm_bwd: the ReLU's output is an input exactly when relu is set");
     for (int i = 0; i < lo; i++)
         KPL_CHECK(x[i], KPL_EINVAL, "'%s': input %d is absent", name, i);
     const kpl_irv *o = &ir->v[n->out[0]]; /* for what the attributes do not say */
@@ -172,7 +195,7 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
     int64_t tmp[KPL_MAX_DIMS];
     int ntmp;
     if (unary_of(n->op) >= 0 || is_scalar_op(n->op)) return KPL_OK;
-    if (binary_of(n->op) >= 0 || n->op == KPL_OP_COMPARE)
+    if (binary_of(n->op) >= 0 || n->op == KPL_OP_COMPARE || n->op == KPL_OP_BINARY)
         return kpl_shape_broadcast(name, x[0]->ndim, x[0]->shape, x[1]->ndim, x[1]->shape, &nd[0],
                                    sh[0]) < 0
                    ? kpl_last_status()
@@ -232,8 +255,34 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
     case KPL_OP_CONV2D_RELU:
         KPL_CHECK(x[0]->ndim == 4 && x[1]->ndim == 4, KPL_ESHAPE, "%s: 4-D input and weights", name);
         return kpl_shape_conv2d(x[0]->shape, x[1]->shape, &a->conv, sh[0]);
-    case KPL_OP_CONV2D_BWD_DATA:
+    case KPL_OP_BATCH_NORM:
+    case KPL_OP_BATCH_NORM_RELU:
+    case KPL_OP_BATCH_NORM_BWD:
+    {
+        bool bwd = n->op == KPL_OP_BATCH_NORM_BWD; /* x, gy, gamma (, y) */
+        bool fit = x[0]->ndim >= 2 && x[2]->ndim == 1 && x[2]->shape[0] == x[0]->shape[1];
+        if (bwd) /* gy and the ReLU's output have x's shape */
+            for (int j = 1; j < n->nin; j += 2)
+                fit = fit && x[j]->ndim == x[0]->ndim &&
+                      !memcmp(x[j]->shape, x[0]->shape, (size_t)x[0]->ndim * sizeof(int64_t));
+        else fit = fit && x[1]->ndim == 1 && x[1]->shape[0] == x[0]->shape[1];
+        KPL_CHECK(fit, KPL_ESHAPE, "%s: x %s with inputs that do not fit it", name,
+                  kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1));
+    }
+        for (int j = 1; j < n->nout; j++) { /* per channel, in gamma's dtype */
+            nd[j] = 1;
+            sh[j][0] = x[0]->shape[1];
+            dt[j] = x[n->op == KPL_OP_BATCH_NORM_BWD ? 2 : 1]->dtype;
+        }
+        return KPL_OK;
     case KPL_OP_CONV2D_BWD_WEIGHT:
+        if (n->nout > 1) {
+            nd[1] = 1;
+            sh[1][0] = a->shape4[0];
+            dt[1] = x[0]->dtype;
+        }
+        /* fall through */
+    case KPL_OP_CONV2D_BWD_DATA:
     case KPL_OP_PLANE_SCATTER:
     case KPL_OP_AVG_POOL2D_BWD:
         nd[0] = 4;
@@ -285,6 +334,7 @@ struct kpl_exec {
     kpl_device *dev;
     kpl_tensor **t;        /* per value: its tensor (owned), NULL for unused values */
     kpl_storage *arena;    /* O3 */
+    bool *upd_copy;        /* per update: copied at the end (not computed in place) */
     kpl_exec_stats stats;
 };
 
@@ -295,6 +345,7 @@ void kpl_exec_destroy(kpl_exec *ex)
     if (!ex) return;
     for (int v = 0; ex->t && v < ex->ir->nv; v++) kpl_tensor_release(ex->t[v]);
     free(ex->t);
+    free(ex->upd_copy);
     kpl_storage_release(ex->arena);
     free(ex);
 }
@@ -310,17 +361,20 @@ static size_t align_up(size_t n) { return (n + 63) & ~(size_t)63; }
 
 /* Whether node n may write its output over input 0 (O2): element-wise with
  * the output's shape and dtype, the input an op value (or placeholder's
- * copy: never a parameter) that no later node reads and no output is. */
+ * copy) that no later node reads and no output is.  A parameter's bytes
+ * are written only along the chain that ends in its own update
+ * (chain[o] names the parameter whose new value o leads to). */
 static bool inplace_ok(const kpl_ir *ir, const kpl_irn *n, const int *last_use, const int *root,
-                       const bool *is_out, int i)
+                       const bool *is_out, const int *chain, int i)
 {
-    if (!(unary_of(n->op) >= 0 || is_scalar_op(n->op) ||
+    if (!(unary_of(n->op) >= 0 || is_scalar_op(n->op) || n->op == KPL_OP_BINARY ||
           (binary_of(n->op) >= 0 && !is_scalar_op(n->op))))
         return false;
     if (n->in[0] < 0) return false;
     int v = root[n->in[0]]; /* whose bytes input 0 is */
     const kpl_irv *x = &ir->v[n->in[0]], *o = &ir->v[n->out[0]];
-    if (ir->v[v].kind != KPL_IRV_OP || is_out[v] || last_use[v] != i) return false;
+    bool mine = ir->v[v].kind == KPL_IRV_OP || (ir->v[v].kind == KPL_IRV_PARAM && chain[n->out[0]] == v);
+    if (!mine || is_out[v] || last_use[v] != i) return false;
     if (x->dtype != o->dtype || x->ndim != o->ndim ||
         memcmp(x->shape, o->shape, (size_t)x->ndim * sizeof(int64_t)))
         return false;
@@ -349,8 +403,10 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     int *first = malloc((size_t)nv * sizeof *first);
     size_t *offset = calloc((size_t)nv, sizeof *offset);
     bool *is_out = calloc((size_t)nv, sizeof *is_out);
+    int *chain = malloc((size_t)nv * sizeof *chain);
+    ex->upd_copy = calloc((size_t)(ir->nupdates ? ir->nupdates : 1), sizeof *ex->upd_copy);
     kpl_status st = KPL_OK;
-    if (!ex->t || !last_use || !root || !first || !offset || !is_out) {
+    if (!ex->t || !last_use || !root || !first || !offset || !is_out || !chain || !ex->upd_copy) {
         st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
         goto out;
     }
@@ -362,6 +418,23 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         last_use[v] = first[v];
     }
     for (int i = 0; i < ir->noutputs; i++) is_out[ir->outputs[i]] = true;
+    /* a parameter's new value is read at the end of the run, like an
+     * output; the element-wise ops leading to it from the parameter's own
+     * value may write over the parameter (O2) */
+    for (int v = 0; v < ir->nv; v++) chain[v] = -1;
+    for (int k = 0; k < ir->nupdates; k++) {
+        int p = ir->upd_param[k], v = ir->upd_value[k];
+        is_out[v] = true;
+        int path[64], np = 0;
+        while (v >= 0 && v != p && np < 64 && ir->v[v].kind == KPL_IRV_OP) {
+            const kpl_irn *n = &ir->n[ir->v[v].node];
+            if (!(unary_of(n->op) >= 0 || binary_of(n->op) >= 0 || n->op == KPL_OP_BINARY)) break;
+            path[np++] = v;
+            v = n->in[0];
+        }
+        if (v == p)
+            for (int j = 0; j < np; j++) chain[path[j]] = p;
+    }
     int level = ir->level;
     for (int i = 0; i < ir->nn; i++) {
         const kpl_irn *n = &ir->n[i];
@@ -381,7 +454,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     if (level >= 2)
         for (int i = 0; i < ir->nn; i++) {
             const kpl_irn *n = &ir->n[i];
-            if (!inplace_ok(ir, n, last_use, root, is_out, i)) continue;
+            if (!inplace_ok(ir, n, last_use, root, is_out, chain, i)) continue;
             int x = root[n->in[0]], o = n->out[0];
             root[o] = x;
             /* every later view of o follows it to x */
@@ -501,8 +574,11 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
                                          val->dtype, val->ndim, val->shape, &ex->t[o]);
         }
     }
+    for (int k = 0; k < ir->nupdates; k++)
+        ex->upd_copy[k] = root[ir->upd_value[k]] != ir->upd_param[k];
     free(need);
 out:
+    free(chain);
     free(last_use);
     free(root);
     free(first);
@@ -549,6 +625,11 @@ kpl_status kpl_exec_run(kpl_exec *ex)
         for (int j = 0; j < n->nout; j++) out[j] = ex->t[n->out[j]];
         kpl_status st = kpl__ir_run_node(n, in, out);
         if (st < 0) return kpl__error_prefix(st, "graph node %d (%s): ", i, kpl_op_name(n->op));
+    }
+    for (int k = 0; k < ir->nupdates; k++) {
+        if (!ex->upd_copy[k]) continue; /* computed in the parameter's bytes */
+        kpl_status st = kpl_k_copy(ex->t[ir->upd_param[k]], ex->t[ir->upd_value[k]]);
+        if (st < 0) return kpl__error_prefix(st, "graph update %d: ", k);
     }
     return KPL_OK;
 }

@@ -103,7 +103,8 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
     X(BATCH_NORM_RELU, "batch_norm_relu") X(CONV2D_RELU, "conv2d_relu")       \
     X(CUSTOM, "custom")                                                       \
     X(COMPARE, "compare") X(ARGMAX, "argmax") X(ARGMIN, "argmin")             \
-    X(MAX_POOL2D, "max_pool2d")
+    X(MAX_POOL2D, "max_pool2d") X(BINARY, "binary")                            \
+    X(BATCH_NORM_BWD, "batch_norm_bwd")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_OP_##e,
@@ -146,7 +147,8 @@ typedef struct {
     kpl_roi_align_params roi; /* roi_align, roi_align_bwd (vision.h) */
     const kpl_custom_fn *custom; /* custom: the caller's functions (borrowed) */
     void *custom_user;           /* custom: their argument (borrowed) */
-    int sub;                     /* compare: the kpl_binary_op */
+    int sub;                     /* compare, binary: the kpl_binary_op;
+                                    batch_norm_bwd: 1 with the ReLU's output */
 } kpl_op_attrs;
 
 /* Unary (element-wise) */
@@ -213,6 +215,34 @@ kpl_tensor *kpl_conv2d_bwd_data(kpl_tensor *gy, kpl_tensor *w, const int64_t *x_
                                 const kpl_conv2d_params *p);
 kpl_tensor *kpl_conv2d_bwd_weight(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
                                   const kpl_conv2d_params *p);
+
+/* ---- fused gradients: what backward runs without create_graph.  Not
+ * recorded on the tape (not differentiable), traced like any op ---- */
+
+/* gy where y > 0, else 0 (KPL_BIN_RELU_BWD). */
+kpl_tensor *kpl_relu_bwd(kpl_tensor *gy, kpl_tensor *y);
+/* conv2d's weight gradient (w_shape) and bias gradient (w_shape[0]) in one
+ * pass over gy; both pool-owned. */
+kpl_status kpl_conv2d_bwd_weight_bias(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
+                                      const kpl_conv2d_params *p, kpl_tensor **gw,
+                                      kpl_tensor **gb);
+/* Training batch norm's gradients (kpl_k_batch_norm_bwd; with relu_y, the
+ * output of the fused batch_norm_relu, kpl_k_batch_norm_relu_bwd): each of
+ * gx, ggamma, gbeta that is not NULL gets a pool-owned result. */
+kpl_status kpl_batch_norm_bwd(kpl_tensor *x, kpl_tensor *relu_y, kpl_tensor *gy,
+                              kpl_tensor *gamma, double eps, kpl_tensor **gx,
+                              kpl_tensor **ggamma, kpl_tensor **gbeta);
+
+/* ---- writes into existing tensors (an optimizer's update, running
+ * statistics, gradient buffers): the kernels' in-place forms, never on the
+ * tape.  A trace records each as a new value of out; when out is a tensor
+ * from before the trace (a parameter, a momentum buffer), the graph writes
+ * its last value back into it at the end of every run (ir.h). ---- */
+
+kpl_status kpl_write_binary(kpl_tensor *out, kpl_binary_op op, kpl_tensor *a, kpl_tensor *b);
+kpl_status kpl_write_scalar(kpl_tensor *out, kpl_binary_op op, kpl_tensor *a, double s,
+                            bool scalar_first);
+kpl_status kpl_write_copy(kpl_tensor *out, kpl_tensor *x);
 
 /* ---- neural-network functions (graph/nn.c), built from the ops above, so
  * they are recorded and differentiable like any op ---- */

@@ -28,7 +28,36 @@ void kpl_ir_destroy(kpl_ir *ir)
     free(ir->inputs);
     free(ir->outputs);
     free(ir->out_names);
+    free(ir->upd_param);
+    free(ir->upd_value);
     free(ir);
+}
+
+int kpl_ir_num_updates(const kpl_ir *ir) { return ir->nupdates; }
+
+void kpl_ir_update(const kpl_ir *ir, int i, int *param, int *value)
+{
+    if (param) *param = ir->upd_param[i];
+    if (value) *value = ir->upd_value[i];
+}
+
+kpl_status kpl_ir_add_update(kpl_ir *ir, int param, int value)
+{
+    KPL_CHECK(param >= 0 && param < ir->nv && value >= 0 && value < ir->nv, KPL_EINVAL,
+              "ir: update of %%%d by %%%d (of %d values)", param, value, ir->nv);
+    for (int i = 0; i < ir->nupdates; i++)
+        if (ir->upd_param[i] == param) {
+            ir->upd_value[i] = value;
+            return KPL_OK;
+        }
+    int *np = realloc(ir->upd_param, (size_t)(ir->nupdates + 1) * sizeof *np);
+    if (np) ir->upd_param = np;
+    int *nv = np ? realloc(ir->upd_value, (size_t)(ir->nupdates + 1) * sizeof *nv) : NULL;
+    KPL_CHECK(np && nv, KPL_ENOMEM, "ir: no host memory");
+    ir->upd_value = nv;
+    ir->upd_param[ir->nupdates] = param;
+    ir->upd_value[ir->nupdates++] = value;
+    return KPL_OK;
 }
 
 int kpl_ir_add_value(kpl_ir *ir, kpl_irv_kind kind, kpl_dtype dt, int ndim, const int64_t *shape,
@@ -296,6 +325,23 @@ kpl_status kpl_ir_check(const kpl_ir *ir)
         if (!defined[ir->outputs[i]])
             st = KPL_ERROR(KPL_EINVAL, "ir_check: output %d (%%%d) is never written", i,
                            ir->outputs[i]);
+    for (int i = 0; i < ir->nupdates && st == KPL_OK; i++) {
+        int p = ir->upd_param[i], v = ir->upd_value[i];
+        const kpl_irv *pv = &ir->v[p], *vv = &ir->v[v];
+        bool twice = false;
+        for (int j = 0; j < i; j++) twice |= ir->upd_param[j] == p;
+        if (pv->kind != KPL_IRV_PARAM || vv->kind != KPL_IRV_OP || !defined[v] || twice ||
+            pv->dtype != vv->dtype || pv->ndim != vv->ndim ||
+            memcmp(pv->shape, vv->shape, (size_t)pv->ndim * sizeof(int64_t)))
+            st = KPL_ERROR(KPL_EINVAL,
+                           "ir_check: update %d writes %%%d (%s %s) into %%%d (%s %s): it must "
+                           "be an op's result written into a parameter of its shape and dtype, "
+                           "once",
+                           i, v, kpl_dtype_name(vv->dtype),
+                           kpl_shape_str(vv->ndim, vv->shape, b1, sizeof b1), p,
+                           kpl_dtype_name(pv->dtype),
+                           kpl_shape_str(pv->ndim, pv->shape, b2, sizeof b2));
+    }
 out:
     free(defined);
     return st;
@@ -338,7 +384,13 @@ static void attrs_str(const kpl_irn *n, char *buf, size_t len)
     case KPL_OP_LEAKY_RELU: snprintf(buf, len, " slope=%g", a->alpha); break;
     case KPL_OP_CLIP: snprintf(buf, len, " lo=%g hi=%g", a->alpha, a->beta); break;
     case KPL_OP_NARROW: snprintf(buf, len, " start=%lld length=%lld", (long long)a->start, (long long)a->length); break;
-    case KPL_OP_COMPARE: snprintf(buf, len, " %s", kpl_binary_name((kpl_binary_op)a->sub)); break;
+    case KPL_OP_COMPARE:
+    case KPL_OP_BINARY: snprintf(buf, len, " %s", kpl_binary_name((kpl_binary_op)a->sub)); break;
+    case KPL_OP_BATCH_NORM:
+    case KPL_OP_BATCH_NORM_RELU:
+    case KPL_OP_BATCH_NORM_BWD:
+        snprintf(buf, len, " eps=%g%s", a->alpha, n->op == KPL_OP_BATCH_NORM_BWD && a->sub ? " relu" : "");
+        break;
     default:
         if (n->op >= KPL_OP_ADD_SCALAR && n->op <= KPL_OP_MINIMUM_SCALAR)
             snprintf(buf, len, " s=%g%s", a->scalar, a->scalar_first ? " first" : "");
@@ -387,10 +439,14 @@ kpl_status kpl_ir_dump(const kpl_ir *ir, FILE *f, bool dot)
             fprintf(f, "  out%d [shape=house, label=\"%s\"];\n", i, ir->out_names[i]);
             fprintf(f, "  n%d -> out%d;\n", ir->v[ir->outputs[i]].node, i);
         }
+        for (int i = 0; i < ir->nupdates; i++)
+            fprintf(f, "  n%d -> v%d [style=dashed, label=\"update\"];\n",
+                    ir->v[ir->upd_value[i]].node, ir->upd_param[i]);
         fprintf(f, "}\n");
         return ferror(f) ? KPL_ERROR(KPL_EIO, "ir_dump: write error") : KPL_OK;
     }
-    fprintf(f, "graph: %d values, %d nodes, level O%d\n", ir->nv, ir->nn, ir->level);
+    fprintf(f, "graph: %d values, %d nodes, %d updates, level O%d\n", ir->nv, ir->nn,
+            ir->nupdates, ir->level);
     for (int v = 0; v < ir->nv; v++) {
         const kpl_irv *val = &ir->v[v];
         if (val->kind == KPL_IRV_OP) continue;
@@ -418,6 +474,11 @@ kpl_status kpl_ir_dump(const kpl_ir *ir, FILE *f, bool dot)
     for (int i = 0; i < ir->noutputs; i++) {
         value_str(ir, ir->outputs[i], s1, sizeof s1);
         fprintf(f, "  output %s = %s\n", ir->out_names[i], s1);
+    }
+    for (int i = 0; i < ir->nupdates; i++) {
+        value_str(ir, ir->upd_param[i], s1, sizeof s1);
+        value_str(ir, ir->upd_value[i], a, sizeof a);
+        fprintf(f, "  update %s <- %s\n", s1, a);
     }
     return ferror(f) ? KPL_ERROR(KPL_EIO, "ir_dump: write error") : KPL_OK;
 }

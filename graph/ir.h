@@ -23,10 +23,22 @@
  * kpl_ir_check re-derives each op's output from its inputs' (static shape
  * inference over the whole graph).
  *
+ * A whole training step traces too: forward (batch norm in training mode
+ * records its batch statistics), loss, kpl_backward (its fused gradients
+ * are ops), and the update through kpl_write_* (graph.h), which the trace
+ * records as new values of the tensors written; a tensor from before the
+ * trace that is written (weights, momenta, running statistics) is an
+ * update: the executor leaves its last value in it at the end of each run
+ * (O2 computes it right there).  kpl_optim's sgd reads its learning rate
+ * from a tensor kpl_optim_set_lr keeps current, so the graph follows a
+ * schedule.  Trace a step after the first (sgd makes its momenta there).
+ *
  * What a trace cannot represent is an error at kpl_trace_end naming it: a
- * host read or write of a traced value (a branch on data, a loss that
- * inspects labels on the host), a tensor made outside the traced ops from
- * traced values, random numbers, batch norm in training mode, custom ops.
+ * host read or write of a traced value or a host write of a parameter (a
+ * branch on data, a loss that inspects labels on the host, Adam's host
+ * step count), a tensor made outside the traced ops from traced values,
+ * random numbers, custom ops, a write into a constant, DDP's allreduce
+ * (kpl_trace_refuse: the collective is outside the graph).
  * Tracing is per thread; the function runs eagerly while traced (its
  * results are real), with grad mode as the caller left it.
  */
@@ -66,6 +78,10 @@ kpl_status kpl_trace_end(int nout, kpl_tensor *const *outs, const char *const *n
 /* Ends a trace without a graph (after the traced function failed). */
 void kpl_trace_abort(void);
 bool kpl_tracing(void);
+/* For code that computes outside kpl's ops (a collective, a host-side
+ * optimizer state): while a trace is open, makes it fail at kpl_trace_end
+ * with this reason (the first one given).  No-op without a trace. */
+void kpl_trace_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ---- the graph ---- */
 
@@ -94,8 +110,16 @@ int kpl_ir_name_params(kpl_ir *ir, int n, const char *const *names, kpl_tensor *
  * and outputs. */
 kpl_op kpl_ir_node_op(const kpl_ir *ir, int n);
 const kpl_op_attrs *kpl_ir_node_attrs(const kpl_ir *ir, int n);
-int kpl_ir_node_inputs(const kpl_ir *ir, int n, int *ids);  /* returns the count (<= 3) */
+int kpl_ir_node_inputs(const kpl_ir *ir, int n, int *ids);  /* returns the count (<= 4) */
 int kpl_ir_node_outputs(const kpl_ir *ir, int n, int *ids); /* returns the count (<= 3) */
+
+/* Write-backs (a traced training step): at the end of every run the
+ * executor leaves value `value` in parameter `param`'s tensor (an
+ * optimizer's new weights and momenta, batch norm's running statistics).
+ * The value may be computed right there (O2) or copied at the end. */
+int kpl_ir_num_updates(const kpl_ir *ir);
+void kpl_ir_update(const kpl_ir *ir, int i, int *param, int *value);
+kpl_status kpl_ir_add_update(kpl_ir *ir, int param, int value);
 
 /* Static shape inference: recomputes every op's output shape and dtype from
  * its inputs' and checks it against the value's, and checks the graph is

@@ -85,6 +85,23 @@ static kpl_status class_targets(const char *op, kpl_tensor *logp, kpl_tensor *la
               "%s: labels have dtype %s, expected i64 class indices", op,
               kpl_dtype_name(kpl_tensor_dtype(labels)));
     int64_t n = kpl_tensor_numel(labels), c = xs[1];
+    int64_t ishape[KPL_MAX_DIMS];
+    ishape[0] = xs[0];
+    ishape[1] = 1;
+    for (int d = 2; d < nd; d++) ishape[d] = xs[d];
+    if (kpl_tracing()) {
+        /* The same targets in ops, so a trace holds them: labels are not
+         * read on the host, and a label out of range is the gather's error
+         * when the graph runs.  *nkeep = -1: the count is sum(keep). */
+        kpl_device *dev = kpl_tensor_device(logp);
+        kpl_tensor *counts = kpl_compare(KPL_BIN_NE, labels, kpl_full(dev, KPL_I64, 0, NULL,
+                                                                      (double)ignore_index));
+        kpl_tensor *safe = kpl_where(counts, labels, kpl_full(dev, KPL_I64, 0, NULL, 0));
+        *idx = kpl_reshape(safe, nd, ishape);
+        *keep = kpl_cast(counts, kpl_tensor_dtype(logp));
+        *nkeep = -1;
+        return *idx && *keep ? KPL_OK : kpl_last_status();
+    }
     const int64_t *lv = kpl_tensor_host_data(labels);
     if (!lv && n) return kpl_last_status();
     kpl_device *dev = kpl_tensor_device(logp);
@@ -110,10 +127,6 @@ static kpl_status class_targets(const char *op, kpl_tensor *logp, kpl_tensor *la
         mv[i] = counts;
         kept += counts;
     }
-    int64_t ishape[KPL_MAX_DIMS];
-    ishape[0] = xs[0];
-    ishape[1] = 1;
-    for (int d = 2; d < nd; d++) ishape[d] = xs[d];
     *idx = kpl_reshape(kpl_autorelease(safe), nd, ishape);
     *keep = kpl_cast(kpl_autorelease(mask), kpl_tensor_dtype(logp));
     *nkeep = kept;
@@ -182,6 +195,9 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
      * nothing rather than stopping the run (docs/nn.md). */
     kpl_tensor *total = kpl_sum(per, NULL, 0, false);
     if (!kept) return total;
+    if (kept < 0 && !weight) /* traced: the count in ops, at least 1 (0 / 1 for none) */
+        return kpl_div(total, kpl_scalar_op(KPL_BIN_MAXIMUM, kpl_sum(keep, NULL, 0, false), 1,
+                                            false));
     return weight ? kpl_div(total, kpl_sum(wy, NULL, 0, false))
                   : kpl_scalar_op(KPL_BIN_DIV, total, (double)kept, false);
 }
@@ -453,12 +469,12 @@ static kpl_tensor *batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta
         /* running = (1 - m) running + m batch (unbiased variance), unrecorded */
         bool prev = kpl_set_grad_enabled(false);
         double unbias = cnt > 1 ? (double)cnt / (double)(cnt - 1) : 1.0;
-        kpl_status st = kpl_k_binary_scalar(running_mean, KPL_BIN_MUL, running_mean, 1 - momentum, false);
-        if (st >= 0) st = kpl_k_binary_scalar(mean, KPL_BIN_MUL, mean, momentum, false);
-        if (st >= 0) st = kpl_k_binary(running_mean, KPL_BIN_ADD, running_mean, mean);
-        if (st >= 0) st = kpl_k_binary_scalar(running_var, KPL_BIN_MUL, running_var, 1 - momentum, false);
-        if (st >= 0) st = kpl_k_binary_scalar(var, KPL_BIN_MUL, var, momentum * unbias, false);
-        if (st >= 0) st = kpl_k_binary(running_var, KPL_BIN_ADD, running_var, var);
+        kpl_status st = kpl_write_scalar(running_mean, KPL_BIN_MUL, running_mean, 1 - momentum, false);
+        if (st >= 0) st = kpl_write_scalar(mean, KPL_BIN_MUL, mean, momentum, false);
+        if (st >= 0) st = kpl_write_binary(running_mean, KPL_BIN_ADD, running_mean, mean);
+        if (st >= 0) st = kpl_write_scalar(running_var, KPL_BIN_MUL, running_var, 1 - momentum, false);
+        if (st >= 0) st = kpl_write_scalar(var, KPL_BIN_MUL, var, momentum * unbias, false);
+        if (st >= 0) st = kpl_write_binary(running_var, KPL_BIN_ADD, running_var, var);
         kpl_set_grad_enabled(prev);
         if (st < 0) return NULL;
     }

@@ -34,6 +34,7 @@ static kpl_status compact(kpl_ir *ir, const bool *keep)
     }
     for (int i = 0; i < ir->ninputs; i++) used[ir->inputs[i]] = true;
     for (int i = 0; i < ir->noutputs; i++) used[ir->outputs[i]] = true;
+    for (int i = 0; i < ir->nupdates; i++) used[ir->upd_param[i]] = used[ir->upd_value[i]] = true;
     for (int i = 0; i < ir->nn; i++) {
         if (!keep[i]) continue;
         for (int j = 0; j < ir->n[i].nin; j++)
@@ -68,6 +69,10 @@ static kpl_status compact(kpl_ir *ir, const bool *keep)
         }
     for (int i = 0; i < ir->ninputs; i++) ir->inputs[i] = map[ir->inputs[i]];
     for (int i = 0; i < ir->noutputs; i++) ir->outputs[i] = map[ir->outputs[i]];
+    for (int i = 0; i < ir->nupdates; i++) {
+        ir->upd_param[i] = map[ir->upd_param[i]];
+        ir->upd_value[i] = map[ir->upd_value[i]];
+    }
     free(ir->v);
     free(ir->n);
     ir->v = v2;
@@ -92,6 +97,7 @@ kpl_status kpl_ir_prune(kpl_ir *ir, int *changed)
         return KPL_ERROR(KPL_ENOMEM, "ir_prune: no host memory");
     }
     for (int i = 0; i < ir->noutputs; i++) need[ir->outputs[i]] = true;
+    for (int i = 0; i < ir->nupdates; i++) need[ir->upd_value[i]] = true;
     int dropped = 0;
     for (int i = ir->nn - 1; i >= 0; i--) {
         const kpl_irn *n = &ir->n[i];
@@ -306,6 +312,10 @@ static kpl_status fold_into_conv(kpl_ir *ir, int c, int e, bool *done)
 kpl_status kpl_ir_fuse_inference(kpl_ir *ir, int *changed)
 {
     KPL_CHECK(ir, KPL_EINVAL, "ir_fuse_inference: NULL");
+    KPL_CHECK(!ir->nupdates, KPL_EINVAL,
+              "ir_fuse_inference: the graph updates %d parameters (a training step): folding "
+              "parameters into constants would stop it training",
+              ir->nupdates);
     int count = 0;
     bool *dead = calloc((size_t)(ir->nn ? ir->nn : 1), 1);
     KPL_CHECK(dead, KPL_ENOMEM, "ir_fuse_inference: no host memory");

@@ -13,6 +13,7 @@
  * computed from it with create_graph still reach the node.
  */
 #include "graph_impl.h"
+#include "ir_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -382,6 +383,7 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
     memcpy(n->out_shape, kpl_tensor_shape(out), (size_t)n->out_ndim * sizeof(int64_t));
     if (saved_out_mask[op] & 1u) {
         KPL_TRY_GOTO(alias(out, &n->saved_out));
+        kpl__trace_alias(n->saved_out, out); /* the same value in a trace */
         kpl__tmeta *am = kpl__graph_meta(n->saved_out, true);
         if (!am) {
             st = KPL_ERROR(KPL_ENOMEM, "%s: no host memory for the graph", kpl_op_name(op));

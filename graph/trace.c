@@ -21,7 +21,8 @@
 
 typedef struct {
     kpl_tensor *t; /* held reference */
-    int v;
+    int v;         /* its value now (a write gives it a new one) */
+    int param;     /* the parameter value a write into it updates, else -1 */
 } slot;
 
 typedef struct {
@@ -39,13 +40,19 @@ static _Thread_local tracer *tl_tr;
 
 bool kpl_tracing(void) { return tl_tr != NULL; }
 
+static slot *map_find(const tracer *tr, const kpl_tensor *t)
+{
+    if (!tr->cap) return NULL;
+    for (size_t i = kpl__hash_ptr(t, tr->cap);; i = (i + 1) & (tr->cap - 1)) {
+        if (!tr->map[i].t) return NULL;
+        if (tr->map[i].t == t) return &tr->map[i];
+    }
+}
+
 static int map_get(const tracer *tr, const kpl_tensor *t)
 {
-    if (!tr->cap) return -1;
-    for (size_t i = kpl__hash_ptr(t, tr->cap);; i = (i + 1) & (tr->cap - 1)) {
-        if (!tr->map[i].t) return -1;
-        if (tr->map[i].t == t) return tr->map[i].v;
-    }
+    const slot *s = map_find(tr, t);
+    return s ? s->v : -1;
 }
 
 static void fail(tracer *tr, kpl_status st, const char *fmt, ...)
@@ -82,7 +89,7 @@ static bool map_put(tracer *tr, kpl_tensor *t, int v)
     size_t i = kpl__hash_ptr(t, tr->cap);
     while (tr->map[i].t) i = (i + 1) & (tr->cap - 1);
     kpl_tensor_retain(t);
-    tr->map[i] = (slot){t, v};
+    tr->map[i] = (slot){t, v, -1};
     tr->n++;
     return true;
 }
@@ -114,8 +121,18 @@ static void host_access(const kpl_tensor *t, bool write, void *user)
     }
     if (v < 0) return;
     const kpl_irv *val = &tr->ir->v[v];
-    if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) return;
     char b[96];
+    if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) {
+        /* reading them is fine (they are what they were); a write is not
+         * in the graph, which would repeat the trace without it */
+        if (write)
+            fail(tr, KPL_EINVAL,
+                 "trace: the traced function wrote %s %%%d %s on the host; the graph would not "
+                 "repeat that write (an optimizer keeping its state on the host?)",
+                 val->kind == KPL_IRV_PARAM ? "parameter" : "constant", v,
+                 kpl_shape_str(val->ndim, val->shape, b, sizeof b));
+        return;
+    }
     fail(tr, KPL_EINVAL,
          "trace: the traced function %s the values of %%%d %s (%s) on the host; a graph cannot "
          "hold what it did with them (a branch on data, a loss preparing its labels on the "
@@ -190,7 +207,7 @@ kpl_tensor *kpl_trace_input(kpl_tensor *x, const char *name)
     return x;
 }
 
-void kpl__trace_fail(const char *fmt, ...)
+void kpl_trace_refuse(const char *fmt, ...)
 {
     tracer *tr = tl_tr;
     if (!tr || tr->st < 0) return;
@@ -200,6 +217,14 @@ void kpl__trace_fail(const char *fmt, ...)
     vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     fail(tr, KPL_EINVAL, "trace: %s", buf);
+}
+
+void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of)
+{
+    tracer *tr = tl_tr;
+    if (!tr || tr->st < 0 || !alias || !of) return;
+    int v = map_get(tr, of);
+    if (v >= 0 && map_get(tr, alias) < 0) map_put(tr, alias, v);
 }
 
 void kpl__trace_const(kpl_tensor *t)
@@ -258,6 +283,49 @@ void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const
     a.custom = NULL;
     a.custom_user = NULL;
     if (kpl_ir_add_node(tr->ir, op, &a, nin, in, nout, out) < 0)
+        fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
+}
+
+void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins,
+                      kpl_tensor *out)
+{
+    tracer *tr = tl_tr;
+    if (!tr || tr->st < 0) return;
+    int in[KPL_IR_MAX_IN];
+    for (int i = 0; i < nin; i++) { /* the values before the write (out may be one) */
+        in[i] = ins[i] ? input_value(tr, op, i, ins[i]) : -1;
+        if (ins[i] && in[i] < 0) return;
+    }
+    slot *s = map_find(tr, out);
+    int param = -1;
+    if (s) {
+        const kpl_irv *old = &tr->ir->v[s->v];
+        if (old->kind == KPL_IRV_CONST) {
+            fail(tr, KPL_EINVAL,
+                 "trace: '%s' wrote into constant %%%d, which the graph keeps as it was made",
+                 kpl_op_name(op), s->v);
+            return;
+        }
+        param = old->kind == KPL_IRV_PARAM ? s->v : s->param;
+    } else if (kpl_tensor_serial(out) < tr->serial0) { /* written before it was read */
+        if ((param = new_value(tr, out, KPL_IRV_PARAM, NULL)) < 0) return;
+        s = map_find(tr, out);
+    }
+    int v = kpl_ir_add_value(tr->ir, KPL_IRV_OP, kpl_tensor_dtype(out), kpl_tensor_ndim(out),
+                             kpl_tensor_shape(out), NULL, NULL);
+    if (v < 0) {
+        fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
+        return;
+    }
+    if (s) s->v = v;
+    else if (!map_put(tr, out, v)) return; /* a new tensor, written whole */
+    else s = map_find(tr, out);
+    s->param = param;
+    kpl_op_attrs a = at ? *at : (kpl_op_attrs){0};
+    a.custom = NULL;
+    a.custom_user = NULL;
+    if (kpl_ir_add_node(tr->ir, op, &a, nin, in, 1, &v) < 0 ||
+        (param >= 0 && kpl_ir_add_update(tr->ir, param, v) < 0))
         fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
 }
 

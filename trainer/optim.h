@@ -81,6 +81,9 @@ typedef struct {
     double lr, weight_decay;     /* this parameter's, with its group's multipliers
                                     (weight_decay 0 for no_decay parameters) */
     bool no_decay;
+    kpl_tensor *lr_tensor;       /* lr as a 0-d tensor of param's dtype (kept equal to lr
+                                    by kpl_optim_set_lr): a traced step multiplies by
+                                    it, so its graph follows the schedule */
 } kpl_optim_update;
 
 #define KPL_OPTIM_MAX_SLOTS 8

@@ -5,7 +5,7 @@
 
 #include "ir.h"
 
-#define KPL_IR_MAX_IN 3
+#define KPL_IR_MAX_IN 4
 #define KPL_IR_MAX_OUT 3
 
 typedef struct {
@@ -34,6 +34,7 @@ struct kpl_ir {
     int *inputs, ninputs;
     int *outputs, noutputs;
     char **out_names;
+    int *upd_param, *upd_value, nupdates; /* write-backs: parameter <- value */
     int level; /* of kpl_ir_optimize: what the executor plans */
 };
 
@@ -56,9 +57,14 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *ndim,
 /* outs = op(ins) was computed: record a node. */
 void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins, int nout,
                    kpl_tensor *const *outs);
+/* out = op(ins) was computed in place, over out's bytes: record a node
+ * whose result is out's value from now on (written back into out at the
+ * end of a run when out is from before the trace). */
+void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins,
+                      kpl_tensor *out);
+/* alias (a new header over of's bytes, made by the tape) is of's value. */
+void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of);
 /* t (just made from no traced value) is a constant of the trace. */
 void kpl__trace_const(kpl_tensor *t);
-/* The traced function did something a graph cannot hold. */
-void kpl__trace_fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 #endif

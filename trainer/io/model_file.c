@@ -180,6 +180,10 @@ static const char *const kind_names[] = {"input", "param", "const", "op"};
 kpl_status kpl_model_save(const kpl_ir *ir, const char *info, const char *path)
 {
     KPL_CHECK(ir && path, KPL_EINVAL, "model_save: NULL argument");
+    KPL_CHECK(!kpl_ir_num_updates(ir), KPL_EINVAL,
+              "%s: the graph updates %d parameters (a traced training step); only inference "
+              "graphs are saved",
+              "model_save", kpl_ir_num_updates(ir));
     json_error_t je;
     json_t *meta = json_object(), *inf = info ? json_loads(info, 0, &je) : json_object();
     KPL_CHECK(meta, KPL_ENOMEM, "model_save: no host memory");

@@ -530,6 +530,10 @@ static bool read_later(const kpl_ir *ir, int v)
 kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
 {
     KPL_CHECK(ir && path, KPL_EINVAL, "onnx export: NULL argument");
+    KPL_CHECK(!kpl_ir_num_updates(ir), KPL_EINVAL,
+              "%s: the graph updates %d parameters (a traced training step); only inference "
+              "graphs are saved",
+              "onnx export", kpl_ir_num_updates(ir));
     writer w = {.ir = ir};
     int nv = kpl_ir_num_values(ir);
     w.vname = calloc((size_t)(nv ? nv : 1), sizeof *w.vname);

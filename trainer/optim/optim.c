@@ -40,7 +40,19 @@ struct kpl_optim {
     const char *const *slot_names;
     kpl_tensor **state;        /* n * nslots, NULL until a step or state_set creates them */
     scratch *scratch;          /* n */
+    kpl_tensor **lr_t;         /* n: each parameter's lr, 0-d in its dtype (traced steps) */
 };
+
+
+static double lr_of(const kpl_optim *o, int i) { return o->cfg.lr * o->mult[2 * i]; }
+
+/* The lr tensors follow every change of the lr: a traced step's graph
+ * reads them (a parameter of the graph), so it follows the schedule. */
+static kpl_status lr_fill(kpl_optim *o)
+{
+    for (int i = 0; o->lr_t && i < o->n; i++) KPL_TRY(kpl_k_fill(o->lr_t[i], lr_of(o, i)));
+    return KPL_OK;
+}
 
 /* ---- the built-in rules ---------------------------------------------------------- */
 
@@ -128,8 +140,8 @@ static kpl_status state_new(const kpl_tensor *p, const kpl_tensor *x, kpl_tensor
  * may still hold that tensor, or it may be another parameter's too. */
 static kpl_status decayed(kpl_tensor *tmp, const kpl_tensor *g, const kpl_tensor *p, double wd)
 {
-    KPL_TRY(kpl_k_binary_scalar(tmp, KPL_BIN_MUL, p, wd, false));
-    return kpl_k_binary(tmp, KPL_BIN_ADD, tmp, g);
+    KPL_TRY(kpl_write_scalar(tmp, KPL_BIN_MUL, (kpl_tensor *)p, wd, false));
+    return kpl_write_binary(tmp, KPL_BIN_ADD, tmp, (kpl_tensor *)g);
 }
 
 /* torch.optim.SGD: g' = g + wd p;  v = momentum v + g' (v = g' at the
@@ -149,23 +161,27 @@ static kpl_status sgd_update(const kpl_optim_update *u)
         if (!*v) { /* a clone of g', as torch makes it */
             KPL_TRY(state_new(p, d, v));
         } else {
-            KPL_TRY(kpl_k_binary_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
-            KPL_TRY(kpl_k_binary(*v, KPL_BIN_ADD, *v, d));
+            KPL_TRY(kpl_write_scalar(*v, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_write_binary(*v, KPL_BIN_ADD, *v, (kpl_tensor *)d));
         }
         if (c->nesterov) {
             kpl_tensor *t = tmp[d == tmp[0] ? 1 : 0];
-            KPL_TRY(kpl_k_binary_scalar(t, KPL_BIN_MUL, *v, c->momentum, false));
-            KPL_TRY(kpl_k_binary(t, KPL_BIN_ADD, t, d));
+            KPL_TRY(kpl_write_scalar(t, KPL_BIN_MUL, *v, c->momentum, false));
+            KPL_TRY(kpl_write_binary(t, KPL_BIN_ADD, t, (kpl_tensor *)d));
             d = t;
         } else {
             d = *v;
         }
     }
     /* p -= lr d: d is scaled in place when it is scratch, and into scratch
-     * when it is .grad or the momentum buffer. */
+     * when it is .grad or the momentum buffer.  (kpl_write_*: a traced
+     * step sees these as graph ops.) */
     kpl_tensor *s = d == tmp[0] || d == tmp[1] ? (kpl_tensor *)d : tmp[0];
-    KPL_TRY(kpl_k_binary_scalar(s, KPL_BIN_MUL, d, u->lr, false));
-    return kpl_k_binary(p, KPL_BIN_SUB, p, s);
+    if (kpl_tracing() && u->lr_tensor) /* the same product, with the lr the graph's to read */
+        KPL_TRY(kpl_write_binary(s, KPL_BIN_MUL, (kpl_tensor *)d, u->lr_tensor));
+    else
+        KPL_TRY(kpl_write_scalar(s, KPL_BIN_MUL, (kpl_tensor *)d, u->lr, false));
+    return kpl_write_binary(p, KPL_BIN_SUB, p, s);
 }
 
 /* torch.optim.Adam and AdamW, in torch's order of operations:
@@ -405,14 +421,20 @@ kpl_status kpl_optim_create(const kpl_optim_config *cfg, int n, kpl_tensor *cons
     o->mult = malloc(2 * m * sizeof *o->mult);
     o->state = calloc(m * (size_t)(o->nslots ? o->nslots : 1), sizeof *o->state);
     o->scratch = calloc(m, sizeof *o->scratch);
+    o->lr_t = calloc(m, sizeof *o->lr_t);
     kpl_status st = KPL_OK;
-    if (!o->no_decay || !o->mult || !o->state || !o->scratch) {
+    if (!o->no_decay || !o->mult || !o->state || !o->scratch || !o->lr_t) {
         st = KPL_ERROR(KPL_ENOMEM, "optim: out of memory");
         goto fail;
     }
     if (no_decay) memcpy(o->no_decay, no_decay, (size_t)n * sizeof *no_decay);
     for (size_t i = 0; i < 2 * m; i++) o->mult[i] = 1;
-    for (int i = 0; i < n; i++) KPL_TRY_GOTO(scratch_create(o, i));
+    for (int i = 0; i < n; i++) {
+        KPL_TRY_GOTO(scratch_create(o, i));
+        KPL_TRY_GOTO(kpl_tensor_empty(kpl_tensor_device(params[i]), kpl_tensor_dtype(params[i]), 0,
+                                      NULL, &o->lr_t[i]));
+    }
+    KPL_TRY_GOTO(lr_fill(o));
     *out = o;
     return KPL_OK;
 fail:
@@ -428,6 +450,8 @@ void kpl_optim_destroy(kpl_optim *o)
         for (int k = 0; k < KPL_OPTIM_MAX_SCRATCH; k++) kpl_tensor_release(o->scratch[i].tmp[k]);
         for (int k = 0; k < KPL_OPTIM_MAX_SCALARS; k++) kpl_tensor_release(o->scratch[i].sc[k]);
     }
+    for (int i = 0; o->lr_t && i < o->n; i++) kpl_tensor_release(o->lr_t[i]);
+    free(o->lr_t);
     free(o->scratch);
     free(o->state);
     free(o->no_decay);
@@ -439,6 +463,8 @@ void kpl_optim_set_lr(kpl_optim *o, double lr)
 {
     KPL_ASSERT(lr >= 0 && isfinite(lr), "optim: the learning rate must be >= 0 and finite");
     o->cfg.lr = lr;
+    kpl_status st = lr_fill(o);
+    KPL_ASSERT(st == KPL_OK, "optim: setting the learning rate tensors failed");
 }
 
 double kpl_optim_lr(const kpl_optim *o) { return o->cfg.lr; }
@@ -451,7 +477,7 @@ kpl_status kpl_optim_set_multipliers(kpl_optim *o, int i, double lr_mult, double
               i, lr_mult, wd_mult);
     o->mult[2 * i] = lr_mult;
     o->mult[2 * i + 1] = wd_mult;
-    return KPL_OK;
+    return o->lr_t && o->lr_t[i] ? kpl_k_fill(o->lr_t[i], lr_of(o, i)) : KPL_OK;
 }
 
 kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngroups,
@@ -495,7 +521,6 @@ kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngro
     return KPL_OK;
 }
 
-static double lr_of(const kpl_optim *o, int i) { return o->cfg.lr * o->mult[2 * i]; }
 
 const kpl_optim_config *kpl_optim_get_config(const kpl_optim *o) { return &o->cfg; }
 
@@ -604,20 +629,44 @@ static kpl_status check_grad(const kpl_optim *o, int i, const kpl_tensor *g)
     return KPL_OK;
 }
 
+/* While a step is traced: what the graph cannot repeat is refused, and
+ * the rule gets temporaries of the step's own (the optimizer's scratch
+ * would be state the graph writes back). */
+static kpl_status traced_scratch(kpl_optim *o, int i, kpl_tensor **tmp)
+{
+    if (o->rule != &sgd_rule)
+        kpl_trace_refuse("optim: rule '%s' updates through kernel calls a trace does not see; "
+                         "only sgd steps can be traced yet",
+                         o->rule->name);
+    else if (o->cfg.momentum > 0 && !*state_at(o, i, 0))
+        kpl_trace_refuse("optim: parameter %d has no momentum buffer yet (sgd makes it at its "
+                         "first step, a different computation): trace a later step",
+                         i);
+    kpl_tensor *p = o->params[i];
+    for (int k = 0; k < o->ntmp; k++)
+        if (!(tmp[k] = kpl_empty(kpl_tensor_device(p), kpl_tensor_dtype(p), kpl_tensor_ndim(p),
+                                 kpl_tensor_shape(p))))
+            return kpl_last_status();
+    return KPL_OK;
+}
+
 kpl_status kpl_optim_step(kpl_optim *o)
 {
     KPL_CHECK(o, KPL_EINVAL, "optim_step: NULL optimizer");
     bool prev = kpl_set_grad_enabled(false);
     kpl_status st = KPL_OK;
+    bool traced = kpl_tracing();
     for (int i = 0; i < o->n && st >= 0; i++) {
         const kpl_tensor *g = kpl_grad_get(o->params[i]);
         if (!g) continue; /* no gradient this step: parameter and state stay as they are */
         st = check_grad(o, i, g);
         if (st < 0) break;
-        kpl_optim_update u = {&o->cfg, o->params[i], g, state_at(o, i, 0), o->scratch[i].tmp,
-                              o->scratch[i].sc, lr_of(o, i),
+        kpl_tensor *tmp[KPL_OPTIM_MAX_SCRATCH] = {0};
+        if (traced && (st = traced_scratch(o, i, tmp)) < 0) break;
+        kpl_optim_update u = {&o->cfg, o->params[i], g, state_at(o, i, 0),
+                              traced ? tmp : o->scratch[i].tmp, o->scratch[i].sc, lr_of(o, i),
                               o->no_decay[i] ? 0 : o->cfg.weight_decay * o->mult[2 * i + 1],
-                              o->no_decay[i]};
+                              o->no_decay[i], o->lr_t[i]};
         st = o->rule->update(&u);
     }
     kpl_set_grad_enabled(prev);

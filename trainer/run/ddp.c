@@ -5,6 +5,7 @@
  * where the two meet).
  */
 #include "ddp.h"
+#include "ir.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,6 +28,8 @@ struct kpl_ddp {
 static kpl_status on_ready(kpl_tensor *param, void *user)
 {
     (void)param;
+    kpl_trace_refuse("ddp: the gradient allreduce runs in the collective layer, outside the "
+                     "graph; trace single-process steps");
     hook_ctx *h = user;
     kpl_status st = kpl_bucketer_mark_ready(h->d->b, h->i);
     return st < 0 ? kpl__error_prefix(st, "ddp: marking a gradient ready failed: ") : KPL_OK;
