@@ -9,6 +9,9 @@
  *   bench_graph --child MODEL BATCH WARM STEPS {exec|eager|onnx PATH}
  *       one side in a process of its own: "RESULT ms_median=..." (or the
  *       ONNX file written)
+ *   bench_graph --train-child MODEL BATCH WARM STEPS {exec LEVEL|eager}
+ *       SGD training steps, eager or a traced step run by the executor:
+ *       "RESULT ms_median=... peak_MiB=..."
  *
  * Rows (bench/README.md):
  *   infer_vs_ort/{model}_b{B}    ms per forward, kpl O3 graph vs onnxruntime
@@ -17,6 +20,13 @@
  *   infer_vs_eager/{model}_b{B}  the graph against kpl's eager forward
  *   infer_plan/{model}_b{B}      the bytes of the buffers each level plans
  *                                (O0: every value; O3: one arena)
+ *   train_mem/resnet50_b8        a training step's peak memory beyond the
+ *                                model and optimizer state: the traced step
+ *                                at O3 (O0-O2 as fields) against eager with
+ *                                reverse-mode GC; target O3 <= 0.85x eager
+ *                                (ratio eager / O3 >= 1.18)
+ *   train_vs_eager/lenet_b128    ms per SGD step, the traced step at O3
+ *                                against eager; target >= 1.2
  * Models: resnet18_cifar (32x32, the baselines' "r18") and resnet50 (224).
  * Threads: 2 on every side (OMP_NUM_THREADS for kpl, torch.set_num_threads,
  * onnxruntime's intra-op threads).
@@ -190,9 +200,129 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     bench_emit("infer_vs_eager", label, "ms", 0, gm, bench_median(e, n), "kpl-eager", NAN, NULL);
 }
 
+/* ---- training steps ---- */
+
+/* SGD (momentum 0.9, weight decay 1e-4) steps on random data, in training
+ * mode: the first eager (the momenta are made there); then either eager
+ * steps or step 2 traced and the rest run by the executor at `level`.
+ * Peak: the device's peak allocation during the measured steps (the
+ * executor's plan made among them) beyond what was allocated before. */
+static int train_child(int argc, char **argv)
+{
+    if (argc < 7) return 2;
+    const char *name = argv[2], *mode = argv[6];
+    int64_t batch = atoll(argv[3]);
+    int warm = atoi(argv[4]), steps = atoi(argv[5]);
+    int level = argc > 7 ? atoi(argv[7]) : 3;
+    bool lenet = !strcmp(name, "lenet");
+    int64_t classes = lenet ? 10 : 1000, hw = lenet ? 28 : 224;
+    int64_t shape[4] = {batch, lenet ? 1 : 3, hw, hw};
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_module *m = NULL;
+    if (bench_zoo(name, classes, cpu, 0, &m) < 0) die("model");
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.lr = 0.01, oc.momentum = 0.9, oc.weight_decay = 1e-4;
+    kpl_optim *opt = NULL;
+    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0)
+        die("optimizer");
+    kpl_tensor *x = NULL, *y = NULL;
+    kpl_rng *rng = kpl_rng_create(0);
+    int64_t *lab = malloc((size_t)batch * sizeof *lab);
+    for (int64_t i = 0; i < batch; i++) lab[i] = (i * 7) % classes;
+    if (!lab || kpl_tensor_empty(cpu, KPL_F32, 4, shape, &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
+        kpl_tensor_from_data(cpu, KPL_I64, 1, &batch, lab, &y) < 0)
+        die("input");
+    bool graph = !strcmp(mode, "exec");
+    kpl_ir *ir = NULL;
+    kpl_exec *ex = NULL;
+    size_t base = 0;
+    double ms[256];
+    if (steps > 256) steps = 256;
+    for (int i = -2; i < warm + steps; i++) {
+        if (i == 0 && !graph) { /* what is allocated before the measured steps */
+            base = kpl_device_memory_stats(cpu).allocated;
+            kpl_device_reset_peak(cpu);
+        }
+        double t0 = bench_now();
+        if (graph && i >= 0) {
+            if (kpl_exec_set_input(ex, 0, x) < 0 || kpl_exec_set_input(ex, 1, y) < 0 ||
+                kpl_exec_run(ex) < 0)
+                die("run");
+            (void)kpl_tensor_host_data(kpl_exec_output(ex, 0));
+        } else {
+            kpl_pool *p = kpl_pool_push();
+            bool trace = graph && i == -1;
+            if (trace && kpl_trace_begin() < 0) die("trace");
+            kpl_tensor *xi = trace ? kpl_trace_input(x, "image") : x;
+            kpl_tensor *yi = trace ? kpl_trace_input(y, "label") : y;
+            kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, xi), yi, KPL_REDUCE_MEAN, 0, -100);
+            if (!loss || kpl_backward(loss, NULL, false) < 0 || kpl_optim_step(opt) < 0) die("step");
+            if (trace) {
+                if (kpl_trace_end(1, &loss, (const char *[]){"loss"}, &ir) < 0) die("trace");
+            } else {
+                (void)kpl_tensor_host_data(loss);
+            }
+            kpl_pool_pop(p);
+            if (trace) {
+                if (kpl_ir_optimize(ir, level, false) < 0) die("passes");
+                base = kpl_device_memory_stats(cpu).allocated; /* the trace's tensors gone */
+                kpl_device_reset_peak(cpu);
+                if (kpl_exec_create(ir, &ex) < 0) die("executor");
+                kpl_exec_stats es = kpl_exec_get_stats(ex);
+                fprintf(stderr, "plan O%d: arena %.1f MiB, most alive at once %.1f MiB, %d in place\n",
+                        level, es.arena_bytes / 1048576.0, es.live_bytes / 1048576.0, es.n_inplace);
+            }
+        }
+        if (i >= warm) ms[i - warm] = (bench_now() - t0) * 1e3;
+    }
+    double peak = (double)(kpl_device_memory_stats(cpu).peak_allocated - base) / 1048576.0;
+    printf("RESULT mode=%s ms_median=%.3f peak_MiB=%.1f\n", mode, bench_median(ms, steps), peak);
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_tensor_release(x);
+    kpl_tensor_release(y);
+    free(lab);
+    kpl_rng_destroy(rng);
+    kpl_optim_destroy(opt);
+    kpl_module_destroy(m);
+    return 0;
+}
+
+static void train_rows(const char *self, int rounds)
+{
+    char cmd[1024];
+    /* peak memory: one run per side is enough (the plan is deterministic) */
+    double mem[5];
+    for (int lv = 0; lv <= 4; lv++) {
+        if (lv < 4)
+            snprintf(cmd, sizeof cmd, "%s --train-child resnet50 8 0 1 exec %d", self, lv);
+        else
+            snprintf(cmd, sizeof cmd, "%s --train-child resnet50 8 0 1 eager", self);
+        mem[lv] = bench_run_ref(cmd, "RESULT", "peak_MiB=");
+    }
+    char b0[BENCH_NUM_LEN], b1[BENCH_NUM_LEN], b2[BENCH_NUM_LEN], b3[BENCH_NUM_LEN];
+    bench_emit("train_mem", "resnet50_b8", "MiB", 0, mem[3], mem[4], "kpl-eager-gc", 1 / 0.85,
+               ",\"O0_MiB\":%s,\"O1_MiB\":%s,\"O2_MiB\":%s,\"O3_over_eager\":%s",
+               bench_jnum(b0, mem[0]), bench_jnum(b1, mem[1]), bench_jnum(b2, mem[2]),
+               bench_jnum(b3, mem[3] / mem[4]));
+    double g[16], e[16];
+    int n = rounds < 16 ? rounds : 16;
+    for (int r = 0; r < n; r++) {
+        snprintf(cmd, sizeof cmd, "%s --train-child lenet 128 5 40 exec 3", self);
+        g[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        snprintf(cmd, sizeof cmd, "%s --train-child lenet 128 5 40 eager", self);
+        e[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+    }
+    char rg[BENCH_RANGE_LEN];
+    bench_jrange(rg, g, n);
+    bench_emit("train_vs_eager", "lenet_b128", "ms", 0, bench_median(g, n), bench_median(e, n),
+               "kpl-eager", 1.2, ",\"kpl_range\":%s", rg);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 2 && !strcmp(argv[1], "--child")) return child(argc, argv);
+    if (argc >= 2 && !strcmp(argv[1], "--train-child")) return train_child(argc, argv);
     if (argc < 3) {
         fprintf(stderr, "usage: bench_graph BASELINES BENCH_DIR\n");
         return 2;
@@ -201,6 +331,7 @@ int main(int argc, char **argv)
     int rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 16);
     plan_row("resnet18_cifar", 32);
     plan_row("resnet50", 8);
+    train_rows(argv[0], rounds);
     infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 1, 5, 30, rounds);
     infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 32, 2, 10, rounds);
     infer_rows(argv[0], argv[1], argv[2], "resnet50", 1, 3, 10, rounds);

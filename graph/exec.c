@@ -7,8 +7,13 @@
  *   O2      an element-wise op whose input dies with it writes over it
  *           (same storage: kernels see in-place work they support);
  *   O3      every value that needs memory gets a slot of one arena,
- *           placed first-fit by liveness (kpl_storage_sub), so buffers of
- *           values that are never alive together share bytes.
+ *           placed first-fit by liveness, largest first (kpl_storage_sub),
+ *           so buffers of values that are never alive together share
+ *           bytes; on the zoo's graphs the arena is the most bytes alive
+ *           at once (live_bytes), the bound.
+ * A training step's updates: parameters written in the step take the
+ * last value at the end of the run, computed in their own bytes where the
+ * chain of element-wise ops from the old value allows it (O2), else copied.
  * Reshapes and narrows are views of their input's bytes at every level.
  * Each slot is a storage of its own, so the CPU's blocked layouts work
  * as in eager mode.
@@ -383,6 +388,18 @@ static bool inplace_ok(const kpl_ir *ir, const kpl_irn *n, const int *last_use, 
     return true;
 }
 
+typedef struct {
+    size_t bytes;
+    int v;
+} sized;
+
+static int larger_first(const void *a, const void *b)
+{
+    const sized *x = a, *y = b;
+    if (x->bytes != y->bytes) return x->bytes < y->bytes ? 1 : -1;
+    return (x->v > y->v) - (x->v < y->v);
+}
+
 kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
 {
     KPL_CHECK(ir && out, KPL_EINVAL, "exec_create: NULL argument");
@@ -483,7 +500,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         if (val->kind == KPL_IRV_INPUT || (val->kind == KPL_IRV_OP && val->node >= 0 && root[v] == v))
             need[v] = value_bytes(val) ? align_up(value_bytes(val)) : 64; /* empty ones too */
     }
-    /* O3: first-fit offsets in one arena, in order of definition */
+    /* O3: first-fit offsets in one arena */
     if (level >= 3) {
         int *order = malloc((size_t)nv * sizeof *order), nord = 0;
         if (!order) {
@@ -493,6 +510,20 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         }
         for (int v = 0; v < ir->nv; v++)
             if (need[v] && ir->v[v].kind == KPL_IRV_OP) order[nord++] = v;
+        /* largest first (then in order of definition): the big buffers
+         * settle low and the small ones fill the gaps between them, which
+         * leaves less unused than placing in order of definition */
+        sized *by = malloc((size_t)(nord ? nord : 1) * sizeof *by);
+        if (!by) {
+            free(order);
+            free(need);
+            st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
+            goto out;
+        }
+        for (int k = 0; k < nord; k++) by[k] = (sized){need[order[k]], order[k]};
+        qsort(by, (size_t)nord, sizeof *by, larger_first);
+        for (int k = 0; k < nord; k++) order[k] = by[k].v;
+        free(by);
         /* placeholders are written before the run: alive from the start */
         for (int k = 0; k < ir->ninputs; k++) {
             int v = ir->inputs[k];
@@ -522,6 +553,14 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
             }
             offset[v] = off;
             if (off + sz > total) total = off + sz;
+        }
+        /* the lower bound: the most bytes alive at one node */
+        for (int i = -1; i <= ir->nn; i++) {
+            size_t live = 0;
+            for (int k = 0; k < nord; k++)
+                if (first[order[k]] <= i && last_use[order[k]] >= i) live += need[order[k]];
+            for (int k = 0; k < ir->ninputs; k++) live += need[ir->inputs[k]];
+            if (live > ex->stats.live_bytes) ex->stats.live_bytes = live;
         }
         free(order);
         st = kpl_storage_create(ex->dev, total ? total : 64, &ex->arena);

@@ -166,6 +166,7 @@ typedef struct kpl_exec kpl_exec;
 typedef struct {
     size_t arena_bytes;   /* the planned buffers (O3: one arena) */
     size_t value_bytes;   /* sum of every op value's bytes (what O0 allocates) */
+    size_t live_bytes;    /* the most bytes alive at once (O3: the arena's lower bound) */
     int n_inplace;        /* ops writing over an input (O2) */
     int n_views;          /* reshapes and narrows: no memory of their own */
 } kpl_exec_stats;
