@@ -21,6 +21,7 @@
 #define KPL_INFER_H
 
 #include "dataio.h"
+#include "checkpoint.h"
 #include "ir.h"
 
 #ifdef __cplusplus
@@ -75,6 +76,18 @@ kpl_status kpl_model_transform(const kpl_model *m, kpl_transform_config *cfg);
  * when complete).  An op with no ONNX form here (the pooling and
  * convolution adjoints, roi_align, gelu_tanh) is KPL_EINVAL naming it. */
 kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path);
+
+/* The initializers of the ONNX model at path as a checkpoint (in memory):
+ * each as prefix + its name (prefix may be NULL), in its own dtype, except
+ * those whose names match one of the nexclude globs (fnmatch).  A
+ * torchvision model exported with its parameter names
+ * (do_constant_folding=False) carries the state-dict names of kpl's zoo,
+ * so kpl_module_state_load takes its weights (docs/static-graph.md).
+ * Data may be raw, typed, or external (a file in the model's directory).
+ * KPL_EFORMAT naming the file and the initializer; *out owned by the
+ * caller (kpl_checkpoint_save writes it). */
+kpl_status kpl_onnx_import(const char *path, const char *prefix, int nexclude,
+                           const char *const *exclude, kpl_checkpoint **out);
 
 #ifdef __cplusplus
 }

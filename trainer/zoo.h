@@ -68,6 +68,13 @@ typedef struct {
     /* batch norms synchronised over the ranks in training (kpl_nn_sync_batch_norm;
      * the trainer applies it to its models when world > 1) */
     bool sync_bn;
+    /* a fresh run's first weights (not a resume's): the "model." tensors of
+     * a checkpoint (kpl import onnx's, or a kpl run's) loaded into the
+     * module weights_into of model 0 ("" for all of it), by name; tensors
+     * either side lacks are listed in the log, a shape that differs is an
+     * error */
+    char weights[1024];
+    char weights_into[128];
 } kpl_model_config;
 
 /* ---- the registry: models found by name (model.name) ---- */

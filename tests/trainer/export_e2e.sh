@@ -19,6 +19,13 @@
 #             checkpoint's .kplm) to 1e-4 (onnx_check.py; skipped without
 #             onnx and onnxruntime); a graph with an op ONNX has no form
 #             for here is refused naming it
+#   import    kpl import onnx of torchvision ResNet-18 initializers (raw,
+#             typed and external data; torchvision_onnx.py): every tensor of
+#             kpl's resnet18 found by name (--check; test_model_file checks
+#             the values of a round trip), a cut tensor and data outside the model's directory refused
+#             naming them; then model.weights starts a ResNet-18 run from
+#             them (--exclude conv1.* fc.*: the CIFAR stem and 10 classes),
+#             logged, and the first loss differs from a run without
 #   errors    a truncated model file, a flipped byte, a checkpoint given as
 #             a model, a task with no inference graph, missing arguments:
 #             each a clear error and a non-zero exit, nothing left behind
@@ -135,6 +142,41 @@ onnx)
     /usr/bin/python3 "$here/onnx_check.py" "$kpl" m.kplm m.onnx . || die "$m: onnx_check"
     cd ..
   done
+  ;;
+import)
+  [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import onnx" 2> /dev/null \
+    || { echo "no python3 with onnx: skipped (scripts/setup.sh installs it)"; exit 77; }
+  for kind in plain external; do
+    /usr/bin/python3 "$here/torchvision_onnx.py" r18_$kind.onnx $kind > sum_$kind.txt || die "python $kind"
+    "$kpl" import onnx r18_$kind.onnx -o w_$kind.kpl --check resnet18 --classes 1000 > imp.txt 2> imp.err \
+      || die "import $kind: $(cat imp.err)"
+    grep -q '"loaded":102,"missing":0,"unexpected":20' imp.txt || die "import $kind: $(cat imp.txt imp.err)"
+    grep -q 'num_batches_tracked' imp.err || die "import $kind: the unexpected tensors are not named"
+    [[ -f w_$kind.kpl ]] || die "import $kind wrote no checkpoint"
+  done
+  /usr/bin/python3 "$here/torchvision_onnx.py" cut.onnx badraw > /dev/null || die "python badraw"
+  if "$kpl" import onnx cut.onnx -o cut.kpl 2> err.txt; then die "a cut tensor was imported"; fi
+  grep -q "layer2.0.conv1.weight" err.txt || die "the cut tensor is not named: $(cat err.txt)"
+  [[ ! -e cut.kpl ]] || die "a failed import left cut.kpl"
+  mkdir -p sub && /usr/bin/python3 "$here/torchvision_onnx.py" sub/esc.onnx escape > /dev/null || die "python escape"
+  if "$kpl" import onnx sub/esc.onnx -o esc.kpl 2> err.txt; then die "data outside the directory was read"; fi
+  grep -q "inside the model's directory" err.txt || die "escape: $(cat err.txt)"
+  # the weights start a run (the ImageNet stem's conv1 and the 1000-class fc left out)
+  "$kpl" import onnx r18_plain.onnx -o w.kpl --exclude 'conv1.*' --exclude 'fc.*' > /dev/null 2>&1 \
+    || die "import with exclusions"
+  R18=("$src/recipes/fashion_mnist/resnet18.yaml" "${FM[@]}" deterministic=true model.width=64
+       data.train.batch_size=8 max_steps=1 data.val.limit=16 log.every_steps=1)
+  "$kpl" train "${R18[@]}" run_dir=run_w model.weights=w.kpl > tw.txt 2> tw.err || die "train with weights: $(tail -3 tw.err)"
+  grep -rq "model.weights: 99 tensors from w.kpl" tw.txt tw.err run_w/ 2> /dev/null \
+    || die "the run does not log its weights: $(grep -h weights tw.txt tw.err | head -3)"
+  "$kpl" train "${R18[@]}" run_dir=run_0 > t0.txt 2> t0.err || die "train without weights"
+  l1=$(sed -n 's/^epoch 1.* step 1\/.* loss \([0-9.]*\) .*/\1/p' tw.txt)
+  l0=$(sed -n 's/^epoch 1.* step 1\/.* loss \([0-9.]*\) .*/\1/p' t0.txt)
+  [[ -n "$l1" && "$l1" != "$l0" ]] || die "the first loss ($l1) is the one without weights ($l0)"
+  if "$kpl" train "${R18[@]}" run_dir=run_x model.weights=w.kpl model.weights_into=nothing > /dev/null 2> tx.err; then
+    die "model.weights_into of a missing module was accepted"
+  fi
+  grep -q "no module 'nothing'" tx.err || die "weights_into: $(tail -2 tx.err)"
   ;;
 errors)
   recipe=$src/recipes/fashion_mnist/lenet.yaml

@@ -191,12 +191,106 @@ static void test_refusals(void **state)
     kpl_tensor_release(w);
 }
 
+/* An ONNX file's initializers under state-dict names (kpl's own export of
+ * a ResNet's eval graph without fusions, named by its state dict) come
+ * back into another ResNet (other seed) bit for bit, every tensor set; exclusions and a prefix apply; a truncated file, another
+ * kind of file and a missing one are errors naming it. */
+static void test_onnx_import(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_model_config mc;
+    OK(kpl_zoo_preset("resnet18_cifar", 10, &mc));
+    kpl_module *a = NULL, *b = NULL;
+    OK(kpl_zoo_create(&mc, kpl_device_cpu(), 1, &a));
+    OK(kpl_zoo_create(&mc, kpl_device_cpu(), 2, &b));
+    kpl_module_set_training(a, false);
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_tensor *x = NN(kpl_full(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){1, 3, 32, 32}, 0.5));
+    OK(kpl_trace_begin());
+    kpl_tensor *y = NN(kpl_module_forward(a, kpl_trace_input(x, "image")));
+    kpl_ir *ir = NULL;
+    OK(kpl_trace_end(1, &y, NULL, &ir));
+    kpl_set_grad_enabled(prev);
+    int np = kpl_module_num_params(a), nb = kpl_module_num_buffers(a), n = 0;
+    const char *names[256];
+    kpl_tensor *ts[256];
+    for (int i = 0; i < np; i++, n++) names[n] = kpl_module_param_name(a, i), ts[n] = kpl_module_params(a)[i];
+    for (int i = 0; i < nb; i++, n++) names[n] = kpl_module_buffer_name(a, i), ts[n] = kpl_module_buffers(a)[i];
+    assert_int_equal(kpl_ir_name_params(ir, n, names, ts), n);
+    OK(kpl_ir_optimize(ir, 0, false));
+    char path[256];
+    snprintf(path, sizeof path, "%s/r18.onnx", dir);
+    OK(kpl_onnx_export(ir, path));
+    kpl_ir_destroy(ir);
+
+    kpl_checkpoint *c = NULL;
+    OK(kpl_onnx_import(path, "model.", 0, NULL, &c));
+    assert_true(kpl_checkpoint_num_tensors(c) > n); /* and the graph's constants (_c*) */
+    kpl_state_report rep;
+    OK(kpl_module_state_load(b, c, "model.", false, &rep));
+    assert_int_equal(rep.nloaded, n);
+    assert_int_equal(rep.nmissing, 0);
+    kpl_state_report_clear(&rep);
+    for (int i = 0; i < n; i++) {
+        kpl_tensor *t = i < np ? kpl_module_params(b)[i] : kpl_module_buffers(b)[i - np];
+        if (memcmp(kpl_tensor_host_data(t), kpl_tensor_host_data(ts[i]), kpl_tensor_nbytes(t)))
+            fail_msg("%s differs after the import", names[i]);
+    }
+    kpl_checkpoint_destroy(c);
+    /* exclusions, no prefix */
+    OK(kpl_onnx_import(path, NULL, 2, (const char *[]){"fc.*", "layer4.*"}, &c));
+    assert_non_null(kpl_checkpoint_find(c, "conv1.weight"));
+    assert_null(kpl_checkpoint_find(c, "fc.weight"));
+    assert_null(kpl_checkpoint_find(c, "layer4.0.conv1.weight"));
+    kpl_checkpoint_destroy(c);
+    FAILS(kpl_onnx_import(path, NULL, 1, (const char *[]){"*"}, &c), KPL_ENOTFOUND, "left no initializer");
+    assert_null(c);
+
+    /* broken files */
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *bytes = malloc((size_t)len);
+    assert_int_equal(fread(bytes, 1, (size_t)len, f), (size_t)len);
+    fclose(f);
+    char bad[256];
+    snprintf(bad, sizeof bad, "%s/cut.onnx", dir);
+    for (long cut = len / 2; cut > 0; cut = cut * 2 / 3) { /* cut inside a tensor's bytes */
+        f = fopen(bad, "wb");
+        fwrite(bytes, 1, (size_t)cut, f);
+        fclose(f);
+        /* the weights are inside the graph, a length-prefixed field: cut
+         * in it, the file does not parse; cut before it, it has none */
+        kpl_status st = kpl_onnx_import(bad, NULL, 0, NULL, &c);
+        bool named = strstr(kpl_last_error(), bad) != NULL;
+        if (!named || !(st == KPL_EFORMAT || (st == KPL_ENOTFOUND && strstr(kpl_last_error(), "no initializers"))))
+            fail_msg("cut at %ld: %s: %s", cut, kpl_status_str(st), kpl_last_error());
+        assert_null(c);
+        if (cut < 8) break;
+    }
+    free(bytes);
+    snprintf(bad, sizeof bad, "%s/text.onnx", dir);
+    f = fopen(bad, "w");
+    fputs("name: not a protobuf at all\n", f);
+    fclose(f);
+    FAILS(kpl_onnx_import(bad, NULL, 0, NULL, &c), KPL_EFORMAT, "not an ONNX model");
+    snprintf(bad, sizeof bad, "%s/none.onnx", dir);
+    FAILS(kpl_onnx_import(bad, NULL, 0, NULL, &c), KPL_ENOTFOUND, "none.onnx");
+    kpl_module_destroy(a);
+    kpl_module_destroy(b);
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     if (!mkdtemp(dir)) return 1;
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
         cmocka_unit_test(test_refusals),
+        cmocka_unit_test(test_onnx_import),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[300];

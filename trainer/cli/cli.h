@@ -12,6 +12,7 @@ int kpl__cmd_eval(int argc, char **argv);  /* cmd_train.c */
 int kpl__cmd_export(int argc, char **argv); /* cmd_train.c */
 int kpl__cmd_graph(int argc, char **argv);  /* cmd_train.c */
 int kpl__cmd_infer(int argc, char **argv);  /* cmd_infer.c */
+int kpl__cmd_import(int argc, char **argv); /* cmd_infer.c */
 
 /* The console of a run (console.c): rank 0's lines on stdout, a progress
  * bar when log.progress and the terminal (or kplrun) say so, warnings and

@@ -401,3 +401,124 @@ out:
     free(inputs);
     return rc;
 }
+
+/* ---- kpl import onnx ---- */
+
+static void usage_import(FILE *f)
+{
+    fprintf(f,
+            "usage: kpl import onnx MODEL.onnx -o WEIGHTS.kpl [--prefix P] [--exclude GLOB]...\n"
+            "                  [--check PRESET [--classes N]]\n"
+            "\n"
+            "Writes the initializers of an ONNX model as a kpl checkpoint, each tensor\n"
+            "under P + its name (P defaults to \"model.\", what the recipe key model.weights\n"
+            "and kpl's own checkpoints use).  A torchvision model exported with its\n"
+            "parameter names (torch.onnx.export(..., do_constant_folding=False)) has the\n"
+            "names of kpl's zoo: conv1.weight, layer1.0.bn1.running_mean, fc.bias.\n"
+            "--exclude leaves out the initializers whose names match (e.g. 'fc.*' to\n"
+            "train a new head).  --check builds a zoo preset (resnet18, resnet50, ...;\n"
+            "--classes N for its head, 0 for the backbone) and loads the weights into it,\n"
+            "printing how many of its tensors the file sets and which it does not.\n");
+}
+
+int kpl__cmd_import(int argc, char **argv)
+{
+    if (argc >= 1 && (!strcmp(argv[0], "-h") || !strcmp(argv[0], "--help"))) {
+        usage_import(stdout);
+        return 0;
+    }
+    if (argc < 1 || strcmp(argv[0], "onnx")) {
+        fprintf(stderr, "kpl import: the format comes first: kpl import onnx MODEL.onnx -o OUT.kpl\n");
+        usage_import(stderr);
+        return 2;
+    }
+    const char *in = NULL, *out = NULL, *prefix = "model.", *check = NULL;
+    long long classes = 1000;
+    const char **excl = calloc((size_t)argc + 1, sizeof *excl);
+    int nexcl = 0;
+    if (!excl) return 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool val = !strcmp(a, "-o") || !strcmp(a, "--prefix") || !strcmp(a, "--exclude") ||
+                   !strcmp(a, "--check") || !strcmp(a, "--classes");
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            usage_import(stdout);
+            free(excl);
+            return 0;
+        } else if (val && i + 1 >= argc) {
+            fprintf(stderr, "kpl import onnx: %s needs a value\n", a);
+            free(excl);
+            return 2;
+        } else if (!strcmp(a, "-o")) {
+            out = argv[++i];
+        } else if (!strcmp(a, "--prefix")) {
+            prefix = argv[++i];
+        } else if (!strcmp(a, "--exclude")) {
+            excl[nexcl++] = argv[++i];
+        } else if (!strcmp(a, "--check")) {
+            check = argv[++i];
+        } else if (!strcmp(a, "--classes")) {
+            char *end = NULL;
+            classes = strtoll(argv[++i], &end, 10);
+            if (*end || classes < 0) {
+                fprintf(stderr, "kpl import onnx: --classes needs a count >= 0\n");
+                free(excl);
+                return 2;
+            }
+        } else if (a[0] == '-' || in) {
+            fprintf(stderr, "kpl import onnx: unexpected argument '%s'\n", a);
+            usage_import(stderr);
+            free(excl);
+            return 2;
+        } else {
+            in = a;
+        }
+    }
+    if (!in || !out) {
+        fprintf(stderr, "kpl import onnx: needs MODEL.onnx and -o WEIGHTS.kpl\n");
+        free(excl);
+        return 2;
+    }
+    kpl_checkpoint *c = NULL;
+    kpl_module *net = NULL;
+    int rc = 0;
+    if (kpl_onnx_import(in, prefix, nexcl, excl, &c) < 0) {
+        fprintf(stderr, "kpl import onnx: %s\n", kpl_last_error());
+        rc = 1;
+        goto done;
+    }
+    if (check) {
+        kpl_model_config mc;
+        kpl_state_report rep;
+        memset(&rep, 0, sizeof rep);
+        if (kpl_zoo_preset(check, classes, &mc) < 0 ||
+            kpl_zoo_create(&mc, kpl_device_cpu(), 0, &net) < 0 ||
+            kpl_module_state_load(net, c, prefix, false, &rep) < 0) {
+            fprintf(stderr, "kpl import onnx: --check %s: %s\n", check, kpl_last_error());
+            kpl_state_report_clear(&rep);
+            rc = 1;
+            goto done;
+        }
+        printf("{\"check\":\"%s\",\"loaded\":%d,\"missing\":%d,\"unexpected\":%d}\n", check,
+               rep.nloaded, rep.nmissing, rep.nunexpected);
+        if (rep.nmissing) fprintf(stderr, "kpl import onnx: %s tensors the file does not set: %s\n", check, rep.missing);
+        if (rep.nunexpected)
+            fprintf(stderr, "kpl import onnx: tensors of the file %s does not have: %s\n", check,
+                    rep.unexpected);
+        kpl_state_report_clear(&rep);
+    }
+    char meta[1024];
+    snprintf(meta, sizeof meta, "{\"source\":\"onnx\",\"tensors\":%d}", kpl_checkpoint_num_tensors(c));
+    if (kpl_checkpoint_set_meta(c, meta) < 0 || kpl_checkpoint_save(c, out) < 0) {
+        fprintf(stderr, "kpl import onnx: %s\n", kpl_last_error());
+        rc = 1;
+        goto done;
+    }
+    printf("{\"event\":\"done\",\"output\":\"%s\",\"tensors\":%d}\n", out,
+           kpl_checkpoint_num_tensors(c));
+done:
+    kpl_module_destroy(net);
+    kpl_checkpoint_destroy(c);
+    free(excl);
+    return rc;
+}

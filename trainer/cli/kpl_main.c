@@ -35,6 +35,8 @@ static void usage(FILE *f)
             "                         run a model file on images or a KPLRecord split\n"
             "  graph RECIPE.yaml --checkpoint FILE | MODEL.kplm [--dot]\n"
             "                         print an inference graph before and after its passes\n"
+            "  import onnx MODEL.onnx -o WEIGHTS.kpl\n"
+            "                         an ONNX model's weights as a checkpoint (model.weights)\n"
             "  info                   build configuration and devices\n"
             "  demo [--threads N] [--device cpu|cuda:N]\n"
             "                         run a small compute demo and check its numbers\n"
@@ -194,6 +196,7 @@ int main(int argc, char **argv)
     if (!strcmp(cmd, "export")) return kpl__cmd_export(argc - 2, argv + 2);
     if (!strcmp(cmd, "graph")) return kpl__cmd_graph(argc - 2, argv + 2);
     if (!strcmp(cmd, "infer")) return kpl__cmd_infer(argc - 2, argv + 2);
+    if (!strcmp(cmd, "import")) return kpl__cmd_import(argc - 2, argv + 2);
     fprintf(stderr, "kpl: unknown command '%s' (try 'kpl --help')\n", cmd);
     return 2;
 }

@@ -12,7 +12,7 @@
 #include "infer.h"
 #include "trainer_impl.h"
 
-#include "kpl_onnx.pb-c.h"
+#include "onnx/onnx_dtypes.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -76,20 +76,6 @@ static char *w_str(writer *w, const char *fmt, ...)
 
 static const char *tmp_name(writer *w) { return w_str(w, "_t%d", w->ntmp++); }
 
-static int onnx_dtype(kpl_dtype dt)
-{
-    switch (dt) {
-    case KPL_F32: return ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
-    case KPL_F64: return ONNX__TENSOR_PROTO__DATA_TYPE__DOUBLE;
-    case KPL_F16: return ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT16;
-    case KPL_BF16: return ONNX__TENSOR_PROTO__DATA_TYPE__BFLOAT16;
-    case KPL_I32: return ONNX__TENSOR_PROTO__DATA_TYPE__INT32;
-    case KPL_I64: return ONNX__TENSOR_PROTO__DATA_TYPE__INT64;
-    case KPL_U8: return ONNX__TENSOR_PROTO__DATA_TYPE__UINT8;
-    case KPL_BOOL: return ONNX__TENSOR_PROTO__DATA_TYPE__BOOL;
-    default: return 0;
-    }
-}
 
 /* An initializer `name` of dtype dt, shape, bytes copied (or borrowed when
  * `borrow`: a tensor that outlives the packing). */
@@ -110,7 +96,7 @@ static const char *initializer(writer *w, const char *name, kpl_dtype dt, int nd
     t->n_dims = (size_t)nd;
     t->dims = dims;
     t->has_data_type = 1;
-    t->data_type = onnx_dtype(dt);
+    t->data_type = kpl_onnx_dtype(dt);
     t->name = (char *)name;
     t->has_raw_data = 1;
     t->raw_data.len = n;
@@ -259,7 +245,7 @@ static Onnx__ValueInfoProto *value_info(writer *w, int v, const char *name)
     sh->n_dim = (size_t)nd;
     sh->dim = dims;
     tt->has_elem_type = 1;
-    tt->elem_type = onnx_dtype(kpl_ir_value_dtype(ir, v));
+    tt->elem_type = kpl_onnx_dtype(kpl_ir_value_dtype(ir, v));
     tt->shape = sh;
     tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
     tp->tensor_type = tt;
@@ -441,7 +427,7 @@ static kpl_status emit_node(writer *w, int i)
             break;
         }
         case KPL_OP_CAST:
-            attr_i(w, node(w, "Cast", 1, x, 1, &y), "to", onnx_dtype(kpl_ir_value_dtype(ir, out[0])));
+            attr_i(w, node(w, "Cast", 1, x, 1, &y), "to", kpl_onnx_dtype(kpl_ir_value_dtype(ir, out[0])));
             break;
         case KPL_OP_RESHAPE: op2(w, "Reshape", x[0], const_i64(w, ys, ynd), y); break;
         case KPL_OP_EXPAND: op2(w, "Expand", x[0], const_i64(w, ys, ynd), y); break;

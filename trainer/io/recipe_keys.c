@@ -228,6 +228,11 @@ const field kpl__rc_fields[] = {
             "dropout before the last linear layer (mlp, cnn)"),
     F_BOOL("model.zero_init_residual", model.zero_init_residual, "false",
            "resnet: last batch norm of each block starts at scale 0"),
+    F_STR("model.weights", model.weights, "\"\"",
+          "checkpoint whose model.* tensors start a fresh run (kpl import onnx writes one from "
+          "a pretrained ONNX model; a resume ignores it)"),
+    F_STR("model.weights_into", model.weights_into, "\"\"",
+          "the module of the model model.weights go into (e.g. backbone; \"\": the whole model)"),
     F_BOOL("model.sync_bn", model.sync_bn, "false",
            "batch norms take their training statistics over every rank's batch (SyncBN: small "
            "per-rank batches, segmentation)"),

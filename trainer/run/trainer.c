@@ -607,6 +607,37 @@ static kpl_status start_eval(kpl_trainer *t, const char *checkpoint)
     return KPL_OK;
 }
 
+/* model.weights: a fresh run's first weights, into model 0 (or its
+ * module model.weights_into), by name. */
+static kpl_status load_weights(kpl_trainer *t)
+{
+    const kpl_model_config *mc = &t->r->model;
+    kpl_module *m = t->models[0].m;
+    if (mc->weights_into[0]) {
+        m = kpl_module_find(m, mc->weights_into);
+        KPL_CHECK(m, KPL_ENOTFOUND, "model.weights_into: model %s has no module '%s'",
+                  t->models[0].name, mc->weights_into);
+    }
+    kpl_checkpoint *c = NULL;
+    kpl_status st = kpl_checkpoint_load(mc->weights, &c);
+    kpl_state_report rep;
+    memset(&rep, 0, sizeof rep);
+    if (st == KPL_OK) st = kpl_module_state_load(m, c, "model.", false, &rep);
+    if (st == KPL_OK) {
+        kpl_trainer_info(t, "model.weights: %d tensors from %s into %s%s", rep.nloaded,
+                         mc->weights, t->models[0].name, mc->weights_into[0] ? "." : "");
+        if (rep.nmissing)
+            kpl_trainer_info(t, "model.weights: %d tensors keep their initial values: %s",
+                             rep.nmissing, rep.missing);
+        if (rep.nunexpected)
+            kpl_trainer_info(t, "model.weights: %d tensors of the file are not in the model: %s",
+                             rep.nunexpected, rep.unexpected);
+    }
+    kpl_state_report_clear(&rep);
+    kpl_checkpoint_destroy(c);
+    return st < 0 ? kpl__error_prefix(st, "model.weights: ") : KPL_OK;
+}
+
 static kpl_status start(kpl_trainer *t, const char *resume)
 {
     const kpl_recipe *r = t->r;
@@ -635,6 +666,7 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
     if (st >= 0) st = build_task(t);
+    if (st >= 0 && !t->resume && r->model.weights[0]) st = load_weights(t);
     if (st >= 0 && t->resume) st = kpl__trainer_restore_state(t, &rm);
     kpl__trainer_meta_free(&rm);
     KPL_TRY(st);
