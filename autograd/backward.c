@@ -8,6 +8,7 @@
  * are retained by the engine only until their last consumer has run.
  */
 #include "autograd_impl.h"
+#include "ir.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -231,6 +232,10 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                     st = kpl_write_binary(buf, KPL_BIN_ADD, buf, g);
                 } else {
                     kpl_tensor *acc = kpl_grad_get(leaf);
+                    if (kpl_trace_predates(acc))
+                        kpl_trace_refuse("backward: a gradient from before the trace is added "
+                                         "to (accumulation over steps); the graph would add to "
+                                         "its value at each run, not the last step's");
                     if (acc) kpl_tensor_retain(acc);
                     st = accumulate(&acc, g);
                     g = NULL;

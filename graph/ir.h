@@ -82,6 +82,9 @@ bool kpl_tracing(void);
  * optimizer state): while a trace is open, makes it fail at kpl_trace_end
  * with this reason (the first one given).  No-op without a trace. */
 void kpl_trace_refuse(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* Whether t is from before the open trace (the graph reads it as it is at
+ * each run: a parameter); false without a trace. */
+bool kpl_trace_predates(const kpl_tensor *t);
 
 /* ---- the graph ---- */
 

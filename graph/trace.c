@@ -219,6 +219,11 @@ void kpl_trace_refuse(const char *fmt, ...)
     fail(tr, KPL_EINVAL, "trace: %s", buf);
 }
 
+bool kpl_trace_predates(const kpl_tensor *t)
+{
+    return tl_tr && t && kpl_tensor_serial(t) < tl_tr->serial0;
+}
+
 void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of)
 {
     tracer *tr = tl_tr;

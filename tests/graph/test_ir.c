@@ -275,6 +275,17 @@ static void test_trace_refusals(void **state)
     NN(kpl_tensor_host_mutable(w));
     FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "wrote parameter");
 
+    /* a gradient from before the trace added to */
+    kpl_tensor *wg = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 54, 1));
+    OK(kpl_set_requires_grad(wg, true));
+    OK(kpl_backward(NN(kpl_sum(kpl_mul(x, wg), NULL, 0, false)), NULL, false));
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    y = NN(kpl_sum(kpl_mul(in, wg), NULL, 0, false));
+    OK(kpl_backward(y, NULL, false));
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "accumulation over steps");
+    kpl_zero_grad(1, &wg);
+
     /* random numbers */
     kpl_rng *rng = kpl_rng_create(1);
     OK(kpl_trace_begin());

@@ -634,7 +634,10 @@ static kpl_status check_grad(const kpl_optim *o, int i, const kpl_tensor *g)
  * would be state the graph writes back). */
 static kpl_status traced_scratch(kpl_optim *o, int i, kpl_tensor **tmp)
 {
-    if (o->rule != &sgd_rule)
+    if (o->cfg.keep_grad)
+        kpl_trace_refuse("optim: keep_grad leaves the gradients for later steps, which the "
+                         "graph does not keep");
+    else if (o->rule != &sgd_rule)
         kpl_trace_refuse("optim: rule '%s' updates through kernel calls a trace does not see; "
                          "only sgd steps can be traced yet",
                          o->rule->name);
