@@ -17,12 +17,12 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-$root/build-fuzz}
 work=${FUZZ_WORK:-$build/fuzz-work}
-all=(record record_parse recipe checkpoint image lmdb hosts coco cocoeval pickle model)
+all=(record record_parse recipe checkpoint image lmdb hosts coco cocoeval pickle model onnx)
 
 # Per target: the longest input worth trying (the seeds are far smaller).
 declare -A max_len=([record]=16384 [record_parse]=1024 [recipe]=4096 [checkpoint]=8192
                     [image]=16384 [lmdb]=2048 [hosts]=1024 [coco]=4096 [cocoeval]=8192
-                    [pickle]=16384 [model]=16384)
+                    [pickle]=16384 [model]=16384 [onnx]=16384)
 
 seconds=30 replay_only=0 keep_going=0 setup=1 do_build=1 targets=()
 while (($#)); do

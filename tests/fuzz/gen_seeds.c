@@ -329,6 +329,18 @@ static void model_seed(const char *name, bool fused, int level)
                              "\"out_dtype\":\"f32\",\"mean\":[0.5,0.5],\"std\":[0.25,0.25]}}",
                          path));
     container_seeds("model", name, path);
+    if (!fused) { /* the same graph as ONNX: the import's seed */
+        char onnx[PATH_MAX];
+        fuzz_path(onnx, scratch, "m.onnx");
+        CHECK(kpl_onnx_export(ir, onnx));
+        buf b = {0};
+        put(&b, (uint8_t[]){1}, 1); /* options: a prefix */
+        put_file(&b, onnx);
+        char seed[128];
+        snprintf(seed, sizeof seed, "%s.onnx", name);
+        emit("onnx", seed, &b);
+        free(b.p);
+    }
     kpl_ir_destroy(ir);
     kpl_pool_pop(pool);
     for (int i = 0; i < 8; i++) kpl_tensor_release(ts[i]);

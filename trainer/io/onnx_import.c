@@ -79,6 +79,16 @@ static kpl_status external(const char *model, const Onnx__TensorProto *t, size_t
     FILE *f = fopen(path, "rb");
     KPL_CHECK(f, KPL_ENOTFOUND, "import onnx: %s: initializer '%s': external file %s: %s", model,
               t->name, path, strerror(errno));
+    /* the file must hold the bytes before any memory is asked for them */
+    off_t size = fseeko(f, 0, SEEK_END) == 0 ? ftello(f) : -1;
+    if (size < 0 || (unsigned long long)off > (unsigned long long)size ||
+        want > (unsigned long long)size - (unsigned long long)off) {
+        fclose(f);
+        return KPL_ERROR(KPL_EFORMAT,
+                         "import onnx: %s: initializer '%s': %s has %lld bytes, the tensor needs "
+                         "%zu from byte %lld",
+                         model, t->name, path, (long long)size, want, off);
+    }
     *out = malloc(want ? want : 1);
     kpl_status st = *out ? KPL_OK : KPL_ERROR(KPL_ENOMEM, "import onnx: no memory");
     if (st == KPL_OK && (fseeko(f, (off_t)off, SEEK_SET) != 0 || fread(*out, 1, want, f) != want))
