@@ -190,6 +190,9 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
         if (c >= 0) st = accumulate(&cap->grads[c], seed);
         else if (!cap) {
             kpl_tensor *g = kpl_grad_get(output);
+            if (kpl_trace_predates(g))
+                kpl_trace_refuse("backward: a gradient from before the trace is added to "
+                                 "(accumulation over steps)");
             if (g) kpl_tensor_retain(g);
             st = accumulate(&g, seed);
             if (st == KPL_OK) kpl_grad_set(output, g);
@@ -229,6 +232,10 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                     /* A gradient buffer: add in place (unrecorded: grad
                      * mode is off without create_graph). */
                     kpl_tensor *buf = kpl_grad_get(leaf);
+                    if (kpl_trace_predates(buf))
+                        kpl_trace_refuse("backward: gradient buffers (kpl_grad_set_buffer) are "
+                                         "zeroed outside the step; the graph would add to them "
+                                         "run after run");
                     st = kpl_write_binary(buf, KPL_BIN_ADD, buf, g);
                 } else {
                     kpl_tensor *acc = kpl_grad_get(leaf);

@@ -421,9 +421,10 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     size_t *offset = calloc((size_t)nv, sizeof *offset);
     bool *is_out = calloc((size_t)nv, sizeof *is_out);
     int *chain = malloc((size_t)nv * sizeof *chain);
+    int *upd_of = malloc((size_t)nv * sizeof *upd_of); /* the parameter a value updates, or -1 */
     ex->upd_copy = calloc((size_t)(ir->nupdates ? ir->nupdates : 1), sizeof *ex->upd_copy);
     kpl_status st = KPL_OK;
-    if (!ex->t || !last_use || !root || !first || !offset || !is_out || !chain || !ex->upd_copy) {
+    if (!ex->t || !last_use || !root || !first || !offset || !is_out || !chain || !upd_of || !ex->upd_copy) {
         st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
         goto out;
     }
@@ -438,7 +439,8 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     /* a parameter's new value is read at the end of the run, like an
      * output; the element-wise ops leading to it from the parameter's own
      * value may write over the parameter (O2) */
-    for (int v = 0; v < ir->nv; v++) chain[v] = -1;
+    for (int v = 0; v < ir->nv; v++) chain[v] = upd_of[v] = -1;
+    for (int k = 0; k < ir->nupdates; k++) upd_of[ir->upd_value[k]] = ir->upd_param[k];
     for (int k = 0; k < ir->nupdates; k++) {
         int p = ir->upd_param[k], v = ir->upd_value[k];
         is_out[v] = true;
@@ -446,6 +448,8 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         while (v >= 0 && v != p && np < 64 && ir->v[v].kind == KPL_IRV_OP) {
             const kpl_irn *n = &ir->n[ir->v[v].node];
             if (!(unary_of(n->op) >= 0 || binary_of(n->op) >= 0 || n->op == KPL_OP_BINARY)) break;
+            /* another parameter's new value is not computed in p's bytes */
+            if (upd_of[v] >= 0 && upd_of[v] != p) break;
             path[np++] = v;
             v = n->in[0];
         }
@@ -618,6 +622,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     free(need);
 out:
     free(chain);
+    free(upd_of);
     free(last_use);
     free(root);
     free(first);

@@ -55,6 +55,11 @@ extern "C" {
 
 typedef struct kpl_ir kpl_ir;
 
+/* The most inputs and outputs a node has (batch_norm_bwd with the ReLU's
+ * output reads 4; batch norm and max pooling write up to 3). */
+#define KPL_IR_MAX_INPUTS 4
+#define KPL_IR_MAX_OUTPUTS 3
+
 typedef enum {
     KPL_IRV_INPUT = 0, /* placeholder */
     KPL_IRV_PARAM,     /* a live tensor from before the trace */
@@ -113,8 +118,8 @@ int kpl_ir_name_params(kpl_ir *ir, int n, const char *const *names, kpl_tensor *
  * and outputs. */
 kpl_op kpl_ir_node_op(const kpl_ir *ir, int n);
 const kpl_op_attrs *kpl_ir_node_attrs(const kpl_ir *ir, int n);
-int kpl_ir_node_inputs(const kpl_ir *ir, int n, int *ids);  /* returns the count (<= 4) */
-int kpl_ir_node_outputs(const kpl_ir *ir, int n, int *ids); /* returns the count (<= 3) */
+int kpl_ir_node_inputs(const kpl_ir *ir, int n, int *ids);  /* the count (<= KPL_IR_MAX_INPUTS) */
+int kpl_ir_node_outputs(const kpl_ir *ir, int n, int *ids); /* the count (<= KPL_IR_MAX_OUTPUTS) */
 
 /* Write-backs (a traced training step): at the end of every run the
  * executor leaves value `value` in parameter `param`'s tensor (an

@@ -137,6 +137,27 @@ fail:
     return st;
 }
 
+/* The mean of a traced class-index loss, as the host form computes it:
+ * total / count (count = the labels that count, summed in f32 or f64 as
+ * the host's int64 becomes the scalar: exact to 2^24), 0 when none
+ * counts; weighted, total / sum(w[y_i]) (0 when none counts).  f16/bf16
+ * divide in f32 and round once, as their scalar op does. */
+static kpl_tensor *traced_mean(kpl_tensor *total, kpl_tensor *keep, kpl_tensor *wy)
+{
+    if (!total || !keep) return NULL;
+    kpl_dtype dt = kpl_tensor_dtype(total), wide = dt == KPL_F64 ? KPL_F64 : KPL_F32;
+    kpl_tensor *count = kpl_sum(kpl_cast(keep, wide), NULL, 0, false);
+    if (wy) {
+        /* none counts: divide by 1 (total is 0) */
+        kpl_tensor *none = kpl_compare(KPL_BIN_EQ, count, kpl_full(kpl_tensor_device(keep), wide, 0, NULL, 0));
+        kpl_tensor *den = kpl_sum(wy, NULL, 0, false);
+        return kpl_div(total, kpl_where(none, kpl_full(kpl_tensor_device(keep), dt, 0, NULL, 1), den));
+    }
+    kpl_tensor *den = kpl_scalar_op(KPL_BIN_MAXIMUM, count, 1, false);
+    if (dt == wide) return kpl_div(total, den);
+    return kpl_cast(kpl_div(kpl_cast(total, wide), den), dt);
+}
+
 /* Per-element losses of log-probabilities logp (N, C, d1, ..., dk), as
  * PyTorch's nll_loss / cross_entropy:
  *   loss_i = (1 - eps) w[y_i] (-logp[y_i]) + eps / C sum_c w[c] (-logp[c]),
@@ -194,10 +215,8 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
      * where PyTorch's 0 / 0 is NaN: a batch without labelled pixels adds
      * nothing rather than stopping the run (docs/nn.md). */
     kpl_tensor *total = kpl_sum(per, NULL, 0, false);
+    if (kept < 0) return traced_mean(total, keep, weight ? wy : NULL);
     if (!kept) return total;
-    if (kept < 0 && !weight) /* traced: the count in ops, at least 1 (0 / 1 for none) */
-        return kpl_div(total, kpl_scalar_op(KPL_BIN_MAXIMUM, kpl_sum(keep, NULL, 0, false), 1,
-                                            false));
     return weight ? kpl_div(total, kpl_sum(wy, NULL, 0, false))
                   : kpl_scalar_op(KPL_BIN_DIV, total, (double)kept, false);
 }

@@ -20,9 +20,10 @@
 #include <string.h>
 
 typedef struct {
-    kpl_tensor *t; /* held reference */
-    int v;         /* its value now (a write gives it a new one) */
-    int param;     /* the parameter value a write into it updates, else -1 */
+    kpl_tensor *t;  /* held reference */
+    int v;          /* its value now (a write gives it a new one) */
+    int param;      /* the parameter value a write into it updates, else -1 */
+    bool host_read; /* read on the host while a parameter of the trace */
 } slot;
 
 typedef struct {
@@ -89,7 +90,7 @@ static bool map_put(tracer *tr, kpl_tensor *t, int v)
     size_t i = kpl__hash_ptr(t, tr->cap);
     while (tr->map[i].t) i = (i + 1) & (tr->cap - 1);
     kpl_tensor_retain(t);
-    tr->map[i] = (slot){t, v, -1};
+    tr->map[i] = (slot){t, v, -1, false};
     tr->n++;
     return true;
 }
@@ -119,12 +120,24 @@ static void host_access(const kpl_tensor *t, bool write, void *user)
                 tr->ir->v[tr->map[i].v].kind != KPL_IRV_CONST)
                 v = tr->map[i].v;
     }
-    if (v < 0) return;
-    const kpl_irv *val = &tr->ir->v[v];
     char b[96];
+    if (v < 0) {
+        /* a tensor from before the trace the graph has not read yet: a
+         * write to it would not be repeated if the graph reads it later */
+        if (write && kpl_tensor_serial(t) < tr->serial0)
+            fail(tr, KPL_EINVAL,
+                 "trace: the traced function wrote a tensor from before the trace %s on the "
+                 "host; the graph would not repeat that write",
+                 kpl_shape_str(kpl_tensor_ndim(t), kpl_tensor_shape(t), b, sizeof b));
+        return;
+    }
+    const kpl_irv *val = &tr->ir->v[v];
     if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) {
-        /* reading them is fine (they are what they were); a write is not
-         * in the graph, which would repeat the trace without it */
+        /* reading them is fine while they are what they were (a write of
+         * the step refuses a parameter read so); a write is not in the
+         * graph, which would repeat the trace without it */
+        slot *sl = map_find(tr, t);
+        if (sl && !write) sl->host_read = true;
         if (write)
             fail(tr, KPL_EINVAL,
                  "trace: the traced function wrote %s %%%d %s on the host; the graph would not "
@@ -303,6 +316,21 @@ void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *co
     }
     slot *s = map_find(tr, out);
     int param = -1;
+    /* the graph follows tensors, not bytes: a write through one of two
+     * headers over the same bytes (a view of a parameter, a tensor with a
+     * view taken) would leave the other's value stale */
+    for (size_t i = 0; i < tr->cap; i++) {
+        const slot *o = &tr->map[i];
+        if (!o->t || o->t == out || !kpl_tensor_shares_storage(o->t, out)) continue;
+        if (s && o->v == s->v) continue; /* the tape's alias of the same value */
+        char b[96];
+        fail(tr, KPL_EINVAL,
+             "trace: '%s' wrote %s %s, whose bytes %%%d shares (a view, or viewed); the graph "
+             "cannot follow a write through one of two tensors",
+             kpl_op_name(op), kpl_dtype_name(kpl_tensor_dtype(out)),
+             kpl_shape_str(kpl_tensor_ndim(out), kpl_tensor_shape(out), b, sizeof b), o->v);
+        return;
+    }
     if (s) {
         const kpl_irv *old = &tr->ir->v[s->v];
         if (old->kind == KPL_IRV_CONST) {
@@ -312,6 +340,13 @@ void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *co
             return;
         }
         param = old->kind == KPL_IRV_PARAM ? s->v : s->param;
+        if (s->host_read) {
+            fail(tr, KPL_EINVAL,
+                 "trace: '%s' updates parameter %%%d, which the traced function read on the "
+                 "host before: the graph would keep using the value read then",
+                 kpl_op_name(op), param);
+            return;
+        }
     } else if (kpl_tensor_serial(out) < tr->serial0) { /* written before it was read */
         if ((param = new_value(tr, out, KPL_IRV_PARAM, NULL)) < 0) return;
         s = map_find(tr, out);

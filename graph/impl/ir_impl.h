@@ -5,8 +5,8 @@
 
 #include "ir.h"
 
-#define KPL_IR_MAX_IN 4
-#define KPL_IR_MAX_OUT 3
+#define KPL_IR_MAX_IN KPL_IR_MAX_INPUTS
+#define KPL_IR_MAX_OUT KPL_IR_MAX_OUTPUTS
 
 typedef struct {
     kpl_irv_kind kind;

@@ -275,6 +275,17 @@ static void test_trace_refusals(void **state)
     NN(kpl_tensor_host_mutable(w));
     FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "wrote parameter");
 
+    /* a write through a view of a parameter */
+    kpl_tensor *pw = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 55, 1));
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    y = NN(kpl_mul(in, pw));
+    kpl_tensor *view = NULL;
+    OK(kpl_tensor_reshape(pw, 1, (int64_t[]){12}, &view));
+    kpl_autorelease(view);
+    OK(kpl_write_copy(view, NN(kpl_reshape(y, 1, (int64_t[]){12}))));
+    FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "cannot follow a write through one of two");
+
     /* a gradient from before the trace added to */
     kpl_tensor *wg = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 54, 1));
     OK(kpl_set_requires_grad(wg, true));
@@ -422,6 +433,47 @@ static void test_train_step(void **state)
     kpl_pool_pop(pool);
 }
 
+/* Cross entropy traced computes its targets in ops: with class weights
+ * and every label ignored the graph's loss is 0, as eager mode's (not
+ * 0 / 0); with some counted, eager's value. */
+static void test_traced_cross_entropy(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *logits = kpl_autorelease(owned_randn(2, (int64_t[]){4, 3}, 61, 1));
+    kpl_tensor *w = kpl_autorelease(owned_randn(1, (int64_t[]){3}, 62, 1));
+    OK(kpl_k_unary(w, KPL_UN_ABS, w, 0, 0));
+    kpl_tensor *none = NULL, *some = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, (int64_t[]){4}, (int64_t[]){-1, -1, -1, -1}, &none));
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_I64, 1, (int64_t[]){4}, (int64_t[]){2, -1, 0, 1}, &some));
+    kpl_autorelease(none);
+    kpl_autorelease(some);
+    for (int weighted = 0; weighted < 2; weighted++) {
+        OK(kpl_trace_begin());
+        kpl_tensor *x = NN(kpl_trace_input(logits, "logits"));
+        kpl_tensor *l = NN(kpl_trace_input(none, "labels"));
+        kpl_tensor *loss = NN(kpl_cross_entropy_weighted(x, l, weighted ? w : NULL, KPL_REDUCE_MEAN, 0.1, -1));
+        kpl_ir *ir = NULL;
+        OK(kpl_trace_end(1, &loss, NULL, &ir));
+        assert_true(tget(loss, 0) == 0);
+        kpl_exec *ex = NULL;
+        OK(kpl_exec_create(ir, &ex));
+        OK(kpl_exec_set_input(ex, 0, logits));
+        OK(kpl_exec_set_input(ex, 1, none));
+        OK(kpl_exec_run(ex));
+        assert_true(tget(kpl_exec_output(ex, 0), 0) == 0);
+        OK(kpl_exec_set_input(ex, 1, some));
+        OK(kpl_exec_run(ex));
+        double want = tget(NN(kpl_cross_entropy_weighted(logits, some, weighted ? w : NULL,
+                                                         KPL_REDUCE_MEAN, 0.1, -1)), 0);
+        if (tget(kpl_exec_output(ex, 0), 0) != want)
+            fail_msg("weighted %d: graph %.9g, eager %.9g", weighted, tget(kpl_exec_output(ex, 0), 0), want);
+        kpl_exec_destroy(ex);
+        kpl_ir_destroy(ir);
+    }
+    kpl_pool_pop(pool);
+}
+
 /* A graph with updates is not an inference model: neither file format
  * takes it (trainer/), and the dump lists the updates. */
 static void test_train_step_dump(void **state)
@@ -517,6 +569,7 @@ int main(void)
         cmocka_unit_test(test_check_shapes),
         cmocka_unit_test(test_train_step),
         cmocka_unit_test(test_train_step_dump),
+        cmocka_unit_test(test_traced_cross_entropy),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

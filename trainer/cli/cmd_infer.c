@@ -483,7 +483,7 @@ int kpl__cmd_import(int argc, char **argv)
     kpl_module *net = NULL;
     int rc = 0;
     if (kpl_onnx_import(in, prefix, nexcl, excl, &c) < 0) {
-        fprintf(stderr, "kpl import onnx: %s\n", kpl_last_error());
+        fprintf(stderr, "kpl %s\n", kpl_last_error()); /* "import onnx: ..." */
         rc = 1;
         goto done;
     }

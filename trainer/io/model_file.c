@@ -216,7 +216,7 @@ kpl_status kpl_model_save(const kpl_ir *ir, const char *info, const char *path)
         json_array_append_new(vals, o);
     }
     for (int i = 0; i < kpl_ir_num_nodes(ir) && st == KPL_OK; i++) {
-        int in[3], out[3];
+        int in[KPL_IR_MAX_INPUTS], out[KPL_IR_MAX_OUTPUTS];
         int ni = kpl_ir_node_inputs(ir, i, in), no = kpl_ir_node_outputs(ir, i, out);
         json_t *n = json_pack("{s:s, s:o, s:o}", "op", kpl_op_name(kpl_ir_node_op(ir, i)), "in",
                               int_array(in, ni), "out", int_array(out, no));
@@ -326,14 +326,15 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
         const char *op = NULL;
         json_t *in = NULL, *out = NULL, *at = NULL;
         if (json_unpack(o, "{s:s, s:o, s:o, s?o}", "op", &op, "in", &in, "out", &out, "attrs", &at) != 0 ||
-            !json_is_array(in) || !json_is_array(out) || json_array_size(in) > 3 ||
-            json_array_size(out) < 1 || json_array_size(out) > 3)
-            return BAD(&w, "not {op, in[<= 3], out[1..3], attrs}");
+            !json_is_array(in) || !json_is_array(out) ||
+            json_array_size(in) > KPL_IR_MAX_INPUTS || json_array_size(out) < 1 ||
+            json_array_size(out) > KPL_IR_MAX_OUTPUTS)
+            return BAD(&w, "not {op, in[<= 4], out[1..3], attrs}");
         int opi = -1;
         for (int k = 0; k < KPL_OP_COUNT; k++)
             if (!strcmp(kpl_op_name((kpl_op)k), op)) opi = k;
         if (opi < 0) return BAD(&w, "unknown op '%s' (a file of a newer kpl?)", op);
-        int iv[3], ov[3];
+        int iv[KPL_IR_MAX_INPUTS], ov[KPL_IR_MAX_OUTPUTS];
         KPL_TRY(get_ints(&w, o, "in", iv, (int)json_array_size(in), -1, nv - 1));
         KPL_TRY(get_ints(&w, o, "out", ov, (int)json_array_size(out), 0, nv - 1));
         kpl_op_attrs a;

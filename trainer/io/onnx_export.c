@@ -327,9 +327,9 @@ static kpl_status emit_node(writer *w, int i)
     const kpl_ir *ir = w->ir;
     kpl_op op = kpl_ir_node_op(ir, i);
     const kpl_op_attrs *a = kpl_ir_node_attrs(ir, i);
-    int in[3], out[3];
+    int in[KPL_IR_MAX_INPUTS], out[KPL_IR_MAX_OUTPUTS];
     int nin = kpl_ir_node_inputs(ir, i, in), nout = kpl_ir_node_outputs(ir, i, out);
-    const char *x[3] = {NULL, NULL, NULL};
+    const char *x[KPL_IR_MAX_INPUTS] = {NULL};
     for (int k = 0; k < nin; k++) x[k] = in[k] >= 0 ? w->vname[in[k]] : NULL;
     const char *y = w->vname[out[0]];
     kpl_dtype dt = nin ? kpl_ir_value_dtype(ir, in[0]) : KPL_F32;
@@ -505,7 +505,7 @@ static bool read_later(const kpl_ir *ir, int v)
     for (int i = 0; i < kpl_ir_num_outputs(ir); i++)
         if (kpl_ir_output(ir, i) == v) return true;
     for (int i = 0; i < kpl_ir_num_nodes(ir); i++) {
-        int in[3];
+        int in[KPL_IR_MAX_INPUTS];
         int n = kpl_ir_node_inputs(ir, i, in);
         for (int k = 0; k < n; k++)
             if (in[k] == v) return true;
@@ -557,7 +557,7 @@ kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
     }
     /* max pooling's indices have no ONNX output here: nothing may read them */
     for (int i = 0; i < kpl_ir_num_nodes(ir) && w.st == KPL_OK; i++) {
-        int out[3];
+        int out[KPL_IR_MAX_OUTPUTS];
         if (kpl_ir_node_op(ir, i) == KPL_OP_MAX_POOL2D && kpl_ir_node_outputs(ir, i, out) > 1 &&
             read_later(ir, out[1])) {
             st = KPL_ERROR(KPL_EINVAL, "onnx export: node %d: max_pool2d's indices are used", i);

@@ -20,14 +20,39 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+
+/* Whether a path has a ".." component. */
+static bool has_dotdot(const char *p)
+{
+    for (const char *c = p; (c = strstr(c, "..")); c += 2)
+        if ((c == p || c[-1] == '/') && (c[2] == 0 || c[2] == '/')) return true;
+    return false;
+}
+
+/* A regular file's stream, or NULL with the error set. */
+static FILE *open_regular(const char *what, const char *path)
+{
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        KPL_ERROR(errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "import onnx: %s%s: %s", what, path,
+                  strerror(errno));
+        return NULL;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        KPL_ERROR(KPL_EINVAL, "import onnx: %s%s is not a regular file", what, path);
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    if (!f) KPL_ERROR(KPL_EIO, "import onnx: %s%s: %s", what, path, strerror(errno));
+    return f;
+}
 
 /* The whole file in memory (malloc'd). */
 static kpl_status slurp(const char *path, uint8_t **buf, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KPL_ERROR(errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "import onnx: %s: %s", path,
-                         strerror(errno));
+    FILE *f = open_regular("", path);
+    if (!f) return kpl_last_status();
     kpl_status st = KPL_OK;
     long n = -1;
     if (fseek(f, 0, SEEK_END) == 0) n = ftell(f);
@@ -60,11 +85,11 @@ static kpl_status external(const char *model, const Onnx__TensorProto *t, size_t
         if (!strcmp(e->key, "location")) loc = e->value;
         else if (!strcmp(e->key, "offset")) off = strtoll(e->value, &end, 10);
         else if (!strcmp(e->key, "length")) len = strtoll(e->value, &end, 10);
-        if (end && (*end || off < 0))
+        if (end && (*end || end == e->value || off < 0 || (len < 0 && !strcmp(e->key, "length"))))
             return KPL_ERROR(KPL_EFORMAT, "import onnx: %s: initializer '%s': external %s '%s'",
                              model, t->name, e->key, e->value);
     }
-    KPL_CHECK(loc && loc[0] && loc[0] != '/' && !strstr(loc, ".."), KPL_EFORMAT,
+    KPL_CHECK(loc && loc[0] && loc[0] != '/' && !has_dotdot(loc), KPL_EFORMAT,
               "import onnx: %s: initializer '%s': external data needs a location inside the "
               "model's directory (got %s)",
               model, t->name, loc ? loc : "none");
@@ -76,9 +101,10 @@ static kpl_status external(const char *model, const Onnx__TensorProto *t, size_t
     char path[4096];
     KPL_CHECK(snprintf(path, sizeof path, "%.*s%s", dirlen, model, loc) < (int)sizeof path,
               KPL_EINVAL, "import onnx: %s: path too long", loc);
-    FILE *f = fopen(path, "rb");
-    KPL_CHECK(f, KPL_ENOTFOUND, "import onnx: %s: initializer '%s': external file %s: %s", model,
-              t->name, path, strerror(errno));
+    char what[600];
+    snprintf(what, sizeof what, "%s: initializer '%s': external file ", model, t->name);
+    FILE *f = open_regular(what, path);
+    if (!f) return kpl_last_status();
     /* the file must hold the bytes before any memory is asked for them */
     off_t size = fseeko(f, 0, SEEK_END) == 0 ? ftello(f) : -1;
     if (size < 0 || (unsigned long long)off > (unsigned long long)size ||

@@ -41,6 +41,7 @@ struct kpl_optim {
     kpl_tensor **state;        /* n * nslots, NULL until a step or state_set creates them */
     scratch *scratch;          /* n */
     kpl_tensor **lr_t;         /* n: each parameter's lr, 0-d in its dtype (traced steps) */
+    kpl_status lr_status;      /* of the last lr_fill */
 };
 
 
@@ -463,8 +464,7 @@ void kpl_optim_set_lr(kpl_optim *o, double lr)
 {
     KPL_ASSERT(lr >= 0 && isfinite(lr), "optim: the learning rate must be >= 0 and finite");
     o->cfg.lr = lr;
-    kpl_status st = lr_fill(o);
-    KPL_ASSERT(st == KPL_OK, "optim: setting the learning rate tensors failed");
+    o->lr_status = lr_fill(o); /* a failure is kpl_optim_step's to report */
 }
 
 double kpl_optim_lr(const kpl_optim *o) { return o->cfg.lr; }
@@ -518,7 +518,7 @@ kpl_status kpl_optim_set_groups(kpl_optim *o, const char *const *names, int ngro
         }
     if (counts) memcpy(counts, n, (size_t)ngroups * sizeof *n);
     free(n);
-    return KPL_OK;
+    return lr_fill(o); /* the multipliers reset to 1 too */
 }
 
 
@@ -607,8 +607,16 @@ kpl_status kpl_optim_state_set(kpl_optim *o, int i, int s, const kpl_tensor *t)
             goto fail;
         }
     }
-    kpl_tensor_release(*state_at(o, i, s));
-    *state_at(o, i, s) = copy;
+    kpl_tensor **slot = state_at(o, i, s);
+    if (*slot && kpl_tensor_dtype(*slot) == kpl_tensor_dtype(copy) && same_shape(*slot, copy)) {
+        /* into the tensor already there: a traced step's graph keeps
+         * updating that one (its momentum buffer) */
+        st = kpl_k_copy(*slot, copy);
+        kpl_tensor_release(copy);
+        return st;
+    }
+    kpl_tensor_release(*slot);
+    *slot = copy;
     return KPL_OK;
 fail:
     kpl_tensor_release(copy);
@@ -641,6 +649,11 @@ static kpl_status traced_scratch(kpl_optim *o, int i, kpl_tensor **tmp)
         kpl_trace_refuse("optim: rule '%s' updates through kernel calls a trace does not see; "
                          "only sgd steps can be traced yet",
                          o->rule->name);
+    else if (kpl_tensor_dtype(o->params[i]) != KPL_F32 && kpl_tensor_dtype(o->params[i]) != KPL_F64)
+        kpl_trace_refuse("optim: parameter %d is %s: the step's lr tensor would round the lr "
+                         "differently from eager sgd; trace f32 or f64 parameters (AMP keeps "
+                         "f32 masters)",
+                         i, kpl_dtype_name(kpl_tensor_dtype(o->params[i])));
     else if (o->cfg.momentum > 0 && !*state_at(o, i, 0))
         kpl_trace_refuse("optim: parameter %d has no momentum buffer yet (sgd makes it at its "
                          "first step, a different computation): trace a later step",
@@ -659,6 +672,12 @@ kpl_status kpl_optim_step(kpl_optim *o)
     bool prev = kpl_set_grad_enabled(false);
     kpl_status st = KPL_OK;
     bool traced = kpl_tracing();
+    if (o->lr_status < 0) { /* set_lr could not fill the lr tensors: again */
+        if ((st = o->lr_status = lr_fill(o)) < 0) {
+            kpl_set_grad_enabled(prev);
+            return kpl__error_prefix(st, "optim: the learning rate tensors: ");
+        }
+    }
     for (int i = 0; i < o->n && st >= 0; i++) {
         const kpl_tensor *g = kpl_grad_get(o->params[i]);
         if (!g) continue; /* no gradient this step: parameter and state stay as they are */

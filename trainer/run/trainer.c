@@ -441,6 +441,8 @@ static void model_free(kpl__model *md)
     memset(md, 0, sizeof *md);
 }
 
+static kpl_status load_weights(kpl_trainer *t);
+
 kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *label,
                                  kpl_module *m, const kpl_optim_config *oc, int *index)
 {
@@ -491,6 +493,9 @@ kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *l
                       (uint64_t)t->r->seed * 1000003u + (uint64_t)t->rank + 1 +
                           (uint64_t)k * 7919u,
                       0);
+    /* model.weights go in as model 0 is added: what the task makes from it
+     * afterwards (a GAN's moving average) starts from them */
+    if (k == 0 && t->train && !t->resume && t->r->model.weights[0]) KPL_TRY_GOTO(load_weights(t));
     if (t->train) KPL_TRY_GOTO(make_optim(t, md, oc));
     if (index) *index = k;
     return KPL_OK;
@@ -624,8 +629,9 @@ static kpl_status load_weights(kpl_trainer *t)
     memset(&rep, 0, sizeof rep);
     if (st == KPL_OK) st = kpl_module_state_load(m, c, "model.", false, &rep);
     if (st == KPL_OK) {
-        kpl_trainer_info(t, "model.weights: %d tensors from %s into %s%s", rep.nloaded,
-                         mc->weights, t->models[0].name, mc->weights_into[0] ? "." : "");
+        kpl_trainer_info(t, "model.weights: %d tensors from %s into %s%s%s", rep.nloaded,
+                         mc->weights, t->models[0].name, mc->weights_into[0] ? "." : "",
+                         mc->weights_into);
         if (rep.nmissing)
             kpl_trainer_info(t, "model.weights: %d tensors keep their initial values: %s",
                              rep.nmissing, rep.missing);
@@ -666,7 +672,6 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
     if (st >= 0) st = build_task(t);
-    if (st >= 0 && !t->resume && r->model.weights[0]) st = load_weights(t);
     if (st >= 0 && t->resume) st = kpl__trainer_restore_state(t, &rm);
     kpl__trainer_meta_free(&rm);
     KPL_TRY(st);

@@ -135,6 +135,16 @@ static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
     return kpl_fid_stats_create(dim, &s->fake);
 }
 
+/* The moving average set to the generator's tensors. */
+static kpl_status ema_from(gan *s, kpl_module *g)
+{
+    for (int i = 0; i < kpl_module_num_params(g); i++)
+        KPL_TRY(kpl_k_copy(kpl_module_params(s->ema)[i], kpl_module_params(g)[i]));
+    for (int i = 0; i < kpl_module_num_buffers(g); i++)
+        KPL_TRY(kpl_k_copy(kpl_module_buffers(s->ema)[i], kpl_module_buffers(g)[i]));
+    return KPL_OK;
+}
+
 static kpl_status create(kpl_trainer *t, void **state)
 {
     const kpl_recipe *r = kpl_trainer_recipe(t);
@@ -184,11 +194,13 @@ static kpl_status create(kpl_trainer *t, void **state)
     if (n == 2) oc.beta1 = betas[0], oc.beta2 = betas[1];
     KPL_TRY(add_model(t, &dc, "discriminator", &oc, NULL));
 
-    /* the moving average: a second generator, equal at the start */
+    /* the moving average: a second generator, equal at the start (a copy:
+     * the generator may have started from model.weights) */
     if (s->ema_decay > 0) {
         KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &s->ema));
         kpl_module_set_training(s->ema, false);
         KPL_TRY(kpl_module_set_requires_grad(s->ema, false));
+        KPL_TRY(ema_from(s, g));
     }
     /* latents: one stream for every rank (the seed's own, apart from the
      * models'), and the grid's fixed latents from another */
@@ -415,15 +427,8 @@ static kpl_status restore(kpl_trainer *t, void *state, const kpl_checkpoint *c)
     gan *s = state;
     kpl_tensor *st = kpl_checkpoint_find(c, "task.gan.state");
     kpl_module *g = kpl_trainer_model(t, G);
-    if (!st) {
-        /* weights alone (a warm start): the average starts at them */
-        if (!s->ema) return KPL_OK;
-        for (int i = 0; i < kpl_module_num_params(g); i++)
-            KPL_TRY(kpl_k_copy(kpl_module_params(s->ema)[i], kpl_module_params(g)[i]));
-        for (int i = 0; i < kpl_module_num_buffers(g); i++)
-            KPL_TRY(kpl_k_copy(kpl_module_buffers(s->ema)[i], kpl_module_buffers(g)[i]));
-        return KPL_OK;
-    }
+    if (!st) /* weights alone (a warm start): the average starts at them */
+        return s->ema ? ema_from(s, g) : KPL_OK;
     KPL_TRY(kpl__checkpoint_check(c, "task.gan.state", s->state));
     KPL_TRY(kpl_k_copy(s->state, st));
     const int64_t *v = kpl_tensor_host_data(s->state);
