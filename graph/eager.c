@@ -839,7 +839,9 @@ kpl_status kpl_write_binary(kpl_tensor *out, kpl_binary_op op, kpl_tensor *a, kp
         [KPL_BIN_ADD] = KPL_OP_ADD, [KPL_BIN_SUB] = KPL_OP_SUB, [KPL_BIN_MUL] = KPL_OP_MUL,
         [KPL_BIN_DIV] = KPL_OP_DIV, [KPL_BIN_POW] = KPL_OP_POW,
         [KPL_BIN_MAXIMUM] = KPL_OP_MAXIMUM, [KPL_BIN_MINIMUM] = KPL_OP_MINIMUM};
-    kpl_op o = (unsigned)op < sizeof named / sizeof *named && named[op] ? named[op] : KPL_OP_BINARY;
+    kpl_op o = (unsigned)op < sizeof named / sizeof *named && named[op] ? named[op]
+               : kpl_binary_is_compare(op)                               ? KPL_OP_COMPARE
+                                                                         : KPL_OP_BINARY;
     kpl_op_attrs at = {.sub = op};
     kpl__trace_write(o, &at, 2, (kpl_tensor *[]){a, b}, out);
     return KPL_OK;

@@ -275,6 +275,29 @@ static void test_trace_refusals(void **state)
     NN(kpl_tensor_host_mutable(w));
     FAILS(kpl_trace_end(1, &y, NULL, &ir), KPL_EINVAL, "wrote parameter");
 
+    /* writes of every kind of binary op trace as ops of their dtype: a
+     * comparison's bool mask, then relu_bwd through it */
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    kpl_tensor *mask = NULL, *g = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_BOOL, 2, (int64_t[]){3, 4}, &mask));
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 2, (int64_t[]){3, 4}, &g));
+    kpl_autorelease(mask);
+    kpl_autorelease(g);
+    OK(kpl_write_binary(mask, KPL_BIN_GT, in, NN(kpl_full(kpl_device_cpu(), KPL_F32, 0, NULL, 0))));
+    OK(kpl_write_binary(g, KPL_BIN_RELU_BWD, in, in));
+    y = NN(kpl_where(mask, g, NN(kpl_neg(in))));
+    OK(kpl_trace_end(1, &y, NULL, &ir));
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    kpl_tensor *x2 = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 56, 1));
+    OK(kpl_exec_set_input(ex, 0, x2));
+    OK(kpl_exec_run(ex));
+    for (int i = 0; i < 12; i++) /* |x2|: x where x > 0, -x elsewhere */
+        assert_true(tget(kpl_exec_output(ex, 0), i) == fabs(tget(x2, i)));
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+
     /* a write through a view of a parameter */
     kpl_tensor *pw = kpl_autorelease(owned_randn(2, (int64_t[]){3, 4}, 55, 1));
     OK(kpl_trace_begin());
