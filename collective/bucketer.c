@@ -28,6 +28,7 @@ typedef struct {
     int64_t numel;
     int nparams, nready;
     kpl_comm_work *work; /* its allreduce in flight */
+    double ready, issued; /* this step's (kpl_bucket_timing) */
 } bucket;
 
 struct kpl_bucketer {
@@ -48,6 +49,8 @@ struct kpl_bucketer {
     bool sync, rebuilt;
     int check_due; /* 1: check the parameters at the next finish */
     kpl_bucketer_stats stats;
+    kpl_bucket_timing *timing; /* the last synchronised finish's, ntiming of them */
+    int ntiming;
 };
 
 static void free_buckets(kpl_bucketer *b)
@@ -119,8 +122,8 @@ kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
     *out = NULL;
     kpl_bucketer_config c = KPL_BUCKETER_CONFIG_INIT;
     if (cfg) c = *cfg;
-    KPL_CHECK(c.bucket_mb > 0 && c.first_bucket_mb > 0, KPL_EINVAL,
-              "bucketer_create: bucket sizes %g / %g MB must be > 0", c.bucket_mb,
+    KPL_CHECK(c.bucket_mb >= 0 && c.first_bucket_mb >= 0, KPL_EINVAL,
+              "bucketer_create: bucket sizes %g / %g MB must be >= 0", c.bucket_mb,
               c.first_bucket_mb);
     KPL_CHECK(params[0], KPL_EINVAL, "bucketer_create: parameter 0 is NULL");
     kpl_dtype dt = kpl_tensor_dtype(params[0]);
@@ -160,8 +163,9 @@ kpl_status kpl_bucketer_create(kpl_comm *comm, int n, kpl_tensor *const *params,
     b->bucket_of = calloc((size_t)n, sizeof *b->bucket_of);
     b->ready = calloc((size_t)n, sizeof *b->ready);
     b->order = calloc((size_t)n, sizeof *b->order);
+    b->timing = calloc((size_t)n, sizeof *b->timing); /* at most one bucket per parameter */
     kpl_status st = KPL_OK;
-    if (!b->params || !b->grads || !b->bucket_of || !b->ready || !b->order) {
+    if (!b->params || !b->grads || !b->bucket_of || !b->ready || !b->order || !b->timing) {
         st = KPL_ERROR(KPL_ENOMEM, "bucketer_create: no memory");
         goto fail;
     }
@@ -188,6 +192,7 @@ void kpl_bucketer_destroy(kpl_bucketer *b)
     free(b->bucket_of);
     free(b->ready);
     free(b->order);
+    free(b->timing);
     free(b);
 }
 
@@ -275,6 +280,12 @@ kpl_status kpl_bucketer_zero_grads(kpl_bucketer *b)
 int kpl_bucketer_num_buckets(const kpl_bucketer *b) { return b->nbuckets; }
 int kpl_bucketer_bucket_of(const kpl_bucketer *b, int i) { return b->bucket_of[i]; }
 kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b) { return b->stats; }
+
+const kpl_bucket_timing *kpl_bucketer_timings(const kpl_bucketer *b, int *n)
+{
+    *n = b ? b->ntiming : 0;
+    return b ? b->timing : NULL;
+}
 void kpl_bucketer_reset_stats(kpl_bucketer *b) { memset(&b->stats, 0, sizeof b->stats); }
 
 /* Starts the allreduce of every complete bucket at the front of the
@@ -285,6 +296,7 @@ static kpl_status launch_ready(kpl_bucketer *b)
     while (b->next_launch < b->nbuckets) {
         bucket *bk = &b->buckets[b->next_launch];
         if (bk->nready < bk->nparams) break;
+        bk->issued = kpl_seconds();
         if (bk->wire) {
             KPL_TRY(kpl_k_cast(bk->wire, bk->flat));
             KPL_TRY(kpl_comm_allreduce_async(b->comm, bk->wire, bk->wire, KPL_COMM_SUM,
@@ -316,8 +328,9 @@ kpl_status kpl_bucketer_mark_ready(kpl_bucketer *b, int i)
               "one step", i);
     b->ready[i] = true;
     b->order[b->nordered++] = i;
-    b->buckets[b->bucket_of[i]].nready++;
-    return b->sync ? launch_ready(b) : KPL_OK;
+    bucket *bk = &b->buckets[b->bucket_of[i]];
+    if (++bk->nready == bk->nparams) bk->ready = kpl_seconds();
+    return b->sync && !b->cfg.after_backward ? launch_ready(b) : KPL_OK;
 }
 
 /* Waits for every bucket in flight (all of them, even after a failure, so
@@ -326,6 +339,7 @@ static kpl_status wait_all(kpl_bucketer *b)
 {
     kpl_status st = KPL_OK;
     double t0 = kpl_seconds();
+    b->ntiming = 0;
     for (int k = 0; k < b->nbuckets; k++) {
         bucket *bk = &b->buckets[k];
         if (!bk->work) continue;
@@ -334,7 +348,12 @@ static kpl_status wait_all(kpl_bucketer *b)
         if (st == KPL_OK) st = w;
         double s = kpl_comm_work_seconds(bk->work);
         if (s > 0) b->stats.comm_seconds += s;
-        b->stats.bytes += (int64_t)kpl_tensor_nbytes(bk->wire ? bk->wire : bk->flat);
+        kpl_bucket_timing *tm = &b->timing[b->ntiming++];
+        tm->bytes = (int64_t)kpl_tensor_nbytes(bk->wire ? bk->wire : bk->flat);
+        tm->ready = bk->ready, tm->issued = bk->issued;
+        if (s < 0 || kpl_comm_work_times(bk->work, &tm->issued, &tm->started, &tm->ended) < 0)
+            tm->started = bk->issued, tm->ended = kpl_seconds(); /* CUDA work */
+        b->stats.bytes += tm->bytes;
         kpl_comm_work_destroy(bk->work);
         bk->work = NULL;
     }
@@ -390,10 +409,12 @@ kpl_status kpl_bucketer_finish(kpl_bucketer *b)
     }
     if (b->sync) {
         /* Unused parameters: no gradient this step, so zero, and ready. */
+        double now = kpl_seconds();
         for (int i = 0; i < b->n && st == KPL_OK; i++) {
             if (b->ready[i]) continue;
             st = kpl_k_fill(b->grads[i], 0);
-            b->buckets[b->bucket_of[i]].nready++;
+            if (++b->buckets[b->bucket_of[i]].nready == b->buckets[b->bucket_of[i]].nparams)
+                b->buckets[b->bucket_of[i]].ready = now;
         }
         if (st == KPL_OK) st = launch_ready(b);
         kpl_status w = wait_all(b);

@@ -64,10 +64,19 @@ typedef enum { KPL_COMM_SUM, KPL_COMM_AVG, KPL_COMM_MAX, KPL_COMM_MIN } kpl_comm
     X(KPL_COMM_BACKEND_UCX, "ucx") X(KPL_COMM_BACKEND_NCCL, "nccl")
 typedef enum { KPL_COMM_BACKENDS(KPL_ENUM_VALUE) } kpl_comm_backend;
 
+/* How the mpi backend's allreduce spans nodes (kpl_comm_config.hierarchy). */
+#define KPL_COMM_HIERARCHIES(X)                                                         \
+    X(KPL_COMM_HIER_AUTO, "auto") X(KPL_COMM_HIER_OFF, "off") X(KPL_COMM_HIER_ON, "on")
+typedef enum { KPL_COMM_HIERARCHIES(KPL_ENUM_VALUE) } kpl_comm_hierarchy;
+/* AUTO takes the hierarchical allreduce from this many bytes up: below it
+ * the three steps' latencies cost more than the link time they save. */
+#define KPL_COMM_HIER_MIN_BYTES ((size_t)256 << 10)
+
 /* "sum", "avg", "max", "min"; kpl_comm_backend_names (NULL-terminated),
  * _name, _parse (-1 for other names). */
 const char *kpl_comm_op_name(kpl_comm_op op);
 KPL_ENUM_DECLARE(kpl_comm_backend);
+KPL_ENUM_DECLARE(kpl_comm_hierarchy);
 
 typedef struct {
     kpl_comm_backend backend;
@@ -79,8 +88,24 @@ typedef struct {
      * thread); NULL: standard error, prefixed "kpl[rank]". */
     void (*report)(const char *line, void *user);
     void *report_user;
+    /* The hierarchical allreduce of the mpi backend (host tensors; NCCL
+     * builds its own rings and trees over the nodes, the ucx backend's
+     * ring stays flat): reduce-scatter inside each node over shared
+     * memory, allreduce of each shard between the ranks that hold it on
+     * the other nodes, allgather inside the node.  Each rank then sends
+     * 1/(ranks per node) of the data over the link between the nodes,
+     * where a flat ring sends all of it from every rank.  AUTO: when the
+     * job spans >= 2 nodes with the same number >= 2 of ranks each, for
+     * allreduces of KPL_COMM_HIER_MIN_BYTES and more; ON: every allreduce
+     * when the layout allows it (it falls back to flat otherwise); OFF:
+     * always flat.  kpl_comm_hierarchy_active says which was taken. */
+    kpl_comm_hierarchy hierarchy;
+    /* What a node is: 0, the ranks that share memory (the launcher's
+     * layout); N > 0, each run of N consecutive ranks (a box split by
+     * socket, or one machine standing in for several in tests). */
+    int32_t node_ranks;
 } kpl_comm_config;
-#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0, 60.0, NULL, NULL, NULL}
+#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0, 60.0, NULL, NULL, NULL, KPL_COMM_HIER_AUTO, 0}
 
 /* Exit status of a job the watchdog ends (a blocking call timed out). */
 #define KPL_COMM_TIMEOUT_EXIT 124
@@ -111,6 +136,9 @@ int32_t kpl_comm_size(const kpl_comm *comm);
 /* Rank and rank count among the processes of this node. */
 int32_t kpl_comm_local_rank(const kpl_comm *comm);
 int32_t kpl_comm_local_size(const kpl_comm *comm);
+/* The number of nodes in the hierarchical allreduce's layout (ranks per
+ * node = size / that), or 0 when the host backend's allreduce is flat. */
+int32_t kpl_comm_hierarchy_nodes(const kpl_comm *comm);
 /* The communicator's device (CUDA tensors must live there). */
 kpl_device *kpl_comm_device(const kpl_comm *comm);
 /* The backend that takes tensors of `type` ("mpi", "ucx", "nccl"), or NULL
@@ -158,6 +186,11 @@ kpl_status kpl_comm_work_test(kpl_comm_work *work, bool *done);
 /* Seconds the backend spent on finished host work (from its start on the
  * communication thread to its end); -1 while it runs, and for CUDA work. */
 double kpl_comm_work_seconds(kpl_comm_work *work);
+/* When finished host work was issued, started by the backend and ended,
+ * in kpl_seconds(); KPL_ESTATE while it runs, and for CUDA work (whose
+ * device times the host does not see). */
+kpl_status kpl_comm_work_times(kpl_comm_work *work, double *issued, double *started,
+                               double *ended);
 /* Waits if needed, then frees.  NULL is a no-op. */
 void kpl_comm_work_destroy(kpl_comm_work *work);
 
@@ -188,8 +221,11 @@ void kpl_comm_work_destroy(kpl_comm_work *work);
  * thread drives a bucketer (backward's ready hooks run on that thread).
  */
 typedef struct {
-    double bucket_mb;       /* > 0 */
-    double first_bucket_mb; /* > 0 */
+    /* MB per bucket (>= 0).  0, or less than any gradient: one bucket per
+     * gradient, the per-tensor allreduce (for comparison; many small
+     * allreduces pay the latency many times). */
+    double bucket_mb;
+    double first_bucket_mb; /* >= 0, the same for the first bucket */
     bool check_params;      /* check the ranks agree after the first step */
     /* The dtype the gradients are summed over the ranks in.  KPL_F32 (the
      * default): the parameters' own dtype, nothing converted.  KPL_BF16
@@ -200,8 +236,13 @@ typedef struct {
      * (bf16) or size * 2^-11 (f16) times the mean of the ranks' |g|; f16
      * overflows to +-inf beyond 65504 (docs/collective.md). */
     kpl_dtype grad_dtype;
+    /* true: no allreduce starts during backward; finish starts them all
+     * and waits (communication not overlapped with computation: for
+     * measuring what the overlap gains, or when the backward's threads
+     * and the communication fight for too few cores). */
+    bool after_backward;
 } kpl_bucketer_config;
-#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0, true, KPL_F32}
+#define KPL_BUCKETER_CONFIG_INIT {25.0, 1.0, true, KPL_F32, false}
 
 typedef struct kpl_bucketer kpl_bucketer;
 
@@ -248,6 +289,21 @@ typedef struct {
     double wait_seconds;
 } kpl_bucketer_stats;
 kpl_bucketer_stats kpl_bucketer_get_stats(const kpl_bucketer *b);
+
+/* When each bucket of the last synchronised finish moved, in kpl_seconds()
+ * (monotonic): for step profiles and timelines. */
+typedef struct {
+    int64_t bytes;  /* moved (in grad_dtype) */
+    double ready;   /* its last gradient was marked ready (or finish began: unused
+                     * parameters, after_backward) */
+    double issued;  /* its allreduce was handed to the communicator */
+    double started; /* the backend began it; CUDA work: = issued */
+    double ended;   /* the backend finished it; CUDA work: when finish returned */
+} kpl_bucket_timing;
+/* The timings of the last synchronised finish, one per bucket in issue
+ * order (*n of them; 0 before the first).  The array belongs to the
+ * bucketer and is valid until its next finish or destroy. */
+const kpl_bucket_timing *kpl_bucketer_timings(const kpl_bucketer *b, int *n);
 void kpl_bucketer_reset_stats(kpl_bucketer *b);
 
 #ifdef __cplusplus

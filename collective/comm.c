@@ -36,6 +36,7 @@ const char *kpl_comm_op_name(kpl_comm_op op)
 }
 
 KPL_ENUM_DEFINE(kpl_comm_backend, KPL_COMM_BACKENDS)
+KPL_ENUM_DEFINE(kpl_comm_hierarchy, KPL_COMM_HIERARCHIES)
 
 void kpl__comm_describe(const kpl_comm *c, const kpl__coll_args *a, const char *backend,
                         char *buf, size_t len)
@@ -122,6 +123,7 @@ static void *executor_main(void *arg)
         double ran = kpl_seconds() - now;
 
         pthread_mutex_lock(&c->mu);
+        w->started = now;
         w->ran = ran;
         c->run.started = 0;
         if (kpl__coll_is_collective(w->a.kind)) {
@@ -162,8 +164,8 @@ static kpl_status slot_init(kpl_comm *c, kpl__comm_slot *s, const kpl__comm_back
     if (err != MPI_SUCCESS) return mpi_failed(err, "MPI_Comm_dup");
     MPI_Comm_set_errhandler(s->mpi, MPI_ERRORS_RETURN);
     s->be = be;
-    kpl__comm_boot boot = {s->mpi, c->rank, c->size, c->local_rank, c->local_size,
-                           c->device, c->timeout};
+    kpl__comm_boot boot = {s->mpi,     c->rank,    c->size,      c->local_rank, c->local_size,
+                           c->device,  c->timeout, c->hierarchy, c->node_ranks};
     return be->init(&boot, &s->state);
 }
 
@@ -307,6 +309,10 @@ kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
               "comm_create: stall_warning %g s must be >= 0 (0: off)", cf.stall_warning);
     KPL_CHECK((unsigned)cf.backend <= KPL_COMM_BACKEND_NCCL, KPL_EINVAL,
               "comm_create: unknown backend %d", (int)cf.backend);
+    KPL_CHECK((unsigned)cf.hierarchy <= KPL_COMM_HIER_ON, KPL_EINVAL,
+              "comm_create: unknown hierarchy %d", (int)cf.hierarchy);
+    KPL_CHECK(cf.node_ranks >= 0, KPL_EINVAL, "comm_create: node_ranks %d must be >= 0 (0: the "
+              "ranks sharing memory)", (int)cf.node_ranks);
 
     int inited = 0, level = 0;
     bool finalize = false;
@@ -330,6 +336,8 @@ kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
     c->finalize_mpi = finalize;
     c->inspect = level >= MPI_THREAD_MULTIPLE;
     c->timeout = cf.timeout;
+    c->hierarchy = cf.hierarchy;
+    c->node_ranks = cf.node_ranks;
     c->stall_warning = cf.stall_warning;
     c->report = cf.report;
     c->report_user = cf.report_user;
@@ -444,6 +452,12 @@ int32_t kpl_comm_rank(const kpl_comm *c) { return c->rank; }
 int32_t kpl_comm_size(const kpl_comm *c) { return c->size; }
 int32_t kpl_comm_local_rank(const kpl_comm *c) { return c->local_rank; }
 int32_t kpl_comm_local_size(const kpl_comm *c) { return c->local_size; }
+
+int32_t kpl_comm_hierarchy_nodes(const kpl_comm *c)
+{
+    const kpl__comm_slot *s = &c->host;
+    return s->be && s->be->hierarchy_nodes ? s->be->hierarchy_nodes(s->state) : 0;
+}
 kpl_device *kpl_comm_device(const kpl_comm *c) { return c->device; }
 
 const char *kpl_comm_backend_for(const kpl_comm *c, kpl_device_type type)
@@ -718,6 +732,18 @@ kpl_status kpl_comm_work_test(kpl_comm_work *w, bool *done)
     pthread_mutex_unlock(&c->mu);
     if (stuck) return stuck_error(c);
     return st < 0 ? KPL_ERROR(st, "%s", w->msg) : KPL_OK;
+}
+
+kpl_status kpl_comm_work_times(kpl_comm_work *w, double *issued, double *started, double *ended)
+{
+    KPL_CHECK(w && issued && started && ended, KPL_EINVAL, "comm_work_times: NULL argument");
+    KPL_CHECK(!w->event, KPL_ESTATE, "comm_work_times: CUDA work has no host times");
+    pthread_mutex_lock(&w->comm->mu);
+    bool done = w->done;
+    *issued = w->issued, *started = w->started, *ended = w->started + w->ran;
+    pthread_mutex_unlock(&w->comm->mu);
+    KPL_CHECK(done, KPL_ESTATE, "comm_work_times: the work has not finished");
+    return KPL_OK;
 }
 
 double kpl_comm_work_seconds(kpl_comm_work *w)

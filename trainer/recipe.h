@@ -153,6 +153,7 @@ typedef struct {
     struct {
         kpl_comm_config comm;       /* backend, timeout, stall_warning */
         kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params, grad_dtype */
+        bool overlap;                /* false: buckets.after_backward */
     } dist;
 } kpl_recipe;
 

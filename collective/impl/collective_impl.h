@@ -54,6 +54,8 @@ typedef struct {
     int32_t rank, size, local_rank, local_size;
     kpl_device *device; /* the communicator's device */
     double timeout;     /* seconds, as configured */
+    kpl_comm_hierarchy hierarchy; /* kpl_comm_config's, for the backends that have one */
+    int32_t node_ranks;
 } kpl__comm_boot;
 
 /* A backend.  Members marked optional may be NULL. */
@@ -107,6 +109,10 @@ typedef struct {
      * process (CUDA_VISIBLE_DEVICES renumbers).  comm.c compares them to
      * refuse two ranks on one device.  Blocking; thread-safe. */
     kpl_status (*device_id)(kpl_device *dev, char *buf, size_t len);
+
+    /* Optional: the number of nodes its hierarchical allreduce spans, 0
+     * when it reduces flat (kpl_comm_hierarchy_nodes).  Thread-safe. */
+    int32_t (*hierarchy_nodes)(void *state);
 } kpl__comm_backend;
 
 const kpl__comm_backend *kpl__comm_mpi_backend(void);
@@ -179,6 +185,7 @@ struct kpl_comm_work {
     char msg[1024];
     bool done;
     double issued;      /* when it was queued or enqueued */
+    double started;     /* host work: when the backend began it (set when done) */
     double ran;         /* host work: seconds the backend took (set when done) */
     kpl_comm_work *next; /* the host queue */
     /* stream work only */
@@ -200,6 +207,8 @@ struct kpl_comm {
     int32_t rank, size, local_rank, local_size;
     kpl_device *device;
     double timeout, stall_warning;
+    kpl_comm_hierarchy hierarchy;
+    int32_t node_ranks;
     void (*report)(const char *line, void *user);
     void *report_user;
     bool finalize_mpi; /* kpl initialised MPI */

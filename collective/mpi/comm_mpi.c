@@ -4,6 +4,16 @@
  * it (MPI_ERRORS_RETURN, so MPI errors become statuses).  f16 and bf16
  * reduce through MPI operations of our own (MPI has no half-precision
  * types) built on reduce.c.
+ *
+ * The hierarchical allreduce (kpl_comm_config.hierarchy; Horovod's
+ * hierarchical allreduce, NCCL's intra-node reduce-scatter + inter-node
+ * ring) runs on two communicators split off at init: `node` (the ranks of
+ * a node) and `cross` (the ranks with the same place in their nodes, one
+ * per node).  A buffer of n elements is cut into as many shards as a
+ * node has ranks; MPI_Reduce_scatter over `node` leaves each rank its
+ * shard summed over its node, MPI_Allreduce over `cross` sums the shard
+ * over the nodes, MPI_Allgatherv over `node` brings the shards together.
+ * The link between nodes carries n/L elements per rank instead of n.
  */
 #include "collective_impl.h"
 
@@ -22,6 +32,13 @@ typedef struct {
     MPI_Comm comm;
     int32_t size;
     MPI_Op half_ops[2][3]; /* [f16, bf16][sum, max, min] */
+    /* the hierarchical allreduce: nodes == 0 when it is off */
+    kpl_comm_hierarchy hier;
+    int32_t nodes, per_node, node_rank;
+    MPI_Comm node, cross;
+    int *counts, *displs; /* per_node each: a piece's shards */
+    void *shard;          /* this rank's shard of a piece */
+    size_t shard_bytes;
 } mpi_state;
 
 /* ---- half-precision reductions ------------------------------------------------------ */
@@ -48,11 +65,55 @@ static void mpi_fini(void *state)
 {
     mpi_state *m = state;
     if (!m) return;
+    if (m->node != MPI_COMM_NULL) MPI_Comm_free(&m->node);
+    if (m->cross != MPI_COMM_NULL) MPI_Comm_free(&m->cross);
+    free(m->counts);
+    free(m->displs);
+    free(m->shard);
     for (int t = 0; t < 2; t++)
         for (int o = 0; o < 3; o++)
             if (m->half_ops[t][o] != MPI_OP_NULL) MPI_Op_free(&m->half_ops[t][o]);
     free(m);
 }
+
+/* ---- the hierarchy --------------------------------------------------------------------- */
+
+/* Collective: splits off `node` and `cross` when the layout allows a
+ * hierarchy (>= 2 nodes of the same number >= 2 of ranks); every rank
+ * comes to the same decision, from the same allreduce. */
+static kpl_status hier_init(mpi_state *m, const kpl__comm_boot *boot)
+{
+    if (boot->hierarchy == KPL_COMM_HIER_OFF || boot->size < 4) return KPL_OK;
+    int err = boot->node_ranks > 0
+                  ? MPI_Comm_split(m->comm, boot->rank / boot->node_ranks, boot->rank, &m->node)
+                  : MPI_Comm_split_type(m->comm, MPI_COMM_TYPE_SHARED, boot->rank,
+                                        MPI_INFO_NULL, &m->node);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "splitting the nodes off (hierarchy)");
+    MPI_Comm_set_errhandler(m->node, MPI_ERRORS_RETURN);
+    int per = 0, me = 0;
+    MPI_Comm_size(m->node, &per);
+    MPI_Comm_rank(m->node, &me);
+    int mine[2] = {per, -per}, all[2] = {0, 0}; /* max and -min of the node sizes */
+    err = MPI_Allreduce(mine, all, 2, MPI_INT, MPI_MAX, m->comm);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "agreeing on the node layout (hierarchy)");
+    if (all[0] != -all[1] || per < 2 || boot->size / per < 2) {
+        MPI_Comm_free(&m->node); /* uneven nodes, one rank each, or one node: flat */
+        return KPL_OK;
+    }
+    err = MPI_Comm_split(m->comm, me, boot->rank, &m->cross);
+    if (err != MPI_SUCCESS) return mpi_fail(err, "splitting the ranks across nodes (hierarchy)");
+    MPI_Comm_set_errhandler(m->cross, MPI_ERRORS_RETURN);
+    m->counts = calloc((size_t)per, sizeof *m->counts);
+    m->displs = calloc((size_t)per, sizeof *m->displs);
+    KPL_CHECK(m->counts && m->displs, KPL_ENOMEM, "mpi backend: no memory");
+    m->hier = boot->hierarchy;
+    m->per_node = per;
+    m->node_rank = me;
+    m->nodes = boot->size / per;
+    return KPL_OK;
+}
+
+static int32_t mpi_hierarchy_nodes(void *state) { return ((mpi_state *)state)->nodes; }
 
 static kpl_status mpi_init(const kpl__comm_boot *boot, void **state)
 {
@@ -61,6 +122,7 @@ static kpl_status mpi_init(const kpl__comm_boot *boot, void **state)
     *state = m;
     m->comm = boot->comm;
     m->size = boot->size;
+    m->node = m->cross = MPI_COMM_NULL;
     MPI_User_function *fn[2][3] = {{f16_sum, f16_max, f16_min}, {bf16_sum, bf16_max, bf16_min}};
     for (int t = 0; t < 2; t++)
         for (int o = 0; o < 3; o++) {
@@ -68,7 +130,7 @@ static kpl_status mpi_init(const kpl__comm_boot *boot, void **state)
             int err = MPI_Op_create(fn[t][o], 1, &m->half_ops[t][o]);
             if (err != MPI_SUCCESS) return mpi_fail(err, "MPI_Op_create");
         }
-    return KPL_OK;
+    return hier_init(m, boot);
 }
 
 static MPI_Datatype mpi_type(kpl_dtype dt)
@@ -92,17 +154,55 @@ static MPI_Op mpi_op(const mpi_state *m, kpl_dtype dt, kpl_comm_op op)
     return o == 1 ? MPI_MAX : o == 2 ? MPI_MIN : MPI_SUM;
 }
 
-/* Allreduce in pieces (see PIECE_BYTES); AVG divides each piece. */
-static int allreduce(const mpi_state *m, const kpl__coll_args *a)
+/* One piece of a hierarchical allreduce: n elements from in (which may
+ * be out) into out, through m->shard. */
+static int hier_piece(mpi_state *m, const kpl__coll_args *a, const char *in, char *out, size_t n)
 {
-    size_t esize = kpl_dtype_size(a->dtype);
-    size_t piece = a->count * esize > PIECE_ABOVE ? PIECE_BYTES / esize : a->count;
+    MPI_Datatype t = mpi_type(a->dtype);
+    MPI_Op op = mpi_op(m, a->dtype, a->op);
+    int per = m->per_node, at = 0;
+    for (int i = 0; i < per; i++) {
+        m->counts[i] = (int)(n / (size_t)per) + (i < (int)(n % (size_t)per));
+        m->displs[i] = at;
+        at += m->counts[i];
+    }
+    int mine = m->counts[m->node_rank];
+    int err = MPI_Reduce_scatter(in, m->shard, m->counts, t, op, m->node);
+    if (err == MPI_SUCCESS) err = MPI_Allreduce(MPI_IN_PLACE, m->shard, mine, t, op, m->cross);
+    if (err != MPI_SUCCESS) return err;
+    if (a->op == KPL_COMM_AVG) kpl__comm_divide(m->shard, (size_t)mine, a->dtype, m->size);
+    return MPI_Allgatherv(m->shard, mine, t, out, m->counts, m->displs, t, m->node);
+}
+
+/* Allreduce in pieces (see PIECE_BYTES; a hierarchical one in pieces of
+ * that per rank of a node); AVG divides each piece. */
+static int allreduce(mpi_state *m, const kpl__coll_args *a)
+{
+    size_t esize = kpl_dtype_size(a->dtype), bytes = a->count * esize;
+    bool hier = m->nodes > 0 && (m->hier == KPL_COMM_HIER_ON || bytes >= KPL_COMM_HIER_MIN_BYTES);
+    size_t above = hier ? PIECE_ABOVE * (size_t)m->per_node : PIECE_ABOVE;
+    size_t piece = bytes > above ? (hier ? PIECE_BYTES * (size_t)m->per_node : PIECE_BYTES) / esize
+                                 : a->count;
+    if (hier) {
+        size_t need = (piece / (size_t)m->per_node + 1) * esize;
+        if (need > m->shard_bytes) {
+            void *p = realloc(m->shard, need);
+            if (!p) return MPI_ERR_NO_MEM;
+            m->shard = p, m->shard_bytes = need;
+        }
+    }
     MPI_Datatype t = mpi_type(a->dtype);
     MPI_Op op = mpi_op(m, a->dtype, a->op);
     for (size_t at = 0; at < a->count; at += piece) {
         size_t n = a->count - at < piece ? a->count - at : piece;
         char *out = (char *)a->out + at * esize;
-        const void *in = a->in == a->out ? MPI_IN_PLACE : (const char *)a->in + at * esize;
+        const char *src = (const char *)a->in + at * esize;
+        if (hier) {
+            int err = hier_piece(m, a, src, out, n);
+            if (err != MPI_SUCCESS) return err;
+            continue;
+        }
+        const void *in = a->in == a->out ? MPI_IN_PLACE : src;
         int err = MPI_Allreduce(in, out, (int)n, t, op, m->comm);
         if (err != MPI_SUCCESS) return err;
         if (a->op == KPL_COMM_AVG) kpl__comm_divide(out, n, a->dtype, m->size);
@@ -158,6 +258,7 @@ static const kpl__comm_backend mpi_backend = {
     .init = mpi_init,
     .fini = mpi_fini,
     .run = mpi_run,
+    .hierarchy_nodes = mpi_hierarchy_nodes,
 };
 
 const kpl__comm_backend *kpl__comm_mpi_backend(void) { return &mpi_backend; }

@@ -261,7 +261,7 @@ static void test_bucketer(void **state)
         float *p = kpl_tensor_host_mutable(params[i]);
         for (int64_t j = 0; j < sizes_[i]; j++) p[j] = (float)(rank + 1);
     }
-    kpl_bucketer_config cfg = {1.0, 0.5, true, KPL_F32};
+    kpl_bucketer_config cfg = {1.0, 0.5, true, KPL_F32, false};
     kpl_bucketer *b = NULL;
     OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
     /* Reverse registration order into a 0.5 MB first bucket, then 1 MB
@@ -326,6 +326,57 @@ static void test_bucketer(void **state)
     FAILS(kpl_bucketer_check_params(b), KPL_ESTATE, want);
 
     kpl_bucketer_destroy(b);
+    for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
+}
+
+/* One allreduce per gradient (bucket_mb 0), and every allreduce held to
+ * finish (after_backward): the same averages; the bucket timings say
+ * which buckets moved when. */
+static void test_bucketer_modes(void **state)
+{
+    (void)state;
+    enum { N = 5 };
+    const int64_t sizes_[N] = {3, 70000, 1, 9000, 262147};
+    kpl_tensor *params[N];
+    for (int i = 0; i < N; i++) OK(kpl_tensor_zeros(dev, KPL_F32, 1, &sizes_[i], &params[i]));
+    for (int mode = 0; mode < 2; mode++) {
+        kpl_bucketer_config cfg = KPL_BUCKETER_CONFIG_INIT;
+        if (mode == 0) cfg.bucket_mb = cfg.first_bucket_mb = 0;
+        else cfg.after_backward = true;
+        kpl_bucketer *b = NULL;
+        OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
+        int nb = 0;
+        /* mode 1: the first bucket is full with parameter 4's 1 MB + 12 B */
+        assert_int_equal(kpl_bucketer_num_buckets(b), mode == 0 ? N : 2);
+        kpl_bucketer_timings(b, &nb);
+        assert_int_equal(nb, 0); /* no finish yet */
+        for (int step = 0; step < 2; step++) {
+            write_grads(b, N, step, false);
+            double before = kpl_seconds();
+            for (int i = N - 1; i >= 0; i--) OK(kpl_bucketer_mark_ready(b, i));
+            double marked = kpl_seconds();
+            OK(kpl_bucketer_finish(b));
+            check_grads(b, N, -1, 1, step);
+            const kpl_bucket_timing *tm = kpl_bucketer_timings(b, &nb);
+            assert_int_equal(nb, kpl_bucketer_num_buckets(b));
+            int64_t bytes = 0;
+            for (int k = 0; k < nb; k++) {
+                bytes += tm[k].bytes;
+                assert_true(tm[k].ready >= before && tm[k].ready <= marked);
+                assert_true(tm[k].issued >= tm[k].ready);
+                assert_true(tm[k].started >= tm[k].issued && tm[k].ended >= tm[k].started);
+                /* after_backward: nothing was issued while gradients were marked */
+                if (mode == 1) assert_true(tm[k].issued >= marked);
+                if (k > 0) assert_true(tm[k].started >= tm[k - 1].ended - 1e-9);
+            }
+            assert_int_equal(bytes, 4 * (3 + 70000 + 1 + 9000 + 262147));
+        }
+        kpl_bucketer_destroy(b);
+    }
+    kpl_bucketer_config bad = KPL_BUCKETER_CONFIG_INIT;
+    bad.bucket_mb = -1;
+    kpl_bucketer *b = NULL;
+    FAILS(kpl_bucketer_create(comm, N, params, &bad, &b), KPL_EINVAL, "must be >= 0");
     for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
 }
 
@@ -469,7 +520,7 @@ static void test_bucketer_low_precision(void **state)
     for (int i = 0; i < N; i++) OK(kpl_tensor_zeros(dev, KPL_F32, 1, &sizes_[i], &params[i]));
     const kpl_dtype dts[2] = {KPL_BF16, KPL_F16};
     for (int d = 0; d < 2; d++) {
-        kpl_bucketer_config cfg = {0.1, 0.01, false, dts[d]};
+        kpl_bucketer_config cfg = {0.1, 0.01, false, dts[d], false};
         kpl_bucketer *b = NULL;
         OK(kpl_bucketer_create(comm, N, params, &cfg, &b));
         double u = unit_roundoff(dts[d]), worst = 0;
@@ -529,7 +580,7 @@ static void test_bucketer_low_precision(void **state)
     }
     /* What cannot be: a dtype that is no gradient's, low precision over f64 */
     kpl_bucketer *b = NULL;
-    kpl_bucketer_config bad = {1, 1, false, KPL_I32};
+    kpl_bucketer_config bad = {1, 1, false, KPL_I32, false};
     FAILS(kpl_bucketer_create(comm, N, params, &bad, &b), KPL_EDTYPE, "grad_dtype i32");
     kpl_tensor *p64 = NULL;
     OK(kpl_tensor_zeros(dev, KPL_F64, 1, &sizes_[2], &p64));
@@ -549,10 +600,15 @@ int main(int argc, char **argv)
     kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
     cfg.timeout = 60; /* a failing rank must not hang the others for long */
     if (!strcmp(name, "mpi")) cfg.backend = KPL_COMM_BACKEND_MPI;
-    else if (!strcmp(name, "ucx")) cfg.backend = KPL_COMM_BACKEND_UCX;
+    else if (!strcmp(name, "mpi-hier")) {
+        /* pairs of ranks stand in for nodes: every allreduce hierarchical */
+        cfg.backend = KPL_COMM_BACKEND_MPI;
+        cfg.hierarchy = KPL_COMM_HIER_ON;
+        cfg.node_ranks = 2;
+    } else if (!strcmp(name, "ucx")) cfg.backend = KPL_COMM_BACKEND_UCX;
     else if (!strcmp(name, "nccl")) cfg.backend = KPL_COMM_BACKEND_NCCL;
     else {
-        fprintf(stderr, "usage: test_collective mpi|ucx|nccl\n");
+        fprintf(stderr, "usage: test_collective mpi|mpi-hier|ucx|nccl\n");
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     if (cfg.backend == KPL_COMM_BACKEND_NCCL && nccl_skips()) {
@@ -564,7 +620,8 @@ int main(int argc, char **argv)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     dev = cfg.backend == KPL_COMM_BACKEND_NCCL ? kpl_comm_device(comm) : kpl_device_cpu();
-    const char *want = cfg.backend == KPL_COMM_BACKEND_NCCL ? "nccl" : name;
+    const char *want = cfg.backend == KPL_COMM_BACKEND_NCCL ? "nccl"
+                       : cfg.backend == KPL_COMM_BACKEND_MPI ? "mpi" : name;
     const char *got = kpl_comm_backend_for(comm, kpl_device_type_of(dev));
     if (!got || strcmp(got, want)) {
         fprintf(stderr, "backend for %s tensors is %s, want %s\n", kpl_device_name(dev),
@@ -581,6 +638,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "rank/size mismatch\n");
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
+    /* One box is one node: flat, unless pairs of ranks are nodes. */
+    int32_t nodes = kpl_comm_hierarchy_nodes(comm);
+    int32_t want_nodes = cfg.hierarchy == KPL_COMM_HIER_ON && size >= 4 ? size / 2 : 0;
+    if (nodes != want_nodes) {
+        fprintf(stderr, "hierarchy over %d nodes, want %d\n", (int)nodes, (int)want_nodes);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_allreduce_64mb),
@@ -588,6 +652,7 @@ int main(int argc, char **argv)
         cmocka_unit_test(test_send_recv_barrier_async),
         cmocka_unit_test(test_bad_arguments),
         cmocka_unit_test(test_bucketer),
+        cmocka_unit_test(test_bucketer_modes),
         cmocka_unit_test(test_allreduce_half_rounding),
         cmocka_unit_test(test_bucketer_low_precision),
     };

@@ -111,7 +111,7 @@ static void train_ddp(int micro, bool keep, kpl_module **out, kpl_bucketer_stats
     kpl_module *m = zoo_model("lenet", 42 + 1000 * (uint64_t)rank, &opt, keep); /* rank 0's values must win */
     kpl_ddp *ddp = NULL;
     /* Small buckets, so that several allreduces overlap backward. */
-    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32};
+    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32, false};
     OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     assert_true(kpl_bucketer_num_buckets(kpl_ddp_bucketer(ddp)) > 2);
@@ -260,7 +260,7 @@ static void test_sync_bn(void **state)
     OK(kpl_nn_sync_batch_norm(m, comm, &count));
     assert_int_equal(count, 2);
     kpl_ddp *ddp = NULL;
-    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32};
+    kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32, false};
     OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     int per_rank = BATCH / size;
@@ -320,7 +320,7 @@ static void test_ddp_low_precision_grads(void **state)
             kpl_grad_set(p[i], NULL);
         }
         kpl_ddp *ddp = NULL;
-        kpl_bucketer_config cfg = {0.05, 0.01, true, dts[d]};
+        kpl_bucketer_config cfg = {0.05, 0.01, true, dts[d], false};
         OK(kpl_ddp_create(comm, np, p, kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg,
                           &ddp));
         OK(kpl_ddp_begin(ddp, true));

@@ -113,7 +113,7 @@ static void train_case(const char *preset, int micro, kpl_dtype grad_dtype, doub
     kpl_module *m = zoo_model(preset, gpu, 42 + 1000 * (uint64_t)rank, &opt2);
     kpl_ddp *ddp = NULL;
     /* several buckets overlap backward */
-    kpl_bucketer_config cfg = {0.05, 0.01, true, grad_dtype};
+    kpl_bucketer_config cfg = {0.05, 0.01, true, grad_dtype, false};
     OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                       kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
     int per_rank = BATCH / size, per_micro = per_rank / micro;
@@ -158,7 +158,7 @@ static void test_ddp_gpu_cnn(void **state)
         kpl_optim *opt;
         kpl_module *m = zoo_model("cnn", gpu, 7 + (uint64_t)rank, &opt);
         kpl_ddp *ddp = NULL;
-        kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32};
+        kpl_bucketer_config cfg = {0.05, 0.01, true, KPL_F32, false};
         OK(kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                           kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp));
         int per_rank = BATCH / size;

@@ -581,8 +581,10 @@ static kpl_status make_ddp(kpl_trainer *t)
     for (int k = 0; k < t->nmodels; k++) {
         kpl__model *md = &t->models[k];
         if (md->np == 0) continue; /* a frozen model: nothing to reduce */
+        kpl_bucketer_config bc = r->dist.buckets;
+        bc.after_backward = !r->dist.overlap;
         KPL_TRY(kpl_ddp_create(t->comm, md->np, md->params, kpl_module_num_buffers(md->m),
-                               kpl_module_buffers(md->m), &r->dist.buckets, &md->ddp));
+                               kpl_module_buffers(md->m), &bc, &md->ddp));
         if (r->model.sync_bn && t->world > 1) {
             int n = 0;
             KPL_TRY(kpl_nn_sync_batch_norm(md->m, t->comm, &n));
