@@ -3,7 +3,7 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg gan (none = all of them).
+# Groups: kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -13,12 +13,14 @@
 #                     beside the project)
 #   KPL_BENCH_CUDA    KPL_CUDA for the build (default OFF: CPU benchmarks)
 #   KPL_BENCH_ROUNDS  rounds of kpl/reference alternation (default 5)
+#   KPL_BENCH_LINKS   the scale group's link speeds (default "1gbit 2500mbit 10gbit")
+#   KPL_BENCH_SCALE   its cases (default scale18,scale50,hier)
 #   OMP_WAIT_POLICY   exported to kpl and the references alike (default
 #                     PASSIVE: idle OpenMP threads sleep instead of spinning,
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm train launch graph cocoeval fid detops fcos seg gan)
+all=(kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -107,6 +109,40 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       "${mpirun[@]}" --mca btl tcp,self -x UCX_TLS=tcp,self \
         "$build/bin/bench_comm" --transport tcp --cases busbw,r50 || rc=$?
       "${mpirun[@]}" -x OMP_NUM_THREADS=1 "$build/bin/bench_comm" --cases overlap || rc=$?
+      ;;
+    scale)
+      # Data parallelism over a link (bench/cluster.sh: nodes as network
+      # namespaces on their own cores, veth links shaped by tbf), one job
+      # per link speed: ResNet-18 CIFAR and ResNet-50 on 2 nodes x 1 rank
+      # (one core and one thread each), then the hierarchical allreduce on
+      # 2 nodes x 2 ranks.  Open MPI's transport as kplrun sets it (the UCX
+      # pml), UCX on TCP between the nodes and shared memory inside them.
+      # (ob1's btl tcp moved only ~60% of the link per direction when both
+      # directions were busy, as in every allreduce, unless
+      # btl_tcp_links > 1.)
+      local cases=${KPL_BENCH_SCALE:-scale18,scale50,hier} link crc
+      local mpi='mpirun --allow-run-as-root --oversubscribe --bind-to none $KPL_CLUSTER_MPI'
+      mpi+=' --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS=tcp,sm,self'
+      mpi+=' -x OMP_NUM_THREADS=1 -x KPL_BENCH_ROUNDS'
+      # shellcheck disable=SC2206
+      local links=(${KPL_BENCH_LINKS:-1gbit 2500mbit 10gbit})
+      for link in "${links[@]}"; do
+        local models=${cases//hier/}
+        if [[ $models == *scale* ]]; then
+          crc=0
+          "$here/cluster.sh" --nodes 2 --bandwidth "$link" -- sh -c \
+            "$mpi -np 2 '$build/bin/bench_comm' --transport $link --cases $models" || crc=$?
+          ((crc == 77)) && { echo "bench: scale: no simulated cluster here, skipped" >&2; return 0; }
+          ((crc == 0)) || rc=$crc
+        fi
+        if [[ $cases == *hier* ]]; then
+          crc=0
+          "$here/cluster.sh" --nodes 2 --slots 2 --bandwidth "$link" -- sh -c \
+            "$mpi -np 4 '$build/bin/bench_comm' --transport $link --cases hier" || crc=$?
+          ((crc == 77)) && { echo "bench: scale: no simulated cluster here, skipped" >&2; return 0; }
+          ((crc == 0)) || rc=$crc
+        fi
+      done
       ;;
     train)
       # The lenet recipe through `kpl train` against torch_fmnist.py, in
