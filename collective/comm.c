@@ -16,6 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 const char *kpl__coll_kind_name(kpl__coll_kind k)
 {
@@ -377,6 +378,22 @@ kpl_status kpl_comm_create(const kpl_comm_config *cfg, kpl_comm **out)
     c->size = s;
     c->local_rank = lr;
     c->local_size = ls;
+    /* Every rank's host name, so that a report of a rank that does not
+     * answer says where it is (a node whose link went down). */
+    c->hosts = calloc((size_t)s, sizeof *c->hosts);
+    if (!c->hosts) {
+        st = KPL_ERROR(KPL_ENOMEM, "comm_create: no memory for %d host names", s);
+        goto fail;
+    }
+    char me[KPL__COMM_HOST_LEN] = "";
+    if (gethostname(me, sizeof me - 1) != 0) snprintf(me, sizeof me, "?");
+    err = MPI_Allgather(me, KPL__COMM_HOST_LEN, MPI_CHAR, c->hosts, KPL__COMM_HOST_LEN, MPI_CHAR,
+                        c->insp);
+    if (err != MPI_SUCCESS) {
+        st = mpi_failed(err, "MPI_Allgather of the host names");
+        goto fail;
+    }
+    for (int i = 0; i < s; i++) c->hosts[i][KPL__COMM_HOST_LEN - 1] = '\0';
     KPL_TRY_GOTO(agree_devices(c, cf.backend, pick_device(c, cf.device), node));
     bool on_gpu = kpl_device_type_of(c->device) == KPL_DEVICE_CUDA;
 
@@ -433,6 +450,7 @@ void kpl_comm_destroy(kpl_comm *c)
     slot_fini(&c->host);
     if (c->insp != MPI_COMM_NULL) MPI_Comm_free(&c->insp);
     if (c->finalize_mpi) MPI_Finalize();
+    free(c->hosts);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv_queue);
     pthread_cond_destroy(&c->cv_done);

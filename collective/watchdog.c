@@ -219,7 +219,19 @@ static void put_ranks(text *t, const bool *mark, int n)
 static void put_silent(kpl_comm *c, text *t, const bool *mark, int r)
 {
     put_ranks(t, mark, (int)c->size);
-    put(t, ": no answer for %.1f s (stopped or hung?)", kpl_seconds() - c->wd->silent_since[r]);
+    /* where they are: their hosts, each once (a node cut off shows as all
+     * of its ranks silent on one host) */
+    int said = 0;
+    for (int q = 0; q < (int)c->size && said < 4; q++) {
+        if (!mark[q]) continue;
+        bool seen = false;
+        for (int p = 0; p < q && !seen; p++) seen = mark[p] && !strcmp(c->hosts[p], c->hosts[q]);
+        if (seen) continue;
+        put(t, "%s%s", said ? ", " : " on host ", c->hosts[q]);
+        said++;
+    }
+    put(t, ": no answer for %.1f s (stopped, hung, or unreachable?)",
+        kpl_seconds() - c->wd->silent_since[r]);
 }
 
 /* What rank r is doing, as a phrase. */

@@ -466,6 +466,17 @@ kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *co
                              "--mca", "pml_ucx_devices", "any"};
         for (size_t i = 0; i < sizeof ucx / sizeof *ucx; i++) push(&a, ucx[i]);
     }
+    if ((c->hosts && c->hosts->n > 1) || c->hostfile) {
+        /* Open MPI notices a host it can no longer reach (a link or switch
+         * port down) by TCP keepalives on its daemons' connections; by
+         * default after 300 + 9 x 20 s, while everything on both sides
+         * waits.  Idle 10 s, then 3 probes 2 s apart: ~16 s, after which
+         * mpirun ends the job and the cut-off daemon its ranks. */
+        const char *ka[] = {"--mca", "oob_tcp_keepalive_time",   "10",
+                            "--mca", "oob_tcp_keepalive_intvl",  "2",
+                            "--mca", "oob_tcp_keepalive_probes", "3"};
+        for (size_t i = 0; i < sizeof ka / sizeof *ka; i++) push(&a, ka[i]);
+    }
     for (int i = 0; i < c->nextra; i++) push(&a, c->extra[i]);
     push(&a, c->agent);
     push(&a, "--agent");

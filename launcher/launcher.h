@@ -81,6 +81,7 @@ typedef struct {
  *          CPUs: --map-by slot:PE=k --bind-to core -x OMP_NUM_THREADS=k, k = cores per rank
  *                (more ranks than cores: --bind-to none, OMP_NUM_THREADS=1)
  *          [--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any]
+ *          [several hosts: --mca oob_tcp_keepalive_time 10 (_intvl 2, _probes 3)]
  *          EXTRA... AGENT --agent --log-dir D [--channel SPEC] [--bar --columns C] -- COMMAND...
  * *ranks_per_node and *threads (may be NULL) receive the layout chosen. */
 kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *const *argv,

@@ -170,6 +170,8 @@ void kpl__comm_divide(void *out, size_t count, kpl_dtype dt, int32_t n);
 
 #include <pthread.h>
 
+#define KPL__COMM_HOST_LEN 64
+
 /* One backend in use and its state. */
 typedef struct {
     const kpl__comm_backend *be; /* NULL: none for this kind of tensor */
@@ -214,6 +216,7 @@ struct kpl_comm {
     bool finalize_mpi; /* kpl initialised MPI */
     bool inspect;      /* MPI runs at MPI_THREAD_MULTIPLE: the watchdog may call it */
     MPI_Comm insp;     /* the stall inspector's queries and answers */
+    char (*hosts)[KPL__COMM_HOST_LEN]; /* every rank's host name, for reports */
     kpl__comm_slot host, dev;
 
     pthread_mutex_t mu; /* guards everything below */

@@ -138,17 +138,18 @@ int main(int argc, char **argv)
          * waiter wakes: the message is the same.) */
         char stall_report[2048];
         int n = first_report(stall_report, sizeof stall_report);
-        char what[128], missing[64];
+        char what[128], missing[160], host[64] = "";
         snprintf(what, sizeof what, "allreduce #1 (f32, 1000 elements) on backend mpi, rank 0 of %d",
                  size);
-        snprintf(missing, sizeof missing, "; not joined: %s: no answer for ",
-                 size == 2 ? "rank 1" : size == 3 ? "ranks 1-2" : "?");
+        gethostname(host, sizeof host - 1); /* one machine: every rank's host */
+        snprintf(missing, sizeof missing, "; not joined: %s on host %s: no answer for ",
+                 size == 2 ? "rank 1" : size == 3 ? "ranks 1-2" : "?", host);
         bool ok = st == KPL_ETIMEOUT && el >= 2.9 && el < 8.0 && n >= 1 &&
                   !strncmp(stall_report, "stall: ", 7) && strstr(stall_report, what) &&
                   strstr(stall_report, " has waited ") && strstr(stall_report, missing) &&
-                  strstr(stall_report, " s (stopped or hung?); joined: rank 0") &&
+                  strstr(stall_report, " s (stopped, hung, or unreachable?); joined: rank 0") &&
                   !strncmp(msg, what, strlen(what)) && strstr(msg, ": timed out after 3 s") &&
-                  strstr(msg, missing) && strstr(msg, " s (stopped or hung?); joined: rank 0") &&
+                  strstr(msg, missing) && strstr(msg, " s (stopped, hung, or unreachable?); joined: rank 0") &&
                   !strstr(msg, "none");
         printf("%s rank 0 after %.1f s: %s\n", ok ? "STOPPED-OK" : "STOPPED-WRONG", el, msg);
         fflush(stdout);

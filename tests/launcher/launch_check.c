@@ -15,7 +15,13 @@
  * `launch_check BACKEND stop [...]`: rank 1 stops itself (SIGSTOP) after
  * the allreduce (#0), before the allgather (#1), with a 3 s timeout and a
  * 1 s stall warning, so that the others time out waiting for it (further
- * arguments are ignored: a test marks its processes with them). */
+ * arguments are ignored: a test marks its processes with them).
+ *
+ * `launch_check BACKEND loop`: after the checks, allreduces on and on
+ * (printing "LOOPING rank R" once both ranks are well into it) with a 30 s
+ * timeout and a 1 s stall warning, until one fails: then "LINK-LOST rank R: <the error>" and the
+ * job ends with status 124, as kpl train's does (cluster_fault.sh cuts a
+ * node's link under it).  After 10 minutes: WRONG. */
 #define _GNU_SOURCE
 #include "collective.h"
 
@@ -61,8 +67,9 @@ int main(int argc, char **argv)
     kpl_comm_config cfg = KPL_COMM_CONFIG_INIT;
     cfg.backend = !strcmp(backend, "ucx") ? KPL_COMM_BACKEND_UCX : KPL_COMM_BACKEND_MPI;
     bool stop = argc > 2 && !strcmp(argv[2], "stop");
-    cfg.timeout = stop ? 3 : 60;
-    if (stop) cfg.stall_warning = 1;
+    bool loop = argc > 2 && !strcmp(argv[2], "loop");
+    cfg.timeout = stop ? 3 : loop ? 30 : 60;
+    if (stop || loop) cfg.stall_warning = 1;
     kpl_comm *comm = NULL;
     if (kpl_comm_create(&cfg, &comm) < 0) {
         fprintf(stderr, "WRONG: kpl_comm_create: %s\n", kpl_last_error());
@@ -133,6 +140,21 @@ int main(int argc, char **argv)
         printf("PLACES");
         for (int r = 0; r < world; r++) printf(" r%d=%.*s", r, PLACE, p + (size_t)r * PLACE);
         printf("\n%s over %s\n", wrong ? "WRONG" : "SUM-OK", backend);
+    }
+    double t0 = kpl_seconds();
+    for (int64_t i = 0; loop && !bad; i++) {
+        if (kpl_comm_allreduce(comm, x, y, KPL_COMM_SUM) < 0) {
+            fprintf(stderr, "LINK-LOST rank %d: %s\n", rank, kpl_last_error());
+            kpl_comm_abort(comm, KPL_COMM_TIMEOUT_EXIT);
+        }
+        if (i == 50) {
+            printf("LOOPING rank %d\n", rank);
+            fflush(stdout);
+        }
+        if (kpl_seconds() - t0 > 600) {
+            fprintf(stderr, "WRONG: 10 minutes of allreduces and no failure\n");
+            kpl_comm_abort(comm, 1);
+        }
     }
     kpl_tensor_release(x);
     kpl_tensor_release(y);

@@ -152,9 +152,9 @@ stall)
   # (and up to 2 s for answers), then the job's end after a grace of 3.5 s
   [[ $rc == 124 ]] || die "exit $rc, expected 124"
   faster 25
-  has err.txt "^\[r0\] kpl\[0\] comm: stall: allgather #1 .*; not joined: rank 1: no answer for [0-9.]+ s \(stopped or hung\?\); joined: rank 0$"
+  has err.txt "^\[r0\] kpl\[0\] comm: stall: allgather #1 .*; not joined: rank 1 on host [^:;]+: no answer for [0-9.]+ s \(stopped, hung, or unreachable\?\); joined: rank 0$"
   has err.txt "^kplrun: rank 0 on host [^ ]+ \(pid [0-9]+\) exited with status 124 after [0-9.]+ s; the other ranks were stopped$"
-  has err.txt "^kplrun: rank 0 timed out waiting for rank 1, which has not joined allgather #1; rank 1: no answer for [0-9.]+ s \(stopped or hung\?\)$"
+  has err.txt "^kplrun: rank 0 timed out waiting for rank 1, which has not joined allgather #1; rank 1 on host [^:;]+: no answer for [0-9.]+ s \(stopped, hung, or unreachable\?\)$"
   # the stuck rank's last lines first, then those of the rank that failed
   has err.txt "^kplrun: the last lines of rank 1 \($tmp/logs/rank-00001.log\):$"
   has err.txt "^  \[r1\] stopping before the allgather$"

@@ -215,8 +215,9 @@ static void test_mpirun_argv(void **state)
     OK(kpl_launch_mpirun_argv(&g, 2, cmd, &a, &per, &threads));
     s = kpl_launch_argv_string(a);
     assert_string_equal(s, "mpirun -np 16 --host g1:8,g2:8 --map-by ppr:8:node --bind-to none "
-                           "-x OMP_NUM_THREADS=8 -x NCCL_DEBUG --mca btl_tcp_if_include ib0 "
-                           "kplrun --agent --log-dir kplrun-logs -- kpl train");
+                           "-x OMP_NUM_THREADS=8 --mca oob_tcp_keepalive_time 10 --mca "
+                           "oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 -x "
+                           "NCCL_DEBUG --mca btl_tcp_if_include ib0 kplrun --agent --log-dir kplrun-logs -- kpl train");
     assert_int_equal(per, 8);
     assert_int_equal(threads, 8);
     free(s);

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# cluster_fault.sh CLUSTER KPLRUN LAUNCH_CHECK — a node's link goes down
+# mid-job.  Two nodes of bench/cluster.sh (network namespaces joined by a
+# bridge), one rank each, allreducing in a loop (launch_check loop: 5 s
+# collective timeout); once both ranks are in the loop the test takes node
+# 1's link down (`ip link set eth0 down` in its namespace, as a cable or
+# switch port fails).  Checked: every rank stops within the timeout plus
+# a margin; rank 0's report names rank 1 and its host as not answering;
+# kplrun exits non-zero naming a rank; nothing of the job is left running
+# in either namespace.  Skips (77) where namespaces cannot be made.
+set -euo pipefail
+cluster=$1 kplrun=$2 check=$3
+
+if [[ -z ${KPL_IN_CLUSTER:-} ]]; then
+  export KPL_IN_CLUSTER=1
+  exec "$cluster" --nodes 2 -- "$0" "$@"
+fi
+
+# ---- on node 0 of the cluster ----
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+read -r -a netns <<< "$KPL_CLUSTER_NETNS"
+read -r -a names <<< "$KPL_CLUSTER_NAMES"
+die() {
+  echo "FAIL (cluster_fault): $*" >&2
+  for f in "$tmp/out.txt" "$tmp/err.txt"; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
+  exit 1
+}
+unset KPL_NO_UCX SLURM_JOB_NODELIST PBS_NODEFILE OMP_NUM_THREADS
+# shellcheck disable=SC2086
+"$kplrun" -np 2 $KPL_CLUSTER_MPI -x UCX_TLS=tcp,sm,self ${KPL_TEST_MPIRUN_EXTRA:-} --stop-timeout 20 \
+  --log-dir "$tmp/logs" -- "$check" mpi loop > "$tmp/out.txt" 2> "$tmp/err.txt" &
+job=$!
+
+deadline=$((SECONDS + 90))
+until [[ $(grep -c '^\[r[01]\] LOOPING rank' "$tmp/out.txt" 2> /dev/null) == 2 ]]; do
+  kill -0 $job 2> /dev/null || die "the job ended before both ranks were in the loop"
+  ((SECONDS < deadline)) || { kill $job; die "the ranks did not reach the loop in 90 s"; }
+  sleep 0.2
+done
+
+ip -n "${netns[1]}" link set "$KPL_CLUSTER_DEV" down
+cut=$SECONDS
+# Within the collective timeout (30 s), from the link's cut.
+rc=0
+while kill -0 $job 2> /dev/null; do
+  if ((SECONDS - cut > 30)); then
+    kill -9 $job 2> /dev/null || true
+    die "kplrun still running 30 s after the link went down"
+  fi
+  sleep 0.2
+done
+wait $job || rc=$?
+took=$((SECONDS - cut))
+echo "kplrun exited $rc, ${took} s after the link went down"
+((rc != 0)) || die "kplrun exited 0 after a node was cut off"
+has() { grep -qE -- "$1" "$tmp/out.txt" "$tmp/err.txt" || die "the output lacks /$1/"; }
+# rank 0's communicator names the rank that does not answer, and where it is
+has "\[r0\] kpl\[0\] comm: stall: allreduce #[0-9]+ .*; not joined: rank 1 on host ${names[1]}: no answer for [0-9.]+ s \(stopped, hung, or unreachable\?\)"
+# kplrun's verdict names the host that was lost
+has "^kplrun: .*${names[1]}"
+
+# nothing of the job left: not in node 1 (its Open MPI daemon and rank),
+# not here (no rank, agent or daemon of the job)
+sleep 1
+left=$(ip netns pids "${netns[1]}" || true)
+[[ -z $left ]] || die "processes left on node 1: $(ps -o pid=,args= -p "${left//$'\n'/,}")"
+if pgrep -f "$check mpi loop" > /dev/null; then
+  die "ranks left: $(pgrep -af "$check mpi loop")"
+fi
+if pgrep -f "$kplrun --agent" > /dev/null; then die "agents left: $(pgrep -af "$kplrun --agent")"; fi
+echo "PASS (cluster_fault): ${names[1]} cut off; kplrun exited $rc after ${took} s"
