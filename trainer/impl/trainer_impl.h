@@ -304,6 +304,8 @@ typedef struct {
     int prev;
     double t0;
 } kpl__tmark;
+
+typedef struct kpl__prof kpl__prof; /* the step profiler (profile.steps) */
 struct kpl_trainer {
     const kpl_recipe *r; /* &recipe */
     kpl_recipe recipe;   /* the caller's, copied: theirs may go */
@@ -368,24 +370,47 @@ struct kpl_trainer {
     bool stoppable; /* inside kpl_trainer_fit: SIGINT / SIGTERM stop the run */
     int stop_sig;   /* the stop every rank agreed on (a signal number), 0: none yet */
     kpl__timing tm; /* where the steps' time went since the last timing record */
+    kpl__prof *prof; /* profile.steps: the step profiler; NULL: off */
 };
 
-/* profile.c: the timing parts.  A region:
+/* profile.c: the timing parts and the step profiler.  A region:
  *     kpl__tmark m = kpl__timing_begin(t, KPL__T_DATA);   // part < 0: the part stays
  *     ... kpl__timing_end(t, m, "data wait", -1);         // span name (NULL: none), model
- * switches the clock to `part` and back; the name (and model k's, when
- * the trainer has several) is the region's in traces. */
+ * switches the clock to `part` and back, and when the step profiler
+ * records, traces the region as a span of the step lane named `span`
+ * (with model k's name appended when the trainer has several). */
 kpl__tmark kpl__timing_begin(kpl_trainer *t, int part);
 double kpl__timing_end(kpl_trainer *t, kpl__tmark m, const char *span, int model);
 /* The end of an epoch (or the run) starts: the clock stops until the next
  * step begins (kpl__timing_step). */
 void kpl__timing_pause(kpl_trainer *t);
-/* A step begins: the clock runs again if it was paused. */
+/* A step begins: the clock runs again if it was paused; the step profiler
+ * starts recording at profile.steps' first step. */
 void kpl__timing_step(kpl_trainer *t);
+/* A step ended (t->step counts it): its span; at profile.steps' last step
+ * the trace is written and said. */
+void kpl__timing_step_end(kpl_trainer *t);
 /* The `timing` record of the steps since the last one and its console
  * line (rank 0); collective (the slowest rank), every rank at the same
  * step: kpl__trainer_report calls it. */
 kpl_status kpl__timing_report(kpl_trainer *t);
+/* The step profiler of profile.steps, with a ready hook on every trained
+ * parameter of every model (before DDP's, which kpl_ddp_destroy clears
+ * with it).  Nothing when the recipe has no profile.steps. */
+kpl_status kpl__prof_create(kpl_trainer *t);
+/* The run ends (or stops) inside the window: what was recorded is written
+ * and said.  Nothing otherwise. */
+void kpl__prof_flush(kpl_trainer *t);
+/* Frees the profiler, after the models (their parameters' hooks point
+ * into it). */
+void kpl__prof_destroy(kpl_trainer *t);
+/* Around a model's backward inside a step (t0: its start): the ready
+ * hooks take the gradients' times between begin and end, and end traces a
+ * span per module group; after a synchronised kpl_ddp_finish, the
+ * buckets' allreduces. */
+void kpl__prof_backward_begin(kpl_trainer *t, int model);
+void kpl__prof_backward_end(kpl_trainer *t, int model, double t0);
+void kpl__prof_buckets(kpl_trainer *t, int model);
 
 /* A process of the validation loader that died, named (every step). */
 kpl_status kpl__trainer_check_val(kpl_trainer *t);

@@ -329,6 +329,7 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
         kpl__timing_pause(t); /* an epoch's end is not a step's time */
         KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, secs, ckpt, len));
     }
+    kpl__prof_flush(t); /* a run that ends or stops inside profile.steps */
     if (t->stop_sig) {
         *event = "interrupted";
         if (t->rank == 0)

@@ -95,6 +95,7 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
         KPL_TRY(watch_loss(t, &w));
     }
     if (md->ddp) KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
+    kpl__prof_backward_begin(t, model);
     kpl__tmark bm = kpl__timing_begin(t, KPL__T_COMPUTE);
     kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
     /* the mean over micro-batches, and fp16's loss scale (undone before
@@ -104,11 +105,13 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     kpl_status st = scaled ? kpl_backward(scaled, NULL, false) : kpl_last_status();
     if (pool) kpl_pool_pop(pool);
     kpl__timing_end(t, bm, "backward", model);
+    kpl__prof_backward_end(t, model, bm.t0);
     /* every begin has its finish; only the step's last one communicates */
     if (md->ddp) {
         kpl__tmark wm = kpl__timing_begin(t, KPL__T_COMM);
         kpl_status fs = kpl_ddp_finish(md->ddp);
         kpl__timing_end(t, wm, "allreduce wait", model);
+        if (fs >= 0 && t->sync) kpl__prof_buckets(t, model);
         if (st >= 0) st = fs;
     }
     KPL_TRY(st);
@@ -366,6 +369,7 @@ static kpl_status empty_micro(kpl_trainer *t)
         kpl_status st = kpl_ddp_finish(md->ddp);
         kpl__timing_end(t, m, "allreduce wait", k);
         KPL_TRY(st);
+        if (t->sync) kpl__prof_buckets(t, k);
         md->has_grad = true;
     }
     return KPL_OK;
@@ -435,6 +439,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     t->step++;
     t->epoch_step++;
     t->epoch_ended = *epoch_done;
+    kpl__timing_step_end(t);
     return KPL_OK;
 }
 

@@ -682,6 +682,9 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     KPL_TRY(st);
     kpl_checkpoint_destroy(t->resume);
     t->resume = NULL;
+    /* the profiler's ready hooks go before DDP's: a gradient's time is
+     * taken before its bucket's allreduce is handed over */
+    KPL_TRY(kpl__prof_create(t));
     KPL_TRY(make_ddp(t));
     t->tm.step0 = t->step;
     int64_t ep = 0, pos = 0;
@@ -783,7 +786,9 @@ void kpl_trainer_destroy(kpl_trainer *t)
     for (int k = 0; k < t->nwatch; k++) kpl_tensor_release(t->watch[k].loss);
     free(t->watch);
     for (int i = 0; i < t->nfig; i++) kpl_tensor_release(t->fig[i].dsum);
+    kpl__prof_flush(t); /* a run that failed inside profile.steps: what it recorded */
     for (int k = 0; k < t->nmodels; k++) model_free(&t->models[k]);
+    kpl__prof_destroy(t);
     kpl_checkpoint_destroy(t->resume);
     kpl_loader_destroy(t->train);
     kpl_loader_destroy(t->val);
