@@ -313,9 +313,9 @@ void kpl__prof_backward_begin(kpl_trainer *t, int model)
  * ready, each from the previous group's last ready time (the first from
  * the backward's start) to its own: the backward's time between two
  * modules' gradients is laid on the later one.  Autograd does not say
- * which op ran for which module; this is the same approximation as
- * PyTorch DDP's per-bucket ready times, and exact for a chain of layers
- * whose backward computes each layer's parameter gradients last. */
+ * which op ran for which module, only when each parameter's gradient is
+ * complete; for a chain of layers that makes each span its layer's
+ * backward (the first one's with the loss's). */
 void kpl__prof_backward_end(kpl_trainer *t, int model, double t0)
 {
     kpl__prof *p = t->prof;
