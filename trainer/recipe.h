@@ -155,6 +155,12 @@ typedef struct {
         kpl_bucketer_config buckets; /* bucket_mb, first_bucket_mb, check_params, grad_dtype */
         bool overlap;                /* false: buckets.after_backward */
     } dist;
+    struct {
+        /* [first, last]: the steps (1-based, counted as the logs count them,
+         * across epochs and resumes) each rank traces into
+         * RUN_DIR/profile/rank-NNNNN.trace.json; {0, 0}: off */
+        int64_t steps[2];
+    } profile;
 } kpl_recipe;
 
 /* Loads `path`, its bases and the overrides into *out (every key set: the

@@ -12,9 +12,18 @@
  *
  * OP: write (also pwrite; the path is that of the descriptor), fsync,
  * rename (the old path), link (the old path), mkdir.  Other processes and
- * other calls pass through untouched. */
+ * other calls pass through untouched.
+ *
+ *   KPL_DELAY=waitpid:MS          every waitpid(2) of the process that
+ *                                 loaded the library (not its children)
+ *                                 first sleeps MS milliseconds: kpl's
+ *                                 loader asks after its processes with one
+ *                                 waitpid each per batch, so this makes
+ *                                 exactly that rank a straggler, by a fixed
+ *                                 time per step (profile_e2e.sh) */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <errno.h>
 #include <limits.h>
 #include <signal.h>
 #include <stdio.h>
@@ -22,6 +31,8 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 static char op_[16], suffix_[256];
@@ -118,4 +129,25 @@ int mkdir(const char *path, mode_t mode)
 {
     maybe_die("mkdir", path);
     return NEXT("mkdir", int (*)(const char *, mode_t))(path, mode);
+}
+
+/* KPL_DELAY: the delay in ms, or 0; only in the process that loaded us
+ * (the loader's children inherit LD_PRELOAD). */
+static pid_t main_pid_;
+static long delay_ms_;
+
+__attribute__((constructor)) static void delay_parse(void)
+{
+    main_pid_ = getpid();
+    const char *s = getenv("KPL_DELAY");
+    if (s && !strncmp(s, "waitpid:", 8)) delay_ms_ = atol(s + 8);
+}
+
+pid_t waitpid(pid_t pid, int *status, int options)
+{
+    if (delay_ms_ > 0 && getpid() == main_pid_) {
+        struct timespec d = {delay_ms_ / 1000, (delay_ms_ % 1000) * 1000000L};
+        while (nanosleep(&d, &d) != 0 && errno == EINTR) continue; /* the whole delay */
+    }
+    return NEXT("waitpid", pid_t (*)(pid_t, int *, int))(pid, status, options);
 }

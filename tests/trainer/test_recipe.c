@@ -414,6 +414,60 @@ static void test_round_trip(void **state)
     free(r2);
 }
 
+/* profile.steps: off by default, [first, last] with 1 <= first <= last,
+ * never one value (which a pair such as model.input_size takes for both);
+ * the resolved YAML reads back. */
+static void test_profile_steps(void **state)
+{
+    (void)state;
+    OK(kpl_recipe_load_string(MIN, "min", 0, NULL, &R));
+    assert_int_equal(R.profile.steps[0], 0);
+    assert_int_equal(R.profile.steps[1], 0);
+    const char *ov = "profile.steps=[3, 5]";
+    OK(kpl_recipe_load_string(MIN, "min", 1, &ov, &R));
+    assert_int_equal(R.profile.steps[0], 3);
+    assert_int_equal(R.profile.steps[1], 5);
+    char *a = NULL;
+    OK(kpl_recipe_to_yaml(&R, &a));
+    assert_non_null(strstr(a, "\nprofile:\n  steps: [3, 5]\n"));
+    kpl_recipe *r2 = malloc(sizeof *r2);
+    OK(kpl_recipe_load_string(a, "resolved", 0, NULL, r2));
+    assert_int_equal(r2->profile.steps[0], 3);
+    assert_int_equal(r2->profile.steps[1], 5);
+    free(a);
+    OK(kpl_recipe_load_string(MIN, "min", 0, NULL, r2));
+    OK(kpl_recipe_to_yaml(r2, &a));
+    assert_non_null(strstr(a, "\nprofile:\n  steps: []\n"));
+    free(a);
+    free(r2);
+    ov = "profile.steps=[4, 4]"; /* one step */
+    OK(kpl_recipe_load_string(MIN, "min", 1, &ov, &R));
+    static const recipe_case cases[] = {
+        {MIN "profile: {steps: [5, 3]}\n", NULL, KPL_EINVAL,
+         "bad.yaml:5:18: profile.steps: expected [first, last] with first <= last, got [5, 3]"},
+        {MIN "profile: {steps: [0, 2]}\n", NULL, KPL_ERANGE,
+         "bad.yaml:5:19: profile.steps: 0 is out of range [1, "},
+        {MIN "profile:\n  steps: 4\n", NULL, KPL_EINVAL,
+         "bad.yaml:6:10: profile.steps: expected [first, last] (or [] for none)"},
+        {MIN "profile: {steps: [1, x]}\n", NULL, KPL_EINVAL,
+         "profile.steps: expected an integer, got 'x'"},
+        {MIN "profile: 3\n", NULL, KPL_EINVAL, "profile"},
+        {MIN, "profile.steps=[5,3]", KPL_EINVAL,
+         "override 'profile.steps=[5,3]': profile.steps: expected [first, last] with first <= "
+         "last, got [5, 3]"},
+    };
+    check_cases(cases, sizeof cases / sizeof cases[0]);
+    /* never one value, nor three */
+    static const char *const counts[] = {"[2]", "7", "[1, 2, 3]"};
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) {
+        char o[64];
+        snprintf(o, sizeof o, "profile.steps=%s", counts[i]);
+        ov = o;
+        FAILS(kpl_recipe_load_string(MIN, "min", 1, &ov, &R), KPL_EINVAL,
+              "profile.steps: expected [first, last] (or [] for none)");
+    }
+}
+
 /* optimizer.groups: a list of maps, defaults, errors with file and line,
  * and the resolved YAML reading back. */
 #define G MD "epochs: 3\noptimizer:\n  lr: 0.1\n"
@@ -658,7 +712,7 @@ int main(void)
         cmocka_unit_test(test_override_merge), cmocka_unit_test(test_not_regular),
         cmocka_unit_test(test_long_values), cmocka_unit_test(test_task),
         cmocka_unit_test(test_keep_ratio_keys),
-        cmocka_unit_test(test_scale_crop_keys),
+        cmocka_unit_test(test_scale_crop_keys), cmocka_unit_test(test_profile_steps),
     };
     int rc = cmocka_run_group_tests(tests, NULL, NULL);
     char cmd[128];

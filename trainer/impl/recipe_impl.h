@@ -25,7 +25,8 @@ typedef struct {
     size_t off, size; /* the member in kpl_recipe and its bytes (lists: an element's) */
     size_t off2;      /* pairs: the second member */
     size_t cap;       /* T_STR: buffer bytes; lists: element capacity; pairs: 2 when both
-                         values are required, 0 when [] (both 0) or one value (both) will do */
+                         values are required, 1 when both or [] (both 0, unset) will do, 0
+                         when [] or one value (both) will do too */
     size_t count_off; /* lists: the int holding the count */
     const char *def;  /* the default as YAML text; NULL: required */
     double lo, hi;    /* numbers and list elements */

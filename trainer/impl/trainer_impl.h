@@ -273,6 +273,39 @@ typedef struct {
     int64_t step, epoch, first, last; /* step from 1; the batch's samples */
 } kpl__watched;
 
+/* ---- where a step's time goes (profile.c) ---- */
+
+/* The parts of a run's time that the `timing` records of metrics.jsonl
+ * break a step into.  The clock runs for exactly one part at a time (the
+ * regions below switch it), so the parts add up to the wall time of the
+ * steps; PAUSED (the end of an epoch: its checkpoint and evaluation, and
+ * everything before the first step) counts for none. */
+typedef enum {
+    KPL__T_PAUSED,  /* 0: a new trainer starts paused */
+    KPL__T_OTHER,   /* the rest: reports, checks, checkpoints every_steps */
+    KPL__T_DATA,    /* waiting for the train loader's batch */
+    KPL__T_COMPUTE, /* the task's forward, backward and figures */
+    KPL__T_COMM,    /* kpl_ddp_finish: waiting for the gradient allreduces */
+    KPL__T_OPT,     /* kpl_trainer_update: clipping, unscaling, the optimizer */
+    KPL__T_SYNC,    /* the run's small host collectives (the stop agreement, report sums) */
+    KPL__T_PARTS
+} kpl__tpart;
+
+typedef struct {
+    int part;                  /* the part the clock runs for */
+    double since;              /* since when (kpl_seconds) */
+    double sum[KPL__T_PARTS];  /* seconds per part since the last timing record */
+    int64_t step0;             /* t->step at the last timing record */
+    kpl_bucketer_stats b0[KPL__MAX_MODELS]; /* each model's bucketer counters then */
+} kpl__timing;
+
+/* A region being timed: the part it interrupted and its start. */
+typedef struct {
+    int prev;
+    double t0;
+} kpl__tmark;
+
+typedef struct kpl__prof kpl__prof; /* the step profiler (profile.steps) */
 struct kpl_trainer {
     const kpl_recipe *r; /* &recipe */
     kpl_recipe recipe;   /* the caller's, copied: theirs may go */
@@ -336,7 +369,48 @@ struct kpl_trainer {
     bool failed; /* a collective call failed here: destroy ends the job */
     bool stoppable; /* inside kpl_trainer_fit: SIGINT / SIGTERM stop the run */
     int stop_sig;   /* the stop every rank agreed on (a signal number), 0: none yet */
+    kpl__timing tm; /* where the steps' time went since the last timing record */
+    kpl__prof *prof; /* profile.steps: the step profiler; NULL: off */
 };
+
+/* profile.c: the timing parts and the step profiler.  A region:
+ *     kpl__tmark m = kpl__timing_begin(t, KPL__T_DATA);   // part < 0: the part stays
+ *     ... kpl__timing_end(t, m, "data wait", -1);         // span name (NULL: none), model
+ * switches the clock to `part` and back, and when the step profiler
+ * records, traces the region as a span of the step lane named `span`
+ * (with model k's name appended when the trainer has several). */
+kpl__tmark kpl__timing_begin(kpl_trainer *t, int part);
+double kpl__timing_end(kpl_trainer *t, kpl__tmark m, const char *span, int model);
+/* The end of an epoch (or the run) starts: the clock stops until the next
+ * step begins (kpl__timing_step). */
+void kpl__timing_pause(kpl_trainer *t);
+/* A step begins: the clock runs again if it was paused; the step profiler
+ * starts recording at profile.steps' first step. */
+void kpl__timing_step(kpl_trainer *t);
+/* A step ended (t->step counts it): its span; at profile.steps' last step
+ * the trace is written and said. */
+void kpl__timing_step_end(kpl_trainer *t);
+/* The `timing` record of the steps since the last one and its console
+ * line (rank 0); collective (the slowest rank), every rank at the same
+ * step: kpl__trainer_report calls it. */
+kpl_status kpl__timing_report(kpl_trainer *t);
+/* The step profiler of profile.steps, with a ready hook on every trained
+ * parameter of every model (before DDP's, which kpl_ddp_destroy clears
+ * with it).  Nothing when the recipe has no profile.steps. */
+kpl_status kpl__prof_create(kpl_trainer *t);
+/* The run ends (or stops) inside the window: what was recorded is written
+ * and said.  Nothing otherwise. */
+void kpl__prof_flush(kpl_trainer *t);
+/* Frees the profiler, after the models (their parameters' hooks point
+ * into it). */
+void kpl__prof_destroy(kpl_trainer *t);
+/* Around a model's backward inside a step (t0: its start): the ready
+ * hooks take the gradients' times between begin and end, and end traces a
+ * span per module group; after a synchronised kpl_ddp_finish, the
+ * buckets' allreduces. */
+void kpl__prof_backward_begin(kpl_trainer *t, int model);
+void kpl__prof_backward_end(kpl_trainer *t, int model, double t0);
+void kpl__prof_buckets(kpl_trainer *t, int model);
 
 /* A process of the validation loader that died, named (every step). */
 kpl_status kpl__trainer_check_val(kpl_trainer *t);

@@ -94,7 +94,8 @@ static kpl_status bind_number(const field *f, const node *n, const char *loc, bo
     return KPL_OK;
 }
 
-/* A pair: [a, b]; with cap 0 also [] (both 0) and one value (both). */
+/* A pair: [a, b]; with cap 1 also [] (both 0); with cap 0 also one value
+ * (both). */
 static kpl_status bind_pair(const field *f, const node *n, const char *loc, kpl_recipe *r)
 {
     char *dst[2] = {(char *)r + f->off, (char *)r + f->off2};
@@ -107,9 +108,9 @@ static kpl_status bind_pair(const field *f, const node *n, const char *loc, kpl_
     } else if (!n->null) {
         e[0] = n, count = 1;
     }
-    if (count > 2 || (f->cap == 2 && count != 2))
+    if (count > 2 || (f->cap == 2 && count != 2) || (f->cap == 1 && count == 1))
         return KPL_ERROR(KPL_EINVAL, "%s: %s: expected %s%s", loc, f->key, f->form,
-                         f->cap == 2 ? "" : " or one value");
+                         f->cap == 2 ? "" : f->cap == 1 ? " (or [] for none)" : " or one value");
     for (int i = 0; i < 2; i++) {
         const node *v = e[i] ? e[i] : e[0];
         if (!v) {
@@ -486,6 +487,11 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.warmup_epochs: %g leaves nothing of %lld "
                          "epochs for the %s schedule", AT("schedule.warmup_epochs"),
                          sc->warmup_epochs, (long long)r->epochs, kpl_sched_kind_name(sc->kind));
+    const int64_t *ps = r->profile.steps;
+    if (ps[1] < ps[0])
+        return KPL_ERROR(KPL_EINVAL, "%s: profile.steps: expected [first, last] with first <= "
+                         "last, got [%lld, %lld]", AT("profile.steps"), (long long)ps[0],
+                         (long long)ps[1]);
     if (sc->min_lr > oc->lr)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.min_lr: %g is above optimizer.lr %g",
                          AT("schedule.min_lr"), sc->min_lr, oc->lr);

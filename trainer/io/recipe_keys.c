@@ -322,6 +322,11 @@ const field kpl__rc_fields[] = {
     F_ENUM("log.progress", log.progress, "auto", kpl_progress_mode_names,
            "progress bar: auto (on a terminal, or as kplrun asks), always, never"),
 
+    F_INT2("profile.steps", profile.steps[0], profile.steps[1], 1, "[first, last]", "[]", 1, BIG,
+           "trace steps first..last (1-based, as the logs count them) on every rank into "
+           "RUN_DIR/profile/rank-NNNNN.trace.json, a Chrome trace for Perfetto ([]: off; "
+           "docs/profiling.md)"),
+
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),
     F_BOOL("eval.at_start", eval.at_start, "false",
@@ -446,7 +451,7 @@ static void put_value(sbuf *b, const field *f, const kpl_recipe *r)
         bool integer = f->type == T_INTS || f->type == T_INT2;
         const char *at[2] = {src, (const char *)r + f->off2};
         int n = pair ? 2 : *(const int *)((const char *)r + f->count_off);
-        if (pair && f->cap == 0 && load_real_or_int(at[0], f->size, integer) == 0 &&
+        if (pair && f->cap != 2 && load_real_or_int(at[0], f->size, integer) == 0 &&
             load_real_or_int(at[1], f->size, integer) == 0)
             n = 0; /* unset */
         sb_printf(b, "[");

@@ -14,10 +14,14 @@ kpl_status kpl__trainer_reduce_host(kpl_trainer *t, double *v, int n, kpl_comm_o
     if (!t->comm || n <= 0) return KPL_OK;
     int64_t len = n;
     kpl_tensor *x = NULL;
-    KPL_TRY(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &len, v, &x));
-    kpl_status st = kpl_comm_allreduce(t->comm, x, x, op);
+    /* the time a rank waits here for the others is not its own (timing's
+     * sync part) */
+    kpl__tmark m = kpl__timing_begin(t, KPL__T_SYNC);
+    kpl_status st = kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &len, v, &x);
+    if (st >= 0) st = kpl_comm_allreduce(t->comm, x, x, op);
     if (st >= 0) st = kpl_tensor_to_host(x, v, (size_t)n * sizeof *v);
     kpl_tensor_release(x);
+    kpl__timing_end(t, m, "host allreduce", -1);
     return st;
 }
 

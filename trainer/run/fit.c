@@ -49,7 +49,10 @@ static kpl_status run_eval(kpl_trainer *t)
 {
     if (!t->val) return KPL_OK;
     double t0 = kpl_seconds();
-    KPL_TRY(kpl_trainer_evaluate(t, &t->val_res));
+    kpl__tmark m = kpl__timing_begin(t, -1);
+    kpl_status st = kpl_trainer_evaluate(t, &t->val_res);
+    kpl__timing_end(t, m, "evaluation", -1);
+    KPL_TRY(st);
     t->have_val = true;
     const kpl_eval_result *e = &t->val_res;
     double v = kpl__trainer_best_of(t, e);
@@ -323,8 +326,10 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
         double secs = kpl_seconds() - t->epoch_t0;
         train_seconds += secs;
         train_samples += t->epoch_samples * t->world;
+        kpl__timing_pause(t); /* an epoch's end is not a step's time */
         KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, secs, ckpt, len));
     }
+    kpl__prof_flush(t); /* a run that ends or stops inside profile.steps */
     if (t->stop_sig) {
         *event = "interrupted";
         if (t->rank == 0)

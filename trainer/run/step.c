@@ -95,6 +95,8 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
         KPL_TRY(watch_loss(t, &w));
     }
     if (md->ddp) KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
+    kpl__prof_backward_begin(t, model);
+    kpl__tmark bm = kpl__timing_begin(t, KPL__T_COMPUTE);
     kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
     /* the mean over micro-batches, and fp16's loss scale (undone before
      * the update, kpl_trainer_update) */
@@ -102,9 +104,14 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     kpl_tensor *scaled = !pool ? NULL : f != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss, f, false) : loss;
     kpl_status st = scaled ? kpl_backward(scaled, NULL, false) : kpl_last_status();
     if (pool) kpl_pool_pop(pool);
+    kpl__timing_end(t, bm, "backward", model);
+    kpl__prof_backward_end(t, model, bm.t0);
     /* every begin has its finish; only the step's last one communicates */
     if (md->ddp) {
+        kpl__tmark wm = kpl__timing_begin(t, KPL__T_COMM);
         kpl_status fs = kpl_ddp_finish(md->ddp);
+        kpl__timing_end(t, wm, "allreduce wait", model);
+        if (fs >= 0 && t->sync) kpl__prof_buckets(t, model);
         if (st >= 0) st = fs;
     }
     KPL_TRY(st);
@@ -185,7 +192,9 @@ static kpl_status run_train_step(kpl_trainer *t, const kpl_batch *b)
     kpl_pool *pool = kpl_pool_push();
     KPL_CHECK(pool, KPL_ENOMEM, "out of memory");
     t->step_out = &out;
+    kpl__tmark fm = kpl__timing_begin(t, KPL__T_COMPUTE);
     kpl_status st = task_call(t, train_step_call, b);
+    kpl__timing_end(t, fm, "forward", -1);
     t->step_out = NULL;
     bool any = false;
     for (int i = 0; i < KPL_STEP_MODELS; i++) {
@@ -269,11 +278,21 @@ static kpl_status unscale(kpl_trainer *t, kpl__model *md, double *norm)
     return KPL_OK;
 }
 
+static kpl_status update(kpl_trainer *t, int model);
+
+kpl_status kpl_trainer_update(kpl_trainer *t, int model)
+{
+    kpl__tmark m = kpl__timing_begin(t, KPL__T_OPT);
+    kpl_status st = update(t, model);
+    kpl__timing_end(t, m, "optimizer", model);
+    return st;
+}
+
 /* The update of a model whose gradients are in .grad (averaged over the
  * ranks): clipping, then the optimizer, unless the gradients are not
  * finite.  The gradient norm is the same number on every rank, so every
  * rank takes the same decision without another collective. */
-kpl_status kpl_trainer_update(kpl_trainer *t, int model)
+static kpl_status update(kpl_trainer *t, int model)
 {
     KPL_CHECK(model >= 0 && model < t->nmodels, KPL_EINVAL, "kpl_trainer_update: model %d of %d",
               model, t->nmodels);
@@ -346,7 +365,11 @@ static kpl_status empty_micro(kpl_trainer *t)
         kpl__model *md = &t->models[k];
         if (!md->ddp) continue;
         KPL_TRY(kpl_ddp_begin(md->ddp, t->sync));
-        KPL_TRY(kpl_ddp_finish(md->ddp));
+        kpl__tmark m = kpl__timing_begin(t, KPL__T_COMM);
+        kpl_status st = kpl_ddp_finish(md->ddp);
+        kpl__timing_end(t, m, "allreduce wait", k);
+        KPL_TRY(st);
+        if (t->sync) kpl__prof_buckets(t, k);
         md->has_grad = true;
     }
     return KPL_OK;
@@ -371,10 +394,14 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
         t->epoch++, t->epoch_step = 0, t->epoch_ended = false;
     t->step_nonfinite = t->step_skipped = false;
     t->micros = k;
+    kpl__timing_step(t);
     for (int64_t i = 0; i < k && !*epoch_done; i++) {
         kpl_batch b;
         memset(&b, 0, sizeof b);
-        KPL_TRY(kpl_loader_next(t->train, &b));
+        kpl__tmark dm = kpl__timing_begin(t, KPL__T_DATA);
+        kpl_status ls = kpl_loader_next(t->train, &b);
+        kpl__timing_end(t, dm, "data wait", -1);
+        KPL_TRY(ls);
         /* the loader says which batch ends the epoch: the step ends there
          * too, and reduces over the ranks */
         *epoch_done = b.last;
@@ -389,9 +416,13 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
                                  this rank adds nothing to the step but joins its reductions */
             st = empty_micro(t);
         else {
+            /* train_step's forward and backward are spans of their own; a
+             * train_batch task interleaves them (and its updates) itself */
             t->batch = &b;
+            kpl__tmark cm = kpl__timing_begin(t, KPL__T_COMPUTE);
             st = t->task->train_step ? run_train_step(t, &b)
                                      : task_call(t, t->task->train_batch, &b);
+            kpl__timing_end(t, cm, t->task->train_step ? NULL : "train_batch", -1);
             t->batch = NULL;
         }
         t->win_samples += (double)b.size;
@@ -408,6 +439,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
     t->step++;
     t->epoch_step++;
     t->epoch_ended = *epoch_done;
+    kpl__timing_step_end(t);
     return KPL_OK;
 }
 

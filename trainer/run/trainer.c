@@ -193,7 +193,10 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
      * of them was skipped (its figures are then null): the skips show. */
     bool any_steps = t->step > t->last_report_step;
     t->last_report_step = t->step;
-    if (!any_steps || t->rank != 0) return KPL_OK;
+    if (!any_steps) return KPL_OK;
+    /* every rank reports at the same step (the conditions of fit's `due`
+     * are agreed), so the timing record's gather meets on every rank */
+    if (t->rank != 0) return kpl__timing_report(t);
     double lr = lr_of_report(t), dt = kpl_seconds() - t->epoch_t0;
     double ips = dt > 0 ? t->epoch_samples * t->world / dt : 0;
     json_t *j = json_pack("{s:s, s:I, s:f}", "event", "train", "step", (json_int_t)t->step,
@@ -229,7 +232,7 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
         kpl_tb_flush(t->log.tb);
     }
     kpl__log_report(&t->log, "%s lr %.4g %.0f img/s", line, lr, ips);
-    return KPL_OK;
+    return kpl__timing_report(t);
 }
 
 void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
@@ -679,7 +682,11 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     KPL_TRY(st);
     kpl_checkpoint_destroy(t->resume);
     t->resume = NULL;
+    /* the profiler's ready hooks go before DDP's: a gradient's time is
+     * taken before its bucket's allreduce is handed over */
+    KPL_TRY(kpl__prof_create(t));
     KPL_TRY(make_ddp(t));
+    t->tm.step0 = t->step;
     int64_t ep = 0, pos = 0;
     kpl_loader_position(t->train, &ep, &pos);
     t->epoch = ep;
@@ -779,7 +786,9 @@ void kpl_trainer_destroy(kpl_trainer *t)
     for (int k = 0; k < t->nwatch; k++) kpl_tensor_release(t->watch[k].loss);
     free(t->watch);
     for (int i = 0; i < t->nfig; i++) kpl_tensor_release(t->fig[i].dsum);
+    kpl__prof_flush(t); /* a run that failed inside profile.steps: what it recorded */
     for (int k = 0; k < t->nmodels; k++) model_free(&t->models[k]);
+    kpl__prof_destroy(t);
     kpl_checkpoint_destroy(t->resume);
     kpl_loader_destroy(t->train);
     kpl_loader_destroy(t->val);

@@ -391,7 +391,9 @@ static kpl_status save(kpl_trainer *t, const char *why, char *path, size_t len);
 
 kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t len)
 {
+    kpl__tmark m = kpl__timing_begin(t, -1);
     kpl_status st = save(t, why, path, len);
+    kpl__timing_end(t, m, "checkpoint save", -1);
     if (st < 0) t->failed = true;
     return st;
 }

@@ -1,0 +1,225 @@
+#!/usr/bin/python3
+"""profile_check.py — what profile_e2e.sh asserts of a run's step profile
+and timing records (docs/profiling.md), with nothing but the standard
+library.
+
+  profile_check.py trace RUN_DIR RANKS FIRST LAST GRAD_BYTES ELEMENTS
+      every rank's RUN_DIR/profile/rank-NNNNN.trace.json: the line in its
+      log that kplrun looks for, the fixed layout, JSON, events of steps
+      FIRST..LAST only, each step's spans nested in it, the backward's
+      module spans covering the model (ELEMENTS: its modules' parameter
+      element counts, comma-separated), the buckets' bytes summing to
+      GRAD_BYTES per step (RANKS > 1), the ranks' clocks lining up
+  profile_check.py timing RUN_DIR RANKS GRAD_BYTES STEPS [SLOWEST MIN_GAP_MS]
+      metrics.jsonl's timing records: at STEPS (comma-separated), with the
+      train records, parts adding up to step_ms, step_ms agreeing with the
+      records' own wall times, the bucketer's bytes, a slowest rank (with
+      SLOWEST: that one, at least MIN_GAP_MS per step slower than the
+      fastest)
+Exits 1 with the first failure."""
+import json
+import os
+import re
+import sys
+
+LOG_LINE = re.compile(r"profile: steps ([0-9]+)-([0-9]+) written to (/[^ ]+)$")
+HEAD = '{"displayTimeUnit":"ms","traceEvents":['
+TOL_US = 2.0  # the wall-clock microseconds of ~1.7e15 lose quarter microseconds in a float
+
+
+def fail(msg):
+    print("profile_check: " + msg, file=sys.stderr)
+    sys.exit(1)
+
+
+def within(inner, outer, what):
+    a, b = inner["ts"], inner["ts"] + inner["dur"]
+    c, d = outer["ts"], outer["ts"] + outer["dur"]
+    if a < c - TOL_US or b > d + TOL_US:
+        fail("%s: [%.3f, %.3f] is not within %s [%.3f, %.3f]" % (what, a, b, outer["name"], c, d))
+
+
+def read_trace(run, rank, first, last):
+    log = os.path.join(run, "logs", "rank-%05d.log" % rank)
+    found = [m for m in (LOG_LINE.search(l.rstrip("\n")) for l in open(log)) if m]
+    if len(found) != 1:
+        fail("rank %d: %d 'profile: ... written to' lines in %s, expected 1" % (rank, len(found), log))
+    m = found[0]
+    path = os.path.realpath(os.path.join(run, "profile", "rank-%05d.trace.json" % rank))
+    if (int(m.group(1)), int(m.group(2))) != (first, last) or m.group(3) != path:
+        fail("rank %d: the log says '%s', expected steps %d-%d written to %s"
+             % (rank, m.group(0), first, last, path))
+    text = open(path).read()
+    if not text.endswith("]}\n"):
+        fail("%s does not end with ']}' and a newline" % path)
+    lines = text[:-1].split("\n")
+    if lines[0] != HEAD or lines[-1] != "]}" or len(lines) < 3:
+        fail("%s: first line %r, last %r" % (path, lines[0], lines[-1]))
+    body = lines[1:-1]
+    events = []
+    for i, l in enumerate(body):
+        last_line = i == len(body) - 1
+        if l.endswith(",") == last_line:
+            fail("%s line %d: %s a comma: %r" % (path, i + 2, "ends with" if last_line else "lacks", l))
+        try:
+            events.append(json.loads(l[:-1] if not last_line else l))
+        except ValueError as e:
+            fail("%s line %d is not one JSON object (%s): %r" % (path, i + 2, e, l))
+    whole = json.loads(text)
+    if whole.get("displayTimeUnit") != "ms" or whole["traceEvents"] != events:
+        fail("%s: the document differs from its lines" % path)
+    return events
+
+
+def check_rank(events, rank, first, last, ranks, grad_bytes, elements):
+    meta = [e for e in events if e["ph"] == "M"]
+    names = {(e["name"], e["tid"]): e["args"] for e in meta}
+    pname = names.get(("process_name", 0), {}).get("name", "")
+    if not pname.startswith("rank %d (" % rank):
+        fail("rank %d: process name %r" % (rank, pname))
+    lanes = {e["tid"]: e["args"]["name"] for e in meta if e["name"] == "thread_name"}
+    if lanes != {0: "step", 1: "backward by module", 2: "allreduce"}:
+        fail("rank %d: lanes %r" % (rank, lanes))
+    timed = [e for e in events if e["ph"] != "M"]
+    for e in timed:
+        if e["pid"] != rank or e["ph"] not in ("X", "i"):
+            fail("rank %d: event %r" % (rank, e))
+        if not first <= e["args"]["step"] <= last:
+            fail("rank %d: an event of step %d outside %d..%d: %r" % (rank, e["args"]["step"], first, last, e))
+        if e["ph"] == "X" and e["dur"] < 0:
+            fail("rank %d: negative duration: %r" % (rank, e))
+    steps = {}
+    for s in range(first, last + 1):
+        ev = [e for e in timed if e["args"]["step"] == s]
+        one = {}
+        for n in ("step %d" % s, "forward", "backward", "optimizer"):
+            got = [e for e in ev if e["name"] == n and e["tid"] == 0]
+            if len(got) != 1:
+                fail("rank %d step %d: %d '%s' spans, expected 1" % (rank, s, len(got), n))
+            one[n] = got[0]
+        st = one["step %d" % s]
+        for n in ("forward", "backward", "optimizer"):
+            within(one[n], st, "rank %d step %d %s" % (rank, s, n))
+        for e in ev:
+            if e["tid"] == 0 and e["name"] in ("data wait", "allreduce wait"):
+                within(e, st, "rank %d step %d %s" % (rank, s, e["name"]))
+        if not [e for e in ev if e["name"] == "data wait"]:
+            fail("rank %d step %d: no data wait" % (rank, s))
+        f, b, o = one["forward"], one["backward"], one["optimizer"]
+        if f["ts"] + f["dur"] > b["ts"] + TOL_US or b["ts"] + b["dur"] > o["ts"] + TOL_US:
+            fail("rank %d step %d: forward, backward, optimizer overlap" % (rank, s))
+        # the backward by module: one span per module, end to end, inside
+        # the backward, together the model's parameters
+        mods = sorted((e for e in ev if e["tid"] == 1), key=lambda e: e["ts"])
+        if sorted(e["args"]["elements"] for e in mods) != sorted(elements):
+            fail("rank %d step %d: module spans of %r elements, expected %r"
+                 % (rank, s, [e["args"]["elements"] for e in mods], elements))
+        if abs(mods[0]["ts"] - b["ts"]) > TOL_US:
+            fail("rank %d step %d: the first module span starts at %.3f, the backward at %.3f"
+                 % (rank, s, mods[0]["ts"], b["ts"]))
+        for x, y in zip(mods, mods[1:]):
+            if abs(x["ts"] + x["dur"] - y["ts"]) > TOL_US:
+                fail("rank %d step %d: module spans %s and %s are not end to end" % (rank, s, x["name"], y["name"]))
+        for e in mods:
+            within(e, b, "rank %d step %d module %s" % (rank, s, e["name"]))
+        lane2 = [e for e in ev if e["tid"] == 2]
+        buckets = [e for e in lane2 if e["ph"] == "X"]
+        if ranks == 1:
+            if lane2:
+                fail("rank %d step %d: allreduce events in a single-process run" % (rank, s))
+        else:
+            total = sum(e["args"]["bytes"] for e in buckets)
+            if total != grad_bytes:
+                fail("rank %d step %d: the buckets moved %d bytes, the gradients are %d" % (rank, s, total, grad_bytes))
+            issues = {e["args"]["bucket"]: e for e in lane2 if e["ph"] == "i"}
+            for e in buckets:
+                i = issues.get(e["args"]["bucket"])
+                if i is None or i["ts"] > e["ts"] + TOL_US or e["args"]["ready_to_start_ms"] < -1e-3:
+                    fail("rank %d step %d: bucket %r issued %r" % (rank, s, e, i))
+            if len([e for e in ev if e["name"] == "allreduce wait"]) != 1:
+                fail("rank %d step %d: no allreduce wait span" % (rank, s))
+        steps[s] = (st, buckets)
+    return steps
+
+
+def trace(run, ranks, first, last, grad_bytes, elements):
+    per_rank = []
+    for r in range(ranks):
+        events = read_trace(run, r, first, last)
+        per_rank.append(check_rank(events, r, first, last, ranks, grad_bytes, elements))
+    # one clock: a step's bucket allreduce on one rank overlaps the same
+    # bucket's on every other (neither ends before both have begun)
+    for s in range(first, last + 1):
+        for r in range(1, ranks):
+            for a, b in zip(per_rank[0][s][1], per_rank[r][s][1]):
+                if a["ts"] > b["ts"] + b["dur"] + 1000 or b["ts"] > a["ts"] + a["dur"] + 1000:
+                    fail("step %d: rank 0's %s [%.0f +%.0f us] and rank %d's [%.0f +%.0f us] do not overlap"
+                         % (s, a["name"], a["ts"], a["dur"], r, b["ts"], b["dur"]))
+    print("trace: %d ranks x steps %d-%d OK" % (ranks, first, last))
+
+
+PARTS = ("data_wait_ms", "compute_ms", "comm_exposed_ms", "optimizer_ms", "other_ms")
+
+
+def timing(run, ranks, grad_bytes, steps, slowest=None, min_gap=0.0):
+    recs = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))]
+    tim = [r for r in recs if r["event"] == "timing"]
+    train = [r["step"] for r in recs if r["event"] == "train"]
+    got = [r["step"] for r in tim]
+    if got != steps or train != steps:
+        fail("timing records at steps %r, train records at %r, expected %r" % (got, train, steps))
+    prev = None
+    for r in tim:
+        parts = [r[k] for k in PARTS]
+        if min(parts + [r["sync_ms"], r["comm_ms"], r["bucket_wait_ms"]]) < 0:
+            fail("step %d: a negative part: %r" % (r["step"], r))
+        if abs(sum(parts) - r["step_ms"]) > 1e-6 * r["step_ms"] + 1e-4:
+            fail("step %d: the parts add up to %.6f ms, step_ms is %.6f" % (r["step"], sum(parts), r["step_ms"]))
+        if r["sync_ms"] > r["other_ms"] + 1e-6:
+            fail("step %d: sync_ms %.6f is more than other_ms" % (r["step"], r["sync_ms"]))
+        if r["steps"] != r["step"] - (prev["step"] if prev else 0):
+            fail("step %d: a window of %d steps" % (r["step"], r["steps"]))
+        # step_ms against the records' own wall times (1 ms resolution),
+        # within one epoch (the end of an epoch is not a step's time)
+        if prev and (r["step"] - 1) // EPOCH == (prev["step"] - 1) // EPOCH and prev["step"] % EPOCH:
+            wall = (r["time"] - prev["time"]) * 1e3
+            if abs(wall - r["step_ms"] * r["steps"]) > max(5.0, 0.2 * wall):
+                fail("step %d: %d steps of %.3f ms, but %.3f ms passed between the records"
+                     % (r["step"], r["steps"], r["step_ms"], wall))
+        if r["peak_mb"] <= 0 or r["peak_mb_max"] < r["peak_mb"]:
+            fail("step %d: peak %r, max %r" % (r["step"], r["peak_mb"], r["peak_mb_max"]))
+        if not 0 <= r["slowest_rank"] < ranks or r["slowest_step_ms"] < r["fastest_step_ms"]:
+            fail("step %d: slowest rank %d (%.3f ms), fastest %.3f ms"
+                 % (r["step"], r["slowest_rank"], r["slowest_step_ms"], r["fastest_step_ms"]))
+        if ranks == 1:
+            if r["comm_ms"] or r["buckets"] or r["bytes_per_step"] or r["comm_exposed_ms"]:
+                fail("step %d: communication in a single-process run: %r" % (r["step"], r))
+            if abs(r["slowest_step_ms"] - r["step_ms"]) > 1e-6 * r["step_ms"] + 1e-4:
+                fail("step %d: one rank's own time %.6f is not its step %.6f" % (r["step"], r["slowest_step_ms"], r["step_ms"]))
+        elif r["bytes_per_step"] != grad_bytes or r["buckets"] < 1:
+            fail("step %d: %d bytes per step in %d buckets, the gradients are %d bytes"
+                 % (r["step"], r["bytes_per_step"], r["buckets"], grad_bytes))
+        if slowest is not None:
+            gap = r["slowest_step_ms"] - r["fastest_step_ms"]
+            if r["slowest_rank"] != slowest or gap < min_gap:
+                fail("step %d: slowest rank %d, %.3f ms over the fastest; expected rank %d, at least %.1f ms"
+                     % (r["step"], r["slowest_rank"], gap, slowest, min_gap))
+        prev = r
+    print("timing: %d records OK (steps %s)" % (len(tim), ",".join(map(str, got))))
+
+
+EPOCH = 1 << 62  # steps per epoch (timing's EPOCH=N argument); none by default
+
+if __name__ == "__main__":
+    a = sys.argv[1:]
+    for x in list(a):
+        if x.startswith("EPOCH="):
+            EPOCH = int(x[6:])
+            a.remove(x)
+    if len(a) == 7 and a[0] == "trace":
+        trace(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), [int(x) for x in a[6].split(",")])
+    elif len(a) in (5, 7) and a[0] == "timing":
+        timing(a[1], int(a[2]), int(a[3]), [int(x) for x in a[4].split(",")],
+               int(a[5]) if len(a) == 7 else None, float(a[6]) if len(a) == 7 else 0.0)
+    else:
+        fail("usage: see the head of this file")
