@@ -651,8 +651,10 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     KPL_TRY(kpl__data_input_shape(r, t->chw));
     kpl__resume_meta rm;
     memset(&rm, 0, sizeof rm);
+    kpl__trainer_restart_checkpoint(t, &resume);
     if (resume) {
-        if (resume[0]) snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
+        if (resume[0] && resume != t->resume_path)
+            snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
         else
             KPL_CHECK(kpl__trainer_latest_checkpoint(r, t->resume_path, sizeof t->resume_path),
                       KPL_ENOTFOUND, "--resume: no complete checkpoint in %s%s%s",
@@ -735,6 +737,15 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->task = task;
     t->run_lock = -1;
     t->reset_optimizer = opts.reset_optimizer;
+    t->restart = opts.restart > 0 ? opts.restart : 0;
+    t->max_restarts = opts.max_restarts;
+    snprintf(t->restart_reason, sizeof t->restart_reason, "%s",
+             opts.restart_reason ? opts.restart_reason : "");
+    const char *id = opts.job_id ? opts.job_id : "";
+    bool id_ok = strlen(id) < sizeof t->job_id && strspn(id, "abcdefghijklmnopqrstuvwxyz"
+                                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                                                      strlen(id);
+    if (id_ok) snprintf(t->job_id, sizeof t->job_id, "%s", id);
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
@@ -742,6 +753,9 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
     kpl_status st = check_args(r, task);
+    if (st >= 0 && !id_ok)
+        st = KPL_ERROR(KPL_EINVAL, "job id '%.80s' (KPL_JOB_ID) names a run directory: letters, "
+                       "digits, '.', '_' and '-' only, at most %d", id, (int)sizeof t->job_id - 1);
     if (st >= 0) st = task_keys(t);
     while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);
