@@ -644,6 +644,25 @@ static kpl_status load_weights(kpl_trainer *t)
     return st < 0 ? kpl__error_prefix(st, "model.weights: ") : KPL_OK;
 }
 
+/* Every rank starts from the same step (-1: a fresh start).  Each rank
+ * reads the checkpoint it resumes from itself, before MPI exists (the
+ * loaders need its data position first), and a restart or --resume
+ * without a file picks the newest one it sees: a run directory that the
+ * nodes do not share, or see late (NFS caching a listing), would
+ * otherwise start ranks from different checkpoints without a word.
+ * Collective. */
+static kpl_status same_start(kpl_trainer *t, int64_t step)
+{
+    if (!t->comm) return KPL_OK;
+    double v[2] = {(double)step, -(double)step};
+    KPL_TRY(kpl__trainer_reduce_host(t, v, 2, KPL_COMM_MAX));
+    KPL_CHECK(v[0] == -v[1], KPL_ESTATE, "the ranks would start from different steps (%.0f to "
+              "%.0f; -1: a fresh start); rank %d resumes from %s: every rank reads its checkpoint "
+              "itself, so all need the same one, on a file system that every node sees alike",
+              -v[1], v[0], (int)t->rank, t->resume_path[0] ? t->resume_path : "none");
+    return KPL_OK;
+}
+
 static kpl_status start(kpl_trainer *t, const char *resume)
 {
     const kpl_recipe *r = t->r;
@@ -670,6 +689,7 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     kpl_status st = make_loaders(t, resume ? &rm : NULL);
     if (st >= 0) st = make_val_loader(t);
     if (st >= 0) st = kpl__trainer_make_comm(t);
+    if (st >= 0) st = same_start(t, resume ? rm.step : -1);
     if (st >= 0) st = kpl__trainer_make_run_dir(t);
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
