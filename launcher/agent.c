@@ -7,7 +7,8 @@
  * SECONDS".  They go to kplrun over its TCP channel (--channel; each line
  * tagged '1' for stdout or '2' for stderr), or without one to the agent's
  * own stdout and stderr, which mpirun forwards.  Every line also goes to
- * LOG_DIR/rank-NNNNN.log.  SIGTERM (mpirun tearing the job down) stops the
+ * LOG_DIR/rank-NNNNN.log (appended to on a restart of the job, after a
+ * line that says which restart and why).  SIGTERM (mpirun tearing the job down) stops the
  * command's whole process group (TERM, then KILL after KILL_AFTER s).  Open MPI
  * 4.1 follows its SIGTERM with SIGKILL within a millisecond, so a guard
  * process in the command's group finishes that job when the agent is
@@ -303,36 +304,41 @@ static int mkdirs(const char *dir)
     return 0;
 }
 
-/* Whether a process other than this one is in process group `group`. */
-static bool group_has_others(pid_t group)
+int kpl__launcher_procs(bool session, pid_t id, int sig)
 {
     DIR *d = opendir("/proc");
-    if (!d) return false;
-    bool found = false;
+    if (!d) return 0;
+    int found = 0;
     pid_t self = getpid();
     struct dirent *e;
-    while (!found && (e = readdir(d))) {
+    while ((e = readdir(d))) {
         char *end;
         long pid = strtol(e->d_name, &end, 10);
         if (*end || pid <= 0 || pid == self) continue;
         char path[64], buf[512];
         snprintf(path, sizeof path, "/proc/%ld/stat", pid);
-        int fd = open(path, O_RDONLY);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
         if (fd < 0) continue;
         ssize_t n = read(fd, buf, sizeof buf - 1);
         close(fd);
         if (n <= 0) continue;
         buf[n] = 0;
-        /* "pid (comm) state ppid pgrp ...": comm may hold spaces and ')' */
+        /* "pid (comm) state ppid pgrp session ...": comm may hold spaces and ')' */
         char *p = strrchr(buf, ')'), state;
-        long ppid, pgrp;
-        if (p && sscanf(p + 1, " %c %ld %ld", &state, &ppid, &pgrp) == 3 && pgrp == group &&
-            state != 'Z')
-            found = true;
+        long ppid, pgrp, sid;
+        if (!p || sscanf(p + 1, " %c %ld %ld %ld", &state, &ppid, &pgrp, &sid) != 4 ||
+            (session ? sid : pgrp) != id || state == 'Z')
+            continue;
+        found++;
+        if (sig) kill((pid_t)pid, sig);
+        else break; /* one is enough to know */
     }
     closedir(d);
     return found;
 }
+
+/* Whether a process other than this one is in process group `group`. */
+static bool group_has_others(pid_t group) { return kpl__launcher_procs(false, group, 0) > 0; }
 
 /* The signals the agent hands on to its command's group (TERM and HUP: a
  * teardown; USR1 and USR2: kplrun's stops, as SIGINT and SIGTERM). */
@@ -402,6 +408,19 @@ static void set_rank_env(int rank, int world, int local, int local_size, bool ba
         setenv("KPL_PROGRESS", "always", 1);
         snprintf(v, sizeof v, "%d", columns), setenv("COLUMNS", v, 1);
     }
+}
+
+/* Which launch of the job this is (kplrun --max-restarts): every launch
+ * sets them, so that nothing a rank inherits from elsewhere says that it
+ * was restarted.  The reason is only a restart's. */
+static void set_restart_env(const char *job_id, int restart, int max_restarts, const char *reason)
+{
+    char v[32];
+    if (job_id) setenv("KPL_JOB_ID", job_id, 1);
+    snprintf(v, sizeof v, "%d", restart), setenv("KPL_RESTART_COUNT", v, 1);
+    snprintf(v, sizeof v, "%d", max_restarts), setenv("KPL_MAX_RESTARTS", v, 1);
+    if (restart > 0 && reason) setenv("KPL_RESTART_REASON", reason, 1);
+    else unsetenv("KPL_RESTART_REASON");
 }
 
 /* The command, its output into pipes, in a process group of its own, and
@@ -511,14 +530,18 @@ static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se,
 
 int kpl__agent_main(int argc, char **argv)
 {
-    const char *log_dir = "kplrun-logs", *channel = NULL;
+    const char *log_dir = "kplrun-logs", *channel = NULL, *job_id = NULL, *reason = NULL;
     bool bar = false;
-    int columns = 80, cmd = -1;
+    int columns = 80, cmd = -1, restart = 0, max_restarts = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--log-dir") && i + 1 < argc) log_dir = argv[++i];
         else if (!strcmp(argv[i], "--channel") && i + 1 < argc) channel = argv[++i];
         else if (!strcmp(argv[i], "--bar")) bar = true;
         else if (!strcmp(argv[i], "--columns") && i + 1 < argc) columns = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--job-id") && i + 1 < argc) job_id = argv[++i];
+        else if (!strcmp(argv[i], "--restart") && i + 1 < argc) restart = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--max-restarts") && i + 1 < argc) max_restarts = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--restart-reason") && i + 1 < argc) reason = argv[++i];
         else if (!strcmp(argv[i], "--")) {
             cmd = i + 1;
             break;
@@ -547,11 +570,19 @@ int kpl__agent_main(int argc, char **argv)
     char host[256] = "?";
     gethostname(host, sizeof host);
     set_rank_env(rank, world, env_int(lr, rank), env_int(ls, world), bar, columns);
+    set_restart_env(job_id, restart, max_restarts, reason);
 
+    /* A restart keeps what the launches before it wrote (the failed rank's
+     * last words among them), and says where the new launch begins. */
     char path[PATH_MAX + 32];
     if (mkdirs(log_dir) == 0) {
         snprintf(path, sizeof path, "%s/rank-%05d.log", log_dir, rank);
-        logf = fopen(path, "w");
+        logf = fopen(path, restart > 0 ? "a" : "w");
+    }
+    if (logf && restart > 0) {
+        fprintf(logf, "kplrun: restart %d/%d%s%s\n", restart, max_restarts, reason ? ": " : "",
+                reason ? reason : "");
+        fflush(logf);
     }
     if (!logf) fprintf(stderr, "[r%d] kplrun: cannot write %s/rank-%05d.log: %s\n", rank,
                        log_dir, rank, strerror(errno));

@@ -491,6 +491,20 @@ kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *co
         push(&a, "--columns");
         pushf(&a, "%d", c->columns);
     }
+    if (c->job_id) {
+        push(&a, "--job-id");
+        push(&a, c->job_id);
+    }
+    if (c->max_restarts > 0) {
+        push(&a, "--restart");
+        pushf(&a, "%d", c->restart);
+        push(&a, "--max-restarts");
+        pushf(&a, "%d", c->max_restarts);
+        if (c->restart_reason) {
+            push(&a, "--restart-reason");
+            push(&a, c->restart_reason);
+        }
+    }
     push(&a, "--");
     for (int i = 0; i < argc; i++) push(&a, argv[i]);
     if (a.oom) {

@@ -2,7 +2,8 @@
  * kplrun.c — kplrun, the launcher:
  *
  *   kplrun -np N [--hostfile F | --host h1:8,h2:8] [--timeout S] [--log-dir D]
- *          [--dry-run] [--no-ucx] [--mca K V] [-x VAR] -- COMMAND ...
+ *          [--max-restarts N [--restart-backoff S]] [--dry-run] [--no-ucx]
+ *          [--mca K V] [-x VAR] -- COMMAND ...
  *
  * It starts COMMAND as N ranks through Open MPI's mpirun (launcher.h says
  * which options and why), each wrapped by `kplrun --agent` (agent.c), and
@@ -15,6 +16,15 @@
  * SIGTERM), so a `kpl train` checkpoints at a step all ranks agree on and
  * exits 130 or 143.  A second signal, or --stop-timeout seconds without
  * the ranks ending, stops them hard.  --timeout asks the same way.
+ *
+ * --max-restarts N makes kplrun an elastic agent in torchrun's manner: when
+ * a launch fails (a rank's non-zero exit or death, mpirun's failure; never
+ * a stop or --timeout), kplrun tears it down as above, waits until nothing
+ * of it runs on this node, waits --restart-backoff seconds and starts the
+ * whole job again, up to N times.  Every launch's ranks learn which one
+ * they are (KPL_RESTART_COUNT, KPL_MAX_RESTARTS, KPL_RESTART_REASON) and
+ * the job's name (KPL_JOB_ID, the same for every launch), so that a
+ * restarted `kpl train` continues its own run from its newest checkpoint.
  */
 #define _GNU_SOURCE
 #include "launcher_impl.h"
@@ -65,14 +75,24 @@ static void usage(FILE *f)
             "                     the ranks to checkpoint and end before killing them\n"
             "                     (default 60)\n"
             "  --log-dir D        per-rank logs (default kplrun-logs/<time>)\n"
+            "  --max-restarts N   when a rank fails, stop the job and start it again, up to\n"
+            "                     N times (default 0); a restarted kpl train resumes from\n"
+            "                     its run's newest checkpoint\n"
+            "  --restart-backoff S  seconds between a failed launch's end and the next\n"
+            "                     (default 3)\n"
             "  --dry-run          print the mpirun command and exit\n"
             "  --no-ucx           keep Open MPI's default point-to-point layer\n"
             "  --mca K V, -x VAR  passed to mpirun\n"
             "\n"
             "Ctrl-C (SIGINT) and SIGTERM ask the ranks to stop: each rank gets the same\n"
             "signal, and kpl train checkpoints and exits 130 / 143; a second signal kills\n"
-            "them.  Exit status: 0; the failed rank's status (128 + signal when it was\n"
-            "killed; 130 / 143 after a stop); 124 after --timeout; 2 for bad usage.\n");
+            "them.  A stop or --timeout (counted from the first launch) is never restarted,\n"
+            "and one during a restart's back-off ends kplrun.  Each rank gets KPL_JOB_ID\n"
+            "(the same for every launch), KPL_RESTART_COUNT (0 on the first launch),\n"
+            "KPL_MAX_RESTARTS and, when restarted, KPL_RESTART_REASON.\n"
+            "Exit status: 0; the failed rank's status (128 + signal when it was killed;\n"
+            "also when restarts are exhausted); 130 / 143 after a stop; 124 after\n"
+            "--timeout; 2 for bad usage.\n");
 }
 
 /* ---- the console -------------------------------------------------------------------------- */
@@ -109,6 +129,9 @@ typedef struct {
     /* what mpirun's messages said, when no agent could (a killed agent) */
     int mp_rank, mp_status, mp_sig, mp_pid;
     char mp_host[256];
+    /* how far the job got, as its lines said (note_progress), for a restart */
+    char progress[96];
+    long long ckpt_step; /* -1: no checkpoint seen */
 } console;
 
 static void tail_add(tail_ring *t, const char *line)
@@ -230,6 +253,34 @@ static void show_tail(const console *c, const char *dir, int r)
     for (int i = 0; i < t->n; i++) fprintf(stderr, "  %s\n", t->line[(t->next - t->n + i + TAIL) % TAIL]);
 }
 
+/* How far the job got, from a rank's line or bar frame (text, without
+ * its "[rN] "), when it is one of kpl train's: a report ("epoch 2/5 step
+ * 13/469 loss ...") or a bar frame ("epoch 2/5 [==>  ] 13/469 loss ..."),
+ * a checkpoint written ("checkpoint DIR/ckpt-0000000010.kpl (...)") or
+ * resumed from ("resumed from DIR/ckpt-0000000010.kpl at step 10 ...").
+ * A restart's reason says what kplrun saw; other commands' lines leave
+ * both unset. */
+static void note_progress(console *c, const char *text)
+{
+    long long e, en, s, sn;
+    int n = 0;
+    if (sscanf(text, "epoch %lld/%lld %n", &e, &en, &n) == 2 && n > 0) {
+        const char *p = text + n;
+        if (!strncmp(p, "step ", 5)) p += 5;
+        else if (*p == '[' && (p = strchr(p, ']'))) p++;
+        if (p && sscanf(p, " %lld/%lld", &s, &sn) == 2)
+            snprintf(c->progress, sizeof c->progress, "epoch %lld/%lld step %lld/%lld", e, en, s, sn);
+        return;
+    }
+    const char *k = strstr(text, "/ckpt-");
+    if (!k) return;
+    if (!strncmp(text, "checkpoint ", 11) && sscanf(k, "/ckpt-%lld.kpl", &s) == 1)
+        c->ckpt_step = s;
+    else if (!strncmp(text, "resumed from ", 13) && (k = strstr(k, " at step ")) &&
+             sscanf(k, " at step %lld", &s) == 1 && s > c->ckpt_step)
+        c->ckpt_step = s;
+}
+
 /* Lines from mpirun's stdout (out) or stderr. */
 static void handle_line(console *c, char *line, bool out)
 {
@@ -240,6 +291,7 @@ static void handle_line(console *c, char *line, bool out)
         if (sscanf(line, "\001bar %d %n", &r, &n) == 1 && n > 0) {
             if (r == 0) { /* a new frame is drawn by settle */
                 snprintf(c->bar, sizeof c->bar, "%s", line + n);
+                note_progress(c, line + n);
                 c->bar_stale = c->bar[0] != 0;
                 if (!c->bar[0]) bar_clear(c);
             }
@@ -257,6 +309,8 @@ static void handle_line(console *c, char *line, bool out)
     int r = line_rank(line);
     if (r >= 0 && r < c->np) {
         tail_add(&c->tail[r], line);
+        const char *text = strchr(line, ']') + 1;
+        note_progress(c, text + (*text == ' '));
         if (!c->stuck[r]) c->stuck[r] = kpl_launch_parse_timeout(line, &c->stall[r]);
         print_line(c, out ? stdout : stderr, line);
     } else if (out) {
@@ -428,12 +482,27 @@ static bool parse_pos(const char *s, long max, long *v)
     return !errno && end != s && !*end && *v >= 1 && *v <= max;
 }
 
+/* A whole number from 0 to max, digits only ("+1", " 1", "1.0" are not). */
+static bool parse_count(const char *s, long max, long *v)
+{
+    if (!*s || strspn(s, "0123456789") != strlen(s)) return false;
+    errno = 0;
+    *v = strtol(s, NULL, 10);
+    return !errno && *v <= max;
+}
+
+#define MAX_RESTARTS 10000
+#define STR_(x) #x
+#define STR(x) STR_(x)
+
 /* kplrun proper; `extra` (argc slots) and `hosts` are main's to free. */
 /* ---- kplrun: parse -> hosts -> launch -> spawn -> event loop -> verdict -------------------- */
 
 typedef struct {
     long np;
     double timeout, stop_timeout;
+    long max_restarts;      /* --max-restarts: 0, no restarts */
+    double restart_backoff; /* seconds between a failed launch's end and the next */
     const char *host_spec, *hostfile, *log_dir;
     bool dry, no_ucx;
     int nextra, cmd; /* extra mpirun arguments; where the command starts */
@@ -444,6 +513,7 @@ static int parse_args(int argc, char **argv, const char **extra, options *o)
 {
     memset(o, 0, sizeof *o);
     o->stop_timeout = 60;
+    o->restart_backoff = 3;
     o->no_ucx = getenv("KPL_NO_UCX") != NULL;
     o->cmd = -1;
     for (int i = 1; i < argc; i++) {
@@ -475,6 +545,15 @@ static int parse_args(int argc, char **argv, const char **extra, options *o)
                 return die_usage("--stop-timeout wants seconds > 0, got '%s'", argv[i]);
         } else if (!strcmp(a, "--log-dir") && has) {
             o->log_dir = argv[++i];
+        } else if (!strcmp(a, "--max-restarts") && has) {
+            if (!parse_count(argv[++i], MAX_RESTARTS, &o->max_restarts))
+                return die_usage("--max-restarts wants a number from 0 to " STR(MAX_RESTARTS)
+                                 ", got '%s'", argv[i]);
+        } else if (!strcmp(a, "--restart-backoff") && has) {
+            char *end;
+            o->restart_backoff = strtod(argv[++i], &end);
+            if (end == argv[i] || *end || !(o->restart_backoff >= 0) || o->restart_backoff > 1e6)
+                return die_usage("--restart-backoff wants seconds >= 0, got '%s'", argv[i]);
         } else if (!strcmp(a, "--dry-run")) {
             o->dry = true;
         } else if (!strcmp(a, "--no-ucx")) {
@@ -524,18 +603,20 @@ static int resolve_hosts(options *o, kpl_hostlist *hosts, const char **where)
 }
 
 /* The log directory as an absolute path: agents on other nodes need not
- * start where kplrun did. */
-static void log_dir_of(const options *o, char *dir, size_t len)
+ * start where kplrun did.  And the job's name for its ranks (KPL_JOB_ID):
+ * kplrun's start and pid, "20261126-214550-4242", which names a `kpl
+ * train`'s default run directory (runs/<name>-<job id>) the same for
+ * every launch of the job, and differs between two jobs on one node. */
+static void log_dir_of(const options *o, char *dir, size_t len, char *job_id, size_t jlen)
 {
-    char rel[PATH_MAX], cwd[PATH_MAX];
-    if (o->log_dir) {
-        snprintf(rel, sizeof rel, "%s", o->log_dir);
-    } else {
-        time_t t = time(NULL);
-        struct tm tm;
-        localtime_r(&t, &tm);
-        strftime(rel, sizeof rel, "kplrun-logs/%Y%m%d-%H%M%S", &tm);
-    }
+    char rel[PATH_MAX], cwd[PATH_MAX], when[32];
+    time_t t = time(NULL);
+    struct tm tm;
+    localtime_r(&t, &tm);
+    strftime(when, sizeof when, "%Y%m%d-%H%M%S", &tm);
+    snprintf(job_id, jlen, "%s-%ld", when, (long)getpid());
+    if (o->log_dir) snprintf(rel, sizeof rel, "%s", o->log_dir);
+    else snprintf(rel, sizeof rel, "kplrun-logs/%s", when);
     if (rel[0] != '/' && getcwd(cwd, sizeof cwd)) snprintf(dir, len, "%s/%s", cwd, rel);
     else snprintf(dir, len, "%s", rel);
 }
@@ -545,6 +626,7 @@ static void console_init(console *c, long np)
     memset(c, 0, sizeof *c);
     c->np = (int)np;
     c->mp_rank = -1;
+    c->ckpt_step = -1;
     c->tty = isatty(STDOUT_FILENO);
     c->columns = 80;
     struct winsize ws;
@@ -561,11 +643,21 @@ static void console_free(console *c)
     free(c->stuck);
 }
 
-/* The mpirun command line, and the agents' channel (lfd, token) unless
- * --dry-run.  -1 to go on (*mp set), else the exit status. */
+/* Which launch of the job one is. */
+typedef struct {
+    const char *job_id;
+    int k, n;           /* the k-th restart of at most n; k 0: the first launch */
+    const char *reason; /* k >= 1: what failed the launch before */
+} launch;
+
+/* The mpirun command line of a launch, and the agents' channel (lfd,
+ * token: each launch its own, so that no straggler of the one before
+ * counts as an agent of this one) unless --dry-run.  -1 to go on (*mp
+ * set), else the exit status. */
 static int prepare_launch(const options *o, int argc, char **argv, const char **extra,
                           kpl_hostlist *hosts, const char *dir, const char *where,
-                          const console *c, int *lfd, char *token, size_t tlen, char ***mp)
+                          const console *c, const launch *l, int *lfd, char *token, size_t tlen,
+                          char ***mp)
 {
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     char self[PATH_MAX];
@@ -603,6 +695,10 @@ static int prepare_launch(const options *o, int argc, char **argv, const char **
     }
     lc.nextra = o->nextra;
     lc.extra = extra;
+    lc.job_id = l->job_id;
+    lc.restart = l->k;
+    lc.max_restarts = l->n;
+    lc.restart_reason = l->reason;
     int per = 0, threads = 0;
     if (kpl_launch_mpirun_argv(&lc, argc - o->cmd, argv + o->cmd, mp, &per, &threads) < 0) {
         fprintf(stderr, "kplrun: %s\n", kpl_last_error());
@@ -615,6 +711,9 @@ static int prepare_launch(const options *o, int argc, char **argv, const char **
         kpl_launch_free_argv(*mp);
         return 0;
     }
+    if (getenv("KPLRUN_VERBOSE")) fprintf(stderr, "kplrun: %s\n", line);
+    free(line);
+    if (l->k > 0) return -1; /* said at the first launch */
     char place[PATH_MAX + 64];
     if (hosts->n) snprintf(place, sizeof place, "%d host%s from %s", hosts->n, hosts->n > 1 ? "s" : "", where);
     else snprintf(place, sizeof place, "%s", where);
@@ -625,42 +724,50 @@ static int prepare_launch(const options *o, int argc, char **argv, const char **
                                        : "more than cores: not bound",
             threads, threads > 1 ? "s" : "",
             lc.ucx ? ", UCX" : "", dir);
-    if (getenv("KPLRUN_VERBOSE")) fprintf(stderr, "kplrun: %s\n", line);
-    free(line);
     return -1;
 }
 
-/* mpirun, started */
+/* mpirun, started (one launch of the job) */
 typedef struct {
-    pid_t pid;
-    int sfd;       /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD */
+    pid_t pid;     /* mpirun, also its session's id */
+    int sfd;       /* signalfd: SIGINT, SIGTERM, SIGHUP, SIGCHLD (for every launch) */
+    sigset_t mask; /* those signals, blocked */
     int out, err;  /* mpirun's stdout and stderr */
-    double t0;
+    double t0;     /* this launch's start */
 } job;
 
-/* Starts mpirun in a session of its own, its output into two pipes, the
- * signals kplrun handles blocked into a signalfd.  -1 to go on, else the
- * exit status (mp is freed either way). */
-static int spawn(char **mp, job *j)
+/* The signals kplrun handles, blocked into a signalfd once for all the
+ * job's launches (and the back-off between them).  false after saying why. */
+static bool catch_signals(job *j)
 {
     /* A shell starts background jobs with SIGINT ignored, which would
      * throw a `kill -INT` away before signalfd saw it; a SIGHUP ignored
      * (nohup) stays ignored. */
     signal(SIGINT, SIG_DFL);
-    sigset_t mask;
-    sigemptyset(&mask);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
+    sigemptyset(&j->mask);
+    sigaddset(&j->mask, SIGINT);
+    sigaddset(&j->mask, SIGTERM);
     if (signal(SIGHUP, SIG_IGN) != SIG_IGN) {
         signal(SIGHUP, SIG_DFL);
-        sigaddset(&mask, SIGHUP);
+        sigaddset(&j->mask, SIGHUP);
     }
-    sigaddset(&mask, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &mask, NULL);
-    j->sfd = signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    sigaddset(&j->mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &j->mask, NULL);
+    j->sfd = signalfd(-1, &j->mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (j->sfd < 0) fprintf(stderr, "kplrun: %s\n", strerror(errno));
+    return j->sfd >= 0;
+}
+
+/* Starts mpirun in a session of its own, its output into two pipes.  -1
+ * to go on, else the exit status (mp is freed either way). */
+static int spawn(char **mp, job *j)
+{
+    sigset_t mask = j->mask;
     int po[2], pe[2];
-    if (j->sfd < 0 || pipe2(po, O_CLOEXEC) != 0 || pipe2(pe, O_CLOEXEC) != 0) {
+    bool made = pipe2(po, O_CLOEXEC) == 0;
+    if (!made || pipe2(pe, O_CLOEXEC) != 0) {
         fprintf(stderr, "kplrun: %s\n", strerror(errno));
+        if (made) close(po[0]), close(po[1]);
         kpl_launch_free_argv(mp);
         return 1;
     }
@@ -786,9 +893,11 @@ static void accept_agent(int lfd, const char *token, reader *conn, int *nconn, i
 }
 
 /* Until mpirun has ended and every pipe and connection is drained: the
- * ranks' lines to the console, signals, --timeout.  1 when out of memory. */
+ * ranks' lines to the console, signals, --timeout (`timeout` seconds,
+ * which end at `deadline`: the job's, counted from its first launch).
+ * 1 when out of memory. */
 static int event_loop(console *c, const job *j, int lfd, const char *token, double timeout,
-                      double stop_timeout, outcome *out)
+                      double deadline, double stop_timeout, outcome *out)
 {
     long np = c->np;
     reader ro = {j->out, true, FROM_MPIRUN_OUT, NULL, 0, 0};
@@ -826,7 +935,7 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
         settle(c);
         double t = kpl_seconds();
         if (r > 0 && (p[0].revents & POLLIN)) on_signal(c, j, out, t, &d);
-        if (timeout > 0 && !out->timed_out && t - j->t0 > timeout) {
+        if (timeout > 0 && !out->timed_out && t > deadline) {
             out->timed_out = true;
             char msg[128];
             snprintf(msg, sizeof msg, "kplrun: --timeout %g s reached: stopping every rank",
@@ -863,6 +972,8 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
     free(p);
     free(ro.buf);
     free(re.buf);
+    close(j->out);
+    close(j->err);
     return 0;
 }
 
@@ -943,6 +1054,175 @@ static void say_verdict(const console *c, const char *dir, const kpl_launch_verd
     show_tail(c, dir, r);
 }
 
+/* ---- restarts ----------------------------------------------------------------------------- */
+
+/* Whether a launch's end is a failure that a restart may mend: a rank's
+ * failure, mpirun's, or ranks gone without a word, with no stop asked of
+ * kplrun (SIGINT, SIGTERM, SIGHUP, --timeout).  A job all of whose ranks
+ * stopped on one signal (KPL_VERDICT_STOPPED) was stopped, whoever sent
+ * it: that is never restarted either. */
+static bool restartable(const kpl_launch_verdict *v, const outcome *out)
+{
+    if (out->interrupts || out->timed_out || out->stop_sig) return false;
+    return (v->kind == KPL_VERDICT_RANK && !v->interrupted) || v->kind == KPL_VERDICT_MPIRUN ||
+           v->kind == KPL_VERDICT_SILENT;
+}
+
+/* What failed a launch, in one line for the console, the ranks' logs and
+ * the next launch's KPL_RESTART_REASON: who, how, and how far the job got
+ * as far as the console saw (note_progress):
+ *   "rank 1 on host n7 was killed by signal 9 (Killed); the console last
+ *    saw epoch 1/2 step 13/20 and a checkpoint of step 10" */
+static void describe_failure(const console *c, const kpl_launch_verdict *v, char *out, size_t len)
+{
+    int at;
+    if (v->kind == KPL_VERDICT_RANK) {
+        const char *host = !v->from_mpirun ? c->end[v->rank].host : c->mp_host[0] ? c->mp_host : "?";
+        if (v->sig)
+            at = snprintf(out, len, "rank %d on host %s was killed by signal %d (%s)", v->rank, host,
+                          v->sig, strsignal(v->sig));
+        else
+            at = snprintf(out, len, "rank %d on host %s exited with status %d", v->rank, host,
+                          v->status);
+    } else if (v->kind == KPL_VERDICT_MPIRUN) {
+        at = snprintf(out, len, "mpirun failed with exit status %d", v->exit_code);
+    } else {
+        at = snprintf(out, len, "%d rank%s ended without a word (killed with mpirun?)", v->missing,
+                      v->missing > 1 ? "s" : "");
+    }
+    if (at < 0 || (size_t)at >= len) return;
+    char ckpt[64] = "";
+    if (c->ckpt_step >= 0) snprintf(ckpt, sizeof ckpt, "a checkpoint of step %lld", c->ckpt_step);
+    if (c->progress[0])
+        snprintf(out + at, len - (size_t)at, "; the console last saw %s%s%s", c->progress,
+                 ckpt[0] ? " and " : ", no checkpoint", ckpt);
+    else if (ckpt[0])
+        snprintf(out + at, len - (size_t)at, "; the console last saw %s", ckpt);
+    else
+        snprintf(out + at, len - (size_t)at, "; the console saw no progress report");
+}
+
+static const char *signal_name(int sig)
+{
+    return sig == SIGINT ? "SIGINT" : sig == SIGTERM ? "SIGTERM" : sig == SIGHUP ? "SIGHUP" : "a signal";
+}
+
+/* Seconds a failed launch's processes on this node may take to end after
+ * mpirun did (its agents' guards give their commands 10 s after SIGTERM),
+ * and then after their SIGKILL. */
+#define GONE_WITHIN 15
+#define KILLED_WITHIN 5
+
+/* Between a failed launch and the next one.  First, nothing of the failed
+ * launch may still run on this node (a rank left over would hold its run
+ * directory, its GPU, its cores): kplrun waits until mpirun's session is
+ * empty, killing what is left after GONE_WITHIN s.  Then "restart k/N in
+ * S s" and the back-off.  A stop (SIGINT, SIGTERM, SIGHUP) or the end of
+ * --timeout meanwhile ends kplrun with its status, restarting nothing.
+ * -1 to go on, else the exit status. */
+static int between_launches(const job *j, const launch *next, double backoff, double timeout,
+                            double deadline)
+{
+    double t0 = kpl_seconds(), go_at = 0;
+    bool said = false, killed = false;
+    for (;;) {
+        double t = kpl_seconds();
+        if (!go_at) {
+            int left = kpl__launcher_procs(true, j->pid, 0);
+            if (left && !killed && t > t0 + GONE_WITHIN) {
+                int n = kpl__launcher_procs(true, j->pid, SIGKILL);
+                fprintf(stderr, "kplrun: %d process%s of the failed launch still ran %d s after "
+                        "mpirun ended: killed\n", n, n == 1 ? "" : "es", GONE_WITHIN);
+                killed = true;
+            } else if (left && !said && t > t0 + 1) {
+                fprintf(stderr, "kplrun: waiting for what is left of the failed launch on this "
+                        "node to end\n");
+                said = true;
+            }
+            if (left && killed && t > t0 + GONE_WITHIN + KILLED_WITHIN)
+                fprintf(stderr, "kplrun: processes of the failed launch outlived SIGKILL "
+                        "(uninterruptible?); restarting anyway\n");
+            if (!left || (killed && t > t0 + GONE_WITHIN + KILLED_WITHIN)) {
+                fprintf(stderr, "kplrun: restart %d/%d in %g s: %s\n", next->k, next->n, backoff,
+                        next->reason);
+                go_at = t + backoff;
+            }
+        }
+        if (go_at && t >= go_at) return -1;
+        if (timeout > 0 && t > deadline) {
+            fprintf(stderr, "kplrun: --timeout %g s reached before the restart: not restarting\n",
+                    timeout);
+            return 124;
+        }
+        int ms = go_at ? (int)((go_at - t) * 1000) + 1 : 100;
+        struct pollfd p = {j->sfd, POLLIN, 0};
+        if (poll(&p, 1, ms < 100 ? ms : 100) <= 0) continue;
+        struct signalfd_siginfo si;
+        while (read(j->sfd, &si, sizeof si) == (ssize_t)sizeof si) {
+            if (si.ssi_signo == SIGCHLD) continue;
+            fprintf(stderr, "kplrun: %s %s: not restarting\n", signal_name((int)si.ssi_signo),
+                    go_at ? "during the restart's back-off" : "before the restart");
+            return 128 + (int)si.ssi_signo;
+        }
+    }
+}
+
+/* One launch of the job, from its mpirun command to its verdict (said).
+ * The exit status; *again when it failed as a restart may mend
+ * (--max-restarts given), with what failed in reason.  *t_first: the
+ * first launch's start, from which --timeout counts. */
+static int run_launch(const options *o, int argc, char **argv, const char **extra,
+                      kpl_hostlist *hosts, const char *dir, const char *where, const launch *l,
+                      job *j, double *t_first, bool *again, char *reason, size_t rlen)
+{
+    *again = false;
+    console c;
+    console_init(&c, o->np);
+    char token[32], **mp = NULL;
+    int lfd = -1;
+    int rc = prepare_launch(o, argc, argv, extra, hosts, dir, where, &c, l, &lfd, token,
+                            sizeof token, &mp);
+    if (rc >= 0) {
+        if (lfd >= 0) close(lfd);
+        return rc;
+    }
+    c.tail = calloc((size_t)o->np, sizeof *c.tail);
+    c.end = calloc((size_t)o->np, sizeof *c.end);
+    c.stall = calloc((size_t)o->np, sizeof *c.stall);
+    c.stuck = calloc((size_t)o->np, sizeof *c.stuck);
+    outcome out = {0, 0, false, 0, false};
+    if (!c.tail || !c.end || !c.stall || !c.stuck) {
+        fprintf(stderr, "kplrun: out of memory\n");
+        kpl_launch_free_argv(mp);
+        rc = 1;
+    } else if (j->sfd < 0 && !catch_signals(j)) {
+        kpl_launch_free_argv(mp);
+        rc = 1;
+    } else {
+        rc = spawn(mp, j);
+    }
+    if (rc < 0) {
+        if (!*t_first) *t_first = j->t0;
+        rc = event_loop(&c, j, lfd, token, o->timeout, *t_first + o->timeout, o->stop_timeout, &out)
+                 ? 1
+                 : -1;
+    }
+    if (lfd >= 0) close(lfd);
+    if (rc < 0) {
+        kpl_launch_verdict v;
+        kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
+                         out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
+        say_verdict(&c, dir, &v, o->timeout, *t_first);
+        rc = v.exit_code;
+        if (o->max_restarts > 0 && restartable(&v, &out)) {
+            *again = true;
+            describe_failure(&c, &v, reason, rlen);
+        }
+    }
+    console_free(&c);
+    return rc;
+}
+
 static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts)
 {
     options o;
@@ -950,40 +1230,34 @@ static int kplrun(int argc, char **argv, const char **extra, kpl_hostlist *hosts
     int rc = parse_args(argc, argv, extra, &o);
     if (rc < 0) rc = resolve_hosts(&o, hosts, &where);
     if (rc >= 0) return rc;
-    char dir[2 * PATH_MAX + 2];
-    log_dir_of(&o, dir, sizeof dir);
-    console c;
-    console_init(&c, o.np);
-    char token[32], **mp = NULL;
-    int lfd = -1;
-    rc = prepare_launch(&o, argc, argv, extra, hosts, dir, where, &c, &lfd, token, sizeof token, &mp);
-    if (rc >= 0) {
-        if (lfd >= 0) close(lfd);
-        return rc;
-    }
-    c.tail = calloc((size_t)o.np, sizeof *c.tail);
-    c.end = calloc((size_t)o.np, sizeof *c.end);
-    c.stall = calloc((size_t)o.np, sizeof *c.stall);
-    c.stuck = calloc((size_t)o.np, sizeof *c.stuck);
+    char dir[2 * PATH_MAX + 2], job_id[64];
+    log_dir_of(&o, dir, sizeof dir, job_id, sizeof job_id);
     job j;
-    outcome out = {0, 0, false, 0, false};
-    if (!c.tail || !c.end || !c.stall || !c.stuck) {
-        fprintf(stderr, "kplrun: out of memory\n");
-        kpl_launch_free_argv(mp);
-        rc = 1;
-    } else {
-        rc = spawn(mp, &j);
+    memset(&j, 0, sizeof j);
+    j.sfd = -1;
+    double t_first = 0;
+    int n = (int)o.max_restarts;
+    char reason[1024] = "", failed[1024];
+    for (int k = 0;; k++) {
+        launch l = {job_id, k, n, k ? reason : NULL};
+        bool again = false;
+        rc = run_launch(&o, argc, argv, extra, hosts, dir, where, &l, &j, &t_first, &again, failed,
+                        sizeof failed);
+        if (!again) break;
+        if (k == n) {
+            fprintf(stderr, "kplrun: restarts exhausted (%d of %d made): %s; exit status %d\n", k, n,
+                    failed, rc);
+            break;
+        }
+        snprintf(reason, sizeof reason, "%s", failed);
+        launch next = {job_id, k + 1, n, reason};
+        int stop = between_launches(&j, &next, o.restart_backoff, o.timeout, t_first + o.timeout);
+        if (stop >= 0) {
+            rc = stop;
+            break;
+        }
     }
-    if (rc < 0) rc = event_loop(&c, &j, lfd, token, o.timeout, o.stop_timeout, &out) ? 1 : -1;
-    if (lfd >= 0) close(lfd);
-    if (rc < 0) {
-        kpl_launch_verdict v;
-        kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
-                         out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
-        say_verdict(&c, dir, &v, o.timeout, j.t0);
-        rc = v.exit_code;
-    }
-    console_free(&c);
+    if (j.sfd >= 0) close(j.sfd);
     return rc;
 }
 

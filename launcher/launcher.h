@@ -71,9 +71,14 @@ typedef struct {
     int columns;                /* the console's width, for that bar */
     int nextra;                 /* more mpirun arguments (user's --mca, -x), before the command */
     const char *const *extra;
+    const char *job_id;         /* the job's name for its ranks (KPL_JOB_ID; NULL: none) */
+    int restart;                /* this launch of the job: 0 the first, k the k-th restart */
+    int max_restarts;           /* how many kplrun may make (--max-restarts) */
+    const char *restart_reason; /* restart >= 1: what failed the launch before (NULL: none) */
 } kpl_launch_config;
 #define KPL_LAUNCH_CONFIG_INIT                                                               \
-    {"mpirun", 1, NULL, NULL, 1, 0, false, false, "kplrun", "kplrun-logs", NULL, false, 80, 0, NULL}
+    {"mpirun", 1, NULL, NULL, 1, 0, false, false, "kplrun", "kplrun-logs", NULL, false, 80, 0, NULL, \
+     NULL, 0, 0, NULL}
 
 /* The mpirun command line (NULL-terminated, malloc'd: kpl_launch_free_argv):
  *   mpirun -np N [--allow-run-as-root] [--oversubscribe] [--host ... | --hostfile F]
@@ -82,7 +87,10 @@ typedef struct {
  *                (more ranks than cores: --bind-to none, OMP_NUM_THREADS=1)
  *          [--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any]
  *          [several hosts: --mca oob_tcp_keepalive_time 10 (_intvl 2, _probes 3)]
- *          EXTRA... AGENT --agent --log-dir D [--channel SPEC] [--bar --columns C] -- COMMAND...
+ *          EXTRA... AGENT --agent --log-dir D [--channel SPEC] [--bar --columns C]
+ *          [--job-id ID] [--restart K --max-restarts N [--restart-reason TEXT]] -- COMMAND...
+ * (the restart options when max_restarts > 0: the agent puts them in the
+ * rank's environment, so that every node gets them, not only this one).
  * *ranks_per_node and *threads (may be NULL) receive the layout chosen. */
 kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *const *argv,
                                   char ***out, int *ranks_per_node, int *threads);

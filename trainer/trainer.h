@@ -156,8 +156,26 @@ typedef struct {
     kpl_log_fn log;         /* NULL: nothing for a console (the files are written) */
     void *log_ctx;
     bool progress;          /* send KPL_LOG_PROGRESS events (a bar is drawn) */
+    /* A job that a launcher starts again after a failure (kplrun
+     * --max-restarts; `kpl train` takes these from KPL_JOB_ID,
+     * KPL_RESTART_COUNT, KPL_MAX_RESTARTS and KPL_RESTART_REASON): */
+    const char *job_id;     /* the job's name, the same in each of its launches: a run
+                               without run_dir goes to runs/<name>-<job_id> (else
+                               runs/<name>-<time>), which a first launch must create
+                               anew.  Letters, digits, '.', '_', '-'; at most 64.
+                               NULL or "": none */
+    int restart;            /* which launch this is: 0 the first, k >= 1 the k-th
+                               restart.  A restart continues from the newest complete
+                               checkpoint of the run's own directory (run_dir; that of
+                               the `resume` file; runs/<name>-<job_id>) when it has one,
+                               with the optimizer state it saved (reset_optimizer then
+                               does not apply); when it has none, it starts as
+                               `resume` says, fresh by default.  It says so and records
+                               {"event":"restart"} in metrics.jsonl */
+    int max_restarts;       /* for that record: how many restarts the launcher makes */
+    const char *restart_reason; /* for that record: what failed (NULL: not known) */
 } kpl_trainer_options;
-#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL, false, NULL, NULL, false}
+#define KPL_TRAINER_OPTIONS_INIT {NULL, NULL, false, NULL, NULL, false, NULL, 0, 0, NULL}
 
 /* Everything up to the first step, in the order the data needs: ranks,
  * threads, device; data (converted when missing) and the checkpoint to

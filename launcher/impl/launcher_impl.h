@@ -8,9 +8,16 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/types.h>
 
 /* `kplrun --agent ...` (agent.c): argv after "--agent". */
 int kpl__agent_main(int argc, char **argv);
+/* The processes of process group `id` (or, with session, of session
+ * `id`) but this one, zombies left out, from /proc (agent.c).  With sig
+ * 0: 1 when there is one, else 0; else each gets sig, and the count is
+ * returned.  (kplrun's teardown before a restart: mpirun's session holds
+ * everything a launch ran on this node, ranks' children included.) */
+int kpl__launcher_procs(bool session, pid_t id, int sig);
 /* NVIDIA GPUs this process may use (CUDA_VISIBLE_DEVICES honoured), from
  * the driver's files (no CUDA needed). */
 int kpl__launcher_gpu_count(void);

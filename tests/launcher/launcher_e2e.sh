@@ -30,6 +30,14 @@
 #              and each rank is bound to the cores of the GPU it gets
 #   cli        usage errors, --dry-run, hosts from SLURM and PBS variables,
 #              a command that does not exist
+#   restart    --max-restarts: bad values are usage errors; a command that
+#              always fails exhausts --max-restarts 1 after exactly 2
+#              launches (KPL_RESTART_COUNT 0 and 1, one KPL_JOB_ID, the
+#              reason in KPL_RESTART_REASON and the ranks' logs) and exits
+#              with its status; SIGTERM or SIGINT during the back-off ends
+#              kplrun at once with 143 / 130; stops are never restarted
+#              (SIGTERM to kplrun, --timeout, every rank exiting 143)
+#              (restart_train.sh: kpl train restarted after a SIGKILL)
 set -euo pipefail
 case_=$1 kplrun=$2 check=$3
 tmp=$(mktemp -d)
@@ -383,7 +391,7 @@ cli)
   # --dry-run: the exact command, nothing started
   run -np 2 --dry-run --log-dir L --mca btl_tcp_if_include eth0 -x FOO -- echo 'a b'
   [[ $rc == 0 ]] || die "--dry-run: exit $rc"
-  has out.txt "^mpirun -np 2 .*-x OMP_NUM_THREADS=[0-9]+ .*--mca btl_tcp_if_include eth0 -x FOO [^ ]*kplrun --agent --log-dir $PWD/L -- echo 'a b'$"
+  has out.txt "^mpirun -np 2 .*-x OMP_NUM_THREADS=[0-9]+ .*--mca btl_tcp_if_include eth0 -x FOO [^ ]*kplrun --agent --log-dir $PWD/L --job-id [0-9]{8}-[0-9]{6}-[0-9]+ -- echo 'a b'$"
   [[ ! -d L ]] || die "--dry-run made the log directory"
   # the hosts and -np of a SLURM allocation, of a PBS job
   SLURM_JOB_NODELIST='gpu[07-08]' SLURM_NTASKS_PER_NODE=3 SLURM_NTASKS=6 run --dry-run -- true
@@ -403,6 +411,92 @@ cli)
   [[ $rc == 127 ]] || die "missing command: exit $rc, expected 127"
   has err.txt "cannot run /nonexistent/program: No such file or directory"
   has err.txt "^kplrun: rank [01] on host .* exited with status 127"
+  ;;
+
+restart)
+  for v in -1 x 1.5 '' +1 10001 --; do
+    run -np 2 --max-restarts "$v" -- true
+    [[ $rc == 2 ]] || die "--max-restarts '$v': exit $rc, expected 2"
+    grep -qF -- "--max-restarts wants a number from 0 to 10000, got '$v'" err.txt || die "--max-restarts '$v': $(cat err.txt)"
+  done
+  for v in -1 abc '' inf nan 1e7; do
+    run -np 2 --max-restarts 1 --restart-backoff "$v" -- true
+    [[ $rc == 2 ]] || die "--restart-backoff '$v': exit $rc, expected 2"
+    grep -qF -- "--restart-backoff wants seconds >= 0, got '$v'" err.txt || die "--restart-backoff '$v': $(cat err.txt)"
+  done
+  run --help
+  has out.txt "^  --max-restarts N "
+  has out.txt "^  --restart-backoff S "
+  # launched NAME N: the job's command ran N times in all (a line each)
+  launched() {
+    local n
+    n=$(wc -l < "$tmp/$1" 2> /dev/null || echo 0)
+    [[ $n == "$2" ]] || die "$1: the command ran $n times, expected $2: $(cat "$tmp/$1" 2> /dev/null)"
+  }
+  # exhausted: rank 1 always fails; rank 0 waits to be torn down
+  run -np 2 --max-restarts 1 --restart-backoff 0.2 --log-dir "$tmp/logs" -- sh -c \
+    'echo "launch $KPL_RESTART_COUNT/$KPL_MAX_RESTARTS job $KPL_JOB_ID reason <$KPL_RESTART_REASON>" >> "$0/runs"
+     echo "rank $KPL_RANK launch $KPL_RESTART_COUNT"
+     if [ "$KPL_RANK" = 1 ]; then exit 3; fi; sleep 60.'$token "$tmp"
+  [[ $rc == 3 ]] || die "exhausted: exit $rc, expected 3"
+  launched runs 4
+  why="rank 1 on host $(hostname) exited with status 3; the console saw no progress report"
+  [[ $(grep -c "^launch 0/1 job [0-9]\{8\}-[0-9]\{6\}-[0-9]* reason <>$" runs) == 2 ]] || die "first launch: $(cat runs)"
+  [[ $(grep -cF "reason <$why>" runs) == 2 ]] || die "the restart's reason: $(cat runs)"
+  [[ $(grep -c "^launch 1/1 " runs) == 2 ]] || die "second launch: $(cat runs)"
+  [[ $(cut -d' ' -f4 runs | sort -u | wc -l) == 1 ]] || die "the job id changed: $(cat runs)"
+  has err.txt "^kplrun: restart 1/1 in 0\.2 s: $why$"
+  has err.txt "^kplrun: restarts exhausted \(1 of 1 made\): $why; exit status 3$"
+  [[ $(grep -c "^kplrun: rank 1 on host .* exited with status 3 after" err.txt) == 2 ]] || die "two failures said: $(cat err.txt)"
+  # the ranks' logs keep both launches, the restart said between them
+  for r in 0 1; do
+    [[ $(grep -v '^kplrun: rank' "$tmp/logs/rank-0000$r.log" | tr '\n' '|') == "rank $r launch 0|kplrun: restart 1/1: $why|rank $r launch 1|" ]] ||
+      die "rank $r's log: $(cat "$tmp/logs/rank-0000$r.log")"
+  done
+  none_left
+  # SIGTERM and SIGINT during the back-off: kplrun ends at once, restarting nothing
+  for sig in TERM INT; do
+    "$kplrun" -np 2 --max-restarts 3 --restart-backoff 60 --log-dir "$tmp/lb$sig" -- sh -c \
+      'echo x >> "$0/back'$sig'"; exit 4' "$tmp" > out.txt 2> err.txt &
+    pid=$!
+    for _ in $(seq 600); do
+      grep -q "^kplrun: restart 1/3 in 60 s: rank [01] on host [^ ]* exited with status 4" err.txt && break
+      kill -0 $pid 2> /dev/null || break
+      sleep 0.05
+    done
+    has err.txt "^kplrun: restart 1/3 in 60 s: "
+    t0=$EPOCHREALTIME
+    kill -$sig $pid
+    set +e; wait $pid; rc=$?; set -e
+    secs=$(awk -v a="$t0" -v b="$EPOCHREALTIME" 'BEGIN { print b - a }')
+    want=143
+    [[ $sig == INT ]] && want=130
+    ended $want "^kplrun: SIG$sig during the restart's back-off: not restarting$"
+    faster 5
+    launched back$sig 2
+  done
+  # stops are never restarted: SIGTERM to kplrun while the ranks run
+  "$kplrun" -np 2 --max-restarts 2 --restart-backoff 0 --log-dir "$tmp/ls" -- sh -c \
+    'echo x >> "$0/stop"; trap "exit 143" TERM; echo ready; sleep 60.'$token' & wait' "$tmp" > out.txt 2> err.txt &
+  pid=$!
+  for _ in $(seq 200); do [[ $(grep -c ready out.txt) == 2 ]] && break; sleep 0.05; done
+  [[ $(grep -c ready out.txt) == 2 ]] || die "the ranks did not start"
+  kill -TERM $pid
+  set +e; wait $pid; rc=$?; set -e
+  secs=0
+  ended 143 "^kplrun: stopped by SIGTERM: all 2 ranks exited with status 143$"
+  launched stop 2
+  # --timeout, counted from the first launch
+  run -np 2 --max-restarts 2 --restart-backoff 0 --timeout 2 --log-dir "$tmp/lt" -- sh -c \
+    'echo x >> "$0/timeout"; sleep 60.'$token "$tmp"
+  ended 124 "^kplrun: the job ran past --timeout 2 s"
+  launched timeout 2
+  # every rank ending 143 on its own (kpl train stopped by a signal to its
+  # ranks, not to kplrun): a stop too
+  run -np 2 --max-restarts 2 --restart-backoff 0 --log-dir "$tmp/l143" -- sh -c 'echo x >> "$0/own"; exit 143' "$tmp"
+  ended 143 "^kplrun: stopped by SIGTERM: all 2 ranks exited with status 143 \(the signal reached a rank, not kplrun\)$"
+  launched own 2
+  ! grep -q "restart" err.txt || die "a stop was restarted: $(cat err.txt)"
   ;;
 
 *) die "unknown case" ;;

@@ -249,6 +249,28 @@ static void test_mpirun_argv(void **state)
     kpl_launch_free_argv(a);
     kpl_hosts_free(&h);
 
+    /* the job's name always; which launch, only when kplrun restarts (the
+     * agent puts them in the rank's environment on every node) */
+    kpl_launch_config rs = KPL_LAUNCH_CONFIG_INIT;
+    rs.agent = "kplrun";
+    rs.cores_per_node = 1;
+    rs.job_id = "20261126-101500-42";
+    OK(kpl_launch_mpirun_argv(&rs, 1, cmd, &a, NULL, NULL));
+    s = kpl_launch_argv_string(a);
+    assert_non_null(strstr(s, "kplrun --agent --log-dir kplrun-logs --job-id 20261126-101500-42 -- kpl"));
+    assert_int_equal(find(a, "--restart"), -1);
+    free(s);
+    kpl_launch_free_argv(a);
+    rs.restart = 2;
+    rs.max_restarts = 3;
+    rs.restart_reason = "rank 1 on host n7 exited with status 3";
+    OK(kpl_launch_mpirun_argv(&rs, 1, cmd, &a, NULL, NULL));
+    s = kpl_launch_argv_string(a);
+    assert_non_null(strstr(s, "--job-id 20261126-101500-42 --restart 2 --max-restarts 3 "
+                              "--restart-reason 'rank 1 on host n7 exited with status 3' -- kpl"));
+    free(s);
+    kpl_launch_free_argv(a);
+
     /* shell quoting of the odd ones */
     char *odd[] = {"it's", "", "$HOME", "a=b,c:d", NULL};
     s = kpl_launch_argv_string(odd);

@@ -8,7 +8,11 @@
  *                                 "*TEXT", contains TEXT): SIGKILL,
  *                                 or with SIG (TERM or INT) that signal to
  *                                 the whole process group, as a scheduler
- *                                 sends it, and the call goes on
+ *                                 sends it, and the call goes on; with
+ *                                 STOP the process stops itself (SIGSTOP)
+ *                                 and the call goes on once it is continued
+ *                                 (a rank held at an exact point, for a
+ *                                 test to act on the job)
  *
  * OP: write (also pwrite; the path is that of the descriptor), fsync,
  * rename (the old path), link (the old path), mkdir.  Other processes and
@@ -52,11 +56,11 @@ static void parse(void)
     char *save = NULL, *op = strtok_r(buf, ":", &save), *suf = strtok_r(NULL, ":", &save);
     char *n = strtok_r(NULL, ":", &save), *sig = strtok_r(NULL, ":", &save);
     if (!op || !suf || !n || strlen(op) >= sizeof op_ || strlen(suf) >= sizeof suffix_) return;
-    if (sig && strcmp(sig, "TERM") && strcmp(sig, "INT")) return;
+    if (sig && strcmp(sig, "TERM") && strcmp(sig, "INT") && strcmp(sig, "STOP")) return;
     strcpy(op_, op);
     strcpy(suffix_, suf);
     at_ = atol(n);
-    if (sig) sig_ = !strcmp(sig, "TERM") ? SIGTERM : SIGINT;
+    if (sig) sig_ = !strcmp(sig, "TERM") ? SIGTERM : !strcmp(sig, "STOP") ? SIGSTOP : SIGINT;
 }
 
 static int ends_with(const char *p, const char *suf)
@@ -71,8 +75,8 @@ static void maybe_die(const char *op, const char *path)
     parse();
     if (at_ <= 0 || strcmp(op, op_) || !path || !ends_with(path, suffix_)) return;
     if (++seen_ != at_) return;
-    if (sig_ == SIGKILL) raise(SIGKILL);
-    kill(0, sig_); /* every process of the group, this one included */
+    if (sig_ == SIGKILL || sig_ == SIGSTOP) raise(sig_);
+    else kill(0, sig_); /* every process of the group, this one included */
 }
 
 static void maybe_die_fd(const char *op, int fd)

@@ -38,6 +38,12 @@ static void usage_train(FILE *f)
             "checkpoints/.  The last line on stdout is a JSON object with \"event\":\"done\".\n"
             "SIGINT or SIGTERM (to kpl or its whole process group) stops the run at the\n"
             "next step every rank agrees on, with a checkpoint (docs/faults.md).\n"
+            "\n"
+            "Under kplrun --max-restarts, a restarted launch (KPL_RESTART_COUNT >= 1)\n"
+            "continues from the newest complete checkpoint of its own run directory\n"
+            "(run_dir, or runs/<name>-<KPL_JOB_ID>, the same for every launch of a\n"
+            "kplrun job), or starts fresh when there is none, and records a \"restart\"\n"
+            "event in metrics.jsonl.\n"
             "Exit status: 0 done, 1 failed, 2 bad recipe or usage, 130/143 stopped by\n"
             "SIGINT/SIGTERM after saving a checkpoint.\n");
 }
@@ -135,16 +141,40 @@ static int failed(kpl_trainer *t, kpl_status st)
     return 1;
 }
 
+/* What a launcher that restarts failed jobs (kplrun --max-restarts) tells
+ * each launch: the job's name and which launch this is, into o.  2 after
+ * saying so when a count is no number; else 0. */
+static int restart_from_env(kpl_trainer_options *o)
+{
+    static const char *const names[] = {"KPL_RESTART_COUNT", "KPL_MAX_RESTARTS"};
+    int *dst[] = {&o->restart, &o->max_restarts};
+    for (int i = 0; i < 2; i++) {
+        const char *v = getenv(names[i]);
+        if (!v || !*v) continue;
+        char *end;
+        long n = strtol(v, &end, 10);
+        if (*end || n < 0 || n > 1000000) {
+            fprintf(stderr, "kpl train: %s='%s' is not a count\n", names[i], v);
+            return 2;
+        }
+        *dst[i] = (int)n;
+    }
+    o->job_id = getenv("KPL_JOB_ID");
+    o->restart_reason = getenv("KPL_RESTART_REASON");
+    return 0;
+}
+
 /* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
  * run), "" (the newest checkpoint) or a checkpoint file. */
 static int train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer)
 {
+    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
+    if (restart_from_env(&o)) return 2;
     const kpl_task_kind *task = task_of(r);
     if (!task) return 1;
     kpl__console con;
     kpl__console_init(&con, r->log.progress);
     kpl_trainer *t = NULL;
-    kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
     o.resume = resume;
     o.reset_optimizer = reset_optimizer;
     o.log = kpl__console_log, o.log_ctx = &con, o.progress = con.bar;

@@ -361,6 +361,11 @@ struct kpl_trainer {
     kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
     bool reset_optimizer;   /* kpl_trainer_options.reset_optimizer */
     char resume_path[PATH_MAX];
+    /* kpl_trainer_options' job and restart; restart_note: what the restart
+     * found to continue from, for say_start */
+    char job_id[65];
+    int restart, max_restarts;
+    char restart_reason[1024], restart_note[2 * PATH_MAX];
     /* the latest figures, for the final report */
     double images_per_sec;
     bool have_val;
@@ -432,6 +437,11 @@ kpl_status kpl__trainer_device_choice(const char *device, const char *env, int g
                                       size_t len);
 /* The newest complete checkpoint of the recipe's runs (--resume alone). */
 bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len);
+/* A restarted launch (t->restart >= 1): the newest complete checkpoint of
+ * the run's own directory into t->resume_path, and *resume pointing at
+ * it, when there is one; else *resume stays (NULL: a fresh start).  Says
+ * what it found in t->restart_note. */
+void kpl__trainer_restart_checkpoint(kpl_trainer *t, const char **resume);
 kpl_status kpl__trainer_make_comm(kpl_trainer *t);
 /* Rank 0 names and makes the run directory, the others learn it; logs,
  * metrics.jsonl, TensorBoard, config.yaml. */

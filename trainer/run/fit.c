@@ -109,11 +109,25 @@ static void say_start(kpl_trainer *t)
         kpl__plugin_list(list, sizeof list);
         kpl__log_info(&t->log, "plugins: %s", list);
     }
-    if (!t->resume_path[0]) return;
-    kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
-                  (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
-    kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s}", "event", "resume", "step",
-                                   (json_int_t)t->step, "from", t->resume_path));
+    if (t->resume_path[0]) {
+        kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
+                      (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
+        kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s}", "event", "resume", "step",
+                                       (json_int_t)t->step, "from", t->resume_path));
+    }
+    if (t->restart < 1) return;
+    /* a launcher's restart after a failure: which, why, and from where */
+    kpl__log_info(&t->log, "restart %d/%d after a failure (%s): %s (step %lld)", t->restart,
+                  t->max_restarts, t->restart_reason[0] ? t->restart_reason : "reason not given",
+                  t->restart_note, (long long)t->step);
+    json_t *j = json_pack("{s:s, s:i, s:i, s:I}", "event", "restart", "restart", t->restart,
+                          "max_restarts", t->max_restarts, "step", (json_int_t)t->step);
+    if (j) {
+        json_object_set_new(j, "from", t->resume_path[0] ? json_string(t->resume_path) : json_null());
+        json_object_set_new(j, "reason", t->restart_reason[0] ? json_string(t->restart_reason)
+                                                              : json_null());
+    }
+    kpl__trainer_emit(t, j);
 }
 
 /* The epoch's figures: train_<figure> means over the epoch (null for an

@@ -649,6 +649,25 @@ static kpl_status load_weights(kpl_trainer *t)
     return st < 0 ? kpl__error_prefix(st, "model.weights: ") : KPL_OK;
 }
 
+/* Every rank starts from the same step (-1: a fresh start).  Each rank
+ * reads the checkpoint it resumes from itself, before MPI exists (the
+ * loaders need its data position first), and a restart or --resume
+ * without a file picks the newest one it sees: a run directory that the
+ * nodes do not share, or see late (NFS caching a listing), would
+ * otherwise start ranks from different checkpoints without a word.
+ * Collective. */
+static kpl_status same_start(kpl_trainer *t, int64_t step)
+{
+    if (!t->comm) return KPL_OK;
+    double v[2] = {(double)step, -(double)step};
+    KPL_TRY(kpl__trainer_reduce_host(t, v, 2, KPL_COMM_MAX));
+    KPL_CHECK(v[0] == -v[1], KPL_ESTATE, "the ranks would start from different steps (%.0f to "
+              "%.0f; -1: a fresh start); rank %d resumes from %s: every rank reads its checkpoint "
+              "itself, so all need the same one, on a file system that every node sees alike",
+              -v[1], v[0], (int)t->rank, t->resume_path[0] ? t->resume_path : "none");
+    return KPL_OK;
+}
+
 static kpl_status start(kpl_trainer *t, const char *resume)
 {
     const kpl_recipe *r = t->r;
@@ -656,8 +675,10 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     KPL_TRY(kpl__data_input_shape(r, t->chw));
     kpl__resume_meta rm;
     memset(&rm, 0, sizeof rm);
+    kpl__trainer_restart_checkpoint(t, &resume);
     if (resume) {
-        if (resume[0]) snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
+        if (resume[0] && resume != t->resume_path)
+            snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
         else
             KPL_CHECK(kpl__trainer_latest_checkpoint(r, t->resume_path, sizeof t->resume_path),
                       KPL_ENOTFOUND, "--resume: no complete checkpoint in %s%s%s",
@@ -673,6 +694,7 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     kpl_status st = make_loaders(t, resume ? &rm : NULL);
     if (st >= 0) st = make_val_loader(t);
     if (st >= 0) st = kpl__trainer_make_comm(t);
+    if (st >= 0) st = same_start(t, resume ? rm.step : -1);
     if (st >= 0) st = kpl__trainer_make_run_dir(t);
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
@@ -744,6 +766,15 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->task = task;
     t->run_lock = -1;
     t->reset_optimizer = opts.reset_optimizer;
+    t->restart = opts.restart > 0 ? opts.restart : 0;
+    t->max_restarts = opts.max_restarts;
+    snprintf(t->restart_reason, sizeof t->restart_reason, "%s",
+             opts.restart_reason ? opts.restart_reason : "");
+    const char *id = opts.job_id ? opts.job_id : "";
+    bool id_ok = strlen(id) < sizeof t->job_id && strspn(id, "abcdefghijklmnopqrstuvwxyz"
+                                                          "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                                                      strlen(id);
+    if (id_ok) snprintf(t->job_id, sizeof t->job_id, "%s", id);
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
@@ -751,6 +782,9 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl__trainer_pick_threads(t);
     kpl_set_deterministic(r->deterministic);
     kpl_status st = check_args(r, task);
+    if (st >= 0 && !id_ok)
+        st = KPL_ERROR(KPL_EINVAL, "job id '%.80s' (KPL_JOB_ID) names a run directory: letters, "
+                       "digits, '.', '_' and '-' only, at most %d", id, (int)sizeof t->job_id - 1);
     if (st >= 0) st = task_keys(t);
     while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);

@@ -151,6 +151,61 @@ static bool latest(const kpl_recipe *r, int64_t *steps, int max, char *path, siz
     return true;
 }
 
+/* The run directory of a checkpoint: <run> for <run>/checkpoints/FILE
+ * ("." for checkpoints/FILE); false (dir "") for a file elsewhere. */
+static bool run_of_checkpoint(const char *ckpt, char *dir, size_t len)
+{
+    char p[PATH_MAX];
+    snprintf(p, sizeof p, "%s", ckpt);
+    char *s = strrchr(p, '/');
+    if (s) *s = 0;
+    s = strrchr(p, '/');
+    bool in_run = s ? !strcmp(s + 1, "checkpoints") : !strcmp(p, "checkpoints");
+    if (in_run && s) *s = 0;
+    snprintf(dir, len, "%s", !in_run ? "" : s ? p : ".");
+    return in_run;
+}
+
+void kpl__trainer_restart_checkpoint(kpl_trainer *R, const char **resume)
+{
+    if (R->restart < 1) return;
+    const kpl_recipe *r = R->r;
+    char dir[PATH_MAX] = "";
+    if (r->run_dir[0]) snprintf(dir, sizeof dir, "%s", r->run_dir);
+    else if (*resume && (*resume)[0]) run_of_checkpoint(*resume, dir, sizeof dir);
+    else if (!*resume && R->job_id[0]) snprintf(dir, sizeof dir, "runs/%s-%s", r->name, R->job_id);
+    /* --resume alone: the newest checkpoint of the recipe's runs, which is
+     * the one this job continued, or one that it wrote since */
+    if (*resume && !(*resume)[0] && !dir[0]) {
+        snprintf(R->restart_note, sizeof R->restart_note, "continuing from the newest checkpoint "
+                 "of runs/%s-* (--resume)", r->name);
+        return;
+    }
+    if (!dir[0]) {
+        snprintf(R->restart_note, sizeof R->restart_note, "the run directory of the launch "
+                 "before is not known (no run_dir, no job id): starting %s",
+                 *resume ? "from the given checkpoint" : "a new run");
+        return;
+    }
+    char cd[PATH_MAX + 16];
+    snprintf(cd, sizeof cd, "%s/checkpoints", dir);
+    enum { MAX = 65536 };
+    int64_t *steps = malloc(MAX * sizeof *steps);
+    int n = 0;
+    if (steps && kpl__checkpoint_list(cd, steps, MAX, &n) >= 0 && n > 0) {
+        kpl__checkpoint_path(cd, steps[n - 1], R->resume_path, sizeof R->resume_path);
+        *resume = R->resume_path;
+        R->reset_optimizer = false; /* the state is this run's own */
+        snprintf(R->restart_note, sizeof R->restart_note, "continuing from the newest complete "
+                 "checkpoint of %s", dir);
+    } else {
+        snprintf(R->restart_note, sizeof R->restart_note, "no complete checkpoint in %s: %s", cd,
+                 !*resume ? "starting fresh" : (*resume)[0] ? "starting from the given checkpoint"
+                                                            : "resuming as --resume says");
+    }
+    free(steps);
+}
+
 kpl_status kpl__trainer_make_comm(kpl_trainer *R)
 {
     if (R->world == 1) return KPL_OK;
@@ -194,16 +249,23 @@ kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
             snprintf(R->run_dir, sizeof R->run_dir, "%s", r->run_dir);
         } else if (R->resume) {
             /* <run>/checkpoints/ckpt-N.kpl -> <run> */
-            char p[PATH_MAX];
-            snprintf(p, sizeof p, "%s", R->resume_path);
-            char *s = strrchr(p, '/');
-            if (s) *s = 0;
-            s = strrchr(p, '/');
-            bool in_run = s ? !strcmp(s + 1, "checkpoints") : !strcmp(p, "checkpoints");
-            if (in_run && s) *s = 0;
-            else if (in_run) snprintf(p, sizeof p, ".");
-            else snprintf(p, sizeof p, "runs/%s-resumed-%lld", r->name, (long long)(long long)time(NULL));
-            snprintf(R->run_dir, sizeof R->run_dir, "%s", p);
+            if (!run_of_checkpoint(R->resume_path, R->run_dir, sizeof R->run_dir))
+                snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-resumed-%lld", r->name,
+                         (long long)time(NULL));
+        } else if (R->job_id[0]) {
+            /* every launch of the job the same directory; the first one's
+             * must be new (another job's would be resumed by a restart) */
+            snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-%s", r->name, R->job_id);
+            st = kpl__mkdirs("runs");
+            if (st >= 0 && mkdir(R->run_dir, 0755) != 0) {
+                if (errno != EEXIST)
+                    st = KPL_ERROR(KPL_EIO, "cannot create %s: %s", R->run_dir, strerror(errno));
+                else if (R->restart < 1)
+                    st = KPL_ERROR(KPL_ESTATE, "run directory %s exists already, but this is the "
+                                   "first launch of job %s (KPL_JOB_ID): give another job id, a "
+                                   "run_dir, or --resume to continue that run", R->run_dir,
+                                   R->job_id);
+            }
         } else {
             time_t t = time(NULL);
             struct tm tm;
