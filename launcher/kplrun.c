@@ -129,6 +129,11 @@ typedef struct {
     /* what mpirun's messages said, when no agent could (a killed agent) */
     int mp_rank, mp_status, mp_sig, mp_pid;
     char mp_host[256];
+    /* a host whose Open MPI daemon mpirun lost (a link or node down) */
+    char lost_host[256];
+    /* per rank: the step profile it wrote ("profile: steps A-B written to
+     * PATH", kpl train's profile.steps), NULL: none; merged at the end */
+    char **trace;
     /* how far the job got, as its lines said (note_progress), for a restart */
     char progress[96];
     long long ckpt_step; /* -1: no checkpoint seen */
@@ -208,6 +213,15 @@ static bool box_about_failure(console *c, const char *box)
         snprintf(c->mp_host, sizeof c->mp_host, "%s", host);
     }
     int a, b, code;
+    /* "ORTE has lost communication with a remote daemon. ... Remote daemon:
+     * [[58768,0],1] on node 10.59.220.2": its ranks cannot say how they
+     * ended; kplrun says which host went (say_verdict) */
+    if (strstr(box, "lost communication with a remote daemon") &&
+        (p = strstr(box, "Remote daemon:")) && (p = strstr(p, " on node ")) &&
+        sscanf(p, " on node %255s", host) == 1) {
+        snprintf(c->lost_host, sizeof c->lost_host, "%s", host);
+        known = true;
+    }
     if ((p = strstr(box, "Process name: [[")) && sscanf(p, "Process name: [[%d,%d],%d]", &a, &b, &r) == 3) {
         const char *q = strstr(p, "Exit code:");
         if (q && sscanf(q, "Exit code: %d", &code) == 1 && c->mp_rank < 0)
@@ -281,6 +295,76 @@ static void note_progress(console *c, const char *text)
         c->ckpt_step = s;
 }
 
+/* A rank's "profile: steps A-B written to PATH" (the last one counts). */
+static void note_trace(console *c, int r, const char *text)
+{
+    const char *p = strstr(text, "profile: steps ");
+    long long a, b;
+    int n = 0;
+    if (!p || !c->trace || sscanf(p, "profile: steps %lld-%lld written to %n", &a, &b, &n) != 2 ||
+        n == 0 || p[n] != '/')
+        return;
+    free(c->trace[r]);
+    c->trace[r] = strdup(p + n);
+}
+
+/* Merges the ranks' step profiles into DIR/profile.trace.json, one track
+ * per rank (each rank's events carry its rank as pid).  The files have a
+ * fixed layout (trainer/run/profile.c): a header line, one event per line
+ * ending with ',' but the last, and a closing "]}" line; so the merge is
+ * textual.  A file kplrun cannot read (another host's disk, without a
+ * shared file system) is named and left out. */
+static void merge_traces(const console *c, const char *dir)
+{
+    int have = 0;
+    for (int r = 0; c->trace && r < c->np; r++) have += c->trace[r] != NULL;
+    if (!have) return;
+    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    if (snprintf(path, sizeof path, "%s/profile.trace.json", dir) >= (int)sizeof path) return;
+    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)(sizeof path - 1), path);
+    FILE *out = fopen(tmp, "w");
+    if (!out) {
+        fprintf(stderr, "kplrun: cannot write %s: %s\n", tmp, strerror(errno));
+        return;
+    }
+    fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", out);
+    char *line = NULL, *pend = NULL; /* the previous event line, held for its comma */
+    size_t cap = 0;
+    int merged = 0;
+    for (int r = 0; r < c->np; r++) {
+        if (!c->trace[r]) continue;
+        FILE *f = fopen(c->trace[r], "r");
+        if (!f) {
+            fprintf(stderr, "kplrun: the profile of rank %d (%s) cannot be read here: %s\n", r,
+                    c->trace[r], strerror(errno));
+            continue;
+        }
+        ssize_t len;
+        int k = 0;
+        while ((len = getline(&line, &cap, f)) > 0) {
+            if (k++ == 0 || !strncmp(line, "]}", 2)) continue; /* header, footer */
+            while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == ',')) line[--len] = 0;
+            if (!len) continue;
+            if (pend) fprintf(out, "%s,\n", pend);
+            free(pend);
+            pend = strdup(line);
+        }
+        fclose(f);
+        merged++;
+    }
+    if (pend) fprintf(out, "%s\n", pend);
+    fputs("]}\n", out);
+    free(pend);
+    free(line);
+    if (fclose(out) != 0 || rename(tmp, path) != 0) {
+        fprintf(stderr, "kplrun: cannot write %s: %s\n", path, strerror(errno));
+        unlink(tmp);
+        return;
+    }
+    fprintf(stderr, "kplrun: the step profiles of %d rank%s merged into %s (Perfetto, "
+            "chrome://tracing)\n", merged, merged == 1 ? "" : "s", path);
+}
+
 /* Lines from mpirun's stdout (out) or stderr. */
 static void handle_line(console *c, char *line, bool out)
 {
@@ -311,6 +395,7 @@ static void handle_line(console *c, char *line, bool out)
         tail_add(&c->tail[r], line);
         const char *text = strchr(line, ']') + 1;
         note_progress(c, text + (*text == ' '));
+        note_trace(c, r, text);
         if (!c->stuck[r]) c->stuck[r] = kpl_launch_parse_timeout(line, &c->stall[r]);
         print_line(c, out ? stdout : stderr, line);
     } else if (out) {
@@ -641,6 +726,8 @@ static void console_free(console *c)
     free(c->end);
     free(c->stall);
     free(c->stuck);
+    for (int r = 0; c->trace && r < c->np; r++) free(c->trace[r]);
+    free(c->trace);
 }
 
 /* Which launch of the job one is. */
@@ -988,6 +1075,30 @@ static bool any_rank_spoke(const console *c)
 /* The verdict (kpl_launch_judge) said in words, with the last lines of
  * the rank to blame (and of the rank it waited for, when it timed out in
  * a collective). */
+/* A host lost mid-job (mpirun's notice): the ranks that never said how
+ * they ended are the ones there.  Said instead of a verdict that would
+ * blame a rank mpirun tore down because of it (or nobody). */
+static bool say_lost_host(const console *c, const kpl_launch_verdict *v)
+{
+    if (!c->lost_host[0] || v->kind == KPL_VERDICT_TIMEOUT || v->kind == KPL_VERDICT_KILLED ||
+        v->kind == KPL_VERDICT_STOPPED || v->kind == KPL_VERDICT_OK)
+        return false;
+    if (v->kind == KPL_VERDICT_RANK && !v->from_mpirun && v->sig != SIGTERM &&
+        v->status != 128 + SIGTERM)
+        return false; /* a rank failed on its own: that is the news */
+    char ranks[256] = "";
+    size_t at = 0;
+    int n = 0;
+    for (int r = 0; r < c->np && at + 16 < sizeof ranks; r++)
+        if (!c->end[r].seen) at += (size_t)snprintf(ranks + at, sizeof ranks - at, "%s%d", n++ ? ", " : "", r);
+    fprintf(stderr, "kplrun: lost host %s: Open MPI's daemon there stopped answering (its network "
+            "link or the node failed)%s%s%s; the other ranks were stopped\n", c->lost_host,
+            n ? "; rank" : "", n > 1 ? "s " : n ? " " : "", n ? ranks : "");
+    if (n) fprintf(stderr, "kplrun: %s never said how %s ended\n", n > 1 ? "they" : "it",
+                   n > 1 ? "they" : "it");
+    return true;
+}
+
 static void say_verdict(const console *c, const char *dir, const kpl_launch_verdict *v,
                         double timeout, double t0)
 {
@@ -1190,8 +1301,9 @@ static int run_launch(const options *o, int argc, char **argv, const char **extr
     c.end = calloc((size_t)o->np, sizeof *c.end);
     c.stall = calloc((size_t)o->np, sizeof *c.stall);
     c.stuck = calloc((size_t)o->np, sizeof *c.stuck);
+    c.trace = calloc((size_t)o->np, sizeof *c.trace);
     outcome out = {0, 0, false, 0, false};
-    if (!c.tail || !c.end || !c.stall || !c.stuck) {
+    if (!c.tail || !c.end || !c.stall || !c.stuck || !c.trace) {
         fprintf(stderr, "kplrun: out of memory\n");
         kpl_launch_free_argv(mp);
         rc = 1;
@@ -1212,7 +1324,12 @@ static int run_launch(const options *o, int argc, char **argv, const char **extr
         kpl_launch_verdict v;
         kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
                          out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
-        say_verdict(&c, dir, &v, o->timeout, *t_first);
+        if (say_lost_host(&c, &v)) {
+            v.exit_code = 1; /* no rank's status to pass on */
+        } else {
+            say_verdict(&c, dir, &v, o->timeout, *t_first);
+        }
+        merge_traces(&c, dir);
         rc = v.exit_code;
         if (o->max_restarts > 0 && restartable(&v, &out)) {
             *again = true;

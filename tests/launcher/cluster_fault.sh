@@ -21,6 +21,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 read -r -a netns <<< "$KPL_CLUSTER_NETNS"
 read -r -a names <<< "$KPL_CLUSTER_NAMES"
+read -r -a ips <<< "$KPL_CLUSTER_IPS"
 die() {
   echo "FAIL (cluster_fault): $*" >&2
   for f in "$tmp/out.txt" "$tmp/err.txt"; do [[ -f $f ]] && { echo "--- $f" >&2; cat "$f" >&2; }; done
@@ -57,8 +58,10 @@ echo "kplrun exited $rc, ${took} s after the link went down"
 has() { grep -qE -- "$1" "$tmp/out.txt" "$tmp/err.txt" || die "the output lacks /$1/"; }
 # rank 0's communicator names the rank that does not answer, and where it is
 has "\[r0\] kpl\[0\] comm: stall: allreduce #[0-9]+ .*; not joined: rank 1 on host ${names[1]}: no answer for [0-9.]+ s \(stopped, hung, or unreachable\?\)"
-# kplrun's verdict names the host that was lost
-has "^kplrun: .*${names[1]}"
+# kplrun's verdict names the host that was lost (as --host gave it) and
+# its rank; exit status 1
+has "^kplrun: lost host (${names[1]}|${ips[1]}): Open MPI's daemon there stopped answering .*; rank 1; the other ranks were stopped$"
+((rc == 1)) || die "kplrun exited $rc, expected 1 for a lost host"
 
 # nothing of the job left: not in node 1 (its Open MPI daemon and rank),
 # not here (no rank, agent or daemon of the job)

@@ -180,10 +180,13 @@ def timing(run, ranks, grad_bytes, steps, slowest=None, min_gap=0.0):
         if r["steps"] != r["step"] - (prev["step"] if prev else 0):
             fail("step %d: a window of %d steps" % (r["step"], r["steps"]))
         # step_ms against the records' own wall times (1 ms resolution),
-        # within one epoch (the end of an epoch is not a step's time)
+        # within one epoch (the end of an epoch is not a step's time).  A
+        # window starts at the previous report, before its record's time
+        # is taken, so the two clocks differ by that report's work (ms of
+        # JSON and an allgather, more on a loaded machine): 20 ms or 30%.
         if prev and (r["step"] - 1) // EPOCH == (prev["step"] - 1) // EPOCH and prev["step"] % EPOCH:
             wall = (r["time"] - prev["time"]) * 1e3
-            if abs(wall - r["step_ms"] * r["steps"]) > max(5.0, 0.2 * wall):
+            if abs(wall - r["step_ms"] * r["steps"]) > max(20.0, 0.3 * wall):
                 fail("step %d: %d steps of %.3f ms, but %.3f ms passed between the records"
                      % (r["step"], r["steps"], r["step_ms"], wall))
         if r["peak_mb"] <= 0 or r["peak_mb_max"] < r["peak_mb"]:

@@ -17,6 +17,8 @@
 #              records (no communication, slowest rank 0); a run stopped
 #              inside the window writes the steps it did
 #   errors     bad profile.steps values: exit 2 naming the key
+#   kplrun     np2 under kplrun: the ranks' traces merged into one
+#              (LOG_DIR/profile.trace.json) holding exactly their events
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 inject=${4:-}
 . "$(dirname "$0")/e2e_common.sh"
@@ -42,7 +44,31 @@ np2)
   # rank 0's console says each record in a line
   [[ $(grep -cE '^timing: [0-9.]+ ms/step = data [0-9.]+ \+ compute [0-9.]+ \+ exposed comm [0-9.]+ \+ optimizer [0-9.]+ \+ other [0-9.]+ \| peak [0-9]+ MB \| slowest rank [01] \([0-9.]+ ms\)$' out.txt) == 4 ]] \
     || die "console: $(grep timing out.txt)"
-  [[ $(grep -c 'profile: steps 3-5 written to' out.txt) == 1 ]] || die "console: $(grep profile out.txt)"
+  # every rank says where its profile went (kplrun merges them)
+  [[ $(grep -c 'profile: steps 3-5 written to' out.txt) == 2 ]] || die "console: $(grep profile out.txt)"
+  ;;
+kplrun)
+  # the same job under kplrun: the ranks' profiles merged into one trace
+  # in kplrun's log directory, a track per rank
+  need_fm
+  kplrun=$(dirname "$kpl")/kplrun
+  [[ -x $kplrun ]] || die "no kplrun beside $kpl"
+  "$kplrun" -np 2 --log-dir logs -- "$kpl" train "${NP2[@]}" run_dir=run > out.txt 2> err.txt ||
+    die "kplrun: $(tail -5 err.txt)"
+  grep -q "^kplrun: the step profiles of 2 ranks merged into .*/logs/profile.trace.json" err.txt ||
+    die "kplrun's merge line: $(grep profile err.txt)"
+  /usr/bin/python3 -c '
+import json, os, sys
+ranks = sorted(f for f in os.listdir(sys.argv[1]) if f.endswith(".trace.json"))
+per = [json.load(open(os.path.join(sys.argv[1], f)))["traceEvents"] for f in ranks]
+merged = json.load(open(sys.argv[2]))["traceEvents"]
+want = sorted(json.dumps(e, sort_keys=True) for evs in per for e in evs)
+got = sorted(json.dumps(e, sort_keys=True) for e in merged)
+assert len(ranks) == 2, ranks
+assert got == want, "the merged trace is not the ranks events (%d vs %d)" % (len(got), len(want))
+assert {e["pid"] for e in merged} == {0, 1}, "tracks: %r" % {e["pid"] for e in merged}
+print("merged: %d events of 2 ranks" % len(merged))
+' run/profile logs/profile.trace.json || die "the merged trace"
   ;;
 straggler)
   need_fm

@@ -84,7 +84,9 @@ void kpl__console_log(void *ctx, const kpl_log_event *e)
         /* fall through */
     case KPL_LOG_INFO:
     case KPL_LOG_RESULT:
-        if (e->rank != 0) return;
+        /* every rank says where its step profile went: kplrun merges them */
+        if (e->rank != 0 && (e->kind != KPL_LOG_INFO || strncmp(e->text, "profile: steps ", 15)))
+            return;
         clear_bar(c);
         printf("%s\n", e->text);
         fflush(stdout);
