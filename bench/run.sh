@@ -123,7 +123,7 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       local cases=${KPL_BENCH_SCALE:-scale18,scale50,hier} link crc
       local mpi='mpirun --allow-run-as-root --oversubscribe --bind-to none $KPL_CLUSTER_MPI'
       mpi+=' --mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any -x UCX_TLS=tcp,sm,self'
-      mpi+=' -x OMP_NUM_THREADS=1 -x KPL_BENCH_ROUNDS'
+      mpi+=' --mca mpi_yield_when_idle 1 -x OMP_NUM_THREADS=1 -x KPL_BENCH_ROUNDS'
       # shellcheck disable=SC2206
       local links=(${KPL_BENCH_LINKS:-1gbit 2500mbit 10gbit})
       for link in "${links[@]}"; do

@@ -66,7 +66,7 @@ typedef enum { KPL_COMM_BACKENDS(KPL_ENUM_VALUE) } kpl_comm_backend;
 
 /* How the mpi backend's allreduce spans nodes (kpl_comm_config.hierarchy). */
 #define KPL_COMM_HIERARCHIES(X)                                                         \
-    X(KPL_COMM_HIER_AUTO, "auto") X(KPL_COMM_HIER_OFF, "off") X(KPL_COMM_HIER_ON, "on")
+    X(KPL_COMM_HIER_OFF, "off") X(KPL_COMM_HIER_AUTO, "auto") X(KPL_COMM_HIER_ON, "on")
 typedef enum { KPL_COMM_HIERARCHIES(KPL_ENUM_VALUE) } kpl_comm_hierarchy;
 /* AUTO takes the hierarchical allreduce from this many bytes up: below it
  * the three steps' latencies cost more than the link time they save. */
@@ -94,18 +94,22 @@ typedef struct {
      * memory, allreduce of each shard between the ranks that hold it on
      * the other nodes, allgather inside the node.  Each rank then sends
      * 1/(ranks per node) of the data over the link between the nodes,
-     * where a flat ring sends all of it from every rank.  AUTO: when the
+     * where a flat ring sends all of it from every rank.  OFF (the
+     * default): flat, MPI_Allreduce, which Open MPI already runs
+     * node-aware enough on ranks placed by node (its recursive halving
+     * pairs neighbours first): on the simulated cluster the hierarchical
+     * one reached 0.66-0.96x its busbw (docs/collective.md).  AUTO: when the
      * job spans >= 2 nodes with the same number >= 2 of ranks each, for
      * allreduces of KPL_COMM_HIER_MIN_BYTES and more; ON: every allreduce
-     * when the layout allows it (it falls back to flat otherwise); OFF:
-     * always flat.  kpl_comm_hierarchy_active says which was taken. */
+     * when the layout allows it (it falls back to flat otherwise).
+     * kpl_comm_hierarchy_nodes says whether it was taken. */
     kpl_comm_hierarchy hierarchy;
     /* What a node is: 0, the ranks that share memory (the launcher's
      * layout); N > 0, each run of N consecutive ranks (a box split by
      * socket, or one machine standing in for several in tests). */
     int32_t node_ranks;
 } kpl_comm_config;
-#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0, 60.0, NULL, NULL, NULL, KPL_COMM_HIER_AUTO, 0}
+#define KPL_COMM_CONFIG_INIT {KPL_COMM_BACKEND_AUTO, 300.0, 60.0, NULL, NULL, NULL, KPL_COMM_HIER_OFF, 0}
 
 /* Exit status of a job the watchdog ends (a blocking call timed out). */
 #define KPL_COMM_TIMEOUT_EXIT 124

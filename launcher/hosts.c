@@ -466,6 +466,15 @@ kpl_status kpl_launch_mpirun_argv(const kpl_launch_config *c, int argc, char *co
                              "--mca", "pml_ucx_devices", "any"};
         for (size_t i = 0; i < sizeof ucx / sizeof *ucx; i++) push(&a, ucx[i]);
     }
+    /* A rank's communication thread shares its cores with the compute
+     * threads (OMP_NUM_THREADS = cores per rank): let MPI yield the core
+     * while it waits, as Open MPI itself does when oversubscribed.  On the
+     * simulated cluster (one core per rank, 1 Gbit/s) it took a ResNet-18
+     * step's scaling efficiency from 0.60-0.65 to 0.74-0.77 with the
+     * allreduce overlapped (bench comm, scale). */
+    push(&a, "--mca");
+    push(&a, "mpi_yield_when_idle");
+    push(&a, "1");
     if ((c->hosts && c->hosts->n > 1) || c->hostfile) {
         /* Open MPI notices a host it can no longer reach (a link or switch
          * port down) by TCP keepalives on its daemons' connections; by

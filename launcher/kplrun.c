@@ -1187,7 +1187,10 @@ static bool restartable(const kpl_launch_verdict *v, const outcome *out)
 static void describe_failure(const console *c, const kpl_launch_verdict *v, char *out, size_t len)
 {
     int at;
-    if (v->kind == KPL_VERDICT_RANK) {
+    if (c->lost_host[0]) { /* as say_lost_host said it */
+        at = snprintf(out, len, "host %s was lost (Open MPI's daemon there stopped answering)",
+                      c->lost_host);
+    } else if (v->kind == KPL_VERDICT_RANK) {
         const char *host = !v->from_mpirun ? c->end[v->rank].host : c->mp_host[0] ? c->mp_host : "?";
         if (v->sig)
             at = snprintf(out, len, "rank %d on host %s was killed by signal %d (%s)", v->rank, host,

@@ -86,6 +86,7 @@ typedef struct {
  *          CPUs: --map-by slot:PE=k --bind-to core -x OMP_NUM_THREADS=k, k = cores per rank
  *                (more ranks than cores: --bind-to none, OMP_NUM_THREADS=1)
  *          [--mca pml ucx --mca pml_ucx_tls any --mca pml_ucx_devices any]
+ *          --mca mpi_yield_when_idle 1
  *          [several hosts: --mca oob_tcp_keepalive_time 10 (_intvl 2, _probes 3)]
  *          EXTRA... AGENT --agent --log-dir D [--channel SPEC] [--bar --columns C]
  *          [--job-id ID] [--restart K --max-restarts N [--restart-reason TEXT]] -- COMMAND...

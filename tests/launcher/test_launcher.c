@@ -176,7 +176,7 @@ static void test_mpirun_argv(void **state)
     OK(kpl_launch_mpirun_argv(&c, 3, cmd, &a, &per, &threads));
     char *s = kpl_launch_argv_string(a);
     assert_string_equal(s, "mpirun -np 4 --map-by slot:PE=4 --bind-to core -x OMP_NUM_THREADS=4 "
-                           "/opt/kpl/bin/kplrun --agent --log-dir logs -- kpl train 'a b.yaml'");
+                           "--mca mpi_yield_when_idle 1 /opt/kpl/bin/kplrun --agent --log-dir logs -- kpl train 'a b.yaml'");
     assert_int_equal(per, 4);
     assert_int_equal(threads, 4);
     free(s);
@@ -193,7 +193,7 @@ static void test_mpirun_argv(void **state)
     s = kpl_launch_argv_string(a);
     assert_string_equal(s, "mpirun -np 6 --allow-run-as-root --oversubscribe --bind-to none "
                            "-x OMP_NUM_THREADS=1 --mca pml ucx --mca pml_ucx_tls any --mca "
-                           "pml_ucx_devices any /opt/kpl/bin/kplrun --agent --log-dir logs --bar "
+                           "pml_ucx_devices any --mca mpi_yield_when_idle 1 /opt/kpl/bin/kplrun --agent --log-dir logs --bar "
                            "--columns 120 -- kpl train 'a b.yaml'");
     assert_int_equal(threads, 1);
     free(s);
@@ -215,7 +215,8 @@ static void test_mpirun_argv(void **state)
     OK(kpl_launch_mpirun_argv(&g, 2, cmd, &a, &per, &threads));
     s = kpl_launch_argv_string(a);
     assert_string_equal(s, "mpirun -np 16 --host g1:8,g2:8 --map-by ppr:8:node --bind-to none "
-                           "-x OMP_NUM_THREADS=8 --mca oob_tcp_keepalive_time 10 --mca "
+                           "-x OMP_NUM_THREADS=8 --mca mpi_yield_when_idle 1 --mca "
+                           "oob_tcp_keepalive_time 10 --mca "
                            "oob_tcp_keepalive_intvl 2 --mca oob_tcp_keepalive_probes 3 -x "
                            "NCCL_DEBUG --mca btl_tcp_if_include ib0 kplrun --agent --log-dir kplrun-logs -- kpl train");
     assert_int_equal(per, 8);

@@ -340,9 +340,9 @@ const field kpl__rc_fields[] = {
             "gradient bucket size, MB (0: one allreduce per gradient tensor)"),
     F_FLOAT("dist.first_bucket_mb", dist.buckets.first_bucket_mb, "1", 0, 1e5,
             "first gradient bucket size, MB"),
-    F_ENUM("dist.hierarchical", dist.comm.hierarchy, "auto", kpl_comm_hierarchy_names,
-           "allreduce within nodes, then across them (mpi backend): auto (from 256 KB when the job "
-           "spans >= 2 nodes of >= 2 ranks), on, off"),
+    F_ENUM("dist.hierarchical", dist.comm.hierarchy, "off", kpl_comm_hierarchy_names,
+           "allreduce within nodes, then across them (mpi backend): off, auto (from 256 KB when "
+           "the job spans >= 2 nodes of >= 2 ranks), on"),
     F_INT("dist.node_ranks", dist.comm.node_ranks, "0", 0, 1 << 20,
           "ranks per node for dist.hierarchical (0: the ranks that share memory)"),
     F_BOOL("dist.overlap", dist.overlap, "true",
