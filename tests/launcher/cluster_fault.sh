@@ -28,9 +28,12 @@ die() {
   exit 1
 }
 unset KPL_NO_UCX SLURM_JOB_NODELIST PBS_NODEFILE OMP_NUM_THREADS
+# this job's processes, told from any other job on the machine: the ranks
+# carry the mark, kplrun's agents and mpirun the log directory
+mark=cluster-fault-$$-$RANDOM
 # shellcheck disable=SC2086
 "$kplrun" -np 2 $KPL_CLUSTER_MPI -x UCX_TLS=tcp,sm,self ${KPL_TEST_MPIRUN_EXTRA:-} --stop-timeout 20 \
-  --log-dir "$tmp/logs" -- "$check" mpi loop > "$tmp/out.txt" 2> "$tmp/err.txt" &
+  --log-dir "$tmp/logs" -- "$check" mpi loop "$mark" > "$tmp/out.txt" 2> "$tmp/err.txt" &
 job=$!
 
 deadline=$((SECONDS + 90))
@@ -68,8 +71,6 @@ has "^kplrun: lost host (${names[1]}|${ips[1]}): Open MPI's daemon there stopped
 sleep 1
 left=$(ip netns pids "${netns[1]}" || true)
 [[ -z $left ]] || die "processes left on node 1: $(ps -o pid=,args= -p "${left//$'\n'/,}")"
-if pgrep -f "$check mpi loop" > /dev/null; then
-  die "ranks left: $(pgrep -af "$check mpi loop")"
-fi
-if pgrep -f "$kplrun --agent" > /dev/null; then die "agents left: $(pgrep -af "$kplrun --agent")"; fi
+if pgrep -f "$mark" > /dev/null; then die "ranks left: $(pgrep -af "$mark")"; fi
+if pgrep -f "$tmp/logs" > /dev/null; then die "kplrun's agents or mpirun left: $(pgrep -af "$tmp/logs")"; fi
 echo "PASS (cluster_fault): ${names[1]} cut off; kplrun exited $rc after ${took} s"
