@@ -1075,10 +1075,12 @@ static bool any_rank_spoke(const console *c)
 /* The verdict (kpl_launch_judge) said in words, with the last lines of
  * the rank to blame (and of the rank it waited for, when it timed out in
  * a collective). */
-/* A host lost mid-job (mpirun's notice): the ranks that never said how
- * they ended are the ones there.  Said instead of a verdict that would
- * blame a rank mpirun tore down because of it (or nobody). */
-static bool say_lost_host(const console *c, const kpl_launch_verdict *v)
+/* A host lost mid-job (mpirun's notice): its ranks, by the host list's
+ * slots in order as mpirun maps them (--map-by slot), or, when the host
+ * is not in the list, the ranks that never said how they ended.  Said
+ * instead of a verdict that would blame a rank mpirun tore down because
+ * of it (or nobody). */
+static bool say_lost_host(const console *c, const kpl_launch_verdict *v, const kpl_hostlist *hosts)
 {
     if (!c->lost_host[0] || v->kind == KPL_VERDICT_TIMEOUT || v->kind == KPL_VERDICT_KILLED ||
         v->kind == KPL_VERDICT_STOPPED || v->kind == KPL_VERDICT_OK)
@@ -1086,16 +1088,22 @@ static bool say_lost_host(const console *c, const kpl_launch_verdict *v)
     if (v->kind == KPL_VERDICT_RANK && !v->from_mpirun && v->sig != SIGTERM &&
         v->status != 128 + SIGTERM)
         return false; /* a rank failed on its own: that is the news */
+    int lo = -1, hi = -1; /* its ranks [lo, hi) */
+    for (int i = 0, at = 0; hosts && i < hosts->n && at < c->np; i++) {
+        int n = hosts->host[i].slots < c->np - at ? hosts->host[i].slots : c->np - at;
+        if (!strcmp(hosts->host[i].name, c->lost_host)) lo = at, hi = at + n;
+        at += n;
+    }
     char ranks[256] = "";
     size_t at = 0;
     int n = 0;
     for (int r = 0; r < c->np && at + 16 < sizeof ranks; r++)
-        if (!c->end[r].seen) at += (size_t)snprintf(ranks + at, sizeof ranks - at, "%s%d", n++ ? ", " : "", r);
+        if (lo >= 0 ? r >= lo && r < hi : !c->end[r].seen)
+            at += (size_t)snprintf(ranks + at, sizeof ranks - at, "%s%d", n++ ? ", " : "", r);
     fprintf(stderr, "kplrun: lost host %s: Open MPI's daemon there stopped answering (its network "
             "link or the node failed)%s%s%s; the other ranks were stopped\n", c->lost_host,
-            n ? "; rank" : "", n > 1 ? "s " : n ? " " : "", n ? ranks : "");
-    if (n) fprintf(stderr, "kplrun: %s never said how %s ended\n", n > 1 ? "they" : "it",
-                   n > 1 ? "they" : "it");
+            !n ? "" : lo >= 0 ? "; its rank" : "; never heard from: rank", n > 1 ? "s " : n ? " " : "",
+            n ? ranks : "");
     return true;
 }
 
@@ -1327,7 +1335,7 @@ static int run_launch(const options *o, int argc, char **argv, const char **extr
         kpl_launch_verdict v;
         kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
                          out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
-        if (say_lost_host(&c, &v)) {
+        if (say_lost_host(&c, &v, hosts)) {
             v.exit_code = 1; /* no rank's status to pass on */
         } else {
             say_verdict(&c, dir, &v, o->timeout, *t_first);

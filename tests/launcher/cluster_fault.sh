@@ -63,7 +63,7 @@ has() { grep -qE -- "$1" "$tmp/out.txt" "$tmp/err.txt" || die "the output lacks 
 has "\[r0\] kpl\[0\] comm: stall: allreduce #[0-9]+ .*; not joined: rank 1 on host ${names[1]}: no answer for [0-9.]+ s \(stopped, hung, or unreachable\?\)"
 # kplrun's verdict names the host that was lost (as --host gave it) and
 # its rank; exit status 1
-has "^kplrun: lost host (${names[1]}|${ips[1]}): Open MPI's daemon there stopped answering .*; rank 1; the other ranks were stopped$"
+has "^kplrun: lost host (${names[1]}|${ips[1]}): Open MPI's daemon there stopped answering .*; its rank 1; the other ranks were stopped$"
 ((rc == 1)) || die "kplrun exited $rc, expected 1 for a lost host"
 
 # nothing of the job left: not in node 1 (its Open MPI daemon and rank),
