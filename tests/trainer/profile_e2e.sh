@@ -20,6 +20,8 @@
 #   kplrun     np2 under kplrun: the ranks' traces merged into one
 #              (LOG_DIR/profile.trace.json) holding exactly their events
 set -euo pipefail
+# fault_inject.so is preloaded before an ASan build's runtime (straggler)
+export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 case_=$1 kpl=$2 src=$3 inject=${4:-}
 . "$(dirname "$0")/e2e_common.sh"
 check=$(dirname "$0")/profile_check.py
