@@ -233,8 +233,26 @@ static void r50(kpl_comm *const *comms, const char *const *names, int ncomms)
 
 /* ---- overlap ----------------------------------------------------------------------- */
 
+/* A random batch of `batch` images hw x hw (x) and labels below classes
+ * (y), different on each rank. */
+static void make_batch(int64_t batch, int64_t hw, int64_t classes, kpl_tensor **x, kpl_tensor **y)
+{
+    const int64_t xs[4] = {batch, 3, hw, hw};
+    kpl_rng *r = kpl_rng_create(100 + (uint64_t)rank);
+    if (!r || kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, xs, x) < 0 ||
+        kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &batch, y) < 0)
+        die("tensor");
+    kpl_k_normal(*x, r, 0, 1);
+    int64_t *py = kpl_tensor_host_mutable(*y);
+    for (int64_t i = 0; i < batch; i++) py[i] = (i * 3 + rank) % classes;
+    kpl_rng_destroy(r);
+}
+
+/* One DDP training step of m, the slowest rank's milliseconds; *bwd_ms
+ * (may be NULL): the slowest rank's backward, from the loss to the end of
+ * kpl_ddp_finish (without communication, the backward alone). */
 static double train_step(kpl_module *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor *x, kpl_tensor *y,
-                         bool sync)
+                         bool sync, double *bwd_ms)
 {
     MPI_Barrier(MPI_COMM_WORLD);
     double t0 = MPI_Wtime();
@@ -245,16 +263,21 @@ static double train_step(kpl_module *m, kpl_ddp *ddp, kpl_optim *opt, kpl_tensor
     if (!loss) die("forward");
     kpl_tensor_retain(loss);
     kpl_pool_pop(p);
+    double tb = MPI_Wtime();
     if (kpl_backward(loss, NULL, false) < 0) die("backward");
     kpl_tensor_release(loss);
     if (kpl_ddp_finish(ddp) < 0) die("ddp_finish");
+    double bwd = MPI_Wtime() - tb, worst = 0;
     if (kpl_optim_step(opt) < 0) die("sgd");
-    return slowest(t0) * 1e3;
+    double ms = slowest(t0) * 1e3;
+    MPI_Allreduce(&bwd, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    if (bwd_ms) *bwd_ms = worst * 1e3;
+    return ms;
 }
 
 static void overlap(kpl_comm *comm)
 {
-    const int64_t batch = 32, xs[4] = {batch, 3, 32, 32};
+    const int64_t batch = 32;
     kpl_module *m = NULL;
     if (bench_zoo("resnet18_cifar", 10, kpl_device_cpu(), 7, &m) < 0) die("resnet18");
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
@@ -269,15 +292,9 @@ static void overlap(kpl_comm *comm)
     if (kpl_ddp_create(comm, kpl_module_num_params(m), kpl_module_params(m),
                        kpl_module_num_buffers(m), kpl_module_buffers(m), &cfg, &ddp) < 0)
         die("ddp_create");
-    kpl_rng *r = kpl_rng_create(100 + (uint64_t)rank);
     kpl_tensor *x = NULL, *y = NULL;
-    if (kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, xs, &x) < 0 ||
-        kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &batch, &y) < 0)
-        die("tensor");
-    kpl_k_normal(x, r, 0, 1);
-    int64_t *py = kpl_tensor_host_mutable(y);
-    for (int64_t i = 0; i < batch; i++) py[i] = (i * 3 + rank) % 10;
-    for (int w = 0; w < 2; w++) train_step(m, ddp, opt, x, y, true); /* warm up, rebuild */
+    make_batch(batch, 32, 10, &x, &y);
+    for (int w = 0; w < 2; w++) train_step(m, ddp, opt, x, y, true, NULL); /* warm up, rebuild */
 
     kpl_bucketer *b = kpl_ddp_bucketer(ddp);
     /* A step's round-to-round noise (tens of ms) exceeds the allreduce
@@ -289,7 +306,7 @@ static void overlap(kpl_comm *comm)
         for (int s = 0; s < 2; s++) {
             bool sync = (s + round) % 2 == 0;
             kpl_bucketer_reset_stats(b);
-            double ms = train_step(m, ddp, opt, x, y, sync);
+            double ms = train_step(m, ddp, opt, x, y, sync, NULL);
             if (sync) {
                 kpl_bucketer_stats st = kpl_bucketer_get_stats(b);
                 with[round] = ms;
@@ -331,7 +348,6 @@ static void overlap(kpl_comm *comm)
     }
     kpl_tensor_release(x);
     kpl_tensor_release(y);
-    kpl_rng_destroy(r);
     kpl_ddp_destroy(ddp);
     kpl_optim_destroy(opt);
     kpl_module_destroy(m);
@@ -390,30 +406,9 @@ static void scale_model_free(scale_model *sm)
     kpl_module_destroy(sm->m);
 }
 
-/* A step as train_step, also giving the slowest rank's backward alone
- * (from the loss to the end of kpl_ddp_finish: without communication,
- * the backward). */
 static double scale_step(scale_model *sm, kpl_tensor *x, kpl_tensor *y, bool sync, double *bwd_ms)
 {
-    MPI_Barrier(MPI_COMM_WORLD);
-    double t0 = MPI_Wtime();
-    if (kpl_ddp_begin(sm->ddp, sync) < 0) die("ddp_begin");
-    kpl_pool *p = kpl_pool_push();
-    kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(sm->m, x), y, KPL_REDUCE_MEAN, 0,
-                                         -100);
-    if (!loss) die("forward");
-    kpl_tensor_retain(loss);
-    kpl_pool_pop(p);
-    double tb = MPI_Wtime();
-    if (kpl_backward(loss, NULL, false) < 0) die("backward");
-    kpl_tensor_release(loss);
-    if (kpl_ddp_finish(sm->ddp) < 0) die("ddp_finish");
-    double bwd = MPI_Wtime() - tb, worst = 0;
-    if (kpl_optim_step(sm->opt) < 0) die("sgd");
-    double ms = slowest(t0) * 1e3;
-    MPI_Allreduce(&bwd, &worst, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    if (bwd_ms) *bwd_ms = worst * 1e3;
-    return ms;
+    return train_step(sm->m, sm->ddp, sm->opt, x, y, sync, bwd_ms);
 }
 
 /* The model's gradients reduced as configured, with no computation: every
@@ -448,15 +443,8 @@ static void scale_case(kpl_comm *comm, const char *preset, int64_t classes, int6
 {
     scale_model sm[NCONF];
     for (int k = 0; k < NCONF; k++) scale_model_make(&sm[k], comm, preset, classes, &scale_configs[k]);
-    const int64_t xs[4] = {batch, 3, hw, hw};
-    kpl_rng *r = kpl_rng_create(100 + (uint64_t)rank);
     kpl_tensor *x = NULL, *y = NULL;
-    if (kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, xs, &x) < 0 ||
-        kpl_tensor_empty(kpl_device_cpu(), KPL_I64, 1, &batch, &y) < 0)
-        die("tensor");
-    kpl_k_normal(x, r, 0, 1);
-    int64_t *py = kpl_tensor_host_mutable(y);
-    for (int64_t i = 0; i < batch; i++) py[i] = (i * 3 + rank) % classes;
+    make_batch(batch, hw, classes, &x, &y);
     for (int k = 0; k < NCONF; k++) /* warm up; the first finish rebuilds the buckets */
         for (int w = 0; w < 2; w++) scale_step(&sm[k], x, y, true, NULL);
     int nr = rounds;
@@ -518,7 +506,6 @@ static void scale_case(kpl_comm *comm, const char *preset, int64_t classes, int6
     }
     kpl_tensor_release(x);
     kpl_tensor_release(y);
-    kpl_rng_destroy(r);
     for (int k = 0; k < NCONF; k++) scale_model_free(&sm[k]);
 }
 
