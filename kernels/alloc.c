@@ -301,7 +301,13 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
 
     pthread_mutex_lock(&a->lock);
     a->st.n_alloc++;
-    block *b = bin_find(p, size);
+    block *b = NULL;
+    if (a->src.uncached) {
+        st = segment_new(a, bytes ? bytes : 1, small, bytes, what, &b);
+        if (st < 0) goto done;
+        goto hand_out;
+    }
+    b = bin_find(p, size);
     if (b) {
         bin_remove(p, b);
         a->st.n_cache_hit++;
@@ -329,6 +335,7 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
             bin_push(p, r);
         }
     }
+hand_out:
     b->allocated = true;
     if (!map_put(&a->live, b)) {
         b->allocated = false;
@@ -355,6 +362,15 @@ void kpl__allocator_free(kpl_allocator *a, void *ptr)
     b->allocated = false;
     a->st.allocated -= b->size;
     if (a->src.host_visible) POISON(b->ptr, b->size);
+    if (a->src.uncached) { /* the block is its segment: back to the source */
+        for (size_t i = 0; i < a->n_segments; i++)
+            if (a->segments[i] == b) {
+                segment_release(a, i);
+                break;
+            }
+        pthread_mutex_unlock(&a->lock);
+        return;
+    }
     /* Merge with free neighbours so the segment can serve larger blocks. */
     block *n = b->next;
     if (n && !n->allocated) {

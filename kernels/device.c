@@ -226,8 +226,13 @@ static kpl_status cuda_device_open(int index, kpl_device **out)
             d = NULL;
             goto done;
         }
+        /* KPL_CUDA_ALLOC_UNCACHED=1: no caching (kpl_raw_source.uncached),
+         * for compute-sanitizer runs, as PyTorch's
+         * PYTORCH_NO_CUDA_MEMORY_CACHING */
+        const char *uncached = getenv("KPL_CUDA_ALLOC_UNCACHED");
         d->alloc = kpl__allocator_create((kpl_raw_source){
-            .alloc = gpu_raw_alloc, .free = gpu_raw_free, .ctx = d, .name = d->name});
+            .alloc = gpu_raw_alloc, .free = gpu_raw_free, .ctx = d, .name = d->name,
+            .uncached = uncached && !strcmp(uncached, "1")});
         d->pinned = kpl__allocator_create((kpl_raw_source){
             .alloc = gpu_pinned_alloc, .free = gpu_pinned_free, .ctx = d,
             .name = "pinned host", .host_visible = true});

@@ -31,6 +31,11 @@ typedef struct {
     void *ctx;
     const char *name; /* for messages: "cpu", "cuda:0", "pinned" */
     bool host_visible; /* host memory (CPU, pinned): poisoned under ASan */
+    /* No caching: every block is a segment of its own of exactly the bytes
+     * asked for, released when freed, so that a kernel reading or writing
+     * past its tensor does so past an allocation compute-sanitizer knows
+     * (KPL_CUDA_ALLOC_UNCACHED=1; the GPU kit's sanitizer runs).  Slow. */
+    bool uncached;
 } kpl_raw_source;
 
 typedef struct kpl_allocator kpl_allocator;

@@ -1,6 +1,9 @@
 /* test_alloc.c — the caching allocator: reuse, splitting, merging, counters,
  * limits and out-of-memory errors (on the CPU device's allocator). */
 #include "test_util.h"
+#include "kernels_impl.h"
+
+#include <stdlib.h>
 
 static kpl_device *cpu;
 
@@ -167,6 +170,62 @@ static void test_many_blocks(void **state)
     assert_true(s1.reserved <= s0.reserved + (0u));
 }
 
+/* A raw source that counts what it hands out and takes back. */
+typedef struct {
+    int live;
+    size_t last;
+} counting_source;
+
+static kpl_status counting_alloc(void *ctx, size_t bytes, void **out)
+{
+    counting_source *c = ctx;
+    c->live++;
+    c->last = bytes;
+    *out = malloc(bytes);
+    return *out ? KPL_OK : KPL_ENOMEM;
+}
+
+static void counting_free(void *ctx, void *ptr)
+{
+    ((counting_source *)ctx)->live--;
+    free(ptr);
+}
+
+/* The uncached mode (KPL_CUDA_ALLOC_UNCACHED for compute-sanitizer): every
+ * block is its own allocation of the exact size, given back when freed. */
+static void test_uncached(void **state)
+{
+    (void)state;
+    counting_source c = {0};
+    kpl_allocator *a = kpl__allocator_create((kpl_raw_source){
+        .alloc = counting_alloc, .free = counting_free, .ctx = &c, .name = "counting",
+        .host_visible = true, .uncached = true});
+    assert_non_null(a);
+    void *p[3] = {NULL};
+    size_t sz[3] = {1, 3000, 5u << 20};
+    for (int i = 0; i < 3; i++) {
+        OK(kpl__allocator_alloc(a, sz[i], "test", &p[i]));
+        assert_int_equal(c.last, sz[i]); /* not rounded */
+        memset(p[i], 0x5a, sz[i]);
+    }
+    assert_int_equal(c.live, 3);
+    kpl_memory_stats st = kpl__allocator_stats(a);
+    assert_int_equal(st.allocated, 1 + 3000 + (5u << 20));
+    assert_int_equal(st.reserved, st.allocated);
+    kpl__allocator_free(a, p[1]);
+    assert_int_equal(c.live, 2); /* back to the source at once */
+    OK(kpl__allocator_alloc(a, 3000, "test", &p[1]));
+    assert_int_equal(c.live, 3);
+    assert_int_equal(kpl__allocator_stats(a).n_cache_hit, 0);
+    for (int i = 0; i < 3; i++) kpl__allocator_free(a, p[i]);
+    assert_int_equal(c.live, 0);
+    st = kpl__allocator_stats(a);
+    assert_int_equal(st.allocated, 0);
+    assert_int_equal(st.reserved, 0);
+    assert_int_equal(st.peak_allocated, 1 + 3000 + (5u << 20));
+    kpl__allocator_destroy(a);
+}
+
 int run_alloc_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -175,6 +234,7 @@ int run_alloc_tests(void)
         cmocka_unit_test_setup(test_large_pool_and_peak, setup),
         cmocka_unit_test_setup(test_limit_and_oom, setup),
         cmocka_unit_test_setup(test_many_blocks, setup),
+        cmocka_unit_test(test_uncached),
     };
     return cmocka_run_group_tests_name("alloc", tests, NULL, NULL);
 }
