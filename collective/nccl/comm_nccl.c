@@ -37,6 +37,13 @@
  * divides the magnitude and restores the sign) — kpl's rule (reduce.c) —
  * within the same kernel, so nothing more runs on the stream.
  *
+ * A world of one rank averages with ncclSum, which is the same there: NCCL
+ * 2.28's one-rank kernel for ncclAvg (oneRankReduce, its PreMulSum path)
+ * splits the elements into per-block runs of a whole number of 16-byte
+ * packs and leaves the rest unwritten (the first GPU run, docs/gpu.md:
+ * elements 262144..262146 of 262147 f32 stayed 0), where a one-rank sum is
+ * a plain copy.
+ *
  * MAX and MIN on floating types follow CUDA's fmax/fmin: a NaN loses to a
  * number, where the host backends (reduce.c) propagate it.
  *
@@ -510,10 +517,10 @@ static bool nccl_type(kpl_dtype dt, ncclDataType_t *out)
     }
 }
 
-static ncclRedOp_t nccl_op(kpl_comm_op op)
+static ncclRedOp_t nccl_op(kpl_comm_op op, int32_t size)
 {
     switch (op) {
-    case KPL_COMM_AVG: return ncclAvg; /* see the top of the file */
+    case KPL_COMM_AVG: return size == 1 ? ncclSum : ncclAvg; /* see the top of the file */
     case KPL_COMM_MAX: return ncclMax;
     case KPL_COMM_MIN: return ncclMin;
     case KPL_COMM_SUM:
@@ -528,7 +535,8 @@ static ncclResult_t issue_locked(const nccl_state *s, const kpl__coll_args *a, n
     switch (a->kind) {
     case KPL__COLL_ALLREDUCE: /* in == out: in place, as NCCL defines it */
         *call = "ncclAllReduce";
-        return ncclAllReduce(a->in, a->out, a->count, t, nccl_op(a->op), s->comm, s->stream);
+        return ncclAllReduce(a->in, a->out, a->count, t, nccl_op(a->op, s->size), s->comm,
+                             s->stream);
     case KPL__COLL_BROADCAST:
         *call = "ncclBroadcast";
         return ncclBroadcast(a->in, a->out, a->count, t, (int)a->peer, s->comm, s->stream);
@@ -537,7 +545,8 @@ static ncclResult_t issue_locked(const nccl_state *s, const kpl__coll_args *a, n
         return ncclAllGather(a->in, a->out, a->count, t, s->comm, s->stream);
     case KPL__COLL_REDUCE_SCATTER:
         *call = "ncclReduceScatter";
-        return ncclReduceScatter(a->in, a->out, a->count, t, nccl_op(a->op), s->comm, s->stream);
+        return ncclReduceScatter(a->in, a->out, a->count, t, nccl_op(a->op, s->size), s->comm,
+                                 s->stream);
     case KPL__COLL_SEND: /* the tag is not matched: see the top of the file */
         *call = "ncclSend";
         return ncclSend(a->in, a->count, t, (int)a->peer, s->comm, s->stream);

@@ -127,6 +127,7 @@ static void test_allreduce_64mb(void **state)
 }
 
 static double want_root(int64_t i, void *ctx) { return value(*(int *)ctx, i); }
+static double want_zero(int64_t i, void *ctx) { (void)i, (void)ctx; return 0; }
 
 static void test_broadcast_allgather_reduce_scatter(void **state)
 {
@@ -165,19 +166,24 @@ static void test_broadcast_allgather_reduce_scatter(void **state)
 static void test_send_recv_barrier_async(void **state)
 {
     (void)state;
-    /* A ring; even ranks send first, odd ranks receive first. */
+    /* A ring; even ranks send first, odd ranks receive first.  A world of
+     * one has no peer: a send to itself is refused. */
     int64_t n = 100003;
     int next = (rank + 1) % size, prev = (rank + size - 1) % size;
     kpl_tensor *mine = filled(KPL_F32, n, rank), *got = NULL;
     OK(kpl_tensor_zeros(dev, KPL_F32, 1, &n, &got));
-    if (rank % 2 == 0) {
+    if (size == 1) {
+        FAILS(kpl_comm_send(comm, mine, 0, 7), KPL_EINVAL, "peer 0 (this is rank 0 of 1)");
+        FAILS(kpl_comm_recv(comm, got, 0, 7), KPL_EINVAL, "peer 0 (this is rank 0 of 1)");
+        check(got, 0, n, want_zero, NULL, 0, "nothing received");
+    } else if (rank % 2 == 0) {
         OK(kpl_comm_send(comm, mine, next, 7));
         OK(kpl_comm_recv(comm, got, prev, 7));
     } else {
         OK(kpl_comm_recv(comm, got, prev, 7));
         OK(kpl_comm_send(comm, mine, next, 7));
     }
-    check(got, 0, n, want_root, &prev, 0, "recv");
+    if (size > 1) check(got, 0, n, want_root, &prev, 0, "recv");
     kpl_tensor_release(mine);
     kpl_tensor_release(got);
     OK(kpl_comm_barrier(comm));
@@ -317,6 +323,11 @@ static void test_bucketer(void **state)
     /* The parameter check (it already ran, quietly, at the second finish):
      * one element off on the last rank is caught and named on every rank. */
     OK(kpl_bucketer_check_params(b));
+    if (size == 1) { /* no other rank to differ from */
+        kpl_bucketer_destroy(b);
+        for (int i = 0; i < N; i++) kpl_tensor_release(params[i]);
+        return;
+    }
     if (rank == size - 1) {
         float *p = kpl_tensor_host_mutable(params[3]);
         p[17] += 1e-3f;
@@ -367,7 +378,11 @@ static void test_bucketer_modes(void **state)
                 assert_true(tm[k].started >= tm[k].issued && tm[k].ended >= tm[k].started);
                 /* after_backward: nothing was issued while gradients were marked */
                 if (mode == 1) assert_true(tm[k].issued >= marked);
-                if (k > 0) assert_true(tm[k].started >= tm[k - 1].ended - 1e-9);
+                /* host work runs one operation at a time; CUDA work is
+                 * "started" when issued and "ended" when finish saw it
+                 * done (collective.h), so its times overlap */
+                if (k > 0 && kpl_device_type_of(dev) == KPL_DEVICE_CPU)
+                    assert_true(tm[k].started >= tm[k - 1].ended - 1e-9);
             }
             assert_int_equal(bytes, 4 * (3 + 70000 + 1 + 9000 + 262147));
         }
@@ -561,14 +576,15 @@ static void test_bucketer_low_precision(void **state)
         kpl_bucketer_stats st = kpl_bucketer_get_stats(b);
         assert_int_equal(st.bytes, 2 * 2 * (1000 + 70001 + 13));
 
-        /* f16 overflows past 65504 (bf16 has f32's range): +inf on every rank. */
+        /* f16 overflows past 65504 (bf16 has f32's range): +inf on every
+         * rank, once there are two ranks to sum 40000 from. */
         for (int i = 0; i < N; i++) OK(kpl_k_fill(kpl_bucketer_grad(b, i), 0));
         float *g0 = kpl_tensor_host_mutable(kpl_bucketer_grad(b, 0));
         g0[0] = 40000.0f, g0[1] = -40000.0f, g0[2] = 1.0f;
         for (int i = 0; i < N; i++) OK(kpl_bucketer_mark_ready(b, i));
         OK(kpl_bucketer_finish(b));
         kpl_tensor *g = kpl_bucketer_grad(b, 0);
-        if (dts[d] == KPL_F16) {
+        if (dts[d] == KPL_F16 && size > 1) {
             assert_true(isinf(tget(g, 0)) && tget(g, 0) > 0);
             assert_true(isinf(tget(g, 1)) && tget(g, 1) < 0);
         } else {
