@@ -165,6 +165,13 @@ typedef struct kpl_feature_net kpl_feature_net;
  * checkpoint.  *out owned by the caller. */
 kpl_status kpl_feature_net_create(const char *recipe_path, const char *checkpoint_path,
                                   kpl_device *dev, kpl_feature_net **out);
+/* The same with KEY=VALUE overrides of the recipe, as the network was
+ * trained (`kpl data fid-net RECIPE KEY=VALUE...`): data.root, model.width
+ * and the like decide where its input size comes from and its shapes. */
+kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
+                                       const char *const *overrides,
+                                       const char *checkpoint_path, kpl_device *dev,
+                                       kpl_feature_net **out);
 /* NULL is a no-op. */
 void kpl_feature_net_destroy(kpl_feature_net *f);
 /* The feature size (the last linear layer's input) and the classes (its

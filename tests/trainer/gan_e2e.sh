@@ -170,6 +170,12 @@ errors)
     [[ $rc == 1 || $rc == 2 ]] || die "$what: exit $rc ($(tail -3 err.txt))"
     grep -qF -- "$needle" err.txt || die "$what: '$(tail -3 err.txt)' lacks '$needle'"
   }
+  # kpl data fid-net's overrides hold for the network it then checks and
+  # describes: a narrower hidden layer (64 features), data somewhere else
+  "$kpl" data fid-net --recipe "$src/recipes/fashion_mnist/cnn.yaml" -o fid64.kpl epochs=1 \
+    data.train.limit=640 'model.hidden=[64]' data.root="$tmp/fm64" "${QUIET[@]}" > f64.txt \
+    2> f64.err || die "fid-net with overrides: $(tail -3 f64.err)"
+  grep -q '"dim":64,' f64.txt || die "fid-net with overrides: $(cat f64.txt)"
   # a classifier as the generator (the recipe without its dcgan keys)
   sed '/^  dcgan:/,/^    d_norm/d' "$recipe" > cnn.yaml
   rc=0

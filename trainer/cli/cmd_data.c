@@ -753,9 +753,9 @@ static int cmd_fid_net(int argc, char **argv)
     kpl_catch_stop_signals(true);
     double t0 = kpl_seconds();
     kpl_status st = kpl_feature_net_ensure_opts(recipe, out, &o);
-    free(ov);
     kpl_feature_net *net = NULL;
-    if (st >= 0) st = kpl_feature_net_create(recipe, out, NULL, &net);
+    if (st >= 0) st = kpl_feature_net_create_with(recipe, nov, ov, out, NULL, &net);
+    free(ov);
     if (st < 0) {
         fprintf(stderr, "kpl data fid-net: %s\n", kpl_last_error());
         return st == KPL_ECANCELED ? 128 + kpl_stop_requested() : 1;

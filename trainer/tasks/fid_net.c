@@ -126,8 +126,16 @@ static kpl_status norm_tensors(kpl_feature_net *f, const kpl_transform_config *t
 kpl_status kpl_feature_net_create(const char *recipe_path, const char *checkpoint_path,
                                   kpl_device *dev, kpl_feature_net **out)
 {
-    KPL_CHECK(recipe_path && checkpoint_path && out, KPL_EINVAL,
-              "feature_net_create: NULL argument");
+    return kpl_feature_net_create_with(recipe_path, 0, NULL, checkpoint_path, dev, out);
+}
+
+kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
+                                       const char *const *overrides,
+                                       const char *checkpoint_path, kpl_device *dev,
+                                       kpl_feature_net **out)
+{
+    KPL_CHECK(recipe_path && checkpoint_path && out && (noverrides == 0 || overrides),
+              KPL_EINVAL, "feature_net_create: NULL argument");
     *out = NULL;
     kpl_status st = KPL_OK;
     kpl_recipe *r = malloc(sizeof *r);
@@ -138,7 +146,7 @@ kpl_status kpl_feature_net_create(const char *recipe_path, const char *checkpoin
         goto fail;
     }
     f->dev = dev ? dev : kpl_device_cpu();
-    KPL_TRY_GOTO(kpl_recipe_load(recipe_path, 0, NULL, r));
+    KPL_TRY_GOTO(kpl_recipe_load(recipe_path, noverrides, overrides, r));
     if ((st = input_shape(r, f->chw)) < 0) {
         st = kpl__error_prefix(st, "feature network: the input size of %s's model: ",
                                recipe_path);
