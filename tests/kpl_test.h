@@ -70,7 +70,8 @@ static inline void assert_close(double a, double b, double rtol, double atol, co
     if (isnan(a) && isnan(b)) return;
     if (isinf(a) && isinf(b) && (a > 0) == (b > 0)) return;
     if (!(fabs(a - b) <= atol + rtol * fabs(b)))
-        fail_msg("%s[%lld]: got %.9g, expected %.9g", what, (long long)i, a, b);
+        fail_msg("%s[%lld]: got %.17g, expected %.17g (off by %.3g, allowed %.3g)", what,
+                 (long long)i, a, b, fabs(a - b), atol + rtol * fabs(b));
 }
 
 /* cuda:0 for a GPU test: exits 77 (ctest's skip) when there is no CUDA

@@ -266,5 +266,5 @@ int run_cuda_memory_tests(void)
         cmocka_unit_test(test_deferred_index_errors),
         cmocka_unit_test(test_large_tensors),
     };
-    return cmocka_run_group_tests_name("cuda memory and ordering", tests, NULL, NULL);
+    return RUN_GROUP("cuda memory and ordering", tests);
 }

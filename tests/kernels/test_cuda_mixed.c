@@ -327,5 +327,5 @@ int run_cuda_mixed_tests(void)
         cmocka_unit_test(test_conv_half),
         cmocka_unit_test(test_deterministic),
     };
-    return cmocka_run_group_tests_name("cuda mixed precision", tests, NULL, NULL);
+    return RUN_GROUP("cuda mixed precision", tests);
 }

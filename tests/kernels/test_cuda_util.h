@@ -128,6 +128,31 @@ static inline void half_pair(kpl_tensor *x32, kpl_dtype dt, kpl_tensor **half,
     OK(kpl_k_cast(*back32, *half));
 }
 
+/* Runs a group's tests, or only those KPL_TEST_ONLY names (a comma-separated
+ * list of test function names) when it is set: the GPU kit runs
+ * compute-sanitizer over chosen tests (scripts/gpu/kit.py).  A group none of
+ * whose tests is named runs nothing and passes. */
+#define RUN_GROUP(name, tests) run_group_only((name), (tests), sizeof(tests) / sizeof((tests)[0]))
+static inline int run_group_only(const char *name, const struct CMUnitTest *tests, size_t n)
+{
+    const char *only = getenv("KPL_TEST_ONLY");
+    if (!only || !*only) return _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+    struct CMUnitTest *keep = calloc(n, sizeof *keep);
+    if (!keep) return 1;
+    size_t k = 0, len;
+    for (size_t i = 0; i < n; i++) {
+        len = strlen(tests[i].name);
+        for (const char *p = only; (p = strstr(p, tests[i].name)); p += len)
+            if ((p == only || p[-1] == ',') && (p[len] == ',' || !p[len])) {
+                keep[k++] = tests[i];
+                break;
+            }
+    }
+    int fails = k ? _cmocka_run_group_tests(name, keep, k, NULL, NULL) : 0;
+    free(keep);
+    return fails;
+}
+
 /* The groups (test_cuda_mixed.c, test_cuda_memory.c). */
 int run_cuda_mixed_tests(void);
 int run_cuda_memory_tests(void);

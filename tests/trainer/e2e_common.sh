@@ -2,7 +2,9 @@
 # they set case_.  A scratch directory (removed on exit) becomes the working
 # directory.  No python or jq: a fresh Debian 12 that ran only the test
 # setup has neither, so JSON lines are read with sed and compared with awk.
-fm=/usr/share/datasets/fashion-mnist
+# Fashion-MNIST's IDX files: Debian's package, or KPL_FMNIST_DIR (the GPU
+# kit carries a subset to a machine without the package)
+fm=${KPL_FMNIST_DIR:-/usr/share/datasets/fashion-mnist}
 tmp=$(mktemp -d)
 # background jobs a failing check leaves behind are killed too
 trap 'jobs -p | xargs -r kill -KILL 2> /dev/null; rm -rf "$tmp"' EXIT
