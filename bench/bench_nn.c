@@ -3,10 +3,15 @@
  * PyTorch CPU, and per-layer convolution timings of ResNet-50.
  *
  *   bench_nn BASELINES_DIR BENCH_DIR      all cases (the driver)
- *   bench_nn --step MODEL BATCH WARMUP STEPS [bf16] [plain]
- *                                         one model in this process (bf16
- *                                         autocast; plain layouts); prints
+ *   bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16|fp16] [plain]
+ *                [deterministic] [tf32] [device=NAME]
+ *                                         one model in this process (bf16 or
+ *                                         fp16 autocast, fp16 with a loss
+ *                                         scale; plain layouts; TF32 on CUDA;
+ *                                         on cpu or cuda:N); prints
  *                                         "RESULT ms_median=... maxrss_MiB=..."
+ *                                         (the allocator peaks are the
+ *                                         device's: GPU memory on cuda:N)
  *
  * Cases:
  *  - train_step/{lenet_b128, resnet18_cifar_b64, resnet50_b8}: images/s of
@@ -58,15 +63,45 @@ static double maxrss_mib(void)
 
 /* ---- one model's steps (child process) --------------------------------------------- */
 
-static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_dtype prec)
+/* fp16's loss scale in --step, as PyTorch's GradScaler keeps it: starts at
+ * 2^16, halves at a step whose gradients overflow (that step's update is
+ * left out), grows only after 2000 good steps (never, in a bench).  The
+ * gradients are divided by it and checked in one pass (kpl_k_amp_unscale),
+ * as the trainer and GradScaler do. */
+static double step_fp16_scale = 65536.0;
+
+/* Unscales the gradients; *finite says whether to step. */
+static kpl_status unscale_grads(kpl_module *m, kpl_device *dev, bool *finite)
+{
+    int64_t one = 1;
+    kpl_tensor *found = NULL;
+    kpl_status st = kpl_tensor_empty(dev, KPL_F32, 1, &one, &found);
+    if (st >= 0) st = kpl_k_fill(found, 0);
+    kpl_tensor *const *ps = kpl_module_params(m);
+    for (int i = 0; st >= 0 && i < kpl_module_num_params(m); i++) {
+        kpl_tensor *g = kpl_grad_get(ps[i]);
+        if (g) st = kpl_k_amp_unscale(g, 1.0 / step_fp16_scale, found);
+    }
+    double inf = 0;
+    if (st >= 0) st = kpl_tensor_get(found, 0, &inf);
+    kpl_tensor_release(found);
+    *finite = inf == 0;
+    if (!*finite) step_fp16_scale *= 0.5;
+    return st;
+}
+
+static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_dtype prec,
+                     const char *devname)
 {
     kpl_set_num_threads(2);
-    kpl_device *cpu = kpl_device_cpu();
+    kpl_device *dev = NULL;
+    if (kpl_device_get(devname, &dev) < 0) die(devname);
+    kpl_device_reset_peak(dev);
     bool imagenet = strcmp(name, "resnet18_cifar") && strncmp(name, "resnet", 6) == 0;
     int64_t classes = imagenet ? 1000 : 10, hw = imagenet ? 224 : strcmp(name, "resnet18_cifar") ? 28 : 32;
     int64_t ch = hw == 28 ? 1 : 3;
     kpl_module *m = NULL;
-    if (bench_zoo(name, classes, cpu, 0, &m) < 0) die("model");
+    if (bench_zoo(name, classes, dev, 0, &m) < 0) die("model");
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.01;
     oc.momentum = 0.9;
@@ -76,8 +111,8 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     kpl_rng *rng = kpl_rng_create(1);
     int64_t xs[4] = {batch, ch, hw, hw};
     kpl_tensor *x = NULL, *y = NULL;
-    if (kpl_tensor_empty(cpu, KPL_F32, 4, xs, &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
-        kpl_tensor_empty(cpu, KPL_I64, 1, &batch, &y) < 0)
+    if (kpl_tensor_empty(dev, KPL_F32, 4, xs, &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
+        kpl_tensor_empty(dev, KPL_I64, 1, &batch, &y) < 0)
         die("inputs");
     int64_t *yv = kpl_tensor_host_mutable(y);
     for (int64_t i = 0; i < batch; i++) yv[i] = (i * 7) % classes;
@@ -90,10 +125,18 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
         kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0, -100);
         kpl_set_autocast(KPL_F32, NULL);
         if (!loss) die("forward");
+        kpl_tensor *scaled = prec == KPL_F16 ? kpl_scalar_op(KPL_BIN_MUL, loss, step_fp16_scale, false)
+                                             : loss;
+        if (!scaled) die("loss scale");
         kpl_tensor_retain(loss);
+        kpl_tensor_retain(scaled);
         kpl_pool_pop(fw); /* saved activations now die as backward goes */
-        if (kpl_backward(loss, NULL, false) < 0) die("backward");
-        if (kpl_optim_step(opt) < 0) die("sgd step");
+        if (kpl_backward(scaled, NULL, false) < 0) die("backward");
+        kpl_tensor_release(scaled);
+        bool finite = true;
+        if (prec == KPL_F16 && unscale_grads(m, dev, &finite) < 0) die("unscale");
+        if (finite && kpl_optim_step(opt) < 0) die("sgd step");
+        if (!finite) kpl_zero_grad(kpl_module_num_params(m), kpl_module_params(m));
         double v = NAN;
         kpl_tensor_get(loss, 0, &v);
         kpl_tensor_release(loss);
@@ -107,13 +150,14 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     int64_t chw[3] = {ch, hw, hw};
     double flops = 0;
     if (kpl_module_count_flops(m, 3, chw, true, &flops) < 0) die("flops");
-    printf("RESULT model=%s batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
+    printf("RESULT model=%s device=%s precision=%s tf32=%d batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
            "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
            "alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f first_step_ms=%.1f\n",
-           name, (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
+           name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), (long long)batch,
+           (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
-           (double)kpl_device_memory_stats(cpu).peak_allocated / 1048576.0,
-           (double)kpl_device_memory_stats(cpu).peak_reserved / 1048576.0, first);
+           (double)kpl_device_memory_stats(dev).peak_allocated / 1048576.0,
+           (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first);
     free(ms);
     kpl_tensor_release(x);
     kpl_tensor_release(y);
@@ -573,17 +617,22 @@ int main(int argc, char **argv)
         /* options: bf16 (autocast), plain (no blocked layouts), deterministic
          * (untimed algorithm choice) */
         kpl_dtype prec = KPL_F32;
+        const char *devname = "cpu";
         for (int i = 6; i < argc; i++) {
             if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
+            else if (!strcmp(argv[i], "fp16")) prec = KPL_F16;
             else if (!strcmp(argv[i], "f32")) prec = KPL_F32;
             else if (!strcmp(argv[i], "plain")) kpl_set_blocked_layouts(false);
             else if (!strcmp(argv[i], "deterministic")) kpl_set_deterministic(true);
-            else die("--step: unknown option (f32, bf16, plain, deterministic)");
+            else if (!strcmp(argv[i], "tf32")) kpl_set_tf32(true);
+            else if (!strncmp(argv[i], "device=", 7)) devname = argv[i] + 7;
+            else die("--step: unknown option (f32, bf16, fp16, plain, deterministic, tf32, "
+                     "device=NAME)");
         }
-        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec);
+        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec, devname);
     }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16] [plain] [deterministic]\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16|fp16] [plain] [deterministic] [tf32] [device=NAME]\n");
         return 2;
     }
     char self[2048];
