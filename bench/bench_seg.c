@@ -370,7 +370,7 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
         if (!loss) die("loss");
         kpl_tensor_get(loss, 0, &kloss);
         for (int i = 0; i < out.n; i++) {
-            char name[8];
+            char name[16];
             snprintf(name, sizeof name, "%d", i);
             bench_put_tensor(f, "out:", name, out.t[i]);
         }
