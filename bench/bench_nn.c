@@ -125,8 +125,8 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
         kpl_tensor *loss = kpl_cross_entropy(kpl_module_forward(m, x), y, KPL_REDUCE_MEAN, 0, -100);
         kpl_set_autocast(KPL_F32, NULL);
         if (!loss) die("forward");
-        kpl_tensor *scaled = prec == KPL_F16 ? kpl_scalar_op(KPL_BIN_MUL, loss, step_fp16_scale, false)
-                                             : loss;
+        kpl_tensor *scaled =
+            prec == KPL_F16 ? kpl_scalar_op(KPL_BIN_MUL, loss, step_fp16_scale, false) : loss;
         if (!scaled) die("loss scale");
         kpl_tensor_retain(loss);
         kpl_tensor_retain(scaled);
@@ -150,8 +150,8 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     int64_t chw[3] = {ch, hw, hw};
     double flops = 0;
     if (kpl_module_count_flops(m, 3, chw, true, &flops) < 0) die("flops");
-    printf("RESULT model=%s device=%s precision=%s tf32=%d batch=%lld params=%lld ms_median=%.3f maxrss_MiB=%.0f "
-           "rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
+    printf("RESULT model=%s device=%s precision=%s tf32=%d batch=%lld params=%lld ms_median=%.3f "
+           "maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
            "alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f first_step_ms=%.1f\n",
            name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), (long long)batch,
            (long long)kpl_module_param_count(m), bench_median(ms, steps),

@@ -5,7 +5,8 @@
     (its process group), reported as timed out, and the budget still holds;
   - ctest's commands map from the packing machine's paths to the kit's and
     the repository's, mpirun to the one on PATH, ranks read from -np;
-  - the RESULT lines and JSON lines of kpl's programs parse.
+  - the RESULT lines and JSON lines of kpl's programs parse;
+  - --out loses nothing but an earlier run's report and logs.
 Exit status 0 when every check holds.
 """
 import json
@@ -25,7 +26,14 @@ def main():
     try:
         args = types.SimpleNamespace(out=os.path.join(tmp, "out"), budget=60, rehearse=True,
                                      work=os.path.join(tmp, "work"), bundle=tmp)
+        # --out keeps what is not the kit's: only an earlier report goes
+        os.makedirs(args.out)
+        for name in ("mine.txt", "report.jsonl", "3-recipe.log"):
+            with open(os.path.join(args.out, name), "w") as f:
+                f.write("old\n")
         k = kit.Kit(args)
+        assert sorted(os.listdir(args.out)) == ["mine.txt", "report.jsonl"], os.listdir(args.out)
+        assert open(os.path.join(args.out, "report.jsonl")).read() == "", "the old report stayed"
         k.open_log("test.log")
         # a hang, with a grandchild holding the pipe open
         t0 = time.monotonic()

@@ -128,26 +128,32 @@ static inline void half_pair(kpl_tensor *x32, kpl_dtype dt, kpl_tensor **half,
     OK(kpl_k_cast(*back32, *half));
 }
 
-/* Runs a group's tests, or only those KPL_TEST_ONLY names (a comma-separated
- * list of test function names) when it is set: the GPU kit runs
- * compute-sanitizer over chosen tests (scripts/gpu/kit.py).  A group none of
- * whose tests is named runs nothing and passes. */
+/* Whether the comma-separated list names `name` (a whole item). */
+static inline bool list_names(const char *list, const char *name)
+{
+    size_t len = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += len)
+        if ((p == list || p[-1] == ',') && (p[len] == ',' || !p[len])) return true;
+    return false;
+}
+
+/* Runs a group's tests, or, when KPL_TEST_ONLY is set (a comma-separated
+ * list of test function names and group names: "cuda", "cuda mixed
+ * precision", "cuda memory and ordering"), only the tests it names and the
+ * whole of the groups it names: the GPU kit runs compute-sanitizer over
+ * chosen tests (scripts/gpu/kit.py).  A group none of whose tests is named
+ * runs nothing and passes. */
 #define RUN_GROUP(name, tests) run_group_only((name), (tests), sizeof(tests) / sizeof((tests)[0]))
 static inline int run_group_only(const char *name, const struct CMUnitTest *tests, size_t n)
 {
     const char *only = getenv("KPL_TEST_ONLY");
-    if (!only || !*only) return _cmocka_run_group_tests(name, tests, n, NULL, NULL);
+    if (!only || !*only || list_names(only, name))
+        return _cmocka_run_group_tests(name, tests, n, NULL, NULL);
     struct CMUnitTest *keep = calloc(n, sizeof *keep);
     if (!keep) return 1;
-    size_t k = 0, len;
-    for (size_t i = 0; i < n; i++) {
-        len = strlen(tests[i].name);
-        for (const char *p = only; (p = strstr(p, tests[i].name)); p += len)
-            if ((p == only || p[-1] == ',') && (p[len] == ',' || !p[len])) {
-                keep[k++] = tests[i];
-                break;
-            }
-    }
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++)
+        if (list_names(only, tests[i].name)) keep[k++] = tests[i];
     int fails = k ? _cmocka_run_group_tests(name, keep, k, NULL, NULL) : 0;
     free(keep);
     return fails;
