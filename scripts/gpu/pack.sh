@@ -46,6 +46,12 @@ deps() {
   done | sort -u
 }
 
+# elves DIR: every ELF program and library under DIR, a path a line.
+elves() {
+  find "$1" -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
+    'head -c 4 "$1" | grep -q "ELF" && echo "$1"' _ {} \;
+}
+
 # check_kit DIR: every ELF file under DIR resolves each library inside DIR or
 # among PROVIDED; prints what it checked, returns 1 on any miss.
 check_kit() {
@@ -59,10 +65,8 @@ check_kit() {
       echo "pack.sh --check: ${f#"$kit"/} needs $name, found ${path/not-found/nowhere}" \
            "(outside the kit, and not among what the GPU image provides)" >&2
       bad=1
-    done < <(LD_LIBRARY_PATH=$lp ldd "$f" 2> /dev/null |
-             awk '$2 == "=>" { print $1, ($3 == "not" ? "not-found" : $3) }')
-  done < <(find "$kit" -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
-             'head -c 4 "$1" | grep -q "ELF" && echo "$1"' _ {} \;)
+    done < <(LD_LIBRARY_PATH=$lp deps "$f")
+  done < <(elves "$kit")
   echo "pack.sh --check: $n programs and libraries checked"
   return $bad
 }
@@ -91,8 +95,7 @@ if [[ ${1:-} == --check ]]; then
     [[ $name =~ $PROVIDED_RE || $path == "$out/unpack/"* ]] && continue
     echo "pack.sh --check: unpack/zstd needs $name from $path" >&2
     status=1
-  done < <(LD_LIBRARY_PATH=$out/unpack ldd "$out/unpack/zstd" |
-           awk '$2 == "=>" { print $1, ($3 == "not" ? "not-found" : $3) }')
+  done < <(LD_LIBRARY_PATH=$out/unpack deps "$out/unpack/zstd")
   # the programs start with the kit's libraries (no GPU: kpl says so)
   env -i PATH=/usr/bin:/bin LD_LIBRARY_PATH="$kit/build/lib:$kit/lib:$kit/ompi/lib" \
     "$kit/build/bin/kpl" info > "$tmp/info.txt" 2>&1 \
@@ -155,8 +158,7 @@ cp -a "$build"/lib/libkpl.so* "$kit/build/lib/"
 
 # every library the programs, kpl's library and Open MPI's programs and
 # plugins load, less what the GPU image provides
-mapfile -t elves < <(find "$kit" -type f \( -perm -u+x -o -name '*.so*' \) -exec sh -c \
-                       'head -c 4 "$1" | grep -q "ELF" && echo "$1"' _ {} \;)
+mapfile -t elves < <(elves "$kit")
 while read -r name path; do
   [[ $name =~ $PROVIDED_RE ]] && continue
   [[ $path == not-found ]] && die "$name, needed by the kit, is not found on this machine"
