@@ -58,6 +58,22 @@ class Kit:
         self.env = dict(os.environ)
         self.dev = "cpu" if args.rehearse else "cuda:0"
         self.gpus = 0
+        self.child = None  # the running command's process group (its own session)
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, self.stopped)
+
+    def stopped(self, sig, frame):
+        """SIGTERM/SIGINT/SIGHUP: the running command is in a session of its
+        own, out of reach of a signal to run.sh's group, so it is ended here,
+        the report says so, and the kit exits 128 + sig."""
+        if self.child:
+            try:
+                os.killpg(self.child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.record("summary", "interrupted", signal=signal.Signals(sig).name,
+                    failures=self.failures, seconds=round(time.monotonic() - self.t0, 1))
+        os._exit(128 + sig)
 
     # ---- output --------------------------------------------------------------------------
     def open_log(self, name):
@@ -103,6 +119,7 @@ class Kit:
         except OSError as err:
             self.say(f"cannot start: {err}")
             return None, 0.0, False, str(err)
+        self.child = p.pid
         chunks, timed_out = [], False
         os.set_blocking(p.stdout.fileno(), False)
         while True:
@@ -139,6 +156,7 @@ class Kit:
             os.killpg(p.pid, signal.SIGKILL)
         except (ProcessLookupError, PermissionError):
             pass
+        self.child = None
         secs = time.monotonic() - start
         self.say(f"-> exit {p.returncode}{' (killed at its time limit)' if timed_out else ''}, {secs:.1f} s")
         return p.returncode, secs, timed_out, "".join(chunks)

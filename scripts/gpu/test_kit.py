@@ -6,7 +6,8 @@
   - ctest's commands map from the packing machine's paths to the kit's and
     the repository's, mpirun to the one on PATH, ranks read from -np;
   - the RESULT lines and JSON lines of kpl's programs parse;
-  - --out loses nothing but an earlier run's report and logs.
+  - --out loses nothing but an earlier run's report and logs;
+  - SIGTERM to the kit's process group ends the command it runs too.
 Exit status 0 when every check holds.
 """
 import json
@@ -91,6 +92,28 @@ def main():
         c = cases["train_cuda"]
         assert c["cmd"] == [kit.ROOT + "/tests/trainer/train_cuda_e2e.sh",
                             k.kit + "/build/bin/kpl", kit.ROOT], c
+
+        # SIGTERM to the kit (as a scheduler sends it to run.sh's group)
+        # ends the command it runs, in its own session, and says so
+        script = ("import sys, types; sys.path.insert(0, %r); import kit; "
+                  "k = kit.Kit(types.SimpleNamespace(out=%r, budget=60, rehearse=True, "
+                  "work=%r, bundle=%r)); k.run(['bash', '-c', 'sleep $((300 + 1)) & sleep $((300 + 1))'], 50)"
+                  % (os.path.dirname(os.path.abspath(__file__)), os.path.join(tmp, "out2"),
+                     tmp, tmp))
+        import subprocess
+        p = subprocess.Popen([sys.executable, "-c", script], start_new_session=True,
+                             stdout=subprocess.DEVNULL)
+        for _ in range(100):  # until the command runs
+            if os.popen("pgrep -f 'sleep 30[1]'").read().split():
+                break
+            time.sleep(0.1)
+        os.killpg(p.pid, 15)
+        assert p.wait(timeout=10) == 128 + 15, p.returncode
+        time.sleep(0.3)
+        alive = os.popen("pgrep -f 'sleep 30[1]'").read().split()
+        assert not alive, f"left running after SIGTERM: {alive}"
+        last = open(os.path.join(tmp, "out2", "report.jsonl")).read().splitlines()[-1]
+        assert '"status": "interrupted", "signal": "SIGTERM"' in last, last
 
         # output parsing
         r = kit.parse_result("noise\nRESULT model=resnet50 ms_median=12.5 torch=2.11.0+cu130\n")
