@@ -135,6 +135,7 @@ typedef struct {
     dnnl_memory_desc_t b16[2];   /* read activation slots: their nChw16c layout */
     dnnl_primitive_t from_b16[2]; /* ... reordered to inner when that differs (else NULL) */
     int arg[3];
+    char impl[64];               /* oneDNN's implementation name, or "kpl_direct" */
     uint64_t last_use;
 } conv_entry;
 
@@ -146,6 +147,13 @@ static struct {
     int n;
     uint64_t tick, hits, misses;
 } cc = {.lock = PTHREAD_MUTEX_INITIALIZER};
+
+static _Thread_local kpl_conv_choice last_choice;
+
+kpl_conv_choice kpl__cpu_conv_last(void)
+{
+    return last_choice;
+}
 
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void)
 {
@@ -508,6 +516,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         const char *impl = NULL;
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
         conv_entry cand = e;
+        snprintf(cand.impl, sizeof cand.impl, "%s", impl ? impl : "oneDNN");
         bool usable = !impl || strncmp(impl, "ref", 3) != 0;
         if (usable && (st = entry_from_pd(&cand, pd, q)) >= 0) {
             double t = k->deterministic ? 0 : time_entry(&cand, a, args, best, &st);
@@ -534,6 +543,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
             conv_entry cand = e;
             cand.direct_threads = nt;
+            snprintf(cand.impl, sizeof cand.impl, "kpl_direct");
             double t = probe_direct(a, args, nt, best, &st);
             if (st >= 0 && t <= CUTOFF * best) t = time_entry(&cand, a, args, best, &st);
             if (st < 0) { /* out of memory: the candidate is skipped */
@@ -596,6 +606,10 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
         *e = fresh;
     }
     e->last_use = ++cc.tick;
+    snprintf(last_choice.impl, sizeof last_choice.impl, "%s", e->impl);
+    last_choice.kind = a->kind;
+    last_choice.dtype = args->out->dtype;
+    last_choice.out_nchw16c = e->blk[2];
     /* Execution stays under the lock (see cpu_matmul.c). */
     st = run_entry(e, a, args);
 fail:

@@ -447,6 +447,18 @@ void kpl__cpu_register_index(void);
 void kpl__cpu_register_vision(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
+/* What this thread's last CPU convolution in f32/bf16 ran (tests and bench
+ * rows say which kernel they measured): oneDNN's implementation name
+ * (e.g. "jit:avx512_core", "brg:avx512_core_amx") or "kpl_direct", the
+ * direction, and whether that implementation keeps its output activation
+ * in nChw16c, the one blocked layout kpl holds tensors in. */
+typedef struct {
+    char impl[64];
+    kpl_conv_kind kind;
+    kpl_dtype dtype; /* the dtype it computed in (f32 for bf16 emulated in f32) */
+    bool out_nchw16c;
+} kpl_conv_choice;
+kpl_conv_choice kpl__cpu_conv_last(void);
 
 /* kpl's own f32 convolution loops on plain NCHW (cpu/cpu_conv_direct.c):
  * whether they handle a problem (stride 1, no dilation, one group), and
