@@ -6,7 +6,7 @@
 # the JSON summary.  Extra arguments go to `kpl train` (e.g. epochs=1).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-"$root/scripts/setup.sh"
+"$root/scripts/setup.sh" --train-only
 "$root/scripts/build.sh"
 kpl="${BUILD_DIR:-$root/build}/bin/kpl"
 cd "$root"

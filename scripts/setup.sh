@@ -3,10 +3,15 @@
 # Idempotent: packages already present are skipped, so a second run costs one
 # dpkg query.  Run as root (or with sudo available).
 #
-#   scripts/setup.sh            build + test dependencies
-#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, numpy,
-#                               and pycocotools from PyPI for /usr/bin/python3, which
-#                               Debian does not package; tests use it when present)
+#   scripts/setup.sh            build + test dependencies, with the reference tools
+#                               the equivalence tests compare kpl against: numpy,
+#                               scipy, PIL (Debian) and pycocotools, onnx,
+#                               onnxruntime (PyPI, for /usr/bin/python3); it fails
+#                               when one cannot be installed, since the README's
+#                               test command fails without them (tests/skip.sh)
+#   scripts/setup.sh --train-only  only what building and training need (the
+#                               main job, scripts/run.sh): no PyPI
+#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch)
 #   scripts/setup.sh --fuzz     also clang 14 with libFuzzer and its OpenMP
 #                               (scripts/fuzz.sh, tests/fuzz; options combine)
 set -euo pipefail
@@ -28,25 +33,31 @@ packages=(
   libprotobuf-c-dev protobuf-c-compiler  # ONNX export
   libpng-dev
   libcmocka-dev                      # unit tests
-  python3-numpy python3-pil          # tests: segmentation metrics recomputed with numpy
-  python3-scipy                      # tests and bench: FID as pytorch-fid computes it (sqrtm)
   iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
 )
-bench_packages=(python3-numpy python3-torch python3-pil python3-pip)
+# the reference tools of the equivalence tests (and pip for PyPI's)
+ref_packages=(
+  python3-numpy python3-pil          # segmentation metrics recomputed with numpy
+  python3-scipy                      # FID as pytorch-fid computes it (sqrtm)
+  python3-pip                        # pycocotools, onnx, onnxruntime below
+)
+bench_packages=(python3-torch)
 # clang's libFuzzer and sanitizer runtimes live in libclang-rt-14-dev; with
 # clang, OpenMP is LLVM's libomp (omp.h and libomp.so).  GNU ld links them.
 fuzz_packages=(clang-14 libclang-rt-14-dev libomp-14-dev)
 
 want=("${packages[@]}")
-bench=0
+refs=1
 for arg in "$@"; do
   case "$arg" in
-    --bench) want+=("${bench_packages[@]}"); bench=1 ;;
+    --train-only) refs=0 ;;
+    --bench) want+=("${bench_packages[@]}") ;;
     --fuzz) want+=("${fuzz_packages[@]}") ;;
-    *) echo "setup: unknown option $arg (want --bench, --fuzz)" >&2; exit 2 ;;
+    *) echo "setup: unknown option $arg (want --train-only, --bench, --fuzz)" >&2; exit 2 ;;
   esac
 done
+if ((refs)); then want+=("${ref_packages[@]}"); fi
 
 missing=()
 for p in "${want[@]}"; do
@@ -70,20 +81,20 @@ else
   fi
 fi
 
-# onnx and onnxruntime (the ONNX export test, tests/trainer/onnx_check.py;
-# skipped without them): PyPI's wheels, pinned to versions built for
-# Debian 12's numpy 1.24 (newer ones pull numpy 2, which breaks Debian's
-# torch and scipy).
-if ! /usr/bin/python3 -c 'import onnx, onnxruntime' 2>/dev/null; then
-  echo "setup: installing onnx and onnxruntime (pip) for /usr/bin/python3"
-  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "numpy<2" \
-    "onnx==1.16.2" "onnxruntime==1.19.2" ||
-    echo "setup: warning: pip could not install onnx/onnxruntime; the ONNX test will be skipped" >&2
-fi
-
-# pycocotools (COCO mAP, the reference of trainer/cocoeval.h): PyPI's wheel
-# for Debian's python3 and its numpy; pip leaves an installed numpy alone.
-if ((bench)) && ! /usr/bin/python3 -c 'import pycocotools.cocoeval' 2>/dev/null; then
-  echo "setup: installing pycocotools (pip) for /usr/bin/python3"
-  $SUDO /usr/bin/python3 -m pip install -q --break-system-packages pycocotools
+((refs)) || exit 0
+# PyPI's reference tools for /usr/bin/python3, which Debian does not
+# package: onnx and onnxruntime (the ONNX export test,
+# tests/trainer/onnx_check.py), pinned to versions built for Debian 12's
+# numpy 1.24 (newer ones pull numpy 2, which breaks Debian's torch and
+# scipy); pycocotools (COCO mAP, the reference of trainer/cocoeval.h).  pip
+# leaves an installed numpy alone.
+if ! /usr/bin/python3 -c 'import onnx, onnxruntime, pycocotools.cocoeval' 2>/dev/null; then
+  echo "setup: installing onnx, onnxruntime and pycocotools (pip) for /usr/bin/python3"
+  if ! $SUDO /usr/bin/python3 -m pip install -q --break-system-packages "numpy<2" \
+    "onnx==1.16.2" "onnxruntime==1.19.2" pycocotools; then
+    echo "setup: error: pip could not install onnx, onnxruntime and pycocotools from PyPI;" \
+      "the equivalence tests need them (scripts/setup.sh --train-only installs only what" \
+      "training needs)" >&2
+    exit 1
+  fi
 fi

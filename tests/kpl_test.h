@@ -10,6 +10,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +74,49 @@ static inline void assert_close(double a, double b, double rtol, double atol, co
         fail_msg("%s[%lld]: got %.17g, expected %.17g (off by %.3g, allowed %.3g)", what,
                  (long long)i, a, b, fabs(a - b), atol + rtol * fabs(b));
 }
+
+/* A check that cannot run here (see tests/skip.sh, its shell side):
+ * KPL_TEST_SKIP_ENV when the machine lacks a capability (a skip, always);
+ * KPL_TEST_SKIP_REF when a reference tool or data set that
+ * scripts/setup.sh installs is missing: a failure under
+ * KPL_REQUIRE_REFS=1 (scripts/test.sh) or CI=true, else a skip.  Each
+ * skip is noted in $KPL_SKIP_LOG, which scripts/test.sh prints at its
+ * end, since cmocka's skipped cases leave the test passed for ctest. */
+typedef enum { KPL_TEST_SKIP_ENV, KPL_TEST_SKIP_REF } kpl_test_skip_kind;
+
+static inline bool kpl_test_refs_required(void)
+{
+    const char *r = getenv("KPL_REQUIRE_REFS"), *ci = getenv("CI");
+    return (r && !strcmp(r, "1")) || (ci && !strcmp(ci, "true"));
+}
+
+/* Notes the skip; false for a required reference (the caller fails). */
+static inline bool kpl_test_skip_note(kpl_test_skip_kind kind, const char *where, const char *why)
+{
+    const char *k = kind == KPL_TEST_SKIP_REF ? "ref" : "env";
+    if (kind == KPL_TEST_SKIP_REF && kpl_test_refs_required()) return false;
+    const char *isa = getenv("ONEDNN_MAX_CPU_ISA");
+    char who[256];
+    snprintf(who, sizeof who, "%s%s%s%s", where, isa ? " [ONEDNN_MAX_CPU_ISA=" : "",
+             isa ? isa : "", isa ? "]" : "");
+    printf("skipped (%s): %s: %s\n", k, who, why);
+    const char *log = getenv("KPL_SKIP_LOG");
+    FILE *f = log && *log ? fopen(log, "a") : NULL;
+    if (f) {
+        fprintf(f, "%s: %s: %s\n", who, k, why);
+        fclose(f);
+    }
+    return true;
+}
+
+/* Skips the running cmocka case (or fails it, for a required reference). */
+#define KPL_SKIP(kind, why)                                                             \
+    do {                                                                                \
+        if (!kpl_test_skip_note(kind, __func__, why))                                   \
+            fail_msg("reference missing: %s (scripts/setup.sh installs it)", why);      \
+        skip();                                                                         \
+        return;                                                                         \
+    } while (0)
 
 /* cuda:0 for a GPU test: exits 77 (ctest's skip) when there is no CUDA
  * device, 1 when it cannot be opened. */

@@ -10,7 +10,8 @@
 set -euo pipefail
 kpl=$1
 src=/usr/share/datasets/fashion-mnist
-[[ -r $src/t10k-images-idx3-ubyte.gz ]] || exit 77
+. "$(dirname "$0")/../skip.sh"
+[[ -r $src/t10k-images-idx3-ubyte.gz ]] || kpl_skip ref "Fashion-MNIST ($src, dataset-fashion-mnist)"
 tmp=$(mktemp -d)
 # background jobs a failing check leaves behind are killed too
 trap 'jobs -p | xargs -r kill -KILL 2> /dev/null; rm -rf "$tmp"' EXIT

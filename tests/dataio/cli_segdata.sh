@@ -7,7 +7,8 @@
 set -euo pipefail
 kpl=$1
 src=/usr/share/datasets/fashion-mnist
-[[ -r $src/t10k-images-idx3-ubyte.gz ]] || exit 77
+. "$(dirname "$0")/../skip.sh"
+[[ -r $src/t10k-images-idx3-ubyte.gz ]] || kpl_skip ref "Fashion-MNIST ($src, dataset-fashion-mnist)"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 die() { echo "FAIL: $*" >&2; exit 1; }

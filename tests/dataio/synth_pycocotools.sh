@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# synth_pycocotools.sh KPL: pycocotools (PyPI; setup.sh --bench installs it)
+# synth_pycocotools.sh KPL: pycocotools (PyPI; scripts/setup.sh installs it)
 # reads a small fmnist-det set: its COCO API loads both JSON files, and for
 # every annotation the area and box it computes from the RLE equal the ones
-# kpl wrote.  Skipped (77) without Fashion-MNIST or pycocotools.
+# kpl wrote.  Without Fashion-MNIST or pycocotools: tests/skip.sh's ref.
 set -euo pipefail
 kpl=$1
-[[ -r /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]] || exit 77
-/usr/bin/python3 -c 'import pycocotools' 2> /dev/null || { echo "no pycocotools: skipped"; exit 77; }
+. "$(dirname "$0")/../skip.sh"
+[[ -r /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz ]] ||
+  kpl_skip ref "Fashion-MNIST (dataset-fashion-mnist)"
+/usr/bin/python3 -c 'import pycocotools' 2> /dev/null || kpl_skip ref "pycocotools for /usr/bin/python3"
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$kpl" data synth fmnist-det "$tmp/s" --train 60 --val 20 --seed 3 --quiet > /dev/null

@@ -1374,7 +1374,8 @@ static void test_fashion_mnist_import(void **state)
     (void)state;
     const char *im = "/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz";
     const char *lb = "/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz";
-    if (access(im, R_OK) || access(lb, R_OK)) skip();
+    if (access(im, R_OK) || access(lb, R_OK))
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     const char *out = tmp_path("fmnist");
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.writer.shards = 2;

@@ -806,7 +806,7 @@ static void test_synth_fmnist_det(void **state)
     (void)state;
     char im[256];
     snprintf(im, sizeof im, "%s/t10k-images-idx3-ubyte.gz", fmnist);
-    if (access(im, R_OK)) skip();
+    if (access(im, R_OK)) KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     kpl_synth_det_config cfg = KPL_SYNTH_DET_CONFIG_INIT;
     cfg.train = 40;
     cfg.val = 12;

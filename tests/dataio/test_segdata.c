@@ -469,7 +469,8 @@ static void test_synth_fmnist_seg(void **state)
     char p[512], q[512];
     snprintf(p, sizeof p, "%s/train-images-idx3-ubyte.gz", fmnist);
     snprintf(q, sizeof q, "%s/train-images-idx3-ubyte", fmnist);
-    if (access(p, R_OK) && access(q, R_OK)) skip();
+    if (access(p, R_OK) && access(q, R_OK))
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     kpl_synth_det_config c = KPL_SYNTH_DET_CONFIG_INIT;
     c.train = 12, c.val = 4, c.size = 64, c.max_side = 40, c.seed = 3, c.threads = 2;
     int64_t nd = 0, ns = 0;

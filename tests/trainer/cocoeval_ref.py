@@ -15,7 +15,7 @@
   cocoeval_ref.py live KPL [--seed S] [--cases N]
       fresh random cases checked live: `KPL data cocoeval` against
       pycocotools; exit 0 when every figure agrees to 1e-3, 1 otherwise,
-      77 when pycocotools cannot be imported (the test is skipped).
+      without pycocotools 77 (a skip) or 1 (ref_missing.py).
 
 Awkward on purpose: crowd regions, images without ground truth or without
 detections, more than 100 detections on an image, ties in score,
@@ -204,8 +204,8 @@ def live(kpl, seed, ncases):
     try:
         import pycocotools.cocoeval  # noqa: F401
     except ImportError:
-        print("cocoeval_ref: pycocotools is not installed (scripts/setup.sh --bench); skipped")
-        return 77
+        from ref_missing import missing
+        missing("cocoeval_ref", "pycocotools for /usr/bin/python3")
     worst, exact, total = 0.0, 0, 0
     with tempfile.TemporaryDirectory() as d:
         names = gen(d, seed, ncases, 3.0)

@@ -6,7 +6,7 @@ COCO JSON its validation split was converted from, compared with the twelve
 figures kpl reported (the "val_ap".. fields of a metrics.jsonl "eval" record,
 or "ap".. of kpl eval's result line).  IMAGES: evaluate only the first N
 images in ascending id (a run with data.val.limit=N).  Exit 0 when every
-figure agrees to 1e-3, 1 otherwise; 77 when pycocotools is not installed.
+figure agrees to 1e-3, 1 otherwise; without pycocotools 77 (a skip) or 1 (ref_missing.py).
 """
 import contextlib
 import io
@@ -17,8 +17,8 @@ try:
     from pycocotools.coco import COCO
     from pycocotools.cocoeval import COCOeval
 except ImportError:
-    print("pycocotools is not installed (scripts/setup.sh --bench): skipped")
-    sys.exit(77)
+    from ref_missing import missing
+    missing("detect_check", "pycocotools for /usr/bin/python3")
 
 NAMES = ["ap", "ap50", "ap75", "aps", "apm", "apl", "ar1", "ar10", "ar100", "ars", "arm", "arl"]
 

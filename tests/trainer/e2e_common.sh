@@ -14,7 +14,8 @@ die() { echo "FAIL ($case_): $*" >&2; exit 1; }
 field() { sed -n 's/.*"'"$1"'":\("[^"]*"\|[^,}]*\).*/\1/p' <<<"$2" | tr -d '"'; }
 # the (step, loss) pairs of a run's metrics.jsonl
 losses() { sed -n 's/^{"event":"train","step":\([0-9]*\),.*"loss":\([^,]*\),.*/\1 \2/p' "$1/metrics.jsonl"; }
-need_fm() { [[ -r $fm/t10k-images-idx3-ubyte.gz ]] || { echo "no $fm: skipped"; exit 77; }; }
+. "$(dirname "${BASH_SOURCE[0]}")/../skip.sh"
+need_fm() { [[ -r $fm/t10k-images-idx3-ubyte.gz ]] || kpl_skip ref "Fashion-MNIST ($fm)"; }
 QUIET=(log.progress=never)
 # expect_usage_error WHAT NEEDLE ARGS...: "$kpl" ARGS exits 2 (a bad recipe,
 # argument or plugin) with NEEDLE on stderr

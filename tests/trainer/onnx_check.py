@@ -4,7 +4,7 @@ exported runs in onnxruntime and gives kpl's outputs: a random input batch
 (shape from the ONNX graph's input) goes through onnxruntime and through
 `kpl infer MODEL.kplm x.npy --logits`; the largest absolute difference of
 the outputs must stay below 1e-4.  The ONNX checker must accept the file.
-Exit 77 (a skip) without onnx or onnxruntime."""
+Without onnx or onnxruntime: exit 77 (a skip) or 1 (ref_missing.py)."""
 import json
 import subprocess
 import sys
@@ -14,8 +14,8 @@ try:
     import onnx
     import onnxruntime as ort
 except ImportError as e:
-    print(f"onnx_check: {e}: skipped (scripts/setup.sh installs onnx and onnxruntime)")
-    sys.exit(77)
+    from ref_missing import missing
+    missing("onnx_check", f"onnx/onnxruntime for /usr/bin/python3 ({e})")
 
 kpl, kplm, path, work = sys.argv[1:5]
 model = onnx.load(path)

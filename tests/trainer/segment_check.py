@@ -8,7 +8,8 @@ every pixel whose label is not IGNORE, then mIoU (classes that occur in
 neither the labels nor the predictions left out, as mmsegmentation's
 nanmean), pixel accuracy and mean class accuracy.  They must equal the
 val_miou, val_aacc and val_macc of METRICS_LINE (a JSON line kpl printed)
-to 1e-9.  Exit 0 when they agree, 1 when not, 77 without numpy or PIL."""
+to 1e-9.  Exit 0 when they agree, 1 when not, without numpy or PIL
+77 (a skip) or 1 (ref_missing.py)."""
 import json
 import os
 import sys
@@ -17,8 +18,8 @@ try:
     import numpy as np
     from PIL import Image
 except ImportError as e:  # a machine without the test packages
-    print(f"segment_check: {e}: skipped")
-    sys.exit(77)
+    from ref_missing import missing
+    missing("segment_check", f"numpy/PIL for /usr/bin/python3 ({e})")
 
 
 def main():

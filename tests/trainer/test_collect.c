@@ -52,7 +52,8 @@ static const kpl_task_kind collect_task = {
 static void test_collectives(void **state)
 {
     (void)state;
-    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0) skip();
+    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     const char *wsz = getenv("OMPI_COMM_WORLD_SIZE");
     int world = wsz ? atoi(wsz) : 1;
     /* one directory per job, the same on every rank of it (their parent) */

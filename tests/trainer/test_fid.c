@@ -105,8 +105,6 @@ static bool have_scipy(void)
     static int have = -1;
     if (have < 0)
         have = system("/usr/bin/python3 -c 'import numpy, scipy.linalg' 2>/dev/null") == 0;
-    if (!have) print_message("no numpy/scipy for /usr/bin/python3 (scripts/setup.sh installs "
-                             "python3-scipy): the comparison is skipped\n");
     return have;
 }
 
@@ -169,14 +167,14 @@ static void compare_with_scipy(int64_t dim, int64_t na, int64_t nb, int64_t dead
 static void test_fid_scipy_64(void **state)
 {
     (void)state;
-    if (!have_scipy()) skip();
+    if (!have_scipy()) KPL_SKIP(KPL_TEST_SKIP_REF, "numpy/scipy for /usr/bin/python3 (python3-scipy)");
     compare_with_scipy(64, 1000, 1000, 0, "two Gaussians");
 }
 
 static void test_fid_scipy_256(void **state)
 {
     (void)state;
-    if (!have_scipy()) skip();
+    if (!have_scipy()) KPL_SKIP(KPL_TEST_SKIP_REF, "numpy/scipy for /usr/bin/python3 (python3-scipy)");
     compare_with_scipy(256, 5000, 5000, 0, "two Gaussians");
 }
 
@@ -184,7 +182,7 @@ static void test_fid_scipy_256(void **state)
 static void test_fid_scipy_singular(void **state)
 {
     (void)state;
-    if (!have_scipy()) skip();
+    if (!have_scipy()) KPL_SKIP(KPL_TEST_SKIP_REF, "numpy/scipy for /usr/bin/python3 (python3-scipy)");
     compare_with_scipy(64, 40, 50, 0, "near-singular");
 }
 
@@ -194,7 +192,7 @@ static void test_fid_scipy_singular(void **state)
 static void test_fid_scipy_dead(void **state)
 {
     (void)state;
-    if (!have_scipy()) skip();
+    if (!have_scipy()) KPL_SKIP(KPL_TEST_SKIP_REF, "numpy/scipy for /usr/bin/python3 (python3-scipy)");
     compare_with_scipy(64, 1000, 1000, 8, "8 dead features");
 }
 
@@ -424,7 +422,7 @@ static void test_inception_score(void **state)
     }
     OK(kpl_inception_score(p, 1003, C, 10, &m, &sd));
     print_message("IS of 1003 rows in 10 splits: %.12g +- %.12g\n", m, sd);
-    if (!have_scipy()) skip();
+    if (!have_scipy()) KPL_SKIP(KPL_TEST_SKIP_REF, "numpy/scipy for /usr/bin/python3 (python3-scipy)");
     char path[512], args[700];
     snprintf(path, sizeof path, "%s/p.f32", tmp);
     write_f32(path, p, 1003 * C);
@@ -535,7 +533,8 @@ static int count_lines(const char *path, const char *needle)
 static void test_ensure(void **state)
 {
     (void)state;
-    if (access(FM "/t10k-images-idx3-ubyte.gz", R_OK) != 0) skip();
+    if (access(FM "/t10k-images-idx3-ubyte.gz", R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     snprintf(net_path, sizeof net_path, "%s/fid/fmnist_cnn.kpl", tmp);
     /* a short training (CI runs this under ASan too): 10,000 images once */
     const char *ov[] = {"epochs=1", "data.train.limit=10000", "data.val.limit=2000"};
@@ -618,7 +617,8 @@ static void assert_same_tensor(kpl_tensor *a, kpl_tensor *b, double rtol, double
 static void test_feature_net(void **state)
 {
     (void)state;
-    if (!net_path[0] || access(net_path, R_OK) != 0) skip(); /* test_ensure made it */
+    if (!net_path[0] || access(net_path, R_OK) != 0) /* test_ensure made it */
+        KPL_SKIP(KPL_TEST_SKIP_REF, "the feature network (made from Fashion-MNIST)");
     kpl_feature_net *net = NULL;
     OK(kpl_feature_net_create(RECIPE, net_path, NULL, &net));
     assert_int_equal(kpl_feature_net_dim(net), 128);
@@ -725,7 +725,8 @@ static void test_feature_net(void **state)
 static void test_feature_net_errors(void **state)
 {
     (void)state;
-    if (!net_path[0] || access(net_path, R_OK) != 0) skip();
+    if (!net_path[0] || access(net_path, R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "the feature network (made from Fashion-MNIST)");
     kpl_feature_net *net = NULL;
     FAILS(kpl_feature_net_create(RECIPE, "/nonexistent/x.kpl", NULL, &net), KPL_ENOTFOUND,
           "/nonexistent/x.kpl");
@@ -801,7 +802,8 @@ static void test_feature_net_errors(void **state)
 static void test_cli(void **state)
 {
     (void)state;
-    if (!net_path[0] || access(net_path, R_OK) != 0) skip();
+    if (!net_path[0] || access(net_path, R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "the feature network (made from Fashion-MNIST)");
     char cmd[2048], out[2048] = "";
     snprintf(cmd, sizeof cmd, "'%s' data fid-net --recipe '%s' -o '%s'", KPL_CLI, RECIPE, net_path);
     FILE *p = popen(cmd, "r");

@@ -220,7 +220,8 @@ static double mean(const double *v, int a, int b)
 static void test_gan_two_models(void **state)
 {
     (void)state;
-    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0) skip();
+    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     char dir[] = "/tmp/kpl-gan-XXXXXX", yaml[2048];
     assert_non_null(mkdtemp(dir));
     snprintf(yaml, sizeof yaml,
@@ -328,7 +329,8 @@ static void run(const char *dir, const char *name, int max_steps, bool resume, f
 static void test_gan_task_state_resumes(void **state)
 {
     (void)state;
-    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0) skip();
+    if (access(FM "/train-images-idx3-ubyte.gz", R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     char dir[] = "/tmp/kpl-gan-XXXXXX";
     assert_non_null(mkdtemp(dir));
     enum { N = 784 * 128 };
