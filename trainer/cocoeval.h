@@ -145,6 +145,19 @@ kpl_status kpl_coco_dets_save(const char *path, const kpl_coco_detection *dets, 
  * there too) or a non-finite bbox or score. */
 kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
                              kpl_coco_stats *out);
+/* The same in parts, for processes that each hold a share of the images
+ * (their ground truth, made with the same category list, and their
+ * detections): kpl_coco_match matches one share into a part, a flat
+ * malloc'd buffer of *bytes bytes (free it) to send as bytes between
+ * processes of one build; kpl_coco_finish takes the parts of disjoint
+ * shares laid end to end (what an all-gather of them gives) and computes
+ * the figures of their union, the very doubles kpl_coco_evaluate gives on
+ * the whole (which is match and finish of one part).  The counts in *out
+ * are the parts' sums.  KPL_EINVAL for a buffer that is not such parts
+ * (cut short, another category list). */
+kpl_status kpl_coco_match(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
+                          void **part, size_t *bytes);
+kpl_status kpl_coco_finish(const void *parts, size_t bytes, kpl_coco_stats *out);
 /* The figures as one JSON object, {"AP":0.5, ..., "ARl":-1} in
  * kpl_coco_stat order, each number the shortest that reads back to the
  * same double.  Writes at most len bytes with a NUL; returns the length

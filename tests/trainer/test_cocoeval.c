@@ -5,6 +5,8 @@
  * is installed). */
 #define _GNU_SOURCE
 #include "kpl_test.h"
+
+#include <jansson.h>
 #include "cocoeval.h"
 
 #include <dirent.h>
@@ -458,6 +460,124 @@ static void test_pycocotools_cases(void **state)
                   "difference %.3g\n", n, exact, n * KPL_COCO_NSTATS, worst);
 }
 
+/* Evaluation in parts (kpl_coco_match on shares of the images, then
+ * kpl_coco_finish on the parts laid end to end): the same doubles and
+ * counts as the whole at 1, 2, 3 and 5 uneven shares, on every case; and
+ * what is not such parts refused. */
+static void test_parts(void **state)
+{
+    (void)state;
+    char names[64][128];
+    int n = case_names(names, 64);
+    assert_true(n >= 12);
+    for (int c = 0; c < n; c++) {
+        char gp[512], dp[512];
+        snprintf(gp, sizeof gp, "%s/%.127s.gt.json", COCO_DATA_DIR, names[c]);
+        snprintf(dp, sizeof dp, "%s/%.127s.dt.json", COCO_DATA_DIR, names[c]);
+        json_t *root = json_load_file(gp, 0, NULL);
+        assert_non_null(root);
+        json_t *ims = json_object_get(root, "images"), *cats = json_object_get(root, "categories");
+        json_t *anns = json_object_get(root, "annotations");
+        int64_t ni = (int64_t)json_array_size(ims), nc = (int64_t)json_array_size(cats);
+        int64_t na = (int64_t)json_array_size(anns);
+        int64_t *img = calloc((size_t)ni + 1, sizeof *img), *cat = calloc((size_t)nc + 1, sizeof *cat);
+        kpl_coco_annotation *a = calloc((size_t)na + 1, sizeof *a);
+        for (int64_t i = 0; i < ni; i++)
+            img[i] = json_integer_value(json_object_get(json_array_get(ims, (size_t)i), "id"));
+        for (int64_t i = 0; i < nc; i++)
+            cat[i] = json_integer_value(json_object_get(json_array_get(cats, (size_t)i), "id"));
+        for (int64_t i = 0; i < na; i++) {
+            json_t *e = json_array_get(anns, (size_t)i), *b = json_object_get(e, "bbox");
+            a[i].id = json_integer_value(json_object_get(e, "id"));
+            a[i].image_id = json_integer_value(json_object_get(e, "image_id"));
+            a[i].category_id = json_integer_value(json_object_get(e, "category_id"));
+            for (int k = 0; k < 4; k++) a[i].bbox[k] = json_number_value(json_array_get(b, (size_t)k));
+            json_t *ar = json_object_get(e, "area");
+            a[i].area = ar ? json_number_value(ar) : a[i].bbox[2] * a[i].bbox[3];
+            a[i].iscrowd = json_is_true(json_object_get(e, "iscrowd")) ||
+                           json_integer_value(json_object_get(e, "iscrowd")) == 1;
+        }
+        kpl_coco_detection *d = NULL;
+        int64_t nd = 0;
+        OK(kpl_coco_dets_load(dp, &d, &nd));
+        kpl_coco_gt *whole = NULL;
+        kpl_coco_stats want, got;
+        OK(kpl_coco_gt_create(img, ni, cat, nc, a, na, &whole));
+        OK(kpl_coco_evaluate(whole, d, nd, &want));
+        const int shares[4] = {1, 2, 3, 5};
+        for (int si = 0; si < 4; si++) {
+            int S = shares[si];
+            uint8_t *all = NULL;
+            size_t total = 0;
+            for (int r = 0; r < S; r++) {
+                /* image id i goes to share (3i + 1) mod S: uneven, interleaved
+                 * (a repeated id to one share: the shares are disjoint) */
+                int64_t *mi = calloc((size_t)ni + 1, sizeof *mi), m = 0, ma = 0, md = 0;
+                kpl_coco_annotation *sa = calloc((size_t)na + 1, sizeof *sa);
+                kpl_coco_detection *sd = calloc((size_t)nd + 1, sizeof *sd);
+                for (int64_t i = 0; i < ni; i++)
+                    if (((3 * img[i] + 1) % S + S) % S == r) mi[m++] = img[i];
+                for (int64_t i = 0; i < na; i++)
+                    for (int64_t j = 0; j < m; j++)
+                        if (a[i].image_id == mi[j]) {
+                            sa[ma++] = a[i];
+                            break;
+                        }
+                for (int64_t i = 0; i < nd; i++)
+                    for (int64_t j = 0; j < m; j++)
+                        if (d[i].image_id == mi[j]) {
+                            sd[md++] = d[i];
+                            break;
+                        }
+                kpl_coco_gt *g = NULL;
+                void *part = NULL;
+                size_t bytes = 0;
+                OK(kpl_coco_gt_create(mi, m, cat, nc, sa, ma, &g));
+                OK(kpl_coco_match(g, sd, md, &part, &bytes));
+                all = realloc(all, total + bytes);
+                memcpy(all + total, part, bytes);
+                total += bytes;
+                free(part), free(sd), free(sa), free(mi);
+                kpl_coco_gt_destroy(g);
+            }
+            OK(kpl_coco_finish(all, total, &got));
+            for (int k = 0; k < KPL_COCO_NSTATS; k++)
+                if (memcmp(&got.stats[k], &want.stats[k], sizeof(double)))
+                    fail_msg("%s, %d shares: %s %.17g, whole %.17g", names[c], S,
+                             kpl_coco_stat_name((kpl_coco_stat)k), got.stats[k], want.stats[k]);
+            assert_int_equal(got.images, want.images);
+            assert_int_equal(got.gt_boxes, want.gt_boxes);
+            assert_int_equal(got.detections, want.detections);
+            assert_int_equal(got.categories, want.categories);
+            if (S == 3 && c == 0) { /* not parts: cut short, another category list, a stray byte */
+                FAILS(kpl_coco_finish(all, total - 1, &got), KPL_EINVAL, "kpl_coco_finish: part");
+                uint8_t *junk = calloc(1, total + 8);
+                memcpy(junk, all, total);
+                FAILS(kpl_coco_finish(junk, total + 8, &got), KPL_EINVAL, "is cut short");
+                free(junk);
+                kpl_coco_gt *other = NULL;
+                void *part = NULL;
+                size_t bytes = 0;
+                int64_t one = cat[0];
+                OK(kpl_coco_gt_create(img, ni, &one, 1, a, na, &other));
+                OK(kpl_coco_match(other, NULL, 0, &part, &bytes));
+                uint8_t *mixed = malloc(total + bytes);
+                memcpy(mixed, all, total);
+                memcpy(mixed + total, part, bytes);
+                if (nc > 1)
+                    FAILS(kpl_coco_finish(mixed, total + bytes, &got), KPL_EINVAL,
+                          "other categories than part 0");
+                free(mixed), free(part);
+                kpl_coco_gt_destroy(other);
+            }
+            free(all);
+        }
+        kpl_coco_gt_destroy(whole);
+        free(d), free(a), free(cat), free(img);
+        json_decref(root);
+    }
+}
+
 /* `kpl data cocoeval`: the same figures on stdout; bad input is exit 2. */
 static void test_cli(void **state)
 {
@@ -491,6 +611,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_perfect),
+        cmocka_unit_test(test_parts),
         cmocka_unit_test(test_iou_062),
         cmocka_unit_test(test_crowd),
         cmocka_unit_test(test_image_without_gt),

@@ -757,11 +757,12 @@ done:
     return st;
 }
 
-/* Per category: cells, matching, curves.  dv holds the category's
- * detections (by image, then score; at most MAXDET per image). */
-static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv, int64_t nd,
-                                const double thr[NT], const double rec_thr[NR], double *prec,
-                                double *rec)
+/* One category's detections matched: dv holds them (by image, then
+ * score; at most MAXDET per image and category), res receives each one's
+ * result (rank, tp, ig) in the same order, npig the boxes that count per
+ * area range. */
+static kpl_status match_category(const kpl_coco_gt *gt, int64_t k, const det *dv, int64_t nd,
+                                 const double thr[NT], det_result *res, int64_t npig[NA])
 {
     const gt_box *g = gt->box + gt->cat_start[k];
     int64_t ng = gt->cat_start[k + 1] - gt->cat_start[k];
@@ -773,22 +774,16 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
         if (e - j > maxg) maxg = e - j;
         j = e;
     }
-    kpl_status st = KPL_OK;
     cell_work w = {0};
-    det_result *res = calloc((size_t)(nd ? nd : 1), sizeof *res);
-    det_result *ord = malloc(sizeof *ord * (size_t)(nd ? nd : 1));
-    double *rc = malloc(sizeof *rc * (size_t)(nd ? nd : 1));
-    double *pr = malloc(sizeof *pr * (size_t)(nd ? nd : 1));
-    scored *sc = malloc(sizeof *sc * (size_t)(nd ? nd : 1));
     w.iou = malloc(sizeof *w.iou * (size_t)(MAXDET * (maxg ? maxg : 1)));
     w.order = malloc(sizeof *w.order * (size_t)(maxg ? maxg : 1));
     w.ign = malloc((size_t)(maxg ? maxg : 1));
     w.taken = malloc((size_t)(maxg ? maxg : 1));
-    if (!res || !ord || !rc || !pr || !sc || !w.iou || !w.order || !w.ign || !w.taken) {
+    kpl_status st = KPL_OK;
+    if (!w.iou || !w.order || !w.ign || !w.taken) {
         st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory");
         goto done;
     }
-    int64_t npig[NA] = {0};
     /* The cells in image order: both lists are sorted by image. */
     for (int64_t gi = 0, di = 0; gi < ng || di < nd;) {
         int64_t img = gi < ng && (di >= nd || g[gi].img <= dv[di].img) ? g[gi].img : dv[di].img;
@@ -802,47 +797,55 @@ static kpl_status eval_category(const kpl_coco_gt *gt, int64_t k, const det *dv,
         gi = ge;
         di = de;
     }
-    /* pycocotools concatenates the images' detections in image order and
-     * sorts them stably by score: score, then image, then rank. */
-    for (int64_t i = 0; i < nd; i++) sc[i] = (scored){dv[i].score, i};
-    qsort(sc, (size_t)nd, sizeof *sc, cmp_scored);
-    for (int64_t i = 0; i < nd; i++) ord[i] = res[sc[i].i];
-    accumulate(ord, nd, npig, rec_thr, k, gt->ncat, rc, pr, prec, rec);
 done:
     free(w.taken);
     free(w.ign);
     free(w.order);
     free(w.iou);
-    free(sc);
-    free(pr);
-    free(rc);
-    free(ord);
-    free(res);
     return st;
 }
 
-kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
-                             kpl_coco_stats *out)
+/* ---- parts: the matching of a share of the images, as bytes ------------------------------------ */
+
+/* A part: this header, then cat_ids[K], npig[K][NA] (int64) and nrec
+ * records; every field native (one build, one byte order). */
+#define PART_MAGIC 0x31434f434c504bULL /* "KPLCOC1" */
+typedef struct {
+    uint64_t magic;
+    int64_t bytes;                     /* the whole part */
+    int64_t ncat, nimg, nbox, gt_skipped, dets, dets_skipped, nrec;
+} part_head;
+
+typedef struct {
+    double score;
+    int64_t img_id; /* pycocotools' order of equal scores: image (by id), then rank */
+    int32_t cat, rank;
+    uint16_t tp[NA], ig[NA];
+} part_rec;
+
+static size_t part_size(int64_t K, int64_t nrec)
 {
-    KPL_CHECK(gt && out && n >= 0 && (dets || !n), KPL_EINVAL,
-              "kpl_coco_evaluate: bad argument (gt, out NULL, n < 0 or dets NULL)");
-    memset(out, 0, sizeof *out);
+    return sizeof(part_head) + (size_t)K * sizeof(int64_t) * (1 + NA) +
+           (size_t)nrec * sizeof(part_rec);
+}
+
+kpl_status kpl_coco_match(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
+                          void **part, size_t *bytes)
+{
+    KPL_CHECK(gt && part && bytes && n >= 0 && (dets || !n), KPL_EINVAL,
+              "kpl_coco_match: bad argument (gt, part, bytes NULL, n < 0 or dets NULL)");
+    *part = NULL;
+    *bytes = 0;
     for (int64_t i = 0; i < n; i++)
         KPL_CHECK(finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
                   "kpl_coco_evaluate: detection %lld (image_id %lld): bbox or score is not a "
                   "finite number", (long long)i, (long long)dets[i].image_id);
     int64_t K = gt->ncat;
-    size_t nprec = (size_t)NA * NT * NR * (size_t)K, nrec = (size_t)NA * NM * NT * (size_t)K;
     kpl_status st = KPL_OK;
     det *dv = malloc(sizeof *dv * (size_t)(n ? n : 1));
-    double *prec = malloc(sizeof *prec * (nprec ? nprec : 1));
-    double *rec = malloc(sizeof *rec * (nrec ? nrec : 1));
-    double *scratch = malloc(sizeof *scratch * (nprec ? nprec : 1));
-    if (!dv || !prec || !rec || !scratch) {
-        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections",
-                       (long long)n);
-        goto done;
-    }
+    det_result *res = calloc((size_t)(n ? n : 1), sizeof *res);
+    uint8_t *out = NULL;
+    if (!dv || !res) goto nomem;
     int64_t m = 0, skipped = 0;
     for (int64_t i = 0; i < n; i++) {
         const kpl_coco_detection *d = &dets[i];
@@ -869,14 +872,135 @@ kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *de
         img = dv[i].img;
         if (rank < MAXDET) dv[kept++] = dv[i];
     }
+    size_t size = part_size(K, kept);
+    out = calloc(1, size);
+    if (!out) goto nomem;
+    part_head *h = (part_head *)out;
+    *h = (part_head){PART_MAGIC, (int64_t)size, K, gt->nimg, gt->nbox, gt->skipped, m, skipped,
+                     kept};
+    int64_t *cat_ids = (int64_t *)(h + 1), *npig = cat_ids + K;
+    part_rec *rec = (part_rec *)(npig + K * NA);
+    memcpy(cat_ids, gt->cat_ids, sizeof *cat_ids * (size_t)K);
     double thr[NT], rec_thr[NR];
     thresholds(thr, rec_thr);
-    for (size_t i = 0; i < nprec; i++) prec[i] = -1;
-    for (size_t i = 0; i < nrec; i++) rec[i] = -1;
     for (int64_t k = 0, i = 0; k < K; k++) {
         int64_t e = i;
         while (e < kept && dv[e].cat == k) e++;
-        if ((st = eval_category(gt, k, dv + i, e - i, thr, rec_thr, prec, rec)) < 0) goto done;
+        if ((st = match_category(gt, k, dv + i, e - i, thr, res + i, npig + k * NA)) < 0) goto done;
+        for (int64_t j = i; j < e; j++) {
+            part_rec *r = &rec[j];
+            r->score = dv[j].score;
+            r->img_id = gt->img_ids[dv[j].img];
+            r->cat = (int32_t)k;
+            r->rank = res[j].rank;
+            memcpy(r->tp, res[j].tp, sizeof r->tp);
+            memcpy(r->ig, res[j].ig, sizeof r->ig);
+        }
+        i = e;
+    }
+    *part = out;
+    *bytes = size;
+    out = NULL;
+    goto done;
+nomem:
+    st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections", (long long)n);
+done:
+    free(out);
+    free(res);
+    free(dv);
+    return st;
+}
+
+/* A category's records, then pycocotools' stable sort of the images'
+ * detections (concatenated in image order) by score: score, image, rank. */
+static int cmp_rec(const void *a, const void *b)
+{
+    const part_rec *x = a, *y = b;
+    if (x->cat != y->cat) return x->cat < y->cat ? -1 : 1;
+    if (x->score != y->score) return x->score > y->score ? -1 : 1;
+    if (x->img_id != y->img_id) return x->img_id < y->img_id ? -1 : 1;
+    return (x->rank > y->rank) - (x->rank < y->rank);
+}
+
+kpl_status kpl_coco_finish(const void *parts, size_t bytes, kpl_coco_stats *out)
+{
+    KPL_CHECK(out && (parts || !bytes), KPL_EINVAL, "kpl_coco_finish: bad argument");
+    memset(out, 0, sizeof *out);
+    const uint8_t *p = parts;
+    int64_t K = -1, nrec = 0, nparts = 0;
+    const int64_t *cat0 = NULL;
+    /* the parts, checked: whole, of one category list */
+    for (size_t at = 0; at < bytes; nparts++) {
+        part_head h;
+        KPL_CHECK(bytes - at >= sizeof h, KPL_EINVAL, "kpl_coco_finish: part %lld is cut short",
+                  (long long)nparts);
+        memcpy(&h, p + at, sizeof h);
+        KPL_CHECK(h.magic == PART_MAGIC && h.ncat >= 0 && h.nrec >= 0 && h.nrec <= h.dets &&
+                      h.ncat < ((int64_t)1 << 32) && h.nrec < ((int64_t)1 << 40) &&
+                      (size_t)h.bytes == part_size(h.ncat, h.nrec) &&
+                      (size_t)h.bytes <= bytes - at,
+                  KPL_EINVAL, "kpl_coco_finish: part %lld is not a kpl_coco_match part",
+                  (long long)nparts);
+        const int64_t *cats = (const int64_t *)(p + at + sizeof h);
+        if (K < 0) K = h.ncat, cat0 = cats;
+        KPL_CHECK(h.ncat == K && !memcmp(cats, cat0, sizeof *cats * (size_t)K), KPL_EINVAL,
+                  "kpl_coco_finish: part %lld has other categories than part 0",
+                  (long long)nparts);
+        out->images += h.nimg;
+        out->gt_boxes += h.nbox;
+        out->gt_skipped += h.gt_skipped;
+        out->detections += h.dets;
+        out->dets_skipped += h.dets_skipped;
+        nrec += h.nrec;
+        at += (size_t)h.bytes;
+    }
+    if (K < 0) K = 0;
+    out->categories = K;
+    size_t nprec = (size_t)NA * NT * NR * (size_t)K, nrc = (size_t)NA * NM * NT * (size_t)K;
+    kpl_status st = KPL_OK;
+    part_rec *all = malloc(sizeof *all * (size_t)(nrec ? nrec : 1));
+    det_result *res = malloc(sizeof *res * (size_t)(nrec ? nrec : 1));
+    int64_t *npig = calloc((size_t)(K ? K : 1) * NA, sizeof *npig);
+    double *rc = malloc(sizeof *rc * (size_t)(nrec ? nrec : 1));
+    double *pr = malloc(sizeof *pr * (size_t)(nrec ? nrec : 1));
+    double *prec = malloc(sizeof *prec * (nprec ? nprec : 1));
+    double *rec = malloc(sizeof *rec * (nrc ? nrc : 1));
+    double *scratch = malloc(sizeof *scratch * (nprec ? nprec : 1));
+    if (!all || !res || !npig || !rc || !pr || !prec || !rec || !scratch) {
+        st = KPL_ERROR(KPL_ENOMEM, "kpl_coco_evaluate: out of memory for %lld detections",
+                       (long long)nrec);
+        goto done;
+    }
+    int64_t got = 0;
+    for (size_t at = 0; at < bytes;) {
+        part_head h;
+        memcpy(&h, p + at, sizeof h);
+        const int64_t *np = (const int64_t *)(p + at + sizeof h) + K;
+        for (int64_t i = 0; i < K * NA; i++) npig[i] += np[i];
+        memcpy(all + got, np + K * NA, sizeof *all * (size_t)h.nrec);
+        got += h.nrec;
+        at += (size_t)h.bytes;
+    }
+    for (int64_t i = 0; i < nrec; i++)
+        if (all[i].cat < 0 || all[i].cat >= K) {
+            st = KPL_ERROR(KPL_EINVAL, "kpl_coco_finish: a record of category %d of %lld",
+                           (int)all[i].cat, (long long)K);
+            goto done;
+        }
+    qsort(all, (size_t)nrec, sizeof *all, cmp_rec);
+    double thr[NT], rec_thr[NR];
+    thresholds(thr, rec_thr);
+    for (size_t i = 0; i < nprec; i++) prec[i] = -1;
+    for (size_t i = 0; i < nrc; i++) rec[i] = -1;
+    for (int64_t i = 0; i < nrec; i++) {
+        res[i].rank = all[i].rank;
+        memcpy(res[i].tp, all[i].tp, sizeof res[i].tp);
+        memcpy(res[i].ig, all[i].ig, sizeof res[i].ig);
+    }
+    for (int64_t k = 0, i = 0; k < K; k++) {
+        int64_t e = i;
+        while (e < nrec && all[e].cat == k) e++;
+        accumulate(res + i, e - i, npig + k * NA, rec_thr, k, K, rc, pr, prec, rec);
         i = e;
     }
     /* summarize(): means over thresholds, recall points and categories of
@@ -895,17 +1019,29 @@ kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *de
     }
     for (int mi = 0; mi < NM; mi++)
         s[KPL_COCO_AR1 + mi] = mean_defined(rec + (size_t)mi * tk, (int64_t)tk, scratch);
-    out->images = gt->nimg;
-    out->categories = K;
-    out->gt_boxes = gt->nbox;
-    out->gt_skipped = gt->skipped;
-    out->detections = m;
-    out->dets_skipped = skipped;
 done:
     free(scratch);
     free(rec);
     free(prec);
-    free(dv);
+    free(pr);
+    free(rc);
+    free(npig);
+    free(res);
+    free(all);
+    return st;
+}
+
+kpl_status kpl_coco_evaluate(const kpl_coco_gt *gt, const kpl_coco_detection *dets, int64_t n,
+                             kpl_coco_stats *out)
+{
+    KPL_CHECK(gt && out && n >= 0 && (dets || !n), KPL_EINVAL,
+              "kpl_coco_evaluate: bad argument (gt, out NULL, n < 0 or dets NULL)");
+    memset(out, 0, sizeof *out);
+    void *part = NULL;
+    size_t bytes = 0;
+    KPL_TRY(kpl_coco_match(gt, dets, n, &part, &bytes));
+    kpl_status st = kpl_coco_finish(part, bytes, out);
+    free(part);
     return st;
 }
 

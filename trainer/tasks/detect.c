@@ -180,14 +180,20 @@ typedef struct {
     int64_t classes, topk, max_dets, tb_images;
     double score_thresh, nms_iou;
     const char *save;
-    /* ground truth of the validation split, read at the first evaluation */
+    /* The ground truth of the examples this rank evaluates (its shard of
+     * the validation split), read at the first evaluation and again when
+     * the shard changes; the figures come from every rank's matching
+     * (kpl_coco_match, kpl_coco_finish). */
     kpl_coco_gt *gt;
-    int64_t examples;  /* the split's examples evaluated */
-    int64_t *image_id; /* per example */
-    int64_t *category; /* per label: the category id of detections */
-    /* this rank's detections in the evaluation under way */
+    int64_t examples;  /* the split's examples evaluated (all ranks) */
+    int64_t *image_id; /* per example: its image id, -1 where not read */
+    int64_t *category; /* per label: the category id of detections (one map for every rank) */
+    int64_t *gt_ex, ngt_ex; /* the examples gt holds, ascending */
+    /* this rank's detections in the evaluation under way (image_id: the
+     * example, category_id: the label, until eval_end) and its examples */
     kpl_coco_detection *dets;
     int64_t ndets, capdets;
+    int64_t *mine, nmine, capmine;
     kpl_coco_stats stats;
     bool have_stats;
     tb_image *tb;
@@ -206,7 +212,7 @@ static void destroy(void *state)
     detect *d = state;
     if (!d) return;
     kpl_coco_gt_destroy(d->gt);
-    free(d->image_id), free(d->category), free(d->dets);
+    free(d->image_id), free(d->category), free(d->dets), free(d->gt_ex), free(d->mine);
     tb_free(d);
     free(d);
 }
@@ -381,8 +387,6 @@ static float f32_at(const kpl_feature_value *v, int64_t k)
 static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char *where,
                                    bool *given)
 {
-    d->category = malloc((size_t)d->classes * sizeof *d->category);
-    KPL_CHECK(d->category, KPL_ENOMEM, "eval: out of memory");
     for (int64_t k = 0; k < d->classes; k++) d->category[k] = k + 1;
     json_t *a = json_loads(kpl_dataset_attributes(ds), 0, NULL);
     json_t *ids = json_object_get(a, "category_ids");
@@ -397,72 +401,150 @@ static kpl_status label_categories(detect *d, const kpl_dataset *ds, const char 
     return st;
 }
 
-/* The ground truth of the validation split's first d->examples examples. */
-static kpl_status load_gt(kpl_trainer *t, detect *d)
+/* One label's category as a rank saw it in its records' category_ids: the
+ * id, or NONE where none of its records named the label. */
+#define NONE INT64_MIN
+
+/* Every rank's category of each label merged into d->category: a label
+ * two ranks (or two records) give different ids is an error naming both;
+ * labels no record names take ids no label has, in label order. */
+static kpl_status merge_categories(kpl_trainer *t, detect *d, const int64_t *seen, bool given,
+                                   const char *path)
+{
+    size_t bytes = (size_t)d->classes * sizeof *seen;
+    void *all = NULL;
+    int32_t world = kpl_trainer_world(t);
+    size_t *lens = calloc((size_t)world, sizeof *lens);
+    KPL_CHECK(lens, KPL_ENOMEM, "eval: out of memory");
+    kpl_status st = kpl_trainer_all_gather(t, seen, bytes, &all, lens);
+    for (int32_t r = 0; st >= 0 && r < world; r++)
+        if (lens[r] != bytes)
+            st = KPL_ERROR(KPL_ESTATE, "eval: rank %d sent %zu bytes of categories, not %zu",
+                           (int)r, lens[r], bytes);
+    free(lens);
+    const int64_t *cat = world > 1 ? all : seen;
+    for (int64_t k = 0; st >= 0 && k < d->classes; k++) {
+        int64_t c = NONE;
+        for (int32_t r = 0; r < world; r++) {
+            int64_t x = cat[r * d->classes + k];
+            if (x == NONE) continue;
+            if ((c != NONE && x != c) || (given && x != d->category[k])) {
+                st = KPL_ERROR(KPL_EFORMAT, "%s: label %lld is category %lld in some records "
+                               "and %lld %s", path, (long long)k, (long long)x,
+                               (long long)(given ? d->category[k] : c),
+                               given ? "in attributes.category_ids" : "in others");
+                break;
+            }
+            c = x;
+        }
+        if (c != NONE) d->category[k] = c;
+        else if (!given) d->category[k] = NONE;
+    }
+    free(all);
+    KPL_TRY(st);
+    /* labels the records never name take ids no label has */
+    int64_t next = 1;
+    for (int64_t k = 0; k < d->classes; k++)
+        if (d->category[k] != NONE) next = d->category[k] >= next ? d->category[k] + 1 : next;
+    for (int64_t k = 0; k < d->classes; k++)
+        if (d->category[k] == NONE) d->category[k] = next++;
+    for (int64_t k = 0; k < d->classes; k++)
+        for (int64_t j = 0; j < k; j++)
+            KPL_CHECK(d->category[j] != d->category[k], KPL_EFORMAT,
+                      "%s: labels %lld and %lld are both category %lld", path, (long long)j,
+                      (long long)k, (long long)d->category[k]);
+    return KPL_OK;
+}
+
+/* The ground truth of examples ex[0..n) (ascending) of the validation
+ * split: this rank's shard.  The first time (first: every rank at once)
+ * the label -> category map is made too, merged over the ranks. */
+static kpl_status load_gt(kpl_trainer *t, detect *d, const int64_t *ex, int64_t n, bool first)
 {
     const kpl_recipe *r = kpl_trainer_recipe(t);
     const char *path = kpl_trainer_data_path(t, false);
-    d->examples = kpl_trainer_data_examples(t, false);
     const char *fb = r->data.val.boxes_feature[0] ? r->data.val.boxes_feature : "boxes";
     const char *fl = r->data.val.box_labels_feature[0] ? r->data.val.box_labels_feature : "labels";
+    if (!d->category) {
+        d->category = malloc((size_t)d->classes * sizeof *d->category);
+        KPL_CHECK(d->category, KPL_ENOMEM, "eval: out of memory");
+        for (int64_t k = 0; k < d->classes; k++) d->category[k] = k + 1;
+    }
+    if (!d->image_id) {
+        d->image_id = malloc((size_t)(d->examples + 1) * sizeof *d->image_id);
+        KPL_CHECK(d->image_id, KPL_ENOMEM, "eval: out of memory");
+        for (int64_t e = 0; e < d->examples; e++) d->image_id[e] = -1;
+    }
     kpl_dataset *ds = NULL;
-    KPL_TRY(kpl_dataset_open(path, &ds));
-    int fi = find_feature(ds, "image_id", KPL_FEATURE_INT64);
-    int fbx = find_feature(ds, fb, KPL_FEATURE_FLOAT), flb = find_feature(ds, fl, KPL_FEATURE_INT64);
-    int fcat = find_feature(ds, "category_ids", KPL_FEATURE_INT64);
-    int fcrowd = find_feature(ds, "iscrowd", KPL_FEATURE_INT64);
-    int fdiff = find_feature(ds, "difficult", KPL_FEATURE_INT64);
-    int farea = find_feature(ds, "area", KPL_FEATURE_FLOAT);
+    kpl_status st = kpl_dataset_open(path, &ds);
+    int fi = -1, fbx = -1, flb = -1, fcat = -1, fcrowd = -1, fdiff = -1, farea = -1;
+    if (st >= 0) {
+        fi = find_feature(ds, "image_id", KPL_FEATURE_INT64);
+        fbx = find_feature(ds, fb, KPL_FEATURE_FLOAT), flb = find_feature(ds, fl, KPL_FEATURE_INT64);
+        fcat = find_feature(ds, "category_ids", KPL_FEATURE_INT64);
+        fcrowd = find_feature(ds, "iscrowd", KPL_FEATURE_INT64);
+        fdiff = find_feature(ds, "difficult", KPL_FEATURE_INT64);
+        farea = find_feature(ds, "area", KPL_FEATURE_FLOAT);
+    }
     kpl_chunk *chunk = kpl_chunk_create();
-    int nf = kpl_dataset_num_features(ds);
-    kpl_feature_value *v = calloc((size_t)nf, sizeof *v);
+    int nf = ds ? kpl_dataset_num_features(ds) : 0;
+    kpl_feature_value *v = calloc((size_t)(nf ? nf : 1), sizeof *v);
     kpl_coco_annotation *ann = NULL;
-    int64_t nann = 0, cap = 0;
-    bool given = false, *pinned = calloc((size_t)d->classes, sizeof *pinned);
-    kpl_status st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
-    d->image_id = malloc((size_t)(d->examples + 1) * sizeof *d->image_id);
-    if (!chunk || !v || !d->image_id || !pinned) goto done;
-    st = KPL_ERROR(KPL_EINVAL, "%s: detection's evaluation needs the float feature '%s' and the "
-                   "int64 feature '%s' (data.val.boxes_feature, box_labels_feature)", path, fb, fl);
-    if (fbx < 0 || flb < 0) goto done;
-    if ((st = label_categories(d, ds, path, &given)) < 0) goto done;
-    for (int64_t e = 0; e < d->examples; e++) {
-        if ((st = kpl_dataset_read_example(ds, e, chunk, v)) < 0) goto done;
-        d->image_id[e] = fi >= 0 && v[fi].count == 1 ? i64_at(&v[fi], 0) : e;
+    int64_t nann = 0, cap = 0, *ids = malloc((size_t)(n + 1) * sizeof *ids);
+    int64_t *seen = malloc((size_t)d->classes * sizeof *seen);
+    bool given = false;
+    if (st >= 0 && (!chunk || !v || !ids || !seen)) st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    if (st >= 0 && (fbx < 0 || flb < 0))
+        st = KPL_ERROR(KPL_EINVAL, "%s: detection's evaluation needs the float feature '%s' and "
+                       "the int64 feature '%s' (data.val.boxes_feature, box_labels_feature)", path,
+                       fb, fl);
+    if (st >= 0 && first) st = label_categories(d, ds, path, &given);
+    for (int64_t k = 0; seen && k < d->classes; k++) seen[k] = NONE;
+    for (int64_t q = 0; st >= 0 && q < n; q++) {
+        int64_t e = ex[q];
+        if ((st = kpl_dataset_read_example(ds, e, chunk, v)) < 0) break;
+        ids[q] = d->image_id[e] = fi >= 0 && v[fi].count == 1 ? i64_at(&v[fi], 0) : e;
         int64_t nb = v[flb].count;
-        st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld: %u box values for %lld labels", path,
-                       (long long)e, v[fbx].count, (long long)nb);
-        if (v[fbx].count != 4 * nb) goto done;
-        for (int64_t k = 0; k < nb; k++) {
+        if (v[fbx].count != 4 * nb) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld: %u box values for %lld labels", path,
+                           (long long)e, v[fbx].count, (long long)nb);
+            break;
+        }
+        for (int64_t k = 0; st >= 0 && k < nb; k++) {
             int64_t y = i64_at(&v[flb], k);
-            st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: label %lld is not in [0, %lld) "
-                           "(model.num_classes)", path, (long long)e, (long long)k, (long long)y,
-                           (long long)d->classes);
-            if (y < 0 || y >= d->classes) goto done;
+            if (y < 0 || y >= d->classes) {
+                st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: label %lld is not in "
+                               "[0, %lld) (model.num_classes)", path, (long long)e, (long long)k,
+                               (long long)y, (long long)d->classes);
+                break;
+            }
             if (nann == cap) {
                 cap = cap ? 2 * cap : 1024;
                 kpl_coco_annotation *p = realloc(ann, (size_t)cap * sizeof *ann);
-                st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
-                if (!p) goto done;
+                if (!p) {
+                    st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+                    break;
+                }
                 ann = p;
             }
             kpl_coco_annotation *a = &ann[nann];
             float x0 = f32_at(&v[fbx], 4 * k), y0 = f32_at(&v[fbx], 4 * k + 1);
             float x1 = f32_at(&v[fbx], 4 * k + 2), y1 = f32_at(&v[fbx], 4 * k + 3);
             a->id = nann + 1;
-            a->image_id = d->image_id[e];
+            a->image_id = ids[q];
             /* one category per label, the same in every record */
             if (fcat >= 0 && v[fcat].count == (uint32_t)nb) {
                 int64_t c = i64_at(&v[fcat], k);
-                st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: category id %lld, but "
-                               "label %lld is category %lld %s", path, (long long)e,
-                               (long long)k, (long long)c, (long long)y,
-                               (long long)d->category[y],
-                               given ? "(attributes.category_ids)" : "in an earlier example");
-                if ((given || pinned[y]) && c != d->category[y]) goto done;
-                d->category[y] = c, pinned[y] = true;
+                if (seen[y] != NONE && c != seen[y]) {
+                    st = KPL_ERROR(KPL_EFORMAT, "%s: example %lld, box %lld: category id %lld, "
+                                   "but label %lld is category %lld in an earlier example", path,
+                                   (long long)e, (long long)k, (long long)c, (long long)y,
+                                   (long long)seen[y]);
+                    break;
+                }
+                seen[y] = c;
             }
-            a->category_id = d->category[y];
+            a->category_id = y; /* the label: its category once the map is made */
             a->bbox[0] = x0, a->bbox[1] = y0, a->bbox[2] = x1 - x0, a->bbox[3] = y1 - y0;
             a->area = farea >= 0 && v[farea].count == (uint32_t)nb
                           ? f32_at(&v[farea], k)
@@ -473,22 +555,33 @@ static kpl_status load_gt(kpl_trainer *t, detect *d)
             nann++;
         }
     }
-    /* labels the records never name take ids no label has */
-    int64_t next = 1;
-    for (int64_t k = 0; k < d->classes; k++)
-        if (given || pinned[k]) next = d->category[k] >= next ? d->category[k] + 1 : next;
-    for (int64_t k = 0; k < d->classes && !given; k++)
-        if (!pinned[k]) d->category[k] = next++;
-    for (int64_t k = 0; k < d->classes; k++)
-        for (int64_t j = 0; j < k; j++) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s: labels %lld and %lld are both category %lld", path,
-                           (long long)j, (long long)k, (long long)d->category[k]);
-            if (d->category[j] == d->category[k]) goto done;
+    /* the map is made by every rank together, even by one that failed */
+    if (first && seen) {
+        kpl_status ms = merge_categories(t, d, seen, given, path);
+        if (st >= 0) st = ms;
+    }
+    for (int64_t i = 0; st >= 0 && i < nann; i++) {
+        int64_t y = ann[i].category_id;
+        if (seen[y] != NONE && seen[y] != d->category[y]) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: label %lld is category %lld in these records, %lld "
+                           "in the first evaluation's", path, (long long)y, (long long)seen[y],
+                           (long long)d->category[y]);
+            break;
         }
-    st = kpl_coco_gt_create(d->image_id, d->examples, d->category, d->classes, ann, nann,
-                            &d->gt);
-done:
-    free(pinned), free(ann), free(v);
+        ann[i].category_id = d->category[y];
+    }
+    kpl_coco_gt_destroy(d->gt);
+    d->gt = NULL;
+    if (st >= 0)
+        st = kpl_coco_gt_create(ids, n, d->category, d->classes, ann, nann, &d->gt);
+    if (st >= 0) {
+        free(d->gt_ex);
+        d->gt_ex = malloc((size_t)(n + 1) * sizeof *d->gt_ex);
+        if (!d->gt_ex) st = KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+        else memcpy(d->gt_ex, ex, (size_t)n * sizeof *ex), d->ngt_ex = n;
+    }
+    if (st < 0) kpl_coco_gt_destroy(d->gt), d->gt = NULL;
+    free(seen), free(ids), free(ann), free(v);
     kpl_chunk_destroy(chunk);
     kpl_dataset_close(ds);
     return st;
@@ -499,10 +592,30 @@ done:
 static kpl_status eval_begin(kpl_trainer *t, void *state)
 {
     detect *d = state;
-    if (!d->gt) KPL_TRY(load_gt(t, d));
+    int64_t n = kpl_trainer_data_examples(t, false);
+    if (n != d->examples) { /* another split length: what was read is of no use */
+        free(d->image_id), d->image_id = NULL;
+        kpl_coco_gt_destroy(d->gt), d->gt = NULL;
+        d->ngt_ex = 0;
+        d->examples = n;
+    }
     d->ndets = 0;
+    d->nmine = 0;
     d->have_stats = false;
     tb_free(d);
+    return KPL_OK;
+}
+
+/* Notes example e as one this rank evaluates. */
+static kpl_status add_mine(detect *d, int64_t e)
+{
+    if (d->nmine == d->capmine) {
+        int64_t cap = d->capmine ? 2 * d->capmine : 256;
+        int64_t *p = realloc(d->mine, (size_t)cap * sizeof *p);
+        KPL_CHECK(p, KPL_ENOMEM, "eval: out of memory");
+        d->mine = p, d->capmine = cap;
+    }
+    d->mine[d->nmine++] = e;
     return KPL_OK;
 }
 
@@ -689,6 +802,7 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
                            "ground truth", (long long)e, (long long)d->examples);
             break;
         }
+        if ((st = add_mine(d, e)) < 0) break;
         /* the image's own size (keep_ratio), else the batch's */
         double ih = isz ? (double)isz[2 * i] : (double)Hb, iw = isz ? (double)isz[2 * i + 1] : (double)Wb;
         double oh = osz ? (double)osz[2 * i] : ih, ow = osz ? (double)osz[2 * i + 1] : iw;
@@ -700,7 +814,7 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
         double sx = ow / iw, sy = oh / ih;
         for (int64_t j = 0; st >= 0 && j < k; j++) {
             const float *p = box + 4 * j;
-            kpl_coco_detection x = {d->image_id[e], d->category[lab[j]],
+            kpl_coco_detection x = {e, lab[j], /* the image id and category at eval_end */
                                     {p[0] * sx, p[1] * sy, (p[2] - p[0]) * sx, (p[3] - p[1]) * sy},
                                     score[j]};
             st = add_det(d, &x);
@@ -713,21 +827,51 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     return st;
 }
 
+static int cmp_i64(const void *a, const void *b)
+{
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* Every rank's detections to every rank (for detections.json), the
+ * matching of its own shard's (the parts) to every rank, and the figures
+ * from the parts: each rank reads and matches only the ground truth of
+ * the images it evaluated. */
 static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
 {
     detect *d = state;
-    void *all = NULL;
     int32_t world = kpl_trainer_world(t);
+    /* this rank's examples, ascending; the shard's ground truth read when
+     * they are not the ones read before (the first evaluation: every rank
+     * at once, as the label -> category map is made together) */
+    qsort(d->mine, (size_t)d->nmine, sizeof *d->mine, cmp_i64);
+    bool first = !d->category || !d->image_id, same = !first && d->gt && d->ngt_ex == d->nmine;
+    for (int64_t i = 0; same && i < d->nmine; i++) same = d->gt_ex[i] == d->mine[i];
+    if (!same) KPL_TRY(load_gt(t, d, d->mine, d->nmine, first));
+    for (int64_t i = 0; i < d->ndets; i++) {
+        kpl_coco_detection *x = &d->dets[i];
+        x->image_id = d->image_id[x->image_id], x->category_id = d->category[x->category_id];
+    }
+    void *part = NULL, *parts = NULL, *all = NULL;
+    size_t bytes = 0;
     size_t *lens = calloc((size_t)world, sizeof *lens);
     KPL_CHECK(lens, KPL_ENOMEM, "eval: out of memory");
-    kpl_status st = kpl_trainer_all_gather(t, d->dets, (size_t)d->ndets * sizeof *d->dets, &all,
-                                           lens);
+    kpl_status st = kpl_coco_match(d->gt, d->dets, d->ndets, &part, &bytes);
+    /* every rank gathers, also one whose matching failed (it sends nothing) */
+    kpl_status gs = kpl_trainer_all_gather(t, part, st >= 0 ? bytes : 0, &parts, lens);
     size_t total = 0;
+    for (int32_t r = 0; r < world; r++) total += lens[r];
+    if (st >= 0) st = gs;
+    if (st >= 0) st = kpl_coco_finish(world > 1 ? parts : part, total, &d->stats);
+    free(part), free(parts);
+    /* the detections of every rank, for the file */
+    gs = kpl_trainer_all_gather(t, d->dets, (size_t)d->ndets * sizeof *d->dets, &all, lens);
+    if (st >= 0) st = gs;
+    total = 0;
     for (int32_t r = 0; r < world; r++) total += lens[r];
     free(lens);
     kpl_coco_detection *dets = world > 1 ? all : d->dets;
     int64_t n = (int64_t)(total / sizeof *dets);
-    if (st >= 0) st = kpl_coco_evaluate(d->gt, dets, n, &d->stats);
     const char *dir = kpl_trainer_run_dir(t);
     if (st >= 0 && kpl_trainer_rank(t) == 0 && (d->save[0] || dir[0])) {
         char path[4096], tmp[4200];
