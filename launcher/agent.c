@@ -483,7 +483,10 @@ static pid_t start_command(char **cmd, int rank, sigset_t *mask, int *sfd, int *
 
 /* The command's lines to the log and to kplrun, and the signals on to
  * it, until it has exited and its output has ended; its wait status. */
-static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se, double t0)
+/* *ended: the wall clock when the command was seen to end (kplrun blames
+ * the rank that failed first, whatever order the reports arrive in). */
+static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se, double t0,
+                 double *ended)
 {
     bool out_open = true, err_open = true, exited = false;
     int wstatus = 0;
@@ -515,6 +518,7 @@ static int relay(pid_t child, int sfd, int out, int err, stream *so, stream *se,
         if (w == child || (w < 0 && errno == ECHILD)) {
             exited = true;
             drain_until = now + 0.5;
+            *ended = kpl__wall_seconds();
         }
         if (kill_at && now > kill_at) {
             kill(-child, SIGKILL);
@@ -603,7 +607,8 @@ int kpl__agent_main(int argc, char **argv)
     so = (stream){.rank = rank, .fd = STDOUT_FILENO, .is_out = true};
     se = (stream){.rank = rank, .fd = STDERR_FILENO, .is_out = false};
     if (chan_fd >= 0) so.fd = se.fd = chan_fd, so.chan = '1', se.chan = '2';
-    int wstatus = relay(child, sfd, out, err, &so, &se, t0);
+    double ended = 0;
+    int wstatus = relay(child, sfd, out, err, &so, &se, t0, &ended);
     if (so.len) so.buf[so.len] = 0, emit_line(&so, so.buf);
     if (se.len) se.buf[se.len] = 0, emit_line(&se, se.buf);
     flush_out(&so);
@@ -619,8 +624,8 @@ int kpl__agent_main(int argc, char **argv)
         fclose(logf);
     }
     char line[512];
-    int n = snprintf(line, sizeof line, "\001exit %d %s %d %d %d %.3f\n", rank, host, (int)child,
-                     status, sig, secs);
+    int n = snprintf(line, sizeof line, "\001exit %d %s %d %d %d %.3f %.6f\n", rank, host,
+                     (int)child, status, sig, secs, ended);
     write_all(so.fd, line, (size_t)n);
     if (sig) { /* mpirun reports the signal as the rank's own */
         sigprocmask(SIG_UNBLOCK, &mask, NULL);

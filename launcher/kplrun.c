@@ -370,7 +370,7 @@ static void handle_line(console *c, char *line, bool out)
 {
     if (out && line[0] == '\001') {
         int r, pid, status, sig, n = 0;
-        double secs;
+        double secs, ended = 0;
         char host[256];
         if (sscanf(line, "\001bar %d %n", &r, &n) == 1 && n > 0) {
             if (r == 0) { /* a new frame is drawn by settle */
@@ -379,13 +379,18 @@ static void handle_line(console *c, char *line, bool out)
                 c->bar_stale = c->bar[0] != 0;
                 if (!c->bar[0]) bar_clear(c);
             }
-        } else if (sscanf(line, "\001exit %d %255s %d %d %d %lf", &r, host, &pid, &status, &sig,
-                          &secs) == 6 &&
+        } else if (sscanf(line, "\001exit %d %255s %d %d %d %lf %lf", &r, host, &pid, &status,
+                          &sig, &secs, &ended) >= 6 &&
                    r >= 0 && r < c->np) {
             rank_end *e = &c->end[r];
             e->seen = true;
             snprintf(e->host, sizeof e->host, "%s", host);
-            e->pid = pid, e->status = status, e->sig = sig, e->seconds = secs, e->at = kpl_seconds();
+            /* when the rank ended by its agent's wall clock: the report of a
+             * rank that died first may arrive last (its agent drains the
+             * output a stray process holds; a torn-down rank's abort is
+             * quicker to say) */
+            e->pid = pid, e->status = status, e->sig = sig, e->seconds = secs;
+            e->at = ended > 0 ? ended : kpl__wall_seconds();
             if (r == 0) c->bar[0] = 0, bar_clear(c);
         }
         return;

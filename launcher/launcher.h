@@ -128,7 +128,8 @@ typedef struct {
     char host[256];
     int pid, status, sig;
     double seconds;   /* the rank's run time */
-    double at;        /* when it ended (kplrun's clock): the first failure wins */
+    double at;        /* when it ended, by its agent's wall clock (the report of a rank
+                         that died first may arrive last): the first failure wins */
 } kpl_launch_end;
 
 typedef enum {

@@ -9,6 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <sys/types.h>
+#include <time.h>
 
 /* `kplrun --agent ...` (agent.c): argv after "--agent". */
 int kpl__agent_main(int argc, char **argv);
@@ -41,5 +42,15 @@ typedef struct {
  * for reading those directories; thread-safe. */
 int kpl__launcher_visible_gpus(const char *sysfs, const char *proc, const char *visible,
                                kpl__gpu *out, int max, char *note, size_t note_len);
+
+/* The wall clock (CLOCK_REALTIME, seconds): comparable across the hosts of
+ * a job as far as their clocks agree (NTP: milliseconds); how kplrun
+ * orders the ranks' ends, which its agents stamp. */
+static inline double kpl__wall_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
 
 #endif /* KPL_LAUNCHER_IMPL_H */

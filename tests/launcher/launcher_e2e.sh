@@ -146,6 +146,15 @@ kill)
   run -np 2 --log-dir "$tmp/logs2" -- sh -c \
     'if [ "$KPL_RANK" = 0 ]; then sleep 1; kill -KILL $PPID; fi; sleep 61.'$token
   ended 137 "^kplrun: rank 0 on host [^ ]+ was killed by signal 9 \(Killed\)"
+  # the first failure in time is the cause, whatever order the reports
+  # come in: rank 1 is killed first, but a process it left holds its output
+  # open, so its agent drains for 0.5 s before it reports; rank 0 aborts
+  # 0.2 s after rank 1 died (as a rank does in a collective whose peer
+  # is gone) and is reported first
+  run -np 2 --log-dir "$tmp/logs3" -- sh -c \
+    'if [ "$KPL_RANK" = 1 ]; then sleep 61.'$token' & sleep 0.5; touch "$0/dead"; kill -KILL $$; fi
+     until [ -e "$0/dead" ]; do sleep 0.01; done; sleep 0.2; kill -ABRT $$' "$tmp"
+  ended 137 "^kplrun: rank 1 on host $(hostname) \(pid [0-9]+\) was killed by signal 9 \(Killed\)"
   ;;
 
 timeout)
