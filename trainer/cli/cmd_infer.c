@@ -26,7 +26,8 @@ static void usage_infer(FILE *f)
             "the whole output row).  Examples of\n"
             "a split with labels count towards a top-1 in the last line, a JSON object\n"
             "with \"event\":\"done\".  An image that cannot be read is named on stderr and\n"
-            "skipped; the exit status is then 1.\n"
+            "skipped; the exit status is then 1, as it is when an output holds NaN or inf\n"
+            "(printed as null, and named on stderr).\n"
             "\n"
             "Convolutions use oneDNN's preferred kernels (deterministic mode): two runs print\n"
             "the same digits.  --search times the candidates at the first batch instead\n"
@@ -44,8 +45,16 @@ typedef struct {
     int top;
     bool logits; /* print the whole output row */
     int64_t done, labelled, right;
+    int64_t nonfinite; /* rows whose output holds NaN or inf */
     double run_ms;
 } infer;
+
+/* A JSON number, or null for NaN and inf (which JSON lacks). */
+static void print_num(const char *fmt, double v)
+{
+    if (isfinite(v)) printf(fmt, v);
+    else fputs("null", stdout);
+}
 
 /* "input":"<s>" with JSON's escapes (a file name may hold quotes). */
 static void print_input(const char *s)
@@ -83,8 +92,11 @@ static void print_classes(infer *in, int row, const float *lg, int64_t C)
     }
     printf(",\"top\":[");
     int k = in->top < C ? in->top : (int)C;
-    for (int j = 0; j < k; j++)
-        printf("%s{\"class\":%lld,\"prob\":%.6g}", j ? "," : "", (long long)p[j][1], p[j][0]);
+    for (int j = 0; j < k; j++) {
+        printf("%s{\"class\":%lld,\"prob\":", j ? "," : "", (long long)p[j][1]);
+        print_num("%.6g", p[j][0]);
+        putchar('}');
+    }
     printf("]}\n");
     free(p);
 }
@@ -147,9 +159,18 @@ static kpl_status flush(infer *in)
         if (in->logits) {
             print_input(in->names[r]);
             printf(",\"logits\":[");
-            for (int64_t j = 0; j < per; j++) printf("%s%.9g", j ? "," : "", v[r * per + j]);
+            for (int64_t j = 0; j < per; j++) {
+                if (j) putchar(',');
+                print_num("%.9g", v[r * per + j]);
+            }
             printf("]}\n");
         }
+        for (int64_t j = 0; j < per; j++)
+            if (!isfinite(v[r * per + j])) {
+                in->nonfinite++;
+                fprintf(stderr, "kpl infer: %s: the output holds NaN or inf\n", in->names[r]);
+                break;
+            }
         if (nd == 2) print_classes(in, r, v + r * per, s[1]);
         else if (nd == 4) print_mask(in, r, v + r * per, s[1], s[2] * s[3]);
         else {
@@ -205,6 +226,30 @@ static kpl_status image_file(infer *in, const char *path)
     return add_row(in, path, -1);
 }
 
+/* The tuple of an .npy header's 'shape' (text after the key): "(a, b, c)",
+ * "(a,)" or "()"; each a non-negative decimal integer below 2^40.  The
+ * number of dims, or -1 for anything else. */
+static int npy_shape(const char *p, int64_t dims[8])
+{
+    int nd = 0;
+    while (*p == ' ') p++;
+    if (*p++ != '(') return -1;
+    for (;;) {
+        while (*p == ' ') p++;
+        if (*p == ')') return nd;
+        if (*p < '0' || *p > '9' || nd == 8) return -1;
+        int64_t v = 0;
+        while (*p >= '0' && *p <= '9') {
+            v = v * 10 + (*p++ - '0');
+            if (v >= (int64_t)1 << 40) return -1;
+        }
+        dims[nd++] = v;
+        while (*p == ' ') p++;
+        if (*p == ',') p++;
+        else if (*p != ')') return -1;
+    }
+}
+
 /* A NumPy file of float32 rows shaped as the model's (C, H, W). */
 static kpl_status npy_file(infer *in, const char *path)
 {
@@ -232,13 +277,9 @@ static kpl_status npy_file(infer *in, const char *path)
         if (!strstr(hdr, "'descr': '<f4'") || !strstr(hdr, "'fortran_order': False") || !sh) {
             st = KPL_ERROR(KPL_EFORMAT, "%s: want little-endian float32 ('<f4') in C order: %s",
                            path, hdr);
-        } else {
-            const char *p = strchr(sh, '(');
-            while (p && *p && *p != ')' && nd < 8) {
-                while (*p && (*p < '0' || *p > '9') && *p != ')') p++;
-                if (*p == ')' || !*p) break;
-                dims[nd++] = strtoll(p, (char **)&p, 10);
-            }
+        } else if ((nd = npy_shape(sh + 8, dims)) < 0) {
+            st = KPL_ERROR(KPL_EFORMAT, "%s: the header's shape is not a tuple of up to 8 "
+                           "non-negative integers: %s", path, hdr);
         }
     }
     int64_t rows = nd == 4 ? dims[0] : 1;
@@ -249,6 +290,14 @@ static kpl_status npy_file(infer *in, const char *path)
                        "(C, H, W) = (%lld, %lld, %lld), the model's input",
                        path, (long long)in->shape[1], (long long)in->shape[2], (long long)in->shape[3]);
     size_t n = (size_t)(in->shape[1] * in->shape[2] * in->shape[3]) * sizeof(float);
+    /* the data after the header is exactly the shape's, no less, no more */
+    struct stat sb;
+    long at = st == KPL_OK ? ftell(f) : -1;
+    if (st == KPL_OK && (at < 0 || fstat(fileno(f), &sb) != 0))
+        st = KPL_ERROR(KPL_EIO, "%s: cannot tell its size", path);
+    if (st == KPL_OK && (uint64_t)(sb.st_size - at) != (uint64_t)rows * n)
+        st = KPL_ERROR(KPL_EFORMAT, "%s: %lld bytes of data after the header, the shape says "
+                       "%lld x %zu", path, (long long)(sb.st_size - at), (long long)rows, n);
     for (int64_t r = 0; r < rows && st == KPL_OK; r++) {
         kpl_tensor *row = NULL;
         st = row_view(in, &row);
@@ -389,8 +438,9 @@ int kpl__cmd_infer(int argc, char **argv)
         if (in.labelled)
             printf(",\"labelled\":%lld,\"top1\":%.4f", (long long)in.labelled,
                    100.0 * (double)in.right / (double)in.labelled);
+        if (in.nonfinite) printf(",\"nonfinite\":%lld", (long long)in.nonfinite);
         printf(",\"batch\":%lld,\"run_ms\":%.1f}\n", (long long)in.shape[0], in.run_ms);
-        rc = failed ? 1 : 0;
+        rc = failed || in.nonfinite ? 1 : 0;
     }
 out:
     for (int r = 0; in.names && r < in.shape[0]; r++) free(in.names[r]);
@@ -412,9 +462,11 @@ static void usage_import(FILE *f)
             "\n"
             "Writes the initializers of an ONNX model as a kpl checkpoint, each tensor\n"
             "under P + its name (P defaults to \"model.\", what the recipe key model.weights\n"
-            "and kpl's own checkpoints use).  A torchvision model exported with its\n"
-            "parameter names (torch.onnx.export(..., do_constant_folding=False)) has the\n"
-            "names of kpl's zoo: conv1.weight, layer1.0.bn1.running_mean, fc.bias.\n"
+            "and kpl's own checkpoints use).  A torchvision model exported in training\n"
+            "mode (torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING,\n"
+            "do_constant_folding=False)) has the names of kpl's zoo: conv1.weight,\n"
+            "layer1.0.bn1.running_mean, fc.bias; an eval-mode export folded batch norm\n"
+            "into the convolutions (onnx::Conv_N names) and is refused.\n"
             "--exclude leaves out the initializers whose names match (e.g. 'fc.*' to\n"
             "train a new head).  --check builds a zoo preset (resnet18, resnet50, ...;\n"
             "--classes N for its head, 0 for the backbone) and loads the weights into it,\n"
