@@ -13,11 +13,13 @@
 #include "convert_impl.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <libxml/parser.h>
 #include <libxml/tree.h>
@@ -35,6 +37,42 @@ static xmlNode *child(const xmlNode *n, const char *name)
     for (xmlNode *c = n ? n->children : NULL; c; c = c->next)
         if (c->type == XML_ELEMENT_NODE && !strcmp((const char *)c->name, name)) return c;
     return NULL;
+}
+
+/* The first of names (NULL-terminated) that n has more than one child
+ * element of, or NULL: a duplicated field is an error, not the first. */
+static const char *duplicated(const xmlNode *n, const char *const *names)
+{
+    for (; *names; names++) {
+        int k = 0;
+        for (xmlNode *c = n ? n->children : NULL; c; c = c->next)
+            k += c->type == XML_ELEMENT_NODE && !strcmp((const char *)c->name, *names);
+        if (k > 1) return *names;
+    }
+    return NULL;
+}
+
+/* Whether s is a decimal number as VOC writes them: [+-]digits[.digits]
+ * with an optional exponent (no hex, inf or nan, which strtod takes). */
+static bool decimal(const char *s)
+{
+    if (*s == '+' || *s == '-') s++;
+    const char *d = s;
+    while (isdigit((unsigned char)*s)) s++;
+    bool whole = s > d;
+    if (*s == '.') {
+        const char *f = ++s;
+        while (isdigit((unsigned char)*s)) s++;
+        whole = whole || s > f;
+    }
+    if (!whole) return false;
+    if (*s == 'e' || *s == 'E') {
+        s++;
+        if (*s == '+' || *s == '-') s++;
+        if (!isdigit((unsigned char)*s)) return false;
+        while (isdigit((unsigned char)*s)) s++;
+    }
+    return *s == 0;
 }
 
 /* The text of n's child `name`, trimmed, into out[len]; false if absent. */
@@ -57,7 +95,7 @@ static bool child_text(const xmlNode *n, const char *name, char *out, size_t len
 static bool child_num(const xmlNode *n, const char *name, double *v)
 {
     char t[64], *end;
-    if (!child_text(n, name, t, sizeof t) || !t[0]) return false;
+    if (!child_text(n, name, t, sizeof t) || !decimal(t)) return false;
     *v = strtod(t, &end);
     return !*end && isfinite(*v);
 }
@@ -67,6 +105,14 @@ static bool read_object(const xmlNode *obj, int64_t W, int64_t H, kpl__det_obj *
                         kpl_detection_stats *sts, char *why, size_t n)
 {
     char name[64];
+    static const char *const fields[] = {"name", "difficult", "bndbox", NULL};
+    static const char *const corners[] = {"xmin", "ymin", "xmax", "ymax", NULL};
+    const char *dup = duplicated(obj, fields);
+    const char *dupb = dup ? NULL : duplicated(child(obj, "bndbox"), corners);
+    if (dup || dupb) {
+        snprintf(why, n, "<%s> appears twice in %s", dup ? dup : dupb, dup ? "<object>" : "<bndbox>");
+        return false;
+    }
     if (!child_text(obj, "name", name, sizeof name)) {
         snprintf(why, n, "no <name>");
         return false;
@@ -139,18 +185,30 @@ static kpl_status read_xml(const char *root, const char *name, kpl__det_image *d
     char p[PATH_MAX], rel[300], why[800] = "";
     snprintf(p, sizeof p, "%s/Annotations/%s.xml", root, name);
     snprintf(rel, sizeof rel, "Annotations/%.255s.xml", name);
-    xmlDoc *doc = xmlReadFile(p, NULL, XML_PARSE_NONET | XML_PARSE_NOERROR | XML_PARSE_NOWARNING);
+    /* only a regular file is read: a FIFO would block the converter, and
+     * a link loop is its own error, not a missing file */
+    struct stat sb;
+    int serr = stat(p, &sb) ? errno : S_ISREG(sb.st_mode) ? 0 : -1;
+    xmlDoc *doc = serr ? NULL
+                       : xmlReadFile(p, NULL, XML_PARSE_NONET | XML_PARSE_NOERROR |
+                                                  XML_PARSE_NOWARNING);
     const xmlNode *ann = doc ? xmlDocGetRootElement(doc) : NULL, *size = child(ann, "size");
+    static const char *const sizes[] = {"size", NULL}, *const dims[] = {"width", "height", NULL};
+    const char *dup = ann ? duplicated(ann, sizes) : NULL;
+    if (!dup && size) dup = duplicated(size, dims);
     double W = 0, H = 0;
-    if (!doc) {
+    if (serr) {
+        snprintf(why, sizeof why, "%s: %s", rel, serr > 0 ? strerror(serr) : "not a regular file");
+    } else if (!doc) {
         const xmlError *e = xmlGetLastError();
         snprintf(why, sizeof why, "%s: %.400s", rel,
-                 access(p, F_OK) ? "no such file"
-                 : e && e->message ? e->message : "not readable XML");
+                 e && e->message ? e->message : "not readable XML");
         size_t k = strlen(why);
         while (k && why[k - 1] == '\n') why[--k] = 0;
     } else if (!ann || strcmp((const char *)ann->name, "annotation"))
         snprintf(why, sizeof why, "%s: the root element is not <annotation>", rel);
+    else if (dup)
+        snprintf(why, sizeof why, "%s: <%s> appears twice", rel, dup);
     else if (!child_num(size, "width", &W) || !child_num(size, "height", &H) || W < 1 ||
              H < 1 || W != floor(W) || H != floor(H) || W * H > (double)(1 << 28))
         snprintf(why, sizeof why, "%s: no <size> with a positive integer <width> and <height> "

@@ -74,6 +74,11 @@ KPL_ENUM_DECLARE(kpl_lr_scaling);
 #define KPL_LR_PERS(X) X(KPL_LR_PER_STEP, "step") X(KPL_LR_PER_EPOCH, "epoch")
 typedef enum { KPL_LR_PERS(KPL_ENUM_VALUE) } kpl_lr_per;
 KPL_ENUM_DECLARE(kpl_lr_per);
+/* schedule.span: what cosine and poly decay over, the run's epochs or its
+ * max_steps (an iteration schedule: "poly over 30k iterations"). */
+#define KPL_LR_SPANS(X) X(KPL_LR_SPAN_EPOCHS, "epochs") X(KPL_LR_SPAN_MAX_STEPS, "max_steps")
+typedef enum { KPL_LR_SPANS(KPL_ENUM_VALUE) } kpl_lr_span;
+KPL_ENUM_DECLARE(kpl_lr_span);
 /* log.progress: a progress bar on a terminal (or as kplrun asks), always, never. */
 #define KPL_PROGRESS_MODES(X)                                                           \
     X(KPL_PROGRESS_AUTO, "auto") X(KPL_PROGRESS_ALWAYS, "always") X(KPL_PROGRESS_NEVER, "never")
@@ -136,6 +141,7 @@ typedef struct {
     struct {
         kpl_lr_schedule config; /* base_lr and epochs: the trainer's */
         kpl_lr_per per;
+        kpl_lr_span span;
     } schedule;
     struct {
         int64_t every_epochs, every_steps, keep_last;

@@ -130,6 +130,14 @@ typedef struct {
     /* Optional: the recipe's common keys it needs given (NULL-terminated,
      * "model.num_classes"): their defaults will not do for this task. */
     const char *const *needs;
+    /* Optional: rules joining the task's keys with each other and with
+     * the recipe's (a list's length, one key's bound by another), checked
+     * as the recipe loads, before anything starts (kpl train exits 2).
+     * kv holds the task's keys checked, defaults filled.  On a violation:
+     * KPL_EINVAL with a message saying what is wrong and *key set to the
+     * dotted key to change ("task.gan.fid_samples", "model.num_classes");
+     * the recipe puts the file, line and key in front. */
+    kpl_status (*check)(const kpl_recipe *r, const kpl_keyvals *kv, const char **key);
 } kpl_task_kind;
 
 /* The tasks kpl knows by name ("classification"); NULL for others. */

@@ -22,13 +22,17 @@
 #   import    kpl import onnx of torchvision ResNet-18 initializers (raw,
 #             typed and external data; torchvision_onnx.py): every tensor of
 #             kpl's resnet18 found by name (--check; test_model_file checks
-#             the values of a round trip), a cut tensor and data outside the model's directory refused
-#             naming them; then model.weights starts a ResNet-18 run from
+#             the values of a round trip), a cut tensor, data outside the
+#             model's directory (by its location or through a symbolic
+#             link), a NaN and a file whose batch norm torch's eval-mode
+#             export folded (onnx::Conv_N names) refused naming them; then model.weights starts a ResNet-18 run from
 #             them (--exclude conv1.* fc.*: the CIFAR stem and 10 classes),
 #             logged, and the first loss differs from a run without
 #   errors    a truncated model file, a flipped byte, a checkpoint given as
-#             a model, a task with no inference graph, missing arguments:
-#             each a clear error and a non-zero exit, nothing left behind
+#             a model, a task with no inference graph, missing arguments,
+#             .npy files with a bad shape (negative, not integers) or a size
+#             that does not match it: each a clear error and a non-zero
+#             exit, nothing left behind; NaN outputs as JSON null, exit 1
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 example=${4:-}
 here=$(cd "$(dirname "$0")" && pwd)
@@ -103,7 +107,7 @@ cnn)
       fi
     done
   else
-    echo "no /usr/bin/python3: the PNG check skipped"
+    kpl_skip_note ref "/usr/bin/python3 (the PNG check)"
   fi
   # graph dumps: traced, then fused (batch norm folded, no rsqrt left)
   "$kpl" graph "$recipe" "${FM[@]}" --checkpoint $ck > g.txt 2> g.err || die "graph: $(cat g.err)"
@@ -127,9 +131,9 @@ resnet18)
     || die "kpl infer top-1 $got, kpl eval $want (one example in 256 may differ)"
   ;;
 onnx)
-  [[ -x /usr/bin/python3 ]] || { echo "no /usr/bin/python3: skipped"; exit 77; }
+  [[ -x /usr/bin/python3 ]] || kpl_skip ref "/usr/bin/python3"
   /usr/bin/python3 -c 'import onnx, onnxruntime' 2> /dev/null \
-    || { echo "no onnx/onnxruntime for /usr/bin/python3 (scripts/setup.sh): skipped"; exit 77; }
+    || kpl_skip ref "onnx/onnxruntime for /usr/bin/python3"
   for m in cnn lenet resnet18; do
     mkdir -p $m && cd $m
     train_short "$src/recipes/fashion_mnist/$m.yaml" 4 64
@@ -145,7 +149,7 @@ onnx)
   ;;
 import)
   [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import onnx" 2> /dev/null \
-    || { echo "no python3 with onnx: skipped (scripts/setup.sh installs it)"; exit 77; }
+    || kpl_skip ref "python3 with onnx"
   for kind in plain external; do
     /usr/bin/python3 "$here/torchvision_onnx.py" r18_$kind.onnx $kind > sum_$kind.txt || die "python $kind"
     "$kpl" import onnx r18_$kind.onnx -o w_$kind.kpl --check resnet18 --classes 1000 > imp.txt 2> imp.err \
@@ -161,6 +165,27 @@ import)
   mkdir -p sub && /usr/bin/python3 "$here/torchvision_onnx.py" sub/esc.onnx escape > /dev/null || die "python escape"
   if "$kpl" import onnx sub/esc.onnx -o esc.kpl 2> err.txt; then die "data outside the directory was read"; fi
   grep -q "inside the model's directory" err.txt || die "escape: $(cat err.txt)"
+  # a symbolic link beside the model to data outside its directory
+  mkdir -p sub2 && /usr/bin/python3 "$here/torchvision_onnx.py" sub2/ln.onnx external > /dev/null \
+    || die "python external (link)"
+  mv sub2/ln.onnx.data outside.data && ln -s "$tmp/outside.data" sub2/ln.onnx.data
+  if "$kpl" import onnx sub2/ln.onnx -o ln.kpl 2> err.txt; then die "data through a link was read"; fi
+  grep -q "outside the model's directory .* (through a symbolic link)" err.txt || die "link: $(cat err.txt)"
+  [[ ! -e ln.kpl ]] || die "a refused import left ln.kpl"
+  # a NaN (refused, even with --check), batch norm folded by torch's eval-mode export
+  /usr/bin/python3 "$here/torchvision_onnx.py" nan.onnx nan > /dev/null || die "python nan"
+  if "$kpl" import onnx nan.onnx -o nan.kpl --check resnet18 --classes 1000 > /dev/null 2> err.txt; then
+    die "a NaN was imported"
+  fi
+  grep -q "initializer 'layer3.1.bn2.running_var' holds NaN or inf (element 5 of 256)" err.txt \
+    || die "NaN: $(cat err.txt)"
+  [[ ! -e nan.kpl ]] || die "a refused import left nan.kpl"
+  /usr/bin/python3 "$here/torchvision_onnx.py" folded.onnx folded > /dev/null || die "python folded"
+  if "$kpl" import onnx folded.onnx -o folded.kpl --check resnet18 2> err.txt; then
+    die "a folded export was imported"
+  fi
+  grep -q "initializers are named onnx::Conv_\*: the exporter folded batch norm" err.txt \
+    && grep -q "training=torch.onnx.TrainingMode.TRAINING" err.txt || die "folded: $(cat err.txt)"
   # the weights start a run (the ImageNet stem's conv1 and the 1000-class fc left out)
   "$kpl" import onnx r18_plain.onnx -o w.kpl --exclude 'conv1.*' --exclude 'fc.*' > /dev/null 2>&1 \
     || die "import with exclusions"
@@ -201,6 +226,49 @@ errors)
   rc=$?
   set -e
   [[ $rc == 1 ]] && grep -q "not a model file" e.txt || die "a checkpoint as a model: $rc $(cat e.txt)"
+  # .npy inputs (the model takes (1, 28, 28)): the header's shape read
+  # strictly, the data's size checked, NaN outputs printed as null, exit 1
+  # npy FILE SHAPE FLOATS [WORD]: a version 1.0 .npy of FLOATS float32s
+  # (the 4 bytes WORD as octal escapes, default 0.0) after the header
+  npy() {
+    local h="{'descr': '<f4', 'fortran_order': False, 'shape': $2, }"
+    while (( (10 + ${#h} + 1) % 64 )); do h+=" "; done
+    h+=$'\n'
+    { printf '\223NUMPY\001\000'; printf "\\$(printf %03o $((${#h} % 256)))\\$(printf %03o $((${#h} / 256)))"
+      printf '%s' "$h"; for ((k = 0; k < $3; k++)); do printf "${4:-\\0\\0\\0\\0}"; done; } > "$1"
+  }
+  npy ok.npy "(2, 1, 28, 28)" 1568
+  "$kpl" infer m.kplm ok.npy > o.txt 2> e.txt || die "a good .npy: $(cat e.txt)"
+  [[ $(grep -c '"input":"ok.npy#' o.txt) == 2 ]] || die "a good .npy: $(cat o.txt)"
+  npy neg.npy "(-1, 1, 28, 28)" 784
+  npy neg2.npy "(-2, 1, 28, 28)" 1568
+  npy str.npy "('a', 1, 28, 28)" 784
+  npy float.npy "(1.5, 1, 28, 28)" 784
+  npy long.npy "(1, 1, 28, 28)" 785
+  npy short.npy "(2, 1, 28, 28)" 1567
+  for f in neg neg2 str float long short; do
+    set +e
+    "$kpl" infer m.kplm $f.npy > o.txt 2> e.txt
+    rc=$?
+    set -e
+    [[ $rc == 1 ]] || die "$f.npy: exit $rc ($(cat o.txt))"
+    grep -q "skipped $f.npy: .*\(shape is not a tuple\|bytes of data after the header\)" e.txt \
+      || die "$f.npy: $(cat e.txt)"
+    ! grep -q '"input"' o.txt || die "$f.npy printed rows: $(cat o.txt)"
+  done
+  npy nan.npy "(1, 1, 28, 28)" 784 '\0\0\300\177'
+  set +e
+  "$kpl" infer m.kplm nan.npy --logits > o.txt 2> e.txt
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] || die "NaN inputs: exit $rc"
+  grep -q "nan.npy#0: the output holds NaN or inf" e.txt || die "NaN inputs: $(cat e.txt)"
+  ! grep -qi 'nan[,}\]]' o.txt && grep -q '"prob":null' o.txt && grep -q '"logits":\[null' o.txt \
+    && grep -q '"nonfinite":1' o.txt || die "NaN outputs as JSON: $(cat o.txt)"
+  if [[ -x /usr/bin/python3 ]]; then
+    /usr/bin/python3 -c 'import json, sys; [json.loads(l) for l in open(sys.argv[1])]' o.txt \
+      || die "not JSON: $(cat o.txt)"
+  fi
   expect_usage_error "export without -o" "-o MODEL.kplm are" export "$recipe" --checkpoint $ck
   expect_usage_error "infer without inputs" "at least one INPUT" infer m.kplm
   expect_usage_error "a bad level" "0, 1, 2 or 3" infer m.kplm x.png --level 7

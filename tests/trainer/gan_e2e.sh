@@ -77,8 +77,8 @@ dcgan)
   ;;
 
 np2)
-  [[ -x $kplrun ]] || { echo "no kplrun: skipped"; exit 77; }
-  command -v mpirun > /dev/null || exit 77
+  [[ -x $kplrun ]] || kpl_skip env "no kplrun"
+  command -v mpirun > /dev/null || kpl_skip env "no mpirun"
   need_fm
   fid_net
   # One thread per rank on both sides keeps the summation orders alike.
@@ -133,7 +133,7 @@ resume)
 
 sngan)
   [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import numpy' 2> /dev/null \
-    || { echo "no python3 with numpy: skipped"; exit 77; }
+    || kpl_skip ref "numpy for /usr/bin/python3"
   # 25 training and 9 test images, pickled as Python 2 wrote the download
   /usr/bin/python3 "$src/tests/dataio/gen_cifar.py" gc 4 > gen.txt 2>&1 || die "gen_cifar: $(cat gen.txt)"
   S=("$src/recipes/gan/sngan_cifar10.yaml" "${QUIET[@]}" data.root="$tmp/d"
@@ -186,7 +186,23 @@ errors)
     task.gan.discriminator=nosuch run_dir=r1
   expect_fail "accumulate" "optimizer.accumulate 2: the gan task's models step in turn" \
     optimizer.accumulate=2 run_dir=r2
-  expect_fail "grid" "task.gan.grid: want [rows, columns]" 'task.gan.grid=[3]' run_dir=r3
+  # the task's rules joining keys: exit 2 at load, naming where and the key
+  expect_usage_error "grid" "override 'task.gan.grid=[3]': task.gan.grid: want [rows, columns], got 1 values" \
+    train "$recipe" 'task.gan.grid=[3]' run_dir=r3
+  expect_usage_error "d_betas" "task.gan.d_betas: want [] or [beta1, beta2], got 1 values" \
+    train "$recipe" 'task.gan.d_betas=[0.5]' run_dir=r3
+  expect_usage_error "fid_samples" "task.gan.fid_samples: 2 is fewer than task.gan.is_splits 10" \
+    train "$recipe" task.gan.fid_samples=2 run_dir=r3
+  expect_usage_error "a generator as discriminator" \
+    "task.gan.discriminator: 'dcgan' is model.name, the generator" \
+    train "$recipe" task.gan.discriminator=dcgan run_dir=r3
+  [[ ! -e r3 ]] || die "a refused recipe made a run directory"
+  # a model file (kpl export) as the feature network: said so
+  "$kpl" export "$src/recipes/fashion_mnist/cnn.yaml" 'model.hidden=[64]' data.root="$tmp/fm64" \
+    "${QUIET[@]}" --checkpoint fid64.kpl -o fid64.kplm > /dev/null 2> exp.err || die "export: $(cat exp.err)"
+  expect_fail "a model file as feature network" \
+    "task.gan.fid_network: feature network: $tmp/fid64.kplm: a model file (kpl export), not a checkpoint" \
+    task.gan.fid_network="$tmp/fid64.kplm" task.gan.fid_recipe="$src/recipes/fashion_mnist/cnn.yaml" run_dir=r5
   head -c 3000 /dev/urandom > bad.kpl
   expect_fail "corrupt feature network" "bad.kpl" task.gan.fid_network="$tmp/bad.kpl" \
     task.gan.fid_recipe="$src/recipes/fashion_mnist/cnn.yaml" run_dir=r4

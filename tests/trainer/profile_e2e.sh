@@ -16,7 +16,8 @@
 #              end by a stop: its trace (no allreduce lane events), its
 #              records (no communication, slowest rank 0); a run stopped
 #              inside the window writes the steps it did
-#   errors     bad profile.steps values: exit 2 naming the key
+#   errors     bad profile.steps values: exit 2 naming the key; a window
+#              past the run's last step: a warning at its end, no trace
 #   kplrun     np2 under kplrun: the ranks' traces merged into one
 #              (LOG_DIR/profile.trace.json) holding exactly their events
 set -euo pipefail
@@ -25,7 +26,7 @@ export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
 case_=$1 kpl=$2 src=$3 inject=${4:-}
 . "$(dirname "$0")/e2e_common.sh"
 check=$(dirname "$0")/profile_check.py
-[[ -x /usr/bin/python3 ]] || { echo "no /usr/bin/python3: skipped"; exit 77; }
+[[ -x /usr/bin/python3 ]] || kpl_skip ref "/usr/bin/python3"
 # LeNet-5 on 28x28: conv1 6x1x5x5+6, conv2 16x6x5x5+16, fc1 120x400+120,
 # fc2 84x120+84, fc3 10x84+10 (f32: 4 bytes each)
 ELEMENTS=$((6 * 25 + 6)),$((16 * 6 * 25 + 16)),$((120 * 400 + 120)),$((84 * 120 + 84)),$((10 * 84 + 10))
@@ -38,7 +39,7 @@ NP2=("${R[@]}" data.train.batch_size=32 max_steps=8 profile.steps=[3,5])
 case $case_ in
 np2)
   need_fm
-  command -v mpirun > /dev/null || exit 77
+  command -v mpirun > /dev/null || kpl_skip env "no mpirun"
   mpirun --allow-run-as-root --oversubscribe -np 2 "$kpl" train "${NP2[@]}" run_dir=run \
     > out.txt 2> err.txt || die "2 ranks: $(tail -5 err.txt)"
   /usr/bin/python3 "$check" trace run 2 3 5 "$GRAD_BYTES" "$ELEMENTS" || die "trace"
@@ -74,7 +75,7 @@ print("merged: %d events of 2 ranks" % len(merged))
   ;;
 straggler)
   need_fm
-  command -v mpirun > /dev/null || exit 77
+  command -v mpirun > /dev/null || kpl_skip env "no mpirun"
   [[ -f $inject ]] || die "no fault_inject.so"
   # rank 1 alone loads the library: an MPMD launch of the same command
   mpirun --allow-run-as-root --oversubscribe -np 1 "$kpl" train "${NP2[@]}" run_dir=run : \
@@ -118,6 +119,13 @@ errors)
   printf 'base: %s\nprofile:\n  steps: [4, 2]\n' "$recipe" > bad.yaml
   expect_usage_error "file and line" "bad.yaml:3:10: profile.steps: expected [first, last] with first <= last" \
     train bad.yaml
+  # a window past the run's last step: said at the end, no trace
+  need_fm
+  "$kpl" train "${R[@]}" run_dir=past max_steps=3 'profile.steps=[10, 12]' > past.txt 2> past.err \
+    || die "a window past the end: $(tail -3 past.err)"
+  grep -q "profile.steps \[10, 12\]: the run ended at step 3 without training any of those steps: no trace written" \
+    past.txt past.err || die "no warning: $(tail -3 past.err)"
+  ! ls past/profile/*.trace.json > /dev/null 2>&1 || die "a trace was written"
   ;;
 *) die "unknown case" ;;
 esac

@@ -32,7 +32,31 @@ static const kpl_key task_keys[] = {
     {"classes", KPL_KEY_INT, NULL, 1, 1000, NULL, "object classes"},
     {NULL, 0, NULL, 0, 0, NULL, NULL},
 };
-static const kpl_task_kind tk = {.name = "tk", .keys = task_keys};
+/* A task's table must be whole (task.h); these never run here. */
+static kpl_status tk_create(kpl_trainer *t, void **state)
+{
+    (void)t, (void)state;
+    return KPL_ERROR(KPL_EINVAL, "tk: not for training");
+}
+static void tk_destroy(void *state) { (void)state; }
+static kpl_status tk_step(kpl_trainer *t, void *state, const kpl_batch *b, kpl_step_result *o)
+{
+    (void)t, (void)state, (void)b, (void)o;
+    return KPL_OK;
+}
+static kpl_status tk_eval(kpl_trainer *t, void *state) { return (void)t, (void)state, KPL_OK; }
+static kpl_status tk_eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
+{
+    return (void)t, (void)state, (void)b, KPL_OK;
+}
+static kpl_status tk_eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
+{
+    return (void)t, (void)state, (void)res, KPL_OK;
+}
+#define TK_FUNCTIONS                                                                      \
+    .best_metric = "loss", .create = tk_create, .destroy = tk_destroy, .train_step = tk_step, \
+    .eval_begin = tk_eval, .eval_batch = tk_eval_batch, .eval_end = tk_eval_end
+static const kpl_task_kind tk = {.name = "tk", .keys = task_keys, TK_FUNCTIONS};
 
 static const kpl_key model_keys[] = {
     {"width", KPL_KEY_INT, "16", 1, 1024, NULL, "channels"},
@@ -359,6 +383,7 @@ static void test_bad_declarations(void **state)
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         kpl_task_kind *k = calloc(1, sizeof *k);
+        *k = (kpl_task_kind){TK_FUNCTIONS};
         k->name = "bad";
         k->keys = cases[i].keys;
         kpl_clear_error();
@@ -368,6 +393,22 @@ static void test_bad_declarations(void **state)
                      kpl_last_error(), cases[i].needle);
         assert_null(kpl_task_find("bad")); /* nothing kept */
         free(k);
+    }
+    /* the table itself: a missing function, a need that is no key */
+    static const char *const unknown_need[] = {"model.num_classes", "model.nosuch", NULL};
+    for (int i = 0; i < 3; i++) {
+        kpl_task_kind k = {TK_FUNCTIONS};
+        k.name = "bad";
+        const char *needle = NULL;
+        if (i == 0) k.create = NULL, needle = "task 'bad' (registered by the program): no create function";
+        if (i == 1) k.train_step = NULL, needle = "neither train_step nor train_batch";
+        if (i == 2) k.needs = unknown_need, needle = "needs 'model.nosuch', which is not one of kpl's recipe keys";
+        kpl_clear_error();
+        kpl_status st = kpl_task_register(&k);
+        if (st >= 0 || !strstr(kpl_last_error(), needle))
+            fail_msg("table case %d: got %s '%s', expected '%s'", i, kpl_status_str(st),
+                     kpl_last_error(), needle);
+        assert_null(kpl_task_find("bad"));
     }
 }
 

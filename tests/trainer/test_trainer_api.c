@@ -220,11 +220,19 @@ static int teardown(void **state)
     return 0;
 }
 
-/* A recipe for run directory `run` under g_dir, with an override. */
+/* A recipe for run directory `run` under g_dir, with n overrides. */
+static kpl_recipe *recipe_n(const char *run, int n, const char *const *overrides);
+
+/* ... with one (or none). */
 static kpl_recipe *recipe(const char *run, const char *override)
 {
-    char yaml[2048];
-    snprintf(yaml, sizeof yaml,
+    return recipe_n(run, override ? 1 : 0, &override);
+}
+
+/* The recipe's text (yaml[2048]). */
+static void recipe_text(char *yaml, const char *run)
+{
+    snprintf(yaml, 2048,
              "name: api\ntask: regression\nseed: 5\nepochs: 2\nthreads: 1\n"
              "deterministic: true\nrun_dir: %s/%s\n"
              "data:\n  root: %s\n"
@@ -234,9 +242,15 @@ static kpl_recipe *recipe(const char *run, const char *override)
              "optimizer: {name: sgd, lr: 0.05, momentum: 0.9}\n"
              "log: {every_steps: 100, progress: never, tensorboard: false}\n",
              g_dir, run, g_dir);
+}
+
+static kpl_recipe *recipe_n(const char *run, int n, const char *const *overrides)
+{
+    char yaml[2048];
+    recipe_text(yaml, run);
     kpl_recipe *r = malloc(sizeof *r);
     assert_non_null(r);
-    OK(kpl_recipe_load_string(yaml, "api", override ? 1 : 0, &override, r));
+    OK(kpl_recipe_load_string(yaml, "api", n, overrides, r));
     return r;
 }
 
@@ -360,6 +374,97 @@ static void test_model_named_optim(void **state)
     assert_null(t);
     assert_non_null(strstr(kpl_last_error(), "the name 'optim' is taken"));
     free(r);
+}
+
+/* model.weights must be a checkpoint of finite tensors: a NaN is refused
+ * naming the tensor, a model file (kpl export) saying what it is, before
+ * a step is taken. */
+static void test_weights_refused(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    kpl_recipe *r = recipe("wsrc", NULL);
+    kpl_trainer *t = create(r, NULL);
+    free(r);
+    char good[600], nan_path[600], model_path[600], ov[700];
+    snprintf(good, sizeof good, "%s/w_good.kpl", g_dir);
+    snprintf(nan_path, sizeof nan_path, "%s/w_nan.kpl", g_dir);
+    snprintf(model_path, sizeof model_path, "%s/w_model.kpl", g_dir);
+    kpl_checkpoint *c = NULL;
+    OK(kpl_checkpoint_create(&c));
+    OK(kpl_module_state_save(kpl_trainer_model(t, 0), c, "model."));
+    OK(kpl_checkpoint_save(c, good));
+    OK(kpl_checkpoint_set_meta(c, "{\"format\": \"kpl-model\", \"version\": 1}"));
+    OK(kpl_checkpoint_save(c, model_path));
+    OK(kpl_checkpoint_set_meta(c, "{}"));
+    int f32 = 0;
+    while (kpl_tensor_dtype(kpl_checkpoint_find(c, kpl_checkpoint_name(c, f32))) != KPL_F32) f32++;
+    char name[300];
+    snprintf(name, sizeof name, "%s", kpl_checkpoint_name(c, f32));
+    float *v = kpl_tensor_host_mutable(kpl_checkpoint_find(c, name));
+    assert_non_null(v);
+    v[0] = NAN;
+    OK(kpl_checkpoint_save(c, nan_path));
+    kpl_checkpoint_destroy(c);
+    kpl_trainer_destroy(t);
+    snprintf(ov, sizeof ov, "model.weights=%s", good);
+    r = recipe("wgood", ov);
+    t = create(r, NULL);
+    kpl_trainer_destroy(t);
+    free(r);
+    const char *bad[2] = {nan_path, model_path};
+    for (int i = 0; i < 2; i++) {
+        snprintf(ov, sizeof ov, "model.weights=%s", bad[i]);
+        r = recipe("wbad", ov);
+        t = NULL;
+        assert_int_equal(kpl_trainer_create(r, &reg_task, NULL, &t), KPL_EFORMAT);
+        assert_null(t);
+        const char *e = kpl_last_error();
+        assert_non_null(strstr(e, "model.weights: "));
+        assert_non_null(strstr(e, bad[i]));
+        if (i == 0) {
+            char want[400];
+            snprintf(want, sizeof want, "tensor '%s' holds NaN or inf (element 0 of", name);
+            if (!strstr(e, want)) fail_msg("'%s' lacks '%s'", e, want);
+        } else {
+            assert_non_null(strstr(e, "a model file (kpl export), not a checkpoint"));
+        }
+        free(r);
+    }
+}
+
+/* schedule.span: cosine and poly decay over the epochs, or over
+ * max_steps (reaching min_lr there); span max_steps without max_steps is
+ * refused at load. */
+static void test_schedule_span(void **state)
+{
+    (void)state;
+    g_mode = PLAIN;
+    const char *ov[3] = {"schedule={name: poly, power: 1, min_lr: 0.001}", "max_steps=3",
+                         "schedule.span=max_steps"};
+    kpl_recipe *r = recipe_n("span0", 2, ov);
+    kpl_trainer *t = create(r, NULL);
+    assert_true(t->sched.epochs == 2);
+    kpl_trainer_destroy(t);
+    free(r);
+    r = recipe_n("span1", 3, ov);
+    t = create(r, NULL);
+    double spe = (double)t->steps_per_epoch;
+    assert_true(t->steps_per_epoch > 3);
+    if (fabs(t->sched.epochs - 3 / spe) > 1e-15) fail_msg("span %.17g epochs", t->sched.epochs);
+    /* halfway: lr halfway down (power 1); at max_steps: min_lr */
+    double mid = kpl_lr_at(&t->sched, 1.5 / spe), end = kpl_lr_at(&t->sched, 3 / spe);
+    if (fabs(mid - (0.001 + (0.05 - 0.001) * 0.5)) > 1e-12 || fabs(end - 0.001) > 1e-15)
+        fail_msg("lr at 1.5 steps %.17g, at 3 %.17g", mid, end);
+    kpl_trainer_destroy(t);
+    free(r);
+    kpl_recipe *bad = malloc(sizeof *bad);
+    char yaml[2048];
+    recipe_text(yaml, "span2");
+    assert_int_equal(kpl_recipe_load_string(yaml, "api", 1, ov + 2, bad), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "override 'schedule.span=max_steps': schedule.span: "
+                                             "max_steps needs max_steps"));
+    free(bad);
 }
 
 /* model.input_size and in_channels must agree with the data. */
@@ -544,7 +649,8 @@ static void test_device_choice(void **state)
 static void test_launcher_gpu_unusable(void **state)
 {
     (void)state;
-    if (kpl_device_count(KPL_DEVICE_CUDA) > 0) skip(); /* a GPU here: nothing to refuse */
+    if (kpl_device_count(KPL_DEVICE_CUDA) > 0) /* a GPU here: nothing to refuse */
+        KPL_SKIP(KPL_TEST_SKIP_ENV, "a GPU is present: nothing to refuse");
     g_mode = PLAIN;
     kpl_recipe *r = recipe("gpu_unusable", NULL);
     setenv("KPL_DEVICE", "cuda:0", 1);
@@ -573,6 +679,8 @@ int main(void)
         cmocka_unit_test(test_epoch_after_resume),
         cmocka_unit_test(test_device_choice),
         cmocka_unit_test(test_launcher_gpu_unusable),
+        cmocka_unit_test(test_weights_refused),
+        cmocka_unit_test(test_schedule_span),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

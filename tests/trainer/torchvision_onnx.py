@@ -1,10 +1,13 @@
-"""torchvision_onnx.py OUT.onnx {plain|external|badraw|escape} — an ONNX
+"""torchvision_onnx.py OUT.onnx {plain|external|badraw|escape|nan|folded} — an ONNX
 file holding the initializers torchvision's ResNet-18 state dict has, by
 its names (conv1.weight, layer1.0.bn1.running_mean, ...,
 num_batches_tracked as int64), with random values: half as raw_data,
 half as float_data; `external` keeps the large ones in OUT.onnx.data;
 `badraw` cuts 4 bytes off one tensor's raw_data; `escape` points one
-tensor's external data outside the model's directory.  Prints the sum of
+tensor's external data outside the model's directory; `nan` puts a NaN in
+layer3.1.bn2.running_var; `folded` names the tensors as torch.onnx.export
+in eval mode does after folding batch norm into the convolutions
+(onnx::Conv_N, no batch norm tensors).  Prints the sum of
 layer4.1.conv2.weight (f64) for the caller to compare."""
 import os
 import sys
@@ -47,6 +50,14 @@ for li, (c, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)], 1):
 tensors.append(("fc.weight", (rng.standard_normal((1000, 512)) * 0.01).astype(np.float32)))
 tensors.append(("fc.bias", np.zeros(1000, dtype=np.float32)))
 
+if kind == "nan":
+    dict(tensors)["layer3.1.bn2.running_var"][5] = np.nan
+if kind == "folded":
+    convs = [(n, a) for n, a in tensors if n.endswith("conv1.weight") or n.endswith("conv2.weight")
+             or n.endswith("downsample.0.weight") or n == "conv1.weight"]
+    tensors = [("onnx::Conv_%d" % (200 + 2 * i), a) for i, (n, a) in enumerate(convs)] + \
+              [("onnx::Conv_%d" % (201 + 2 * i), np.zeros(a.shape[0], np.float32))
+               for i, (n, a) in enumerate(convs)] + [t for t in tensors if t[0].startswith("fc.")]
 inits = []
 for k, (name, a) in enumerate(tensors):
     if a.dtype == np.float32 and k % 2:
@@ -73,4 +84,5 @@ if kind in ("external", "escape"):
         onnx.save(m, out)
 else:
     onnx.save(model, out)
-print("%.9e" % float(dict(tensors)["layer4.1.conv2.weight"].astype(np.float64).sum()))
+if kind != "folded":
+    print("%.9e" % float(dict(tensors)["layer4.1.conv2.weight"].astype(np.float64).sum()))

@@ -12,7 +12,7 @@
 set -euo pipefail
 case_=cuda kpl=$1 src=$2
 . "$(dirname "$0")/e2e_common.sh"
-"$kpl" info | grep -q 'cuda:0' || { echo "no CUDA GPU: skipped"; exit 77; }
+"$kpl" info | grep -q 'cuda:0' || kpl_skip env "no CUDA GPU"
 need_fm
 # lr 0.01, not the recipe's 0.05: at 0.05 the first 20 steps are chaotic
 # (the loss jumps to 2.9 at step 11), and the CPU alone, run on 1 and on 2

@@ -47,6 +47,22 @@ kpl_status kpl__recipe_load_known_task(const char *path, int noverrides,
                                        const char *const *overrides, kpl_recipe *out);
 /* The names kpl_task_find knows, "classification, ...", into buf. */
 void kpl__task_names(char *buf, size_t len);
+/* Weights given to a run (model.weights, a feature network, an import):
+ * KPL_EFORMAT for a model file (kpl export) given as a checkpoint, and
+ * for a floating tensor holding NaN or inf, naming path and tensor. */
+struct kpl_checkpoint;
+kpl_status kpl__weights_check(const struct kpl_checkpoint *c, const char *path);
+/* The first NaN or inf element of a floating CPU tensor; -1 when there is
+ * none (and for other dtypes). */
+int64_t kpl__tensor_nonfinite(kpl_tensor *t);
+/* m run once on a zero f32 input of `shape` (on its device; eval mode, no
+ * gradient, nothing kept, its mode restored): the shape of its first
+ * output, or the error of the forward.  How a task checks at start-up
+ * that a model takes what it will be given. */
+kpl_status kpl__module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
+                             int64_t *out_shape);
+/* Whether a dotted name is one of kpl's own recipe keys ("model.num_classes"). */
+bool kpl__rc_is_field(const char *path);
 /* The names of the zoo's models known, "mlp, lenet, ...". */
 void kpl__zoo_names(char *buf, size_t len);
 /* The names of the optimizer rules known, "sgd, adam, ...". */
@@ -69,6 +85,9 @@ typedef struct {
     /* the item's own recipe keys (what.<name>.<key>), checked when it is
      * added; NULL: items have none */
     const kpl_key *(*keys)(const void *item);
+    /* the rest of the item's table, checked when it is added (the
+     * functions it must have, the names it refers to); NULL: nothing */
+    kpl_status (*check)(const void *item);
 } kpl__registry;
 
 /* Adds item (kpl_task_register & co.).  While a plugin loads, the item
@@ -406,6 +425,8 @@ kpl_status kpl__prof_create(kpl_trainer *t);
 /* The run ends (or stops) inside the window: what was recorded is written
  * and said.  Nothing otherwise. */
 void kpl__prof_flush(kpl_trainer *t);
+/* At a run's end: a warning when profile.steps named no step it trained. */
+void kpl__prof_ended(kpl_trainer *t);
 /* Frees the profiler, after the models (their parameters' hooks point
  * into it). */
 void kpl__prof_destroy(kpl_trainer *t);

@@ -16,6 +16,7 @@
 #include "onnx/onnx_dtypes.h"
 
 #include <errno.h>
+#include <limits.h>
 #include <fnmatch.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,6 +104,15 @@ static kpl_status external(const char *model, const Onnx__TensorProto *t, size_t
               KPL_EINVAL, "import onnx: %s: path too long", loc);
     char what[600];
     snprintf(what, sizeof what, "%s: initializer '%s': external file ", model, t->name);
+    /* a symbolic link may not lead outside the model's directory either */
+    char dir[4096], real_dir[PATH_MAX], real[PATH_MAX];
+    snprintf(dir, sizeof dir, "%.*s", dirlen ? dirlen : 1, dirlen ? model : ".");
+    if (realpath(dir, real_dir) && realpath(path, real)) {
+        size_t dl = strlen(real_dir);
+        KPL_CHECK(!strncmp(real, real_dir, dl) && (real[dl] == '/' || dl == 1), KPL_EFORMAT,
+                  "import onnx: %s%s leads to %s, outside the model's directory %s (through a "
+                  "symbolic link)", what, path, real, real_dir);
+    }
     FILE *f = open_regular(what, path);
     if (!f) return kpl_last_status();
     /* the file must hold the bytes before any memory is asked for them */
@@ -215,6 +225,21 @@ kpl_status kpl_onnx_import(const char *path, const char *prefix, int nexclude,
     if (!m->graph || !m->graph->n_initializer)
         st = KPL_ERROR(KPL_ENOTFOUND, "import onnx: %s has no initializers (no weights to import)",
                        path);
+    /* torch.onnx.export in eval mode folds batch norm into the
+     * convolutions (even with do_constant_folding=False): the weights come
+     * out renamed onnx::Conv_N and batch norm's tensors are gone */
+    size_t folded = 0;
+    for (size_t i = 0; st == KPL_OK && i < m->graph->n_initializer; i++) {
+        const char *n = m->graph->initializer[i]->name;
+        folded += n && !strncmp(n, "onnx::Conv_", 11);
+    }
+    if (st == KPL_OK && folded)
+        st = KPL_ERROR(KPL_EFORMAT, "import onnx: %s: %zu of %zu initializers are named "
+                       "onnx::Conv_*: the exporter folded batch norm into the convolutions, so "
+                       "the weights lost their names and batch norm its tensors.  Export the "
+                       "model in training mode, which keeps both: torch.onnx.export(model, x, "
+                       "FILE, training=torch.onnx.TrainingMode.TRAINING, "
+                       "do_constant_folding=False)", path, folded, m->graph->n_initializer);
     if (st == KPL_OK) st = kpl_checkpoint_create(&c);
     int kept = 0;
     for (size_t i = 0; st == KPL_OK && i < m->graph->n_initializer; i++) {
@@ -234,6 +259,14 @@ kpl_status kpl_onnx_import(const char *path, const char *prefix, int nexclude,
         }
         kpl_tensor *x = NULL;
         if ((st = to_tensor(path, t, &x)) < 0) break;
+        int64_t bad = kpl__tensor_nonfinite(x);
+        if (bad >= 0) {
+            st = KPL_ERROR(KPL_EFORMAT, "import onnx: %s: initializer '%s' holds NaN or inf "
+                           "(element %lld of %lld): weights must be finite", path, t->name,
+                           (long long)bad, (long long)kpl_tensor_numel(x));
+            kpl_tensor_release(x);
+            break;
+        }
         st = kpl_checkpoint_add(c, name, x);
         kpl_tensor_release(x);
         kept++;

@@ -92,6 +92,11 @@ static kpl_status commit(kpl__registry *r, const void *item, const char *from)
                          name, origin(r, i, had, sizeof had), from ? "plugin " : "",
                          from ? from : "the program");
     }
+    if (r->check) {
+        kpl_status st = r->check(item);
+        if (st < 0) return kpl__error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
+                                             from ? from : "the program");
+    }
     if (r->n == r->cap) {
         int cap = r->cap ? 2 * r->cap : 8;
         const void **items = realloc(r->items, (size_t)cap * sizeof *items);

@@ -285,6 +285,8 @@ static const field *find_field(const char *path)
     return NULL;
 }
 
+bool kpl__rc_is_field(const char *path) { return find_field(path) != NULL; }
+
 bool kpl__rc_is_field_or_section(const char *path)
 {
     return find_field(path) || is_section(path);
@@ -416,6 +418,18 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         if (!lookup(root, *k))
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task %s needs it)",
                              *r->file ? CLIP_PATH(r->file) : "recipe", *k, r->task);
+    if (kind && kind->check) { /* the task's own rules, on its keys with defaults */
+        kpl_keyvals kv = r->task_keys;
+        char section[sizeof r->task + 8];
+        snprintf(section, sizeof section, "task.%s", r->task);
+        KPL_TRY(kpl_keyvals_check(kind->keys, section, &kv));
+        const char *key = NULL;
+        kpl_status st = kind->check(r, &kv, &key);
+        if (st < 0)
+            return key ? kpl__error_prefix(st, "%s: %s: ", AT(key), key)
+                       : kpl__error_prefix(st, "%s: task %s: ",
+                                           *r->file ? CLIP_PATH(r->file) : "recipe", r->task);
+    }
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     const char *spn[2] = {"data.train", "data.val"};
     for (int i = 0; i < 2; i++) {
@@ -482,8 +496,11 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         if (sc->milestones[i] <= sc->milestones[i - 1])
             return KPL_ERROR(KPL_EINVAL, "%s: schedule.milestones: must increase",
                              AT("schedule.milestones"));
+    if (r->schedule.span == KPL_LR_SPAN_MAX_STEPS && r->max_steps <= 0)
+        return KPL_ERROR(KPL_EINVAL, "%s: schedule.span: max_steps needs max_steps (the steps "
+                         "the decay spans), which is 0", AT("schedule.span"));
     if ((sc->kind == KPL_SCHED_COSINE || sc->kind == KPL_SCHED_POLY) &&
-        sc->warmup_epochs >= (double)r->epochs)
+        r->schedule.span == KPL_LR_SPAN_EPOCHS && sc->warmup_epochs >= (double)r->epochs)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.warmup_epochs: %g leaves nothing of %lld "
                          "epochs for the %s schedule", AT("schedule.warmup_epochs"),
                          sc->warmup_epochs, (long long)r->epochs, kpl_sched_kind_name(sc->kind));

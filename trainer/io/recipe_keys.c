@@ -49,6 +49,7 @@ bool kpl__rc_name_listed(const char *name, const char *list)
 /* The trainer's own enums (the others are their modules'). */
 KPL_ENUM_DEFINE(kpl_lr_scaling, KPL_LR_SCALINGS)
 KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
+KPL_ENUM_DEFINE(kpl_lr_span, KPL_LR_SPANS)
 KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
 KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
 KPL_ENUM_DEFINE(kpl_precision, KPL_PRECISIONS)
@@ -251,6 +252,12 @@ const field kpl__rc_fields[] = {
           "imagefolder, images: re-encode JPEGs whose longer side exceeds this (0: keep)"),
     F_INT("data.convert.quality", data.convert.options.quality, "90", 1, 100,
           "imagefolder, images: JPEG quality of re-encoded images"),
+    F_BOOL("data.convert.skip_bad", data.convert.options.skip_bad, "false",
+           "imagefolder, images, coco, voc, voc-seg, masks: leave out bad images and "
+           "annotations with a warning naming each (counted), instead of failing"),
+    F_BOOL("data.convert.drop_empty", data.convert.options.drop_empty, "false",
+           "coco, voc: leave out of the training split the images without objects (crowds and "
+           "VOC's difficult objects do not count; validation keeps every image)"),
     F_INT("data.workers", data.workers, "1", 1, 256, "transformer processes per rank and split"),
     F_INT("data.prefetch", data.prefetch, "2", 1, 64, "batches prepared ahead"),
     SPLIT(train, NULL, NULL, "chunk"),
@@ -306,6 +313,9 @@ const field kpl__rc_fields[] = {
     F_FLOAT("schedule.min_lr", schedule.config.min_lr, "0", 0, 1e6, "cosine, poly: final lr"),
     F_ENUM("schedule.per", schedule.per, "step", kpl_lr_per_names,
            "move the lr every step, or once per epoch"),
+    F_ENUM("schedule.span", schedule.span, "epochs", kpl_lr_span_names,
+           "cosine, poly: decay over the run's epochs, or over its max_steps (an iteration "
+           "schedule; a resume with another max_steps follows the new span)"),
 
     F_INT("checkpoint.every_epochs", checkpoint.every_epochs, "1", 0, BIG,
           "save after every N epochs (0: only at the end)"),

@@ -4,6 +4,7 @@
  * layers.c, the model zoo in zoo.c.
  */
 #include "module.h"
+#include "trainer_impl.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -540,4 +541,23 @@ kpl_status kpl_module_count_flops(kpl_module *m, int ndim, const int64_t *sample
     KPL_TRY(st);
     *flops = kpl_module_flops(m, train_flops);
     return KPL_OK;
+}
+
+kpl_status kpl__module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
+                             int64_t *out_shape)
+{
+    kpl_pool *p = kpl_pool_push();
+    bool grad = kpl_set_grad_enabled(false), training = kpl_module_training(m);
+    kpl_module_set_training(m, false);
+    kpl_tensor *x = kpl_full(kpl_module_device(m), KPL_F32, ndim, shape, 0);
+    kpl_tensor_list in = {1, {x}}, out;
+    kpl_status st = x ? kpl_module_forward_list(m, &in, &out) : kpl_last_status();
+    if (st >= 0) {
+        *out_ndim = kpl_tensor_ndim(out.t[0]);
+        memcpy(out_shape, kpl_tensor_shape(out.t[0]), sizeof *out_shape * (size_t)*out_ndim);
+    }
+    kpl_module_set_training(m, training);
+    kpl_set_grad_enabled(grad);
+    kpl_pool_pop(p);
+    return st;
 }

@@ -43,6 +43,46 @@ static json_t *eval_record(kpl_trainer *t, const kpl_eval_result *e)
     return j;
 }
 
+/* The records of metrics.jsonl that a resume at step `step` trains again:
+ * those with a larger step, not superseded by an earlier resume record
+ * already.  A reader summing records drops, at each resume record, the
+ * records before it whose step is larger than its step (docs/recipes.md);
+ * the count goes into the record.  A line cut short by a kill is not a
+ * record. */
+static int64_t superseded(const char *run_dir, int64_t step)
+{
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run_dir);
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    int64_t *live = NULL, gone = 0;
+    size_t n = 0, cap = 0, len = 0;
+    char *line = NULL;
+    while (getline(&line, &len, f) > 0) {
+        json_t *j = json_loads(line, 0, NULL), *st = json_object_get(j, "step");
+        const char *ev = json_string_value(json_object_get(j, "event"));
+        if (json_is_integer(st)) {
+            int64_t v = json_integer_value(st);
+            if (ev && !strcmp(ev, "resume")) {
+                size_t k = 0;
+                for (size_t i = 0; i < n; i++)
+                    if (live[i] <= v) live[k++] = live[i];
+                n = k;
+            } else if (n < cap || (live = realloc(live, (cap = 2 * cap + 64) * sizeof *live))) {
+                live[n++] = v;
+            } else {
+                n = cap = 0; /* out of memory: the count is left at what was seen */
+            }
+        }
+        json_decref(j);
+    }
+    for (size_t i = 0; i < n; i++) gone += live[i] > step;
+    free(line);
+    free(live);
+    fclose(f);
+    return gone;
+}
+
 /* An evaluation during training: recorded, the best so far noted (never
  * one with NaN outputs). */
 static kpl_status run_eval(kpl_trainer *t)
@@ -112,8 +152,10 @@ static void say_start(kpl_trainer *t)
     if (t->resume_path[0]) {
         kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
                       (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
-        kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s}", "event", "resume", "step",
-                                       (json_int_t)t->step, "from", t->resume_path));
+        int64_t gone = t->rank == 0 ? superseded(t->run_dir, t->step) : 0;
+        kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s, s:I}", "event", "resume", "step",
+                                       (json_int_t)t->step, "from", t->resume_path,
+                                       "superseded", (json_int_t)gone));
     }
     if (t->restart < 1) return;
     /* a launcher's restart after a failure: which, why, and from where */
@@ -344,6 +386,7 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
         KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, secs, ckpt, len));
     }
     kpl__prof_flush(t); /* a run that ends or stops inside profile.steps */
+    if (!t->stop_sig) kpl__prof_ended(t);
     if (t->stop_sig) {
         *event = "interrupted";
         if (t->rank == 0)

@@ -287,6 +287,16 @@ void kpl__prof_flush(kpl_trainer *t)
     if (t->prof && t->prof->recording) trace_close(t);
 }
 
+void kpl__prof_ended(kpl_trainer *t)
+{
+    kpl__prof *p = t->prof;
+    if (!p || p->from) return;
+    kpl__log_warn(&t->log, "profile.steps [%lld, %lld]: the run ended at step %lld without "
+                  "training any of those steps%s: no trace written", (long long)p->first,
+                  (long long)p->last, (long long)t->step,
+                  t->step >= p->last ? " (it resumed past them)" : "");
+}
+
 /* ---- backward by module, buckets ---------------------------------------------------------------- */
 
 static kpl_status on_ready(kpl_tensor *param, void *user)

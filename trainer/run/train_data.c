@@ -136,6 +136,9 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
     o.cancel = stop_asked; /* SIGINT / SIGTERM: the partial split goes, the run ends */
     o.label = out;
     o.seed = (uint64_t)r->seed;
+    /* images without objects leave training only: an evaluation counts
+     * every image (COCO's and mmdetection's test mode) */
+    o.drop_empty = o.drop_empty && s == &r->data.train;
     const char *src = r->data.convert.source;
     int64_t n = 0, skipped = 0;
     double t0 = kpl_seconds();
@@ -168,6 +171,13 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
             KPL_TRY(kpl_convert_voc(src, split, out, &o, &ds));
         }
         n = ds.images;
+        if (ds.skipped_images || ds.skipped_objects)
+            kpl__log_warn(log, "data: %s: %lld bad images and %lld bad objects left out "
+                          "(data.convert.skip_bad; each named above)", out,
+                          (long long)ds.skipped_images, (long long)ds.skipped_objects);
+        if (ds.dropped_empty)
+            kpl__log_info(log, "data: %s: %lld images without objects left out "
+                          "(data.convert.drop_empty)", out, (long long)ds.dropped_empty);
     } else if (from == KPL_CONVERT_VOC_SEG || from == KPL_CONVERT_MASKS) {
         /* voc-seg: source is the VOC root, <split> its ImageSets/Segmentation
          * list; masks: source/<split>/images with source/<split>/masks, and
@@ -195,6 +205,9 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
             KPL_TRY(kpl_convert_images(in, out, &o, &n, &skipped));
         else KPL_TRY(kpl_convert_lmdb(in, out, &o, &n));
     }
+    if (skipped)
+        kpl__log_warn(log, "data: %s: %lld bad images left out (data.convert.skip_bad; each named "
+                      "above)", out, (long long)skipped);
     kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl_seconds() - t0);
     return KPL_OK;
 }

@@ -561,6 +561,10 @@ static kpl_status make_schedule(kpl_trainer *t)
     *s = r->schedule.config;
     s->base_lr = r->optimizer.config.lr * t->lr_scale;
     s->epochs = (double)r->epochs;
+    /* an iteration schedule: cosine and poly decay over max_steps (the VOC
+     * recipe's 30k iterations), in epochs of this run's length */
+    if (r->schedule.span == KPL_LR_SPAN_MAX_STEPS && t->steps_per_epoch > 0)
+        s->epochs = (double)r->max_steps / (double)t->steps_per_epoch;
     s->min_lr *= t->lr_scale;
     return kpl_lr_schedule_check(s);
 }
@@ -630,6 +634,7 @@ static kpl_status load_weights(kpl_trainer *t)
     }
     kpl_checkpoint *c = NULL;
     kpl_status st = kpl_checkpoint_load(mc->weights, &c);
+    if (st == KPL_OK) st = kpl__weights_check(c, mc->weights);
     kpl_state_report rep;
     memset(&rep, 0, sizeof rep);
     if (st == KPL_OK) st = kpl_module_state_load(m, c, "model.", false, &rep);

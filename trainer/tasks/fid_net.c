@@ -163,6 +163,10 @@ kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
         goto fail;
     }
     KPL_TRY_GOTO(kpl_checkpoint_load(checkpoint_path, &c));
+    if ((st = kpl__weights_check(c, checkpoint_path)) < 0) {
+        st = kpl__error_prefix(st, "feature network: ");
+        goto fail;
+    }
     if ((st = kpl_module_state_load(f->model, c, "model.", true, NULL)) < 0) {
         st = kpl__error_prefix(st, "feature network: %s does not hold the weights of %s's model "
                                "(%s): ", checkpoint_path, recipe_path, mc.name);

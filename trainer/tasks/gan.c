@@ -104,6 +104,69 @@ static const char *const needs[] = {"model.name", NULL};
 
 /* ---- set-up ------------------------------------------------------------------------------------ */
 
+/* The rules joining the task's keys with each other and the model's, as
+ * the recipe loads (task.h's check) and again at create for a recipe made
+ * by hand. */
+static kpl_status check(const kpl_recipe *r, const kpl_keyvals *kv, const char **key)
+{
+    int64_t grid[4], samples = 0, splits = 0;
+    double betas[4];
+    int n = 0;
+    const kpl_zoo_model *g = kpl_zoo_find(r->model.name);
+    bool latent = false;
+    for (const kpl_key *k = g ? g->keys : NULL; k && k->name; k++)
+        latent |= !strcmp(k->name, "latent_dim");
+    *key = "model.name";
+    KPL_CHECK(latent, KPL_EINVAL, "the gan task's generator '%s' declares no latent_dim key "
+              "(model.%s.latent_dim: the size of its input); use dcgan or sngan, or declare it",
+              r->model.name, r->model.name);
+    *key = "task.gan.grid";
+    KPL_TRY(kpl_key_ints(kv, "grid", grid, 4, &n));
+    KPL_CHECK(n == 2, KPL_EINVAL, "want [rows, columns], got %d values", n);
+    *key = "task.gan.d_betas";
+    KPL_TRY(kpl_key_floats(kv, "d_betas", betas, 4, &n));
+    KPL_CHECK(n == 0 || n == 2, KPL_EINVAL, "want [] or [beta1, beta2], got %d values", n);
+    const char *net = NULL, *dname = NULL;
+    KPL_TRY(kpl_key_string(kv, "fid_network", &net));
+    KPL_TRY(kpl_key_int(kv, "fid_samples", &samples));
+    KPL_TRY(kpl_key_int(kv, "is_splits", &splits));
+    *key = "task.gan.fid_samples";
+    KPL_CHECK(!net[0] || samples >= splits, KPL_EINVAL, "%lld is fewer than task.gan.is_splits "
+              "%lld (the Inception Score needs a sample per split at least)", (long long)samples,
+              (long long)splits);
+    *key = "task.gan.discriminator";
+    KPL_TRY(kpl_key_string(kv, "discriminator", &dname));
+    char d[64];
+    if (dname[0]) snprintf(d, sizeof d, "%s", dname);
+    else snprintf(d, sizeof d, "%.29s_d", r->model.name);
+    KPL_CHECK(kpl_zoo_find(d), KPL_EINVAL, "no zoo model '%s' (the discriminator of model.name "
+              "%s)", d, r->model.name);
+    KPL_CHECK(strcmp(d, r->model.name), KPL_EINVAL, "'%s' is model.name, the generator: the "
+              "discriminator is another model (%.29s_d, the default)", d, r->model.name);
+    *key = NULL;
+    return KPL_OK;
+}
+
+/* The discriminator run once on a batch of one zero image (eval mode, no
+ * gradient): a model that does not map (1, C, H, W) images to one score
+ * (a generator named as the discriminator) is refused at start-up, saying
+ * so, instead of failing at the first step about latents. */
+static kpl_status probe_discriminator(kpl_module *dm, const char *name, const int64_t *chw)
+{
+    int64_t shape[4] = {1, chw[0], chw[1], chw[2]}, out[KPL_MAX_DIMS], numel = 1;
+    int nd = 0;
+    kpl_status st = kpl__module_probe(dm, 4, shape, &nd, out);
+    for (int i = 0; st >= 0 && i < nd; i++) numel *= out[i];
+    if (st >= 0 && numel != 1)
+        st = KPL_ERROR(KPL_ESHAPE, "gives %lld values for one image, not a score",
+                       (long long)numel);
+    if (st < 0)
+        return kpl__error_prefix(st, "task.gan.discriminator: '%s' does not map a (1, %lld, %lld, "
+                                 "%lld) image to a score (is it a generator?): ", name,
+                                 (long long)chw[0], (long long)chw[1], (long long)chw[2]);
+    return KPL_OK;
+}
+
 static kpl_status add_model(kpl_trainer *t, const kpl_model_config *mc, const char *name,
                             const kpl_optim_config *oc, kpl_module **out)
 {
@@ -123,13 +186,12 @@ static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
     KPL_TRY(kpl_key_int(kv, "fid_samples", &s->fid_samples));
     KPL_TRY(kpl_key_int(kv, "is_splits", &s->is_splits));
     if (!net[0]) return KPL_OK;
-    KPL_CHECK(s->fid_samples >= s->is_splits, KPL_EINVAL, "task.gan: fid_samples %lld is fewer "
-              "than is_splits %lld", (long long)s->fid_samples, (long long)s->is_splits);
     /* the stand-in is trained on first use (minutes): say so */
     kpl_feature_net_ensure_options eo = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
     eo.log = say, eo.log_ctx = t;
-    KPL_TRY(kpl_feature_net_ensure_opts(recipe, net, &eo));
-    KPL_TRY(kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet));
+    kpl_status st = kpl_feature_net_ensure_opts(recipe, net, &eo);
+    if (st >= 0) st = kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet);
+    if (st < 0) return kpl__error_prefix(st, "task.gan.fid_network: ");
     int64_t dim = kpl_feature_net_dim(s->fnet);
     KPL_TRY(kpl_fid_stats_create(dim, &s->real));
     return kpl_fid_stats_create(dim, &s->fake);
@@ -161,9 +223,11 @@ static kpl_status create(kpl_trainer *t, void **state)
     KPL_TRY(kpl_key_float(kv, "r1_weight", &s->r1_weight));
     KPL_TRY(kpl_key_float(kv, "ema", &s->ema_decay));
     KPL_TRY(kpl_key_string(kv, "discriminator", &dname));
+    const char *bad = NULL;
+    kpl_status cst = check(r, kv, &bad);
+    if (cst < 0) return bad ? kpl__error_prefix(cst, "%s: ", bad) : cst;
     int n = 0;
     KPL_TRY(kpl_key_ints(kv, "grid", s->grid, 2, &n));
-    KPL_CHECK(n == 2, KPL_EINVAL, "task.gan.grid: want [rows, columns], got %d values", n);
     KPL_CHECK(r->optimizer.accumulate == 1, KPL_EINVAL, "optimizer.accumulate %lld: the gan task's "
               "models step in turn, every batch (use a larger data.train.batch_size)",
               (long long)r->optimizer.accumulate);
@@ -181,18 +245,16 @@ static kpl_status create(kpl_trainer *t, void **state)
     kpl_model_config dc = mc;
     if (dname[0]) snprintf(dc.name, sizeof dc.name, "%s", dname);
     else snprintf(dc.name, sizeof dc.name, "%.29s_d", mc.name);
-    KPL_CHECK(kpl_zoo_find(dc.name), KPL_EINVAL, "task.gan.discriminator: no zoo model '%s' (the "
-              "discriminator of model.name %s)", dc.name, mc.name);
     kpl_optim_config oc = r->optimizer.config;
     double d_lr = 0, betas[4];
     KPL_TRY(kpl_key_float(kv, "d_lr", &d_lr));
     KPL_TRY(kpl_key_floats(kv, "d_betas", betas, 4, &n));
-    KPL_CHECK(n == 0 || n == 2, KPL_EINVAL, "task.gan.d_betas: want [] or [beta1, beta2], got %d "
-              "values", n);
     /* scaled as the generator's (optimizer.lr_scaling) */
     oc.lr = (d_lr > 0 ? d_lr : r->optimizer.config.lr) * kpl_trainer_lr_scale(t);
     if (n == 2) oc.beta1 = betas[0], oc.beta2 = betas[1];
-    KPL_TRY(add_model(t, &dc, "discriminator", &oc, NULL));
+    kpl_module *dm = NULL;
+    KPL_TRY(add_model(t, &dc, "discriminator", &oc, &dm));
+    KPL_TRY(probe_discriminator(dm, dc.name, chw));
 
     /* the moving average: a second generator, equal at the start (a copy:
      * the generator may have started from model.weights) */
@@ -685,4 +747,5 @@ const kpl_task_kind kpl_task_gan = {
     .restore = restore,
     .keys = keys,
     .needs = needs,
+    .check = check,
 };

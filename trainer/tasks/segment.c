@@ -129,6 +129,68 @@ static char **read_names(const char *dir, int64_t classes)
     return names;
 }
 
+/* The rules joining the task's keys with each other and the model's, as
+ * the recipe loads (task.h's check) and again at create for a recipe made
+ * by hand. */
+static kpl_status check(const kpl_recipe *r, const kpl_keyvals *kv, const char **key)
+{
+    int64_t classes = r->model.num_classes;
+    *key = "model.num_classes";
+    KPL_CHECK(classes >= 2 && classes <= 255, KPL_EINVAL, "segmentation needs 2 to 255 classes "
+              "(masks are 8-bit), got %lld", (long long)classes);
+    int64_t ignore = 0;
+    KPL_TRY(kpl_key_int(kv, "ignore_index", &ignore));
+    *key = "task.segmentation.ignore_index";
+    KPL_CHECK(ignore >= classes, KPL_EINVAL, "%lld is a class (model.num_classes %lld): it must "
+              "be %lld or more", (long long)ignore, (long long)classes, (long long)classes);
+    double w[256], sum = 0;
+    int nw = 0, n = 0;
+    *key = "task.segmentation.class_weights";
+    KPL_TRY(kpl_key_floats(kv, "class_weights", w, 256, &nw));
+    KPL_CHECK(nw == 0 || nw == classes, KPL_EINVAL, "%d values for %lld classes "
+              "(model.num_classes), or [] for all 1", nw, (long long)classes);
+    for (int i = 0; i < nw; i++) sum += w[i];
+    KPL_CHECK(nw == 0 || sum > 0, KPL_EINVAL, "every weight is 0: no pixel would count in the "
+              "loss");
+    int64_t crop[2], stride[2];
+    const char *mode = NULL;
+    KPL_TRY(kpl_key_string(kv, "eval_mode", &mode));
+    *key = "task.segmentation.crop_size";
+    KPL_TRY(kpl_key_ints(kv, "crop_size", crop, 2, &n));
+    KPL_CHECK(n == 2, KPL_EINVAL, "want [height, width], got %d values", n);
+    *key = "task.segmentation.stride";
+    KPL_TRY(kpl_key_ints(kv, "stride", stride, 2, &n));
+    KPL_CHECK(n == 2, KPL_EINVAL, "want [dy, dx], got %d values", n);
+    if (!strcmp(mode, "slide"))
+        for (int d = 0; d < 2; d++)
+            KPL_CHECK(stride[d] <= crop[d], KPL_EINVAL, "[%lld, %lld] is larger than "
+                      "task.segmentation.crop_size [%lld, %lld]: the windows would leave pixels "
+                      "between them unpredicted (want stride <= crop_size)",
+                      (long long)stride[0], (long long)stride[1], (long long)crop[0],
+                      (long long)crop[1]);
+    *key = NULL;
+    return KPL_OK;
+}
+
+/* Slide evaluation's window through the model once: a window smaller
+ * than the model can take (its total stride) fails at start-up naming the
+ * key, not after an epoch. */
+static kpl_status probe_window(kpl_trainer *t, segment *s, const char *file)
+{
+    const int64_t *chw = kpl_trainer_input_shape(t);
+    int64_t shape[4] = {1, chw[0], s->crop[0], s->crop[1]}, out[KPL_MAX_DIMS];
+    int nd = 0;
+    kpl_status st = kpl__module_probe(kpl_trainer_model(t, 0), 4, shape, &nd, out);
+    if (st >= 0 && (nd != 4 || out[2] != s->crop[0] || out[3] != s->crop[1]))
+        st = KPL_ERROR(KPL_ESHAPE, "the model gives no (N, classes, %lld, %lld) logits for it",
+                       (long long)s->crop[0], (long long)s->crop[1]);
+    if (st < 0)
+        return kpl__error_prefix(st, "%s: task.segmentation.crop_size: the model cannot evaluate "
+                                 "a %lld x %lld window (smaller than its total stride?): ", file,
+                                 (long long)s->crop[0], (long long)s->crop[1]);
+    return KPL_OK;
+}
+
 static kpl_status create(kpl_trainer *t, void **state)
 {
     const kpl_recipe *r = kpl_trainer_recipe(t);
@@ -139,13 +201,10 @@ static kpl_status create(kpl_trainer *t, void **state)
     KPL_CHECK(s, KPL_ENOMEM, "out of memory");
     *state = s;
     s->classes = r->model.num_classes;
-    KPL_CHECK(s->classes >= 2 && s->classes <= 255, KPL_EINVAL, "%s: model.num_classes: "
-              "segmentation needs 2 to 255 classes (masks are 8-bit), got %lld", file,
-              (long long)s->classes);
+    const char *bad = NULL;
+    kpl_status cst = check(r, kv, &bad);
+    if (cst < 0) return bad ? kpl__error_prefix(cst, "%s: %s: ", file, bad) : cst;
     KPL_TRY(kpl_key_int(kv, "ignore_index", &s->ignore));
-    KPL_CHECK(s->ignore >= s->classes, KPL_EINVAL, "%s: task.segmentation.ignore_index %lld is "
-              "a class (model.num_classes %lld): it must be %lld or more", file,
-              (long long)s->ignore, (long long)s->classes, (long long)s->classes);
     const char *loss = NULL, *mode = NULL;
     KPL_TRY(kpl_key_string(kv, "loss", &loss));
     s->loss = !strcmp(loss, "ce") ? LOSS_CE : !strcmp(loss, "dice") ? LOSS_DICE : LOSS_CE_DICE;
@@ -153,8 +212,6 @@ static kpl_status create(kpl_trainer *t, void **state)
     int nw = 0;
     KPL_TRY(kpl_key_floats(kv, "class_weights", w, 256, &nw));
     if (nw) {
-        KPL_CHECK(nw == s->classes, KPL_EINVAL, "%s: task.segmentation.class_weights: %d values "
-                  "for %lld classes", file, nw, (long long)s->classes);
         s->class_weight = malloc((size_t)nw * sizeof *s->class_weight);
         KPL_CHECK(s->class_weight, KPL_ENOMEM, "out of memory");
         for (int i = 0; i < nw; i++) s->class_weight[i] = (float)w[i];
@@ -166,9 +223,7 @@ static kpl_status create(kpl_trainer *t, void **state)
     s->slide = !strcmp(mode, "slide");
     int n = 0;
     KPL_TRY(kpl_key_ints(kv, "crop_size", s->crop, 2, &n));
-    KPL_CHECK(n == 2, KPL_EINVAL, "%s: task.segmentation.crop_size: want [height, width]", file);
     KPL_TRY(kpl_key_ints(kv, "stride", s->stride, 2, &n));
-    KPL_CHECK(n == 2, KPL_EINVAL, "%s: task.segmentation.stride: want [dy, dx]", file);
     KPL_TRY(kpl_key_int(kv, "tb_images", &s->tb_images));
     KPL_TRY(kpl_key_string(kv, "save_predictions", &s->save));
     s->conf = calloc((size_t)(s->classes * s->classes), sizeof *s->conf);
@@ -187,7 +242,8 @@ static kpl_status create(kpl_trainer *t, void **state)
         snprintf(label, sizeof label, "deeplabv3_r%lld", (long long)(mc.depth ? mc.depth : 50));
     else
         snprintf(label, sizeof label, "%s", mc.name);
-    return kpl_trainer_add_model(t, "model", label, m, NULL, NULL);
+    KPL_TRY(kpl_trainer_add_model(t, "model", label, m, NULL, NULL));
+    return s->slide ? probe_window(t, s, file) : KPL_OK;
 }
 
 /* The mask feature a split's batches carry (the converters' "mask"),
@@ -605,4 +661,5 @@ const kpl_task_kind kpl_task_segmentation = {
     .images = images,
     .keys = keys,
     .needs = needs,
+    .check = check,
 };
