@@ -22,19 +22,33 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The callables a GLOBAL may name. */
-enum { G_RECONSTRUCT, G_NDARRAY, G_DTYPE, G_ENCODE, G_BYTES };
+/* The callables a GLOBAL may name (torch: the torch dialect's only). */
+enum { G_RECONSTRUCT, G_NDARRAY, G_DTYPE, G_ENCODE, G_BYTES, G_ODICT, G_TENSOR, G_PARAM,
+       G_STORAGE };
 
 static const struct {
     const char *module, *name;
     int which;
+    bool torch;
+    kpl_dtype dtype; /* G_STORAGE */
 } known_globals[] = {
-    {"numpy.core.multiarray", "_reconstruct", G_RECONSTRUCT}, /* numpy 1.x and Python 2 */
-    {"numpy._core.multiarray", "_reconstruct", G_RECONSTRUCT}, /* numpy 2.x */
-    {"numpy", "ndarray", G_NDARRAY},
-    {"numpy", "dtype", G_DTYPE},
-    {"_codecs", "encode", G_ENCODE},  /* Python 3's bytes at protocol 2 */
-    {"__builtin__", "bytes", G_BYTES}, /* ... and its empty bytes */
+    {"numpy.core.multiarray", "_reconstruct", G_RECONSTRUCT, false, KPL_U8}, /* numpy 1.x, Python 2 */
+    {"numpy._core.multiarray", "_reconstruct", G_RECONSTRUCT, false, KPL_U8}, /* numpy 2.x */
+    {"numpy", "ndarray", G_NDARRAY, false, KPL_U8},
+    {"numpy", "dtype", G_DTYPE, false, KPL_U8},
+    {"_codecs", "encode", G_ENCODE, false, KPL_U8},  /* Python 3's bytes at protocol 2 */
+    {"__builtin__", "bytes", G_BYTES, false, KPL_U8}, /* ... and its empty bytes */
+    {"collections", "OrderedDict", G_ODICT, true, KPL_U8},
+    {"torch._utils", "_rebuild_tensor_v2", G_TENSOR, true, KPL_U8},
+    {"torch._utils", "_rebuild_parameter", G_PARAM, true, KPL_U8},
+    {"torch", "FloatStorage", G_STORAGE, true, KPL_F32},
+    {"torch", "HalfStorage", G_STORAGE, true, KPL_F16},
+    {"torch", "BFloat16Storage", G_STORAGE, true, KPL_BF16},
+    {"torch", "DoubleStorage", G_STORAGE, true, KPL_F64},
+    {"torch", "LongStorage", G_STORAGE, true, KPL_I64},
+    {"torch", "IntStorage", G_STORAGE, true, KPL_I32},
+    {"torch", "ByteStorage", G_STORAGE, true, KPL_U8},
+    {"torch", "BoolStorage", G_STORAGE, true, KPL_BOOL},
 };
 
 /* Bounds that keep memory in proportion to the input.  A real CIFAR-100
@@ -86,12 +100,15 @@ typedef struct {
     kpl__pk_value **memo;
     int64_t memo_cap;
     size_t decoded; /* bytes made by _codecs.encode so far */
+    bool torch;     /* the torch dialect */
 } machine;
 
 const char *kpl__pk_kind_name(kpl__pk_kind k)
 {
-    static const char *const names[] = {"None",  "bool", "int",  "bytes",  "str",        "tuple",
-                                        "list",  "dict", "global", "uint8 array", "dtype"};
+    static const char *const names[] = {"None",   "bool",   "int",         "bytes", "str",
+                                        "tuple",  "list",   "dict",        "global",
+                                        "uint8 array", "dtype", "float", "object",
+                                        "storage", "tensor"};
     return (unsigned)k < sizeof names / sizeof *names ? names[k] : "?";
 }
 
@@ -252,6 +269,8 @@ static bool is_flag(const kpl__pk_value *v)
 
 /* ---- the opcodes that make values from their arguments ---- */
 
+static kpl_status op_const(machine *m, kpl__pk_kind kind, int64_t num);
+
 /* GLOBAL "module\nname\n": one of known_globals, else refused. */
 static kpl_status op_global(machine *m)
 {
@@ -268,12 +287,21 @@ static kpl_status op_global(machine *m)
         m->at += n + 1;
     }
     for (size_t i = 0; i < sizeof known_globals / sizeof *known_globals; i++)
-        if (!strcmp(part[0], known_globals[i].module) && !strcmp(part[1], known_globals[i].name)) {
+        if (!strcmp(part[0], known_globals[i].module) && !strcmp(part[1], known_globals[i].name) &&
+            (!known_globals[i].torch || m->torch)) {
             kpl__pk_value *v = NULL;
             KPL_TRY(new_value(m, KPL__PK_GLOBAL, &v));
             v->num = known_globals[i].which;
+            v->dtype = known_globals[i].dtype;
             return push(m, v);
         }
+    if (m->torch) { /* a class of the file's other contents: an object never called */
+        if (!strcmp(part[0], "torch") && strstr(part[1], "Storage"))
+            return bad(m, "GLOBAL torch.%s: a storage of a dtype kpl does not hold (kpl reads "
+                       "float, half, bfloat16, double, long, int, byte and bool tensors)",
+                       part[1]);
+        return op_const(m, KPL__PK_OBJECT, 0);
+    }
     return bad(m, "GLOBAL %s.%s: kpl reads only numpy uint8 arrays, lists, dicts, ints and "
                "strings from a pickle, and never runs code from one", part[0], part[1]);
 }
@@ -308,12 +336,109 @@ static kpl_status make_latin1(machine *m, const kpl__pk_value *text, kpl__pk_val
     return KPL_OK;
 }
 
+/* A tuple of n counts (ints >= 0, n <= 8) into out. */
+static bool counts(const kpl__pk_value *t, int64_t *out, int64_t *n)
+{
+    if (t->kind != KPL__PK_TUPLE || t->n > 8) return false;
+    for (int64_t i = 0; i < t->n; i++) {
+        if (t->items[i]->kind != KPL__PK_INT || t->items[i]->num < 0) return false;
+        out[i] = t->items[i]->num;
+    }
+    *n = t->n;
+    return true;
+}
+
+/* torch._utils._rebuild_tensor_v2(storage, offset, size, stride,
+ * requires_grad, backward_hooks[, metadata]): a view of the storage. */
+static kpl_status make_tensor(machine *m, const kpl__pk_value *args, kpl__pk_value *v)
+{
+    kpl__pk_value **a = args->items;
+    int64_t nd = 0, ns = 0;
+    if (args->n < 6 || args->n > 7 || a[0]->kind != KPL__PK_STORAGE || a[1]->kind != KPL__PK_INT ||
+        a[1]->num < 0 || !counts(a[2], v->shape, &nd) || !counts(a[3], v->stride, &ns) ||
+        nd != ns || !is_flag(a[4]))
+        return bad(m, "_rebuild_tensor_v2 with arguments other than (storage, offset, size, "
+                   "stride, requires_grad, hooks) of up to 8 dimensions");
+    v->kind = KPL__PK_TENSOR;
+    v->num = a[1]->num;
+    v->ndim = (int)nd;
+    return add_item(m, v, a[0]);
+}
+
+/* BINPERSID: torch's ('storage', StorageType, key, location, numel). */
+static kpl_status op_persid(machine *m)
+{
+    kpl__pk_value *pid = NULL, *v = NULL;
+    KPL_TRY(pop(m, &pid));
+    kpl__pk_value **a = pid->items;
+    if (pid->kind != KPL__PK_TUPLE || pid->n != 5 || !kpl__pk_is_text(a[0], "storage") ||
+        a[1]->kind != KPL__PK_GLOBAL || a[1]->num != G_STORAGE || a[2]->kind != KPL__PK_STR ||
+        a[2]->len == 0 || a[2]->len > 64 || a[3]->kind != KPL__PK_STR || a[4]->kind != KPL__PK_INT ||
+        a[4]->num < 0)
+        return bad(m, "a persistent id other than torch's ('storage', StorageType, key, "
+                   "location, numel)");
+    for (size_t i = 0; i < a[2]->len; i++) {
+        uint8_t c = a[2]->bytes[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') ||
+              c == '_'))
+            return bad(m, "a storage key that is not a plain name");
+    }
+    KPL_TRY(new_value(m, KPL__PK_STORAGE, &v));
+    v->dtype = a[1]->dtype;
+    v->bytes = a[2]->bytes;
+    v->len = a[2]->len;
+    v->num = a[4]->num;
+    return push(m, v);
+}
+
+/* LONG1: an int of n little-endian two's-complement bytes (n <= 8). */
+static kpl_status op_long1(machine *m)
+{
+    const uint8_t *p = NULL;
+    KPL_TRY(take(m, 1, &p));
+    size_t n = p[0];
+    if (n > 8) return bad(m, "LONG1 of %zu bytes (kpl reads ints of up to 64 bits)", n);
+    KPL_TRY(take(m, n, &p));
+    uint64_t u = 0;
+    for (size_t i = 0; i < n; i++) u |= (uint64_t)p[i] << (8 * i);
+    if (n && n < 8 && (p[n - 1] & 0x80)) u |= ~(uint64_t)0 << (8 * n); /* negative */
+    kpl__pk_value *v = NULL;
+    KPL_TRY(new_value(m, KPL__PK_INT, &v));
+    v->num = (int64_t)u;
+    return push(m, v);
+}
+
+/* BINFLOAT: a big-endian IEEE double. */
+static kpl_status op_binfloat(machine *m)
+{
+    const uint8_t *p = NULL;
+    KPL_TRY(take(m, 8, &p));
+    uint64_t u = 0;
+    for (int i = 0; i < 8; i++) u = u << 8 | p[i];
+    kpl__pk_value *v = NULL;
+    KPL_TRY(new_value(m, KPL__PK_FLOAT, &v));
+    memcpy(&v->real, &u, sizeof v->real);
+    return push(m, v);
+}
+
+/* NEWOBJ: cls.__new__(cls, *args), for a class never called: an object. */
+static kpl_status op_newobj(machine *m)
+{
+    kpl__pk_value *args = NULL, *cls = NULL;
+    KPL_TRY(pop(m, &args));
+    KPL_TRY(pop(m, &cls));
+    if (cls->kind != KPL__PK_OBJECT || args->kind != KPL__PK_TUPLE)
+        return bad(m, "NEWOBJ of a %s", kpl__pk_kind_name(cls->kind));
+    return op_const(m, KPL__PK_OBJECT, 0);
+}
+
 /* REDUCE: callable(*args), for the callables known_globals lists. */
 static kpl_status op_reduce(machine *m)
 {
     kpl__pk_value *args = NULL, *f = NULL, *v = NULL;
     KPL_TRY(pop(m, &args));
     KPL_TRY(pop(m, &f));
+    if (m->torch && f->kind == KPL__PK_OBJECT) return op_const(m, KPL__PK_OBJECT, 0);
     if (f->kind != KPL__PK_GLOBAL) return bad(m, "REDUCE calls a %s", kpl__pk_kind_name(f->kind));
     if (args->kind != KPL__PK_TUPLE)
         return bad(m, "REDUCE's arguments are a %s, not a tuple", kpl__pk_kind_name(args->kind));
@@ -347,6 +472,18 @@ static kpl_status op_reduce(machine *m)
         v->kind = KPL__PK_BYTES;
         v->bytes = (const uint8_t *)"";
         break;
+    case G_ODICT: /* OrderedDict() (its items come by SETITEMS) */
+        if (args->n != 0) return bad(m, "OrderedDict with arguments");
+        v->kind = KPL__PK_DICT;
+        break;
+    case G_TENSOR:
+        KPL_TRY(make_tensor(m, args, v));
+        break;
+    case G_PARAM: /* _rebuild_parameter(tensor, requires_grad, hooks): the tensor */
+        if (args->n < 2 || a[0]->kind != KPL__PK_TENSOR || !is_flag(a[1]))
+            return bad(m, "_rebuild_parameter with arguments other than (tensor, requires_grad, "
+                       "hooks)");
+        return push(m, a[0]);
     default:
         return bad(m, "REDUCE calls numpy.ndarray itself");
     }
@@ -409,6 +546,9 @@ static kpl_status op_build(machine *m)
         return bad(m, "BUILD of a %s built already", kpl__pk_kind_name(x->kind));
     if (x->kind == KPL__PK_DTYPE) return build_dtype(m, x, state);
     if (x->kind == KPL__PK_ARRAY) return build_array(m, x, state);
+    /* torch: an OrderedDict's attributes (a state dict's _metadata), an
+     * object's state: read, not kept */
+    if (m->torch && (x->kind == KPL__PK_DICT || x->kind == KPL__PK_OBJECT)) return KPL_OK;
     return bad(m, "BUILD of a %s: only numpy arrays and dtypes are built",
                kpl__pk_kind_name(x->kind));
 }
@@ -526,7 +666,9 @@ static kpl_status run_op(machine *m, bool *stop)
         KPL_TRY(take(m, 1, &p));
         if (m->op != 0) return bad(m, "PROTO after the start");
         if (p[0] != 2)
-            return bad(m, "pickle protocol %d: kpl reads protocol 2, the CIFAR files' own", p[0]);
+            return bad(m, "pickle protocol %d: kpl reads protocol 2, %s", p[0],
+                       m->torch ? "torch.save's default (save again without pickle_protocol)"
+                                : "the CIFAR files' own");
         return KPL_OK;
     case '.': { /* STOP */
         KPL_TRY(pop(m, &m->p->root));
@@ -579,10 +721,25 @@ static kpl_status run_op(machine *m, bool *stop)
     case 'c': return op_global(m);
     case 'R': return op_reduce(m);
     case 'b': return op_build(m);
-    default:
+    case 'Q':
+        if (m->torch) return op_persid(m);
+        break;
+    case 0x8a:
+        if (m->torch) return op_long1(m);
+        break;
+    case 'G':
+        if (m->torch) return op_binfloat(m);
+        break;
+    case 0x81:
+        if (m->torch) return op_newobj(m);
+        break;
+    default: break;
+    }
+    {
         return bad(m, "opcode 0x%02x (%s) is not one kpl reads (only what protocol 2 pickles "
-                   "of CIFAR's dicts, lists, ints, strings and numpy uint8 arrays use)", c,
-                   opcode_names[c] ? opcode_names[c] : "not a pickle opcode");
+                   "of %s use)", c, opcode_names[c] ? opcode_names[c] : "not a pickle opcode",
+                   m->torch ? "torch.save's state dicts"
+                            : "CIFAR's dicts, lists, ints, strings and numpy uint8 arrays");
     }
 }
 
@@ -603,10 +760,11 @@ const kpl__pk_value *kpl__pickle_root(const kpl__pickle *p)
     return p->root;
 }
 
-kpl_status kpl__pickle_load(const uint8_t *buf, size_t len, const char *name, kpl__pickle **out)
+static kpl_status load(const uint8_t *buf, size_t len, const char *name, bool torch,
+                       kpl__pickle **out)
 {
     *out = NULL;
-    machine m = {.b = buf, .len = len, .name = name};
+    machine m = {.b = buf, .len = len, .name = name, .torch = torch};
     if (len < 2 || buf[0] != 0x80)
         return KPL_ERROR(KPL_EFORMAT, "%s: not a protocol 2 pickle (it starts with %s)", name,
                          len ? (buf[0] == 0x80 ? "a PROTO cut short" : "no PROTO opcode")
@@ -632,4 +790,15 @@ kpl_status kpl__pickle_load(const uint8_t *buf, size_t len, const char *name, kp
     }
     *out = m.p;
     return KPL_OK;
+}
+
+kpl_status kpl__pickle_load(const uint8_t *buf, size_t len, const char *name, kpl__pickle **out)
+{
+    return load(buf, len, name, false, out);
+}
+
+kpl_status kpl__pickle_load_torch(const uint8_t *buf, size_t len, const char *name,
+                                  kpl__pickle **out)
+{
+    return load(buf, len, name, true, out);
 }

@@ -5,13 +5,15 @@
 #
 #   scripts/setup.sh            build + test dependencies, with the reference tools
 #                               the equivalence tests compare kpl against: numpy,
-#                               scipy, PIL (Debian) and pycocotools, onnx,
+#                               scipy, PIL, PyTorch and torchvision (Debian) and
+#                               pycocotools, onnx,
 #                               onnxruntime (PyPI, for /usr/bin/python3); it fails
 #                               when one cannot be installed, since the README's
 #                               test command fails without them (tests/skip.sh)
 #   scripts/setup.sh --train-only  only what building and training need (the
 #                               main job, scripts/run.sh): no PyPI
-#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch)
+#   scripts/setup.sh --bench    also the reference side of bench/ (PyTorch, which the
+#                               default set has already)
 #   scripts/setup.sh --fuzz     also clang 14 with libFuzzer and its OpenMP
 #                               (scripts/fuzz.sh, tests/fuzz; options combine)
 set -euo pipefail
@@ -32,6 +34,7 @@ packages=(
   libyaml-dev                        # recipes
   libprotobuf-c-dev protobuf-c-compiler  # ONNX export
   libpng-dev
+  libzip-dev                         # kpl import torch: torch.save's zip archives
   libcmocka-dev                      # unit tests
   iproute2 util-linux                # launcher tests: two "hosts" as network namespaces
   dataset-fashion-mnist              # the default recipe's data
@@ -41,8 +44,9 @@ ref_packages=(
   python3-numpy python3-pil          # segmentation metrics recomputed with numpy
   python3-scipy                      # FID as pytorch-fid computes it (sqrtm)
   python3-pip                        # pycocotools, onnx, onnxruntime below
+  python3-torch python3-torchvision  # kpl import torch/onnx: torchvision's ResNets' logits
 )
-bench_packages=(python3-torch)
+bench_packages=()
 # clang's libFuzzer and sanitizer runtimes live in libclang-rt-14-dev; with
 # clang, OpenMP is LLVM's libomp (omp.h and libomp.so).  GNU ld links them.
 fuzz_packages=(clang-14 libclang-rt-14-dev libomp-14-dev)

@@ -118,6 +118,14 @@ static inline bool kpl_test_skip_note(kpl_test_skip_kind kind, const char *where
         return;                                                                         \
     } while (0)
 
+/* The ISA variants of a test (ctest label isa: ONEDNN_MAX_CPU_ISA set)
+ * say first which ISA oneDNN runs under and what the CPU has. */
+__attribute__((constructor)) static void kpl_test_say_isa(void)
+{
+    if (getenv("ONEDNN_MAX_CPU_ISA"))
+        printf("ONEDNN_MAX_CPU_ISA=%s: %s\n", getenv("ONEDNN_MAX_CPU_ISA"), kpl_cpu_math_info());
+}
+
 /* cuda:0 for a GPU test: exits 77 (ctest's skip) when there is no CUDA
  * device, 1 when it cannot be opened. */
 static inline kpl_device *kpl_test_gpu(void)

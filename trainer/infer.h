@@ -89,6 +89,23 @@ kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path);
 kpl_status kpl_onnx_import(const char *path, const char *prefix, int nexclude,
                            const char *const *exclude, kpl_checkpoint **out);
 
+/* The tensors of a PyTorch checkpoint at path (torch.save's zip format,
+ * PyTorch 1.6 and later) as a checkpoint (in memory): the state dict at
+ * the top of the saved object, or under `key` (NULL: the first of
+ * state_dict, model, model_state_dict, module, state_dict_ema, model_ema
+ * that holds tensors), each tensor as prefix + its name ("module." before
+ * every name dropped; batch norm's num_batches_tracked, a counter kpl does
+ * not keep, left out), in its own dtype (f32, f16, bf16, f64, i64, i32,
+ * u8, bool), views of shared storages copied out with their offsets and
+ * strides; names matching one of the nexclude globs are left out.
+ * data.pkl is read by kpl's strict pickle reader: nothing in the file is
+ * executed.  torchvision's and timm's state dicts carry the names of
+ * kpl's zoo.  KPL_EFORMAT naming the file and what is wrong (a legacy
+ * file, a damaged zip, a view past its storage, NaN or inf); *out owned
+ * by the caller. */
+kpl_status kpl_torch_import(const char *path, const char *prefix, const char *key, int nexclude,
+                            const char *const *exclude, kpl_checkpoint **out);
+
 #ifdef __cplusplus
 }
 #endif

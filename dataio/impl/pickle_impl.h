@@ -39,6 +39,13 @@ typedef enum {
     KPL__PK_GLOBAL, /* one of the few callables the reader knows (pickle.c) */
     KPL__PK_ARRAY,  /* a numpy uint8 array: shape[ndim], bytes[len] in C order */
     KPL__PK_DTYPE,  /* numpy's uint8 dtype */
+    /* the torch dialect (kpl__pickle_load_torch) only: */
+    KPL__PK_FLOAT,   /* real */
+    KPL__PK_OBJECT,  /* an instance of a class kpl does not interpret (never called) */
+    KPL__PK_STORAGE, /* a storage by persistent id: dtype, key bytes[len] (its file in the
+                        archive's data/), num: its elements */
+    KPL__PK_TENSOR,  /* a view of items[0] (a STORAGE): num: its offset in elements,
+                        shape[ndim], stride[ndim] in elements */
 } kpl__pk_kind;
 
 typedef struct kpl__pk_value kpl__pk_value;
@@ -50,8 +57,11 @@ struct kpl__pk_value {
     size_t len;
     kpl__pk_value **items; /* TUPLE, LIST, DICT */
     int64_t n, cap;
-    int ndim;              /* ARRAY */
-    int64_t shape[4];
+    int ndim;              /* ARRAY, TENSOR */
+    int64_t shape[8];
+    int64_t stride[8];     /* TENSOR */
+    double real;           /* FLOAT */
+    kpl_dtype dtype;       /* STORAGE; GLOBAL of a storage type */
     bool built;            /* ARRAY, DTYPE: BUILD has set its state */
     uint8_t *owned;        /* bytes decoded by _codecs.encode, freed with the pickle */
 };
@@ -65,6 +75,17 @@ typedef struct kpl__pickle kpl__pickle;
  * Memory is O(len); nothing recurses, so no input can exhaust the stack. */
 kpl_status kpl__pickle_load(const uint8_t *buf, size_t len, const char *name,
                             kpl__pickle **out);
+/* The same for the data.pkl of a torch.save archive (protocol 2, torch's
+ * default): also collections.OrderedDict (a dict), torch._utils'
+ * _rebuild_tensor_v2 and _rebuild_parameter (TENSOR values), the typed
+ * storages torch.FloatStorage, HalfStorage, BFloat16Storage,
+ * DoubleStorage, LongStorage, IntStorage, ByteStorage and BoolStorage as
+ * persistent ids (BINPERSID: STORAGE values), BINFLOAT, LONG1 and
+ * NEWOBJ; any other class a pickle names becomes an OBJECT that is never
+ * called, and BUILD of a dict or an OBJECT (an OrderedDict's _metadata)
+ * is read and dropped.  Nothing is imported or executed. */
+kpl_status kpl__pickle_load_torch(const uint8_t *buf, size_t len, const char *name,
+                                  kpl__pickle **out);
 void kpl__pickle_free(kpl__pickle *p);
 const kpl__pk_value *kpl__pickle_root(const kpl__pickle *p);
 

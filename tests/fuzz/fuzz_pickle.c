@@ -4,11 +4,13 @@
  * convert --from cifar` runs on the python version's files, and the binary
  * version's record reader.
  *
- * Input: the bytes of one file, read as a pickle (kpl__pickle_load), as a
+ * Input: the bytes of one file, read as a pickle (kpl__pickle_load, and
+ * in the torch dialect: kpl__pickle_load_torch), as a
  * CIFAR-10 and a CIFAR-100 batch and meta file, and as a binary batch of
  * either set.  Seeds (corpus/pickle) are small batches and meta files as
  * Python 2's cPickle and Python 3 write them, from tests/dataio/gen_cifar.py
- * --seeds.
+ * --seeds, and data.pkl of torch.save archives (torch_ref.py views; a
+ * ResNet-18 state dict's).
  */
 #include "fuzz_common.h"
 
@@ -30,6 +32,14 @@ static void check_values(const kpl__pk_value *root)
             fuzz_touch(e->bytes, e->len);
         }
         if (e->kind == KPL__PK_BYTES || e->kind == KPL__PK_STR) fuzz_touch(e->bytes, e->len);
+        if (e->kind == KPL__PK_TENSOR) { /* a view of a storage, up to 8 counts */
+            if (e->ndim < 0 || e->ndim > 8 || e->n != 1 || e->items[0]->kind != KPL__PK_STORAGE ||
+                e->num < 0)
+                abort();
+            for (int d = 0; d < e->ndim; d++)
+                if (e->shape[d] < 0 || e->stride[d] < 0) abort();
+            fuzz_touch(e->items[0]->bytes, e->items[0]->len);
+        }
     }
 }
 
@@ -51,6 +61,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     memcpy(buf, data, size);
     kpl__pickle *p = NULL;
     if (fuzz_st(kpl__pickle_load(buf, size, "fuzz", &p), "pickle") == KPL_OK) {
+        check_values(kpl__pickle_root(p));
+        kpl__pickle_free(p);
+    }
+    /* the torch dialect (kpl import torch's data.pkl) */
+    if (fuzz_st(kpl__pickle_load_torch(buf, size, "fuzz", &p), "torch pickle") == KPL_OK) {
         check_values(kpl__pickle_root(p));
         kpl__pickle_free(p);
     }

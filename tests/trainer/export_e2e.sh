@@ -28,13 +28,19 @@
 #             export folded (onnx::Conv_N names) refused naming them; then model.weights starts a ResNet-18 run from
 #             them (--exclude conv1.* fc.*: the CIFAR stem and 10 classes),
 #             logged, and the first loss differs from a run without
+#   torch     torchvision's ResNet-18/50 (random weights): kpl import torch
+#             of the .pth (also wrapped as training scripts save it) and
+#             kpl import onnx of a training-mode export give torch's logits
+#             through kpl export + kpl infer (1e-4, 1e-5); an eval-mode
+#             export (batch norm folded) is refused; model.weights
+#             fine-tunes from the import
 #   errors    a truncated model file, a flipped byte, a checkpoint given as
 #             a model, a task with no inference graph, missing arguments,
 #             .npy files with a bad shape (negative, not integers) or a size
 #             that does not match it: each a clear error and a non-zero
 #             exit, nothing left behind; NaN outputs as JSON null, exit 1
 set -euo pipefail
-case_=$1 kpl=$2 src=$3 example=${4:-}
+case_=$1 kpl=$2 src=$3 example=${4:-} gen=${5:-}
 here=$(cd "$(dirname "$0")" && pwd)
 . "$(dirname "$0")/e2e_common.sh"
 need_fm
@@ -202,6 +208,54 @@ import)
     die "model.weights_into of a missing module was accepted"
   fi
   grep -q "no module 'nothing'" tx.err || die "weights_into: $(tail -2 tx.err)"
+  ;;
+torch)
+  # torchvision's ResNet-18 and -50 (random weights and batch-norm
+  # statistics) as PyTorch users have them: kpl import torch of the state
+  # dict and of a training script's checkpoint, kpl import onnx of a
+  # training-mode export; the eval-mode export refused.  Through kpl export
+  # and kpl infer, the logits of 2 images equal torch's (to 1e-4 from the
+  # .pth, to 1e-5 from the ONNX file); then a recipe fine-tunes from them.
+  [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import torch, torchvision, onnx" 2> /dev/null \
+    || kpl_skip ref "python3-torch, python3-torchvision and onnx for /usr/bin/python3"
+  "$gen" folder 4 6 3 > /dev/null || die "gen_imagefolder"
+  # logits NAME WEIGHTS DEPTH TOL: exported at batch 2, run on x.npy
+  logits() {
+    "$kpl" export "$src/recipes/imagenet/resnet50.yaml" "${QUIET[@]}" model.depth=$3 \
+      data.root="$tmp/in" data.convert.source="$tmp/folder" --checkpoint "$2" -o $1.kplm --batch 2 \
+      > exp.txt 2> exp.err || die "$1: export: $(tail -3 exp.err)"
+    "$kpl" infer $1.kplm m/x.npy --logits --top 1 > inf.txt 2> inf.err || die "$1: infer: $(cat inf.err)"
+    sed -n 's/.*"logits":\[\([^]]*\)\].*/\1/p' inf.txt | tr ',' '\n' > $1.txt
+    /usr/bin/python3 "$here/torch_ref.py" compare $1.txt m/logits.txt $4 > cmp.txt \
+      || die "$1: $(cat cmp.txt)"
+    echo "$1: $(cat cmp.txt)"
+  }
+  for arch in resnet18 resnet50; do
+    depth=${arch#resnet}
+    rm -rf m && mkdir m
+    /usr/bin/python3 "$here/torch_ref.py" model m $arch > ref.log 2>&1 || die "torch_ref: $(tail -3 ref.log)"
+    for f in $arch ${arch}_wrapped; do
+      "$kpl" import torch m/$f.pth -o $f.kpl --check $arch --classes 1000 > imp.txt 2> imp.err \
+        || die "import torch $f: $(cat imp.err)"
+      grep -q '"missing":0,"unexpected":0}' imp.txt || die "import torch $f: $(cat imp.txt imp.err)"
+    done
+    "$kpl" import onnx m/${arch}_train.onnx -o ${arch}_onnx.kpl --check $arch --classes 1000 \
+      > imp.txt 2> imp.err || die "import onnx (training mode): $(cat imp.err)"
+    grep -q '"missing":0,"unexpected":0}' imp.txt || die "import onnx: $(cat imp.txt imp.err)"
+    if "$kpl" import onnx m/${arch}_eval.onnx -o ev.kpl > /dev/null 2> imp.err; then
+      die "the eval-mode (folded) export was imported"
+    fi
+    grep -q "the exporter folded batch norm" imp.err || die "folded: $(cat imp.err)"
+    logits ${arch}_pth $arch.kpl $depth 1e-4
+    logits ${arch}_wrapped ${arch}_wrapped.kpl $depth 1e-4
+    logits ${arch}_onnx ${arch}_onnx.kpl $depth 1e-5
+  done
+  # fine-tuning from a .pth: model.weights (a new head for the 4 classes)
+  "$kpl" import torch m/resnet50.pth -o ft.kpl --exclude 'fc.*' > /dev/null 2>&1 || die "import --exclude"
+  "$kpl" train "$src/recipes/imagenet/resnet50.yaml" "${QUIET[@]}" data.root="$tmp/in" \
+    data.convert.source="$tmp/folder" model.weights=ft.kpl model.num_classes=4 max_steps=1 \
+    data.train.batch_size=2 data.val.limit=2 run_dir=ft > ft.txt 2> ft.err || die "fine-tune: $(tail -3 ft.err)"
+  grep -rq "model.weights: 265 tensors from ft.kpl" ft.txt ft.err || die "fine-tune: $(grep -h weights ft.txt ft.err)"
   ;;
 errors)
   recipe=$src/recipes/fashion_mnist/lenet.yaml

@@ -452,25 +452,31 @@ out:
     return rc;
 }
 
-/* ---- kpl import onnx ---- */
+/* ---- kpl import onnx, kpl import torch ---- */
 
 static void usage_import(FILE *f)
 {
     fprintf(f,
             "usage: kpl import onnx MODEL.onnx -o WEIGHTS.kpl [--prefix P] [--exclude GLOB]...\n"
             "                  [--check PRESET [--classes N]]\n"
+            "       kpl import torch FILE.pth -o WEIGHTS.kpl [--key K] [--prefix P]\n"
+            "                  [--exclude GLOB]... [--check PRESET [--classes N]]\n"
             "\n"
-            "Writes the initializers of an ONNX model as a kpl checkpoint, each tensor\n"
-            "under P + its name (P defaults to \"model.\", what the recipe key model.weights\n"
-            "and kpl's own checkpoints use).  A torchvision model exported in training\n"
-            "mode (torch.onnx.export(..., training=torch.onnx.TrainingMode.TRAINING,\n"
-            "do_constant_folding=False)) has the names of kpl's zoo: conv1.weight,\n"
-            "layer1.0.bn1.running_mean, fc.bias; an eval-mode export folded batch norm\n"
-            "into the convolutions (onnx::Conv_N names) and is refused.\n"
-            "--exclude leaves out the initializers whose names match (e.g. 'fc.*' to\n"
-            "train a new head).  --check builds a zoo preset (resnet18, resnet50, ...;\n"
-            "--classes N for its head, 0 for the backbone) and loads the weights into it,\n"
-            "printing how many of its tensors the file sets and which it does not.\n");
+            "Writes the weights of an ONNX model (its initializers) or of a PyTorch\n"
+            "checkpoint (what torch.save writes, PyTorch 1.6 and later: a state dict, or a\n"
+            "dict holding one under state_dict, model, ...; --key K names it) as a kpl\n"
+            "checkpoint, each tensor under P + its name (P defaults to \"model.\", what the\n"
+            "recipe key model.weights and kpl's own checkpoints use).  Nothing in either\n"
+            "file is executed.  torchvision's and timm's state dicts have the names of kpl's\n"
+            "zoo: conv1.weight, layer1.0.bn1.running_mean, fc.bias.  A torchvision model\n"
+            "exported to ONNX in training mode (torch.onnx.export(...,\n"
+            "training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False)) keeps\n"
+            "them too; an eval-mode export folded batch norm into the convolutions\n"
+            "(onnx::Conv_N names) and is refused.\n"
+            "--exclude leaves out the tensors whose names match (e.g. 'fc.*' to train a new\n"
+            "head).  --check builds a zoo preset (resnet18, resnet50, ...; --classes N for\n"
+            "its head, 0 for the backbone) and loads the weights into it, printing how many\n"
+            "of its tensors the file sets and which it does not.\n");
 }
 
 int kpl__cmd_import(int argc, char **argv)
@@ -479,12 +485,15 @@ int kpl__cmd_import(int argc, char **argv)
         usage_import(stdout);
         return 0;
     }
-    if (argc < 1 || strcmp(argv[0], "onnx")) {
-        fprintf(stderr, "kpl import: the format comes first: kpl import onnx MODEL.onnx -o OUT.kpl\n");
+    if (argc < 1 || (strcmp(argv[0], "onnx") && strcmp(argv[0], "torch"))) {
+        fprintf(stderr, "kpl import: the format comes first: kpl import onnx MODEL.onnx -o OUT.kpl, "
+                        "or kpl import torch FILE.pth -o OUT.kpl\n");
         usage_import(stderr);
         return 2;
     }
-    const char *in = NULL, *out = NULL, *prefix = "model.", *check = NULL;
+    const char *fmt = argv[0];
+    bool torch = !strcmp(fmt, "torch");
+    const char *in = NULL, *out = NULL, *prefix = "model.", *check = NULL, *key = NULL;
     long long classes = 1000;
     const char **excl = calloc((size_t)argc + 1, sizeof *excl);
     int nexcl = 0;
@@ -492,17 +501,20 @@ int kpl__cmd_import(int argc, char **argv)
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool val = !strcmp(a, "-o") || !strcmp(a, "--prefix") || !strcmp(a, "--exclude") ||
-                   !strcmp(a, "--check") || !strcmp(a, "--classes");
+                   !strcmp(a, "--check") || !strcmp(a, "--classes") ||
+                   (torch && !strcmp(a, "--key"));
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             usage_import(stdout);
             free(excl);
             return 0;
         } else if (val && i + 1 >= argc) {
-            fprintf(stderr, "kpl import onnx: %s needs a value\n", a);
+            fprintf(stderr, "kpl import %s: %s needs a value\n", fmt, a);
             free(excl);
             return 2;
         } else if (!strcmp(a, "-o")) {
             out = argv[++i];
+        } else if (!strcmp(a, "--key")) {
+            key = argv[++i];
         } else if (!strcmp(a, "--prefix")) {
             prefix = argv[++i];
         } else if (!strcmp(a, "--exclude")) {
@@ -513,12 +525,12 @@ int kpl__cmd_import(int argc, char **argv)
             char *end = NULL;
             classes = strtoll(argv[++i], &end, 10);
             if (*end || classes < 0) {
-                fprintf(stderr, "kpl import onnx: --classes needs a count >= 0\n");
+                fprintf(stderr, "kpl import %s: --classes needs a count >= 0\n", fmt);
                 free(excl);
                 return 2;
             }
         } else if (a[0] == '-' || in) {
-            fprintf(stderr, "kpl import onnx: unexpected argument '%s'\n", a);
+            fprintf(stderr, "kpl import %s: unexpected argument '%s'\n", fmt, a);
             usage_import(stderr);
             free(excl);
             return 2;
@@ -527,14 +539,16 @@ int kpl__cmd_import(int argc, char **argv)
         }
     }
     if (!in || !out) {
-        fprintf(stderr, "kpl import onnx: needs MODEL.onnx and -o WEIGHTS.kpl\n");
+        fprintf(stderr, "kpl import %s: needs %s and -o WEIGHTS.kpl\n", fmt,
+                torch ? "FILE.pth" : "MODEL.onnx");
         free(excl);
         return 2;
     }
     kpl_checkpoint *c = NULL;
     kpl_module *net = NULL;
     int rc = 0;
-    if (kpl_onnx_import(in, prefix, nexcl, excl, &c) < 0) {
+    if ((torch ? kpl_torch_import(in, prefix, key, nexcl, excl, &c)
+               : kpl_onnx_import(in, prefix, nexcl, excl, &c)) < 0) {
         fprintf(stderr, "kpl %s\n", kpl_last_error()); /* "import onnx: ..." */
         rc = 1;
         goto done;
@@ -546,23 +560,26 @@ int kpl__cmd_import(int argc, char **argv)
         if (kpl_zoo_preset(check, classes, &mc) < 0 ||
             kpl_zoo_create(&mc, kpl_device_cpu(), 0, &net) < 0 ||
             kpl_module_state_load(net, c, prefix, false, &rep) < 0) {
-            fprintf(stderr, "kpl import onnx: --check %s: %s\n", check, kpl_last_error());
+            fprintf(stderr, "kpl import %s: --check %s: %s\n", fmt, check, kpl_last_error());
             kpl_state_report_clear(&rep);
             rc = 1;
             goto done;
         }
         printf("{\"check\":\"%s\",\"loaded\":%d,\"missing\":%d,\"unexpected\":%d}\n", check,
                rep.nloaded, rep.nmissing, rep.nunexpected);
-        if (rep.nmissing) fprintf(stderr, "kpl import onnx: %s tensors the file does not set: %s\n", check, rep.missing);
+        if (rep.nmissing)
+            fprintf(stderr, "kpl import %s: %s tensors the file does not set: %s\n", fmt, check,
+                    rep.missing);
         if (rep.nunexpected)
-            fprintf(stderr, "kpl import onnx: tensors of the file %s does not have: %s\n", check,
-                    rep.unexpected);
+            fprintf(stderr, "kpl import %s: tensors of the file %s does not have: %s\n", fmt,
+                    check, rep.unexpected);
         kpl_state_report_clear(&rep);
     }
     char meta[1024];
-    snprintf(meta, sizeof meta, "{\"source\":\"onnx\",\"tensors\":%d}", kpl_checkpoint_num_tensors(c));
+    snprintf(meta, sizeof meta, "{\"source\":\"%s\",\"tensors\":%d}", fmt,
+             kpl_checkpoint_num_tensors(c));
     if (kpl_checkpoint_set_meta(c, meta) < 0 || kpl_checkpoint_save(c, out) < 0) {
-        fprintf(stderr, "kpl import onnx: %s\n", kpl_last_error());
+        fprintf(stderr, "kpl import %s: %s\n", fmt, kpl_last_error());
         rc = 1;
         goto done;
     }
