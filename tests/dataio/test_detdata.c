@@ -766,6 +766,51 @@ static void test_voc_convert(void **state)
           "voc: image 0 (000013): Annotations/000013.xml: ");
     FAILS(kpl_convert_voc(root, "nosuch", tmp_path("voc_bad4"), &o, NULL), KPL_ENOTFOUND,
           "ImageSets/Main/nosuch.txt");
+
+    /* numbers only in decimal; a field given twice; a FIFO (never opened:
+     * it would block); a link loop (its own error, not "no such file") */
+    static const struct {
+        const char *id, *xml_objects, *needle;
+    } odd[] = {
+        {"000021", "<xmin>0x5</xmin><ymin>3</ymin><xmax>9</xmax><ymax>8</ymax>",
+         "no <bndbox> with a number in <xmin>"},
+        {"000022", "<xmin>inf</xmin><ymin>3</ymin><xmax>9</xmax><ymax>8</ymax>",
+         "no <bndbox> with a number in <xmin>"},
+        {"000023", "<xmin>2</xmin><xmin>5</xmin><ymin>3</ymin><xmax>9</xmax><ymax>8</ymax>",
+         "<xmin> appears twice in <bndbox>"},
+    };
+    for (size_t i = 0; i < sizeof odd / sizeof *odd; i++) {
+        snprintf(p, sizeof p, "%s/JPEGImages/%s.jpg", root, odd[i].id);
+        write_jpeg(p, 20, 20, 7, NULL, NULL);
+        voc_xml(root, odd[i].id, 20, 20, voc_obj(o1, sizeof o1, "dog", 0, odd[i].xml_objects));
+        snprintf(p, sizeof p, "%s/ImageSets/Main/odd.txt", root);
+        char line[16];
+        snprintf(line, sizeof line, "%s\n", odd[i].id);
+        write_text(p, line);
+        FAILS(kpl_convert_voc(root, "odd", tmp_path("voc_odd"), &o, NULL), KPL_EFORMAT,
+              odd[i].needle);
+    }
+    snprintf(p, sizeof p, "%s/JPEGImages/000024.jpg", root);
+    write_jpeg(p, 20, 20, 7, NULL, NULL);
+    voc_xml(root, "000024", 20, 20, "<object><name>dog</name><name>cat</name><bndbox><xmin>2</xmin>"
+            "<ymin>3</ymin><xmax>9</xmax><ymax>8</ymax></bndbox></object>");
+    snprintf(p, sizeof p, "%s/ImageSets/Main/odd.txt", root);
+    write_text(p, "000024\n");
+    FAILS(kpl_convert_voc(root, "odd", tmp_path("voc_odd"), &o, NULL), KPL_EFORMAT,
+          "<name> appears twice in <object>");
+    char fifo[400], a1[400], a2[400];
+    snprintf(fifo, sizeof fifo, "%s/Annotations/000025.xml", root);
+    assert_int_equal(mkfifo(fifo, 0600), 0);
+    write_text(p, "000025\n");
+    FAILS(kpl_convert_voc(root, "odd", tmp_path("voc_odd"), &o, NULL), KPL_EFORMAT,
+          "Annotations/000025.xml: not a regular file");
+    snprintf(a1, sizeof a1, "%s/Annotations/000026.xml", root);
+    snprintf(a2, sizeof a2, "%s/Annotations/loop.xml", root);
+    assert_int_equal(symlink(a2, a1), 0);
+    assert_int_equal(symlink(a1, a2), 0);
+    write_text(p, "000026\n");
+    FAILS(kpl_convert_voc(root, "odd", tmp_path("voc_odd"), &o, NULL), KPL_EFORMAT,
+          "Annotations/000026.xml: Too many levels of symbolic links");
 }
 
 /* ---- the synthetic set --------------------------------------------------------------- */
