@@ -68,10 +68,10 @@ static int64_t superseded(const char *run_dir, int64_t step)
                 for (size_t i = 0; i < n; i++)
                     if (live[i] <= v) live[k++] = live[i];
                 n = k;
-            } else if (n < cap || (live = realloc(live, (cap = 2 * cap + 64) * sizeof *live))) {
-                live[n++] = v;
             } else {
-                n = cap = 0; /* out of memory: the count is left at what was seen */
+                int64_t *more = n < cap ? live : realloc(live, (2 * cap + 64) * sizeof *live);
+                if (more && n == cap) live = more, cap = 2 * cap + 64;
+                if (more) live[n++] = v; /* out of memory: the count is what was seen */
             }
         }
         json_decref(j);
