@@ -36,17 +36,23 @@ def main():
         assert sorted(os.listdir(args.out)) == ["mine.txt", "report.jsonl"], os.listdir(args.out)
         assert open(os.path.join(args.out, "report.jsonl")).read() == "", "the old report stayed"
         k.open_log("test.log")
-        # a hang, with a grandchild holding the pipe open
+        # a hang, with a grandchild holding the pipe open (a sleep of this
+        # test's own length, so that no other process on the machine counts)
+        nap = "300.%d" % os.getpid()
         t0 = time.monotonic()
-        rc, secs, timed_out, out = k.run(["bash", "-c", "echo started; sleep 300 & sleep 300"], 2,
-                                         quiet=True)
+        rc, secs, timed_out, out = k.run(["bash", "-c", "echo started; sleep %s & sleep %s" % (nap, nap)],
+                                         2, quiet=True)
         took = time.monotonic() - t0
         assert timed_out and rc is not None and rc < 0, (rc, timed_out)
         assert 1.5 < took < 10, took
         assert "started" in out, out
-        # nothing of the group survives
-        time.sleep(0.3)
-        alive = os.popen("pgrep -f 'sleep 30[0]'").read().split()
+        # nothing of the group survives (killed processes may take a moment
+        # to go on a loaded machine: up to 10 s)
+        for _ in range(100):
+            alive = os.popen("pgrep -f 'sleep %s'" % nap.replace(".", "[.]")).read().split()
+            if not alive:
+                break
+            time.sleep(0.1)
         assert not alive, f"left running: {alive}"
         # a command that ends on its own
         rc, secs, timed_out, out = k.run(["bash", "-c", "echo done; exit 3"], 10, quiet=True)
