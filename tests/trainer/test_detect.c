@@ -1,7 +1,7 @@
 /* test_detect.c — detection's parts.  FCOS's head (nn/fcos.c): shapes,
  * its initial probabilities, distances that are ReLU x scale x stride,
  * gradients reaching every parameter.  FCOS's locations and targets
- * (tasks/fcos_assign.c):
+ * (tasks/fcos_loss.c):
  * hand-computed cases (inside, centre sampling, ranges, the smaller box
  * winning an overlap, centerness) and, on random boxes, agreement with a
  * second formulation written the way mmdetection's tensors compute it

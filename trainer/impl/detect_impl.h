@@ -1,6 +1,7 @@
 /*
  * detect_impl.h — what the detection task's files share (not installed):
- * FCOS's locations and target assignment (tasks/fcos_assign.c).
+ * FCOS's locations, target assignment, losses and decoding
+ * (tasks/fcos_loss.c).
  */
 #ifndef KPL_DETECT_IMPL_H
 #define KPL_DETECT_IMPL_H
@@ -64,5 +65,31 @@ typedef struct {
 kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list *o, int64_t n,
                           const float *boxes, const int64_t *labels, const int64_t *nboxes,
                           int64_t maxb, kpl_trainer *t, kpl_tensor **loss, int64_t *positives);
+
+/* FCOS's inference (docs/detection.md, "Evaluation"): the levels'
+ * strides, the classes, and the decoding's keys (task.detection.*). */
+typedef struct {
+    int levels, stride[KPL_FCOS_MAX_LEVELS];
+    int64_t classes, topk, max_dets;
+    double score_thresh, nms_iou;
+} kpl__fcos_decode_config;
+
+/* Image i's detections from the head's outputs on the host (per level l:
+ * class logits lc[l] (n, classes, h, w), distances lr[l] (n, 4, h, w),
+ * centerness logits lz[l] (n, 1, h, w), hw[l] = {h, w}): per level,
+ * scores sqrt(sigmoid(class) x sigmoid(centerness)) above score_thresh
+ * at locations inside img_h x img_w, the level's topk best; boxes decoded
+ * and clipped to the image; class-wise NMS at nms_iou; the max_dets best,
+ * best first: boxes (k, 4) in the input's pixels, scores, labels.
+ * Returns k, or < 0 on failure. */
+int64_t kpl__fcos_detect_image(const kpl__fcos_decode_config *d, float *const *lc,
+                               float *const *lr, float *const *lz, const int64_t (*hw)[2],
+                               int64_t i, double img_h, double img_w, float *out_box,
+                               float *out_score, int64_t *out_label);
+
+/* A pool-owned tensor of a copy of host data on dev (NULL on failure,
+ * kpl_last_status says why). */
+kpl_tensor *kpl__host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                             const void *data);
 
 #endif /* KPL_DETECT_IMPL_H */

@@ -11,13 +11,12 @@
  * detections are grouped by image (a "cell"), each cell is matched once
  * per area range and IoU threshold, and the category's detections are then
  * walked in the global score order to build its precision/recall curves.
- * Memory is linear in the boxes, never categories x images.
+ * Memory is linear in the boxes, never categories x images.  Reading and
+ * writing COCO's JSON is cocoeval_json.c's.
  */
-#include "cocoeval.h"
+#include "cocoeval_impl.h"
 
-#include <errno.h>
 #include <float.h>
-#include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -90,14 +89,7 @@ static int64_t find_id(const int64_t *v, int64_t n, int64_t id)
     return lo < n && v[lo] == id ? lo : -1;
 }
 
-static bool finite4(const double b[4])
-{
-    return isfinite(b[0]) && isfinite(b[1]) && isfinite(b[2]) && isfinite(b[3]);
-}
-
-/* The shortest of %.15g, %.16g, %.17g that reads back to v.  -0 would
- * read back as the integer 0: it is written -0.0. */
-static int fmt_num(char *buf, size_t len, double v)
+int kpl__coco_fmt_num(char *buf, size_t len, double v)
 {
     if (v == 0 && signbit(v)) return snprintf(buf, len, "-0.0");
     char tmp[40];
@@ -177,11 +169,10 @@ static int cmp_box_key(const void *a, const void *b)
     return x->index < y->index ? -1 : x->index > y->index;
 }
 
-/* Everything kpl_coco_gt_create says, with `name` and `code` for the
- * errors (a file's name and KPL_EFORMAT when it comes from a file). */
-static kpl_status gt_build(const int64_t *image_ids, int64_t nimages, const int64_t *category_ids,
-                           int64_t ncategories, const kpl_coco_annotation *anns, int64_t nanns,
-                           const char *name, kpl_status code, kpl_coco_gt **out)
+kpl_status kpl__coco_gt_build(const int64_t *image_ids, int64_t nimages,
+                              const int64_t *category_ids, int64_t ncategories,
+                              const kpl_coco_annotation *anns, int64_t nanns, const char *name,
+                              kpl_status code, kpl_coco_gt **out)
 {
     KPL_CHECK(out, KPL_EINVAL, "%s: out is NULL", name);
     *out = NULL;
@@ -192,7 +183,7 @@ static kpl_status gt_build(const int64_t *image_ids, int64_t nimages, const int6
               KPL_EINVAL, "%s: an array is NULL but its count is not 0", name);
     for (int64_t i = 0; i < nanns; i++) {
         const kpl_coco_annotation *a = &anns[i];
-        KPL_CHECK(finite4(a->bbox) && isfinite(a->area), code,
+        KPL_CHECK(kpl__coco_finite4(a->bbox) && isfinite(a->area), code,
                   "%s: annotations[%lld] (id %lld): bbox or area is not a finite number", name,
                   (long long)i, (long long)a->id);
         KPL_CHECK(a->iscrowd == 0 || a->iscrowd == 1, code,
@@ -267,300 +258,8 @@ kpl_status kpl_coco_gt_create(const int64_t *image_ids, int64_t nimages,
                               const int64_t *category_ids, int64_t ncategories,
                               const kpl_coco_annotation *anns, int64_t nanns, kpl_coco_gt **out)
 {
-    return gt_build(image_ids, nimages, category_ids, ncategories, anns, nanns,
+    return kpl__coco_gt_build(image_ids, nimages, category_ids, ncategories, anns, nanns,
                     "kpl_coco_gt_create", KPL_EINVAL, out);
-}
-
-/* ---- JSON ------------------------------------------------------------------------------------ */
-
-/* The whole of a file, NUL-terminated (malloc'd). */
-static kpl_status read_text(const char *path, char **text, size_t *len)
-{
-    *text = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return KPL_ERROR(errno == ENOENT ? KPL_ENOTFOUND : KPL_EIO, "%s: %s", path,
-                         strerror(errno));
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap);
-    while (buf) {
-        n += fread(buf + n, 1, cap - n, f);
-        if (n < cap) break;
-        char *nb = realloc(buf, cap *= 2);
-        if (!nb) free(buf);
-        buf = nb;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (!buf) return KPL_ERROR(KPL_ENOMEM, "%s: out of memory reading the file", path);
-    if (bad) {
-        free(buf);
-        return KPL_ERROR(KPL_EIO, "%s: read error", path);
-    }
-    buf[n] = 0; /* n < cap: the loop ends on a short read */
-    *text = buf;
-    *len = n;
-    return KPL_OK;
-}
-
-static kpl_status parse_json(const char *text, size_t len, const char *name, json_t **out)
-{
-    json_error_t err;
-    *out = json_loadb(text, len, 0, &err);
-    KPL_CHECK(*out, KPL_EFORMAT, "%s: line %d, column %d: %s", name, err.line, err.column,
-              err.text);
-    return KPL_OK;
-}
-
-/* An integer field (an integral real is taken too, as Python compares
- * 3.0 == 3): 0, or 1 when missing, 2 when not an integer. */
-static int get_int(const json_t *o, const char *key, int64_t *v)
-{
-    const json_t *x = json_object_get(o, key);
-    if (!x) return 1;
-    if (json_is_integer(x)) {
-        *v = (int64_t)json_integer_value(x);
-        return 0;
-    }
-    double d = json_is_real(x) ? json_real_value(x) : NAN;
-    if (!(d == floor(d) && fabs(d) <= 9007199254740992.0)) return 2;
-    *v = (int64_t)d;
-    return 0;
-}
-
-/* "bbox": 4 numbers. */
-static bool get_box(const json_t *o, double b[4])
-{
-    const json_t *x = json_object_get(o, "bbox");
-    if (!json_is_array(x) || json_array_size(x) != 4) return false;
-    for (size_t i = 0; i < 4; i++) {
-        const json_t *e = json_array_get(x, i);
-        if (!json_is_number(e)) return false;
-        b[i] = json_number_value(e);
-    }
-    return true;
-}
-
-static const char *const int_problem[] = {"", "has no", "has a non-integer"};
-
-/* The "id"s of an array of objects (images or categories). */
-static kpl_status get_ids(const json_t *root, const char *key, const char *name, int64_t **ids,
-                          int64_t *n)
-{
-    const json_t *arr = json_object_get(root, key);
-    KPL_CHECK(arr, KPL_EFORMAT, "%s: no \"%s\" (a COCO instances file has \"images\", "
-              "\"categories\" and \"annotations\")", name, key);
-    KPL_CHECK(json_is_array(arr), KPL_EFORMAT, "%s: \"%s\" is not an array", name, key);
-    *n = (int64_t)json_array_size(arr);
-    *ids = malloc(sizeof **ids * (size_t)(*n ? *n : 1));
-    KPL_CHECK(*ids, KPL_ENOMEM, "%s: out of memory", name);
-    for (int64_t i = 0; i < *n; i++) {
-        const json_t *e = json_array_get(arr, (size_t)i);
-        int r = json_is_object(e) ? get_int(e, "id", &(*ids)[i]) : 3;
-        if (r) {
-            free(*ids);
-            *ids = NULL;
-            return KPL_ERROR(KPL_EFORMAT, "%s: %s[%lld] %s", name, key, (long long)i,
-                             r == 3 ? "is not an object" : r == 1 ? "has no \"id\""
-                                                                  : "has a non-integer \"id\"");
-        }
-    }
-    return KPL_OK;
-}
-
-static kpl_status get_annotation(const json_t *e, int64_t i, const char *name,
-                                 kpl_coco_annotation *a)
-{
-    KPL_CHECK(json_is_object(e), KPL_EFORMAT, "%s: annotations[%lld] is not an object", name,
-              (long long)i);
-    int r = get_int(e, "id", &a->id);
-    KPL_CHECK(!r, KPL_EFORMAT, "%s: annotations[%lld] %s \"id\"", name, (long long)i,
-              int_problem[r]);
-    static const char *const keys[] = {"image_id", "category_id"};
-    int64_t *dst[] = {&a->image_id, &a->category_id};
-    for (int k = 0; k < 2; k++) {
-        r = get_int(e, keys[k], dst[k]);
-        KPL_CHECK(!r, KPL_EFORMAT, "%s: annotations[%lld] (id %lld) %s \"%s\"", name,
-                  (long long)i, (long long)a->id, int_problem[r], keys[k]);
-    }
-    KPL_CHECK(get_box(e, a->bbox), KPL_EFORMAT,
-              "%s: annotations[%lld] (id %lld): \"bbox\" is not an array of 4 numbers", name,
-              (long long)i, (long long)a->id);
-    const json_t *area = json_object_get(e, "area");
-    KPL_CHECK(!area || json_is_number(area), KPL_EFORMAT,
-              "%s: annotations[%lld] (id %lld): \"area\" is not a number", name, (long long)i,
-              (long long)a->id);
-    a->area = area ? json_number_value(area) : a->bbox[2] * a->bbox[3];
-    const json_t *crowd = json_object_get(e, "iscrowd");
-    json_int_t c = json_is_boolean(crowd) ? json_is_true(crowd)
-                   : json_is_integer(crowd) ? json_integer_value(crowd) : crowd ? -1 : 0;
-    KPL_CHECK(c == 0 || c == 1, KPL_EFORMAT,
-              "%s: annotations[%lld] (id %lld): \"iscrowd\" is not 0, 1, false or true", name,
-              (long long)i, (long long)a->id);
-    a->iscrowd = (int32_t)c;
-    return KPL_OK;
-}
-
-static kpl_status gt_from_json(const json_t *root, const char *name, kpl_coco_gt **out)
-{
-    KPL_CHECK(json_is_object(root), KPL_EFORMAT,
-              "%s: not a COCO instances file (want a JSON object with \"images\", "
-              "\"categories\" and \"annotations\")", name);
-    kpl_status st;
-    int64_t *imgs = NULL, *cats = NULL, nimg = 0, ncat = 0, nann = 0;
-    kpl_coco_annotation *anns = NULL;
-    KPL_TRY_GOTO(get_ids(root, "images", name, &imgs, &nimg));
-    KPL_TRY_GOTO(get_ids(root, "categories", name, &cats, &ncat));
-    const json_t *arr = json_object_get(root, "annotations");
-    if (arr && !json_is_array(arr)) {
-        st = KPL_ERROR(KPL_EFORMAT, "%s: \"annotations\" is not an array", name);
-        goto fail;
-    }
-    nann = arr ? (int64_t)json_array_size(arr) : 0;
-    anns = malloc(sizeof *anns * (size_t)(nann ? nann : 1));
-    if (!anns) {
-        st = KPL_ERROR(KPL_ENOMEM, "%s: out of memory for %lld annotations", name,
-                       (long long)nann);
-        goto fail;
-    }
-    for (int64_t i = 0; i < nann; i++)
-        KPL_TRY_GOTO(get_annotation(json_array_get(arr, (size_t)i), i, name, &anns[i]));
-    st = gt_build(imgs, nimg, cats, ncat, anns, nann, name, KPL_EFORMAT, out);
-fail:
-    free(anns);
-    free(cats);
-    free(imgs);
-    return st;
-}
-
-kpl_status kpl_coco_gt_parse(const char *text, size_t len, const char *name, kpl_coco_gt **out)
-{
-    KPL_CHECK(out && (text || !len), KPL_EINVAL, "kpl_coco_gt_parse: NULL argument");
-    *out = NULL;
-    if (!name) name = "ground truth";
-    json_t *root;
-    KPL_TRY(parse_json(text ? text : "", len, name, &root));
-    kpl_status st = gt_from_json(root, name, out);
-    json_decref(root);
-    return st;
-}
-
-kpl_status kpl_coco_gt_load(const char *path, kpl_coco_gt **out)
-{
-    KPL_CHECK(path && out, KPL_EINVAL, "kpl_coco_gt_load: NULL argument");
-    *out = NULL;
-    char *text;
-    size_t len;
-    KPL_TRY(read_text(path, &text, &len));
-    kpl_status st = kpl_coco_gt_parse(text, len, path, out);
-    free(text);
-    return st;
-}
-
-kpl_status kpl_coco_dets_parse(const char *text, size_t len, const char *name,
-                               kpl_coco_detection **dets, int64_t *n)
-{
-    KPL_CHECK(dets && n && (text || !len), KPL_EINVAL, "kpl_coco_dets_parse: NULL argument");
-    *dets = NULL;
-    *n = 0;
-    if (!name) name = "detections";
-    json_t *root;
-    KPL_TRY(parse_json(text ? text : "", len, name, &root));
-    kpl_status st = KPL_OK;
-    kpl_coco_detection *d = NULL;
-    if (!json_is_array(root)) {
-        st = KPL_ERROR(KPL_EFORMAT, "%s: not a COCO results file (want a JSON array of "
-                                    "{image_id, category_id, bbox, score})", name);
-        goto fail;
-    }
-    int64_t m = (int64_t)json_array_size(root);
-    d = malloc(sizeof *d * (size_t)(m ? m : 1));
-    if (!d) {
-        st = KPL_ERROR(KPL_ENOMEM, "%s: out of memory for %lld detections", name, (long long)m);
-        goto fail;
-    }
-    for (int64_t i = 0; i < m; i++) {
-        const json_t *e = json_array_get(root, (size_t)i);
-        if (!json_is_object(e)) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] is not an object", name, (long long)i);
-            goto fail;
-        }
-        int r = get_int(e, "image_id", &d[i].image_id);
-        const char *key = "image_id";
-        if (!r) r = get_int(e, key = "category_id", &d[i].category_id);
-        if (r) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] %s \"%s\"", name, (long long)i,
-                           int_problem[r], key);
-            goto fail;
-        }
-        const json_t *score = json_object_get(e, "score");
-        if (!get_box(e, d[i].bbox) || !json_is_number(score)) {
-            st = KPL_ERROR(KPL_EFORMAT, "%s: [%lld] (image_id %lld): %s", name, (long long)i,
-                           (long long)d[i].image_id,
-                           !json_is_number(score) ? "\"score\" is missing or not a number"
-                                                  : "\"bbox\" is not an array of 4 numbers");
-            goto fail;
-        }
-        d[i].score = json_number_value(score);
-    }
-    json_decref(root);
-    if (m == 0) {
-        free(d);
-        d = NULL;
-    }
-    *dets = d;
-    *n = m;
-    return KPL_OK;
-fail:
-    free(d);
-    json_decref(root);
-    return st;
-}
-
-kpl_status kpl_coco_dets_load(const char *path, kpl_coco_detection **dets, int64_t *n)
-{
-    KPL_CHECK(path && dets && n, KPL_EINVAL, "kpl_coco_dets_load: NULL argument");
-    *dets = NULL;
-    *n = 0;
-    char *text;
-    size_t len;
-    KPL_TRY(read_text(path, &text, &len));
-    kpl_status st = kpl_coco_dets_parse(text, len, path, dets, n);
-    free(text);
-    return st;
-}
-
-kpl_status kpl_coco_dets_save(const char *path, const kpl_coco_detection *dets, int64_t n)
-{
-    KPL_CHECK(path && n >= 0 && (dets || !n), KPL_EINVAL, "kpl_coco_dets_save: bad argument");
-    for (int64_t i = 0; i < n; i++)
-        KPL_CHECK(finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
-                  "kpl_coco_dets_save: detection %lld: bbox or score is not a finite number",
-                  (long long)i);
-    char tmp[4096];
-    KPL_CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, KPL_EINVAL,
-              "kpl_coco_dets_save: path too long");
-    FILE *f = fopen(tmp, "w");
-    KPL_CHECK(f, KPL_EIO, "%s: %s", tmp, strerror(errno));
-    fputc('[', f);
-    for (int64_t i = 0; i < n; i++) {
-        const kpl_coco_detection *d = &dets[i];
-        char v[5][40];
-        for (int j = 0; j < 4; j++) fmt_num(v[j], sizeof v[j], d->bbox[j]);
-        fmt_num(v[4], sizeof v[4], d->score);
-        fprintf(f, "%s\n{\"image_id\":%lld,\"category_id\":%lld,\"bbox\":[%s,%s,%s,%s],"
-                   "\"score\":%s}", i ? "," : "", (long long)d->image_id,
-                (long long)d->category_id, v[0], v[1], v[2], v[3], v[4]);
-    }
-    fputs("\n]\n", f);
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0) bad = true;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return KPL_ERROR(KPL_EIO, "%s: cannot write: %s", path, strerror(e));
-    }
-    return KPL_OK;
 }
 
 /* ---- evaluation ------------------------------------------------------------------------------ */
@@ -837,7 +536,7 @@ kpl_status kpl_coco_match(const kpl_coco_gt *gt, const kpl_coco_detection *dets,
     *part = NULL;
     *bytes = 0;
     for (int64_t i = 0; i < n; i++)
-        KPL_CHECK(finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
+        KPL_CHECK(kpl__coco_finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
                   "kpl_coco_evaluate: detection %lld (image_id %lld): bbox or score is not a "
                   "finite number", (long long)i, (long long)dets[i].image_id);
     int64_t K = gt->ncat;
@@ -1050,7 +749,7 @@ int kpl_coco_stats_json(const kpl_coco_stats *s, char *buf, size_t len)
     int total = 0;
     for (int i = 0; i < KPL_COCO_NSTATS; i++) {
         char num[40];
-        fmt_num(num, sizeof num, s->stats[i]);
+        kpl__coco_fmt_num(num, sizeof num, s->stats[i]);
         size_t at = (size_t)total < len ? (size_t)total : len;
         total += snprintf(buf ? buf + at : NULL, buf ? len - at : 0, "%s\"%s\":%s",
                           i ? "," : "{", kpl_coco_stat_names[i], num);
