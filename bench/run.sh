@@ -3,7 +3,8 @@
 # printing one JSON object per case on stdout (nothing else); progress and
 # diagnostics go to stderr.  See bench/README.md for the fields.
 #
-# Groups: kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan (none = all of them).
+# Groups: kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan
+# parity (none = all of them).
 # Exit status: 0 ok; 1 build failure or a benchmark program failed (the
 # other groups still run); 2 bad usage or missing reference programs.
 #
@@ -20,7 +21,7 @@
 #                     which matters on 2 shared cores)
 set -euo pipefail
 
-all=(kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan)
+all=(kernels autograd nn data comm scale train launch graph cocoeval fid detops fcos seg gan parity)
 usage() { echo "usage: bench/run.sh [GROUP...]   groups: ${all[*]} (none = all)"; }
 
 groups=()
@@ -194,6 +195,17 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       mkdir -p "$build/bench-gan"
       # shellcheck disable=SC2086
       "$build/bin/bench_gan" "$here" "$build/bench-gan" ${KPL_BENCH_GAN_ARGS:-} || rc=$?
+      ;;
+    parity)
+      # kpl's FCOS and U-Net recipes trained a few hundred steps next to the
+      # same networks in PyTorch on the very batches kpl's loader gave, from
+      # the same weights, with kpl's learning rate at every step; both final
+      # weights evaluated alike (torch_parity.py).  KPL_BENCH_PARITY_ARGS:
+      # bench_parity's options (--cases, --train, --val, --epochs).
+      mkdir -p "$build/bench-parity"
+      # shellcheck disable=SC2086
+      "$build/bin/bench_parity" "$here" "$root" "$build/bin/kpl" "$build/bench-parity" \
+        ${KPL_BENCH_PARITY_ARGS:-} || rc=$?
       ;;
     *)
       echo "bench: group '$g' has no benchmarks yet" >&2

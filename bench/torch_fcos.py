@@ -172,10 +172,10 @@ class Head(nn.Module):
 
 
 class FCOS(nn.Module):
-    def __init__(self, depth, fpn, classes, levels, convs, groups):
+    def __init__(self, depth, fpn, classes, levels, convs, groups, width=64):
         super().__init__()
         self.strides = [8 << l for l in range(levels)]
-        self.backbone = Backbone(depth)
+        self.backbone = Backbone(depth, width)
         self.fpn = FPN(self.backbone.channels, fpn, levels - 3)
         self.head = Head(fpn, classes, levels, convs, groups, self.strides)
 
