@@ -144,12 +144,17 @@ static kpl_status forward(kpl_trainer *t, const kpl_batch *b, kpl_tensor **box, 
                           kpl_tensor **box_t, kpl_tensor **mask_t)
 {
     int64_t n = b->size, bs[2] = {n, 4}, ms[4] = {n, 1, S, S};
-    kpl_tensor_list in = {1, {b->image}}, out;
+    /* the batch is on the CPU; the model on the trainer's device (a GPU
+     * where there is one: device auto) */
+    kpl_device *dev = kpl_trainer_device(t);
+    kpl_tensor_list in = {1, {kpl_to_device(b->image, dev)}}, out;
+    if (!in.t[0]) return kpl_last_status();
     kpl_status st = kpl_module_forward_list(kpl_trainer_model(t, 0), &in, &out);
     if (st < 0) return st;
     *box = out.t[0], *mask = out.t[1];
     kpl_tensor *boxes = kpl_batch_get(b, "boxes"), *m = kpl_batch_get(b, "mask");
     if (!boxes || !m) return kpl_last_status();
+    boxes = kpl_to_device(boxes, dev), m = kpl_to_device(m, dev);
     *box_t = kpl_scalar_op(KPL_BIN_MUL, kpl_reshape(boxes, 2, bs), 1.0 / S, false);
     *mask_t = kpl_reshape(kpl_cast(m, KPL_F32), 4, ms);
     return *box_t && *mask_t ? KPL_OK : kpl_last_status();

@@ -66,7 +66,10 @@ static kpl_status free_step(kpl_trainer *t, void *state, const kpl_batch *b,
     (void)state;
     g_batches++;
     g_labels_seen += b->label != NULL;
-    kpl_tensor *y = kpl_module_forward(kpl_trainer_model(t, 0), b->image);
+    /* the batch is on the CPU; the model on the trainer's device (a GPU
+     * where there is one: device auto) */
+    kpl_tensor *x = kpl_to_device(b->image, kpl_trainer_device(t));
+    kpl_tensor *y = kpl_module_forward(kpl_trainer_model(t, 0), x);
     out->loss[0] = kpl_mean(kpl_square(y), NULL, 0, false);
     return out->loss[0] ? KPL_OK : kpl_last_status();
 }

@@ -121,8 +121,11 @@ static void reg_destroy(void *state) { free(state); }
 static kpl_status predict(kpl_trainer *t, const kpl_batch *b, kpl_tensor **y, kpl_tensor **want)
 {
     int axes[3] = {1, 2, 3};
-    *y = kpl_module_forward(kpl_trainer_model(t, 0), b->image);
-    *want = kpl_reshape(kpl_mean(b->image, axes, 3, false), 2, (int64_t[]){b->size, 1});
+    /* the batch is on the CPU; the model on the trainer's device (a GPU
+     * where there is one: device auto) */
+    kpl_tensor *x = kpl_to_device(b->image, kpl_trainer_device(t));
+    *y = kpl_module_forward(kpl_trainer_model(t, 0), x);
+    *want = kpl_reshape(kpl_mean(x, axes, 3, false), 2, (int64_t[]){b->size, 1});
     return *y && *want ? KPL_OK : kpl_last_status();
 }
 
