@@ -16,6 +16,9 @@ inside --budget seconds, so that one hang cannot eat the others:
   5 nccl       kpl's collective layer through NCCL, a world of one rank
   6 tasks      FCOS, DeepLabv3, DCGAN for a few steps on cuda:0; kpl export
                and kpl infer of step 3's GPU checkpoint
+  7 cpu        the C unit tests and their ISA variants on this machine's CPU
+               (an AMX Xeon on the H100 machine: the only one the project
+               reaches); its lines go to step 1's log
 
 Everything lands in --out (default gpu-report/): report.jsonl, one JSON line
 per result, and one log per step (at most 8 files).  --rehearse runs the same
@@ -37,7 +40,7 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-STEPS = ("tests", "sanitizer", "recipe", "resnet50", "nccl", "tasks")
+STEPS = ("tests", "sanitizer", "recipe", "resnet50", "nccl", "tasks", "cpu")
 
 
 class Kit:
@@ -284,8 +287,8 @@ class Kit:
         return True
 
     # ---- 1 and 5: the ctest tests --------------------------------------------------------
-    def ctest_cases(self, select):
-        with open(os.path.join(self.kit, "tests.json")) as f:
+    def ctest_cases(self, select, listing="tests.json"):
+        with open(os.path.join(self.kit, listing)) as f:
             tests = json.load(f)["tests"]
         build, src = self.manifest["build_dir"], self.manifest["source_dir"]
         mpirun = self.manifest.get("mpirun") or "/usr/bin/mpirun"
@@ -316,10 +319,10 @@ class Kit:
                               timeout=float(props.get("TIMEOUT", 1500))))
         return cases
 
-    def run_ctest(self, step, select, limit_each):
-        cases = self.ctest_cases(select)
+    def run_ctest(self, step, select, limit_each, listing="tests.json", gpu_tests=True):
+        cases = self.ctest_cases(select, listing)
         if not cases:
-            self.record(step, "failed", error="no such tests in the kit's tests.json")
+            self.record(step, "failed", error=f"no such tests in the kit's {listing}")
         for c in cases:
             if self.left() < 15:
                 self.record(step, "not_run", test=c["name"], error="out of time (--budget)")
@@ -332,8 +335,9 @@ class Kit:
             elif rc == 0:
                 self.record(step, "passed", test=c["name"], seconds=round(secs, 1))
             elif rc == c["skip"]:
-                # a skip is right only where the test needs more GPUs than there are
-                ok = c["ranks"] > max(self.gpus, 0) or self.args.rehearse
+                # a GPU test's skip is right only where it needs more GPUs than
+                # there are; a CPU test's says what the machine lacks (a tool)
+                ok = not gpu_tests or c["ranks"] > max(self.gpus, 0) or self.args.rehearse
                 self.record(step, "skipped" if ok else "failed", test=c["name"],
                             seconds=round(secs, 1),
                             error=None if ok else "skipped on a machine with a GPU", tail=tail)
@@ -349,6 +353,34 @@ class Kit:
         self.env["NCCL_DEBUG"] = "INFO"
         self.run_ctest("nccl", lambda n: "nccl" in n, 120)
         self.env.pop("NCCL_DEBUG", None)
+
+    # ---- 7: the CPU suite -----------------------------------------------------------------
+    def step_cpu(self):
+        """pack.sh's CPU suite (cpu_tests.json): every C unit test and its
+        ONEDNN_MAX_CPU_ISA variants, as ctest runs them, on this machine's
+        CPU.  The programs hold the packing machine's paths: the source
+        folder's (this checkout where it sits at the same path) and the build
+        folder's, which is made a link to the kit's build folder where it does
+        not exist here (test_cocoeval starts the kpl at that path)."""
+        self.open_log("1-tests.log")  # at most 8 files come back: with step 1's
+        if not os.path.exists(os.path.join(self.kit, "cpu_tests.json")):
+            self.record("cpu", "failed", error="the kit has no CPU suite (cpu_tests.json)")
+            return
+        build = self.manifest["build_dir"]
+        if not os.path.lexists(build):
+            try:
+                os.makedirs(os.path.dirname(build), exist_ok=True)
+                os.symlink(os.path.join(self.kit, "build"), build)
+            except OSError as e:
+                self.say(f"cannot link {build} to the kit's build folder: {e}")
+        rc, secs, to, o = self.run([self.kpl, "info"], 60)
+        m = re.search(r"^cpu: (.*)$", o or "", re.M)
+        self.record("cpu", "passed" if rc == 0 and not to else "failed", test="kpl info",
+                    seconds=round(secs, 1), cpu=m.group(1) if m else None)
+        # a rehearsal tries the plumbing on two short ones
+        quick = ("test_keys", "test_kernels_avx2")
+        self.run_ctest("cpu", (lambda n: n in quick) if self.args.rehearse else (lambda n: True),
+                       self.args.test_limit, listing="cpu_tests.json", gpu_tests=False)
 
     # ---- 2: compute-sanitizer ------------------------------------------------------------
     def step_sanitizer(self):
@@ -608,9 +640,9 @@ def main():
     ap.add_argument("--bundle", default=os.path.join(ROOT, ".gpu"), help="the packed kit's folder")
     ap.add_argument("--work", default="/tmp/kpl-gpu-kit", help="where the kit is unpacked")
     ap.add_argument("--budget", type=float, default=450, help="seconds for the whole run (450)")
-    ap.add_argument("--steps", default="tests,nccl,recipe,resnet50,tasks,sanitizer",
-                    help="which steps, in this order, by name or number 1-6 (default all, the "
-                         "slow sanitizer last)")
+    ap.add_argument("--steps", default="tests,nccl,recipe,resnet50,tasks,sanitizer,cpu",
+                    help="which steps, in this order, by name or number 1-7 (default all, the "
+                         "slow sanitizer and the CPU suite last)")
     ap.add_argument("--test-limit", type=float, default=120, help="seconds per ctest test (120)")
     ap.add_argument("--rehearse", action="store_true",
                     help="run the steps on this machine's CPU with small sizes (no GPU needed)")
@@ -621,7 +653,7 @@ def main():
         if s.isdigit() and 1 <= int(s) <= len(STEPS):
             s = STEPS[int(s) - 1]
         if s not in STEPS:
-            ap.error(f"--steps: unknown step '{s}' (want {', '.join(STEPS)} or 1-6)")
+            ap.error(f"--steps: unknown step '{s}' (want {', '.join(STEPS)} or 1-{len(STEPS)})")
         want.append(s)
     kit = Kit(args)
     if not kit.preflight():

@@ -34,6 +34,14 @@ max_mib=${KPL_GPU_MAX_MIB:-48}
 PROVIDED_RE='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libmvec\.so\.1|libpthread\.so\.0|libdl\.so\.2|librt\.so\.1|libutil\.so\.1|libresolv\.so\.2|libstdc\+\+\.so\.6|libgcc_s\.so\.1|libcuda\.so\.1|libnvidia-.*|libcudart\.so\.13|libcublas\.so\.13|libcublasLt\.so\.13|libcudnn.*\.so\.9|libnccl\.so\.2)$'
 # The programs of the checks (kit.py runs them by these names).
 PROGRAMS=(kpl test_cuda test_loader_cuda test_ddp_cuda test_collective bench_nn)
+# The CPU suite (kit.py's step cpu): every C unit test and its ISA variants
+# (ctest labels unit and isa: a test_* program run without arguments), for
+# the GPU machine's CPU, a Xeon with AMX that no other machine of the
+# project has.  Left out: test_cuda's CPU variants (the kit runs test_cuda
+# on the GPU), test_cifar (its data comes from a numpy script, and the
+# image's python has no numpy) and test_plugin (it loads plugin libraries
+# built beside it).
+CPU_SKIP_RE='^(test_cuda.*|test_cifar|test_plugin)$'
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
 
@@ -71,6 +79,29 @@ check_kit() {
   return $bad
 }
 
+# cpu_suite BUILD: ctest's JSON of the CPU suite's tests in BUILD (stdout)
+cpu_suite() {
+  ctest --test-dir "$1" --show-only=json-v1 -L 'unit|isa' | python3 -c '
+import json, os, re, sys
+skip = re.compile(sys.argv[1])
+d = json.load(sys.stdin)
+keep = []
+for t in d["tests"]:
+    cmd = t.get("command") or []
+    props = {p["name"]: p["value"] for p in t.get("properties", [])}
+    prog = os.path.basename(cmd[0]) if cmd else ""
+    if (len(cmd) == 1 and prog.startswith("test_") and "cuda" not in props.get("LABELS", [])
+            and not skip.match(t["name"]) and not skip.match(prog)):
+        keep.append(t)
+d["tests"] = keep
+json.dump(d, sys.stdout)' "$CPU_SKIP_RE"
+}
+# cpu_programs JSON: the programs of a cpu_suite list, one a line
+cpu_programs() {
+  python3 -c 'import json, os, sys
+print("\n".join(sorted({os.path.basename(t["command"][0]) for t in json.load(open(sys.argv[1]))["tests"]})))' "$1"
+}
+
 unpack() { # unpack ARCHIVE DIR: with the zstd carried beside the archive
   LD_LIBRARY_PATH="$out/unpack" "$out/unpack/zstd" -q -d --long=28 -c "$1" | tar -x -C "$2"
 }
@@ -86,9 +117,12 @@ if [[ ${1:-} == --check ]]; then
   for p in "${PROGRAMS[@]}"; do
     [[ -x $kit/build/bin/$p ]] || { echo "pack.sh --check: build/bin/$p missing" >&2; status=1; }
   done
-  for f in tests.json MANIFEST.json ompi/env.sh data/fashion-mnist/t10k-images-idx3-ubyte.gz; do
+  for f in tests.json cpu_tests.json MANIFEST.json ompi/env.sh data/fashion-mnist/t10k-images-idx3-ubyte.gz; do
     [[ -s $kit/$f ]] || { echo "pack.sh --check: $f missing" >&2; status=1; }
   done
+  while read -r p; do
+    [[ -x $kit/build/bin/$p ]] || { echo "pack.sh --check: build/bin/$p (CPU suite) missing" >&2; status=1; }
+  done < <(cpu_programs "$kit/cpu_tests.json")
   check_kit "$kit" || status=1
   # the unpacker itself (run.sh uses it where the GPU machine has no zstd)
   while read -r name path; do
@@ -133,12 +167,16 @@ done
 
 t0=$(date +%s)
 echo "pack.sh: building kpl with CUDA (sm_90 + PTX) in $build"
-# only the kit's programs (their targets; kpl's is kpl_cli): a third of the
-# whole build's time, which matters in CI
+# only the kit's programs and the CPU suite's tests (their targets; kpl's is kpl_cli):
+# less than the whole build, which matters in CI
 mkdir -p "$build"
+cpu_json=$build/cpu_tests.json
 { cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DKPL_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90 &&
-  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target kpl_cli "${PROGRAMS[@]:1}"; } \
+  cpu_suite "$build" > "$cpu_json" &&
+  mapfile -t cpu_progs < <(cpu_programs "$cpu_json") &&
+  ((${#cpu_progs[@]})) &&
+  cmake --build "$build" -j "${JOBS:-$(nproc)}" --target kpl_cli "${PROGRAMS[@]:1}" "${cpu_progs[@]}"; } \
   > "$build/kit-build.log" 2>&1 \
   || { tail -30 "$build/kit-build.log" >&2; die "the build failed (whole log: $build/kit-build.log)"; }
 grep -q 'KPL_HAVE_CUDA 1' "$build/include/kpl_config.h" || die "$build was configured without CUDA"
@@ -147,9 +185,10 @@ stage=$(mktemp -d)
 trap 'rm -rf "$stage"' EXIT
 kit=$stage/kit
 mkdir -p "$kit/build/bin" "$kit/build/lib" "$kit/lib" "$kit/data/fashion-mnist"
-for p in "${PROGRAMS[@]}"; do
+for p in "${PROGRAMS[@]}" "${cpu_progs[@]}"; do
   cp "$build/bin/$p" "$kit/build/bin/"
 done
+cp "$cpu_json" "$kit/cpu_tests.json"
 cp -a "$build"/lib/libkpl.so* "$kit/build/lib/"
 
 # Open MPI, relocatable (singleton MPI_Init forks its orted; mpirun -np 1)

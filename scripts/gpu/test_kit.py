@@ -98,6 +98,15 @@ def main():
         c = cases["train_cuda"]
         assert c["cmd"] == [kit.ROOT + "/tests/trainer/train_cuda_e2e.sh",
                             k.kit + "/build/bin/kpl", kit.ROOT], c
+        # the CPU suite's listing (step cpu) maps alike
+        cpu = {"tests": [{"name": "test_kernels_avx2", "command": ["/b/build-gpu/bin/test_kernels"],
+                          "properties": [{"name": "ENVIRONMENT",
+                                          "value": ["ONEDNN_MAX_CPU_ISA=AVX2"]}]}]}
+        with open(os.path.join(k.kit, "cpu_tests.json"), "w") as f:
+            json.dump(cpu, f)
+        (c,) = k.ctest_cases(lambda n: True, "cpu_tests.json")
+        assert c["cmd"] == [k.kit + "/build/bin/test_kernels"], c
+        assert c["env"] == {"ONEDNN_MAX_CPU_ISA": "AVX2"} and c["ranks"] == 1, c
 
         # SIGTERM to the kit (as a scheduler sends it to run.sh's group)
         # ends the command it runs, in its own session, and says so
