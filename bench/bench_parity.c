@@ -336,8 +336,8 @@ static int run_case(const parity_case *c, const char *bench_dir, const char *roo
     snprintf(path, sizeof path, "%s/init.bin", dir);
     put_weights(t, path);
     int threads = kpl_get_num_threads(); /* the trainer's (threads: 0 is every core) */
-    fprintf(stderr, "bench_parity: %s: kpl trains %s (%d epochs of %d images)\n", c->name,
-            c->recipe, epochs, ntrain);
+    fprintf(stderr, "bench_parity: %s: kpl trains %s (%d epoch%s of %d images)\n", c->name,
+            c->recipe, epochs, epochs == 1 ? "" : "s", ntrain);
     double t0 = bench_now();
     if (kpl_trainer_fit(t) < 0) die("kpl_trainer_fit");
     double kpl_s = bench_now() - t0;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # parity_e2e.sh BENCH_PARITY KPL SOURCE_DIR — the harness of `bench/run.sh
 # parity` (bench/bench_parity.c, bench/torch_parity.py) on tiny sets: both
-# cases (FCOS-R18 on fmnist-det, U-Net on fmnist-seg), 2 epochs of 48
+# cases (FCOS-R18 on fmnist-det, U-Net on fmnist-seg), one epoch of 48
 # images.  bench_parity itself fails (exit 1) when the first step's losses
 # of kpl and PyTorch differ past 1e-4 (same weights, same batch: the two
 # setups would differ) or when the Python evaluator does not give kpl's
@@ -20,7 +20,7 @@ for m in torch torchvision pycocotools; do
 done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-"$bench" "$src/bench" "$src" "$kpl" "$work" --train 48 --val 16 --epochs 2 --control 0 \
+"$bench" "$src/bench" "$src" "$kpl" "$work" --train 48 --val 16 --epochs 1 --control 0 \
   > "$work/rows.jsonl"
 "$py" - "$work/rows.jsonl" <<'EOF'
 import json, math, sys
@@ -29,7 +29,7 @@ cases = sorted(r["case"].split("/")[0] for r in rows)
 assert cases == ["fcos", "unet"], f"cases {cases}"
 for r in rows:
     name = r["case"]
-    assert r["bench"] == "parity" and r["steps"] == 6, (name, r["steps"])
+    assert r["bench"] == "parity" and r["steps"] == 3, (name, r["steps"])
     assert r["ref"] is not None and r["kpl"] is not None, f"{name}: a side has no figure: {r}"
     k, p = r["kpl_loss"], r["ref_loss"]
     assert len(k) == len(p) == r["steps"], f"{name}: {len(k)} and {len(p)} losses"
