@@ -14,8 +14,11 @@ library.
       metrics.jsonl's timing records: at STEPS (comma-separated), with the
       train records, parts adding up to step_ms, step_ms agreeing with the
       records' own wall times, the bucketer's bytes, a slowest rank (with
-      SLOWEST: that one, at least MIN_GAP_MS per step slower than the
-      fastest)
+      SLOWEST: that one in every record after the first, and the median of
+      those records at least MIN_GAP_MS per step slower than the fastest;
+      the first window holds the first step's one-time work, oneDNN's
+      code generation and the kernel chooser's timing, which a loaded
+      machine makes hundreds of ms longer on either rank)
 Exits 1 with the first failure."""
 import json
 import os
@@ -169,6 +172,7 @@ def timing(run, ranks, grad_bytes, steps, slowest=None, min_gap=0.0):
     if got != steps or train != steps:
         fail("timing records at steps %r, train records at %r, expected %r" % (got, train, steps))
     prev = None
+    gaps = []
     for r in tim:
         parts = [r[k] for k in PARTS]
         if min(parts + [r["sync_ms"], r["comm_ms"], r["bucket_wait_ms"]]) < 0:
@@ -202,12 +206,21 @@ def timing(run, ranks, grad_bytes, steps, slowest=None, min_gap=0.0):
         elif r["bytes_per_step"] != grad_bytes or r["buckets"] < 1:
             fail("step %d: %d bytes per step in %d buckets, the gradients are %d bytes"
                  % (r["step"], r["bytes_per_step"], r["buckets"], grad_bytes))
-        if slowest is not None:
+        if slowest is not None and prev is not None:
             gap = r["slowest_step_ms"] - r["fastest_step_ms"]
-            if r["slowest_rank"] != slowest or gap < min_gap:
-                fail("step %d: slowest rank %d, %.3f ms over the fastest; expected rank %d, at least %.1f ms"
-                     % (r["step"], r["slowest_rank"], gap, slowest, min_gap))
+            if r["slowest_rank"] != slowest:
+                fail("step %d: slowest rank %d, %.3f ms over the fastest; expected rank %d"
+                     % (r["step"], r["slowest_rank"], gap, slowest))
+            gaps.append(gap)
         prev = r
+    if slowest is not None:
+        if not gaps:
+            fail("no timing record after the first to name the slowest rank")
+        gaps.sort()
+        median = gaps[len(gaps) // 2] if len(gaps) % 2 else (gaps[len(gaps) // 2 - 1] + gaps[len(gaps) // 2]) / 2
+        if median < min_gap:
+            fail("rank %d is the slowest by a median %.3f ms a step over the fastest (%s); expected at least %.1f"
+                 % (slowest, median, ", ".join("%.1f" % g for g in gaps), min_gap))
     print("timing: %d records OK (steps %s)" % (len(tim), ",".join(map(str, got))))
 
 
