@@ -205,7 +205,8 @@ static void sample(const uint8_t *s, fuzz_part *parts, int np)
     float *obox = M ? malloc(sizeof(float) * 4 * (size_t)M) : NULL;
     int64_t *olab = M ? malloc(sizeof(int64_t) * (size_t)M) : NULL;
     if (!oimg || (mb && !omask) || (M && (!obox || !olab))) abort();
-    kpl__sample_out out = {oimg, &out_label, obox, olab, boxes ? &nbox : NULL, omask};
+    kpl__sample_out out = {.image = oimg, .label = &out_label, .boxes = obox, .box_labels = olab,
+                           .num_boxes = boxes ? &nbox : NULL, .mask = omask};
     int64_t example = s[7] >> 5;
     if (fuzz_st(kpl__xform_sample(&x, v, 7, example & 1, example, scratch, &out), "sample") ==
         KPL_OK) {
