@@ -196,9 +196,8 @@ static bool curve_put(curve *c, int i, double x)
 typedef struct {
     curve kpl, ref, ctl; /* losses: kpl's (its metrics.jsonl), PyTorch's, the control's */
     double kpl_eval, ref_eval, ctl_eval, kpl_own, kpl_second, ref_second, ctl_second;
-    double kpl_s, ref_s;
+    double ref_s; /* PyTorch's training seconds */
     char ref_isa[64], ref_name[64]; /* ref_name: "torch <version>" */
-    int threads;
 } parity_result;
 
 /* torch_parity.py's lines (its docstring) into r. */
@@ -278,11 +277,21 @@ static void mkdirs(const char *path)
     }
 }
 
-static int run_case(const parity_case *c, const char *bench_dir, const char *root, const char *kpl,
-                    const char *work, int ntrain, int nval, int epochs, int control)
+/* What kpl's side of a case leaves for the rest: the recipe (its optimizer
+ * settings go to PyTorch), the steps, the seconds of the fit, the threads. */
+typedef struct {
+    kpl_recipe r;
+    int64_t steps;
+    double seconds;
+    int threads;
+} kpl_side;
+
+/* kpl's run of case c in dir (the set made once per size under work):
+ * the fit through the wrapped task, the batches and the weights written. */
+static void run_kpl(const parity_case *c, const char *root, const char *kpl, const char *work,
+                    const char *dir, int ntrain, int nval, int epochs, kpl_side *k)
 {
-    char dir[2048], data[2048], cmd[8192], path[2200];
-    snprintf(dir, sizeof dir, "%s/%s", work, c->name);
+    char data[2048], cmd[8192], path[2200];
     snprintf(data, sizeof data, "%s/data-%s-%d-%d", work, c->set, ntrain, nval);
     mkdirs(dir);
     /* the set, once per size */
@@ -309,14 +318,12 @@ static int run_case(const parity_case *c, const char *bench_dir, const char *roo
     snprintf(o_eval, sizeof o_eval, "eval.every_epochs=%d", epochs);
     const char *ov[] = {o_root, o_src, o_run, o_epochs, o_eval, "log.every_steps=1",
                         "log.progress=never", "checkpoint.keep_last=1", "deterministic=true"};
-    char rpath[2200];
-    snprintf(rpath, sizeof rpath, "%s/%s", root, c->recipe);
-    kpl_recipe r;
-    if (kpl_recipe_load(rpath, (int)(sizeof ov / sizeof ov[0]), ov, &r) < 0) die(rpath);
+    snprintf(path, sizeof path, "%s/%s", root, c->recipe);
+    if (kpl_recipe_load(path, (int)(sizeof ov / sizeof ov[0]), ov, &k->r) < 0) die(path);
 
-    const kpl_task_kind *task = kpl_task_find(r.task);
+    const kpl_task_kind *task = kpl_task_find(k->r.task);
     if (!task || !task->train_step || !task->eval_batch) {
-        fprintf(stderr, "bench_parity: task %s has no train_step to wrap\n", r.task);
+        fprintf(stderr, "bench_parity: task %s has no train_step to wrap\n", k->r.task);
         exit(1);
     }
     kpl_task_kind wrapped = *task;
@@ -332,56 +339,105 @@ static int run_case(const parity_case *c, const char *bench_dir, const char *roo
 
     kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
     kpl_trainer *t = NULL;
-    if (kpl_trainer_create(&r, &wrapped, &o, &t) < 0) die("kpl_trainer_create");
+    if (kpl_trainer_create(&k->r, &wrapped, &o, &t) < 0) die("kpl_trainer_create");
     snprintf(path, sizeof path, "%s/init.bin", dir);
     put_weights(t, path);
-    int threads = kpl_get_num_threads(); /* the trainer's (threads: 0 is every core) */
+    k->threads = kpl_get_num_threads(); /* the trainer's (threads: 0 is every core) */
     fprintf(stderr, "bench_parity: %s: kpl trains %s (%d epoch%s of %d images)\n", c->name,
             c->recipe, epochs, epochs == 1 ? "" : "s", ntrain);
     double t0 = bench_now();
     if (kpl_trainer_fit(t) < 0) die("kpl_trainer_fit");
-    double kpl_s = bench_now() - t0;
+    k->seconds = bench_now() - t0;
     snprintf(path, sizeof path, "%s/kpl_final.bin", dir);
     put_weights(t, path);
-    int64_t steps = kpl_trainer_steps(t);
+    k->steps = kpl_trainer_steps(t);
     kpl_trainer_destroy(t);
     if (fclose(dump.train) || fclose(dump.val)) die("closing the batch files");
-    if (steps != dump.steps || !dump.vbatches) {
+    if (k->steps < 1 || k->steps != dump.steps || !dump.vbatches) {
         fprintf(stderr, "bench_parity: %s: %lld steps but %lld batches written, %lld val "
-                "batches\n", c->name, (long long)steps, (long long)dump.steps,
+                "batches\n", c->name, (long long)k->steps, (long long)dump.steps,
                 (long long)dump.vbatches);
         exit(1);
     }
+}
+
+/* kpl's own evaluation: the last "val_<metric>" of its metrics.jsonl (NAN
+ * when there is none). */
+static double kpl_own_figure(const char *dir, const char *metric)
+{
+    char path[2200], line[8192], key[64];
+    double v = NAN;
+    snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
+    snprintf(key, sizeof key, "\"val_%s\":", metric);
+    FILE *f = fopen(path, "r");
+    while (f && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, key);
+        if (at) v = strtod(at + strlen(key), NULL);
+    }
+    if (f) fclose(f);
+    return v;
+}
+
+/* The case's JSON line. */
+static void emit_row(const parity_case *c, const parity_result *res, const kpl_side *k, int epochs,
+                     int ntrain, int nval)
+{
+    char *ka = jarray(res->kpl.v, res->kpl.n), *ra = jarray(res->ref.v, res->ref.n),
+         *ca = jarray(res->ctl.v, res->ctl.n);
+    char cas[128], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN], n4[BENCH_NUM_LEN],
+        n5[BENCH_NUM_LEN], n6[BENCH_NUM_LEN], n7[BENCH_NUM_LEN], n8[BENCH_NUM_LEN],
+        n9[BENCH_NUM_LEN], n10[BENCH_NUM_LEN], n11[BENCH_NUM_LEN], n12[BENCH_NUM_LEN],
+        n13[BENCH_NUM_LEN], n14[BENCH_NUM_LEN];
+    snprintf(cas, sizeof cas, "%s/%lldsteps_%dimg/t%d", c->name, (long long)k->steps, ntrain,
+             k->threads);
+    bench_emit("parity", cas, c->metric, 1, res->kpl_eval, res->ref_eval, res->ref_name, NAN,
+               ",\"ctl\":%s,\"kpl_own\":%s,\"kpl_%s\":%s,\"ref_%s\":%s,\"ctl_%s\":%s,"
+               "\"steps\":%lld,\"epochs\":%d,\"train_images\":%d,\"val_images\":%d,"
+               "\"loss_step1\":[%s,%s],\"loss_last_tenth\":[%s,%s,%s],"
+               "\"loss_gap_last_tenth\":{\"kpl_ref\":%s,\"ctl_ref\":%s},"
+               "\"kpl_fit_s\":%s,\"ref_train_s\":%s,\"kpl_math\":\"%s\",\"ref_isa\":\"%s\","
+               "\"recipe\":\"%s\",\"kpl_loss\":%s,\"ref_loss\":%s,\"ctl_loss\":%s",
+               bench_jnum(n1, res->ctl_eval), bench_jnum(n2, res->kpl_own), c->second,
+               bench_jnum(n3, res->kpl_second), c->second, bench_jnum(n4, res->ref_second),
+               c->second, bench_jnum(n5, res->ctl_second), (long long)k->steps, epochs, ntrain,
+               nval, bench_jnum(n6, res->kpl.n ? res->kpl.v[0] : NAN),
+               bench_jnum(n7, res->ref.n ? res->ref.v[0] : NAN),
+               bench_jnum(n8, tail_mean(&res->kpl)), bench_jnum(n9, tail_mean(&res->ref)),
+               bench_jnum(n10, tail_mean(&res->ctl)), bench_jnum(n11, tail_gap(&res->kpl, &res->ref)),
+               bench_jnum(n12, tail_gap(&res->ctl, &res->ref)), bench_jnum(n13, k->seconds),
+               bench_jnum(n14, res->ref_s), kpl_cpu_math_info(), res->ref_isa, c->recipe, ka, ra,
+               ca);
+    free(ka), free(ra), free(ca);
+}
+
+static int run_case(const parity_case *c, const char *bench_dir, const char *root, const char *kpl,
+                    const char *work, int ntrain, int nval, int epochs, int control)
+{
+    char dir[2048], cmd[8192];
+    snprintf(dir, sizeof dir, "%s/%s", work, c->name);
+    kpl_side k;
+    run_kpl(c, root, kpl, work, dir, ntrain, nval, epochs, &k);
 
     /* PyTorch on the same batches (and the control) */
     parity_result res;
     memset(&res, 0, sizeof res);
-    res.kpl_eval = res.ref_eval = res.ctl_eval = res.kpl_own = NAN;
+    res.kpl_eval = res.ref_eval = res.ctl_eval = NAN;
     res.kpl_second = res.ref_second = res.ctl_second = res.ref_s = NAN;
-    res.kpl_s = kpl_s;
     snprintf(res.ref_name, sizeof res.ref_name, "torch");
-    res.threads = threads;
+    const kpl_recipe *r = &k.r;
     snprintf(cmd, sizeof cmd,
              "env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE /usr/bin/python3 '%s/torch_parity.py' "
              "%s '%s' threads=%d betas=%.17g,%.17g eps=%.17g wd=%.17g no_decay=%d clip=%.17g "
              "control=%d %s",
-             bench_dir, c->name, dir, res.threads, r.optimizer.config.beta1,
-             r.optimizer.config.beta2, r.optimizer.config.eps, r.optimizer.config.weight_decay,
-             r.optimizer.no_decay_bn_bias ? 1 : 0, r.optimizer.clip_grad_norm, control, c->torch);
+             bench_dir, c->name, dir, k.threads, r->optimizer.config.beta1,
+             r->optimizer.config.beta2, r->optimizer.config.eps, r->optimizer.config.weight_decay,
+             r->optimizer.no_decay_bn_bias ? 1 : 0, r->optimizer.clip_grad_norm, control, c->torch);
     fprintf(stderr, "bench_parity: %s\n", cmd);
     int rc = bench_run_lines(cmd, ref_line, &res);
-    /* kpl's own evaluation: the last "val_<metric>" of its metrics.jsonl */
-    snprintf(path, sizeof path, "%s/run/metrics.jsonl", dir);
-    FILE *f = fopen(path, "r");
-    char line[8192], key[64];
-    snprintf(key, sizeof key, "\"val_%s\":", c->metric);
-    while (f && fgets(line, sizeof line, f)) {
-        const char *at = strstr(line, key);
-        if (at) res.kpl_own = strtod(at + strlen(key), NULL);
-    }
-    if (f) fclose(f);
+    res.kpl_own = kpl_own_figure(dir, c->metric);
 
     int fail = 0, n = res.kpl.n;
+    int64_t steps = k.steps;
     if (rc == 0 && (n != steps || res.ref.n != steps || (control && res.ctl.n != steps))) {
         fprintf(stderr, "bench_parity: %s: PyTorch reported %d, %d (control) steps of %lld\n",
                 c->name, res.ref.n, res.ctl.n, (long long)steps);
@@ -411,32 +467,8 @@ static int run_case(const parity_case *c, const char *bench_dir, const char *roo
                 fprintf(stderr, "\n");
             }
     }
-    char *ka = jarray(res.kpl.v, res.kpl.n), *ra = jarray(res.ref.v, res.ref.n),
-         *ca = jarray(res.ctl.v, res.ctl.n);
-    char cas[128], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN], n4[BENCH_NUM_LEN],
-        n5[BENCH_NUM_LEN], n6[BENCH_NUM_LEN], n7[BENCH_NUM_LEN], n8[BENCH_NUM_LEN],
-        n9[BENCH_NUM_LEN], n10[BENCH_NUM_LEN], n11[BENCH_NUM_LEN], n12[BENCH_NUM_LEN],
-        n13[BENCH_NUM_LEN], n14[BENCH_NUM_LEN];
-    snprintf(cas, sizeof cas, "%s/%lldsteps_%dimg/t%d", c->name, (long long)steps, ntrain,
-             res.threads);
-    bench_emit("parity", cas, c->metric, 1, res.kpl_eval, res.ref_eval, res.ref_name, NAN,
-               ",\"ctl\":%s,\"kpl_own\":%s,\"kpl_%s\":%s,\"ref_%s\":%s,\"ctl_%s\":%s,"
-               "\"steps\":%lld,\"epochs\":%d,\"train_images\":%d,\"val_images\":%d,"
-               "\"loss_step1\":[%s,%s],\"loss_last_tenth\":[%s,%s,%s],"
-               "\"loss_gap_last_tenth\":{\"kpl_ref\":%s,\"ctl_ref\":%s},"
-               "\"kpl_fit_s\":%s,\"ref_train_s\":%s,\"kpl_math\":\"%s\",\"ref_isa\":\"%s\","
-               "\"recipe\":\"%s\",\"kpl_loss\":%s,\"ref_loss\":%s,\"ctl_loss\":%s",
-               bench_jnum(n1, res.ctl_eval), bench_jnum(n2, res.kpl_own), c->second,
-               bench_jnum(n3, res.kpl_second), c->second, bench_jnum(n4, res.ref_second),
-               c->second, bench_jnum(n5, res.ctl_second), (long long)steps, epochs, ntrain, nval,
-               bench_jnum(n6, res.kpl.n ? res.kpl.v[0] : NAN),
-               bench_jnum(n7, res.ref.n ? res.ref.v[0] : NAN), bench_jnum(n8, tail_mean(&res.kpl)),
-               bench_jnum(n9, tail_mean(&res.ref)), bench_jnum(n10, tail_mean(&res.ctl)),
-               bench_jnum(n11, tail_gap(&res.kpl, &res.ref)),
-               bench_jnum(n12, tail_gap(&res.ctl, &res.ref)), bench_jnum(n13, res.kpl_s),
-               bench_jnum(n14, res.ref_s), kpl_cpu_math_info(), res.ref_isa, c->recipe, ka, ra,
-               ca);
-    free(ka), free(ra), free(ca), free(res.kpl.v), free(res.ref.v), free(res.ctl.v);
+    emit_row(c, &res, &k, epochs, ntrain, nval);
+    free(res.kpl.v), free(res.ref.v), free(res.ctl.v);
     return fail;
 }
 
@@ -469,6 +501,19 @@ int main(int argc, char **argv)
             return 2;
         }
         i++;
+    }
+    /* every name in --cases must be a case */
+    for (const char *p = which; *p;) {
+        size_t len = strcspn(p, ",");
+        bool known = false;
+        for (int k = 0; k < NCASES; k++)
+            known |= len == strlen(cases[k].name) && !strncmp(p, cases[k].name, len);
+        if (!known) {
+            fprintf(stderr, "bench_parity: --cases: unknown case '%.*s' (cases: fcos, unet)\n",
+                    (int)len, p);
+            return 2;
+        }
+        p += len + (p[len] == ',');
     }
     int fail = 0, ran = 0;
     for (int k = 0; k < NCASES; k++) {
