@@ -138,163 +138,192 @@ static int capture_leaf(const capture_set *c, const kpl_tensor *leaf)
     return -1;
 }
 
-static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_graph,
-                      bool create_graph, capture_set *cap)
+/* The output and the gradient it starts from agree; a seedless output is
+ * a scalar. */
+static kpl_status check_output(kpl_tensor *output, kpl_tensor *seed)
 {
     KPL_CHECK(output != NULL, KPL_EINVAL, "backward: NULL output");
-    int oi;
-    kpl_node *root = kpl_tensor_node(output, &oi);
-    if (!root) {
+    if (!kpl_tensor_node(output, NULL))
         KPL_CHECK(kpl_requires_grad(output), KPL_EINVAL,
                   "backward: the output does not require grad (no parameter reaches it, or "
                   "it was computed with grad mode off)");
-    }
-    kpl_tensor *seed = grad_output;
     char b1[96], b2[96];
-    if (seed) {
+    if (seed)
         KPL_CHECK(kpl_tensor_numel(seed) == kpl_tensor_numel(output), KPL_ESHAPE,
                   "backward: grad_output %s does not match the output %s",
                   kpl_shape_str(kpl_tensor_ndim(seed), kpl_tensor_shape(seed), b1, sizeof b1),
                   kpl_shape_str(kpl_tensor_ndim(output), kpl_tensor_shape(output), b2, sizeof b2));
-    } else {
+    else
         KPL_CHECK(kpl_tensor_numel(output) == 1, KPL_ESHAPE,
                   "backward: the output has shape %s; pass grad_output for a non-scalar output",
                   kpl_shape_str(kpl_tensor_ndim(output), kpl_tensor_shape(output), b1, sizeof b1));
-    }
+    return KPL_OK;
+}
 
+/* param.grad += g (g owned, consumed); a gradient buffer is added to in
+ * place (unrecorded: grad mode is off without create_graph). */
+static kpl_status add_to_param_grad(kpl_tensor *param, kpl_tensor *g, bool create_graph)
+{
+    if (kpl_grad_is_buffer(param) && !create_graph) {
+        kpl_tensor *buf = kpl_grad_get(param);
+        if (kpl_trace_predates(buf))
+            kpl_trace_refuse("backward: gradient buffers (kpl_grad_set_buffer) are zeroed "
+                             "outside the step; the graph would add to them run after run");
+        kpl_status st = kpl_write_binary(buf, KPL_BIN_ADD, buf, g);
+        kpl_tensor_release(g);
+        return st;
+    }
+    kpl_tensor *acc = kpl_grad_get(param);
+    if (kpl_trace_predates(acc))
+        kpl_trace_refuse("backward: a gradient from before the trace is added to (accumulation "
+                         "over steps); the graph would add to its value at each run, not the "
+                         "last step's");
+    if (acc) kpl_tensor_retain(acc);
+    kpl_status st = accumulate(&acc, g);
+    if (st == KPL_OK) kpl_grad_set(param, acc);
+    kpl_tensor_release(acc);
+    return st;
+}
+
+/* One backward pass's state. */
+typedef struct {
+    graph_walk w;
+    capture_set *cap; /* kpl_grad's inputs, or NULL: into the parameters' .grad */
+    bool retain_graph, create_graph;
+    size_t *ready, nready; /* slots whose consumers have all contributed */
+} engine;
+
+/* A parameter whose gradient is complete: its hooks, then into .grad (or
+ * the captured result), then its ready hooks. */
+static kpl_status finish_param(engine *e, slot *s)
+{
+    kpl_tensor *leaf = s->leaf, *g = s->grad;
+    s->grad = NULL;
+    kpl_pool *p = kpl_pool_push();
+    kpl_status st = run_grad_hooks(kpl_tensor_hooks(leaf), leaf, &g);
+    if (st == KPL_OK && s->capture >= 0) {
+        st = accumulate(&e->cap->grads[s->capture], g);
+        g = NULL;
+    } else if (st == KPL_OK && !e->cap) {
+        st = add_to_param_grad(leaf, g, e->create_graph);
+        g = NULL;
+        const kpl_hooks *h = kpl_tensor_hooks(leaf);
+        for (int k = 0; st == KPL_OK && h && k < h->n_ready; k++)
+            if ((st = h->ready[k](leaf, h->ready_user[k])) > 0) st = KPL_OK;
+    }
+    kpl_tensor_release(g);
+    kpl_pool_pop(p);
+    return st;
+}
+
+/* A node whose output gradient is complete: its gradient function, whose
+ * results go to the slots of its inputs; then its output gradient and
+ * saved tensors are let go (reverse-mode GC). */
+static kpl_status run_node(engine *e, slot *s)
+{
+    kpl_node *n = s->node;
+    kpl_pool *p = kpl_pool_push();
+    KPL_CHECK(p, KPL_ENOMEM, "backward: no host memory");
+    kpl_status st = run_grad_hooks(kpl_node_hooks(n), NULL, &s->grad);
+    if (st == KPL_OK && s->capture >= 0) {
+        kpl_tensor_retain(s->grad);
+        e->cap->grads[s->capture] = s->grad;
+    }
+    if (st == KPL_OK && kpl_node_saved_freed(n))
+        st = KPL_ERROR(KPL_ESTATE,
+                       "backward: the graph through '%s' was already used by a backward that "
+                       "freed it; pass retain_graph to the first one",
+                       kpl_op_name(kpl_node_op(n)));
+    kpl_tensor *gin[3] = {NULL, NULL, NULL};
+    if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
+    for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
+        if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;
+        kpl_tensor_retain(gin[i]);
+        kpl_node *m = kpl_node_input_node(n, i, NULL);
+        slot *t = find(&e->w, m ? (const void *)m : (const void *)kpl_node_input_leaf(n, i));
+        st = accumulate(&t->grad, gin[i]);
+        if (st == KPL_OK && --t->deps == 0) e->ready[e->nready++] = (size_t)(t - e->w.s);
+    }
+    kpl_pool_pop(p);
+    kpl_tensor_release(s->grad);
+    s->grad = NULL;
+    if (!e->retain_graph && !e->create_graph) kpl_node_free_saved(n);
+    return st;
+}
+
+/* The output is a parameter itself: its gradient is the seed. */
+static kpl_status output_is_param(kpl_tensor *output, kpl_tensor *seed, capture_set *cap)
+{
+    int c = capture_leaf(cap, output);
+    if (c >= 0) return accumulate(&cap->grads[c], seed);
+    if (cap) {
+        kpl_tensor_release(seed);
+        return KPL_OK;
+    }
+    kpl_tensor *g = kpl_grad_get(output);
+    if (kpl_trace_predates(g))
+        kpl_trace_refuse("backward: a gradient from before the trace is added to "
+                         "(accumulation over steps)");
+    if (g) kpl_tensor_retain(g);
+    kpl_status st = accumulate(&g, seed);
+    if (st == KPL_OK) kpl_grad_set(output, g);
+    kpl_tensor_release(g);
+    return st;
+}
+
+/* Walks the graph from root with seed (owned) as its output's gradient. */
+static kpl_status walk(engine *e, kpl_node *root, kpl_tensor *seed)
+{
+    graph_walk *w = &e->w;
+    kpl_status st = collect(w, root);
+    if (st < 0) {
+        kpl_tensor_release(seed);
+        return st;
+    }
+    for (int i = 0; e->cap && i < e->cap->ninputs; i++) {
+        kpl_node *in = kpl_tensor_node(e->cap->inputs[i], NULL);
+        slot *s = find(w, in ? (const void *)in : (const void *)e->cap->inputs[i]);
+        if (s) s->capture = i;
+    }
+    w->s[0].grad = seed;
+    e->ready = malloc(w->n * sizeof *e->ready);
+    KPL_CHECK(e->ready, KPL_ENOMEM, "backward: no host memory");
+    e->ready[e->nready++] = 0;
+    while (e->nready && st == KPL_OK) {
+        slot *s = &w->s[e->ready[--e->nready]];
+        st = s->node ? run_node(e, s) : finish_param(e, s);
+    }
+    return st;
+}
+
+static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_graph,
+                      bool create_graph, capture_set *cap)
+{
+    KPL_TRY(check_output(output, grad_output));
     bool prev_mode = kpl_set_grad_enabled(create_graph);
     /* Gradients flow through the dtypes the forward chose (its casts are
      * on the tape); autocast would cast them again. */
     kpl_dtype prev_cast = kpl_autocast_dtype();
     kpl_set_autocast(KPL_F32, NULL);
+    engine e = {.cap = cap, .retain_graph = retain_graph, .create_graph = create_graph};
     kpl_status st = KPL_OK;
-    graph_walk w = {0};
-    size_t *ready = NULL;
     kpl_pool *outer = kpl_pool_push();
-    if (!outer) {
-        kpl_set_grad_enabled(prev_mode);
-        kpl_set_autocast(prev_cast, NULL);
-        return KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
-    }
-    if (!seed) {
+    kpl_tensor *seed = grad_output;
+    if (!outer) st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
+    else if (!seed)
         seed = kpl_full(kpl_tensor_device(output), kpl_tensor_dtype(output),
                         kpl_tensor_ndim(output), kpl_tensor_shape(output), 1.0);
-        if (!seed) {
-            st = kpl_last_status();
-            goto done;
-        }
+    if (outer && !seed) st = kpl_last_status();
+    if (st == KPL_OK) {
+        kpl_tensor_retain(seed);
+        kpl_node *root = kpl_tensor_node(output, NULL);
+        st = root ? walk(&e, root, seed) : output_is_param(output, seed, cap);
     }
-    kpl_tensor_retain(seed);
-    if (!root) { /* the output is a parameter itself */
-        int c = capture_leaf(cap, output);
-        if (c >= 0) st = accumulate(&cap->grads[c], seed);
-        else if (!cap) {
-            kpl_tensor *g = kpl_grad_get(output);
-            if (kpl_trace_predates(g))
-                kpl_trace_refuse("backward: a gradient from before the trace is added to "
-                                 "(accumulation over steps)");
-            if (g) kpl_tensor_retain(g);
-            st = accumulate(&g, seed);
-            if (st == KPL_OK) kpl_grad_set(output, g);
-            kpl_tensor_release(g);
-        } else kpl_tensor_release(seed);
-        goto done;
-    }
-    if ((st = collect(&w, root)) < 0) goto done;
-    for (int i = 0; cap && i < cap->ninputs; i++) {
-        kpl_node *in = kpl_tensor_node(cap->inputs[i], NULL);
-        slot *s = find(&w, in ? (const void *)in : (const void *)cap->inputs[i]);
-        if (s) s->capture = i;
-    }
-    w.s[0].grad = seed;
-
-    /* Nodes whose consumers have all contributed, ready to run. */
-    size_t nready = 0;
-    ready = malloc(w.n * sizeof *ready);
-    if (!ready) {
-        st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
-        goto done;
-    }
-    ready[nready++] = 0;
-    while (nready && st == KPL_OK) {
-        slot *s = &w.s[ready[--nready]];
-        kpl_node *n = s->node;
-        if (!n) { /* a parameter whose gradient is complete */
-            kpl_tensor *leaf = s->leaf, *g = s->grad;
-            s->grad = NULL;
-            kpl_pool *p = kpl_pool_push();
-            st = run_grad_hooks(kpl_tensor_hooks(leaf), leaf, &g);
-            if (st == KPL_OK && s->capture >= 0) {
-                st = accumulate(&cap->grads[s->capture], g);
-                g = NULL;
-            } else if (st == KPL_OK && !cap) {
-                if (kpl_grad_is_buffer(leaf) && !create_graph) {
-                    /* A gradient buffer: add in place (unrecorded: grad
-                     * mode is off without create_graph). */
-                    kpl_tensor *buf = kpl_grad_get(leaf);
-                    if (kpl_trace_predates(buf))
-                        kpl_trace_refuse("backward: gradient buffers (kpl_grad_set_buffer) are "
-                                         "zeroed outside the step; the graph would add to them "
-                                         "run after run");
-                    st = kpl_write_binary(buf, KPL_BIN_ADD, buf, g);
-                } else {
-                    kpl_tensor *acc = kpl_grad_get(leaf);
-                    if (kpl_trace_predates(acc))
-                        kpl_trace_refuse("backward: a gradient from before the trace is added "
-                                         "to (accumulation over steps); the graph would add to "
-                                         "its value at each run, not the last step's");
-                    if (acc) kpl_tensor_retain(acc);
-                    st = accumulate(&acc, g);
-                    g = NULL;
-                    if (st == KPL_OK) kpl_grad_set(leaf, acc);
-                    kpl_tensor_release(acc);
-                }
-                const kpl_hooks *h = kpl_tensor_hooks(leaf);
-                for (int k = 0; st == KPL_OK && h && k < h->n_ready; k++)
-                    if ((st = h->ready[k](leaf, h->ready_user[k])) > 0) st = KPL_OK;
-            }
-            kpl_tensor_release(g);
-            kpl_pool_pop(p);
-            continue;
-        }
-        kpl_pool *p = kpl_pool_push();
-        if (!p) {
-            st = KPL_ERROR(KPL_ENOMEM, "backward: no host memory");
-            break;
-        }
-        st = run_grad_hooks(kpl_node_hooks(n), NULL, &s->grad);
-        if (st == KPL_OK && s->capture >= 0) {
-            kpl_tensor_retain(s->grad);
-            cap->grads[s->capture] = s->grad;
-        }
-        if (st == KPL_OK && kpl_node_saved_freed(n))
-            st = KPL_ERROR(KPL_ESTATE,
-                           "backward: the graph through '%s' was already used by a backward "
-                           "that freed it; pass retain_graph to the first one",
-                           kpl_op_name(kpl_node_op(n)));
-        kpl_tensor *gin[3] = {NULL, NULL, NULL};
-        if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
-        for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
-            if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;
-            kpl_tensor_retain(gin[i]);
-            kpl_node *m = kpl_node_input_node(n, i, NULL);
-            slot *t = find(&w, m ? (const void *)m : (const void *)kpl_node_input_leaf(n, i));
-            st = accumulate(&t->grad, gin[i]);
-            if (st == KPL_OK && --t->deps == 0) ready[nready++] = (size_t)(t - w.s);
-        }
-        kpl_pool_pop(p);
-        /* Reverse-mode GC: this node's output gradient and saved tensors
-         * have no reader left. */
-        kpl_tensor_release(s->grad);
-        s->grad = NULL;
-        if (!retain_graph && !create_graph) kpl_node_free_saved(n);
-    }
-done:
-    free(ready);
-    for (size_t i = 0; i < w.n; i++) kpl_tensor_release(w.s[i].grad);
-    free(w.s);
-    free(w.map);
-    kpl_pool_pop(outer);
+    free(e.ready);
+    for (size_t i = 0; i < e.w.n; i++) kpl_tensor_release(e.w.s[i].grad);
+    free(e.w.s);
+    free(e.w.map);
+    if (outer) kpl_pool_pop(outer);
     kpl_set_grad_enabled(prev_mode);
     kpl_set_autocast(prev_cast, NULL);
     return st;

@@ -1,7 +1,7 @@
 /*
  * grad_fns.c — the gradient of every recorded op, written with graph/'s
- * eager ops (so create_graph records them again), and what each one needs
- * saved from the forward pass.
+ * eager ops (so create_graph records them again).  What each one reads
+ * from the forward pass is its op's saved column in graph/op_table.h.
  *
  * A gradient function gets the node and the gradient of its output (gy)
  * and writes the gradient of each input that requires one into gin[i]
@@ -511,32 +511,14 @@ G(BATCH_NORM_RELU)
     return bn_grad(n, gy, gin, y);
 }
 
+/* op_table.h's grad column: 1 names g_<ENUM> above (a missing one does not
+ * compile, one left over is an unused function), 0 none. */
+#define GRAD_1(e) g_##e
+#define GRAD_0(e) NULL
 static const grad_fn table[KPL_OP_COUNT] = {
-    [KPL_OP_NEG] = g_NEG, [KPL_OP_ABS] = g_ABS, [KPL_OP_EXP] = g_EXP, [KPL_OP_LOG] = g_LOG,
-    [KPL_OP_SQRT] = g_SQRT, [KPL_OP_RSQRT] = g_RSQRT, [KPL_OP_SQUARE] = g_SQUARE,
-    [KPL_OP_RECIPROCAL] = g_RECIPROCAL, [KPL_OP_SIN] = g_SIN, [KPL_OP_COS] = g_COS,
-    [KPL_OP_TANH] = g_TANH, [KPL_OP_SIGMOID] = g_SIGMOID, [KPL_OP_RELU] = g_RELU,
-    [KPL_OP_LEAKY_RELU] = g_LEAKY_RELU, [KPL_OP_CLIP] = g_CLIP, [KPL_OP_SIGN] = g_SIGN,
-    [KPL_OP_ADD] = g_ADD, [KPL_OP_SUB] = g_SUB, [KPL_OP_MUL] = g_MUL, [KPL_OP_DIV] = g_DIV,
-    [KPL_OP_POW] = g_POW, [KPL_OP_MAXIMUM] = g_MAXIMUM, [KPL_OP_MINIMUM] = g_MINIMUM,
-    [KPL_OP_ADD_SCALAR] = g_ADD_SCALAR, [KPL_OP_SUB_SCALAR] = g_SUB_SCALAR,
-    [KPL_OP_MUL_SCALAR] = g_MUL_SCALAR, [KPL_OP_DIV_SCALAR] = g_DIV_SCALAR,
-    [KPL_OP_POW_SCALAR] = g_POW_SCALAR, [KPL_OP_MAXIMUM_SCALAR] = g_MAXIMUM_SCALAR,
-    [KPL_OP_MINIMUM_SCALAR] = g_MINIMUM_SCALAR, [KPL_OP_WHERE] = g_WHERE,
-    [KPL_OP_SUM] = g_SUM, [KPL_OP_MEAN] = g_MEAN, [KPL_OP_MAX] = g_MAX, [KPL_OP_MIN] = g_MIN,
-    [KPL_OP_VAR] = g_VAR, [KPL_OP_LOGSUMEXP] = g_LOGSUMEXP, [KPL_OP_MATMUL] = g_MATMUL,
-    [KPL_OP_CAST] = g_CAST, [KPL_OP_RESHAPE] = g_RESHAPE, [KPL_OP_PERMUTE] = g_PERMUTE,
-    [KPL_OP_EXPAND] = g_EXPAND, [KPL_OP_ERF] = g_ERF, [KPL_OP_GELU] = g_GELU,
-    [KPL_OP_GELU_TANH] = g_GELU_TANH, [KPL_OP_NARROW] = g_NARROW, [KPL_OP_PAD_ROWS] = g_PAD_ROWS,
-    [KPL_OP_CONV2D] = g_CONV2D, [KPL_OP_CONV2D_BWD_DATA] = g_CONV2D_BWD_DATA,
-    [KPL_OP_CONV2D_BWD_WEIGHT] = g_CONV2D_BWD_WEIGHT, [KPL_OP_PLANE_GATHER] = g_PLANE_GATHER,
-    [KPL_OP_PLANE_SCATTER] = g_PLANE_SCATTER, [KPL_OP_AVG_POOL2D] = g_AVG_POOL2D,
-    [KPL_OP_AVG_POOL2D_BWD] = g_AVG_POOL2D_BWD, [KPL_OP_INDEX_SELECT] = g_INDEX_SELECT,
-    [KPL_OP_INDEX_ADD] = g_INDEX_ADD, [KPL_OP_BATCH_NORM] = g_BATCH_NORM,
-    [KPL_OP_BATCH_NORM_RELU] = g_BATCH_NORM_RELU, [KPL_OP_CONV2D_RELU] = g_CONV2D_RELU,
-    [KPL_OP_SOFTPLUS] = g_SOFTPLUS, [KPL_OP_GATHER] = g_GATHER,
-    [KPL_OP_SCATTER_ADD] = g_SCATTER_ADD, [KPL_OP_ROI_ALIGN] = g_ROI_ALIGN,
-    [KPL_OP_ROI_ALIGN_BWD] = g_ROI_ALIGN_BWD, [KPL_OP_CUSTOM] = g_CUSTOM,
+#define KPL_X_(e, s, ar, at, ac, sv, run, inf, gr, ox) [KPL_OP_##e] = GRAD_##gr(e),
+    KPL_OP_LIST(KPL_X_)
+#undef KPL_X_
 };
 
 bool kpl_op_has_grad(kpl_op op) { return (unsigned)op < KPL_OP_COUNT && table[op]; }
@@ -559,34 +541,4 @@ kpl_status kpl__autograd_apply(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin)
                                         kpl_op_name(op));
         }
     return KPL_OK;
-}
-
-/* What each gradient reads from the forward pass: bit i = input i; the
- * output mask is bit 0.  Everything else is let go at once. */
-__attribute__((constructor)) static void register_saved(void)
-{
-    static const struct {
-        kpl_op op;
-        unsigned in, out;
-    } s[] = {
-        {KPL_OP_ABS, 1, 0},        {KPL_OP_EXP, 0, 1},        {KPL_OP_LOG, 1, 0},
-        {KPL_OP_SQRT, 0, 1},       {KPL_OP_RSQRT, 0, 1},      {KPL_OP_SQUARE, 1, 0},
-        {KPL_OP_RECIPROCAL, 0, 1}, {KPL_OP_SIN, 1, 0},        {KPL_OP_COS, 1, 0},
-        {KPL_OP_TANH, 0, 1},       {KPL_OP_SIGMOID, 0, 1},    {KPL_OP_RELU, 0, 1},
-        {KPL_OP_LEAKY_RELU, 1, 0}, {KPL_OP_CLIP, 1, 0},       {KPL_OP_MUL, 3, 0},
-        {KPL_OP_DIV, 3, 0},        {KPL_OP_POW, 3, 1},        {KPL_OP_MAXIMUM, 3, 0},
-        {KPL_OP_MINIMUM, 3, 0},    {KPL_OP_DIV_SCALAR, 1, 0}, {KPL_OP_POW_SCALAR, 1, 1},
-        {KPL_OP_MAXIMUM_SCALAR, 1, 0}, {KPL_OP_MINIMUM_SCALAR, 1, 0}, {KPL_OP_WHERE, 1, 0},
-        {KPL_OP_MAX, 1, 1},        {KPL_OP_MIN, 1, 1},        {KPL_OP_VAR, 1, 0},
-        {KPL_OP_LOGSUMEXP, 1, 1},  {KPL_OP_MATMUL, 3, 0},     {KPL_OP_ERF, 1, 0},
-        {KPL_OP_GELU, 1, 0},       {KPL_OP_GELU_TANH, 1, 0},  {KPL_OP_CONV2D, 3, 0},
-        {KPL_OP_CONV2D_BWD_DATA, 3, 0}, {KPL_OP_CONV2D_BWD_WEIGHT, 3, 0},
-        {KPL_OP_PLANE_GATHER, 2, 0}, {KPL_OP_PLANE_SCATTER, 2, 0},
-        {KPL_OP_INDEX_SELECT, 2, 0}, {KPL_OP_INDEX_ADD, 2, 0},
-        {KPL_OP_BATCH_NORM, 3, 0}, {KPL_OP_BATCH_NORM_RELU, 3, 1},
-        {KPL_OP_CONV2D_RELU, 3, 1}, {KPL_OP_SOFTPLUS, 1, 0},
-        {KPL_OP_GATHER, 2, 0},     {KPL_OP_SCATTER_ADD, 2, 0},
-        {KPL_OP_ROI_ALIGN, 2, 0},  {KPL_OP_ROI_ALIGN_BWD, 2, 0},
-    };
-    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++) kpl_op_set_saved(s[i].op, s[i].in, s[i].out);
 }

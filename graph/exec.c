@@ -24,312 +24,73 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- one node ---- */
+/* ---- one node: op_table.h's run and infer columns ---- */
 
-static int unary_of(kpl_op op)
-{
-    switch (op) {
-#define U(E) case KPL_OP_##E: return KPL_UN_##E;
-    U(NEG) U(ABS) U(EXP) U(LOG) U(SQRT) U(RSQRT) U(SQUARE) U(RECIPROCAL) U(SIN) U(COS) U(TANH)
-    U(SIGMOID) U(RELU) U(LEAKY_RELU) U(GELU) U(CLIP) U(SIGN) U(GELU_TANH) U(ERF) U(SOFTPLUS)
-#undef U
-    default: return -1;
-    }
-}
+typedef kpl_status (*run_fn)(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor *const *out);
+typedef kpl_status (*infer_fn)(kpl__infer_ctx *c);
 
-static int binary_of(kpl_op op)
-{
-    switch (op) {
-    case KPL_OP_ADD: case KPL_OP_ADD_SCALAR: return KPL_BIN_ADD;
-    case KPL_OP_SUB: case KPL_OP_SUB_SCALAR: return KPL_BIN_SUB;
-    case KPL_OP_MUL: case KPL_OP_MUL_SCALAR: return KPL_BIN_MUL;
-    case KPL_OP_DIV: case KPL_OP_DIV_SCALAR: return KPL_BIN_DIV;
-    case KPL_OP_POW: case KPL_OP_POW_SCALAR: return KPL_BIN_POW;
-    case KPL_OP_MAXIMUM: case KPL_OP_MAXIMUM_SCALAR: return KPL_BIN_MAXIMUM;
-    case KPL_OP_MINIMUM: case KPL_OP_MINIMUM_SCALAR: return KPL_BIN_MINIMUM;
-    default: return -1;
-    }
-}
+#define RUN_FN(f) kpl__op_run_##f
+#define RUN_EW(f) kpl__op_run_##f
+#define RUN_UN(k) NULL
+#define RUN_UNA(k) NULL
+#define RUN_BIN(k) NULL
+#define RUN_BINS(k) NULL
+#define RUN_RED(k) NULL
+#define RUN_VIEW(k) NULL
+#define RUN_NONE(k) NULL
 
-static bool is_scalar_op(kpl_op op) { return op >= KPL_OP_ADD_SCALAR && op <= KPL_OP_MINIMUM_SCALAR; }
+static const run_fn run_fns[KPL_OP_COUNT] = {
+#define KPL_X_(e, s, ar, at, ac, sv, run, ...) [KPL_OP_##e] = KPL_OP_PAIR(RUN_, run),
+    KPL_OP_LIST(KPL_X_)
+#undef KPL_X_
+};
 
-static int reduce_of(kpl_op op)
-{
-    switch (op) {
-    case KPL_OP_SUM: return KPL_RED_SUM;
-    case KPL_OP_MEAN: return KPL_RED_MEAN;
-    case KPL_OP_MAX: return KPL_RED_MAX;
-    case KPL_OP_MIN: return KPL_RED_MIN;
-    case KPL_OP_VAR: return KPL_RED_VAR;
-    case KPL_OP_LOGSUMEXP: return KPL_RED_LOGSUMEXP;
-    case KPL_OP_ARGMAX: return KPL_RED_ARGMAX;
-    case KPL_OP_ARGMIN: return KPL_RED_ARGMIN;
-    default: return -1;
-    }
-}
-
-/* Whether the executor runs op (views count: the plan makes them). */
-static bool runnable(kpl_op op)
-{
-    if (unary_of(op) >= 0 || binary_of(op) >= 0 || reduce_of(op) >= 0) return true;
-    switch (op) {
-    case KPL_OP_WHERE: case KPL_OP_MATMUL: case KPL_OP_CAST: case KPL_OP_RESHAPE:
-    case KPL_OP_PERMUTE: case KPL_OP_NARROW: case KPL_OP_EXPAND: case KPL_OP_PAD_ROWS:
-    case KPL_OP_CONV2D: case KPL_OP_CONV2D_RELU: case KPL_OP_CONV2D_BWD_DATA:
-    case KPL_OP_CONV2D_BWD_WEIGHT: case KPL_OP_PLANE_GATHER: case KPL_OP_PLANE_SCATTER:
-    case KPL_OP_AVG_POOL2D: case KPL_OP_AVG_POOL2D_BWD: case KPL_OP_INDEX_SELECT:
-    case KPL_OP_INDEX_ADD: case KPL_OP_GATHER: case KPL_OP_SCATTER_ADD: case KPL_OP_ROI_ALIGN:
-    case KPL_OP_ROI_ALIGN_BWD: case KPL_OP_COMPARE: case KPL_OP_MAX_POOL2D: case KPL_OP_BINARY:
-    case KPL_OP_BATCH_NORM: case KPL_OP_BATCH_NORM_RELU: case KPL_OP_BATCH_NORM_BWD:
-        return true;
-    default:
-        return false;
-    }
-}
+static const infer_fn infer_fns[KPL_OP_COUNT] = {
+#define KPL_X_(e, s, ar, at, ac, sv, run, inf, ...) [KPL_OP_##e] = kpl__op_infer_##inf,
+    KPL_OP_LIST(KPL_X_)
+#undef KPL_X_
+};
 
 kpl_status kpl__ir_run_node(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor *const *out)
 {
     const kpl_op_attrs *a = &n->at;
-    int u = unary_of(n->op), b = binary_of(n->op), r = reduce_of(n->op);
-    if (u >= 0) return kpl_k_unary(out[0], (kpl_unary_op)u, in[0], a->alpha, a->beta);
-    if (b >= 0 && is_scalar_op(n->op))
-        return kpl_k_binary_scalar(out[0], (kpl_binary_op)b, in[0], a->scalar, a->scalar_first);
-    if (b >= 0) return kpl_k_binary(out[0], (kpl_binary_op)b, in[0], in[1]);
-    if (r >= 0)
-        return kpl_k_reduce(out[0], (kpl_reduce_op)r, in[0], a->naxes ? a->axes : NULL, a->naxes,
-                            a->keepdim, a->correction);
-    switch (n->op) {
-    case KPL_OP_COMPARE:
-    case KPL_OP_BINARY: return kpl_k_binary(out[0], (kpl_binary_op)a->sub, in[0], in[1]);
-    case KPL_OP_BATCH_NORM:
-        return kpl_k_batch_norm(out[0], n->nout > 1 ? out[1] : NULL, n->nout > 2 ? out[2] : NULL,
-                                in[0], in[1], in[2], a->alpha);
-    case KPL_OP_BATCH_NORM_RELU:
-        return kpl_k_batch_norm_relu(out[0], n->nout > 1 ? out[1] : NULL,
-                                     n->nout > 2 ? out[2] : NULL, in[0], in[1], in[2], a->alpha);
-    case KPL_OP_BATCH_NORM_BWD: /* x, gy, gamma (, relu's output y) */
-        if (a->sub)
-            return kpl_k_batch_norm_relu_bwd(out[0], out[1], out[2], in[0], in[3], in[1], in[2],
-                                             a->alpha);
-        return kpl_k_batch_norm_bwd(out[0], out[1], out[2], in[0], in[1], in[2], a->alpha);
-    case KPL_OP_WHERE: return kpl_k_where(out[0], in[0], in[1], in[2]);
-    case KPL_OP_MATMUL: return kpl_k_matmul(out[0], in[0], in[1], a->trans_a, a->trans_b);
-    case KPL_OP_CAST: return kpl_k_cast(out[0], in[0]);
-    case KPL_OP_RESHAPE:
-    case KPL_OP_NARROW: return KPL_OK; /* views, made by the plan */
-    case KPL_OP_PERMUTE: return kpl_k_permute(out[0], in[0], a->axes);
-    case KPL_OP_EXPAND: return kpl_k_expand(out[0], in[0]);
-    case KPL_OP_PAD_ROWS: return kpl__pad_rows_into(out[0], in[0], a->start);
-    case KPL_OP_CONV2D: return kpl_k_conv2d(out[0], in[0], in[1], in[2], &a->conv);
-    case KPL_OP_CONV2D_RELU: return kpl_k_conv2d_relu(out[0], in[0], in[1], in[2], &a->conv);
-    case KPL_OP_CONV2D_BWD_DATA: return kpl_k_conv2d_bwd_data(out[0], in[0], in[1], &a->conv);
-    case KPL_OP_CONV2D_BWD_WEIGHT:
-        return kpl_k_conv2d_bwd_weight(out[0], n->nout > 1 ? out[1] : NULL, in[0], in[1], &a->conv);
-    case KPL_OP_MAX_POOL2D: return kpl_k_max_pool2d(out[0], out[1], in[0], &a->pool);
-    case KPL_OP_PLANE_GATHER: return kpl_k_plane_gather(out[0], in[0], in[1]);
-    case KPL_OP_PLANE_SCATTER: return kpl_k_plane_scatter(out[0], in[0], in[1]);
-    case KPL_OP_AVG_POOL2D: return kpl_k_avg_pool2d(out[0], in[0], &a->pool);
-    case KPL_OP_AVG_POOL2D_BWD: return kpl_k_avg_pool2d_bwd(out[0], in[0], &a->pool);
-    case KPL_OP_INDEX_SELECT: return kpl_k_index_select(out[0], in[0], a->axes[0], in[1]);
-    case KPL_OP_INDEX_ADD: return kpl_k_index_add(out[0], in[0], a->axes[0], in[1]);
-    case KPL_OP_GATHER: return kpl_k_gather(out[0], in[0], a->axes[0], in[1]);
-    case KPL_OP_SCATTER_ADD: return kpl_k_scatter_add(out[0], in[0], a->axes[0], in[1], in[2]);
-    case KPL_OP_ROI_ALIGN: return kpl_k_roi_align(out[0], in[0], in[1], &a->roi);
-    case KPL_OP_ROI_ALIGN_BWD: return kpl_k_roi_align_bwd(out[0], in[0], in[1], &a->roi);
-    default:
-        return KPL_ERROR(KPL_EINVAL, "graph: op '%s' cannot run in a graph", kpl_op_name(n->op));
+    const kpl_op_info *r = kpl_op_info_of(n->op);
+    switch (r->run) {
+    case KPL_OP_RUN_UN:
+    case KPL_OP_RUN_UNA: return kpl_k_unary(out[0], (kpl_unary_op)r->kernel, in[0], a->alpha, a->beta);
+    case KPL_OP_RUN_BIN: return kpl_k_binary(out[0], (kpl_binary_op)r->kernel, in[0], in[1]);
+    case KPL_OP_RUN_BINS:
+        return kpl_k_binary_scalar(out[0], (kpl_binary_op)r->kernel, in[0], a->scalar,
+                                   a->scalar_first);
+    case KPL_OP_RUN_RED:
+        return kpl_k_reduce(out[0], (kpl_reduce_op)r->kernel, in[0], a->naxes ? a->axes : NULL,
+                            a->naxes, a->keepdim, a->correction);
+    case KPL_OP_RUN_EW:
+    case KPL_OP_RUN_FN: return run_fns[n->op](n, in, out);
+    case KPL_OP_RUN_VIEW: return KPL_OK; /* made by the plan */
+    case KPL_OP_RUN_NONE: break;
     }
-}
-
-/* ---- shape inference ---- */
-
-/* The inputs (lo required, up to hi; the rest optional) and outputs
- * (olo required, up to ohi) of op. */
-static void arity(kpl_op op, int *lo, int *hi, int *olo, int *ohi)
-{
-    *olo = *ohi = op == KPL_OP_MAX_POOL2D ? 2 : 1;
-    if (unary_of(op) >= 0 || is_scalar_op(op) || reduce_of(op) >= 0) {
-        *lo = *hi = 1;
-        return;
-    }
-    if (binary_of(op) >= 0) {
-        *lo = *hi = 2;
-        return;
-    }
-    switch (op) {
-    case KPL_OP_WHERE: case KPL_OP_SCATTER_ADD: *lo = *hi = 3; return;
-    case KPL_OP_CONV2D: case KPL_OP_CONV2D_RELU: *lo = 2, *hi = 3; return;
-    case KPL_OP_CAST: case KPL_OP_RESHAPE: case KPL_OP_PERMUTE: case KPL_OP_NARROW:
-    case KPL_OP_EXPAND: case KPL_OP_PAD_ROWS: case KPL_OP_AVG_POOL2D:
-    case KPL_OP_AVG_POOL2D_BWD: case KPL_OP_MAX_POOL2D:
-        *lo = *hi = 1;
-        return;
-    case KPL_OP_BATCH_NORM: case KPL_OP_BATCH_NORM_RELU: /* y (, batch mean, batch var) */
-        *lo = *hi = 3;
-        *ohi = 3;
-        return;
-    case KPL_OP_BATCH_NORM_BWD: *lo = 3, *hi = 4, *olo = *ohi = 3; return;
-    case KPL_OP_CONV2D_BWD_WEIGHT: *lo = *hi = 2, *ohi = 2; return; /* (, the bias's) */
-    default: *lo = *hi = 2; return; /* matmul, compare, binary, the other adjoints, gathers */
-    }
+    return KPL_ERROR(KPL_EINVAL, "graph: op '%s' cannot run in a graph", r->name);
 }
 
 kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
                          int64_t (*sh)[KPL_MAX_DIMS], kpl_dtype *dt)
 {
-    const char *name = kpl_op_name(n->op);
-    KPL_CHECK(runnable(n->op), KPL_EINVAL, "op '%s' cannot run in a graph", name);
-    const kpl_irv *x[KPL_IR_MAX_IN] = {0};
-    for (int i = 0; i < n->nin; i++) x[i] = n->in[i] >= 0 ? &ir->v[n->in[i]] : NULL;
-    int lo, hi, olo, ohi;
-    arity(n->op, &lo, &hi, &olo, &ohi);
-    KPL_CHECK(n->nin >= lo && n->nin <= hi && n->nout >= olo && n->nout <= ohi, KPL_EINVAL,
-              "'%s' has %d inputs and %d outputs (it takes %d to %d and makes %d to %d)", name,
-              n->nin, n->nout, lo, hi, olo, ohi);
-    if (n->op == KPL_OP_BATCH_NORM_BWD)
-        KPL_CHECK((n->nin == 4) == (n->at.sub != 0), KPL_EINVAL,
-                  "batch_norm_bwd: the ReLU's output is an input exactly when relu is set");
-    for (int i = 0; i < lo; i++)
-        KPL_CHECK(x[i], KPL_EINVAL, "'%s': input %d is absent", name, i);
-    const kpl_irv *o = &ir->v[n->out[0]]; /* for what the attributes do not say */
-    const kpl_op_attrs *a = &n->at;
-    char b1[96];
-    nd[0] = x[0]->ndim;
-    memcpy(sh[0], x[0]->shape, sizeof sh[0]);
-    dt[0] = x[0]->dtype;
-    int64_t tmp[KPL_MAX_DIMS];
-    int ntmp;
-    if (unary_of(n->op) >= 0 || is_scalar_op(n->op)) return KPL_OK;
-    if (binary_of(n->op) >= 0 || n->op == KPL_OP_COMPARE || n->op == KPL_OP_BINARY)
-        return kpl_shape_broadcast(name, x[0]->ndim, x[0]->shape, x[1]->ndim, x[1]->shape, &nd[0],
-                                   sh[0]) < 0
-                   ? kpl_last_status()
-                   : (dt[0] = n->op == KPL_OP_COMPARE ? KPL_BOOL : x[0]->dtype, KPL_OK);
-    int r = reduce_of(n->op);
-    if (r >= 0) {
-        KPL_TRY(kpl_shape_reduce(name, x[0]->ndim, x[0]->shape, a->naxes ? a->axes : NULL,
-                                 a->naxes, a->keepdim, &nd[0], sh[0]));
-        if (r == KPL_RED_ARGMAX || r == KPL_RED_ARGMIN) dt[0] = KPL_I64;
-        return KPL_OK;
-    }
-    switch (n->op) {
-    case KPL_OP_WHERE:
-        KPL_TRY(kpl_shape_broadcast(name, x[0]->ndim, x[0]->shape, x[1]->ndim, x[1]->shape, &ntmp,
-                                    tmp));
-        KPL_TRY(kpl_shape_broadcast(name, ntmp, tmp, x[2]->ndim, x[2]->shape, &nd[0], sh[0]));
-        dt[0] = x[1]->dtype;
-        return KPL_OK;
-    case KPL_OP_MATMUL:
-        return kpl_shape_matmul(x[0]->ndim, x[0]->shape, a->trans_a, x[1]->ndim, x[1]->shape,
-                                a->trans_b, &nd[0], sh[0]);
-    case KPL_OP_CAST: dt[0] = o->dtype; return KPL_OK; /* the target is the value's dtype */
-    case KPL_OP_RESHAPE: {
-        int64_t ne = 1;
-        for (int i = 0; i < o->ndim; i++) ne *= o->shape[i];
-        int64_t xe = 1;
-        for (int i = 0; i < x[0]->ndim; i++) xe *= x[0]->shape[i];
-        KPL_CHECK(ne == xe, KPL_ESHAPE, "reshape: %s cannot become %s",
-                  kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1),
-                  kpl_shape_str(o->ndim, o->shape, (char[96]){0}, 96));
-        nd[0] = o->ndim;
-        memcpy(sh[0], o->shape, sizeof sh[0]);
-        return KPL_OK;
-    }
-    case KPL_OP_NARROW:
-        KPL_CHECK(x[0]->ndim >= 1 && a->start >= 0 && a->length >= 0 &&
-                      a->start <= x[0]->shape[0] && a->length <= x[0]->shape[0] - a->start,
-                  KPL_ESHAPE, "narrow: rows [%lld, %lld) of %s", (long long)a->start,
-                  (long long)(a->start + a->length),
-                  kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1));
-        sh[0][0] = a->length;
-        return KPL_OK;
-    case KPL_OP_PERMUTE:
-        KPL_CHECK(a->naxes == x[0]->ndim, KPL_ESHAPE, "permute: %d axes for %d dims", a->naxes,
-                  x[0]->ndim);
-        for (int i = 0; i < a->naxes; i++) {
-            KPL_CHECK(a->axes[i] >= 0 && a->axes[i] < x[0]->ndim, KPL_ESHAPE,
-                      "permute: axis %d", a->axes[i]);
-            sh[0][i] = x[0]->shape[a->axes[i]];
-        }
-        return KPL_OK;
-    case KPL_OP_EXPAND:
-        KPL_TRY(kpl_shape_broadcast(name, x[0]->ndim, x[0]->shape, o->ndim, o->shape, &nd[0], sh[0]));
-        return KPL_OK;
-    case KPL_OP_PAD_ROWS: sh[0][0] = a->length; return KPL_OK;
-    case KPL_OP_CONV2D:
-    case KPL_OP_CONV2D_RELU:
-        KPL_CHECK(x[0]->ndim == 4 && x[1]->ndim == 4, KPL_ESHAPE, "%s: 4-D input and weights", name);
-        return kpl_shape_conv2d(x[0]->shape, x[1]->shape, &a->conv, sh[0]);
-    case KPL_OP_BATCH_NORM:
-    case KPL_OP_BATCH_NORM_RELU:
-    case KPL_OP_BATCH_NORM_BWD:
-    {
-        bool bwd = n->op == KPL_OP_BATCH_NORM_BWD; /* x, gy, gamma (, y) */
-        bool fit = x[0]->ndim >= 2 && x[2]->ndim == 1 && x[2]->shape[0] == x[0]->shape[1];
-        if (bwd) /* gy and the ReLU's output have x's shape */
-            for (int j = 1; j < n->nin; j += 2)
-                fit = fit && x[j]->ndim == x[0]->ndim &&
-                      !memcmp(x[j]->shape, x[0]->shape, (size_t)x[0]->ndim * sizeof(int64_t));
-        else fit = fit && x[1]->ndim == 1 && x[1]->shape[0] == x[0]->shape[1];
-        KPL_CHECK(fit, KPL_ESHAPE, "%s: x %s with inputs that do not fit it", name,
-                  kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1));
-    }
-        for (int j = 1; j < n->nout; j++) { /* per channel, in gamma's dtype */
-            nd[j] = 1;
-            sh[j][0] = x[0]->shape[1];
-            dt[j] = x[n->op == KPL_OP_BATCH_NORM_BWD ? 2 : 1]->dtype;
-        }
-        return KPL_OK;
-    case KPL_OP_CONV2D_BWD_WEIGHT:
-        if (n->nout > 1) {
-            nd[1] = 1;
-            sh[1][0] = a->shape4[0];
-            dt[1] = x[0]->dtype;
-        }
-        /* fall through */
-    case KPL_OP_CONV2D_BWD_DATA:
-    case KPL_OP_PLANE_SCATTER:
-    case KPL_OP_AVG_POOL2D_BWD:
-        nd[0] = 4;
-        memcpy(sh[0], a->shape4, sizeof a->shape4);
-        return KPL_OK;
-    case KPL_OP_MAX_POOL2D:
-    case KPL_OP_AVG_POOL2D:
-        KPL_CHECK(x[0]->ndim == 4, KPL_ESHAPE, "%s: input must be 4-D", name);
-        KPL_TRY(kpl_shape_pool2d(x[0]->shape, &a->pool, sh[0]));
-        if (n->op == KPL_OP_MAX_POOL2D) {
-            nd[1] = 4;
-            memcpy(sh[1], sh[0], sizeof sh[0]);
-            dt[1] = KPL_I64;
-        }
-        return KPL_OK;
-    case KPL_OP_PLANE_GATHER:
-    case KPL_OP_GATHER:
-        nd[0] = x[1]->ndim;
-        memcpy(sh[0], x[1]->shape, sizeof sh[0]);
-        return KPL_OK;
-    case KPL_OP_INDEX_SELECT:
-    case KPL_OP_INDEX_ADD:
-        KPL_CHECK(a->axes[0] >= 0 && a->axes[0] < x[0]->ndim && x[1]->ndim == 1, KPL_ESHAPE,
-                  "%s: axis %d of %s", name, a->axes[0],
-                  kpl_shape_str(x[0]->ndim, x[0]->shape, b1, sizeof b1));
-        sh[0][a->axes[0]] = n->op == KPL_OP_INDEX_SELECT ? x[1]->shape[0] : a->length;
-        return KPL_OK;
-    case KPL_OP_SCATTER_ADD: return KPL_OK;
-    case KPL_OP_ROI_ALIGN:
-        KPL_CHECK(x[0]->ndim == 4 && x[1]->ndim == 2, KPL_ESHAPE, "roi_align: x and rois");
-        nd[0] = 4;
-        sh[0][0] = x[1]->shape[0];
-        sh[0][1] = x[0]->shape[1];
-        sh[0][2] = a->roi.out_h;
-        sh[0][3] = a->roi.out_w;
-        return KPL_OK;
-    case KPL_OP_ROI_ALIGN_BWD: /* x's shape is not an attribute */
-        nd[0] = o->ndim;
-        memcpy(sh[0], o->shape, sizeof sh[0]);
-        return KPL_OK;
-    default: return KPL_ERROR(KPL_EINVAL, "op '%s' cannot run in a graph", name);
-    }
+    const kpl_op_info *r = kpl_op_info_of(n->op);
+    KPL_CHECK(r->run != KPL_OP_RUN_NONE, KPL_EINVAL, "op '%s' cannot run in a graph", r->name);
+    KPL_CHECK(n->nin >= r->in_min && n->nin <= r->in_max && n->nout >= r->out_min &&
+                  n->nout <= r->out_max,
+              KPL_EINVAL, "'%s' has %d inputs and %d outputs (it takes %d to %d and makes %d to %d)",
+              r->name, n->nin, n->nout, r->in_min, r->in_max, r->out_min, r->out_max);
+    kpl__infer_ctx c = {.ir = ir, .n = n, .name = r->name, .o = &ir->v[n->out[0]],
+                        .nd = nd, .sh = sh, .dt = dt};
+    for (int i = 0; i < n->nin; i++) c.x[i] = n->in[i] >= 0 ? &ir->v[n->in[i]] : NULL;
+    for (int i = 0; i < r->in_min; i++)
+        KPL_CHECK(c.x[i], KPL_EINVAL, "'%s': input %d is absent", r->name, i);
+    nd[0] = c.x[0]->ndim;
+    memcpy(sh[0], c.x[0]->shape, sizeof sh[0]);
+    dt[0] = c.x[0]->dtype;
+    return infer_fns[n->op](&c);
 }
 
 /* ---- the executor ---- */
@@ -372,9 +133,7 @@ static size_t align_up(size_t n) { return (n + 63) & ~(size_t)63; }
 static bool inplace_ok(const kpl_ir *ir, const kpl_irn *n, const int *last_use, const int *root,
                        const bool *is_out, const int *chain, int i)
 {
-    if (!(unary_of(n->op) >= 0 || is_scalar_op(n->op) || n->op == KPL_OP_BINARY ||
-          (binary_of(n->op) >= 0 && !is_scalar_op(n->op))))
-        return false;
+    if (!kpl__ir_is_elementwise(n->op)) return false;
     if (n->in[0] < 0) return false;
     int v = root[n->in[0]]; /* whose bytes input 0 is */
     const kpl_irv *x = &ir->v[n->in[0]], *o = &ir->v[n->out[0]];
@@ -400,6 +159,268 @@ static int larger_first(const void *a, const void *b)
     return (x->v > y->v) - (x->v < y->v);
 }
 
+/* The memory plan's working state, per value (nv entries each). */
+typedef struct {
+    int nv;
+    int *first, *last_use; /* node defining it (-1: before the run), last node reading it */
+    int *root;             /* whose bytes it is (itself, the input of a view or in-place op) */
+    bool *is_out;          /* read after the run: an output or a parameter's new value */
+    int *chain;            /* the parameter whose new value it leads to in place, or -1 */
+    int *upd_of;           /* the parameter it is the new value of, or -1 */
+    size_t *need, *offset; /* bytes of a root; its offset in the arena (O3) */
+} plan;
+
+static void plan_free(plan *p)
+{
+    free(p->first);
+    free(p->last_use);
+    free(p->root);
+    free(p->is_out);
+    free(p->chain);
+    free(p->upd_of);
+    free(p->need);
+    free(p->offset);
+}
+
+static kpl_status plan_alloc(const kpl_ir *ir, plan *p)
+{
+    size_t nv = (size_t)(ir->nv ? ir->nv : 1);
+    *p = (plan){.nv = ir->nv};
+    p->first = malloc(nv * sizeof *p->first);
+    p->last_use = malloc(nv * sizeof *p->last_use);
+    p->root = malloc(nv * sizeof *p->root);
+    p->is_out = calloc(nv, sizeof *p->is_out);
+    p->chain = malloc(nv * sizeof *p->chain);
+    p->upd_of = malloc(nv * sizeof *p->upd_of);
+    p->need = calloc(nv, sizeof *p->need);
+    p->offset = calloc(nv, sizeof *p->offset);
+    if (p->first && p->last_use && p->root && p->is_out && p->chain && p->upd_of && p->need &&
+        p->offset)
+        return KPL_OK;
+    plan_free(p);
+    *p = (plan){0};
+    return KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
+}
+
+/* A parameter's new value is read at the end of the run, like an output;
+ * the element-wise ops leading to it from the parameter's own value may
+ * write over the parameter (O2): chain marks them. */
+static void plan_update_chains(const kpl_ir *ir, plan *p)
+{
+    for (int v = 0; v < ir->nv; v++) p->chain[v] = p->upd_of[v] = -1;
+    for (int k = 0; k < ir->nupdates; k++) p->upd_of[ir->upd_value[k]] = ir->upd_param[k];
+    for (int k = 0; k < ir->nupdates; k++) {
+        int prm = ir->upd_param[k], v = ir->upd_value[k];
+        p->is_out[v] = true;
+        int path[64], np = 0;
+        while (v >= 0 && v != prm && np < 64 && ir->v[v].kind == KPL_IRV_OP) {
+            const kpl_irn *n = &ir->n[ir->v[v].node];
+            if (!kpl__ir_is_elementwise(n->op)) break;
+            /* another parameter's new value is not computed in prm's bytes */
+            if (p->upd_of[v] >= 0 && p->upd_of[v] != prm) break;
+            path[np++] = v;
+            v = n->in[0];
+        }
+        if (v == prm)
+            for (int j = 0; j < np; j++) p->chain[path[j]] = prm;
+    }
+}
+
+/* Liveness: each value's first definition and last use (node index); a
+ * view's bytes are its root's, so uses of a view extend the root. */
+static void plan_liveness(const kpl_ir *ir, plan *p)
+{
+    for (int v = 0; v < ir->nv; v++) {
+        p->root[v] = v;
+        p->first[v] = ir->v[v].kind == KPL_IRV_OP ? ir->v[v].node : -1;
+        p->last_use[v] = p->first[v];
+    }
+    for (int i = 0; i < ir->noutputs; i++) p->is_out[ir->outputs[i]] = true;
+    plan_update_chains(ir, p);
+    for (int i = 0; i < ir->nn; i++) {
+        const kpl_irn *n = &ir->n[i];
+        if (kpl__ir_is_view(n->op)) p->root[n->out[0]] = p->root[n->in[0]];
+    }
+    for (int i = 0; i < ir->nn; i++) {
+        const kpl_irn *n = &ir->n[i];
+        for (int j = 0; j < n->nin; j++)
+            if (n->in[j] >= 0) p->last_use[p->root[n->in[j]]] = i;
+    }
+    for (int v = 0; v < ir->nv; v++)
+        if (p->is_out[v]) {
+            p->last_use[p->root[v]] = ir->nn;
+            p->is_out[p->root[v]] = true;
+        }
+}
+
+/* O2: in place — the output takes its input's bytes (a view of them). */
+static void plan_inplace(const kpl_ir *ir, plan *p, kpl_exec_stats *stats)
+{
+    for (int i = 0; i < ir->nn; i++) {
+        const kpl_irn *n = &ir->n[i];
+        if (!inplace_ok(ir, n, p->last_use, p->root, p->is_out, p->chain, i)) continue;
+        int x = p->root[n->in[0]], o = n->out[0];
+        p->root[o] = x;
+        /* every later view of o follows it to x */
+        for (int k = i + 1; k < ir->nn; k++)
+            if (kpl__ir_is_view(ir->n[k].op) && p->root[ir->n[k].in[0]] == x)
+                p->root[ir->n[k].out[0]] = x;
+        p->last_use[x] = p->last_use[o];
+        p->is_out[x] = p->is_out[o];
+        stats->n_inplace++;
+    }
+}
+
+/* The bytes each root needs. */
+static void plan_need(const kpl_ir *ir, plan *p, kpl_exec_stats *stats)
+{
+    /* max pooling's indices that nothing reads are not computed (the CPU
+     * kernel then skips them) */
+    for (int i = 0; i < ir->nn; i++)
+        if (ir->n[i].op == KPL_OP_MAX_POOL2D && ir->n[i].nout > 1 &&
+            p->last_use[ir->n[i].out[1]] == i && !p->is_out[ir->n[i].out[1]])
+            p->root[ir->n[i].out[1]] = -1;
+    for (int v = 0; v < ir->nv; v++) {
+        const kpl_irv *val = &ir->v[v];
+        if (val->kind == KPL_IRV_OP) stats->value_bytes += value_bytes(val);
+        if (val->kind == KPL_IRV_INPUT ||
+            (val->kind == KPL_IRV_OP && val->node >= 0 && p->root[v] == v))
+            p->need[v] = value_bytes(val) ? align_up(value_bytes(val)) : 64; /* empty ones too */
+    }
+}
+
+/* The op values that need bytes, largest first (then in order of
+ * definition): the big buffers settle low and the small ones fill the gaps
+ * between them, which leaves less unused than placing in order of
+ * definition.  Returns the count, -1 when out of memory. */
+static int plan_order(const kpl_ir *ir, const plan *p, int *order)
+{
+    int nord = 0;
+    for (int v = 0; v < ir->nv; v++)
+        if (p->need[v] && ir->v[v].kind == KPL_IRV_OP) order[nord++] = v;
+    sized *by = malloc((size_t)(nord ? nord : 1) * sizeof *by);
+    if (!by) return -1;
+    for (int k = 0; k < nord; k++) by[k] = (sized){p->need[order[k]], order[k]};
+    qsort(by, (size_t)nord, sizeof *by, larger_first);
+    for (int k = 0; k < nord; k++) order[k] = by[k].v;
+    free(by);
+    return nord;
+}
+
+/* O3: first-fit offsets in one arena; returns its size. */
+static size_t plan_first_fit(const kpl_ir *ir, plan *p, const int *order, int nord,
+                             kpl_exec_stats *stats)
+{
+    /* placeholders are written before the run: alive from the start */
+    size_t top = 0;
+    for (int k = 0; k < ir->ninputs; k++) {
+        int v = ir->inputs[k];
+        p->first[v] = -1;
+        if (p->last_use[v] < 0) p->last_use[v] = -1;
+        p->offset[v] = top;
+        top += p->need[v];
+    }
+    size_t total = top;
+    for (int k = 0; k < nord; k++) {
+        int v = order[k];
+        size_t off = top, sz = p->need[v];
+        /* the lowest gap among the placed values alive at the same time */
+        for (bool moved = true; moved;) {
+            moved = false;
+            for (int j = 0; j < k; j++) {
+                int u = order[j];
+                if (p->last_use[u] < p->first[v] || p->first[u] > p->last_use[v]) continue;
+                if (p->offset[u] < off + sz && off < p->offset[u] + p->need[u]) {
+                    off = p->offset[u] + p->need[u];
+                    moved = true;
+                }
+            }
+        }
+        p->offset[v] = off;
+        if (off + sz > total) total = off + sz;
+    }
+    /* the lower bound: the most bytes alive at one node */
+    for (int i = -1; i <= ir->nn; i++) {
+        size_t live = 0;
+        for (int k = 0; k < nord; k++)
+            if (p->first[order[k]] <= i && p->last_use[order[k]] >= i) live += p->need[order[k]];
+        for (int k = 0; k < ir->ninputs; k++) live += p->need[ir->inputs[k]];
+        if (live > stats->live_bytes) stats->live_bytes = live;
+    }
+    return total;
+}
+
+/* The arena (O3) or the sum of the separate storages. */
+static kpl_status plan_memory(kpl_exec *ex, plan *p)
+{
+    const kpl_ir *ir = ex->ir;
+    if (ir->level < 3) {
+        for (int v = 0; v < ir->nv; v++) ex->stats.arena_bytes += p->need[v];
+        return KPL_OK;
+    }
+    int *order = malloc((size_t)(ir->nv ? ir->nv : 1) * sizeof *order);
+    int nord = order ? plan_order(ir, p, order) : -1;
+    if (nord < 0) {
+        free(order);
+        return KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
+    }
+    size_t total = plan_first_fit(ir, p, order, nord, &ex->stats);
+    free(order);
+    ex->stats.arena_bytes = total;
+    return kpl_storage_create(ex->dev, total ? total : 64, &ex->arena);
+}
+
+/* The tensors, once: roots get memory, views and in-place outputs are
+ * headers on their root's storage. */
+static kpl_status plan_tensors(kpl_exec *ex, const plan *p)
+{
+    const kpl_ir *ir = ex->ir;
+    kpl_status st = KPL_OK;
+    for (int v = 0; v < ir->nv && st == KPL_OK; v++) {
+        const kpl_irv *val = &ir->v[v];
+        if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) {
+            kpl_tensor_retain(val->data);
+            ex->t[v] = val->data;
+            /* the graph's own constants never change: kernels may keep
+             * derived copies (a convolution's reordered weights) */
+            if (val->kind == KPL_IRV_CONST) kpl_tensor_set_constant(val->data, true);
+            continue;
+        }
+        if (p->root[v] != v || !p->need[v]) continue;
+        if (ex->arena) {
+            kpl_storage *s = NULL;
+            st = kpl_storage_sub(ex->arena, p->offset[v], value_bytes(val), &s);
+            if (st == KPL_OK)
+                st = kpl_tensor_from_storage(s, 0, val->dtype, val->ndim, val->shape, &ex->t[v]);
+            kpl_storage_release(s);
+        } else {
+            st = kpl_tensor_empty(ex->dev, val->dtype, val->ndim, val->shape, &ex->t[v]);
+        }
+    }
+    for (int i = 0; i < ir->nn && st == KPL_OK; i++) {
+        const kpl_irn *n = &ir->n[i];
+        int o = n->out[0];
+        if (p->root[o] == o) continue;
+        const kpl_irv *val = &ir->v[o];
+        kpl_tensor *src = ex->t[n->in[0]];
+        KPL_CHECK(src, KPL_EINVAL, "exec_create: node %d (%s) reads a value with no tensor", i,
+                  kpl_op_name(n->op));
+        if (n->op == KPL_OP_NARROW) {
+            st = kpl_tensor_narrow(src, n->at.start, n->at.length, &ex->t[o]);
+            ex->stats.n_views++;
+        } else if (n->op == KPL_OP_RESHAPE) {
+            st = kpl_tensor_reshape(src, val->ndim, val->shape, &ex->t[o]);
+            ex->stats.n_views++;
+        } else { /* in place: the same storage and offset as the input */
+            st = kpl_tensor_from_storage(kpl_tensor_storage(src), kpl_tensor_offset(src),
+                                         val->dtype, val->ndim, val->shape, &ex->t[o]);
+        }
+    }
+    for (int k = 0; k < ir->nupdates && st == KPL_OK; k++)
+        ex->upd_copy[k] = p->root[ir->upd_value[k]] != ir->upd_param[k];
+    return st;
+}
+
 kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
 {
     KPL_CHECK(ir && out, KPL_EINVAL, "exec_create: NULL argument");
@@ -414,220 +435,19 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
             ex->dev = kpl_tensor_device(ir->v[v].data);
             break;
         }
-    int nv = ir->nv ? ir->nv : 1;
-    ex->t = calloc((size_t)nv, sizeof *ex->t);
-    int *last_use = malloc((size_t)nv * sizeof *last_use), *root = malloc((size_t)nv * sizeof *root);
-    int *first = malloc((size_t)nv * sizeof *first);
-    size_t *offset = calloc((size_t)nv, sizeof *offset);
-    bool *is_out = calloc((size_t)nv, sizeof *is_out);
-    int *chain = malloc((size_t)nv * sizeof *chain);
-    int *upd_of = malloc((size_t)nv * sizeof *upd_of); /* the parameter a value updates, or -1 */
+    ex->t = calloc((size_t)(ir->nv ? ir->nv : 1), sizeof *ex->t);
     ex->upd_copy = calloc((size_t)(ir->nupdates ? ir->nupdates : 1), sizeof *ex->upd_copy);
-    kpl_status st = KPL_OK;
-    if (!ex->t || !last_use || !root || !first || !offset || !is_out || !chain || !upd_of || !ex->upd_copy) {
-        st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
-        goto out;
+    plan p = {0};
+    kpl_status st = ex->t && ex->upd_copy ? plan_alloc(ir, &p)
+                                          : KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
+    if (st == KPL_OK) {
+        plan_liveness(ir, &p);
+        if (ir->level >= 2) plan_inplace(ir, &p, &ex->stats);
+        plan_need(ir, &p, &ex->stats);
+        st = plan_memory(ex, &p);
     }
-    /* liveness: each value's first definition and last use (node index);
-     * a view's bytes are its root's, so uses of a view extend the root */
-    for (int v = 0; v < ir->nv; v++) {
-        root[v] = v;
-        first[v] = ir->v[v].kind == KPL_IRV_OP ? ir->v[v].node : -1;
-        last_use[v] = first[v];
-    }
-    for (int i = 0; i < ir->noutputs; i++) is_out[ir->outputs[i]] = true;
-    /* a parameter's new value is read at the end of the run, like an
-     * output; the element-wise ops leading to it from the parameter's own
-     * value may write over the parameter (O2) */
-    for (int v = 0; v < ir->nv; v++) chain[v] = upd_of[v] = -1;
-    for (int k = 0; k < ir->nupdates; k++) upd_of[ir->upd_value[k]] = ir->upd_param[k];
-    for (int k = 0; k < ir->nupdates; k++) {
-        int p = ir->upd_param[k], v = ir->upd_value[k];
-        is_out[v] = true;
-        int path[64], np = 0;
-        while (v >= 0 && v != p && np < 64 && ir->v[v].kind == KPL_IRV_OP) {
-            const kpl_irn *n = &ir->n[ir->v[v].node];
-            if (!(unary_of(n->op) >= 0 || binary_of(n->op) >= 0 || n->op == KPL_OP_BINARY)) break;
-            /* another parameter's new value is not computed in p's bytes */
-            if (upd_of[v] >= 0 && upd_of[v] != p) break;
-            path[np++] = v;
-            v = n->in[0];
-        }
-        if (v == p)
-            for (int j = 0; j < np; j++) chain[path[j]] = p;
-    }
-    int level = ir->level;
-    for (int i = 0; i < ir->nn; i++) {
-        const kpl_irn *n = &ir->n[i];
-        if (kpl__ir_is_view(n->op)) root[n->out[0]] = root[n->in[0]];
-    }
-    for (int i = 0; i < ir->nn; i++) {
-        const kpl_irn *n = &ir->n[i];
-        for (int j = 0; j < n->nin; j++)
-            if (n->in[j] >= 0) last_use[root[n->in[j]]] = i;
-    }
-    for (int v = 0; v < ir->nv; v++)
-        if (is_out[v]) {
-            last_use[root[v]] = ir->nn;
-            is_out[root[v]] = true;
-        }
-    /* O2: in place — the output takes its input's bytes (a view of them) */
-    if (level >= 2)
-        for (int i = 0; i < ir->nn; i++) {
-            const kpl_irn *n = &ir->n[i];
-            if (!inplace_ok(ir, n, last_use, root, is_out, chain, i)) continue;
-            int x = root[n->in[0]], o = n->out[0];
-            root[o] = x;
-            /* every later view of o follows it to x */
-            for (int k = i + 1; k < ir->nn; k++)
-                if (kpl__ir_is_view(ir->n[k].op) && root[ir->n[k].in[0]] == x)
-                    root[ir->n[k].out[0]] = x;
-            last_use[x] = last_use[o];
-            is_out[x] = is_out[o];
-            ex->stats.n_inplace++;
-        }
-    /* the bytes each root needs */
-    size_t *need = calloc((size_t)nv, sizeof *need);
-    if (!need) {
-        st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
-        goto out;
-    }
-    /* max pooling's indices that nothing reads are not computed (the CPU
-     * kernel then skips them) */
-    for (int i = 0; i < ir->nn; i++)
-        if (ir->n[i].op == KPL_OP_MAX_POOL2D && ir->n[i].nout > 1 &&
-            last_use[ir->n[i].out[1]] == i && !is_out[ir->n[i].out[1]])
-            root[ir->n[i].out[1]] = -1;
-    for (int v = 0; v < ir->nv; v++) {
-        const kpl_irv *val = &ir->v[v];
-        if (val->kind == KPL_IRV_OP) ex->stats.value_bytes += value_bytes(val);
-        if (val->kind == KPL_IRV_INPUT || (val->kind == KPL_IRV_OP && val->node >= 0 && root[v] == v))
-            need[v] = value_bytes(val) ? align_up(value_bytes(val)) : 64; /* empty ones too */
-    }
-    /* O3: first-fit offsets in one arena */
-    if (level >= 3) {
-        int *order = malloc((size_t)nv * sizeof *order), nord = 0;
-        if (!order) {
-            free(need);
-            st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
-            goto out;
-        }
-        for (int v = 0; v < ir->nv; v++)
-            if (need[v] && ir->v[v].kind == KPL_IRV_OP) order[nord++] = v;
-        /* largest first (then in order of definition): the big buffers
-         * settle low and the small ones fill the gaps between them, which
-         * leaves less unused than placing in order of definition */
-        sized *by = malloc((size_t)(nord ? nord : 1) * sizeof *by);
-        if (!by) {
-            free(order);
-            free(need);
-            st = KPL_ERROR(KPL_ENOMEM, "exec_create: no host memory");
-            goto out;
-        }
-        for (int k = 0; k < nord; k++) by[k] = (sized){need[order[k]], order[k]};
-        qsort(by, (size_t)nord, sizeof *by, larger_first);
-        for (int k = 0; k < nord; k++) order[k] = by[k].v;
-        free(by);
-        /* placeholders are written before the run: alive from the start */
-        for (int k = 0; k < ir->ninputs; k++) {
-            int v = ir->inputs[k];
-            first[v] = -1;
-            if (last_use[v] < 0) last_use[v] = -1;
-        }
-        size_t top = 0;
-        for (int k = 0; k < ir->ninputs; k++) {
-            offset[ir->inputs[k]] = top;
-            top += need[ir->inputs[k]];
-        }
-        size_t total = top;
-        for (int k = 0; k < nord; k++) {
-            int v = order[k];
-            size_t off = top, sz = need[v];
-            /* the lowest gap among the placed values alive at the same time */
-            for (bool moved = true; moved;) {
-                moved = false;
-                for (int j = 0; j < k; j++) {
-                    int u = order[j];
-                    if (last_use[u] < first[v] || first[u] > last_use[v]) continue;
-                    if (offset[u] < off + sz && off < offset[u] + need[u]) {
-                        off = offset[u] + need[u];
-                        moved = true;
-                    }
-                }
-            }
-            offset[v] = off;
-            if (off + sz > total) total = off + sz;
-        }
-        /* the lower bound: the most bytes alive at one node */
-        for (int i = -1; i <= ir->nn; i++) {
-            size_t live = 0;
-            for (int k = 0; k < nord; k++)
-                if (first[order[k]] <= i && last_use[order[k]] >= i) live += need[order[k]];
-            for (int k = 0; k < ir->ninputs; k++) live += need[ir->inputs[k]];
-            if (live > ex->stats.live_bytes) ex->stats.live_bytes = live;
-        }
-        free(order);
-        st = kpl_storage_create(ex->dev, total ? total : 64, &ex->arena);
-        ex->stats.arena_bytes = total;
-    } else {
-        for (int v = 0; v < ir->nv; v++) ex->stats.arena_bytes += need[v];
-    }
-    /* the tensors, once: roots get memory, views and in-place outputs are
-     * headers on their root's storage */
-    for (int v = 0; v < ir->nv && st == KPL_OK; v++) {
-        const kpl_irv *val = &ir->v[v];
-        if (val->kind == KPL_IRV_PARAM || val->kind == KPL_IRV_CONST) {
-            kpl_tensor_retain(val->data);
-            ex->t[v] = val->data;
-            /* the graph's own constants never change: kernels may keep
-             * derived copies (a convolution's reordered weights) */
-            if (val->kind == KPL_IRV_CONST) kpl_tensor_set_constant(val->data, true);
-            continue;
-        }
-        if (root[v] != v || !need[v]) continue;
-        if (ex->arena) {
-            kpl_storage *s = NULL;
-            st = kpl_storage_sub(ex->arena, offset[v], value_bytes(val), &s);
-            if (st == KPL_OK)
-                st = kpl_tensor_from_storage(s, 0, val->dtype, val->ndim, val->shape, &ex->t[v]);
-            kpl_storage_release(s);
-        } else {
-            st = kpl_tensor_empty(ex->dev, val->dtype, val->ndim, val->shape, &ex->t[v]);
-        }
-    }
-    for (int i = 0; i < ir->nn && st == KPL_OK; i++) {
-        const kpl_irn *n = &ir->n[i];
-        int o = n->out[0];
-        if (root[o] == o) continue;
-        const kpl_irv *val = &ir->v[o];
-        kpl_tensor *src = ex->t[n->in[0]];
-        if (!src) {
-            st = KPL_ERROR(KPL_EINVAL, "exec_create: node %d (%s) reads a value with no tensor", i,
-                           kpl_op_name(n->op));
-            break;
-        }
-        if (n->op == KPL_OP_NARROW) {
-            st = kpl_tensor_narrow(src, n->at.start, n->at.length, &ex->t[o]);
-            ex->stats.n_views++;
-        } else if (n->op == KPL_OP_RESHAPE) {
-            st = kpl_tensor_reshape(src, val->ndim, val->shape, &ex->t[o]);
-            ex->stats.n_views++;
-        } else { /* in place: the same storage and offset as the input */
-            st = kpl_tensor_from_storage(kpl_tensor_storage(src), kpl_tensor_offset(src),
-                                         val->dtype, val->ndim, val->shape, &ex->t[o]);
-        }
-    }
-    for (int k = 0; k < ir->nupdates; k++)
-        ex->upd_copy[k] = root[ir->upd_value[k]] != ir->upd_param[k];
-    free(need);
-out:
-    free(chain);
-    free(upd_of);
-    free(last_use);
-    free(root);
-    free(first);
-    free(offset);
-    free(is_out);
+    if (st == KPL_OK) st = plan_tensors(ex, &p);
+    plan_free(&p);
     if (st < 0) {
         kpl_exec_destroy(ex);
         return st;

@@ -5,8 +5,8 @@
  * tensor owned by the current autorelease pool.  When grad mode is on and an
  * input requires grad, the op also records a node: the op, its attributes,
  * edges to the nodes that produced its inputs, the input shapes, and the
- * tensors its gradient will need (which ones is declared by autograd/ with
- * kpl_op_set_saved; graph/ knows nothing of gradients).
+ * tensors its gradient will need (the op's row in op_table.h says which;
+ * the gradients themselves are autograd's).
  *
  *   kpl_pool *pool = kpl_pool_push();          // one training step
  *   kpl_tensor *h = kpl_relu(kpl_add(kpl_matmul(x, w, false, false), b));
@@ -72,42 +72,13 @@ kpl_status kpl_set_autocast(kpl_dtype dt, kpl_dtype *prev);
 
 /* ---- ops ---------------------------------------------------------------------- */
 
-/* X(ENUM, name).  One entry per differentiable op, then the ops only a
- * trace records (graph/ir.h: they have no gradient and never go on the
- * tape); append only. */
-#define KPL_OP_LIST(X)                                                        \
-    X(NEG, "neg") X(ABS, "abs") X(EXP, "exp") X(LOG, "log") X(SQRT, "sqrt")   \
-    X(RSQRT, "rsqrt") X(SQUARE, "square") X(RECIPROCAL, "reciprocal")        \
-    X(SIN, "sin") X(COS, "cos") X(TANH, "tanh") X(SIGMOID, "sigmoid")        \
-    X(RELU, "relu") X(LEAKY_RELU, "leaky_relu") X(GELU, "gelu")              \
-    X(CLIP, "clip") X(SIGN, "sign") X(GELU_TANH, "gelu_tanh")                \
-    X(ADD, "add") X(SUB, "sub") X(MUL, "mul") X(DIV, "div") X(POW, "pow")     \
-    X(MAXIMUM, "maximum") X(MINIMUM, "minimum")                               \
-    X(ADD_SCALAR, "add_scalar") X(SUB_SCALAR, "sub_scalar")                   \
-    X(MUL_SCALAR, "mul_scalar") X(DIV_SCALAR, "div_scalar")                   \
-    X(POW_SCALAR, "pow_scalar") X(MAXIMUM_SCALAR, "maximum_scalar")           \
-    X(MINIMUM_SCALAR, "minimum_scalar")                                       \
-    X(WHERE, "where")                                                         \
-    X(SUM, "sum") X(MEAN, "mean") X(MAX, "max") X(MIN, "min") X(VAR, "var")   \
-    X(LOGSUMEXP, "logsumexp")                                                 \
-    X(MATMUL, "matmul") X(CAST, "cast") X(RESHAPE, "reshape")                 \
-    X(PERMUTE, "permute") X(NARROW, "narrow") X(EXPAND, "expand")            \
-    X(ERF, "erf") X(PAD_ROWS, "pad_rows") X(CONV2D, "conv2d")               \
-    X(CONV2D_BWD_DATA, "conv2d_bwd_data") X(CONV2D_BWD_WEIGHT, "conv2d_bwd_weight") \
-    X(PLANE_GATHER, "plane_gather") X(PLANE_SCATTER, "plane_scatter")          \
-    X(AVG_POOL2D, "avg_pool2d") X(AVG_POOL2D_BWD, "avg_pool2d_bwd")          \
-    X(INDEX_SELECT, "index_select") X(INDEX_ADD, "index_add")                 \
-    X(BATCH_NORM, "batch_norm") X(SOFTPLUS, "softplus")                       \
-    X(GATHER, "gather") X(SCATTER_ADD, "scatter_add")                         \
-    X(ROI_ALIGN, "roi_align") X(ROI_ALIGN_BWD, "roi_align_bwd")               \
-    X(BATCH_NORM_RELU, "batch_norm_relu") X(CONV2D_RELU, "conv2d_relu")       \
-    X(CUSTOM, "custom")                                                       \
-    X(COMPARE, "compare") X(ARGMAX, "argmax") X(ARGMIN, "argmin")             \
-    X(MAX_POOL2D, "max_pool2d") X(BINARY, "binary")                            \
-    X(BATCH_NORM_BWD, "batch_norm_bwd")
+/* The ops, one row each in op_table.h (its columns: arity, attributes,
+ * autocast class, saved tensors, how a graph runs it, shape inference,
+ * gradient, ONNX form); the enum is append only. */
+#include "op_table.h"
 
 typedef enum {
-#define KPL_X_(e, s) KPL_OP_##e,
+#define KPL_X_(e, ...) KPL_OP_##e,
     KPL_OP_LIST(KPL_X_)
 #undef KPL_X_
     KPL_OP_COUNT
@@ -126,6 +97,66 @@ typedef enum {
 
 /* The class of an op under autocast (KEEP for ops outside the list). */
 kpl_autocast_class kpl_autocast_class_of(kpl_op op);
+
+/* Which kpl_op_attrs fields an op reads (op_table.h's attrs column). */
+typedef enum {
+    KPL_ATTRS_NONE,
+    KPL_ATTRS_SLOPE,  /* alpha */
+    KPL_ATTRS_BOUNDS, /* alpha, beta */
+    KPL_ATTRS_SCALAR, /* scalar, scalar_first */
+    KPL_ATTRS_REDUCE, /* axes, naxes, keepdim, correction */
+    KPL_ATTRS_MATMUL, /* trans_a, trans_b */
+    KPL_ATTRS_DTYPE,  /* dtype (the source's) */
+    KPL_ATTRS_PERM,   /* axes, naxes */
+    KPL_ATTRS_ROWS,   /* start, length */
+    KPL_ATTRS_CONV,   /* conv (and shape4 for the adjoints) */
+    KPL_ATTRS_SHAPE4, /* shape4 */
+    KPL_ATTRS_POOL,   /* pool (and shape4 for the adjoint) */
+    KPL_ATTRS_AXIS,   /* axes[0] (and length for index_add) */
+    KPL_ATTRS_EPS,    /* alpha (and sub: batch_norm_bwd's ReLU) */
+    KPL_ATTRS_ROI,    /* roi */
+    KPL_ATTRS_CUSTOM, /* custom, custom_user */
+    KPL_ATTRS_SUB,    /* sub: the kpl_binary_op */
+} kpl_op_attr_kind;
+
+/* How a graph runs an op (op_table.h's run column). */
+typedef enum {
+    KPL_OP_RUN_NONE, /* never in a graph */
+    KPL_OP_RUN_UN,   /* kpl_k_unary, no attributes */
+    KPL_OP_RUN_UNA,  /* kpl_k_unary with alpha, beta */
+    KPL_OP_RUN_BIN,  /* kpl_k_binary */
+    KPL_OP_RUN_BINS, /* kpl_k_binary_scalar */
+    KPL_OP_RUN_RED,  /* kpl_k_reduce */
+    KPL_OP_RUN_EW,   /* an element-wise function of the graph */
+    KPL_OP_RUN_FN,   /* a function of the graph */
+    KPL_OP_RUN_VIEW, /* a view of input 0, made by the executor's plan */
+} kpl_op_run_kind;
+
+/* How an op leaves for ONNX (op_table.h's onnx column). */
+typedef enum { KPL_ONNX_NONE, KPL_ONNX_DIRECT, KPL_ONNX_CODED } kpl_onnx_kind;
+
+/* An op's row (op_table.h), for tools and tests. */
+typedef struct {
+    const char *name;
+    int in_min, in_max, out_min, out_max;
+    kpl_op_attr_kind attrs;
+    kpl_autocast_class autocast;
+    unsigned saved_in, saved_out;
+    kpl_op_run_kind run;
+    int kernel;          /* UN, UNA: kpl_unary_op; BIN, BINS: kpl_binary_op; RED:
+                            kpl_reduce_op; else -1 */
+    const char *run_fn;  /* EW, FN: the graph's kpl__op_run_<run_fn>; else NULL */
+    const char *infer;   /* kpl__op_infer_<infer>; "none" when not in graphs */
+    bool differentiable; /* autograd has its gradient */
+    kpl_onnx_kind onnx;
+    const char *onnx_name; /* DIRECT: the ONNX type; CODED: the exporter's emit_<name>;
+                              NONE: NULL */
+} kpl_op_info;
+
+/* The row of op (static storage); NULL for a value that is not an op. */
+const kpl_op_info *kpl_op_info_of(kpl_op op);
+/* The op named `name` (kpl_op_name's), or KPL_OP_COUNT when none is. */
+kpl_op kpl_op_from_name(const char *name);
 
 typedef struct kpl_custom_fn kpl_custom_fn; /* a caller-defined op, see kpl_custom */
 
@@ -151,13 +182,20 @@ typedef struct {
                                     batch_norm_bwd: 1 with the ReLU's output */
 } kpl_op_attrs;
 
-/* Unary (element-wise) */
-#define KPL_X_(e, s) kpl_tensor *kpl_##s(kpl_tensor *x);
-KPL_X_(NEG, neg) KPL_X_(ABS, abs) KPL_X_(EXP, exp) KPL_X_(LOG, log) KPL_X_(SQRT, sqrt)
-KPL_X_(RSQRT, rsqrt) KPL_X_(SQUARE, square) KPL_X_(RECIPROCAL, reciprocal) KPL_X_(SIN, sin)
-KPL_X_(COS, cos) KPL_X_(TANH, tanh) KPL_X_(SIGMOID, sigmoid) KPL_X_(RELU, relu)
-KPL_X_(GELU, gelu) KPL_X_(SIGN, sign) KPL_X_(GELU_TANH, gelu_tanh) KPL_X_(ERF, erf)
-KPL_X_(SOFTPLUS, softplus) /* log(1 + e^x), stable for any x; gradient sigmoid(x) */
+/* Unary (element-wise): kpl_<name>(x) for each op of op_table.h run as
+ * (UN, k): kpl_neg, kpl_exp, kpl_relu, kpl_softplus (log(1 + e^x), stable
+ * for any x; gradient sigmoid(x)) and the others there. */
+#define KPL_X_(e, s, ar, at, ac, sv, run, ...) KPL_OP_CAT(KPL_UNARY_DECL_, KPL_OP_FIRST run)(s)
+#define KPL_UNARY_DECL_UN(s) kpl_tensor *kpl_##s(kpl_tensor *x);
+#define KPL_UNARY_DECL_UNA(s)
+#define KPL_UNARY_DECL_BIN(s)
+#define KPL_UNARY_DECL_BINS(s)
+#define KPL_UNARY_DECL_RED(s)
+#define KPL_UNARY_DECL_EW(s)
+#define KPL_UNARY_DECL_FN(s)
+#define KPL_UNARY_DECL_VIEW(s)
+#define KPL_UNARY_DECL_NONE(s)
+KPL_OP_LIST(KPL_X_)
 #undef KPL_X_
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope);
 kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi);
@@ -514,11 +552,6 @@ const kpl_hooks *kpl_tensor_hooks(const kpl_tensor *t);
 const kpl_hooks *kpl_node_hooks(const kpl_node *n);
 
 /* ---- the tape ------------------------------------------------------------------ */
-
-/* Declares which inputs/outputs an op's gradient needs (bit i = input or
- * output i); recording keeps exactly those alive until backward frees
- * them.  Called by autograd/ at start. */
-void kpl_op_set_saved(kpl_op op, unsigned input_mask, unsigned output_mask);
 
 /* The node that produced t (borrowed), NULL for leaves and non-recorded
  * results; *out_index receives which output of the node t is. */

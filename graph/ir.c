@@ -353,47 +353,41 @@ static void attrs_str(const kpl_irn *n, char *buf, size_t len)
 {
     const kpl_op_attrs *a = &n->at;
     buf[0] = 0;
-    switch (n->op) {
-    case KPL_OP_CONV2D:
-    case KPL_OP_CONV2D_RELU:
-    case KPL_OP_CONV2D_BWD_DATA:
-    case KPL_OP_CONV2D_BWD_WEIGHT:
+    switch (kpl_op_info_of(n->op)->attrs) {
+    case KPL_ATTRS_CONV:
         snprintf(buf, len, " stride=%d,%d pad=%d,%d dil=%d,%d groups=%d", a->conv.stride[0],
                  a->conv.stride[1], a->conv.padding[0], a->conv.padding[1], a->conv.dilation[0],
                  a->conv.dilation[1], a->conv.groups);
         break;
-    case KPL_OP_MAX_POOL2D:
-    case KPL_OP_AVG_POOL2D:
-    case KPL_OP_AVG_POOL2D_BWD:
+    case KPL_ATTRS_POOL:
         snprintf(buf, len, " kernel=%d,%d stride=%d,%d pad=%d,%d%s%s", a->pool.kernel[0],
                  a->pool.kernel[1], a->pool.stride[0], a->pool.stride[1], a->pool.padding[0],
                  a->pool.padding[1], a->pool.ceil_mode ? " ceil" : "",
                  a->pool.count_include_pad ? " count_pad" : "");
         break;
-    case KPL_OP_SUM: case KPL_OP_MEAN: case KPL_OP_MAX: case KPL_OP_MIN: case KPL_OP_VAR:
-    case KPL_OP_LOGSUMEXP: case KPL_OP_ARGMAX: case KPL_OP_ARGMIN: case KPL_OP_PERMUTE: {
+    case KPL_ATTRS_REDUCE:
+    case KPL_ATTRS_PERM: {
         size_t k = (size_t)snprintf(buf, len, " axes=");
         for (int i = 0; i < a->naxes && k < len; i++)
             k += (size_t)snprintf(buf + k, len - k, "%s%d", i ? "," : "", a->axes[i]);
         if (a->keepdim && k < len) snprintf(buf + k, len - k, " keepdim");
         break;
     }
-    case KPL_OP_MATMUL:
+    case KPL_ATTRS_MATMUL:
         snprintf(buf, len, "%s%s", a->trans_a ? " trans_a" : "", a->trans_b ? " trans_b" : "");
         break;
-    case KPL_OP_LEAKY_RELU: snprintf(buf, len, " slope=%g", a->alpha); break;
-    case KPL_OP_CLIP: snprintf(buf, len, " lo=%g hi=%g", a->alpha, a->beta); break;
-    case KPL_OP_NARROW: snprintf(buf, len, " start=%lld length=%lld", (long long)a->start, (long long)a->length); break;
-    case KPL_OP_COMPARE:
-    case KPL_OP_BINARY: snprintf(buf, len, " %s", kpl_binary_name((kpl_binary_op)a->sub)); break;
-    case KPL_OP_BATCH_NORM:
-    case KPL_OP_BATCH_NORM_RELU:
-    case KPL_OP_BATCH_NORM_BWD:
+    case KPL_ATTRS_SLOPE: snprintf(buf, len, " slope=%g", a->alpha); break;
+    case KPL_ATTRS_BOUNDS: snprintf(buf, len, " lo=%g hi=%g", a->alpha, a->beta); break;
+    case KPL_ATTRS_ROWS:
+        if (n->op == KPL_OP_NARROW)
+            snprintf(buf, len, " start=%lld length=%lld", (long long)a->start, (long long)a->length);
+        break;
+    case KPL_ATTRS_SUB: snprintf(buf, len, " %s", kpl_binary_name((kpl_binary_op)a->sub)); break;
+    case KPL_ATTRS_EPS:
         snprintf(buf, len, " eps=%g%s", a->alpha, n->op == KPL_OP_BATCH_NORM_BWD && a->sub ? " relu" : "");
         break;
-    default:
-        if (n->op >= KPL_OP_ADD_SCALAR && n->op <= KPL_OP_MINIMUM_SCALAR)
-            snprintf(buf, len, " s=%g%s", a->scalar, a->scalar_first ? " first" : "");
+    case KPL_ATTRS_SCALAR: snprintf(buf, len, " s=%g%s", a->scalar, a->scalar_first ? " first" : ""); break;
+    default: break;
     }
 }
 

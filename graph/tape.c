@@ -18,29 +18,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* ---- op names and saved masks ------------------------------------------------ */
-
-static const char *const op_names[KPL_OP_COUNT] = {
-#define KPL_X_(e, s) [KPL_OP_##e] = s,
-    KPL_OP_LIST(KPL_X_)
-#undef KPL_X_
-};
-
-const char *kpl_op_name(kpl_op op)
-{
-    return (unsigned)op < KPL_OP_COUNT ? op_names[op] : "invalid-op";
-}
-
-/* Filled by autograd/ at start, read-only afterwards. */
-static unsigned saved_in_mask[KPL_OP_COUNT], saved_out_mask[KPL_OP_COUNT];
-
-void kpl_op_set_saved(kpl_op op, unsigned input_mask, unsigned output_mask)
-{
-    if ((unsigned)op >= KPL_OP_COUNT) return;
-    saved_in_mask[op] = input_mask;
-    saved_out_mask[op] = output_mask;
-}
-
 /* ---- per-thread state ----------------------------------------------------------- */
 
 struct kpl_pool {
@@ -374,14 +351,14 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
             n->in[i].leaf = t;
             kpl_tensor_retain(t);
         }
-        if (saved_in_mask[op] & (1u << i)) {
+        if (kpl_op_info_of(op)->saved_in & (1u << i)) {
             kpl_tensor_retain(t);
             n->in[i].saved = t;
         }
     }
     n->out_ndim = kpl_tensor_ndim(out);
     memcpy(n->out_shape, kpl_tensor_shape(out), (size_t)n->out_ndim * sizeof(int64_t));
-    if (saved_out_mask[op] & 1u) {
+    if (kpl_op_info_of(op)->saved_out & 1u) {
         KPL_TRY_GOTO(alias(out, &n->saved_out));
         kpl__trace_alias(n->saved_out, out); /* the same value in a trace */
         kpl__tmeta *am = kpl__graph_meta(n->saved_out, true);

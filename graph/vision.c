@@ -235,6 +235,29 @@ kpl_tensor *kpl_roi_align_bwd(kpl_tensor *gy, kpl_tensor *rois, const int64_t *x
     return roi_op(KPL_OP_ROI_ALIGN_BWD, gy, rois, x_shape, p);
 }
 
+/* In a graph (op_table.h's run and infer columns). */
+kpl_status kpl__op_run_roi_align(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor *const *out)
+{
+    return kpl_k_roi_align(out[0], in[0], in[1], &n->at.roi);
+}
+
+kpl_status kpl__op_run_roi_align_bwd(const kpl_irn *n, kpl_tensor *const *in,
+                                     kpl_tensor *const *out)
+{
+    return kpl_k_roi_align_bwd(out[0], in[0], in[1], &n->at.roi);
+}
+
+kpl_status kpl__op_infer_roi_align(kpl__infer_ctx *c)
+{
+    KPL_CHECK(c->x[0]->ndim == 4 && c->x[1]->ndim == 2, KPL_ESHAPE, "roi_align: x and rois");
+    c->nd[0] = 4;
+    c->sh[0][0] = c->x[1]->shape[0];
+    c->sh[0][1] = c->x[0]->shape[1];
+    c->sh[0][2] = c->n->at.roi.out_h;
+    c->sh[0][3] = c->n->at.roi.out_w;
+    return KPL_OK;
+}
+
 /* ---- the focal loss -------------------------------------------------------------------------- */
 
 /* Two tensors of one shape, one float dtype: KPL_ESHAPE / KPL_EDTYPE naming

@@ -330,16 +330,14 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
             json_array_size(in) > KPL_IR_MAX_INPUTS || json_array_size(out) < 1 ||
             json_array_size(out) > KPL_IR_MAX_OUTPUTS)
             return BAD(&w, "not {op, in[<= 4], out[1..3], attrs}");
-        int opi = -1;
-        for (int k = 0; k < KPL_OP_COUNT; k++)
-            if (!strcmp(kpl_op_name((kpl_op)k), op)) opi = k;
-        if (opi < 0) return BAD(&w, "unknown op '%s' (a file of a newer kpl?)", op);
+        kpl_op opi = kpl_op_from_name(op);
+        if (opi == KPL_OP_COUNT) return BAD(&w, "unknown op '%s' (a file of a newer kpl?)", op);
         int iv[KPL_IR_MAX_INPUTS], ov[KPL_IR_MAX_OUTPUTS];
         KPL_TRY(get_ints(&w, o, "in", iv, (int)json_array_size(in), -1, nv - 1));
         KPL_TRY(get_ints(&w, o, "out", ov, (int)json_array_size(out), 0, nv - 1));
         kpl_op_attrs a;
         KPL_TRY(attrs_parse(&w, at, &a));
-        if (kpl_ir_add_node(ir, (kpl_op)opi, &a, (int)json_array_size(in), iv,
+        if (kpl_ir_add_node(ir, opi, &a, (int)json_array_size(in), iv,
                             (int)json_array_size(out), ov) < 0)
             return kpl__error_prefix(KPL_EFORMAT, "%s: ", path);
     }
