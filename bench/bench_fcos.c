@@ -32,7 +32,7 @@
 #include "bench_common.h"
 #include "bench_file.h"
 #include "bench_snapshot.h"
-#include "detect_impl.h"
+#include "fcos_impl.h"
 
 #include <stdint.h>
 

@@ -299,21 +299,9 @@ kpl_status kpl__convert_bad(const kpl_convert_options *o, bool fatal, int64_t *n
 
 kpl_status kpl__write_text(const char *out_dir, const char *name, const char *text, size_t len)
 {
-    char p[PATH_MAX], tmp[PATH_MAX], tname[256];
-    snprintf(tname, sizeof tname, "%s.tmp", name);
+    char p[PATH_MAX];
     KPL_TRY(kpl__path_join(p, sizeof p, out_dir, name));
-    KPL_TRY(kpl__path_join(tmp, sizeof tmp, out_dir, tname));
-    FILE *f = fopen(tmp, "w");
-    KPL_CHECK(f, KPL_EIO, "%s: %s", tmp, strerror(errno));
-    bool ok = fwrite(text, 1, len, f) == len;
-    ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok &= fclose(f) == 0;
-    if (!ok || rename(tmp, p) != 0) {
-        int e = errno;
-        unlink(tmp);
-        return KPL_ERROR(KPL_EIO, "%s: %s", p, strerror(e));
-    }
-    return KPL_OK;
+    return kpl__write_file_atomic(p, text, len);
 }
 
 kpl_status kpl__write_lines(const char *out_dir, const char *name, char *const *lines, int64_t n)

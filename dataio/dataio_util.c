@@ -1,5 +1,5 @@
 /*
- * dataio_util.c — CRC32C, file I/O helpers and the progress line.
+ * dataio_util.c — file I/O helpers and the progress line.
  */
 #include "dataio_impl.h"
 
@@ -15,78 +15,6 @@
 
 /* The converters' sources (convert_idx.c, convert_folder.c, convert_lmdb.c). */
 KPL_ENUM_DEFINE(kpl_convert_source, KPL_CONVERT_SOURCES)
-
-/* ---- CRC32C ---------------------------------------------------------------------- */
-
-/* Slicing-by-8 tables for CPUs without SSE4.2; built once. */
-static uint32_t crc_table[8][256];
-static pthread_once_t crc_once = PTHREAD_ONCE_INIT;
-static bool crc_hw;
-
-static void crc_init(void)
-{
-    for (uint32_t i = 0; i < 256; i++) {
-        uint32_t c = i;
-        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1)));
-        crc_table[0][i] = c;
-    }
-    for (uint32_t i = 0; i < 256; i++)
-        for (int t = 1; t < 8; t++)
-            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xff];
-#if defined(__x86_64__)
-    __builtin_cpu_init();
-    crc_hw = __builtin_cpu_supports("sse4.2");
-#endif
-}
-
-static uint32_t crc_sw(uint32_t c, const uint8_t *p, size_t n)
-{
-    while (n >= 8) {
-        uint64_t v = kpl__rd64(p) ^ c;
-        c = crc_table[7][v & 0xff] ^ crc_table[6][(v >> 8) & 0xff] ^
-            crc_table[5][(v >> 16) & 0xff] ^ crc_table[4][(v >> 24) & 0xff] ^
-            crc_table[3][(v >> 32) & 0xff] ^ crc_table[2][(v >> 40) & 0xff] ^
-            crc_table[1][(v >> 48) & 0xff] ^ crc_table[0][v >> 56];
-        p += 8;
-        n -= 8;
-    }
-    while (n--) c = (c >> 8) ^ crc_table[0][(c ^ *p++) & 0xff];
-    return c;
-}
-
-#if defined(__x86_64__)
-/* One stream of the crc32 instruction: several GB/s, well above what disks
- * and zstd deliver, so the interleaved three-stream form is not worth its
- * complexity here. */
-__attribute__((target("sse4.2"))) static uint32_t crc_hw_run(uint32_t c, const uint8_t *p,
-                                                             size_t n)
-{
-    uint64_t c64 = c;
-    while (n >= 8) {
-        c64 = __builtin_ia32_crc32di(c64, kpl__rd64(p));
-        p += 8;
-        n -= 8;
-    }
-    c = (uint32_t)c64;
-    while (n--) c = __builtin_ia32_crc32qi(c, *p++);
-    return c;
-}
-#endif
-
-uint32_t kpl__crc32c_extend(uint32_t crc, const void *data, size_t n)
-{
-    pthread_once(&crc_once, crc_init);
-    uint32_t c = ~crc;
-#if defined(__x86_64__)
-    if (crc_hw) return ~crc_hw_run(c, data, n);
-#endif
-    return ~crc_sw(c, data, n);
-}
-
-uint32_t kpl_crc32c(uint32_t crc, const void *data, size_t n)
-{
-    return kpl__crc32c_extend(crc, data, n);
-}
 
 /* ---- files ----------------------------------------------------------------------- */
 

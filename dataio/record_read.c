@@ -841,7 +841,7 @@ kpl_status kpl_dataset_verify(const char *dir, kpl_verify_stats *stats,
         for (int64_t k = 0; k < sh->nchunks; k++) {
             int64_t g = sh->first_chunk + k;
             KPL_TRY_GOTO(kpl_dataset_read_chunk(ds, g, c));
-            crc = kpl__crc32c_extend(crc, c->buf, c->file_len);
+            crc = kpl_crc32c(crc, c->buf, c->file_len);
             /* (Reading the chunk parsed every record: feature counts,
              * and fixed shapes against them.) */
             vs.examples += c->n;

@@ -395,7 +395,7 @@ static kpl_status flush_chunk(kpl_record_writer *w)
         sh->recs[2 * (sh->nrecs + i)] = (uint32_t)sh->nchunks;
         sh->recs[2 * (sh->nrecs + i) + 1] = w->cur_off[i];
     }
-    sh->crc = kpl__crc32c_extend(kpl__crc32c_extend(sh->crc, h, sizeof h), payload, stored);
+    sh->crc = kpl_crc32c(kpl_crc32c(sh->crc, h, sizeof h), payload, stored);
     sh->bytes += sizeof h + stored;
     sh->raw_total += w->raw_len;
     sh->nrecs += w->cur_n;

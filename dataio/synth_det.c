@@ -396,16 +396,7 @@ static kpl_status fresh_dir(const char *name, const char *dir)
                   "a new or empty directory", name, dir);
         return KPL_OK;
     }
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            mkdir(p, 0777);
-            *s = '/';
-        }
-    KPL_CHECK(mkdir(p, 0777) == 0 || errno == EEXIST, KPL_EIO, "%s: %s: %s", name, dir,
-              strerror(errno));
+    if (kpl__mkdirs(dir) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", name);
     return KPL_OK;
 }
 

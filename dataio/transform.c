@@ -982,6 +982,53 @@ static kpl_status scale_crop_params(const kpl__xform *x, const kpl_feature_value
     }
 }
 
+/* The stored (H, W, C) of a raw image: the schema's, or this record's own
+ * '<image>_shape' feature. */
+static kpl_status raw_dims(const kpl__xform *x, const kpl_feature_value *values,
+                           const char *where, int raw[3])
+{
+    raw[0] = x->raw_h, raw[1] = x->raw_w, raw[2] = x->raw_c;
+    if (x->raw_shape < 0) return KPL_OK;
+    const kpl_feature_value *sv = &values[x->raw_shape];
+    int64_t d[3] = {0, 0, 1};
+    KPL_CHECK(sv->count == 2 || sv->count == 3, KPL_EFORMAT, "%s: its '%s_shape' has %u "
+              "values, not (H, W, C)", where, x->cfg.image_feature, sv->count);
+    memcpy(d, sv->data, 8 * (size_t)sv->count);
+    KPL_CHECK(d[0] >= 1 && d[0] <= MAX_SIDE && d[1] >= 1 && d[1] <= MAX_SIDE &&
+                  (d[2] == 1 || d[2] == 3),
+              KPL_EFORMAT, "%s: raw image of shape (%lld, %lld, %lld): want sides of 1 to %d "
+              "and 1 or 3 channels", where, (long long)d[0], (long long)d[1], (long long)d[2],
+              MAX_SIDE);
+    raw[0] = (int)d[0], raw[1] = (int)d[1], raw[2] = (int)d[2];
+    return KPL_OK;
+}
+
+/* scale_crop: a crop of OH x OW that does not fill the output is padded
+ * (bottom, right): the image with the mean, the mask with mask_pad. */
+static void pad_short_crop(const kpl__xform *x, int OH, int OW, const kpl__sample_out *out)
+{
+    const kpl_transform_config *cfg = &x->cfg;
+    if (out->image) {
+        const bool f32 = cfg->out_dtype == KPL_F32;
+        uint8_t pad[3 * sizeof(float)];
+        for (int c = 0; c < x->out_c; c++) {
+            if (f32) {
+                float z = 0; /* (mean - mean) / std */
+                memcpy(pad + c * sizeof z, &z, sizeof z);
+            } else {
+                float v = cfg->mean[c] * 255.0f + 0.5f;
+                pad[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
+            }
+        }
+        pad_planes(out->image, f32 ? sizeof(float) : 1, x->out_c, OH, OW, x->out_h, x->out_w,
+                   pad);
+    }
+    if (x->mask >= 0 && out->mask) {
+        uint8_t mp = (uint8_t)cfg->mask_pad;
+        pad_planes(out->mask, 1, 1, OH, OW, x->out_h, x->out_w, &mp);
+    }
+}
+
 kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *values, uint64_t seed,
                              int64_t epoch, int64_t example, kpl__xform_scratch *s,
                              const kpl__sample_out *out)
@@ -993,20 +1040,8 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
     snprintf(mw, sizeof mw, "example %lld, feature '%s'", (long long)example,
              cfg->mask_feature ? cfg->mask_feature : "");
     const kpl_feature_value *iv = &values[x->image];
-    int raw[3] = {x->raw_h, x->raw_w, x->raw_c};
-    if (x->raw_shape >= 0) { /* this record's own (H, W, C) */
-        const kpl_feature_value *sv = &values[x->raw_shape];
-        int64_t d[3] = {0, 0, 1};
-        KPL_CHECK(sv->count == 2 || sv->count == 3, KPL_EFORMAT, "%s: its '%s_shape' has %u "
-                  "values, not (H, W, C)", where, cfg->image_feature, sv->count);
-        memcpy(d, sv->data, 8 * (size_t)sv->count);
-        KPL_CHECK(d[0] >= 1 && d[0] <= MAX_SIDE && d[1] >= 1 && d[1] <= MAX_SIDE &&
-                      (d[2] == 1 || d[2] == 3),
-                  KPL_EFORMAT, "%s: raw image of shape (%lld, %lld, %lld): want sides of 1 to %d "
-                  "and 1 or 3 channels", where, (long long)d[0], (long long)d[1], (long long)d[2],
-                  MAX_SIDE);
-        raw[0] = (int)d[0], raw[1] = (int)d[1], raw[2] = (int)d[2];
-    }
+    int raw[3];
+    KPL_TRY(raw_dims(x, values, where, raw));
     kpl__img_info info;
     /* Raw was resolved at init; JPEG and PNG are told apart by their
      * signatures whatever the schema's hint says. */
@@ -1117,29 +1152,8 @@ kpl_status kpl__xform_sample(const kpl__xform *x, const kpl_feature_value *value
         if (!have_mask) KPL_TRY(kpl__mask_decode(s->dec, mv->data, mv->count, "", W, H, mw, &m));
         do_mask(&m, bx, by, bw, bh, OH, OW, flip, s, out->mask);
     }
-    /* scale_crop: a crop that does not fill the output is padded (bottom,
-     * right): the image with the mean, the mask with mask_pad. */
-    if (cfg->crop == KPL_CROP_SCALE_CROP && (OW < x->out_w || OH < x->out_h)) {
-        if (out->image) {
-            const bool f32 = cfg->out_dtype == KPL_F32;
-            uint8_t pad[3 * sizeof(float)];
-            for (int c = 0; c < x->out_c; c++) {
-                if (f32) {
-                    float z = 0; /* (mean - mean) / std */
-                    memcpy(pad + c * sizeof z, &z, sizeof z);
-                } else {
-                    float v = cfg->mean[c] * 255.0f + 0.5f;
-                    pad[c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : v);
-                }
-            }
-            pad_planes(out->image, f32 ? sizeof(float) : 1, x->out_c, OH, OW, x->out_h,
-                       x->out_w, pad);
-        }
-        if (x->mask >= 0 && out->mask) {
-            uint8_t mp = (uint8_t)cfg->mask_pad;
-            pad_planes(out->mask, 1, 1, OH, OW, x->out_h, x->out_w, &mp);
-        }
-    }
+    if (cfg->crop == KPL_CROP_SCALE_CROP && (OW < x->out_w || OH < x->out_h))
+        pad_short_crop(x, OH, OW, out);
     return KPL_OK;
 }
 

@@ -273,6 +273,7 @@ static const kpl_task_kind autoencoder_task = {
     .eval_end = ae_eval_end,
     .images = ae_images,
     .keys = ae_keys,
+    .export_output = "reconstruction", /* kpl export: model 0's forward */
 };
 
 /* ---- an optimizer rule: Lion ------------------------------------------------------------------ */

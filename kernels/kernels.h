@@ -992,11 +992,18 @@ float kpl_f16_to_f32(uint16_t h);
 uint16_t kpl_f32_to_bf16(float f);
 float kpl_bf16_to_f32(uint16_t h);
 
+/* CRC32C (Castagnoli, RFC 3720) of n bytes, continuing `crc` (0 to start):
+ * the checksum of KPLRecord files, checkpoints and TensorBoard records.
+ * SSE4.2 when the CPU has it.  Thread-safe. */
+uint32_t kpl_crc32c(uint32_t crc, const void *data, size_t n);
+
 /* ------------------------------------------------------------------------ */
 /* For kpl's own modules (built with KPL_INTERNAL): the error discipline of  */
 /* STYLE.md, shared by every layer.                                          */
 /* ------------------------------------------------------------------------ */
 #ifdef KPL_INTERNAL
+
+#include <stdio.h> /* kpl__afile */
 
 /* A slot of an open-addressed table of `cap` (a power of two) entries
  * for pointer p (murmur3's finaliser: addresses differ in few bits). */
@@ -1018,6 +1025,28 @@ kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
 /* All n bytes of buf to fd (short writes and EINTR continued): KPL_EIO
  * naming path and errno otherwise.  The one such helper of every module. */
 kpl_status kpl__write_all(int fd, const void *buf, size_t n, const char *path);
+
+/* A file written whole or not at all (files.c): its bytes go to
+ * "<path>.tmp"; kpl__afile_commit flushes, fsyncs and renames it over
+ * path, so a reader sees the old file or the new one, never a part;
+ * kpl__afile_abort, or a commit that fails, removes the temporary.  Write
+ * through f (stdio) or fd (write, pwrite), not both.  Errors name the
+ * path.  Open while f is not NULL; aborting one that is not open (zeroed,
+ * failed, committed) does nothing.  The one such helper of every module. */
+typedef struct {
+    FILE *f;
+    int fd;
+    char path[4096], tmp[4104];
+} kpl__afile;
+kpl_status kpl__afile_open(kpl__afile *a, const char *path);
+kpl_status kpl__afile_commit(kpl__afile *a);
+void kpl__afile_abort(kpl__afile *a);
+/* path's contents become data[0, len), by way of a kpl__afile. */
+kpl_status kpl__write_file_atomic(const char *path, const void *data, size_t len);
+/* mkdir -p: dir and each missing parent (mode 0777 less the umask).
+ * KPL_EIO naming the directory that could not be made, or dir when it
+ * exists and is not a directory. */
+kpl_status kpl__mkdirs(const char *dir);
 
 /* A lock file that names its holder: an flock(2) on `path` (created if
  * needed) held as long as *fd stays open, the file holding "pid P on host

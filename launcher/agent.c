@@ -289,21 +289,6 @@ static void bind_near_gpu(const char *pci)
     if (CPU_COUNT(&set) > 0) sched_setaffinity(0, sizeof set, &set);
 }
 
-static int mkdirs(const char *dir)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s) continue;
-        char c = *s;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) return -1;
-        *s = c;
-        if (!c) break;
-    }
-    return 0;
-}
-
 int kpl__launcher_procs(bool session, pid_t id, int sig)
 {
     DIR *d = opendir("/proc");
@@ -579,7 +564,7 @@ int kpl__agent_main(int argc, char **argv)
     /* A restart keeps what the launches before it wrote (the failed rank's
      * last words among them), and says where the new launch begins. */
     char path[PATH_MAX + 32];
-    if (mkdirs(log_dir) == 0) {
+    if (kpl__mkdirs(log_dir) == KPL_OK) {
         snprintf(path, sizeof path, "%s/rank-%05d.log", log_dir, rank);
         logf = fopen(path, restart > 0 ? "a" : "w");
     }

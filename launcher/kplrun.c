@@ -319,14 +319,14 @@ static void merge_traces(const console *c, const char *dir)
     int have = 0;
     for (int r = 0; c->trace && r < c->np; r++) have += c->trace[r] != NULL;
     if (!have) return;
-    char path[PATH_MAX], tmp[PATH_MAX + 8];
+    char path[PATH_MAX];
     if (snprintf(path, sizeof path, "%s/profile.trace.json", dir) >= (int)sizeof path) return;
-    snprintf(tmp, sizeof tmp, "%.*s.tmp", (int)(sizeof path - 1), path);
-    FILE *out = fopen(tmp, "w");
-    if (!out) {
-        fprintf(stderr, "kplrun: cannot write %s: %s\n", tmp, strerror(errno));
+    kpl__afile af;
+    if (kpl__afile_open(&af, path) < 0) {
+        fprintf(stderr, "kplrun: %s\n", kpl_last_error());
         return;
     }
+    FILE *out = af.f;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", out);
     char *line = NULL, *pend = NULL; /* the previous event line, held for its comma */
     size_t cap = 0;
@@ -356,9 +356,8 @@ static void merge_traces(const console *c, const char *dir)
     fputs("]}\n", out);
     free(pend);
     free(line);
-    if (fclose(out) != 0 || rename(tmp, path) != 0) {
-        fprintf(stderr, "kplrun: cannot write %s: %s\n", path, strerror(errno));
-        unlink(tmp);
+    if (kpl__afile_commit(&af) < 0) {
+        fprintf(stderr, "kplrun: %s\n", kpl_last_error());
         return;
     }
     fprintf(stderr, "kplrun: the step profiles of %d rank%s merged into %s (Perfetto, "

@@ -62,10 +62,6 @@ typedef struct {
 #define KPL_NONFINITE_POLICIES(X) X(KPL_NONFINITE_STOP, "stop") X(KPL_NONFINITE_SKIP, "skip")
 typedef enum { KPL_NONFINITE_POLICIES(KPL_ENUM_VALUE) } kpl_nonfinite_policy;
 KPL_ENUM_DECLARE(kpl_nonfinite_policy);
-/* precision: the math of convolutions and matmuls (autocast, graph.h). */
-#define KPL_PRECISIONS(X) X(KPL_PRECISION_F32, "f32") X(KPL_PRECISION_BF16, "bf16") X(KPL_PRECISION_FP16, "fp16")
-typedef enum { KPL_PRECISIONS(KPL_ENUM_VALUE) } kpl_precision;
-KPL_ENUM_DECLARE(kpl_precision);
 /* optimizer.lr_scaling: none, or linear in the global batch (Goyal et al.). */
 #define KPL_LR_SCALINGS(X) X(KPL_LR_SCALING_NONE, "none") X(KPL_LR_SCALING_LINEAR, "linear")
 typedef enum { KPL_LR_SCALINGS(KPL_ENUM_VALUE) } kpl_lr_scaling;
@@ -121,7 +117,8 @@ typedef struct {
         kpl_nonfinite_policy nonfinite;
         int64_t max_skips;      /* skip: give up after this many skipped steps in a row */
     } loss;
-    kpl_precision precision;
+    kpl_dtype precision;        /* the math of convolutions and matmuls (the autocast dtype,
+                                   graph.h): KPL_F32, KPL_BF16 or KPL_F16 ("fp16") */
     bool tf32;                  /* CUDA: f32 math on TF32 tensor cores (kpl_set_tf32) */
     struct { /* fp16's dynamic loss scale (torch.cuda.amp.GradScaler's) */
         double init, growth, backoff;

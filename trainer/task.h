@@ -138,7 +138,16 @@ typedef struct {
      * dotted key to change ("task.gan.fid_samples", "model.num_classes");
      * the recipe puts the file, line and key in front. */
     kpl_status (*check)(const kpl_recipe *r, const kpl_keyvals *kv, const char **key);
+    /* Optional: the task's inference is model 0's forward on an image
+     * batch (its first output, when it gives several), and this names the
+     * graph's output ("logits"): `kpl export` and kpl_trainer_export write
+     * it.  NULL: no inference graph (a
+     * detector's boxes, a GAN's sampling; kpl export refuses). */
+    const char *export_output;
 } kpl_task_kind;
+
+/* KPL_EINVAL naming task when it has no inference graph (export_output). */
+kpl_status kpl_task_export_check(const kpl_task_kind *task);
 
 /* The tasks kpl knows by name ("classification"); NULL for others. */
 const kpl_task_kind *kpl_task_find(const char *name);

@@ -34,6 +34,15 @@ kpl_status kpl_tb_add_scalar(kpl_tb_writer *w, const char *tag, int64_t step, do
  * channel count.  Buffered. */
 kpl_status kpl_tb_add_image(kpl_tb_writer *w, const char *tag, int64_t step, int height,
                             int width, int channels, const uint8_t *pixels);
+/* Sample i of an f32 batch x (N, C, H, W), C 1 or 3, its top-left h x w,
+ * as 8-bit RGB for kpl_tb_add_image: each value v becomes
+ * 255 (v scale[c] + shift[c]) rounded and clamped to [0, 255] (a
+ * normalisation undone: scale the std, shift the mean; tanh outputs:
+ * 0.5, 0.5); gray is repeated over the three channels.  Pixel (y, x) goes
+ * to rgb[(y * row_pixels + x) * 3 + c], row_pixels >= w (wider for a grid
+ * of samples). */
+void kpl_tb_rgb8(const float *x, int64_t C, int64_t H, int64_t W, int64_t i, int h, int w,
+                 const float *scale, const float *shift, uint8_t *rgb, int64_t row_pixels);
 /* Writes the buffered events to the file (no fsync). */
 kpl_status kpl_tb_flush(kpl_tb_writer *w);
 /* Flushes, closes and frees; NULL is a no-op. */

@@ -1,7 +1,7 @@
 /*
  * trainer.h — kpl's trainer: every public header of trainer/ (module.h,
  * layers.h, zoo.h, optim.h, checkpoint.h, ddp.h, tboard.h, recipe.h,
- * task.h, cocoeval.h, fid.h) and the runner.
+ * task.h, cocoeval.h, detector.h, fid.h) and the runner.
  *
  * kpl_trainer runs a recipe: data loaders, the communicator and DDP, one
  * optimizer per model, the schedule, checkpoints, metrics.jsonl and
@@ -28,6 +28,7 @@
 #include "checkpoint.h"
 #include "cocoeval.h"
 #include "ddp.h"
+#include "detector.h"
 #include "fid.h"
 #include "infer.h"
 #include "layers.h"
@@ -126,7 +127,7 @@ void kpl_catch_stop_signals(bool on);
  */
 /* The layout of every struct a plugin shares with kpl; a plugin built
  * against another is refused at load, naming both. */
-#define KPL_ABI_VERSION 5
+#define KPL_ABI_VERSION 6
 /* In one source file of a plugin: the ABI it was built against. */
 #define KPL_PLUGIN_ABI \
     __attribute__((visibility("default"))) const int kpl_plugin_abi_version = KPL_ABI_VERSION
@@ -217,6 +218,23 @@ kpl_status kpl_trainer_restore(kpl_trainer *t, const char *path);
  * (kpl_trainer_stop_signal says which), else the error (said as
  * KPL_LOG_ERROR; end the job: kpl_trainer_end_job).  Collective. */
 kpl_status kpl_trainer_fit(kpl_trainer *t);
+/* What `kpl eval` does: kpl_trainer_evaluate on the validation split of a
+ * trainer created with options.checkpoint, then on rank 0 the figures in
+ * the log, the task's eval_report and an "eval" result record naming
+ * checkpoint (a label: the weights are those the trainer loaded).  NaN or
+ * inf outputs are an error after the figures are said.  Collective. */
+kpl_status kpl_trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint);
+/* What `kpl export` does: model 0's inference graph for an input batch of
+ * `batch` (1 to 65536), traced in eval mode from the trainer's input
+ * shape, its output (the forward's first) named by the task's
+ * export_output, optimised at
+ * `level` (0 to 3; with the inference fusions when fuse), written to path
+ * (NULL: not written) as a model file (infer.h) with what inference
+ * needs; *ir (may be NULL) receives the graph, the caller's to destroy.
+ * KPL_EINVAL when the task has no inference graph or the validation
+ * transform gives each image its own size. */
+kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fuse,
+                              const char *path, kpl_ir **ir);
 /* The signal whose stop every rank agreed on, 0 when none. */
 int kpl_trainer_stop_signal(const kpl_trainer *t);
 /* Steps done, and the epoch of the last step (from 0; the step after the

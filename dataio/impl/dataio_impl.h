@@ -25,12 +25,8 @@
 #define KPLR_METADATA "METADATA"
 #define KPLR_WRITING "WRITING"
 
-/* ---- CRC32C (Castagnoli); SSE4.2 when the CPU has it ---- */
-uint32_t kpl__crc32c_extend(uint32_t crc, const void *data, size_t n);
-static inline uint32_t kpl__crc32c(const void *data, size_t n)
-{
-    return kpl__crc32c_extend(0, data, n);
-}
+/* ---- CRC32C of a whole buffer (kpl_crc32c continues one, kernels.h) ---- */
+static inline uint32_t kpl__crc32c(const void *data, size_t n) { return kpl_crc32c(0, data, n); }
 
 /* ---- little-endian fields (x86 and ARM are little-endian; memcpy keeps
  *      unaligned access defined) ---- */

@@ -67,7 +67,7 @@ expect_fail "bad opcode" "opcode/test: pickle byte offset $((off - 2)): opcode 0
 [[ ! -e $tmp/opcode-out/test ]] || die "a bad pickle left $tmp/opcode-out/test"
 rc=0
 "$kpl" data convert --from cifar10 "$tmp/gen" "$tmp/x" 2> "$tmp/err.txt" || rc=$?
-[[ $rc == 2 ]] && grep -qF "known: idx, cifar, imagefolder, images" "$tmp/err.txt" \
+[[ $rc == 2 ]] && grep -qF "known: idx, imagefolder, lmdb, coco, voc, voc-seg, masks, cifar and images" "$tmp/err.txt" \
   || die "unknown source: exit $rc, $(cat "$tmp/err.txt")"
 
 # A folder of images without classes.

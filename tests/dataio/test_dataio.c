@@ -41,7 +41,7 @@ static void test_crc32c_vectors(void **state)
     for (int i = 0; i < 1000; i++) big[i] = (uint8_t)(i * 7 + 3);
     uint32_t whole = kpl__crc32c(big, 1000);
     for (size_t cut = 0; cut <= 1000; cut += 37)
-        assert_int_equal(kpl__crc32c_extend(kpl__crc32c(big, cut), big + cut, 1000 - cut), whole);
+        assert_int_equal(kpl_crc32c(kpl__crc32c(big, cut), big + cut, 1000 - cut), whole);
 }
 
 /* ---- round trips ------------------------------------------------------------------ */
@@ -791,6 +791,104 @@ static void lmdb_put_all(const char *dir, int n, bool encoded, bool packed)
     mdb_env_close(env);
 }
 
+/* ---- the converters' records ---------------------------------------------------------- */
+
+typedef struct {
+    int before, after;
+    char outs[4][300];
+    int64_t examples[4];
+} hook_log;
+
+static kpl_status log_before(const char *out, void *ctx)
+{
+    hook_log *l = ctx;
+    snprintf(l->outs[l->before++ & 3], sizeof l->outs[0], "%s", out);
+    return KPL_OK;
+}
+
+static void log_after(const char *src, const char *out, const kpl_convert_result *r, double s,
+                      void *ctx)
+{
+    (void)src, (void)out;
+    hook_log *l = ctx;
+    assert_true(s >= 0);
+    l->examples[l->after++ & 3] = r->examples;
+}
+
+/* Every source kpl names has one complete record; a run of the idx record
+ * over a directory writes each split between the hooks, and the split
+ * lookup a recipe uses finds t10k for "test". */
+static void test_converter_records(void **state)
+{
+    (void)state;
+    int n = 0;
+    for (int k = 1; kpl_convert_source_names[k]; k++) {
+        const kpl_converter *c = kpl_converter_of((kpl_convert_source)k);
+        assert_non_null(c);
+        assert_int_equal(c->source, k);
+        assert_string_equal(c->name, kpl_convert_source_names[k]);
+        assert_true(c->ninputs == 1 || c->ninputs == 2);
+        assert_non_null(c->inputs);
+        assert_non_null(c->run);
+        assert_non_null(c->split);
+        assert_ptr_equal(kpl_converter_at(n), c);
+        n++;
+    }
+    assert_int_equal(kpl_converter_count(), n);
+    assert_null(kpl_converter_of(KPL_CONVERT_NONE));
+    assert_null(kpl_converter_at(n));
+    char names[200];
+    kpl_converter_names(KPL_CONVERT_TAKES_SPLIT, names, sizeof names);
+    assert_string_equal(names, "voc and voc-seg");
+    kpl_converter_names(KPL_CONVERT_TAKES_DROP_EMPTY, names, sizeof names);
+    assert_string_equal(names, "coco and voc");
+    kpl_converter_names(KPL_CONVERT_TAKES_CLASSES, names, sizeof names);
+    assert_string_equal(names, "masks");
+
+    /* an IDX directory: train and t10k, each into OUT/<split> */
+    enum { N = 11, H = 4, W = 2 };
+    uint8_t img[N * H * W], lab[N];
+    for (int i = 0; i < N * H * W; i++) img[i] = (uint8_t)(i * 5 + 3);
+    for (int i = 0; i < N; i++) lab[i] = (uint8_t)(i % 10);
+    char dir[300], p[400];
+    snprintf(dir, sizeof dir, "%s/idxdir", tmp_root);
+    assert_int_equal(mkdir(dir, 0777), 0);
+    const char *prefix[2] = {"train", "t10k"};
+    for (int k = 0; k < 2; k++) {
+        uint32_t di[3] = {N - (uint32_t)k, H, W}, dl[1] = {N - (uint32_t)k};
+        snprintf(p, sizeof p, "%s/%s-images-idx3-ubyte", dir, prefix[k]);
+        write_idx(p, 0, 3, di, img, (size_t)(N - k) * H * W, 0);
+        snprintf(p, sizeof p, "%s/%s-labels-idx1-ubyte", dir, prefix[k]);
+        write_idx(p, 0, 1, dl, lab, (size_t)(N - k), 0);
+    }
+    const kpl_converter *idx = kpl_converter_of(KPL_CONVERT_IDX);
+    kpl_convert_inputs in = {{dir, NULL}, NULL, NULL, NULL, NULL};
+    assert_true(idx->out_holds_splits(&in));
+    hook_log l = {0};
+    kpl_convert_hooks h = {log_before, log_after, &l};
+    kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
+    char out[300];
+    snprintf(out, sizeof out, "%s/idxout", tmp_root);
+    OK(idx->run(&in, out, &o, &h));
+    assert_int_equal(l.before, 2);
+    assert_int_equal(l.after, 2);
+    snprintf(p, sizeof p, "%s/test", out); /* sorted: t10k, then train */
+    assert_string_equal(l.outs[0], p);
+    assert_int_equal(l.examples[0], N - 1);
+    assert_int_equal(l.examples[1], N);
+    /* --labels goes with a file, not a directory */
+    in.labels = "x";
+    assert_int_equal(idx->run(&in, out, &o, &h), KPL_EINVAL);
+    assert_non_null(strstr(kpl_last_error(), "--labels goes with an images file"));
+    /* a recipe's split "test" of the directory: t10k */
+    kpl_convert_result r = {0};
+    snprintf(out, sizeof out, "%s/idxsplit", tmp_root);
+    OK(idx->split(dir, "fm/test", "test", out, &o, &r));
+    assert_int_equal(r.examples, N - 1);
+    assert_int_equal(idx->split(dir, "fm/val", "val", out, &o, &r), KPL_ENOTFOUND);
+    assert_non_null(strstr(kpl_last_error(), "no val-images-idx3-ubyte"));
+}
+
 static void test_lmdb_import(void **state)
 {
     (void)state;
@@ -1426,6 +1524,7 @@ int main(void)
         cmocka_unit_test(test_unfinished_writer_refused_and_abandon_cleans),
         cmocka_unit_test(test_writer_rejects_bad_schema_and_values),
         cmocka_unit_test(test_idx_import),
+        cmocka_unit_test(test_converter_records),
         cmocka_unit_test(test_lmdb_import),
         cmocka_unit_test(test_lmdb_shapes_and_bad_datums),
         cmocka_unit_test(test_imagefolder_import),

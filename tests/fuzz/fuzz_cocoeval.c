@@ -1,5 +1,5 @@
 /*
- * fuzz_cocoeval.c — COCO box evaluation (trainer/tasks/cocoeval.c): the
+ * fuzz_cocoeval.c — COCO box evaluation (trainer/metrics/cocoeval.c): the
  * instances parser, the results parser, then the evaluation of what
  * parsed, and kpl_coco_dets_save / kpl_coco_dets_load of the detections.
  *

@@ -223,7 +223,7 @@ errors)
   rc=0
   "$kpl" train cls.yaml data.root="$tmp/d" data.convert.source="$tmp/d" "${QUIET[@]}" \
     model.name=resnet model.width=16 run_dir=r1 > out.txt 2> err.txt || rc=$?
-  [[ $rc == 1 ]] && grep -qF "model 'resnet' has no FCOS head" err.txt \
+  [[ $rc == 1 ]] && grep -qF "model 'resnet' has no detector head the detection task knows (fcos" err.txt \
     || die "a classifier as detector: exit $rc ($(tail -3 err.txt))"
   expect_fail "regress ranges" "task.detection.regress_ranges: 1 boundaries for 5 levels (want 4)" \
     'task.detection.regress_ranges=[16]' run_dir=r2

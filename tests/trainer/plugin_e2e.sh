@@ -8,8 +8,10 @@
 #            trains its task (a denoising autoencoder: task.autoencoder.noise) with
 #            its model and its optimizer rule (Lion) to a reconstruction
 #            error bound, and --resume continues bit for bit (Lion's state
-#            and the noise's generator are in the checkpoint); a recipe's `plugins:` path is relative
-#            to the recipe, printed at start, resolved in --print-config
+#            and the noise's generator are in the checkpoint); the stock
+#            kpl export writes its model (the task's export_output); a
+#            recipe's `plugins:` path is relative to the recipe, printed at
+#            start, resolved in --print-config
 #   bad      a missing file, a library that is not a plugin, one built
 #            against another kpl ABI, one registering a name kpl has: each
 #            refused with exit 2 naming the file and what is wrong; a
@@ -54,6 +56,15 @@ plugin)
   "$kpl" train --plugin "$so" "$AE" "${R[@]}" run_dir=cut max_steps=25 > /dev/null 2> cut.err || die "cut: $(tail -3 cut.err)"
   "$kpl" train --plugin "$so" "$AE" "${R[@]}" run_dir=cut --resume > cut.txt 2> cut2.err || die "resume: $(tail -3 cut2.err)"
   losses cut | sort -n -k1,1 -u | diff - full.loss > /dev/null || die "resumed losses differ: $(losses cut | sort -n -u | diff - full.loss | head -4)"
+  # the task names its inference graph's output (export_output), so the
+  # stock kpl export writes the plugin's model, named as the task says
+  ck=$(ls full/checkpoints/ckpt-*.kpl | sort | tail -n 1)
+  "$kpl" export --plugin "$so" "$AE" "${R[@]}" --checkpoint "$ck" -o ae.kplm --batch 4 > exp.txt 2> exp.err \
+    || die "export of the plugin's task: $(tail -3 exp.err)"
+  grep -q '"event":"exported"' exp.txt && [[ -s ae.kplm ]] || die "export: $(cat exp.txt exp.err)"
+  "$kpl" graph --plugin "$so" "$AE" "${R[@]}" --checkpoint "$ck" --level 0 > graph.txt 2> graph.err \
+    || die "kpl graph of the plugin's task: $(tail -3 graph.err)"
+  grep -q "reconstruction" graph.txt || die "the graph's output is not the task's name: $(grep -i output graph.txt | head -3)"
   # the recipe's own plugins: list, relative to the recipe's directory
   mkdir -p rc/lib
   cp "$so" rc/lib/

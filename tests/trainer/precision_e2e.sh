@@ -93,7 +93,7 @@ resume)
   diff a.txt b.txt > /dev/null || die "resumed run differs: $(diff a.txt b.txt | head -5)"
   ;;
 errors)
-  expect_usage_error "precision" "precision: expected one of f32, bf16, fp16; got 'f8'" train "$recipe" precision=f8 --print-config
+  expect_usage_error "precision" "precision: expected one of f32, fp16, bf16; got 'f8'" train "$recipe" precision=f8 --print-config
   expect_usage_error "backoff" "loss_scale.backoff: 2 is out of range" train "$recipe" \
     loss_scale.backoff=2 --print-config
   expect_usage_error "tf32" "tf32: expected true or false, got 'maybe'" train "$recipe" \

@@ -7,7 +7,7 @@
  * second formulation written the way mmdetection's tensors compute it
  * (an areas matrix with infinities, then a first-minimum per location). */
 #include "kpl_test.h"
-#include "detect_impl.h"
+#include "fcos_impl.h"
 #include "trainer.h"
 
 #include <float.h>
@@ -339,11 +339,95 @@ static void test_loss_by_hand(void **state)
     kpl_pool_pop(pool);
 }
 
+/* The FCOS head through detector.h: its losses as kpl__fcos_loss gives
+ * them, its normalisers averaged over the ranks by the sum it is given;
+ * the registry: FCOS first, a second head found by name, a name taken
+ * twice or a head with a member missing refused; a model that is not
+ * FCOS's declined without a message. */
+static kpl_status other_rank_has_three(void *ctx, double *v, int n)
+{
+    (void)ctx;
+    assert_int_equal(n, 2);
+    v[0] += 3;      /* positives */
+    v[1] += 3 * 0.5; /* centerness targets */
+    return KPL_OK;
+}
+
+static kpl_status toy_create(kpl_module *m, const kpl_keyvals *kv, const char *file, void **st)
+{
+    (void)m, (void)kv, (void)file, (void)st;
+    return KPL_ENOTFOUND;
+}
+
+static kpl_status toy_loss(void *st, const kpl_tensor_list *o, const kpl_detector_targets *tg,
+                           const kpl_detector_ranks *r, kpl_tensor **loss)
+{
+    return kpl_detector_fcos.loss(st, o, tg, r, loss);
+}
+
+static kpl_status toy_decode(void *st, const kpl_tensor_list *o, const kpl_detector_decode *d,
+                             int64_t n, const double *hw, float *box, float *score, int64_t *label,
+                             int64_t *count)
+{
+    return kpl_detector_fcos.decode(st, o, d, n, hw, box, score, label, count);
+}
+
+static void test_detector_head(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    const float cls[2 * 2 * 4] = {-1, 0.5f, 2, -3, 0.25f, -2, 1, 0, 0, 1, -1, 2, -0.5f, 3, 0.75f, -4};
+    float reg[2 * 4 * 4], ctr[2 * 4] = {0.3f, -1, 2, 0, 1, 1, 1, 1};
+    for (int k = 0; k < 32; k++) reg[k] = 2;
+    kpl_tensor_list o = {3, {t4(2, 2, 2, 2, cls), t4(2, 4, 2, 2, reg), t4(2, 1, 2, 2, ctr)}};
+    kpl__fcos_loss_config c = {.levels = 1, .stride = {8}, .lo = {-1}, .hi = {1e8},
+                               .radius = 0, .alpha = 0.25, .gamma = 2};
+    const float boxes[2 * 2 * 4] = {0, 0, 10, 10};
+    const int64_t labels[4] = {1, 0, 0, 0}, nboxes[2] = {1, 0};
+    kpl_tensor *one[3], *two[4] = {NULL};
+    OK(kpl__fcos_loss(&c, &o, 2, boxes, labels, nboxes, 2, NULL, one, NULL));
+    const kpl_detector_head *h = kpl_detector_head_find("fcos");
+    assert_ptr_equal(h, &kpl_detector_fcos);
+    assert_ptr_equal(kpl_detector_head_at(0), h);
+    assert_int_equal(h->nlosses, 3);
+    assert_string_equal(h->loss_names[0], "loss_cls");
+    kpl_detector_targets tg = {2, 2, boxes, labels, nboxes};
+    /* 2 ranks: 1 positive here, 3 there: N+ = 2 on each; centerness sum
+     * (2/3 + 1.5) / 2 */
+    kpl_detector_ranks ranks = {other_rank_has_three, NULL, 2};
+    OK(h->loss(&c, &o, &tg, &ranks, two));
+    assert_float_equal(scalar(two[0]), scalar(one[0]) / 2, 1e-6);
+    double cn = (2.0 / 3 + 1.5) / 2;
+    assert_float_equal(scalar(two[1]), scalar(one[1]) * (2.0 / 3) / cn, 1e-5);
+    assert_float_equal(scalar(two[2]), scalar(one[2]) / 2, 1e-6);
+    /* a model without an FCOS head: declined, no message needed */
+    kpl_module *m = NULL;
+    OK(kpl_nn_sequential_root(kpl_device_cpu(), 1, &m));
+    void *hs = (void *)1;
+    assert_int_equal(h->create(m, NULL, "r.yaml", &hs), KPL_ENOTFOUND);
+    assert_null(hs);
+    kpl_module_destroy(m);
+    /* the registry */
+    int n = kpl_detector_head_count();
+    static const kpl_detector_head toy = {"toy", toy_create, free, 1, {"loss_toy"}, toy_loss,
+                                          toy_decode};
+    OK(kpl_detector_head_register(&toy));
+    assert_int_equal(kpl_detector_head_count(), n + 1);
+    assert_ptr_equal(kpl_detector_head_find("toy"), &toy);
+    assert_int_equal(kpl_detector_head_register(&toy), KPL_EINVAL);
+    static const kpl_detector_head half = {.name = "half", .create = toy_create, .destroy = free,
+                                           .nlosses = 1, .loss_names = {"loss_half"}};
+    assert_int_equal(kpl_detector_head_register(&half), KPL_EINVAL);
+    assert_null(kpl_detector_head_find("half"));
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {cmocka_unit_test(test_head), cmocka_unit_test(test_fcos_model),
                                        cmocka_unit_test(test_points), cmocka_unit_test(test_by_hand),
                                        cmocka_unit_test(test_random),
-                                       cmocka_unit_test(test_loss_by_hand)};
+                                       cmocka_unit_test(test_loss_by_hand),
+                                       cmocka_unit_test(test_detector_head)};
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

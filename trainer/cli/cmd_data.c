@@ -171,168 +171,82 @@ static int clear_dead_writer(const char *out)
     return 0;
 }
 
-/* The labels file that goes with an images file: "images-idx3" -> "labels-idx1". */
-static bool labels_for(const char *images, char *out, size_t n)
+/* Before each dataset a conversion writes: what a dead conversion left
+ * goes (clear_dead_writer); a live writer's set stops the run. */
+static kpl_status before_dataset(const char *out, void *ctx)
 {
-    const char *p = strstr(images, "images-idx3");
-    if (!p || strlen(images) >= n) return false;
-    size_t k = (size_t)(p - images);
-    memcpy(out, images, k);
-    snprintf(out + k, n - k, "labels-idx1%s", p + strlen("images-idx3"));
-    return access(out, R_OK) == 0;
-}
-
-static int convert_idx_pair(const char *images, const char *labels, const char *out,
-                            kpl_convert_options *o)
-{
-    char lab[PATH_MAX];
-    if (!labels) {
-        if (!labels_for(images, lab, sizeof lab)) {
-            fprintf(stderr, "kpl data convert: no labels file next to %s (expected a name "
-                            "with 'labels-idx1' for 'images-idx3'); give one with --labels\n",
-                    images);
-            return 2;
-        }
-        labels = lab;
-    }
+    (void)ctx;
     int rc = clear_dead_writer(out);
-    if (rc) return rc;
-    int64_t n = 0;
-    double t0 = kpl_seconds();
-    o->label = out;
-    if (kpl_convert_idx(images, labels, out, o, &n) < 0) return fail("convert");
-    printf("{\"event\":\"converted\",\"from\":\"idx\",\"images\":\"%s\",\"out\":\"%s\","
-           "\"examples\":%lld,\"seconds\":%.2f}\n",
-           images, out, (long long)n, kpl_seconds() - t0);
-    return 0;
+    if (rc == 0) return KPL_OK;
+    return KPL_ERROR(KPL_ESTATE, "%s: not converted (said above)", out);
 }
 
-static int cmp_str(const void *a, const void *b)
+/* After each: its record on stdout, what was left out on stderr. */
+static void after_dataset(const char *src, const char *out, const kpl_convert_result *r,
+                          double seconds, void *ctx)
 {
-    return strcmp(*(char *const *)a, *(char *const *)b);
-}
-
-/* Every <prefix>-images-idx3-ubyte[.gz] of a directory, sorted. */
-static int convert_idx_dir(const char *src, const char *out, kpl_convert_options *o)
-{
-    DIR *d = opendir(src);
-    if (!d) {
-        fprintf(stderr, "kpl data convert: %s: %s\n", src, strerror(errno));
-        return 1;
-    }
-    char *names[64];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 64) {
-        const char *p = strstr(e->d_name, "-images-idx3-ubyte");
-        if (p && (!strcmp(p, "-images-idx3-ubyte") || !strcmp(p, "-images-idx3-ubyte.gz")))
-            names[n++] = strdup(e->d_name);
-    }
-    closedir(d);
-    if (n == 0) {
-        fprintf(stderr, "kpl data convert: %s holds no *-images-idx3-ubyte[.gz] file\n", src);
-        return 2;
-    }
-    qsort(names, (size_t)n, sizeof *names, cmp_str);
-    int rc = 0;
-    for (int i = 0; i < n && rc == 0; i++) {
-        char prefix[256], images[PATH_MAX], dst[PATH_MAX];
-        snprintf(prefix, sizeof prefix, "%.*s", (int)(strstr(names[i], "-images-idx3") - names[i]),
-                 names[i]);
-        const char *split = !strcmp(prefix, "train") ? "train"
-                            : !strcmp(prefix, "t10k") ? "test" : prefix;
-        snprintf(images, sizeof images, "%s/%s", src, names[i]);
-        snprintf(dst, sizeof dst, "%s/%s", out, split);
-        rc = convert_idx_pair(images, NULL, dst, o);
-    }
-    for (int i = 0; i < n; i++) free(names[i]);
-    return rc;
-}
-
-/* --from cifar: OUT/train, then OUT/test. */
-static int convert_cifar(const char *src, const char *out, kpl_convert_options *o)
-{
-    const char *splits[2] = {"train", "test"};
-    for (int k = 0; k < 2; k++) {
-        char dst[PATH_MAX];
-        snprintf(dst, sizeof dst, "%s/%s", out, splits[k]);
-        int rc = clear_dead_writer(dst);
-        if (rc) return rc;
-        int64_t n = 0;
-        double t0 = kpl_seconds();
-        o->label = dst;
-        if (kpl_convert_cifar(src, splits[k], dst, o, &n) < 0) return fail("convert");
-        printf("{\"event\":\"converted\",\"from\":\"cifar\",\"src\":\"%s\",\"out\":\"%s\","
-               "\"examples\":%lld,\"seconds\":%.2f}\n",
-               src, dst, (long long)n, kpl_seconds() - t0);
-    }
-    return 0;
-}
-
-/* --from voc-seg (pos: root, OUT, split; masks_dir) or masks (pos: images,
- * masks, OUT; classes). */
-static int convert_segmentation(kpl_convert_source from, const char *pos[3],
-                                const char *masks_dir, const char *classes,
-                                kpl_convert_options *o)
-{
-    bool voc = from == KPL_CONVERT_VOC_SEG;
-    const char *out = voc ? pos[1] : pos[2];
-    int rc = clear_dead_writer(out);
-    if (rc) return rc;
-    int64_t n = 0, skipped = 0;
-    double t0 = kpl_seconds();
-    o->label = out;
-    kpl_status st = voc ? kpl_convert_voc_seg(pos[0], pos[2], masks_dir, out, o, &n, &skipped)
-                        : kpl_convert_masks(pos[0], pos[1], classes, out, o, &n, &skipped);
-    if (st < 0) return fail("convert");
-    if (skipped)
-        fprintf(stderr, "kpl data convert: skipped %lld bad images or masks (each named above)\n",
-                (long long)skipped);
+    const kpl_converter *c = ctx;
     printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":\"%s\","
-           "\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
-           voc ? "voc-seg" : "masks", pos[0], out, (long long)n, (long long)skipped,
-           kpl_seconds() - t0);
-    return 0;
-}
-
-/* --from coco (pos: JSON, image dir, OUT) or voc (pos: root, OUT, split). */
-static int convert_detection(kpl_convert_source from, const char *pos[3], kpl_convert_options *o)
-{
-    bool coco = from == KPL_CONVERT_COCO;
-    const char *out = coco ? pos[2] : pos[1];
-    int rc = clear_dead_writer(out);
-    if (rc) return rc;
-    kpl_detection_stats s;
-    double t0 = kpl_seconds();
-    o->label = out;
-    kpl_status st = coco ? kpl_convert_coco(pos[0], pos[1], out, o, &s)
-                         : kpl_convert_voc(pos[0], pos[2], out, o, &s);
-    if (st < 0) return fail("convert");
-    if (s.skipped_images || s.skipped_objects)
-        fprintf(stderr, "kpl data convert: skipped %lld bad images and %lld bad objects (each "
-                        "named above)\n", (long long)s.skipped_images,
-                (long long)s.skipped_objects);
-    printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":\"%s\","
-           "\"examples\":%lld,\"objects\":%lld,\"skipped_images\":%lld,"
-           "\"skipped_objects\":%lld,\"dropped_empty\":%lld,\"clipped_boxes\":%lld,"
-           "\"dropped_polygons\":%lld,\"seconds\":%.2f}\n",
-           coco ? "coco" : "voc", pos[0], out, (long long)s.images, (long long)s.objects,
-           (long long)s.skipped_images, (long long)s.skipped_objects,
-           (long long)s.dropped_empty, (long long)s.clipped_boxes,
-           (long long)s.dropped_polygons, kpl_seconds() - t0);
-    return 0;
+           "\"examples\":%lld", c->name, src, out, (long long)r->examples);
+    if (c->flags & KPL_CONVERT_REPORTS_SKIPPED) {
+        if (r->skipped)
+            fprintf(stderr, "kpl data convert: skipped %lld bad inputs (each named above)\n",
+                    (long long)r->skipped);
+        printf(",\"skipped\":%lld", (long long)r->skipped);
+    }
+    if (c->flags & KPL_CONVERT_REPORTS_OBJECTS) {
+        const kpl_detection_stats *d = &r->det;
+        if (d->skipped_images || d->skipped_objects)
+            fprintf(stderr, "kpl data convert: skipped %lld bad images and %lld bad objects "
+                            "(each named above)\n", (long long)d->skipped_images,
+                    (long long)d->skipped_objects);
+        printf(",\"objects\":%lld,\"skipped_images\":%lld,\"skipped_objects\":%lld,"
+               "\"dropped_empty\":%lld,\"clipped_boxes\":%lld,\"dropped_polygons\":%lld",
+               (long long)d->objects, (long long)d->skipped_images, (long long)d->skipped_objects,
+               (long long)d->dropped_empty, (long long)d->clipped_boxes,
+               (long long)d->dropped_polygons);
+    }
+    printf(",\"seconds\":%.2f}\n", seconds);
+    fflush(stdout);
 }
 
 static bool keep_waiting(const char *lock, double waited, void *ctx);
-static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
-                        const char *masks_dir, const char *classes, kpl_convert_options *o);
+
+/* The options given that c does not take: KPL_CONVERT_TAKES_* bits. */
+static int check_takes(const kpl_converter *c, unsigned given)
+{
+    static const struct {
+        unsigned bit;
+        const char *opt;
+    } opts[] = {
+        {KPL_CONVERT_TAKES_LABELS, "--labels"},         {KPL_CONVERT_TAKES_SPLIT, "--split"},
+        {KPL_CONVERT_TAKES_MASKS_DIR, "--masks-dir"},   {KPL_CONVERT_TAKES_CLASSES, "--classes"},
+        {KPL_CONVERT_TAKES_SEMANTIC, "--semantic"},     {KPL_CONVERT_TAKES_DROP_EMPTY, "--drop-empty"},
+        {KPL_CONVERT_TAKES_SKIP_BAD, "--skip-bad"},     {KPL_CONVERT_TAKES_MAX_SIDE, "--max-side and --quality"},
+        {KPL_CONVERT_TAKES_KEEP_ORDER, "--keep-order"},
+    };
+    for (size_t k = 0; k < sizeof opts / sizeof opts[0]; k++) {
+        if (!(given & opts[k].bit) || (c->flags & opts[k].bit)) continue;
+        char names[200];
+        kpl_converter_names(opts[k].bit, names, sizeof names);
+        fprintf(stderr, "kpl data convert: %s %s for --from %s\n", opts[k].opt,
+                strchr(opts[k].opt, ' ') ? "are" : "is", names);
+        return 2;
+    }
+    if ((c->flags & KPL_CONVERT_TAKES_SPLIT) && !(given & KPL_CONVERT_TAKES_SPLIT)) {
+        fprintf(stderr, "kpl data convert: --from %s needs --split SPLIT\n", c->name);
+        return 2;
+    }
+    return 0;
+}
 
 static int cmd_convert(int argc, char **argv)
 {
     kpl_convert_options o = KPL_CONVERT_OPTIONS_INIT;
     o.progress = isatty(2);
-    const char *from = NULL, *labels = NULL, *split = NULL, *pos[3] = {NULL, NULL, NULL};
-    const char *masks_dir = NULL, *classes = NULL;
+    const char *from = NULL, *pos[3] = {NULL, NULL, NULL};
+    kpl_convert_inputs in = {{NULL, NULL}, NULL, NULL, NULL, NULL};
+    unsigned given = 0; /* KPL_CONVERT_TAKES_* */
     int npos = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -341,7 +255,8 @@ static int cmd_convert(int argc, char **argv)
         if (!strcmp(a, "--from") && has) {
             from = argv[++i];
         } else if (!strcmp(a, "--labels") && has) {
-            labels = argv[++i];
+            in.labels = argv[++i];
+            given |= KPL_CONVERT_TAKES_LABELS;
         } else if (!strcmp(a, "--shards") && has) {
             if (!parse_num(argv[++i], 1, 99999, &v) || v != (int)v) goto bad;
             o.writer.shards = (int)v;
@@ -361,23 +276,32 @@ static int cmd_convert(int argc, char **argv)
         } else if (!strcmp(a, "--max-side") && has) {
             if (!parse_num(argv[++i], 1, 65535, &v) || v != (int)v) goto bad;
             o.max_side = (int)v;
+            given |= KPL_CONVERT_TAKES_MAX_SIDE;
         } else if (!strcmp(a, "--quality") && has) {
             if (!parse_num(argv[++i], 1, 100, &v) || v != (int)v) goto bad;
             o.quality = (int)v;
+            given |= KPL_CONVERT_TAKES_MAX_SIDE;
         } else if (!strcmp(a, "--keep-order")) {
             o.keep_order = true;
+            given |= KPL_CONVERT_TAKES_KEEP_ORDER;
         } else if (!strcmp(a, "--skip-bad")) {
             o.skip_bad = true;
+            given |= KPL_CONVERT_TAKES_SKIP_BAD;
         } else if (!strcmp(a, "--drop-empty")) {
             o.drop_empty = true;
+            given |= KPL_CONVERT_TAKES_DROP_EMPTY;
         } else if (!strcmp(a, "--split") && has) {
-            split = argv[++i];
+            in.split = argv[++i];
+            given |= KPL_CONVERT_TAKES_SPLIT;
         } else if (!strcmp(a, "--masks-dir") && has) {
-            masks_dir = argv[++i];
+            in.masks_dir = argv[++i];
+            given |= KPL_CONVERT_TAKES_MASKS_DIR;
         } else if (!strcmp(a, "--classes") && has) {
-            classes = argv[++i];
+            in.classes = argv[++i];
+            given |= KPL_CONVERT_TAKES_CLASSES;
         } else if (!strcmp(a, "--semantic")) {
             o.semantic = true;
+            given |= KPL_CONVERT_TAKES_SEMANTIC;
         } else if (!strcmp(a, "--quiet")) {
             o.progress = false;
         } else if (a[0] == '-' && a[1]) {
@@ -396,60 +320,46 @@ static int cmd_convert(int argc, char **argv)
         return 2;
     }
     int src = from ? kpl_convert_source_parse(from) : -1;
-    if (from && src <= KPL_CONVERT_NONE) {
-        fprintf(stderr, "kpl data convert: unknown source '%s' (known: idx, cifar, imagefolder, "
-                        "images, lmdb, coco, voc, voc-seg, masks)\n", from);
+    const kpl_converter *c = src > KPL_CONVERT_NONE ? kpl_converter_of((kpl_convert_source)src)
+                                                    : NULL;
+    if (from && !c) {
+        char known[256];
+        kpl_converter_names(0, known, sizeof known);
+        fprintf(stderr, "kpl data convert: unknown source '%s' (known: %s)\n", from, known);
         return 2;
     }
-    int want = src == KPL_CONVERT_COCO || src == KPL_CONVERT_MASKS ? 3 : 2;
-    if (!from || npos != want) {
+    if (!from || npos != c->ninputs + 1) {
         fprintf(stderr, "kpl data convert: want --from SOURCE, %s and OUT (see 'kpl data "
-                        "--help')\n", src == KPL_CONVERT_COCO    ? "ANNOTATIONS.json, IMAGE_DIR"
-                                      : src == KPL_CONVERT_MASKS ? "IMAGE_DIR, MASK_DIR"
-                                                                 : "SRC");
+                        "--help')\n", c ? c->inputs : "SRC");
         return 2;
     }
-    bool voc = src == KPL_CONVERT_VOC || src == KPL_CONVERT_VOC_SEG;
-    if (voc != (split != NULL)) {
-        if (split) fprintf(stderr, "kpl data convert: --split is for --from voc and voc-seg\n");
-        else fprintf(stderr, "kpl data convert: --from %s needs --split SPLIT\n", from);
-        return 2;
+    int rc = check_takes(c, given);
+    if (rc) return rc;
+    for (int k = 0; k < c->ninputs; k++) in.in[k] = pos[k];
+    const char *out = pos[c->ninputs];
+    kpl_status st = c->check ? c->check(&in) : KPL_OK;
+    if (st < 0) {
+        fprintf(stderr, "kpl data convert: %s\n", kpl_last_error());
+        return st == KPL_EINVAL ? 2 : 1; /* EINVAL: what to give, as a usage error */
     }
-    const struct {
-        bool given, ok;
-        const char *what;
-    } only[3] = {{masks_dir != NULL, src == KPL_CONVERT_VOC_SEG, "--masks-dir is for --from voc-seg"},
-                 {classes != NULL, src == KPL_CONVERT_MASKS, "--classes is for --from masks"},
-                 {o.semantic, src == KPL_CONVERT_COCO, "--semantic is for --from coco"}};
-    for (int k = 0; k < 3; k++)
-        if (only[k].given && !only[k].ok) {
-            fprintf(stderr, "kpl data convert: %s\n", only[k].what);
-            return 2;
-        }
-    if (o.drop_empty && src != KPL_CONVERT_COCO && src != KPL_CONVERT_VOC) {
-        fprintf(stderr, "kpl data convert: --drop-empty is for --from coco and voc\n");
-        return 2;
-    }
-    if (voc) pos[2] = split;
     /* Take turns with other conversions into the same directory (kpl
      * train converts on first use): the lock lives in the directory that
      * holds the dataset(s); an IDX directory and CIFAR write OUT/train and
      * OUT/test. */
+    bool holds_splits = c->out_holds_splits && c->out_holds_splits(&in);
     char parent[PATH_MAX];
-    struct stat ss;
-    bool idx_dir = (src == KPL_CONVERT_IDX && stat(pos[0], &ss) == 0 && S_ISDIR(ss.st_mode)) ||
-                   src == KPL_CONVERT_CIFAR;
-    snprintf(parent, sizeof parent, "%s", pos[want - 1]);
+    snprintf(parent, sizeof parent, "%s", out);
     char *slash = strrchr(parent, '/');
-    if (!idx_dir && slash == parent) slash[1] = 0;
-    else if (!idx_dir && slash) *slash = 0;
-    else if (!idx_dir) snprintf(parent, sizeof parent, ".");
+    if (!holds_splits && slash == parent) slash[1] = 0;
+    else if (!holds_splits && slash) *slash = 0;
+    else if (!holds_splits) snprintf(parent, sizeof parent, ".");
     double said = -1;
     int lock = -1;
     if (kpl_convert_lock(parent, keep_waiting, &said, &lock) < 0) return fail("convert");
-    int rc = convert_from((kpl_convert_source)src, labels, pos, masks_dir, classes, &o);
+    kpl_convert_hooks h = {before_dataset, after_dataset, (void *)c};
+    st = c->run(&in, out, &o, &h);
     kpl_convert_unlock(lock);
-    return rc;
+    return st < 0 ? fail("convert") : 0;
 }
 
 /* While another conversion holds the lock: say so once a minute. */
@@ -462,75 +372,6 @@ static bool keep_waiting(const char *lock, double waited, void *ctx)
         *said = waited;
     }
     return true;
-}
-
-/* The conversion itself, with the lock held. */
-static int convert_from(kpl_convert_source from, const char *labels, const char *pos[3],
-                        const char *masks_dir, const char *classes, kpl_convert_options *o_)
-{
-    kpl_convert_options o = *o_;
-    if (from == KPL_CONVERT_VOC_SEG || from == KPL_CONVERT_MASKS) {
-        if (labels || o.max_side) {
-            fprintf(stderr, "kpl data convert: %s is not for --from %s\n",
-                    labels ? "--labels" : "--max-side", kpl_convert_source_name(from));
-            return 2;
-        }
-        return convert_segmentation(from, pos, masks_dir, classes, &o);
-    }
-    if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
-        if (labels) {
-            fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
-            return 2;
-        }
-        return convert_detection(from, pos, &o);
-    }
-    if (from != KPL_CONVERT_IDX && labels) {
-        fprintf(stderr, "kpl data convert: --labels is for --from idx\n");
-        return 2;
-    }
-    if (from == KPL_CONVERT_CIFAR) return convert_cifar(pos[0], pos[1], &o);
-    if (from == KPL_CONVERT_IMAGEFOLDER || from == KPL_CONVERT_IMAGES) {
-        int rc = clear_dead_writer(pos[1]);
-        if (rc) return rc;
-        int64_t n = 0, skipped = 0;
-        double t0 = kpl_seconds();
-        o.label = pos[1];
-        bool classes = from == KPL_CONVERT_IMAGEFOLDER;
-        if ((classes ? kpl_convert_imagefolder(pos[0], pos[1], &o, &n, &skipped)
-                     : kpl_convert_images(pos[0], pos[1], &o, &n, &skipped)) < 0)
-            return fail("convert");
-        printf("{\"event\":\"converted\",\"from\":\"%s\",\"src\":\"%s\",\"out\":"
-               "\"%s\",\"examples\":%lld,\"skipped\":%lld,\"seconds\":%.2f}\n",
-               kpl_convert_source_name(from), pos[0], pos[1], (long long)n, (long long)skipped,
-               kpl_seconds() - t0);
-        return 0;
-    }
-    if (from == KPL_CONVERT_LMDB) {
-        int rc = clear_dead_writer(pos[1]);
-        if (rc) return rc;
-        int64_t n = 0;
-        double t0 = kpl_seconds();
-        o.label = pos[1];
-        if (kpl_convert_lmdb(pos[0], pos[1], &o, &n) < 0) return fail("convert");
-        printf("{\"event\":\"converted\",\"from\":\"lmdb\",\"src\":\"%s\",\"out\":\"%s\","
-               "\"examples\":%lld,\"seconds\":%.2f}\n",
-               pos[0], pos[1], (long long)n, kpl_seconds() - t0);
-        return 0;
-    }
-    struct stat sb;
-    if (stat(pos[0], &sb) != 0) {
-        fprintf(stderr, "kpl data convert: %s: %s\n", pos[0], strerror(errno));
-        return 1;
-    }
-    if (S_ISDIR(sb.st_mode)) {
-        if (labels) {
-            fprintf(stderr, "kpl data convert: --labels goes with an images file, not a "
-                            "directory\n");
-            return 2;
-        }
-        return convert_idx_dir(pos[0], pos[1], &o);
-    }
-    return convert_idx_pair(pos[0], labels, pos[1], &o);
 }
 
 static int cmd_inspect(int argc, char **argv)

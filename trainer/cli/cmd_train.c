@@ -216,7 +216,7 @@ static int eval_run(const kpl_recipe *r, const char *checkpoint)
         kpl__console_end(&con);
         return 1;
     }
-    if (st >= 0) st = kpl__trainer_eval_checkpoint(t, checkpoint);
+    if (st >= 0) st = kpl_trainer_eval_checkpoint(t, checkpoint);
     int rc = st < 0 ? failed(t, st) : 0;
     kpl_trainer_destroy(t);
     kpl__console_end(&con);
@@ -443,7 +443,10 @@ static int export_or_graph(bool graph, int argc, char **argv)
         rc = 1;
         goto out;
     }
-    if ((rc = load_recipe(&A, r)) == 0 && kpl__export_check(r) < 0) {
+    const kpl_task_kind *task = NULL;
+    if ((rc = load_recipe(&A, r)) == 0 && !(task = task_of(r))) {
+        rc = 2;
+    } else if (rc == 0 && kpl_task_export_check(task) < 0) {
         fprintf(stderr, "kpl %s: %s\n", cmd, kpl_last_error());
         rc = 2;
     } else if (rc == 0) {
@@ -452,7 +455,7 @@ static int export_or_graph(bool graph, int argc, char **argv)
         kpl_ir *ir = NULL;
         kpl_status st = eval_trainer(r, ckpt, &con, &t);
         if (st >= 0 && graph) {
-            st = kpl__trainer_export(t, batch, 0, false, NULL, &ir);
+            st = kpl_trainer_export(t, batch, 0, false, NULL, &ir);
             if (st >= 0) {
                 printf("%s# traced (%d nodes)\n", dot ? "// " : "", kpl_ir_num_nodes(ir));
                 kpl_ir_dump(ir, stdout, dot);
@@ -466,7 +469,7 @@ static int export_or_graph(bool graph, int argc, char **argv)
             kpl_ir_destroy(ir);
         } else if (st >= 0) {
             bool onnx = !strcmp(format, "onnx");
-            st = kpl__trainer_export(t, batch, (int)level, true, onnx ? NULL : out, &ir);
+            st = kpl_trainer_export(t, batch, (int)level, true, onnx ? NULL : out, &ir);
             if (st >= 0 && onnx) st = kpl_onnx_export(ir, out);
             if (st >= 0) {
                 kpl_exec *ex = NULL;

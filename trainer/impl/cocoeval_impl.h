@@ -1,7 +1,7 @@
 /*
  * cocoeval_impl.h — what the COCO evaluation's files share (not
- * installed): tasks/cocoeval.c (matching, accumulation, the figures) and
- * tasks/cocoeval_json.c (COCO's JSON in and out).
+ * installed): metrics/cocoeval.c (matching, accumulation, the figures) and
+ * metrics/cocoeval_json.c (COCO's JSON in and out).
  */
 #ifndef KPL_COCOEVAL_IMPL_H
 #define KPL_COCOEVAL_IMPL_H

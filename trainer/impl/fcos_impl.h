@@ -1,12 +1,13 @@
 /*
- * detect_impl.h — what the detection task's files share (not installed):
- * FCOS's locations, target assignment, losses and decoding
- * (tasks/fcos_loss.c).
+ * fcos_impl.h — FCOS's locations, target assignment, losses and decoding
+ * (nn/fcos_head.c, the kpl_detector_fcos head of detector.h), for its
+ * tests and benchmark (not installed).
  */
-#ifndef KPL_DETECT_IMPL_H
-#define KPL_DETECT_IMPL_H
+#ifndef KPL_FCOS_IMPL_H
+#define KPL_FCOS_IMPL_H
 
-#include "trainer_impl.h"
+#include "detector.h"
+#include "layers.h"
 
 /* One level of the feature pyramid: its stride, its feature map's size
  * and the range of box sizes it regresses (the largest of l, t, r, b in
@@ -59,12 +60,13 @@ typedef struct {
  * N+ the positives (at least 1).  With t and more than one rank both
  * normalisers are the average over the ranks of their own (as
  * mmdetection's reduce_mean), so that with DDP's mean of gradients 2 ranks
- * x 4 images learn what 1 x 8 does.  t NULL: this process alone.  The
+ * x 4 images learn what 1 x 8 does.  ranks NULL: this process alone.  The
  * losses are pool-owned scalars; *positives (may be NULL) receives this
  * batch's positive count. */
 kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list *o, int64_t n,
                           const float *boxes, const int64_t *labels, const int64_t *nboxes,
-                          int64_t maxb, kpl_trainer *t, kpl_tensor **loss, int64_t *positives);
+                          int64_t maxb, const kpl_detector_ranks *ranks, kpl_tensor **loss,
+                          int64_t *positives);
 
 /* FCOS's inference (docs/detection.md, "Evaluation"): the levels'
  * strides, the classes, and the decoding's keys (task.detection.*). */
@@ -87,9 +89,4 @@ int64_t kpl__fcos_detect_image(const kpl__fcos_decode_config *d, float *const *l
                                int64_t i, double img_h, double img_w, float *out_box,
                                float *out_score, int64_t *out_label);
 
-/* A pool-owned tensor of a copy of host data on dev (NULL on failure,
- * kpl_last_status says why). */
-kpl_tensor *kpl__host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
-                             const void *data);
-
-#endif /* KPL_DETECT_IMPL_H */
+#endif /* KPL_FCOS_IMPL_H */

@@ -225,8 +225,6 @@ kpl_status kpl__data_prepare(const kpl_recipe *r, kpl__runlog *log);
 /* The same for the validation split alone: an evaluation reads nothing
  * else. */
 kpl_status kpl__data_prepare_val(const kpl_recipe *r, kpl__runlog *log);
-/* mkdir -p */
-kpl_status kpl__mkdirs(const char *dir);
 /* root + split path into buf. */
 void kpl__data_split_path(const kpl_recipe *r, const kpl_recipe_split *s, char *buf, size_t len);
 /* The loader configuration of a split (pointers into r and path). */
@@ -242,15 +240,6 @@ kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw);
 
 /* ---- runs (trainer.c, trainer_setup.c, trainer_ckpt.c, fit.c) ---- */
 
-/* export.c: model 0's inference graph for an input batch of `batch`,
- * traced in eval mode from the trainer's input shape, optimised at
- * `level` (fused for inference when fuse), written to path (NULL: not
- * written) with the info inference needs; *ir (may be NULL) receives
- * the graph (the caller's). */
-kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fuse,
-                               const char *path, kpl_ir **ir);
-/* KPL_EINVAL naming the recipe's task when it has no inference graph. */
-kpl_status kpl__export_check(const kpl_recipe *r);
 
 #include <limits.h>
 
@@ -517,10 +506,6 @@ double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e);
 
 const char *kpl__signal_name(int sig); /* "SIGINT", "SIGTERM" */
 
-/* `kpl eval`'s evaluation of an evaluation-only trainer (created with
- * options.checkpoint): the metrics said (KPL_LOG_INFO, the task's
- * eval_report) and its record (KPL_LOG_RESULT); NaN outputs are an error
- * after the figures. */
-kpl_status kpl__trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint);
+
 
 #endif /* KPL_TRAINER_IMPL_H */

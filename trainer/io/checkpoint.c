@@ -205,23 +205,6 @@ static kpl_status fsync_dir_of(const char *path)
     return KPL_OK;
 }
 
-/* `text` into `path` by way of path.tmp, fsync and rename. */
-static kpl_status write_small_file(const char *path, const char *text)
-{
-    char tmp[PATH_MAX + 8];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    KPL_CHECK(fd >= 0, KPL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-    kpl_status st = kpl__write_all(fd, text, strlen(text), tmp);
-    if (st >= 0 && fsync(fd) != 0)
-        st = KPL_ERROR(KPL_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
-    close(fd);
-    if (st >= 0 && rename(tmp, path) != 0)
-        st = KPL_ERROR(KPL_EIO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-    if (st < 0) unlink(tmp);
-    return st;
-}
-
 /* The JSON at the start of the payload: the metadata and the tensor table.
  * Offsets are from the payload's start, each a multiple of CKPT_ALIGN. */
 static char *table_json(const kpl_checkpoint *c, uint64_t *first_offset)
@@ -279,8 +262,7 @@ kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marke
 {
     KPL_CHECK(c && path && *path, KPL_EINVAL, "checkpoint_save: bad arguments");
     KPL_CHECK(strlen(path) + 8 < PATH_MAX, KPL_EINVAL, "checkpoint: path too long");
-    char tmp[PATH_MAX], done[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
+    char done[PATH_MAX];
     snprintf(done, sizeof done, "%s.done", path);
     /* An older checkpoint of the same name loses its marker first, so a
      * crash below never pairs the old marker with the new file. */
@@ -292,8 +274,9 @@ kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marke
     KPL_ASSERT(first >= 8 + strlen(table), "checkpoint: table offsets");
     zwriter w;
     memset(&w, 0, sizeof w);
+    kpl__afile a = {.fd = -1};
     w.fd = -1;
-    w.path = tmp;
+    w.path = a.tmp;
     kpl_status st = KPL_OK;
     w.z = ZSTD_createCCtx();
     w.out_cap = ZSTD_CStreamOutSize();
@@ -303,14 +286,11 @@ kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marke
         goto fail;
     }
     ZSTD_CCtx_setParameter(w.z, ZSTD_c_compressionLevel, CKPT_LEVEL);
-    w.fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (w.fd < 0) {
-        st = KPL_ERROR(KPL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto fail;
-    }
+    KPL_TRY_GOTO(kpl__afile_open(&a, path));
+    w.fd = a.fd;
     uint8_t header[CKPT_HEADER];
     memset(header, 0, sizeof header);
-    KPL_TRY_GOTO(kpl__write_all(w.fd, header, sizeof header, tmp)); /* filled in at the end */
+    KPL_TRY_GOTO(kpl__write_all(w.fd, header, sizeof header, a.tmp)); /* filled in at the end */
     uint8_t len8[8];
     put64(len8, strlen(table));
     KPL_TRY_GOTO(zw_feed(&w, len8, 8, ZSTD_e_continue));
@@ -335,19 +315,11 @@ kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marke
     put32(header + 32, w.crc);
     put32(header + 36, kpl_crc32c(0, header, 36));
     if (pwrite(w.fd, header, sizeof header, 0) != (ssize_t)sizeof header) {
-        st = KPL_ERROR(KPL_EIO, "%s: header write failed: %s", tmp, strerror(errno));
+        st = KPL_ERROR(KPL_EIO, "%s: header write failed: %s", a.tmp, strerror(errno));
         goto fail;
     }
-    if (fsync(w.fd) != 0) {
-        st = KPL_ERROR(KPL_EIO, "%s: fsync failed: %s", tmp, strerror(errno));
-        goto fail;
-    }
-    close(w.fd);
     w.fd = -1;
-    if (rename(tmp, path) != 0) {
-        st = KPL_ERROR(KPL_EIO, "%s: rename to %s failed: %s", tmp, path, strerror(errno));
-        goto fail;
-    }
+    KPL_TRY_GOTO(kpl__afile_commit(&a)); /* fsync, rename over path */
     KPL_TRY_GOTO(fsync_dir_of(path));
     if (!marker) goto done_ok;
     char mtext[512];
@@ -356,7 +328,7 @@ kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marke
              "{\"file\":\"%.200s\",\"bytes\":%llu,\"crc32c\":%u,\"version\":%u}\n",
              base ? base + 1 : path, (unsigned long long)(w.stored + CKPT_HEADER), w.crc,
              CKPT_VERSION);
-    KPL_TRY_GOTO(write_small_file(done, mtext));
+    KPL_TRY_GOTO(kpl__write_file_atomic(done, mtext, strlen(mtext)));
     KPL_TRY_GOTO(fsync_dir_of(done));
 done_ok:
     free(table);
@@ -364,8 +336,7 @@ done_ok:
     ZSTD_freeCCtx(w.z);
     return KPL_OK;
 fail:
-    if (w.fd >= 0) close(w.fd);
-    unlink(tmp);
+    kpl__afile_abort(&a);
     free(table);
     free(w.out);
     ZSTD_freeCCtx(w.z);
@@ -725,7 +696,7 @@ kpl_status kpl__checkpoint_mark_evaluated(const char *path)
         return KPL_ERROR(KPL_ENOMEM, "checkpoint: out of memory");
     }
     memcpy(line + n, "\n", 2);
-    kpl_status st = write_small_file(done, line);
+    kpl_status st = kpl__write_file_atomic(done, line, strlen(line));
     free(line);
     KPL_TRY(st);
     return fsync_dir_of(done);
@@ -782,6 +753,6 @@ kpl_status kpl__checkpoint_link(const char *src, const char *dst)
         marker[n] = 0;
         fclose(f);
     }
-    KPL_TRY(write_small_file(done, marker));
+    KPL_TRY(kpl__write_file_atomic(done, marker, strlen(marker)));
     return fsync_dir_of(done);
 }

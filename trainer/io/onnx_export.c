@@ -256,53 +256,6 @@ static Onnx__ValueInfoProto *value_info(writer *w, int v, const char *name)
 
 /* ---- the ops ---- */
 
-static const char *unary_onnx(kpl_op op)
-{
-    switch (op) {
-    case KPL_OP_NEG: return "Neg";
-    case KPL_OP_ABS: return "Abs";
-    case KPL_OP_EXP: return "Exp";
-    case KPL_OP_LOG: return "Log";
-    case KPL_OP_SQRT: return "Sqrt";
-    case KPL_OP_RECIPROCAL: return "Reciprocal";
-    case KPL_OP_SIN: return "Sin";
-    case KPL_OP_COS: return "Cos";
-    case KPL_OP_TANH: return "Tanh";
-    case KPL_OP_SIGMOID: return "Sigmoid";
-    case KPL_OP_RELU: return "Relu";
-    case KPL_OP_SIGN: return "Sign";
-    case KPL_OP_ERF: return "Erf";
-    case KPL_OP_SOFTPLUS: return "Softplus";
-    default: return NULL;
-    }
-}
-
-static const char *binary_onnx(kpl_op op)
-{
-    switch (op) {
-    case KPL_OP_ADD: case KPL_OP_ADD_SCALAR: return "Add";
-    case KPL_OP_SUB: case KPL_OP_SUB_SCALAR: return "Sub";
-    case KPL_OP_MUL: case KPL_OP_MUL_SCALAR: return "Mul";
-    case KPL_OP_DIV: case KPL_OP_DIV_SCALAR: return "Div";
-    case KPL_OP_POW: case KPL_OP_POW_SCALAR: return "Pow";
-    case KPL_OP_MAXIMUM: case KPL_OP_MAXIMUM_SCALAR: return "Max";
-    case KPL_OP_MINIMUM: case KPL_OP_MINIMUM_SCALAR: return "Min";
-    default: return NULL;
-    }
-}
-
-static const char *reduce_onnx(kpl_op op)
-{
-    switch (op) {
-    case KPL_OP_SUM: return "ReduceSum";
-    case KPL_OP_MEAN: return "ReduceMean";
-    case KPL_OP_MAX: return "ReduceMax";
-    case KPL_OP_MIN: return "ReduceMin";
-    case KPL_OP_LOGSUMEXP: return "ReduceLogSumExp";
-    default: return NULL;
-    }
-}
-
 /* A reduction over a's axes (all when none) into out. */
 static const char *reduce(writer *w, const char *op, const char *x, const kpl_op_attrs *a,
                           const char *out)
@@ -322,181 +275,280 @@ static const char *reduce(writer *w, const char *op, const char *x, const kpl_op
     return o;
 }
 
+/* One node of the graph as the exporter sees it. */
+typedef struct {
+    int i; /* the node's index, for messages */
+    kpl_op op;
+    const kpl_op_info *info;
+    const kpl_op_attrs *a;
+    int in[KPL_IR_MAX_INPUTS], out[KPL_IR_MAX_OUTPUTS];
+    int nin, nout;
+    const char *x[KPL_IR_MAX_INPUTS]; /* the inputs' ONNX names */
+    const char *y;                    /* output 0's */
+    kpl_dtype dt;                     /* input 0's */
+    int64_t xs[KPL_MAX_DIMS], ys[KPL_MAX_DIMS];
+    int xnd, ynd;
+} onode;
+
+typedef kpl_status (*emit_fn)(writer *w, const onode *o);
+
+/* op_table.h's (DIRECT, "Type"): one node of that type, its form by how
+ * the op runs. */
+static kpl_status emit_direct(writer *w, const onode *o)
+{
+    const char *t = o->info->onnx_name;
+    switch (o->info->run) {
+    case KPL_OP_RUN_UN:
+    case KPL_OP_RUN_UNA: op1(w, t, o->x[0], o->y); break;
+    case KPL_OP_RUN_BIN: op2(w, t, o->x[0], o->x[1], o->y); break;
+    case KPL_OP_RUN_BINS: {
+        const char *s = const_scalar(w, o->dt, o->a->scalar);
+        if (o->a->scalar_first) op2(w, t, s, o->x[0], o->y);
+        else op2(w, t, o->x[0], s, o->y);
+        break;
+    }
+    case KPL_OP_RUN_RED: reduce(w, t, o->x[0], o->a, o->y); break;
+    default: node(w, t, o->nin, o->x, 1, &o->y); break;
+    }
+    return w->st;
+}
+
+#define EMIT(f) static kpl_status emit_##f(writer *w, const onode *o)
+
+EMIT(rsqrt)
+{
+    op1(w, "Reciprocal", op1(w, "Sqrt", o->x[0], NULL), o->y);
+    return w->st;
+}
+
+EMIT(square)
+{
+    op2(w, "Mul", o->x[0], o->x[0], o->y);
+    return w->st;
+}
+
+EMIT(leaky_relu)
+{
+    attr_f(w, node(w, "LeakyRelu", 1, o->x, 1, &o->y), "alpha", (float)o->a->alpha);
+    return w->st;
+}
+
+EMIT(clip)
+{
+    node(w, "Clip", 3,
+         (const char *[]){o->x[0], const_scalar(w, o->dt, o->a->alpha),
+                          const_scalar(w, o->dt, o->a->beta)},
+         1, &o->y);
+    return w->st;
+}
+
+EMIT(gelu) /* x / 2 (1 + erf(x / sqrt 2)) */
+{
+    const char *x = o->x[0];
+    kpl_dtype dt = o->dt;
+    const char *e = op1(w, "Erf", op2(w, "Div", x, const_scalar(w, dt, 1.4142135623730951), NULL),
+                        NULL);
+    op2(w, "Mul", op2(w, "Mul", x, const_scalar(w, dt, 0.5), NULL),
+        op2(w, "Add", e, const_scalar(w, dt, 1), NULL), o->y);
+    return w->st;
+}
+
+EMIT(compare)
+{
+    static const char *const cmp[] = {[KPL_BIN_EQ] = "Equal", [KPL_BIN_NE] = "Equal",
+                                      [KPL_BIN_LT] = "Less", [KPL_BIN_LE] = "LessOrEqual",
+                                      [KPL_BIN_GT] = "Greater", [KPL_BIN_GE] = "GreaterOrEqual"};
+    int sub = o->a->sub;
+    const char *c = (unsigned)sub < sizeof cmp / sizeof *cmp ? cmp[sub] : NULL;
+    if (!c) return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: comparison %d", o->i, sub);
+    if (sub == KPL_BIN_NE) op1(w, "Not", op2(w, c, o->x[0], o->x[1], NULL), o->y);
+    else op2(w, c, o->x[0], o->x[1], o->y);
+    return w->st;
+}
+
+EMIT(var) /* sum((x - mean)^2) / (count - correction) */
+{
+    const kpl_op_attrs *a = o->a;
+    kpl_op_attrs k = *a;
+    k.keepdim = true;
+    const char *m = reduce(w, "ReduceMean", o->x[0], &k, NULL);
+    const char *d = op2(w, "Sub", o->x[0], m, NULL);
+    k.keepdim = a->keepdim;
+    const char *s = reduce(w, "ReduceSum", op2(w, "Mul", d, d, NULL), &k, NULL);
+    int64_t cnt = 1;
+    for (int d2 = 0; d2 < o->xnd; d2++) {
+        bool red = a->naxes == 0;
+        for (int j = 0; j < a->naxes; j++) red |= (a->axes[j] + o->xnd) % o->xnd == d2;
+        if (red) cnt *= o->xs[d2];
+    }
+    op2(w, "Div", s, const_scalar(w, o->dt, (double)(cnt - a->correction)), o->y);
+    return w->st;
+}
+
+EMIT(argreduce)
+{
+    if (o->a->naxes != 1)
+        return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: %s over all axes (a flat index) has "
+                         "no ONNX form in kpl", o->i, o->info->name);
+    Onnx__NodeProto *n = node(w, o->op == KPL_OP_ARGMAX ? "ArgMax" : "ArgMin", 1, o->x, 1, &o->y);
+    attr_i(w, n, "axis", o->a->axes[0]);
+    attr_i(w, n, "keepdims", o->a->keepdim);
+    return w->st;
+}
+
+EMIT(matmul)
+{
+    int64_t bs[KPL_MAX_DIMS];
+    int bnd = kpl_ir_value_shape(w->ir, o->in[1], bs);
+    if (o->xnd == 2 && bnd == 2) {
+        Onnx__NodeProto *n = node(w, "Gemm", 2, o->x, 1, &o->y);
+        if (o->a->trans_a) attr_i(w, n, "transA", 1);
+        if (o->a->trans_b) attr_i(w, n, "transB", 1);
+        return w->st;
+    }
+    const char *m[2] = {o->x[0], o->x[1]};
+    int nds[2] = {o->xnd, bnd};
+    bool tr[2] = {o->a->trans_a, o->a->trans_b};
+    for (int k = 0; k < 2; k++) {
+        if (!tr[k] || nds[k] < 2) continue; /* a vector's transpose is itself */
+        int64_t perm[KPL_MAX_DIMS];
+        for (int d = 0; d < nds[k]; d++) perm[d] = d;
+        perm[nds[k] - 1] = nds[k] - 2, perm[nds[k] - 2] = nds[k] - 1;
+        const char *t = tmp_name(w);
+        attr_ints(w, node(w, "Transpose", 1, &m[k], 1, &t), "perm", perm, nds[k]);
+        m[k] = t;
+    }
+    op2(w, "MatMul", m[0], m[1], o->y);
+    return w->st;
+}
+
+EMIT(cast)
+{
+    attr_i(w, node(w, "Cast", 1, o->x, 1, &o->y), "to",
+           kpl_onnx_dtype(kpl_ir_value_dtype(w->ir, o->out[0])));
+    return w->st;
+}
+
+EMIT(reshape)
+{
+    op2(w, "Reshape", o->x[0], const_i64(w, o->ys, o->ynd), o->y);
+    return w->st;
+}
+
+EMIT(expand)
+{
+    op2(w, "Expand", o->x[0], const_i64(w, o->ys, o->ynd), o->y);
+    return w->st;
+}
+
+EMIT(permute)
+{
+    int64_t perm[KPL_MAX_DIMS];
+    for (int d = 0; d < o->a->naxes; d++) perm[d] = o->a->axes[d];
+    attr_ints(w, node(w, "Transpose", 1, o->x, 1, &o->y), "perm", perm, o->a->naxes);
+    return w->st;
+}
+
+EMIT(narrow)
+{
+    int64_t s = o->a->start, e = o->a->start + o->a->length, ax = 0;
+    node(w, "Slice", 4,
+         (const char *[]){o->x[0], const_i64(w, &s, 1), const_i64(w, &e, 1), const_i64(w, &ax, 1)},
+         1, &o->y);
+    return w->st;
+}
+
+EMIT(pad_rows)
+{
+    int64_t pads[2 * KPL_MAX_DIMS] = {0};
+    pads[0] = o->a->start;
+    pads[o->xnd] = o->a->length - o->a->start - o->xs[0];
+    node(w, "Pad", 2, (const char *[]){o->x[0], const_i64(w, pads, 2 * o->xnd)}, 1, &o->y);
+    return w->st;
+}
+
+EMIT(conv2d) /* and conv2d_relu: Conv then Relu */
+{
+    int64_t ws[4];
+    kpl_ir_value_shape(w->ir, o->in[1], ws);
+    const char *co = o->op == KPL_OP_CONV2D ? o->y : tmp_name(w);
+    Onnx__NodeProto *n = node(w, "Conv", o->nin, o->x, 1, &co);
+    const kpl_conv2d_params *c = &o->a->conv;
+    attr_ints(w, n, "kernel_shape", (int64_t[]){ws[2], ws[3]}, 2);
+    attr_ints(w, n, "strides", (int64_t[]){c->stride[0], c->stride[1]}, 2);
+    attr_ints(w, n, "pads", (int64_t[]){c->padding[0], c->padding[1], c->padding[0], c->padding[1]},
+              4);
+    attr_ints(w, n, "dilations", (int64_t[]){c->dilation[0], c->dilation[1]}, 2);
+    attr_i(w, n, "group", c->groups);
+    if (o->op == KPL_OP_CONV2D_RELU) op1(w, "Relu", co, o->y);
+    return w->st;
+}
+
+EMIT(pool2d) /* max_pool2d, avg_pool2d */
+{
+    const kpl_pool2d_params *p = &o->a->pool;
+    bool avg = o->op == KPL_OP_AVG_POOL2D;
+    /* ceil_mode: kpl (as PyTorch) drops a last window that would start in
+     * the end padding, which opset 13's formula keeps; so the rounding up
+     * is written as explicit end padding that the floor formula turns into
+     * kpl's output size */
+    int64_t end[2] = {p->padding[0], p->padding[1]};
+    for (int d = 0; p->ceil_mode && d < 2; d++) {
+        end[d] = (o->ys[2 + d] - 1) * p->stride[d] + p->kernel[d] - o->xs[2 + d] - p->padding[d];
+        if (end[d] < p->padding[d]) end[d] = p->padding[d];
+        if (avg && p->count_include_pad && end[d] > p->padding[d])
+            return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: avg_pool2d with ceil_mode and "
+                             "count_include_pad over a partial last window has no ONNX form in "
+                             "kpl", o->i);
+    }
+    Onnx__NodeProto *n = node(w, avg ? "AveragePool" : "MaxPool", 1, o->x, 1, &o->y);
+    attr_ints(w, n, "kernel_shape", (int64_t[]){p->kernel[0], p->kernel[1]}, 2);
+    attr_ints(w, n, "strides", (int64_t[]){p->stride[0], p->stride[1]}, 2);
+    attr_ints(w, n, "pads", (int64_t[]){p->padding[0], p->padding[1], end[0], end[1]}, 4);
+    if (avg) attr_i(w, n, "count_include_pad", p->count_include_pad);
+    return w->st;
+}
+
+EMIT(index_select)
+{
+    attr_i(w, node(w, "Gather", 2, o->x, 1, &o->y), "axis", o->a->axes[0]);
+    return w->st;
+}
+
+EMIT(gather)
+{
+    attr_i(w, node(w, "GatherElements", 2, o->x, 1, &o->y), "axis", o->a->axes[0]);
+    return w->st;
+}
+
+/* op_table.h's onnx column: (DIRECT, t) emit_direct, (CODED, f) emit_f,
+ * (NONE, -) no form. */
+#define EMIT_DIRECT(t) emit_direct
+#define EMIT_CODED(f) emit_##f
+#define EMIT_NONE(x) NULL
+static const emit_fn emitters[KPL_OP_COUNT] = {
+#define KPL_X_(e, s, ar, at, ac, sv, run, inf, gr, ox) [KPL_OP_##e] = KPL_OP_PAIR(EMIT_, ox),
+    KPL_OP_LIST(KPL_X_)
+#undef KPL_X_
+};
+
 static kpl_status emit_node(writer *w, int i)
 {
     const kpl_ir *ir = w->ir;
-    kpl_op op = kpl_ir_node_op(ir, i);
-    const kpl_op_attrs *a = kpl_ir_node_attrs(ir, i);
-    int in[KPL_IR_MAX_INPUTS], out[KPL_IR_MAX_OUTPUTS];
-    int nin = kpl_ir_node_inputs(ir, i, in), nout = kpl_ir_node_outputs(ir, i, out);
-    const char *x[KPL_IR_MAX_INPUTS] = {NULL};
-    for (int k = 0; k < nin; k++) x[k] = in[k] >= 0 ? w->vname[in[k]] : NULL;
-    const char *y = w->vname[out[0]];
-    kpl_dtype dt = nin ? kpl_ir_value_dtype(ir, in[0]) : KPL_F32;
-    int64_t xs[KPL_MAX_DIMS], ys[KPL_MAX_DIMS];
-    int xnd = nin && in[0] >= 0 ? kpl_ir_value_shape(ir, in[0], xs) : 0;
-    int ynd = kpl_ir_value_shape(ir, out[0], ys);
-    const char *u = unary_onnx(op), *b = binary_onnx(op), *r = reduce_onnx(op);
-    Onnx__NodeProto *n = NULL;
-    if (u) {
-        op1(w, u, x[0], y);
-    } else if (b && op >= KPL_OP_ADD_SCALAR && op <= KPL_OP_MINIMUM_SCALAR) {
-        const char *s = const_scalar(w, dt, a->scalar);
-        if (a->scalar_first) op2(w, b, s, x[0], y);
-        else op2(w, b, x[0], s, y);
-    } else if (b) {
-        op2(w, b, x[0], x[1], y);
-    } else if (r) {
-        reduce(w, r, x[0], a, y);
-    } else {
-        switch (op) {
-        case KPL_OP_RSQRT: op1(w, "Reciprocal", op1(w, "Sqrt", x[0], NULL), y); break;
-        case KPL_OP_SQUARE: op2(w, "Mul", x[0], x[0], y); break;
-        case KPL_OP_LEAKY_RELU:
-            attr_f(w, node(w, "LeakyRelu", 1, x, 1, &y), "alpha", (float)a->alpha);
-            break;
-        case KPL_OP_CLIP:
-            node(w, "Clip", 3, (const char *[]){x[0], const_scalar(w, dt, a->alpha), const_scalar(w, dt, a->beta)},
-                 1, &y);
-            break;
-        case KPL_OP_GELU: /* x / 2 (1 + erf(x / sqrt 2)) */
-            op2(w, "Mul",
-                op2(w, "Mul", x[0], const_scalar(w, dt, 0.5), NULL),
-                op2(w, "Add", op1(w, "Erf", op2(w, "Div", x[0], const_scalar(w, dt, 1.4142135623730951), NULL), NULL),
-                    const_scalar(w, dt, 1), NULL),
-                y);
-            break;
-        case KPL_OP_WHERE: node(w, "Where", 3, x, 1, &y); break;
-        case KPL_OP_COMPARE: {
-            static const char *const cmp[] = {[KPL_BIN_EQ] = "Equal", [KPL_BIN_NE] = "Equal",
-                                              [KPL_BIN_LT] = "Less", [KPL_BIN_LE] = "LessOrEqual",
-                                              [KPL_BIN_GT] = "Greater", [KPL_BIN_GE] = "GreaterOrEqual"};
-            const char *c = (unsigned)a->sub < sizeof cmp / sizeof *cmp ? cmp[a->sub] : NULL;
-            if (!c) return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: comparison %d", i, a->sub);
-            if (a->sub == KPL_BIN_NE) op1(w, "Not", op2(w, c, x[0], x[1], NULL), y);
-            else op2(w, c, x[0], x[1], y);
-            break;
-        }
-        case KPL_OP_VAR: { /* sum((x - mean)^2) / (count - correction) */
-            kpl_op_attrs k = *a;
-            k.keepdim = true;
-            const char *m = reduce(w, "ReduceMean", x[0], &k, NULL);
-            const char *d = op2(w, "Sub", x[0], m, NULL);
-            k.keepdim = a->keepdim;
-            const char *s = reduce(w, "ReduceSum", op2(w, "Mul", d, d, NULL), &k, NULL);
-            int64_t cnt = 1;
-            for (int d2 = 0; d2 < xnd; d2++) {
-                bool red = a->naxes == 0;
-                for (int j = 0; j < a->naxes; j++) red |= (a->axes[j] + xnd) % xnd == d2;
-                if (red) cnt *= xs[d2];
-            }
-            op2(w, "Div", s, const_scalar(w, dt, (double)(cnt - a->correction)), y);
-            break;
-        }
-        case KPL_OP_ARGMAX:
-        case KPL_OP_ARGMIN:
-            if (a->naxes != 1)
-                return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: %s over all axes (a flat "
-                                 "index) has no ONNX form in kpl", i, kpl_op_name(op));
-            n = node(w, op == KPL_OP_ARGMAX ? "ArgMax" : "ArgMin", 1, x, 1, &y);
-            attr_i(w, n, "axis", a->axes[0]);
-            attr_i(w, n, "keepdims", a->keepdim);
-            break;
-        case KPL_OP_MATMUL: {
-            int64_t bs[KPL_MAX_DIMS];
-            int bnd = kpl_ir_value_shape(ir, in[1], bs);
-            if (xnd == 2 && bnd == 2) {
-                n = node(w, "Gemm", 2, x, 1, &y);
-                if (a->trans_a) attr_i(w, n, "transA", 1);
-                if (a->trans_b) attr_i(w, n, "transB", 1);
-                break;
-            }
-            const char *m[2] = {x[0], x[1]};
-            int nds[2] = {xnd, bnd};
-            bool tr[2] = {a->trans_a, a->trans_b};
-            for (int k = 0; k < 2; k++) {
-                if (!tr[k] || nds[k] < 2) continue; /* a vector's transpose is itself */
-                int64_t perm[KPL_MAX_DIMS];
-                for (int d2 = 0; d2 < nds[k]; d2++) perm[d2] = d2;
-                perm[nds[k] - 1] = nds[k] - 2, perm[nds[k] - 2] = nds[k] - 1;
-                const char *t = tmp_name(w);
-                attr_ints(w, node(w, "Transpose", 1, &m[k], 1, &t), "perm", perm, nds[k]);
-                m[k] = t;
-            }
-            op2(w, "MatMul", m[0], m[1], y);
-            break;
-        }
-        case KPL_OP_CAST:
-            attr_i(w, node(w, "Cast", 1, x, 1, &y), "to", kpl_onnx_dtype(kpl_ir_value_dtype(ir, out[0])));
-            break;
-        case KPL_OP_RESHAPE: op2(w, "Reshape", x[0], const_i64(w, ys, ynd), y); break;
-        case KPL_OP_EXPAND: op2(w, "Expand", x[0], const_i64(w, ys, ynd), y); break;
-        case KPL_OP_PERMUTE: {
-            int64_t perm[KPL_MAX_DIMS];
-            for (int d2 = 0; d2 < a->naxes; d2++) perm[d2] = a->axes[d2];
-            attr_ints(w, node(w, "Transpose", 1, x, 1, &y), "perm", perm, a->naxes);
-            break;
-        }
-        case KPL_OP_NARROW: {
-            int64_t s = a->start, e = a->start + a->length, ax = 0;
-            node(w, "Slice", 4, (const char *[]){x[0], const_i64(w, &s, 1), const_i64(w, &e, 1), const_i64(w, &ax, 1)},
-                 1, &y);
-            break;
-        }
-        case KPL_OP_PAD_ROWS: {
-            int64_t pads[2 * KPL_MAX_DIMS] = {0};
-            pads[0] = a->start;
-            pads[xnd] = a->length - a->start - xs[0];
-            node(w, "Pad", 2, (const char *[]){x[0], const_i64(w, pads, 2 * xnd)}, 1, &y);
-            break;
-        }
-        case KPL_OP_CONV2D:
-        case KPL_OP_CONV2D_RELU: {
-            int64_t ws[4];
-            kpl_ir_value_shape(ir, in[1], ws);
-            const char *co = op == KPL_OP_CONV2D ? y : tmp_name(w);
-            n = node(w, "Conv", nin, x, 1, &co);
-            const kpl_conv2d_params *c = &a->conv;
-            attr_ints(w, n, "kernel_shape", (int64_t[]){ws[2], ws[3]}, 2);
-            attr_ints(w, n, "strides", (int64_t[]){c->stride[0], c->stride[1]}, 2);
-            attr_ints(w, n, "pads", (int64_t[]){c->padding[0], c->padding[1], c->padding[0], c->padding[1]}, 4);
-            attr_ints(w, n, "dilations", (int64_t[]){c->dilation[0], c->dilation[1]}, 2);
-            attr_i(w, n, "group", c->groups);
-            if (op == KPL_OP_CONV2D_RELU) op1(w, "Relu", co, y);
-            break;
-        }
-        case KPL_OP_MAX_POOL2D:
-        case KPL_OP_AVG_POOL2D: {
-            const kpl_pool2d_params *p = &a->pool;
-            /* ceil_mode: kpl (as PyTorch) drops a last window that would
-             * start in the end padding, which opset 13's formula keeps; so
-             * the rounding up is written as explicit end padding that the
-             * floor formula turns into kpl's output size */
-            int64_t end[2] = {p->padding[0], p->padding[1]};
-            for (int d = 0; p->ceil_mode && d < 2; d++) {
-                end[d] = (ys[2 + d] - 1) * p->stride[d] + p->kernel[d] - xs[2 + d] - p->padding[d];
-                if (end[d] < p->padding[d]) end[d] = p->padding[d];
-                if (op == KPL_OP_AVG_POOL2D && p->count_include_pad && end[d] > p->padding[d])
-                    return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: avg_pool2d with ceil_mode "
-                                     "and count_include_pad over a partial last window has no "
-                                     "ONNX form in kpl", i);
-            }
-            n = node(w, op == KPL_OP_MAX_POOL2D ? "MaxPool" : "AveragePool", 1, x, 1, &y);
-            attr_ints(w, n, "kernel_shape", (int64_t[]){p->kernel[0], p->kernel[1]}, 2);
-            attr_ints(w, n, "strides", (int64_t[]){p->stride[0], p->stride[1]}, 2);
-            attr_ints(w, n, "pads", (int64_t[]){p->padding[0], p->padding[1], end[0], end[1]}, 4);
-            if (op == KPL_OP_AVG_POOL2D) attr_i(w, n, "count_include_pad", p->count_include_pad);
-            break;
-        }
-        case KPL_OP_INDEX_SELECT: attr_i(w, node(w, "Gather", 2, x, 1, &y), "axis", a->axes[0]); break;
-        case KPL_OP_GATHER: attr_i(w, node(w, "GatherElements", 2, x, 1, &y), "axis", a->axes[0]); break;
-        default:
-            return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: op '%s' has no ONNX form in kpl", i,
-                             kpl_op_name(op));
-        }
-    }
-    (void)nout;
-    return w->st;
+    onode o = {.i = i, .op = kpl_ir_node_op(ir, i), .a = kpl_ir_node_attrs(ir, i)};
+    o.info = kpl_op_info_of(o.op);
+    emit_fn emit = emitters[o.op];
+    if (!emit)
+        return KPL_ERROR(KPL_EINVAL, "onnx export: node %d: op '%s' has no ONNX form in kpl", i,
+                         o.info->name);
+    o.nin = kpl_ir_node_inputs(ir, i, o.in);
+    o.nout = kpl_ir_node_outputs(ir, i, o.out);
+    for (int k = 0; k < o.nin; k++) o.x[k] = o.in[k] >= 0 ? w->vname[o.in[k]] : NULL;
+    o.y = w->vname[o.out[0]];
+    o.dt = o.nin ? kpl_ir_value_dtype(ir, o.in[0]) : KPL_F32;
+    o.xnd = o.nin && o.in[0] >= 0 ? kpl_ir_value_shape(ir, o.in[0], o.xs) : 0;
+    o.ynd = kpl_ir_value_shape(ir, o.out[0], o.ys);
+    return emit(w, &o);
 }
 
 /* Which values are read by some node or are outputs. */
@@ -599,20 +651,7 @@ kpl_status kpl_onnx_export(const kpl_ir *ir, const char *path)
         goto out;
     }
     onnx__model_proto__pack(&m, buf);
-    char tmp[4200];
-    snprintf(tmp, sizeof tmp, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = KPL_ERROR(KPL_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        goto out;
-    }
-    bool ok = fwrite(buf, 1, len, f) == len;
-    ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
-    ok &= fclose(f) == 0;
-    if (!ok || rename(tmp, path) != 0) {
-        st = KPL_ERROR(KPL_EIO, "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
-    }
+    st = kpl__write_file_atomic(path, buf, len);
 out:
     free(buf);
     for (size_t i = 0; i < w.nmem; i++) free(w.mem[i]);

@@ -52,14 +52,13 @@ KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
 KPL_ENUM_DEFINE(kpl_lr_span, KPL_LR_SPANS)
 KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
 KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
-KPL_ENUM_DEFINE(kpl_precision, KPL_PRECISIONS)
 
-/* dist.grad_dtype: the value stored is the index, which must be the
- * kpl_dtype (the bucketer's config holds one).  "fp16", as `precision`
- * spells it. */
+/* precision and dist.grad_dtype: the value stored is the index, which must
+ * be the kpl_dtype (the autocast dtype; the bucketer's config holds one),
+ * from the recipe on.  "fp16" is how recipes spell f16. */
 _Static_assert(KPL_F32 == 0 && KPL_F16 == 1 && KPL_BF16 == 2,
-               "grad_dtype_names is indexed by kpl_dtype");
-static const char *const grad_dtype_names[] = {
+               "float_dtype_names is indexed by kpl_dtype");
+static const char *const float_dtype_names[] = {
     [KPL_F32] = "f32", [KPL_F16] = "fp16", [KPL_BF16] = "bf16", NULL};
 
 #define OFF(m) offsetof(kpl_recipe, m)
@@ -187,7 +186,7 @@ const field kpl__rc_fields[] = {
           "CPU threads per rank (0: OMP_NUM_THREADS, else cores / ranks on the node)"),
     F_BOOL("deterministic", deterministic, "false",
            "pick algorithms without timing them: bit-identical reruns and resumes"),
-    F_ENUM("precision", precision, "f32", kpl_precision_names,
+    F_ENUM("precision", precision, "f32", float_dtype_names,
            "math of convolutions and matmuls: f32, bf16 or fp16 (mixed precision: parameters, "
            "norms, reductions and losses stay f32; docs/precision.md)"),
     F_BOOL("tf32", tf32, "false",
@@ -363,7 +362,7 @@ const field kpl__rc_fields[] = {
             "seconds before a waiting rank reports who has not joined (0: never)"),
     F_BOOL("dist.check_params", dist.buckets.check_params, "true",
            "check after the first step that all ranks hold the same parameters"),
-    F_ENUM("dist.grad_dtype", dist.buckets.grad_dtype, "f32", grad_dtype_names,
+    F_ENUM("dist.grad_dtype", dist.buckets.grad_dtype, "f32", float_dtype_names,
            "dtype gradients are summed over the ranks in: f32, or bf16 / fp16 (half the bytes; "
            "per element within ranks x 2^-8 / 2^-11 of the mean |gradient|, fp16 overflows "
            "past 65504)"),

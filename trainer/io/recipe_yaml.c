@@ -107,6 +107,42 @@ static void key_path(const char *prefix, node *const *stack, int depth, const ch
     }
 }
 
+/* The error of a tagged value at `here`, the value of `key`. */
+static kpl_status tag_refused(const node *here, const char *key, const char *tag)
+{
+    char at[400], shown[80];
+    const char *std = "tag:yaml.org,2002:"; /* !!str is short for it */
+    if (!strncmp(tag, std, strlen(std)))
+        snprintf(shown, sizeof shown, "!!%s", CLIP(tag + strlen(std)));
+    else snprintf(shown, sizeof shown, "%s", CLIP(tag));
+    return KPL_ERROR(KPL_EFORMAT, "%s: %s%sYAML tags (%s) are not supported in recipes; write "
+                     "the value without one", kpl__rc_where(here, at, sizeof at), CLIP(key),
+                     key[0] ? ": " : "", shown);
+}
+
+/* The node of a scalar or of a collection's start, placed as `here`; on
+ * KPL_ENOMEM *out may hold a node for the caller to free. */
+static kpl_status new_node(const yaml_event_t *ev, const node *here, node **out)
+{
+    node *n = *out = calloc(1, sizeof *n);
+    KPL_CHECK(n, KPL_ENOMEM, "out of memory");
+    n->origin = here->origin;
+    n->line = here->line;
+    n->col = here->col;
+    if (ev->type != YAML_SCALAR_EVENT) {
+        n->kind = ev->type == YAML_MAPPING_START_EVENT ? N_MAP : N_SEQ;
+        return KPL_OK;
+    }
+    n->kind = N_SCALAR;
+    n->text = strndup((const char *)ev->data.scalar.value, ev->data.scalar.length);
+    const char *v = n->text ? n->text : "";
+    n->null = ev->data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
+              (!*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") ||
+               !strcmp(v, "NULL"));
+    KPL_CHECK(n->text, KPL_ENOMEM, "out of memory");
+    return KPL_OK;
+}
+
 /* libyaml's events into a tree.  Aliases are refused: recipes are read
  * by people, and a key whose value lives elsewhere helps nobody.  So are
  * tags (!!str 5): a recipe's key fixes the type of its value, and a tag
@@ -169,15 +205,9 @@ kpl_status kpl__rc_parse_yaml(const char *text, size_t len, const char *origin, 
                     last = pending[depth - 1] ? pending[depth - 1]
                            : ev.type == YAML_SCALAR_EVENT ? (const char *)ev.data.scalar.value
                                                            : NULL;
-                char key[300], shown[80];
+                char key[300];
                 key_path(at_key, stack, depth, last, key, sizeof key);
-                const char *std = "tag:yaml.org,2002:"; /* !!str is short for it */
-                if (!strncmp(tag, std, strlen(std)))
-                    snprintf(shown, sizeof shown, "!!%s", CLIP(tag + strlen(std)));
-                else snprintf(shown, sizeof shown, "%s", CLIP(tag));
-                st = KPL_ERROR(KPL_EFORMAT, "%s: %s%sYAML tags (%s) are not supported in "
-                               "recipes; write the value without one", kpl__rc_where(&here, at, sizeof at),
-                               CLIP(key), key[0] ? ": " : "", shown);
+                st = tag_refused(&here, key, tag);
                 break;
             }
             if (ev.type == YAML_SCALAR_EVENT &&
@@ -207,24 +237,9 @@ kpl_status kpl__rc_parse_yaml(const char *text, size_t len, const char *origin, 
                 pline[depth - 1] = line, pcol[depth - 1] = col;
                 break;
             }
-            n = calloc(1, sizeof *n);
-            if (!n) {
-                st = KPL_ERROR(KPL_ENOMEM, "out of memory");
+            if ((st = new_node(&ev, &here, &n)) < 0) {
+                kpl__rc_node_free(n);
                 break;
-            }
-            n->origin = origin;
-            n->line = line;
-            n->col = col;
-            if (ev.type == YAML_SCALAR_EVENT) {
-                n->kind = N_SCALAR;
-                n->text = strndup((const char *)ev.data.scalar.value, ev.data.scalar.length);
-                const char *v = n->text ? n->text : "";
-                n->null = ev.data.scalar.style == YAML_PLAIN_SCALAR_STYLE &&
-                          (!*v || !strcmp(v, "~") || !strcmp(v, "null") || !strcmp(v, "Null") ||
-                           !strcmp(v, "NULL"));
-                if (!n->text) st = KPL_ERROR(KPL_ENOMEM, "out of memory");
-            } else {
-                n->kind = ev.type == YAML_MAPPING_START_EVENT ? N_MAP : N_SEQ;
             }
             if (parent) {
                 if (parent->kind == N_MAP) {

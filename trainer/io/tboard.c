@@ -15,7 +15,6 @@
  * A writer is used by one thread at a time.
  */
 #include "trainer_impl.h"
-#include "dataio.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -23,6 +22,7 @@
 #include <png.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
@@ -227,32 +227,6 @@ static kpl_status write_buffer(kpl_tb_writer *w)
     return st;
 }
 
-/* mkdir -p: every prefix that ends before a slash, then dir itself; one
- * that exists already is fine as long as dir ends up a directory. */
-static kpl_status make_dirs(const char *dir)
-{
-    char p[PATH_MAX];
-    size_t n = strlen(dir);
-    KPL_CHECK(n < sizeof p, KPL_EINVAL, "tensorboard: directory path too long: %s", dir);
-    memcpy(p, dir, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if ((p[i] != '/' && p[i] != 0) || p[i - 1] == '/') continue;
-        char c = p[i];
-        p[i] = 0;
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) {
-            int e = errno;
-            return KPL_ERROR(KPL_EIO, "tensorboard: cannot create directory %s%s%s%s: %s", p,
-                             c ? " (for " : "", c ? dir : "", c ? ")" : "", strerror(e));
-        }
-        p[i] = c;
-    }
-    struct stat sb;
-    KPL_CHECK(stat(dir, &sb) == 0, KPL_EIO, "tensorboard: cannot create directory %s: %s", dir,
-              strerror(errno));
-    KPL_CHECK(S_ISDIR(sb.st_mode), KPL_EIO, "tensorboard: %s exists and is not a directory",
-              dir);
-    return KPL_OK;
-}
 
 /* Creates the event file exclusively.  Two writers of one process started
  * in the same second would pick the same name, so the second one gets a
@@ -288,7 +262,7 @@ kpl_status kpl_tb_writer_create(const char *dir, kpl_tb_writer **out)
 {
     *out = NULL;
     KPL_CHECK(dir && dir[0], KPL_EINVAL, "tensorboard: no directory given");
-    KPL_TRY(make_dirs(dir));
+    if (kpl__mkdirs(dir) < 0) return kpl__error_prefix(kpl_last_status(), "tensorboard: ");
     kpl_tb_writer *w = calloc(1, sizeof *w);
     KPL_CHECK(w, KPL_ENOMEM, "tensorboard: out of memory");
     w->fd = -1;
@@ -409,23 +383,33 @@ void kpl_tb_writer_close(kpl_tb_writer *w)
 
 const char *kpl_tb_writer_path(const kpl_tb_writer *w) { return w->path; }
 
+void kpl_tb_rgb8(const float *x, int64_t C, int64_t H, int64_t W, int64_t i, int h, int w,
+                 const float *scale, const float *shift, uint8_t *rgb, int64_t row_pixels)
+{
+    for (int y = 0; y < h; y++)
+        for (int xx = 0; xx < w; xx++)
+            for (int c = 0; c < 3; c++) {
+                int64_t cc = C == 3 ? c : 0;
+                double v = (double)x[((i * C + cc) * H + y) * W + xx] * scale[cc] + shift[cc];
+                rgb[((size_t)y * (size_t)row_pixels + (size_t)xx) * 3 + (size_t)c] =
+                    (uint8_t)fmin(fmax(v * 255 + 0.5, 0), 255);
+            }
+}
+
 kpl_status kpl__png_write(const char *path, int h, int w, int channels, const uint8_t *px,
                           const char *what)
 {
-    char tmp[4608];
-    KPL_CHECK((size_t)snprintf(tmp, sizeof tmp, "%s.tmp", path) < sizeof tmp, KPL_EINVAL,
-              "%s: path too long: %s", what, path);
+    kpl__afile a;
+    if (kpl__afile_open(&a, path) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", what);
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
     im.width = (png_uint_32)w, im.height = (png_uint_32)h;
     im.format = channels == 3 ? PNG_FORMAT_RGB : PNG_FORMAT_GRAY;
-    KPL_CHECK(png_image_write_to_file(&im, tmp, 0, px, w * channels, NULL), KPL_EIO,
-              "%s: cannot write %s: %s", what, tmp, im.message);
-    if (rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return KPL_ERROR(KPL_EIO, "%s: cannot rename %s to %s: %s", what, tmp, path, strerror(e));
+    if (!png_image_write_to_stdio(&im, a.f, 0, px, w * channels, NULL)) {
+        kpl__afile_abort(&a);
+        return KPL_ERROR(KPL_EIO, "%s: cannot write %s: %s", what, path, im.message);
     }
+    if (kpl__afile_commit(&a) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", what);
     return KPL_OK;
 }

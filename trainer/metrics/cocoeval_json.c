@@ -279,11 +279,9 @@ kpl_status kpl_coco_dets_save(const char *path, const kpl_coco_detection *dets, 
         KPL_CHECK(kpl__coco_finite4(dets[i].bbox) && isfinite(dets[i].score), KPL_EINVAL,
                   "kpl_coco_dets_save: detection %lld: bbox or score is not a finite number",
                   (long long)i);
-    char tmp[4096];
-    KPL_CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, KPL_EINVAL,
-              "kpl_coco_dets_save: path too long");
-    FILE *f = fopen(tmp, "w");
-    KPL_CHECK(f, KPL_EIO, "%s: %s", tmp, strerror(errno));
+    kpl__afile a;
+    KPL_TRY(kpl__afile_open(&a, path));
+    FILE *f = a.f;
     fputc('[', f);
     for (int64_t i = 0; i < n; i++) {
         const kpl_coco_detection *d = &dets[i];
@@ -295,12 +293,5 @@ kpl_status kpl_coco_dets_save(const char *path, const kpl_coco_detection *dets, 
                 (long long)d->category_id, v[0], v[1], v[2], v[3], v[4]);
     }
     fputs("\n]\n", f);
-    bool bad = ferror(f) != 0;
-    if (fclose(f) != 0) bad = true;
-    if (bad || rename(tmp, path) != 0) {
-        int e = errno;
-        remove(tmp);
-        return KPL_ERROR(KPL_EIO, "%s: cannot write: %s", path, strerror(e));
-    }
-    return KPL_OK;
+    return kpl__afile_commit(&a);
 }

@@ -370,23 +370,16 @@ kpl_status kpl_fid_stats_save(const kpl_fid_stats *s, const char *tag, const cha
     put32(h + 20, (uint32_t)((uint64_t)s->dim >> 32));
     put32(h + 24, kpl_crc32c(0, s->sums, bytes)); /* the host is little-endian (x86, arm64) */
     put32(h + 28, header_crc(h, tag, tlen));
-    char tmp[4096];
-    KPL_CHECK(snprintf(tmp, sizeof tmp, "%s.tmp", path) < (int)sizeof tmp, KPL_EINVAL,
-              "fid_stats_save: path too long: %s", path);
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    KPL_CHECK(fd >= 0, KPL_EIO, "fid_stats_save: cannot create %s: %s", tmp, strerror(errno));
-    kpl_status st = kpl__write_all(fd, h, sizeof h, tmp);
-    if (st >= 0 && tlen) st = kpl__write_all(fd, tag, tlen, tmp);
-    if (st >= 0) st = kpl__write_all(fd, s->sums, bytes, tmp);
-    if (st >= 0 && fsync(fd) != 0)
-        st = KPL_ERROR(KPL_EIO, "fid_stats_save: fsync of %s failed: %s", tmp, strerror(errno));
-    if (close(fd) != 0 && st >= 0)
-        st = KPL_ERROR(KPL_EIO, "fid_stats_save: closing %s failed: %s", tmp, strerror(errno));
-    if (st >= 0 && rename(tmp, path) != 0)
-        st = KPL_ERROR(KPL_EIO, "fid_stats_save: rename of %s to %s failed: %s", tmp, path,
-                       strerror(errno));
-    if (st < 0) unlink(tmp);
-    return st;
+    kpl__afile a;
+    KPL_TRY(kpl__afile_open(&a, path));
+    kpl_status st = kpl__write_all(a.fd, h, sizeof h, a.tmp);
+    if (st >= 0 && tlen) st = kpl__write_all(a.fd, tag, tlen, a.tmp);
+    if (st >= 0) st = kpl__write_all(a.fd, s->sums, bytes, a.tmp);
+    if (st < 0) {
+        kpl__afile_abort(&a);
+        return st;
+    }
+    return kpl__afile_commit(&a);
 }
 
 /* Exactly n bytes at the file's position: KPL_EFORMAT for a short file. */

@@ -1,10 +1,12 @@
 /*
- * fcos_loss.c — FCOS's locations, target assignment, training losses and
- * the decoding of its outputs into detections (detect_impl.h).  The assignment is plain loops on the host, over
- * locations x boxes of one image (a 128x128 input has 341 locations, an
- * 800x1333 one about 20 000); the losses run on the model's device.
+ * fcos_head.c — FCOS as a detector head (detector.h: kpl_detector_fcos):
+ * its locations, target assignment, training losses and the decoding of
+ * its outputs into detections (fcos_impl.h).  The assignment is plain
+ * loops on the host, over locations x boxes of one image (a 128x128 input
+ * has 341 locations, an 800x1333 one about 20 000); the losses run on the
+ * model's device.
  */
-#include "detect_impl.h"
+#include "fcos_impl.h"
 
 #include "vision.h"
 
@@ -102,8 +104,10 @@ static kpl_tensor *flatten_levels(const kpl_tensor_list *o, int first, int level
     return kpl_reshape(levels == 1 ? part[0] : kpl_concat(levels, part, 1), 2, flat);
 }
 
-kpl_tensor *kpl__host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
-                             const void *data)
+/* A pool-owned tensor of a copy of host data on dev (NULL on failure,
+ * kpl_last_status says why). */
+static kpl_tensor *host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
+                               const void *data)
 {
     kpl_tensor *x = NULL;
     if (kpl_tensor_from_data(dev, dt, ndim, shape, data, &x) < 0) return NULL;
@@ -112,7 +116,8 @@ kpl_tensor *kpl__host_tensor(kpl_device *dev, kpl_dtype dt, int ndim, const int6
 
 kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list *o, int64_t n,
                           const float *boxes, const int64_t *labels, const int64_t *nboxes,
-                          int64_t maxb, kpl_trainer *t, kpl_tensor **loss, int64_t *positives)
+                          int64_t maxb, const kpl_detector_ranks *ranks, kpl_tensor **loss,
+                          int64_t *positives)
 {
     int L = c->levels;
     KPL_CHECK(o->n == 3 * L, KPL_EINVAL, "fcos loss: %d outputs for %d levels (want %d)", o->n, L,
@@ -178,8 +183,8 @@ kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list 
     }
     /* the normalisers: each rank's, averaged over the ranks */
     double norm[2] = {(double)npos, ctr_sum};
-    int32_t world = t ? kpl_trainer_world(t) : 1;
-    if (t && world > 1 && (st = kpl_trainer_sum(t, norm, 2)) < 0) goto done;
+    int32_t world = ranks && ranks->sum ? ranks->world : 1;
+    if (world > 1 && (st = ranks->sum(ranks->ctx, norm, 2)) < 0) goto done;
     double num_pos = fmax(norm[0] / world, 1.0), ctr_norm = fmax(norm[1] / world, 1e-6);
 
     kpl_device *dev = kpl_tensor_device(o->t[0]);
@@ -188,7 +193,7 @@ kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list 
     int64_t flat1[1] = {NP};
     kpl_tensor *cen = kpl_reshape(flatten_levels(o, 2 * L, L, n, 1), 1, flat1);
     int64_t s2[2] = {NP, classes};
-    kpl_tensor *target = kpl__host_tensor(dev, KPL_F32, 2, s2, onehot);
+    kpl_tensor *target = host_tensor(dev, KPL_F32, 2, s2, onehot);
     loss[0] = kpl_scalar_op(KPL_BIN_DIV, kpl_sigmoid_focal_loss(logits, target, c->alpha,
                                                                 c->gamma, KPL_REDUCE_SUM),
                             num_pos, false);
@@ -197,10 +202,10 @@ kpl_status kpl__fcos_loss(const kpl__fcos_loss_config *c, const kpl_tensor_list 
         loss[2] = kpl_scalar_op(KPL_BIN_MUL, kpl_sum(cen, NULL, 0, false), 0, false);
     } else {
         int64_t sk[1] = {npos}, sk2[2] = {npos, 2}, sk4[2] = {npos, 4};
-        kpl_tensor *idx = kpl__host_tensor(dev, KPL_I64, 1, sk, pos_idx);
-        kpl_tensor *w = kpl__host_tensor(dev, KPL_F32, 1, sk, pos_ctr);
-        kpl_tensor *pts = kpl__host_tensor(dev, KPL_F32, 2, sk2, pos_xy);
-        kpl_tensor *gt = kpl__host_tensor(dev, KPL_F32, 2, sk4, pos_box);
+        kpl_tensor *idx = host_tensor(dev, KPL_I64, 1, sk, pos_idx);
+        kpl_tensor *w = host_tensor(dev, KPL_F32, 1, sk, pos_ctr);
+        kpl_tensor *pts = host_tensor(dev, KPL_F32, 2, sk2, pos_xy);
+        kpl_tensor *gt = host_tensor(dev, KPL_F32, 2, sk4, pos_box);
         kpl_tensor *pred = kpl_box_decode_ltrb(pts, kpl_index_select(reg, 0, idx));
         kpl_tensor *giou = kpl_box_giou_loss(pred, gt, KPL_REDUCE_NONE);
         loss[1] = kpl_scalar_op(KPL_BIN_DIV, kpl_sum(kpl_mul(giou, w), NULL, 0, false), ctr_norm,
@@ -301,9 +306,9 @@ int64_t kpl__fcos_detect_image(const kpl__fcos_decode_config *d, float *const *l
         kpl_device *cpu = kpl_device_cpu();
         int64_t s4[2] = {ncand, 4}, s1[1] = {ncand};
         kpl_tensor *keep = NULL;
-        st = kpl_batched_nms(kpl__host_tensor(cpu, KPL_F32, 2, s4, box),
-                             kpl__host_tensor(cpu, KPL_F32, 1, s1, score),
-                             kpl__host_tensor(cpu, KPL_I64, 1, s1, lab), d->nms_iou, &keep);
+        st = kpl_batched_nms(host_tensor(cpu, KPL_F32, 2, s4, box),
+                             host_tensor(cpu, KPL_F32, 1, s1, score),
+                             host_tensor(cpu, KPL_I64, 1, s1, lab), d->nms_iou, &keep);
         const int64_t *ki = st >= 0 ? kpl_tensor_host_data(keep) : NULL;
         kept = ki ? kpl_tensor_numel(keep) : 0;
         if (kept > d->max_dets) kept = d->max_dets;
@@ -315,3 +320,82 @@ int64_t kpl__fcos_detect_image(const kpl__fcos_decode_config *d, float *const *l
     free(cand), free(box), free(score), free(lab);
     return st < 0 ? st : kept;
 }
+
+/* ---- the head (detector.h) ------------------------------------------------------------------ */
+
+static kpl_status head_create(kpl_module *model, const kpl_keyvals *kv, const char *file,
+                              void **state)
+{
+    *state = NULL;
+    kpl__fcos_loss_config c = {0};
+    c.levels = kpl_fcos_strides(model, c.stride);
+    if (c.levels == 0) return KPL_ENOTFOUND; /* not an FCOS model: no message */
+    double bounds[KPL_FCOS_MAX_LEVELS];
+    int nb = 0;
+    KPL_TRY(kpl_key_floats(kv, "regress_ranges", bounds, KPL_FCOS_MAX_LEVELS, &nb));
+    KPL_CHECK(nb >= c.levels - 1, KPL_EINVAL, "%s: task.detection.regress_ranges: %d "
+              "boundaries for %d levels (want %d)", file, nb, c.levels, c.levels - 1);
+    for (int l = 0; l < c.levels; l++) {
+        c.lo[l] = l == 0 ? -1 : bounds[l - 1];
+        c.hi[l] = l == c.levels - 1 ? 1e8 : bounds[l];
+        KPL_CHECK(c.hi[l] > c.lo[l], KPL_EINVAL, "%s: task.detection.regress_ranges: "
+                  "boundaries must increase (%g then %g)", file, c.lo[l], c.hi[l]);
+    }
+    KPL_TRY(kpl_key_float(kv, "center_radius", &c.radius));
+    KPL_TRY(kpl_key_float(kv, "focal_alpha", &c.alpha));
+    KPL_TRY(kpl_key_float(kv, "focal_gamma", &c.gamma));
+    kpl__fcos_loss_config *s = malloc(sizeof *s);
+    KPL_CHECK(s, KPL_ENOMEM, "fcos: out of memory");
+    *s = c;
+    *state = s;
+    return KPL_OK;
+}
+
+static void head_destroy(void *state) { free(state); }
+
+static kpl_status head_loss(void *state, const kpl_tensor_list *o, const kpl_detector_targets *tg,
+                            const kpl_detector_ranks *ranks, kpl_tensor **loss)
+{
+    return kpl__fcos_loss(state, o, tg->n, tg->boxes, tg->labels, tg->nboxes, tg->maxb, ranks,
+                          loss, NULL);
+}
+
+static kpl_status head_decode(void *state, const kpl_tensor_list *o, const kpl_detector_decode *d,
+                              int64_t n, const double *img_hw, float *box, float *score,
+                              int64_t *label, int64_t *count)
+{
+    const kpl__fcos_loss_config *c = state;
+    int L = c->levels;
+    KPL_CHECK(o->n == 3 * L, KPL_EINVAL, "detection: the model gave %d outputs for %d levels",
+              o->n, L);
+    kpl__fcos_decode_config dc = {L, {0}, d->classes, d->topk, d->max_dets, d->score_thresh,
+                                  d->nms_iou};
+    memcpy(dc.stride, c->stride, sizeof dc.stride);
+    float *lc[KPL_FCOS_MAX_LEVELS], *lr[KPL_FCOS_MAX_LEVELS], *lz[KPL_FCOS_MAX_LEVELS];
+    int64_t hw[KPL_FCOS_MAX_LEVELS][2];
+    for (int l = 0; l < L; l++) { /* on the host, once for the batch */
+        lc[l] = (float *)kpl_tensor_host_data(o->t[l]);
+        lr[l] = (float *)kpl_tensor_host_data(o->t[L + l]);
+        lz[l] = (float *)kpl_tensor_host_data(o->t[2 * L + l]);
+        if (!lc[l] || !lr[l] || !lz[l]) return kpl_last_status();
+        hw[l][0] = kpl_tensor_dim(o->t[l], 2), hw[l][1] = kpl_tensor_dim(o->t[l], 3);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t k = kpl__fcos_detect_image(&dc, lc, lr, lz, hw, i, img_hw[2 * i],
+                                           img_hw[2 * i + 1], box + 4 * i * d->max_dets,
+                                           score + i * d->max_dets, label + i * d->max_dets);
+        if (k < 0) return (kpl_status)k;
+        count[i] = k;
+    }
+    return KPL_OK;
+}
+
+const kpl_detector_head kpl_detector_fcos = {
+    .name = "fcos",
+    .create = head_create,
+    .destroy = head_destroy,
+    .nlosses = 3,
+    .loss_names = {"loss_cls", "loss_box", "loss_ctr"},
+    .loss = head_loss,
+    .decode = head_decode,
+};

@@ -10,14 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The tasks whose inference is model 0's forward on an image batch. */
-static const char *output_name(const char *task)
-{
-    if (!strcmp(task, "classification")) return "logits";
-    if (!strcmp(task, "segmentation")) return "logits";
-    return NULL;
-}
-
 static json_t *floats(const float *v, int n)
 {
     json_t *a = json_array();
@@ -48,22 +40,26 @@ static char *info_json(kpl_trainer *t, const kpl_transform_config *tc, int64_t b
     return s;
 }
 
-kpl_status kpl__export_check(const kpl_recipe *r)
+kpl_status kpl_task_export_check(const kpl_task_kind *task)
 {
-    KPL_CHECK(output_name(r->task), KPL_EINVAL,
-              "task '%s' has no inference graph yet (classification and segmentation export "
-              "model 0's forward; a detector's boxes and a GAN's sampling are not graphs of an "
-              "image batch)",
-              r->task);
+    KPL_CHECK(task, KPL_EINVAL, "export: no task");
+    KPL_CHECK(task->export_output && task->export_output[0], KPL_EINVAL,
+              "task '%s' has no inference graph (its export_output is not set: the graph is "
+              "model 0's forward on an image batch; a detector's boxes and a GAN's sampling are "
+              "not)",
+              task->name ? task->name : "?");
     return KPL_OK;
 }
 
-kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fuse,
-                               const char *path, kpl_ir **out_ir)
+kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fuse,
+                              const char *path, kpl_ir **out_ir)
 {
+    KPL_CHECK(t, KPL_EINVAL, "kpl_trainer_export: NULL trainer");
+    if (out_ir) *out_ir = NULL;
     const kpl_recipe *r = t->r;
-    KPL_TRY(kpl__export_check(r));
-    const char *oname = output_name(r->task);
+    KPL_TRY(kpl_task_export_check(t->task));
+    KPL_CHECK(level >= 0 && level <= 3, KPL_EINVAL, "kpl export: level %d is not in [0, 3]", level);
+    const char *oname = t->task->export_output;
     KPL_CHECK(batch >= 1 && batch <= 65536, KPL_EINVAL, "kpl export: batch %lld is not in [1, 65536]",
               (long long)batch);
     kpl_module *m = kpl_trainer_model(t, 0);
@@ -91,12 +87,14 @@ kpl_status kpl__trainer_export(kpl_trainer *t, int64_t batch, int level, bool fu
     if (!x || (st = kpl_trace_begin()) < 0) {
         st = x ? st : kpl_last_status();
     } else {
-        kpl_tensor *y = kpl_module_forward(m, kpl_trace_input(x, "image"));
-        if (!y) {
-            st = kpl_last_status();
+        /* the forward's first output (an autoencoder's reconstruction,
+         * not its code) */
+        kpl_tensor_list in = {1, {kpl_trace_input(x, "image")}}, out = {0};
+        if ((st = kpl_module_forward_list(m, &in, &out)) < 0 || out.n < 1) {
+            st = st < 0 ? st : KPL_ERROR(KPL_EINVAL, "the forward gave no output");
             kpl_trace_abort();
         } else {
-            st = kpl_trace_end(1, &y, &oname, &ir);
+            st = kpl_trace_end(1, &out.t[0], &oname, &ir);
         }
     }
     kpl_set_grad_enabled(prev);

@@ -128,19 +128,20 @@ static void say_start(kpl_trainer *t)
                   kpl_get_num_threads() > 1 ? "s" : "", (long long)r->data.train.loader.batch_size,
                   (int)t->world, r->optimizer.accumulate > 1 ? " (with accumulation)" : "",
                   (long long)t->steps_per_epoch, t->run_dir);
-    if (r->precision != KPL_PRECISION_F32) {
-        kpl_dtype dt = r->precision == KPL_PRECISION_BF16 ? KPL_BF16 : KPL_F16;
+    if (r->precision != KPL_F32) {
+        kpl_dtype dt = r->precision;
+        const char *pname = dt == KPL_F16 ? "fp16" : kpl_dtype_name(dt); /* the recipe's word */
         bool native = kpl_precision_native(kpl_device_type_of(t->dev), dt);
         if (native)
             kpl__log_info(&t->log, "precision %s: convolutions and matmuls in %s (batch norm and "
                           "element-wise ops keep %s activations), statistics, reductions and "
                           "losses in f32%s",
-                          kpl_precision_name(r->precision), kpl_dtype_name(dt), kpl_dtype_name(dt),
-                          r->precision == KPL_PRECISION_FP16 ? " (dynamic loss scale)" : "");
+                          pname, kpl_dtype_name(dt), kpl_dtype_name(dt),
+                          r->precision == KPL_F16 ? " (dynamic loss scale)" : "");
         else
             kpl__log_warn(&t->log, "precision %s: %s has no native %s convolution or matmul "
                           "(%s); they compute in f32 and round, slower than precision f32",
-                          kpl_precision_name(r->precision), kpl_device_name(t->dev),
+                          pname, kpl_device_name(t->dev),
                           kpl_dtype_name(dt), kpl_device_type_of(t->dev) == KPL_DEVICE_CPU
                                                   ? kpl_cpu_math_info() : "cuda");
     }
@@ -422,8 +423,9 @@ int kpl_trainer_stop_signal(const kpl_trainer *t) { return t ? t->stop_sig : 0; 
 
 /* ---- kpl eval ---------------------------------------------------------------------------------- */
 
-kpl_status kpl__trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint)
+kpl_status kpl_trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint)
 {
+    KPL_CHECK(t && checkpoint, KPL_EINVAL, "kpl_trainer_eval_checkpoint: NULL argument");
     double t0 = kpl_seconds();
     kpl_eval_result e;
     kpl_status st = kpl_trainer_evaluate(t, &e);

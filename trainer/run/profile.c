@@ -59,8 +59,7 @@ struct kpl__prof {
     int32_t rank;
     int64_t wall_us;      /* CLOCK_REALTIME minus kpl_seconds(), in microseconds */
     double step_t0;
-    FILE *f;              /* the .tmp file while recording */
-    char path[PATH_MAX + 64], tmp[PATH_MAX + 72];
+    kpl__afile out;       /* the trace while recording (out.f; NULL: none) */
     int hook_model;       /* the model whose backward the hooks time, -1: none */
     groups g[KPL__MAX_MODELS];
     int *order;           /* scratch: the groups of a backward by time */
@@ -129,7 +128,7 @@ static void put_ts(FILE *f, const kpl__prof *p, double t)
 static void put_event(kpl__prof *p, char ph, int lane, const char *name, const char *suffix,
                       double t0, double t1, const char *args)
 {
-    FILE *f = p->f;
+    FILE *f = p->out.f;
     fputs(",\n{\"name\":\"", f);
     put_escaped(f, name);
     if (suffix) {
@@ -148,7 +147,7 @@ static void prof_span(kpl_trainer *t, int lane, const char *name, int model, dou
                       double t1, const char *args)
 {
     kpl__prof *p = t->prof;
-    if (!p->f) return;
+    if (!p->out.f) return;
     const char *suffix = t->nmodels > 1 && model >= 0 && model < t->nmodels ? t->models[model].name
                                                                             : NULL;
     put_event(p, 'X', lane, name, suffix, t0, t1, args);
@@ -195,18 +194,17 @@ static bool trace_open(kpl_trainer *t)
         kpl__log_warn(&t->log, "profile: %s; no trace", kpl_last_error());
         return false;
     }
-    snprintf(p->path, sizeof p->path, "%s/rank-%05d.trace.json", dir, (int)p->rank);
-    snprintf(p->tmp, sizeof p->tmp, "%s.tmp", p->path);
-    p->f = fopen(p->tmp, "w");
-    if (!p->f) {
-        kpl__log_warn(&t->log, "profile: cannot write %s: %s; no trace", p->tmp, strerror(errno));
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/rank-%05d.trace.json", dir, (int)p->rank);
+    if (kpl__afile_open(&p->out, path) < 0) {
+        kpl__log_warn(&t->log, "profile: %s; no trace", kpl_last_error());
         return false;
     }
-    setvbuf(p->f, NULL, _IOFBF, 1 << 16);
+    setvbuf(p->out.f, NULL, _IOFBF, 1 << 16);
     p->wall_us = wall_offset_us();
     char host[256] = "";
     if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown host");
-    FILE *f = p->f;
+    FILE *f = p->out.f;
     fputs("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n", f);
     fprintf(f, "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,\"args\":{\"name\":\"rank %d (",
             (int)p->rank, (int)p->rank);
@@ -232,18 +230,14 @@ static void trace_close(kpl_trainer *t)
     kpl__prof *p = t->prof;
     p->recording = false;
     p->done = true;
-    if (!p->f) return;
-    fputs("\n]}\n", p->f);
-    bool bad = ferror(p->f) != 0;
-    bad |= fclose(p->f) != 0;
-    p->f = NULL;
-    if (bad || rename(p->tmp, p->path) != 0) {
-        kpl__log_warn(&t->log, "profile: writing %s failed: %s", p->tmp, strerror(errno));
-        unlink(p->tmp);
+    if (!p->out.f) return;
+    fputs("\n]}\n", p->out.f);
+    if (kpl__afile_commit(&p->out) < 0) {
+        kpl__log_warn(&t->log, "profile: %s", kpl_last_error());
         return;
     }
     kpl__log_info(&t->log, "profile: steps %lld-%lld written to %s", (long long)p->from,
-                  (long long)p->step, p->path);
+                  (long long)p->step, p->out.path);
 }
 
 /* ---- steps ------------------------------------------------------------------------------------ */
@@ -353,7 +347,7 @@ void kpl__prof_backward_end(kpl_trainer *t, int model, double t0)
 void kpl__prof_buckets(kpl_trainer *t, int model)
 {
     kpl__prof *p = t->prof;
-    if (!p || !p->recording || !p->f || !t->models[model].ddp) return;
+    if (!p || !p->recording || !p->out.f || !t->models[model].ddp) return;
     int n = 0;
     const kpl_bucket_timing *bt = kpl_bucketer_timings(kpl_ddp_bucketer(t->models[model].ddp), &n);
     const char *suffix = t->nmodels > 1 ? t->models[model].name : NULL;
@@ -436,10 +430,7 @@ void kpl__prof_destroy(kpl_trainer *t)
 {
     kpl__prof *p = t->prof;
     if (!p) return;
-    if (p->f) { /* never closed (a failed run's destroy already flushed): drop it */
-        fclose(p->f);
-        unlink(p->tmp);
-    }
+    kpl__afile_abort(&p->out); /* never closed (a failed run): drop it */
     for (int k = 0; k < KPL__MAX_MODELS; k++) {
         free(p->g[k].name);
         free(p->g[k].count);

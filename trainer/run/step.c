@@ -159,14 +159,6 @@ kpl_status kpl_step_figure(kpl_step_result *r, const char *name, kpl_tensor *sum
  * keeps, and the reverse-mode GC frees as backward goes); then each
  * model's backward; then the figures, with grad mode off, where they are
  * (nothing waits for the device). */
-/* The autocast dtype of the recipe's precision. */
-static kpl_dtype precision_dtype(const kpl_recipe *r)
-{
-    return r->precision == KPL_PRECISION_BF16   ? KPL_BF16
-           : r->precision == KPL_PRECISION_FP16 ? KPL_F16
-                                                : KPL_F32;
-}
-
 /* A task's call under the recipe's precision (autocast, graph.h): its
  * forward runs mixed, its backward (autocast off inside) follows. */
 static kpl_status task_call(kpl_trainer *t, kpl_status (*fn)(kpl_trainer *, void *,
@@ -174,7 +166,7 @@ static kpl_status task_call(kpl_trainer *t, kpl_status (*fn)(kpl_trainer *, void
                             const kpl_batch *b)
 {
     kpl_dtype prev = KPL_F32;
-    KPL_TRY(kpl_set_autocast(precision_dtype(t->r), &prev));
+    KPL_TRY(kpl_set_autocast(t->r->precision, &prev));
     kpl_status st = fn(t, t->task_state, b);
     kpl_set_autocast(prev, NULL);
     return st;
@@ -303,7 +295,7 @@ static kpl_status update(kpl_trainer *t, int model)
     md->has_grad = false;
     bool skip_mode = r->loss.nonfinite == KPL_NONFINITE_SKIP;
     double norm = 0;
-    if (r->precision == KPL_PRECISION_FP16) {
+    if (r->precision == KPL_F16) {
         KPL_TRY(unscale(t, md, &norm));
         if (!isfinite(norm)) { /* an overflow: the scale has shrunk, the update is left out */
             t->scale_skips++;

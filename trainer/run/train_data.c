@@ -20,36 +20,6 @@ void kpl__data_split_path(const kpl_recipe *r, const kpl_recipe_split *s, char *
     else snprintf(buf, len, "%s/%s", r->data.root, s->path);
 }
 
-kpl_status kpl__mkdirs(const char *dir)
-{
-    char p[PATH_MAX];
-    snprintf(p, sizeof p, "%s", dir);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s) continue;
-        char c = *s;
-        *s = 0;
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return KPL_ERROR(KPL_EIO, "cannot create directory %s: %s", p, strerror(errno));
-        *s = c;
-        if (!c) break;
-    }
-    return KPL_OK;
-}
-
-/* The IDX files of a split: "test" is also found as t10k (the MNIST names). */
-static bool find_idx(const char *src, const char *split, char *images, char *labels, size_t len)
-{
-    const char *prefixes[2] = {split, !strcmp(split, "test") ? "t10k" : NULL};
-    const char *ext[2] = {".gz", ""};
-    for (int p = 0; p < 2 && prefixes[p]; p++)
-        for (int e = 0; e < 2; e++) {
-            snprintf(images, len, "%s/%s-images-idx3-ubyte%s", src, prefixes[p], ext[e]);
-            snprintf(labels, len, "%s/%s-labels-idx1-ubyte%s", src, prefixes[p], ext[e]);
-            if (access(images, R_OK) == 0 && access(labels, R_OK) == 0) return true;
-        }
-    return false;
-}
-
 static bool empty_dir(const char *dir)
 {
     DIR *d = opendir(dir);
@@ -140,75 +110,28 @@ static kpl_status convert_split(const kpl_recipe *r, const kpl_recipe_split *s, 
      * every image (COCO's and mmdetection's test mode) */
     o.drop_empty = o.drop_empty && s == &r->data.train;
     const char *src = r->data.convert.source;
-    int64_t n = 0, skipped = 0;
     double t0 = kpl_seconds();
-    kpl_convert_source from = r->data.convert.from;
+    const kpl_converter *c = kpl_converter_of(r->data.convert.from);
+    KPL_CHECK(c, KPL_EINVAL, "data.convert: no converter for source %d", (int)r->data.convert.from);
     /* the sources that hold several splits find one by the last part of
      * the split's path */
     const char *split = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
-    kpl__log_info(log, "data: converting %s from %s (%s), once", out, src,
-                  kpl_convert_source_name(from));
-    if (from == KPL_CONVERT_IDX) {
-        char images[PATH_MAX], labels[PATH_MAX];
-        KPL_CHECK(find_idx(src, split, images, labels, sizeof images), KPL_ENOTFOUND,
-                  "data.convert: no %s-images-idx3-ubyte[.gz] with its labels file in %s%s",
-                  split, src,
-                  access(src, F_OK) ? " (the directory does not exist; on Debian install "
-                                      "dataset-fashion-mnist, or run scripts/setup.sh)"
-                                    : "");
-        KPL_TRY(kpl_convert_idx(images, labels, out, &o, &n));
-    } else if (from == KPL_CONVERT_COCO || from == KPL_CONVERT_VOC) {
-        /* coco: source/<split>.json with its images in source/<split>/ (what
-         * `kpl data synth fmnist-det` writes); voc: source is the VOC root
-         * and <split> its ImageSets/Main list. */
-        kpl_detection_stats ds;
-        if (from == KPL_CONVERT_COCO) {
-            char json[PATH_MAX], dir[PATH_MAX];
-            snprintf(json, sizeof json, "%s/%s.json", src, split);
-            snprintf(dir, sizeof dir, "%s/%s", src, split);
-            KPL_TRY(kpl_convert_coco(json, dir, out, &o, &ds));
-        } else {
-            KPL_TRY(kpl_convert_voc(src, split, out, &o, &ds));
-        }
-        n = ds.images;
-        if (ds.skipped_images || ds.skipped_objects)
-            kpl__log_warn(log, "data: %s: %lld bad images and %lld bad objects left out "
-                          "(data.convert.skip_bad; each named above)", out,
-                          (long long)ds.skipped_images, (long long)ds.skipped_objects);
-        if (ds.dropped_empty)
-            kpl__log_info(log, "data: %s: %lld images without objects left out "
-                          "(data.convert.drop_empty)", out, (long long)ds.dropped_empty);
-    } else if (from == KPL_CONVERT_VOC_SEG || from == KPL_CONVERT_MASKS) {
-        /* voc-seg: source is the VOC root, <split> its ImageSets/Segmentation
-         * list; masks: source/<split>/images with source/<split>/masks, and
-         * source/classes.txt when there is one (what `kpl data synth
-         * fmnist-seg` writes). */
-        if (from == KPL_CONVERT_VOC_SEG) {
-            KPL_TRY(kpl_convert_voc_seg(src, split, NULL, out, &o, &n, &skipped));
-        } else {
-            char im[PATH_MAX], mk[PATH_MAX], cl[PATH_MAX];
-            snprintf(im, sizeof im, "%s/%s/images", src, split);
-            snprintf(mk, sizeof mk, "%s/%s/masks", src, split);
-            snprintf(cl, sizeof cl, "%s/classes.txt", src);
-            KPL_TRY(kpl_convert_masks(im, mk, access(cl, R_OK) ? NULL : cl, out, &o, &n,
-                                      &skipped));
-        }
-    } else if (from == KPL_CONVERT_CIFAR) {
-        /* source: the folder of either layout; <split> train, test or val */
-        KPL_TRY(kpl_convert_cifar(src, split, out, &o, &n));
-    } else {
-        char in[PATH_MAX];
-        snprintf(in, sizeof in, "%s/%s", src, s->path);
-        if (from == KPL_CONVERT_IMAGEFOLDER)
-            KPL_TRY(kpl_convert_imagefolder(in, out, &o, &n, &skipped));
-        else if (from == KPL_CONVERT_IMAGES)
-            KPL_TRY(kpl_convert_images(in, out, &o, &n, &skipped));
-        else KPL_TRY(kpl_convert_lmdb(in, out, &o, &n));
-    }
-    if (skipped)
+    kpl__log_info(log, "data: converting %s from %s (%s), once", out, src, c->name);
+    kpl_convert_result res = {0};
+    KPL_TRY(c->split(src, s->path, split, out, &o, &res));
+    const kpl_detection_stats *ds = &res.det;
+    if (ds->skipped_images || ds->skipped_objects)
+        kpl__log_warn(log, "data: %s: %lld bad images and %lld bad objects left out "
+                      "(data.convert.skip_bad; each named above)", out,
+                      (long long)ds->skipped_images, (long long)ds->skipped_objects);
+    if (ds->dropped_empty)
+        kpl__log_info(log, "data: %s: %lld images without objects left out "
+                      "(data.convert.drop_empty)", out, (long long)ds->dropped_empty);
+    if (res.skipped)
         kpl__log_warn(log, "data: %s: %lld bad images left out (data.convert.skip_bad; each named "
-                      "above)", out, (long long)skipped);
-    kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)n, kpl_seconds() - t0);
+                      "above)", out, (long long)res.skipped);
+    kpl__log_info(log, "data: %s: %lld examples in %.1f s", out, (long long)res.examples,
+                  kpl_seconds() - t0);
     return KPL_OK;
 }
 

@@ -194,7 +194,7 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
 static void restore_scale(kpl_trainer *t, kpl__model *md, const json_t *scales)
 {
     json_t *v = json_object_get(scales, md->name);
-    if (t->r->precision != KPL_PRECISION_FP16 || !json_is_array(v) || json_array_size(v) != 2)
+    if (t->r->precision != KPL_F16 || !json_is_array(v) || json_array_size(v) != 2)
         return;
     json_t *s = json_array_get(v, 0), *g = json_array_get(v, 1);
     if (json_is_number(s) && json_number_value(s) > 0) md->scale = json_number_value(s);
@@ -331,7 +331,7 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
     json_object_set_new(train, "lr", json_real(kpl_optim_lr(t->models[0].opt)));
     json_object_set_new(train, "eval_pending", json_boolean(t->eval_pending));
     json_object_set_new(train, "skipped_steps", json_integer(t->skipped_steps));
-    if (t->r->precision == KPL_PRECISION_FP16) {
+    if (t->r->precision == KPL_F16) {
         json_t *scales = json_object();
         for (int k = 0; k < t->nmodels; k++)
             json_object_set_new(scales, t->models[k].name,

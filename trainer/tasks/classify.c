@@ -210,4 +210,5 @@ const kpl_task_kind kpl_task_classification = {
     .eval_report = eval_report,
     .keys = keys,
     .needs = needs,
+    .export_output = "logits",
 };

@@ -1,24 +1,24 @@
 /*
- * detect.c — the detection task: FCOS (Tian et al. 2019) on a model whose
- * head is kpl_nn_fcos_head (the zoo's "fcos"), trained with the focal,
- * GIoU and centerness losses (kpl__fcos_loss), evaluated with COCO's
- * figures (cocoeval.h) over every rank's detections, gathered to each.
+ * detect.c — the detection task: a model of the zoo whose detector head
+ * (detector.h; FCOS, Tian et al. 2019, is kpl's: nn/fcos_head.c) gives its
+ * losses and its detections, evaluated with COCO's figures (cocoeval.h)
+ * over every rank's detections, gathered to each.
  *
- *   training    targets assigned on the host per image, the losses on the
- *               device (fcos_loss.c)
- *   evaluation  per level: score sqrt(sigmoid(class) x sigmoid(centerness))
- *               above score_thresh, the pre_nms_topk best, boxes decoded
- *               and clipped to the image, class-wise NMS, the max_dets
- *               best; mapped back to the stored image's pixels and scored
+ *   training    the head's losses from the batch's boxes (FCOS: targets
+ *               assigned on the host per image, the losses on the device)
+ *   evaluation  the head's detections of each image (FCOS: per level,
+ *               score sqrt(sigmoid(class) x sigmoid(centerness)) above
+ *               score_thresh, the pre_nms_topk best, boxes decoded and
+ *               clipped to the image, class-wise NMS, the max_dets best);
+ *               mapped back to the stored image's pixels and scored
  *               against the validation split's own records (image_id,
  *               boxes, category_ids, iscrowd, area), so a split converted
  *               from COCO is scored as pycocotools scores the JSON it came
  *               from.  The detections are written as a COCO results file.
  */
-#include "detect_impl.h"
-
 #include "cocoeval.h"
-#include "vision.h"
+#include "detector.h"
+#include "trainer.h"
 
 #include <jansson.h>
 #include <math.h>
@@ -39,7 +39,8 @@ typedef struct {
 } tb_image;
 
 typedef struct {
-    kpl__fcos_loss_config loss;
+    const kpl_detector_head *head;
+    void *head_state;
     int64_t classes, topk, max_dets, tb_images;
     double score_thresh, nms_iou;
     const char *save;
@@ -75,6 +76,7 @@ static void destroy(void *state)
     detect *d = state;
     if (!d) return;
     kpl_coco_gt_destroy(d->gt);
+    if (d->head) d->head->destroy(d->head_state);
     free(d->image_id), free(d->category), free(d->dets), free(d->gt_ex), free(d->mine);
     tb_free(d);
     free(d);
@@ -122,30 +124,26 @@ static kpl_status create(kpl_trainer *t, void **state)
     d->classes = r->model.num_classes;
     kpl_module *m = NULL;
     KPL_TRY(kpl_zoo_create(&mc, kpl_trainer_device(t), (uint64_t)r->seed, &m));
-    kpl__fcos_loss_config *c = &d->loss;
-    c->levels = kpl_fcos_strides(m, c->stride);
-    if (c->levels == 0) {
+    /* the first head that takes the model on */
+    kpl_status st = KPL_ENOTFOUND;
+    for (int i = 0; st == KPL_ENOTFOUND && i < kpl_detector_head_count(); i++) {
+        d->head = kpl_detector_head_at(i);
+        st = d->head->create(m, kv, file, &d->head_state);
+    }
+    if (st < 0) {
+        d->head = NULL;
         kpl_module_destroy(m);
-        return KPL_ERROR(KPL_EINVAL, "%s: model.name: the detection task trains FCOS, and model "
-                         "'%s' has no FCOS head (use fcos)", file, mc.name);
+        if (st != KPL_ENOTFOUND) return st;
+        char heads[200] = "";
+        for (int i = 0; i < kpl_detector_head_count(); i++)
+            snprintf(heads + strlen(heads), sizeof heads - strlen(heads), "%s%s", i ? ", " : "",
+                     kpl_detector_head_at(i)->name);
+        return KPL_ERROR(KPL_EINVAL, "%s: model.name: model '%s' has no detector head the "
+                         "detection task knows (%s; detector.h)", file, mc.name, heads);
     }
     char label[64];
-    snprintf(label, sizeof label, "fcos_r%lld", (long long)(mc.depth ? mc.depth : 50));
+    snprintf(label, sizeof label, "%s_r%lld", d->head->name, (long long)(mc.depth ? mc.depth : 50));
     KPL_TRY(kpl_trainer_add_model(t, "model", label, m, NULL, NULL));
-    double bounds[KPL_FCOS_MAX_LEVELS];
-    int nb = 0;
-    KPL_TRY(kpl_key_floats(kv, "regress_ranges", bounds, KPL_FCOS_MAX_LEVELS, &nb));
-    KPL_CHECK(nb >= c->levels - 1, KPL_EINVAL, "%s: task.detection.regress_ranges: %d "
-              "boundaries for %d levels (want %d)", file, nb, c->levels, c->levels - 1);
-    for (int l = 0; l < c->levels; l++) {
-        c->lo[l] = l == 0 ? -1 : bounds[l - 1];
-        c->hi[l] = l == c->levels - 1 ? 1e8 : bounds[l];
-        KPL_CHECK(c->hi[l] > c->lo[l], KPL_EINVAL, "%s: task.detection.regress_ranges: "
-                  "boundaries must increase (%g then %g)", file, c->lo[l], c->hi[l]);
-    }
-    KPL_TRY(kpl_key_float(kv, "center_radius", &c->radius));
-    KPL_TRY(kpl_key_float(kv, "focal_alpha", &c->alpha));
-    KPL_TRY(kpl_key_float(kv, "focal_gamma", &c->gamma));
     KPL_TRY(kpl_key_float(kv, "score_thresh", &d->score_thresh));
     KPL_TRY(kpl_key_float(kv, "nms_iou", &d->nms_iou));
     KPL_TRY(kpl_key_int(kv, "pre_nms_topk", &d->topk));
@@ -200,6 +198,9 @@ static kpl_status forward(kpl_trainer *t, const kpl_batch *b, kpl_tensor_list *o
     return x ? kpl_module_forward_list(kpl_trainer_model(t, 0), &in, o) : kpl_last_status();
 }
 
+/* The head's sums over the ranks (kpl_detector_ranks). */
+static kpl_status rank_sum(void *ctx, double *v, int n) { return kpl_trainer_sum(ctx, v, n); }
+
 static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
                              kpl_step_result *out)
 {
@@ -210,14 +211,16 @@ static kpl_status train_step(kpl_trainer *t, void *state, const kpl_batch *b,
     KPL_TRY(batch_targets(b, &boxes, &labels, &nboxes, &maxb));
     kpl_tensor_list o;
     KPL_TRY(forward(t, b, &o));
-    kpl_tensor *loss[3];
-    int64_t npos = 0;
-    KPL_TRY(kpl__fcos_loss(&d->loss, &o, b->size, boxes, labels, nboxes, maxb, t, loss, &npos));
-    out->loss[0] = kpl_add(kpl_add(loss[0], loss[1]), loss[2]);
-    static const char *const names[3] = {"loss_cls", "loss_box", "loss_ctr"};
+    kpl_tensor *loss[4] = {NULL};
+    kpl_detector_targets tg = {b->size, maxb, boxes, labels, nboxes};
+    kpl_detector_ranks ranks = {rank_sum, t, kpl_trainer_world(t)};
+    const kpl_detector_head *h = d->head;
+    KPL_TRY(h->loss(d->head_state, &o, &tg, &ranks, loss));
+    out->loss[0] = loss[0];
+    for (int k = 1; k < h->nlosses; k++) out->loss[0] = kpl_add(out->loss[0], loss[k]);
     double n = (double)b->size;
-    for (int k = 0; k < 3; k++)
-        KPL_TRY(kpl_step_figure(out, names[k],
+    for (int k = 0; k < h->nlosses; k++)
+        KPL_TRY(kpl_step_figure(out, h->loss_names[k],
                                 kpl_scalar_op(KPL_BIN_MUL, kpl_detach(loss[k]), n, false), n));
     return out->loss[0] ? KPL_OK : kpl_last_status();
 }
@@ -516,13 +519,7 @@ static kpl_status keep_tb_image(kpl_trainer *t, detect *d, const kpl_batch *b, i
     ti->label = malloc((size_t)(nb + ndraw + 1) * sizeof *ti->label);
     d->ntb++;
     KPL_CHECK(ti->rgb && ti->box && ti->label, KPL_ENOMEM, "eval: out of memory");
-    for (int y = 0; y < h; y++)
-        for (int xx = 0; xx < w; xx++)
-            for (int c = 0; c < 3; c++) {
-                int64_t cc = C == 3 ? c : 0;
-                double v = img[((i * C + cc) * H + y) * W + xx] * x->std[cc] + x->mean[cc];
-                ti->rgb[((size_t)y * w + xx) * 3 + c] = (uint8_t)fmin(fmax(v * 255 + 0.5, 0), 255);
-            }
+    kpl_tb_rgb8(img, C, H, W, i, h, w, x->std, x->mean, ti->rgb, w);
     memcpy(ti->box, gtb, (size_t)nb * 4 * sizeof *gtb);
     memcpy(ti->label, gtl, (size_t)nb * sizeof *gtl);
     memcpy(ti->box + 4 * nb, db, (size_t)ndraw * 4 * sizeof *db);
@@ -533,22 +530,8 @@ static kpl_status keep_tb_image(kpl_trainer *t, detect *d, const kpl_batch *b, i
 static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
 {
     detect *d = state;
-    int L = d->loss.levels;
     kpl_tensor_list o;
     KPL_TRY(forward(t, b, &o));
-    KPL_CHECK(o.n == 3 * L, KPL_EINVAL, "detection: the model gave %d outputs for %d levels", o.n, L);
-    kpl__fcos_decode_config dc = {L, {0}, d->classes, d->topk, d->max_dets, d->score_thresh,
-                                  d->nms_iou};
-    memcpy(dc.stride, d->loss.stride, sizeof dc.stride);
-    float *lc[KPL_FCOS_MAX_LEVELS], *lr[KPL_FCOS_MAX_LEVELS], *lz[KPL_FCOS_MAX_LEVELS];
-    int64_t hw[KPL_FCOS_MAX_LEVELS][2];
-    for (int l = 0; l < L; l++) {
-        lc[l] = (float *)kpl_tensor_host_data(o.t[l]);
-        lr[l] = (float *)kpl_tensor_host_data(o.t[L + l]);
-        lz[l] = (float *)kpl_tensor_host_data(o.t[2 * L + l]);
-        if (!lc[l] || !lr[l] || !lz[l]) return kpl_last_status();
-        hw[l][0] = kpl_tensor_dim(o.t[l], 2), hw[l][1] = kpl_tensor_dim(o.t[l], 3);
-    }
     const int64_t *ex = kpl_tensor_host_data(b->example);
     const int64_t *isz = kpl_tensor_host_data(kpl_batch_get(b, "image_size"));
     const int64_t *osz = kpl_tensor_host_data(kpl_batch_get(b, "orig_size"));
@@ -557,11 +540,21 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
     int64_t maxb = 0;
     KPL_TRY(batch_targets(b, &gtb, &gtl, &gtn, &maxb));
     int64_t Hb = kpl_tensor_dim(b->image, 2), Wb = kpl_tensor_dim(b->image, 3);
-    float *box = malloc((size_t)d->max_dets * 4 * sizeof *box);
-    float *score = malloc((size_t)d->max_dets * sizeof *score);
-    int64_t *lab = malloc((size_t)d->max_dets * sizeof *lab);
-    kpl_status st = box && score && lab && ex ? KPL_OK
-                    : KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    size_t nd = (size_t)(b->size * d->max_dets);
+    float *boxes = malloc(nd * 4 * sizeof *boxes), *scores = malloc(nd * sizeof *scores);
+    int64_t *labs = malloc(nd * sizeof *labs), *count = malloc((size_t)b->size * sizeof *count);
+    double *img_hw = malloc((size_t)b->size * 2 * sizeof *img_hw);
+    kpl_status st = boxes && scores && labs && count && img_hw && ex
+                        ? KPL_OK
+                        : KPL_ERROR(KPL_ENOMEM, "eval: out of memory");
+    /* each image's own size (keep_ratio), else the batch's */
+    for (int64_t i = 0; st >= 0 && i < b->size; i++) {
+        img_hw[2 * i] = isz ? (double)isz[2 * i] : (double)Hb;
+        img_hw[2 * i + 1] = isz ? (double)isz[2 * i + 1] : (double)Wb;
+    }
+    kpl_detector_decode dc = {d->classes, d->topk, d->max_dets, d->score_thresh, d->nms_iou};
+    if (st >= 0)
+        st = d->head->decode(d->head_state, &o, &dc, b->size, img_hw, boxes, scores, labs, count);
     bool tb = kpl_trainer_rank(t) == 0;
     for (int64_t i = 0; st >= 0 && i < b->size; i++) {
         if (!kpl_trainer_eval_counts(t, b, i)) continue; /* a repeat */
@@ -572,14 +565,11 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
             break;
         }
         if ((st = add_mine(d, e)) < 0) break;
-        /* the image's own size (keep_ratio), else the batch's */
-        double ih = isz ? (double)isz[2 * i] : (double)Hb, iw = isz ? (double)isz[2 * i + 1] : (double)Wb;
+        double ih = img_hw[2 * i], iw = img_hw[2 * i + 1];
         double oh = osz ? (double)osz[2 * i] : ih, ow = osz ? (double)osz[2 * i + 1] : iw;
-        int64_t k = kpl__fcos_detect_image(&dc, lc, lr, lz, hw, i, ih, iw, box, score, lab);
-        if (k < 0) {
-            st = (kpl_status)k;
-            break;
-        }
+        int64_t k = count[i];
+        const float *box = boxes + 4 * i * d->max_dets, *score = scores + i * d->max_dets;
+        const int64_t *lab = labs + i * d->max_dets;
         double sx = ow / iw, sy = oh / ih;
         for (int64_t j = 0; st >= 0 && j < k; j++) {
             const float *p = box + 4 * j;
@@ -592,7 +582,7 @@ static kpl_status eval_batch(kpl_trainer *t, void *state, const kpl_batch *b)
             st = keep_tb_image(t, d, b, i, (int)ih, (int)iw, gtn[i], gtb + i * maxb * 4,
                                gtl + i * maxb, k, box, lab, score);
     }
-    free(box), free(score), free(lab);
+    free(boxes), free(scores), free(labs), free(count), free(img_hw);
     return st;
 }
 
@@ -643,13 +633,10 @@ static kpl_status eval_end(kpl_trainer *t, void *state, kpl_eval_result *res)
     int64_t n = (int64_t)(total / sizeof *dets);
     const char *dir = kpl_trainer_run_dir(t);
     if (st >= 0 && kpl_trainer_rank(t) == 0 && (d->save[0] || dir[0])) {
-        char path[4096], tmp[4200];
+        char path[4096];
         if (d->save[0]) snprintf(path, sizeof path, "%s", d->save);
         else snprintf(path, sizeof path, "%s/detections.json", dir);
-        snprintf(tmp, sizeof tmp, "%s.tmp", path);
-        st = kpl_coco_dets_save(tmp, dets, n);
-        if (st >= 0 && rename(tmp, path) != 0)
-            st = KPL_ERROR(KPL_EIO, "eval: cannot rename %s to %s", tmp, path);
+        st = kpl_coco_dets_save(path, dets, n); /* whole or not at all */
     }
     free(all);
     KPL_TRY(st);

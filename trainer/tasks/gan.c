@@ -591,15 +591,11 @@ static kpl_status make_grid(kpl_trainer *t, gan *s)
     int gh = (int)(rows * (H + 2) + 2), gw = (int)(cols * (W + 2) + 2);
     uint8_t *g = st >= 0 ? calloc((size_t)gh * gw * 3, 1) : NULL;
     if (st >= 0 && !g) st = KPL_ERROR(KPL_ENOMEM, "gan: out of memory");
+    static const float half[3] = {0.5f, 0.5f, 0.5f}; /* tanh's [-1, 1] to [0, 1] */
     for (int64_t k = 0; st >= 0 && k < rows * cols; k++) {
         int64_t y0 = 2 + (k / cols) * (H + 2), x0 = 2 + (k % cols) * (W + 2);
-        for (int64_t y = 0; y < H; y++)
-            for (int64_t x = 0; x < W; x++)
-                for (int c = 0; c < 3; c++) {
-                    double v = px[((k * C + (C == 3 ? c : 0)) * H + y) * W + x];
-                    g[((size_t)(y0 + y) * gw + (size_t)(x0 + x)) * 3 + c] =
-                        (uint8_t)fmin(fmax((v + 1) * 127.5 + 0.5, 0), 255);
-                }
+        kpl_tb_rgb8(px, C, H, W, k, (int)H, (int)W, half, half,
+                    g + ((size_t)y0 * (size_t)gw + (size_t)x0) * 3, gw);
     }
     kpl_pool_pop(p);
     if (st < 0) {

@@ -496,13 +496,9 @@ static kpl_status keep_tb_image(kpl_trainer *t, segment *s, const kpl_batch *b, 
     ti->gt = malloc((size_t)h * w);
     ti->pred = malloc((size_t)h * w);
     KPL_CHECK(ti->rgb && ti->gt && ti->pred, KPL_ENOMEM, "eval: out of memory");
+    kpl_tb_rgb8(img, C, H, W, i, h, w, x->std, x->mean, ti->rgb, w);
     for (int y = 0; y < h; y++)
         for (int xx = 0; xx < w; xx++) {
-            for (int c = 0; c < 3; c++) {
-                int64_t cc = C == 3 ? c : 0;
-                double v = img[((i * C + cc) * H + y) * W + xx] * x->std[cc] + x->mean[cc];
-                ti->rgb[((size_t)y * w + xx) * 3 + c] = (uint8_t)fmin(fmax(v * 255 + 0.5, 0), 255);
-            }
             ti->gt[(size_t)y * w + xx] = m[(i * H + y) * W + xx];
             ti->pred[(size_t)y * w + xx] = (uint8_t)pred[(i * H + y) * W + xx];
         }
@@ -662,4 +658,5 @@ const kpl_task_kind kpl_task_segmentation = {
     .keys = keys,
     .needs = needs,
     .check = check,
+    .export_output = "logits",
 };
