@@ -414,7 +414,7 @@ G(CUSTOM)
         if (st >= 0)
             return KPL_ERROR(KPL_EINVAL, "backward of custom op '%s' returned NULL without an "
                                          "error", name);
-        return kpl__error_prefix(st, "backward of custom op '%s': ", name);
+        return kpl_error_prefix(st, "backward of custom op '%s': ", name);
     }
     int64_t xs[KPL_MAX_DIMS];
     int nd = kpl_node_input_shape(n, 0, xs);

@@ -396,7 +396,7 @@ static kpl_status fresh_dir(const char *name, const char *dir)
                   "a new or empty directory", name, dir);
         return KPL_OK;
     }
-    if (kpl__mkdirs(dir) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", name);
+    if (kpl__mkdirs(dir) < 0) return kpl_error_prefix(kpl_last_status(), "%s: ", name);
     return KPL_OK;
 }
 

@@ -488,12 +488,12 @@ kpl_status kpl_exec_run(kpl_exec *ex)
         for (int j = 0; j < n->nin; j++) in[j] = n->in[j] >= 0 ? ex->t[n->in[j]] : NULL;
         for (int j = 0; j < n->nout; j++) out[j] = ex->t[n->out[j]];
         kpl_status st = kpl__ir_run_node(n, in, out);
-        if (st < 0) return kpl__error_prefix(st, "graph node %d (%s): ", i, kpl_op_name(n->op));
+        if (st < 0) return kpl_error_prefix(st, "graph node %d (%s): ", i, kpl_op_name(n->op));
     }
     for (int k = 0; k < ir->nupdates; k++) {
         if (!ex->upd_copy[k]) continue; /* computed in the parameter's bytes */
         kpl_status st = kpl_k_copy(ex->t[ir->upd_param[k]], ex->t[ir->upd_value[k]]);
-        if (st < 0) return kpl__error_prefix(st, "graph update %d: ", k);
+        if (st < 0) return kpl_error_prefix(st, "graph update %d: ", k);
     }
     return KPL_OK;
 }

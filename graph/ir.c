@@ -297,7 +297,7 @@ kpl_status kpl_ir_check(const kpl_ir *ir)
         int64_t sh[KPL_IR_MAX_OUT][KPL_MAX_DIMS];
         kpl_dtype dt[KPL_IR_MAX_OUT];
         if ((st = kpl__ir_infer(ir, n, nd, sh, dt)) < 0) {
-            kpl__error_prefix(st, "ir_check: node %d: ", i);
+            kpl_error_prefix(st, "ir_check: node %d: ", i);
             goto out;
         }
         for (int j = 0; j < n->nout; j++) {

@@ -192,7 +192,7 @@ static kpl_status fold_node(kpl_ir *ir, int i)
     }
     if (st < 0) {
         for (int j = 0; j < n->nout; j++) kpl_tensor_release(out[j]);
-        return kpl__error_prefix(st, "constant folding of node %d (%s): ", i, kpl_op_name(n->op));
+        return kpl_error_prefix(st, "constant folding of node %d (%s): ", i, kpl_op_name(n->op));
     }
     for (int j = 0; j < n->nout; j++) make_const(ir, n->out[j], out[j]);
     return KPL_OK;

@@ -992,6 +992,12 @@ float kpl_f16_to_f32(uint16_t h);
 uint16_t kpl_f32_to_bf16(float f);
 float kpl_bf16_to_f32(uint16_t h);
 
+/* Puts a formatted head before this thread's message (which keeps its
+ * "[file:line]") and returns st: a caller naming itself in a callee's
+ * error, "module layer1.0.conv1 (conv2d): ", "task.gan.fid_network: ". */
+kpl_status kpl_error_prefix(kpl_status st, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
 /* CRC32C (Castagnoli, RFC 3720) of n bytes, continuing `crc` (0 to start):
  * the checksum of KPLRecord files, checkpoints and TensorBoard records.
  * SSE4.2 when the CPU has it.  Thread-safe. */
@@ -1016,11 +1022,6 @@ static inline size_t kpl__hash_ptr(const void *p, size_t cap)
     return (size_t)x & (cap - 1);
 }
 
-/* Puts a formatted head before the thread's message (which keeps its
- * "[file:line]") and sets st: a caller naming itself in a callee's error,
- * "module layer1.0.conv1 (conv2d): ". */
-kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
 
 /* All n bytes of buf to fd (short writes and EINTR continued): KPL_EIO
  * naming path and errno otherwise.  The one such helper of every module. */

@@ -69,7 +69,7 @@ kpl_status kpl_error_at(kpl_status st, const char *file, int line,
     return st;
 }
 
-kpl_status kpl__error_prefix(kpl_status st, const char *fmt, ...)
+kpl_status kpl_error_prefix(kpl_status st, const char *fmt, ...)
 {
     char head[256], old[sizeof tl_msg];
     va_list ap;

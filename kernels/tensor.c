@@ -225,7 +225,7 @@ bool kpl_tensor_shares_storage(const kpl_tensor *a, const kpl_tensor *b)
 static void *null_tensor(const char *what)
 {
     if (kpl_last_status() < 0)
-        kpl__error_prefix(kpl_last_status(), "%s: NULL tensor, from a failed op: ", what);
+        kpl_error_prefix(kpl_last_status(), "%s: NULL tensor, from a failed op: ", what);
     else
         KPL_ERROR(KPL_EINVAL, "%s: NULL tensor (a batch feature not asked for, or an unset "
                   "result?)", what);

@@ -54,6 +54,9 @@ kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name);
 /* Copies the tensor called name into dst (any device): KPL_ENOTFOUND,
  * KPL_EDTYPE or KPL_ESHAPE naming the file, the tensor and both shapes. */
 kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst);
+/* kpl_checkpoint_restore's checks alone: the tensor called name exists
+ * with like's dtype and shape (its errors otherwise); nothing is copied. */
+kpl_status kpl_checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *like);
 
 /* ---- state dicts: module trees in checkpoints --------------------------------------------- */
 /*

@@ -142,6 +142,12 @@ bool kpl_module_frozen(const kpl_module *m);
 kpl_status kpl_module_set_requires_grad(kpl_module *m, bool on);
 
 /* ---- forward ---------------------------------------------------------------------------- */
+/* m run once on a zero f32 input of `shape` (on its device; eval mode, no
+ * gradient, nothing kept, its mode restored): the shape of its first
+ * output (out_shape holds KPL_MAX_DIMS), or the error of the forward.  How
+ * a task checks at start-up that a model takes what it will be given. */
+kpl_status kpl_module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
+                            int64_t *out_shape);
 /* Runs m's kind on in, filling out.  A failure deep in a tree names the
  * leaf module's path and kind before the op's message. */
 kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in,

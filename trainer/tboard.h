@@ -43,6 +43,11 @@ kpl_status kpl_tb_add_image(kpl_tb_writer *w, const char *tag, int64_t step, int
  * of samples). */
 void kpl_tb_rgb8(const float *x, int64_t C, int64_t H, int64_t W, int64_t i, int h, int w,
                  const float *scale, const float *shift, uint8_t *rgb, int64_t row_pixels);
+/* Writes an 8-bit gray (channels 1) or RGB (3) image of h x w pixels as a
+ * PNG file at path, whole or not at all (through path.tmp and a rename);
+ * errors name `what` and the file. */
+kpl_status kpl_tb_png_write(const char *path, int h, int w, int channels, const uint8_t *px,
+                            const char *what);
 /* Writes the buffered events to the file (no fsync). */
 kpl_status kpl_tb_flush(kpl_tb_writer *w);
 /* Flushes, closes and frees; NULL is a no-op. */

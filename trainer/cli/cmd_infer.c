@@ -222,7 +222,7 @@ static kpl_status image_file(infer *in, const char *path)
     if (st == KPL_OK) st = kpl_transform_image(&in->tc, buf, len, row);
     kpl_tensor_release(row);
     free(buf);
-    if (st < 0) return kpl__error_prefix(st, "%s: ", path);
+    if (st < 0) return kpl_error_prefix(st, "%s: ", path);
     return add_row(in, path, -1);
 }
 

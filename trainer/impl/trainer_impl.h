@@ -31,11 +31,6 @@ kpl_status kpl__tb_encode_scalar(uint8_t *buf, const char *tag, int64_t step, do
 kpl_status kpl__tb_encode_image(const char *tag, int64_t step, int height, int width,
                                 int channels, const uint8_t *png, size_t png_len,
                                 double wall_time, uint8_t **out, size_t *len);
-/* Writes an 8-bit gray (channels 1) or RGB (3) image of h x w pixels as a
- * PNG at path, through path.tmp and a rename (a reader never sees half a
- * file); errors name `what` and the file. */
-kpl_status kpl__png_write(const char *path, int h, int w, int channels, const uint8_t *px,
-                          const char *what);
 
 /* ---- recipes (recipe.c) and tasks (task_classify.c) ---- */
 
@@ -55,12 +50,6 @@ kpl_status kpl__weights_check(const struct kpl_checkpoint *c, const char *path);
 /* The first NaN or inf element of a floating CPU tensor; -1 when there is
  * none (and for other dtypes). */
 int64_t kpl__tensor_nonfinite(kpl_tensor *t);
-/* m run once on a zero f32 input of `shape` (on its device; eval mode, no
- * gradient, nothing kept, its mode restored): the shape of its first
- * output, or the error of the forward.  How a task checks at start-up
- * that a model takes what it will be given. */
-kpl_status kpl__module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
-                             int64_t *out_shape);
 /* Whether a dotted name is one of kpl's own recipe keys ("model.num_classes"). */
 bool kpl__rc_is_field(const char *path);
 /* The names of the zoo's models known, "mlp, lenet, ...". */
@@ -159,12 +148,9 @@ kpl_status kpl__keys_declared_ok(const kpl_key *keys, const char *section);
 /* ---- checkpoint files (checkpoint.c) ---- */
 
 /* DIR/ckpt-<step, 10 digits>.kpl */
-/* kpl_checkpoint_restore's checks alone: the tensor exists with dst's
- * dtype and shape (errors as restore's). */
 /* kpl_checkpoint_save, with the completion marker PATH.done or without
  * (a file that is not a run's checkpoint: a model file). */
 kpl_status kpl__checkpoint_write(kpl_checkpoint *c, const char *path, bool marker);
-kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst);
 void kpl__checkpoint_path(const char *dir, int64_t step, char *path, size_t len);
 /* The steps of DIR's complete checkpoints (those with a marker), ascending;
  * *count <= max.  A missing DIR has none. */

@@ -125,11 +125,11 @@ kpl_tensor *kpl_checkpoint_find(const kpl_checkpoint *c, const char *name)
 
 kpl_status kpl_checkpoint_restore(const kpl_checkpoint *c, const char *name, kpl_tensor *dst)
 {
-    KPL_TRY(kpl__checkpoint_check(c, name, dst));
+    KPL_TRY(kpl_checkpoint_check(c, name, dst));
     return kpl_k_copy(dst, kpl_checkpoint_find(c, name));
 }
 
-kpl_status kpl__checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst)
+kpl_status kpl_checkpoint_check(const kpl_checkpoint *c, const char *name, const kpl_tensor *dst)
 {
     kpl_tensor *t = kpl_checkpoint_find(c, name);
     const char *file = c->path[0] ? c->path : "checkpoint";

@@ -82,7 +82,7 @@ typedef struct {
     int node;
 } where;
 
-#define BAD(w, ...) kpl__error_prefix(KPL_ERROR(KPL_EFORMAT, __VA_ARGS__), "%s: node %d: ", (w)->path, (w)->node)
+#define BAD(w, ...) kpl_error_prefix(KPL_ERROR(KPL_EFORMAT, __VA_ARGS__), "%s: node %d: ", (w)->path, (w)->node)
 
 static kpl_status get_ints(const where *w, json_t *o, const char *key, int *v, int n, int lo,
                            int hi)
@@ -313,12 +313,12 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
         kpl_tensor *own = NULL;
         if (data && (kpl_tensor_empty_like(data, &own) < 0 || kpl_k_copy(own, data) < 0)) {
             kpl_tensor_release(own);
-            return kpl__error_prefix(kpl_last_status(), "%s: ", path);
+            return kpl_error_prefix(kpl_last_status(), "%s: ", path);
         }
         if (own) kpl_tensor_set_constant(own, true);
         int id = kpl_ir_add_value(ir, (kpl_irv_kind)k, d, nd, shape, name, own);
         kpl_tensor_release(own);
-        if (id < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", path);
+        if (id < 0) return kpl_error_prefix(kpl_last_status(), "%s: ", path);
     }
     int nv = kpl_ir_num_values(ir);
     json_array_foreach(nodes, i, o) {
@@ -339,7 +339,7 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
         KPL_TRY(attrs_parse(&w, at, &a));
         if (kpl_ir_add_node(ir, opi, &a, (int)json_array_size(in), iv,
                             (int)json_array_size(out), ov) < 0)
-            return kpl__error_prefix(KPL_EFORMAT, "%s: ", path);
+            return kpl_error_prefix(KPL_EFORMAT, "%s: ", path);
     }
     int nin = (int)json_array_size(ins), nout = (int)json_array_size(outs);
     KPL_CHECK(nin <= 64 && nout >= 1 && nout <= 64, KPL_EFORMAT, "%s: %d inputs, %d outputs", path,
@@ -361,8 +361,8 @@ static kpl_status parse_graph(const char *path, json_t *g, const kpl_checkpoint 
         ov[j] = (int)v;
     }
     if (kpl_ir_set_io(ir, nin, iv, nout, ov, names) < 0)
-        return kpl__error_prefix(KPL_EFORMAT, "%s: ", path);
-    if (kpl_ir_check(ir) < 0) return kpl__error_prefix(KPL_EFORMAT, "%s: ", path);
+        return kpl_error_prefix(KPL_EFORMAT, "%s: ", path);
+    if (kpl_ir_check(ir) < 0) return kpl_error_prefix(KPL_EFORMAT, "%s: ", path);
     return KPL_OK;
 }
 

@@ -82,7 +82,7 @@ static kpl_status commit(kpl__registry *r, const void *item, const char *from)
         char section[96];
         snprintf(section, sizeof section, "%s.%s", r->what, name);
         kpl_status st = kpl__keys_declared_ok(r->keys(item), section);
-        if (st < 0) return kpl__error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
+        if (st < 0) return kpl_error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
                                              from ? from : "the program");
     }
     int i = index_of(r, name);
@@ -94,7 +94,7 @@ static kpl_status commit(kpl__registry *r, const void *item, const char *from)
     }
     if (r->check) {
         kpl_status st = r->check(item);
-        if (st < 0) return kpl__error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
+        if (st < 0) return kpl_error_prefix(st, "%s '%s' (registered by %s): ", r->what, name,
                                              from ? from : "the program");
     }
     if (r->n == r->cap) {
@@ -184,7 +184,7 @@ kpl_status kpl_plugin_load(const char *path)
     int done = 0;
     for (; st >= 0 && done < loading.n; done++) {
         st = commit(loading.reg[done], loading.item[done], keep);
-        if (st < 0) kpl__error_prefix(st, "plugin %s: ", path);
+        if (st < 0) kpl_error_prefix(st, "plugin %s: ", path);
     }
     if (st < 0) {
         rollback(done > 0 ? done - 1 : 0); /* the items before the failed one */

@@ -426,8 +426,8 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         const char *key = NULL;
         kpl_status st = kind->check(r, &kv, &key);
         if (st < 0)
-            return key ? kpl__error_prefix(st, "%s: %s: ", AT(key), key)
-                       : kpl__error_prefix(st, "%s: task %s: ",
+            return key ? kpl_error_prefix(st, "%s: %s: ", AT(key), key)
+                       : kpl_error_prefix(st, "%s: task %s: ",
                                            *r->file ? CLIP_PATH(r->file) : "recipe", r->task);
     }
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
@@ -622,7 +622,7 @@ static kpl_status take_plugins(node *root, char (*paths)[KPL_RECIPE_PATH], int *
         else
             snprintf(file, sizeof file, "%s", e->text);
         if ((st = kpl_plugin_load(file)) < 0) {
-            kpl__error_prefix(st, "%s: plugins: ", kpl__rc_where(e, w, sizeof w));
+            kpl_error_prefix(st, "%s: plugins: ", kpl__rc_where(e, w, sizeof w));
             break;
         }
         char real[PATH_MAX];

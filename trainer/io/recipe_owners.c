@@ -141,7 +141,7 @@ kpl_status kpl__rc_bind_owners(const node *root, kpl_recipe *r, const char *file
         if (!known) continue; /* a program's own task: kpl_trainer_create checks */
         snprintf(path, sizeof path, "%s.%s", what, name);
         kpl_status st = kpl_keyvals_check(keys, path, kv);
-        if (st < 0) return kpl__error_prefix(st, "%s: ", *file ? CLIP_PATH(file) : "recipe");
+        if (st < 0) return kpl_error_prefix(st, "%s: ", *file ? CLIP_PATH(file) : "recipe");
     }
     return KPL_OK;
 }

@@ -262,7 +262,7 @@ kpl_status kpl_tb_writer_create(const char *dir, kpl_tb_writer **out)
 {
     *out = NULL;
     KPL_CHECK(dir && dir[0], KPL_EINVAL, "tensorboard: no directory given");
-    if (kpl__mkdirs(dir) < 0) return kpl__error_prefix(kpl_last_status(), "tensorboard: ");
+    if (kpl__mkdirs(dir) < 0) return kpl_error_prefix(kpl_last_status(), "tensorboard: ");
     kpl_tb_writer *w = calloc(1, sizeof *w);
     KPL_CHECK(w, KPL_ENOMEM, "tensorboard: out of memory");
     w->fd = -1;
@@ -396,11 +396,11 @@ void kpl_tb_rgb8(const float *x, int64_t C, int64_t H, int64_t W, int64_t i, int
             }
 }
 
-kpl_status kpl__png_write(const char *path, int h, int w, int channels, const uint8_t *px,
+kpl_status kpl_tb_png_write(const char *path, int h, int w, int channels, const uint8_t *px,
                           const char *what)
 {
     kpl__afile a;
-    if (kpl__afile_open(&a, path) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", what);
+    if (kpl__afile_open(&a, path) < 0) return kpl_error_prefix(kpl_last_status(), "%s: ", what);
     png_image im;
     memset(&im, 0, sizeof im);
     im.version = PNG_IMAGE_VERSION;
@@ -410,6 +410,6 @@ kpl_status kpl__png_write(const char *path, int h, int w, int channels, const ui
         kpl__afile_abort(&a);
         return KPL_ERROR(KPL_EIO, "%s: cannot write %s: %s", what, path, im.message);
     }
-    if (kpl__afile_commit(&a) < 0) return kpl__error_prefix(kpl_last_status(), "%s: ", what);
+    if (kpl__afile_commit(&a) < 0) return kpl_error_prefix(kpl_last_status(), "%s: ", what);
     return KPL_OK;
 }

@@ -305,7 +305,7 @@ kpl_status kpl_torch_import(const char *path, const char *prefix, const char *ke
         }
         st = kpl_checkpoint_add(c, name, t);
         kpl_tensor_release(t);
-        if (st < 0) st = kpl__error_prefix(st, "import torch: %s: ", path);
+        if (st < 0) st = kpl_error_prefix(st, "import torch: %s: ", path);
         kept++;
     }
     if (st >= 0 && !kept)

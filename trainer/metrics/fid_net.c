@@ -148,7 +148,7 @@ kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
     f->dev = dev ? dev : kpl_device_cpu();
     KPL_TRY_GOTO(kpl_recipe_load(recipe_path, noverrides, overrides, r));
     if ((st = input_shape(r, f->chw)) < 0) {
-        st = kpl__error_prefix(st, "feature network: the input size of %s's model: ",
+        st = kpl_error_prefix(st, "feature network: the input size of %s's model: ",
                                recipe_path);
         goto fail;
     }
@@ -159,16 +159,16 @@ kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
     if (st >= 0) st = norm_tensors(f, &(r->data.val.path[0] ? &r->data.val : &r->data.train)
                                             ->loader.transform);
     if (st < 0) {
-        st = kpl__error_prefix(st, "feature network of %s: ", recipe_path);
+        st = kpl_error_prefix(st, "feature network of %s: ", recipe_path);
         goto fail;
     }
     KPL_TRY_GOTO(kpl_checkpoint_load(checkpoint_path, &c));
     if ((st = kpl__weights_check(c, checkpoint_path)) < 0) {
-        st = kpl__error_prefix(st, "feature network: ");
+        st = kpl_error_prefix(st, "feature network: ");
         goto fail;
     }
     if ((st = kpl_module_state_load(f->model, c, "model.", true, NULL)) < 0) {
-        st = kpl__error_prefix(st, "feature network: %s does not hold the weights of %s's model "
+        st = kpl_error_prefix(st, "feature network: %s does not hold the weights of %s's model "
                                "(%s): ", checkpoint_path, recipe_path, mc.name);
         goto fail;
     }
@@ -243,7 +243,7 @@ kpl_status kpl_feature_net_run(kpl_feature_net *f, kpl_tensor *images, kpl_tenso
     for (int i = 0; i < f->nbody; i++) x = kpl_module_forward(kpl_module_child(f->model, i), x);
     kpl_tensor *p = probs && x ? kpl_softmax(kpl_module_forward(f->head, x), 1) : NULL;
     kpl_set_grad_enabled(grad);
-    if (!x || (probs && !p)) return kpl__error_prefix(kpl_last_status(), "feature network: ");
+    if (!x || (probs && !p)) return kpl_error_prefix(kpl_last_status(), "feature network: ");
     KPL_CHECK(kpl_tensor_ndim(x) == 2 && kpl_tensor_shape(x)[1] == f->dim, KPL_ESHAPE,
               "feature network: its body gives a %d-d tensor, not (N, %lld) features",
               kpl_tensor_ndim(x), (long long)f->dim);

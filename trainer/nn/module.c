@@ -462,7 +462,7 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
         path_of(m, path, sizeof path);
         if (!kpl_last_error()[0]) return KPL_ERROR(st, "module %s (%s): its forward gave no output",
                                                    path, m->kind->name);
-        return kpl__error_prefix(st, "module %s (%s): ", path, m->kind->name);
+        return kpl_error_prefix(st, "module %s (%s): ", path, m->kind->name);
     }
     return st;
 }
@@ -543,7 +543,7 @@ kpl_status kpl_module_count_flops(kpl_module *m, int ndim, const int64_t *sample
     return KPL_OK;
 }
 
-kpl_status kpl__module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
+kpl_status kpl_module_probe(kpl_module *m, int ndim, const int64_t *shape, int *out_ndim,
                              int64_t *out_shape)
 {
     kpl_pool *p = kpl_pool_push();

@@ -69,7 +69,7 @@ kpl_status kpl_module_state_load(kpl_module *m, const kpl_checkpoint *c, const c
                 list_add(&r.missing, &mlen, r.nmissing++, own);
                 continue;
             }
-            kpl_status cs = kpl__checkpoint_check(c, name,
+            kpl_status cs = kpl_checkpoint_check(c, name,
                                                   (b ? kpl_module_buffers(m) : kpl_module_params(m))[i]);
             if (cs < 0) { /* every mismatch is listed; the first one's message is the error */
                 if (first == KPL_OK) {

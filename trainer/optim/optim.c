@@ -675,7 +675,7 @@ kpl_status kpl_optim_step(kpl_optim *o)
     if (o->lr_status < 0) { /* set_lr could not fill the lr tensors: again */
         if ((st = o->lr_status = lr_fill(o)) < 0) {
             kpl_set_grad_enabled(prev);
-            return kpl__error_prefix(st, "optim: the learning rate tensors: ");
+            return kpl_error_prefix(st, "optim: the learning rate tensors: ");
         }
     }
     for (int i = 0; i < o->n && st >= 0; i++) {

@@ -32,7 +32,7 @@ static kpl_status on_ready(kpl_tensor *param, void *user)
                      "graph; trace single-process steps");
     hook_ctx *h = user;
     kpl_status st = kpl_bucketer_mark_ready(h->d->b, h->i);
-    return st < 0 ? kpl__error_prefix(st, "ddp: marking a gradient ready failed: ") : KPL_OK;
+    return st < 0 ? kpl_error_prefix(st, "ddp: marking a gradient ready failed: ") : KPL_OK;
 }
 
 kpl_status kpl_ddp_create(kpl_comm *comm, int n, kpl_tensor *const *params, int nbuf,

@@ -100,7 +100,7 @@ kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fus
     kpl_set_grad_enabled(prev);
     kpl_set_deterministic(det);
     kpl_pool_pop(pool);
-    if (st < 0) return kpl__error_prefix(st, "kpl export: model %s: ", r->model.name);
+    if (st < 0) return kpl_error_prefix(st, "kpl export: model %s: ", r->model.name);
     int np = kpl_module_num_params(m), nb = kpl_module_num_buffers(m);
     const char **names = malloc((size_t)(np + nb + 1) * sizeof *names);
     kpl_tensor **ts = malloc((size_t)(np + nb + 1) * sizeof *ts);

@@ -503,7 +503,7 @@ static kpl_status check_val_loader(kpl_trainer *t)
     if (!t->val) return KPL_OK;
     kpl_status st = kpl_loader_check(t->val);
     if (st >= 0) return KPL_OK;
-    return kpl__error_prefix(st, "validation loader of %s: ", t->val_path);
+    return kpl_error_prefix(st, "validation loader of %s: ", t->val_path);
 }
 
 kpl_status kpl__trainer_check_val(kpl_trainer *t) { return check_val_loader(t); }

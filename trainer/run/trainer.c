@@ -411,7 +411,7 @@ static kpl_status load_weights(kpl_trainer *t)
     }
     kpl_state_report_clear(&rep);
     kpl_checkpoint_destroy(c);
-    return st < 0 ? kpl__error_prefix(st, "model.weights: ") : KPL_OK;
+    return st < 0 ? kpl_error_prefix(st, "model.weights: ") : KPL_OK;
 }
 
 /* Every rank starts from the same step (-1: a fresh start).  Each rank
@@ -512,7 +512,7 @@ static kpl_status task_keys(kpl_trainer *t)
     snprintf(section, sizeof section, "task.%s", t->task->name);
     KPL_TRY(kpl__keys_declared_ok(t->task->keys, section));
     kpl_status st = kpl_keyvals_check(t->task->keys, section, &t->recipe.task_keys);
-    if (st < 0) return kpl__error_prefix(st, "%s: ", *t->r->file ? t->r->file : "recipe");
+    if (st < 0) return kpl_error_prefix(st, "%s: ", *t->r->file ? t->r->file : "recipe");
     return KPL_OK;
 }
 

@@ -92,7 +92,7 @@ kpl_status kpl__trainer_restore_models(kpl_trainer *t, const kpl_checkpoint *c, 
         kpl_status st = kpl_module_state_load(t->models[k].m, c, prefix, true, NULL);
         /* a shape that differs names the file already; a name that does not */
         if (st == KPL_ENOTFOUND)
-            return kpl__error_prefix(st, "%s: not a checkpoint of this recipe's model: ", path);
+            return kpl_error_prefix(st, "%s: not a checkpoint of this recipe's model: ", path);
         KPL_TRY(st);
     }
     return KPL_OK;

@@ -4,7 +4,7 @@
  * top-k (task.classification.top_k, 5), the mean loss and a confusion
  * matrix over the validation split.
  */
-#include "trainer_impl.h"
+#include "trainer.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -19,7 +19,7 @@
  * Inception Score with a feature network (fid.h), a sample grid of fixed
  * latents as PNG and in TensorBoard.
  */
-#include "trainer_impl.h"
+#include "trainer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -155,13 +155,13 @@ static kpl_status probe_discriminator(kpl_module *dm, const char *name, const in
 {
     int64_t shape[4] = {1, chw[0], chw[1], chw[2]}, out[KPL_MAX_DIMS], numel = 1;
     int nd = 0;
-    kpl_status st = kpl__module_probe(dm, 4, shape, &nd, out);
+    kpl_status st = kpl_module_probe(dm, 4, shape, &nd, out);
     for (int i = 0; st >= 0 && i < nd; i++) numel *= out[i];
     if (st >= 0 && numel != 1)
         st = KPL_ERROR(KPL_ESHAPE, "gives %lld values for one image, not a score",
                        (long long)numel);
     if (st < 0)
-        return kpl__error_prefix(st, "task.gan.discriminator: '%s' does not map a (1, %lld, %lld, "
+        return kpl_error_prefix(st, "task.gan.discriminator: '%s' does not map a (1, %lld, %lld, "
                                  "%lld) image to a score (is it a generator?): ", name,
                                  (long long)chw[0], (long long)chw[1], (long long)chw[2]);
     return KPL_OK;
@@ -191,7 +191,7 @@ static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
     eo.log = say, eo.log_ctx = t;
     kpl_status st = kpl_feature_net_ensure_opts(recipe, net, &eo);
     if (st >= 0) st = kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet);
-    if (st < 0) return kpl__error_prefix(st, "task.gan.fid_network: ");
+    if (st < 0) return kpl_error_prefix(st, "task.gan.fid_network: ");
     int64_t dim = kpl_feature_net_dim(s->fnet);
     KPL_TRY(kpl_fid_stats_create(dim, &s->real));
     return kpl_fid_stats_create(dim, &s->fake);
@@ -225,7 +225,7 @@ static kpl_status create(kpl_trainer *t, void **state)
     KPL_TRY(kpl_key_string(kv, "discriminator", &dname));
     const char *bad = NULL;
     kpl_status cst = check(r, kv, &bad);
-    if (cst < 0) return bad ? kpl__error_prefix(cst, "%s: ", bad) : cst;
+    if (cst < 0) return bad ? kpl_error_prefix(cst, "%s: ", bad) : cst;
     int n = 0;
     KPL_TRY(kpl_key_ints(kv, "grid", s->grid, 2, &n));
     KPL_CHECK(r->optimizer.accumulate == 1, KPL_EINVAL, "optimizer.accumulate %lld: the gan task's "
@@ -480,7 +480,7 @@ static kpl_status restore_one(const kpl_checkpoint *c, const char *name, kpl_ten
     kpl_tensor *src = kpl_checkpoint_find(c, name);
     KPL_CHECK(src, KPL_EFORMAT, "checkpoint: no %s (the generator's moving average; a checkpoint "
               "with task.gan.state has all of it)", name);
-    KPL_TRY(kpl__checkpoint_check(c, name, dst));
+    KPL_TRY(kpl_checkpoint_check(c, name, dst));
     return kpl_k_copy(dst, src);
 }
 
@@ -491,7 +491,7 @@ static kpl_status restore(kpl_trainer *t, void *state, const kpl_checkpoint *c)
     kpl_module *g = kpl_trainer_model(t, G);
     if (!st) /* weights alone (a warm start): the average starts at them */
         return s->ema ? ema_from(s, g) : KPL_OK;
-    KPL_TRY(kpl__checkpoint_check(c, "task.gan.state", s->state));
+    KPL_TRY(kpl_checkpoint_check(c, "task.gan.state", s->state));
     KPL_TRY(kpl_k_copy(s->state, st));
     const int64_t *v = kpl_tensor_host_data(s->state);
     if (!v) return kpl_last_status();
@@ -611,7 +611,7 @@ static kpl_status make_grid(kpl_trainer *t, gan *s)
     KPL_CHECK(mkdir(sub, 0777) == 0 || errno == EEXIST, KPL_EIO, "gan: cannot make %s: %s", sub,
               strerror(errno));
     snprintf(path, sizeof path, "%s/step_%08lld.png", sub, (long long)kpl_trainer_steps(t));
-    return kpl__png_write(path, gh, gw, 3, g, "gan samples");
+    return kpl_tb_png_write(path, gh, gw, 3, g, "gan samples");
 }
 
 /* Fake features: fid_samples images in chunks, chunk c on rank c mod

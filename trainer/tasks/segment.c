@@ -16,7 +16,7 @@
  * windows (task.segmentation.eval_mode slide) whose logits are averaged
  * where they overlap (mmsegmentation's slide_inference).
  */
-#include "trainer_impl.h"
+#include "trainer.h"
 
 #include <errno.h>
 #include <math.h>
@@ -180,12 +180,12 @@ static kpl_status probe_window(kpl_trainer *t, segment *s, const char *file)
     const int64_t *chw = kpl_trainer_input_shape(t);
     int64_t shape[4] = {1, chw[0], s->crop[0], s->crop[1]}, out[KPL_MAX_DIMS];
     int nd = 0;
-    kpl_status st = kpl__module_probe(kpl_trainer_model(t, 0), 4, shape, &nd, out);
+    kpl_status st = kpl_module_probe(kpl_trainer_model(t, 0), 4, shape, &nd, out);
     if (st >= 0 && (nd != 4 || out[2] != s->crop[0] || out[3] != s->crop[1]))
         st = KPL_ERROR(KPL_ESHAPE, "the model gives no (N, classes, %lld, %lld) logits for it",
                        (long long)s->crop[0], (long long)s->crop[1]);
     if (st < 0)
-        return kpl__error_prefix(st, "%s: task.segmentation.crop_size: the model cannot evaluate "
+        return kpl_error_prefix(st, "%s: task.segmentation.crop_size: the model cannot evaluate "
                                  "a %lld x %lld window (smaller than its total stride?): ", file,
                                  (long long)s->crop[0], (long long)s->crop[1]);
     return KPL_OK;
@@ -203,7 +203,7 @@ static kpl_status create(kpl_trainer *t, void **state)
     s->classes = r->model.num_classes;
     const char *bad = NULL;
     kpl_status cst = check(r, kv, &bad);
-    if (cst < 0) return bad ? kpl__error_prefix(cst, "%s: %s: ", file, bad) : cst;
+    if (cst < 0) return bad ? kpl_error_prefix(cst, "%s: %s: ", file, bad) : cst;
     KPL_TRY(kpl_key_int(kv, "ignore_index", &s->ignore));
     const char *loss = NULL, *mode = NULL;
     KPL_TRY(kpl_key_string(kv, "loss", &loss));
@@ -517,7 +517,7 @@ static kpl_status save_prediction(segment *s, int64_t e, const int64_t *pred, in
     const char *stem = s->stems && e < s->nstems && s->stems[e] ? s->stems[e] : "";
     if (stem[0]) snprintf(path, sizeof path, "%s/%s.png", s->save, stem);
     else snprintf(path, sizeof path, "%s/%08lld.png", s->save, (long long)e);
-    kpl_status st = kpl__png_write(path, h, w, 1, px, "task.segmentation.save_predictions");
+    kpl_status st = kpl_tb_png_write(path, h, w, 1, px, "task.segmentation.save_predictions");
     free(px);
     return st;
 }
