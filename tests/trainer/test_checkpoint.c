@@ -4,7 +4,7 @@
  * removal and the best-link keep the marker discipline; restore checks
  * names, dtypes and shapes. */
 #include "kpl_test.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <jansson.h>
 #include <stdlib.h>

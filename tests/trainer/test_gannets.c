@@ -24,7 +24,7 @@
  *    the errors of the layers and models. */
 #include "kpl_refdata.h"
 #include "trainer.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <unistd.h>
 

@@ -5,7 +5,7 @@
  * when registered. */
 #include "kpl_test.h"
 #include "recipe_case.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * the project's own recipes, and damaged YAML that must fail cleanly. */
 #include "kpl_test.h"
 #include "recipe_case.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <stdlib.h>
 #include <sys/socket.h>

@@ -7,7 +7,7 @@
  * TensorBoard itself. */
 #define _XOPEN_SOURCE 700
 #include "kpl_test.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <ftw.h>
 #include <png.h>

@@ -13,7 +13,7 @@
 #define _XOPEN_SOURCE 700
 #include "kpl_test.h"
 #include "trainer.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <ftw.h>
 #include <math.h>

@@ -4,7 +4,7 @@
 #ifndef KPL_CLI_H
 #define KPL_CLI_H
 
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 int kpl__cmd_data(int argc, char **argv);  /* cmd_data.c */
 int kpl__cmd_train(int argc, char **argv); /* cmd_train.c */

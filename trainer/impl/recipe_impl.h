@@ -7,7 +7,7 @@
 #ifndef KPL_RECIPE_IMPL_H
 #define KPL_RECIPE_IMPL_H
 
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -152,7 +152,7 @@ int kpl__rc_distance(const char *a, const char *b);
 kpl_status kpl__key_value(const kpl_key *k, const node *n, const char *key, char *out,
                           size_t cap);
 /* The sections whose owners declare keys: 0 task, 1 model, 2 optimizer. */
-#define KPL__RC_OWNERS 3
+#define KPL__RC_OWNERS KPL__OWN_KINDS
 extern const char *const kpl__rc_owner_sections[KPL__RC_OWNERS];
 /* The registered owners of section `which`: the i-th's name, one-line doc
  * (or NULL) and keys. */

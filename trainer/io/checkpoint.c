@@ -8,7 +8,7 @@
  * (docs/checkpoint.md is the format).
  */
 #include "checkpoint.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <dirent.h>
 #include <errno.h>

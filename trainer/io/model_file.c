@@ -9,7 +9,7 @@
  * then shape inference over the whole graph (kpl_ir_check).
  */
 #include "infer.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <jansson.h>
 #include <stdlib.h>

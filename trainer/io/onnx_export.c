@@ -10,7 +10,7 @@
  * adjoints, roi_align) is an error naming it.
  */
 #include "infer.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include "onnx/onnx_dtypes.h"
 

@@ -11,7 +11,7 @@
  * is an error naming it, never a crash.
  */
 #include "infer.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include "onnx/onnx_dtypes.h"
 

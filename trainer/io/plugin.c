@@ -1,8 +1,10 @@
 /*
- * plugin.c — registries of named things (tasks, zoo models, optimizer
- * rules) and the plugins that add to them: shared libraries whose
- * constructors register their items, loaded with dlopen by `kpl train
- * --plugin` or a recipe's `plugins:` key.
+ * plugin.c — registries of named things, the three a recipe names its
+ * owners from (tasks, zoo models, optimizer rules: kpl__owners), and the
+ * plugins that add to them: shared libraries whose constructors register
+ * their items, loaded with dlopen by `kpl train --plugin` or a recipe's
+ * `plugins:` key.  The rooms above fill the owners' built-ins from
+ * constructors of their own; nothing here calls up into them.
  *
  * A plugin's constructors run inside dlopen, before kpl can know which
  * kpl it was built against; so what they register waits (its structs
@@ -11,7 +13,7 @@
  * start-up on one thread; nothing here locks.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -201,6 +203,59 @@ kpl_status kpl_plugin_load(const char *path)
 
 int kpl_plugin_count(void) { return nplugins; }
 const char *kpl_plugin_path(int i) { return i >= 0 && i < nplugins ? plugins[i].path : NULL; }
+
+/* ---- the owners recipes name --------------------------------------------------------- */
+
+static const kpl_key *task_keys(const void *k) { return ((const kpl_task_kind *)k)->keys; }
+static const kpl_key *model_keys(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
+static const kpl_key *rule_keys(const void *r) { return ((const kpl_optim_rule *)r)->keys; }
+
+/* What task.h requires of a task's table, and needs naming kpl's keys:
+ * refused at registration rather than failing every recipe later. */
+static kpl_status check_task(const void *item)
+{
+    const kpl_task_kind *k = item;
+    static const char *const fns[] = {"create", "destroy", "eval_begin", "eval_batch",
+                                      "eval_end"};
+    const bool have[] = {k->create, k->destroy, k->eval_begin, k->eval_batch, k->eval_end};
+    for (size_t i = 0; i < sizeof fns / sizeof *fns; i++)
+        KPL_CHECK(have[i], KPL_EINVAL, "no %s function (task.h: every member but the optional "
+                  "ones is required)", fns[i]);
+    KPL_CHECK(k->train_step || k->train_batch, KPL_EINVAL,
+              "neither train_step nor train_batch (one is required)");
+    KPL_CHECK(k->best_metric && *k->best_metric, KPL_EINVAL,
+              "no best_metric (the figure that selects best.kpl)");
+    for (const char *const *n = k->needs; n && *n; n++)
+        KPL_CHECK(kpl__rc_is_field(*n), KPL_EINVAL,
+                  "needs '%s', which is not one of kpl's recipe keys (kpl train --keys lists "
+                  "them)", *n);
+    return KPL_OK;
+}
+
+kpl__registry kpl__owners[KPL__OWN_KINDS] = {
+    [KPL__OWN_TASK] = {.what = "task", .keys = task_keys, .check = check_task},
+    [KPL__OWN_MODEL] = {.what = "model", .keys = model_keys},
+    [KPL__OWN_OPTIM] = {.what = "optimizer", .keys = rule_keys},
+};
+
+void kpl__owners_builtin(kpl__owner_kind kind, const void *const *builtin)
+{
+    if (kind >= 0 && kind < KPL__OWN_KINDS && !kpl__owners[kind].builtin)
+        kpl__owners[kind].builtin = builtin;
+}
+
+void kpl__task_names(char *buf, size_t len)
+{
+    kpl__registry_names(&kpl__owners[KPL__OWN_TASK], buf, len);
+}
+void kpl__zoo_names(char *buf, size_t len)
+{
+    kpl__registry_names(&kpl__owners[KPL__OWN_MODEL], buf, len);
+}
+void kpl__optim_names(char *buf, size_t len)
+{
+    kpl__registry_names(&kpl__owners[KPL__OWN_OPTIM], buf, len);
+}
 
 void kpl__plugin_list(char *buf, size_t len)
 {

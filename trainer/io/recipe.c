@@ -401,11 +401,11 @@ static kpl_status check_keep_ratio(node *root, const char *split, const kpl_tran
 }
 
 /* Rules that join several keys; messages point at the key to change.
- * known_task: the task must be one kpl_task_find knows (the kpl command). */
+ * known_task: the task must be one the task registry knows (the kpl command). */
 static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
 {
     char loc[1200];
-    if (known_task && !kpl_task_find(r->task)) {
+    if (known_task && !kpl__registry_find(&kpl__owners[KPL__OWN_TASK], r->task)) {
         char names[256];
         kpl__task_names(names, sizeof names);
         return KPL_ERROR(KPL_EINVAL, "%s: task: unknown task '%s' (kpl train and kpl eval know: "
@@ -413,7 +413,7 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
                          "kpl_trainer_create)", AT("task.name"), CLIP(r->task), names);
     }
     /* the common keys the task needs given: required for it */
-    const kpl_task_kind *kind = kpl_task_find(r->task);
+    const kpl_task_kind *kind = kpl__registry_find(&kpl__owners[KPL__OWN_TASK], r->task);
     for (const char *const *k = kind ? kind->needs : NULL; k && *k; k++)
         if (!lookup(root, *k))
             return KPL_ERROR(KPL_EINVAL, "%s: missing required key '%s' (task %s needs it)",

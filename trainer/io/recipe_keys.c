@@ -50,6 +50,12 @@ bool kpl__rc_name_listed(const char *name, const char *list)
 KPL_ENUM_DEFINE(kpl_lr_scaling, KPL_LR_SCALINGS)
 KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
 KPL_ENUM_DEFINE(kpl_lr_span, KPL_LR_SPANS)
+/* The vocabularies of the recipe's model.stem, model.norm and
+ * schedule.name: declared by their owners (zoo.h, optim.h), defined here at
+ * the bottom with the keys that parse them. */
+KPL_ENUM_DEFINE(kpl_resnet_stem, KPL_RESNET_STEMS)
+KPL_ENUM_DEFINE(kpl_norm_kind, KPL_NORMS)
+KPL_ENUM_DEFINE(kpl_sched_kind, KPL_SCHED_KINDS)
 KPL_ENUM_DEFINE(kpl_progress_mode, KPL_PROGRESS_MODES)
 KPL_ENUM_DEFINE(kpl_nonfinite_policy, KPL_NONFINITE_POLICIES)
 
@@ -531,7 +537,8 @@ static void write_owners(sbuf *b, int which, const kpl_recipe *r, bool help)
     for (int i = 0; i < kpl__rc_owner_count(which); i++) {
         const char *doc;
         keys = kpl__rc_owner_at(which, i, &name, &doc);
-        const kpl_task_kind *task = which == 0 ? kpl_task_at(i) : NULL;
+        const kpl_task_kind *task =
+            which == KPL__OWN_TASK ? kpl__registry_at(&kpl__owners[which], i) : NULL;
         if (!(keys && keys->name) && !(task && task->needs)) continue;
         sb_printf(b, "  %s:%s  # %s %s's own keys", name, keys && keys->name ? "" : " {}",
                   kpl__rc_owner_sections[which], name);

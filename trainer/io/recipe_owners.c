@@ -12,57 +12,33 @@
 
 const char *const kpl__rc_owner_sections[KPL__RC_OWNERS] = {"task", "model", "optimizer"};
 
-int kpl__rc_owner_count(int which)
+/* which: 0 task, 1 model, 2 optimizer, as the owners' registries are
+ * numbered (KPL__OWN_*). */
+int kpl__rc_owner_count(int which) { return kpl__registry_count(&kpl__owners[which]); }
+
+/* Every item's first member is its name; the registry knows its keys. */
+static const kpl_key *owner_keys(int which, const void *item, const char **name)
 {
-    switch (which) {
-    case 0: return kpl_task_count();
-    case 1: return kpl_zoo_count();
-    default: return kpl_optim_rule_count();
-    }
+    *name = item ? *(const char *const *)item : NULL;
+    return item ? kpl__owners[which].keys(item) : NULL;
 }
 
 const kpl_key *kpl__rc_owner_at(int which, int i, const char **name, const char **doc)
 {
-    *doc = NULL;
-    switch (which) {
-    case 0: {
-        const kpl_task_kind *k = kpl_task_at(i);
-        *name = k->name;
-        return k->keys;
-    }
-    case 1: {
-        const kpl_zoo_model *m = kpl_zoo_at(i);
-        *name = m->name, *doc = m->doc;
-        return m->keys;
-    }
-    default: {
-        const kpl_optim_rule *r = kpl_optim_rule_at(i);
-        *name = r->name;
-        return r->keys;
-    }
-    }
+    const void *item = kpl__registry_at(&kpl__owners[which], i);
+    *doc = which == KPL__OWN_MODEL ? ((const kpl_zoo_model *)item)->doc : NULL;
+    return owner_keys(which, item, name);
 }
 
 kpl_keyvals *kpl__rc_owner_selected(int which, kpl_recipe *r, const char **name,
                                     const kpl_key **keys, bool *known)
 {
-    switch (which) {
-    case 0: {
-        const kpl_task_kind *k = kpl_task_find(r->task);
-        *name = r->task, *keys = k ? k->keys : NULL, *known = k != NULL;
-        return &r->task_keys;
-    }
-    case 1: {
-        const kpl_zoo_model *m = kpl_zoo_find(r->model.name);
-        *name = r->model.name, *keys = m ? m->keys : NULL, *known = m != NULL;
-        return &r->model.keys;
-    }
-    default: {
-        const kpl_optim_rule *o = kpl_optim_rule_find(r->optimizer.config.name);
-        *name = r->optimizer.config.name, *keys = o ? o->keys : NULL, *known = o != NULL;
-        return &r->optimizer.config.keys;
-    }
-    }
+    kpl_keyvals *kv[] = {&r->task_keys, &r->model.keys, &r->optimizer.config.keys};
+    const char *named[] = {r->task, r->model.name, r->optimizer.config.name};
+    const void *item = kpl__registry_find(&kpl__owners[which], named[which]);
+    *keys = owner_keys(which, item, name);
+    *name = named[which], *known = item != NULL;
+    return kv[which];
 }
 
 /* Levenshtein distance of short strings, for "did you mean". */

@@ -14,7 +14,7 @@
  * kpl_tb_flush, at close, or when the buffer passes TB_FLUSH_BYTES.
  * A writer is used by one thread at a time.
  */
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <errno.h>
 #include <fcntl.h>

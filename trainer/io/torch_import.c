@@ -14,7 +14,7 @@
 #include "checkpoint.h"
 #include "infer.h"
 #include "pickle_impl.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <errno.h>
 #include <fnmatch.h>

@@ -1,10 +1,10 @@
 /*
  * weights_check.c — weights given to a run (model.weights, a feature
  * network, kpl import): a model file refused as a checkpoint, and every
- * floating tensor finite (trainer_impl.h).
+ * floating tensor finite (io_impl.h).
  */
 #include "checkpoint.h"
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <jansson.h>
 #include <math.h>

@@ -5,7 +5,7 @@
  * `kpl train` child that one process of a job runs while the others wait.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 #include "fid.h"
 
 #include <dlfcn.h>

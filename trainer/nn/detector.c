@@ -3,7 +3,7 @@
  * in, others from programs and plugins.
  */
 #include "detector.h"
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 static const void *const builtin[] = {&kpl_detector_fcos, NULL};
 

@@ -16,7 +16,7 @@
  * .stem) whose layer2..layer4 feed an FPN (kpl_nn_fpn: P3..P5 and extra
  * levels from P5) and the head.  Its own keys are model.fcos.*.
  */
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <math.h>
 #include <stdio.h>

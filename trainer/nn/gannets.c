@@ -17,7 +17,7 @@
  * docs/gan-nets.md has the layer tables and where kpl departs from the
  * references.
  */
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -8,7 +8,7 @@
  */
 #include "layers.h"
 #include "layers_impl.h"
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include "collective.h"
 

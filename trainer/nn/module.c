@@ -4,7 +4,7 @@
  * layers.c, the model zoo in zoo.c.
  */
 #include "module.h"
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <ctype.h>
 #include <stdio.h>

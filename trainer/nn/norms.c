@@ -4,7 +4,7 @@
  * group, layer and instance norm.
  */
 #include "layers_impl.h"
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include "collective.h"
 

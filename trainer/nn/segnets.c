@@ -6,7 +6,7 @@
  * implementations build it today.  Both give per-pixel class logits at the
  * input's size (docs/segmentation.md).
  */
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -3,7 +3,7 @@
  * the whole model for a resume, or part of it (a backbone into a bigger
  * model) with a report of what did not match.
  */
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>

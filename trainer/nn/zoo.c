@@ -2,14 +2,11 @@
  * zoo.c — the model zoo built from modules: MLP, LeNet-5, a small CNN and
  * torchvision's ResNets, with torchvision's parameter names (zoo.h).
  */
-#include "trainer_impl.h"
+#include "nn_impl.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-KPL_ENUM_DEFINE(kpl_resnet_stem, KPL_RESNET_STEMS)
-KPL_ENUM_DEFINE(kpl_norm_kind, KPL_NORMS)
 
 /* The built-in architectures, by model.name. */
 typedef enum { ARCH_MLP, ARCH_LENET, ARCH_CNN, ARCH_RESNET } arch;
@@ -316,14 +313,19 @@ static const void *const builtin[] = {&mlp,           &lenet, &cnn, &resnet, &kp
                                      &kpl__zoo_deeplabv3, &kpl__zoo_unet, &kpl__zoo_dcgan,
                                      &kpl__zoo_dcgan_d, &kpl__zoo_sngan, &kpl__zoo_sngan_d,
                                      NULL};
-static const kpl_key *keys_of(const void *m) { return ((const kpl_zoo_model *)m)->keys; }
-static kpl__registry models = {.what = "model", .builtin = builtin, .keys = keys_of};
+/* Registered into the owners' registry at the bottom (io/plugin.c) when
+ * kpl loads, before any recipe is read. */
+__attribute__((constructor)) static void register_builtin(void)
+{
+    kpl__owners_builtin(KPL__OWN_MODEL, builtin);
+}
 
-kpl_status kpl_zoo_register(const kpl_zoo_model *m) { return kpl__registry_add(&models, m); }
-const kpl_zoo_model *kpl_zoo_find(const char *name) { return kpl__registry_find(&models, name); }
-int kpl_zoo_count(void) { return kpl__registry_count(&models); }
-const kpl_zoo_model *kpl_zoo_at(int i) { return kpl__registry_at(&models, i); }
-void kpl__zoo_names(char *buf, size_t len) { kpl__registry_names(&models, buf, len); }
+static kpl__registry *const models = &kpl__owners[KPL__OWN_MODEL];
+
+kpl_status kpl_zoo_register(const kpl_zoo_model *m) { return kpl__registry_add(models, m); }
+const kpl_zoo_model *kpl_zoo_find(const char *name) { return kpl__registry_find(models, name); }
+int kpl_zoo_count(void) { return kpl__registry_count(models); }
+const kpl_zoo_model *kpl_zoo_at(int i) { return kpl__registry_at(models, i); }
 
 kpl_status kpl_zoo_create(const kpl_model_config *cfg, kpl_device *dev, uint64_t seed,
                           kpl_module **out)

@@ -3,7 +3,7 @@
  * torch.nn.utils.clip_grad_norm_): the sums of squares added up on each
  * device, one wait per device.
  */
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <math.h>
 #include <stdlib.h>

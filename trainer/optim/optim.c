@@ -5,7 +5,7 @@
  * kernels.h, so it runs on whichever device the parameters live, queued in
  * order on that device's stream.
  */
-#include "trainer_impl.h"
+#include "io_impl.h"
 
 #include <fnmatch.h>
 
@@ -293,14 +293,19 @@ static const kpl_optim_rule lars_rule = {"lars", momentum_slots_of, one, SC_COUN
                                          lars_update, NULL};
 
 static const void *const builtin[] = {&sgd_rule, &adam_rule, &adamw_rule, &lars_rule, NULL};
-static const kpl_key *keys_of(const void *r) { return ((const kpl_optim_rule *)r)->keys; }
-static kpl__registry rules = {.what = "optimizer", .builtin = builtin, .keys = keys_of};
+/* Registered into the owners' registry at the bottom (io/plugin.c) when
+ * kpl loads, before any recipe is read. */
+__attribute__((constructor)) static void register_builtin(void)
+{
+    kpl__owners_builtin(KPL__OWN_OPTIM, builtin);
+}
 
-kpl_status kpl_optim_register(const kpl_optim_rule *rule) { return kpl__registry_add(&rules, rule); }
-const kpl_optim_rule *kpl_optim_rule_find(const char *name) { return kpl__registry_find(&rules, name); }
-int kpl_optim_rule_count(void) { return kpl__registry_count(&rules); }
-void kpl__optim_names(char *buf, size_t len) { kpl__registry_names(&rules, buf, len); }
-const kpl_optim_rule *kpl_optim_rule_at(int i) { return kpl__registry_at(&rules, i); }
+static kpl__registry *const rules = &kpl__owners[KPL__OWN_OPTIM];
+
+kpl_status kpl_optim_register(const kpl_optim_rule *rule) { return kpl__registry_add(rules, rule); }
+const kpl_optim_rule *kpl_optim_rule_find(const char *name) { return kpl__registry_find(rules, name); }
+int kpl_optim_rule_count(void) { return kpl__registry_count(rules); }
+const kpl_optim_rule *kpl_optim_rule_at(int i) { return kpl__registry_at(rules, i); }
 
 kpl_status kpl_optim_slot_zeros(const kpl_optim_update *u, const char *slot_name,
                                 kpl_tensor **slot)
@@ -322,7 +327,7 @@ static kpl_status check_config(kpl_optim_config *c, const kpl_optim_rule **rule)
 {
     char known[512];
     *rule = kpl_optim_rule_find(c->name);
-    if (!*rule) kpl__registry_names(&rules, known, sizeof known);
+    if (!*rule) kpl__registry_names(rules, known, sizeof known);
     KPL_CHECK(*rule, KPL_EINVAL, "optim: unknown optimizer '%.32s' (known: %s)", c->name, known);
     char section[64];
     snprintf(section, sizeof section, "optimizer.%.32s", c->name);

@@ -7,8 +7,6 @@
 #include <math.h>
 #include <string.h>
 
-KPL_ENUM_DEFINE(kpl_sched_kind, KPL_SCHED_KINDS)
-
 kpl_status kpl_lr_schedule_check(const kpl_lr_schedule *s)
 {
     KPL_CHECK(s, KPL_EINVAL, "schedule: NULL");

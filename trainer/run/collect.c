@@ -3,7 +3,7 @@
  * maxima and minima of host numbers, a broadcast and an all-gather of
  * bytes of any length, over the run's communicator.
  */
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -4,7 +4,7 @@
  * and written as a model file with what inference needs to know.
  */
 #include "infer.h"
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <jansson.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * accuracy: those are the task's.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <jansson.h>
 #include <math.h>

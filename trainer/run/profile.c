@@ -22,7 +22,7 @@
  * a trace.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <errno.h>
 #include <jansson.h>

@@ -4,7 +4,7 @@
  * reports made of them: the metrics.jsonl line, TensorBoard scalars, the
  * console's progress bar.
  */
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <ctype.h>
 #include <jansson.h>

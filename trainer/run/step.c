@@ -6,7 +6,7 @@
  * (kpl_trainer_evaluate) with its sums over the ranks.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 #include <ctype.h>
 #include <errno.h>
 #include <fnmatch.h>

@@ -3,7 +3,7 @@
  * use (data.convert), the loader configuration of each split, and the
  * input shape the model is built for.
  */
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <dirent.h>
 #include <errno.h>

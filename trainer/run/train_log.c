@@ -4,7 +4,7 @@
  * (kpl train's console: cli/console.c), rank 0 also to metrics.jsonl and
  * TensorBoard.  Nothing here prints.
  */
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <stdarg.h>
 #include <stdio.h>

@@ -17,7 +17,7 @@
  *      values to all).
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <errno.h>
 #include <fnmatch.h>

@@ -5,7 +5,7 @@
  * best one kept as best.kpl.  docs/checkpoint.md lists the metadata.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <jansson.h>
 #include <math.h>

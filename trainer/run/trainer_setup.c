@@ -5,7 +5,7 @@
  * and config.yaml.
  */
 #define _GNU_SOURCE
-#include "trainer_impl.h"
+#include "run_impl.h"
 
 #include <dirent.h>
 #include <errno.h>
