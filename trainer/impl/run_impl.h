@@ -71,6 +71,38 @@ kpl_status kpl__data_val_input_shape(const kpl_recipe *r, int64_t *chw);
 
 #define KPL__MAX_MODELS 4
 
+/* fp16's dynamic loss scale of one model (torch.cuda.amp.GradScaler's
+ * rule, the recipe's loss_scale), all of its state (loss_scale.c).  The
+ * model's backward runs on its loss times `scale`; the update first
+ * divides the gradients by it and checks them (kpl__scaler_unscale).  An
+ * inf or NaN among them multiplies the scale by backoff and the update is
+ * left out (`skips`): that is how the scale finds its level, not an
+ * error.  After `interval` finite updates in a row it grows by growth.
+ * The gradients are the same on every rank (reduced), so every rank takes
+ * the same decisions. */
+typedef struct {
+    bool on;                /* precision fp16; off: scale 1 and nothing moves */
+    double scale;           /* the loss multiplier of the model's backward */
+    int64_t good;           /* finite updates since the scale last moved */
+    int64_t skips;          /* updates left out for an overflow (this run) */
+    double growth, backoff; /* loss_scale.growth and .backoff */
+    int64_t interval;       /* loss_scale.interval */
+} kpl__loss_scaler;
+
+void kpl__scaler_init(kpl__loss_scaler *s, const kpl_recipe *r);
+/* Divides the np gradients of params (those that have one) by the scale
+ * in one pass and reads one flag: *overflow when any was not finite (the
+ * scale has backed off; the gradients are garbage), else the finite
+ * update is counted (and the scale may grow).  Off: nothing, no
+ * overflow. */
+kpl_status kpl__scaler_unscale(kpl__loss_scaler *s, kpl_device *dev, int np,
+                               kpl_tensor **params, bool *overflow);
+/* The checkpoint's record [scale, good] (json_t; NULL when off), and its
+ * restore: a record missing or malformed (another precision, or an older
+ * checkpoint) leaves the recipe's start. */
+void *kpl__scaler_state(const kpl__loss_scaler *s);
+void kpl__scaler_restore(kpl__loss_scaler *s, const void *state);
+
 /* A model the trainer trains: the task's module, its optimizer and DDP. */
 typedef struct {
     char name[64], label[64];
@@ -84,8 +116,7 @@ typedef struct {
     kpl_ddp *ddp;
     double base_lr;  /* the optimizer's lr before the schedule */
     bool has_grad;   /* got gradients in this step and was not updated yet */
-    double scale;           /* fp16: the loss scale of its backward (1 otherwise) */
-    int64_t scale_good;     /* fp16: updates with finite gradients since it last moved */
+    kpl__loss_scaler scaler; /* fp16's loss scale (off otherwise: 1) */
 } kpl__model;
 
 /* A training figure's sums since the last report (this rank), and over
@@ -140,6 +171,41 @@ typedef struct {
 } kpl__tmark;
 
 typedef struct kpl__prof kpl__prof; /* the step profiler (profile.steps) */
+
+/* What the run reports (report.c, fit.c): the training figures, the
+ * losses still to check, the sample counts behind images/s and the
+ * progress bar. */
+typedef struct {
+    kpl__figure fig[KPL_FIGURES_MAX];
+    int nfig;
+    kpl__watched *watch;              /* losses not checked yet */
+    int nwatch, capwatch;
+    double win_samples;               /* this rank's samples since the last report */
+    double epoch_t0, epoch_samples;   /* the epoch's start; this rank's samples in it */
+    double bar_t, bar_samples, rate;  /* the progress bar's last redraw; samples/s */
+    int64_t last_report_step;         /* the step of the last report */
+    double images_per_sec;            /* the last epoch's, for the final report */
+} kpl__reporter;
+
+/* Where the run continues from (trainer_setup.c, trainer_ckpt.c):
+ * kpl_trainer_options' resume, job and restart. */
+typedef struct {
+    kpl_checkpoint *ckpt;   /* the checkpoint resumed from, until its state is restored */
+    bool reset_optimizer;   /* kpl_trainer_options.reset_optimizer */
+    char path[PATH_MAX];    /* the checkpoint resumed from ("": a fresh start) */
+    char job_id[65];
+    int restart, max_restarts;
+    /* restart_note: what the restart found to continue from, for say_start */
+    char restart_reason[1024], restart_note[2 * PATH_MAX];
+} kpl__resume;
+
+/* How the run stops (fit.c, trainer.c). */
+typedef struct {
+    bool armed;  /* inside kpl_trainer_fit: SIGINT / SIGTERM stop the run */
+    int sig;     /* the stop every rank agreed on (a signal number), 0: none yet */
+    bool failed; /* a collective call failed here: destroy ends the job */
+} kpl__stop;
+
 struct kpl_trainer {
     const kpl_recipe *r; /* &recipe */
     kpl_recipe recipe;   /* the caller's, copied: theirs may go */
@@ -153,8 +219,9 @@ struct kpl_trainer {
     kpl__model models[KPL__MAX_MODELS];
     int nmodels;
     bool building; /* inside the task's create: add_model allowed */
-    kpl_lr_schedule sched;
-    double lr_scale;
+    kpl_lr_schedule sched; /* base_lr and min_lr scaled by lr_scale (make_schedule, the
+                              one place the recipe's lr is scaled) */
+    double lr_scale;       /* optimizer.lr_scaling's factor */
     kpl_loader *train, *val;
     char train_path[PATH_MAX], val_path[PATH_MAX];
     char run_dir[PATH_MAX], ckpt_dir[PATH_MAX + 16];
@@ -168,22 +235,13 @@ struct kpl_trainer {
     bool epoch_ended;                 /* the last step ended t->epoch: the next starts the next */
     bool step_nonfinite;              /* a micro-batch of the step had a NaN/inf loss */
     kpl_step_result *step_out; /* run_train_step's result, for its task_call */
-    int64_t scale_skips;       /* fp16: updates left out for an overflow (this run) */
     bool step_skipped;                /* an update of the step was left out */
-    kpl__figure fig[KPL_FIGURES_MAX];
-    int nfig;
-    kpl__watched *watch;              /* losses not checked yet */
-    int nwatch, capwatch;
-    double win_samples;               /* this rank's samples since the last report */
-    double epoch_t0, epoch_samples;   /* the epoch's start; this rank's samples in it */
-    double bar_t, bar_samples, rate;  /* the progress bar's last redraw; samples/s */
     /* best model */
     double best;                      /* the best metric so far, NAN: none */
     int64_t best_step;
     int64_t skipped_steps, skips_in_row; /* loss.nonfinite skip: updates left out (note_skip
                                             counts them, the one place) */
     int64_t epoch_skipped0;              /* skipped_steps when this epoch (or resume) began */
-    int64_t last_report_step;            /* the step of the last report */
     int64_t skipped_examples;            /* train: corrupt examples dropped, all ranks */
     int64_t train_skipped_seen;          /* this rank's loader count already reported */
     bool eval_pending; /* the checkpoint being written precedes its evaluation */
@@ -192,22 +250,12 @@ struct kpl_trainer {
     double eval_sum[32];
     int neval_sums;
     bool in_eval;
-    kpl_checkpoint *resume; /* the checkpoint resumed from, until its state is restored */
-    bool reset_optimizer;   /* kpl_trainer_options.reset_optimizer */
-    char resume_path[PATH_MAX];
-    /* kpl_trainer_options' job and restart; restart_note: what the restart
-     * found to continue from, for say_start */
-    char job_id[65];
-    int restart, max_restarts;
-    char restart_reason[1024], restart_note[2 * PATH_MAX];
-    /* the latest figures, for the final report */
-    double images_per_sec;
-    bool have_val;
+    bool have_val; /* the latest evaluation, for the final report */
     kpl_eval_result val_res;
     double t_start;
-    bool failed; /* a collective call failed here: destroy ends the job */
-    bool stoppable; /* inside kpl_trainer_fit: SIGINT / SIGTERM stop the run */
-    int stop_sig;   /* the stop every rank agreed on (a signal number), 0: none yet */
+    kpl__reporter rep;
+    kpl__resume resume;
+    kpl__stop stop;
     kpl__timing tm; /* where the steps' time went since the last timing record */
     kpl__prof *prof; /* profile.steps: the step profiler; NULL: off */
 };
@@ -273,10 +321,10 @@ kpl_status kpl__trainer_device_choice(const char *device, const char *env, int g
                                       size_t len);
 /* The newest complete checkpoint of the recipe's runs (--resume alone). */
 bool kpl__trainer_latest_checkpoint(const kpl_recipe *r, char *path, size_t len);
-/* A restarted launch (t->restart >= 1): the newest complete checkpoint of
- * the run's own directory into t->resume_path, and *resume pointing at
+/* A restarted launch (t->resume.restart >= 1): the newest complete checkpoint of
+ * the run's own directory into t->resume.path, and *resume pointing at
  * it, when there is one; else *resume stays (NULL: a fresh start).  Says
- * what it found in t->restart_note. */
+ * what it found in t->resume.restart_note. */
 void kpl__trainer_restart_checkpoint(kpl_trainer *t, const char **resume);
 kpl_status kpl__trainer_make_comm(kpl_trainer *t);
 /* Rank 0 names and makes the run directory, the others learn it; logs,
@@ -296,7 +344,7 @@ typedef struct {
 kpl_status kpl__trainer_read_meta(const kpl_checkpoint *c, const char *path,
                                   kpl__resume_meta *m);
 void kpl__trainer_meta_free(kpl__resume_meta *m);
-/* Models, optimizer state and generators from t->resume. */
+/* Models, optimizer state and generators from t->resume.ckpt. */
 kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *m);
 kpl_status kpl__trainer_restore_models(kpl_trainer *t, const kpl_checkpoint *c,
                                        const char *path);
@@ -311,7 +359,7 @@ kpl_status kpl__trainer_note_best(kpl_trainer *t, const char *ckpt);
 kpl_status kpl__trainer_report(kpl_trainer *t);
 /* Whether the run stops here: the largest signal number any rank caught
  * (SIGTERM 15 over SIGINT 2) once one has, else 0; once agreed it stays
- * (t->stop_sig).  Collective while nothing is agreed and world > 1. */
+ * (t->stop.sig).  Collective while nothing is agreed and world > 1. */
 kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig);
 /* op over the ranks of v[0..n) (collect.c; nothing on one rank). */
 kpl_status kpl__trainer_reduce_host(kpl_trainer *t, double *v, int n, kpl_comm_op op);

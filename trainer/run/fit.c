@@ -150,24 +150,24 @@ static void say_start(kpl_trainer *t)
         kpl__plugin_list(list, sizeof list);
         kpl__log_info(&t->log, "plugins: %s", list);
     }
-    if (t->resume_path[0]) {
-        kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume_path,
+    if (t->resume.path[0]) {
+        kpl__log_info(&t->log, "resumed from %s at step %lld (epoch %lld)", t->resume.path,
                       (long long)t->step, (long long)t->epoch + 1 + (t->epoch_ended ? 1 : 0));
         int64_t gone = t->rank == 0 ? superseded(t->run_dir, t->step) : 0;
         kpl__trainer_emit(t, json_pack("{s:s, s:I, s:s, s:I}", "event", "resume", "step",
-                                       (json_int_t)t->step, "from", t->resume_path,
+                                       (json_int_t)t->step, "from", t->resume.path,
                                        "superseded", (json_int_t)gone));
     }
-    if (t->restart < 1) return;
+    if (t->resume.restart < 1) return;
     /* a launcher's restart after a failure: which, why, and from where */
-    kpl__log_info(&t->log, "restart %d/%d after a failure (%s): %s (step %lld)", t->restart,
-                  t->max_restarts, t->restart_reason[0] ? t->restart_reason : "reason not given",
-                  t->restart_note, (long long)t->step);
-    json_t *j = json_pack("{s:s, s:i, s:i, s:I}", "event", "restart", "restart", t->restart,
-                          "max_restarts", t->max_restarts, "step", (json_int_t)t->step);
+    kpl__log_info(&t->log, "restart %d/%d after a failure (%s): %s (step %lld)", t->resume.restart,
+                  t->resume.max_restarts, t->resume.restart_reason[0] ? t->resume.restart_reason : "reason not given",
+                  t->resume.restart_note, (long long)t->step);
+    json_t *j = json_pack("{s:s, s:i, s:i, s:I}", "event", "restart", "restart", t->resume.restart,
+                          "max_restarts", t->resume.max_restarts, "step", (json_int_t)t->step);
     if (j) {
-        json_object_set_new(j, "from", t->resume_path[0] ? json_string(t->resume_path) : json_null());
-        json_object_set_new(j, "reason", t->restart_reason[0] ? json_string(t->restart_reason)
+        json_object_set_new(j, "from", t->resume.path[0] ? json_string(t->resume.path) : json_null());
+        json_object_set_new(j, "reason", t->resume.restart_reason[0] ? json_string(t->resume.restart_reason)
                                                               : json_null());
     }
     kpl__trainer_emit(t, j);
@@ -177,10 +177,10 @@ static void say_start(kpl_trainer *t)
  * epoch whose every step was skipped), and its skipped steps. */
 static void put_train_figures(kpl_trainer *t, json_t *j)
 {
-    for (int i = 0; i < t->nfig; i++) {
+    for (int i = 0; i < t->rep.nfig; i++) {
         char key[48];
-        snprintf(key, sizeof key, "train_%s", t->fig[i].name);
-        json_object_set_new(j, key, kpl__json_num(t->fig[i].last));
+        snprintf(key, sizeof key, "train_%s", t->rep.fig[i].name);
+        json_object_set_new(j, key, kpl__json_num(t->rep.fig[i].last));
     }
 }
 
@@ -218,7 +218,7 @@ static void say_done(kpl_trainer *t, const char *event, double train_seconds, do
 }
 
 /* An evaluation that a stop may end: KPL_ECANCELED is the stop (every
- * rank agreed on it, t->stop_sig), not an error. */
+ * rank agreed on it, t->stop.sig), not an error. */
 static kpl_status run_eval_or_stop(kpl_trainer *t, bool *stopped)
 {
     kpl_status st = run_eval(t);
@@ -246,28 +246,28 @@ static kpl_status resume_pending(kpl_trainer *t, int64_t max_steps)
         KPL_TRY(run_eval_or_stop(t, &stopped));
     }
     if (stopped) return KPL_OK;
-    if (pending && t->best_step == t->step) KPL_TRY(kpl__trainer_note_best(t, t->resume_path));
+    if (pending && t->best_step == t->step) KPL_TRY(kpl__trainer_note_best(t, t->resume.path));
     return KPL_OK;
 }
 
 /* The end of an epoch (or of the run, or a stop): its record, its
  * checkpoint before its evaluation (which can fail without losing the
  * epoch: the checkpoint says its evaluation is to come, and a resume runs
- * that first), the evaluation, the best model.  A stop (t->stop_sig)
+ * that first), the evaluation, the best model.  A stop (t->stop.sig)
  * starts no evaluation, and one that lands during the evaluation ends it:
  * either way the checkpoint says that the evaluation is to come. */
 static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double secs, char *ckpt,
                             size_t len)
 {
     const kpl_recipe *r = t->r;
-    bool stop = t->stop_sig != 0;
+    bool stop = t->stop.sig != 0;
     /* the epoch's means; none (NaN, null in JSON) when nothing was counted
      * in it: an epoch of skipped steps does not repeat the last one's */
-    for (int i = 0; i < t->nfig; i++)
-        t->fig[i].last = t->fig[i].epoch_count > 0 ? t->fig[i].epoch_sum / t->fig[i].epoch_count
+    for (int i = 0; i < t->rep.nfig; i++)
+        t->rep.fig[i].last = t->rep.fig[i].epoch_count > 0 ? t->rep.fig[i].epoch_sum / t->rep.fig[i].epoch_count
                                                    : NAN;
     int64_t skipped = t->skipped_steps - t->epoch_skipped0;
-    t->images_per_sec = secs > 0 ? t->epoch_samples * t->world / secs : 0;
+    t->rep.images_per_sec = secs > 0 ? t->rep.epoch_samples * t->world / secs : 0;
     int64_t finished = t->epoch + 1; /* epochs complete once this one is */
     bool eval_due = t->val && (last || (epoch_done && r->eval.every_epochs > 0 &&
                                         finished % r->eval.every_epochs == 0));
@@ -276,11 +276,11 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double s
                               "step", (json_int_t)t->step);
         put_train_figures(t, j);
         json_object_set_new(j, "skipped_steps", json_integer(skipped));
-        json_object_set_new(j, "images_per_sec", json_real(t->images_per_sec));
+        json_object_set_new(j, "images_per_sec", json_real(t->rep.images_per_sec));
         json_object_set_new(j, "seconds", json_real(secs));
         kpl__trainer_emit(t, j);
         if (t->rank == 0 && t->log.tb)
-            kpl_tb_add_scalar(t->log.tb, "epoch/images_per_sec", finished, t->images_per_sec);
+            kpl_tb_add_scalar(t->log.tb, "epoch/images_per_sec", finished, t->rep.images_per_sec);
     }
     bool ckpt_due = last || stop || (epoch_done && r->checkpoint.every_epochs > 0 &&
                                      finished % r->checkpoint.every_epochs == 0);
@@ -310,9 +310,9 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double s
         char line[1024];
         int at = snprintf(line, sizeof line, "epoch %lld/%lld%s: train", (long long)finished,
                           (long long)r->epochs, epoch_done ? "" : " (stopped early)");
-        for (int i = 0; i < t->nfig && at < (int)sizeof line - 64; i++)
-            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->fig[i].name,
-                           t->fig[i].last);
+        for (int i = 0; i < t->rep.nfig && at < (int)sizeof line - 64; i++)
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->rep.fig[i].name,
+                           t->rep.fig[i].last);
         for (int i = 0; evaluated && i < t->val_res.metrics.n && at < (int)sizeof line - 64; i++)
             at += snprintf(line + at, sizeof line - (size_t)at, "%s %s %.4f", i ? "" : " | val",
                            t->val_res.metrics.name[i], t->val_res.metrics.value[i]);
@@ -320,7 +320,7 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double s
             at += snprintf(line + at, sizeof line - (size_t)at, " (%lld of its %lld steps skipped: "
                            "NaN or inf)", (long long)skipped,
                            (long long)(t->epoch_step < skipped ? skipped : t->epoch_step));
-        kpl__log_info(&t->log, "%s | %.0f img/s, %.1f s", line, t->images_per_sec, secs);
+        kpl__log_info(&t->log, "%s | %.0f img/s, %.1f s", line, t->rep.images_per_sec, secs);
         if (evaluated && last && t->task->eval_report) t->task->eval_report(t, t->task_state);
     }
     bool improved = evaluated && t->best_step == t->step && r->checkpoint.keep_best;
@@ -335,8 +335,8 @@ static kpl_status end_epoch(kpl_trainer *t, bool epoch_done, bool last, double s
  * its start as a checkpoint of step 0; a resumed one has its checkpoint. */
 static kpl_status stop_at_start(kpl_trainer *t, char *ckpt, size_t len)
 {
-    if (t->resume_path[0]) {
-        snprintf(ckpt, len, "%s", t->resume_path);
+    if (t->resume.path[0]) {
+        snprintf(ckpt, len, "%s", t->resume.path);
         return KPL_OK;
     }
     return kpl_trainer_save(t, "signal", ckpt, len);
@@ -349,9 +349,9 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
     int64_t max_steps = r->max_steps > 0 && r->max_steps < t->total_steps ? r->max_steps
                                                                           : t->total_steps;
     KPL_TRY(kpl__trainer_agree_stop(t, NULL));
-    if (!t->stop_sig) KPL_TRY(resume_pending(t, max_steps));
-    if (t->stop_sig) KPL_TRY(stop_at_start(t, ckpt, len));
-    if (r->eval.at_start && t->step == 0 && t->val && !t->stop_sig) {
+    if (!t->stop.sig) KPL_TRY(resume_pending(t, max_steps));
+    if (t->stop.sig) KPL_TRY(stop_at_start(t, ckpt, len));
+    if (r->eval.at_start && t->step == 0 && t->val && !t->stop.sig) {
         /* the untrained model's figures, the baseline of the run's */
         bool stopped = false;
         KPL_TRY(run_eval_or_stop(t, &stopped));
@@ -365,36 +365,36 @@ static kpl_status fit(kpl_trainer *t, const char **event, char *ckpt, size_t len
         }
     }
     double train_seconds = 0, train_samples = 0;
-    while (t->step < max_steps && !t->stop_sig) {
+    while (t->step < max_steps && !t->stop.sig) {
         kpl__trainer_epoch_begin(t);
         bool epoch_done = false, at_max = false;
-        while (!epoch_done && !at_max && !t->stop_sig) {
+        while (!epoch_done && !at_max && !t->stop.sig) {
             KPL_TRY(kpl_trainer_step(t, &epoch_done));
             KPL_TRY(kpl__trainer_check_val(t));
             KPL_TRY(kpl__trainer_agree_stop(t, NULL));
             at_max = t->step >= max_steps;
-            bool due = t->step % r->log.every_steps == 0 || epoch_done || at_max || t->stop_sig;
+            bool due = t->step % r->log.every_steps == 0 || epoch_done || at_max || t->stop.sig;
             if (due) KPL_TRY(kpl__trainer_report(t));
             kpl__trainer_draw_bar(t, epoch_done);
             if (r->checkpoint.every_steps > 0 && t->step % r->checkpoint.every_steps == 0 &&
-                !epoch_done && !at_max && !t->stop_sig)
+                !epoch_done && !at_max && !t->stop.sig)
                 KPL_TRY(kpl_trainer_save(t, "steps", ckpt, len));
         }
-        double secs = kpl_seconds() - t->epoch_t0;
+        double secs = kpl_seconds() - t->rep.epoch_t0;
         train_seconds += secs;
-        train_samples += t->epoch_samples * t->world;
+        train_samples += t->rep.epoch_samples * t->world;
         kpl__timing_pause(t); /* an epoch's end is not a step's time */
         KPL_TRY(end_epoch(t, epoch_done, t->step >= max_steps, secs, ckpt, len));
     }
     kpl__prof_flush(t); /* a run that ends or stops inside profile.steps */
-    if (!t->stop_sig) kpl__prof_ended(t);
-    if (t->stop_sig) {
+    if (!t->stop.sig) kpl__prof_ended(t);
+    if (t->stop.sig) {
         *event = "interrupted";
         if (t->rank == 0)
             kpl__log_info(&t->log, "stopped by %s at step %lld: --resume continues from %s",
-                          kpl__signal_name(t->stop_sig), (long long)t->step, ckpt);
+                          kpl__signal_name(t->stop.sig), (long long)t->step, ckpt);
         else
-            kpl__log_info(&t->log, "stopped by %s at step %lld", kpl__signal_name(t->stop_sig),
+            kpl__log_info(&t->log, "stopped by %s at step %lld", kpl__signal_name(t->stop.sig),
                           (long long)t->step);
     }
     say_done(t, *event, train_seconds, train_samples, ckpt);
@@ -406,20 +406,20 @@ kpl_status kpl_trainer_fit(kpl_trainer *t)
     KPL_CHECK(t && t->train, KPL_ESTATE, "kpl_trainer_fit: an evaluation-only trainer has no run");
     char ckpt[PATH_MAX] = "";
     const char *event = "done";
-    t->stoppable = true;
+    t->stop.armed = true;
     kpl_status st = fit(t, &event, ckpt, sizeof ckpt);
-    t->stoppable = false;
+    t->stop.armed = false;
     if (st < 0) {
         kpl__log_error(&t->log, "%s", kpl_last_error());
-        t->failed = true;
+        t->stop.failed = true;
         return st;
     }
     if (strcmp(event, "interrupted")) return KPL_OK;
-    return KPL_ERROR(KPL_ECANCELED, "stopped by %s at step %lld", kpl__signal_name(t->stop_sig),
+    return KPL_ERROR(KPL_ECANCELED, "stopped by %s at step %lld", kpl__signal_name(t->stop.sig),
                      (long long)t->step);
 }
 
-int kpl_trainer_stop_signal(const kpl_trainer *t) { return t ? t->stop_sig : 0; }
+int kpl_trainer_stop_signal(const kpl_trainer *t) { return t ? t->stop.sig : 0; }
 
 /* ---- kpl eval ---------------------------------------------------------------------------------- */
 
@@ -457,7 +457,7 @@ kpl_status kpl_trainer_eval_checkpoint(kpl_trainer *t, const char *checkpoint)
     if (st >= 0) st = check_finite(t, &e, true);
     if (st < 0) {
         kpl__log_error(&t->log, "%s", kpl_last_error());
-        t->failed = true;
+        t->stop.failed = true;
     }
     return st;
 }

@@ -78,18 +78,18 @@ double kpl__trainer_best_of(const kpl_trainer *t, const kpl_eval_result *e)
 
 static kpl__figure *figure(kpl_trainer *t, const char *name)
 {
-    for (int i = 0; i < t->nfig; i++)
-        if (!strcmp(t->fig[i].name, name)) return &t->fig[i];
+    for (int i = 0; i < t->rep.nfig; i++)
+        if (!strcmp(t->rep.fig[i].name, name)) return &t->rep.fig[i];
     return NULL;
 }
 
 void kpl__trainer_epoch_begin(kpl_trainer *t)
 {
-    for (int i = 0; i < t->nfig; i++) t->fig[i].epoch_sum = t->fig[i].epoch_count = 0;
+    for (int i = 0; i < t->rep.nfig; i++) t->rep.fig[i].epoch_sum = t->rep.fig[i].epoch_count = 0;
     t->epoch_skipped0 = t->skipped_steps;
-    t->last_report_step = t->step;
-    t->epoch_t0 = kpl_seconds();
-    t->epoch_samples = t->bar_t = t->bar_samples = t->rate = 0;
+    t->rep.last_report_step = t->step;
+    t->rep.epoch_t0 = kpl_seconds();
+    t->rep.epoch_samples = t->rep.bar_t = t->rep.bar_samples = t->rep.rate = 0;
 }
 
 static double lr_of_report(const kpl_trainer *t)
@@ -113,33 +113,33 @@ static kpl_status fold(kpl__figure *f)
 kpl_status kpl__trainer_report(kpl_trainer *t)
 {
     KPL_TRY(kpl__trainer_check_losses(t));
-    for (int i = 0; i < t->nfig; i++) KPL_TRY(fold(&t->fig[i]));
+    for (int i = 0; i < t->rep.nfig; i++) KPL_TRY(fold(&t->rep.fig[i]));
     int64_t skipped_now = kpl_loader_skipped(t->train);
-    int nf = t->nfig, n = 2 * nf + 2;
+    int nf = t->rep.nfig, n = 2 * nf + 2;
     double v[2 * KPL_FIGURES_MAX + 2];
-    for (int i = 0; i < nf; i++) v[2 * i] = t->fig[i].sum, v[2 * i + 1] = t->fig[i].count;
+    for (int i = 0; i < nf; i++) v[2 * i] = t->rep.fig[i].sum, v[2 * i + 1] = t->rep.fig[i].count;
     v[2 * nf] = (double)(skipped_now - t->train_skipped_seen);
-    v[2 * nf + 1] = t->win_samples;
+    v[2 * nf + 1] = t->rep.win_samples;
     KPL_TRY(kpl_trainer_sum(t, v, n));
     t->train_skipped_seen = skipped_now;
     t->skipped_examples += (int64_t)v[2 * nf];
     double samples = v[2 * nf + 1];
-    t->win_samples = 0;
+    t->rep.win_samples = 0;
     for (int i = 0; i < nf; i++) {
-        kpl__figure *f = &t->fig[i];
+        kpl__figure *f = &t->rep.fig[i];
         f->sum = f->count = 0;
         f->epoch_sum += v[2 * i], f->epoch_count += v[2 * i + 1];
     }
     /* A record for every report with steps behind it, also when every one
      * of them was skipped (its figures are then null): the skips show. */
-    bool any_steps = t->step > t->last_report_step;
-    t->last_report_step = t->step;
+    bool any_steps = t->step > t->rep.last_report_step;
+    t->rep.last_report_step = t->step;
     if (!any_steps) return KPL_OK;
     /* every rank reports at the same step (the conditions of fit's `due`
      * are agreed), so the timing record's gather meets on every rank */
     if (t->rank != 0) return kpl__timing_report(t);
-    double lr = lr_of_report(t), dt = kpl_seconds() - t->epoch_t0;
-    double ips = dt > 0 ? t->epoch_samples * t->world / dt : 0;
+    double lr = lr_of_report(t), dt = kpl_seconds() - t->rep.epoch_t0;
+    double ips = dt > 0 ? t->rep.epoch_samples * t->world / dt : 0;
     json_t *j = json_pack("{s:s, s:I, s:f}", "event", "train", "step", (json_int_t)t->step,
                           "epoch", (double)t->epoch + (double)t->epoch_step / (double)t->steps_per_epoch);
     char line[1024];
@@ -148,12 +148,12 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
                       (long long)t->steps_per_epoch);
     for (int i = 0; i < nf; i++) {
         double m = v[2 * i + 1] > 0 ? v[2 * i] / v[2 * i + 1] : NAN;
-        json_object_set_new(j, t->fig[i].name, kpl__json_num(m));
+        json_object_set_new(j, t->rep.fig[i].name, kpl__json_num(m));
         if (at < (int)sizeof line - 64)
-            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->fig[i].name, m);
+            at += snprintf(line + at, sizeof line - (size_t)at, " %s %.4f", t->rep.fig[i].name, m);
         if (t->log.tb) {
             char tag[64];
-            snprintf(tag, sizeof tag, "train/%s", t->fig[i].name);
+            snprintf(tag, sizeof tag, "train/%s", t->rep.fig[i].name);
             kpl_tb_add_scalar(t->log.tb, tag, t->step, m);
         }
     }
@@ -163,8 +163,10 @@ kpl_status kpl__trainer_report(kpl_trainer *t)
     json_object_set_new(j, "skipped_steps", json_integer(t->skipped_steps));
     json_object_set_new(j, "skipped_examples", json_integer(t->skipped_examples));
     if (t->r->precision == KPL_F16) {
-        json_object_set_new(j, "loss_scale", json_real(t->models[0].scale));
-        json_object_set_new(j, "overflow_skips", json_integer(t->scale_skips));
+        int64_t skips = 0;
+        for (int k = 0; k < t->nmodels; k++) skips += t->models[k].scaler.skips;
+        json_object_set_new(j, "loss_scale", json_real(t->models[0].scaler.scale));
+        json_object_set_new(j, "overflow_skips", json_integer(skips));
     }
     kpl__trainer_emit(t, j);
     if (t->log.tb) {
@@ -180,22 +182,22 @@ void kpl__trainer_draw_bar(kpl_trainer *t, bool force)
 {
     if (!t->log.progress) return;
     double now = kpl_seconds();
-    if (!force && now - t->bar_t < 0.2) return;
+    if (!force && now - t->rep.bar_t < 0.2) return;
     /* The rate of the last redraws (the first step's algorithm search
      * would otherwise weigh on the whole epoch's figure and ETA). */
-    if (t->bar_t > 0 && now > t->bar_t) {
-        double r = (t->epoch_samples - t->bar_samples) / (now - t->bar_t);
-        t->rate = t->rate > 0 ? 0.7 * t->rate + 0.3 * r : r;
+    if (t->rep.bar_t > 0 && now > t->rep.bar_t) {
+        double r = (t->rep.epoch_samples - t->rep.bar_samples) / (now - t->rep.bar_t);
+        t->rep.rate = t->rep.rate > 0 ? 0.7 * t->rep.rate + 0.3 * r : r;
     }
-    t->bar_t = now, t->bar_samples = t->epoch_samples;
-    double per_step = t->rate > 0 && t->epoch_step > 0 ? t->epoch_samples / t->epoch_step / t->rate : 0;
+    t->rep.bar_t = now, t->rep.bar_samples = t->rep.epoch_samples;
+    double per_step = t->rep.rate > 0 && t->epoch_step > 0 ? t->rep.epoch_samples / t->epoch_step / t->rep.rate : 0;
     kpl__figure *f = figure(t, "loss");
-    if (!f && t->nfig) f = &t->fig[0];
+    if (!f && t->rep.nfig) f = &t->rep.fig[0];
     if (f && fold(f) < 0) return; /* a read at most every 0.2 s; an error shows at the report */
     double loss = !f ? NAN : f->count > 0 ? f->sum / f->count
                   : f->epoch_count > 0 ? f->epoch_sum / f->epoch_count : NAN;
     kpl__log_progress(&t->log, t->epoch, t->r->epochs, t->epoch_step, t->steps_per_epoch, loss,
-                 lr_of_report(t), t->rate * t->world,
+                 lr_of_report(t), t->rep.rate * t->world,
                  per_step * (double)(t->steps_per_epoch - t->epoch_step));
 }
 
@@ -207,9 +209,9 @@ static kpl_status figure_add(kpl_trainer *t, const char *name, kpl__figure **out
     if (!f) {
         kpl_figures probe = {0};
         KPL_TRY(kpl_figures_set(&probe, name, 0)); /* the same naming rule */
-        KPL_CHECK(t->nfig < KPL_FIGURES_MAX, KPL_EINVAL, "training figures: more than %d",
+        KPL_CHECK(t->rep.nfig < KPL_FIGURES_MAX, KPL_EINVAL, "training figures: more than %d",
                   KPL_FIGURES_MAX);
-        f = &t->fig[t->nfig++];
+        f = &t->rep.fig[t->rep.nfig++];
         memset(f, 0, sizeof *f);
         f->last = NAN;
         snprintf(f->name, sizeof f->name, "%s", name);

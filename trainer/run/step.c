@@ -32,14 +32,14 @@ static kpl_status check_loss(const kpl__watched *w, double lv)
 
 static kpl_status watch_loss(kpl_trainer *t, const kpl__watched *w)
 {
-    if (t->nwatch == t->capwatch) {
-        int cap = t->capwatch ? 2 * t->capwatch : 16;
-        kpl__watched *n = realloc(t->watch, (size_t)cap * sizeof *n);
+    if (t->rep.nwatch == t->rep.capwatch) {
+        int cap = t->rep.capwatch ? 2 * t->rep.capwatch : 16;
+        kpl__watched *n = realloc(t->rep.watch, (size_t)cap * sizeof *n);
         KPL_CHECK(n, KPL_ENOMEM, "out of memory");
-        t->watch = n, t->capwatch = cap;
+        t->rep.watch = n, t->rep.capwatch = cap;
     }
     kpl_tensor_retain(w->loss);
-    t->watch[t->nwatch++] = *w;
+    t->rep.watch[t->rep.nwatch++] = *w;
     return KPL_OK;
 }
 
@@ -49,14 +49,14 @@ static kpl_status check_watched(kpl_trainer *t, int64_t before)
 {
     kpl_status st = KPL_OK;
     int k = 0, kept = 0;
-    for (; k < t->nwatch && t->watch[k].step < before; k++) {
+    for (; k < t->rep.nwatch && t->rep.watch[k].step < before; k++) {
         double lv = 0;
-        if (st >= 0) st = kpl_tensor_get(t->watch[k].loss, 0, &lv);
-        if (st >= 0) st = check_loss(&t->watch[k], lv);
-        kpl_tensor_release(t->watch[k].loss);
+        if (st >= 0) st = kpl_tensor_get(t->rep.watch[k].loss, 0, &lv);
+        if (st >= 0) st = check_loss(&t->rep.watch[k], lv);
+        kpl_tensor_release(t->rep.watch[k].loss);
     }
-    for (; k < t->nwatch; k++) t->watch[kept++] = t->watch[k];
-    t->nwatch = kept;
+    for (; k < t->rep.nwatch; k++) t->rep.watch[kept++] = t->rep.watch[k];
+    t->rep.nwatch = kept;
     return st;
 }
 
@@ -100,7 +100,7 @@ kpl_status kpl_trainer_backward(kpl_trainer *t, int model, kpl_tensor *loss, dou
     kpl_pool *pool = kpl_pool_push(); /* the scaled loss's */
     /* the mean over micro-batches, and fp16's loss scale (undone before
      * the update, kpl_trainer_update) */
-    double f = md->scale / (double)t->micros;
+    double f = md->scaler.scale / (double)t->micros;
     kpl_tensor *scaled = !pool ? NULL : f != 1 ? kpl_scalar_op(KPL_BIN_MUL, loss, f, false) : loss;
     kpl_status st = scaled ? kpl_backward(scaled, NULL, false) : kpl_last_status();
     if (pool) kpl_pool_pop(pool);
@@ -228,48 +228,6 @@ static double lr_now(const kpl_trainer *t)
     return kpl_lr_at(&t->sched, e);
 }
 
-/* fp16's dynamic loss scale (torch.cuda.amp.GradScaler's rule): the
- * gradients came from a loss multiplied by md->scale.  When one is inf or
- * NaN (*norm comes back non-finite) the scale is multiplied by
- * loss_scale.backoff and the caller leaves the update out; that is how
- * the scale finds its level, not an error.  Otherwise they are divided by
- * the scale and clipped (optimizer.clip_grad_norm), and after
- * loss_scale.interval such updates in a row the scale grows by
- * loss_scale.growth.  The gradients are the same on every rank (reduced),
- * so every rank takes the same decision. */
-static kpl_status unscale(kpl_trainer *t, kpl__model *md, double *norm)
-{
-    const kpl_recipe *r = t->r;
-    /* one pass over the gradients: divided by the scale, and checked
-     * (kpl_k_amp_unscale); the flag is read once, after the last */
-    kpl_tensor *found = NULL;
-    int64_t one = 1;
-    double inf = 0;
-    KPL_TRY(kpl_tensor_empty(t->dev, KPL_F32, 1, &one, &found));
-    kpl_status st = kpl_k_fill(found, 0);
-    for (int i = 0; st >= 0 && i < md->np; i++) {
-        kpl_tensor *g = kpl_grad_get(md->params[i]);
-        if (g) st = kpl_k_amp_unscale(g, 1.0 / md->scale, found);
-    }
-    if (st >= 0) st = kpl_tensor_get(found, 0, &inf);
-    kpl_tensor_release(found);
-    KPL_TRY(st);
-    if (inf != 0) {
-        *norm = INFINITY;
-        md->scale *= r->loss_scale.backoff;
-        md->scale_good = 0;
-        return KPL_OK;
-    }
-    *norm = 0;
-    if (r->optimizer.clip_grad_norm > 0)
-        KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, norm));
-    if (++md->scale_good >= r->loss_scale.interval) {
-        md->scale *= r->loss_scale.growth;
-        md->scale_good = 0;
-    }
-    return KPL_OK;
-}
-
 static kpl_status update(kpl_trainer *t, int model);
 
 kpl_status kpl_trainer_update(kpl_trainer *t, int model)
@@ -295,12 +253,13 @@ static kpl_status update(kpl_trainer *t, int model)
     md->has_grad = false;
     bool skip_mode = r->loss.nonfinite == KPL_NONFINITE_SKIP;
     double norm = 0;
-    if (r->precision == KPL_F16) {
-        KPL_TRY(unscale(t, md, &norm));
-        if (!isfinite(norm)) { /* an overflow: the scale has shrunk, the update is left out */
-            t->scale_skips++;
-            return md->ddp ? kpl_ddp_zero_grad(md->ddp) : (kpl_zero_grad(md->np, md->params), KPL_OK);
-        }
+    bool overflow = false;
+    KPL_TRY(kpl__scaler_unscale(&md->scaler, t->dev, md->np, md->params, &overflow));
+    if (overflow) /* the scale has shrunk, the update is left out */
+        return md->ddp ? kpl_ddp_zero_grad(md->ddp) : (kpl_zero_grad(md->np, md->params), KPL_OK);
+    if (md->scaler.on) {
+        if (r->optimizer.clip_grad_norm > 0)
+            KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, &norm));
     } else if (skip_mode || r->optimizer.clip_grad_norm > 0) {
         KPL_TRY(kpl_clip_grad_norm(md->np, md->params, r->optimizer.clip_grad_norm, &norm));
     }
@@ -372,7 +331,7 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done);
 kpl_status kpl_trainer_step(kpl_trainer *t, bool *epoch_done)
 {
     kpl_status st = step(t, epoch_done);
-    if (st < 0) t->failed = true;
+    if (st < 0) t->stop.failed = true;
     return st;
 }
 
@@ -417,8 +376,8 @@ static kpl_status step(kpl_trainer *t, bool *epoch_done)
             kpl__timing_end(t, cm, t->task->train_step ? NULL : "train_batch", -1);
             t->batch = NULL;
         }
-        t->win_samples += (double)b.size;
-        t->epoch_samples += (double)b.size;
+        t->rep.win_samples += (double)b.size;
+        t->rep.epoch_samples += (double)b.size;
         kpl_batch_release(&b);
         KPL_TRY(st);
     }
@@ -442,7 +401,7 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res);
 kpl_status kpl_trainer_evaluate(kpl_trainer *t, kpl_eval_result *res)
 {
     kpl_status st = evaluate(t, res);
-    if (st < 0 && st != KPL_ECANCELED) t->failed = true;
+    if (st < 0 && st != KPL_ECANCELED) t->stop.failed = true;
     return st;
 }
 
@@ -468,7 +427,7 @@ static kpl_status evaluate(kpl_trainer *t, kpl_eval_result *res)
          * batch (every rank at the same one); the epoch's checkpoint says
          * that its evaluation is still to come */
         int sig = 0;
-        if (t->stoppable && (st = kpl__trainer_agree_stop(t, &sig)) < 0) break;
+        if (t->stop.armed && (st = kpl__trainer_agree_stop(t, &sig)) < 0) break;
         if (sig) {
             st = KPL_ERROR(KPL_ECANCELED, "evaluation stopped by %s after %lld batches",
                            kpl__signal_name(sig), (long long)batches);

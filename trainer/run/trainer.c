@@ -122,16 +122,16 @@ void kpl_trainer_warn(kpl_trainer *t, const char *fmt, ...)
  * SIGTERM reaches all of them, kplrun's too, a `kill` one). */
 kpl_status kpl__trainer_agree_stop(kpl_trainer *t, int *sig)
 {
-    if (!t->stop_sig) {
+    if (!t->stop.sig) {
         double v = stop_signal;
         kpl_status st = kpl__trainer_reduce_host(t, &v, 1, KPL_COMM_MAX);
         if (st < 0) {
-            t->failed = true;
+            t->stop.failed = true;
             return st;
         }
-        t->stop_sig = (int)v;
+        t->stop.sig = (int)v;
     }
-    if (sig) *sig = t->stop_sig;
+    if (sig) *sig = t->stop.sig;
     return KPL_OK;
 }
 
@@ -151,7 +151,7 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
 {
     const kpl_recipe *r = t->r;
     kpl_optim_config oc = given ? *given : r->optimizer.config;
-    if (!given) oc.lr *= t->lr_scale;
+    if (!given) oc.lr = t->sched.base_lr; /* scaled once, by make_schedule */
     /* with DDP, the gradients are views into its buckets: they stay, and
      * DDP zeroes them whole after the update */
     oc.keep_grad = t->comm != NULL;
@@ -163,8 +163,7 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
     free(nd);
     KPL_TRY(st);
     md->base_lr = oc.lr;
-    md->scale = r->precision == KPL_F16 ? r->loss_scale.init : 1;
-    md->scale_good = 0;
+    kpl__scaler_init(&md->scaler, r);
     if (given || !r->optimizer.ngroups) return KPL_OK;
     /* a group of frozen parameters only changes nothing: said, and left
      * out (the optimizer never sees frozen parameters) */
@@ -258,7 +257,7 @@ kpl_status kpl_trainer_add_model(kpl_trainer *t, const char *name, const char *l
                       0);
     /* model.weights go in as model 0 is added: what the task makes from it
      * afterwards (a GAN's moving average) starts from them */
-    if (k == 0 && t->train && !t->resume && t->r->model.weights[0]) KPL_TRY_GOTO(load_weights(t));
+    if (k == 0 && t->train && !t->resume.ckpt && t->r->model.weights[0]) KPL_TRY_GOTO(load_weights(t));
     if (t->train) KPL_TRY_GOTO(make_optim(t, md, oc));
     if (index) *index = k;
     return KPL_OK;
@@ -319,6 +318,12 @@ static kpl_status make_schedule(kpl_trainer *t)
     const kpl_recipe *r = t->r;
     kpl_lr_schedule *s = &t->sched;
     *s = r->schedule.config;
+    /* optimizer.lr_scaling: the one place the recipe's lr is scaled (the
+     * optimizers of the recipe's section start from s->base_lr) */
+    t->lr_scale = 1;
+    if (r->optimizer.lr_scaling == KPL_LR_SCALING_LINEAR)
+        t->lr_scale = (double)(r->data.train.loader.batch_size * t->world * r->optimizer.accumulate) /
+                      (double)r->optimizer.base_batch;
     s->base_lr = r->optimizer.config.lr * t->lr_scale;
     s->epochs = (double)r->epochs;
     /* an iteration schedule: cosine and poly decay over max_steps (the VOC
@@ -370,14 +375,14 @@ static kpl_status start_eval(kpl_trainer *t, const char *checkpoint)
               "(set it, e.g. data.val.path=test)");
     KPL_TRY(kpl__data_prepare_val(t->r, &t->log));
     KPL_TRY(kpl__data_val_input_shape(t->r, t->chw));
-    KPL_TRY(kpl_checkpoint_load(checkpoint, &t->resume));
+    KPL_TRY(kpl_checkpoint_load(checkpoint, &t->resume.ckpt));
     KPL_TRY(make_val_loader(t));
     KPL_TRY(kpl__trainer_make_comm(t));
     KPL_TRY(build_task(t));
-    KPL_TRY(kpl__trainer_restore_models(t, t->resume, checkpoint));
-    if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, t->resume));
-    kpl_checkpoint_destroy(t->resume);
-    t->resume = NULL;
+    KPL_TRY(kpl__trainer_restore_models(t, t->resume.ckpt, checkpoint));
+    if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, t->resume.ckpt));
+    kpl_checkpoint_destroy(t->resume.ckpt);
+    t->resume.ckpt = NULL;
     return KPL_OK;
 }
 
@@ -429,7 +434,7 @@ static kpl_status same_start(kpl_trainer *t, int64_t step)
     KPL_CHECK(v[0] == -v[1], KPL_ESTATE, "the ranks would start from different steps (%.0f to "
               "%.0f; -1: a fresh start); rank %d resumes from %s: every rank reads its checkpoint "
               "itself, so all need the same one, on a file system that every node sees alike",
-              -v[1], v[0], (int)t->rank, t->resume_path[0] ? t->resume_path : "none");
+              -v[1], v[0], (int)t->rank, t->resume.path[0] ? t->resume.path : "none");
     return KPL_OK;
 }
 
@@ -442,20 +447,16 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     memset(&rm, 0, sizeof rm);
     kpl__trainer_restart_checkpoint(t, &resume);
     if (resume) {
-        if (resume[0] && resume != t->resume_path)
-            snprintf(t->resume_path, sizeof t->resume_path, "%s", resume);
+        if (resume[0] && resume != t->resume.path)
+            snprintf(t->resume.path, sizeof t->resume.path, "%s", resume);
         else
-            KPL_CHECK(kpl__trainer_latest_checkpoint(r, t->resume_path, sizeof t->resume_path),
+            KPL_CHECK(kpl__trainer_latest_checkpoint(r, t->resume.path, sizeof t->resume.path),
                       KPL_ENOTFOUND, "--resume: no complete checkpoint in %s%s%s",
                       r->run_dir[0] ? r->run_dir : "runs/", r->run_dir[0] ? "/checkpoints" : r->name,
                       r->run_dir[0] ? "" : "-*/checkpoints");
-        KPL_TRY(kpl_checkpoint_load(t->resume_path, &t->resume));
-        KPL_TRY(kpl__trainer_read_meta(t->resume, t->resume_path, &rm));
+        KPL_TRY(kpl_checkpoint_load(t->resume.path, &t->resume.ckpt));
+        KPL_TRY(kpl__trainer_read_meta(t->resume.ckpt, t->resume.path, &rm));
     }
-    t->lr_scale = 1;
-    if (r->optimizer.lr_scaling == KPL_LR_SCALING_LINEAR)
-        t->lr_scale = (double)(r->data.train.loader.batch_size * t->world * r->optimizer.accumulate) /
-                      (double)r->optimizer.base_batch;
     kpl_status st = make_loaders(t, resume ? &rm : NULL);
     if (st >= 0) st = make_val_loader(t);
     if (st >= 0) st = kpl__trainer_make_comm(t);
@@ -464,11 +465,11 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
     if (st >= 0) st = build_task(t);
-    if (st >= 0 && t->resume) st = kpl__trainer_restore_state(t, &rm);
+    if (st >= 0 && t->resume.ckpt) st = kpl__trainer_restore_state(t, &rm);
     kpl__trainer_meta_free(&rm);
     KPL_TRY(st);
-    kpl_checkpoint_destroy(t->resume);
-    t->resume = NULL;
+    kpl_checkpoint_destroy(t->resume.ckpt);
+    t->resume.ckpt = NULL;
     /* the profiler's ready hooks go before DDP's: a gradient's time is
      * taken before its bucket's allreduce is handed over */
     KPL_TRY(kpl__prof_create(t));
@@ -530,16 +531,16 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     t->r = &t->recipe;
     t->task = task;
     t->run_lock = -1;
-    t->reset_optimizer = opts.reset_optimizer;
-    t->restart = opts.restart > 0 ? opts.restart : 0;
-    t->max_restarts = opts.max_restarts;
-    snprintf(t->restart_reason, sizeof t->restart_reason, "%s",
+    t->resume.reset_optimizer = opts.reset_optimizer;
+    t->resume.restart = opts.restart > 0 ? opts.restart : 0;
+    t->resume.max_restarts = opts.max_restarts;
+    snprintf(t->resume.restart_reason, sizeof t->resume.restart_reason, "%s",
              opts.restart_reason ? opts.restart_reason : "");
     const char *id = opts.job_id ? opts.job_id : "";
-    bool id_ok = strlen(id) < sizeof t->job_id && strspn(id, "abcdefghijklmnopqrstuvwxyz"
+    bool id_ok = strlen(id) < sizeof t->resume.job_id && strspn(id, "abcdefghijklmnopqrstuvwxyz"
                                                           "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
                                                       strlen(id);
-    if (id_ok) snprintf(t->job_id, sizeof t->job_id, "%s", id);
+    if (id_ok) snprintf(t->resume.job_id, sizeof t->resume.job_id, "%s", id);
     t->best = NAN;
     t->t_start = kpl_seconds();
     kpl__trainer_ranks_from_env(t);
@@ -549,7 +550,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
     kpl_status st = check_args(r, task);
     if (st >= 0 && !id_ok)
         st = KPL_ERROR(KPL_EINVAL, "job id '%.80s' (KPL_JOB_ID) names a run directory: letters, "
-                       "digits, '.', '_' and '-' only, at most %d", id, (int)sizeof t->job_id - 1);
+                       "digits, '.', '_' and '-' only, at most %d", id, (int)sizeof t->resume.job_id - 1);
     if (st >= 0) st = task_keys(t);
     while (st >= 0 && task->eval_sums && task->eval_sums[t->neval_sums]) t->neval_sums++;
     if (st >= 0) st = kpl__trainer_pick_device(t);
@@ -565,7 +566,7 @@ kpl_status kpl_trainer_create(const kpl_recipe *r, const kpl_task_kind *task,
         /* the message stays the thread's for the caller (destroy may set others) */
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", kpl_last_error());
-        t->failed = true;
+        t->stop.failed = true;
         kpl_trainer_destroy(t);
         return KPL_ERROR(st, "%s", msg);
     }
@@ -582,18 +583,18 @@ void kpl_trainer_destroy(kpl_trainer *t)
 {
     if (!t) return;
     if (t->task_state) t->task->destroy(t->task_state);
-    for (int k = 0; k < t->nwatch; k++) kpl_tensor_release(t->watch[k].loss);
-    free(t->watch);
-    for (int i = 0; i < t->nfig; i++) kpl_tensor_release(t->fig[i].dsum);
+    for (int k = 0; k < t->rep.nwatch; k++) kpl_tensor_release(t->rep.watch[k].loss);
+    free(t->rep.watch);
+    for (int i = 0; i < t->rep.nfig; i++) kpl_tensor_release(t->rep.fig[i].dsum);
     kpl__prof_flush(t); /* a run that failed inside profile.steps: what it recorded */
     for (int k = 0; k < t->nmodels; k++) model_free(&t->models[k]);
     kpl__prof_destroy(t);
-    kpl_checkpoint_destroy(t->resume);
+    kpl_checkpoint_destroy(t->resume.ckpt);
     kpl_loader_destroy(t->train);
     kpl_loader_destroy(t->val);
     kpl__log_close(&t->log);
     kpl__lockfile_release(t->run_lock); /* after the last write into the run directory */
-    if (t->failed && t->world > 1) failed_comm = t->comm;
+    if (t->stop.failed && t->world > 1) failed_comm = t->comm;
     else kpl_comm_destroy(t->comm);
     free(t);
 }

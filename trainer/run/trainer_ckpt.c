@@ -162,7 +162,7 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
     const char *now = oc->name;
     char want[128], had[NAME_LEN + 64] = "", foreign[NAME_LEN];
     optim_words(now, oc->momentum, oc->nesterov, want, sizeof want);
-    foreign_state(t, k, t->resume, foreign, sizeof foreign);
+    foreign_state(t, k, t->resume.ckpt, foreign, sizeof foreign);
     const json_t *saved = NULL;
     for (size_t i = 0; i < json_array_size(rm->models); i++) {
         const json_t *e = json_array_get(rm->models, i);
@@ -185,36 +185,24 @@ static kpl_status check_optimizer(kpl_trainer *t, int k, const kpl__resume_meta 
     return KPL_ERROR(KPL_EINVAL, "--resume %s: model '%s' was trained with %s, this run's optimizer "
                      "is %s: its state cannot carry over.  Resume with --reset-optimizer to start "
                      "the optimizer state fresh (the weights, data position and generators still "
-                     "resume), or set the checkpoint's optimizer", t->resume_path, md->name, had,
+                     "resume), or set the checkpoint's optimizer", t->resume.path, md->name, had,
                      want);
-}
-
-/* fp16's loss scale and its count of good updates, as saved; a checkpoint
- * without them (another precision, or older) leaves the recipe's start. */
-static void restore_scale(kpl_trainer *t, kpl__model *md, const json_t *scales)
-{
-    json_t *v = json_object_get(scales, md->name);
-    if (t->r->precision != KPL_F16 || !json_is_array(v) || json_array_size(v) != 2)
-        return;
-    json_t *s = json_array_get(v, 0), *g = json_array_get(v, 1);
-    if (json_is_number(s) && json_number_value(s) > 0) md->scale = json_number_value(s);
-    if (json_is_integer(g) && json_integer_value(g) >= 0) md->scale_good = json_integer_value(g);
 }
 
 kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm)
 {
-    kpl_checkpoint *c = t->resume;
+    kpl_checkpoint *c = t->resume.ckpt;
     char name[NAME_LEN];
-    KPL_TRY(kpl__trainer_restore_models(t, c, t->resume_path));
-    if (!t->reset_optimizer)
+    KPL_TRY(kpl__trainer_restore_models(t, c, t->resume.path));
+    if (!t->resume.reset_optimizer)
         for (int k = 0; k < t->nmodels; k++) KPL_TRY(check_optimizer(t, k, rm));
     else if (t->rank == 0)
         kpl__log_warn(&t->log, "--reset-optimizer: the optimizer state of %s starts fresh",
-                      t->resume_path);
+                      t->resume.path);
     for (int k = 0; k < t->nmodels; k++) {
         kpl__model *md = &t->models[k];
         const char *const *slots = NULL;
-        int ns = t->reset_optimizer ? 0 : kpl_optim_state_slots(md->opt, &slots);
+        int ns = t->resume.reset_optimizer ? 0 : kpl_optim_state_slots(md->opt, &slots);
         for (int i = 0; i < md->np; i++)
             for (int s = 0; s < ns; s++) {
                 optim_name(md, i, slots[s], false, name, sizeof name);
@@ -226,7 +214,7 @@ kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm
                 if (x) KPL_TRY(kpl_optim_state_set(md->opt, i, s, x));
             }
         restore_rng(t, k, rm->rng);
-        restore_scale(t, md, rm->scales);
+        kpl__scaler_restore(&md->scaler, json_object_get(rm->scales, md->name));
     }
     if (t->task->restore) KPL_TRY(t->task->restore(t, t->task_state, c));
     t->step = rm->step;
@@ -236,7 +224,7 @@ kpl_status kpl__trainer_restore_state(kpl_trainer *t, const kpl__resume_meta *rm
     t->skipped_steps = rm->skipped_steps;
     t->skipped_examples = rm->skipped_examples;
     /* every rank reads the marker, as it reads the checkpoint itself */
-    t->eval_pending = rm->eval_pending && !kpl__checkpoint_evaluated(t->resume_path);
+    t->eval_pending = rm->eval_pending && !kpl__checkpoint_evaluated(t->resume.path);
     if (rm->world_size != t->world || rm->batch_size != t->r->data.train.loader.batch_size) {
         /* the epoch's steps are counted anew from the loader's position */
         int64_t ep = 0, pos = 0;
@@ -263,7 +251,7 @@ kpl_status kpl__trainer_clean_checkpoints(kpl_trainer *t)
     if (t->rank != 0) return KPL_OK;
     int n = 0;
     double bytes = 0;
-    KPL_TRY(kpl__checkpoint_clean(t->ckpt_dir, t->resume_path, &n, &bytes));
+    KPL_TRY(kpl__checkpoint_clean(t->ckpt_dir, t->resume.path, &n, &bytes));
     if (n > 0)
         kpl__log_warn(&t->log, "removed %d unfinished checkpoint file%s (%.1f MB) left in %s by "
                       "an interrupted save", n, n > 1 ? "s" : "", bytes / 1e6, t->ckpt_dir);
@@ -335,8 +323,7 @@ static json_t *meta_of(kpl_trainer *t, const char *why, const char *yaml, const 
         json_t *scales = json_object();
         for (int k = 0; k < t->nmodels; k++)
             json_object_set_new(scales, t->models[k].name,
-                                json_pack("[fI]", t->models[k].scale,
-                                          (json_int_t)t->models[k].scale_good));
+                                kpl__scaler_state(&t->models[k].scaler));
         json_object_set_new(train, "loss_scale", scales);
     }
     json_object_set_new(train, "skipped_examples", json_integer(t->skipped_examples));
@@ -394,7 +381,7 @@ kpl_status kpl_trainer_save(kpl_trainer *t, const char *why, char *path, size_t 
     kpl__tmark m = kpl__timing_begin(t, -1);
     kpl_status st = save(t, why, path, len);
     kpl__timing_end(t, m, "checkpoint save", -1);
-    if (st < 0) t->failed = true;
+    if (st < 0) t->stop.failed = true;
     return st;
 }
 

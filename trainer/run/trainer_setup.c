@@ -168,21 +168,21 @@ static bool run_of_checkpoint(const char *ckpt, char *dir, size_t len)
 
 void kpl__trainer_restart_checkpoint(kpl_trainer *R, const char **resume)
 {
-    if (R->restart < 1) return;
+    if (R->resume.restart < 1) return;
     const kpl_recipe *r = R->r;
     char dir[PATH_MAX] = "";
     if (r->run_dir[0]) snprintf(dir, sizeof dir, "%s", r->run_dir);
     else if (*resume && (*resume)[0]) run_of_checkpoint(*resume, dir, sizeof dir);
-    else if (!*resume && R->job_id[0]) snprintf(dir, sizeof dir, "runs/%s-%s", r->name, R->job_id);
+    else if (!*resume && R->resume.job_id[0]) snprintf(dir, sizeof dir, "runs/%s-%s", r->name, R->resume.job_id);
     /* --resume alone: the newest checkpoint of the recipe's runs, which is
      * the one this job continued, or one that it wrote since */
     if (*resume && !(*resume)[0] && !dir[0]) {
-        snprintf(R->restart_note, sizeof R->restart_note, "continuing from the newest checkpoint "
+        snprintf(R->resume.restart_note, sizeof R->resume.restart_note, "continuing from the newest checkpoint "
                  "of runs/%s-* (--resume)", r->name);
         return;
     }
     if (!dir[0]) {
-        snprintf(R->restart_note, sizeof R->restart_note, "the run directory of the launch "
+        snprintf(R->resume.restart_note, sizeof R->resume.restart_note, "the run directory of the launch "
                  "before is not known (no run_dir, no job id): starting %s",
                  *resume ? "from the given checkpoint" : "a new run");
         return;
@@ -193,13 +193,13 @@ void kpl__trainer_restart_checkpoint(kpl_trainer *R, const char **resume)
     int64_t *steps = malloc(MAX * sizeof *steps);
     int n = 0;
     if (steps && kpl__checkpoint_list(cd, steps, MAX, &n) >= 0 && n > 0) {
-        kpl__checkpoint_path(cd, steps[n - 1], R->resume_path, sizeof R->resume_path);
-        *resume = R->resume_path;
-        R->reset_optimizer = false; /* the state is this run's own */
-        snprintf(R->restart_note, sizeof R->restart_note, "continuing from the newest complete "
+        kpl__checkpoint_path(cd, steps[n - 1], R->resume.path, sizeof R->resume.path);
+        *resume = R->resume.path;
+        R->resume.reset_optimizer = false; /* the state is this run's own */
+        snprintf(R->resume.restart_note, sizeof R->resume.restart_note, "continuing from the newest complete "
                  "checkpoint of %s", dir);
     } else {
-        snprintf(R->restart_note, sizeof R->restart_note, "no complete checkpoint in %s: %s", cd,
+        snprintf(R->resume.restart_note, sizeof R->resume.restart_note, "no complete checkpoint in %s: %s", cd,
                  !*resume ? "starting fresh" : (*resume)[0] ? "starting from the given checkpoint"
                                                             : "resuming as --resume says");
     }
@@ -247,24 +247,24 @@ kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
     if (R->rank == 0) {
         if (r->run_dir[0]) {
             snprintf(R->run_dir, sizeof R->run_dir, "%s", r->run_dir);
-        } else if (R->resume) {
+        } else if (R->resume.ckpt) {
             /* <run>/checkpoints/ckpt-N.kpl -> <run> */
-            if (!run_of_checkpoint(R->resume_path, R->run_dir, sizeof R->run_dir))
+            if (!run_of_checkpoint(R->resume.path, R->run_dir, sizeof R->run_dir))
                 snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-resumed-%lld", r->name,
                          (long long)time(NULL));
-        } else if (R->job_id[0]) {
+        } else if (R->resume.job_id[0]) {
             /* every launch of the job the same directory; the first one's
              * must be new (another job's would be resumed by a restart) */
-            snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-%s", r->name, R->job_id);
+            snprintf(R->run_dir, sizeof R->run_dir, "runs/%s-%s", r->name, R->resume.job_id);
             st = kpl__mkdirs("runs");
             if (st >= 0 && mkdir(R->run_dir, 0755) != 0) {
                 if (errno != EEXIST)
                     st = KPL_ERROR(KPL_EIO, "cannot create %s: %s", R->run_dir, strerror(errno));
-                else if (R->restart < 1)
+                else if (R->resume.restart < 1)
                     st = KPL_ERROR(KPL_ESTATE, "run directory %s exists already, but this is the "
                                    "first launch of job %s (KPL_JOB_ID): give another job id, a "
                                    "run_dir, or --resume to continue that run", R->run_dir,
-                                   R->job_id);
+                                   R->resume.job_id);
             }
         } else {
             time_t t = time(NULL);
@@ -345,7 +345,7 @@ kpl_status kpl__trainer_make_run_dir(kpl_trainer *R)
         fclose(old);
         if (differs)
             snprintf(path, sizeof path, "%s/config-resume-%lld.yaml", R->run_dir,
-                     (long long)(R->resume ? R->step : 0));
+                     (long long)(R->resume.ckpt ? R->step : 0));
     }
     st = KPL_OK;
     if (differs) {
