@@ -12,13 +12,16 @@
  * pool3 (2048) in the papers; here any classifier of kpl's zoo with a kpl
  * checkpoint, by default a small CNN trained on Fashion-MNIST (128
  * features), so the figures rank models but are not Inception FIDs.
+ * The library only loads that checkpoint: `kpl data fid-net` makes it
+ * (trains the recipe once, as kpl train does), and a missing file is an
+ * error (KPL_ENOTFOUND naming it), never a training started here.
  *
  *   kpl_feature_net *net = NULL;
  *   kpl_fid_stats *real = NULL, *fake = NULL;
  *   double fid = 0;
- *   kpl_status st = kpl_feature_net_ensure(KPL_FID_DEFAULT_RECIPE, KPL_FID_DEFAULT_NETWORK);
- *   if (st >= 0) st = kpl_feature_net_create(KPL_FID_DEFAULT_RECIPE, KPL_FID_DEFAULT_NETWORK,
- *                                            kpl_device_cpu(), &net);
+ *   // the network's file, made beforehand by `kpl data fid-net`
+ *   kpl_status st = kpl_feature_net_create(KPL_FID_DEFAULT_RECIPE, KPL_FID_DEFAULT_NETWORK,
+ *                                          kpl_device_cpu(), &net);
  *   if (st >= 0) st = kpl_fid_stats_create(kpl_feature_net_dim(net), &real);
  *   if (st >= 0) st = kpl_fid_stats_create(kpl_feature_net_dim(net), &fake);
  *   for (each batch of real images x and generated images g, (N, C, H, W) in [0, 1]) {
@@ -49,8 +52,8 @@ extern "C" {
 #endif
 
 /* The stand-in feature network: the default recipe's CNN, trained once by
- * kpl_feature_net_ensure into this file (paths relative to the working
- * directory, as a recipe's data.root). */
+ * `kpl data fid-net` (with no arguments) into this file (paths relative to
+ * the working directory, as a recipe's data.root). */
 #define KPL_FID_DEFAULT_RECIPE "recipes/fashion_mnist/cnn.yaml"
 #define KPL_FID_DEFAULT_NETWORK "data/fid/fmnist_cnn.kpl"
 
@@ -162,11 +165,13 @@ typedef struct kpl_feature_net kpl_feature_net;
  * the stored size of its validation images (converted first when the
  * recipe says how, as kpl eval does).  The recipe's validation mean and
  * std are applied by kpl_feature_net_run.  Errors name the recipe or the
- * checkpoint.  *out owned by the caller. */
+ * checkpoint: KPL_ENOTFOUND for a checkpoint that does not exist (nothing
+ * is trained here; `kpl data fid-net --recipe R -o FILE` makes it).  *out
+ * owned by the caller. */
 kpl_status kpl_feature_net_create(const char *recipe_path, const char *checkpoint_path,
                                   kpl_device *dev, kpl_feature_net **out);
 /* The same with KEY=VALUE overrides of the recipe, as the network was
- * trained (`kpl data fid-net RECIPE KEY=VALUE...`): data.root, model.width
+ * trained (`kpl data fid-net --recipe R KEY=VALUE...`): data.root, model.width
  * and the like decide where its input size comes from and its shapes. */
 kpl_status kpl_feature_net_create_with(const char *recipe_path, int noverrides,
                                        const char *const *overrides,
@@ -201,44 +206,6 @@ kpl_module *kpl_feature_net_model(kpl_feature_net *f);
  * the shape); an op's status otherwise. */
 kpl_status kpl_feature_net_run(kpl_feature_net *f, kpl_tensor *images, kpl_tensor **features,
                                kpl_tensor **probs);
-
-/* ---- making the stand-in ----------------------------------------------------------------- */
-
-/* What kpl_feature_net_ensure_opts may be told. */
-typedef struct {
-    /* KEY=VALUE overrides for the training (`kpl train RECIPE KEY=VALUE...`),
-     * e.g. "epochs=1"; borrowed for the call */
-    int noverrides;
-    const char *const *overrides;
-    /* the kpl command that trains; NULL: found (this process when it is kpl,
-     * else beside the library or the program, else on PATH) */
-    const char *kpl_path;
-    /* what it is doing, one line at a time ("training ...", "waiting for
-     * ..."): called on the caller's thread; NULL: quiet */
-    void (*log)(void *ctx, const char *line);
-    void *log_ctx;
-} kpl_feature_net_ensure_options;
-#define KPL_FEATURE_NET_ENSURE_OPTIONS_INIT {0, NULL, NULL, NULL, NULL}
-
-/* Makes checkpoint_path when it does not exist yet by training the recipe
- * (`kpl train recipe_path run_dir=<checkpoint_path>.run`) and putting its
- * final checkpoint there (a rename: the file appears complete or not at
- * all); an existing file is left as it is, and is not checked here.
- * Safe under mpirun and between programs: the process that takes the lock
- * <checkpoint_path>.lock trains, the others wait until it is done and
- * then find the file; a holder that dies frees the lock, and the next one
- * starts again.  The training is a child process of its own (not a rank
- * of the caller's MPI job: the launcher's environment is left out; all
- * cores; its output in <checkpoint_path>.log), stopped with SIGTERM when
- * the caller dies.  Waits give up on a stop request (kpl_stop_requested:
- * KPL_ECANCELED, the child is stopped).  KPL_ECHILD when the training
- * fails (naming its log), KPL_ENOTFOUND when no kpl command is found,
- * KPL_EIO for files.  Blocking: the default recipe trains in about 100 s
- * on 2 cores. */
-kpl_status kpl_feature_net_ensure(const char *recipe_path, const char *checkpoint_path);
-/* The same with options (o may be NULL: the defaults). */
-kpl_status kpl_feature_net_ensure_opts(const char *recipe_path, const char *checkpoint_path,
-                                       const kpl_feature_net_ensure_options *o);
 
 #ifdef __cplusplus
 }

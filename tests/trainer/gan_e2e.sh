@@ -20,8 +20,10 @@
 #           as the run did), 5 D steps per
 #           G step, a 10 x 10 grid of 32 x 32 colour samples
 #   errors  a generator without latent_dim, an unknown discriminator,
-#           gradient accumulation, a bad grid, a corrupt feature network:
-#           clear errors, exit 1 or 2
+#           gradient accumulation, a bad grid, a corrupt feature network,
+#           a missing one (the run ends at its start, naming the `kpl data
+#           fid-net` command that makes it): clear errors, exit 1 or 2;
+#           kpl data fid-net on a file it made: described, not trained
 set -euo pipefail
 case_=$1 kpl=$2 src=$3 kplrun=${4:-}
 . "$(dirname "$0")/e2e_common.sh"
@@ -176,6 +178,22 @@ errors)
     data.train.limit=640 'model.hidden=[64]' data.root="$tmp/fm64" "${QUIET[@]}" > f64.txt \
     2> f64.err || die "fid-net with overrides: $(tail -3 f64.err)"
   grep -q '"dim":64,' f64.txt || die "fid-net with overrides: $(cat f64.txt)"
+  # again: the file is there, so it is described, not trained again
+  "$kpl" data fid-net --recipe "$src/recipes/fashion_mnist/cnn.yaml" -o fid64.kpl \
+    'model.hidden=[64]' data.root="$tmp/fm64" > f64b.txt 2> f64b.err \
+    || die "fid-net again: $(tail -3 f64b.err)"
+  grep -q '"existed":true,"dim":64,' f64b.txt && ! grep -q 'fid: training' f64b.err \
+    || die "fid-net on its own file: $(cat f64b.txt f64b.err)"
+  # the task loads the file, never makes it: a missing one ends the run at
+  # its start, before any step, naming the command that makes it
+  expect_fail "a missing feature network" "task.gan.fid_network: data/fid/fmnist_cnn.kpl does not \
+exist: make it with 'kpl data fid-net --recipe recipes/fashion_mnist/cnn.yaml -o \
+data/fid/fmnist_cnn.kpl' (or set task.gan.fid_network= to train without FID)" \
+    task.gan.fid_network=data/fid/fmnist_cnn.kpl task.gan.fid_recipe=recipes/fashion_mnist/cnn.yaml \
+    run_dir=r6
+  [[ ! -e data/fid && -z $(ls -A r6/checkpoints 2> /dev/null) ]] \
+    || die "a missing feature network: $(ls -R data/fid r6/checkpoints)"
+  ! grep -q '"event":"train"' r6/metrics.jsonl 2> /dev/null || die "a missing feature network: it trained"
   # a classifier as the generator (the recipe without its dcgan keys)
   sed '/^  dcgan:/,/^    d_norm/d' "$recipe" > cnn.yaml
   rc=0

@@ -6,11 +6,14 @@
  * the mean alone; Gaussians whose FID is known in closed form; statistics
  * merged from halves (the all-reduce path); the Inception Score against
  * numpy and in closed form; the statistics file; bad input.  Then the
- * feature network: made once by kpl_feature_net_ensure (a short training,
- * two processes racing for it), its features and probabilities against the
- * model run by hand, the resize and channel paths, Fashion-MNIST's test
- * images classified well above chance, and its errors.  The comparisons
- * with scipy are skipped when /usr/bin/python3 lacks it. */
+ * feature network: made once by `kpl data fid-net` (a short training in
+ * that process, the file appearing whole, its run directory gone), its
+ * features and probabilities against the model run by hand, the resize
+ * and channel paths, Fashion-MNIST's test images classified well above
+ * chance, and its errors; the command again on the file it made (reported,
+ * not trained), stopped by SIGINT (nothing left at its output), and its
+ * usage errors.  The comparisons with scipy are skipped when
+ * /usr/bin/python3 lacks it. */
 #include "kpl_test.h"
 #include "trainer.h"
 
@@ -505,19 +508,6 @@ static void fmnist_test(int n, float *x, int *labels)
     free(px);
 }
 
-typedef struct {
-    int fd; /* lines go here */
-} line_sink;
-
-static void to_fd(void *ctx, const char *line)
-{
-    line_sink *s = ctx;
-    char buf[2100];
-    int n = snprintf(buf, sizeof buf, "%s\n", line);
-    ssize_t w = write(s->fd, buf, (size_t)n);
-    (void)w;
-}
-
 static int count_lines(const char *path, const char *needle)
 {
     FILE *f = fopen(path, "r");
@@ -528,66 +518,83 @@ static int count_lines(const char *path, const char *needle)
     return n;
 }
 
-/* Two processes want the network at once: one trains (a short run), the
- * other waits for it, and both find it. */
-static void test_ensure(void **state)
+/* The first line of a file (empty when there is none). */
+static void first_line(const char *path, char *buf, size_t len)
+{
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (f && !fgets(buf, (int)len, f)) buf[0] = 0;
+    if (f) fclose(f);
+}
+
+/* `kpl data fid-net ARGS` (a shell command line's tail) with its stdout
+ * and stderr in tmp/<name>.out and .err: the exit status. */
+static int fid_net_cli(const char *name, const char *args)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "'%s' data fid-net %s > '%s/%s.out' 2> '%s/%s.err'", KPL_CLI, args,
+             tmp, name, tmp, name);
+    int rc = system(cmd);
+    assert_true(WIFEXITED(rc));
+    return WEXITSTATUS(rc);
+}
+
+static void show(const char *name)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "tail -n 20 '%s/%s.out' '%s/%s.err' >&2", tmp, name, tmp, name);
+    int rc = system(cmd);
+    (void)rc;
+}
+
+/* The names in dir other than `keep` (a run directory, a temporary file),
+ * space-separated into buf: "" when there are none. */
+static void others_in(const char *dir, const char *keep, char *buf, size_t len)
+{
+    char cmd[1200];
+    snprintf(cmd, sizeof cmd, "ls -A '%s' | grep -vx '%s' | tr '\\n' ' '", dir, keep);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    buf[0] = 0;
+    if (!fgets(buf, (int)len, p)) buf[0] = 0;
+    pclose(p);
+}
+
+/* `kpl data fid-net` makes the network: a short training in that process,
+ * its final checkpoint at -o (the directories above it made), its run
+ * directory gone, one JSON line saying what it is. */
+static void test_make(void **state)
 {
     (void)state;
     if (access(FM "/t10k-images-idx3-ubyte.gz", R_OK) != 0)
         KPL_SKIP(KPL_TEST_SKIP_REF, "Fashion-MNIST (dataset-fashion-mnist)");
     snprintf(net_path, sizeof net_path, "%s/fid/fmnist_cnn.kpl", tmp);
     /* a short training (CI runs this under ASan too): 10,000 images once */
-    const char *ov[] = {"epochs=1", "data.train.limit=10000", "data.val.limit=2000"};
-    char logs[2][512];
-    pid_t pid[2];
-    for (int k = 0; k < 2; k++) {
-        snprintf(logs[k], sizeof logs[k], "%s/ensure%d.txt", tmp, k);
-        pid[k] = fork();
-        assert_true(pid[k] >= 0);
-        if (pid[k] == 0) {
-            line_sink sink = {open(logs[k], O_WRONLY | O_CREAT | O_TRUNC, 0644)};
-            kpl_feature_net_ensure_options o = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
-            o.noverrides = 2, o.overrides = ov, o.log = to_fd, o.log_ctx = &sink;
-            kpl_status st = kpl_feature_net_ensure_opts(RECIPE, net_path, &o);
-            if (st < 0) {
-                char msg[1200];
-                int n = snprintf(msg, sizeof msg, "error: %s\n", kpl_last_error());
-                ssize_t w = write(sink.fd, msg, (size_t)n);
-                (void)w;
-            }
-            _exit(st < 0);
-        }
-    }
+    char args[1200], err[600], out[2048], left[1024];
+    snprintf(args, sizeof args, "--recipe '%s' -o '%s' epochs=1 data.train.limit=10000 "
+             "data.val.limit=2000", RECIPE, net_path);
     double t0 = kpl_seconds();
-    for (int k = 0; k < 2; k++) {
-        int status = 0;
-        assert_int_equal(waitpid(pid[k], &status, 0), pid[k]);
-        if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-            char cmd[1600];
-            snprintf(cmd, sizeof cmd, "cat '%s' '%s' '%s.log' >&2", logs[0], logs[1], net_path);
-            int rc = system(cmd);
-            (void)rc;
-            fail_msg("process %d of kpl_feature_net_ensure failed", k);
-        }
-    }
-    int trained = count_lines(logs[0], "fid: training") + count_lines(logs[1], "fid: training");
-    int waited = count_lines(logs[0], "fid: waiting") + count_lines(logs[1], "fid: waiting");
-    print_message("feature network made in %.1f s: %d process trained, %d waited\n",
-                  kpl_seconds() - t0, trained, waited);
-    assert_int_equal(trained, 1);
-    assert_true(waited >= 1);
+    int rc = fid_net_cli("make", args);
+    if (rc != 0) show("make");
+    assert_int_equal(rc, 0);
+    print_message("feature network made in %.1f s\n", kpl_seconds() - t0);
+    snprintf(err, sizeof err, "%s/make.err", tmp);
+    assert_int_equal(count_lines(err, "fid: training the feature network"), 1);
+    assert_int_equal(count_lines(err, "fid: feature network"), 1); /* "... made in N s" */
+    char json[600];
+    snprintf(json, sizeof json, "%s/make.out", tmp);
+    first_line(json, out, sizeof out);
+    assert_non_null(strstr(out, "{\"event\":\"fid-net\""));
+    assert_non_null(strstr(out, "\"existed\":false"));
+    assert_non_null(strstr(out, "\"dim\":128,\"classes\":10"));
+    assert_int_equal(count_lines(json, "\"event\""), 1); /* stdout is the JSON line alone */
+    assert_int_equal(count_lines(json, ""), 1);
     assert_int_equal(access(net_path, R_OK), 0);
-    char aux[600];
-    snprintf(aux, sizeof aux, "%s.run", net_path);
-    assert_int_not_equal(access(aux, F_OK), 0); /* the run directory is gone */
-    snprintf(aux, sizeof aux, "%s.log", net_path);
-    assert_int_equal(access(aux, R_OK), 0); /* the training's log stays */
-    /* a third call finds it at once */
-    t0 = kpl_seconds();
-    OK(kpl_feature_net_ensure(RECIPE, net_path));
-    assert_true(kpl_seconds() - t0 < 1);
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/fid", tmp);
+    others_in(dir, "fmnist_cnn.kpl", left, sizeof left);
+    assert_string_equal(left, ""); /* no run directory, no temporary */
 }
-
 /* (N, 1, 28, 28) -> (N, 1, 56, 56), each pixel a 2x2 block. */
 static float *upscale2(const float *x, int n)
 {
@@ -771,51 +778,122 @@ static void test_feature_net_errors(void **state)
     assert_null(feat);
     kpl_pool_pop(pool);
     kpl_feature_net_destroy(net);
-    /* making one: a training that fails, no kpl to train with, a stop while waiting */
-    char ck[600];
-    snprintf(ck, sizeof ck, "%s/bad/net.kpl", tmp);
-    const char *bad_ov[] = {"epochs=many"};
-    kpl_feature_net_ensure_options o = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
-    o.noverrides = 1, o.overrides = bad_ov;
-    FAILS(kpl_feature_net_ensure_opts(RECIPE, ck, &o), KPL_ECHILD, "net.kpl.log ends: ");
-    assert_int_not_equal(access(ck, F_OK), 0);
-    o.noverrides = 0, o.kpl_path = "/nonexistent/kpl";
-    FAILS(kpl_feature_net_ensure_opts(RECIPE, ck, &o), KPL_ENOTFOUND, "/nonexistent/kpl");
-    char lock[700];
-    snprintf(lock, sizeof lock, "%s.lock", ck);
-    int fd = -1;
-    OK(kpl__lockfile_try(lock, &fd, NULL, 0, NULL, 0)); /* another holds it */
-    assert_true(fd >= 0);
-    pid_t child = fork();
-    if (child == 0) { /* the waiter: a separate process (flock is per open file) */
-        kpl_request_stop(SIGTERM);
-        kpl_status st = kpl_feature_net_ensure(RECIPE, ck);
-        _exit(st == KPL_ECANCELED && strstr(kpl_last_error(), "stopped while waiting") ? 0 : 1);
-    }
-    int status = 0;
-    assert_int_equal(waitpid(child, &status, 0), child);
-    assert_true(WIFEXITED(status) && WEXITSTATUS(status) == 0);
-    kpl__lockfile_release(fd);
 }
 
-/* `kpl data fid-net`: an existing network is reported, not trained again. */
+/* `kpl data fid-net` again on the file it made: reported, not trained,
+ * the file untouched; its usage and recipe errors (exit 2, nothing made). */
 static void test_cli(void **state)
 {
     (void)state;
     if (!net_path[0] || access(net_path, R_OK) != 0)
         KPL_SKIP(KPL_TEST_SKIP_REF, "the feature network (made from Fashion-MNIST)");
-    char cmd[2048], out[2048] = "";
-    snprintf(cmd, sizeof cmd, "'%s' data fid-net --recipe '%s' -o '%s'", KPL_CLI, RECIPE, net_path);
-    FILE *p = popen(cmd, "r");
-    assert_non_null(p);
-    assert_non_null(fgets(out, sizeof out, p));
-    assert_int_equal(pclose(p), 0);
+    struct stat before, after;
+    assert_int_equal(stat(net_path, &before), 0);
+    char args[1200], path[600], out[2048];
+    snprintf(args, sizeof args, "--recipe '%s' -o '%s'", RECIPE, net_path);
+    int rc = fid_net_cli("again", args);
+    if (rc != 0) show("again");
+    assert_int_equal(rc, 0);
+    snprintf(path, sizeof path, "%s/again.out", tmp);
+    first_line(path, out, sizeof out);
     assert_non_null(strstr(out, "\"dim\":128"));
     assert_non_null(strstr(out, "\"classes\":10"));
     assert_non_null(strstr(out, "\"existed\":true"));
-    snprintf(cmd, sizeof cmd, "'%s' data fid-net --bogus 2>/dev/null", KPL_CLI);
-    int rc = system(cmd);
-    assert_true(WIFEXITED(rc) && WEXITSTATUS(rc) == 2);
+    snprintf(path, sizeof path, "%s/again.err", tmp);
+    assert_int_equal(count_lines(path, "fid: training"), 0);
+    assert_int_equal(stat(net_path, &after), 0);
+    assert_true(before.st_ino == after.st_ino && before.st_size == after.st_size &&
+                before.st_mtim.tv_sec == after.st_mtim.tv_sec &&
+                before.st_mtim.tv_nsec == after.st_mtim.tv_nsec);
+    /* usage: an unknown option; run_dir (the command's own) */
+    assert_int_equal(fid_net_cli("bogus", "--bogus"), 2);
+    snprintf(path, sizeof path, "%s/bogus.err", tmp);
+    assert_int_equal(count_lines(path, "unexpected argument '--bogus'"), 1);
+    snprintf(args, sizeof args, "-o '%s/bad/net.kpl' run_dir=x", tmp);
+    assert_int_equal(fid_net_cli("rundir", args), 2);
+    snprintf(path, sizeof path, "%s/rundir.err", tmp);
+    assert_int_equal(count_lines(path, "'run_dir=x': the run directory is the command's own"), 1);
+    /* a bad override: refused before anything is made */
+    snprintf(args, sizeof args, "--recipe '%s' -o '%s/bad/net.kpl' epochs=many", RECIPE, tmp);
+    assert_int_equal(fid_net_cli("badov", args), 2);
+    snprintf(path, sizeof path, "%s/badov.err", tmp);
+    assert_int_equal(count_lines(path, "epochs"), 1);
+    snprintf(path, sizeof path, "%s/bad", tmp);
+    assert_int_not_equal(access(path, F_OK), 0);
+}
+
+/* Waits up to `secs` for pid; its exit status, or -1 (killed) when it
+ * did not end. */
+static int wait_exit(pid_t pid, double secs)
+{
+    double t0 = kpl_seconds();
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+        if (kpl_seconds() - t0 > secs) {
+            kill(pid, SIGKILL);
+            waitpid(pid, &status, 0);
+            return -1;
+        }
+        usleep(50 * 1000);
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 256 + WTERMSIG(status);
+}
+
+/* A Ctrl-C while `kpl data fid-net` trains: exit 130, and its output as it
+ * was before (absent; with --force, the old file byte for byte), its run
+ * directory gone. */
+static void test_stop(void **state)
+{
+    (void)state;
+    if (!net_path[0] || access(net_path, R_OK) != 0)
+        KPL_SKIP(KPL_TEST_SKIP_REF, "the feature network (made from Fashion-MNIST)");
+    for (int force = 0; force < 2; force++) {
+        char dir[600], out[700], err[700], cmd[2048], left[1024];
+        snprintf(dir, sizeof dir, "%s/stop%d", tmp, force);
+        snprintf(out, sizeof out, "%s/net.kpl", dir);
+        snprintf(err, sizeof err, "%s/stop%d.err", tmp, force);
+        assert_int_equal(mkdir(dir, 0755), 0);
+        if (force) {
+            snprintf(cmd, sizeof cmd, "cp '%s' '%s'", net_path, out);
+            assert_int_equal(system(cmd), 0);
+        }
+        pid_t pid = fork();
+        assert_true(pid >= 0);
+        if (pid == 0) {
+            int fd = open(err, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+            int null = open("/dev/null", O_WRONLY);
+            if (fd < 0 || null < 0 || dup2(fd, 2) < 0 || dup2(null, 1) < 0) _exit(127);
+            /* the whole default recipe (minutes): the stop comes long before its end */
+            char *argv[] = {KPL_CLI, "data", "fid-net", "--recipe", RECIPE, "-o", out,
+                            force ? "--force" : NULL, NULL};
+            execv(KPL_CLI, argv);
+            _exit(127);
+        }
+        /* the handlers are in place once it says it trains */
+        double t0 = kpl_seconds();
+        while (count_lines(err, "fid: training the feature network") == 0 &&
+               kpl_seconds() - t0 < 120 && waitpid(pid, NULL, WNOHANG) == 0)
+            usleep(50 * 1000);
+        assert_int_equal(count_lines(err, "fid: training the feature network"), 1);
+        assert_int_equal(kill(pid, SIGINT), 0);
+        int rc = wait_exit(pid, 300);
+        if (rc != 130) {
+            snprintf(cmd, sizeof cmd, "tail -n 20 '%s' >&2", err);
+            int r = system(cmd);
+            (void)r;
+        }
+        assert_int_equal(rc, 130);
+        /* "fid: SIGINT: OUT not made (left as it was)" */
+        assert_int_equal(count_lines(err, "fid: SIGINT: "), 1);
+        if (force) {
+            snprintf(cmd, sizeof cmd, "cmp -s '%s' '%s'", net_path, out);
+            assert_int_equal(system(cmd), 0);
+        } else {
+            assert_int_not_equal(access(out, F_OK), 0);
+        }
+        others_in(dir, "net.kpl", left, sizeof left);
+        assert_string_equal(left, "");
+    }
 }
 
 static int setup(void **state)
@@ -837,8 +915,8 @@ static int teardown(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        /* first: it forks, before the tests below start BLAS and OpenMP threads */
-        cmocka_unit_test(test_ensure),
+        /* first: the tests of the feature network use what it makes */
+        cmocka_unit_test(test_make),
         cmocka_unit_test(test_fid_scipy_64),
         cmocka_unit_test(test_fid_scipy_256),
         cmocka_unit_test(test_fid_scipy_singular),
@@ -854,6 +932,7 @@ int main(void)
         cmocka_unit_test(test_feature_net),
         cmocka_unit_test(test_feature_net_errors),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_stop),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

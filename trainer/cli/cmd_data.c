@@ -16,8 +16,8 @@
  *   kpl data cocoeval GT.json DETECTIONS.json [--iou-type bbox]
  *   kpl data fid-net [--recipe R] [-o FILE] [--force] [KEY=VALUE ...]
  */
+#include "cli.h" /* trainer.h: cocoeval.h, fid.h, stop requests */
 #include "dataio.h"
-#include "trainer.h" /* cocoeval.h, fid.h, stop requests */
 
 #include <dirent.h>
 #include <errno.h>
@@ -28,8 +28,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-
-int kpl__cmd_data(int argc, char **argv);
 
 static void usage(FILE *f)
 {
@@ -127,10 +125,15 @@ static void usage(FILE *f)
             "                      object (docs/cocoeval.md)\n"
             "  fid-net [--recipe R] [-o FILE] [--force] [KEY=VALUE ...]\n"
             "                      the feature network of FID and the Inception Score\n"
-            "                      (docs/fid.md): trains recipe R (default %s)\n"
-            "                      with the overrides and keeps its final checkpoint as FILE\n"
-            "                      (default %s), unless FILE exists\n"
-            "                      (--force: train again); one JSON line says what it is\n",
+            "                      (docs/fid.md), which a GAN recipe's task.gan.fid_network\n"
+            "                      names: trains recipe R (default %s)\n"
+            "                      with the overrides, as kpl train does, in a run directory\n"
+            "                      beside FILE that goes after, and keeps its final checkpoint\n"
+            "                      as FILE (default %s), unless FILE\n"
+            "                      exists (--force: train again; FILE is replaced when the\n"
+            "                      new one is complete).  One JSON line on stdout says what it\n"
+            "                      is; the training's lines go to stderr.  A stop (SIGINT,\n"
+            "                      SIGTERM) exits 128 + the signal, leaving FILE as it was\n",
             KPL_FID_DEFAULT_RECIPE, KPL_FID_DEFAULT_NETWORK);
 }
 
@@ -551,64 +554,6 @@ static int cmd_cocoeval(int argc, char **argv)
     return 0;
 }
 
-static void say_line(void *ctx, const char *line)
-{
-    (void)ctx;
-    fprintf(stderr, "%s\n", line);
-}
-
-/* The stand-in feature network of FID: made (or found), then loaded once
- * to report what it is. */
-static int cmd_fid_net(int argc, char **argv)
-{
-    const char *recipe = KPL_FID_DEFAULT_RECIPE, *out = KPL_FID_DEFAULT_NETWORK;
-    const char **ov = calloc((size_t)argc + 1, sizeof *ov);
-    int nov = 0;
-    bool force = false;
-    for (int i = 0; ov && i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--recipe") && i + 1 < argc) {
-            recipe = argv[++i];
-        } else if ((!strcmp(a, "-o") || !strcmp(a, "--out")) && i + 1 < argc) {
-            out = argv[++i];
-        } else if (!strcmp(a, "--force")) {
-            force = true;
-        } else if (a[0] != '-' && strchr(a, '=')) {
-            ov[nov++] = a;
-        } else {
-            fprintf(stderr, "kpl data fid-net: unexpected argument '%s' (try 'kpl data --help')\n",
-                    a);
-            free(ov);
-            return 2;
-        }
-    }
-    if (!ov) return fail("fid-net");
-    if (force && unlink(out) != 0 && errno != ENOENT) {
-        fprintf(stderr, "kpl data fid-net: cannot remove %s: %s\n", out, strerror(errno));
-        free(ov);
-        return 1;
-    }
-    bool existed = access(out, F_OK) == 0;
-    kpl_feature_net_ensure_options o = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
-    o.noverrides = nov, o.overrides = ov, o.log = say_line;
-    kpl_catch_stop_signals(true);
-    double t0 = kpl_seconds();
-    kpl_status st = kpl_feature_net_ensure_opts(recipe, out, &o);
-    kpl_feature_net *net = NULL;
-    if (st >= 0) st = kpl_feature_net_create_with(recipe, nov, ov, out, NULL, &net);
-    free(ov);
-    if (st < 0) {
-        fprintf(stderr, "kpl data fid-net: %s\n", kpl_last_error());
-        return st == KPL_ECANCELED ? 128 + kpl_stop_requested() : 1;
-    }
-    printf("{\"event\":\"fid-net\",\"checkpoint\":\"%s\",\"recipe\":\"%s\",\"existed\":%s,"
-           "\"dim\":%lld,\"classes\":%lld,\"id\":\"%s\",\"seconds\":%.1f}\n", out, recipe,
-           existed ? "true" : "false", (long long)kpl_feature_net_dim(net),
-           (long long)kpl_feature_net_classes(net), kpl_feature_net_id(net), kpl_seconds() - t0);
-    kpl_feature_net_destroy(net);
-    return 0;
-}
-
 int kpl__cmd_data(int argc, char **argv)
 {
     if (argc < 1) {
@@ -625,7 +570,7 @@ int kpl__cmd_data(int argc, char **argv)
     if (!strcmp(c, "verify")) return cmd_verify(argc - 1, argv + 1);
     if (!strcmp(c, "synth")) return cmd_synth(argc - 1, argv + 1);
     if (!strcmp(c, "cocoeval")) return cmd_cocoeval(argc - 1, argv + 1);
-    if (!strcmp(c, "fid-net")) return cmd_fid_net(argc - 1, argv + 1);
+    if (!strcmp(c, "fid-net")) return kpl__cmd_fid_net(argc - 1, argv + 1);
     fprintf(stderr, "kpl data: unknown command '%s' (try 'kpl data --help')\n", c);
     return 2;
 }

@@ -164,30 +164,36 @@ static int restart_from_env(kpl_trainer_options *o)
     return 0;
 }
 
+int kpl__cli_train(const kpl_recipe *r, kpl_trainer_options *o, kpl__console *con,
+                   int32_t *rank)
+{
+    if (rank) *rank = 0;
+    const kpl_task_kind *task = task_of(r);
+    if (!task) return 1;
+    o->log = kpl__console_log, o->log_ctx = con, o->progress = con->bar;
+    kpl_trainer *t = NULL;
+    kpl_status st = kpl_trainer_create(r, task, o, &t);
+    if (st < 0) return failed(NULL, st);
+    if (rank) *rank = kpl_trainer_rank(t);
+    st = kpl_trainer_fit(t);
+    int rc = 0;
+    if (st == KPL_ECANCELED) rc = 128 + kpl_trainer_stop_signal(t);
+    else if (st < 0) rc = failed(t, st);
+    kpl_trainer_destroy(t);
+    return rc;
+}
+
 /* `kpl train`: the recipe's task over kpl_trainer_fit; resume NULL (a new
  * run), "" (the newest checkpoint) or a checkpoint file. */
 static int train_run(const kpl_recipe *r, const char *resume, bool reset_optimizer)
 {
     kpl_trainer_options o = KPL_TRAINER_OPTIONS_INIT;
     if (restart_from_env(&o)) return 2;
-    const kpl_task_kind *task = task_of(r);
-    if (!task) return 1;
-    kpl__console con;
-    kpl__console_init(&con, r->log.progress);
-    kpl_trainer *t = NULL;
     o.resume = resume;
     o.reset_optimizer = reset_optimizer;
-    o.log = kpl__console_log, o.log_ctx = &con, o.progress = con.bar;
-    kpl_status st = kpl_trainer_create(r, task, &o, &t);
-    int rc = 0;
-    if (st < 0) {
-        rc = failed(NULL, st);
-    } else {
-        st = kpl_trainer_fit(t);
-        if (st == KPL_ECANCELED) rc = 128 + kpl_trainer_stop_signal(t);
-        else if (st < 0) rc = failed(t, st);
-        kpl_trainer_destroy(t);
-    }
+    kpl__console con;
+    kpl__console_init(&con, r->log.progress);
+    int rc = kpl__cli_train(r, &o, &con, NULL);
     kpl__console_end(&con);
     return rc;
 }

@@ -1,6 +1,7 @@
 /*
  * console.c — what `kpl train` and `kpl eval` print: the trainer's log
- * events (kpl_log_fn) on the terminal.  Rank 0's lines go to stdout, with
+ * events (kpl_log_fn) on the terminal.  Rank 0's lines go to stdout (or
+ * another stream: `kpl data fid-net` keeps stdout for its JSON line), with
  * a progress bar on a terminal (or when kplrun draws it: KPL_PROGRESS),
  * plain report lines on a pipe; every rank's warnings and errors go to
  * stderr as "kpl[rank]: warning: ...".
@@ -16,6 +17,7 @@
 void kpl__console_init(kpl__console *c, kpl_progress_mode mode)
 {
     memset(c, 0, sizeof *c);
+    c->out = stdout;
     /* log.progress auto: a terminal decides, unless the launcher says
      * (kplrun draws rank 0's bar on its own terminal: KPL_PROGRESS=always
      * with the width in COLUMNS) */
@@ -34,14 +36,14 @@ void kpl__console_init(kpl__console *c, kpl_progress_mode mode)
 static void clear_bar(kpl__console *c)
 {
     if (!c->bar_drawn) return;
-    fputs("\r\033[K", stdout);
+    fputs("\r\033[K", c->out);
     c->bar_drawn = false;
 }
 
 void kpl__console_end(kpl__console *c)
 {
     clear_bar(c);
-    fflush(stdout);
+    fflush(c->out);
 }
 
 static void draw(kpl__console *c, const kpl_log_event *e)
@@ -60,8 +62,8 @@ static void draw(kpl__console *c, const kpl_log_event *e)
     int fill = e->steps > 0 ? (int)((double)room * (double)e->step / (double)e->steps) : 0;
     for (int i = 0; i < room; i++) bar[i] = i < fill ? '=' : i == fill ? '>' : ' ';
     bar[room] = 0;
-    printf("\r%s%s%s%s%s\033[K", left, room ? "[" : "", bar, room ? "]" : "", right);
-    fflush(stdout);
+    fprintf(c->out, "\r%s%s%s%s%s\033[K", left, room ? "[" : "", bar, room ? "]" : "", right);
+    fflush(c->out);
     c->bar_drawn = true;
 }
 
@@ -72,7 +74,7 @@ void kpl__console_log(void *ctx, const kpl_log_event *e)
     case KPL_LOG_WARN:
     case KPL_LOG_ERROR:
         clear_bar(c);
-        fflush(stdout);
+        fflush(c->out);
         fprintf(stderr, "kpl[%d]: %s%s\n", (int)e->rank,
                 e->kind == KPL_LOG_WARN ? "warning: " : "error: ", e->text);
         return;
@@ -88,8 +90,8 @@ void kpl__console_log(void *ctx, const kpl_log_event *e)
         if (e->rank != 0 && (e->kind != KPL_LOG_INFO || strncmp(e->text, "profile: steps ", 15)))
             return;
         clear_bar(c);
-        printf("%s\n", e->text);
-        fflush(stdout);
+        fprintf(c->out, "%s\n", e->text);
+        fflush(c->out);
         return;
     }
 }

@@ -88,8 +88,9 @@ static const kpl_key keys[] = {
      "decay of the generator's moving average used for evaluation and samples, warmed up as "
      "min(ema, (1 + n) / (10 + n)) after n generator steps (0: the generator itself)"},
     {"fid_network", KPL_KEY_STRING, "\"data/fid/fmnist_cnn.kpl\"", 0, 0, NULL,
-     "the feature network's checkpoint for FID and Inception Score (trained from fid_recipe "
-     "when missing; \"\": no FID)"},
+     "the feature network's checkpoint for FID and Inception Score, made beforehand by kpl "
+     "data fid-net (a missing file ends the run at its start, naming the command; \"\": no "
+     "FID)"},
     {"fid_recipe", KPL_KEY_STRING, "\"recipes/fashion_mnist/cnn.yaml\"", 0, 0, NULL,
      "the recipe of the feature network (its model and validation transform)"},
     {"fid_samples", KPL_KEY_INT, "10000", 2, 1000000, NULL,
@@ -176,7 +177,22 @@ static kpl_status add_model(kpl_trainer *t, const kpl_model_config *mc, const ch
     return kpl_trainer_add_model(t, name, mc->name, m, oc, NULL);
 }
 
-static void say(void *t, const char *line) { kpl_trainer_info(t, "%s", line); }
+/* The feature network's file is made by `kpl data fid-net`, never here: a
+ * missing one ends the run at its start, before the models are built,
+ * saying the command that makes it. */
+static kpl_status fid_network_exists(const kpl_keyvals *kv)
+{
+    const char *net = NULL, *recipe = NULL;
+    KPL_TRY(kpl_key_string(kv, "fid_network", &net));
+    KPL_TRY(kpl_key_string(kv, "fid_recipe", &recipe));
+    struct stat sb;
+    KPL_CHECK(!net[0] || stat(net, &sb) == 0 || (errno != ENOENT && errno != ENOTDIR),
+              KPL_ENOTFOUND,
+              "task.gan.fid_network: %s does not exist: make it with 'kpl data fid-net "
+              "--recipe %s -o %s' (or set task.gan.fid_network= to train without FID)", net,
+              recipe, net);
+    return KPL_OK;
+}
 
 static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
 {
@@ -186,11 +202,7 @@ static kpl_status setup_fid(kpl_trainer *t, gan *s, const kpl_keyvals *kv)
     KPL_TRY(kpl_key_int(kv, "fid_samples", &s->fid_samples));
     KPL_TRY(kpl_key_int(kv, "is_splits", &s->is_splits));
     if (!net[0]) return KPL_OK;
-    /* the stand-in is trained on first use (minutes): say so */
-    kpl_feature_net_ensure_options eo = KPL_FEATURE_NET_ENSURE_OPTIONS_INIT;
-    eo.log = say, eo.log_ctx = t;
-    kpl_status st = kpl_feature_net_ensure_opts(recipe, net, &eo);
-    if (st >= 0) st = kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet);
+    kpl_status st = kpl_feature_net_create(recipe, net, kpl_trainer_device(t), &s->fnet);
     if (st < 0) return kpl_error_prefix(st, "task.gan.fid_network: ");
     int64_t dim = kpl_feature_net_dim(s->fnet);
     KPL_TRY(kpl_fid_stats_create(dim, &s->real));
@@ -226,6 +238,7 @@ static kpl_status create(kpl_trainer *t, void **state)
     const char *bad = NULL;
     kpl_status cst = check(r, kv, &bad);
     if (cst < 0) return bad ? kpl_error_prefix(cst, "%s: ", bad) : cst;
+    KPL_TRY(fid_network_exists(kv));
     int n = 0;
     KPL_TRY(kpl_key_ints(kv, "grid", s->grid, 2, &n));
     KPL_CHECK(r->optimizer.accumulate == 1, KPL_EINVAL, "optimizer.accumulate %lld: the gan task's "
