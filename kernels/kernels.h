@@ -110,7 +110,7 @@ const char *kpl_status_str(kpl_status st);
 /* The default one-line meaning of a status ("shape mismatch"). */
 const char *kpl_status_msg(kpl_status st);
 /* The detailed message of this thread's last failing call, e.g.
- * "add: shapes (2,3) and (4) cannot be broadcast [kernels/ops.c:88]".
+ * "add: shapes (2,3) and (4) cannot be broadcast [kernels/ops_eltwise.c:49]".
  * Valid until the thread's next failing call; "" when nothing failed. */
 const char *kpl_last_error(void);
 /* The status of this thread's last failing call (KPL_OK if none). */

@@ -10,23 +10,33 @@
 
 /* ---- boxes ---------------------------------------------------------------------- */
 
-static kpl_status box_arg(const char *op, const kpl_tensor *t, const char *name)
-{
-    char b[KPL_SHAPE_BUF];
-    KPL_CHECK(t->ndim == 2 && t->shape[1] == 4, KPL_ESHAPE,
-              "%s: '%s' has shape %s; boxes are (N, 4) rows (x0, y0, x1, y1)", op, name,
-              KPL_SHAPE(t, b));
-    KPL_CHECK(t->dtype == KPL_F32 || t->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: '%s' has dtype %s; boxes are f32 or f64", op, name, kpl_dtype_name(t->dtype));
-    return KPL_OK;
-}
+/* An (N, 4) operand of f32 or f64 boxes. */
+#define BOXES .rank = 2, .cols = 4, .shape_is = "boxes are (N, 4) rows (x0, y0, x1, y1)", \
+              .dtypes = KPL_DT_F32_F64, .dtypes_are = "boxes are f32 or f64"
 
-kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *boxes)
+static const kpl_arg_spec box_arg = {"boxes", BOXES};
+
+/* kpl_k_box_iou(out, a, b) */
+enum { IOU_A, IOU_B, IOU_OUT };
+static const kpl_op_spec box_iou_spec = {{
+    [IOU_A] = {"a", BOXES},
+    [IOU_B] = {"b", BOXES, .device = KPL_AS(IOU_A), .dtype = KPL_AS(IOU_A)},
+    [IOU_OUT] = {"out", .device = KPL_AS(IOU_A), .dtype = KPL_AS(IOU_A),
+                 .disjoint = KPL_ARGSET(IOU_A) | KPL_ARGSET(IOU_B)},
+}};
+/* kpl_k_nms(keep, boxes, scores, idxs) */
+enum { NMS_BOXES, NMS_SCORES, NMS_IDXS, NMS_KEEP };
+static const kpl_op_spec nms_spec = {{
+    [NMS_BOXES] = {"boxes", BOXES},
+    [NMS_SCORES] = {"scores", .dtypes = KPL_DT_F32_F64, .device = KPL_AS(NMS_BOXES)},
+    [NMS_IDXS] = {"idxs", .optional = true, .dtypes = KPL_DT(KPL_I64),
+                  .device = KPL_AS(NMS_BOXES)},
+    [NMS_KEEP] = {"keep", .dtypes = KPL_DT(KPL_I64), .device = KPL_AS(NMS_BOXES)},
+}};
+
+/* Every row of checked boxes is a box: finite, x1 >= x0, y1 >= y0. */
+static kpl_status box_values(const char *op, const char *name, const kpl_tensor *boxes)
 {
-    op = op ? op : "box_check";
-    name = name ? name : "boxes";
-    CHECK_ARG(op, boxes, name);
-    KPL_TRY(box_arg(op, boxes, name));
     if (boxes->numel == 0) return KPL_OK;
     const void *h = kpl__host_cdata(boxes);
     if (!h) return kpl_last_status();
@@ -46,28 +56,27 @@ kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *b
     return KPL_OK;
 }
 
+kpl_status kpl_k_box_check(const char *op, const char *name, const kpl_tensor *boxes)
+{
+    op = op ? op : "box_check";
+    name = name ? name : "boxes";
+    CHECK_ARG(op, boxes, name);
+    KPL_TRY(kpl__ops_check_arg(op, &box_arg, name, boxes));
+    return box_values(op, name, boxes);
+}
+
 kpl_status kpl_k_box_iou(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
                          kpl_box_metric metric, bool pairwise)
 {
     const char *op = metric == KPL_BOX_GIOU ? "generalized_box_iou" : "box_iou";
-    CHECK_ARG(op, out, "out");
-    CHECK_ARG(op, a, "a");
-    CHECK_ARG(op, b, "b");
     KPL_CHECK(metric == KPL_BOX_IOU || metric == KPL_BOX_GIOU, KPL_EINVAL,
               "box_iou: unknown metric %d", (int)metric);
-    KPL_TRY(box_arg(op, a, "a"));
-    KPL_TRY(box_arg(op, b, "b"));
-    KPL_TRY(same_device(op, b, "b", a, "a"));
-    KPL_TRY(same_device(op, out, "out", a, "a"));
-    KPL_TRY(want_dtype(op, b, "b", a->dtype));
-    KPL_TRY(want_dtype(op, out, "out", a->dtype));
+    KPL_TRY(kpl__ops_check(op, &box_iou_spec, (const kpl_tensor *[]){a, b, out}));
     int64_t n = a->shape[0], m = b->shape[0], os[2] = {n, m};
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
     KPL_CHECK(pairwise || n == m, KPL_ESHAPE, "%s: matched pairs need as many boxes in 'b' %s "
               "as in 'a' %s", op, KPL_SHAPE(b, b1), KPL_SHAPE(a, b2));
-    KPL_TRY(same_shape(op, out, pairwise ? 2 : 1, os));
-    KPL_CHECK(out->storage != a->storage && out->storage != b->storage, KPL_EINVAL,
-              "%s: 'out' may not alias 'a' or 'b'", op);
+    KPL_TRY(same_shape(op, out, "out", pairwise ? 2 : 1, os));
     if (out->numel == 0) return KPL_OK;
     kpl_box_attrs at = {.metric = metric, .pairwise = pairwise, .n = n, .m = m};
     return dispatch(KPL_KOP_BOX, a->dtype, out, a, b, NULL, &at);
@@ -77,32 +86,21 @@ kpl_status kpl_k_nms(kpl_tensor *keep, int64_t *nkeep, const kpl_tensor *boxes,
                      const kpl_tensor *scores, const kpl_tensor *idxs, double iou_threshold)
 {
     const char *op = idxs ? "batched_nms" : "nms";
-    CHECK_ARG(op, keep, "keep");
+    KPL_TRY(kpl__ops_check(op, &nms_spec, (const kpl_tensor *[]){boxes, scores, idxs, keep}));
     KPL_CHECK(nkeep != NULL, KPL_EINVAL, "%s: argument 'nkeep' is NULL", op);
-    CHECK_ARG(op, boxes, "boxes");
-    CHECK_ARG(op, scores, "scores");
     KPL_CHECK(iou_threshold >= 0, KPL_EINVAL, "%s: iou_threshold %g must be >= 0 (a box is "
               "suppressed when its IoU with a kept box is greater)", op, iou_threshold);
-    KPL_TRY(kpl_k_box_check(op, "boxes", boxes));
     int64_t n = boxes->shape[0];
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
     KPL_CHECK(scores->ndim == 1 && scores->shape[0] == n, KPL_ESHAPE,
               "%s: 'scores' has shape %s; expected (%lld), one per row of 'boxes' %s", op,
               KPL_SHAPE(scores, b1), (long long)n, KPL_SHAPE(boxes, b2));
-    KPL_CHECK(scores->dtype == KPL_F32 || scores->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: 'scores' has dtype %s; f32 and f64 are supported", op,
-              kpl_dtype_name(scores->dtype));
-    KPL_TRY(same_device(op, scores, "scores", boxes, "boxes"));
-    if (idxs) {
+    if (idxs)
         KPL_CHECK(idxs->ndim == 1 && idxs->shape[0] == n, KPL_ESHAPE,
                   "%s: 'idxs' has shape %s; expected (%lld), a class id per row of 'boxes' %s",
                   op, KPL_SHAPE(idxs, b1), (long long)n, KPL_SHAPE(boxes, b2));
-        KPL_TRY(want_dtype(op, idxs, "idxs", KPL_I64));
-        KPL_TRY(same_device(op, idxs, "idxs", boxes, "boxes"));
-    }
-    KPL_TRY(want_dtype(op, keep, "keep", KPL_I64));
-    KPL_TRY(same_device(op, keep, "keep", boxes, "boxes"));
-    KPL_TRY(same_shape(op, keep, 1, &n));
+    KPL_TRY(same_shape(op, keep, "keep", 1, &n));
+    KPL_TRY(box_values(op, "boxes", boxes));
     *nkeep = 0;
     if (n == 0) return KPL_OK;
     kpl_box_attrs at = {.nms = true, .n = n, .thr = iou_threshold, .nkeep = nkeep};
@@ -165,32 +163,36 @@ static kpl_status roi_values(const char *op, const kpl_tensor *rois, int64_t n,
     return KPL_OK;
 }
 
-/* The checks the two directions share: `feat` is x (forward) or gx
- * (backward), (N, C, H, W); `bins` is out or gy, (K, C, out_h, out_w). */
-static kpl_status roi_common(const char *op, const kpl_tensor *feat, const char *fname,
-                             const kpl_tensor *bins, const char *bname, const kpl_tensor *rois,
+/* kpl_k_roi_align(out, x, rois) and kpl_k_roi_align_bwd(gx, gy, rois):
+ * the feature map (x or gx, (N, C, H, W)), the rois, the bins (out or gy,
+ * (K, C, out_h, out_w)). */
+enum { ROI_FEAT, ROI_ROIS, ROI_BINS };
+#define ROI_SPEC(feat, bins)                                                                  \
+    {{                                                                                        \
+        [ROI_FEAT] = {feat, .rank = 4, .shape_is = "expected (N, C, H, W)",                   \
+                      .dtypes = KPL_DT_F32_F64,                                               \
+                      .disjoint = KPL_ARGSET(ROI_ROIS) | KPL_ARGSET(ROI_BINS)},               \
+        [ROI_ROIS] = {"rois", .rank = 2, .cols = 5,                                           \
+                      .shape_is = "rois are (K, 5) rows (batch index, x0, y0, x1, y1)",       \
+                      .device = KPL_AS(ROI_FEAT), .dtype = KPL_AS(ROI_FEAT)},                 \
+        [ROI_BINS] = {bins, .device = KPL_AS(ROI_FEAT), .dtype = KPL_AS(ROI_FEAT)},           \
+    }}
+static const kpl_op_spec roi_fwd_spec = ROI_SPEC("x", "out");
+static const kpl_op_spec roi_bwd_spec = ROI_SPEC("gx", "gy");
+
+/* The checks the two directions share once their operands passed their
+ * spec: the feature map has a plane, the parameters, the bins' shape, the
+ * rois' values. */
+static kpl_status roi_common(const char *op, const kpl_op_spec *spec, const kpl_tensor *feat,
+                             const kpl_tensor *bins, const kpl_tensor *rois,
                              const kpl_roi_align_params *p, kpl_roi_attrs *a)
 {
-    CHECK_ARG(op, feat, fname);
-    CHECK_ARG(op, bins, bname);
-    CHECK_ARG(op, rois, "rois");
+    const char *fname = spec->arg[ROI_FEAT].name, *bname = spec->arg[ROI_BINS].name;
     KPL_CHECK(p != NULL, KPL_EINVAL, "%s: argument 'p' is NULL", op);
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-    KPL_CHECK(feat->ndim == 4, KPL_ESHAPE, "%s: '%s' has shape %s; expected (N, C, H, W)", op,
-              fname, KPL_SHAPE(feat, b1));
-    KPL_CHECK(feat->dtype == KPL_F32 || feat->dtype == KPL_F64, KPL_EDTYPE,
-              "%s: '%s' has dtype %s; f32 and f64 are supported", op, fname,
-              kpl_dtype_name(feat->dtype));
-    KPL_CHECK(rois->ndim == 2 && rois->shape[1] == 5, KPL_ESHAPE,
-              "%s: 'rois' has shape %s; rois are (K, 5) rows (batch index, x0, y0, x1, y1)", op,
-              KPL_SHAPE(rois, b1));
     KPL_CHECK((feat->shape[2] > 0 && feat->shape[3] > 0) || rois->shape[0] == 0, KPL_ESHAPE,
               "%s: '%s' has shape %s: no feature map to sample the rois from", op, fname,
               KPL_SHAPE(feat, b1));
-    KPL_TRY(want_dtype(op, rois, "rois", feat->dtype));
-    KPL_TRY(want_dtype(op, bins, bname, feat->dtype));
-    KPL_TRY(same_device(op, rois, "rois", feat, fname));
-    KPL_TRY(same_device(op, bins, bname, feat, fname));
     KPL_CHECK(p->out_h >= 1 && p->out_w >= 1, KPL_EINVAL,
               "%s: the output size %lld x %lld must be at least 1 x 1", op, (long long)p->out_h,
               (long long)p->out_w);
@@ -204,8 +206,6 @@ static kpl_status roi_common(const char *op, const kpl_tensor *feat, const char 
     for (int d = 0; eq && d < 4; d++) eq = bins->shape[d] == bs[d];
     KPL_CHECK(eq, KPL_ESHAPE, "%s: '%s' has shape %s; expected %s (rois, channels, out_h, out_w)",
               op, bname, KPL_SHAPE(bins, b1), kpl_shape_str(4, bs, b2, sizeof b2));
-    KPL_CHECK(feat->storage != bins->storage && feat->storage != rois->storage, KPL_EINVAL,
-              "%s: '%s' may not share memory with '%s' or 'rois'", op, fname, bname);
     KPL_TRY(roi_values(op, rois, feat->shape[0], p));
     *a = (kpl_roi_attrs){.n = feat->shape[0], .c = feat->shape[1], .h = feat->shape[2],
                          .w = feat->shape[3], .k = rois->shape[0], .p = *p};
@@ -215,8 +215,10 @@ static kpl_status roi_common(const char *op, const kpl_tensor *feat, const char 
 kpl_status kpl_k_roi_align(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *rois,
                            const kpl_roi_align_params *p)
 {
+    const char *op = "roi_align";
+    KPL_TRY(kpl__ops_check(op, &roi_fwd_spec, (const kpl_tensor *[]){x, rois, out}));
     kpl_roi_attrs a;
-    KPL_TRY(roi_common("roi_align", x, "x", out, "out", rois, p, &a));
+    KPL_TRY(roi_common(op, &roi_fwd_spec, x, out, rois, p, &a));
     if (out->numel == 0) return KPL_OK;
     return dispatch(KPL_KOP_ROI_ALIGN, x->dtype, out, x, rois, NULL, &a);
 }
@@ -224,8 +226,10 @@ kpl_status kpl_k_roi_align(kpl_tensor *out, const kpl_tensor *x, const kpl_tenso
 kpl_status kpl_k_roi_align_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *rois,
                                const kpl_roi_align_params *p)
 {
+    const char *op = "roi_align_bwd";
+    KPL_TRY(kpl__ops_check(op, &roi_bwd_spec, (const kpl_tensor *[]){gx, rois, gy}));
     kpl_roi_attrs a;
-    KPL_TRY(roi_common("roi_align_bwd", gx, "gx", gy, "gy", rois, p, &a));
+    KPL_TRY(roi_common(op, &roi_bwd_spec, gx, gy, rois, p, &a));
     a.bwd = true;
     if (gx->numel == 0) return KPL_OK;
     if (gy->numel == 0) return kpl_k_fill(gx, 0);

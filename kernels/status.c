@@ -53,7 +53,7 @@ kpl_status kpl_error_at(kpl_status st, const char *file, int line,
     va_start(ap, fmt);
     vsnprintf(body, sizeof body, fmt, ap);
     va_end(ap);
-    /* Keep the path from the module folder on ("kernels/ops.c"). */
+    /* Keep the path from the module folder on ("kernels/ops_common.c"). */
     const char *short_file = file;
     for (const char *p = file; *p; p++)
         if (p[0] == '/' && p[1]) {

@@ -3,7 +3,7 @@
  * backward-weights.  f32 and bf16 run on oneDNN's convolution primitives,
  * cached per problem like matmul's (bf16 only where the CPU has AVX512-BF16
  * or AMX: elsewhere oneDNN would emulate it slower than f32 runs, and
- * kernels/ops.c computes bf16 in f32 instead); f64 runs on the plain
+ * kernels/ops_matmul.c computes bf16 in f32 instead); f64 runs on the plain
  * reference loops below, which are also what the tests check oneDNN
  * against.
  *

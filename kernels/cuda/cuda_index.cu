@@ -526,7 +526,7 @@ static kpl_status scatter_add_typed(kpl_cuda_state *cs, kpl_device *dev,
 /* ---- the index kernel ---------------------------------------------------------------- */
 
 /* in[0]: x (select, gather), g (index_add) or src (scatter_add); in[1]:
- * idx.  ops.c has copied x into a scatter_add's out.  Moves (select,
+ * idx.  ops_index.c has copied x into a scatter_add's out.  Moves (select,
  * gather) go by element size, so one kernel per size serves every dtype. */
 static kpl_status cuda_index(const kpl_kernel_args *args)
 {

@@ -3,7 +3,7 @@
  *
  * Struct layouts, the error macros every module uses internally, the device
  * backend vtable, the caching allocator, and the attribute structs that the
- * front end (ops.c) hands to the registered kernels.
+ * front ends (ops_*.c) hand to the registered kernels.
  */
 #ifndef KPL_KERNELS_IMPL_H
 #define KPL_KERNELS_IMPL_H
@@ -366,7 +366,7 @@ typedef struct {
     int64_t xshape[KPL_MAX_DIMS];
     /* GATHER, SCATTER_ADD: on KPL_ERANGE the kernel writes here (host
      * memory) the flat position in idx of the first index out of range,
-     * in row-major order, and its value, for ops.c to name. */
+     * in row-major order, and its value, for ops_index.c to name. */
     int64_t *bad;
 } kpl_index_attrs;
 

@@ -59,7 +59,7 @@ static void test_amp_unscale_gpu(void **state)
     }
 }
 
-/* The attributes ops.c would make for (B?, M, K) @ (B?, K, N) products
+/* The attributes ops_matmul.c would make for (B?, M, K) @ (B?, K, N) products
  * with 3-D dims as stored. */
 static kpl_matmul_attrs mm_attrs(const int64_t *ad, const int64_t *bd, const int64_t *od, bool ta,
                                  bool tb)

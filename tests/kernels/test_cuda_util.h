@@ -105,7 +105,7 @@ static inline void release_all(kpl_tensor **ts, size_t n)
 
 /* Runs the kernel registered for (op, the device under test, dt) on
  * hand-made arguments: reaches kernels that the front end may route
- * elsewhere (f16/bf16 matmul and convolution go through f32 in ops.c
+ * elsewhere (f16/bf16 matmul and convolution go through f32 in ops_matmul.c
  * until it dispatches to them). */
 static inline kpl_status run_kernel(kpl_kop op, kpl_dtype dt, kpl_tensor *out,
                                     const kpl_tensor *a, const kpl_tensor *b,

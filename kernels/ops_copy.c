@@ -1,0 +1,160 @@
+/*
+ * ops_copy.c — the front end of the calls that write a tensor whole from
+ * little or from another one: kpl_k_fill, kpl_k_arange, the random fills
+ * (kpl_rng: Philox counters), kpl_k_cast, kpl_k_copy (the one explicit
+ * transfer between devices) and kpl_k_expand (a broadcast copy).
+ */
+#include "ops_impl.h"
+
+#include <stdlib.h>
+
+/* ---- fills ------------------------------------------------------------------------- */
+
+enum { FILL_OUT };
+static const kpl_op_spec fill_spec = {{[FILL_OUT] = {"out"}}};
+static const kpl_op_spec arange_spec = {{
+    [FILL_OUT] = {"out", .dtypes = KPL_DT(KPL_F32) | KPL_DT(KPL_F64) | KPL_DT(KPL_I32) |
+                                   KPL_DT(KPL_I64)},
+}};
+static const kpl_op_spec random_spec = {{[FILL_OUT] = {"out", .dtypes = KPL_DT_FLOAT}}};
+
+kpl_status kpl_k_fill(kpl_tensor *out, double value)
+{
+    KPL_TRY(kpl__ops_check("fill", &fill_spec, (const kpl_tensor *[]){out}));
+    if (out->numel == 0) return KPL_OK;
+    kpl_fill_attrs attrs = {value};
+    return dispatch(KPL_KOP_FILL, out->dtype, out, NULL, NULL, NULL, &attrs);
+}
+
+kpl_status kpl_k_arange(kpl_tensor *out, double start, double step)
+{
+    KPL_TRY(kpl__ops_check("arange", &arange_spec, (const kpl_tensor *[]){out}));
+    if (out->numel == 0) return KPL_OK;
+    kpl_arange_attrs attrs = {start, step};
+    return dispatch(KPL_KOP_ARANGE, out->dtype, out, NULL, NULL, NULL, &attrs);
+}
+
+/* ---- random fills ------------------------------------------------------------------ */
+
+struct kpl_rng {
+    uint64_t seed, offset;
+};
+
+kpl_rng *kpl_rng_create(uint64_t seed)
+{
+    kpl_rng *r = calloc(1, sizeof *r);
+    if (r) r->seed = seed;
+    return r;
+}
+void kpl_rng_destroy(kpl_rng *rng) { free(rng); }
+uint64_t kpl_rng_seed(const kpl_rng *rng) { return rng->seed; }
+uint64_t kpl_rng_offset(const kpl_rng *rng) { return rng->offset; }
+void kpl_rng_set_state(kpl_rng *rng, uint64_t seed, uint64_t offset)
+{
+    rng->seed = seed;
+    rng->offset = offset;
+}
+
+static kpl_status random_fill(const char *name, kpl_tensor *out, kpl_rng *rng, int normal,
+                              double p1, double p2)
+{
+    KPL_TRY(kpl__ops_check(name, &random_spec, (const kpl_tensor *[]){out}));
+    CHECK_ARG(name, rng, "rng");
+    if (out->numel == 0) return KPL_OK;
+    kpl_random_attrs attrs = {normal, rng->seed, rng->offset, p1, p2};
+    KPL_TRY(dispatch(KPL_KOP_RANDOM, out->dtype, out, NULL, NULL, NULL, &attrs));
+    int64_t per = out->dtype == KPL_F64 ? 2 : 4;
+    rng->offset += (uint64_t)((out->numel + per - 1) / per);
+    return KPL_OK;
+}
+
+kpl_status kpl_k_uniform(kpl_tensor *out, kpl_rng *rng, double lo, double hi)
+{
+    KPL_CHECK(lo <= hi, KPL_EINVAL, "uniform: lo %g is greater than hi %g", lo, hi);
+    return random_fill("uniform", out, rng, 0, lo, hi);
+}
+
+kpl_status kpl_k_normal(kpl_tensor *out, kpl_rng *rng, double mean, double std)
+{
+    KPL_CHECK(std >= 0, KPL_EINVAL, "normal: negative std %g", std);
+    return random_fill("normal", out, rng, 1, mean, std);
+}
+
+/* ---- casts and copies -------------------------------------------------------------- */
+
+enum { CP_X, CP_OUT };
+static const kpl_op_spec cast_spec = {{
+    [CP_X] = {"x"},
+    [CP_OUT] = {"out", .device = KPL_AS(CP_X), .shape = KPL_AS(CP_X), .in_place = KPL_ARGSET(CP_X)},
+}};
+/* Across devices too, and between shapes of as many elements. */
+static const kpl_op_spec copy_spec = {{
+    [CP_X] = {"x"},
+    [CP_OUT] = {"out", .dtype = KPL_AS(CP_X), .in_place = KPL_ARGSET(CP_X)},
+}};
+static const kpl_op_spec expand_spec = {{
+    [CP_X] = {"x"},
+    [CP_OUT] = {"out", .device = KPL_AS(CP_X), .dtype = KPL_AS(CP_X), .disjoint = KPL_ARGSET(CP_X)},
+}};
+
+kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x)
+{
+    KPL_TRY(kpl__ops_check("cast", &cast_spec, (const kpl_tensor *[]){x, out}));
+    KPL_CHECK(out->dtype == x->dtype || out->storage != x->storage, KPL_EINVAL,
+              "cast: 'out' may not alias 'x' across dtypes");
+    if (x->numel == 0 || (out == x)) return KPL_OK;
+    return dispatch(KPL_KOP_CAST, x->dtype, out, x, NULL, NULL, NULL);
+}
+
+/* A copy between two devices, the one explicit transfer path. */
+static kpl_status copy_across(kpl_tensor *out, const kpl_tensor *x)
+{
+    kpl_device *od = out->storage->dev, *xd = x->storage->dev;
+    size_t bytes = kpl_tensor_nbytes(x);
+    kpl_tensor *xm = (kpl_tensor *)x;
+    if (od->type != KPL_DEVICE_CPU && xd->type == KPL_DEVICE_CPU) {
+        void *dst = kpl_tensor_mutable(out);
+        const void *src = kpl__host_cdata(xm);
+        if (!dst || !src) return kpl_last_status();
+        return od->backend->copy_h2d(od, dst, src, bytes);
+    }
+    if (od->type == KPL_DEVICE_CPU && xd->type != KPL_DEVICE_CPU) {
+        const void *src = kpl__cdata(xm);
+        char *dst = kpl_storage_host_mutable(out->storage);
+        if (!dst || !src) return kpl_last_status();
+        dst += out->offset;
+        return xd->backend->copy_d2h(xd, dst, src, bytes);
+    }
+    /* GPU to another GPU: through the source's host copy. */
+    const void *src = kpl__host_cdata(xm);
+    void *dst = kpl_tensor_mutable(out);
+    if (!dst || !src) return kpl_last_status();
+    return od->backend->copy_h2d(od, dst, src, bytes);
+}
+
+kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
+{
+    KPL_TRY(kpl__ops_check("copy", &copy_spec, (const kpl_tensor *[]){x, out}));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(out->numel == x->numel, KPL_ESHAPE,
+              "copy: 'out' %s and 'x' %s differ in element count", KPL_SHAPE(out, b1),
+              KPL_SHAPE(x, b2));
+    if (x->numel == 0) return KPL_OK;
+    if (out->storage->dev != x->storage->dev) return copy_across(out, x);
+    if (out->storage == x->storage && out->offset == x->offset) return KPL_OK;
+    return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, NULL);
+}
+
+kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
+{
+    KPL_TRY(kpl__ops_check("expand", &expand_spec, (const kpl_tensor *[]){x, out}));
+    int n;
+    int64_t shape[KPL_MAX_DIMS];
+    KPL_TRY(kpl_shape_broadcast("expand", x->ndim, x->shape, out->ndim, out->shape, &n, shape));
+    KPL_TRY(same_shape("expand", out, "out", n, shape));
+    if (out->numel == 0) return KPL_OK;
+    /* A strided gather whose broadcast dims have stride 0. */
+    kpl_copy_attrs attrs;
+    kpl__ops_plan_build(&attrs.plan, out->ndim, out->shape, 1, &x);
+    return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &attrs);
+}
