@@ -588,8 +588,11 @@ typedef enum {
 
 const char *kpl_kop_name(kpl_kop op);
 
-/* Arguments of one kernel invocation.  `attrs` points to the op's attribute
- * struct (declared in kernels_impl.h for the built-in ops). */
+/* Arguments of one kernel invocation.  `attrs` points to the op's
+ * attributes: the call's own parameters (a parameter struct of this
+ * header, an axis) where the kernels read everything else from the
+ * checked operands, or an attribute struct the front end fills (sizes, a
+ * direction, a plan; declared in kernels_impl.h for the built-in ops). */
 typedef struct {
     kpl_tensor *out;           /* written */
     const kpl_tensor *in[3];   /* read; unused slots NULL */

@@ -225,6 +225,11 @@ static inline const void *kpl__cdata(const kpl_tensor *t)
 /* Kernel attribute structs                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* What the front ends (ops_*.c) compute once for both backends: plans,
+ * geometry, directions.  A kernel op whose kernels need no more than the
+ * checked operands and the call's own parameters passes those instead
+ * and has no struct here (docs/graph-autograd.md, "Adding an op"). */
+
 /* An element-wise iteration plan: the output is contiguous with `shape`
  * (collapsed to as few dims as possible); input k reads element
  * sum(idx[d] * stride[k][d]).  After collapsing, the innermost stride of
