@@ -11,7 +11,7 @@
 /* ---- fills ------------------------------------------------------------------------- */
 
 enum { FILL_OUT };
-static const kpl_op_spec fill_spec = {{[FILL_OUT] = {"out"}}};
+static const kpl_op_spec fill_spec = {{[FILL_OUT] = {.name = "out"}}};
 static const kpl_op_spec arange_spec = {{
     [FILL_OUT] = {"out", .dtypes = KPL_DT(KPL_F32) | KPL_DT(KPL_F64) | KPL_DT(KPL_I32) |
                                    KPL_DT(KPL_I64)},
@@ -84,16 +84,16 @@ kpl_status kpl_k_normal(kpl_tensor *out, kpl_rng *rng, double mean, double std)
 
 enum { CP_X, CP_OUT };
 static const kpl_op_spec cast_spec = {{
-    [CP_X] = {"x"},
+    [CP_X] = {.name = "x"},
     [CP_OUT] = {"out", .device = KPL_AS(CP_X), .shape = KPL_AS(CP_X), .in_place = KPL_ARGSET(CP_X)},
 }};
 /* Across devices too, and between shapes of as many elements. */
 static const kpl_op_spec copy_spec = {{
-    [CP_X] = {"x"},
+    [CP_X] = {.name = "x"},
     [CP_OUT] = {"out", .dtype = KPL_AS(CP_X), .in_place = KPL_ARGSET(CP_X)},
 }};
 static const kpl_op_spec expand_spec = {{
-    [CP_X] = {"x"},
+    [CP_X] = {.name = "x"},
     [CP_OUT] = {"out", .device = KPL_AS(CP_X), .dtype = KPL_AS(CP_X), .disjoint = KPL_ARGSET(CP_X)},
 }};
 

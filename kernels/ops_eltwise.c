@@ -63,7 +63,7 @@ kpl_status kpl_shape_broadcast(const char *op, int na, const int64_t *a, int nb,
 
 enum { UN_X, UN_OUT };
 static const kpl_op_spec unary_spec = {{
-    [UN_X] = {"x"},
+    [UN_X] = {.name = "x"},
     [UN_OUT] = {"out", .device = KPL_AS(UN_X), .dtype = KPL_AS(UN_X), .shape = KPL_AS(UN_X),
                 .in_place = KPL_ARGSET(UN_X)},
 }};
@@ -103,7 +103,7 @@ static const kpl_op_spec binary_spec = {{
 /* kpl_k_binary_scalar(out, a, s): b is a number. */
 enum { BINS_A, BINS_OUT };
 static const kpl_op_spec binary_scalar_spec = {{
-    [BINS_A] = {"a"},
+    [BINS_A] = {.name = "a"},
     [BINS_OUT] = {"out", .device = KPL_AS(BINS_A), .in_place = KPL_ARGSET(BINS_A)},
 }};
 

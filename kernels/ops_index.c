@@ -13,7 +13,7 @@
 /* kpl_k_index_select(out, x, axis, idx) */
 enum { SEL_X, SEL_IDX, SEL_OUT };
 static const kpl_op_spec index_select_spec = {{
-    [SEL_X] = {"x"},
+    [SEL_X] = {.name = "x"},
     [SEL_IDX] = {"idx", .rank = 1, .shape_is = "expected (K)", .dtypes = KPL_DT(KPL_I64),
                  .device = KPL_AS(SEL_X)},
     [SEL_OUT] = {"out", .device = KPL_AS(SEL_X), .dtype = KPL_AS(SEL_X),
@@ -80,7 +80,7 @@ kpl_status kpl_k_index_add(kpl_tensor *out, const kpl_tensor *g, int axis, const
 /* kpl_k_gather(out, x, axis, idx) */
 enum { GA_X, GA_IDX, GA_OUT };
 static const kpl_op_spec gather_spec = {{
-    [GA_X] = {"x"},
+    [GA_X] = {.name = "x"},
     [GA_IDX] = {"idx", .dtypes = KPL_DT(KPL_I64), .device = KPL_AS(GA_X)},
     [GA_OUT] = {"out", .device = KPL_AS(GA_X), .dtype = KPL_AS(GA_X),
                 .disjoint = KPL_ARGSET(GA_X) | KPL_ARGSET(GA_IDX)},

@@ -62,7 +62,7 @@ kpl_status kpl_shape_reduce(const char *op, int ndim, const int64_t *shape,
 
 enum { RED_X, RED_OUT };
 static const kpl_op_spec reduce_spec = {{
-    [RED_X] = {"x"},
+    [RED_X] = {.name = "x"},
     [RED_OUT] = {"out", .device = KPL_AS(RED_X), .disjoint = KPL_ARGSET(RED_X)},
 }};
 
