@@ -26,17 +26,6 @@ set -euo pipefail
 case_=$1 kpl=$2 src=$3 kplrun=${4:-}
 . "$(dirname "$0")/e2e_common.sh"
 recipe=$src/recipes/detection/fcos_r18_fmnistdet.yaml
-check=$(dirname "$0")/detect_check.py
-# check_coco GT DETS LINE [IMAGES]: pycocotools agrees with kpl's figures
-check_coco() {
-  [[ -x /usr/bin/python3 ]] || { kpl_skip_note ref "/usr/bin/python3 (the pycocotools check)"; return 0; }
-  local rc=0
-  /usr/bin/python3 "$check" "$@" > check.txt 2>&1 || rc=$?
-  cat check.txt
-  [[ $rc == 77 ]] && kpl_skip_note ref "pycocotools for /usr/bin/python3" && return 0
-  grep -q "reference missing" check.txt && die "$(cat check.txt)"
-  [[ $rc == 0 ]] || die "pycocotools disagrees with kpl: $(cat check.txt)"
-}
 # a small net: the recipe's, narrowed (a 16-wide ResNet-18, 32 FPN channels)
 SMALL=(model.width=16 model.fcos.fpn_channels=32 model.fcos.gn_groups=8)
 

@@ -39,3 +39,17 @@ close_losses() {
                          if ($1 != $3 || d > 1e-4 * m) { print "step " $1 ": " $2 " vs step " $3 ": " $4; bad = 1 } }
                          END { exit bad }'
 }
+# check_coco GT DETS LINE [IMAGES]: pycocotools' COCOeval of a detection
+# run's results file agrees with the figures kpl reported (detect_check.py);
+# a missing pycocotools is a skipped part (a failure where references are
+# required)
+coco_check_py=$(dirname "${BASH_SOURCE[0]}")/detect_check.py
+check_coco() {
+  [[ -x /usr/bin/python3 ]] || { kpl_skip_note ref "/usr/bin/python3 (the pycocotools check)"; return 0; }
+  local rc=0
+  /usr/bin/python3 "$coco_check_py" "$@" > check.txt 2>&1 || rc=$?
+  cat check.txt
+  [[ $rc == 77 ]] && kpl_skip_note ref "pycocotools for /usr/bin/python3" && return 0
+  grep -q "reference missing" check.txt && die "$(cat check.txt)"
+  [[ $rc == 0 ]] || die "pycocotools disagrees with kpl: $(cat check.txt)"
+}
