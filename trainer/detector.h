@@ -7,7 +7,8 @@
  *
  * kpl's head is FCOS (kpl_detector_fcos, nn/fcos_head.c, on the zoo's
  * "fcos" models).  A second head registers beside it (a plugin's
- * constructor may) and the same task trains and evaluates it:
+ * constructor may: examples/centernet_head.c is CenterNet, with a zoo
+ * model of its own) and the same task trains and evaluates it:
  *
  *   static const kpl_detector_head my_head = {.name = "retina", .create = ..., ...};
  *   __attribute__((constructor)) static void add(void) { kpl_detector_head_register(&my_head); }

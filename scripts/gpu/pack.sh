@@ -39,9 +39,9 @@ PROGRAMS=(kpl test_cuda test_loader_cuda test_ddp_cuda test_collective bench_nn)
 # the GPU machine's CPU, a Xeon with AMX that no other machine of the
 # project has.  Left out: test_cuda's CPU variants (the kit runs test_cuda
 # on the GPU), test_cifar (its data comes from a numpy script, and the
-# image's python has no numpy) and test_plugin (it loads plugin libraries
-# built beside it).
-CPU_SKIP_RE='^(test_cuda.*|test_cifar|test_plugin)$'
+# image's python has no numpy), test_plugin and test_detector_plugin (they
+# load plugin libraries built beside them).
+CPU_SKIP_RE='^(test_cuda.*|test_cifar|test_plugin|test_detector_plugin)$'
 
 die() { echo "pack.sh: $*" >&2; exit 1; }
 
