@@ -364,6 +364,33 @@ G(AVG_POOL2D)
     RET0(kpl_avg_pool2d_bwd(gy, xs, &kpl_node_attrs(n)->pool));
 }
 G(AVG_POOL2D_BWD) { RET0(kpl_avg_pool2d(gy, &kpl_node_attrs(n)->pool)); }
+G(CONCAT) /* each input its slab of gy */
+{
+    int ax = kpl_node_attrs(n)->axes[0];
+    int64_t off = 0, s[KPL_MAX_DIMS];
+    for (int i = 0; i < kpl_node_num_inputs(n); i++) {
+        kpl_node_input_shape(n, i, s);
+        if (WANT(i)) {
+            gin[i] = kpl_slice(gy, ax, off, s[ax]);
+            if (!gin[i]) return kpl_last_status();
+        }
+        off += s[ax];
+    }
+    return KPL_OK;
+}
+G(UPSAMPLE_BILINEAR) /* adjoint pair with its bwd */
+{
+    int64_t xs[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, xs);
+    RET0(kpl_upsample_bilinear_bwd(gy, xs, kpl_node_attrs(n)->align_corners));
+}
+G(UPSAMPLE_BILINEAR_BWD)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    int64_t ys[KPL_MAX_DIMS];
+    kpl_node_input_shape(n, 0, ys);
+    RET0(kpl_upsample_bilinear(gy, ys[2], ys[3], at->align_corners));
+}
 G(INDEX_SELECT) /* adjoint pair with index_add */
 {
     const kpl_op_attrs *at = kpl_node_attrs(n);

@@ -1,7 +1,7 @@
 /*
  * eager_nn.c — the eager ops of neural networks: convolutions, pooling,
- * indexing, the fused training batch norm and the fused gradients that
- * backward runs without create_graph.  As eager.c: infer the shape,
+ * bilinear resizing, indexing, the fused training batch norm and the fused
+ * gradients that backward runs without create_graph.  As eager.c: infer the shape,
  * allocate, compute through kernels/, record, hand to the pool.
  */
 #include "eager_impl.h"
@@ -234,6 +234,76 @@ kpl_tensor *kpl_avg_pool2d_bwd(kpl_tensor *gy, const int64_t *x_shape, const kpl
     memcpy(at.shape4, x_shape, sizeof at.shape4);
     return record_finish(kpl_k_avg_pool2d_bwd(out, gy, p), KPL_OP_AVG_POOL2D_BWD, &at, 1, &gy,
                          out);
+}
+
+/* Bilinear resizing (op UPSAMPLE_BILINEAR) or its adjoint (UPSAMPLE_BILINEAR_BWD)
+ * of `in` into a new tensor of `shape`. */
+static kpl_tensor *resize_op(kpl_op op, kpl_tensor *in, const int64_t *shape, bool align)
+{
+    in = kpl__autocast(op, in);
+    if (!in) return NULL;
+    kpl_tensor *out = new_like(in, kpl_tensor_dtype(in), 4, shape);
+    if (!out) return NULL;
+    kpl_op_attrs at = {.align_corners = align};
+    memcpy(at.shape4, shape, sizeof at.shape4);
+    kpl_status st = op == KPL_OP_UPSAMPLE_BILINEAR ? kpl_k_upsample_bilinear(out, in, align)
+                                                   : kpl_k_upsample_bilinear_bwd(out, in, align);
+    return record_finish(st, op, &at, 1, &in, out);
+}
+
+kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners)
+{
+    if (!x) return NULL;
+    if (kpl_tensor_ndim(x) != 4 || oh < 1 || ow < 1) {
+        char b[96];
+        KPL_ERROR(KPL_ESHAPE, "upsample_bilinear: needs NCHW input and a positive size; got %s "
+                  "to %lldx%lld", kpl_shape_str(kpl_tensor_ndim(x), kpl_tensor_shape(x), b, sizeof b),
+                  (long long)oh, (long long)ow);
+        return NULL;
+    }
+    const int64_t *xs = kpl_tensor_shape(x);
+    int64_t shape[4] = {xs[0], xs[1], oh, ow};
+    return resize_op(KPL_OP_UPSAMPLE_BILINEAR, x, shape, align_corners);
+}
+
+kpl_tensor *kpl_upsample_bilinear_bwd(kpl_tensor *gy, const int64_t *x_shape, bool align_corners)
+{
+    if (!gy) return NULL;
+    if (!x_shape) {
+        KPL_ERROR(KPL_EINVAL, "upsample_bilinear_bwd: argument 'x_shape' is NULL");
+        return NULL;
+    }
+    for (int d = 0; d < 4; d++)
+        if (x_shape[d] < (d < 2 ? 0 : 1)) {
+            KPL_ERROR(KPL_ESHAPE, "upsample_bilinear_bwd: x_shape[%d] is %lld", d,
+                      (long long)x_shape[d]);
+            return NULL;
+        }
+    return resize_op(KPL_OP_UPSAMPLE_BILINEAR_BWD, gy, x_shape, align_corners);
+}
+
+/* In a graph (op_table.h's run and infer columns). */
+kpl_status kpl__op_run_upsample_bilinear(const kpl_irn *n, kpl_tensor *const *in,
+                                         kpl_tensor *const *out)
+{
+    return kpl_k_upsample_bilinear(out[0], in[0], n->at.align_corners);
+}
+
+kpl_status kpl__op_run_upsample_bilinear_bwd(const kpl_irn *n, kpl_tensor *const *in,
+                                             kpl_tensor *const *out)
+{
+    return kpl_k_upsample_bilinear_bwd(out[0], in[0], n->at.align_corners);
+}
+
+/* upsample_bilinear: x's (N, C) at the attribute's (OH, OW). */
+kpl_status kpl__op_infer_resize(kpl__infer_ctx *c)
+{
+    KPL_CHECK(c->x[0]->ndim == 4, KPL_ESHAPE, "%s: input must be 4-D", c->name);
+    c->nd[0] = 4;
+    memcpy(c->sh[0], c->x[0]->shape, 2 * sizeof c->sh[0][0]);
+    c->sh[0][2] = c->n->at.shape4[2];
+    c->sh[0][3] = c->n->at.shape4[3];
+    return KPL_OK;
 }
 
 kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x)

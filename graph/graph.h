@@ -117,6 +117,8 @@ typedef enum {
     KPL_ATTRS_ROI,    /* roi */
     KPL_ATTRS_CUSTOM, /* custom, custom_user */
     KPL_ATTRS_SUB,    /* sub: the kpl_binary_op */
+    KPL_ATTRS_RESIZE, /* shape4 (the output's; x's for the adjoint), align_corners */
+    KPL_ATTRS_COUNT   /* not a kind: how many there are */
 } kpl_op_attr_kind;
 
 /* How a graph runs an op (op_table.h's run column). */
@@ -180,6 +182,7 @@ typedef struct {
     void *custom_user;           /* custom: their argument (borrowed) */
     int sub;                     /* compare, binary: the kpl_binary_op;
                                     batch_norm_bwd: 1 with the ReLU's output */
+    bool align_corners;          /* upsample_bilinear (and its adjoint) */
 } kpl_op_attrs;
 
 /* Unary (element-wise): kpl_<name>(x) for each op of op_table.h run as
@@ -440,9 +443,14 @@ typedef enum { KPL_PAD_CONSTANT = 0, KPL_PAD_REFLECT } kpl_pad_mode;
  * dims (innermost first, as PyTorch's F.pad). */
 kpl_tensor *kpl_pad(kpl_tensor *x, int npairs, const int64_t *pads, kpl_pad_mode mode,
                     double value);
-/* NCHW resize to (oh, ow): nearest, or bilinear with/without align_corners. */
+/* NCHW resize to (oh, ow): nearest (a gather of rows and columns), or
+ * bilinear with or without align_corners, F.interpolate's arithmetic
+ * (kpl_k_upsample_bilinear), one op whose adjoint is
+ * kpl_upsample_bilinear_bwd (x_shape: the input's (N, C, H, W)); each is
+ * the other's gradient, so resizing is differentiable to any order. */
 kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow);
 kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners);
+kpl_tensor *kpl_upsample_bilinear_bwd(kpl_tensor *gy, const int64_t *x_shape, bool align_corners);
 
 /* A caller-defined differentiable op with one input and one output, for
  * values computed outside the graph (SyncBN's all-reduce of batch

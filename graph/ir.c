@@ -383,6 +383,10 @@ static void attrs_str(const kpl_irn *n, char *buf, size_t len)
             snprintf(buf, len, " start=%lld length=%lld", (long long)a->start, (long long)a->length);
         break;
     case KPL_ATTRS_SUB: snprintf(buf, len, " %s", kpl_binary_name((kpl_binary_op)a->sub)); break;
+    case KPL_ATTRS_RESIZE:
+        snprintf(buf, len, " size=%lld,%lld%s", (long long)a->shape4[2], (long long)a->shape4[3],
+                 a->align_corners ? " align_corners" : "");
+        break;
     case KPL_ATTRS_EPS:
         snprintf(buf, len, " eps=%g%s", a->alpha, n->op == KPL_OP_BATCH_NORM_BWD && a->sub ? " relu" : "");
         break;

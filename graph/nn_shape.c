@@ -4,8 +4,7 @@
  * split, top-k, adaptive pooling): differentiable to any order through
  * the ops they are made of.
  */
-#include "graph_impl.h"
-#include "ir_impl.h"
+#include "eager_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -52,6 +51,25 @@ kpl_tensor *kpl_slice(kpl_tensor *x, int axis, int64_t start, int64_t length)
                                               (double)start, 1));
 }
 
+/* One CONCAT op of k <= 3 pieces of one dtype along ax (checked). */
+static kpl_tensor *concat_op(int k, kpl_tensor *const *p, int ax)
+{
+    int nd = kpl_tensor_ndim(p[0]);
+    int64_t shape[KPL_MAX_DIMS];
+    memcpy(shape, kpl_tensor_shape(p[0]), (size_t)nd * sizeof *shape);
+    for (int i = 1; i < k; i++) shape[ax] += kpl_tensor_shape(p[i])[ax];
+    kpl_tensor *out = new_like(p[0], kpl_tensor_dtype(p[0]), nd, shape);
+    if (!out) return NULL;
+    kpl_status st = KPL_OK;
+    int64_t off = 0;
+    for (int i = 0; i < k && st == KPL_OK; i++) {
+        st = kpl_k_copy_slab(out, p[i], ax, off, true);
+        off += kpl_tensor_shape(p[i])[ax];
+    }
+    kpl_op_attrs at = {.axes = {ax}, .naxes = 1};
+    return record_finish(st, KPL_OP_CONCAT, &at, k, p, out);
+}
+
 kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis)
 {
     if (n < 1 || !xs) {
@@ -65,7 +83,6 @@ kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis)
         KPL_ERROR(KPL_ESHAPE, "concat: axis %d out of range for %d dims", axis, nd);
         return NULL;
     }
-    int64_t total = 0;
     for (int i = 0; i < n; i++) {
         bool ok = kpl_tensor_ndim(xs[i]) == nd;
         for (int d = 0; ok && d < nd; d++)
@@ -78,19 +95,60 @@ kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis)
                       axis);
             return NULL;
         }
-        total += kpl_tensor_shape(xs[i])[ax];
     }
-    /* Each piece lands in its own rows of the result. */
-    kpl_tensor *out = NULL;
-    int64_t off = 0;
-    for (int i = 0; i < n; i++) {
-        int64_t len = kpl_tensor_shape(xs[i])[ax];
-        kpl_tensor *rows = kpl_arange(kpl_tensor_device(xs[i]), KPL_I64, len, (double)off, 1);
-        kpl_tensor *part = kpl_index_add(xs[i], ax, rows, total);
-        out = out ? kpl_add(out, part) : part;
-        off += len;
+    if (n == 1) return xs[0];
+    /* under autocast, mixed float dtypes meet in the widest: after one pass
+     * piece 0 is the widest, the second brings every other piece to it */
+    kpl_tensor **c = malloc((size_t)n * sizeof *c);
+    if (!c) {
+        KPL_ERROR(KPL_ENOMEM, "concat: no host memory");
+        return NULL;
     }
+    memcpy(c, xs, (size_t)n * sizeof *c);
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 1; i < n && c[0]; i++) kpl__autocast_pair(KPL_OP_CONCAT, &c[0], &c[i]);
+    /* three pieces an op, the result so far the first piece of the next */
+    kpl_tensor *out = c[0];
+    for (int i = 1; i < n && out;) {
+        kpl_tensor *p[3] = {out};
+        int k = 1;
+        while (k < 3 && i < n) p[k++] = c[i++];
+        out = NULL;
+        bool ok = true;
+        for (int j = 0; j < k; j++) ok = ok && p[j];
+        if (ok) out = concat_op(k, p, ax);
+    }
+    free(c);
     return out;
+}
+
+/* In a graph (op_table.h's run and infer columns). */
+kpl_status kpl__op_run_concat(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor *const *out)
+{
+    kpl_status st = KPL_OK;
+    int64_t off = 0;
+    for (int i = 0; i < n->nin && st == KPL_OK; i++) {
+        st = kpl_k_copy_slab(out[0], in[i], n->at.axes[0], off, true);
+        off += kpl_tensor_shape(in[i])[n->at.axes[0]];
+    }
+    return st;
+}
+
+/* The inputs' sizes along the axis summed; equal elsewhere. */
+kpl_status kpl__op_infer_concat(kpl__infer_ctx *c)
+{
+    int ax = c->n->at.axes[0], nd = c->x[0]->ndim;
+    KPL_CHECK(ax >= 0 && ax < nd, KPL_ESHAPE, "%s: axis %d of %d dims", c->name, ax, nd);
+    c->nd[0] = nd;
+    memcpy(c->sh[0], c->x[0]->shape, (size_t)nd * sizeof c->sh[0][0]);
+    for (int i = 1; i < c->n->nin; i++) {
+        bool ok = c->x[i]->ndim == nd && c->x[i]->dtype == c->x[0]->dtype;
+        for (int d = 0; ok && d < nd; d++) ok = d == ax || c->x[i]->shape[d] == c->sh[0][d];
+        KPL_CHECK(ok, KPL_ESHAPE, "%s: input %d differs from input 0 outside axis %d (or in dtype)",
+                  c->name, i, ax);
+        c->sh[0][ax] += c->x[i]->shape[ax];
+    }
+    return KPL_OK;
 }
 
 kpl_tensor *kpl_transpose(kpl_tensor *x, int a, int b)
@@ -180,58 +238,6 @@ kpl_tensor *kpl_upsample_nearest(kpl_tensor *x, int64_t oh, int64_t ow)
     y = kpl_index_select(y, 3, kpl__index_tensor(dev, ow, v));
     free(v);
     return y;
-}
-
-/* Linear interpolation along one axis of an NCHW tensor. */
-static kpl_tensor *lerp_axis(kpl_tensor *x, int ax, int64_t out, bool align)
-{
-    if (!x) return NULL;
-    int64_t in = kpl_tensor_shape(x)[ax];
-    int64_t *i0 = malloc((size_t)out * sizeof *i0), *i1 = malloc((size_t)out * sizeof *i1);
-    double *wt = malloc((size_t)out * sizeof *wt);
-    if (!i0 || !i1 || !wt) {
-        free(i0);
-        free(i1);
-        free(wt);
-        KPL_ERROR(KPL_ENOMEM, "upsample_bilinear: no host memory");
-        return NULL;
-    }
-    for (int64_t i = 0; i < out; i++) {
-        double s = align ? (out > 1 ? (double)i * (double)(in - 1) / (double)(out - 1) : 0)
-                         : ((double)i + 0.5) * (double)in / (double)out - 0.5;
-        if (s < 0) s = 0;
-        int64_t a = (int64_t)s;
-        if (a > in - 1) a = in - 1;
-        i0[i] = a;
-        i1[i] = a + 1 < in ? a + 1 : in - 1;
-        wt[i] = s - (double)a;
-    }
-    kpl_device *dev = kpl_tensor_device(x);
-    int64_t wshape[4] = {1, 1, 1, 1};
-    wshape[ax] = out;
-    kpl_tensor *w1 = NULL;
-    if (kpl_tensor_empty(dev, KPL_F64, 4, wshape, &w1) == KPL_OK) {
-        memcpy(kpl_tensor_host_mutable(w1), wt, (size_t)out * sizeof *wt);
-        kpl_autorelease(w1);
-        w1 = kpl_cast(w1, kpl_tensor_dtype(x));
-    }
-    kpl_tensor *a = kpl_index_select(x, ax, kpl__index_tensor(dev, out, i0));
-    kpl_tensor *b = kpl_index_select(x, ax, kpl__index_tensor(dev, out, i1));
-    free(i0);
-    free(i1);
-    free(wt);
-    /* a + (b - a) * w */
-    return kpl_add(a, kpl_mul(kpl_sub(b, a), w1));
-}
-
-kpl_tensor *kpl_upsample_bilinear(kpl_tensor *x, int64_t oh, int64_t ow, bool align_corners)
-{
-    if (!x) return NULL;
-    if (kpl_tensor_ndim(x) != 4 || oh < 1 || ow < 1) {
-        KPL_ERROR(KPL_ESHAPE, "upsample_bilinear: needs NCHW input and a positive size");
-        return NULL;
-    }
-    return lerp_axis(lerp_axis(x, 2, oh, align_corners), 3, ow, align_corners);
 }
 
 kpl_status kpl_split(kpl_tensor *x, int axis, int n, const int64_t *sizes, kpl_tensor **out)

@@ -113,7 +113,10 @@
   X(ARGMIN,            argmin,            (1,1,1,1), REDUCE, KEEP,    (0,0), (RED,ARGMIN),    argreduce, 0, (CODED,argreduce))  \
   X(MAX_POOL2D,        max_pool2d,        (1,1,2,2), POOL,   KEEP,    (0,0), (FN,max_pool2d), pool2d,    0, (CODED,pool2d))     \
   X(BINARY,            binary,            (2,2,1,1), SUB,    KEEP,    (0,0), (EW,binary),     broadcast, 0, (NONE,-))           \
-  X(BATCH_NORM_BWD,    batch_norm_bwd,    (3,4,3,3), EPS,    KEEP,    (0,0), (FN,batch_norm_bwd), batch_norm, 0, (NONE,-))
+  X(BATCH_NORM_BWD,    batch_norm_bwd,    (3,4,3,3), EPS,    KEEP,    (0,0), (FN,batch_norm_bwd), batch_norm, 0, (NONE,-)) \
+  X(UPSAMPLE_BILINEAR, upsample_bilinear, (1,1,1,1), RESIZE, KEEP,    (0,0), (FN,upsample_bilinear), resize, 1, (CODED,resize)) \
+  X(UPSAMPLE_BILINEAR_BWD, upsample_bilinear_bwd, (1,1,1,1), RESIZE, KEEP, (0,0), (FN,upsample_bilinear_bwd), shape4, 1, (NONE,-)) \
+  X(CONCAT,            concat,            (1,3,1,1), AXIS,   PROMOTE, (0,0), (FN,concat),     concat,    1, (CODED,concat))
 /* clang-format on */
 
 /* Picking one field of a column: KPL_OP_IN_MIN arity, KPL_OP_RUN_KIND run. */

@@ -744,6 +744,14 @@ kpl_status kpl_k_cast(kpl_tensor *out, const kpl_tensor *x);
 /* out = x, same dtype and numel; devices may differ (the one explicit
  * cross-device path). */
 kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x);
+/* Concatenation's and slicing's copy along `axis` of two tensors of one
+ * device, dtype and number of dims, equal but along axis: with `into`,
+ * out[.., offset + i, ..] = x[.., i, ..] for every i < x.shape[axis] (the
+ * rest of out kept); without, out = x[.., offset : offset +
+ * out.shape[axis], ..].  Any dtype; KPL_ERANGE when the slab passes the
+ * larger tensor's end.  A 2-D memory copy (cudaMemcpy2DAsync on CUDA). */
+kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64_t offset,
+                           bool into);
 
 /* 2-D convolution over NCHW images with OIHW weights (O, C/groups, KH, KW).
  * Padding is symmetric; dilation 1 is a plain convolution. */
@@ -831,6 +839,19 @@ kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_t
 kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool2d_params *p);
 kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy,
                                 const kpl_pool2d_params *p);
+/* Bilinear resizing of each (H, W) plane, F.interpolate(mode="bilinear"):
+ * out (N, C, OH, OW) from x (N, C, H, W), sizes from the tensors.  Output
+ * cell i of a side of IN cells reads IN coordinate s = i (IN - 1) / (OUT -
+ * 1) with align_corners (0 when OUT is 1), else s = (i + 1/2) IN / OUT -
+ * 1/2 clamped at 0; it mixes cells floor(s) and floor(s) + 1 (the last
+ * cell twice at the edge) by s's fraction, rows then columns as PyTorch.
+ * Coordinates in f64; the mixing in f32 (f64 for f64; f16/bf16 through
+ * f32, rounded once).  The adjoint spreads gy (N, C, OH, OW) onto gx (N, C,
+ * H, W) with the same weights (gx's shape gives the input size); on CUDA
+ * each gx cell sums its own taps, so the result does not depend on
+ * thread order. */
+kpl_status kpl_k_upsample_bilinear(kpl_tensor *out, const kpl_tensor *x, bool align_corners);
+kpl_status kpl_k_upsample_bilinear_bwd(kpl_tensor *gx, const kpl_tensor *gy, bool align_corners);
 
 /* out = x with dim `axis` replaced by the rows idx (KPL_I64, (K)) of it:
  * out.shape[axis] = K; any dtype.  An index outside [0, x.shape[axis]) is

@@ -2,7 +2,8 @@
  * ops_conv.c — the front end of the convolutions (kpl_k_conv2d, its fused
  * ReLU form and its two adjoints) and of pooling (max and average pooling,
  * their adjoints, and the plane gather/scatter of max pooling's indices),
- * with kpl_shape_conv2d and kpl_shape_pool2d.  Half precision goes through
+ * with kpl_shape_conv2d and kpl_shape_pool2d, and of bilinear resizing,
+ * which the pooling kernels run as one more plane-to-plane kind.  Half precision goes through
  * ops_matmul.c's chooser for the convolutions, through f32 for pooling
  * where a device has no half kernel.
  */
@@ -230,17 +231,27 @@ static const kpl_op_spec avg_pool_bwd_spec = {{
     [AVGP_OTHER] = {"gy", .device = KPL_AS(AVGP_IN), .dtype = KPL_AS(AVGP_IN)},
 }};
 
+/* kpl_k_upsample_bilinear(out, x) and its adjoint (gx, gy): the same
+ * specs, any sizes of the planes, the same (N, C). */
+static const kpl_op_spec bilinear_spec = {{
+    [AVGP_IN] = {"x", NCHW, .dtypes = KPL_DT_FLOAT},
+    [AVGP_OTHER] = {"out", NCHW, .device = KPL_AS(AVGP_IN), .dtype = KPL_AS(AVGP_IN)},
+}};
+static const kpl_op_spec bilinear_bwd_spec = {{
+    [AVGP_IN] = {"gx", NCHW, .dtypes = KPL_DT_FLOAT},
+    [AVGP_OTHER] = {"gy", NCHW, .device = KPL_AS(AVGP_IN), .dtype = KPL_AS(AVGP_IN)},
+}};
+
 static kpl_status pool_run(kpl_pool_kind kind, kpl_tensor *out, const kpl_tensor *in0,
                            const kpl_tensor *in1, const int64_t *plane, const int64_t *oplane,
-                           const kpl_pool2d_params *p)
+                           const kpl_pool2d_params *p, bool align)
 {
     kpl_pool_attrs a = {.kind = kind, .n = plane[0], .c = plane[1], .h = plane[2], .w = plane[3],
                         .oh = oplane[2], .ow = oplane[3]};
     if (p) a.p = *p;
+    a.align_corners = align;
     if (out->numel == 0) return KPL_OK;
-    kpl_dtype dt = kind == KPL_POOL_MAX || kind == KPL_POOL_AVG || kind == KPL_POOL_GATHER
-                       ? in0->dtype
-                       : out->dtype;
+    kpl_dtype dt = KPL_POOL_KIND_BWD(kind) ? out->dtype : in0->dtype;
     if (is_half(dt) && !native_half(KPL_KOP_POOL2D, out, dt))
         /* idx (i64) passes as it is */
         return kpl__ops_via_f32(KPL_KOP_POOL2D, out, false, in0, in1, NULL, &a);
@@ -264,7 +275,7 @@ kpl_status kpl_k_max_pool2d(kpl_tensor *out, kpl_tensor *idx, const kpl_tensor *
         return st;
     }
     if (idx) KPL_TRY(same_shape(op, idx, "idx", 4, ys));
-    return pool_run(KPL_POOL_MAX, out, x, idx, x->shape, ys, p);
+    return pool_run(KPL_POOL_MAX, out, x, idx, x->shape, ys, p, false);
 }
 
 /* idx (N, C, ...) indexes planes of t (N, C, H, W): the same N and C. */
@@ -284,7 +295,7 @@ kpl_status kpl_k_plane_gather(kpl_tensor *out, const kpl_tensor *x, const kpl_te
     KPL_TRY(kpl__ops_check(op, &plane_gather_spec, (const kpl_tensor *[]){x, idx, out}));
     KPL_TRY(same_shape(op, out, "out", 4, idx->shape));
     KPL_TRY(planes_match(op, idx, x, "input"));
-    return pool_run(KPL_POOL_GATHER, out, x, idx, x->shape, idx->shape, NULL);
+    return pool_run(KPL_POOL_GATHER, out, x, idx, x->shape, idx->shape, NULL, false);
 }
 
 kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *idx)
@@ -293,7 +304,7 @@ kpl_status kpl_k_plane_scatter(kpl_tensor *gx, const kpl_tensor *gy, const kpl_t
     KPL_TRY(kpl__ops_check(op, &plane_scatter_spec, (const kpl_tensor *[]){gx, gy, idx}));
     KPL_TRY(same_shape(op, gy, "gy", 4, idx->shape));
     KPL_TRY(planes_match(op, idx, gx, "gradient"));
-    return pool_run(KPL_POOL_SCATTER, gx, gy, idx, gx->shape, idx->shape, NULL);
+    return pool_run(KPL_POOL_SCATTER, gx, gy, idx, gx->shape, idx->shape, NULL, false);
 }
 
 kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool2d_params *p)
@@ -303,7 +314,7 @@ kpl_status kpl_k_avg_pool2d(kpl_tensor *out, const kpl_tensor *x, const kpl_pool
     int64_t ys[4];
     KPL_TRY(kpl_shape_pool2d(x->shape, p, ys));
     KPL_TRY(same_shape(op, out, "out", 4, ys));
-    return pool_run(KPL_POOL_AVG, out, x, NULL, x->shape, ys, p);
+    return pool_run(KPL_POOL_AVG, out, x, NULL, x->shape, ys, p, false);
 }
 
 kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_pool2d_params *p)
@@ -313,5 +324,35 @@ kpl_status kpl_k_avg_pool2d_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_
     int64_t ys[4];
     KPL_TRY(kpl_shape_pool2d(gx->shape, p, ys));
     KPL_TRY(same_shape(op, gy, "gy", 4, ys));
-    return pool_run(KPL_POOL_AVG_BWD, gx, gy, NULL, gx->shape, ys, p);
+    return pool_run(KPL_POOL_AVG_BWD, gx, gy, NULL, gx->shape, ys, p, false);
+}
+
+/* The planes of `a` and `b` (the input and output sides) share (N, C). */
+static kpl_status same_planes(const char *op, const kpl_tensor *a, const char *an,
+                              const kpl_tensor *b, const char *bn)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(a->shape[0] == b->shape[0] && a->shape[1] == b->shape[1], KPL_ESHAPE,
+              "%s: %s %s and %s %s differ in (N, C)", op, an, KPL_SHAPE(a, b1), bn,
+              KPL_SHAPE(b, b2));
+    KPL_CHECK(b->numel == 0 || (a->shape[2] > 0 && a->shape[3] > 0), KPL_ESHAPE,
+              "%s: %s %s has an empty plane to read from", op, an, KPL_SHAPE(a, b1));
+    return KPL_OK;
+}
+
+kpl_status kpl_k_upsample_bilinear(kpl_tensor *out, const kpl_tensor *x, bool align_corners)
+{
+    const char *op = "upsample_bilinear";
+    KPL_TRY(kpl__ops_check(op, &bilinear_spec, (const kpl_tensor *[]){x, out}));
+    KPL_TRY(same_planes(op, x, "x", out, "out"));
+    return pool_run(KPL_POOL_BILINEAR, out, x, NULL, x->shape, out->shape, NULL, align_corners);
+}
+
+kpl_status kpl_k_upsample_bilinear_bwd(kpl_tensor *gx, const kpl_tensor *gy, bool align_corners)
+{
+    const char *op = "upsample_bilinear_bwd";
+    KPL_TRY(kpl__ops_check(op, &bilinear_bwd_spec, (const kpl_tensor *[]){gx, gy}));
+    KPL_TRY(same_planes(op, gx, "gx", gy, "gy"));
+    return pool_run(KPL_POOL_BILINEAR_BWD, gx, gy, NULL, gx->shape, gy->shape, NULL,
+                    align_corners);
 }

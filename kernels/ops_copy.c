@@ -92,6 +92,10 @@ static const kpl_op_spec copy_spec = {{
     [CP_X] = {.name = "x"},
     [CP_OUT] = {"out", .dtype = KPL_AS(CP_X), .in_place = KPL_ARGSET(CP_X)},
 }};
+static const kpl_op_spec slab_spec = {{
+    [CP_X] = {.name = "x"},
+    [CP_OUT] = {"out", .device = KPL_AS(CP_X), .dtype = KPL_AS(CP_X), .disjoint = KPL_ARGSET(CP_X)},
+}};
 static const kpl_op_spec expand_spec = {{
     [CP_X] = {.name = "x"},
     [CP_OUT] = {"out", .device = KPL_AS(CP_X), .dtype = KPL_AS(CP_X), .disjoint = KPL_ARGSET(CP_X)},
@@ -145,6 +149,37 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, NULL);
 }
 
+kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64_t offset,
+                           bool into)
+{
+    const char *op = into ? "copy_slab (into)" : "copy_slab";
+    KPL_TRY(kpl__ops_check(op, &slab_spec, (const kpl_tensor *[]){x, out}));
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    KPL_CHECK(out->ndim == x->ndim && axis >= 0 && axis < x->ndim, KPL_ESHAPE,
+              "%s: 'out' %s and 'x' %s with axis %d", op, KPL_SHAPE(out, b1), KPL_SHAPE(x, b2),
+              axis);
+    for (int d = 0; d < x->ndim; d++)
+        KPL_CHECK(d == axis || out->shape[d] == x->shape[d], KPL_ESHAPE,
+                  "%s: 'out' %s and 'x' %s differ outside axis %d", op, KPL_SHAPE(out, b1),
+                  KPL_SHAPE(x, b2), axis);
+    const kpl_tensor *big = into ? out : x, *part = into ? x : out;
+    KPL_CHECK(offset >= 0 && offset + part->shape[axis] <= big->shape[axis], KPL_ERANGE,
+              "%s: [%lld, %lld) along axis %d passes the %lld of %s", op, (long long)offset,
+              (long long)(offset + part->shape[axis]), axis, (long long)big->shape[axis],
+              into ? "'out'" : "'x'");
+    if (part->numel == 0) return KPL_OK;
+    int64_t inner = 1, es = (int64_t)kpl_dtype_size(x->dtype);
+    for (int d = axis + 1; d < x->ndim; d++) inner *= x->shape[d];
+    kpl_copy_attrs a = {.slab = true, .rows = part->numel / (part->shape[axis] * inner),
+                        .width = part->shape[axis] * inner * es};
+    int64_t off = offset * inner * es, big_pitch = big->shape[axis] * inner * es;
+    a.dst_off = into ? off : 0;
+    a.dst_pitch = into ? big_pitch : a.width;
+    a.src_off = into ? 0 : off;
+    a.src_pitch = into ? a.width : big_pitch;
+    return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &a);
+}
+
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
 {
     KPL_TRY(kpl__ops_check("expand", &expand_spec, (const kpl_tensor *[]){x, out}));
@@ -154,7 +189,7 @@ kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)
     KPL_TRY(same_shape("expand", out, "out", n, shape));
     if (out->numel == 0) return KPL_OK;
     /* A strided gather whose broadcast dims have stride 0. */
-    kpl_copy_attrs attrs;
+    kpl_copy_attrs attrs = {0};
     kpl__ops_plan_build(&attrs.plan, out->ndim, out->shape, 1, &x);
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &attrs);
 }

@@ -468,7 +468,7 @@ kpl_status kpl_k_permute(kpl_tensor *out, const kpl_tensor *x, const int *perm)
 {
     KPL_CHECK(out != NULL && x != NULL && (perm || x->ndim == 0), KPL_EINVAL,
               "permute: NULL argument");
-    kpl_copy_attrs attrs;
+    kpl_copy_attrs attrs = {0};
     int64_t shape[KPL_MAX_DIMS];
     KPL_TRY(permute_plan(x, perm, &attrs, shape));
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
@@ -489,7 +489,7 @@ kpl_status kpl_tensor_permute(kpl_tensor *t, const int *perm, kpl_tensor **out)
 {
     KPL_CHECK(t != NULL && out != NULL && (perm || t->ndim == 0), KPL_EINVAL,
               "permute: NULL argument");
-    kpl_copy_attrs attrs;
+    kpl_copy_attrs attrs = {0};
     int64_t shape[KPL_MAX_DIMS];
     KPL_TRY(permute_plan(t, perm, &attrs, shape));
     KPL_TRY(kpl_tensor_empty(t->storage->dev, t->dtype, t->ndim, shape, out));

@@ -3,7 +3,8 @@
  *
  * Included by the CPU loops (kernels/cpu/cpu_vision.c) and the CUDA kernels
  * (kernels/cuda/cuda_vision.cu), as eltwise_math.h is for the element-wise
- * ops: box IoU / GIoU and NMS's threshold, then ROI Align's sampling.
+ * ops: box IoU / GIoU and NMS's threshold, then ROI Align's sampling, and
+ * bilinear resizing's taps (cpu_pool.c, cuda_nn.cu).
  * The IoU / GIoU below performs, step by step, the operations that
  * graph/vision.c records when gradients are wanted (minimum, maximum, sub,
  * relu, mul, add, where, div; each rounded once), and both kernel files are
@@ -178,5 +179,23 @@ KPL__ROI_DEF(float, f32, ceilf)
 KPL__ROI_DEF(double, f64, ceil)
 #undef KPL__ROI_DEF
 #endif
+
+/* ---- bilinear resizing ------------------------------------------------------------------ */
+
+/* Output cell i of a side of `out` cells reads input cells i0 and i1 (of
+ * `in`) with weights 1 - l and l (kpl_k_upsample_bilinear).  In f64 on
+ * every device. */
+KPL_HD void kpl_lerp_tap(int64_t i, int64_t in, int64_t out, int align, int64_t *i0, int64_t *i1,
+                         double *l)
+{
+    double s = align ? (out > 1 ? (double)i * (double)(in - 1) / (double)(out - 1) : 0)
+                     : ((double)i + 0.5) * (double)in / (double)out - 0.5;
+    if (s < 0) s = 0;
+    int64_t a = (int64_t)s;
+    if (a > in - 1) a = in - 1;
+    *i0 = a;
+    *i1 = a < in - 1 ? a + 1 : a;
+    *l = s - (double)a;
+}
 
 #endif /* KPL_VISION_MATH_H */

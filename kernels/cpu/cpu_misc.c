@@ -203,6 +203,15 @@ static kpl_status cpu_copy(const kpl_kernel_args *args)
     const char *px = kpl__cdata(x);
     char *po = kpl__data(args->out);
     size_t es = kpl_dtype_size(x->dtype);
+    if (at && at->slab) { /* rows of bytes, a chunk of rows a task */
+        int nr = chunks_for(at->rows * at->width / 4);
+        KPL_PARALLEL_FOR(c, nr,
+            for (int64_t r = at->rows * c / nr; r < at->rows * (c + 1) / nr; r++)
+                memcpy(po + at->dst_off + r * at->dst_pitch, px + at->src_off + r * at->src_pitch,
+                       (size_t)at->width);
+        );
+        return KPL_OK;
+    }
     int64_t total = args->out->numel; /* an expand writes more than it reads */
     int nc = chunks_for(total);
     KPL_PARALLEL_FOR(c, nc,

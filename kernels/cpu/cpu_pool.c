@@ -1,9 +1,11 @@
 /*
  * cpu_pool.c — pooling on the CPU: max (with indices), the plane
  * gather/scatter pair that max pooling's gradients are made of, and
- * average pooling with its adjoint.  One plane (n, c) per OpenMP task.
+ * average pooling with its adjoint, and bilinear resizing with its adjoint.
+ * One plane (n, c) per OpenMP task (one output row for the resize).
  */
 #include "kernels_impl.h"
+#include "vision_math.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +33,20 @@
 static bool parallel(const kpl_pool_attrs *a)
 {
     return a->n * a->c > 1 && a->n * a->c * a->h * a->w > 2 * KPL_PAR_GRAIN;
+}
+
+/* Bilinear resizing's taps along one side (kpl_lerp_tap), made once per
+ * call; NULL when out of memory. */
+typedef struct {
+    int64_t i0, i1;
+    double l;
+} lerp_tap;
+
+static lerp_tap *lerp_taps(int64_t in, int64_t out, bool align)
+{
+    lerp_tap *t = malloc(sizeof *t * (size_t)(out > 0 ? out : 1));
+    for (int64_t i = 0; t && i < out; i++) kpl_lerp_tap(i, in, out, align, &t[i].i0, &t[i].i1, &t[i].l);
+    return t;
 }
 
 /* c ? a : b through the bit patterns (c is 0 or 1): gcc turns a float
@@ -270,6 +286,44 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
                         for (int64_t ix = x0; ix < x1; ix++) gp[iy * a->w + ix] += g;          \
                 });                                                                            \
     }                                                                                          \
+    /* Rows then columns, as PyTorch's upsample_bilinear2d; one output row per task. */       \
+    static void bilinear_##tn(const kpl_pool_attrs *a, const lerp_tap *ty, const lerp_tap *tx, \
+                              const T *x, T *y)                                                \
+    {                                                                                          \
+        int64_t rows = a->n * a->c * a->oh;                                                    \
+        KPL_PARALLEL_FOR_IF(r, rows, rows > 1 && rows * a->ow > 2 * KPL_PAR_GRAIN,             \
+            int64_t pl = r / a->oh, oy = r % a->oh;                                            \
+            const T *r0 = x + (pl * a->h + ty[oy].i0) * a->w;                                  \
+            const T *r1 = x + (pl * a->h + ty[oy].i1) * a->w;                                  \
+            T ly = (T)ty[oy].l, my = (T)1 - ly;                                                \
+            T *yr = y + r * a->ow;                                                             \
+            for (int64_t ox = 0; ox < a->ow; ox++) {                                           \
+                T lx = (T)tx[ox].l, mx = (T)1 - lx;                                            \
+                int64_t c0 = tx[ox].i0, c1 = tx[ox].i1;                                        \
+                yr[ox] = my * (mx * r0[c0] + lx * r0[c1]) + ly * (mx * r1[c0] + lx * r1[c1]);  \
+            });                                                                                \
+    }                                                                                          \
+    /* The adjoint: each plane's gy spread onto its zeroed gx plane. */                        \
+    static void bilinear_bwd_##tn(const kpl_pool_attrs *a, const lerp_tap *ty,                 \
+                                  const lerp_tap *tx, const T *gy, T *gx)                      \
+    {                                                                                          \
+        KPL_PARALLEL_FOR_IF(pl, a->n * a->c, parallel(a),                                  \
+            T *gp = gx + pl * a->h * a->w;                                                     \
+            memset(gp, 0, sizeof(T) * (size_t)(a->h * a->w));                                  \
+            for (int64_t oy = 0; oy < a->oh; oy++) {                                           \
+                T *g0 = gp + ty[oy].i0 * a->w, *g1 = gp + ty[oy].i1 * a->w;                    \
+                T ly = (T)ty[oy].l, my = (T)1 - ly;                                            \
+                const T *gr = gy + (pl * a->oh + oy) * a->ow;                                  \
+                for (int64_t ox = 0; ox < a->ow; ox++) {                                       \
+                    T lx = (T)tx[ox].l, mx = (T)1 - lx, g = gr[ox];                            \
+                    int64_t c0 = tx[ox].i0, c1 = tx[ox].i1;                                    \
+                    g0[c0] += my * mx * g;                                                     \
+                    g0[c1] += my * lx * g;                                                     \
+                    g1[c0] += ly * mx * g;                                                     \
+                    g1[c1] += ly * lx * g;                                                     \
+                }                                                                              \
+            });                                                                                \
+    }                                                                                          \
     /* Returns the number of out-of-range indices met (they are skipped). */                   \
     static int64_t gather_##tn(const kpl_pool_attrs *a, const T *x, const int64_t *idx, T *y,  \
                                bool scatter)                                                   \
@@ -302,9 +356,10 @@ DEF_POOL(double, f64)
  * the f32 loops as a one-plane problem and rounded once into the output
  * (a max or a gather is exact; an average or a scatter's sum rounds once,
  * as the f32 kernel's result cast would). */
-static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt)
+static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt,
+                           const lerp_tap *ty, const lerp_tap *tx)
 {
-    bool bwd = a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD;
+    bool bwd = KPL_POOL_KIND_BWD(a->kind);
     int64_t hw = a->h * a->w, ohw = a->oh * a->ow, planes = a->n * a->c;
     int64_t isz = bwd ? ohw : hw, osz = bwd ? hw : ohw;
     const char *x = kpl__cdata(args->in[0]);
@@ -330,6 +385,8 @@ static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a
             case KPL_POOL_MAX: max_f32(&one, fi, fo, midx ? midx + pl * ohw : NULL); break;
             case KPL_POOL_AVG: avg_f32(&one, fi, fo); break;
             case KPL_POOL_AVG_BWD: avg_bwd_f32(&one, fi, fo); break;
+            case KPL_POOL_BILINEAR: bilinear_f32(&one, ty, tx, fi, fo); break;
+            case KPL_POOL_BILINEAR_BWD: bilinear_bwd_f32(&one, ty, tx, fi, fo); break;
             default:
                 bad += gather_f32(&one, fi, gidx + pl * ohw, fo, a->kind == KPL_POOL_SCATTER);
                 break;
@@ -347,16 +404,34 @@ static kpl_status pool_half(const kpl_kernel_args *args, const kpl_pool_attrs *a
     return KPL_OK;
 }
 
+/* Bilinear resizing: its taps, then the loops of its dtype. */
+static kpl_status cpu_bilinear(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt)
+{
+    lerp_tap *ty = lerp_taps(a->h, a->oh, a->align_corners);
+    lerp_tap *tx = lerp_taps(a->w, a->ow, a->align_corners);
+    kpl_status st = KPL_OK;
+    bool bwd = a->kind == KPL_POOL_BILINEAR_BWD;
+    const void *in0 = kpl__cdata(args->in[0]);
+    void *out = kpl__data(args->out);
+    if (!ty || !tx)
+        st = KPL_ERROR(KPL_ENOMEM, "upsample_bilinear: no host memory for %lld taps",
+                       (long long)(a->oh + a->ow));
+    else if (dt == KPL_BF16 || dt == KPL_F16) st = pool_half(args, a, dt, ty, tx);
+    else if (dt == KPL_F64) (bwd ? bilinear_bwd_f64 : bilinear_f64)(a, ty, tx, in0, out);
+    else (bwd ? bilinear_bwd_f32 : bilinear_f32)(a, ty, tx, in0, out);
+    free(ty);
+    free(tx);
+    return st;
+}
+
 static kpl_status cpu_pool(const kpl_kernel_args *args)
 {
     const kpl_pool_attrs *a = args->attrs;
-    kpl_dtype hdt = a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD
-                        ? args->out->dtype
-                        : args->in[0]->dtype;
-    if (hdt == KPL_BF16 || hdt == KPL_F16) return pool_half(args, a, hdt);
-    bool f64 = (a->kind == KPL_POOL_SCATTER || a->kind == KPL_POOL_AVG_BWD ? args->out->dtype
-                                                                             : args->in[0]->dtype) ==
-               KPL_F64;
+    kpl_dtype hdt = KPL_POOL_KIND_BWD(a->kind) ? args->out->dtype : args->in[0]->dtype;
+    if (a->kind == KPL_POOL_BILINEAR || a->kind == KPL_POOL_BILINEAR_BWD)
+        return cpu_bilinear(args, a, hdt);
+    if (hdt == KPL_BF16 || hdt == KPL_F16) return pool_half(args, a, hdt, NULL, NULL);
+    bool f64 = hdt == KPL_F64;
     const void *in0 = kpl__cdata(args->in[0]);
     void *out = kpl__data(args->out);
     int64_t bad = 0;
@@ -380,6 +455,8 @@ static kpl_status cpu_pool(const kpl_kernel_args *args)
         bad = f64 ? gather_f64(a, in0, idx, out, sc) : gather_f32(a, in0, idx, out, sc);
         break;
     }
+    case KPL_POOL_BILINEAR:
+    case KPL_POOL_BILINEAR_BWD: break; /* cpu_bilinear's */
     }
     KPL_CHECK(bad == 0, KPL_ERANGE, "%s: %lld indices outside the %lldx%lld plane",
               a->kind == KPL_POOL_SCATTER ? "plane_scatter" : "plane_gather", (long long)bad,

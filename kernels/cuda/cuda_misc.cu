@@ -248,6 +248,13 @@ static kpl_status cuda_copy(const kpl_kernel_args *args)
                                      cs->compute));
         return KPL_OK;
     }
+    if (at->slab) {
+        KPL_CUDA_TRY(cudaMemcpy2DAsync((char *)out + at->dst_off, (size_t)at->dst_pitch,
+                                       (const char *)x + at->src_off, (size_t)at->src_pitch,
+                                       (size_t)at->width, (size_t)at->rows,
+                                       cudaMemcpyDeviceToDevice, cs->compute));
+        return KPL_OK;
+    }
     unsigned blocks = kpl__cuda_blocks(cs, n, KPL_CUDA_THREADS);
     switch (es) {
     case 1:

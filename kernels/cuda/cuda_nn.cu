@@ -2,7 +2,8 @@
  * cuda_nn.cu — the neural-network kernels on CUDA besides convolution
  * (cuda_conv.cu): the batch-normalisation forward through cuDNN (its v9
  * library, "legacy" descriptor API); the batch-norm backward, pooling,
- * index_select/add and gather/scatter_add as kernels of our own.
+ * bilinear resizing, index_select/add and gather/scatter_add as kernels of
+ * our own.
  *
  * Pooling is ours because kpl's max pooling is a gather at recorded
  * indices (so that it is differentiable to any order) and cuDNN's max
@@ -16,6 +17,7 @@
  * present.
  */
 #include "cuda_impl.h"
+#include "vision_math.h"
 
 #include <pthread.h>
 #include <string.h>
@@ -363,6 +365,75 @@ __global__ void avg_pool_bwd_kernel(kpl_pool_attrs a, const T *gy, T *gx)
     }
 }
 
+/* Bilinear resizing (cpu_pool.c's arithmetic): each output cell from its
+ * four taps. */
+template <typename T>
+__global__ void bilinear_kernel(kpl_pool_attrs a, const T *x, T *y)
+{
+    int64_t ohw = a.oh * a.ow;
+    KPL_CUDA_FOR(o, a.n * a.c * ohw)
+    {
+        int64_t pl = o / ohw, r = o % ohw, y0, y1, x0, x1;
+        double lyd, lxd;
+        kpl_lerp_tap(r / a.ow, a.h, a.oh, a.align_corners, &y0, &y1, &lyd);
+        kpl_lerp_tap(r % a.ow, a.w, a.ow, a.align_corners, &x0, &x1, &lxd);
+        T ly = (T)lyd, my = (T)1 - ly, lx = (T)lxd, mx = (T)1 - lx;
+        const T *r0 = x + (pl * a.h + y0) * a.w, *r1 = x + (pl * a.h + y1) * a.w;
+        y[o] = my * (mx * r0[x0] + lx * r0[x1]) + ly * (mx * r1[x0] + lx * r1[x1]);
+    }
+}
+
+/* The first output cell along a side whose first tap lies past input cell
+ * v (the taps never decrease along a side). */
+__device__ int64_t first_tap_past(int64_t v, int64_t in, int64_t out, bool align)
+{
+    int64_t lo = 0, hi = out;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2, i0, i1;
+        double l;
+        kpl_lerp_tap(mid, in, out, align, &i0, &i1, &l);
+        if (i0 > v) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* How much output cell o of a side takes from input cell i. */
+template <typename T>
+__device__ __forceinline__ T tap_weight(int64_t o, int64_t i, int64_t in, int64_t out, bool align)
+{
+    int64_t i0, i1;
+    double l;
+    kpl_lerp_tap(o, in, out, align, &i0, &i1, &l);
+    T lt = (T)l;
+    return (i0 == i ? (T)1 - lt : (T)0) + (i1 == i ? lt : (T)0);
+}
+
+/* The adjoint as a gather: each gx cell sums the output cells whose taps
+ * reach it (those whose first tap is the cell or the one before), so no
+ * two threads write one cell and the sum's order is fixed. */
+template <typename T>
+__global__ void bilinear_bwd_kernel(kpl_pool_attrs a, const T *gy, T *gx)
+{
+    int64_t hw = a.h * a.w;
+    bool al = a.align_corners;
+    KPL_CUDA_FOR(i, a.n * a.c * hw)
+    {
+        int64_t pl = i / hw, r = i % hw, iy = r / a.w, ix = r % a.w;
+        int64_t oy0 = first_tap_past(iy - 2, a.h, a.oh, al), oy1 = first_tap_past(iy, a.h, a.oh, al);
+        int64_t ox0 = first_tap_past(ix - 2, a.w, a.ow, al), ox1 = first_tap_past(ix, a.w, a.ow, al);
+        const T *gp = gy + pl * a.oh * a.ow;
+        T s = 0;
+        for (int64_t oy = oy0; oy < oy1; oy++) {
+            T wy = tap_weight<T>(oy, iy, a.h, a.oh, al);
+            if (wy == (T)0) continue;
+            for (int64_t ox = ox0; ox < ox1; ox++)
+                s += wy * tap_weight<T>(ox, ix, a.w, a.ow, al) * gp[oy * a.ow + ox];
+        }
+        gx[i] = s;
+    }
+}
+
 template <typename T>
 static kpl_status pool_typed(kpl_cuda_state *cs, const kpl_pool_attrs &a,
                              const kpl_kernel_args *args, void *out, const void *in0)
@@ -385,6 +456,14 @@ static kpl_status pool_typed(kpl_cuda_state *cs, const kpl_pool_attrs &a,
         avg_pool_bwd_kernel<T><<<kpl__cuda_blocks(cs, nin, th), th, 0, cs->compute>>>(
             a, (const T *)in0, (T *)out);
         return KPL_CUDA_LAUNCHED("avg_pool2d_bwd");
+    case KPL_POOL_BILINEAR:
+        bilinear_kernel<T><<<kpl__cuda_blocks(cs, nout, th), th, 0, cs->compute>>>(
+            a, (const T *)in0, (T *)out);
+        return KPL_CUDA_LAUNCHED("upsample_bilinear");
+    case KPL_POOL_BILINEAR_BWD:
+        bilinear_bwd_kernel<T><<<kpl__cuda_blocks(cs, nin, th), th, 0, cs->compute>>>(
+            a, (const T *)in0, (T *)out);
+        return KPL_CUDA_LAUNCHED("upsample_bilinear_bwd");
     case KPL_POOL_GATHER:
     case KPL_POOL_SCATTER:
         break; /* cuda_pool sends these to cuda_index.cu */

@@ -289,9 +289,14 @@ typedef struct {
     double p1, p2;
 } kpl_random_attrs;
 
-/* Strided gather into a contiguous out; NULL attrs means a flat copy. */
+/* Strided gather into a contiguous out; NULL attrs means a flat copy.
+ * With `slab` (kpl_k_copy_slab) a 2-D copy instead: `rows` runs of `width`
+ * bytes, run r from in + src_off + r src_pitch to out + dst_off + r
+ * dst_pitch (bytes). */
 typedef struct {
     kpl_ew_plan plan; /* stride[0] = input strides */
+    bool slab;
+    int64_t rows, width, src_off, src_pitch, dst_off, dst_pitch;
 } kpl_copy_attrs;
 
 typedef enum { KPL_CONV_FWD, KPL_CONV_BWD_DATA, KPL_CONV_BWD_WEIGHT } kpl_conv_kind;
@@ -334,15 +339,23 @@ typedef enum {
     KPL_POOL_GATHER,   /* in: x, idx;  out: y */
     KPL_POOL_SCATTER,  /* in: gy, idx; out: gx */
     KPL_POOL_AVG,      /* in: x;       out: y */
-    KPL_POOL_AVG_BWD   /* in: gy;      out: gx */
+    KPL_POOL_AVG_BWD,  /* in: gy;      out: gx */
+    KPL_POOL_BILINEAR, /* in: x;       out: y (p unused, align_corners) */
+    KPL_POOL_BILINEAR_BWD /* in: gy;   out: gx */
 } kpl_pool_kind;
+
+/* The kinds whose output is the input plane (h, w): the adjoints. */
+#define KPL_POOL_KIND_BWD(k) \
+    ((k) == KPL_POOL_SCATTER || (k) == KPL_POOL_AVG_BWD || (k) == KPL_POOL_BILINEAR_BWD)
 
 typedef struct {
     kpl_pool_kind kind;
     int64_t n, c, h, w; /* input plane */
     int64_t oh, ow;     /* output plane */
     kpl_pool2d_params p;
+    bool align_corners; /* bilinear */
 } kpl_pool_attrs;
+
 
 typedef enum {
     KPL_INDEX_SELECT,     /* in: x, idx;   out (outer, k, inner) */

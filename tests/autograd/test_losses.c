@@ -1060,6 +1060,93 @@ static void test_shape_ops_gradients(void **state)
     kpl_tensor_release(x);
 }
 
+/* concat along each axis of (2, 3, 4) pieces: five pieces (two ops, the
+ * first result the first piece of the second), against the elements placed
+ * by hand; any dtype; mixed float dtypes under autocast meet in the
+ * widest; errors name the shapes. */
+static void test_concat_values(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t base[3] = {2, 3, 4};
+    for (int ax = 0; ax < 3; ax++) {
+        kpl_tensor *xs[5];
+        int64_t lens[5] = {1, 2, 1, 3, 1}, total = 8;
+        for (int i = 0; i < 5; i++) {
+            int64_t s[3] = {base[0], base[1], base[2]};
+            s[ax] = lens[i];
+            int64_t n = s[0] * s[1] * s[2];
+            double v[3 * 3 * 4]; /* the largest piece */
+            for (int64_t j = 0; j < n; j++) v[j] = 100 * i + (double)j;
+            xs[i] = f64t(3, s, v);
+        }
+        kpl_tensor *y = NN(kpl_concat(5, xs, ax - 3)); /* a negative axis */
+        assert_int_equal(kpl_tensor_shape(y)[ax], total);
+        int64_t ys[3] = {base[0], base[1], base[2]};
+        ys[ax] = total;
+        for (int64_t a = 0; a < ys[0]; a++)
+            for (int64_t b = 0; b < ys[1]; b++)
+                for (int64_t c = 0; c < ys[2]; c++) {
+                    int64_t idx[3] = {a, b, c}, k = idx[ax], piece = 0;
+                    while (k >= lens[piece]) k -= lens[piece++];
+                    idx[ax] = k;
+                    int64_t s[3] = {base[0], base[1], base[2]};
+                    s[ax] = lens[piece];
+                    double want = 100.0 * (double)piece + (double)((idx[0] * s[1] + idx[1]) * s[2] + idx[2]);
+                    assert_true(tget(y, (a * ys[1] + b) * ys[2] + c) == want);
+                }
+    }
+    /* integers */
+    kpl_tensor *ints[2] = {i64t(2, (int64_t[]){7, 8}), i64t(3, (int64_t[]){-1, -2, -3})};
+    kpl_tensor *ic = NN(kpl_concat(2, ints, 0));
+    assert_int_equal(kpl_tensor_dtype(ic), KPL_I64);
+    expect(ic, 5, (double[]){7, 8, -1, -2, -3}, "i64 concat");
+    /* mixed float dtypes under autocast: the widest */
+    int64_t s2 = 2;
+    kpl_tensor *a = NN(kpl_cast(f64t(1, &s2, (double[]){1, 2}), KPL_BF16));
+    kpl_tensor *b = NN(kpl_cast(f64t(1, &s2, (double[]){3, 4}), KPL_F32));
+    kpl_dtype prev;
+    OK(kpl_set_autocast(KPL_BF16, &prev));
+    kpl_tensor *m = kpl_concat(3, (kpl_tensor *[]){a, b, a}, 0);
+    OK(kpl_set_autocast(prev, NULL));
+    assert_non_null(m);
+    assert_int_equal(kpl_tensor_dtype(m), KPL_F32);
+    expect(NN(kpl_cast(m, KPL_F64)), 6, (double[]){1, 2, 3, 4, 1, 2}, "autocast concat");
+    /* errors */
+    int64_t s23[2] = {2, 3}, s32[2] = {3, 2};
+    double v6[6] = {0};
+    assert_null(kpl_concat(2, (kpl_tensor *[]){f64t(2, s23, v6), f64t(2, s32, v6)}, 1));
+    assert_non_null(strstr(kpl_last_error(), "concat: (2,3) and (3,2) differ outside axis 1"));
+    assert_null(kpl_concat(1, (kpl_tensor *[]){f64t(2, s23, v6)}, 2));
+    assert_non_null(strstr(kpl_last_error(), "axis 2 out of range for 2 dims"));
+    assert_null(kpl_concat(2, (kpl_tensor *[]){a, b}, 0)); /* no autocast: dtypes differ */
+    assert_non_null(strstr(kpl_last_error(), "copy_slab"));
+    kpl_pool_pop(p);
+}
+
+static kpl_tensor *g_concat(kpl_tensor *const *x, void *u)
+{
+    int ax = *(const int *)u;
+    kpl_tensor *parts[5] = {x[0], kpl_square(x[1]), x[0], kpl_slice(x[1], ax, 1, 1), x[1]};
+    return kpl_square(kpl_concat(5, parts, ax));
+}
+
+/* Five pieces (two ops), two inputs used twice each: first and second order. */
+static void test_concat_gradients(void **state)
+{
+    (void)state;
+    int64_t s0[3] = {2, 3, 2};
+    kpl_tensor *x0 = param(3, s0, 31, -1, 1), *x1 = param(3, s0, 32, -1, 1);
+    kpl_pool *p = NN(kpl_pool_push());
+    for (int ax = 0; ax < 3; ax++) {
+        OK(kpl_gradcheck(g_concat, &ax, 2, (kpl_tensor *[]){x0, x1}, 1, 1e-6, 1e-6, 1e-5));
+        OK(kpl_gradcheck(g_concat, &ax, 2, (kpl_tensor *[]){x0, x1}, 2, 1e-5, 1e-5, 1e-4));
+    }
+    kpl_pool_pop(p);
+    kpl_tensor_release(x0);
+    kpl_tensor_release(x1);
+}
+
 int run_loss_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1070,6 +1157,8 @@ int run_loss_tests(void)
         cmocka_unit_test(test_norm_gradients),
         cmocka_unit_test(test_shape_ops_values),
         cmocka_unit_test(test_shape_ops_gradients),
+        cmocka_unit_test(test_concat_values),
+        cmocka_unit_test(test_concat_gradients),
         cmocka_unit_test(test_conv_transpose),
         cmocka_unit_test(test_split_topk),
         cmocka_unit_test(test_adaptive_pool),

@@ -33,7 +33,7 @@ static void test_every_row_complete(void **state)
         assert_true(r->out_min >= 1 && r->out_min <= r->out_max);
         assert_true(r->out_max <= KPL_IR_MAX_OUTPUTS);
         if (r->differentiable) assert_true(r->in_max <= 3);
-        assert_true(r->attrs >= KPL_ATTRS_NONE && r->attrs <= KPL_ATTRS_SUB);
+        assert_true(r->attrs >= KPL_ATTRS_NONE && r->attrs < KPL_ATTRS_COUNT);
         assert_true(r->autocast >= KPL_AUTOCAST_KEEP && r->autocast <= KPL_AUTOCAST_MIXED);
         /* saved: only inputs it has, only output 0, nothing without a gradient */
         assert_true(r->saved_in < (1u << r->in_max));

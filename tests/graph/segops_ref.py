@@ -177,12 +177,21 @@ def resize_seed(h, w):
     return f32(torch.cos(0.23 * i)).reshape(1, 1, h, w)
 
 
-for name, (h, w), (oh, ow) in [("UP", (7, 5), (29, 13)), ("DOWN", (29, 13), (7, 5))]:
+# name, input plane, output plane, align_corners: up and down both ways,
+# one output row, a 1x1 input, one side kept and the other shrunk
+rcases = [("UP", (7, 5), (29, 13), False), ("DOWN", (29, 13), (7, 5), False),
+          ("UP_AC", (7, 5), (29, 13), True), ("DOWN_AC", (29, 13), (7, 5), True),
+          ("ONE", (5, 4), (1, 3), False), ("ONE_AC", (5, 4), (1, 3), True),
+          ("FROM1", (1, 1), (3, 4), False), ("MIXED", (6, 9), (6, 4), False)]
+for name, (h, w), (oh, ow), ac in rcases:
     x = resize_input(h, w).requires_grad_(True)
-    y = F.interpolate(x, size=(oh, ow), mode="bilinear", align_corners=False)
+    y = F.interpolate(x, size=(oh, ow), mode="bilinear", align_corners=ac)
     y.backward(resize_seed(oh, ow))
     out.append(c_doubles(f"RESIZE_{name}_Y", y.detach()))
     out.append(c_doubles(f"RESIZE_{name}_GX", x.grad))
+out.append("#define RESIZE_CASES(X) \\\n" + " \\\n".join(
+    f"    X({n}, {h}, {w}, {oh}, {ow}, {str(ac).lower()})" for n, (h, w), (oh, ow), ac in rcases)
+    + "\n")
 
 print("/* segops_ref.h — made by tests/graph/segops_ref.py (torch "
       f"{torch.__version__}); do not edit. */")

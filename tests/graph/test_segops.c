@@ -11,6 +11,8 @@
 #include "kpl_test.h"
 #include "autograd.h"
 #include "segops_ref.h"
+#include "ir.h"
+#include "kernels.h"
 
 #include <stdlib.h>
 
@@ -275,17 +277,19 @@ static kpl_tensor *resize_values(kpl_dtype dt, int64_t h, int64_t w, bool seed)
     return t;
 }
 
-static void resize_case(kpl_dtype dt, int64_t h, int64_t w, int64_t oh, int64_t ow,
+static void resize_case(kpl_dtype dt, int64_t h, int64_t w, int64_t oh, int64_t ow, bool ac,
                         const double *want_y, const double *want_gx, const char *what)
 {
     kpl_pool *pool = NN(kpl_pool_push());
     kpl_tensor *x = NULL;
     OK(kpl_tensor_to_device(resize_values(dt, h, w, false), kpl_device_cpu(), &x));
     OK(kpl_set_requires_grad(x, true));
-    kpl_tensor *y = kpl_upsample_bilinear(x, oh, ow, false);
+    kpl_tensor *y = kpl_upsample_bilinear(x, oh, ow, ac);
     char b[64];
     snprintf(b, sizeof b, "%s y %s", what, kpl_dtype_name(dt));
     expect(y, want_y, oh * ow, dt, b);
+    assert_int_equal(kpl_tensor_shape(y)[2], oh);
+    assert_int_equal(kpl_tensor_shape(y)[3], ow);
     kpl_tensor *gy = resize_values(dt, oh, ow, true), *gx = NULL;
     OK(kpl_grad(y, gy, 1, &x, false, &gx));
     snprintf(b, sizeof b, "%s gx %s", what, kpl_dtype_name(dt));
@@ -294,13 +298,150 @@ static void resize_case(kpl_dtype dt, int64_t h, int64_t w, int64_t oh, int64_t 
     kpl_pool_pop(pool);
 }
 
+/* F.interpolate(mode="bilinear") both ways, up, down, to one row, from one
+ * cell, one side kept: values and gradients. */
 static void test_resize_reference(void **state)
 {
     (void)state;
     for (int f = 0; f < 2; f++) {
-        resize_case(dtypes[f], 7, 5, 29, 13, RESIZE_UP_Y, RESIZE_UP_GX, "up");
-        resize_case(dtypes[f], 29, 13, 7, 5, RESIZE_DOWN_Y, RESIZE_DOWN_GX, "down");
+#define X(name, h, w, oh, ow, ac) \
+        resize_case(dtypes[f], h, w, oh, ow, ac, RESIZE_##name##_Y, RESIZE_##name##_GX, #name);
+        RESIZE_CASES(X)
+#undef X
     }
+}
+
+/* Planes are independent: each of (2, 3) planes resized alone gives the
+ * same bits as in the batch; and f16/bf16 are f32's arithmetic rounded once. */
+static void test_resize_planes_and_halves(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    int64_t xs[4] = {2, 3, 6, 7}, n = 2 * 3 * 6 * 7;
+    double *v = malloc((size_t)n * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = sin(0.71 * (double)i) * (1 + (double)(i % 5));
+    for (int ac = 0; ac < 2; ac++) {
+        kpl_tensor *x = tensor(KPL_F32, 4, xs, v);
+        kpl_tensor *y = NN(kpl_upsample_bilinear(x, 11, 4, ac));
+        for (int64_t pl = 0; pl < 6; pl++) {
+            kpl_tensor *one = NN(kpl_slice(NN(kpl_reshape(x, 3, (int64_t[]){6, 6, 7})), 0, pl, 1));
+            kpl_tensor *y1 = NN(kpl_upsample_bilinear(NN(kpl_reshape(one, 4, (int64_t[]){1, 1, 6, 7})),
+                                                      11, 4, ac));
+            for (int64_t i = 0; i < 44; i++) assert_true(tget(y1, i) == tget(y, pl * 44 + i));
+        }
+        for (int h = 0; h < 2; h++) {
+            kpl_dtype hd = h ? KPL_BF16 : KPL_F16;
+            kpl_tensor *xh = NN(kpl_cast(x, hd));
+            kpl_tensor *yh = NN(kpl_upsample_bilinear(xh, 11, 4, ac));
+            assert_int_equal(kpl_tensor_dtype(yh), hd);
+            kpl_tensor *want = NN(kpl_cast(NN(kpl_upsample_bilinear(NN(kpl_cast(xh, KPL_F32)), 11, 4,
+                                                                    ac)), hd));
+            for (int64_t i = 0; i < kpl_tensor_numel(yh); i++)
+                assert_true(tget(yh, i) == tget(want, i));
+            kpl_tensor *gh = NN(kpl_upsample_bilinear_bwd(yh, xs, ac));
+            kpl_tensor *gw = NN(kpl_cast(NN(kpl_upsample_bilinear_bwd(NN(kpl_cast(yh, KPL_F32)), xs,
+                                                                      ac)), hd));
+            for (int64_t i = 0; i < n; i++) assert_true(tget(gh, i) == tget(gw, i));
+        }
+    }
+    free(v);
+    kpl_pool_pop(pool);
+}
+
+typedef struct {
+    int64_t oh, ow;
+    bool ac;
+} resize_args;
+
+static kpl_tensor *g_resize(kpl_tensor *const *in, void *user)
+{
+    const resize_args *a = user;
+    return kpl_upsample_bilinear(in[0], a->oh, a->ow, a->ac);
+}
+
+/* Finite differences, to the second order (the pair is each other's
+ * gradient), over the CE logits (2, 4, 3, 5). */
+static void test_resize_gradcheck(void **state)
+{
+    (void)state;
+    resize_args cases[] = {{7, 9, false}, {7, 9, true}, {2, 3, false}, {1, 1, true}, {3, 5, false}};
+    gradcheck_cases(g_resize, cases, sizeof cases[0], sizeof cases / sizeof cases[0]);
+}
+
+/* Traced forward and backward run by the executor give eager's bits; the
+ * graph names the op and its attributes. */
+static void test_resize_graph(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *x = leaf(KPL_F32, 4, CE_XS, CE_LOGITS);
+    kpl_tensor *seed = resize_values(KPL_F32, 2 * 4 * 8, 9, true);
+    seed = NN(kpl_reshape(seed, 4, (int64_t[]){2, 4, 8, 9}));
+    kpl_tensor *y = NN(kpl_upsample_bilinear(x, 8, 9, true)), *gx = NULL;
+    OK(kpl_grad(y, seed, 1, &x, false, &gx));
+    OK(kpl_trace_begin());
+    kpl_tensor *tx = NN(kpl_trace_input(x, "x"));
+    OK(kpl_set_requires_grad(tx, true));
+    kpl_tensor *ty = NN(kpl_upsample_bilinear(tx, 8, 9, true)), *tg = NULL;
+    OK(kpl_grad(ty, seed, 1, &tx, false, &tg));
+    kpl_ir *ir = NULL;
+    OK(kpl_trace_end(2, (kpl_tensor *[]){ty, tg}, (const char *[]){"y", "gx"}, &ir));
+    OK(kpl_ir_check(ir));
+    char *dump = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&dump, &len);
+    assert_non_null(f);
+    OK(kpl_ir_dump(ir, f, false));
+    fclose(f);
+    if (!strstr(dump, "= upsample_bilinear(") || !strstr(dump, ") size=8,9 align_corners") ||
+        !strstr(dump, "= upsample_bilinear_bwd(") || !strstr(dump, ") size=3,5 align_corners"))
+        fail_msg("graph dump lacks the resize pair:\n%s", dump);
+    free(dump);
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    OK(kpl_exec_set_input(ex, 0, x));
+    OK(kpl_exec_run(ex));
+    kpl_tensor *ey = kpl_exec_output(ex, 0), *eg = kpl_exec_output(ex, 1);
+    for (int64_t i = 0; i < kpl_tensor_numel(y); i++) assert_true(tget(ey, i) == tget(y, i));
+    for (int64_t i = 0; i < kpl_tensor_numel(gx); i++) assert_true(tget(eg, i) == tget(gx, i));
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_tensor_release(x);
+    kpl_pool_pop(pool);
+}
+
+static void test_resize_errors(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    int64_t s3[3] = {2, 3, 4}, s4[4] = {1, 2, 3, 4};
+    kpl_tensor *x3 = tensor(KPL_F32, 3, s3, CE_LOGITS), *x4 = tensor(KPL_F32, 4, s4, CE_LOGITS);
+    assert_null(kpl_upsample_bilinear(x3, 4, 4, false));
+    assert_non_null(strstr(kpl_last_error(), "upsample_bilinear: needs NCHW input"));
+    assert_null(kpl_upsample_bilinear(x4, 0, 4, false));
+    assert_non_null(strstr(kpl_last_error(), "to 0x4"));
+    assert_null(kpl_upsample_bilinear_bwd(x4, NULL, false));
+    assert_non_null(strstr(kpl_last_error(), "'x_shape' is NULL"));
+    assert_null(kpl_upsample_bilinear_bwd(x4, (int64_t[]){1, 2, 0, 3}, false));
+    assert_non_null(strstr(kpl_last_error(), "x_shape[2] is 0"));
+    /* the kernel's own checks: planes that differ, a plane with no cells */
+    kpl_tensor *out = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){1, 3, 5, 5}, &out));
+    assert_int_equal(kpl_k_upsample_bilinear(out, x4, false), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "differ in (N, C)"));
+    kpl_tensor_release(out);
+    kpl_tensor *e = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){1, 2, 0, 4}, &e));
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){1, 2, 3, 3}, &out));
+    assert_int_equal(kpl_k_upsample_bilinear(out, e, false), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "empty plane"));
+    kpl_tensor_release(out);
+    kpl_tensor_release(e);
+    kpl_tensor *i4 = NN(kpl_cast(x4, KPL_I64));
+    assert_null(kpl_upsample_bilinear(i4, 4, 4, false));
+    assert_non_null(strstr(kpl_last_error(), "upsample_bilinear"));
+    kpl_pool_pop(pool);
 }
 
 int main(void)
@@ -310,6 +451,8 @@ int main(void)
         cmocka_unit_test(test_ce_all_ignored), cmocka_unit_test(test_ce_errors),
         cmocka_unit_test(test_dice_reference), cmocka_unit_test(test_dice_gradcheck),
         cmocka_unit_test(test_dice_errors),    cmocka_unit_test(test_resize_reference),
+        cmocka_unit_test(test_resize_planes_and_halves), cmocka_unit_test(test_resize_gradcheck),
+        cmocka_unit_test(test_resize_graph),   cmocka_unit_test(test_resize_errors),
     };
     return cmocka_run_group_tests_name("segops", tests, NULL, NULL);
 }

@@ -561,6 +561,40 @@ static void test_roi_align_kernels(void **state)
     }
 }
 
+/* Bilinear resizing and its adjoint (the GPU's a gather per input cell,
+ * the CPU's a scatter): up, down, mixed, to one row, both ways of
+ * align_corners, f32, f64 and bf16 (through f32 on the GPU). */
+static void test_resize_kernels(void **state)
+{
+    (void)state;
+    const int64_t xs[4] = {2, 3, 13, 17};
+    const int64_t sizes[4][2] = {{40, 51}, {5, 6}, {13, 4}, {1, 30}};
+    kpl_dtype dts[3] = {KPL_F32, KPL_F64, KPL_BF16};
+    for (int f = 0; f < 3; f++) {
+        kpl_dtype dt = dts[f];
+        kpl_tensor *x = trand(dt, 4, xs, 70 + f, -1, 1), *gx = to_gpu(x);
+        for (int c = 0; c < 8; c++) {
+            bool ac = c % 2;
+            int64_t os[4] = {xs[0], xs[1], sizes[c / 2][0], sizes[c / 2][1]};
+            kpl_tensor *o = tnew(dt, 4, os), *go = NULL, *gxc = tnew(dt, 4, xs), *ggx = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 4, os, &go));
+            OK(kpl_tensor_empty(gpu, dt, 4, xs, &ggx));
+            OK(kpl_k_upsample_bilinear(o, x, ac));
+            OK(kpl_k_upsample_bilinear(go, gx, ac));
+            double tol = dt == KPL_F64 ? 1e-12 : dt == KPL_F32 ? 1e-5 : 1e-2;
+            assert_same(go, o, tol, tol * 0.1, "upsample_bilinear");
+            kpl_tensor *gy = trand(dt, 4, os, 80 + c, -1, 1), *ggy = to_gpu(gy);
+            OK(kpl_k_upsample_bilinear_bwd(gxc, gy, ac));
+            OK(kpl_k_upsample_bilinear_bwd(ggx, ggy, ac));
+            assert_same(ggx, gxc, tol, tol, "upsample_bilinear_bwd");
+            kpl_tensor *ts[] = {o, go, gxc, ggx, gy, ggy};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+        kpl_tensor_release(x);
+        kpl_tensor_release(gx);
+    }
+}
+
 /* A CPU integer tensor of dtype dt with values in [lo, hi) (truncated
  * uniform doubles). */
 static kpl_tensor *tint(kpl_dtype dt, int ndim, const int64_t *shape, uint64_t seed, double lo,
@@ -826,6 +860,7 @@ int main(void)
         cmocka_unit_test(test_batch_norm_paths),
         cmocka_unit_test(test_box_kernels),
         cmocka_unit_test(test_roi_align_kernels),
+        cmocka_unit_test(test_resize_kernels),
     };
     int fails = RUN_GROUP("cuda", tests);
     fails += run_cuda_mixed_tests();

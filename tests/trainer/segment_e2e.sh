@@ -7,7 +7,8 @@
 #              masks it saves, recomputed with numpy against the labels,
 #              give kpl's mIoU, pixel and class accuracy to 1e-9; kpl eval
 #              prints the per-class table and the same figures; sliding
-#              windows that cover the image give the whole image's figures
+#              windows that cover the image give the whole image's figures;
+#              exported to ONNX, onnxruntime gives kpl infer's logits
 #   np2        SyncBN: 2 ranks x 4 images (kplrun, model.sync_bn) train like
 #              1 rank x 8, the same losses to 1e-4 at every step and the
 #              same figures; the confusion matrix is summed over the ranks
@@ -57,9 +58,11 @@ fmnistseg)
   miou=$(field val_miou "$done_line")
   echo "fmnistseg: $done_line"
   # untrained (everything background) it is 0.07; this narrow net reaches
-  # 0.30 in 20 epochs (measured; the U-Net recipe narrowed alike stays
-  # near 0.10, telling background from items but not the items apart)
-  awk -v x="$miou" 'BEGIN { exit !(x >= 0.2) }' || die "mIoU $miou < 0.2 after 20 epochs"
+  # 0.21 to 0.30 in 20 epochs (measured over four seeds; the rounding of
+  # the fused resize and concat moves a run within that spread; the U-Net
+  # recipe narrowed alike stays near 0.10, telling background from items
+  # but not the items apart)
+  awk -v x="$miou" 'BEGIN { exit !(x >= 0.15) }' || die "mIoU $miou < 0.15 after 20 epochs"
   grep -q '^Trouser  *[0-9.]* *[0-9.]*$' train.txt || die "no per-class table: $(tail -15 train.txt)"
   [[ $(ls pred | wc -l) == 24 ]] || die "saved predictions: $(ls pred | wc -l), want 24"
   # TensorBoard: 4 validation images an evaluation, each image | labels |
@@ -91,6 +94,20 @@ PY
   for f in val_miou val_aacc val_macc; do
     [[ $(field $f "$ev") == $(field $f "$last_eval") ]] || die "kpl eval's $f $(field $f "$ev") vs training's $(field $f "$last_eval")"
   done
+  # the trained DeepLabv3 exported at a fixed size (the ASPP's concat as
+  # Concat, the logits' bilinear resize as Resize): onnxruntime gives kpl
+  # infer's logits
+  X=("${D[@]}" data.val.transform.crop=none 'data.val.transform.short_sides=[]'
+     data.val.transform.max_side=0 'data.val.transform.size=[48, 56]')
+  for f in kplm onnx; do
+    "$kpl" export "$recipe" "${X[@]}" --checkpoint "$ck" -o m.$f --format $f --batch 2 \
+      > exp.txt 2> exp.err || die "export --format $f: $(cat exp.err)"
+  done
+  if [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c 'import onnx, onnxruntime' 2> /dev/null; then
+    /usr/bin/python3 "$(dirname "$0")/onnx_check.py" "$kpl" m.kplm m.onnx . || die "onnx_check"
+  else
+    kpl_skip_note ref "onnx/onnxruntime for /usr/bin/python3 (the ONNX check)"
+  fi
   # one window as large as the image is whole-image inference
   "$kpl" eval "$recipe" "${D[@]}" deterministic=true --checkpoint "$ck" \
     task.segmentation.eval_mode=slide 'task.segmentation.crop_size=[64, 64]' \

@@ -73,6 +73,7 @@ static json_t *attrs_json(const kpl_op_attrs *a)
                                                 "spatial_scale", r->spatial_scale, "sampling_ratio",
                                                 r->sampling_ratio, "aligned", r->aligned));
     if (a->sub) json_object_set_new(o, "sub", json_string(kpl_binary_name((kpl_binary_op)a->sub)));
+    if (a->align_corners) json_object_set_new(o, "align_corners", json_true());
     return o;
 }
 
@@ -112,12 +113,14 @@ static kpl_status attrs_parse(const where *w, json_t *o, kpl_op_attrs *a)
             double d = json_number_value(x);
             *(key[0] == 'a' ? &a->alpha : key[0] == 'b' ? &a->beta : &a->scalar) = d;
         } else if (!strcmp(key, "scalar_first") || !strcmp(key, "keepdim") ||
-                   !strcmp(key, "trans_a") || !strcmp(key, "trans_b")) {
+                   !strcmp(key, "trans_a") || !strcmp(key, "trans_b") ||
+                   !strcmp(key, "align_corners")) {
             if (!json_is_boolean(x)) return BAD(w, "attribute '%s' is not true or false", key);
             bool b = json_is_true(x);
             if (!strcmp(key, "scalar_first")) a->scalar_first = b;
             else if (!strcmp(key, "keepdim")) a->keepdim = b;
             else if (!strcmp(key, "trans_a")) a->trans_a = b;
+            else if (!strcmp(key, "align_corners")) a->align_corners = b;
             else a->trans_b = b;
         } else if (!strcmp(key, "axes")) {
             int n = json_is_array(x) ? (int)json_array_size(x) : -1;

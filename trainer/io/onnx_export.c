@@ -208,6 +208,16 @@ static void attr_f(writer *w, Onnx__NodeProto *n, const char *name, float v)
     a->f = v;
 }
 
+static void attr_s(writer *w, Onnx__NodeProto *n, const char *name, const char *v)
+{
+    Onnx__AttributeProto *a = attr(w, n, name);
+    if (!a) return;
+    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__STRING;
+    a->has_s = 1;
+    a->s.len = strlen(v);
+    a->s.data = (uint8_t *)v;
+}
+
 static void attr_ints(writer *w, Onnx__NodeProto *n, const char *name, const int64_t *v, int k)
 {
     Onnx__AttributeProto *a = attr(w, n, name);
@@ -512,6 +522,26 @@ EMIT(pool2d) /* max_pool2d, avg_pool2d */
 EMIT(index_select)
 {
     attr_i(w, node(w, "Gather", 2, o->x, 1, &o->y), "axis", o->a->axes[0]);
+    return w->st;
+}
+
+EMIT(concat)
+{
+    attr_i(w, node(w, "Concat", o->nin, o->x, 1, &o->y), "axis", o->a->axes[0]);
+    return w->st;
+}
+
+/* upsample_bilinear: Resize to the output's sizes, F.interpolate's
+ * coordinates (align_corners, or half_pixel: (i + 1/2) in / out - 1/2,
+ * which Resize's linear mode clamps to the plane as kpl does). */
+EMIT(resize)
+{
+    Onnx__NodeProto *n = node(w, "Resize", 4,
+                              (const char *[]){o->x[0], NULL, NULL, const_i64(w, o->ys, o->ynd)},
+                              1, &o->y);
+    attr_s(w, n, "mode", "linear");
+    attr_s(w, n, "coordinate_transformation_mode",
+           o->a->align_corners ? "align_corners" : "half_pixel");
     return w->st;
 }
 
