@@ -58,9 +58,9 @@ kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fus
     if (out_ir) *out_ir = NULL;
     const kpl_recipe *r = t->r;
     KPL_TRY(kpl_task_export_check(t->task));
-    KPL_CHECK(level >= 0 && level <= 3, KPL_EINVAL, "kpl export: level %d is not in [0, 3]", level);
+    KPL_CHECK(level >= 0 && level <= 3, KPL_EINVAL, "export level %d is not in [0, 3]", level);
     const char *oname = t->task->export_output;
-    KPL_CHECK(batch >= 1 && batch <= 65536, KPL_EINVAL, "kpl export: batch %lld is not in [1, 65536]",
+    KPL_CHECK(batch >= 1 && batch <= 65536, KPL_EINVAL, "export batch %lld is not in [1, 65536]",
               (long long)batch);
     kpl_module *m = kpl_trainer_model(t, 0);
     kpl_module_set_training(m, false);
@@ -69,13 +69,13 @@ kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fus
     if (t->task->data) t->task->data(r, false, &lc);
     const kpl_transform_config *tc = &lc.transform;
     KPL_CHECK(tc->crop != KPL_CROP_KEEP_RATIO && tc->crop != KPL_CROP_SCALE_CROP, KPL_EINVAL,
-              "kpl export: the validation transform (crop %s) gives each image its own size; a "
+              "the validation transform (crop %s) gives each image its own size; a "
               "graph has one input shape (use crop none or center)",
               kpl_crop_mode_name(tc->crop));
     kpl_dtype in_dt = tc->out_dtype;
     int64_t shape[4] = {batch, t->chw[0], t->chw[1], t->chw[2]};
     kpl_pool *pool = kpl_pool_push();
-    KPL_CHECK(pool, KPL_ENOMEM, "kpl export: no host memory");
+    KPL_CHECK(pool, KPL_ENOMEM, "export: no host memory");
     bool prev = kpl_set_grad_enabled(false);
     /* one forward: the library's kernels, untimed (a timed search of every
      * convolution would cost more than the trace) */
@@ -100,11 +100,11 @@ kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fus
     kpl_set_grad_enabled(prev);
     kpl_set_deterministic(det);
     kpl_pool_pop(pool);
-    if (st < 0) return kpl_error_prefix(st, "kpl export: model %s: ", r->model.name);
+    if (st < 0) return kpl_error_prefix(st, "model %s: ", r->model.name);
     int np = kpl_module_num_params(m), nb = kpl_module_num_buffers(m);
     const char **names = malloc((size_t)(np + nb + 1) * sizeof *names);
     kpl_tensor **ts = malloc((size_t)(np + nb + 1) * sizeof *ts);
-    if (!names || !ts) st = KPL_ERROR(KPL_ENOMEM, "kpl export: no host memory");
+    if (!names || !ts) st = KPL_ERROR(KPL_ENOMEM, "export: no host memory");
     for (int i = 0; st == KPL_OK && i < np; i++) {
         names[i] = kpl_module_param_name(m, i);
         ts[i] = kpl_module_params(m)[i];
@@ -118,7 +118,7 @@ kpl_status kpl_trainer_export(kpl_trainer *t, int64_t batch, int level, bool fus
     free(ts);
     if (st == KPL_OK) st = kpl_ir_optimize(ir, level, fuse);
     char *info = st == KPL_OK ? info_json(t, tc, batch) : NULL;
-    if (st == KPL_OK && !info) st = KPL_ERROR(KPL_ENOMEM, "kpl export: no host memory");
+    if (st == KPL_OK && !info) st = KPL_ERROR(KPL_ENOMEM, "export: no host memory");
     if (st == KPL_OK && path) st = kpl_model_save(ir, info, path);
     free(info);
     if (st == KPL_OK && out_ir) {
