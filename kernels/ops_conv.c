@@ -19,9 +19,8 @@
 kpl_status kpl_shape_conv2d(const int64_t *x, const int64_t *w, const kpl_conv2d_params *p,
                             int64_t *out)
 {
+    /* The shapes are worded only for a message: every conv call passes here. */
     char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
-    kpl_shape_str(4, x, b1, sizeof b1);
-    kpl_shape_str(4, w, b2, sizeof b2);
     KPL_CHECK(p != NULL, KPL_EINVAL, "conv2d: NULL params");
     KPL_CHECK(p->groups >= 1 && p->stride[0] >= 1 && p->stride[1] >= 1 && p->dilation[0] >= 1 &&
                   p->dilation[1] >= 1 && p->padding[0] >= 0 && p->padding[1] >= 0,
@@ -33,17 +32,20 @@ kpl_status kpl_shape_conv2d(const int64_t *x, const int64_t *w, const kpl_conv2d
     KPL_CHECK(x[1] % p->groups == 0 && w[0] % p->groups == 0, KPL_ESHAPE,
               "conv2d: %lld input channels and %lld filters must both divide into %d groups "
               "(input %s, weights %s)",
-              (long long)x[1], (long long)w[0], p->groups, b1, b2);
+              (long long)x[1], (long long)w[0], p->groups, kpl_shape_str(4, x, b1, sizeof b1),
+              kpl_shape_str(4, w, b2, sizeof b2));
     KPL_CHECK(w[1] * p->groups == x[1], KPL_ESHAPE,
-              "conv2d: input %s has %lld channels but weights %s expect %lld (x %d groups)", b1,
-              (long long)x[1], b2, (long long)(w[1] * p->groups), p->groups);
+              "conv2d: input %s has %lld channels but weights %s expect %lld (x %d groups)",
+              kpl_shape_str(4, x, b1, sizeof b1), (long long)x[1],
+              kpl_shape_str(4, w, b2, sizeof b2), (long long)(w[1] * p->groups), p->groups);
     int64_t ekh = (w[2] - 1) * p->dilation[0] + 1, ekw = (w[3] - 1) * p->dilation[1] + 1;
     int64_t ph = x[2] + 2 * p->padding[0], pw = x[3] + 2 * p->padding[1];
     KPL_CHECK(ekh <= ph && ekw <= pw && w[2] > 0 && w[3] > 0, KPL_ESHAPE,
               "conv2d: kernel %lldx%lld (dilated %lldx%lld) is larger than the padded input "
               "%lldx%lld (input %s, weights %s)",
               (long long)w[2], (long long)w[3], (long long)ekh, (long long)ekw, (long long)ph,
-              (long long)pw, b1, b2);
+              (long long)pw, kpl_shape_str(4, x, b1, sizeof b1),
+              kpl_shape_str(4, w, b2, sizeof b2));
     out[0] = x[0];
     out[1] = w[0];
     out[2] = (ph - ekh) / p->stride[0] + 1;
@@ -172,8 +174,7 @@ kpl_status kpl_k_conv2d_bwd_weight(kpl_tensor *gw, kpl_tensor *gb, const kpl_ten
 
 kpl_status kpl_shape_pool2d(const int64_t *x, const kpl_pool2d_params *p, int64_t *out)
 {
-    char b[KPL_SHAPE_BUF];
-    kpl_shape_str(4, x, b, sizeof b);
+    char b[KPL_SHAPE_BUF]; /* worded only for a message */
     KPL_CHECK(p != NULL, KPL_EINVAL, "pool2d: NULL params");
     for (int d = 0; d < 2; d++) {
         KPL_CHECK(p->kernel[d] >= 1 && p->stride[d] >= 1 && p->padding[d] >= 0, KPL_EINVAL,
@@ -185,7 +186,7 @@ kpl_status kpl_shape_pool2d(const int64_t *x, const kpl_pool2d_params *p, int64_
                   p->kernel[d]);
         KPL_CHECK(p->kernel[d] <= x[2 + d] + 2 * p->padding[d], KPL_ESHAPE,
                   "pool2d: window %dx%d is larger than the padded input of %s", p->kernel[0],
-                  p->kernel[1], b);
+                  p->kernel[1], kpl_shape_str(4, x, b, sizeof b));
         int64_t span = x[2 + d] + 2 * p->padding[d] - p->kernel[d];
         out[2 + d] = (p->ceil_mode ? (span + p->stride[d] - 1) : span) / p->stride[d] + 1;
         /* the last window must start inside the input or its left padding */
