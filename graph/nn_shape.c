@@ -107,16 +107,23 @@ kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis)
     memcpy(c, xs, (size_t)n * sizeof *c);
     for (int pass = 0; pass < 2; pass++)
         for (int i = 1; i < n && c[0]; i++) kpl__autocast_pair(KPL_OP_CONCAT, &c[0], &c[i]);
+    kpl_tensor *out = NULL;
+    bool ok = true;
+    for (int i = 0; i < n && ok; i++) ok = c[i] != NULL; /* a failed cast said why */
+    for (int i = 1; i < n && ok; i++)
+        if (kpl_tensor_dtype(c[i]) != kpl_tensor_dtype(c[0])) {
+            KPL_ERROR(KPL_EDTYPE, "concat: piece %d is %s but piece 0 is %s (cast them, or "
+                      "concatenate under autocast, which promotes float pieces)", i,
+                      kpl_dtype_name(kpl_tensor_dtype(c[i])), kpl_dtype_name(kpl_tensor_dtype(c[0])));
+            ok = false;
+        }
     /* three pieces an op, the result so far the first piece of the next */
-    kpl_tensor *out = c[0];
+    if (ok) out = c[0];
     for (int i = 1; i < n && out;) {
         kpl_tensor *p[3] = {out};
         int k = 1;
         while (k < 3 && i < n) p[k++] = c[i++];
-        out = NULL;
-        bool ok = true;
-        for (int j = 0; j < k; j++) ok = ok && p[j];
-        if (ok) out = concat_op(k, p, ax);
+        out = concat_op(k, p, ax);
     }
     free(c);
     return out;
