@@ -11,6 +11,7 @@
 #include "autograd_impl.h"
 #include "vision.h"
 
+#include <float.h>
 #include <math.h>
 #include <string.h>
 
@@ -390,6 +391,82 @@ G(UPSAMPLE_BILINEAR_BWD)
     int64_t ys[KPL_MAX_DIMS];
     kpl_node_input_shape(n, 0, ys);
     RET0(kpl_upsample_bilinear(gy, ys[2], ys[3], at->align_corners));
+}
+G(SOFTMAX_XENT) /* the labels get none */
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    if (!WANT(0)) return KPL_OK;
+    RET0(kpl_softmax_xent_bwd(IN(0), IN(1), gy, at->start, at->alpha));
+}
+/* gx = gy keep (p - (1 - eps) onehot(y) - eps / C), p = softmax(x) over
+ * axis 1, keep = [y != ignore_index]; with G the gradient of gx:
+ *   d gy = sum_c G gx(gy = 1)          (the op itself with unit gy),
+ *   d x  = gy keep p (G - sum_c G p). */
+G(SOFTMAX_XENT_BWD)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *x = IN(0), *y = IN(1), *g = IN(2);
+    int ax = 1;
+    if (WANT(2)) {
+        kpl_tensor *one = kpl_full(kpl_tensor_device(g), kpl_tensor_dtype(g), kpl_tensor_ndim(g),
+                                   kpl_tensor_shape(g), 1);
+        gin[2] = kpl_sum(kpl_mul(gy, kpl_softmax_xent_bwd(x, y, one, at->start, at->alpha)), &ax,
+                         1, false);
+        if (!gin[2]) return kpl_last_status();
+    }
+    if (WANT(0)) {
+        int nd = kpl_tensor_ndim(x);
+        int64_t ks[KPL_MAX_DIMS];
+        memcpy(ks, kpl_tensor_shape(x), (size_t)nd * sizeof ks[0]);
+        ks[1] = 1;
+        kpl_tensor *keep = mask(KPL_BIN_NE, y, kpl_full(kpl_tensor_device(y), KPL_I64, 0, NULL,
+                                                         (double)at->start));
+        kpl_tensor *gk = kpl_reshape(kpl_mul(g, kpl_cast(keep, kpl_tensor_dtype(g))), nd, ks);
+        kpl_tensor *p = kpl_softmax(x, 1);
+        kpl_tensor *gp = kpl_sum(kpl_mul(gy, p), &ax, 1, true);
+        gin[0] = kpl_mul(kpl_mul(gk, p), kpl_sub(gy, gp));
+        if (!gin[0]) return kpl_last_status();
+    }
+    return KPL_OK;
+}
+G(SIGMOID_FOCAL) /* the targets are cut from the tape */
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    RET0(kpl_sigmoid_focal_bwd(IN(0), IN(1), gy, at->alpha, at->beta));
+}
+/* gz = gy L'(z), L the focal loss; with G the gradient of gz: d gy = G L'
+ * (the op itself with G for gy); d z = G gy L'', composed here (so it is
+ * differentiable again) in the terms of vision_math.h's derivative: with
+ * s = sigmoid(z), c = sigmoid(-z), q = max(1 - p_t, tiny), w = q^g,
+ * r1 = q'/q and r2 = q''/q (0 where q is clamped), q' = s c (1 - 2y),
+ * q'' = q' (1 - 2s):
+ *   L'' = a_t w (s c + 2g (s - y) r1 + g (g - 1) CE r1^2 + g CE r2). */
+G(SIGMOID_FOCAL_BWD)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *z = IN(0), *y = IN(1), *g = IN(2);
+    double a = at->alpha, gm = at->beta;
+    if (WANT(2) && !(gin[2] = kpl_sigmoid_focal_bwd(z, y, gy, a, gm))) return kpl_last_status();
+    if (!WANT(0)) return KPL_OK;
+    kpl_tensor *s = kpl_sigmoid(z), *c = kpl_sigmoid(kpl_neg(z)), *sc = kpl_mul(s, c);
+    kpl_tensor *ce = kpl_bce_with_logits(z, y, KPL_REDUCE_NONE);
+    kpl_tensor *u = kpl_scalar_op(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, y, -2), 1, false); /* 1 - 2y */
+    kpl_tensor *qr = kpl_add(kpl_mul(y, c), kpl_mul(kpl_scalar_op(KPL_BIN_SUB, y, 1, true), s));
+    double tiny = kpl_tensor_dtype(z) == KPL_F64 ? DBL_MIN : FLT_MIN;
+    kpl_tensor *in = mask(KPL_BIN_GT, qr, scalar_like(qr, tiny));
+    kpl_tensor *q = SCAL(KPL_BIN_MAXIMUM, qr, tiny);
+    kpl_tensor *r1 = kpl_div(kpl_mul(kpl_mul(sc, u), in), q);
+    kpl_tensor *r2 = kpl_mul(r1, kpl_scalar_op(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, s, -2), 1, false));
+    kpl_tensor *h = sc; /* the bracket */
+    if (gm != 0) {
+        h = kpl_add(h, SCAL(KPL_BIN_MUL, kpl_mul(kpl_sub(s, y), r1), 2 * gm));
+        if (gm != 1) h = kpl_add(h, SCAL(KPL_BIN_MUL, kpl_mul(ce, kpl_square(r1)), gm * (gm - 1)));
+        h = kpl_add(h, SCAL(KPL_BIN_MUL, kpl_mul(ce, r2), gm));
+        h = kpl_mul(h, gm == 1 ? q : SCAL(KPL_BIN_POW, q, gm));
+    }
+    if (a >= 0)
+        h = kpl_mul(h, kpl_scalar_op(KPL_BIN_ADD, SCAL(KPL_BIN_MUL, y, 2 * a - 1), 1 - a, false));
+    RET0(kpl_mul(kpl_mul(gy, g), h));
 }
 G(INDEX_SELECT) /* adjoint pair with index_add */
 {

@@ -306,6 +306,60 @@ kpl_status kpl__op_infer_resize(kpl__infer_ctx *c)
     return KPL_OK;
 }
 
+/* Softmax cross entropy per position (op SOFTMAX_XENT) or its gradient in
+ * the logits (SOFTMAX_XENT_BWD, given gy). */
+static kpl_tensor *xent_op(kpl_op op, kpl_tensor *logits, kpl_tensor *labels, kpl_tensor *gy,
+                           int64_t ignore_index, double eps)
+{
+    logits = kpl__autocast(op, logits);
+    if (gy) gy = kpl__autocast(op, gy);
+    if (!logits || !labels || (op == KPL_OP_SOFTMAX_XENT_BWD && !gy)) return NULL;
+    bool fwd = op == KPL_OP_SOFTMAX_XENT;
+    kpl_tensor *shape_of = fwd ? labels : logits;
+    kpl_tensor *out = new_like(logits, kpl_tensor_dtype(logits), kpl_tensor_ndim(shape_of),
+                               kpl_tensor_shape(shape_of));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.start = ignore_index, .alpha = eps};
+    kpl_tensor *ins[3] = {logits, labels, gy};
+    kpl_status st = fwd ? kpl_k_softmax_xent(out, logits, labels, ignore_index, eps)
+                        : kpl_k_softmax_xent_bwd(out, logits, labels, gy, ignore_index, eps);
+    return record_finish(st, op, &at, fwd ? 2 : 3, ins, out);
+}
+
+kpl_tensor *kpl_softmax_xent(kpl_tensor *logits, kpl_tensor *labels, int64_t ignore_index,
+                             double label_smoothing)
+{
+    return xent_op(KPL_OP_SOFTMAX_XENT, logits, labels, NULL, ignore_index, label_smoothing);
+}
+
+kpl_tensor *kpl_softmax_xent_bwd(kpl_tensor *logits, kpl_tensor *labels, kpl_tensor *gy,
+                                 int64_t ignore_index, double label_smoothing)
+{
+    return xent_op(KPL_OP_SOFTMAX_XENT_BWD, logits, labels, gy, ignore_index, label_smoothing);
+}
+
+kpl_status kpl__op_run_softmax_xent(const kpl_irn *n, kpl_tensor *const *in,
+                                    kpl_tensor *const *out)
+{
+    return kpl_k_softmax_xent(out[0], in[0], in[1], n->at.start, n->at.alpha);
+}
+
+kpl_status kpl__op_run_softmax_xent_bwd(const kpl_irn *n, kpl_tensor *const *in,
+                                        kpl_tensor *const *out)
+{
+    return kpl_k_softmax_xent_bwd(out[0], in[0], in[1], in[2], n->at.start, n->at.alpha);
+}
+
+/* softmax_xent: the labels' shape in the logits' dtype. */
+kpl_status kpl__op_infer_xent(kpl__infer_ctx *c)
+{
+    KPL_CHECK(c->x[0]->ndim >= 2 && c->x[1]->ndim == c->x[0]->ndim - 1, KPL_ESHAPE,
+              "%s: logits must be (N, C, ...) and labels (N, ...)", c->name);
+    c->nd[0] = c->x[1]->ndim;
+    memcpy(c->sh[0], c->x[1]->shape, (size_t)c->x[1]->ndim * sizeof c->sh[0][0]);
+    return KPL_OK;
+}
+
 kpl_tensor *kpl_global_avg_pool2d(kpl_tensor *x)
 {
     return kpl_mean(x, (int[]){2, 3}, 2, true);

@@ -118,6 +118,8 @@ typedef enum {
     KPL_ATTRS_CUSTOM, /* custom, custom_user */
     KPL_ATTRS_SUB,    /* sub: the kpl_binary_op */
     KPL_ATTRS_RESIZE, /* shape4 (the output's; x's for the adjoint), align_corners */
+    KPL_ATTRS_XENT,   /* start (ignore_index), alpha (label smoothing) */
+    KPL_ATTRS_FOCAL,  /* alpha, beta (gamma) */
     KPL_ATTRS_COUNT   /* not a kind: how many there are */
 } kpl_op_attr_kind;
 
@@ -307,6 +309,18 @@ kpl_tensor *kpl_log_softmax(kpl_tensor *x, int axis);
  * (N) or (N, d1, ..., dk) with 0 at ignored elements. */
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
                               double label_smoothing, int64_t ignore_index);
+/* The fused op under kpl_cross_entropy: per position of logits (N, C, d1,
+ * ..., dk) (k >= 0) against i64 labels (N, d1, ..., dk), (1 - eps)(lse -
+ * x[y]) + eps (lse - mean_c x[c]) in one kernel (nothing the size of the
+ * logits is made), 0 where the label is ignore_index; (N, d1, ..., dk) in
+ * the logits' dtype.  Its gradient in the logits is kpl_softmax_xent_bwd
+ * (softmax(x) - (1 - eps) onehot(y) - eps / C, times gy), itself
+ * differentiable.  A label outside [0, C) that is not ignore_index is
+ * KPL_ERANGE naming its position. */
+kpl_tensor *kpl_softmax_xent(kpl_tensor *logits, kpl_tensor *labels, int64_t ignore_index,
+                             double label_smoothing);
+kpl_tensor *kpl_softmax_xent_bwd(kpl_tensor *logits, kpl_tensor *labels, kpl_tensor *gy,
+                                 int64_t ignore_index, double label_smoothing);
 /* The same with class weights `weight` (C) (logits' dtype) or NULL (all 1),
  * PyTorch's semantics exactly: with w_i = weight[y_i] and eps the smoothing,
  *   loss_i = (1 - eps) w_i (-logp[y_i]) + eps / C sum_c weight[c] (-logp[c]),

@@ -387,6 +387,10 @@ static void attrs_str(const kpl_irn *n, char *buf, size_t len)
         snprintf(buf, len, " size=%lld,%lld%s", (long long)a->shape4[2], (long long)a->shape4[3],
                  a->align_corners ? " align_corners" : "");
         break;
+    case KPL_ATTRS_FOCAL: snprintf(buf, len, " alpha=%g gamma=%g", a->alpha, a->beta); break;
+    case KPL_ATTRS_XENT:
+        snprintf(buf, len, " ignore_index=%lld smoothing=%g", (long long)a->start, a->alpha);
+        break;
     case KPL_ATTRS_EPS:
         snprintf(buf, len, " eps=%g%s", a->alpha, n->op == KPL_OP_BATCH_NORM_BWD && a->sub ? " relu" : "");
         break;

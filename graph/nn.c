@@ -163,11 +163,22 @@ static kpl_tensor *traced_mean(kpl_tensor *total, kpl_tensor *keep, kpl_tensor *
  *   loss_i = (1 - eps) w[y_i] (-logp[y_i]) + eps / C sum_c w[c] (-logp[c]),
  * w = 1 without a weight, zero where y_i is ignore_index; reduced.  The
  * picked log-probability is a gather along the class axis, so nothing the
- * size of logp is made beyond what the smoothing term reads. */
-static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl_tensor *weight,
-                       kpl_reduction red, double eps, int64_t ignore_index)
+ * size of logp is made beyond what the smoothing term reads.  With
+ * `logits`, logp holds the logits: the unweighted loss is the fused
+ * softmax_xent (one kernel each way, nothing the size of the logits made;
+ * a weight multiplies it, w[y_i] being all the weighted form needs
+ * without smoothing); weights with smoothing take log_softmax and the
+ * chain below. */
+static kpl_tensor *nll(const char *op, kpl_tensor *logp, bool logits, kpl_tensor *labels,
+                       kpl_tensor *weight, kpl_reduction red, double eps, int64_t ignore_index)
 {
     if (!logp || !labels) return NULL;
+    if (logits && weight && eps > 0) {
+        logp = kpl_log_softmax(logp, 1);
+        logits = false;
+    }
+    if (logits) logp = kpl__autocast(KPL_OP_SOFTMAX_XENT, logp); /* keep in the loss's dtype */
+    if (!logp) return NULL;
     if (!(eps >= 0 && eps < 1)) {
         KPL_ERROR(KPL_EINVAL, "%s: label_smoothing %g is outside [0, 1)", op, eps);
         return NULL;
@@ -196,10 +207,16 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
                                  kpl_tensor_ndim(keep), kpl_tensor_shape(keep)),
                      keep);
     }
-    kpl_tensor *picked = kpl_reshape(kpl_gather(logp, 1, idx), kpl_tensor_ndim(keep),
-                                     kpl_tensor_shape(keep));
-    kpl_tensor *per = kpl_neg(kpl_mul(picked, wy));
-    if (eps > 0) {
+    kpl_tensor *per = NULL;
+    if (logits) {
+        per = kpl_softmax_xent(logp, labels, ignore_index, eps);
+        if (weight) per = kpl_mul(per, wy);
+    } else {
+        kpl_tensor *picked = kpl_reshape(kpl_gather(logp, 1, idx), kpl_tensor_ndim(keep),
+                                         kpl_tensor_shape(keep));
+        per = kpl_neg(kpl_mul(picked, wy));
+    }
+    if (eps > 0 && !logits) {
         kpl_tensor *wl = logp;
         if (weight) {
             int64_t bshape[KPL_MAX_DIMS];
@@ -224,7 +241,7 @@ static kpl_tensor *nll(const char *op, kpl_tensor *logp, kpl_tensor *labels, kpl
 kpl_tensor *kpl_nll_loss(kpl_tensor *logp, kpl_tensor *labels, kpl_reduction red,
                          int64_t ignore_index)
 {
-    return nll("nll_loss", logp, labels, NULL, red, 0, ignore_index);
+    return nll("nll_loss", logp, false, labels, NULL, red, 0, ignore_index);
 }
 
 kpl_tensor *kpl_cross_entropy_weighted(kpl_tensor *logits, kpl_tensor *labels,
@@ -238,8 +255,7 @@ kpl_tensor *kpl_cross_entropy_weighted(kpl_tensor *logits, kpl_tensor *labels,
                   kpl_shape_str(kpl_tensor_ndim(logits), kpl_tensor_shape(logits), b, sizeof b));
         return NULL;
     }
-    return nll("cross_entropy", kpl_log_softmax(logits, 1), labels, weight, red,
-               label_smoothing, ignore_index);
+    return nll("cross_entropy", logits, true, labels, weight, red, label_smoothing, ignore_index);
 }
 
 kpl_tensor *kpl_cross_entropy(kpl_tensor *logits, kpl_tensor *labels, kpl_reduction red,
@@ -541,9 +557,23 @@ kpl_tensor *kpl_group_norm(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_ten
                   nd >= 2 ? (long long)s[1] : 0LL, groups);
         return NULL;
     }
-    int64_t shape[KPL_MAX_DIMS], g3[3] = {s[0], groups, kpl_tensor_numel(x) / (s[0] * groups)};
+    int64_t per = s[0] * groups > 0 ? kpl_tensor_numel(x) / (s[0] * groups) : 0;
+    int64_t shape[KPL_MAX_DIMS], g3[3] = {s[0], groups, per};
     memcpy(shape, s, (size_t)nd * sizeof *s);
-    kpl_tensor *y = kpl_reshape(kpl_layer_norm(kpl_reshape(x, 3, g3), 1, NULL, NULL, eps), nd, shape);
+    kpl_tensor *y;
+    if (per > 1) {
+        /* Each (sample, group) is a channel of the view (1, N G, per):
+         * training batch norm's fused op there computes exactly these
+         * statistics (biased variance, f64 sums) in two passes, and its
+         * gradient in one kernel, where the chain below keeps x - mean and
+         * the normalised x alive for backward. */
+        int64_t v3[3] = {1, s[0] * groups, per};
+        y = kpl_batch_norm(kpl_reshape(x, 3, v3), NULL, NULL, NULL, NULL, true, 0, eps);
+        y = kpl_reshape(y, nd, shape);
+    } else {
+        /* one value per group (or none): the chain, which gives 0 there */
+        y = kpl_reshape(kpl_layer_norm(kpl_reshape(x, 3, g3), 1, NULL, NULL, eps), nd, shape);
+    }
     return affine(y, per_channel(gamma, nd), per_channel(beta, nd));
 }
 

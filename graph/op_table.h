@@ -116,7 +116,11 @@
   X(BATCH_NORM_BWD,    batch_norm_bwd,    (3,4,3,3), EPS,    KEEP,    (0,0), (FN,batch_norm_bwd), batch_norm, 0, (NONE,-)) \
   X(UPSAMPLE_BILINEAR, upsample_bilinear, (1,1,1,1), RESIZE, KEEP,    (0,0), (FN,upsample_bilinear), resize, 1, (CODED,resize)) \
   X(UPSAMPLE_BILINEAR_BWD, upsample_bilinear_bwd, (1,1,1,1), RESIZE, KEEP, (0,0), (FN,upsample_bilinear_bwd), shape4, 1, (NONE,-)) \
-  X(CONCAT,            concat,            (1,3,1,1), AXIS,   PROMOTE, (0,0), (FN,concat),     concat,    1, (CODED,concat))
+  X(CONCAT,            concat,            (1,3,1,1), AXIS,   PROMOTE, (0,0), (FN,concat),     concat,    1, (CODED,concat))    \
+  X(SOFTMAX_XENT,      softmax_xent,      (2,2,1,1), XENT,   F32,     (3,0), (FN,softmax_xent), xent,    1, (NONE,-))           \
+  X(SOFTMAX_XENT_BWD,  softmax_xent_bwd,  (3,3,1,1), XENT,   F32,     (7,0), (FN,softmax_xent_bwd), same,   1, (NONE,-)) \
+  X(SIGMOID_FOCAL,     sigmoid_focal,     (2,2,1,1), FOCAL,  F32,     (3,0), (FN,sigmoid_focal), same,   1, (NONE,-))           \
+  X(SIGMOID_FOCAL_BWD, sigmoid_focal_bwd, (3,3,1,1), FOCAL,  F32,     (7,0), (FN,sigmoid_focal_bwd), same, 1, (NONE,-))
 /* clang-format on */
 
 /* Picking one field of a column: KPL_OP_IN_MIN arity, KPL_OP_RUN_KIND run. */

@@ -294,7 +294,14 @@ kpl_tensor *kpl_sigmoid_focal_loss(kpl_tensor *z, kpl_tensor *y, double alpha, d
         KPL_ERROR(KPL_EINVAL, "%s: unknown reduction %d", op, (int)red);
         return NULL;
     }
-    kpl_tensor *loss = kpl_bce_with_logits(z, y, KPL_REDUCE_NONE);
+    kpl_tensor *loss;
+    if (!kpl_requires_grad(y)) {
+        /* the fused op: one kernel each way, nothing but the loss made */
+        loss = kpl_sigmoid_focal(z, y, alpha, gamma);
+        if (red == KPL_REDUCE_MEAN && kpl_tensor_numel(z) == 0) red = KPL_REDUCE_SUM;
+        return kpl__reduce_loss(loss, red);
+    }
+    loss = kpl_bce_with_logits(z, y, KPL_REDUCE_NONE);
     if (gamma != 0) {
         /* 1 - p_t = y s(-z) + (1 - y) s(z): no cancellation at any z; kept
          * above the smallest normal number, where the power's derivative
@@ -310,6 +317,59 @@ kpl_tensor *kpl_sigmoid_focal_loss(kpl_tensor *z, kpl_tensor *y, double alpha, d
                                                                       false), 1 - alpha, false));
     if (red == KPL_REDUCE_MEAN && kpl_tensor_numel(z) == 0) red = KPL_REDUCE_SUM;
     return kpl__reduce_loss(loss, red);
+}
+
+/* The fused focal loss (op SIGMOID_FOCAL) or its gradient in the logits
+ * (SIGMOID_FOCAL_BWD, given gy), recorded. */
+static kpl_tensor *focal_op(kpl_op op, kpl_tensor *z, kpl_tensor *y, kpl_tensor *gy, double alpha,
+                            double gamma)
+{
+    bool fwd = op == KPL_OP_SIGMOID_FOCAL;
+    z = kpl__autocast(op, z);
+    y = kpl__autocast(op, y);
+    if (!fwd) gy = kpl__autocast(op, gy);
+    if (!z || !y || (!fwd && !gy)) return NULL;
+    kpl_tensor *out = NULL;
+    if (kpl_tensor_empty(kpl_tensor_device(z), kpl_tensor_dtype(z), kpl_tensor_ndim(z),
+                         kpl_tensor_shape(z), &out) < 0)
+        return NULL;
+    kpl_status st = fwd ? kpl_k_sigmoid_focal(out, z, y, alpha, gamma)
+                        : kpl_k_sigmoid_focal_bwd(out, z, y, gy, alpha, gamma);
+    kpl_op_attrs at = {.alpha = alpha, .beta = gamma};
+    /* the targets are cut from the tape: they take no gradient here */
+    kpl_tensor *ins[3] = {z, kpl_requires_grad(y) ? kpl_detach(y) : y, gy};
+    if (st == KPL_OK) st = ins[1] ? kpl__graph_record(op, &at, fwd ? 2 : 3, ins, out)
+                                  : kpl_last_status();
+    if (st == KPL_OK) kpl__trace_op(op, &at, fwd ? 2 : 3, (kpl_tensor *[]){z, y, gy}, 1, &out);
+    if (st < 0) {
+        kpl_tensor_release(out);
+        return NULL;
+    }
+    return kpl_autorelease(out);
+}
+
+kpl_tensor *kpl_sigmoid_focal(kpl_tensor *logits, kpl_tensor *targets, double alpha,
+                              double gamma)
+{
+    return focal_op(KPL_OP_SIGMOID_FOCAL, logits, targets, NULL, alpha, gamma);
+}
+
+kpl_tensor *kpl_sigmoid_focal_bwd(kpl_tensor *logits, kpl_tensor *targets, kpl_tensor *gy,
+                                  double alpha, double gamma)
+{
+    return focal_op(KPL_OP_SIGMOID_FOCAL_BWD, logits, targets, gy, alpha, gamma);
+}
+
+kpl_status kpl__op_run_sigmoid_focal(const kpl_irn *n, kpl_tensor *const *in,
+                                     kpl_tensor *const *out)
+{
+    return kpl_k_sigmoid_focal(out[0], in[0], in[1], n->at.alpha, n->at.beta);
+}
+
+kpl_status kpl__op_run_sigmoid_focal_bwd(const kpl_irn *n, kpl_tensor *const *in,
+                                         kpl_tensor *const *out)
+{
+    return kpl_k_sigmoid_focal_bwd(out[0], in[0], in[1], in[2], n->at.alpha, n->at.beta);
 }
 
 /* ---- box coders ----------------------------------------------------------------------------- */

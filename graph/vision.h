@@ -137,6 +137,15 @@ kpl_tensor *kpl_roi_align_bwd(kpl_tensor *gy, kpl_tensor *rois, const int64_t *x
  * recorded element-wise ops. */
 kpl_tensor *kpl_sigmoid_focal_loss(kpl_tensor *logits, kpl_tensor *targets, double alpha,
                                    double gamma, kpl_reduction red);
+/* The fused op under kpl_sigmoid_focal_loss when the targets need no
+ * gradient: the per-element losses (reduction 'none') in one kernel, the
+ * same formula; its gradient in the logits is kpl_sigmoid_focal_bwd (gy
+ * times the derivative, one kernel), itself differentiable (its own
+ * gradient is composed).  The targets get no gradient through these. */
+kpl_tensor *kpl_sigmoid_focal(kpl_tensor *logits, kpl_tensor *targets, double alpha,
+                              double gamma);
+kpl_tensor *kpl_sigmoid_focal_bwd(kpl_tensor *logits, kpl_tensor *targets, kpl_tensor *gy,
+                                  double alpha, double gamma);
 
 /* ---- box coders --------------------------------------------------------------------------- */
 

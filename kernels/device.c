@@ -67,6 +67,7 @@ static void cpu_register_kernels(void)
     kpl__cpu_register_norm();
     kpl__cpu_register_index();
     kpl__cpu_register_vision();
+    kpl__cpu_register_loss();
 }
 
 /* Matmul and convolution keep one cache each. */

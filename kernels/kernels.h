@@ -577,7 +577,9 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(BATCH_NORM_RELU, "batch_norm_relu") \
     X(BOX, "box")       \
     X(ROI_ALIGN, "roi_align") \
-    X(AMP_UNSCALE, "amp_unscale")
+    X(AMP_UNSCALE, "amp_unscale") \
+    X(XENT, "softmax_xent") \
+    X(FOCAL, "sigmoid_focal")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -724,6 +726,22 @@ const char *kpl_reduce_name(kpl_reduce_op op);
 kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
                         const int *axes, int naxes, bool keepdim,
                         int correction);
+
+/* Softmax cross entropy per position, over the class axis 1 of logits x
+ * (N, C, d1, ..., dk) (k >= 0) against int64 labels (N, d1, ..., dk):
+ *   out[i] = (1 - eps) (lse_i - x[i, y_i]) + eps (lse_i - mean_c x[i, c]),
+ * lse_i = log sum_c exp(x[i, c]), and 0 where y_i == ignore_index
+ * (PyTorch's F.cross_entropy with reduction 'none' and label_smoothing
+ * eps in [0, 1)).  The backward writes
+ *   gx[i, c] = gy[i] (softmax(x_i)[c] - (1 - eps) [c == y_i] - eps / C),
+ * 0 where y_i == ignore_index, recomputing the softmax from x.  f32 and
+ * f64 (f16/bf16 run in f32, rounded once); sums over the classes in f64.
+ * A label outside [0, C) that is not ignore_index is KPL_ERANGE naming its
+ * position and value (on CUDA at the next synchronisation, as gather's). */
+kpl_status kpl_k_softmax_xent(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *labels,
+                              int64_t ignore_index, double eps);
+kpl_status kpl_k_softmax_xent_bwd(kpl_tensor *gx, const kpl_tensor *x, const kpl_tensor *labels,
+                                  const kpl_tensor *gy, int64_t ignore_index, double eps);
 
 /* out = op(a) @ op(b) with op = transpose of the last two dims when asked;
  * batch dims broadcast (see kpl_shape_matmul).  f32 and f64. */
@@ -952,6 +970,17 @@ kpl_status kpl_k_box_iou(kpl_tensor *out, const kpl_tensor *a, const kpl_tensor 
  * the GPU, N^2 / 8 bytes in row blocks of at most 64 MB). */
 kpl_status kpl_k_nms(kpl_tensor *keep, int64_t *nkeep, const kpl_tensor *boxes,
                      const kpl_tensor *scores, const kpl_tensor *idxs, double iou_threshold);
+
+/* The sigmoid focal loss per element of logits z against targets y (one
+ * shape and dtype): out = alpha_t CE (1 - p_t)^gamma, graph/vision.h's
+ * kpl_sigmoid_focal_loss with reduction 'none' (alpha < 0: no alpha_t;
+ * gamma finite and >= 0).  The backward writes gz = gy d(out)/dz (the
+ * targets' gradient is the recorded composition's business).  f32 and
+ * f64 (f16/bf16 through f32, rounded once). */
+kpl_status kpl_k_sigmoid_focal(kpl_tensor *out, const kpl_tensor *z, const kpl_tensor *y,
+                               double alpha, double gamma);
+kpl_status kpl_k_sigmoid_focal_bwd(kpl_tensor *gz, const kpl_tensor *z, const kpl_tensor *y,
+                                   const kpl_tensor *gy, double alpha, double gamma);
 
 /* ROI Align (He et al. 2017) with torchvision.ops.roi_align's sampling:
  * each roi (batch index, x0, y0, x1, y1), in the coordinates of the image

@@ -183,3 +183,95 @@ kpl_status kpl_k_reduce(kpl_tensor *out, kpl_reduce_op op, const kpl_tensor *x,
     kpl_tensor_release(perm);
     return st;
 }
+
+/* ---- softmax cross entropy ------------------------------------------------------- */
+
+/* kpl_k_softmax_xent(out, x, labels) and its backward (gx, x, labels, gy):
+ * the logits (N, C, d1, ..., dk), the labels and the losses or their
+ * gradient (N, d1, ..., dk). */
+enum { XENT_X, XENT_LABELS, XENT_PER, XENT_GX };
+#define XENT_X_SPEC                                                                           \
+    [XENT_X] = {"x", .min_rank = 2, .shape_is = "expected (N, C) or (N, C, d1, ...)",         \
+                .dtypes = KPL_DT_FLOAT},                                                      \
+    [XENT_LABELS] = {"labels", .dtypes = KPL_DT(KPL_I64), .device = KPL_AS(XENT_X)}
+static const kpl_op_spec xent_spec = {{
+    XENT_X_SPEC,
+    [XENT_PER] = {"out", .device = KPL_AS(XENT_X), .dtype = KPL_AS(XENT_X),
+                  .shape = KPL_AS(XENT_LABELS), .disjoint = KPL_ARGSET(XENT_X)},
+}};
+static const kpl_op_spec xent_bwd_spec = {{
+    XENT_X_SPEC,
+    [XENT_PER] = {"gy", .device = KPL_AS(XENT_X), .dtype = KPL_AS(XENT_X),
+                  .shape = KPL_AS(XENT_LABELS)},
+    [XENT_GX] = {"gx", .device = KPL_AS(XENT_X), .dtype = KPL_AS(XENT_X), .shape = KPL_AS(XENT_X),
+                 .disjoint = KPL_ARGSET(XENT_X) | KPL_ARGSET(XENT_PER)},
+}};
+
+/* What both directions check beyond the specs: labels (N, d1, ..., dk)
+ * for x (N, C, d1, ..., dk), eps in [0, 1); fills the kernel's view. */
+static kpl_status xent_common(const char *op, const kpl_tensor *x, const kpl_tensor *labels,
+                              double eps, kpl_xent_attrs *a)
+{
+    char b1[KPL_SHAPE_BUF], b2[KPL_SHAPE_BUF];
+    bool fit = labels->ndim == x->ndim - 1 && labels->shape[0] == x->shape[0];
+    for (int d = 2; fit && d < x->ndim; d++) fit = labels->shape[d - 1] == x->shape[d];
+    KPL_CHECK(fit, KPL_ESHAPE, "%s: labels %s do not fit x %s: expected (N, d1, ...) for (N, C, "
+              "d1, ...)", op, KPL_SHAPE(labels, b1), KPL_SHAPE(x, b2));
+    KPL_CHECK(eps >= 0 && eps < 1, KPL_EINVAL, "%s: label smoothing %g is outside [0, 1)", op,
+              eps);
+    KPL_CHECK(x->shape[1] > 0 || labels->numel == 0, KPL_ESHAPE,
+              "%s: x %s has no classes", op, KPL_SHAPE(x, b1));
+    *a = (kpl_xent_attrs){.n = x->shape[0], .c = x->shape[1],
+                          .inner = x->shape[1] ? x->numel / (x->shape[0] * x->shape[1]) : 0,
+                          .eps = eps};
+    if (x->shape[0] == 0) a->inner = 0;
+    return KPL_OK;
+}
+
+/* Runs the kernel (f16/bf16 through f32) and words its KPL_ERANGE. */
+static kpl_status xent_run(const char *op, kpl_tensor *out, const kpl_tensor *x,
+                           const kpl_tensor *labels, const kpl_tensor *gy, kpl_xent_attrs *a)
+{
+    int64_t bad[2] = {-1, 0};
+    a->bad = bad;
+    kpl_status st = is_half(x->dtype) && !native_half(KPL_KOP_XENT, out, x->dtype)
+                        ? kpl__ops_via_f32(KPL_KOP_XENT, out, false, x, labels, gy, a)
+                        : dispatch(KPL_KOP_XENT, x->dtype, out, x, labels, gy, a);
+    if (st != KPL_ERANGE || bad[0] < 0) return st;
+    int64_t pos[KPL_MAX_DIMS], f = bad[0];
+    for (int d = labels->ndim - 1; d >= 0; d--) {
+        pos[d] = f % labels->shape[d];
+        f /= labels->shape[d];
+    }
+    char b1[KPL_SHAPE_BUF];
+    return KPL_ERROR(KPL_ERANGE,
+                     "%s: label %lld at position %s is outside [0, %lld) and is not the "
+                     "ignore_index %lld",
+                     op, (long long)bad[1], kpl_shape_str(labels->ndim, pos, b1, sizeof b1),
+                     (long long)a->c, (long long)a->ignore);
+}
+
+kpl_status kpl_k_softmax_xent(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *labels,
+                              int64_t ignore_index, double eps)
+{
+    const char *op = "softmax_xent";
+    KPL_TRY(kpl__ops_check(op, &xent_spec, (const kpl_tensor *[]){x, labels, out}));
+    kpl_xent_attrs a;
+    KPL_TRY(xent_common(op, x, labels, eps, &a));
+    a.ignore = ignore_index;
+    if (out->numel == 0) return KPL_OK;
+    return xent_run(op, out, x, labels, NULL, &a);
+}
+
+kpl_status kpl_k_softmax_xent_bwd(kpl_tensor *gx, const kpl_tensor *x, const kpl_tensor *labels,
+                                  const kpl_tensor *gy, int64_t ignore_index, double eps)
+{
+    const char *op = "softmax_xent_bwd";
+    KPL_TRY(kpl__ops_check(op, &xent_bwd_spec, (const kpl_tensor *[]){x, labels, gy, gx}));
+    kpl_xent_attrs a;
+    KPL_TRY(xent_common(op, x, labels, eps, &a));
+    a.ignore = ignore_index;
+    a.bwd = true;
+    if (gx->numel == 0) return KPL_OK;
+    return xent_run(op, gx, x, labels, gy, &a);
+}

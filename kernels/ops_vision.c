@@ -235,3 +235,52 @@ kpl_status kpl_k_roi_align_bwd(kpl_tensor *gx, const kpl_tensor *gy, const kpl_t
     if (gy->numel == 0) return kpl_k_fill(gx, 0);
     return dispatch(KPL_KOP_ROI_ALIGN, gx->dtype, gx, gy, rois, NULL, &a);
 }
+
+/* ---- the sigmoid focal loss ---------------------------------------------------------- */
+
+/* kpl_k_sigmoid_focal(out, z, y) and its backward (gz, z, y, gy): every
+ * operand of one shape. */
+enum { FOC_Z, FOC_Y, FOC_OUT, FOC_GY };
+#define FOCAL_ZY_SPEC                                                                         \
+    [FOC_Z] = {"z", .dtypes = KPL_DT_FLOAT},                                                  \
+    [FOC_Y] = {"y", .device = KPL_AS(FOC_Z), .dtype = KPL_AS(FOC_Z), .shape = KPL_AS(FOC_Z)}
+static const kpl_op_spec focal_spec = {{
+    FOCAL_ZY_SPEC,
+    [FOC_OUT] = {"out", .device = KPL_AS(FOC_Z), .dtype = KPL_AS(FOC_Z), .shape = KPL_AS(FOC_Z),
+                 .disjoint = KPL_ARGSET(FOC_Z) | KPL_ARGSET(FOC_Y)},
+}};
+static const kpl_op_spec focal_bwd_spec = {{
+    FOCAL_ZY_SPEC,
+    [FOC_OUT] = {"gz", .device = KPL_AS(FOC_Z), .dtype = KPL_AS(FOC_Z), .shape = KPL_AS(FOC_Z),
+                 .disjoint = KPL_ARGSET(FOC_Z) | KPL_ARGSET(FOC_Y) | KPL_ARGSET(FOC_GY)},
+    [FOC_GY] = {"gy", .device = KPL_AS(FOC_Z), .dtype = KPL_AS(FOC_Z), .shape = KPL_AS(FOC_Z)},
+}};
+
+static kpl_status focal_run(const char *op, kpl_tensor *out, const kpl_tensor *z,
+                            const kpl_tensor *y, const kpl_tensor *gy, double alpha, double gamma)
+{
+    KPL_CHECK(isfinite(gamma) && gamma >= 0 && (alpha < 0 || alpha <= 1), KPL_EINVAL,
+              "%s: gamma %g must be finite and >= 0, alpha %g in [0, 1] (or negative: no "
+              "weighting)", op, gamma, alpha);
+    kpl_focal_attrs a = {.bwd = gy != NULL, .n = z->numel, .alpha = alpha, .gamma = gamma};
+    if (out->numel == 0) return KPL_OK;
+    if (is_half(z->dtype) && !native_half(KPL_KOP_FOCAL, out, z->dtype))
+        return kpl__ops_via_f32(KPL_KOP_FOCAL, out, false, z, y, gy, &a);
+    return dispatch(KPL_KOP_FOCAL, z->dtype, out, z, y, gy, &a);
+}
+
+kpl_status kpl_k_sigmoid_focal(kpl_tensor *out, const kpl_tensor *z, const kpl_tensor *y,
+                               double alpha, double gamma)
+{
+    const char *op = "sigmoid_focal";
+    KPL_TRY(kpl__ops_check(op, &focal_spec, (const kpl_tensor *[]){z, y, out}));
+    return focal_run(op, out, z, y, NULL, alpha, gamma);
+}
+
+kpl_status kpl_k_sigmoid_focal_bwd(kpl_tensor *gz, const kpl_tensor *z, const kpl_tensor *y,
+                                   const kpl_tensor *gy, double alpha, double gamma)
+{
+    const char *op = "sigmoid_focal_bwd";
+    KPL_TRY(kpl__ops_check(op, &focal_bwd_spec, (const kpl_tensor *[]){z, y, gz, gy}));
+    return focal_run(op, gz, z, y, gy, alpha, gamma);
+}

@@ -198,4 +198,33 @@ KPL_HD void kpl_lerp_tap(int64_t i, int64_t in, int64_t out, int align, int64_t 
     *l = s - (double)a;
 }
 
+/* The sigmoid focal loss of one element (graph/vision.h's formula) and its
+ * derivative in the logit, in T with the given exp, log1p and pow: z the
+ * logit, y the target, a alpha (< 0: no alpha_t), g gamma, tiny the
+ * dtype's smallest normal number (1 - p_t is kept above it, as the
+ * recorded composition does).  Writes `loss` and `dz` (a caller that uses
+ * one lets the compiler drop the other).  The cross entropy is y
+ * softplus(-z) + (1 - y) softplus(z) and 1 - p_t = y sigmoid(-z) + (1 - y)
+ * sigmoid(z), sums of non-negative terms; d(q^g)/dz = g q^g (dq/dz) / q,
+ * with dq/dz = sigmoid(z) sigmoid(-z) (1 - 2y) and |dq/dz| / q <= 1, so
+ * no power below 0 is taken. */
+#define KPL_FOCAL_ELEM(T, EXP, LOG1P, POW, z, y, a, g, tiny, loss, dz)                        \
+    do {                                                                                      \
+        T az_ = (z) < (T)0 ? -(z) : (z);                                                      \
+        T e_ = EXP(-az_), l_ = LOG1P(e_), r_ = (T)1 / ((T)1 + e_);                            \
+        T spp_ = ((z) > (T)0 ? (z) : (T)0) + l_;  /* softplus(z) */                           \
+        T spn_ = ((z) < (T)0 ? -(z) : (T)0) + l_; /* softplus(-z) */                          \
+        T s_ = (z) >= (T)0 ? r_ : e_ * r_;        /* sigmoid(z) */                            \
+        T c_ = (z) >= (T)0 ? e_ * r_ : r_;        /* sigmoid(-z) */                           \
+        T ce_ = (y) * spn_ + ((T)1 - (y)) * spp_;                                             \
+        T qr_ = (y) * c_ + ((T)1 - (y)) * s_;                                                 \
+        bool in_ = qr_ > (tiny);                                                              \
+        T q_ = in_ ? qr_ : (tiny);                                                            \
+        T w_ = (g) == (T)0 ? (T)1 : (g) == (T)1 ? q_ : POW(q_, (g));                          \
+        T at_ = (a) < (T)0 ? (T)1 : (a) * (y) + ((T)1 - (a)) * ((T)1 - (y));                  \
+        T rq_ = in_ ? s_ * c_ * ((T)1 - (T)2 * (y)) / q_ : (T)0;                              \
+        (loss) = at_ * ce_ * w_;                                                              \
+        (dz) = at_ * w_ * ((s_ - (y)) + (g) * ce_ * rq_);                                     \
+    } while (0)
+
 #endif /* KPL_VISION_MATH_H */

@@ -586,8 +586,77 @@ static kpl_status cuda_index(const kpl_kernel_args *args)
     return st < 0 ? st : ce;
 }
 
+/* ---- softmax cross entropy ------------------------------------------------------------ */
+
+/* One thread per position p = (sample, column): its classes at stride
+ * inner, three passes (max, exp-sum in f64, then the loss or gx) as the
+ * CPU's loops (cpu/cpu_loss.c).  A label out of range is recorded and its
+ * position gets no loss and no gradient. */
+template <typename T>
+__global__ void xent_kernel(kpl_xent_attrs a, const T *x, const int64_t *y, const T *gy, T *out,
+                            check_ref chk)
+{
+    KPL_CUDA_FOR(p, a.n * a.inner)
+    {
+        int64_t s = p / a.inner, j = p % a.inner, v = y[p];
+        const T *xs = x + s * a.c * a.inner + j;
+        bool counts = v != a.ignore;
+        if (counts && (v < 0 || v >= a.c)) {
+            chk.fail(p);
+            counts = false;
+        }
+        T m = xs[0];
+        for (int64_t c = 1; c < a.c; c++) m = xs[c * a.inner] > m ? xs[c * a.inner] : m;
+        double sum = 0, sx = 0;
+        for (int64_t c = 0; c < a.c; c++) {
+            sum += (double)exp(xs[c * a.inner] - m);
+            sx += (double)xs[c * a.inner];
+        }
+        T lse = (T)((double)m + log(sum));
+        if (!a.bwd) {
+            double l = (double)lse;
+            out[p] = counts ? (T)((1 - a.eps) * (l - (double)xs[v * a.inner]) +
+                                  a.eps * (l - sx / (double)a.c))
+                            : T(0);
+            continue;
+        }
+        const T off = (T)(a.eps / (double)a.c), hit = (T)(1 - a.eps);
+        T g = counts ? gy[p] : T(0), *gs = out + s * a.c * a.inner + j;
+        for (int64_t c = 0; c < a.c; c++)
+            gs[c * a.inner] = g * (exp(xs[c * a.inner] - lse) - off - (c == v ? hit : T(0)));
+    }
+}
+
+static kpl_status cuda_xent(const kpl_kernel_args *args)
+{
+    const kpl_xent_attrs *a = (const kpl_xent_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[3] = {NULL, NULL, NULL};
+    KPL_TRY(kpl__cuda_pointers(args, a->bwd ? 3 : 2, &cs, &out, in));
+    const int64_t *y = (const int64_t *)in[1];
+    char where[64];
+    snprintf(where, sizeof where, "of the %lld classes (labels)", (long long)a->c);
+    check_ref chk;
+    KPL_TRY(check_start(cs, a->bwd ? "softmax_xent_bwd" : "softmax_xent", a->c, args->in[1],
+                        where, &chk));
+    int th = KPL_CUDA_THREADS;
+    unsigned blocks = kpl__cuda_blocks(cs, a->n * a->inner, th);
+    if (kpl_tensor_dtype(args->in[0]) == KPL_F64)
+        xent_kernel<double><<<blocks, th, 0, cs->compute>>>(
+            *a, (const double *)in[0], y, (const double *)in[2], (double *)out, chk);
+    else
+        xent_kernel<float><<<blocks, th, 0, cs->compute>>>(
+            *a, (const float *)in[0], y, (const float *)in[2], (float *)out, chk);
+    kpl_status st = KPL_CUDA_LAUNCHED(a->bwd ? "softmax_xent_bwd" : "softmax_xent");
+    kpl_status ce = kpl__cuda_check_end(cs, chk.ticket, y);
+    return st < 0 ? st : ce;
+}
+
 extern "C" void kpl__cuda_register_index(void)
 {
     for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++)
         kpl_kernel_register(KPL_KOP_INDEX, KPL_DEVICE_CUDA, (kpl_dtype)dt, cuda_index);
+    kpl_kernel_register(KPL_KOP_XENT, KPL_DEVICE_CUDA, KPL_F32, cuda_xent);
+    kpl_kernel_register(KPL_KOP_XENT, KPL_DEVICE_CUDA, KPL_F64, cuda_xent);
 }

@@ -27,6 +27,7 @@
 #include "cuda_impl.h"
 #include "../vision_math.h"
 
+#include <float.h>
 #include <stdlib.h>
 
 /* ---- IoU / GIoU ---------------------------------------------------------------------- */
@@ -313,10 +314,48 @@ static kpl_status cuda_box(const kpl_kernel_args *args)
                : nms_typed<float>(cs, dev, args, (const float *)in[0], cls, (int64_t *)out);
 }
 
+/* ---- the sigmoid focal loss ------------------------------------------------------------ */
+
+/* One thread per element: vision_math.h's formula, as the CPU's loop. */
+template <typename T>
+__global__ void focal_kernel(kpl_focal_attrs a, const T *z, const T *y, const T *gy, T *out,
+                             T tiny)
+{
+    const T al = (T)a.alpha, g = (T)a.gamma;
+    KPL_CUDA_FOR(i, a.n)
+    {
+        T l, d;
+        KPL_FOCAL_ELEM(T, exp, log1p, pow, z[i], y[i], al, g, tiny, l, d);
+        out[i] = a.bwd ? gy[i] * d : l;
+    }
+}
+
+static kpl_status cuda_focal(const kpl_kernel_args *args)
+{
+    const kpl_focal_attrs *a = (const kpl_focal_attrs *)args->attrs;
+    kpl_cuda_state *cs;
+    void *out;
+    const void *in[3] = {NULL, NULL, NULL};
+    KPL_TRY(kpl__cuda_pointers(args, a->bwd ? 3 : 2, &cs, &out, in));
+    int th = KPL_CUDA_THREADS;
+    unsigned blocks = kpl__cuda_blocks(cs, a->n, th);
+    if (kpl_tensor_dtype(args->in[0]) == KPL_F64)
+        focal_kernel<double><<<blocks, th, 0, cs->compute>>>(
+            *a, (const double *)in[0], (const double *)in[1], (const double *)in[2],
+            (double *)out, DBL_MIN);
+    else
+        focal_kernel<float><<<blocks, th, 0, cs->compute>>>(
+            *a, (const float *)in[0], (const float *)in[1], (const float *)in[2], (float *)out,
+            FLT_MIN);
+    return KPL_CUDA_LAUNCHED(a->bwd ? "sigmoid_focal_bwd" : "sigmoid_focal");
+}
+
 extern "C" void kpl__cuda_register_vision(void)
 {
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CUDA, KPL_F32, cuda_box);
     kpl_kernel_register(KPL_KOP_BOX, KPL_DEVICE_CUDA, KPL_F64, cuda_box);
     kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CUDA, KPL_F32, cuda_roi_align);
     kpl_kernel_register(KPL_KOP_ROI_ALIGN, KPL_DEVICE_CUDA, KPL_F64, cuda_roi_align);
+    kpl_kernel_register(KPL_KOP_FOCAL, KPL_DEVICE_CUDA, KPL_F32, cuda_focal);
+    kpl_kernel_register(KPL_KOP_FOCAL, KPL_DEVICE_CUDA, KPL_F64, cuda_focal);
 }

@@ -425,6 +425,28 @@ typedef struct {
     kpl_roi_align_params p;
 } kpl_roi_attrs;
 
+/* Softmax cross entropy (kpl_k_softmax_xent, _bwd), checked: x viewed as
+ * (n, c, inner), labels (n, inner) i64.  Forward: in[0] x, in[1] labels,
+ * out the losses (n, inner).  Backward: in[0] x, in[1] labels, in[2] gy
+ * (n, inner), out gx (n, c, inner).  On KPL_ERANGE the CPU kernel writes
+ * into bad (host memory) the flat position of the first label out of
+ * range and its value. */
+typedef struct {
+    bool bwd;
+    int64_t n, c, inner;
+    int64_t ignore;
+    double eps;
+    int64_t *bad;
+} kpl_xent_attrs;
+
+/* The sigmoid focal loss (kpl_k_sigmoid_focal, _bwd), checked: in[0] z,
+ * in[1] y, in[2] gy (backward), out the losses or gz; n elements each. */
+typedef struct {
+    bool bwd;
+    int64_t n;
+    double alpha, gamma;
+} kpl_focal_attrs;
+
 /* kpl_k_amp_unscale: `out` is the gradient g, scaled in place; found_inf
  * (one f32 element, g's device) is set to 1 when an element of g is not
  * finite (amp_math.h has the per-element step). */
@@ -463,6 +485,7 @@ void kpl__cpu_register_pool(void);
 void kpl__cpu_register_norm(void);
 void kpl__cpu_register_index(void);
 void kpl__cpu_register_vision(void);
+void kpl__cpu_register_loss(void);
 kpl_algo_cache_stats kpl__cpu_algo_cache_stats(void);
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 /* What this thread's last CPU convolution in f32/bf16 ran (tests and bench

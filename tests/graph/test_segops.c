@@ -67,6 +67,18 @@ static kpl_tensor *grad_of(kpl_tensor *y, const double *seed, kpl_tensor *x)
     return g;
 }
 
+/* kpl_ir_dump's text of ir (malloc'd). */
+static char *dump_of(kpl_ir *ir)
+{
+    char *dump = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&dump, &len);
+    assert_non_null(f);
+    OK(kpl_ir_dump(ir, f, false));
+    fclose(f);
+    return dump;
+}
+
 static const int64_t CE_XS[4] = {CE_N, CE_C, CE_H, CE_W}, CE_LS[3] = {CE_N, CE_H, CE_W};
 
 /* kpl_gradcheck of fn over the CE logits in f64, first and second order,
@@ -192,6 +204,233 @@ static void test_ce_errors(void **state)
     assert_null(kpl_cross_entropy_weighted(x, labels_of(3, CE_LS, CE_LABELS), w3,
                                            KPL_REDUCE_MEAN, 0, 255));
     assert_non_null(strstr(kpl_last_error(), "cross_entropy: weight (3) f32 must be (4) f32"));
+    kpl_pool_pop(pool);
+}
+
+/* ---- the fused softmax cross entropy ------------------------------------------------- */
+
+/* Deterministic values: logits spread over +-6, labels in [0, C) with
+ * every fifth position 255 (ignored), gy in [-1, 1]. */
+static double *xent_values(int64_t n, double scale, double phase)
+{
+    double *v = malloc((size_t)(n ? n : 1) * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < n; i++) v[i] = scale * sin(0.37 * (double)i + phase);
+    return v;
+}
+
+static int64_t *xent_labels(int64_t m, int64_t c)
+{
+    int64_t *v = malloc((size_t)(m ? m : 1) * sizeof *v);
+    assert_non_null(v);
+    for (int64_t i = 0; i < m; i++) v[i] = i % 5 == 3 ? 255 : (i * 7 + i / 3) % c;
+    return v;
+}
+
+/* The loss and its gradient at every position, in f64 from the values
+ * the tensors hold (x and gy as rounded to dt). */
+static void xent_reference(kpl_tensor *x, const int64_t *y, kpl_tensor *gy, double eps,
+                           double *loss, double *gx)
+{
+    const int64_t *xs = kpl_tensor_shape(x);
+    int64_t n = xs[0], c = xs[1], in = kpl_tensor_numel(x) / (n * c);
+    for (int64_t s = 0; s < n; s++)
+        for (int64_t j = 0; j < in; j++) {
+            int64_t p = s * in + j, v = y[p];
+            double m = -INFINITY, sum = 0, sx = 0;
+            for (int64_t k = 0; k < c; k++) m = fmax(m, tget(x, (s * c + k) * in + j));
+            for (int64_t k = 0; k < c; k++) {
+                double z = tget(x, (s * c + k) * in + j);
+                sum += exp(z - m);
+                sx += z;
+            }
+            double lse = m + log(sum), g = v == 255 ? 0 : tget(gy, p);
+            loss[p] = v == 255 ? 0
+                               : (1 - eps) * (lse - tget(x, (s * c + v) * in + j)) +
+                                     eps * (lse - sx / (double)c);
+            for (int64_t k = 0; k < c; k++)
+                gx[(s * c + k) * in + j] = g * (exp(tget(x, (s * c + k) * in + j) - lse) -
+                                                eps / (double)c - (k == v ? 1 - eps : 0));
+        }
+}
+
+/* Against the definition in f64, both directions, both loop shapes (rows
+ * when there is one position per sample; column blocks of 64 with a tail
+ * otherwise), with and without smoothing. */
+static void test_xent_reference(void **state)
+{
+    (void)state;
+    static const int64_t shapes[][4] = {{3, 7, 1, 1}, {2, 5, 9, 17}, {1, 1, 4, 1}, {4, 1000, 1, 1},
+                                        {2, 21, 3, 1}};
+    static const int nds[] = {2, 4, 3, 2, 3};
+    for (size_t k = 0; k < sizeof nds / sizeof nds[0]; k++)
+        for (int f = 0; f < 2; f++)
+            for (int e = 0; e < 2; e++) {
+                kpl_pool *pool = NN(kpl_pool_push());
+                int nd = nds[k];
+                const int64_t *xs = shapes[k];
+                int64_t ls[3] = {xs[0], xs[2], xs[3]}, n = 1, m = xs[0];
+                for (int d = 0; d < nd; d++) n *= xs[d];
+                for (int d = 2; d < nd; d++) m *= xs[d];
+                double eps = e ? 0.3 : 0, *xv = xent_values(n, 6, 0.1), *gv = xent_values(m, 1, 2);
+                int64_t *yv = xent_labels(m, xs[1]);
+                kpl_tensor *x = tensor(dtypes[f], nd, xs, xv), *y = labels_of(nd - 1, ls, yv);
+                kpl_tensor *gy = tensor(dtypes[f], nd - 1, ls, gv);
+                double *rl = malloc((size_t)m * sizeof *rl), *rg = malloc((size_t)n * sizeof *rg);
+                assert_true(rl && rg);
+                xent_reference(x, yv, gy, eps, rl, rg);
+                kpl_tensor *l = kpl_softmax_xent(x, y, 255, eps);
+                kpl_tensor *g = kpl_softmax_xent_bwd(x, y, gy, 255, eps);
+                char what[64];
+                snprintf(what, sizeof what, "shape %zu %s eps %g loss", k,
+                         kpl_dtype_name(dtypes[f]), eps);
+                expect(l, rl, m, dtypes[f], what);
+                snprintf(what, sizeof what, "shape %zu %s eps %g gx", k,
+                         kpl_dtype_name(dtypes[f]), eps);
+                expect(g, rg, n, dtypes[f], what);
+                assert_int_equal(kpl_tensor_ndim(l), nd - 1);
+                free(xv), free(gv), free(yv), free(rl), free(rg);
+                kpl_pool_pop(pool);
+            }
+}
+
+/* f16/bf16 are the f32 kernel's results rounded once; the mean through
+ * kpl_cross_entropy equals the sum of the fused losses over the count. */
+static void test_xent_halves(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    int64_t xs[4] = {2, 6, 5, 13}, ls[3] = {2, 5, 13}, n = 2 * 6 * 65, m = 2 * 65;
+    double *xv = xent_values(n, 4, 0.5), *gv = xent_values(m, 1, 1);
+    int64_t *yv = xent_labels(m, 6);
+    kpl_tensor *y = labels_of(3, ls, yv);
+    for (int h = 0; h < 2; h++) {
+        kpl_dtype hd = h ? KPL_BF16 : KPL_F16;
+        kpl_tensor *xh = tensor(hd, 4, xs, xv), *gh = tensor(hd, 3, ls, gv);
+        kpl_tensor *l = NN(kpl_softmax_xent(xh, y, 255, 0.1));
+        kpl_tensor *lw = NN(kpl_cast(NN(kpl_softmax_xent(NN(kpl_cast(xh, KPL_F32)), y, 255, 0.1)), hd));
+        assert_int_equal(kpl_tensor_dtype(l), hd);
+        for (int64_t i = 0; i < m; i++) assert_true(tget(l, i) == tget(lw, i));
+        kpl_tensor *g = NN(kpl_softmax_xent_bwd(xh, y, gh, 255, 0.1));
+        kpl_tensor *gw = NN(kpl_cast(NN(kpl_softmax_xent_bwd(NN(kpl_cast(xh, KPL_F32)), y,
+                                                             NN(kpl_cast(gh, KPL_F32)), 255, 0.1)), hd));
+        for (int64_t i = 0; i < n; i++) assert_true(tget(g, i) == tget(gw, i));
+    }
+    kpl_tensor *x = tensor(KPL_F64, 4, xs, xv);
+    kpl_tensor *mean = NN(kpl_cross_entropy(x, y, KPL_REDUCE_MEAN, 0.1, 255));
+    kpl_tensor *per = NN(kpl_softmax_xent(x, y, 255, 0.1));
+    double sum = 0;
+    int64_t count = 0;
+    for (int64_t i = 0; i < m; i++) sum += tget(per, i), count += yv[i] != 255;
+    assert_close(tget(mean, 0), sum / (double)count, 1e-14, 0, "mean", 0);
+    free(xv), free(gv), free(yv);
+    kpl_pool_pop(pool);
+}
+
+typedef struct {
+    double eps;
+    int64_t ignore;
+} xent_args;
+
+static kpl_tensor *g_xent_bwd(kpl_tensor *const *in, void *user)
+{
+    const xent_args *a = user;
+    int64_t v[CE_N * CE_H * CE_W];
+    memcpy(v, CE_LABELS, sizeof v);
+    return kpl_softmax_xent_bwd(in[0], labels_of(3, CE_LS, v), in[1], a->ignore, a->eps);
+}
+
+/* The backward op to the second order in both its inputs (the logits and
+ * gy), so gradient penalties through a cross entropy differentiate. */
+static void test_xent_gradcheck(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    double gv[CE_N * CE_H * CE_W];
+    for (int64_t i = 0; i < LEN(gv); i++) gv[i] = cos(0.9 * (double)i);
+    kpl_tensor *x = leaf(KPL_F64, 4, CE_XS, CE_LOGITS), *gy = leaf(KPL_F64, 3, CE_LS, gv);
+    const xent_args cases[] = {{0, 255}, {0.2, 255}, {0.6, 255}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        for (int order = 1; order <= 2; order++)
+            if (kpl_gradcheck(g_xent_bwd, (void *)&cases[i], 2, (kpl_tensor *[]){x, gy}, order,
+                              1e-6, 1e-7, 1e-5) < 0)
+                fail_msg("case %zu order %d: %s", i, order, kpl_last_error());
+    kpl_tensor_release(x);
+    kpl_tensor_release(gy);
+    kpl_pool_pop(pool);
+}
+
+/* Traced cross entropy and its gradient run by the executor: eager's
+ * bits, and the dump names the fused pair and its attributes. */
+static void test_xent_graph(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *x = leaf(KPL_F32, 4, CE_XS, CE_LOGITS), *y = labels_of(3, CE_LS, CE_LABELS);
+    kpl_tensor *loss = NN(kpl_cross_entropy(x, y, KPL_REDUCE_MEAN, 0.1, 255)), *gx = NULL;
+    OK(kpl_grad(loss, NULL, 1, &x, false, &gx));
+    OK(kpl_trace_begin());
+    kpl_tensor *tx = NN(kpl_trace_input(x, "x")), *ty = NN(kpl_trace_input(y, "y"));
+    OK(kpl_set_requires_grad(tx, true));
+    kpl_tensor *tl = NN(kpl_cross_entropy(tx, ty, KPL_REDUCE_MEAN, 0.1, 255)), *tg = NULL;
+    OK(kpl_grad(tl, NULL, 1, &tx, false, &tg));
+    kpl_ir *ir = NULL;
+    OK(kpl_trace_end(2, (kpl_tensor *[]){tl, tg}, (const char *[]){"loss", "gx"}, &ir));
+    OK(kpl_ir_check(ir));
+    char *dump = dump_of(ir);
+    if (!strstr(dump, "= softmax_xent(") || !strstr(dump, "= softmax_xent_bwd(") ||
+        !strstr(dump, ") ignore_index=255 smoothing=0.1"))
+        fail_msg("graph dump lacks the fused pair:\n%s", dump);
+    free(dump);
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    OK(kpl_exec_set_input(ex, 0, x));
+    OK(kpl_exec_set_input(ex, 1, y));
+    OK(kpl_exec_run(ex));
+    kpl_tensor *el = kpl_exec_output(ex, 0), *eg = kpl_exec_output(ex, 1);
+    assert_true(tget(el, 0) == tget(loss, 0));
+    for (int64_t i = 0; i < kpl_tensor_numel(gx); i++) assert_true(tget(eg, i) == tget(gx, i));
+    /* a bad label in the graph's input is the kernel's error, by position */
+    int64_t v[CE_N * CE_H * CE_W];
+    memcpy(v, CE_LABELS, sizeof v);
+    v[1 * CE_H * CE_W + 2 * CE_W + 3] = 9;
+    OK(kpl_exec_set_input(ex, 1, labels_of(3, CE_LS, v)));
+    assert_int_equal(kpl_exec_run(ex), KPL_ERANGE);
+    assert_non_null(strstr(kpl_last_error(), "label 9 at position (1,2,3) is outside [0, 4) and "
+                                             "is not the ignore_index 255"));
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_tensor_release(x);
+    kpl_pool_pop(pool);
+}
+
+static void test_xent_errors(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_tensor *x = tensor(KPL_F32, 4, CE_XS, CE_LOGITS);
+    int64_t v[CE_N * CE_H * CE_W];
+    memcpy(v, CE_LABELS, sizeof v);
+    v[7] = -3; /* (0, 1, 2) */
+    assert_null(kpl_softmax_xent(x, labels_of(3, CE_LS, v), 255, 0));
+    assert_int_equal(kpl_last_status(), KPL_ERANGE);
+    assert_non_null(strstr(kpl_last_error(), "softmax_xent: label -3 at position (0,1,2) is "
+                                             "outside [0, 4) and is not the ignore_index 255"));
+    kpl_tensor *y = labels_of(3, CE_LS, CE_LABELS);
+    assert_null(kpl_softmax_xent_bwd(x, labels_of(3, CE_LS, v), tensor(KPL_F32, 3, CE_LS, CE_LOGITS),
+                                     255, 0));
+    assert_non_null(strstr(kpl_last_error(), "softmax_xent_bwd: label -3 at position (0,1,2)"));
+    assert_null(kpl_softmax_xent(x, y, 255, 1));
+    assert_non_null(strstr(kpl_last_error(), "label smoothing 1 is outside [0, 1)"));
+    assert_null(kpl_softmax_xent(x, labels_of(2, CE_LS, CE_LABELS), 255, 0));
+    assert_int_equal(kpl_last_status(), KPL_ESHAPE);
+    assert_non_null(strstr(kpl_last_error(), "labels (2,3) do not fit x (2,4,3,5)"));
+    assert_null(kpl_softmax_xent(x, NN(kpl_cast(y, KPL_F32)), 255, 0));
+    assert_int_equal(kpl_last_status(), KPL_EDTYPE);
+    assert_non_null(strstr(kpl_last_error(), "softmax_xent: 'labels' has dtype f32"));
+    assert_null(kpl_softmax_xent(NN(kpl_reshape(x, 1, (int64_t[]){120})),
+                                 labels_of(1, (int64_t[]){1}, CE_LABELS), 255, 0));
+    assert_non_null(strstr(kpl_last_error(), "expected (N, C) or (N, C, d1, ...)"));
     kpl_pool_pop(pool);
 }
 
@@ -388,12 +627,7 @@ static void test_resize_graph(void **state)
     kpl_ir *ir = NULL;
     OK(kpl_trace_end(2, (kpl_tensor *[]){ty, tg}, (const char *[]){"y", "gx"}, &ir));
     OK(kpl_ir_check(ir));
-    char *dump = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&dump, &len);
-    assert_non_null(f);
-    OK(kpl_ir_dump(ir, f, false));
-    fclose(f);
+    char *dump = dump_of(ir);
     if (!strstr(dump, "= upsample_bilinear(") || !strstr(dump, ") size=8,9 align_corners") ||
         !strstr(dump, "= upsample_bilinear_bwd(") || !strstr(dump, ") size=3,5 align_corners"))
         fail_msg("graph dump lacks the resize pair:\n%s", dump);
@@ -449,6 +683,9 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ce_reference),   cmocka_unit_test(test_ce_gradcheck),
         cmocka_unit_test(test_ce_all_ignored), cmocka_unit_test(test_ce_errors),
+        cmocka_unit_test(test_xent_reference), cmocka_unit_test(test_xent_halves),
+        cmocka_unit_test(test_xent_gradcheck), cmocka_unit_test(test_xent_graph),
+        cmocka_unit_test(test_xent_errors),
         cmocka_unit_test(test_dice_reference), cmocka_unit_test(test_dice_gradcheck),
         cmocka_unit_test(test_dice_errors),    cmocka_unit_test(test_resize_reference),
         cmocka_unit_test(test_resize_planes_and_halves), cmocka_unit_test(test_resize_gradcheck),

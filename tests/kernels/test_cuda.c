@@ -595,6 +595,90 @@ static void test_resize_kernels(void **state)
     }
 }
 
+/* The fused softmax cross entropy both ways, per-pixel (column blocks on
+ * the CPU) and per-row, with ignored labels and smoothing; then a label
+ * out of range reported at the next synchronisation, by position. */
+static void test_xent_kernels(void **state)
+{
+    (void)state;
+    const int64_t shapes[2][4] = {{2, 21, 9, 70}, {300, 37, 1, 1}};
+    kpl_dtype dts[3] = {KPL_F32, KPL_F64, KPL_BF16};
+    for (int s = 0; s < 2; s++)
+        for (int f = 0; f < 3; f++) {
+            kpl_dtype dt = dts[f];
+            const int64_t *xs = shapes[s];
+            int64_t ls[3] = {xs[0], xs[2], xs[3]}, m = xs[0] * xs[2] * xs[3];
+            kpl_tensor *x = trand(dt, 4, xs, 90 + f, -5, 5), *gx = to_gpu(x);
+            kpl_tensor *y = tnew(KPL_I64, 3, ls);
+            int64_t *yv = kpl_tensor_host_mutable(y);
+            for (int64_t i = 0; i < m; i++) yv[i] = i % 7 == 2 ? 255 : (i * 5) % xs[1];
+            kpl_tensor *gyl = to_gpu(y), *gy = trand(dt, 3, ls, 95 + f, -1, 1), *ggy = to_gpu(gy);
+            kpl_tensor *l = tnew(dt, 3, ls), *g = tnew(dt, 4, xs), *gl = NULL, *gg = NULL;
+            OK(kpl_tensor_empty(gpu, dt, 3, ls, &gl));
+            OK(kpl_tensor_empty(gpu, dt, 4, xs, &gg));
+            double tol = dt == KPL_F64 ? 1e-12 : dt == KPL_F32 ? 1e-5 : 1e-2;
+            for (int e = 0; e < 2; e++) {
+                double eps = e ? 0.1 : 0;
+                OK(kpl_k_softmax_xent(l, x, y, 255, eps));
+                OK(kpl_k_softmax_xent(gl, gx, gyl, 255, eps));
+                assert_same(gl, l, tol, tol * 0.1, "softmax_xent");
+                OK(kpl_k_softmax_xent_bwd(g, x, y, gy, 255, eps));
+                OK(kpl_k_softmax_xent_bwd(gg, gx, gyl, ggy, 255, eps));
+                assert_same(gg, g, tol, tol * 0.1, "softmax_xent_bwd");
+            }
+            kpl_tensor *ts[] = {x, gx, y, gyl, gy, ggy, l, g, gl, gg};
+            for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+        }
+    int64_t xs[4] = {2, 4, 3, 5}, ls[3] = {2, 3, 5};
+    kpl_tensor *x = trand(KPL_F32, 4, xs, 99, -1, 1), *gx = to_gpu(x), *y = tnew(KPL_I64, 3, ls);
+    int64_t *yv = kpl_tensor_host_mutable(y);
+    for (int64_t i = 0; i < 30; i++) yv[i] = i % 4;
+    yv[1 * 15 + 2 * 5 + 3] = 4;
+    kpl_tensor *gyl = to_gpu(y), *gl = NULL;
+    OK(kpl_tensor_empty(gpu, KPL_F32, 3, ls, &gl));
+    if (on_cuda()) { /* reported by the next synchronisation, once */
+        OK(kpl_k_softmax_xent(gl, gx, gyl, 255, 0));
+        FAILS(kpl_device_synchronize(gpu), KPL_ERANGE, "softmax_xent: index 4 at position (1,2,3)");
+        OK(kpl_device_synchronize(gpu));
+    } else {
+        FAILS(kpl_k_softmax_xent(gl, gx, gyl, 255, 0), KPL_ERANGE,
+              "softmax_xent: label 4 at position (1,2,3)");
+    }
+    kpl_tensor *ts[] = {x, gx, y, gyl, gl};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+}
+
+/* The fused sigmoid focal loss both ways, logits over +-20 with hard and
+ * soft targets, for gamma 2, 0.5 and 0, with and without alpha. */
+static void test_focal_kernels(void **state)
+{
+    (void)state;
+    const int64_t xs[2] = {37, 1001};
+    kpl_dtype dts[3] = {KPL_F32, KPL_F64, KPL_BF16};
+    const double params[3][2] = {{0.25, 2}, {-1, 0.5}, {0.6, 0}};
+    for (int f = 0; f < 3; f++) {
+        kpl_dtype dt = dts[f];
+        kpl_tensor *z = trand(dt, 2, xs, 110 + f, -20, 20), *gz = to_gpu(z);
+        kpl_tensor *y = trand(dt, 2, xs, 113 + f, 0, 1), *gyl = to_gpu(y);
+        kpl_tensor *gy = trand(dt, 2, xs, 116 + f, -1, 1), *ggy = to_gpu(gy);
+        kpl_tensor *l = tnew(dt, 2, xs), *g = tnew(dt, 2, xs), *gl = NULL, *gg = NULL;
+        OK(kpl_tensor_empty(gpu, dt, 2, xs, &gl));
+        OK(kpl_tensor_empty(gpu, dt, 2, xs, &gg));
+        double tol = dt == KPL_F64 ? 1e-12 : dt == KPL_F32 ? 1e-5 : 1e-2;
+        for (int k = 0; k < 3; k++) {
+            double a = params[k][0], gm = params[k][1];
+            OK(kpl_k_sigmoid_focal(l, z, y, a, gm));
+            OK(kpl_k_sigmoid_focal(gl, gz, gyl, a, gm));
+            assert_same(gl, l, tol, tol * 0.1, "sigmoid_focal");
+            OK(kpl_k_sigmoid_focal_bwd(g, z, y, gy, a, gm));
+            OK(kpl_k_sigmoid_focal_bwd(gg, gz, gyl, ggy, a, gm));
+            assert_same(gg, g, tol, tol * 0.1, "sigmoid_focal_bwd");
+        }
+        kpl_tensor *ts[] = {z, gz, y, gyl, gy, ggy, l, g, gl, gg};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) kpl_tensor_release(ts[i]);
+    }
+}
+
 /* A CPU integer tensor of dtype dt with values in [lo, hi) (truncated
  * uniform doubles). */
 static kpl_tensor *tint(kpl_dtype dt, int ndim, const int64_t *shape, uint64_t seed, double lo,
@@ -861,6 +945,8 @@ int main(void)
         cmocka_unit_test(test_box_kernels),
         cmocka_unit_test(test_roi_align_kernels),
         cmocka_unit_test(test_resize_kernels),
+        cmocka_unit_test(test_xent_kernels),
+        cmocka_unit_test(test_focal_kernels),
     };
     int fails = RUN_GROUP("cuda", tests);
     fails += run_cuda_mixed_tests();
