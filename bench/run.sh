@@ -168,7 +168,8 @@ run_group() { # GROUP: runs its benchmark program(s); JSON goes to stdout
       "$build/bin/bench_fid" "$root" "$build/bench-fid" || rc=$?
       ;;
     detops)
-      # NMS and ROI Align against PyTorch (torch_detops.py; no torchvision)
+      # NMS, batched NMS and ROI Align against torchvision's C++ kernels
+      # (torch_detops.py)
       "$build/bin/bench_detops" "$here" "$build" || rc=$?
       ;;
     fcos)
