@@ -39,6 +39,9 @@
  *    bwd_data and bwd_weight timed alone (median of 5 after a warm-up), in
  *    GFLOP/s, with PyTorch's F.conv2d / conv backward for the same shape
  *    (bench/torch_conv_layers.py) as the reference.
+ *  - dilated_conv/deeplab_r18_b2/...: DeepLabv3-R18's dilated convolutions
+ *    (dilation 2, 6, 12, 18 on its 33 x 33 map) as oneDNN runs them
+ *    against the space-to-batch formulation's convolution (dilated_cases).
  */
 #include "bench_common.h"
 #include "bench_zoo.h"
@@ -611,6 +614,80 @@ static void conv_layers(const char *bench_dir, double rate)
     kpl_rng_destroy(rng);
 }
 
+/* ---- dilated convolutions: oneDNN's against space-to-batch ------------------------- */
+
+/* Times one convolution direction (median of 5 after a warm-up), ms. */
+static double conv_ms(int d, kpl_tensor *x, kpl_tensor *w, kpl_tensor *y, kpl_tensor *gx,
+                      kpl_tensor *gw, const kpl_conv2d_params *p)
+{
+    double t[6];
+    for (int r = 0; r < 6; r++) {
+        double t0 = bench_now();
+        kpl_status st = d == 0   ? kpl_k_conv2d(y, x, w, NULL, p)
+                        : d == 1 ? kpl_k_conv2d_bwd_data(gx, y, w, p)
+                                 : kpl_k_conv2d_bwd_weight(gw, NULL, x, y, p);
+        if (st < 0) die("conv");
+        t[r] = (bench_now() - t0) * 1e3;
+    }
+    return bench_median(t + 1, 5);
+}
+
+/* DeepLabv3-R18 at output stride 16 on 513 x 513 crops (batch 2): its
+ * dilated 3 x 3 convolutions (layer4 at dilation 2, ASPP at 6, 12, 18 on
+ * the 33 x 33 map) run as they are (oneDNN's dilated kernels, the
+ * chooser's pick), against the space-to-batch formulation's convolution:
+ * the input cut into d^2 phase images of ceil(33 / d)^2 cells, an
+ * undilated 3 x 3 convolution over all of them (padding 1).  Only that
+ * convolution is timed for space-to-batch: its two rearrangements (a
+ * permuted copy of x and of y each way) come on top, so a ratio above 1
+ * means oneDNN's dilated kernel wins whatever they cost. */
+static void dilated_cases(void)
+{
+    static const struct {
+        int64_t c, o;
+        int d;
+    } shapes[] = {{512, 512, 2}, {512, 256, 6}, {512, 256, 12}, {512, 256, 18}};
+    const int64_t B = 2, hw = 33;
+    kpl_set_num_threads(2);
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_rng *rng = kpl_rng_create(8);
+    static const char *dir[3] = {"fwd", "bwd_data", "bwd_weight"};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int d = shapes[i].d;
+        int64_t ph = (hw + d - 1) / d; /* a phase image's side */
+        kpl_conv2d_params pd = KPL_CONV2D_PARAMS_INIT, ps = KPL_CONV2D_PARAMS_INIT;
+        pd.padding[0] = pd.padding[1] = d;
+        pd.dilation[0] = pd.dilation[1] = d;
+        ps.padding[0] = ps.padding[1] = 1;
+        int64_t xs[2][4] = {{B, shapes[i].c, hw, hw}, {B * d * d, shapes[i].c, ph, ph}};
+        int64_t ys[2][4] = {{B, shapes[i].o, hw, hw}, {B * d * d, shapes[i].o, ph, ph}};
+        int64_t ws[4] = {shapes[i].o, shapes[i].c, 3, 3};
+        double ms[2][3];
+        for (int v = 0; v < 2; v++) {
+            kpl_tensor *x = NULL, *w = NULL, *y = NULL, *gx = NULL, *gw = NULL;
+            if (kpl_tensor_empty(cpu, KPL_F32, 4, xs[v], &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
+                kpl_tensor_empty(cpu, KPL_F32, 4, ws, &w) < 0 || kpl_k_normal(w, rng, 0, 0.1) < 0 ||
+                kpl_tensor_empty(cpu, KPL_F32, 4, ys[v], &y) < 0 ||
+                kpl_tensor_empty(cpu, KPL_F32, 4, xs[v], &gx) < 0 ||
+                kpl_tensor_empty(cpu, KPL_F32, 4, ws, &gw) < 0)
+                die("conv operands");
+            for (int k = 0; k < 3; k++) ms[v][k] = conv_ms(k, x, w, y, gx, gw, v ? &ps : &pd);
+            kpl_tensor *ts[] = {x, w, y, gx, gw};
+            for (int t = 0; t < 5; t++) kpl_tensor_release(ts[t]);
+        }
+        for (int k = 0; k < 3; k++) {
+            char cas[128];
+            snprintf(cas, sizeof cas, "deeplab_r18_b2/%lldx%lldx%lld_k3_d%d/%s",
+                     (long long)shapes[i].c, (long long)shapes[i].o, (long long)hw, d, dir[k]);
+            bench_emit("dilated_conv", cas, "ms", 0, ms[0][k], ms[1][k],
+                       "kpl space-to-batch (its convolution alone; the rearrangements not "
+                       "counted)", NAN, ",\"phase_images\":%d,\"phase_side\":%lld", d * d,
+                       (long long)ph);
+        }
+    }
+    kpl_rng_destroy(rng);
+}
+
 int main(int argc, char **argv)
 {
     if (argc >= 6 && !strcmp(argv[1], "--step")) {
@@ -640,11 +717,13 @@ int main(int argc, char **argv)
     if (len <= 0) die("cannot find my own executable");
     self[len] = 0;
     int rounds = bench_env_int("KPL_BENCH_ROUNDS", 3, 1, 8);
-    const char *only = getenv("KPL_BENCH_NN_ONLY"); /* "models", "layers" or "fusions" */
+    /* "models", "layers", "fusions" or "dilated" */
+    const char *only = getenv("KPL_BENCH_NN_ONLY");
     double rate = matmul_rate();
     fprintf(stderr, "bench_nn: 2-thread f32 matmul 1024^3: %.1f GFLOP/s\n", rate);
     if (!only || !strcmp(only, "models")) model_cases(self, argv[1], rounds, rate);
     if (!only || !strcmp(only, "layers")) conv_layers(argv[2], rate);
     if (!only || !strcmp(only, "fusions")) fusion_cases(rounds);
+    if (!only || !strcmp(only, "dilated")) dilated_cases();
     return bench_exit_code();
 }

@@ -34,6 +34,8 @@ As a program (bench_seg's reference side):
       (evaluation mode, no grad); prints medians:
         TRAIN ms=<ms> fwd=<ms> loss=<ms> bwd=<ms> step=<ms> last=<loss>
         INFER ms=<ms>
+      layout=channels_last runs the model and batch in PyTorch's
+      channels_last memory format (default nchw).
   torch_segnets.py mem FILE KEY=VALUE... what=train|infer steps=S
       Runs S training steps (or inferences) and prints the process's peak
       resident memory, and its growth over the resident memory after the
@@ -354,6 +356,11 @@ def reset_peak_rss():
     return base
 
 
+def images_format(images):
+    return (torch.channels_last if images.is_contiguous(memory_format=torch.channels_last)
+            and not images.is_contiguous() else torch.contiguous_format)
+
+
 def main():
     if len(sys.argv) < 3 or sys.argv[1] not in ("check", "time", "mem"):
         sys.exit(__doc__)
@@ -362,6 +369,11 @@ def main():
     torch.set_num_threads(int(kv["threads"]))
     torch.manual_seed(0)
     model, images, labels, ent, names = load(path, kv)
+    if kv.get("layout", "nchw") == "channels_last":
+        # PyTorch's other CPU layout for convolutions (oneDNN NHWC); the
+        # logits come out channels_last too and the loss takes them so
+        model = model.to(memory_format=torch.channels_last)
+        images = images.contiguous(memory_format=torch.channels_last)
     aux_weight = float(kv.get("aux_weight", "0.5"))
     model.train()
     if mode == "check":
@@ -405,7 +417,7 @@ def main():
         return [(t4 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
                 (t4 - t3) * 1e3, val]
 
-    x1 = images[:1].contiguous()
+    x1 = images[:1].contiguous(memory_format=images_format(images))
 
     def infer():
         t0 = time.perf_counter()

@@ -480,10 +480,14 @@ static kpl_tensor *batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta
         return NULL;
     }
     if (!training) {
-        kpl_tensor *y = kpl_mul(kpl_sub(x, per_channel(running_mean, nd)),
-                                kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, per_channel(running_var, nd),
-                                                        eps, false)));
-        y = affine(y, per_channel(gamma, nd), per_channel(beta, nd));
+        /* y = x a + b with a = gamma / sqrt(var + eps), b = beta - mean a,
+         * (C) vectors first (PyTorch's CPU inference formula): two passes
+         * over x instead of four */
+        kpl_tensor *a = kpl_rsqrt(kpl_scalar_op(KPL_BIN_ADD, running_var, eps, false));
+        if (gamma) a = kpl_mul(a, gamma);
+        kpl_tensor *b = kpl_neg(kpl_mul(running_mean, a));
+        if (beta) b = kpl_add(b, beta);
+        kpl_tensor *y = kpl_add(kpl_mul(x, per_channel(a, nd)), per_channel(b, nd));
         return relu ? kpl_relu(y) : y;
     }
     /* Training: one fused op; absent gamma/beta become constants. */

@@ -199,19 +199,25 @@ KPL_HD void kpl_lerp_tap(int64_t i, int64_t in, int64_t out, int align, int64_t 
 }
 
 /* The sigmoid focal loss of one element (graph/vision.h's formula) and its
- * derivative in the logit, in T with the given exp, log1p and pow: z the
- * logit, y the target, a alpha (< 0: no alpha_t), g gamma, tiny the
- * dtype's smallest normal number (1 - p_t is kept above it, as the
- * recorded composition does).  Writes `loss` and `dz` (a caller that uses
- * one lets the compiler drop the other).  The cross entropy is y
- * softplus(-z) + (1 - y) softplus(z) and 1 - p_t = y sigmoid(-z) + (1 - y)
- * sigmoid(z), sums of non-negative terms; d(q^g)/dz = g q^g (dq/dz) / q,
- * with dq/dz = sigmoid(z) sigmoid(-z) (1 - 2y) and |dq/dz| / q <= 1, so
- * no power below 0 is taken. */
-#define KPL_FOCAL_ELEM(T, EXP, LOG1P, POW, z, y, a, g, tiny, loss, dz)                        \
+ * derivative in the logit, in T with the given exp and log: z the logit,
+ * y the target, a alpha (< 0: no alpha_t), g gamma, tiny the dtype's
+ * smallest normal number (1 - p_t is kept above it, as the recorded
+ * composition does).  Writes `loss` and `dz` (a caller that uses one lets
+ * the compiler drop the other).  The cross entropy is y softplus(-z) + (1
+ * - y) softplus(z) and 1 - p_t = y sigmoid(-z) + (1 - y) sigmoid(z), sums
+ * of non-negative terms; d(q^g)/dz = g q^g (dq/dz) / q, with dq/dz =
+ * sigmoid(z) sigmoid(-z) (1 - 2y) and |dq/dz| / q <= 1, so no power below 0
+ * is taken.  Only exp and log are called, which have vector forms
+ * (libmvec), so a loop of these vectorises: log1p(e) is log(u) e / (u - 1)
+ * with u = 1 + e (e where u rounds to 1; Goldberg's accurate form), and
+ * q^g is POWQ(q): 1, q, q q for gamma 0, 1, 2 (the usual one), exp(g log q)
+ * for other gammas. */
+#define KPL_FOCAL_ELEM(T, EXP, LOG, POWQ, z, y, a, g, tiny, loss, dz)                          \
     do {                                                                                      \
         T az_ = (z) < (T)0 ? -(z) : (z);                                                      \
-        T e_ = EXP(-az_), l_ = LOG1P(e_), r_ = (T)1 / ((T)1 + e_);                            \
+        T e_ = EXP(-az_), u_ = (T)1 + e_, r_ = (T)1 / u_;                                     \
+        T lg_ = LOG(u_) * (e_ / (u_ - (T)1));                                                 \
+        T l_ = u_ == (T)1 ? e_ : lg_; /* log1p(e) */                                          \
         T spp_ = ((z) > (T)0 ? (z) : (T)0) + l_;  /* softplus(z) */                           \
         T spn_ = ((z) < (T)0 ? -(z) : (T)0) + l_; /* softplus(-z) */                          \
         T s_ = (z) >= (T)0 ? r_ : e_ * r_;        /* sigmoid(z) */                            \
@@ -220,11 +226,17 @@ KPL_HD void kpl_lerp_tap(int64_t i, int64_t in, int64_t out, int align, int64_t 
         T qr_ = (y) * c_ + ((T)1 - (y)) * s_;                                                 \
         bool in_ = qr_ > (tiny);                                                              \
         T q_ = in_ ? qr_ : (tiny);                                                            \
-        T w_ = (g) == (T)0 ? (T)1 : (g) == (T)1 ? q_ : POW(q_, (g));                          \
+        T w_ = POWQ(q_);                                                                      \
         T at_ = (a) < (T)0 ? (T)1 : (a) * (y) + ((T)1 - (a)) * ((T)1 - (y));                  \
         T rq_ = in_ ? s_ * c_ * ((T)1 - (T)2 * (y)) / q_ : (T)0;                              \
         (loss) = at_ * ce_ * w_;                                                              \
         (dz) = at_ * w_ * ((s_ - (y)) + (g) * ce_ * rq_);                                     \
     } while (0)
+/* q^gamma for KPL_FOCAL_ELEM's POWQ, by the kind of gamma (chosen outside
+ * the loop, so each loop has no branch): 0, 1, 2, any (exp(g log q); the
+ * caller defines KPL_FOCAL_G and KPL_FOCAL_EXP/LOG for that one). */
+#define KPL_FOCAL_POW0(q) (1)
+#define KPL_FOCAL_POW1(q) (q)
+#define KPL_FOCAL_POW2(q) ((q) * (q))
 
 #endif /* KPL_VISION_MATH_H */

@@ -316,7 +316,9 @@ static kpl_status cuda_box(const kpl_kernel_args *args)
 
 /* ---- the sigmoid focal loss ------------------------------------------------------------ */
 
-/* One thread per element: vision_math.h's formula, as the CPU's loop. */
+/* One thread per element: vision_math.h's formula, as the CPU's loop
+ * (q^gamma by gamma's kind, as the CPU's loops are chosen). */
+#define FOCAL_POW(q) (g == (T)2 ? (q) * (q) : g == (T)1 ? (q) : g == (T)0 ? (T)1 : exp(g * log(q)))
 template <typename T>
 __global__ void focal_kernel(kpl_focal_attrs a, const T *z, const T *y, const T *gy, T *out,
                              T tiny)
@@ -325,7 +327,7 @@ __global__ void focal_kernel(kpl_focal_attrs a, const T *z, const T *y, const T 
     KPL_CUDA_FOR(i, a.n)
     {
         T l, d;
-        KPL_FOCAL_ELEM(T, exp, log1p, pow, z[i], y[i], al, g, tiny, l, d);
+        KPL_FOCAL_ELEM(T, exp, log, FOCAL_POW, z[i], y[i], al, g, tiny, l, d);
         out[i] = a.bwd ? gy[i] * d : l;
     }
 }
