@@ -665,8 +665,9 @@ static void dilated_cases(void)
         double ms[2][3];
         for (int v = 0; v < 2; v++) {
             kpl_tensor *x = NULL, *w = NULL, *y = NULL, *gx = NULL, *gw = NULL;
-            if (kpl_tensor_empty(cpu, KPL_F32, 4, xs[v], &x) < 0 || kpl_k_normal(x, rng, 0, 1) < 0 ||
-                kpl_tensor_empty(cpu, KPL_F32, 4, ws, &w) < 0 || kpl_k_normal(w, rng, 0, 0.1) < 0 ||
+            if (kpl_tensor_empty(cpu, KPL_F32, 4, xs[v], &x) < 0 ||
+                kpl_k_normal(x, rng, 0, 1) < 0 || kpl_tensor_empty(cpu, KPL_F32, 4, ws, &w) < 0 ||
+                kpl_k_normal(w, rng, 0, 0.1) < 0 ||
                 kpl_tensor_empty(cpu, KPL_F32, 4, ys[v], &y) < 0 ||
                 kpl_tensor_empty(cpu, KPL_F32, 4, xs[v], &gx) < 0 ||
                 kpl_tensor_empty(cpu, KPL_F32, 4, ws, &gw) < 0)
