@@ -607,6 +607,42 @@ static kpl_status bn_grad(kpl_node *n, kpl_tensor *gy, kpl_tensor **gin, kpl_ten
     return KPL_OK;
 }
 G(BATCH_NORM) { return bn_grad(n, gy, gin, NULL); }
+/* group norm: the fused kernel without create_graph; with it, the same
+ * formula in recorded ops over the (N, G, L) view:
+ *   gx = rstd (g - mean_L(g) - xhat mean_L(g xhat)), g = gy gamma,
+ *   ggamma = sum over (N, ...) of gy xhat, gbeta = sum of gy. */
+G(GROUP_NORM)
+{
+    const kpl_op_attrs *at = kpl_node_attrs(n);
+    kpl_tensor *x = IN(0), *gamma = IN(1);
+    int groups = (int)at->start;
+    if (!kpl_grad_enabled())
+        return kpl_group_norm_bwd(x, gy, gamma, groups, at->alpha, WANT(0) ? &gin[0] : NULL,
+                                   WANT(1) ? &gin[1] : NULL, WANT(2) ? &gin[2] : NULL);
+    int nd = kpl_tensor_ndim(x), axes[KPL_MAX_DIMS], na = 0, two = 2;
+    const int64_t *xs = kpl_tensor_shape(x);
+    int64_t c = xs[1], v3[3] = {xs[0], groups, kpl_tensor_numel(x) / (xs[0] * groups)};
+    int64_t bshape[KPL_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        bshape[d] = d == 1 ? c : 1;
+        if (d != 1) axes[na++] = d;
+    }
+    kpl_tensor *xg = kpl_reshape(x, 3, v3);
+    kpl_tensor *xc = kpl_sub(xg, kpl_mean(xg, &two, 1, true));
+    kpl_tensor *inv = kpl_rsqrt(SCAL(KPL_BIN_ADD, kpl_mean(kpl_square(xc), &two, 1, true),
+                                     at->alpha));
+    kpl_tensor *xhat = kpl_mul(xc, inv);
+    if (WANT(0)) {
+        kpl_tensor *g = kpl_reshape(kpl_mul(gy, kpl_reshape(gamma, nd, bshape)), 3, v3);
+        kpl_tensor *inner = kpl_sub(kpl_sub(g, kpl_mean(g, &two, 1, true)),
+                                    kpl_mul(xhat, kpl_mean(kpl_mul(g, xhat), &two, 1, true)));
+        gin[0] = kpl_reshape(kpl_mul(inv, inner), nd, xs);
+    }
+    if (WANT(1)) gin[1] = kpl_sum(kpl_mul(gy, kpl_reshape(xhat, nd, xs)), axes, na, false);
+    if (WANT(2)) gin[2] = kpl_sum(gy, axes, na, false);
+    return KPL_OK;
+}
+
 /* relu(batch_norm(x)): gy masked by the saved output y > 0, as RELU's. */
 G(BATCH_NORM_RELU)
 {

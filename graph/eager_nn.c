@@ -463,7 +463,40 @@ kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *
     return record_finish_as(st, op, &at, 3, ins, out, false);
 }
 
+kpl_tensor *kpl__group_norm_fused(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_tensor *beta,
+                                  double eps)
+{
+    if (!x || !gamma || !beta) return NULL;
+    kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x));
+    if (!out) return NULL;
+    kpl_op_attrs at = {.start = groups, .alpha = eps};
+    kpl_tensor *ins[3] = {x, gamma, beta};
+    return record_finish_as(kpl_k_group_norm(out, x, gamma, beta, groups, eps),
+                            KPL_OP_GROUP_NORM, &at, 3, ins, out, false);
+}
+
 /* ---- fused gradients ------------------------------------------------------------- */
+
+kpl_status kpl_group_norm_bwd(kpl_tensor *x, kpl_tensor *gy, kpl_tensor *gamma, int groups,
+                               double eps, kpl_tensor **gx, kpl_tensor **ggamma,
+                               kpl_tensor **gbeta)
+{
+    KPL_CHECK(x && gy && gamma, KPL_EINVAL, "group_norm_bwd: NULL");
+    int64_t c = kpl_tensor_shape(gamma)[0];
+    kpl_dtype dt = kpl_tensor_dtype(x);
+    kpl_tensor *o[3] = {new_like(x, dt, kpl_tensor_ndim(x), kpl_tensor_shape(x)),
+                        ggamma ? new_like(x, dt, 1, &c) : NULL,
+                        gbeta ? new_like(x, dt, 1, &c) : NULL};
+    kpl_status st = KPL_OK;
+    if (!o[0] || (ggamma && !o[1]) || (gbeta && !o[2])) st = kpl_last_status();
+    if (st == KPL_OK) st = kpl_k_group_norm_bwd(o[0], o[1], o[2], x, gy, gamma, groups, eps);
+    kpl_tensor **dst[3] = {gx, ggamma, gbeta};
+    for (int i = 0; i < 3; i++) {
+        kpl_tensor *r = finish(st, o[i]);
+        if (dst[i]) *dst[i] = r;
+    }
+    return st;
+}
 
 kpl_tensor *kpl_relu_bwd(kpl_tensor *gy, kpl_tensor *y)
 {

@@ -120,6 +120,7 @@ typedef enum {
     KPL_ATTRS_RESIZE, /* shape4 (the output's; x's for the adjoint), align_corners */
     KPL_ATTRS_XENT,   /* start (ignore_index), alpha (label smoothing) */
     KPL_ATTRS_FOCAL,  /* alpha, beta (gamma) */
+    KPL_ATTRS_GROUPS, /* start (groups), alpha (eps) */
     KPL_ATTRS_COUNT   /* not a kind: how many there are */
 } kpl_op_attr_kind;
 
@@ -269,6 +270,12 @@ kpl_tensor *kpl_relu_bwd(kpl_tensor *gy, kpl_tensor *y);
 kpl_status kpl_conv2d_bwd_weight_bias(kpl_tensor *x, kpl_tensor *gy, const int64_t *w_shape,
                                       const kpl_conv2d_params *p, kpl_tensor **gw,
                                       kpl_tensor **gb);
+/* Group norm's gradients in one kernel (kpl_k_group_norm_bwd, where the
+ * device has it; not recorded): each of gx, ggamma, gbeta that is not NULL
+ * gets a pool-owned result. */
+kpl_status kpl_group_norm_bwd(kpl_tensor *x, kpl_tensor *gy, kpl_tensor *gamma, int groups,
+                              double eps, kpl_tensor **gx, kpl_tensor **ggamma,
+                              kpl_tensor **gbeta);
 /* Training batch norm's gradients (kpl_k_batch_norm_bwd; with relu_y, the
  * output of the fused batch_norm_relu, kpl_k_batch_norm_relu_bwd): each of
  * gx, ggamma, gbeta that is not NULL gets a pool-owned result. */

@@ -387,6 +387,9 @@ static void attrs_str(const kpl_irn *n, char *buf, size_t len)
         snprintf(buf, len, " size=%lld,%lld%s", (long long)a->shape4[2], (long long)a->shape4[3],
                  a->align_corners ? " align_corners" : "");
         break;
+    case KPL_ATTRS_GROUPS:
+        snprintf(buf, len, " groups=%lld eps=%g", (long long)a->start, a->alpha);
+        break;
     case KPL_ATTRS_FOCAL: snprintf(buf, len, " alpha=%g gamma=%g", a->alpha, a->beta); break;
     case KPL_ATTRS_XENT:
         snprintf(buf, len, " ignore_index=%lld smoothing=%g", (long long)a->start, a->alpha);

@@ -565,12 +565,26 @@ kpl_tensor *kpl_group_norm(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_ten
     int64_t shape[KPL_MAX_DIMS], g3[3] = {s[0], groups, per};
     memcpy(shape, s, (size_t)nd * sizeof *s);
     kpl_tensor *y;
-    if (per > 1) {
+    kpl_tensor *xa = kpl_tracing() ? NULL : kpl__autocast(KPL_OP_GROUP_NORM, x);
+    kpl_dtype adt = xa ? kpl_tensor_dtype(xa) : KPL_F32;
+    if (xa && kpl_kernel_registered(KPL_KOP_GROUP_NORM,
+                                    kpl_device_type_of(kpl_tensor_device(xa)), adt)) {
+        /* one op each way (the CPU's kernels), the affine inside */
+        kpl_device *dev = kpl_tensor_device(xa);
+        kpl_tensor *v[2] = {gamma, beta};
+        for (int i = 0; i < 2; i++)
+            v[i] = !v[i] ? kpl_full(dev, adt, 1, &s[1], i ? 0 : 1)
+                   : kpl_tensor_dtype(v[i]) == adt ? v[i] : kpl_cast(v[i], adt);
+        return kpl__group_norm_fused(xa, groups, v[0], v[1], eps);
+    }
+    if (per > 1 && !kpl_tracing()) {
         /* Each (sample, group) is a channel of the view (1, N G, per):
          * training batch norm's fused op there computes exactly these
          * statistics (biased variance, f64 sums) in two passes, and its
          * gradient in one kernel, where the chain below keeps x - mean and
-         * the normalised x alive for backward. */
+         * the normalised x alive for backward.  A trace keeps the chain:
+         * graphs leave as model files and ONNX, where the training batch
+         * norm op has no form. */
         int64_t v3[3] = {1, s[0] * groups, per};
         y = kpl_batch_norm(kpl_reshape(x, 3, v3), NULL, NULL, NULL, NULL, true, 0, eps);
         y = kpl_reshape(y, nd, shape);

@@ -120,7 +120,9 @@
   X(SOFTMAX_XENT,      softmax_xent,      (2,2,1,1), XENT,   F32,     (3,0), (FN,softmax_xent), xent,    1, (NONE,-))           \
   X(SOFTMAX_XENT_BWD,  softmax_xent_bwd,  (3,3,1,1), XENT,   F32,     (7,0), (FN,softmax_xent_bwd), same,   1, (NONE,-)) \
   X(SIGMOID_FOCAL,     sigmoid_focal,     (2,2,1,1), FOCAL,  F32,     (3,0), (FN,sigmoid_focal), same,   1, (NONE,-))           \
-  X(SIGMOID_FOCAL_BWD, sigmoid_focal_bwd, (3,3,1,1), FOCAL,  F32,     (7,0), (FN,sigmoid_focal_bwd), same, 1, (NONE,-))
+  X(SIGMOID_FOCAL_BWD, sigmoid_focal_bwd, (3,3,1,1), FOCAL,  F32,     (7,0), (FN,sigmoid_focal_bwd), same, 1, (NONE,-)) \
+  X(GROUP_NORM,        group_norm,        (3,3,1,1), GROUPS, F32,     (3,0), (NONE,-),        none,      1, (NONE,-))           \
+  X(GROUP_NORM_BWD,    group_norm_bwd,    (3,3,3,3), GROUPS, KEEP,    (0,0), (NONE,-),        none,      0, (NONE,-))
 /* clang-format on */
 
 /* Picking one field of a column: KPL_OP_IN_MIN arity, KPL_OP_RUN_KIND run. */

@@ -579,7 +579,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(ROI_ALIGN, "roi_align") \
     X(AMP_UNSCALE, "amp_unscale") \
     X(XENT, "softmax_xent") \
-    X(FOCAL, "sigmoid_focal")
+    X(FOCAL, "sigmoid_focal") \
+    X(GROUP_NORM, "group_norm")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -928,6 +929,22 @@ kpl_status kpl_k_batch_norm_relu(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *va
 kpl_status kpl_k_batch_norm_relu_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
                                      const kpl_tensor *x, const kpl_tensor *y,
                                      const kpl_tensor *gy, const kpl_tensor *gamma, double eps);
+
+/* Group norm (Wu and He 2018) of x (N, C, ...) in `groups` groups of C /
+ * groups channels: per (sample, group), over its (C / groups) x spatial
+ * values, y = (x - mean) / sqrt(var + eps) gamma[c] + beta[c] (biased
+ * variance, sums in f64); gamma and beta (C) of x's dtype.  f32 and f64
+ * on the CPU (kpl_kernel_registered says where; graph/ runs batch norm's
+ * op on a (1, N G, ...) view elsewhere). */
+kpl_status kpl_k_group_norm(kpl_tensor *y, const kpl_tensor *x, const kpl_tensor *gamma,
+                            const kpl_tensor *beta, int groups, double eps);
+/* Its gradient for output gradient gy: gx (x's shape), ggamma and gbeta
+ * (C), computing the statistics again from x; ggamma / gbeta may be NULL.
+ * The per-sample parts of ggamma and gbeta are added in sample order (the
+ * same bits whatever the threads). */
+kpl_status kpl_k_group_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                const kpl_tensor *x, const kpl_tensor *gy,
+                                const kpl_tensor *gamma, int groups, double eps);
 
 /* Boxes, with torchvision.ops' conventions: an (N, 4) tensor of rows
  * (x0, y0, x1, y1) in pixels, x1 >= x0 and y1 >= y0, f32 or f64; a box's

@@ -132,3 +132,81 @@ kpl_status kpl_k_batch_norm_relu_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_ten
     return bn_bwd(KPL_KOP_BATCH_NORM_RELU, "batch_norm_relu_bwd", gx, ggamma, gbeta, x, y, gy,
                   gamma, eps);
 }
+
+/* ---- group norm ------------------------------------------------------------------ */
+
+/* kpl_k_group_norm(y, x, gamma, beta) and kpl_k_group_norm_bwd(gx, ggamma,
+ * gbeta, x, gy, gamma): x (N, C, ...) and its per-channel vectors (C). */
+enum { GN_X, GN_Y, GN_GAMMA, GN_BETA };
+#define GN_INPUT .min_rank = 2, .shape_is = "expected (N, C, ...)", .dtypes = KPL_DT_F32_F64
+static const kpl_op_spec gn_fwd_spec = {{
+    [GN_X] = {"x", GN_INPUT},
+    [GN_Y] = {"y", .device = KPL_AS(GN_X), .dtype = KPL_AS(GN_X), .shape = KPL_AS(GN_X),
+              .disjoint = KPL_ARGSET(GN_X)},
+    [GN_GAMMA] = {"gamma", .rank = 1, .shape_is = "expected (C)", .device = KPL_AS(GN_X),
+                  .dtype = KPL_AS(GN_X)},
+    [GN_BETA] = {"beta", .rank = 1, .shape_is = "expected (C)", .device = KPL_AS(GN_X),
+                 .dtype = KPL_AS(GN_X)},
+}};
+enum { GNB_X, GNB_GY, GNB_GAMMA, GNB_GX, GNB_GGAMMA, GNB_GBETA };
+static const kpl_op_spec gn_bwd_spec = {{
+    [GNB_X] = {"x", GN_INPUT},
+    [GNB_GY] = {"gy", .device = KPL_AS(GNB_X), .dtype = KPL_AS(GNB_X), .shape = KPL_AS(GNB_X)},
+    [GNB_GAMMA] = {"gamma", .rank = 1, .shape_is = "expected (C)", .device = KPL_AS(GNB_X),
+                   .dtype = KPL_AS(GNB_X)},
+    [GNB_GX] = {"gx", .device = KPL_AS(GNB_X), .dtype = KPL_AS(GNB_X), .shape = KPL_AS(GNB_X),
+                .disjoint = KPL_ARGSET(GNB_X) | KPL_ARGSET(GNB_GY)},
+    [GNB_GGAMMA] = {"ggamma", .optional = true, .device = KPL_AS(GNB_X), .dtype = KPL_AS(GNB_X),
+                    .shape = KPL_AS(GNB_GAMMA)},
+    [GNB_GBETA] = {"gbeta", .optional = true, .device = KPL_AS(GNB_X), .dtype = KPL_AS(GNB_X),
+                   .shape = KPL_AS(GNB_GAMMA)},
+}};
+
+/* The channels split into the groups, the vectors one per channel, eps. */
+static kpl_status gn_common(const char *op, const kpl_tensor *x, const kpl_tensor *gamma,
+                            int groups, double eps, kpl_gn_attrs *a)
+{
+    char b1[KPL_SHAPE_BUF];
+    KPL_CHECK(groups >= 1 && x->shape[1] % groups == 0, KPL_ESHAPE,
+              "%s: %lld channels of x %s do not divide into %d groups", op,
+              (long long)x->shape[1], KPL_SHAPE(x, b1), groups);
+    KPL_CHECK(gamma->shape[0] == x->shape[1], KPL_ESHAPE,
+              "%s: 'gamma' has %lld values for %lld channels", op, (long long)gamma->shape[0],
+              (long long)x->shape[1]);
+    KPL_CHECK(eps >= 0, KPL_EINVAL, "%s: eps %g must not be negative", op, eps);
+    *a = (kpl_gn_attrs){.n = x->shape[0], .c = x->shape[1], .hw = 1, .groups = groups,
+                        .eps = eps};
+    for (int d = 2; d < x->ndim; d++) a->hw *= x->shape[d];
+    return KPL_OK;
+}
+
+kpl_status kpl_k_group_norm(kpl_tensor *y, const kpl_tensor *x, const kpl_tensor *gamma,
+                            const kpl_tensor *beta, int groups, double eps)
+{
+    const char *op = "group_norm";
+    KPL_TRY(kpl__ops_check(op, &gn_fwd_spec, (const kpl_tensor *[]){x, y, gamma, beta}));
+    kpl_gn_attrs a;
+    KPL_TRY(gn_common(op, x, gamma, groups, eps, &a));
+    KPL_CHECK(beta->shape[0] == x->shape[1], KPL_ESHAPE,
+              "%s: 'beta' has %lld values for %lld channels", op, (long long)beta->shape[0],
+              (long long)x->shape[1]);
+    if (x->numel == 0) return KPL_OK;
+    return dispatch(KPL_KOP_GROUP_NORM, x->dtype, y, x, gamma, beta, &a);
+}
+
+kpl_status kpl_k_group_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
+                                const kpl_tensor *x, const kpl_tensor *gy,
+                                const kpl_tensor *gamma, int groups, double eps)
+{
+    const char *op = "group_norm_bwd";
+    KPL_TRY(kpl__ops_check(op, &gn_bwd_spec,
+                           (const kpl_tensor *[]){x, gy, gamma, gx, ggamma, gbeta}));
+    kpl_gn_attrs a;
+    KPL_TRY(gn_common(op, x, gamma, groups, eps, &a));
+    a.bwd = true, a.ggamma = ggamma, a.gbeta = gbeta;
+    if (x->numel == 0) {
+        if (ggamma) KPL_TRY(kpl_k_fill(ggamma, 0));
+        return gbeta ? kpl_k_fill(gbeta, 0) : KPL_OK;
+    }
+    return dispatch(KPL_KOP_GROUP_NORM, x->dtype, gx, x, gy, gamma, &a);
+}

@@ -63,6 +63,13 @@ void kpl__autocast_pair(kpl_op op, kpl_tensor **a, kpl_tensor **b);
 kpl_tensor *kpl__batch_norm_train(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta,
                                   double eps, kpl_tensor *mean, kpl_tensor *var, bool relu);
 
+/* Group norm as one op (GROUP_NORM) where the device has its kernel for
+ * x's dtype (kpl_kernel_registered); gamma and beta (C) required.  Not
+ * traced: kpl_group_norm keeps its composition in traces. */
+kpl_tensor *kpl__group_norm_fused(kpl_tensor *x, int groups, kpl_tensor *gamma, kpl_tensor *beta,
+                                  double eps);
+/* Its gradient is kpl_group_norm_bwd (graph.h). */
+
 /* A loss's per-element values reduced (mean, sum) or returned as they are
  * (none); an unknown reduction is KPL_EINVAL. */
 kpl_tensor *kpl__reduce_loss(kpl_tensor *per, kpl_reduction red);

@@ -402,6 +402,17 @@ typedef struct {
     kpl_tensor *gx, *ggamma, *gbeta; /* bwd */
 } kpl_bn_attrs;
 
+/* Group norm (kpl_k_group_norm, _bwd), checked: x viewed as (n, c, hw) in
+ * `groups` groups of c / groups channels.  fwd: out y, in x, gamma, beta.
+ * bwd: out gx, in x, gy, gamma; ggamma, gbeta written when not NULL. */
+typedef struct {
+    bool bwd;
+    int64_t n, c, hw;
+    int groups;
+    double eps;
+    kpl_tensor *ggamma, *gbeta; /* bwd */
+} kpl_gn_attrs;
+
 /* The box kernels (kpl_k_box_iou, kpl_k_nms): in[0] a or boxes (n, 4).
  * Metric: in[1] b (m, 4); out (n, m) pairwise, else (n).  NMS: in[1]
  * scores (n), in[2] class ids (n) or NULL; out keep (n), the count

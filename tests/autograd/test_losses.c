@@ -237,6 +237,99 @@ static kpl_tensor *g_drop(kpl_tensor *const *x, void *u)
     return y;
 }
 
+/* Group norm against its definition in f64 (values, gx, ggamma, gbeta for
+ * a given gy): one op each way on the CPU (the fused kernels; gradients
+ * without create_graph), in f64 and f32, groups of several channels, one
+ * channel (instance norm), all channels (one group), one value per group
+ * (y = beta), a 3-D input, and one large enough to run on several
+ * threads; no gamma/beta.  Then a bad group count. */
+static void test_group_norm_fused(void **state)
+{
+    (void)state;
+    static const struct {
+        int nd, groups;
+        int64_t s[4];
+        bool affine;
+    } cases[] = {{4, 3, {2, 6, 5, 7}, true},  {4, 8, {3, 8, 1, 1}, true},
+                 {4, 1, {2, 4, 3, 3}, true},  {4, 4, {2, 4, 6, 5}, false},
+                 {3, 32, {1, 32, 4, 0}, true}, {4, 2, {2, 4, 67, 61}, true}};
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++)
+        for (int f = 0; f < 2; f++) {
+            kpl_dtype dt = f ? KPL_F32 : KPL_F64;
+            kpl_pool *pool = NN(kpl_pool_push());
+            int nd = cases[k].nd, G = cases[k].groups;
+            const int64_t *xs = cases[k].s;
+            int64_t n = xs[0], c = xs[1], hw = 1;
+            for (int d = 2; d < nd; d++) hw *= xs[d];
+            kpl_tensor *x64 = kpl_autorelease(param(nd, xs, 40 + k, -3, 2));
+            kpl_tensor *g64 = kpl_autorelease(param(1, &c, 50 + k, 0.5, 1.5));
+            kpl_tensor *b64 = kpl_autorelease(param(1, &c, 60 + k, -1, 1));
+            kpl_tensor *gy64 = kpl_autorelease(param(nd, xs, 70 + k, -1, 1));
+            bool prev = kpl_set_grad_enabled(false); /* leaves in dt */
+            kpl_tensor *x = NN(kpl_cast(x64, dt)), *g = NN(kpl_cast(g64, dt));
+            kpl_tensor *b = NN(kpl_cast(b64, dt)), *gy = NN(kpl_cast(gy64, dt));
+            kpl_set_grad_enabled(prev);
+            OK(kpl_set_requires_grad(x, true));
+            OK(kpl_set_requires_grad(g, true));
+            OK(kpl_set_requires_grad(b, true));
+            bool aff = cases[k].affine;
+            kpl_tensor *y = NN(kpl_group_norm(x, G, aff ? g : NULL, aff ? b : NULL, 1e-5));
+            kpl_tensor *gr[3] = {NULL, NULL, NULL};
+            OK(kpl_grad(y, gy, aff ? 3 : 1, (kpl_tensor *[]){x, g, b}, false, gr));
+            /* the reference, from the values the tensors hold */
+            int64_t cg = c / G, len = cg * hw, m = n * c * hw;
+            double *ry = calloc((size_t)m, sizeof *ry), *rg = calloc((size_t)m, sizeof *rg);
+            double *rgg = calloc((size_t)c, sizeof *rgg), *rgb = calloc((size_t)c, sizeof *rgb);
+            assert_true(ry && rg && rgg && rgb);
+            for (int64_t s0 = 0; s0 < n * G; s0++) {
+                int64_t base = s0 * len, c0 = (s0 % G) * cg;
+                double mean = 0, var = 0, A = 0, B = 0;
+                for (int64_t i = 0; i < len; i++) mean += tget(x, base + i) / (double)len;
+                for (int64_t i = 0; i < len; i++)
+                    var += (tget(x, base + i) - mean) * (tget(x, base + i) - mean) / (double)len;
+                double rstd = 1 / sqrt(var + 1e-5);
+                for (int64_t i = 0; i < len; i++) {
+                    int64_t ch = c0 + i / hw;
+                    double gm = aff ? tget(g, ch) : 1, xh = (tget(x, base + i) - mean) * rstd;
+                    ry[base + i] = xh * gm + (aff ? tget(b, ch) : 0);
+                    A += tget(gy, base + i) * gm;
+                    B += tget(gy, base + i) * gm * xh;
+                    rgg[ch] += tget(gy, base + i) * xh;
+                    rgb[ch] += tget(gy, base + i);
+                }
+                for (int64_t i = 0; i < len; i++) {
+                    int64_t ch = c0 + i / hw;
+                    double gm = aff ? tget(g, ch) : 1, xh = (tget(x, base + i) - mean) * rstd;
+                    rg[base + i] = rstd * (tget(gy, base + i) * gm - A / (double)len -
+                                           xh * B / (double)len);
+                }
+            }
+            double tol = dt == KPL_F64 ? 1e-10 : 2e-5;
+            char what[64];
+            snprintf(what, sizeof what, "case %zu %s", k, kpl_dtype_name(dt));
+            for (int64_t i = 0; i < m; i++) {
+                assert_close(tget(y, i), ry[i], tol, tol, what, i);
+                assert_close(tget(gr[0], i), rg[i], tol, tol * 10, what, i);
+            }
+            for (int64_t i = 0; aff && i < c; i++) {
+                assert_close(tget(gr[1], i), rgg[i], tol, tol * 10, what, i);
+                assert_close(tget(gr[2], i), rgb[i], tol, tol * 10, what, i);
+            }
+            free(ry), free(rg), free(rgg), free(rgb);
+            kpl_pool_pop(pool);
+        }
+    kpl_pool *pool = NN(kpl_pool_push());
+    int64_t s3[3] = {2, 6, 4};
+    kpl_tensor *x = NN(kpl_full(kpl_device_cpu(), KPL_F32, 3, s3, 1));
+    assert_null(kpl_group_norm(x, 4, NULL, NULL, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "6 channels do not divide into 4 groups"));
+    int64_t c5 = 5;
+    kpl_tensor *g5 = NN(kpl_full(kpl_device_cpu(), KPL_F32, 1, &c5, 1));
+    assert_null(kpl_group_norm(x, 3, g5, NULL, 1e-5));
+    assert_non_null(strstr(kpl_last_error(), "'gamma' has 5 values for 6 channels"));
+    kpl_pool_pop(pool);
+}
+
 static void test_norm_gradients(void **state)
 {
     (void)state;
@@ -1154,6 +1247,7 @@ int run_loss_tests(void)
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_gradients),
         cmocka_unit_test(test_norms_and_dropout_values),
+        cmocka_unit_test(test_group_norm_fused),
         cmocka_unit_test(test_norm_gradients),
         cmocka_unit_test(test_shape_ops_values),
         cmocka_unit_test(test_shape_ops_gradients),

@@ -123,6 +123,25 @@ static void test_roundtrip(void **state)
     OK(kpl_trace_end(1, &adj, NULL, &ir));
     FAILS(kpl_onnx_export(ir, path), KPL_EINVAL, "op 'avg_pool2d_bwd' has no ONNX form");
     kpl_ir_destroy(ir);
+    /* group norm (eagerly batch norm's training op on a view) traces as
+     * ops ONNX has, and the graph gives eager's values */
+    int64_t c3 = 3;
+    kpl_tensor *gg = NN(kpl_full(kpl_device_cpu(), KPL_F32, 1, &c3, 1.5));
+    kpl_tensor *gb = NN(kpl_full(kpl_device_cpu(), KPL_F32, 1, &c3, -0.25));
+    kpl_tensor *geager = NN(kpl_group_norm(x, 3, gg, gb, 1e-5));
+    OK(kpl_trace_begin());
+    in = NN(kpl_trace_input(x, "x"));
+    kpl_tensor *gn = NN(kpl_group_norm(in, 3, gg, gb, 1e-5));
+    OK(kpl_trace_end(1, &gn, NULL, &ir));
+    OK(kpl_onnx_export(ir, path));
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    OK(kpl_exec_set_input(ex, 0, x));
+    OK(kpl_exec_run(ex));
+    for (int64_t i = 0; i < kpl_tensor_numel(geager); i++)
+        assert_close(tget(kpl_exec_output(ex, 0), i), tget(geager, i), 1e-5, 1e-5, "group norm", i);
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
     kpl_set_grad_enabled(prev);
     kpl_tensor_release(w);
     kpl_tensor_release(fw);
