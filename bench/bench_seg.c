@@ -563,7 +563,8 @@ typedef struct {
     kpl_tensor *x, *gy_resize, *a, *b, *gy_cat, *z, *y, *g, *w, *bb, *gy_gn, *lg, *tgt;
 } ops_inputs;
 
-/* Labels (i * 7 + i / 97) % classes, every ignore_every-th 255 (torch_segops.py's). */
+/* Labels (i * 7 + i / 97) % classes, every ignore_every-th 255
+ * (torch_segops.py's); pool-owned. */
 static kpl_tensor *ops_labels(int nd, const int64_t *shape, int64_t classes, int64_t ignore_every)
 {
     kpl_tensor *t = kpl_empty(kpl_device_cpu(), KPL_I64, nd, shape);
@@ -592,7 +593,7 @@ static void ops_make(ops_inputs *in, kpl_rng *rng)
     in->b = ops_leaf(rng, 4, (int64_t[]){8, 128, 64, 64});
     in->gy_cat = kpl_randn(cpu, KPL_F32, 4, (int64_t[]){8, 256, 64, 64}, rng, 0, 1);
     in->z = ops_leaf(rng, 4, (int64_t[]){8, 21, 256, 256});
-    in->y = kpl_autorelease(ops_labels(3, (int64_t[]){8, 256, 256}, 21, 20));
+    in->y = ops_labels(3, (int64_t[]){8, 256, 256}, 21, 20);
     in->g = ops_leaf(rng, 4, (int64_t[]){8, 256, 32, 32});
     in->w = ops_leaf(rng, 1, (int64_t[]){256});
     in->bb = ops_leaf(rng, 1, (int64_t[]){256});
@@ -600,13 +601,12 @@ static void ops_make(ops_inputs *in, kpl_rng *rng)
     in->lg = ops_leaf(rng, 2, (int64_t[]){16384, 80});
     /* one-hot rows for every tenth location (class (i * 7 + i / 97) % 80), the rest 0 */
     kpl_tensor *cls = ops_labels(1, (int64_t[]){16384}, 80, 0);
-    in->tgt = kpl_autorelease(kpl_empty(cpu, KPL_F32, 2, (int64_t[]){16384, 80}));
+    in->tgt = kpl_empty(cpu, KPL_F32, 2, (int64_t[]){16384, 80});
     if (!in->gy_resize || !in->gy_cat || !in->gy_gn || !in->tgt) die("inputs");
     float *tv = kpl_tensor_host_mutable(in->tgt);
     const int64_t *cv = kpl_tensor_host_data(cls);
     memset(tv, 0, sizeof(float) * 16384 * 80);
     for (int64_t i = 0; i < 16384; i += 10) tv[i * 80 + cv[i]] = 1;
-    kpl_tensor_release(cls);
 }
 
 /* One run of op k: forward only (bwd false, no gradient recorded) or with
