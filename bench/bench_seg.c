@@ -350,6 +350,68 @@ static int rounds;
  * takes the faster one's median and names it. */
 static const char *const layouts[2] = {"nchw", "channels_last"};
 
+/* One kpl round: the training steps from the initial weights (median ms
+ * and phases, the last loss), then inference of the first image (median
+ * ms).  1 when the loss is not finite. */
+static int kpl_round(const seg_case *c, kpl_module *m, const seg_batch *b, snapshot *init,
+                     double *train, double ph_out[PH_N], double *inf, double *last)
+{
+    double t[16], ph[PH_N][16], loss = NAN;
+    snapshot_restore(init);
+    kpl_optim *opt = make_optim(m);
+    kpl_module_set_training(m, true);
+    for (int i = 0; i < c->train_warm + c->train_steps; i++) {
+        double one[PH_N], ms = train_step(m, opt, b, one, &loss);
+        if (i >= c->train_warm) {
+            t[i - c->train_warm] = ms;
+            for (int k = 0; k < PH_N; k++) ph[k][i - c->train_warm] = one[k];
+        }
+        if (!isfinite(loss)) {
+            fprintf(stderr, "bench_seg: kpl's loss is not finite (%g)\n", loss);
+            kpl_optim_destroy(opt);
+            return 1;
+        }
+    }
+    *train = bench_median(t, c->train_steps);
+    for (int k = 0; k < PH_N; k++) ph_out[k] = bench_median(ph[k], c->train_steps);
+    kpl_optim_destroy(opt);
+    *last = loss;
+    kpl_module_set_training(m, false);
+    double t1[16];
+    for (int i = 0; i < c->infer_warm + c->infer_steps; i++) {
+        double ms = infer(m, b->image0);
+        if (i >= c->infer_warm) t1[i - c->infer_warm] = ms;
+    }
+    *inf = bench_median(t1, c->infer_steps);
+    return 0;
+}
+
+/* One PyTorch round in `layout` (a fresh process); NaNs when it failed. */
+static ref_times torch_round(const seg_case *c, const char *py, const char *args,
+                             const char *layout)
+{
+    char cmd[4096];
+    ref_times one = {NAN, {NAN, NAN, NAN, NAN}, NAN, NAN};
+    snprintf(cmd, sizeof cmd, "%s time %s train=%d,%d infer=%d,%d layout=%s", py, args,
+             c->train_warm, c->train_steps, c->infer_warm, c->infer_steps, layout);
+    if (bench_run_lines(cmd, time_line, &one) == 0 && (isnan(one.train) || isnan(one.infer))) {
+        fprintf(stderr, "bench_seg: no TRAIN/INFER lines from: %s\n", cmd);
+        bench_ref_failures++;
+    }
+    return one;
+}
+
+/* Which layout's rounds (ms[0] NCHW, ms[1] channels_last) have the lower
+ * median, and the reference's name saying so. */
+static int faster_layout(double ms[2][64], char *name, size_t len)
+{
+    double m0 = bench_median(ms[0], rounds), m1 = bench_median(ms[1], rounds);
+    int l = m1 < m0;
+    snprintf(name, len, "torch-cpu-f32-%s (the faster of nchw %.2f and channels_last %.2f ms; "
+             "same network by hand)", layouts[l], m0, m1);
+    return l;
+}
+
 static int run_case(const seg_case *c, const char *bench_dir, const char *work, const char *self,
                     const char *argtail)
 {
@@ -444,43 +506,12 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
     for (int r = 0; r < rounds; r++) {
         for (int side = 0; side < 2; side++) {
             if ((side + r) % 2 == 0) {
-                double t[16], ph[PH_N][16], loss = NAN;
-                snapshot_restore(&init);
-                kpl_optim *opt = make_optim(m);
-                kpl_module_set_training(m, true);
-                for (int i = 0; i < c->train_warm + c->train_steps; i++) {
-                    double one[PH_N], ms = train_step(m, opt, &b, one, &loss);
-                    if (i >= c->train_warm) {
-                        t[i - c->train_warm] = ms;
-                        for (int k = 0; k < PH_N; k++) ph[k][i - c->train_warm] = one[k];
-                    }
-                    if (!isfinite(loss)) {
-                        fprintf(stderr, "bench_seg: kpl's loss is not finite (%g)\n", loss);
-                        return 1;
-                    }
-                }
-                ktr[r] = bench_median(t, c->train_steps);
-                for (int k = 0; k < PH_N; k++) kph[k][r] = bench_median(ph[k], c->train_steps);
-                kpl_optim_destroy(opt);
-                klast = loss;
-                kpl_module_set_training(m, false);
-                double t1[16];
-                for (int i = 0; i < c->infer_warm + c->infer_steps; i++) {
-                    double ms = infer(m, b.image0);
-                    if (i >= c->infer_warm) t1[i - c->infer_warm] = ms;
-                }
-                ki[r] = bench_median(t1, c->infer_steps);
+                double ph[PH_N];
+                if (kpl_round(c, m, &b, &init, &ktr[r], ph, &ki[r], &klast)) return 1;
+                for (int k = 0; k < PH_N; k++) kph[k][r] = ph[k];
             } else {
                 for (int l = 0; l < 2; l++) {
-                    ref_times one = {NAN, {NAN, NAN, NAN, NAN}, NAN, NAN};
-                    snprintf(cmd, sizeof cmd, "%s time %s train=%d,%d infer=%d,%d layout=%s", py,
-                             args, c->train_warm, c->train_steps, c->infer_warm, c->infer_steps,
-                             layouts[l]);
-                    if (bench_run_lines(cmd, time_line, &one) == 0 &&
-                        (isnan(one.train) || isnan(one.infer))) {
-                        fprintf(stderr, "bench_seg: no TRAIN/INFER lines from: %s\n", cmd);
-                        bench_ref_failures++;
-                    }
+                    ref_times one = torch_round(c, py, args, layouts[l]);
                     ltr[l][r] = one.train, li[l][r] = one.infer, rlast = one.last;
                     for (int k = 0; k < PH_N; k++) lph[l][k][r] = one.ph[k];
                 }
@@ -494,17 +525,10 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
                 li[1][r]);
     }
     /* the faster layout's figures, train and inference each */
-    int lt = bench_median(ltr[1], rounds) < bench_median(ltr[0], rounds);
-    int lf = bench_median(li[1], rounds) < bench_median(li[0], rounds);
+    char tname[160], iname[160];
+    int lt = faster_layout(ltr, tname, sizeof tname), lf = faster_layout(li, iname, sizeof iname);
     double *rtr = ltr[lt], *ri = li[lf], rph[PH_N][64];
     memcpy(rph, lph[lt], sizeof rph);
-    char tname[160], iname[160];
-    snprintf(tname, sizeof tname, "torch-cpu-f32-%s (the faster of nchw %.1f and channels_last "
-             "%.1f ms; same network by hand)", layouts[lt], bench_median(ltr[0], rounds),
-             bench_median(ltr[1], rounds));
-    snprintf(iname, sizeof iname, "torch-cpu-f32-%s (the faster of nchw %.2f and channels_last "
-             "%.2f ms; same network by hand)", layouts[lf], bench_median(li[0], rounds),
-             bench_median(li[1], rounds));
 
     char kr[BENCH_RANGE_LEN], rr[BENCH_RANGE_LEN], cas[128], n1[BENCH_NUM_LEN],
         n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN], n4[BENCH_NUM_LEN], n5[BENCH_NUM_LEN],
