@@ -11,7 +11,7 @@
 #include "kpl_test.h"
 #include "autograd.h"
 #include "segops_ref.h"
-#include "ir.h"
+#include "ir_text.h"
 #include "kernels.h"
 
 #include <stdlib.h>
@@ -65,18 +65,6 @@ static kpl_tensor *grad_of(kpl_tensor *y, const double *seed, kpl_tensor *x)
     kpl_tensor *g = NULL;
     if (kpl_grad(y, gy, 1, &x, false, &g) < 0) fail_msg("grad: %s", kpl_last_error());
     return g;
-}
-
-/* kpl_ir_dump's text of ir (malloc'd). */
-static char *dump_of(kpl_ir *ir)
-{
-    char *dump = NULL;
-    size_t len = 0;
-    FILE *f = open_memstream(&dump, &len);
-    assert_non_null(f);
-    OK(kpl_ir_dump(ir, f, false));
-    fclose(f);
-    return dump;
 }
 
 static const int64_t CE_XS[4] = {CE_N, CE_C, CE_H, CE_W}, CE_LS[3] = {CE_N, CE_H, CE_W};
@@ -377,7 +365,7 @@ static void test_xent_graph(void **state)
     kpl_ir *ir = NULL;
     OK(kpl_trace_end(2, (kpl_tensor *[]){tl, tg}, (const char *[]){"loss", "gx"}, &ir));
     OK(kpl_ir_check(ir));
-    char *dump = dump_of(ir);
+    char *dump = ir_dump_text(ir);
     if (!strstr(dump, "= softmax_xent(") || !strstr(dump, "= softmax_xent_bwd(") ||
         !strstr(dump, ") ignore_index=255 smoothing=0.1"))
         fail_msg("graph dump lacks the fused pair:\n%s", dump);
@@ -627,7 +615,7 @@ static void test_resize_graph(void **state)
     kpl_ir *ir = NULL;
     OK(kpl_trace_end(2, (kpl_tensor *[]){ty, tg}, (const char *[]){"y", "gx"}, &ir));
     OK(kpl_ir_check(ir));
-    char *dump = dump_of(ir);
+    char *dump = ir_dump_text(ir);
     if (!strstr(dump, "= upsample_bilinear(") || !strstr(dump, ") size=8,9 align_corners") ||
         !strstr(dump, "= upsample_bilinear_bwd(") || !strstr(dump, ") size=3,5 align_corners"))
         fail_msg("graph dump lacks the resize pair:\n%s", dump);
