@@ -205,6 +205,64 @@ static void test_blocked_dtypes(void **state)
     kpl_pool_pop(pool);
 }
 
+/* Max pooling of a blocked convolution output runs on the blocked bytes
+ * and leaves its output blocked: values (NaN wins) and indices equal the
+ * plain kernel's on the plain convolution, with and without indices, for
+ * the windows the zoo uses (3x3 stride 2 padding 1, 2x2 stride 2), a
+ * stride-1 window and a ceil_mode window hanging past the edge. */
+static void test_blocked_max_pool(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(9);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 9, 11}, rng, 0, 1));
+    kpl_tensor *w = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 16, 3, 3}, rng, 0, 0.3));
+    ((float *)kpl_tensor_host_mutable(x))[1 * 16 * 99 + 3 * 99 + 4 * 11 + 7] = NAN; /* one pixel */
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    const kpl_pool2d_params ps[4] = {
+        {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}},
+        {.kernel = {2, 2}, .stride = {2, 2}},
+        {.kernel = {3, 2}, .stride = {1, 1}, .padding = {1, 0}},
+        {.kernel = {3, 3}, .stride = {2, 2}, .ceil_mode = true},
+    };
+    for (int k = 0; k < 4; k++)
+        for (int with_idx = 0; with_idx < 2; with_idx++) {
+            kpl_tensor *got[2], *want[2];
+            for (int on = 0; on < 2; on++) {
+                bool prev = kpl_set_blocked_layouts(on);
+                kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
+                bool blocked = kpl__blocked_data(y) != NULL;
+                if (on && !k && !with_idx) print_message("convolution output blocked: %d\n", blocked);
+                int64_t os[4];
+                OK(kpl_shape_pool2d(kpl_tensor_shape(y), &ps[k], os));
+                kpl_tensor *o = NULL, *ix = NULL;
+                OK(kpl_tensor_empty(cpu, KPL_F32, 4, os, &o));
+                if (with_idx) OK(kpl_tensor_empty(cpu, KPL_I64, 4, os, &ix));
+                OK(kpl_k_max_pool2d(o, ix, y, &ps[k]));
+                assert_int_equal(kpl__blocked_data(o) != NULL, blocked);
+                (on ? got : want)[0] = o, (on ? got : want)[1] = ix;
+                kpl_set_blocked_layouts(prev);
+            }
+            int nan = 0;
+            for (int64_t i = 0; i < kpl_tensor_numel(want[0]); i++) {
+                double g = tget(got[0], i), e = tget(want[0], i);
+                nan += isnan(e);
+                if (!(g == e || (isnan(g) && isnan(e))))
+                    fail_msg("window %d [%lld]: blocked %.9g, plain %.9g", k, (long long)i, g, e);
+                if (with_idx && tget(got[1], i) != tget(want[1], i))
+                    fail_msg("window %d [%lld]: index %g, plain %g", k, (long long)i,
+                             tget(got[1], i), tget(want[1], i));
+            }
+            assert_true(nan > 0); /* the NaN pixel reached the pooled output */
+            for (int j = 0; j < 2; j++) {
+                kpl_tensor_release(got[j]);
+                kpl_tensor_release(want[j]);
+            }
+        }
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     cpu = kpl_device_cpu();
@@ -214,6 +272,7 @@ int main(void)
         cmocka_unit_test(test_step_bf16),
         cmocka_unit_test(test_plain_readers),
         cmocka_unit_test(test_blocked_dtypes),
+        cmocka_unit_test(test_blocked_max_pool),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
