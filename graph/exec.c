@@ -125,25 +125,35 @@ static size_t value_bytes(const kpl_irv *v)
 
 static size_t align_up(size_t n) { return (n + 63) & ~(size_t)63; }
 
-/* Whether node n may write its output over input 0 (O2): element-wise with
- * the output's shape and dtype, the input an op value (or placeholder's
- * copy) that no later node reads and no output is.  A parameter's bytes
- * are written only along the chain that ends in its own update
- * (chain[o] names the parameter whose new value o leads to). */
+/* The input node n may write its output over: input 0 of an element-wise
+ * op, the addend (input 2) of the residual convolution; else -1. */
+static int overwritable_input(const kpl_irn *n)
+{
+    if (kpl__ir_is_elementwise(n->op)) return 0;
+    if (n->op == KPL_OP_CONV2D_ADD || n->op == KPL_OP_CONV2D_ADD_RELU) return 2;
+    return -1;
+}
+
+/* Whether node n may write its output over that input (O2): with the
+ * output's shape and dtype, an op value (or placeholder's copy) that no
+ * later node reads and no output is.  A parameter's bytes are written only
+ * along the chain that ends in its own update (chain[o] names the
+ * parameter whose new value o leads to). */
 static bool inplace_ok(const kpl_ir *ir, const kpl_irn *n, const int *last_use, const int *root,
                        const bool *is_out, const int *chain, int i)
 {
-    if (!kpl__ir_is_elementwise(n->op)) return false;
-    if (n->in[0] < 0) return false;
-    int v = root[n->in[0]]; /* whose bytes input 0 is */
-    const kpl_irv *x = &ir->v[n->in[0]], *o = &ir->v[n->out[0]];
+    int k = overwritable_input(n);
+    if (k < 0 || n->in[k] < 0) return false;
+    int v = root[n->in[k]]; /* whose bytes that input is */
+    const kpl_irv *x = &ir->v[n->in[k]], *o = &ir->v[n->out[0]];
     bool mine = ir->v[v].kind == KPL_IRV_OP || (ir->v[v].kind == KPL_IRV_PARAM && chain[n->out[0]] == v);
     if (!mine || is_out[v] || last_use[v] != i) return false;
     if (x->dtype != o->dtype || x->ndim != o->ndim ||
         memcmp(x->shape, o->shape, (size_t)x->ndim * sizeof(int64_t)))
         return false;
-    /* the other operand of a binary op must not be the same bytes */
-    if (n->nin > 1 && n->in[1] >= 0 && root[n->in[1]] == v) return false;
+    /* no other input may be the same bytes */
+    for (int j = 0; j < n->nin; j++)
+        if (j != k && n->in[j] >= 0 && root[n->in[j]] == v) return false;
     return true;
 }
 
@@ -259,7 +269,7 @@ static void plan_inplace(const kpl_ir *ir, plan *p, kpl_exec_stats *stats)
     for (int i = 0; i < ir->nn; i++) {
         const kpl_irn *n = &ir->n[i];
         if (!inplace_ok(ir, n, p->last_use, p->root, p->is_out, p->chain, i)) continue;
-        int x = p->root[n->in[0]], o = n->out[0];
+        int x = p->root[n->in[overwritable_input(n)]], o = n->out[0];
         p->root[o] = x;
         /* every later view of o follows it to x */
         for (int k = i + 1; k < ir->nn; k++)
@@ -402,7 +412,8 @@ static kpl_status plan_tensors(kpl_exec *ex, const plan *p)
         int o = n->out[0];
         if (p->root[o] == o) continue;
         const kpl_irv *val = &ir->v[o];
-        kpl_tensor *src = ex->t[n->in[0]];
+        /* a view's input, or the input an in-place op writes over */
+        kpl_tensor *src = ex->t[n->in[kpl__ir_is_view(n->op) ? 0 : overwritable_input(n)]];
         KPL_CHECK(src, KPL_EINVAL, "exec_create: node %d (%s) reads a value with no tensor", i,
                   kpl_op_name(n->op));
         if (n->op == KPL_OP_NARROW) {

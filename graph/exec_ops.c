@@ -47,6 +47,17 @@ RUN(expand) { (void)n; return kpl_k_expand(out[0], in[0]); }
 RUN(pad_rows) { return kpl__pad_rows_into(out[0], in[0], n->at.start); }
 RUN(conv2d) { return kpl_k_conv2d(out[0], in[0], in[1], in[2], &n->at.conv); }
 RUN(conv2d_relu) { return kpl_k_conv2d_relu(out[0], in[0], in[1], in[2], &n->at.conv); }
+/* conv2d_add(_relu): x, w, r (, b): conv + r (then ReLU), the inference
+ * pass's residual fusion; r's bytes are the output's where the plan put
+ * the output over them (O2), else r is copied there first. */
+RUN(conv2d_add)
+{
+    kpl_tensor *y = out[0], *r = in[2];
+    if (!kpl_tensor_shares_storage(y, r) || kpl_tensor_offset(y) != kpl_tensor_offset(r))
+        KPL_TRY(kpl_k_copy(y, r));
+    return kpl_k_conv2d_acc(y, in[0], in[1], n->nin > 3 ? in[3] : NULL, &n->at.conv,
+                            n->op == KPL_OP_CONV2D_ADD_RELU);
+}
 RUN(conv2d_bwd_data) { return kpl_k_conv2d_bwd_data(out[0], in[0], in[1], &n->at.conv); }
 
 RUN(conv2d_bwd_weight)
@@ -190,6 +201,18 @@ INFER(conv2d)
     KPL_CHECK(c->x[0]->ndim == 4 && c->x[1]->ndim == 4, KPL_ESHAPE, "%s: 4-D input and weights",
               c->name);
     return kpl_shape_conv2d(c->x[0]->shape, c->x[1]->shape, &c->n->at.conv, c->sh[0]);
+}
+
+INFER(conv2d_add) /* x, w, r (, b): r has the convolution's output shape and dtype */
+{
+    KPL_TRY(kpl__op_infer_conv2d(c));
+    const kpl_irv *r = c->x[2];
+    char b1[96];
+    KPL_CHECK(r->ndim == 4 && !memcmp(r->shape, c->sh[0], sizeof(int64_t) * 4) &&
+                  r->dtype == c->x[0]->dtype,
+              KPL_ESHAPE, "%s: the addend %s %s does not match the convolution's output",
+              c->name, kpl_dtype_name(r->dtype), shape_of(r, b1, sizeof b1));
+    return KPL_OK;
 }
 
 /* batch_norm, batch_norm_relu: x, gamma, beta; batch_norm_bwd: x, gy,

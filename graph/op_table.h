@@ -122,7 +122,9 @@
   X(SIGMOID_FOCAL,     sigmoid_focal,     (2,2,1,1), FOCAL,  F32,     (3,0), (FN,sigmoid_focal), same,   1, (NONE,-))           \
   X(SIGMOID_FOCAL_BWD, sigmoid_focal_bwd, (3,3,1,1), FOCAL,  F32,     (7,0), (FN,sigmoid_focal_bwd), same, 1, (NONE,-)) \
   X(GROUP_NORM,        group_norm,        (3,3,1,1), GROUPS, F32,     (3,0), (NONE,-),        none,      1, (NONE,-))           \
-  X(GROUP_NORM_BWD,    group_norm_bwd,    (3,3,3,3), GROUPS, KEEP,    (0,0), (NONE,-),        none,      0, (NONE,-))
+  X(GROUP_NORM_BWD,    group_norm_bwd,    (3,3,3,3), GROUPS, KEEP,    (0,0), (NONE,-),        none,      0, (NONE,-))           \
+  X(CONV2D_ADD,        conv2d_add,        (3,4,1,1), CONV,   LOW,     (0,0), (FN,conv2d_add), conv2d_add, 0, (CODED,conv2d))    \
+  X(CONV2D_ADD_RELU,   conv2d_add_relu,   (3,4,1,1), CONV,   LOW,     (0,0), (FN,conv2d_add), conv2d_add, 0, (CODED,conv2d))
 /* clang-format on */
 
 /* Picking one field of a column: KPL_OP_IN_MIN arity, KPL_OP_RUN_KIND run. */

@@ -6,7 +6,10 @@
  *                    the eval batch norm's reshapes, eps and rsqrt), then
  *                    per-channel scale and shift after a convolution folded
  *                    into its weights and bias (batch norm into conv), then
- *                    a convolution followed by ReLU as conv2d_relu.
+ *                    a convolution followed by ReLU as conv2d_relu, then a
+ *                    convolution whose output is added to another value
+ *                    of its shape (a residual), with a ReLU after the add
+ *                    or not, as conv2d_add(_relu).
  * In-place (O2) and buffer reuse (O3) are decisions of the memory plan,
  * made in kpl_exec_create (exec.c) from the level kept in the graph.
  */
@@ -309,6 +312,67 @@ static kpl_status fold_into_conv(kpl_ir *ir, int c, int e, bool *done)
     return KPL_OK;
 }
 
+/* Whether op value v of add node e is a convolution's that can take the
+ * add's other operand r as its addend: the convolution's only reader is
+ * the add, r is made before it (so the convolution can read it) and has
+ * its shape and dtype, and the device has the kernel.  Returns the
+ * convolution's node, or -1. */
+static int residual_conv(const kpl_ir *ir, const bool *dead, const int *readers, int e, int v,
+                         int r)
+{
+    int c = ir->v[v].kind == KPL_IRV_OP ? ir->v[v].node : -1;
+    if (c < 0 || dead[c] || ir->n[c].op != KPL_OP_CONV2D || v == r ||
+        only_reader(ir, dead, readers, v) != e)
+        return -1;
+    const kpl_irv *yv = &ir->v[v], *rv = &ir->v[r];
+    if (rv->kind == KPL_IRV_OP && rv->node >= c) return -1;
+    if (rv->dtype != yv->dtype || rv->ndim != 4 || yv->ndim != 4 ||
+        memcmp(rv->shape, yv->shape, sizeof(int64_t) * 4) ||
+        memcmp(ir->v[ir->n[e].out[0]].shape, yv->shape, sizeof(int64_t) * 4))
+        return -1;
+    const kpl_tensor *w = ir->v[ir->n[c].in[1]].data;
+    kpl_device *dev = w ? kpl_tensor_device(w) : kpl_device_cpu();
+    if (!kpl_kernel_registered(KPL_KOP_CONV2D_ACC, kpl_device_type_of(dev), yv->dtype)) return -1;
+    return c;
+}
+
+/* 4. conv + add (+ ReLU) as conv2d_add(_relu): of the add's two operands,
+ * the convolution made last takes the other as its addend (ResNet's
+ * shortcut convolution runs after the main branch's, so it is the one
+ * that can read the branch's output).  The add's output (or the ReLU's)
+ * becomes the convolution's. */
+static int fuse_residuals(kpl_ir *ir, bool *dead, const int *readers)
+{
+    int count = 0;
+    for (int e = 0; e < ir->nn; e++) {
+        kpl_irn *en = &ir->n[e];
+        if (dead[e] || en->op != KPL_OP_ADD || en->nin != 2) continue;
+        int c0 = residual_conv(ir, dead, readers, e, en->in[0], en->in[1]);
+        int c1 = residual_conv(ir, dead, readers, e, en->in[1], en->in[0]);
+        int side = c1 > c0 ? 1 : 0, c = side ? c1 : c0;
+        if (c < 0) continue;
+        int r = en->in[1 - side], out = en->out[0];
+        int f = only_reader(ir, dead, readers, out);
+        bool relu = f >= 0 && ir->n[f].op == KPL_OP_RELU;
+        kpl_irn *cn = &ir->n[c];
+        int b = cn->nin > 2 ? cn->in[2] : -1;
+        ir->v[cn->out[0]].node = -1;
+        cn->op = relu ? KPL_OP_CONV2D_ADD_RELU : KPL_OP_CONV2D_ADD;
+        cn->in[2] = r;
+        cn->in[3] = b;
+        cn->nin = b >= 0 ? 4 : 3;
+        if (relu) {
+            dead[f] = true;
+            out = ir->n[f].out[0];
+        }
+        cn->out[0] = out;
+        ir->v[out].node = c;
+        dead[e] = true;
+        count += 1 + relu;
+    }
+    return count;
+}
+
 kpl_status kpl_ir_fuse_inference(kpl_ir *ir, int *changed)
 {
     KPL_CHECK(ir, KPL_EINVAL, "ir_fuse_inference: NULL");
@@ -377,6 +441,7 @@ kpl_status kpl_ir_fuse_inference(kpl_ir *ir, int *changed)
         dead[e] = true;
         count++;
     }
+    if (st == KPL_OK) count += fuse_residuals(ir, dead, readers);
     free(readers);
     kpl_set_grad_enabled(prev);
     kpl_pool_pop(pool);

@@ -580,7 +580,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(AMP_UNSCALE, "amp_unscale") \
     X(XENT, "softmax_xent") \
     X(FOCAL, "sigmoid_focal") \
-    X(GROUP_NORM, "group_norm")
+    X(GROUP_NORM, "group_norm") \
+    X(CONV2D_ACC, "conv2d_acc")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -799,6 +800,16 @@ kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *
  * where graph/ composes the two ops. */
 kpl_status kpl_k_conv2d_relu(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                              const kpl_tensor *b, const kpl_conv2d_params *p);
+/* out = conv2d(x, w, b) + out, with relu then relu of that, in one pass:
+ * oneDNN's sum post-op (and ReLU's) on the f32 sums before they are stored,
+ * so f32 values are those of kpl_k_conv2d then the add (then ReLU) but for
+ * the sign of a zero; bf16 rounds once where the composed ops round
+ * twice.  out holds the addend on entry (a residual, a shortcut: the
+ * inference graph's conv2d_add).  Where the device registers
+ * KPL_KOP_CONV2D_ACC (the CPU: f32, f64, bf16 where native);
+ * KPL_EUNSUPPORTED elsewhere. */
+kpl_status kpl_k_conv2d_acc(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                            const kpl_tensor *b, const kpl_conv2d_params *p, bool relu);
 /* gx (N, C, H, W) = the gradient of conv2d w.r.t. its input for output
  * gradient gy (N, O, OH, OW): a transposed convolution.  gx's shape says H, W. */
 kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,

@@ -107,20 +107,22 @@ static void conv_fill(kpl_conv_attrs *a, kpl_conv_kind kind, const int64_t *x, c
     a->oh = y[2], a->ow = y[3];
     a->p = *p;
     a->relu = false;
+    a->acc = false;
 }
 
 /* A convolution's kernel: half precision through the GEMM chooser. */
 static kpl_status conv_run(kpl_dtype dt, kpl_tensor *out, const kpl_tensor *i0,
                            const kpl_tensor *i1, const kpl_tensor *i2, const kpl_conv_attrs *a)
 {
-    kpl_kop kop = a->relu ? KPL_KOP_CONV2D_RELU : KPL_KOP_CONV2D;
-    if (!is_half(dt)) return dispatch(kop, dt, out, i0, i1, i2, a);
+    kpl_kop kop = a->acc ? KPL_KOP_CONV2D_ACC : a->relu ? KPL_KOP_CONV2D_RELU : KPL_KOP_CONV2D;
+    if (!is_half(dt) || a->acc) return dispatch(kop, dt, out, i0, i1, i2, a);
     return kpl__ops_half_gemm(kop, a->relu ? "conv2d_relu" : "conv2d", dt, out, i0, i1, i2,
                               a->kind == KPL_CONV_BWD_WEIGHT, a);
 }
 
-static kpl_status conv_fwd(const char *op, bool relu, kpl_tensor *out, const kpl_tensor *x,
-                           const kpl_tensor *w, const kpl_tensor *b, const kpl_conv2d_params *p)
+static kpl_status conv_fwd(const char *op, bool relu, bool acc, kpl_tensor *out,
+                           const kpl_tensor *x, const kpl_tensor *w, const kpl_tensor *b,
+                           const kpl_conv2d_params *p)
 {
     int64_t y[4];
     KPL_TRY(kpl__ops_check(op, &conv_fwd_spec, (const kpl_tensor *[]){x, w, out, b}));
@@ -129,19 +131,26 @@ static kpl_status conv_fwd(const char *op, bool relu, kpl_tensor *out, const kpl
     kpl_conv_attrs a;
     conv_fill(&a, KPL_CONV_FWD, x->shape, w->shape, y, p);
     a.relu = relu;
+    a.acc = acc;
     return conv_run(x->dtype, out, x, w, b, &a);
 }
 
 kpl_status kpl_k_conv2d(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                         const kpl_tensor *b, const kpl_conv2d_params *p)
 {
-    return conv_fwd("conv2d", false, out, x, w, b, p);
+    return conv_fwd("conv2d", false, false, out, x, w, b, p);
 }
 
 kpl_status kpl_k_conv2d_relu(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
                              const kpl_tensor *b, const kpl_conv2d_params *p)
 {
-    return conv_fwd("conv2d_relu", true, out, x, w, b, p);
+    return conv_fwd("conv2d_relu", true, false, out, x, w, b, p);
+}
+
+kpl_status kpl_k_conv2d_acc(kpl_tensor *out, const kpl_tensor *x, const kpl_tensor *w,
+                            const kpl_tensor *b, const kpl_conv2d_params *p, bool relu)
+{
+    return conv_fwd("conv2d_acc", relu, true, out, x, w, b, p);
 }
 
 kpl_status kpl_k_conv2d_bwd_data(kpl_tensor *gx, const kpl_tensor *gy, const kpl_tensor *w,

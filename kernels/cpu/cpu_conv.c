@@ -24,7 +24,7 @@
 #define X4(t, a, b, c, d, B, C, D) (t)[(((a) * (B) + (b)) * (C) + (c)) * (D) + (d)]
 
 static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, const double *b,
-                    double *y)
+                    double *y) /* with a->acc, y holds the addend */
 {
     int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
     KPL_PARALLEL_FOR_IF(no, a->n * a->o, a->n * a->o > 1,
@@ -43,7 +43,8 @@ static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, c
                                  X4(w, o, c, ky, kx, cg, a->kh, a->kw);
                         }
                     }
-                X4(y, n, o, oy, ox, a->o, a->oh, a->ow) = s;
+                double *yo = &X4(y, n, o, oy, ox, a->o, a->oh, a->ow);
+                *yo = a->acc ? s + *yo : s;
             }
     );
 }
@@ -131,6 +132,7 @@ typedef struct {
     int direct_threads;          /* kpl's own loops (cpu_conv_direct.c) with this many */
     dnnl_memory_desc_t user[3], inner[3], bias;
     dnnl_primitive_t reorder[3]; /* NULL when user == inner */
+    dnnl_primitive_t acc_in;     /* KPL_KOP_CONV2D_ACC: the addend, plain to inner (or NULL) */
     bool blk[3];                 /* an activation slot whose inner layout is nChw16c */
     dnnl_memory_desc_t b16[2];   /* read activation slots: their nChw16c layout */
     dnnl_primitive_t from_b16[2]; /* ... reordered to inner when that differs (else NULL) */
@@ -180,6 +182,7 @@ static void entry_destroy(conv_entry *e)
         if (e->reorder[i]) dnnl_primitive_destroy(e->reorder[i]);
     for (int i = 0; i < 2; i++)
         if (e->from_b16[i]) dnnl_primitive_destroy(e->from_b16[i]);
+    if (e->acc_in) dnnl_primitive_destroy(e->acc_in);
     memset(e, 0, sizeof *e);
 }
 
@@ -228,6 +231,15 @@ static kpl_status entry_from_pd(conv_entry *e, const_dnnl_primitive_desc_t pd,
                 e->from_b16[i] = NULL; /* then the input is turned plain first */
             dnnl_primitive_desc_destroy(rpd);
         }
+    }
+    if (e->key.a.acc && e->reorder[2]) { /* the addend in a plain out goes in first */
+        dnnl_primitive_desc_t rpd = NULL;
+        DNNL_TRY(dnnl_reorder_primitive_desc_create(&rpd, &e->user[2], cc.engine, &e->inner[2],
+                                                    cc.engine, NULL),
+                 "reorder pd");
+        dnnl_status_t ds = dnnl_primitive_create(&e->acc_in, rpd);
+        dnnl_primitive_desc_destroy(rpd);
+        DNNL_TRY(ds, "reorder");
     }
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
 fail:
@@ -288,8 +300,8 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
     }
     for (int i = 0; i < 3 && !shared; i++) {
         if (e->blk[i])
-            direct[i] = i < 2 ? kpl__blocked_data(opd[i])
-                              : kpl__blockable(opd[2]) ? kpl__blocked_out(opd[2]) : NULL;
+            direct[i] = i < 2 || a->acc ? kpl__blocked_data(opd[i]) /* (the addend's) */
+                        : kpl__blockable(opd[2]) ? kpl__blocked_out(opd[2]) : NULL;
         else if (i < 2 && e->from_b16[i])
             via_b16[i] = kpl__blocked_data(opd[i]);
     }
@@ -317,6 +329,10 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                                    &buf[i])) < 0)
             goto fail;
         DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, buf[i]), "memory");
+    }
+    if (e->acc_in && !direct[2]) {
+        dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, um[2]}, {DNNL_ARG_TO, im[2]}};
+        DNNL_TRY(dnnl_primitive_execute(e->acc_in, cc.stream, 2, r), "reorder");
     }
     for (int i = 0; i < 2; i++)
         if ((e->reorder[i] || via_b16[i]) && !direct[i] && !(i == 1 && packed_hit)) {
@@ -499,10 +515,12 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
         }
         op_desc = &bd;
     }
-    if (a->relu) { /* y = relu(conv) applied as the sums are stored */
+    if (a->relu || a->acc) { /* y = relu(conv [+ y]) applied as the sums are stored */
         DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
-        DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
-                 "relu post-op");
+        if (a->acc) DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
+        if (a->relu)
+            DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+                     "relu post-op");
         DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
         DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
     }
@@ -539,7 +557,7 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
      * the team's work alone and wins only where forking costs more than
      * the work; if the team's run was cut off, the work is many times the
      * fork and one thread is not tried. */
-    if (!k->deterministic && k->dt == dnnl_f32 && kpl__conv_direct_supports(a)) {
+    if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && kpl__conv_direct_supports(a)) {
         for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
             conv_entry cand = e;
             cand.direct_threads = nt;
@@ -594,7 +612,15 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
             DNNL_TRY(dnnl_stream_create(&cc.stream, cc.engine, dnnl_stream_default_flags), "stream");
         conv_entry fresh;
         memset(&fresh, 0, sizeof fresh);
-        if ((st = choose(&k, args, &fresh)) < 0) goto fail;
+        /* the candidates' timed runs would add into the addend: with
+         * KPL_KOP_CONV2D_ACC they run on a scratch output */
+        kpl_kernel_args timed = *args;
+        if (a->acc && (st = kpl_tensor_empty(kpl_device_cpu(), args->out->dtype, 4,
+                                             args->out->shape, &timed.out)) < 0)
+            goto fail;
+        st = choose(&k, &timed, &fresh);
+        if (a->acc) kpl_tensor_release(timed.out);
+        if (st < 0) goto fail;
         if (cc.n < CACHE_CAP) {
             e = &cc.e[cc.n++];
         } else { /* evict the least recently used */
@@ -639,8 +665,8 @@ static kpl_status cpu_conv(const kpl_kernel_args *args)
 
 void kpl__cpu_register_conv(void)
 {
-    const kpl_kop kops[2] = {KPL_KOP_CONV2D, KPL_KOP_CONV2D_RELU};
-    for (int i = 0; i < 2; i++) {
+    const kpl_kop kops[3] = {KPL_KOP_CONV2D, KPL_KOP_CONV2D_RELU, KPL_KOP_CONV2D_ACC};
+    for (int i = 0; i < 3; i++) {
         kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_F32, cpu_conv);
         kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_F64, cpu_conv);
         if (kpl__cpu_bf16_native()) kpl_kernel_register(kops[i], KPL_DEVICE_CPU, KPL_BF16, cpu_conv);

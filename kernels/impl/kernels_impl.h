@@ -312,6 +312,7 @@ typedef struct {
     int64_t oh, ow;        /* output */
     kpl_conv2d_params p;
     bool relu;             /* FWD of KPL_KOP_CONV2D_RELU: y = relu(conv) */
+    bool acc;              /* FWD of KPL_KOP_CONV2D_ACC: y = conv + y (then relu) */
 } kpl_conv_attrs;
 
 /* Copies `src` member by member into a zeroed `dst`: caches compare keys
@@ -332,6 +333,7 @@ static inline void kpl_conv_attrs_key(kpl_conv_attrs *dst, const kpl_conv_attrs 
     dst->ow = src->ow;
     dst->p = src->p; /* seven ints: no padding */
     dst->relu = src->relu;
+    dst->acc = src->acc;
 }
 
 typedef enum {

@@ -188,6 +188,85 @@ static void test_fusions_shape_the_graph(void **state)
     net_free(&n);
 }
 
+/* Residual adds fold into the convolution before them (conv2d_add, with
+ * the ReLU after the add: conv2d_add_relu): a block whose shortcut
+ * convolution is made after the main branch (the shortcut takes the branch
+ * as its addend), an identity block without ReLU; an add that broadcasts
+ * and a convolution read twice stay as they were.  The executor's values
+ * equal eager's at every level: through the copy of the addend (O1) and
+ * over its bytes (O2, O3); bit for bit in f64. */
+static kpl_tensor *residual_net(kpl_tensor *x, kpl_tensor *const *w, kpl_tensor *bias)
+/* w: 6 convolutions' weights */
+{
+    kpl_conv2d_params p3 = KPL_CONV2D_PARAMS_INIT, p1 = KPL_CONV2D_PARAMS_INIT;
+    p3.padding[0] = p3.padding[1] = 1;
+    kpl_tensor *a = kpl_relu(kpl_conv2d(x, w[0], bias, &p3));
+    kpl_tensor *y = kpl_conv2d(a, w[1], NULL, &p3);
+    kpl_tensor *h = kpl_relu(kpl_add(y, kpl_conv2d(x, w[2], bias, &p1))); /* shortcut last */
+    kpl_tensor *z = kpl_add(h, kpl_conv2d(h, w[3], bias, &p3));           /* identity */
+    kpl_tensor *t = kpl_conv2d(z, w[4], NULL, &p3);                       /* read twice */
+    kpl_tensor *u = kpl_add(kpl_mul(t, t), t);
+    kpl_tensor *m = kpl_mean(x, (int[]){2, 3}, 2, true); /* (N, 16, 1, 1): broadcast */
+    return kpl_add(kpl_conv2d(u, w[5], NULL, &p1), m);
+}
+
+/* An owned N(0, std) tensor given to the pool, in dtype dt. */
+static kpl_tensor *pooled_randn(kpl_dtype dt, int ndim, const int64_t *shape, uint64_t seed,
+                                double std)
+{
+    return NN(kpl_cast(kpl_autorelease(owned_randn(ndim, shape, seed, std)), dt));
+}
+
+static void residual_case(kpl_dtype dt)
+{
+    kpl_pool *pool = NN(kpl_pool_push());
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_tensor *w[6], *bias = pooled_randn(dt, 1, (int64_t[]){16}, 60, 0.2);
+    for (int i = 0; i < 6; i++) {
+        int64_t k = i == 2 || i == 5 ? 1 : 3;
+        w[i] = pooled_randn(dt, 4, (int64_t[]){16, 16, k, k}, 61 + i, 0.15);
+    }
+    kpl_tensor *x = pooled_randn(dt, 4, (int64_t[]){2, 16, 9, 7}, 70, 1);
+    kpl_tensor *want = residual_net(x, w, bias);
+    double big = 0; /* f32: the order of a convolution's sums may differ */
+    for (int64_t i = 0; i < kpl_tensor_numel(want); i++) big = fmax(big, fabs(tget(want, i)));
+    for (int level = 1; level <= 3; level++) {
+        OK(kpl_trace_begin());
+        kpl_tensor *y = NN(residual_net(NN(kpl_trace_input(x, "x")), w, bias));
+        kpl_ir *ir = NULL;
+        OK(kpl_trace_end(1, &y, NULL, &ir));
+        OK(kpl_ir_optimize(ir, level, true));
+        int n[3] = {0, 0, 0}; /* conv2d_add, conv2d_add_relu, add */
+        for (int i = 0; i < kpl_ir_num_nodes(ir); i++) {
+            kpl_op op = kpl_ir_node_op(ir, i);
+            n[0] += op == KPL_OP_CONV2D_ADD, n[1] += op == KPL_OP_CONV2D_ADD_RELU;
+            n[2] += op == KPL_OP_ADD;
+        }
+        assert_int_equal(n[0], 1);
+        assert_int_equal(n[1], 1);
+        assert_int_equal(n[2], 2); /* u's and the broadcast */
+        kpl_exec *ex = NULL;
+        OK(kpl_exec_create(ir, &ex));
+        OK(kpl_exec_set_input(ex, 0, x));
+        OK(kpl_exec_run(ex));
+        double d = max_abs_diff(kpl_exec_output(ex, 0), want);
+        if (dt == KPL_F64) assert_true(d == 0);
+        else if (!(d <= 2e-6 * big)) fail_msg("O%d: %g of %g", level, d, big);
+        if (level >= 2) assert_true(kpl_exec_get_stats(ex).n_inplace >= 2);
+        kpl_exec_destroy(ex);
+        kpl_ir_destroy(ir);
+    }
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+}
+
+static void test_residual_fusion(void **state)
+{
+    (void)state;
+    residual_case(KPL_F32);
+    residual_case(KPL_F64);
+}
+
 /* O1 drops what the outputs do not need; side outputs stay when asked. */
 static void test_prune(void **state)
 {
@@ -587,6 +666,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_trace_and_levels),
         cmocka_unit_test(test_fusions_shape_the_graph),
+        cmocka_unit_test(test_residual_fusion),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_trace_refusals),
         cmocka_unit_test(test_check_shapes),

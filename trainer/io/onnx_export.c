@@ -477,12 +477,18 @@ EMIT(pad_rows)
     return w->st;
 }
 
-EMIT(conv2d) /* and conv2d_relu: Conv then Relu */
+/* conv2d; conv2d_relu: Conv then Relu; conv2d_add(_relu) (x, w, r, b):
+ * Conv on x, w, b, then Add r (then Relu) */
+EMIT(conv2d)
 {
     int64_t ws[4];
     kpl_ir_value_shape(w->ir, o->in[1], ws);
+    bool add = o->op == KPL_OP_CONV2D_ADD || o->op == KPL_OP_CONV2D_ADD_RELU;
+    bool relu = o->op == KPL_OP_CONV2D_RELU || o->op == KPL_OP_CONV2D_ADD_RELU;
     const char *co = o->op == KPL_OP_CONV2D ? o->y : tmp_name(w);
-    Onnx__NodeProto *n = node(w, "Conv", o->nin, o->x, 1, &co);
+    const char *cin[3] = {o->x[0], o->x[1], add && o->nin > 3 ? o->x[3] : o->x[2]};
+    int ncin = add ? o->nin - 1 : o->nin;
+    Onnx__NodeProto *n = node(w, "Conv", ncin, cin, 1, &co);
     const kpl_conv2d_params *c = &o->a->conv;
     attr_ints(w, n, "kernel_shape", (int64_t[]){ws[2], ws[3]}, 2);
     attr_ints(w, n, "strides", (int64_t[]){c->stride[0], c->stride[1]}, 2);
@@ -490,7 +496,12 @@ EMIT(conv2d) /* and conv2d_relu: Conv then Relu */
               4);
     attr_ints(w, n, "dilations", (int64_t[]){c->dilation[0], c->dilation[1]}, 2);
     attr_i(w, n, "group", c->groups);
-    if (o->op == KPL_OP_CONV2D_RELU) op1(w, "Relu", co, o->y);
+    if (add) {
+        const char *so = relu ? tmp_name(w) : o->y;
+        node(w, "Add", 2, (const char *[]){co, o->x[2]}, 1, &so);
+        co = so;
+    }
+    if (relu) op1(w, "Relu", co, o->y);
     return w->st;
 }
 
