@@ -27,7 +27,11 @@
  *                                (ratio eager / O3 >= 1.18)
  *   train_vs_eager/lenet_b{128,16} ms per SGD step, the traced step at O3
  *                                against eager; target >= 1.2 (at 128)
- * Models: resnet18_cifar (32x32, the baselines' "r18") and resnet50 (224).
+ * Models: resnet18_cifar (32x32, the baselines' "r18") and resnet50 (224);
+ * for inference also bench_seg's U-Net (w16, 128 px; batch 1 and 32) and
+ * DeepLabv3-R18 (513 px, batch 1; batch 32 would take minutes a round on
+ * two cores), against onnxruntime and kpl's eager forward (PyTorch's
+ * segmentation inference is bench_seg's row).
  * Threads: 2 on every side (OMP_NUM_THREADS for kpl, torch.set_num_threads,
  * onnxruntime's intra-op threads).
  */
@@ -71,14 +75,27 @@ static kpl_ir *traced(kpl_module *m, const int64_t *shape, int level)
     return ir;
 }
 
+static bool is_seg(const char *name) { return !strcmp(name, "unet") || !strcmp(name, "deeplab"); }
+
+/* A segmentation network's input side: U-Net 128, DeepLab 513 (bench_seg's). */
+static int64_t seg_size(const char *name) { return strcmp(name, "unet") ? 513 : 128; }
+
 static kpl_module *model(const char *name, int64_t *shape, int64_t batch)
 {
     kpl_module *m = NULL;
-    if (bench_zoo(name, strcmp(name, "resnet50") ? 10 : 1000, kpl_device_cpu(), 0, &m) < 0)
+    int64_t hw = strcmp(name, "resnet50") ? 32 : 224, ch = 3;
+    if (is_seg(name)) {
+        kpl_model_config mc;
+        char tag[64];
+        hw = seg_size(name), ch = strcmp(name, "unet") ? 3 : 1;
+        if (bench_seg_config(name, hw, 16, &mc, tag, sizeof tag) < 0 ||
+            kpl_zoo_create(&mc, kpl_device_cpu(), 0, &m) < 0)
+            die("model");
+    } else if (bench_zoo(name, strcmp(name, "resnet50") ? 10 : 1000, kpl_device_cpu(), 0, &m) < 0) {
         die("model");
+    }
     kpl_module_set_training(m, false);
-    int64_t hw = strcmp(name, "resnet50") ? 32 : 224;
-    int64_t s[4] = {batch, 3, hw, hw};
+    int64_t s[4] = {batch, ch, hw, hw};
     memcpy(shape, s, sizeof s);
     return m;
 }
@@ -179,7 +196,7 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
         e[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
         snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_resnet.py %s infer 2 %lld %d %d",
                  baselines, strcmp(name, "resnet50") ? "r18" : "r50", (long long)batch, warm, steps);
-        t[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        t[r] = is_seg(name) ? NAN : bench_run_ref(cmd, "RESULT", "ms_median=");
         o[r] = NAN;
         if (have_onnx) {
             snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/ort_infer.py %s 2 %d %d", benchdir, onnx,
@@ -189,14 +206,23 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     }
     unlink(onnx);
     int n = rounds < 16 ? rounds : 16;
-    char label[64], rg[BENCH_RANGE_LEN];
-    snprintf(label, sizeof label, "%s_b%lld", name, (long long)batch);
+    char label[96], rg[BENCH_RANGE_LEN];
+    if (is_seg(name)) {
+        kpl_model_config mc;
+        char tag[64];
+        if (bench_seg_config(name, seg_size(name), 16, &mc, tag, sizeof tag) < 0) die("model");
+        snprintf(label, sizeof label, "%s_%lld_b%lld", tag, (long long)seg_size(name),
+                 (long long)batch);
+    } else {
+        snprintf(label, sizeof label, "%s_b%lld", name, (long long)batch);
+    }
     bench_jrange(rg, g, n);
     double gm = bench_median(g, n);
     bench_emit("infer_vs_ort", label, "ms", 0, gm, bench_median(o, n), "onnxruntime-kpl-onnx",
                1.0, ",\"kpl_range\":%s", rg);
-    bench_emit("infer_vs_torch", label, "ms", 0, gm, bench_median(t, n), "pytorch-eval-f32", NAN,
-               NULL);
+    if (!is_seg(name)) /* PyTorch's seg inference: bench_seg's rows */
+        bench_emit("infer_vs_torch", label, "ms", 0, gm, bench_median(t, n), "pytorch-eval-f32",
+                   NAN, NULL);
     bench_emit("infer_vs_eager", label, "ms", 0, gm, bench_median(e, n), "kpl-eager", NAN, NULL);
 }
 
@@ -340,5 +366,8 @@ int main(int argc, char **argv)
     infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 32, 2, 10, rounds);
     infer_rows(argv[0], argv[1], argv[2], "resnet50", 1, 3, 10, rounds);
     infer_rows(argv[0], argv[1], argv[2], "resnet50", 32, 1, 3, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "unet", 1, 3, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "unet", 32, 1, 3, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "deeplab", 1, 1, 3, rounds);
     return bench_exit_code();
 }

@@ -54,6 +54,7 @@
 #include "bench_common.h"
 #include "bench_file.h"
 #include "bench_snapshot.h"
+#include "bench_zoo.h"
 #include "trainer.h"
 #include "vision.h"
 
@@ -88,40 +89,22 @@ typedef struct {
     char torch_args[512]; /* KEY=VALUE for torch_segnets.py */
 } seg_case;
 
-static void set_key(kpl_model_config *mc, const char *k, const char *v)
-{
-    if (kpl_keyvals_set(&mc->keys, k, v) < 0) die(k);
-}
-
 static void make_case(seg_case *c, const char *name, int64_t batch, int64_t size, int64_t width)
 {
     memset(c, 0, sizeof *c);
     c->name = name, c->batch = batch, c->size = size;
-    kpl_model_config *mc = &c->mc;
-    mc->in_h = mc->in_w = size;
+    if (bench_seg_config(name, size, width, &c->mc, c->tag, sizeof c->tag) < 0) die("model config");
     if (!strcmp(name, "unet")) {
-        snprintf(mc->name, sizeof mc->name, "unet");
-        mc->width = width, mc->depth = 4, mc->in_channels = 1, mc->num_classes = 11;
-        set_key(mc, "upsample", "transpose");
-        snprintf(c->tag, sizeof c->tag, "unet_w%lld_d4", (long long)width);
         snprintf(c->torch_args, sizeof c->torch_args,
                  "model=unet depth=4 width=%lld in_channels=1 classes=11 upsample=transpose",
                  (long long)width);
         c->train_warm = 2, c->train_steps = 5, c->infer_warm = 2, c->infer_steps = 10;
     } else {
-        snprintf(mc->name, sizeof mc->name, "deeplabv3");
-        mc->depth = 18, mc->width = 64, mc->in_channels = 3, mc->num_classes = 21;
-        set_key(mc, "output_stride", "16");
-        set_key(mc, "aspp_rates", "[6, 12, 18]");
-        set_key(mc, "aspp_channels", "256");
-        set_key(mc, "aux", "true");
-        snprintf(c->tag, sizeof c->tag, "deeplabv3_r18_os16");
         snprintf(c->torch_args, sizeof c->torch_args,
                  "model=deeplabv3 depth=18 width=64 in_channels=3 classes=21 output_stride=16 "
                  "rates=6,12,18 aspp=256 aux=1");
         c->train_warm = 1, c->train_steps = 3, c->infer_warm = 1, c->infer_steps = 3;
     }
-    if (kpl_model_config_complete(mc) < 0) die("model config");
 }
 
 /* ---- the batch ------------------------------------------------------------------------------ */

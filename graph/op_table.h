@@ -91,7 +91,7 @@
   X(ERF,               erf,               (1,1,1,1), NONE,   F32,     (1,0), (UN,ERF),        same,      1, (DIRECT,"Erf"))     \
   X(PAD_ROWS,          pad_rows,          (1,1,1,1), ROWS,   KEEP,    (0,0), (FN,pad_rows),   pad_rows,  1, (CODED,pad_rows))   \
   X(CONV2D,            conv2d,            (2,3,1,1), CONV,   LOW,     (3,0), (FN,conv2d),     conv2d,    1, (CODED,conv2d))     \
-  X(CONV2D_BWD_DATA,   conv2d_bwd_data,   (2,2,1,1), CONV,   LOW,     (3,0), (FN,conv2d_bwd_data), shape4, 1, (NONE,-))      \
+  X(CONV2D_BWD_DATA,   conv2d_bwd_data,   (2,2,1,1), CONV,   LOW,     (3,0), (FN,conv2d_bwd_data), shape4, 1, (CODED,conv2d_bwd_data)) \
   X(CONV2D_BWD_WEIGHT, conv2d_bwd_weight, (2,2,1,2), CONV,   LOW,     (3,0), (FN,conv2d_bwd_weight), conv2d_bwd_weight, 1, (NONE,-)) \
   X(PLANE_GATHER,      plane_gather,      (2,2,1,1), NONE,   KEEP,    (2,0), (FN,plane_gather), gather,  1, (NONE,-))           \
   X(PLANE_SCATTER,     plane_scatter,     (2,2,1,1), SHAPE4, KEEP,    (2,0), (FN,plane_scatter), shape4, 1, (NONE,-))           \

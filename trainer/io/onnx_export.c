@@ -505,6 +505,29 @@ EMIT(conv2d)
     return w->st;
 }
 
+/* conv2d_bwd_data (x, w) -> y: the transposed convolution (a U-Net's
+ * upsampling), ONNX's ConvTranspose on the same weights, (C_in, C_out /
+ * groups, KH, KW); output_padding makes the output the graph's size. */
+EMIT(conv2d_bwd_data)
+{
+    int64_t ws[4];
+    kpl_ir_value_shape(w->ir, o->in[1], ws);
+    const kpl_conv2d_params *c = &o->a->conv;
+    int64_t op[2];
+    for (int d = 0; d < 2; d++)
+        op[d] = o->ys[2 + d] - ((o->xs[2 + d] - 1) * c->stride[d] + (ws[2 + d] - 1) * c->dilation[d] +
+                                1 - 2 * c->padding[d]);
+    Onnx__NodeProto *n = node(w, "ConvTranspose", 2, o->x, 1, &o->y);
+    attr_ints(w, n, "kernel_shape", (int64_t[]){ws[2], ws[3]}, 2);
+    attr_ints(w, n, "strides", (int64_t[]){c->stride[0], c->stride[1]}, 2);
+    attr_ints(w, n, "pads", (int64_t[]){c->padding[0], c->padding[1], c->padding[0], c->padding[1]},
+              4);
+    attr_ints(w, n, "dilations", (int64_t[]){c->dilation[0], c->dilation[1]}, 2);
+    attr_ints(w, n, "output_padding", op, 2);
+    attr_i(w, n, "group", c->groups);
+    return w->st;
+}
+
 EMIT(pool2d) /* max_pool2d, avg_pool2d */
 {
     const kpl_pool2d_params *p = &o->a->pool;
