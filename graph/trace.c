@@ -3,8 +3,14 @@
  *
  * The eager ops report what they computed (kpl__trace_op) while a trace is
  * open on the thread.  The tracer maps each tensor header it has seen to
- * its value and holds a reference to it, so no header is freed and its
- * address reused while the trace is open.  A tensor first seen as an op's
+ * its value without holding it: a header freed while the trace is open
+ * (on any thread) is forgotten through the tensor free hook before its
+ * memory goes, so a new header at the same address is not mistaken for
+ * it, and the traced function's values die when it drops them, as in
+ * eager mode (holding them kept a traced forward's every activation alive
+ * to the end).  The map is shared with that hook: every access holds
+ * tr_lock (recursive: a free inside a traced call reaches the hook on the
+ * same thread).  A tensor first seen as an op's
  * input is a parameter when it is older than the trace (kpl_tensor_serial),
  * a constant when the op that made it said so (kpl__trace_const); anything
  * else was made outside the traced ops, which the graph cannot repeat, and
@@ -14,22 +20,25 @@
 #include "graph_impl.h"
 #include "ir_impl.h"
 
+#include <pthread.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct {
-    kpl_tensor *t;  /* held reference */
+    kpl_tensor *t;  /* not held; NULL: an empty slot, GONE: a freed header's */
     int v;          /* its value now (a write gives it a new one) */
     int param;      /* the parameter value a write into it updates, else -1 */
     bool host_read; /* read on the host while a parameter of the trace */
 } slot;
 
-typedef struct {
+typedef struct tracer {
+    struct tracer *next; /* open tracers (tr_lock) */
     kpl_ir *ir;
     slot *map; /* open addressing on the header address */
-    size_t cap, n;
+    size_t cap, n; /* n: slots in use, freed headers' included */
     uint64_t serial0;
     kpl_status st;
     char msg[512];
@@ -38,8 +47,33 @@ typedef struct {
 } tracer;
 
 static _Thread_local tracer *tl_tr;
+static pthread_mutex_t tr_lock; /* recursive, made once (lock_init) */
+static pthread_once_t tr_lock_once = PTHREAD_ONCE_INIT;
+static tracer *open_tracers;
+static atomic_int n_open;
+static char gone_;
+#define GONE ((kpl_tensor *)&gone_)
 
 bool kpl_tracing(void) { return tl_tr != NULL; }
+
+static void lock_init(void)
+{
+    pthread_mutexattr_t a;
+    pthread_mutexattr_init(&a);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_RECURSIVE);
+    pthread_mutex_init(&tr_lock, &a);
+    pthread_mutexattr_destroy(&a);
+}
+
+static void lock(void)
+{
+    pthread_once(&tr_lock_once, lock_init);
+    pthread_mutex_lock(&tr_lock);
+}
+
+static void unlock(void) { pthread_mutex_unlock(&tr_lock); }
+
+static bool live(const slot *s) { return s->t && s->t != GONE; }
 
 static slot *map_find(const tracer *tr, const kpl_tensor *t)
 {
@@ -48,6 +82,18 @@ static slot *map_find(const tracer *tr, const kpl_tensor *t)
         if (!tr->map[i].t) return NULL;
         if (tr->map[i].t == t) return &tr->map[i];
     }
+}
+
+/* The tensor free hook: every open tracer forgets the header. */
+static void forget_header(const kpl_tensor *t)
+{
+    if (!atomic_load_explicit(&n_open, memory_order_acquire)) return;
+    lock();
+    for (tracer *tr = open_tracers; tr; tr = tr->next) {
+        slot *s = map_find(tr, t);
+        if (s) s->t = GONE;
+    }
+    unlock();
 }
 
 static int map_get(const tracer *tr, const kpl_tensor *t)
@@ -70,26 +116,30 @@ static void fail(tracer *tr, kpl_status st, const char *fmt, ...)
 
 static bool map_put(tracer *tr, kpl_tensor *t, int v)
 {
-    if ((tr->n + 1) * 2 > tr->cap) {
-        size_t ncap = tr->cap ? tr->cap * 2 : 256;
+    if ((tr->n + 1) * 2 > tr->cap) { /* rehashed without the freed headers' slots */
+        size_t alive = 1, ncap = 256;
+        for (size_t i = 0; i < tr->cap; i++) alive += live(&tr->map[i]);
+        while (ncap < 4 * alive) ncap *= 2;
         slot *nm = calloc(ncap, sizeof *nm);
         if (!nm) {
             fail(tr, KPL_ENOMEM, "trace: no host memory");
             return false;
         }
+        size_t kept = 0;
         for (size_t i = 0; i < tr->cap; i++) {
-            if (!tr->map[i].t) continue;
+            if (!live(&tr->map[i])) continue; /* freed headers' slots go */
             size_t j = kpl__hash_ptr(tr->map[i].t, ncap);
             while (nm[j].t) j = (j + 1) & (ncap - 1);
             nm[j] = tr->map[i];
+            kept++;
         }
         free(tr->map);
         tr->map = nm;
         tr->cap = ncap;
+        tr->n = kept;
     }
     size_t i = kpl__hash_ptr(t, tr->cap);
     while (tr->map[i].t) i = (i + 1) & (tr->cap - 1);
-    kpl_tensor_retain(t);
     tr->map[i] = (slot){t, v, -1, false};
     tr->n++;
     return true;
@@ -109,13 +159,13 @@ static int new_value(tracer *tr, kpl_tensor *t, kpl_irv_kind kind, const char *n
     return v;
 }
 
-static void host_access(const kpl_tensor *t, bool write, void *user)
+static void host_access_locked(const kpl_tensor *t, bool write, void *user)
 {
     tracer *tr = user;
     int v = map_get(tr, t);
     if (v < 0) { /* a view made outside the ops (kpl_tensor_reshape) of a traced value? */
         for (size_t i = 0; i < tr->cap && v < 0; i++)
-            if (tr->map[i].t && kpl_tensor_shares_storage(tr->map[i].t, t) &&
+            if (live(&tr->map[i]) && kpl_tensor_shares_storage(tr->map[i].t, t) &&
                 tr->ir->v[tr->map[i].v].kind != KPL_IRV_PARAM &&
                 tr->ir->v[tr->map[i].v].kind != KPL_IRV_CONST)
                 v = tr->map[i].v;
@@ -154,6 +204,14 @@ static void host_access(const kpl_tensor *t, bool write, void *user)
          val->node >= 0 ? kpl_op_name(tr->ir->n[val->node].op) : "a placeholder");
 }
 
+/* The public entries: each takes tr_lock around its work on the map. */
+static void host_access(const kpl_tensor *t, bool write, void *user)
+{
+    lock();
+    host_access_locked(t, write, user);
+    unlock();
+}
+
 kpl_status kpl_trace_begin(void)
 {
     KPL_CHECK(!tl_tr, KPL_ESTATE, "trace_begin: a trace is already open on this thread");
@@ -166,6 +224,12 @@ kpl_status kpl_trace_begin(void)
     }
     tr->serial0 = kpl_tensor_serial_next();
     tr->prev_hook = kpl_set_host_access_hook(host_access, tr, &tr->prev_user);
+    kpl_set_tensor_free_hook(forget_header);
+    lock();
+    tr->next = open_tracers;
+    open_tracers = tr;
+    atomic_fetch_add(&n_open, 1);
+    unlock();
     tl_tr = tr;
     return KPL_OK;
 }
@@ -174,7 +238,14 @@ static void close_tracer(tracer *tr, bool keep_ir)
 {
     kpl_set_host_access_hook(tr->prev_hook, tr->prev_user, NULL);
     tl_tr = NULL;
-    for (size_t i = 0; i < tr->cap; i++) kpl_tensor_release(tr->map[i].t);
+    lock();
+    for (tracer **p = &open_tracers; *p; p = &(*p)->next)
+        if (*p == tr) {
+            *p = tr->next;
+            break;
+        }
+    atomic_fetch_sub(&n_open, 1);
+    unlock();
     free(tr->map);
     if (!keep_ir) kpl_ir_destroy(tr->ir);
     free(tr);
@@ -185,7 +256,7 @@ void kpl_trace_abort(void)
     if (tl_tr) close_tracer(tl_tr, false);
 }
 
-kpl_tensor *kpl_trace_input(kpl_tensor *x, const char *name)
+static kpl_tensor *trace_input_locked(kpl_tensor *x, const char *name)
 {
     tracer *tr = tl_tr;
     if (!x) return NULL;
@@ -237,7 +308,7 @@ bool kpl_trace_predates(const kpl_tensor *t)
     return tl_tr && t && kpl_tensor_serial(t) < tl_tr->serial0;
 }
 
-void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of)
+static void trace_alias_locked(kpl_tensor *alias, kpl_tensor *of)
 {
     tracer *tr = tl_tr;
     if (!tr || tr->st < 0 || !alias || !of) return;
@@ -245,7 +316,7 @@ void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of)
     if (v >= 0 && map_get(tr, alias) < 0) map_put(tr, alias, v);
 }
 
-void kpl__trace_const(kpl_tensor *t)
+static void trace_const_locked(kpl_tensor *t)
 {
     tracer *tr = tl_tr;
     if (!tr || tr->st < 0 || !t) return;
@@ -268,8 +339,8 @@ static int input_value(tracer *tr, kpl_op op, int i, kpl_tensor *t)
     return -1;
 }
 
-void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins, int nout,
-                   kpl_tensor *const *outs)
+static void trace_op_locked(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins,
+                            int nout, kpl_tensor *const *outs)
 {
     tracer *tr = tl_tr;
     if (!tr || tr->st < 0) return;
@@ -304,8 +375,8 @@ void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const
         fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
 }
 
-void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins,
-                      kpl_tensor *out)
+static void trace_write_locked(kpl_op op, const kpl_op_attrs *at, int nin,
+                               kpl_tensor *const *ins, kpl_tensor *out)
 {
     tracer *tr = tl_tr;
     if (!tr || tr->st < 0) return;
@@ -321,7 +392,7 @@ void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *co
      * view taken) would leave the other's value stale */
     for (size_t i = 0; i < tr->cap; i++) {
         const slot *o = &tr->map[i];
-        if (!o->t || o->t == out || !kpl_tensor_shares_storage(o->t, out)) continue;
+        if (!live(o) || o->t == out || !kpl_tensor_shares_storage(o->t, out)) continue;
         if (s && o->v == s->v) continue; /* the tape's alias of the same value */
         char b[96];
         fail(tr, KPL_EINVAL,
@@ -369,8 +440,8 @@ void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *co
         fail(tr, kpl_last_status(), "trace: %s", kpl_last_error());
 }
 
-kpl_status kpl_trace_end(int nout, kpl_tensor *const *outs, const char *const *names,
-                         kpl_ir **out)
+static kpl_status trace_end_locked(int nout, kpl_tensor *const *outs, const char *const *names,
+                                   kpl_ir **out)
 {
     tracer *tr = tl_tr;
     KPL_CHECK(tr, KPL_ESTATE, "trace_end: no trace is open on this thread");
@@ -404,5 +475,56 @@ kpl_status kpl_trace_end(int nout, kpl_tensor *const *outs, const char *const *n
         return st;
     }
     if (st == KPL_OK) *out = ir;
+    return st;
+}
+
+kpl_tensor *kpl_trace_input(kpl_tensor *x, const char *name)
+{
+    lock();
+    kpl_tensor *r = trace_input_locked(x, name);
+    unlock();
+    return r;
+}
+
+void kpl__trace_alias(kpl_tensor *alias, kpl_tensor *of)
+{
+    if (!tl_tr) return;
+    lock();
+    trace_alias_locked(alias, of);
+    unlock();
+}
+
+void kpl__trace_const(kpl_tensor *t)
+{
+    if (!tl_tr) return;
+    lock();
+    trace_const_locked(t);
+    unlock();
+}
+
+void kpl__trace_op(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins, int nout,
+                   kpl_tensor *const *outs)
+{
+    if (!tl_tr) return; /* the common case: no trace, no lock */
+    lock();
+    trace_op_locked(op, at, nin, ins, nout, outs);
+    unlock();
+}
+
+void kpl__trace_write(kpl_op op, const kpl_op_attrs *at, int nin, kpl_tensor *const *ins,
+                      kpl_tensor *out)
+{
+    if (!tl_tr) return;
+    lock();
+    trace_write_locked(op, at, nin, ins, out);
+    unlock();
+}
+
+kpl_status kpl_trace_end(int nout, kpl_tensor *const *outs, const char *const *names,
+                         kpl_ir **out)
+{
+    lock();
+    kpl_status st = trace_end_locked(nout, outs, names, out);
+    unlock();
     return st;
 }

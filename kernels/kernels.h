@@ -508,6 +508,13 @@ uint64_t kpl_tensor_serial_next(void);
 typedef void (*kpl_host_access_hook)(const kpl_tensor *t, bool write, void *user);
 kpl_host_access_hook kpl_set_host_access_hook(kpl_host_access_hook fn, void *user,
                                               void **prev_user);
+/* The process's observer of tensor headers being freed, on whatever thread
+ * drops the last reference, before the header's memory goes: the tracer
+ * forgets a header it mapped, instead of holding a reference to every
+ * tensor it sees (which kept a traced forward's every value alive).  One
+ * hook for the process (set once; NULL turns it off). */
+typedef void (*kpl_tensor_free_hook)(const kpl_tensor *t);
+void kpl_set_tensor_free_hook(kpl_tensor_free_hook fn);
 
 /* Views: share storage with `t`, own a new tensor header (release it). */
 kpl_status kpl_tensor_reshape(kpl_tensor *t, int ndim, const int64_t *shape,

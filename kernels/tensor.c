@@ -46,6 +46,9 @@ static kpl_status check_shape(const char *op, kpl_dtype dt, int ndim,
 }
 
 static _Atomic uint64_t next_serial = 1;
+static _Atomic(kpl_tensor_free_hook) free_hook;
+
+void kpl_set_tensor_free_hook(kpl_tensor_free_hook fn) { atomic_store(&free_hook, fn); }
 static _Thread_local kpl_host_access_hook tl_host_hook;
 static _Thread_local void *tl_host_hook_user;
 
@@ -173,6 +176,8 @@ void kpl_tensor_release(kpl_tensor *t)
 {
     if (!t) return;
     if (atomic_fetch_sub_explicit(&t->refcount, 1, memory_order_acq_rel) != 1) return;
+    kpl_tensor_free_hook h = atomic_load_explicit(&free_hook, memory_order_acquire);
+    if (h) h(t);
     if (t->meta_free) t->meta_free(t->meta);
     kpl_storage_release(t->storage);
     free(t);
