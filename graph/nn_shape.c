@@ -60,12 +60,7 @@ static kpl_tensor *concat_op(int k, kpl_tensor *const *p, int ax)
     for (int i = 1; i < k; i++) shape[ax] += kpl_tensor_shape(p[i])[ax];
     kpl_tensor *out = new_like(p[0], kpl_tensor_dtype(p[0]), nd, shape);
     if (!out) return NULL;
-    kpl_status st = KPL_OK;
-    int64_t off = 0;
-    for (int i = 0; i < k && st == KPL_OK; i++) {
-        st = kpl_k_copy_slab(out, p[i], ax, off, true);
-        off += kpl_tensor_shape(p[i])[ax];
-    }
+    kpl_status st = kpl_k_concat(out, k, (const kpl_tensor *const *)p, ax);
     kpl_op_attrs at = {.axes = {ax}, .naxes = 1};
     return record_finish(st, KPL_OP_CONCAT, &at, k, p, out);
 }
@@ -132,13 +127,7 @@ kpl_tensor *kpl_concat(int n, kpl_tensor *const *xs, int axis)
 /* In a graph (op_table.h's run and infer columns). */
 kpl_status kpl__op_run_concat(const kpl_irn *n, kpl_tensor *const *in, kpl_tensor *const *out)
 {
-    kpl_status st = KPL_OK;
-    int64_t off = 0;
-    for (int i = 0; i < n->nin && st == KPL_OK; i++) {
-        st = kpl_k_copy_slab(out[0], in[i], n->at.axes[0], off, true);
-        off += kpl_tensor_shape(in[i])[n->at.axes[0]];
-    }
-    return st;
+    return kpl_k_concat(out[0], n->nin, (const kpl_tensor *const *)in, n->at.axes[0]);
 }
 
 /* The inputs' sizes along the axis summed; equal elsewhere. */

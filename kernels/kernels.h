@@ -779,6 +779,12 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x);
  * larger tensor's end.  A 2-D memory copy (cudaMemcpy2DAsync on CUDA). */
 kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64_t offset,
                            bool into);
+/* out = the k pieces xs concatenated along `axis` (the pieces as
+ * kpl_k_copy_slab takes them, their sizes along axis adding up to out's).
+ * On the CPU, pieces held in the blocked layout (kpl_set_blocked_layouts)
+ * and concatenated along the channels (a U-Net's skip and upsampled maps)
+ * are copied as they are and out is left blocked; else slab copies. */
+kpl_status kpl_k_concat(kpl_tensor *out, int k, const kpl_tensor *const *xs, int axis);
 
 /* 2-D convolution over NCHW images with OIHW weights (O, C/groups, KH, KW).
  * Padding is symmetric; dilation 1 is a plain convolution. */

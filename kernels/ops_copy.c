@@ -7,6 +7,7 @@
 #include "ops_impl.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 /* ---- fills ------------------------------------------------------------------------- */
 
@@ -178,6 +179,55 @@ kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64
     a.src_off = into ? 0 : off;
     a.src_pitch = into ? a.width : big_pitch;
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &a);
+}
+
+#define KPL_CONCAT_MAX 8 /* pieces the blocked path takes at once */
+
+/* Blocked pieces along the channels into a blockable out: per image, each
+ * piece's channel blocks are one run of bytes, placed after the previous
+ * pieces' blocks.  False when it does not apply (nothing done). */
+static bool concat_blocked(kpl_tensor *out, int k, const kpl_tensor *const *xs, int axis)
+{
+    if (axis != 1 || out->ndim != 4 || out->storage->dev->type != KPL_DEVICE_CPU ||
+        !kpl__blockable(out))
+        return false;
+    const char *src[KPL_CONCAT_MAX];
+    int64_t c = 0;
+    if (k > KPL_CONCAT_MAX) return false;
+    for (int i = 0; i < k; i++) {
+        const kpl_tensor *x = xs[i];
+        if (x->storage == out->storage || x->dtype != out->dtype || x->ndim != 4 ||
+            x->shape[0] != out->shape[0] || x->shape[2] != out->shape[2] ||
+            x->shape[3] != out->shape[3] || !(src[i] = kpl__blocked_data(x)))
+            return false;
+        c += x->shape[1];
+    }
+    if (c != out->shape[1]) return false;
+    size_t es = kpl_dtype_size(out->dtype), plane = (size_t)(out->shape[2] * out->shape[3]) * 16 * es;
+    char *dst = kpl__blocked_out(out);
+    int64_t n = out->shape[0], ocb = out->shape[1] / 16;
+    KPL_PARALLEL_FOR_IF(t, n * k, n * k > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+        int64_t img = t / k, i = t % k, cb0 = 0;
+        for (int64_t j = 0; j < i; j++) cb0 += xs[j]->shape[1] / 16;
+        int64_t xcb = xs[i]->shape[1] / 16;
+        memcpy(dst + (size_t)(img * ocb + cb0) * plane, src[i] + (size_t)(img * xcb) * plane,
+               (size_t)xcb * plane);
+    );
+    kpl__storage_set_blocked(out);
+    return true;
+}
+
+kpl_status kpl_k_concat(kpl_tensor *out, int k, const kpl_tensor *const *xs, int axis)
+{
+    KPL_CHECK(out && xs && k >= 1, KPL_EINVAL, "concat: NULL argument or no pieces");
+    for (int i = 0; i < k; i++) KPL_CHECK(xs[i], KPL_EINVAL, "concat: piece %d is NULL", i);
+    if (concat_blocked(out, k, xs, axis)) return KPL_OK;
+    int64_t off = 0;
+    for (int i = 0; i < k; i++) {
+        KPL_TRY(kpl_k_copy_slab(out, xs[i], axis, off, true));
+        off += xs[i]->shape[axis];
+    }
+    return KPL_OK;
 }
 
 kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x)

@@ -340,6 +340,42 @@ static bool eltwise_blocked(const kpl_tensor *out, const kpl_tensor *a, const kp
     return true;
 }
 
+/* A blocked a (nChw16c) with a per-channel b: b's shape ends in (C, 1, 1),
+ * every other dim 1 (a bias, a scale, after a transposed convolution or
+ * a user's layer).  Each channel block's 16 values are tiled over TILE
+ * pixels, and the row loops run on a's blocked bytes against the tile:
+ * the same values in the same places as the plain broadcast, out left
+ * blocked.  False (nothing done) when it does not apply. */
+#define TILE 64
+static bool binary_blocked_channel(const kpl_kernel_args *args, const bin_job *j, size_t es)
+{
+    const kpl_binary_attrs *at = args->attrs;
+    const kpl_tensor *a = args->in[0], *b = args->in[1], *out = args->out;
+    if (at->has_scalar || j->cmp || !b || b->storage == out->storage || !kpl__blockable(out) ||
+        b->ndim < 3 || b->ndim > 4 || b->numel != out->shape[1] || (b->ndim == 4 && b->shape[0] != 1))
+        return false;
+    if (b->shape[b->ndim - 3] != out->shape[1]) return false;
+    const char *pa = kpl__blocked_data(a);
+    if (!pa) return false;
+    for (int d = 0; d < 4; d++)
+        if (a->shape[d] != out->shape[d]) return false;
+    const char *pb = kpl__cdata(b);
+    char *po = kpl__blocked_out(out);
+    int64_t cb = out->shape[1] / 16, hw = out->shape[2] * out->shape[3];
+    int64_t chunks = (hw + TILE - 1) / TILE, tasks = out->shape[0] * cb * chunks;
+    KPL_PARALLEL_FOR_IF(t, tasks, tasks > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+        int64_t blk = t / chunks, p0 = t % chunks * TILE; /* blk = n * cb + channel block */
+        int64_t np = hw - p0 < TILE ? hw - p0 : TILE;
+        _Alignas(64) char tile[TILE * 16 * 8];
+        for (int64_t k = 0; k < np; k++)
+            memcpy(tile + (size_t)k * 16 * es, pb + (size_t)(blk % cb) * 16 * es, 16 * es);
+        size_t off = (size_t)(blk * hw + p0) * 16 * es;
+        run_row(j, po + off, pa + off, tile, np * 16, 0);
+    );
+    kpl__storage_set_blocked(out);
+    return true;
+}
+
 static kpl_status cpu_binary(const kpl_kernel_args *args)
 {
     const kpl_binary_attrs *at = args->attrs;
@@ -352,6 +388,7 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     size_t es = kpl_dtype_size(dt);
     size_t eo = j.cmp ? 1 : es;
 
+    if (binary_blocked_channel(args, &j, es)) return KPL_OK;
     kpl_ew_plan p = at->plan;
     const char *pa = NULL, *pb = NULL;
     char *po = NULL;

@@ -263,6 +263,59 @@ static void test_blocked_max_pool(void **state)
     kpl_pool_pop(pool);
 }
 
+/* Per-channel binary ops ((C, 1, 1) or (1, C, 1, 1): a bias, a scale) and
+ * concatenation along the channels run on blocked convolution outputs as
+ * they are and leave the result blocked; a vector broadcast along W (of
+ * W == C values), concatenation along H and a plain piece take the plain
+ * paths.  Every result equals the plain one. */
+static void test_blocked_channel_ops(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(11);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 32}, rng, 0, 1));
+    kpl_tensor *w1 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 16, 3, 3}, rng, 0, 0.2));
+    kpl_tensor *w2 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){16, 16, 3, 3}, rng, 0, 0.2));
+    kpl_tensor *bc = NN(kpl_randn(cpu, KPL_F32, 3, (int64_t[]){32, 1, 1}, rng, 0, 1));
+    kpl_tensor *b4 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){1, 32, 1, 1}, rng, 1, 0.5));
+    kpl_tensor *bw = NN(kpl_randn(cpu, KPL_F32, 1, (int64_t[]){32}, rng, 0, 1));
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    enum { ADD_C, MUL_C4, SUB_C, ADD_W, CAT2, CAT3, CAT_PLAIN, CAT_H, NRES };
+    bool want_blocked[NRES] = {true, true, true, false, true, true, false, false};
+    kpl_tensor *res[2][NRES];
+    bool seen = false;
+    for (int on = 0; on < 2; on++) {
+        bool prev = kpl_set_blocked_layouts(on);
+        kpl_tensor *y = NN(kpl_conv2d(x, w1, NULL, &c)), *z = NN(kpl_conv2d(x, w2, NULL, &c));
+        bool blocked = kpl__blocked_data(y) != NULL && kpl__blocked_data(z) != NULL;
+        if (on) seen = blocked;
+        kpl_tensor **r = res[on];
+        r[ADD_C] = NN(kpl_add(y, bc));
+        r[MUL_C4] = NN(kpl_mul(y, b4));
+        r[SUB_C] = NN(kpl_sub(y, bc));
+        r[CAT2] = NN(kpl_concat(2, (kpl_tensor *[]){z, y}, 1));
+        r[CAT3] = NN(kpl_concat(3, (kpl_tensor *[]){y, z, y}, 1));
+        /* the plain paths last: their reads turn y and z plain */
+        r[ADD_W] = NN(kpl_add(y, bw));
+        r[CAT_PLAIN] = NN(kpl_concat(2, (kpl_tensor *[]){z, x}, 1)); /* x is plain */
+        r[CAT_H] = NN(kpl_concat(2, (kpl_tensor *[]){y, y}, 2));
+        for (int k = 0; k < NRES; k++)
+            if (kpl__blocked_data(r[k]) != NULL && !(blocked && want_blocked[k]))
+                fail_msg("result %d blocked", k);
+            else if (blocked && want_blocked[k] && !kpl__blocked_data(r[k]))
+                fail_msg("result %d plain: the blocked path was not taken", k);
+        kpl_set_blocked_layouts(prev);
+    }
+    print_message("convolution outputs blocked: %d\n", seen);
+    for (int k = 0; k < NRES; k++)
+        for (int64_t i = 0; i < kpl_tensor_numel(res[0][k]); i++)
+            if (tget(res[1][k], i) != tget(res[0][k], i))
+                fail_msg("result %d [%lld]: blocked %.9g, plain %.9g", k, (long long)i,
+                         tget(res[1][k], i), tget(res[0][k], i));
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     cpu = kpl_device_cpu();
@@ -273,6 +326,7 @@ int main(void)
         cmocka_unit_test(test_plain_readers),
         cmocka_unit_test(test_blocked_dtypes),
         cmocka_unit_test(test_blocked_max_pool),
+        cmocka_unit_test(test_blocked_channel_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
