@@ -13,7 +13,9 @@
 #   resnet18  the ResNet-18 recipe (residual adds, batch norm, adaptive
 #             pooling) a few steps in, exported at batch 8: kpl infer's
 #             top-1 on 256 test images is kpl eval's (within one example)
-#   onnx      the default cnn, LeNet and ResNet-18 exported as ONNX (opset
+#   onnx      the default cnn, LeNet, ResNet-18 (its residual adds fused
+#             into the convolutions) and a small U-Net (transposed
+#             convolutions: ConvTranspose) exported as ONNX (opset
 #             13): the ONNX checker accepts each, and onnxruntime on a
 #             random batch gives kpl infer's outputs (of the same
 #             checkpoint's .kplm) to 1e-4 (onnx_check.py; skipped without
@@ -152,6 +154,28 @@ onnx)
     /usr/bin/python3 "$here/onnx_check.py" "$kpl" m.kplm m.onnx . || die "$m: onnx_check"
     cd ..
   done
+  # a small U-Net, whose transposed convolutions export as ConvTranspose,
+  # on a small fmnist-seg set; its validation transform made one size
+  # (center crop), as a graph has one input shape
+  mkdir -p unet && cd unet
+  "$kpl" data synth fmnist-seg d --train 32 --val 8 --size 64 --sides 40 56 --objects 1 \
+    --seed 3 --quiet > synth.txt || die "unet: synth"
+  sed -e 's/^      crop: keep_ratio$/      crop: center\n      resize_shorter: 64/' \
+    -e '/^      short_sides: \[0\]$/d' -e 's/^      max_side: 128$/      size: [64, 64]/' \
+    "$src/recipes/segmentation/unet_fmnistseg.yaml" > unet.yaml
+  grep -q 'crop: center' unet.yaml || die "unet: the recipe's validation transform changed"
+  U=(data.root="$PWD/d" data.convert.source="$PWD/d" 'data.train.transform.size=[64, 64]'
+     model.width=8 model.depth=3 "${QUIET[@]}")
+  "$kpl" train unet.yaml "${U[@]}" deterministic=true run_dir=run max_steps=2 > train.txt \
+    2> train.err || die "unet: train: $(tail -5 train.err)"
+  for f in kplm onnx; do
+    "$kpl" export unet.yaml "${U[@]}" --checkpoint run/checkpoints/ckpt-0000000002.kpl \
+      -o m.$f --format $f --batch 2 > exp.txt 2> exp.err || die "unet: export --format $f: $(cat exp.err)"
+  done
+  /usr/bin/python3 "$here/onnx_check.py" "$kpl" m.kplm m.onnx . > check.txt || die "unet: onnx_check"
+  cat check.txt
+  grep -q "ConvTranspose" m.onnx || die "unet: no ConvTranspose in the export"
+  cd ..
   ;;
 import)
   [[ -x /usr/bin/python3 ]] && /usr/bin/python3 -c "import onnx" 2> /dev/null \
