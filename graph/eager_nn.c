@@ -169,8 +169,11 @@ kpl_tensor *kpl_max_pool2d(kpl_tensor *x, const kpl_pool2d_params *p)
     }
     if (kpl_shape_pool2d(kpl_tensor_shape(x), p, ys) < 0) return NULL;
     kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), 4, ys);
-    kpl_tensor *idx = new_like(x, KPL_I64, 4, ys);
-    if (!out || !idx) {
+    /* the indices only where the gradient or a trace reads them (the
+     * kernel's values-only loops are faster) */
+    bool want_idx = kpl_tracing() || (kpl_grad_enabled() && kpl_requires_grad(x));
+    kpl_tensor *idx = want_idx ? new_like(x, KPL_I64, 4, ys) : NULL;
+    if (!out || (want_idx && !idx)) {
         kpl_tensor_release(out);
         kpl_tensor_release(idx);
         return NULL;
