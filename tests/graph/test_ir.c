@@ -265,6 +265,27 @@ static void test_residual_fusion(void **state)
     (void)state;
     residual_case(KPL_F32);
     residual_case(KPL_F64);
+    /* the fused kernel's operands are checked as conv2d's; a dtype without
+     * the kernel says so (the pass does not fuse there) */
+    kpl_pool *pool = NN(kpl_pool_push());
+    kpl_conv2d_params p3 = KPL_CONV2D_PARAMS_INIT;
+    p3.padding[0] = p3.padding[1] = 1;
+    kpl_tensor *x = kpl_autorelease(owned_randn(4, (int64_t[]){1, 16, 5, 5}, 80, 1));
+    kpl_tensor *w = kpl_autorelease(owned_randn(4, (int64_t[]){16, 16, 3, 3}, 81, 0.1));
+    kpl_tensor *small = kpl_autorelease(owned_randn(4, (int64_t[]){1, 16, 4, 4}, 82, 1));
+    FAILS(kpl_k_conv2d_acc(x, x, w, NULL, &p3, false), KPL_EINVAL, "may not alias");
+    FAILS(kpl_k_conv2d_acc(small, x, w, NULL, &p3, true), KPL_ESHAPE, "conv2d_acc");
+    kpl_tensor *h[3];
+    for (int i = 0; i < 3; i++) h[i] = NN(kpl_cast(i == 1 ? w : x, KPL_F16));
+    FAILS(kpl_k_conv2d_acc(h[2], h[0], h[1], NULL, &p3, false), KPL_ENOKERNEL, "conv2d_acc");
+    /* concatenation: a missing piece, pieces that do not add up */
+    kpl_tensor *cat = NULL;
+    OK(kpl_tensor_empty(kpl_device_cpu(), KPL_F32, 4, (int64_t[]){1, 32, 5, 5}, &cat));
+    kpl_autorelease(cat);
+    FAILS(kpl_k_concat(cat, 2, (const kpl_tensor *[]){x, NULL}, 1), KPL_EINVAL, "piece 1");
+    FAILS(kpl_k_concat(cat, 3, (const kpl_tensor *[]){x, x, x}, 1), KPL_ERANGE, "copy_slab");
+    FAILS(kpl_k_concat(cat, 2, (const kpl_tensor *[]){x, small}, 1), KPL_ESHAPE, "differ");
+    kpl_pool_pop(pool);
 }
 
 /* A trace holds no values: a chain of ops whose intermediates are dropped
