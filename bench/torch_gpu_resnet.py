@@ -21,6 +21,7 @@ Steps 0..WARMUP-1 are not timed into the median (as bench_nn --step); the
 first of them (cuDNN's algorithm search under benchmark=True) is reported
 as first_step_ms.
 """
+import contextlib
 import statistics
 import sys
 import time
@@ -44,7 +45,10 @@ def main():
     x = torch.randn(batch, 3, 224, 224, device=dev).contiguous(memory_format=torch.channels_last)
     y = (torch.arange(batch, device=dev) * 7) % 1000
     amp = {"f32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
-    scaler = torch.amp.GradScaler(dev.type, enabled=prec == "fp16")
+    if hasattr(torch.amp, "GradScaler"):
+        scaler = torch.amp.GradScaler(dev.type, enabled=prec == "fp16")
+    else:  # PyTorch before 2.3 (Debian's 1.13, where the kit rehearses)
+        scaler = torch.cuda.amp.GradScaler(enabled=prec == "fp16" and cuda)
     if cuda:
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
@@ -52,7 +56,7 @@ def main():
     for i in range(max(warm, 1) + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        with torch.autocast(dev.type, dtype=amp or torch.float32, enabled=amp is not None):
+        with torch.autocast(dev.type, dtype=amp) if amp else contextlib.nullcontext():
             loss = F.cross_entropy(model(x), y)
         scaler.scale(loss).backward()
         scaler.step(opt)
