@@ -153,10 +153,19 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     int64_t chw[3] = {ch, hw, hw};
     double flops = 0;
     if (kpl_module_count_flops(m, 3, chw, true, &flops) < 0) die("flops");
-    printf("RESULT model=%s device=%s precision=%s tf32=%d batch=%lld params=%lld ms_median=%.3f "
+    bool kept = kpl_set_blocked_layouts(true); /* (the setting, read back) */
+    kpl_set_blocked_layouts(kept);
+    kpl_layout kl = kpl_get_kept_layout();
+    const char *layout = !kept                         ? "plain"
+                         : kl == KPL_LAYOUT_NHWC    ? "nhwc"
+                         : kl == KPL_LAYOUT_NCHW16C ? "nchw16c"
+                                                    : "auto";
+    printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld ms_median=%.3f "
            "maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
            "alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f first_step_ms=%.1f\n",
-           name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), (long long)batch,
+           name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(),
+           layout,
+           (long long)batch,
            (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
            (double)kpl_device_memory_stats(dev).peak_allocated / 1048576.0,
@@ -469,7 +478,7 @@ static void fusion_cases(int rounds)
             snprintf(label, sizeof label, "%lldx%lldx%lldx%lld_%s_%s", (long long)sh[0],
                      (long long)sh[1], (long long)sh[2], (long long)sh[2], kpl_dtype_name(prec),
                      want_blocked ? "blocked" : "plain");
-            bool held = kpl__blocked_data(c.x) != NULL;
+            bool held = kpl__kept(c.x) != KPL_KEPT_PLAIN;
             if (want_blocked && !held)
                 fprintf(stderr, "bench_nn: bn_relu %s: the convolution's output is not blocked "
                                 "here (%s)\n", label, kpl_cpu_math_info());
@@ -692,7 +701,8 @@ static void dilated_cases(void)
 int main(int argc, char **argv)
 {
     if (argc >= 6 && !strcmp(argv[1], "--step")) {
-        /* options: bf16 (autocast), plain (no blocked layouts), deterministic
+        /* options: bf16 (autocast), plain (no kept layouts), nhwc / nchw16c
+         * (every convolution asked for that kept layout), deterministic
          * (untimed algorithm choice) */
         kpl_dtype prec = KPL_F32;
         const char *devname = "cpu";
@@ -701,16 +711,18 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "fp16")) prec = KPL_F16;
             else if (!strcmp(argv[i], "f32")) prec = KPL_F32;
             else if (!strcmp(argv[i], "plain")) kpl_set_blocked_layouts(false);
+            else if (!strcmp(argv[i], "nhwc")) kpl_set_kept_layout(KPL_LAYOUT_NHWC);
+            else if (!strcmp(argv[i], "nchw16c")) kpl_set_kept_layout(KPL_LAYOUT_NCHW16C);
             else if (!strcmp(argv[i], "deterministic")) kpl_set_deterministic(true);
             else if (!strcmp(argv[i], "tf32")) kpl_set_tf32(true);
             else if (!strncmp(argv[i], "device=", 7)) devname = argv[i] + 7;
-            else die("--step: unknown option (f32, bf16, fp16, plain, deterministic, tf32, "
-                     "device=NAME)");
+            else die("--step: unknown option (f32, bf16, fp16, plain, nhwc, nchw16c, "
+                     "deterministic, tf32, device=NAME)");
         }
         return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec, devname);
     }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16|fp16] [plain] [deterministic] [tf32] [device=NAME]\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16|fp16] [plain|nhwc|nchw16c] [deterministic] [tf32] [device=NAME]\n");
         return 2;
     }
     char self[2048];

@@ -231,14 +231,31 @@ int kpl_get_num_threads(void);
 void kpl_set_deterministic(bool on);
 bool kpl_get_deterministic(void);
 
-/* Blocked layouts on the CPU (on by default): a convolution whose oneDNN
- * kernel works on channels in blocks of 16 leaves its output in that
- * layout, and the ops that can (convolutions, batch norm, element-wise
- * ops on equal shapes) read and write it as it is, so the reorders to and
- * from plain NCHW happen only where a tensor meets any other op, which
- * sees it plain as always.  Results are bit-identical either way.
+/* Kept layouts on the CPU (on by default): a convolution whose oneDNN
+ * kernel works on channels in blocks of 16 (nChw16c) or on channels
+ * innermost (NHWC) leaves its output in that layout, and the ops that can
+ * (convolutions, batch norm, max pooling, concat, element-wise ops on
+ * equal shapes or with a per-channel operand) read and write it as it is,
+ * so the reorders to and from plain NCHW happen only where a tensor meets
+ * any other op, which sees it plain as always.  Results are bit-identical
+ * either way.
  * Returns the previous setting; process-wide. */
 bool kpl_set_blocked_layouts(bool on);
+
+/* Which layout CPU convolutions keep activations in (with blocked layouts
+ * on): KPL_LAYOUT_AUTO (the default) times oneDNN's implementations, each
+ * on the layout it computes in, and keeps the fastest one's where it is
+ * nChw16c (AVX2/AVX-512 direct kernels) or NHWC (AMX and brgemm
+ * kernels), except bf16 on AMX, where it asks for NHWC (faster as a
+ * whole; docs/precision.md); KPL_LAYOUT_NCHW16C and KPL_LAYOUT_NHWC ask
+ * every convolution for that one (where oneDNN has a kernel for it, else
+ * its own choice), for tests and benchmarks on any CPU.  The environment
+ * variable KPL_LAYOUT (auto, nchw16c, nhwc) sets it at start.  The choice
+ * is cached per problem and setting; returns the previous setting;
+ * process-wide. */
+typedef enum { KPL_LAYOUT_AUTO, KPL_LAYOUT_NCHW16C, KPL_LAYOUT_NHWC } kpl_layout;
+kpl_layout kpl_set_kept_layout(kpl_layout layout);
+kpl_layout kpl_get_kept_layout(void);
 
 /* TF32 tensor-core math for f32 matmuls and convolutions on CUDA
  * (PyTorch's allow_tf32).  Off (the default): f32 GEMMs and convolutions

@@ -181,39 +181,51 @@ kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, &a);
 }
 
-#define KPL_CONCAT_MAX 8 /* pieces the blocked path takes at once */
+#define KPL_CONCAT_MAX 8 /* pieces the kept-layout path takes at once */
 
-/* Blocked pieces along the channels into a blockable out: per image, each
- * piece's channel blocks are one run of bytes, placed after the previous
- * pieces' blocks.  False when it does not apply (nothing done). */
-static bool concat_blocked(kpl_tensor *out, int k, const kpl_tensor *const *xs, int axis)
+/* Pieces held in one kept layout along the channels into a keepable out,
+ * left in that layout.  nChw16c: per image, each piece's channel blocks
+ * are one run of bytes, placed after the previous pieces' blocks; NHWC:
+ * per pixel, each piece's channels are a run placed after the previous
+ * pieces'.  False when it does not apply (nothing done). */
+static bool concat_kept(kpl_tensor *out, int k, const kpl_tensor *const *xs, int axis)
 {
     if (axis != 1 || out->ndim != 4 || out->storage->dev->type != KPL_DEVICE_CPU ||
-        !kpl__blockable(out))
+        !kpl__keepable(out) || k > KPL_CONCAT_MAX || k < 1)
         return false;
     const char *src[KPL_CONCAT_MAX];
-    int64_t c = 0;
-    if (k > KPL_CONCAT_MAX) return false;
+    int64_t c = 0, c0[KPL_CONCAT_MAX];
+    kpl_kept tag = kpl__kept(xs[0]);
     for (int i = 0; i < k; i++) {
         const kpl_tensor *x = xs[i];
         if (x->storage == out->storage || x->dtype != out->dtype || x->ndim != 4 ||
             x->shape[0] != out->shape[0] || x->shape[2] != out->shape[2] ||
-            x->shape[3] != out->shape[3] || !(src[i] = kpl__blocked_data(x)))
+            x->shape[3] != out->shape[3] || !(src[i] = kpl__kept_data(x, tag)))
             return false;
+        c0[i] = c;
         c += x->shape[1];
     }
     if (c != out->shape[1]) return false;
-    size_t es = kpl_dtype_size(out->dtype), plane = (size_t)(out->shape[2] * out->shape[3]) * 16 * es;
-    char *dst = kpl__blocked_out(out);
-    int64_t n = out->shape[0], ocb = out->shape[1] / 16;
-    KPL_PARALLEL_FOR_IF(t, n * k, n * k > 1 && out->numel > 2 * KPL_PAR_GRAIN,
-        int64_t img = t / k, i = t % k, cb0 = 0;
-        for (int64_t j = 0; j < i; j++) cb0 += xs[j]->shape[1] / 16;
-        int64_t xcb = xs[i]->shape[1] / 16;
-        memcpy(dst + (size_t)(img * ocb + cb0) * plane, src[i] + (size_t)(img * xcb) * plane,
-               (size_t)xcb * plane);
-    );
-    kpl__storage_set_blocked(out);
+    size_t es = kpl_dtype_size(out->dtype);
+    int64_t n = out->shape[0], hw = out->shape[2] * out->shape[3];
+    char *dst = kpl__kept_out(out);
+    if (tag == KPL_KEPT_NHWC) {
+        KPL_PARALLEL_FOR_IF(t, n * k, n * k > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            int64_t img = t / k, i = t % k, xc = xs[i]->shape[1];
+            for (int64_t p = 0; p < hw; p++)
+                memcpy(dst + (size_t)((img * hw + p) * c + c0[i]) * es,
+                       src[i] + (size_t)((img * hw + p) * xc) * es, (size_t)xc * es);
+        );
+    } else {
+        size_t plane = (size_t)hw * 16 * es;
+        int64_t ocb = c / 16;
+        KPL_PARALLEL_FOR_IF(t, n * k, n * k > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            int64_t img = t / k, i = t % k, xcb = xs[i]->shape[1] / 16;
+            memcpy(dst + (size_t)(img * ocb + c0[i] / 16) * plane,
+                   src[i] + (size_t)(img * xcb) * plane, (size_t)xcb * plane);
+        );
+    }
+    kpl__storage_set_kept(out, tag);
     return true;
 }
 
@@ -221,7 +233,7 @@ kpl_status kpl_k_concat(kpl_tensor *out, int k, const kpl_tensor *const *xs, int
 {
     KPL_CHECK(out && xs && k >= 1, KPL_EINVAL, "concat: NULL argument or no pieces");
     for (int i = 0; i < k; i++) KPL_CHECK(xs[i], KPL_EINVAL, "concat: piece %d is NULL", i);
-    if (concat_blocked(out, k, xs, axis)) return KPL_OK;
+    if (concat_kept(out, k, xs, axis)) return KPL_OK;
     int64_t off = 0;
     for (int i = 0; i < k; i++) {
         KPL_TRY(kpl_k_copy_slab(out, xs[i], axis, off, true));

@@ -110,12 +110,11 @@ kpl_status kpl__ops_half_gemm(kpl_kop kop, const char *op, kpl_dtype dt, kpl_ten
                                                              : "");
         return half_emulated(kop, out, a, b, c, c_written, attrs);
     }
-    /* An operand held blocked (kpl_set_blocked_layouts) comes from a native
+    /* An operand held in a kept layout (kpl_set_blocked_layouts) comes from a native
      * neighbour, whose layout the native kernel reads as it is: the f32
      * detour would turn it plain, and its result, plain, would be reordered
      * again by the next layer, which the timing cannot see. */
-    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic() || kpl__blocked_data(a) ||
-        kpl__blocked_data(b))
+    if (dev != KPL_DEVICE_CPU || kpl_get_deterministic() || kpl__kept(a) || kpl__kept(b))
         return dispatch(kop, dt, out, a, b, c, attrs);
     half_key k;
     half_key_of(kop, dt, attrs, &k);

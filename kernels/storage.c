@@ -23,11 +23,11 @@
  * before such memory is written or handed back, kpl__host_fence waits for
  * the uploads still reading it.
  *
- * A CPU storage may hold a convolution's activation in oneDNN's blocked
- * nChw16c layout (`blocked`; see kpl_set_blocked_layouts): the kernels
- * that understand it take the raw bytes through kpl__blocked_data, and
- * every other access goes through the four accessors below, which first
- * turn the bytes back into plain NCHW, in place, one image at a time.
+ * A CPU storage may hold a convolution's activation in one of oneDNN's
+ * layouts, nChw16c or NHWC (`kept`; see kpl_set_blocked_layouts): the
+ * kernels that understand it take the raw bytes through kpl__kept_data,
+ * and every other access goes through the four accessors below, which
+ * first turn the bytes back into plain NCHW, in place.
  */
 #include "kernels_impl.h"
 
@@ -158,11 +158,36 @@ static kpl_status to_host(kpl_storage *s)
     return KPL_OK;
 }
 
-/* ---- blocked layouts ---- */
+/* ---- kept layouts ---- */
 
 static atomic_bool blocked_layouts = true;
 
 bool kpl_set_blocked_layouts(bool on) { return atomic_exchange(&blocked_layouts, on); }
+
+/* kpl_set_kept_layout's setting; -1 until read from KPL_LAYOUT. */
+static atomic_int kept_layout = -1;
+
+kpl_layout kpl_get_kept_layout(void)
+{
+    int l = atomic_load(&kept_layout);
+    if (l >= 0) return (kpl_layout)l;
+    const char *env = getenv("KPL_LAYOUT");
+    l = KPL_LAYOUT_AUTO;
+    if (env && !strcmp(env, "nchw16c")) l = KPL_LAYOUT_NCHW16C;
+    else if (env && !strcmp(env, "nhwc")) l = KPL_LAYOUT_NHWC;
+    else if (env && *env && strcmp(env, "auto"))
+        fprintf(stderr, "kpl: KPL_LAYOUT=%s is not auto, nchw16c or nhwc; using auto\n", env);
+    int unset = -1;
+    atomic_compare_exchange_strong(&kept_layout, &unset, l);
+    return (kpl_layout)atomic_load(&kept_layout);
+}
+
+kpl_layout kpl_set_kept_layout(kpl_layout layout)
+{
+    kpl_layout prev = kpl_get_kept_layout();
+    atomic_store(&kept_layout, (int)layout);
+    return prev;
+}
 
 /* nChw16c -> NCHW of one block of 16 channels (hw values each), in place
  * through `tmp` of the block's size: a block's 16 * hw values fill the same
@@ -187,8 +212,36 @@ static void unblock_block(char *blk, char *tmp, int64_t hw, int es)
     }
 }
 
-/* Makes a blocked storage plain again (before any plain access), a block
- * of 16 channels per thread at a time (batch 1 too uses every thread). */
+/* NHWC -> NCHW of channels [c0, c0 + 16) of one image whose NHWC bytes
+ * were copied to `src`: 16 rows of hw values written along the rows. */
+#define UNNHWC_BLOCK(T)                                                           \
+    do {                                                                          \
+        const T *src_ = (const T *)src;                                           \
+        T *dst_ = (T *)img;                                                       \
+        for (int64_t i = 0; i < hw; i++)                                          \
+            for (int j = 0; j < 16; j++) dst_[(c0 + j) * hw + i] = src_[i * c + c0 + j]; \
+    } while (0)
+
+static void unnhwc_block(char *img, const char *src, int64_t c, int64_t c0, int64_t hw, int es)
+{
+    switch (es) {
+    case 1: UNNHWC_BLOCK(uint8_t); break;
+    case 2: UNNHWC_BLOCK(uint16_t); break;
+    case 4: UNNHWC_BLOCK(uint32_t); break;
+    default: UNNHWC_BLOCK(uint64_t); break;
+    }
+}
+
+static void unkeep_failed(size_t bytes)
+{
+    /* the accessors cannot fail on the CPU, and these bytes are not the
+     * plain tensor every caller expects */
+    fprintf(stderr, "kpl: no memory (%zu bytes) to turn a kept-layout tensor plain\n", bytes);
+    abort();
+}
+
+/* Makes a storage held nChw16c plain again, a block of 16 channels per
+ * thread at a time (batch 1 too uses every thread). */
 static void unblock(kpl_storage *s)
 {
     int64_t n = s->blk_dims[0], c = s->blk_dims[1], hw = s->blk_dims[2] * s->blk_dims[3];
@@ -207,16 +260,34 @@ static void unblock(kpl_storage *s)
             if (tmp) unblock_block((char *)s->dev_ptr + u * blk, tmp, hw, s->blk_es);
         free(tmp);
     }
-    if (lost) {
-        /* the accessors cannot fail on the CPU, and these bytes are not the
-         * plain tensor every caller expects */
-        fprintf(stderr, "kpl: no memory (%zu bytes) to turn a blocked tensor plain\n", blk);
-        abort();
-    }
-    s->blocked = false;
+    if (lost) unkeep_failed(blk);
 }
 
-bool kpl__blockable(const kpl_tensor *t)
+/* Makes a storage held NHWC plain again: an image at a time, copied aside
+ * whole, then its blocks of 16 channels written back in parallel. */
+static void unnhwc(kpl_storage *s)
+{
+    int64_t n = s->blk_dims[0], c = s->blk_dims[1], hw = s->blk_dims[2] * s->blk_dims[3];
+    size_t img = (size_t)(c * hw * s->blk_es);
+    char *tmp = malloc(img);
+    if (!tmp) unkeep_failed(img);
+    for (int64_t i = 0; i < n; i++) {
+        char *p = (char *)s->dev_ptr + (size_t)i * img;
+        memcpy(tmp, p, img);
+        KPL_PARALLEL_FOR_IF(cb, c / 16, img >= 65536,
+                            unnhwc_block(p, tmp, c, cb * 16, hw, s->blk_es););
+    }
+    free(tmp);
+}
+
+static void unkeep(kpl_storage *s)
+{
+    if (s->kept == KPL_KEPT_NC16) unblock(s);
+    else unnhwc(s);
+    s->kept = KPL_KEPT_PLAIN;
+}
+
+bool kpl__keepable(const kpl_tensor *t)
 {
     const kpl_storage *s = t->storage;
     return atomic_load_explicit(&blocked_layouts, memory_order_relaxed) && is_cpu(s) &&
@@ -224,35 +295,40 @@ bool kpl__blockable(const kpl_tensor *t)
            kpl_tensor_nbytes(t) == s->bytes && t->numel > 0;
 }
 
-void *kpl__blocked_data(const kpl_tensor *t)
+kpl_kept kpl__kept(const kpl_tensor *t)
 {
     const kpl_storage *s = t->storage;
-    if (!s->blocked || t->offset != 0 || t->ndim != 4 ||
+    if (s->kept == KPL_KEPT_PLAIN || t->offset != 0 || t->ndim != 4 ||
         (int)kpl_dtype_size(t->dtype) != s->blk_es || kpl_tensor_nbytes(t) != s->bytes)
-        return NULL;
+        return KPL_KEPT_PLAIN;
     for (int d = 0; d < 4; d++)
-        if (t->shape[d] != s->blk_dims[d]) return NULL;
-    return s->dev_ptr;
+        if (t->shape[d] != s->blk_dims[d]) return KPL_KEPT_PLAIN;
+    return (kpl_kept)s->kept;
 }
 
-void *kpl__blocked_out(const kpl_tensor *t)
+void *kpl__kept_data(const kpl_tensor *t, kpl_kept tag)
 {
-    t->storage->blocked = false; /* whatever it held is overwritten */
+    return tag != KPL_KEPT_PLAIN && kpl__kept(t) == tag ? t->storage->dev_ptr : NULL;
+}
+
+void *kpl__kept_out(const kpl_tensor *t)
+{
+    t->storage->kept = KPL_KEPT_PLAIN; /* whatever it held is overwritten */
     t->storage->state = KPL_MEM_HOST;
     return t->storage->dev_ptr;
 }
 
-void kpl__storage_set_blocked(const kpl_tensor *t)
+void kpl__storage_set_kept(const kpl_tensor *t, kpl_kept tag)
 {
     kpl_storage *s = t->storage;
-    s->blocked = true;
+    s->kept = tag;
     s->blk_es = (int)kpl_dtype_size(t->dtype);
     memcpy(s->blk_dims, t->shape, sizeof s->blk_dims);
 }
 
 const void *kpl_storage_host_data(kpl_storage *s)
 {
-    if (s->blocked) unblock(s);
+    if (s->kept) unkeep(s);
     if (is_cpu(s)) return s->host;
     return to_host(s) < 0 ? NULL : s->host;
 }
@@ -260,7 +336,7 @@ const void *kpl_storage_host_data(kpl_storage *s)
 void *kpl_storage_host_mutable(kpl_storage *s)
 {
     kpl__storage_drop_packed(s);
-    if (s->blocked) unblock(s);
+    if (s->kept) unkeep(s);
     if (s->wrap_release && kpl__host_fence() < 0) return NULL;
     if (!is_cpu(s) && to_host(s) < 0) return NULL;
     s->state = KPL_MEM_HOST;
@@ -278,7 +354,7 @@ static kpl_status to_device(kpl_storage *s)
 
 const void *kpl_storage_device_data(kpl_storage *s)
 {
-    if (s->blocked) unblock(s);
+    if (s->kept) unkeep(s);
     if (is_cpu(s)) return s->dev_ptr;
     return to_device(s) < 0 ? NULL : s->dev_ptr;
 }
@@ -286,7 +362,7 @@ const void *kpl_storage_device_data(kpl_storage *s)
 void *kpl_storage_device_mutable(kpl_storage *s)
 {
     kpl__storage_drop_packed(s);
-    if (s->blocked) unblock(s);
+    if (s->kept) unkeep(s);
     if (is_cpu(s)) {
         if (s->wrap_release && kpl__host_fence() < 0) return NULL;
         s->state = KPL_MEM_HOST;

@@ -7,8 +7,9 @@
  * reference loops below, which are also what the tests check oneDNN
  * against.
  *
- * Tensors stay plain NCHW / OIHW between ops.  (Letting oneDNN keep its
- * blocked layouts between ops is the performance work of the nn issue.)
+ * Activations a primitive computes in nChw16c or NHWC stay so between the
+ * ops that read them (kpl__kept_data, storage.c); weights stay OIHW, a
+ * constant's reordered copy kept beside it.
  */
 #include "kernels_impl.h"
 
@@ -118,12 +119,14 @@ typedef struct {
     bool bias;
     bool deterministic; /* chosen without timing (kpl_set_deterministic) */
     dnnl_data_type_t dt; /* every operand's: f32 or bf16 */
+    kpl_layout layout;   /* kpl_set_kept_layout's setting when chosen */
 } conv_key;
 
 /* A cached convolution: the primitive runs on the layouts oneDNN chose
  * (blocked, e.g. nChw8c / OIhw8i8o on AVX2, where its direct JIT kernels
- * live); tensors stay plain, so each of the three operands the primitive
- * reads or writes goes through a reorder when the layouts differ.  Slots:
+ * live; NHWC for AMX's); an activation whose layout is a kept one
+ * (nChw16c, NHWC) is read and written so as it is, and every other
+ * operand goes through a reorder when the layouts differ.  Slots:
  * 0 and 1 are read, 2 is written — fwd: src, weights, dst; bwd_data:
  * diff_dst, weights, diff_src; bwd_weight: src, diff_dst, diff_weights. */
 typedef struct {
@@ -133,9 +136,11 @@ typedef struct {
     dnnl_memory_desc_t user[3], inner[3], bias;
     dnnl_primitive_t reorder[3]; /* NULL when user == inner */
     dnnl_primitive_t acc_in;     /* KPL_KOP_CONV2D_ACC: the addend, plain to inner (or NULL) */
-    bool blk[3];                 /* an activation slot whose inner layout is nChw16c */
-    dnnl_memory_desc_t b16[2];   /* read activation slots: their nChw16c layout */
-    dnnl_primitive_t from_b16[2]; /* ... reordered to inner when that differs (else NULL) */
+    kpl_kept kept[3];            /* an activation slot's inner layout, when a kept one */
+    /* read activation slots held in another kept layout than inner:
+     * that layout's desc and the reorder from it (NULL where none) */
+    dnnl_memory_desc_t from_md[2][KPL_KEPT_COUNT];
+    dnnl_primitive_t from_kept[2][KPL_KEPT_COUNT];
     int arg[3];
     char impl[64];               /* oneDNN's implementation name, or "kpl_direct" */
     uint64_t last_use;
@@ -181,10 +186,14 @@ static void entry_destroy(conv_entry *e)
     for (int i = 0; i < 3; i++)
         if (e->reorder[i]) dnnl_primitive_destroy(e->reorder[i]);
     for (int i = 0; i < 2; i++)
-        if (e->from_b16[i]) dnnl_primitive_destroy(e->from_b16[i]);
+        for (int t = 0; t < KPL_KEPT_COUNT; t++)
+            if (e->from_kept[i][t]) dnnl_primitive_destroy(e->from_kept[i][t]);
     if (e->acc_in) dnnl_primitive_destroy(e->acc_in);
     memset(e, 0, sizeof *e);
 }
+
+/* oneDNN's tags of the kept layouts (kpl_kept). */
+static const dnnl_format_tag_t kept_tag[KPL_KEPT_COUNT] = {dnnl_abcd, dnnl_aBcd16b, dnnl_acdb};
 
 /* The reorder between slot i's plain layout and the primitive's own, in
  * the direction the data flows. */
@@ -212,23 +221,29 @@ static kpl_status entry_from_pd(conv_entry *e, const_dnnl_primitive_desc_t pd,
     for (int i = 0; i < 3; i++) {
         e->inner[i] = *dnnl_primitive_desc_query_md(pd, q[i], 0);
         if ((st = make_reorder(e, i)) < 0) goto fail;
-        /* activations (not weights) in channel blocks of 16 can stay so */
+        /* activations (not weights) with channels in blocks of 16 can
+         * stay in the kept layout oneDNN chose */
         bool act = e->arg[i] == DNNL_ARG_SRC || e->arg[i] == DNNL_ARG_DST ||
                    e->arg[i] == DNNL_ARG_DIFF_SRC || e->arg[i] == DNNL_ARG_DIFF_DST;
-        dnnl_memory_desc_t b16;
-        bool has16 = act && e->user[i].ndims == 4 && e->user[i].dims[1] % 16 == 0 &&
-                     dnnl_memory_desc_init_by_tag(&b16, 4, e->user[i].dims, e->user[i].data_type,
-                                                  dnnl_aBcd16b) == dnnl_success;
-        e->blk[i] = has16 && dnnl_memory_desc_equal(&b16, &e->inner[i]);
-        /* a blocked input meeting another inner layout goes there directly,
+        if (!act || e->user[i].ndims != 4 || e->user[i].dims[1] % 16) continue;
+        dnnl_memory_desc_t md[KPL_KEPT_COUNT];
+        bool has[KPL_KEPT_COUNT] = {false};
+        for (int t = KPL_KEPT_NC16; t < KPL_KEPT_COUNT; t++) {
+            has[t] = dnnl_memory_desc_init_by_tag(&md[t], 4, e->user[i].dims,
+                                                  e->user[i].data_type, kept_tag[t]) == dnnl_success;
+            if (has[t] && dnnl_memory_desc_equal(&md[t], &e->inner[i])) e->kept[i] = t;
+        }
+        /* an input kept in another layout than inner goes there directly,
          * without being turned plain first */
-        dnnl_primitive_desc_t rpd = NULL;
-        if (has16 && i < 2 && !e->blk[i] &&
-            dnnl_reorder_primitive_desc_create(&rpd, &b16, cc.engine, &e->inner[i], cc.engine,
-                                               NULL) == dnnl_success) {
-            e->b16[i] = b16;
-            if (dnnl_primitive_create(&e->from_b16[i], rpd) != dnnl_success)
-                e->from_b16[i] = NULL; /* then the input is turned plain first */
+        for (int t = KPL_KEPT_NC16; i < 2 && t < KPL_KEPT_COUNT; t++) {
+            dnnl_primitive_desc_t rpd = NULL;
+            if (!has[t] || (int)e->kept[i] == t ||
+                dnnl_reorder_primitive_desc_create(&rpd, &md[t], cc.engine, &e->inner[i],
+                                                   cc.engine, NULL) != dnnl_success)
+                continue;
+            e->from_md[i][t] = md[t];
+            if (dnnl_primitive_create(&e->from_kept[i][t], rpd) != dnnl_success)
+                e->from_kept[i][t] = NULL; /* then the input is turned plain first */
             dnnl_primitive_desc_destroy(rpd);
         }
     }
@@ -276,14 +291,15 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
     void *buf[3] = {NULL, NULL, NULL};
     kpl_device *cpu = kpl_device_cpu();
     /* Operands already in (or allowed to be written in) the primitive's
-     * blocked layout skip their reorder.  Taken before any plain pointer,
-     * as a plain access turns a blocked storage plain; never when two
+     * kept layout skip their reorder.  Taken before any plain pointer,
+     * as a plain access turns a kept storage plain; never when two
      * operands share a storage. */
     const kpl_tensor *opd[3] = {args->in[0], args->in[1], args->out};
     void *direct[3] = {NULL, NULL, NULL};
     bool shared = opd[0]->storage == opd[1]->storage || opd[0]->storage == opd[2]->storage ||
                   opd[1]->storage == opd[2]->storage;
-    void *via_b16[2] = {NULL, NULL}; /* blocked inputs reordered from nChw16c */
+    void *via_kept[2] = {NULL, NULL}; /* inputs reordered from another kept layout */
+    kpl_kept via_tag[2] = {KPL_KEPT_PLAIN, KPL_KEPT_PLAIN};
     /* constant forward weights: reordered once, the copy kept with them */
     kpl_storage *ws = opd[1]->storage;
     bool pack = a->kind == KPL_CONV_FWD && ws->constant && e->reorder[1] && !shared;
@@ -299,11 +315,11 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                      ws->packed_bytes == dnnl_memory_desc_get_size(&e->inner[1]);
     }
     for (int i = 0; i < 3 && !shared; i++) {
-        if (e->blk[i])
-            direct[i] = i < 2 || a->acc ? kpl__blocked_data(opd[i]) /* (the addend's) */
-                        : kpl__blockable(opd[2]) ? kpl__blocked_out(opd[2]) : NULL;
-        else if (i < 2 && e->from_b16[i])
-            via_b16[i] = kpl__blocked_data(opd[i]);
+        if (e->kept[i])
+            direct[i] = i < 2 || a->acc ? kpl__kept_data(opd[i], e->kept[i]) /* (the addend's) */
+                        : kpl__keepable(opd[2]) ? kpl__kept_out(opd[2]) : NULL;
+        if (i < 2 && !direct[i] && (via_tag[i] = kpl__kept(opd[i])) && e->from_kept[i][via_tag[i]])
+            via_kept[i] = kpl__kept_data(opd[i], via_tag[i]);
     }
     for (int i = 0; i < 3; i++) {
         if (direct[i]) {
@@ -314,8 +330,9 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
             DNNL_TRY(dnnl_memory_create(&im[i], &e->inner[i], cc.engine, ws->packed), "memory");
             continue;
         }
-        if (i < 2 && via_b16[i]) {
-            DNNL_TRY(dnnl_memory_create(&um[i], &e->b16[i], cc.engine, via_b16[i]), "memory");
+        if (i < 2 && via_kept[i]) {
+            DNNL_TRY(dnnl_memory_create(&um[i], &e->from_md[i][via_tag[i]], cc.engine, via_kept[i]),
+                     "memory");
             if ((st = kpl_device_alloc(cpu, dnnl_memory_desc_get_size(&e->inner[i]), "conv2d",
                                        &buf[i])) < 0)
                 goto fail;
@@ -335,13 +352,13 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         DNNL_TRY(dnnl_primitive_execute(e->acc_in, cc.stream, 2, r), "reorder");
     }
     for (int i = 0; i < 2; i++)
-        if ((e->reorder[i] || via_b16[i]) && !direct[i] && !(i == 1 && packed_hit)) {
+        if ((e->reorder[i] || via_kept[i]) && !direct[i] && !(i == 1 && packed_hit)) {
             dnnl_exec_arg_t r[2] = {{DNNL_ARG_FROM, um[i]}, {DNNL_ARG_TO, im[i]}};
-            DNNL_TRY(dnnl_primitive_execute(via_b16[i] ? e->from_b16[i] : e->reorder[i],
+            DNNL_TRY(dnnl_primitive_execute(via_kept[i] ? e->from_kept[i][via_tag[i]] : e->reorder[i],
                                             cc.stream, 2, r),
                      "reorder");
         }
-    if (pack && !packed_hit && buf[1] && !via_b16[1]) { /* keep the reordered weights */
+    if (pack && !packed_hit && buf[1] && !via_kept[1]) { /* keep the reordered weights */
         DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
         kpl__storage_drop_packed(ws);
         ws->packed = buf[1];
@@ -365,7 +382,7 @@ static kpl_status run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         DNNL_TRY(dnnl_primitive_execute(e->reorder[2], cc.stream, 2, r), "reorder");
     }
     DNNL_TRY(dnnl_stream_wait(cc.stream), "stream wait");
-    if (direct[2]) kpl__storage_set_blocked(args->out);
+    if (direct[2]) kpl__storage_set_kept(args->out, e->kept[2]);
 fail:
     for (int i = 0; i < 3; i++) {
         if (um[i]) dnnl_memory_destroy(um[i]);
@@ -440,7 +457,8 @@ static double probe_direct(const kpl_conv_attrs *a, const kpl_kernel_args *args,
     return (kpl_seconds() - t0) * (double)a->n / (double)m;
 }
 
-static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_entry *out)
+static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
+                         conv_entry *out)
 {
     kpl_status st = KPL_OK;
     const kpl_conv_attrs *a = &k->a;
@@ -466,8 +484,16 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, conv_en
     dnnl_memory_desc_t usrc, udst, uwei, asrc, adst, awei;
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&usrc, 4, src, k->dt, dnnl_nchw), "src desc");
     DNNL_TRY(dnnl_memory_desc_init_by_tag(&udst, 4, dst, k->dt, dnnl_nchw), "dst desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, k->dt, dnnl_format_tag_any), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, k->dt, dnnl_format_tag_any), "dst desc");
+    /* the activations' layout: oneDNN's choice per implementation, or the
+     * one kpl_set_kept_layout asks for (where the channels allow it) */
+    dnnl_format_tag_t ls = dnnl_format_tag_any, ld = dnnl_format_tag_any;
+    if (layout == KPL_LAYOUT_NHWC) ls = ld = dnnl_acdb;
+    if (layout == KPL_LAYOUT_NCHW16C) {
+        ls = a->c % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
+        ld = a->o % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
+    }
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, k->dt, ls), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, k->dt, ld), "dst desc");
     if (g == 1) {
         DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 4, wei1, k->dt, dnnl_oihw), "weights desc");
         DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 4, wei1, k->dt, dnnl_format_tag_any),
@@ -596,6 +622,14 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
     k.threads = omp_get_max_threads();
     k.bias = args->in[2] != NULL;
     k.deterministic = kpl_get_deterministic();
+    k.layout = kpl_get_kept_layout();
+    /* AMX: oneDNN 2.6's AMX bf16 kernels compute in NHWC, and its other
+     * candidates on plain or nChw16c inputs (gemm) win the per-call timing
+     * link by link while the chain as a whole loses: a ResNet-50 b8 step
+     * on two AMX cores ran 1.16x faster with every convolution in NHWC
+     * (docs/gpu.md, "The AMX CPU against PyTorch"), so NHWC is the choice
+     * there; elsewhere oneDNN's own per implementation. */
+    if (k.layout == KPL_LAYOUT_AUTO && dt == dnnl_bf16 && kpl__cpu_amx()) k.layout = KPL_LAYOUT_NHWC;
     kpl_status st = KPL_OK;
     pthread_mutex_lock(&cc.lock);
     conv_entry *e = NULL;
@@ -618,7 +652,13 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
         if (a->acc && (st = kpl_tensor_empty(kpl_device_cpu(), args->out->dtype, 4,
                                              args->out->shape, &timed.out)) < 0)
             goto fail;
-        st = choose(&k, &timed, &fresh);
+        st = choose(&k, &timed, k.layout, &fresh);
+        if (st < 0 && k.layout != KPL_LAYOUT_AUTO) {
+            /* no implementation for the asked layout (this ISA, dtype or
+             * problem): oneDNN's own choice */
+            kpl_clear_error();
+            st = choose(&k, &timed, KPL_LAYOUT_AUTO, &fresh);
+        }
         if (a->acc) kpl_tensor_release(timed.out);
         if (st < 0) goto fail;
         if (cc.n < CACHE_CAP) {
@@ -635,7 +675,7 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
     snprintf(last_choice.impl, sizeof last_choice.impl, "%s", e->impl);
     last_choice.kind = a->kind;
     last_choice.dtype = args->out->dtype;
-    last_choice.out_nchw16c = e->blk[2];
+    last_choice.out_kept = e->kept[2];
     /* Execution stays under the lock (see cpu_matmul.c). */
     st = run_entry(e, a, args);
 fail:

@@ -318,61 +318,75 @@ static void binary_range(const kpl_ew_plan *p, const bin_job *j, char *po, const
     }
 }
 
-/* Blocked operands (kpl_set_blocked_layouts): when every tensor operand
- * is held blocked with out's own shape and out may be blocked too, the
- * flat loops run on the blocked bytes as they are (the same values in the
- * same places), and out is left blocked. */
-static bool eltwise_blocked(const kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
-                            const char **pa, const char **pb, char **po)
+/* Kept layouts (kpl_set_blocked_layouts): when every tensor operand is
+ * held in one kept layout with out's own shape and out may be kept too,
+ * the flat loops run on the kept bytes as they are (the same values in
+ * the same places), and out is left in that layout.  Returns the layout,
+ * KPL_KEPT_PLAIN (nothing taken) when it does not apply. */
+static kpl_kept eltwise_kept(const kpl_tensor *out, const kpl_tensor *a, const kpl_tensor *b,
+                             const char **pa, const char **pb, char **po)
 {
-    if (!kpl__blockable(out)) return false;
+    if (!kpl__keepable(out)) return KPL_KEPT_PLAIN;
+    kpl_kept tag = kpl__kept(a);
     const kpl_tensor *in[2] = {a, b};
     const void *raw[2] = {NULL, NULL};
     for (int i = 0; i < 2; i++) {
         if (!in[i]) continue;
-        if (!(raw[i] = kpl__blocked_data(in[i]))) return false;
+        if (!(raw[i] = kpl__kept_data(in[i], tag))) return KPL_KEPT_PLAIN;
         for (int d = 0; d < 4; d++)
-            if (in[i]->shape[d] != out->shape[d]) return false;
+            if (in[i]->shape[d] != out->shape[d]) return KPL_KEPT_PLAIN;
     }
     *pa = raw[0];
     if (b) *pb = raw[1];
-    *po = kpl__blocked_out(out);
-    return true;
+    *po = kpl__kept_out(out);
+    return tag;
 }
 
-/* A blocked a (nChw16c) with a per-channel b: b's shape ends in (C, 1, 1),
- * every other dim 1 (a bias, a scale, after a transposed convolution or
- * a user's layer).  Each channel block's 16 values are tiled over TILE
- * pixels, and the row loops run on a's blocked bytes against the tile:
- * the same values in the same places as the plain broadcast, out left
- * blocked.  False (nothing done) when it does not apply. */
+/* A kept a with a per-channel b: b's shape ends in (C, 1, 1), every other
+ * dim 1 (a bias, a scale, after a transposed convolution or a user's
+ * layer).  nChw16c: each channel block's 16 values are tiled over TILE
+ * pixels, and the row loops run on a's bytes against the tile; NHWC: each
+ * pixel's C values are one row against b as it is.  The same values in
+ * the same places as the plain broadcast, out left in a's layout.  False
+ * (nothing done) when it does not apply. */
 #define TILE 64
-static bool binary_blocked_channel(const kpl_kernel_args *args, const bin_job *j, size_t es)
+static bool binary_kept_channel(const kpl_kernel_args *args, const bin_job *j, size_t es)
 {
     const kpl_binary_attrs *at = args->attrs;
     const kpl_tensor *a = args->in[0], *b = args->in[1], *out = args->out;
-    if (at->has_scalar || j->cmp || !b || b->storage == out->storage || !kpl__blockable(out) ||
+    if (at->has_scalar || j->cmp || !b || b->storage == out->storage || !kpl__keepable(out) ||
         b->ndim < 3 || b->ndim > 4 || b->numel != out->shape[1] || (b->ndim == 4 && b->shape[0] != 1))
         return false;
     if (b->shape[b->ndim - 3] != out->shape[1]) return false;
-    const char *pa = kpl__blocked_data(a);
+    kpl_kept tag = kpl__kept(a);
+    const char *pa = kpl__kept_data(a, tag);
     if (!pa) return false;
     for (int d = 0; d < 4; d++)
         if (a->shape[d] != out->shape[d]) return false;
     const char *pb = kpl__cdata(b);
-    char *po = kpl__blocked_out(out);
-    int64_t cb = out->shape[1] / 16, hw = out->shape[2] * out->shape[3];
-    int64_t chunks = (hw + TILE - 1) / TILE, tasks = out->shape[0] * cb * chunks;
-    KPL_PARALLEL_FOR_IF(t, tasks, tasks > 1 && out->numel > 2 * KPL_PAR_GRAIN,
-        int64_t blk = t / chunks, p0 = t % chunks * TILE; /* blk = n * cb + channel block */
-        int64_t np = hw - p0 < TILE ? hw - p0 : TILE;
-        _Alignas(64) char tile[TILE * 16 * 8];
-        for (int64_t k = 0; k < np; k++)
-            memcpy(tile + (size_t)k * 16 * es, pb + (size_t)(blk % cb) * 16 * es, 16 * es);
-        size_t off = (size_t)(blk * hw + p0) * 16 * es;
-        run_row(j, po + off, pa + off, tile, np * 16, 0);
-    );
-    kpl__storage_set_blocked(out);
+    char *po = kpl__kept_out(out);
+    int64_t c = out->shape[1], cb = c / 16, hw = out->shape[2] * out->shape[3];
+    int64_t chunks = (hw + TILE - 1) / TILE, tasks = out->shape[0] * chunks;
+    if (tag == KPL_KEPT_NHWC) {
+        KPL_PARALLEL_FOR_IF(t, tasks, tasks > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            int64_t p0 = t % chunks * TILE, np = hw - p0 < TILE ? hw - p0 : TILE;
+            size_t off = (size_t)((t / chunks) * hw + p0) * (size_t)c * es;
+            for (int64_t k = 0; k < np; k++, off += (size_t)c * es)
+                run_row(j, po + off, pa + off, pb, c, 0);
+        );
+    } else {
+        tasks *= cb;
+        KPL_PARALLEL_FOR_IF(t, tasks, tasks > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            int64_t blk = t / chunks, p0 = t % chunks * TILE; /* blk = n * cb + channel block */
+            int64_t np = hw - p0 < TILE ? hw - p0 : TILE;
+            _Alignas(64) char tile[TILE * 16 * 8];
+            for (int64_t k = 0; k < np; k++)
+                memcpy(tile + (size_t)k * 16 * es, pb + (size_t)(blk % cb) * 16 * es, 16 * es);
+            size_t off = (size_t)(blk * hw + p0) * 16 * es;
+            run_row(j, po + off, pa + off, tile, np * 16, 0);
+        );
+    }
+    kpl__storage_set_kept(out, tag);
     return true;
 }
 
@@ -388,12 +402,12 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
     size_t es = kpl_dtype_size(dt);
     size_t eo = j.cmp ? 1 : es;
 
-    if (binary_blocked_channel(args, &j, es)) return KPL_OK;
+    if (binary_kept_channel(args, &j, es)) return KPL_OK;
     kpl_ew_plan p = at->plan;
     const char *pa = NULL, *pb = NULL;
     char *po = NULL;
-    bool blocked = eltwise_blocked(args->out, a, at->has_scalar ? NULL : b, &pa, &pb, &po);
-    if (!blocked) pa = kpl__cdata(a);
+    kpl_kept kept = eltwise_kept(args->out, a, at->has_scalar ? NULL : b, &pa, &pb, &po);
+    if (!kept) pa = kpl__cdata(a);
     union { float f; double d; int32_t i; int64_t l; uint8_t u; } sc;
     if (at->has_scalar) {
         switch (dt) {
@@ -415,10 +429,10 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
             j.a_f32 = half;
             j.b_f32 = false;
         }
-    } else if (!blocked) {
+    } else if (!kept) {
         pb = kpl__cdata(b);
     }
-    if (!blocked) po = kpl__data(args->out);
+    if (!kept) po = kpl__data(args->out);
     int64_t sa = p.stride[0][p.ndim - 1], sb = p.stride[1][p.ndim - 1];
     int mode = (sa && sb) ? 0 : (sa ? 1 : (sb ? 2 : 0));
     int64_t total = p.numel;
@@ -433,7 +447,7 @@ static kpl_status cpu_binary(const kpl_kernel_args *args)
         binary_range(&p, &j, po, pa, pb, es, eo, mode, total * c / nchunks,
                      total * (c + 1) / nchunks);
     );
-    if (blocked) kpl__storage_set_blocked(args->out);
+    if (kept) kpl__storage_set_kept(args->out, kept);
     return KPL_OK;
 }
 
@@ -448,8 +462,8 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
     size_t es = kpl_dtype_size(dt);
     const char *px = NULL;
     char *po = NULL;
-    bool blocked = eltwise_blocked(args->out, x, NULL, &px, NULL, &po);
-    if (!blocked) {
+    kpl_kept kept = eltwise_kept(args->out, x, NULL, &px, NULL, &po);
+    if (!kept) {
         px = kpl__cdata(x);
         po = kpl__data(args->out);
     }
@@ -469,7 +483,7 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
             narrow(dt, po + 2 * i, fo, m);
         }
     );
-    if (blocked) kpl__storage_set_blocked(args->out);
+    if (kept) kpl__storage_set_kept(args->out, kept);
     return KPL_OK;
 }
 

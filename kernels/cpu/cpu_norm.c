@@ -236,21 +236,23 @@ static double lanes_total(const double *l)
                                 bwd_plain_##N(x, gy, g, gx, gg, gb, a, c););              \
     }
 
-/* ---- the blocked layout (nChw16c) ----
+/* ---- the kept layouts (nChw16c, NHWC) ----
  * The same sums in the same order, 16 channels at a time: value i of row
- * (n, c) sits at ((n * C/16 + c/16) * hw + i) * 16 + c % 16, and each
- * channel's values still meet BN_FOLD's lanes in BN_FOLD's order, so the
- * results are bit-identical to the plain kernels'.  BLK_FOLD(ACC) calls
- * ACC(j, k) with k the offset of the 16 channels' values. */
+ * (n, c) sits at n * ns + (c / 16) * cs + i * ps + c % 16 (kpl_kept_geom:
+ * nChw16c ((n * C/16 + c/16) * hw + i) * 16 + c % 16, NHWC (n * hw + i) * C
+ * + c), and each channel's values still meet BN_FOLD's lanes in BN_FOLD's
+ * order, so the results are bit-identical to the plain kernels'.
+ * BLK_FOLD(ACC) calls ACC(j, k) with k the offset of the 16 channels'
+ * values. */
 #define BLK_FOLD(ACC)                                                                     \
     for (int64_t n = 0; n < a->n; n++) {                                                  \
-        int64_t o = (n * (a->c / 16) + cb) * a->hw * 16, i = 0;                           \
+        int64_t o = n * gm->ns + cb * gm->cs, ps = gm->ps, i = 0;                         \
         if (a->hw >= BN_LANES) {                                                          \
             for (; i + BN_LANES <= a->hw; i += BN_LANES)                                  \
-                for (int j = 0; j < BN_LANES; j++) ACC(j, o + (i + j) * 16);              \
-            for (int j = 0; i < a->hw; i++, j++) ACC(j, o + i * 16);                      \
+                for (int j = 0; j < BN_LANES; j++) ACC(j, o + (i + j) * ps);              \
+            for (int j = 0; i < a->hw; i++, j++) ACC(j, o + i * ps);                      \
         } else {                                                                          \
-            for (int j = (int)(n % BN_LANES); i < a->hw; i++) ACC(j, o + i * 16);          \
+            for (int j = (int)(n % BN_LANES); i < a->hw; i++) ACC(j, o + i * ps);          \
         }                                                                                 \
     }
 
@@ -275,8 +277,8 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
 
 #define BN_BLOCKED(N, T, P)                                                               \
     static inline __attribute__((always_inline)) void bstats_##N(                         \
-        const T *x, const kpl_bn_attrs *a, int64_t cb, double *m,                          \
-                           double *var)                                                   \
+        const T *x, const kpl_bn_attrs *a, const kpl_kept_geom *gm, int64_t cb, double *m, \
+        double *var)                                                                      \
     {                                                                                     \
         double cnt = (double)(a->n * a->hw), s[BN_LANES][16] = {{0}}, q[BN_LANES][16] = {{0}}; \
         BLK_FOLD(BACC_X)                                                                  \
@@ -286,11 +288,11 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
     }                                                                                     \
     static inline __attribute__((always_inline)) void bfwd_blk_##N(                       \
         const T *x, const P *g, const P *b, T *y, P *mo, P *vo, const kpl_bn_attrs *a,     \
-        int64_t cb, bool relu)                                                            \
+        const kpl_kept_geom *gm, int64_t cb, bool relu)                                   \
     {                                                                                     \
         double m[16], v[16];                                                              \
         P scale[16], shift[16];                                                           \
-        bstats_##N(x, a, cb, m, v);                                                       \
+        bstats_##N(x, a, gm, cb, m, v);                                                   \
         for (int l = 0; l < 16; l++) {                                                    \
             int64_t c = cb * 16 + l;                                                      \
             if (mo) mo[c] = (P)m[l];                                                      \
@@ -300,22 +302,22 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
             shift[l] = (P)((double)b[c] - m[l] * (double)g[c] * inv);                     \
         }                                                                                 \
         for (int64_t n = 0; n < a->n; n++) {                                              \
-            int64_t o = (n * (a->c / 16) + cb) * a->hw * 16;                              \
+            int64_t o = n * gm->ns + cb * gm->cs;                                         \
             for (int64_t i = 0; i < a->hw; i++)                                           \
                 for (int l = 0; l < 16; l++) {                                            \
-                    int64_t e = o + i * 16 + l;                                           \
+                    int64_t e = o + i * gm->ps + l;                                       \
                     ST_ACT(T, y, e, LD(x, e) * scale[l] + shift[l], relu);                \
                 }                                                                         \
         }                                                                                 \
     }                                                                                     \
     static inline __attribute__((always_inline)) void bbwd_blk_##N(                       \
         const T *x, const T *gy, const T *ym, const P *g, T *gx, P *gg, P *gb,             \
-        const kpl_bn_attrs *a, int64_t cb, bool relu)                                     \
+        const kpl_bn_attrs *a, const kpl_kept_geom *gm, int64_t cb, bool relu)            \
     {                                                                                     \
         double m[16], v[16], cnt = (double)(a->n * a->hw);                                \
         double sg[BN_LANES][16] = {{0}}, sgx[BN_LANES][16] = {{0}};                       \
         double k[16], mg[16], kx[16];                                                     \
-        bstats_##N(x, a, cb, m, v);                                                       \
+        bstats_##N(x, a, gm, cb, m, v);                                                   \
         BLK_FOLD(BACC_GRAD)                                                               \
         for (int l = 0; l < 16; l++) {                                                    \
             int64_t c = cb * 16 + l;                                                      \
@@ -327,60 +329,64 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
         }                                                                                 \
         if (!gx) return;                                                                  \
         for (int64_t n = 0; n < a->n; n++) {                                              \
-            int64_t o = (n * (a->c / 16) + cb) * a->hw * 16;                              \
+            int64_t o = n * gm->ns + cb * gm->cs;                                         \
             for (int64_t i = 0; i < a->hw; i++)                                           \
                 for (int l = 0; l < 16; l++) {                                            \
-                    int64_t e = o + i * 16 + l;                                           \
+                    int64_t e = o + i * gm->ps + l;                                       \
                     gx[e] = ST(k[l] * ((GY(gy, ym, e, relu) - mg[l]) -                    \
                                        ((double)LD(x, e) - m[l]) * kx[l]));               \
                 }                                                                         \
         }                                                                                 \
     }                                                                                     \
     KPL_CLONES static void bfwd_plain_##N(const T *x, const P *g, const P *b, T *y, P *mo, \
-                                          P *vo, const kpl_bn_attrs *a, int64_t cb)       \
+                                          P *vo, const kpl_bn_attrs *a,                   \
+                                          const kpl_kept_geom *gm, int64_t cb)            \
     {                                                                                     \
-        bfwd_blk_##N(x, g, b, y, mo, vo, a, cb, false);                                   \
+        bfwd_blk_##N(x, g, b, y, mo, vo, a, gm, cb, false);                               \
     }                                                                                     \
     KPL_CLONES static void bfwd_relu_##N(const T *x, const P *g, const P *b, T *y, P *mo,  \
-                                         P *vo, const kpl_bn_attrs *a, int64_t cb)        \
+                                         P *vo, const kpl_bn_attrs *a,                    \
+                                         const kpl_kept_geom *gm, int64_t cb)             \
     {                                                                                     \
-        bfwd_blk_##N(x, g, b, y, mo, vo, a, cb, true);                                    \
+        bfwd_blk_##N(x, g, b, y, mo, vo, a, gm, cb, true);                                \
     }                                                                                     \
     KPL_CLONES static void bbwd_plain_##N(const T *x, const T *gy, const P *g, T *gx,      \
-                                          P *gg, P *gb, const kpl_bn_attrs *a, int64_t cb) \
+                                          P *gg, P *gb, const kpl_bn_attrs *a,            \
+                                          const kpl_kept_geom *gm, int64_t cb)            \
     {                                                                                     \
-        bbwd_blk_##N(x, gy, NULL, g, gx, gg, gb, a, cb, false);                           \
+        bbwd_blk_##N(x, gy, NULL, g, gx, gg, gb, a, gm, cb, false);                       \
     }                                                                                     \
     KPL_CLONES static void bbwd_relu_##N(const T *x, const T *gy, const T *ym, const P *g, \
                                          T *gx, P *gg, P *gb, const kpl_bn_attrs *a,      \
-                                         int64_t cb)                                      \
+                                         const kpl_kept_geom *gm, int64_t cb)             \
     {                                                                                     \
-        bbwd_blk_##N(x, gy, ym, g, gx, gg, gb, a, cb, true);                              \
+        bbwd_blk_##N(x, gy, ym, g, gx, gg, gb, a, gm, cb, true);                          \
     }                                                                                     \
-    static void bfwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
-                         T *y)                                                            \
+    static void bfwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a,               \
+                         const kpl_kept_geom *gm, const T *x, T *y)                       \
     {                                                                                     \
         const P *g = kpl__cdata(args->in[1]), *b = kpl__cdata(args->in[2]);               \
         P *mo = a->mean ? kpl__data(a->mean) : NULL, *vo = a->var ? kpl__data(a->var) : NULL; \
         if (a->relu)                                                                      \
             KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
-                                bfwd_relu_##N(x, g, b, y, mo, vo, a, cb););               \
+                                bfwd_relu_##N(x, g, b, y, mo, vo, a, gm, cb););           \
         else                                                                              \
             KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
-                                bfwd_plain_##N(x, g, b, y, mo, vo, a, cb););              \
+                                bfwd_plain_##N(x, g, b, y, mo, vo, a, gm, cb););          \
     }                                                                                     \
-    static void bbwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a, const T *x,   \
-                         const T *gy, const T *ym, T *gx)                                 \
+    static void bbwd_##N(const kpl_kernel_args *args, const kpl_bn_attrs *a,               \
+                         const kpl_kept_geom *gm, const T *x, const T *gy, const T *ym,   \
+                         T *gx)                                                           \
     {                                                                                     \
         const P *g = kpl__cdata(args->in[2]);                                             \
         P *gg = a->ggamma ? kpl__data(a->ggamma) : NULL;                                  \
         P *gb = a->gbeta ? kpl__data(a->gbeta) : NULL;                                    \
         if (ym)                                                                           \
             KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
-                                bbwd_relu_##N(x, gy, ym, g, gx, gg, gb, a, cb););         \
+                                bbwd_relu_##N(x, gy, ym, g, gx, gg, gb, a, gm, cb););     \
         else                                                                              \
             KPL_PARALLEL_FOR_IF(cb, a->c / 16, a->c > 16,                                 \
-                                bbwd_plain_##N(x, gy, g, gx, gg, gb, a, cb););            \
+                                bbwd_plain_##N(x, gy, g, gx, gg, gb, a, gm, cb););        \
     }
 
 #define LD(p, k) ((p)[k])
@@ -404,43 +410,46 @@ BN_BLOCKED(f16, uint16_t, float)
 #undef LD
 #undef ST
 
-/* The blocked form when the activations are blocked (as a convolution
- * left them) and the outputs may be: returns false to run the plain one. */
-static bool run_blocked(const kpl_kernel_args *args, const kpl_bn_attrs *a)
+/* The kept form when the activations are held in a kept layout (as a
+ * convolution left them) and the outputs may be: returns false to run the
+ * plain one. */
+static bool run_kept(const kpl_kernel_args *args, const kpl_bn_attrs *a)
 {
     kpl_dtype dt = args->in[0]->dtype;
     if (dt == KPL_F64) return false;
     const kpl_tensor *x = args->in[0];
     const kpl_tensor *out = a->bwd ? a->gx : args->out, *gy = a->bwd ? args->in[1] : NULL;
     const kpl_tensor *ry = a->bwd && a->relu ? a->relu_y : NULL;
-    void *px = kpl__blocked_data(x), *pg = gy ? kpl__blocked_data(gy) : NULL;
-    void *py = ry ? kpl__blocked_data(ry) : NULL;
+    kpl_kept tag = kpl__kept(x);
+    void *px = kpl__kept_data(x, tag), *pg = gy ? kpl__kept_data(gy, tag) : NULL;
+    void *py = ry ? kpl__kept_data(ry, tag) : NULL;
     if (!px || (gy && !pg) || (ry && !py)) return false;
-    if (out && (!kpl__blockable(out) || out->storage == x->storage ||
+    if (out && (!kpl__keepable(out) || out->storage == x->storage ||
                 (gy && out->storage == gy->storage) || (ry && out->storage == ry->storage)))
         return false;
-    void *po = out ? kpl__blocked_out(out) : NULL;
+    void *po = out ? kpl__kept_out(out) : NULL;
+    kpl_kept_geom gm = kpl__kept_geom(tag, a->c, a->hw);
     if (!a->bwd) {
         switch (dt) {
-        case KPL_F32: bfwd_float(args, a, px, po); break;
-        case KPL_BF16: bfwd_bf16(args, a, px, po); break;
-        default: bfwd_f16(args, a, px, po); break;
+        case KPL_F32: bfwd_float(args, a, &gm, px, po); break;
+        case KPL_BF16: bfwd_bf16(args, a, &gm, px, po); break;
+        default: bfwd_f16(args, a, &gm, px, po); break;
         }
     } else {
         switch (dt) {
-        case KPL_F32: bbwd_float(args, a, px, pg, py, po); break;
-        case KPL_BF16: bbwd_bf16(args, a, px, pg, py, po); break;
-        default: bbwd_f16(args, a, px, pg, py, po); break;
+        case KPL_F32: bbwd_float(args, a, &gm, px, pg, py, po); break;
+        case KPL_BF16: bbwd_bf16(args, a, &gm, px, pg, py, po); break;
+        default: bbwd_f16(args, a, &gm, px, pg, py, po); break;
         }
     }
-    if (out) kpl__storage_set_blocked(out);
+    if (out) kpl__storage_set_kept(out, tag);
     return true;
 }
 
 static kpl_status cpu_batch_norm(const kpl_kernel_args *args)
 {
     const kpl_bn_attrs *a = args->attrs;
-    if (run_blocked(args, a)) return KPL_OK;
+    if (run_kept(args, a)) return KPL_OK;
     switch (args->in[0]->dtype) {
     case KPL_F32: (a->bwd ? bwd_float : fwd_float)(args, a); break;
     case KPL_F64: (a->bwd ? bwd_double : fwd_double)(args, a); break;

@@ -6,6 +6,7 @@
  */
 #include "kernels_impl.h"
 #include "vision_math.h"
+#include "../convert_math.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -369,80 +370,100 @@ static max2_row_fn_f64 max2_row_for_f64(void) { return max2_row_f64; }
 DEF_POOL(float, f32)
 DEF_POOL(double, f64)
 
-/* ---- max pooling on the blocked layout (nChw16c) ----
- * A convolution's output held blocked is pooled as it is: value (n, c, y,
- * x) sits at (((n * C/16 + c/16) * h + y) * w + x) * 16 + c % 16, so each
- * window cell is 16 channels' values side by side and the rule (NaN wins,
- * ties keep the earlier cell) runs on 16 lanes at once.  The output is
- * written blocked; the indices (a plane offset per (n, c, oy, ox), as the
- * plain kernel's) in their plain layout.  One task is (n, channel block,
- * output row). */
+/* ---- max pooling on the kept layouts (nChw16c, NHWC) ----
+ * A convolution's output held in a kept layout is pooled as it is (f32,
+ * f64, and bf16/f16 compared as f32): value
+ * (n, c, y, x) sits at n * ns + (c/16) * cs + (y * w + x) * ps + c % 16
+ * (kpl_kept_geom), so each window cell is 16 channels' values side by
+ * side and the rule (NaN wins, ties keep the earlier cell) runs on 16
+ * lanes at once.  The output is written in the input's layout; the
+ * indices (a plane offset per (n, c, oy, ox), as the plain kernel's) in
+ * their plain layout.  One task is (n, channel block, output row). */
 /* One output row: pl = n * C/16 + channel block.  The lane loops are
  * branch-free `omp simd` loops over plain arrays (GCC's generic vector
  * types came out 10x slower in the AVX2 and AVX-512 clones).  The clones
  * are of this per-task function: GCC's clones of a function holding the
  * parallel loop would all run the outlined body's baseline build. */
-#define DEF_MAX_BLOCKED(T, tn)                                                                  \
-    KPL_CLONES static void max_blocked_row_##tn(const kpl_pool_attrs *a, const T *x, T *y,      \
+#define DEF_MAX_BLOCKED(T, P, tn, LD, ST)                                                                  \
+    KPL_CLONES static void max_blocked_row_##tn(const kpl_pool_attrs *a, const kpl_kept_geom *gx, \
+                                                const kpl_kept_geom *gy, const T *x, T *y,      \
                                                 int64_t *idx, int64_t pl, int64_t oy)           \
     {                                                                                           \
-        const T *xp = x + pl * a->h * a->w * 16;                                                \
-        const int64_t w = a->w;                                                                 \
+        int64_t n = pl / (a->c / 16), cb = pl % (a->c / 16);                                    \
+        const T *xp = x + n * gx->ns + cb * gx->cs;                                             \
+        const int64_t w = a->w, ps = gx->ps;                                                    \
         for (int64_t ox = 0; ox < a->ow; ox++) {                                                \
             WINDOW(a, oy, ox)                                                                   \
-            T best[16];                                                                         \
+            P best[16];                                                                         \
             int64_t bi[16];                                                                     \
-            const T *v0 = xp + (y0 * w + x0) * 16;                                              \
-            for (int l = 0; l < 16; l++) best[l] = v0[l], bi[l] = y0 * w + x0;                  \
+            const T *v0 = xp + (y0 * w + x0) * ps;                                              \
+            for (int l = 0; l < 16; l++) best[l] = LD(v0, l), bi[l] = y0 * w + x0;              \
             for (int64_t iy = y0; iy < y1; iy++)                                                \
                 for (int64_t ix = x0; ix < x1; ix++) {                                          \
-                    const T *v = xp + (iy * w + ix) * 16;                                       \
+                    const T *v = xp + (iy * w + ix) * ps;                                       \
                     int64_t cell = iy * w + ix;                                                 \
                     if (idx) {                                                                  \
                         _Pragma("omp simd") for (int l = 0; l < 16; l++) {                      \
-                            int take = (best[l] == best[l]) & ((v[l] != v[l]) | (v[l] > best[l])); \
-                            best[l] = take ? v[l] : best[l];                                    \
+                            P v_ = LD(v, l);                                                    \
+                            int take = (best[l] == best[l]) & ((v_ != v_) | (v_ > best[l]));    \
+                            best[l] = take ? v_ : best[l];                                      \
                             bi[l] = take ? cell : bi[l];                                        \
                         }                                                                       \
                     } else {                                                                    \
                         _Pragma("omp simd") for (int l = 0; l < 16; l++) {                      \
-                            int take = (best[l] == best[l]) & ((v[l] != v[l]) | (v[l] > best[l])); \
-                            best[l] = take ? v[l] : best[l];                                    \
+                            P v_ = LD(v, l);                                                    \
+                            int take = (best[l] == best[l]) & ((v_ != v_) | (v_ > best[l]));    \
+                            best[l] = take ? v_ : best[l];                                      \
                         }                                                                       \
                     }                                                                           \
                 }                                                                               \
-            T *yo = y + ((pl * a->oh + oy) * a->ow + ox) * 16;                                  \
-            for (int l = 0; l < 16; l++) yo[l] = best[l];                                       \
+            T *yo = y + n * gy->ns + cb * gy->cs + (oy * a->ow + ox) * gy->ps;                  \
+            for (int l = 0; l < 16; l++) yo[l] = ST(best[l]);                                   \
             if (idx) {                                                                          \
-                int64_t n = pl / (a->c / 16), c0 = pl % (a->c / 16) * 16;                       \
+                int64_t c0 = cb * 16;                                                           \
                 for (int l = 0; l < 16; l++)                                                    \
                     idx[((n * a->c + c0 + l) * a->oh + oy) * a->ow + ox] = bi[l];               \
             }                                                                                   \
         }                                                                                       \
     }                                                                                           \
-    static void max_blocked_##tn(const kpl_pool_attrs *a, const T *x, T *y, int64_t *idx)       \
+    static void max_blocked_##tn(const kpl_pool_attrs *a, kpl_kept tag, const T *x, T *y,       \
+                                 int64_t *idx)                                                  \
     {                                                                                           \
         int64_t rows = a->n * (a->c / 16) * a->oh;                                              \
+        kpl_kept_geom gx = kpl__kept_geom(tag, a->c, a->h * a->w);                              \
+        kpl_kept_geom gy = kpl__kept_geom(tag, a->c, a->oh * a->ow);                            \
         KPL_PARALLEL_FOR_IF(r, rows, rows > 1 && a->n * a->c * a->h * a->w > 2 * KPL_PAR_GRAIN, \
-                            max_blocked_row_##tn(a, x, y, idx, r / a->oh, r % a->oh););         \
+                            max_blocked_row_##tn(a, &gx, &gy, x, y, idx, r / a->oh, r % a->oh);); \
     }
-DEF_MAX_BLOCKED(float, f32)
-DEF_MAX_BLOCKED(double, f64)
+#define LD_SAME(p, k) ((p)[k])
+#define ST_SAME(v) (v)
+#define LD_BF16(p, k) kpl_cvt_bf16_to_f32((p)[k])
+#define LD_F16(p, k) kpl_cvt_f16_to_f32((p)[k])
+DEF_MAX_BLOCKED(float, float, f32, LD_SAME, ST_SAME)
+DEF_MAX_BLOCKED(double, double, f64, LD_SAME, ST_SAME)
+/* the maximum is one of the values, so rounding it back is exact */
+DEF_MAX_BLOCKED(uint16_t, float, bf16, LD_BF16, kpl_cvt_f32_to_bf16)
+DEF_MAX_BLOCKED(uint16_t, float, f16, LD_F16, kpl_cvt_f32_to_f16)
 
-/* Max pooling of a blocked input into a blockable output: false to run
- * the plain loops (input plain, output not blockable, or shared bytes). */
-static bool max_blocked(const kpl_kernel_args *args, const kpl_pool_attrs *a, bool f64)
+/* Max pooling of a kept input into a keepable output: false to run the
+ * plain loops (input plain, output not keepable, or shared bytes). */
+static bool max_blocked(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt)
 {
     const kpl_tensor *x = args->in[0], *ix = args->in[1];
-    void *px = kpl__blocked_data(x);
-    if (!px || !kpl__blockable(args->out) || args->out->storage == x->storage ||
+    kpl_kept tag = kpl__kept(x);
+    void *px = kpl__kept_data(x, tag);
+    if (!px || !kpl__keepable(args->out) || args->out->storage == x->storage ||
         (ix && ix->storage == x->storage))
         return false;
     int64_t *pi = ix ? kpl__data((kpl_tensor *)ix) : NULL;
-    void *po = kpl__blocked_out(args->out);
-    if (f64) max_blocked_f64(a, px, po, pi);
-    else max_blocked_f32(a, px, po, pi);
-    kpl__storage_set_blocked(args->out);
+    void *po = kpl__kept_out(args->out);
+    switch (dt) {
+    case KPL_F64: max_blocked_f64(a, tag, px, po, pi); break;
+    case KPL_BF16: max_blocked_bf16(a, tag, px, po, pi); break;
+    case KPL_F16: max_blocked_f16(a, tag, px, po, pi); break;
+    default: max_blocked_f32(a, tag, px, po, pi); break;
+    }
+    kpl__storage_set_kept(args->out, tag);
     return true;
 }
 
@@ -524,9 +545,9 @@ static kpl_status cpu_pool(const kpl_kernel_args *args)
     kpl_dtype hdt = KPL_POOL_KIND_BWD(a->kind) ? args->out->dtype : args->in[0]->dtype;
     if (a->kind == KPL_POOL_BILINEAR || a->kind == KPL_POOL_BILINEAR_BWD)
         return cpu_bilinear(args, a, hdt);
+    if (a->kind == KPL_POOL_MAX && max_blocked(args, a, hdt)) return KPL_OK;
     if (hdt == KPL_BF16 || hdt == KPL_F16) return pool_half(args, a, hdt, NULL, NULL);
     bool f64 = hdt == KPL_F64;
-    if (a->kind == KPL_POOL_MAX && max_blocked(args, a, f64)) return KPL_OK;
     const void *in0 = kpl__cdata(args->in[0]);
     void *out = kpl__data(args->out);
     int64_t bad = 0;

@@ -154,12 +154,12 @@ struct kpl_storage {
     void *packed;
     size_t packed_bytes;
     uint64_t packed_key;
-    /* CPU activations kept in oneDNN's blocked nChw16c layout between the
-     * ops that read it (docs/precision.md, "Blocked layouts"): the bytes
-     * hold the (N, C, H, W) tensor of `blk_es`-byte elements with the
-     * channels in blocks of 16 innermost.  The data accessors turn them
-     * plain before anyone else reads or writes them. */
-    bool blocked;
+    /* CPU activations kept in a layout of oneDNN's between the ops that
+     * read it (docs/precision.md, "Kept layouts"): with `kept` other than
+     * KPL_KEPT_PLAIN the bytes hold the (N, C, H, W) tensor of
+     * `blk_es`-byte elements as that tag says.  The data accessors turn
+     * them plain before anyone else reads or writes them. */
+    int kept; /* kpl_kept */
     int blk_es;
     int64_t blk_dims[4];
 };
@@ -190,19 +190,39 @@ static inline const void *kpl__host_cdata(const kpl_tensor *t)
 void kpl__cpu_widen_half(kpl_dtype dt, float *d, const void *s, int64_t n);
 void kpl__cpu_narrow_half(kpl_dtype dt, void *d, const float *s, int64_t n);
 
-/* ---- blocked layouts (storage.c) ----
- * Whether `t` may hold, or be written in, the blocked nChw16c layout: a CPU
- * tensor of 4 dims whose channels are a multiple of 16 and that covers
- * its whole storage, with kpl_set_blocked_layouts on. */
-bool kpl__blockable(const kpl_tensor *t);
-/* The raw bytes of `t` when its storage holds it blocked (as
- * kpl__storage_set_blocked recorded it for t's own shape), else NULL. */
-void *kpl__blocked_data(const kpl_tensor *t);
-/* The raw bytes of a blockable `t`, about to be overwritten whole in the
- * blocked layout (no conversion of what was there). */
-void *kpl__blocked_out(const kpl_tensor *t);
-/* Records that t's storage now holds t blocked. */
-void kpl__storage_set_blocked(const kpl_tensor *t);
+/* ---- kept layouts (storage.c) ----
+ * A CPU activation may stay between ops in the layout the convolution
+ * that wrote it computes in: nChw16c (oneDNN's aBcd16b: channels in
+ * blocks of 16 innermost, AVX2/AVX-512 direct kernels) or NHWC (acdb: all
+ * channels innermost, the AMX and brgemm kernels').  Both hold the same
+ * (N, C, H, W) tensor; kernels that understand a tag take the raw bytes
+ * through kpl__kept_data, every other access sees plain NCHW. */
+typedef enum { KPL_KEPT_PLAIN, KPL_KEPT_NC16, KPL_KEPT_NHWC, KPL_KEPT_COUNT } kpl_kept;
+/* Whether `t` may hold, or be written in, a kept layout: a CPU tensor of 4
+ * dims whose channels are a multiple of 16 and that covers its whole
+ * storage, with kpl_set_blocked_layouts on. */
+bool kpl__keepable(const kpl_tensor *t);
+/* The layout t's storage holds t in (its own shape and dtype), else
+ * KPL_KEPT_PLAIN. */
+kpl_kept kpl__kept(const kpl_tensor *t);
+/* The raw bytes of `t` when its storage holds it in `tag`, else NULL. */
+void *kpl__kept_data(const kpl_tensor *t, kpl_kept tag);
+/* The raw bytes of a keepable `t`, about to be overwritten whole in a kept
+ * layout (no conversion of what was there). */
+void *kpl__kept_out(const kpl_tensor *t);
+/* Records that t's storage now holds t in `tag`. */
+void kpl__storage_set_kept(const kpl_tensor *t, kpl_kept tag);
+/* Where value (n, c, pixel i) of a kept (N, C, H, W) tensor lies: at
+ * n * ns + (c / 16) * cs + i * ps + c % 16 elements (c in blocks of 16;
+ * in NHWC too, whose channels are a multiple of 16 when kept). */
+typedef struct {
+    int64_t ns, cs, ps;
+} kpl_kept_geom;
+static inline kpl_kept_geom kpl__kept_geom(kpl_kept tag, int64_t c, int64_t hw)
+{
+    return tag == KPL_KEPT_NHWC ? (kpl_kept_geom){hw * c, 16, c}
+                                : (kpl_kept_geom){c * hw, 16 * hw, 16};
+}
 /* Frees a storage's derived copy (see kpl_storage.packed). */
 void kpl__storage_drop_packed(kpl_storage *s);
 
@@ -489,6 +509,8 @@ static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
 /* Registers the CPU kernels (called from the cpu backend). */
 /* Whether oneDNN runs bf16 natively here (AVX512-BF16 or AMX; cpu_isa.c). */
 bool kpl__cpu_bf16_native(void);
+/* Whether oneDNN's kernels use AMX here (honours ONEDNN_MAX_CPU_ISA). */
+bool kpl__cpu_amx(void);
 void kpl__cpu_register_eltwise(void);
 void kpl__cpu_register_reduce(void);
 void kpl__cpu_register_matmul(void);
@@ -504,13 +526,13 @@ kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void);
 /* What this thread's last CPU convolution in f32/bf16 ran (tests and bench
  * rows say which kernel they measured): oneDNN's implementation name
  * (e.g. "jit:avx512_core", "brg:avx512_core_amx") or "kpl_direct", the
- * direction, and whether that implementation keeps its output activation
- * in nChw16c, the one blocked layout kpl holds tensors in. */
+ * direction, and the kept layout (kpl_kept) that implementation leaves
+ * its output activation in, KPL_KEPT_PLAIN where none. */
 typedef struct {
     char impl[64];
     kpl_conv_kind kind;
     kpl_dtype dtype; /* the dtype it computed in (f32 for bf16 emulated in f32) */
-    bool out_nchw16c;
+    int out_kept; /* kpl_kept */
 } kpl_conv_choice;
 kpl_conv_choice kpl__cpu_conv_last(void);
 

@@ -20,8 +20,9 @@ inside --budget seconds, so that one hang cannot eat the others:
                (an AMX Xeon on the H100 machine: the only one the project
                reaches); its lines go to step 1's log
   8 cpubench   a ResNet-50 b8 training step on 2 of this CPU's cores, kpl
-               f32/bf16 against PyTorch channels_last f32/autocast bf16,
-               and which oneDNN kernels each side ran; lines in step 4's log
+               f32/bf16 (kept layouts as chosen, NHWC asked, plain) against
+               PyTorch channels_last f32/autocast bf16, and which oneDNN
+               kernels each side ran; lines in step 4's log
 
 Everything lands in --out (default gpu-report/): report.jsonl, one JSON line
 per result, and one log per step (at most 8 files).  --rehearse runs the same
@@ -617,7 +618,8 @@ class Kit:
     def step_cpubench(self):
         """ResNet-50 b8 (224 px) training steps on two of this machine's cores
         (taskset 0,1; the project's machines have 2): kpl in f32 and bf16
-        (blocked layouts, and bf16 with plain tensors) against PyTorch's
+        (kept layouts as timed, every convolution asked for NHWC, and
+        plain tensors) against PyTorch's
         channels_last f32 and channels_last + autocast bf16 (the image's
         PyTorch, its own oneDNN), alternating rounds; then one bf16 step of
         each side under ONEDNN_VERBOSE, summarized as the primitives and
@@ -626,7 +628,8 @@ class Kit:
         they never have."""
         self.open_log("4-resnet50.log")  # at most 8 files come back
         torch_py = f"{ROOT}/bench/torch_gpu_resnet.py"
-        batch, warm, steps, rounds = (1, 1, 1, 1) if self.args.rehearse else (8, 2, 5, 2)
+        batch, warm, steps = (1, 1, 1) if self.args.rehearse else (8, 2, 5)
+        rounds = 1 if self.args.rehearse else self.args.cpubench_rounds
         pin = ["taskset", "-c", "0,1"] if shutil.which("taskset") and (os.cpu_count() or 1) > 2 else []
         rc, secs, to, o = self.run([self.kpl, "info"], 60)
         m = re.search(r"^cpu: (.*)$", o or "", re.M)
@@ -637,6 +640,8 @@ class Kit:
                          str(steps), "f32"], False),
             "kpl_bf16": ([f"{self.bin}/bench_nn", "--step", "resnet50", str(batch), str(warm),
                           str(steps), "bf16"], False),
+            "kpl_bf16_nhwc": ([f"{self.bin}/bench_nn", "--step", "resnet50", str(batch), str(warm),
+                               str(steps), "bf16", "nhwc"], False),
             "kpl_bf16_plain": ([f"{self.bin}/bench_nn", "--step", "resnet50", str(batch), str(warm),
                                 str(steps), "bf16", "plain"], False),
             "torch_cl_f32": ([sys.executable, torch_py, str(batch), str(warm), str(steps), "f32",
@@ -649,6 +654,8 @@ class Kit:
         for r in range(rounds):
             order = list(sides) if r % 2 == 0 else list(reversed(sides))
             for name in order:
+                if name not in self.args.cpubench_sides.split(","):
+                    continue
                 if self.left() < 40:
                     errors.setdefault(name, "out of time (--budget)")
                     continue
@@ -668,12 +675,14 @@ class Kit:
         row.update(bf16_vs_torch_bf16=ratio("kpl_bf16", "torch_cl_bf16"),
                    f32_vs_torch_f32=ratio("kpl_f32", "torch_cl_f32"),
                    kpl_bf16_over_f32=ratio("kpl_bf16", "kpl_f32"),
-                   blocked_over_plain_bf16=ratio("kpl_bf16", "kpl_bf16_plain"))
+                   blocked_over_plain_bf16=ratio("kpl_bf16", "kpl_bf16_plain"),
+                   nhwc_over_auto_bf16=ratio("kpl_bf16_nhwc", "kpl_bf16"),
+                   nhwc_vs_torch_bf16=ratio("kpl_bf16_nhwc", "torch_cl_bf16"))
         # which oneDNN kernels ran, one bf16 step (after one warm-up) each side
         verbose = {}
-        for name in ("kpl_bf16", "torch_cl_bf16"):
-            if self.left() < 40:
-                break
+        for name in ("kpl_bf16", "kpl_bf16_nhwc", "torch_cl_bf16"):
+            if self.left() < 40 or name not in self.args.cpubench_sides.split(","):
+                continue
             cmd, clean = sides[name]
             cmd = cmd[:3] + ["1", "1", "1"] + cmd[6:] if name.startswith("kpl") else \
                 cmd[:2] + ["1", "1", "1"] + cmd[5:]
@@ -682,6 +691,9 @@ class Kit:
                                        clean=clean, quiet=True)
             verbose[name] = onednn_summary(o)
         row["onednn"] = verbose
+        for name in sides:
+            if name not in self.args.cpubench_sides.split(","):
+                errors.pop(name, None)
         if errors:
             kpl_err = {k: v for k, v in errors.items() if k.startswith("kpl")}
             self.record("cpubench", "failed" if kpl_err else "ref_failed",
@@ -771,6 +783,11 @@ def main():
                     help="which steps, in this order, by name or number 1-8 (default all, the "
                          "slow sanitizer and the CPU's last)")
     ap.add_argument("--test-limit", type=float, default=120, help="seconds per ctest test (120)")
+    ap.add_argument("--cpubench-rounds", type=int, default=2,
+                    help="step cpubench: alternating rounds (2)")
+    ap.add_argument("--cpubench-sides",
+                    default="kpl_f32,kpl_bf16,kpl_bf16_nhwc,kpl_bf16_plain,torch_cl_f32,torch_cl_bf16",
+                    help="step cpubench: which sides run (default all six)")
     ap.add_argument("--rehearse", action="store_true",
                     help="run the steps on this machine's CPU with small sizes (no GPU needed)")
     args = ap.parse_args()

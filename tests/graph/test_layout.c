@@ -1,16 +1,19 @@
 /*
- * test_layout.c — blocked layouts (kpl_set_blocked_layouts): a residual
+ * test_layout.c — kept layouts (kpl_set_blocked_layouts): a residual
  * block (convolutions, batch norm, the fused batch norm + ReLU, ReLU, the
  * shortcut's add) trained one step with the activations kept in oneDNN's
- * nChw16c layout must give bit-identical losses and gradients to the same
- * step with plain tensors,
- * in f32 and under bf16 autocast; the blocked path must be taken exactly
- * where the kernel oneDNN chose keeps its output in nChw16c (which depends
- * on the ISA: AVX-512 direct kernels do, AMX's brgemm kernels on NHWC and
- * AVX2's nChw8c ones do not; ctest also runs this file with oneDNN capped
- * to AVX2, AVX512_CORE and AVX512_CORE_BF16, so every machine runs the
- * paths of the smaller ones), and any other reader of a blocked tensor (a
- * reshape, a host read, a narrow) sees it plain.
+ * layouts must give bit-identical losses and gradients to the same step
+ * with plain tensors, in f32 and under bf16 autocast; the kept path must
+ * be taken exactly where the kernel oneDNN chose keeps its output in a
+ * kept layout (nChw16c or NHWC: which depends on the ISA: AVX-512 direct
+ * kernels write nChw16c, AMX's brgemm kernels NHWC, AVX2's nChw8c ones
+ * neither; ctest also runs this file with oneDNN capped to AVX2,
+ * AVX512_CORE and AVX512_CORE_BF16, so every machine runs the paths of the
+ * smaller ones), and any other reader of a kept tensor (a reshape, a host
+ * read, a narrow) sees it plain.  Every test runs three times: with
+ * oneDNN's choice (KPL_LAYOUT_AUTO) and with every convolution asked for
+ * nChw16c and for NHWC (kpl_set_kept_layout), so each tag's paths run on
+ * every CPU.
  */
 #include "kpl_test.h"
 
@@ -18,6 +21,32 @@
 #include "kernels_impl.h"
 
 static kpl_device *cpu;
+
+static const kpl_layout layouts[3] = {KPL_LAYOUT_AUTO, KPL_LAYOUT_NCHW16C, KPL_LAYOUT_NHWC};
+static const char *const layout_names[3] = {"auto", "nChw16c", "NHWC"};
+
+/* The test's layout setting (its prestate), set for its run. */
+static kpl_layout enter(void **state)
+{
+    kpl_layout l = *(const kpl_layout *)*state;
+    print_message("kept layout: %s\n", layout_names[l]);
+    return kpl_set_kept_layout(l);
+}
+
+/* The kept layout a convolution's output must be held in: NHWC where
+ * asked (every ISA's oneDNN has NHWC kernels), else what the chosen kernel
+ * writes (nChw16c where asked and the ISA has 16-channel kernels; under
+ * AVX2, whose direct kernels block by 8, the request falls back to
+ * oneDNN's own choice). */
+static kpl_kept want_kept(kpl_conv_choice ch)
+{
+    return kpl_get_kept_layout() == KPL_LAYOUT_NHWC ? KPL_KEPT_NHWC : (kpl_kept)ch.out_kept;
+}
+
+static const char *kept_name(kpl_kept k)
+{
+    return k == KPL_KEPT_NHWC ? "NHWC" : k == KPL_KEPT_NC16 ? "nChw16c" : "plain";
+}
 
 typedef struct {
     kpl_tensor *w1, *w2, *ws, *g[3], *b[3], *lw;
@@ -50,14 +79,14 @@ static block_params make_params(void)
 
 /* One step of the block; the loss and the parameters' gradients. */
 static double step(const block_params *p, kpl_tensor *x, kpl_tensor *labels, kpl_dtype prec,
-                   kpl_tensor **grads, bool *saw_blocked, kpl_conv_choice *first)
+                   kpl_tensor **grads, kpl_kept *saw, kpl_conv_choice *first)
 {
     OK(kpl_set_autocast(prec, NULL));
     kpl_conv2d_params c3 = {.stride = {2, 2}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
     kpl_conv2d_params c3s1 = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
     kpl_conv2d_params c1 = {.stride = {2, 2}, .padding = {0, 0}, .dilation = {1, 1}, .groups = 1};
     kpl_tensor *h = NN(kpl_conv2d(x, p->w1, NULL, &c3));
-    *saw_blocked = kpl__blocked_data(h) != NULL;
+    *saw = kpl__kept(h);
     *first = kpl__cpu_conv_last();
     h = NN(kpl_batch_norm_relu(h, p->g[0], p->b[0], NULL, NULL, true, 0.1, 1e-5));
     h = NN(kpl_batch_norm(NN(kpl_conv2d(h, p->w2, NULL, &c3s1)), p->g[1], p->b[1], NULL, NULL,
@@ -75,8 +104,9 @@ static double step(const block_params *p, kpl_tensor *x, kpl_tensor *labels, kpl
     return tget(loss, 0);
 }
 
-static void same_step(kpl_dtype prec)
+static void same_step(void **state, kpl_dtype prec)
 {
+    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(11);
     block_params p = make_params();
@@ -86,66 +116,64 @@ static void same_step(kpl_dtype prec)
     OK(kpl_tensor_from_data(cpu, KPL_I64, 1, (int64_t[]){4}, lab, &labels));
     kpl_autorelease(labels);
     kpl_tensor *gp[NPARAM], *gb[NPARAM];
-    bool saw_plain, saw_blocked;
+    kpl_kept saw_plain, saw_kept;
     kpl_conv_choice cp, cb;
     bool prev = kpl_set_blocked_layouts(false);
     double lp = step(&p, x, labels, prec, gp, &saw_plain, &cp);
     kpl_set_blocked_layouts(true);
-    double lb = step(&p, x, labels, prec, gb, &saw_blocked, &cb);
+    double lb = step(&p, x, labels, prec, gb, &saw_kept, &cb);
     kpl_set_blocked_layouts(prev);
     print_message("%s under %s: convolution kernel %s in %s, output %s\n", kpl_dtype_name(prec),
-                  kpl_cpu_math_info(), cb.impl, kpl_dtype_name(cb.dtype),
-                  cb.out_nchw16c ? "nChw16c" : "not nChw16c");
-    assert_false(saw_plain);
+                  kpl_cpu_math_info(), cb.impl, kpl_dtype_name(cb.dtype), kept_name((kpl_kept)cb.out_kept));
+    assert_int_equal(saw_plain, KPL_KEPT_PLAIN);
     assert_string_equal(cp.impl, cb.impl); /* deterministic: the same kernel both times */
     assert_int_equal(cb.kind, KPL_CONV_FWD);
     /* emulated bf16 runs the f32 kernel on a copy and casts its result */
-    bool want = cb.out_nchw16c && cb.dtype == prec;
-    if (saw_blocked != want)
-        fail_msg("%s: kernel %s in %s %s nChw16c, but the output is %sheld blocked",
-                 kpl_dtype_name(prec), cb.impl, kpl_dtype_name(cb.dtype),
-                 cb.out_nchw16c ? "writes" : "does not write", saw_blocked ? "" : "not ");
-    if (lp != lb) fail_msg("%s loss: plain %.17g, blocked %.17g", kpl_dtype_name(prec), lp, lb);
+    kpl_kept want = cb.dtype == prec ? want_kept(cb) : KPL_KEPT_PLAIN;
+    if (saw_kept != want || (cb.dtype == prec && (kpl_kept)cb.out_kept != want))
+        fail_msg("%s: kernel %s in %s writes %s, the output is held %s, want %s",
+                 kpl_dtype_name(prec), cb.impl, kpl_dtype_name(cb.dtype), kept_name((kpl_kept)cb.out_kept),
+                 kept_name(saw_kept), kept_name(want));
+    if (lp != lb) fail_msg("%s loss: plain %.17g, kept %.17g", kpl_dtype_name(prec), lp, lb);
     for (int i = 0; i < NPARAM; i++) {
         assert_int_equal(kpl_tensor_numel(gp[i]), kpl_tensor_numel(gb[i]));
         for (int64_t j = 0; j < kpl_tensor_numel(gp[i]); j++)
             if (tget(gp[i], j) != tget(gb[i], j))
-                fail_msg("%s gradient %d[%lld]: plain %.9g, blocked %.9g", kpl_dtype_name(prec), i,
+                fail_msg("%s gradient %d[%lld]: plain %.9g, kept %.9g", kpl_dtype_name(prec), i,
                          (long long)j, tget(gp[i], j), tget(gb[i], j));
     }
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
+    kpl_set_kept_layout(prev_layout);
 }
 
 static void test_step_f32(void **state)
 {
-    (void)state;
-    same_step(KPL_F32);
+    same_step(state, KPL_F32);
 }
 
 static void test_step_bf16(void **state)
 {
-    (void)state;
-    same_step(KPL_BF16);
+    same_step(state, KPL_BF16);
 }
 
-/* Result k of the blocked run equals the plain run's, value for value
- * (NaN where the plain one has NaN). */
+/* Result k of the kept run equals the plain run's, value for value (NaN
+ * where the plain one has NaN). */
 static void expect_same(kpl_tensor *got, kpl_tensor *want, int k)
 {
     assert_int_equal(kpl_tensor_numel(got), kpl_tensor_numel(want));
     for (int64_t i = 0; i < kpl_tensor_numel(want); i++) {
         double g = tget(got, i), e = tget(want, i);
         if (!(g == e || (isnan(g) && isnan(e))))
-            fail_msg("result %d [%lld]: blocked %.9g, plain %.9g", k, (long long)i, g, e);
+            fail_msg("result %d [%lld]: kept %.9g, plain %.9g", k, (long long)i, g, e);
     }
 }
 
-/* Plain readers of a blocked tensor: a view of another shape, the host
+/* Plain readers of a kept tensor: a view of another shape, the host
  * accessors, a narrow and an op with broadcasting all see NCHW values. */
 static void test_plain_readers(void **state)
 {
-    (void)state;
+    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(3);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 5}, rng, 0, 1));
@@ -156,6 +184,7 @@ static void test_plain_readers(void **state)
     kpl_set_blocked_layouts(true);
     for (int reader = 0; reader < 4; reader++) {
         kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
+        assert_int_equal(kpl__kept(y), want_kept(kpl__cpu_conv_last()));
         kpl_tensor *seen = NULL;
         switch (reader) {
         case 0: seen = NN(kpl_reshape(y, 2, (int64_t[]){2, 800})); break;
@@ -172,15 +201,17 @@ static void test_plain_readers(void **state)
     kpl_set_blocked_layouts(prev);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
+    kpl_set_kept_layout(prev_layout);
 }
 
-/* bf16 and bool (1-byte) results of ops on blocked tensors stay blocked
- * and read back as the plain ops' results. */
+/* bf16 and bool (1-byte) results of ops on kept tensors (ReLU, a
+ * comparison, an add, max pooling and its indices) stay kept and read back
+ * as the plain ops' results. */
 static void test_blocked_dtypes(void **state)
 {
-    (void)state;
     if (!kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16))
-        KPL_SKIP(KPL_TEST_SKIP_ENV, "bf16 is emulated under this ISA (no blocked bf16 kernel)");
+        KPL_SKIP(KPL_TEST_SKIP_ENV, "bf16 is emulated under this ISA (no kept bf16 kernel)");
+    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(5);
     kpl_tensor *x = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){3, 32, 6, 5}, rng, 0, 1)),
@@ -188,39 +219,52 @@ static void test_blocked_dtypes(void **state)
     kpl_tensor *w = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 32, 3, 3}, rng, 0, 0.2)),
                                 KPL_BF16));
     kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
-    kpl_tensor *got[3], *want[3];
+    kpl_tensor *got[5], *want[5];
     for (int on = 0; on < 2; on++) {
         bool prev = kpl_set_blocked_layouts(on);
         kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
-        /* held blocked exactly where the chosen kernel writes nChw16c */
+        /* held kept exactly where the chosen kernel writes a kept layout */
         kpl_conv_choice ch = kpl__cpu_conv_last();
         if (on) print_message("bf16 kernel %s under %s\n", ch.impl, kpl_cpu_math_info());
-        bool blocked = on && ch.out_nchw16c;
-        assert_int_equal(kpl__blocked_data(y) != NULL, blocked);
+        kpl_kept tag = on ? want_kept(ch) : KPL_KEPT_PLAIN;
+        bool blocked = tag != KPL_KEPT_PLAIN;
+        assert_int_equal(kpl__kept(y), tag);
         kpl_tensor *z = NN(kpl_conv2d(y, w, NULL, &c));
         kpl_tensor *r = NN(kpl_relu(y)), *gt = NN(kpl_compare(KPL_BIN_GT, y, z));
         kpl_tensor *sum = NN(kpl_add(r, z));
+        /* bf16 max pooling (with indices) on the kept bytes */
+        kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+        int64_t os[4];
+        OK(kpl_shape_pool2d(kpl_tensor_shape(z), &mp, os));
+        kpl_tensor *pm = NULL, *pi = NULL;
+        OK(kpl_tensor_empty(cpu, KPL_BF16, 4, os, &pm));
+        OK(kpl_tensor_empty(cpu, KPL_I64, 4, os, &pi));
+        kpl_autorelease(pm);
+        kpl_autorelease(pi);
+        OK(kpl_k_max_pool2d(pm, pi, z, &mp));
         if (blocked) {
-            assert_non_null(kpl__blocked_data(gt)); /* 1-byte elements, blocked */
-            assert_non_null(kpl__blocked_data(sum));
+            assert_non_null(kpl__kept_data(gt, tag)); /* 1-byte elements, kept */
+            assert_non_null(kpl__kept_data(sum, tag));
+            assert_non_null(kpl__kept_data(pm, tag));
         }
         kpl_tensor **out = on ? got : want;
-        out[0] = r, out[1] = gt, out[2] = sum;
+        out[0] = r, out[1] = gt, out[2] = sum, out[3] = pm, out[4] = pi;
         kpl_set_blocked_layouts(prev);
     }
-    for (int k = 0; k < 3; k++) expect_same(got[k], want[k], k);
+    for (int k = 0; k < 5; k++) expect_same(got[k], want[k], k);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
+    kpl_set_kept_layout(prev_layout);
 }
 
-/* Max pooling of a blocked convolution output runs on the blocked bytes
- * and leaves its output blocked: values (NaN wins) and indices equal the
+/* Max pooling of a kept convolution output runs on the kept bytes and
+ * leaves its output in that layout: values (NaN wins) and indices equal the
  * plain kernel's on the plain convolution, with and without indices, for
  * the windows the zoo uses (3x3 stride 2 padding 1, 2x2 stride 2), a
  * stride-1 window and a ceil_mode window hanging past the edge. */
 static void test_blocked_max_pool(void **state)
 {
-    (void)state;
+    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(9);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 9, 11}, rng, 0, 1));
@@ -239,15 +283,16 @@ static void test_blocked_max_pool(void **state)
             for (int on = 0; on < 2; on++) {
                 bool prev = kpl_set_blocked_layouts(on);
                 kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
-                bool blocked = kpl__blocked_data(y) != NULL;
-                if (on && !k && !with_idx) print_message("convolution output blocked: %d\n", blocked);
+                kpl_kept tag = kpl__kept(y);
+                assert_int_equal(tag, on ? want_kept(kpl__cpu_conv_last()) : KPL_KEPT_PLAIN);
+                if (on && !k && !with_idx) print_message("convolution output %s\n", kept_name(tag));
                 int64_t os[4];
                 OK(kpl_shape_pool2d(kpl_tensor_shape(y), &ps[k], os));
                 kpl_tensor *o = NULL, *ix = NULL;
                 OK(kpl_tensor_empty(cpu, KPL_F32, 4, os, &o));
                 if (with_idx) OK(kpl_tensor_empty(cpu, KPL_I64, 4, os, &ix));
                 OK(kpl_k_max_pool2d(o, ix, y, &ps[k]));
-                assert_int_equal(kpl__blocked_data(o) != NULL, blocked);
+                assert_int_equal(kpl__kept(o), tag);
                 (on ? got : want)[0] = o, (on ? got : want)[1] = ix;
                 kpl_set_blocked_layouts(prev);
             }
@@ -263,6 +308,7 @@ static void test_blocked_max_pool(void **state)
         }
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
+    kpl_set_kept_layout(prev_layout);
 }
 
 /* Per-channel binary ops ((C, 1, 1) or (1, C, 1, 1): a bias, a scale) and
@@ -272,7 +318,7 @@ static void test_blocked_max_pool(void **state)
  * paths.  Every result equals the plain one. */
 static void test_blocked_channel_ops(void **state)
 {
-    (void)state;
+    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(11);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 32}, rng, 0, 1));
@@ -285,12 +331,14 @@ static void test_blocked_channel_ops(void **state)
     enum { ADD_C, MUL_C4, SUB_C, ADD_W, CAT2, CAT3, CAT_PLAIN, CAT_H, NRES };
     bool want_blocked[NRES] = {true, true, true, false, true, true, false, false};
     kpl_tensor *res[2][NRES];
-    bool seen = false;
+    kpl_kept seen = KPL_KEPT_PLAIN;
     for (int on = 0; on < 2; on++) {
         bool prev = kpl_set_blocked_layouts(on);
         kpl_tensor *y = NN(kpl_conv2d(x, w1, NULL, &c)), *z = NN(kpl_conv2d(x, w2, NULL, &c));
-        bool blocked = kpl__blocked_data(y) != NULL && kpl__blocked_data(z) != NULL;
-        if (on) seen = blocked;
+        kpl_kept tag = kpl__kept(y);
+        assert_int_equal(tag, on ? want_kept(kpl__cpu_conv_last()) : KPL_KEPT_PLAIN);
+        bool blocked = tag != KPL_KEPT_PLAIN && kpl__kept(z) == tag;
+        if (on) seen = blocked ? tag : KPL_KEPT_PLAIN;
         kpl_tensor **r = res[on];
         r[ADD_C] = NN(kpl_add(y, bc));
         r[MUL_C4] = NN(kpl_mul(y, b4));
@@ -302,29 +350,32 @@ static void test_blocked_channel_ops(void **state)
         r[CAT_PLAIN] = NN(kpl_concat(2, (kpl_tensor *[]){z, x}, 1)); /* x is plain */
         r[CAT_H] = NN(kpl_concat(2, (kpl_tensor *[]){y, y}, 2));
         for (int k = 0; k < NRES; k++)
-            if (kpl__blocked_data(r[k]) != NULL && !(blocked && want_blocked[k]))
-                fail_msg("result %d blocked", k);
-            else if (blocked && want_blocked[k] && !kpl__blocked_data(r[k]))
-                fail_msg("result %d plain: the blocked path was not taken", k);
+            if (kpl__kept(r[k]) != KPL_KEPT_PLAIN && !(blocked && want_blocked[k]))
+                fail_msg("result %d kept", k);
+            else if (blocked && want_blocked[k] && kpl__kept(r[k]) != tag)
+                fail_msg("result %d %s: the %s path was not taken", k, kept_name(kpl__kept(r[k])),
+                         kept_name(tag));
         kpl_set_blocked_layouts(prev);
     }
-    print_message("convolution outputs blocked: %d\n", seen);
+    print_message("convolution outputs %s\n", kept_name(seen));
     for (int k = 0; k < NRES; k++) expect_same(res[1][k], res[0][k], k);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
+    kpl_set_kept_layout(prev_layout);
 }
 
 int main(void)
 {
     cpu = kpl_device_cpu();
     kpl_set_deterministic(true); /* the same convolution both times */
+#define PER_LAYOUT(f)                                                                   \
+    cmocka_unit_test_prestate(f, (void *)&layouts[0]),                                  \
+        cmocka_unit_test_prestate(f, (void *)&layouts[1]),                              \
+        cmocka_unit_test_prestate(f, (void *)&layouts[2])
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_step_f32),
-        cmocka_unit_test(test_step_bf16),
-        cmocka_unit_test(test_plain_readers),
-        cmocka_unit_test(test_blocked_dtypes),
-        cmocka_unit_test(test_blocked_max_pool),
-        cmocka_unit_test(test_blocked_channel_ops),
+        PER_LAYOUT(test_step_f32),        PER_LAYOUT(test_step_bf16),
+        PER_LAYOUT(test_plain_readers),   PER_LAYOUT(test_blocked_dtypes),
+        PER_LAYOUT(test_blocked_max_pool), PER_LAYOUT(test_blocked_channel_ops),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
