@@ -33,8 +33,11 @@
  *    (target 1.2); and train_peak_rss_bf16/resnet50_b8, both in bf16
  *    (target <= 0.8x).  Each row names both precisions.
  *  - train_step_blocked/{model}_{f32,bf16}: kpl with activations kept in
- *    oneDNN's blocked layout against kpl with plain NCHW tensors
- *    (kpl_set_blocked_layouts), per precision.
+ *    oneDNN's layouts against kpl with plain NCHW tensors
+ *    (kpl_set_blocked_layouts), per precision; train_step_layout/...: kpl's
+ *    default choice of kept layout against every convolution asked for
+ *    NHWC (kpl_set_kept_layout), per precision (target 1.0: the default
+ *    is the faster on this CPU).
  *  - conv_layer/resnet50_b8/...: every distinct ResNet-50 convolution, fwd,
  *    bwd_data and bwd_weight timed alone (median of 5 after a warm-up), in
  *    GFLOP/s, with PyTorch's F.conv2d / conv backward for the same shape
@@ -266,27 +269,32 @@ static void versus(const char *self, const char *baselines, const model_case *mc
     t->ms = bench_median(tms, rounds), t->rss = bench_median(trss, rounds);
 }
 
-/* kpl with blocked layouts against kpl with plain tensors, in `prec`,
- * alternating rounds: what keeping activations in nChw16c buys. */
-static void layout_row(const char *self, const model_case *mc, int rounds, const char *prec)
+/* kpl's default (kept layouts as chosen) against kpl with `alt`: "plain"
+ * (no kept layouts: what keeping them buys) or "nhwc" (every convolution
+ * asked for NHWC: whether the default's choice is the faster here), in
+ * `prec`, alternating rounds. */
+static void layout_row(const char *self, const model_case *mc, int rounds, const char *prec,
+                       const char *alt)
 {
     double ms[2][8];
     char cmd[4096];
     for (int r = 0; r < rounds; r++)
-        for (int plain = 0; plain < 2; plain++) {
-            snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d %s%s", self, mc->model,
-                     (long long)mc->batch, mc->warm, mc->steps, prec, plain ? " plain" : "");
+        for (int other = 0; other < 2; other++) {
+            snprintf(cmd, sizeof cmd, "%s --step %s %lld %d %d %s%s%s", self, mc->model,
+                     (long long)mc->batch, mc->warm, mc->steps, prec, other ? " " : "",
+                     other ? alt : "");
             step_result a = run_child(cmd);
             if (isnan(a.ms)) die("kpl training step (see above)");
-            ms[plain][r] = a.ms;
+            ms[other][r] = a.ms;
         }
-    char label[96], extra[64];
+    char label[96], extra[64], bench[48], ref[48];
     snprintf(label, sizeof label, "%s_%s", mc->label, prec);
     snprintf(extra, sizeof extra, ",\"precision_kpl\":\"%s\"", prec);
-    bench_emit("train_step_blocked", label, "img/s", 1,
-               1e3 * (double)mc->batch / bench_median(ms[0], rounds),
-               1e3 * (double)mc->batch / bench_median(ms[1], rounds), "kpl-plain-layout", 1.0,
-               "%s", extra);
+    bool plain = !strcmp(alt, "plain");
+    snprintf(bench, sizeof bench, "%s", plain ? "train_step_blocked" : "train_step_layout");
+    snprintf(ref, sizeof ref, "kpl-%s%s", alt, plain ? "-layout" : "-every-conv");
+    bench_emit(bench, label, "img/s", 1, 1e3 * (double)mc->batch / bench_median(ms[0], rounds),
+               1e3 * (double)mc->batch / bench_median(ms[1], rounds), ref, 1.0, "%s", extra);
 }
 
 /* The rows against PyTorch's channels_last and its strongest configuration. */
@@ -312,8 +320,10 @@ static void strongest(const char *self, const char *baselines, const model_case 
     if (!strcmp(mc->model, "resnet50") && kbf && tbf)
         bench_emit("train_peak_rss_bf16", mc->label, "MiB", 0, k.rss, t.rss, "torch-cpu-cl-bf16",
                    1 / 0.8, "%s", extra);
-    layout_row(self, mc, rounds, "f32");
-    if (kbf) layout_row(self, mc, rounds, "bf16");
+    layout_row(self, mc, rounds, "f32", "plain");
+    layout_row(self, mc, rounds, "f32", "nhwc");
+    if (kbf) layout_row(self, mc, rounds, "bf16", "plain");
+    if (kbf) layout_row(self, mc, rounds, "bf16", "nhwc");
 }
 
 static void model_cases(const char *self, const char *baselines, int rounds, double rate)

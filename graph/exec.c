@@ -22,6 +22,7 @@
 #include "ir_impl.h"
 
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 /* ---- one node: op_table.h's run and infer columns ---- */
@@ -102,6 +103,11 @@ struct kpl_exec {
     kpl_storage *arena;    /* O3 */
     bool *upd_copy;        /* per update: copied at the end (not computed in place) */
     kpl_exec_stats stats;
+    /* kept-layout tuning (kpl_exec_run): runs so far, each candidate's
+     * best timed run, and the layout settled on (-1: not tuned) */
+    int runs;
+    double trial_s[2], trial_total;
+    bool tune;
 };
 
 kpl_exec_stats kpl_exec_get_stats(const kpl_exec *ex) { return ex->stats; }
@@ -440,6 +446,8 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     kpl_exec *ex = calloc(1, sizeof *ex);
     KPL_CHECK(ex, KPL_ENOMEM, "exec_create: no host memory");
     ex->ir = ir;
+    ex->stats.kept_layout = -1;
+    ex->trial_s[0] = ex->trial_s[1] = HUGE_VAL;
     ex->dev = kpl_device_cpu();
     for (int v = 0; v < ir->nv; v++)
         if (ir->v[v].data) {
@@ -488,9 +496,66 @@ kpl_status kpl_exec_set_input(kpl_exec *ex, int i, kpl_tensor *x)
     return kpl_k_copy(dst, x);
 }
 
+/* Kept-layout tuning.  Which layout the CPU convolutions keep is timed
+ * per convolution (kpl_set_kept_layout's KPL_LAYOUT_AUTO), link by link;
+ * the whole graph can run faster with every convolution in NHWC (ResNet-18
+ * at batch 1, U-Net) or slower (ResNet-50 at batch 32: docs/static-graph.md),
+ * which no single convolution sees.  So an inference executor on the CPU
+ * (no weight gradients, no updates: a training graph stays bit-identical
+ * to eager mode; a transposed convolution's conv2d_bwd_data is inference),
+ * with the process's setting AUTO and not deterministic, runs its graph
+ * both ways:
+ * in blocks of three runs, AUTO then NHWC, the first run of a block untimed
+ * (it pays the algorithms' choice, and the weights' reorder into the
+ * layout's kernels, which each constant weight keeps one of), a pair of
+ * blocks at least, more while the timed runs have taken under TUNE_SECONDS
+ * (a small graph's runs are noisy), TUNE_RUNS in all at most; from then on
+ * the layout with the fastest run holds (kpl_exec_stats.kept_layout). */
+#define TUNE_RUNS 24
+#define TUNE_SECONDS 0.2
+
+static bool tunable(const kpl_exec *ex)
+{
+    if (kpl_device_type_of(ex->dev) != KPL_DEVICE_CPU || kpl_get_deterministic() ||
+        kpl_get_kept_layout() != KPL_LAYOUT_AUTO || ex->ir->nupdates > 0)
+        return false;
+    bool conv = false;
+    for (int i = 0; i < ex->ir->nn; i++) {
+        kpl_op op = ex->ir->n[i].op;
+        if (op == KPL_OP_CONV2D_BWD_WEIGHT) return false; /* a gradient graph */
+        conv |= op == KPL_OP_CONV2D || op == KPL_OP_CONV2D_RELU || op == KPL_OP_CONV2D_ADD ||
+                op == KPL_OP_CONV2D_ADD_RELU || op == KPL_OP_CONV2D_BWD_DATA;
+    }
+    return conv;
+}
+
+static kpl_status run_nodes(kpl_exec *ex);
+
 kpl_status kpl_exec_run(kpl_exec *ex)
 {
     KPL_CHECK(ex, KPL_EINVAL, "exec_run: NULL");
+    if (ex->runs == 0) ex->tune = tunable(ex);
+    if (!ex->tune) return run_nodes(ex);
+    bool tuning = ex->stats.kept_layout < 0;
+    int r = ex->runs, trial = r / 3 % 2; /* 0: AUTO, 1: NHWC */
+    int prev = kpl_set_thread_kept_layout(tuning ? (trial ? KPL_LAYOUT_NHWC : KPL_LAYOUT_AUTO)
+                                                 : ex->stats.kept_layout);
+    double t0 = kpl_seconds();
+    kpl_status st = run_nodes(ex);
+    double dt = kpl_seconds() - t0;
+    kpl_set_thread_kept_layout(prev);
+    if (st < 0 || !tuning) return st;
+    ex->runs++;
+    if (r % 3 == 0) return KPL_OK; /* a block's warm-up */
+    if (dt < ex->trial_s[trial]) ex->trial_s[trial] = dt;
+    ex->trial_total += dt;
+    if (ex->runs % 6 == 0 && (ex->trial_total >= TUNE_SECONDS || ex->runs >= TUNE_RUNS))
+        ex->stats.kept_layout = ex->trial_s[1] < ex->trial_s[0] ? KPL_LAYOUT_NHWC : KPL_LAYOUT_AUTO;
+    return KPL_OK;
+}
+
+static kpl_status run_nodes(kpl_exec *ex)
+{
     const kpl_ir *ir = ex->ir;
     for (int i = 0; i < ir->nn; i++) {
         const kpl_irn *n = &ir->n[i];

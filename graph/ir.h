@@ -177,6 +177,9 @@ typedef struct {
     size_t live_bytes;    /* the most bytes alive at once (O3: the arena's lower bound) */
     int n_inplace;        /* ops writing over an input (O2) */
     int n_views;          /* reshapes and narrows: no memory of their own */
+    int kept_layout;      /* the CPU convolutions' kept layout (kpl_layout) the
+                           * executor settled on after its first runs, -1
+                           * while tuning or where it does not tune */
 } kpl_exec_stats;
 
 /* Plans memory for ir's level on the device of its parameters (the CPU
@@ -187,7 +190,10 @@ void kpl_exec_destroy(kpl_exec *ex);
 /* Copies x into placeholder i (x must have its shape and dtype; another
  * device is copied across).  KPL_ESHAPE naming both shapes. */
 kpl_status kpl_exec_set_input(kpl_exec *ex, int i, kpl_tensor *x);
-/* Runs every node in order, no allocation. */
+/* Runs every node in order, no allocation.  An inference graph on the CPU
+ * (no weight gradients, no updates) times its first runs (6 to 24) with the
+ * convolutions' layouts as chosen one by one and with all of them NHWC,
+ * and keeps the faster (kpl_exec_stats.kept_layout). */
 kpl_status kpl_exec_run(kpl_exec *ex);
 /* Output i of the last run (borrowed: valid until the next run). */
 kpl_tensor *kpl_exec_output(kpl_exec *ex, int i);

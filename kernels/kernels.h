@@ -255,7 +255,13 @@ bool kpl_set_blocked_layouts(bool on);
  * process-wide. */
 typedef enum { KPL_LAYOUT_AUTO, KPL_LAYOUT_NCHW16C, KPL_LAYOUT_NHWC } kpl_layout;
 kpl_layout kpl_set_kept_layout(kpl_layout layout);
+/* The setting in force for the calling thread: its own (below), else the
+ * process's. */
 kpl_layout kpl_get_kept_layout(void);
+/* The calling thread's own setting, overriding the process's for its calls
+ * (the graph executor tunes its layout so); -1 drops it.  Returns the
+ * previous own setting (-1 where none). */
+int kpl_set_thread_kept_layout(int layout);
 
 /* TF32 tensor-core math for f32 matmuls and convolutions on CUDA
  * (PyTorch's allow_tf32).  Off (the default): f32 GEMMs and convolutions

@@ -137,6 +137,30 @@ static kpl_status copy_across(kpl_tensor *out, const kpl_tensor *x)
     return od->backend->copy_h2d(od, dst, src, bytes);
 }
 
+/* A copy of a tensor held in a kept layout into a keepable out of its
+ * shape: the bytes as they are, out left in that layout (a plain copy
+ * would turn x plain first and leave out plain, breaking the chain of
+ * kept layouts, e.g. at the executor's residual addend).  False when it
+ * does not apply (nothing done). */
+static bool copy_kept(kpl_tensor *out, const kpl_tensor *x)
+{
+    kpl_kept tag = kpl__kept(x);
+    if (!tag || out->storage == x->storage || out->dtype != x->dtype || !kpl__keepable(out))
+        return false;
+    for (int d = 0; d < 4; d++)
+        if (out->shape[d] != x->shape[d]) return false;
+    const char *src = kpl__kept_data(x, tag);
+    char *dst = kpl__kept_out(out);
+    size_t bytes = kpl_tensor_nbytes(x), chunk = 1 << 20;
+    int64_t chunks = (int64_t)((bytes + chunk - 1) / chunk);
+    KPL_PARALLEL_FOR_IF(c, chunks, chunks > 1,
+        size_t o = (size_t)c * chunk;
+        memcpy(dst + o, src + o, bytes - o < chunk ? bytes - o : chunk);
+    );
+    kpl__storage_set_kept(out, tag);
+    return true;
+}
+
 kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
 {
     KPL_TRY(kpl__ops_check("copy", &copy_spec, (const kpl_tensor *[]){x, out}));
@@ -147,6 +171,7 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
     if (x->numel == 0) return KPL_OK;
     if (out->storage->dev != x->storage->dev) return copy_across(out, x);
     if (out->storage == x->storage && out->offset == x->offset) return KPL_OK;
+    if (copy_kept(out, x)) return KPL_OK;
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, NULL);
 }
 

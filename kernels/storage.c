@@ -167,8 +167,19 @@ bool kpl_set_blocked_layouts(bool on) { return atomic_exchange(&blocked_layouts,
 /* kpl_set_kept_layout's setting; -1 until read from KPL_LAYOUT. */
 static atomic_int kept_layout = -1;
 
+/* kpl_set_thread_kept_layout's: -1 where the thread has none. */
+static _Thread_local int thread_layout = -1;
+
+int kpl_set_thread_kept_layout(int layout)
+{
+    int prev = thread_layout;
+    thread_layout = layout >= KPL_LAYOUT_AUTO && layout <= KPL_LAYOUT_NHWC ? layout : -1;
+    return prev;
+}
+
 kpl_layout kpl_get_kept_layout(void)
 {
+    if (thread_layout >= 0) return (kpl_layout)thread_layout;
     int l = atomic_load(&kept_layout);
     if (l >= 0) return (kpl_layout)l;
     const char *env = getenv("KPL_LAYOUT");
@@ -184,7 +195,9 @@ kpl_layout kpl_get_kept_layout(void)
 
 kpl_layout kpl_set_kept_layout(kpl_layout layout)
 {
-    kpl_layout prev = kpl_get_kept_layout();
+    int own = kpl_set_thread_kept_layout(-1);
+    kpl_layout prev = kpl_get_kept_layout(); /* the process's */
+    kpl_set_thread_kept_layout(own);
     atomic_store(&kept_layout, (int)layout);
     return prev;
 }

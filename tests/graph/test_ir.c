@@ -89,6 +89,12 @@ static double max_abs_diff(kpl_tensor *a, kpl_tensor *b)
     return m;
 }
 
+/* A (2, 3, 10, 10) input of the test network, autoreleased. */
+static kpl_tensor *net_image(int seed)
+{
+    return kpl_autorelease(owned_randn(4, (int64_t[]){2, 3, 10, 10}, seed, 1));
+}
+
 /* Traced at every level, with and without the inference fusions, the graph
  * computes what eager mode computes on another input. */
 static void test_trace_and_levels(void **state)
@@ -98,9 +104,7 @@ static void test_trace_and_levels(void **state)
     net_init(&n);
     kpl_pool *pool = NN(kpl_pool_push());
     bool prev = kpl_set_grad_enabled(false);
-    int64_t xs[4] = {2, 3, 10, 10};
-    kpl_tensor *x0 = kpl_autorelease(owned_randn(4, xs, 21, 1));
-    kpl_tensor *x1 = kpl_autorelease(owned_randn(4, xs, 22, 1));
+    kpl_tensor *x0 = net_image(21), *x1 = net_image(22);
     kpl_tensor *want = NN(net_forward(&n, x1));
     for (int fuse = 0; fuse < 2; fuse++)
         for (int level = 0; level <= 3; level++) {
@@ -128,6 +132,53 @@ static void test_trace_and_levels(void **state)
             kpl_exec_destroy(ex);
             kpl_ir_destroy(ir);
         }
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+    net_free(&n);
+}
+
+/* An executor on the CPU times its graph with the convolutions' layouts
+ * as chosen one by one and with every convolution NHWC, settles on one
+ * within 24 runs, and computes what eager mode computes on every run,
+ * tuning or not; with a layout asked for (process-wide) or in
+ * deterministic mode it does not tune. */
+static void test_layout_tuning(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    bool prev = kpl_set_grad_enabled(false);
+    net n;
+    net_init(&n);
+    kpl_tensor *x = net_image(23), *want = NN(net_forward(&n, x));
+    for (int mode = 0; mode < 3; mode++) { /* tuning, NHWC asked, deterministic */
+        kpl_layout pl = kpl_set_kept_layout(mode == 1 ? KPL_LAYOUT_NHWC : KPL_LAYOUT_AUTO);
+        if (mode == 2) kpl_set_deterministic(true);
+        kpl_ir *ir = trace_net(&n, x);
+        OK(kpl_ir_optimize(ir, 3, true));
+        kpl_exec *ex = NULL;
+        OK(kpl_exec_create(ir, &ex));
+        OK(kpl_exec_set_input(ex, 0, x));
+        int settled = -1;
+        for (int r = 0; r < 30; r++) {
+            OK(kpl_exec_run(ex));
+            double d = max_abs_diff(kpl_exec_output(ex, 0), want);
+            if (!(d < 1e-5)) fail_msg("mode %d run %d: %g from eager", mode, r, d);
+            int kl = kpl_exec_get_stats(ex).kept_layout;
+            if (settled >= 0) assert_int_equal(kl, settled); /* settled stays */
+            if (kl >= 0 && settled < 0) {
+                settled = kl;
+                print_message("settled on %s after %d runs\n",
+                              kl == KPL_LAYOUT_NHWC ? "NHWC" : "auto", r + 1);
+                assert_true(r + 1 >= 6 && r + 1 <= 24);
+            }
+        }
+        if (mode == 0) assert_true(settled == KPL_LAYOUT_AUTO || settled == KPL_LAYOUT_NHWC);
+        else assert_int_equal(settled, -1);
+        kpl_exec_destroy(ex);
+        kpl_ir_destroy(ir);
+        kpl_set_kept_layout(pl);
+        kpl_set_deterministic(false);
+    }
     kpl_set_grad_enabled(prev);
     kpl_pool_pop(pool);
     net_free(&n);
@@ -740,6 +791,7 @@ int main(void)
         cmocka_unit_test(test_trace_and_levels),
         cmocka_unit_test(test_fusions_shape_the_graph),
         cmocka_unit_test(test_residual_fusion),
+        cmocka_unit_test(test_layout_tuning),
         cmocka_unit_test(test_trace_holds_no_values),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_trace_refusals),
