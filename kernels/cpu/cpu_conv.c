@@ -458,7 +458,7 @@ static double probe_direct(const kpl_conv_attrs *a, const kpl_kernel_args *args,
 }
 
 static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
-                         conv_entry *out, double *best_time)
+                         conv_entry *out)
 {
     kpl_status st = KPL_OK;
     const kpl_conv_attrs *a = &k->a;
@@ -604,7 +604,6 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_lay
     }
     if (best == INFINITY)
         st = KPL_ERROR(KPL_EBACKEND, "conv2d: oneDNN offers no usable implementation");
-    *best_time = best;
 fail:
     if (it) dnnl_primitive_desc_iterator_destroy(it);
     if (hint) dnnl_primitive_desc_destroy(hint);
@@ -653,13 +652,12 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
         if (a->acc && (st = kpl_tensor_empty(kpl_device_cpu(), args->out->dtype, 4,
                                              args->out->shape, &timed.out)) < 0)
             goto fail;
-        double t = INFINITY;
-        st = choose(&k, &timed, k.layout, &fresh, &t);
+        st = choose(&k, &timed, k.layout, &fresh);
         if (st < 0 && k.layout != KPL_LAYOUT_AUTO) {
             /* no implementation for the asked layout (this ISA, dtype or
              * problem): oneDNN's own choice */
             kpl_clear_error();
-            st = choose(&k, &timed, KPL_LAYOUT_AUTO, &fresh, &t);
+            st = choose(&k, &timed, KPL_LAYOUT_AUTO, &fresh);
         }
         if (a->acc) kpl_tensor_release(timed.out);
         if (st < 0) goto fail;
