@@ -233,6 +233,72 @@ static inline int bench_run_lines(const char *cmd, void (*on_line)(const char *l
     return 0;
 }
 
+/* oneDNN's own account of a run (bench_onednn_run). */
+#define BENCH_IMPLS 32
+struct bench_onednn_ {
+    char isa[96];
+    char impl[BENCH_IMPLS][64];
+    int count[BENCH_IMPLS], n;
+};
+
+static inline void bench_onednn_line_(const char *line, void *ctx)
+{
+    struct bench_onednn_ *o = ctx;
+    if (!strstr(line, "_verbose")) return;
+    const char *at = strstr(line, "isa:");
+    if (at && strstr(line, ",info,") && !o->isa[0]) {
+        snprintf(o->isa, sizeof o->isa, "%s", at + 4);
+        for (char *c = o->isa; *c; c++)
+            if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
+        return;
+    }
+    at = strstr(line, ",exec,");
+    const char *kind = at ? strstr(at, ",convolution,") : NULL;
+    if (!kind) return;
+    kind += strlen(",convolution,");
+    size_t len = strcspn(kind, ",");
+    char name[64];
+    snprintf(name, sizeof name, "%.*s", (int)(len < 63 ? len : 63), kind);
+    int j = 0;
+    while (j < o->n && strcmp(o->impl[j], name)) j++;
+    if (j == o->n) {
+        if (o->n == BENCH_IMPLS) return;
+        snprintf(o->impl[o->n], sizeof o->impl[0], "%s", name);
+        o->count[o->n++] = 0;
+    }
+    o->count[j]++;
+}
+
+/* Runs `cmd` with oneDNN's verbose output on (ONEDNN_VERBOSE, and
+ * DNNL_VERBOSE for oneDNN 2.x) and reads its account of the run: *isa the
+ * text of its "isa:" line (the instruction set its kernels use), *impls the
+ * convolutions it executed as "impl*calls,..." , the most called first: what
+ * a reference (PyTorch) ran, for rows that print both sides' kernels.
+ * Returns -1 (and "?" for both) when the command failed. */
+static inline int bench_onednn_run(const char *cmd, char *isa, size_t isa_len, char *impls,
+                                   size_t impls_len)
+{
+    static struct bench_onednn_ o;
+    memset(&o, 0, sizeof o);
+    char full[4200];
+    snprintf(full, sizeof full, "ONEDNN_VERBOSE=1 DNNL_VERBOSE=1 %s", cmd);
+    int rc = bench_run_lines(full, bench_onednn_line_, &o);
+    snprintf(isa, isa_len, "%s", rc == 0 && o.isa[0] ? o.isa : "?");
+    size_t at = 0;
+    impls[0] = 0;
+    for (int k = 0; k < o.n && at < impls_len; k++) {
+        int best = 0;
+        for (int j = 1; j < o.n; j++)
+            if (o.count[j] > o.count[best]) best = j;
+        int w = snprintf(impls + at, impls_len - at, "%s%s*%d", at ? "," : "", o.impl[best],
+                         o.count[best]);
+        at += w > 0 ? (size_t)w : 0;
+        o.count[best] = -1;
+    }
+    if (rc != 0) snprintf(impls, impls_len, "?");
+    return rc == 0 ? 0 : -1;
+}
+
 struct bench_ref_key_ {
     const char *prefix, *key;
     double value;

@@ -163,16 +163,20 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
                          : kl == KPL_LAYOUT_NHWC    ? "nhwc"
                          : kl == KPL_LAYOUT_NCHW16C ? "nchw16c"
                                                     : "auto";
-    printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld ms_median=%.3f "
-           "maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g loss_first=%.4f loss_last=%.4f "
-           "alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f first_step_ms=%.1f\n",
-           name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(),
-           layout,
-           (long long)batch,
-           (long long)kpl_module_param_count(m), bench_median(ms, steps),
+    const char *mi = kpl_cpu_math_info(), *on = strstr(mi, "oneDNN ");
+    char isa[48], impls[256];
+    snprintf(isa, sizeof isa, "%.*s", on ? (int)strcspn(on + 7, "; ") : 1, on ? on + 7 : "?");
+    kpl__cpu_conv_impls(impls, sizeof impls);
+    printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld "
+           "ms_median=%.3f maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g "
+           "loss_first=%.4f loss_last=%.4f alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f "
+           "first_step_ms=%.1f isa=%s conv_impls=%s\n",
+           name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), layout,
+           (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
            (double)kpl_device_memory_stats(dev).peak_allocated / 1048576.0,
-           (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first);
+           (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first, isa,
+           impls[0] ? impls : "none");
     free(ms);
     kpl_tensor_release(x);
     kpl_tensor_release(y);
@@ -186,6 +190,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
 
 typedef struct {
     double ms, rss, flops, first; /* first: the first step, algorithm search included */
+    char isa[96], impls[256];     /* oneDNN's ISA and the convolutions' kernels */
 } step_result;
 
 static void step_line(const char *line, void *ctx)
@@ -201,12 +206,20 @@ static void step_line(const char *line, void *ctx)
     /* torch_fmnist.py says ms_per_step_median */
     const char *at = strstr(line, "ms_per_step_median=");
     if (at) r->ms = strtod(at + 19, NULL);
+    const char *words[2] = {" isa=", " conv_impls="};
+    char *into[2] = {r->isa, r->impls};
+    size_t size[2] = {sizeof r->isa, sizeof r->impls};
+    for (int k = 0; k < 2; k++)
+        if ((at = strstr(line, words[k]))) {
+            at += strlen(words[k]);
+            snprintf(into[k], size[k], "%.*s", (int)strcspn(at, " \n"), at);
+        }
 }
 
 static step_result run_child(const char *cmd)
 {
-    step_result r = {NAN, NAN, NAN, NAN};
-    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN, NAN};
+    step_result r = {NAN, NAN, NAN, NAN, "?", "?"};
+    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN, NAN, "?", "?"};
     if (isnan(r.ms)) {
         fprintf(stderr, "bench_nn: no RESULT line from: %s\n", cmd);
         bench_ref_failures++;
@@ -248,7 +261,9 @@ typedef struct {
 } model_case;
 
 /* kpl in `prec` against torch_resnet_variants.py's `var`, alternating
- * rounds; medians of step time and peak RSS. */
+ * rounds; medians of step time and peak RSS; each side's oneDNN ISA and
+ * convolution kernels (kpl's from its algorithm cache, PyTorch's from one
+ * more step under ONEDNN_VERBOSE). */
 static void versus(const char *self, const char *baselines, const model_case *mc, int rounds,
                    const char *prec, const char *var, step_result *k, step_result *t)
 {
@@ -267,6 +282,25 @@ static void versus(const char *self, const char *baselines, const model_case *mc
     }
     k->ms = bench_median(kms, rounds), k->rss = bench_median(krss, rounds);
     t->ms = bench_median(tms, rounds), t->rss = bench_median(trss, rounds);
+    snprintf(cmd, sizeof cmd, "%s --step %s %lld 1 1 %s", self, mc->model, (long long)mc->batch,
+             prec);
+    step_result a = run_child(cmd);
+    memcpy(k->isa, a.isa, sizeof k->isa);
+    memcpy(k->impls, a.impls, sizeof k->impls);
+    snprintf(cmd, sizeof cmd, "/usr/bin/python3 %s/torch_resnet_variants.py %s %s 2 %lld 1 1",
+             baselines, strcmp(mc->model, "resnet50") ? "r18" : "r50", var, (long long)mc->batch);
+    bench_onednn_run(cmd, t->isa, sizeof t->isa, t->impls, sizeof t->impls);
+}
+
+/* The kernels both sides ran, as row fields. */
+static const char *kernels_fields(const step_result *k, const step_result *t)
+{
+    static char f[1024];
+    snprintf(f, sizeof f,
+             ",\"kpl_isa\":\"%s\",\"kpl_conv_impls\":\"%s\",\"ref_isa\":\"%s\","
+             "\"ref_conv_impls\":\"%s\"",
+             k->isa, k->impls, t->isa, t->impls);
+    return f;
 }
 
 /* kpl's default (kept layouts as chosen) against kpl with `alt`: "plain"
@@ -304,7 +338,7 @@ static void strongest(const char *self, const char *baselines, const model_case 
     versus(self, baselines, mc, rounds, "f32", "cl", &k, &t);
     bench_emit("train_step_cl", mc->label, "img/s", 1, 1e3 * (double)mc->batch / k.ms,
                1e3 * (double)mc->batch / t.ms, "torch-cpu-channels_last", 1.0,
-               ",\"precision_kpl\":\"f32\",\"precision_ref\":\"f32\"");
+               ",\"precision_kpl\":\"f32\",\"precision_ref\":\"f32\"%s", kernels_fields(&k, &t));
     bool kbf = kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16);
     bool tbf = bench_cpu_has("avx512_bf16") || bench_cpu_has("amx_bf16");
     if (!kbf || !tbf)
@@ -316,7 +350,8 @@ static void strongest(const char *self, const char *baselines, const model_case 
     snprintf(extra, sizeof extra, ",\"precision_kpl\":\"%s\",\"precision_ref\":\"%s\"",
              kbf ? "bf16" : "f32", tbf ? "channels_last+bf16" : "channels_last f32");
     bench_emit("train_step_best", mc->label, "img/s", 1, 1e3 * (double)mc->batch / k.ms,
-               1e3 * (double)mc->batch / t.ms, "torch-cpu-strongest", 1.2, "%s", extra);
+               1e3 * (double)mc->batch / t.ms, "torch-cpu-strongest", 1.2, "%s%s", extra,
+               kernels_fields(&k, &t));
     if (!strcmp(mc->model, "resnet50") && kbf && tbf)
         bench_emit("train_peak_rss_bf16", mc->label, "MiB", 0, k.rss, t.rss, "torch-cpu-cl-bf16",
                    1 / 0.8, "%s", extra);

@@ -162,6 +162,30 @@ kpl_conv_choice kpl__cpu_conv_last(void)
     return last_choice;
 }
 
+void kpl__cpu_conv_impls(char *buf, size_t len)
+{
+    const char *name[CACHE_CAP];
+    int count[CACHE_CAP], n = 0;
+    pthread_mutex_lock(&cc.lock);
+    for (int i = 0; i < cc.n; i++) {
+        int j = 0;
+        while (j < n && strcmp(name[j], cc.e[i].impl)) j++;
+        if (j == n) name[n] = cc.e[i].impl, count[n++] = 0;
+        count[j]++;
+    }
+    size_t at = 0;
+    if (len) buf[0] = 0;
+    for (int k = 0; k < n && at < len; k++) { /* the most used first */
+        int best = 0;
+        for (int j = 1; j < n; j++)
+            if (count[j] > count[best]) best = j;
+        int w = snprintf(buf + at, len - at, "%s%s*%d", at ? "," : "", name[best], count[best]);
+        at += w > 0 ? (size_t)w : 0;
+        count[best] = -1;
+    }
+    pthread_mutex_unlock(&cc.lock);
+}
+
 kpl_algo_cache_stats kpl__cpu_conv_cache_stats(void)
 {
     pthread_mutex_lock(&cc.lock);

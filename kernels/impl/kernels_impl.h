@@ -535,6 +535,10 @@ typedef struct {
     int out_kept; /* kpl_kept */
 } kpl_conv_choice;
 kpl_conv_choice kpl__cpu_conv_last(void);
+/* The CPU convolutions' cached choices, for bench rows: "impl*N,..." (the
+ * implementations in the cache, the most used first, each with its count
+ * of problems), at most `len` bytes with the NUL. */
+void kpl__cpu_conv_impls(char *buf, size_t len);
 
 /* kpl's own f32 convolution loops on plain NCHW (cpu/cpu_conv_direct.c):
  * whether they handle a problem (stride 1, no dilation, one group), and
