@@ -180,6 +180,22 @@ static void plan_row(const char *name, int64_t batch)
     kpl_module_destroy(m);
 }
 
+/* A kpl child's RESULT line: its median and the layout its executor chose. */
+typedef struct {
+    double ms;
+    char layout[16];
+} exec_result;
+
+static void exec_line(const char *line, void *ctx)
+{
+    exec_result *r = ctx;
+    if (strncmp(line, "RESULT", 6)) return;
+    const char *at = strstr(line, "ms_median=");
+    if (at) r->ms = strtod(at + 10, NULL);
+    if ((at = strstr(line, "layout=")))
+        snprintf(r->layout, sizeof r->layout, "%.*s", (int)strcspn(at + 7, " \n"), at + 7);
+}
+
 static void infer_rows(const char *self, const char *baselines, const char *benchdir,
                        const char *name, int64_t batch, int warm, int steps, int rounds)
 {
@@ -189,10 +205,14 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     snprintf(cmd, sizeof cmd, "%s --child %s %lld 0 0 onnx %s", self, name, (long long)batch, onnx);
     bool have_onnx = bench_run_lines(cmd, NULL, NULL) == 0;
     double g[16], e[16], t[16], o[16];
+    char layout[16] = "?"; /* the last round's */
     for (int r = 0; r < rounds && r < 16; r++) {
         snprintf(cmd, sizeof cmd, "%s --child %s %lld %d %d exec", self, name, (long long)batch,
                  warm, steps);
-        g[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
+        exec_result er = {NAN, "?"};
+        if (bench_run_lines(cmd, exec_line, &er) < 0) er.ms = NAN;
+        g[r] = er.ms;
+        memcpy(layout, er.layout, sizeof layout);
         snprintf(cmd, sizeof cmd, "%s --child %s %lld %d %d eager", self, name, (long long)batch,
                  warm, steps);
         e[r] = bench_run_ref(cmd, "RESULT", "ms_median=");
@@ -220,8 +240,13 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     }
     bench_jrange(rg, g, n);
     double gm = bench_median(g, n);
+    const char *mi = kpl_cpu_math_info(), *on = strstr(mi, "oneDNN ");
+    char isa[48];
+    snprintf(isa, sizeof isa, "%.*s", on ? (int)strcspn(on + 7, "; ") : 1, on ? on + 7 : "?");
     bench_emit("infer_vs_ort", label, "ms", 0, gm, bench_median(o, n), "onnxruntime-kpl-onnx",
-               1.0, ",\"kpl_range\":%s", rg);
+               1.0, ",\"kpl_range\":%s,\"kpl_isa\":\"%s\",\"kpl_layout\":\"%s\","
+               "\"ref_kernels\":\"onnxruntime CPUExecutionProvider (MLAS)\"",
+               rg, isa, layout);
     if (!is_seg(name)) /* PyTorch's seg inference: bench_seg's rows */
         bench_emit("infer_vs_torch", label, "ms", 0, gm, bench_median(t, n), "pytorch-eval-f32",
                    NAN, NULL);
