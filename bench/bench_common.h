@@ -250,6 +250,7 @@ static inline void bench_onednn_line_(const char *line, void *ctx)
         snprintf(o->isa, sizeof o->isa, "%s", at + 4);
         for (char *c = o->isa; *c; c++)
             if (*c == '"' || *c == '\\' || (unsigned char)*c < 0x20) *c = ' ';
+        for (size_t l = strlen(o->isa); l && o->isa[l - 1] == ' '; l--) o->isa[l - 1] = 0;
         return;
     }
     at = strstr(line, ",exec,");

@@ -240,9 +240,8 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     }
     bench_jrange(rg, g, n);
     double gm = bench_median(g, n);
-    const char *mi = kpl_cpu_math_info(), *on = strstr(mi, "oneDNN ");
     char isa[48];
-    snprintf(isa, sizeof isa, "%.*s", on ? (int)strcspn(on + 7, "; ") : 1, on ? on + 7 : "?");
+    bench_kpl_isa(isa, sizeof isa);
     bench_emit("infer_vs_ort", label, "ms", 0, gm, bench_median(o, n), "onnxruntime-kpl-onnx",
                1.0, ",\"kpl_range\":%s,\"kpl_isa\":\"%s\",\"kpl_layout\":\"%s\","
                "\"ref_kernels\":\"onnxruntime CPUExecutionProvider (MLAS)\"",

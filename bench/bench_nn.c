@@ -163,9 +163,8 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
                          : kl == KPL_LAYOUT_NHWC    ? "nhwc"
                          : kl == KPL_LAYOUT_NCHW16C ? "nchw16c"
                                                     : "auto";
-    const char *mi = kpl_cpu_math_info(), *on = strstr(mi, "oneDNN ");
     char isa[48], impls[256];
-    snprintf(isa, sizeof isa, "%.*s", on ? (int)strcspn(on + 7, "; ") : 1, on ? on + 7 : "?");
+    bench_kpl_isa(isa, sizeof isa);
     kpl__cpu_conv_impls(impls, sizeof impls);
     printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld "
            "ms_median=%.3f maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g "

@@ -52,6 +52,7 @@
  * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
+#include "kernels_impl.h"
 #include "bench_file.h"
 #include "bench_snapshot.h"
 #include "bench_zoo.h"
@@ -521,6 +522,13 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
         kphm[k] = bench_median(kph[k], rounds), rphm[k] = bench_median(rph[k], rounds);
     bench_jrange(kr, ktr, rounds);
     bench_jrange(rr, rtr, rounds);
+    /* what each side's oneDNN ran: kpl's convolution cache, PyTorch's
+     * convolutions in one training step of the faster layout, verbose */
+    char kisa[48], kimpl[256], risa[96], rimpl[256], vcmd[4096];
+    bench_kpl_isa(kisa, sizeof kisa);
+    kpl__cpu_conv_impls(kimpl, sizeof kimpl);
+    snprintf(vcmd, sizeof vcmd, "%s time %s train=0,1 infer=0,1 layout=%s", py, args, layouts[lt]);
+    bench_onednn_run(vcmd, risa, sizeof risa, rimpl, sizeof rimpl);
     snprintf(cas, sizeof cas, "%s_train_step_b%lld_%lld/t%d", c->tag, (long long)N, (long long)S,
              SEG_THREADS);
     bench_emit("seg", cas, "ms", 0, bench_median(ktr, rounds), bench_median(rtr, rounds), tname,
@@ -529,11 +537,13 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
                "\"phases\":\"fwd,loss,bwd,step\",\"kpl_phases_ms\":%s,\"ref_phases_ms\":%s,"
                "\"loss_kpl\":%s,\"loss_ref\":%s,\"out_max_rel_diff\":%s,\"last_loss_kpl\":%s,"
                "\"last_loss_ref\":%s,\"kpl_loss\":\"kpl_cross_entropy on (N, C, H, W)\","
-               "\"omp_wait_policy\":\"%s\"",
+               "\"omp_wait_policy\":\"%s\",\"kpl_isa\":\"%s\",\"kpl_conv_impls\":\"%s\","
+               "\"ref_isa\":\"%s\",\"ref_conv_impls\":\"%s\"",
                SEG_THREADS, rounds, kr, rr, jlist(pk, sizeof pk, kphm, PH_N),
                jlist(pr, sizeof pr, rphm, PH_N), bench_jnum(n1, kloss), bench_jnum(n2, rc.loss),
                bench_jnum(n3, rc.out_rel), bench_jnum(n4, klast), bench_jnum(n5, rlast),
-               getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
+               getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset", kisa,
+               kimpl[0] ? kimpl : "none", risa, rimpl);
     snprintf(cas, sizeof cas, "%s_train_step_b%lld_%lld/peak_rss", c->tag, (long long)N,
              (long long)S);
     bench_emit("seg", cas, "bytes", 0, km.growth, rm.growth, "torch-cpu-f32 peak RSS growth", 1.25,

@@ -9,6 +9,14 @@
 
 /* A zoo preset (zoo.h: "lenet", "resnet18_cifar", "resnet50") as a module
  * tree in training mode. */
+/* The instruction set kpl's oneDNN kernels use ("avx512_core_bf16"), from
+ * kpl_cpu_math_info, for bench rows that name both sides' kernels. */
+static inline void bench_kpl_isa(char *buf, size_t len)
+{
+    const char *mi = kpl_cpu_math_info(), *on = strstr(mi, "oneDNN ");
+    snprintf(buf, len, "%.*s", on ? (int)strcspn(on + 7, "; ") : 1, on ? on + 7 : "?");
+}
+
 static inline kpl_status bench_zoo(const char *name, int64_t classes, kpl_device *dev,
                                    uint64_t seed, kpl_module **out)
 {
