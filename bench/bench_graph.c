@@ -244,8 +244,9 @@ static void infer_rows(const char *self, const char *baselines, const char *benc
     bench_kpl_isa(isa, sizeof isa);
     bench_emit("infer_vs_ort", label, "ms", 0, gm, bench_median(o, n), "onnxruntime-kpl-onnx",
                1.0, ",\"kpl_range\":%s,\"kpl_isa\":\"%s\",\"kpl_layout\":\"%s\","
-               "\"ref_kernels\":\"onnxruntime CPUExecutionProvider (MLAS)\"",
-               rg, isa, layout);
+               "\"ref_kernels\":\"onnxruntime CPUExecutionProvider (MLAS)\","
+               "\"omp_wait_policy\":\"%s\"",
+               rg, isa, layout, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
     if (!is_seg(name)) /* PyTorch's seg inference: bench_seg's rows */
         bench_emit("infer_vs_torch", label, "ms", 0, gm, bench_median(t, n), "pytorch-eval-f32",
                    NAN, NULL);
