@@ -259,8 +259,9 @@ kpl_layout kpl_set_kept_layout(kpl_layout layout);
  * process's. */
 kpl_layout kpl_get_kept_layout(void);
 /* The calling thread's own setting, overriding the process's for its calls
- * (the graph executor tunes its layout so); -1 drops it.  Returns the
- * previous own setting (-1 where none). */
+ * (the graph executor tunes its layout so); -1 (or any value that is no
+ * kpl_layout) drops it.  Returns the previous own setting (-1 where
+ * none). */
 int kpl_set_thread_kept_layout(int layout);
 
 /* TF32 tensor-core math for f32 matmuls and convolutions on CUDA

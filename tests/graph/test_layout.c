@@ -25,12 +25,24 @@ static kpl_device *cpu;
 static const kpl_layout layouts[3] = {KPL_LAYOUT_AUTO, KPL_LAYOUT_NCHW16C, KPL_LAYOUT_NHWC};
 static const char *const layout_names[3] = {"auto", "nChw16c", "NHWC"};
 
-/* The test's layout setting (its prestate), set for its run. */
-static kpl_layout enter(void **state)
+/* Each test runs under its layout setting (its prestate), set by the
+ * setup and put back by the teardown, which cmocka runs after a failure
+ * too. */
+static kpl_layout saved_layout;
+
+static int layout_setup(void **state)
 {
     kpl_layout l = *(const kpl_layout *)*state;
     print_message("kept layout: %s\n", layout_names[l]);
-    return kpl_set_kept_layout(l);
+    saved_layout = kpl_set_kept_layout(l);
+    return 0;
+}
+
+static int layout_teardown(void **state)
+{
+    (void)state;
+    kpl_set_kept_layout(saved_layout);
+    return 0;
 }
 
 /* The kept layout a convolution's output must be held in: NHWC where
@@ -104,9 +116,8 @@ static double step(const block_params *p, kpl_tensor *x, kpl_tensor *labels, kpl
     return tget(loss, 0);
 }
 
-static void same_step(void **state, kpl_dtype prec)
+static void same_step(kpl_dtype prec)
 {
-    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(11);
     block_params p = make_params();
@@ -144,17 +155,18 @@ static void same_step(void **state, kpl_dtype prec)
     }
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
-    kpl_set_kept_layout(prev_layout);
 }
 
 static void test_step_f32(void **state)
 {
-    same_step(state, KPL_F32);
+    (void)state;
+    same_step(KPL_F32);
 }
 
 static void test_step_bf16(void **state)
 {
-    same_step(state, KPL_BF16);
+    (void)state;
+    same_step(KPL_BF16);
 }
 
 /* Result k of the kept run equals the plain run's, value for value (NaN
@@ -173,7 +185,7 @@ static void expect_same(kpl_tensor *got, kpl_tensor *want, int k)
  * accessors, a narrow and an op with broadcasting all see NCHW values. */
 static void test_plain_readers(void **state)
 {
-    kpl_layout prev_layout = enter(state);
+    (void)state;
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(3);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 5}, rng, 0, 1));
@@ -201,7 +213,6 @@ static void test_plain_readers(void **state)
     kpl_set_blocked_layouts(prev);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
-    kpl_set_kept_layout(prev_layout);
 }
 
 /* bf16 and bool (1-byte) results of ops on kept tensors (ReLU, a
@@ -209,9 +220,9 @@ static void test_plain_readers(void **state)
  * as the plain ops' results. */
 static void test_blocked_dtypes(void **state)
 {
+    (void)state;
     if (!kpl_precision_native(KPL_DEVICE_CPU, KPL_BF16))
         KPL_SKIP(KPL_TEST_SKIP_ENV, "bf16 is emulated under this ISA (no kept bf16 kernel)");
-    kpl_layout prev_layout = enter(state);
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(5);
     kpl_tensor *x = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){3, 32, 6, 5}, rng, 0, 1)),
@@ -254,7 +265,6 @@ static void test_blocked_dtypes(void **state)
     for (int k = 0; k < 5; k++) expect_same(got[k], want[k], k);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
-    kpl_set_kept_layout(prev_layout);
 }
 
 /* Max pooling of a kept convolution output runs on the kept bytes and
@@ -264,7 +274,7 @@ static void test_blocked_dtypes(void **state)
  * stride-1 window and a ceil_mode window hanging past the edge. */
 static void test_blocked_max_pool(void **state)
 {
-    kpl_layout prev_layout = enter(state);
+    (void)state;
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(9);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 9, 11}, rng, 0, 1));
@@ -308,7 +318,6 @@ static void test_blocked_max_pool(void **state)
         }
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
-    kpl_set_kept_layout(prev_layout);
 }
 
 /* Per-channel binary ops ((C, 1, 1) or (1, C, 1, 1): a bias, a scale) and
@@ -318,7 +327,7 @@ static void test_blocked_max_pool(void **state)
  * paths.  Every result equals the plain one. */
 static void test_blocked_channel_ops(void **state)
 {
-    kpl_layout prev_layout = enter(state);
+    (void)state;
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(11);
     kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 32}, rng, 0, 1));
@@ -361,7 +370,6 @@ static void test_blocked_channel_ops(void **state)
     for (int k = 0; k < NRES; k++) expect_same(res[1][k], res[0][k], k);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
-    kpl_set_kept_layout(prev_layout);
 }
 
 int main(void)
@@ -369,9 +377,12 @@ int main(void)
     cpu = kpl_device_cpu();
     kpl_set_deterministic(true); /* the same convolution both times */
 #define PER_LAYOUT(f)                                                                   \
-    cmocka_unit_test_prestate(f, (void *)&layouts[0]),                                  \
-        cmocka_unit_test_prestate(f, (void *)&layouts[1]),                              \
-        cmocka_unit_test_prestate(f, (void *)&layouts[2])
+    cmocka_unit_test_prestate_setup_teardown(f, layout_setup, layout_teardown,          \
+                                             (void *)&layouts[0]),                      \
+        cmocka_unit_test_prestate_setup_teardown(f, layout_setup, layout_teardown,      \
+                                                 (void *)&layouts[1]),                  \
+        cmocka_unit_test_prestate_setup_teardown(f, layout_setup, layout_teardown,      \
+                                                 (void *)&layouts[2])
     const struct CMUnitTest tests[] = {
         PER_LAYOUT(test_step_f32),        PER_LAYOUT(test_step_bf16),
         PER_LAYOUT(test_plain_readers),   PER_LAYOUT(test_blocked_dtypes),
