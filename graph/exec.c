@@ -108,6 +108,10 @@ struct kpl_exec {
     int runs;
     double trial_s[2], trial_total;
     bool tune;
+    /* parameters this executor marked constant (frozen_params), unmarked
+     * when it goes */
+    int *frozen;
+    int nfrozen;
 };
 
 kpl_exec_stats kpl_exec_get_stats(const kpl_exec *ex) { return ex->stats; }
@@ -115,6 +119,8 @@ kpl_exec_stats kpl_exec_get_stats(const kpl_exec *ex) { return ex->stats; }
 void kpl_exec_destroy(kpl_exec *ex)
 {
     if (!ex) return;
+    for (int i = 0; i < ex->nfrozen; i++) kpl_tensor_set_constant(ex->t[ex->frozen[i]], false);
+    free(ex->frozen);
     for (int v = 0; ex->t && v < ex->ir->nv; v++) kpl_tensor_release(ex->t[v]);
     free(ex->t);
     free(ex->upd_copy);
@@ -438,6 +444,8 @@ static kpl_status plan_tensors(kpl_exec *ex, const plan *p)
     return st;
 }
 
+static kpl_status frozen_params(kpl_exec *ex);
+
 kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
 {
     KPL_CHECK(ir && out, KPL_EINVAL, "exec_create: NULL argument");
@@ -466,6 +474,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
         st = plan_memory(ex, &p);
     }
     if (st == KPL_OK) st = plan_tensors(ex, &p);
+    if (st == KPL_OK) st = frozen_params(ex);
     plan_free(&p);
     if (st < 0) {
         kpl_exec_destroy(ex);
@@ -514,19 +523,50 @@ kpl_status kpl_exec_set_input(kpl_exec *ex, int i, kpl_tensor *x)
 #define TUNE_RUNS 24
 #define TUNE_SECONDS 0.2
 
+/* No updates and no weight gradients: a graph that only reads its
+ * parameters. */
+static bool inference(const kpl_ir *ir)
+{
+    for (int i = 0; i < ir->nn; i++)
+        if (ir->n[i].op == KPL_OP_CONV2D_BWD_WEIGHT) return false; /* a gradient graph */
+    return ir->nupdates == 0;
+}
+
 static bool tunable(const kpl_exec *ex)
 {
     if (kpl_device_type_of(ex->dev) != KPL_DEVICE_CPU || kpl_get_deterministic() ||
-        kpl_get_kept_layout() != KPL_LAYOUT_AUTO || ex->ir->nupdates > 0)
+        kpl_get_kept_layout() != KPL_LAYOUT_AUTO || !inference(ex->ir))
         return false;
     bool conv = false;
     for (int i = 0; i < ex->ir->nn; i++) {
         kpl_op op = ex->ir->n[i].op;
-        if (op == KPL_OP_CONV2D_BWD_WEIGHT) return false; /* a gradient graph */
         conv |= op == KPL_OP_CONV2D || op == KPL_OP_CONV2D_RELU || op == KPL_OP_CONV2D_ADD ||
                 op == KPL_OP_CONV2D_ADD_RELU || op == KPL_OP_CONV2D_BWD_DATA;
     }
     return conv;
+}
+
+/* An inference graph's parameters are marked constant while its executor
+ * lives, as its own constants are (plan_tensors): the CPU convolutions then
+ * keep their weights reordered into their kernels' layout instead of
+ * reordering them at every run (the weights no batch norm was folded into:
+ * U-Net's transposed convolutions and its logits, 5% of a batch-1 pass).
+ * A write through any accessor drops the reordered copy (kernels_impl.h),
+ * so an update made between runs (an optimizer's step, a checkpoint load)
+ * still shows; a parameter already constant is left as it is. */
+static kpl_status frozen_params(kpl_exec *ex)
+{
+    const kpl_ir *ir = ex->ir;
+    if (!inference(ir)) return KPL_OK;
+    ex->frozen = malloc((size_t)(ir->nv ? ir->nv : 1) * sizeof *ex->frozen);
+    KPL_CHECK(ex->frozen, KPL_ENOMEM, "exec_create: no host memory");
+    for (int v = 0; v < ir->nv; v++) {
+        kpl_tensor *t = ex->t[v];
+        if (ir->v[v].kind != KPL_IRV_PARAM || !t || kpl_tensor_constant(t)) continue;
+        kpl_tensor_set_constant(t, true);
+        ex->frozen[ex->nfrozen++] = v;
+    }
+    return KPL_OK;
 }
 
 static kpl_status run_nodes(kpl_exec *ex);

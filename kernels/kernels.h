@@ -520,8 +520,10 @@ uint64_t kpl_tensor_serial(const kpl_tensor *t);
  * convolution keeps its weights in the layout its kernel computes with,
  * instead of reordering them at every call).  Any write access to the
  * storage drops such copies, so a broken promise costs time, not
- * correctness.  The static graph's executor marks its constants. */
+ * correctness.  The static graph's executor marks its constants, and an
+ * inference graph's parameters while it lives. */
 void kpl_tensor_set_constant(kpl_tensor *t, bool on);
+bool kpl_tensor_constant(const kpl_tensor *t);
 uint64_t kpl_tensor_serial_next(void);
 /* This thread's observer of the public host accessors
  * (kpl_tensor_host_data/_host_mutable, and so kpl_tensor_get and

@@ -60,6 +60,8 @@ void kpl_tensor_set_constant(kpl_tensor *t, bool on)
     t->storage->constant = on;
     if (!on) kpl__storage_drop_packed(t->storage);
 }
+
+bool kpl_tensor_constant(const kpl_tensor *t) { return t && t->storage->constant; }
 uint64_t kpl_tensor_serial_next(void)
 {
     return atomic_load_explicit(&next_serial, memory_order_relaxed);

@@ -384,6 +384,7 @@ DEF_POOL(double, f64)
  * types came out 10x slower in the AVX2 and AVX-512 clones).  The clones
  * are of this per-task function: GCC's clones of a function holding the
  * parallel loop would all run the outlined body's baseline build. */
+#define VROW 32
 #define DEF_MAX_BLOCKED(T, P, tn, LD, ST)                                                                  \
     KPL_CLONES static void max_blocked_row_##tn(const kpl_pool_attrs *a, const kpl_kept_geom *gx, \
                                                 const kpl_kept_geom *gy, const T *x, T *y,      \
@@ -426,14 +427,58 @@ DEF_POOL(double, f64)
             }                                                                                   \
         }                                                                                       \
     }                                                                                           \
+    /* Values only (no indices, as in inference): the window's cells in the  \
+     * outer loops and a run of up to VROW outputs in the inner one, each     \
+     * output's 16 lanes kept in acc: the outputs' updates are independent,  \
+     * where the loop above chains every cell of a window through one        \
+     * register (4x slower at ResNet-50's stem pool).  Cells go in the same   \
+     * order per output, from -inf, so the result is the same. */              \
+    KPL_CLONES static void max_blocked_vals_row_##tn(const kpl_pool_attrs *a,                   \
+                                                     const kpl_kept_geom *gx,                   \
+                                                     const kpl_kept_geom *gy, const T *x, T *y, \
+                                                     int64_t pl, int64_t oy)                    \
+    {                                                                                           \
+        int64_t n = pl / (a->c / 16), cb = pl % (a->c / 16);                                    \
+        const T *xp = x + n * gx->ns + cb * gx->cs;                                             \
+        T *yp = y + n * gy->ns + cb * gy->cs + oy * a->ow * gy->ps;                             \
+        const int64_t ps = gx->ps, sx = a->p.stride[1], px = a->p.padding[1];                  \
+        P acc[VROW * 16];                                                                       \
+        for (int64_t o0 = 0; o0 < a->ow; o0 += VROW) {                                          \
+            int64_t m = a->ow - o0 < VROW ? a->ow - o0 : VROW;                                  \
+            for (int64_t j = 0; j < m * 16; j++) acc[j] = -(P)INFINITY;                         \
+            for (int64_t ky = 0; ky < a->p.kernel[0]; ky++) {                                   \
+                int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky;                        \
+                if (iy < 0 || iy >= a->h) continue;                                             \
+                for (int64_t kx = 0; kx < a->p.kernel[1]; kx++)                                 \
+                    for (int64_t j = 0; j < m; j++) {                                           \
+                        int64_t ix = (o0 + j) * sx - px + kx;                                   \
+                        if (ix < 0 || ix >= a->w) continue;                                     \
+                        const T *v = xp + (iy * a->w + ix) * ps;                                \
+                        P *b = acc + j * 16;                                                    \
+                        _Pragma("omp simd") for (int l = 0; l < 16; l++) {                      \
+                            P v_ = LD(v, l), b_ = b[l];                                         \
+                            int take = (b_ == b_) & ((v_ != v_) | (v_ > b_));                   \
+                            b[l] = take ? v_ : b_;                                              \
+                        }                                                                       \
+                    }                                                                           \
+            }                                                                                   \
+            for (int64_t j = 0; j < m; j++)                                                     \
+                for (int l = 0; l < 16; l++) yp[(o0 + j) * gy->ps + l] = ST(acc[j * 16 + l]);   \
+        }                                                                                       \
+    }                                                                                           \
     static void max_blocked_##tn(const kpl_pool_attrs *a, kpl_kept tag, const T *x, T *y,       \
                                  int64_t *idx)                                                  \
     {                                                                                           \
         int64_t rows = a->n * (a->c / 16) * a->oh;                                              \
         kpl_kept_geom gx = kpl__kept_geom(tag, a->c, a->h * a->w);                              \
         kpl_kept_geom gy = kpl__kept_geom(tag, a->c, a->oh * a->ow);                            \
-        KPL_PARALLEL_FOR_IF(r, rows, rows > 1 && a->n * a->c * a->h * a->w > 2 * KPL_PAR_GRAIN, \
-                            max_blocked_row_##tn(a, &gx, &gy, x, y, idx, r / a->oh, r % a->oh);); \
+        bool par = rows > 1 && a->n * a->c * a->h * a->w > 2 * KPL_PAR_GRAIN;                  \
+        if (idx)                                                                                \
+            KPL_PARALLEL_FOR_IF(r, rows, par, max_blocked_row_##tn(a, &gx, &gy, x, y, idx,       \
+                                                                   r / a->oh, r % a->oh););    \
+        else                                                                                    \
+            KPL_PARALLEL_FOR_IF(r, rows, par, max_blocked_vals_row_##tn(a, &gx, &gy, x, y,      \
+                                                                        r / a->oh, r % a->oh);); \
     }
 #define LD_SAME(p, k) ((p)[k])
 #define ST_SAME(v) (v)

@@ -94,6 +94,51 @@ static void test_layout_tuning(void **state)
     net_free(&n);
 }
 
+/* An inference executor marks its parameters constant while it lives
+ * (its convolutions keep their weights reordered) and leaves them as they
+ * were when it goes; a parameter written between runs is read anew, and
+ * one constant before stays so. */
+static void test_frozen_params(void **state)
+{
+    (void)state;
+    kpl_pool *pool = NN(kpl_pool_push());
+    bool prev = kpl_set_grad_enabled(false);
+    /* NHWC asked: blocked weights (no plain-weights kernel), so a kept copy */
+    kpl_layout pl = kpl_set_kept_layout(KPL_LAYOUT_NHWC);
+    net n, m; /* m: the same values, never constant, for eager's results */
+    net_init(&n);
+    net_init(&m);
+    kpl_tensor_set_constant(n.fw, true);
+    kpl_tensor *x = net_image(29);
+    kpl_ir *ir = trace_net(&n, x);
+    OK(kpl_ir_optimize(ir, 3, false)); /* no fusion: the convolutions read w1, w2 */
+    kpl_exec *ex = NULL;
+    OK(kpl_exec_create(ir, &ex));
+    assert_true(kpl_tensor_constant(n.w1) && kpl_tensor_constant(n.w2));
+    OK(kpl_exec_set_input(ex, 0, x));
+    for (int r = 0; r < 8; r++) {
+        if (r == 4) /* a write between runs, through an accessor */
+            for (int k = 0; k < 2; k++) {
+                kpl_tensor *w = k ? m.w2 : n.w2;
+                OK(kpl_k_binary_scalar(w, KPL_BIN_MUL, w, -0.5, false));
+            }
+        OK(kpl_exec_run(ex));
+        kpl_tensor *want = NN(net_forward(&m, x));
+        double d = max_abs_diff(kpl_exec_output(ex, 0), want);
+        if (!(d < 1e-5)) fail_msg("run %d: %g from eager", r, d);
+    }
+    kpl_exec_destroy(ex);
+    assert_false(kpl_tensor_constant(n.w1) || kpl_tensor_constant(n.w2));
+    assert_true(kpl_tensor_constant(n.fw)); /* constant before: left so */
+    kpl_tensor_set_constant(n.fw, false);
+    kpl_set_kept_layout(pl);
+    kpl_ir_destroy(ir);
+    kpl_set_grad_enabled(prev);
+    kpl_pool_pop(pool);
+    net_free(&n);
+    net_free(&m);
+}
+
 /* The fusions leave the expected ops: the first conv absorbed its batch
  * norm and relu, the second its batch norm; no batch-norm arithmetic is
  * left between them. */
@@ -504,6 +549,7 @@ int main(void)
         cmocka_unit_test(test_fusions_shape_the_graph),
         cmocka_unit_test(test_residual_fusion),
         cmocka_unit_test(test_layout_tuning),
+        cmocka_unit_test(test_frozen_params),
         cmocka_unit_test(test_trace_holds_no_values),
         cmocka_unit_test(test_prune),
         cmocka_unit_test(test_trace_refusals),

@@ -230,7 +230,7 @@ static void test_blocked_dtypes(void **state)
     kpl_tensor *w = NN(kpl_cast(NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 32, 3, 3}, rng, 0, 0.2)),
                                 KPL_BF16));
     kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
-    kpl_tensor *got[5], *want[5];
+    kpl_tensor *got[6], *want[6];
     for (int on = 0; on < 2; on++) {
         bool prev = kpl_set_blocked_layouts(on);
         kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
@@ -243,26 +243,30 @@ static void test_blocked_dtypes(void **state)
         kpl_tensor *z = NN(kpl_conv2d(y, w, NULL, &c));
         kpl_tensor *r = NN(kpl_relu(y)), *gt = NN(kpl_compare(KPL_BIN_GT, y, z));
         kpl_tensor *sum = NN(kpl_add(r, z));
-        /* bf16 max pooling (with indices) on the kept bytes */
+        /* bf16 max pooling on the kept bytes, with indices and without */
         kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
         int64_t os[4];
         OK(kpl_shape_pool2d(kpl_tensor_shape(z), &mp, os));
-        kpl_tensor *pm = NULL, *pi = NULL;
+        kpl_tensor *pm = NULL, *pi = NULL, *pv = NULL;
         OK(kpl_tensor_empty(cpu, KPL_BF16, 4, os, &pm));
         OK(kpl_tensor_empty(cpu, KPL_I64, 4, os, &pi));
+        OK(kpl_tensor_empty(cpu, KPL_BF16, 4, os, &pv));
         kpl_autorelease(pm);
         kpl_autorelease(pi);
+        kpl_autorelease(pv);
         OK(kpl_k_max_pool2d(pm, pi, z, &mp));
+        OK(kpl_k_max_pool2d(pv, NULL, z, &mp));
         if (blocked) {
             assert_non_null(kpl__kept_data(gt, tag)); /* 1-byte elements, kept */
             assert_non_null(kpl__kept_data(sum, tag));
             assert_non_null(kpl__kept_data(pm, tag));
+            assert_non_null(kpl__kept_data(pv, tag));
         }
         kpl_tensor **out = on ? got : want;
-        out[0] = r, out[1] = gt, out[2] = sum, out[3] = pm, out[4] = pi;
+        out[0] = r, out[1] = gt, out[2] = sum, out[3] = pm, out[4] = pi, out[5] = pv;
         kpl_set_blocked_layouts(prev);
     }
-    for (int k = 0; k < 5; k++) expect_same(got[k], want[k], k);
+    for (int k = 0; k < 6; k++) expect_same(got[k], want[k], k);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
 }
@@ -277,9 +281,11 @@ static void test_blocked_max_pool(void **state)
     (void)state;
     kpl_pool *pool = kpl_pool_push();
     kpl_rng *rng = kpl_rng_create(9);
-    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 9, 11}, rng, 0, 1));
+    /* 75 columns: the values-only kernel's runs of 32 outputs and a rest */
+    enum { H = 9, W = 75 };
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, H, W}, rng, 0, 1));
     kpl_tensor *w = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 16, 3, 3}, rng, 0, 0.3));
-    ((float *)kpl_tensor_host_mutable(x))[1 * 16 * 99 + 3 * 99 + 4 * 11 + 7] = NAN; /* one pixel */
+    ((float *)kpl_tensor_host_mutable(x))[(1 * 16 + 3) * H * W + 4 * W + 7] = NAN; /* one pixel */
     kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
     const kpl_pool2d_params ps[4] = {
         {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}},
@@ -372,6 +378,35 @@ static void test_blocked_channel_ops(void **state)
     kpl_pool_pop(pool);
 }
 
+/* A layout asked for holds along the chain: where the output's channels
+ * can be kept, the timed choice (not deterministic) does not take kpl's
+ * own loops, which write plain, however fast they are alone (LeNet's
+ * first layer, where they win when nothing is asked). */
+static void test_asked_layout_keeps_chain(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(13);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){1, 1, 8, 8}, rng, 0, 1));
+    kpl_tensor *w = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){16, 1, 3, 3}, rng, 0, 0.2));
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_set_deterministic(false);
+    kpl_tensor *want = NN(kpl_conv2d(x, w, NULL, &c)); /* AUTO, as timed */
+    print_message("auto: %s\n", kpl__cpu_conv_last().impl);
+    kpl_layout prev = kpl_set_kept_layout(KPL_LAYOUT_NHWC);
+    kpl_tensor *y = NN(kpl_conv2d(x, w, NULL, &c));
+    kpl_conv_choice ch = kpl__cpu_conv_last();
+    kpl_set_kept_layout(prev);
+    kpl_set_deterministic(true);
+    print_message("NHWC asked: %s\n", ch.impl);
+    assert_string_not_equal(ch.impl, "kpl_direct");
+    assert_int_equal(kpl__kept(y), KPL_KEPT_NHWC);
+    for (int64_t i = 0; i < kpl_tensor_numel(want); i++)
+        assert_close(tget(y, i), tget(want, i), 1e-5, 1e-5, "NHWC convolution", i);
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
 int main(void)
 {
     cpu = kpl_device_cpu();
@@ -387,6 +422,7 @@ int main(void)
         PER_LAYOUT(test_step_f32),        PER_LAYOUT(test_step_bf16),
         PER_LAYOUT(test_plain_readers),   PER_LAYOUT(test_blocked_dtypes),
         PER_LAYOUT(test_blocked_max_pool), PER_LAYOUT(test_blocked_channel_ops),
+        cmocka_unit_test(test_asked_layout_keeps_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
