@@ -490,15 +490,53 @@ static kpl_status cpu_unary(const kpl_kernel_args *args)
 /* A plan collapsed to one dim has inner strides 0 or 1 (plan_build):
  * then the offsets are i times them, without the general index walk (the
  * common case: a mask and two tensors of one shape, or a scalar). */
+/* One contiguous stretch: both values read, one picked (vectorised per
+ * ISA: a branch per element mispredicts on a random mask). */
+#define DEF_WHERE_DENSE(TYPE)                                                  \
+    KPL_CLONES static void where_dense_##TYPE(TYPE *o, const uint8_t *c,      \
+                                              const TYPE *a, const TYPE *b,   \
+                                              int64_t n, bool a1, bool b1)    \
+    {                                                                          \
+        if (a1 && b1) {                                                        \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {              \
+                TYPE a_ = a[i], b_ = b[i];                                     \
+                o[i] = c[i] ? a_ : b_;                                         \
+            }                                                                  \
+        } else if (a1) { /* b a scalar (where's gradient: 0 on one side) */    \
+            TYPE b_ = b[0];                                                    \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {              \
+                TYPE a_ = a[i];                                                \
+                o[i] = c[i] ? a_ : b_;                                         \
+            }                                                                  \
+        } else {                                                               \
+            TYPE a_ = a[0];                                                    \
+            _Pragma("omp simd") for (int64_t i = 0; i < n; i++) {              \
+                TYPE b_ = b1 ? b[i] : b[0];                                    \
+                o[i] = c[i] ? a_ : b_;                                         \
+            }                                                                  \
+        }                                                                      \
+    }
+DEF_WHERE_DENSE(uint8_t)
+DEF_WHERE_DENSE(uint16_t)
+DEF_WHERE_DENSE(uint32_t)
+DEF_WHERE_DENSE(uint64_t)
+
 #define WHERE_LOOP(TYPE)                                                       \
     do {                                                                       \
         TYPE *o = (TYPE *)po;                                                  \
         const TYPE *va = (const TYPE *)pa, *vb = (const TYPE *)pb;             \
-        if (flat) {                                                            \
+        if (flat) { /* both values read, then one picked: no branch */     \
             int64_t sc = at->plan.stride[0][0], sa = at->plan.stride[1][0];    \
             int64_t sb = at->plan.stride[2][0];                                \
-            for (int64_t i = s; i < e; i++)                                    \
-                o[i] = pc[i * sc] ? va[i * sa] : vb[i * sb];                   \
+            if (sc == 1 && (sa == 1 || sa == 0) && (sb == 1 || sb == 0)) {    \
+                where_dense_##TYPE(o + s, pc + s, va + s * sa, vb + s * sb,    \
+                                   e - s, sa == 1, sb == 1);                   \
+                break;                                                         \
+            }                                                                  \
+            for (int64_t i = s; i < e; i++) {                                  \
+                TYPE a_ = va[i * sa], b_ = vb[i * sb];                         \
+                o[i] = pc[i * sc] ? a_ : b_;                                   \
+            }                                                                  \
             break;                                                             \
         }                                                                      \
         for (int64_t i = s; i < e; i++) {                                      \
