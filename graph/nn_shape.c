@@ -47,6 +47,16 @@ kpl_tensor *kpl_slice(kpl_tensor *x, int axis, int64_t start, int64_t length)
                   kpl_shape_str(nd, kpl_tensor_shape(x), b, sizeof b));
         return NULL;
     }
+    if (!kpl_tracing() && !(kpl_grad_enabled() && kpl_requires_grad(x))) {
+        /* nothing to record (a gradient's slab in backward, inference): a
+         * slab copy, which keeps a kept layout where the channels allow
+         * (concatenation's gradient) */
+        int64_t shape[KPL_MAX_DIMS];
+        memcpy(shape, kpl_tensor_shape(x), (size_t)nd * sizeof *shape);
+        shape[ax] = length;
+        kpl_tensor *out = new_like(x, kpl_tensor_dtype(x), nd, shape);
+        return out ? finish(kpl_k_copy_slab(out, x, ax, start, false), out) : NULL;
+    }
     return kpl_index_select(x, ax, kpl_arange(kpl_tensor_device(x), KPL_I64, length,
                                               (double)start, 1));
 }

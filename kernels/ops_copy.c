@@ -175,6 +175,42 @@ kpl_status kpl_k_copy(kpl_tensor *out, const kpl_tensor *x)
     return dispatch(KPL_KOP_COPY, x->dtype, out, x, NULL, NULL, NULL);
 }
 
+/* A slab of channels of a tensor held in a kept layout into a keepable
+ * out, left in that layout: concat_kept (below) undone, as concatenation's
+ * gradient takes each piece's slab of gy (a U-Net's skip and upsampled
+ * maps), which a plain copy would turn plain first.  nChw16c: per image,
+ * the slab's blocks are one run; NHWC: per pixel, its channels are.  False
+ * when it does not apply (nothing done). */
+static bool slab_kept(kpl_tensor *out, const kpl_tensor *x, int axis, int64_t offset)
+{
+    kpl_kept tag = kpl__kept(x);
+    if (!tag || axis != 1 || x->ndim != 4 || offset % 16 || out->storage == x->storage ||
+        out->storage->dev->type != KPL_DEVICE_CPU || !kpl__keepable(out))
+        return false;
+    const char *src = kpl__kept_data(x, tag);
+    if (!src) return false;
+    size_t es = kpl_dtype_size(x->dtype);
+    int64_t n = x->shape[0], hw = x->shape[2] * x->shape[3], xc = x->shape[1];
+    int64_t oc = out->shape[1];
+    char *dst = kpl__kept_out(out);
+    if (tag == KPL_KEPT_NHWC) {
+        KPL_PARALLEL_FOR_IF(img, n, n > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            for (int64_t p = 0; p < hw; p++)
+                memcpy(dst + (size_t)((img * hw + p) * oc) * es,
+                       src + (size_t)((img * hw + p) * xc + offset) * es, (size_t)oc * es);
+        );
+    } else {
+        size_t plane = (size_t)hw * 16 * es;
+        int64_t ocb = oc / 16, xcb = xc / 16;
+        KPL_PARALLEL_FOR_IF(img, n, n > 1 && out->numel > 2 * KPL_PAR_GRAIN,
+            memcpy(dst + (size_t)(img * ocb) * plane, src + (size_t)(img * xcb + offset / 16) * plane,
+                   (size_t)ocb * plane);
+        );
+    }
+    kpl__storage_set_kept(out, tag);
+    return true;
+}
+
 kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64_t offset,
                            bool into)
 {
@@ -194,6 +230,7 @@ kpl_status kpl_k_copy_slab(kpl_tensor *out, const kpl_tensor *x, int axis, int64
               (long long)(offset + part->shape[axis]), axis, (long long)big->shape[axis],
               into ? "'out'" : "'x'");
     if (part->numel == 0) return KPL_OK;
+    if (!into && slab_kept(out, x, axis, offset)) return KPL_OK;
     int64_t inner = 1, es = (int64_t)kpl_dtype_size(x->dtype);
     for (int d = axis + 1; d < x->ndim; d++) inner *= x->shape[d];
     kpl_copy_attrs a = {.slab = true, .rows = part->numel / (part->shape[axis] * inner),

@@ -512,6 +512,56 @@ static bool max_blocked(const kpl_kernel_args *args, const kpl_pool_attrs *a, kp
     return true;
 }
 
+/* Max pooling's gradient (plane_scatter) of a kept gy into a keepable gx,
+ * left in gy's layout: the plain kernel's sums lane by lane (each cell
+ * from 0, the window positions in order, so the same bits), where a plain
+ * gx would turn every later reader of the gradient plain (a U-Net's batch
+ * norms meet it with their kept inputs).  f32 and f64; false to run the
+ * plain loops. */
+#define DEF_SCATTER_KEPT(T, tn)                                                                  \
+    static int64_t scatter_kept_##tn(const kpl_pool_attrs *a, kpl_kept tag, const T *gy,       \
+                                     const int64_t *idx, T *gx)                                 \
+    {                                                                                           \
+        kpl_kept_geom gi = kpl__kept_geom(tag, a->c, a->oh * a->ow);                            \
+        kpl_kept_geom go = kpl__kept_geom(tag, a->c, a->h * a->w);                              \
+        int64_t hw = a->h * a->w, ohw = a->oh * a->ow, nb = a->c / 16, bad = 0;                 \
+        _Pragma("omp parallel for schedule(static) reduction(+ : bad) if (parallel(a))")       \
+        for (int64_t t = 0; t < a->n * nb; t++) {                                               \
+            int64_t n = t / nb, cb = t % nb;                                                    \
+            T *gp = gx + n * go.ns + cb * go.cs;                                                \
+            const T *yp = gy + n * gi.ns + cb * gi.cs;                                          \
+            for (int64_t p = 0; p < hw; p++) memset(gp + p * go.ps, 0, 16 * sizeof(T));         \
+            for (int l = 0; l < 16; l++) {                                                      \
+                const int64_t *ip = idx + (n * a->c + cb * 16 + l) * ohw;                       \
+                for (int64_t i = 0; i < ohw; i++) {                                             \
+                    if (ip[i] < 0 || ip[i] >= hw) { bad++; continue; }                         \
+                    gp[ip[i] * go.ps + l] += yp[i * gi.ps + l];                                 \
+                }                                                                               \
+            }                                                                                   \
+        }                                                                                       \
+        return bad;                                                                             \
+    }
+DEF_SCATTER_KEPT(float, f32)
+DEF_SCATTER_KEPT(double, f64)
+
+/* -1: not taken (plain loops); else the count of indices out of range */
+static int64_t scatter_kept(const kpl_kernel_args *args, const kpl_pool_attrs *a, kpl_dtype dt)
+{
+    const kpl_tensor *gy = args->in[0], *ix = args->in[1];
+    kpl_kept tag = kpl__kept(gy);
+    if (!tag || (dt != KPL_F32 && dt != KPL_F64) || args->out->storage == gy->storage ||
+        ix->storage == args->out->storage || !kpl__keepable(args->out))
+        return -1;
+    const void *py = kpl__kept_data(gy, tag);
+    if (!py) return -1;
+    const int64_t *pi = kpl__cdata(ix);
+    void *po = kpl__kept_out(args->out);
+    int64_t bad = dt == KPL_F64 ? scatter_kept_f64(a, tag, py, pi, po)
+                                : scatter_kept_f32(a, tag, py, pi, po);
+    kpl__storage_set_kept(args->out, tag);
+    return bad;
+}
+
 /* f16/bf16: each plane is widened into its thread's f32 buffer, pooled by
  * the f32 loops as a one-plane problem and rounded once into the output
  * (a max or a gather is exact; an average or a scatter's sum rounds once,
@@ -591,11 +641,17 @@ static kpl_status cpu_pool(const kpl_kernel_args *args)
     if (a->kind == KPL_POOL_BILINEAR || a->kind == KPL_POOL_BILINEAR_BWD)
         return cpu_bilinear(args, a, hdt);
     if (a->kind == KPL_POOL_MAX && max_blocked(args, a, hdt)) return KPL_OK;
+    int64_t bad = a->kind == KPL_POOL_SCATTER ? scatter_kept(args, a, hdt) : -1;
+    if (bad >= 0) {
+        KPL_CHECK(bad == 0, KPL_ERANGE, "plane_scatter: %lld indices outside the %lldx%lld plane",
+                  (long long)bad, (long long)a->h, (long long)a->w);
+        return KPL_OK;
+    }
     if (hdt == KPL_BF16 || hdt == KPL_F16) return pool_half(args, a, hdt, NULL, NULL);
     bool f64 = hdt == KPL_F64;
     const void *in0 = kpl__cdata(args->in[0]);
     void *out = kpl__data(args->out);
-    int64_t bad = 0;
+    bad = 0;
     switch (a->kind) {
     case KPL_POOL_MAX:
         if (f64) max_f64(a, in0, out, args->in[1] ? kpl__data((kpl_tensor *)args->in[1]) : NULL);

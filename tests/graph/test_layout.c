@@ -378,6 +378,49 @@ static void test_blocked_channel_ops(void **state)
     kpl_pool_pop(pool);
 }
 
+/* The gradients of max pooling (plane_scatter) and of a concatenation
+ * along the channels (each piece's slab of gy) of kept tensors are kept
+ * too, and equal the plain run's to the bit (a U-Net's skip path: a
+ * plain gradient there turned every batch norm's kept input plain in
+ * backward).  Gradients by kpl_grad, not create_graph: the slab copy is
+ * what backward runs. */
+static void test_blocked_pool_concat_grads(void **state)
+{
+    (void)state;
+    kpl_pool *pool = kpl_pool_push();
+    kpl_rng *rng = kpl_rng_create(17);
+    kpl_tensor *x = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 10, 9}, rng, 0, 1));
+    kpl_tensor *w1 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){32, 16, 3, 3}, rng, 0, 0.2));
+    kpl_tensor *w2 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){16, 16, 3, 3}, rng, 0, 0.2));
+    kpl_tensor *w3 = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){16, 48, 1, 1}, rng, 0, 0.2));
+    kpl_tensor *gy = NN(kpl_randn(cpu, KPL_F32, 4, (int64_t[]){2, 16, 5, 5}, rng, 0, 1));
+    OK(kpl_set_requires_grad(x, true));
+    kpl_conv2d_params c = {.stride = {1, 1}, .padding = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_conv2d_params c1 = {.stride = {1, 1}, .dilation = {1, 1}, .groups = 1};
+    kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
+    kpl_tensor *got[2], *want[2];
+    for (int on = 0; on < 2; on++) {
+        bool prev = kpl_set_blocked_layouts(on);
+        kpl_tensor *a = NN(kpl_conv2d(x, w1, NULL, &c));            /* (2, 32, 10, 9) */
+        kpl_tensor *p = NN(kpl_max_pool2d(a, &mp));                  /* (2, 32, 5, 5) */
+        kpl_tensor *b = NN(kpl_conv2d(NN(kpl_max_pool2d(x, &mp)), w2, NULL, &c));
+        kpl_tensor *cat = NN(kpl_concat(2, (kpl_tensor *[]){p, b}, 1)); /* 48 channels */
+        kpl_tensor *y = NN(kpl_conv2d(cat, w3, NULL, &c1));
+        kpl_tensor *g[2] = {NULL, NULL};
+        OK(kpl_grad(y, gy, 2, (kpl_tensor *[]){cat, a}, false, g));
+        if (on && kpl__kept(a) && kpl__kept(cat) == kpl__kept(a)) {
+            /* the slabs and the pooling gradient stay in the kept layout */
+            assert_int_equal(kpl__kept(g[1]), kpl__kept(a));
+            print_message("pooling gradient kept %s\n", kept_name(kpl__kept(g[1])));
+        }
+        (on ? got : want)[0] = g[0], (on ? got : want)[1] = g[1];
+        kpl_set_blocked_layouts(prev);
+    }
+    for (int k = 0; k < 2; k++) expect_same(got[k], want[k], k);
+    kpl_rng_destroy(rng);
+    kpl_pool_pop(pool);
+}
+
 /* A layout asked for holds along the chain: where the output's channels
  * can be kept, the timed choice (not deterministic) does not take kpl's
  * own loops, which write plain, however fast they are alone (LeNet's
@@ -422,6 +465,7 @@ int main(void)
         PER_LAYOUT(test_step_f32),        PER_LAYOUT(test_step_bf16),
         PER_LAYOUT(test_plain_readers),   PER_LAYOUT(test_blocked_dtypes),
         PER_LAYOUT(test_blocked_max_pool), PER_LAYOUT(test_blocked_channel_ops),
+        PER_LAYOUT(test_blocked_pool_concat_grads),
         cmocka_unit_test(test_asked_layout_keeps_chain),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
