@@ -4,8 +4,8 @@
  * cached per problem like matmul's (bf16 only where the CPU has AVX512-BF16
  * or AMX: elsewhere oneDNN would emulate it slower than f32 runs, and
  * kernels/ops_matmul.c computes bf16 in f32 instead); f64 runs on the plain
- * reference loops below, which are also what the tests check oneDNN
- * against.
+ * reference loops (cpu_conv_ref.c), which are also what the tests check
+ * oneDNN against.
  *
  * Activations a primitive computes in nChw16c or NHWC stay so between the
  * ops that read them (kpl__kept_data, storage.c); weights stay OIHW, a
@@ -19,95 +19,6 @@
 #include <math.h>
 #include <string.h>
 #include <time.h>
-
-/* ---- reference loops (f64) ------------------------------------------------------ */
-
-#define X4(t, a, b, c, d, B, C, D) (t)[(((a) * (B) + (b)) * (C) + (c)) * (D) + (d)]
-
-static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, const double *b,
-                    double *y) /* with a->acc, y holds the addend */
-{
-    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
-    KPL_PARALLEL_FOR_IF(no, a->n * a->o, a->n * a->o > 1,
-        int64_t n = no / a->o, o = no % a->o, g = o / og;
-        for (int64_t oy = 0; oy < a->oh; oy++)
-            for (int64_t ox = 0; ox < a->ow; ox++) {
-                double s = b ? b[o] : 0;
-                for (int64_t c = 0; c < cg; c++)
-                    for (int64_t ky = 0; ky < a->kh; ky++) {
-                        int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                        if (iy < 0 || iy >= a->h) continue;
-                        for (int64_t kx = 0; kx < a->kw; kx++) {
-                            int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                            if (ix < 0 || ix >= a->w) continue;
-                            s += X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w) *
-                                 X4(w, o, c, ky, kx, cg, a->kh, a->kw);
-                        }
-                    }
-                double *yo = &X4(y, n, o, oy, ox, a->o, a->oh, a->ow);
-                *yo = a->acc ? s + *yo : s;
-            }
-    );
-}
-
-/* gx = sum over the windows that read each input element (scatter per image). */
-static void ref_bwd_data(const kpl_conv_attrs *a, const double *gy, const double *w, double *gx)
-{
-    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
-    KPL_PARALLEL_FOR_IF(n, a->n, a->n > 1,
-        memset(gx + n * a->c * a->h * a->w, 0, sizeof(double) * (size_t)(a->c * a->h * a->w));
-        for (int64_t o = 0; o < a->o; o++) {
-            int64_t g = o / og;
-            for (int64_t oy = 0; oy < a->oh; oy++)
-                for (int64_t ox = 0; ox < a->ow; ox++) {
-                    double v = X4(gy, n, o, oy, ox, a->o, a->oh, a->ow);
-                    for (int64_t c = 0; c < cg; c++)
-                        for (int64_t ky = 0; ky < a->kh; ky++) {
-                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                            if (iy < 0 || iy >= a->h) continue;
-                            for (int64_t kx = 0; kx < a->kw; kx++) {
-                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                                if (ix < 0 || ix >= a->w) continue;
-                                X4(gx, n, g * cg + c, iy, ix, a->c, a->h, a->w) +=
-                                    v * X4(w, o, c, ky, kx, cg, a->kh, a->kw);
-                            }
-                        }
-                }
-        }
-    );
-}
-
-static void ref_bwd_weight(const kpl_conv_attrs *a, const double *x, const double *gy, double *gw,
-                           double *gb)
-{
-    int64_t cg = a->c / a->p.groups, og = a->o / a->p.groups;
-    KPL_PARALLEL_FOR_IF(o, a->o, a->o > 1,
-        int64_t g = o / og;
-        if (gb) {
-            double s = 0;
-            for (int64_t n = 0; n < a->n; n++)
-                for (int64_t i = 0; i < a->oh * a->ow; i++) s += gy[(n * a->o + o) * a->oh * a->ow + i];
-            gb[o] = s;
-        }
-        for (int64_t c = 0; c < cg; c++)
-            for (int64_t ky = 0; ky < a->kh; ky++)
-                for (int64_t kx = 0; kx < a->kw; kx++) {
-                    double s = 0;
-                    for (int64_t n = 0; n < a->n; n++)
-                        for (int64_t oy = 0; oy < a->oh; oy++) {
-                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                            if (iy < 0 || iy >= a->h) continue;
-                            for (int64_t ox = 0; ox < a->ow; ox++) {
-                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                                if (ix < 0 || ix >= a->w) continue;
-                                s += X4(gy, n, o, oy, ox, a->o, a->oh, a->ow) *
-                                     X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w);
-                            }
-                        }
-                    X4(gw, o, c, ky, kx, cg, a->kh, a->kw) = s;
-                }
-    );
-}
 
 /* ---- oneDNN (f32, bf16) ------------------------------------------------------------------ */
 
@@ -530,6 +441,43 @@ done:
     return t == INFINITY ? 0 : t;
 }
 
+/* kpl's loops as candidates after oneDNN's (choose): with the team, then
+ * with one thread.  One thread does the team's work alone and wins only
+ * where forking costs more than the work; if the team's run was cut off,
+ * the work is many times the fork and one thread is not tried.  Not where
+ * a layout is asked for and the output can be kept in it (the chain is to
+ * stay in that layout); a forward output the best kernel keeps in a kept
+ * layout costs the loops, which write plain, its reorder (time_reorder).
+ * *out and *best as choose keeps them; a candidate that cannot run (out of
+ * memory) is skipped. */
+static void choose_direct(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
+                          const conv_entry *base, conv_entry *out, double *best)
+{
+    const kpl_conv_attrs *a = &k->a;
+    if (layout != KPL_LAYOUT_AUTO && a->o % 16 == 0) return;
+    double charge = *best < INFINITY && a->kind == KPL_CONV_FWD && out->kept[2]
+                        ? time_reorder(&out->user[2], &out->inner[2])
+                        : 0;
+    for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
+        kpl_status st = KPL_OK;
+        conv_entry cand = *base;
+        cand.direct_threads = nt;
+        snprintf(cand.impl, sizeof cand.impl, "kpl_direct");
+        double t = probe_direct(a, args, nt, *best - charge, &st);
+        if (st >= 0 && t <= CUTOFF * *best) t = time_entry(&cand, a, args, *best - charge, &st);
+        t += charge;
+        if (st < 0) {
+            kpl_clear_error();
+        } else if (t < *best) {
+            if (*best < INFINITY) entry_destroy(out);
+            *out = cand;
+            *best = t;
+        } else if (t > CUTOFF * *best) {
+            return;
+        }
+    }
+}
+
 static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
                          conv_entry *out)
 {
@@ -652,39 +600,8 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_lay
             st = KPL_OK;
         }
     } while (tried < MAX_CANDIDATES && dnnl_primitive_desc_iterator_next(it) == dnnl_success);
-    /* kpl's loops with the team, then with one thread.  One thread does
-     * the team's work alone and wins only where forking costs more than
-     * the work; if the team's run was cut off, the work is many times the
-     * fork and one thread is not tried. */
-    /* (not where a layout is asked for and the output can be kept in it:
-     * the chain is to stay in that layout) */
-    bool asked = layout != KPL_LAYOUT_AUTO && a->o % 16 == 0;
-    if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && !asked &&
-        kpl__conv_direct_supports(a)) {
-        /* a forward output the best kernel keeps blocked costs the loops
-         * its reorder (time_reorder) */
-        double charge = best < INFINITY && a->kind == KPL_CONV_FWD && out->kept[2]
-                            ? time_reorder(&out->user[2], &out->inner[2])
-                            : 0;
-        for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
-            conv_entry cand = e;
-            cand.direct_threads = nt;
-            snprintf(cand.impl, sizeof cand.impl, "kpl_direct");
-            double t = probe_direct(a, args, nt, best - charge, &st);
-            if (st >= 0 && t <= CUTOFF * best) t = time_entry(&cand, a, args, best - charge, &st);
-            t += charge;
-            if (st < 0) { /* out of memory: the candidate is skipped */
-                kpl_clear_error();
-                st = KPL_OK;
-            } else if (t < best) {
-                if (best < INFINITY) entry_destroy(out);
-                *out = cand;
-                best = t;
-            } else if (t > CUTOFF * best) {
-                break;
-            }
-        }
-    }
+    if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && kpl__conv_direct_supports(a))
+        choose_direct(k, args, layout, &e, out, &best);
     if (best == INFINITY)
         st = KPL_ERROR(KPL_EBACKEND, "conv2d: oneDNN offers no usable implementation");
 fail:
@@ -772,18 +689,8 @@ static kpl_status cpu_conv(const kpl_kernel_args *args)
     const kpl_conv_attrs *a = args->attrs;
     if (args->out->dtype == KPL_F32) return conv_dnnl(a, args, dnnl_f32);
     if (args->out->dtype == KPL_BF16) return conv_dnnl(a, args, dnnl_bf16);
-    const double *i0 = kpl__cdata(args->in[0]), *i1 = kpl__cdata(args->in[1]);
-    double *out = kpl__data(args->out);
-    switch (a->kind) {
-    case KPL_CONV_FWD:
-        ref_fwd(a, i0, i1, args->in[2] ? kpl__cdata(args->in[2]) : NULL, out);
-        if (a->relu) relu_in_place(args->out);
-        break;
-    case KPL_CONV_BWD_DATA: ref_bwd_data(a, i0, i1, out); break;
-    case KPL_CONV_BWD_WEIGHT:
-        ref_bwd_weight(a, i0, i1, out, args->in[2] ? kpl__data((kpl_tensor *)args->in[2]) : NULL);
-        break;
-    }
+    kpl__conv_ref_run(a, args);
+    if (a->kind == KPL_CONV_FWD && a->relu) relu_in_place(args->out);
     return KPL_OK;
 }
 

@@ -544,6 +544,8 @@ void kpl__cpu_conv_impls(char *buf, size_t len);
  * whether they handle a problem (stride 1, no dilation, one group), and
  * running one with `threads` OpenMP threads; args as the conv2d kernel's. */
 bool kpl__conv_direct_supports(const kpl_conv_attrs *a);
+/* The f64 reference loops (cpu/cpu_conv_ref.c), any kind; no ReLU. */
+void kpl__conv_ref_run(const kpl_conv_attrs *a, const kpl_kernel_args *args);
 kpl_status kpl__conv_direct_run(const kpl_conv_attrs *a, const kpl_kernel_args *args,
                                 int threads);
 

@@ -417,6 +417,21 @@ static void test_blocked_pool_concat_grads(void **state)
         kpl_set_blocked_layouts(prev);
     }
     for (int k = 0; k < 2; k++) expect_same(got[k], want[k], k);
+    /* an index outside the plane, on the kept path too: named, not written */
+    kpl_tensor *a = NN(kpl_conv2d(x, w1, NULL, &c)), *gx = NULL, *ix = NULL;
+    int64_t os[4];
+    OK(kpl_shape_pool2d(kpl_tensor_shape(a), &mp, os));
+    kpl_tensor *g = NN(kpl_full(cpu, KPL_F32, 4, os, 1));
+    g = NN(kpl_conv2d(g, NN(kpl_full(cpu, KPL_F32, 4, (int64_t[]){32, 32, 1, 1}, 0.5)), NULL,
+                      &c1)); /* kept where the convolution keeps */
+    if (kpl_get_kept_layout() == KPL_LAYOUT_NHWC) assert_int_equal(kpl__kept(g), KPL_KEPT_NHWC);
+    OK(kpl_tensor_empty(cpu, KPL_I64, 4, os, &ix));
+    OK(kpl_k_fill(ix, 3));
+    ((int64_t *)kpl_tensor_host_mutable(ix))[17] = 90; /* the plane has 10 x 9 cells */
+    OK(kpl_tensor_empty(cpu, KPL_F32, 4, kpl_tensor_shape(a), &gx));
+    FAILS(kpl_k_plane_scatter(gx, g, ix), KPL_ERANGE, "1 indices outside the 10x9 plane");
+    kpl_tensor_release(ix);
+    kpl_tensor_release(gx);
     kpl_rng_destroy(rng);
     kpl_pool_pop(pool);
 }

@@ -354,5 +354,6 @@ int main(void)
     failed += run_tensor_tests();
     failed += run_alloc_tests();
     failed += run_ops_tests();
+    failed += run_copy_rows_tests();
     return failed ? 1 : 0;
 }

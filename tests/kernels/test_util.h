@@ -40,5 +40,6 @@ static inline void assert_tensor_close(kpl_tensor *t, const double *ref, double 
 int run_alloc_tests(void);
 int run_tensor_tests(void);
 int run_ops_tests(void);
+int run_copy_rows_tests(void);
 
 #endif
