@@ -960,9 +960,10 @@ kpl_status kpl_k_batch_norm(kpl_tensor *y, kpl_tensor *mean, kpl_tensor *var,
                             const kpl_tensor *x, const kpl_tensor *gamma,
                             const kpl_tensor *beta, double eps);
 /* Its gradient for output gradient gy: gx (x's shape), ggamma and gbeta
- * (C); any output may be NULL but not all.  The statistics are computed
- * again from x (as the forward did), which costs a read of x and saves
- * keeping them. */
+ * (C); any output may be NULL but not all.  The statistics are those the
+ * forward left with x's storage (the CPU's kernels keep them until the
+ * storage is next written), else computed again from x: the same values
+ * either way. */
 kpl_status kpl_k_batch_norm_bwd(kpl_tensor *gx, kpl_tensor *ggamma, kpl_tensor *gbeta,
                                 const kpl_tensor *x, const kpl_tensor *gy,
                                 const kpl_tensor *gamma, double eps);

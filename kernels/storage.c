@@ -111,6 +111,22 @@ void kpl__storage_drop_packed(kpl_storage *s)
     s->packed_key = 0;
 }
 
+void *kpl__storage_packed(const kpl_storage *s, uint64_t key, size_t bytes)
+{
+    return s->packed && s->packed_key == key && s->packed_bytes == bytes ? s->packed : NULL;
+}
+
+void *kpl__storage_new_packed(kpl_storage *s, uint64_t key, size_t bytes)
+{
+    kpl__storage_drop_packed(s);
+    void *p;
+    if (kpl_device_alloc(kpl_device_cpu(), bytes, "derived copy", &p) < 0) return NULL;
+    s->packed = p;
+    s->packed_bytes = bytes;
+    s->packed_key = key;
+    return p;
+}
+
 void kpl_storage_release(kpl_storage *s)
 {
     if (!s) return;
@@ -326,6 +342,7 @@ void *kpl__kept_data(const kpl_tensor *t, kpl_kept tag)
 
 void *kpl__kept_out(const kpl_tensor *t)
 {
+    kpl__storage_drop_packed(t->storage);
     t->storage->kept = KPL_KEPT_PLAIN; /* whatever it held is overwritten */
     t->storage->state = KPL_MEM_HOST;
     return t->storage->dev_ptr;

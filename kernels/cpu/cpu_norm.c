@@ -5,8 +5,19 @@
  * Why not oneDNN's batch norm: its forward hands back mean and variance
  * that backward must be given again, and its plain-layout (ncsp) kernels
  * are no faster than these loops; these also serve f64, which the
- * gradient checks need.  Statistics are two-pass (mean, then squared
- * deviations), so a large mean does not cancel the variance away.
+ * gradient checks need.
+ *
+ * Statistics: f64 inputs take two passes (mean, then squared deviations),
+ * so a large mean does not cancel the variance away; f32, f16 and bf16
+ * inputs take one, the sums of x and x^2 in double: the square of a
+ * 24-bit mantissa is exact in double, so E[x^2] - mean^2 loses ~1e-16 of
+ * E[x^2], which stays below the inputs' own rounding (6e-8 of |mean|)
+ * relative to the variance unless |mean| / std passes ~1e4 -- where the
+ * f32 values themselves hold the deviations to 1e-4 of std.  The forward
+ * leaves its statistics (the doubles it normalised with) on x's storage
+ * as its derived copy (kpl_storage.packed), and the backward of the same,
+ * unchanged x reads them instead of passing over x again; any write to x
+ * drops them, and without them the backward computes the same doubles.
  *
  * Every per-channel sum accumulates in double element by element, and the
  * input gradient is evaluated in double before its one rounding to T.
@@ -42,6 +53,7 @@
 
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Partial sums in BN_LANES explicit lanes: value i of a row of hw goes
  * to lane i % BN_LANES, or, in rows shorter than BN_LANES, every value of
@@ -70,6 +82,12 @@ static double lanes_total(const double *l)
 /* The terms of the sums: x; (x - m)^2; gy and gy (x - m).  LD(p, k)
  * reads element k of p as a float or double. */
 #define ACC_X(j, k) s[j] += (double)LD(x, k)
+#define ACC_X_SQ(j, k)                                                                    \
+    do {                                                                                  \
+        double v_ = (double)LD(x, k);                                                     \
+        s[j] += v_;                                                                       \
+        q[j] += v_ * v_;                                                                  \
+    } while (0)
 #define ACC_SQDEV(j, k)                                                                   \
     do {                                                                                  \
         double d_ = (double)LD(x, k) - m;                                                 \
@@ -122,18 +140,43 @@ static double lanes_total(const double *l)
         }                                                                                 \
     }
 
-/* Mean and biased variance of channel c. */
+/* The variance of one pass's sums (x of fewer than 64 bits: see the top). */
+static inline double var_of_sums(double sumsq, double cnt, double m)
+{
+    double v = sumsq / cnt - m * m;
+    return v > 0 ? v : 0;
+}
+
+/* Mean and biased variance of channel c: those the forward saved, else
+ * computed (and saved, in the forward). */
 #define BN_STATS(N, T)                                                                    \
     static inline __attribute__((always_inline)) void stats_##N(                          \
         const T *x, const kpl_bn_attrs *a, int64_t c,                                     \
                                  double *mean, double *var)                               \
     {                                                                                     \
+        if (a->bwd && a->saved) {                                                         \
+            *mean = a->saved[2 * c];                                                      \
+            *var = a->saved[2 * c + 1];                                                   \
+            return;                                                                       \
+        }                                                                                 \
         double cnt = (double)(a->n * a->hw), s[BN_LANES] = {0}, q[BN_LANES] = {0};        \
-        BN_FOLD(ACC_X)                                                                    \
-        double m = lanes_total(s) / cnt;                                                  \
-        BN_FOLD(ACC_SQDEV)                                                                \
+        double m, v;                                                                      \
+        if (sizeof(T) < sizeof(double)) {                                                 \
+            BN_FOLD(ACC_X_SQ)                                                             \
+            m = lanes_total(s) / cnt;                                                     \
+            v = var_of_sums(lanes_total(q), cnt, m);                      \
+        } else {                                                                          \
+            BN_FOLD(ACC_X)                                                                \
+            m = lanes_total(s) / cnt;                                                     \
+            BN_FOLD(ACC_SQDEV)                                                            \
+            v = lanes_total(q) / cnt;                                                     \
+        }                                                                                 \
         *mean = m;                                                                        \
-        *var = lanes_total(q) / cnt;                                                      \
+        *var = v;                                                                         \
+        if (a->saved) {                                                                   \
+            a->saved[2 * c] = m;                                                          \
+            a->saved[2 * c + 1] = v;                                                      \
+        }                                                                                 \
     }
 
 /* One channel each; the OpenMP loops over channels call them.  N names
@@ -242,17 +285,21 @@ static double lanes_total(const double *l)
  * nChw16c ((n * C/16 + c/16) * hw + i) * 16 + c % 16, NHWC (n * hw + i) * C
  * + c), and each channel's values still meet BN_FOLD's lanes in BN_FOLD's
  * order, so the results are bit-identical to the plain kernels'.
- * BLK_FOLD(ACC) calls ACC(j, k) with k the offset of the 16 channels'
- * values. */
-#define BLK_FOLD(ACC)                                                                     \
+ * BLK_FOLD(A, B, TERMS) adds to the lanes' sums A[j][l] and B[j][l]
+ * (channel l of the 16) the terms TERMS(a, b, k) adds to a[l], b[l] for
+ * the 16 channels' values at offset k.  (The 256 sums live in memory; a
+ * lane at a time in registers, over spans of pixels, was slower here:
+ * the strided reads defeat the prefetcher.)  x is only f32, f16 or bf16
+ * here (f64 is never kept). */
+#define BLK_FOLD(A, B, TERMS)                                                             \
     for (int64_t n = 0; n < a->n; n++) {                                                  \
         int64_t o = n * gm->ns + cb * gm->cs, ps = gm->ps, i = 0;                         \
         if (a->hw >= BN_LANES) {                                                          \
             for (; i + BN_LANES <= a->hw; i += BN_LANES)                                  \
-                for (int j = 0; j < BN_LANES; j++) ACC(j, o + (i + j) * ps);              \
-            for (int j = 0; i < a->hw; i++, j++) ACC(j, o + i * ps);                      \
+                for (int j = 0; j < BN_LANES; j++) TERMS(A[j], B[j], o + (i + j) * ps);   \
+            for (int j = 0; i < a->hw; i++, j++) TERMS(A[j], B[j], o + i * ps);           \
         } else {                                                                          \
-            for (int j = (int)(n % BN_LANES); i < a->hw; i++) ACC(j, o + i * ps);          \
+            for (int j = (int)(n % BN_LANES); i < a->hw; i++) TERMS(A[j], B[j], o + i * ps); \
         }                                                                                 \
     }
 
@@ -261,18 +308,18 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
     return ((l[0][c] + l[1][c]) + (l[2][c] + l[3][c])) + ((l[4][c] + l[5][c]) + (l[6][c] + l[7][c]));
 }
 
-#define BACC_X(j, k)                                                                      \
-    for (int l = 0; l < 16; l++) s[j][l] += (double)LD(x, (k) + l)
-#define BACC_SQDEV(j, k)                                                                  \
+/* The terms: x and x^2; gy and gy (x - mean). */
+#define BTERMS_X_SQ(ra, rb, k)                                                            \
     for (int l = 0; l < 16; l++) {                                                        \
-        double d_ = (double)LD(x, (k) + l) - m[l];                                        \
-        q[j][l] += d_ * d_;                                                               \
+        double v_ = (double)LD(x, (k) + l);                                               \
+        ra[l] += v_;                                                                      \
+        rb[l] += v_ * v_;                                                                 \
     }
-#define BACC_GRAD(j, k)                                                                   \
+#define BTERMS_GRAD(ra, rb, k)                                                            \
     for (int l = 0; l < 16; l++) {                                                        \
         double g_ = GY(gy, ym, (k) + l, relu);                                            \
-        sg[j][l] += g_;                                                                   \
-        sgx[j][l] += g_ * ((double)LD(x, (k) + l) - m[l]);                                \
+        ra[l] += g_;                                                                      \
+        rb[l] += g_ * ((double)LD(x, (k) + l) - m[l]);                                    \
     }
 
 #define BN_BLOCKED(N, T, P)                                                               \
@@ -280,11 +327,18 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
         const T *x, const kpl_bn_attrs *a, const kpl_kept_geom *gm, int64_t cb, double *m, \
         double *var)                                                                      \
     {                                                                                     \
+        double *sv = a->saved ? a->saved + 2 * 16 * cb : NULL;                            \
+        if (a->bwd && sv) {                                                               \
+            for (int l = 0; l < 16; l++) m[l] = sv[2 * l], var[l] = sv[2 * l + 1];        \
+            return;                                                                       \
+        }                                                                                 \
         double cnt = (double)(a->n * a->hw), s[BN_LANES][16] = {{0}}, q[BN_LANES][16] = {{0}}; \
-        BLK_FOLD(BACC_X)                                                                  \
-        for (int l = 0; l < 16; l++) m[l] = lanes_total_at(s, l) / cnt;                   \
-        BLK_FOLD(BACC_SQDEV)                                                              \
-        for (int l = 0; l < 16; l++) var[l] = lanes_total_at(q, l) / cnt;                 \
+        BLK_FOLD(s, q, BTERMS_X_SQ)                                                       \
+        for (int l = 0; l < 16; l++) {                                                    \
+            m[l] = lanes_total_at(s, l) / cnt;                                            \
+            var[l] = var_of_sums(lanes_total_at(q, l), cnt, m[l]);                        \
+        }                                                                                 \
+        for (int l = 0; l < 16 && sv; l++) sv[2 * l] = m[l], sv[2 * l + 1] = var[l];      \
     }                                                                                     \
     static inline __attribute__((always_inline)) void bfwd_blk_##N(                       \
         const T *x, const P *g, const P *b, T *y, P *mo, P *vo, const kpl_bn_attrs *a,     \
@@ -318,7 +372,7 @@ static double lanes_total_at(double l[BN_LANES][16], int c)
         double sg[BN_LANES][16] = {{0}}, sgx[BN_LANES][16] = {{0}};                       \
         double k[16], mg[16], kx[16];                                                     \
         bstats_##N(x, a, gm, cb, m, v);                                                   \
-        BLK_FOLD(BACC_GRAD)                                                               \
+        BLK_FOLD(sg, sgx, BTERMS_GRAD)                                                    \
         for (int l = 0; l < 16; l++) {                                                    \
             int64_t c = cb * 16 + l;                                                      \
             double inv = 1.0 / sqrt(v[l] + a->eps);                                       \
@@ -446,9 +500,39 @@ static bool run_kept(const kpl_kernel_args *args, const kpl_bn_attrs *a)
     return true;
 }
 
+/* The statistics' derived copy of x's storage: 2 C doubles after a header
+ * naming the view they are of (the key is the kernel's; the header makes
+ * a match exact). */
+#define BN_SAVED_KEY 0x6b706c2e626e7374ULL /* "kpl.bnst" */
+enum { BN_HDR = 5 };
+
+static double *saved_stats(const kpl_kernel_args *args, const kpl_bn_attrs *a)
+{
+    const kpl_tensor *x = args->in[0];
+    kpl_storage *s = x->storage;
+    size_t bytes = (size_t)(BN_HDR + 2 * a->c) * sizeof(double);
+    double hdr[BN_HDR] = {(double)x->offset, (double)a->n, (double)a->c, (double)a->hw,
+                          (double)x->dtype};
+    double *p;
+    if (a->bwd) {
+        p = kpl__storage_packed(s, BN_SAVED_KEY, bytes);
+        return p && !memcmp(p, hdr, sizeof hdr) ? p + BN_HDR : NULL;
+    }
+    /* after the output's write access, which drops a derived copy of an
+     * in-place x (whose backward could not read x anyway) */
+    if (args->out->storage == s) return NULL;
+    if (!(p = kpl__storage_new_packed(s, BN_SAVED_KEY, bytes))) {
+        kpl_clear_error(); /* out of memory: the backward computes them again */
+        return NULL;
+    }
+    memcpy(p, hdr, sizeof hdr);
+    return p + BN_HDR;
+}
+
 static kpl_status cpu_batch_norm(const kpl_kernel_args *args)
 {
-    const kpl_bn_attrs *a = args->attrs;
+    kpl_bn_attrs la = *(const kpl_bn_attrs *)args->attrs, *a = &la;
+    la.saved = saved_stats(args, a);
     if (run_kept(args, a)) return KPL_OK;
     switch (args->in[0]->dtype) {
     case KPL_F32: (a->bwd ? bwd_float : fwd_float)(args, a); break;

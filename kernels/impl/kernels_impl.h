@@ -146,10 +146,12 @@ struct kpl_storage {
     void (*wrap_release)(void *ctx); /* set: host memory is the caller's (storage_wrap) */
     void *wrap_ctx;
     kpl_storage *parent; /* set: bytes inside the parent's device memory (storage_sub) */
-    /* kpl_tensor_set_constant: the bytes do not change, so kernels may keep
-     * a copy derived from them (a convolution's weights in its computing
-     * layout; CPU allocator memory, keyed by the kernel).  Any write access
-     * drops it (kpl__storage_drop_packed). */
+    /* Something a kernel derived from the bytes and keeps with them, valid
+     * until they change (CPU allocator memory, keyed by the kernel): a
+     * constant's (kpl_tensor_set_constant) convolution weights in their
+     * computing layout, or the batch statistics a batch norm's forward
+     * computed of its input, for its backward.  Any write access drops it
+     * (kpl__storage_drop_packed). */
     bool constant;
     void *packed;
     size_t packed_bytes;
@@ -225,6 +227,12 @@ static inline kpl_kept_geom kpl__kept_geom(kpl_kept tag, int64_t c, int64_t hw)
 }
 /* Frees a storage's derived copy (see kpl_storage.packed). */
 void kpl__storage_drop_packed(kpl_storage *s);
+/* Its derived copy when it is the `bytes` bytes kept under `key`, else NULL. */
+void *kpl__storage_packed(const kpl_storage *s, uint64_t key, size_t bytes);
+/* A new derived copy of `bytes` bytes under `key`, replacing what was
+ * there, for the caller to fill; NULL (with the error set) when out of
+ * memory.  Dropped by the next write access like any other. */
+void *kpl__storage_new_packed(kpl_storage *s, uint64_t key, size_t bytes);
 
 /* Element pointers for kernels (device side of the storage). */
 static inline void *kpl__data(const kpl_tensor *t)
@@ -422,6 +430,9 @@ typedef struct {
     double eps;
     kpl_tensor *mean, *var;         /* fwd, (C) */
     kpl_tensor *gx, *ggamma, *gbeta; /* bwd */
+    /* The CPU kernels' own: (mean, biased variance) per channel in double,
+     * written by fwd, read by bwd when not NULL (cpu_norm.c) */
+    double *saved;
 } kpl_bn_attrs;
 
 /* Group norm (kpl_k_group_norm, _bwd), checked: x viewed as (n, c, hw) in

@@ -355,5 +355,6 @@ int main(void)
     failed += run_alloc_tests();
     failed += run_ops_tests();
     failed += run_copy_rows_tests();
+    failed += run_bn_saved_tests();
     return failed ? 1 : 0;
 }

@@ -41,5 +41,6 @@ int run_alloc_tests(void);
 int run_tensor_tests(void);
 int run_ops_tests(void);
 int run_copy_rows_tests(void);
+int run_bn_saved_tests(void);
 
 #endif

@@ -1,0 +1,147 @@
+/* test_bn_saved.c — the batch statistics a batch norm's forward leaves
+ * with its input for the backward (kernels/cpu/cpu_norm.c): a backward
+ * that reads them gives the bits of one that computes them again, and
+ * nothing stale is read after x changes, whichever way it changes. */
+#include "test_util.h"
+
+#include <string.h>
+
+/* A copy of t in a storage of its own (no statistics with it). */
+static kpl_tensor *fresh(kpl_tensor *t)
+{
+    kpl_tensor *c = NULL;
+    OK(kpl_tensor_empty_like(t, &c));
+    OK(kpl_k_copy(c, t));
+    return c;
+}
+
+/* The three gradients of x, gy; relu_y for the ReLU form (else NULL). */
+typedef struct {
+    kpl_tensor *gx, *gg, *gb;
+} bn_grads;
+
+static bn_grads bwd(kpl_tensor *x, kpl_tensor *relu_y, kpl_tensor *gy, kpl_tensor *g)
+{
+    int64_t c = kpl_tensor_shape(g)[0];
+    bn_grads r = {tnew(kpl_tensor_dtype(x), kpl_tensor_ndim(x), kpl_tensor_shape(x)),
+                  tnew(kpl_tensor_dtype(g), 1, &c), tnew(kpl_tensor_dtype(g), 1, &c)};
+    if (relu_y)
+        OK(kpl_k_batch_norm_relu_bwd(r.gx, r.gg, r.gb, x, relu_y, gy, g, 1e-5));
+    else
+        OK(kpl_k_batch_norm_bwd(r.gx, r.gg, r.gb, x, gy, g, 1e-5));
+    return r;
+}
+
+static void same(kpl_tensor *a, kpl_tensor *b, const char *what, const char *ctx)
+{
+    size_t es = kpl_dtype_size(kpl_tensor_dtype(a));
+    const unsigned char *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
+    for (int64_t i = 0; i < kpl_tensor_numel(a); i++)
+        if (memcmp(pa + i * es, pb + i * es, es))
+            fail_msg("%s, %s[%lld]: %.9g with the saved statistics, %.9g without", ctx, what,
+                     (long long)i, tget(a, i), tget(b, i));
+}
+
+static void same_grads(bn_grads a, bn_grads b, const char *ctx)
+{
+    same(a.gx, b.gx, "gx", ctx);
+    same(a.gg, b.gg, "ggamma", ctx);
+    same(a.gb, b.gb, "gbeta", ctx);
+    kpl_tensor *ts[] = {a.gx, a.gg, a.gb, b.gx, b.gg, b.gb};
+    for (int i = 0; i < 6; i++) kpl_tensor_release(ts[i]);
+}
+
+/* Forward then backward against the backward of a copy of x, for each
+ * dtype, the plain and the ReLU form, rows shorter than the sums' 8
+ * lanes and longer with a tail; then x changed after the forward (by a
+ * host write, by a kernel writing it in place) and a second view of the
+ * same storage: each backward equals the one of a copy. */
+static void test_bn_saved_statistics(void **state)
+{
+    (void)state;
+    const kpl_dtype dts[3] = {KPL_F32, KPL_F64, KPL_BF16};
+    const int64_t shapes[3][4] = {{6, 3, 2, 3}, {3, 5, 7, 9}, {2, 4, 1, 1}};
+    for (int di = 0; di < 3; di++)
+        for (int si = 0; si < 3; si++)
+            for (int relu = 0; relu < 2; relu++) {
+                kpl_dtype dt = dts[di], pdt = dt == KPL_BF16 ? KPL_F32 : dt;
+                const int64_t *xs = shapes[si];
+                int64_t c = xs[1];
+                char ctx[96];
+                snprintf(ctx, sizeof ctx, "%s (%lld,%lld,%lld,%lld)%s", kpl_dtype_name(dt),
+                         (long long)xs[0], (long long)xs[1], (long long)xs[2],
+                         (long long)xs[3], relu ? " relu" : "");
+                /* a mean far from 0, as after a convolution with a bias */
+                kpl_tensor *x = trand(dt, 4, xs, 11 + si, 2, 5), *gy = trand(dt, 4, xs, 12, -1, 1);
+                kpl_tensor *g = trand(pdt, 1, &c, 13, 0.5, 1.5), *b = trand(pdt, 1, &c, 14, -1, 1);
+                kpl_tensor *y = tnew(dt, 4, xs), *m = tnew(pdt, 1, &c), *v = tnew(pdt, 1, &c);
+                if (relu)
+                    OK(kpl_k_batch_norm_relu(y, m, v, x, g, b, 1e-5));
+                else
+                    OK(kpl_k_batch_norm(y, m, v, x, g, b, 1e-5));
+                kpl_tensor *ry = relu ? y : NULL, *xc = fresh(x);
+                same_grads(bwd(x, ry, gy, g), bwd(xc, ry, gy, g), ctx);
+                /* twice: reading them leaves them */
+                same_grads(bwd(x, ry, gy, g), bwd(xc, ry, gy, g), ctx);
+
+                /* x changed after the forward, by a kernel writing it in
+                 * place and then by the host (bytes of another tensor):
+                 * stale statistics would show in every gradient, which the
+                 * change moves (checked, so the test can see them) */
+                for (int way = 0; way < 2; way++) {
+                    if (relu)
+                        OK(kpl_k_batch_norm_relu(y, m, v, x, g, b, 1e-5));
+                    else
+                        OK(kpl_k_batch_norm(y, m, v, x, g, b, 1e-5));
+                    kpl_tensor *before = fresh(x);
+                    if (way == 0) {
+                        OK(kpl_k_binary_scalar(x, KPL_BIN_MUL, x, 3, false));
+                    } else {
+                        kpl_tensor *o = trand(dt, 4, xs, 21, -4, 9);
+                        memcpy(kpl_tensor_host_mutable(x), kpl_tensor_host_data(o),
+                               kpl_tensor_nbytes(x));
+                        kpl_tensor_release(o);
+                    }
+                    kpl_tensor *after = fresh(x);
+                    char ctx2[192];
+                    snprintf(ctx2, sizeof ctx2, "%s, x %s after the forward", ctx,
+                             way ? "written by the host" : "written in place by a kernel");
+                    bn_grads stale = bwd(before, ry, gy, g), now = bwd(x, ry, gy, g);
+                    if (!memcmp(kpl_tensor_host_data(stale.gg), kpl_tensor_host_data(now.gg),
+                                (size_t)c * kpl_dtype_size(pdt)))
+                        fail_msg("%s: ggamma did not move; the test would not see stale "
+                                 "statistics", ctx2);
+                    same_grads(now, bwd(after, ry, gy, g), ctx2);
+                    kpl_tensor *sg[] = {stale.gx, stale.gg, stale.gb, before, after};
+                    for (int i = 0; i < 5; i++) kpl_tensor_release(sg[i]);
+                }
+
+                /* two views of one storage: the forward of the first, then
+                 * the backward of the second reads nothing of the first's */
+                int64_t s2[4] = {2 * xs[0], xs[1], xs[2], xs[3]};
+                kpl_tensor *both = trand(dt, 4, s2, 31, -2, 7), *va = NULL, *vb = NULL;
+                OK(kpl_tensor_narrow(both, 0, xs[0], &va));
+                OK(kpl_tensor_narrow(both, xs[0], xs[0], &vb));
+                if (relu)
+                    OK(kpl_k_batch_norm_relu(y, m, v, va, g, b, 1e-5));
+                else
+                    OK(kpl_k_batch_norm(y, m, v, va, g, b, 1e-5));
+                kpl_tensor *ca = fresh(va), *cb = fresh(vb);
+                char ctx3[160];
+                snprintf(ctx3, sizeof ctx3, "%s, another view of the storage", ctx);
+                same_grads(bwd(vb, ry, gy, g), bwd(cb, ry, gy, g), ctx3);
+                same_grads(bwd(va, ry, gy, g), bwd(ca, ry, gy, g), ctx3);
+                kpl_tensor *vs[] = {both, va, vb, ca, cb};
+                for (int i = 0; i < 5; i++) kpl_tensor_release(vs[i]);
+                kpl_tensor *ts[] = {x, gy, g, b, y, m, v, xc};
+                for (int i = 0; i < 8; i++) kpl_tensor_release(ts[i]);
+            }
+}
+
+int run_bn_saved_tests(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_bn_saved_statistics),
+    };
+    return cmocka_run_group_tests_name("bn_saved", tests, NULL, NULL);
+}
