@@ -24,6 +24,11 @@ bool kpl__cpu_bf16_native(void)
     return isa_has(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx512_core_bf16);
 }
 
+bool kpl__cpu_avx512(void)
+{
+    return isa_has(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx512_core);
+}
+
 bool kpl__cpu_amx(void)
 {
     return isa_has(dnnl_get_effective_cpu_isa(), dnnl_cpu_isa_avx512_core_amx);

@@ -430,9 +430,11 @@ typedef struct {
     double eps;
     kpl_tensor *mean, *var;         /* fwd, (C) */
     kpl_tensor *gx, *ggamma, *gbeta; /* bwd */
-    /* The CPU kernels' own: (mean, biased variance) per channel in double,
-     * written by fwd, read by bwd when not NULL (cpu_norm.c) */
+    /* The CPU kernels' own (cpu_norm.c): (mean, biased variance) per
+     * channel in double, written by fwd, read by bwd when not NULL; and
+     * whether the kept layouts' sums run in vector registers */
     double *saved;
+    bool vec_sums;
 } kpl_bn_attrs;
 
 /* Group norm (kpl_k_group_norm, _bwd), checked: x viewed as (n, c, hw) in
@@ -520,6 +522,9 @@ static inline int64_t kpl__plan_offset(const kpl_ew_plan *p, int k,
 /* Registers the CPU kernels (called from the cpu backend). */
 /* Whether oneDNN runs bf16 natively here (AVX512-BF16 or AMX; cpu_isa.c). */
 bool kpl__cpu_bf16_native(void);
+/* Whether oneDNN's kernels use AVX-512 here (honours ONEDNN_MAX_CPU_ISA,
+ * which kpl's own loops follow where they choose by register count). */
+bool kpl__cpu_avx512(void);
 /* Whether oneDNN's kernels use AMX here (honours ONEDNN_MAX_CPU_ISA). */
 bool kpl__cpu_amx(void);
 void kpl__cpu_register_eltwise(void);

@@ -1,8 +1,9 @@
-/* test_bn_saved.c — the batch statistics a batch norm's forward leaves
+/* test_bn_saved.c — batch norm's CPU kernels: the statistics a batch norm's forward leaves
  * with its input for the backward (kernels/cpu/cpu_norm.c): a backward
  * that reads them gives the bits of one that computes them again, and
  * nothing stale is read after x changes, whichever way it changes. */
 #include "test_util.h"
+#include "kernels_impl.h"
 
 #include <string.h>
 
@@ -38,7 +39,7 @@ static void same(kpl_tensor *a, kpl_tensor *b, const char *what, const char *ctx
     const unsigned char *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
     for (int64_t i = 0; i < kpl_tensor_numel(a); i++)
         if (memcmp(pa + i * es, pb + i * es, es))
-            fail_msg("%s, %s[%lld]: %.9g with the saved statistics, %.9g without", ctx, what,
+            fail_msg("%s, %s[%lld]: %.9g, want %.9g", ctx, what,
                      (long long)i, tget(a, i), tget(b, i));
 }
 
@@ -138,10 +139,86 @@ static void test_bn_saved_statistics(void **state)
             }
 }
 
+/* A copy of the plain (N, C, H, W) tensor t held in kept layout `tag`. */
+static kpl_tensor *kept_copy(kpl_tensor *t, kpl_kept tag)
+{
+    const int64_t *sh = kpl_tensor_shape(t);
+    int64_t hw = sh[2] * sh[3];
+    size_t es = kpl_dtype_size(kpl_tensor_dtype(t));
+    kpl_tensor *k = tnew(kpl_tensor_dtype(t), 4, sh);
+    const char *src = kpl_tensor_host_data(t);
+    char *dst = kpl_tensor_host_mutable(k);
+    kpl_kept_geom gm = kpl__kept_geom(tag, sh[1], hw);
+    for (int64_t n = 0; n < sh[0]; n++)
+        for (int64_t c = 0; c < sh[1]; c++)
+            for (int64_t i = 0; i < hw; i++)
+                memcpy(dst + (n * gm.ns + c / 16 * gm.cs + i * gm.ps + c % 16) * es,
+                       src + ((n * sh[1] + c) * hw + i) * es, es);
+    kpl__storage_set_kept(k, tag);
+    return k;
+}
+
+/* Batch norm (and + ReLU) forward and backward on activations held in
+ * nChw16c and NHWC against the plain kernels, bit for bit: f32 and bf16
+ * (the vector sums) and f16, rows under 8 values, rows of 8 + a tail,
+ * 16 and 48 channels. */
+static void test_bn_kept_same_bits(void **state)
+{
+    (void)state;
+    bool prev = kpl_set_blocked_layouts(true);
+    const kpl_dtype dts[3] = {KPL_F32, KPL_BF16, KPL_F16};
+    const int64_t shapes[3][4] = {{3, 32, 2, 3}, {2, 48, 7, 7}, {5, 16, 4, 4}};
+    const kpl_kept tags[2] = {KPL_KEPT_NC16, KPL_KEPT_NHWC};
+    for (int di = 0; di < 3; di++)
+        for (int si = 0; si < 3; si++)
+            for (int ti = 0; ti < 2; ti++)
+                for (int relu = 0; relu < 2; relu++) {
+                    kpl_dtype dt = dts[di];
+                    const int64_t *xs = shapes[si];
+                    int64_t c = xs[1];
+                    char ctx[96];
+                    snprintf(ctx, sizeof ctx, "%s (%lld,%lld,%lld,%lld) %s%s",
+                             kpl_dtype_name(dt), (long long)xs[0], (long long)xs[1],
+                             (long long)xs[2], (long long)xs[3],
+                             tags[ti] == KPL_KEPT_NHWC ? "NHWC" : "nChw16c", relu ? " relu" : "");
+                    kpl_tensor *x = trand(dt, 4, xs, 41 + si, -1, 3), *gy = trand(dt, 4, xs, 42, -1, 1);
+                    kpl_tensor *g = trand(KPL_F32, 1, &c, 43, 0.5, 1.5);
+                    kpl_tensor *b = trand(KPL_F32, 1, &c, 44, -1, 1);
+                    kpl_tensor *xk = kept_copy(x, tags[ti]), *gyk = kept_copy(gy, tags[ti]);
+                    kpl_tensor *yp = tnew(dt, 4, xs), *yk = tnew(dt, 4, xs);
+                    if (relu) {
+                        OK(kpl_k_batch_norm_relu(yp, NULL, NULL, x, g, b, 1e-5));
+                        OK(kpl_k_batch_norm_relu(yk, NULL, NULL, xk, g, b, 1e-5));
+                    } else {
+                        OK(kpl_k_batch_norm(yp, NULL, NULL, x, g, b, 1e-5));
+                        OK(kpl_k_batch_norm(yk, NULL, NULL, xk, g, b, 1e-5));
+                    }
+                    if (kpl__kept(yk) != tags[ti])
+                        fail_msg("%s: the forward's output is not held kept", ctx);
+                    bn_grads gp = bwd(x, relu ? yp : NULL, gy, g);
+                    /* the kept side twice: with the forward's statistics, and
+                     * computing them (a copy of x in the layout) */
+                    bn_grads gk = bwd(xk, relu ? yk : NULL, gyk, g);
+                    if (kpl__kept(gk.gx) != tags[ti])
+                        fail_msg("%s: the input gradient is not held kept", ctx);
+                    kpl_tensor *xk2 = kept_copy(x, tags[ti]);
+                    bn_grads gk2 = bwd(xk2, relu ? yk : NULL, gyk, g);
+                    same(yk, yp, "y", ctx);
+                    same(gk2.gx, gp.gx, "gx (statistics computed)", ctx);
+                    same(gk2.gg, gp.gg, "ggamma (statistics computed)", ctx);
+                    same(gk2.gb, gp.gb, "gbeta (statistics computed)", ctx);
+                    same_grads(gk, gp, ctx);
+                    kpl_tensor *ts[] = {x, gy, g, b, xk, gyk, yp, yk, xk2, gk2.gx, gk2.gg, gk2.gb};
+                    for (int i = 0; i < 12; i++) kpl_tensor_release(ts[i]);
+                }
+    kpl_set_blocked_layouts(prev);
+}
+
 int run_bn_saved_tests(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_bn_saved_statistics),
+        cmocka_unit_test(test_bn_kept_same_bits),
     };
     return cmocka_run_group_tests_name("bn_saved", tests, NULL, NULL);
 }
