@@ -38,9 +38,14 @@ static void same(kpl_tensor *a, kpl_tensor *b, const char *what, const char *ctx
     size_t es = kpl_dtype_size(kpl_tensor_dtype(a));
     const unsigned char *pa = kpl_tensor_host_data(a), *pb = kpl_tensor_host_data(b);
     for (int64_t i = 0; i < kpl_tensor_numel(a); i++)
-        if (memcmp(pa + i * es, pb + i * es, es))
-            fail_msg("%s, %s[%lld]: %.9g, want %.9g", ctx, what,
-                     (long long)i, tget(a, i), tget(b, i));
+        if (memcmp(pa + i * es, pb + i * es, es)) {
+            uint64_t ba = 0, bb = 0; /* the bits, for NaNs that differ in payload */
+            memcpy(&ba, pa + i * es, es);
+            memcpy(&bb, pb + i * es, es);
+            fail_msg("%s, %s[%lld]: %.9g (bits %llx), want %.9g (bits %llx)", ctx, what,
+                     (long long)i, tget(a, i), (unsigned long long)ba, tget(b, i),
+                     (unsigned long long)bb);
+        }
 }
 
 static void same_grads(bn_grads a, bn_grads b, const char *ctx)
@@ -160,17 +165,19 @@ static kpl_tensor *kept_copy(kpl_tensor *t, kpl_kept tag)
 
 /* Batch norm (and + ReLU) forward and backward on activations held in
  * nChw16c and NHWC against the plain kernels, bit for bit: f32 and bf16
- * (the vector sums) and f16, rows under 8 values, rows of 8 + a tail,
- * 16 and 48 channels. */
+ * (the vector sums) and f16, rows under 8 values, of 15, 16, 49 and 99
+ * (spans of 64 pixels and a tail), 16, 32, 48 and 144 channels (a task's
+ * several blocks). */
 static void test_bn_kept_same_bits(void **state)
 {
     (void)state;
     bool prev = kpl_set_blocked_layouts(true);
     const kpl_dtype dts[3] = {KPL_F32, KPL_BF16, KPL_F16};
-    const int64_t shapes[3][4] = {{3, 32, 2, 3}, {2, 48, 7, 7}, {5, 16, 4, 4}};
+    const int64_t shapes[5][4] = {{3, 32, 2, 3}, {2, 48, 7, 7}, {5, 16, 4, 4}, {2, 16, 9, 11},
+                                  {2, 144, 3, 5}};
     const kpl_kept tags[2] = {KPL_KEPT_NC16, KPL_KEPT_NHWC};
     for (int di = 0; di < 3; di++)
-        for (int si = 0; si < 3; si++)
+        for (int si = 0; si < 5; si++)
             for (int ti = 0; ti < 2; ti++)
                 for (int relu = 0; relu < 2; relu++) {
                     kpl_dtype dt = dts[di];
@@ -184,6 +191,13 @@ static void test_bn_kept_same_bits(void **state)
                     kpl_tensor *x = trand(dt, 4, xs, 41 + si, -1, 3), *gy = trand(dt, 4, xs, 42, -1, 1);
                     kpl_tensor *g = trand(KPL_F32, 1, &c, 43, 0.5, 1.5);
                     kpl_tensor *b = trand(KPL_F32, 1, &c, 44, -1, 1);
+                    if (si == 3) { /* a NaN with a payload in gy: its channel's NaNs match */
+                        char *p = kpl_tensor_host_mutable(gy);
+                        if (dt == KPL_F32)
+                            memcpy(p + 5 * 4, &(uint32_t){0x7fc00123u}, 4);
+                        else
+                            memcpy(p + 5 * 2, &(uint16_t){dt == KPL_BF16 ? 0x7fc2 : 0x7e02}, 2);
+                    }
                     kpl_tensor *xk = kept_copy(x, tags[ti]), *gyk = kept_copy(gy, tags[ti]);
                     kpl_tensor *yp = tnew(dt, 4, xs), *yk = tnew(dt, 4, xs);
                     if (relu) {
