@@ -614,7 +614,8 @@ void kpl_philox4x32(uint64_t seed, uint64_t counter_hi, uint64_t counter_lo,
     X(XENT, "softmax_xent") \
     X(FOCAL, "sigmoid_focal") \
     X(GROUP_NORM, "group_norm") \
-    X(CONV2D_ACC, "conv2d_acc")
+    X(CONV2D_ACC, "conv2d_acc") \
+    X(SGD, "sgd")
 
 typedef enum {
 #define KPL_X_(e, s) KPL_KOP_##e,
@@ -1106,6 +1107,22 @@ kpl_status kpl_k_expand(kpl_tensor *out, const kpl_tensor *x);
  * found_inf stays on the device, queued behind the kernel, until the
  * caller reads it. */
 kpl_status kpl_k_amp_unscale(kpl_tensor *g, double inv_scale, kpl_tensor *found_inf);
+
+/* One SGD step of parameter p in place, torch.optim.SGD's formula as the
+ * element-wise ops compute it one after another (trainer/optim/optim.c's
+ * composed form), in one pass: each scalar rounded to p's dtype and every
+ * operation rounded on its own (no fused multiply-add), so the same bits:
+ *   g' = p * wd + g            (g' = g when wd == 0)
+ *   v  = v * momentum + g'     (v = g' when `first`; no v when momentum == 0)
+ *   d  = nesterov ? v * momentum + g' : v   (d = g' without momentum)
+ *   p  = p - d * lr
+ * p, v (NULL without momentum) and g share one shape, dtype (f32 or f64)
+ * and device; p and v are written, so neither may share storage with
+ * another operand.  Where the device has no such kernel (kpl_kernel_
+ * registered(KPL_KOP_SGD, ...): the CPU has it) KPL_ENOKERNEL, and the
+ * caller composes the ops. */
+kpl_status kpl_k_sgd_update(kpl_tensor *p, kpl_tensor *v, const kpl_tensor *g, double lr,
+                            double momentum, double wd, bool nesterov, bool first);
 
 /* f16/bf16 <-> f32 conversions of one value (round to nearest even). */
 uint16_t kpl_f32_to_f16(float f);

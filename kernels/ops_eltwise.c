@@ -212,6 +212,35 @@ kpl_status kpl_k_where(kpl_tensor *out, const kpl_tensor *cond, const kpl_tensor
     return dispatch(KPL_KOP_WHERE, a->dtype, out, cond, a, b, &attrs);
 }
 
+/* ---- optimizer steps ---------------------------------------------------------------- */
+
+enum { SGD_P, SGD_V, SGD_G };
+static const kpl_op_spec sgd_spec = {{
+    [SGD_P] = {"p", .dtypes = KPL_DT(KPL_F32) | KPL_DT(KPL_F64), .dtypes_are = "f32 or f64"},
+    [SGD_V] = {"v", .optional = true, .device = KPL_AS(SGD_P), .dtype = KPL_AS(SGD_P),
+               .shape = KPL_AS(SGD_P), .disjoint = KPL_ARGSET(SGD_P)},
+    [SGD_G] = {"g", .device = KPL_AS(SGD_P), .dtype = KPL_AS(SGD_P), .shape = KPL_AS(SGD_P),
+               .disjoint = KPL_ARGSET(SGD_P) | KPL_ARGSET(SGD_V)},
+}};
+
+kpl_status kpl_k_sgd_update(kpl_tensor *p, kpl_tensor *v, const kpl_tensor *g, double lr,
+                            double momentum, double wd, bool nesterov, bool first)
+{
+    const char *op = "sgd_update";
+    KPL_TRY(kpl__ops_check(op, &sgd_spec, (const kpl_tensor *[]){p, v, g}));
+    KPL_CHECK(isfinite(lr) && isfinite(momentum) && isfinite(wd) && momentum >= 0 && wd >= 0,
+              KPL_EINVAL, "%s: lr %g, momentum %g, weight decay %g: each must be finite, "
+              "momentum and weight decay not negative", op, lr, momentum, wd);
+    KPL_CHECK((momentum > 0) == (v != NULL), KPL_EINVAL,
+              "%s: a momentum buffer 'v' goes with momentum > 0 (momentum %g, v %s)", op,
+              momentum, v ? "given" : "NULL");
+    KPL_CHECK(!nesterov || momentum > 0, KPL_EINVAL, "%s: nesterov needs momentum > 0", op);
+    if (p->numel == 0) return KPL_OK;
+    kpl_sgd_attrs a = {.v = v, .lr = lr, .momentum = momentum, .wd = wd, .nesterov = nesterov,
+                       .first = first};
+    return dispatch(KPL_KOP_SGD, p->dtype, p, g, NULL, NULL, &a);
+}
+
 /* ---- loss scaling ----------------------------------------------------------------- */
 
 enum { AMP_G, AMP_FOUND };

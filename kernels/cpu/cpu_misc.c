@@ -297,6 +297,49 @@ static kpl_status cpu_amp_unscale(const kpl_kernel_args *args)
     return KPL_OK;
 }
 
+/* ---- optimizer steps ----------------------------------------------------------------- */
+
+/* kpl_k_sgd_update over [b, e): each operation rounded to T on its own,
+ * as the element-wise kernels round them one op at a time (this file is
+ * built without FMA contraction). */
+#define SGD_RANGE(T)                                                                      \
+    KPL_CLONES static void sgd_##T(T *restrict p, T *restrict v, const T *restrict g,      \
+                                   const kpl_sgd_attrs *a, int64_t b, int64_t e)          \
+    {                                                                                     \
+        T lr = (T)a->lr, mu = (T)a->momentum, wd = (T)a->wd;                              \
+        bool decay = a->wd > 0, first = a->first, nest = a->nesterov;                     \
+        for (int64_t i = b; i < e; i++) {                                                 \
+            T d = decay ? p[i] * wd + g[i] : g[i];                                        \
+            if (v) {                                                                      \
+                T m = first ? d : v[i] * mu + d;                                          \
+                v[i] = m;                                                                 \
+                d = nest ? m * mu + d : m;                                                \
+            }                                                                             \
+            p[i] = p[i] - d * lr;                                                         \
+        }                                                                                 \
+    }
+SGD_RANGE(float)
+SGD_RANGE(double)
+
+static kpl_status cpu_sgd(const kpl_kernel_args *args)
+{
+    const kpl_sgd_attrs *a = args->attrs;
+    kpl_tensor *p = args->out;
+    int64_t total = p->numel;
+    void *pp = kpl__data(p), *pv = a->v ? kpl__data(a->v) : NULL;
+    const void *pg = kpl__cdata(args->in[0]);
+    int nc = chunks_for(total);
+#pragma omp parallel for schedule(static) if (nc > 1)
+    for (int c = 0; c < nc; c++) {
+        int64_t b = total * c / nc, e = total * (c + 1) / nc;
+        if (p->dtype == KPL_F32)
+            sgd_float(pp, pv, pg, a, b, e);
+        else
+            sgd_double(pp, pv, pg, a, b, e);
+    }
+    return KPL_OK;
+}
+
 void kpl__cpu_register_misc(void)
 {
     for (int dt = 0; dt < KPL_DTYPE_COUNT; dt++) {
@@ -312,4 +355,6 @@ void kpl__cpu_register_misc(void)
         kpl_kernel_register(KPL_KOP_RANDOM, KPL_DEVICE_CPU, rnd[i], cpu_random);
     for (size_t i = 0; i < 4; i++) /* the float dtypes, as for random */
         kpl_kernel_register(KPL_KOP_AMP_UNSCALE, KPL_DEVICE_CPU, rnd[i], cpu_amp_unscale);
+    kpl_kernel_register(KPL_KOP_SGD, KPL_DEVICE_CPU, KPL_F32, cpu_sgd);
+    kpl_kernel_register(KPL_KOP_SGD, KPL_DEVICE_CPU, KPL_F64, cpu_sgd);
 }

@@ -501,6 +501,14 @@ typedef struct {
     kpl_tensor *found_inf;
 } kpl_amp_attrs;
 
+/* kpl_k_sgd_update: `out` is the parameter p, in[0] the gradient g; v the
+ * momentum buffer (NULL without momentum). */
+typedef struct {
+    kpl_tensor *v;
+    double lr, momentum, wd;
+    bool nesterov, first;
+} kpl_sgd_attrs;
+
 /* NMS's visiting order, shared by the backends (cpu/cpu_vision.c): the
  * indices 0..n-1 of scores (f32 or f64, host memory) by decreasing score,
  * NaN first, equal scores by lower index.  KPL_ENOMEM only. */

@@ -356,5 +356,6 @@ int main(void)
     failed += run_ops_tests();
     failed += run_copy_rows_tests();
     failed += run_bn_saved_tests();
+    failed += run_sgd_tests();
     return failed ? 1 : 0;
 }

@@ -42,5 +42,6 @@ int run_tensor_tests(void);
 int run_ops_tests(void);
 int run_copy_rows_tests(void);
 int run_bn_saved_tests(void);
+int run_sgd_tests(void);
 
 #endif

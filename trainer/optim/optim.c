@@ -153,6 +153,23 @@ static kpl_status sgd_update(const kpl_optim_update *u)
     kpl_tensor *p = u->param, *const *tmp = u->scratch;
     const kpl_tensor *g = u->grad, *d = g; /* g', then the step to take times lr */
     double wd = u->weight_decay;
+    /* One pass where the device has the fused kernel (the same bits as the
+     * ops below: a ResNet-50's 25.6M parameters cross memory 5 times a step
+     * instead of 10); a traced step records the ops. */
+    kpl_dtype dt = kpl_tensor_dtype(p);
+    if (!kpl_tracing() && (dt == KPL_F32 || dt == KPL_F64) &&
+        kpl_kernel_registered(KPL_KOP_SGD, kpl_device_type_of(kpl_tensor_device(p)), dt)) {
+        kpl_tensor **v = c->momentum > 0 ? &u->slot[0] : NULL;
+        bool first = v && !*v;
+        if (first) KPL_TRY(kpl_tensor_empty_like(p, v)); /* written whole: v = g' */
+        kpl_status st = kpl_k_sgd_update(p, v ? *v : NULL, g, u->lr, c->momentum, wd,
+                                         c->nesterov, first);
+        if (st < 0 && first) {
+            kpl_tensor_release(*v);
+            *v = NULL;
+        }
+        return st;
+    }
     if (wd > 0) {
         KPL_TRY(decayed(tmp[0], g, p, wd));
         d = tmp[0];
