@@ -522,6 +522,18 @@ typedef uint16_t v8h __attribute__((vector_size(16)));
             scale[l] = (P)((double)g[c] * inv);                                           \
             shift[l] = (P)((double)b[c] - m[l] * (double)g[c] * inv);                     \
         }                                                                                 \
+        if (cb1 - cb0 == 1) { /* one block (nChw16c): its 16 factors stay in registers */ \
+            P sc[16], sh[16];                                                             \
+            memcpy(sc, scale, sizeof sc);                                                 \
+            memcpy(sh, shift, sizeof sh);                                                 \
+            for (int64_t n = 0; n < a->n; n++)                                            \
+                for (int64_t i = 0; i < a->hw; i++) {                                     \
+                    int64_t o = n * gm->ns + cb0 * gm->cs + i * gm->ps;                   \
+                    for (int l = 0; l < 16; l++)                                          \
+                        ST_ACT(T, y, o + l, LD(x, o + l) * sc[l] + sh[l], relu);          \
+                }                                                                         \
+            return;                                                                       \
+        }                                                                                 \
         for (int64_t n = 0; n < a->n; n++)                                                \
             for (int64_t i = 0; i < a->hw; i++)                                           \
                 for (int64_t cb = cb0; cb < cb1; cb++) {                                  \
