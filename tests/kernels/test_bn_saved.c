@@ -188,7 +188,8 @@ static void test_bn_kept_same_bits(void **state)
                              kpl_dtype_name(dt), (long long)xs[0], (long long)xs[1],
                              (long long)xs[2], (long long)xs[3],
                              tags[ti] == KPL_KEPT_NHWC ? "NHWC" : "nChw16c", relu ? " relu" : "");
-                    kpl_tensor *x = trand(dt, 4, xs, 41 + si, -1, 3), *gy = trand(dt, 4, xs, 42, -1, 1);
+                    kpl_tensor *x = trand(dt, 4, xs, 41 + si, -1, 3);
+                    kpl_tensor *gy = trand(dt, 4, xs, 42, -1, 1);
                     kpl_tensor *g = trand(KPL_F32, 1, &c, 43, 0.5, 1.5);
                     kpl_tensor *b = trand(KPL_F32, 1, &c, 44, -1, 1);
                     if (si == 3) { /* a NaN with a payload in gy: its channel's NaNs match */

@@ -97,7 +97,8 @@ static void test_sgd_values_and_errors(void **state)
 {
     (void)state;
     int64_t three = 3, two = 2;
-    kpl_tensor *p = tf32(1, &three, (float[]){1, -2, 0.5f}), *g = tf32(1, &three, (float[]){4, 2, -1});
+    kpl_tensor *p = tf32(1, &three, (float[]){1, -2, 0.5f});
+    kpl_tensor *g = tf32(1, &three, (float[]){4, 2, -1});
     kpl_tensor *v = tnew(KPL_F32, 1, &three);
     OK(kpl_k_sgd_update(p, v, g, 0.5, 0.9, 0, false, true)); /* v = g, p -= 0.5 g */
     double want[3] = {-1, -3, 1};
