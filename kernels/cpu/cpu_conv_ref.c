@@ -8,6 +8,14 @@
 
 #define X4(t, a, b, c, d, B, C, D) (t)[(((a) * (B) + (b)) * (C) + (c)) * (D) + (d)]
 
+/* The input row (dim 0) or column (dim 1) that output position o reads
+ * through kernel tap k, or -1 when it falls in the padding. */
+static inline int64_t tap(const kpl_conv_attrs *a, int dim, int64_t o, int64_t k)
+{
+    int64_t i = o * a->p.stride[dim] - a->p.padding[dim] + k * a->p.dilation[dim];
+    return i < 0 || i >= (dim ? a->w : a->h) ? -1 : i;
+}
+
 static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, const double *b,
                     double *y) /* with a->acc, y holds the addend */
 {
@@ -19,11 +27,11 @@ static void ref_fwd(const kpl_conv_attrs *a, const double *x, const double *w, c
                 double s = b ? b[o] : 0;
                 for (int64_t c = 0; c < cg; c++)
                     for (int64_t ky = 0; ky < a->kh; ky++) {
-                        int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                        if (iy < 0 || iy >= a->h) continue;
+                        int64_t iy = tap(a, 0, oy, ky);
+                        if (iy < 0) continue;
                         for (int64_t kx = 0; kx < a->kw; kx++) {
-                            int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                            if (ix < 0 || ix >= a->w) continue;
+                            int64_t ix = tap(a, 1, ox, kx);
+                            if (ix < 0) continue;
                             s += X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w) *
                                  X4(w, o, c, ky, kx, cg, a->kh, a->kw);
                         }
@@ -47,11 +55,11 @@ static void ref_bwd_data(const kpl_conv_attrs *a, const double *gy, const double
                     double v = X4(gy, n, o, oy, ox, a->o, a->oh, a->ow);
                     for (int64_t c = 0; c < cg; c++)
                         for (int64_t ky = 0; ky < a->kh; ky++) {
-                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                            if (iy < 0 || iy >= a->h) continue;
+                            int64_t iy = tap(a, 0, oy, ky);
+                            if (iy < 0) continue;
                             for (int64_t kx = 0; kx < a->kw; kx++) {
-                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                                if (ix < 0 || ix >= a->w) continue;
+                                int64_t ix = tap(a, 1, ox, kx);
+                                if (ix < 0) continue;
                                 X4(gx, n, g * cg + c, iy, ix, a->c, a->h, a->w) +=
                                     v * X4(w, o, c, ky, kx, cg, a->kh, a->kw);
                             }
@@ -79,11 +87,11 @@ static void ref_bwd_weight(const kpl_conv_attrs *a, const double *x, const doubl
                     double s = 0;
                     for (int64_t n = 0; n < a->n; n++)
                         for (int64_t oy = 0; oy < a->oh; oy++) {
-                            int64_t iy = oy * a->p.stride[0] - a->p.padding[0] + ky * a->p.dilation[0];
-                            if (iy < 0 || iy >= a->h) continue;
+                            int64_t iy = tap(a, 0, oy, ky);
+                            if (iy < 0) continue;
                             for (int64_t ox = 0; ox < a->ow; ox++) {
-                                int64_t ix = ox * a->p.stride[1] - a->p.padding[1] + kx * a->p.dilation[1];
-                                if (ix < 0 || ix >= a->w) continue;
+                                int64_t ix = tap(a, 1, ox, kx);
+                                if (ix < 0) continue;
                                 s += X4(gy, n, o, oy, ox, a->o, a->oh, a->ow) *
                                      X4(x, n, g * cg + c, iy, ix, a->c, a->h, a->w);
                             }

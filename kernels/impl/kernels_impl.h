@@ -542,6 +542,7 @@ void kpl__cpu_register_misc(void);
 void kpl__cpu_register_conv(void);
 void kpl__cpu_register_pool(void);
 void kpl__cpu_register_norm(void);
+void kpl__cpu_register_group_norm(void); /* called by kpl__cpu_register_norm */
 void kpl__cpu_register_index(void);
 void kpl__cpu_register_vision(void);
 void kpl__cpu_register_loss(void);
