@@ -5,7 +5,9 @@
  * or AMX: elsewhere oneDNN would emulate it slower than f32 runs, and
  * kernels/ops_matmul.c computes bf16 in f32 instead); f64 runs on the plain
  * reference loops (cpu_conv_ref.c), which are also what the tests check
- * oneDNN against.
+ * oneDNN against.  Which kernel serves a problem is timed on its first call
+ * (choose): oneDNN's direct kernels, its Winograd ones for 3x3 f32
+ * problems, kpl's own loops (cpu_conv_direct.c).
  *
  * Activations a primitive computes in nChw16c or NHWC stay so between the
  * ops that read them (kpl__kept_data, storage.c); weights stay OIHW, a
@@ -31,6 +33,8 @@ typedef struct {
     bool deterministic; /* chosen without timing (kpl_set_deterministic) */
     dnnl_data_type_t dt; /* every operand's: f32 or bf16 */
     kpl_layout layout;   /* kpl_set_kept_layout's setting when chosen */
+    char only[24];       /* kpl__cpu_conv_only's prefix when chosen ("" = any) */
+    bool frozen;         /* constant weights (inference): Winograd's memory unbounded */
 } conv_key;
 
 /* A cached convolution: the primitive runs on the layouts oneDNN chose
@@ -478,117 +482,127 @@ static void choose_direct(const conv_key *k, const kpl_kernel_args *args, kpl_la
     }
 }
 
-static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
-                         conv_entry *out)
+/* The problem's memory descriptors and geometry, as oneDNN takes them. */
+typedef struct {
+    dnnl_memory_desc_t usrc, udst, uwei, asrc, adst, awei;
+    const dnnl_memory_desc_t *bias; /* NULL without one */
+    dnnl_dims_t strides, dil, pad, pad_r;
+} conv_mds;
+
+/* The operation descriptor of k's direction with algorithm alg; backward
+ * ones also get *hint, the forward's primitive descriptor (freed by the
+ * caller).  Winograd's forward is an inference one: it computes the same
+ * values, and oneDNN offers jit_fp32_wino_2x3 only there.  The direct
+ * forward stays a training one: as an inference one oneDNN lists brgconv
+ * first, which deterministic mode (the first kernel, untimed) would then
+ * take instead of jit, and which ran the DeepLab recipe's test 1.6x
+ * slower on two cores shared with other work. */
+static kpl_status op_desc(const conv_key *k, const conv_mds *m, dnnl_alg_kind_t alg,
+                          dnnl_convolution_desc_t *d, dnnl_primitive_desc_t *hint)
 {
     kpl_status st = KPL_OK;
+    dnnl_convolution_desc_t fd;
+    bool fwd = k->a.kind == KPL_CONV_FWD;
+    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(
+                 fwd ? d : &fd,
+                 fwd && alg == dnnl_convolution_winograd ? dnnl_forward_inference
+                                                         : dnnl_forward_training,
+                 alg,
+                 &m->asrc, &m->awei, fwd ? m->bias : NULL, &m->adst, m->strides, m->dil, m->pad,
+                 m->pad_r),
+             "forward desc");
+    if (fwd) return KPL_OK;
+    DNNL_TRY(dnnl_primitive_desc_create(hint, &fd, NULL, cc.engine, NULL), "forward pd");
+    if (k->a.kind == KPL_CONV_BWD_DATA)
+        DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(d, alg, &m->asrc, &m->awei,
+                                                                  &m->adst, m->strides, m->dil,
+                                                                  m->pad, m->pad_r),
+                 "backward data desc");
+    else
+        DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(
+                     d, alg, &m->asrc, &m->awei, m->bias, &m->adst, m->strides, m->dil, m->pad,
+                     m->pad_r),
+                 "backward weights desc");
+fail:
+    return st;
+}
+
+/* The test hook's restriction (kpl__cpu_conv_only): the candidates whose
+ * name starts with it, all where empty. */
+static char only_impl[sizeof(((conv_key *)0)->only)];
+
+static bool allowed(const conv_key *k, const char *impl)
+{
+    return !k->only[0] || strncmp(impl, k->only, strlen(k->only)) == 0;
+}
+
+/* In training (weights not constant), Winograd's working memory
+ * (oneDNN's scratchpad: the transformed tiles, ~4.5x the activation they
+ * come from, and per-thread copies of the transformed weights in the
+ * weight gradient) may be at most SCRATCH_MAX times the problem's larger
+ * activation, or SCRATCH_FLOOR (its kernels take ~6 MB whatever the size,
+ * and a ResNet-50 step's direct kernels already need 77 MB of scratchpad).
+ * oneDNN keeps one scratchpad for every primitive, as large
+ * as the largest any has run with, for the life of the process: a
+ * ResNet-50 (b8) step's timing of a Winograd weight gradient at 512
+ * channels, 7 x 7, which needs 126 MB (160x its activation) and never
+ * wins, raised that step's peak RSS by ~100 MB, and the step's peak is
+ * what decides the batch that fits.  An inference graph's convolutions
+ * (constant weights, transformed once) are not bounded: ResNet-50 at
+ * batch 32 ran 474-479 ms so against 551 bounded, its peak RSS 1958 MB
+ * against 1913 without Winograd. */
+#define SCRATCH_MAX 8
+#define SCRATCH_FLOOR ((int64_t)32 << 20)
+
+static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
+{
     const kpl_conv_attrs *a = &k->a;
+    if (k->frozen) return true;
+    int64_t bytes = 0;
+    if (dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &bytes) !=
+        dnnl_success)
+        return false;
+    int64_t act = a->n * (a->c * a->h * a->w > a->o * a->oh * a->ow ? a->c * a->h * a->w
+                                                                      : a->o * a->oh * a->ow);
+    act *= (int64_t)sizeof(float);
+    return bytes <= (SCRATCH_MAX * act > SCRATCH_FLOOR ? SCRATCH_MAX * act : SCRATCH_FLOOR);
+}
+
+/* Every implementation oneDNN offers for algorithm alg (reference loops
+ * excepted) as a candidate: timed, and kept in *out where fastest (*best
+ * its time); in deterministic mode the first usable one, untimed.  An
+ * algorithm oneDNN has no kernel for on this CPU or problem (Winograd
+ * without AVX-512, say) adds none. */
+static kpl_status try_algorithm(const conv_key *k, const kpl_kernel_args *args,
+                                const conv_mds *m, dnnl_alg_kind_t alg,
+                                const_dnnl_primitive_attr_t attr, const dnnl_query_t q[3],
+                                const conv_entry *e, conv_entry *out, double *best)
+{
+    kpl_status st = KPL_OK;
     dnnl_primitive_desc_t hint = NULL;
     dnnl_primitive_desc_iterator_t it = NULL;
-    dnnl_primitive_attr_t attr = NULL;
-    dnnl_post_ops_t po = NULL;
-    int g = a->p.groups;
-    dnnl_dims_t src = {a->n, a->c, a->h, a->w}, dst = {a->n, a->o, a->oh, a->ow};
-    dnnl_dims_t wei1 = {a->o, a->c, a->kh, a->kw};
-    dnnl_dims_t weig = {g, a->o / g, a->c / g, a->kh, a->kw};
-    dnnl_dims_t bias = {a->o};
-    dnnl_dims_t strides = {a->p.stride[0], a->p.stride[1]};
-    dnnl_dims_t dil = {a->p.dilation[0] - 1, a->p.dilation[1] - 1};
-    dnnl_dims_t pad = {a->p.padding[0], a->p.padding[1]};
-    /* oneDNN's right padding makes the output size come out exactly. */
-    dnnl_dims_t pad_r = {
-        (a->oh - 1) * a->p.stride[0] + (a->kh - 1) * a->p.dilation[0] + 1 - a->h - a->p.padding[0],
-        (a->ow - 1) * a->p.stride[1] + (a->kw - 1) * a->p.dilation[1] + 1 - a->w - a->p.padding[1]};
-    conv_entry e;
-    memset(&e, 0, sizeof e);
-    e.key = *k;
-    dnnl_memory_desc_t usrc, udst, uwei, asrc, adst, awei;
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&usrc, 4, src, k->dt, dnnl_nchw), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&udst, 4, dst, k->dt, dnnl_nchw), "dst desc");
-    /* the activations' layout: oneDNN's choice per implementation, or the
-     * one kpl_set_kept_layout asks for (where the channels allow it) */
-    dnnl_format_tag_t ls = dnnl_format_tag_any, ld = dnnl_format_tag_any;
-    if (layout == KPL_LAYOUT_NHWC) ls = ld = dnnl_acdb;
-    if (layout == KPL_LAYOUT_NCHW16C) {
-        ls = a->c % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
-        ld = a->o % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
+    dnnl_convolution_desc_t d;
+    if (op_desc(k, m, alg, &d, &hint) < 0 ||
+        dnnl_primitive_desc_iterator_create(&it, &d, attr, cc.engine, hint) != dnnl_success) {
+        kpl_clear_error();
+        goto fail;
     }
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&asrc, 4, src, k->dt, ls), "src desc");
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&adst, 4, dst, k->dt, ld), "dst desc");
-    if (g == 1) {
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 4, wei1, k->dt, dnnl_oihw), "weights desc");
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 4, wei1, k->dt, dnnl_format_tag_any),
-                 "weights desc");
-    } else {
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&uwei, 5, weig, k->dt, dnnl_goihw), "weights desc");
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&awei, 5, weig, k->dt, dnnl_format_tag_any),
-                 "weights desc");
-    }
-    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e.bias, 1, bias, k->dt, dnnl_x), "bias desc");
-    const dnnl_memory_desc_t *bmd = k->bias ? &e.bias : NULL;
-    dnnl_convolution_desc_t fd, bd;
-    DNNL_TRY(dnnl_dilated_convolution_forward_desc_init(&fd, dnnl_forward_training,
-                                                        dnnl_convolution_direct, &asrc, &awei,
-                                                        a->kind == KPL_CONV_FWD ? bmd : NULL,
-                                                        &adst, strides, dil, pad, pad_r),
-             "forward desc");
-    dnnl_query_t q[3];
-    const void *op_desc = &fd;
-    if (a->kind == KPL_CONV_FWD) {
-        e.user[0] = usrc, e.user[1] = uwei, e.user[2] = udst;
-        q[0] = dnnl_query_src_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_dst_md;
-        e.arg[0] = DNNL_ARG_SRC, e.arg[1] = DNNL_ARG_WEIGHTS, e.arg[2] = DNNL_ARG_DST;
-    } else {
-        DNNL_TRY(dnnl_primitive_desc_create(&hint, &fd, NULL, cc.engine, NULL), "forward pd");
-        if (a->kind == KPL_CONV_BWD_DATA) {
-            DNNL_TRY(dnnl_dilated_convolution_backward_data_desc_init(
-                         &bd, dnnl_convolution_direct, &asrc, &awei, &adst, strides, dil, pad,
-                         pad_r),
-                     "backward data desc");
-            e.user[0] = udst, e.user[1] = uwei, e.user[2] = usrc;
-            q[0] = dnnl_query_diff_dst_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_diff_src_md;
-            e.arg[0] = DNNL_ARG_DIFF_DST, e.arg[1] = DNNL_ARG_WEIGHTS;
-            e.arg[2] = DNNL_ARG_DIFF_SRC;
-        } else {
-            DNNL_TRY(dnnl_dilated_convolution_backward_weights_desc_init(
-                         &bd, dnnl_convolution_direct, &asrc, &awei, bmd, &adst, strides, dil,
-                         pad, pad_r),
-                     "backward weights desc");
-            e.user[0] = usrc, e.user[1] = udst, e.user[2] = uwei;
-            q[0] = dnnl_query_src_md, q[1] = dnnl_query_diff_dst_md;
-            q[2] = dnnl_query_diff_weights_md;
-            e.arg[0] = DNNL_ARG_SRC, e.arg[1] = DNNL_ARG_DIFF_DST;
-            e.arg[2] = DNNL_ARG_DIFF_WEIGHTS;
-        }
-        op_desc = &bd;
-    }
-    if (a->relu || a->acc) { /* y = relu(conv [+ y]) applied as the sums are stored */
-        DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
-        if (a->acc) DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
-        if (a->relu)
-            DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
-                     "relu post-op");
-        DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
-        DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
-    }
-    DNNL_TRY(dnnl_primitive_desc_iterator_create(&it, op_desc, attr, cc.engine, hint),
-             "implementation list");
-    double best = INFINITY;
     int tried = 0;
     do {
         dnnl_primitive_desc_t pd = dnnl_primitive_desc_iterator_fetch(it);
         if (!pd) continue;
         const char *impl = NULL;
         dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
-        conv_entry cand = e;
+        conv_entry cand = *e;
         snprintf(cand.impl, sizeof cand.impl, "%s", impl ? impl : "oneDNN");
-        bool usable = !impl || strncmp(impl, "ref", 3) != 0;
+        bool usable = strncmp(cand.impl, "ref", 3) != 0 && allowed(k, cand.impl) &&
+                      (alg != dnnl_convolution_winograd || scratch_ok(k, pd));
         if (usable && (st = entry_from_pd(&cand, pd, q)) >= 0) {
-            double t = k->deterministic ? 0 : time_entry(&cand, a, args, best, &st);
-            if (t < best) {
-                if (best < INFINITY) entry_destroy(out);
+            double t = k->deterministic ? 0 : time_entry(&cand, &k->a, args, *best, &st);
+            if (t < *best) {
+                if (*best < INFINITY) entry_destroy(out);
                 *out = cand;
-                best = t;
+                *best = t;
             } else {
                 entry_destroy(&cand);
             }
@@ -600,16 +614,119 @@ static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_lay
             st = KPL_OK;
         }
     } while (tried < MAX_CANDIDATES && dnnl_primitive_desc_iterator_next(it) == dnnl_success);
-    if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && kpl__conv_direct_supports(a))
+fail:
+    if (it) dnnl_primitive_desc_iterator_destroy(it);
+    if (hint) dnnl_primitive_desc_destroy(hint);
+    return st;
+}
+
+/* Winograd (oneDNN's jit_wino_4x3 and jit_fp32_wino_2x3, f32 on AVX-512)
+ * is a candidate beside the direct kernels for 3x3 stride-1 undilated
+ * convolutions: on ResNet-50's 3x3 layers it ran 1.7-2.1x faster (batch
+ * 32, Zen 5), its error against f64 sums measured within 2.3x of the
+ * direct kernels' (docs/precision.md).  Timed like the others, so it runs
+ * only where it wins; never in deterministic mode (oneDNN's first direct
+ * implementation, as before). */
+static bool winograd_candidate(const conv_key *k)
+{
+    const kpl_conv_attrs *a = &k->a;
+    return !k->deterministic && k->dt == dnnl_f32 && a->p.groups == 1 && a->kh == 3 &&
+           a->kw == 3 && a->p.stride[0] == 1 && a->p.stride[1] == 1 && a->p.dilation[0] == 1 &&
+           a->p.dilation[1] == 1;
+}
+
+static kpl_status choose(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
+                         conv_entry *out)
+{
+    kpl_status st = KPL_OK;
+    const kpl_conv_attrs *a = &k->a;
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t po = NULL;
+    int g = a->p.groups;
+    dnnl_dims_t src = {a->n, a->c, a->h, a->w}, dst = {a->n, a->o, a->oh, a->ow};
+    dnnl_dims_t wei1 = {a->o, a->c, a->kh, a->kw};
+    dnnl_dims_t weig = {g, a->o / g, a->c / g, a->kh, a->kw};
+    dnnl_dims_t bias = {a->o};
+    conv_mds m = {
+        .strides = {a->p.stride[0], a->p.stride[1]},
+        .dil = {a->p.dilation[0] - 1, a->p.dilation[1] - 1},
+        .pad = {a->p.padding[0], a->p.padding[1]},
+        /* oneDNN's right padding makes the output size come out exactly. */
+        .pad_r = {(a->oh - 1) * a->p.stride[0] + (a->kh - 1) * a->p.dilation[0] + 1 - a->h -
+                      a->p.padding[0],
+                  (a->ow - 1) * a->p.stride[1] + (a->kw - 1) * a->p.dilation[1] + 1 - a->w -
+                      a->p.padding[1]}};
+    conv_entry e;
+    memset(&e, 0, sizeof e);
+    e.key = *k;
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.usrc, 4, src, k->dt, dnnl_nchw), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.udst, 4, dst, k->dt, dnnl_nchw), "dst desc");
+    /* the activations' layout: oneDNN's choice per implementation, or the
+     * one kpl_set_kept_layout asks for (where the channels allow it) */
+    dnnl_format_tag_t ls = dnnl_format_tag_any, ld = dnnl_format_tag_any;
+    if (layout == KPL_LAYOUT_NHWC) ls = ld = dnnl_acdb;
+    if (layout == KPL_LAYOUT_NCHW16C) {
+        ls = a->c % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
+        ld = a->o % 16 ? dnnl_format_tag_any : dnnl_aBcd16b;
+    }
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.asrc, 4, src, k->dt, ls), "src desc");
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.adst, 4, dst, k->dt, ld), "dst desc");
+    if (g == 1) {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.uwei, 4, wei1, k->dt, dnnl_oihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.awei, 4, wei1, k->dt, dnnl_format_tag_any),
+                 "weights desc");
+    } else {
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.uwei, 5, weig, k->dt, dnnl_goihw), "weights desc");
+        DNNL_TRY(dnnl_memory_desc_init_by_tag(&m.awei, 5, weig, k->dt, dnnl_format_tag_any),
+                 "weights desc");
+    }
+    DNNL_TRY(dnnl_memory_desc_init_by_tag(&e.bias, 1, bias, k->dt, dnnl_x), "bias desc");
+    m.bias = k->bias && a->kind != KPL_CONV_BWD_DATA ? &e.bias : NULL;
+    dnnl_query_t q[3];
+    if (a->kind == KPL_CONV_FWD) {
+        e.user[0] = m.usrc, e.user[1] = m.uwei, e.user[2] = m.udst;
+        q[0] = dnnl_query_src_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_dst_md;
+        e.arg[0] = DNNL_ARG_SRC, e.arg[1] = DNNL_ARG_WEIGHTS, e.arg[2] = DNNL_ARG_DST;
+    } else if (a->kind == KPL_CONV_BWD_DATA) {
+        e.user[0] = m.udst, e.user[1] = m.uwei, e.user[2] = m.usrc;
+        q[0] = dnnl_query_diff_dst_md, q[1] = dnnl_query_weights_md, q[2] = dnnl_query_diff_src_md;
+        e.arg[0] = DNNL_ARG_DIFF_DST, e.arg[1] = DNNL_ARG_WEIGHTS, e.arg[2] = DNNL_ARG_DIFF_SRC;
+    } else {
+        e.user[0] = m.usrc, e.user[1] = m.udst, e.user[2] = m.uwei;
+        q[0] = dnnl_query_src_md, q[1] = dnnl_query_diff_dst_md, q[2] = dnnl_query_diff_weights_md;
+        e.arg[0] = DNNL_ARG_SRC, e.arg[1] = DNNL_ARG_DIFF_DST, e.arg[2] = DNNL_ARG_DIFF_WEIGHTS;
+    }
+    if (a->relu || a->acc) { /* y = relu(conv [+ y]) applied as the sums are stored */
+        DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
+        if (a->acc) DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
+        if (a->relu)
+            DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
+                     "relu post-op");
+        DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
+        DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
+    }
+    double best = INFINITY;
+    if ((st = try_algorithm(k, args, &m, dnnl_convolution_direct, attr, q, &e, out, &best)) < 0)
+        goto fail;
+    if (winograd_candidate(k) &&
+        (st = try_algorithm(k, args, &m, dnnl_convolution_winograd, attr, q, &e, out, &best)) < 0)
+        goto fail;
+    if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && kpl__conv_direct_supports(a) &&
+        allowed(k, "kpl_direct"))
         choose_direct(k, args, layout, &e, out, &best);
     if (best == INFINITY)
         st = KPL_ERROR(KPL_EBACKEND, "conv2d: oneDNN offers no usable implementation");
 fail:
-    if (it) dnnl_primitive_desc_iterator_destroy(it);
-    if (hint) dnnl_primitive_desc_destroy(hint);
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (po) dnnl_post_ops_destroy(po);
     return st;
+}
+
+void kpl__cpu_conv_only(const char *prefix)
+{
+    pthread_mutex_lock(&cc.lock);
+    snprintf(only_impl, sizeof only_impl, "%s", prefix ? prefix : "");
+    pthread_mutex_unlock(&cc.lock);
 }
 
 static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args,
@@ -623,6 +740,11 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
     k.bias = args->in[2] != NULL;
     k.deterministic = kpl_get_deterministic();
     k.layout = kpl_get_kept_layout();
+    /* only where it decides something (Winograd's memory bound): other
+     * problems share one entry whether their weights are constant or not,
+     * so a model file's executor runs eager mode's kernels, bit for bit */
+    k.frozen = winograd_candidate(&k) && a->kind != KPL_CONV_BWD_WEIGHT &&
+               args->in[1]->storage->constant;
     /* bf16: oneDNN 2.6's candidates on plain or nChw16c inputs (gemm) win
      * the per-call timing link by link while the chain as a whole loses
      * to every convolution in NHWC: a ResNet-50 b8 step ran 1.16x faster
@@ -633,6 +755,7 @@ static kpl_status conv_dnnl(const kpl_conv_attrs *a, const kpl_kernel_args *args
     if (k.layout == KPL_LAYOUT_AUTO && dt == dnnl_bf16) k.layout = KPL_LAYOUT_NHWC;
     kpl_status st = KPL_OK;
     pthread_mutex_lock(&cc.lock);
+    memcpy(k.only, only_impl, sizeof k.only);
     conv_entry *e = NULL;
     for (int i = 0; i < cc.n; i++)
         if (!memcmp(&cc.e[i].key, &k, sizeof k)) {

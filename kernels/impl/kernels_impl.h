@@ -564,6 +564,11 @@ kpl_conv_choice kpl__cpu_conv_last(void);
  * implementations in the cache, the most used first, each with its count
  * of problems), at most `len` bytes with the NUL. */
 void kpl__cpu_conv_impls(char *buf, size_t len);
+/* Tests: convolutions chosen after this call consider only the
+ * implementations whose name starts with `prefix` ("jit_wino",
+ * "kpl_direct"); NULL or "" lifts the restriction.  A problem no such
+ * implementation handles fails with KPL_EBACKEND. */
+void kpl__cpu_conv_only(const char *prefix);
 
 /* kpl's own f32 convolution loops on plain NCHW (cpu/cpu_conv_direct.c):
  * whether they handle a problem (stride 1, no dilation, one group), and

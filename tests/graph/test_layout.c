@@ -408,9 +408,11 @@ static void test_blocked_pool_concat_grads(void **state)
         kpl_tensor *y = NN(kpl_conv2d(cat, w3, NULL, &c1));
         kpl_tensor *g[2] = {NULL, NULL};
         OK(kpl_grad(y, gy, 2, (kpl_tensor *[]){cat, a}, false, g));
-        if (on && kpl__kept(a) && kpl__kept(cat) == kpl__kept(a)) {
-            /* the slabs and the pooling gradient stay in the kept layout */
-            assert_int_equal(kpl__kept(g[1]), kpl__kept(a));
+        if (on && kpl__kept(g[0])) {
+            /* the slabs and the pooling gradient stay in the layout the
+             * gradient came in (the 1x1 convolution's choice; a's own may
+             * differ when each convolution picks its fastest kernel) */
+            assert_int_equal(kpl__kept(g[1]), kpl__kept(g[0]));
             print_message("pooling gradient kept %s\n", kept_name(kpl__kept(g[1])));
         }
         (on ? got : want)[0] = g[0], (on ? got : want)[1] = g[1];
