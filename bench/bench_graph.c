@@ -146,7 +146,10 @@ static int child(int argc, char **argv)
     int kl = graph ? kpl_exec_get_stats(ex).kept_layout : -1;
     printf("RESULT mode=%s ms_median=%.3f maxrss_MiB=%.0f layout=%s\n", mode,
            bench_median(ms, steps), (double)ru.ru_maxrss / 1024.0,
-           kl == KPL_LAYOUT_NHWC ? "nhwc" : kl == KPL_LAYOUT_AUTO ? "auto" : "untuned");
+           kl == KPL_LAYOUT_NHWC      ? "nhwc"
+           : kl == KPL_LAYOUT_NCHW16C ? "nchw16c"
+           : kl == KPL_LAYOUT_AUTO    ? "auto"
+                                      : "untuned");
     kpl_exec_destroy(ex);
     kpl_ir_destroy(ir);
     kpl_tensor_release(x);
@@ -389,14 +392,14 @@ int main(int argc, char **argv)
     plan_row("resnet18_cifar", 32);
     plan_row("resnet50", 8);
     train_rows(argv[0], rounds);
-    /* warm-ups past the executor's layout tuning (kpl_exec_run: up to 24
-     * runs where a run is short, 6 where it is long) */
-    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 1, 24, 30, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 32, 6, 10, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "resnet50", 1, 24, 10, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "resnet50", 32, 6, 3, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "unet", 1, 24, 10, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "unet", 32, 6, 3, rounds);
-    infer_rows(argv[0], argv[1], argv[2], "deeplab", 1, 6, 3, rounds);
+    /* warm-ups past the executor's layout tuning (kpl_exec_run: up to 27
+     * runs where a run is short, 9 where it is long) */
+    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 1, 27, 30, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet18_cifar", 32, 9, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet50", 1, 27, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "resnet50", 32, 9, 3, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "unet", 1, 27, 10, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "unet", 32, 9, 3, rounds);
+    infer_rows(argv[0], argv[1], argv[2], "deeplab", 1, 9, 3, rounds);
     return bench_exit_code();
 }

@@ -96,6 +96,13 @@ kpl_status kpl__ir_infer(const kpl_ir *ir, const kpl_irn *n, int *nd,
 
 /* ---- the executor ---- */
 
+/* The layouts an inference executor times its graph with (kpl_exec_run):
+ * each convolution's own choice, every convolution NHWC, every one
+ * nChw16c. */
+#define TRIALS 3
+static const kpl_layout trial_layout[TRIALS] = {KPL_LAYOUT_AUTO, KPL_LAYOUT_NHWC,
+                                                KPL_LAYOUT_NCHW16C};
+
 struct kpl_exec {
     const kpl_ir *ir;
     kpl_device *dev;
@@ -106,7 +113,7 @@ struct kpl_exec {
     /* kept-layout tuning (kpl_exec_run): runs so far, each candidate's
      * best timed run, and the layout settled on (-1: not tuned) */
     int runs;
-    double trial_s[2], trial_total;
+    double trial_s[TRIALS], trial_total;
     bool tune;
     /* parameters this executor marked constant (frozen_params), unmarked
      * when it goes */
@@ -455,7 +462,7 @@ kpl_status kpl_exec_create(const kpl_ir *ir, kpl_exec **out)
     KPL_CHECK(ex, KPL_ENOMEM, "exec_create: no host memory");
     ex->ir = ir;
     ex->stats.kept_layout = -1;
-    ex->trial_s[0] = ex->trial_s[1] = HUGE_VAL;
+    for (int i = 0; i < TRIALS; i++) ex->trial_s[i] = HUGE_VAL;
     ex->dev = kpl_device_cpu();
     for (int v = 0; v < ir->nv; v++)
         if (ir->v[v].data) {
@@ -508,19 +515,22 @@ kpl_status kpl_exec_set_input(kpl_exec *ex, int i, kpl_tensor *x)
 /* Kept-layout tuning.  Which layout the CPU convolutions keep is timed
  * per convolution (kpl_set_kept_layout's KPL_LAYOUT_AUTO), link by link;
  * the whole graph can run faster with every convolution in NHWC (ResNet-18
- * at batch 1, U-Net) or slower (ResNet-50 at batch 32: docs/static-graph.md),
- * which no single convolution sees.  So an inference executor on the CPU
+ * at batch 1, U-Net) or in nChw16c (ResNet-50 at batch 32, where
+ * Winograd's 3x3 kernels compute in nChw16c and the links around them
+ * chose NHWC: 474-479 ms against 511-538: docs/static-graph.md), which no
+ * single convolution sees.  So an inference executor on the CPU
  * (no weight gradients, no updates: a training graph stays bit-identical
  * to eager mode; a transposed convolution's conv2d_bwd_data is inference),
  * with the process's setting AUTO and not deterministic, runs its graph
- * both ways:
- * in blocks of three runs, AUTO then NHWC, the first run of a block untimed
- * (it pays the algorithms' choice, and the weights' reorder into the
- * layout's kernels, which each constant weight keeps one of), a pair of
- * blocks at least, more while the timed runs have taken under TUNE_SECONDS
- * (a small graph's runs are noisy), TUNE_RUNS in all at most; from then on
- * the layout with the fastest run holds (kpl_exec_stats.kept_layout). */
-#define TUNE_RUNS 24
+ * each way (trial_layout):
+ * in blocks of three runs, AUTO, NHWC, then nChw16c, the first run of a
+ * block untimed (it pays the algorithms' choice, and the weights' reorder
+ * into the layout's kernels, which each constant weight keeps one of), a
+ * round of blocks at least, more while the timed runs have taken under
+ * TUNE_SECONDS (a small graph's runs are noisy), TUNE_RUNS in all at most;
+ * from then on the layout with the fastest run holds
+ * (kpl_exec_stats.kept_layout). */
+#define TUNE_RUNS 27
 #define TUNE_SECONDS 0.2
 
 /* No updates and no weight gradients: a graph that only reads its
@@ -577,9 +587,9 @@ kpl_status kpl_exec_run(kpl_exec *ex)
     if (ex->runs == 0) ex->tune = tunable(ex);
     if (!ex->tune) return run_nodes(ex);
     bool tuning = ex->stats.kept_layout < 0;
-    int r = ex->runs, trial = r / 3 % 2; /* 0: AUTO, 1: NHWC */
-    int prev = kpl_set_thread_kept_layout(tuning ? (trial ? KPL_LAYOUT_NHWC : KPL_LAYOUT_AUTO)
-                                                 : ex->stats.kept_layout);
+    int r = ex->runs, trial = r / 3 % TRIALS;
+    kpl_layout use = tuning ? trial_layout[trial] : (kpl_layout)ex->stats.kept_layout;
+    int prev = kpl_set_thread_kept_layout(use);
     double t0 = kpl_seconds();
     kpl_status st = run_nodes(ex);
     double dt = kpl_seconds() - t0;
@@ -589,8 +599,13 @@ kpl_status kpl_exec_run(kpl_exec *ex)
     if (r % 3 == 0) return KPL_OK; /* a block's warm-up */
     if (dt < ex->trial_s[trial]) ex->trial_s[trial] = dt;
     ex->trial_total += dt;
-    if (ex->runs % 6 == 0 && (ex->trial_total >= TUNE_SECONDS || ex->runs >= TUNE_RUNS))
-        ex->stats.kept_layout = ex->trial_s[1] < ex->trial_s[0] ? KPL_LAYOUT_NHWC : KPL_LAYOUT_AUTO;
+    if (ex->runs % (3 * TRIALS) == 0 &&
+        (ex->trial_total >= TUNE_SECONDS || ex->runs >= TUNE_RUNS)) {
+        int best = 0;
+        for (int i = 1; i < TRIALS; i++)
+            if (ex->trial_s[i] < ex->trial_s[best]) best = i;
+        ex->stats.kept_layout = trial_layout[best];
+    }
     return KPL_OK;
 }
 

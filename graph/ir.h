@@ -191,9 +191,10 @@ void kpl_exec_destroy(kpl_exec *ex);
  * device is copied across).  KPL_ESHAPE naming both shapes. */
 kpl_status kpl_exec_set_input(kpl_exec *ex, int i, kpl_tensor *x);
 /* Runs every node in order, no allocation.  An inference graph on the CPU
- * (no weight gradients, no updates) times its first runs (6 to 24) with the
- * convolutions' layouts as chosen one by one and with all of them NHWC,
- * and keeps the faster (kpl_exec_stats.kept_layout). */
+ * (no weight gradients, no updates) times its first runs (9 to 27) with the
+ * convolutions' layouts as chosen one by one, with all of them NHWC and
+ * with all of them nChw16c, and keeps the fastest
+ * (kpl_exec_stats.kept_layout). */
 kpl_status kpl_exec_run(kpl_exec *ex);
 /* Output i of the last run (borrowed: valid until the next run). */
 kpl_tensor *kpl_exec_output(kpl_exec *ex, int i);
