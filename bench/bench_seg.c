@@ -31,6 +31,10 @@
  *    (forward, loss, backward, optimizer step) are timed too.
  *  - seg/<case>_infer_b1: ms of one forward of the first image in
  *    evaluation mode without gradients.
+ *  - seg/<case>_infer_exec_b1: the same forward by kpl's inference
+ *    executor (the model traced in eval mode, level-3 passes and the
+ *    inference fusions, as `kpl export` writes it; layout tuning done in
+ *    the warm-up) against the same PyTorch row.  Target >= 1.3.
  *  - seg/<case>_train_step/peak_rss: the memory of SEG_MEM_STEPS training
  *    steps, measured alike for both in a fresh process each (kpl: this
  *    program with --mem; PyTorch: torch_segnets.py mem): the growth of the
@@ -246,6 +250,39 @@ static double infer(kpl_module *m, kpl_tensor *x)
     return (bench_now() - t0) * 1e3;
 }
 
+/* The model's inference graph (traced in eval mode on x, the level-3
+ * passes and the inference fusions, as `kpl export` makes it) run by the
+ * executor: median ms of `steps` runs after EXEC_WARM, which covers the
+ * executor's layout tuning (kpl_exec_run: at most 27 runs). */
+#define EXEC_WARM 27
+
+static double exec_infer(kpl_module *m, kpl_tensor *x, int steps)
+{
+    kpl_pool *p = kpl_pool_push();
+    bool prev = kpl_set_grad_enabled(false);
+    kpl_ir *ir = NULL;
+    kpl_exec *ex = NULL;
+    if (kpl_trace_begin() < 0) die("trace");
+    kpl_tensor_list in = {1, {kpl_trace_input(x, "image")}}, out;
+    if (kpl_module_forward_list(m, &in, &out) < 0 ||
+        kpl_trace_end(1, &out.t[0], (const char *[]){"logits"}, &ir) < 0)
+        die("trace");
+    kpl_pool_pop(p);
+    if (kpl_ir_optimize(ir, 3, true) < 0 || kpl_exec_create(ir, &ex) < 0) die("executor");
+    double t[64];
+    if (steps > 64) steps = 64;
+    for (int i = 0; i < EXEC_WARM + steps; i++) {
+        double t0 = bench_now();
+        if (kpl_exec_set_input(ex, 0, x) < 0 || kpl_exec_run(ex) < 0) die("executor run");
+        (void)kpl_tensor_host_data(kpl_exec_output(ex, 0));
+        if (i >= EXEC_WARM) t[i - EXEC_WARM] = (bench_now() - t0) * 1e3;
+    }
+    kpl_exec_destroy(ex);
+    kpl_ir_destroy(ir);
+    kpl_set_grad_enabled(prev);
+    return bench_median(t, steps);
+}
+
 static kpl_optim *make_optim(kpl_module *m)
 {
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
@@ -338,7 +375,8 @@ static const char *const layouts[2] = {"nchw", "channels_last"};
  * and phases, the last loss), then inference of the first image (median
  * ms).  1 when the loss is not finite. */
 static int kpl_round(const seg_case *c, kpl_module *m, const seg_batch *b, snapshot *init,
-                     double *train, double ph_out[PH_N], double *inf, double *last)
+                     double *train, double ph_out[PH_N], double *inf, double *inf_exec,
+                     double *last)
 {
     double t[16], ph[PH_N][16], loss = NAN;
     snapshot_restore(init);
@@ -367,6 +405,7 @@ static int kpl_round(const seg_case *c, kpl_module *m, const seg_batch *b, snaps
         if (i >= c->infer_warm) t1[i - c->infer_warm] = ms;
     }
     *inf = bench_median(t1, c->infer_steps);
+    *inf_exec = exec_infer(m, b->image0, c->infer_steps);
     return 0;
 }
 
@@ -485,13 +524,13 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
             rm.peak / 1e6);
 
     /* the timed rounds */
-    double ktr[64], kph[PH_N][64], ki[64], ltr[2][64], lph[2][PH_N][64], li[2][64];
+    double ktr[64], kph[PH_N][64], ki[64], kx[64], ltr[2][64], lph[2][PH_N][64], li[2][64];
     double klast = NAN, rlast = NAN;
     for (int r = 0; r < rounds; r++) {
         for (int side = 0; side < 2; side++) {
             if ((side + r) % 2 == 0) {
                 double ph[PH_N];
-                if (kpl_round(c, m, &b, &init, &ktr[r], ph, &ki[r], &klast)) return 1;
+                if (kpl_round(c, m, &b, &init, &ktr[r], ph, &ki[r], &kx[r], &klast)) return 1;
                 for (int k = 0; k < PH_N; k++) kph[k][r] = ph[k];
             } else {
                 for (int l = 0; l < 2; l++) {
@@ -503,10 +542,10 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
         }
         fprintf(stderr, "bench_seg: %s round %d: train kpl %.1f ms (fwd %.1f loss %.1f bwd %.1f "
                 "step %.1f), torch nchw %.1f ms (fwd %.1f loss %.1f bwd %.1f step %.1f), "
-                "channels_last %.1f ms; infer b1 kpl %.1f torch %.1f / %.1f\n",
+                "channels_last %.1f ms; infer b1 kpl %.1f (executor %.1f) torch %.1f / %.1f\n",
                 c->tag, r, ktr[r], kph[0][r], kph[1][r], kph[2][r], kph[3][r], ltr[0][r],
-                lph[0][0][r], lph[0][1][r], lph[0][2][r], lph[0][3][r], ltr[1][r], ki[r], li[0][r],
-                li[1][r]);
+                lph[0][0][r], lph[0][1][r], lph[0][2][r], lph[0][3][r], ltr[1][r], ki[r], kx[r],
+                li[0][r], li[1][r]);
     }
     /* the faster layout's figures, train and inference each */
     char tname[160], iname[160];
@@ -558,6 +597,14 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
     bench_emit("seg", cas, "ms", 0, bench_median(ki, rounds), bench_median(ri, rounds), iname,
                NAN, ",\"threads\":%d,\"rounds\":%d,\"kpl_range\":%s,\"ref_range\":%s", SEG_THREADS,
                rounds, kr, rr);
+    /* kpl's inference engine (what `kpl infer` runs) against the same
+     * PyTorch eager forward */
+    bench_jrange(kr, kx, rounds);
+    snprintf(cas, sizeof cas, "%s_infer_exec_b1_%lld/t%d", c->tag, (long long)S, SEG_THREADS);
+    bench_emit("seg", cas, "ms", 0, bench_median(kx, rounds), bench_median(ri, rounds), iname,
+               1.3, ",\"kpl_side\":\"executor (traced, O3, inference fusions, tuned layout)\","
+               "\"threads\":%d,\"rounds\":%d,\"kpl_range\":%s,\"ref_range\":%s",
+               SEG_THREADS, rounds, kr, rr);
     snapshot_free(&init);
     kpl_module_destroy(m);
     free_batch(&b);
