@@ -354,6 +354,7 @@ int main(void)
     failed += run_tensor_tests();
     failed += run_alloc_tests();
     failed += run_ops_tests();
+    failed += run_conv_tests();
     failed += run_copy_rows_tests();
     failed += run_bn_saved_tests();
     failed += run_sgd_tests();

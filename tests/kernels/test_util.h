@@ -40,6 +40,7 @@ static inline void assert_tensor_close(kpl_tensor *t, const double *ref, double 
 int run_alloc_tests(void);
 int run_tensor_tests(void);
 int run_ops_tests(void);
+int run_conv_tests(void);
 int run_copy_rows_tests(void);
 int run_bn_saved_tests(void);
 int run_sgd_tests(void);
