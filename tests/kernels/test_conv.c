@@ -229,6 +229,72 @@ static void test_conv2d_winograd(void **state)
     for (size_t i = 0; i < 3; i++) kpl_tensor_release(all[i]);
 }
 
+/* A dilated forward (and with its ReLU) by brgconv on NHWC activations,
+ * forced by the test hook, against the reference loops on the same
+ * values. */
+static void dilated_fwd_case(int64_t n, int64_t c, int64_t h, int64_t w, int64_t o, int pad,
+                             int dil, bool bias)
+{
+    kpl_conv2d_params p = {{1, 1}, {pad, pad}, {dil, dil}, 1};
+    int64_t xs[4] = {n, c, h, w}, ws[4] = {o, c, 3, 3}, ys[4], bs = o;
+    OK(kpl_shape_conv2d(xs, ws, &p, ys));
+    kpl_tensor *in64[3] = {trand(KPL_F64, 4, xs, 41, -1, 1), trand(KPL_F64, 4, ws, 42, -1, 1),
+                           trand(KPL_F64, 1, &bs, 43, -1, 1)};
+    kpl_tensor *in32[3];
+    for (int i = 0; i < 3; i++) { /* both sides see the same (f32) numbers */
+        in32[i] = tnew(KPL_F32, kpl_tensor_ndim(in64[i]), kpl_tensor_shape(in64[i]));
+        OK(kpl_k_cast(in32[i], in64[i]));
+        OK(kpl_k_cast(in64[i], in32[i]));
+    }
+    kpl_tensor *y64 = tnew(KPL_F64, 4, ys), *y32 = tnew(KPL_F32, 4, ys), *r32 = tnew(KPL_F32, 4, ys);
+    OK(kpl_k_conv2d(y64, in64[0], in64[1], bias ? in64[2] : NULL, &p));
+    kpl__cpu_conv_only("brgconv");
+    OK(kpl_k_conv2d(y32, in32[0], in32[1], bias ? in32[2] : NULL, &p));
+    assert_int_equal(strncmp(kpl__cpu_conv_last().impl, "brgconv", 7), 0);
+    OK(kpl_k_conv2d_relu(r32, in32[0], in32[1], bias ? in32[2] : NULL, &p));
+    assert_int_equal(strncmp(kpl__cpu_conv_last().impl, "brgconv", 7), 0);
+    kpl__cpu_conv_only(NULL);
+    for (int64_t i = 0; i < kpl_tensor_numel(y32); i++) {
+        double want = tget(y64, i);
+        assert_close(tget(y32, i), want, 1e-4, 1e-4, "dilated conv2d (brgconv)", i);
+        assert_close(tget(r32, i), want < 0 ? 0 : want, 1e-4, 1e-4, "dilated conv2d_relu", i);
+    }
+    kpl_tensor *all[] = {in64[0], in64[1], in64[2], in32[0], in32[1], in32[2], y64, y32, r32};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
+/* Dilated convolutions also try oneDNN's kernels on NHWC activations
+ * where no layout is asked for: its brgconv forward computes only there,
+ * and skips the taps that fall in the padding.  On AVX-512 (brgconv
+ * does not exist below it) each is forced by the test hook, with ASPP's
+ * geometry (rate 6 on a map smaller than 2 x 6 + 1, so corner taps read
+ * padding only), a layer4-like one on odd sides and padding below the
+ * rate.  Unforced, every direction of the same problems matches the
+ * reference whatever the chooser picked; deterministic mode keeps
+ * oneDNN's first kernel in its own layout. */
+static void test_conv2d_dilated_nhwc(void **state)
+{
+    (void)state;
+    if (kpl__cpu_avx512()) {
+        dilated_fwd_case(1, 32, 11, 11, 16, 6, 6, true);
+        dilated_fwd_case(2, 16, 13, 9, 32, 3, 2, false);
+        dilated_fwd_case(2, 8, 12, 10, 24, 1, 4, true);
+    }
+    conv_case(1, 32, 11, 11, 16, 3, 1, 6, 6, 1, true);
+    conv_case(2, 16, 13, 9, 32, 3, 1, 3, 2, 1, false);
+    conv_case(2, 8, 12, 10, 24, 3, 1, 1, 4, 1, true);
+    kpl_set_deterministic(true);
+    kpl_conv2d_params p = {{1, 1}, {6, 6}, {6, 6}, 1};
+    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){1, 32, 11, 11}, 7, -1, 1);
+    kpl_tensor *w = trand(KPL_F32, 4, (int64_t[]){16, 32, 3, 3}, 8, -1, 1);
+    kpl_tensor *y = tnew(KPL_F32, 4, (int64_t[]){1, 16, 11, 11});
+    OK(kpl_k_conv2d(y, x, w, NULL, &p));
+    assert_int_not_equal(strncmp(kpl__cpu_conv_last().impl, "brgconv", 7), 0);
+    kpl_set_deterministic(false);
+    kpl_tensor *all[] = {x, w, y};
+    for (size_t i = 0; i < 3; i++) kpl_tensor_release(all[i]);
+}
+
 /* kpl's own convolution loops (the chooser's plain-layout candidate),
  * called directly with one and two threads, against the reference loops
  * (f64) on the same values: all three directions, bias gradient included. */
@@ -312,6 +378,7 @@ int run_conv_tests(void)
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_conv2d_relu_kernels),
         cmocka_unit_test(test_conv2d_winograd),
+        cmocka_unit_test(test_conv2d_dilated_nhwc),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
     };
     return cmocka_run_group_tests_name("conv", tests, NULL, NULL);
