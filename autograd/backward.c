@@ -235,7 +235,9 @@ static kpl_status run_node(engine *e, slot *s)
                        "freed it; pass retain_graph to the first one",
                        kpl_op_name(kpl_node_op(n)));
     kpl_tensor *gin[3] = {NULL, NULL, NULL};
+    uint32_t mem_prev = kpl_memrec_active() ? kpl_mem_context_set(kpl_node_backward_mem_label(n)) : 0;
     if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
+    if (kpl_memrec_active()) kpl_mem_context_set(mem_prev);
     for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
         if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;
         kpl_tensor_retain(gin[i]);

@@ -605,6 +605,9 @@ kpl_tensor *kpl_node_saved_output(const kpl_node *n);
  * node's backward has run); later reads of them return NULL. */
 void kpl_node_free_saved(kpl_node *n);
 bool kpl_node_saved_freed(const kpl_node *n);
+/* The label the memory profile (kpl_memrec) gives the blocks n's backward
+ * allocates: "backward of OP @ MODULE"; 0 when no recorder runs. */
+uint32_t kpl_node_backward_mem_label(const kpl_node *n);
 void kpl_node_retain(kpl_node *n);
 void kpl_node_release(kpl_node *n);
 

@@ -253,8 +253,45 @@ void kpl_node_retain(kpl_node *n)
     if (n) atomic_fetch_add_explicit(&n->refcount, 1, memory_order_relaxed);
 }
 
+/* ---- the memory profile's notes (kpl_memrec) ---------------------------------- */
+
+/* "op @ context": the op and the module (or backward step) it ran in. */
+static uint32_t op_label(const char *prefix, kpl_op op)
+{
+    char buf[320];
+    const char *ctx = kpl_mem_label_text(kpl_mem_context());
+    snprintf(buf, sizeof buf, "%s%s @ %s", prefix, kpl_op_name(op), *ctx ? ctx : "(no module)");
+    return kpl_mem_label(buf);
+}
+
+void kpl__mem_note_op(kpl_op op, const kpl_tensor *out)
+{
+    if (kpl_memrec_active()) kpl_memrec_note_tensor(out, KPL_MEMNOTE_CREATOR, op_label("", op));
+}
+
+/* The tensors a node keeps for the gradient: held (hold) or let go. */
+static void note_saved(const kpl_node *n, bool hold)
+{
+    if (!kpl_memrec_active() || !n->mem_label) return;
+    char buf[340];
+    snprintf(buf, sizeof buf, "saved for backward by %s", kpl_mem_label_text(n->mem_label));
+    uint32_t l = kpl_mem_label(buf);
+    kpl_memnote k = hold ? KPL_MEMNOTE_HOLD : KPL_MEMNOTE_RELEASE;
+    for (int i = 0; i < n->nin; i++) kpl_memrec_note_tensor(n->in[i].saved, k, l);
+    kpl_memrec_note_tensor(n->saved_out, k, l);
+}
+
+uint32_t kpl_node_backward_mem_label(const kpl_node *n)
+{
+    if (!kpl_memrec_active() || !n->mem_label) return 0;
+    char buf[340];
+    snprintf(buf, sizeof buf, "backward of %s", kpl_mem_label_text(n->mem_label));
+    return kpl_mem_label(buf);
+}
+
 void kpl_node_free_saved(kpl_node *n)
 {
+    if (!n->freed) note_saved(n, false);
     for (int i = 0; i < n->nin; i++) {
         kpl_tensor_release(n->in[i].saved);
         n->in[i].saved = NULL;
@@ -380,6 +417,10 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
     om->requires_grad = true;
     om->node = n; /* the result owns the node's first reference */
     om->out_index = 0;
+    if (kpl_memrec_active()) {
+        n->mem_label = op_label("", op);
+        note_saved(n, true);
+    }
     return KPL_OK;
 fail:
     kpl_node_release(n);

@@ -50,6 +50,8 @@ typedef struct block {
     bool allocated;
     bool small;                       /* pool */
     bool host_visible;                /* segment memory is host memory */
+    const char *what;                 /* the requester's tag, while allocated */
+    uint32_t ctx;                     /* the allocating thread's kpl_mem_context */
     struct block *prev, *next;        /* neighbours within the segment */
     struct block *bin_prev, *bin_next; /* free list of the bin */
 } block;
@@ -74,6 +76,7 @@ struct kpl_allocator {
     /* every segment head, to release them at destroy/empty_cache */
     block **segments;
     size_t n_segments, cap_segments;
+    kpl_memrec *rec; /* the memory recorder logging this allocator (memrec.c) */
 };
 
 /* ---- bins ------------------------------------------------------------------ */
@@ -343,8 +346,11 @@ hand_out:
         st = KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
         goto done;
     }
+    b->what = what;
+    b->ctx = kpl_mem_context();
     a->st.allocated += b->size;
     if (a->st.allocated > a->st.peak_allocated) a->st.peak_allocated = a->st.allocated;
+    if (a->rec) kpl__memrec_log(a->rec, 'A', b->ptr, b->size, what, 0, 0);
     if (a->src.host_visible) UNPOISON(b->ptr, bytes);
     *out = b->ptr;
 done:
@@ -359,6 +365,7 @@ void kpl__allocator_free(kpl_allocator *a, void *ptr)
     block *b = map_take(&a->live, ptr);
     KPL_ASSERT(b != NULL, "free of a pointer this allocator did not hand out");
     pool *p = &a->pools[b->small];
+    if (a->rec) kpl__memrec_log(a->rec, 'F', b->ptr, b->size, b->what, 0, 0);
     b->allocated = false;
     a->st.allocated -= b->size;
     if (a->src.host_visible) POISON(b->ptr, b->size);
@@ -399,6 +406,32 @@ kpl_memory_stats kpl__allocator_stats(kpl_allocator *a)
     kpl_memory_stats s = a->st;
     pthread_mutex_unlock(&a->lock);
     return s;
+}
+
+kpl_status kpl__allocator_attach(kpl_allocator *a, kpl_memrec *r)
+{
+    kpl_status st = KPL_OK;
+    pthread_mutex_lock(&a->lock);
+    if (r && a->rec) {
+        st = KPL_ERROR(KPL_ESTATE, "memory profile: a recorder already runs on %s", a->src.name);
+    } else if (r) { /* the blocks live now open the log */
+        for (size_t i = 0; i < a->live.cap; i++) {
+            block *b = a->live.slots[i];
+            if (b) kpl__memrec_log(r, 'B', b->ptr, b->size, b->what, 0, b->ctx);
+        }
+        a->rec = r;
+    } else {
+        a->rec = NULL;
+    }
+    pthread_mutex_unlock(&a->lock);
+    return st;
+}
+
+void kpl__allocator_note(kpl_allocator *a, const void *ptr, uint8_t note, uint32_t label)
+{
+    pthread_mutex_lock(&a->lock);
+    if (a->rec) kpl__memrec_log(a->rec, 'N', ptr, 0, NULL, note, label);
+    pthread_mutex_unlock(&a->lock);
 }
 
 void kpl__allocator_reset_peak(kpl_allocator *a)

@@ -375,6 +375,55 @@ void kpl_device_empty_cache(kpl_device *dev);
  * releases cached segments, then fails with KPL_ENOMEM. */
 void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
 
+/* ---- memory recording (the memory profile's raw material; memrec.c) ----
+ * While a recorder runs on a device, its allocator logs every block handed
+ * out or taken back, with the allocating thread's context label, and the
+ * notes the layers above add about a block.  Replayed afterwards: the peak
+ * of allocated bytes with every block live at it, and the live bytes over
+ * time.  One recorder per device at a time. */
+typedef struct kpl_memrec kpl_memrec;
+/* An interned label (e.g. "conv2d @ layer1.0.conv1"), numbered from 1; 0
+ * for NULL or "" (and when no memory is left for more). */
+uint32_t kpl_mem_label(const char *text);
+const char *kpl_mem_label_text(uint32_t id); /* "" for 0 */
+/* The calling thread's context, given to the blocks it allocates (kept
+ * with each block whether or not a recorder runs: a block made before the
+ * recording still says where it came from); returns the previous one (to
+ * restore). */
+uint32_t kpl_mem_context_set(uint32_t label);
+uint32_t kpl_mem_context(void);
+/* Whether any recorder runs (cheap: callers skip building labels). */
+bool kpl_memrec_active(void);
+typedef enum {
+    KPL_MEMNOTE_CREATOR, /* the block's creator is this label (the op that made it) */
+    KPL_MEMNOTE_HOLD,    /* a holder keeps it (the label says who and why) */
+    KPL_MEMNOTE_RELEASE  /* a holder let it go; with none left it has no reason */
+} kpl_memnote;
+/* A note about the block that starts at ptr (a storage's allocation); ignored
+ * when no recorder runs on dev. */
+void kpl_memrec_note(kpl_device *dev, const void *ptr, kpl_memnote kind, uint32_t label);
+kpl_status kpl_memrec_start(kpl_device *dev, kpl_memrec **out);
+void kpl_memrec_stop(kpl_memrec *r);      /* the log is kept */
+void kpl_memrec_destroy(kpl_memrec *r);   /* stops it first */
+/* A block live at the peak. */
+typedef struct {
+    const void *ptr;
+    size_t bytes;        /* the allocator's block (rounded; counted as allocated) */
+    const char *what;    /* the allocator's tag ("tensor", "conv2d", ...) */
+    uint32_t creator;    /* context at allocation, or the last creator note */
+    uint32_t reason;     /* the last holder noted, 0 when none holds it */
+    bool before;         /* live when the recording started */
+} kpl_memrec_block;
+/* The peak of allocated bytes while recording (the first moment it was
+ * reached) and the blocks live then (*blocks: free() it), which add up to
+ * *peak_bytes; *t_peak in seconds from the start (may be NULL). */
+kpl_status kpl_memrec_peak(const kpl_memrec *r, kpl_memrec_block **blocks, size_t *n,
+                           size_t *peak_bytes, double *t_peak);
+/* Calls fn with the allocated bytes at the start (t = 0) and after every
+ * allocation and free (t in seconds from the start). */
+void kpl_memrec_timeline(const kpl_memrec *r, void (*fn)(void *ctx, double t, size_t bytes),
+                         void *ctx);
+
 /* Raw allocation from a device's caching allocator (64-byte aligned).  The
  * pointer is owned by the caller until kpl_device_free().  `what` names the
  * requester for the out-of-memory message (may be NULL).  Thread-safe. */
@@ -448,6 +497,13 @@ void *kpl_storage_device_mutable(kpl_storage *s);
 #define KPL_MAX_DIMS 8
 
 typedef struct kpl_tensor kpl_tensor;
+
+/* kpl_memrec_note about the block holding t's bytes (a view's: its root
+ * storage's; none for memory kpl did not allocate). */
+void kpl_memrec_note_tensor(const kpl_tensor *t, kpl_memnote kind, uint32_t label);
+/* The allocator block holding t's bytes (kpl_memrec_block.ptr), NULL for
+ * memory kpl did not allocate. */
+const void *kpl_tensor_block(const kpl_tensor *t);
 
 /* All tensor constructors return a tensor with refcount 1 that the caller
  * owns (release with kpl_tensor_release).  Contents of _empty are undefined. */

@@ -163,6 +163,10 @@ typedef struct {
          * across epochs and resumes) each rank traces into
          * RUN_DIR/profile/rank-NNNNN.trace.json; {0, 0}: off */
         int64_t steps[2];
+        /* also the memory profile of that window: its peak's blocks, why
+         * each is alive, into RUN_DIR/profile/memory-rank-NNNNN.json, and
+         * a live-bytes counter in the trace (docs/memory.md) */
+        bool memory;
     } profile;
 } kpl_recipe;
 

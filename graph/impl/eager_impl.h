@@ -26,6 +26,7 @@ static inline kpl_tensor *record_finish_as(kpl_status st, kpl_op op, const kpl_o
     /* traced first: the tape's alias of a saved output maps to its value */
     if (st == KPL_OK && trace) kpl__trace_op(op, attrs, nin, ins, 1, &out);
     if (st == KPL_OK) st = kpl__graph_record(op, attrs, nin, ins, out);
+    if (st == KPL_OK && kpl_memrec_active()) kpl__mem_note_op(op, out);
     return finish(st, out);
 }
 

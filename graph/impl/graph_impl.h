@@ -39,6 +39,7 @@ struct kpl_node {
     int64_t out_shape[KPL_MAX_DIMS];
     kpl_tensor *saved_out;
     bool freed; /* saved tensors released by backward */
+    uint32_t mem_label; /* "op @ module" while a memory recorder runs (kpl_mem_label), else 0 */
     kpl_hooks *hooks; /* hooks registered on the node's result (owned) */
 };
 
@@ -46,6 +47,9 @@ kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);
 
 /* Records `out = op(ins)` when grad mode is on and an input requires grad;
  * a no-op otherwise. */
+/* The memory profile's note (kpl_memrec): out was made by op in the
+ * thread's context. */
+void kpl__mem_note_op(kpl_op op, const kpl_tensor *out);
 kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
                              kpl_tensor *const *ins, kpl_tensor *out);
 

@@ -49,6 +49,16 @@ kpl_memory_stats kpl__allocator_stats(kpl_allocator *a);
 void kpl__allocator_reset_peak(kpl_allocator *a);
 void kpl__allocator_empty_cache(kpl_allocator *a);
 void kpl__allocator_set_limit(kpl_allocator *a, size_t bytes);
+/* The memory recorder (memrec.c) an allocator logs to (NULL: none); its
+ * live blocks open the log.  KPL_ESTATE if another one runs. */
+kpl_status kpl__allocator_attach(kpl_allocator *a, kpl_memrec *r);
+/* A note about the block at ptr, in the log's order (kpl_memrec_note). */
+void kpl__allocator_note(kpl_allocator *a, const void *ptr, uint8_t note, uint32_t label);
+/* Appends an event to the log: 'B' live at the start (label: the context
+ * it was allocated in), 'A' alloc (the allocating thread's context), 'F'
+ * free, 'N' a note; under the allocator's lock. */
+void kpl__memrec_log(kpl_memrec *r, char type, const void *ptr, size_t size, const char *what,
+                     uint8_t note, uint32_t label);
 
 /* ------------------------------------------------------------------------ */
 /* Devices                                                                    */

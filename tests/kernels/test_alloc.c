@@ -226,6 +226,117 @@ static void test_uncached(void **state)
     kpl__allocator_destroy(a);
 }
 
+/* The memory recorder: the peak of allocated bytes while it ran, every
+ * block live then (adding up to it exactly: the allocator's rounded
+ * sizes), each with the context it was allocated in, its creator note and
+ * the holder noted last; blocks live at the start marked so; notes after
+ * a free or released holds not counted; the timeline; one recorder at a
+ * time. */
+typedef struct {
+    int calls;
+    double t_last;
+    size_t first, last, max;
+} timeline_seen;
+
+static void on_point(void *ctx, double t, size_t bytes)
+{
+    timeline_seen *s = ctx;
+    if (!s->calls++) s->first = bytes;
+    assert_true(t >= s->t_last);
+    s->t_last = t;
+    s->last = bytes;
+    if (bytes > s->max) s->max = bytes;
+}
+
+static const kpl_memrec_block *find_block(const kpl_memrec_block *b, size_t n, const void *p)
+{
+    for (size_t i = 0; i < n; i++)
+        if (b[i].ptr == p) return &b[i];
+    return NULL;
+}
+
+static void test_memrec(void **state)
+{
+    (void)state;
+    void *p0 = NULL, *a = NULL, *b = NULL, *c = NULL, *d = NULL;
+    OK(kpl_device_alloc(cpu, 3000, "before", &p0));
+    size_t base = kpl_device_memory_stats(cpu).allocated;
+    uint32_t l1 = kpl_mem_label("ctx one"), l2 = kpl_mem_label("ctx two");
+    uint32_t made = kpl_mem_label("made by op"), held = kpl_mem_label("saved by conv2d");
+    assert_int_equal(kpl_mem_label("ctx one"), l1); /* interned */
+    assert_string_equal(kpl_mem_label_text(l2), "ctx two");
+    assert_int_equal(kpl_mem_label(NULL), 0);
+    assert_false(kpl_memrec_active());
+    kpl_memrec *r = NULL, *r2 = NULL;
+    OK(kpl_memrec_start(cpu, &r));
+    assert_true(kpl_memrec_active());
+    FAILS(kpl_memrec_start(cpu, &r2), KPL_ESTATE, "already runs");
+    uint32_t old = kpl_mem_context_set(l1);
+    OK(kpl_device_alloc(cpu, 10000, "test", &a)); /* 10240 */
+    kpl_memrec_note(cpu, a, KPL_MEMNOTE_HOLD, held);
+    kpl_mem_context_set(l2);
+    OK(kpl_device_alloc(cpu, 20000, "test", &b)); /* 20480: made, held then released */
+    kpl_memrec_note(cpu, b, KPL_MEMNOTE_CREATOR, made);
+    kpl_memrec_note(cpu, b, KPL_MEMNOTE_HOLD, held);
+    kpl_memrec_note(cpu, b, KPL_MEMNOTE_RELEASE, held);
+    OK(kpl_device_alloc(cpu, 1000, "test", &d)); /* 1024: the peak */
+    kpl_mem_context_set(old);
+    kpl_memrec_note(cpu, d, KPL_MEMNOTE_HOLD, held); /* after the peak: not in it */
+    kpl_device_free(cpu, b);
+    kpl_memrec_note(cpu, b, KPL_MEMNOTE_HOLD, held); /* on a freed block: no effect */
+    OK(kpl_device_alloc(cpu, 5000, "test", &c)); /* 5120: below the peak */
+    kpl_device_free(cpu, a);
+    kpl_memrec_stop(r);
+    assert_false(kpl_memrec_active());
+    void *late = NULL; /* after the stop: not logged */
+    OK(kpl_device_alloc(cpu, 1 << 20, "test", &late));
+    kpl_device_free(cpu, late);
+
+    kpl_memrec_block *blk = NULL;
+    size_t n = 0, peak = 0;
+    double tp = -1;
+    OK(kpl_memrec_peak(r, &blk, &n, &peak, &tp));
+    assert_int_equal(peak, base + 10240 + 20480 + 1024);
+    assert_true(tp >= 0);
+    size_t sum = 0;
+    for (size_t i = 0; i < n; i++) sum += blk[i].bytes;
+    assert_int_equal(sum, peak);
+    const kpl_memrec_block *e0 = find_block(blk, n, p0), *ea = find_block(blk, n, a);
+    const kpl_memrec_block *eb = find_block(blk, n, b), *ed = find_block(blk, n, d);
+    assert_non_null(e0);
+    assert_non_null(ea);
+    assert_non_null(eb);
+    assert_non_null(ed);
+    if (c != b) assert_null(find_block(blk, n, c)); /* (c may reuse b's block) */
+    assert_int_equal(eb->bytes, 20480);
+    assert_true(e0->before);
+    assert_string_equal(e0->what, "before");
+    assert_int_equal(e0->bytes, 3072);
+    assert_false(ea->before);
+    assert_int_equal(ea->bytes, 10240);
+    assert_int_equal(ea->creator, l1);
+    assert_int_equal(ea->reason, held);
+    assert_int_equal(eb->creator, made);
+    assert_int_equal(eb->reason, 0);
+    assert_int_equal(ed->creator, l2);
+    assert_int_equal(ed->reason, 0);
+    free(blk);
+
+    timeline_seen seen = {0};
+    kpl_memrec_timeline(r, on_point, &seen);
+    assert_int_equal(seen.calls, 1 + 6); /* the start, 4 allocs, 2 frees */
+    assert_int_equal(seen.first, base);
+    assert_int_equal(seen.max, peak);
+    assert_int_equal(seen.last, base + 1024 + 5120);
+    kpl_memrec_destroy(r);
+    kpl_device_free(cpu, c);
+    kpl_device_free(cpu, d);
+    kpl_device_free(cpu, p0);
+    /* a recorder can run again once the first is gone */
+    OK(kpl_memrec_start(cpu, &r2));
+    kpl_memrec_destroy(r2);
+}
+
 int run_alloc_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -235,6 +346,7 @@ int run_alloc_tests(void)
         cmocka_unit_test_setup(test_limit_and_oom, setup),
         cmocka_unit_test_setup(test_many_blocks, setup),
         cmocka_unit_test(test_uncached),
+        cmocka_unit_test_setup(test_memrec, setup),
     };
     return cmocka_run_group_tests_name("alloc", tests, NULL, NULL);
 }

@@ -19,6 +19,15 @@ library.
       the first window holds the first step's one-time work, oneDNN's
       code generation and the kernel chooser's timing, which a loaded
       machine makes hundreds of ms longer on either rank)
+  profile_check.py memory RUN_DIR STEP PARAMS
+      RUN_DIR/profile/memory-rank-00000.json (profile.memory) of the
+      window [STEP, STEP]: the log line, the blocks adding up to the peak
+      exactly and the peak to the timing record of that step within 2%,
+      the reasons' totals, every parameter (PARAMS: name:elements,
+      comma-separated) a block of its own size as parameter and its
+      momentum as optimizer state, the graph's holders naming an op and a
+      module, every block a creator; the trace's allocated-bytes counter
+      reaching the peak
 Exits 1 with the first failure."""
 import json
 import os
@@ -224,6 +233,65 @@ def timing(run, ranks, grad_bytes, steps, slowest=None, min_gap=0.0):
     print("timing: %d records OK (steps %s)" % (len(tim), ",".join(map(str, got))))
 
 
+MEM_LINE = re.compile(r"profile\.memory: steps ([0-9]+)-([0-9]+) peaked at ([0-9.]+) MB allocated "
+                      r"\(([0-9]+) blocks\), written to (.+)$")
+
+
+def memory(run, step, params):
+    log = os.path.join(run, "logs", "rank-00000.log")
+    found = [m for m in (MEM_LINE.search(l.rstrip("\n")) for l in open(log)) if m]
+    if len(found) != 1:
+        fail("%d 'profile.memory: ... written to' lines in %s, expected 1" % (len(found), log))
+    m = found[0]
+    prof = json.load(open(os.path.join(run, "profile", "memory-rank-00000.json")))
+    blocks, peak = prof["blocks"], prof["peak_bytes"]
+    if (int(m.group(1)), int(m.group(2))) != (step, step) or prof["steps"] != [step, step]:
+        fail("steps: the log says %s-%s, the file %r; expected %d" % (m.group(1), m.group(2), prof["steps"], step))
+    if int(m.group(4)) != len(blocks) or abs(float(m.group(3)) - peak / 1048576.0) > 0.051:
+        fail("the log says %s MB in %s blocks, the file %d bytes in %d" % (m.group(3), m.group(4), peak, len(blocks)))
+    total = sum(b["bytes"] for b in blocks)
+    if total != peak:
+        fail("the blocks add up to %d bytes, the peak is %d" % (total, peak))
+    tim = [r for r in map(json.loads, open(os.path.join(run, "metrics.jsonl")))
+           if r["event"] == "timing" and r["step"] == step and r["steps"] == 1]
+    if len(tim) != 1:
+        fail("no timing record of step %d alone (log.every_steps=1)" % step)
+    alloc_peak = tim[0]["peak_mb"] * 1048576.0
+    if abs(alloc_peak - peak) > 0.02 * alloc_peak:
+        fail("the profile's peak %d bytes, the allocator's %.0f (timing record): more than 2%% apart"
+             % (peak, alloc_peak))
+    sums = {}
+    for b in blocks:
+        if not b["creator"] or b["bytes"] <= 0 or b["bytes"] % 512:
+            fail("a block without a creator or of an odd size: %r" % b)
+        s = sums.setdefault(b["reason"], [0, 0])
+        s[0] += b["bytes"]
+        s[1] += 1
+    by = {e["reason"]: [e["bytes"], e["blocks"]] for e in prof["by_reason"]}
+    if by != sums:
+        fail("by_reason %r, the blocks say %r" % (by, sums))
+    for name, n in (p.split(":") for p in params.split(",")):
+        size = (int(n) * 4 + 511) // 512 * 512
+        for reason, holder in (("parameter", name), ("optimizer state", "momentum_buffer of " + name)):
+            got = [b for b in blocks if b["reason"] == reason and b.get("holder") == holder]
+            if len(got) != 1 or got[0]["bytes"] != size:
+                fail("%s %s: %r, expected one block of %d bytes" % (reason, holder, got, size))
+    saved = [b for b in blocks if b["reason"] == "saved for backward"]
+    holder = re.compile(r"^saved for backward by [a-z0-9_]+ @ ([A-Za-z0-9_.]+|\(no module\))$")
+    for b in saved:
+        if not holder.match(b.get("holder", "")):
+            fail("a saved block's holder names no op and module: %r" % b)
+    events = read_trace(run, 0, step, step)
+    points = [e for e in events if e.get("ph") == "C"]
+    if not points or any(e["name"] != "allocated MB" or set(e["args"]) != {"value"} for e in points):
+        fail("the trace's counter track: %r" % points[:3])
+    top = max(e["args"]["value"] for e in points)
+    if abs(top - peak / 1048576.0) > 0.001:
+        fail("the counter track peaks at %.3f MB, the profile at %.3f" % (top, peak / 1048576.0))
+    print("memory: %d blocks, peak %d bytes (allocator %.0f), %s" % (len(blocks), peak, alloc_peak,
+          ", ".join("%s %d" % (k, v[0]) for k, v in sorted(sums.items()))))
+
+
 EPOCH = 1 << 62  # steps per epoch (timing's EPOCH=N argument); none by default
 
 if __name__ == "__main__":
@@ -234,6 +302,8 @@ if __name__ == "__main__":
             a.remove(x)
     if len(a) == 7 and a[0] == "trace":
         trace(a[1], int(a[2]), int(a[3]), int(a[4]), int(a[5]), [int(x) for x in a[6].split(",")])
+    elif len(a) == 4 and a[0] == "memory":
+        memory(a[1], int(a[2]), a[3])
     elif len(a) in (5, 7) and a[0] == "timing":
         timing(a[1], int(a[2]), int(a[3]), [int(x) for x in a[4].split(",")],
                int(a[5]) if len(a) == 7 else None, float(a[6]) if len(a) == 7 else 0.0)

@@ -22,6 +22,12 @@
 #              past the run's last step: a warning at its end, no trace
 #   kplrun     np2 under kplrun: the ranks' traces merged into one
 #              (LOG_DIR/profile.trace.json) holding exactly their events
+#   memory     profile.memory over step 3 of LeNet: the blocks live at the
+#              peak add up to it, and it to the allocator's peak in the
+#              timing record within 2%; each parameter and its momentum a
+#              block of its size, the saved tensors' holders naming an op
+#              and a module, the trace's counter reaching the peak
+#              (profile_check.py memory); without profile.steps: refused
 set -euo pipefail
 # fault_inject.so is preloaded before an ASan build's runtime (straggler)
 export ASAN_OPTIONS=${ASAN_OPTIONS:+$ASAN_OPTIONS:}verify_asan_link_order=0
@@ -130,6 +136,17 @@ errors)
   grep -q "profile.steps \[10, 12\]: the run ended at step 3 without training any of those steps: no trace written" \
     past.txt past.err || die "no warning: $(tail -3 past.err)"
   ! ls past/profile/*.trace.json > /dev/null 2>&1 || die "a trace was written"
+  ;;
+memory)
+  need_fm
+  "$kpl" train "${R[@]}" run_dir=mem max_steps=4 log.every_steps=1 'profile.steps=[3, 3]' \
+    profile.memory=true > mem.txt 2> mem.err || die "profile.memory: $(tail -3 mem.err)"
+  P=conv1.weight:150,conv1.bias:6,conv2.weight:2400,conv2.bias:16,fc1.weight:48000,fc1.bias:120
+  P=$P,fc2.weight:10080,fc2.bias:84,fc3.weight:840,fc3.bias:10
+  /usr/bin/python3 "$check" memory mem 3 "$P" || die "memory profile"
+  expect_usage_error "memory without steps" \
+    "profile.memory: true needs profile.steps, the steps it profiles" \
+    train "$src/recipes/fashion_mnist/lenet.yaml" profile.memory=true
   ;;
 *) die "unknown case" ;;
 esac

@@ -258,6 +258,11 @@ struct kpl_trainer {
     kpl__stop stop;
     kpl__timing tm; /* where the steps' time went since the last timing record */
     kpl__prof *prof; /* profile.steps: the step profiler; NULL: off */
+    struct {         /* profile.memory (memprof.c) */
+        kpl_memrec *rec; /* recording the window; NULL: not now */
+        double t0;       /* when it started (kpl_seconds) */
+        int64_t step;    /* the window's first step */
+    } memprof;
 };
 
 /* profile.c: the timing parts and the step profiler.  A region:
@@ -284,6 +289,12 @@ kpl_status kpl__timing_report(kpl_trainer *t);
 /* The step profiler of profile.steps, with a ready hook on every trained
  * parameter of every model (before DDP's, which kpl_ddp_destroy clears
  * with it).  Nothing when the recipe has no profile.steps. */
+/* A point of a counter track in the trace (ph "C"), at t (kpl_seconds). */
+void kpl__prof_counter(kpl_trainer *t, const char *name, double t_abs, double value);
+/* memprof.c: the memory profile of the profile.steps window
+ * (profile.memory); begun when the trace opens, written as it closes. */
+kpl_status kpl__memprof_begin(kpl_trainer *t);
+void kpl__memprof_end(kpl_trainer *t);
 kpl_status kpl__prof_create(kpl_trainer *t);
 /* The run ends (or stops) inside the window: what was recorded is written
  * and said.  Nothing otherwise. */

@@ -509,6 +509,9 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
         return KPL_ERROR(KPL_EINVAL, "%s: profile.steps: expected [first, last] with first <= "
                          "last, got [%lld, %lld]", AT("profile.steps"), (long long)ps[0],
                          (long long)ps[1]);
+    if (r->profile.memory && ps[0] <= 0)
+        return KPL_ERROR(KPL_EINVAL, "%s: profile.memory: true needs profile.steps, the steps "
+                         "it profiles (e.g. [5, 5])", AT("profile.memory"));
     if (sc->min_lr > oc->lr)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.min_lr: %g is above optimizer.lr %g",
                          AT("schedule.min_lr"), sc->min_lr, oc->lr);

@@ -341,6 +341,10 @@ const field kpl__rc_fields[] = {
            "trace steps first..last (1-based, as the logs count them) on every rank into "
            "RUN_DIR/profile/rank-NNNNN.trace.json, a Chrome trace for Perfetto ([]: off; "
            "docs/profiling.md)"),
+    F_BOOL("profile.memory", profile.memory, "false",
+           "with profile.steps: the memory profile of those steps (every block alive at their "
+           "peak, what made it and why it is alive) into RUN_DIR/profile/memory-rank-NNNNN.json "
+           "and a live-bytes track in the trace (docs/memory.md)"),
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),

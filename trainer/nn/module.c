@@ -444,9 +444,14 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
             return KPL_ERROR(KPL_EINVAL, "module %s (%s): input %d is NULL", path, m->kind->name,
                              i);
         }
+    /* the memory profile names the module its blocks were made in */
+    bool mem = kpl_memrec_active();
+    uint32_t mem_prev = mem ? kpl_mem_context_set(kpl_mem_label((path_of(m, path, sizeof path), path)))
+                            : 0;
     depth++;
     kpl_status st = m->kind->forward(m, in, out);
     depth--;
+    if (mem) kpl_mem_context_set(mem_prev);
     if (st >= 0) {
         for (int i = 0; i < out->n; i++)
             if (!out->t[i]) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;

@@ -143,6 +143,18 @@ static void put_event(kpl__prof *p, char ph, int lane, const char *name, const c
             args ? args : "");
 }
 
+void kpl__prof_counter(kpl_trainer *t, const char *name, double t_abs, double value)
+{
+    kpl__prof *p = t->prof;
+    if (!p || !p->out.f) return;
+    FILE *f = p->out.f; /* no step in args: Perfetto would plot it as a second series */
+    fputs(",\n{\"name\":\"", f);
+    put_escaped(f, name);
+    fprintf(f, "\",\"ph\":\"C\",\"pid\":%d,\"tid\":%d,\"ts\":", (int)p->rank, LANE_STEP);
+    put_ts(f, p, t_abs);
+    fprintf(f, ",\"args\":{\"value\":%.3f}}", value);
+}
+
 static void prof_span(kpl_trainer *t, int lane, const char *name, int model, double t0,
                       double t1, const char *args)
 {
@@ -230,6 +242,7 @@ static void trace_close(kpl_trainer *t)
     kpl__prof *p = t->prof;
     p->recording = false;
     p->done = true;
+    kpl__memprof_end(t); /* its counter track goes into the trace */
     if (!p->out.f) return;
     fputs("\n]}\n", p->out.f);
     if (kpl__afile_commit(&p->out) < 0) {
@@ -261,6 +274,7 @@ void kpl__timing_step(kpl_trainer *t)
         }
         p->recording = true;
         p->from = s;
+        kpl__memprof_begin(t);
     }
     p->step = s;
     p->step_t0 = now;
@@ -431,6 +445,8 @@ void kpl__prof_destroy(kpl_trainer *t)
     kpl__prof *p = t->prof;
     if (!p) return;
     kpl__afile_abort(&p->out); /* never closed (a failed run): drop it */
+    kpl_memrec_destroy(t->memprof.rec);
+    t->memprof.rec = NULL;
     for (int k = 0; k < KPL__MAX_MODELS; k++) {
         free(p->g[k].name);
         free(p->g[k].count);

@@ -232,9 +232,13 @@ static kpl_status update(kpl_trainer *t, int model);
 
 kpl_status kpl_trainer_update(kpl_trainer *t, int model)
 {
+    static _Atomic uint32_t label; /* what the memory profile calls its state's blocks */
+    if (!label) label = kpl_mem_label("optimizer step");
+    uint32_t prev = kpl_mem_context_set(label);
     kpl__tmark m = kpl__timing_begin(t, KPL__T_OPT);
     kpl_status st = update(t, model);
     kpl__timing_end(t, m, "optimizer", model);
+    kpl_mem_context_set(prev);
     return st;
 }
 

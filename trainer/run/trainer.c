@@ -159,7 +159,9 @@ static kpl_status make_optim(kpl_trainer *t, kpl__model *md, const kpl_optim_con
     KPL_CHECK(nd, KPL_ENOMEM, "out of memory");
     for (int i = 0; i < md->np; i++)
         nd[i] = r->optimizer.no_decay_bn_bias && kpl_tensor_ndim(md->params[i]) <= 1;
+    uint32_t prev = kpl_mem_context_set(kpl_mem_label("optimizer")); /* (memory profile) */
     kpl_status st = kpl_optim_create(&oc, md->np, md->params, nd, &md->opt);
+    kpl_mem_context_set(prev);
     free(nd);
     KPL_TRY(st);
     md->base_lr = oc.lr;
