@@ -119,8 +119,10 @@ G(RELU) { RET0(relu_grad(gy, OUT)); }
 G(LEAKY_RELU)
 {
     /* gy where x > 0, else slope gy: three passes (the mask as a factor
-     * took five) */
-    kpl_tensor *pos = kpl_compare(KPL_BIN_GT, IN(0), scalar_like(gy, 0));
+     * took five).  From the output, as relu's: the op has slope >= 0
+     * (kpl_leaky_relu composes negative ones), so y > 0 exactly where
+     * x > 0, x = -0 and NaN included */
+    kpl_tensor *pos = kpl_compare(KPL_BIN_GT, OUT, scalar_like(gy, 0));
     RET0(kpl_where(pos, gy, SCAL(KPL_BIN_MUL, gy, kpl_node_attrs(n)->alpha)));
 }
 G(CLIP)

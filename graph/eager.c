@@ -38,9 +38,19 @@ KPL_OP_LIST(KPL_X_)
 #undef KPL_X_
 #undef DEF_UNARY
 
+/* The op saves its output for the gradient (y > 0 exactly where x > 0),
+ * which the next op usually keeps anyway, instead of its input: a GAN
+ * step's leaky ReLUs kept both, 6-9 MB of its peak (docs/memory.md).  A
+ * negative slope makes y > 0 on both sides, so it is composed of recorded
+ * ops instead, as PyTorch computes it (x > 0 ? x : x slope; the gradient
+ * slope gy at 0). */
 kpl_tensor *kpl_leaky_relu(kpl_tensor *x, double slope)
 {
-    return unary(KPL_OP_LEAKY_RELU, KPL_UN_LEAKY_RELU, x, slope, 0);
+    if (!(slope < 0)) return unary(KPL_OP_LEAKY_RELU, KPL_UN_LEAKY_RELU, x, slope, 0);
+    if (!x) return NULL;
+    kpl_tensor *zero = kpl_full(kpl_tensor_device(x), kpl_tensor_dtype(x), 0, NULL, 0);
+    return kpl_where(kpl_compare(KPL_BIN_GT, x, zero), x,
+                     kpl_scalar_op(KPL_BIN_MUL, x, slope, false));
 }
 
 kpl_tensor *kpl_clip(kpl_tensor *x, double lo, double hi)

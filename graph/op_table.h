@@ -56,7 +56,7 @@
   X(TANH,              tanh,              (1,1,1,1), NONE,   KEEP,    (0,1), (UN,TANH),       same,      1, (DIRECT,"Tanh"))    \
   X(SIGMOID,           sigmoid,           (1,1,1,1), NONE,   KEEP,    (0,1), (UN,SIGMOID),    same,      1, (DIRECT,"Sigmoid")) \
   X(RELU,              relu,              (1,1,1,1), NONE,   KEEP,    (0,1), (UN,RELU),       same,      1, (DIRECT,"Relu"))    \
-  X(LEAKY_RELU,        leaky_relu,        (1,1,1,1), SLOPE,  KEEP,    (1,0), (UNA,LEAKY_RELU),same,      1, (CODED,leaky_relu)) \
+  X(LEAKY_RELU,        leaky_relu,        (1,1,1,1), SLOPE,  KEEP,    (0,1), (UNA,LEAKY_RELU),same,      1, (CODED,leaky_relu)) \
   X(GELU,              gelu,              (1,1,1,1), NONE,   F32,     (1,0), (UN,GELU),       same,      1, (CODED,gelu))       \
   X(CLIP,              clip,              (1,1,1,1), BOUNDS, KEEP,    (1,0), (UNA,CLIP),      same,      1, (CODED,clip))       \
   X(SIGN,              sign,              (1,1,1,1), NONE,   KEEP,    (0,0), (UN,SIGN),       same,      1, (DIRECT,"Sign"))    \

@@ -30,6 +30,7 @@ U(tanh, kpl_tanh(x[0]))
 U(sigmoid, kpl_sigmoid(x[0]))
 U(relu, kpl_relu(x[0]))
 U(leaky_relu, kpl_leaky_relu(x[0], 0.1))
+U(leaky_neg, kpl_leaky_relu(x[0], -0.3))
 U(clip, kpl_clip(x[0], -0.5, 0.5))
 U(add, kpl_add(x[0], x[1]))
 U(sub, kpl_sub(x[0], x[1]))
@@ -102,6 +103,8 @@ static void test_gradcheck_all_ops(void **state)
         {"sin", f_sin, 1, -2, 2, 2},        {"cos", f_cos, 1, -2, 2, 2},
         {"tanh", f_tanh, 1, -2, 2, 2},      {"sigmoid", f_sigmoid, 1, -2, 2, 2},
         {"relu", f_relu, 1, 0.1, 2, 2},     {"leaky_relu", f_leaky_relu, 1, 0.1, 2, 2},
+        {"leaky_relu<0", f_leaky_relu, 1, -2, -0.1, 2}, {"leaky_neg", f_leaky_neg, 1, 0.1, 2, 2},
+        {"leaky_neg<0", f_leaky_neg, 1, -2, -0.1, 2},
         {"clip", f_clip, 1, -0.4, 0.4, 2},  {"add", f_add, 2, -2, 2, 4},
         {"sub", f_sub, 2, -2, 2, 4},        {"mul", f_mul, 2, -2, 2, 4},
         {"div", f_div, 2, 0.5, 2, 2},       {"pow", f_pow, 2, 0.5, 2, 2},
@@ -308,6 +311,47 @@ static void test_maximum_minimum_ties(void **state)
     kpl_pool_pop(p);
     kpl_tensor *all[] = {a, b, a2, b2, x};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) kpl_tensor_release(all[i]);
+}
+
+/* Leaky ReLU keeps its output for the gradient, not its input (y > 0
+ * exactly where x > 0 for a slope >= 0): the gradient where x is 0, -0,
+ * NaN, +-inf, and a slope of 0; a negative slope is composed of recorded
+ * ops with PyTorch's values and gradient (x > 0 ? x : x slope). */
+static void test_leaky_relu_saved(void **state)
+{
+    (void)state;
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t s7 = 7;
+    double xs[7] = {-2, -0.0, 0, 3, NAN, INFINITY, -INFINITY};
+    kpl_tensor *x = leaf_of(1, &s7, xs), *gy = NULL, *g = NULL;
+    OK(kpl_tensor_from_data(kpl_device_cpu(), KPL_F64, 1, &s7, (double[]){1, 2, 4, 8, 16, 32, 64},
+                            &gy));
+    kpl_autorelease(gy);
+    kpl_tensor *y = kpl_leaky_relu(x, 0.25);
+    kpl_node *n = kpl_tensor_node(y, NULL);
+    assert_non_null(n);
+    assert_null(kpl_node_saved_input(n, 0));
+    assert_non_null(kpl_node_saved_output(n));
+    OK(kpl_grad(y, gy, 1, &x, false, &g));
+    expect_values(g, 7, (double[]){0.25, 0.5, 1, 8, 4, 32, 16}, "leaky_relu(0.25) d/dx");
+    OK(kpl_grad(kpl_leaky_relu(x, 0), gy, 1, &x, false, &g));
+    expect_values(g, 7, (double[]){0, 0, 0, 8, 0, 32, 0}, "leaky_relu(0) d/dx");
+    kpl_tensor *yn = kpl_leaky_relu(x, -0.5);
+    double v[7];
+    OK(kpl_tensor_to_host(yn, v, sizeof v));
+    const double want[7] = {1, 0.0, -0.0, 3, NAN, INFINITY, INFINITY};
+    for (int i = 0; i < 7; i++) {
+        if (isnan(want[i])) {
+            assert_true(isnan(v[i]));
+            continue;
+        }
+        assert_true(v[i] == want[i] && !signbit(v[i]) == !signbit(want[i]));
+    }
+    assert_int_not_equal(kpl_node_op(kpl_tensor_node(yn, NULL)), KPL_OP_LEAKY_RELU);
+    OK(kpl_grad(yn, gy, 1, &x, false, &g));
+    expect_values(g, 7, (double[]){-0.5, -1, -2, 8, -8, 32, -32}, "leaky_relu(-0.5) d/dx");
+    kpl_pool_pop(p);
+    kpl_tensor_release(x);
 }
 
 static void test_accumulate_and_errors(void **state)
@@ -621,6 +665,7 @@ int main(void)
         cmocka_unit_test(test_gradcheck_conv2d),
         cmocka_unit_test(test_gradcheck_pooling),
         cmocka_unit_test(test_maximum_minimum_ties),
+        cmocka_unit_test(test_leaky_relu_saved),
         cmocka_unit_test(test_accumulate_and_errors),
         cmocka_unit_test(test_grad_of_intermediate),
         cmocka_unit_test(test_hooks),

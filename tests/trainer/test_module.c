@@ -94,6 +94,40 @@ static void test_layers_by_hand(void **state)
 /* A sequential's batch norm followed by a ReLU runs as the fused op in
  * training, with the values, running statistics and gradients of the two
  * ops; eval and kpl_nn_forward_relu of another kind compose them. */
+/* A sequential frees each intermediate once the next child has run,
+ * unless the graph keeps it: after linear -> leaky ReLU -> linear on a
+ * batch that takes a gradient, only the leaky ReLU's output (kept by its
+ * gradient and the second linear's) and the result stay allocated, not
+ * the first linear's output nor the children's temporaries (the matmul
+ * before its bias); the values are the children's run one by one. */
+static void test_sequential_frees_intermediates(void **state)
+{
+    (void)state;
+    kpl_module *net = NULL, *l1 = NULL, *l2 = NULL;
+    OK(kpl_nn_sequential_root(NULL, 2, &net));
+    OK(kpl_nn_linear(net, "l1", 64, 64, true, &l1));
+    OK(kpl_nn_activation(net, "act", KPL_NN_LEAKY_RELU, 0.2, NULL));
+    OK(kpl_nn_linear(net, "l2", 64, 64, true, &l2));
+    kpl_pool *p = NN(kpl_pool_push());
+    int64_t xs[2] = {256, 64}; /* 64 KiB a tensor: whole allocator blocks */
+    kpl_tensor *x = NN(kpl_reshape(
+        kpl_arange(kpl_device_cpu(), KPL_F32, xs[0] * xs[1], -1, 1.0 / 8192), 2, xs));
+    OK(kpl_set_requires_grad(x, true));
+    kpl_memory_stats s0 = kpl_device_memory_stats(kpl_device_cpu());
+    kpl_tensor *y = NN(kpl_module_forward(net, x));
+    kpl_memory_stats s1 = kpl_device_memory_stats(kpl_device_cpu());
+    assert_int_equal(s1.allocated - s0.allocated, 2 * 256 * 64 * 4);
+    kpl_tensor *ref = NN(kpl_module_forward(l2, kpl_leaky_relu(kpl_module_forward(l1, x), 0.2)));
+    float a[256 * 64], b[256 * 64];
+    OK(kpl_tensor_to_host(y, a, sizeof a));
+    OK(kpl_tensor_to_host(ref, b, sizeof b));
+    assert_memory_equal(a, b, sizeof a);
+    OK(kpl_backward(kpl_sum(y, NULL, 0, false), NULL, false));
+    assert_non_null(kpl_grad_get(x));
+    kpl_pool_pop(p);
+    kpl_module_destroy(net);
+}
+
 static void test_batch_norm_relu_fused(void **state)
 {
     (void)state;
@@ -564,6 +598,7 @@ int main(void)
         cmocka_unit_test(test_layers_by_hand),
         cmocka_unit_test(test_batch_norm_and_dropout_modes),
         cmocka_unit_test(test_batch_norm_relu_fused),
+        cmocka_unit_test(test_sequential_frees_intermediates),
         cmocka_unit_test(test_conv_relu_fused),
         cmocka_unit_test(test_initialisation),
         cmocka_unit_test(test_state_dict_names),

@@ -597,26 +597,55 @@ static bool fuses_relu(const kpl_module *m, const kpl_module *act)
            ((const act_state *)kpl_module_state(act))->act == KPL_NN_RELU;
 }
 
+static void release_list(kpl_tensor_list *l)
+{
+    for (int j = 0; j < l->n; j++) kpl_tensor_release(l->t[j]);
+    l->n = 0;
+}
+
+/* Each child runs in a pool of its own, and the sequential holds one
+ * reference to the latest outputs only: an intermediate is freed as soon
+ * as the next child has run, unless the graph keeps it for the gradient.
+ * With the caller's pool holding them all until the end of the forward,
+ * a leaky ReLU's input stayed alive beside its output in a GAN step (its
+ * gradient reads the output; docs/memory.md). */
 static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
                                      kpl_tensor_list *out)
 {
-    kpl_tensor_list cur = *in;
+    kpl_tensor_list cur = *in, next;
+    bool own = false; /* cur holds references of ours (not the input's) */
+    kpl_status st = KPL_OK;
     int nc = kpl_module_num_children(m);
-    for (int i = 0; i < nc; i++) {
-        kpl_tensor_list next;
+    for (int i = 0; i < nc && st >= 0; i++) {
         kpl_module *c = kpl_module_child(m, i);
+        kpl_pool *p = kpl_pool_push();
+        if (!p) {
+            st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ENOMEM;
+            break;
+        }
         if (i + 1 < nc && cur.n == 1 && fuses_relu(c, kpl_module_child(m, i + 1))) {
             /* batch norm or convolution then ReLU: one fused op (kpl_nn_forward_relu) */
             next.n = 1;
             next.t[0] = kpl_nn_forward_relu(c, cur.t[0]);
-            if (!next.t[0]) return kpl_last_status();
+            if (!next.t[0]) st = kpl_last_status();
             i++;
         } else {
-            KPL_TRY(kpl_module_forward_list(c, &cur, &next));
+            st = kpl_module_forward_list(c, &cur, &next);
         }
+        if (st >= 0)
+            for (int j = 0; j < next.n; j++) kpl_tensor_retain(next.t[j]);
+        kpl_pool_pop(p);
+        if (own) release_list(&cur);
+        if (st < 0) break;
         cur = next;
+        own = true;
+    }
+    if (st < 0) {
+        if (own) release_list(&cur);
+        return st;
     }
     *out = cur;
+    for (int j = 0; own && j < out->n; j++) kpl_autorelease(out->t[j]);
     return KPL_OK;
 }
 
