@@ -17,6 +17,12 @@
  * KPL_EINVAL for a name taken or malformed.  Arrays from
  * kpl_module_params are stale afterwards. */
 kpl_status kpl__module_rename_param(kpl_module *m, const char *from, const char *to);
+/* m's children from..to-1 run as a sequential runs them (layers.c): a
+ * batch norm or convolution and a ReLU after it fused, each intermediate
+ * freed once the next child has run (unless the graph keeps it); the
+ * outputs are put in the caller's pool. */
+kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
+                                 kpl_tensor_list *out);
 /* The spectrally normalised weight w / sigma of kpl_nn_spectral_norm
  * (layers.h), as a function: w's dim `dim` (0, or 1 for a transposed
  * convolution's) against everything else is the matrix W (h, n);

@@ -603,20 +603,21 @@ static void release_list(kpl_tensor_list *l)
     l->n = 0;
 }
 
-/* Each child runs in a pool of its own, and the sequential holds one
- * reference to the latest outputs only: an intermediate is freed as soon
+/* A sequential's forward over children from..to-1 (kpl__forward_children,
+ * nn_impl.h).  Each child runs in a pool of its own, and one reference to
+ * the latest outputs only is held: an intermediate is freed as soon
  * as the next child has run, unless the graph keeps it for the gradient.
  * With the caller's pool holding them all until the end of the forward,
  * a leaky ReLU's input stayed alive beside its output in a GAN step (its
  * gradient reads the output; docs/memory.md). */
-static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
-                                     kpl_tensor_list *out)
+kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
+                                 kpl_tensor_list *out)
 {
     kpl_tensor_list cur = *in, next;
     bool own = false; /* cur holds references of ours (not the input's) */
     kpl_status st = KPL_OK;
-    int nc = kpl_module_num_children(m);
-    for (int i = 0; i < nc && st >= 0; i++) {
+    int nc = to < kpl_module_num_children(m) ? to : kpl_module_num_children(m);
+    for (int i = from; i < nc && st >= 0; i++) {
         kpl_module *c = kpl_module_child(m, i);
         kpl_pool *p = kpl_pool_push();
         if (!p) {
@@ -647,6 +648,12 @@ static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
     *out = cur;
     for (int j = 0; own && j < out->n; j++) kpl_autorelease(out->t[j]);
     return KPL_OK;
+}
+
+static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
+                                     kpl_tensor_list *out)
+{
+    return kpl__forward_children(m, 0, kpl_module_num_children(m), in, out);
 }
 
 static const kpl_module_kind sequential_kind = {"sequential", sequential_forward, NULL};

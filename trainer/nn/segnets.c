@@ -119,11 +119,17 @@ static kpl_status deeplab_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     int64_t H = kpl_tensor_dim(x, 2), W = kpl_tensor_dim(x, 3);
     kpl_module *bb = kpl_module_find(m, "backbone");
     bool aux = s->aux && kpl_module_training(m);
-    for (int i = 0; i < kpl_module_num_children(bb); i++) {
-        kpl_module *child = kpl_module_child(bb, i);
-        x = kpl_module_forward(child, x);
-        if (!strcmp(kpl_module_name(child), "layer3")) c4 = x;
-    }
+    /* the backbone as a sequential (its stem's ReLU fused, each output
+     * freed once the next child has run), in two runs: layer3's output
+     * feeds the auxiliary head */
+    int nb = kpl_module_num_children(bb), l3 = nb;
+    for (int i = 0; i < nb; i++)
+        if (!strcmp(kpl_module_name(kpl_module_child(bb, i)), "layer3")) l3 = i + 1;
+    kpl_tensor_list cur = {1, {x}}, mid, top;
+    KPL_TRY(kpl__forward_children(bb, 0, l3, &cur, &mid));
+    KPL_TRY(kpl__forward_children(bb, l3, nb, &mid, &top));
+    x = top.t[0];
+    if (l3 < nb) c4 = mid.t[0];
     kpl_tensor *y = kpl_module_forward(kpl_module_find(m, "classifier"), x);
     out->n = 1;
     out->t[0] = kpl_upsample_bilinear(y, H, W, false);
