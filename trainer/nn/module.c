@@ -448,9 +448,24 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
     bool mem = kpl_memrec_active();
     uint32_t mem_prev = mem ? kpl_mem_context_set(kpl_mem_label((path_of(m, path, sizeof path), path)))
                             : 0;
-    depth++;
-    kpl_status st = m->kind->forward(m, in, out);
-    depth--;
+    /* The forward's temporaries (a linear's product before its bias, a
+     * transposed convolution's output before its bias) go when it ends,
+     * not with the caller's pool at the end of the whole forward: U-Net's
+     * decoder kept 15 MB of them at its peak (docs/memory.md).  The
+     * outputs move to the caller's pool. */
+    kpl_pool *pool = kpl_pool_push();
+    kpl_status st = pool ? KPL_OK : KPL_ERROR(KPL_ENOMEM, "module: no host memory for a pool");
+    if (pool) {
+        depth++;
+        st = m->kind->forward(m, in, out);
+        depth--;
+    }
+    bool moved = pool && st >= 0 && out->n >= 0 && out->n <= KPL_MODULE_MAX_IO;
+    for (int i = 0; moved && i < out->n; i++)
+        if (out->t[i]) kpl_tensor_retain(out->t[i]);
+    if (pool) kpl_pool_pop(pool);
+    for (int i = 0; moved && i < out->n; i++)
+        if (out->t[i]) kpl_autorelease(out->t[i]);
     if (mem) kpl_mem_context_set(mem_prev);
     if (st >= 0) {
         for (int i = 0; i < out->n; i++)
