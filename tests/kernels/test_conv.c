@@ -164,6 +164,24 @@ static void test_conv2d_relu_kernels(void **state)
     kpl_set_deterministic(false);
 }
 
+/* In deterministic mode (oneDNN's first kernel, untimed) a 3x3 stride-1
+ * convolution of n x c x hw x hw to o channels (padding pad, dilation dil)
+ * runs no implementation whose name starts with `not`. */
+static void deterministic_not(int64_t n, int64_t c, int64_t hw, int64_t o, int pad, int dil,
+                              const char *not)
+{
+    kpl_set_deterministic(true);
+    kpl_conv2d_params p = {{1, 1}, {pad, pad}, {dil, dil}, 1};
+    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){n, c, hw, hw}, 7, -1, 1);
+    kpl_tensor *w = trand(KPL_F32, 4, (int64_t[]){o, c, 3, 3}, 8, -1, 1);
+    kpl_tensor *y = tnew(KPL_F32, 4, (int64_t[]){n, o, hw, hw});
+    OK(kpl_k_conv2d(y, x, w, NULL, &p));
+    assert_int_not_equal(strncmp(kpl__cpu_conv_last().impl, not, strlen(not)), 0);
+    kpl_set_deterministic(false);
+    kpl_tensor *all[] = {x, w, y};
+    for (size_t i = 0; i < 3; i++) kpl_tensor_release(all[i]);
+}
+
 /* Winograd (oneDNN's jit_wino_*, a candidate for 3x3 stride-1 f32
  * convolutions on AVX-512) forced by the test hook, every direction,
  * against the reference loops at conv_case's bound; with its ReLU post-op
@@ -217,16 +235,7 @@ static void test_conv2d_winograd(void **state)
         for (size_t i = 0; i < 5; i++) kpl_tensor_release(more[i]);
     }
     kpl__cpu_conv_only(NULL);
-    kpl_set_deterministic(true);
-    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){2, 32, 14, 14}, 7, -1, 1);
-    kpl_tensor *w = trand(KPL_F32, 4, (int64_t[]){32, 32, 3, 3}, 8, -1, 1);
-    kpl_tensor *y = tnew(KPL_F32, 4, (int64_t[]){2, 32, 14, 14});
-    kpl_conv2d_params p1 = {{1, 1}, {1, 1}, {1, 1}, 1};
-    OK(kpl_k_conv2d(y, x, w, NULL, &p1));
-    assert_int_not_equal(strncmp(kpl__cpu_conv_last().impl, "jit_wino", 8), 0);
-    kpl_set_deterministic(false);
-    kpl_tensor *all[] = {x, w, y};
-    for (size_t i = 0; i < 3; i++) kpl_tensor_release(all[i]);
+    deterministic_not(2, 32, 14, 32, 1, 1, "jit_wino");
 }
 
 /* A dilated forward (and with its ReLU) by brgconv on NHWC activations,
@@ -283,16 +292,7 @@ static void test_conv2d_dilated_nhwc(void **state)
     conv_case(1, 32, 11, 11, 16, 3, 1, 6, 6, 1, true);
     conv_case(2, 16, 13, 9, 32, 3, 1, 3, 2, 1, false);
     conv_case(2, 8, 12, 10, 24, 3, 1, 1, 4, 1, true);
-    kpl_set_deterministic(true);
-    kpl_conv2d_params p = {{1, 1}, {6, 6}, {6, 6}, 1};
-    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){1, 32, 11, 11}, 7, -1, 1);
-    kpl_tensor *w = trand(KPL_F32, 4, (int64_t[]){16, 32, 3, 3}, 8, -1, 1);
-    kpl_tensor *y = tnew(KPL_F32, 4, (int64_t[]){1, 16, 11, 11});
-    OK(kpl_k_conv2d(y, x, w, NULL, &p));
-    assert_int_not_equal(strncmp(kpl__cpu_conv_last().impl, "brgconv", 7), 0);
-    kpl_set_deterministic(false);
-    kpl_tensor *all[] = {x, w, y};
-    for (size_t i = 0; i < 3; i++) kpl_tensor_release(all[i]);
+    deterministic_not(1, 32, 11, 16, 6, 6, "brgconv");
 }
 
 /* kpl's own convolution loops (the chooser's plain-layout candidate),
