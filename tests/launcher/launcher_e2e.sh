@@ -208,6 +208,10 @@ EOF2
 interrupt)
   # start ARGS...: kplrun in the background until both ranks said "ready"
   start() {
+    # emptied here, not by the background job's redirection: the wait
+    # below could otherwise read the previous start's two "ready" lines
+    # before the new job truncates the file
+    : > out.txt
     "$kplrun" "$@" > out.txt 2> err.txt &
     pid=$!
     for _ in $(seq 100); do [[ $(grep -c ready out.txt) == 2 ]] && break; sleep 0.1; done
@@ -465,6 +469,7 @@ restart)
   none_left
   # SIGTERM and SIGINT during the back-off: kplrun ends at once, restarting nothing
   for sig in TERM INT; do
+    : > out.txt; : > err.txt # (not the last round's lines: emptied before the job starts)
     "$kplrun" -np 2 --max-restarts 3 --restart-backoff 60 --log-dir "$tmp/lb$sig" -- sh -c \
       'echo x >> "$0/back'$sig'"; exit 4' "$tmp" > out.txt 2> err.txt &
     pid=$!
@@ -485,6 +490,7 @@ restart)
     launched back$sig 2
   done
   # stops are never restarted: SIGTERM to kplrun while the ranks run
+  : > out.txt # (emptied before the job starts, as start() in interrupt)
   "$kplrun" -np 2 --max-restarts 2 --restart-backoff 0 --log-dir "$tmp/ls" -- sh -c \
     'echo x >> "$0/stop"; trap "exit 143" TERM; echo ready; sleep 60.'$token' & wait' "$tmp" > out.txt 2> err.txt &
   pid=$!
