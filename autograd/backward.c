@@ -234,6 +234,8 @@ static kpl_status run_node(engine *e, slot *s)
                        "backward: the graph through '%s' was already used by a backward that "
                        "freed it; pass retain_graph to the first one",
                        kpl_op_name(kpl_node_op(n)));
+    /* a recomputed region's tensors come back first (graph.h) */
+    if (st == KPL_OK && kpl_node_saved_dropped(n)) st = kpl_node_restore_saved(n, e->create_graph);
     kpl_tensor *gin[3] = {NULL, NULL, NULL};
     uint32_t mem_prev = kpl_memrec_active() ? kpl_mem_context_set(kpl_node_backward_mem_label(n)) : 0;
     if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
@@ -302,6 +304,7 @@ static kpl_status run(kpl_tensor *output, kpl_tensor *grad_output, bool retain_g
                       bool create_graph, capture_set *cap)
 {
     KPL_TRY(check_output(output, grad_output));
+    kpl_recompute_flush(); /* the last region's tensors are needed first: they stay */
     bool prev_mode = kpl_set_grad_enabled(create_graph);
     /* Gradients flow through the dtypes the forward chose (its casts are
      * on the tape); autocast would cast them again. */

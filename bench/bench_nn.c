@@ -97,7 +97,7 @@ static kpl_status unscale_grads(kpl_module *m, kpl_device *dev, bool *finite)
 }
 
 static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_dtype prec,
-                     const char *devname)
+                     const char *devname, bool recompute)
 {
     kpl_set_num_threads(2);
     kpl_device *dev = NULL;
@@ -108,6 +108,9 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     int64_t ch = hw == 28 ? 1 : 3;
     kpl_module *m = NULL;
     if (bench_zoo(name, classes, dev, 0, &m) < 0) die("model");
+    int units = 0; /* memory.recompute: blocks */
+    if (recompute && kpl_module_recompute_units(m, true, &units) < 0) die("recompute");
+    uint64_t replays0 = kpl_recompute_count();
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.01;
     oc.momentum = 0.9;
@@ -169,12 +172,13 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld "
            "ms_median=%.3f maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g "
            "loss_first=%.4f loss_last=%.4f alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f "
-           "first_step_ms=%.1f isa=%s conv_impls=%s\n",
+           "first_step_ms=%.1f recompute_units=%d replays_per_step=%.1f isa=%s conv_impls=%s\n",
            name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), layout,
            (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
            (double)kpl_device_memory_stats(dev).peak_allocated / 1048576.0,
-           (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first, isa,
+           (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first, units,
+           (double)(kpl_recompute_count() - replays0) / (warm + steps), isa,
            impls[0] ? impls : "none");
     free(ms);
     kpl_tensor_release(x);
@@ -410,6 +414,60 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
             bench_emit("train_peak_rss", mc->label, "MiB", 0, kr, tr, "torch-cpu", 1 / 0.8, NULL);
         if (strcmp(mc->model, "lenet")) strongest(self, baselines, mc, rounds);
     }
+}
+
+/* ---- recomputation (memory.recompute: blocks) -------------------------------------- */
+
+/* ResNet-50 f32 training steps with its residual blocks recomputed in the
+ * backward: kpl at batch 8 with and without, kpl at batch 16 with, and
+ * PyTorch at batch 8 with torch.utils.checkpoint on the same blocks
+ * (bench/torch_checkpoint.py), alternating, each in a process of its own
+ * (peak RSS is the process's).  Targets (issue "Memory"): batch 16 with
+ * recomputation in no more peak than batch 8 without; recomputation at
+ * most 1.35x the step; against PyTorch's checkpointing a lower peak and
+ * no slower. */
+static void recompute_cases(const char *self, const char *bench_dir, const char *baselines,
+                            int rounds)
+{
+    enum { NONE8, REC8, REC16, TORCH8, NRUNS };
+    double ms[NRUNS][8], rss[NRUNS][8];
+    char cmd[4096];
+    for (int r = 0; r < rounds; r++)
+        for (int v = 0; v < NRUNS; v++) {
+            if (v == TORCH8)
+                snprintf(cmd, sizeof cmd,
+                         "/usr/bin/python3 %s/torch_checkpoint.py %s r50 checkpoint 2 8 1 3",
+                         bench_dir, baselines);
+            else
+                snprintf(cmd, sizeof cmd, "%s --step resnet50 %d 1 3 f32%s", self,
+                         v == REC16 ? 16 : 8, v == NONE8 ? "" : " recompute");
+            step_result k = run_child(cmd);
+            ms[v][r] = k.ms;
+            rss[v][r] = k.rss;
+        }
+    double m[NRUNS], p[NRUNS];
+    char rg[NRUNS][2][BENCH_RANGE_LEN];
+    for (int v = 0; v < NRUNS; v++) {
+        m[v] = bench_median(ms[v], rounds);
+        p[v] = bench_median(rss[v], rounds);
+        bench_jrange(rg[v][0], ms[v], rounds);
+        bench_jrange(rg[v][1], rss[v], rounds);
+    }
+    bench_emit("recompute", "resnet50_b8/step_ms_blocks_vs_none", "ms", 0, m[REC8], m[NONE8],
+               "kpl without recomputation", 1 / 1.35, ",\"ms_kpl\":%s,\"ms_ref\":%s", rg[REC8][0],
+               rg[NONE8][0]);
+    bench_emit("recompute", "resnet50_b8/peak_rss_blocks_vs_none", "MiB", 0, p[REC8], p[NONE8],
+               "kpl without recomputation", NAN, ",\"rss_kpl\":%s,\"rss_ref\":%s", rg[REC8][1],
+               rg[NONE8][1]);
+    bench_emit("recompute", "resnet50_b16_blocks_vs_b8_none/peak_rss", "MiB", 0, p[REC16], p[NONE8],
+               "kpl b8 without recomputation", 1.0, ",\"rss_kpl\":%s,\"rss_ref\":%s,\"ms_b16\":%s",
+               rg[REC16][1], rg[NONE8][1], rg[REC16][0]);
+    bench_emit("recompute", "resnet50_b8/peak_rss_vs_torch_checkpoint", "MiB", 0, p[REC8],
+               p[TORCH8], "torch-cpu torch.utils.checkpoint", 1.0, ",\"rss_kpl\":%s,\"rss_ref\":%s",
+               rg[REC8][1], rg[TORCH8][1]);
+    bench_emit("recompute", "resnet50_b8/step_ms_vs_torch_checkpoint", "ms", 0, m[REC8], m[TORCH8],
+               "torch-cpu torch.utils.checkpoint", 1.0, ",\"ms_kpl\":%s,\"ms_ref\":%s", rg[REC8][0],
+               rg[TORCH8][0]);
 }
 
 /* ---- fusions ---------------------------------------------------------------------- */
@@ -750,6 +808,7 @@ int main(int argc, char **argv)
          * (untimed algorithm choice) */
         kpl_dtype prec = KPL_F32;
         const char *devname = "cpu";
+        bool recompute = false; /* memory.recompute: blocks */
         for (int i = 6; i < argc; i++) {
             if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
             else if (!strcmp(argv[i], "fp16")) prec = KPL_F16;
@@ -758,15 +817,19 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "nhwc")) kpl_set_kept_layout(KPL_LAYOUT_NHWC);
             else if (!strcmp(argv[i], "nchw16c")) kpl_set_kept_layout(KPL_LAYOUT_NCHW16C);
             else if (!strcmp(argv[i], "deterministic")) kpl_set_deterministic(true);
+            else if (!strcmp(argv[i], "recompute")) recompute = true;
             else if (!strcmp(argv[i], "tf32")) kpl_set_tf32(true);
             else if (!strncmp(argv[i], "device=", 7)) devname = argv[i] + 7;
             else die("--step: unknown option (f32, bf16, fp16, plain, nhwc, nchw16c, "
-                     "deterministic, tf32, device=NAME)");
+                     "deterministic, recompute, tf32, device=NAME)");
         }
-        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec, devname);
+        return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec, devname,
+                         recompute);
     }
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH WARMUP STEPS [f32|bf16|fp16] [plain|nhwc|nchw16c] [deterministic] [tf32] [device=NAME]\n");
+        fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH "
+                        "WARMUP STEPS [f32|bf16|fp16] [plain|nhwc|nchw16c] [deterministic] "
+                        "[recompute] [tf32] [device=NAME]\n");
         return 2;
     }
     char self[2048];
@@ -774,7 +837,7 @@ int main(int argc, char **argv)
     if (len <= 0) die("cannot find my own executable");
     self[len] = 0;
     int rounds = bench_env_int("KPL_BENCH_ROUNDS", 3, 1, 8);
-    /* "models", "layers", "fusions" or "dilated" */
+    /* "models", "layers", "fusions", "dilated" or "recompute" */
     const char *only = getenv("KPL_BENCH_NN_ONLY");
     double rate = matmul_rate();
     fprintf(stderr, "bench_nn: 2-thread f32 matmul 1024^3: %.1f GFLOP/s\n", rate);
@@ -782,5 +845,6 @@ int main(int argc, char **argv)
     if (!only || !strcmp(only, "layers")) conv_layers(argv[2], rate);
     if (!only || !strcmp(only, "fusions")) fusion_cases(rounds);
     if (!only || !strcmp(only, "dilated")) dilated_cases();
+    if (!only || !strcmp(only, "recompute")) recompute_cases(self, argv[2], argv[1], rounds);
     return bench_exit_code();
 }

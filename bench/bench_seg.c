@@ -297,12 +297,13 @@ static kpl_optim *make_optim(kpl_module *m)
 
 /* --mem: SEG_MEM_STEPS training steps in this fresh process, then the MEM
  * line torch_segnets.py prints too. */
-static int mem_main(const seg_case *c)
+static int mem_main(const seg_case *c, bool recompute)
 {
     seg_batch b;
     kpl_pool *top = kpl_pool_push();
     make_batch(&b, c);
     kpl_module *m = make_model(c);
+    if (recompute && kpl_module_recompute_units(m, true, NULL) < 0) die("recompute");
     kpl_optim *opt = make_optim(m);
     kpl_module_set_training(m, true);
     long long base = bench_status_bytes("VmRSS");
@@ -315,8 +316,9 @@ static int mem_main(const seg_case *c)
     }
     long long peak = bench_status_bytes("VmHWM");
     size_t apeak = kpl_device_memory_stats(kpl_device_cpu()).peak_allocated;
-    printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu\n", peak, base, peak - base,
-           apeak - alloc0);
+    printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu reserved_peak=%zu\n", peak,
+           base, peak - base, apeak - alloc0,
+           kpl_device_memory_stats(kpl_device_cpu()).peak_reserved);
     kpl_optim_destroy(opt);
     kpl_module_destroy(m);
     free_batch(&b);
@@ -544,6 +546,26 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
             SEG_MEM_STEPS, km.growth / 1e6, km.alloc_peak / 1e6, rm.growth / 1e6, km.peak / 1e6,
             rm.peak / 1e6);
 
+    /* memory.recompute: blocks at this batch and at twice it (target:
+     * DeepLab at twice the batch in PyTorch's peak) */
+    bench_mem_line kr1 = {NAN, NAN, NAN, NAN}, kr2 = {NAN, NAN, NAN, NAN};
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem %s %s --recompute", SEG_THREADS, self,
+             c->name, argtail);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &kr1) < 0 || isnan(kr1.growth)) {
+        fprintf(stderr, "bench_seg: kpl's memory run failed: %s\n", cmd);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem %s %s --%s-batch %lld --recompute",
+             SEG_THREADS, self, c->name, argtail, c->name, 2 * (long long)c->batch);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &kr2) < 0 || isnan(kr2.growth)) {
+        fprintf(stderr, "bench_seg: kpl's memory run failed: %s\n", cmd);
+        return 1;
+    }
+    fprintf(stderr,
+            "bench_seg: %s: with memory.recompute: blocks, peak RSS growth %.0f MB "
+            "(allocator %.0f MB); at twice the batch %.0f MB (allocator %.0f MB)\n",
+            c->tag, kr1.growth / 1e6, kr1.alloc_peak / 1e6, kr2.growth / 1e6, kr2.alloc_peak / 1e6);
+
     /* the timed rounds */
     double ktr[64], kph[PH_N][64], ki[64], kx[64], ltr[2][64], lph[2][PH_N][64], li[2][64];
     double klast = NAN, rlast = NAN;
@@ -612,6 +634,18 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
                "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
                SEG_MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak),
                bench_jnum(n3, km.base), bench_jnum(n4, rm.base), bench_jnum(n6, km.alloc_peak));
+    for (int k = 0; k < 2; k++) {
+        const bench_mem_line *kr = k ? &kr2 : &kr1;
+        snprintf(cas, sizeof cas, "%s_train_step_b%lld_%lld_recompute/peak_rss", c->tag,
+                 (long long)N * (k + 1), (long long)S);
+        bench_emit("seg", cas, "bytes", 0, kr->growth, rm.growth,
+                   k ? "torch-cpu-f32 peak RSS growth at half the batch"
+                     : "torch-cpu-f32 peak RSS growth",
+                   k ? 1.0 : 1.25,
+                   ",\"measure\":\"as the row without recomputation; kpl with memory.recompute: "
+                   "blocks\",\"kpl_peak_rss\":%s,\"kpl_allocator_peak\":%s,\"ref_batch\":%lld",
+                   bench_jnum(n1, kr->peak), bench_jnum(n6, kr->alloc_peak), (long long)N);
+    }
     infer_rows(c->tag, S, ki, kx, ri, iname);
     snapshot_free(&init);
     kpl_module_destroy(m);
@@ -622,11 +656,13 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
 
 int main(int argc, char **argv)
 {
-    const char *usage = "usage: bench_seg BENCH_DIR WORK_DIR [--cases unet,deeplab,ops] "
-                        "[--unet-batch B] [--unet-size S] [--unet-width W] [--deeplab-batch B] "
-                        "[--deeplab-size S]\n       bench_seg --mem unet|deeplab [options]\n";
+    const char *usage =
+        "usage: bench_seg BENCH_DIR WORK_DIR [--cases unet,deeplab,ops] "
+        "[--unet-batch B] [--unet-size S] [--unet-width W] [--deeplab-batch B] "
+        "[--deeplab-size S]\n       bench_seg --mem unet|deeplab [options] [--recompute]\n";
     int64_t ub = 8, us = 128, uw = 16, db = 2, ds = 513;
     const char *cases = "unet,deeplab,ops", *mem = NULL;
+    bool recompute = false; /* --mem: with memory.recompute: blocks */
     const char *pos[2] = {NULL, NULL};
     int npos = 0;
     char tail[512] = "";
@@ -650,6 +686,8 @@ int main(int argc, char **argv)
             cases = argv[++i];
         } else if (!strcmp(a, "--mem") && i + 1 < argc) {
             mem = argv[++i];
+        } else if (!strcmp(a, "--recompute")) {
+            recompute = true;
         } else if (a[0] != '-' && npos < 2) {
             pos[npos++] = a;
         } else {
@@ -666,7 +704,7 @@ int main(int argc, char **argv)
             fputs(usage, stderr);
             return 2;
         }
-        return mem_main(!strcmp(mem, "unet") ? &uc : &dc);
+        return mem_main(!strcmp(mem, "unet") ? &uc : &dc, recompute);
     }
     if (npos != 2) {
         fputs(usage, stderr);

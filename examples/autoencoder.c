@@ -52,7 +52,8 @@ static kpl_status autoencoder_forward(kpl_module *m, const kpl_tensor_list *in,
     return KPL_OK;
 }
 
-static const kpl_module_kind autoencoder_kind = {"autoencoder", autoencoder_forward, NULL};
+static const kpl_module_kind autoencoder_kind = {"autoencoder", autoencoder_forward, NULL,
+                                                 KPL_MODULE_REPLAYABLE};
 
 /* The zoo's create (zoo.h): a root on dev, or a child of parent. */
 static kpl_status autoencoder_create(kpl_module *parent, const char *child,

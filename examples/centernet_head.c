@@ -83,7 +83,8 @@ static kpl_status neck_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     return out->t[0] ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind neck_kind = {"centernet_neck", neck_forward, NULL};
+static const kpl_module_kind neck_kind = {"centernet_neck", neck_forward, NULL,
+                                          KPL_MODULE_REPLAYABLE};
 
 /* forward: image (N, 3, H, W) -> [heatmap logits (N, C, H/s, W/s),
  * sizes (N, 2, H/s, W/s), offsets (N, 2, H/s, W/s)] */
@@ -108,7 +109,8 @@ static kpl_status centernet_forward(kpl_module *m, const kpl_tensor_list *in,
     return out->t[0] && out->t[1] && out->t[2] ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind centernet_kind = {"centernet", centernet_forward, free};
+static const kpl_module_kind centernet_kind = {"centernet", centernet_forward, free,
+                                               KPL_MODULE_REPLAYABLE};
 
 /* model.centernet.<key> */
 static const kpl_key centernet_keys[] = {

@@ -337,7 +337,11 @@ kpl_tensor *kpl_rand(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sha
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
     kpl_trace_refuse("rand: random numbers cannot be traced yet");
-    return finish(kpl_k_uniform(t, rng, lo, hi), t);
+    kpl__rng_scope s;
+    kpl__recompute_rng_enter(rng, &s); /* a recomputed region draws as the forward did */
+    kpl_status st = kpl_k_uniform(t, rng, lo, hi);
+    kpl__recompute_rng_leave(&s);
+    return finish(st, t);
 }
 
 kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *shape,
@@ -346,7 +350,11 @@ kpl_tensor *kpl_randn(kpl_device *dev, kpl_dtype dt, int ndim, const int64_t *sh
     kpl_tensor *t = NULL;
     if (kpl_tensor_empty(dev, dt, ndim, shape, &t) < 0) return NULL;
     kpl_trace_refuse("randn: random numbers cannot be traced yet");
-    return finish(kpl_k_normal(t, rng, mean, std), t);
+    kpl__rng_scope s;
+    kpl__recompute_rng_enter(rng, &s);
+    kpl_status st = kpl_k_normal(t, rng, mean, std);
+    kpl__recompute_rng_leave(&s);
+    return finish(st, t);
 }
 
 kpl_tensor *kpl_arange(kpl_device *dev, kpl_dtype dt, int64_t n, double start, double step)

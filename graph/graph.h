@@ -611,6 +611,73 @@ uint32_t kpl_node_backward_mem_label(const kpl_node *n);
 void kpl_node_retain(kpl_node *n);
 void kpl_node_release(kpl_node *n);
 
+/* ---- recomputation (checkpointing): trading compute for memory ------------- */
+
+/* A region of the forward whose saved tensors are let go and computed
+ * again when the backward needs them (torch.utils.checkpoint, Chen et al.
+ * 2016).  The caller brackets the region's ops:
+ *
+ *   static kpl_status block_again(void *user, int n, kpl_tensor *const *in)
+ *   {
+ *       return my_block(user, in[0]) ? KPL_OK : kpl_last_status();
+ *   }
+ *   ...
+ *   kpl_recompute *r = NULL;
+ *   KPL_TRY(kpl_recompute_begin("layer1.0", 1, &x, block_again, state, &r));
+ *   kpl_tensor *y = my_block(state, x);
+ *   KPL_TRY(kpl_recompute_end(r, y ? 1 : 0, &y));
+ *
+ * The nodes recorded in between are recorded as always; when the region
+ * ends, and once the next region has begun (so the last region before a
+ * backward, whose tensors that backward needs first, is never dropped),
+ * they let go of every saved tensor but the parameters and the region's
+ * inputs and outputs (alive anyway).  The first node of the region whose
+ * gradient runs calls `fn(user, n, inputs)` again, with the inputs
+ * retained since begin, grad mode on, autocast as in the forward: the
+ * ops it records hand their saved tensors, in recording order, to the
+ * region's nodes, which then run their gradients as if nothing had
+ * happened.  Exact: the same values bit for bit, provided fn computes
+ * what it computed the first time.  Its random draws (kpl_rand,
+ * kpl_randn, kpl_dropout) are replayed from the generator positions of
+ * the forward, and the generators are left where they were; batch norm
+ * does not move its running statistics again; code with other side
+ * effects keeps them with kpl_recompute_keep and takes them back with
+ * kpl_recompute_replayed (SyncBN's all-reduced statistics).  An op
+ * sequence that differs from the forward's fails the backward, naming
+ * the region and the op.  Under create_graph the recomputed tensors keep
+ * their graph, so gradients of gradients flow through them.
+ *
+ * A region inside another region (or inside a recomputation) is no
+ * region: *out is NULL and its ops belong to the outer one; so too with
+ * grad mode off.  kpl_recompute_end(NULL, ...) is a no-op, and n = 0
+ * (the region's code failed) abandons the region.  `name` (copied) and
+ * `user` (borrowed: it must outlive the graph) are for fn and messages.
+ * A trace (graph/ir.h) is refused: a static graph plans its own memory. */
+typedef struct kpl_recompute kpl_recompute;
+typedef kpl_status (*kpl_recompute_fn)(void *user, int n, kpl_tensor *const *inputs);
+kpl_status kpl_recompute_begin(const char *name, int n, kpl_tensor *const *inputs,
+                               kpl_recompute_fn fn, void *user, kpl_recompute **out);
+kpl_status kpl_recompute_end(kpl_recompute *r, int n, kpl_tensor *const *outputs);
+/* Whether this thread is recomputing a region (the backward's replay). */
+bool kpl_recompute_replaying(void);
+/* Inside a region's forward: keeps t (retained) for the replay, where
+ * kpl_recompute_replayed gives the kept tensors back in the same order
+ * (pool-owned; NULL and an error when the replay asks for more than was
+ * kept).  Outside a region (or in a replay) keep does nothing. */
+kpl_status kpl_recompute_keep(kpl_tensor *t);
+kpl_tensor *kpl_recompute_replayed(void);
+/* Lets the last region's tensors stay (autograd calls it as a backward
+ * starts).  */
+void kpl_recompute_flush(void);
+/* Computes again the saved tensors of n's region if they were let go;
+ * keep_graph: with their graph (create_graph).  Autograd calls it before
+ * n's gradient. */
+kpl_status kpl_node_restore_saved(kpl_node *n, bool keep_graph);
+/* Whether n's saved tensors wait for kpl_node_restore_saved. */
+bool kpl_node_saved_dropped(const kpl_node *n);
+/* How many regions this thread has recomputed (tests and benches). */
+uint64_t kpl_recompute_count(void);
+
 #ifdef __cplusplus
 }
 #endif

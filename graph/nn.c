@@ -496,7 +496,8 @@ static kpl_tensor *batch_norm(kpl_tensor *x, kpl_tensor *gamma, kpl_tensor *beta
     if (!gamma) gamma = kpl_full(dev, dt, 1, &c, 1);
     if (!beta) beta = kpl_full(dev, dt, 1, &c, 0);
     kpl_tensor *mean = NULL, *var = NULL;
-    if (running_mean && running_var) {
+    /* a recomputation (graph.h) does not move the running statistics again */
+    if (running_mean && running_var && !kpl_recompute_replaying()) {
         mean = kpl_empty(dev, dt, 1, &c);
         var = kpl_empty(dev, dt, 1, &c);
         if (!mean || !var) return NULL;

@@ -269,16 +269,27 @@ void kpl__mem_note_op(kpl_op op, const kpl_tensor *out)
     if (kpl_memrec_active()) kpl_memrec_note_tensor(out, KPL_MEMNOTE_CREATOR, op_label("", op));
 }
 
+static uint32_t saved_label(const kpl_node *n)
+{
+    char buf[340];
+    snprintf(buf, sizeof buf, "saved for backward by %s", kpl_mem_label_text(n->mem_label));
+    return kpl_mem_label(buf);
+}
+
 /* The tensors a node keeps for the gradient: held (hold) or let go. */
 static void note_saved(const kpl_node *n, bool hold)
 {
     if (!kpl_memrec_active() || !n->mem_label) return;
-    char buf[340];
-    snprintf(buf, sizeof buf, "saved for backward by %s", kpl_mem_label_text(n->mem_label));
-    uint32_t l = kpl_mem_label(buf);
+    uint32_t l = saved_label(n);
     kpl_memnote k = hold ? KPL_MEMNOTE_HOLD : KPL_MEMNOTE_RELEASE;
     for (int i = 0; i < n->nin; i++) kpl_memrec_note_tensor(n->in[i].saved, k, l);
     kpl_memrec_note_tensor(n->saved_out, k, l);
+}
+
+void kpl__note_saved_tensor(const kpl_node *n, const kpl_tensor *t, bool hold)
+{
+    if (!kpl_memrec_active() || !n->mem_label || !t) return;
+    kpl_memrec_note_tensor(t, hold ? KPL_MEMNOTE_HOLD : KPL_MEMNOTE_RELEASE, saved_label(n));
 }
 
 uint32_t kpl_node_backward_mem_label(const kpl_node *n)
@@ -308,6 +319,7 @@ void kpl_node_release(kpl_node *n)
     while (n) {
         if (atomic_fetch_sub_explicit(&n->refcount, 1, memory_order_acq_rel) != 1) return;
         kpl_node_free_saved(n);
+        if (n->region) kpl__recompute_forget(n);
         free(n->hooks);
         kpl_node *next = NULL;
         for (int i = 0; i < n->nin; i++) {
@@ -357,6 +369,24 @@ static kpl_status alias(kpl_tensor *t, kpl_tensor **out)
     return kpl_tensor_reshape(t, kpl_tensor_ndim(t), kpl_tensor_shape(t), out);
 }
 
+kpl_status kpl__node_save_output(kpl_node *n, kpl_tensor *out)
+{
+    kpl_tensor *a = NULL;
+    KPL_TRY(alias(out, &a));
+    kpl__trace_alias(a, out); /* the same value in a trace */
+    kpl__tmeta *am = kpl__graph_meta(a, true);
+    if (!am) {
+        kpl_tensor_release(a);
+        return KPL_ERROR(KPL_ENOMEM, "%s: no host memory for the graph", kpl_op_name(n->op));
+    }
+    am->requires_grad = true;
+    am->node = n;
+    am->node_weak = true;
+    am->out_index = 0;
+    n->saved_out = a;
+    return KPL_OK;
+}
+
 kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
                              kpl_tensor *const *ins, kpl_tensor *out)
 {
@@ -395,19 +425,7 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
     }
     n->out_ndim = kpl_tensor_ndim(out);
     memcpy(n->out_shape, kpl_tensor_shape(out), (size_t)n->out_ndim * sizeof(int64_t));
-    if (kpl_op_info_of(op)->saved_out & 1u) {
-        KPL_TRY_GOTO(alias(out, &n->saved_out));
-        kpl__trace_alias(n->saved_out, out); /* the same value in a trace */
-        kpl__tmeta *am = kpl__graph_meta(n->saved_out, true);
-        if (!am) {
-            st = KPL_ERROR(KPL_ENOMEM, "%s: no host memory for the graph", kpl_op_name(op));
-            goto fail;
-        }
-        am->requires_grad = true;
-        am->node = n;
-        am->node_weak = true;
-        am->out_index = 0;
-    }
+    if (kpl_op_info_of(op)->saved_out & 1u) KPL_TRY_GOTO(kpl__node_save_output(n, out));
 
     kpl__tmeta *om = kpl__graph_meta(out, true);
     if (!om) {
@@ -421,6 +439,7 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
         n->mem_label = op_label("", op);
         note_saved(n, true);
     }
+    if (kpl__tl_region || kpl__tl_replay) kpl__recompute_recorded(n, out);
     return KPL_OK;
 fail:
     kpl_node_release(n);

@@ -58,11 +58,19 @@ typedef struct {
  * (pool-owned results); it returns the status of the first op that
  * failed (kpl_last_status) and leaves the message.  state_free (may be
  * NULL) frees the kind's state when the module is destroyed; the tensors
- * and children are the module's own business. */
+ * and children are the module's own business.  flags: KPL_MODULE_REPLAYABLE
+ * when the forward, run again on the same inputs, computes the same values
+ * and changes nothing but through kpl's ops (batch norm's running
+ * statistics and random draws are replayed by the graph; graph.h,
+ * "recomputation"): what recomputation (kpl_module_set_recompute) needs.
+ * A forward that writes host memory, counts calls or talks to other
+ * ranks by itself must not declare it. */
+#define KPL_MODULE_REPLAYABLE 1u
 typedef struct {
     const char *name;
     kpl_status (*forward)(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out);
     void (*state_free)(void *state);
+    unsigned flags;
 } kpl_module_kind;
 
 /* ---- the tree ------------------------------------------------------------------------ */
@@ -155,6 +163,25 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in,
 /* One input, one output: the output (pool-owned), NULL on error (the
  * message in kpl_last_error).  NULL in gives NULL out, so calls chain. */
 kpl_tensor *kpl_module_forward(kpl_module *m, kpl_tensor *x);
+
+/* ---- recomputation (memory.recompute) -------------------------------------------------- */
+/* A recomputed module keeps none of the tensors its ops save for the
+ * gradient (but its inputs and outputs): its backward runs its forward
+ * again first (graph.h, "recomputation"; torch.utils.checkpoint).  The
+ * same losses and gradients bit for bit, for about one more forward of it.
+ * Refused (KPL_EINVAL, naming the module and the kind) when the kind of m
+ * or of a module under it does not declare KPL_MODULE_REPLAYABLE.  A
+ * recomputed module inside another is recomputed as part of the outer. */
+kpl_status kpl_module_set_recompute(kpl_module *m, bool on);
+bool kpl_module_recompute(const kpl_module *m);
+/* The zoo's marks: the modules `memory.recompute: blocks` recomputes
+ * (ResNet's residual blocks, U-Net's levels, ASPP, the FPN, a GAN's
+ * blocks). */
+void kpl_module_mark_recompute_unit(kpl_module *m);
+bool kpl_module_recompute_unit(const kpl_module *m);
+/* kpl_module_set_recompute(on) on every marked unit under m (m included);
+ * *count (may be NULL) receives how many there are. */
+kpl_status kpl_module_recompute_units(kpl_module *m, bool on, int *count);
 
 /* Multiply-adds x 2 per sample of the convolutions and linear layers
  * under m in the last forward; with train_flops, their backward products

@@ -80,6 +80,11 @@ KPL_ENUM_DECLARE(kpl_lr_span);
     X(KPL_PROGRESS_AUTO, "auto") X(KPL_PROGRESS_ALWAYS, "always") X(KPL_PROGRESS_NEVER, "never")
 typedef enum { KPL_PROGRESS_MODES(KPL_ENUM_VALUE) } kpl_progress_mode;
 KPL_ENUM_DECLARE(kpl_progress_mode);
+/* memory.recompute: keep every tensor the backward needs, or recompute
+ * the blocks the zoo marks (kpl_module_recompute_units) in the backward. */
+#define KPL_RECOMPUTE_MODES(X) X(KPL_RECOMPUTE_NONE, "none") X(KPL_RECOMPUTE_BLOCKS, "blocks")
+typedef enum { KPL_RECOMPUTE_MODES(KPL_ENUM_VALUE) } kpl_recompute_mode;
+KPL_ENUM_DECLARE(kpl_recompute_mode);
 
 /* The recipe binds into the owning modules' configuration structs
  * (kpl_model_config, kpl_loader_config, kpl_convert_options,
@@ -168,6 +173,9 @@ typedef struct {
          * a live-bytes counter in the trace (docs/memory.md) */
         bool memory;
     } profile;
+    struct {
+        kpl_recompute_mode recompute; /* docs/memory.md, "Recomputation" */
+    } memory;
 } kpl_recipe;
 
 /* Loads `path`, its bases and the overrides into *out (every key set: the

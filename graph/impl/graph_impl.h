@@ -41,7 +41,34 @@ struct kpl_node {
     bool freed; /* saved tensors released by backward */
     uint32_t mem_label; /* "op @ module" while a memory recorder runs (kpl_mem_label), else 0 */
     kpl_hooks *hooks; /* hooks registered on the node's result (owned) */
+    kpl_recompute *region; /* the recomputed region it was recorded in (owned), or NULL */
+    size_t region_index;   /* its place in the region's recording order */
+    bool dropped;          /* saved tensors let go, waiting for the region's replay */
 };
+
+/* Recomputation (recompute.c): the region this thread records into, the
+ * one it replays. */
+extern _Thread_local kpl_recompute *kpl__tl_region, *kpl__tl_replay;
+/* A node just recorded inside a region (kept in its order) or a replay
+ * (its saved tensors handed to the region's node of the same place). */
+void kpl__recompute_recorded(kpl_node *n, kpl_tensor *out);
+/* A node of a region goes (its place is cleared, its reference dropped). */
+void kpl__recompute_forget(kpl_node *n);
+/* Random draws inside regions: before a draw from rng, `enter` logs its
+ * position (forward) or moves it to the logged one (replay); `leave`
+ * moves it back after a replayed draw. */
+typedef struct {
+    kpl_rng *rng;
+    uint64_t seed, offset;
+    bool restore;
+} kpl__rng_scope;
+void kpl__recompute_rng_enter(kpl_rng *rng, kpl__rng_scope *s);
+void kpl__recompute_rng_leave(kpl__rng_scope *s);
+/* n keeps an alias of out (its output) for the gradient, weakly linked to
+ * n so that create_graph gradients computed from it reach n. */
+kpl_status kpl__node_save_output(kpl_node *n, kpl_tensor *out);
+/* The memory profile's note that n holds (or lets go of) its saved t. */
+void kpl__note_saved_tensor(const kpl_node *n, const kpl_tensor *t, bool hold);
 
 kpl__tmeta *kpl__graph_meta(kpl_tensor *t, bool create);
 

@@ -656,6 +656,7 @@ static void test_mlp_learns(void **state)
 int run_loss_tests(void);
 int run_gather_tests(void);
 int run_custom_tests(void);
+int run_recompute_tests(void);
 int run_op_table_tests(void);
 
 int main(void)
@@ -678,5 +679,6 @@ int main(void)
     failed += run_gather_tests();
     failed += run_custom_tests();
     failed += run_op_table_tests();
+    failed += run_recompute_tests();
     return failed ? 1 : 0;
 }

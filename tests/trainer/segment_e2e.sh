@@ -12,7 +12,9 @@
 #   np2        SyncBN: 2 ranks x 4 images (kplrun, model.sync_bn) train like
 #              1 rank x 8, the same losses to 1e-4 at every step and the
 #              same figures; the confusion matrix is summed over the ranks
-#              (every validation image counted once)
+#              (every validation image counted once); with
+#              memory.recompute: blocks, the 2 ranks' losses are the same
+#              to the last digit
 #   shards     kpl eval of one checkpoint on 1, 2 and 3 ranks (uneven
 #              shares of the validation split): the same figures to the
 #              last digit
@@ -180,6 +182,15 @@ np2)
     awk -v x="$(field $f "$a")" -v y="$(field $f "$b")" 'BEGIN { d = x - y; exit !(d <= 1e-3 && d >= -1e-3) }' \
       || die "$f $(field $f "$a") (1 rank) vs $(field $f "$b") (2 ranks)"
   done
+  # memory.recompute: blocks under DDP's overlapped buckets and SyncBN
+  # (the replays take the forward's all-reduced statistics): the same
+  # losses to the last digit as without
+  "$kplrun" -np 2 -- "$kpl" train "${R[@]}" run_dir=rec data.train.batch_size=4 \
+    memory.recompute=blocks > rec.txt 2> rec.err || die "2 ranks, recompute: $(tail -5 rec.err)"
+  grep -q 'memory.recompute: 7 blocks of model run again in the backward' rec.txt \
+    || die "no recompute line: $(head -8 rec.txt)"
+  losses rec > rec.loss
+  cmp -s two.loss rec.loss || die "recomputed losses differ: $(paste two.loss rec.loss | head -8)"
   ;;
 
 voc)

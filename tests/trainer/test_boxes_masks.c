@@ -87,7 +87,8 @@ static kpl_status two_heads_forward(kpl_module *m, const kpl_tensor_list *in,
     return KPL_OK;
 }
 
-static const kpl_module_kind two_heads = {"two_heads", two_heads_forward, NULL};
+static const kpl_module_kind two_heads = {"two_heads", two_heads_forward, NULL,
+                                          KPL_MODULE_REPLAYABLE};
 
 static kpl_status build(kpl_device *dev, uint64_t seed, kpl_module **out)
 {

@@ -5,6 +5,8 @@
 #include "kpl_test.h"
 #include "trainer.h"
 
+int run_module_recompute_tests(void);
+
 static kpl_tensor *from(int ndim, const int64_t *shape, const float *v)
 {
     kpl_tensor *t = NULL;
@@ -425,7 +427,7 @@ static kpl_status fpn_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tens
     return top ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind fpn_kind = {"fpn", fpn_forward, NULL};
+static const kpl_module_kind fpn_kind = {"fpn", fpn_forward, NULL, KPL_MODULE_REPLAYABLE};
 
 static void test_module_with_several_outputs(void **state)
 {
@@ -487,7 +489,8 @@ static kpl_status sum_of_two_forward(kpl_module *m, const kpl_tensor_list *in,
     return out->t[0] ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind sum_of_two = {"sum_of_two", sum_of_two_forward, NULL};
+static const kpl_module_kind sum_of_two = {"sum_of_two", sum_of_two_forward, NULL,
+                                           KPL_MODULE_REPLAYABLE};
 
 static void test_errors_name_the_module(void **state)
 {
@@ -614,5 +617,6 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_module),
         cmocka_unit_test(test_partial_state_dict),
     };
-    return cmocka_run_group_tests(tests, NULL, NULL);
+    int failed = cmocka_run_group_tests(tests, NULL, NULL);
+    return failed + run_module_recompute_tests() ? 1 : 0;
 }

@@ -69,7 +69,7 @@ static kpl_status reg_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tens
     return KPL_OK;
 }
 
-static const kpl_module_kind reg_kind = {"reg", reg_forward, NULL};
+static const kpl_module_kind reg_kind = {"reg", reg_forward, NULL, KPL_MODULE_REPLAYABLE};
 
 static kpl_status build(kpl_device *dev, uint64_t seed, kpl_module **out)
 {

@@ -79,6 +79,18 @@ cli)
   set -e
   [[ $rc == 1 ]] || die "missing dataset: exit $rc"
   grep -q "$tmp/none/train" err.txt || die "missing dataset message: $(cat err.txt)"
+  # recomputation: a mode that does not exist; a model with no blocks
+  expect_usage_error "recompute mode" "memory.recompute: expected one of none, blocks; got 'all'" \
+    train "$recipe" memory.recompute=all
+  set +e
+  "$kpl" train "$src/recipes/fashion_mnist/lenet.yaml" memory.recompute=blocks \
+    run_dir="$tmp/rl" > out.txt 2> err.txt
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] || die "recompute of lenet: exit $rc"
+  grep -q "memory.recompute: blocks, but model lenet marks no blocks" err.txt \
+    || die "recompute of lenet: $(cat err.txt)"
+  ! ls "$tmp"/rl/checkpoints/*.kpl > /dev/null 2>&1 || die "recompute of lenet wrote a checkpoint"
   ;;
 
 fmnist)

@@ -50,6 +50,7 @@ bool kpl__rc_name_listed(const char *name, const char *list)
 KPL_ENUM_DEFINE(kpl_lr_scaling, KPL_LR_SCALINGS)
 KPL_ENUM_DEFINE(kpl_lr_per, KPL_LR_PERS)
 KPL_ENUM_DEFINE(kpl_lr_span, KPL_LR_SPANS)
+KPL_ENUM_DEFINE(kpl_recompute_mode, KPL_RECOMPUTE_MODES)
 /* The vocabularies of the recipe's model.stem, model.norm and
  * schedule.name: declared by their owners (zoo.h, optim.h), defined here at
  * the bottom with the keys that parse them. */
@@ -226,7 +227,8 @@ const field kpl__rc_fields[] = {
     F_ENUM("model.stem", model.stem, "imagenet", kpl_resnet_stem_names,
            "resnet stem: imagenet (7x7/2 + max-pool) or cifar (3x3/1)"),
     F_ENUM("model.norm", model.norm, "batch", kpl_norm_kind_names,
-           "resnet (deeplabv3, unet, fcos) normalisation: batch norm, or group norm (32 groups; independent of the "
+           "resnet (deeplabv3, unet, fcos) normalisation: batch norm, or group norm (32 groups; "
+           "independent of the "
            "batch: small per-rank batches, detectors from scratch)"),
     F_INTS("model.hidden", model.hidden, model.nhidden, "[]", 1, 1 << 20,
            "hidden layer widths (mlp default [512, 256]; cnn default [128])"),
@@ -252,7 +254,8 @@ const field kpl__rc_fields[] = {
           "split; coco: root with <split>.json and <split>/ images; voc, voc-seg: the VOC root; "
           "masks: root with <split>/images, <split>/masks and classes.txt; cifar: the folder of "
           "either layout (or holding it), splits train and test (or val)"),
-    F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16, "shards per split"),
+    F_INT("data.convert.shards", data.convert.options.writer.shards, "1", 1, 1 << 16,
+          "shards per split"),
     F_INT("data.convert.max_side", data.convert.options.max_side, "0", 0, 1 << 16,
           "imagefolder, images: re-encode JPEGs whose longer side exceeds this (0: keep)"),
     F_INT("data.convert.quality", data.convert.options.quality, "90", 1, 100,
@@ -283,8 +286,8 @@ const field kpl__rc_fields[] = {
     F_FLOAT("optimizer.momentum", optimizer.config.momentum, "0", 0, 0.9999, "sgd, lars: momentum"),
     F_BOOL("optimizer.nesterov", optimizer.config.nesterov, "false", "sgd: Nesterov momentum"),
     F_FLOAT("optimizer.weight_decay", optimizer.config.weight_decay, "0", 0, 10, "weight decay"),
-    F_FLOAT2("optimizer.betas", optimizer.config.beta1, optimizer.config.beta2, 2,
-             "[beta1, beta2]", "[0.9, 0.999]", 0, 0.999999, "adam, adamw: [beta1, beta2]"),
+    F_FLOAT2("optimizer.betas", optimizer.config.beta1, optimizer.config.beta2, 2, "[beta1, beta2]",
+             "[0.9, 0.999]", 0, 0.999999, "adam, adamw: [beta1, beta2]"),
     F_FLOAT("optimizer.eps", optimizer.config.eps, "1e-8", 1e-30, 1, "adam, adamw: epsilon"),
     F_FLOAT("optimizer.trust_coefficient", optimizer.config.trust_coefficient, "0.001", 1e-9, 10,
             "lars: eta"),
@@ -310,10 +313,12 @@ const field kpl__rc_fields[] = {
             "linear warmup length in epochs"),
     F_FLOAT("schedule.warmup_factor", schedule.config.warmup_factor, "0", 0, 1,
             "lr at the start of warmup, as a fraction of lr"),
-    F_FLOAT("schedule.step_size", schedule.config.step_size, "30", 1e-9, 1e6, "step: epochs per decay"),
-    F_FLOAT("schedule.gamma", schedule.config.gamma, "0.1", 1e-9, 1, "step, multistep: decay factor"),
-    F_FLOATS("schedule.milestones", schedule.config.milestones, schedule.config.num_milestones, "[]", 1e-9, 1e6,
-             "multistep: epochs at which lr is multiplied by gamma"),
+    F_FLOAT("schedule.step_size", schedule.config.step_size, "30", 1e-9, 1e6,
+            "step: epochs per decay"),
+    F_FLOAT("schedule.gamma", schedule.config.gamma, "0.1", 1e-9, 1,
+            "step, multistep: decay factor"),
+    F_FLOATS("schedule.milestones", schedule.config.milestones, schedule.config.num_milestones,
+             "[]", 1e-9, 1e6, "multistep: epochs at which lr is multiplied by gamma"),
     F_FLOAT("schedule.power", schedule.config.power, "2", 1e-9, 100, "poly: exponent"),
     F_FLOAT("schedule.min_lr", schedule.config.min_lr, "0", 0, 1e6, "cosine, poly: final lr"),
     F_ENUM("schedule.per", schedule.per, "step", kpl_lr_per_names,
@@ -345,6 +350,11 @@ const field kpl__rc_fields[] = {
            "with profile.steps: the memory profile of those steps (every block alive at their "
            "peak, what made it and why it is alive) into RUN_DIR/profile/memory-rank-NNNNN.json "
            "and a live-bytes track in the trace (docs/memory.md)"),
+    F_ENUM("memory.recompute", memory.recompute, "none", kpl_recompute_mode_names,
+           "none, or blocks: the blocks the model marks (ResNet's residual blocks, U-Net's "
+           "levels, ASPP, the FPN, SN-GAN's blocks) keep only their inputs and outputs and "
+           "run again in the backward: less memory for about one more forward, the same "
+           "losses and gradients (docs/memory.md)"),
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),

@@ -54,7 +54,7 @@ static kpl_status head_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     return KPL_OK;
 }
 
-static const kpl_module_kind head_kind = {"fcos_head", head_forward, free};
+static const kpl_module_kind head_kind = {"fcos_head", head_forward, free, KPL_MODULE_REPLAYABLE};
 
 /* A conv 3x3 of the head, N(0, 0.01) with bias `bias`. */
 static kpl_status head_conv(kpl_module *parent, const char *name, int64_t in, int64_t out,
@@ -154,7 +154,7 @@ static kpl_status fcos_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     return kpl_module_forward_list(kpl_module_find(m, "head"), &p, out);
 }
 
-static const kpl_module_kind fcos_kind = {"fcos", fcos_forward, NULL};
+static const kpl_module_kind fcos_kind = {"fcos", fcos_forward, NULL, KPL_MODULE_REPLAYABLE};
 
 int kpl_fcos_strides(const kpl_module *fcos, int *strides)
 {

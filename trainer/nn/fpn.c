@@ -63,7 +63,7 @@ static kpl_status fpn_forward(kpl_module *m, const kpl_tensor_list *in, kpl_tens
     return KPL_OK;
 }
 
-static const kpl_module_kind fpn_kind = {"fpn", fpn_forward, free};
+static const kpl_module_kind fpn_kind = {"fpn", fpn_forward, free, KPL_MODULE_REPLAYABLE};
 
 /* A convolution child of `holder` called `name` with torchvision's FPN init. */
 static kpl_status conv(kpl_module *holder, const char *name, int64_t cin, int64_t cout, int k,
@@ -97,6 +97,7 @@ kpl_status kpl_nn_fpn(kpl_module *parent, const char *name, const int64_t *in_ch
     for (int i = 0; i < n_in; i++) s->in_channels[i] = in_channels[i];
     kpl_module *m = NULL, *inner = NULL, *layer = NULL, *more = NULL;
     KPL_TRY(kpl_module_create(parent, name, &fpn_kind, s, &m));
+    kpl_module_mark_recompute_unit(m); /* memory.recompute: blocks */
     /* torchvision registers inner_blocks, layer_blocks, extra_blocks, in
      * that order: the state dict lists them so. */
     KPL_TRY(kpl_nn_sequential(m, "inner_blocks", &inner));

@@ -188,8 +188,9 @@ static kpl_status dcgan_d_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     return one_output(out, kpl_reshape(kpl_module_forward(kpl_module_find(m, "main"), x), 2, shape));
 }
 
-static const kpl_module_kind dcgan_g_kind = {"dcgan", dcgan_g_forward, free};
-static const kpl_module_kind dcgan_d_kind = {"dcgan_d", dcgan_d_forward, free};
+static const kpl_module_kind dcgan_g_kind = {"dcgan", dcgan_g_forward, free, KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind dcgan_d_kind = {"dcgan_d", dcgan_d_forward, free,
+                                             KPL_MODULE_REPLAYABLE};
 
 /* The base width (model.width, 64) and its widest stage, width << (k - 1). */
 static kpl_status dcgan_width(const kpl_model_config *c, const char *who, int k, int64_t *w)
@@ -310,7 +311,8 @@ static kpl_status resblock_forward(kpl_module *m, const kpl_tensor_list *in, kpl
     return y ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind resblock_kind = {"gan_resblock", resblock_forward, NULL};
+static const kpl_module_kind resblock_kind = {"gan_resblock", resblock_forward, NULL,
+                                              KPL_MODULE_REPLAYABLE};
 
 /* xavier_uniform_(weight, gain) and a zero bias: U(-b, b), b = gain
  * sqrt(6 / (fan_in + fan_out)), fans as PyTorch counts them. */
@@ -352,6 +354,7 @@ static kpl_status resblock(kpl_module *seq, kpl_module **res, kpl_module **sc)
     char name[12];
     kpl_module *b = NULL;
     KPL_TRY(kpl_module_create(seq, next_name(seq, name), &resblock_kind, NULL, &b));
+    kpl_module_mark_recompute_unit(b); /* memory.recompute: blocks */
     KPL_TRY(kpl_nn_sequential(b, "residual", res));
     return kpl_nn_sequential(b, "shortcut", sc);
 }
@@ -417,8 +420,9 @@ static kpl_status sngan_d_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     return one_output(out, kpl_module_forward(kpl_module_find(m, "linear"), h));
 }
 
-static const kpl_module_kind sngan_g_kind = {"sngan", sngan_g_forward, free};
-static const kpl_module_kind sngan_d_kind = {"sngan_d", sngan_d_forward, free};
+static const kpl_module_kind sngan_g_kind = {"sngan", sngan_g_forward, free, KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind sngan_d_kind = {"sngan_d", sngan_d_forward, free,
+                                             KPL_MODULE_REPLAYABLE};
 
 /* H = W = 8 b with b in 4..8: the paper's b is 4 (CIFAR-10, 32 x 32); a
  * larger b makes the same networks for 40 .. 64 (not the paper's STL-10

@@ -127,8 +127,9 @@ static kpl_status conv_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     ONE_OUT(out, y);
 }
 
-static const kpl_module_kind conv2d_kind = {"conv2d", conv_forward, free};
-static const kpl_module_kind conv_transpose2d_kind = {"conv_transpose2d", conv_forward, free};
+static const kpl_module_kind conv2d_kind = {"conv2d", conv_forward, free, KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind conv_transpose2d_kind = {"conv_transpose2d", conv_forward, free,
+                                                      KPL_MODULE_REPLAYABLE};
 
 static kpl_status make_conv(kpl_module *parent, const char *name, const kpl_nn_conv *c,
                             bool transposed, kpl_module **out)
@@ -208,7 +209,7 @@ static kpl_status linear_forward(kpl_module *m, const kpl_tensor_list *in, kpl_t
     ONE_OUT(out, y);
 }
 
-static const kpl_module_kind linear_kind = {"linear", linear_forward, free};
+static const kpl_module_kind linear_kind = {"linear", linear_forward, free, KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_linear(kpl_module *parent, const char *name, int64_t in, int64_t out,
                          bool bias, kpl_module **out_module)
@@ -268,7 +269,12 @@ kpl_tensor *kpl__spectral_weight(kpl_tensor *w, kpl_tensor *u, kpl_tensor *v, in
     int64_t hs[2] = {h, 1}, ns[2] = {n, 1};
     kpl_tensor *uc = NULL, *vc = NULL;
     bool prev = kpl_set_grad_enabled(false);
-    if (update && iters > 0) {
+    if (kpl_recompute_replaying()) {
+        /* recomputed (memory.recompute): the forward's u and v, which its
+         * power iteration has moved on from */
+        uc = kpl_recompute_replayed();
+        vc = kpl_recompute_replayed();
+    } else if (update && iters > 0) {
         kpl_tensor *wm = weight_matrix(kpl_detach(w), dim, h, n);
         uc = kpl_reshape(u, 2, hs);
         for (int i = 0; i < iters; i++) {
@@ -285,6 +291,9 @@ kpl_tensor *kpl__spectral_weight(kpl_tensor *w, kpl_tensor *u, kpl_tensor *v, in
         uc = kpl_reshape(kpl_to_device(u, kpl_tensor_device(u)), 2, hs);
         vc = kpl_reshape(kpl_to_device(v, kpl_tensor_device(v)), 2, ns);
     }
+    if (!kpl_recompute_replaying() && uc && vc &&
+        (kpl_recompute_keep(uc) < 0 || kpl_recompute_keep(vc) < 0))
+        uc = NULL;
     kpl_set_grad_enabled(prev);
     if (!uc || !vc) return NULL;
     /* sigma = u^T W v, recorded: PyTorch's gradient flows through it */
@@ -347,7 +356,8 @@ static kpl_status embedding_forward(kpl_module *m, const kpl_tensor_list *in,
     ONE_OUT(out, kpl_embedding(kpl_module_get_param(m, "weight"), in->t[0]));
 }
 
-static const kpl_module_kind embedding_kind = {"embedding", embedding_forward, NULL};
+static const kpl_module_kind embedding_kind = {"embedding", embedding_forward, NULL,
+                                               KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_embedding(kpl_module *parent, const char *name, int64_t num, int64_t dim,
                             kpl_module **out)
@@ -389,7 +399,8 @@ static kpl_status activation_forward(kpl_module *m, const kpl_tensor_list *in,
     ONE_OUT(out, y);
 }
 
-static const kpl_module_kind activation_kind = {"activation", activation_forward, free};
+static const kpl_module_kind activation_kind = {"activation", activation_forward, free,
+                                                KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_activation(kpl_module *parent, const char *name, kpl_nn_act act, double slope,
                              kpl_module **out)
@@ -432,10 +443,12 @@ static kpl_status adaptive_pool_forward(kpl_module *m, const kpl_tensor_list *in
                                           : kpl_adaptive_avg_pool2d(in->t[0], p->oh, p->ow));
 }
 
-static const kpl_module_kind max_pool_kind = {"max_pool2d", max_pool_forward, free};
-static const kpl_module_kind avg_pool_kind = {"avg_pool2d", avg_pool_forward, free};
+static const kpl_module_kind max_pool_kind = {"max_pool2d", max_pool_forward, free,
+                                              KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind avg_pool_kind = {"avg_pool2d", avg_pool_forward, free,
+                                              KPL_MODULE_REPLAYABLE};
 static const kpl_module_kind adaptive_pool_kind = {"adaptive_avg_pool2d", adaptive_pool_forward,
-                                                   free};
+                                                   free, KPL_MODULE_REPLAYABLE};
 
 static kpl_status make_pool(kpl_module *parent, const char *name, const kpl_module_kind *kind,
                             const kpl_pool2d_params *p, kpl_module **out)
@@ -482,7 +495,8 @@ static kpl_status flatten_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     ONE_OUT(out, kpl_reshape(x, 2, s));
 }
 
-static const kpl_module_kind flatten_kind = {"flatten", flatten_forward, NULL};
+static const kpl_module_kind flatten_kind = {"flatten", flatten_forward, NULL,
+                                             KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_flatten(kpl_module *parent, const char *name, kpl_module **out)
 {
@@ -503,7 +517,8 @@ static kpl_status dropout_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     ONE_OUT(out, kpl_dropout(in->t[0], d->p, true, kpl_module_rng(m)));
 }
 
-static const kpl_module_kind dropout_kind = {"dropout", dropout_forward, free};
+static const kpl_module_kind dropout_kind = {"dropout", dropout_forward, free,
+                                             KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_dropout(kpl_module *parent, const char *name, double p, kpl_module **out)
 {
@@ -525,7 +540,8 @@ static kpl_status upsample_forward(kpl_module *m, const kpl_tensor_list *in, kpl
                              : kpl_upsample_nearest(x, oh, ow));
 }
 
-static const kpl_module_kind upsample_kind = {"upsample", upsample_forward, free};
+static const kpl_module_kind upsample_kind = {"upsample", upsample_forward, free,
+                                              KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_upsample(kpl_module *parent, const char *name, int factor, bool bilinear,
                            kpl_module **out)
@@ -556,7 +572,8 @@ static kpl_status pixel_shuffle_forward(kpl_module *m, const kpl_tensor_list *in
     ONE_OUT(out, kpl_reshape(y, 4, (int64_t[]){s[0], c, s[2] * r, s[3] * r}));
 }
 
-static const kpl_module_kind pixel_shuffle_kind = {"pixel_shuffle", pixel_shuffle_forward, free};
+static const kpl_module_kind pixel_shuffle_kind = {"pixel_shuffle", pixel_shuffle_forward, free,
+                                                   KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_pixel_shuffle(kpl_module *parent, const char *name, int factor,
                                 kpl_module **out)
@@ -656,7 +673,8 @@ static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,
     return kpl__forward_children(m, 0, kpl_module_num_children(m), in, out);
 }
 
-static const kpl_module_kind sequential_kind = {"sequential", sequential_forward, NULL};
+static const kpl_module_kind sequential_kind = {"sequential", sequential_forward, NULL,
+                                                KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_sequential(kpl_module *parent, const char *name, kpl_module **out)
 {
@@ -691,7 +709,8 @@ static kpl_status residual_forward(kpl_module *m, const kpl_tensor_list *in, kpl
     ONE_OUT(out, kpl_autorelease(y));
 }
 
-static const kpl_module_kind residual_kind = {"residual", residual_forward, free};
+static const kpl_module_kind residual_kind = {"residual", residual_forward, free,
+                                              KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_residual(kpl_module *parent, const char *name, bool relu, kpl_module **out)
 {

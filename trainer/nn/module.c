@@ -38,6 +38,8 @@ struct kpl_module {
     kpl_module **children;
     int nchildren, cap_children;
     bool training, frozen;
+    bool recompute_unit, recompute; /* kpl_module_mark_recompute_unit, kpl_module_set_recompute */
+    bool recompute_root;            /* its last recomputed forward was a root call (depth 0) */
     double flops;
     bool flops_input_grad;
     flat fparams, fbuffers;
@@ -428,6 +430,19 @@ static kpl_status outputs_f32(kpl_tensor_list *out)
     return KPL_OK;
 }
 
+/* A recomputed module's forward run again in the backward (graph.h). */
+static kpl_status forward_again(void *user, int n, kpl_tensor *const *inputs)
+{
+    kpl_module *m = user;
+    kpl_tensor_list in = {.n = n}, out;
+    memcpy(in.t, inputs, (size_t)n * sizeof *inputs);
+    int prev = depth;
+    depth = m->recompute_root ? 0 : 1; /* the same casts at the end as the first time */
+    kpl_status st = kpl_module_forward_list(m, &in, &out);
+    depth = prev;
+    return st;
+}
+
 kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl_tensor_list *out)
 {
     out->n = 0;
@@ -444,6 +459,12 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
             return KPL_ERROR(KPL_EINVAL, "module %s (%s): input %d is NULL", path, m->kind->name,
                              i);
         }
+    kpl_recompute *region = NULL;
+    if (m->recompute) {
+        KPL_TRY(kpl_recompute_begin((path_of(m, path, sizeof path), path), in->n, in->t,
+                                    forward_again, m, &region));
+        if (region) m->recompute_root = depth == 0;
+    }
     /* the memory profile names the module its blocks were made in */
     bool mem = kpl_memrec_active();
     uint32_t mem_prev = mem ? kpl_mem_context_set(kpl_mem_label((path_of(m, path, sizeof path), path)))
@@ -472,9 +493,13 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
             if (!out->t[i]) st = kpl_last_status() < 0 ? kpl_last_status() : KPL_EINVAL;
         if (st >= 0 && out->n >= 1 && out->n <= KPL_MODULE_MAX_IO && depth == 0)
             st = outputs_f32(out);
-        if (st >= 0 && out->n >= 1 && out->n <= KPL_MODULE_MAX_IO) return KPL_OK;
-        if (st >= 0) st = KPL_EINVAL;
     }
+    if (region) {
+        kpl_status est = kpl_recompute_end(region, st >= 0 ? out->n : 0, out->t);
+        if (st >= 0) st = est;
+    }
+    if (st >= 0 && out->n >= 1 && out->n <= KPL_MODULE_MAX_IO) return KPL_OK;
+    if (st >= 0) st = KPL_EINVAL;
     out->n = 0;
     /* The module whose own op failed says who it is (a leaf, or a parent
      * combining its children's outputs); its ancestors pass it on. */
@@ -484,6 +509,71 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
                                                    path, m->kind->name);
         return kpl_error_prefix(st, "module %s (%s): ", path, m->kind->name);
     }
+    return st;
+}
+
+/* The first module at or under m whose kind is not replayable. */
+static const kpl_module *not_replayable(const kpl_module *m)
+{
+    if (!(m->kind->flags & KPL_MODULE_REPLAYABLE)) return m;
+    for (int i = 0; i < m->nchildren; i++) {
+        const kpl_module *b = not_replayable(m->children[i]);
+        if (b) return b;
+    }
+    return NULL;
+}
+
+kpl_status kpl_module_set_recompute(kpl_module *m, bool on)
+{
+    KPL_CHECK(m != NULL, KPL_EINVAL, "module: set_recompute of NULL");
+    const kpl_module *b = on ? not_replayable(m) : NULL;
+    if (b) {
+        char path[256], bpath[256];
+        path_of(m, path, sizeof path);
+        path_of(b, bpath, sizeof bpath);
+        return KPL_ERROR(KPL_EINVAL,
+                         "module %s (%s): cannot be recomputed: module %s is of kind '%s', which "
+                         "does not declare KPL_MODULE_REPLAYABLE (a forward run again must compute "
+                         "the same values and change nothing outside kpl's ops, e.g. write no "
+                         "host memory; a kind that does so declares it in its flags)",
+                         path, m->kind->name, bpath, b->kind->name);
+    }
+    m->recompute = on;
+    return KPL_OK;
+}
+
+bool kpl_module_recompute(const kpl_module *m)
+{
+    return m && m->recompute;
+}
+
+void kpl_module_mark_recompute_unit(kpl_module *m)
+{
+    if (m) m->recompute_unit = true;
+}
+
+bool kpl_module_recompute_unit(const kpl_module *m)
+{
+    return m && m->recompute_unit;
+}
+
+static kpl_status units(kpl_module *m, bool on, int *count)
+{
+    if (m->recompute_unit) {
+        KPL_TRY(kpl_module_set_recompute(m, on));
+        (*count)++;
+    }
+    for (int i = 0; i < m->nchildren; i++)
+        KPL_TRY(units(m->children[i], on, count));
+    return KPL_OK;
+}
+
+kpl_status kpl_module_recompute_units(kpl_module *m, bool on, int *count)
+{
+    KPL_CHECK(m != NULL, KPL_EINVAL, "module: recompute_units of NULL");
+    int n = 0;
+    kpl_status st = units(m, on, &n);
+    if (count) *count = n;
     return st;
 }
 

@@ -37,14 +37,21 @@ static kpl_tensor *allreduce_backward(kpl_tensor *gy, void *user)
 static const kpl_custom_fn allreduce_fn = {"sync_batch_norm.allreduce", allreduce_backward};
 
 /* The sum of x over comm's ranks, recorded so that gradients flow back to
- * every rank's x. */
+ * every rank's x.  A recomputation (memory.recompute) takes the sum the
+ * forward kept instead of reducing again: the other ranks are not
+ * recomputing, and the values must be the forward's. */
 static kpl_tensor *allreduce_sum(kpl_tensor *x, kpl_comm *comm)
 {
-    kpl_tensor *y = x ? kpl_to_device(x, kpl_tensor_device(x)) : NULL; /* unrecorded copy */
-    if (!y) return NULL;
-    kpl_status st = kpl_comm_allreduce(comm, y, y, KPL_COMM_SUM);
-    if (st < 0) return NULL;
-    return kpl_custom(x, y, &allreduce_fn, comm);
+    if (!x) return NULL;
+    kpl_tensor *y = NULL;
+    if (kpl_recompute_replaying()) {
+        y = kpl_recompute_replayed();
+    } else {
+        y = kpl_to_device(x, kpl_tensor_device(x)); /* unrecorded copy */
+        if (!y || kpl_comm_allreduce(comm, y, y, KPL_COMM_SUM) < 0 || kpl_recompute_keep(y) < 0)
+            return NULL;
+    }
+    return y ? kpl_custom(x, y, &allreduce_fn, comm) : NULL;
 }
 
 /* Batch norm in training with the statistics of every rank's batch
@@ -88,6 +95,7 @@ static kpl_tensor *sync_batch_norm(const norm_state *n, kpl_tensor *x)
     kpl_tensor *y = kpl_mul(kpl_sub(x, kpl_reshape(mean, nd, shape)), scale);
     if (n->b) y = kpl_add(y, kpl_reshape(n->b, nd, shape));
     if (!y) return NULL;
+    if (kpl_recompute_replaying()) return y; /* the forward moved the running statistics */
     /* running = (1 - m) running + m batch (unbiased variance), unrecorded */
     bool prev = kpl_set_grad_enabled(false);
     /* copies: detach views the batch statistics, which the gradient still reads */
@@ -182,10 +190,14 @@ static kpl_status instance_norm_forward(kpl_module *m, const kpl_tensor_list *in
     ONE_OUT(out, kpl_group_norm(x, n->groups, n->g, n->b, n->eps));
 }
 
-static const kpl_module_kind batch_norm_kind = {"batch_norm", batch_norm_forward, free};
-static const kpl_module_kind group_norm_kind = {"group_norm", group_norm_forward, free};
-static const kpl_module_kind layer_norm_kind = {"layer_norm", layer_norm_forward, free};
-static const kpl_module_kind instance_norm_kind = {"instance_norm", instance_norm_forward, free};
+static const kpl_module_kind batch_norm_kind = {"batch_norm", batch_norm_forward, free,
+                                                KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind group_norm_kind = {"group_norm", group_norm_forward, free,
+                                                KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind layer_norm_kind = {"layer_norm", layer_norm_forward, free,
+                                                KPL_MODULE_REPLAYABLE};
+static const kpl_module_kind instance_norm_kind = {"instance_norm", instance_norm_forward, free,
+                                                   KPL_MODULE_REPLAYABLE};
 
 /* scale 1 and shift 0 of `shape` */
 static kpl_status affine(kpl_module *m, int ndim, const int64_t *shape, norm_state *n)

@@ -54,7 +54,7 @@ static kpl_status aspp_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     return y ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind aspp_kind = {"aspp", aspp_forward, NULL};
+static const kpl_module_kind aspp_kind = {"aspp", aspp_forward, NULL, KPL_MODULE_REPLAYABLE};
 
 kpl_status kpl_nn_aspp(kpl_module *parent, const char *name, int64_t in, int64_t channels,
                        const int *rates, int nrates, double dropout, kpl_norm_kind norm,
@@ -69,6 +69,7 @@ kpl_status kpl_nn_aspp(kpl_module *parent, const char *name, int64_t in, int64_t
                   name, rates[i]);
     kpl_module *m = NULL, *convs = NULL, *b = NULL, *proj = NULL;
     KPL_TRY(kpl_module_create(parent, name, &aspp_kind, NULL, &m));
+    kpl_module_mark_recompute_unit(m); /* memory.recompute: blocks */
     KPL_TRY(kpl_nn_sequential(m, "convs", &convs));
     KPL_TRY(kpl_nn_sequential(convs, "0", &b));
     KPL_TRY(conv_norm_relu(b, 0, in, channels, 1, 1, norm));
@@ -143,7 +144,8 @@ static kpl_status deeplab_forward(kpl_module *m, const kpl_tensor_list *in, kpl_
     return KPL_OK;
 }
 
-static const kpl_module_kind deeplab_kind = {"deeplabv3", deeplab_forward, free};
+static const kpl_module_kind deeplab_kind = {"deeplabv3", deeplab_forward, free,
+                                             KPL_MODULE_REPLAYABLE};
 
 /* torchvision's FCNHead: 3x3 to in/4, norm, ReLU, dropout 0.1, 1x1 to the
  * classes. */
@@ -248,7 +250,7 @@ static kpl_status unet_forward(kpl_module *m, const kpl_tensor_list *in, kpl_ten
     return out->t[0] ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind unet_kind = {"unet", unet_forward, free};
+static const kpl_module_kind unet_kind = {"unet", unet_forward, free, KPL_MODULE_REPLAYABLE};
 
 /* (conv 3x3, norm, ReLU) twice as children double_conv.0 .. .5 */
 static kpl_status double_conv(kpl_module *parent, const char *name, int64_t in, int64_t out,
@@ -284,11 +286,13 @@ static kpl_status unet_create(kpl_module *parent, const char *child, const kpl_m
     else KPL_TRY(kpl_module_create_root(dev, seed, &unet_kind, st, &m));
     *out = m; /* a root is the caller's to destroy, also on failure */
     KPL_TRY(double_conv(m, "inc", cfg->in_channels, w, cfg->norm));
+    kpl_module_mark_recompute_unit(kpl_module_find(m, "inc")); /* memory.recompute: blocks */
     char name[16];
     for (int i = 1; i <= depth; i++) {
         kpl_module *d = NULL;
         snprintf(name, sizeof name, "down%d", i);
         KPL_TRY(kpl_nn_sequential(m, name, &d));
+        kpl_module_mark_recompute_unit(d);
         kpl_module *mp = NULL;
         KPL_TRY(kpl_nn_sequential(d, "maxpool_conv", &mp));
         kpl_pool2d_params p2 = {.kernel = {2, 2}, .stride = {2, 2}};
@@ -308,6 +312,7 @@ static kpl_status unet_create(kpl_module *parent, const char *child, const kpl_m
             KPL_TRY(kpl_nn_conv_transpose2d(u, "up", &t, NULL));
             KPL_TRY(double_conv(u, "conv", 2 * cout, cout, cfg->norm));
         }
+        kpl_module_mark_recompute_unit(kpl_module_find(u, "conv"));
     }
     kpl_nn_conv c = {KPL_NN_CONV_INIT(w, cfg->num_classes, 1)};
     return kpl_nn_conv2d(m, "outc", &c, NULL);

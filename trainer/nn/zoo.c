@@ -45,7 +45,8 @@ static kpl_status block_forward(kpl_module *m, const kpl_tensor_list *in, kpl_te
     return o ? KPL_OK : kpl_last_status();
 }
 
-static const kpl_module_kind block_kind = {"resnet_block", block_forward, free};
+static const kpl_module_kind block_kind = {"resnet_block", block_forward, free,
+                                           KPL_MODULE_REPLAYABLE};
 
 /* A normalisation layer of ch channels: batch norm, or group norm with 32
  * groups (the largest power of two dividing ch, when 32 does not). */
@@ -84,6 +85,7 @@ static kpl_status add_block(kpl_module *layer, int idx, int64_t in, int64_t plan
     KPL_CHECK(b, KPL_ENOMEM, "resnet: out of memory");
     kpl_module *m = NULL;
     KPL_TRY(kpl_module_create(layer, name, &block_kind, b, &m));
+    kpl_module_mark_recompute_unit(m); /* memory.recompute: blocks */
     int64_t out = bottleneck ? planes * 4 : planes;
     b->n = bottleneck ? 3 : 2;
     /* torchvision puts the stride on the 3x3 convolution (ResNet v1.5) */

@@ -348,6 +348,28 @@ static kpl_status build_task(kpl_trainer *t)
     return KPL_OK;
 }
 
+/* memory.recompute: the models' marked blocks run again in the backward. */
+static kpl_status make_recompute(kpl_trainer *t)
+{
+    if (t->r->memory.recompute == KPL_RECOMPUTE_NONE) return KPL_OK;
+    int total = 0;
+    for (int k = 0; k < t->nmodels; k++) {
+        int n = 0;
+        kpl_status st = kpl_module_recompute_units(t->models[k].m, true, &n);
+        if (st < 0) return kpl_error_prefix(st, "memory.recompute: ");
+        if (n)
+            kpl_trainer_info(t, "memory.recompute: %d blocks of %s run again in the backward", n,
+                             t->models[k].name);
+        total += n;
+    }
+    KPL_CHECK(total > 0, KPL_EINVAL,
+              "memory.recompute: blocks, but model %s marks no blocks to recompute (the zoo marks "
+              "ResNet's residual blocks, U-Net's levels, ASPP, the FPN and SN-GAN's blocks); "
+              "set memory.recompute=none",
+              t->r->model.name);
+    return KPL_OK;
+}
+
 static kpl_status make_ddp(kpl_trainer *t)
 {
     if (!t->comm) return KPL_OK;
@@ -467,6 +489,7 @@ static kpl_status start(kpl_trainer *t, const char *resume)
     if (st >= 0) st = kpl__trainer_clean_checkpoints(t);
     if (st >= 0) st = make_schedule(t);
     if (st >= 0) st = build_task(t);
+    if (st >= 0) st = make_recompute(t);
     if (st >= 0 && t->resume.ckpt) st = kpl__trainer_restore_state(t, &rm);
     kpl__trainer_meta_free(&rm);
     KPL_TRY(st);
