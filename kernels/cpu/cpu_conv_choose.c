@@ -130,6 +130,8 @@ done:
  * layout costs the loops, which write plain, its reorder (time_reorder).
  * *out and *best as choose keeps them; a candidate that cannot run (out of
  * memory) is skipped. */
+static int64_t scratch_limit(const conv_key *k);
+
 static void choose_direct(const conv_key *k, const kpl_kernel_args *args, kpl_layout layout,
                           const conv_entry *base, conv_entry *out, double *best)
 {
@@ -139,6 +141,11 @@ static void choose_direct(const conv_key *k, const kpl_kernel_args *args, kpl_la
                         ? time_reorder(&out->user[2], &out->inner[2])
                         : 0;
     for (int nt = k->threads; nt >= 1; nt = nt > 1 ? 1 : 0) {
+        /* bounded as Winograd is: the weight gradient's accumulators (a
+         * vector per weight and thread) came to 151 MB a thread on
+         * DeepLab's 512-channel 3 x 3 layers, and timing them raised the
+         * first step's peak RSS by 300 MB though they never won */
+        if (!k->frozen && kpl__conv_direct_scratch(a, nt) > scratch_limit(k)) continue;
         kpl_status st = KPL_OK;
         conv_entry cand = *base;
         cand.direct_threads = nt;
@@ -230,18 +237,24 @@ static bool allowed(const conv_key *k, const char *impl)
 #define SCRATCH_MAX 8
 #define SCRATCH_FLOOR ((int64_t)32 << 20)
 
-static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
+/* The most working memory a training candidate may take (see above). */
+static int64_t scratch_limit(const conv_key *k)
 {
     const kpl_conv_attrs *a = &k->a;
+    int64_t act = a->n * (a->c * a->h * a->w > a->o * a->oh * a->ow ? a->c * a->h * a->w
+                                                                    : a->o * a->oh * a->ow);
+    act *= (int64_t)sizeof(float);
+    return SCRATCH_MAX * act > SCRATCH_FLOOR ? SCRATCH_MAX * act : SCRATCH_FLOOR;
+}
+
+static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
+{
     if (k->frozen) return true;
     int64_t bytes = 0;
     if (dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &bytes) !=
         dnnl_success)
         return false;
-    int64_t act = a->n * (a->c * a->h * a->w > a->o * a->oh * a->ow ? a->c * a->h * a->w
-                                                                      : a->o * a->oh * a->ow);
-    act *= (int64_t)sizeof(float);
-    return bytes <= (SCRATCH_MAX * act > SCRATCH_FLOOR ? SCRATCH_MAX * act : SCRATCH_FLOOR);
+    return bytes <= scratch_limit(k);
 }
 
 /* Every implementation oneDNN offers for algorithm alg (reference loops

@@ -335,6 +335,29 @@ static float *pack_weights(const float *w, int64_t o, int64_t c, int64_t kh, int
     return wt;
 }
 
+int64_t kpl__conv_direct_scratch(const kpl_conv_attrs *a, int threads)
+{
+    int64_t ph = a->p.padding[0], pw = a->p.padding[1], f = (int64_t)sizeof(float);
+    int64_t nblk = (a->kind == KPL_CONV_BWD_DATA ? a->c : a->o) + OB - 1;
+    int64_t wt = nblk / OB * OB * (a->kind == KPL_CONV_BWD_DATA ? a->o : a->c) * a->kh * a->kw * f;
+    if (a->kind == KPL_CONV_FWD) {
+        geom g = make_geom(a->n, a->c, a->h, a->w, a->o, a->kh, a->kw, ph, pw);
+        return wt + threads * g.c * g.hp * g.wp * f;
+    }
+    if (a->kind == KPL_CONV_BWD_DATA) {
+        geom g =
+            make_geom(a->n, a->o, a->oh, a->ow, a->c, a->kh, a->kw, a->kh - 1 - ph, a->kw - 1 - pw);
+        return wt + threads * g.c * g.hp * g.wp * f;
+    }
+    /* the weight gradient: per thread the padded image, gy's rows and a
+     * vector accumulator per weight; the groups' f64 sums */
+    geom g = make_geom(a->n, a->c, a->h, a->w, a->o, a->kh, a->kw, ph, pw);
+    int64_t stride = g.o * g.c * g.kh * g.kw + g.o, owv = (a->ow + VL - 1) / VL * VL;
+    int64_t nchunk = g.n < CHUNKS ? g.n : CHUNKS;
+    return nchunk * stride * (int64_t)sizeof(double) +
+           threads * (g.c * g.hp * g.wp * f + g.o * g.oh * owv * f + stride * (int64_t)sizeof(v16));
+}
+
 kpl_status kpl__conv_direct_run(const kpl_conv_attrs *a, const kpl_kernel_args *args,
                                 int threads)
 {

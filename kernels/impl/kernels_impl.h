@@ -584,6 +584,9 @@ void kpl__cpu_conv_only(const char *prefix);
  * whether they handle a problem (stride 1, no dilation, one group), and
  * running one with `threads` OpenMP threads; args as the conv2d kernel's. */
 bool kpl__conv_direct_supports(const kpl_conv_attrs *a);
+/* The bytes kpl__conv_direct_run allocates for a with `threads` threads
+ * (padded copies, packed weights, accumulators). */
+int64_t kpl__conv_direct_scratch(const kpl_conv_attrs *a, int threads);
 /* The f64 reference loops (cpu/cpu_conv_ref.c), any kind; no ReLU. */
 void kpl__conv_ref_run(const kpl_conv_attrs *a, const kpl_kernel_args *args);
 kpl_status kpl__conv_direct_run(const kpl_conv_attrs *a, const kpl_kernel_args *args,

@@ -371,6 +371,56 @@ static void test_conv2d_direct_vs_reference(void **state)
     assert_false(kpl__conv_direct_supports(&a));
 }
 
+/* The loops' working memory, counted by hand, and the chooser's bound on
+ * it in training: a 512-channel 3 x 3 weight gradient would need a
+ * vector accumulator per weight and thread (151 MB each) for an 8 KB
+ * activation, so even forced it is no candidate. */
+static void test_conv2d_direct_scratch_bound(void **state)
+{
+    (void)state;
+    /* LeNet conv1's weight gradient: n 3, 1 -> 6 channels, 5 x 5, padding
+     * 2, 28 x 28: padded rows of 2 vectors + 4 = 36 floats, 32 rows; gy in
+     * rows of 32; 6 x 25 weights + 6 biases; 3 groups of f64 sums */
+    kpl_conv_attrs a = {.kind = KPL_CONV_BWD_WEIGHT,
+                        .n = 3,
+                        .c = 1,
+                        .h = 28,
+                        .w = 28,
+                        .o = 6,
+                        .kh = 5,
+                        .kw = 5,
+                        .oh = 28,
+                        .ow = 28,
+                        .p = {{1, 1}, {2, 2}, {1, 1}, 1}};
+    int64_t per_thread = 1 * 32 * 36 * 4 + 6 * 28 * 32 * 4 + 156 * 64;
+    assert_int_equal(kpl__conv_direct_scratch(&a, 2), 3 * 156 * 8 + 2 * per_thread);
+    /* its forward: the packed weights (one block of 8 channels) and a
+     * padded image a thread */
+    a.kind = KPL_CONV_FWD;
+    assert_int_equal(kpl__conv_direct_scratch(&a, 1), 8 * 1 * 25 * 4 + 1 * 32 * 36 * 4);
+    kpl_conv2d_params p = {{1, 1}, {1, 1}, {1, 1}, 1};
+    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){1, 512, 4, 4}, 3, -1, 1);
+    kpl_tensor *gy = trand(KPL_F32, 4, (int64_t[]){1, 512, 4, 4}, 4, -1, 1);
+    kpl_tensor *gw = tnew(KPL_F32, 4, (int64_t[]){512, 512, 3, 3});
+    kpl__cpu_conv_only("kpl_direct");
+    assert_int_equal(kpl_k_conv2d_bwd_weight(gw, NULL, x, gy, &p), KPL_EBACKEND);
+    kpl__cpu_conv_only(NULL);
+    OK(kpl_k_conv2d_bwd_weight(gw, NULL, x, gy, &p));
+    assert_int_not_equal(strcmp(kpl__cpu_conv_last().impl, "kpl_direct"), 0);
+    /* a small one forced still runs them */
+    kpl_tensor *xs = trand(KPL_F32, 4, (int64_t[]){3, 1, 28, 28}, 5, -1, 1);
+    kpl_tensor *gys = trand(KPL_F32, 4, (int64_t[]){3, 6, 28, 28}, 6, -1, 1);
+    kpl_tensor *gws = tnew(KPL_F32, 4, (int64_t[]){6, 1, 5, 5});
+    kpl_conv2d_params p5 = {{1, 1}, {2, 2}, {1, 1}, 1};
+    kpl__cpu_conv_only("kpl_direct");
+    OK(kpl_k_conv2d_bwd_weight(gws, NULL, xs, gys, &p5));
+    assert_string_equal(kpl__cpu_conv_last().impl, "kpl_direct");
+    kpl__cpu_conv_only(NULL);
+    kpl_tensor *all[] = {x, gy, gw, xs, gys, gws};
+    for (size_t i = 0; i < 6; i++)
+        kpl_tensor_release(all[i]);
+}
+
 int run_conv_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -378,6 +428,7 @@ int run_conv_tests(void)
         cmocka_unit_test(test_conv2d_onednn_vs_reference),
         cmocka_unit_test(test_conv2d_relu_kernels),
         cmocka_unit_test(test_conv2d_winograd),
+        cmocka_unit_test(test_conv2d_direct_scratch_bound),
         cmocka_unit_test(test_conv2d_dilated_nhwc),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
     };
