@@ -179,8 +179,13 @@ bool kpl_module_recompute(const kpl_module *m);
  * blocks). */
 void kpl_module_mark_recompute_unit(kpl_module *m);
 bool kpl_module_recompute_unit(const kpl_module *m);
-/* kpl_module_set_recompute(on) on every marked unit under m (m included);
- * *count (may be NULL) receives how many there are. */
+/* Children from..to-1 of m, which a sequential runs in order
+ * (kpl__forward_children: a ResNet's stem), marked as one unit; at most 4
+ * spans a module. */
+kpl_status kpl_module_mark_recompute_span(kpl_module *m, int from, int to);
+/* kpl_module_set_recompute(on) on every marked unit under m (m included),
+ * and the marked spans on or off; *count (may be NULL) receives how many
+ * units and spans there are. */
 kpl_status kpl_module_recompute_units(kpl_module *m, bool on, int *count);
 
 /* Multiply-adds x 2 per sample of the convolutions and linear layers

@@ -80,32 +80,38 @@ static void free_result(step_result *r)
         free(r->vals[i]);
 }
 
+/* A zoo model of width 8 on square inputs. */
+static kpl_model_config model(const char *name, int64_t classes, int64_t channels, int64_t side,
+                              int64_t depth)
+{
+    kpl_model_config c = {.num_classes = classes,
+                          .in_channels = channels,
+                          .in_h = side,
+                          .in_w = side,
+                          .depth = depth,
+                          .width = 8};
+    snprintf(c.name, sizeof c.name, "%s", name);
+    return c;
+}
+
 static void test_zoo_blocks_exact(void **state)
 {
     (void)state;
-    kpl_model_config res = {.name = "resnet",
-                            .num_classes = 10,
-                            .in_channels = 3,
-                            .in_h = 16,
-                            .in_w = 16,
-                            .depth = 18,
-                            .stem = KPL_STEM_CIFAR,
-                            .width = 8};
-    kpl_model_config unet = {.name = "unet",
-                             .num_classes = 3,
-                             .in_channels = 1,
-                             .in_h = 32,
-                             .in_w = 32,
-                             .depth = 2,
-                             .width = 8};
+    kpl_model_config res = model("resnet", 10, 3, 16, 18), unet = model("unet", 3, 1, 32, 2);
+    kpl_model_config deeplab = model("deeplabv3", 3, 3, 48, 18);
+    res.stem = KPL_STEM_CIFAR;
     OK(kpl_keyvals_set(&unet.keys, "upsample", "transpose"));
+    OK(kpl_keyvals_set(&deeplab.keys, "aux", "false"));
+    OK(kpl_keyvals_set(&deeplab.keys, "aspp_channels", "16"));
     struct {
         const kpl_model_config *c;
         int64_t xs[4];
         int units;
-    } cases[2] = {{&res, {8, 3, 16, 16}, 8}, {&unet, {4, 1, 32, 32}, 5}};
+    } cases[3] = {{&res, {8, 3, 16, 16}, 9}, /* 8 blocks and the stem */
+                  {&unet, {4, 1, 32, 32}, 5},
+                  {&deeplab, {2, 3, 48, 48}, 10}}; /* 8 blocks, the stem, ASPP */
     kpl_dtype dts[2] = {KPL_F32, KPL_BF16};
-    for (int k = 0; k < 2; k++)
+    for (int k = 0; k < 3; k++)
         for (int d = 0; d < 2; d++) {
             step_result a, b;
             /* a first step lets the convolutions' timed choice settle (its
@@ -162,6 +168,17 @@ static void test_not_replayable_refused(void **state)
     int n = -1;
     OK(kpl_module_recompute_units(net, true, &n));
     assert_int_equal(n, 0);
+    /* a span of children: the linear alone is one; with the counter it is
+     * refused the same way */
+    FAILS(kpl_module_mark_recompute_span(stage, 1, 3), KPL_EINVAL,
+          "span 1..2 is not a run of the module's 2 children");
+    OK(kpl_module_mark_recompute_span(stage, 0, 1));
+    OK(kpl_module_recompute_units(net, true, &n));
+    assert_int_equal(n, 1);
+    OK(kpl_module_mark_recompute_span(stage, 0, 2));
+    FAILS(kpl_module_recompute_units(net, true, &n), KPL_EINVAL,
+          "module stage.counter is of kind "
+          "'counting'");
     kpl_module_mark_recompute_unit(stage);
     FAILS(kpl_module_recompute_units(net, true, &n), KPL_EINVAL, "kind 'counting'");
     kpl_module_destroy(net);

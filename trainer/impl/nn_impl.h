@@ -23,6 +23,18 @@ kpl_status kpl__module_rename_param(kpl_module *m, const char *from, const char 
  * outputs are put in the caller's pool. */
 kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
                                  kpl_tensor_list *out);
+/* A run of children kpl_module_mark_recompute_span marked (module.c):
+ * from..to-1 of m, recomputed when `on`. */
+typedef struct {
+    kpl_module *m;
+    int from, to;
+    bool on;
+} kpl__recompute_span;
+/* The span of m that starts at child `from` and is on, or NULL. */
+const kpl__recompute_span *kpl__module_span(const kpl_module *m, int from);
+/* Sets this thread's module nesting depth (module.c: the outermost
+ * forward's outputs leave autocast in f32); returns the previous one. */
+int kpl__module_depth_set(int depth);
 /* The spectrally normalised weight w / sigma of kpl_nn_spectral_norm
  * (layers.h), as a function: w's dim `dim` (0, or 1 for a transposed
  * convolution's) against everything else is the matrix W (h, n);

@@ -351,8 +351,8 @@ const field kpl__rc_fields[] = {
            "peak, what made it and why it is alive) into RUN_DIR/profile/memory-rank-NNNNN.json "
            "and a live-bytes track in the trace (docs/memory.md)"),
     F_ENUM("memory.recompute", memory.recompute, "none", kpl_recompute_mode_names,
-           "none, or blocks: the blocks the model marks (ResNet's residual blocks, U-Net's "
-           "levels, ASPP, the FPN, SN-GAN's blocks) keep only their inputs and outputs and "
+           "none, or blocks: the blocks the model marks (ResNet's stem and residual blocks, "
+           "U-Net's levels, ASPP, the FPN, SN-GAN's blocks) keep only their inputs and outputs and "
            "run again in the backward: less memory for about one more forward, the same "
            "losses and gradients (docs/memory.md)"),
 

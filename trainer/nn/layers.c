@@ -627,29 +627,66 @@ static void release_list(kpl_tensor_list *l)
  * With the caller's pool holding them all until the end of the forward,
  * a leaky ReLU's input stayed alive beside its output in a GAN step (its
  * gradient reads the output; docs/memory.md). */
-kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
-                                 kpl_tensor_list *out)
+static kpl_status forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
+                                   kpl_tensor_list *out, bool spans);
+
+/* A recomputed span's children run again in the backward (graph.h), at
+ * the depth of a parent's forward. */
+static kpl_status span_again(void *user, int n, kpl_tensor *const *inputs)
+{
+    const kpl__recompute_span *sp = user;
+    kpl_tensor_list in = {.n = n}, out;
+    memcpy(in.t, inputs, (size_t)n * sizeof *inputs);
+    int prev = kpl__module_depth_set(1);
+    kpl_status st = forward_children(sp->m, sp->from, sp->to, &in, &out, false);
+    kpl__module_depth_set(prev);
+    return st;
+}
+
+/* One child (or a batch norm and the ReLU after it, fused; or a
+ * recomputed span of children) from i on cur into *next (pool-owned);
+ * the index of the last child it ran in *last. */
+static kpl_status forward_one(kpl_module *m, int i, int nc, const kpl_tensor_list *cur,
+                              kpl_tensor_list *next, bool spans, int *last)
+{
+    kpl_module *c = kpl_module_child(m, i);
+    const kpl__recompute_span *sp = spans ? kpl__module_span(m, i) : NULL;
+    *last = i;
+    if (sp && sp->to <= nc) {
+        char name[160];
+        snprintf(name, sizeof name, "%s..%s", kpl_module_name(c),
+                 kpl_module_name(kpl_module_child(m, sp->to - 1)));
+        kpl_recompute *r = NULL;
+        KPL_TRY(kpl_recompute_begin(name, cur->n, cur->t, span_again, (void *)sp, &r));
+        kpl_status st = forward_children(m, i, sp->to, cur, next, false);
+        kpl_status est = kpl_recompute_end(r, st >= 0 ? next->n : 0, next->t);
+        *last = sp->to - 1;
+        return st < 0 ? st : est;
+    }
+    if (i + 1 < nc && cur->n == 1 && fuses_relu(c, kpl_module_child(m, i + 1))) {
+        /* batch norm or convolution then ReLU: one fused op (kpl_nn_forward_relu) */
+        next->n = 1;
+        next->t[0] = kpl_nn_forward_relu(c, cur->t[0]);
+        *last = i + 1;
+        return next->t[0] ? KPL_OK : kpl_last_status();
+    }
+    return kpl_module_forward_list(c, cur, next);
+}
+
+static kpl_status forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
+                                   kpl_tensor_list *out, bool spans)
 {
     kpl_tensor_list cur = *in, next;
     bool own = false; /* cur holds references of ours (not the input's) */
     kpl_status st = KPL_OK;
     int nc = to < kpl_module_num_children(m) ? to : kpl_module_num_children(m);
     for (int i = from; i < nc && st >= 0; i++) {
-        kpl_module *c = kpl_module_child(m, i);
         kpl_pool *p = kpl_pool_push();
         if (!p) {
             st = kpl_last_status() < 0 ? kpl_last_status() : KPL_ENOMEM;
             break;
         }
-        if (i + 1 < nc && cur.n == 1 && fuses_relu(c, kpl_module_child(m, i + 1))) {
-            /* batch norm or convolution then ReLU: one fused op (kpl_nn_forward_relu) */
-            next.n = 1;
-            next.t[0] = kpl_nn_forward_relu(c, cur.t[0]);
-            if (!next.t[0]) st = kpl_last_status();
-            i++;
-        } else {
-            st = kpl_module_forward_list(c, &cur, &next);
-        }
+        st = forward_one(m, i, nc, &cur, &next, spans, &i);
         if (st >= 0)
             for (int j = 0; j < next.n; j++) kpl_tensor_retain(next.t[j]);
         kpl_pool_pop(p);
@@ -665,6 +702,12 @@ kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tens
     *out = cur;
     for (int j = 0; own && j < out->n; j++) kpl_autorelease(out->t[j]);
     return KPL_OK;
+}
+
+kpl_status kpl__forward_children(kpl_module *m, int from, int to, const kpl_tensor_list *in,
+                                 kpl_tensor_list *out)
+{
+    return forward_children(m, from, to, in, out, true);
 }
 
 static kpl_status sequential_forward(kpl_module *m, const kpl_tensor_list *in,

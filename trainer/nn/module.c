@@ -40,6 +40,8 @@ struct kpl_module {
     bool training, frozen;
     bool recompute_unit, recompute; /* kpl_module_mark_recompute_unit, kpl_module_set_recompute */
     bool recompute_root;            /* its last recomputed forward was a root call (depth 0) */
+    kpl__recompute_span *spans[4];  /* kpl_module_mark_recompute_span's (owned) */
+    int nspans;
     double flops;
     bool flops_input_grad;
     flat fparams, fbuffers;
@@ -167,6 +169,8 @@ static void free_tree(kpl_module *m)
     free(m->params);
     free(m->buffers);
     kpl_rng_destroy(m->rng);
+    for (int i = 0; i < m->nspans; i++)
+        free(m->spans[i]);
     free(m);
 }
 
@@ -557,10 +561,54 @@ bool kpl_module_recompute_unit(const kpl_module *m)
     return m && m->recompute_unit;
 }
 
+kpl_status kpl_module_mark_recompute_span(kpl_module *m, int from, int to)
+{
+    KPL_CHECK(m && from >= 0 && from < to && to <= m->nchildren, KPL_EINVAL,
+              "module: recompute span %d..%d is not a run of the module's %d children", from,
+              to - 1, m ? m->nchildren : 0);
+    KPL_CHECK(m->nspans < 4, KPL_ERANGE, "module: at most 4 recompute spans a module");
+    kpl__recompute_span *s = calloc(1, sizeof *s);
+    KPL_CHECK(s, KPL_ENOMEM, "module: out of memory");
+    *s = (kpl__recompute_span){m, from, to, false};
+    m->spans[m->nspans++] = s;
+    return KPL_OK;
+}
+
+const kpl__recompute_span *kpl__module_span(const kpl_module *m, int from)
+{
+    for (int i = 0; i < m->nspans; i++)
+        if (m->spans[i]->on && m->spans[i]->from == from) return m->spans[i];
+    return NULL;
+}
+
+int kpl__module_depth_set(int d)
+{
+    int prev = depth;
+    depth = d;
+    return prev;
+}
+
 static kpl_status units(kpl_module *m, bool on, int *count)
 {
     if (m->recompute_unit) {
         KPL_TRY(kpl_module_set_recompute(m, on));
+        (*count)++;
+    }
+    for (int i = 0; i < m->nspans; i++) {
+        kpl__recompute_span *s = m->spans[i];
+        for (int k = s->from; on && k < s->to; k++) {
+            const kpl_module *b = not_replayable(m->children[k]);
+            if (b) {
+                char path[256], bpath[256];
+                path_of(m->children[k], path, sizeof path);
+                path_of(b, bpath, sizeof bpath);
+                return KPL_ERROR(KPL_EINVAL,
+                                 "module %s (%s): cannot be recomputed: module %s is of kind "
+                                 "'%s', which does not declare KPL_MODULE_REPLAYABLE",
+                                 path, m->children[k]->kind->name, bpath, b->kind->name);
+            }
+        }
+        s->on = on;
         (*count)++;
     }
     for (int i = 0; i < m->nchildren; i++)

@@ -132,6 +132,9 @@ static kpl_status build_resnet(kpl_module *root, const kpl_model_config *c, int 
         kpl_pool2d_params mp = {.kernel = {3, 3}, .stride = {2, 2}, .padding = {1, 1}};
         KPL_TRY(kpl_nn_max_pool2d(root, "maxpool", &mp, NULL));
     }
+    /* the stem is a unit of memory.recompute: blocks (its activations at
+     * full resolution are a ResNet's largest) */
+    KPL_TRY(kpl_module_mark_recompute_span(root, 0, kpl_module_num_children(root)));
     int64_t in = c->width;
     double last_scale = c->zero_init_residual ? 0 : 1;
     int dil = 1;

@@ -364,7 +364,8 @@ static kpl_status make_recompute(kpl_trainer *t)
     }
     KPL_CHECK(total > 0, KPL_EINVAL,
               "memory.recompute: blocks, but model %s marks no blocks to recompute (the zoo marks "
-              "ResNet's residual blocks, U-Net's levels, ASPP, the FPN and SN-GAN's blocks); "
+              "ResNet's stem and residual blocks, U-Net's levels, ASPP, the FPN and SN-GAN's "
+              "blocks); "
               "set memory.recompute=none",
               t->r->model.name);
     return KPL_OK;
