@@ -238,7 +238,9 @@ static kpl_status run_node(engine *e, slot *s)
     if (st == KPL_OK && kpl_node_saved_dropped(n)) st = kpl_node_restore_saved(n, e->create_graph);
     kpl_tensor *gin[3] = {NULL, NULL, NULL};
     uint32_t mem_prev = kpl_memrec_active() ? kpl_mem_context_set(kpl_node_backward_mem_label(n)) : 0;
+    kpl_node_hold_saved(n, true); /* a budget must not let them go under the gradient */
     if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
+    kpl_node_hold_saved(n, false);
     if (kpl_memrec_active()) kpl_mem_context_set(mem_prev);
     for (int i = 0; st == KPL_OK && i < kpl_node_num_inputs(n); i++) {
         if (!gin[i] || !kpl_node_input_requires_grad(n, i)) continue;

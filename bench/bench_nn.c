@@ -97,7 +97,7 @@ static kpl_status unscale_grads(kpl_module *m, kpl_device *dev, bool *finite)
 }
 
 static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_dtype prec,
-                     const char *devname, bool recompute)
+                     const char *devname, bool recompute, double budget_mb)
 {
     kpl_set_num_threads(2);
     kpl_device *dev = NULL;
@@ -109,8 +109,12 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     kpl_module *m = NULL;
     if (bench_zoo(name, classes, dev, 0, &m) < 0) die("model");
     int units = 0; /* memory.recompute: blocks */
-    if (recompute && kpl_module_recompute_units(m, true, &units) < 0) die("recompute");
-    uint64_t replays0 = kpl_recompute_count();
+    if ((recompute || budget_mb > 0) && kpl_module_recompute_units(m, true, &units) < 0)
+        die("recompute");
+    /* memory.recompute: auto */
+    if (budget_mb > 0 && kpl_recompute_set_budget(dev, (size_t)(budget_mb * 1048576.0)) < 0)
+        die("budget");
+    uint64_t replays0 = kpl_recompute_count(), evictions0 = kpl_recompute_evictions();
     kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
     oc.lr = 0.01;
     oc.momentum = 0.9;
@@ -172,13 +176,15 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
     printf("RESULT model=%s device=%s precision=%s tf32=%d layout=%s batch=%lld params=%lld "
            "ms_median=%.3f maxrss_MiB=%.0f rss_before_first_step_MiB=%.0f flops_per_sample=%.6g "
            "loss_first=%.4f loss_last=%.4f alloc_peak_MiB=%.0f reserved_peak_MiB=%.0f "
-           "first_step_ms=%.1f recompute_units=%d replays_per_step=%.1f isa=%s conv_impls=%s\n",
+           "first_step_ms=%.1f recompute_units=%d replays_per_step=%.1f budget_MiB=%.0f "
+           "evictions_per_step=%.1f isa=%s conv_impls=%s\n",
            name, kpl_device_name(dev), kpl_dtype_name(prec), (int)kpl_get_tf32(), layout,
            (long long)batch, (long long)kpl_module_param_count(m), bench_median(ms, steps),
            maxrss_mib(), rss0, flops, loss0, loss1,
            (double)kpl_device_memory_stats(dev).peak_allocated / 1048576.0,
            (double)kpl_device_memory_stats(dev).peak_reserved / 1048576.0, first, units,
-           (double)(kpl_recompute_count() - replays0) / (warm + steps), isa,
+           (double)(kpl_recompute_count() - replays0) / (warm + steps), budget_mb,
+           (double)(kpl_recompute_evictions() - evictions0) / (warm + steps), isa,
            impls[0] ? impls : "none");
     free(ms);
     kpl_tensor_release(x);
@@ -193,6 +199,7 @@ static int run_steps(const char *name, int64_t batch, int warm, int steps, kpl_d
 
 typedef struct {
     double ms, rss, flops, first; /* first: the first step, algorithm search included */
+    double alloc_peak;            /* kpl's allocator peak, MiB */
     char isa[96], impls[256];     /* oneDNN's ISA and the convolutions' kernels */
 } step_result;
 
@@ -200,9 +207,10 @@ static void step_line(const char *line, void *ctx)
 {
     step_result *r = ctx;
     if (strncmp(line, "RESULT", 6)) return;
-    const char *keys[4] = {"ms_median=", "maxrss_MiB=", "flops_per_sample=", "first_step_ms="};
-    double *vals[4] = {&r->ms, &r->rss, &r->flops, &r->first};
-    for (int k = 0; k < 4; k++) {
+    const char *keys[5] = {
+        "ms_median=", "maxrss_MiB=", "flops_per_sample=", "first_step_ms=", "alloc_peak_MiB="};
+    double *vals[5] = {&r->ms, &r->rss, &r->flops, &r->first, &r->alloc_peak};
+    for (int k = 0; k < 5; k++) {
         const char *at = strstr(line, keys[k]);
         if (at) *vals[k] = strtod(at + strlen(keys[k]), NULL);
     }
@@ -221,8 +229,9 @@ static void step_line(const char *line, void *ctx)
 
 static step_result run_child(const char *cmd)
 {
-    step_result r = {NAN, NAN, NAN, NAN, "?", "?"};
-    if (bench_run_lines(cmd, step_line, &r) < 0) return (step_result){NAN, NAN, NAN, NAN, "?", "?"};
+    step_result r = {NAN, NAN, NAN, NAN, NAN, "?", "?"};
+    if (bench_run_lines(cmd, step_line, &r) < 0)
+        return (step_result){NAN, NAN, NAN, NAN, NAN, "?", "?"};
     if (isnan(r.ms)) {
         fprintf(stderr, "bench_nn: no RESULT line from: %s\n", cmd);
         bench_ref_failures++;
@@ -429,8 +438,8 @@ static void model_cases(const char *self, const char *baselines, int rounds, dou
 static void recompute_cases(const char *self, const char *bench_dir, const char *baselines,
                             int rounds)
 {
-    enum { NONE8, REC8, REC16, TORCH8, NRUNS };
-    double ms[NRUNS][8], rss[NRUNS][8];
+    enum { NONE8, REC8, REC16, TORCH8, AUTO8, NRUNS };
+    double ms[NRUNS][8], rss[NRUNS][8], apeak[NRUNS][8], budget = NAN;
     char cmd[4096];
     for (int r = 0; r < rounds; r++)
         for (int v = 0; v < NRUNS; v++) {
@@ -438,12 +447,18 @@ static void recompute_cases(const char *self, const char *bench_dir, const char 
                 snprintf(cmd, sizeof cmd,
                          "/usr/bin/python3 %s/torch_checkpoint.py %s r50 checkpoint 2 8 1 3",
                          bench_dir, baselines);
-            else
+            else if (v == AUTO8) {
+                /* a budget halfway between the allocator's peaks with every
+                 * block recomputed and with none (round 0's) */
+                if (r == 0) budget = floor((apeak[NONE8][0] + apeak[REC8][0]) / 2);
+                snprintf(cmd, sizeof cmd, "%s --step resnet50 8 1 3 f32 budget=%.0f", self, budget);
+            } else
                 snprintf(cmd, sizeof cmd, "%s --step resnet50 %d 1 3 f32%s", self,
                          v == REC16 ? 16 : 8, v == NONE8 ? "" : " recompute");
             step_result k = run_child(cmd);
             ms[v][r] = k.ms;
             rss[v][r] = k.rss;
+            apeak[v][r] = k.alloc_peak;
         }
     double m[NRUNS], p[NRUNS];
     char rg[NRUNS][2][BENCH_RANGE_LEN];
@@ -465,6 +480,17 @@ static void recompute_cases(const char *self, const char *bench_dir, const char 
     bench_emit("recompute", "resnet50_b8/peak_rss_vs_torch_checkpoint", "MiB", 0, p[REC8],
                p[TORCH8], "torch-cpu torch.utils.checkpoint", 1.0, ",\"rss_kpl\":%s,\"rss_ref\":%s",
                rg[REC8][1], rg[TORCH8][1]);
+    double ap = 0;
+    for (int r = 0; r < rounds; r++)
+        ap = apeak[AUTO8][r] > ap ? apeak[AUTO8][r] : ap;
+    bench_emit("recompute", "resnet50_b8/step_ms_auto_vs_none", "ms", 0, m[AUTO8], m[NONE8],
+               "kpl without recomputation", 1 / 1.5,
+               ",\"ms_kpl\":%s,\"ms_ref\":%s,\"budget_mib\":%.0f", rg[AUTO8][0], rg[NONE8][0],
+               budget);
+    bench_emit("recompute", "resnet50_b8/alloc_peak_auto_vs_budget", "MiB", 0, ap, budget,
+               "memory.budget_mb", 1.0,
+               ",\"alloc_peak_none_mib\":%.0f,\"alloc_peak_blocks_mib\":%.0f,\"rss_kpl\":%s",
+               bench_median(apeak[NONE8], rounds), bench_median(apeak[REC8], rounds), rg[AUTO8][1]);
     bench_emit("recompute", "resnet50_b8/step_ms_vs_torch_checkpoint", "ms", 0, m[REC8], m[TORCH8],
                "torch-cpu torch.utils.checkpoint", 1.0, ",\"ms_kpl\":%s,\"ms_ref\":%s", rg[REC8][0],
                rg[TORCH8][0]);
@@ -809,6 +835,7 @@ int main(int argc, char **argv)
         kpl_dtype prec = KPL_F32;
         const char *devname = "cpu";
         bool recompute = false; /* memory.recompute: blocks */
+        double budget_mb = 0;   /* memory.recompute: auto, memory.budget_mb */
         for (int i = 6; i < argc; i++) {
             if (!strcmp(argv[i], "bf16")) prec = KPL_BF16;
             else if (!strcmp(argv[i], "fp16")) prec = KPL_F16;
@@ -818,18 +845,21 @@ int main(int argc, char **argv)
             else if (!strcmp(argv[i], "nchw16c")) kpl_set_kept_layout(KPL_LAYOUT_NCHW16C);
             else if (!strcmp(argv[i], "deterministic")) kpl_set_deterministic(true);
             else if (!strcmp(argv[i], "recompute")) recompute = true;
+            else if (!strncmp(argv[i], "budget=", 7))
+                budget_mb = atof(argv[i] + 7);
             else if (!strcmp(argv[i], "tf32")) kpl_set_tf32(true);
             else if (!strncmp(argv[i], "device=", 7)) devname = argv[i] + 7;
-            else die("--step: unknown option (f32, bf16, fp16, plain, nhwc, nchw16c, "
-                     "deterministic, recompute, tf32, device=NAME)");
+            else
+                die("--step: unknown option (f32, bf16, fp16, plain, nhwc, nchw16c, "
+                    "deterministic, recompute, budget=MIB, tf32, device=NAME)");
         }
         return run_steps(argv[2], atoll(argv[3]), atoi(argv[4]), atoi(argv[5]), prec, devname,
-                         recompute);
+                         recompute, budget_mb);
     }
     if (argc != 3) {
         fprintf(stderr, "usage: bench_nn BASELINES_DIR BENCH_DIR | bench_nn --step MODEL BATCH "
                         "WARMUP STEPS [f32|bf16|fp16] [plain|nhwc|nchw16c] [deterministic] "
-                        "[recompute] [tf32] [device=NAME]\n");
+                        "[recompute] [budget=MIB] [tf32] [device=NAME]\n");
         return 2;
     }
     char self[2048];

@@ -678,6 +678,23 @@ bool kpl_node_saved_dropped(const kpl_node *n);
 /* How many regions this thread has recomputed (tests and benches). */
 uint64_t kpl_recompute_count(void);
 
+/* Recomputation under a byte budget (memory.recompute: auto): from here
+ * on this thread's regions are not let go when the next one begins;
+ * instead, whenever one of this thread's allocations on dev would take
+ * its allocated bytes past `bytes`, ended regions are let go one at a time
+ * (kpl_device_set_budget's release hook) until it fits, the region of
+ * least forward time / (bytes it frees x time since it ended) first
+ * (DTR's heuristic over regions).  An allocation that still does not fit
+ * fails with KPL_ENOMEM naming the budget, the request and the module.
+ * bytes 0 ends it.  Regions are released on the thread that recorded
+ * them. */
+kpl_status kpl_recompute_set_budget(kpl_device *dev, size_t bytes);
+/* How many regions this thread's budget has let go. */
+uint64_t kpl_recompute_evictions(void);
+/* While held (autograd holds a node during its gradient), a budget does
+ * not let go of the saved tensors of n's region; holds nest. */
+void kpl_node_hold_saved(kpl_node *n, bool hold);
+
 #ifdef __cplusplus
 }
 #endif

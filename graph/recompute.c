@@ -18,6 +18,16 @@
  *              the inputs and kept tensors are let go.
  *   FAILED     the replay failed or diverged: the nodes stay stripped and
  *              their gradients fail with the region's message.
+ *
+ * Under a budget (kpl_recompute_set_budget, memory.recompute: auto) an
+ * ended region is not stripped when the next one begins: it waits in the
+ * thread's list of evictable regions, and the allocator's release hook
+ * strips regions from it, one at a time, while an allocation would pass
+ * the budget, the region of least cost / (bytes x staleness) first (DTR's
+ * heuristic, Kirisame et al. 2021, over regions instead of tensors): cost
+ * is the time its forward took, bytes what stripping it lets go, staleness
+ * the time since it ended.  A region whose node is running its gradient
+ * is held (kpl_node_hold_saved) and never stripped under it.
  */
 #include "graph_impl.h"
 #include "ir.h"
@@ -25,6 +35,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { RECORDING, ENDED, STRIPPED, FILLED, FAILED };
 
@@ -50,6 +61,12 @@ struct kpl_recompute {
     kpl_tensor **kept; /* kpl_recompute_keep's */
     size_t nkept, cap_kept;
     kpl_dtype autocast;
+    /* under a budget */
+    double t_begin, cost, t_end; /* seconds */
+    size_t bytes;                /* what stripping lets go (its saved tensors' storages) */
+    int held;                    /* nodes running their gradient */
+    bool listed;                 /* in its thread's evictable list */
+    struct evictable *list;      /* that list */
     /* the replay */
     size_t at_node, at_draw, at_kept;
     bool keep_graph;
@@ -60,9 +77,39 @@ _Thread_local kpl_recompute *kpl__tl_region, *kpl__tl_replay;
 static _Thread_local kpl_recompute *tl_pending; /* ended, not yet stripped (owned) */
 static _Thread_local uint64_t tl_count;
 
+/* A thread's budget and its evictable regions (weak: a region leaves the
+ * list when it goes). */
+typedef struct evictable {
+    kpl_device *dev; /* NULL: no budget */
+    size_t budget;
+    kpl_recompute **r;
+    size_t n, cap;
+    uint64_t evictions;
+} evictable;
+static _Thread_local evictable tl_evict;
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void unlist(kpl_recompute *r)
+{
+    evictable *l = r->list;
+    for (size_t i = 0; l && i < l->n; i++)
+        if (l->r[i] == r) {
+            l->r[i] = l->r[--l->n];
+            break;
+        }
+    r->listed = false;
+}
+
 static void region_release(kpl_recompute *r)
 {
     if (!r || atomic_fetch_sub_explicit(&r->refcount, 1, memory_order_acq_rel) != 1) return;
+    if (r->listed) unlist(r);
     for (int i = 0; i < r->nin; i++)
         kpl_tensor_release(r->inputs[i]);
     for (size_t i = 0; i < r->nkept; i++)
@@ -148,6 +195,35 @@ static void strip(kpl_recompute *r)
     r->state = STRIPPED;
 }
 
+/* The bytes stripping r would let go: its saved tensors' storages (each
+ * once) but the kept ones. */
+static size_t strippable_bytes(const kpl_recompute *r)
+{
+    size_t total = 0, n = 0, cap = 0;
+    kpl_storage **seen = NULL;
+    for (size_t k = 0; k < r->nnodes; k++) {
+        kpl_node *nd = r->nodes[k];
+        if (!nd || nd->freed) continue;
+        kpl_tensor *ts[KPL_NODE_MAX_IN + 1];
+        int nt = 0;
+        for (int i = 0; i < nd->nin; i++)
+            if (nd->in[i].saved) ts[nt++] = nd->in[i].saved;
+        if (nd->saved_out) ts[nt++] = nd->saved_out;
+        for (int i = 0; i < nt; i++) {
+            if (kept_storage(r, ts[i])) continue;
+            kpl_storage *s = kpl_tensor_storage(ts[i]);
+            bool dup = false;
+            for (size_t j = 0; j < n && !dup; j++)
+                dup = seen[j] == s;
+            if (dup || !grow((void **)&seen, &cap, n, sizeof *seen)) continue;
+            seen[n++] = s;
+            total += kpl_tensor_nbytes(ts[i]);
+        }
+    }
+    free(seen);
+    return total;
+}
+
 /* The region that ended last goes to the stripped state (a new region
  * begins: the backward will not need it first). */
 static void strip_pending(void)
@@ -187,7 +263,7 @@ kpl_status kpl_recompute_begin(const char *name, int n, kpl_tensor *const *input
                          name ? name : "");
         return KPL_OK;
     }
-    strip_pending();
+    if (!tl_evict.dev) strip_pending();
     kpl_recompute *r = calloc(1, sizeof *r);
     if (r) r->inputs = calloc((size_t)n, sizeof *r->inputs);
     if (r) r->keep = calloc((size_t)n, sizeof *r->keep);
@@ -207,6 +283,7 @@ kpl_status kpl_recompute_begin(const char *name, int n, kpl_tensor *const *input
         r->keep[r->nkeep++] = kpl_tensor_storage(inputs[i]);
     }
     r->autocast = kpl_autocast_dtype();
+    r->t_begin = tl_evict.dev ? now_s() : 0;
     r->state = RECORDING;
     kpl__tl_region = r;
     *out = r;
@@ -238,6 +315,19 @@ kpl_status kpl_recompute_end(kpl_recompute *r, int n, kpl_tensor *const *outputs
         return KPL_OK;
     }
     r->state = ENDED;
+    if (tl_evict.dev) {
+        /* under a budget: evictable until the allocator needs the room */
+        r->t_end = now_s();
+        r->cost = r->t_end - r->t_begin;
+        r->bytes = strippable_bytes(r);
+        if (grow((void **)&tl_evict.r, &tl_evict.cap, tl_evict.n, sizeof *tl_evict.r)) {
+            tl_evict.r[tl_evict.n++] = r;
+            r->listed = true;
+            r->list = &tl_evict;
+        }
+        region_release(r); /* its nodes hold it */
+        return KPL_OK;
+    }
     tl_pending = r; /* the creator's reference */
     return KPL_OK;
 }
@@ -314,6 +404,65 @@ void kpl__recompute_forget(kpl_node *n)
     if (r->nodes[n->region_index] == n) r->nodes[n->region_index] = NULL;
     n->region = NULL;
     region_release(r);
+}
+
+/* ---- the budget (memory.recompute: auto) -------------------------------------------------- */
+
+/* The allocator's release hook: strips the evictable region of least
+ * cost / (bytes x staleness) that frees something; the bytes freed (0:
+ * nothing left to strip). */
+static size_t evict(kpl_device *dev, size_t excess, void *user)
+{
+    (void)excess, (void)user;
+    evictable *l = &tl_evict;
+    size_t before = kpl_device_memory_stats(dev).allocated;
+    for (;;) {
+        double t = now_s(), best = 0;
+        kpl_recompute *pick = NULL;
+        for (size_t i = 0; i < l->n; i++) {
+            kpl_recompute *r = l->r[i];
+            if (r->state != ENDED || r->held || !r->bytes) continue;
+            double stale = t - r->t_end > 1e-6 ? t - r->t_end : 1e-6;
+            double h = (r->cost > 1e-6 ? r->cost : 1e-6) / ((double)r->bytes * stale);
+            if (!pick || h < best) pick = r, best = h;
+        }
+        if (!pick) return 0;
+        strip(pick);
+        unlist(pick);
+        l->evictions++;
+        size_t after = kpl_device_memory_stats(dev).allocated;
+        if (after < before) return before - after;
+        /* its tensors are held elsewhere too: try the next one */
+    }
+}
+
+kpl_status kpl_recompute_set_budget(kpl_device *dev, size_t bytes)
+{
+    KPL_CHECK(!bytes || dev, KPL_EINVAL, "recompute_set_budget: NULL device");
+    if (tl_evict.dev) kpl_device_set_budget(tl_evict.dev, 0, NULL, NULL);
+    tl_evict.dev = bytes ? dev : NULL;
+    tl_evict.budget = bytes;
+    if (bytes) {
+        kpl_recompute_flush(); /* the lazy strip's region keeps its tensors */
+        kpl_device_set_budget(dev, bytes, evict, NULL);
+    } else {
+        for (size_t i = 0; i < tl_evict.n; i++)
+            tl_evict.r[i]->listed = false;
+        free(tl_evict.r);
+        tl_evict.r = NULL;
+        tl_evict.n = tl_evict.cap = 0;
+    }
+    return KPL_OK;
+}
+
+uint64_t kpl_recompute_evictions(void)
+{
+    return tl_evict.evictions;
+}
+
+void kpl_node_hold_saved(kpl_node *n, bool hold)
+{
+    if (n && n->region) n->region->held += hold ? 1 : -1;
 }
 
 /* ---- random draws ------------------------------------------------------------------------- */
@@ -420,6 +569,12 @@ static kpl_status replay(kpl_recompute *r, bool keep_graph)
         diverge(r, "its forward drew random numbers %zu times, the first run %zu", r->at_draw,
                 r->ndraws);
     release_replay_state(r);
+    if (st < 0) {
+        /* the forward failed this time (out of memory under a budget,
+         * say): its own message */
+        r->state = FAILED;
+        return kpl_error_prefix(st, "recompute of '%s': ", r->name);
+    }
     if (r->why[0]) {
         r->state = FAILED;
         return KPL_ERROR(st < 0 ? st : KPL_ESTATE,

@@ -290,6 +290,61 @@ void kpl__allocator_destroy(kpl_allocator *a)
     free(a);
 }
 
+/* ---- this thread's budget (kpl_device_set_budget) ----------------------------- */
+
+static _Thread_local struct {
+    kpl_allocator *a;
+    kpl_device *dev;
+    size_t bytes;
+    kpl_release_fn release;
+    void *user;
+    bool busy; /* in release: its allocations are not checked */
+} tl_budget;
+
+void kpl__allocator_set_budget(kpl_allocator *a, kpl_device *dev, size_t bytes,
+                               kpl_release_fn release, void *user)
+{
+    tl_budget.a = bytes ? a : NULL;
+    tl_budget.dev = dev;
+    tl_budget.bytes = bytes;
+    tl_budget.release = release;
+    tl_budget.user = user;
+}
+
+size_t kpl__allocator_budget(const kpl_allocator *a)
+{
+    return tl_budget.a == a ? tl_budget.bytes : 0;
+}
+
+static size_t allocated_now(kpl_allocator *a)
+{
+    pthread_mutex_lock(&a->lock);
+    size_t n = a->st.allocated;
+    pthread_mutex_unlock(&a->lock);
+    return n;
+}
+
+/* Frees memory through the release hook until size more bytes fit the
+ * budget, or fails naming it. */
+static kpl_status within_budget(kpl_allocator *a, size_t size, size_t extra, const char *what)
+{
+    tl_budget.busy = true;
+    size_t cur = allocated_now(a), need = size + extra;
+    while (cur + need > tl_budget.bytes && tl_budget.release &&
+           tl_budget.release(tl_budget.dev, cur + need - tl_budget.bytes, tl_budget.user) > 0)
+        cur = allocated_now(a);
+    tl_budget.busy = false;
+    if (cur + need <= tl_budget.bytes) return KPL_OK;
+    const char *ctx = kpl_mem_label_text(kpl_mem_context());
+    return KPL_ERROR(KPL_ENOMEM,
+                     "%s: %.2f MiB asked for in %s%s%s with %.2f MiB allocated and nothing "
+                     "left to recompute: over the memory budget of %.2f MiB on %s "
+                     "(memory.budget_mb: raise it, or lower the batch)",
+                     what ? what : "alloc", (double)size / 1048576.0, *ctx ? "'" : "",
+                     *ctx ? ctx : "no module", *ctx ? "'" : "", (double)cur / 1048576.0,
+                     (double)tl_budget.bytes / 1048576.0, a->src.name);
+}
+
 kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
                                 const char *what, void **out)
 {
@@ -301,6 +356,10 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
     bool small = size <= SMALL_MAX;
     pool *p = &a->pools[small];
     kpl_status st = KPL_OK;
+    /* a large block from the cache may come with up to LARGE_MIN_SPLIT
+     * more than asked (not split for less): counted so */
+    if (tl_budget.a == a && !tl_budget.busy)
+        KPL_TRY(within_budget(a, size, small ? 0 : LARGE_MIN_SPLIT - ROUND_UNIT, what));
 
     pthread_mutex_lock(&a->lock);
     a->st.n_alloc++;

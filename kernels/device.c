@@ -326,6 +326,16 @@ kpl_status kpl_device_alloc(kpl_device *dev, size_t bytes, const char *what,
     return kpl__allocator_alloc(dev->alloc, bytes, what, out);
 }
 
+void kpl_device_set_budget(kpl_device *dev, size_t bytes, kpl_release_fn release, void *user)
+{
+    if (dev) kpl__allocator_set_budget(dev->alloc, dev, bytes, release, user);
+}
+
+size_t kpl_device_budget(const kpl_device *dev)
+{
+    return dev ? kpl__allocator_budget(dev->alloc) : 0;
+}
+
 void kpl_device_free(kpl_device *dev, void *ptr)
 {
     if (dev && ptr) kpl__allocator_free(dev->alloc, ptr);

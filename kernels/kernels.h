@@ -374,6 +374,20 @@ void kpl_device_empty_cache(kpl_device *dev);
 /* Caps reserved bytes (0 = no cap).  An allocation past the cap first
  * releases cached segments, then fails with KPL_ENOMEM. */
 void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
+/* A budget for the calling thread's allocations on dev (what
+ * memory.recompute: auto holds a step under, graph.h): before an
+ * allocation would take dev's allocated bytes past `bytes`, `release(dev,
+ * excess, user)` runs on this thread, outside the allocator's lock, to
+ * free memory, and runs again as long as it frees some (it returns the
+ * bytes it freed; its own allocations are not checked).  When the request
+ * still does not fit, the allocation fails with KPL_ENOMEM naming the
+ * budget, the request, the bytes allocated and the thread's memory
+ * context (the module it ran in).  bytes 0 ends it; other threads'
+ * allocations (a loader's) are not checked, though they count. */
+typedef size_t (*kpl_release_fn)(kpl_device *dev, size_t excess, void *user);
+void kpl_device_set_budget(kpl_device *dev, size_t bytes, kpl_release_fn release, void *user);
+/* This thread's budget on dev (0: none). */
+size_t kpl_device_budget(const kpl_device *dev);
 
 /* ---- memory recording (the memory profile's raw material; memrec.c) ----
  * While a recorder runs on a device, its allocator logs every block handed

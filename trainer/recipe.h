@@ -80,9 +80,11 @@ KPL_ENUM_DECLARE(kpl_lr_span);
     X(KPL_PROGRESS_AUTO, "auto") X(KPL_PROGRESS_ALWAYS, "always") X(KPL_PROGRESS_NEVER, "never")
 typedef enum { KPL_PROGRESS_MODES(KPL_ENUM_VALUE) } kpl_progress_mode;
 KPL_ENUM_DECLARE(kpl_progress_mode);
-/* memory.recompute: keep every tensor the backward needs, or recompute
- * the blocks the zoo marks (kpl_module_recompute_units) in the backward. */
-#define KPL_RECOMPUTE_MODES(X) X(KPL_RECOMPUTE_NONE, "none") X(KPL_RECOMPUTE_BLOCKS, "blocks")
+/* memory.recompute: keep every tensor the backward needs, recompute the
+ * blocks the zoo marks (kpl_module_recompute_units) in the backward, or
+ * only as many of them as memory.budget_mb needs (kpl_recompute_set_budget). */
+#define KPL_RECOMPUTE_MODES(X)                                                                     \
+    X(KPL_RECOMPUTE_NONE, "none") X(KPL_RECOMPUTE_BLOCKS, "blocks") X(KPL_RECOMPUTE_AUTO, "auto")
 typedef enum { KPL_RECOMPUTE_MODES(KPL_ENUM_VALUE) } kpl_recompute_mode;
 KPL_ENUM_DECLARE(kpl_recompute_mode);
 
@@ -175,6 +177,7 @@ typedef struct {
     } profile;
     struct {
         kpl_recompute_mode recompute; /* docs/memory.md, "Recomputation" */
+        double budget_mb;             /* auto: the allocator's bound, MiB */
     } memory;
 } kpl_recipe;
 

@@ -46,6 +46,10 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
                                 const char *what, void **out);
 void kpl__allocator_free(kpl_allocator *a, void *ptr);
 kpl_memory_stats kpl__allocator_stats(kpl_allocator *a);
+/* kpl_device_set_budget / kpl_device_budget for this thread (alloc.c). */
+void kpl__allocator_set_budget(kpl_allocator *a, kpl_device *dev, size_t bytes,
+                               kpl_release_fn release, void *user);
+size_t kpl__allocator_budget(const kpl_allocator *a);
 void kpl__allocator_reset_peak(kpl_allocator *a);
 void kpl__allocator_empty_cache(kpl_allocator *a);
 void kpl__allocator_set_limit(kpl_allocator *a, size_t bytes);

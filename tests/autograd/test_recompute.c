@@ -102,11 +102,10 @@ static kpl_tensor *run_block(blk *s, kpl_tensor *x, bool recompute)
     /* the block's temporaries go with its pool (as a module's do) */
     kpl_pool *p = kpl_pool_push();
     kpl_tensor *y = block(s, x);
-    assert_non_null(y);
-    kpl_tensor_retain(y);
+    if (y) kpl_tensor_retain(y);
     kpl_pool_pop(p);
-    kpl_autorelease(y);
-    if (recompute) OK(kpl_recompute_end(r, 1, &y));
+    if (y) kpl_autorelease(y);
+    if (recompute) OK(kpl_recompute_end(r, y ? 1 : 0, &y));
     return y;
 }
 
@@ -117,8 +116,9 @@ typedef struct {
     float *grads[NBLK][4], *xgrad, *stats[NBLK][2];
     uint64_t rng_offset[NBLK];
     int calls[NBLK];
-    size_t held;
-    uint64_t replays;
+    size_t held, base, peak; /* allocated after the forward, before it; the step's peak */
+    uint64_t replays, evictions;
+    kpl_status st;
 } outcome;
 
 static float *host_copy(kpl_tensor *t)
@@ -131,7 +131,10 @@ static float *host_copy(kpl_tensor *t)
     return v;
 }
 
-static void run_net(bool recompute, kpl_dtype autocast, bool diverge, outcome *o)
+/* The three blocks with or without regions; budget: the allocator's
+ * bound (kpl_recompute_set_budget), 0 for none. */
+static void run_net_budget(bool recompute, kpl_dtype autocast, bool diverge, size_t budget,
+                           outcome *o)
 {
     memset(o, 0, sizeof *o);
     blk s[NBLK];
@@ -144,18 +147,27 @@ static void run_net(bool recompute, kpl_dtype autocast, bool diverge, outcome *o
     kpl_rng_destroy(r);
     OK(kpl_set_requires_grad(x, true));
     kpl_dtype prev = KPL_F32;
-    uint64_t replays0 = kpl_recompute_count();
+    uint64_t replays0 = kpl_recompute_count(), ev0 = kpl_recompute_evictions();
+    kpl_device *cpu = kpl_device_cpu();
     kpl_pool *p = kpl_pool_push();
+    o->base = kpl_device_memory_stats(cpu).allocated;
+    kpl_device_reset_peak(cpu);
+    if (budget) OK(kpl_recompute_set_budget(cpu, o->base + budget));
     OK(kpl_set_autocast(autocast, &prev));
     kpl_tensor *y = x;
-    for (int k = 0; k < NBLK; k++)
+    for (int k = 0; k < NBLK && y; k++)
         y = run_block(&s[k], y, recompute);
     OK(kpl_set_autocast(prev, NULL));
-    kpl_tensor *loss = kpl_mean(kpl_square(kpl_cast(y, KPL_F32)), NULL, 0, false);
-    assert_non_null(loss);
-    o->held = kpl_device_memory_stats(kpl_device_cpu()).allocated;
-    kpl_status st = kpl_backward(loss, NULL, false);
-    if (diverge) {
+    kpl_tensor *loss = y ? kpl_mean(kpl_square(kpl_cast(y, KPL_F32)), NULL, 0, false) : NULL;
+    o->held = kpl_device_memory_stats(cpu).allocated;
+    kpl_status st = loss ? kpl_backward(loss, NULL, false) : kpl_last_status();
+    o->peak = kpl_device_memory_stats(cpu).peak_allocated;
+    o->st = st;
+    o->evictions = kpl_recompute_evictions() - ev0;
+    if (budget) OK(kpl_recompute_set_budget(cpu, 0));
+    if (budget && st < 0) {
+        print_message("over the budget: %s\n", kpl_last_error());
+    } else if (diverge) {
         assert_int_equal(st, KPL_ESTATE);
         print_message("diverged: %s\n", kpl_last_error());
         assert_non_null(strstr(kpl_last_error(), "recompute of 'blocks.1'"));
@@ -180,6 +192,11 @@ static void run_net(bool recompute, kpl_dtype autocast, bool diverge, outcome *o
         blk_free(&s[k]);
     }
     kpl_tensor_release(x);
+}
+
+static void run_net(bool recompute, kpl_dtype autocast, bool diverge, outcome *o)
+{
+    run_net_budget(recompute, autocast, diverge, 0, o);
 }
 
 static void outcome_free(outcome *o)
@@ -235,6 +252,39 @@ static void test_regions_exact(void **state)
         outcome_free(&plain);
         outcome_free(&rec);
     }
+}
+
+/* Under a budget between the peak with every region let go and the peak
+ * without any: the step stays under it, lets some regions go, and gives
+ * the same bits; a budget below what the step needs with every region
+ * let go fails, naming it. */
+static void test_budget(void **state)
+{
+    (void)state;
+    outcome plain, all, mid, tiny;
+    run_net(false, KPL_F32, false, &plain);
+    run_net(true, KPL_F32, false, &all);
+    size_t p_plain = plain.peak - plain.base, p_all = all.peak - all.base;
+    size_t budget = (p_plain + p_all) / 2;
+    run_net_budget(true, KPL_F32, false, budget, &mid);
+    print_message("step peak: %zu bytes without regions, %zu with all let go, %zu under a "
+                  "budget of %zu (%llu evictions, %llu replays)\n",
+                  p_plain, p_all, mid.peak - mid.base, budget, (unsigned long long)mid.evictions,
+                  (unsigned long long)mid.replays);
+    assert_true(p_all < p_plain);
+    OK(mid.st);
+    assert_true(mid.peak - mid.base <= budget);
+    assert_true(mid.evictions >= 1);
+    assert_true(mid.replays >= 1 && mid.replays <= 2);
+    assert_same(&plain, &mid);
+    /* a budget the blocks' inputs alone do not fit */
+    run_net_budget(true, KPL_F32, false, (size_t)N * C * H * W * 4, &tiny);
+    assert_int_equal(tiny.st, KPL_ENOMEM);
+    assert_non_null(strstr(kpl_last_error(), "over the memory budget of"));
+    outcome_free(&plain);
+    outcome_free(&all);
+    outcome_free(&mid);
+    outcome_free(&tiny);
 }
 
 static void test_replay_diverges(void **state)
@@ -337,6 +387,7 @@ int run_recompute_tests(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_regions_exact),
         cmocka_unit_test(test_replay_diverges),
+        cmocka_unit_test(test_budget),
         cmocka_unit_test(test_second_order),
         cmocka_unit_test(test_nesting_and_modes),
     };

@@ -11,6 +11,12 @@
 #              to 1e-4 and the same accuracy; so do 1 x (2 micro-batches of
 #              32) and 2 x (2 x 16) with gradient accumulation (under
 #              kplrun)
+#   recompute  the ResNet-18 recipe, 4 steps: memory.recompute blocks and
+#              auto (a budget between blocks' peak and none's) give the
+#              same loss at every step, bit for bit, as none; each step's
+#              allocator peak is lower with blocks, and under the budget with
+#              auto; a budget the step cannot fit stops the run at step 1,
+#              naming the module and the budget
 #   imagenet   the ImageNet ResNet-50 recipe for a few steps on a generated
 #              image folder converted to KPLRecord on first use
 #   example    examples/autoencoder.c (a model and a task of its own, KPL is
@@ -80,8 +86,13 @@ cli)
   [[ $rc == 1 ]] || die "missing dataset: exit $rc"
   grep -q "$tmp/none/train" err.txt || die "missing dataset message: $(cat err.txt)"
   # recomputation: a mode that does not exist; a model with no blocks
-  expect_usage_error "recompute mode" "memory.recompute: expected one of none, blocks; got 'all'" \
+  expect_usage_error "recompute mode" \
+    "memory.recompute: expected one of none, blocks, auto; got 'all'" \
     train "$recipe" memory.recompute=all
+  expect_usage_error "auto without a budget" "memory.recompute: auto needs memory.budget_mb" \
+    train "$recipe" memory.recompute=auto
+  expect_usage_error "budget without auto" "memory.budget_mb is for memory.recompute: auto (it is blocks)" \
+    train "$recipe" memory.recompute=blocks memory.budget_mb=100
   set +e
   "$kpl" train "$src/recipes/fashion_mnist/lenet.yaml" memory.recompute=blocks \
     run_dir="$tmp/rl" > out.txt 2> err.txt
@@ -91,6 +102,40 @@ cli)
   grep -q "memory.recompute: blocks, but model lenet marks no blocks" err.txt \
     || die "recompute of lenet: $(cat err.txt)"
   ! ls "$tmp"/rl/checkpoints/*.kpl > /dev/null 2>&1 || die "recompute of lenet wrote a checkpoint"
+  ;;
+
+recompute)
+  need_fm
+  R=("$src/recipes/fashion_mnist/resnet18.yaml" "${FM[@]}" "${QUIET[@]}" max_steps=4
+     deterministic=true log.every_steps=1 eval.every_epochs=0)
+  peaks() { sed -n 's/.*"event":"timing".*"peak_mb":\([^,}]*\).*/\1/p' "$1/metrics.jsonl"; }
+  "$kpl" train "${R[@]}" run_dir=none > none.txt 2> none.err || die "none: $(tail -3 none.err)"
+  "$kpl" train "${R[@]}" run_dir=blocks memory.recompute=blocks > blocks.txt 2> blocks.err \
+    || die "blocks: $(tail -3 blocks.err)"
+  grep -q "memory.recompute: 9 blocks of model run again" blocks.txt || die "$(head -5 blocks.txt)"
+  pn=$(peaks none | sort -g | tail -n 1) pb=$(peaks blocks | sort -g | tail -n 1)
+  budget=$(awk -v a="$pn" -v b="$pb" 'BEGIN { printf "%d", (a + b) / 2 }')
+  "$kpl" train "${R[@]}" run_dir=auto memory.recompute=auto memory.budget_mb="$budget" \
+    > auto.txt 2> auto.err || die "auto: $(tail -3 auto.err)"
+  for m in blocks auto; do
+    losses none > none.loss
+    losses $m > $m.loss
+    [[ $(wc -l < none.loss) == 4 ]] || die "none: $(wc -l < none.loss) steps"
+    cmp -s none.loss $m.loss || die "$m's losses differ: $(paste none.loss $m.loss)"
+  done
+  awk -v a="$pn" -v b="$pb" 'BEGIN { exit !(b < 0.8 * a) }' || die "blocks peak $pb MiB, none $pn"
+  for p in $(peaks auto); do
+    awk -v p="$p" -v b="$budget" 'BEGIN { exit !(p <= b) }' || die "auto: peak $p MiB over $budget"
+  done
+  echo "peaks: none $pn MiB, blocks $pb, auto under $budget: $(peaks auto | paste -sd' ')"
+  set +e
+  "$kpl" train "${R[@]}" run_dir=tiny memory.recompute=auto memory.budget_mb=40 > tiny.txt 2> tiny.err
+  rc=$?
+  set -e
+  [[ $rc == 1 ]] || die "a budget too small: exit $rc"
+  grep -q "over the memory budget of 40.00 MiB on cpu" tiny.err || die "tiny: $(cat tiny.err)"
+  grep -q "asked for in '" tiny.err || die "tiny names no module: $(cat tiny.err)"
+  ! grep -q '"event":"train"' tiny/metrics.jsonl 2> /dev/null || die "tiny took a step"
   ;;
 
 fmnist)

@@ -512,6 +512,16 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
     if (r->profile.memory && ps[0] <= 0)
         return KPL_ERROR(KPL_EINVAL, "%s: profile.memory: true needs profile.steps, the steps "
                          "it profiles (e.g. [5, 5])", AT("profile.memory"));
+    if (r->memory.recompute == KPL_RECOMPUTE_AUTO && r->memory.budget_mb <= 0)
+        return KPL_ERROR(KPL_EINVAL,
+                         "%s: memory.recompute: auto needs memory.budget_mb, the "
+                         "MiB the training device's allocator may hold (e.g. 4096)",
+                         AT("memory.recompute"));
+    if (r->memory.recompute != KPL_RECOMPUTE_AUTO && r->memory.budget_mb > 0)
+        return KPL_ERROR(KPL_EINVAL,
+                         "%s: memory.budget_mb is for memory.recompute: auto "
+                         "(it is %s)",
+                         AT("memory.budget_mb"), kpl_recompute_mode_names[r->memory.recompute]);
     if (sc->min_lr > oc->lr)
         return KPL_ERROR(KPL_EINVAL, "%s: schedule.min_lr: %g is above optimizer.lr %g",
                          AT("schedule.min_lr"), sc->min_lr, oc->lr);

@@ -351,10 +351,14 @@ const field kpl__rc_fields[] = {
            "peak, what made it and why it is alive) into RUN_DIR/profile/memory-rank-NNNNN.json "
            "and a live-bytes track in the trace (docs/memory.md)"),
     F_ENUM("memory.recompute", memory.recompute, "none", kpl_recompute_mode_names,
-           "none, or blocks: the blocks the model marks (ResNet's stem and residual blocks, "
+           "none; blocks: the blocks the model marks (ResNet's stem and residual blocks, "
            "U-Net's levels, ASPP, the FPN, SN-GAN's blocks) keep only their inputs and outputs and "
            "run again in the backward: less memory for about one more forward, the same "
-           "losses and gradients (docs/memory.md)"),
+           "losses and gradients; auto: only as many of them as keep the allocator under "
+           "memory.budget_mb (docs/memory.md)"),
+    F_FLOAT("memory.budget_mb", memory.budget_mb, "0", 0, 1e9,
+            "memory.recompute: auto: the bound on the training device's allocated MiB (0 with "
+            "auto is an error; a step that cannot fit stops the run, naming the module)"),
 
     F_INT("eval.every_epochs", eval.every_epochs, "1", 0, BIG,
           "validate after every N epochs (0: only at the end)"),

@@ -469,8 +469,9 @@ kpl_status kpl_module_forward_list(kpl_module *m, const kpl_tensor_list *in, kpl
                                     forward_again, m, &region));
         if (region) m->recompute_root = depth == 0;
     }
-    /* the memory profile names the module its blocks were made in */
-    bool mem = kpl_memrec_active();
+    /* the memory profile names the module its blocks were made in; so
+     * does a budget's error (memory.budget_mb) */
+    bool mem = kpl_memrec_active() || kpl_device_budget(m->dev) > 0;
     uint32_t mem_prev = mem ? kpl_mem_context_set(kpl_mem_label((path_of(m, path, sizeof path), path)))
                             : 0;
     /* The forward's temporaries (a linear's product before its bias, a

@@ -90,7 +90,12 @@ static kpl_status run_eval(kpl_trainer *t)
     if (!t->val) return KPL_OK;
     double t0 = kpl_seconds();
     kpl__tmark m = kpl__timing_begin(t, -1);
+    /* memory.budget_mb bounds the training steps, not the evaluation
+     * (nothing there to recompute) */
+    size_t budget = kpl_device_budget(kpl_trainer_device(t));
+    if (budget) kpl_recompute_set_budget(kpl_trainer_device(t), 0);
     kpl_status st = kpl_trainer_evaluate(t, &t->val_res);
+    if (budget) kpl_recompute_set_budget(kpl_trainer_device(t), budget);
     kpl__timing_end(t, m, "evaluation", -1);
     KPL_TRY(st);
     t->have_val = true;

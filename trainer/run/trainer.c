@@ -363,11 +363,16 @@ static kpl_status make_recompute(kpl_trainer *t)
         total += n;
     }
     KPL_CHECK(total > 0, KPL_EINVAL,
-              "memory.recompute: blocks, but model %s marks no blocks to recompute (the zoo marks "
+              "memory.recompute: %s, but model %s marks no blocks to recompute (the zoo marks "
               "ResNet's stem and residual blocks, U-Net's levels, ASPP, the FPN and SN-GAN's "
               "blocks); "
               "set memory.recompute=none",
-              t->r->model.name);
+              kpl_recompute_mode_names[t->r->memory.recompute], t->r->model.name);
+    if (t->r->memory.recompute == KPL_RECOMPUTE_AUTO) {
+        KPL_TRY(kpl_recompute_set_budget(t->dev, (size_t)(t->r->memory.budget_mb * 1048576.0)));
+        kpl_trainer_info(t, "memory.recompute: auto: blocks let go only to keep %s under %.0f MiB",
+                         kpl_device_name(t->dev), t->r->memory.budget_mb);
+    }
     return KPL_OK;
 }
 
@@ -608,6 +613,7 @@ static kpl_comm *failed_comm;
 void kpl_trainer_destroy(kpl_trainer *t)
 {
     if (!t) return;
+    if (kpl_device_budget(t->dev)) kpl_recompute_set_budget(t->dev, 0);
     if (t->task_state) t->task->destroy(t->task_state);
     for (int k = 0; k < t->rep.nwatch; k++) kpl_tensor_release(t->rep.watch[k].loss);
     free(t->rep.watch);
