@@ -13,8 +13,9 @@
 #              1 rank x 8, the same losses to 1e-4 at every step and the
 #              same figures; the confusion matrix is summed over the ranks
 #              (every validation image counted once); with
-#              memory.recompute: blocks, the 2 ranks' losses are the same
-#              to the last digit
+#              memory.recompute: blocks, and auto under a budget between
+#              the two peaks, the 2 ranks' losses are the same to the last
+#              digit
 #   shards     kpl eval of one checkpoint on 1, 2 and 3 ranks (uneven
 #              shares of the validation split): the same figures to the
 #              last digit
@@ -191,6 +192,17 @@ np2)
     || die "no recompute line: $(head -8 rec.txt)"
   losses rec > rec.loss
   cmp -s two.loss rec.loss || die "recomputed losses differ: $(paste two.loss rec.loss | head -8)"
+  # and auto, under a budget halfway between the two runs' peaks
+  peak() { sed -n 's/.*"event":"timing".*"peak_mb":\([^,}]*\).*/\1/p' "$1/metrics.jsonl" | sort -g | tail -n 1; }
+  budget=$(awk -v a="$(peak two)" -v b="$(peak rec)" 'BEGIN { printf "%d", (a + b) / 2 + 1 }')
+  "$kplrun" -np 2 -- "$kpl" train "${R[@]}" run_dir=auto data.train.batch_size=4 \
+    memory.recompute=auto memory.budget_mb="$budget" > auto.txt 2> auto.err \
+    || die "2 ranks, auto: $(tail -5 auto.err)"
+  losses auto > auto.loss
+  cmp -s two.loss auto.loss || die "auto's losses differ: $(paste two.loss auto.loss | head -8)"
+  awk -v p="$(peak auto)" -v b="$budget" 'BEGIN { exit !(p <= b) }' \
+    || die "auto: peak $(peak auto) MiB over the budget of $budget"
+  grep -q '"recomputed_per_step":[1-9]' auto/metrics.jsonl || die "auto recomputed nothing"
   ;;
 
 voc)

@@ -127,7 +127,13 @@ recompute)
   for p in $(peaks auto); do
     awk -v p="$p" -v b="$budget" 'BEGIN { exit !(p <= b) }' || die "auto: peak $p MiB over $budget"
   done
-  echo "peaks: none $pn MiB, blocks $pb, auto under $budget: $(peaks auto | paste -sd' ')"
+  # blocks runs 8 of its 9 units again (not the last); auto fewer, but some
+  rec() { sed -n 's/.*"event":"timing".*"recomputed_per_step":\([^,}]*\).*/\1/p' "$1/metrics.jsonl"; }
+  [[ $(rec blocks | sort -u) == 8.0 ]] || die "blocks recomputed $(rec blocks | paste -sd' ') a step"
+  ra=$(rec auto | tail -n 1)
+  awk -v r="$ra" 'BEGIN { exit !(r >= 1 && r < 8) }' || die "auto recomputed $(rec auto | paste -sd' ')"
+  ! grep -q recomputed_per_step none/metrics.jsonl || die "none reports recomputation"
+  echo "peaks: none $pn MiB, blocks $pb, auto under $budget: $(peaks auto | paste -sd' '); auto recomputed $ra a step"
   set +e
   "$kpl" train "${R[@]}" run_dir=tiny memory.recompute=auto memory.budget_mb=40 > tiny.txt 2> tiny.err
   rc=$?

@@ -162,6 +162,7 @@ typedef struct {
     double sum[KPL__T_PARTS];  /* seconds per part since the last timing record */
     int64_t step0;             /* t->step at the last timing record */
     kpl_bucketer_stats b0[KPL__MAX_MODELS]; /* each model's bucketer counters then */
+    uint64_t recomputed0;                   /* kpl_recompute_count() then (memory.recompute) */
 } kpl__timing;
 
 /* A region being timed: the part it interrupted and its start. */

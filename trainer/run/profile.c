@@ -552,6 +552,13 @@ kpl_status kpl__timing_report(kpl_trainer *t)
     json_object_set_new(j, "bucket_wait_ms", json_real(wait_s * ms));
     json_object_set_new(j, "peak_mb", json_real(mine[1]));
     json_object_set_new(j, "peak_mb_max", json_real(peak_max));
+    if (t->r->memory.recompute != KPL_RECOMPUTE_NONE) {
+        /* memory.recompute: the blocks run again per step (this rank's) */
+        uint64_t rc = kpl_recompute_count();
+        json_object_set_new(j, "recomputed_per_step",
+                            json_real((double)(rc - tm->recomputed0) / (double)n));
+        tm->recomputed0 = rc;
+    }
     json_object_set_new(j, "slowest_rank", json_integer(slow));
     json_object_set_new(j, "slowest_step_ms", json_real(slow_ms));
     json_object_set_new(j, "fastest_step_ms", json_real(fast_ms));
