@@ -548,19 +548,29 @@ static kpl_status check_rules(node *root, kpl_recipe *r, bool known_task)
 
 static kpl_status bind(node *root, const char *file, bool known_task, kpl_recipe *r)
 {
-    /* what no key sets keeps its module's default; pointers stay NULL */
+    /* what no key sets keeps its module's default; pointers stay NULL.
+     * The defaults are copied byte for byte from static objects, whose
+     * padding is zero: assigning a compound literal may copy a stack
+     * temporary's padding, and a resolved recipe must read back to the
+     * same bytes (fuzz_recipe compares them). */
+    static const kpl_loader_config loader = KPL_LOADER_CONFIG_INIT;
+    static const kpl_convert_options convert = KPL_CONVERT_OPTIONS_INIT;
+    static const kpl_optim_config optim = KPL_OPTIM_CONFIG_INIT;
+    static const kpl_lr_schedule sched = KPL_LR_SCHEDULE_INIT;
+    static const kpl_comm_config comm = KPL_COMM_CONFIG_INIT;
+    static const kpl_bucketer_config buckets = KPL_BUCKETER_CONFIG_INIT;
     memset(r, 0, sizeof *r);
     kpl_recipe_split *sp[2] = {&r->data.train, &r->data.val};
     for (int i = 0; i < 2; i++) {
-        sp[i]->loader = (kpl_loader_config)KPL_LOADER_CONFIG_INIT;
+        memcpy(&sp[i]->loader, &loader, sizeof loader);
         sp[i]->loader.transform.image_feature = sp[i]->loader.transform.label_feature = NULL;
     }
-    r->data.convert.options = (kpl_convert_options)KPL_CONVERT_OPTIONS_INIT;
-    r->optimizer.config = (kpl_optim_config)KPL_OPTIM_CONFIG_INIT;
-    r->schedule.config = (kpl_lr_schedule)KPL_LR_SCHEDULE_INIT;
+    memcpy(&r->data.convert.options, &convert, sizeof convert);
+    memcpy(&r->optimizer.config, &optim, sizeof optim);
+    memcpy(&r->schedule.config, &sched, sizeof sched);
     r->schedule.config.base_lr = r->schedule.config.epochs = 0; /* the trainer's */
-    r->dist.comm = (kpl_comm_config)KPL_COMM_CONFIG_INIT;
-    r->dist.buckets = (kpl_bucketer_config)KPL_BUCKETER_CONFIG_INIT;
+    memcpy(&r->dist.comm, &comm, sizeof comm);
+    memcpy(&r->dist.buckets, &buckets, sizeof buckets);
     KPL_TRY(check_unknown(root, ""));
     for (int i = 0; i < kpl__rc_nfields; i++) {
         const field *f = &kpl__rc_fields[i];
