@@ -577,7 +577,7 @@ static kpl_status replay(kpl_recompute *r, bool keep_graph)
     }
     if (r->why[0]) {
         r->state = FAILED;
-        return KPL_ERROR(st < 0 ? st : KPL_ESTATE,
+        return KPL_ERROR(KPL_ESTATE,
                          "recompute of '%s': %s (a recomputed module must compute what it "
                          "computed in the forward)",
                          r->name, r->why);
@@ -591,10 +591,7 @@ kpl_status kpl_node_restore_saved(kpl_node *n, bool keep_graph)
     if (!n || !n->dropped) return KPL_OK;
     kpl_recompute *r = n->region;
     KPL_CHECK(r != NULL, KPL_ESTATE, "recompute: node '%s' lost its region", kpl_op_name(n->op));
-    if (r->state == STRIPPED) {
-        /* the gradient's own pool must not take the replay's results */
-        KPL_TRY(replay(r, keep_graph));
-    }
+    if (r->state == STRIPPED) KPL_TRY(replay(r, keep_graph));
     if (r->state == FAILED) return KPL_ERROR(KPL_ESTATE, "recompute of '%s': %s", r->name, r->why);
     KPL_CHECK(!n->dropped, KPL_ESTATE,
               "recompute of '%s': the replay gave nothing to '%s' (op %zu of the region)", r->name,

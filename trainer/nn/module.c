@@ -528,21 +528,27 @@ static const kpl_module *not_replayable(const kpl_module *m)
     return NULL;
 }
 
+/* KPL_EINVAL naming m and the first module under it that is not
+ * replayable, or KPL_OK. */
+static kpl_status check_replayable(const kpl_module *m)
+{
+    const kpl_module *b = not_replayable(m);
+    if (!b) return KPL_OK;
+    char path[256], bpath[256];
+    path_of(m, path, sizeof path);
+    path_of(b, bpath, sizeof bpath);
+    return KPL_ERROR(KPL_EINVAL,
+                     "module %s (%s): cannot be recomputed: module %s is of kind '%s', which "
+                     "does not declare KPL_MODULE_REPLAYABLE (a forward run again must compute "
+                     "the same values and change nothing outside kpl's ops, e.g. write no "
+                     "host memory; a kind that does so declares it in its flags)",
+                     path, m->kind->name, bpath, b->kind->name);
+}
+
 kpl_status kpl_module_set_recompute(kpl_module *m, bool on)
 {
     KPL_CHECK(m != NULL, KPL_EINVAL, "module: set_recompute of NULL");
-    const kpl_module *b = on ? not_replayable(m) : NULL;
-    if (b) {
-        char path[256], bpath[256];
-        path_of(m, path, sizeof path);
-        path_of(b, bpath, sizeof bpath);
-        return KPL_ERROR(KPL_EINVAL,
-                         "module %s (%s): cannot be recomputed: module %s is of kind '%s', which "
-                         "does not declare KPL_MODULE_REPLAYABLE (a forward run again must compute "
-                         "the same values and change nothing outside kpl's ops, e.g. write no "
-                         "host memory; a kind that does so declares it in its flags)",
-                         path, m->kind->name, bpath, b->kind->name);
-    }
+    if (on) KPL_TRY(check_replayable(m));
     m->recompute = on;
     return KPL_OK;
 }
@@ -597,18 +603,8 @@ static kpl_status units(kpl_module *m, bool on, int *count)
     }
     for (int i = 0; i < m->nspans; i++) {
         kpl__recompute_span *s = m->spans[i];
-        for (int k = s->from; on && k < s->to; k++) {
-            const kpl_module *b = not_replayable(m->children[k]);
-            if (b) {
-                char path[256], bpath[256];
-                path_of(m->children[k], path, sizeof path);
-                path_of(b, bpath, sizeof bpath);
-                return KPL_ERROR(KPL_EINVAL,
-                                 "module %s (%s): cannot be recomputed: module %s is of kind "
-                                 "'%s', which does not declare KPL_MODULE_REPLAYABLE",
-                                 path, m->children[k]->kind->name, bpath, b->kind->name);
-            }
-        }
+        for (int k = s->from; on && k < s->to; k++)
+            KPL_TRY(check_replayable(m->children[k]));
         s->on = on;
         (*count)++;
     }
