@@ -383,7 +383,8 @@ void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
  * still does not fit, the allocation fails with KPL_ENOMEM naming the
  * budget, the request, the bytes allocated and the thread's memory
  * context (the module it ran in).  bytes 0 ends it; other threads'
- * allocations (a loader's) are not checked, though they count. */
+ * allocations (a loader's) are not checked, though they count.  A thread
+ * has one budget: setting one on another device replaces it. */
 typedef size_t (*kpl_release_fn)(kpl_device *dev, size_t excess, void *user);
 void kpl_device_set_budget(kpl_device *dev, size_t bytes, kpl_release_fn release, void *user);
 /* This thread's budget on dev (0: none). */
