@@ -131,6 +131,9 @@ typedef struct {
     char mp_host[256];
     /* a host whose Open MPI daemon mpirun lost (a link or node down) */
     char lost_host[256];
+    /* mpirun saw a daemon's launcher (ssh, or the daemon itself) exit
+     * after the ranks ran, without saying where (lost_host_of says) */
+    bool daemon_failed;
     /* per rank: the step profile it wrote ("profile: steps A-B written to
      * PATH", kpl train's profile.steps), NULL: none; merged at the end */
     char **trace;
@@ -195,6 +198,14 @@ static int line_rank(const char *line)
     return -1;
 }
 
+/* Whether any rank's line reached the console (it ran). */
+static bool any_rank_spoke(const console *c)
+{
+    for (int r = 0; r < c->np; r++)
+        if (c->tail[r].n) return true;
+    return false;
+}
+
 /* What an mpirun box says about a failed rank. */
 static bool box_about_failure(console *c, const char *box)
 {
@@ -220,6 +231,17 @@ static bool box_about_failure(console *c, const char *box)
         (p = strstr(box, "Remote daemon:")) && (p = strstr(p, " on node ")) &&
         sscanf(p, " on node %255s", host) == 1) {
         snprintf(c->lost_host, sizeof c->lost_host, "%s", host);
+        known = true;
+    }
+    /* A daemon's launcher ended with an error: ssh when its connection
+     * dropped, or the daemon itself where the launcher execs it (the
+     * "ssh" of bench/cluster.sh).  Before any rank ran, that is a failed
+     * start and the box says why; after, the daemon's host is gone as
+     * surely as above, only mpirun does not say which (lost_host_of). */
+    if ((strstr(box, "unable to reliably start one or more daemons") ||
+         strstr(box, "daemon has unexpectedly failed after launch")) &&
+        any_rank_spoke(c)) {
+        c->daemon_failed = true;
         known = true;
     }
     if ((p = strstr(box, "Process name: [[")) && sscanf(p, "Process name: [[%d,%d],%d]", &a, &b, &r) == 3) {
@@ -1068,12 +1090,25 @@ static int event_loop(console *c, const job *j, int lfd, const char *token, doub
     return 0;
 }
 
-/* Whether any rank's line reached the console (it ran). */
-static bool any_rank_spoke(const console *c)
+/* The host of a failed daemon (console.daemon_failed) when mpirun did
+ * not name it: the host whose ranks, every one of them, never said how
+ * they ended (their agents could not reach kplrun), by the host list's
+ * slots in order as mpirun maps them; several such hosts are named
+ * together.  None: the ranks' own ends are the news. */
+static void lost_host_of(console *c, const kpl_hostlist *hosts)
 {
-    for (int r = 0; r < c->np; r++)
-        if (c->tail[r].n) return true;
-    return false;
+    if (!c->daemon_failed || c->lost_host[0] || !hosts) return;
+    size_t len = 0;
+    for (int i = 0, at = 0; i < hosts->n && at < c->np; i++) {
+        int n = hosts->host[i].slots < c->np - at ? hosts->host[i].slots : c->np - at;
+        bool silent = n > 0;
+        for (int r = at; r < at + n; r++)
+            silent &= !c->end[r].seen;
+        at += n;
+        if (!silent || len + strlen(hosts->host[i].name) + 5 >= sizeof c->lost_host) continue;
+        len += (size_t)snprintf(c->lost_host + len, sizeof c->lost_host - len, "%s%s",
+                                len ? " or " : "", hosts->host[i].name);
+    }
 }
 
 /* The verdict (kpl_launch_judge) said in words, with the last lines of
@@ -1339,6 +1374,7 @@ static int run_launch(const options *o, int argc, char **argv, const char **extr
         kpl_launch_verdict v;
         kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
                          out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
+        lost_host_of(&c, hosts);
         if (say_lost_host(&c, &v, hosts)) {
             v.exit_code = 1; /* no rank's status to pass on */
         } else {
