@@ -10,6 +10,9 @@
 
 #include <string.h>
 #include <time.h>
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
 
 #define MAX_CUDA_DEVICES 16
 
@@ -121,8 +124,44 @@ static kpl_device cpu_device;
 static kpl_device *cuda_devices[MAX_CUDA_DEVICES];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* glibc's malloc puts a block below its mmap threshold in its heap, and
+ * raises the threshold to the largest block freed (up to 32 MiB).  oneDNN
+ * takes each primitive's scratchpad from malloc at every execution (up to
+ * 63 MB a U-Net step) and kpl's direct convolution loops their per-thread
+ * accumulators: once the threshold has risen, those land in the heap,
+ * where a freed one leaves a hole the process keeps.  A fixed threshold
+ * sends blocks from 4 MiB up to mmap, returned whole when freed: U-Net's
+ * peak RSS (bench_seg --mem unet) 363-391 -> 330-338 MB, DeepLabv3's 705
+ * -> 680, ResNet-50 b8's 1122-1124 -> 1095-1097 MiB, for ~11k more page
+ * faults a U-Net step and no change in its time that the run's noise
+ * shows (docs/memory.md).  KPL_MALLOC_MMAP_THRESHOLD=BYTES sets another
+ * (0: glibc's own rule); glibc's own settings (MALLOC_MMAP_THRESHOLD_,
+ * GLIBC_TUNABLES) are left to rule. */
+static void set_malloc_threshold(void)
+{
+#if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)
+    const char *tun = getenv("GLIBC_TUNABLES");
+    if (getenv("MALLOC_MMAP_THRESHOLD_") || (tun && strstr(tun, "mmap_threshold"))) return;
+    const char *env = getenv("KPL_MALLOC_MMAP_THRESHOLD");
+    long long bytes = (long long)4 << 20;
+    if (env) {
+        char *end;
+        bytes = strtoll(env, &end, 10);
+        if (end == env || *end || bytes < 0 || bytes > (long long)32 << 20) {
+            fprintf(stderr,
+                    "kpl: KPL_MALLOC_MMAP_THRESHOLD=%s is not a byte count from 0 to "
+                    "33554432 (32 MiB); glibc's own rule stays\n",
+                    env);
+            return;
+        }
+    }
+    if (bytes > 0) mallopt(M_MMAP_THRESHOLD, (int)bytes);
+#endif
+}
+
 static void init_all(void)
 {
+    set_malloc_threshold();
     cpu_device.backend = kpl__cpu_backend();
     cpu_device.type = KPL_DEVICE_CPU;
     cpu_device.index = 0;
