@@ -22,12 +22,18 @@
  *    backward, optimizer step) are timed too.
  *  - fcos/r18_infer_b{1,8}_128/t2: ms of one forward in evaluation mode
  *    without gradients.
+ *  - fcos/r18_train_step_b8_128/peak_rss: the growth of the peak resident
+ *    memory over MEM_STEPS training steps, over the resident memory once
+ *    the model, batch and optimizer are made (the peak reset there through
+ *    /proc/self/clear_refs); each side in a fresh process (kpl: this
+ *    program with --mem; PyTorch: torch_fcos.py mem).  Target kpl <=
+ *    0.8x (ratio: PyTorch's / kpl's, >= 1.25).
  * kpl (in this process) and PyTorch (a fresh process per round) alternate
  * over KPL_BENCH_ROUNDS rounds (default 5), which goes first alternating
  * too; medians reported.  Each round starts both from the initial weights
  * and a fresh optimizer, so both time the same steps; the losses of the
- * last step on both sides are reported (loss_step7_*).  The reference runs with OPENBLAS_CORETYPE and
- * OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
+ * last step on both sides are reported (loss_step7_*).  The reference runs with OPENBLAS_CORETYPE
+ * and OPENBLAS_L2_SIZE unset (../shared/DESIGN.md, "Benchmarks and figures").
  */
 #include "bench_common.h"
 #include "bench_file.h"
@@ -72,6 +78,8 @@ static const double fcos_hi[FCOS_LEVELS] = {16, 32, 64, 128, 1e8};
 #define INFER8_STEPS 5
 #define INFER1_WARM 2
 #define INFER1_STEPS 10
+/* Training steps of a memory run */
+#define MEM_STEPS 3
 
 static void die(const char *what)
 {
@@ -236,6 +244,62 @@ static double train_step(kpl_module *m, kpl_optim *opt, const kpl__fcos_loss_con
     return (t4 - t0) * 1e3;
 }
 
+/* What every run starts from: the seed's batch and model, its losses'
+ * configuration; the batch's tensors in the pool pushed at *top. */
+typedef struct {
+    kpl_rng *rng;
+    batch b;
+    kpl_pool *top;
+    kpl_module *m;
+    kpl__fcos_loss_config lc;
+} start;
+
+static void start_make(start *s)
+{
+    kpl_set_num_threads(FCOS_THREADS);
+    s->rng = kpl_rng_create(FCOS_SEED);
+    if (!s->rng) die("rng");
+    s->top = kpl_pool_push();
+    make_batch(&s->b, s->rng);
+    s->m = make_model();
+    s->lc = loss_config(s->m);
+}
+
+static void start_free(start *s)
+{
+    kpl_tensor_release(s->b.images);
+    kpl_tensor_release(s->b.image0);
+    kpl_pool_pop(s->top);
+    kpl_module_destroy(s->m);
+    kpl_rng_destroy(s->rng);
+}
+
+/* The step's optimizer, fresh (no momentum yet). */
+static kpl_optim *make_optim(kpl_module *m)
+{
+    return bench_sgd(m, FCOS_LR, FCOS_MOMENTUM, FCOS_WEIGHT_DECAY);
+}
+
+/* --mem: MEM_STEPS training steps in this fresh process, then the MEM
+ * line torch_fcos.py mem prints too. */
+static int mem_main(void)
+{
+    static start st;
+    start_make(&st);
+    kpl_module *m = st.m;
+    kpl_optim *opt = make_optim(m);
+    kpl_module_set_training(m, true);
+    bench_mem_run run = bench_mem_begin();
+    for (int i = 0; i < MEM_STEPS; i++) {
+        double ph[PH_N], l3[3];
+        train_step(m, opt, &st.lc, &st.b, ph, l3);
+    }
+    bench_mem_end(&run);
+    kpl_optim_destroy(opt);
+    start_free(&st);
+    return 0;
+}
+
 static double infer(kpl_module *m, kpl_tensor *x)
 {
     double t0 = bench_now();
@@ -295,21 +359,17 @@ static const char *jlist(char *buf, size_t len, const double *v, int n)
 
 int main(int argc, char **argv)
 {
+    if (argc == 2 && !strcmp(argv[1], "--mem")) return mem_main();
     if (argc != 3) {
-        fprintf(stderr, "usage: bench_fcos BENCH_DIR WORK_DIR\n");
+        fprintf(stderr, "usage: bench_fcos BENCH_DIR WORK_DIR | bench_fcos --mem\n");
         return 2;
     }
     const char *bench_dir = argv[1], *work = argv[2];
     rounds = bench_env_int("KPL_BENCH_ROUNDS", 5, 1, 64);
-    kpl_set_num_threads(FCOS_THREADS);
-
-    kpl_rng *rng = kpl_rng_create(FCOS_SEED);
-    if (!rng) die("rng");
-    static batch b;
-    kpl_pool *top = kpl_pool_push();
-    make_batch(&b, rng);
-    kpl_module *m = make_model();
-    kpl__fcos_loss_config lc = loss_config(m);
+    static start st;
+    start_make(&st);
+    kpl_module *m = st.m;
+    const kpl__fcos_loss_config lc = st.lc;
 
     char init_path[512], out_path[512];
     snprintf(init_path, sizeof init_path, "%s/fcos_init.bin", work);
@@ -318,7 +378,7 @@ int main(int argc, char **argv)
     snapshot_take(&init, m);
     FILE *f = bench_file_open(init_path, "KPLFCOS1");
     bench_put_module(f, "p:", "b:", m);
-    put_batch(f, &b);
+    put_batch(f, &st.b);
     if (fclose(f) != 0) die("closing the init file");
 
     /* kpl's forward and losses at the initial weights (training mode) */
@@ -329,7 +389,7 @@ int main(int argc, char **argv)
         kpl_tensor_list out;
         kpl_tensor *loss[3];
         bool prev = kpl_set_grad_enabled(false);
-        forward_losses(m, &lc, &b, &out, loss, &kpos);
+        forward_losses(m, &lc, &st.b, &out, loss, &kpos);
         kpl_set_grad_enabled(prev);
         for (int k = 0; k < 3; k++) kpl_tensor_get(loss[k], 0, &kloss[k]);
         f = bench_file_open(out_path, "KPLFCOS1");
@@ -395,9 +455,26 @@ int main(int argc, char **argv)
         }
     }
 
+    /* memory, each side in a fresh process */
+    char self[1024];
+    bench_self_path(self, sizeof self);
+    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem", FCOS_THREADS, self);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
+        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", cmd);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "%s mem %s steps=%d", py, args, MEM_STEPS);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
+        fprintf(stderr, "bench_fcos: no MEM line from: %s\n", cmd);
+        bench_ref_failures++;
+    }
+    fprintf(stderr,
+            "bench_fcos: peak RSS growth over %d steps kpl %.0f MB (allocator peak %.0f "
+            "MB), torch %.0f MB\n",
+            MEM_STEPS, km.growth / 1e6, km.alloc_peak / 1e6, rm.growth / 1e6);
+
     /* the timed rounds */
-    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
-    oc.lr = FCOS_LR, oc.momentum = FCOS_MOMENTUM, oc.weight_decay = FCOS_WEIGHT_DECAY;
     snprintf(cmd, sizeof cmd, "%s time %s train=%d,%d infer8=%d,%d infer1=%d,%d", py, args,
              TRAIN_WARM, TRAIN_STEPS, INFER8_WARM, INFER8_STEPS, INFER1_WARM, INFER1_STEPS);
     double ktr[64], kph[PH_N][64], ki1[64], ki8[64], rtr[64], rph[PH_N][64], ri1[64], ri8[64];
@@ -408,13 +485,10 @@ int main(int argc, char **argv)
                 double t[TRAIN_STEPS], ph[PH_N][TRAIN_STEPS], l3[3];
                 /* the same start as the reference: initial weights, no momentum */
                 snapshot_restore(&init);
-                kpl_optim *opt = NULL;
-                if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL,
-                                     &opt) < 0)
-                    die("sgd");
+                kpl_optim *opt = make_optim(m);
                 kpl_module_set_training(m, true);
                 for (int i = 0; i < TRAIN_WARM + TRAIN_STEPS; i++) {
-                    double one[PH_N], ms = train_step(m, opt, &lc, &b, one, l3);
+                    double one[PH_N], ms = train_step(m, opt, &lc, &st.b, one, l3);
                     if (r == 0 && i == 0) first_ms = ms;
                     if (i >= TRAIN_WARM) {
                         t[i - TRAIN_WARM] = ms;
@@ -433,11 +507,11 @@ int main(int argc, char **argv)
                 kpl_module_set_training(m, false);
                 double t8[INFER8_STEPS], t1[INFER1_STEPS];
                 for (int i = 0; i < INFER8_WARM + INFER8_STEPS; i++) {
-                    double ms = infer(m, b.images);
+                    double ms = infer(m, st.b.images);
                     if (i >= INFER8_WARM) t8[i - INFER8_WARM] = ms;
                 }
                 for (int i = 0; i < INFER1_WARM + INFER1_STEPS; i++) {
-                    double ms = infer(m, b.image0);
+                    double ms = infer(m, st.b.image0);
                     if (i >= INFER1_WARM) t1[i - INFER1_WARM] = ms;
                 }
                 ki8[r] = bench_median(t8, INFER8_STEPS);
@@ -487,6 +561,14 @@ int main(int argc, char **argv)
                TRAIN_WARM + TRAIN_STEPS, jlist(sr, sizeof sr, rlast, 3), bench_jnum(n3, first_ms),
                FCOS_FPN_CHANNELS,
                getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
+    char n4[BENCH_NUM_LEN], n5[BENCH_NUM_LEN];
+    bench_emit("fcos", "r18_train_step_b8_128/peak_rss", "bytes", 0, km.growth, rm.growth,
+               "torch-cpu-f32-nchw peak RSS growth", 1.25,
+               ",\"measure\":\"peak RSS over %d training steps less the RSS with model, batch and "
+               "optimizer made, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
+               "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
+               MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak), bench_jnum(n3, km.base),
+               bench_jnum(n4, rm.base), bench_jnum(n5, km.alloc_peak));
     const struct {
         const char *cas;
         double *k, *r;
@@ -501,10 +583,6 @@ int main(int argc, char **argv)
                    FCOS_THREADS, rounds, kr, rr, FCOS_FPN_CHANNELS);
     }
     snapshot_free(&init);
-    kpl_tensor_release(b.images);
-    kpl_tensor_release(b.image0);
-    kpl_pool_pop(top);
-    kpl_module_destroy(m);
-    kpl_rng_destroy(rng);
+    start_free(&st);
     return bench_exit_code();
 }

@@ -102,6 +102,46 @@ static inline void bench_reset_peak_rss(void)
     }
 }
 
+/* A memory run in a fresh process: bench_mem_begin once the model, batch
+ * and optimizer are made (the resident set then, every peak reset),
+ * bench_mem_end after the steps (the MEM line below, with the allocator's
+ * peak over the steps and its reserved peak). */
+typedef struct {
+    long long base;
+    size_t alloc0;
+} bench_mem_run;
+
+static inline bench_mem_run bench_mem_begin(void)
+{
+    bench_mem_run r = {bench_status_bytes("VmRSS"), 0};
+    bench_reset_peak_rss();
+    kpl_device_reset_peak(kpl_device_cpu());
+    r.alloc0 = kpl_device_memory_stats(kpl_device_cpu()).allocated;
+    return r;
+}
+
+static inline void bench_mem_end(const bench_mem_run *r)
+{
+    long long peak = bench_status_bytes("VmHWM");
+    kpl_memory_stats ms = kpl_device_memory_stats(kpl_device_cpu());
+    printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu reserved_peak=%zu\n", peak,
+           r->base, peak - r->base, ms.peak_allocated - r->alloc0, ms.peak_reserved);
+}
+
+/* A training step's SGD for module m, fresh (no momentum yet); exits on
+ * failure. */
+static inline kpl_optim *bench_sgd(kpl_module *m, double lr, double momentum, double wd)
+{
+    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
+    oc.lr = lr, oc.momentum = momentum, oc.weight_decay = wd;
+    kpl_optim *opt = NULL;
+    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0) {
+        fprintf(stderr, "bench: sgd: %s\n", kpl_last_error());
+        exit(1);
+    }
+    return opt;
+}
+
 /* "MEM peak_rss=<B> base_rss=<B> growth=<B> [alloc_peak=<B>]", the line
  * both sides print. */
 typedef struct {

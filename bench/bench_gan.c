@@ -258,18 +258,12 @@ static int mem_main(const gan_case *c)
     kpl_pool *top = kpl_pool_push();
     gan_run r;
     gan_make(&r, c);
-    long long base = bench_status_bytes("VmRSS");
-    bench_reset_peak_rss();
-    kpl_device_reset_peak(kpl_device_cpu());
-    size_t alloc0 = kpl_device_memory_stats(kpl_device_cpu()).allocated;
+    bench_mem_run run = bench_mem_begin();
     for (int i = 0; i < GAN_MEM_STEPS; i++) {
         double ph[2], losses[3];
         iteration(&r, ph, losses);
     }
-    long long peak = bench_status_bytes("VmHWM");
-    size_t apeak = kpl_device_memory_stats(kpl_device_cpu()).peak_allocated;
-    printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu\n", peak, base, peak - base,
-           apeak - alloc0);
+    bench_mem_end(&run);
     gan_free(&r);
     kpl_pool_pop(top);
     return 0;

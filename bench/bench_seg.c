@@ -285,12 +285,7 @@ static double exec_infer(kpl_module *m, kpl_tensor *x, int steps)
 
 static kpl_optim *make_optim(kpl_module *m)
 {
-    kpl_optim_config oc = KPL_OPTIM_CONFIG_INIT;
-    oc.lr = SEG_LR, oc.momentum = SEG_MOMENTUM, oc.weight_decay = SEG_WEIGHT_DECAY;
-    kpl_optim *opt = NULL;
-    if (kpl_optim_create(&oc, kpl_module_num_params(m), kpl_module_params(m), NULL, &opt) < 0)
-        die("sgd");
-    return opt;
+    return bench_sgd(m, SEG_LR, SEG_MOMENTUM, SEG_WEIGHT_DECAY);
 }
 
 /* ---- memory ----------------------------------------------------------------------------------- */
@@ -306,19 +301,12 @@ static int mem_main(const seg_case *c, bool recompute)
     if (recompute && kpl_module_recompute_units(m, true, NULL) < 0) die("recompute");
     kpl_optim *opt = make_optim(m);
     kpl_module_set_training(m, true);
-    long long base = bench_status_bytes("VmRSS");
-    bench_reset_peak_rss();
-    kpl_device_reset_peak(kpl_device_cpu());
-    size_t alloc0 = kpl_device_memory_stats(kpl_device_cpu()).allocated;
+    bench_mem_run run = bench_mem_begin();
     for (int i = 0; i < SEG_MEM_STEPS; i++) {
         double ph[PH_N], loss;
         train_step(m, opt, &b, ph, &loss);
     }
-    long long peak = bench_status_bytes("VmHWM");
-    size_t apeak = kpl_device_memory_stats(kpl_device_cpu()).peak_allocated;
-    printf("MEM peak_rss=%lld base_rss=%lld growth=%lld alloc_peak=%zu reserved_peak=%zu\n", peak,
-           base, peak - base, apeak - alloc0,
-           kpl_device_memory_stats(kpl_device_cpu()).peak_reserved);
+    bench_mem_end(&run);
     kpl_optim_destroy(opt);
     kpl_module_destroy(m);
     free_batch(&b);

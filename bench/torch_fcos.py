@@ -20,6 +20,12 @@ written by hand: torchvision is not installed here.
       weights)
         INFER b=8 ms=<ms>
         INFER b=1 ms=<ms>
+  torch_fcos.py mem FILE KEY=VALUE... steps=S
+      Runs S training steps and prints the process's peak resident memory,
+      and its growth over the resident memory once the model, batch and
+      optimizer were made (the peak reset there through
+      /proc/self/clear_refs):
+        MEM peak_rss=<bytes> base_rss=<bytes> growth=<bytes>
 KEY=VALUE: threads classes depth fpn levels convs groups ranges (lo,hi per
 level) radius alpha gamma lr momentum wd.
 
@@ -37,6 +43,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from torch_segnets import reset_peak_rss, rss_bytes  # shared helpers
 
 
 def read_entries(path):
@@ -325,7 +333,7 @@ def timed_runs(fn, warm, steps):
 
 
 def main():
-    if len(sys.argv) < 3 or sys.argv[1] not in ("check", "time"):
+    if len(sys.argv) < 3 or sys.argv[1] not in ("check", "time", "mem"):
         sys.exit(__doc__)
     mode, path, kv = sys.argv[1], sys.argv[2], parse(sys.argv[3:])
     torch.set_num_threads(int(kv["threads"]))
@@ -373,6 +381,13 @@ def main():
         return [(t4 - t0) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3,
                 (t4 - t3) * 1e3] + vals
 
+    if mode == "mem":
+        base = reset_peak_rss()
+        for _ in range(int(kv["steps"])):
+            step()
+        peak = rss_bytes("VmHWM")
+        print(f"MEM peak_rss={peak} base_rss={base} growth={peak - base}", flush=True)
+        return
     w, s = (int(v) for v in kv["train"].split(","))
     ts = timed_runs(step, w, s)
     med = [statistics.median(t[i] for t in ts) for i in range(5)]
