@@ -55,6 +55,10 @@ typedef struct {
     conv_entry e[CACHE_CAP];
     int n;
     uint64_t tick, hits, misses;
+    /* the largest scratchpad of a candidate built within the bound, and
+     * whether a choice had to go past it (kpl__cpu_conv_tried_scratch) */
+    int64_t tried_scratch;
+    bool past_bound;
 } conv_cache;
 
 /* The one cache (cpu_conv.c); its lock is held while choosing and running.

@@ -219,22 +219,32 @@ static bool allowed(const conv_key *k, const char *impl)
     return !k->only[0] || strncmp(impl, k->only, strlen(k->only)) == 0;
 }
 
-/* In training (weights not constant), Winograd's working memory
- * (oneDNN's scratchpad: the transformed tiles, ~4.5x the activation they
- * come from, and per-thread copies of the transformed weights in the
- * weight gradient) may be at most SCRATCH_MAX times the problem's larger
- * activation, or SCRATCH_FLOOR (its kernels take ~6 MB whatever the size,
- * and a ResNet-50 step's direct kernels already need 77 MB of scratchpad).
- * oneDNN keeps one scratchpad for every primitive, as large
- * as the largest any has run with, for the life of the process: a
- * ResNet-50 (b8) step's timing of a Winograd weight gradient at 512
- * channels, 7 x 7, which needs 126 MB (160x its activation) and never
- * wins, raised that step's peak RSS by ~100 MB, and the step's peak is
- * what decides the batch that fits.  An inference graph's convolutions
+/* In training (weights not constant), a candidate's working memory
+ * (oneDNN's scratchpad: Winograd's transformed tiles, ~4.5x the activation
+ * they come from, and per-thread copies of the transformed weights in the
+ * weight gradient; gemm's im2col buffers and per-thread weight gradients)
+ * may be at most SCRATCH_MAX times the problem's larger activation, or
+ * SCRATCH_FLOOR (oneDNN's Winograd kernels take ~6 MB whatever the size).
+ * Only where no implementation fits is the fastest taken whatever its
+ * scratchpad (kpl__conv_choose).  The bound is on trying, not only on
+ * choosing: oneDNN keeps one scratchpad for every primitive, as large as
+ * the largest any has been created with, for as long as any primitive
+ * lives (the process, with kpl's cache), so a candidate timed once and
+ * dropped keeps its pages resident.  A ResNet-50 (b8) step's timing of a
+ * Winograd weight gradient at 512 channels, 7 x 7, which needs 126 MB
+ * (160x its activation) and never wins, raised that step's peak RSS by
+ * ~100 MB; with only Winograd bounded, at 8x, U-Net's (b8, 128 px)
+ * Winograd data gradient on its 32-channel 128 x 128 layer (63 MB, 3.8x)
+ * and FCOS's gemm weight gradient on its 512-channel 4 x 4 layer (76 MB,
+ * 290x) were timed, lost, and stayed.  Every candidate bounded at 2x:
+ * peak RSS growth U-Net 340-346 -> 291-300 MB, DeepLabv3-R18 (513 px, b2)
+ * 678-683 -> 650-653, FCOS 266 -> 260-263, steps no slower (U-Net
+ * 220-277 against 236-257 ms, ResNet-50 b8 1344-1379 against 1139-1329,
+ * DeepLabv3 1464 against 1449, side by side on a 2-core Xeon).  An inference graph's convolutions
  * (constant weights, transformed once) are not bounded: ResNet-50 at
  * batch 32 ran 474-479 ms so against 551 bounded, its peak RSS 1958 MB
  * against 1913 without Winograd. */
-#define SCRATCH_MAX 8
+#define SCRATCH_MAX 2
 #define SCRATCH_FLOOR ((int64_t)32 << 20)
 
 /* The most working memory a training candidate may take (see above). */
@@ -262,10 +272,10 @@ static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
  * its time); in deterministic mode the first usable one, untimed.  An
  * algorithm oneDNN has no kernel for on this CPU or problem (Winograd
  * without AVX-512, say) adds none. */
-static kpl_status try_algorithm(const conv_key *k, const kpl_kernel_args *args,
-                                const conv_mds *m, dnnl_alg_kind_t alg,
-                                const_dnnl_primitive_attr_t attr, const dnnl_query_t q[3],
-                                const conv_entry *e, conv_entry *out, double *best)
+static kpl_status try_algorithm(const conv_key *k, const kpl_kernel_args *args, const conv_mds *m,
+                                dnnl_alg_kind_t alg, const_dnnl_primitive_attr_t attr,
+                                const dnnl_query_t q[3], bool bounded, const conv_entry *e,
+                                conv_entry *out, double *best)
 {
     kpl_status st = KPL_OK;
     dnnl_primitive_desc_t hint = NULL;
@@ -285,8 +295,12 @@ static kpl_status try_algorithm(const conv_key *k, const kpl_kernel_args *args,
         conv_entry cand = *e;
         snprintf(cand.impl, sizeof cand.impl, "%s", impl ? impl : "oneDNN");
         bool usable = strncmp(cand.impl, "ref", 3) != 0 && allowed(k, cand.impl) &&
-                      (alg != dnnl_convolution_winograd || scratch_ok(k, pd));
+                      (!(bounded || alg == dnnl_convolution_winograd) || scratch_ok(k, pd));
         if (usable && (st = kpl__conv_entry_from_pd(&cand, pd, q)) >= 0) {
+            int64_t bytes = 0;
+            dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &bytes);
+            if (bounded && bytes > cc.tried_scratch) cc.tried_scratch = bytes;
+            if (!bounded) cc.past_bound = true;
             double t = k->deterministic ? 0 : time_entry(&cand, &k->a, args, *best, &st);
             if (t < *best) {
                 if (*best < INFINITY) kpl__conv_entry_destroy(out);
@@ -409,18 +423,24 @@ kpl_status kpl__conv_choose(const conv_key *k, const kpl_kernel_args *args, kpl_
         DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
     }
     double best = INFINITY;
-    if ((st = try_algorithm(k, args, &m, dnnl_convolution_direct, attr, q, &e, out, &best)) < 0)
-        goto fail;
-    if (kpl__conv_winograd_candidate(k) &&
-        (st = try_algorithm(k, args, &m, dnnl_convolution_winograd, attr, q, &e, out, &best)) < 0)
-        goto fail;
-    if (nhwc_candidate(k, layout)) {
-        conv_mds mn = m;
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&mn.asrc, 4, src, k->dt, dnnl_acdb), "src desc");
-        DNNL_TRY(dnnl_memory_desc_init_by_tag(&mn.adst, 4, dst, k->dt, dnnl_acdb), "dst desc");
-        if ((st = try_algorithm(k, args, &mn, dnnl_convolution_direct, attr, q, &e, out, &best)) <
-            0)
+    /* every candidate's scratchpad bounded (scratch_limit); only where no
+     * implementation fits, the fastest whatever its scratchpad */
+    for (int bounded = 1; bounded >= 0 && best == INFINITY; bounded--) {
+        if ((st = try_algorithm(k, args, &m, dnnl_convolution_direct, attr, q, bounded, &e, out,
+                                &best)) < 0)
             goto fail;
+        if (kpl__conv_winograd_candidate(k) &&
+            (st = try_algorithm(k, args, &m, dnnl_convolution_winograd, attr, q, bounded, &e, out,
+                                &best)) < 0)
+            goto fail;
+        if (nhwc_candidate(k, layout)) {
+            conv_mds mn = m;
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&mn.asrc, 4, src, k->dt, dnnl_acdb), "src desc");
+            DNNL_TRY(dnnl_memory_desc_init_by_tag(&mn.adst, 4, dst, k->dt, dnnl_acdb), "dst desc");
+            if ((st = try_algorithm(k, args, &mn, dnnl_convolution_direct, attr, q, bounded, &e,
+                                    out, &best)) < 0)
+                goto fail;
+        }
     }
     if (!k->deterministic && k->dt == dnnl_f32 && !a->acc && kpl__conv_direct_supports(a) &&
         allowed(k, "kpl_direct"))
@@ -431,6 +451,17 @@ fail:
     if (attr) dnnl_primitive_attr_destroy(attr);
     if (po) dnnl_post_ops_destroy(po);
     return st;
+}
+
+int64_t kpl__cpu_conv_tried_scratch(bool *past_bound)
+{
+    pthread_mutex_lock(&cc.lock);
+    int64_t bytes = cc.tried_scratch;
+    if (past_bound) *past_bound = cc.past_bound;
+    cc.tried_scratch = 0;
+    cc.past_bound = false;
+    pthread_mutex_unlock(&cc.lock);
+    return bytes;
 }
 
 void kpl__cpu_conv_only(const char *prefix)

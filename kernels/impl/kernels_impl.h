@@ -578,6 +578,11 @@ kpl_conv_choice kpl__cpu_conv_last(void);
  * implementations in the cache, the most used first, each with its count
  * of problems), at most `len` bytes with the NUL. */
 void kpl__cpu_conv_impls(char *buf, size_t len);
+/* For tests: the largest oneDNN scratchpad among the convolution
+ * candidates built since the last call within the chooser's bound, and in
+ * *past_bound (when not NULL) whether one choice found none within it and
+ * built them past it (cpu_conv_choose.c); both reset. */
+int64_t kpl__cpu_conv_tried_scratch(bool *past_bound);
 /* Tests: convolutions chosen after this call consider only the
  * implementations whose name starts with `prefix` ("jit_wino",
  * "kpl_direct"); NULL or "" lifts the restriction.  A problem no such

@@ -421,6 +421,44 @@ static void test_conv2d_direct_scratch_bound(void **state)
         kpl_tensor_release(all[i]);
 }
 
+/* The chooser bounds every training candidate's oneDNN scratchpad, not
+ * only Winograd's: FCOS's 512-channel 4 x 4 weight gradient at batch 8
+ * (a 262 KB activation) had gemm's 76 MB scratchpad timed, and oneDNN
+ * kept that much for the process's life.  Within the bound (32 MB here)
+ * unless no implementation fits it. */
+static void test_conv2d_scratchpad_bound(void **state)
+{
+    (void)state;
+    kpl_conv2d_params p = {{1, 1}, {1, 1}, {1, 1}, 1};
+    kpl_tensor *x = trand(KPL_F32, 4, (int64_t[]){8, 512, 4, 4}, 7, -1, 1);
+    kpl_tensor *gy = trand(KPL_F32, 4, (int64_t[]){8, 512, 4, 4}, 8, -1, 1);
+    kpl_tensor *gw = tnew(KPL_F32, 4, (int64_t[]){512, 512, 3, 3});
+    bool past = false;
+    (void)kpl__cpu_conv_tried_scratch(NULL);
+    OK(kpl_k_conv2d_bwd_weight(gw, NULL, x, gy, &p));
+    int64_t tried = kpl__cpu_conv_tried_scratch(&past);
+    printf("scratchpad bound: largest candidate %.1f MB (%s), chosen %s\n", (double)tried / 1e6,
+           past ? "none fitted 32 MB" : "within 32 MB", kpl__cpu_conv_last().impl);
+    assert_true(tried <= ((int64_t)32 << 20));
+    /* oneDNN's direct kernels fit (gemm's 76 MB does not); below AVX2
+     * (ONEDNN_MAX_CPU_ISA=SSE41) it has none, and gemm runs past the bound */
+    if (past) assert_non_null(strstr(kpl__cpu_conv_last().impl, "gemm"));
+    /* gemm alone: none fits, so the choice goes past the bound and runs */
+    kpl_tensor *x2 = trand(KPL_F32, 4, (int64_t[]){8, 512, 4, 4}, 9, -1, 1);
+    kpl__cpu_conv_only("x64:gemm");
+    kpl_status st = kpl_k_conv2d_bwd_weight(gw, NULL, x2, gy, &p);
+    kpl__cpu_conv_only(NULL);
+    OK(st);
+    tried = kpl__cpu_conv_tried_scratch(&past);
+    printf("gemm alone: %s, chosen %s\n", past ? "past the bound" : "within it",
+           kpl__cpu_conv_last().impl);
+    assert_true(past);
+    assert_non_null(strstr(kpl__cpu_conv_last().impl, "gemm"));
+    kpl_tensor *all[] = {x, gy, gw, x2};
+    for (size_t i = 0; i < 4; i++)
+        kpl_tensor_release(all[i]);
+}
+
 int run_conv_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -429,6 +467,7 @@ int run_conv_tests(void)
         cmocka_unit_test(test_conv2d_relu_kernels),
         cmocka_unit_test(test_conv2d_winograd),
         cmocka_unit_test(test_conv2d_direct_scratch_bound),
+        cmocka_unit_test(test_conv2d_scratchpad_bound),
         cmocka_unit_test(test_conv2d_dilated_nhwc),
         cmocka_unit_test(test_conv2d_direct_vs_reference),
     };
