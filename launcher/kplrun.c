@@ -1375,6 +1375,10 @@ static int run_launch(const options *o, int argc, char **argv, const char **extr
         kpl_launch_judge(c.end, c.np, c.mp_rank, c.mp_status, c.mp_sig, out.wstatus,
                          out.timed_out, out.interrupts, out.stop_sig, out.killed, &v);
         lost_host_of(&c, hosts);
+        if (c.daemon_failed && !c.lost_host[0]) /* its box was held back: say it */
+            fprintf(stderr, "kplrun: Open MPI lost a daemon after the ranks started (its launcher, "
+                            "ssh or the daemon itself, exited), yet no host's ranks all went "
+                            "silent; the ranks' own ends follow\n");
         if (say_lost_host(&c, &v, hosts)) {
             v.exit_code = 1; /* no rank's status to pass on */
         } else {
