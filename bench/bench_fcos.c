@@ -357,6 +357,81 @@ static const char *jlist(char *buf, size_t len, const double *v, int n)
     return buf;
 }
 
+/* The reference's forward and losses at kpl's initial weights (*rc), the
+ * largest relative difference of the three losses (*rel); 1 when they
+ * disagree past FCOS_LOSS_RTOL or the positives differ. */
+static int compare_ref(const char *py, const char *args, const char *out_path,
+                       const double kloss[3], int64_t kpos, ref_check *rc, double *rel)
+{
+    char cmd[4096];
+    snprintf(cmd, sizeof cmd, "%s check %s kpl_out=%s", py, args, out_path);
+    if (bench_run_lines(cmd, check_line, rc) == 0 && isnan(rc->loss[0])) {
+        fprintf(stderr, "bench_fcos: no CHECK line from: %s\n", cmd);
+        bench_ref_failures++;
+    }
+    if (!isnan(rc->loss[0])) {
+        *rel = 0;
+        for (int k = 0; k < 3; k++) {
+            double d = fabs(kloss[k] - rc->loss[k]) / fmax(fabs(rc->loss[k]), 1e-12);
+            *rel = isnan(d) ? INFINITY : fmax(*rel, d);
+        }
+        fprintf(stderr,
+                "bench_fcos: torch losses at init: cls %.6g box %.6g ctr %.6g (%g "
+                "positives); max relative difference %.3g; head outputs differ by at most %.3g "
+                "(relative %.3g)\n",
+                rc->loss[0], rc->loss[1], rc->loss[2], rc->positives, *rel, rc->out_abs,
+                rc->out_rel);
+        if (!(*rel <= FCOS_LOSS_RTOL)) {
+            fprintf(stderr,
+                    "bench_fcos: FAIL: the losses of kpl and PyTorch disagree: max "
+                    "relative difference %.3g > %g\n",
+                    *rel, FCOS_LOSS_RTOL);
+            return 1;
+        }
+        if (rc->positives != (double)kpos) {
+            fprintf(stderr, "bench_fcos: FAIL: kpl assigns %lld positives, PyTorch %g\n",
+                    (long long)kpos, rc->positives);
+            return 1;
+        }
+    }
+
+    return 0;
+}
+
+/* fcos/r18_train_step_b8_128/peak_rss: each side's memory run in a fresh
+ * process (kpl: this program with --mem; PyTorch: torch_fcos.py mem), and
+ * the row; 1 when kpl's run fails. */
+static int mem_row(const char *py, const char *args)
+{
+    char cmd[4096], self[1024], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN];
+    bench_self_path(self, sizeof self);
+    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem", FCOS_THREADS, self);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
+        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", cmd);
+        return 1;
+    }
+    snprintf(cmd, sizeof cmd, "%s mem %s steps=%d", py, args, MEM_STEPS);
+    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
+        fprintf(stderr, "bench_fcos: no MEM line from: %s\n", cmd);
+        bench_ref_failures++;
+    }
+    fprintf(stderr,
+            "bench_fcos: peak RSS growth over %d steps kpl %.0f MB (allocator peak %.0f "
+            "MB), torch %.0f MB\n",
+            MEM_STEPS, km.growth / 1e6, km.alloc_peak / 1e6, rm.growth / 1e6);
+
+    char n4[BENCH_NUM_LEN], n5[BENCH_NUM_LEN];
+    bench_emit("fcos", "r18_train_step_b8_128/peak_rss", "bytes", 0, km.growth, rm.growth,
+               "torch-cpu-f32-nchw peak RSS growth", 1.25,
+               ",\"measure\":\"peak RSS over %d training steps less the RSS with model, batch and "
+               "optimizer made, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
+               "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
+               MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak), bench_jnum(n3, km.base),
+               bench_jnum(n4, rm.base), bench_jnum(n5, km.alloc_peak));
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     if (argc == 2 && !strcmp(argv[1], "--mem")) return mem_main();
@@ -427,52 +502,11 @@ int main(int argc, char **argv)
 
     /* the reference's forward and losses at the same weights */
     ref_check rc = {{NAN, NAN, NAN}, NAN, NAN, NAN, 0};
-    snprintf(cmd, sizeof cmd, "%s check %s kpl_out=%s", py, args, out_path);
-    if (bench_run_lines(cmd, check_line, &rc) == 0 && isnan(rc.loss[0])) {
-        fprintf(stderr, "bench_fcos: no CHECK line from: %s\n", cmd);
-        bench_ref_failures++;
-    }
     double rel = NAN;
-    if (!isnan(rc.loss[0])) {
-        rel = 0;
-        for (int k = 0; k < 3; k++) {
-            double d = fabs(kloss[k] - rc.loss[k]) / fmax(fabs(rc.loss[k]), 1e-12);
-            rel = isnan(d) ? INFINITY : fmax(rel, d);
-        }
-        fprintf(stderr, "bench_fcos: torch losses at init: cls %.6g box %.6g ctr %.6g (%g "
-                "positives); max relative difference %.3g; head outputs differ by at most %.3g "
-                "(relative %.3g)\n",
-                rc.loss[0], rc.loss[1], rc.loss[2], rc.positives, rel, rc.out_abs, rc.out_rel);
-        if (!(rel <= FCOS_LOSS_RTOL)) {
-            fprintf(stderr, "bench_fcos: FAIL: the losses of kpl and PyTorch disagree: max "
-                    "relative difference %.3g > %g\n", rel, FCOS_LOSS_RTOL);
-            return 1;
-        }
-        if (rc.positives != (double)kpos) {
-            fprintf(stderr, "bench_fcos: FAIL: kpl assigns %lld positives, PyTorch %g\n",
-                    (long long)kpos, rc.positives);
-            return 1;
-        }
-    }
+    if (compare_ref(py, args, out_path, kloss, kpos, &rc, &rel)) return 1;
 
     /* memory, each side in a fresh process */
-    char self[1024];
-    bench_self_path(self, sizeof self);
-    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem", FCOS_THREADS, self);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
-        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", cmd);
-        return 1;
-    }
-    snprintf(cmd, sizeof cmd, "%s mem %s steps=%d", py, args, MEM_STEPS);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
-        fprintf(stderr, "bench_fcos: no MEM line from: %s\n", cmd);
-        bench_ref_failures++;
-    }
-    fprintf(stderr,
-            "bench_fcos: peak RSS growth over %d steps kpl %.0f MB (allocator peak %.0f "
-            "MB), torch %.0f MB\n",
-            MEM_STEPS, km.growth / 1e6, km.alloc_peak / 1e6, rm.growth / 1e6);
+    if (mem_row(py, args)) return 1;
 
     /* the timed rounds */
     snprintf(cmd, sizeof cmd, "%s time %s train=%d,%d infer8=%d,%d infer1=%d,%d", py, args,
@@ -559,16 +593,7 @@ int main(int argc, char **argv)
                jlist(lr, sizeof lr, rc.loss, 3), bench_jnum(n1, rel), (long long)kpos,
                bench_jnum(n2, rc.out_abs), TRAIN_WARM + TRAIN_STEPS, jlist(sk, sizeof sk, klast, 3),
                TRAIN_WARM + TRAIN_STEPS, jlist(sr, sizeof sr, rlast, 3), bench_jnum(n3, first_ms),
-               FCOS_FPN_CHANNELS,
-               getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
-    char n4[BENCH_NUM_LEN], n5[BENCH_NUM_LEN];
-    bench_emit("fcos", "r18_train_step_b8_128/peak_rss", "bytes", 0, km.growth, rm.growth,
-               "torch-cpu-f32-nchw peak RSS growth", 1.25,
-               ",\"measure\":\"peak RSS over %d training steps less the RSS with model, batch and "
-               "optimizer made, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
-               "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
-               MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak), bench_jnum(n3, km.base),
-               bench_jnum(n4, rm.base), bench_jnum(n5, km.alloc_peak));
+               FCOS_FPN_CHANNELS, getenv("OMP_WAIT_POLICY") ? getenv("OMP_WAIT_POLICY") : "unset");
     const struct {
         const char *cas;
         double *k, *r;
