@@ -10,6 +10,7 @@
 #include "autograd_impl.h"
 #include "ir.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -239,6 +240,8 @@ static kpl_status run_node(engine *e, slot *s)
     kpl_tensor *gin[3] = {NULL, NULL, NULL};
     uint32_t mem_prev = kpl_memrec_active() ? kpl_mem_context_set(kpl_node_backward_mem_label(n)) : 0;
     kpl_node_hold_saved(n, true); /* a budget must not let them go under the gradient */
+    /* outputs of norms made again rather than kept (kpl_set_regenerate) */
+    if (st == KPL_OK) st = kpl_node_regenerate_saved(n, e->create_graph);
     if (st == KPL_OK) st = kpl__autograd_apply(n, s->grad, gin);
     kpl_node_hold_saved(n, false);
     if (kpl_memrec_active()) kpl_mem_context_set(mem_prev);

@@ -673,10 +673,32 @@ void kpl_recompute_flush(void);
  * keep_graph: with their graph (create_graph).  Autograd calls it before
  * n's gradient. */
 kpl_status kpl_node_restore_saved(kpl_node *n, bool keep_graph);
+/* Makes again the saved tensors of n that were not kept
+ * (kpl_set_regenerate); keep_graph as above.  Autograd calls it before
+ * n's gradient, after kpl_node_restore_saved. */
+kpl_status kpl_node_regenerate_saved(kpl_node *n, bool keep_graph);
 /* Whether n's saved tensors wait for kpl_node_restore_saved. */
 bool kpl_node_saved_dropped(const kpl_node *n);
 /* How many regions this thread has recomputed (tests and benches). */
 uint64_t kpl_recompute_count(void);
+
+/* Normalised activations made again instead of kept (on by default).
+ * The output of a training batch norm (fused with its ReLU or not), of a
+ * group norm, and of a ReLU applied to one of those, is not kept for the
+ * backward by the op that made it nor by the ops that read it (the
+ * convolution after it): the norm keeps its input and parameters, and
+ * when the first gradient that needs the output runs, the norm's kernel
+ * makes it again from them (batch statistics included: the same kernel
+ * on the same input gives the same bits), and it stays until the norm's
+ * own gradient has run.  One pass of the norm per layer in the backward
+ * for one activation fewer per layer through the forward's end (Pleiss
+ * et al. 2017's memory-efficient DenseNet, Rota Bulo et al. 2018's
+ * in-place activated batch norm).  Exact, also under create_graph (the
+ * remade output is linked to its node as a kept one is).  Per thread,
+ * read when an op is recorded; off while tracing (a static graph plans
+ * its own memory).  Returns the previous setting. */
+bool kpl_set_regenerate(bool on);
+bool kpl_regenerate_enabled(void);
 
 /* Recomputation under a byte budget (memory.recompute: auto): from here
  * on this thread's regions are not let go when the next one begins;

@@ -28,6 +28,8 @@ struct kpl_pool {
 
 static _Thread_local kpl_pool *tl_pool;
 static _Thread_local bool tl_grad_off; /* grad mode is on by default */
+/* regeneration: 0 the process's default (KPL_REGENERATE), 1 on, 2 off */
+static _Thread_local int tl_regen;
 
 bool kpl_grad_enabled(void) { return !tl_grad_off; }
 
@@ -102,6 +104,8 @@ static void meta_free(void *m)
 {
     kpl__tmeta *tm = m;
     kpl_tensor_release(tm->grad);
+    if (!tm->node_weak && tm->node && tm->node->live_meta == tm)
+        tm->node->live_out = NULL, tm->node->live_meta = NULL; /* a regenerable output goes */
     if (!tm->node_weak) kpl_node_release(tm->node);
     free(tm->hooks);
     free(tm);
@@ -387,6 +391,142 @@ kpl_status kpl__node_save_output(kpl_node *n, kpl_tensor *out)
     return KPL_OK;
 }
 
+/* ---- outputs made again in the backward (kpl_set_regenerate) ------------------------- */
+
+/* KPL_REGENERATE=0 turns it off for a process's threads that do not set it
+ * themselves (benchmarks compare the two). */
+static bool regen_default(void)
+{
+    static atomic_int d = -1;
+    int v = atomic_load_explicit(&d, memory_order_relaxed);
+    if (v < 0) {
+        const char *e = getenv("KPL_REGENERATE");
+        v = !(e && strcmp(e, "0") == 0);
+        atomic_store_explicit(&d, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+bool kpl_regenerate_enabled(void)
+{
+    return tl_regen ? tl_regen == 1 : regen_default();
+}
+
+bool kpl_set_regenerate(bool on)
+{
+    bool prev = kpl_regenerate_enabled();
+    tl_regen = on ? 1 : 2;
+    return prev;
+}
+
+static bool is_norm(kpl_op op)
+{
+    return op == KPL_OP_BATCH_NORM || op == KPL_OP_BATCH_NORM_RELU || op == KPL_OP_GROUP_NORM;
+}
+
+/* Whether the node being recorded (inputs ins) can make its output again
+ * from what it keeps: a norm, from its input and parameters (kept whole);
+ * a ReLU, from a norm's output that is itself regenerable. */
+static bool regenerable(const kpl_node *n, kpl_tensor *const *ins)
+{
+    if (is_norm(n->op)) {
+        if (n->nin != 3 || n->in[0].regen) return false;
+        for (int i = 0; i < 3; i++)
+            if (!ins[i] || kpl_tensor_device(ins[i]) != kpl_tensor_device(ins[0])) return false;
+        kpl_dtype dt = kpl_tensor_dtype(ins[0]);
+        return dt == KPL_F32 || dt == KPL_F64 || dt == KPL_BF16 || dt == KPL_F16;
+    }
+    if (n->op == KPL_OP_RELU) {
+        const kpl__tmeta *m = kpl_tensor_meta(ins[0]);
+        return m && m->node && !m->node_weak && m->out_index == 0 && m->node->regenerable &&
+               m->node->op != KPL_OP_BATCH_NORM_RELU;
+    }
+    return false;
+}
+
+/* A new tensor holding what p's output was in the forward, made again from
+ * what p keeps; p's region is recomputed first if it let go of them. */
+static kpl_tensor *remake(kpl_node *p, bool keep_graph)
+{
+    if (kpl_node_restore_saved(p, keep_graph) < 0) return NULL;
+    if (p->freed) {
+        KPL_ERROR(KPL_ESTATE,
+                  "backward: '%s' must make its output again, but its gradient has "
+                  "already run and let go of its input",
+                  kpl_op_name(p->op));
+        return NULL;
+    }
+    kpl_tensor *x = p->op == KPL_OP_RELU ? NULL : p->in[0].saved;
+    kpl_tensor *y = NULL;
+    kpl_status st = KPL_OK;
+    if (p->op == KPL_OP_RELU) {
+        /* from the norm's output: kept there if another op asked for it,
+         * or still alive, else made again */
+        kpl_node *q = p->in[0].node;
+        kpl_tensor *z = q->saved_out ? q->saved_out : q->live_out;
+        if (z) {
+            st = kpl_tensor_empty(kpl_tensor_device(z), kpl_tensor_dtype(z), p->out_ndim,
+                                  p->out_shape, &y);
+            if (st == KPL_OK) st = kpl_k_unary(y, KPL_UN_RELU, z, 0, 0);
+        } else {
+            if (!(y = remake(q, keep_graph))) return NULL;
+            st = kpl_k_unary(y, KPL_UN_RELU, y, 0, 0);
+        }
+    } else {
+        kpl_tensor *g = p->in[1].saved, *b = p->in[2].saved;
+        if (!x || !g || !b) {
+            KPL_ERROR(KPL_ESTATE, "backward: '%s' lost what it keeps to make its output again",
+                      kpl_op_name(p->op));
+            return NULL;
+        }
+        st = kpl_tensor_empty(kpl_tensor_device(x), kpl_tensor_dtype(x), p->out_ndim, p->out_shape,
+                              &y);
+        double eps = p->attrs.alpha;
+        if (st == KPL_OK)
+            st = p->op == KPL_OP_GROUP_NORM ? kpl_k_group_norm(y, x, g, b, p->attrs.start, eps)
+                 : p->op == KPL_OP_BATCH_NORM_RELU
+                     ? kpl_k_batch_norm_relu(y, NULL, NULL, x, g, b, eps)
+                     : kpl_k_batch_norm(y, NULL, NULL, x, g, b, eps);
+    }
+    if (st < 0) {
+        kpl_tensor_release(y);
+        kpl_error_prefix(st, "backward: making the output of '%s' again: ", kpl_op_name(p->op));
+        return NULL;
+    }
+    return y;
+}
+
+/* p's output, made again if it was not kept: kept as its saved output
+ * until p's gradient has run. */
+static kpl_tensor *remade_output(kpl_node *p, bool keep_graph)
+{
+    if (p->saved_out) return p->saved_out;
+    kpl_tensor *y = p->live_out; /* alive anyway: taken as it is */
+    if (y)
+        kpl_tensor_retain(y);
+    else if (!(y = remake(p, keep_graph)))
+        return NULL;
+    kpl_status st = kpl__node_save_output(p, y);
+    kpl_tensor_release(y); /* the alias keeps the storage */
+    if (st < 0) return NULL;
+    kpl__note_saved_tensor(p, p->saved_out, true);
+    return p->saved_out;
+}
+
+kpl_status kpl_node_regenerate_saved(kpl_node *n, bool keep_graph)
+{
+    for (int i = 0; i < n->nin; i++) {
+        if (!n->in[i].regen || n->in[i].saved) continue;
+        kpl_tensor *y = remade_output(n->in[i].node, keep_graph);
+        if (!y) return kpl_last_status();
+        kpl_tensor_retain(y);
+        n->in[i].saved = y;
+        kpl__note_saved_tensor(n, y, true);
+    }
+    if (n->out_regen && !remade_output(n, keep_graph)) return kpl_last_status();
+    return KPL_OK;
+}
+
 kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
                              kpl_tensor *const *ins, kpl_tensor *out)
 {
@@ -397,6 +537,7 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
     KPL_ASSERT(nin <= KPL_NODE_MAX_IN, "too many node inputs");
 
     kpl_status st = KPL_OK;
+    bool regen = kpl_regenerate_enabled() && !kpl_tracing();
     kpl_node *n = calloc(1, sizeof *n);
     KPL_CHECK(n != NULL, KPL_ENOMEM, "%s: no host memory for the graph node", kpl_op_name(op));
     atomic_init(&n->refcount, 1);
@@ -418,14 +559,29 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
             n->in[i].leaf = t;
             kpl_tensor_retain(t);
         }
-        if (kpl_op_info_of(op)->saved_in & (1u << i)) {
-            kpl_tensor_retain(t);
+        if (regen && m && m->node && !m->node_weak && m->out_index == 0 && m->node->regenerable &&
+            (kpl_op_info_of(op)->saved_in & (1u << i)))
+            n->in[i].regen = true; /* made again from its producer in the backward */
+        else if (kpl_op_info_of(op)->saved_in & (1u << i) || (regen && is_norm(op))) {
+            kpl_tensor_retain(t); /* a norm that regenerates keeps its beta too */
             n->in[i].saved = t;
         }
     }
+    n->regenerable = regen && regenerable(n, ins);
+    if (regen && is_norm(op) && !n->regenerable)
+        for (int i = 0; i < nin; i++)
+            if (!(kpl_op_info_of(op)->saved_in & (1u << i))) {
+                kpl_tensor_release(n->in[i].saved);
+                n->in[i].saved = NULL;
+            }
     n->out_ndim = kpl_tensor_ndim(out);
     memcpy(n->out_shape, kpl_tensor_shape(out), (size_t)n->out_ndim * sizeof(int64_t));
-    if (kpl_op_info_of(op)->saved_out & 1u) KPL_TRY_GOTO(kpl__node_save_output(n, out));
+    if (kpl_op_info_of(op)->saved_out & 1u) {
+        if (n->regenerable)
+            n->out_regen = true;
+        else
+            KPL_TRY_GOTO(kpl__node_save_output(n, out));
+    }
 
     kpl__tmeta *om = kpl__graph_meta(out, true);
     if (!om) {
@@ -435,6 +591,7 @@ kpl_status kpl__graph_record(kpl_op op, const kpl_op_attrs *attrs, int nin,
     om->requires_grad = true;
     om->node = n; /* the result owns the node's first reference */
     om->out_index = 0;
+    if (n->regenerable) n->live_out = out, n->live_meta = om;
     if (kpl_memrec_active()) {
         n->mem_label = op_label("", op);
         note_saved(n, true);

@@ -178,6 +178,7 @@ typedef struct {
     struct {
         kpl_recompute_mode recompute; /* docs/memory.md, "Recomputation" */
         double budget_mb;             /* auto: the allocator's bound, MiB */
+        bool regenerate;              /* norms' outputs made again (kpl_set_regenerate) */
     } memory;
 } kpl_recipe;
 

@@ -34,6 +34,7 @@ struct kpl_node {
         int64_t shape[KPL_MAX_DIMS];
         kpl_dtype dtype;
         kpl_tensor *saved;  /* the input, kept for the gradient, or NULL */
+        bool regen;         /* saved is made again from `node` when the gradient needs it */
     } in[KPL_NODE_MAX_IN];
     int out_ndim;
     int64_t out_shape[KPL_MAX_DIMS];
@@ -44,6 +45,12 @@ struct kpl_node {
     kpl_recompute *region; /* the recomputed region it was recorded in (owned), or NULL */
     size_t region_index;   /* its place in the region's recording order */
     bool dropped;          /* saved tensors let go, waiting for the region's replay */
+    bool regenerable;      /* its output can be made again from what it saves (tape.c) */
+    bool out_regen;        /* saved_out is made again when the gradient needs it */
+    /* a regenerable node's output while it is alive (not owned: its meta
+     * clears these as it goes), taken instead of making it again */
+    kpl_tensor *live_out;
+    const void *live_meta;
 };
 
 /* Recomputation (recompute.c): the region this thread records into, the

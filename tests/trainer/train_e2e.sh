@@ -116,7 +116,7 @@ recompute)
   pn=$(peaks none | sort -g | tail -n 1) pb=$(peaks blocks | sort -g | tail -n 1)
   budget=$(awk -v a="$pn" -v b="$pb" 'BEGIN { printf "%d", (a + b) / 2 }')
   "$kpl" train "${R[@]}" run_dir=auto memory.recompute=auto memory.budget_mb="$budget" \
-    > auto.txt 2> auto.err || die "auto: $(tail -3 auto.err)"
+    > auto.txt 2> auto.err || die "auto under $budget MiB (none $pn, blocks $pb): $(tail -3 auto.err)"
   for m in blocks auto; do
     losses none > none.loss
     losses $m > $m.loss

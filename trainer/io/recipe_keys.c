@@ -356,6 +356,11 @@ const field kpl__rc_fields[] = {
            "run again in the backward: less memory for about one more forward, the same "
            "losses and gradients; auto: only as many of them as keep the allocator under "
            "memory.budget_mb (docs/memory.md)"),
+    F_BOOL("memory.regenerate", memory.regenerate, "true",
+           "the outputs of batch norm, group norm and a ReLU after either are not kept for the "
+           "backward but made again from the norm's input when it needs them: one activation "
+           "fewer per layer for one more pass of the norm, the same bits; off under "
+           "memory.recompute: auto (docs/memory.md)"),
     F_FLOAT("memory.budget_mb", memory.budget_mb, "0", 0, 1e9,
             "memory.recompute: auto: the bound on the training device's allocated MiB (0 with "
             "auto is an error; a step that cannot fit stops the run, naming the module)"),
