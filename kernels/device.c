@@ -166,9 +166,12 @@ static void init_all(void)
     cpu_device.type = KPL_DEVICE_CPU;
     cpu_device.index = 0;
     strcpy(cpu_device.name, "cpu");
-    cpu_device.alloc = kpl__allocator_create((kpl_raw_source){
-        .alloc = cpu_raw_alloc, .free = cpu_raw_free, .ctx = NULL, .name = "cpu",
-        .host_visible = true});
+    cpu_device.alloc = kpl__allocator_create((kpl_raw_source){.alloc = cpu_raw_alloc,
+                                                              .free = cpu_raw_free,
+                                                              .ctx = NULL,
+                                                              .name = "cpu",
+                                                              .host_visible = true,
+                                                              .trim = true});
     KPL_ASSERT(cpu_device.alloc != NULL, "cannot create the CPU allocator");
     for (int t = 0; t < KPL_DEVICE_TYPE_COUNT; t++) {
         const kpl_device_backend *b = backend_of((kpl_device_type)t);

@@ -36,7 +36,13 @@ typedef struct {
      * past its tensor does so past an allocation compute-sanitizer knows
      * (KPL_CUDA_ALLOC_UNCACHED=1; the GPU kit's sanitizer runs).  Slow. */
     bool uncached;
+    /* Plain host pages (the CPU's): the pages of large free blocks may be
+     * handed back to the OS while the cache holds the block (alloc.c). */
+    bool trim;
 } kpl_raw_source;
+/* Whether trimming sources hand free blocks' pages back (KPL_ALLOC_TRIM=1;
+ * alloc.c); returns the previous setting. */
+bool kpl__allocator_set_trim(bool on);
 
 typedef struct kpl_allocator kpl_allocator;
 

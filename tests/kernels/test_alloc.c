@@ -8,6 +8,8 @@
 #if defined(__GLIBC__)
 #include <malloc.h>
 #endif
+#include <sys/mman.h>
+#include <unistd.h>
 
 static kpl_device *cpu;
 
@@ -372,6 +374,70 @@ static void test_malloc_threshold(void **state)
 #endif
 }
 
+/* Pages of x's n bytes (whole pages inside) the process has resident. */
+static size_t resident_pages(const char *x, size_t n, size_t *whole)
+{
+    uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = ((uintptr_t)x + pg - 1) & ~(pg - 1), hi = ((uintptr_t)x + n) & ~(pg - 1);
+    *whole = (hi - lo) / pg;
+    unsigned char *v = malloc(*whole);
+    assert_non_null(v);
+    assert_int_equal(mincore((void *)lo, hi - lo, v), 0);
+    size_t r = 0;
+    for (size_t i = 0; i < *whole; i++)
+        r += v[i] & 1;
+    free(v);
+    return r;
+}
+
+/* With trimming on (KPL_ALLOC_TRIM=1, kpl__allocator_set_trim) a freed
+ * block's whole pages go back to the OS (alloc.c, trim_block)
+ * while the cache keeps the block: it comes back for the next request of
+ * its size, reads zeros and takes writes; a block under 64 KiB keeps its
+ * pages. */
+static void test_trim_free_pages(void **state)
+{
+    (void)state;
+    bool prev = kpl__allocator_set_trim(true);
+    size_t sizes[3] = {(size_t)6 << 20, (size_t)600 << 10, (size_t)16 << 10};
+    for (int k = 0; k < 3; k++) {
+        char *p = NULL, *q = NULL, *next = NULL;
+        OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&p));
+        /* the small one's neighbour stays allocated: it is not merged into
+         * the free rest of its segment */
+        if (k == 2) OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&next));
+        memset(p, 7, sizes[k]);
+        size_t whole = 0, before = resident_pages(p, sizes[k], &whole);
+        assert_int_equal(before, whole);
+        kpl_memory_stats s0 = kpl_device_memory_stats(cpu);
+        kpl_device_free(cpu, p);
+        size_t after = resident_pages(p, sizes[k], &whole);
+        print_message("%zu KiB freed: %zu of %zu pages resident\n", sizes[k] >> 10, after, whole);
+        if (k < 2)
+            assert_int_equal(after, 0);
+        else
+            assert_int_equal(after, whole);
+        OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&q));
+        assert_ptr_equal(p, q); /* still cached: no new segment */
+        assert_int_equal(kpl_device_memory_stats(cpu).reserved, s0.reserved);
+        if (k < 2) assert_int_equal(q[sizes[k] / 2], 0);
+        q[sizes[k] / 2] = 3;
+        assert_int_equal(q[sizes[k] / 2], 3);
+        kpl_device_free(cpu, q);
+        if (next) kpl_device_free(cpu, next);
+    }
+    /* off: the pages stay */
+    kpl__allocator_set_trim(false);
+    char *p = NULL;
+    size_t whole = 0, n = (size_t)6 << 20;
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&p));
+    memset(p, 7, n);
+    kpl_device_free(cpu, p);
+    size_t kept = resident_pages(p, n, &whole);
+    assert_int_equal(kept, whole);
+    kpl__allocator_set_trim(prev);
+}
+
 int run_alloc_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -383,6 +449,7 @@ int run_alloc_tests(void)
         cmocka_unit_test(test_uncached),
         cmocka_unit_test_setup(test_memrec, setup),
         cmocka_unit_test(test_malloc_threshold),
+        cmocka_unit_test_setup(test_trim_free_pages, setup),
     };
     return cmocka_run_group_tests_name("alloc", tests, NULL, NULL);
 }
