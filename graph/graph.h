@@ -684,7 +684,7 @@ uint64_t kpl_recompute_count(void);
 
 /* Normalised activations made again instead of kept (on by default).
  * The output of a training batch norm (fused with its ReLU or not), of a
- * group norm, and of a ReLU applied to one of those, is not kept for the
+ * group norm, and of a ReLU or leaky ReLU applied to one of those, is not kept for the
  * backward by the op that made it nor by the ops that read it (the
  * convolution after it): the norm keeps its input and parameters, and
  * when the first gradient that needs the output runs, the norm's kernel

@@ -424,9 +424,15 @@ static bool is_norm(kpl_op op)
     return op == KPL_OP_BATCH_NORM || op == KPL_OP_BATCH_NORM_RELU || op == KPL_OP_GROUP_NORM;
 }
 
+/* ReLU and leaky ReLU (a slope >= 0: the recorded op), on a norm's output */
+static bool is_activation(kpl_op op)
+{
+    return op == KPL_OP_RELU || op == KPL_OP_LEAKY_RELU;
+}
+
 /* Whether the node being recorded (inputs ins) can make its output again
  * from what it keeps: a norm, from its input and parameters (kept whole);
- * a ReLU, from a norm's output that is itself regenerable. */
+ * a (leaky) ReLU, from a norm's output that is itself regenerable. */
 static bool regenerable(const kpl_node *n, kpl_tensor *const *ins)
 {
     if (is_norm(n->op)) {
@@ -436,7 +442,7 @@ static bool regenerable(const kpl_node *n, kpl_tensor *const *ins)
         kpl_dtype dt = kpl_tensor_dtype(ins[0]);
         return dt == KPL_F32 || dt == KPL_F64 || dt == KPL_BF16 || dt == KPL_F16;
     }
-    if (n->op == KPL_OP_RELU) {
+    if (is_activation(n->op)) {
         const kpl__tmeta *m = kpl_tensor_meta(ins[0]);
         return m && m->node && !m->node_weak && m->out_index == 0 && m->node->regenerable &&
                m->node->op != KPL_OP_BATCH_NORM_RELU;
@@ -456,10 +462,11 @@ static kpl_tensor *remake(kpl_node *p, bool keep_graph)
                   kpl_op_name(p->op));
         return NULL;
     }
-    kpl_tensor *x = p->op == KPL_OP_RELU ? NULL : p->in[0].saved;
+    kpl_tensor *x = is_activation(p->op) ? NULL : p->in[0].saved;
     kpl_tensor *y = NULL;
     kpl_status st = KPL_OK;
-    if (p->op == KPL_OP_RELU) {
+    if (is_activation(p->op)) {
+        kpl_unary_op u = p->op == KPL_OP_RELU ? KPL_UN_RELU : KPL_UN_LEAKY_RELU;
         /* from the norm's output: kept there if another op asked for it,
          * or still alive, else made again */
         kpl_node *q = p->in[0].node;
@@ -467,10 +474,10 @@ static kpl_tensor *remake(kpl_node *p, bool keep_graph)
         if (z) {
             st = kpl_tensor_empty(kpl_tensor_device(z), kpl_tensor_dtype(z), p->out_ndim,
                                   p->out_shape, &y);
-            if (st == KPL_OK) st = kpl_k_unary(y, KPL_UN_RELU, z, 0, 0);
+            if (st == KPL_OK) st = kpl_k_unary(y, u, z, p->attrs.alpha, p->attrs.beta);
         } else {
             if (!(y = remake(q, keep_graph))) return NULL;
-            st = kpl_k_unary(y, KPL_UN_RELU, y, 0, 0);
+            st = kpl_k_unary(y, u, y, p->attrs.alpha, p->attrs.beta);
         }
     } else {
         kpl_tensor *g = p->in[1].saved, *b = p->in[2].saved;

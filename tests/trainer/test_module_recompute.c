@@ -154,24 +154,30 @@ static void test_zoo_blocks_exact(void **state)
 /* Norm outputs made again in the backward (kpl_set_regenerate): the same
  * loss, gradients and running statistics bit for bit as when kept, with
  * less held at the forward's end; batch norm (fused with its ReLU), group
- * norm then ReLU, f32 and bf16 autocast, a double backward, and with the
- * blocks recomputed too. */
+ * norm then ReLU, WGAN-GP's critic (layer norm then leaky ReLU), f32 and
+ * bf16 autocast, a double backward, and with the blocks recomputed too. */
 static void test_zoo_regenerate_exact(void **state)
 {
     (void)state;
     kpl_model_config res = model("resnet", 10, 3, 16, 18), gn = model("resnet", 10, 3, 16, 18);
-    kpl_model_config unet = model("unet", 3, 1, 32, 2);
+    kpl_model_config unet = model("unet", 3, 1, 32, 2), critic = model("dcgan_d", 1, 3, 32, 0);
     res.stem = gn.stem = KPL_STEM_CIFAR;
     gn.norm = KPL_NORM_GROUP;
     OK(kpl_keyvals_set(&unet.keys, "upsample", "transpose"));
+    /* WGAN-GP's critic: layer norm (one group) then leaky ReLU */
+    OK(kpl_keyvals_set(&critic.keys, "d_norm", "layer"));
     struct {
         const kpl_model_config *c;
         int64_t xs[4];
-    } cases[3] = {{&res, {8, 3, 16, 16}}, {&gn, {4, 3, 16, 16}}, {&unet, {4, 1, 32, 32}}};
+    } cases[4] = {{&res, {8, 3, 16, 16}},
+                  {&gn, {4, 3, 16, 16}},
+                  {&unet, {4, 1, 32, 32}},
+                  {&critic, {8, 3, 32, 32}}};
     kpl_dtype dts[2] = {KPL_F32, KPL_BF16};
-    for (int k = 0; k < 3; k++)
+    for (int k = 0; k < 4; k++)
         for (int v = 0; v < 4; v++) {
             kpl_dtype dt = dts[v & 1];
+            if (k == 3 && v == 3) continue; /* the critic marks no blocks */
             bool penalty = v == 2, blocks = v == 3;
             step_result a, b;
             step_with(cases[k].c, cases[k].xs, blocks, dt, false, penalty, &a); /* settles */

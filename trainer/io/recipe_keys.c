@@ -357,7 +357,8 @@ const field kpl__rc_fields[] = {
            "losses and gradients; auto: only as many of them as keep the allocator under "
            "memory.budget_mb (docs/memory.md)"),
     F_BOOL("memory.regenerate", memory.regenerate, "true",
-           "the outputs of batch norm, group norm and a ReLU after either are not kept for the "
+           "the outputs of batch norm, group norm and a (leaky) ReLU after either are not kept for "
+           "the "
            "backward but made again from the norm's input when it needs them: one activation "
            "fewer per layer for one more pass of the norm, the same bits; off under "
            "memory.recompute: auto (docs/memory.md)"),
