@@ -708,8 +708,10 @@ bool kpl_regenerate_enabled(void);
  * least forward time / (bytes it frees x time since it ended) first
  * (DTR's heuristic over regions).  An allocation that still does not fit
  * fails with KPL_ENOMEM naming the budget, the request and the module.
- * bytes 0 ends it.  Regions are released on the thread that recorded
- * them. */
+ * bytes 0 ends it.  While a budget holds, kpl_set_regenerate is off on
+ * this thread (its evictions do not count what the backward would make
+ * again); bytes 0 puts back the setting from before.  Regions are released on the thread that
+ * recorded them. */
 kpl_status kpl_recompute_set_budget(kpl_device *dev, size_t bytes);
 /* How many regions this thread's budget has let go. */
 uint64_t kpl_recompute_evictions(void);

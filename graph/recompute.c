@@ -85,6 +85,7 @@ typedef struct evictable {
     kpl_recompute **r;
     size_t n, cap;
     uint64_t evictions;
+    bool regen; /* kpl_regenerate_enabled() before the budget */
 } evictable;
 static _Thread_local evictable tl_evict;
 
@@ -440,6 +441,13 @@ kpl_status kpl_recompute_set_budget(kpl_device *dev, size_t bytes)
 {
     KPL_CHECK(!bytes || dev, KPL_EINVAL, "recompute_set_budget: NULL device");
     if (tl_evict.dev) kpl_device_set_budget(tl_evict.dev, 0, NULL, NULL);
+    /* regeneration is off under a budget (kpl_set_regenerate): evictions
+     * price regions by what they hold through the forward, not by what the
+     * backward makes again */
+    if (bytes && !tl_evict.budget)
+        tl_evict.regen = kpl_set_regenerate(false);
+    else if (!bytes && tl_evict.budget)
+        kpl_set_regenerate(tl_evict.regen);
     tl_evict.dev = bytes ? dev : NULL;
     tl_evict.budget = bytes;
     if (bytes) {

@@ -152,7 +152,10 @@ static void run_net_budget(bool recompute, kpl_dtype autocast, bool diverge, siz
     kpl_pool *p = kpl_pool_push();
     o->base = kpl_device_memory_stats(cpu).allocated;
     kpl_device_reset_peak(cpu);
+    bool regen = kpl_regenerate_enabled();
     if (budget) OK(kpl_recompute_set_budget(cpu, o->base + budget));
+    /* a budget turns regeneration off while it holds (graph.h) */
+    if (budget) assert_false(kpl_regenerate_enabled());
     OK(kpl_set_autocast(autocast, &prev));
     kpl_tensor *y = x;
     for (int k = 0; k < NBLK && y; k++)
@@ -165,6 +168,7 @@ static void run_net_budget(bool recompute, kpl_dtype autocast, bool diverge, siz
     o->st = st;
     o->evictions = kpl_recompute_evictions() - ev0;
     if (budget) OK(kpl_recompute_set_budget(cpu, 0));
+    assert_int_equal(kpl_regenerate_enabled(), regen);
     if (budget && st < 0) {
         print_message("over the budget: %s\n", kpl_last_error());
     } else if (diverge) {

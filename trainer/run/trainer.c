@@ -351,10 +351,9 @@ static kpl_status build_task(kpl_trainer *t)
 /* memory.recompute: the models' marked blocks run again in the backward. */
 static kpl_status make_recompute(kpl_trainer *t)
 {
-    /* memory.regenerate: norms' outputs made again in the backward; not
-     * under a budget, whose evictions do not count what that makes
-     * (docs/memory.md) */
-    kpl_set_regenerate(t->r->memory.regenerate && t->r->memory.recompute != KPL_RECOMPUTE_AUTO);
+    /* memory.regenerate: norms' outputs made again in the backward (a
+     * budget, below, turns it off while it holds: docs/memory.md) */
+    kpl_set_regenerate(t->r->memory.regenerate);
     if (t->r->memory.recompute == KPL_RECOMPUTE_NONE) return KPL_OK;
     int total = 0;
     for (int k = 0; k < t->nmodels; k++) {
