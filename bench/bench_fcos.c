@@ -403,19 +403,13 @@ static int compare_ref(const char *py, const char *args, const char *out_path,
  * the row; 1 when kpl's run fails. */
 static int mem_row(const char *py, const char *args)
 {
-    char cmd[4096], self[1024], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN], n3[BENCH_NUM_LEN];
+    char kcmd[2048], rcmd[4096], self[1024], n1[BENCH_NUM_LEN], n2[BENCH_NUM_LEN],
+        n3[BENCH_NUM_LEN];
     bench_self_path(self, sizeof self);
-    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem", FCOS_THREADS, self);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
-        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", cmd);
-        return 1;
-    }
-    snprintf(cmd, sizeof cmd, "%s mem %s steps=%d", py, args, MEM_STEPS);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
-        fprintf(stderr, "bench_fcos: no MEM line from: %s\n", cmd);
-        bench_ref_failures++;
-    }
+    bench_mem_line km, rm;
+    snprintf(kcmd, sizeof kcmd, "OMP_NUM_THREADS=%d %s --mem", FCOS_THREADS, self);
+    snprintf(rcmd, sizeof rcmd, "%s mem %s steps=%d", py, args, MEM_STEPS);
+    if (bench_mem_pair("bench_fcos", kcmd, rcmd, &km, &rm)) return 1;
     fprintf(stderr,
             "bench_fcos: peak RSS growth over %d steps kpl %.0f MB (allocator peak %.0f "
             "MB), torch %.0f MB\n",

@@ -10,8 +10,10 @@
 #ifndef KPL_BENCH_FILE_H
 #define KPL_BENCH_FILE_H
 
+#include "bench_common.h"
 #include "trainer.h"
 
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -154,6 +156,25 @@ static inline void bench_mem_line_parse(const char *line, void *ctx)
     if (!strncmp(line, "MEM ", 4))
         sscanf(line, "MEM peak_rss=%lf base_rss=%lf growth=%lf alloc_peak=%lf", &r->peak, &r->base,
                &r->growth, &r->alloc_peak);
+}
+
+/* Both sides' memory runs, each a fresh process: kpl's (kcmd) and the
+ * reference's (rcmd), their MEM lines into *k and *r (NAN where absent).
+ * Returns 1 when kpl's run fails (its message names bench and the
+ * command); a reference without its line counts as a reference failure. */
+static inline int bench_mem_pair(const char *bench, const char *kcmd, const char *rcmd,
+                                 bench_mem_line *k, bench_mem_line *r)
+{
+    *k = *r = (bench_mem_line){NAN, NAN, NAN, NAN};
+    if (bench_run_lines(kcmd, bench_mem_line_parse, k) < 0 || isnan(k->growth)) {
+        fprintf(stderr, "%s: kpl's memory run failed: %s\n", bench, kcmd);
+        return 1;
+    }
+    if (bench_run_lines(rcmd, bench_mem_line_parse, r) == 0 && isnan(r->growth)) {
+        fprintf(stderr, "%s: no MEM line from: %s\n", bench, rcmd);
+        bench_ref_failures++;
+    }
+    return 0;
 }
 
 #endif /* KPL_BENCH_FILE_H */

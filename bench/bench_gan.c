@@ -368,18 +368,12 @@ static int run_case(const gan_case *c, const char *bench_dir, const char *work, 
     }
 
     /* memory, each side in a fresh process */
-    bench_mem_line km = {NAN, NAN, NAN, NAN}, rm = {NAN, NAN, NAN, NAN};
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d %s --mem %s %s", GAN_THREADS, self, c->name,
+    bench_mem_line km, rm;
+    char kcmd[4096];
+    snprintf(kcmd, sizeof kcmd, "OMP_NUM_THREADS=%d %s --mem %s %s", GAN_THREADS, self, c->name,
              argtail);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &km) < 0 || isnan(km.growth)) {
-        fprintf(stderr, "bench_gan: kpl's memory run failed: %s\n", cmd);
-        return 1;
-    }
     snprintf(cmd, sizeof cmd, "%s mem %s steps=%d", py, args, GAN_MEM_STEPS);
-    if (bench_run_lines(cmd, bench_mem_line_parse, &rm) == 0 && isnan(rm.growth)) {
-        fprintf(stderr, "bench_gan: no MEM line from: %s\n", cmd);
-        bench_ref_failures++;
-    }
+    if (bench_mem_pair("bench_gan", kcmd, cmd, &km, &rm)) return 1;
     fprintf(stderr, "bench_gan: %s: peak RSS growth over %d iterations kpl %.0f MB (allocator "
             "peak %.0f MB), torch %.0f MB\n", tag, GAN_MEM_STEPS, km.growth / 1e6,
             km.alloc_peak / 1e6, rm.growth / 1e6);

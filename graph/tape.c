@@ -400,8 +400,7 @@ static bool regen_default(void)
     static atomic_int d = -1;
     int v = atomic_load_explicit(&d, memory_order_relaxed);
     if (v < 0) {
-        const char *e = getenv("KPL_REGENERATE");
-        v = !(e && strcmp(e, "0") == 0);
+        v = kpl_env_switch("KPL_REGENERATE", true);
         atomic_store_explicit(&d, v, memory_order_relaxed);
     }
     return v;

@@ -268,8 +268,7 @@ static bool trim_on(void)
     atomic_int *v = &trim_setting;
     int on = atomic_load_explicit(v, memory_order_relaxed);
     if (on < 0) {
-        const char *e = getenv("KPL_ALLOC_TRIM");
-        on = e && strcmp(e, "1") == 0;
+        on = kpl_env_switch("KPL_ALLOC_TRIM", false);
         atomic_store_explicit(v, on, memory_order_relaxed);
     }
     return on;

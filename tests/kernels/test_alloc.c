@@ -438,6 +438,26 @@ static void test_trim_free_pages(void **state)
     kpl__allocator_set_trim(prev);
 }
 
+/* kpl_env_switch: 0 and 1 as said, unset/empty/anything else the default */
+static void test_env_switch(void **state)
+{
+    (void)state;
+    const char *name = "KPL_TEST_ENV_SWITCH";
+    unsetenv(name);
+    assert_true(kpl_env_switch(name, true));
+    assert_false(kpl_env_switch(name, false));
+    setenv(name, "0", 1);
+    assert_false(kpl_env_switch(name, true));
+    setenv(name, "1", 1);
+    assert_true(kpl_env_switch(name, false));
+    setenv(name, "", 1);
+    assert_true(kpl_env_switch(name, true));
+    setenv(name, "yes", 1); /* named on stderr, the default kept */
+    assert_false(kpl_env_switch(name, false));
+    assert_true(kpl_env_switch(name, true));
+    unsetenv(name);
+}
+
 int run_alloc_tests(void)
 {
     const struct CMUnitTest tests[] = {
@@ -450,6 +470,7 @@ int run_alloc_tests(void)
         cmocka_unit_test_setup(test_memrec, setup),
         cmocka_unit_test(test_malloc_threshold),
         cmocka_unit_test_setup(test_trim_free_pages, setup),
+        cmocka_unit_test(test_env_switch),
     };
     return cmocka_run_group_tests_name("alloc", tests, NULL, NULL);
 }
