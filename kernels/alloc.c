@@ -19,6 +19,10 @@
  * makes the search constant time.  Freed blocks are pushed at the head of
  * their bin, so a block freed just now is the first one reused (the LIFO
  * order the reverse-mode GC relies on to keep backward's footprint flat).
+ *
+ * On the CPU the cache keeps only so many bytes of free blocks resident
+ * (KPL_ALLOC_KEEP_MB): past them the pages of the blocks freed longest ago
+ * go back to the OS while the blocks stay cached (trim_cold).
  */
 #include "kernels_impl.h"
 
@@ -57,6 +61,10 @@ typedef struct block {
     uint32_t ctx;                     /* the allocating thread's kpl_mem_context */
     struct block *prev, *next;        /* neighbours within the segment */
     struct block *bin_prev, *bin_next; /* free list of the bin */
+    /* while free on a trimming source: bytes whose pages may be resident
+     * (an upper bound), and the list of such blocks, latest freed first */
+    size_t resident;
+    struct block *lru_prev, *lru_next;
 } block;
 
 typedef struct {
@@ -80,6 +88,11 @@ struct kpl_allocator {
     block **segments;
     size_t n_segments, cap_segments;
     kpl_memrec *rec; /* the memory recorder logging this allocator (memrec.c) */
+    /* free blocks whose pages may be resident (trimming sources), and the
+     * most bytes ever allocated at once (since keep_epoch) */
+    block *lru_head, *lru_tail;
+    size_t free_resident, high_water;
+    unsigned keep_epoch;
 };
 
 /* ---- bins ------------------------------------------------------------------ */
@@ -178,6 +191,118 @@ static block *map_take(ptr_map *m, const void *ptr)
     return b;
 }
 
+/* ---- resident bytes of the cache (trimming sources) ------------------------- */
+
+/* How many bytes of free blocks a trimming source keeps resident past
+ * its high-water mark of allocated bytes (KPL_ALLOC_KEEP_MB, read once):
+ * SIZE_MAX, the default, keeps them all (trim_cold). */
+static _Atomic size_t keep_setting;
+static atomic_bool keep_read;
+static atomic_uint keep_epoch = 1; /* bumped by set_keep: high-water marks restart */
+
+static size_t keep_bytes(void)
+{
+    if (atomic_load_explicit(&keep_read, memory_order_acquire))
+        return atomic_load_explicit(&keep_setting, memory_order_relaxed);
+    size_t keep = SIZE_MAX;
+    const char *v = getenv("KPL_ALLOC_KEEP_MB");
+    if (v && *v) {
+        char *end;
+        double mb = strtod(v, &end);
+        if (!strcmp(v, "all"))
+            keep = SIZE_MAX;
+        else if (end != v && !*end && mb >= 0 && mb < 1e9)
+            keep = (size_t)(mb * 1048576.0);
+        else
+            fprintf(stderr,
+                    "kpl: KPL_ALLOC_KEEP_MB=%s is neither a number of MiB from 0 nor 'all'; "
+                    "every free block stays resident\n",
+                    v);
+    }
+    atomic_store_explicit(&keep_setting, keep, memory_order_relaxed);
+    atomic_store_explicit(&keep_read, true, memory_order_release);
+    return keep;
+}
+
+size_t kpl__allocator_set_keep(size_t bytes)
+{
+    size_t prev = keep_bytes();
+    atomic_store_explicit(&keep_setting, bytes, memory_order_relaxed);
+    atomic_fetch_add_explicit(&keep_epoch, 1, memory_order_relaxed);
+    return prev;
+}
+
+/* Takes free block b off the resident list; returns what it counted. */
+static size_t lru_take(kpl_allocator *a, block *b)
+{
+    size_t r = b->resident;
+    if (!r) return 0;
+    if (b->lru_prev)
+        b->lru_prev->lru_next = b->lru_next;
+    else
+        a->lru_head = b->lru_next;
+    if (b->lru_next)
+        b->lru_next->lru_prev = b->lru_prev;
+    else
+        a->lru_tail = b->lru_prev;
+    b->lru_prev = b->lru_next = NULL;
+    b->resident = 0;
+    a->free_resident -= r;
+    return r;
+}
+
+/* Puts free block b, with up to `resident` bytes of resident pages, at
+ * the head of the list (freed last: trimmed last). */
+static void lru_push(kpl_allocator *a, block *b, size_t resident)
+{
+    if (!resident || !a->src.trim) return;
+    b->resident = resident < b->size ? resident : b->size;
+    b->lru_prev = NULL;
+    b->lru_next = a->lru_head;
+    if (a->lru_head)
+        a->lru_head->lru_prev = b;
+    else
+        a->lru_tail = b;
+    a->lru_head = b;
+    a->free_resident += b->resident;
+}
+
+/* Keeps the process's resident bytes in this allocator (allocated, and
+ * free but resident) within its high-water mark of allocated bytes plus
+ * keep_bytes(): past it, the pages of the free blocks freed longest ago go
+ * back to the OS, while the blocks stay cached and a request one serves
+ * later faults fresh zero pages in, as a large malloc does.  Without it
+ * the process stays resident for every byte the cache holds, and past the
+ * allocator's peak those are its fragmentation (FCOS's many pyramid
+ * sizes: reserved 1.9x the peak).  Bounded by the high-water mark, not by
+ * the free bytes alone, a step trims only near its peak, where resident
+ * bytes set the process's peak; trimming whenever the free bytes passed a
+ * bound made the GAN steps 1.4-1.9x slower, faulting their reuse in again
+ * and again.  Even so the blocks trimmed at the peak are reused later in
+ * the step: with 16 MiB kept FCOS's peak RSS growth fell 250 -> 209 MB
+ * and ResNet-50's 1017 -> 880 MiB at 1.16x and 1.08x the step time (~3 us
+ * a page fault on the 2-core VM; docs/memory.md), so the default keeps
+ * every free block resident.  Pages a block shares with its neighbours
+ * stay.  Caller holds the lock. */
+static void trim_cold(kpl_allocator *a)
+{
+    static uintptr_t page;
+    if (!page) page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    unsigned epoch = atomic_load_explicit(&keep_epoch, memory_order_relaxed);
+    if (a->keep_epoch != epoch) a->keep_epoch = epoch, a->high_water = a->st.allocated;
+    if (a->st.allocated > a->high_water) a->high_water = a->st.allocated;
+    size_t keep = keep_bytes();
+    if (keep == SIZE_MAX) return;
+    size_t limit = a->high_water + keep < a->high_water ? SIZE_MAX : a->high_water + keep;
+    while (a->st.allocated + a->free_resident > limit && a->lru_tail) {
+        block *b = a->lru_tail;
+        lru_take(a, b);
+        uintptr_t lo = ((uintptr_t)b->ptr + page - 1) & ~(page - 1),
+                  hi = ((uintptr_t)b->ptr + b->size) & ~(page - 1);
+        if (hi > lo && !madvise((void *)lo, hi - lo, MADV_DONTNEED)) a->st.n_trim++;
+    }
+}
+
 /* ---- segments -------------------------------------------------------------- */
 
 static void stats_add_reserved(kpl_allocator *a, size_t bytes)
@@ -203,6 +328,7 @@ static void release_free_segments(kpl_allocator *a)
         block *b = a->segments[i];
         if (!b->allocated && !b->prev && !b->next) {
             bin_remove(&a->pools[b->small], b);
+            lru_take(a, b);
             segment_release(a, i);
         }
     }
@@ -257,48 +383,6 @@ static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
     stats_add_reserved(a, seg_size);
     *out = b;
     return KPL_OK;
-}
-
-/* KPL_ALLOC_TRIM=1 hands the pages of free blocks back (read once; off
- * by default: see trim_block). */
-static atomic_int trim_setting = -1;
-
-static bool trim_on(void)
-{
-    atomic_int *v = &trim_setting;
-    int on = atomic_load_explicit(v, memory_order_relaxed);
-    if (on < 0) {
-        on = kpl_env_switch("KPL_ALLOC_TRIM", false);
-        atomic_store_explicit(v, on, memory_order_relaxed);
-    }
-    return on;
-}
-
-bool kpl__allocator_set_trim(bool on)
-{
-    bool prev = trim_on();
-    atomic_store_explicit(&trim_setting, on, memory_order_relaxed);
-    return prev;
-}
-
-/* With KPL_ALLOC_TRIM=1: hands the whole pages inside free block b
- * (merged with its free neighbours) back to the OS, keeping the block in
- * the cache: the next request it serves faults fresh zero pages in, as a
- * large malloc would.  Without it the process stays resident for every
- * byte the cache holds, which past the allocator's peak is its
- * fragmentation (FCOS's many pyramid sizes: reserved 1.9x the peak).
- * Peak RSS growth, 2-core Xeon: FCOS 248 -> 194 MB, WGAN-GP 125 -> 109,
- * but the GAN steps took 1.4-1.9x as long (every reuse faults its pages
- * in again), so it is not the default.  Blocks with under TRIM_MIN of
- * whole pages keep theirs.  Caller holds the lock. */
-#define TRIM_MIN ((uintptr_t)64 << 10)
-static void trim_block(block *b)
-{
-    static uintptr_t page;
-    if (!page) page = (uintptr_t)sysconf(_SC_PAGESIZE);
-    uintptr_t pg = page, lo = ((uintptr_t)b->ptr + pg - 1) & ~(pg - 1),
-              hi = ((uintptr_t)b->ptr + b->size) & ~(pg - 1);
-    if (hi > lo && hi - lo >= TRIM_MIN && trim_on()) madvise((void *)lo, hi - lo, MADV_DONTNEED);
 }
 
 /* ---- public (module-internal) API ----------------------------------------- */
@@ -414,9 +498,11 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
         if (st < 0) goto done;
         goto hand_out;
     }
+    size_t resident = 0; /* of the block taken from the cache */
     b = bin_find(p, size);
     if (b) {
         bin_remove(p, b);
+        resident = lru_take(a, b);
         a->st.n_cache_hit++;
     } else {
         size_t seg = small ? SMALL_SEGMENT
@@ -440,6 +526,7 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
             b->next = r;
             b->size = size;
             bin_push(p, r);
+            lru_push(a, r, resident); /* which part was resident is not known */
         }
     }
 hand_out:
@@ -454,6 +541,7 @@ hand_out:
     b->ctx = kpl_mem_context();
     a->st.allocated += b->size;
     if (a->st.allocated > a->st.peak_allocated) a->st.peak_allocated = a->st.allocated;
+    if (a->src.trim) trim_cold(a);
     if (a->rec) kpl__memrec_log(a->rec, 'A', b->ptr, b->size, what, 0, 0);
     if (a->src.host_visible) UNPOISON(b->ptr, bytes);
     *out = b->ptr;
@@ -483,9 +571,11 @@ void kpl__allocator_free(kpl_allocator *a, void *ptr)
         return;
     }
     /* Merge with free neighbours so the segment can serve larger blocks. */
+    size_t resident = b->size;
     block *n = b->next;
     if (n && !n->allocated) {
         bin_remove(p, n);
+        resident += lru_take(a, n);
         b->size += n->size;
         b->next = n->next;
         if (n->next) n->next->prev = b;
@@ -494,14 +584,15 @@ void kpl__allocator_free(kpl_allocator *a, void *ptr)
     block *pv = b->prev;
     if (pv && !pv->allocated) {
         bin_remove(p, pv);
+        resident += lru_take(a, pv);
         pv->size += b->size;
         pv->next = b->next;
         if (b->next) b->next->prev = pv;
         free(b);
         b = pv;
     }
-    if (a->src.trim) trim_block(b);
     bin_push(p, b);
+    lru_push(a, b, resident);
     pthread_mutex_unlock(&a->lock);
 }
 

@@ -364,6 +364,7 @@ typedef struct {
     uint64_t n_alloc;       /* calls to alloc */
     uint64_t n_cache_hit;   /* allocs served from cached blocks */
     uint64_t n_system;      /* segments obtained from the system */
+    uint64_t n_trim;        /* free blocks whose pages went back to the system */
 } kpl_memory_stats;
 
 kpl_memory_stats kpl_device_memory_stats(kpl_device *dev);
@@ -388,7 +389,7 @@ void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
 typedef size_t (*kpl_release_fn)(kpl_device *dev, size_t excess, void *user);
 void kpl_device_set_budget(kpl_device *dev, size_t bytes, kpl_release_fn release, void *user);
 
-/* An on/off environment variable (KPL_REGENERATE, KPL_ALLOC_TRIM): "1" on,
+/* An on/off environment variable (KPL_REGENERATE): "1" on,
  * "0" off, unset or empty the default; any other value keeps the default
  * and says so on stderr, naming the variable. */
 bool kpl_env_switch(const char *name, bool dflt);

@@ -36,13 +36,16 @@ typedef struct {
      * past its tensor does so past an allocation compute-sanitizer knows
      * (KPL_CUDA_ALLOC_UNCACHED=1; the GPU kit's sanitizer runs).  Slow. */
     bool uncached;
-    /* Plain host pages (the CPU's): the pages of large free blocks may be
-     * handed back to the OS while the cache holds the block (alloc.c). */
+    /* Plain host pages (the CPU's): the pages of free blocks may be handed
+     * back to the OS while the cache holds the block (alloc.c). */
     bool trim;
 } kpl_raw_source;
-/* Whether trimming sources hand free blocks' pages back (KPL_ALLOC_TRIM=1;
- * alloc.c); returns the previous setting. */
-bool kpl__allocator_set_trim(bool on);
+/* The bytes of free blocks a trimming source keeps resident past its
+ * high-water mark of allocated bytes; past them the pages of those freed
+ * longest ago go back to the OS (KPL_ALLOC_KEEP_MB; alloc.c).  SIZE_MAX
+ * keeps all.  The allocators' high-water marks start again from what they
+ * hold now.  Returns the previous setting. */
+size_t kpl__allocator_set_keep(size_t bytes);
 
 typedef struct kpl_allocator kpl_allocator;
 

@@ -390,52 +390,79 @@ static size_t resident_pages(const char *x, size_t n, size_t *whole)
     return r;
 }
 
-/* With trimming on (KPL_ALLOC_TRIM=1, kpl__allocator_set_trim) a freed
- * block's whole pages go back to the OS (alloc.c, trim_block)
- * while the cache keeps the block: it comes back for the next request of
- * its size, reads zeros and takes writes; a block under 64 KiB keeps its
- * pages. */
+/* Free blocks' pages go back to the OS when the allocator's resident
+ * bytes (allocated, and free but resident) would pass its high-water mark
+ * of allocated bytes plus KPL_ALLOC_KEEP_MB (kpl__allocator_set_keep,
+ * which restarts the mark; alloc.c, trim_cold), freed longest ago first,
+ * while the cache keeps the blocks: one comes back for the next request
+ * of its size, reads zeros and takes writes. */
 static void test_trim_free_pages(void **state)
 {
     (void)state;
-    bool prev = kpl__allocator_set_trim(true);
-    size_t sizes[3] = {(size_t)6 << 20, (size_t)600 << 10, (size_t)16 << 10};
-    for (int k = 0; k < 3; k++) {
-        char *p = NULL, *q = NULL, *next = NULL;
-        OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&p));
-        /* the small one's neighbour stays allocated: it is not merged into
-         * the free rest of its segment */
-        if (k == 2) OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&next));
-        memset(p, 7, sizes[k]);
-        size_t whole = 0, before = resident_pages(p, sizes[k], &whole);
-        assert_int_equal(before, whole);
-        kpl_memory_stats s0 = kpl_device_memory_stats(cpu);
-        kpl_device_free(cpu, p);
-        size_t after = resident_pages(p, sizes[k], &whole);
-        print_message("%zu KiB freed: %zu of %zu pages resident\n", sizes[k] >> 10, after, whole);
-        if (k < 2)
-            assert_int_equal(after, 0);
-        else
-            assert_int_equal(after, whole);
-        OK(kpl_device_alloc(cpu, sizes[k], "test", (void **)&q));
-        assert_ptr_equal(p, q); /* still cached: no new segment */
-        assert_int_equal(kpl_device_memory_stats(cpu).reserved, s0.reserved);
-        if (k < 2) assert_int_equal(q[sizes[k] / 2], 0);
-        q[sizes[k] / 2] = 3;
-        assert_int_equal(q[sizes[k] / 2], 3);
-        kpl_device_free(cpu, q);
-        if (next) kpl_device_free(cpu, next);
-    }
-    /* off: the pages stay */
-    kpl__allocator_set_trim(false);
-    char *p = NULL;
-    size_t whole = 0, n = (size_t)6 << 20;
-    OK(kpl_device_alloc(cpu, n, "test", (void **)&p));
-    memset(p, 7, n);
-    kpl_device_free(cpu, p);
-    size_t kept = resident_pages(p, n, &whole);
+    size_t prev = kpl__allocator_set_keep(0), n = (size_t)6 << 20, whole = 0;
+    /* a 6 MiB block freed (an allocated block after it keeps it apart)
+     * stays resident while nothing more is allocated than before ... */
+    char *a = NULL, *sep = NULL, *big = NULL, *q = NULL;
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&a));
+    OK(kpl_device_alloc(cpu, (size_t)2 << 20, "test", (void **)&sep));
+    memset(a, 7, n);
+    kpl_device_free(cpu, a);
+    size_t kept = resident_pages(a, n, &whole); /* sets whole: not in one call */
     assert_int_equal(kept, whole);
-    kpl__allocator_set_trim(prev);
+    /* ... and loses its pages when a larger request needs new ones */
+    kpl_memory_stats s0 = kpl_device_memory_stats(cpu);
+    OK(kpl_device_alloc(cpu, (size_t)10 << 20, "test", (void **)&big));
+    size_t after = resident_pages(a, n, &whole);
+    print_message("6 MiB freed, 10 MiB asked for: %zu of %zu pages resident\n", after, whole);
+    assert_int_equal(after, 0);
+    assert_true(kpl_device_memory_stats(cpu).n_trim > s0.n_trim);
+    kpl_device_free(cpu, big);
+    s0 = kpl_device_memory_stats(cpu);
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&q));
+    assert_ptr_equal(a, q); /* still cached: no new segment */
+    assert_int_equal(kpl_device_memory_stats(cpu).reserved, s0.reserved);
+    assert_int_equal(q[n / 2], 0);
+    q[n / 2] = 3;
+    assert_int_equal(q[n / 2], 3);
+    kpl_device_free(cpu, q);
+    kpl_device_free(cpu, sep);
+
+    /* 8 MiB kept: of two 6 MiB blocks freed one after the other, the first
+     * one's pages go when 12 MiB more are asked for, the last one's stay */
+    kpl__allocator_set_keep((size_t)8 << 20);
+    char *b = NULL, *c = NULL, *sep2 = NULL, *d = NULL;
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&b));
+    OK(kpl_device_alloc(cpu, (size_t)2 << 20, "test", (void **)&sep));
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&c));
+    OK(kpl_device_alloc(cpu, (size_t)2 << 20, "test", (void **)&sep2));
+    memset(b, 7, n);
+    memset(c, 7, n);
+    kpl_device_free(cpu, b);
+    kpl_device_free(cpu, c);
+    kept = resident_pages(b, n, &whole);
+    assert_int_equal(kept, whole);
+    OK(kpl_device_alloc(cpu, (size_t)12 << 20, "test", (void **)&d));
+    size_t rb = resident_pages(b, n, &whole), rc = resident_pages(c, n, &whole);
+    print_message("8 MiB kept: first freed %zu, last freed %zu of %zu pages resident\n", rb, rc,
+                  whole);
+    assert_int_equal(rb, 0);
+    assert_int_equal(rc, whole);
+    kpl_device_free(cpu, d);
+    kpl_device_free(cpu, sep);
+    kpl_device_free(cpu, sep2);
+
+    /* all kept: the pages stay */
+    kpl__allocator_set_keep(SIZE_MAX);
+    OK(kpl_device_alloc(cpu, n, "test", (void **)&a));
+    OK(kpl_device_alloc(cpu, (size_t)2 << 20, "test", (void **)&sep));
+    memset(a, 7, n);
+    kpl_device_free(cpu, a);
+    OK(kpl_device_alloc(cpu, (size_t)16 << 20, "test", (void **)&big));
+    kept = resident_pages(a, n, &whole);
+    assert_int_equal(kept, whole);
+    kpl_device_free(cpu, big);
+    kpl_device_free(cpu, sep);
+    kpl__allocator_set_keep(prev);
 }
 
 /* kpl_env_switch: 0 and 1 as said, unset/empty/anything else the default */
