@@ -453,7 +453,8 @@ static int mem_row(const char *py, const char *args)
     bench_emit("fcos", "r18_train_step_b8_128/peak_rss", "bytes", 0, km.growth, rm.growth,
                "torch-cpu-f32-nchw peak RSS growth", 1.25,
                ",\"measure\":\"peak RSS over %d training steps less the RSS with model, batch and "
-               "optimizer made, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
+               "optimizer made, a fresh process per side, each field the median of "
+               "KPL_BENCH_MEM_ROUNDS alternating runs\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
                "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
                MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak), bench_jnum(n3, km.base),
                bench_jnum(n4, rm.base), bench_jnum(n5, km.alloc_peak));

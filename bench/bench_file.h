@@ -158,22 +158,46 @@ static inline void bench_mem_line_parse(const char *line, void *ctx)
                &r->growth, &r->alloc_peak);
 }
 
+/* Each field's median over n runs' lines (NAN where no run has it). */
+static inline void bench_mem_median(const bench_mem_line *runs, int n, bench_mem_line *out)
+{
+    double v[4][16];
+    for (int i = 0; i < n && i < 16; i++)
+        v[0][i] = runs[i].peak, v[1][i] = runs[i].base, v[2][i] = runs[i].growth,
+        v[3][i] = runs[i].alloc_peak;
+    n = n < 16 ? n : 16;
+    *out = (bench_mem_line){bench_median(v[0], n), bench_median(v[1], n), bench_median(v[2], n),
+                            bench_median(v[3], n)};
+}
+
 /* Both sides' memory runs, each a fresh process: kpl's (kcmd) and the
- * reference's (rcmd), their MEM lines into *k and *r (NAN where absent).
- * Returns 1 when kpl's run fails (its message names bench and the
- * command); a reference without its line counts as a reference failure. */
+ * reference's (rcmd), alternating over KPL_BENCH_MEM_ROUNDS rounds
+ * (default 3; PyTorch's peak moves by up to 25% from run to run with
+ * glibc's heap), the median of each MEM field into *k and *r (NAN where
+ * absent).  Returns 1 when a kpl run fails (its message names bench and
+ * the command); a reference without its line counts as a reference
+ * failure. */
 static inline int bench_mem_pair(const char *bench, const char *kcmd, const char *rcmd,
                                  bench_mem_line *k, bench_mem_line *r)
 {
-    *k = *r = (bench_mem_line){NAN, NAN, NAN, NAN};
-    if (bench_run_lines(kcmd, bench_mem_line_parse, k) < 0 || isnan(k->growth)) {
-        fprintf(stderr, "%s: kpl's memory run failed: %s\n", bench, kcmd);
-        return 1;
+    enum { MAX_ROUNDS = 9 };
+    int rounds = bench_env_int("KPL_BENCH_MEM_ROUNDS", 3, 1, MAX_ROUNDS);
+    bench_mem_line kr[MAX_ROUNDS], rr[MAX_ROUNDS];
+    for (int i = 0; i < rounds; i++) {
+        kr[i] = rr[i] = (bench_mem_line){NAN, NAN, NAN, NAN};
+        if (bench_run_lines(kcmd, bench_mem_line_parse, &kr[i]) < 0 || isnan(kr[i].growth)) {
+            fprintf(stderr, "%s: kpl's memory run failed: %s\n", bench, kcmd);
+            return 1;
+        }
+        if (bench_run_lines(rcmd, bench_mem_line_parse, &rr[i]) == 0 && isnan(rr[i].growth)) {
+            fprintf(stderr, "%s: no MEM line from: %s\n", bench, rcmd);
+            bench_ref_failures++;
+        }
+        fprintf(stderr, "%s: memory round %d: peak RSS growth kpl %.1f MB, reference %.1f MB\n",
+                bench, i + 1, kr[i].growth / 1e6, rr[i].growth / 1e6);
     }
-    if (bench_run_lines(rcmd, bench_mem_line_parse, r) == 0 && isnan(r->growth)) {
-        fprintf(stderr, "%s: no MEM line from: %s\n", bench, rcmd);
-        bench_ref_failures++;
-    }
+    bench_mem_median(kr, rounds, k);
+    bench_mem_median(rr, rounds, r);
     return 0;
 }
 

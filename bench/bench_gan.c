@@ -428,7 +428,8 @@ static int run_case(const gan_case *c, const char *bench_dir, const char *work, 
     snprintf(cas, sizeof cas, "%s/peak_rss", tag);
     bench_emit("gan", cas, "bytes", 0, km.growth, rm.growth, "torch-cpu-f32 peak RSS growth", 1.25,
                ",\"measure\":\"peak RSS over %d iterations less the RSS with models and batch "
-               "loaded, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
+               "loaded, a fresh process per side, each field the median of KPL_BENCH_MEM_ROUNDS "
+               "alternating runs\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
                "\"kpl_allocator_peak\":%s",
                GAN_MEM_STEPS, bench_jnum(n[1], km.peak), bench_jnum(n[2], rm.peak),
                bench_jnum(n[3], km.alloc_peak));

@@ -612,7 +612,8 @@ static int run_case(const seg_case *c, const char *bench_dir, const char *work, 
              (long long)S);
     bench_emit("seg", cas, "bytes", 0, km.growth, rm.growth, "torch-cpu-f32 peak RSS growth", 1.25,
                ",\"measure\":\"peak RSS over %d training steps less the RSS with model and batch "
-               "loaded, a fresh process per side\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
+               "loaded, a fresh process per side, each field the median of KPL_BENCH_MEM_ROUNDS "
+               "alternating runs\",\"kpl_peak_rss\":%s,\"ref_peak_rss\":%s,"
                "\"kpl_base_rss\":%s,\"ref_base_rss\":%s,\"kpl_allocator_peak\":%s",
                SEG_MEM_STEPS, bench_jnum(n1, km.peak), bench_jnum(n2, rm.peak),
                bench_jnum(n3, km.base), bench_jnum(n4, rm.base), bench_jnum(n6, km.alloc_peak));
