@@ -20,9 +20,10 @@
  * their bin, so a block freed just now is the first one reused (the LIFO
  * order the reverse-mode GC relies on to keep backward's footprint flat).
  *
- * On the CPU the cache keeps only so many bytes of free blocks resident
- * (KPL_ALLOC_KEEP_MB): past them the pages of the blocks freed longest ago
- * go back to the OS while the blocks stay cached (trim_cold).
+ * On the CPU the cache can keep only so many bytes of free blocks resident
+ * past its high-water mark (KPL_ALLOC_KEEP_MB; by default all): past them
+ * the pages of the blocks freed longest ago go back to the OS while the
+ * blocks stay cached (trim_cold).
  */
 #include "kernels_impl.h"
 
