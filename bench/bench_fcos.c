@@ -436,9 +436,13 @@ static int mem_row(const char *py, const char *args)
     kpl_mem_run kd = {{NAN, NAN, NAN, NAN}, NAN}, kk = kd;
     char kcmd16[2100];
     snprintf(kcmd16, sizeof kcmd16, "KPL_ALLOC_KEEP_MB=16 %s", kcmd);
-    if (bench_run_lines(kcmd, kpl_mem_parse, &kd) < 0 ||
-        bench_run_lines(kcmd16, kpl_mem_parse, &kk) < 0 || isnan(kk.mem.growth)) {
-        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", kcmd16);
+    const char *failed = NULL;
+    if (bench_run_lines(kcmd, kpl_mem_parse, &kd) < 0 || isnan(kd.step_ms))
+        failed = kcmd;
+    else if (bench_run_lines(kcmd16, kpl_mem_parse, &kk) < 0 || isnan(kk.mem.growth))
+        failed = kcmd16;
+    if (failed) {
+        fprintf(stderr, "bench_fcos: kpl's memory run failed: %s\n", failed);
         return 1;
     }
     fprintf(stderr,

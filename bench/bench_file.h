@@ -158,15 +158,18 @@ static inline void bench_mem_line_parse(const char *line, void *ctx)
                &r->growth, &r->alloc_peak);
 }
 
-/* Each field's median over n runs' lines (NAN where no run has it). */
-static inline void bench_mem_median(const bench_mem_line *runs, int n, bench_mem_line *out)
+/* The most memory runs a side makes (KPL_BENCH_MEM_ROUNDS). */
+#define BENCH_MEM_MAX_ROUNDS 9
+
+/* Each field's median over n <= BENCH_MEM_MAX_ROUNDS runs' lines (NAN
+ * where no run has it). */
+static inline bench_mem_line bench_mem_median(const bench_mem_line *runs, int n)
 {
-    double v[4][16];
-    for (int i = 0; i < n && i < 16; i++)
+    double v[4][BENCH_MEM_MAX_ROUNDS];
+    for (int i = 0; i < n; i++)
         v[0][i] = runs[i].peak, v[1][i] = runs[i].base, v[2][i] = runs[i].growth,
         v[3][i] = runs[i].alloc_peak;
-    n = n < 16 ? n : 16;
-    *out = (bench_mem_line){bench_median(v[0], n), bench_median(v[1], n), bench_median(v[2], n),
+    return (bench_mem_line){bench_median(v[0], n), bench_median(v[1], n), bench_median(v[2], n),
                             bench_median(v[3], n)};
 }
 
@@ -180,9 +183,8 @@ static inline void bench_mem_median(const bench_mem_line *runs, int n, bench_mem
 static inline int bench_mem_pair(const char *bench, const char *kcmd, const char *rcmd,
                                  bench_mem_line *k, bench_mem_line *r)
 {
-    enum { MAX_ROUNDS = 9 };
-    int rounds = bench_env_int("KPL_BENCH_MEM_ROUNDS", 3, 1, MAX_ROUNDS);
-    bench_mem_line kr[MAX_ROUNDS], rr[MAX_ROUNDS];
+    int rounds = bench_env_int("KPL_BENCH_MEM_ROUNDS", 3, 1, BENCH_MEM_MAX_ROUNDS);
+    bench_mem_line kr[BENCH_MEM_MAX_ROUNDS], rr[BENCH_MEM_MAX_ROUNDS];
     for (int i = 0; i < rounds; i++) {
         kr[i] = rr[i] = (bench_mem_line){NAN, NAN, NAN, NAN};
         if (bench_run_lines(kcmd, bench_mem_line_parse, &kr[i]) < 0 || isnan(kr[i].growth)) {
@@ -196,8 +198,8 @@ static inline int bench_mem_pair(const char *bench, const char *kcmd, const char
         fprintf(stderr, "%s: memory round %d: peak RSS growth kpl %.1f MB, reference %.1f MB\n",
                 bench, i + 1, kr[i].growth / 1e6, rr[i].growth / 1e6);
     }
-    bench_mem_median(kr, rounds, k);
-    bench_mem_median(rr, rounds, r);
+    *k = bench_mem_median(kr, rounds);
+    *r = bench_mem_median(rr, rounds);
     return 0;
 }
 

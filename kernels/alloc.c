@@ -201,24 +201,31 @@ static _Atomic size_t keep_setting;
 static atomic_bool keep_read;
 static atomic_uint keep_epoch = 1; /* bumped by set_keep: high-water marks restart */
 
+bool kpl__parse_keep_mb(const char *v, size_t *bytes)
+{
+    if (!strcmp(v, "all")) {
+        *bytes = SIZE_MAX;
+        return true;
+    }
+    char *end;
+    double mb = strtod(v, &end);
+    if (end == v || *end || !(mb >= 0 && mb < 1e9)) return false;
+    *bytes = (size_t)(mb * 1048576.0);
+    return true;
+}
+
 static size_t keep_bytes(void)
 {
     if (atomic_load_explicit(&keep_read, memory_order_acquire))
         return atomic_load_explicit(&keep_setting, memory_order_relaxed);
     size_t keep = SIZE_MAX;
     const char *v = getenv("KPL_ALLOC_KEEP_MB");
-    if (v && *v) {
-        char *end;
-        double mb = strtod(v, &end);
-        if (!strcmp(v, "all"))
-            keep = SIZE_MAX;
-        else if (end != v && !*end && mb >= 0 && mb < 1e9)
-            keep = (size_t)(mb * 1048576.0);
-        else
-            fprintf(stderr,
-                    "kpl: KPL_ALLOC_KEEP_MB=%s is neither a number of MiB from 0 nor 'all'; "
-                    "every free block stays resident\n",
-                    v);
+    if (v && *v && !kpl__parse_keep_mb(v, &keep)) {
+        keep = SIZE_MAX;
+        fprintf(stderr,
+                "kpl: KPL_ALLOC_KEEP_MB=%s is neither a number of MiB from 0 nor 'all'; "
+                "every free block stays resident\n",
+                v);
     }
     atomic_store_explicit(&keep_setting, keep, memory_order_relaxed);
     atomic_store_explicit(&keep_read, true, memory_order_release);

@@ -124,6 +124,16 @@ static kpl_device cpu_device;
 static kpl_device *cuda_devices[MAX_CUDA_DEVICES];
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
+/* kernels.h: an on/off environment variable, bad values named. */
+bool kpl_env_switch(const char *name, bool dflt)
+{
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    if (!strcmp(v, "0") || !strcmp(v, "1")) return v[0] == '1';
+    fprintf(stderr, "kpl: %s=%s is neither 0 nor 1; it stays %s\n", name, v, dflt ? "on" : "off");
+    return dflt;
+}
+
 /* glibc's malloc puts a block below its mmap threshold in its heap, and
  * raises the threshold to the largest block freed (up to 32 MiB).  oneDNN
  * takes each primitive's scratchpad from malloc at every execution (up to
@@ -137,15 +147,6 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
  * shows (docs/memory.md).  KPL_MALLOC_MMAP_THRESHOLD=BYTES sets another
  * (0: glibc's own rule); glibc's own settings (MALLOC_MMAP_THRESHOLD_,
  * GLIBC_TUNABLES) are left to rule. */
-bool kpl_env_switch(const char *name, bool dflt)
-{
-    const char *v = getenv(name);
-    if (!v || !*v) return dflt;
-    if (!strcmp(v, "0") || !strcmp(v, "1")) return v[0] == '1';
-    fprintf(stderr, "kpl: %s=%s is neither 0 nor 1; it stays %s\n", name, v, dflt ? "on" : "off");
-    return dflt;
-}
-
 static void set_malloc_threshold(void)
 {
 #if defined(__GLIBC__) && !defined(__SANITIZE_ADDRESS__)

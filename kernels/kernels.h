@@ -389,12 +389,13 @@ void kpl_device_set_memory_limit(kpl_device *dev, size_t bytes);
 typedef size_t (*kpl_release_fn)(kpl_device *dev, size_t excess, void *user);
 void kpl_device_set_budget(kpl_device *dev, size_t bytes, kpl_release_fn release, void *user);
 
-/* An on/off environment variable (KPL_REGENERATE): "1" on,
- * "0" off, unset or empty the default; any other value keeps the default
- * and says so on stderr, naming the variable. */
-bool kpl_env_switch(const char *name, bool dflt);
 /* This thread's budget on dev (0: none). */
 size_t kpl_device_budget(const kpl_device *dev);
+
+/* An on/off environment variable (KPL_REGENERATE): "1" on, "0" off,
+ * unset or empty the default; any other value keeps the default and says
+ * so on stderr, naming the variable. */
+bool kpl_env_switch(const char *name, bool dflt);
 
 /* ---- memory recording (the memory profile's raw material; memrec.c) ----
  * While a recorder runs on a device, its allocator logs every block handed

@@ -46,6 +46,9 @@ typedef struct {
  * keeps all.  The allocators' high-water marks start again from what they
  * hold now.  Returns the previous setting. */
 size_t kpl__allocator_set_keep(size_t bytes);
+/* KPL_ALLOC_KEEP_MB's value v as bytes: 'all' (SIZE_MAX) or MiB from 0
+ * (fractions allowed); false for anything else. */
+bool kpl__parse_keep_mb(const char *v, size_t *bytes);
 
 typedef struct kpl_allocator kpl_allocator;
 

@@ -465,6 +465,27 @@ static void test_trim_free_pages(void **state)
     kpl__allocator_set_keep(prev);
 }
 
+/* KPL_ALLOC_KEEP_MB's values: MiB (fractions too) or 'all'; the rest refused */
+static void test_keep_mb_values(void **state)
+{
+    (void)state;
+    size_t b = 7;
+    assert_true(kpl__parse_keep_mb("16", &b));
+    assert_int_equal(b, (size_t)16 << 20);
+    assert_true(kpl__parse_keep_mb("0", &b));
+    assert_int_equal(b, 0);
+    assert_true(kpl__parse_keep_mb("0.5", &b));
+    assert_int_equal(b, (size_t)512 << 10);
+    assert_true(kpl__parse_keep_mb("all", &b));
+    assert_true(b == SIZE_MAX);
+    const char *bad[] = {"", "-1", "16MB", "x", "nan", "inf", "1e10", "All"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        b = 7;
+        assert_false(kpl__parse_keep_mb(bad[i], &b));
+        assert_int_equal(b, 7); /* untouched */
+    }
+}
+
 /* kpl_env_switch: 0 and 1 as said, unset/empty/anything else the default */
 static void test_env_switch(void **state)
 {
@@ -497,6 +518,7 @@ int run_alloc_tests(void)
         cmocka_unit_test_setup(test_memrec, setup),
         cmocka_unit_test(test_malloc_threshold),
         cmocka_unit_test_setup(test_trim_free_pages, setup),
+        cmocka_unit_test(test_keep_mb_values),
         cmocka_unit_test(test_env_switch),
     };
     return cmocka_run_group_tests_name("alloc", tests, NULL, NULL);
