@@ -139,6 +139,8 @@ kpl_status kpl__conv_entry_from_pd(conv_entry *e, const_dnnl_primitive_desc_t pd
         dnnl_primitive_desc_destroy(rpd);
         DNNL_TRY(ds, "reorder");
     }
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    if (smd) e->scratch_md = *smd, e->scratch = dnnl_memory_desc_get_size(smd);
     DNNL_TRY(dnnl_primitive_create(&e->prim, pd), "primitive");
 fail:
     if (st < 0) kpl__conv_entry_destroy(e);
@@ -170,8 +172,8 @@ kpl_status kpl__conv_run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         return dst;
     }
     kpl_status st = KPL_OK;
-    dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL;
-    void *buf[3] = {NULL, NULL, NULL};
+    dnnl_memory_t um[3] = {NULL, NULL, NULL}, im[3] = {NULL, NULL, NULL}, bm = NULL, sm = NULL;
+    void *buf[3] = {NULL, NULL, NULL}, *scratch = NULL;
     kpl_device *cpu = kpl_device_cpu();
     /* Operands already in (or allowed to be written in) the primitive's
      * kept layout skip their reorder.  Taken before any plain pointer,
@@ -250,7 +252,7 @@ kpl_status kpl__conv_run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         ws->packed_key = pkey;
         buf[1] = NULL;
     }
-    dnnl_exec_arg_t ex[4];
+    dnnl_exec_arg_t ex[5];
     int na = 0;
     for (int i = 0; i < 3; i++) ex[na++] = (dnnl_exec_arg_t){e->arg[i], im[i] ? im[i] : um[i]};
     if (args->in[2]) { /* bias (fwd, read) or its gradient (bwd_weight, written) */
@@ -259,6 +261,15 @@ kpl_status kpl__conv_run_entry(const conv_entry *e, const kpl_conv_attrs *a,
         DNNL_TRY(dnnl_memory_create(&bm, &e->bias, cc.engine, pb), "memory");
         ex[na++] = (dnnl_exec_arg_t){a->kind == KPL_CONV_FWD ? DNNL_ARG_BIAS : DNNL_ARG_DIFF_BIAS,
                                      bm};
+    }
+    if (e->scratch) { /* the primitive's working memory, from the cache */
+        if (!cc.trial_scratch &&
+            (st = kpl_device_alloc(cpu, e->scratch, "conv2d scratchpad", &scratch)) < 0)
+            goto fail;
+        DNNL_TRY(dnnl_memory_create(&sm, &e->scratch_md, cc.engine,
+                                    cc.trial_scratch ? cc.trial_scratch : scratch),
+                 "memory");
+        ex[na++] = (dnnl_exec_arg_t){DNNL_ARG_SCRATCHPAD, sm};
     }
     DNNL_TRY(dnnl_primitive_execute(e->prim, cc.stream, na, ex), "execute");
     if (e->reorder[2] && !direct[2]) {
@@ -274,6 +285,8 @@ fail:
         if (buf[i]) kpl_device_free(cpu, buf[i]);
     }
     if (bm) dnnl_memory_destroy(bm);
+    if (sm) dnnl_memory_destroy(sm);
+    if (scratch) kpl_device_free(cpu, scratch);
     return st;
 }
 

@@ -44,6 +44,10 @@ typedef struct {
     dnnl_memory_desc_t from_md[2][KPL_KEPT_COUNT];
     dnnl_primitive_t from_kept[2][KPL_KEPT_COUNT];
     int arg[3];
+    /* the working memory an execution takes (oneDNN's scratchpad, in
+     * user mode: from kpl's cache for the call, not kept by the library) */
+    dnnl_memory_desc_t scratch_md;
+    size_t scratch;
     char impl[64];               /* oneDNN's implementation name, or "kpl_direct" */
     uint64_t last_use;
 } conv_entry;
@@ -59,6 +63,8 @@ typedef struct {
      * whether a choice had to go past it (kpl__cpu_conv_tried_scratch) */
     int64_t tried_scratch;
     bool past_bound;
+    /* while a candidate is timed: its scratchpad, from malloc (cpu_conv_choose.c) */
+    void *trial_scratch;
 } conv_cache;
 
 /* The one cache (cpu_conv.c); its lock is held while choosing and running.

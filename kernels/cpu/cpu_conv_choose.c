@@ -44,14 +44,30 @@ static double time_entry(const conv_entry *e, const kpl_conv_attrs *a,
                          const kpl_kernel_args *args, double best, kpl_status *st)
 {
     double t = INFINITY;
+    /* its scratchpad from malloc, returned after the trial (a cached block
+     * would stay in kpl's cache for a candidate that may lose), its pages
+     * faulted in before the clock starts */
+    if (e->scratch) {
+        cc.trial_scratch = aligned_alloc(64, (e->scratch + 63) & ~(size_t)63);
+        if (!cc.trial_scratch) {
+            *st = KPL_ERROR(KPL_ENOMEM, "conv2d: no memory for a %zu-byte scratchpad", e->scratch);
+            return INFINITY;
+        }
+        memset(cc.trial_scratch, 0, e->scratch);
+    }
     for (int r = 0; r < 3 && *st >= 0; r++) {
         busy_wait(50e-6);
         double t0 = kpl_seconds();
         *st = kpl__conv_run_entry(e, a, args);
         double dt = kpl_seconds() - t0;
-        if (r == 0 && dt > CUTOFF * best) return dt;
+        if (r == 0 && dt > CUTOFF * best) {
+            t = dt;
+            break;
+        }
         if (r > 0 && *st >= 0 && dt < t) t = dt;
     }
+    free(cc.trial_scratch);
+    cc.trial_scratch = NULL;
     return t;
 }
 
@@ -224,13 +240,22 @@ static bool allowed(const conv_key *k, const char *impl)
  * they come from, and per-thread copies of the transformed weights in the
  * weight gradient; gemm's im2col buffers and per-thread weight gradients)
  * may be at most SCRATCH_MAX times the problem's larger activation, or
- * SCRATCH_FLOOR (oneDNN's Winograd kernels take ~6 MB whatever the size).
+ * SCRATCH_FLOOR (oneDNN's Winograd kernels take 6-10 MB whatever the size).
  * Only where no implementation fits is the fastest taken whatever its
- * scratchpad (kpl__conv_choose).  The bound is on trying, not only on
- * choosing: oneDNN keeps one scratchpad for every primitive, as large as
- * the largest any has been created with, for as long as any primitive
- * lives (the process, with kpl's cache), so a candidate timed once and
- * dropped keeps its pages resident.  A ResNet-50 (b8) step's timing of a
+ * scratchpad (kpl__conv_choose).  The scratchpad comes from kpl's cache
+ * at each execution (user mode; cpu_conv.c), so a chosen one counts in
+ * the step's peak wherever its convolution runs near it: with a floor of
+ * 32 MB FCOS's head took Winograd kernels of 9-20 MB for 2x faster
+ * gradients on 1 MB activations, and its allocator's peak rose 147 ->
+ * 166 MB; with 10 MiB, peak RSS growth 222-226 -> 217-220 MB (8 MiB:
+ * 210-215, but no Winograd weight gradient at all on small layers, 9-10
+ * MB whatever the size) and the step no slower (384-414 ms against
+ * 416-417); with 8 MiB ResNet-50 b8 ran no slower (1299-1382 ms against
+ * 1245-1818 over three runs each) at 936 MiB against 959-1005 (2-core
+ * Xeon, side by side).  The bound was
+ * on trying as much as on choosing while oneDNN kept one scratchpad for
+ * every primitive, as large as the largest any had been created with,
+ * for as long as any primitive lived.  A ResNet-50 (b8) step's timing of a
  * Winograd weight gradient at 512 channels, 7 x 7, which needs 126 MB
  * (160x its activation) and never wins, raised that step's peak RSS by
  * ~100 MB; with only Winograd bounded, at 8x, U-Net's (b8, 128 px)
@@ -245,7 +270,7 @@ static bool allowed(const conv_key *k, const char *impl)
  * batch 32 ran 474-479 ms so against 551 bounded, its peak RSS 1958 MB
  * against 1913 without Winograd. */
 #define SCRATCH_MAX 2
-#define SCRATCH_FLOOR ((int64_t)32 << 20)
+#define SCRATCH_FLOOR ((int64_t)10 << 20)
 
 /* The most working memory a training candidate may take (see above). */
 static int64_t scratch_limit(const conv_key *k)
@@ -257,14 +282,24 @@ static int64_t scratch_limit(const conv_key *k)
     return SCRATCH_MAX * act > SCRATCH_FLOOR ? SCRATCH_MAX * act : SCRATCH_FLOOR;
 }
 
-static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
+/* A candidate's working memory: what oneDNN keeps with the primitive,
+ * and the scratchpad each execution takes (user mode: not counted in the
+ * former); -1 where it cannot tell. */
+static int64_t work_bytes(const_dnnl_primitive_desc_t pd)
 {
-    if (k->frozen) return true;
     int64_t bytes = 0;
     if (dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &bytes) !=
         dnnl_success)
-        return false;
-    return bytes <= scratch_limit(k);
+        return -1;
+    const dnnl_memory_desc_t *smd = dnnl_primitive_desc_query_md(pd, dnnl_query_scratchpad_md, 0);
+    return bytes + (smd ? (int64_t)dnnl_memory_desc_get_size(smd) : 0);
+}
+
+static bool scratch_ok(const conv_key *k, const_dnnl_primitive_desc_t pd)
+{
+    if (k->frozen) return true;
+    int64_t bytes = work_bytes(pd);
+    return bytes >= 0 && bytes <= scratch_limit(k);
 }
 
 /* Every implementation oneDNN offers for algorithm alg (reference loops
@@ -297,8 +332,7 @@ static kpl_status try_algorithm(const conv_key *k, const kpl_kernel_args *args, 
         bool usable = strncmp(cand.impl, "ref", 3) != 0 && allowed(k, cand.impl) &&
                       (!(bounded || alg == dnnl_convolution_winograd) || scratch_ok(k, pd));
         if (usable && (st = kpl__conv_entry_from_pd(&cand, pd, q)) >= 0) {
-            int64_t bytes = 0;
-            dnnl_primitive_desc_query(pd, dnnl_query_memory_consumption_s64, 0, &bytes);
+            int64_t bytes = work_bytes(pd);
             if (bounded && bytes > cc.tried_scratch) cc.tried_scratch = bytes;
             if (!bounded) cc.past_bound = true;
             double t = k->deterministic ? 0 : time_entry(&cand, &k->a, args, *best, &st);
@@ -413,13 +447,15 @@ kpl_status kpl__conv_choose(const conv_key *k, const kpl_kernel_args *args, kpl_
         q[0] = dnnl_query_src_md, q[1] = dnnl_query_diff_dst_md, q[2] = dnnl_query_diff_weights_md;
         e.arg[0] = DNNL_ARG_SRC, e.arg[1] = DNNL_ARG_DIFF_DST, e.arg[2] = DNNL_ARG_DIFF_WEIGHTS;
     }
+    DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
+    DNNL_TRY(dnnl_primitive_attr_set_scratchpad_mode(attr, dnnl_scratchpad_mode_user),
+             "scratchpad mode");
     if (a->relu || a->acc) { /* y = relu(conv [+ y]) applied as the sums are stored */
         DNNL_TRY(dnnl_post_ops_create(&po), "post-ops");
         if (a->acc) DNNL_TRY(dnnl_post_ops_append_sum(po, 1.0f), "sum post-op");
         if (a->relu)
             DNNL_TRY(dnnl_post_ops_append_eltwise(po, 1.0f, dnnl_eltwise_relu, 0.0f, 0.0f),
                      "relu post-op");
-        DNNL_TRY(dnnl_primitive_attr_create(&attr), "attributes");
         DNNL_TRY(dnnl_primitive_attr_set_post_ops(attr, po), "post-ops attribute");
     }
     double best = INFINITY;
