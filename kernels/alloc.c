@@ -20,17 +20,28 @@
  * their bin, so a block freed just now is the first one reused (the LIFO
  * order the reverse-mode GC relies on to keep backward's footprint flat).
  *
- * On the CPU the cache can keep only so many bytes of free blocks resident
- * past its high-water mark (KPL_ALLOC_KEEP_MB; by default all): past them
- * the pages of the blocks freed longest ago go back to the OS while the
+ * On the CPU the segments are mapped here in 2 MiB chunks, and a
+ * block handed out whose chunks hold no pages (a new segment's, or ones
+ * trimmed or lent before) takes the pages of chunks lying in free blocks
+ * instead of faulting fresh ones in (chunk_borrow; KPL_ALLOC_LEND), so
+ * the cache's holes do not add to the process's pages.  The cache can
+ * also keep only so many bytes of free blocks resident past its
+ * high-water mark (KPL_ALLOC_KEEP_MB; by default all): past them the
+ * pages of the blocks freed longest ago go back to the OS while the
  * blocks stay cached (trim_cold).
  */
+#define _GNU_SOURCE /* MREMAP_*, syscall */
 #include "kernels_impl.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <unistd.h>
+
+#ifndef MREMAP_DONTUNMAP
+#define MREMAP_DONTUNMAP 4 /* Linux >= 5.7 */
+#endif
 
 /* Under AddressSanitizer, cached memory is poisoned: a kernel that runs past
  * its tensor into a neighbouring block (or reads a freed one) is reported
@@ -66,6 +77,11 @@ typedef struct block {
      * (an upper bound), and the list of such blocks, latest freed first */
     size_t resident;
     struct block *lru_prev, *lru_next;
+    /* segments mapped in chunks (trimming sources): the segment's first
+     * block, and there, which of its chunks may hold pages */
+    struct block *head;
+    uint8_t *present;
+    size_t mapped; /* a segment head mapped by mmap: its bytes (else 0) */
 } block;
 
 typedef struct {
@@ -94,6 +110,8 @@ struct kpl_allocator {
     block *lru_head, *lru_tail;
     size_t free_resident, high_water;
     unsigned keep_epoch;
+    bool map_chunks;  /* segments mapped by alloc.c, in chunks (below) */
+    bool lend_failed; /* a move failed: pages fault in from then on */
 };
 
 /* ---- bins ------------------------------------------------------------------ */
@@ -240,11 +258,9 @@ size_t kpl__allocator_set_keep(size_t bytes)
     return prev;
 }
 
-/* Takes free block b off the resident list; returns what it counted. */
-static size_t lru_take(kpl_allocator *a, block *b)
+/* Unlinks free block b from the resident list (its count stays). */
+static void lru_unlink(kpl_allocator *a, block *b)
 {
-    size_t r = b->resident;
-    if (!r) return 0;
     if (b->lru_prev)
         b->lru_prev->lru_next = b->lru_next;
     else
@@ -254,6 +270,14 @@ static size_t lru_take(kpl_allocator *a, block *b)
     else
         a->lru_tail = b->lru_prev;
     b->lru_prev = b->lru_next = NULL;
+}
+
+/* Takes free block b off the resident list; returns what it counted. */
+static size_t lru_take(kpl_allocator *a, block *b)
+{
+    size_t r = b->resident;
+    if (!r) return 0;
+    lru_unlink(a, b);
     b->resident = 0;
     a->free_resident -= r;
     return r;
@@ -273,6 +297,122 @@ static void lru_push(kpl_allocator *a, block *b, size_t resident)
         a->lru_tail = b;
     a->lru_head = b;
     a->free_resident += b->resident;
+}
+
+/* ---- pages lent between the chunks of segments ------------------------------ */
+
+/* A request that misses the cache makes a new segment, and a cached block
+ * whose pages were trimmed faults fresh ones in: either way the process
+ * grows while the cache holds free blocks with pages nobody uses, which
+ * no request fitted (FCOS's five pyramid levels: 61 MB of such holes).
+ * On the CPU the segments (the small pool's are one chunk each) are
+ * mapped by alloc.c, aligned to CHUNK, and each chunk is known to hold
+ * pages or none.  When a block is handed
+ * out, each of its chunks that holds none takes the pages of a chunk that
+ * lies wholly in a free block, the one freed longest ago first: mremap
+ * moves the page tables (a whole page-table page where both sides are
+ * 2 MiB-aligned), no page is faulted or copied, and the lender keeps its
+ * address range, empty.  The process's pages then follow the allocated
+ * bytes, not the segments.  Chunks of 2 MiB keep the kernel's mappings
+ * to at most one per chunk (mremap splits them there). */
+#define CHUNK ((size_t)2 << 20)
+
+/* Whether chunks lend pages (KPL_ALLOC_LEND, read once; on by default). */
+static atomic_int lend_setting = -1;
+
+static bool lend_on(void)
+{
+    int v = atomic_load_explicit(&lend_setting, memory_order_relaxed);
+    if (v < 0) {
+        v = kpl_env_switch("KPL_ALLOC_LEND", true);
+        atomic_store_explicit(&lend_setting, v, memory_order_relaxed);
+    }
+    return v;
+}
+
+bool kpl__allocator_set_lend(bool on)
+{
+    bool prev = lend_on();
+    atomic_store_explicit(&lend_setting, on, memory_order_relaxed);
+    return prev;
+}
+
+/* A segment of `size` (a multiple of CHUNK), CHUNK-aligned. */
+static void *chunks_map(size_t size)
+{
+    size_t span = size + CHUNK;
+    char *p = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    char *q = (char *)(((uintptr_t)p + CHUNK - 1) & ~(uintptr_t)(CHUNK - 1));
+    if (q > p) munmap(p, (size_t)(q - p));
+    if (p + span > q + size) munmap(q + size, (size_t)(p + span - (q + size)));
+    return q;
+}
+
+/* Chunks wholly inside [lo, hi) of block b's segment hold no pages now. */
+static void chunks_emptied(block *b, char *lo, char *hi)
+{
+    block *h = b->head;
+    if (!h || hi <= lo) return;
+    size_t c0 = ((size_t)(lo - h->ptr) + CHUNK - 1) / CHUNK, c1 = (size_t)(hi - h->ptr) / CHUNK;
+    for (size_t c = c0; c < c1; c++)
+        h->present[c] = 0;
+}
+
+/* Moves the pages of one chunk lying wholly in a free block (freed
+ * longest ago first) to dst, a chunk holding none.  Returns whether one
+ * moved.  Caller holds the lock. */
+static bool chunk_borrow(kpl_allocator *a, char *dst)
+{
+    for (block *d = a->lru_tail; d; d = d->lru_prev) {
+        block *h = d->head;
+        if (!h) continue;
+        size_t c0 = ((size_t)(d->ptr - h->ptr) + CHUNK - 1) / CHUNK,
+               c1 = (size_t)(d->ptr + d->size - h->ptr) / CHUNK;
+        for (size_t c = c0; c < c1; c++) {
+            if (!h->present[c]) continue;
+            /* the system call itself: UCX's memory hooks (the collective
+             * layer loads them) replace mremap with a function of four
+             * arguments, which loses dst */
+            if (syscall(SYS_mremap, h->ptr + c * CHUNK, CHUNK, CHUNK,
+                        MREMAP_MAYMOVE | MREMAP_FIXED | MREMAP_DONTUNMAP, dst) != (long)dst) {
+                /* an old kernel, or the process's mappings at their limit:
+                 * pages fault in from now on.  A failed move may have
+                 * unmapped dst already: map it again (it held no pages). */
+                a->lend_failed = true;
+                void *m = mmap(dst, CHUNK, PROT_READ | PROT_WRITE,
+                               MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED, -1, 0);
+                KPL_ASSERT(m == dst, "allocator: cannot map a segment's chunk again");
+                return false;
+            }
+            /* and said through libc, where those hooks tell UCX's
+             * registration cache that the lender's pages are gone */
+            madvise(h->ptr + c * CHUNK, CHUNK, MADV_DONTNEED);
+            h->present[c] = 0;
+            size_t r = d->resident < CHUNK ? d->resident : CHUNK;
+            d->resident -= r;
+            a->free_resident -= r;
+            if (!d->resident) lru_unlink(a, d); /* nothing left to lend or trim */
+            a->st.n_lend++;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Before block b of a mapped segment is handed out: its chunks that hold
+ * no pages borrow some (chunk_borrow); every chunk it touches then counts
+ * as holding pages. */
+static void chunks_fill(kpl_allocator *a, block *b)
+{
+    block *h = b->head;
+    size_t c0 = (size_t)(b->ptr - h->ptr) / CHUNK,
+           c1 = ((size_t)(b->ptr + b->size - h->ptr) + CHUNK - 1) / CHUNK;
+    for (size_t c = c0; c < c1; c++)
+        if (!h->present[c]) {
+            if (!a->lend_failed && lend_on()) chunk_borrow(a, h->ptr + c * CHUNK);
+            h->present[c] = 1;
+        }
 }
 
 /* Keeps the process's resident bytes in this allocator (allocated, and
@@ -307,7 +447,10 @@ static void trim_cold(kpl_allocator *a)
         lru_take(a, b);
         uintptr_t lo = ((uintptr_t)b->ptr + page - 1) & ~(page - 1),
                   hi = ((uintptr_t)b->ptr + b->size) & ~(page - 1);
-        if (hi > lo && !madvise((void *)lo, hi - lo, MADV_DONTNEED)) a->st.n_trim++;
+        if (hi > lo && !madvise((void *)lo, hi - lo, MADV_DONTNEED)) {
+            a->st.n_trim++;
+            chunks_emptied(b, (char *)lo, (char *)hi);
+        }
     }
 }
 
@@ -319,11 +462,22 @@ static void stats_add_reserved(kpl_allocator *a, size_t bytes)
     if (a->st.reserved > a->st.peak_reserved) a->st.peak_reserved = a->st.reserved;
 }
 
+/* Returns segment head b's memory to where it came from. */
+static void segment_unmap(kpl_allocator *a, block *b)
+{
+    if (b->mapped) { /* (a head's size is its first block's) */
+        munmap(b->ptr, b->mapped);
+        free(b->present);
+    } else {
+        a->src.free(a->src.ctx, b->ptr);
+    }
+}
+
 static void segment_release(kpl_allocator *a, size_t idx)
 {
     block *b = a->segments[idx];
     if (b->host_visible) UNPOISON(b->ptr, b->size);
-    a->src.free(a->src.ctx, b->ptr);
+    segment_unmap(a, b);
     a->st.reserved -= b->size;
     free(b);
     a->segments[idx] = a->segments[--a->n_segments];
@@ -340,6 +494,14 @@ static void release_free_segments(kpl_allocator *a)
             segment_release(a, i);
         }
     }
+}
+
+/* A segment's memory: mapped here (CHUNK-aligned), or from the source. */
+static kpl_status segment_map(kpl_allocator *a, bool mapped, size_t size, void **ptr)
+{
+    if (!mapped) return a->src.alloc(a->src.ctx, size, ptr);
+    *ptr = chunks_map(size);
+    return *ptr ? KPL_OK : KPL_ENOMEM;
 }
 
 static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
@@ -364,13 +526,19 @@ static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
     block *b = calloc(1, sizeof *b);
     if (!b) return KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
     void *ptr = NULL;
-    kpl_status st = a->src.alloc(a->src.ctx, seg_size, &ptr);
+    bool mapped = a->map_chunks && !a->src.uncached;
+    if (mapped && !(b->present = calloc(seg_size / CHUNK, 1))) {
+        free(b);
+        return KPL_ERROR(KPL_ENOMEM, "allocator: no host memory for bookkeeping");
+    }
+    kpl_status st = segment_map(a, mapped, seg_size, &ptr);
     if (st < 0) {
         /* Give back what the cache holds and try once more. */
         release_free_segments(a);
-        st = a->src.alloc(a->src.ctx, seg_size, &ptr);
+        st = segment_map(a, mapped, seg_size, &ptr);
     }
     if (st < 0) {
+        free(b->present);
         free(b);
         /* A failure other than lack of memory (a lost device, a driver
          * error) keeps the backend's own status and message. */
@@ -384,6 +552,8 @@ static kpl_status segment_new(kpl_allocator *a, size_t seg_size, bool small,
     b->ptr = ptr;
     b->size = seg_size;
     b->small = small;
+    b->mapped = mapped ? seg_size : 0;
+    b->head = mapped ? b : NULL;
     b->host_visible = a->src.host_visible;
     if (b->host_visible) POISON(ptr, seg_size);
     a->segments[a->n_segments++] = b;
@@ -401,6 +571,7 @@ kpl_allocator *kpl__allocator_create(kpl_raw_source src)
     if (!a) return NULL;
     pthread_mutex_init(&a->lock, NULL);
     a->src = src;
+    a->map_chunks = src.trim && !src.uncached;
     return a;
 }
 
@@ -418,7 +589,7 @@ void kpl__allocator_destroy(kpl_allocator *a)
             b = n;
         }
         if (seg->host_visible) UNPOISON(seg->ptr, seg->size);
-        a->src.free(a->src.ctx, seg->ptr);
+        segment_unmap(a, seg);
         free(seg);
     }
     free(a->segments);
@@ -528,6 +699,7 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
             r->ptr = b->ptr + size;
             r->size = rest;
             r->small = small;
+            r->head = b->head;
             r->prev = b;
             r->next = b->next;
             if (b->next) b->next->prev = r;
@@ -537,6 +709,7 @@ kpl_status kpl__allocator_alloc(kpl_allocator *a, size_t bytes,
             lru_push(a, r, resident); /* which part was resident is not known */
         }
     }
+    if (b->head) chunks_fill(a, b);
 hand_out:
     b->allocated = true;
     if (!map_put(&a->live, b)) {

@@ -365,6 +365,7 @@ typedef struct {
     uint64_t n_cache_hit;   /* allocs served from cached blocks */
     uint64_t n_system;      /* segments obtained from the system */
     uint64_t n_trim;        /* free blocks whose pages went back to the system */
+    uint64_t n_lend;        /* chunks of pages moved from a free block to a new one */
 } kpl_memory_stats;
 
 kpl_memory_stats kpl_device_memory_stats(kpl_device *dev);

@@ -49,6 +49,10 @@ size_t kpl__allocator_set_keep(size_t bytes);
 /* KPL_ALLOC_KEEP_MB's value v as bytes: 'all' (SIZE_MAX) or MiB from 0
  * (fractions allowed); false for anything else. */
 bool kpl__parse_keep_mb(const char *v, size_t *bytes);
+/* Whether a trimming source's segments lend the pages of their free
+ * chunks to chunks being handed out that hold none (KPL_ALLOC_LEND, on by
+ * default; alloc.c).  Returns the previous setting. */
+bool kpl__allocator_set_lend(bool on);
 
 typedef struct kpl_allocator kpl_allocator;
 

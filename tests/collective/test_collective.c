@@ -126,6 +126,33 @@ static void test_allreduce_64mb(void **state)
     kpl_tensor_release(t);
 }
 
+/* The CPU allocator moves pages between the chunks of its large segments
+ * (kernels/alloc.c, chunk_borrow) behind the back of whatever keeps the
+ * addresses: a buffer reduced, freed, its pages lent to a larger block
+ * and taken back reduces right again (UCX's registration cache hears of
+ * the move through its memory hooks), and pages are lent with those hooks
+ * in the process (they replace mremap with one of four arguments). */
+static void test_allreduce_lent_pages(void **state)
+{
+    (void)state;
+    if (dev != kpl_device_cpu()) KPL_SKIP(KPL_TEST_SKIP_ENV, "the tensors are not on the CPU");
+    kpl_device *cpu = kpl_device_cpu();
+    kpl_device_empty_cache(cpu);
+    kpl_memory_stats s0 = kpl_device_memory_stats(cpu);
+    int64_t n = 3 << 20, m = 4 << 20; /* 12 and 16 MiB: segments of their own */
+    reduce_ctx c = {KPL_COMM_SUM, KPL_F32, 0};
+    for (int round = 0; round < 3; round++) {
+        kpl_tensor *t = filled(KPL_F32, n, rank), *u = NULL;
+        OK(kpl_comm_allreduce(comm, t, t, KPL_COMM_SUM));
+        check(t, 0, n, want_reduce, &c, 1e-6, "allreduce on lent pages");
+        kpl_tensor_release(t);
+        OK(kpl_tensor_empty(cpu, KPL_F32, 1, &m, &u));
+        memset(kpl_tensor_host_mutable(u), 0x7f, (size_t)m * sizeof(float));
+        kpl_tensor_release(u);
+    }
+    assert_true(kpl_device_memory_stats(cpu).n_lend > s0.n_lend);
+}
+
 static double want_root(int64_t i, void *ctx) { return value(*(int *)ctx, i); }
 static double want_zero(int64_t i, void *ctx) { (void)i, (void)ctx; return 0; }
 
@@ -664,6 +691,7 @@ int main(int argc, char **argv)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_allreduce),
         cmocka_unit_test(test_allreduce_64mb),
+        cmocka_unit_test(test_allreduce_lent_pages),
         cmocka_unit_test(test_broadcast_allgather_reduce_scatter),
         cmocka_unit_test(test_send_recv_barrier_async),
         cmocka_unit_test(test_bad_arguments),

@@ -399,6 +399,7 @@ static size_t resident_pages(const char *x, size_t n, size_t *whole)
 static void test_trim_free_pages(void **state)
 {
     (void)state;
+    bool lend = kpl__allocator_set_lend(false); /* trims alone (see test_lend_pages) */
     size_t prev = kpl__allocator_set_keep(0), n = (size_t)6 << 20, whole = 0;
     /* a 6 MiB block freed (an allocated block after it keeps it apart)
      * stays resident while nothing more is allocated than before ... */
@@ -463,6 +464,85 @@ static void test_trim_free_pages(void **state)
     kpl_device_free(cpu, big);
     kpl_device_free(cpu, sep);
     kpl__allocator_set_keep(prev);
+    kpl__allocator_set_lend(lend);
+}
+
+/* A block handed out whose 2 MiB chunks hold no pages takes the pages of
+ * chunks lying in free blocks instead of faulting fresh ones (alloc.c,
+ * chunk_borrow): the pages move, with what they hold, and the lender
+ * keeps its addresses, empty.  Blocks from 10 MiB up have segments of
+ * their own, so the chunks line up with the blocks here. */
+static void test_lend_pages(void **state)
+{
+    (void)state;
+    const size_t mib = (size_t)1 << 20, na = 12 * mib, nb = 16 * mib;
+    size_t keep = kpl__allocator_set_keep(SIZE_MAX), whole = 0;
+    bool lend = kpl__allocator_set_lend(true);
+    char *a = NULL, *b = NULL, *a2 = NULL;
+    OK(kpl_device_alloc(cpu, na, "test", (void **)&a));
+    for (size_t c = 0; c < na / (2 * mib); c++)
+        memset(a + c * 2 * mib, (int)c + 1, 2 * mib);
+    kpl_device_free(cpu, a);
+    kpl_memory_stats s0 = kpl_device_memory_stats(cpu);
+    /* 16 MiB fit no free block: a new segment, whose first six chunks
+     * take a's pages, in order; the last two fault in */
+    OK(kpl_device_alloc(cpu, nb, "test", (void **)&b));
+    kpl_memory_stats s1 = kpl_device_memory_stats(cpu);
+    assert_int_equal(s1.n_system, s0.n_system + 1);
+    assert_int_equal(s1.n_lend, s0.n_lend + 6);
+    size_t ra = resident_pages(a, na, &whole);
+    print_message(
+        "12 MiB freed, 16 MiB asked for: %zu of %zu lender pages left, %llu chunks lent\n", ra,
+        whole, (unsigned long long)(s1.n_lend - s0.n_lend));
+    assert_int_equal(ra, 0);
+    size_t rb = resident_pages(b, na, &whole); /* whole is set by the call */
+    assert_int_equal(rb, whole);
+    assert_int_equal(resident_pages(b + na, nb - na, &whole), 0);
+    for (size_t c = 0; c < na / (2 * mib); c++) {
+        assert_int_equal(b[c * 2 * mib], (char)(c + 1));
+        assert_int_equal(b[c * 2 * mib + 2 * mib - 1], (char)(c + 1));
+    }
+    assert_int_equal(b[na], 0);
+    memset(b + na, 9, nb - na);
+    /* a's block, still cached, takes them back from b when b is free */
+    kpl_device_free(cpu, b);
+    OK(kpl_device_alloc(cpu, na, "test", (void **)&a2));
+    assert_ptr_equal(a2, a);
+    assert_int_equal(kpl_device_memory_stats(cpu).n_lend, s1.n_lend + 6);
+    ra = resident_pages(a2, na, &whole);
+    assert_int_equal(ra, whole);
+    for (size_t c = 0; c < na / (2 * mib); c++)
+        assert_int_equal(a2[c * 2 * mib + 7], (char)(c + 1));
+    kpl_device_free(cpu, a2);
+
+    /* a small-pool segment (one chunk) lends its pages once wholly free */
+    kpl_device_empty_cache(cpu);
+    char *sm = NULL;
+    OK(kpl_device_alloc(cpu, 512 << 10, "test", (void **)&sm));
+    memset(sm, 5, 512 << 10);
+    kpl_device_free(cpu, sm);
+    s0 = kpl_device_memory_stats(cpu);
+    OK(kpl_device_alloc(cpu, na, "test", (void **)&a));
+    assert_int_equal(kpl_device_memory_stats(cpu).n_lend, s0.n_lend + 1);
+    assert_int_equal(resident_pages(sm, 512 << 10, &whole), 0);
+    assert_int_equal(a[7], 5);
+    kpl_device_free(cpu, a);
+
+    /* lending off: the new block faults its pages in and the free one's stay */
+    kpl_device_empty_cache(cpu);
+    kpl__allocator_set_lend(false);
+    OK(kpl_device_alloc(cpu, na, "test", (void **)&a));
+    memset(a, 1, na);
+    kpl_device_free(cpu, a);
+    s0 = kpl_device_memory_stats(cpu);
+    OK(kpl_device_alloc(cpu, nb, "test", (void **)&b));
+    assert_int_equal(kpl_device_memory_stats(cpu).n_lend, s0.n_lend);
+    ra = resident_pages(a, na, &whole);
+    assert_int_equal(ra, whole);
+    assert_int_equal(b[0], 0);
+    kpl_device_free(cpu, b);
+    kpl__allocator_set_lend(lend);
+    kpl__allocator_set_keep(keep);
 }
 
 /* KPL_ALLOC_KEEP_MB's values: MiB (fractions too) or 'all'; the rest refused */
@@ -518,6 +598,7 @@ int run_alloc_tests(void)
         cmocka_unit_test_setup(test_memrec, setup),
         cmocka_unit_test(test_malloc_threshold),
         cmocka_unit_test_setup(test_trim_free_pages, setup),
+        cmocka_unit_test_setup(test_lend_pages, setup),
         cmocka_unit_test(test_keep_mb_values),
         cmocka_unit_test(test_env_switch),
     };
