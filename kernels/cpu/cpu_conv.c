@@ -263,8 +263,7 @@ kpl_status kpl__conv_run_entry(const conv_entry *e, const kpl_conv_attrs *a,
                                      bm};
     }
     if (e->scratch) { /* the primitive's working memory, from the cache */
-        if (!cc.trial_scratch &&
-            (st = kpl_device_alloc(cpu, e->scratch, "conv2d scratchpad", &scratch)) < 0)
+        if (!cc.trial_scratch && (st = kpl_device_alloc(cpu, e->scratch, "conv2d", &scratch)) < 0)
             goto fail;
         DNNL_TRY(dnnl_memory_create(&sm, &e->scratch_md, cc.engine,
                                     cc.trial_scratch ? cc.trial_scratch : scratch),
